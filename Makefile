@@ -1,0 +1,30 @@
+# Forma: `make demo` (main job) and `make test` (the suite).
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+
+.PHONY: venv test bench demo lint clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.forward
+
+demo: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/forma demo
+
+lint: $(STAMP)
+	$(BIN)/python -m compileall -q lab experiments dashboards benchmarks tests
+
+clean:
+	rm -rf $(VENV) *.egg-info
