@@ -1,0 +1,411 @@
+"""The transformer's components, one class per equation, each wrapping its activations in HookPoints.
+
+Notation (the seeds' and TransformerLens's): x ∈ R^{pos × d_model} is the residual stream; a head h
+has W_Q^h, W_K^h, W_V^h ∈ R^{d_model × d_head} and W_O^h ∈ R^{d_head × d_model}; the MLP has
+W_in ∈ R^{d_model × d_mlp} and W_out ∈ R^{d_mlp × d_model}.
+
+Variants are separate classes chosen from the tables at the bottom (POSITIONS, NORMS, MLPS,
+BLOCKS); no `forward` here branches on the config. The only runtime choices are made on what the
+caller asks for: attention takes the explicit softmax path when a hook wants the scores, the
+pattern or the per-head result, and the fused `scaled_dot_product_attention` path otherwise.
+"""
+
+import functools
+import math
+
+import einops
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+from transformer_lens.hook_points import HookPoint
+
+from lab.model.config import ModelConfig
+from lab.model.kv_cache import KVCacheEntry
+
+
+def _normal(shape: tuple[int, ...], std: float) -> nn.Parameter:
+    return nn.Parameter(torch.randn(shape) * std)
+
+
+def _zeros(shape: tuple[int, ...]) -> nn.Parameter:
+    return nn.Parameter(torch.zeros(shape))
+
+
+# --------------------------------------------------------------------------------------------
+# Embeddings
+# --------------------------------------------------------------------------------------------
+class Embed(nn.Module):
+    """Token embedding: e_t = W_E[x_t], W_E ∈ R^{d_vocab × d_model}."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.W_E = _normal((cfg.d_vocab, cfg.d_model), cfg.init_std)
+
+    def forward(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_model"]:
+        return self.W_E[tokens]
+
+
+class LearnedPositions(nn.Module):
+    """Learned absolute positions: x_t = e_t + W_pos[t], W_pos ∈ R^{n_ctx × d_model}."""
+
+    def __init__(self, cfg: ModelConfig, hook: HookPoint):
+        super().__init__()
+        self.W_pos = _normal((cfg.n_ctx, cfg.d_model), cfg.init_std)
+        self._hook = (hook,)  # the model's `hook_pos_embed`, held outside this module's tree
+
+    def forward(self, embed: Float[Tensor, "batch pos d_model"], offset: int) -> Float[Tensor, "batch pos d_model"]:
+        pos = self.W_pos[offset : offset + embed.shape[1]]
+        return embed + self._hook[0](pos.expand_as(embed))
+
+
+def sinusoidal_table(n_ctx: int, d_model: int, base: float = 10000.0) -> Float[Tensor, "n_ctx d_model"]:
+    """PE[t, 2i] = sin(t / base^(2i/d_model)), PE[t, 2i+1] = cos(t / base^(2i/d_model))."""
+    position = torch.arange(n_ctx, dtype=torch.float64)[:, None]
+    frequency = base ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    table = torch.zeros(n_ctx, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(position * frequency)
+    table[:, 1::2] = torch.cos(position * frequency)
+    return table.float()
+
+
+class SinusoidalPositions(nn.Module):
+    """Fixed sinusoidal positions (Vaswani et al. 2017, §3.5): x_t = e_t + PE[t]."""
+
+    def __init__(self, cfg: ModelConfig, hook: HookPoint):
+        super().__init__()
+        self.register_buffer("W_pos", sinusoidal_table(cfg.n_ctx, cfg.d_model), persistent=False)
+        self._hook = (hook,)  # the model's `hook_pos_embed`, held outside this module's tree
+
+    def forward(self, embed: Float[Tensor, "batch pos d_model"], offset: int) -> Float[Tensor, "batch pos d_model"]:
+        pos = self.W_pos[offset : offset + embed.shape[1]]
+        return embed + self._hook[0](pos.expand_as(embed))
+
+
+class NoAbsolutePositions(nn.Module):
+    """No absolute position added to the residual stream (rotary models, or no positions at all)."""
+
+    def __init__(self, cfg: ModelConfig, hook: HookPoint | None = None):
+        super().__init__()
+
+    def forward(self, embed: Float[Tensor, "batch pos d_model"], offset: int) -> Float[Tensor, "batch pos d_model"]:
+        return embed
+
+
+# --------------------------------------------------------------------------------------------
+# Normalisation
+# --------------------------------------------------------------------------------------------
+class LayerNorm(nn.Module):
+    """LN(x) = (x − μ(x)) / sqrt(σ²(x) + ε) ⊙ w + b, statistics over d_model."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.eps = cfg.norm_eps
+        self.w = nn.Parameter(torch.ones(cfg.d_model))
+        self.b = nn.Parameter(torch.zeros(cfg.d_model))
+        self.hook_scale = HookPoint()  # [batch, pos, 1]
+        self.hook_normalized = HookPoint()  # [batch, pos, d_model]
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        x = x - x.mean(-1, keepdim=True)
+        scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
+        return self.hook_normalized(x / scale) * self.w + self.b
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm(x) = x / sqrt(mean(x²) + ε) ⊙ w (Zhang & Sennrich 2019)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.eps = cfg.norm_eps
+        self.w = nn.Parameter(torch.ones(cfg.d_model))
+        self.hook_scale = HookPoint()  # [batch, pos, 1]
+        self.hook_normalized = HookPoint()  # [batch, pos, d_model]
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
+        return self.hook_normalized(x / scale) * self.w
+
+
+class NoNorm(nn.Module):
+    """The identity: the final 'norm' of a post-LN stack, whose blocks already end in a norm."""
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        return x
+
+
+# --------------------------------------------------------------------------------------------
+# Attention
+# --------------------------------------------------------------------------------------------
+def rotate_half(x: Tensor) -> Tensor:
+    """(x₁, x₂) ↦ (−x₂, x₁) on the two halves of the last dimension."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Rotary(nn.Module):
+    """Rotary positions (Su et al. 2021): q_t ↦ R_t q_t, k_s ↦ R_s k_s with R_t a block rotation by
+    angles t·θ_i, θ_i = base^(−2i/rotary_dim), so ⟨R_m q, R_n k⟩ depends on n − m only.
+
+    Pairs are (i, i + rotary_dim/2), the GPT-NeoX / LLaMA layout; the first `rotary_dim` dimensions
+    of each head rotate, the rest pass through.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.rotary_dim = cfg.rotary_dim
+        inv_freq = cfg.rotary_base ** (-torch.arange(0, cfg.rotary_dim, 2, dtype=torch.float64) / cfg.rotary_dim)
+        angles = torch.arange(cfg.n_ctx, dtype=torch.float64)[:, None] * inv_freq[None, :]
+        angles = torch.cat((angles, angles), dim=-1)  # [n_ctx, rotary_dim]
+        self.register_buffer("cos", angles.cos().float(), persistent=False)
+        self.register_buffer("sin", angles.sin().float(), persistent=False)
+
+    def forward(self, x: Float[Tensor, "batch pos head d_head"], offset: int) -> Float[Tensor, "batch pos head d_head"]:
+        n = x.shape[1]
+        cos = self.cos[offset : offset + n, None, :].to(x.dtype)
+        sin = self.sin[offset : offset + n, None, :].to(x.dtype)
+        x_rot, x_pass = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
+        x_rot = x_rot * cos + rotate_half(x_rot) * sin
+        return torch.cat((x_rot, x_pass), dim=-1) if x_pass.shape[-1] else x_rot
+
+
+class Attention(nn.Module):
+    """Causal multi-head attention, with grouped key/value heads when n_kv_heads < n_heads.
+
+        q = x W_Q + b_Q,  k = x W_K + b_K,  v = x W_V + b_V                 (per head)
+        A = softmax(q kᵀ / √d_head + M),  M_ij = −∞ for j > i, else 0      (the causal mask)
+        z = A v,   attn_out = Σ_h z^h W_O^h + b_O
+
+    Query head h reads key/value head ⌊h · n_kv_heads / n_heads⌋. With a KV cache the new keys and
+    values are appended, and query i sits at absolute position offset + i.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        h, kv, d, dh = cfg.n_heads, cfg.n_kv_heads, cfg.d_model, cfg.d_head
+        self.n_heads, self.n_kv_heads, self.d_head = h, kv, dh
+        self.W_Q = _normal((h, d, dh), cfg.init_std)
+        self.W_K = _normal((kv, d, dh), cfg.init_std)
+        self.W_V = _normal((kv, d, dh), cfg.init_std)
+        # GPT-2's residual-projection scaling: keeps the residual stream's variance flat in depth.
+        self.W_O = _normal((h, dh, d), cfg.init_std / math.sqrt(2 * cfg.n_layers))
+        if cfg.bias:
+            self.b_Q, self.b_K, self.b_V = _zeros((h, dh)), _zeros((kv, dh)), _zeros((kv, dh))
+            self.b_O = _zeros((d,))
+        else:
+            for name in ("b_Q", "b_K", "b_V", "b_O"):
+                self.register_parameter(name, None)
+        self.hook_q = HookPoint()  # [batch, pos, head_index, d_head]
+        self.hook_k = HookPoint()  # [batch, pos, kv_head_index, d_head]
+        self.hook_v = HookPoint()  # [batch, pos, kv_head_index, d_head]
+        self.rotates = cfg.positions == "rotary"
+        if self.rotates:  # a hook point exists only where its activation does
+            self.rotary = Rotary(cfg)
+            self.hook_rot_q = HookPoint()  # [batch, pos, head_index, d_head]
+            self.hook_rot_k = HookPoint()  # [batch, pos, kv_head_index, d_head]
+        self.hook_attn_scores = HookPoint()  # [batch, head_index, query_pos, key_pos]
+        self.hook_pattern = HookPoint()  # [batch, head_index, query_pos, key_pos]
+        self.hook_z = HookPoint()  # [batch, pos, head_index, d_head]
+        self.hook_result = HookPoint()  # [batch, pos, head_index, d_model]
+
+    def _project(self, x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
+        out = einops.einsum(x, W, "batch pos d_model, head d_model d_head -> batch pos head d_head")
+        return out if b is None else out + b
+
+    def wants_pattern(self) -> bool:
+        """True when a hook asks for the scores or the pattern: then the explicit path runs."""
+        return self.hook_attn_scores.has_hooks() or self.hook_pattern.has_hooks()
+
+    def forward(
+        self, x: Float[Tensor, "batch pos d_model"], cache: KVCacheEntry | None = None
+    ) -> Float[Tensor, "batch pos d_model"]:
+        offset = 0 if cache is None else cache.length
+        q = self.hook_q(self._project(x, self.W_Q, self.b_Q))
+        k = self.hook_k(self._project(x, self.W_K, self.b_K))
+        v = self.hook_v(self._project(x, self.W_V, self.b_V))
+        if self.rotates:
+            q = self.hook_rot_q(self.rotary(q, offset))
+            k = self.hook_rot_k(self.rotary(k, offset))
+        if cache is not None:
+            k, v = cache.append(k, v)
+        if self.wants_pattern():
+            z = self._explicit(q, k, v, offset)
+        else:
+            z = self._fused(q, k, v, offset)
+        z = self.hook_z(z)
+        if self.hook_result.has_hooks():
+            result = self.hook_result(
+                einops.einsum(z, self.W_O, "batch pos head d_head, head d_head d_model -> batch pos head d_model"))
+            out = result.sum(dim=2)
+        else:
+            out = einops.einsum(z, self.W_O, "batch pos head d_head, head d_head d_model -> batch pos d_model")
+        return out if self.b_O is None else out + self.b_O
+
+    def _causal_mask(self, q_len: int, k_len: int, offset: int, device: torch.device) -> Tensor:
+        """Boolean [q_len, k_len]: True where query i (at offset + i) may attend to key j (j ≤ offset + i)."""
+        i = torch.arange(q_len, device=device)[:, None] + offset
+        j = torch.arange(k_len, device=device)[None, :]
+        return j <= i
+
+    def _explicit(self, q: Tensor, k: Tensor, v: Tensor, offset: int) -> Tensor:
+        group = self.n_heads // self.n_kv_heads
+        k = k.repeat_interleave(group, dim=2)
+        v = v.repeat_interleave(group, dim=2)
+        scores = einops.einsum(q, k, "batch q_pos head d_head, batch k_pos head d_head -> batch head q_pos k_pos")
+        scores = scores / math.sqrt(self.d_head)
+        allowed = self._causal_mask(q.shape[1], k.shape[1], offset, q.device)
+        scores = self.hook_attn_scores(scores.masked_fill(~allowed, float("-inf")))
+        pattern = self.hook_pattern(scores.softmax(dim=-1))
+        return einops.einsum(pattern, v, "batch head q_pos k_pos, batch k_pos head d_head -> batch q_pos head d_head")
+
+    def _fused(self, q: Tensor, k: Tensor, v: Tensor, offset: int) -> Tensor:
+        q_len, k_len = q.shape[1], k.shape[1]
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [batch, head, pos, d_head]
+        gqa = self.n_kv_heads != self.n_heads
+        if q_len == k_len:  # no cached prefix: the plain causal mask
+            z = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        elif q_len == 1:  # one new token sees every cached key
+            z = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+        else:
+            mask = self._causal_mask(q_len, k_len, offset, q.device)
+            z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        return z.transpose(1, 2)
+
+
+# --------------------------------------------------------------------------------------------
+# MLPs
+# --------------------------------------------------------------------------------------------
+ACTIVATIONS = {
+    "relu": F.relu,
+    "gelu": F.gelu,  # exact: x Φ(x)
+    "gelu_tanh": functools.partial(F.gelu, approximate="tanh"),  # GPT-2's "gelu_new"
+    "silu": F.silu,  # x σ(x)
+}
+
+
+class MLP(nn.Module):
+    """mlp(x) = φ(x W_in + b_in) W_out + b_out, φ one of ReLU, GELU (exact or tanh), SiLU."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.act = ACTIVATIONS[cfg.mlp]
+        self.W_in = _normal((cfg.d_model, cfg.d_mlp), cfg.init_std)
+        self.W_out = _normal((cfg.d_mlp, cfg.d_model), cfg.init_std / math.sqrt(2 * cfg.n_layers))
+        self.b_in = _zeros((cfg.d_mlp,)) if cfg.bias else None
+        self.b_out = _zeros((cfg.d_model,)) if cfg.bias else None
+        self.hook_pre = HookPoint()  # [batch, pos, d_mlp]
+        self.hook_post = HookPoint()  # [batch, pos, d_mlp]
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        pre = self.hook_pre(F.linear(x, self.W_in.T, self.b_in))
+        post = self.hook_post(self.act(pre))
+        return F.linear(post, self.W_out.T, self.b_out)
+
+
+class GatedMLP(nn.Module):
+    """SwiGLU (Shazeer 2020): mlp(x) = (SiLU(x W_gate) ⊙ x W_in) W_out.
+
+    Hooks follow TransformerLens: hook_pre is x W_gate, hook_pre_linear is x W_in, hook_post the product.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.W_gate = _normal((cfg.d_model, cfg.d_mlp), cfg.init_std)
+        self.W_in = _normal((cfg.d_model, cfg.d_mlp), cfg.init_std)
+        self.W_out = _normal((cfg.d_mlp, cfg.d_model), cfg.init_std / math.sqrt(2 * cfg.n_layers))
+        self.b_in = _zeros((cfg.d_mlp,)) if cfg.bias else None
+        self.b_out = _zeros((cfg.d_model,)) if cfg.bias else None
+        self.hook_pre = HookPoint()  # [batch, pos, d_mlp]
+        self.hook_pre_linear = HookPoint()  # [batch, pos, d_mlp]
+        self.hook_post = HookPoint()  # [batch, pos, d_mlp]
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        gate = self.hook_pre(x @ self.W_gate)
+        linear = self.hook_pre_linear(F.linear(x, self.W_in.T, self.b_in))
+        post = self.hook_post(F.silu(gate) * linear)
+        return F.linear(post, self.W_out.T, self.b_out)
+
+
+# --------------------------------------------------------------------------------------------
+# Blocks
+# --------------------------------------------------------------------------------------------
+class _Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.ln1 = NORMS[cfg.norm](cfg)
+        self.attn = Attention(cfg)
+        self.ln2 = NORMS[cfg.norm](cfg)
+        self.mlp = MLPS[cfg.mlp](cfg)
+        self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
+        self.hook_attn_out = HookPoint()  # [batch, pos, d_model]
+        self.hook_resid_mid = HookPoint()  # [batch, pos, d_model]
+        self.hook_mlp_out = HookPoint()  # [batch, pos, d_model]
+        self.hook_resid_post = HookPoint()  # [batch, pos, d_model]
+
+
+class PreLNBlock(_Block):
+    """Pre-LN (GPT-2, LLaMA):  x ← x + attn(LN₁(x));  x ← x + mlp(LN₂(x))."""
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"], cache: KVCacheEntry | None = None) -> Float[Tensor, "batch pos d_model"]:
+        resid_pre = self.hook_resid_pre(x)
+        attn_out = self.hook_attn_out(self.attn(self.ln1(resid_pre), cache))
+        resid_mid = self.hook_resid_mid(resid_pre + attn_out)
+        mlp_out = self.hook_mlp_out(self.mlp(self.ln2(resid_mid)))
+        return self.hook_resid_post(resid_mid + mlp_out)
+
+
+class PostLNBlock(_Block):
+    """Post-LN (Vaswani et al. 2017, "Add & Norm"):  x ← LN₁(x + attn(x));  x ← LN₂(x + mlp(x))."""
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"], cache: KVCacheEntry | None = None) -> Float[Tensor, "batch pos d_model"]:
+        resid_pre = self.hook_resid_pre(x)
+        attn_out = self.hook_attn_out(self.attn(resid_pre, cache))
+        resid_mid = self.hook_resid_mid(self.ln1(resid_pre + attn_out))
+        mlp_out = self.hook_mlp_out(self.mlp(resid_mid))
+        return self.hook_resid_post(self.ln2(resid_mid + mlp_out))
+
+
+# --------------------------------------------------------------------------------------------
+# Unembedding
+# --------------------------------------------------------------------------------------------
+class Unembed(nn.Module):
+    """logits = x W_U + b_U, W_U ∈ R^{d_model × d_vocab}."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.W_U = _normal((cfg.d_model, cfg.d_vocab), cfg.init_std)
+        self.b_U = _zeros((cfg.d_vocab,))
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_vocab"]:
+        return F.linear(x, self.W_U.T, self.b_U)
+
+
+class TiedUnembed(nn.Module):
+    """logits = x W_Eᵀ + b_U: the unembedding shares the token embedding's weights.
+
+    The embedding is held outside the module tree (a tuple) so that its weight is stored once.
+    """
+
+    def __init__(self, cfg: ModelConfig, embed: Embed):
+        super().__init__()
+        self._embed = (embed,)
+        self.b_U = _zeros((cfg.d_vocab,))
+
+    @property
+    def W_U(self) -> Float[Tensor, "d_model d_vocab"]:
+        return self._embed[0].W_E.T
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_vocab"]:
+        return F.linear(x, self._embed[0].W_E, self.b_U)
+
+
+POSITIONS: dict[str, type[nn.Module]] = {
+    "learned": LearnedPositions,
+    "sinusoidal": SinusoidalPositions,
+    "rotary": NoAbsolutePositions,  # rotary acts inside attention, on q and k
+    "none": NoAbsolutePositions,
+}
+NORMS: dict[str, type[nn.Module]] = {"layernorm": LayerNorm, "rmsnorm": RMSNorm}
+MLPS: dict[str, type[nn.Module]] = {
+    "relu": MLP, "gelu": MLP, "gelu_tanh": MLP, "silu": MLP, "swiglu": GatedMLP}
+BLOCKS: dict[str, type[nn.Module]] = {"pre_ln": PreLNBlock, "post_ln": PostLNBlock}

@@ -1,0 +1,195 @@
+"""ModelConfig: the architecture of a decoder-only transformer, as one small validated dataclass.
+
+Every choice the model offers (positions, norm, MLP, block layout, tying, grouped key/value heads) is
+a field here; `lab.model.components` maps each value to a class, so `forward` never branches on the
+config. The config round-trips through JSON and TOML and rejects unknown keys, so a typo in a
+checkpoint or a zoo recipe is an error rather than a silently ignored setting.
+
+It also answers the handful of TransformerLens config names (`normalization_type`, `act_fn`,
+`positional_embedding_type`, ...) that `transformer_lens.ActivationCache`'s methods read.
+"""
+
+import dataclasses
+import json
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+POSITIONS = ("learned", "sinusoidal", "rotary", "none")
+NORMS = ("layernorm", "rmsnorm")
+MLPS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu")
+BLOCKS = ("pre_ln", "post_ln")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape and variant of a decoder-only transformer (names follow TransformerLens)."""
+
+    d_vocab: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_ctx: int
+    d_head: int = 0  # 0: d_model // n_heads
+    d_mlp: int = 0  # 0: 4 · d_model
+    n_kv_heads: int = 0  # 0: n_heads (plain multi-head attention); fewer: grouped key/value heads
+    positions: Literal["learned", "sinusoidal", "rotary", "none"] = "learned"
+    rotary_dim: int = 0  # 0: d_head (rotate every dimension of each head)
+    rotary_base: float = 10000.0
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    norm_eps: float = 1e-5
+    mlp: Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu"] = "gelu"
+    block: Literal["pre_ln", "post_ln"] = "pre_ln"
+    tied_embeddings: bool = False
+    bias: bool = True  # biases on Q, K, V, O and the MLP's linear maps
+    init_std: float = 0.02
+    tokenizer: str = field(default="", compare=False)  # informational: what the ids mean
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, message: str) -> None:
+            if not ok:
+                raise ValueError(f"ModelConfig: {message}")
+
+        for name in ("d_vocab", "d_model", "n_layers", "n_heads", "n_ctx"):
+            value = getattr(self, name)
+            need(isinstance(value, int) and not isinstance(value, bool) and value > 0,
+                 f"{name} must be a positive integer, got {value!r}")
+        for name in ("d_head", "d_mlp", "n_kv_heads", "rotary_dim"):
+            value = getattr(self, name)
+            need(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+                 f"{name} must be a non-negative integer (0 = default), got {value!r}")
+        # Fill the derived defaults (frozen dataclass: write through object.__setattr__).
+        if self.d_head == 0:
+            need(self.d_model % self.n_heads == 0,
+                 f"d_model ({self.d_model}) is not divisible by n_heads ({self.n_heads}); set d_head")
+            object.__setattr__(self, "d_head", self.d_model // self.n_heads)
+        if self.d_mlp == 0:
+            object.__setattr__(self, "d_mlp", 4 * self.d_model)
+        if self.n_kv_heads == 0:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
+        if self.rotary_dim == 0:
+            object.__setattr__(self, "rotary_dim", self.d_head)
+        need(self.positions in POSITIONS, f"positions must be one of {POSITIONS}, got {self.positions!r}")
+        need(self.norm in NORMS, f"norm must be one of {NORMS}, got {self.norm!r}")
+        need(self.mlp in MLPS, f"mlp must be one of {MLPS}, got {self.mlp!r}")
+        need(self.block in BLOCKS, f"block must be one of {BLOCKS}, got {self.block!r}")
+        need(self.n_heads % self.n_kv_heads == 0,
+             f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
+        need(self.rotary_dim % 2 == 0 and self.rotary_dim <= self.d_head,
+             f"rotary_dim must be even and at most d_head ({self.d_head}), got {self.rotary_dim}")
+        need(self.rotary_base > 0, f"rotary_base must be positive, got {self.rotary_base}")
+        need(self.positions != "sinusoidal" or self.d_model % 2 == 0,
+             f"sinusoidal positions need an even d_model, got {self.d_model}")
+        need(self.norm_eps > 0, f"norm_eps must be positive, got {self.norm_eps}")
+        need(self.init_std > 0, f"init_std must be positive, got {self.init_std}")
+
+    # --- serialisation ------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+        if not isinstance(data, dict):
+            raise ValueError(f"ModelConfig: expected a mapping, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"ModelConfig: unknown keys {unknown}; known keys are {sorted(known)}")
+        missing = sorted(f.name for f in fields(cls)
+                         if f.name not in data and f.default is dataclasses.MISSING)
+        if missing:
+            raise ValueError(f"ModelConfig: missing required keys {missing}")
+        return cls(**data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "ModelConfig":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"ModelConfig: malformed JSON ({err})") from err
+        return cls.from_dict(data)
+
+    def to_toml(self) -> str:
+        lines = []
+        for key, value in self.to_dict().items():
+            if isinstance(value, bool):
+                lines.append(f"{key} = {'true' if value else 'false'}")
+            elif isinstance(value, str):
+                lines.append(f"{key} = {json.dumps(value)}")
+            else:
+                lines.append(f"{key} = {value!r}")
+        return "\n".join(lines) + "\n"
+
+    @classmethod
+    def from_toml(cls, text: str) -> "ModelConfig":
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as err:
+            raise ValueError(f"ModelConfig: malformed TOML ({err})") from err
+        return cls.from_dict(data)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "ModelConfig":
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"no model config at {path}")
+        text = path.read_text()
+        return cls.from_toml(text) if path.suffix == ".toml" else cls.from_json(text)
+
+    def replace(self, **changes: Any) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+    # --- what the model costs -----------------------------------------------------------------
+    def n_params(self) -> int:
+        """Exact parameter count of `HookedTransformer(self)` (buffers excluded)."""
+        d, h, kv, dh, m = self.d_model, self.n_heads, self.n_kv_heads, self.d_head, self.d_mlp
+        norm = 2 * d if self.norm == "layernorm" else d
+        attn = d * h * dh + 2 * d * kv * dh + h * dh * d
+        mlp = (3 if self.mlp == "swiglu" else 2) * d * m
+        if self.bias:
+            attn += h * dh + 2 * kv * dh + d
+            mlp += m + d
+        block = attn + mlp + 2 * norm
+        total = self.n_layers * block + self.d_vocab * d + self.d_vocab  # W_E, b_U
+        total += 0 if self.tied_embeddings else d * self.d_vocab  # W_U
+        total += norm if self.block == "pre_ln" else 0  # ln_final
+        total += self.n_ctx * d if self.positions == "learned" else 0
+        return total
+
+    # --- the names TransformerLens's ActivationCache reads --------------------------------------
+    @property
+    def normalization_type(self) -> str | None:
+        return {"layernorm": "LN", "rmsnorm": "RMS"}[self.norm]
+
+    @property
+    def act_fn(self) -> str:
+        return {"swiglu": "silu", "gelu_tanh": "gelu_new"}.get(self.mlp, self.mlp)
+
+    @property
+    def gated_mlp(self) -> bool:
+        return self.mlp == "swiglu"
+
+    @property
+    def positional_embedding_type(self) -> str:
+        return {"learned": "standard", "sinusoidal": "sinusoidal", "rotary": "rotary", "none": "none"}[
+            self.positions]
+
+    @property
+    def n_key_value_heads(self) -> int | None:
+        return self.n_kv_heads if self.n_kv_heads != self.n_heads else None
+
+    @property
+    def attn_only(self) -> bool:
+        return False
+
+    @property
+    def final_rms(self) -> bool:
+        return self.norm == "rmsnorm"
+
+    @property
+    def default_prepend_bos(self) -> bool:
+        return False

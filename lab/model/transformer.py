@@ -1,0 +1,341 @@
+"""HookedTransformer: the decoder-only transformer, top to bottom, with a HookPoint at every activation.
+
+    x⁰ = W_E[tokens] (+ W_pos[positions])                          embed, positions
+    xˡ⁺¹ = block_l(xˡ)                                              l = 0 … n_layers − 1
+    logits = LN_final(x^L) W_U + b_U                                unembed
+    P_θ(x_{t+1} | x_≤t) = softmax(logits_t)
+
+It subclasses TransformerLens's HookedRootModule, so `run_with_hooks`, `hooks()` and
+`run_with_cache` (returning a `transformer_lens.ActivationCache`) work as they do in TransformerLens,
+and the cache's methods (accumulated_resid, decompose_resid, logit_attrs, ...) read our model.
+"""
+
+import difflib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterable
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+from torch import nn
+from transformer_lens import ActivationCache, HookedRootModule
+from transformer_lens.hook_points import HookPoint
+
+from lab.model.components import BLOCKS, NORMS, POSITIONS, Embed, NoNorm, TiedUnembed, Unembed
+from lab.model.config import ModelConfig
+from lab.model.kv_cache import KVCache
+
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+TOKENIZER_FILE = "tokenizer.json"
+
+HookFn = Callable[[Tensor, HookPoint], Tensor | None]
+
+
+class HookedTransformer(HookedRootModule):
+    """A decoder-only transformer whose every activation is a TransformerLens HookPoint.
+
+    Hook names (TransformerLens's): hook_embed, hook_pos_embed, blocks.{l}.hook_resid_pre|mid|post,
+    blocks.{l}.ln1|ln2.hook_scale|hook_normalized, blocks.{l}.attn.hook_q|k|v|attn_scores|pattern|z|result,
+    blocks.{l}.hook_attn_out, blocks.{l}.mlp.hook_pre|hook_post, blocks.{l}.hook_mlp_out,
+    ln_final.hook_scale|hook_normalized, hook_logits.
+    """
+
+    def __init__(self, cfg: ModelConfig, seed: int = 0, tokenizer: Any = None):
+        super().__init__()
+        if not isinstance(cfg, ModelConfig):
+            raise TypeError(f"HookedTransformer needs a ModelConfig, got {type(cfg).__name__}")
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.embed = Embed(cfg)
+            self.hook_embed = HookPoint()  # [batch, pos, d_model]
+            if cfg.positions in ("learned", "sinusoidal"):  # positions added to the residual stream
+                self.hook_pos_embed = HookPoint()  # [batch, pos, d_model]
+            self.pos_embed = POSITIONS[cfg.positions](cfg, getattr(self, "hook_pos_embed", None))
+            self.blocks = nn.ModuleList([BLOCKS[cfg.block](cfg) for _ in range(cfg.n_layers)])
+            # A post-LN stack already ends in a norm; a pre-LN stack needs the final one.
+            self.ln_final = NORMS[cfg.norm](cfg) if cfg.block == "pre_ln" else NoNorm()
+            self.unembed = TiedUnembed(cfg, self.embed) if cfg.tied_embeddings else Unembed(cfg)
+        self.hook_logits = HookPoint()  # [batch, pos, d_vocab]
+        self.setup()  # HookedRootModule: name every HookPoint
+
+    # --- the forward pass ----------------------------------------------------------------------
+    def forward(
+        self, tokens: Int[Tensor, "batch pos"], kv_cache: KVCache | None = None
+    ) -> Float[Tensor, "batch pos d_vocab"]:
+        """Logits for every position. With a KV cache, `tokens` continue the cached prefix."""
+        offset = 0 if kv_cache is None else kv_cache.length
+        tokens = self.check_tokens(tokens, offset)
+        x = self.pos_embed(self.hook_embed(self.embed(tokens)), offset)
+        for layer, block in enumerate(self.blocks):
+            x = block(x, None if kv_cache is None else kv_cache.entries[layer])
+        return self.hook_logits(self.unembed(self.ln_final(x)))
+
+    def check_tokens(self, tokens: Any, offset: int = 0) -> Int[Tensor, "batch pos"]:
+        """Validate a batch of token ids at the boundary; a 1-D sequence becomes a batch of one."""
+        if not isinstance(tokens, Tensor):
+            raise ValueError(f"tokens must be a torch.Tensor of integer ids, got {type(tokens).__name__}")
+        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+            raise ValueError(f"tokens must have an integer dtype (torch.long), got {tokens.dtype}")
+        if tokens.ndim == 1:
+            tokens = tokens[None, :]
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens must have shape [batch, pos] or [pos], got {tuple(tokens.shape)}")
+        if tokens.numel() == 0:
+            raise ValueError(f"tokens is empty (shape {tuple(tokens.shape)}): need at least one token")
+        if offset + tokens.shape[1] > self.cfg.n_ctx:
+            raise ValueError(
+                f"sequence of {offset + tokens.shape[1]} tokens"
+                + (f" ({offset} cached + {tokens.shape[1]} new)" if offset else "")
+                + f" is longer than the model's context n_ctx = {self.cfg.n_ctx}")
+        low, high = int(tokens.min()), int(tokens.max())
+        if low < 0 or high >= self.cfg.d_vocab:
+            bad = low if low < 0 else high
+            raise ValueError(f"token id {bad} is out of range: ids must lie in [0, d_vocab) = [0, {self.cfg.d_vocab})")
+        return tokens.to(device=self.embed.W_E.device, dtype=torch.long)
+
+    def loss(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, ""]:
+        """Mean next-token cross-entropy in nats: −(1/N) Σ log P_θ(x_{t+1} | x_≤t)."""
+        tokens = self.check_tokens(tokens)
+        return next_token_loss(self(tokens), tokens)
+
+    # --- weights under TransformerLens's names -------------------------------------------------
+    @property
+    def W_E(self) -> Tensor:
+        return self.embed.W_E
+
+    @property
+    def W_pos(self) -> Tensor:
+        if not hasattr(self.pos_embed, "W_pos"):
+            raise AttributeError(f"a model with positions = {self.cfg.positions!r} has no W_pos")
+        return self.pos_embed.W_pos
+
+    @property
+    def W_U(self) -> Tensor:
+        return self.unembed.W_U
+
+    @property
+    def b_U(self) -> Tensor:
+        return self.unembed.b_U
+
+    def _stack(self, name: str) -> Tensor:
+        return torch.stack([getattr(b.attn, name) for b in self.blocks])
+
+    @property
+    def W_Q(self) -> Tensor:  # [layer, head, d_model, d_head]
+        return self._stack("W_Q")
+
+    @property
+    def W_K(self) -> Tensor:  # [layer, kv_head, d_model, d_head]
+        return self._stack("W_K")
+
+    @property
+    def W_V(self) -> Tensor:  # [layer, kv_head, d_model, d_head]
+        return self._stack("W_V")
+
+    @property
+    def W_O(self) -> Tensor:  # [layer, head, d_head, d_model]
+        return self._stack("W_O")
+
+    @property
+    def W_in(self) -> Tensor:  # [layer, d_model, d_mlp]
+        return torch.stack([b.mlp.W_in for b in self.blocks])
+
+    @property
+    def W_out(self) -> Tensor:  # [layer, d_mlp, d_model]
+        return torch.stack([b.mlp.W_out for b in self.blocks])
+
+    def tokens_to_residual_directions(self, tokens: Any) -> Tensor:
+        """The unembedding direction(s) W_U[:, t] of token id(s) or a string (TransformerLens's API)."""
+        if isinstance(tokens, str):
+            tokens = self.to_single_token(tokens)
+        if isinstance(tokens, int):
+            return self.W_U[:, tokens]
+        tokens = torch.as_tensor(tokens, device=self.W_U.device)
+        return self.W_U[:, tokens].movedim(0, -1)
+
+    # --- tokenizer -----------------------------------------------------------------------------
+    def _require_tokenizer(self) -> Any:
+        if self.tokenizer is None:
+            raise ValueError("this model has no tokenizer attached: pass token ids, or set model.tokenizer")
+        return self.tokenizer
+
+    def to_tokens(self, text: str | list[str]) -> Int[Tensor, "batch pos"]:
+        """Encode text (a string or a list of equally long strings) into a [batch, pos] tensor."""
+        tokenizer = self._require_tokenizer()
+        texts = [text] if isinstance(text, str) else list(text)
+        ids = [_encode(tokenizer, t) for t in texts]
+        if len({len(i) for i in ids}) != 1:
+            raise ValueError(f"texts encode to different lengths {[len(i) for i in ids]}: encode them one at a time")
+        return torch.tensor(ids, dtype=torch.long, device=self.W_E.device)
+
+    def to_string(self, tokens: Tensor | list[int]) -> str | list[str]:
+        """Decode [pos] ids to a string, or [batch, pos] ids to a list of strings."""
+        tokenizer = self._require_tokenizer()
+        tokens = torch.as_tensor(tokens)
+        if tokens.ndim == 2:
+            return [tokenizer.decode(row.tolist()) for row in tokens]
+        return tokenizer.decode(tokens.tolist())
+
+    def to_str_tokens(self, text: str | Tensor) -> list[str]:
+        """Each token of `text` (or of a [pos] id tensor) as its own string."""
+        tokenizer = self._require_tokenizer()
+        ids = _encode(tokenizer, text) if isinstance(text, str) else torch.as_tensor(text).flatten().tolist()
+        return [tokenizer.decode([i]) for i in ids]
+
+    def to_single_token(self, text: str) -> int:
+        ids = _encode(self._require_tokenizer(), text)
+        if len(ids) != 1:
+            raise ValueError(f"{text!r} is {len(ids)} tokens, not one")
+        return ids[0]
+
+    # --- hooks: TransformerLens's API, with hook names checked first ----------------------------
+    def check_hook_names(self, names: Iterable[Any]) -> None:
+        """Raise KeyError for a hook name the model does not have, naming the closest ones."""
+        for name in names:
+            if isinstance(name, str) and name not in self.hook_dict:
+                close = difflib.get_close_matches(name, list(self.hook_dict), n=5, cutoff=0.5)
+                hint = f"; did you mean {close}?" if close else "; see model.hook_dict for every name"
+                raise KeyError(f"unknown hook name {name!r}{hint}")
+
+    @contextmanager
+    def hooks(self, fwd_hooks=(), bwd_hooks=(), reset_hooks_end: bool = True, clear_contexts: bool = False):
+        """Attach hooks for the duration of a `with` block; they are removed even if the block raises."""
+        self.check_hook_names(name for name, _ in [*fwd_hooks, *bwd_hooks])
+        with super().hooks(list(fwd_hooks), list(bwd_hooks), reset_hooks_end, clear_contexts) as model:
+            yield model
+
+    def run_with_hooks(self, *model_args: Any, fwd_hooks=(), bwd_hooks=(), reset_hooks_end: bool = True,
+                       clear_contexts: bool = False, **model_kwargs: Any) -> Tensor:
+        """One forward pass with (name, hook_fn) pairs attached; a hook may return a replacement."""
+        with self.hooks(fwd_hooks, bwd_hooks, reset_hooks_end, clear_contexts):
+            return self(*model_args, **model_kwargs)
+
+    def run_with_cache(self, *model_args: Any, names_filter: Any = None, **kwargs: Any) -> tuple[Tensor, ActivationCache]:
+        """(logits, ActivationCache) — the cache holds the activations that `names_filter` selects.
+
+        names_filter: None (every hook), a hook name, a list of names, or a predicate on names.
+        Asking for `hook_pattern`/`hook_attn_scores` switches attention to its explicit path; any
+        other selection keeps the fused path.
+        """
+        if isinstance(names_filter, str):
+            names_filter = [names_filter]
+        if isinstance(names_filter, (list, tuple)):
+            self.check_hook_names(names_filter)
+            names_filter = list(names_filter)
+        logits, cache = super().run_with_cache(*model_args, names_filter=names_filter, **kwargs)
+        return logits, ActivationCache(cache, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
+
+    # --- checkpoints ---------------------------------------------------------------------------
+    def save(self, directory: str | Path) -> Path:
+        """Write model.safetensors and config.json (and tokenizer.json when one is attached), atomically."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        atomic_write(directory / WEIGHTS_FILE, lambda path: save_file(state, str(path), metadata={"format": "pt"}))
+        atomic_write(directory / CONFIG_FILE, lambda path: path.write_text(self.cfg.to_json()))
+        if self.tokenizer is not None and hasattr(self.tokenizer, "to_str"):  # a tokenizers.Tokenizer
+            atomic_write(directory / TOKENIZER_FILE, lambda path: path.write_text(self.tokenizer.to_str()))
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | Path, device: str | torch.device = "cpu") -> "HookedTransformer":
+        """Load a folder written by `save`; every malformed part is an error that says which."""
+        directory = Path(directory)
+        if not directory.is_dir():
+            raise FileNotFoundError(f"no model folder at {directory}")
+        for name in (CONFIG_FILE, WEIGHTS_FILE):
+            if not (directory / name).is_file():
+                raise FileNotFoundError(f"{directory} has no {name}: not a Forma model folder")
+        try:
+            cfg = ModelConfig.from_json((directory / CONFIG_FILE).read_text())
+        except ValueError as err:
+            raise ValueError(f"malformed config {directory / CONFIG_FILE}: {err}") from err
+        try:
+            state = load_file(str(directory / WEIGHTS_FILE))
+        except (SafetensorError, OSError, ValueError) as err:
+            raise ValueError(f"malformed or truncated checkpoint {directory / WEIGHTS_FILE}: {err}") from err
+        tokenizer = None
+        if (directory / TOKENIZER_FILE).is_file():
+            from tokenizers import Tokenizer
+
+            tokenizer = Tokenizer.from_file(str(directory / TOKENIZER_FILE))
+        model = cls(cfg, tokenizer=tokenizer)
+        model.load_weights(state, source=str(directory / WEIGHTS_FILE))
+        return model.to(device).eval()
+
+    def load_weights(self, state: dict[str, Tensor], source: str = "state dict") -> None:
+        """Copy weights in, after checking that names and shapes match this config exactly."""
+        expected = {k: tuple(v.shape) for k, v in self.state_dict().items()}
+        got = {k: tuple(v.shape) for k, v in state.items()}
+        missing, unexpected = sorted(expected.keys() - got.keys()), sorted(got.keys() - expected.keys())
+        wrong = sorted(k for k in expected.keys() & got.keys() if expected[k] != got[k])
+        if missing or unexpected or wrong:
+            parts = []
+            if missing:
+                parts.append(f"missing {missing[:6]}{' …' if len(missing) > 6 else ''}")
+            if unexpected:
+                parts.append(f"unexpected {unexpected[:6]}{' …' if len(unexpected) > 6 else ''}")
+            if wrong:
+                parts.append("shape mismatch " + ", ".join(f"{k}: config wants {expected[k]}, weights have {got[k]}"
+                                                            for k in wrong[:4]))
+            raise ValueError(f"weights in {source} do not match the config: " + "; ".join(parts))
+        with torch.no_grad():
+            for name, tensor in self.state_dict().items():
+                tensor.copy_(state[name])
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | Path, device: str | torch.device = "cpu") -> "HookedTransformer":
+        """A zoo model by name, a folder written by `save`, or a local Hugging Face folder."""
+        path = Path(name_or_path)
+        if path.is_dir():
+            config = path / CONFIG_FILE
+            if config.is_file() and "model_type" in _read_json(config):
+                from lab.hf import load_hf
+
+                return load_hf(path, device=device)
+            return cls.load(path, device=device)
+        from lab.zoo import zoo_model_dir
+
+        return cls.load(zoo_model_dir(str(name_or_path)), device=device)
+
+
+def next_token_loss(logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, ""]:
+    """Mean next-token cross-entropy in nats: the logits at t predict the token at t + 1."""
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), tokens[:, 1:].reshape(-1))
+
+
+def atomic_write(path: Path, write: Callable[[Path], Any]) -> None:
+    """Write through a temporary file in the same folder, then rename: readers never see half a file."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"malformed JSON in {path}: {err}") from err
+    return data if isinstance(data, dict) else {}
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    encoded = tokenizer.encode(text)
+    return list(encoded.ids) if hasattr(encoded, "ids") else list(encoded)

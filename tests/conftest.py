@@ -1,0 +1,67 @@
+"""Shared fixtures: tiny models and tokenizers built from configs — nothing is fetched from a hub."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import pytest
+import torch
+
+from lab import HookedTransformer, ModelConfig
+
+VOCAB = 100
+
+
+def tiny_config(**changes) -> ModelConfig:
+    base = dict(d_vocab=VOCAB, d_model=64, n_layers=2, n_heads=4, n_ctx=64)
+    return ModelConfig(**(base | changes))
+
+
+@pytest.fixture
+def tokens() -> torch.Tensor:
+    return torch.randint(0, VOCAB, (3, 24), generator=torch.Generator().manual_seed(0))
+
+
+@pytest.fixture
+def model() -> HookedTransformer:
+    return HookedTransformer(tiny_config(), seed=1).eval()
+
+
+def hf_gpt2(tie: bool = True):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=64, tie_word_embeddings=tie,
+                     bos_token_id=None, eos_token_id=None)
+    return GPT2LMHeadModel(cfg).eval()
+
+
+def hf_llama(n_kv_heads: int = 2, tie: bool = False):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=n_kv_heads, vocab_size=VOCAB, max_position_embeddings=64,
+                      tie_word_embeddings=tie, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    model = LlamaForCausalLM(cfg).eval()
+    # A fresh LLaMA has unit RMSNorm gains; randomise them so a misplaced gain cannot hide.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.add_(0.3 * torch.randn_like(p))
+    return model
+
+
+def word_tokenizer(directory):
+    """A WordLevel tokenizer over VOCAB words, saved with save_pretrained and reloaded from disk."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    words = ["<unk>", "<pad>", "<bos>", "<eos>"] + [f"w{i}" for i in range(VOCAB - 4)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>",
+                                   unk_token="<unk>", pad_token="<pad>")
+    fast.save_pretrained(directory)
+    return AutoTokenizer.from_pretrained(directory)

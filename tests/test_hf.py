@@ -1,0 +1,77 @@
+"""Hugging Face parity: identical weights give identical logits, both ways, and TransformerBridge agrees."""
+
+import pytest
+import torch
+
+from lab import HookedTransformer
+from lab.hf import UnsupportedArchitecture, from_hf, load_hf, to_hf
+from tests.conftest import hf_gpt2, hf_llama, tiny_config, word_tokenizer
+
+
+@pytest.mark.parametrize("make_hf", [hf_gpt2, lambda: hf_gpt2(tie=False), hf_llama, lambda: hf_llama(tie=True)],
+                         ids=["gpt2", "gpt2-untied", "llama-gqa", "llama-tied"])
+def test_logits_match_hugging_face(make_hf, tokens):
+    hf = make_hf()
+    model = from_hf(hf)
+    with torch.no_grad():
+        assert (model(tokens) - hf(tokens).logits).abs().max() <= 1e-4
+
+
+def test_llama_fixture_uses_grouped_kv_heads():
+    model = from_hf(hf_llama(n_kv_heads=2))
+    assert model.cfg.n_kv_heads == 2 < model.cfg.n_heads
+
+
+@pytest.mark.parametrize("make_hf", [hf_gpt2, hf_llama], ids=["gpt2", "llama"])
+def test_round_trip_through_hugging_face(make_hf, tokens):
+    model = from_hf(make_hf())
+    with torch.no_grad():
+        assert (to_hf(model)(tokens).logits - model(tokens)).abs().max() <= 1e-5
+        again = from_hf(to_hf(model))
+        assert torch.equal(again(tokens), model(tokens))
+
+
+def test_to_hf_of_a_native_model(tokens):
+    model = HookedTransformer(tiny_config(mlp="gelu_tanh"), seed=3).eval()
+    with torch.no_grad():
+        assert (to_hf(model)(tokens).logits - model(tokens)).abs().max() <= 1e-4
+
+
+def test_load_hf_reads_a_local_folder(tmp_path, tokens):
+    hf = hf_llama()
+    hf.save_pretrained(tmp_path)
+    word_tokenizer(tmp_path)
+    model = load_hf(tmp_path)
+    assert model.tokenizer is not None
+    assert model.to_tokens("w1 w2 w3").tolist() == [[5, 6, 7]]
+    with torch.no_grad():
+        assert (model(tokens) - hf(tokens).logits).abs().max() <= 1e-4
+    assert torch.equal(HookedTransformer.from_pretrained(tmp_path)(tokens), model(tokens))
+
+
+def test_unsupported_architecture_points_to_the_bridge():
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    hf = GPTNeoXForCausalLM(GPTNeoXConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                          intermediate_size=64, vocab_size=50))
+    with pytest.raises(UnsupportedArchitecture, match="TransformerBridge"):
+        from_hf(hf)
+    with pytest.raises(UnsupportedArchitecture, match="post-LN|pre-LN"):
+        to_hf(HookedTransformer(tiny_config(block="post_ln")))
+
+
+def test_transformer_bridge_agrees_layer_by_layer(tmp_path, tokens):
+    """Raw mode (no weight processing): resid_pre/mid/post and the pattern agree at every layer."""
+    from transformer_lens.model_bridge import TransformerBridge
+
+    hf = hf_gpt2()
+    model = from_hf(hf)  # before booting: the bridge rewraps the HF module tree in place
+    tokenizer = word_tokenizer(tmp_path)
+    bridge = TransformerBridge.boot_transformers("gpt2", hf_model=hf, tokenizer=tokenizer, device="cpu")
+    with torch.no_grad():
+        _, ours = model.run_with_cache(tokens)
+        _, theirs = bridge.run_with_cache(tokens)
+    for layer in range(model.cfg.n_layers):
+        for name in ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "attn.hook_pattern"):
+            key = f"blocks.{layer}.{name}"
+            assert (ours[key] - theirs[key]).abs().max() <= 1e-4, key

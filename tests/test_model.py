@@ -1,0 +1,339 @@
+"""The hooked transformer: its equations, its hooks, its checks, its checkpoints."""
+
+import math
+
+import pytest
+import torch
+
+from lab import HookedTransformer, ModelConfig
+from lab.model.components import Rotary, sinusoidal_table
+from tests.conftest import VOCAB, tiny_config
+
+VARIANTS = [
+    dict(),
+    dict(positions="sinusoidal", norm="rmsnorm", mlp="relu"),
+    dict(positions="rotary", mlp="swiglu", n_kv_heads=2, bias=False, norm="rmsnorm"),
+    dict(positions="rotary", rotary_dim=8, mlp="silu"),
+    dict(positions="none", mlp="gelu_tanh", tied_embeddings=True),
+    dict(block="post_ln", positions="sinusoidal", mlp="relu"),
+]
+IDS = ["gpt2-like", "sinusoidal-rms-relu", "llama-like", "partial-rotary", "nopos-tied", "post-ln"]
+
+
+# --- config -----------------------------------------------------------------------------------
+def test_config_round_trips_through_json_and_toml():
+    cfg = tiny_config(positions="rotary", n_kv_heads=2, mlp="swiglu")
+    assert ModelConfig.from_json(cfg.to_json()) == cfg
+    assert ModelConfig.from_toml(cfg.to_toml()) == cfg
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(d_model=65), "divisible"),
+    (dict(positions="alibi"), "positions must be one of"),
+    (dict(n_kv_heads=3), "multiple of n_kv_heads"),
+    (dict(n_layers=0), "n_layers must be a positive integer"),
+    (dict(mlp="geglu"), "mlp must be one of"),
+])
+def test_config_rejects_bad_values(bad, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_config(**bad)
+
+
+def test_config_rejects_unknown_and_missing_keys():
+    data = tiny_config().to_dict() | {"d_modle": 3}
+    with pytest.raises(ValueError, match="unknown keys \\['d_modle'\\]"):
+        ModelConfig.from_dict(data)
+    with pytest.raises(ValueError, match="missing required keys \\['n_ctx'\\]"):
+        ModelConfig.from_dict({k: v for k, v in tiny_config().to_dict().items() if k != "n_ctx"})
+    with pytest.raises(ValueError, match="malformed JSON"):
+        ModelConfig.from_json("{")
+
+
+# --- the forward pass --------------------------------------------------------------------------
+@pytest.mark.parametrize("variant", VARIANTS, ids=IDS)
+def test_every_variant_runs_and_counts_its_parameters(variant, tokens):
+    model = HookedTransformer(tiny_config(**variant))
+    assert model(tokens).shape == (*tokens.shape, VOCAB)
+    assert model.cfg.n_params() == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=IDS)
+def test_causality(variant, tokens):
+    """Changing token t leaves every logit before t unchanged, and changes the logits at t."""
+    model = HookedTransformer(tiny_config(**variant)).eval()
+    changed = tokens.clone()
+    changed[:, 10] = (changed[:, 10] + 1) % VOCAB
+    with torch.no_grad():
+        a, b = model(tokens), model(changed)
+    assert torch.allclose(a[:, :10], b[:, :10], atol=1e-6)
+    assert not torch.allclose(a[:, 10], b[:, 10])
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=IDS)
+def test_fast_and_explicit_attention_agree(variant, tokens):
+    model = HookedTransformer(tiny_config(**variant)).eval()
+    with torch.no_grad():
+        fast = model(tokens)
+        explicit = model.run_with_hooks(tokens, fwd_hooks=[(lambda n: n.endswith("hook_pattern"), lambda x, hook: x)])
+    assert (fast - explicit).abs().max() <= 1e-5
+
+
+def test_fast_path_is_taken_unless_the_pattern_is_asked_for(model, tokens, monkeypatch):
+    calls = {"explicit": 0, "fused": 0}
+    attn_cls = type(model.blocks[0].attn)
+    for path in calls:
+        original = getattr(attn_cls, f"_{path}")
+
+        def counted(self, *args, _original=original, _path=path):
+            calls[_path] += 1
+            return _original(self, *args)
+
+        monkeypatch.setattr(attn_cls, f"_{path}", counted)
+    model(tokens)
+    model.run_with_cache(tokens, names_filter=lambda n: "resid" in n)
+    assert calls == {"explicit": 0, "fused": 4}
+    model.run_with_cache(tokens, names_filter="blocks.1.attn.hook_pattern")
+    assert calls == {"explicit": 1, "fused": 5}
+
+
+def test_pattern_is_causal_and_normalised(model, tokens):
+    _, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_pattern"))
+    pattern = cache["pattern", 0]
+    assert torch.allclose(pattern.sum(-1), torch.ones(pattern.shape[:-1]), atol=1e-6)
+    future = torch.triu(torch.ones(tokens.shape[1], tokens.shape[1], dtype=torch.bool), diagonal=1)
+    assert pattern[..., future].abs().max() == 0
+
+
+def test_loss_is_next_token_cross_entropy_in_nats(model, tokens):
+    logits = model(tokens)
+    log_probs = logits.log_softmax(-1)[:, :-1].gather(-1, tokens[:, 1:, None])
+    assert torch.allclose(model.loss(tokens), -log_probs.mean(), atol=1e-6)
+    # An untrained model is close to uniform: loss ≈ log |V|.
+    assert abs(model.loss(tokens).item() - math.log(VOCAB)) < 0.1
+
+
+# --- input checks ------------------------------------------------------------------------------
+@pytest.mark.parametrize("bad, message", [
+    (torch.tensor([[0, VOCAB]]), "token id 100 is out of range"),
+    (torch.tensor([[-1, 3]]), "token id -1 is out of range"),
+    (torch.zeros(1, 65, dtype=torch.long), "longer than the model's context n_ctx = 64"),
+    (torch.zeros(1, 3), "integer dtype"),
+    (torch.zeros(1, 0, dtype=torch.long), "empty"),
+    (torch.zeros(1, 2, 3, dtype=torch.long), "shape"),
+    ([1, 2, 3], "torch.Tensor"),
+])
+def test_bad_tokens_raise_a_clear_error(model, bad, message):
+    with pytest.raises(ValueError, match=message):
+        model(bad)
+
+
+# --- hooks -------------------------------------------------------------------------------------
+EXPECTED_HOOKS = [
+    "hook_embed", "hook_pos_embed", "hook_logits", "ln_final.hook_scale", "ln_final.hook_normalized",
+    *[f"blocks.1.{name}" for name in (
+        "hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out", "hook_mlp_out",
+        "ln1.hook_scale", "ln1.hook_normalized", "ln2.hook_scale", "ln2.hook_normalized",
+        "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_attn_scores", "attn.hook_pattern",
+        "attn.hook_z", "attn.hook_result", "mlp.hook_pre", "mlp.hook_post")],
+]
+
+
+def test_every_activation_has_its_transformer_lens_name(model, tokens):
+    assert set(EXPECTED_HOOKS) <= set(model.hook_dict)
+    _, cache = model.run_with_cache(tokens)
+    b, p = tokens.shape
+    assert cache["blocks.1.attn.hook_pattern"].shape == (b, 4, p, p)
+    assert cache["blocks.1.attn.hook_result"].shape == (b, p, 4, 64)
+    assert cache["blocks.1.ln1.hook_scale"].shape == (b, p, 1)
+    assert set(cache.keys()) == set(model.hook_dict)
+
+
+def test_an_identity_hook_leaves_logits_bit_identical(model, tokens):
+    with torch.no_grad():
+        plain = model(tokens)
+        hooked = model.run_with_hooks(tokens, fwd_hooks=[(lambda n: "pattern" not in n and "scores" not in n
+                                                          and "result" not in n, lambda x, hook: x)])
+    assert torch.equal(plain, hooked)
+
+
+def test_zero_ablating_a_head_changes_the_logits(model, tokens):
+    def ablate(z, hook):
+        z[:, :, 2] = 0.0
+        return z
+
+    with torch.no_grad():
+        assert not torch.allclose(model(tokens), model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_z", ablate)]))
+
+
+def test_result_hook_sums_to_attn_out(model, tokens):
+    _, cache = model.run_with_cache(tokens, names_filter=["blocks.0.attn.hook_result", "blocks.0.hook_attn_out"])
+    summed = cache["blocks.0.attn.hook_result"].sum(2) + model.blocks[0].attn.b_O
+    assert torch.allclose(summed, cache["blocks.0.hook_attn_out"], atol=1e-6)
+
+
+def _attached(model) -> int:
+    return sum(len(hp.fwd_hooks) + len(hp.bwd_hooks) for hp in model.hook_dict.values())
+
+
+def test_no_hook_survives_a_hook_that_raises(model, tokens):
+    def boom(x, hook):
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        model.run_with_hooks(tokens, fwd_hooks=[("blocks.1.hook_resid_mid", boom)])
+    assert _attached(model) == 0
+    with pytest.raises(RuntimeError, match="boom"):
+        with model.hooks(fwd_hooks=[("blocks.0.mlp.hook_post", boom)]):
+            model(tokens)
+    assert _attached(model) == 0
+    with pytest.raises(RuntimeError, match="boom"):
+        with model.hooks(fwd_hooks=[("hook_embed", boom)]):
+            model.run_with_cache(tokens)
+    assert _attached(model) == 0
+
+
+def test_unknown_hook_name_names_close_matches(model, tokens):
+    with pytest.raises(KeyError, match="blocks.0.hook_resid_pre"):
+        model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.hook_resid_pr", lambda x, hook: x)])
+    with pytest.raises(KeyError, match="unknown hook name"):
+        model.run_with_cache(tokens, names_filter=["blocks.9.attn.hook_pattern"])
+    assert _attached(model) == 0
+
+
+# --- TransformerLens's cache methods on our cache ---------------------------------------------
+def test_decompose_resid_sums_to_the_final_residual_stream(model, tokens):
+    _, cache = model.run_with_cache(tokens)
+    parts = cache.decompose_resid(return_labels=False)
+    assert torch.allclose(parts.sum(0), cache["blocks.1.hook_resid_post"], atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", [dict(), dict(norm="rmsnorm", positions="rotary")], ids=["ln", "rms"])
+def test_logit_lens_at_the_last_layer_reproduces_the_logits(variant, tokens):
+    model = HookedTransformer(tiny_config(**variant)).eval()
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(tokens)
+        stack = cache.accumulated_resid(apply_ln=True)
+        lens = stack @ model.W_U + model.b_U
+    assert (lens[-1] - logits).abs().max() <= 1e-5
+
+
+def test_logit_attrs_runs(model, tokens):
+    _, cache = model.run_with_cache(tokens)
+    parts = cache.decompose_resid(return_labels=False, pos_slice=-1)
+    attrs = cache.logit_attrs(parts, tokens=tokens[:, -1], incorrect_tokens=tokens[:, 0], pos_slice=-1)
+    assert attrs.shape == (parts.shape[0], tokens.shape[0])
+    assert torch.isfinite(attrs).all()
+
+
+# --- checkpoints -------------------------------------------------------------------------------
+@pytest.mark.parametrize("variant", VARIANTS, ids=IDS)
+def test_save_and_load_round_trip(variant, tmp_path, tokens):
+    model = HookedTransformer(tiny_config(**variant), seed=7).eval()
+    model.save(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
+    loaded = HookedTransformer.load(tmp_path)
+    assert loaded.cfg == model.cfg
+    assert torch.equal(loaded(tokens), model(tokens))
+    assert torch.equal(HookedTransformer.from_pretrained(tmp_path)(tokens), model(tokens))
+
+
+def test_bad_checkpoints_raise_clear_errors(tmp_path, model):
+    model.save(tmp_path / "ok")
+    truncated = tmp_path / "truncated"
+    model.save(truncated)
+    data = (truncated / "model.safetensors").read_bytes()
+    (truncated / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="malformed or truncated checkpoint"):
+        HookedTransformer.load(truncated)
+    mismatch = tmp_path / "mismatch"
+    model.save(mismatch)
+    (mismatch / "config.json").write_text(model.cfg.replace(d_mlp=128).to_json())
+    with pytest.raises(ValueError, match="shape mismatch .*mlp.W_in"):
+        HookedTransformer.load(mismatch)
+    (mismatch / "config.json").write_text('{"d_vocab": 3')
+    with pytest.raises(ValueError, match="malformed config"):
+        HookedTransformer.load(mismatch)
+    with pytest.raises(FileNotFoundError, match="no model folder"):
+        HookedTransformer.load(tmp_path / "nowhere")
+    with pytest.raises(ValueError, match="unknown model 'no-such-model'"):
+        HookedTransformer.from_pretrained("no-such-model")
+
+
+def test_a_failed_save_leaves_the_old_checkpoint_intact(tmp_path, model, monkeypatch, tokens):
+    model.save(tmp_path)
+    before = (tmp_path / "model.safetensors").read_bytes()
+    import lab.model.transformer as transformer
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(transformer, "save_file", broken)
+    with pytest.raises(OSError, match="disk full"):
+        HookedTransformer(model.cfg, seed=99).save(tmp_path)
+    assert (tmp_path / "model.safetensors").read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_tokenizer_round_trip(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["<unk>", "the", "cat", "sat"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    model = HookedTransformer(tiny_config(d_vocab=4), tokenizer=tok)
+    assert model.to_tokens("the cat sat").tolist() == [[1, 2, 3]]
+    assert model.to_string(torch.tensor([1, 2, 3])) == "the cat sat"
+    assert model.to_str_tokens("the cat") == ["the", "cat"]
+    model.save(tmp_path)
+    assert HookedTransformer.load(tmp_path).to_tokens("sat cat").tolist() == [[3, 2]]
+    with pytest.raises(ValueError, match="no tokenizer"):
+        HookedTransformer(tiny_config()).to_tokens("hello")
+
+
+# --- the seeds' claims about the model (SCIENCE.md §4) -------------------------------------------
+def test_sinusoidal_encoding_of_pos_plus_k_is_a_fixed_rotation():
+    d, k = 64, 5
+    pe = sinusoidal_table(200, d).double()
+    frequency = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    cos, sin = torch.cos(k * frequency), torch.sin(k * frequency)
+    # Per pair (sin, cos): [sin(a+b), cos(a+b)] = [[cos b, sin b], [−sin b, cos b]] · [sin a, cos a]
+    s, c = pe[:-k, 0::2], pe[:-k, 1::2]
+    rotated_s, rotated_c = cos * s + sin * c, -sin * s + cos * c
+    assert (rotated_s - pe[k:, 0::2]).abs().max() < 1e-5
+    assert (rotated_c - pe[k:, 1::2]).abs().max() < 1e-5
+
+
+def test_rotary_scores_depend_only_on_the_offset():
+    cfg = tiny_config(positions="rotary", n_ctx=128)
+    rotary = Rotary(cfg)
+    q, k = torch.randn(1, 1, 1, cfg.d_head), torch.randn(1, 1, 1, cfg.d_head)
+
+    def score(m: int, n: int) -> float:
+        return float((rotary(q, m) * rotary(k, n)).sum())
+
+    for shift in (0, 3, 17):
+        scores = [score(m, m + shift) for m in range(0, 100, 7)]
+        assert max(scores) - min(scores) < 1e-4
+    assert abs(score(0, 3) - score(0, 17)) > 1e-3
+
+
+def test_parameter_count_is_twelve_l_d_squared_plus_embeddings():
+    for L, d, V in [(2, 64, 100), (6, 256, 1000), (12, 768, 50257)]:
+        cfg = ModelConfig(d_vocab=V, d_model=d, n_layers=L, n_heads=4, n_ctx=64, positions="none",
+                          tied_embeddings=True, bias=False, norm="rmsnorm")
+        # 12·L·d² + |V|·d, plus the lower-order terms: norm gains (2 per block + final) and b_U.
+        assert cfg.n_params() == 12 * L * d * d + V * d + (2 * L + 1) * d + V
+        with torch.device("meta"):
+            assert sum(p.numel() for p in HookedTransformer(cfg).parameters()) == cfg.n_params()
+
+
+def test_llama_7b_shaped_config_counts_6_74e9_parameters():
+    cfg = ModelConfig(d_vocab=32000, d_model=4096, n_layers=32, n_heads=32, n_ctx=2048, d_mlp=11008,
+                      positions="rotary", norm="rmsnorm", mlp="swiglu", bias=False)
+    with torch.device("meta"):
+        model = HookedTransformer(cfg)
+    count = sum(p.numel() for p in model.parameters())
+    assert count == cfg.n_params()
+    # LLaMA-7B has 6,738,415,616 parameters; Forma's unembedding adds a bias b_U of |V| = 32,000.
+    assert count == 6_738_415_616 + 32000
+    assert all(p.is_meta for p in model.parameters())
