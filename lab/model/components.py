@@ -107,9 +107,9 @@ class LayerNorm(nn.Module):
         self.hook_normalized = HookPoint()  # [batch, pos, d_model]
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
-        x = x - x.mean(-1, keepdim=True)
-        scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
-        return self.hook_normalized(x / scale) * self.w + self.b
+        variance, mean = torch.var_mean(x, dim=-1, keepdim=True, correction=0)
+        scale = self.hook_scale((variance + self.eps).sqrt())
+        return torch.addcmul(self.b, self.hook_normalized((x - mean) / scale), self.w)
 
 
 class RMSNorm(nn.Module):
@@ -123,7 +123,7 @@ class RMSNorm(nn.Module):
         self.hook_normalized = HookPoint()  # [batch, pos, d_model]
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
-        scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
+        scale = self.hook_scale((torch.linalg.vector_norm(x, dim=-1, keepdim=True).pow(2) / x.shape[-1] + self.eps).sqrt())
         return self.hook_normalized(x / scale) * self.w
 
 
@@ -210,7 +210,7 @@ class Attention(nn.Module):
 
     def _project(self, x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
         out = einops.einsum(x, W, "batch pos d_model, head d_model d_head -> batch pos head d_head")
-        return out if b is None else out + b
+        return out if b is None else out.add_(b)  # in place: the einsum's output is a fresh tensor
 
     def wants_pattern(self) -> bool:
         """True when a hook asks for the scores or the pattern: then the explicit path runs."""
@@ -252,9 +252,9 @@ class Attention(nn.Module):
         k = k.repeat_interleave(group, dim=2)
         v = v.repeat_interleave(group, dim=2)
         scores = einops.einsum(q, k, "batch q_pos head d_head, batch k_pos head d_head -> batch head q_pos k_pos")
-        scores = scores / math.sqrt(self.d_head)
         allowed = self._causal_mask(q.shape[1], k.shape[1], offset, q.device)
-        scores = self.hook_attn_scores(scores.masked_fill(~allowed, float("-inf")))
+        scores = scores.div_(math.sqrt(self.d_head)).masked_fill_(~allowed, float("-inf"))
+        scores = self.hook_attn_scores(scores)
         pattern = self.hook_pattern(scores.softmax(dim=-1))
         return einops.einsum(pattern, v, "batch head q_pos k_pos, batch k_pos head d_head -> batch q_pos head d_head")
 
