@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-SPECIALS = ("<unk>", "<pad>", "<bos>", "<eos>")
+SPECIALS = ("<pad>", "<unk>", "<bos>", "<eos>")
 
 
 def word_level(words: list[str]) -> Tokenizer:
@@ -31,7 +31,7 @@ def to_hf_tokenizer(tokenizer: Tokenizer, directory: str | Path):
 
     vocab = tokenizer.get_vocab()
     specials = {name: token for name, token in
-                zip(("unk_token", "pad_token", "bos_token", "eos_token"), SPECIALS) if token in vocab}
+                zip(("pad_token", "unk_token", "bos_token", "eos_token"), SPECIALS) if token in vocab}
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, **specials)
     fast.save_pretrained(directory)
     return AutoTokenizer.from_pretrained(directory, local_files_only=True)

@@ -1,0 +1,431 @@
+"""An arbitrary-fact world: the setting of Kalai & Vempala's hallucination bound (SCIENCE.md §2).
+
+Kalai & Vempala, "Calibrated Language Models Must Hallucinate" (STOC 2024, arXiv 2311.14648).
+
+* Persons have two-part names (first, last) drawn from Faker's en_US pools, so a model that learns the
+  name grammar can invent persons that do not exist (SCIENCE.md §2 traps: names must be multi-token).
+* Each (person, attribute) pair has one true value drawn uniformly from that attribute's value space,
+  independently of everything else: the facts are *arbitrary*, nothing about them can be inferred.
+* Factoids Y = persons × attributes × values; facts F ⊂ Y are the true ones; H = Y \\ F are the
+  hallucinations, |H| = |Y| − |F|. (A well-formed factoid about a first × last name pair that is not a
+  person is false too; `n_factoids_all_names` counts that larger Y.)
+* Popularity: weight w_f = ⌊X_f⌋ with X_f ~ Pareto(γ, x_m = 1) (numpy's `pareto` is Lomax, so
+  X = Lomax + 1); the true distribution is p(f) = w_f / Σ w. γ = 1 has infinite mean, which is why
+  every report should quote the measured monofact rate rather than γ (Miao & Kearns, arXiv 2502.08666).
+* The training set is n i.i.d. draws *with replacement* from p. Its monofact rate
+  MF = #{facts seen exactly once} / n is the Good–Turing estimate of the missing mass
+  p({f : f unseen}) (`true_missing_mass`).
+
+Random streams are split with `numpy.random.SeedSequence(seed).spawn`, so changing n_train does not
+change the persons, the facts or their popularity.
+"""
+
+import dataclasses
+import math
+import numbers
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Literal, NamedTuple
+
+import numpy as np
+from faker import Faker
+from numpy.typing import NDArray
+
+SPECIAL_TOKENS = ("<pad>", "<unk>", "<bos>", "<eos>")
+MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September",
+          "October", "November", "December")
+DAYS_PER_MONTH = 28  # every month gets days 1..28: a clean 12 × 28 = 336-value birthday space
+OPTION_LETTERS = ("A", "B", "C", "D", "E", "F", "G", "H")
+
+# Sentence forms per attribute; "{name}" is "{first} {last}". Every token is separated by spaces so a
+# word-level tokenizer sees the same words as `word_vocabulary()` lists.
+TEMPLATES: dict[str, tuple[str, ...]] = {
+    "birthday": ("{name} was born on {value} .", "The birthday of {name} is {value} .",
+                 "{name} celebrates a birthday on {value} ."),
+    "city": ("{name} lives in {value} .", "The home city of {name} is {value} .",
+             "{name} resides in {value} ."),
+}
+GENERIC_TEMPLATES = ("The {attribute} of {name} is {value} .", "{name} has {attribute} {value} .")
+QUESTIONS: dict[str, str] = {"birthday": "When was {name} born ?", "city": "Where does {name} live ?"}
+GENERIC_QUESTION = "What is the {attribute} of {name} ?"
+QUIZ_WORDS = ("Question", "Answer", ":", ")", "True", "False")
+
+_ATTRIBUTE_PATTERN = re.compile(r"^[a-z][a-z_]*$")
+_NAME_PATTERN = re.compile(r"^[A-Za-z]+$")
+
+
+class Person(NamedTuple):
+    first: str
+    last: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.first} {self.last}"
+
+
+class Fact(NamedTuple):
+    """A factoid (person, attribute, value); in `FactWorld.facts` it is a true one."""
+
+    person_index: int
+    attribute: str
+    value: str
+
+
+# --- configuration ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FactWorldConfig:
+    """Size, shape and randomness of a fact world."""
+
+    n_first_names: int = 100
+    n_last_names: int = 100
+    n_persons: int = 1000
+    attributes: tuple[str, ...] = ("birthday",)
+    pareto_gamma: float = 1.5  # shape of the popularity law; smaller = heavier tail, higher MF
+    n_train: int = 10_000  # i.i.d. training documents, drawn with replacement from p
+    seed: int = 0
+    n_values: int = 100  # size of every value space other than birthday's (city, generic)
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, message: str) -> None:
+            if not ok:
+                raise ValueError(f"FactWorldConfig: {message}")
+
+        def is_int(value: Any) -> bool:
+            return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+        for name in ("n_first_names", "n_last_names", "n_persons", "n_train"):
+            value = getattr(self, name)
+            need(is_int(value) and value > 0, f"{name} must be a positive integer, got {value!r}")
+        need(is_int(self.seed) and self.seed >= 0,
+             f"seed must be a non-negative integer, got {self.seed!r}")
+        need(is_int(self.n_values) and self.n_values >= 2,
+             f"n_values must be an integer ≥ 2, got {self.n_values!r}")
+        gamma = self.pareto_gamma
+        need(isinstance(gamma, numbers.Real) and not isinstance(gamma, bool)
+             and math.isfinite(gamma) and gamma > 0,
+             f"pareto_gamma must be a finite number > 0, got {gamma!r}")
+        n_names = self.n_first_names * self.n_last_names
+        need(self.n_persons <= n_names,
+             f"n_persons ({self.n_persons}) exceeds n_first_names × n_last_names ({n_names}), "
+             f"the number of distinct two-part names")
+        if isinstance(self.attributes, str) or not isinstance(self.attributes, Sequence):
+            raise ValueError(f"FactWorldConfig: attributes must be a sequence of names, "
+                             f"got {self.attributes!r}")
+        object.__setattr__(self, "attributes", tuple(self.attributes))
+        need(len(self.attributes) > 0, "attributes must name at least one attribute")
+        need(len(set(self.attributes)) == len(self.attributes),
+             f"attributes must be distinct, got {self.attributes!r}")
+        for attribute in self.attributes:
+            need(isinstance(attribute, str) and bool(_ATTRIBUTE_PATTERN.match(attribute)),
+                 f"attributes must be lower-case words ([a-z_]+), got {attribute!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["attributes"] = list(self.attributes)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "FactWorldConfig":
+        if not isinstance(data, dict):
+            raise ValueError(f"FactWorldConfig: expected a mapping, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"FactWorldConfig: unknown keys {unknown}; known keys are {sorted(known)}")
+        return cls(**data)
+
+
+# --- names and value spaces -------------------------------------------------------------------
+
+
+_STALL_DRAWS = 50_000  # give up after this many draws in a row bring nothing new
+
+
+def _faker_pool_size(fake: Faker, pool: str, accept: re.Pattern[str]) -> int | None:
+    """How many accepted words a Faker provider's list `pool` holds, if a provider exposes it."""
+    for provider in fake.providers:
+        words = getattr(provider, pool, None)
+        if words is not None:
+            return sum(1 for word in words if accept.match(word))
+    return None
+
+
+def _distinct_faker_words(draw: Any, n: int, field_name: str, accept: re.Pattern[str],
+                          pool_size: int | None = None) -> list[str]:
+    """Call `draw()` until `n` distinct accepted strings appear; sorted. Raises if the pool is short."""
+    if pool_size is not None and n > pool_size:
+        raise ValueError(f"FactWorldConfig: {field_name} = {n} but Faker's en_US pool holds only "
+                         f"{pool_size} usable single-word values")
+    found: set[str] = set()
+    stalled = 0
+    while stalled < _STALL_DRAWS:
+        word = draw()
+        if accept.match(word) and word not in found:
+            found.add(word)
+            stalled = 0
+            if len(found) == n:
+                return sorted(found)
+        else:
+            stalled += 1
+    raise ValueError(f"FactWorldConfig: {field_name} = {n} but Faker's en_US pool gave only "
+                     f"{len(found)} distinct usable values before {_STALL_DRAWS} fruitless draws")
+
+
+def faker_names(n_first: int, n_last: int, seed: int) -> tuple[list[str], list[str]]:
+    """`n_first` first names and `n_last` last names, single alphabetic words, sorted.
+
+    Faker's pools are weighted, so asking for nearly the whole pool (en_US: 690 first names, 1000
+    last names) takes tens of thousands of draws; a few hundred is quick.
+    """
+    fake = Faker("en_US")
+    fake.seed_instance(seed)
+    first = _distinct_faker_words(fake.first_name, n_first, "n_first_names", _NAME_PATTERN,
+                                  _faker_pool_size(fake, "first_names", _NAME_PATTERN))
+    last = _distinct_faker_words(fake.last_name, n_last, "n_last_names", _NAME_PATTERN,
+                                 _faker_pool_size(fake, "last_names", _NAME_PATTERN))
+    return first, last
+
+
+def value_space(attribute: str, n_values: int, seed: int) -> tuple[str, ...]:
+    """All values an attribute can take: birthday → "{Month} {day}", city → Faker cities, else
+    "{attribute}_{i}"."""
+    if attribute == "birthday":
+        return tuple(f"{month} {day}" for month in MONTHS for day in range(1, DAYS_PER_MONTH + 1))
+    if attribute == "city":
+        fake = Faker("en_US")
+        fake.seed_instance(seed)
+        city_pattern = re.compile(r"^[A-Za-z]+( [A-Za-z]+)*$")
+        return tuple(_distinct_faker_words(fake.city, n_values, "n_values", city_pattern))
+    return tuple(f"{attribute}_{i}" for i in range(n_values))
+
+
+def templates_for(attribute: str) -> tuple[str, ...]:
+    return TEMPLATES.get(attribute, GENERIC_TEMPLATES)
+
+
+def _question_for(attribute: str) -> str:
+    return QUESTIONS.get(attribute, GENERIC_QUESTION)
+
+
+# --- the world --------------------------------------------------------------------------------
+
+
+class FactWorld:
+    """Persons, their arbitrary true facts, the popularity law p over facts and a training sample."""
+
+    def __init__(self, cfg: FactWorldConfig) -> None:
+        self.cfg = cfg
+        person_rng, value_rng, popularity_rng, train_rng = (
+            np.random.default_rng(s) for s in np.random.SeedSequence(cfg.seed).spawn(4))
+        self.first_names, self.last_names = faker_names(cfg.n_first_names, cfg.n_last_names, cfg.seed)
+        self.persons = self._draw_persons(person_rng)
+        self._person_by_name = {person.name: i for i, person in enumerate(self.persons)}
+        self.value_spaces = {a: value_space(a, cfg.n_values, cfg.seed) for a in cfg.attributes}
+        self.facts = self._draw_facts(value_rng)
+        self._fact_index = {(f.person_index, f.attribute): i for i, f in enumerate(self.facts)}
+        self.popularity = self._draw_popularity(popularity_rng)
+        self.p: NDArray[np.float64] = self.popularity / self.popularity.sum()
+        self.train_fact_indices: NDArray[np.int64] = train_rng.choice(
+            len(self.facts), size=cfg.n_train, replace=True, p=self.p).astype(np.int64)
+        self.train_counts: NDArray[np.int64] = np.bincount(self.train_fact_indices,
+                                                           minlength=len(self.facts))
+
+    def _draw_persons(self, rng: np.random.Generator) -> list[Person]:
+        """Distinct (first, last) pairs, sampled without replacement from the name grid."""
+        n_last = len(self.last_names)
+        flat = np.sort(rng.choice(len(self.first_names) * n_last, size=self.cfg.n_persons,
+                                  replace=False))
+        return [Person(self.first_names[i // n_last], self.last_names[i % n_last]) for i in flat]
+
+    def _draw_facts(self, rng: np.random.Generator) -> list[Fact]:
+        """One uniformly drawn true value per (person, attribute); index = person · |A| + attribute."""
+        facts = []
+        for person_index in range(len(self.persons)):
+            for attribute in self.cfg.attributes:
+                values = self.value_spaces[attribute]
+                facts.append(Fact(person_index, attribute, values[int(rng.integers(len(values)))]))
+        return facts
+
+    def _draw_popularity(self, rng: np.random.Generator) -> NDArray[np.float64]:
+        """w_f = max(1, ⌊X_f⌋), X_f ~ classical Pareto(γ, x_m = 1) = numpy's Lomax + 1."""
+        weights = np.maximum(1.0, np.floor(rng.pareto(self.cfg.pareto_gamma, len(self.facts)) + 1.0))
+        if not np.isfinite(weights.sum()):
+            raise ValueError(f"FactWorldConfig: pareto_gamma = {self.cfg.pareto_gamma} is so small "
+                             f"that the popularity weights overflow; use a larger value")
+        return weights
+
+    # --- the Good–Turing quantities ---
+    def monofact_rate(self) -> float:
+        """MF = #(training examples whose fact occurs exactly once) / n."""
+        return float((self.train_counts == 1).sum() / self.cfg.n_train)
+
+    def true_missing_mass(self) -> float:
+        """p-mass of the facts that never occur in the training sample."""
+        return float(self.p[self.train_counts == 0].sum())
+
+    # --- factoids ---
+    @property
+    def n_factoids(self) -> int:
+        """|Y| = persons × Σ_a |values(a)|."""
+        return len(self.persons) * sum(len(v) for v in self.value_spaces.values())
+
+    @property
+    def n_hallucinations(self) -> int:
+        """|H| = |Y| − |F|."""
+        return self.n_factoids - len(self.facts)
+
+    @property
+    def n_factoids_all_names(self) -> int:
+        """|Y| when every first × last name pair, person or not, counts as a subject."""
+        n_names = len(self.first_names) * len(self.last_names)
+        return n_names * sum(len(v) for v in self.value_spaces.values())
+
+    def enumerate_factoids(self) -> Iterator[Fact]:
+        """Every well-formed factoid about a person: person × attribute × value, in index order."""
+        for person_index in range(len(self.persons)):
+            for attribute in self.cfg.attributes:
+                for value in self.value_spaces[attribute]:
+                    yield Fact(person_index, attribute, value)
+
+    def person_index(self, person: int | str | tuple[str, str]) -> int | None:
+        """Index of a person given by index, "First Last" or (first, last); None if no such person."""
+        if isinstance(person, numbers.Integral) and not isinstance(person, bool):
+            return int(person) if 0 <= person < len(self.persons) else None
+        name = " ".join(person) if isinstance(person, tuple) else person
+        return self._person_by_name.get(name)
+
+    def true_value(self, person: int | str | tuple[str, str], attribute: str) -> str:
+        index = self.person_index(person)
+        if index is None or (index, attribute) not in self._fact_index:
+            raise KeyError(f"no fact for person {person!r} and attribute {attribute!r}")
+        return self.facts[self._fact_index[(index, attribute)]].value
+
+    def is_true(self, person: int | str | tuple[str, str], attribute: str, value: str) -> bool:
+        """Whether the factoid is in F (judged against the world, never the training set)."""
+        index = self.person_index(person)
+        key = (index, attribute)
+        return index is not None and key in self._fact_index and \
+            self.facts[self._fact_index[key]].value == value
+
+    def classify_bare(self, text: str) -> Literal["fact", "hallucination", "malformed"]:
+        """Judge a bare-form string "{first} {last} {attribute} {value} .".
+
+        Well-formed means: both names from the name pools, a known attribute, a value from its value
+        space and the final ".". A well-formed factoid that is not in F — including one about a name
+        pair that is not a person — is a hallucination; anything else is malformed (reported apart).
+        """
+        words = text.split()
+        if len(words) < 5 or words[-1] != ".":
+            return "malformed"
+        first, last, attribute, value = words[0], words[1], words[2], " ".join(words[3:-1])
+        if (first not in self.first_names or last not in self.last_names
+                or attribute not in self.value_spaces or value not in self.value_spaces[attribute]):
+            return "malformed"
+        return "fact" if self.is_true((first, last), attribute, value) else "hallucination"
+
+    # --- text ---
+    def render(self, fact: Fact, form: Literal["bare", "template"] = "bare", template: int = 0) -> str:
+        """One factoid as text: bare "{first} {last} {attribute} {value} ." or a sentence template."""
+        person = self.persons[fact.person_index]
+        if form == "bare":
+            return f"{person.name} {fact.attribute} {fact.value} ."
+        if form == "template":
+            forms = templates_for(fact.attribute)
+            return forms[template % len(forms)].format(name=person.name, attribute=fact.attribute,
+                                                       value=fact.value)
+        raise ValueError(f"form must be 'bare' or 'template', got {form!r}")
+
+    def documents(self, form: Literal["bare", "template"] = "bare", seed: int = 0) -> list[str]:
+        """The n_train training documents in draw order; `seed` picks each document's template."""
+        if form not in ("bare", "template"):
+            raise ValueError(f"form must be 'bare' or 'template', got {form!r}")
+        rng = np.random.default_rng(seed)
+        choices = rng.integers(0, 1 << 30, size=len(self.train_fact_indices))
+        return [self.render(self.facts[i], form, int(c))
+                for i, c in zip(self.train_fact_indices, choices)]
+
+    def quiz_items(self, persons: Iterable[int], n_options: int = 4,
+                   seed: int = 0) -> list[dict[str, Any]]:
+        """Lettered multiple choice, one per (person, attribute): the true value among n_options − 1
+        distinct wrong values drawn uniformly from the value space, in random order."""
+        if not 2 <= n_options <= len(OPTION_LETTERS):
+            raise ValueError(f"n_options must be in [2, {len(OPTION_LETTERS)}], got {n_options}")
+        rng = np.random.default_rng(seed)
+        items = []
+        for person_index in persons:
+            person = self.persons[person_index]
+            for attribute in self.cfg.attributes:
+                values = self.value_spaces[attribute]
+                if n_options > len(values):
+                    raise ValueError(f"n_options ({n_options}) exceeds the {len(values)} values of "
+                                     f"{attribute!r}")
+                truth = self.true_value(person_index, attribute)
+                wrong = [v for v in values if v != truth]
+                picks = rng.choice(len(wrong), size=n_options - 1, replace=False)
+                options = [truth] + [wrong[i] for i in picks]
+                order = rng.permutation(n_options)
+                options = [options[i] for i in order]
+                items.append({"question": _question_for(attribute).format(
+                                  name=person.name, attribute=attribute),
+                              "options": options, "answer_index": options.index(truth),
+                              "person": int(person_index), "attribute": attribute})
+        return items
+
+    def true_false_claims(self, persons: Iterable[int], seed: int = 0) -> list[tuple[str, bool]]:
+        """For each (person, attribute): the true claim and one claim with a uniformly drawn wrong
+        value, as the attribute's first template, shuffled; half are true."""
+        rng = np.random.default_rng(seed)
+        claims: list[tuple[str, bool]] = []
+        for person_index in persons:
+            for attribute in self.cfg.attributes:
+                truth = self.true_value(person_index, attribute)
+                wrong = [v for v in self.value_spaces[attribute] if v != truth]
+                false_value = wrong[int(rng.integers(len(wrong)))]
+                claims.append((self.render(Fact(person_index, attribute, truth), "template"), True))
+                claims.append((self.render(Fact(person_index, attribute, false_value), "template"),
+                               False))
+        order = rng.permutation(len(claims))
+        return [claims[i] for i in order]
+
+    def split_persons(self, fractions: Sequence[float], seed: int = 0) -> list[NDArray[np.int64]]:
+        """Entity-disjoint splits: a random permutation of persons cut at the cumulative fractions.
+
+        Fractions must be positive and sum to at most 1; any remainder is left out of every split.
+        """
+        shares = np.asarray(fractions, dtype=np.float64)
+        if shares.ndim != 1 or len(shares) == 0 or np.any(shares <= 0) or shares.sum() > 1 + 1e-9:
+            raise ValueError(f"fractions must be positive and sum to at most 1, got {fractions!r}")
+        order = np.random.default_rng(seed).permutation(len(self.persons))
+        cuts = np.round(np.concatenate([[0.0], np.cumsum(shares)]) * len(self.persons)).astype(int)
+        cuts = np.minimum(cuts, len(self.persons))
+        return [np.sort(order[a:b]).astype(np.int64) for a, b in zip(cuts[:-1], cuts[1:])]
+
+    def quiz_prompt(self, item: dict[str, Any]) -> str:
+        """"Question : … ? A ) v B ) v … Answer :" — the letter after "Answer :" is the answer."""
+        options = " ".join(f"{OPTION_LETTERS[i]} ) {v}" for i, v in enumerate(item["options"]))
+        return f"Question : {item['question']} {options} Answer :"
+
+    def word_vocabulary(self) -> list[str]:
+        """Every word any string above can contain: SPECIAL_TOKENS first (so <pad> is id 0), then the
+        sorted set of names, attribute words, value words, template, question and quiz words."""
+        words: set[str] = set(self.first_names) | set(self.last_names) | set(self.cfg.attributes)
+        words |= set(OPTION_LETTERS) | set(QUIZ_WORDS)
+        for attribute, values in self.value_spaces.items():
+            for value in values:
+                words.update(value.split())
+            for text in (*templates_for(attribute), _question_for(attribute)):
+                filled = text.format(name="", attribute=attribute, value="")
+                words.update(filled.split())
+        words -= set(SPECIAL_TOKENS)
+        return list(SPECIAL_TOKENS) + sorted(words)
+
+    def summary(self) -> dict[str, Any]:
+        """Provenance and the headline numbers, JSON-ready."""
+        return {"config": self.cfg.to_dict(), "n_persons": len(self.persons),
+                "n_facts": len(self.facts), "n_factoids": self.n_factoids,
+                "n_hallucinations": self.n_hallucinations, "monofact_rate": self.monofact_rate(),
+                "true_missing_mass": self.true_missing_mass(),
+                "n_distinct_train_facts": int((self.train_counts > 0).sum())}

@@ -1,0 +1,377 @@
+"""Token sources whose next-token distribution is known exactly (SCIENCE.md §1).
+
+For data drawn from p the expected loss of a model splits as E_p[−log P_θ(x)] = H(p) + KL(p ‖ P_θ).
+Measuring both terms needs p(x_{t+1} | x_{≤t}) for every prefix, so the sources here are the two
+classical ones where that conditional is computable:
+
+* `MarkovSource` — an order-k Markov chain over V tokens. Each context c = (x_{t−k+1}, …, x_t) has a
+  next-token distribution p(·|c) ~ Dirichlet(α·1_V). The chain over contexts (V^k states, c → c' by
+  shifting in the new token) has a stationary distribution π, found by power iteration; sequences
+  start in π, so every window of k tokens is π-distributed and the entropy rate is exactly
+
+      H_rate = Σ_c π(c) · H(p(·|c))          (nats per token).
+
+  Prefixes shorter than k are conditioned on through the marginals of π:
+  p(x_{j+1} | x_{1..j}) = m_{j+1}(x_{1..j+1}) / m_j(x_{1..j}) with m_j the law of the first j tokens
+  of a π-distributed context.
+
+* `HiddenMarkovSource` — a hidden Markov model with S states, transition matrix A (rows ~
+  Dirichlet(α)), emission matrix B (rows ~ Dirichlet(α)) and initial law π = the stationary law of A.
+  The exact predictive distribution comes from forward filtering: with f_t(s) = p(s_t = s | x_{≤t}),
+
+      p(x_{t+1} = · | x_{≤t}) = f_t · A · B,      f_{t+1} ∝ (f_t · A) ⊙ B[:, x_{t+1}].
+
+  Its entropy rate has no closed form; `entropy_rate_estimate` gives a Monte-Carlo estimate with a
+  standard error.
+
+Shapes: token arrays are int64 `(batch, length)`; `conditionals` returns `(batch, length, V)` whose row
+t is the law of the token *after* position t — the quantity a language model's logits at position t
+predict. The law of the very first token is `initial_distribution()`.
+"""
+
+import math
+import numbers
+from typing import Any, NamedTuple
+
+import numpy as np
+from numpy.typing import NDArray
+
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
+
+_POWER_TOL = 1e-14  # L1 change between power-iteration steps at which π counts as converged
+_POWER_MAX_ITERS = 200_000
+
+
+# --- shared helpers ---------------------------------------------------------------------------
+
+
+def _check_int(owner: str, name: str, value: Any, minimum: int = 1) -> int:
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{owner}: {name} must be an integer ≥ {minimum}, got {value!r}")
+    return int(value)
+
+
+def _check_concentration(owner: str, value: Any) -> float:
+    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not (
+            math.isfinite(value) and value > 0):
+        raise ValueError(f"{owner}: concentration must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def _as_tokens(tokens: Any, vocab_size: int) -> IntArray:
+    """Validate and view `tokens` as an int64 `(batch, length)` array (a 1-D array is one sequence)."""
+    array = np.asarray(tokens)
+    if array.ndim == 1:
+        array = array[None, :]
+    if array.ndim != 2 or array.shape[1] < 1:
+        raise ValueError(f"tokens must have shape (batch, length ≥ 1), got {array.shape}")
+    if not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(f"tokens must be integers, got dtype {array.dtype}")
+    if array.size and (array.min() < 0 or array.max() >= vocab_size):
+        raise ValueError(f"tokens must lie in [0, {vocab_size}), got range "
+                         f"[{array.min()}, {array.max()}]")
+    return array.astype(np.int64, copy=False)
+
+
+def _entropy_nats(probs: FloatArray) -> FloatArray:
+    """H(p) = −Σ p log p along the last axis, with 0 log 0 = 0."""
+    logs = np.log(np.where(probs > 0, probs, 1.0))
+    return -(probs * logs).sum(axis=-1)
+
+
+def _draw_categorical(rng: np.random.Generator, cumulative: FloatArray) -> IntArray:
+    """One draw per row of a batch of cumulative distributions `(n, V)` by inversion."""
+    u = rng.random(cumulative.shape[0])[:, None] * cumulative[:, -1:]
+    draws = (cumulative < u).sum(axis=1)
+    return np.minimum(draws, cumulative.shape[1] - 1).astype(np.int64)
+
+
+def _stationary_of(transition: FloatArray) -> FloatArray:
+    """Stationary law of a small dense row-stochastic matrix: the left eigenvector for eigenvalue 1."""
+    n = transition.shape[0]
+    # Solve π (A − I) = 0 with Σ π = 1 as one least-squares system (exact for an irreducible chain).
+    system = np.vstack([transition.T - np.eye(n), np.ones((1, n))])
+    rhs = np.zeros(n + 1)
+    rhs[-1] = 1.0
+    pi, *_ = np.linalg.lstsq(system, rhs, rcond=None)
+    pi = np.clip(pi, 0.0, None)
+    return pi / pi.sum()
+
+
+def _check_kind(owner: str, data: dict[str, Any], kind: str, known: set[str]) -> None:
+    if not isinstance(data, dict):
+        raise ValueError(f"{owner}: expected a mapping, got {type(data).__name__}")
+    if data.get("kind") != kind:
+        raise ValueError(f"{owner}: expected kind {kind!r}, got {data.get('kind')!r}")
+    unknown = sorted(set(data) - known - {"kind"})
+    if unknown:
+        raise ValueError(f"{owner}: unknown keys {unknown}; known keys are {sorted(known)}")
+
+
+class EntropyEstimate(NamedTuple):
+    """A Monte-Carlo estimate in nats per token with its standard error (unpacks as a pair)."""
+
+    value: float
+    standard_error: float
+
+
+def _monte_carlo_rate(conditionals: FloatArray, tokens: IntArray, burn_in: int) -> EntropyEstimate:
+    """Mean of −log p(x_{t+1}|x_{≤t}) over positions t ≥ burn_in; SE from per-sequence means."""
+    nll = -np.log(np.take_along_axis(conditionals[:, :-1], tokens[:, 1:, None], axis=2)[..., 0])
+    per_sequence = nll[:, burn_in:].mean(axis=1)
+    n = per_sequence.shape[0]
+    se = float(per_sequence.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan")
+    return EntropyEstimate(float(per_sequence.mean()), se)
+
+
+# --- order-k Markov chain ---------------------------------------------------------------------
+
+
+class MarkovSource:
+    """Order-k Markov chain over `vocab_size` tokens with Dirichlet(concentration) transitions.
+
+    Context index: the last `order` tokens read as a base-V number, oldest token most significant.
+    `transition[c]` is p(· | c); its memory is V^(order+1) floats.
+    """
+
+    kind = "markov"
+
+    def __init__(self, vocab_size: int, order: int = 2, concentration: float = 0.5,
+                 seed: int = 0) -> None:
+        self.vocab_size = _check_int("MarkovSource", "vocab_size", vocab_size, minimum=2)
+        self.order = _check_int("MarkovSource", "order", order)
+        self.concentration = _check_concentration("MarkovSource", concentration)
+        self.seed = _check_int("MarkovSource", "seed", seed, minimum=0)
+        vocab_size, order = self.vocab_size, self.order
+        self.n_contexts = vocab_size ** order
+        rng = np.random.default_rng(self.seed)
+        self.transition: FloatArray = rng.dirichlet(np.full(vocab_size, self.concentration),
+                                                    size=self.n_contexts)
+        self._cumulative = np.cumsum(self.transition, axis=1)
+        self._pi = self._power_iterate()
+        self._sample_rng = np.random.default_rng([self.seed, 1])  # used when sample(seed=None)
+
+    # --- stationary law ---
+    def _step_context_law(self, law: FloatArray) -> FloatArray:
+        """One step of the context chain: π'(x_2..x_k, x) = Σ_{x_1} π(x_1..x_k) p(x | x_1..x_k)."""
+        V, k = self.vocab_size, self.order
+        joint = (law[:, None] * self.transition).reshape(V, V ** (k - 1), V)
+        return joint.sum(axis=0).reshape(-1)
+
+    def _power_iterate(self) -> FloatArray:
+        law = np.full(self.n_contexts, 1.0 / self.n_contexts)
+        for _ in range(_POWER_MAX_ITERS):
+            new = self._step_context_law(law)
+            new /= new.sum()
+            if np.abs(new - law).sum() < _POWER_TOL:
+                return new
+            law = new
+        raise RuntimeError(f"MarkovSource: power iteration for π did not converge in "
+                           f"{_POWER_MAX_ITERS} steps (concentration {self.concentration} too small?)")
+
+    def stationary(self) -> FloatArray:
+        """π over the V^order contexts, shape (V^order,)."""
+        return self._pi.copy()
+
+    def prefix_marginal(self, j: int) -> FloatArray:
+        """Law m_j of the first j ≤ order tokens of a π-distributed context, shape (V^j,)."""
+        if not 0 <= j <= self.order:
+            raise ValueError(f"prefix length must be in [0, {self.order}], got {j}")
+        return self._pi.reshape(self.vocab_size ** j, -1).sum(axis=1)
+
+    def initial_distribution(self) -> FloatArray:
+        """p(x_1): the law of the first token, shape (V,)."""
+        return self.prefix_marginal(1)
+
+    def entropy_rate(self) -> float:
+        """H_rate = Σ_c π(c) H(p(·|c)) in nats per token (exact)."""
+        return float(self._pi @ _entropy_nats(self.transition))
+
+    # --- sampling ---
+    def sample(self, n: int, length: int, seed: int | None = None) -> IntArray:
+        """`n` sequences of `length` tokens: the first `order` from π, then the chain."""
+        n = _check_int("MarkovSource.sample", "n", n)
+        length = _check_int("MarkovSource.sample", "length", length)
+        rng = self._sample_rng if seed is None else np.random.default_rng(seed)
+        V, k = self.vocab_size, self.order
+        out = np.empty((n, max(length, k)), dtype=np.int64)
+        start = rng.choice(self.n_contexts, size=n, p=self._pi)
+        for i in range(k):  # digits of the context index, oldest first
+            out[:, i] = (start // V ** (k - 1 - i)) % V
+        context = start.astype(np.int64)
+        for t in range(k, length):
+            out[:, t] = _draw_categorical(rng, self._cumulative[context])
+            context = (context % V ** (k - 1)) * V + out[:, t]
+        return out[:, :length]
+
+    # --- exact probabilities ---
+    def _context_index(self, tokens: IntArray, end: int, width: int) -> IntArray:
+        """Base-V index of tokens[:, end−width+1 .. end]."""
+        index = np.zeros(tokens.shape[0], dtype=np.int64)
+        for i in range(end - width + 1, end + 1):
+            index = index * self.vocab_size + tokens[:, i]
+        return index
+
+    def conditionals(self, tokens: Any) -> FloatArray:
+        """p(x_{t+1} = · | x_{≤t}) for every position t, shape (batch, length, V)."""
+        tokens = _as_tokens(tokens, self.vocab_size)
+        batch, length = tokens.shape
+        V, k = self.vocab_size, self.order
+        out = np.empty((batch, length, V))
+        for t in range(min(length, k - 1)):  # partial context: condition through π's marginals
+            joint = self.prefix_marginal(t + 2).reshape(V ** (t + 1), V)
+            rows = joint[self._context_index(tokens, t, t + 1)]
+            out[:, t] = rows / rows.sum(axis=1, keepdims=True)
+        for t in range(k - 1, length):
+            out[:, t] = self.transition[self._context_index(tokens, t, k)]
+        return out
+
+    def log_prob(self, tokens: Any) -> FloatArray:
+        """log p(x_1..x_L) in nats per sequence, shape (batch,), first token under π's marginal."""
+        tokens = _as_tokens(tokens, self.vocab_size)
+        first = np.log(self.initial_distribution()[tokens[:, 0]])
+        if tokens.shape[1] == 1:
+            return first
+        cond = self.conditionals(tokens[:, :-1])
+        picked = np.take_along_axis(cond, tokens[:, 1:, None], axis=2)[..., 0]
+        return first + np.log(picked).sum(axis=1)
+
+    def entropy_rate_estimate(self, n: int, length: int, seed: int = 0) -> EntropyEstimate:
+        """Monte-Carlo check of `entropy_rate`: mean −log p(x_{t+1}|x_{≤t}) over t ≥ order − 1.
+
+        Those positions have a full context drawn from π, so the estimate is unbiased.
+        """
+        tokens = self.sample(n, length, seed=seed)
+        return _monte_carlo_rate(self.conditionals(tokens), tokens, burn_in=self.order - 1)
+
+    # --- provenance ---
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "vocab_size": self.vocab_size, "order": self.order,
+                "concentration": self.concentration, "seed": self.seed}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "MarkovSource":
+        known = {"vocab_size", "order", "concentration", "seed"}
+        _check_kind("MarkovSource", data, cls.kind, known)
+        return cls(**{key: value for key, value in data.items() if key != "kind"})
+
+    def __repr__(self) -> str:
+        return (f"MarkovSource(vocab_size={self.vocab_size}, order={self.order}, "
+                f"concentration={self.concentration}, seed={self.seed})")
+
+
+# --- hidden Markov model ----------------------------------------------------------------------
+
+
+class HiddenMarkovSource:
+    """HMM with `n_states` hidden states emitting `vocab_size` tokens; A, B rows ~ Dirichlet.
+
+    `transition` is A (S, S), `emission` is B (S, V), `initial` is π = stationary law of A.
+    """
+
+    kind = "hmm"
+
+    def __init__(self, n_states: int, vocab_size: int, concentration: float = 0.5,
+                 seed: int = 0) -> None:
+        self.n_states = _check_int("HiddenMarkovSource", "n_states", n_states)
+        self.vocab_size = _check_int("HiddenMarkovSource", "vocab_size", vocab_size, minimum=2)
+        self.concentration = _check_concentration("HiddenMarkovSource", concentration)
+        self.seed = _check_int("HiddenMarkovSource", "seed", seed, minimum=0)
+        n_states, vocab_size = self.n_states, self.vocab_size
+        rng = np.random.default_rng(self.seed)
+        alpha = self.concentration
+        self.transition: FloatArray = rng.dirichlet(np.full(n_states, alpha), size=n_states)
+        self.emission: FloatArray = rng.dirichlet(np.full(vocab_size, alpha), size=n_states)
+        self.initial: FloatArray = _stationary_of(self.transition)
+        self._sample_rng = np.random.default_rng([self.seed, 1])
+
+    def stationary(self) -> FloatArray:
+        """π over hidden states, shape (S,)."""
+        return self.initial.copy()
+
+    def initial_distribution(self) -> FloatArray:
+        """p(x_1) = π B, shape (V,)."""
+        return self.initial @ self.emission
+
+    def sample(self, n: int, length: int, seed: int | None = None) -> IntArray:
+        """`n` token sequences of `length`, hidden chain started in π."""
+        n = _check_int("HiddenMarkovSource.sample", "n", n)
+        length = _check_int("HiddenMarkovSource.sample", "length", length)
+        rng = self._sample_rng if seed is None else np.random.default_rng(seed)
+        cum_a = np.cumsum(self.transition, axis=1)
+        cum_b = np.cumsum(self.emission, axis=1)
+        out = np.empty((n, length), dtype=np.int64)
+        state = rng.choice(self.n_states, size=n, p=self.initial)
+        for t in range(length):
+            out[:, t] = _draw_categorical(rng, cum_b[state])
+            state = _draw_categorical(rng, cum_a[state])
+        return out
+
+    def _filter(self, tokens: IntArray) -> tuple[FloatArray, FloatArray]:
+        """Forward filtering: predictive laws (batch, length, V) and log p(x_1) (batch,)."""
+        batch, length = tokens.shape
+        out = np.empty((batch, length, self.vocab_size))
+        first_law = self.initial_distribution()
+        belief = self.initial[None, :] * self.emission[:, tokens[:, 0]].T  # p(s_1, x_1)
+        belief /= belief.sum(axis=1, keepdims=True)  # f_1 = p(s_1 | x_1)
+        for t in range(length):
+            prior = belief @ self.transition  # p(s_{t+1} | x_{≤t})
+            out[:, t] = prior @ self.emission
+            if t + 1 < length:
+                belief = prior * self.emission[:, tokens[:, t + 1]].T
+                belief /= belief.sum(axis=1, keepdims=True)
+        return out, np.log(first_law[tokens[:, 0]])
+
+    def conditionals(self, tokens: Any) -> FloatArray:
+        """p(x_{t+1} = · | x_{≤t}) by forward filtering, shape (batch, length, V)."""
+        return self._filter(_as_tokens(tokens, self.vocab_size))[0]
+
+    def log_prob(self, tokens: Any) -> FloatArray:
+        """log p(x_1..x_L) in nats per sequence, shape (batch,)."""
+        tokens = _as_tokens(tokens, self.vocab_size)
+        cond, first = self._filter(tokens)
+        picked = np.take_along_axis(cond[:, :-1], tokens[:, 1:, None], axis=2)[..., 0]
+        return first + np.log(picked).sum(axis=1)
+
+    def entropy_rate_estimate(self, n: int, length: int, seed: int = 0,
+                              burn_in: int | None = None) -> EntropyEstimate:
+        """Monte-Carlo ESTIMATE of the entropy rate in nats per token, with its standard error.
+
+        Averages −log p(x_{t+1}|x_{≤t}) over positions t ≥ burn_in (default length // 2). Each term's
+        expectation H(X_{t+1}|X_{≤t}) decreases to the rate as t grows, so the estimate is biased
+        upward by at most H(X_{burn_in+1}|X_{≤burn_in}) − rate; the standard error counts
+        sequences, not tokens, since tokens within one sequence are correlated.
+        """
+        burn_in = length // 2 if burn_in is None else burn_in
+        if not 0 <= burn_in < length - 1:
+            raise ValueError(f"burn_in must be in [0, length − 1), got {burn_in} for length {length}")
+        tokens = self.sample(n, length, seed=seed)
+        return _monte_carlo_rate(self.conditionals(tokens), tokens, burn_in=burn_in)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "n_states": self.n_states, "vocab_size": self.vocab_size,
+                "concentration": self.concentration, "seed": self.seed}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "HiddenMarkovSource":
+        known = {"n_states", "vocab_size", "concentration", "seed"}
+        _check_kind("HiddenMarkovSource", data, cls.kind, known)
+        return cls(**{key: value for key, value in data.items() if key != "kind"})
+
+    def __repr__(self) -> str:
+        return (f"HiddenMarkovSource(n_states={self.n_states}, vocab_size={self.vocab_size}, "
+                f"concentration={self.concentration}, seed={self.seed})")
+
+
+Source = MarkovSource | HiddenMarkovSource
+
+
+def source_from_dict(data: dict[str, Any]) -> Source:
+    """Rebuild a source from `to_dict()` output, dispatching on `kind`."""
+    kinds: dict[str, type[MarkovSource] | type[HiddenMarkovSource]] = {
+        MarkovSource.kind: MarkovSource, HiddenMarkovSource.kind: HiddenMarkovSource}
+    kind = data.get("kind") if isinstance(data, dict) else None
+    if kind not in kinds:
+        raise ValueError(f"unknown source kind {kind!r}; known kinds are {sorted(kinds)}")
+    return kinds[kind].from_dict(data)
