@@ -109,6 +109,14 @@ class HookedTransformer(HookedRootModule):
         tokens = self.check_tokens(tokens)
         return next_token_loss(self(tokens), tokens)
 
+    def generate(self, tokens: Int[Tensor, "batch pos"], max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                 use_kv_cache: bool = True, eos_token_id: int | None = None) -> Int[Tensor, "batch pos"]:
+        """Sample a continuation (see `lab.generate`): the prompt followed by the new tokens."""
+        from lab.generate import generate
+
+        return generate(self, tokens, max_new_tokens, temperature, top_k, top_p, seed, use_kv_cache, eos_token_id)
+
     # --- weights under TransformerLens's names -------------------------------------------------
     @property
     def W_E(self) -> Tensor:

@@ -1,0 +1,101 @@
+"""Sampling: the KV cache equals recomputation, temperature limits, top-k and nucleus on known distributions."""
+
+import pytest
+import torch
+
+from lab import HookedTransformer
+from lab.generate import decode, filter_logits, sample_next
+from lab.hf import from_hf
+from tests.conftest import hf_gpt2, hf_llama, tiny_config
+
+VARIANTS = [dict(), dict(positions="rotary", mlp="swiglu", n_kv_heads=2, norm="rmsnorm", bias=False),
+            dict(positions="sinusoidal", block="post_ln")]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=["learned", "rotary-gqa", "sinusoidal-post-ln"])
+def test_kv_cache_gives_the_same_tokens_and_logits_as_recomputing(variant):
+    model = HookedTransformer(tiny_config(**variant), seed=2).eval()
+    prompt = torch.randint(0, 100, (3, 5), generator=torch.Generator().manual_seed(0))
+    cached = decode(model, prompt, 20, temperature=0, use_kv_cache=True)
+    fresh = decode(model, prompt, 20, temperature=0, use_kv_cache=False)
+    assert torch.equal(cached.tokens, fresh.tokens)
+    assert (cached.logits - fresh.logits).abs().max() <= 1e-5
+
+
+def test_cached_decoding_with_a_pattern_hook_matches_the_fast_path():
+    model = HookedTransformer(tiny_config(positions="rotary"), seed=2).eval()
+    prompt = torch.randint(0, 100, (2, 6), generator=torch.Generator().manual_seed(1))
+    plain = decode(model, prompt, 8, temperature=0)
+    with model.hooks(fwd_hooks=[(lambda n: n.endswith("hook_pattern"), lambda x, hook: x)]):
+        hooked = decode(model, prompt, 8, temperature=0)
+    assert torch.equal(plain.tokens, hooked.tokens)
+    assert (plain.logits - hooked.logits).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("make_hf", [hf_gpt2, hf_llama], ids=["gpt2", "llama"])
+def test_generation_works_for_models_from_hugging_face(make_hf):
+    hf = make_hf()
+    model = from_hf(hf)
+    prompt = torch.randint(0, 100, (2, 4), generator=torch.Generator().manual_seed(0))
+    ours = model.generate(prompt, 10, temperature=0)
+    with torch.no_grad():
+        theirs = hf.generate(prompt, max_new_tokens=10, do_sample=False, attention_mask=torch.ones_like(prompt),
+                             pad_token_id=0)
+    assert torch.equal(ours, theirs)
+
+
+def test_temperature_zero_is_greedy_and_small_temperature_approaches_it():
+    logits = torch.tensor([[1.0, 3.0, 2.9, -1.0]])
+    assert sample_next(logits, temperature=0).item() == 1
+    draws = torch.stack([sample_next(logits, 0.01, generator=torch.Generator().manual_seed(s)) for s in range(50)])
+    assert (draws == 1).float().mean() > 0.95
+
+
+def test_large_temperature_approaches_uniform():
+    logits = torch.tensor([0.0, 1.0, 2.0, 3.0])
+    kl_to_uniform = []
+    for T in (1.0, 10.0, 100.0, 1000.0):
+        p = (logits / T).softmax(-1)
+        kl_to_uniform.append(float((p * (p * 4).log()).sum()))
+    assert all(a > b for a, b in zip(kl_to_uniform, kl_to_uniform[1:]))
+    assert kl_to_uniform[-1] < 1e-5
+
+
+def test_top_p_keeps_the_smallest_set_whose_mass_reaches_p():
+    probs = torch.tensor([0.05, 0.4, 0.1, 0.3, 0.15])  # sorted: 0.4, 0.3, 0.15, 0.1, 0.05
+    logits = probs.log()
+    kept = lambda p: set(torch.isfinite(filter_logits(logits, top_p=p)).nonzero().flatten().tolist())
+    assert kept(0.4) == {1}  # 0.4 reaches 0.4 on its own
+    assert kept(0.41) == {1, 3}
+    assert kept(0.7) == {1, 3}  # 0.4 + 0.3 = 0.7
+    assert kept(0.71) == {1, 3, 4}
+    assert kept(0.95) == {1, 3, 4, 2}
+    assert kept(1.0) == {0, 1, 2, 3, 4}
+
+
+def test_top_k_and_samples_follow_the_filtered_distribution():
+    logits = torch.tensor([[0.0, 1.0, 2.0, 3.0]]).repeat(4000, 1)
+    draws = sample_next(logits, top_k=2, generator=torch.Generator().manual_seed(0))
+    assert set(draws.tolist()) == {2, 3}
+    expected = torch.tensor([2.0, 3.0]).softmax(-1)[0].item()  # P(token 2) within the top 2
+    assert abs((draws == 2).float().mean().item() - expected) < 0.03
+
+
+def test_seeded_sampling_is_reproducible_and_eos_stops():
+    model = HookedTransformer(tiny_config(), seed=0).eval()
+    prompt = torch.zeros(2, 3, dtype=torch.long)
+    a, b = model.generate(prompt, 10, seed=5), model.generate(prompt, 10, seed=5)
+    assert torch.equal(a, b)
+    out = decode(model, prompt, 10, temperature=0, eos_token_id=int(model(prompt)[0, -1].argmax()))
+    assert out.tokens.shape[1] == 4
+
+
+def test_bad_generation_arguments():
+    model = HookedTransformer(tiny_config(), seed=0)
+    prompt = torch.zeros(1, 60, dtype=torch.long)
+    with pytest.raises(ValueError, match="longer than the model's context"):
+        model.generate(prompt, 10)
+    with pytest.raises(ValueError, match="top_p"):
+        model.generate(prompt[:, :3], 2, top_p=0.0)
+    with pytest.raises(ValueError, match="temperature"):
+        model.generate(prompt[:, :3], 2, temperature=-1)
