@@ -21,6 +21,64 @@ def cmd_hooks(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    """Train a zoo model from models/NAME/model.toml into models/NAME/."""
+    from lab.zoo import build
+
+    directory = build(args.name, quick=args.quick, progress=not args.no_progress, resume=args.resume)
+    print(f"trained {args.name} into {directory}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Train the default zoo models if they are missing, then show generations with per-token probabilities."""
+    import torch
+
+    from lab import HookedTransformer
+    from lab.zoo import build, is_trained
+
+    for name in DEMO_MODELS:
+        if is_trained(name):
+            print(f"[demo] {name}: already trained")
+        else:
+            print(f"[demo] training {name}{' (quick)' if args.quick else ''} …", flush=True)
+            build(name, quick=args.quick)
+    model = HookedTransformer.from_pretrained("pydoc")
+    print("\n[demo] pydoc generations (temperature 0.8, nucleus 0.95); each token with its probability:")
+    for seed, prompt in enumerate(["Return the", "This module provides", "If the file"]):
+        tokens = model.to_tokens(prompt)
+        with torch.inference_mode():
+            out = model.generate(tokens, 16, temperature=0.8, top_p=0.95, seed=seed)
+            probs = model(out).softmax(-1)[0, tokens.shape[1] - 1 : -1]
+        new = out[0, tokens.shape[1]:]
+        pieces = [f"{model.to_string([t])!r}:{probs[i, t].item():.2f}" for i, t in enumerate(new.tolist())]
+        print(f"  {prompt!r} → {model.to_string(new)!r}")
+        print("    " + " ".join(pieces))
+    return 0
+
+
+DEMO_MODELS = ("markov", "facts", "pydoc")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run an experiment and write config.json, provenance.json, figures and results.json into its run folder."""
+    import dataclasses
+
+    import experiments
+    from lab.runs import run_and_record
+
+    module = experiments.load(args.name)
+    fields = {f.name for f in dataclasses.fields(module.Config)}
+    given = {"seed": args.seed, "quick": args.quick, "model": args.model}
+    unsupported = [k for k, v in given.items() if v not in (None, False) and k not in fields]
+    if unsupported:
+        raise ValueError(f"experiment {args.name!r} takes no --{unsupported[0]}")
+    cfg = module.Config(**{k: v for k, v in given.items() if k in fields and v is not None})
+    folder = run_and_record(args.name, cfg, module.run, out=args.out, seed=getattr(cfg, "seed", None))
+    print(f"results in {folder}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="forma", description=lab.__doc__)
     parser.add_argument("--version", action="version", version=f"forma {lab.__version__}")
@@ -30,6 +88,30 @@ def build_parser() -> argparse.ArgumentParser:
     hooks.add_argument("model", help="zoo name, Forma model folder, or local Hugging Face folder")
     hooks.add_argument("--tokens", type=int, default=8, help="length of the probe sequence (default 8)")
     hooks.set_defaults(func=cmd_hooks)
+
+    from lab.zoo import zoo_names
+
+    train = sub.add_parser("train", help="train a zoo model into models/NAME/", description=cmd_train.__doc__)
+    train.add_argument("name", choices=zoo_names(), metavar="NAME", help=f"zoo model: {', '.join(zoo_names())}")
+    train.add_argument("--quick", action="store_true", help="the recipe's small profile (tests, smoke runs)")
+    train.add_argument("--resume", action="store_true", help="continue from models/NAME/train/checkpoint")
+    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.set_defaults(func=cmd_train)
+
+    import experiments
+
+    run = sub.add_parser("run", help="run an experiment into runs/NAME/<timestamp>/", description=cmd_run.__doc__)
+    run.add_argument("name", choices=experiments.experiment_names(), metavar="NAME",
+                     help=f"experiment: {', '.join(experiments.experiment_names()) or 'none yet'}")
+    run.add_argument("--quick", action="store_true", help="the small profile (≈90 s on 2 cores): tests and the demo")
+    run.add_argument("--out", help="run folder (default runs/NAME/<UTC timestamp>/)")
+    run.add_argument("--seed", type=int, help="random seed (default: the experiment's)")
+    run.add_argument("--model", help="zoo name or local model folder, for experiments that take one")
+    run.set_defaults(func=cmd_run)
+
+    demo = sub.add_parser("demo", help="train missing zoo models, then show generations", description=cmd_demo.__doc__)
+    demo.add_argument("--quick", action="store_true", help="train missing models with their quick profile")
+    demo.set_defaults(func=cmd_demo)
     return parser
 
 

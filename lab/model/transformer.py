@@ -12,8 +12,6 @@ and the cache's methods (accumulated_resid, decompose_resid, logit_attrs, ...) r
 
 import difflib
 import json
-import os
-import tempfile
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,6 +27,7 @@ from torch import nn
 from transformer_lens import ActivationCache, HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
+from lab.files import atomic_write
 from lab.model.components import BLOCKS, NORMS, POSITIONS, Embed, NoNorm, TiedUnembed, Unembed
 from lab.model.config import ModelConfig
 from lab.model.kv_cache import KVCache
@@ -321,19 +320,6 @@ class HookedTransformer(HookedRootModule):
 def next_token_loss(logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, ""]:
     """Mean next-token cross-entropy in nats: the logits at t predict the token at t + 1."""
     return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), tokens[:, 1:].reshape(-1))
-
-
-def atomic_write(path: Path, write: Callable[[Path], Any]) -> None:
-    """Write through a temporary file in the same folder, then rename: readers never see half a file."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _read_json(path: Path) -> dict:

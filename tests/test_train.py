@@ -1,0 +1,311 @@
+"""The training loop: the schedule against its formula, exact resumption, clear checkpoint errors,
+crash-safe checkpoints, the batch streams, and DDP under torchrun against one process."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import lab.train
+from lab import HookedTransformer
+from lab.train import (DEMO_MODEL, DEMO_TRAIN, IGNORE, Batch, SequenceBatches, TokenStream, TrainConfig,
+                       demo_markov, estimate_loss, get_batch, get_lr, train)
+
+REPO = Path(__file__).resolve().parents[1]
+# 20 tiny steps: warmup then cosine, one eval every 5 steps.
+SHORT = DEMO_TRAIN.replace(steps=20, batch_size=8, seq_len=16, warmup_steps=4, eval_interval=5, eval_batches=2)
+
+
+def weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+# --- config and schedule ------------------------------------------------------------------------
+def test_train_config_validates_each_field_and_round_trips():
+    cfg = TrainConfig(lr=1, steps=50, warmup_steps=5)
+    assert TrainConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    assert isinstance(cfg.lr, float)
+    for bad, field in [(dict(steps=0), "steps"), (dict(lr=-1.0), "lr"), (dict(min_lr=0.1, lr=0.01), "min_lr"),
+                       (dict(beta2=1.0), "beta2"), (dict(seq_len=1), "seq_len"), (dict(batch_size=True), "batch_size"),
+                       (dict(warmup_steps=20, steps=10), "warmup_steps"), (dict(grad_clip=math.nan), "grad_clip"),
+                       (dict(device="gpu7"), "device")]:
+        with pytest.raises(ValueError, match=f"TrainConfig.{field}"):
+            TrainConfig(**bad)
+    with pytest.raises(ValueError, match=r"unknown keys \['learning_rate'\]"):
+        TrainConfig.from_dict({"learning_rate": 1e-3})
+
+
+def test_get_lr_is_linear_warmup_then_cosine_to_the_floor():
+    cfg = TrainConfig(steps=110, warmup_steps=10, lr=1e-3, min_lr=1e-4)
+    assert get_lr(0, cfg) == pytest.approx(1e-4)  # lr · 1/10
+    assert get_lr(4, cfg) == pytest.approx(5e-4)
+    assert get_lr(9, cfg) == pytest.approx(1e-3)  # warmup ends at the peak
+    assert get_lr(10, cfg) == pytest.approx(1e-3)  # cosine starts at the peak
+    # progress = (35 − 10) / 100 = 1/4: min + ½(lr − min)(1 + cos(π/4))
+    assert get_lr(35, cfg) == pytest.approx(1e-4 + 0.5 * 9e-4 * (1 + math.cos(math.pi / 4)))
+    assert get_lr(60, cfg) == pytest.approx(5.5e-4)  # halfway: the midpoint of lr and min_lr
+    assert get_lr(110, cfg) == pytest.approx(1e-4)  # the floor once the run is over
+    assert get_lr(0, TrainConfig(steps=5, warmup_steps=0, lr=2e-3)) == pytest.approx(2e-3)
+
+
+# --- data ---------------------------------------------------------------------------------------
+def test_token_stream_windows_are_deterministic_and_never_cross_rows():
+    rows = torch.arange(6 * 40).reshape(6, 40)  # every token says where it came from
+    data = TokenStream(rows, rows[:2])
+    batch = data.get_batch("train", 3, 16, 10, seed=7)
+    assert torch.equal(batch.tokens, data.get_batch("train", 3, 16, 10, seed=7).tokens)
+    assert not torch.equal(batch.tokens, data.get_batch("train", 4, 16, 10, seed=7).tokens)
+    assert not torch.equal(batch.tokens, data.get_batch("train", 3, 16, 10, seed=8).tokens)
+    assert torch.equal(batch.targets, batch.tokens[:, 1:])
+    assert (batch.tokens.diff(dim=1) == 1).all()  # contiguous
+    assert (batch.tokens[:, 0] // 40 == batch.tokens[:, -1] // 40).all()  # within one row
+    assert set((data.get_batch("val", 0, 16, 10, seed=0).tokens // 40).flatten().tolist()) <= {0, 1}
+    stream = TokenStream(torch.arange(100), torch.arange(20))  # 1-D: one long stream
+    assert stream.get_batch("train", 0, 4, 8, seed=0).tokens.shape == (4, 8)
+    with pytest.raises(ValueError, match="fewer than seq_len"):
+        stream.get_batch("val", 0, 4, 32, seed=0)
+    with pytest.raises(ValueError, match="integer token ids"):
+        TokenStream(torch.rand(10), torch.arange(10))
+
+
+def test_sequence_batches_visit_every_document_once_per_epoch_and_honour_the_mask():
+    docs = torch.arange(10)[:, None] * 100 + torch.arange(6)  # document i holds 100i .. 100i+5
+    mask = torch.ones(10, 6, dtype=torch.bool)
+    mask[:, :3] = False  # a 3-token prompt that is conditioned on but not trained on
+    data = SequenceBatches(docs, docs[:4], mask=mask)
+    seen = torch.cat([data.get_batch("train", i, 5, 6, seed=1).tokens[:, 0] // 100 for i in range(4)])
+    assert sorted(seen[:10].tolist()) == list(range(10)) == sorted(seen[10:].tolist())  # two epochs
+    assert seen[:10].tolist() != seen[10:].tolist()  # reshuffled between epochs
+    batch = data.get_batch("train", 0, 5, 6, seed=1)
+    assert (batch.targets[:, :2] == IGNORE).all()  # predictions of tokens 1 and 2 are not scored
+    assert torch.equal(batch.targets[:, 2:], batch.tokens[:, 3:])
+    local, n_scored = get_batch(data, "train", 0, TrainConfig(batch_size=4, seq_len=6), 1, 2, torch.device("cpu"))
+    assert local.tokens.shape == (2, 6) and n_scored == 4 * 3  # rank 1's half; the global count
+    with pytest.raises(ValueError, match="seq_len is 8"):
+        data.get_batch("train", 0, 5, 8, seed=1)
+
+
+def test_ranks_split_the_global_batch_into_disjoint_contiguous_halves():
+    _, data = demo_markov()
+    cfg = SHORT
+    whole = data.get_batch("train", 5, cfg.batch_size, cfg.seq_len, cfg.seed)
+    halves = [get_batch(data, "train", 5, cfg, rank, 2, torch.device("cpu"))[0] for rank in (0, 1)]
+    assert torch.equal(torch.cat([h.tokens for h in halves]), whole.tokens)
+
+
+def test_rank_losses_average_to_the_global_mean_gradient_even_with_uneven_masks():
+    # What DDP computes — the mean over ranks of ∇(Σ_rank loss · world / n_global) — must equal the
+    # gradient of the mean loss over the whole global batch, also when the ranks score unequal counts.
+    torch.manual_seed(0)
+    docs = torch.randint(0, 16, (4, 8))
+    mask = torch.ones(4, 8, dtype=torch.bool)
+    mask[:2, :6] = False  # rank 0's documents score 2 predictions each, rank 1's score 7
+    data = SequenceBatches(docs, docs, mask=mask)
+    cfg = TrainConfig(batch_size=4, seq_len=8)
+    model = HookedTransformer(DEMO_MODEL, seed=0)
+
+    def gradient(world: int, rank: int) -> torch.Tensor:
+        model.zero_grad()
+        batch, n_scored = get_batch(data, "train", 0, cfg, rank, world, torch.device("cpu"))
+        (lab.train.summed_loss(model(batch.tokens), batch.targets) * (world / n_scored)).backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    averaged = (gradient(2, 0) + gradient(2, 1)) / 2
+    torch.testing.assert_close(averaged, gradient(1, 0), atol=1e-7, rtol=1e-5)
+
+
+# --- training -----------------------------------------------------------------------------------
+def test_loss_falls_towards_the_entropy_rate_on_a_markov_stream(tmp_path):
+    from lab.data import MarkovSource
+
+    model, data = demo_markov()
+    cfg = DEMO_TRAIN.replace(steps=40, eval_interval=20)
+    before = estimate_loss(model, data, cfg)
+    assert before == pytest.approx(math.log(16), abs=0.1)  # an untrained model is near uniform
+    result = train(model, cfg, data, tmp_path, progress=False)
+    entropy_rate = MarkovSource(16, order=1, seed=0).entropy_rate()
+    assert result.step == 40 and len(result.history) == 40
+    assert result.best_val_loss_nats < before - 0.3
+    assert result.best_val_loss_nats < entropy_rate + 0.25  # no model can beat the entropy rate by much
+    assert result.best_val_loss_nats > entropy_rate - 0.05
+    assert not model.training
+
+
+def test_metrics_jsonl_has_one_parsable_line_per_step(tmp_path):
+    model, data = demo_markov()
+    result = train(model, SHORT, data, tmp_path, progress=False)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert records == result.history
+    assert [r["step"] for r in records] == list(range(1, 21))
+    for r in records:
+        assert r["tokens_seen"] == r["step"] * SHORT.batch_size * SHORT.seq_len
+        assert r["lr"] == pytest.approx(get_lr(r["step"] - 1, SHORT))
+        assert math.isfinite(r["train_loss_nats"]) and r["elapsed_s"] >= 0
+        assert ("val_loss_nats" in r) == (r["step"] % 5 == 0)
+    assert result.best_val_loss_nats == min(r["val_loss_nats"] for r in records if "val_loss_nats" in r)
+    state = json.loads((tmp_path / "checkpoint" / "train_state.json").read_text())
+    assert state["step"] == 20 and TrainConfig.from_dict(state["train_config"]) == SHORT
+    assert HookedTransformer.load(tmp_path / "checkpoint").cfg == DEMO_MODEL
+
+
+def test_training_without_a_folder_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    model, data = demo_markov()
+    result = train(model, SHORT.replace(steps=3, warmup_steps=1), data, progress=False)
+    assert result.step == 3 and len(result.history) == 3 and list(tmp_path.iterdir()) == []
+
+
+def test_resuming_gives_the_same_weights_as_an_uninterrupted_run(tmp_path):
+    model, data = demo_markov()
+    straight = train(model, SHORT, data, tmp_path / "straight", progress=False)
+    expected = weights(model)
+
+    interrupted, _ = demo_markov()
+    half = train(interrupted, SHORT, data, tmp_path / "resumed", progress=False, stop_after=10)
+    assert half.step == 10
+    fresh = HookedTransformer(DEMO_MODEL, seed=123)  # different init: the weights must come from the checkpoint
+    resumed = train(fresh, SHORT, data, tmp_path / "resumed", resume=True, progress=False)
+    assert resumed.step == 20
+    assert max_difference(weights(fresh), expected) <= 1e-7
+    assert all(torch.equal(weights(fresh)[k], expected[k]) for k in expected)  # in fact bit-identical
+    def timeless(history):
+        return [{k: v for k, v in r.items() if k != "elapsed_s"} for r in history]
+
+    assert timeless(resumed.history) == timeless(straight.history)
+    assert resumed.best_val_loss_nats == straight.best_val_loss_nats
+
+
+def test_resuming_with_another_config_names_each_difference(tmp_path):
+    model, data = demo_markov()
+    cfg = SHORT.replace(lr=1e-3, min_lr=1e-4)
+    train(model, cfg, data, tmp_path, progress=False, stop_after=3)
+    with pytest.raises(ValueError, match=r"resume: config differs in lr \(checkpoint 0\.001, now 0\.002\)"):
+        train(model, cfg.replace(lr=2e-3), data, tmp_path, resume=True, progress=False)
+    with pytest.raises(ValueError, match=r"seed \(checkpoint 0, now 1\)"):
+        train(model, cfg.replace(lr=2e-3, seed=1), data, tmp_path, resume=True, progress=False)
+    relu = HookedTransformer(DEMO_MODEL.replace(mlp="relu"))
+    with pytest.raises(ValueError, match=r"model config differs in mlp \(checkpoint 'gelu', now 'relu'\)"):
+        train(relu, cfg, data, tmp_path, resume=True, progress=False)
+
+
+def test_a_missing_or_damaged_checkpoint_is_a_clear_error(tmp_path):
+    model, data = demo_markov()
+    with pytest.raises(FileNotFoundError, match="no checkpoint at .* to resume from"):
+        train(model, SHORT, data, tmp_path / "empty", resume=True, progress=False)
+    with pytest.raises(ValueError, match="resume=True needs the out_dir"):
+        train(model, SHORT, data, None, resume=True, progress=False)
+    train(model, SHORT, data, tmp_path / "run", progress=False, stop_after=2)
+    checkpoint = tmp_path / "run" / "checkpoint"
+    files = {name: (checkpoint / name).read_bytes() for name in lab.train.CHECKPOINT_FILES}
+
+    def damaged(name: str, content: bytes | None):
+        for n, data_ in files.items():
+            (checkpoint / n).write_bytes(data_)
+        if content is None:
+            (checkpoint / name).unlink()
+        else:
+            (checkpoint / name).write_bytes(content)
+        return lambda: train(demo_markov()[0], SHORT, data, tmp_path / "run", resume=True, progress=False)
+
+    with pytest.raises(FileNotFoundError, match="incomplete: missing optimizer.safetensors"):
+        damaged("optimizer.safetensors", None)()
+    with pytest.raises(ValueError, match="malformed or truncated checkpoint file .*optimizer.safetensors"):
+        damaged("optimizer.safetensors", files["optimizer.safetensors"][:100])()
+    with pytest.raises(ValueError, match="malformed or truncated checkpoint file .*model.safetensors"):
+        damaged("model.safetensors", files["model.safetensors"][:-64])()
+    with pytest.raises(ValueError, match="malformed checkpoint state .*train_state.json"):
+        damaged("train_state.json", b'{"step": 2')()
+    with pytest.raises(ValueError, match=r"missing \['best_val_loss_nats'"):
+        damaged("train_state.json", b'{"step": 2}')()
+    damaged("train_state.json", files["train_state.json"])()  # intact again: resumes
+
+
+def test_a_crash_while_checkpointing_leaves_the_previous_checkpoint_whole(tmp_path, monkeypatch):
+    model, data = demo_markov()
+    cfg = SHORT.replace(steps=10, checkpoint_interval=5)
+    calls = []
+    real = lab.train._rng_tensors
+
+    def crash_on_second_save():
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the run is killed halfway through writing checkpoint 2
+        return real()
+
+    monkeypatch.setattr(lab.train, "_rng_tensors", crash_on_second_save)
+    with pytest.raises(KeyboardInterrupt):
+        train(model, cfg, data, tmp_path, progress=False)
+    monkeypatch.undo()
+    assert json.loads((tmp_path / "checkpoint" / "train_state.json").read_text())["step"] == 5
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint", "metrics.jsonl"]  # no half folder
+
+    # A crash between moving the old checkpoint aside and renaming the new one in: the old one is used.
+    (tmp_path / "checkpoint").rename(tmp_path / ".checkpoint.old")
+    result = train(demo_markov()[0], cfg, data, tmp_path, resume=True, progress=False)
+    assert result.step == 10 and [r["step"] for r in result.history] == list(range(1, 11))
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == list(range(1, 11))  # steps 6..10 not doubled
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint", "metrics.jsonl"]
+
+
+def test_a_fresh_start_replaces_an_earlier_run(tmp_path):
+    model, data = demo_markov()
+    train(model, SHORT.replace(steps=6, warmup_steps=1), data, tmp_path, progress=False)
+    result = train(demo_markov()[0], SHORT.replace(steps=3, warmup_steps=1), data, tmp_path, progress=False)
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 3 == result.step
+    assert json.loads((tmp_path / "checkpoint" / "train_state.json").read_text())["step"] == 3
+
+
+def test_bad_runs_are_refused_before_training(tmp_path):
+    model, data = demo_markov()
+    with pytest.raises(ValueError, match="seq_len = 128 is longer than the model's n_ctx = 64"):
+        train(model, SHORT.replace(seq_len=128), data, progress=False)
+    with pytest.raises(TypeError, match="get_batch"):
+        train(model, SHORT, [[1, 2, 3]], progress=False)
+    with pytest.raises(ValueError, match="stop_after"):
+        train(model, SHORT, data, progress=False, stop_after=21)
+
+    class Wrong:
+        def get_batch(self, split, index, batch_size, seq_len, seed):
+            tokens = torch.zeros(batch_size, seq_len + 1, dtype=torch.long)
+            return Batch(tokens, tokens[:, 1:])
+
+    with pytest.raises(ValueError, match=r"Wrong.get_batch gave tokens \(8, 17\)"):
+        train(model, SHORT, Wrong(), progress=False)
+
+
+# --- DDP ----------------------------------------------------------------------------------------
+def test_two_ranks_under_torchrun_match_one_process(tmp_path):
+    steps, batch_size, seq_len = 3, 8, 16
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               "-m", "lab.train", "--demo-markov", "--steps", str(steps), "--warmup-steps", "1",
+               "--batch-size", str(batch_size), "--seq-len", str(seq_len), "--out", str(tmp_path / "ddp"),
+               "--no-progress", "--save-rank-weights"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["world_size"] == 2
+    rank0, rank1 = (load_file(str(tmp_path / "ddp" / f"rank{r}.safetensors")) for r in (0, 1))
+    assert all(torch.equal(rank0[k], rank1[k]) for k in rank0)  # DDP keeps the replicas identical
+
+    model, data = demo_markov()
+    cfg = DEMO_TRAIN.replace(steps=steps, warmup_steps=1, batch_size=batch_size, seq_len=seq_len)
+    single = train(model, cfg, data, tmp_path / "single", progress=False)
+    assert max_difference(rank0, weights(model)) <= 1e-5
+    assert max_difference(weights(model), weights(demo_markov()[0])) > 1e-3  # and training did move them
+    ddp_history = [json.loads(line) for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in ddp_history] == [1, 2, 3]  # only rank 0 writes
+    for a, b in zip(ddp_history, single.history):
+        assert a["train_loss_nats"] == pytest.approx(b["train_loss_nats"], abs=1e-5)
+    assert HookedTransformer.load(tmp_path / "ddp").cfg == DEMO_MODEL
