@@ -134,3 +134,26 @@ def run_and_record(experiment: str, config: Any, run: Callable[[Any, Path], dict
     if folder.parent.name == experiment or folder.parent == RUNS_DIR / experiment:
         atomic_write_text(folder.parent / "latest", folder.name + "\n")
     return folder
+
+
+def save_figure(fig: Any, out: Path, name: str) -> None:
+    """A plotly figure as <name>.json (what the dashboard reads) and <name>.html (offline: plotly.min.js
+    is written once beside it, never fetched from a CDN)."""
+    from lab.files import atomic_write
+
+    out = Path(out)
+    atomic_write_text(out / f"{name}.json", fig.to_json())
+    atomic_write(out / f"{name}.html",
+                 lambda tmp: fig.write_html(str(tmp), include_plotlyjs="directory", full_html=True))
+
+
+def save_table(rows: Any, out: Path, name: str) -> Path:
+    """A table (pandas DataFrame or list of dicts) as <name>.parquet, atomically."""
+    import pandas as pd
+
+    from lab.files import atomic_write
+
+    frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
+    path = Path(out) / f"{name}.parquet"
+    atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False))
+    return path
