@@ -1,0 +1,85 @@
+"""Readouts of the residual stream: the logit lens, direct logit attribution, residual norms.
+
+Logit lens (nostalgebraist 2020): read each layer's residual stream x^(l) as if it were the last,
+    P^(l) = softmax(LN_final(x^(l)) W_U + b_U);
+at l = n_layers this is the model's own prediction.
+
+Direct logit attribution: with the final norm's scale s frozen at its value on the full stream, the
+logit of token t is linear in the residual stream's parts,
+    logit_t = Σ_c (LN-centred c / s) ⊙ w · W_U[:, t]  +  (b · W_U[:, t] + b_U[t]),
+where c runs over the embeddings, every head's output z^h W_O^h, every attention bias b_O, and every
+MLP's output. The parts sum to the logit exactly (tested).
+"""
+
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from lab.model import HookedTransformer
+
+
+@torch.inference_mode()
+def logit_lens(model: HookedTransformer, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "layer batch pos d_vocab"]:
+    """Log-probabilities of the logit lens at every layer's input and after the last layer.
+
+    Row l < n_layers reads blocks.l.hook_resid_pre; the last row reads the final residual stream and
+    equals the model's own log-softmax.
+    """
+    _, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_resid_pre") or
+                                    n.endswith("hook_resid_post") or n == "ln_final.hook_scale")
+    stack = cache.accumulated_resid(apply_ln=True)  # final norm recomputed on each layer's stream
+    return (stack @ model.W_U + model.b_U).log_softmax(dim=-1)
+
+
+@torch.inference_mode()
+def residual_norms(model: HookedTransformer, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "layer batch pos"]:
+    """‖x^(l)‖₂ of the residual stream entering each layer, and after the last one."""
+    _, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_resid_pre") or
+                                    n.endswith("hook_resid_post"))
+    return cache.accumulated_resid().norm(dim=-1)
+
+
+@dataclass
+class Attribution:
+    labels: list[str]  # "embed", "pos_embed", "L0H3", "L0 attn bias", "L0 mlp", ..., "final norm & unembed bias"
+    values: Float[Tensor, "component"]  # contribution of each part to the target's logit
+    logit: float  # the model's logit for the target at that position
+
+
+@torch.inference_mode()
+def direct_logit_attribution(model: HookedTransformer, tokens: Int[Tensor, "pos"], target: int,
+                             position: int = -1) -> Attribution:
+    """Each part of the residual stream's direct contribution to `target`'s logit at `position`."""
+    tokens = model.check_tokens(tokens)[:1]
+    if not 0 <= target < model.cfg.d_vocab:
+        raise ValueError(f"target token id {target} is out of range [0, {model.cfg.d_vocab})")
+    wanted = ("hook_embed", "hook_pos_embed", "attn.hook_result", "hook_mlp_out", "ln_final.hook_scale")
+    logits, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith(wanted))
+    if model.cfg.block != "pre_ln":
+        raise ValueError("direct logit attribution needs a pre-LN model (a post-LN block norms its own output)")
+    labels, parts = ["embed"], [cache["hook_embed"][0, position]]
+    if "hook_pos_embed" in cache.cache_dict:
+        labels.append("pos_embed")
+        parts.append(cache["hook_pos_embed"][0, position])
+    for layer, block in enumerate(model.blocks):
+        heads = cache[f"blocks.{layer}.attn.hook_result"][0, position]  # [head, d_model]
+        labels += [f"L{layer}H{h}" for h in range(heads.shape[0])]
+        parts += list(heads)
+        if block.attn.b_O is not None:
+            labels.append(f"L{layer} attn bias")
+            parts.append(block.attn.b_O)
+        labels.append(f"L{layer} mlp")
+        parts.append(cache[f"blocks.{layer}.hook_mlp_out"][0, position])
+    stack = torch.stack(parts)  # [component, d_model]
+    if model.cfg.norm == "layernorm":
+        stack = stack - stack.mean(dim=-1, keepdim=True)
+    scale = cache["ln_final.hook_scale"][0, position]
+    direction = model.ln_final.w * model.W_U[:, target]
+    values = (stack / scale) @ direction
+    constant = model.b_U[target].clone()
+    if model.cfg.norm == "layernorm":
+        constant += model.ln_final.b @ model.W_U[:, target]
+    labels.append("final norm & unembed bias")
+    return Attribution(labels, torch.cat([values, constant[None]]), float(logits[0, position, target]))
