@@ -60,6 +60,27 @@ def cmd_demo(args: argparse.Namespace) -> int:
 DEMO_MODELS = ("markov", "facts", "pydoc")
 
 
+def dashboard_command(port: int) -> list[str]:
+    """The Streamlit command line: bound to 127.0.0.1, headless, no usage statistics, no file watcher."""
+    from pathlib import Path
+
+    app = Path(__file__).resolve().parents[1] / "dashboards" / "app.py"
+    return [sys.executable, "-m", "streamlit", "run", str(app), "--server.headless", "true",
+            "--server.address", "127.0.0.1", "--server.port", str(port), "--browser.gatherUsageStats", "false",
+            "--server.fileWatcherType", "none", "--client.toolbarMode", "viewer"]
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    """Serve the dashboard at http://127.0.0.1:PORT (Ctrl-C stops it)."""
+    import subprocess
+
+    print(f"Forma dashboard at http://127.0.0.1:{args.port}  (Ctrl-C to stop)", flush=True)
+    try:
+        return subprocess.call(dashboard_command(args.port))
+    except KeyboardInterrupt:
+        return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """Run an experiment and write config.json, provenance.json, figures and results.json into its run folder."""
     import dataclasses
@@ -108,6 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, help="random seed (default: the experiment's)")
     run.add_argument("--model", help="zoo name or local model folder, for experiments that take one")
     run.set_defaults(func=cmd_run)
+
+    dashboard = sub.add_parser("dashboard", help="serve the dashboard on 127.0.0.1", description=cmd_dashboard.__doc__)
+    dashboard.add_argument("--port", type=int, default=8501, help="port (default 8501)")
+    dashboard.set_defaults(func=cmd_dashboard)
 
     demo = sub.add_parser("demo", help="train missing zoo models, then show generations", description=cmd_demo.__doc__)
     demo.add_argument("--quick", action="store_true", help="train missing models with their quick profile")

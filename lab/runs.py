@@ -12,6 +12,7 @@ A crashed run leaves no results.json, so readers (the dashboard) never mistake i
 import dataclasses
 import importlib.metadata
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from typing import Any
 from lab.files import atomic_write_text
 
 REPO = Path(__file__).resolve().parents[1]
-RUNS_DIR = REPO / "runs"
+DEFAULT_RUNS_DIR = REPO / "runs"
 PACKAGES = ("forma-lab", "torch", "transformer-lens", "transformers", "numpy", "einops", "tokenizers", "plotly",
             "streamlit")
 
@@ -88,10 +89,15 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H-%M-%SZ")
 
 
+def runs_dir() -> Path:
+    """runs/ of the checkout, or $FORMA_RUNS_DIR."""
+    return Path(os.environ.get("FORMA_RUNS_DIR") or DEFAULT_RUNS_DIR)
+
+
 def new_run_dir(experiment: str, out: str | Path | None = None) -> Path:
     """`out` if given (created; must not already hold a results.json), else runs/<experiment>/<UTC timestamp>/."""
     if out is None:
-        base = RUNS_DIR / experiment
+        base = runs_dir() / experiment
         out = base / utc_now()
         suffix = 1
         while out.exists():
@@ -104,9 +110,9 @@ def new_run_dir(experiment: str, out: str | Path | None = None) -> Path:
     return out
 
 
-def latest_run(experiment: str, runs_dir: Path = RUNS_DIR) -> Path | None:
+def latest_run(experiment: str, folder: Path | None = None) -> Path | None:
     """The newest complete run of an experiment (one with results.json), or None."""
-    base = Path(runs_dir) / experiment
+    base = Path(folder or runs_dir()) / experiment
     pointer = base / "latest"
     if pointer.is_file():
         candidate = base / pointer.read_text().strip()
@@ -131,7 +137,7 @@ def run_and_record(experiment: str, config: Any, run: Callable[[Any, Path], dict
     record["finished_utc"] = utc_now()
     write_json(folder / "provenance.json", record)
     write_json(folder / "results.json", results)
-    if folder.parent.name == experiment or folder.parent == RUNS_DIR / experiment:
+    if folder.parent == runs_dir() / experiment:
         atomic_write_text(folder.parent / "latest", folder.name + "\n")
     return folder
 

@@ -13,6 +13,7 @@ checkpoint). All of these are git-ignored; model.toml and MODEL.md are the recip
 """
 
 import math
+import os
 import time
 import tomllib
 from collections import Counter
@@ -23,13 +24,18 @@ from typing import Any
 import numpy as np
 import torch
 
-ZOO_DIR = Path(__file__).resolve().parents[1] / "models"
+DEFAULT_ZOO_DIR = Path(__file__).resolve().parents[1] / "models"
 RECIPE_FILE = "model.toml"
+
+
+def zoo_dir() -> Path:
+    """models/ of the checkout, or $FORMA_ZOO_DIR (a private zoo: tests, or models kept elsewhere)."""
+    return Path(os.environ.get("FORMA_ZOO_DIR") or DEFAULT_ZOO_DIR)
 
 
 def zoo_names() -> list[str]:
     """Every model the zoo has a recipe for."""
-    return sorted(p.parent.name for p in ZOO_DIR.glob(f"*/{RECIPE_FILE}"))
+    return sorted(p.parent.name for p in zoo_dir().glob(f"*/{RECIPE_FILE}"))
 
 
 def _check_name(name: str) -> Path:
@@ -37,7 +43,7 @@ def _check_name(name: str) -> Path:
     if name not in names:
         known = ", ".join(names) if names else "none yet"
         raise ValueError(f"unknown model {name!r}: not a folder and not a zoo name (zoo models: {known})")
-    return ZOO_DIR / name
+    return zoo_dir() / name
 
 
 def zoo_model_dir(name: str) -> Path:
@@ -148,7 +154,7 @@ def _pad(rows: list[list[int]], pad_id: int, length: int) -> tuple[torch.Tensor,
 def _pydoc_world(spec: dict[str, Any], seq_len: int) -> WorldData:
     from lab.data.text import split_text, stdlib_docstrings, train_bpe
 
-    cache = ZOO_DIR / "pydoc" / "corpus.txt"
+    cache = zoo_dir() / "pydoc" / "corpus.txt"
     text = stdlib_docstrings(cache=cache)
     train_text, val_text = split_text(text, held_out_fraction=spec.get("held_out_fraction", 0.05))
     tokenizer = train_bpe(train_text, vocab_size=spec.get("vocab_size", 4096))
@@ -190,7 +196,7 @@ def build(name: str, quick: bool = False, progress: bool = True, out: Path | Non
     from lab.train import SequenceBatches, TokenStream, TrainConfig, train
 
     recipe = load_recipe(name, quick=quick)
-    directory = Path(out) if out is not None else ZOO_DIR / name
+    directory = Path(out) if out is not None else zoo_dir() / name
     directory.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     n_ctx = recipe["model"]["n_ctx"]

@@ -23,8 +23,8 @@ def zoo_dir(tmp_path, monkeypatch):
     """A private copy of the zoo's recipes, so building never touches models/."""
     for name in zoo_names():
         (tmp_path / name).mkdir()
-        shutil.copy(zoo.ZOO_DIR / name / "model.toml", tmp_path / name / "model.toml")
-    monkeypatch.setattr(zoo, "ZOO_DIR", tmp_path)
+        shutil.copy(zoo.DEFAULT_ZOO_DIR / name / "model.toml", tmp_path / name / "model.toml")
+    monkeypatch.setenv("FORMA_ZOO_DIR", str(tmp_path))
     return tmp_path
 
 

@@ -1,0 +1,131 @@
+"""Explorer: a prompt's tokens, attention patterns, residual norms, the logit lens, direct logit attribution
+and activation patching, for any zoo model or local Hugging Face folder."""
+
+import plotly.express as px
+import plotly.graph_objects as go
+import streamlit as st
+import torch
+
+from dashboards.common import try_load_model
+from lab.zoo import zoo_names
+
+DEFAULT_PROMPTS = {"pydoc": "Return the number of items in the list.", "facts": "<bos> ", "markov": "1 2 3 4 5 6 7 8"}
+
+
+def choose_model() -> str:
+    names = zoo_names()
+    options = names + ["local folder…"]
+    choice = st.sidebar.selectbox("Model", options, index=options.index("pydoc") if "pydoc" in options else 0,
+                                  key="model_choice")
+    if choice == "local folder…":
+        return st.sidebar.text_input("Folder (Forma or Hugging Face)", key="model_path").strip()
+    return choice
+
+
+def encode(model, text: str) -> torch.Tensor | None:
+    """Token ids of the prompt: through the model's tokenizer, or space-separated ids when it has none."""
+    try:
+        if model.tokenizer is None:
+            ids = [int(t) for t in text.split()]
+            return model.check_tokens(torch.tensor(ids, dtype=torch.long))
+        return model.check_tokens(model.to_tokens(text))
+    except ValueError as err:
+        st.error(f"Cannot use this prompt: {err}")
+        return None
+
+
+def token_labels(model, tokens: torch.Tensor) -> list[str]:
+    ids = tokens[0].tolist()
+    words = [str(i) for i in ids] if model.tokenizer is None else [model.to_string([i]) for i in ids]
+    return [f"{p}:{w!r}"[:24] for p, w in enumerate(words)]
+
+
+def show_attention(model, tokens, labels) -> None:
+    layer = st.slider("Layer", 0, model.cfg.n_layers - 1, 0, key="attn_layer")
+    head = st.slider("Head", 0, model.cfg.n_heads - 1, 0, key="attn_head")
+    with torch.inference_mode():
+        _, cache = model.run_with_cache(tokens, names_filter=f"blocks.{layer}.attn.hook_pattern")
+    pattern = cache[f"blocks.{layer}.attn.hook_pattern"][0, head].numpy()
+    fig = go.Figure(go.Heatmap(z=pattern, x=labels, y=labels, colorscale="Blues", zmin=0, zmax=1,
+                               hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.3f}<extra></extra>"))
+    fig.update_layout(title=f"Attention pattern, layer {layer} head {head}", yaxis_autorange="reversed",
+                      xaxis_title="key", yaxis_title="query", height=600)
+    st.plotly_chart(fig, key="attention")
+
+
+def show_residual_norms(model, tokens, labels) -> None:
+    from lab.analysis.lens import residual_norms
+
+    norms = residual_norms(model, tokens)[:, 0]  # [layer + 1, pos]
+    rows = [{"layer": l, "position": labels[p], "norm": float(norms[l, p])}
+            for l in range(norms.shape[0]) for p in range(norms.shape[1])]
+    fig = px.line(rows, x="layer", y="norm", color="position", markers=True,
+                  title="‖residual stream‖₂ entering each layer (last point: after the final block)")
+    st.plotly_chart(fig, key="norms")
+
+
+def show_logit_lens(model, tokens, labels) -> None:
+    from lab.analysis.lens import logit_lens
+
+    log_probs = logit_lens(model, tokens)[:, 0]  # [layer + 1, pos, vocab]
+    top_p, top_id = log_probs.exp().max(dim=-1)
+    names = ([str(i) for i in range(model.cfg.d_vocab)] if model.tokenizer is None else None)
+
+    def word(i: int) -> str:
+        return names[i] if names else repr(model.to_string([i]))
+
+    text = [[word(int(top_id[l, p])) for p in range(top_id.shape[1])] for l in range(top_id.shape[0])]
+    layers = [f"resid_pre {l}" for l in range(model.cfg.n_layers)] + ["final"]
+    fig = go.Figure(go.Heatmap(z=top_p.numpy(), x=labels, y=layers, text=text, texttemplate="%{text}",
+                               colorscale="Viridis", zmin=0, zmax=1,
+                               hovertemplate="%{y} at %{x}<br>top token %{text}<br>p = %{z:.3f}<extra></extra>"))
+    fig.update_layout(title="Logit lens: the top next token and its probability at each layer and position",
+                      height=150 + 40 * len(layers))
+    st.plotly_chart(fig, key="lens")
+
+
+def show_attribution(model, tokens, labels) -> None:
+    from lab.analysis.lens import direct_logit_attribution
+
+    if model.cfg.block != "pre_ln":
+        st.info("Direct logit attribution needs a pre-LN model.")
+        return
+    position = st.slider("Position", 0, tokens.shape[1] - 1, tokens.shape[1] - 1, key="dla_pos")
+    with torch.inference_mode():
+        predicted = int(model(tokens)[0, position].argmax())
+    default = predicted if model.tokenizer is None else model.to_string([predicted])
+    target_text = st.text_input("Target token (default: the model's top prediction)", value=str(default), key="dla_target")
+    try:
+        target = int(target_text) if model.tokenizer is None else model.to_single_token(target_text)
+        attribution = direct_logit_attribution(model, tokens[0], target, position)
+    except ValueError as err:
+        st.error(f"{err}")
+        return
+    fig = px.bar(x=attribution.labels, y=attribution.values.numpy(), labels={"x": "component", "y": "logit contribution"},
+                 title=f"Direct logit attribution of {target_text!r} at {labels[position]} (sum = logit {attribution.logit:.3f})")
+    st.plotly_chart(fig, key="dla")
+
+
+st.title("Explorer")
+name = choose_model()
+model = try_load_model(name) if name else None
+if model is None:
+    st.stop()
+st.caption(f"{model.cfg.n_layers} layers · d_model {model.cfg.d_model} · {model.cfg.n_heads} heads · "
+           f"positions {model.cfg.positions} · {model.cfg.norm} · {model.cfg.mlp} · vocab {model.cfg.d_vocab}")
+prompt = st.text_input("Prompt" + (" (space-separated token ids)" if model.tokenizer is None else ""),
+                       value=DEFAULT_PROMPTS.get(name, "1 2 3"), key="prompt")
+tokens = encode(model, prompt)
+if tokens is None:
+    st.stop()
+labels = token_labels(model, tokens)
+st.write("Tokens: " + " ".join(f"`{label}`" for label in labels))
+tabs = st.tabs(["Attention", "Residual stream", "Logit lens", "Attribution"])
+with tabs[0]:
+    show_attention(model, tokens, labels)
+with tabs[1]:
+    show_residual_norms(model, tokens, labels)
+with tabs[2]:
+    show_logit_lens(model, tokens, labels)
+with tabs[3]:
+    show_attribution(model, tokens, labels)

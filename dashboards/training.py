@@ -1,0 +1,32 @@
+"""Training curves of the zoo's models, read from models/<name>/train/metrics.jsonl."""
+
+import json
+
+import plotly.graph_objects as go
+import streamlit as st
+
+from dashboards.common import zoo_dir
+from lab.zoo import zoo_names
+
+st.title("Training curves")
+available = [n for n in zoo_names() if (zoo_dir() / n / "train" / "metrics.jsonl").is_file()]
+if not available:
+    st.info("No trained zoo model yet. Train one with `forma train pydoc` (or `make demo`).")
+    st.stop()
+name = st.selectbox("Model", available, key="curve_model")
+records = []
+for line in (zoo_dir() / name / "train" / "metrics.jsonl").read_text().splitlines():
+    try:
+        records.append(json.loads(line))
+    except json.JSONDecodeError:
+        continue
+if not records:
+    st.warning(f"models/{name}/train/metrics.jsonl holds no readable records; retrain with `forma train {name}`.")
+    st.stop()
+fig = go.Figure()
+fig.add_scatter(x=[r["step"] for r in records], y=[r.get("train_loss_nats") for r in records], name="train",
+                mode="lines")
+val = [r for r in records if r.get("val_loss_nats") is not None]
+fig.add_scatter(x=[r["step"] for r in val], y=[r["val_loss_nats"] for r in val], name="held-out", mode="lines+markers")
+fig.update_layout(title=f"{name}: cross-entropy (nats/token)", xaxis_title="step", yaxis_title="nats")
+st.plotly_chart(fig, key="curves")

@@ -1,0 +1,151 @@
+"""The dashboard in a real browser: Debian's Chromium driven by Playwright against `forma dashboard`'s server.
+
+In CI (CI=true) these tests must run: .ci/run installs chromium first, and a missing browser fails.
+Screenshots land in tests/screenshots/ so a person can look at what the dashboard shows.
+"""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import lab.zoo as zoo
+from lab import HookedTransformer, ModelConfig
+from lab.cli import dashboard_command
+from lab.tokenize import word_level
+
+CHROMIUM = "/usr/bin/chromium"
+SCREENSHOTS = Path(__file__).resolve().parent / "screenshots"
+RENDERED = ("[data-testid='stApp'][data-test-connection-state='CONNECTED']"
+            "[data-test-script-state='notRunning']")
+
+if not Path(CHROMIUM).exists():
+    if os.environ.get("CI") == "true":
+        raise RuntimeError("CI needs Debian's chromium at /usr/bin/chromium (.ci/run installs it)")
+    pytest.skip("Debian chromium is not installed (apt-get install chromium); CI runs these", allow_module_level=True)
+
+pytestmark = pytest.mark.browser
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A private zoo with a tiny English-ish model and a run folder with a real equations run."""
+    root = tmp_path_factory.mktemp("dashboard")
+    zoo_copy = root / "models"
+    for name in zoo.zoo_names():
+        (zoo_copy / name).mkdir(parents=True)
+        shutil.copy(zoo.DEFAULT_ZOO_DIR / name / "model.toml", zoo_copy / name / "model.toml")
+    tokenizer = word_level(["Return", "the", "number", "of", "items", "in", "list", "."])
+    cfg = ModelConfig(d_vocab=tokenizer.get_vocab_size(), d_model=32, n_layers=2, n_heads=4, n_ctx=32)
+    HookedTransformer(cfg, seed=0, tokenizer=tokenizer).save(zoo_copy / "pydoc")
+    env = os.environ | {"FORMA_ZOO_DIR": str(zoo_copy), "FORMA_RUNS_DIR": str(root / "runs")}
+    subprocess.run([sys.executable, "-m", "lab.cli", "run", "equations", "--quick"], env=env, check=True,
+                   capture_output=True, timeout=300)
+    return env
+
+
+@pytest.fixture(scope="module")
+def server(world):
+    port = free_port()
+    process = subprocess.Popen(dashboard_command(port), env=world, start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 90
+        while True:
+            try:
+                if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
+                    break
+            except OSError:
+                pass
+            if time.time() > deadline or process.poll() is not None:
+                raise RuntimeError("the dashboard server did not come up within 90 s")
+            time.sleep(0.5)
+        yield url
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=20)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    user_data = Path(os.environ.get("TMPDIR", "/tmp")) / f"forma-chromium-{os.getpid()}"
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(user_data), executable_path=CHROMIUM, headless=True, viewport={"width": 1280, "height": 1100},
+            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--disable-dev-shm-usage"])
+        try:
+            yield context
+        finally:
+            context.close()
+            shutil.rmtree(user_data, ignore_errors=True)
+
+
+def open_page(browser, url: str, errors: list[str]):
+    page = browser.new_page()
+    page.on("pageerror", lambda err: errors.append(str(err)))
+    page.goto(url)
+    wait_rendered(page)
+    return page
+
+
+def wait_rendered(page, timeout: float = 60_000) -> None:
+    page.wait_for_selector(RENDERED, timeout=timeout)
+    page.wait_for_function("!document.querySelector(\"[data-testid='stSkeleton']\") && "
+                           "!document.querySelector(\"[data-stale='true']\")", timeout=timeout)
+
+
+def no_exceptions(page) -> None:
+    assert page.locator("[data-testid='stException']").count() == 0
+
+
+def test_home_lists_the_zoo_and_the_experiments(server, browser):
+    errors: list[str] = []
+    page = open_page(browser, server, errors)
+    page.get_by_text("KL decomposition").first.wait_for()
+    assert "forma run kl" in page.content()
+    no_exceptions(page)
+    page.screenshot(path=str(SCREENSHOTS / "home.png"))
+    assert errors == []
+
+
+def test_explorer_draws_attention_and_the_logit_lens(server, browser):
+    errors: list[str] = []
+    page = open_page(browser, f"{server}/explorer", errors)
+    page.wait_for_selector("[data-testid='stPlotlyChart'] .main-svg", timeout=60_000)
+    no_exceptions(page)
+    page.get_by_role("tab", name="Logit lens").click()
+    page.locator("[role='tabpanel']:visible [data-testid='stPlotlyChart'] .main-svg").first.wait_for(timeout=60_000)
+    wait_rendered(page)
+    no_exceptions(page)
+    page.screenshot(path=str(SCREENSHOTS / "explorer.png"))
+    assert errors == []
+
+
+def test_equations_page_renders_every_check(server, browser):
+    errors: list[str] = []
+    page = open_page(browser, f"{server}/equations", errors)
+    page.get_by_text("checks pass").wait_for(timeout=60_000)
+    assert page.locator(".katex").count() >= 10  # st.latex rendered each equation
+    page.wait_for_selector("[data-testid='stPlotlyChart'] .main-svg", timeout=60_000)
+    no_exceptions(page)
+    page.screenshot(path=str(SCREENSHOTS / "equations.png"), full_page=True)
+    assert errors == []

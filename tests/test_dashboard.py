@@ -1,0 +1,127 @@
+"""The dashboard without a browser (Streamlit's AppTest): every page renders, with and without runs and models."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+import lab.zoo as zoo
+from lab import HookedTransformer, ModelConfig
+from lab.tokenize import word_level
+
+PAGES = Path(__file__).resolve().parents[1] / "dashboards"
+EXPERIMENT_PAGES = ["kl", "hallucination", "calibration", "equations"]
+
+
+@pytest.fixture
+def empty(tmp_path, monkeypatch):
+    """No runs and no trained model: a fresh clone."""
+    (tmp_path / "runs").mkdir()
+    zoo_copy = tmp_path / "models"
+    for name in zoo.zoo_names():
+        (zoo_copy / name).mkdir(parents=True)
+        shutil.copy(zoo.DEFAULT_ZOO_DIR / name / "model.toml", zoo_copy / name / "model.toml")
+    monkeypatch.setenv("FORMA_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("FORMA_ZOO_DIR", str(zoo_copy))
+    return tmp_path
+
+
+def heatmap_rows(chart) -> int:
+    z = json.loads(chart.proto.spec)["data"][0]["z"]
+    return int(z["shape"].split(",")[0]) if isinstance(z, dict) else len(z)  # plotly may encode arrays
+
+
+def page(name: str) -> AppTest:
+    return AppTest.from_file(str(PAGES / f"{name}.py"), default_timeout=60)
+
+
+def texts(at: AppTest) -> str:
+    return " ".join(str(e.value) for e in [*at.info, *at.warning, *at.error, *at.markdown])
+
+
+@pytest.mark.parametrize("name", ["home", "explorer", "training", *EXPERIMENT_PAGES])
+def test_every_page_renders_on_a_fresh_clone_and_says_what_to_run(empty, name):
+    at = page(name).run()
+    assert not at.exception, at.exception
+    said = texts(at)
+    expected = {"home": "forma run kl", "explorer": "forma train pydoc", "training": "forma train pydoc"}
+    assert expected.get(name, f"forma run {name}") in said
+
+
+@pytest.mark.parametrize("name", EXPERIMENT_PAGES)
+def test_a_corrupted_results_json_is_a_message_not_a_traceback(empty, name):
+    folder = empty / "runs" / name / "2026-01-01T00-00-00Z"
+    folder.mkdir(parents=True)
+    (folder / "results.json").write_text("{not json")
+    at = page(name).run()
+    assert not at.exception
+    assert "unreadable results.json" in texts(at)
+
+
+def _tiny_pydoc(zoo_copy: Path) -> HookedTransformer:
+    words = ["Return", "the", "number", "of", "items", "in", "list", "."]
+    tokenizer = word_level(words)
+    cfg = ModelConfig(d_vocab=tokenizer.get_vocab_size(), d_model=32, n_layers=2, n_heads=4, n_ctx=32)
+    model = HookedTransformer(cfg, seed=0, tokenizer=tokenizer)
+    model.save(zoo_copy / "pydoc")
+    return model
+
+
+def test_explorer_shows_every_view_of_a_model(empty):
+    _tiny_pydoc(empty / "models")
+    at = page("explorer").run()
+    assert not at.exception, at.exception
+    charts = at.get("plotly_chart")
+    assert len(charts) == 4  # attention, residual norms, logit lens, attribution
+    attention = json.loads(charts[0].proto.spec)
+    assert attention["data"][0]["type"] == "heatmap"
+    assert heatmap_rows(charts[0]) == 8  # "Return the number of items in the list." → 8 words
+    at.slider(key="attn_layer").set_value(1).run()
+    assert not at.exception
+    at.text_input(key="prompt").input("Return the items").run()
+    assert not at.exception
+    assert heatmap_rows(at.get("plotly_chart")[0]) == 3
+
+
+def test_explorer_reports_a_bad_prompt_and_a_missing_folder(empty):
+    _tiny_pydoc(empty / "models")
+    at = page("explorer").run()
+    at.text_input(key="prompt").input("").run()
+    assert not at.exception and "empty" in texts(at)
+    at.selectbox(key="model_choice").select("local folder…").run()
+    at.text_input(key="model_path").input(str(empty / "nowhere")).run()
+    assert not at.exception and "nowhere" in texts(at)
+
+
+def test_calibration_temperature_slider_recomputes_ece(empty):
+    import numpy as np
+    import pandas as pd
+
+    folder = empty / "runs" / "calibration" / "run1"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    logits = rng.normal(0, 3, (200, 4))
+    items = pd.DataFrame({f"option_logit_{k}": logits[:, k] for k in range(4)})
+    items["answer_index"] = rng.integers(0, 4, 200)
+    items.to_parquet(folder / "items.parquet")
+    (folder / "results.json").write_text(json.dumps({"mc": {"n": 200, "accuracy": 0.25}}))
+    at = page("calibration").run()
+    assert not at.exception, at.exception
+    before = [m.value for m in at.markdown if "ECE" in m.value]
+    at.slider(key="temperature").set_value(3.0).run()
+    after = [m.value for m in at.markdown if "ECE" in m.value]
+    assert before and after and before != after
+
+
+def test_training_curves_of_a_trained_model(empty):
+    train = empty / "models" / "markov" / "train"
+    train.mkdir(parents=True)
+    records = [{"step": s, "train_loss_nats": 3.0 - s / 10, **({"val_loss_nats": 3.1 - s / 10} if s % 5 == 0 else {})}
+               for s in range(1, 11)]
+    (train / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    at = page("training").run()
+    assert not at.exception
+    spec = json.loads(at.get("plotly_chart")[0].proto.spec)
+    assert [trace["name"] for trace in spec["data"]] == ["train", "held-out"]
