@@ -106,6 +106,27 @@ def show_attribution(model, tokens, labels) -> None:
     st.plotly_chart(fig, key="dla")
 
 
+def show_trust(name: str) -> None:
+    """The model's trust.json (`forma trust NAME`), if one was written."""
+    import json
+    from pathlib import Path
+
+    from lab.zoo import zoo_dir
+
+    folder = Path(name) if Path(name).is_dir() else zoo_dir() / name
+    path = folder / "trust.json"
+    with st.expander("Trust report", expanded=False):
+        if not path.is_file():
+            st.info(f"No trust report yet: run `forma trust {name}`.")
+            return
+        try:
+            from lab.trust import summary_lines
+
+            st.code("\n".join(summary_lines(json.loads(path.read_text()))))
+        except (ValueError, KeyError, TypeError) as err:
+            st.warning(f"{path} is unreadable ({err}); run `forma trust {name}` again.")
+
+
 st.title("Explorer")
 name = choose_model()
 model = try_load_model(name) if name else None
@@ -113,6 +134,7 @@ if model is None:
     st.stop()
 st.caption(f"{model.cfg.n_layers} layers · d_model {model.cfg.d_model} · {model.cfg.n_heads} heads · "
            f"positions {model.cfg.positions} · {model.cfg.norm} · {model.cfg.mlp} · vocab {model.cfg.d_vocab}")
+show_trust(name)
 prompt = st.text_input("Prompt" + (" (space-separated token ids)" if model.tokenizer is None else ""),
                        value=DEFAULT_PROMPTS.get(name, "1 2 3"), key="prompt")
 tokens = encode(model, prompt)

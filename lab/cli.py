@@ -21,6 +21,16 @@ def cmd_hooks(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_trust(args: argparse.Namespace) -> int:
+    """Check how far to trust a model's numbers; write trust.json beside it. Exit 1 if a check fails."""
+    from lab.trust import run_trust, summary_lines
+
+    report, path = run_trust(args.model)
+    print("\n".join(summary_lines(report)))
+    print(f"wrote {path}")
+    return 0 if report["passed"] else 1
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     """Train a zoo model from models/NAME/model.toml into models/NAME/."""
     from lab.zoo import build
@@ -109,6 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
     hooks.add_argument("model", help="zoo name, Forma model folder, or local Hugging Face folder")
     hooks.add_argument("--tokens", type=int, default=8, help="length of the probe sequence (default 8)")
     hooks.set_defaults(func=cmd_hooks)
+
+    trust = sub.add_parser("trust", help="check a model against HF, its own fast paths and bfloat16",
+                           description=cmd_trust.__doc__)
+    trust.add_argument("model", help="zoo name, Forma model folder, or local Hugging Face folder")
+    trust.set_defaults(func=cmd_trust)
 
     from lab.zoo import zoo_names
 
