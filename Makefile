@@ -19,6 +19,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.forward
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.peers
 
 demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/forma demo

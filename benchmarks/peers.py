@@ -1,0 +1,233 @@
+"""Forma against its peers on identical weights: forward, caching, generation, training, utilisation.
+
+Every figure is a median of interleaved rounds, and every ratio is to a peer measured in the same
+process on the same weights and inputs. Writes benchmarks/results/peers.json and
+benchmarks/results/summary.md.
+
+    forward          ours vs HF GPT-2 (sdpa, eager) at 4×256 and 8×512, batch 8 × 256 tokens
+    run_with_cache   all hooks, and one layer's resid_post, vs TransformerBridge (compatibility mode);
+                     bytes held by each cache
+    generation       tokens/s, our KV cache vs HF generate (greedy; sampling with top_k=0), 256 new tokens
+    training         one optimizer step vs HF GPT-2 on the same config and batch
+    utilisation      forward FLOPs/s over a torch.matmul peak measured on the same shapes in this run
+
+Targets: forward ≤ 1.0× HF sdpa; run_with_cache(all) ≤ 0.7× the bridge; generation ≥ 1.0× HF;
+training step ≤ 1.0× HF; forward utilisation ≥ 40% of the matmul peak at 8×512.
+"""
+
+import argparse
+import copy
+import tempfile
+import time
+from typing import Any
+
+import torch
+
+from benchmarks.timing import RESULTS, interleaved, machine, write
+from lab.hf import from_hf
+from lab.tokenize import to_hf_tokenizer, word_level
+
+VOCAB = 8192
+SIZES = {"4x256": (4, 256), "8x512": (8, 512)}
+
+
+def gpt2(layers: int, d_model: int, n_ctx: int, attn: str, device: str):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=layers, n_embd=d_model, n_head=d_model // 64, vocab_size=VOCAB, n_positions=n_ctx,
+                     bos_token_id=None, eos_token_id=None, attn_implementation=attn)
+    return GPT2LMHeadModel(cfg).eval().to(device)
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def timed(fn, device: str):
+    def run():
+        out = fn()
+        sync(device)
+        return out
+    return run
+
+
+def forward_flops(layers: int, d: int, batch: int, tokens: int) -> float:
+    """Matmul FLOPs of one forward pass: 2·(12·L·d²)·N for the blocks, 2·|V|·d·N for the unembedding, and
+    2·2·L·T·d·N for attention scores and values (causal: half of T·T on average, counted in full by sdpa)."""
+    n = batch * tokens
+    return 2 * 12 * layers * d * d * n + 2 * VOCAB * d * n + 4 * layers * tokens * d * n
+
+
+def matmul_peak(d: int, batch: int, tokens: int, device: str, rounds: int) -> float:
+    """FLOP/s of torch.matmul on the forward's dominant shapes: [N, d] × [d, 4d] and [N, d] × [d, |V|]."""
+    n = batch * tokens
+    a = torch.randn(n, d, device=device)
+    b1, b2 = torch.randn(d, 4 * d, device=device), torch.randn(d, VOCAB, device=device)
+    flops = 2 * n * d * 4 * d + 2 * n * d * VOCAB
+    t = interleaved({"mm": timed(lambda: (a @ b1, a @ b2), device)}, rounds=rounds)["mm"]["median_s"]
+    return flops / t
+
+
+def cache_bytes(cache: Any) -> int:
+    values = cache.cache_dict.values() if hasattr(cache, "cache_dict") else cache.values()
+    return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
+
+
+def bench_forward(device: str, rounds: int, batch: int, tokens: int) -> dict:
+    out = {}
+    for name, (layers, d) in SIZES.items():
+        hf_sdpa = gpt2(layers, d, 1024, "sdpa", device)
+        hf_eager = gpt2(layers, d, 1024, "eager", device)
+        hf_eager.load_state_dict(hf_sdpa.state_dict())
+        ours = from_hf(hf_sdpa).to(device)
+        x = torch.randint(0, VOCAB, (batch, tokens), device=device)
+        with torch.inference_mode():
+            diff = (ours(x) - hf_sdpa(x).logits).abs().max().item()
+            t = interleaved({"forma": timed(lambda: ours(x), device), "hf_sdpa": timed(lambda: hf_sdpa(x), device),
+                             "hf_eager": timed(lambda: hf_eager(x), device)}, rounds=rounds)
+        peak = matmul_peak(d, batch, tokens, device, rounds)
+        flops = forward_flops(layers, d, batch, tokens)
+        out[name] = {"timing": t, "max_abs_logit_diff": diff,
+                     "ratio_vs_hf_sdpa": t["forma"]["median_s"] / t["hf_sdpa"]["median_s"],
+                     "ratio_vs_hf_eager": t["forma"]["median_s"] / t["hf_eager"]["median_s"],
+                     "forward_flops": flops, "forma_flops_per_s": flops / t["forma"]["median_s"],
+                     "matmul_peak_flops_per_s": peak,
+                     "utilisation": flops / t["forma"]["median_s"] / peak}
+    return out
+
+
+def bench_cache(device: str, rounds: int, batch: int, tokens: int) -> dict:
+    from transformer_lens.model_bridge import TransformerBridge
+
+    layers, d = SIZES["4x256"]
+    hf = gpt2(layers, d, 1024, "sdpa", "cpu")
+    ours = from_hf(hf).to(device)
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer = to_hf_tokenizer(word_level([f"w{i}" for i in range(VOCAB - 4)]), tmp)
+        bridge = TransformerBridge.boot_transformers("gpt2", hf_model=copy.deepcopy(hf), tokenizer=tokenizer,
+                                                     device=device)
+    bridge.enable_compatibility_mode()
+    x = torch.randint(0, VOCAB, (batch, tokens), device=device)
+    one = f"blocks.{layers - 1}.hook_resid_post"
+    with torch.inference_mode():
+        t = interleaved({
+            "forma_forward": timed(lambda: ours(x), device),
+            "forma_cache_all": timed(lambda: ours.run_with_cache(x), device),
+            "bridge_cache_all": timed(lambda: bridge.run_with_cache(x), device),
+            "forma_cache_one": timed(lambda: ours.run_with_cache(x, names_filter=[one]), device),
+            "bridge_cache_one": timed(lambda: bridge.run_with_cache(x, names_filter=[one]), device),
+        }, rounds=rounds)
+        _, ours_all = ours.run_with_cache(x)
+        _, theirs_all = bridge.run_with_cache(x)
+        bytes_ours, bytes_theirs = cache_bytes(ours_all), cache_bytes(theirs_all)
+        del ours_all, theirs_all
+    med = {k: v["median_s"] for k, v in t.items()}
+    return {"timing": t, "cache_all_vs_bridge": med["forma_cache_all"] / med["bridge_cache_all"],
+            "cache_one_vs_bridge": med["forma_cache_one"] / med["bridge_cache_one"],
+            "cache_all_vs_own_forward": med["forma_cache_all"] / med["forma_forward"],
+            "cache_all_bytes": {"forma": bytes_ours, "bridge": bytes_theirs}}
+
+
+def bench_generation(device: str, rounds: int, new_tokens: int) -> dict:
+    layers, d = SIZES["4x256"]
+    hf = gpt2(layers, d, 1024, "sdpa", device)
+    ours = from_hf(hf).to(device)
+    prompt = torch.randint(0, VOCAB, (1, 16), device=device)
+    mask = torch.ones_like(prompt)
+    common = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, attention_mask=mask, pad_token_id=0)
+    with torch.inference_mode():
+        t = interleaved({
+            "forma_greedy": timed(lambda: ours.generate(prompt, new_tokens, temperature=0), device),
+            "hf_greedy": timed(lambda: hf.generate(prompt, do_sample=False, **common), device),
+            "forma_sample": timed(lambda: ours.generate(prompt, new_tokens, temperature=1.0, seed=0), device),
+            "hf_sample": timed(lambda: hf.generate(prompt, do_sample=True, top_k=0, **common), device),
+        }, rounds=rounds, warmup=1)
+    tps = {k: new_tokens / v["median_s"] for k, v in t.items()}
+    return {"new_tokens": new_tokens, "timing": t, "tokens_per_s": tps,
+            "greedy_speed_vs_hf": tps["forma_greedy"] / tps["hf_greedy"],
+            "sample_speed_vs_hf": tps["forma_sample"] / tps["hf_sample"]}
+
+
+def bench_training(device: str, rounds: int, batch: int, tokens: int) -> dict:
+    layers, d = SIZES["4x256"]
+    hf = gpt2(layers, d, 1024, "sdpa", device).train()
+    ours = from_hf(hf).to(device).train()
+    x = torch.randint(0, VOCAB, (batch, tokens), device=device)
+    opt_ours = torch.optim.AdamW(ours.parameters(), lr=1e-4)
+    opt_hf = torch.optim.AdamW(hf.parameters(), lr=1e-4)
+
+    def step_ours():
+        opt_ours.zero_grad(set_to_none=True)
+        ours.loss(x).backward()
+        opt_ours.step()
+
+    def step_hf():
+        opt_hf.zero_grad(set_to_none=True)
+        hf(x, labels=x).loss.backward()
+        opt_hf.step()
+
+    t = interleaved({"forma_step": timed(step_ours, device), "hf_step": timed(step_hf, device)}, rounds=rounds)
+    return {"timing": t, "step_vs_hf": t["forma_step"]["median_s"] / t["hf_step"]["median_s"]}
+
+
+def summary_markdown(results: dict) -> str:
+    f, c, g, tr = results["forward"], results["run_with_cache"], results["generation"], results["training"]
+    rows = [
+        ("forward 4×256 vs HF sdpa", f["4x256"]["ratio_vs_hf_sdpa"], "≤ 1.0×"),
+        ("forward 8×512 vs HF sdpa", f["8x512"]["ratio_vs_hf_sdpa"], "≤ 1.0×"),
+        ("forward 4×256 vs HF eager", f["4x256"]["ratio_vs_hf_eager"], "—"),
+        ("forward 8×512 vs HF eager", f["8x512"]["ratio_vs_hf_eager"], "—"),
+        ("run_with_cache(all) vs bridge", c["cache_all_vs_bridge"], "≤ 0.7×"),
+        ("run_with_cache(one resid_post) vs bridge", c["cache_one_vs_bridge"], "—"),
+        ("run_with_cache(all) vs own forward", c["cache_all_vs_own_forward"], "≤ 1.15×"),
+        ("generation speed vs HF (greedy)", g["greedy_speed_vs_hf"], "≥ 1.0×"),
+        ("generation speed vs HF (sampling, top_k=0)", g["sample_speed_vs_hf"], "≥ 1.0×"),
+        ("training step vs HF", tr["step_vs_hf"], "≤ 1.0×"),
+        ("forward utilisation at 8×512 (of matmul peak)", f["8x512"]["utilisation"], "≥ 0.40"),
+    ]
+    lines = [f"# Forma benchmarks ({results['device']})", "",
+             f"{results['machine']['utc']} · torch {results['machine']['torch']} · {results['machine']['threads']} threads · "
+             f"batch {results['shape']['batch']} × {results['shape']['tokens']} tokens · medians of {results['shape']['rounds']} "
+             "interleaved rounds", "", "| measure | value | target |", "|---|---|---|"]
+    lines += [f"| {name} | {value:.3f} | {target} |" for name, value, target in rows]
+    lines += ["", f"Cache bytes (all hooks): Forma {c['cache_all_bytes']['forma'] / 1e6:.1f} MB, bridge "
+              f"{c['cache_all_bytes']['bridge'] / 1e6:.1f} MB.",
+              f"Generation tokens/s: " + ", ".join(f"{k} {v:.1f}" for k, v in g["tokens_per_s"].items()) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--rounds", type=int, default=11)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--only", nargs="*", choices=["forward", "cache", "generation", "training"])
+    args = parser.parse_args()
+    sections = set(args.only or ["forward", "cache", "generation", "training"])
+    results: dict[str, Any] = {"device": args.device, "machine": machine(),
+                               "shape": {"batch": args.batch, "tokens": args.tokens, "rounds": args.rounds, "vocab": VOCAB}}
+    start = time.perf_counter()
+    if "forward" in sections:
+        results["forward"] = bench_forward(args.device, args.rounds, args.batch, args.tokens)
+    if "cache" in sections:
+        results["run_with_cache"] = bench_cache(args.device, args.rounds, args.batch, args.tokens)
+    if "generation" in sections:
+        results["generation"] = bench_generation(args.device, max(3, args.rounds // 3), args.new_tokens)
+    if "training" in sections:
+        results["training"] = bench_training(args.device, args.rounds, args.batch, args.tokens)
+    results["wall_s"] = time.perf_counter() - start
+    suffix = "" if args.device == "cpu" else f"_{args.device.split(':')[0]}"
+    path = write(f"peers{suffix}", results)
+    print(f"wrote {path}")
+    if sections == {"forward", "cache", "generation", "training"}:
+        summary = summary_markdown(results)
+        (RESULTS / f"summary{suffix}.md").write_text(summary)
+        print(summary)
+
+
+if __name__ == "__main__":
+    main()
