@@ -41,18 +41,40 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Train the default zoo models if they are missing, then show generations with per-token probabilities."""
-    import torch
+    """Fresh clone to filled-in dashboard: train missing zoo models, run each experiment's quick profile
+    that has no run yet, show generations with per-token probabilities, then serve the dashboard."""
+    import time
 
-    from lab import HookedTransformer
+    import experiments
+    from lab.runs import latest_run, run_and_record
     from lab.zoo import build, is_trained
 
+    start = time.perf_counter()
     for name in DEMO_MODELS:
         if is_trained(name):
             print(f"[demo] {name}: already trained")
         else:
             print(f"[demo] training {name}{' (quick)' if args.quick else ''} …", flush=True)
             build(name, quick=args.quick)
+    for name in experiments.experiment_names():
+        if latest_run(name) is not None:
+            print(f"[demo] {name}: a run exists ({latest_run(name)})")
+            continue
+        print(f"[demo] forma run {name} --quick …", flush=True)
+        module = experiments.load(name)
+        run_and_record(name, module.Config(quick=True), module.run, seed=0)
+    show_generations()
+    print(f"[demo] ready in {time.perf_counter() - start:.0f} s", flush=True)
+    if args.no_dashboard:
+        return 0
+    return cmd_dashboard(argparse.Namespace(port=args.port))
+
+
+def show_generations() -> None:
+    import torch
+
+    from lab import HookedTransformer
+
     model = HookedTransformer.from_pretrained("pydoc")
     print("\n[demo] pydoc generations (temperature 0.8, nucleus 0.95); each token with its probability:")
     for seed, prompt in enumerate(["Return the", "This module provides", "If the file"]):
@@ -64,7 +86,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
         pieces = [f"{model.to_string([t])!r}:{probs[i, t].item():.2f}" for i, t in enumerate(new.tolist())]
         print(f"  {prompt!r} → {model.to_string(new)!r}")
         print("    " + " ".join(pieces))
-    return 0
 
 
 DEMO_MODELS = ("markov", "facts", "pydoc")
@@ -149,8 +170,11 @@ def build_parser() -> argparse.ArgumentParser:
     dashboard.add_argument("--port", type=int, default=8501, help="port (default 8501)")
     dashboard.set_defaults(func=cmd_dashboard)
 
-    demo = sub.add_parser("demo", help="train missing zoo models, then show generations", description=cmd_demo.__doc__)
-    demo.add_argument("--quick", action="store_true", help="train missing models with their quick profile")
+    demo = sub.add_parser("demo", help="train missing models, run quick experiments, open the dashboard",
+                          description=cmd_demo.__doc__)
+    demo.add_argument("--quick", action="store_true", help="train missing zoo models with their quick profile")
+    demo.add_argument("--no-dashboard", action="store_true", help="stop before serving the dashboard")
+    demo.add_argument("--port", type=int, default=8501, help="dashboard port (default 8501)")
     demo.set_defaults(func=cmd_demo)
     return parser
 

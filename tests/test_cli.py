@@ -32,3 +32,28 @@ def test_unknown_model_is_a_clear_error_with_exit_code_2(capsys):
 def test_console_script_runs():
     out = subprocess.run([sys.executable, "-m", "lab.cli", "--version"], capture_output=True, text=True, check=True)
     assert out.stdout.startswith("forma ")
+
+
+def test_demo_fills_in_missing_runs_and_shows_generations(tmp_path, monkeypatch, capsys):
+    """The demo's flow on a private zoo whose models exist already: missing runs are made, none twice."""
+    import shutil
+
+    import experiments
+    import lab.zoo as zoo
+    from lab.tokenize import word_level
+
+    for name in zoo.zoo_names():
+        (tmp_path / "models" / name).mkdir(parents=True)
+        shutil.copy(zoo.DEFAULT_ZOO_DIR / name / "model.toml", tmp_path / "models" / name / "model.toml")
+        tokenizer = word_level(["Return", "the", "This", "module", "provides", "If", "file"])
+        model = HookedTransformer(tiny_config(d_vocab=tokenizer.get_vocab_size()), tokenizer=tokenizer)
+        model.save(tmp_path / "models" / name)
+    monkeypatch.setenv("FORMA_ZOO_DIR", str(tmp_path / "models"))
+    monkeypatch.setenv("FORMA_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setattr(experiments, "experiment_names", lambda: ["equations"])
+    assert main(["demo", "--no-dashboard"]) == 0
+    out = capsys.readouterr().out
+    assert "forma run equations --quick" in out and "pydoc generations" in out
+    assert len(list((tmp_path / "runs" / "equations").glob("*/results.json"))) == 1
+    assert main(["demo", "--no-dashboard"]) == 0
+    assert "equations: a run exists" in capsys.readouterr().out
