@@ -20,6 +20,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.forward
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.peers
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.activations
 
 demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/forma demo
