@@ -1,5 +1,6 @@
 """Explorer: a prompt's tokens, attention patterns, residual norms, the logit lens, direct logit attribution
-and activation patching, for any zoo model or local Hugging Face folder."""
+and activation patching, for any zoo model or local Hugging Face folder; for an encoder–decoder model,
+its translation and cross-attention patterns."""
 
 import plotly.express as px
 import plotly.graph_objects as go
@@ -9,7 +10,8 @@ import torch
 from dashboards.common import try_load_model
 from lab.zoo import zoo_names
 
-DEFAULT_PROMPTS = {"pydoc": "Return the number of items in the list.", "facts": "<bos> ", "markov": "1 2 3 4 5 6 7 8"}
+DEFAULT_PROMPTS = {"pydoc": "Return the number of items in the list.", "facts": "<bos> ", "markov": "1 2 3 4 5 6 7 8",
+                   "dates": "the third of march two thousand and five"}
 
 
 def choose_model() -> str:
@@ -127,8 +129,59 @@ def show_trust(name: str) -> None:
             st.warning(f"{path} is unreadable ({err}); run `forma trust {name}` again.")
 
 
+@st.cache_resource(show_spinner="Loading model…")
+def load_encoder_decoder(name_or_path: str):
+    from lab.model import EncoderDecoder
+
+    return EncoderDecoder.from_pretrained(name_or_path)
+
+
+def show_cross_attention(name: str) -> None:
+    """An encoder–decoder model: the greedy translation of a source and one cross-attention head as a
+    target × source heatmap (row t: the query that produced output token t)."""
+    try:
+        model = load_encoder_decoder(name)
+    except (ValueError, KeyError, OSError) as err:
+        st.error(f"Could not load `{name}`: {err}")
+        return
+    cfg = model.cfg
+    st.caption(f"encoder–decoder · {cfg.n_encoder_layers} + {cfg.n_decoder_layers} layers · d_model {cfg.d_model} · "
+               f"{cfg.n_heads} heads · positions {cfg.positions} · {cfg.block} · {cfg.mlp}")
+    if model.src_tokenizer is None or model.tgt_tokenizer is None:
+        st.warning(f"`{name}` has no tokenizers (src_tokenizer.json, tgt_tokenizer.json) to read a source with.")
+        return
+    text = st.text_input("Source", value=DEFAULT_PROMPTS.get(name, ""), key="source")
+    vocab = model.tgt_tokenizer
+    try:
+        src = torch.tensor([model.src_tokenizer.encode(text).ids], dtype=torch.long)
+        tgt = model.generate(src, cfg.n_ctx - 1, vocab.token_to_id("<bos>"), vocab.token_to_id("<eos>"))
+    except ValueError as err:
+        st.error(f"Cannot use this source: {err}")
+        return
+    outputs = [vocab.id_to_token(i) for i in tgt[0, 1:].tolist()]
+    st.write("Translation (greedy): " + " ".join(f"`{t}`" for t in outputs))
+    layer = st.slider("Decoder layer", 0, cfg.n_decoder_layers - 1, cfg.n_decoder_layers - 1, key="cross_layer")
+    head = st.slider("Head", 0, cfg.n_heads - 1, 0, key="cross_head")
+    hook = f"decoder.{layer}.cross_attn.hook_pattern"
+    with torch.inference_mode():
+        _, cache = model.run_with_cache(src, tgt[:, :-1], names_filter=hook)
+    source_labels = [f"{p}:{model.src_tokenizer.id_to_token(i)}" for p, i in enumerate(src[0].tolist())]
+    target_labels = [f"{p}:→{t}" for p, t in enumerate(outputs)]
+    fig = go.Figure(go.Heatmap(z=cache[hook][0, head].numpy(), x=source_labels, y=target_labels, colorscale="Blues",
+                               zmin=0, zmax=1, hovertemplate="output %{y}<br>source %{x}<br>weight %{z:.3f}<extra></extra>"))
+    fig.update_layout(title=f"Cross-attention, decoder layer {layer} head {head}", yaxis_autorange="reversed",
+                      xaxis_title="source token (key)", yaxis_title="target token produced (query)", height=600)
+    st.plotly_chart(fig, key="cross_attention")
+
+
 st.title("Explorer")
 name = choose_model()
+if name:
+    from lab.model.encoder_decoder import is_encoder_decoder
+
+    if is_encoder_decoder(name):
+        show_cross_attention(name)
+        st.stop()
 model = try_load_model(name) if name else None
 if model is None:
     st.stop()

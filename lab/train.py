@@ -56,8 +56,8 @@ from lab.model.transformer import CONFIG_FILE, WEIGHTS_FILE
 
 __all__ = ["DEMO_MODEL", "DEMO_TRAIN", "Batch", "Batches", "SequenceBatches", "TokenStream", "TrainConfig",
            "TrainResult", "TrainState", "batch_seed", "demo_markov", "estimate_loss", "find_checkpoint",
-           "get_batch", "get_lr", "init_distributed", "load_checkpoint", "make_optimizer", "save_checkpoint",
-           "summed_loss", "train"]
+           "get_batch", "get_lr", "init_distributed", "load_checkpoint", "make_optimizer", "PairBatches",
+           "save_checkpoint", "summed_loss", "train", "train_seq2seq"]
 
 logger = logging.getLogger(__name__)
 
@@ -614,6 +614,87 @@ def _read_metrics(path: Path) -> list[dict[str, Any]]:
                 break
             raise ValueError(f"{path}:{number}: malformed metrics line ({err})") from err
     return records
+
+
+# --- encoder–decoder models ---------------------------------------------------------------------
+class PairBatches:
+    """(source, target) id pairs for an encoder–decoder model, grouped by (source length, target length)
+    so that no batch needs padding or a padding mask. Batch `index` of a split draws one group with
+    probability ∝ its size, then `batch_size` of its pairs with replacement, from a generator seeded by
+    (seed, split, index): a pure function of its arguments, like every `Batches`."""
+
+    def __init__(self, train_pairs: list[tuple[list[int], list[int]]], val_pairs: list[tuple[list[int], list[int]]]):
+        self.groups: dict[str, list[tuple[Tensor, Tensor]]] = {}
+        for split, pairs in (("train", train_pairs), ("val", val_pairs)):
+            if not pairs:
+                raise ValueError(f"PairBatches: no {split} pairs")
+            by_shape: dict[tuple[int, int], list[tuple[list[int], list[int]]]] = {}
+            for src, tgt in pairs:
+                by_shape.setdefault((len(src), len(tgt)), []).append((src, tgt))
+            self.groups[split] = [(torch.tensor([s for s, _ in group]), torch.tensor([t for _, t in group]))
+                                  for _, group in sorted(by_shape.items())]
+
+    def get_batch(self, split: str, index: int, batch_size: int, seed: int) -> tuple[Tensor, Tensor]:
+        generator = torch.Generator().manual_seed(batch_seed(seed, split, index))
+        groups = self.groups[split]
+        sizes = torch.tensor([len(src) for src, _ in groups], dtype=torch.float)
+        src, tgt = groups[int(torch.multinomial(sizes, 1, generator=generator))]
+        rows = torch.randint(len(src), (batch_size,), generator=generator)
+        return src[rows], tgt[rows]
+
+
+def train_seq2seq(model: torch.nn.Module, cfg: TrainConfig, data: PairBatches, out_dir: str | Path | None = None,
+                  progress: bool = True) -> TrainResult:
+    """Train an encoder–decoder model (`model.loss(src, tgt)`, teacher forcing) in place, with `train`'s
+    optimizer (`make_optimizer`) and schedule (`get_lr`); one process, no checkpoints or resumption
+    (`cfg.seq_len` is unused: the pairs set the lengths). Writes out_dir/metrics.jsonl, one line per step."""
+    device = _device(cfg.device)
+    model.to(device)
+    optimizer = make_optimizer(model, cfg)
+    torch.manual_seed(cfg.seed)
+    metrics_path = None if out_dir is None else Path(out_dir) / METRICS_FILE
+    if metrics_path is not None:
+        atomic_write(metrics_path, lambda path: path.write_text(""))
+
+    @torch.no_grad()
+    def held_out_loss() -> float:
+        model.eval()
+        losses = [model.loss(*(t.to(device) for t in data.get_batch("val", i, cfg.batch_size, EVAL_SEED))).item()
+                  for i in range(cfg.eval_batches)]
+        model.train()
+        return sum(losses) / len(losses)
+
+    history: list[dict[str, Any]] = []
+    best, train_loss, started = None, None, time.perf_counter()
+    model.train()
+    bar = tqdm(range(cfg.steps), unit="step", disable=not progress)
+    for step in bar:
+        lr = get_lr(step, cfg)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        src, tgt = (t.to(device) for t in data.get_batch("train", step, cfg.batch_size, cfg.seed))
+        loss = model.loss(src, tgt)
+        loss.backward()
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        train_loss = loss.item()
+        if not math.isfinite(train_loss):
+            raise FloatingPointError(f"training diverged at step {step + 1}: train loss is {train_loss} (lr {lr:.3g})")
+        record = {"step": step + 1, "lr": lr, "train_loss_nats": train_loss}
+        if (step + 1) % cfg.eval_interval == 0 or step + 1 == cfg.steps:
+            record["val_loss_nats"] = val_loss = held_out_loss()
+            best = val_loss if best is None else min(best, val_loss)
+            (logger.info if bar.disable else bar.write)(
+                f"step {step + 1:>6}/{cfg.steps} | lr {lr:.2e} | train {train_loss:.4f} nats | val {val_loss:.4f} nats")
+        record["elapsed_s"] = round(time.perf_counter() - started, 3)
+        history.append(record)
+        if metrics_path is not None:
+            with metrics_path.open("a") as f:
+                f.write(json.dumps(record) + "\n")
+    model.eval()
+    return TrainResult(cfg.steps, train_loss, best, history)
 
 
 # --- torchrun entry point -----------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """The model zoo: `models/<name>/model.toml` is a recipe; `forma train NAME` builds its weights there.
 
 A recipe has four tables:
-    [world]   where the data comes from (kind = "markov" | "hmm" | "facts" | "pydoc") and its parameters
-    [model]   ModelConfig fields (d_vocab comes from the world)
+    [world]   where the data comes from (kind = "markov" | "hmm" | "facts" | "pydoc" | "dates") and its parameters
+    [model]   ModelConfig fields (d_vocab comes from the world); or kind = "encoder_decoder" and
+              EncoderDecoderConfig fields (d_vocab_src, d_vocab_tgt from a translation world: "dates")
     [train]   TrainConfig fields
     [quick]   overrides for `--quick` (quick.world, quick.model, quick.train), for tests and the demo
 
@@ -94,10 +95,12 @@ class WorldData:
     val_mask: torch.Tensor | None = None
 
 
-def build_world(spec: dict[str, Any], n_ctx: int, seq_len: int | None = None) -> WorldData:
-    """Tokens for a recipe's world; sequence worlds come as rows of `seq_len` (default n_ctx) tokens."""
+def build_world(spec: dict[str, Any], n_ctx: int, seq_len: int | None = None) -> Any:
+    """Tokens for a recipe's world; sequence worlds come as rows of `seq_len` (default n_ctx) tokens, a
+    translation world ("dates") as a `lab.data.dates.TranslationData` of (source, target) pairs."""
     kind = spec.get("kind")
-    builders = {"markov": _source_world, "hmm": _source_world, "facts": _facts_world, "pydoc": _pydoc_world}
+    builders = {"markov": _source_world, "hmm": _source_world, "facts": _facts_world, "pydoc": _pydoc_world,
+                "dates": _dates_world}
     if kind not in builders:
         raise ValueError(f"world kind must be one of {sorted(builders)}, got {kind!r}")
     return builders[kind](dict(spec), seq_len or n_ctx)
@@ -151,6 +154,12 @@ def _pad(rows: list[list[int]], pad_id: int, length: int) -> tuple[torch.Tensor,
     return ids, mask
 
 
+def _dates_world(spec: dict[str, Any], seq_len: int) -> Any:
+    from lab.data.dates import dates_world
+
+    return dates_world(spec["n_train"], spec["n_held_out"], seed=spec.get("seed", 0))
+
+
 def _pydoc_world(spec: dict[str, Any], seq_len: int) -> WorldData:
     from lab.data.text import split_text, stdlib_docstrings, train_bpe
 
@@ -198,9 +207,17 @@ def build(name: str, quick: bool = False, progress: bool = True, out: Path | Non
     recipe = load_recipe(name, quick=quick)
     directory = Path(out) if out is not None else zoo_dir() / name
     directory.mkdir(parents=True, exist_ok=True)
+    kind = recipe["model"].pop("kind", "decoder_only")
+    if kind == "encoder_decoder":
+        return _build_encoder_decoder(name, recipe, directory, quick, progress, resume)
+    if kind != "decoder_only":
+        raise ValueError(f"recipe {name}: [model] kind must be 'decoder_only' or 'encoder_decoder', got {kind!r}")
     start = time.perf_counter()
     n_ctx = recipe["model"]["n_ctx"]
     data = build_world(recipe["world"], n_ctx, recipe["train"].get("seq_len"))
+    if not isinstance(data, WorldData):
+        raise ValueError(f"recipe {name}: a {recipe['world']['kind']!r} world gives (source, target) pairs; "
+                         "it needs [model] kind = \"encoder_decoder\"")
     cfg = ModelConfig.from_dict(recipe["model"] | {"d_vocab": data.d_vocab, "tokenizer": name})
     train_cfg = TrainConfig.from_dict(recipe["train"])
     model = HookedTransformer(cfg, seed=train_cfg.seed, tokenizer=data.tokenizer)
@@ -221,6 +238,47 @@ def build(name: str, quick: bool = False, progress: bool = True, out: Path | Non
     }
     if recipe["world"]["kind"] == "pydoc":
         card |= _english_card(model, data)
+    write_json(directory / "card.json", card)
+    return directory
+
+
+def _build_encoder_decoder(name: str, recipe: dict[str, Any], directory: Path, quick: bool, progress: bool,
+                           resume: bool) -> Path:
+    """`build` for `[model] kind = "encoder_decoder"`: a translation world, `train_seq2seq`, and a card
+    with the held-out exact match of greedy, KV-cached decoding."""
+    from lab.data.dates import TranslationData, exact_match
+    from lab.model import EncoderDecoder, EncoderDecoderConfig
+    from lab.runs import provenance, write_json
+    from lab.train import PairBatches, TrainConfig, train_seq2seq
+
+    if resume:
+        raise ValueError(f"{name} is an encoder–decoder model: it trains in one go, with no checkpoint to resume")
+    start = time.perf_counter()
+    data = build_world(recipe["world"], recipe["model"]["n_ctx"])
+    if not isinstance(data, TranslationData):
+        raise ValueError(f"recipe {name}: an encoder_decoder model needs a translation world (kind = \"dates\"), "
+                         f"got {recipe['world']['kind']!r}")
+    cfg = EncoderDecoderConfig.from_dict(recipe["model"] | {"d_vocab_src": data.src_tokenizer.get_vocab_size(),
+                                                            "d_vocab_tgt": data.tgt_tokenizer.get_vocab_size(),
+                                                            "tokenizer": name})
+    train_cfg = TrainConfig.from_dict(recipe["train"])
+    model = EncoderDecoder(cfg, seed=train_cfg.seed, src_tokenizer=data.src_tokenizer, tgt_tokenizer=data.tgt_tokenizer)
+    world_s = time.perf_counter() - start
+    result = train_seq2seq(model, train_cfg, PairBatches(data.train, data.held_out), out_dir=directory / "train",
+                           progress=progress)
+    train_s = time.perf_counter() - start - world_s
+    model.eval().save(directory)
+    write_json(directory / "world.json", data.world)
+    samples = []
+    for src, tgt in data.held_out[:5]:
+        source = data.src_tokenizer.decode(src)
+        samples.append({"source": source, "prediction": "".join(model.translate(source)),
+                        "truth": "".join(data.tgt_tokenizer.id_to_token(i) for i in tgt[1:-1])})
+    card = {"name": name, "quick": quick, "n_params": sum(p.numel() for p in model.parameters()),
+            "world_build_s": world_s, "train_s": train_s, "steps": result.step,
+            "final_train_loss_nats": result.train_loss_nats, "best_val_loss_nats": result.best_val_loss_nats,
+            "held_out_exact_match": exact_match(model, data.held_out), "n_held_out": len(data.held_out),
+            "n_train": len(data.train), "samples": samples, "provenance": provenance(train_cfg.seed)}
     write_json(directory / "card.json", card)
     return directory
 

@@ -48,7 +48,7 @@ def test_quick_recipes_build_load_and_learn(name, zoo_dir):
 def test_untrained_and_unknown_names_are_clear_errors(zoo_dir):
     with pytest.raises(FileNotFoundError, match="forma train markov"):
         HookedTransformer.from_pretrained("markov")
-    with pytest.raises(ValueError, match="zoo models: facts, markov, pydoc"):
+    with pytest.raises(ValueError, match="zoo models: dates, facts, markov, pydoc"):
         HookedTransformer.from_pretrained("gpt5")
 
 

@@ -170,18 +170,23 @@ class Rotary(nn.Module):
 
 
 class Attention(nn.Module):
-    """Causal multi-head attention, with grouped key/value heads when n_kv_heads < n_heads.
+    """Multi-head attention, causal by default, with grouped key/value heads when n_kv_heads < n_heads.
 
-        q = x W_Q + b_Q,  k = x W_K + b_K,  v = x W_V + b_V                 (per head)
+        q = x W_Q + b_Q,  k = y W_K + b_K,  v = y W_V + b_V                 (per head; y = x or kv_input)
         A = softmax(q kᵀ / √d_head + M),  M_ij = −∞ for j > i, else 0      (the causal mask)
         z = A v,   attn_out = Σ_h z^h W_O^h + b_O
 
     Query head h reads key/value head ⌊h · n_kv_heads / n_heads⌋. With a KV cache the new keys and
     values are appended, and query i sits at absolute position offset + i.
+
+    `causal=False` drops the mask (M = 0): an encoder's self-attention, or cross-attention, where
+    `kv_input` (the encoder's output) gives the keys and values and x only the queries (Vaswani et al.
+    2017, §3.2.3). Rotary is a self-attention position code, so it is not applied across sequences.
     """
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, causal: bool = True):
         super().__init__()
+        self.causal = causal
         h, kv, d, dh = cfg.n_heads, cfg.n_kv_heads, cfg.d_model, cfg.d_head
         self.n_heads, self.n_kv_heads, self.d_head = h, kv, dh
         self.W_Q = _normal((h, d, dh), cfg.init_std)
@@ -196,7 +201,7 @@ class Attention(nn.Module):
             for name in ("b_Q", "b_K", "b_V", "b_O"):
                 self.register_parameter(name, None)
         self.hook_q = HookPoint()  # [batch, pos, head_index, d_head]
-        self.hook_k = HookPoint()  # [batch, pos, kv_head_index, d_head]
+        self.hook_k = HookPoint()  # [batch, pos, kv_head_index, d_head]  (pos: kv_input's in cross-attention)
         self.hook_v = HookPoint()  # [batch, pos, kv_head_index, d_head]
         self.rotates = cfg.positions == "rotary"
         if self.rotates:  # a hook point exists only where its activation does
@@ -217,13 +222,15 @@ class Attention(nn.Module):
         return self.hook_attn_scores.has_hooks() or self.hook_pattern.has_hooks()
 
     def forward(
-        self, x: Float[Tensor, "batch pos d_model"], cache: KVCacheEntry | None = None
+        self, x: Float[Tensor, "batch pos d_model"], cache: KVCacheEntry | None = None,
+        kv_input: Float[Tensor, "batch kv_pos d_model"] | None = None,
     ) -> Float[Tensor, "batch pos d_model"]:
         offset = 0 if cache is None else cache.length
+        source = x if kv_input is None else kv_input
         q = self.hook_q(self._project(x, self.W_Q, self.b_Q))
-        k = self.hook_k(self._project(x, self.W_K, self.b_K))
-        v = self.hook_v(self._project(x, self.W_V, self.b_V))
-        if self.rotates:
+        k = self.hook_k(self._project(source, self.W_K, self.b_K))
+        v = self.hook_v(self._project(source, self.W_V, self.b_V))
+        if self.rotates and kv_input is None:
             q = self.hook_rot_q(self.rotary(q, offset))
             k = self.hook_rot_k(self.rotary(k, offset))
         if cache is not None:
@@ -242,7 +249,10 @@ class Attention(nn.Module):
         return out if self.b_O is None else out + self.b_O
 
     def _causal_mask(self, q_len: int, k_len: int, offset: int, device: torch.device) -> Tensor:
-        """Boolean [q_len, k_len]: True where query i (at offset + i) may attend to key j (j ≤ offset + i)."""
+        """Boolean [q_len, k_len]: True where query i (at offset + i) may attend to key j (j ≤ offset + i);
+        True everywhere when the attention is not causal."""
+        if not self.causal:
+            return torch.ones(q_len, k_len, dtype=torch.bool, device=device)
         i = torch.arange(q_len, device=device)[:, None] + offset
         j = torch.arange(k_len, device=device)[None, :]
         return j <= i
@@ -262,10 +272,10 @@ class Attention(nn.Module):
         q_len, k_len = q.shape[1], k.shape[1]
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [batch, head, pos, d_head]
         gqa = self.n_kv_heads != self.n_heads
-        if q_len == k_len:  # no cached prefix: the plain causal mask
-            z = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-        elif q_len == 1:  # one new token sees every cached key
+        if not self.causal or q_len == 1:  # no mask, or one new token that sees every cached key
             z = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+        elif q_len == k_len:  # no cached prefix: the plain causal mask
+            z = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         else:
             mask = self._causal_mask(q_len, k_len, offset, q.device)
             z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
@@ -330,10 +340,10 @@ class GatedMLP(nn.Module):
 # Blocks
 # --------------------------------------------------------------------------------------------
 class _Block(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, causal: bool = True):  # causal=False: an encoder block
         super().__init__()
         self.ln1 = NORMS[cfg.norm](cfg)
-        self.attn = Attention(cfg)
+        self.attn = Attention(cfg, causal)
         self.ln2 = NORMS[cfg.norm](cfg)
         self.mlp = MLPS[cfg.mlp](cfg)
         self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]

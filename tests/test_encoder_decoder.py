@@ -1,0 +1,248 @@
+"""The encoder–decoder: torch.nn.Transformer on identical weights, masks, the KV cache, hooks, checkpoints, the
+dates world and its zoo recipe, and the explorer's cross-attention view."""
+
+import datetime
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import lab.zoo as zoo
+from lab.data.dates import date_words, dates_world, exact_match, ordinal, year_words
+from lab.model import EncoderDecoder, EncoderDecoderConfig, HookedTransformer, KVCache
+from lab.model.components import sinusoidal_table
+
+SRC_VOCAB, TGT_VOCAB, D_MODEL, N_CTX = 30, 20, 32, 32
+
+
+def tiny(**changes) -> EncoderDecoder:
+    base = dict(d_vocab_src=SRC_VOCAB, d_vocab_tgt=TGT_VOCAB, d_model=D_MODEL, n_heads=4, n_encoder_layers=2,
+                n_decoder_layers=2, n_ctx=N_CTX)
+    return EncoderDecoder(EncoderDecoderConfig(**(base | changes)), seed=1).eval()
+
+
+@pytest.fixture
+def src() -> torch.Tensor:
+    return torch.randint(0, SRC_VOCAB, (3, 9), generator=torch.Generator().manual_seed(0))
+
+
+@pytest.fixture
+def tgt() -> torch.Tensor:
+    return torch.randint(0, TGT_VOCAB, (3, 7), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models gain nothing from intra-op threads, and on a busy shared machine OpenMP's spinning
+    threads make them an order of magnitude slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+# --- torch.nn.Transformer on identical weights -------------------------------------------------
+@pytest.mark.filterwarnings("ignore:enable_nested_tensor")  # torch's note that pre-LN skips its fast path
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post_ln", "pre_ln"])
+def test_matches_torch_transformer_on_identical_weights(norm_first, src, tgt):
+    torch.manual_seed(0)
+    reference = nn.Transformer(d_model=D_MODEL, nhead=4, num_encoder_layers=2, num_decoder_layers=2,
+                               dim_feedforward=64, dropout=0.0, batch_first=True, norm_first=norm_first).eval()
+    src_embed, tgt_embed = nn.Embedding(SRC_VOCAB, D_MODEL), nn.Embedding(TGT_VOCAB, D_MODEL)
+    out_proj = nn.Linear(D_MODEL, TGT_VOCAB)
+    with torch.no_grad():  # fresh LayerNorms are the identity: randomise them so a misplaced one cannot hide
+        for name, p in reference.named_parameters():
+            if "norm" in name:
+                p.add_(0.3 * torch.randn_like(p))
+    model = EncoderDecoder.from_torch(reference, src_embed, tgt_embed, out_proj, n_ctx=N_CTX)
+    assert model.cfg.block == ("pre_ln" if norm_first else "post_ln") and model.cfg.mlp == "relu"
+    pe = sinusoidal_table(N_CTX, D_MODEL)
+    S, T = src.shape[1], tgt.shape[1]
+    with torch.no_grad():
+        expected = out_proj(reference(src_embed(src) + pe[:S], tgt_embed(tgt) + pe[:T],
+                                      tgt_mask=nn.Transformer.generate_square_subsequent_mask(T), tgt_is_causal=True))
+        fused = model(src, tgt)
+        _, cache = model.run_with_cache(src, tgt)  # asks for every pattern: the explicit attention path
+    torch.testing.assert_close(fused, expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(cache["hook_logits"], expected, atol=1e-5, rtol=0)
+
+
+# --- what each stack may see -------------------------------------------------------------------
+@pytest.mark.parametrize("block", ["post_ln", "pre_ln"])
+def test_the_decoder_cannot_see_future_target_tokens(block, src, tgt):
+    model = tiny(block=block)
+    changed = tgt.clone()
+    changed[:, 4:] = (changed[:, 4:] + 1) % TGT_VOCAB
+    with torch.no_grad():
+        before, after = model(src, tgt), model(src, changed)
+        _, cache = model.run_with_cache(src, tgt, names_filter="decoder.0.attn.hook_pattern")
+    torch.testing.assert_close(after[:, :4], before[:, :4], atol=1e-6, rtol=0)
+    assert (after[:, 4:] - before[:, 4:]).abs().max() > 1e-4
+    future = torch.triu(torch.ones(tgt.shape[1], tgt.shape[1], dtype=torch.bool), diagonal=1)
+    assert cache["decoder.0.attn.hook_pattern"][..., future].abs().max() == 0
+
+
+def test_the_encoder_sees_every_source_token(src, tgt):
+    model = tiny()
+    changed = src.clone()
+    changed[:, -1] = (changed[:, -1] + 1) % SRC_VOCAB
+    with torch.no_grad():
+        first_before, first_after = model.encode(src)[:, 0], model.encode(changed)[:, 0]
+        _, cache = model.run_with_cache(src, tgt, names_filter=["encoder.0.attn.hook_pattern",
+                                                                "decoder.0.cross_attn.hook_pattern"])
+    assert (first_after - first_before).abs().max() > 1e-4  # position 0 reads the last source token
+    assert cache["encoder.0.attn.hook_pattern"].shape == (3, 4, 9, 9)
+    assert cache["encoder.0.attn.hook_pattern"].min() > 0  # no mask: every key has weight
+    assert cache["decoder.0.cross_attn.hook_pattern"].shape == (3, 4, 7, 9)  # target queries × source keys
+
+
+def test_fused_and_explicit_attention_agree_in_every_stack(src, tgt):
+    model = tiny(block="pre_ln")
+    with torch.no_grad():
+        fused = model(src, tgt)
+        explicit = model.run_with_hooks(src, tgt, fwd_hooks=[
+            (f"{stack}.{l}.{attn}.hook_pattern", lambda pattern, hook: None)
+            for stack, attn in (("encoder", "attn"), ("decoder", "attn"), ("decoder", "cross_attn")) for l in range(2)])
+    torch.testing.assert_close(explicit, fused, atol=1e-5, rtol=0)
+
+
+# --- decoding ------------------------------------------------------------------------------------
+def test_cached_decoding_equals_recompute(src, tgt):
+    model = tiny()
+    with torch.no_grad():
+        full = model(src, tgt)
+        encoder_out = model.encode(src)
+        cache = KVCache.empty(model.cfg.n_decoder_layers)
+        steps = [model.decode(tgt[:, :3], encoder_out, cache)]  # a prefix, then one token at a time
+        steps += [model.decode(tgt[:, t : t + 1], encoder_out, cache) for t in range(3, tgt.shape[1])]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
+    cached = model.generate(src, 12, bos_token_id=2, use_kv_cache=True)
+    recomputed = model.generate(src, 12, bos_token_id=2, use_kv_cache=False)
+    assert cached.shape == (3, 13) and torch.equal(cached, recomputed)
+
+
+def test_generate_stops_at_eos_and_checks_its_inputs(src):
+    model = tiny()
+    eos = int(model.generate(src, 1, bos_token_id=2)[0, 1])  # what row 0 emits first
+    out = model.generate(src, 10, bos_token_id=2, eos_token_id=eos)
+    assert (out[0, 1:] == eos).all()  # a row that emitted <eos> keeps emitting it
+    with pytest.raises(ValueError, match="n_ctx"):
+        model.generate(src, N_CTX, bos_token_id=2)
+    with pytest.raises(ValueError, match=r"source token ids must lie in \[0, 30\)"):
+        model.encode(src + SRC_VOCAB)
+    with pytest.raises(ValueError, match="integer ids"):
+        model.encode(src.float())
+
+
+# --- hooks and checkpoints -----------------------------------------------------------------------
+def test_hook_names_and_scoped_hooks(src, tgt):
+    model = tiny()
+    for name in ("hook_src_embed", "hook_src_pos_embed", "encoder.0.attn.hook_pattern", "encoder.1.hook_resid_post",
+                 "encoder.0.hook_resid_mid", "encoder_ln_final.hook_normalized", "hook_encoder_out", "hook_tgt_embed",
+                 "decoder.0.attn.hook_pattern", "decoder.1.cross_attn.hook_pattern", "decoder.0.hook_resid_mid",
+                 "decoder.0.hook_cross_attn_out", "decoder.0.hook_resid_mid_cross", "decoder.1.hook_resid_post",
+                 "decoder.0.ln_cross.hook_normalized", "decoder_ln_final.hook_scale", "hook_logits"):
+        assert name in model.hook_dict, name
+    with torch.no_grad():
+        plain = model(src, tgt)
+        silent = model.run_with_hooks(src, tgt, fwd_hooks=[(n, lambda x, hook: None) for n in model.hook_dict])
+    torch.testing.assert_close(silent, plain, atol=1e-5, rtol=0)
+
+    def boom(x, hook):
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        model.run_with_hooks(src, tgt, fwd_hooks=[("decoder.0.cross_attn.hook_pattern", boom)])
+    assert all(not hp.has_hooks() for hp in model.hook_dict.values())  # cleaned up after the raise
+    with pytest.raises(KeyError, match="did you mean"):
+        model.run_with_cache(src, tgt, names_filter="decoder.0.cross_attn.hook_patern")
+
+
+def test_save_load_round_trip_and_strict_config(tmp_path, src, tgt):
+    world = dates_world(20, 5)
+    model = tiny(block="pre_ln", positions="learned")
+    model.src_tokenizer, model.tgt_tokenizer = world.src_tokenizer, world.tgt_tokenizer
+    model.save(tmp_path / "m")
+    loaded = EncoderDecoder.from_pretrained(tmp_path / "m")
+    assert loaded.cfg == model.cfg and loaded.tgt_tokenizer.get_vocab() == world.tgt_tokenizer.get_vocab()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(src, tgt), model(src, tgt), atol=0, rtol=0)
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config | {"n_layer": 2}))
+    with pytest.raises(ValueError, match=r"unknown keys \['n_layer'\]"):
+        EncoderDecoder.load(tmp_path / "m")
+    with pytest.raises(ValueError, match="malformed config"):  # not a decoder-only folder, and says so
+        HookedTransformer.load(tmp_path / "m")
+    with pytest.raises(ValueError, match="positions must be one of"):
+        EncoderDecoderConfig(d_vocab_src=5, d_vocab_tgt=5, d_model=8, n_heads=2, n_encoder_layers=1,
+                             n_decoder_layers=1, n_ctx=8, positions="rotary")
+    with pytest.raises(ValueError, match="not divisible"):
+        EncoderDecoderConfig(d_vocab_src=5, d_vocab_tgt=5, d_model=10, n_heads=4, n_encoder_layers=1,
+                             n_decoder_layers=1, n_ctx=8)
+
+
+# --- the dates world and its zoo recipe ----------------------------------------------------------
+def test_dates_are_written_as_people_say_them():
+    assert [ordinal(n) for n in (1, 2, 3, 12, 20, 21, 30, 31)] == [
+        "first", "second", "third", "twelfth", "twentieth", "twenty first", "thirtieth", "thirty first"]
+    assert [year_words(y) for y in (1900, 1907, 1984, 2000, 2005, 2042)] == [
+        "nineteen hundred", "nineteen oh seven", "nineteen eighty four", "two thousand", "two thousand and five",
+        "two thousand and forty two"]
+    assert date_words(datetime.date(2005, 3, 3), 0) == "the third of march two thousand and five"
+
+
+def test_held_out_days_never_occur_in_training():
+    world = dates_world(3000, 300, seed=3)
+    unk = world.src_tokenizer.token_to_id("<unk>")
+    train_days = {tuple(t) for _, t in world.train}
+    held_out_days = {tuple(t) for _, t in world.held_out}
+    assert len(train_days) == 3000 and len(held_out_days) == 300 and not train_days & held_out_days
+    assert all(unk not in s for s, _ in world.train + world.held_out)
+
+
+def test_quick_dates_recipe_learns_to_translate_unseen_days(tmp_path, monkeypatch, one_thread):
+    for name in zoo.zoo_names():  # a private zoo: building never touches models/
+        (tmp_path / name).mkdir()
+        shutil.copy(zoo.DEFAULT_ZOO_DIR / name / "model.toml", tmp_path / name / "model.toml")
+    monkeypatch.setenv("FORMA_ZOO_DIR", str(tmp_path))
+    directory = zoo.build("dates", quick=True, progress=False)
+    card = json.loads((directory / "card.json").read_text())
+    # The quick profile reaches ≈ 99% in 300 steps; the full recipe's number is in models/dates/MODEL.md.
+    assert card["held_out_exact_match"] >= 0.5, card
+    model = EncoderDecoder.from_pretrained("dates")
+    assert all(isinstance(t, str) for t in model.translate("the third of march two thousand and five"))
+    world = dates_world(**{k: v for k, v in zoo.load_recipe("dates")["world"].items() if k != "kind"})
+    assert exact_match(model, world.held_out[:100]) >= 0.5
+    with pytest.raises(ValueError, match="no checkpoint to resume"):
+        zoo.build("dates", quick=True, progress=False, resume=True)
+
+
+# --- the explorer's cross-attention view ---------------------------------------------------------
+def test_explorer_shows_cross_attention_for_an_encoder_decoder(tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    for name in zoo.zoo_names():
+        (tmp_path / name).mkdir()
+        shutil.copy(zoo.DEFAULT_ZOO_DIR / name / "model.toml", tmp_path / name / "model.toml")
+    world = dates_world(20, 5)
+    cfg = EncoderDecoderConfig(d_vocab_src=world.src_tokenizer.get_vocab_size(),
+                               d_vocab_tgt=world.tgt_tokenizer.get_vocab_size(), d_model=16, n_heads=2,
+                               n_encoder_layers=1, n_decoder_layers=2, n_ctx=16)
+    EncoderDecoder(cfg, src_tokenizer=world.src_tokenizer, tgt_tokenizer=world.tgt_tokenizer).save(tmp_path / "dates")
+    monkeypatch.setenv("FORMA_ZOO_DIR", str(tmp_path))
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "dashboards" / "explorer.py"), default_timeout=60)
+    at.run()
+    at.selectbox(key="model_choice").select("dates").run()
+    assert not at.exception, at.exception
+    chart = json.loads(at.get("plotly_chart")[0].proto.spec)["data"][0]
+    assert chart["type"] == "heatmap"
+    assert len(chart["x"]) == 8  # "the third of march two thousand and five": 8 source words
+    at.text_input(key="source").input("march the first nineteen oh five").run()
+    at.slider(key="cross_layer").set_value(0).run()
+    assert not at.exception, at.exception
+    assert len(json.loads(at.get("plotly_chart")[0].proto.spec)["data"][0]["x"]) == 6
