@@ -108,6 +108,45 @@ def show_attribution(model, tokens, labels) -> None:
     st.plotly_chart(fig, key="dla")
 
 
+CORRUPTIONS = {"pydoc": ("list", "file"), "markov": ("1", "2")}
+
+
+def show_patching(model, name: str, tokens, labels) -> None:
+    """Activation patching (lab.analysis.patching): clean prompt → corrupted prompt, one (layer, position)
+    of the residual stream at a time; the share of the clean logit difference each cell restores."""
+    from lab.analysis.patching import patch_positions
+
+    old, new = CORRUPTIONS.get(name, ("", ""))
+    prompt = st.session_state.get("prompt", "")
+    default = prompt.replace(old, new, 1) if old and old in prompt else prompt
+    corrupted_text = st.text_input("Corrupted prompt (same number of tokens)", value=default, key="corrupted")
+    corrupted = encode(model, corrupted_text)
+    if corrupted is None:
+        return
+    if corrupted.shape != tokens.shape:
+        st.warning(f"The corrupted prompt has {corrupted.shape[1]} tokens and the clean one {tokens.shape[1]}: "
+                   "patching needs the same length.")
+        return
+    with torch.inference_mode():
+        answer = int(model(tokens)[0, -1].argmax())
+        wrong = int(model(corrupted)[0, -1].argmax())
+    if answer == wrong:
+        st.info("Both prompts predict the same next token, so there is no logit difference to restore; "
+                "change the corrupted prompt.")
+        return
+    component = st.selectbox("Component", ["resid_pre", "attn_out", "mlp_out", "resid_post"], key="patch_component")
+    result = patch_positions(model, tokens, corrupted, component, answer=answer, wrong=wrong)
+    restored = result.normalized().numpy()
+    word = (lambda i: str(i)) if model.tokenizer is None else (lambda i: repr(model.to_string([i])))
+    fig = go.Figure(go.Heatmap(z=restored, x=labels, y=[f"layer {l}" for l in range(restored.shape[0])],
+                               colorscale="RdBu", zmid=0,
+                               hovertemplate="%{y} at %{x}<br>restored %{z:.3f}<extra></extra>"))
+    fig.update_layout(title=f"Share of logit({word(answer)}) − logit({word(wrong)}) restored by patching {component} "
+                            f"(clean {result.clean:.3f}, corrupted {result.corrupted:.3f})",
+                      height=200 + 40 * restored.shape[0])
+    st.plotly_chart(fig, key="patching")
+
+
 def show_trust(name: str) -> None:
     """The model's trust.json (`forma trust NAME`), if one was written."""
     import json
@@ -195,7 +234,7 @@ if tokens is None:
     st.stop()
 labels = token_labels(model, tokens)
 st.write("Tokens: " + " ".join(f"`{label}`" for label in labels))
-tabs = st.tabs(["Attention", "Residual stream", "Logit lens", "Attribution"])
+tabs = st.tabs(["Attention", "Residual stream", "Logit lens", "Attribution", "Patching"])
 with tabs[0]:
     show_attention(model, tokens, labels)
 with tabs[1]:
@@ -204,3 +243,5 @@ with tabs[2]:
     show_logit_lens(model, tokens, labels)
 with tabs[3]:
     show_attribution(model, tokens, labels)
+with tabs[4]:
+    show_patching(model, name, tokens, labels)

@@ -149,3 +149,13 @@ def test_equations_page_renders_every_check(server, browser):
     no_exceptions(page)
     page.screenshot(path=str(SCREENSHOTS / "equations.png"), full_page=True)
     assert errors == []
+
+
+@pytest.mark.parametrize("path", ["kl", "hallucination", "calibration", "training_curves"])
+def test_every_other_page_renders_without_errors(server, browser, path):
+    errors: list[str] = []
+    page = open_page(browser, f"{server}/{path}", errors)
+    page.locator("h1").first.wait_for(timeout=60_000)
+    no_exceptions(page)
+    page.screenshot(path=str(SCREENSHOTS / f"{path}.png"))
+    assert errors == []

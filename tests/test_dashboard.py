@@ -61,7 +61,7 @@ def test_a_corrupted_results_json_is_a_message_not_a_traceback(empty, name):
 
 
 def _tiny_pydoc(zoo_copy: Path) -> HookedTransformer:
-    words = ["Return", "the", "number", "of", "items", "in", "list", "."]
+    words = ["Return", "the", "number", "of", "items", "in", "list", "file", "."]
     tokenizer = word_level(words)
     cfg = ModelConfig(d_vocab=tokenizer.get_vocab_size(), d_model=32, n_layers=2, n_heads=4, n_ctx=32)
     model = HookedTransformer(cfg, seed=0, tokenizer=tokenizer)
@@ -74,7 +74,9 @@ def test_explorer_shows_every_view_of_a_model(empty):
     at = page("explorer").run()
     assert not at.exception, at.exception
     charts = at.get("plotly_chart")
-    assert len(charts) == 4  # attention, residual norms, logit lens, attribution
+    # attention, residual norms, logit lens, attribution; patching says the default corruption ("list." is
+    # one unknown word to this vocabulary, and so is "file.") changes nothing
+    assert len(charts) == 4 and "no logit difference" in texts(at)
     attention = json.loads(charts[0].proto.spec)
     assert attention["data"][0]["type"] == "heatmap"
     assert heatmap_rows(charts[0]) == 8  # "Return the number of items in the list." → 8 words
@@ -125,3 +127,50 @@ def test_training_curves_of_a_trained_model(empty):
     assert not at.exception
     spec = json.loads(at.get("plotly_chart")[0].proto.spec)
     assert [trace["name"] for trace in spec["data"]] == ["train", "held-out"]
+
+
+def _decode_array(z):
+    import base64
+
+    import numpy as np
+
+    if isinstance(z, dict):  # plotly's binary encoding
+        return np.frombuffer(base64.b64decode(z["bdata"]), dtype=z["dtype"]).reshape(
+            [int(n) for n in z["shape"].split(",")])
+    return np.asarray(z)
+
+
+def test_explorer_views_show_the_library_numbers(empty):
+    """One value of each view — attention, logit lens, patching — equals what lab computes."""
+    import numpy as np
+    import torch
+
+    from lab.analysis.lens import logit_lens
+    from lab.analysis.patching import patch_positions
+
+    model = _tiny_pydoc(empty / "models")
+    prompt = "Return the number of items in the list ."
+    tokens = model.to_tokens(prompt)
+    with torch.inference_mode():
+        answer = int(model(tokens)[0, -1].argmax())
+        # a one-word corruption that changes the (random) model's prediction
+        corrupted_text = next(c for i in range(9) for w in ("file", "the", "items", "Return")
+                              for c in [" ".join(w if j == i else x for j, x in enumerate(prompt.split()))]
+                              if int(model(model.to_tokens(c))[0, -1].argmax()) != answer)
+    at = page("explorer").run()
+    at.text_input(key="prompt").input(prompt).run()
+    at.text_input(key="corrupted").input(corrupted_text).run()
+    assert not at.exception, at.exception
+    specs = {json.loads(c.proto.spec)["layout"]["title"]["text"].split(",")[0].split(":")[0]: json.loads(c.proto.spec)
+             for c in at.get("plotly_chart")}
+    _, cache = model.run_with_cache(tokens)
+    shown = _decode_array(specs["Attention pattern"]["data"][0]["z"])
+    assert np.allclose(shown, cache["blocks.0.attn.hook_pattern"][0, 0].numpy(), atol=1e-6)
+    lens = _decode_array(specs["Logit lens"]["data"][0]["z"])
+    assert np.allclose(lens, logit_lens(model, tokens)[:, 0].exp().max(-1).values.numpy(), atol=1e-6)
+    patching = next(v for k, v in specs.items() if k.startswith("Share of logit"))
+    corrupted = model.to_tokens(corrupted_text)
+    with torch.inference_mode():
+        wrong = int(model(corrupted)[0, -1].argmax())
+    expected = patch_positions(model, tokens, corrupted, "resid_pre", answer=answer, wrong=wrong).normalized()
+    assert np.allclose(_decode_array(patching["data"][0]["z"]), expected.numpy(), atol=1e-5)
