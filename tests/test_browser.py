@@ -151,7 +151,7 @@ def test_equations_page_renders_every_check(server, browser):
     assert errors == []
 
 
-@pytest.mark.parametrize("path", ["kl", "hallucination", "calibration", "training_curves"])
+@pytest.mark.parametrize("path", ["kl", "hallucination", "calibration", "training"])
 def test_every_other_page_renders_without_errors(server, browser, path):
     errors: list[str] = []
     page = open_page(browser, f"{server}/{path}", errors)
