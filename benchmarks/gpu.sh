@@ -13,6 +13,6 @@ fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())"
-python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_model.py tests/test_generate.py 2>&1 | tail -25
+[ "${SKIP_TESTS:-0}" = 1 ] || python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_model.py tests/test_generate.py 2>&1 | tail -25
 python3 -m benchmarks.peers --device cuda --rounds 21 --batch 8 --tokens 256 --new-tokens 256
 if [ -n "${OUT:-}" ]; then cp benchmarks/results/peers_cuda.json benchmarks/results/summary_cuda.md "$OUT"/ 2>/dev/null; fi

@@ -106,7 +106,7 @@ def bench_cache(device: str, rounds: int, batch: int, tokens: int) -> dict:
     ours = from_hf(hf).to(device)
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = to_hf_tokenizer(word_level([f"w{i}" for i in range(VOCAB - 4)]), tmp)
-        bridge = TransformerBridge.boot_transformers("gpt2", hf_model=copy.deepcopy(hf), tokenizer=tokenizer,
+        bridge = TransformerBridge.boot_transformers("gpt2", hf_model=copy.deepcopy(hf).to(device), tokenizer=tokenizer,
                                                      device=device)
     bridge.enable_compatibility_mode()
     x = torch.randint(0, VOCAB, (batch, tokens), device=device)

@@ -217,6 +217,13 @@ class Attention(nn.Module):
         out = einops.einsum(x, W, "batch pos d_model, head d_model d_head -> batch pos head d_head")
         return out if b is None else out.add_(b)  # in place: the einsum's output is a fresh tensor
 
+    def _project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k, v in one matrix product: [W_Q | W_K | W_V] laid side by side as [d_model, (h + 2·kv)·d_head]."""
+        W = torch.cat([W.permute(1, 0, 2) for W in (self.W_Q, self.W_K, self.W_V)], dim=1).flatten(1)
+        b = None if self.b_Q is None else torch.cat((self.b_Q, self.b_K, self.b_V)).flatten()
+        qkv = F.linear(x, W.T, b).unflatten(-1, (-1, self.d_head))
+        return qkv.split((self.n_heads, self.n_kv_heads, self.n_kv_heads), dim=2)
+
     def wants_pattern(self) -> bool:
         """True when a hook asks for the scores or the pattern: then the explicit path runs."""
         return self.hook_attn_scores.has_hooks() or self.hook_pattern.has_hooks()
@@ -227,9 +234,12 @@ class Attention(nn.Module):
     ) -> Float[Tensor, "batch pos d_model"]:
         offset = 0 if cache is None else cache.length
         source = x if kv_input is None else kv_input
-        q = self.hook_q(self._project(x, self.W_Q, self.b_Q))
-        k = self.hook_k(self._project(source, self.W_K, self.b_K))
-        v = self.hook_v(self._project(source, self.W_V, self.b_V))
+        if kv_input is None:
+            q, k, v = self._project_qkv(x)
+        else:  # cross-attention: queries from x, keys and values from the encoder's output
+            q = self._project(x, self.W_Q, self.b_Q)
+            k, v = self._project(source, self.W_K, self.b_K), self._project(source, self.W_V, self.b_V)
+        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
         if self.rotates and kv_input is None:
             q = self.hook_rot_q(self.rotary(q, offset))
             k = self.hook_rot_k(self.rotary(k, offset))
@@ -244,9 +254,9 @@ class Attention(nn.Module):
             result = self.hook_result(
                 einops.einsum(z, self.W_O, "batch pos head d_head, head d_head d_model -> batch pos head d_model"))
             out = result.sum(dim=2)
-        else:
-            out = einops.einsum(z, self.W_O, "batch pos head d_head, head d_head d_model -> batch pos d_model")
-        return out if self.b_O is None else out + self.b_O
+            return out if self.b_O is None else out + self.b_O
+        # Σ_h z^h W_O^h as one product: [batch, pos, head·d_head] × [head·d_head, d_model], bias fused in.
+        return F.linear(z.flatten(2), self.W_O.flatten(0, 1).T, self.b_O)
 
     def _causal_mask(self, q_len: int, k_len: int, offset: int, device: torch.device) -> Tensor:
         """Boolean [q_len, k_len]: True where query i (at offset + i) may attend to key j (j ≤ offset + i);

@@ -97,7 +97,7 @@ class HookedTransformer(HookedRootModule):
                 f"sequence of {offset + tokens.shape[1]} tokens"
                 + (f" ({offset} cached + {tokens.shape[1]} new)" if offset else "")
                 + f" is longer than the model's context n_ctx = {self.cfg.n_ctx}")
-        low, high = int(tokens.min()), int(tokens.max())
+        low, high = (int(v) for v in torch.stack(torch.aminmax(tokens)).tolist())  # one device sync
         if low < 0 or high >= self.cfg.d_vocab:
             bad = low if low < 0 else high
             raise ValueError(f"token id {bad} is out of range: ids must lie in [0, d_vocab) = [0, {self.cfg.d_vocab})")
