@@ -38,6 +38,10 @@ for key, title in (("mc", "Cloze multiple choice"), ("lettered", "Lettered multi
 items_path = folder / "items.parquet"
 if items_path.is_file():
     items = pd.read_parquet(items_path)
+    for column in ("kind", "checkpoint"):  # a run may hold several item sets (cloze/lettered, checkpoints): pick one
+        if column in items and items[column].nunique() > 1:
+            choice = st.selectbox(column.capitalize(), list(items[column].unique()), key=f"items_{column}")
+            items = items[items[column] == choice]
     option_columns = sorted(c for c in items.columns if c.startswith("option_logit_"))
     if option_columns and "answer_index" in items.columns:
         st.subheader("Temperature, live")

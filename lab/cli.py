@@ -121,7 +121,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     module = experiments.load(args.name)
     fields = {f.name for f in dataclasses.fields(module.Config)}
-    given = {"seed": args.seed, "quick": args.quick, "model": args.model}
+    given = {"seed": args.seed, "quick": args.quick, "model": args.model, "mmlu": args.mmlu}
     unsupported = [k for k, v in given.items() if v not in (None, False) and k not in fields]
     if unsupported:
         raise ValueError(f"experiment {args.name!r} takes no --{unsupported[0]}")
@@ -164,6 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", help="run folder (default runs/NAME/<UTC timestamp>/)")
     run.add_argument("--seed", type=int, help="random seed (default: the experiment's)")
     run.add_argument("--model", help="zoo name or local model folder, for experiments that take one")
+    run.add_argument("--mmlu", metavar="FILE", help="an MMLU-layout CSV (question, A, B, C, D, answer), for "
+                                                     "experiments that take one (calibration, with --model)")
     run.set_defaults(func=cmd_run)
 
     dashboard = sub.add_parser("dashboard", help="serve the dashboard on 127.0.0.1", description=cmd_dashboard.__doc__)

@@ -1,0 +1,227 @@
+"""The calibration experiment (issue 7): the quick run end to end through `forma run calibration`, and the
+Hugging Face path (`--model PATH --mmlu FILE`) on a tiny random GPT-2 saved to disk with a small generated CSV,
+through the converter and through TransformerBridge (which must agree)."""
+
+import csv
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from experiments import calibration as experiment
+from lab.cli import main
+from lab.metrics.calibration import ece, fit_temperature, nll, softmax
+from tests.conftest import VOCAB, hf_gpt2
+
+BLOCK_KEYS = {"n", "accuracy", "label_mass", "ece_15_equal_width", "ece_10_equal_mass", "rms_ce", "mce", "brier",
+              "nll", "ece_ci95", "noise_floor_ece", "by_exposure"}
+EXPOSURE_KEYS = {"exposure", "n", "accuracy", "mean_confidence", "ece", "ece_ci95", "noise_floor_ece"}
+P_IK_KEYS = {"layer", "readout", "position", "auroc", "auroc_ci95", "control_shuffled_auroc", "control_untrained_auroc"}
+OPTION_COLUMNS = [f"option_logit_{k}" for k in range(4)]
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("calibration") / "run"
+    assert main(["run", "calibration", "--quick", "--out", str(folder)]) == 0
+    return json.loads((folder / "results.json").read_text()), folder
+
+
+# --- the quick run --------------------------------------------------------------------------------
+def test_results_json_has_the_shape_of_issue_7(quick):
+    results, folder = quick
+    assert {"mc", "lettered", "temperature", "token_level", "p_true", "p_ik", "p_ik_baseline_auroc",
+            "at_end"} <= set(results)
+    for blocks in (results, results["at_end"]):
+        for key in ("mc", "lettered"):
+            assert BLOCK_KEYS <= set(blocks[key])
+            assert [r["exposure"] for r in blocks[key]["by_exposure"]] == ["0", "1", "2-5", "6+"]
+            assert all(EXPOSURE_KEYS <= set(r) for r in blocks[key]["by_exposure"])
+            assert sum(r["n"] for r in blocks[key]["by_exposure"]) == blocks[key]["n"]
+        assert {"T", "ece_before", "ece_after", "nll_before", "nll_after"} <= set(blocks["temperature"])
+        assert {"auroc", "brier", "in_subset", "out_of_subset"} <= set(blocks["p_true"])
+        assert 0.0 <= blocks["p_ik_baseline_auroc"] <= 1.0
+    n_layers = results["model"]["n_layers"]
+    rows = results["p_ik"]
+    assert all(P_IK_KEYS <= set(r) for r in rows)
+    for readout, position in [("logistic probe", "last name token"), ("logistic probe", "value slot"),
+                              ("mlp probe", "last name token"), ("mlp probe", "value slot"),
+                              ("lens cloze confidence", "value slot"), ("lens negative entropy", "value slot")]:
+        layers = [r["layer"] for r in rows if r["readout"] == readout and r["position"] == position]
+        assert layers == list(range(n_layers + 1)), (readout, position)
+    assert all(r["auroc_ci95"][0] <= r["auroc"] <= r["auroc_ci95"][1] for r in rows)
+    token = results["token_level"]
+    assert {"ece", "by_layer"} <= set(token) and token["by_layer"][-1]["ece"] == token["ece"]
+    assert json.loads((folder / "config.json").read_text())["quick"] is True
+    for figure in ("reliability_cloze", "reliability_lettered", "ece_by_exposure", "accuracy_by_exposure",
+                   "p_ik_auroc_by_layer", "token_level_by_layer"):
+        assert (folder / f"{figure}.json").is_file() and (folder / f"{figure}.html").is_file()
+
+
+def test_every_ece_has_its_interval_and_noise_floor(quick):
+    results, _ = quick
+    assert experiment.eces_without_interval(results) == []
+    assert results["acceptance"]["every_ece_has_interval_and_floor"]
+    for block in (results["mc"], results["lettered"], *results["mc"]["by_exposure"], results["token_level"]):
+        low, high = block["ece_ci95"]
+        assert low <= high and block["noise_floor_ece"] > 0
+    # The checker does catch a missing one.
+    assert experiment.eces_without_interval({"x": [{"ece": 0.1, "ece_ci95": [0, 0.2]}]}) == ["results.x[0].ece"]
+
+
+def test_items_parquet_is_what_the_dashboard_reads_and_reproduces_the_results(quick):
+    results, folder = quick
+    items = pd.read_parquet(folder / "items.parquet")
+    assert set(OPTION_COLUMNS + ["answer_index", "kind", "checkpoint", "split", "person", "exposure",
+                                 "label_mass"]) <= set(items.columns)
+    assert set(items["kind"]) == {"cloze", "lettered"} and set(items["checkpoint"]) == {"partial", "end"}
+    cloze = items[(items["kind"] == "cloze") & (items["checkpoint"] == "partial")]
+    assert len(cloze) == results["mc"]["n"] == results["world"]["n_eval_persons"]
+    probs = softmax(cloze[OPTION_COLUMNS].to_numpy())
+    correct = probs.argmax(axis=1) == cloze["answer_index"].to_numpy()
+    assert correct.mean() == pytest.approx(results["mc"]["accuracy"])
+    assert ece(probs.max(axis=1), correct) == pytest.approx(results["mc"]["ece_15_equal_width"])
+    assert ((cloze["label_mass"] > 0) & (cloze["label_mass"] <= 1 + 1e-9)).all()
+
+
+def test_temperature_scaling_does_not_raise_nll_on_the_calibration_split(quick):
+    results, folder = quick
+    items = pd.read_parquet(folder / "items.parquet")
+    for checkpoint, block in (("partial", results["temperature"]), ("end", results["at_end"]["temperature"])):
+        cal = items[(items["kind"] == "cloze") & (items["checkpoint"] == checkpoint)
+                    & (items["split"] == "calibration")]
+        logits, labels = cal[OPTION_COLUMNS].to_numpy(), cal["answer_index"].to_numpy()
+        T = fit_temperature(logits, labels)
+        assert T == pytest.approx(block["T"])
+        assert nll(softmax(logits, T), labels) <= nll(softmax(logits), labels) + 1e-12
+        assert block["nll_calibration_split_after"] <= block["nll_calibration_split_before"] + 1e-12
+        assert block["accuracy_after"] == block["accuracy_before"]  # T > 0 keeps the order of the logits
+
+
+def test_cloze_accuracy_rises_with_exposure_at_the_end(quick):
+    results, _ = quick
+    accuracy = {r["exposure"]: r["accuracy"] for r in results["at_end"]["mc"]["by_exposure"]}
+    assert accuracy["0"] < accuracy["1"] <= accuracy["6+"]
+    assert abs(accuracy["0"] - 0.25) < 0.15  # never-seen persons: near chance
+
+
+# --- any local Hugging Face model on an MMLU-layout CSV -------------------------------------------
+def letter_tokenizer(directory):
+    """A WordLevel tokenizer whose vocabulary holds the letters A–D (the answer tokens), saved to `directory`."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<unk>", "<pad>", "<bos>", "<eos>", "A", "B", "C", "D", "Answer:"]
+    words += [f"w{i}" for i in range(VOCAB - len(words))]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>",
+                            pad_token="<pad>").save_pretrained(directory)
+
+
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("hf")
+    model_dir = folder / "gpt2"
+    hf_gpt2().save_pretrained(model_dir)
+    letter_tokenizer(model_dir)
+    rng = np.random.default_rng(0)
+    csv_path = folder / "mmlu.csv"
+    with csv_path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["question", "A", "B", "C", "D", "answer"])  # a header row is skipped
+        for _ in range(40):
+            words = [f"w{i}" for i in rng.integers(0, VOCAB - 9, 13)]
+            writer.writerow([" ".join(words[:5])] + [" ".join(words[5 + 2 * k: 7 + 2 * k]) for k in range(4)]
+                            + ["ABCD"[rng.integers(4)]])
+    return model_dir, csv_path
+
+
+def test_lettered_multiple_choice_of_a_local_hf_model(hf_folder, tmp_path):
+    model_dir, csv_path = hf_folder
+    out = tmp_path / "run"
+    assert main(["run", "calibration", "--quick", "--model", str(model_dir), "--mmlu", str(csv_path),
+                 "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert "load_hf" in results["source"]["route"] and results["source"]["n_items"] == 40
+    assert BLOCK_KEYS <= set(results["lettered"]) and results["lettered"]["n"] == 40
+    assert {"T", "ece_before", "ece_after", "nll_before", "nll_after"} <= set(results["temperature"])
+    assert experiment.eces_without_interval(results) == []
+    items = pd.read_parquet(out / "items.parquet")
+    assert set(OPTION_COLUMNS + ["answer_index", "label_mass"]) <= set(items.columns) and len(items) == 40
+    assert ((items["label_mass"] > 0) & (items["label_mass"] <= 1 + 1e-9)).all()
+    rows = results["p_ik"]
+    assert rows and all(P_IK_KEYS <= set(r) for r in rows)
+    assert sorted({r["layer"] for r in rows}) == [0, 1, 2]
+    assert (out / "reliability_lettered.json").is_file() and (out / "p_ik_auroc_by_layer.json").is_file()
+
+
+def test_the_bridge_reads_the_same_letter_probabilities_as_the_converter(hf_folder):
+    model_dir, csv_path = hf_folder
+    items = experiment.read_mmlu(csv_path)
+    frames = {}
+    for loader in ("auto", "bridge"):
+        model, tokenizer, route = experiment.load_local_model(model_dir, loader)
+        assert ("TransformerBridge" in route) == (loader == "bridge")
+        frames[loader], _, _ = experiment.hf_lettered(model, tokenizer, items)
+    np.testing.assert_allclose(frames["auto"][OPTION_COLUMNS], frames["bridge"][OPTION_COLUMNS], atol=1e-4)
+
+
+def test_an_unconverted_architecture_goes_through_the_bridge(hf_folder, tmp_path):
+    """GPT-NeoX has no converter: the run wraps it in a TransformerBridge and reads the same letter
+    log-probabilities as Hugging Face's own forward pass."""
+    import torch
+    from transformers import AutoModelForCausalLM, GPTNeoXConfig, GPTNeoXForCausalLM
+
+    _, csv_path = hf_folder
+    model_dir = tmp_path / "neox"
+    torch.manual_seed(0)
+    GPTNeoXForCausalLM(GPTNeoXConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                                     vocab_size=VOCAB, max_position_embeddings=64)).save_pretrained(model_dir)
+    letter_tokenizer(model_dir)
+    out = tmp_path / "run"
+    assert main(["run", "calibration", "--quick", "--model", str(model_dir), "--mmlu", str(csv_path),
+                 "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert "TransformerBridge" in results["source"]["route"]
+    assert results["p_ik"] and all(r["control_untrained_auroc"] is None for r in results["p_ik"])
+    items = pd.read_parquet(out / "items.parquet")
+    _, tokenizer, _ = experiment.load_local_model(model_dir)
+    hf = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    first = experiment.read_mmlu(csv_path)[0]
+    with torch.no_grad():
+        ids = torch.tensor([tokenizer(experiment.mmlu_prompt(first))["input_ids"]])
+        theirs = hf(ids).logits[0, -1].double().log_softmax(-1)[experiment.letter_ids(tokenizer)].numpy()
+    np.testing.assert_allclose(items.loc[0, OPTION_COLUMNS].to_numpy(dtype=float), theirs, atol=1e-4)
+
+
+def test_a_forma_model_folder_answers_too(hf_folder, tmp_path):
+    """--model also takes a zoo name or a Forma model folder (its tokenizers.Tokenizer saved beside it)."""
+    from lab import HookedTransformer
+    from lab.tokenize import word_level
+    from tests.conftest import tiny_config
+
+    _, csv_path = hf_folder
+    tokenizer = word_level(["A", "B", "C", "D", "Answer:"] + [f"w{i}" for i in range(VOCAB - 9)])
+    HookedTransformer(tiny_config(d_vocab=tokenizer.get_vocab_size()), tokenizer=tokenizer).save(tmp_path / "forma")
+    out = tmp_path / "run"
+    assert main(["run", "calibration", "--quick", "--model", str(tmp_path / "forma"), "--mmlu", str(csv_path),
+                 "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["source"]["route"].startswith("Forma model") and results["lettered"]["n"] == 40
+    assert results["source"]["letter_token_ids"] == [tokenizer.token_to_id(letter) for letter in "ABCD"]
+
+
+def test_hf_path_refuses_what_it_cannot_read(hf_folder, tmp_path, capsys):
+    model_dir, csv_path = hf_folder
+    assert main(["run", "calibration", "--quick", "--mmlu", str(csv_path), "--out", str(tmp_path / "a")]) == 2
+    assert "--model and --mmlu go together" in capsys.readouterr().err
+    bad = tmp_path / "bad.csv"
+    bad.write_text("What ?,w1,w2,w3,w4,E\n")
+    with pytest.raises(ValueError, match="one of A, B, C, D"):
+        experiment.read_mmlu(bad)
+    bare = tmp_path / "no-tokenizer"
+    hf_gpt2().save_pretrained(bare)
+    with pytest.raises(FileNotFoundError, match="tokenizer"):
+        experiment.load_local_model(bare)
