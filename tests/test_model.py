@@ -148,12 +148,28 @@ def test_every_activation_has_its_transformer_lens_name(model, tokens):
     assert set(cache.keys()) == set(model.hook_dict)
 
 
+# Hooks on these switch a computation to its explicit path (same result to round-off, tested below).
+PATH_SWITCHING = ("hook_pattern", "hook_attn_scores", "hook_result", "hook_scale", "hook_normalized")
+
+
 def test_an_identity_hook_leaves_logits_bit_identical(model, tokens):
     with torch.no_grad():
         plain = model(tokens)
-        hooked = model.run_with_hooks(tokens, fwd_hooks=[(lambda n: "pattern" not in n and "scores" not in n
-                                                          and "result" not in n, lambda x, hook: x)])
+        hooked = model.run_with_hooks(tokens, fwd_hooks=[(lambda n: not n.endswith(PATH_SWITCHING),
+                                                          lambda x, hook: x)])
     assert torch.equal(plain, hooked)
+
+
+@pytest.mark.parametrize("variant", [dict(), dict(norm="rmsnorm")], ids=["layernorm", "rmsnorm"])
+def test_fused_and_explicit_norms_agree(variant, tokens):
+    model = HookedTransformer(tiny_config(**variant), seed=0).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.add_(0.2 * torch.randn_like(p))
+        fused = model(tokens)
+        explicit = model.run_with_hooks(tokens, fwd_hooks=[(lambda n: n.endswith("hook_scale"), lambda x, hook: x)])
+    assert (fused - explicit).abs().max() <= 1e-5
 
 
 def test_zero_ablating_a_head_changes_the_logits(model, tokens):

@@ -95,6 +95,12 @@ class NoAbsolutePositions(nn.Module):
 # --------------------------------------------------------------------------------------------
 # Normalisation
 # --------------------------------------------------------------------------------------------
+def wants_norm_internals(norm: nn.Module) -> bool:
+    """True when a hook asks for a norm's scale or normalized input: then the explicit path runs and
+    fires them; otherwise torch's fused layer_norm / rms_norm computes the same function."""
+    return norm.hook_scale.has_hooks() or norm.hook_normalized.has_hooks()
+
+
 class LayerNorm(nn.Module):
     """LN(x) = (x − μ(x)) / sqrt(σ²(x) + ε) ⊙ w + b, statistics over d_model."""
 
@@ -107,6 +113,8 @@ class LayerNorm(nn.Module):
         self.hook_normalized = HookPoint()  # [batch, pos, d_model]
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        if not wants_norm_internals(self):  # one fused kernel; the same result to float round-off
+            return F.layer_norm(x, (x.shape[-1],), self.w, self.b, self.eps)
         variance, mean = torch.var_mean(x, dim=-1, keepdim=True, correction=0)
         scale = self.hook_scale((variance + self.eps).sqrt())
         return torch.addcmul(self.b, self.hook_normalized((x - mean) / scale), self.w)
@@ -123,6 +131,8 @@ class RMSNorm(nn.Module):
         self.hook_normalized = HookPoint()  # [batch, pos, d_model]
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        if not wants_norm_internals(self):  # one fused kernel; the same result to float round-off
+            return F.rms_norm(x, (x.shape[-1],), self.w, self.eps)
         scale = self.hook_scale((torch.linalg.vector_norm(x, dim=-1, keepdim=True).pow(2) / x.shape[-1] + self.eps).sqrt())
         return self.hook_normalized(x / scale) * self.w
 
