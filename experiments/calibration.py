@@ -78,6 +78,7 @@ from torch import Tensor
 
 from lab.analysis.activations import collect_activations
 from lab.analysis.lens import logit_lens
+from lab.configs import torch_threads
 from lab.analysis.probes import auroc as auroc_labels_first  # (labels, scores); lab.metrics' is (scores, labels)
 from lab.analysis.probes import bootstrap_ci as grouped_bootstrap_ci
 from lab.analysis.probes import fit_probe, group_split, random_model, shuffled_control
@@ -179,16 +180,6 @@ class Config:
         need((self.model is None) == (self.mmlu is None),
              "--model and --mmlu go together: lettered multiple choice of a local Hugging Face model on an "
              "MMLU-layout CSV (the synthetic experiment trains its own model)")
-
-
-@contextmanager
-def _threads(n: int) -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1121,7 +1112,7 @@ def run(cfg: Config, out: Path) -> dict[str, Any]:
     cfg.mmlu); tables and figures into `out`; returns results.json's dict."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    with _threads(cfg.threads):
+    with torch_threads(cfg.threads):
         if cfg.model is not None:
             return run_hf(cfg, out)
         return run_synthetic(cfg, out)

@@ -70,6 +70,7 @@ from lab.model import HookedTransformer, KVCache, KVCacheEntry, ModelConfig
 from lab.runs import save_figure, save_table
 from lab.tokenize import word_level
 from lab.train import SequenceBatches, TrainConfig, train
+from lab.configs import torch_threads
 
 logger = logging.getLogger(__name__)
 
@@ -158,16 +159,6 @@ class Config:
         need(self.min_lr <= self.lr, "min_lr must be at most lr")
         need(self.d_model % self.n_heads == 0, "d_model must be a multiple of n_heads")
         need(self.n_samples >= 5000, "n_samples must be ≥ 5,000 (issue 5 item 2)")
-
-
-@contextmanager
-def _threads(n: int) -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 # --------------------------------------------------------------------------------------------
@@ -689,7 +680,7 @@ def run(cfg: Config, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     timing: dict[str, float] = {}
     start, cpu_start = time.perf_counter(), time.process_time()
-    with _threads(cfg.threads), tempfile.TemporaryDirectory(prefix="hallucination-") as tmp:
+    with torch_threads(cfg.threads), tempfile.TemporaryDirectory(prefix="hallucination-") as tmp:
         runs = []
         for gamma in cfg.gammas:
             began = time.perf_counter()

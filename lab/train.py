@@ -53,6 +53,7 @@ from tqdm.auto import tqdm
 from lab.model import HookedTransformer, ModelConfig
 from lab.files import atomic_write, current_umask
 from lab.model.transformer import CONFIG_FILE, WEIGHTS_FILE
+from lab.configs import from_dict_strict
 
 __all__ = ["DEMO_MODEL", "DEMO_TRAIN", "Batch", "Batches", "SequenceBatches", "TokenStream", "TrainConfig",
            "TrainResult", "TrainState", "batch_seed", "demo_markov", "estimate_loss", "find_checkpoint",
@@ -136,13 +137,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
-        if not isinstance(data, dict):
-            raise ValueError(f"TrainConfig: expected a mapping, got {type(data).__name__}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"TrainConfig: unknown keys {unknown}; known keys are {sorted(known)}")
-        return cls(**data)
+        return from_dict_strict(cls, data)
 
     def replace(self, **changes: Any) -> "TrainConfig":
         return dataclasses.replace(self, **changes)

@@ -31,6 +31,7 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 from faker import Faker
 from numpy.typing import NDArray
+from lab.configs import from_dict_strict
 
 SPECIAL_TOKENS = ("<pad>", "<unk>", "<bos>", "<eos>")
 MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September",
@@ -129,13 +130,7 @@ class FactWorldConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "FactWorldConfig":
-        if not isinstance(data, dict):
-            raise ValueError(f"FactWorldConfig: expected a mapping, got {type(data).__name__}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"FactWorldConfig: unknown keys {unknown}; known keys are {sorted(known)}")
-        return cls(**data)
+        return from_dict_strict(cls, data)
 
 
 # --- names and value spaces -------------------------------------------------------------------

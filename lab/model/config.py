@@ -15,6 +15,7 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
+from lab.configs import from_dict_strict
 
 POSITIONS = ("learned", "sinusoidal", "rotary", "none")
 NORMS = ("layernorm", "rmsnorm")
@@ -90,17 +91,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
-        if not isinstance(data, dict):
-            raise ValueError(f"ModelConfig: expected a mapping, got {type(data).__name__}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"ModelConfig: unknown keys {unknown}; known keys are {sorted(known)}")
-        missing = sorted(f.name for f in fields(cls)
-                         if f.name not in data and f.default is dataclasses.MISSING)
-        if missing:
-            raise ValueError(f"ModelConfig: missing required keys {missing}")
-        return cls(**data)
+        return from_dict_strict(cls, data)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)

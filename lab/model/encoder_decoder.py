@@ -43,6 +43,7 @@ from lab.model.components import (BLOCKS, MLPS, NORMS, POSITIONS, Attention, Emb
 from lab.model.config import ModelConfig
 from lab.model.kv_cache import KVCache, KVCacheEntry
 from lab.model.transformer import CONFIG_FILE, WEIGHTS_FILE, HookedTransformer, next_token_loss
+from lab.configs import from_dict_strict
 
 SRC_TOKENIZER_FILE = "src_tokenizer.json"
 TGT_TOKENIZER_FILE = "tgt_tokenizer.json"
@@ -101,16 +102,7 @@ class EncoderDecoderConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "EncoderDecoderConfig":
-        if not isinstance(data, dict):
-            raise ValueError(f"EncoderDecoderConfig: expected a mapping, got {type(data).__name__}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"EncoderDecoderConfig: unknown keys {unknown}; known keys are {sorted(known)}")
-        missing = sorted(f.name for f in fields(cls) if f.name not in data and f.default is dataclasses.MISSING)
-        if missing:
-            raise ValueError(f"EncoderDecoderConfig: missing required keys {missing}")
-        return cls(**data)
+        return from_dict_strict(cls, data)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
