@@ -32,8 +32,7 @@ from typing import Any, Literal
 import einops
 import torch
 from jaxtyping import Float, Int
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import Tensor, nn
 from transformer_lens import ActivationCache, HookedRootModule
 from transformer_lens.hook_points import HookPoint
@@ -42,7 +41,7 @@ from lab.files import atomic_write
 from lab.model.components import (BLOCKS, MLPS, NORMS, POSITIONS, Attention, Embed, LayerNorm, Unembed)
 from lab.model.config import ModelConfig
 from lab.model.kv_cache import KVCache, KVCacheEntry
-from lab.model.transformer import CONFIG_FILE, WEIGHTS_FILE, HookedTransformer, next_token_loss
+from lab.model.transformer import CONFIG_FILE, WEIGHTS_FILE, HookedTransformer, next_token_loss, read_checkpoint
 from lab.configs import from_dict_strict
 
 SRC_TOKENIZER_FILE = "src_tokenizer.json"
@@ -327,17 +326,7 @@ class EncoderDecoder(HookedRootModule):
     def load(cls, directory: str | Path, device: str | torch.device = "cpu") -> "EncoderDecoder":
         """Load a folder written by `save`; every malformed part is an error that says which."""
         directory = Path(directory)
-        for name in (CONFIG_FILE, WEIGHTS_FILE):
-            if not (directory / name).is_file():
-                raise FileNotFoundError(f"{directory} has no {name}: not a Forma model folder")
-        try:
-            cfg = EncoderDecoderConfig.from_json((directory / CONFIG_FILE).read_text())
-        except ValueError as err:
-            raise ValueError(f"malformed config {directory / CONFIG_FILE}: {err}") from err
-        try:
-            state = load_file(str(directory / WEIGHTS_FILE))
-        except (SafetensorError, OSError, ValueError) as err:
-            raise ValueError(f"malformed or truncated checkpoint {directory / WEIGHTS_FILE}: {err}") from err
+        cfg, state = read_checkpoint(directory, EncoderDecoderConfig)
         tokenizers = []
         for name in (SRC_TOKENIZER_FILE, TGT_TOKENIZER_FILE):
             from tokenizers import Tokenizer

@@ -259,19 +259,7 @@ class HookedTransformer(HookedRootModule):
     def load(cls, directory: str | Path, device: str | torch.device = "cpu") -> "HookedTransformer":
         """Load a folder written by `save`; every malformed part is an error that says which."""
         directory = Path(directory)
-        if not directory.is_dir():
-            raise FileNotFoundError(f"no model folder at {directory}")
-        for name in (CONFIG_FILE, WEIGHTS_FILE):
-            if not (directory / name).is_file():
-                raise FileNotFoundError(f"{directory} has no {name}: not a Forma model folder")
-        try:
-            cfg = ModelConfig.from_json((directory / CONFIG_FILE).read_text())
-        except ValueError as err:
-            raise ValueError(f"malformed config {directory / CONFIG_FILE}: {err}") from err
-        try:
-            state = load_file(str(directory / WEIGHTS_FILE))
-        except (SafetensorError, OSError, ValueError) as err:
-            raise ValueError(f"malformed or truncated checkpoint {directory / WEIGHTS_FILE}: {err}") from err
+        cfg, state = read_checkpoint(directory, ModelConfig)
         tokenizer = None
         if (directory / TOKENIZER_FILE).is_file():
             from tokenizers import Tokenizer
@@ -315,6 +303,24 @@ class HookedTransformer(HookedRootModule):
         from lab.zoo import zoo_model_dir
 
         return cls.load(zoo_model_dir(str(name_or_path)), device=device)
+
+
+def read_checkpoint(directory: Path, config_cls: Any) -> tuple[Any, dict[str, Tensor]]:
+    """(config, weights) of a Forma model folder; a missing or malformed part is an error naming it."""
+    if not directory.is_dir():
+        raise FileNotFoundError(f"no model folder at {directory}")
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        if not (directory / name).is_file():
+            raise FileNotFoundError(f"{directory} has no {name}: not a Forma model folder")
+    try:
+        cfg = config_cls.from_json((directory / CONFIG_FILE).read_text())
+    except ValueError as err:
+        raise ValueError(f"malformed config {directory / CONFIG_FILE}: {err}") from err
+    try:
+        state = load_file(str(directory / WEIGHTS_FILE))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise ValueError(f"malformed or truncated checkpoint {directory / WEIGHTS_FILE}: {err}") from err
+    return cfg, state
 
 
 def next_token_loss(logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, ""]:
