@@ -15,7 +15,7 @@ def cmd_hooks(args: argparse.Namespace) -> int:
     model = HookedTransformer.from_pretrained(args.model)
     tokens = torch.zeros(1, min(args.tokens, model.cfg.n_ctx), dtype=torch.long)
     with torch.no_grad():
-        _, cache = model.run_with_cache(tokens)
+        _, cache = model.run_with_cache(tokens, names_filter=lambda name: True)  # per-head results too
     for name in model.hook_dict:
         print(f"{name:40s} {list(cache[name].shape)}")
     return 0

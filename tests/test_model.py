@@ -143,9 +143,22 @@ def test_every_activation_has_its_transformer_lens_name(model, tokens):
     _, cache = model.run_with_cache(tokens)
     b, p = tokens.shape
     assert cache["blocks.1.attn.hook_pattern"].shape == (b, 4, p, p)
-    assert cache["blocks.1.attn.hook_result"].shape == (b, p, 4, 64)
     assert cache["blocks.1.ln1.hook_scale"].shape == (b, p, 1)
-    assert set(cache.keys()) == set(model.hook_dict)
+    # Everything but the per-head result, which is n_heads × attn_out and follows from hook_z and W_O.
+    per_head = {name for name in model.hook_dict if name.endswith("attn.hook_result")}
+    assert len(per_head) == model.cfg.n_layers
+    assert set(cache.keys()) == set(model.hook_dict) - per_head
+    _, named = model.run_with_cache(tokens, names_filter="blocks.1.attn.hook_result")
+    assert named["blocks.1.attn.hook_result"].shape == (b, p, 4, 64)
+
+
+def test_head_results_computed_from_the_default_cache_equal_the_hooked_ones(model, tokens):
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens)
+        _, hooked = model.run_with_cache(tokens, names_filter=lambda name: name.endswith("attn.hook_result"))
+        stacked = cache.stack_head_results()  # TransformerLens computes them from hook_z and W_O
+    expected = torch.cat([hooked[f"blocks.{l}.attn.hook_result"] for l in range(model.cfg.n_layers)], dim=2)
+    assert torch.allclose(stacked, expected.movedim(2, 0), atol=1e-6)
 
 
 # Hooks on these switch a computation to its explicit path (same result to round-off, tested below).

@@ -29,7 +29,6 @@ On disk, `out_dir/shard-00000.safetensors ...` hold each hook's rows plus `seq` 
 each hook's per-row shape and dtype, and what was collected.
 """
 
-import ctypes
 import json
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -45,6 +44,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from lab.files import atomic_write, atomic_write_text
+from lab.memory import release_freed_memory
 
 __all__ = ["Activations", "ActivationStore", "Positions", "collect_activations", "save_activations",
            "select_positions", "stream_activations"]
@@ -215,35 +215,13 @@ def stream_activations(model: Any, data: Tensor | Iterable[Tensor], hooks: str |
             b_idx, p_idx = select_positions(tokens, positions, pad_id)
             captured = _run_batch(model, tokens.to(device), names, b_idx.to(device), p_idx.to(device), dtype,
                                   stop_early)
-            _release_freed_memory()
+            release_freed_memory()  # stay near one batch's footprint over a long stream
             yield Activations(captured, b_idx + seen, p_idx,
                               {"positions": description, "batch_sequences": int(tokens.shape[0])})
             seen += tokens.shape[0]
             bar.update(tokens.shape[0])
     finally:
         bar.close()
-
-
-def _load_malloc_trim() -> Callable[[int], int] | None:
-    try:
-        return ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to do
-        return None
-
-
-_MALLOC_TRIM = _load_malloc_trim()
-
-
-def _release_freed_memory() -> None:
-    """Hand the memory the last forward pass freed back to the OS (glibc only).
-
-    glibc raises its mmap threshold each time a large block is freed (up to 32 MiB), so after the first
-    batch the forward pass's 5–20 MB temporaries come from the heap and stay resident once freed, and
-    over many batches the resident set drifts upward. malloc_trim(0) after each batch cut the peak of
-    streaming 640 pydoc-sized batches from 235–290 MB to 195 MB (benchmarks/activations.py, 2 busy cores).
-    """
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
 
 
 @torch.inference_mode()

@@ -115,9 +115,10 @@ class LayerNorm(nn.Module):
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         if not wants_norm_internals(self):  # one fused kernel; the same result to float round-off
             return F.layer_norm(x, (x.shape[-1],), self.w, self.b, self.eps)
-        variance, mean = torch.var_mean(x, dim=-1, keepdim=True, correction=0)
-        scale = self.hook_scale((variance + self.eps).sqrt())
-        return torch.addcmul(self.b, self.hook_normalized((x - mean) / scale), self.w)
+        # mean, then the mean square of the centred input: on CPU several times faster than var_mean
+        centered = x - x.mean(dim=-1, keepdim=True)
+        scale = self.hook_scale((centered.square().mean(dim=-1, keepdim=True) + self.eps).sqrt())
+        return torch.addcmul(self.b, self.hook_normalized(centered / scale), self.w)
 
 
 class RMSNorm(nn.Module):
@@ -133,7 +134,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         if not wants_norm_internals(self):  # one fused kernel; the same result to float round-off
             return F.rms_norm(x, (x.shape[-1],), self.w, self.eps)
-        scale = self.hook_scale((torch.linalg.vector_norm(x, dim=-1, keepdim=True).pow(2) / x.shape[-1] + self.eps).sqrt())
+        scale = self.hook_scale((x.square().mean(dim=-1, keepdim=True) + self.eps).sqrt())
         return self.hook_normalized(x / scale) * self.w
 
 
@@ -277,16 +278,24 @@ class Attention(nn.Module):
         j = torch.arange(k_len, device=device)[None, :]
         return j <= i
 
+    def _mask_bias(self, q_len: int, k_len: int, offset: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+        """M as an additive [q_len, k_len] bias: 0 where the key is visible, −∞ where it is hidden."""
+        visible = self._causal_mask(q_len, k_len, offset, device)
+        return torch.zeros(q_len, k_len, device=device, dtype=dtype).masked_fill_(~visible, float("-inf"))
+
     def _explicit(self, q: Tensor, k: Tensor, v: Tensor, offset: int) -> Tensor:
         group = self.n_heads // self.n_kv_heads
-        k = k.repeat_interleave(group, dim=2)
-        v = v.repeat_interleave(group, dim=2)
-        scores = einops.einsum(q, k, "batch q_pos head d_head, batch k_pos head d_head -> batch head q_pos k_pos")
-        allowed = self._causal_mask(q.shape[1], k.shape[1], offset, q.device)
-        scores = scores.div_(math.sqrt(self.d_head)).masked_fill_(~allowed, float("-inf"))
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [batch, head, pos, d_head]: one bmm per head
+        if group > 1:
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        scores = einops.einsum(q, k, "batch head q_pos d_head, batch head k_pos d_head -> batch head q_pos k_pos")
+        scores = scores.div_(math.sqrt(self.d_head))
+        if self.causal:
+            scores = scores.add_(self._mask_bias(q.shape[2], k.shape[2], offset, q.device, scores.dtype))
         scores = self.hook_attn_scores(scores)
         pattern = self.hook_pattern(scores.softmax(dim=-1))
-        return einops.einsum(pattern, v, "batch head q_pos k_pos, batch k_pos head d_head -> batch q_pos head d_head")
+        z = einops.einsum(pattern, v, "batch head q_pos k_pos, batch head k_pos d_head -> batch head q_pos d_head")
+        return z.transpose(1, 2)
 
     def _fused(self, q: Tensor, k: Tensor, v: Tensor, offset: int) -> Tensor:
         q_len, k_len = q.shape[1], k.shape[1]

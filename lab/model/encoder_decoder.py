@@ -41,7 +41,8 @@ from lab.files import atomic_write
 from lab.model.components import (BLOCKS, MLPS, NORMS, POSITIONS, Attention, Embed, LayerNorm, Unembed)
 from lab.model.config import ModelConfig
 from lab.model.kv_cache import KVCache, KVCacheEntry
-from lab.model.transformer import CONFIG_FILE, WEIGHTS_FILE, HookedTransformer, next_token_loss, read_checkpoint
+from lab.model.transformer import (CONFIG_FILE, WEIGHTS_FILE, HookedTransformer, next_token_loss, read_checkpoint,
+                                  resolve_names_filter)
 from lab.configs import from_dict_strict
 
 SRC_TOKENIZER_FILE = "src_tokenizer.json"
@@ -299,11 +300,7 @@ class EncoderDecoder(HookedRootModule):
 
     def run_with_cache(self, *model_args: Any, names_filter: Any = None, **kwargs: Any) -> tuple[Tensor, ActivationCache]:
         """(logits, ActivationCache) for `model(src, tgt)`; names_filter as in HookedTransformer.run_with_cache."""
-        if isinstance(names_filter, str):
-            names_filter = [names_filter]
-        if isinstance(names_filter, (list, tuple)):
-            self.check_hook_names(names_filter)
-            names_filter = list(names_filter)
+        names_filter = resolve_names_filter(self, names_filter)
         logits, cache = super().run_with_cache(*model_args, names_filter=names_filter, **kwargs)
         return logits, ActivationCache(cache, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
 

@@ -231,15 +231,14 @@ class HookedTransformer(HookedRootModule):
     def run_with_cache(self, *model_args: Any, names_filter: Any = None, **kwargs: Any) -> tuple[Tensor, ActivationCache]:
         """(logits, ActivationCache) — the cache holds the activations that `names_filter` selects.
 
-        names_filter: None (every hook), a hook name, a list of names, or a predicate on names.
-        Asking for `hook_pattern`/`hook_attn_scores` switches attention to its explicit path; any
-        other selection keeps the fused path.
+        names_filter: None (every hook but the per-head `attn.hook_result`), a hook name, a list of
+        names, or a predicate on names. The per-head result is n_heads times the size of attn_out and
+        follows from hook_z and W_O: name it to cache it, or let `cache.stack_head_results()` compute
+        it (TransformerLens does the same unless `use_attn_result` is set). Asking for
+        `hook_pattern`/`hook_attn_scores` switches attention to its explicit path; any other
+        selection keeps the fused path.
         """
-        if isinstance(names_filter, str):
-            names_filter = [names_filter]
-        if isinstance(names_filter, (list, tuple)):
-            self.check_hook_names(names_filter)
-            names_filter = list(names_filter)
+        names_filter = resolve_names_filter(self, names_filter)
         logits, cache = super().run_with_cache(*model_args, names_filter=names_filter, **kwargs)
         return logits, ActivationCache(cache, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
 
@@ -303,6 +302,23 @@ class HookedTransformer(HookedRootModule):
         from lab.zoo import zoo_model_dir
 
         return cls.load(zoo_model_dir(str(name_or_path)), device=device)
+
+
+def cached_by_default(name: str) -> bool:
+    """run_with_cache's selection when none is given: every hook except the per-head result."""
+    return not name.endswith("attn.hook_result")
+
+
+def resolve_names_filter(model: HookedRootModule, names_filter: Any) -> Callable[[str], bool] | list[str]:
+    """A run_with_cache selection as a list of checked names or a predicate (see `run_with_cache`)."""
+    if names_filter is None:
+        return cached_by_default
+    if isinstance(names_filter, str):
+        names_filter = [names_filter]
+    if isinstance(names_filter, (list, tuple)):
+        model.check_hook_names(names_filter)
+        return list(names_filter)
+    return names_filter
 
 
 def read_checkpoint(directory: Path, config_cls: Any) -> tuple[Any, dict[str, Tensor]]:
