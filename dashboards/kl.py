@@ -11,7 +11,6 @@ st.latex(r"\mathbb{E}_{x\sim p}[-\log P_\theta(x)] = H(p) + \mathrm{KL}(p\,\|\,P
 checkpoints = results.get("checkpoints") or []
 source = results.get("source") or {}
 scaling = results.get("scaling") or {}
-temperature = results.get("temperature") or []
 cols = st.columns(4)
 with cols[0]:
     number("Entropy rate H(p) (nats/token)", source.get("entropy_rate_nats"))
@@ -22,14 +21,19 @@ if checkpoints:
     with cols[2]:
         number("Final KL (nats)", last.get("kl_nats"))
     with cols[3]:
-        number("Sampled KL̂ ± SE", last.get("sampled_kl_nats"),
-               help=f"standard error {last.get('sampled_kl_se')}")
-if temperature:
-    best = min(temperature, key=lambda r: r.get("kl_nats", float("inf")))
-    st.write(f"KL is smallest at temperature **T = {best.get('T')}** ({best.get('kl_nats'):.4f} nats).")
+        se = last.get("sampled_kl_se")
+        number("Sampled KL̂ ± SE (nats)", last.get("sampled_kl_nats"),
+               "{:.4f}" + (f" ± {se:.4f}" if isinstance(se, (int, float)) else ""),
+               help="mean of −log P_θ + log p at the tokens that came, with the standard error over sequences")
+best = results.get("temperature_min") or {}
+if isinstance(best.get("T"), (int, float)):
+    st.write(f"KL is smallest at temperature **T = {best['T']:.3f}** ({best.get('kl_nats', float('nan')):.4f} nats; "
+             f"{best.get('kl_at_T1_nats', float('nan')):.4f} at T = 1).")
 if scaling.get("E_nats") is not None:
     ci = scaling.get("E_ci95") or [None, None]
-    st.write(f"Scaling fit L(N) = E + A·N^(−α): **E = {scaling['E_nats']:.4f}** nats, 95% interval "
-             f"[{ci[0]:.4f}, {ci[1]:.4f}], against the true entropy rate {scaling.get('true_entropy_nats', float('nan')):.4f}; "
-             f"α = {scaling.get('alpha', float('nan')):.3f}.")
+    chain = scaling.get("source") or {}
+    on = f" on the order-{chain['order']} chain over {chain['vocab_size']} symbols" if "order" in chain else ""
+    st.write(f"Scaling fit L(N) = E + A·N^(−α){on}: **E = {scaling['E_nats']:.4f}** nats, 95% interval "
+             f"[{ci[0]:.4f}, {ci[1]:.4f}], against that chain's entropy rate "
+             f"{scaling.get('true_entropy_nats', float('nan')):.4f}; α = {scaling.get('alpha', float('nan')):.3f}.")
 show_figures(folder)

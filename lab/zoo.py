@@ -238,8 +238,23 @@ def build(name: str, quick: bool = False, progress: bool = True, out: Path | Non
     }
     if recipe["world"]["kind"] == "pydoc":
         card |= _english_card(model, data)
+    if recipe["world"]["kind"] in ("markov", "hmm"):
+        card |= _truth_card(model, data, recipe["world"])
     write_json(directory / "card.json", card)
     return directory
+
+
+@torch.inference_mode()
+def _truth_card(model: Any, data: WorldData, spec: dict[str, Any]) -> dict[str, Any]:
+    """The source is known: the exact KL(p ‖ P_θ) and H over the held-out prefixes, in nats per token."""
+    from lab.metrics.information import entropy, kl
+
+    source = make_source(spec)
+    p = torch.from_numpy(source.conditionals(data.val.numpy()))[:, :-1]
+    q = torch.cat([model(data.val[i : i + 256]).double().softmax(-1)[:, :-1] for i in range(0, len(data.val), 256)])
+    return {"val_kl_to_truth_nats": float(kl(p, q).mean()), "val_entropy_nats": float(entropy(p).mean()),
+            "entropy_rate_nats": source.entropy_rate() if hasattr(source, "entropy_rate") else None,
+            "val_prefixes": int(p.shape[0] * p.shape[1])}
 
 
 def _build_encoder_decoder(name: str, recipe: dict[str, Any], directory: Path, quick: bool, progress: bool,

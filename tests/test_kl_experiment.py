@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from experiments import kl as experiment
-from lab.cli import main
 from lab.data.sources import MarkovSource
 from lab.model import HookedTransformer
 
@@ -18,9 +17,8 @@ CHECKPOINT_KEYS = {"step", "tokens_seen", "cross_entropy_nats", "entropy_nats", 
 
 
 @pytest.fixture(scope="module")
-def quick(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("kl") / "run"
-    assert main(["run", "kl", "--quick", "--out", str(folder)]) == 0
+def quick(quick_run):
+    folder = quick_run("kl")  # `forma run kl --quick`, shared with the dashboard's tests
     return json.loads((folder / "results.json").read_text()), folder
 
 
@@ -76,7 +74,24 @@ def test_entropy_is_the_true_entropy_rate(quick):
     rate = MarkovSource(**spec).entropy_rate()
     assert results["source"]["entropy_rate_nats"] == pytest.approx(rate, abs=1e-12)
     assert results["checkpoints"][-1]["entropy_nats"] == pytest.approx(rate, abs=0.05)  # a sample mean of H_t
-    assert results["scaling"]["true_entropy_nats"] == pytest.approx(rate, abs=1e-12)
+    # The scaling sweep runs on its own chain (order 1, same symbols) and compares E with that chain's rate.
+    scaling = results["scaling"]["source"]
+    assert scaling["order"] == 1 and scaling["vocab_size"] == spec["vocab_size"]
+    scaling_rate = MarkovSource(**{k: scaling[k] for k in spec}).entropy_rate()
+    assert results["scaling"]["true_entropy_nats"] == pytest.approx(scaling_rate, abs=1e-12)
+    assert results["acceptance"]["true_entropy_nats"] == pytest.approx(scaling_rate, abs=1e-12)
+
+
+def test_the_world_is_the_markov_recipe(quick):
+    """Steps 1–3 train the zoo's `markov` recipe: its order-2 chain, changed only in steps and width."""
+    from lab.zoo import load_recipe
+
+    results, _ = quick
+    recipe = load_recipe("markov")
+    assert {k: results["source"][k] for k in ("vocab_size", "order", "concentration", "seed")} == {
+        k: recipe["world"][k] for k in ("vocab_size", "order", "concentration", "seed")}
+    assert results["source"]["order"] == 2
+    assert results["model"]["positions"] == recipe["model"]["positions"]
 
 
 def test_sampled_cross_entropy_is_the_models_own_loss(quick):
