@@ -35,7 +35,9 @@ What runs:
   at the listed epochs and at the held-out optimum every quantity of issue 5 item 3 is measured.
 * upweighting: from the held-out optimum at γ = upweight_gamma, the same number of optimizer steps
   (matched compute) on: the full data (control); full + 5% of the examples ×10; full + 15% ×10; the 5%
-  block ×10 alone; full + 5% of the monofact examples ×10 (`upweighting_conditions`).
+  block ×10 alone; full + 5% of the monofact examples ×10 (`upweighting_conditions`). Which examples
+  land in a block moves g(H) by a point or two, so each condition is trained on `upweight_draws`
+  independent draws of its blocks and reported as their mean, with the spread.
 * singleton: Kalai, Nachum, Vempala & Zhang 2025 (arXiv 2509.04664, Thm. 2) with prompt = "First Last a"
   for a person and answer = the value, read off the same models' conditionals.
 
@@ -78,7 +80,7 @@ DELTAS = (0.1, 0.01)  # the bound's confidence levels (issue 5 item 3)
 EPS = 0.1  # ε-log bins ((1−ε)^(i+1), (1−ε)^i] (Kalai & Vempala's ε-log binning)
 ADAPTIVE_BINS = 20  # b adaptive bins, each ≈ 1/b of g's mass
 QUICK = dict(n_first_names=30, n_last_names=60, n_persons=600, n_train=2000, gammas=(1.5, 4.0),
-             epochs=(1, 2, 4), n_heldout=500, upweight_epochs=1)
+             epochs=(1, 2, 4), n_heldout=500, upweight_epochs=1, upweight_draws=2)
 
 
 # --------------------------------------------------------------------------------------------
@@ -117,6 +119,7 @@ class Config:
     upweight_factor: int = 10
     upweight_shares: tuple[float, ...] = (0.05, 0.15)
     upweight_lr: float = 1e-3
+    upweight_draws: int = 3  # independent draws of the repeated blocks; a condition's figures are their mean
     threads: int = 1  # torch intra-op threads (tiny tensors: more threads cost more than they gain)
 
     def __post_init__(self) -> None:
@@ -141,7 +144,7 @@ class Config:
              f"attribute must be a lower-case word, got {self.attribute!r}")
         for name in ("n_first_names", "n_last_names", "n_persons", "n_train", "n_values", "n_heldout", "d_model",
                      "n_layers", "n_heads", "batch_size", "n_samples", "upweight_epochs", "upweight_factor",
-                     "threads"):
+                     "upweight_draws", "threads"):
             value = getattr(self, name)
             need(isinstance(value, int) and not isinstance(value, bool) and value > 0,
                  f"{name} must be a positive integer, got {value!r}")
@@ -506,14 +509,15 @@ def sweep_gamma(cfg: Config, gamma: float, work: Path) -> SweepRun:
     return run
 
 
-def upweighting_conditions(cfg: Config, setting: Setting) -> dict[str, Tensor]:
+def upweighting_conditions(cfg: Config, setting: Setting, draw: int = 0) -> dict[str, Tensor]:
     """Training rows per condition: the full sample, plus blocks of its examples repeated ×factor.
 
     A share s is s·n training examples drawn without replacement (the blocks are nested: the 5% block opens
     the 15% one), so frequent facts are in it as often as in the sample; "of monofacts" takes that share of
     the examples whose fact occurs exactly once. "full + block ×k" adds k copies of the block to the sample.
+    Each `draw` picks other blocks (the control, the full sample, is the same in every draw).
     """
-    rng = np.random.default_rng([cfg.seed, 11])
+    rng = np.random.default_rng([cfg.seed, 11, draw])
     n = cfg.n_train
     order = rng.permutation(n)  # nested blocks: the 5% block is the start of the 15% block
     full = setting.train_rows
@@ -523,7 +527,7 @@ def upweighting_conditions(cfg: Config, setting: Setting) -> dict[str, Tensor]:
     first_share = cfg.upweight_shares[0]
     mono_block = rng.choice(monofacts, size=max(1, round(first_share * len(monofacts))), replace=False)
     first_block = full[order[: round(first_share * n)]]
-    conditions = {"control (full data)": full}
+    conditions = {CONTROL: full}
     for share in cfg.upweight_shares:
         block = full[order[: round(share * n)]]
         conditions[f"full + {share:.0%} ×{factor}"] = torch.cat([full, block.repeat(factor, 1)])
@@ -532,29 +536,48 @@ def upweighting_conditions(cfg: Config, setting: Setting) -> dict[str, Tensor]:
     return conditions
 
 
-def upweight(cfg: Config, run: SweepRun) -> list[dict[str, Any]]:
-    """From the held-out optimum, the same optimizer steps (matched compute) on each condition's data."""
+CONTROL = "control (full data)"
+UPWEIGHT_KEYS = ("hallucination_rate", "miscalibration_tv_eps", "miscalibration_tv_adaptive", "kl_hat",
+                 "recall_seen", "malformed_rate", "unseen_person_mass")
+
+
+def upweight(cfg: Config, run: SweepRun) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """From the held-out optimum, the same optimizer steps (matched compute) on each condition's data.
+
+    Returns (summary, per_draw): one row per condition with the mean over `cfg.upweight_draws` draws of
+    its blocks (and the standard error of g(H) over them), and one row per condition and draw.
+    """
     setting = run.setting
     steps = cfg.upweight_epochs * (cfg.n_train // cfg.batch_size)
     train_cfg = TrainConfig(steps=steps, batch_size=cfg.batch_size, seq_len=setting.doc_len, lr=cfg.upweight_lr,
                             min_lr=cfg.upweight_lr / 10, warmup_steps=min(cfg.warmup_steps, steps),
                             eval_interval=steps, eval_batches=1, seed=cfg.seed)
-    results = []
-    conditions = upweighting_conditions(cfg, setting)
-    # Distinct training examples repeated ×factor in each condition (the alone condition holds only them).
-    repeated = {name: (len(rows) - cfg.n_train * (not name.endswith("alone"))) // cfg.upweight_factor
-                for name, rows in conditions.items()}
-    for condition, rows in conditions.items():
-        model = make_model(cfg, setting)
-        model.load_state_dict(run.optimum_state)
-        train(model, train_cfg, SequenceBatches(rows, setting.heldout_rows), progress=False)
-        metrics, _, _ = measure(model, setting, cfg, seed=cfg.seed + 2000)
-        logger.info("upweighting, %s: g(H) %.4f, Mis %.4f, recall %.3f", condition, metrics["hallucination_rate"],
-                    metrics["miscalibration_tv_eps"], metrics["recall_seen"])
-        results.append({"condition": condition, "n_documents": len(rows), "steps": steps,
-                        "documents_seen": steps * cfg.batch_size, "upweighted_examples": repeated[condition],
-                        **metrics})
-    return results
+    per_draw: list[dict[str, Any]] = []
+    for draw in range(cfg.upweight_draws):
+        conditions = upweighting_conditions(cfg, setting, draw)
+        for condition, rows in conditions.items():
+            if condition == CONTROL and draw > 0:  # the full sample does not depend on the draw
+                continue
+            model = make_model(cfg, setting)
+            model.load_state_dict(run.optimum_state)
+            train(model, train_cfg, SequenceBatches(rows, setting.heldout_rows), progress=False)
+            metrics, _, _ = measure(model, setting, cfg, seed=cfg.seed + 2000)
+            logger.info("upweighting, draw %d, %s: g(H) %.4f, Mis %.4f, recall %.3f", draw, condition,
+                        metrics["hallucination_rate"], metrics["miscalibration_tv_eps"], metrics["recall_seen"])
+            # Distinct training examples repeated ×factor (the alone condition holds only them).
+            repeated = (len(rows) - cfg.n_train * (not condition.endswith("alone"))) // cfg.upweight_factor
+            per_draw.append({"condition": condition, "draw": draw, "n_documents": len(rows), "steps": steps,
+                             "documents_seen": steps * cfg.batch_size, "upweighted_examples": repeated, **metrics})
+    summary = []
+    for condition in dict.fromkeys(r["condition"] for r in per_draw):
+        rows = [r for r in per_draw if r["condition"] == condition]
+        rates = np.array([r["hallucination_rate"] for r in rows])
+        entry = {k: v for k, v in rows[0].items() if k not in ("draw", *UPWEIGHT_KEYS, "malformed_by_position")}
+        entry |= {key: float(np.mean([r[key] for r in rows])) for key in UPWEIGHT_KEYS}
+        entry |= {"n_draws": len(rows), "hallucination_rate_draws": rates.tolist(),
+                  "hallucination_rate_se": float(rates.std(ddof=1) / math.sqrt(len(rates))) if len(rates) > 1 else 0.0}
+        summary.append(entry)
+    return summary, per_draw
 
 
 # --------------------------------------------------------------------------------------------
@@ -592,6 +615,7 @@ def acceptance(sweep: list[dict[str, Any]], upweighting: list[dict[str, Any]], c
         out["upweighting"] = [{
             "condition": u["condition"],
             "hallucination_reduction": 1 - u["hallucination_rate"] / control["hallucination_rate"],
+            "hallucination_reduction_draws": [1 - r / control["hallucination_rate"] for r in u["hallucination_rate_draws"]],
             "miscalibration_change": u["miscalibration_tv_eps"] - control["miscalibration_tv_eps"],
             "recall_change": u["recall_seen"] - control["recall_seen"]} for u in upweighting[1:]]
         out["mixed_upweighting_passes"] = all(
@@ -653,8 +677,11 @@ def figures(out: Path, sweep: list[dict[str, Any]], runs: list[SweepRun], upweig
         fig = make_subplots(rows=1, cols=3, subplot_titles=("g(H)", "Mis (ε bins)", "recall on seen facts"))
         names = [u["condition"] for u in upweighting]
         for col, key in ((1, "hallucination_rate"), (2, "miscalibration_tv_eps"), (3, "recall_seen")):
-            fig.add_trace(go.Bar(x=names, y=[u[key] for u in upweighting], showlegend=False), row=1, col=col)
-        fig.update_layout(title=f"Selective upweighting at γ = {cfg.upweight_gamma}, matched compute")
+            errors = {"type": "data", "array": [u["hallucination_rate_se"] for u in upweighting]} if col == 1 else None
+            fig.add_trace(go.Bar(x=names, y=[u[key] for u in upweighting], error_y=errors, showlegend=False),
+                          row=1, col=col)
+        fig.update_layout(title=f"Selective upweighting at γ = {cfg.upweight_gamma}, matched compute: mean of "
+                                f"{cfg.upweight_draws} draws of the repeated blocks (g(H) ± 1 SE)")
         save_figure(fig, out, "upweighting")
 
     # Calibration per ε-bin at the held-out optimum of each γ.
@@ -691,7 +718,7 @@ def run(cfg: Config, out: Path) -> dict:
         if base is None:
             base = sweep_gamma(dataclasses.replace(cfg, epochs=(cfg.epochs[-1],)), cfg.upweight_gamma,
                                Path(tmp) / "upweight-base")
-        upweighting = upweight(cfg, base)
+        upweighting, upweighting_draws = upweight(cfg, base)
         timing["upweighting_s"] = time.perf_counter() - began
 
     sweep = []
@@ -732,7 +759,7 @@ def run(cfg: Config, out: Path) -> dict:
     save_table([{"gamma": g, **b} for g, r in zip(cfg.gammas, runs) for b in r.bins], out, "calibration_bins")
     save_table([{"gamma": g, **h} for g, r in zip(cfg.gammas, runs) for h in r.heldout], out, "heldout")
     save_table([{"gamma": g, **s} for g, r in zip(cfg.gammas, runs) for s in r.singleton], out, "singleton")
-    save_table([{k: v for k, v in u.items() if k != "malformed_by_position"} for u in upweighting], out,
+    save_table([{k: v for k, v in u.items() if k != "malformed_by_position"} for u in upweighting_draws], out,
                "upweighting")
     counts_rows = []
     for gamma, r in zip(cfg.gammas, runs):

@@ -1,5 +1,6 @@
 """The hallucination experiment (issue 5): exact enumeration against brute force, then the quick run end to end."""
 
+import json
 import math
 
 import numpy as np
@@ -35,9 +36,10 @@ def test_enumeration_equals_brute_force_and_leaks_close_the_budget(attribute):
     assert len(enum.leaks) == 3 + setting.value_ids.shape[1] and min(enum.leaks) >= 0
 
 
-def test_quick_run_end_to_end(tmp_path):
+def test_quick_run_end_to_end(quick_run):
     cfg = exp.Config(quick=True)
-    results = exp.run(cfg, tmp_path)
+    tmp_path = quick_run("hallucination")  # `forma run hallucination --quick`, shared with the dashboard's tests
+    results = json.loads((tmp_path / "results.json").read_text())
 
     assert set(results) >= {"world", "sweep", "upweighting", "singleton"}
     assert set(results["world"]) >= {"n_facts", "n_factoids", "n_train", "n_hallucinations"}
@@ -77,8 +79,16 @@ def test_quick_run_end_to_end(tmp_path):
     conditions = [u["condition"] for u in results["upweighting"]]
     assert len(conditions) == 5 and conditions[0].startswith("control")
     assert len({u["documents_seen"] for u in results["upweighting"]}) == 1  # matched compute
+    draws = pd.read_parquet(tmp_path / "upweighting.parquet")  # one row per condition and draw of its blocks
     for u in results["upweighting"]:
         assert set(u) >= {"condition", "hallucination_rate", "miscalibration_tv_eps", "kl_hat", "recall_seen"}
+        rows = draws[draws.condition == u["condition"]]
+        assert len(rows) == u["n_draws"] == (1 if u["condition"].startswith("control") else cfg.upweight_draws)
+        assert u["hallucination_rate"] == pytest.approx(rows.hallucination_rate.mean())
+        assert u["recall_seen"] == pytest.approx(rows.recall_seen.mean())
+    # Other draws pick other blocks: the repeated examples differ, and so does g(H).
+    mixed = draws[draws.condition == results["upweighting"][1]["condition"]]
+    assert mixed.hallucination_rate.nunique() == cfg.upweight_draws
     singleton = results["singleton"]
     assert singleton["bound_rhs"] == pytest.approx(singleton["bound_rhs_without_finite_n"] - singleton["finite_n_term"])
     assert singleton["finite_n_term"] > 1  # vacuous at this N, hence reported apart
