@@ -1,6 +1,7 @@
 """Shared fixtures: tiny models and tokenizers built from configs — nothing is fetched from a hub."""
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -11,6 +12,38 @@ import torch
 from lab import HookedTransformer, ModelConfig
 
 VOCAB = 100
+
+
+@pytest.fixture(scope="session")
+def quick_runs_dir(tmp_path_factory) -> Path:
+    """A private runs/ folder for the session's quick runs (what `FORMA_RUNS_DIR` points the dashboard at)."""
+    return tmp_path_factory.mktemp("runs")
+
+
+@pytest.fixture(scope="session")
+def quick_run(quick_runs_dir):
+    """quick_run(NAME) -> the folder of `forma run NAME --quick`, made once per session in quick_runs_dir
+    (runs/NAME/<stamp>/ and runs/NAME/latest): the experiment's tests and the dashboard's read the same run."""
+    from lab.cli import main
+    from lab.runs import latest_run
+
+    folders: dict[str, Path] = {}
+
+    def run(name: str) -> Path:
+        if name not in folders:
+            before = os.environ.get("FORMA_RUNS_DIR")
+            os.environ["FORMA_RUNS_DIR"] = str(quick_runs_dir)
+            try:
+                assert main(["run", name, "--quick"]) == 0
+            finally:
+                if before is None:
+                    del os.environ["FORMA_RUNS_DIR"]
+                else:
+                    os.environ["FORMA_RUNS_DIR"] = before
+            folders[name] = latest_run(name, quick_runs_dir)
+        return folders[name]
+
+    return run
 
 
 def tiny_config(**changes) -> ModelConfig:

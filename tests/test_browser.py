@@ -42,8 +42,10 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    """A private zoo with a tiny English-ish model and a run folder with a real equations run."""
+def world(tmp_path_factory, quick_run, quick_runs_dir):
+    """A private zoo with a tiny English-ish model, and the session's quick run of every experiment."""
+    import experiments
+
     root = tmp_path_factory.mktemp("dashboard")
     zoo_copy = root / "models"
     for name in zoo.zoo_names():
@@ -52,10 +54,9 @@ def world(tmp_path_factory):
     tokenizer = word_level(["Return", "the", "number", "of", "items", "in", "list", "."])
     cfg = ModelConfig(d_vocab=tokenizer.get_vocab_size(), d_model=32, n_layers=2, n_heads=4, n_ctx=32)
     HookedTransformer(cfg, seed=0, tokenizer=tokenizer).save(zoo_copy / "pydoc")
-    env = os.environ | {"FORMA_ZOO_DIR": str(zoo_copy), "FORMA_RUNS_DIR": str(root / "runs")}
-    subprocess.run([sys.executable, "-m", "lab.cli", "run", "equations", "--quick"], env=env, check=True,
-                   capture_output=True, timeout=300)
-    return env
+    for name in experiments.experiment_names():
+        quick_run(name)
+    return os.environ | {"FORMA_ZOO_DIR": str(zoo_copy), "FORMA_RUNS_DIR": str(quick_runs_dir)}
 
 
 @pytest.fixture(scope="module")
@@ -117,11 +118,15 @@ def no_exceptions(page) -> None:
     assert page.locator("[data-testid='stException']").count() == 0
 
 
-def test_home_lists_the_zoo_and_the_experiments(server, browser):
+def test_home_lists_the_zoo_and_the_experiments(server, browser, quick_run):
+    import experiments
+
     errors: list[str] = []
     page = open_page(browser, server, errors)
     page.get_by_text("KL decomposition").first.wait_for()
-    assert "forma run kl" in page.content()
+    content = page.content()
+    for name in experiments.experiment_names():  # each experiment's latest run, by its folder
+        assert quick_run(name).name in content, name
     no_exceptions(page)
     page.screenshot(path=str(SCREENSHOTS / "home.png"))
     assert errors == []
@@ -151,11 +156,34 @@ def test_equations_page_renders_every_check(server, browser):
     assert errors == []
 
 
-@pytest.mark.parametrize("path", ["kl", "hallucination", "calibration", "training"])
-def test_every_other_page_renders_without_errors(server, browser, path):
+LIVE_CHARTS = {"calibration": 1}  # the reliability diagram the temperature slider redraws
+
+
+@pytest.mark.parametrize("path", ["kl", "hallucination", "calibration"])
+def test_every_experiment_page_draws_its_quick_run(server, browser, quick_run, path):
+    """Every figure the quick run saved is drawn, beside the run's own numbers."""
+    from dashboards.common import figures
+
+    folder = quick_run(path)
     errors: list[str] = []
     page = open_page(browser, f"{server}/{path}", errors)
     page.locator("h1").first.wait_for(timeout=60_000)
+    assert folder.name in page.content()  # the run header names the run it shows
+    expected = len(figures(folder)) + LIVE_CHARTS.get(path, 0)
+    assert expected >= 3
+    charts = page.locator("[data-testid='stPlotlyChart']")
+    page.wait_for_function(f"document.querySelectorAll(\"[data-testid='stPlotlyChart'] .main-svg\").length >= {expected}",
+                           timeout=60_000)
+    assert charts.count() == expected
     no_exceptions(page)
-    page.screenshot(path=str(SCREENSHOTS / f"{path}.png"))
+    page.screenshot(path=str(SCREENSHOTS / f"{path}.png"), full_page=True)
+    assert errors == []
+
+
+def test_training_page_renders_without_errors(server, browser):
+    errors: list[str] = []
+    page = open_page(browser, f"{server}/training", errors)
+    page.locator("h1").first.wait_for(timeout=60_000)
+    no_exceptions(page)
+    page.screenshot(path=str(SCREENSHOTS / "training.png"))
     assert errors == []

@@ -22,9 +22,8 @@ OPTION_COLUMNS = [f"option_logit_{k}" for k in range(4)]
 
 
 @pytest.fixture(scope="module")
-def quick(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("calibration") / "run"
-    assert main(["run", "calibration", "--quick", "--out", str(folder)]) == 0
+def quick(quick_run):
+    folder = quick_run("calibration")  # `forma run calibration --quick`, shared with the dashboard's tests
     return json.loads((folder / "results.json").read_text()), folder
 
 

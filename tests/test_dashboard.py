@@ -174,3 +174,22 @@ def test_explorer_views_show_the_library_numbers(empty):
         wrong = int(model(corrupted)[0, -1].argmax())
     expected = patch_positions(model, tokens, corrupted, "resid_pre", answer=answer, wrong=wrong).normalized()
     assert np.allclose(_decode_array(patching["data"][0]["z"]), expected.numpy(), atol=1e-5)
+
+
+LIVE_CHARTS = {"calibration": 1}  # the reliability diagram the temperature slider redraws
+
+
+@pytest.mark.parametrize("name", EXPERIMENT_PAGES)
+def test_every_experiment_page_draws_its_quick_run(quick_run, quick_runs_dir, monkeypatch, name):
+    from dashboards.common import figures
+
+    folder = quick_run(name)
+    monkeypatch.setenv("FORMA_RUNS_DIR", str(quick_runs_dir))
+    at = page(name).run()
+    assert not at.exception, at.exception
+    assert folder.name in " ".join(c.value for c in at.caption)  # the header names the run it shows
+    assert len(at.get("plotly_chart")) == len(figures(folder)) + LIVE_CHARTS.get(name, 0) >= 2
+    for box in at.selectbox:  # every choice a page offers renders too
+        for option in box.options:
+            box.select(option).run()
+            assert not at.exception, (name, box.label, option)
