@@ -42,32 +42,75 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Fresh clone to filled-in dashboard: train missing zoo models, run each experiment's quick profile
-    that has no run yet, show generations with per-token probabilities, then serve the dashboard."""
+    that has no run yet, show generations with per-token probabilities, then serve the dashboard.
+    The jobs are independent, so they run side by side, one per CPU core (at most four), each in its
+    own process with its share of the cores; each job's output goes to runs/demo/<job>.log."""
     import time
 
     import experiments
-    from lab.runs import latest_run, run_and_record
-    from lab.zoo import build, is_trained
+    from lab.runs import latest_run
+    from lab.zoo import is_trained
 
     start = time.perf_counter()
+    jobs: list[tuple[str, list[str]]] = []
     for name in DEMO_MODELS:
         if is_trained(name):
             print(f"[demo] {name}: already trained")
         else:
-            print(f"[demo] training {name}{' (quick)' if args.quick else ''} …", flush=True)
-            build(name, quick=args.quick)
+            jobs.append((f"forma train {name}{' --quick' if args.quick else ''}",
+                         ["train", name, "--no-progress", *(["--quick"] if args.quick else [])]))
     for name in experiments.experiment_names():
         if latest_run(name) is not None:
             print(f"[demo] {name}: a run exists ({latest_run(name)})")
-            continue
-        print(f"[demo] forma run {name} --quick …", flush=True)
-        module = experiments.load(name)
-        run_and_record(name, module.Config(quick=True), module.run, seed=0)
+        else:
+            jobs.append((f"forma run {name} --quick", ["run", name, "--quick"]))
+    if jobs and not run_side_by_side(jobs):
+        return 1
     show_generations()
     print(f"[demo] ready in {time.perf_counter() - start:.0f} s", flush=True)
     if args.no_dashboard:
         return 0
     return cmd_dashboard(argparse.Namespace(port=args.port))
+
+
+def run_side_by_side(jobs: list[tuple[str, list[str]]]) -> bool:
+    """Run `forma ARGS` jobs in parallel processes, longest first; True when every one succeeded.
+
+    Small models train fastest on one thread each (two threads that wait for each other cost more
+    than they gain), so n cores run min(n, 4) jobs at a time with n // jobs threads apiece."""
+    import os
+    import subprocess
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lab.runs import runs_dir
+
+    cores = os.cpu_count() or 1
+    workers = max(1, min(len(jobs), cores, 4))
+    env = os.environ | {"OMP_NUM_THREADS": str(max(1, cores // workers))}
+    logs = runs_dir() / "demo"
+    logs.mkdir(parents=True, exist_ok=True)
+    jobs = sorted(jobs, key=lambda job: DEMO_ORDER.index(job[0]) if job[0] in DEMO_ORDER else len(DEMO_ORDER))
+    print(f"[demo] {len(jobs)} jobs, {workers} at a time; logs in {logs}", flush=True)
+
+    def run(job: tuple[str, list[str]]) -> bool:
+        label, argv = job
+        log = logs / (label.removeprefix("forma ").replace(" --", "-").replace(" ", "-") + ".log")
+        print(f"[demo] {label} …", flush=True)
+        began = time.perf_counter()
+        with log.open("w") as out:
+            code = subprocess.call([sys.executable, "-m", "lab.cli", *argv], env=env, stdout=out, stderr=subprocess.STDOUT)
+        seconds = time.perf_counter() - began
+        if code == 0:
+            print(f"[demo] {label}: done in {seconds:.0f} s", flush=True)
+            return True
+        tail = log.read_text().strip().splitlines()[-5:]
+        print(f"[demo] {label}: FAILED (exit {code}) after {seconds:.0f} s; last lines of {log}:\n    "
+              + "\n    ".join(tail), file=sys.stderr, flush=True)
+        return False
+
+    with ThreadPoolExecutor(workers) as pool:
+        return all(list(pool.map(run, jobs)))
 
 
 def show_generations() -> None:
@@ -89,6 +132,9 @@ def show_generations() -> None:
 
 
 DEMO_MODELS = ("markov", "facts", "pydoc")
+# Longest first, so that two cores finish together (measured times in benchmarks/results/walltime.json).
+DEMO_ORDER = ("forma train pydoc", "forma train markov", "forma run hallucination --quick", "forma run kl --quick",
+              "forma run calibration --quick", "forma train facts", "forma run equations --quick")
 
 
 def dashboard_command(port: int) -> list[str]:
