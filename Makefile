@@ -17,13 +17,17 @@ $(STAMP): pyproject.toml constraints.txt
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest -q
 
+# Peers first (minutes), then what a user waits for (about an hour: a fresh clone's install, `make demo`,
+# every experiment's profiles); then the dashboard's response times over this checkout's models and runs.
 bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.forward
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.peers
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.activations
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.walltime
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.dashboard
 
 demo: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/forma demo
+	HF_HUB_OFFLINE=1 $(BIN)/forma demo $(DEMO_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/python -m compileall -q lab experiments dashboards benchmarks tests

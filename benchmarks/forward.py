@@ -10,9 +10,22 @@ import tempfile
 
 import torch
 
+from benchmarks.summary import write_summary
 from benchmarks.timing import interleaved, machine, write
 from lab.hf import from_hf
 from lab.tokenize import to_hf_tokenizer, word_level
+
+
+def op_profile(fn, calls: int = 5, top: int = 8) -> dict[str, float]:
+    """Where a call's time goes: the `top` aten ops by self CPU time, in ms per call (torch.profiler),
+    and the total; what the ratios above are made of."""
+    fn()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            fn()
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    table = {e.key: e.self_cpu_time_total / 1e3 / calls for e in events[:top]}
+    return table | {"total": sum(e.self_cpu_time_total for e in events) / 1e3 / calls}
 
 
 def main() -> None:
@@ -51,6 +64,8 @@ def main() -> None:
             "bridge_run_with_cache_all": lambda: bridge.run_with_cache(tokens),
         }
         timing = interleaved(contenders, rounds=args.rounds)
+        profile = {name: op_profile(contenders[name]) for name in ("forma_forward", "forma_run_with_cache_all",
+                                                                    "hf_sdpa_forward", "bridge_run_with_cache_all")}
     med = {name: t["median_s"] for name, t in timing.items()}
     ratios = {
         "forward_vs_hf_sdpa": med["forma_forward"] / med["hf_sdpa_forward"],
@@ -64,6 +79,7 @@ def main() -> None:
                   "vocab": vocab},
         "max_abs_logit_diff_vs_hf": max_diff,
         "timing": timing,
+        "profile_ms_per_call": profile,
         "ratios": ratios,
         "targets": targets,
         "meets_target": {k: ratios[k] <= targets[k] for k in targets},
@@ -72,7 +88,7 @@ def main() -> None:
     path = write("forward", payload)
     for name, value in ratios.items():
         print(f"{name:28s} {value:6.3f}× (target ≤ {targets[name]})")
-    print(f"wrote {path}")
+    print(f"wrote {path} and {write_summary()}")
 
 
 if __name__ == "__main__":

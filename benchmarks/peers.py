@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 
-from benchmarks.timing import RESULTS, interleaved, machine, write
+from benchmarks.summary import write_summary
+from benchmarks.timing import interleaved, machine, write
 from lab.hf import from_hf
 from lab.tokenize import to_hf_tokenizer, word_level
 
@@ -172,32 +173,6 @@ def bench_training(device: str, rounds: int, batch: int, tokens: int) -> dict:
     return {"timing": t, "step_vs_hf": t["forma_step"]["median_s"] / t["hf_step"]["median_s"]}
 
 
-def summary_markdown(results: dict) -> str:
-    f, c, g, tr = results["forward"], results["run_with_cache"], results["generation"], results["training"]
-    rows = [
-        ("forward 4×256 vs HF sdpa", f["4x256"]["ratio_vs_hf_sdpa"], "≤ 1.0×"),
-        ("forward 8×512 vs HF sdpa", f["8x512"]["ratio_vs_hf_sdpa"], "≤ 1.0×"),
-        ("forward 4×256 vs HF eager", f["4x256"]["ratio_vs_hf_eager"], "—"),
-        ("forward 8×512 vs HF eager", f["8x512"]["ratio_vs_hf_eager"], "—"),
-        ("run_with_cache(all) vs bridge", c["cache_all_vs_bridge"], "≤ 0.7×"),
-        ("run_with_cache(one resid_post) vs bridge", c["cache_one_vs_bridge"], "—"),
-        ("run_with_cache(all) vs own forward", c["cache_all_vs_own_forward"], "≤ 1.15×"),
-        ("generation speed vs HF (greedy)", g["greedy_speed_vs_hf"], "≥ 1.0×"),
-        ("generation speed vs HF (sampling, top_k=0)", g["sample_speed_vs_hf"], "≥ 1.0×"),
-        ("training step vs HF", tr["step_vs_hf"], "≤ 1.0×"),
-        ("forward utilisation at 8×512 (of matmul peak)", f["8x512"]["utilisation"], "≥ 0.40"),
-    ]
-    lines = [f"# Forma benchmarks ({results['device']})", "",
-             f"{results['machine']['utc']} · torch {results['machine']['torch']} · {results['machine']['threads']} threads · "
-             f"batch {results['shape']['batch']} × {results['shape']['tokens']} tokens · medians of {results['shape']['rounds']} "
-             "interleaved rounds", "", "| measure | value | target |", "|---|---|---|"]
-    lines += [f"| {name} | {value:.3f} | {target} |" for name, value, target in rows]
-    lines += ["", f"Cache bytes (all hooks): Forma {c['cache_all_bytes']['forma'] / 1e6:.1f} MB, bridge "
-              f"{c['cache_all_bytes']['bridge'] / 1e6:.1f} MB.",
-              f"Generation tokens/s: " + ", ".join(f"{k} {v:.1f}" for k, v in g["tokens_per_s"].items()) + "."]
-    return "\n".join(lines) + "\n"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
@@ -224,9 +199,7 @@ def main() -> None:
     path = write(f"peers{suffix}", results)
     print(f"wrote {path}")
     if sections == {"forward", "cache", "generation", "training"}:
-        summary = summary_markdown(results)
-        (RESULTS / f"summary{suffix}.md").write_text(summary)
-        print(summary)
+        print(write_summary(args.device.split(":")[0]).read_text())
 
 
 if __name__ == "__main__":

@@ -1,0 +1,95 @@
+"""benchmarks/results/summary.md (and summary_<device>.md) from whatever results exist: the peer
+benchmarks (peers.json), the forward benchmark (forward.json), the wall times (walltime.json) and the dashboard's response times (dashboard.json).
+Every benchmark script calls `write_summary()` when it finishes, so the summary always shows the latest
+measurement of each."""
+
+import json
+from pathlib import Path
+from typing import Any
+
+from benchmarks.timing import RESULTS
+
+
+def _read(name: str) -> dict[str, Any] | None:
+    path = RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def peers_lines(results: dict[str, Any]) -> list[str]:
+    f, c, g, tr = results["forward"], results["run_with_cache"], results["generation"], results["training"]
+    rows = [
+        ("forward 4×256 vs HF sdpa", f["4x256"]["ratio_vs_hf_sdpa"], "≤ 1.0×"),
+        ("forward 8×512 vs HF sdpa", f["8x512"]["ratio_vs_hf_sdpa"], "≤ 1.0×"),
+        ("forward 4×256 vs HF eager", f["4x256"]["ratio_vs_hf_eager"], "—"),
+        ("forward 8×512 vs HF eager", f["8x512"]["ratio_vs_hf_eager"], "—"),
+        ("run_with_cache(all) vs bridge", c["cache_all_vs_bridge"], "≤ 0.7×"),
+        ("run_with_cache(one resid_post) vs bridge", c["cache_one_vs_bridge"], "—"),
+        ("run_with_cache(all) vs own forward", c["cache_all_vs_own_forward"], "≤ 1.15×"),
+        ("generation speed vs HF (greedy)", g["greedy_speed_vs_hf"], "≥ 1.0×"),
+        ("generation speed vs HF (sampling, top_k=0)", g["sample_speed_vs_hf"], "≥ 1.0×"),
+        ("training step vs HF", tr["step_vs_hf"], "≤ 1.0×"),
+        ("forward utilisation at 8×512 (of matmul peak)", f["8x512"]["utilisation"], "≥ 0.40"),
+    ]
+    lines = [f"{results['machine']['utc']} · torch {results['machine']['torch']} · {results['machine']['threads']} threads · "
+             f"batch {results['shape']['batch']} × {results['shape']['tokens']} tokens · medians of {results['shape']['rounds']} "
+             "interleaved rounds", "", "| measure | value | target |", "|---|---|---|"]
+    lines += [f"| {name} | {value:.3f} | {target} |" for name, value, target in rows]
+    lines += ["", f"Cache bytes (all hooks): Forma {c['cache_all_bytes']['forma'] / 1e6:.1f} MB, bridge "
+              f"{c['cache_all_bytes']['bridge'] / 1e6:.1f} MB.",
+              "Generation tokens/s: " + ", ".join(f"{k} {v:.1f}" for k, v in g["tokens_per_s"].items()) + "."]
+    return lines
+
+
+def forward_lines(results: dict[str, Any]) -> list[str]:
+    shape = results["shape"]
+    lines = [f"## Forward and cache at {shape['layers']}×{shape['d_model']}, batch {shape['batch']} × {shape['tokens']} tokens "
+             "(benchmarks/forward.py)", "",
+             f"{results['machine']['utc']} · medians of {results['timing']['forma_forward']['rounds']} interleaved rounds", "",
+             "| measure | value | target |", "|---|---|---|"]
+    names = {"forward_vs_hf_sdpa": "forward vs HF sdpa", "cache_all_vs_bridge": "run_with_cache(all) vs bridge",
+             "cache_all_vs_own_forward": "run_with_cache(all) vs own forward"}
+    lines += [f"| {names.get(k, k)} | {v:.3f} | ≤ {results['targets'][k]}× |" for k, v in results["ratios"].items()]
+    return lines
+
+
+def walltime_lines(results: dict[str, Any]) -> list[str]:
+    lines = ["## Wall time (one run each, fresh clone, idle machine)", "",
+             f"{results['machine']['utc']} · commit {str(results.get('commit'))[:10]} · load average at start "
+             f"{results['load_average_at_start'][0]:.2f}", "", "| what | seconds | target |", "|---|---|---|"]
+    if "clean_install_s" in results:
+        lines.append(f"| clean install (`make venv`, no pip cache) | {results['clean_install_s']:.0f} | — |")
+    demo = results.get("demo_after_install")
+    if demo:
+        lines.append(f"| `make demo` after install, until the dashboard serves | {demo['until_dashboard_serves_s']:.0f} "
+                     "| ≤ 480 |")
+    for name, profiles in sorted((results.get("experiments") or {}).items()):
+        for profile, target in (("quick", "≤ 90"), ("default", "≤ 600")):
+            if profile in profiles:
+                lines.append(f"| `forma run {name}{' --quick' if profile == 'quick' else ''}` | "
+                             f"{profiles[profile]['process_s']:.0f} | {target} |")
+    return lines
+
+
+def dashboard_lines(results: dict[str, Any]) -> list[str]:
+    lines = ["## Dashboard response (real browser, after warm-up)", "",
+             f"{results['machine']['utc']} · median of {results['rounds']} loads per page", "",
+             "| page | seconds | target |", "|---|---|---|"]
+    lines += [f"| {page} | {row['median_s']:.2f} | ≤ 3 |" for page, row in results["pages"].items()]
+    lines += [f"| {name} | {row['median_s']:.2f} | ≤ 3 |" for name, row in results.get("interactions", {}).items()]
+    return lines
+
+
+def write_summary(device: str = "cpu") -> Path:
+    suffix = "" if device == "cpu" else f"_{device}"
+    lines = [f"# Forma benchmarks ({device})", ""]
+    peers = _read(f"peers{suffix}")
+    if peers and {"forward", "run_with_cache", "generation", "training"} <= set(peers):
+        lines += peers_lines(peers)
+    if device == "cpu":
+        for name, render in (("forward", forward_lines), ("walltime", walltime_lines), ("dashboard", dashboard_lines)):
+            results = _read(name)
+            if results:
+                lines += ["", *render(results)]
+    path = RESULTS / f"summary{suffix}.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path

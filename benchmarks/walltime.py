@@ -1,0 +1,127 @@
+"""Wall time of what a user waits for: a clean install, `make demo` after it, and every experiment's profiles.
+
+Everything runs in a fresh clone of this checkout's HEAD in a temporary folder, so nothing built here is
+reused (no .venv, no trained zoo model, no run):
+
+    install      `make venv`: a new .venv from constraints.txt, with pip's cache off (PIP_NO_CACHE_DIR=1)
+    demo         `make demo` in that clone, until the dashboard answers on its port: the zoo models are
+                 trained and each experiment's quick profile runs, as on a user's first day
+    experiments  `forma run NAME --quick` and `forma run NAME` for every experiment, one at a time
+
+Each figure is one run (these take minutes; there is no peer to interleave with), measured with the
+machine otherwise idle. Writes benchmarks/results/walltime.json and refreshes the Markdown summary.
+"""
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from benchmarks.summary import write_summary
+from benchmarks.timing import machine, write
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS = ("install", "demo", "experiments")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def timed_run(command: list[str], cwd: Path, env: dict[str, str], log: Path) -> float:
+    """Run a command to completion (output to `log`); its wall time in seconds, or an error naming the log."""
+    start = time.perf_counter()
+    with log.open("w") as out:
+        code = subprocess.call(command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+    if code != 0:
+        raise RuntimeError(f"{' '.join(command)} exited with {code}; see {log}")
+    return time.perf_counter() - start
+
+
+def time_demo(clone: Path, env: dict[str, str], log: Path, limit_s: float = 3600) -> dict[str, float]:
+    """`make demo` until its dashboard answers; the demo's own 'ready' line gives the time before serving."""
+    port = free_port()
+    start = time.perf_counter()
+    with log.open("w") as out:
+        process = subprocess.Popen(["make", "demo", f"DEMO_ARGS=--port {port}"], cwd=clone, env=env, stdout=out,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            while True:
+                if process.poll() is not None:
+                    raise RuntimeError(f"make demo exited with {process.returncode} before serving; see {log}")
+                try:
+                    if urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2).read() == b"ok":
+                        break
+                except OSError:
+                    pass
+                if time.perf_counter() - start > limit_s:
+                    raise RuntimeError(f"make demo did not serve the dashboard within {limit_s:.0f} s; see {log}")
+                time.sleep(0.5)
+            serving = time.perf_counter() - start
+        finally:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=30)
+    ready = [line for line in log.read_text().splitlines() if line.startswith("[demo] ready in")]
+    return {"until_dashboard_serves_s": serving,
+            "demo_reported_ready_s": float(ready[-1].split()[3]) if ready else None}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", nargs="*", choices=STEPS, help="steps to time (default: all)")
+    parser.add_argument("--keep", action="store_true", help="keep the clone (its path is printed)")
+    args = parser.parse_args()
+    steps = set(args.only or STEPS)
+    path = REPO / "benchmarks" / "results" / "walltime.json"
+    results = json.loads(path.read_text()) if path.is_file() else {}
+    results |= {"benchmark": "walltime", "machine": machine(), "load_average_at_start": os.getloadavg()}
+    root = Path(tempfile.mkdtemp(prefix="forma-walltime-"))
+    clone = root / "forma"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True).stdout.strip()
+    results["commit"] = commit
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FORMA_", "VIRTUAL_ENV"))}
+    env |= {"PIP_NO_CACHE_DIR": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    logs = root / "logs"
+    logs.mkdir()
+    try:
+        seconds = timed_run(["make", "venv"], clone, env, logs / "install.log")  # every step needs it
+        if "install" in steps:
+            results["clean_install_s"] = seconds
+            print(f"clean install (make venv): {seconds:.0f} s", flush=True)
+        if "demo" in steps:
+            results["demo_after_install"] = time_demo(clone, env, logs / "demo.log")
+            print(f"make demo after install: {results['demo_after_install']}", flush=True)
+        if "experiments" in steps:
+            forma = str(clone / ".venv" / "bin" / "forma")
+            names = subprocess.run([str(clone / ".venv" / "bin" / "python"), "-c",
+                                    "import experiments; print(' '.join(experiments.experiment_names()))"],
+                                   cwd=clone, env=env, capture_output=True, text=True, check=True).stdout.split()
+            profiles = results.setdefault("experiments", {})
+            for name in names:
+                for profile, flags in (("quick", ["--quick"]), ("default", [])):
+                    out = root / "runs" / f"{name}-{profile}"
+                    seconds = timed_run([forma, "run", name, *flags, "--out", str(out)], clone, env,
+                                        logs / f"{name}-{profile}.log")
+                    recorded = json.loads((out / "provenance.json").read_text()).get("wall_time_s")
+                    profiles.setdefault(name, {})[profile] = {"process_s": seconds, "experiment_s": recorded}
+                    print(f"forma run {name} {' '.join(flags)}: {seconds:.0f} s", flush=True)
+    finally:
+        results["clone"] = str(clone) if args.keep else None
+        print(f"wrote {write('walltime', results)}")
+        write_summary()
+        if not args.keep:
+            subprocess.run(["rm", "-rf", str(root)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
