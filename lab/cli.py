@@ -90,7 +90,11 @@ def run_side_by_side(jobs: list[tuple[str, list[str]]]) -> bool:
     env = os.environ | {"OMP_NUM_THREADS": str(max(1, cores // workers))}
     logs = runs_dir() / "demo"
     logs.mkdir(parents=True, exist_ok=True)
-    jobs = sorted(jobs, key=lambda job: DEMO_ORDER.index(job[0]) if job[0] in DEMO_ORDER else len(DEMO_ORDER))
+    def rank(job: tuple[str, list[str]]) -> int:
+        what = " ".join(job[1][:2])  # "train pydoc", "run kl"
+        return DEMO_ORDER.index(what) if what in DEMO_ORDER else len(DEMO_ORDER)
+
+    jobs = sorted(jobs, key=rank)
     print(f"[demo] {len(jobs)} jobs, {workers} at a time; logs in {logs}", flush=True)
 
     def run(job: tuple[str, list[str]]) -> bool:
@@ -133,8 +137,8 @@ def show_generations() -> None:
 
 DEMO_MODELS = ("markov", "facts", "pydoc")
 # Longest first, so that two cores finish together (measured times in benchmarks/results/walltime.json).
-DEMO_ORDER = ("forma train pydoc", "forma train markov", "forma run hallucination --quick", "forma run kl --quick",
-              "forma run calibration --quick", "forma train facts", "forma run equations --quick")
+DEMO_ORDER = ("train pydoc", "train markov", "run kl", "run calibration", "train facts", "run hallucination",
+              "run equations")
 
 
 def dashboard_command(port: int) -> list[str]:

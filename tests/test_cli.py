@@ -57,3 +57,15 @@ def test_demo_fills_in_missing_runs_and_shows_generations(tmp_path, monkeypatch,
     assert len(list((tmp_path / "runs" / "equations").glob("*/results.json"))) == 1
     assert main(["demo", "--no-dashboard"]) == 0
     assert "equations: a run exists" in capsys.readouterr().out
+
+
+def test_a_failing_demo_job_is_reported_and_nothing_is_served(tmp_path, monkeypatch, capsys):
+    import experiments
+
+    monkeypatch.setenv("FORMA_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setattr("lab.zoo.is_trained", lambda name: True)
+    monkeypatch.setattr(experiments, "experiment_names", lambda: ["no-such-experiment"])
+    assert main(["demo"]) == 1  # without --no-dashboard: it must stop before serving
+    err = capsys.readouterr().err
+    assert "forma run no-such-experiment --quick: FAILED" in err and "invalid choice" in err
+    assert (tmp_path / "runs" / "demo" / "run-no-such-experiment-quick.log").is_file()
