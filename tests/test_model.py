@@ -366,3 +366,21 @@ def test_llama_7b_shaped_config_counts_6_74e9_parameters():
     # LLaMA-7B has 6,738,415,616 parameters; Forma's unembedding adds a bias b_U of |V| = 32,000.
     assert count == 6_738_415_616 + 32000
     assert all(p.is_meta for p in model.parameters())
+
+
+@pytest.mark.parametrize("variant", [dict(), dict(n_kv_heads=2, positions="rotary", bias=False)], ids=["mha", "gqa"])
+def test_few_token_and_many_token_projections_agree(variant):
+    """A decoding step (few tokens: per-head products) and a batch (one fused product) give the same q, k, v."""
+    from lab.model.components import FEW_TOKENS
+
+    model = HookedTransformer(tiny_config(**variant), seed=0).eval()
+    one = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(3))
+    many = one.repeat(FEW_TOKENS // 6 + 1, 1)
+    assert one.numel() < FEW_TOKENS <= many.numel()
+    names = [f"blocks.1.attn.hook_{n}" for n in "qkv"]
+    with torch.no_grad():
+        _, few = model.run_with_cache(one, names_filter=names)
+        _, lots = model.run_with_cache(many, names_filter=names)
+        assert (model(one) - model(many)[:1]).abs().max() <= 1e-5
+    for name in names:
+        assert (few[name] - lots[name][:1]).abs().max() <= 1e-6, name

@@ -180,6 +180,12 @@ class Rotary(nn.Module):
         return torch.cat((x_rot, x_pass), dim=-1) if x_pass.shape[-1] else x_rot
 
 
+# Below this many tokens in a batch (batch × pos), q, k and v come from per-head products instead of one
+# product with the weights laid side by side (measured on CPU: at 1 token 46 µs against 90 µs per layer,
+# at 16 tokens 95 µs against 161 µs; from 128 tokens on the single product wins).
+FEW_TOKENS = 32
+
+
 class Attention(nn.Module):
     """Multi-head attention, causal by default, with grouped key/value heads when n_kv_heads < n_heads.
 
@@ -229,11 +235,23 @@ class Attention(nn.Module):
         return out if b is None else out.add_(b)  # in place: the einsum's output is a fresh tensor
 
     def _project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """q, k, v in one matrix product: [W_Q | W_K | W_V] laid side by side as [d_model, (h + 2·kv)·d_head]."""
+        """q, k, v in one matrix product: [W_Q | W_K | W_V] laid side by side as [d_model, (h + 2·kv)·d_head].
+
+        Laying them side by side copies the weights; for a few tokens (a decoding step) that copy costs
+        more than the product, so there each head's product reads its weights in place."""
+        if x.shape[0] * x.shape[1] < FEW_TOKENS:
+            return tuple(self._project_per_head(x, W, b) for W, b in ((self.W_Q, self.b_Q), (self.W_K, self.b_K),
+                                                                      (self.W_V, self.b_V)))
         W = torch.cat([W.permute(1, 0, 2) for W in (self.W_Q, self.W_K, self.W_V)], dim=1).flatten(1)
         b = None if self.b_Q is None else torch.cat((self.b_Q, self.b_K, self.b_V)).flatten()
         qkv = F.linear(x, W.T, b).unflatten(-1, (-1, self.d_head))
         return qkv.split((self.n_heads, self.n_kv_heads, self.n_kv_heads), dim=2)
+
+    @staticmethod
+    def _project_per_head(x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
+        """x W^h (+ b^h) for every head h as one batched product over heads, W [head, d_model, d_head] as stored."""
+        out = torch.matmul(x.unsqueeze(1), W)  # [batch, head, pos, d_head]
+        return (out if b is None else out.add_(b[:, None, :])).transpose(1, 2)
 
     def wants_pattern(self) -> bool:
         """True when a hook asks for the scores or the pattern: then the explicit path runs."""

@@ -11,25 +11,47 @@ import torch
 from torch import Tensor
 
 
-@dataclass
 class KVCacheEntry:
-    """One layer's keys and values, [batch, pos, kv_head, d_head], after rotary where it applies."""
+    """One layer's keys and values, [batch, pos, kv_head, d_head], after rotary where it applies.
 
-    keys: Tensor | None = None
-    values: Tensor | None = None
+    They live in buffers with room to spare that double when full, so a decoding step writes its key
+    and value in place instead of copying the whole prefix (amortised O(1) per step, not O(t)).
+    `keys` and `values` are views of the filled part.
+    """
+
+    def __init__(self, keys: Tensor | None = None, values: Tensor | None = None):
+        if (keys is None) != (values is None) or (keys is not None and keys.shape[:2] != values.shape[:2]):
+            raise ValueError("KVCacheEntry needs keys and values of the same batch and length, or neither")
+        self._keys, self._values = keys, values  # the buffers; a given prefix is never written into
+        self.length = 0 if keys is None else keys.shape[1]
 
     @property
-    def length(self) -> int:
-        return 0 if self.keys is None else self.keys.shape[1]
+    def keys(self) -> Tensor | None:
+        return None if self._keys is None else self._keys[:, : self.length]
+
+    @property
+    def values(self) -> Tensor | None:
+        return None if self._values is None else self._values[:, : self.length]
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add this step's keys and values; return all of them (cached prefix first)."""
-        if self.keys is None:
-            self.keys, self.values = k, v
-        else:
-            self.keys = torch.cat((self.keys, k), dim=1)
-            self.values = torch.cat((self.values, v), dim=1)
+        if self._keys is None:
+            self._keys, self._values, self.length = k, v, k.shape[1]
+            return k, v
+        end = self.length + k.shape[1]
+        if end > self._keys.shape[1]:  # full: move into buffers twice as long (or long enough)
+            capacity = max(2 * self._keys.shape[1], end)
+            self._keys, self._values = (self._grown(old, capacity) for old in (self.keys, self.values))
+        self._keys[:, self.length : end] = k
+        self._values[:, self.length : end] = v
+        self.length = end
         return self.keys, self.values
+
+    @staticmethod
+    def _grown(filled: Tensor, capacity: int) -> Tensor:
+        buffer = filled.new_empty((filled.shape[0], capacity, *filled.shape[2:]))
+        buffer[:, : filled.shape[1]] = filled
+        return buffer
 
 
 @dataclass
