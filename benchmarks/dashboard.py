@@ -110,7 +110,7 @@ def main() -> None:
                 print(f"{name:14s} {results['pages'][name]['median_s']:.2f} s (warm-up {warm_up[name]:.2f} s)", flush=True)
             load_time(page, f"{url}/explorer")
             prompts = ["Return the number of items.", "This module provides functions.", "If the file exists."]
-            box = page.get_by_label("Prompt")
+            box = page.get_by_label("Prompt", exact=True)
             results["interactions"]["explorer: new prompt"] = summarise([
                 interaction_time(page, lambda text=text: (box.fill(text), box.press("Enter")))
                 for text in (prompts * args.rounds)[: args.rounds]])

@@ -191,7 +191,7 @@ def main() -> None:
     if "cache" in sections:
         results["run_with_cache"] = bench_cache(args.device, args.rounds, args.batch, args.tokens)
     if "generation" in sections:
-        results["generation"] = bench_generation(args.device, max(3, args.rounds // 3), args.new_tokens)
+        results["generation"] = bench_generation(args.device, max(5, args.rounds // 2), args.new_tokens)
     if "training" in sections:
         results["training"] = bench_training(args.device, args.rounds, args.batch, args.tokens)
     results["wall_s"] = time.perf_counter() - start
