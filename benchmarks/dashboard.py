@@ -13,17 +13,15 @@ import argparse
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
 from benchmarks.summary import write_summary
 from benchmarks.timing import machine, write
-from lab.cli import dashboard_command
+from lab.cli import dashboard_command, free_port, wait_until_serving
 
 CHROMIUM = "/usr/bin/chromium"
 PAGES = {"home": "", "explorer": "explorer", "kl": "kl", "hallucination": "hallucination",
@@ -34,12 +32,6 @@ SETTLED = ("!document.querySelector(\"[data-testid='stSkeleton']\") && !document
            " && [...document.querySelectorAll(\"[data-testid='stPlotlyChart']\")].every(c => c.querySelector('.main-svg'))")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def settle(page, timeout_ms: float = 120_000) -> None:
@@ -87,16 +79,7 @@ def main() -> None:
     user_data = tempfile.mkdtemp(prefix="forma-chromium-")
     results = {"benchmark": "dashboard", "machine": machine(), "rounds": args.rounds, "pages": {}, "interactions": {}}
     try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
-                    break
-            except OSError:
-                pass
-            if time.time() > deadline or server.poll() is not None:
-                sys.exit("the dashboard server did not come up within 120 s")
-            time.sleep(0.5)
+        wait_until_serving(url, server, timeout_s=120)
         with sync_playwright() as p:
             browser = p.chromium.launch_persistent_context(user_data, executable_path=CHROMIUM, headless=True,
                                                            viewport={"width": 1280, "height": 1100}, args=CHROMIUM_ARGS)

@@ -16,25 +16,18 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 from benchmarks.summary import write_summary
 from benchmarks.timing import machine, write
+from lab.cli import free_port, wait_until_serving
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = ("install", "demo", "experiments")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def timed_run(command: list[str], cwd: Path, env: dict[str, str], log: Path) -> float:
@@ -55,17 +48,7 @@ def time_demo(clone: Path, env: dict[str, str], log: Path, limit_s: float = 3600
         process = subprocess.Popen(["make", "demo", f"DEMO_ARGS=--port {port}"], cwd=clone, env=env, stdout=out,
                                    stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            while True:
-                if process.poll() is not None:
-                    raise RuntimeError(f"make demo exited with {process.returncode} before serving; see {log}")
-                try:
-                    if urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2).read() == b"ok":
-                        break
-                except OSError:
-                    pass
-                if time.perf_counter() - start > limit_s:
-                    raise RuntimeError(f"make demo did not serve the dashboard within {limit_s:.0f} s; see {log}")
-                time.sleep(0.5)
+            wait_until_serving(f"http://127.0.0.1:{port}", process, timeout_s=limit_s)
             serving = time.perf_counter() - start
         finally:
             os.killpg(process.pid, signal.SIGTERM)

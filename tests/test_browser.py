@@ -4,22 +4,17 @@ In CI (CI=true) these tests must run: .ci/run installs chromium first, and a mis
 Screenshots land in tests/screenshots/ so a person can look at what the dashboard shows.
 """
 
-import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 import lab.zoo as zoo
 from lab import HookedTransformer, ModelConfig
-from lab.cli import dashboard_command
+from lab.cli import dashboard_command, free_port, wait_until_serving
 from lab.tokenize import word_level
 
 CHROMIUM = "/usr/bin/chromium"
@@ -33,12 +28,6 @@ if not Path(CHROMIUM).exists():
     pytest.skip("Debian chromium is not installed (apt-get install chromium); CI runs these", allow_module_level=True)
 
 pytestmark = pytest.mark.browser
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -66,16 +55,7 @@ def server(world):
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 90
-        while True:
-            try:
-                if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
-                    break
-            except OSError:
-                pass
-            if time.time() > deadline or process.poll() is not None:
-                raise RuntimeError("the dashboard server did not come up within 90 s")
-            time.sleep(0.5)
+        wait_until_serving(url, process, timeout_s=90)
         yield url
     finally:
         os.killpg(process.pid, signal.SIGTERM)
