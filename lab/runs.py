@@ -95,7 +95,9 @@ def runs_dir() -> Path:
 
 
 def new_run_dir(experiment: str, out: str | Path | None = None) -> Path:
-    """`out` if given (created; must not already hold a results.json), else runs/<experiment>/<UTC timestamp>/."""
+    """`out` if given (created; must not already hold a results.json), else runs/<experiment>/<UTC timestamp>/.
+
+    An `out` that is a file, holds a finished run or cannot be created raises ValueError naming it."""
     if out is None:
         base = runs_dir() / experiment
         out = base / utc_now()
@@ -104,9 +106,14 @@ def new_run_dir(experiment: str, out: str | Path | None = None) -> Path:
             out = base / f"{utc_now()}-{suffix}"
             suffix += 1
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"run folder {out} is a file, not a folder; choose another --out")
     if (out / "results.json").exists():
-        raise FileExistsError(f"{out} already holds a finished run (results.json); choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
+        raise ValueError(f"run folder {out} already holds a finished run (results.json); choose another --out")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"cannot create the run folder {out}: {err.strerror or err}") from err
     return out
 
 

@@ -69,3 +69,24 @@ def test_a_failing_demo_job_is_reported_and_nothing_is_served(tmp_path, monkeypa
     err = capsys.readouterr().err
     assert "forma run no-such-experiment --quick: FAILED" in err and "invalid choice" in err
     assert (tmp_path / "runs" / "demo" / "run-no-such-experiment-quick.log").is_file()
+
+
+@pytest.mark.parametrize("case", ["a file", "a finished run", "under a file"])
+def test_an_unusable_out_folder_is_a_clear_error_and_nothing_is_written(tmp_path, capsys, case):
+    target = tmp_path / "taken"
+    if case == "a file":
+        target.write_text("keep me\n")
+        expected = "is a file"
+    elif case == "a finished run":
+        target.mkdir()
+        (target / "results.json").write_text("{}\n")
+        expected = "already holds a finished run"
+    else:
+        target.write_text("keep me\n")
+        target = target / "run"
+        expected = "cannot create the run folder"
+    before = sorted((p.name, p.read_bytes() if p.is_file() else None) for p in tmp_path.rglob("*"))
+    assert main(["run", "equations", "--quick", "--out", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and str(target) in err and "Traceback" not in err
+    assert sorted((p.name, p.read_bytes() if p.is_file() else None) for p in tmp_path.rglob("*")) == before
