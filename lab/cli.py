@@ -13,7 +13,9 @@ def cmd_hooks(args: argparse.Namespace) -> int:
     from lab import HookedTransformer
 
     model = HookedTransformer.from_pretrained(args.model)
-    tokens = torch.zeros(1, min(args.tokens, model.cfg.n_ctx), dtype=torch.long)
+    if args.tokens < 1:
+        raise ValueError(f"--tokens must be at least 1, got {args.tokens}")
+    tokens = torch.zeros(1, args.tokens, dtype=torch.long)  # longer than n_ctx: the model's own error
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens, names_filter=lambda name: True)  # per-head results too
     for name in model.hook_dict:
@@ -217,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     hooks = sub.add_parser("hooks", help="list a model's hook points and their shapes",
                            description=cmd_hooks.__doc__)
     hooks.add_argument("model", help="zoo name, Forma model folder, or local Hugging Face folder")
-    hooks.add_argument("--tokens", type=int, default=8, help="length of the probe sequence (default 8)")
+    hooks.add_argument("--tokens", type=int, default=8, help="length of the probe sequence, 1 … n_ctx (default 8)")
     hooks.set_defaults(func=cmd_hooks)
 
     trust = sub.add_parser("trust", help="check a model against HF, its own fast paths and bfloat16",

@@ -90,3 +90,10 @@ def test_an_unusable_out_folder_is_a_clear_error_and_nothing_is_written(tmp_path
     err = capsys.readouterr().err
     assert expected in err and str(target) in err and "Traceback" not in err
     assert sorted((p.name, p.read_bytes() if p.is_file() else None) for p in tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize("tokens, message", [("65", "longer than the model's context n_ctx = 64"), ("0", "at least 1")])
+def test_hooks_refuses_a_probe_length_outside_the_context(tmp_path, capsys, tokens, message):
+    HookedTransformer(tiny_config()).save(tmp_path)  # n_ctx = 64
+    assert main(["hooks", str(tmp_path), "--tokens", tokens]) == 2
+    assert message in capsys.readouterr().err
