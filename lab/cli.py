@@ -212,6 +212,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def port_number(text: str) -> int:
+    """argparse type: a TCP port, 1 … 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be 1 … 65535, got {port}")
+    return port
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="forma", description=lab.__doc__)
     parser.add_argument("--version", action="version", version=f"forma {lab.__version__}")
@@ -250,14 +261,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=cmd_run)
 
     dashboard = sub.add_parser("dashboard", help="serve the dashboard on 127.0.0.1", description=cmd_dashboard.__doc__)
-    dashboard.add_argument("--port", type=int, default=8501, help="port (default 8501)")
+    dashboard.add_argument("--port", type=port_number, default=8501, help="port (default 8501)")
     dashboard.set_defaults(func=cmd_dashboard)
 
     demo = sub.add_parser("demo", help="train missing models, run quick experiments, open the dashboard",
                           description=cmd_demo.__doc__)
     demo.add_argument("--quick", action="store_true", help="train missing zoo models with their quick profile")
     demo.add_argument("--no-dashboard", action="store_true", help="stop before serving the dashboard")
-    demo.add_argument("--port", type=int, default=8501, help="dashboard port (default 8501)")
+    demo.add_argument("--port", type=port_number, default=8501, help="dashboard port (default 8501)")
     demo.set_defaults(func=cmd_demo)
     return parser
 

@@ -97,3 +97,11 @@ def test_hooks_refuses_a_probe_length_outside_the_context(tmp_path, capsys, toke
     HookedTransformer(tiny_config()).save(tmp_path)  # n_ctx = 64
     assert main(["hooks", str(tmp_path), "--tokens", tokens]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["dashboard", "demo"])
+@pytest.mark.parametrize("port", ["99999", "0", "http"])
+def test_a_bad_port_is_refused_before_anything_starts(capsys, command, port):
+    with pytest.raises(SystemExit) as exit:
+        main([command, "--port", port])
+    assert exit.value.code == 2 and "--port" in capsys.readouterr().err
