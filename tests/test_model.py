@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from transformer_lens import ActivationCache
 
 from lab import HookedTransformer, ModelConfig
 from lab.model.components import Rotary, sinusoidal_table
@@ -150,6 +151,21 @@ def test_every_activation_has_its_transformer_lens_name(model, tokens):
     assert set(cache.keys()) == set(model.hook_dict) - per_head
     _, named = model.run_with_cache(tokens, names_filter="blocks.1.attn.hook_result")
     assert named["blocks.1.attn.hook_result"].shape == (b, p, 4, 64)
+
+
+def test_a_missing_cache_entry_says_why_it_is_missing(model, tokens):
+    _, cache = model.run_with_cache(tokens)
+    assert isinstance(cache, ActivationCache)
+    with pytest.raises(KeyError, match=r"not cached.*left out by default.*stack_head_results"):
+        cache["blocks.0.attn.hook_result"]
+    _, some = model.run_with_cache(tokens, names_filter="blocks.0.hook_resid_post")
+    with pytest.raises(KeyError, match=r"'blocks.1.hook_resid_post' is a hook of the model but was not cached.*names_filter"):
+        some["resid_post", 1]
+    with pytest.raises(KeyError, match=r"unknown hook name 'blocks.0.hook_nosuch'"):
+        cache["nosuch", 0]
+    with pytest.raises(KeyError, match=r"did you mean.*blocks.0.hook_resid_post"):
+        cache["blocks.0.hook_resid_pst"]
+    assert cache["resid_post", -1] is cache["blocks.1.hook_resid_post"]  # TransformerLens's shorthands still work
 
 
 def test_head_results_computed_from_the_default_cache_equal_the_hooked_ones(model, tokens):

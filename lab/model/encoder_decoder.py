@@ -41,8 +41,8 @@ from lab.files import atomic_write
 from lab.model.components import (BLOCKS, MLPS, NORMS, POSITIONS, Attention, Embed, LayerNorm, Unembed)
 from lab.model.config import ModelConfig
 from lab.model.kv_cache import KVCache, KVCacheEntry
-from lab.model.transformer import (CONFIG_FILE, WEIGHTS_FILE, HookedTransformer, next_token_loss, read_checkpoint,
-                                  resolve_names_filter)
+from lab.model.transformer import (CONFIG_FILE, WEIGHTS_FILE, Cache, HookedTransformer, next_token_loss,
+                                  read_checkpoint, resolve_names_filter)
 from lab.configs import from_dict_strict
 
 SRC_TOKENIZER_FILE = "src_tokenizer.json"
@@ -302,7 +302,7 @@ class EncoderDecoder(HookedRootModule):
         """(logits, ActivationCache) for `model(src, tgt)`; names_filter as in HookedTransformer.run_with_cache."""
         names_filter = resolve_names_filter(self, names_filter)
         logits, cache = super().run_with_cache(*model_args, names_filter=names_filter, **kwargs)
-        return logits, ActivationCache(cache, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
+        return logits, Cache(cache, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
 
     # --- checkpoints ---------------------------------------------------------------------------
     load_weights = HookedTransformer.load_weights  # names and shapes checked against this config

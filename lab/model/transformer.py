@@ -240,7 +240,7 @@ class HookedTransformer(HookedRootModule):
         """
         names_filter = resolve_names_filter(self, names_filter)
         logits, cache = super().run_with_cache(*model_args, names_filter=names_filter, **kwargs)
-        return logits, ActivationCache(cache, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
+        return logits, Cache(cache, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
 
     # --- checkpoints ---------------------------------------------------------------------------
     def save(self, directory: str | Path) -> Path:
@@ -302,6 +302,25 @@ class HookedTransformer(HookedRootModule):
         from lab.zoo import zoo_model_dir
 
         return cls.load(zoo_model_dir(str(name_or_path)), device=device)
+
+
+class Cache(ActivationCache):
+    """TransformerLens's ActivationCache, whose KeyError says why an entry is missing: an unknown hook
+    name (with the closest ones), or a hook the names_filter — or the default, for attn.hook_result —
+    left out."""
+
+    def __getitem__(self, key: Any) -> Tensor:
+        try:
+            return super().__getitem__(key)
+        except KeyError as err:
+            name = err.args[0] if err.args and isinstance(err.args[0], str) else key
+            if name in self.model.hook_dict:
+                why = ("left out by default (n_heads × attn_out; name it in names_filter, or use "
+                       "cache.stack_head_results())" if not cached_by_default(name) else "left out by the names_filter")
+                raise KeyError(f"{name!r} is a hook of the model but was not cached: {why}") from None
+            close = difflib.get_close_matches(str(name), list(self.model.hook_dict), n=5, cutoff=0.5)
+            hint = f"; did you mean {close}?" if close else "; see model.hook_dict for every name"
+            raise KeyError(f"unknown hook name {name!r}{hint}") from None
 
 
 def cached_by_default(name: str) -> bool:
