@@ -586,9 +586,9 @@ def upweight(cfg: Config, run: SweepRun) -> tuple[list[dict[str, Any]], list[dic
 def spearman(x: list[float], y: list[float]) -> float:
     """Spearman's rank correlation with average ranks for ties, in integer arithmetic.
 
-    Doubled average ranks are integers, so the covariance and variances are exact; the one rounding is the
-    final division (and a square root, only when the two variances differ, i.e. with ties). A value the
-    formula makes exactly 0.9 — one adjacent swap among five — is therefore 0.9, not 0.8999999999999998.
+    Doubled average ranks are integers, so the covariance and variances are exact, and without ties the two
+    variances are equal and the square root of their product is exact too: a value the formula makes exactly
+    0.9 — one adjacent swap among five — is 0.9, not 0.8999999999999998.
     """
     import pandas as pd
 
@@ -600,8 +600,6 @@ def spearman(x: list[float], y: list[float]) -> float:
     var_y = n * sum(b * b for b in ry) - sum(ry) ** 2
     if var_x == 0 or var_y == 0:
         return float("nan")
-    if var_x == var_y:
-        return cov / var_x
     return cov / math.sqrt(var_x * var_y)
 
 

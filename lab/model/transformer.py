@@ -312,15 +312,12 @@ class Cache(ActivationCache):
     def __getitem__(self, key: Any) -> Tensor:
         try:
             return super().__getitem__(key)
-        except KeyError as err:
+        except KeyError as err:  # TransformerLens raises it with the full name the key resolved to
             name = err.args[0] if err.args and isinstance(err.args[0], str) else key
-            if name in self.model.hook_dict:
-                why = ("left out by default (n_heads × attn_out; name it in names_filter, or use "
-                       "cache.stack_head_results())" if not cached_by_default(name) else "left out by the names_filter")
-                raise KeyError(f"{name!r} is a hook of the model but was not cached: {why}") from None
-            close = difflib.get_close_matches(str(name), list(self.model.hook_dict), n=5, cutoff=0.5)
-            hint = f"; did you mean {close}?" if close else "; see model.hook_dict for every name"
-            raise KeyError(f"unknown hook name {name!r}{hint}") from None
+        self.model.check_hook_names([name])  # an unknown name: the model's KeyError, naming the closest ones
+        why = ("left out by default (n_heads × attn_out; name it in names_filter, or use cache.stack_head_results())"
+               if not cached_by_default(name) else "left out by the names_filter")
+        raise KeyError(f"{name!r} is a hook of the model but was not cached: {why}")
 
 
 def cached_by_default(name: str) -> bool:
