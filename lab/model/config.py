@@ -15,12 +15,7 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
-from lab.configs import from_dict_strict
-
-POSITIONS = ("learned", "sinusoidal", "rotary", "none")
-NORMS = ("layernorm", "rmsnorm")
-MLPS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu")
-BLOCKS = ("pre_ln", "post_ln")
+from lab.configs import check_fields, from_dict_strict
 
 
 @dataclass(frozen=True)
@@ -52,14 +47,13 @@ class ModelConfig:
             if not ok:
                 raise ValueError(f"ModelConfig: {message}")
 
+        check_fields(self)  # every field its annotation's type: bias = "false" is an error, not True
         for name in ("d_vocab", "d_model", "n_layers", "n_heads", "n_ctx"):
             value = getattr(self, name)
-            need(isinstance(value, int) and not isinstance(value, bool) and value > 0,
-                 f"{name} must be a positive integer, got {value!r}")
+            need(value > 0, f"{name} must be a positive integer, got {value!r}")
         for name in ("d_head", "d_mlp", "n_kv_heads", "rotary_dim"):
             value = getattr(self, name)
-            need(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
-                 f"{name} must be a non-negative integer (0 = default), got {value!r}")
+            need(value >= 0, f"{name} must be a non-negative integer (0 = default), got {value!r}")
         # Fill the derived defaults (frozen dataclass: write through object.__setattr__).
         if self.d_head == 0:
             need(self.d_model % self.n_heads == 0,
@@ -71,10 +65,6 @@ class ModelConfig:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         if self.rotary_dim == 0:
             object.__setattr__(self, "rotary_dim", self.d_head)
-        need(self.positions in POSITIONS, f"positions must be one of {POSITIONS}, got {self.positions!r}")
-        need(self.norm in NORMS, f"norm must be one of {NORMS}, got {self.norm!r}")
-        need(self.mlp in MLPS, f"mlp must be one of {MLPS}, got {self.mlp!r}")
-        need(self.block in BLOCKS, f"block must be one of {BLOCKS}, got {self.block!r}")
         need(self.n_heads % self.n_kv_heads == 0,
              f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
         need(self.rotary_dim % 2 == 0 and self.rotary_dim <= self.d_head,

@@ -43,12 +43,10 @@ from lab.model.config import ModelConfig
 from lab.model.kv_cache import KVCache, KVCacheEntry
 from lab.model.transformer import (CONFIG_FILE, WEIGHTS_FILE, Cache, HookedTransformer, next_token_loss,
                                   read_checkpoint, resolve_names_filter)
-from lab.configs import from_dict_strict
+from lab.configs import check_fields, from_dict_strict
 
 SRC_TOKENIZER_FILE = "src_tokenizer.json"
 TGT_TOKENIZER_FILE = "tgt_tokenizer.json"
-# Rotary is left out: it encodes positions inside self-attention and has no meaning across two sequences.
-POSITIONS_ALLOWED = ("sinusoidal", "learned", "none")
 
 
 @dataclass(frozen=True)
@@ -65,6 +63,7 @@ class EncoderDecoderConfig:
     n_ctx: int  # the longest source and the longest target sequence
     d_head: int = 0  # 0: d_model // n_heads
     d_mlp: int = 0  # 0: 4 · d_model
+    # Rotary is left out: it encodes positions inside self-attention and has no meaning across two sequences.
     positions: Literal["sinusoidal", "learned", "none"] = "sinusoidal"
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     norm_eps: float = 1e-5
@@ -75,12 +74,11 @@ class EncoderDecoderConfig:
     tokenizer: str = field(default="", compare=False)  # informational: what the ids mean
 
     def __post_init__(self) -> None:
+        check_fields(self)  # every field its annotation's type
         for name in ("d_vocab_src", "d_vocab_tgt", "n_encoder_layers", "n_decoder_layers"):
             value = getattr(self, name)
-            if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+            if value <= 0:
                 raise ValueError(f"EncoderDecoderConfig: {name} must be a positive integer, got {value!r}")
-        if self.positions not in POSITIONS_ALLOWED:
-            raise ValueError(f"EncoderDecoderConfig: positions must be one of {POSITIONS_ALLOWED}, got {self.positions!r}")
         try:  # every other field is checked where the components read it, in ModelConfig
             stack = self.stack_config("encoder")
         except ValueError as err:
