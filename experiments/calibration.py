@@ -78,11 +78,10 @@ from torch import Tensor
 
 from lab.analysis.activations import collect_activations
 from lab.analysis.lens import logit_lens
-from lab.configs import torch_threads
+from lab.configs import check_fields, torch_threads
 from lab.analysis.probes import auroc as auroc_labels_first  # (labels, scores); lab.metrics' is (scores, labels)
 from lab.analysis.probes import bootstrap_ci as grouped_bootstrap_ci
 from lab.analysis.probes import fit_probe, group_split, random_model, shuffled_control
-from lab.configs import check_fields
 from lab.data.facts import OPTION_LETTERS, Fact, FactWorld, FactWorldConfig
 from lab.metrics.calibration import (auroc, bootstrap_ci, brier, ece, fit_temperature, multiclass_summary, nll,
                                      noise_floor_ece, reliability, softmax)

@@ -64,7 +64,6 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from lab.configs import check_fields
 from lab.data.facts import FactWorld, FactWorldConfig
 from lab.generate import decode
 from lab.metrics.hallucination import (bin_table, bound_slack, kl_hat, missing_mass, monofact_rate, singleton_bound,
@@ -73,7 +72,7 @@ from lab.model import HookedTransformer, KVCache, KVCacheEntry, ModelConfig
 from lab.runs import save_figure, save_table
 from lab.tokenize import word_level
 from lab.train import SequenceBatches, TrainConfig, train
-from lab.configs import torch_threads
+from lab.configs import check_fields, torch_threads
 
 logger = logging.getLogger(__name__)
 
