@@ -78,7 +78,7 @@ from torch import Tensor
 
 from lab.analysis.activations import collect_activations
 from lab.analysis.lens import logit_lens
-from lab.configs import torch_threads
+from lab.configs import check_fields, torch_threads
 from lab.analysis.probes import auroc as auroc_labels_first  # (labels, scores); lab.metrics' is (scores, labels)
 from lab.analysis.probes import bootstrap_ci as grouped_bootstrap_ci
 from lab.analysis.probes import fit_probe, group_split, random_model, shuffled_control
@@ -144,8 +144,7 @@ class Config:
     hf_loader: str = "auto"  # --model: "auto" converts GPT-2/LLaMA (lab.hf.load_hf), bridges the rest; "bridge" always
 
     def __post_init__(self) -> None:
-        if not isinstance(self.quick, bool):
-            raise ValueError(f"Config.quick must be a bool, got {self.quick!r}")
+        check_fields(self)
         if self.quick:
             defaults = {f.name: f.default for f in dataclasses.fields(self)}
             for name, value in QUICK.items():
@@ -156,24 +155,20 @@ class Config:
             if not ok:
                 raise ValueError(f"Config: {message}")
 
-        def is_int(value: Any) -> bool:
-            return isinstance(value, int) and not isinstance(value, bool)
-
-        need(is_int(self.seed) and self.seed >= 0, f"seed must be a non-negative integer, got {self.seed!r}")
+        need(self.seed >= 0, f"seed must be a non-negative integer, got {self.seed!r}")
         for name in ("n_first_names", "n_last_names", "n_persons", "n_train", "quiz_copies", "d_model", "n_layers",
                      "n_heads", "steps", "batch_size", "n_stages", "n_heldout", "p_true_samples", "mlp_steps",
                      "n_boot", "token_windows", "threads"):
-            need(is_int(getattr(self, name)) and getattr(self, name) > 0,
+            need(getattr(self, name) > 0,
                  f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        need(is_int(self.warmup_steps) and 0 <= self.warmup_steps <= self.steps,
+        need(0 <= self.warmup_steps <= self.steps,
              f"warmup_steps must lie in [0, steps], got {self.warmup_steps!r}")
         need(self.n_stages >= 2 and self.steps >= self.n_stages, "need n_stages ≥ 2 and steps ≥ n_stages")
-        self.mlp_decays = tuple(float(d) for d in self.mlp_decays)
         need(len(self.mlp_decays) > 0 and all(d > 0 for d in self.mlp_decays), "mlp_decays must be positive")
-        need(is_int(self.probe_folds) and self.probe_folds >= 2, "probe_folds must be an integer ≥ 2")
+        need(self.probe_folds >= 2, "probe_folds must be an integer ≥ 2")
         for name in ("format_share", "calibration_share", "probe_test_fraction", "partial_recall"):
             need(0 < getattr(self, name) < 1, f"{name} must lie in (0, 1), got {getattr(self, name)!r}")
-        need(math.isfinite(self.pareto_gamma) and self.pareto_gamma > 0, "pareto_gamma must be > 0")
+        need(self.pareto_gamma > 0, "pareto_gamma must be > 0")
         need(0 < self.min_lr <= self.lr, "need 0 < min_lr ≤ lr")
         need(self.d_model % self.n_heads == 0, "d_model must be a multiple of n_heads")
         need(self.hf_loader in ("auto", "bridge"), f"hf_loader must be 'auto' or 'bridge', got {self.hf_loader!r}")

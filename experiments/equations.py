@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 from transformer_lens.hook_points import HookPoint
 
+from lab.configs import check_fields
 from lab.generate import decode, filter_logits, sample_next
 from lab.model import HookedTransformer, KVCache, KVCacheEntry, ModelConfig, next_token_loss
 from lab.model.components import ACTIVATIONS, Attention, Rotary, sinusoidal_table
@@ -49,10 +50,9 @@ class Config:
     quick: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+        check_fields(self)
+        if self.seed < 0:
             raise ValueError(f"Config.seed must be a non-negative integer, got {self.seed!r}")
-        if not isinstance(self.quick, bool):
-            raise ValueError(f"Config.quick must be a bool, got {self.quick!r}")
 
 
 @dataclass

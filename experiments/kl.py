@@ -61,6 +61,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from lab.configs import check_fields
 from lab.data.sources import HiddenMarkovSource, MarkovSource
 from lab.metrics.information import cross_entropy, entropy, kl, to_bits
 from lab.model import HookedTransformer, ModelConfig
@@ -130,10 +131,9 @@ class Config:
     quick: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+        check_fields(self)
+        if self.seed < 0:
             raise ValueError(f"Config.seed must be a non-negative integer, got {self.seed!r}")
-        if not isinstance(self.quick, bool):
-            raise ValueError(f"Config.quick must be a bool, got {self.quick!r}")
 
     @property
     def profile(self) -> Profile:

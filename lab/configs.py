@@ -1,11 +1,117 @@
-"""What every small config dataclass shares: strict loading from a mapping, and a scoped thread count."""
+"""What every small config dataclass shares: its fields checked against their annotations, strict loading
+from a mapping, and a scoped thread count."""
 
 import dataclasses
+import functools
+import math
+import numbers
+import types
+import typing
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, Union
 
 T = TypeVar("T")
+
+
+def check_fields(config: Any) -> None:
+    """Check every field of a dataclass instance against its annotation, the first thing each config's
+    `__post_init__` does; a mismatch is a ValueError naming the class, the field, the type and the value
+    ("ModelConfig.bias must be a bool (true or false), got 'false' (str)").
+
+    bool is a bool (never the string "false", never 0 or 1); int an integer and not a bool; float a finite
+    number, an int allowed and stored as a float (so 1 and 1.0 save alike); str a string; Literal[...] one of
+    its values; tuple[X, ...] and tuple[X, Y] a tuple — or a list, as JSON and TOML write it, stored as a
+    tuple — whose elements are each checked; X | None either; Any anything.
+    """
+    cls = type(config)
+    for name, annotation in _field_types(cls).items():
+        value = getattr(config, name)
+        try:
+            conformed = _conform(value, annotation)
+        except _Mismatch as err:
+            where = f" at element {err.where}" if err.where else ""
+            raise ValueError(f"{cls.__name__}.{name} must be {err.expected}{where}, got {value!r} "
+                             f"({type(value).__name__})") from None
+        if conformed is not value:
+            object.__setattr__(config, name, conformed)  # also through a frozen dataclass
+
+
+@functools.cache
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+class _Mismatch(Exception):
+    def __init__(self, expected: str, where: str = ""):
+        super().__init__(expected)
+        self.expected, self.where = expected, where
+
+
+def _conform(value: Any, annotation: Any) -> Any:
+    """`value` as the annotation wants it (the same object unless normalised), or _Mismatch."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if annotation is Any:
+        return value
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        raise _Mismatch("a bool (true or false)")
+    if annotation is int:
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            return value if type(value) is int else int(value)
+        raise _Mismatch("an int")
+    if annotation is float:
+        if isinstance(value, numbers.Real) and not isinstance(value, bool):
+            try:
+                number = float(value)
+            except OverflowError:
+                number = math.inf
+            if math.isfinite(number):
+                return value if type(value) is float else number
+        raise _Mismatch("a finite float")
+    if annotation is str:
+        if isinstance(value, str):
+            return value
+        raise _Mismatch("a str")
+    if origin is Literal:
+        if any(type(value) is type(a) and value == a for a in args):
+            return value
+        raise _Mismatch("one of " + ", ".join(repr(a) for a in args))
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        options = [a for a in args if a is not type(None)]
+        for option in options:
+            try:
+                return _conform(value, option)
+            except _Mismatch:
+                pass
+        raise _Mismatch(" or ".join(_describe(a) for a in args))
+    if origin is tuple:
+        if not isinstance(value, (tuple, list)):
+            raise _Mismatch(_describe(annotation))
+        variadic = len(args) == 2 and args[1] is Ellipsis
+        if not variadic and len(value) != len(args):
+            raise _Mismatch(f"{_describe(annotation)} with {len(args)} elements")
+        elements = []
+        for i, element in enumerate(value):
+            try:
+                elements.append(_conform(element, args[0] if variadic else args[i]))
+            except _Mismatch as err:
+                raise _Mismatch(err.expected, str(i)) from None
+        same = isinstance(value, tuple) and all(a is b for a, b in zip(elements, value))
+        return value if same else tuple(elements)
+    raise TypeError(f"check_fields cannot check the annotation {annotation!r}: add it to lab.configs._conform")
+
+
+def _describe(annotation: Any) -> str:
+    if annotation is type(None):
+        return "None"
+    if typing.get_origin(annotation) is tuple:
+        return f"a tuple {annotation!r}".replace("typing.", "")
+    return {bool: "bool", int: "int", float: "finite float", str: "str"}.get(annotation, repr(annotation))
 
 
 def from_dict_strict(cls: type[T], data: Any) -> T:

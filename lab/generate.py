@@ -9,7 +9,10 @@ With the KV cache each step feeds only the newest token; without it each step re
 prefix. Both give the same logits (to float round-off) and so the same greedy tokens (tested).
 """
 
+import math
+import numbers
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from jaxtyping import Float, Int
@@ -24,17 +27,52 @@ class Generation:
     logits: Float[Tensor, "batch new d_vocab"]  # the logits each new token was drawn from
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_sampling(temperature: Any = 1.0, top_k: Any = None, top_p: Any = None, seed: Any = None) -> None:
+    """ValueError for a sampling argument out of range — checked whatever the temperature, so that an argument
+    greedy decoding happens not to read is still a mistake reported, not one silently ignored."""
+    if not (_is_real(temperature) and math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"temperature must be a finite number ≥ 0 (0 = greedy), got {temperature!r}")
+    if top_k is not None and not (_is_int(top_k) and top_k >= 1):
+        raise ValueError(f"top_k must be an integer ≥ 1 (or None), got {top_k!r}")
+    if top_p is not None and not (_is_real(top_p) and 0.0 < top_p <= 1.0):
+        raise ValueError(f"top_p must lie in (0, 1] (or be None), got {top_p!r}")
+    if seed is not None and not _is_int(seed):
+        raise ValueError(f"seed must be an integer (or None), got {seed!r}")
+
+
+def check_token_id(value: Any, name: str, d_vocab: int, optional: bool = True) -> None:
+    """ValueError unless `value` is a token id in [0, d_vocab) (or None, when optional)."""
+    if value is None and optional:
+        return
+    if not (_is_int(value) and 0 <= value < d_vocab):
+        raise ValueError(f"{name} must be a token id in [0, d_vocab) = [0, {d_vocab}), got {value!r}")
+
+
+def check_max_new_tokens(value: Any, prompt_length: int, n_ctx: int) -> None:
+    """ValueError unless prompt_length + value new tokens fit the context."""
+    if not (_is_int(value) and value >= 0):
+        raise ValueError(f"max_new_tokens must be an integer ≥ 0, got {value!r}")
+    if prompt_length + value > n_ctx:
+        raise ValueError(f"prompt of {prompt_length} tokens + {value} new tokens is longer than "
+                         f"the model's context n_ctx = {n_ctx}")
+
+
 def filter_logits(logits: Float[Tensor, "... d_vocab"], top_k: int | None = None,
                   top_p: float | None = None) -> Float[Tensor, "... d_vocab"]:
     """Set to −∞ every logit outside the top-k and outside the nucleus of mass top_p."""
+    check_sampling(top_k=top_k, top_p=top_p)
     if top_k is not None:
-        if top_k < 1:
-            raise ValueError(f"top_k must be ≥ 1, got {top_k}")
         kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p is not None:
-        if not 0.0 < top_p <= 1.0:
-            raise ValueError(f"top_p must lie in (0, 1], got {top_p}")
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         probs = sorted_logits.softmax(dim=-1)
         mass_before = probs.cumsum(dim=-1) - probs  # the mass of the more probable tokens
@@ -46,12 +84,18 @@ def filter_logits(logits: Float[Tensor, "... d_vocab"], top_k: int | None = None
 
 def sample_next(logits: Float[Tensor, "batch d_vocab"], temperature: float = 1.0, top_k: int | None = None,
                 top_p: float | None = None, generator: torch.Generator | None = None) -> Int[Tensor, "batch"]:
-    """One token per row from softmax(filtered logits / T); T = 0 takes the argmax."""
-    if temperature < 0:
-        raise ValueError(f"temperature must be ≥ 0, got {temperature}")
+    """One token per row from softmax(filtered logits / T); T = 0 takes the argmax.
+
+    The logits are shifted by their maximum before dividing by T, in float64: softmax does not change, and
+    for a tiny T (1e-45, or below float32's smallest number) z / T is −∞ or 0 instead of ∞ − ∞ = NaN, so the
+    draw tends to the argmax as T → 0. The probabilities go back to float32 for the draw itself.
+    """
+    check_sampling(temperature, top_k, top_p)
     if temperature == 0:
         return logits.argmax(dim=-1)
-    probs = filter_logits(logits.float() / temperature, top_k, top_p).softmax(dim=-1)
+    z = logits.double()
+    z = (z - z.amax(dim=-1, keepdim=True)) / temperature
+    probs = filter_logits(z, top_k, top_p).softmax(dim=-1).float()
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
@@ -64,11 +108,9 @@ def decode(model: HookedTransformer, tokens: Int[Tensor, "batch pos"], max_new_t
     Rows that emit `eos_token_id` keep emitting it; decoding stops when every row has.
     """
     tokens = model.check_tokens(tokens)
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be ≥ 0, got {max_new_tokens}")
-    if tokens.shape[1] + max_new_tokens > model.cfg.n_ctx:
-        raise ValueError(f"prompt of {tokens.shape[1]} tokens + {max_new_tokens} new tokens is longer than "
-                         f"the model's context n_ctx = {model.cfg.n_ctx}")
+    check_max_new_tokens(max_new_tokens, tokens.shape[1], model.cfg.n_ctx)
+    check_sampling(temperature, top_k, top_p, seed)
+    check_token_id(eos_token_id, "eos_token_id", model.cfg.d_vocab)
     generator = None
     if seed is not None:
         generator = torch.Generator(device=tokens.device).manual_seed(seed)

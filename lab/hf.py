@@ -6,9 +6,13 @@ Both are exact: logits agree to float32 round-off (tested). Any other architectu
 here and goes through TransformerLens's TransformerBridge (`bridge(path)`), which hooks the HF
 module tree directly.
 
-Nothing is fetched from a hub: `load_hf` reads a local `save_pretrained` folder only.
+Nothing is fetched from a hub: `load_hf` and `bridge` read a local `save_pretrained` folder only, and only if
+its safetensors hold exactly the tensors its config.json describes.
 """
 
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,15 +40,57 @@ def _unsupported(model_type: str) -> UnsupportedArchitecture:
 # Hugging Face → Forma
 # --------------------------------------------------------------------------------------------
 def from_hf(hf_model: Any, tokenizer: Any = None) -> HookedTransformer:
-    """A HookedTransformer with the weights of a GPT-2- or LLaMA-family HF model (float32, eval mode)."""
+    """A HookedTransformer with the weights of a GPT-2- or LLaMA-family HF model (float32, eval mode).
+
+    The model's tensors are first checked against what its config describes (the same class built on the
+    meta device): a missing, unexpected or mis-shaped one is a ValueError naming it."""
     model_type = getattr(hf_model.config, "model_type", type(hf_model).__name__)
     converters = {"gpt2": _gpt2_to_forma, "llama": _llama_to_forma}
     if model_type not in converters:
         raise _unsupported(model_type)
-    cfg, state = converters[model_type](hf_model.config, {k: v.detach().float().cpu() for k, v in hf_model.state_dict().items()})
+    with _quiet_transformers():
+        _check_against_config(hf_model)
+    try:
+        cfg, state = converters[model_type](hf_model.config, {k: v.detach().float().cpu()
+                                                               for k, v in hf_model.state_dict().items()})
+    except UnsupportedArchitecture:
+        raise
+    except ValueError as err:
+        raise ValueError(f"the Hugging Face {model_type} config does not describe a Forma model: {err}") from err
     model = HookedTransformer(cfg, tokenizer=tokenizer)
     model.load_weights(state, source=f"Hugging Face {model_type} model")
     return model.eval()
+
+
+def _check_against_config(hf_model: Any) -> None:
+    """ValueError naming every tensor of `hf_model` that its config does not describe, or describes with
+    another shape, and every one it describes that is missing (e.g. layers removed from the module tree)."""
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in type(hf_model)(hf_model.config).state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in hf_model.state_dict().items()}
+    mismatched = [(k, got[k], expected[k]) for k in sorted(expected.keys() & got.keys()) if got[k] != expected[k]]
+    problems = _describe_problems(expected.keys() - got.keys(), got.keys() - expected.keys(), mismatched)
+    if problems:
+        raise ValueError(f"the Hugging Face model's tensors do not match its config: {problems}")
+
+
+def _describe_problems(missing: Any, unexpected: Any, mismatched: Any, shown: int = 6) -> str:
+    """'missing [...]; unexpected [...]; mis-shaped k: weights (…), config (…)' — empty when all agree."""
+    def names(keys: Any) -> str:
+        keys = sorted(keys)
+        return f"{keys[:shown]}{f' and {len(keys) - shown} more' if len(keys) > shown else ''}"
+
+    parts = []
+    if missing:
+        parts.append(f"missing {names(missing)}")
+    if unexpected:
+        parts.append(f"unexpected {names(unexpected)}")
+    if mismatched:
+        mismatched = sorted(mismatched)
+        parts.append("mis-shaped " + ", ".join(f"{k}: weights {tuple(have)}, config {tuple(want)}"
+                                               for k, have, want in mismatched[:shown])
+                     + (f" and {len(mismatched) - shown} more" if len(mismatched) > shown else ""))
+    return "; ".join(parts)
 
 
 def _gpt2_to_forma(c: Any, sd: dict[str, Tensor]) -> tuple[ModelConfig, dict[str, Tensor]]:
@@ -56,7 +102,7 @@ def _gpt2_to_forma(c: Any, sd: dict[str, Tensor]) -> tuple[ModelConfig, dict[str
     cfg = ModelConfig(
         d_vocab=c.vocab_size, d_model=c.n_embd, n_layers=c.n_layer, n_heads=c.n_head, n_ctx=c.n_positions,
         d_mlp=c.n_inner or 4 * c.n_embd, positions="learned", norm="layernorm", norm_eps=c.layer_norm_epsilon,
-        mlp=mlp, block="pre_ln", tied_embeddings=bool(c.tie_word_embeddings), bias=True)
+        mlp=mlp, block="pre_ln", tied_embeddings=c.tie_word_embeddings, bias=True)
     p = "transformer."
     state = {"embed.W_E": sd[p + "wte.weight"], "pos_embed.W_pos": sd[p + "wpe.weight"],
              "ln_final.w": sd[p + "ln_f.weight"], "ln_final.b": sd[p + "ln_f.bias"],
@@ -102,7 +148,7 @@ def _llama_to_forma(c: Any, sd: dict[str, Tensor]) -> tuple[ModelConfig, dict[st
         d_vocab=c.vocab_size, d_model=c.hidden_size, n_layers=c.num_hidden_layers, n_heads=c.num_attention_heads,
         n_ctx=c.max_position_embeddings, d_head=d_head, d_mlp=c.intermediate_size, n_kv_heads=kv,
         positions="rotary", rotary_base=_rope_theta(c), norm="rmsnorm", norm_eps=c.rms_norm_eps, mlp="swiglu",
-        block="pre_ln", tied_embeddings=bool(c.tie_word_embeddings), bias=False)
+        block="pre_ln", tied_embeddings=c.tie_word_embeddings, bias=False)
     p = "model."
     state = {"embed.W_E": sd[p + "embed_tokens.weight"], "ln_final.w": sd[p + "norm.weight"],
              "unembed.b_U": torch.zeros(c.vocab_size)}
@@ -220,37 +266,148 @@ def _load_hf_state(hf: Any, state: dict[str, Tensor]) -> None:
 # --------------------------------------------------------------------------------------------
 # Local folders
 # --------------------------------------------------------------------------------------------
-def load_hf(path: str | Path, device: str | torch.device = "cpu") -> HookedTransformer:
-    """A HookedTransformer from a local Hugging Face `save_pretrained` folder (with its tokenizer if present)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+SAFETENSORS_FILE = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+# Weights in formats Forma never reads: a pickle (torch.load can run code) or another framework's.
+OTHER_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "tf_model.h5", "flax_model.msgpack",
+                 "model.ckpt.index")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
+
+def load_hf(path: str | Path, device: str | torch.device = "cpu") -> HookedTransformer:
+    """A HookedTransformer from a local Hugging Face `save_pretrained` folder (with its tokenizer if present).
+
+    The folder must hold exactly what its config.json describes (see `read_hf_folder`)."""
     path = Path(path)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path} is not a Hugging Face model folder (no config.json)")
-    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    config = _hf_config(path)
     if config.model_type not in SUPPORTED:
         raise _unsupported(config.model_type)
-    hf = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
-    return from_hf(hf, tokenizer=_local_tokenizer(path)).to(device)
-
-
-def _local_tokenizer(path: Path) -> Any:
-    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    tokenizer = _local_tokenizer(path)
+    hf = read_hf_folder(path, dtype=torch.float32)
+    try:
+        return from_hf(hf, tokenizer=tokenizer).to(device)
+    except UnsupportedArchitecture:
+        raise
+    except ValueError as err:
+        raise ValueError(f"{path / 'config.json'}: {err}") from err
 
 
 def bridge(path: str | Path, device: str = "cpu") -> Any:
-    """Any local HF causal LM wrapped by TransformerLens's TransformerBridge (hooked, not converted)."""
+    """Any local HF causal LM wrapped by TransformerLens's TransformerBridge (hooked, not converted).
+
+    The folder must hold its tokenizer: without one TransformerBridge would look the model's name up on a
+    model hub, and nothing in Forma reaches the network."""
     from transformer_lens.model_bridge import TransformerBridge
-    from transformers import AutoConfig, AutoModelForCausalLM
 
     path = Path(path)
+    config = _hf_config(path)
+    tokenizer = _local_tokenizer(path)
+    if tokenizer is None:
+        raise FileNotFoundError(
+            f"{path} holds no tokenizer ({' or '.join(TOKENIZER_FILES)}): TransformerBridge needs one, and would "
+            "otherwise fetch it from a model hub. Save it beside the model: tokenizer.save_pretrained(folder)")
+    hf = read_hf_folder(path)
+    name = config.architectures[0] if config.architectures else config.model_type
+    return TransformerBridge.boot_transformers(name, hf_model=hf, tokenizer=tokenizer, device=device)
+
+
+def read_hf_folder(path: str | Path, **options: Any) -> Any:
+    """The Hugging Face causal LM in a local folder, loaded only if its safetensors hold exactly the tensors
+    its config.json describes.
+
+    Checked before anything is loaded: the weights are safetensors (a pickle is never opened), every shard the
+    index names exists, and every file's header is whole (a truncated file is named). Checked while loading,
+    from transformers' own report (`output_loading_info`): no tensor missing, none unexpected, none of
+    another shape. What transformers itself documents as derived is not counted: a tied lm_head, and each
+    class's `_keys_to_ignore_on_load_*` (GPT-2's attn.bias causal-mask buffers).
+    """
+    from transformers import AutoModelForCausalLM
+
+    path = Path(path)
+    _hf_config(path)
+    check_safetensors(path)
+    with _quiet_transformers():
+        hf, info = AutoModelForCausalLM.from_pretrained(
+            path, local_files_only=True, use_safetensors=True, output_loading_info=True, ignore_mismatched_sizes=True,
+            **options)
+    problems = _describe_problems(info["missing_keys"], info["unexpected_keys"], info["mismatched_keys"])
+    problems = "; ".join([problems, *info.get("error_msgs", [])]).strip("; ")
+    if problems:
+        raise ValueError(f"the weights in {path} do not match its config.json: {problems}")
+    return hf
+
+
+def check_safetensors(path: Path) -> list[Path]:
+    """The safetensors files of a HF folder (one, or the shards its index names), each with a whole header;
+    FileNotFoundError or ValueError naming what is missing, pickled, malformed or truncated."""
+    from safetensors import SafetensorError, safe_open
+
+    index = path / SAFETENSORS_INDEX
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            shards = sorted({path / name for name in weight_map.values()})
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
+            raise ValueError(f"malformed {index}: {err!r}") from err
+        absent = [shard.name for shard in shards if not shard.is_file()]
+        if absent:
+            raise FileNotFoundError(f"{index} names shards that are not in {path}: {absent}")
+    elif (path / SAFETENSORS_FILE).is_file():
+        shards = [path / SAFETENSORS_FILE]
+    else:
+        other = [name for name in OTHER_WEIGHTS if (path / name).exists()]
+        if other:
+            raise ValueError(
+                f"{path} holds {other[0]}, and Forma reads safetensors only: a pickle checkpoint can run code when "
+                "it is loaded, so it is never opened. Convert it once, where you trust the file: "
+                "AutoModelForCausalLM.from_pretrained(folder).save_pretrained(folder) writes model.safetensors")
+        raise FileNotFoundError(f"{path} has no {SAFETENSORS_FILE} (nor {SAFETENSORS_INDEX}): no weights to load")
+    for shard in shards:
+        try:
+            with safe_open(str(shard), framework="pt") as handle:
+                handle.keys()
+        except (SafetensorError, OSError, ValueError) as err:
+            raise ValueError(f"malformed or truncated weights {shard}: {err}") from err
+    return shards
+
+
+def _hf_config(path: Path) -> Any:
+    """The folder's transformers config; FileNotFoundError or ValueError naming config.json."""
+    from huggingface_hub.errors import StrictDataclassError
+    from transformers import AutoConfig
+
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} is not a Hugging Face model folder (no config.json)")
-    config = AutoConfig.from_pretrained(path, local_files_only=True)
-    hf = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
-    return TransformerBridge.boot_transformers(config.architectures[0] if config.architectures else config.model_type,
-                                               hf_model=hf, tokenizer=_local_tokenizer(path), device=device)
+    try:
+        with _quiet_transformers():
+            return AutoConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError, StrictDataclassError) as err:
+        # what transformers raises for a config it cannot read, or one whose fields have the wrong type
+        raise ValueError(f"malformed {path / 'config.json'}: {err}") from err
+
+
+def _local_tokenizer(path: Path) -> Any:
+    """The folder's tokenizer, or None when it has none; a ValueError naming a file that cannot be read."""
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        with _quiet_transformers():
+            return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as err:  # the Rust tokenizers library raises plain Exception for a malformed tokenizer.json
+        raise ValueError(f"malformed tokenizer in {path} ({', '.join(f for f in TOKENIZER_FILES if (path / f).is_file())}): "
+                         f"{err}") from err
+
+
+@contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """transformers' warnings and load report off for a call whose problems Forma reports itself."""
+    from transformers.utils import logging
+
+    before = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(before)

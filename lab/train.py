@@ -53,7 +53,7 @@ from tqdm.auto import tqdm
 from lab.model import HookedTransformer, ModelConfig
 from lab.files import atomic_write, current_umask
 from lab.model.transformer import CONFIG_FILE, WEIGHTS_FILE
-from lab.configs import from_dict_strict
+from lab.configs import check_fields, from_dict_strict
 
 __all__ = ["DEMO_MODEL", "DEMO_TRAIN", "Batch", "Batches", "SequenceBatches", "TokenStream", "TrainConfig",
            "TrainResult", "TrainState", "batch_seed", "demo_markov", "estimate_loss", "find_checkpoint",
@@ -101,23 +101,16 @@ class TrainConfig:
     device: str = "cpu"
 
     def __post_init__(self) -> None:
+        check_fields(self)  # types from the annotations; an int in a float field is stored as a float
+
         def need(ok: bool, name: str, message: str) -> None:
             if not ok:
                 raise ValueError(f"TrainConfig.{name}: {message}, got {getattr(self, name)!r}")
 
-        def is_int(value: Any) -> bool:
-            return isinstance(value, int) and not isinstance(value, bool)
-
-        def is_real(value: Any) -> bool:
-            return is_int(value) or (isinstance(value, float) and math.isfinite(value))
-
         for name in ("steps", "batch_size", "seq_len", "eval_interval", "eval_batches"):
-            need(is_int(getattr(self, name)) and getattr(self, name) > 0, name, "must be a positive integer")
+            need(getattr(self, name) > 0, name, "must be a positive integer")
         for name in ("warmup_steps", "checkpoint_interval", "seed"):
-            need(is_int(getattr(self, name)) and getattr(self, name) >= 0, name, "must be a non-negative integer")
-        for name in ("lr", "min_lr", "weight_decay", "beta1", "beta2", "grad_clip"):
-            need(is_real(getattr(self, name)), name, "must be a finite number")
-            object.__setattr__(self, name, float(getattr(self, name)))  # frozen: 1 and 1.0 save alike
+            need(getattr(self, name) >= 0, name, "must be a non-negative integer")
         need(self.seq_len >= 2, "seq_len", "must be at least 2 (one token to predict from, one to predict)")
         need(self.lr > 0, "lr", "must be positive")
         need(0 <= self.min_lr <= self.lr, "min_lr", f"must lie in [0, lr = {self.lr}]")
@@ -126,7 +119,6 @@ class TrainConfig:
         need(0 <= self.beta1 < 1, "beta1", "must lie in [0, 1)")
         need(0 <= self.beta2 < 1, "beta2", "must lie in [0, 1)")
         need(self.grad_clip >= 0, "grad_clip", "must be non-negative (0 = no clipping)")
-        need(isinstance(self.device, str), "device", "must be a string such as 'cpu' or 'cuda'")
         try:
             torch.device(self.device)
         except RuntimeError as err:

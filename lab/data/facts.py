@@ -21,7 +21,6 @@ change the persons, the facts or their popularity.
 """
 
 import dataclasses
-import math
 import numbers
 import re
 from collections.abc import Iterable, Iterator, Sequence
@@ -31,7 +30,7 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 from faker import Faker
 from numpy.typing import NDArray
-from lab.configs import from_dict_strict
+from lab.configs import check_fields, from_dict_strict
 
 SPECIAL_TOKENS = ("<pad>", "<unk>", "<bos>", "<eos>")
 MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September",
@@ -90,37 +89,27 @@ class FactWorldConfig:
     n_values: int = 100  # size of every value space other than birthday's (city, generic)
 
     def __post_init__(self) -> None:
+        check_fields(self)  # types from the annotations; attributes as a list (JSON, TOML) becomes a tuple
+
         def need(ok: bool, message: str) -> None:
             if not ok:
                 raise ValueError(f"FactWorldConfig: {message}")
 
-        def is_int(value: Any) -> bool:
-            return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
         for name in ("n_first_names", "n_last_names", "n_persons", "n_train"):
             value = getattr(self, name)
-            need(is_int(value) and value > 0, f"{name} must be a positive integer, got {value!r}")
-        need(is_int(self.seed) and self.seed >= 0,
-             f"seed must be a non-negative integer, got {self.seed!r}")
-        need(is_int(self.n_values) and self.n_values >= 2,
-             f"n_values must be an integer ≥ 2, got {self.n_values!r}")
-        gamma = self.pareto_gamma
-        need(isinstance(gamma, numbers.Real) and not isinstance(gamma, bool)
-             and math.isfinite(gamma) and gamma > 0,
-             f"pareto_gamma must be a finite number > 0, got {gamma!r}")
+            need(value > 0, f"{name} must be a positive integer, got {value!r}")
+        need(self.seed >= 0, f"seed must be a non-negative integer, got {self.seed!r}")
+        need(self.n_values >= 2, f"n_values must be an integer ≥ 2, got {self.n_values!r}")
+        need(self.pareto_gamma > 0, f"pareto_gamma must be a finite number > 0, got {self.pareto_gamma!r}")
         n_names = self.n_first_names * self.n_last_names
         need(self.n_persons <= n_names,
              f"n_persons ({self.n_persons}) exceeds n_first_names × n_last_names ({n_names}), "
              f"the number of distinct two-part names")
-        if isinstance(self.attributes, str) or not isinstance(self.attributes, Sequence):
-            raise ValueError(f"FactWorldConfig: attributes must be a sequence of names, "
-                             f"got {self.attributes!r}")
-        object.__setattr__(self, "attributes", tuple(self.attributes))
         need(len(self.attributes) > 0, "attributes must name at least one attribute")
         need(len(set(self.attributes)) == len(self.attributes),
              f"attributes must be distinct, got {self.attributes!r}")
         for attribute in self.attributes:
-            need(isinstance(attribute, str) and bool(_ATTRIBUTE_PATTERN.match(attribute)),
+            need(bool(_ATTRIBUTE_PATTERN.match(attribute)),
                  f"attributes must be lower-case words ([a-z_]+), got {attribute!r}")
 
     def to_dict(self) -> dict[str, Any]:

@@ -12,6 +12,8 @@ pattern or the per-head result, and the fused `scaled_dot_product_attention` pat
 
 import functools
 import math
+from collections.abc import Callable
+from typing import Any, Literal
 
 import einops
 import torch
@@ -22,6 +24,49 @@ from transformer_lens.hook_points import HookPoint
 
 from lab.model.config import ModelConfig
 from lab.model.kv_cache import KVCacheEntry
+
+
+# --------------------------------------------------------------------------------------------
+# Hook points
+# --------------------------------------------------------------------------------------------
+class CheckedHookPoint(HookPoint):
+    """TransformerLens's HookPoint, whose hooks may return only a stand-in for the activation: a tensor of
+    its shape, dtype and device, or None (keep it). Anything else is a ValueError naming the hook.
+
+    Every way of attaching a hook — run_with_hooks, `with model.hooks(...)`, run_with_cache, add_hook —
+    ends in `HookPoint.add_hook`, so the check lives here once. It wraps the hook function; a hook point
+    with no hook attached runs exactly as before (the identity, no check).
+    """
+
+    def add_hook(self, hook: Callable[..., Any], dir: Literal["fwd", "bwd"] = "fwd", *args: Any, **kwargs: Any) -> Any:
+        if not callable(hook):
+            raise ValueError(f"a hook on {self.name} must be a function (activation, hook) -> tensor or None, "
+                             f"got {type(hook).__name__}")
+        user_hook, what = hook, "activation" if dir == "fwd" else "gradient"
+
+        def checked(tensor: Tensor, *, hook: Any) -> Any:  # TransformerLens passes the hook point as `hook=`
+            result = user_hook(tensor, hook=hook)
+            if result is not None:
+                check_replacement(result, tensor, hook.name, what)
+            return result
+
+        checked.__name__ = checked.__qualname__ = getattr(hook, "__name__", type(hook).__name__)
+        handle = super().add_hook(checked, dir, *args, **kwargs)
+        handle.user_hook = user_hook  # what list_hooks() shows: the caller's function, not the wrapper
+        return handle
+
+
+def check_replacement(result: Any, tensor: Any, name: str | None, what: str = "activation") -> None:
+    """A hook's return value must stand in for the tensor it was given: same shape, dtype and device."""
+    if not isinstance(result, Tensor):
+        raise ValueError(f"the hook on {name} returned a value of type {type(result).__name__}, not a tensor: a hook "
+                         f"returns None (keep the {what}) or a tensor of the {what}'s shape {tuple(tensor.shape)}")
+    if result.shape != tensor.shape:
+        raise ValueError(f"the hook on {name} returned shape {tuple(result.shape)} for the {what} of shape "
+                         f"{tuple(tensor.shape)}: a replacement must have the same shape (no broadcasting)")
+    if result.dtype != tensor.dtype or result.device != tensor.device:
+        raise ValueError(f"the hook on {name} returned a {result.dtype} tensor on {result.device} for the "
+                         f"{tensor.dtype} {what} on {tensor.device}: a replacement must keep the dtype and device")
 
 
 def _normal(shape: tuple[int, ...], std: float) -> nn.Parameter:
@@ -109,8 +154,8 @@ class LayerNorm(nn.Module):
         self.eps = cfg.norm_eps
         self.w = nn.Parameter(torch.ones(cfg.d_model))
         self.b = nn.Parameter(torch.zeros(cfg.d_model))
-        self.hook_scale = HookPoint()  # [batch, pos, 1]
-        self.hook_normalized = HookPoint()  # [batch, pos, d_model]
+        self.hook_scale = CheckedHookPoint()  # [batch, pos, 1]
+        self.hook_normalized = CheckedHookPoint()  # [batch, pos, d_model]
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         if not wants_norm_internals(self):  # one fused kernel; the same result to float round-off
@@ -128,8 +173,8 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = cfg.norm_eps
         self.w = nn.Parameter(torch.ones(cfg.d_model))
-        self.hook_scale = HookPoint()  # [batch, pos, 1]
-        self.hook_normalized = HookPoint()  # [batch, pos, d_model]
+        self.hook_scale = CheckedHookPoint()  # [batch, pos, 1]
+        self.hook_normalized = CheckedHookPoint()  # [batch, pos, d_model]
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         if not wants_norm_internals(self):  # one fused kernel; the same result to float round-off
@@ -217,18 +262,18 @@ class Attention(nn.Module):
         else:
             for name in ("b_Q", "b_K", "b_V", "b_O"):
                 self.register_parameter(name, None)
-        self.hook_q = HookPoint()  # [batch, pos, head_index, d_head]
-        self.hook_k = HookPoint()  # [batch, pos, kv_head_index, d_head]  (pos: kv_input's in cross-attention)
-        self.hook_v = HookPoint()  # [batch, pos, kv_head_index, d_head]
+        self.hook_q = CheckedHookPoint()  # [batch, pos, head_index, d_head]
+        self.hook_k = CheckedHookPoint()  # [batch, pos, kv_head_index, d_head]  (pos: kv_input's in cross-attention)
+        self.hook_v = CheckedHookPoint()  # [batch, pos, kv_head_index, d_head]
         self.rotates = cfg.positions == "rotary"
         if self.rotates:  # a hook point exists only where its activation does
             self.rotary = Rotary(cfg)
-            self.hook_rot_q = HookPoint()  # [batch, pos, head_index, d_head]
-            self.hook_rot_k = HookPoint()  # [batch, pos, kv_head_index, d_head]
-        self.hook_attn_scores = HookPoint()  # [batch, head_index, query_pos, key_pos]
-        self.hook_pattern = HookPoint()  # [batch, head_index, query_pos, key_pos]
-        self.hook_z = HookPoint()  # [batch, pos, head_index, d_head]
-        self.hook_result = HookPoint()  # [batch, pos, head_index, d_model]
+            self.hook_rot_q = CheckedHookPoint()  # [batch, pos, head_index, d_head]
+            self.hook_rot_k = CheckedHookPoint()  # [batch, pos, kv_head_index, d_head]
+        self.hook_attn_scores = CheckedHookPoint()  # [batch, head_index, query_pos, key_pos]
+        self.hook_pattern = CheckedHookPoint()  # [batch, head_index, query_pos, key_pos]
+        self.hook_z = CheckedHookPoint()  # [batch, pos, head_index, d_head]
+        self.hook_result = CheckedHookPoint()  # [batch, pos, head_index, d_model]
 
     def _project(self, x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
         out = einops.einsum(x, W, "batch pos d_model, head d_model d_head -> batch pos head d_head")
@@ -350,8 +395,8 @@ class MLP(nn.Module):
         self.W_out = _normal((cfg.d_mlp, cfg.d_model), cfg.init_std / math.sqrt(2 * cfg.n_layers))
         self.b_in = _zeros((cfg.d_mlp,)) if cfg.bias else None
         self.b_out = _zeros((cfg.d_model,)) if cfg.bias else None
-        self.hook_pre = HookPoint()  # [batch, pos, d_mlp]
-        self.hook_post = HookPoint()  # [batch, pos, d_mlp]
+        self.hook_pre = CheckedHookPoint()  # [batch, pos, d_mlp]
+        self.hook_post = CheckedHookPoint()  # [batch, pos, d_mlp]
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         pre = self.hook_pre(F.linear(x, self.W_in.T, self.b_in))
@@ -372,9 +417,9 @@ class GatedMLP(nn.Module):
         self.W_out = _normal((cfg.d_mlp, cfg.d_model), cfg.init_std / math.sqrt(2 * cfg.n_layers))
         self.b_in = _zeros((cfg.d_mlp,)) if cfg.bias else None
         self.b_out = _zeros((cfg.d_model,)) if cfg.bias else None
-        self.hook_pre = HookPoint()  # [batch, pos, d_mlp]
-        self.hook_pre_linear = HookPoint()  # [batch, pos, d_mlp]
-        self.hook_post = HookPoint()  # [batch, pos, d_mlp]
+        self.hook_pre = CheckedHookPoint()  # [batch, pos, d_mlp]
+        self.hook_pre_linear = CheckedHookPoint()  # [batch, pos, d_mlp]
+        self.hook_post = CheckedHookPoint()  # [batch, pos, d_mlp]
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         gate = self.hook_pre(x @ self.W_gate)
@@ -393,11 +438,11 @@ class _Block(nn.Module):
         self.attn = Attention(cfg, causal)
         self.ln2 = NORMS[cfg.norm](cfg)
         self.mlp = MLPS[cfg.mlp](cfg)
-        self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
-        self.hook_attn_out = HookPoint()  # [batch, pos, d_model]
-        self.hook_resid_mid = HookPoint()  # [batch, pos, d_model]
-        self.hook_mlp_out = HookPoint()  # [batch, pos, d_model]
-        self.hook_resid_post = HookPoint()  # [batch, pos, d_model]
+        self.hook_resid_pre = CheckedHookPoint()  # [batch, pos, d_model]
+        self.hook_attn_out = CheckedHookPoint()  # [batch, pos, d_model]
+        self.hook_resid_mid = CheckedHookPoint()  # [batch, pos, d_model]
+        self.hook_mlp_out = CheckedHookPoint()  # [batch, pos, d_model]
+        self.hook_resid_post = CheckedHookPoint()  # [batch, pos, d_model]
 
 
 class PreLNBlock(_Block):

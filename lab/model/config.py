@@ -15,12 +15,7 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
-from lab.configs import from_dict_strict
-
-POSITIONS = ("learned", "sinusoidal", "rotary", "none")
-NORMS = ("layernorm", "rmsnorm")
-MLPS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu")
-BLOCKS = ("pre_ln", "post_ln")
+from lab.configs import check_fields, from_dict_strict
 
 
 @dataclass(frozen=True)
@@ -52,14 +47,13 @@ class ModelConfig:
             if not ok:
                 raise ValueError(f"ModelConfig: {message}")
 
+        check_fields(self)  # every field its annotation's type: bias = "false" is an error, not True
         for name in ("d_vocab", "d_model", "n_layers", "n_heads", "n_ctx"):
             value = getattr(self, name)
-            need(isinstance(value, int) and not isinstance(value, bool) and value > 0,
-                 f"{name} must be a positive integer, got {value!r}")
+            need(value > 0, f"{name} must be a positive integer, got {value!r}")
         for name in ("d_head", "d_mlp", "n_kv_heads", "rotary_dim"):
             value = getattr(self, name)
-            need(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
-                 f"{name} must be a non-negative integer (0 = default), got {value!r}")
+            need(value >= 0, f"{name} must be a non-negative integer (0 = default), got {value!r}")
         # Fill the derived defaults (frozen dataclass: write through object.__setattr__).
         if self.d_head == 0:
             need(self.d_model % self.n_heads == 0,
@@ -71,10 +65,6 @@ class ModelConfig:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         if self.rotary_dim == 0:
             object.__setattr__(self, "rotary_dim", self.d_head)
-        need(self.positions in POSITIONS, f"positions must be one of {POSITIONS}, got {self.positions!r}")
-        need(self.norm in NORMS, f"norm must be one of {NORMS}, got {self.norm!r}")
-        need(self.mlp in MLPS, f"mlp must be one of {MLPS}, got {self.mlp!r}")
-        need(self.block in BLOCKS, f"block must be one of {BLOCKS}, got {self.block!r}")
         need(self.n_heads % self.n_kv_heads == 0,
              f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
         need(self.rotary_dim % 2 == 0 and self.rotary_dim <= self.d_head,
@@ -137,19 +127,34 @@ class ModelConfig:
     # --- what the model costs -----------------------------------------------------------------
     def n_params(self) -> int:
         """Exact parameter count of `HookedTransformer(self)` (buffers excluded)."""
-        d, h, kv, dh, m = self.d_model, self.n_heads, self.n_kv_heads, self.d_head, self.d_mlp
-        norm = 2 * d if self.norm == "layernorm" else d
-        attn = d * h * dh + 2 * d * kv * dh + h * dh * d
-        mlp = (3 if self.mlp == "swiglu" else 2) * d * m
-        if self.bias:
-            attn += h * dh + 2 * kv * dh + d
-            mlp += m + d
-        block = attn + mlp + 2 * norm
+        d = self.d_model
+        block = self.attention_params() + self.mlp_params() + 2 * self.norm_params()
         total = self.n_layers * block + self.d_vocab * d + self.d_vocab  # W_E, b_U
         total += 0 if self.tied_embeddings else d * self.d_vocab  # W_U
-        total += norm if self.block == "pre_ln" else 0  # ln_final
+        total += self.norm_params() if self.block == "pre_ln" else 0  # ln_final
         total += self.n_ctx * d if self.positions == "learned" else 0
         return total
+
+    def n_buffer_elements(self) -> int:
+        """Elements of the fixed tables `HookedTransformer(self)` keeps beside its parameters: the sinusoidal
+        table, or each layer's rotary cos and sin."""
+        if self.positions == "sinusoidal":
+            return self.n_ctx * self.d_model
+        return 2 * self.n_layers * self.n_ctx * self.rotary_dim if self.positions == "rotary" else 0
+
+    def attention_params(self) -> int:
+        """W_Q, W_K, W_V, W_O (and their biases) of one attention layer."""
+        d, h, kv, dh = self.d_model, self.n_heads, self.n_kv_heads, self.d_head
+        return d * h * dh + 2 * d * kv * dh + h * dh * d + ((h * dh + 2 * kv * dh + d) if self.bias else 0)
+
+    def mlp_params(self) -> int:
+        """W_in, W_out (W_gate for SwiGLU) and their biases of one MLP."""
+        d, m = self.d_model, self.d_mlp
+        return (3 if self.mlp == "swiglu" else 2) * d * m + ((m + d) if self.bias else 0)
+
+    def norm_params(self) -> int:
+        """The gain (and LayerNorm's bias) of one norm."""
+        return 2 * self.d_model if self.norm == "layernorm" else self.d_model
 
     # --- the names TransformerLens's ActivationCache reads --------------------------------------
     @property

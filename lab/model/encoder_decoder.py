@@ -35,20 +35,18 @@ from jaxtyping import Float, Int
 from safetensors.torch import save_file
 from torch import Tensor, nn
 from transformer_lens import ActivationCache, HookedRootModule
-from transformer_lens.hook_points import HookPoint
 
 from lab.files import atomic_write
-from lab.model.components import (BLOCKS, MLPS, NORMS, POSITIONS, Attention, Embed, LayerNorm, Unembed)
+from lab.model.components import (BLOCKS, MLPS, NORMS, POSITIONS, Attention, CheckedHookPoint, Embed, LayerNorm,
+                                   Unembed)
 from lab.model.config import ModelConfig
 from lab.model.kv_cache import KVCache, KVCacheEntry
-from lab.model.transformer import (CONFIG_FILE, WEIGHTS_FILE, Cache, HookedTransformer, next_token_loss,
-                                  read_checkpoint, resolve_names_filter)
-from lab.configs import from_dict_strict
+from lab.model.transformer import (CONFIG_FILE, WEIGHTS_FILE, Cache, HookedTransformer, check_fits_in_memory,
+                                  next_token_loss, read_checkpoint, read_tokenizer, resolve_names_filter)
+from lab.configs import check_fields, from_dict_strict
 
 SRC_TOKENIZER_FILE = "src_tokenizer.json"
 TGT_TOKENIZER_FILE = "tgt_tokenizer.json"
-# Rotary is left out: it encodes positions inside self-attention and has no meaning across two sequences.
-POSITIONS_ALLOWED = ("sinusoidal", "learned", "none")
 
 
 @dataclass(frozen=True)
@@ -65,6 +63,7 @@ class EncoderDecoderConfig:
     n_ctx: int  # the longest source and the longest target sequence
     d_head: int = 0  # 0: d_model // n_heads
     d_mlp: int = 0  # 0: 4 · d_model
+    # Rotary is left out: it encodes positions inside self-attention and has no meaning across two sequences.
     positions: Literal["sinusoidal", "learned", "none"] = "sinusoidal"
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     norm_eps: float = 1e-5
@@ -75,12 +74,11 @@ class EncoderDecoderConfig:
     tokenizer: str = field(default="", compare=False)  # informational: what the ids mean
 
     def __post_init__(self) -> None:
+        check_fields(self)  # every field its annotation's type
         for name in ("d_vocab_src", "d_vocab_tgt", "n_encoder_layers", "n_decoder_layers"):
             value = getattr(self, name)
-            if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+            if value <= 0:
                 raise ValueError(f"EncoderDecoderConfig: {name} must be a positive integer, got {value!r}")
-        if self.positions not in POSITIONS_ALLOWED:
-            raise ValueError(f"EncoderDecoderConfig: positions must be one of {POSITIONS_ALLOWED}, got {self.positions!r}")
         try:  # every other field is checked where the components read it, in ModelConfig
             stack = self.stack_config("encoder")
         except ValueError as err:
@@ -96,6 +94,21 @@ class EncoderDecoderConfig:
                            n_ctx=self.n_ctx, d_head=self.d_head, d_mlp=self.d_mlp, positions=self.positions,
                            norm=self.norm, norm_eps=self.norm_eps, mlp=self.mlp, block=self.block, bias=self.bias,
                            init_std=self.init_std, tokenizer=self.tokenizer)
+
+    def n_params(self) -> int:
+        """Exact parameter count of `EncoderDecoder(self)` (buffers excluded)."""
+        stack = self.stack_config("encoder")
+        norm, attention = stack.norm_params(), stack.attention_params()
+        block = attention + stack.mlp_params() + 2 * norm
+        positions = self.n_ctx * self.d_model if self.positions == "learned" else 0
+        encoder = self.d_vocab_src * self.d_model + positions + self.n_encoder_layers * block + norm
+        decoder = (self.d_vocab_tgt * self.d_model + positions + self.n_decoder_layers * (block + attention + norm)
+                   + norm + self.d_model * self.d_vocab_tgt + self.d_vocab_tgt)  # cross-attention, ln_cross; W_U, b_U
+        return encoder + decoder
+
+    def n_buffer_elements(self) -> int:
+        """Elements of the two sinusoidal tables (source and target), when positions are sinusoidal."""
+        return 2 * self.n_ctx * self.d_model if self.positions == "sinusoidal" else 0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -128,13 +141,13 @@ class _DecoderBlock(nn.Module):
         self.cross_attn = Attention(cfg, causal=False)  # queries: the decoder; keys, values: the encoder
         self.ln2 = NORMS[cfg.norm](cfg)
         self.mlp = MLPS[cfg.mlp](cfg)
-        self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
-        self.hook_attn_out = HookPoint()  # [batch, pos, d_model]
-        self.hook_resid_mid = HookPoint()  # [batch, pos, d_model]
-        self.hook_cross_attn_out = HookPoint()  # [batch, pos, d_model]
-        self.hook_resid_mid_cross = HookPoint()  # [batch, pos, d_model]
-        self.hook_mlp_out = HookPoint()  # [batch, pos, d_model]
-        self.hook_resid_post = HookPoint()  # [batch, pos, d_model]
+        self.hook_resid_pre = CheckedHookPoint()  # [batch, pos, d_model]
+        self.hook_attn_out = CheckedHookPoint()  # [batch, pos, d_model]
+        self.hook_resid_mid = CheckedHookPoint()  # [batch, pos, d_model]
+        self.hook_cross_attn_out = CheckedHookPoint()  # [batch, pos, d_model]
+        self.hook_resid_mid_cross = CheckedHookPoint()  # [batch, pos, d_model]
+        self.hook_mlp_out = CheckedHookPoint()  # [batch, pos, d_model]
+        self.hook_resid_post = CheckedHookPoint()  # [batch, pos, d_model]
 
 
 class PreLNDecoderBlock(_DecoderBlock):
@@ -177,27 +190,28 @@ class EncoderDecoder(HookedRootModule):
         super().__init__()
         if not isinstance(cfg, EncoderDecoderConfig):
             raise TypeError(f"EncoderDecoder needs an EncoderDecoderConfig, got {type(cfg).__name__}")
+        check_fits_in_memory("EncoderDecoder", cfg.n_params(), cfg.n_buffer_elements())
         self.cfg = cfg
         self.src_tokenizer, self.tgt_tokenizer = src_tokenizer, tgt_tokenizer
         enc, dec = cfg.stack_config("encoder"), cfg.stack_config("decoder")
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             self.src_embed = Embed(enc)
-            self.hook_src_embed = HookPoint()  # [batch, src_pos, d_model]
+            self.hook_src_embed = CheckedHookPoint()  # [batch, src_pos, d_model]
             self.tgt_embed = Embed(dec)
-            self.hook_tgt_embed = HookPoint()  # [batch, pos, d_model]
+            self.hook_tgt_embed = CheckedHookPoint()  # [batch, pos, d_model]
             if cfg.positions != "none":  # positions added to the residual stream
-                self.hook_src_pos_embed = HookPoint()  # [batch, src_pos, d_model]
-                self.hook_tgt_pos_embed = HookPoint()  # [batch, pos, d_model]
+                self.hook_src_pos_embed = CheckedHookPoint()  # [batch, src_pos, d_model]
+                self.hook_tgt_pos_embed = CheckedHookPoint()  # [batch, pos, d_model]
             self.src_pos_embed = POSITIONS[cfg.positions](enc, getattr(self, "hook_src_pos_embed", None))
             self.tgt_pos_embed = POSITIONS[cfg.positions](dec, getattr(self, "hook_tgt_pos_embed", None))
             self.encoder = nn.ModuleList([BLOCKS[cfg.block](enc, causal=False) for _ in range(cfg.n_encoder_layers)])
             self.encoder_ln_final = NORMS[cfg.norm](enc)
-            self.hook_encoder_out = HookPoint()  # [batch, src_pos, d_model]: what every cross-attention reads
+            self.hook_encoder_out = CheckedHookPoint()  # [batch, src_pos, d_model]: what every cross-attention reads
             self.decoder = nn.ModuleList([DECODER_BLOCKS[cfg.block](dec) for _ in range(cfg.n_decoder_layers)])
             self.decoder_ln_final = NORMS[cfg.norm](dec)
             self.unembed = Unembed(dec)
-        self.hook_logits = HookPoint()  # [batch, pos, d_vocab_tgt]
+        self.hook_logits = CheckedHookPoint()  # [batch, pos, d_vocab_tgt]
         self.setup()  # HookedRootModule: name every HookPoint
 
     # --- the forward pass ----------------------------------------------------------------------
@@ -221,6 +235,17 @@ class EncoderDecoder(HookedRootModule):
         tgt = self._check(tgt, self.cfg.d_vocab_tgt, "target", offset)
         if encoder_out.shape[0] != tgt.shape[0]:
             raise ValueError(f"the encoder output has batch {encoder_out.shape[0]}, the target batch {tgt.shape[0]}")
+        if kv_cache is None:
+            return self._decode(tgt, encoder_out, None, 0)
+        offset = kv_cache.check(self.cfg.n_decoder_layers, tgt.shape[0])
+        try:
+            return self._decode(tgt, encoder_out, kv_cache, offset)
+        except BaseException:
+            kv_cache.truncate(offset)  # a pass that raises leaves the cache as it was before it
+            raise
+
+    def _decode(self, tgt: Int[Tensor, "batch pos"], encoder_out: Float[Tensor, "batch src_pos d_model"],
+                kv_cache: KVCache | None, offset: int) -> Float[Tensor, "batch pos d_vocab_tgt"]:
         x = self.tgt_pos_embed(self.hook_tgt_embed(self.tgt_embed(tgt)), offset)
         for layer, block in enumerate(self.decoder):
             x = block(x, encoder_out, None if kv_cache is None else kv_cache.entries[layer])
@@ -256,10 +281,12 @@ class EncoderDecoder(HookedRootModule):
         cached encoder output afresh each step (src_pos · d_model² per layer: small next to the rest).
         Rows that emit `eos_token_id` keep emitting it; decoding stops when every row has.
         """
-        from lab.generate import sample_next
+        from lab.generate import check_max_new_tokens, check_sampling, check_token_id, sample_next
 
-        if max_new_tokens < 0 or 1 + max_new_tokens > self.cfg.n_ctx:
-            raise ValueError(f"max_new_tokens must lie in [0, n_ctx − 1 = {self.cfg.n_ctx - 1}], got {max_new_tokens}")
+        check_max_new_tokens(max_new_tokens, 1, self.cfg.n_ctx)  # <bos> and the new tokens
+        check_sampling(temperature, seed=seed)
+        check_token_id(bos_token_id, "bos_token_id", self.cfg.d_vocab_tgt, optional=False)
+        check_token_id(eos_token_id, "eos_token_id", self.cfg.d_vocab_tgt)
         encoder_out = self.encode(src)
         batch = encoder_out.shape[0]
         tokens = torch.full((batch, 1), bos_token_id, dtype=torch.long, device=encoder_out.device)
@@ -324,11 +351,8 @@ class EncoderDecoder(HookedRootModule):
         """Load a folder written by `save`; every malformed part is an error that says which."""
         directory = Path(directory)
         cfg, state = read_checkpoint(directory, EncoderDecoderConfig)
-        tokenizers = []
-        for name in (SRC_TOKENIZER_FILE, TGT_TOKENIZER_FILE):
-            from tokenizers import Tokenizer
-
-            tokenizers.append(Tokenizer.from_file(str(directory / name)) if (directory / name).is_file() else None)
+        tokenizers = [read_tokenizer(directory / name) if (directory / name).is_file() else None
+                      for name in (SRC_TOKENIZER_FILE, TGT_TOKENIZER_FILE)]
         model = cls(cfg, src_tokenizer=tokenizers[0], tgt_tokenizer=tokenizers[1])
         model.load_weights(state, source=str(directory / WEIGHTS_FILE))
         return model.to(device).eval()

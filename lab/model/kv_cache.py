@@ -47,6 +47,14 @@ class KVCacheEntry:
         self.length = end
         return self.keys, self.values
 
+    def truncate(self, length: int) -> None:
+        """Forget every position from `length` on (the buffers keep their room; nothing is copied)."""
+        if length <= 0:
+            self._keys = self._values = None
+            self.length = 0
+        else:
+            self.length = min(self.length, length)
+
     @staticmethod
     def _grown(filled: Tensor, capacity: int) -> Tensor:
         buffer = filled.new_empty((filled.shape[0], capacity, *filled.shape[2:]))
@@ -67,3 +75,23 @@ class KVCache:
     @property
     def length(self) -> int:
         return self.entries[0].length if self.entries else 0
+
+    def check(self, n_layers: int, batch: int) -> int:
+        """The cached length, after checking that the cache fits a model of n_layers and this batch."""
+        if len(self.entries) != n_layers:
+            raise ValueError(f"the KV cache has {len(self.entries)} layer{'s' * (len(self.entries) != 1)}, the model "
+                             f"{n_layers} layers: make it with KVCache.empty({n_layers})")
+        lengths = [entry.length for entry in self.entries]
+        if len(set(lengths)) > 1:
+            raise ValueError(f"the KV cache is inconsistent: its layers hold {lengths} positions")
+        keys = self.entries[0].keys if self.entries else None
+        if keys is not None and keys.shape[0] != batch:
+            raise ValueError(f"the KV cache holds a batch of {keys.shape[0]} sequences; these tokens are a batch of "
+                             f"{batch}")
+        return lengths[0] if lengths else 0
+
+    def truncate(self, length: int) -> None:
+        """Forget every position from `length` on, in every layer: what a step that fails part-way undoes, so
+        that the cache never holds keys for some layers and not others."""
+        for entry in self.entries:
+            entry.truncate(length)

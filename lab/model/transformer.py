@@ -28,7 +28,7 @@ from transformer_lens import ActivationCache, HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from lab.files import atomic_write
-from lab.model.components import BLOCKS, NORMS, POSITIONS, Embed, NoNorm, TiedUnembed, Unembed
+from lab.model.components import BLOCKS, NORMS, POSITIONS, CheckedHookPoint, Embed, NoNorm, TiedUnembed, Unembed
 from lab.model.config import ModelConfig
 from lab.model.kv_cache import KVCache
 
@@ -52,29 +52,42 @@ class HookedTransformer(HookedRootModule):
         super().__init__()
         if not isinstance(cfg, ModelConfig):
             raise TypeError(f"HookedTransformer needs a ModelConfig, got {type(cfg).__name__}")
+        check_fits_in_memory("HookedTransformer", cfg.n_params(), cfg.n_buffer_elements())
         self.cfg = cfg
         self.tokenizer = tokenizer
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             self.embed = Embed(cfg)
-            self.hook_embed = HookPoint()  # [batch, pos, d_model]
+            self.hook_embed = CheckedHookPoint()  # [batch, pos, d_model]
             if cfg.positions in ("learned", "sinusoidal"):  # positions added to the residual stream
-                self.hook_pos_embed = HookPoint()  # [batch, pos, d_model]
+                self.hook_pos_embed = CheckedHookPoint()  # [batch, pos, d_model]
             self.pos_embed = POSITIONS[cfg.positions](cfg, getattr(self, "hook_pos_embed", None))
             self.blocks = nn.ModuleList([BLOCKS[cfg.block](cfg) for _ in range(cfg.n_layers)])
             # A post-LN stack already ends in a norm; a pre-LN stack needs the final one.
             self.ln_final = NORMS[cfg.norm](cfg) if cfg.block == "pre_ln" else NoNorm()
             self.unembed = TiedUnembed(cfg, self.embed) if cfg.tied_embeddings else Unembed(cfg)
-        self.hook_logits = HookPoint()  # [batch, pos, d_vocab]
+        self.hook_logits = CheckedHookPoint()  # [batch, pos, d_vocab]
         self.setup()  # HookedRootModule: name every HookPoint
 
     # --- the forward pass ----------------------------------------------------------------------
     def forward(
         self, tokens: Int[Tensor, "batch pos"], kv_cache: KVCache | None = None
     ) -> Float[Tensor, "batch pos d_vocab"]:
-        """Logits for every position. With a KV cache, `tokens` continue the cached prefix."""
-        offset = 0 if kv_cache is None else kv_cache.length
+        """Logits for every position. With a KV cache, `tokens` continue the cached prefix; a pass that raises
+        (a hook, an interrupt) leaves the cache as it was before it."""
+        if kv_cache is None:
+            return self._forward(self.check_tokens(tokens), None, 0)
+        offset = kv_cache.length
         tokens = self.check_tokens(tokens, offset)
+        offset = kv_cache.check(self.cfg.n_layers, tokens.shape[0])
+        try:
+            return self._forward(tokens, kv_cache, offset)
+        except BaseException:
+            kv_cache.truncate(offset)  # layers before the failure appended this step's keys: take them back
+            raise
+
+    def _forward(self, tokens: Int[Tensor, "batch pos"], kv_cache: KVCache | None, offset: int
+                 ) -> Float[Tensor, "batch pos d_vocab"]:
         x = self.pos_embed(self.hook_embed(self.embed(tokens)), offset)
         for layer, block in enumerate(self.blocks):
             x = block(x, None if kv_cache is None else kv_cache.entries[layer])
@@ -92,11 +105,16 @@ class HookedTransformer(HookedRootModule):
             raise ValueError(f"tokens must have shape [batch, pos] or [pos], got {tuple(tokens.shape)}")
         if tokens.numel() == 0:
             raise ValueError(f"tokens is empty (shape {tuple(tokens.shape)}): need at least one token")
+        if tokens.device.type == "meta" and self.embed.W_E.device.type != "meta":
+            raise ValueError("tokens are on the meta device (a shape without values): put the ids on "
+                             f"{self.embed.W_E.device}, where the model is")
         if offset + tokens.shape[1] > self.cfg.n_ctx:
             raise ValueError(
                 f"sequence of {offset + tokens.shape[1]} tokens"
                 + (f" ({offset} cached + {tokens.shape[1]} new)" if offset else "")
                 + f" is longer than the model's context n_ctx = {self.cfg.n_ctx}")
+        if tokens.device.type == "meta":  # a meta model on meta ids: shapes only, no values to check
+            return tokens.to(dtype=torch.long)
         low, high = (int(v) for v in torch.stack(torch.aminmax(tokens)).tolist())  # one device sync
         if low < 0 or high >= self.cfg.d_vocab:
             bad = low if low < 0 else high
@@ -208,8 +226,11 @@ class HookedTransformer(HookedRootModule):
 
     # --- hooks: TransformerLens's API, with hook names checked first ----------------------------
     def check_hook_names(self, names: Iterable[Any]) -> None:
-        """Raise KeyError for a hook name the model does not have, naming the closest ones."""
+        """Raise KeyError for a hook name the model does not have, naming the closest ones; ValueError for one
+        that is neither a name nor a predicate on names."""
         for name in names:
+            if not isinstance(name, str) and not callable(name):
+                raise ValueError(f"{name!r} ({type(name).__name__}) is not a hook name or a predicate on names")
             if isinstance(name, str) and name not in self.hook_dict:
                 close = difflib.get_close_matches(name, list(self.hook_dict), n=5, cutoff=0.5)
                 hint = f"; did you mean {close}?" if close else "; see model.hook_dict for every name"
@@ -259,11 +280,7 @@ class HookedTransformer(HookedRootModule):
         """Load a folder written by `save`; every malformed part is an error that says which."""
         directory = Path(directory)
         cfg, state = read_checkpoint(directory, ModelConfig)
-        tokenizer = None
-        if (directory / TOKENIZER_FILE).is_file():
-            from tokenizers import Tokenizer
-
-            tokenizer = Tokenizer.from_file(str(directory / TOKENIZER_FILE))
+        tokenizer = read_tokenizer(directory / TOKENIZER_FILE) if (directory / TOKENIZER_FILE).is_file() else None
         model = cls(cfg, tokenizer=tokenizer)
         model.load_weights(state, source=str(directory / WEIGHTS_FILE))
         return model.to(device).eval()
@@ -332,9 +349,48 @@ def resolve_names_filter(model: HookedRootModule, names_filter: Any) -> Callable
     if isinstance(names_filter, str):
         names_filter = [names_filter]
     if isinstance(names_filter, (list, tuple)):
+        odd = [name for name in names_filter if not isinstance(name, str)]
+        if odd:  # TransformerLens would match no hook against them and cache nothing
+            raise ValueError(f"names_filter holds {odd[0]!r} ({type(odd[0]).__name__}): hook names are strings "
+                             "(or pass one predicate on names)")
         model.check_hook_names(names_filter)
         return list(names_filter)
     return names_filter
+
+
+def check_fits_in_memory(what: str, n_params: int, n_buffer_elements: int = 0) -> None:
+    """Refuse, before allocating, a model whose weights cannot fit where they would be allocated (torch's
+    default device and dtype): a clear error at once instead of minutes of building or an allocator's
+    failure. Shapes on the meta device cost nothing and are always allowed."""
+    device, dtype = torch.get_default_device(), torch.get_default_dtype()
+    if device.type == "meta":
+        return
+    needed = (n_params + n_buffer_elements) * dtype.itemsize
+    available = available_memory(device)
+    if available is not None and needed > available:
+        raise ValueError(f"{what} of {n_params:,} parameters needs {needed / 2**30:,.1f} GiB ({dtype}) but "
+                         f"{device} has {available / 2**30:,.1f} GiB available: make the model smaller (or build it "
+                         "under `with torch.device('meta')` to count its parameters)")
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Bytes free for new tensors on `device`: a GPU's free memory, or on CPU what Linux reports available
+    (MemAvailable), capped by the cgroup's limit when the process runs in one; None when unknown."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type != "cpu":
+        return None
+    free: list[int] = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                free.append(int(line.split()[1]) * 1024)
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            free.append(int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
+    except (OSError, ValueError):
+        pass
+    return min(free) if free else None
 
 
 def read_checkpoint(directory: Path, config_cls: Any) -> tuple[Any, dict[str, Tensor]]:
@@ -355,8 +411,21 @@ def read_checkpoint(directory: Path, config_cls: Any) -> tuple[Any, dict[str, Te
     return cfg, state
 
 
+def read_tokenizer(path: Path) -> Any:
+    """A `tokenizers.Tokenizer` saved as JSON; a ValueError naming the file when it cannot be read."""
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as err:  # the Rust library raises plain Exception for malformed JSON or an unknown model
+        raise ValueError(f"malformed tokenizer {path}: {err}") from err
+
+
 def next_token_loss(logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, ""]:
     """Mean next-token cross-entropy in nats: the logits at t predict the token at t + 1."""
+    if tokens.shape[-1] < 2:  # no prediction to average over: the mean of nothing is NaN
+        raise ValueError(f"a next-token loss needs at least 2 tokens per sequence (one to predict from, one to "
+                         f"predict), got {tokens.shape[-1]}")
     return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), tokens[:, 1:].reshape(-1))
 
 
