@@ -75,6 +75,7 @@ def test_the_baseline_is_best_and_the_verdict_says_so_without_choosing_it():
     assert verdict["chosen"]["readout"] == "mlp probe" and verdict["verdict"] == "no signal beyond its controls"
     assert verdict["carries_signal"] is False
     assert "Baseline (the model's own confidence, not a candidate): 0.940" in verdict["sentence"]
+    assert verdict["sentence"].endswith("its estimate is above the chosen readout's.")
     assert verdict["baseline"]["auroc"] == 0.94
 
 

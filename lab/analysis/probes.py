@@ -647,10 +647,15 @@ def judge_readouts(rows: Sequence[Mapping[str, Any]], what: str, baseline: Metri
     """
     out: dict[str, Any] = {"what": what, "min_per_class": min_per_class, "chosen": None,
                            "baseline": None if baseline is None else baseline.fields("auroc")}
-    base = "" if baseline is None else f" Baseline (the model's own confidence, not a candidate): {baseline}."
+    base = "" if baseline is None else f" Baseline (the model's own confidence, not a candidate): {baseline}"
 
     def verdict(name: str, sentence: str, carries: bool | None) -> dict[str, Any]:
-        return out | {"verdict": name, "carries_signal": carries, "sentence": f"{what}: {sentence}.{base}"}
+        compare = ""
+        if baseline is not None and out["chosen"] is not None and np.isfinite(baseline.value):
+            side = "above" if baseline.value > out["chosen"]["auroc"] else "not above"
+            compare = f" — its estimate is {side} the chosen readout's"
+        tail = f"{base}{compare}." if base else ""
+        return out | {"verdict": name, "carries_signal": carries, "sentence": f"{what}: {sentence}.{tail}"}
 
     scored = [r for r in rows if r.get("candidate", True) and not r.get("constant", False)]
     flagged = sum(1 for r in rows if r.get("candidate", True) and r.get("constant", False))
