@@ -76,8 +76,7 @@ import logging
 import math
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,7 +93,7 @@ from lab.analysis.probes import (feature_rank, fit_probe, group_partition, judge
                                  shuffled_control)
 from lab.configs import torch_threads
 from lab.data.facts import OPTION_LETTERS, Fact, FactWorld, FactWorldConfig
-from lab.metrics.calibration import (MIN_PER_CLASS, Metric, auroc, auroc_ci, bootstrap_ci, brier, ece, ece_fields,
+from lab.metrics.calibration import (MIN_PER_CLASS, Metric, auroc, auroc_ci, bootstrap_ci, brier, ece_fields,
                                      fit_temperature, multiclass_summary, nll, reliability, softmax)
 from lab.model import HookedTransformer, ModelConfig
 from lab.runs import save_figure, save_table

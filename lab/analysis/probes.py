@@ -36,7 +36,7 @@ vector with `steering_vector`; add it with `lab.analysis.steering.steer`.
 """
 
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
