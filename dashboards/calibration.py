@@ -1,7 +1,8 @@
-"""Calibration (Kadavath et al. 2022): does the model know what it knows? ECE with intervals and noise floor,
-and a temperature slider that recomputes ECE live from the run's per-item table."""
+"""Calibration (Kadavath et al. 2022): does the model know what it knows? The run's headlines first (what it
+supports, and what it cannot, in words), then ECE with intervals, noise floor and debiased estimate, temperature
+scaling in both binnings, P(IK) and P(True) verdicts, and a temperature slider that recomputes ECE live from the
+run's per-item table."""
 
-import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
@@ -14,6 +15,22 @@ if results is None:
     st.stop()
 
 
+def show_headlines(results: dict) -> None:
+    """The supported headlines' sentences; then each one this run cannot support, with the reason."""
+    headlines = results.get("headlines")
+    if not isinstance(headlines, list):
+        st.info("This run has no headlines (it was made before Forma wrote them): run `forma run calibration` again.")
+        return
+    for h in headlines:
+        if h.get("supported"):
+            st.markdown(f"- {h['sentence']}")
+    unsupported = [h for h in headlines if not h.get("supported")]
+    if unsupported:
+        st.markdown("**Not shown — this run cannot support them:**")
+        for h in unsupported:
+            st.markdown(f"- `{h['name']}`: {h.get('why_not')}")
+
+
 def summary(name: str, block: dict) -> None:
     st.subheader(name)
     cols = st.columns(5)
@@ -24,12 +41,57 @@ def summary(name: str, block: dict) -> None:
     with cols[2]:
         ci = block.get("ece_ci95") or [None, None]
         number("ECE (15 equal-width)", block.get("ece_15_equal_width"), "{:.3f}",
-               help=f"95% bootstrap interval {ci}; noise floor of a calibrated model {block.get('noise_floor_ece')}")
+               help=f"95% bootstrap interval {ci}; noise floor of a calibrated model {block.get('noise_floor_ece')}; "
+                    f"debiased (Kumar et al. 2019) {block.get('ece_15_equal_width_debiased')}. ECE is biased upward: "
+                    "noise alone gives the noise floor.")
     with cols[3]:
         number("Noise floor", block.get("noise_floor_ece"), "{:.3f}", help="ECE a perfectly calibrated model shows here")
     with cols[4]:
         number("Brier", block.get("brier"), "{:.3f}")
 
+
+TEMPERATURE_ROWS = (("ece_15_equal_width", "ECE, 15 equal-width bins"), ("ece_10_equal_mass", "ECE, 10 equal-mass bins"),
+                    ("nll", "NLL (nats)"), ("brier", "Brier"), ("accuracy", "accuracy"),
+                    ("mean_confidence", "mean confidence"))
+
+
+def temperature_table(block: dict) -> pd.DataFrame:
+    """Before and after temperature scaling on the test split: both ECEs (with interval, noise floor and debiased
+    estimate), NLL, Brier, accuracy, mean confidence."""
+    rows = []
+    for key, label in TEMPERATURE_ROWS:
+        for when in ("before", "after"):
+            name = f"{key}_{when}"
+            if name not in block:
+                continue
+            interval = block.get(f"{name}_ci95")
+            rows.append({"quantity": label, "when": when, "value": block[name],
+                         "95% interval": "" if not interval else f"[{interval[0]:.3f}, {interval[1]:.3f}]",
+                         "noise floor": block.get(f"noise_floor_{name}"), "debiased": block.get(f"{name}_debiased")})
+    return pd.DataFrame(rows)
+
+
+def show_temperature(block: dict) -> None:
+    interval = block.get("T_ci95")
+    st.subheader("Temperature scaling (fitted on the calibration split, measured on the test split)")
+    st.write(f"T = {block['T']:.3f}" + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "")
+             + f" · {block.get('n_calibration')} calibration items, {block.get('n_test')} test items")
+    st.dataframe(temperature_table(block), hide_index=True, key="temperature_table")
+
+
+def show_verdicts(results: dict) -> None:
+    """P(IK)'s verdicts (over every candidate, then per family of readouts) and P(True)'s, as the run wrote them."""
+    if results.get("p_ik_summary"):
+        st.subheader("P(IK): which readouts predict a correct answer")
+        for sentence in results["p_ik_summary"]:
+            st.markdown(f"- {sentence}")
+    layers = (results.get("p_true") or {}).get("layers")
+    if isinstance(layers, dict) and layers.get("verdict"):
+        st.subheader("P(True), layer by layer")
+        st.markdown(f"- {layers['verdict']['sentence']}")
+
+
+show_headlines(results)
 
 for key, title in (("mc", "Cloze multiple choice"), ("lettered", "Lettered multiple choice (knowledge extraction)")):
     if isinstance(results.get(key), dict):
@@ -50,18 +112,20 @@ if items_path.is_file():
         confidence = probs.max(axis=1)
         correct = probs.argmax(axis=1) == items["answer_index"].to_numpy()
         floor, _ = noise_floor_ece(confidence, n_sim=100)
-        st.write(f"At T = {T:.2f}: ECE **{ece(confidence, correct):.3f}** (noise floor {floor:.3f}), "
-                 f"mean confidence {confidence.mean():.3f}, accuracy {correct.mean():.3f} (unchanged by T).")
+        floor_mass, _ = noise_floor_ece(confidence, 10, "equal_mass", n_sim=100)
+        st.write(f"At T = {T:.2f}: ECE **{ece(confidence, correct):.3f}** with 15 equal-width bins (noise floor "
+                 f"{floor:.3f}), **{ece(confidence, correct, 10, 'equal_mass'):.3f}** with 10 equal-mass bins (noise "
+                 f"floor {floor_mass:.3f}); mean confidence {confidence.mean():.3f}, accuracy {correct.mean():.3f} "
+                 "(unchanged by T).")
         diagram = reliability(confidence, correct)
         fig = go.Figure([go.Bar(x=diagram.confidence, y=diagram.accuracy, name="accuracy", width=1 / 15),
                          go.Scatter(x=[0, 1], y=[0, 1], name="perfect calibration", mode="lines")])
         fig.update_layout(title="Reliability diagram", xaxis_title="confidence", yaxis_title="accuracy",
                           xaxis_range=[0, 1], yaxis_range=[0, 1])
         st.plotly_chart(fig, key="live_reliability")
-if isinstance(results.get("temperature"), dict):
-    st.write("Fitted temperature: " + ", ".join(f"{k} = {v:.4g}" for k, v in results["temperature"].items()
-                                                  if isinstance(v, (int, float))))
+if isinstance(results.get("temperature"), dict) and "T" in results["temperature"]:
+    show_temperature(results["temperature"])
+show_verdicts(results)
 if results.get("p_ik"):
-    st.subheader("P(IK): which readouts predict a correct answer")
     st.dataframe(pd.DataFrame(results["p_ik"]), hide_index=True, key="p_ik")
 show_figures(folder)

@@ -30,16 +30,23 @@ training. At each:
   *extraction* (a format trained on other persons); on held-out quizzes of the format subset it says
   whether the format itself was learned.
 * temperature scaling: one T fitted by NLL on a calibration split of the evaluation persons (the cloze
-  log-probabilities), ECE and NLL before and after on the test split (accuracy is unchanged by T).
+  log-probabilities), both ECEs (15 equal-width, 10 equal-mass bins), NLL and Brier before and after on the test
+  split (accuracy is unchanged by T).
 * P(True): the model's own answer, sampled at T = 1 from the full softmax, put back into a claim and
   judged: P(True) = p(True) / (p(True) + p(False)) after "Answer :"; AUROC and Brier against whether the
-  sampled answer was right, for the format subset (the judgement was trained on them) and outside it.
-* P(IK), layer by layer, on evaluation persons (label: the cloze answer is right), with one entity-
-  disjoint test split for every readout: logistic and small-MLP probes on the residual stream at the last
-  name token and at the value slot, and the logit-lens readouts of each layer at the value slot (the cloze
-  confidence recomputed from that layer's lens, the lens's top token probability, its negative entropy);
-  baseline: the model's own final cloze confidence. Controls: the probe on shuffled labels (the lens
-  readouts: scored against shuffled labels), and the same readout of an untrained model of the same shape.
+  sampled answer was right, for the format subset (the judgement was trained on them) and outside it. Layer by
+  layer too: the lens P(True) of every layer, chosen on a validation half of the persons and judged on the other
+  half beside shuffled labels and the untrained model; baseline: the model's own probability of its answer.
+* P(IK), layer by layer, on evaluation persons (label: the cloze answer is right), persons split train /
+  validation / test: logistic and small-MLP probes on the residual stream at the last name token and at the value
+  slot (fitted on train), and the logit-lens readouts of the layers before the last at the value slot (the cloze
+  confidence recomputed from that layer's lens, the lens's top token probability, its negative entropy). The
+  readout with the best validation AUROC is reported on test; baseline, beside it and never chosen: the model's
+  own final cloze confidence (= the last layer's lens cloze confidence). Controls: the probe on shuffled labels
+  (the lens readouts: scored against shuffled labels), and the same readout of an untrained model of the same
+  shape. Verdicts by `lab.analysis.probes.judge_readouts` (SCIENCE.md §5): constant readouts are flagged, not
+  scored; "carries the signal" needs the test interval above both controls' intervals; fewer than MIN_PER_CLASS
+  right or wrong answers in the validation or test split is "not enough data".
 * token-level calibration of next-token predictions on held-out English for the pydoc zoo model (its
   quick recipe, trained into the run folder, when the zoo model is not trained), through the logit lens
   at each layer as well.
@@ -48,13 +55,18 @@ training. At each:
 answer; with or without a header) for any local Hugging Face causal LM — converted into a
 HookedTransformer by `lab.hf.load_hf` when the architecture is supported (GPT-2, LLaMA), else wrapped
 by `lab.hf.bridge` (TransformerBridge) — with temperature scaling and per-layer P(IK) probes on the
-residual stream at the last prompt token.
+residual stream at the last prompt token, by the same rules (items split train / validation / test, controls,
+"not enough data" for a small CSV).
+
+`headlines(results)` (a pure function of the rest of results.json) states what the run supports, each with a
+direction that the quick profile — a smaller run of the same experiment — must share with the default one;
+what a run cannot support is kept with the reason (`why_not`), and the dashboard lists it as not shown.
 
 Artefacts in `out`: items.parquet (one row per item: option_logit_0..3 — log-probabilities of the options,
 so softmax(·/T) gives the option probabilities —, answer_index, kind = cloze/lettered, checkpoint,
 split, person, exposure, label_mass, confidence, correct), p_true.parquet, p_ik.parquet,
 token_level.parquet, stages.parquet, and plotly figures (reliability diagrams, ECE and accuracy by
-exposure, P(IK) AUROC by layer, token-level ECE by layer).
+exposure, P(IK) and P(True) AUROC by layer, token-level ECE by layer).
 """
 
 import copy
@@ -64,8 +76,7 @@ import logging
 import math
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,13 +89,12 @@ from torch import Tensor
 
 from lab.analysis.activations import collect_activations
 from lab.analysis.lens import logit_lens
+from lab.analysis.probes import (feature_rank, fit_probe, group_partition, judge_readouts, random_model,
+                                 shuffled_control)
 from lab.configs import check_fields, torch_threads
-from lab.analysis.probes import auroc as auroc_labels_first  # (labels, scores); lab.metrics' is (scores, labels)
-from lab.analysis.probes import bootstrap_ci as grouped_bootstrap_ci
-from lab.analysis.probes import fit_probe, group_split, random_model, shuffled_control
 from lab.data.facts import OPTION_LETTERS, Fact, FactWorld, FactWorldConfig
-from lab.metrics.calibration import (auroc, bootstrap_ci, brier, ece, fit_temperature, multiclass_summary, nll,
-                                     noise_floor_ece, reliability, softmax)
+from lab.metrics.calibration import (MIN_PER_CLASS, Metric, auroc, auroc_ci, bootstrap_ci, brier, ece_fields,
+                                     fit_temperature, multiclass_summary, nll, reliability, softmax)
 from lab.model import HookedTransformer, ModelConfig
 from lab.runs import save_figure, save_table
 from lab.tokenize import word_level
@@ -134,7 +144,8 @@ class Config:
     # measurement
     calibration_share: float = 0.5  # evaluation persons whose items fit T (the rest are the test split)
     p_true_samples: int = 2  # sampled answers per person judged True/False
-    probe_test_fraction: float = 0.3
+    probe_test_fraction: float = 0.3  # persons (items) whose rows report every readout: the test split
+    probe_validation_fraction: float = 0.3  # persons (items) on which readouts are chosen; the rest fit the probes
     mlp_steps: int = 200
     mlp_decays: tuple[float, ...] = (1e-3, 1e-1)  # the MLP probes' weight-decay grid (cross-validated)
     probe_folds: int = 3
@@ -166,8 +177,11 @@ class Config:
         need(self.n_stages >= 2 and self.steps >= self.n_stages, "need n_stages ≥ 2 and steps ≥ n_stages")
         need(len(self.mlp_decays) > 0 and all(d > 0 for d in self.mlp_decays), "mlp_decays must be positive")
         need(self.probe_folds >= 2, "probe_folds must be an integer ≥ 2")
-        for name in ("format_share", "calibration_share", "probe_test_fraction", "partial_recall"):
+        for name in ("format_share", "calibration_share", "probe_test_fraction", "probe_validation_fraction",
+                     "partial_recall"):
             need(0 < getattr(self, name) < 1, f"{name} must lie in (0, 1), got {getattr(self, name)!r}")
+        need(self.probe_test_fraction + self.probe_validation_fraction < 1,
+             "probe_test_fraction + probe_validation_fraction must leave a training split (sum < 1)")
         need(self.pareto_gamma > 0, "pareto_gamma must be > 0")
         need(0 < self.min_lr <= self.lr, "need 0 < min_lr ≤ lr")
         need(self.d_model % self.n_heads == 0, "d_model must be a multiple of n_heads")
@@ -415,6 +429,8 @@ def train_in_stages(cfg: Config, setting: Setting, model: HookedTransformer,
         stages.append({"stage": index + 1, "step": end, "heldout_nll": nll_value, "recall_seen": recall,
                        "cloze_accuracy": float(cloze["correct"].mean()),
                        "cloze_auroc_confidence": auroc(cloze["confidence"], cloze["correct"]),
+                       "cloze_auroc_confidence_n_pos": int(cloze["correct"].sum()),
+                       "cloze_auroc_confidence_n_neg": int((~cloze["correct"]).sum()),
                        "train_loss_nats": result.train_loss_nats, "stage_s": time.perf_counter() - began})
         logger.info("step %d: held-out NLL %.4f nats per statement, cloze recall of seen persons %.3f",
                     end, nll_value, recall)
@@ -427,35 +443,17 @@ def train_in_stages(cfg: Config, setting: Setting, model: HookedTransformer,
 # --------------------------------------------------------------------------------------------
 # Calibration numbers: every ECE with its bootstrap interval and its noise floor
 # --------------------------------------------------------------------------------------------
-def ece_with_interval(confidence: Any, correct: Any, key: str = "ece", n_bins: int = 15,
-                      scheme: str = "equal_width", n_boot: int = 500, seed: int = 0) -> dict[str, Any]:
-    """{key: ECE, key_ci95: its bootstrap 95% interval, noise_floor_key: the mean ECE of a perfectly calibrated
-    model with these confidences, noise_floor_key_p95: that ECE's 95th percentile} (SCIENCE.md §3)."""
-    c = np.asarray(confidence, dtype=np.float64)
-    y = np.asarray(correct, dtype=np.float64)
-    floor, floor_p95 = noise_floor_ece(c, n_bins, scheme, seed=seed)
-    interval = bootstrap_ci(lambda a, b: ece(a, b, n_bins, scheme), c, y, n_boot=n_boot, seed=seed)
-    return {key: ece(c, y, n_bins, scheme), f"{key}_ci95": list(interval), f"noise_floor_{key}": floor,
-            f"noise_floor_{key}_p95": floor_p95}
-
-
 def option_logits(frame: pd.DataFrame) -> np.ndarray:
     return frame[[f"option_logit_{k}" for k in range(N_OPTIONS)]].to_numpy(dtype=np.float64)
 
 
 def calibration_block(frame: pd.DataFrame, n_boot: int, seed: int) -> dict[str, Any]:
-    """Issue 7 item 8's `mc` / `lettered` block for a table of items, with the per-exposure breakdown."""
+    """Issue 7 item 8's `mc` / `lettered` block for a table of items, with the per-exposure breakdown. Every ECE
+    (15 equal-width and 10 equal-mass bins) carries its interval, noise floor and debiased estimate."""
     probs = softmax(option_logits(frame))
     labels = frame["answer_index"].to_numpy()
     block = multiclass_summary(probs, labels, n_boot=n_boot, seed=seed)
-    # multiclass_summary's ece_ci95 / noise_floor_ece belong to the 15-bin equal-width ECE; name them so too,
-    # and give the 10-bin equal-mass ECE its own interval and floor.
-    block["ece_15_equal_width_ci95"] = block["ece_ci95"]
-    block["noise_floor_ece_15_equal_width"] = block["noise_floor_ece"]
-    block["noise_floor_ece_15_equal_width_p95"] = block["noise_floor_ece_p95"]
     confidence, correct = probs.max(axis=1), probs.argmax(axis=1) == labels
-    equal_mass = ece_with_interval(confidence, correct, "ece_10_equal_mass", 10, "equal_mass", n_boot, seed)
-    block |= {k: v for k, v in equal_mass.items() if k != "ece_10_equal_mass"}
     block["label_mass"] = float(frame["label_mass"].mean())
     block["by_exposure"] = []
     if "exposure" not in frame:  # items of a real benchmark: nobody counted what the model saw
@@ -468,37 +466,180 @@ def calibration_block(frame: pd.DataFrame, n_boot: int, seed: int) -> dict[str, 
         block["by_exposure"].append({
             "exposure": label, "n": int(rows.sum()), "accuracy": float(correct[rows].mean()),
             "mean_confidence": float(confidence[rows].mean()), "label_mass": float(frame["label_mass"][rows].mean()),
-            **ece_with_interval(confidence[rows], correct[rows], "ece", n_boot=n_boot, seed=seed)})
+            **ece_fields(confidence[rows], correct[rows], "ece", n_boot=n_boot, seed=seed)})
     return block
 
 
+BINNINGS = (("ece_15_equal_width", 15, "equal_width"), ("ece_10_equal_mass", 10, "equal_mass"))
+
+
 def temperature_block(frame: pd.DataFrame, n_boot: int, seed: int) -> dict[str, Any]:
-    """One T fitted by NLL on the calibration split (Guo et al. 2017 §4.2); ECE and NLL before and after on the
-    test split. Accuracy cannot change: dividing logits by T > 0 keeps their order."""
+    """One T fitted by NLL on the calibration split (Guo et al. 2017 §4.2); both ECEs (15 equal-width, 10
+    equal-mass bins), NLL and Brier before and after on the test split. Accuracy cannot change: dividing logits by
+    T > 0 keeps their order. T's interval resamples the calibration split (refitting T each time); the NLL change's
+    interval resamples the test items, paired (the same items before and after)."""
     cal, test = frame[frame["split"] == "calibration"], frame[frame["split"] == "test"]
-    T = fit_temperature(option_logits(cal), cal["answer_index"].to_numpy())
-    labels = test["answer_index"].to_numpy()
-    block: dict[str, Any] = {"T": T, "n_calibration": len(cal), "n_test": len(test)}
+    cal_logits, cal_labels = option_logits(cal), cal["answer_index"].to_numpy()
+    T = fit_temperature(cal_logits, cal_labels)
+    t_interval = bootstrap_ci(lambda z, y: fit_temperature(z, y, iterations=40), cal_logits, cal_labels,
+                              n_boot=min(n_boot, 200), seed=seed)
+    logits, labels = option_logits(test), test["answer_index"].to_numpy()
+    block: dict[str, Any] = {"T": T, "T_ci95": t_interval.interval, "n_calibration": len(cal), "n_test": len(test)}
     for name, temperature in (("before", 1.0), ("after", T)):
-        probs = softmax(option_logits(test), temperature)
+        probs = softmax(logits, temperature)
         confidence, correct = probs.max(axis=1), probs.argmax(axis=1) == labels
-        block |= ece_with_interval(confidence, correct, f"ece_{name}", n_boot=n_boot, seed=seed)
+        for key, n_bins, scheme in BINNINGS:
+            block |= ece_fields(confidence, correct, f"{key}_{name}", n_bins, scheme, n_boot=n_boot, seed=seed)
         block[f"nll_{name}"] = nll(probs, labels)
         block[f"brier_{name}"] = brier(confidence, correct).score
         block[f"accuracy_{name}"] = float(correct.mean())
         block[f"mean_confidence_{name}"] = float(confidence.mean())
-        block[f"nll_calibration_split_{name}"] = nll(softmax(option_logits(cal), temperature), cal["answer_index"])
+        block[f"nll_calibration_split_{name}"] = nll(softmax(cal_logits, temperature), cal_labels)
+    change = bootstrap_ci(lambda z, y: nll(softmax(z), y) - nll(softmax(z, T), y), logits, labels, n_boot=n_boot,
+                          seed=seed)
+    block["nll_decrease"], block["nll_decrease_ci95"] = change.value, change.interval
     return block
 
 
 # --------------------------------------------------------------------------------------------
-# P(True): the model judges its own sampled answer
+# Readouts judged honestly: chosen on a validation split, reported on a test split, beside controls
+# --------------------------------------------------------------------------------------------
+@dataclass
+class Parts:
+    """Entity-disjoint rows: `train` fits the probes, `validation` chooses among readouts, `test` reports."""
+
+    groups: np.ndarray  # the entity of each row (a person, an MMLU item)
+    train: np.ndarray
+    validation: np.ndarray
+    test: np.ndarray
+    shuffle: np.ndarray  # one permutation of the rows: the shuffled-label control of every readout
+
+
+def make_parts(groups: np.ndarray, cfg: Config, probes: bool = True) -> Parts:
+    """Train / validation / test by entity (validation and test only, half each, when nothing is fitted)."""
+    fractions = ((1 - cfg.probe_validation_fraction - cfg.probe_test_fraction, cfg.probe_validation_fraction,
+                  cfg.probe_test_fraction) if probes else (0.5, 0.5))
+    split = group_partition(groups, fractions, seed=cfg.seed)
+    train, validation, test = split if probes else (np.array([], dtype=int), *split)
+    return Parts(np.asarray(groups), train, validation, test,
+                 np.random.default_rng(cfg.seed + 12345).permutation(len(groups)))
+
+
+def _validation_fields(scores: np.ndarray, y: np.ndarray) -> dict[str, Any]:
+    """The validation AUROC and its class counts: used to choose, so it needs no interval."""
+    y = np.asarray(y).astype(bool)
+    return {"validation_auroc": auroc(scores, y), "validation_auroc_n_pos": int(y.sum()),
+            "validation_auroc_n_neg": int((~y).sum())}
+
+
+def class_counts(y: np.ndarray, parts: Parts) -> dict[str, dict[str, int]]:
+    y = np.asarray(y).astype(bool)
+    return {name: {"n_pos": int(y[rows].sum()), "n_neg": int((~y[rows]).sum())}
+            for name, rows in (("train", parts.train), ("validation", parts.validation), ("test", parts.test))}
+
+
+def _unscored(y: np.ndarray, parts: Parts, why: str) -> dict[str, Any]:
+    """The fields of a readout flagged and not scored: NaN AUROCs beside the splits' class counts, and why."""
+    y = np.asarray(y).astype(bool)
+    test = y[parts.test]
+    blank = Metric(float("nan"), float("nan"), float("nan"), int(test.sum()), int((~test).sum()), why)
+    return {**_validation_fields(np.zeros(len(parts.validation)), y[parts.validation]), "validation_auroc": float("nan"),
+            **blank.fields("auroc"), **blank.fields("control_shuffled_auroc"), **blank.fields("control_untrained_auroc")}
+
+
+def fixed_readout_row(scores: np.ndarray, untrained: np.ndarray | None, y: np.ndarray, parts: Parts, n_boot: int,
+                      seed: int) -> dict[str, Any]:
+    """A readout that fits nothing (a logit-lens readout): constant when its scores do not vary (feature_rank 0);
+    else its validation AUROC, its test AUROC with a stratified entity interval, the same score against shuffled
+    labels, and the untrained model's same readout."""
+    y = np.asarray(y).astype(int)
+    test, groups = parts.test, parts.groups[parts.test]
+    if feature_rank(scores[:, None]) == 0:
+        return {"constant": True, **_unscored(y, parts, "constant scores (the same for every row): not scored")}
+    row: dict[str, Any] = {"constant": False, **_validation_fields(scores[parts.validation], y[parts.validation])}
+    row |= auroc_ci(scores[test], y[test], groups, n_boot=n_boot, seed=seed).fields("auroc")
+    row |= auroc_ci(scores[test], y[parts.shuffle][test], groups, n_boot=n_boot, seed=seed).fields(
+        "control_shuffled_auroc")
+    row |= (auroc_ci(untrained[test], y[test], groups, n_boot=n_boot, seed=seed).fields("control_untrained_auroc")
+            if untrained is not None else {"control_untrained_auroc": None})
+    return row
+
+
+def probe_rows(X: Any, X_untrained: Any | None, y: np.ndarray, parts: Parts, cfg: Config) -> list[dict[str, Any]]:
+    """A logistic and a small MLP probe fitted on the training persons, chosen on validation, reported on test,
+    each beside the same probe on shuffled labels and on the untrained model's activations."""
+    rows = []
+    options = dict(groups=parts.groups, split=(parts.train, parts.test), n_bootstrap=cfg.n_boot, seed=cfg.seed,
+                   n_folds=cfg.probe_folds)
+    for kind in ("logistic", "mlp"):
+        extra = dict(mlp_steps=cfg.mlp_steps, grid=cfg.mlp_decays) if kind == "mlp" else {}
+        fitted = fit_probe(X, y, kind, **options, **extra)
+        row: dict[str, Any] = {"readout": f"{kind} probe", "constant": fitted.constant,
+                               "feature_rank": fitted.feature_rank, "n_features": fitted.n_features,
+                               "regularization": None if fitted.constant else fitted.regularization}
+        if fitted.constant:
+            rows.append(row | _unscored(y, parts, fitted.metrics["auroc"].why_no_interval))
+            continue
+        row |= _validation_fields(fitted.predict_scores(X[parts.validation]).numpy(), y[parts.validation])
+        row |= fitted.metrics["auroc"].fields("auroc")
+        shuffled = shuffled_control(X, y, kind, **options, **extra)
+        row |= shuffled.metrics["auroc"].fields("control_shuffled_auroc")
+        if X_untrained is None:
+            row["control_untrained_auroc"] = None
+        else:
+            row |= fit_probe(X_untrained, y, kind, **options, **extra).metrics["auroc"].fields("control_untrained_auroc")
+        row["test_scores"] = fitted.test_scores.numpy()
+        rows.append(row)
+    return rows
+
+
+FAMILIES = {"logistic probes": ("logistic probe",), "mlp probes": ("mlp probe",)}
+
+
+def judge(rows: list[dict[str, Any]], what: str, baseline: Metric, y: np.ndarray, parts: Parts,
+          baseline_scores: np.ndarray, n_boot: int, seed: int) -> dict[str, Any]:
+    """`judge_readouts` over every candidate, and the paired test-split difference between the baseline and the
+    chosen readout (both score the same test rows, so the difference is resampled by entity, stratified)."""
+    verdict = judge_readouts(rows, what, baseline)
+    chosen = verdict["chosen"]
+    if chosen is not None:
+        row = next(r for r in rows if all(r.get(k) == chosen.get(k) for k in ("readout", "position", "layer")))
+        test = parts.test
+        labels = np.asarray(y).astype(int)[test]
+        gap = bootstrap_ci(lambda b, c, l: auroc(b, l) - auroc(c, l), baseline_scores[test], row["test_scores"],
+                           labels, groups=parts.groups[test], strata=labels, n_boot=n_boot, seed=seed)
+        chosen |= {"baseline_minus_chosen_auroc": gap.value, "baseline_minus_chosen_auroc_ci95": gap.interval}
+    return verdict
+
+
+def judge_families(rows: list[dict[str, Any]], name: str, baseline: Metric, y: np.ndarray, parts: Parts,
+                   baseline_scores: np.ndarray, cfg: Config) -> dict[str, dict[str, Any]]:
+    """The verdict over all candidates, then one per family of readouts (each chosen on validation within it)."""
+    families = {"all readouts": None, **FAMILIES,
+                "lens readouts": tuple(sorted({r["readout"] for r in rows if r["readout"].startswith("lens")}))}
+    out = {}
+    for family, kinds in families.items():
+        subset = [r for r in rows if kinds is None or r["readout"] in kinds]
+        if subset:
+            what = name if kinds is None else f"{name}, {family}"
+            out[family] = judge(subset, what, baseline, y, parts, baseline_scores, cfg.n_boot, cfg.seed)
+    return out
+
+
+def public_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows without their per-item test scores (kept only to pair the chosen readout with the baseline)."""
+    return [{k: v for k, v in r.items() if k != "test_scores"} for r in rows]
+
+
+# --------------------------------------------------------------------------------------------
+# P(True): the model judges its own sampled answer, layer by layer
 # --------------------------------------------------------------------------------------------
 @torch.inference_mode()
 def p_true_table(model: HookedTransformer, setting: Setting, persons: np.ndarray, samples: int,
-                 seed: int) -> pd.DataFrame:
+                 seed: int) -> tuple[pd.DataFrame, list[list[int]]]:
     """Sample the value at T = 1 from the full softmax after "<bos> F L birthday", put it into the claim
-    "… F L birthday <sample> . Answer :" and read P(True) = p(True) / (p(True) + p(False))."""
+    "… F L birthday <sample> . Answer :" and read P(True) = p(True) / (p(True) + p(False)). Also the model's own
+    probability of the value it sampled (the baseline). Returns the table and the claims' token ids."""
     world, attribute = setting.world, setting.attribute
     value_len = len(world.value_spaces[attribute][0].split())
     people = np.repeat(persons, samples)
@@ -508,22 +649,40 @@ def p_true_table(model: HookedTransformer, setting: Setting, persons: np.ndarray
     claims = [row + ids + tail for row, ids in zip(prompts.tolist(), sampled.tolist())]
     log_p = next_token_logprobs(model, claims, setting.token("<pad>"))
     p_yes, p_no = log_p[:, setting.token("True")].exp(), log_p[:, setting.token("False")].exp()
+    answer = continuation_logprobs(model, prompts.tolist(), sampled.tolist(), setting.token("<pad>"))
     values = [" ".join(setting.tokenizer.id_to_token(i) for i in ids) for ids in sampled.tolist()]
     truth = [world.true_value(int(p), attribute) for p in people]
     space = set(world.value_spaces[attribute])
-    return pd.DataFrame({"person": people, "exposure": setting.exposure[people], "value": values, "truth": truth,
-                         "well_formed": [v in space for v in values],
-                         "correct": [v == t for v, t in zip(values, truth)],
-                         "p_true": (p_yes / (p_yes + p_no)).numpy(), "judgement_mass": (p_yes + p_no).numpy()})
+    frame = pd.DataFrame({"person": people, "exposure": setting.exposure[people], "value": values, "truth": truth,
+                          "well_formed": [v in space for v in values],
+                          "correct": [v == t for v, t in zip(values, truth)],
+                          "p_true": (p_yes / (p_yes + p_no)).numpy(), "judgement_mass": (p_yes + p_no).numpy(),
+                          "answer_probability": np.exp(answer)})
+    return frame, claims
+
+
+@torch.inference_mode()
+def lens_p_true(model: HookedTransformer, claims: list[list[int]], setting: Setting) -> np.ndarray:
+    """[layer, n]: p(True) / (p(True) + p(False)) read through each layer's logit lens after "Answer :" (the last
+    row is the model's own P(True))."""
+    tokens = torch.tensor(claims)
+    ids = [setting.token("True"), setting.token("False")]
+    out = []
+    for start in range(0, len(claims), 256):
+        log_p = logit_lens(model, tokens[start: start + 256])[:, :, -1][..., ids].double()  # [layer, n, 2]
+        out.append(log_p.softmax(-1)[..., 0])
+    return torch.cat(out, dim=1).numpy()
 
 
 def p_true_block(frame: pd.DataFrame, n_boot: int, seed: int) -> dict[str, Any]:
+    """P(True) of the model's own answer (the last layer) for every claim and for the subsets; each AUROC with
+    n_pos / n_neg and a stratified interval over persons (refused below MIN_PER_CLASS of a class)."""
     def summary(part: pd.DataFrame) -> dict[str, Any]:
         y, s = part["correct"].to_numpy(), part["p_true"].to_numpy()
         return {"n": len(part), "n_correct": int(y.sum()), "accuracy": float(y.mean()),
                 "mean_p_true": float(s.mean()), "judgement_mass": float(part["judgement_mass"].mean()),
                 "well_formed": float(part["well_formed"].mean()),
-                "auroc": auroc(s, y), "auroc_ci95": list(bootstrap_ci(auroc, s, y, n_boot=n_boot, seed=seed)),
+                **auroc_ci(s, y, part["person"].to_numpy(), n_boot=n_boot, seed=seed).fields("auroc"),
                 "brier": float(np.mean((s - y) ** 2))}
 
     block = summary(frame)
@@ -531,6 +690,32 @@ def p_true_block(frame: pd.DataFrame, n_boot: int, seed: int) -> dict[str, Any]:
     block["out_of_subset"] = summary(frame[frame["subset"] == "outside"])
     block["out_of_subset_seen"] = summary(frame[(frame["subset"] == "outside") & (frame["exposure"] > 0)])
     return block
+
+
+def p_true_layers(model: HookedTransformer, untrained: HookedTransformer, frame: pd.DataFrame,
+                  claims: list[list[int]], setting: Setting, cfg: Config) -> dict[str, Any]:
+    """P(True) given P(IK)'s treatment: the lens P(True) of every layer (the last is the model's own) as the
+    candidates, chosen on a validation half of the persons and reported on the other half (nothing is fitted, so
+    there is no training split), beside shuffled labels and the untrained model's lens P(True). Baseline: the
+    model's own probability of the answer it sampled."""
+    y = frame["correct"].to_numpy().astype(int)
+    parts = make_parts(frame["person"].to_numpy(), cfg, probes=False)
+    lens = {"trained": lens_p_true(model, claims, setting), "untrained": lens_p_true(untrained, claims, setting)}
+    rows = []
+    n_layers = lens["trained"].shape[0] - 1
+    for layer in range(n_layers + 1):
+        rows.append({"layer": layer, "readout": "lens P(True)", "position": "judgement slot", "candidate": True,
+                     "hook": "the model's own output" if layer == n_layers else f"blocks.{layer}.hook_resid_pre",
+                     **fixed_readout_row(lens["trained"][layer], lens["untrained"][layer], y, parts, cfg.n_boot,
+                                         cfg.seed),
+                     "test_scores": lens["trained"][layer][parts.test]})
+    baseline_scores = frame["answer_probability"].to_numpy()
+    baseline = auroc_ci(baseline_scores[parts.test], y[parts.test], parts.groups[parts.test], n_boot=cfg.n_boot,
+                        seed=cfg.seed)
+    verdict = judge(rows, "P(True) by layer", baseline, y, parts, baseline_scores, cfg.n_boot, cfg.seed)
+    return {"by_layer": public_rows(rows), "verdict": verdict, "class_counts": class_counts(y, parts),
+            "baseline": "the model's own probability of the answer it sampled", "min_per_class": MIN_PER_CLASS,
+            "split": "persons: validation half chooses the layer, test half reports it"}
 
 
 # --------------------------------------------------------------------------------------------
@@ -559,8 +744,10 @@ def lens_readouts(model: HookedTransformer, setting: Setting, items: list[dict[s
 
 def p_ik(model: HookedTransformer, setting: Setting, items: list[dict[str, Any]], frame: pd.DataFrame,
          cfg: Config) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """P(IK) rows (issue 7 item 6) and the baseline: the model's own final cloze confidence, on the same
-    entity-disjoint test persons as every readout. Label: the cloze answer is right."""
+    """P(IK) rows (issue 7 item 6) and their verdicts. Label: the cloze answer is right. Candidates: logistic and
+    MLP probes on the residual stream at the last name token and at the value slot, and the logit-lens readouts of
+    the layers before the last at the value slot. The last layer's lens readouts are the model's own output —
+    its lens cloze confidence *is* the baseline — so they are shown beside it and never chosen."""
     world = setting.world
     persons = frame["person"].to_numpy()
     y = frame["correct"].to_numpy().astype(int)
@@ -570,71 +757,37 @@ def p_ik(model: HookedTransformer, setting: Setting, items: list[dict[str, Any]]
     tokens = torch.tensor(prefixes)
     name_pos = len(setting.ids("<bos> " + world.persons[int(persons[0])].name)) - 1
     slot = tokens.shape[1] - 1
-    train_rows, test_rows = group_split(persons, cfg.probe_test_fraction, seed=cfg.seed)
+    parts = make_parts(persons, cfg)
     hooks = residual_hooks(model.cfg.n_layers)
     untrained = random_model(model, seed=cfg.seed + 1)
     acts = {name: collect_activations(m, tokens, hooks, positions=[name_pos, slot], progress=False)
             for name, m in (("trained", model), ("untrained", untrained))}
-
-    def grouped_auroc(scores: np.ndarray) -> Any:
-        return grouped_bootstrap_ci(auroc_labels_first, y[test_rows], scores[test_rows], groups=persons[test_rows],
-                                    n_bootstrap=cfg.n_boot, seed=cfg.seed)
-
     rows: list[dict[str, Any]] = []
-    options = dict(groups=persons, split=(train_rows, test_rows), n_bootstrap=cfg.n_boot, seed=cfg.seed,
-                   n_folds=cfg.probe_folds)
     for layer, hook in enumerate(hooks):
         for position, index in (("last name token", name_pos), ("value slot", slot)):
             X = {name: a[hook][a.pos == index] for name, a in acts.items()}
-            for kind in ("logistic", "mlp"):
-                extra = dict(mlp_steps=cfg.mlp_steps, grid=cfg.mlp_decays) if kind == "mlp" else {}
-                fitted = fit_probe(X["trained"], y, kind, **options, **extra)
-                shuffled = shuffled_control(X["trained"], y, kind, **options, **extra)
-                control = fit_probe(X["untrained"], y, kind, **options, **extra)
-                metric = fitted.metrics["auroc"]
-                rows.append({"layer": layer, "hook": hook, "readout": f"{kind} probe", "position": position,
-                             "auroc": metric.value, "auroc_ci95": [metric.low, metric.high],
-                             "control_shuffled_auroc": shuffled.metrics["auroc"].value,
-                             "control_untrained_auroc": control.metrics["auroc"].value,
-                             "regularization": fitted.regularization})
-    readouts = {name: lens_readouts(m, setting, items, slot)
-                for name, m in (("trained", model), ("untrained", untrained))}
-    permuted = y[test_rows][np.random.default_rng([cfg.seed, 13]).permutation(len(test_rows))]
+            for row in probe_rows(X["trained"], X["untrained"], y, parts, cfg):
+                rows.append({"layer": layer, "hook": hook, "position": position, "candidate": True, **row})
+    readouts = {name: lens_readouts(m, setting, items, slot) for name, m in (("trained", model), ("untrained", untrained))}
     for readout, scores in readouts["trained"].items():
         for layer, hook in enumerate(hooks):
-            metric = grouped_auroc(scores[layer])
             rows.append({"layer": layer, "hook": hook, "readout": readout, "position": "value slot",
-                         "auroc": metric.value, "auroc_ci95": [metric.low, metric.high],
-                         "control_shuffled_auroc": auroc(scores[layer][test_rows], permuted),
-                         "control_untrained_auroc": auroc(readouts["untrained"][readout][layer][test_rows],
-                                                          y[test_rows]),
-                         "regularization": None})
-    for row in rows:
-        row["above_chance"] = bool(row["auroc_ci95"][0] > 0.5)  # the interval excludes chance
-        row["above_untrained"] = bool(row["auroc_ci95"][0] > row["control_untrained_auroc"])
-    baseline = grouped_auroc(frame["confidence"].to_numpy())
-    info = {"p_ik_baseline_auroc": baseline.value, "p_ik_baseline_auroc_ci95": [baseline.low, baseline.high],
-            "n_rows": len(y), "n_test": len(test_rows), "share_correct": float(y.mean()),
-            "positions": {"last name token": name_pos, "value slot": slot}}
-    return rows, info
+                         "candidate": layer < len(hooks) - 1, "regularization": None,
+                         **fixed_readout_row(scores[layer], readouts["untrained"][readout][layer], y, parts,
+                                             cfg.n_boot, cfg.seed),
+                         "test_scores": scores[layer][parts.test]})
+    confidence = frame["confidence"].to_numpy()
+    baseline = auroc_ci(confidence[parts.test], y[parts.test], persons[parts.test], n_boot=cfg.n_boot, seed=cfg.seed)
+    verdicts = judge_families(rows, "P(IK)", baseline, y, parts, confidence, cfg)
+    info = {**baseline.fields("p_ik_baseline_auroc"), "n_rows": len(y), "class_counts": class_counts(y, parts),
+            "share_correct": float(y.mean()), "positions": {"last name token": name_pos, "value slot": slot},
+            "verdicts": verdicts}
+    return public_rows(rows), info
 
 
-def p_ik_summary(rows: list[dict[str, Any]]) -> list[str]:
-    """One sentence per readout and position: where it carries the signal (its AUROC interval lies above 0.5
-    and above the untrained model's AUROC, when there is an untrained control), its best layer, its controls."""
-    lines = []
-    for key in dict.fromkeys((r["readout"], r["position"]) for r in rows):
-        group = [r for r in rows if (r["readout"], r["position"]) == key]
-        best = max(group, key=lambda r: r["auroc"])
-        controlled = best["control_untrained_auroc"] is not None
-        carrying = [r["layer"] for r in group if r["above_chance"] and (r["above_untrained"] or not controlled)]
-        untrained = f"{best['control_untrained_auroc']:.3f}" if controlled else "not run"
-        lines.append(f"{key[0]} at the {key[1]}: "
-                     + (f"carries the signal at layers {carrying}" if carrying else "carries no signal at any layer")
-                     + f"; best AUROC {best['auroc']:.3f} [{best['auroc_ci95'][0]:.3f}, {best['auroc_ci95'][1]:.3f}] "
-                       f"at layer {best['layer']} (shuffled labels {best['control_shuffled_auroc']:.3f}, "
-                       f"untrained model {untrained})")
-    return lines
+def p_ik_summary(verdicts: dict[str, dict[str, Any]]) -> list[str]:
+    """The verdicts' sentences: over every candidate first, then per family of readouts."""
+    return [v["sentence"] for v in verdicts.values()]
 
 
 # --------------------------------------------------------------------------------------------
@@ -689,9 +842,9 @@ def token_level(cfg: Config, out: Path) -> tuple[dict[str, Any], list[dict[str, 
     for layer in range(c.shape[0]):
         by_layer.append({"layer": layer, "n_tokens": int(c.shape[1]), "accuracy": float(y[layer].mean()),
                          "mean_confidence": float(c[layer].mean()), "nll_nats": float(-lp[layer].mean()),
-                         **ece_with_interval(c[layer], y[layer], "ece", n_boot=cfg.n_boot, seed=cfg.seed),
-                         **ece_with_interval(c[layer], y[layer], "ece_10_equal_mass", 10, "equal_mass",
-                                             n_boot=cfg.n_boot, seed=cfg.seed)})
+                         **ece_fields(c[layer], y[layer], "ece", n_boot=cfg.n_boot, seed=cfg.seed),
+                         **ece_fields(c[layer], y[layer], "ece_10_equal_mass", 10, "equal_mass", n_boot=cfg.n_boot,
+                                      seed=cfg.seed)})
     final = by_layer[-1]
     block = {"model": source, "n_windows": int(len(windows)), "n_ctx": model.cfg.n_ctx,
              "d_vocab": model.cfg.d_vocab, **{k: v for k, v in final.items() if k != "layer"},
@@ -835,55 +988,42 @@ def hf_lettered(model: Any, tokenizer: Any, items: list[dict[str, Any]], batch_s
 
 def hf_p_ik(model: Any, frame: pd.DataFrame, batches: list[Tensor], order: np.ndarray, letters: list[int],
             cfg: Config) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Logistic and MLP probes on the residual stream at the last prompt token, per layer, with the shuffled
-    control (and the untrained-model control and the logit lens's lettered confidence for a HookedTransformer)."""
+    """P(IK) by P(IK)'s rules on MMLU items: logistic and MLP probes on the residual stream at the last prompt
+    token per layer (and, for a HookedTransformer, the lens's lettered confidence of the layers before the last
+    and the untrained-model control), items split train / validation / test, the verdict from the validation-
+    chosen readout on the test items. Baseline: the model's own lettered confidence."""
     y = frame["correct"].to_numpy().astype(int)[order]
     groups = frame["item"].to_numpy()[order]
     confidence = frame["confidence"].to_numpy()[order]
     hooks = residual_hooks(model.cfg.n_layers)
-    train_rows, test_rows = group_split(groups, cfg.probe_test_fraction, seed=cfg.seed)
+    parts = make_parts(groups, cfg)
+    if min(np.bincount(y[parts.train], minlength=2)) == 0:  # a probe cannot be fitted on one class
+        raise ValueError(f"the training items are all {'right' if y[parts.train].all() else 'wrong'}: "
+                         "no probe can be fitted")
     models = {"trained": model}
     if isinstance(model, HookedTransformer):
         models["untrained"] = random_model(model, seed=cfg.seed + 1)
     acts = {name: collect_activations(m, batches, hooks, positions="last", progress=False)
             for name, m in models.items()}
-    options = dict(groups=groups, split=(train_rows, test_rows), n_bootstrap=cfg.n_boot, seed=cfg.seed,
-                   n_folds=cfg.probe_folds)
     rows = []
     for layer, hook in enumerate(hooks):
-        for kind in ("logistic", "mlp"):
-            extra = dict(mlp_steps=cfg.mlp_steps, grid=cfg.mlp_decays) if kind == "mlp" else {}
-            fitted = fit_probe(acts["trained"][hook], y, kind, **options, **extra)
-            shuffled = shuffled_control(acts["trained"][hook], y, kind, **options, **extra)
-            control = (fit_probe(acts["untrained"][hook], y, kind, **options, **extra).metrics["auroc"].value
-                       if "untrained" in acts else None)
-            metric = fitted.metrics["auroc"]
-            rows.append({"layer": layer, "hook": hook, "readout": f"{kind} probe", "position": "last prompt token",
-                         "auroc": metric.value, "auroc_ci95": [metric.low, metric.high],
-                         "control_shuffled_auroc": shuffled.metrics["auroc"].value,
-                         "control_untrained_auroc": control, "regularization": fitted.regularization})
+        X_untrained = acts["untrained"][hook] if "untrained" in acts else None
+        for row in probe_rows(acts["trained"][hook], X_untrained, y, parts, cfg):
+            rows.append({"layer": layer, "hook": hook, "position": "last prompt token", "candidate": True, **row})
     if isinstance(model, HookedTransformer):
         lens = {name: torch.cat([logit_lens(m, b)[:, :, -1][..., letters] for b in batches], dim=1).double()
                 for name, m in models.items()}  # [layer, row, 4]
-        permuted = y[test_rows][np.random.default_rng([cfg.seed, 13]).permutation(len(test_rows))]
         for layer, hook in enumerate(hooks):
             scores = {name: softmax(v[layer].numpy()).max(axis=1) for name, v in lens.items()}
-            metric = grouped_bootstrap_ci(auroc_labels_first, y[test_rows], scores["trained"][test_rows],
-                                          groups=groups[test_rows], n_bootstrap=cfg.n_boot, seed=cfg.seed)
             rows.append({"layer": layer, "hook": hook, "readout": "lens lettered confidence",
-                         "position": "last prompt token", "auroc": metric.value,
-                         "auroc_ci95": [metric.low, metric.high],
-                         "control_shuffled_auroc": auroc(scores["trained"][test_rows], permuted),
-                         "control_untrained_auroc": auroc(scores["untrained"][test_rows], y[test_rows]),
-                         "regularization": None})
-    for row in rows:
-        row["above_chance"] = bool(row["auroc_ci95"][0] > 0.5)
-        row["above_untrained"] = row["control_untrained_auroc"] is not None and bool(
-            row["auroc_ci95"][0] > row["control_untrained_auroc"])
-    baseline = grouped_bootstrap_ci(auroc_labels_first, y[test_rows], confidence[test_rows], groups=groups[test_rows],
-                                    n_bootstrap=cfg.n_boot, seed=cfg.seed)
-    return rows, {"p_ik_baseline_auroc": baseline.value, "p_ik_baseline_auroc_ci95": [baseline.low, baseline.high],
-                  "n_rows": len(y), "n_test": len(test_rows), "share_correct": float(y.mean())}
+                         "position": "last prompt token", "candidate": layer < len(hooks) - 1, "regularization": None,
+                         **fixed_readout_row(scores["trained"], scores["untrained"], y, parts, cfg.n_boot, cfg.seed),
+                         "test_scores": scores["trained"][parts.test]})
+    baseline = auroc_ci(confidence[parts.test], y[parts.test], groups[parts.test], n_boot=cfg.n_boot, seed=cfg.seed)
+    verdicts = judge_families(rows, "P(IK)", baseline, y, parts, confidence, cfg)
+    return public_rows(rows), {**baseline.fields("p_ik_baseline_auroc"), "n_rows": len(y),
+                               "class_counts": class_counts(y, parts), "share_correct": float(y.mean()),
+                               "verdicts": verdicts}
 
 
 def run_hf(cfg: Config, out: Path) -> dict[str, Any]:
@@ -910,12 +1050,18 @@ def run_hf(cfg: Config, out: Path) -> dict[str, Any]:
     began = time.perf_counter()
     try:
         rows, info = hf_p_ik(model, frame, batches, order, letter_ids(tokenizer), cfg)
-        results["p_ik"], results["p_ik_summary"] = rows, p_ik_summary(rows)
-        results |= info
-    except ValueError as err:  # too few items, or one class only: say so rather than fail the run
-        results["p_ik"], results["p_ik_baseline_auroc"] = [], None
-        results["p_ik_summary"] = [f"P(IK) probes not fitted: {err}"]
+        verdicts = info.pop("verdicts")
+        results |= {"p_ik": rows, "p_ik_verdict": verdicts["all readouts"], "p_ik_verdicts": verdicts,
+                    "p_ik_summary": p_ik_summary(verdicts), "p_ik_info": info,
+                    **{k: v for k, v in info.items() if k.startswith("p_ik_baseline_auroc")}}
+    except ValueError as err:  # fewer items than parts, or one class only: not enough data, said in words
+        sentence = (f"P(IK): not enough data — {err} ({len(items)} items; a verdict needs at least "
+                    f"{MIN_PER_CLASS} right and {MIN_PER_CLASS} wrong answers in each of the validation and test splits)")
+        results |= {"p_ik": [], "p_ik_baseline_auroc": None, "p_ik_summary": [sentence],
+                    "p_ik_verdict": {"verdict": "not enough data", "carries_signal": None, "sentence": sentence,
+                                     "chosen": None, "min_per_class": MIN_PER_CLASS}}
     timing["p_ik_s"] = time.perf_counter() - began
+    results["headlines"] = headlines(results)
     results["timing"] = timing
     save_table(frame, out, "items")
     if results["p_ik"]:
@@ -985,35 +1131,45 @@ def exposure_figures(out: Path, blocks: dict[str, dict[str, Any]]) -> None:
     save_figure(fig, out, "accuracy_by_exposure")
 
 
-def p_ik_figure(out: Path, rows: list[dict[str, Any]], baselines: dict[str, float | None]) -> None:
-    """AUROC of every P(IK) readout by layer (95% intervals) at each checkpoint, its controls (in the legend),
-    and the baseline: the model's own final confidence."""
+def _error_bars(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """Asymmetric error bars from each row's key_ci95 (none where the interval was refused)."""
+    def span(r: dict[str, Any], side: int) -> float:
+        interval = r.get(f"{key}_ci95")
+        return float("nan") if not interval else abs(interval[side] - r[key])
+
+    return dict(type="data", symmetric=False, array=[span(r, 1) for r in rows], arrayminus=[span(r, 0) for r in rows])
+
+
+def p_ik_figure(out: Path, rows: list[dict[str, Any]], baselines: dict[str, float | None],
+                name: str = "p_ik_auroc_by_layer", title: str = "P(IK)") -> None:
+    """Test-split AUROC of every readout by layer (95% intervals; constant readouts left out) at each checkpoint,
+    its controls (in the legend), and the baseline: the model's own final confidence."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
+    rows = [r for r in rows if not r.get("constant")]
     for key in dict.fromkeys((r.get("checkpoint", "model"), r["readout"], r["position"]) for r in rows):
         group = [r for r in rows if (r.get("checkpoint", "model"), r["readout"], r["position"]) == key]
         label = f"{key[0]}: {key[1]} @ {key[2]}"
         x = [r["layer"] for r in group]
-        fig.add_trace(go.Scatter(
-            x=x, y=[r["auroc"] for r in group], mode="lines+markers", name=label,
-            line=dict(dash="solid" if key[0] != "end" else "dashdot"),
-            error_y=dict(type="data", symmetric=False, array=[r["auroc_ci95"][1] - r["auroc"] for r in group],
-                         arrayminus=[r["auroc"] - r["auroc_ci95"][0] for r in group])))
+        fig.add_trace(go.Scatter(x=x, y=[r["auroc"] for r in group], mode="lines+markers", name=label,
+                                 line=dict(dash="solid" if key[0] != "end" else "dashdot"),
+                                 error_y=_error_bars(group, "auroc")))
         if any(r["control_untrained_auroc"] is not None for r in group):
             fig.add_trace(go.Scatter(x=x, y=[r["control_untrained_auroc"] for r in group], mode="lines",
                                      line=dict(dash="dot"), name=f"{label}: untrained model", visible="legendonly"))
         fig.add_trace(go.Scatter(x=x, y=[r["control_shuffled_auroc"] for r in group], mode="lines",
                                  line=dict(dash="dash", color="lightgray"), name=f"{label}: shuffled labels",
                                  visible="legendonly"))
-    for name, value in baselines.items():
+    for checkpoint, value in baselines.items():
         if value is not None:
-            fig.add_hline(y=value, line_dash="dash", annotation_text=f"{name}: the model's own final confidence")
+            fig.add_hline(y=value, line_dash="dash", annotation_text=f"{checkpoint}: baseline (the model's own confidence)")
     fig.add_hline(y=0.5, line_color="gray", annotation_text="chance")
-    fig.update_layout(title="P(IK): AUROC of each residual-stream readout, by layer (entity-disjoint test split)",
+    fig.update_layout(title=f"{title}: test-split AUROC of each readout, by layer (entity-disjoint; readouts are "
+                            "chosen on a separate validation split)",
                       xaxis_title="layer (residual stream entering it; the last is after the final block)",
                       yaxis=dict(title="AUROC", range=[0, 1]))
-    save_figure(fig, out, "p_ik_auroc_by_layer")
+    save_figure(fig, out, name)
 
 
 def token_level_figure(out: Path, block: dict[str, Any]) -> None:
@@ -1055,17 +1211,32 @@ def stages_figure(out: Path, stages: list[dict[str, Any]], partial_step: int) ->
 # Acceptance (issue 7), checked on the results themselves
 # --------------------------------------------------------------------------------------------
 def eces_without_interval(results: Any, where: str = "results") -> list[str]:
-    """Every ECE in the results that lacks its `_ci95` interval or its `noise_floor_` beside it."""
+    """Every ECE in the results that lacks its `_ci95` interval, its `noise_floor_` or its `_debiased` estimate."""
     missing = []
     if isinstance(results, dict):
         for key, value in results.items():
-            if (key.startswith("ece") and isinstance(value, float) and not key.endswith("_p95")
-                    and not (f"{key}_ci95" in results and f"noise_floor_{key}" in results)):
+            if (key.startswith("ece") and isinstance(value, float) and not key.endswith(("_p95", "_debiased"))
+                    and not all(k in results for k in (f"{key}_ci95", f"noise_floor_{key}", f"{key}_debiased"))):
                 missing.append(f"{where}.{key}")
             missing += eces_without_interval(value, f"{where}.{key}")
     elif isinstance(results, list):
         for index, value in enumerate(results):
             missing += eces_without_interval(value, f"{where}[{index}]")
+    return missing
+
+
+def aurocs_without_counts(results: Any, where: str = "results") -> list[str]:
+    """Every AUROC in the results without its class counts (`_n_pos`, `_n_neg`) beside it."""
+    missing = []
+    if isinstance(results, dict):
+        for key, value in results.items():
+            if ("auroc" in key and isinstance(value, float) and math.isfinite(value) and "minus" not in key
+                    and not (f"{key}_n_pos" in results and f"{key}_n_neg" in results)):
+                missing.append(f"{where}.{key}")
+            missing += aurocs_without_counts(value, f"{where}.{key}")
+    elif isinstance(results, list):
+        for index, value in enumerate(results):
+            missing += aurocs_without_counts(value, f"{where}[{index}]")
     return missing
 
 
@@ -1077,8 +1248,6 @@ def acceptance(results: dict[str, Any]) -> dict[str, Any]:
         accuracy = [r["accuracy"] for r in rows]
         unseen = next((r for r in rows if r["exposure"] == "0"), None)
         band = None if unseen is None else 2 * math.sqrt(0.25 * 0.75 / unseen["n"])  # ≈95% binomial band at chance
-        best = max(blocks["p_ik"], key=lambda r: r["auroc"])
-        best_linear = max((r for r in blocks["p_ik"] if r["readout"] == "logistic probe"), key=lambda r: r["auroc"])
         checks[name] = {
             "cloze_accuracy_by_exposure": dict(zip([r["exposure"] for r in rows], accuracy)),
             "cloze_accuracy_rises_with_exposure": all(b >= a for a, b in zip(accuracy, accuracy[1:])),
@@ -1086,17 +1255,207 @@ def acceptance(results: dict[str, Any]) -> dict[str, Any]:
             "exposure_0_chance_band": band,
             "temperature_does_not_raise_test_nll":
                 blocks["temperature"]["nll_after"] <= blocks["temperature"]["nll_before"] + 1e-12,
-            "p_ik_best": {k: best[k] for k in ("readout", "position", "layer", "auroc", "auroc_ci95",
-                                                "control_shuffled_auroc", "control_untrained_auroc")},
-            "p_ik_best_passes": best["auroc"] >= 0.75 and best["control_shuffled_auroc"] <= 0.6,
-            "p_ik_best_linear_probe": {k: best_linear[k] for k in (
-                "position", "layer", "auroc", "auroc_ci95", "control_shuffled_auroc", "control_untrained_auroc")},
+            "p_ik_verdict": blocks["p_ik_verdict"]["verdict"],
+            "p_ik_chosen": blocks["p_ik_verdict"]["chosen"],
+            "p_true_verdict": blocks["p_true"]["layers"]["verdict"]["verdict"],
         }
     checks["eces_without_interval_or_floor"] = eces_without_interval(results)
     checks["every_ece_has_interval_and_floor"] = not checks["eces_without_interval_or_floor"]
-    checks["p_ik_best_auroc_at_least_0_75_with_shuffled_at_most_0_6"] = [
-        name for name in ("partial", "end") if checks[name]["p_ik_best_passes"]]
+    checks["aurocs_without_counts"] = aurocs_without_counts(results)
+    checks["every_auroc_has_counts"] = not checks["aurocs_without_counts"]
     return checks
+
+
+# --------------------------------------------------------------------------------------------
+# Headlines: what a run supports, in words, with the direction a smaller profile must agree on
+# --------------------------------------------------------------------------------------------
+def _headline(name: str, sentence: str, value: float | None, interval: list[float] | None,
+              direction: bool | int | None, why_not: str | None = None) -> dict[str, Any]:
+    supported = why_not is None
+    return {"name": name, "sentence": sentence, "value": value, "interval": interval,
+            "direction": direction if supported else None, "supported": supported, "why_not": why_not}
+
+
+def _signed(name: str, value: float, interval: list[float] | None, null: float, up: str, down: str,
+            what: str) -> dict[str, Any]:
+    """A headline whose direction is the side of `null` its 95% interval lies on; none when it straddles."""
+    if interval is None or not all(map(math.isfinite, interval)):
+        return _headline(name, up, value, None, None, f"{what}: no interval, so no direction")
+    if interval[0] <= null <= interval[1]:
+        return _headline(name, up, value, interval, None, f"{what}: its 95% interval [{interval[0]:.3f}, "
+                         f"{interval[1]:.3f}] includes {null:g}, so this run cannot tell the direction")
+    up_side = interval[0] > null
+    return _headline(name, up if up_side else down, value, interval, 1 if up_side else -1)
+
+
+def _wald(p: float, n: int) -> float:
+    return 1.96 * math.sqrt(max(p * (1 - p), 0.0) / n)
+
+
+def _wilson(p: float, n: int) -> list[float]:
+    """Wilson's 95% interval for a proportion (Wilson 1927): sound near 0 and 1, where Wald's collapses."""
+    z = 1.96
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return [centre - half, centre + half]
+
+
+def _exposure_headlines(block: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    rows = {r["exposure"]: r for r in block["by_exposure"]}
+    unseen = rows.get("0")
+    seen = [rows[k] for k in ("2-5", "6+") if k in rows]
+    n_seen = sum(r["n"] for r in seen)
+    out = []
+    name = f"accuracy_rises_with_exposure_{where}"
+    if unseen is None or unseen["n"] < MIN_PER_CLASS or n_seen < MIN_PER_CLASS:
+        out.append(_headline(name, "Cloze accuracy by exposure", None, None, None,
+                             f"fewer than {MIN_PER_CLASS} never-seen or often-seen evaluation persons"))
+    else:
+        a0, a1 = unseen["accuracy"], sum(r["accuracy"] * r["n"] for r in seen) / n_seen
+        half = math.sqrt(_wald(a0, unseen["n"]) ** 2 + _wald(a1, n_seen) ** 2)
+        text = (f"persons seen at least twice are answered right {a1:.0%} of the time, never-seen persons {a0:.0%} "
+                f"(difference {a1 - a0:+.2f} [{a1 - a0 - half:+.2f}, {a1 - a0 + half:+.2f}], {where})")
+        out.append(_signed(name, a1 - a0, [a1 - a0 - half, a1 - a0 + half], 0.0,
+                           f"Cloze accuracy rises with exposure: {text}.", f"Cloze accuracy falls with exposure: {text}.",
+                           "the accuracy gap between often-seen and never-seen persons"))
+    if where == "end" and unseen is not None and unseen["n"] >= MIN_PER_CLASS:
+        low, high = _wilson(unseen["accuracy"], unseen["n"])
+        at_chance = low <= 1 / N_OPTIONS <= high
+        text = f"{unseen['accuracy']:.0%} [{low:.0%}, {high:.0%}] right of {unseen['n']}, chance {1 / N_OPTIONS:.0%}"
+        out.append(_headline("never_seen_at_chance", ("Never-seen persons are answered at chance: " if at_chance else
+                                                      "Never-seen persons are not answered at chance: ") + text + ".",
+                             unseen["accuracy"], [low, high], at_chance))
+        gap, half = unseen["mean_confidence"] - unseen["accuracy"], _wald(unseen["accuracy"], unseen["n"])
+        text = (f"mean confidence {unseen['mean_confidence']:.2f} against accuracy {unseen['accuracy']:.2f} "
+                f"(gap {gap:+.2f} [{gap - half:+.2f}, {gap + half:+.2f}])")
+        out.append(_signed("never_seen_overconfident", gap, [gap - half, gap + half], 0.0,
+                           f"Never-seen persons get confident inventions: {text}.",
+                           f"On never-seen persons the model is underconfident: {text}.",
+                           "the confidence gap on never-seen persons"))
+    return out
+
+
+def _ece_headline(name: str, what: str, block: dict[str, Any], key: str) -> dict[str, Any]:
+    """Miscalibration beyond noise (the ECE's interval above a calibrated model's 95th-percentile ECE), or
+    calibration within noise (the interval below it); otherwise no direction."""
+    value, interval = block[key], block.get(f"{key}_ci95")
+    floor, p95 = block[f"noise_floor_{key}"], block[f"noise_floor_{key}_p95"]
+    text = (f"ECE {value:.3f}" + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "")
+            + f", debiased {block[f'{key}_debiased']:.3f}, against a calibrated model's {floor:.3f} "
+              f"(95th percentile {p95:.3f}) at n = {block.get('n', block.get('n_tokens'))}")
+    if not interval:
+        return _headline(name, f"{what}: {text}.", value, None, None, "no interval for the ECE")
+    if interval[0] > p95:
+        return _headline(name, f"{what} is miscalibrated beyond noise: {text}.", value, interval, 1)
+    if interval[1] < p95:
+        return _headline(name, f"{what} is calibrated within noise: {text}.", value, interval, -1)
+    return _headline(name, f"{what}: {text}.", value, interval, None,
+                     f"the ECE's interval [{interval[0]:.3f}, {interval[1]:.3f}] straddles the noise floor's 95th "
+                     f"percentile {p95:.3f}: this run cannot tell miscalibration from noise")
+
+
+def _temperature_headlines(block: dict[str, Any]) -> list[dict[str, Any]]:
+    T, interval = block["T"], block.get("T_ci95")
+    eces = "; ".join(f"{label} ECE {block[f'{key}_before']:.3f} → {block[f'{key}_after']:.3f}"
+                     for key, label in (("ece_15_equal_width", "15-bin equal-width"),
+                                        ("ece_10_equal_mass", "10-bin equal-mass")))
+    return [
+        _signed("temperature_above_1", T, interval, 1.0,
+                f"The model is overconfident: the NLL-fitted temperature is T = {T:.2f}"
+                + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "") + " > 1.",
+                f"The model is underconfident: the NLL-fitted temperature is T = {T:.2f} < 1.",
+                "the fitted temperature"),
+        _signed("temperature_lowers_test_nll", block["nll_decrease"], block.get("nll_decrease_ci95"), 0.0,
+                f"Temperature scaling lowers the test NLL from {block['nll_before']:.3f} to {block['nll_after']:.3f} "
+                f"nats ({eces}; accuracy unchanged).",
+                f"Temperature scaling raises the test NLL from {block['nll_before']:.3f} to {block['nll_after']:.3f} "
+                f"nats ({eces}).", "the test NLL's change under temperature scaling"),
+    ]
+
+
+def _verdict_headline(name: str, verdict: dict[str, Any] | None) -> dict[str, Any]:
+    """A verdict as a headline; its direction: whether the chosen readout carries the signal. True needs the
+    verdict's own rule (the test interval clear of both controls' intervals). False needs the interval to reach
+    a control's estimate — consistent with no signal; an interval above both estimates yet not clear of their
+    intervals is too wide to tell either way, and is not shown. "not enough data", "nothing to score" and "no
+    verdict" are not shown, with the verdict's own sentence as the reason."""
+    if verdict is None:
+        return _headline(name, "", None, None, None, "not measured in this run")
+    chosen = verdict.get("chosen") or {}
+    value, interval = chosen.get("auroc"), chosen.get("auroc_ci95")
+    if verdict["carries_signal"] is None:
+        return _headline(name, verdict["sentence"], value, interval, None, verdict["sentence"])
+    if verdict["carries_signal"]:
+        return _headline(name, verdict["sentence"], value, interval, True)
+    controls = max(chosen["control_shuffled_auroc"], chosen["control_untrained_auroc"])
+    if interval[0] > controls:
+        return _headline(name, verdict["sentence"], value, interval, None,
+                         f"{verdict['what']}: the chosen readout's interval [{interval[0]:.3f}, {interval[1]:.3f}] lies "
+                         f"above both controls' estimates (up to {controls:.3f}) but not clear of their intervals — "
+                         "too few items to tell signal from its absence")
+    return _headline(name, verdict["sentence"], value, interval, False)
+
+
+def _baseline_headline(name: str, blocks: dict[str, Any], what: str) -> dict[str, Any]:
+    value, interval = blocks.get("p_ik_baseline_auroc"), blocks.get("p_ik_baseline_auroc_ci95")
+    if value is None:
+        return _headline(name, "", None, None, None, "not measured in this run")
+    counts = (f"{blocks.get('p_ik_baseline_auroc_n_pos')} right and {blocks.get('p_ik_baseline_auroc_n_neg')} wrong "
+              "answers on the test split")
+    if interval is None:
+        return _headline(name, "", value, None, None, f"{what}: {blocks.get('p_ik_baseline_auroc_why_no_interval')}")
+    text = f"AUROC {value:.3f} [{interval[0]:.3f}, {interval[1]:.3f}] ({counts})"
+    return _signed(name, value, interval, 0.5, f"{what} separates right from wrong answers: {text}.",
+                   f"{what} ranks wrong answers above right ones: {text}.", "the baseline's AUROC")
+
+
+def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The run's headlines, a pure function of the rest of results.json. Each is {name, sentence, value, interval,
+    direction, supported, why_not}: a supported one is shown with its sentence; an unsupported one is not shown —
+    its why_not says in words what this run cannot support (too few items, an interval that straddles the null,
+    a verdict of "not enough data"). `direction` (a bool or ±1) is what a smaller profile must agree on."""
+    if "at_end" not in results:  # --model PATH --mmlu FILE: lettered multiple choice of a local model
+        return [_ece_headline("lettered_ece_beyond_noise", "Lettered multiple choice", results["lettered"],
+                              "ece_15_equal_width"),
+                *_temperature_headlines(results["temperature"]),
+                _baseline_headline("own_confidence_separates", results, "The model's own lettered confidence"),
+                _verdict_headline("p_ik_verdict", results.get("p_ik_verdict"))]
+    end = results["at_end"]
+    out = _exposure_headlines(end["mc"], "end") + _exposure_headlines(results["mc"], "partial")
+    out.append(_ece_headline("cloze_ece_beyond_noise", "Cloze multiple choice at the end of training", end["mc"],
+                             "ece_15_equal_width"))
+    cloze, lettered = end["mc"], end["lettered"]
+    gap = cloze["accuracy"] - lettered["accuracy"]
+    half = math.sqrt(_wald(cloze["accuracy"], cloze["n"]) ** 2 + _wald(lettered["accuracy"], lettered["n"]) ** 2)
+    text = (f"on the evaluation persons cloze multiple choice is answered {cloze['accuracy']:.0%} right, the lettered "
+            f"quiz — a format trained on other persons — {lettered['accuracy']:.0%} (chance 25%) at mean confidence "
+            f"{lettered['mean_confidence']:.2f}")
+    out.append(_signed("lettered_does_not_transfer", gap, [gap - half, gap + half], 0.0,
+                       f"Lettered multiple choice does not transfer: {text}.",
+                       f"Lettered multiple choice beats cloze: {text}.", "the cloze − lettered accuracy gap"))
+    out += _temperature_headlines(end["temperature"])
+    out.append(_baseline_headline("own_confidence_separates", end, "The model's own cloze confidence"))
+    verdicts = end.get("p_ik_verdicts", {})
+    out.append(_verdict_headline("p_ik_verdict", verdicts.get("all readouts")))
+    out.append(_verdict_headline("p_ik_verdict_partial", results.get("p_ik_verdicts", {}).get("all readouts")))
+    linear = verdicts.get("logistic probes")
+    out.append(_verdict_headline("linear_probe_verdict", linear))
+    chosen = (linear or {}).get("chosen") or {}
+    if chosen.get("baseline_minus_chosen_auroc") is not None:
+        value, interval = chosen["baseline_minus_chosen_auroc"], chosen.get("baseline_minus_chosen_auroc_ci95")
+        where = f"{chosen['readout']} at the {chosen['position']}, layer {chosen['layer']}"
+        out.append(_signed("own_confidence_beats_linear_probes", value, interval, 0.0,
+                           f"The model's own confidence beats the best linear probe ({where}, chosen on validation) "
+                           f"by {value:.3f} AUROC on the test persons" + (
+                               f" [{interval[0]:.3f}, {interval[1]:.3f}]." if interval else "."),
+                           f"The best linear probe ({where}) beats the model's own confidence by {-value:.3f} AUROC.",
+                           "the AUROC gap between the model's own confidence and the best linear probe"))
+    out.append(_verdict_headline("p_true_verdict", end["p_true"]["layers"]["verdict"]))
+    token = results.get("token_level")
+    if token:
+        out.append(_ece_headline("token_level_ece_beyond_noise",
+                                 "Next-token prediction of held-out English by the pydoc model", token, "ece"))
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -1150,25 +1509,32 @@ def evaluate(name: str, step: int, model: HookedTransformer, setting: Setting, i
     timing["multiple_choice_s"] = time.perf_counter() - began
 
     began = time.perf_counter()
-    parts = []
+    parts, claims = [], []
     for subset, persons in (("format", setting.format_persons), ("outside", setting.eval_persons)):
-        part = p_true_table(model, setting, persons, cfg.p_true_samples, seed=cfg.seed + 5)
+        part, part_claims = p_true_table(model, setting, persons, cfg.p_true_samples, seed=cfg.seed + 5)
         part["subset"] = subset
         parts.append(part)
+        claims += part_claims
     p_true_frame = pd.concat(parts, ignore_index=True)
     p_true_frame["checkpoint"] = name
     blocks["p_true"] = p_true_block(p_true_frame, cfg.n_boot, cfg.seed)
+    blocks["p_true"]["layers"] = p_true_layers(model, random_model(model, seed=cfg.seed + 1), p_true_frame, claims,
+                                               setting, cfg)
+    for row in blocks["p_true"]["layers"]["by_layer"]:
+        row["checkpoint"] = name
     timing["p_true_s"] = time.perf_counter() - began
 
     began = time.perf_counter()
     rows, info = p_ik(model, setting, items, frames["cloze"], cfg)
     for row in rows:
         row["checkpoint"] = name
-    blocks |= {"p_ik": rows, "p_ik_baseline_auroc": info["p_ik_baseline_auroc"],
-               "p_ik_baseline_auroc_ci95": info["p_ik_baseline_auroc_ci95"],
+    verdicts = info.pop("verdicts")
+    blocks |= {"p_ik": rows, **{k: v for k, v in info.items() if k.startswith("p_ik_baseline_auroc")},
                "p_ik_info": info | {"checkpoint": name, "label": "the cloze answer is right",
-                                   "split": "entity-disjoint (persons): the same test persons for every readout"},
-               "p_ik_summary": p_ik_summary(rows)}
+                                   "split": "entity-disjoint (persons): train fits the probes, validation chooses "
+                                            "the readout, test reports it"},
+               "p_ik_verdict": verdicts["all readouts"], "p_ik_verdicts": verdicts,
+               "p_ik_summary": p_ik_summary(verdicts)}
     timing["p_ik_s"] = time.perf_counter() - began
     return Evaluation(frames, p_true_frame, rows, blocks, timing)
 
@@ -1219,6 +1585,7 @@ def run_synthetic(cfg: Config, out: Path) -> dict[str, Any]:
         "at_end": {"step": cfg.steps, **evaluations["end"].blocks},
     }
     results["acceptance"] = acceptance(results)
+    results["headlines"] = headlines(results)
     results["timing"] = timing
 
     began = time.perf_counter()
@@ -1250,6 +1617,8 @@ def _figures(out: Path, evaluations: dict[str, Evaluation], results: dict[str, A
                            "lettered, partial": results["lettered"]})
     p_ik_figure(out, results["p_ik"] + results["at_end"]["p_ik"],
                 {"partial": results["p_ik_baseline_auroc"], "end": results["at_end"]["p_ik_baseline_auroc"]})
+    p_ik_figure(out, results["p_true"]["layers"]["by_layer"] + results["at_end"]["p_true"]["layers"]["by_layer"],
+                {}, name="p_true_auroc_by_layer", title="P(True) by layer")
     token_level_figure(out, results["token_level"])
     fig = go.Figure([go.Scatter(x=[r["confidence"] for r in token_curve], y=[r["accuracy"] for r in token_curve],
                                 mode="lines+markers", name="next token"),

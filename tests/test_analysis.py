@@ -166,11 +166,12 @@ def test_group_splits_are_disjoint():
 
 def test_metrics_on_hand_computed_cases():
     # Positives {0.5, 0.9} against negatives {0.1, 0.5}: pairs won 1, 1, ½ (tie), 1 → 3.5 / 4.
-    assert auroc([0, 0, 1, 1], [0.1, 0.5, 0.5, 0.9]) == pytest.approx(0.875)
-    assert np.isnan(auroc([1, 1], [0.2, 0.3]))
+    # (lab.metrics.calibration's auroc, re-exported: scores first, labels second.)
+    assert auroc([0.1, 0.5, 0.5, 0.9], [0, 0, 1, 1]) == pytest.approx(0.875)
+    assert np.isnan(auroc([0.2, 0.3], [1, 1]))
     assert r2_score([1.0, 2.0, 3.0], [1.0, 2.0, 3.0]) == 1.0
     assert r2_score([1.0, 2.0, 3.0], [2.0, 2.0, 2.0]) == 0.0
-    m = bootstrap_ci(lambda a: float(np.mean(a)), np.arange(100.0), n_bootstrap=300)
+    m = bootstrap_ci(lambda a: float(np.mean(a)), np.arange(100.0), n_boot=300)
     assert m.low < 49.5 < m.high and m.value == 49.5
 
 

@@ -10,14 +10,22 @@ import pandas as pd
 import pytest
 
 from experiments import calibration as experiment
+from lab.analysis.probes import VERDICTS
 from lab.cli import main
+from lab.metrics.calibration import MIN_PER_CLASS
 from lab.metrics.calibration import ece, fit_temperature, nll, softmax
 from tests.conftest import VOCAB, hf_gpt2
 
 BLOCK_KEYS = {"n", "accuracy", "label_mass", "ece_15_equal_width", "ece_10_equal_mass", "rms_ce", "mce", "brier",
-              "nll", "ece_ci95", "noise_floor_ece", "by_exposure"}
-EXPOSURE_KEYS = {"exposure", "n", "accuracy", "mean_confidence", "ece", "ece_ci95", "noise_floor_ece"}
-P_IK_KEYS = {"layer", "readout", "position", "auroc", "auroc_ci95", "control_shuffled_auroc", "control_untrained_auroc"}
+              "nll", "ece_ci95", "noise_floor_ece", "ece_15_equal_width_debiased", "ece_10_equal_mass_debiased",
+              "squared_ce_debiased", "by_exposure"}
+EXPOSURE_KEYS = {"exposure", "n", "accuracy", "mean_confidence", "ece", "ece_ci95", "noise_floor_ece", "ece_debiased"}
+P_IK_KEYS = {"layer", "readout", "position", "candidate", "constant", "validation_auroc", "auroc", "auroc_ci95",
+             "auroc_n_pos", "auroc_n_neg", "control_shuffled_auroc", "control_shuffled_auroc_ci95",
+             "control_untrained_auroc"}
+TEMPERATURE_KEYS = {"T", "T_ci95", "nll_before", "nll_after", "nll_decrease", "nll_decrease_ci95"} | {
+    f"{key}_{when}" for key in ("ece_15_equal_width", "ece_10_equal_mass") for when in ("before", "after")}
+HEADLINE_KEYS = {"name", "sentence", "value", "interval", "direction", "supported", "why_not"}
 OPTION_COLUMNS = [f"option_logit_{k}" for k in range(4)]
 
 
@@ -38,9 +46,12 @@ def test_results_json_has_the_shape_of_issue_7(quick):
             assert [r["exposure"] for r in blocks[key]["by_exposure"]] == ["0", "1", "2-5", "6+"]
             assert all(EXPOSURE_KEYS <= set(r) for r in blocks[key]["by_exposure"])
             assert sum(r["n"] for r in blocks[key]["by_exposure"]) == blocks[key]["n"]
-        assert {"T", "ece_before", "ece_after", "nll_before", "nll_after"} <= set(blocks["temperature"])
-        assert {"auroc", "brier", "in_subset", "out_of_subset"} <= set(blocks["p_true"])
+        assert TEMPERATURE_KEYS <= set(blocks["temperature"])
+        assert {"auroc", "auroc_n_pos", "auroc_n_neg", "brier", "in_subset", "out_of_subset", "layers"} <= set(
+            blocks["p_true"])
         assert 0.0 <= blocks["p_ik_baseline_auroc"] <= 1.0
+        assert blocks["p_ik_verdict"]["verdict"] in VERDICTS and blocks["p_ik_summary"][0] == blocks["p_ik_verdict"][
+            "sentence"]
     n_layers = results["model"]["n_layers"]
     rows = results["p_ik"]
     assert all(P_IK_KEYS <= set(r) for r in rows)
@@ -49,12 +60,15 @@ def test_results_json_has_the_shape_of_issue_7(quick):
                               ("lens cloze confidence", "value slot"), ("lens negative entropy", "value slot")]:
         layers = [r["layer"] for r in rows if r["readout"] == readout and r["position"] == position]
         assert layers == list(range(n_layers + 1)), (readout, position)
-    assert all(r["auroc_ci95"][0] <= r["auroc"] <= r["auroc_ci95"][1] for r in rows)
+    assert all(r["auroc_ci95"][0] <= r["auroc"] <= r["auroc_ci95"][1] for r in rows if r["auroc_ci95"])
+    layers = [r["layer"] for r in results["p_true"]["layers"]["by_layer"]]
+    assert layers == list(range(n_layers + 1))
+    assert all(HEADLINE_KEYS == set(h) for h in results["headlines"])
     token = results["token_level"]
     assert {"ece", "by_layer"} <= set(token) and token["by_layer"][-1]["ece"] == token["ece"]
     assert json.loads((folder / "config.json").read_text())["quick"] is True
     for figure in ("reliability_cloze", "reliability_lettered", "ece_by_exposure", "accuracy_by_exposure",
-                   "p_ik_auroc_by_layer", "token_level_by_layer"):
+                   "p_ik_auroc_by_layer", "p_true_auroc_by_layer", "token_level_by_layer"):
         assert (folder / f"{figure}.json").is_file() and (folder / f"{figure}.html").is_file()
 
 
@@ -67,6 +81,38 @@ def test_every_ece_has_its_interval_and_noise_floor(quick):
         assert low <= high and block["noise_floor_ece"] > 0
     # The checker does catch a missing one.
     assert experiment.eces_without_interval({"x": [{"ece": 0.1, "ece_ci95": [0, 0.2]}]}) == ["results.x[0].ece"]
+
+
+def test_every_auroc_has_its_class_counts(quick):
+    results, _ = quick
+    assert experiment.aurocs_without_counts(results) == []
+    assert results["acceptance"]["every_auroc_has_counts"]
+    assert experiment.aurocs_without_counts({"a": {"auroc": 0.7}}) == ["results.a.auroc"]
+
+
+def test_p_ik_is_chosen_on_validation_and_never_picks_the_baseline(quick):
+    """The last layer's lens readouts are the model's own output (its lens cloze confidence *is* the baseline):
+    not candidates. Constant readouts (layer 0 at the value slot is the same vector for every person) are flagged
+    and have no AUROC. The chosen readout is the candidate with the best validation AUROC."""
+    results, _ = quick
+    n_layers = results["model"]["n_layers"]
+    for blocks in (results, results["at_end"]):
+        rows = blocks["p_ik"]
+        own = [r for r in rows if r["readout"] == "lens cloze confidence" and r["layer"] == n_layers][0]
+        assert own["candidate"] is False and own["auroc"] == pytest.approx(blocks["p_ik_baseline_auroc"])
+        flat = [r for r in rows if r["position"] == "value slot" and r["layer"] == 0 and "probe" in r["readout"]]
+        assert flat and all(r["constant"] and r["feature_rank"] == 0 and np.isnan(r["auroc"]) for r in flat)
+        candidates = [r for r in rows if r["candidate"] and not r["constant"]]
+        chosen = blocks["p_ik_verdict"]["chosen"]
+        best = max(candidates, key=lambda r: r["validation_auroc"])
+        assert (chosen["readout"], chosen["position"], chosen["layer"]) == (best["readout"], best["position"],
+                                                                            best["layer"])
+        counts = blocks["p_ik_info"]["class_counts"]
+        assert chosen["auroc_n_pos"] == counts["test"]["n_pos"] and chosen["auroc_n_neg"] == counts["test"]["n_neg"]
+        if blocks["p_ik_verdict"]["verdict"] == "carries the signal":
+            assert chosen["auroc_ci95"][0] > max(chosen["control_shuffled_auroc_ci95"][1],
+                                                 chosen["control_untrained_auroc_ci95"][1])
+        assert "Baseline (the model's own confidence, not a candidate)" in blocks["p_ik_verdict"]["sentence"]
 
 
 def test_items_parquet_is_what_the_dashboard_reads_and_reproduces_the_results(quick):
@@ -145,7 +191,8 @@ def test_lettered_multiple_choice_of_a_local_hf_model(hf_folder, tmp_path):
     results = json.loads((out / "results.json").read_text())
     assert "load_hf" in results["source"]["route"] and results["source"]["n_items"] == 40
     assert BLOCK_KEYS <= set(results["lettered"]) and results["lettered"]["n"] == 40
-    assert {"T", "ece_before", "ece_after", "nll_before", "nll_after"} <= set(results["temperature"])
+    assert TEMPERATURE_KEYS <= set(results["temperature"])
+    assert all(HEADLINE_KEYS == set(h) for h in results["headlines"])
     assert experiment.eces_without_interval(results) == []
     items = pd.read_parquet(out / "items.parquet")
     assert set(OPTION_COLUMNS + ["answer_index", "label_mass"]) <= set(items.columns) and len(items) == 40
@@ -154,6 +201,29 @@ def test_lettered_multiple_choice_of_a_local_hf_model(hf_folder, tmp_path):
     assert rows and all(P_IK_KEYS <= set(r) for r in rows)
     assert sorted({r["layer"] for r in rows}) == [0, 1, 2]
     assert (out / "reliability_lettered.json").is_file() and (out / "p_ik_auroc_by_layer.json").is_file()
+    # 40 items of a random model: 12 validation and 12 test items hold far fewer than 10 right answers each.
+    assert results["p_ik_verdict"]["verdict"] == "not enough data"
+
+
+def test_ten_mmlu_questions_are_not_enough_data_in_words(hf_folder, tmp_path):
+    """The issue's case: ten questions, where the shuffled-label control also scored 1.0 and the summary claimed
+    "carries the signal". Now no verdict is drawn, and the summary says why."""
+    model_dir, csv_path = hf_folder
+    small = tmp_path / "ten.csv"
+    small.write_text("\n".join(csv_path.read_text().splitlines()[:11]) + "\n")  # the header and 10 questions
+    out = tmp_path / "run"
+    assert main(["run", "calibration", "--quick", "--model", str(model_dir), "--mmlu", str(small),
+                 "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["source"]["n_items"] == 10
+    assert results["p_ik_verdict"]["verdict"] == "not enough data"
+    assert results["p_ik_verdict"]["carries_signal"] is None
+    summary = " ".join(results["p_ik_summary"])
+    assert "not enough data" in summary and f"at least {MIN_PER_CLASS}" in summary
+    assert "carries the signal" not in summary
+    shown = [h for h in results["headlines"] if h["supported"]]
+    assert not any(h["name"] == "p_ik_verdict" for h in shown)
+    assert all(h["why_not"] for h in results["headlines"] if not h["supported"])
 
 
 def test_the_bridge_reads_the_same_letter_probabilities_as_the_converter(hf_folder):
@@ -184,7 +254,7 @@ def test_an_unconverted_architecture_goes_through_the_bridge(hf_folder, tmp_path
                  "--out", str(out)]) == 0
     results = json.loads((out / "results.json").read_text())
     assert "TransformerBridge" in results["source"]["route"]
-    assert results["p_ik"] and all(r["control_untrained_auroc"] is None for r in results["p_ik"])
+    assert results["p_ik"] and all(r["control_untrained_auroc"] is None for r in results["p_ik"] if not r["constant"])
     items = pd.read_parquet(out / "items.parquet")
     _, tokenizer, _ = experiment.load_local_model(model_dir)
     hf = AutoModelForCausalLM.from_pretrained(model_dir).eval()
@@ -224,3 +294,28 @@ def test_hf_path_refuses_what_it_cannot_read(hf_folder, tmp_path, capsys):
     hf_gpt2().save_pretrained(bare)
     with pytest.raises(FileNotFoundError, match="tokenizer"):
         experiment.load_local_model(bare)
+
+
+# --- headlines: a pure function of the results -----------------------------------------------------
+def test_a_headline_has_a_direction_only_where_its_interval_decides_it():
+    up = experiment._signed("x", 0.3, [0.1, 0.5], 0.0, "rises", "falls", "the gap")
+    assert (up["supported"], up["direction"], up["sentence"]) == (True, 1, "rises")
+    down = experiment._signed("x", -0.3, [-0.5, -0.1], 0.0, "rises", "falls", "the gap")
+    assert (down["direction"], down["sentence"]) == (-1, "falls")
+    straddles = experiment._signed("x", 0.1, [-0.1, 0.3], 0.0, "rises", "falls", "the gap")
+    assert not straddles["supported"] and straddles["direction"] is None
+    assert "includes 0" in straddles["why_not"] and "cannot tell the direction" in straddles["why_not"]
+
+
+def test_a_verdict_of_absence_needs_an_interval_that_reaches_the_controls():
+    def verdict(carries, low, high):
+        return {"what": "P(IK)", "carries_signal": carries, "sentence": "P(IK): …",
+                "chosen": {"auroc": (low + high) / 2, "auroc_ci95": [low, high], "control_shuffled_auroc": 0.5,
+                           "control_untrained_auroc": 0.55}}
+
+    assert experiment._verdict_headline("v", verdict(True, 0.8, 0.9))["direction"] is True
+    assert experiment._verdict_headline("v", verdict(False, 0.45, 0.65))["direction"] is False
+    wide = experiment._verdict_headline("v", verdict(False, 0.6, 0.8))
+    assert not wide["supported"] and "too few items" in wide["why_not"]
+    none = experiment._verdict_headline("v", verdict(None, 0.6, 0.8) | {"sentence": "P(IK): not enough data — …"})
+    assert not none["supported"] and none["why_not"].startswith("P(IK): not enough data")

@@ -16,21 +16,30 @@ Honesty, in order:
 3. The regularisation strength is chosen by k-fold (grouped) cross-validation on the training rows
    only, by held-out loss (squared error or cross-entropy, the proper scores the probes minimise).
 4. Test metrics carry bootstrap 95% intervals (percentile method, Efron & Tibshirani 1993 §13.3),
-   resampling groups rather than rows when groups are given (rows of one entity are not independent).
-5. Controls: the same probe on shuffled labels (chance: AUROC ≈ 0.5, R² ≤ 0), and on the activations of
+   resampling groups rather than rows when groups are given (rows of one entity are not independent);
+   an AUROC's interval is stratified (positives and negatives resampled separately), comes with n_pos /
+   n_neg, and is refused below MIN_PER_CLASS of either class (`lab.metrics.calibration.auroc_ci`).
+5. Features without variation on the training rows (numerical rank 0: `feature_rank`) are flagged
+   `constant` and not scored: a probe on them can only return its prior, AUROC exactly 0.5.
+6. Controls: the same probe on shuffled labels (chance: AUROC ≈ 0.5, R² ≤ 0), and on the activations of
    a randomly initialised model of the same shape (`random_model`): what a probe finds there comes
    from the input tokens, not from anything the model learned (Hewitt & Liang 2019 argue for such
    controls; "Designing and Interpreting Probes with Control Tasks").
+7. Choosing among readouts (probes, layers, lens readouts) is done on a validation split and the chosen
+   one is reported on a separate test split (`group_partition`, `judge_readouts`); the model's own
+   confidence is the baseline beside it, never a candidate. The verdict "carries the signal" needs the
+   chosen readout's test interval to lie above both controls' intervals; too few items is "not enough
+   data", said in words.
 
 A linear probe's direction w (in activation space, undoing the standardisation) becomes a steering
 vector with `steering_vector`; add it with `lab.analysis.steering.steer`.
 """
 
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -38,8 +47,11 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
-__all__ = ["Metric", "ProbeResult", "accuracy", "auroc", "bootstrap_ci", "fit_probe", "fit_probes", "group_kfold",
-           "group_split", "probe_table", "r2_score", "random_model", "shuffled_control", "steering_vector"]
+from lab.metrics.calibration import MIN_PER_CLASS, Metric, auroc, auroc_ci, bootstrap_ci
+
+__all__ = ["MIN_PER_CLASS", "Metric", "ProbeResult", "accuracy", "auroc", "auroc_ci", "bootstrap_ci", "feature_rank",
+           "fit_probe", "fit_probes", "group_kfold", "group_partition", "group_split", "judge_readouts",
+           "metric_of", "probe_table", "r2_score", "random_model", "shuffled_control", "steering_vector"]
 
 Kind = Literal["ridge", "logistic", "mlp"]
 # Default regularisation grids, for standardised features. Ridge: α multiplies ‖w‖² against a *summed*
@@ -49,19 +61,9 @@ LOGISTIC_LAMBDAS = tuple(10.0 ** k for k in range(-5, 2))
 MLP_DECAYS = (1e-4, 1e-2, 1e-1)
 
 
-class Metric(NamedTuple):
-    """A test-set metric and its bootstrap 95% interval."""
-
-    value: float
-    low: float
-    high: float
-
-    def __str__(self) -> str:
-        return f"{self.value:.3f} [{self.low:.3f}, {self.high:.3f}]"
-
-
 # --------------------------------------------------------------------------------------------
-# Metrics (pure functions on numpy arrays)
+# Metrics (pure functions on numpy arrays). AUROC, bootstrap intervals and Metric live in
+# lab.metrics.calibration, with one argument order (scores, labels); they are re-exported here.
 # --------------------------------------------------------------------------------------------
 def accuracy(y_true: Any, y_pred: Any) -> float:
     """Share of exact matches."""
@@ -69,68 +71,11 @@ def accuracy(y_true: Any, y_pred: Any) -> float:
     return float((y_true == y_pred).mean())
 
 
-def _average_ranks(x: np.ndarray) -> np.ndarray:
-    """1-based ranks, ties sharing their average rank."""
-    order = np.argsort(x, kind="mergesort")
-    sorted_x = x[order]
-    # Boundaries of runs of equal values; each run gets the mean of the ranks it spans.
-    starts = np.r_[0, np.flatnonzero(sorted_x[1:] != sorted_x[:-1]) + 1]
-    ends = np.r_[starts[1:], len(x)]
-    ranks_sorted = np.repeat((starts + ends + 1) / 2.0, ends - starts)
-    ranks = np.empty(len(x))
-    ranks[order] = ranks_sorted
-    return ranks
-
-
-def auroc(y_true: Any, scores: Any) -> float:
-    """Area under the ROC curve = P(score of a random positive > score of a random negative), ties ½.
-
-    Binary labels (0/1 or bool): the Mann–Whitney U statistic / (n₊ n₋). Multi-class labels with a
-    [n, k] score matrix: the mean one-vs-rest AUROC over classes. NaN when a class is absent.
-    """
-    y_true, scores = np.asarray(y_true), np.asarray(scores, dtype=float)
-    if scores.ndim == 2:
-        values = [auroc(y_true == c, scores[:, c]) for c in range(scores.shape[1])]
-        return float(np.mean(values))
-    positive = y_true.astype(bool)
-    n_pos, n_neg = int(positive.sum()), int((~positive).sum())
-    if n_pos == 0 or n_neg == 0:
-        return float("nan")
-    ranks = _average_ranks(scores)
-    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
-
-
 def r2_score(y_true: Any, y_pred: Any) -> float:
     """Coefficient of determination 1 − Σ(y − ŷ)² / Σ(y − ȳ)² (can be negative)."""
     y_true, y_pred = np.asarray(y_true, dtype=float), np.asarray(y_pred, dtype=float)
     total = ((y_true - y_true.mean()) ** 2).sum()
     return float(1.0 - ((y_true - y_pred) ** 2).sum() / total) if total > 0 else float("nan")
-
-
-def bootstrap_ci(metric: Callable[..., float], *arrays: Any, groups: Any = None, n_bootstrap: int = 1000,
-                 level: float = 0.95, seed: int = 0) -> Metric:
-    """metric(*arrays) with a percentile bootstrap interval; resamples whole groups when `groups` is given."""
-    arrays = tuple(np.asarray(a) for a in arrays)
-    value = metric(*arrays)
-    n = len(arrays[0])
-    rng = np.random.default_rng(seed)
-    inverse = None
-    if groups is not None:
-        _, inverse = np.unique(np.asarray(groups), return_inverse=True)
-        n_groups = int(inverse.max()) + 1
-    samples = np.empty(n_bootstrap)
-    for b in range(n_bootstrap):
-        if inverse is None:
-            index = rng.integers(0, n, n)
-        else:  # draw groups with replacement; each row appears as often as its group was drawn
-            drawn = np.bincount(rng.integers(0, n_groups, n_groups), minlength=n_groups)
-            index = np.repeat(np.arange(n), drawn[inverse])
-        samples[b] = metric(*(a[index] for a in arrays))
-    if np.all(np.isnan(samples)):
-        return Metric(float(value), float("nan"), float("nan"))
-    tail = (1.0 - level) / 2 * 100
-    low, high = np.nanpercentile(samples, [tail, 100 - tail])
-    return Metric(float(value), float(low), float(high))
 
 
 # --------------------------------------------------------------------------------------------
@@ -164,6 +109,27 @@ def group_split(groups: Any, test_fraction: float = 0.25, seed: int = 0,
     is_test = np.zeros(n_groups, dtype=bool)
     is_test[order[:n_test]] = True
     return np.flatnonzero(~is_test[ids]), np.flatnonzero(is_test[ids])
+
+
+def group_partition(groups: Any, fractions: Sequence[float] = (0.4, 0.3, 0.3), seed: int = 0,
+                    n: int | None = None) -> tuple[np.ndarray, ...]:
+    """Rows split into len(fractions) parts (train, validation, test by default) with every group wholly in
+    one part: the groups are shuffled once (seed) and cut at the cumulative fractions, each part ≥ 1 group."""
+    fractions = tuple(float(f) for f in fractions)
+    if len(fractions) < 2 or any(f <= 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-9:
+        raise ValueError(f"fractions must be ≥ 2 positive shares summing to 1, got {fractions}")
+    ids = _group_ids(groups, len(groups) if groups is not None else n)
+    n_groups = int(ids.max()) + 1
+    if n_groups < len(fractions):
+        raise ValueError(f"a split into {len(fractions)} parts needs at least {len(fractions)} groups, got {n_groups}")
+    order = np.random.default_rng(seed).permutation(n_groups)
+    cuts = np.round(np.cumsum(fractions)[:-1] * n_groups).astype(int)
+    for j in range(len(cuts)):  # every part keeps at least one group
+        cuts[j] = min(max(cuts[j], (cuts[j - 1] if j else 0) + 1), n_groups - (len(cuts) - j))
+    part_of_group = np.empty(n_groups, dtype=int)
+    part_of_group[order] = np.searchsorted(cuts, np.arange(n_groups), side="right")
+    part = part_of_group[ids]
+    return tuple(np.flatnonzero(part == k) for k in range(len(fractions)))
 
 
 def group_kfold(groups: Any, n_folds: int = 5, seed: int = 0, n: int | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -457,17 +423,30 @@ class ProbeResult:
     test_index: np.ndarray
     test_scores: Tensor  # probe output on the test rows: P(y = classes[1]), [n, k] probabilities, or ŷ
     classes: np.ndarray | None  # label values in the order of the probe's outputs (classification)
-    fitted: _Fitted = field(repr=False)
+    fitted: _Fitted | None = field(repr=False)  # None when the features are constant (nothing was fitted)
+    feature_rank: int = -1  # numerical rank of the centred training features (`feature_rank`)
+    n_features: int = 0
+
+    @property
+    def constant(self) -> bool:
+        """The training features do not vary (rank 0): the probe is flagged, not fitted, not scored."""
+        return self.feature_rank == 0
+
+    def _require_fit(self) -> _Fitted:
+        if self.fitted is None:
+            raise ValueError("constant features (rank 0 on the training rows): this probe was not fitted")
+        return self.fitted
 
     def predict_scores(self, X: Any) -> Tensor:
         """The probe's output for new rows (same feature space as it was fitted on)."""
-        return self.fitted.scores(_features(X))
+        return self._require_fit().scores(_features(X))
 
     @property
     def weight(self) -> Tensor:
         """w in activation space (the standardisation undone): the probe reads x·w + bias."""
         if self.kind == "mlp":
             raise ValueError("an MLP probe has no single direction; use a ridge or logistic probe")
+        self._require_fit()
         return self.fitted.params["w"] / (self.fitted.std if self.fitted.params["w"].ndim == 1 else self.fitted.std[:, None])
 
     @property
@@ -475,6 +454,7 @@ class ProbeResult:
         """b in activation space: b_std − Σ_i (mean_i / std_i) w_std,i."""
         if self.kind == "mlp":
             raise ValueError("an MLP probe has no single bias; use predict_scores")
+        self._require_fit()
         return self.fitted.params["b"] - (self.fitted.mean / self.fitted.std) @ self.fitted.params["w"]
 
     @property
@@ -486,6 +466,8 @@ class ProbeResult:
         return w / w.norm().clamp_min(1e-12)
 
     def __str__(self) -> str:
+        if self.constant:
+            return f"{self.kind} probe: constant features (rank 0 on the training rows), not scored"
         parts = ", ".join(f"{k} {v}" for k, v in self.metrics.items())
         return f"{self.kind} probe (reg {self.regularization:g}): {parts}"
 
@@ -493,6 +475,23 @@ class ProbeResult:
 def _features(X: Any) -> Tensor:
     X = torch.as_tensor(X.detach() if isinstance(X, Tensor) else np.asarray(X)).cpu().double()
     return X.reshape(X.shape[0], -1)  # rows × features: [rows, head, d_head] flattens to one vector
+
+
+FEATURE_RTOL = 1e-6  # float32 activations carry ~6e-8 relative rounding; variation below 1e-6 of scale is noise
+
+
+def feature_rank(X: Any, rtol: float = FEATURE_RTOL) -> int:
+    """Numerical rank of the centred features X − mean: singular values above rtol × the largest singular value
+    of X itself (the features' scale, so that rounding noise around a constant row counts as no variation).
+    0 means the features are constant — zero variance, or variation only at rounding level."""
+    X = _features(X)
+    if X.shape[0] < 2:
+        return 0
+    scale = float(torch.linalg.matrix_norm(X, ord=2))
+    if scale == 0.0:
+        return 0
+    singular = torch.linalg.svdvals(X - X.mean(dim=0))
+    return int((singular > rtol * scale).sum())
 
 
 def fit_probe(X: Any, y: Any, kind: Kind = "logistic", *, groups: Any = None, test_fraction: float = 0.25,
@@ -539,6 +538,14 @@ def fit_probe(X: Any, y: Any, kind: Kind = "logistic", *, groups: Any = None, te
         if groups is not None and set(group_ids[train]) & set(group_ids[test]):
             raise ValueError("the given split puts a group on both sides")
 
+    rank = feature_rank(X[train])
+    if rank == 0:  # flagged, not scored: a probe on constant features can only return its prior
+        why = "constant features (rank 0 on the training rows): not scored"
+        blank = Metric(float("nan"), float("nan"), float("nan"), why_no_interval=why)
+        names = ["accuracy", "auroc"] if task == "classification" else ["r2"]
+        return ProbeResult(kind, task, float("nan"), {}, {name: blank for name in names}, train, test,
+                           torch.full((len(test),), float("nan"), dtype=torch.float64), classes, None, 0, X.shape[1])
+
     # Cross-validate the regularisation on the training rows only, folds grouped like the split.
     folds = group_kfold(group_ids[train], min(n_folds, len(np.unique(group_ids[train]))), seed=seed + 1)
     cv_loss, best, fitted = _cross_validate(kind, task, X[train], y_t[train], n_classes, folds, grid, mlp_hidden,
@@ -547,17 +554,18 @@ def fit_probe(X: Any, y: Any, kind: Kind = "logistic", *, groups: Any = None, te
     scores = fitted.scores(X[test])
     y_test, s_test = y_t[test].numpy(), scores.numpy()
     test_groups = group_ids[test] if groups is not None else None
-    boot = dict(groups=test_groups, n_bootstrap=n_bootstrap, seed=seed)
+    boot = dict(groups=test_groups, n_boot=n_bootstrap, seed=seed)
     metrics: dict[str, Metric] = {}
     if task == "classification":
         predicted = (s_test > 0.5).astype(int) if s_test.ndim == 1 else s_test.argmax(axis=1)
         metrics["accuracy"] = bootstrap_ci(accuracy, y_test, predicted, **boot)
-        metrics["auroc"] = bootstrap_ci(auroc, y_test, s_test, **boot)
+        metrics["auroc"] = auroc_ci(s_test, y_test, **boot)
     else:
         metrics["r2"] = bootstrap_ci(r2_score, y_test, s_test, **boot)
         if set(np.unique(y_test).tolist()) <= {0.0, 1.0}:  # a ridge probe on 0/1 labels also ranks them
-            metrics["auroc"] = bootstrap_ci(auroc, y_test, s_test, **boot)
-    return ProbeResult(kind, task, float(best), cv_loss, metrics, train, test, scores, classes, fitted)
+            metrics["auroc"] = auroc_ci(s_test, y_test.astype(int), **boot)
+    return ProbeResult(kind, task, float(best), cv_loss, metrics, train, test, scores, classes, fitted, rank,
+                       X.shape[1])
 
 
 def fit_probes(activations: Mapping[str, Any], y: Any, kind: Kind = "logistic", *, groups: Any = None,
@@ -575,9 +583,10 @@ def fit_probes(activations: Mapping[str, Any], y: Any, kind: Kind = "logistic", 
 
 
 def probe_table(results: Mapping[str, ProbeResult]) -> list[dict[str, Any]]:
-    """Rows {hook, kind, regularization, metric, value, low, high} for a DataFrame or a plot."""
+    """Rows {hook, kind, regularization, metric, value, low, high, n_pos, n_neg, constant} for a DataFrame or a plot."""
     return [{"hook": name, "kind": r.kind, "regularization": r.regularization, "metric": metric,
-             "value": m.value, "low": m.low, "high": m.high}
+             "value": m.value, "low": m.low, "high": m.high, "n_pos": m.n_pos, "n_neg": m.n_neg,
+             "constant": r.constant}
             for name, r in results.items() for metric, m in r.metrics.items()]
 
 
@@ -599,6 +608,92 @@ def random_model(model: Any, seed: int = 1) -> Any:
         raise TypeError(f"random_model needs a HookedTransformer, got {type(model).__name__}")
     device = model.W_E.device
     return HookedTransformer(model.cfg, seed=seed, tokenizer=model.tokenizer).to(device).eval()
+
+
+# --------------------------------------------------------------------------------------------
+# Choosing a readout on validation, judging it on test
+# --------------------------------------------------------------------------------------------
+VERDICTS = ("carries the signal", "no signal beyond its controls", "not enough data", "nothing to score",
+            "no verdict")
+
+
+def metric_of(row: Mapping[str, Any], key: str) -> Metric | None:
+    """The Metric a row carries under `key` (Metric.fields' layout), or None when the row has none."""
+    if row.get(key) is None:
+        return None
+    interval = row.get(f"{key}_ci95")
+    low, high = (interval if interval else (float("nan"), float("nan")))
+    return Metric(float(row[key]), float(low), float(high), row.get(f"{key}_n_pos"), row.get(f"{key}_n_neg"),
+                  row.get(f"{key}_why_no_interval"))
+
+
+def _name(row: Mapping[str, Any]) -> str:
+    return f"{row['readout']} at the {row['position']}, layer {row['layer']}"
+
+
+def judge_readouts(rows: Sequence[Mapping[str, Any]], what: str, baseline: Metric | None = None,
+                   min_per_class: int = MIN_PER_CLASS) -> dict[str, Any]:
+    """Choose the readout with the highest validation AUROC among the candidates and judge it on the test split.
+
+    Each row: readout, position, layer, candidate (False for the baseline's own family, which is reported
+    beside, never chosen), constant (flagged, not scored), validation_auroc (+ _n_pos, _n_neg), auroc on
+    the test split (+ _ci95, _n_pos, _n_neg, _why_no_interval), and the same for control_shuffled_auroc and
+    control_untrained_auroc (None when no untrained model could be built). Verdicts (VERDICTS):
+    "carries the signal" when the chosen readout's test interval lies wholly above both controls'
+    intervals; "no signal beyond its controls" otherwise; "not enough data" when the validation split
+    holds fewer than `min_per_class` of either class, or the chosen readout or a control has no interval
+    (too few of a class in the test split); "nothing to score" when every candidate is constant; "no
+    verdict" when the untrained-model control is missing. The sentence says which, and why, in words.
+    """
+    out: dict[str, Any] = {"what": what, "min_per_class": min_per_class, "chosen": None,
+                           "baseline": None if baseline is None else baseline.fields("auroc")}
+    base = "" if baseline is None else f" Baseline (the model's own confidence, not a candidate): {baseline}"
+
+    def verdict(name: str, sentence: str, carries: bool | None) -> dict[str, Any]:
+        compare = ""
+        if baseline is not None and out["chosen"] is not None and np.isfinite(baseline.value):
+            side = "above" if baseline.value > out["chosen"]["auroc"] else "not above"
+            compare = f" — its estimate is {side} the chosen readout's"
+        tail = f"{base}{compare}." if base else ""
+        return out | {"verdict": name, "carries_signal": carries, "sentence": f"{what}: {sentence}.{tail}"}
+
+    scored = [r for r in rows if r.get("candidate", True) and not r.get("constant", False)]
+    flagged = sum(1 for r in rows if r.get("candidate", True) and r.get("constant", False))
+    out["n_candidates"], out["n_constant"] = len(scored), flagged
+    if rows:
+        first = rows[0]
+        n_pos, n_neg = first.get("validation_auroc_n_pos"), first.get("validation_auroc_n_neg")
+        if n_pos is not None and min(n_pos, n_neg) < min_per_class:
+            return verdict("not enough data", f"not enough data — the validation split holds {n_pos} right and "
+                           f"{n_neg} wrong answers; choosing a readout and judging it needs at least {min_per_class} "
+                           f"of each in the validation and in the test split", None)
+    if not scored:
+        return verdict("nothing to score", f"nothing to score — every candidate readout ({flagged}) has constant "
+                       "features", None)
+    chosen = max(scored, key=lambda r: (np.nan_to_num(r["validation_auroc"], nan=-1.0)))
+    test = metric_of(chosen, "auroc")
+    shuffled = metric_of(chosen, "control_shuffled_auroc")
+    untrained = metric_of(chosen, "control_untrained_auroc")
+    out["chosen"] = {k: chosen[k] for k in ("readout", "position", "layer") if k in chosen} | {
+        **{k: chosen.get(k) for k in ("validation_auroc", "validation_auroc_n_pos", "validation_auroc_n_neg")},
+        **test.fields("auroc"),
+        **(shuffled.fields("control_shuffled_auroc") if shuffled else {}),
+        **(untrained.fields("control_untrained_auroc") if untrained else {"control_untrained_auroc": None})}
+    said = (f"{_name(chosen)} (chosen on the validation split, AUROC {chosen['validation_auroc']:.3f}) scores "
+            f"{test} on the test split; shuffled labels {shuffled}; untrained model "
+            f"{untrained if untrained else 'not run'}")
+    refused = [m.why_no_interval for m in (test, shuffled, untrained) if m is not None and m.why_no_interval]
+    if refused:
+        return verdict("not enough data", f"not enough data — {refused[0]}; {said}", None)
+    if untrained is None:
+        return verdict("no verdict", f"no verdict — there is no untrained-model control; {said}", None)
+    margin = test.low - max(shuffled.high, untrained.high)
+    out["chosen"]["margin_over_controls"] = margin
+    if margin > 0:
+        return verdict("carries the signal", f"carries the signal — {said}: its interval lies above both "
+                       f"controls' by {margin:.3f}", True)
+    return verdict("no signal beyond its controls", f"no signal beyond its controls — {said}: its interval "
+                   "does not clear both controls' intervals", False)
 
 
 # --------------------------------------------------------------------------------------------

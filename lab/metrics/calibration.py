@@ -10,16 +10,39 @@ decomposition. With confidences c_i and correctness y_i ∈ {0, 1} over n items,
     Brier = (1/n) Σ_i (c_i − y_i)²  = reliability − resolution + uncertainty (binned; exact when the
             confidences within a bin are equal)
 
-ECE is biased upward by sampling noise: a perfectly calibrated model (y_i ~ Bernoulli(c_i)) shows
-ECE ≈ 0.07 at n = 200. `noise_floor_ece` measures that floor for the same confidences, and
-`bootstrap_ci` gives an interval for any metric; both belong beside every ECE.
+Bins (`bin_indices`): equal-width bins are [e_k, e_{k+1}) with e_k = k/b, the last one closed at 1 —
+numpy.histogram's rule, and netcal's; torchmetrics and relplot agree on every confidence below 1 except
+within one ulp of an edge, where each library's own float edges decide (torchmetrics' torch.linspace
+edge 11 of 15 sits one ulp above numpy's), and both put a confidence of exactly 1 in a bin of its own.
+Equal-mass bins: the item of rank i (0-based, ascending confidence, ties in input order) goes to bin
+⌊i·b/n⌋, so bins hold ⌊n/b⌋ or ⌈n/b⌉ items; then every run of equal confidences joins the bin of its
+lowest-ranked member (ties are never split, so under ties a bin can hold more, or nothing).
+
+ECE is biased upward by sampling noise: |acc(B) − conf(B)| of a perfectly calibrated model is
+|noise| > 0, so a perfectly calibrated model shows ECE ≈ 0.07 at n = 200. Beside every ECE go
+`noise_floor_ece` (that ECE for the same confidences), a bootstrap interval, and a debiased estimate
+(Kumar, Liang & Ma 2019, "Verified Uncertainty Calibration", NeurIPS, §5): `squared_ce_debiased`
+subtracts each bin's estimated variance from its squared gap — unbiased for the binned squared error,
+so ≈ 0 for a calibrated model — and `ece_debiased` applies their Gaussian bias correction to the ℓ1
+ECE, which shrinks the bias but cannot remove it near 0 (no estimator of |μ| is unbiased at μ = 0).
+
+AUROC intervals (`auroc_ci`) are stratified: positives and negatives (groups holding them, when rows
+are grouped) are resampled separately, so no resample lacks a class and none is dropped; below
+MIN_PER_CLASS of either class no interval is given, and the reason is said in words.
 """
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
+
+# The stratified bootstrap estimates each class's share of the AUROC's variance (DeLong et al. 1988:
+# Var ≈ V₁₀/n₊ + V₀₁/n₋) from that class's own m units. It understates that share by the factor
+# (m − 1)/m and has at most C(2m − 1, m) distinct resamples of the class: m = 1 gives a share of 0 (the
+# "[0.168, 0.334]" interval of a single positive), m = 10 a 10% shortfall and 92,378 distinct resamples.
+MIN_PER_CLASS = 10
 
 
 def _inputs(confidence: ArrayLike, correct: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
@@ -37,13 +60,15 @@ def _inputs(confidence: ArrayLike, correct: ArrayLike) -> tuple[NDArray[np.float
 
 
 def bin_indices(confidence: NDArray[np.float64], n_bins: int, scheme: str) -> NDArray[np.int64]:
-    """The bin of each item: equal-width bins on [0, 1] (right-closed, bin 0 includes 0), or equal-mass
-    bins that each hold ⌊n/b⌋ or ⌈n/b⌉ items in order of confidence (ties kept together)."""
+    """The bin of each item. equal_width: bin k holds e_k ≤ c < e_{k+1} (e_k = k/b from np.linspace), and
+    the last bin also holds c = 1. equal_mass: rank i (ascending, ties in input order) → bin ⌊i·b/n⌋, then
+    every run of equal confidences → the bin of its lowest rank (see the module docstring)."""
     if n_bins < 1:
         raise ValueError(f"n_bins must be ≥ 1, got {n_bins}")
+    confidence = np.asarray(confidence, dtype=np.float64)
     if scheme == "equal_width":
         edges = np.linspace(0.0, 1.0, n_bins + 1)
-        return np.clip(np.searchsorted(edges, confidence, side="left") - 1, 0, n_bins - 1)
+        return np.clip(np.searchsorted(edges, confidence, side="right") - 1, 0, n_bins - 1)
     if scheme == "equal_mass":
         order = np.argsort(confidence, kind="stable")
         sorted_bins = np.arange(confidence.size) * n_bins // confidence.size
@@ -79,6 +104,7 @@ def reliability(confidence: ArrayLike, correct: ArrayLike, n_bins: int = 15, sch
 
 
 def ece(confidence: ArrayLike, correct: ArrayLike, n_bins: int = 15, scheme: str = "equal_width") -> float:
+    """The plug-in ECE, Σ_m (|B_m|/n)·|acc(B_m) − conf(B_m)| (biased upward: see `ece_debiased`)."""
     r = reliability(confidence, correct, n_bins, scheme)
     return float(np.sum(r.count / r.count.sum() * np.abs(r.accuracy - r.confidence)))
 
@@ -92,6 +118,43 @@ def rms_calibration_error(confidence: ArrayLike, correct: ArrayLike, n_bins: int
 def mce(confidence: ArrayLike, correct: ArrayLike, n_bins: int = 15, scheme: str = "equal_width") -> float:
     r = reliability(confidence, correct, n_bins, scheme)
     return float(np.max(np.abs(r.accuracy - r.confidence)))
+
+
+def squared_ce(confidence: ArrayLike, correct: ArrayLike, n_bins: int = 15, scheme: str = "equal_width") -> float:
+    """The plug-in squared calibration error Σ_m (|B_m|/n)(acc(B_m) − conf(B_m))² (= RMS²)."""
+    r = reliability(confidence, correct, n_bins, scheme)
+    return float(np.sum(r.count / r.count.sum() * (r.accuracy - r.confidence) ** 2))
+
+
+def squared_ce_debiased(confidence: ArrayLike, correct: ArrayLike, n_bins: int = 15,
+                        scheme: str = "equal_width") -> float:
+    """Kumar, Liang & Ma 2019 §5 (their `unbiased_square_ce`):
+    Σ_m (|B_m|/n) [(acc(B_m) − conf(B_m))² − acc(B_m)(1 − acc(B_m)) / (|B_m| − 1)].
+    The subtracted term is the unbiased estimate of Var(acc(B_m)), so for a calibrated model the estimate
+    is 0 in expectation — and can be negative. A bin of one item has no variance estimate and contributes
+    0, as in their code."""
+    r = reliability(confidence, correct, n_bins, scheme)
+    many = r.count >= 2
+    gap = (r.accuracy - r.confidence) ** 2
+    variance = np.zeros_like(gap)
+    variance[many] = r.accuracy[many] * (1 - r.accuracy[many]) / (r.count[many] - 1)
+    return float(np.sum(np.where(many, r.count / r.count.sum() * (gap - variance), 0.0)))
+
+
+def ece_debiased(confidence: ArrayLike, correct: ArrayLike, n_bins: int = 15, scheme: str = "equal_width",
+                 n_sim: int = 1000, seed: int = 0) -> float:
+    """Kumar, Liang & Ma 2019 §5, Gaussian bias correction of the ℓ1 ECE (their `normal_debiased_ce`):
+    draw each bin's accuracy from N(acc_m, acc_m(1 − acc_m)/|B_m|), take the mean ECE of the draws, Ê*,
+    and return 2·ECE − Ê* (the bootstrap bias correction). It removes most of the bias where the gaps are
+    large against their noise and part of it near 0. A bin of one item has zero estimated variance and is
+    left uncorrected (their code refuses such bins)."""
+    r = reliability(confidence, correct, n_bins, scheme)
+    weight = r.count / r.count.sum()
+    plug_in = float(np.sum(weight * np.abs(r.accuracy - r.confidence)))
+    sd = np.sqrt(r.accuracy * (1 - r.accuracy) / r.count)
+    draws = np.random.default_rng(seed).normal(r.accuracy, sd, (n_sim, len(sd)))
+    resampled = float(np.mean(np.abs(draws - r.confidence) @ weight))
+    return 2 * plug_in - resampled
 
 
 @dataclass
@@ -121,49 +184,182 @@ def nll(probabilities: ArrayLike, labels: ArrayLike, eps: float = 1e-12) -> floa
     return float(-np.mean(np.log(np.clip(p[np.arange(len(labels)), labels], eps, None))))
 
 
+# --------------------------------------------------------------------------------------------
+# AUROC and bootstrap intervals: one home, one argument order (scores, labels)
+# --------------------------------------------------------------------------------------------
+class Metric(NamedTuple):
+    """A metric's value and its bootstrap 95% interval. n_pos / n_neg: the two classes' counts behind an
+    AUROC; why_no_interval: why low/high are NaN (too few of a class, resamples without a finite value)."""
+
+    value: float
+    low: float
+    high: float
+    n_pos: int | None = None
+    n_neg: int | None = None
+    why_no_interval: str | None = None
+
+    def __str__(self) -> str:
+        counts = f" (n_pos {self.n_pos}, n_neg {self.n_neg})" if self.n_pos is not None else ""
+        if self.why_no_interval:
+            return f"{self.value:.3f}{counts}, no interval: {self.why_no_interval}"
+        return f"{self.value:.3f} [{self.low:.3f}, {self.high:.3f}]{counts}"
+
+    @property
+    def interval(self) -> list[float] | None:
+        return None if self.why_no_interval or not np.isfinite(self.low) else [self.low, self.high]
+
+    def fields(self, key: str) -> dict[str, Any]:
+        """{key, key_ci95, key_n_pos, key_n_neg, key_why_no_interval}: how results.json carries it."""
+        out: dict[str, Any] = {key: self.value, f"{key}_ci95": self.interval}
+        if self.n_pos is not None:
+            out |= {f"{key}_n_pos": self.n_pos, f"{key}_n_neg": self.n_neg}
+        out[f"{key}_why_no_interval"] = self.why_no_interval
+        return out
+
+
+def _average_ranks(x: NDArray[np.float64]) -> NDArray[np.float64]:
+    """1-based ranks, ties sharing their average rank."""
+    order = np.argsort(x, kind="mergesort")
+    sorted_x = x[order]
+    starts = np.r_[0, np.flatnonzero(sorted_x[1:] != sorted_x[:-1]) + 1]
+    ends = np.r_[starts[1:], len(x)]
+    ranks = np.empty(len(x))
+    ranks[order] = np.repeat((starts + ends + 1) / 2.0, ends - starts)
+    return ranks
+
+
+def _binary_labels(labels: ArrayLike, n: int) -> NDArray[np.bool_]:
+    y = np.asarray(labels).ravel()
+    if y.shape != (n,):
+        raise ValueError(f"scores and labels differ in length: {n} vs {y.size}")
+    if y.dtype != bool and not np.all((y == 0) | (y == 1)):
+        raise ValueError("labels must be 0/1 (or boolean): auroc takes (scores, labels), in that order")
+    return y.astype(bool)
+
+
 def auroc(scores: ArrayLike, labels: ArrayLike) -> float:
-    """Area under the ROC curve: P(score of a random positive > score of a random negative), ties ½."""
-    s = np.asarray(scores, dtype=np.float64).ravel()
-    y = np.asarray(labels).astype(bool).ravel()
+    """Area under the ROC curve = P(score of a random positive > score of a random negative), ties ½: the
+    Mann–Whitney U statistic / (n₊ n₋). An [n, k] score matrix with class labels 0..k−1: the mean one-vs-rest
+    AUROC over the k classes. NaN when a class is absent."""
+    s = np.asarray(scores, dtype=np.float64)
+    if s.ndim == 2:
+        y = np.asarray(labels).ravel()
+        if not np.issubdtype(y.dtype, np.integer) or y.size and (y.min() < 0 or y.max() >= s.shape[1]):
+            raise ValueError(f"with an [n, k] score matrix, labels must be class indices 0 … {s.shape[1] - 1}")
+        return float(np.mean([auroc(s[:, c], y == c) for c in range(s.shape[1])]))
+    s = s.ravel()
+    y = _binary_labels(labels, s.size)
     n_pos, n_neg = int(y.sum()), int((~y).sum())
     if n_pos == 0 or n_neg == 0:
         return float("nan")
-    order = np.argsort(s, kind="mergesort")
-    ranks = np.empty(s.size, dtype=np.float64)
-    sorted_s = s[order]
-    # average ranks over ties
-    boundaries = np.r_[0, np.nonzero(np.diff(sorted_s))[0] + 1, s.size]
-    for start, stop in zip(boundaries[:-1], boundaries[1:]):
-        ranks[order[start:stop]] = (start + stop + 1) / 2.0
+    ranks = _average_ranks(s)
     return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
 
 
-def bootstrap_ci(metric: Callable[..., float], *arrays: ArrayLike, n_boot: int = 1000, seed: int = 0,
-                 level: float = 0.95) -> tuple[float, float]:
-    """Percentile bootstrap interval of metric(*arrays) over items resampled with replacement."""
+def _units(n: int, groups: Any, strata: Any) -> tuple[NDArray[np.int64], list[NDArray[np.int64]]]:
+    """(unit of each row, the units of each stratum). A unit is a row, or a group when rows are grouped; a
+    group's stratum is the set of strata values among its rows (all-positive, all-negative or mixed)."""
+    unit = np.arange(n) if groups is None else np.unique(np.asarray(groups).ravel(), return_inverse=True)[1]
+    if len(unit) != n:
+        raise ValueError(f"groups must have one entry per row ({n}), got {len(unit)}")
+    n_units = int(unit.max()) + 1 if n else 0
+    if strata is None:
+        return unit, [np.arange(n_units)]
+    strata = np.asarray(strata).ravel()
+    if len(strata) != n:
+        raise ValueError(f"strata must have one entry per row ({n}), got {len(strata)}")
+    keys: dict[int, set] = {}
+    for u, s in zip(unit.tolist(), strata.tolist()):
+        keys.setdefault(u, set()).add(s)
+    by_key: dict[tuple, list[int]] = {}
+    for u in range(n_units):
+        by_key.setdefault(tuple(sorted(keys[u])), []).append(u)
+    return unit, [np.array(v) for _, v in sorted(by_key.items())]
+
+
+def bootstrap_ci(metric: Callable[..., float], *arrays: ArrayLike, groups: Any = None, strata: Any = None,
+                 n_boot: int = 1000, level: float = 0.95, seed: int = 0) -> Metric:
+    """metric(*arrays) and its percentile bootstrap interval (Efron & Tibshirani 1993, §13.3).
+
+    Resamples rows with replacement — whole groups when `groups` gives each row its entity (rows of one
+    entity are not independent) — and, with `strata`, within each stratum separately (each stratum keeps
+    its number of units in every resample). No resample is dropped: if any gives a non-finite value the
+    interval is refused and `why_no_interval` says so (stratify by the labels to keep every class present).
+    """
     columns = [np.asarray(a) for a in arrays]
     n = len(columns[0])
+    value = float(metric(*columns))
+    unit, strata_units = _units(n, groups, strata)
+    rows_by_unit = np.argsort(unit, kind="stable")
     rng = np.random.default_rng(seed)
-    values = []
-    for _ in range(n_boot):
-        idx = rng.integers(0, n, n)
-        value = metric(*(col[idx] for col in columns))
-        if np.isfinite(value):
-            values.append(value)
-    if not values:
-        return float("nan"), float("nan")
-    alpha = (1 - level) / 2
-    return float(np.quantile(values, alpha)), float(np.quantile(values, 1 - alpha))
+    n_units = len(np.unique(unit))
+    samples = np.empty(n_boot)
+    for b in range(n_boot):
+        drawn = np.zeros(n_units, dtype=np.int64)
+        for members in strata_units:
+            drawn += np.bincount(members[rng.integers(0, len(members), len(members))], minlength=n_units)
+        index = np.repeat(rows_by_unit, drawn[unit[rows_by_unit]])  # each row as often as its unit was drawn
+        samples[b] = metric(*(col[index] for col in columns))
+    bad = int(np.sum(~np.isfinite(samples)))
+    if bad:
+        return Metric(value, float("nan"), float("nan"), why_no_interval=(
+            f"{bad} of {n_boot} resamples gave no finite value (a class missing from them?): no interval"))
+    tail = (1 - level) / 2
+    low, high = np.quantile(samples, [tail, 1 - tail])
+    return Metric(value, float(low), float(high))
 
 
+def auroc_ci(scores: ArrayLike, labels: ArrayLike, groups: Any = None, n_boot: int = 1000, level: float = 0.95,
+             seed: int = 0, min_per_class: int = MIN_PER_CLASS) -> Metric:
+    """AUROC with n_pos / n_neg and a stratified bootstrap interval (positives and negatives — or the groups
+    holding them — resampled separately). Fewer than `min_per_class` units of either class: no interval,
+    and why_no_interval says how many there are. [n, k] scores: the one-vs-rest mean, each class a stratum."""
+    s = np.asarray(scores, dtype=np.float64)
+    y = np.asarray(labels).ravel()
+    value = auroc(s, y)
+    binary = s.ndim == 1
+    unit = np.arange(len(y)) if groups is None else np.unique(np.asarray(groups).ravel(), return_inverse=True)[1]
+    classes = [0, 1] if binary else list(range(s.shape[1]))
+    holding = {c: len(np.unique(unit[(y.astype(int) if binary else y) == c])) for c in classes}
+    n_pos, n_neg = (int(y.astype(bool).sum()), int((~y.astype(bool)).sum())) if binary else (None, None)
+    what = "groups" if groups is not None else "items"
+    if min(holding.values()) < min_per_class:
+        counts = (f"{holding[1]} positive and {holding[0]} negative" if binary else
+                  ", ".join(f"{holding[c]} of class {c}" for c in classes))
+        return Metric(value, float("nan"), float("nan"), n_pos, n_neg,
+                      f"only {counts} {what}: a stratified AUROC interval needs at least {min_per_class} of each")
+    interval = bootstrap_ci(auroc, s, y, groups=groups, strata=y, n_boot=n_boot, level=level, seed=seed)
+    return interval._replace(n_pos=n_pos, n_neg=n_neg)
+
+
+# --------------------------------------------------------------------------------------------
+# Noise floor, temperature, summaries
+# --------------------------------------------------------------------------------------------
 def noise_floor_ece(confidence: ArrayLike, n_bins: int = 15, scheme: str = "equal_width", n_sim: int = 500,
                     seed: int = 0) -> tuple[float, float]:
     """Mean and 95th percentile of the ECE of a perfectly calibrated model with these confidences
     (correctness drawn as Bernoulli(confidence)): the ECE that noise alone produces."""
     c = np.asarray(confidence, dtype=np.float64).ravel()
+    bins = bin_indices(c, n_bins, scheme)
+    count = np.bincount(bins, minlength=n_bins)
+    conf_sum = np.bincount(bins, weights=c, minlength=n_bins)
     rng = np.random.default_rng(seed)
-    sims = [ece(c, rng.random(c.size) < c, n_bins, scheme) for _ in range(n_sim)]
+    sims = np.empty(n_sim)
+    for k in range(n_sim):  # the bins depend on the confidences only: each draw just recounts the correct ones
+        acc_sum = np.bincount(bins, weights=rng.random(c.size) < c, minlength=n_bins)
+        sims[k] = np.abs(acc_sum - conf_sum).sum() / c.size
     return float(np.mean(sims)), float(np.quantile(sims, 0.95))
+
+
+def ece_fields(confidence: ArrayLike, correct: ArrayLike, key: str = "ece", n_bins: int = 15,
+               scheme: str = "equal_width", n_boot: int = 500, seed: int = 0) -> dict[str, Any]:
+    """An ECE and what goes beside it (SCIENCE.md §3): {key, key_ci95 (bootstrap), noise_floor_key (mean ECE of
+    a perfectly calibrated model with these confidences), noise_floor_key_p95, key_debiased (Kumar et al.)}."""
+    c, y = _inputs(confidence, correct)
+    floor, floor_p95 = noise_floor_ece(c, n_bins, scheme, seed=seed)
+    interval = bootstrap_ci(lambda a, b: ece(a, b, n_bins, scheme), c, y, n_boot=n_boot, seed=seed)
+    return {key: ece(c, y, n_bins, scheme), f"{key}_ci95": interval.interval, f"noise_floor_{key}": floor,
+            f"noise_floor_{key}_p95": floor_p95, f"{key}_debiased": ece_debiased(c, y, n_bins, scheme, seed=seed)}
 
 
 def softmax(logits: ArrayLike, temperature: float = 1.0) -> NDArray[np.float64]:
@@ -200,21 +396,25 @@ def fit_temperature(logits: ArrayLike, labels: ArrayLike, bounds: tuple[float, f
 
 
 def multiclass_summary(probabilities: ArrayLike, labels: ArrayLike, n_boot: int = 500, seed: int = 0) -> dict:
-    """Every calibration number of a k-way choice, from its [n, k] probabilities and the answers."""
+    """Every calibration number of a k-way choice, from its [n, k] probabilities and the answers: both ECEs
+    with their intervals, noise floors and debiased estimates; ece_ci95 / noise_floor_ece are the 15-bin
+    equal-width ECE's (the headline binning)."""
     p = np.asarray(probabilities, dtype=np.float64)
     y = np.asarray(labels, dtype=np.int64)
     confidence = p.max(axis=1)
     correct = (p.argmax(axis=1) == y).astype(np.float64)
     b = brier(confidence, correct)
-    floor_mean, floor_p95 = noise_floor_ece(confidence, seed=seed)
+    width = ece_fields(confidence, correct, "ece_15_equal_width", 15, "equal_width", n_boot, seed)
+    mass = ece_fields(confidence, correct, "ece_10_equal_mass", 10, "equal_mass", n_boot, seed)
+    squared = squared_ce_debiased(confidence, correct)
     return {
         "n": int(len(y)), "accuracy": float(correct.mean()), "mean_confidence": float(confidence.mean()),
-        "ece_15_equal_width": ece(confidence, correct, 15, "equal_width"),
-        "ece_10_equal_mass": ece(confidence, correct, 10, "equal_mass"),
-        "rms_ce": rms_calibration_error(confidence, correct), "mce": mce(confidence, correct),
+        **width, **mass,
+        "ece_ci95": width["ece_15_equal_width_ci95"], "noise_floor_ece": width["noise_floor_ece_15_equal_width"],
+        "noise_floor_ece_p95": width["noise_floor_ece_15_equal_width_p95"],
+        "rms_ce": rms_calibration_error(confidence, correct), "squared_ce_debiased": squared,
+        "rms_ce_debiased": float(np.sqrt(max(squared, 0.0))), "mce": mce(confidence, correct),
         "brier": b.score, "brier_reliability": b.reliability, "brier_resolution": b.resolution,
         "brier_uncertainty": b.uncertainty, "nll": nll(p, y),
-        "ece_ci95": list(bootstrap_ci(lambda c, k: ece(c, k), confidence, correct, n_boot=n_boot, seed=seed)),
-        "noise_floor_ece": floor_mean, "noise_floor_ece_p95": floor_p95,
-        "auroc_confidence": auroc(confidence, correct),
+        **auroc_ci(confidence, correct, n_boot=n_boot, seed=seed).fields("auroc_confidence"),
     }
