@@ -24,6 +24,8 @@ interrupted build — killed, Ctrl-C, SIGTERM — is continued by `forma train N
 bits an uninterrupted build gives.
 """
 
+import contextlib
+import fcntl
 import json
 import logging
 import math
@@ -34,6 +36,7 @@ import tempfile
 import time
 import tomllib
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -308,19 +311,42 @@ def build(name: str, quick: bool = False, progress: bool = True, out: Path | Non
 
     A fresh build discards an interrupted one; `resume=True` continues the interrupted build from its
     last checkpoint (a clear error when there is none, or when the recipe changed since it began)."""
-    from lab.runs import provenance, write_json
-    from lab.train import TrainConfig, has_checkpoint, train
-
     recipe = load_recipe(name, quick=quick)
-    path = _check_name(name) / RECIPE_FILE
     directory = Path(out) if out is not None else zoo_dir() / name
     record = {"format": BUILD_FORMAT, "name": name, "quick": quick,
               **{table: recipe[table] for table in ("world", "model", "train")}}
-    staging = _resume_build(directory, record) if resume else _start_build(directory, record)
-    if staging == _published(directory):  # the build was complete; only its tidying was interrupted
+    with _only_build(directory, name):
+        staging = _resume_build(directory, record) if resume else _start_build(directory, record)
+        if staging != _published(directory):  # else it was complete, and only its tidying was cut short
+            _train_into(staging, name, recipe, quick, progress)
         _publish(directory, staging)
-        return directory
+    return directory
 
+
+@contextlib.contextmanager
+def _only_build(directory: Path, name: str) -> Iterator[None]:
+    """Hold models/NAME/.lock while building: a second `forma train NAME` at the same time would
+    discard the first one's build. The lock goes with the process, however it ends."""
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ValueError(f"another `forma train {name}` is building in {directory}; "
+                             "wait for it to finish (or stop it and --resume)") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _train_into(staging: Path, name: str, recipe: dict[str, Any], quick: bool, progress: bool) -> None:
+    """Build the world, train (from the build's checkpoint, if it has one) and write the model, world.json
+    and card.json into the build folder `staging`."""
+    from lab.runs import provenance, write_json
+    from lab.train import TrainConfig, has_checkpoint, train
+
+    path = _check_name(name) / RECIPE_FILE
     start = time.perf_counter()
     model_table = dict(recipe["model"])
     kind = model_table.pop("kind", "decoder_only")
@@ -343,8 +369,6 @@ def build(name: str, quick: bool = False, progress: bool = True, out: Path | Non
         **_measured_card(model, data, recipe["world"]), "provenance": provenance(train_cfg.seed),
     }
     write_json(staging / "card.json", card)
-    _publish(directory, staging)
-    return directory
 
 
 def _decoder_only(name: str, table: dict[str, Any], data: Any, seed: int) -> tuple[Any, Any]:
@@ -426,6 +450,7 @@ CURRENT_LINK = ".current"  # → .builds/<id>: the published build
 NEXT_LINK = ".next"  # → .builds/<id>: the build in progress, which --resume continues
 BUILD_RECIPE = "recipe.json"  # the recipe a build was started from (after the quick overrides)
 BUILD_FORMAT = "forma-build/1"
+LOCK_FILE = ".lock"  # held by the one `forma train NAME` building here
 # What a model folder held as plain files before builds were published through links. The first
 # publish moves them into a build of their own (by hard links) so that they, too, swap in one rename.
 UNLINKED_NAMES = ("model.safetensors", "config.json", "tokenizer.json", "src_tokenizer.json", "tgt_tokenizer.json",
@@ -464,6 +489,10 @@ def _resume_build(directory: Path, record: dict[str, Any]) -> Path:
         saved = json.loads((staging / BUILD_RECIPE).read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"cannot resume {name}: malformed {staging / BUILD_RECIPE} ({err}); run {again}") from err
+    if saved.get("quick") != record["quick"]:
+        flag = " --quick" if saved.get("quick") else ""
+        raise ValueError(f"cannot resume {name}: the interrupted build was started {'with' if flag else 'without'} "
+                         f"--quick; resume it with `forma train {name}{flag} --resume`")
     changes = _recipe_changes(saved, record)
     if changes:
         raise ValueError(f"cannot resume {name}: the recipe differs from the interrupted build's in "
@@ -476,7 +505,7 @@ def _recipe_changes(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
     from lab.train import RESUMABLE_CHANGES
 
     changes = [f"{key} (build {saved.get(key)!r}, now {now.get(key)!r})"
-               for key in ("format", "name", "quick") if saved.get(key) != now.get(key)]
+               for key in ("format", "name") if saved.get(key) != now.get(key)]
     for table in ("world", "model", "train"):
         before, after = saved.get(table) or {}, now.get(table) or {}
         skip = RESUMABLE_CHANGES if table == "train" else ()

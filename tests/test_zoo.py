@@ -160,7 +160,8 @@ def test_worlds_too_big_for_memory_are_refused_before_allocating(zoo_dir, world,
 
 # --- builds: the previous model stays until the new one is complete; resumption ----------------
 def published_bytes(directory) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.is_file() and p.name != "model.toml"}
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())
+            if p.is_file() and p.name != "model.toml" and not p.name.startswith(".")}
 
 
 def interrupted_build(name: str, after: int = 2) -> None:
@@ -196,8 +197,8 @@ def test_an_interrupted_build_leaves_the_model_in_place_and_resumes_to_the_same_
     interrupted_build("tiny", after=4)
     assert published_bytes(zoo_dir / "tiny") == uninterrupted  # the previous model, untouched and loadable
     HookedTransformer.from_pretrained("tiny")
-    with pytest.raises(ValueError, match=r"cannot resume tiny: the recipe differs from the interrupted build's in "
-                                         r"quick \(build False, now True\)"):
+    with pytest.raises(ValueError, match=r"cannot resume tiny: the interrupted build was started without --quick; "
+                                         r"resume it with `forma train tiny --resume`"):
         build("tiny", quick=True, progress=False, resume=True)
     write_recipe(zoo_dir, "tiny", TINY_MARKOV.replace("lr = 1e-2", "lr = 2e-2"))
     with pytest.raises(ValueError, match=r"\[train\] lr \(build 0.01, now 0.02\); run `forma train tiny` to start"):
@@ -303,3 +304,19 @@ def test_a_diverging_build_is_one_line_from_the_cli_and_keeps_its_checkpoint(zoo
     step, kept, checkpoint = int(diverged[1]), int(diverged[3]), diverged[4]
     assert kept == step - 1 and json.loads((Path(checkpoint) / "train_state.json").read_text())["step"] == kept
     assert published_bytes(zoo_dir / "tiny") == before  # the previous model is still the model
+
+
+def test_a_second_build_of_the_same_model_at_once_is_refused(zoo_dir):
+    import fcntl
+    import os
+
+    write_recipe(zoo_dir, "tiny", TINY_MARKOV)
+    fd = os.open(zoo_dir / "tiny" / zoo.LOCK_FILE, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # as a running `forma train tiny` holds it
+        with pytest.raises(ValueError, match=r"another `forma train tiny` is building in .*tiny; wait for it"):
+            build("tiny", progress=False)
+    finally:
+        os.close(fd)
+    assert not (zoo_dir / "tiny" / zoo.NEXT_LINK).exists()  # it started nothing
+    build("tiny", progress=False)
