@@ -34,10 +34,31 @@ def cmd_trust(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    """Train a zoo model from models/NAME/model.toml into models/NAME/."""
+    """Train a zoo model from models/NAME/model.toml into models/NAME/. The previous model stays in place
+    until the new one is complete; an interrupted build (Ctrl-C, SIGTERM, a crash) continues with --resume."""
+    import signal
+
+    from lab.train import TrainingInterrupted
     from lab.zoo import build
 
-    directory = build(args.name, quick=args.quick, progress=not args.no_progress, resume=args.resume)
+    again = f"forma train {args.name}{' --quick' if args.quick else ''} --resume"
+
+    def stop(signum: int, frame: object) -> None:
+        raise TrainingInterrupted(signum)
+
+    # SIGTERM stops like Ctrl-C wherever it lands; in the training loop `train` handles both itself,
+    # finishing the step and writing a checkpoint first.
+    before = signal.signal(signal.SIGTERM, stop)
+    try:
+        directory = build(args.name, quick=args.quick, progress=not args.no_progress, resume=args.resume)
+    except TrainingInterrupted as interrupted:
+        print(f"forma train: {interrupted}; continue with `{again}`", file=sys.stderr)
+        return 128 + interrupted.signum
+    except KeyboardInterrupt:
+        print(f"forma train: interrupted; continue with `{again}`", file=sys.stderr)
+        return 128 + signal.SIGINT
+    finally:
+        signal.signal(signal.SIGTERM, before)
     print(f"trained {args.name} into {directory}")
     return 0
 
@@ -280,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, KeyError) as err:
         print(f"forma {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except FloatingPointError as err:  # a diverging run: the message says where, and what to change
+        print(f"forma {args.command}: error: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
