@@ -88,6 +88,11 @@ FieldTypes = dict[str, type | tuple[type, ...]]
 SHAPE_ERRORS = (KeyError, TypeError, ValueError, AttributeError, IndexError)
 
 
+def warn_shape(folder: Path, experiment: str, problem: str) -> None:
+    """A warning that the run's results.json is not what the page reads: the file, what is wrong, what to run."""
+    st.warning(f"`{folder / 'results.json'}` is not what this page reads: {problem}. " + rerun(experiment))
+
+
 def checked_fields(results: dict, path: Path, experiment: str, fields: FieldTypes, required: tuple[str, ...]) -> dict:
     """`results` without the fields whose type is not the one this page reads, after one warning that names
     the file, each such field and each missing required one. Fields the page does not read are ignored."""
@@ -98,7 +103,7 @@ def checked_fields(results: dict, path: Path, experiment: str, fields: FieldType
         kinds = fields[key] if isinstance(fields[key], tuple) else (fields[key],)
         problems.append(f"`{key}` is a {type(results[key]).__name__}, not a {' or '.join(k.__name__ for k in kinds)}")
     if problems:
-        st.warning(f"`{path}` is not what this page reads: {'; '.join(problems)}. " + rerun(experiment))
+        warn_shape(path.parent, experiment, "; ".join(problems))
     return {key: value for key, value in results.items() if key not in wrong}
 
 

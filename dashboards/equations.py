@@ -4,11 +4,19 @@ from pathlib import Path
 
 import streamlit as st
 
-from dashboards.common import show_figures, show_run
+from dashboards.common import show_figures, show_run, warn_shape
+
+
+CHECK_FIELDS = ("name", "measured", "expected", "tolerance", "passed")  # what experiments.equations.Check writes
 
 
 def render(folder: Path, results: dict) -> None:
     checks = results.get("checks") or []
+    malformed = [i for i, c in enumerate(checks) if not isinstance(c, dict) or not set(CHECK_FIELDS) <= set(c)]
+    if malformed:
+        warn_shape(folder, "equations",
+                   f"checks {malformed} are not objects with the fields {', '.join(CHECK_FIELDS)}; they are left out")
+        checks = [c for i, c in enumerate(checks) if i not in malformed]
     passed = sum(bool(c.get("passed")) for c in checks)
     st.write(f"**{passed} of {len(checks)} checks pass.**")
     for check in checks:

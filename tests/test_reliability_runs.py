@@ -272,7 +272,10 @@ def test_a_real_write_failure_in_any_writer_leaves_nothing_cut_short(tmp_path, l
     left = snapshot(folder)
     assert "results.json" not in left and not [name for name in left if is_temporary(name)]
     for name, data in left.items():  # whole: provenance.json as first written, the rest as a complete run's
-        assert json.loads(data)["experiment"] == "toy" if name == "provenance.json" else len(data) == len(complete[name])
+        if name == "provenance.json":
+            assert json.loads(data)["experiment"] == "toy"
+        else:
+            assert len(data) == len(complete[name]), name
 
 
 # --------------------------------------------------------------------------------------------
@@ -356,8 +359,8 @@ def test_forma_run_killed_at_random_moments_loses_nothing(tmp_path):
     (finished,) = [p.parent for p in base.glob("*/results.json")]
     before = digest(finished)
     rng = random.Random(16)
-    counts = {"trials": 0, "killed": 0, "finished first": 0, "earlier run changed": 0, "results.json in a killed run": 0,
-              "latest not complete": 0, "half-written files": 0}
+    counts = {"trials": 0, "killed": 0, "finished first": 0, "earlier run changed": 0,
+              "results.json in a killed run": 0, "latest not complete": 0, "half-written files": 0}
     for moment in sorted(rng.uniform(0.0, 1.1 * duration) for _ in range(10)):
         counts["trials"] += 1
         folders = set(base.iterdir())
@@ -373,7 +376,8 @@ def test_forma_run_killed_at_random_moments_loses_nothing(tmp_path):
                 counts["results.json in a killed run"] += (new / "results.json").exists()
         counts["earlier run changed"] += digest(finished) != before
         latest = base / (base / "latest").read_text().strip()
-        counts["latest not complete"] += not (latest / "results.json").is_file() or latest_run("equations", runs) != latest
+        counts["latest not complete"] += (not (latest / "results.json").is_file()
+                                          or latest_run("equations", runs) != latest)
         counts["half-written files"] += sum(not whole(p) for p in runs.rglob("*")
                                             if p.is_file() and not is_temporary(p) and p.name != "latest")
     print(f"\nkill -9 trials of forma run equations --quick (run time {duration:.0f} s): {counts}")
