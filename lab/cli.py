@@ -398,7 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     trust = sub.add_parser("trust", help="check a model against HF, its own fast paths and bfloat16",
                            description=cmd_trust.__doc__)
-    trust.add_argument("model", help="zoo name, Forma model folder, or local Hugging Face folder")
+    trust.add_argument("model", type=model_name, help="zoo name, Forma model folder, or local Hugging Face folder")
     trust.set_defaults(func=cmd_trust)
 
     from lab.zoo import zoo_names

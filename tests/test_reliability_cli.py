@@ -36,12 +36,19 @@ def test_the_largest_seed_is_one_every_generator_takes():
         torch.Generator().manual_seed(2**64)
 
 
-@pytest.mark.parametrize("argv", [["hooks", ""], ["hooks", "  "], ["run", "calibration", "--quick", "--model", ""]])
+@pytest.mark.parametrize("argv", [["hooks", ""], ["hooks", "  "], ["trust", ""], ["run", "calibration", "--quick", "--model", ""]])
 def test_an_empty_model_name_says_so(capsys, argv):
     with pytest.raises(SystemExit) as exit:
         main(argv)
     err = capsys.readouterr().err
     assert exit.value.code == 2 and "the model name is empty" in err and "config.json" not in err
+
+
+def test_an_empty_model_name_is_refused_by_the_loader_too():
+    from lab import HookedTransformer
+
+    with pytest.raises(ValueError, match="the model name is empty"):
+        HookedTransformer.from_pretrained("")
 
 
 # --------------------------------------------------------------------------------------------

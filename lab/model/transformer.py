@@ -308,6 +308,8 @@ class HookedTransformer(HookedRootModule):
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path, device: str | torch.device = "cpu") -> "HookedTransformer":
         """A zoo model by name, a folder written by `save`, or a local Hugging Face folder."""
+        if not str(name_or_path).strip():  # Path("") is the current folder: never what an empty name means
+            raise ValueError("the model name is empty: give a zoo name or a model folder")
         path = Path(name_or_path)
         if path.is_dir():
             config = path / CONFIG_FILE
