@@ -125,3 +125,16 @@ def _round(value: Any, digits: int = 0) -> Any:
 
 def number(label: str, value: Any, fmt: str = "{:.4f}", help: str | None = None) -> None:
     st.metric(label, fmt.format(value) if isinstance(value, (int, float)) else "—", help=help)
+
+
+def show_headlines(results: dict) -> None:
+    """The run's headlines (results.json "headlines", made by the experiment's `headlines(results)`): the
+    sentences it supports first, then those it cannot support at this size, each with the reason in words."""
+    entries = [h for h in results.get("headlines") or [] if isinstance(h, dict)]
+    supported = [h for h in entries if h.get("supported")]
+    unsupported = [h for h in entries if not h.get("supported")]
+    if supported:
+        st.markdown("\n".join(f"- {h.get('sentence')}" for h in supported))
+    if unsupported:
+        st.markdown("**Not shown, because this run cannot support it:**\n"
+                    + "\n".join(f"- {h.get('name')}: {h.get('why_not') or 'no reason recorded'}" for h in unsupported))
