@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from dashboards.common import show_figures, show_run_header
+from dashboards.common import show_figures, show_headlines, show_run_header
 
 folder, results = show_run_header("equations")
 if results is None:
@@ -10,6 +10,7 @@ if results is None:
 checks = results.get("checks") or []
 passed = sum(bool(c.get("passed")) for c in checks)
 st.write(f"**{passed} of {len(checks)} checks pass.**")
+show_headlines(results)
 for check in checks:
     mark = "✅" if check.get("passed") else "❌"
     st.subheader(f"{mark} {check.get('name')}")
