@@ -18,7 +18,9 @@ flagged = [entry for entry in results.get("sweep") or [] if entry.get("max_fact_
 if flagged:
     st.warning("One fact holds a large share of p at " + ", ".join(
         f"γ = {entry.get('gamma')} ({entry.get('max_fact_probability', float('nan')):.1%})" for entry in flagged)
-        + ": the bound is proved for a bounded largest fact probability, and such a world is mostly one fact.")
+        + ": the bound is proved for a bounded largest fact probability (the theorem gives no number; Forma flags "
+        f"≥ {(results.get('config') or {}).get('max_fact_probability_flag', float('nan')):.0%}), and such a world is "
+        "mostly one fact.")
 cols = st.columns(4)
 with cols[0]:
     spearman = acceptance.get("spearman_monofact_vs_hallucination") or {}

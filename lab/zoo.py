@@ -350,7 +350,8 @@ def _build_encoder_decoder(name: str, recipe: dict[str, Any], directory: Path, q
 
 
 def _machine() -> dict[str, Any]:
-    """Where a card was measured: cores, torch threads and the load average when training began."""
+    """Where a card was measured: cores, torch threads and the load average (1, 5 and 15 minutes) when
+    training ended — how busy the machine was while it trained."""
     return {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "load_average_1_5_15": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
 
