@@ -87,6 +87,10 @@ RECIPE = "markov"
 FIGURES = ("kl_decomposition", "lens", "kl_by_position", "temperature", "scaling", "hmm")
 T_GRID = tuple(float(t) for t in np.geomspace(0.5, 2.0, 25))  # includes T = 1 (the 13th point)
 T_BRACKET = (0.25, 4.0)  # where the golden-section search for the minimising T looks
+# The limit on |z| for a family of sampled-against-exact comparisons (one per checkpoint, region and
+# check, ≈ 70 in the default run): at 4 standard errors the chance that any one of 70 fair comparisons
+# exceeds it is ≈ 0.4% (2·Φ(−4) ≈ 6.3e-5 each); at 3 it would be ≈ 17%.
+FAMILY_Z = 4.0
 
 
 # ============================================================================================
@@ -683,8 +687,9 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
         _headline("sampled_matches_exact",
                   f"The sampled paths agree with the exact ones at every checkpoint and region: the model's own "
                   f"−log P_θ at the sampled tokens against H + KL from the exact distributions (worst "
-                  f"|z| = {worst_ce:.2f}), and KL̂ against KL (worst |z| = {worst_kl:.2f}); 3 is the limit.",
-                  max(worst_ce, worst_kl), None, bool(worst_ce <= 3 and worst_kl <= 3)),
+                  f"|z| = {worst_ce:.2f}), and KL̂ against KL (worst |z| = {worst_kl:.2f}); over these "
+                  f"{2 * len(rows)} comparisons the limit is |z| ≤ {FAMILY_Z}.",
+                  max(worst_ce, worst_kl), None, bool(worst_ce <= FAMILY_Z and worst_kl <= FAMILY_Z)),
         _headline("entropy_rate_check",
                   f"The closed-form entropy rate {rate:.4f} nats matches the mean H over complete-context held-out "
                   f"prefixes, {check['mean_complete_context_entropy_nats']:.4f} ± {check['se']:.4f} (z = "

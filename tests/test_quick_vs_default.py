@@ -37,9 +37,11 @@ def test_quick_headlines_point_the_way_the_default_ones_do(quick_run, name):
     provenance = json.loads((REFERENCE / f"{name}.provenance.json").read_text())
     assert provenance["config"]["quick"] is False and provenance["experiment"] == name
     module = experiments.load(name)
-    for results, where in ((quick, "quick run"), (default, "default run")):
-        assert results["headlines"] == module.headlines({k: v for k, v in results.items() if k != "headlines"}), \
-            f"{where}: headlines are not what headlines(results) computes from the rest"
+    assert quick["headlines"] == module.headlines({k: v for k, v in quick.items() if k != "headlines"}), \
+        "headlines are not what headlines(results) computes from the rest"
+    # The reference run's headlines as today's code reads its results (their sentences may have been
+    # reworded since it ran; its measurements have not changed).
+    default = dict(default, headlines=module.headlines({k: v for k, v in default.items() if k != "headlines"}))
     quick_heads, default_heads = _headlines(quick, "quick run"), _headlines(default, "default run")
     both = [n for n in default_heads if n in quick_heads and quick_heads[n]["supported"] and default_heads[n]["supported"]]
     assert both, "no headline is supported by both profiles"
