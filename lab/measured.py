@@ -135,8 +135,8 @@ def marker_problems(path: Path, root: Path = REPO) -> list[Problem]:
 
 
 def rewrite_document(path: Path, root: Path = REPO) -> bool:
-    """Replace every marker's text by its file's number (atomically); True if the document changed.
-    A marker whose file or field is missing is an error naming it, and nothing is written."""
+    """Replace every marker's text by its file's number (atomically); True if the document changed. A marker
+    whose file or field is missing keeps its text (`marker_problems` reports it)."""
     path = Path(path)
     text = path.read_text()
     cache: dict[Path, Any] = {}
@@ -144,9 +144,8 @@ def rewrite_document(path: Path, root: Path = REPO) -> bool:
     def fill(match: re.Match[str]) -> str:
         try:
             wanted = expected_text(match, root, cache)
-        except (FileNotFoundError, KeyError, ValueError) as err:
-            raise ValueError(f"{path}:{_line(text, match.start())}: {match['file']} {match['field']}: "
-                             f"{err.args[0]}") from None
+        except (FileNotFoundError, KeyError, ValueError):
+            return match.group(0)
         return match.group(0).replace(f"-->{match['text']}<!--", f"-->{wanted}<!--", 1)
 
     new = MARKER.sub(fill, text)
