@@ -547,7 +547,7 @@ def _run(cfg: Config, out: Path) -> dict[str, Any]:
         "regions": {
             "complete": f"prefix lengths ≥ {order}, the chain's order: a complete, π-distributed context, where "
                         f"E[H_t] is the entropy rate; CE over these prefixes is what the rate belongs beside",
-            "first": f"prefix lengths 1 … {order - 1}: shorter than the chain's order, conditioned through π's "
+            "first": f"{_lengths(1, order - 1)}: shorter than the chain's order, conditioned through π's "
                      f"marginals, so H_t there exceeds the rate (reported apart, never mixed in)",
             "all": "every held-out prefix, complete or not",
         },
@@ -661,6 +661,10 @@ def _sign(x: float) -> int:
     return int(x > 0) - int(x < 0)
 
 
+def _lengths(first: int, last: int) -> str:
+    return f"prefix length {first}" if first == last else f"prefix lengths {first} … {last}"
+
+
 def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
     """What the run shows, one sentence each, computed from the rest of results: {name, sentence, value,
     interval, direction (must agree between the quick and default profiles), supported, why_not}. A headline
@@ -709,8 +713,8 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
     ]
     if early is not None:
         out.insert(1, _headline(
-            "first_positions", f"The first positions (prefix lengths {early['prefix_lengths'][0]} … "
-                               f"{early['prefix_lengths'][1]}, shorter than the chain's order) are reported apart: "
+            "first_positions", f"The first positions ({_lengths(*early['prefix_lengths'])}, shorter than the "
+                               f"chain's order) are reported apart: "
                                f"H {early['entropy_nats']:.4f}, KL {early['kl_nats']:.3f} nats/token.",
             early["kl_nats"], None, _sign(early["entropy_nats"] - rate)))
     low, high = scaling["E_ci95"]
