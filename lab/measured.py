@@ -31,7 +31,8 @@ from lab.files import atomic_write_text
 
 REPO = Path(__file__).resolve().parents[1]
 MEASURED_DIR = Path("docs") / "measured"
-MARKER = re.compile(r"<!-- measured (?P<file>\S+) (?P<field>\S+) (?P<format>\S+) -->(?P<text>.*?)<!-- /measured -->",
+# A marker cites a .json file (so a page may show the syntax itself, with FILE FIELD FORMAT, unparsed).
+MARKER = re.compile(r"<!-- measured (?P<file>\S+\.json) (?P<field>\S+) (?P<format>\S+) -->(?P<text>.*?)<!-- /measured -->",
                     flags=re.S)
 # What a measured number looks like: a decimal fraction (not a dotted version such as 2.13.0), a number
 # with thousands separators, or a number with a unit Forma measures in.
