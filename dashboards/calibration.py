@@ -9,24 +9,8 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from dashboards.common import number, read_table, show_figures, show_run
+from dashboards.common import number, read_table, show_figures, show_headlines, show_run
 from lab.metrics.calibration import ece, noise_floor_ece, reliability, softmax
-
-
-def show_headlines(results: dict) -> None:
-    """The supported headlines' sentences; then each one this run cannot support, with the reason."""
-    headlines = results.get("headlines")
-    if not isinstance(headlines, list):
-        st.info("This run has no headlines (it was made before Forma wrote them): run `forma run calibration` again.")
-        return
-    for h in headlines:
-        if h.get("supported"):
-            st.markdown(f"- {h['sentence']}")
-    unsupported = [h for h in headlines if not h.get("supported")]
-    if unsupported:
-        st.markdown("**Not shown — this run cannot support them:**")
-        for h in unsupported:
-            st.markdown(f"- `{h['name']}`: {h.get('why_not')}")
 
 
 def summary(name: str, block: dict) -> None:

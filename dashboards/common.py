@@ -208,3 +208,19 @@ def number(label: str, value: Any, fmt: str = "{:.4f}", help: str | None = None)
     if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)):
         raise TypeError(f"{label!r} is {value!r}, not a number")
     st.metric(label, "—" if value is None else fmt.format(value), help=help)
+
+
+def show_headlines(results: dict) -> None:
+    """The run's headlines (results.json "headlines", made by the experiment's `headlines(results)`): the
+    sentences it supports first, then those it cannot support at this size, each with the reason in words."""
+    if not isinstance(results.get("headlines"), list):
+        st.info("This run has no headlines (it was made before Forma wrote them): run the experiment again.")
+        return
+    entries = [h for h in results["headlines"] if isinstance(h, dict)]
+    supported = [h for h in entries if h.get("supported")]
+    unsupported = [h for h in entries if not h.get("supported")]
+    if supported:
+        st.markdown("\n".join(f"- {h.get('sentence')}" for h in supported))
+    if unsupported:
+        st.markdown("**Not shown, because this run cannot support it:**\n"
+                    + "\n".join(f"- {h.get('name')}: {h.get('why_not') or 'no reason recorded'}" for h in unsupported))

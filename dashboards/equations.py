@@ -4,7 +4,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from dashboards.common import show_figures, show_run, warn_shape
+from dashboards.common import show_figures, show_headlines, show_run, warn_shape
 
 
 CHECK_FIELDS = ("name", "measured", "expected", "tolerance", "passed")  # what experiments.equations.Check writes
@@ -19,6 +19,7 @@ def render(folder: Path, results: dict) -> None:
         checks = [c for i, c in enumerate(checks) if i not in malformed]
     passed = sum(bool(c.get("passed")) for c in checks)
     st.write(f"**{passed} of {len(checks)} checks pass.**")
+    show_headlines(results)
     for check in checks:
         mark = "✅" if check.get("passed") else "❌"
         st.subheader(f"{mark} {check.get('name')}")

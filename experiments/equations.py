@@ -40,6 +40,7 @@ from lab.configs import check_fields
 from lab.generate import decode, filter_logits, sample_next
 from lab.model import HookedTransformer, KVCache, KVCacheEntry, ModelConfig, next_token_loss
 from lab.model.components import ACTIVATIONS, Attention, Rotary, sinusoidal_table
+from lab.metrics.information import entropy, kl
 from lab.runs import save_figure
 
 F64 = torch.float64
@@ -865,32 +866,35 @@ def check_perplexity(seed: int = 0) -> Check:
              f"{len(probs)} predictions, |V| = {d_vocab}]")
 
 
-def check_kl_identity(d_vocab: int = 50, n_samples: int = 20000, seed: int = 0) -> Check:
-    """E_p[−log q] = H(p) + KL(p‖q), exactly (three implementations: F.cross_entropy with soft targets,
-    Categorical.entropy, kl_divergence) and by sampling x ~ p (KL̂ = mean −log q(x) − mean −log p(x), paired)."""
+def check_kl_identity(d_vocab: int = 50, n_samples: int = 20000, seed: int = 0,
+                      entropy_fn: Callable[[Tensor], Tensor] = entropy,
+                      kl_fn: Callable[[Tensor, Tensor], Tensor] = kl) -> Check:
+    """E_{x~p}[−log q(x)] = H(p) + KL(p‖q), measured two ways that share nothing but p and q: the right side
+    exactly from Forma's `entropy` and `kl` (lab.metrics.information), the left side and both terms by
+    sampling x ~ p (mean −log q(x), mean −log p(x), and KL̂ as their paired difference). Each sampled mean
+    must land within 4 standard errors of its exact value. (CE − H − KL from the same terms would be 0 by
+    algebra and test nothing.)"""
     g = _generator(seed)
     p = -torch.rand(d_vocab, generator=g, dtype=F64).log()  # Exp(1) weights: p ~ Dirichlet(1, …, 1)
     p = p / p.sum()
-    q_logits = 1.5 * torch.randn(d_vocab, generator=g, dtype=F64)
-    q = q_logits.softmax(-1)
-    cross_entropy = float(F.cross_entropy(q_logits[None], p[None]))
-    entropy = float(torch.distributions.Categorical(probs=p).entropy())
-    kl = float(torch.distributions.kl_divergence(torch.distributions.Categorical(probs=p),
-                                                 torch.distributions.Categorical(probs=q)))
+    q = (1.5 * torch.randn(d_vocab, generator=g, dtype=F64)).softmax(-1)
+    exact_entropy, exact_kl = float(entropy_fn(p)), float(kl_fn(p, q))
     x = torch.multinomial(p, n_samples, replacement=True, generator=g)
-    paired = q[x].log().neg() - p[x].log().neg()  # per-sample −log q(x) + log p(x)
-    kl_hat = float(paired.mean())
-    se = float(paired.std() / math.sqrt(n_samples))
-    measured = [cross_entropy, kl_hat]
-    expected = [entropy + kl, kl]
-    tolerance = [1e-12, 4 * se]
+    nll_q, nll_p = -q[x].log(), -p[x].log()
+    measured, expected, tolerance = [], [], []
+    for sample, exact in ((nll_q, exact_entropy + exact_kl), (nll_p, exact_entropy), (nll_q - nll_p, exact_kl)):
+        measured.append(float(sample.mean()))
+        expected.append(exact)
+        tolerance.append(4 * float(sample.std() / math.sqrt(n_samples)))
     return Check(
         name="kl_identity", item=12,
         equation=r"\mathbb E_{x\sim p}[-\log q(x)]=H(p)+\mathrm{KL}(p\,\Vert\,q)",
         measured=measured, expected=expected, tolerance=tolerance, passed=_close(measured, expected, tolerance),
-        note=f"p ~ Dirichlet(1) and q = softmax(1.5·N(0, I)) over {d_vocab} outcomes: [CE, sampled KL̂ from "
-             f"{n_samples} draws] against [H + KL = {entropy:.4f} + {kl:.4f} nats, exact KL]; KL̂ ± {1.96 * se:.4f} "
-             f"(95%), pass within 4 standard errors. On a trained model against a known source: `forma run kl`")
+        note=f"p ~ Dirichlet(1) and q = softmax(1.5·N(0, I)) over {d_vocab} outcomes, {n_samples} draws x ~ p: "
+             f"[mean −log q(x), mean −log p(x), KL̂] against [H + KL = {exact_entropy:.4f} + {exact_kl:.4f}, H, KL] "
+             f"from lab.metrics.information; pass within 4 standard errors each "
+             f"(± {', '.join(f'{t / 4 * 1.96:.4f}' for t in tolerance)} at 95%). The kl experiment makes the "
+             f"same comparison on a trained model and a Markov source (`forma run kl`)")
 
 
 # ============================================================================================
@@ -984,7 +988,7 @@ def run(cfg: Config, out: Path) -> dict:
         figures = write_figures(out, ua, seed)
     finally:
         torch.set_num_threads(threads)
-    return {
+    results = {
         "checks": [_plain(asdict(c)) for c in checks],
         "all_passed": all(c.passed for c in checks),
         "n_checks": len(checks),
@@ -993,6 +997,27 @@ def run(cfg: Config, out: Path) -> dict:
         "figures": figures,
         "seconds": time.perf_counter() - start,
     }
+    results["headlines"] = headlines(results)
+    return results
+
+
+def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """One headline per check, computed from results["checks"]: the claim, what was measured against what the
+    equation predicts, and whether it passed (the direction, which the quick and default runs must share).
+    Every check is a computation that a wrong implementation fails (the tests hand each one a wrong one)."""
+    def show(value: float | list[float]) -> str:
+        return ", ".join(f"{x:.4g}" for x in value) if isinstance(value, list) else f"{value:.4g}"
+
+    out = []
+    for check in results["checks"]:
+        measured, expected, tolerance = check["measured"], check["expected"], check["tolerance"]
+        out.append({"name": check["name"],
+                    "sentence": f"{check['name'].replace('_', ' ')} (claim {check['item']}): measured "
+                                f"[{show(measured)}] against [{show(expected)}] within [{show(tolerance)}] — "
+                                f"{'passes' if check['passed'] else 'FAILS'}.",
+                    "value": measured if not isinstance(measured, list) else measured[0], "interval": None,
+                    "direction": bool(check["passed"]), "supported": True, "why_not": None})
+    return out
 
 
 def _plain(record: dict[str, Any]) -> dict[str, Any]:

@@ -352,6 +352,46 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cards(args: argparse.Namespace) -> int:
+    """Record reference measurements into docs/measured/ and rewrite every marked number of README.md,
+    models/*/MODEL.md and docs/*.md from the file it cites.
+
+    --model NAME copies models/NAME/card.json (a default-recipe card: `forma train NAME`) to
+    docs/measured/cards/NAME.json; --run copies a finished default-profile run's results.json and
+    provenance.json to docs/measured/runs/. Quick cards, quick runs and unfinished runs are refused.
+    A number is written <!-- measured FILE FIELD FORMAT -->0.065<!-- /measured --> (lab/measured.py).
+    Exit 1 when a document still has a problem: a marker whose file or field is missing, or a bare
+    measured-looking number in a "Measured" section or a README/MODEL.md table."""
+    from pathlib import Path
+
+    from lab.measured import REPO, check_document, documents, record_card, record_run, rewrite_document
+    from lab.runs import latest_run
+    from lab.zoo import zoo_dir
+
+    if args.check and (args.model or args.run):
+        raise ValueError("--check records nothing: give it without --model and --run")
+    for name in args.model:
+        print(f"recorded {record_card(zoo_dir() / name).relative_to(REPO)}")
+    for given in args.run:
+        folder = Path(given)
+        if not folder.is_dir():
+            folder = latest_run(given)
+            if folder is None:
+                raise FileNotFoundError(f"--run {given}: not a run folder, and no finished run of an experiment "
+                                        f"of that name")
+        print(f"recorded {record_run(folder).relative_to(REPO)} (from {folder})")
+    problems = []
+    for document in documents():
+        if not args.check and rewrite_document(document):
+            print(f"rewrote {document.relative_to(REPO)}")
+        problems += check_document(document)
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    if not problems:
+        print(f"every marked number of {len(documents())} documents matches its file")
+    return 1 if problems else 0
+
+
 def port_number(text: str) -> int:
     """argparse type: a TCP port, 1 … 65535."""
     try:
@@ -422,6 +462,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--mmlu", metavar="FILE", help="an MMLU-layout CSV (question, A, B, C, D, answer), for "
                                                      "experiments that take one (calibration, with --model)")
     run.set_defaults(func=cmd_run)
+
+    cards = sub.add_parser("cards", help="record cards and runs into docs/measured/, rewrite the documents' numbers",
+                           description=cmd_cards.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    cards.add_argument("--model", action="append", default=[], metavar="NAME",
+                       help="record models/NAME/card.json (trained with the default recipe); repeatable")
+    cards.add_argument("--run", action="append", default=[], metavar="DIR|NAME",
+                       help="record a finished default-profile run folder, or NAME's latest run; repeatable")
+    cards.add_argument("--check", action="store_true",
+                       help="record and rewrite nothing; report every mismatch (exit 1 if any)")
+    cards.set_defaults(func=cmd_cards)
 
     dashboard = sub.add_parser("dashboard", help="serve the dashboard on 127.0.0.1", description=cmd_dashboard.__doc__)
     dashboard.add_argument("--port", type=port_number, default=8501, help="port (default 8501)")

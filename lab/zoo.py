@@ -238,16 +238,30 @@ def _facts_world(spec: dict[str, Any], seq_len: int) -> WorldData:
     from lab.tokenize import word_level
 
     form = spec.pop("form", "bare")
+    n_val = spec.pop("n_heldout", None)
     world = FactWorld(FactWorldConfig.from_dict({k: v for k, v in spec.items() if k != "kind"}))
     tokenizer = word_level(world.word_vocabulary())
-    docs = world.documents(form=form, seed=world.cfg.seed)
-    ids, mask = _pad([tokenizer.encode(f"<bos> {d} <eos>").ids for d in docs], tokenizer.token_to_id("<pad>"), seq_len)
-    # Held-out loss: a fresh i.i.d. draw of documents is not available without changing the world, so
-    # the validation set is the last 5% of the training draws (the experiments measure truth, not this).
-    n_val = max(1, len(docs) // 20)
-    return WorldData(ids, ids[-n_val:], d_vocab=tokenizer.get_vocab_size(), tokenizer=tokenizer,
-                     world={"spec": spec | {"form": form}, "summary": world.summary()},
-                     train_mask=mask, val_mask=mask[-n_val:])
+    pad = tokenizer.token_to_id("<pad>")
+
+    def encode(docs: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        return _pad([tokenizer.encode(f"<bos> {d} <eos>").ids for d in docs], pad, seq_len)
+
+    ids, mask = encode(world.documents(form=form, seed=world.cfg.seed))
+    # Held-out loss on fresh i.i.d. draws from p (their own random stream): never training examples.
+    n_val = n_val or max(1, world.cfg.n_train // 5)
+    heldout = world.heldout_fact_indices(n_val)
+    val_ids, val_mask = encode(world.documents(form=form, seed=world.cfg.seed + 1, fact_indices=heldout))
+    overlap = world.heldout_overlap(heldout)
+    held_out = overlap | {"how": (
+        f"{n_val:,} held-out documents drawn i.i.d. from p apart from the {world.cfg.n_train:,} training draws "
+        f"(never a training example); as draws from the same popularity law they share facts with training: "
+        f"{overlap['distinct_facts_in_training']:,} of their {overlap['distinct_facts']:,} distinct facts and "
+        f"{overlap['distinct_persons_in_training']:,} of their {overlap['distinct_persons']:,} persons also occur "
+        f"in training, and {overlap['draws_of_facts_in_training']:,} of the {n_val:,} draws are of such facts")}
+    return WorldData(ids, val_ids, d_vocab=tokenizer.get_vocab_size(), tokenizer=tokenizer,
+                     world={"spec": spec | {"form": form, "n_heldout": n_val}, "summary": world.summary(),
+                            "held_out": held_out},
+                     train_mask=mask, val_mask=val_mask)
 
 
 def _pad(rows: list[list[int]], pad_id: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -366,8 +380,12 @@ def _train_into(staging: Path, name: str, recipe: dict[str, Any], quick: bool, p
         "name": name, "quick": quick, "n_params": sum(p.numel() for p in model.parameters()),
         "world_build_s": world_s, "train_s": result.elapsed_s, "steps": result.step,
         "final_train_loss_nats": result.train_loss_nats, "best_val_loss_nats": result.best_val_loss_nats,
-        **_measured_card(model, data, recipe["world"]), "provenance": provenance(train_cfg.seed),
+        "best_val_loss_note": "training's own estimate: the best mean loss over eval_batches random held-out batches",
+        "world": data.world, **_measured_card(model, data, recipe["world"]),
+        "provenance": provenance(train_cfg.seed, **_machine()),
     }
+    if "held_out" in data.world:
+        card["held_out"] = data.world["held_out"]
     write_json(staging / "card.json", card)
 
 
@@ -418,15 +436,40 @@ def _measured_card(model: Any, data: Any, spec: dict[str, Any]) -> dict[str, Any
 
 @torch.inference_mode()
 def _truth_card(model: Any, data: WorldData, spec: dict[str, Any]) -> dict[str, Any]:
-    """The source is known: the exact KL(p ‖ P_θ) and H over the held-out prefixes, in nats per token."""
-    from lab.metrics.information import entropy, kl
+    """The source is known: the exact KL(p ‖ P_θ) and H over the held-out prefixes, in nats per token, over
+    every position and, for a Markov chain, over complete contexts (prefix length ≥ its order: the context
+    is π-distributed and E[H_t] is the entropy rate) and the first positions apart; and how the held-out
+    sequences are kept out of training."""
+    from lab.metrics.information import entropy, kl, truncated_context_kl_of
 
     source = make_source(spec)
     p = torch.from_numpy(source.conditionals(data.val.numpy()))[:, :-1]
     q = torch.cat([model(data.val[i : i + 256]).double().softmax(-1)[:, :-1] for i in range(0, len(data.val), 256)])
-    return {"val_kl_to_truth_nats": float(kl(p, q).mean()), "val_entropy_nats": float(entropy(p).mean()),
-            "entropy_rate_nats": source.entropy_rate() if hasattr(source, "entropy_rate") else None,
-            "val_prefixes": int(p.shape[0] * p.shape[1])}
+    kl_t, h_t = kl(p, q), entropy(p)
+    card: dict[str, Any] = {
+        "val_kl_to_truth_nats": float(kl_t.mean()), "val_entropy_nats": float(h_t.mean()),
+        "val_averaged_over": "every held-out prefix, the first positions (shorter than a Markov chain's order) included",
+        "entropy_rate_nats": source.entropy_rate() if hasattr(source, "entropy_rate") else None,
+        "val_prefixes": int(p.shape[0] * p.shape[1])}
+    order = getattr(source, "order", None)
+    if order is not None and order > 1:
+        complete, first = slice(order - 1, None), slice(0, order - 1)
+        joint = source.stationary()[:, None] * source.transition
+        card |= {"complete_context_prefix_length": order,
+                 "val_kl_complete_contexts_nats": float(kl_t[:, complete].mean()),
+                 "val_entropy_complete_contexts_nats": float(h_t[:, complete].mean()),
+                 "val_complete_context_prefixes": int(kl_t[:, complete].numel()),
+                 "val_kl_first_positions_nats": float(kl_t[:, first].mean()),
+                 "val_entropy_first_positions_nats": float(h_t[:, first].mean()),
+                 "best_unigram_kl_nats": truncated_context_kl_of(joint, source.vocab_size, 0),
+                 "best_bigram_kl_nats": truncated_context_kl_of(joint, source.vocab_size, 1)}
+    same = _identical_rows(data.train, data.val)
+    seed = spec.get("seed", 0)
+    card["held_out"] = {"sequences": len(data.val), "train_sequences": len(data.train), "equal_to_a_training_sequence": same,
+                        "how": f"{len(data.val):,} sequences sampled from the source with their own seed "
+                               f"({seed + 2}) apart from the {len(data.train):,} training sequences (seed {seed + 1}); "
+                               f"{same} of them equal a training sequence token for token"}
+    return card
 
 
 def _translation_card(model: Any, data: Any) -> dict[str, Any]:
@@ -439,7 +482,16 @@ def _translation_card(model: Any, data: Any) -> dict[str, Any]:
         samples.append({"source": source, "prediction": "".join(model.translate(source)),
                         "truth": "".join(data.tgt_tokenizer.id_to_token(i) for i in tgt[1:-1])})
     return {"held_out_exact_match": exact_match(model, data.held_out), "n_held_out": len(data.held_out),
-            "n_train": len(data.train), "samples": samples}
+            "n_train": len(data.train), "samples": samples,
+            "held_out": {"pairs": len(data.held_out), "how": (
+                f"{len(data.held_out):,} days drawn first and never trained on in any written form: the "
+                f"{len(data.train):,} training pairs are other days (entity-disjoint by construction)")}}
+
+
+def _identical_rows(train: torch.Tensor, val: torch.Tensor) -> int:
+    """How many held-out rows equal some training row, token for token."""
+    held = {row.tobytes() for row in val.numpy()}
+    return sum(row.tobytes() in held for row in train.numpy())
 
 
 # --------------------------------------------------------------------------------------------
@@ -633,8 +685,20 @@ def _tidy(directory: Path, keep: set[Path | None]) -> None:
             discard_tree(build_dir)
 
 
+def _machine() -> dict[str, Any]:
+    """Where a card was measured: cores, torch threads and the load average (1, 5 and 15 minutes) when
+    training ended — how busy the machine was while it trained."""
+    return {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "load_average_1_5_15": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+
+
 @torch.inference_mode()
 def _english_card(model: Any, data: WorldData) -> dict[str, Any]:
+    """Held-out loss and perplexity from one computation (every held-out window of n_ctx tokens:
+    val_perplexity = exp(val_loss_nats)), the n-gram baselines on the same tokens, samples, and how the
+    held-out text is kept out of training."""
+    from lab.data.text import split_documents, split_text, stdlib_docstrings
+
     n_ctx = model.cfg.n_ctx
     val = data.val[: (len(data.val) // n_ctx) * n_ctx].reshape(-1, n_ctx)
     losses = [model.loss(val[i : i + 32]).item() for i in range(0, len(val), 32)]
@@ -646,5 +710,16 @@ def _english_card(model: Any, data: WorldData) -> dict[str, Any]:
         tokens = model.to_tokens(prompt)
         out = model.generate(tokens, 24, temperature=0.8, top_p=0.95, seed=0)
         samples.append({"prompt": prompt, "text": model.to_string(out[0])})
-    return {"val_perplexity": math.exp(nll), "val_loss_nats": nll,
-            **ngram_perplexities(data.train, data.val, data.d_vocab), "samples": samples}
+    fraction = data.world["spec"].get("held_out_fraction", 0.05)
+    train_text, val_text = split_text(stdlib_docstrings(cache=zoo_dir() / "pydoc" / "corpus.txt"), fraction)
+    train_docs, val_docs = split_documents(train_text), split_documents(val_text)
+    shared = len(set(val_docs) & set(train_docs))
+    return {"val_perplexity": math.exp(nll), "val_loss_nats": nll, "val_windows": len(val),
+            "val_loss_note": "val_loss_nats and val_perplexity = exp(val_loss_nats): one computation over every "
+                             f"held-out window of {n_ctx} tokens",
+            **ngram_perplexities(data.train, data.val, data.d_vocab), "samples": samples,
+            "held_out": {"documents": len(val_docs), "train_documents": len(train_docs), "shared_documents": shared,
+                         "how": f"split by whole documents, each placed by a hash of its own bytes "
+                                f"({fraction:.0%} held out); documents are de-duplicated exactly, so the "
+                                f"{len(val_docs):,} held-out documents and the {len(train_docs):,} training ones "
+                                f"share {shared}"}}

@@ -1,6 +1,7 @@
 """The zoo: recipes build into loadable models, by name, with their cards; bad names are clear errors."""
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -41,9 +42,18 @@ def test_quick_recipes_build_load_and_learn(name, zoo_dir):
     assert (directory / "world.json").is_file()
     if name != "markov":
         assert model.tokenizer is not None
+    assert card["held_out"]["how"]  # the card says how its held-out data stay out of training
     if name == "pydoc":
         assert card["val_perplexity"] > 1 and card["unigram_perplexity"] > card["bigram_perplexity"] > 1
+        assert card["val_perplexity"] == pytest.approx(math.exp(card["val_loss_nats"]), rel=1e-12)  # one computation
+        assert card["held_out"]["shared_documents"] == 0
         assert len(card["samples"]) == 3
+    if name == "markov":
+        assert card["held_out"]["equal_to_a_training_sequence"] == 0
+        n_complete, n_all = card["val_complete_context_prefixes"], card["val_prefixes"]
+        mixed = (card["val_kl_complete_contexts_nats"] * n_complete
+                 + card["val_kl_first_positions_nats"] * (n_all - n_complete)) / n_all
+        assert card["val_kl_to_truth_nats"] == pytest.approx(mixed, rel=1e-9)
 
 
 def test_untrained_and_unknown_names_are_clear_errors(zoo_dir):
@@ -320,3 +330,62 @@ def test_a_second_build_of_the_same_model_at_once_is_refused(zoo_dir):
         os.close(fd)
     assert not (zoo_dir / "tiny" / zoo.NEXT_LINK).exists()  # it started nothing
     build("tiny", progress=False)
+
+
+# --- held-out splits disjoint from training, for every world ---------------------------------
+def _disjoint_source(data, recipe):
+    assert zoo._identical_rows(data.train, data.val) == 0
+    n = len(data.val)
+    assert not torch.equal(data.val, data.train[-n:]) and not torch.equal(data.val, data.train[:n])
+
+
+def _disjoint_facts(data, recipe):
+    from lab.data.facts import FactWorld, FactWorldConfig
+
+    spec = {k: v for k, v in recipe["world"].items() if k not in ("kind", "form", "n_heldout")}
+    world = FactWorld(FactWorldConfig.from_dict(spec))
+    # Training holds every one of the n_train draws; the held-out documents are other, fresh draws.
+    assert len(data.train) == world.cfg.n_train
+    held = world.heldout_fact_indices(len(data.val))
+    train_draws = world.train_fact_indices.tolist()
+    k = len(held)
+    assert all(train_draws[i:i + k] != held.tolist() for i in range(len(train_draws) - k + 1))  # no slice of training
+    assert data.world["held_out"] == data.world["held_out"] | world.heldout_overlap(held)
+    assert "also occur in training" in data.world["held_out"]["how"]
+
+
+def _disjoint_pydoc(data, recipe):
+    from lab.data.text import split_documents, split_text, stdlib_docstrings
+
+    train_text, val_text = split_text(stdlib_docstrings(cache=zoo.zoo_dir() / "pydoc" / "corpus.txt"),
+                                      recipe["world"]["held_out_fraction"])
+    assert not set(split_documents(val_text)) & set(split_documents(train_text))
+    assert data.val.tolist() == data.tokenizer.encode(val_text).ids  # the held-out stream is those documents
+
+
+def _disjoint_dates(data, recipe):
+    def days(pairs):
+        return {tuple(tgt) for _, tgt in pairs}
+
+    assert not days(data.held_out) & days(data.train)
+    assert len(days(data.held_out)) == recipe["world"]["n_held_out"]
+
+
+DISJOINT = {"markov": _disjoint_source, "hmm": _disjoint_source, "facts": _disjoint_facts, "pydoc": _disjoint_pydoc,
+            "dates": _disjoint_dates}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", zoo_names())
+def test_every_zoo_world_holds_out_data_disjoint_from_training(name, zoo_dir):
+    recipe = load_recipe(name, quick=True)
+    data = zoo.build_world(recipe["world"], recipe["model"]["n_ctx"], recipe["train"].get("seq_len"))
+    DISJOINT[recipe["world"]["kind"]](data, recipe)
+
+
+def test_the_disjointness_checks_catch_a_held_out_slice_of_training():
+    """The split the facts card used to have: validation rows cut from the training draws."""
+    recipe = load_recipe("markov", quick=True)
+    data = zoo.build_world(recipe["world"], recipe["model"]["n_ctx"], recipe["train"].get("seq_len"))
+    with pytest.raises(AssertionError):
+        _disjoint_source(zoo.WorldData(data.train, data.train[-16:], data.d_vocab, None, data.world), recipe)
