@@ -237,14 +237,20 @@ def test_gpt2_and_llama_configs_are_unchanged():
 # What does not convert says so, and names the bridge
 # --------------------------------------------------------------------------------------------
 def test_variants_forma_lacks_point_to_the_bridge():
-    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (GPTNeoXConfig, GPTNeoXForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config,
+                              Qwen2ForCausalLM)
 
     no_attention_bias = GPTNeoXForCausalLM(GPTNeoXConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
                                                          intermediate_size=64, vocab_size=50, attention_bias=False))
     mixed_windows = Qwen2ForCausalLM(Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                                  num_attention_heads=4, num_key_value_heads=2, vocab_size=50,
                                                  use_sliding_window=True, sliding_window=4, max_window_layers=1))
-    for hf, words in ((no_attention_bias, "attention biases"), (mixed_windows, "sliding window")):
+    small = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, vocab_size=50)
+    scaled_rope = LlamaForCausalLM(LlamaConfig(**small, rope_parameters={"rope_type": "linear", "factor": 2.0,
+                                                                          "rope_theta": 10000.0}))
+    llama_biases = LlamaForCausalLM(LlamaConfig(**small, attention_bias=True))
+    for hf, words in ((no_attention_bias, "attention biases"), (mixed_windows, "sliding window"),
+                      (scaled_rope, "rope scaling"), (llama_biases, "biases")):
         with pytest.raises(UnsupportedArchitecture, match=words) as err:
             from_hf(hf)
         assert "bridge" in str(err.value)
