@@ -112,8 +112,8 @@ def show_logit_lens(model, tokens, labels) -> None:
 def show_attribution(model, tokens, labels) -> None:
     from lab.analysis.lens import direct_logit_attribution
 
-    if model.cfg.block != "pre_ln":
-        st.info("Direct logit attribution needs a pre-LN model.")
+    if model.cfg.block == "post_ln":
+        st.info("Direct logit attribution needs a pre-LN or parallel model.")
         return
     position = pick("Position", tokens.shape[1], tokens.shape[1] - 1, key="dla_pos")
     with torch.inference_mode():

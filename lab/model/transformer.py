@@ -31,6 +31,7 @@ from lab.files import atomic_write
 from lab.model.components import BLOCKS, NORMS, POSITIONS, CheckedHookPoint, Embed, NoNorm, TiedUnembed, Unembed
 from lab.model.config import ModelConfig
 from lab.model.kv_cache import KVCache
+from lab.model.offload import read_weight
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
@@ -63,8 +64,8 @@ class HookedTransformer(HookedRootModule):
                 self.hook_pos_embed = CheckedHookPoint()  # [batch, pos, d_model]
             self.pos_embed = POSITIONS[cfg.positions](cfg, getattr(self, "hook_pos_embed", None))
             self.blocks = nn.ModuleList([BLOCKS[cfg.block](cfg) for _ in range(cfg.n_layers)])
-            # A post-LN stack already ends in a norm; a pre-LN stack needs the final one.
-            self.ln_final = NORMS[cfg.norm](cfg) if cfg.block == "pre_ln" else NoNorm()
+            # A post-LN stack already ends in a norm; a pre-LN or parallel stack needs the final one.
+            self.ln_final = NoNorm() if cfg.block == "post_ln" else NORMS[cfg.norm](cfg)
             self.unembed = TiedUnembed(cfg, self.embed) if cfg.tied_embeddings else Unembed(cfg)
         self.hook_logits = CheckedHookPoint()  # [batch, pos, d_vocab]
         self.setup()  # HookedRootModule: name every HookPoint
@@ -135,26 +136,30 @@ class HookedTransformer(HookedRootModule):
         return generate(self, tokens, max_new_tokens, temperature, top_k, top_p, seed, use_kv_cache, eos_token_id)
 
     # --- weights under TransformerLens's names -------------------------------------------------
+    # Read through `read_weight`, so that on a model spread over devices by accelerate (lab.hf.load_hf with a
+    # device_map) an offloaded block's weights come from its offload store instead of the meta device.
     @property
     def W_E(self) -> Tensor:
-        return self.embed.W_E
+        return read_weight(self, "embed.W_E")
 
     @property
     def W_pos(self) -> Tensor:
         if not hasattr(self.pos_embed, "W_pos"):
             raise AttributeError(f"a model with positions = {self.cfg.positions!r} has no W_pos")
-        return self.pos_embed.W_pos
+        return read_weight(self, "pos_embed.W_pos")
 
     @property
     def W_U(self) -> Tensor:
-        return self.unembed.W_U
+        return read_weight(self, "unembed.W_U")
 
     @property
     def b_U(self) -> Tensor:
-        return self.unembed.b_U
+        return read_weight(self, "unembed.b_U")
 
-    def _stack(self, name: str) -> Tensor:
-        return torch.stack([getattr(b.attn, name) for b in self.blocks])
+    def _stack(self, name: str, module: str = "attn") -> Tensor:
+        """blocks.{l}.{module}.{name} for every layer l, stacked on the first layer's device."""
+        layers = [read_weight(self, f"blocks.{layer}.{module}.{name}") for layer in range(self.cfg.n_layers)]
+        return torch.stack([w.to(layers[0].device) for w in layers])
 
     @property
     def W_Q(self) -> Tensor:  # [layer, head, d_model, d_head]
@@ -174,11 +179,11 @@ class HookedTransformer(HookedRootModule):
 
     @property
     def W_in(self) -> Tensor:  # [layer, d_model, d_mlp]
-        return torch.stack([b.mlp.W_in for b in self.blocks])
+        return self._stack("W_in", "mlp")
 
     @property
     def W_out(self) -> Tensor:  # [layer, d_mlp, d_model]
-        return torch.stack([b.mlp.W_out for b in self.blocks])
+        return self._stack("W_out", "mlp")
 
     def tokens_to_residual_directions(self, tokens: Any) -> Tensor:
         """The unembedding direction(s) W_U[:, t] of token id(s) or a string (TransformerLens's API)."""
@@ -268,7 +273,7 @@ class HookedTransformer(HookedRootModule):
         """Write model.safetensors and config.json (and tokenizer.json when one is attached), atomically."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        state = {k: read_weight(self, k).detach().contiguous().cpu() for k in self.state_dict()}  # offloaded too
         atomic_write(directory / WEIGHTS_FILE, lambda path: save_file(state, str(path), metadata={"format": "pt"}))
         atomic_write(directory / CONFIG_FILE, lambda path: path.write_text(self.cfg.to_json()))
         if self.tokenizer is not None and hasattr(self.tokenizer, "to_str"):  # a tokenizers.Tokenizer
