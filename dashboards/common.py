@@ -13,7 +13,7 @@ import plotly.io as pio
 import streamlit as st
 
 
-from lab.zoo import zoo_dir, zoo_names
+from lab.folders import zoo_dir, zoo_names
 
 EXPERIMENTS = {
     "kl": "KL decomposition",

@@ -8,7 +8,7 @@ import streamlit as st
 import torch
 
 from dashboards.common import model_version, try_load_model
-from lab.zoo import zoo_names
+from lab.folders import zoo_names
 
 DEFAULT_PROMPTS = {"pydoc": "Return the number of items in the list.", "facts": "<bos> ", "markov": "1 2 3 4 5 6 7 8",
                    "dates": "the third of march two thousand and five"}
@@ -175,7 +175,7 @@ def show_trust(name: str) -> None:
     import json
     from pathlib import Path
 
-    from lab.zoo import zoo_dir
+    from lab.folders import zoo_dir
 
     folder = Path(name) if Path(name).is_dir() else zoo_dir() / name
     path = folder / "trust.json"

@@ -6,7 +6,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from dashboards.common import zoo_dir
-from lab.zoo import zoo_names
+from lab.folders import zoo_names
 
 st.title("Training curves")
 available = [n for n in zoo_names() if (zoo_dir() / n / "train" / "metrics.jsonl").is_file()]

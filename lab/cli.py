@@ -366,7 +366,7 @@ def cmd_cards(args: argparse.Namespace) -> int:
 
     from lab.measured import REPO, check_document, documents, record_card, record_run, rewrite_document
     from lab.runs import latest_run
-    from lab.zoo import zoo_dir
+    from lab.folders import zoo_dir
 
     if args.check and (args.model or args.run):
         raise ValueError("--check records nothing: give it without --model and --run")
@@ -441,7 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
     trust.add_argument("model", type=model_name, help="zoo name, Forma model folder, or local Hugging Face folder")
     trust.set_defaults(func=cmd_trust)
 
-    from lab.zoo import zoo_names
+    from lab.folders import zoo_names
 
     train = sub.add_parser("train", help="train a zoo model into models/NAME/", description=cmd_train.__doc__)
     train.add_argument("name", choices=zoo_names(), metavar="NAME", help=f"zoo model: {', '.join(zoo_names())}")

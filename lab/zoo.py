@@ -44,8 +44,8 @@ from typing import Any
 import numpy as np
 import torch
 
-DEFAULT_ZOO_DIR = Path(__file__).resolve().parents[1] / "models"
-RECIPE_FILE = "model.toml"
+from lab.folders import DEFAULT_ZOO_DIR, RECIPE_FILE, zoo_dir, zoo_names  # noqa: F401 (re-exported)
+
 TABLES = ("world", "model", "train")
 MODEL_KIND_NAMES = ("decoder_only", "encoder_decoder")
 # The most documents a facts world may draw (the recipe's 5,000 are far below): each is a row of
@@ -53,16 +53,6 @@ MODEL_KIND_NAMES = ("decoder_only", "encoder_decoder")
 MAX_FACT_DOCUMENTS = 2**24
 
 logger = logging.getLogger(__name__)
-
-
-def zoo_dir() -> Path:
-    """models/ of the checkout, or $FORMA_ZOO_DIR (a private zoo: tests, or models kept elsewhere)."""
-    return Path(os.environ.get("FORMA_ZOO_DIR") or DEFAULT_ZOO_DIR)
-
-
-def zoo_names() -> list[str]:
-    """Every model the zoo has a recipe for."""
-    return sorted(p.parent.name for p in zoo_dir().glob(f"*/{RECIPE_FILE}"))
 
 
 def _check_name(name: str) -> Path:

@@ -105,3 +105,37 @@ def test_a_bad_port_is_refused_before_anything_starts(capsys, command, port):
     with pytest.raises(SystemExit) as exit:
         main([command, "--port", port])
     assert exit.value.code == 2 and "--port" in capsys.readouterr().err
+
+
+HEAVY_MODULES = ("torch", "transformer_lens", "transformers", "numpy", "streamlit")
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["train", "--help"], ["cards", "--help"],
+                                  ["run", "no-such-experiment"], ["train", "markov", "--seed"], ["--version"]],
+                         ids=lambda argv: " ".join(argv))
+def test_help_and_argument_errors_import_nothing_heavy(argv):
+    """`forma --help`, every subcommand's help and an argument error answer before torch, TransformerLens,
+    numpy or streamlit are imported: those take seconds to load, and only the commands that compute need
+    them. (benchmarks/cli.py measures how long each answer takes.)"""
+    probe = ("import sys, runpy\n"
+             f"sys.argv = ['forma', *{argv!r}]\n"
+             "try:\n"
+             "    runpy.run_module('lab.cli', run_name='__main__')\n"
+             "except SystemExit as exit:\n"
+             "    code = exit.code\n"
+             f"heavy = [m for m in {HEAVY_MODULES!r} if m in sys.modules]\n"
+             "print('HEAVY', heavy, file=sys.stderr)\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert "HEAVY []" in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert done.stdout or "error:" in done.stderr  # it answered: help, the version, or an argparse error
+
+
+def test_the_lazy_top_level_names_are_the_models():
+    import lab
+    import lab.model
+
+    assert lab.HookedTransformer is lab.model.HookedTransformer and lab.KVCache is lab.model.KVCache
+    assert sorted(lab.__all__) == sorted(name for name in lab.__all__ if hasattr(lab, name))
+    with pytest.raises(AttributeError, match="module 'lab' has no attribute 'NoSuchThing'"):
+        lab.NoSuchThing

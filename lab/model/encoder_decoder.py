@@ -453,7 +453,7 @@ def is_encoder_decoder(name_or_path: str | Path) -> bool:
     """True when a model folder (or a trained zoo model's) holds an EncoderDecoder's config.json."""
     folder = Path(name_or_path)
     if not folder.is_dir():
-        from lab.zoo import zoo_dir
+        from lab.folders import zoo_dir
 
         folder = zoo_dir() / str(name_or_path)
     try:
