@@ -18,13 +18,15 @@ test: $(STAMP)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest -q
 
 # Peers first (minutes), then what a user waits for (about an hour: a fresh clone's install, `make demo`,
-# every experiment's profiles); then the dashboard's response times over this checkout's models and runs.
+# every experiment's profiles); then the dashboard's response times over this checkout's models and runs,
+# and the command line's start.
 bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.forward
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.peers
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.activations
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.walltime
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.dashboard
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.cli
 
 demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/forma demo $(DEMO_ARGS)

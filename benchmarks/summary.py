@@ -1,5 +1,6 @@
 """benchmarks/results/summary.md (and summary_<device>.md) from whatever results exist: the peer
-benchmarks (peers.json), the forward benchmark (forward.json), the wall times (walltime.json) and the dashboard's response times (dashboard.json).
+benchmarks (peers.json), the forward benchmark (forward.json), the wall times (walltime.json), the dashboard's response times (dashboard.json) and the
+command line's start (cli.json).
 Every benchmark script calls `write_summary()` when it finishes, so the summary always shows the latest
 measurement of each."""
 
@@ -79,6 +80,17 @@ def dashboard_lines(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def cli_lines(results: dict[str, Any]) -> list[str]:
+    lines = ["## Command-line start (a fresh process each; benchmarks/cli.py)", "",
+             f"{results['machine']['utc']} · medians of {next(iter(results['timing'].values()))['rounds']} "
+             f"interleaved rounds · load average at the end {results['machine']['load_average_1_5_15'][0]:.2f}", "",
+             "| command | seconds | target |", "|---|---|---|"]
+    target = f"< {results['target_s']:g}"
+    lines += [f"| {row['command']} | {row['median_s']:.2f} | {'—' if name.startswith('peer') else target} |"
+              for name, row in results["timing"].items()]
+    return lines
+
+
 def write_summary(device: str = "cpu") -> Path:
     suffix = "" if device == "cpu" else f"_{device}"
     lines = [f"# Forma benchmarks ({device})", ""]
@@ -86,7 +98,8 @@ def write_summary(device: str = "cpu") -> Path:
     if peers and {"forward", "run_with_cache", "generation", "training"} <= set(peers):
         lines += peers_lines(peers)
     if device == "cpu":
-        for name, render in (("forward", forward_lines), ("walltime", walltime_lines), ("dashboard", dashboard_lines)):
+        for name, render in (("forward", forward_lines), ("walltime", walltime_lines), ("dashboard", dashboard_lines),
+                              ("cli", cli_lines)):
             results = _read(name)
             if results:
                 lines += ["", *render(results)]
