@@ -78,6 +78,7 @@ from lab.data.facts import FactWorld, FactWorldConfig
 from lab.generate import decode
 from lab.metrics.hallucination import (bin_table, bound_slack, kl_hat, missing_mass, monofact_rate, singleton_bound,
                                        singleton_calibration_delta)
+from lab.metrics.statistics import spearman
 from lab.model import HookedTransformer, KVCache, KVCacheEntry, ModelConfig
 from lab.runs import save_figure, save_table
 from lab.tokenize import word_level
@@ -602,26 +603,6 @@ def upweight(cfg: Config, run: SweepRun) -> tuple[list[dict[str, Any]], list[dic
 # --------------------------------------------------------------------------------------------
 # Summaries, tables, figures
 # --------------------------------------------------------------------------------------------
-def spearman(x: list[float], y: list[float]) -> float:
-    """Spearman's rank correlation with average ranks for ties, in integer arithmetic.
-
-    Doubled average ranks are integers, so the covariance and variances are exact, and without ties the two
-    variances are equal and the square root of their product is exact too: a value the formula makes exactly
-    0.9 — one adjacent swap among five — is 0.9, not 0.8999999999999998.
-    """
-    import pandas as pd
-
-    rx = [round(2 * r) for r in pd.Series(x).rank()]
-    ry = [round(2 * r) for r in pd.Series(y).rank()]
-    n = len(rx)
-    cov = n * sum(a * b for a, b in zip(rx, ry)) - sum(rx) * sum(ry)
-    var_x = n * sum(a * a for a in rx) - sum(rx) ** 2
-    var_y = n * sum(b * b for b in ry) - sum(ry) ** 2
-    if var_x == 0 or var_y == 0:
-        return float("nan")
-    return cov / math.sqrt(var_x * var_y)
-
-
 def acceptance(sweep: list[dict[str, Any]], upweighting: list[dict[str, Any]], cfg: Config) -> dict[str, Any]:
     """Issue 5's acceptance checks, computed from the results (never asserted here)."""
     mf = [s["monofact_rate"] for s in sweep]

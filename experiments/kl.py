@@ -77,7 +77,10 @@ from torch import Tensor
 
 from lab.configs import check_fields
 from lab.data.sources import HiddenMarkovSource, MarkovSource
-from lab.metrics.information import cross_entropy, entropy, kl, to_bits, truncated_context_kl_of
+from lab.metrics.information import (T_BRACKET, T_GRID, cross_entropy, entropy, kl, temperature_kl,  # noqa: F401
+                                    temperature_scan, to_bits, truncated_context_kl_of)
+from lab.metrics.scaling import ALPHA_RANGE, fit_power_law  # noqa: F401 (experiments.kl.fit_power_law still works)
+from lab.metrics.statistics import t_quantile_975  # noqa: F401
 from lab.model import HookedTransformer, ModelConfig
 from lab.runs import save_figure
 from lab.train import SequenceBatches, TrainConfig, train
@@ -86,8 +89,6 @@ from lab.zoo import load_recipe, make_source
 Source = MarkovSource | HiddenMarkovSource
 RECIPE = "markov"
 FIGURES = ("kl_decomposition", "lens", "kl_by_position", "temperature", "scaling", "hmm")
-T_GRID = tuple(float(t) for t in np.geomspace(0.5, 2.0, 25))  # includes T = 1 (the 13th point)
-T_BRACKET = (0.25, 4.0)  # where the golden-section search for the minimising T looks
 # The limit on |z| for a family of sampled-against-exact comparisons (one per checkpoint, region and
 # check, ≈ 70 in the default run): at 4 standard errors the chance that any one of 70 fair comparisons
 # exceeds it is ≈ 0.4% (2·Φ(−4) ≈ 6.3e-5 each); at 3 it would be ≈ 17%.
@@ -325,116 +326,6 @@ def kl_by_position(d: Decomposition, held_out: HeldOut) -> list[dict[str, Any]]:
     start = held_out.complete_from
     return [{"prefix_length": t + 1, "kl_nats": float(kls[t]), "entropy_nats": float(hs[t]),
              "complete_context": None if start is None else t >= start} for t in range(len(kls))]
-
-
-def temperature_kl(logits: Float[Tensor, "seq pos vocab"], p: Float[Tensor, "seq pos vocab"], T: float) -> float:
-    """Mean KL(p ‖ softmax(z / T)) over prefixes."""
-    return float(kl(p, torch.softmax(logits / T, dim=-1)).mean())
-
-
-def temperature_scan(logits: Float[Tensor, "seq pos vocab"], p: Float[Tensor, "seq pos vocab"],
-                     grid: tuple[float, ...] = T_GRID, bracket: tuple[float, float] = T_BRACKET,
-                     tolerance: float = 1e-5) -> tuple[list[dict[str, float]], dict[str, float]]:
-    """KL over the grid, and its minimiser by golden section on log T inside `bracket` (unimodal there:
-    convex in β = 1/T). The minimiser is flagged if it lands on the bracket's edge."""
-    rows = [{"T": T, "kl_nats": temperature_kl(logits, p, T)} for T in grid]
-    ratio = (math.sqrt(5) - 1) / 2
-    lo, hi = math.log(bracket[0]), math.log(bracket[1])
-    a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
-    fa, fb = temperature_kl(logits, p, math.exp(a)), temperature_kl(logits, p, math.exp(b))
-    while hi - lo > tolerance:
-        if fa <= fb:
-            hi, b, fb = b, a, fa
-            a = hi - ratio * (hi - lo)
-            fa = temperature_kl(logits, p, math.exp(a))
-        else:
-            lo, a, fa = a, b, fb
-            b = lo + ratio * (hi - lo)
-            fb = temperature_kl(logits, p, math.exp(b))
-    T_min = math.exp((lo + hi) / 2)
-    best = {"T": T_min, "kl_nats": temperature_kl(logits, p, T_min), "kl_at_T1_nats": temperature_kl(logits, p, 1.0),
-            "at_bracket_edge": bool(min(abs(math.log(T_min / edge)) for edge in bracket) < 1e-3)}
-    return rows, best
-
-
-# ============================================================================================
-# The scaling fit L(N) = E + A·N^(−α)
-# ============================================================================================
-# Student t quantiles t_{0.975, ν} for ν = 1 … 10 (standard tables); beyond, the expansion in 1/ν of
-# Abramowitz & Stegun 26.7.5 (four terms) is within 2e-4 of the exact value.
-_T975 = (12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060, 2.2622, 2.2281)
-
-
-def t_quantile_975(dof: int) -> float:
-    if dof < 1:
-        raise ValueError(f"degrees of freedom must be ≥ 1, got {dof}")
-    if dof <= len(_T975):
-        return _T975[dof - 1]
-    z = 1.959964  # the normal quantile
-    return (z + (z ** 3 + z) / (4 * dof) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * dof ** 2)
-            + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * dof ** 3)
-            + (79 * z ** 9 + 776 * z ** 7 + 1482 * z ** 5 - 1920 * z ** 3 - 945 * z) / (92160 * dof ** 4))
-
-
-ALPHA_RANGE = (1e-3, 10.0)  # the α grid: wide enough that an α at its edge (flagged) is a property of the data
-
-
-def fit_power_law(n_params: Any, loss: Any, alphas: Any = None, n_grid: int = 6000) -> dict[str, Any]:
-    """Least-squares fit of L(N) = E + A·N^(−α) with E ≥ 0, and a 95% profile interval for E.
-
-    E ≥ 0 is the only constraint: A may take either sign, and α runs over a log grid on ALPHA_RANGE (an α
-    on its edge is flagged). For each α the model is linear in x = (N/N₀)^(−α) (N₀ the geometric mean of N,
-    for conditioning), so E and A follow in closed form; the fit is the best (α, E ≥ 0, A). The interval is
-    the profile-likelihood one for nonlinear least squares (Bates & Watts 1988, §6.1): E is in it when the
-    residual sum of squares with E held fixed, RSS(E) = min_{A, α} RSS, satisfies
-    RSS(E) ≤ RSS_min·(1 + t²_{0.975, n−3}/(n − 3)). It needs n ≥ 4 points. The fitted E is in the interval
-    by definition (RSS(Ê) = RSS_min), so that is no check of anything. E is searched on [0, 2·max L]; an
-    interval that reaches an end of that range is reported as open there (at 0: the data cannot tell E
-    from 0).
-    """
-    N = np.asarray(n_params, dtype=np.float64)
-    L = np.asarray(loss, dtype=np.float64)
-    if N.shape != L.shape or N.ndim != 1 or len(N) < 3:
-        raise ValueError(f"need matching 1-D n_params and loss with ≥ 3 points, got {N.shape} and {L.shape}")
-    alphas = np.geomspace(*ALPHA_RANGE, 800) if alphas is None else np.asarray(alphas, dtype=np.float64)
-    n0 = float(np.exp(np.log(N).mean()))
-    x = (N[None, :] / n0) ** (-alphas[:, None])  # [alpha, point]
-
-    # Profile over E ∈ [0, 2·max L]: for fixed E and α the best A is Σx(L−E)/Σx².
-    E_grid = np.linspace(0.0, 2.0 * float(L.max()), n_grid)
-    y = L[None, :] - E_grid[:, None]  # [E, point]
-    sxx0 = (x ** 2).sum(axis=1)  # [alpha]
-    sxy = y @ x.T  # [E, alpha]
-    A_grid = sxy / sxx0[None, :]
-    rss_grid = (y ** 2).sum(axis=1)[:, None] - A_grid * sxy  # [E, alpha]
-    profile = rss_grid.min(axis=1)
-    g = int(np.argmin(profile))
-    a = int(np.argmin(rss_grid[g]))
-    E, A0, best_alpha, rss_min = float(E_grid[g]), float(A_grid[g, a]), a, float(profile[g])
-    # Polish E off the grid: for each α the unconstrained (E, A) is closed-form; keep it where E ≥ 0.
-    xm, lm = x.mean(axis=1), L.mean()
-    slope = ((x - xm[:, None]) * (L - lm)[None, :]).sum(axis=1) / ((x - xm[:, None]) ** 2).sum(axis=1)
-    intercept = lm - slope * xm
-    rss = ((L[None, :] - intercept[:, None] - slope[:, None] * x) ** 2).sum(axis=1)
-    rss = np.where(intercept >= 0, rss, np.inf)
-    if rss.min() < rss_min:
-        best_alpha = int(np.argmin(rss))
-        E, A0, rss_min = float(intercept[best_alpha]), float(slope[best_alpha]), float(rss[best_alpha])
-    alpha = float(alphas[best_alpha])
-    dof = len(N) - 3
-    out: dict[str, Any] = {"E_nats": E, "A": A0 * n0 ** alpha, "alpha": alpha, "rss": rss_min, "dof": dof,
-                           "alpha_at_grid_edge": best_alpha in (0, len(alphas) - 1),
-                           "constraints": "E ≥ 0 only (A either sign, α on a log grid over "
-                                          f"[{ALPHA_RANGE[0]:g}, {ALPHA_RANGE[1]:g}])"}
-    if dof < 1:
-        return out | {"E_ci95": [math.nan, math.nan], "E_ci95_open": "no interval: fewer than 4 points"}
-    threshold = rss_min * (1 + t_quantile_975(dof) ** 2 / dof)
-    inside = np.nonzero(profile <= max(threshold, float(profile.min())))[0]  # a perfect fit: its grid point
-    lo, hi = int(inside.min()), int(inside.max())
-    open_ends = [side for side, at_edge in (("below", lo == 0), ("above", hi == n_grid - 1)) if at_edge]
-    # Ê belongs to the confidence set by definition; the grid's resolution could leave it just outside.
-    return out | {"E_ci95": [min(float(E_grid[lo]), E), max(float(E_grid[hi]), E)],
-                  "E_ci95_open": " and ".join(open_ends) or None, "rss_threshold": float(threshold)}
 
 
 # ============================================================================================

@@ -10,6 +10,7 @@ import torch
 
 from experiments import kl as experiment
 from lab.data.sources import MarkovSource
+from lab.metrics.information import temperature_scan
 from lab.model import HookedTransformer
 
 REGION_KEYS = {"prefixes", "prefix_lengths", "cross_entropy_nats", "entropy_nats", "kl_nats",
@@ -199,32 +200,9 @@ def test_best_truncated_context_models_are_exact():
 def test_temperature_scan_finds_the_temperature_that_undoes_a_sharpening():
     held_out = _held_out()
     logits = 2.0 * held_out.p.log()  # softmax(z / 2) = p exactly
-    _, best = experiment.temperature_scan(logits, held_out.p)
+    _, best = temperature_scan(logits, held_out.p)
     assert best["T"] == pytest.approx(2.0, rel=1e-4)
     assert best["kl_nats"] == pytest.approx(0.0, abs=1e-9) and not best["at_bracket_edge"]
-
-
-def test_power_law_fit_recovers_a_noise_free_law_and_covers_a_noisy_one():
-    N = np.array([1e3, 3e3, 1e4, 3e4, 1e5, 3e5])
-    exact = 2.0 + 5.0 * N ** -0.5
-    fit = experiment.fit_power_law(N, exact)
-    assert fit["E_nats"] == pytest.approx(2.0, abs=1e-3) and fit["alpha"] == pytest.approx(0.5, rel=0.02)
-    noisy = exact + np.random.default_rng(0).normal(0.0, 0.005, len(N))
-    fit = experiment.fit_power_law(N, noisy)
-    assert fit["E_ci95"][0] <= 2.0 <= fit["E_ci95"][1] and fit["dof"] == 3
-    assert math.isnan(experiment.fit_power_law(N[:3], exact[:3])["E_ci95"][0])  # 3 points: no interval
-
-
-def test_power_law_fit_constrains_only_e():
-    """E ≥ 0 is the only constraint: a law whose loss rises with N is fitted with A < 0, an E above every
-    loss is allowed, and an E the data would put below 0 sits at 0 with the interval open below."""
-    N = np.array([1e3, 3e3, 1e4, 3e4, 1e5, 3e5])
-    rising = 3.0 - 2.0 * N ** -0.3
-    fit = experiment.fit_power_law(N, rising)
-    assert fit["A"] < 0 and fit["E_nats"] == pytest.approx(3.0, abs=1e-2) and fit["E_nats"] > rising.max()
-    below = -0.5 + 10.0 * N ** -0.2
-    fit = experiment.fit_power_law(N, below)
-    assert fit["E_nats"] == 0.0 and fit["E_ci95_open"] and "below" in fit["E_ci95_open"]
 
 
 def test_scaling_headline_is_unsupported_when_its_interval_is_open(quick):
@@ -234,13 +212,6 @@ def test_scaling_headline_is_unsupported_when_its_interval_is_open(quick):
     assert not heads["scaling_E"]["supported"] and "open below" in heads["scaling_E"]["why_not"]
     assert heads == {h["name"]: h for h in experiment.headlines(opened)}  # a pure function of the results
     assert results["headlines"] == experiment.headlines({k: v for k, v in results.items() if k != "headlines"})
-
-
-def test_t_quantiles():
-    assert experiment.t_quantile_975(1) == pytest.approx(12.706, abs=1e-3)
-    assert experiment.t_quantile_975(10) == pytest.approx(2.2281, abs=1e-4)  # the last table entry
-    for dof, table in ((11, 2.2010), (15, 2.1314), (30, 2.0423), (120, 1.9799)):  # the expansion
-        assert experiment.t_quantile_975(dof) == pytest.approx(table, abs=2e-4)
 
 
 def test_checkpoints_are_log_spaced_and_end_at_the_last_step():

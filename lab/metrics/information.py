@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from jaxtyping import Float
 from torch import Tensor
 
 __all__ = ["cross_entropy", "entropy", "kl", "perplexity", "to_bits", "truncated_context_kl_of"]
@@ -133,3 +134,38 @@ def truncated_context_kl_of(joint: Any, vocab_size: int, width: int) -> float:
     p_short = short.sum(dim=1)
     conditional_short = -(torch.xlogy(short, short).sum() - torch.xlogy(p_short, p_short).sum())
     return float(conditional_short - conditional_full)
+
+
+# The temperature that brings a model closest to the truth: min over T of KL(p ‖ softmax(z / T))
+T_GRID = tuple(float(t) for t in np.geomspace(0.5, 2.0, 25))  # includes T = 1 (the 13th point)
+T_BRACKET = (0.25, 4.0)  # where the golden-section search for the minimising T looks
+
+
+def temperature_kl(logits: Float[Tensor, "seq pos vocab"], p: Float[Tensor, "seq pos vocab"], T: float) -> float:
+    """Mean KL(p ‖ softmax(z / T)) over prefixes."""
+    return float(kl(p, torch.softmax(logits / T, dim=-1)).mean())
+
+
+def temperature_scan(logits: Float[Tensor, "seq pos vocab"], p: Float[Tensor, "seq pos vocab"],
+                     grid: tuple[float, ...] = T_GRID, bracket: tuple[float, float] = T_BRACKET,
+                     tolerance: float = 1e-5) -> tuple[list[dict[str, float]], dict[str, float]]:
+    """KL over the grid, and its minimiser by golden section on log T inside `bracket` (unimodal there:
+    convex in β = 1/T). The minimiser is flagged if it lands on the bracket's edge."""
+    rows = [{"T": T, "kl_nats": temperature_kl(logits, p, T)} for T in grid]
+    ratio = (math.sqrt(5) - 1) / 2
+    lo, hi = math.log(bracket[0]), math.log(bracket[1])
+    a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+    fa, fb = temperature_kl(logits, p, math.exp(a)), temperature_kl(logits, p, math.exp(b))
+    while hi - lo > tolerance:
+        if fa <= fb:
+            hi, b, fb = b, a, fa
+            a = hi - ratio * (hi - lo)
+            fa = temperature_kl(logits, p, math.exp(a))
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + ratio * (hi - lo)
+            fb = temperature_kl(logits, p, math.exp(b))
+    T_min = math.exp((lo + hi) / 2)
+    best = {"T": T_min, "kl_nats": temperature_kl(logits, p, T_min), "kl_at_T1_nats": temperature_kl(logits, p, 1.0),
+            "at_bracket_edge": bool(min(abs(math.log(T_min / edge)) for edge in bracket) < 1e-3)}
+    return rows, best
