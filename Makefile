@@ -25,6 +25,7 @@ bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.activations
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.walltime
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.dashboard
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.monitor
 
 demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/forma demo $(DEMO_ARGS)

@@ -423,13 +423,14 @@ def _auroc_headline(name: str, what: str, block: dict[str, Any], sign: int) -> d
     direction is which way the signal's raw value points to a false claim (sign · (AUROC > ½))."""
     value, interval = block.get("auroc"), block.get("auroc_ci95")
     counts = f"{block.get('auroc_n_pos')} false and {block.get('auroc_n_neg')} right claims"
+    claim = f"{what} separates false claims from right ones."  # shown only when supported
     if value is None or not math.isfinite(value):
-        return _headline(name, "", None, None, 0, False, f"{what}: no AUROC ({counts} on the test split)")
+        return _headline(name, claim, None, None, 0, False, f"{what}: no AUROC ({counts} on the test split)")
     if interval is None:
-        return _headline(name, "", value, None, 0, False, f"{what}: {block.get('auroc_why_no_interval')}")
+        return _headline(name, claim, value, None, 0, False, f"{what}: {block.get('auroc_why_no_interval')}")
     text = f"AUROC {value:.3f} [{interval[0]:.3f}, {interval[1]:.3f}], {counts} on the test split"
     if interval[0] <= 0.5 <= interval[1]:
-        return _headline(name, "", value, interval, 0, False,
+        return _headline(name, claim, value, interval, 0, False,
                          f"{what}: the interval straddles ½ ({text}), so no direction is shown")
     points = sign if value > 0.5 else -sign
     return _headline(name, f"{what} {'rises' if points > 0 else 'falls'} with the risk of a false claim ({text}).",
@@ -461,7 +462,9 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
             f"rate among those answers is {again['crc_selective_risk'] or 0:.3f} (CRC promises nothing about it).",
             mean, band, bool(band[0] <= alpha)))
         if not again["ltt_n_answering"]:
-            out.append(_headline(f"ltt_keeps_selective_risk_alpha_{alpha:g}", "", None, None, 0, False,
+            out.append(_headline(f"ltt_keeps_selective_risk_alpha_{alpha:g}",
+                                 f"Learn then Test keeps the error rate among answers at α = {alpha:g}.", None, None,
+                                 0, False,
                                  f"Learn then Test certified no threshold at α = {alpha:g} (δ = {ltt['delta']:g}) in "
                                  f"any of {again['n_resplits']} draws of the calibration subjects: even the most "
                                  f"confident answers are false more often than α, so nothing is answered"))
