@@ -19,13 +19,14 @@ test: $(STAMP)
 
 # Peers first (minutes), then what a user waits for (about an hour: a fresh clone's install, `make demo`,
 # every experiment's profiles); then the dashboard's response times over this checkout's models and runs,
-# and the command line's start.
+# the monitor's overhead and the command line's start.
 bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.forward
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.peers
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.activations
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.walltime
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.dashboard
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.monitor
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.cli
 
 demo: $(STAMP)

@@ -13,6 +13,7 @@ pages = [
     st.Page(HERE / "kl.py", title="KL decomposition"),
     st.Page(HERE / "hallucination.py", title="Hallucination"),
     st.Page(HERE / "calibration.py", title="Calibration"),
+    st.Page(HERE / "monitor.py", title="Hallucination monitor"),
     st.Page(HERE / "equations.py", title="Equations"),
     st.Page(HERE / "training.py", title="Training curves"),
 ]

@@ -20,6 +20,7 @@ EXPERIMENTS = {
     "hallucination": "Hallucination on arbitrary facts",
     "calibration": "Calibration",
     "equations": "The seeds' equations",
+    "monitor": "Catching hallucinations while they are generated",
 }
 RESERVED_JSON = {"results", "config", "provenance", "world", "card"}
 

@@ -342,7 +342,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     module = experiments.load(args.name)
     fields = {f.name for f in dataclasses.fields(module.Config)}
-    given = {"seed": args.seed, "quick": args.quick, "model": args.model, "mmlu": args.mmlu}
+    given = {"seed": args.seed, "quick": args.quick, "model": args.model, "mmlu": args.mmlu, "qa": args.qa}
     unsupported = [k for k, v in given.items() if v not in (None, False) and k not in fields]
     if unsupported:
         raise ValueError(f"experiment {args.name!r} takes no --{unsupported[0]}")
@@ -461,6 +461,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--model", type=model_name, help="zoo name or local model folder, for experiments that take one")
     run.add_argument("--mmlu", metavar="FILE", help="an MMLU-layout CSV (question, A, B, C, D, answer), for "
                                                      "experiments that take one (calibration, with --model)")
+    run.add_argument("--qa", metavar="FILE", help="a question–answer CSV (question, answer), for experiments that "
+                                                  "take one (monitor, with --model)")
     run.set_defaults(func=cmd_run)
 
     cards = sub.add_parser("cards", help="record cards and runs into docs/measured/, rewrite the documents' numbers",

@@ -102,19 +102,22 @@ def sample_next(logits: Float[Tensor, "batch d_vocab"], temperature: float = 1.0
 @torch.inference_mode()
 def decode(model: HookedTransformer, tokens: Int[Tensor, "batch pos"], max_new_tokens: int, temperature: float = 1.0,
            top_k: int | None = None, top_p: float | None = None, seed: int | None = None, use_kv_cache: bool = True,
-           eos_token_id: int | None = None) -> Generation:
+           eos_token_id: int | None = None, kv_cache: KVCache | None = None) -> Generation:
     """Extend `tokens` by up to `max_new_tokens`, returning the tokens and the logits each was drawn from.
 
-    Rows that emit `eos_token_id` keep emitting it; decoding stops when every row has.
+    Rows that emit `eos_token_id` keep emitting it; decoding stops when every row has. `kv_cache`: an empty cache to
+    decode into (default a fresh one), for a caller that reads the keys and values while they are written.
     """
     tokens = model.check_tokens(tokens)
     check_max_new_tokens(max_new_tokens, tokens.shape[1], model.cfg.n_ctx)
     check_sampling(temperature, top_k, top_p, seed)
     check_token_id(eos_token_id, "eos_token_id", model.cfg.d_vocab)
+    if kv_cache is not None and (not use_kv_cache or kv_cache.length != 0):
+        raise ValueError("kv_cache must be an empty KVCache (KVCache.empty(n_layers)), and use_kv_cache True")
     generator = None
     if seed is not None:
         generator = torch.Generator(device=tokens.device).manual_seed(seed)
-    cache = KVCache.empty(model.cfg.n_layers) if use_kv_cache else None
+    cache = (KVCache.empty(model.cfg.n_layers) if kv_cache is None else kv_cache) if use_kv_cache else None
     done = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
     step_logits = []
     new = tokens  # what the next forward pass must read: everything, or only the newest token

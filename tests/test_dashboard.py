@@ -12,7 +12,7 @@ from lab import HookedTransformer, ModelConfig
 from lab.tokenize import word_level
 
 PAGES = Path(__file__).resolve().parents[1] / "dashboards"
-EXPERIMENT_PAGES = ["kl", "hallucination", "calibration", "equations"]
+EXPERIMENT_PAGES = ["kl", "hallucination", "calibration", "equations", "monitor"]
 
 
 @pytest.fixture
@@ -195,7 +195,7 @@ def test_every_experiment_page_draws_its_quick_run(quick_run, quick_runs_dir, mo
             assert not at.exception, (name, box.label, option)
 
 
-@pytest.mark.parametrize("name", ["kl", "hallucination", "equations"])
+@pytest.mark.parametrize("name", ["kl", "hallucination", "equations", "monitor"])
 def test_experiment_pages_open_with_their_headlines(quick_run, quick_runs_dir, monkeypatch, name):
     """Supported headlines first, in the run's own sentences; then each unsupported one with why not."""
     results = json.loads((quick_run(name) / "results.json").read_text())
@@ -209,3 +209,35 @@ def test_experiment_pages_open_with_their_headlines(quick_run, quick_runs_dir, m
     if unsupported:
         assert "Not shown, because this run cannot support it" in shown
         assert all(h["sentence"] not in shown for h in unsupported)
+
+
+def test_the_monitor_page_colours_tokens_and_abstains_where_the_library_says(quick_run, quick_runs_dir, monkeypatch):
+    """The page's generation is the library's: the same tokens as Monitor.generate, and the abstention point of
+    abstain_at at the run's CRC threshold for the chosen signal and α."""
+    import torch
+
+    from experiments.monitor import SUBJECT, load_readouts
+    from lab.analysis.monitor import Monitor, abstain_at
+
+    folder = quick_run("monitor")
+    results = json.loads((folder / "results.json").read_text())
+    monkeypatch.setenv("FORMA_RUNS_DIR", str(quick_runs_dir))
+    at = page("monitor").run()
+    assert not at.exception, at.exception
+    prompt = at.text_input[0].value
+    signal, alpha = at.selectbox[0].value, at.selectbox[1].value
+    model = HookedTransformer.load(folder / "model")
+    probe, p_ik, signs = load_readouts(folder)
+    out = Monitor(model, probe=probe, p_ik=p_ik).generate(torch.tensor([model.tokenizer.encode(prompt).ids]), 2,
+                                                           subject=SUBJECT)
+    words = [model.tokenizer.id_to_token(int(t)) for t in out.new_tokens[0]]
+    threshold = next(a["crc"]["threshold"] for a in results["abstention"]
+                     if a["signal"] == signal and a["alpha"] == alpha)
+    risk = (signs[signal] * out.signals[signal][0].double()).tolist()
+    stop = abstain_at(risk, 2, threshold)
+    shown = " ".join(m.value for m in at.markdown)
+    for word, r in zip(words, risk):
+        assert f":{'red' if r > threshold else 'green'}[{word}]" in shown
+    assert (f"abstains at new token {stop + 1}" if stop is not None else "the answer is given") in shown
+    at.text_input[0].input("<bos> nobody-knows-this birthday").run()
+    assert not at.exception and "not in its vocabulary" in texts(at)

@@ -99,3 +99,18 @@ def test_bad_generation_arguments():
         model.generate(prompt[:, :3], 2, top_p=0.0)
     with pytest.raises(ValueError, match="temperature"):
         model.generate(prompt[:, :3], 2, temperature=-1)
+
+
+def test_decoding_into_a_given_cache_fills_it_and_changes_nothing():
+    from lab.model import KVCache
+
+    model = HookedTransformer(tiny_config(), seed=2).eval()
+    prompt = torch.randint(0, 100, (2, 5), generator=torch.Generator().manual_seed(0))
+    cache = KVCache.empty(model.cfg.n_layers)
+    given = decode(model, prompt, 7, temperature=0, kv_cache=cache)
+    assert torch.equal(given.tokens, decode(model, prompt, 7, temperature=0).tokens)
+    assert cache.length == 5 + 7 - 1  # the last token is drawn, never read back
+    with pytest.raises(ValueError, match="empty KVCache"):
+        decode(model, prompt, 2, kv_cache=cache)
+    with pytest.raises(ValueError, match="use_kv_cache"):
+        decode(model, prompt, 2, use_kv_cache=False, kv_cache=KVCache.empty(model.cfg.n_layers))

@@ -10,7 +10,7 @@ import pytest
 import experiments
 
 REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "measured" / "runs"
-EXPERIMENTS = ("kl", "hallucination", "equations")
+EXPERIMENTS = ("kl", "hallucination", "equations", "monitor")
 FIELDS = {"name", "sentence", "value", "interval", "direction", "supported", "why_not"}
 
 

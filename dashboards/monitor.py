@@ -1,0 +1,83 @@
+"""Catch hallucinations while they are generated: generate with the monitor on, each token coloured by its risk,
+the point where conformal risk control would abstain, and the experiment's curves."""
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from dashboards.common import show_figures, show_headlines, show_run
+
+
+@st.cache_resource(show_spinner="Loading the run's model…")
+def load_monitor(folder: str, version: float):
+    from experiments.monitor import load_readouts
+    from lab import HookedTransformer
+
+    model = HookedTransformer.load(Path(folder) / "model")
+    probe, p_ik, signs = load_readouts(Path(folder))
+    return model, probe, p_ik, signs
+
+
+def live(folder: Path, results: dict) -> None:
+    """A prompt box: generate with every signal read, colour each new token by the chosen signal's risk against
+    the CRC threshold for the chosen α, and say where the monitor would stop."""
+    from experiments.monitor import SUBJECT
+    from lab.analysis.monitor import Monitor, abstain_at
+
+    st.subheader("Generate with the monitor on")
+    if not (folder / "model").is_dir():
+        st.info("This run has no model/ folder (a `--model --qa` run, or an older one): run `forma run monitor "
+                "--quick` to generate here.")
+        return
+    model, probe, p_ik, signs = load_monitor(str(folder), (folder / "model").stat().st_mtime)
+    prompts = folder / "prompts.parquet"
+    example = "<bos> " + " ".join(pd.read_parquet(prompts, columns=["first", "last"]).iloc[0]) + " birthday" \
+        if prompts.is_file() else "<bos>"
+    text = st.text_input("Prompt (the world's words; the name's two tokens follow <bos>)", example)
+    ids = model.tokenizer.encode(text).ids
+    unknown = [w for w, i in zip(text.split(), ids) if model.tokenizer.id_to_token(i) == "<unk>"]
+    if not ids or unknown or len(ids) >= model.cfg.n_ctx:
+        st.warning(f"The prompt must be 1 … {model.cfg.n_ctx - 1} of the world's words"
+                   + (f"; not in its vocabulary: {', '.join(unknown)}" if unknown else ""))
+        return
+    entries = [a for a in results.get("abstention") or [] if isinstance(a, dict)]
+    monitor = Monitor(model, probe=probe, p_ik=p_ik, attention=len(ids) > SUBJECT[-1])
+    signal = st.selectbox("Risk signal", [s for s in monitor.token_signals if s in signs])
+    alphas = sorted({a["alpha"] for a in entries if a.get("signal") == signal})
+    alpha = st.selectbox("Target error rate α (conformal risk control)", alphas) if alphas else None
+    new = st.slider("New tokens", 1, model.cfg.n_ctx - len(ids), min(2, model.cfg.n_ctx - len(ids)))
+    import torch
+
+    out = monitor.generate(torch.tensor([ids]), new, subject=SUBJECT if monitor.attention else None)
+    risk = (signs[signal] * out.signals[signal][0].double()).tolist()
+    threshold = next((a["crc"]["threshold"] for a in entries if a.get("signal") == signal and a.get("alpha") == alpha),
+                     math.inf)
+    stop = abstain_at(risk, len(risk), threshold)
+    words = [model.tokenizer.id_to_token(int(t)) for t in out.new_tokens[0]]
+    coloured = [f":{'red' if r > threshold else 'green'}[{w}]" for w, r in zip(words, risk)]
+    st.markdown(f"{text} " + " ".join(coloured))
+    st.markdown(f"Threshold λ̂ = {threshold:.3f} on risk = {signs[signal]:+d} · {signal}: "
+                + (f"the monitor abstains at new token {stop + 1} (**{words[stop]}**)." if stop is not None
+                   else "every token stays at or below it: the answer is given."))
+    st.dataframe(pd.DataFrame({"token": words, **{name: out.signals[name][0].tolist() for name in out.signals}}),
+                 hide_index=True, key="signals")
+
+
+def render(folder: Path, results: dict) -> None:
+    show_headlines(results)
+    answers = results.get("answers") or {}
+    if answers:
+        st.write(" · ".join(f"{kind}: **{a.get('n')}** prompts, false **{a.get('false_rate', float('nan')):.0%}**"
+                            for kind, a in answers.items() if isinstance(a, dict)))
+    rows = [{k: v for k, v in row.items() if k != "by_kind"} for row in results.get("signals") or []]
+    if rows:
+        st.subheader("Signals on the test split")
+        st.dataframe(pd.DataFrame(rows), hide_index=True, key="signal_table")
+    live(folder, results)
+    show_figures(folder)
+
+
+show_run("monitor", render, fields={"signals": list, "abstention": list, "answers": dict, "headlines": list},
+         required=("signals",))
