@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from dashboards.common import number, read_table, show_figures, show_headlines, show_run
+from dashboards.common import number, read_table, show_figures, show_headlines, show_run, show_table
 from lab.metrics.calibration import ece, noise_floor_ece, reliability, softmax
 
 
@@ -58,7 +58,7 @@ def show_temperature(block: dict) -> None:
     st.subheader("Temperature scaling (fitted on the calibration split, measured on the test split)")
     st.write(f"T = {block['T']:.3f}" + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "")
              + f" · {block.get('n_calibration')} calibration items, {block.get('n_test')} test items")
-    st.dataframe(temperature_table(block), hide_index=True, key="temperature_table")
+    show_table(temperature_table(block))
 
 
 def show_verdicts(results: dict) -> None:
@@ -109,7 +109,7 @@ def render(folder: Path, results: dict) -> None:
         show_temperature(results["temperature"])
     show_verdicts(results)
     if results.get("p_ik"):
-        st.dataframe(pd.DataFrame(results["p_ik"]), hide_index=True, key="p_ik")
+        show_table(results["p_ik"])
     show_figures(folder)
 
 

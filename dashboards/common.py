@@ -203,6 +203,39 @@ def _round(value: Any, digits: int = 0) -> Any:
     return round(value, digits) if isinstance(value, (int, float)) else None
 
 
+SIGNIFICANT = 4  # digits a table or a sentence shows; the exact value is in the tooltip or results.json
+
+
+def short(value: Any) -> str:
+    """A number as a reader wants it: 4 significant digits (integers whole); anything else as text."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "—" if value is None else str(value)
+    return f"{value:,}" if isinstance(value, int) else f"{value:.{SIGNIFICANT}g}"
+
+
+def shorts(values: Any) -> str:
+    """A number or a list of numbers, each as `short` writes it."""
+    return ", ".join(short(v) for v in values) if isinstance(values, (list, tuple)) else short(values)
+
+
+def show_table(rows: Any) -> None:
+    """Rows (a list of dicts or a DataFrame) as a table whose numbers show SIGNIFICANT digits, and lists of
+    numbers as [a, b]. st.table is plain HTML, which every browser draws; the interactive data grid draws
+    on a canvas that a headless browser may leave blank."""
+    import pandas as pd
+
+    frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
+    if frame.empty:
+        return
+
+    def cell(value: Any) -> Any:
+        if isinstance(value, (list, tuple)) and all(isinstance(v, (int, float)) for v in value):
+            return f"[{shorts(value)}]"
+        return short(value) if value is None or isinstance(value, (int, float)) else value
+
+    st.table(frame.map(cell).set_index(frame.columns[0]))
+
+
 def number(label: str, value: Any, fmt: str = "{:.4f}", help: str | None = None) -> None:
     """A metric; a missing value (None) shows as "—", anything else that is not a number is a TypeError, which
     show_run turns into a warning naming results.json."""

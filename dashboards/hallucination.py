@@ -2,17 +2,18 @@
 
 from pathlib import Path
 
-import pandas as pd
 import streamlit as st
 
-from dashboards.common import number, show_figures, show_headlines, show_run
+from dashboards.common import number, short, show_figures, show_headlines, show_run, show_table
+from experiments.hallucination import relative_change
 
 
 def render(folder: Path, results: dict) -> None:
     st.latex(r"g(\mathcal{H}) \;\ge\; \widehat{MF} - \mathrm{Mis}(g, p) - \frac{3e^{-s}}{\delta} - \sqrt{\frac{6\ln(6/\delta)}{n}}")
     world = results.get("world") or {}
     if world:
-        st.write(" · ".join(f"{k}: **{v}**" for k, v in world.items() if isinstance(v, (int, float, str))))
+        st.write(" · ".join(f"{k.replace('_', ' ')}: **{short(v)}**" for k, v in world.items()
+                            if isinstance(v, (int, float, str))))
     show_headlines(results)
     acceptance = results.get("acceptance") or {}
     flagged = [entry for entry in results.get("sweep") or [] if entry.get("max_fact_probability_flagged")]
@@ -36,8 +37,11 @@ def render(folder: Path, results: dict) -> None:
     for col, entry in zip(cols[2:], (acceptance.get("upweighting") or [])[:2]):
         with col:
             draws = entry.get("hallucination_reduction_draws") or []
-            spread = f" (draws: {', '.join(f'{d:.1%}' for d in draws)})" if draws else ""
-            number(f"g(H) reduction, {entry.get('condition')}", entry.get("hallucination_reduction"), "{:.1%}",
+            spread = f" (draws: {', '.join(relative_change(d) for d in draws)})" if draws else ""
+            reduction = entry.get("hallucination_reduction")
+            lower = not isinstance(reduction, (int, float)) or reduction >= 0
+            number(f"g(H) {'lowered' if lower else 'raised'} by, {entry.get('condition')}",
+                   abs(reduction) if isinstance(reduction, (int, float)) else reduction, "{:.1%}",
                    help=f"against the matched-compute control{spread}; miscalibration change "
                         f"{entry.get('miscalibration_change', float('nan')):+.3f}, recall change {entry.get('recall_change', float('nan')):+.3f}")
     rows = []
@@ -47,13 +51,24 @@ def render(folder: Path, results: dict) -> None:
                          "missing mass": entry.get("missing_mass"), **checkpoint})
     if rows:
         st.subheader("Sweep over the popularity shape γ, at each checkpoint")
-        st.dataframe(pd.DataFrame(rows), hide_index=True, key="sweep")
+        show_table(rows)
     if upweighting:
         st.subheader("Selective upweighting (matched compute; each condition the mean over draws of its blocks)")
-        st.dataframe(pd.DataFrame(upweighting), hide_index=True, key="upweighting")
+        show_table(upweighting)
     if results.get("singleton"):
         st.subheader("Singleton-rate variant (Kalai, Nachum, Vempala & Zhang 2025)")
-        st.json(results["singleton"])
+        single = results["singleton"]
+        holds = isinstance(single.get("margin"), (int, float)) and single["margin"] >= 0
+        st.markdown(
+            f"At γ = {short(single.get('gamma'))}, epoch {short(single.get('epoch'))}: error "
+            f"{short(single.get('error'))} against a singleton rate of {short(single.get('singleton_rate'))} "
+            f"(calibration δ {short(single.get('calibration_delta'))}, {short(single.get('min_wrong_answers'))} wrong "
+            f"answers per prompt at least, n = {short(single.get('n_train'))}). The bound's right side is "
+            f"{short(single.get('bound_rhs'))} with the finite-n term ({short(single.get('finite_n_term'))}) and "
+            f"{short(single.get('bound_rhs_without_finite_n'))} without it; the error "
+            f"{'exceeds it' if holds else 'falls below it'} by {short(abs(single.get('margin') or 0.0))}.")
+        if single.get("note"):
+            st.caption(single["note"])
     show_figures(folder)
 
 

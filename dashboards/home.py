@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from dashboards.common import EXPERIMENTS, latest_run, zoo_table
+from dashboards.common import EXPERIMENTS, latest_run, show_table, zoo_table
 
 st.title("Forma")
 st.markdown(
@@ -12,7 +12,7 @@ st.markdown(
     "facts (Kalai–Vempala), and **calibration** (Kadavath).")
 
 st.header("Models")
-st.dataframe(zoo_table(), hide_index=True, key="zoo")
+show_table(zoo_table())
 
 st.header("Experiments")
 for experiment, title in EXPERIMENTS.items():

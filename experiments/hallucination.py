@@ -603,6 +603,11 @@ def upweight(cfg: Config, run: SweepRun) -> tuple[list[dict[str, Any]], list[dic
 # --------------------------------------------------------------------------------------------
 # Summaries, tables, figures
 # --------------------------------------------------------------------------------------------
+def relative_change(reduction: float) -> str:
+    """A reduction 1 − new/old in words: "14.0% lower", or "3.2% higher" when it is negative."""
+    return f"{abs(reduction):.1%} {'lower' if reduction >= 0 else 'higher'}"
+
+
 def acceptance(sweep: list[dict[str, Any]], upweighting: list[dict[str, Any]], cfg: Config) -> dict[str, Any]:
     """Issue 5's acceptance checks, computed from the results (never asserted here)."""
     mf = [s["monofact_rate"] for s in sweep]
@@ -726,8 +731,9 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
             out.append(_headline(
                 f"upweighting {u['condition']}",
                 f"Upweighting ({u['condition']}) moves g(H) from {control['hallucination_rate']:.4f} to "
-                f"{u['hallucination_rate']:.4f} against the matched-compute control ({1 - u['hallucination_rate'] / control['hallucination_rate']:+.1%} "
-                f"reduction; draws {', '.join(f'{r:+.1%}' for r in reductions)}), Mis {control['miscalibration_tv_eps']:.3f} "
+                f"{u['hallucination_rate']:.4f} against the matched-compute control "
+                f"({relative_change(1 - u['hallucination_rate'] / control['hallucination_rate'])}; draws "
+                f"{', '.join(relative_change(r) for r in reductions)}), Mis {control['miscalibration_tv_eps']:.3f} "
                 f"→ {u['miscalibration_tv_eps']:.3f}, recall {control['recall_seen']:.3f} → {u['recall_seen']:.3f}.",
                 1 - u["hallucination_rate"] / control["hallucination_rate"], [min(reductions), max(reductions)],
                 _sign(u["hallucination_rate"] - control["hallucination_rate"]), why is None, why))

@@ -1,6 +1,7 @@
 """The dashboard without a browser (Streamlit's AppTest): every page renders, with and without runs and models."""
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -241,3 +242,32 @@ def test_the_monitor_page_colours_tokens_and_abstains_where_the_library_says(qui
     assert (f"abstains at new token {stop + 1}" if stop is not None else "the answer is given") in shown
     at.text_input[0].input("<bos> nobody-knows-this birthday").run()
     assert not at.exception and "not in its vocabulary" in texts(at)
+
+
+DECIMAL = re.compile(r"(?<![\w.])\d[\d,]*\.\d+(?![\w.])")
+
+
+def long_numbers(text: str, most: int = 6) -> list[str]:
+    """The decimals in `text` written with more than `most` significant digits."""
+    return [hit for hit in DECIMAL.findall(text) if len(hit.replace(",", "").replace(".", "").lstrip("0")) > most]
+
+
+@pytest.mark.parametrize("name", EXPERIMENT_PAGES)
+def test_pages_answer_in_numbers_a_reader_can_read(quick_run, quick_runs_dir, monkeypatch, name):
+    """No raw JSON tree, and no number printed with more than 6 significant digits in a sentence or a table
+    (the exact values are in tooltips and results.json); tables are plain HTML, drawn by every browser."""
+    quick_run(name)
+    monkeypatch.setenv("FORMA_RUNS_DIR", str(quick_runs_dir))
+    at = page(name).run()
+    assert not at.exception, at.exception
+    assert not at.json, f"{name}: st.json shows a raw tree"
+    shown = [str(m.value) for m in [*at.markdown, *at.caption, *at.subheader]]
+    shown += [frame.value.to_string() for frame in at.table]
+    long = [hit for text in shown for hit in long_numbers(text)]
+    assert not long, f"{name}: {long[:5]}"
+
+
+def test_the_long_number_check_catches_a_raw_float():
+    assert long_numbers("measured 6.2831852475690795 and 0.29791459781529295, 0.1234 and 12,345.5") == [
+        "6.2831852475690795", "0.29791459781529295"]
+    assert not long_numbers("0.0006283 · 12,345.6 · 1e-05 · 2026-12-01T17-15-46Z · v1.43.3 · 0.1234")
