@@ -3,10 +3,16 @@ PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
+# The SAE environment: forma-lab[sae] beside transformer-lens 3.9, since sae-lens does not install beside 4.
+SAE_VENV  := .venv-sae
+SAE_STAMP := $(SAE_VENV)/.installed
+OFFLINE   := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: venv test bench demo lint clean
+.PHONY: venv venv-sae test test-sae bench demo lint clean
 
 venv: $(STAMP)
+
+venv-sae: $(SAE_STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -14,8 +20,19 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
-test: $(STAMP)
-	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest -q
+$(SAE_STAMP): pyproject.toml constraints-sae.txt
+	test -x $(SAE_VENV)/bin/python || $(PY) -m venv $(SAE_VENV)
+	$(SAE_VENV)/bin/python -m pip install -q --upgrade pip
+	$(SAE_VENV)/bin/python -m pip install -q -c constraints-sae.txt -e '.[sae]'
+	touch $(SAE_STAMP)
+
+# The SAE environment's tests first (test-sae), then the whole suite in .venv.
+test: $(STAMP) test-sae
+	$(OFFLINE) $(BIN)/python -m pytest -q
+
+# SAELens' trainer on a Forma hook (tests/sae), and the model's own tests on transformer-lens 3.9.
+test-sae: $(SAE_STAMP)
+	$(OFFLINE) $(SAE_VENV)/bin/python -m pytest -q tests/sae tests/test_model.py tests/test_hook_misuse.py tests/test_lens.py
 
 # Peers first (minutes), then what a user waits for (about an hour: a fresh clone's install, `make demo`,
 # every experiment's profiles); then the dashboard's response times over this checkout's models and runs.
@@ -33,4 +50,4 @@ lint: $(STAMP)
 	$(BIN)/python -m compileall -q lab experiments dashboards benchmarks tests
 
 clean:
-	rm -rf $(VENV) *.egg-info
+	rm -rf $(VENV) $(SAE_VENV) *.egg-info
