@@ -447,6 +447,13 @@ def test_reinitialized_is_a_fresh_model_of_that_seed(pair):
         analysis.reinitialized(pair.bridge, seed=3)
 
 
+def test_bridge_only_tools_refuse_a_forma_model(pair):
+    with pytest.raises(ValueError, match="TransformerBridge"):
+        analysis.attention_head_subspace_affinity(pair.forma, target_role="Q")
+    with pytest.raises(TypeError, match="TransformerBridge only"):
+        analysis.JacobianLens.fit(pair.forma, ["w1 w2 w3"], corpus="forma")
+
+
 # --- TransformerLens's switches make real hook points ------------------------------------------------------
 SWITCHES = {
     "use_split_qkv_input": {"blocks.{l}.attn.hook_q_input": "head", "blocks.{l}.attn.hook_k_input": "kv",
