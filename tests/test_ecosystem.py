@@ -85,11 +85,12 @@ def tuned_lens_without_its_probe(monkeypatch):
 
 
 def test_tuned_lens_needs_the_workaround_beside_transformer_lens_4():
+    """tuned-lens turns its probe on whenever TransformerLens imports, and with it on fails on any model.
+    (The workaround fixture's monkeypatch is undone after each test, so the probe is as tuned-lens left it.)"""
     from tuned_lens import model_surgery
     from tuned_lens.nn import LogitLens
 
-    if not model_surgery._transformer_lens_available:
-        pytest.fail("tuned-lens no longer probes TransformerLens: drop the workaround from docs/ecosystem.md")
+    assert model_surgery._transformer_lens_available, "tuned-lens no longer probes: drop the workaround from the docs"
     with pytest.raises(ImportError, match="HookedTransformer"):
         LogitLens.from_model(to_hf(tiny()))
 
