@@ -8,6 +8,9 @@ Nothing is fetched: the model is passed as `override_model`, the data as an in-m
 """
 
 import json
+import os
+import re
+from pathlib import Path
 
 import pytest
 import sae_lens  # the SAE environment has it (make test-sae); the main run leaves tests/sae out
@@ -17,6 +20,17 @@ from lab import HookedTransformer, ModelConfig
 
 HOOK = "blocks.0.hook_resid_post"
 SEED = 0
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "ecosystem.md"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Module-scoped, so that it holds while the module's fixtures train: on a busy 2-core machine two threads
+    per op made training these tiny models ~10x slower (measured). Restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def markov_tokens(n_seq: int, seq_len: int, vocab: int, seed: int) -> torch.Tensor:
@@ -48,37 +62,39 @@ def trained():
     return model.eval(), data
 
 
-def runner_config(d_model: int, out) -> "sae_lens.LanguageModelSAERunnerConfig":
-    from sae_lens import LanguageModelSAERunnerConfig, StandardTrainingSAEConfig
-    from sae_lens.config import LoggingConfig
-
-    return LanguageModelSAERunnerConfig(
-        sae=StandardTrainingSAEConfig(d_in=d_model, d_sae=4 * d_model, l1_coefficient=2.0),
-        model_name="forma-tiny-markov", hook_name=HOOK, dataset_path="", is_dataset_tokenized=True,
-        streaming=False, context_size=16, prepend_bos=False, training_tokens=60_000,
-        train_batch_size_tokens=512, store_batch_size_prompts=64,
-        # SAELens' buffer (n_batches_in_buffer × context_size tokens) must hold a training batch
-        n_batches_in_buffer=64, lr=3e-3, device="cpu", seed=SEED, exclude_special_tokens=False,
-        logger=LoggingConfig(log_to_wandb=False), n_checkpoints=0, checkpoint_path=str(out / "checkpoints"),
-        output_path=str(out / "final"), verbose=False)
+def the_pages_example() -> str:
+    """docs/ecosystem.md's SAELens example: the one ```py block of its SAELens section."""
+    section = PAGE.read_text().split("\n## SAELens\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"^```py\n(.*?)^```", section, flags=re.S | re.M)
+    assert len(blocks) == 1, f"{PAGE.name}'s SAELens section has {len(blocks)} py blocks"
+    return blocks[0]
 
 
 @pytest.fixture(scope="module")
 def sae(trained, tmp_path_factory):
-    """SAELens' LanguageModelSAETrainingRunner on the Forma model itself (override_model, no adapter)."""
-    from datasets import Dataset
-    from sae_lens import LanguageModelSAETrainingRunner
-
+    """The page's example as written: SAELens' LanguageModelSAETrainingRunner on the Forma model itself
+    (override_model, no adapter), run in a temporary folder; its SAE, its config and its spliced loss."""
     model, data = trained
-    config = runner_config(model.cfg.d_model, tmp_path_factory.mktemp("sae"))
-    dataset = Dataset.from_dict({"tokens": data.tolist()})  # tokenized, in memory: no hub
-    return LanguageModelSAETrainingRunner(config, override_dataset=dataset, override_model=model).run().eval(), config
+    namespace = {"model": model, "cfg": model.cfg, "data": data}
+    here = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("sae"))  # anything SAELens writes stays out of the checkout
+    try:
+        exec(compile(the_pages_example(), str(PAGE), "exec"), namespace)
+    finally:
+        os.chdir(here)
+    assert namespace["config"].hook_name == HOOK
+    return namespace["sae"].eval(), namespace["config"], namespace["spliced"].item()
 
 
 @pytest.mark.slow
 def test_saelens_trains_an_sae_on_a_forma_hook_and_it_splices_back(trained, sae, tmp_path):
-    model, _ = trained
-    sae, _ = sae
+    model, data = trained
+    sae, _, page_spliced = sae
+    with torch.no_grad():  # the page's own splice, on its training data, lies between clean and ablated too
+        page_clean = model(data, return_type="loss").item()
+        page_ablated = model.run_with_hooks(data, return_type="loss",
+                                            fwd_hooks=[(HOOK, lambda act, hook: torch.zeros_like(act))]).item()
+    assert page_clean < page_spliced < page_ablated
     held_out = markov_tokens(512, 16, model.cfg.d_vocab, SEED + 1)
     with torch.no_grad():
         clean = model(held_out, return_type="loss").item()
@@ -104,7 +120,7 @@ def test_saelens_evaluation_runs_on_forma(trained, sae):
     from sae_lens.training.activations_store import ActivationsStore
 
     model, data = trained
-    sae, config = sae
+    sae, config, _ = sae
     store = ActivationsStore.from_config(model, config, override_dataset=Dataset.from_dict({"tokens": data[:512].tolist()}))
     batch = store.get_batch_tokens(4)
     harvested = store.get_activations(batch)  # run_with_cache(..., stop_at_layer=1, prepend_bos=False)
