@@ -3,32 +3,14 @@ supports, and what it cannot, in words), then ECE with intervals, noise floor an
 scaling in both binnings, P(IK) and P(True) verdicts, and a temperature slider that recomputes ECE live from the
 run's per-item table."""
 
+from pathlib import Path
+
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from dashboards.common import number, show_figures, show_run_header
+from dashboards.common import number, read_table, show_figures, show_headlines, show_run
 from lab.metrics.calibration import ece, noise_floor_ece, reliability, softmax
-
-folder, results = show_run_header("calibration")
-if results is None:
-    st.stop()
-
-
-def show_headlines(results: dict) -> None:
-    """The supported headlines' sentences; then each one this run cannot support, with the reason."""
-    headlines = results.get("headlines")
-    if not isinstance(headlines, list):
-        st.info("This run has no headlines (it was made before Forma wrote them): run `forma run calibration` again.")
-        return
-    for h in headlines:
-        if h.get("supported"):
-            st.markdown(f"- {h['sentence']}")
-    unsupported = [h for h in headlines if not h.get("supported")]
-    if unsupported:
-        st.markdown("**Not shown — this run cannot support them:**")
-        for h in unsupported:
-            st.markdown(f"- `{h['name']}`: {h.get('why_not')}")
 
 
 def summary(name: str, block: dict) -> None:
@@ -91,41 +73,45 @@ def show_verdicts(results: dict) -> None:
         st.markdown(f"- {layers['verdict']['sentence']}")
 
 
-show_headlines(results)
+def render(folder: Path, results: dict) -> None:
+    show_headlines(results)
 
-for key, title in (("mc", "Cloze multiple choice"), ("lettered", "Lettered multiple choice (knowledge extraction)")):
-    if isinstance(results.get(key), dict):
-        summary(title, results[key])
+    for key, title in (("mc", "Cloze multiple choice"), ("lettered", "Lettered multiple choice (knowledge extraction)")):
+        if isinstance(results.get(key), dict):
+            summary(title, results[key])
 
-items_path = folder / "items.parquet"
-if items_path.is_file():
-    items = pd.read_parquet(items_path)
-    for column in ("kind", "checkpoint"):  # a run may hold several item sets (cloze/lettered, checkpoints): pick one
-        if column in items and items[column].nunique() > 1:
-            choice = st.selectbox(column.capitalize(), list(items[column].unique()), key=f"items_{column}")
-            items = items[items[column] == choice]
-    option_columns = sorted(c for c in items.columns if c.startswith("option_logit_"))
-    if option_columns and "answer_index" in items.columns:
-        st.subheader("Temperature, live")
-        T = st.slider("Temperature T", 0.25, 4.0, 1.0, 0.05, key="temperature")
-        probs = softmax(items[option_columns].to_numpy(), T)
-        confidence = probs.max(axis=1)
-        correct = probs.argmax(axis=1) == items["answer_index"].to_numpy()
-        floor, _ = noise_floor_ece(confidence, n_sim=100)
-        floor_mass, _ = noise_floor_ece(confidence, 10, "equal_mass", n_sim=100)
-        st.write(f"At T = {T:.2f}: ECE **{ece(confidence, correct):.3f}** with 15 equal-width bins (noise floor "
-                 f"{floor:.3f}), **{ece(confidence, correct, 10, 'equal_mass'):.3f}** with 10 equal-mass bins (noise "
-                 f"floor {floor_mass:.3f}); mean confidence {confidence.mean():.3f}, accuracy {correct.mean():.3f} "
-                 "(unchanged by T).")
-        diagram = reliability(confidence, correct)
-        fig = go.Figure([go.Bar(x=diagram.confidence, y=diagram.accuracy, name="accuracy", width=1 / 15),
-                         go.Scatter(x=[0, 1], y=[0, 1], name="perfect calibration", mode="lines")])
-        fig.update_layout(title="Reliability diagram", xaxis_title="confidence", yaxis_title="accuracy",
-                          xaxis_range=[0, 1], yaxis_range=[0, 1])
-        st.plotly_chart(fig, key="live_reliability")
-if isinstance(results.get("temperature"), dict) and "T" in results["temperature"]:
-    show_temperature(results["temperature"])
-show_verdicts(results)
-if results.get("p_ik"):
-    st.dataframe(pd.DataFrame(results["p_ik"]), hide_index=True, key="p_ik")
-show_figures(folder)
+    items = read_table(folder / "items.parquet", "calibration")
+    if items is not None:
+        for column in ("kind", "checkpoint"):  # a run may hold several item sets (cloze/lettered, checkpoints): pick one
+            if column in items and items[column].nunique() > 1:
+                choice = st.selectbox(column.capitalize(), list(items[column].unique()), key=f"items_{column}")
+                items = items[items[column] == choice]
+        option_columns = sorted(c for c in items.columns if c.startswith("option_logit_"))
+        if option_columns and "answer_index" in items.columns:
+            st.subheader("Temperature, live")
+            T = st.slider("Temperature T", 0.25, 4.0, 1.0, 0.05, key="temperature")
+            probs = softmax(items[option_columns].to_numpy(), T)
+            confidence = probs.max(axis=1)
+            correct = probs.argmax(axis=1) == items["answer_index"].to_numpy()
+            floor, _ = noise_floor_ece(confidence, n_sim=100)
+            floor_mass, _ = noise_floor_ece(confidence, 10, "equal_mass", n_sim=100)
+            st.write(f"At T = {T:.2f}: ECE **{ece(confidence, correct):.3f}** with 15 equal-width bins (noise floor "
+                     f"{floor:.3f}), **{ece(confidence, correct, 10, 'equal_mass'):.3f}** with 10 equal-mass bins (noise "
+                     f"floor {floor_mass:.3f}); mean confidence {confidence.mean():.3f}, accuracy {correct.mean():.3f} "
+                     "(unchanged by T).")
+            diagram = reliability(confidence, correct)
+            fig = go.Figure([go.Bar(x=diagram.confidence, y=diagram.accuracy, name="accuracy", width=1 / 15),
+                             go.Scatter(x=[0, 1], y=[0, 1], name="perfect calibration", mode="lines")])
+            fig.update_layout(title="Reliability diagram", xaxis_title="confidence", yaxis_title="accuracy",
+                              xaxis_range=[0, 1], yaxis_range=[0, 1])
+            st.plotly_chart(fig, key="live_reliability")
+    if isinstance(results.get("temperature"), dict) and "T" in results["temperature"]:
+        show_temperature(results["temperature"])
+    show_verdicts(results)
+    if results.get("p_ik"):
+        st.dataframe(pd.DataFrame(results["p_ik"]), hide_index=True, key="p_ik")
+    show_figures(folder)
+
+
+show_run("calibration", render, fields={"mc": dict, "lettered": dict, "temperature": dict, "p_ik": (list, dict),
+                                        "headlines": list}, required=("mc",))

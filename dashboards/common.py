@@ -5,6 +5,7 @@ The dashboard is a view: it reads run folders written by `forma run` and calls t
 """
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,10 @@ EXPERIMENTS = {
 RESERVED_JSON = {"results", "config", "provenance", "world", "card"}
 
 
+def rerun(experiment: str) -> str:
+    return f"Run `forma run {experiment} --quick` (or without --quick) to write it again."
+
+
 def latest_run(experiment: str) -> tuple[Path | None, dict | None, str | None]:
     """(folder, results, problem): the newest complete run, or a sentence saying what is wrong."""
     from lab.runs import latest_run as find
@@ -31,32 +36,92 @@ def latest_run(experiment: str) -> tuple[Path | None, dict | None, str | None]:
     if folder is None:
         return None, None, f"No run of `{experiment}` yet. Make one with `forma run {experiment} --quick` (or without --quick for the full experiment)."
     try:
-        results = json.loads((folder / "results.json").read_text())
-    except (OSError, json.JSONDecodeError) as err:
+        results = json.loads((folder / "results.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         return folder, None, (f"The run in `{folder}` has an unreadable results.json ({err}). "
                               f"Run `forma run {experiment}` again.")
     if not isinstance(results, dict):
-        return folder, None, f"The run in `{folder}` has a results.json that is not a JSON object."
+        return folder, None, (f"The run in `{folder}` has a results.json that is not a JSON object. "
+                              + rerun(experiment))
     return folder, results, None
 
 
-def figures(folder: Path) -> list[tuple[str, Any]]:
-    """Every plotly figure a run saved (as <name>.json beside its HTML), by name."""
+def figures(folder: Path, unreadable: list[str] | None = None) -> list[tuple[str, Any]]:
+    """Every plotly figure a run saved (as <name>.json beside its HTML), by name; the file names of those that
+    cannot be read are appended to `unreadable`."""
     found = []
     for path in sorted(folder.glob("*.json")):
         if path.stem in RESERVED_JSON:
             continue
         try:
-            found.append((path.stem, pio.from_json(path.read_text())))
-        except (ValueError, json.JSONDecodeError):
-            continue
+            found.append((path.stem, pio.from_json(path.read_text(encoding="utf-8"))))
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):  # cut short, or not a figure
+            if unreadable is not None:
+                unreadable.append(path.name)
     return found
 
 
 def show_figures(folder: Path, only: list[str] | None = None) -> None:
-    for name, fig in figures(folder):
+    unreadable: list[str] = []
+    for name, fig in figures(folder, unreadable):
         if only is None or name in only:
             st.plotly_chart(fig, key=f"fig-{folder.name}-{name}")
+    if unreadable:
+        st.warning(f"Figures in `{folder}` that are not readable plotly JSON, left out: {', '.join(unreadable)}. "
+                   + rerun(folder.parent.name))
+
+
+def read_table(path: Path, experiment: str):
+    """A run's parquet table, or None after a warning that names the file (missing is not a problem: None)."""
+    import pandas as pd
+
+    if not path.is_file():
+        return None
+    try:
+        return pd.read_parquet(path)
+    except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid (a truncated file) is a ValueError
+        st.warning(f"`{path}` is not a readable parquet table ({err}). " + rerun(experiment))
+        return None
+
+
+FieldTypes = dict[str, type | tuple[type, ...]]
+SHAPE_ERRORS = (KeyError, TypeError, ValueError, AttributeError, IndexError)
+
+
+def warn_shape(folder: Path, experiment: str, problem: str) -> None:
+    """A warning that the run's results.json is not what the page reads: the file, what is wrong, what to run."""
+    st.warning(f"`{folder / 'results.json'}` is not what this page reads: {problem}. " + rerun(experiment))
+
+
+def checked_fields(results: dict, path: Path, experiment: str, fields: FieldTypes, required: tuple[str, ...]) -> dict:
+    """`results` without the fields whose type is not the one this page reads, after one warning that names
+    the file, each such field and each missing required one. Fields the page does not read are ignored."""
+    problems = [f"it has no `{key}`" for key in required if key not in results]
+    wrong = {key for key, kind in fields.items()
+             if results.get(key) is not None and not isinstance(results[key], kind)}
+    for key in sorted(wrong):
+        kinds = fields[key] if isinstance(fields[key], tuple) else (fields[key],)
+        problems.append(f"`{key}` is a {type(results[key]).__name__}, not a {' or '.join(k.__name__ for k in kinds)}")
+    if problems:
+        warn_shape(path.parent, experiment, "; ".join(problems))
+    return {key: value for key, value in results.items() if key not in wrong}
+
+
+def show_run(experiment: str, render: Callable[[Path, dict], None], fields: FieldTypes | None = None,
+             required: tuple[str, ...] = ()) -> None:
+    """An experiment's page: the header of its latest run, then render(folder, results). A results.json that
+    lacks a field, holds one of another type, or a value of another shape deeper down is a warning that names
+    the file and says what to run — never a traceback."""
+    folder, results = show_run_header(experiment)
+    if results is None:
+        return
+    path = folder / "results.json"
+    results = checked_fields(results, path, experiment, fields or {}, required)
+    try:
+        render(folder, results)
+    except SHAPE_ERRORS as err:
+        st.warning(f"`{path}` holds a value this page cannot show ({type(err).__name__}: {err}), so the rest of "
+                   f"the page is left out. " + rerun(experiment))
 
 
 def show_run_header(experiment: str) -> tuple[Path | None, dict | None]:
@@ -66,20 +131,34 @@ def show_run_header(experiment: str) -> tuple[Path | None, dict | None]:
     if problem:
         (st.warning if folder else st.info)(problem)
         return None, None
-    provenance = {}
+    provenance: Any = {}
     try:
-        provenance = json.loads((folder / "provenance.json").read_text())
-    except (OSError, json.JSONDecodeError):
+        provenance = json.loads((folder / "provenance.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         pass
-    commit = (provenance.get("git") or {}).get("commit") or "unknown"
+    if not isinstance(provenance, dict):
+        provenance = {}
+    git = provenance.get("git")
+    commit = str((git if isinstance(git, dict) else {}).get("commit") or "unknown")
     wall = provenance.get("wall_time_s")
     st.caption(f"Run `{folder.name}` · seed {provenance.get('seed')} · commit {commit[:10]}"
                + (f" · {wall:.0f} s" if isinstance(wall, (int, float)) else ""))
     return folder, results
 
 
+def model_version(name_or_path: str) -> tuple:
+    """What a cached model is keyed on besides its name: the folder it is read from and each file's size and
+    modification time, so a model retrained (or a zoo folder moved) while the dashboard runs is read again."""
+    folder = zoo_dir() / name_or_path if name_or_path in zoo_names() else Path(name_or_path)
+    try:
+        files = sorted(f for f in folder.iterdir() if f.is_file())
+        return (str(folder.resolve()), tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files))
+    except OSError:  # no such folder: the loader says so
+        return (str(folder), ())
+
+
 @st.cache_resource(show_spinner="Loading model…")
-def load_model(name_or_path: str):
+def load_model(name_or_path: str, version: tuple = ()):
     from lab import HookedTransformer
 
     return HookedTransformer.from_pretrained(name_or_path).eval()
@@ -88,7 +167,7 @@ def load_model(name_or_path: str):
 def try_load_model(name_or_path: str):
     """The model, or None after showing a message that says what to run."""
     try:
-        return load_model(name_or_path)
+        return load_model(name_or_path, model_version(name_or_path))
     except FileNotFoundError as err:
         st.warning(f"{err}")
     except (ValueError, KeyError, OSError) as err:
@@ -124,4 +203,24 @@ def _round(value: Any, digits: int = 0) -> Any:
 
 
 def number(label: str, value: Any, fmt: str = "{:.4f}", help: str | None = None) -> None:
-    st.metric(label, fmt.format(value) if isinstance(value, (int, float)) else "—", help=help)
+    """A metric; a missing value (None) shows as "—", anything else that is not a number is a TypeError, which
+    show_run turns into a warning naming results.json."""
+    if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+        raise TypeError(f"{label!r} is {value!r}, not a number")
+    st.metric(label, "—" if value is None else fmt.format(value), help=help)
+
+
+def show_headlines(results: dict) -> None:
+    """The run's headlines (results.json "headlines", made by the experiment's `headlines(results)`): the
+    sentences it supports first, then those it cannot support at this size, each with the reason in words."""
+    if not isinstance(results.get("headlines"), list):
+        st.info("This run has no headlines (it was made before Forma wrote them): run the experiment again.")
+        return
+    entries = [h for h in results["headlines"] if isinstance(h, dict)]
+    supported = [h for h in entries if h.get("supported")]
+    unsupported = [h for h in entries if not h.get("supported")]
+    if supported:
+        st.markdown("\n".join(f"- {h.get('sentence')}" for h in supported))
+    if unsupported:
+        st.markdown("**Not shown, because this run cannot support it:**\n"
+                    + "\n".join(f"- {h.get('name')}: {h.get('why_not') or 'no reason recorded'}" for h in unsupported))

@@ -7,7 +7,7 @@ import plotly.graph_objects as go
 import streamlit as st
 import torch
 
-from dashboards.common import try_load_model
+from dashboards.common import model_version, try_load_model
 from lab.zoo import zoo_names
 
 DEFAULT_PROMPTS = {"pydoc": "Return the number of items in the list.", "facts": "<bos> ", "markov": "1 2 3 4 5 6 7 8",
@@ -22,6 +22,29 @@ def choose_model() -> str:
     if choice == "local folder…":
         return st.sidebar.text_input("Folder (Forma or Hugging Face)", key="model_path").strip()
     return choice
+
+
+# Widgets whose values belong to one model: a prompt in its tokenizer's words (or its token ids), a layer, head or
+# position that exists in it, a target token of its vocabulary.
+MODEL_WIDGETS = ("prompt", "corrupted", "dla_target", "dla_pos", "attn_layer", "attn_head", "patch_component",
+                 "source", "cross_layer", "cross_head")
+
+
+def forget_another_models_widgets(name: str) -> None:
+    """When the model changes, its widgets start again from the new model's defaults (a pydoc prompt kept for
+    markov, whose prompts are token ids, would read as "invalid literal for int()")."""
+    if st.session_state.get("explorer_model") != name:
+        for key in MODEL_WIDGETS:
+            st.session_state.pop(key, None)
+        st.session_state["explorer_model"] = name
+
+
+def pick(label: str, n: int, default: int, key: str) -> int:
+    """A slider over 0 … n − 1; with one choice there is nothing to slide (Streamlit refuses min = max)."""
+    if n == 1:
+        st.caption(f"{label}: 0 (the only one)")
+        return 0
+    return st.slider(label, 0, n - 1, default, key=key)
 
 
 def encode(model, text: str) -> torch.Tensor | None:
@@ -43,8 +66,8 @@ def token_labels(model, tokens: torch.Tensor) -> list[str]:
 
 
 def show_attention(model, tokens, labels) -> None:
-    layer = st.slider("Layer", 0, model.cfg.n_layers - 1, 0, key="attn_layer")
-    head = st.slider("Head", 0, model.cfg.n_heads - 1, 0, key="attn_head")
+    layer = pick("Layer", model.cfg.n_layers, 0, key="attn_layer")
+    head = pick("Head", model.cfg.n_heads, 0, key="attn_head")
     with torch.inference_mode():
         _, cache = model.run_with_cache(tokens, names_filter=f"blocks.{layer}.attn.hook_pattern")
     pattern = cache[f"blocks.{layer}.attn.hook_pattern"][0, head].numpy()
@@ -89,10 +112,10 @@ def show_logit_lens(model, tokens, labels) -> None:
 def show_attribution(model, tokens, labels) -> None:
     from lab.analysis.lens import direct_logit_attribution
 
-    if model.cfg.block != "pre_ln":
-        st.info("Direct logit attribution needs a pre-LN model.")
+    if model.cfg.block == "post_ln":
+        st.info("Direct logit attribution needs a pre-LN or parallel model.")
         return
-    position = st.slider("Position", 0, tokens.shape[1] - 1, tokens.shape[1] - 1, key="dla_pos")
+    position = pick("Position", tokens.shape[1], tokens.shape[1] - 1, key="dla_pos")
     with torch.inference_mode():
         predicted = int(model(tokens)[0, position].argmax())
     default = predicted if model.tokenizer is None else model.to_string([predicted])
@@ -169,7 +192,7 @@ def show_trust(name: str) -> None:
 
 
 @st.cache_resource(show_spinner="Loading model…")
-def load_encoder_decoder(name_or_path: str):
+def load_encoder_decoder(name_or_path: str, version: tuple = ()):
     from lab.model import EncoderDecoder
 
     return EncoderDecoder.from_pretrained(name_or_path)
@@ -179,7 +202,7 @@ def show_cross_attention(name: str) -> None:
     """An encoder–decoder model: the greedy translation of a source and one cross-attention head as a
     target × source heatmap (row t: the query that produced output token t)."""
     try:
-        model = load_encoder_decoder(name)
+        model = load_encoder_decoder(name, model_version(name))
     except (ValueError, KeyError, OSError) as err:
         st.error(f"Could not load `{name}`: {err}")
         return
@@ -199,8 +222,8 @@ def show_cross_attention(name: str) -> None:
         return
     outputs = [vocab.id_to_token(i) for i in tgt[0, 1:].tolist()]
     st.write("Translation (greedy): " + " ".join(f"`{t}`" for t in outputs))
-    layer = st.slider("Decoder layer", 0, cfg.n_decoder_layers - 1, cfg.n_decoder_layers - 1, key="cross_layer")
-    head = st.slider("Head", 0, cfg.n_heads - 1, 0, key="cross_head")
+    layer = pick("Decoder layer", cfg.n_decoder_layers, cfg.n_decoder_layers - 1, key="cross_layer")
+    head = pick("Head", cfg.n_heads, 0, key="cross_head")
     hook = f"decoder.{layer}.cross_attn.hook_pattern"
     with torch.inference_mode():
         _, cache = model.run_with_cache(src, tgt[:, :-1], names_filter=hook)
@@ -215,6 +238,7 @@ def show_cross_attention(name: str) -> None:
 
 st.title("Explorer")
 name = choose_model()
+forget_another_models_widgets(name)
 if name:
     from lab.model.encoder_decoder import is_encoder_decoder
 

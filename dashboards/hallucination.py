@@ -1,47 +1,62 @@
 """Hallucination on arbitrary facts: the Kalai–Vempala bound g(H) ≥ MF − Mis − …, and what moves it."""
 
+from pathlib import Path
+
 import pandas as pd
 import streamlit as st
 
-from dashboards.common import number, show_figures, show_run_header
+from dashboards.common import number, show_figures, show_headlines, show_run
 
-folder, results = show_run_header("hallucination")
-if results is None:
-    st.stop()
-st.latex(r"g(\mathcal{H}) \;\ge\; \widehat{MF} - \mathrm{Mis}(g, p) - \frac{3e^{-s}}{\delta} - \sqrt{\frac{6\ln(6/\delta)}{n}}")
-world = results.get("world") or {}
-if world:
-    st.write(" · ".join(f"{k}: **{v}**" for k, v in world.items() if isinstance(v, (int, float, str))))
-acceptance = results.get("acceptance") or {}
-cols = st.columns(4)
-with cols[0]:
-    spearman = acceptance.get("spearman_monofact_vs_hallucination") or {}
-    number("Spearman(MF, g(H)), worst epoch", min(spearman.values()) if spearman else None, "{:.3f}",
-           help="rank correlation of the monofact rate with the hallucination rate across γ, at each fixed epoch")
-with cols[1]:
-    number("Smallest bound margin", acceptance.get("min_bound_margin"), "{:.3f}",
-           help=f"g(H) − right side, over {acceptance.get('bound_checks')} checks (both δ); right side positive in "
-                f"{acceptance.get('bound_checks_with_positive_right_side')} of them")
-upweighting = results.get("upweighting") or []
-for col, entry in zip(cols[2:], (acceptance.get("upweighting") or [])[:2]):
-    with col:
-        draws = entry.get("hallucination_reduction_draws") or []
-        spread = f" (draws: {', '.join(f'{d:.1%}' for d in draws)})" if draws else ""
-        number(f"g(H) reduction, {entry.get('condition')}", entry.get("hallucination_reduction"), "{:.1%}",
-               help=f"against the matched-compute control{spread}; miscalibration change "
-                    f"{entry.get('miscalibration_change', float('nan')):+.3f}, recall change {entry.get('recall_change', float('nan')):+.3f}")
-rows = []
-for entry in results.get("sweep") or []:
-    for checkpoint in entry.get("checkpoints") or []:
-        rows.append({"gamma": entry.get("gamma"), "monofact rate": entry.get("monofact_rate"),
-                     "missing mass": entry.get("missing_mass"), **checkpoint})
-if rows:
-    st.subheader("Sweep over the popularity shape γ, at each checkpoint")
-    st.dataframe(pd.DataFrame(rows), hide_index=True, key="sweep")
-if upweighting:
-    st.subheader("Selective upweighting (matched compute; each condition the mean over draws of its blocks)")
-    st.dataframe(pd.DataFrame(upweighting), hide_index=True, key="upweighting")
-if results.get("singleton"):
-    st.subheader("Singleton-rate variant (Kalai, Nachum, Vempala & Zhang 2025)")
-    st.json(results["singleton"])
-show_figures(folder)
+
+def render(folder: Path, results: dict) -> None:
+    st.latex(r"g(\mathcal{H}) \;\ge\; \widehat{MF} - \mathrm{Mis}(g, p) - \frac{3e^{-s}}{\delta} - \sqrt{\frac{6\ln(6/\delta)}{n}}")
+    world = results.get("world") or {}
+    if world:
+        st.write(" · ".join(f"{k}: **{v}**" for k, v in world.items() if isinstance(v, (int, float, str))))
+    show_headlines(results)
+    acceptance = results.get("acceptance") or {}
+    flagged = [entry for entry in results.get("sweep") or [] if entry.get("max_fact_probability_flagged")]
+    if flagged:
+        st.warning("One fact holds a large share of p at " + ", ".join(
+            f"γ = {entry.get('gamma')} ({entry.get('max_fact_probability', float('nan')):.1%})" for entry in flagged)
+            + ": the bound is proved for a bounded largest fact probability (the theorem gives no number; Forma flags "
+            f"≥ {(results.get('config') or {}).get('max_fact_probability_flag', float('nan')):.0%}), and such a world is "
+            "mostly one fact.")
+    cols = st.columns(4)
+    with cols[0]:
+        spearman = acceptance.get("spearman_monofact_vs_hallucination") or {}
+        number("Spearman(MF, g(H)), worst epoch", min(spearman.values()) if spearman else None, "{:.3f}",
+               help="rank correlation of the monofact rate with the hallucination rate across γ, at each fixed epoch")
+    with cols[1]:
+        number("Largest right side of the bound", acceptance.get("largest_right_side"), "{:+.3f}",
+               help=f"MF − Mis − slack over {acceptance.get('bound_checks')} checks (both δ); positive in "
+                    f"{acceptance.get('bound_checks_with_positive_right_side')} of them. Where it is negative the bound "
+                    f"holds whatever the model does")
+    upweighting = results.get("upweighting") or []
+    for col, entry in zip(cols[2:], (acceptance.get("upweighting") or [])[:2]):
+        with col:
+            draws = entry.get("hallucination_reduction_draws") or []
+            spread = f" (draws: {', '.join(f'{d:.1%}' for d in draws)})" if draws else ""
+            number(f"g(H) reduction, {entry.get('condition')}", entry.get("hallucination_reduction"), "{:.1%}",
+                   help=f"against the matched-compute control{spread}; miscalibration change "
+                        f"{entry.get('miscalibration_change', float('nan')):+.3f}, recall change {entry.get('recall_change', float('nan')):+.3f}")
+    rows = []
+    for entry in results.get("sweep") or []:
+        for checkpoint in entry.get("checkpoints") or []:
+            rows.append({"gamma": entry.get("gamma"), "monofact rate": entry.get("monofact_rate"),
+                         "missing mass": entry.get("missing_mass"), **checkpoint})
+    if rows:
+        st.subheader("Sweep over the popularity shape γ, at each checkpoint")
+        st.dataframe(pd.DataFrame(rows), hide_index=True, key="sweep")
+    if upweighting:
+        st.subheader("Selective upweighting (matched compute; each condition the mean over draws of its blocks)")
+        st.dataframe(pd.DataFrame(upweighting), hide_index=True, key="upweighting")
+    if results.get("singleton"):
+        st.subheader("Singleton-rate variant (Kalai, Nachum, Vempala & Zhang 2025)")
+        st.json(results["singleton"])
+    show_figures(folder)
+
+
+show_run("hallucination", render, fields={"world": dict, "acceptance": dict, "sweep": list, "upweighting": list,
+                                          "config": dict, "headlines": list},
+         required=("sweep",))

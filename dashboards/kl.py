@@ -1,39 +1,70 @@
 """The KL decomposition: E_p[−log P_θ] = H(p) + KL(p‖P_θ), measured exactly on a known source."""
 
+from pathlib import Path
+
 import streamlit as st
 
-from dashboards.common import number, show_figures, show_run_header
+from dashboards.common import number, show_figures, show_headlines, show_run
 
-folder, results = show_run_header("kl")
-if results is None:
-    st.stop()
-st.latex(r"\mathbb{E}_{x\sim p}[-\log P_\theta(x)] = H(p) + \mathrm{KL}(p\,\|\,P_\theta)")
-checkpoints = results.get("checkpoints") or []
-source = results.get("source") or {}
-scaling = results.get("scaling") or {}
-cols = st.columns(4)
-with cols[0]:
-    number("Entropy rate H(p) (nats/token)", source.get("entropy_rate_nats"))
-if checkpoints:
-    last = checkpoints[-1]
+
+def render(folder: Path, results: dict) -> None:
+    st.latex(r"\mathbb{E}_{x\sim p}[-\log P_\theta(x)] = H(p) + \mathrm{KL}(p\,\|\,P_\theta)")
+    show_headlines(results)
+    checkpoints = results.get("checkpoints") or []
+    source = results.get("source") or {}
+    scaling = results.get("scaling") or {}
+    regions = results.get("regions") or {}
+    last = checkpoints[-1] if checkpoints else {}
+    # Like with like: the entropy rate is E[H_t] over complete contexts, so it stands beside CE over those.
+    complete, first = last.get("complete") or {}, last.get("first") or {}
+    st.subheader("Final checkpoint, complete contexts")
+    if regions.get("complete"):
+        st.caption(regions["complete"])
+    cols = st.columns(4)
+    with cols[0]:
+        number("Entropy rate H(p) (nats/token)", source.get("entropy_rate_nats"),
+               help="Σ_c π(c)·H(p(·|c)), closed form from the stationary law over contexts")
     with cols[1]:
-        number("Final cross-entropy (nats)", last.get("cross_entropy_nats"))
+        number("Cross-entropy (nats)", complete.get("cross_entropy_nats"))
     with cols[2]:
-        number("Final KL (nats)", last.get("kl_nats"))
+        number("KL (nats)", complete.get("kl_nats"), help=f"mean H over the same prefixes: "
+               f"{complete.get('entropy_nats', float('nan')):.4f} (CE − that H is this KL)")
     with cols[3]:
-        se = last.get("sampled_kl_se")
-        number("Sampled KL̂ ± SE (nats)", last.get("sampled_kl_nats"),
+        se = complete.get("sampled_kl_se")
+        number("Sampled KL̂ ± SE (nats)", complete.get("sampled_kl_nats"),
                "{:.4f}" + (f" ± {se:.4f}" if isinstance(se, (int, float)) else ""),
                help="mean of −log P_θ + log p at the tokens that came, with the standard error over sequences")
-best = results.get("temperature_min") or {}
-if isinstance(best.get("T"), (int, float)):
-    st.write(f"KL is smallest at temperature **T = {best['T']:.3f}** ({best.get('kl_nats', float('nan')):.4f} nats; "
-             f"{best.get('kl_at_T1_nats', float('nan')):.4f} at T = 1).")
-if scaling.get("E_nats") is not None:
-    ci = scaling.get("E_ci95") or [None, None]
-    chain = scaling.get("source") or {}
-    on = f" on the order-{chain['order']} chain over {chain['vocab_size']} symbols" if "order" in chain else ""
-    st.write(f"Scaling fit L(N) = E + A·N^(−α){on}: **E = {scaling['E_nats']:.4f}** nats, 95% interval "
-             f"[{ci[0]:.4f}, {ci[1]:.4f}], against that chain's entropy rate "
-             f"{scaling.get('true_entropy_nats', float('nan')):.4f}; α = {scaling.get('alpha', float('nan')):.3f}.")
-show_figures(folder)
+    if first:
+        st.subheader("The first positions, apart")
+        if regions.get("first"):
+            st.caption(regions["first"])
+        cols = st.columns(3)
+        with cols[0]:
+            number("H over those prefixes (nats)", first.get("entropy_nats"))
+        with cols[1]:
+            number("Cross-entropy (nats)", first.get("cross_entropy_nats"))
+        with cols[2]:
+            number("KL (nats)", first.get("kl_nats"))
+    best = results.get("temperature_min") or {}
+    if isinstance(best.get("T"), (int, float)):
+        st.write(f"KL over complete contexts is smallest at temperature **T = {best['T']:.3f}** "
+                 f"({best.get('kl_nats', float('nan')):.4f} nats; {best.get('kl_at_T1_nats', float('nan')):.4f} at T = 1).")
+    if scaling.get("E_nats") is not None:
+        ci = scaling.get("E_ci95") or [float("nan"), float("nan")]
+        chain = scaling.get("source") or {}
+        on = f" on the order-{chain['order']} chain over {chain['vocab_size']} symbols" if "order" in chain else ""
+        opened = f" (open {scaling['E_ci95_open']})" if scaling.get("E_ci95_open") else ""
+        st.write(f"Scaling fit L(N) = E + A·N^(−α){on}, {scaling.get('constraints', '')}: "
+                 f"**E = {scaling['E_nats']:.4f}** nats, 95% interval [{ci[0]:.4f}, {ci[1]:.4f}]{opened}, against that "
+                 f"chain's entropy rate {scaling.get('true_entropy_nats', float('nan')):.4f} and the held-out entropy "
+                 f"{scaling.get('heldout_entropy_nats', float('nan')):.4f}; α = {scaling.get('alpha', float('nan')):.3f}.")
+    hmm = results.get("hmm_source") or {}
+    if hmm.get("entropy_rate_estimate_note"):
+        st.caption(f"Hidden-Markov source: entropy rate ≈ {hmm.get('entropy_rate_estimate_nats', float('nan')):.3f} "
+                   f"nats ({hmm['entropy_rate_estimate_note']}).")
+    show_figures(folder)
+
+
+show_run("kl", render, fields={"checkpoints": list, "source": dict, "scaling": dict, "temperature_min": dict,
+                               "regions": dict, "hmm_source": dict, "headlines": list},
+         required=("checkpoints", "source"))

@@ -53,7 +53,8 @@ training. At each:
 
 `--model PATH --mmlu FILE.csv`: lettered multiple choice on MMLU's CSV layout (question, A, B, C, D,
 answer; with or without a header) for any local Hugging Face causal LM — converted into a
-HookedTransformer by `lab.hf.load_hf` when the architecture is supported (GPT-2, LLaMA), else wrapped
+HookedTransformer by `lab.hf.load_hf` when the architecture is supported (lab.hf.SUPPORTED: GPT-2, LLaMA,
+GPT-NeoX / Pythia, Qwen2, Mistral), else wrapped
 by `lab.hf.bridge` (TransformerBridge) — with temperature scaling and per-layer P(IK) probes on the
 residual stream at the last prompt token, by the same rules (items split train / validation / test, controls,
 "not enough data" for a small CSV).
@@ -152,7 +153,7 @@ class Config:
     n_boot: int = 500
     token_windows: int = 32  # held-out pydoc windows of n_ctx tokens for token-level calibration
     threads: int = 1  # torch intra-op threads (tiny tensors: more threads cost more than they gain)
-    hf_loader: str = "auto"  # --model: "auto" converts GPT-2/LLaMA (lab.hf.load_hf), bridges the rest; "bridge" always
+    hf_loader: str = "auto"  # --model: "auto" converts lab.hf.SUPPORTED (lab.hf.load_hf), bridges the rest; "bridge" always
 
     def __post_init__(self) -> None:
         check_fields(self)

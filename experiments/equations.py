@@ -5,10 +5,13 @@ Every check is a computation with Forma's own implementation where one exists �
 meta-device `HookedTransformer`, `sample_next`, `filter_logits`, `decode` with and without the KV
 cache — compared with what the equation predicts. A check returns
 
-    {name, item, equation (LaTeX), measured, expected, tolerance, passed, note, seconds}
+    {name, item, equation (LaTeX), measured, expected, tolerance, passed, note, seconds, timing}
 
 where `item` is the claim's number in issue 9 and `note` states the pass rule when it is not
-|measured − expected| ≤ tolerance. The implementation a check tests is a parameter (`attention=`,
+|measured − expected| ≤ tolerance. `seconds` and `timing` (wall times measured alongside, never gated) are
+the only fields that differ between two runs with one seed (lab.runs.TIMING_FIELDS); every least-squares
+fit uses the SVD driver gelsd, because MKL's default gelsy (QR with column pivoting) gives different
+solutions for one input from call to call. The implementation a check tests is a parameter (`attention=`,
 `filter_fn=`, `formula=`, …), so a test can hand it a wrong one — the mask written j ≥ i, no √d_k, a
 nucleus one token too wide — and see that check fail.
 
@@ -20,7 +23,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -37,7 +40,8 @@ from lab.configs import check_fields
 from lab.generate import decode, filter_logits, sample_next
 from lab.model import HookedTransformer, KVCache, KVCacheEntry, ModelConfig, next_token_loss
 from lab.model.components import ACTIVATIONS, Attention, Rotary, sinusoidal_table
-from lab.runs import latest_run, read_json, save_figure
+from lab.metrics.information import entropy, kl
+from lab.runs import save_figure
 
 F64 = torch.float64
 
@@ -68,6 +72,7 @@ class Check:
     passed: bool
     note: str
     seconds: float = 0.0
+    timing: dict[str, list[float]] = field(default_factory=dict)  # wall times beside the check, never gated
 
 
 def _close(measured: list[float], expected: list[float], tolerance: list[float]) -> bool:
@@ -96,6 +101,14 @@ def _capturing(*points: HookPoint) -> Iterator[list[Tensor]]:
     finally:
         for point in points:
             point.remove_hooks("fwd")
+
+
+def _seeded_attention(cfg: ModelConfig, seed: int, cls: type[Attention] = Attention) -> Attention:
+    """An Attention whose initial weights come from `seed`: modules draw from torch's global generator, whose
+    seed is random per process, so an unseeded one would change every run. The caller's generator is kept."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return cls(cfg)
 
 
 def _attention_config(d_model: int, n_heads: int, n_ctx: int) -> ModelConfig:
@@ -222,7 +235,7 @@ def _model_scores(attention: Attention, x: Tensor) -> tuple[Tensor, Tensor, Tens
 def _unit_attention(d_k: int, n_ctx: int, attention: Attention | None, seed: int) -> Attention:
     """One head with W_Q = I and W_K a random rotation: q = x, k = xQ, so for independent unit-variance rows
     of x, q_i and k_j (i ≠ j) are independent with unit-variance components."""
-    attention = attention if attention is not None else Attention(_attention_config(d_k, 1, n_ctx))
+    attention = attention if attention is not None else _seeded_attention(_attention_config(d_k, 1, n_ctx), seed)
     g = _generator(seed)
     rotation, _ = torch.linalg.qr(torch.randn(d_k, d_k, generator=g, dtype=F64))
     with torch.no_grad():
@@ -354,7 +367,7 @@ def _mask_probe(attention: Attention, x: Tensor, position: int, seed: int) -> di
 def check_causal_mask(attention: Attention | None = None, n_pos: int = 12, seed: int = 0) -> Check:
     """A = softmax(qkᵀ/√d + M), M_ij = −∞ for j > i: future keys get weight exactly zero, so changing a later
     token cannot change an earlier output; the explicit path (Forma's mask) agrees with the fused one."""
-    attention = attention if attention is not None else Attention(_attention_config(32, 4, n_pos))
+    attention = attention if attention is not None else _seeded_attention(_attention_config(32, 4, n_pos), seed)
     x = torch.randn(3, n_pos, attention.W_Q.shape[1], generator=_generator(seed))
     probe = _mask_probe(attention, x, n_pos // 2, seed + 1)
     with torch.no_grad(), _capturing(attention.hook_pattern):
@@ -377,8 +390,8 @@ def check_causal_mask(attention: Attention | None = None, n_pos: int = 12, seed:
 
 def check_reversed_mask(n_pos: int = 12, seed: int = 0) -> Check:
     """The reversed inequality (M_ij = 0 for i ≤ j) run through the same Attention: it hides the past."""
-    correct = Attention(_attention_config(32, 4, n_pos))
-    reversed_ = ReversedMaskAttention(_attention_config(32, 4, n_pos))
+    correct = _seeded_attention(_attention_config(32, 4, n_pos), seed)
+    reversed_ = _seeded_attention(_attention_config(32, 4, n_pos), seed, ReversedMaskAttention)
     reversed_.load_state_dict(correct.state_dict())
     x = torch.randn(3, n_pos, 32, generator=_generator(seed))
     probe = _mask_probe(reversed_, x, n_pos // 2, seed + 1)
@@ -474,7 +487,7 @@ def check_nonlinearity_breaks_collapse(activation: Callable[[Tensor], Tensor] = 
                 if with_activation and index < len(layers) - 1:
                     y = activation(y)
             design = torch.cat((x, torch.ones(len(x), 1, dtype=F64)), dim=1)
-            fit = design @ torch.linalg.lstsq(design, y).solution
+            fit = design @ torch.linalg.lstsq(design, y, driver="gelsd").solution
             return float((y - fit).norm() / (y - y.mean(0)).norm())
 
     nonlinear, control = relative_residual(True), relative_residual(False)
@@ -505,7 +518,7 @@ def fit_sigmoid_network(n_neurons: int, x_train: Float[Tensor, " n_train"], x_te
     w = torch.full((n_neurons,), 4.0 * n_neurons, dtype=F64)  # each sigmoid rises over ≈ one grid cell
     b = -w * centres
     features = torch.cat((torch.sigmoid(x_train[:, None] * w + b), torch.ones(len(x_train), 1, dtype=F64)), dim=1)
-    solution = torch.linalg.lstsq(features, y[:, None]).solution[:, 0]
+    solution = torch.linalg.lstsq(features, y[:, None], driver="gelsd").solution[:, 0]
     params = [p.clone().requires_grad_() for p in (w, b, solution[:-1], solution[-1:])]
 
     def net(x: Tensor) -> Tensor:
@@ -544,7 +557,7 @@ def check_universal_approximation(result: dict[str, Any]) -> Check:
     widths, errors = result["widths"], result["sup_errors"]
     slope = float(torch.linalg.lstsq(
         torch.stack((torch.log(torch.tensor(widths, dtype=F64)), torch.ones(len(widths), dtype=F64)), 1),
-        torch.log(torch.tensor(errors, dtype=F64))[:, None]).solution[0, 0])
+        torch.log(torch.tensor(errors, dtype=F64))[:, None], driver="gelsd").solution[0, 0])
     half = len(widths) // 2
     falls = errors[-1] <= errors[0] / 20 and max(errors[half:]) < min(errors[:half]) and slope < -0.5
     return Check(
@@ -740,8 +753,9 @@ def check_kv_cache_tokens(models: dict[str, HookedTransformer] | None = None, n_
 def attention_flops(attention: Attention, q_len: int, k_len: int) -> int:
     """FLOPs of Forma's explicit attention (q kᵀ and A v) for q_len queries over k_len keys."""
     h, dh = attention.n_heads, attention.d_head
-    q = torch.randn(1, q_len, h, dh)
-    k = torch.randn(1, k_len, attention.n_kv_heads, dh)
+    g = _generator(q_len * k_len)  # the values do not change the count; seeded all the same
+    q = torch.randn(1, q_len, h, dh, generator=g)
+    k = torch.randn(1, k_len, attention.n_kv_heads, dh, generator=g)
     with FlopCounterMode(display=False) as counter, torch.no_grad():
         attention._explicit(q, k, k, k_len - q_len)
     return counter.get_total_flops()
@@ -816,11 +830,11 @@ def check_kv_cache_cost(prefixes: tuple[int, ...] = (128, 256, 512), repeats: in
         note=f"attention FLOPs per step as n doubles (n = {list(prefixes)}, d = {d}): cached {cached} (ratio "
              f"{ratios(cached)}; = 4·n·d: {exact}), recomputed {recomputed} (ratio {ratios(recomputed)}). "
              f"Whole-model FLOPs per step: cached {model_cached} (ratio {ratios(model_cached)}), recomputed "
-             f"{model_recomputed} (ratio {ratios(model_recomputed)}). Median wall time per step "
-             f"({repeats} repeats, 2 shared CPU cores: noisy, and a tiny model's step is dominated by fixed "
-             f"overhead, so not gated): cached {[f'{s * 1e3:.2f} ms' for s in seconds_cached]} (ratio "
-             f"{ratios(seconds_cached)}), recomputed {[f'{s * 1e3:.2f} ms' for s in seconds_recomputed]} "
-             f"(ratio {ratios(seconds_recomputed)})")
+             f"{model_recomputed} (ratio {ratios(model_recomputed)}). The median wall time per step "
+             f"({repeats} repeats) is in `timing`, not gated: on shared CPU cores it is noisy, and a tiny "
+             f"model's step is dominated by fixed overhead",
+        timing={"prefixes": [float(n) for n in prefixes], "cached_step_s": seconds_cached,
+                "recomputed_step_s": seconds_recomputed})
 
 
 # ============================================================================================
@@ -852,40 +866,35 @@ def check_perplexity(seed: int = 0) -> Check:
              f"{len(probs)} predictions, |V| = {d_vocab}]")
 
 
-def check_kl_identity(d_vocab: int = 50, n_samples: int = 20000, seed: int = 0) -> Check:
-    """E_p[−log q] = H(p) + KL(p‖q), exactly (three implementations: F.cross_entropy with soft targets,
-    Categorical.entropy, kl_divergence) and by sampling x ~ p (KL̂ = mean −log q(x) − mean −log p(x), paired)."""
+def check_kl_identity(d_vocab: int = 50, n_samples: int = 20000, seed: int = 0,
+                      entropy_fn: Callable[[Tensor], Tensor] = entropy,
+                      kl_fn: Callable[[Tensor, Tensor], Tensor] = kl) -> Check:
+    """E_{x~p}[−log q(x)] = H(p) + KL(p‖q), measured two ways that share nothing but p and q: the right side
+    exactly from Forma's `entropy` and `kl` (lab.metrics.information), the left side and both terms by
+    sampling x ~ p (mean −log q(x), mean −log p(x), and KL̂ as their paired difference). Each sampled mean
+    must land within 4 standard errors of its exact value. (CE − H − KL from the same terms would be 0 by
+    algebra and test nothing.)"""
     g = _generator(seed)
     p = -torch.rand(d_vocab, generator=g, dtype=F64).log()  # Exp(1) weights: p ~ Dirichlet(1, …, 1)
     p = p / p.sum()
-    q_logits = 1.5 * torch.randn(d_vocab, generator=g, dtype=F64)
-    q = q_logits.softmax(-1)
-    cross_entropy = float(F.cross_entropy(q_logits[None], p[None]))
-    entropy = float(torch.distributions.Categorical(probs=p).entropy())
-    kl = float(torch.distributions.kl_divergence(torch.distributions.Categorical(probs=p),
-                                                 torch.distributions.Categorical(probs=q)))
+    q = (1.5 * torch.randn(d_vocab, generator=g, dtype=F64)).softmax(-1)
+    exact_entropy, exact_kl = float(entropy_fn(p)), float(kl_fn(p, q))
     x = torch.multinomial(p, n_samples, replacement=True, generator=g)
-    paired = q[x].log().neg() - p[x].log().neg()  # per-sample −log q(x) + log p(x)
-    kl_hat = float(paired.mean())
-    se = float(paired.std() / math.sqrt(n_samples))
-    measured = [cross_entropy, kl_hat]
-    expected = [entropy + kl, kl]
-    tolerance = [1e-12, 4 * se]
-    kl_run = latest_run("kl")
-    pointer = f"the kl experiment's latest run: {kl_run}" if kl_run else "no kl run yet (runs/kl/latest absent)"
-    if kl_run is not None:
-        try:
-            keys = sorted(read_json(kl_run / "results.json"))[:12]
-            pointer += f" (results keys: {keys})"
-        except (ValueError, FileNotFoundError, TypeError) as err:
-            pointer += f" (results.json unreadable: {err})"
+    nll_q, nll_p = -q[x].log(), -p[x].log()
+    measured, expected, tolerance = [], [], []
+    for sample, exact in ((nll_q, exact_entropy + exact_kl), (nll_p, exact_entropy), (nll_q - nll_p, exact_kl)):
+        measured.append(float(sample.mean()))
+        expected.append(exact)
+        tolerance.append(4 * float(sample.std() / math.sqrt(n_samples)))
     return Check(
         name="kl_identity", item=12,
         equation=r"\mathbb E_{x\sim p}[-\log q(x)]=H(p)+\mathrm{KL}(p\,\Vert\,q)",
         measured=measured, expected=expected, tolerance=tolerance, passed=_close(measured, expected, tolerance),
-        note=f"p ~ Dirichlet(1) and q = softmax(1.5·N(0, I)) over {d_vocab} outcomes: [CE, sampled KL̂ from "
-             f"{n_samples} draws] against [H + KL = {entropy:.4f} + {kl:.4f} nats, exact KL]; KL̂ ± {1.96 * se:.4f} "
-             f"(95%), pass within 4 standard errors. On a trained model: {pointer}")
+        note=f"p ~ Dirichlet(1) and q = softmax(1.5·N(0, I)) over {d_vocab} outcomes, {n_samples} draws x ~ p: "
+             f"[mean −log q(x), mean −log p(x), KL̂] against [H + KL = {exact_entropy:.4f} + {exact_kl:.4f}, H, KL] "
+             f"from lab.metrics.information; pass within 4 standard errors each "
+             f"(± {', '.join(f'{t / 4 * 1.96:.4f}' for t in tolerance)} at 95%). The kl experiment makes the "
+             f"same comparison on a trained model and a Markov source (`forma run kl`)")
 
 
 # ============================================================================================
@@ -979,17 +988,36 @@ def run(cfg: Config, out: Path) -> dict:
         figures = write_figures(out, ua, seed)
     finally:
         torch.set_num_threads(threads)
-    kl_run = latest_run("kl")
-    return {
+    results = {
         "checks": [_plain(asdict(c)) for c in checks],
         "all_passed": all(c.passed for c in checks),
         "n_checks": len(checks),
         "n_passed": sum(c.passed for c in checks),
         "failed": [c.name for c in checks if not c.passed],
         "figures": figures,
-        "kl_run": None if kl_run is None else str(kl_run),
         "seconds": time.perf_counter() - start,
     }
+    results["headlines"] = headlines(results)
+    return results
+
+
+def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """One headline per check, computed from results["checks"]: the claim, what was measured against what the
+    equation predicts, and whether it passed (the direction, which the quick and default runs must share).
+    Every check is a computation that a wrong implementation fails (the tests hand each one a wrong one)."""
+    def show(value: float | list[float]) -> str:
+        return ", ".join(f"{x:.4g}" for x in value) if isinstance(value, list) else f"{value:.4g}"
+
+    out = []
+    for check in results["checks"]:
+        measured, expected, tolerance = check["measured"], check["expected"], check["tolerance"]
+        out.append({"name": check["name"],
+                    "sentence": f"{check['name'].replace('_', ' ')} (claim {check['item']}): measured "
+                                f"[{show(measured)}] against [{show(expected)}] within [{show(tolerance)}] — "
+                                f"{'passes' if check['passed'] else 'FAILS'}.",
+                    "value": measured if not isinstance(measured, list) else measured[0], "interval": None,
+                    "direction": bool(check["passed"]), "supported": True, "why_not": None})
+    return out
 
 
 def _plain(record: dict[str, Any]) -> dict[str, Any]:
@@ -997,6 +1025,8 @@ def _plain(record: dict[str, Any]) -> dict[str, Any]:
     def plain(value: Any) -> Any:
         if isinstance(value, (list, tuple)):
             return [plain(v) for v in value]
+        if isinstance(value, dict):
+            return {str(k): plain(v) for k, v in value.items()}
         if isinstance(value, (bool, str)) or value is None:
             return value
         return float(value)

@@ -41,6 +41,16 @@ What runs:
 * singleton: Kalai, Nachum, Vempala & Zhang 2025 (arXiv 2509.04664, Thm. 2) with prompt = "First Last a"
   for a person and answer = the value, read off the same models' conditionals.
 
+What a run shows is `headlines(results)` (results.json "headlines"): g(H) against MF across γ by Spearman's
+ρ (only with ≥ 3 γ in the regime where MF rises with γ), both sides of the bound where its right side is
+positive ("bound vacuous" where it is negative at every check: it then holds whatever the model does),
+the enumeration against sampled documents, each upweighting condition against its matched control (only
+when every draw of its blocks falls on one side), and the singleton variant (vacuous at these N). A γ
+whose world puts ≥ MAX_FACT_PROBABILITY_FLAG of p on one fact is flagged: the theorem assumes a bounded
+largest fact probability. The quick profile (QUICK) is the same experiment at a smaller size, with the
+world's draws per person as in the default (n_train/n_persons = 1.25), so that MF rises with γ there too,
+and enough upweighting steps for the repeated blocks to act.
+
 Artefacts in `out`: checkpoints.parquet (one row per γ and checkpoint), calibration_bins.parquet (per
 γ, checkpoint and binning: bin edges, g mass, p mass, |B| and the bin's share of the coarsened TV),
 train_counts.parquet (per γ and fact: person, value, p and the training count), heldout.parquet,
@@ -77,10 +87,23 @@ from lab.configs import check_fields, torch_threads
 logger = logging.getLogger(__name__)
 
 DELTAS = (0.1, 0.01)  # the bound's confidence levels (issue 5 item 3)
+# Kalai & Vempala's bound is proved for worlds whose largest fact probability is bounded (their abstract: "if
+# the maximum probability of any fact is bounded"); the theorem gives no number. Forma flags a γ whose world
+# puts at least this share of p on one fact: most of its training draws then repeat that fact, and the
+# monofact rate describes the rest of a world that is mostly one fact.
+MAX_FACT_PROBABILITY_FLAG = 0.1
+# The limit on |z| for the family of enumeration-against-sampling comparisons (one per γ and checkpoint, 30
+# in the default run): 4 standard errors keep the chance that a fair one exceeds it near 0.2% (2·Φ(−4) each).
+FAMILY_Z = 4.0
 EPS = 0.1  # ε-log bins ((1−ε)^(i+1), (1−ε)^i] (Kalai & Vempala's ε-log binning)
 ADAPTIVE_BINS = 20  # b adaptive bins, each ≈ 1/b of g's mass
-QUICK = dict(n_first_names=30, n_last_names=60, n_persons=600, n_train=2000, gammas=(1.5, 4.0),
-             epochs=(1, 2, 4), n_heldout=500, upweight_epochs=1, upweight_draws=2)
+# The quick profile is the default experiment at a smaller size: a tenth of the name grid, the default's
+# draws per person (n_train / n_persons = 1.25, where MF rises with γ: fewer persons than draws would put
+# the sweep where MF falls with γ), three γ in that regime, and most of the default's optimizer steps of
+# upweighting (16 epochs of 15 steps against 8 of 50: with 1 epoch, as before, no condition moved g(H)
+# below its control), from the held-out optimum at the same γ.
+QUICK = dict(n_first_names=30, n_last_names=60, n_persons=1200, n_train=1500, gammas=(1.5, 2.0, 4.0),
+             epochs=(4, 8, 16, 32), n_heldout=500, upweight_epochs=16, upweight_draws=2)
 
 
 # --------------------------------------------------------------------------------------------
@@ -214,7 +237,7 @@ def make_setting(cfg: Config, gamma: float) -> Setting:
     fact_last = np.array([last_index[world.persons[f.person_index].last] for f in world.facts])
     fact_value = np.array([value_index[f.value] for f in world.facts])
     n_last, n_values = len(world.last_names), len(values)
-    heldout = np.random.default_rng([cfg.seed, 5]).choice(len(world.facts), size=cfg.n_heldout, p=world.p)
+    heldout = world.heldout_fact_indices(cfg.n_heldout)  # fresh i.i.d. draws, never training examples
 
     def rows(fact_indices: np.ndarray) -> Tensor:
         # The bare render "{first} {last} {attribute} {value} ." without its constant final ".".
@@ -570,6 +593,7 @@ def upweight(cfg: Config, run: SweepRun) -> tuple[list[dict[str, Any]], list[dic
         entry = {k: v for k, v in rows[0].items() if k not in ("draw", *UPWEIGHT_KEYS, "malformed_by_position")}
         entry |= {key: float(np.mean([r[key] for r in rows])) for key in UPWEIGHT_KEYS}
         entry |= {"n_draws": len(rows), "hallucination_rate_draws": rates.tolist(),
+                  "miscalibration_tv_eps_draws": [r["miscalibration_tv_eps"] for r in rows],
                   "hallucination_rate_se": float(rates.std(ddof=1) / math.sqrt(len(rates))) if len(rates) > 1 else 0.0}
         summary.append(entry)
     return summary, per_draw
@@ -606,13 +630,17 @@ def acceptance(sweep: list[dict[str, Any]], upweighting: list[dict[str, Any]], c
         rates = [next(c["hallucination_rate"] for c in s["checkpoints"] if c["checkpoint"] == f"epoch {epoch}")
                  for s in sweep]
         by_epoch[str(epoch)] = spearman(mf, rates)
-    margins = [c[f"bound_margin_delta_{_key(d)}"] for s in sweep for c in s["checkpoints"] for d in DELTAS]
-    positive_rhs = sum(c[f"bound_rhs_delta_{_key(d)}"] > 0 for s in sweep for c in s["checkpoints"] for d in DELTAS)
+    sides = [(c[f"bound_rhs_delta_{_key(d)}"], c[f"bound_margin_delta_{_key(d)}"])
+             for s in sweep for c in s["checkpoints"] for d in DELTAS]
+    informative = [margin for rhs, margin in sides if rhs > 0]  # where the right side is negative it says nothing
     out: dict[str, Any] = {
         "spearman_monofact_vs_hallucination": by_epoch,
         "spearman_at_least_0_9": all(v >= 0.9 for v in by_epoch.values()),
-        "min_bound_margin": min(margins), "bound_holds_everywhere": min(margins) >= 0,
-        "bound_checks_with_positive_right_side": int(positive_rhs), "bound_checks": len(margins),
+        "min_bound_margin": min(margin for _, margin in sides),
+        "min_bound_margin_where_right_side_positive": min(informative) if informative else None,
+        "bound_holds_where_right_side_positive": all(m >= 0 for m in informative) if informative else None,
+        "bound_checks_with_positive_right_side": len(informative), "bound_checks": len(sides),
+        "largest_right_side": max(rhs for rhs, _ in sides),
     }
     if upweighting:
         control = upweighting[0]
@@ -628,6 +656,124 @@ def acceptance(sweep: list[dict[str, Any]], upweighting: list[dict[str, Any]], c
             and u["miscalibration_tv_eps"] > control["miscalibration_tv_eps"]
             and abs(u["recall_seen"] - control["recall_seen"]) <= 0.05 for u in mixed)
     return out
+
+
+def _headline(name: str, sentence: str, value: Any, interval: list[float] | None, direction: Any,
+              supported: bool = True, why_not: str | None = None) -> dict[str, Any]:
+    return {"name": name, "sentence": sentence, "value": value, "interval": interval, "direction": direction,
+            "supported": supported, "why_not": None if supported else why_not}
+
+
+def _sign(x: float) -> int:
+    return int(x > 0) - int(x < 0)
+
+
+def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """What the run shows, one sentence each, computed from the rest of results: {name, sentence, value,
+    interval, direction (must agree between the quick and default profiles), supported, why_not}. A headline
+    the run cannot support is kept, unsupported, with the reason in words."""
+    sweep = sorted(results["sweep"], key=lambda s: s["gamma"])
+    out = []
+
+    # Hallucination against the monofact rate across γ, at each γ's held-out optimum.
+    mf = [s["monofact_rate"] for s in sweep]
+    optimum = [next(c for c in s["checkpoints"] if c["checkpoint"] == "optimum") for s in sweep]
+    rates = [c["hallucination_rate"] for c in optimum]
+    rho = spearman(mf, rates)
+    by_epoch = results["acceptance"]["spearman_monofact_vs_hallucination"]
+    rising = all(b > a for a, b in zip(mf, mf[1:]))
+    flagged = [s for s in sweep if s["max_fact_probability"] >= MAX_FACT_PROBABILITY_FLAG]
+    note = ("" if not flagged else " (one fact holds " + ", ".join(
+        f"{s['max_fact_probability']:.0%} of p at γ = {s['gamma']:g}" for s in flagged)
+        + f": beyond the theorem's bounded largest fact, flagged at ≥ {MAX_FACT_PROBABILITY_FLAG:.0%})")
+    why = None
+    if len(sweep) < 3:
+        why = f"only {len(sweep)} γ values: a rank correlation of {len(sweep)} points can only be ±1"
+    elif not rising:
+        why = ("the monofact rate does not rise with γ across " + ", ".join(f"γ = {s['gamma']:g} (MF {m:.3f})"
+               for s, m in zip(sweep, mf)) + ": the sweep is outside the regime where γ moves MF up")
+    out.append(_headline(
+        "hallucination_rises_with_monofact_rate",
+        f"Across {len(sweep)} popularity shapes (MF {min(mf):.3f} … {max(mf):.3f}), g(H) at each γ's held-out optimum "
+        f"has Spearman ρ = {rho:+.2f} with the monofact rate (at fixed epochs: "
+        + ", ".join(f"{e}: {v:+.2f}" for e, v in by_epoch.items()) + ")" + note + ".",
+        rho, None, _sign(rho) if math.isfinite(rho) else 0, why is None, why))
+
+    # Both sides of the bound, at every checkpoint and δ.
+    checks = [(c[f"bound_rhs_delta_{_key(d)}"], c[f"bound_margin_delta_{_key(d)}"])
+              for s in sweep for c in s["checkpoints"] for d in DELTAS]
+    positive = [(rhs, margin) for rhs, margin in checks if rhs > 0]
+    if positive:
+        worst = min(margin for _, margin in positive)
+        out.append(_headline(
+            "bound_holds", f"Where its right side is positive ({len(positive)} of {len(checks)} checks), the bound "
+                           f"g(H) ≥ MF − Mis − slack holds with smallest margin {worst:+.3f}.",
+            worst, None, bool(worst >= 0)))
+    else:
+        best = max(rhs for rhs, _ in checks)
+        out.append(_headline(
+            "bound_holds", "The Kalai–Vempala bound's right side is negative at every check.", best, None, 0,
+            False, f"bound vacuous: right side < 0 at every check ({len(checks)} of {len(checks)}; the largest is "
+                   f"{best:+.3f}), so g(H) ≥ right side holds whatever the model does and says nothing"))
+
+    # The enumeration against sampled documents, and the grammar's mass.
+    z = max(abs(c["sampled_hallucination_rate"] - c["hallucination_rate"]) / c["sampled_se"]
+            for s in sweep for c in s["checkpoints"] if c["sampled_se"] > 0)
+    n_checkpoints = sum(len(s["checkpoints"]) for s in sweep)
+    out.append(_headline(
+        "enumeration_matches_sampling",
+        f"The exact g(H) by enumeration and the rate among documents sampled at T = 1 agree at all {n_checkpoints} "
+        f"checkpoints (worst |z| = {z:.2f}; over these comparisons the limit is |z| ≤ {FAMILY_Z}).", z, None,
+        bool(z <= FAMILY_Z)))
+    gap = max(abs(c["sum_check"]) for s in sweep for c in s["checkpoints"])
+    out.append(_headline(
+        "mass_closes", f"g(F) + g(H) + malformed, the last summed from the grammar's leaks, is 1 within {gap:.1e} at "
+                       f"every checkpoint.", gap, None, bool(gap <= 1e-4)))
+
+    # Selective upweighting against its matched-compute control (Miao & Kearns).
+    upweighting = results.get("upweighting") or []
+    if upweighting:
+        control = upweighting[0]
+        n_shares = len(results["config"]["upweight_shares"])
+        for u in upweighting[1: 1 + n_shares]:
+            draws = u["hallucination_rate_draws"]
+            reductions = [1 - r / control["hallucination_rate"] for r in draws]
+            sides = {_sign(r - control["hallucination_rate"]) for r in draws}
+            why = (f"only {len(draws)} draw of the repeated blocks: no spread to judge it by" if len(draws) < 2 else
+                   f"its draws fall on both sides of the control (g(H) {', '.join(f'{r:.4f}' for r in draws)} "
+                   f"against {control['hallucination_rate']:.4f})" if len(sides) > 1 else None)
+            out.append(_headline(
+                f"upweighting {u['condition']}",
+                f"Upweighting ({u['condition']}) moves g(H) from {control['hallucination_rate']:.4f} to "
+                f"{u['hallucination_rate']:.4f} against the matched-compute control ({1 - u['hallucination_rate'] / control['hallucination_rate']:+.1%} "
+                f"reduction; draws {', '.join(f'{r:+.1%}' for r in reductions)}), Mis {control['miscalibration_tv_eps']:.3f} "
+                f"→ {u['miscalibration_tv_eps']:.3f}, recall {control['recall_seen']:.3f} → {u['recall_seen']:.3f}.",
+                1 - u["hallucination_rate"] / control["hallucination_rate"], [min(reductions), max(reductions)],
+                _sign(u["hallucination_rate"] - control["hallucination_rate"]), why is None, why))
+        mixed = upweighting[1: 1 + n_shares]
+        changes = [m - control["miscalibration_tv_eps"] for u in mixed for m in u["miscalibration_tv_eps_draws"]]
+        mean = float(np.mean(changes))
+        sides = {_sign(c) for c in changes}
+        why = None if len(changes) >= 2 and len(sides) == 1 else (
+            "the mixed conditions' draws move Mis both ways: " + ", ".join(f"{c:+.3f}" for c in changes))
+        out.append(_headline(
+            "upweighting_raises_miscalibration",
+            f"Those mixed conditions change the miscalibration Mis by {mean:+.3f} on average (draws "
+            + ", ".join(f"{c:+.3f}" for c in changes) + ").", mean, [min(changes), max(changes)], _sign(mean),
+            why is None, why))
+
+    # The singleton-rate variant: its finite-N term swamps it at these sizes.
+    singleton = results.get("singleton") or {}
+    if singleton:
+        why = None if singleton["bound_rhs"] > 0 else (
+            f"vacuous at N = {singleton['n_train']:,}: the finite-N term (35 + 6 ln N)/√N = "
+            f"{singleton['finite_n_term']:.2f} makes the right side {singleton['bound_rhs']:+.3f}; without it the "
+            f"margin is {singleton['margin_without_finite_n']:+.3f}")
+        out.append(_headline(
+            "singleton_bound", f"The singleton-rate bound (Kalai et al. 2025) holds with margin {singleton['margin']:+.3f}.",
+            singleton["margin"], None, bool(singleton["margin"] >= 0), why is None, why))
+    return out
+
 
 
 def figures(out: Path, sweep: list[dict[str, Any]], runs: list[SweepRun], upweighting: list[dict[str, Any]],
@@ -733,6 +879,7 @@ def run(cfg: Config, out: Path) -> dict:
                       "missing_mass": missing_mass(world.p, world.train_counts),
                       "n_distinct_facts_seen": int((world.train_counts > 0).sum()),
                       "max_fact_probability": float(world.p.max()),
+                      "max_fact_probability_flagged": bool(world.p.max() >= MAX_FACT_PROBABILITY_FLAG),
                       "heldout_optimum_epoch": r.optimum_epoch, "heldout": r.heldout,
                       "checkpoints": r.checkpoints})
     setting = runs[0].setting
@@ -757,6 +904,9 @@ def run(cfg: Config, out: Path) -> dict:
                               "facts here, so the singleton rate equals the monofact rate."},
     }
     results["acceptance"] = acceptance(sweep, upweighting, cfg)
+    results["config"] = {"upweight_shares": list(cfg.upweight_shares), "gammas": list(cfg.gammas),
+                         "epochs": list(cfg.epochs), "max_fact_probability_flag": MAX_FACT_PROBABILITY_FLAG}
+    results["headlines"] = headlines(results)
 
     save_table([{"gamma": s["gamma"], "monofact_rate": s["monofact_rate"], **{k: v for k, v in c.items()
                                                                                if k != "malformed_by_position"}}

@@ -2,6 +2,7 @@
 
 import argparse
 import sys
+from contextlib import contextmanager
 
 import lab
 
@@ -34,10 +35,31 @@ def cmd_trust(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    """Train a zoo model from models/NAME/model.toml into models/NAME/."""
+    """Train a zoo model from models/NAME/model.toml into models/NAME/. The previous model stays in place
+    until the new one is complete; an interrupted build (Ctrl-C, SIGTERM, a crash) continues with --resume."""
+    import signal
+
+    from lab.train import TrainingInterrupted
     from lab.zoo import build
 
-    directory = build(args.name, quick=args.quick, progress=not args.no_progress, resume=args.resume)
+    again = f"forma train {args.name}{' --quick' if args.quick else ''} --resume"
+
+    def stop(signum: int, frame: object) -> None:
+        raise TrainingInterrupted(signum)
+
+    # SIGTERM stops like Ctrl-C wherever it lands; in the training loop `train` handles both itself,
+    # finishing the step and writing a checkpoint first.
+    before = signal.signal(signal.SIGTERM, stop)
+    try:
+        directory = build(args.name, quick=args.quick, progress=not args.no_progress, resume=args.resume)
+    except TrainingInterrupted as interrupted:
+        print(f"forma train: {interrupted}; continue with `{again}`", file=sys.stderr)
+        return 128 + interrupted.signum
+    except KeyboardInterrupt:
+        print(f"forma train: interrupted; continue with `{again}`", file=sys.stderr)
+        return 128 + signal.SIGINT
+    finally:
+        signal.signal(signal.SIGTERM, before)
     print(f"trained {args.name} into {directory}")
     return 0
 
@@ -105,7 +127,10 @@ def run_side_by_side(jobs: list[tuple[str, list[str]]]) -> bool:
         print(f"[demo] {label} …", flush=True)
         began = time.perf_counter()
         with log.open("w") as out:
-            code = subprocess.call([sys.executable, "-m", "lab.cli", *argv], env=env, stdout=out, stderr=subprocess.STDOUT)
+            code = CHILDREN.start([sys.executable, "-m", "lab.cli", *argv], env=env, stdout=out,
+                                  stderr=subprocess.STDOUT).wait()
+        if CHILDREN.signum is not None:
+            return False
         seconds = time.perf_counter() - began
         if code == 0:
             print(f"[demo] {label}: done in {seconds:.0f} s", flush=True)
@@ -115,8 +140,14 @@ def run_side_by_side(jobs: list[tuple[str, list[str]]]) -> bool:
               + "\n    ".join(tail), file=sys.stderr, flush=True)
         return False
 
-    with ThreadPoolExecutor(workers) as pool:
-        return all(list(pool.map(run, jobs)))
+    pool = ThreadPoolExecutor(workers)
+    with CHILDREN.forwarding_signals():  # a signal: every job hears it, no new one starts, then Stopped
+        try:
+            return all(list(pool.map(run, jobs)))
+        except Stopped:  # a job that would have started after the signal
+            return False
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def show_generations() -> None:
@@ -184,13 +215,122 @@ def wait_until_serving(url: str, process, timeout_s: float) -> None:
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
     """Serve the dashboard at http://127.0.0.1:PORT (Ctrl-C stops it)."""
-    import subprocess
-
     print(f"Forma dashboard at http://127.0.0.1:{args.port}  (Ctrl-C to stop)", flush=True)
     try:
-        return subprocess.call(dashboard_command(args.port))
-    except KeyboardInterrupt:
-        return 0
+        with CHILDREN.forwarding_signals():
+            code = CHILDREN.start(dashboard_command(args.port)).wait()
+    except Stopped:
+        return 0  # Ctrl-C, SIGTERM or SIGHUP: the server was told too, and has ended
+    return code
+
+
+class Stopped(BaseException):
+    """SIGTERM, SIGINT or SIGHUP ended `forma` while it waited on its children (who were told, and have ended)."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by signal {signum}")
+        self.signum = signum
+
+
+class Children:
+    """The processes `forma dashboard` and `forma demo` start, which must end with `forma`, whatever ends it.
+
+    Each child runs in its own process group and asks the kernel (Linux prctl PR_SET_PDEATHSIG) for SIGTERM
+    when its parent dies: that covers SIGKILL, which no handler sees. Inside `forwarding_signals()`, SIGTERM,
+    SIGINT and SIGHUP are passed on to every child's process group (so Streamlit, and whatever a job started,
+    hears them), no new child starts, a group still alive `grace_s` later gets SIGKILL, and once the block is
+    done `Stopped` is raised. (A terminal's Ctrl-C reaches only `forma`'s own group; it is forwarded too.)"""
+
+    SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
+    PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+    def __init__(self, grace_s: float = 10.0):
+        import threading
+
+        self.grace_s = grace_s
+        self.signum: int | None = None  # the first signal received, once one is
+        self._live: list = []
+        self._lock = threading.RLock()  # re-entrant: the handler may run inside start(), in the main thread
+
+    def start(self, argv: list[str], **popen: object):
+        """Popen(argv) in a new process group, told to die with this process; `Stopped` once a signal came."""
+        import subprocess
+
+        with self._lock:
+            if self.signum is not None:
+                raise Stopped(self.signum)
+            process = subprocess.Popen(argv, process_group=0, preexec_fn=self._die_with_parent(), **popen)
+            self._live = [p for p in self._live if p.poll() is None] + [process]
+            if self.signum is not None:  # it came while Popen ran: this child was not yet in the list
+                self._signal(process, self.signum)
+        return process
+
+    def _die_with_parent(self):
+        """What the child runs between fork and exec. The libc look-up is done here, in the parent: a child
+        forked from a threaded process must do as little as possible before exec."""
+        import ctypes
+        import os
+        import signal
+
+        if not sys.platform.startswith("linux"):
+            return None
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+        option, signum, parent = self.PR_SET_PDEATHSIG, int(signal.SIGTERM), os.getpid()
+
+        def preexec() -> None:
+            prctl(option, signum)
+            if os.getppid() != parent:  # the parent died before prctl took effect: no signal will come
+                os._exit(1)
+
+        return preexec
+
+    @staticmethod
+    def _signal(process, signum: int) -> None:
+        import os
+
+        try:
+            os.killpg(process.pid, signum)
+        except (ProcessLookupError, PermissionError):  # the group has ended already
+            pass
+
+    def signal_all(self, signum: int) -> None:
+        with self._lock:
+            live = [p for p in self._live if p.poll() is None]
+        for process in live:
+            self._signal(process, signum)
+
+    @contextmanager
+    def forwarding_signals(self):
+        import signal
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():  # handlers can only be set there
+            yield
+            return
+        with self._lock:
+            self.signum = None
+
+        def forward(signum: int, frame: object) -> None:
+            first = self.signum is None
+            if first:
+                self.signum = signum
+            self.signal_all(signum)
+            if first:
+                timer = threading.Timer(self.grace_s, self.signal_all, (signal.SIGKILL,))
+                timer.daemon = True
+                timer.start()
+
+        previous = {name: signal.signal(getattr(signal, name), forward) for name in self.SIGNALS}
+        try:
+            yield
+        finally:
+            for name, handler in previous.items():
+                signal.signal(getattr(signal, name), handler)
+        if self.signum is not None:
+            raise Stopped(self.signum)
+
+
+CHILDREN = Children()
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -212,6 +352,46 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cards(args: argparse.Namespace) -> int:
+    """Record reference measurements into docs/measured/ and rewrite every marked number of README.md,
+    models/*/MODEL.md and docs/*.md from the file it cites.
+
+    --model NAME copies models/NAME/card.json (a default-recipe card: `forma train NAME`) to
+    docs/measured/cards/NAME.json; --run copies a finished default-profile run's results.json and
+    provenance.json to docs/measured/runs/. Quick cards, quick runs and unfinished runs are refused.
+    A number is written <!-- measured FILE FIELD FORMAT -->0.065<!-- /measured --> (lab/measured.py).
+    Exit 1 when a document still has a problem: a marker whose file or field is missing, or a bare
+    measured-looking number in a "Measured" section or a README/MODEL.md table."""
+    from pathlib import Path
+
+    from lab.measured import REPO, check_document, documents, record_card, record_run, rewrite_document
+    from lab.runs import latest_run
+    from lab.zoo import zoo_dir
+
+    if args.check and (args.model or args.run):
+        raise ValueError("--check records nothing: give it without --model and --run")
+    for name in args.model:
+        print(f"recorded {record_card(zoo_dir() / name).relative_to(REPO)}")
+    for given in args.run:
+        folder = Path(given)
+        if not folder.is_dir():
+            folder = latest_run(given)
+            if folder is None:
+                raise FileNotFoundError(f"--run {given}: not a run folder, and no finished run of an experiment "
+                                        f"of that name")
+        print(f"recorded {record_run(folder).relative_to(REPO)} (from {folder})")
+    problems = []
+    for document in documents():
+        if not args.check and rewrite_document(document):
+            print(f"rewrote {document.relative_to(REPO)}")
+        problems += check_document(document)
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    if not problems:
+        print(f"every marked number of {len(documents())} documents matches its file")
+    return 1 if problems else 0
+
+
 def port_number(text: str) -> int:
     """argparse type: a TCP port, 1 … 65535."""
     try:
@@ -223,19 +403,42 @@ def port_number(text: str) -> int:
     return port
 
 
+MAX_SEED = 2**63 - 1  # torch.manual_seed takes < 2**64 and experiments add small offsets; numpy takes any size
+
+
+def seed_number(text: str) -> int:
+    """argparse type: a seed, 0 … 2**63 − 1 (what every generator an experiment seeds can take, with room for
+    the small offsets experiments add to derive their streams)."""
+    try:
+        seed = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not 0 <= seed <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"seed must be 0 … 2**63 − 1 = {MAX_SEED}, got {seed}")
+    return seed
+
+
+def model_name(text: str) -> str:
+    """argparse type: a zoo name or a folder; an empty one would be read as the current folder."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the model name is empty: give a zoo name (forma train --help lists "
+                                         "them) or a model folder")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="forma", description=lab.__doc__)
     parser.add_argument("--version", action="version", version=f"forma {lab.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     hooks = sub.add_parser("hooks", help="list a model's hook points and their shapes",
                            description=cmd_hooks.__doc__)
-    hooks.add_argument("model", help="zoo name, Forma model folder, or local Hugging Face folder")
+    hooks.add_argument("model", type=model_name, help="zoo name, Forma model folder, or local Hugging Face folder")
     hooks.add_argument("--tokens", type=int, default=8, help="length of the probe sequence, 1 … n_ctx (default 8)")
     hooks.set_defaults(func=cmd_hooks)
 
     trust = sub.add_parser("trust", help="check a model against HF, its own fast paths and bfloat16",
                            description=cmd_trust.__doc__)
-    trust.add_argument("model", help="zoo name, Forma model folder, or local Hugging Face folder")
+    trust.add_argument("model", type=model_name, help="zoo name, Forma model folder, or local Hugging Face folder")
     trust.set_defaults(func=cmd_trust)
 
     from lab.zoo import zoo_names
@@ -254,11 +457,21 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"experiment: {', '.join(experiments.experiment_names()) or 'none yet'}")
     run.add_argument("--quick", action="store_true", help="the small profile (≤ 90 s on 2 cores): tests and the demo")
     run.add_argument("--out", help="run folder (default runs/NAME/<UTC timestamp>/)")
-    run.add_argument("--seed", type=int, help="random seed (default: the experiment's)")
-    run.add_argument("--model", help="zoo name or local model folder, for experiments that take one")
+    run.add_argument("--seed", type=seed_number, help="random seed, 0 … 2**63 − 1 (default: the experiment's)")
+    run.add_argument("--model", type=model_name, help="zoo name or local model folder, for experiments that take one")
     run.add_argument("--mmlu", metavar="FILE", help="an MMLU-layout CSV (question, A, B, C, D, answer), for "
                                                      "experiments that take one (calibration, with --model)")
     run.set_defaults(func=cmd_run)
+
+    cards = sub.add_parser("cards", help="record cards and runs into docs/measured/, rewrite the documents' numbers",
+                           description=cmd_cards.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    cards.add_argument("--model", action="append", default=[], metavar="NAME",
+                       help="record models/NAME/card.json (trained with the default recipe); repeatable")
+    cards.add_argument("--run", action="append", default=[], metavar="DIR|NAME",
+                       help="record a finished default-profile run folder, or NAME's latest run; repeatable")
+    cards.add_argument("--check", action="store_true",
+                       help="record and rewrite nothing; report every mismatch (exit 1 if any)")
+    cards.set_defaults(func=cmd_cards)
 
     dashboard = sub.add_parser("dashboard", help="serve the dashboard on 127.0.0.1", description=cmd_dashboard.__doc__)
     dashboard.add_argument("--port", type=port_number, default=8501, help="port (default 8501)")
@@ -280,6 +493,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, KeyError) as err:
         print(f"forma {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except FloatingPointError as err:  # a diverging run: the message says where, and what to change
+        print(f"forma {args.command}: error: {err}", file=sys.stderr)
+        return 1
+    except Stopped as stop:  # its children have ended; exit as a shell reports a process ended by a signal
+        return 128 + stop.signum
 
 
 if __name__ == "__main__":

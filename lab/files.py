@@ -7,6 +7,16 @@ from pathlib import Path
 from typing import Any
 
 
+TEMPORARY_SUFFIX = ".tmp"
+
+
+def is_temporary(path: str | Path) -> bool:
+    """Whether `path` is one of atomic_write's temporaries (.<name>.<random>.tmp): a file that was never
+    renamed into place — what a write killed half-way leaves — and so never mistaken for a finished one."""
+    name = Path(path).name
+    return name.startswith(".") and name.endswith(TEMPORARY_SUFFIX)
+
+
 def current_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -21,7 +31,7 @@ def atomic_write(path: str | Path, write: Callable[[Path], Any]) -> None:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX)
     os.close(fd)
     try:
         write(Path(tmp))
@@ -33,4 +43,5 @@ def atomic_write(path: str | Path, write: Callable[[Path], Any]) -> None:
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
-    atomic_write(path, lambda tmp: tmp.write_text(text))
+    """`text` as UTF-8 (whatever the locale), atomically."""
+    atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))

@@ -7,26 +7,50 @@
     runs/<experiment>/latest                           the newest complete run's folder name
 
 A crashed run leaves no results.json, so readers (the dashboard) never mistake it for a finished one.
+
+Same config and seed ⇒ the same results.json on the same machine, except for its timing fields
+(TIMING_FIELDS): a key named `seconds` or `timing`, or ending in `_s` or `_utc`, with everything under it.
+`without_timings` removes exactly those, for comparing two runs.
 """
 
 import dataclasses
+import fcntl
 import importlib.metadata
+import itertools
 import json
 import os
 import platform
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from lab.files import atomic_write_text
+from lab.files import atomic_write_text, is_temporary
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_RUNS_DIR = REPO / "runs"
 PACKAGES = ("forma-lab", "torch", "transformer-lens", "transformers", "numpy", "einops", "tokenizers", "plotly",
             "streamlit")
+
+
+TIMING_FIELDS = {"names": ("seconds", "timing"), "suffixes": ("_s", "_utc")}
+
+
+def is_timing_field(key: str) -> bool:
+    """A results.json key that holds a wall time or a clock reading (TIMING_FIELDS), not a measurement."""
+    return key in TIMING_FIELDS["names"] or key.endswith(TIMING_FIELDS["suffixes"])
+
+
+def without_timings(value: Any) -> Any:
+    """`value` (parsed JSON) with every timing field removed, at any depth: what two runs of one seed share."""
+    if isinstance(value, dict):
+        return {k: without_timings(v) for k, v in value.items() if not is_timing_field(str(k))}
+    if isinstance(value, list):
+        return [without_timings(v) for v in value]
+    return value
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -95,21 +119,23 @@ def runs_dir() -> Path:
 
 
 def new_run_dir(experiment: str, out: str | Path | None = None) -> Path:
-    """`out` if given (created; must not already hold a results.json), else runs/<experiment>/<UTC timestamp>/.
+    """The folder a run writes into: `out` if given, else a new runs/<experiment>/<UTC timestamp>/.
 
-    An `out` that is a file, holds a finished run or cannot be created raises ValueError naming it."""
+    The timestamped folder is made with an exclusive mkdir, so two runs started in the same second get two
+    folders (the second `<stamp>-1`, and so on). An `out` is taken only when it is new, empty, or an unfinished
+    run of the same experiment (its provenance.json names `experiment`, and it has no results.json): a run
+    never writes over a file some other program wrote. Anything else — a file, a finished run, a folder with
+    other contents, one that cannot be created — is a ValueError naming it, raised before anything is written.
+    """
     if out is None:
-        base = runs_dir() / experiment
-        out = base / utc_now()
-        suffix = 1
-        while out.exists():
-            out = base / f"{utc_now()}-{suffix}"
-            suffix += 1
+        return _new_timestamped_dir(runs_dir() / experiment)
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"run folder {out} is a file, not a folder; choose another --out")
     if (out / "results.json").exists():
         raise ValueError(f"run folder {out} already holds a finished run (results.json); choose another --out")
+    if out.is_dir():
+        _check_reusable(out, experiment)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -117,47 +143,140 @@ def new_run_dir(experiment: str, out: str | Path | None = None) -> Path:
     return out
 
 
+def _new_timestamped_dir(base: Path) -> Path:
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"cannot create the runs folder {base}: {err.strerror or err}") from err
+    stamp = utc_now()
+    for suffix in itertools.count():
+        candidate = base / (stamp if suffix == 0 else f"{stamp}-{suffix}")
+        try:
+            candidate.mkdir()  # exclusive: of two runs that try one name, exactly one gets it
+            return candidate
+        except FileExistsError:
+            continue
+        except OSError as err:
+            raise ValueError(f"cannot create the run folder {candidate}: {err.strerror or err}") from err
+    raise AssertionError("unreachable")
+
+
+def _check_reusable(folder: Path, experiment: str) -> None:
+    """Raise unless `folder` is empty (but for the atomic writer's leftovers) or an unfinished `experiment` run."""
+    contents = sorted(p.name for p in folder.iterdir() if not is_temporary(p))
+    if not contents:
+        return
+    try:
+        record = json.loads((folder / "provenance.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        record = None
+    if isinstance(record, dict) and record.get("experiment") == experiment:
+        return
+    shown = ", ".join(contents[:5]) + (f" and {len(contents) - 5} more" if len(contents) > 5 else "")
+    what = (f"an unfinished run of {record['experiment']!r}" if isinstance(record, dict) and record.get("experiment")
+            else f"files no run of {experiment!r} wrote ({shown})")
+    raise ValueError(f"run folder {folder} is not empty: it holds {what}; a run writes only into a new or empty "
+                     f"folder, or finishes an unfinished run of the same experiment — choose another --out")
+
+
+@contextmanager
+def _exclusive(folder: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `folder` (flock on the directory itself: no file added, and released when the
+    process ends, even by kill -9), so that two runs never write into one folder at once."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ValueError(f"run folder {folder} is in use by another run; choose another --out") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _is_safe_pointer(base: Path, name: str) -> bool:
+    """`latest` must name a direct child folder of runs/<experiment>/: no separator, no `.` or `..`, no link."""
+    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        return False
+    candidate = base / name
+    return candidate.is_dir() and not candidate.is_symlink()
+
+
 def latest_run(experiment: str, folder: Path | None = None) -> Path | None:
-    """The newest complete run of an experiment (one with results.json), or None."""
+    """The newest complete run of an experiment (one with results.json), or None.
+
+    runs/<experiment>/latest names it; a pointer that is unreadable, names no complete run, or names anything but
+    a direct child folder (`../..`, an absolute path, a link) is ignored, and the newest complete run by folder
+    name is used instead — so a pointer never leads outside runs/."""
     base = Path(folder or runs_dir()) / experiment
     pointer = base / "latest"
     if pointer.is_file():
-        candidate = base / pointer.read_text().strip()
-        if (candidate / "results.json").is_file():
-            return candidate
-    complete = sorted(p.parent for p in base.glob("*/results.json"))
+        try:
+            name = pointer.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError):
+            name = ""
+        if _is_safe_pointer(base, name) and (base / name / "results.json").is_file():
+            return base / name
+    complete = sorted(p.parent for p in base.glob("*/results.json") if not p.parent.is_symlink())
     return complete[-1] if complete else None
 
 
 def run_and_record(experiment: str, config: Any, run: Callable[[Any, Path], dict], out: str | Path | None = None,
                    seed: int | None = None) -> Path:
-    """Create the run folder, record config and provenance, run, then write results.json last."""
+    """Create the run folder, record provenance and config, run, then write results.json last.
+
+    provenance.json comes first: it names the experiment, which is what lets a later run with the same `--out`
+    recognise the folder as its own unfinished run. Every artefact is written atomically (lab.files), so a run
+    that fails or is killed leaves whole files and temporaries, never a half-written file under its final name,
+    and no results.json."""
     import time
 
     folder = new_run_dir(experiment, out)
-    write_json(folder / "config.json", config)
-    record = provenance(seed, experiment=experiment)
-    write_json(folder / "provenance.json", record)
-    start = time.perf_counter()
-    results = run(config, folder)
-    record["wall_time_s"] = time.perf_counter() - start
-    record["finished_utc"] = utc_now()
-    write_json(folder / "provenance.json", record)
-    write_json(folder / "results.json", results)
+    with _exclusive(folder):
+        for leftover in folder.iterdir():  # an earlier attempt's half-written temporaries: ours to remove
+            if is_temporary(leftover) and leftover.is_file():
+                leftover.unlink(missing_ok=True)
+        record = provenance(seed, experiment=experiment)
+        write_json(folder / "provenance.json", record)
+        write_json(folder / "config.json", config)
+        start = time.perf_counter()
+        results = run(config, folder)
+        record["wall_time_s"] = time.perf_counter() - start
+        record["finished_utc"] = utc_now()
+        write_json(folder / "provenance.json", record)
+        write_json(folder / "results.json", results)
     if folder.parent == runs_dir() / experiment:
         atomic_write_text(folder.parent / "latest", folder.name + "\n")
     return folder
 
 
-def save_figure(fig: Any, out: Path, name: str) -> None:
-    """A plotly figure as <name>.json (what the dashboard reads) and <name>.html (offline: plotly.min.js
-    is written once beside it, never fetched from a CDN)."""
-    from lab.files import atomic_write
+PLOTLY_BUNDLE = "plotly.min.js"
 
+
+def write_plotly_bundle(folder: Path) -> Path:
+    """plotly.min.js in `folder`, as the installed plotly ships it, written atomically. One already there that
+    differs (cut short by a full disk, or another plotly version's) is replaced, not trusted because it exists."""
+    from plotly.offline import get_plotlyjs
+
+    path = Path(folder) / PLOTLY_BUNDLE
+    bundle = get_plotlyjs()
+    try:
+        current = path.read_text(encoding="utf-8") if path.is_file() else None
+    except (OSError, UnicodeDecodeError):
+        current = None
+    if current != bundle:
+        atomic_write_text(path, bundle)
+    return path
+
+
+def save_figure(fig: Any, out: Path, name: str) -> None:
+    """A plotly figure as <name>.json (what the dashboard reads) and <name>.html (offline: plotly.min.js is
+    written once beside it, never fetched from a CDN). Every file is written atomically by Forma, the bundle
+    first: plotly's own write_html would write plotly.min.js in place, where a failure leaves it cut short."""
     out = Path(out)
+    write_plotly_bundle(out)
     atomic_write_text(out / f"{name}.json", fig.to_json())
-    atomic_write(out / f"{name}.html",
-                 lambda tmp: fig.write_html(str(tmp), include_plotlyjs="directory", full_html=True))
+    atomic_write_text(out / f"{name}.html", fig.to_html(include_plotlyjs="directory", full_html=True))
 
 
 def save_table(rows: Any, out: Path, name: str) -> Path:

@@ -3,7 +3,9 @@
 Reads top to bottom: `get_batch` (this rank's rows of a global batch that is a pure function of
 (seed, split, step)), `estimate_loss` (mean held-out loss over fixed batches), `get_lr` (linear
 warmup, then cosine to a floor), and `train`, one loop with evaluation, checkpointing and one log
-line per eval interval. Everything a resumed run needs lives in the checkpoint folder:
+line per eval interval. The loop serves both model classes: a `Batch` carries the decoder's tokens and,
+for an encoder–decoder, the source it reads, and the loss is always `summed_loss(model(*batch.inputs),
+batch.targets)`. Everything a resumed run needs lives in the checkpoint folder:
 
     out_dir/checkpoint/model.safetensors, config.json   the model (`HookedTransformer.save`)
                        optimizer.safetensors             AdamW moments and step counts
@@ -12,9 +14,12 @@ line per eval interval. Everything a resumed run needs lives in the checkpoint f
     out_dir/metrics.jsonl                                one JSON line per step
 
 A checkpoint is written into a temporary folder and renamed into place, so a crash leaves either
-the previous checkpoint or the new one, never half of one. Because every batch is drawn from a
-generator seeded by (seed, split, step) and the optimizer state is restored exactly, training 10
-steps and resuming for 10 more gives the same weights as 20 uninterrupted steps.
+the previous checkpoint or the new one, never half of one. One is written every `checkpoint_interval`
+steps and every `checkpoint_every_s` seconds of training, at the end, and when SIGINT or SIGTERM
+arrives (the step in flight finishes, the checkpoint is written, then `TrainingInterrupted` is
+raised). Because every batch is drawn from a generator seeded by (seed, split, step) and the
+optimizer state is restored exactly, training 10 steps and resuming for 10 more gives the same
+weights as 20 uninterrupted steps; when a checkpoint is taken does not change the trajectory.
 
 Under torchrun each rank takes a contiguous slice of the same global batch and the loss is
 normalised by the global number of scored targets, so the averaged DDP gradient equals the
@@ -25,6 +30,7 @@ single-process gradient on the whole batch: `batch_size` means the same thing at
 """
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
@@ -32,8 +38,10 @@ import logging
 import math
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -56,9 +64,10 @@ from lab.model.transformer import CONFIG_FILE, WEIGHTS_FILE
 from lab.configs import check_fields, from_dict_strict
 
 __all__ = ["DEMO_MODEL", "DEMO_TRAIN", "Batch", "Batches", "SequenceBatches", "TokenStream", "TrainConfig",
-           "TrainResult", "TrainState", "batch_seed", "demo_markov", "estimate_loss", "find_checkpoint",
-           "get_batch", "get_lr", "init_distributed", "load_checkpoint", "make_optimizer", "PairBatches",
-           "save_checkpoint", "summed_loss", "train", "train_seq2seq"]
+           "TrainResult", "TrainState", "TrainingDiverged", "TrainingInterrupted", "batch_seed", "demo_markov",
+           "estimate_loss", "find_checkpoint", "get_batch", "get_lr", "has_checkpoint", "init_distributed",
+           "load_checkpoint", "make_optimizer", "PairBatches", "save_checkpoint", "summed_loss", "train",
+           "train_seq2seq"]
 
 logger = logging.getLogger(__name__)
 
@@ -72,9 +81,10 @@ RNG_FILE = "rng_state.safetensors"
 STATE_FILE = "train_state.json"
 CHECKPOINT_FILES = (WEIGHTS_FILE, CONFIG_FILE, OPTIMIZER_FILE, RNG_FILE, STATE_FILE)
 STATE_FORMAT = "forma-train-state/1"
-# Fields that may change between a run and its resumption: where it runs. Every other field shapes
-# the trajectory (or what the logged numbers mean), so a difference is an error.
-RESUMABLE_CHANGES = ("device",)
+# Fields that may change between a run and its resumption: where it runs and how often it saves.
+# Every other field shapes the trajectory (or what the logged numbers mean), so a difference is an error.
+RESUMABLE_CHANGES = ("device", "checkpoint_interval", "checkpoint_every_s")
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 # --- configuration ------------------------------------------------------------------------------
@@ -96,7 +106,8 @@ class TrainConfig:
     grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
     eval_interval: int = 100  # steps between held-out evaluations (and log lines)
     eval_batches: int = 10  # held-out batches per evaluation
-    checkpoint_interval: int = 0  # steps between checkpoints; 0 = only at the end
+    checkpoint_interval: int = 0  # steps between checkpoints; 0 = none by count
+    checkpoint_every_s: float = 30.0  # seconds of training between checkpoints; 0 = none by time
     seed: int = 0  # seeds the batch stream and torch's global RNG
     device: str = "cpu"
 
@@ -119,6 +130,7 @@ class TrainConfig:
         need(0 <= self.beta1 < 1, "beta1", "must lie in [0, 1)")
         need(0 <= self.beta2 < 1, "beta2", "must lie in [0, 1)")
         need(self.grad_clip >= 0, "grad_clip", "must be non-negative (0 = no clipping)")
+        need(self.checkpoint_every_s >= 0, "checkpoint_every_s", "must be non-negative (0 = none by time)")
         try:
             torch.device(self.device)
         except RuntimeError as err:
@@ -138,17 +150,26 @@ class TrainConfig:
 # --- data ---------------------------------------------------------------------------------------
 class Batch(NamedTuple):
     """Token windows and what each position must predict: targets[:, t] is tokens[:, t + 1], or
-    IGNORE where that prediction is not scored."""
+    IGNORE where that prediction is not scored. For an encoder–decoder, `tokens` is the target
+    sequence the decoder reads under teacher forcing and `source` what the encoder reads."""
 
     tokens: Int[Tensor, "batch pos"]
     targets: Int[Tensor, "batch pos-1"]
+    source: Int[Tensor, "batch src_pos"] | None = None
+
+    @property
+    def inputs(self) -> tuple[Tensor, ...]:
+        """The model's arguments: model(tokens) for a decoder-only model, model(source, tokens) for an
+        encoder–decoder; either way the logits at position t predict tokens[:, t + 1]."""
+        return (self.tokens,) if self.source is None else (self.source, self.tokens)
 
 
 @runtime_checkable
 class Batches(Protocol):
     """A data source for `train`. `get_batch` returns the whole *global* batch number `index` of
-    `split` and must be a pure function of its arguments: that is what makes resumption exact and
-    lets every DDP rank cut its own rows from the same batch."""
+    `split` — `batch_size` rows of at most `seq_len` tokens — and must be a pure function of its
+    arguments: that is what makes resumption exact and lets every DDP rank cut its own rows from
+    the same batch."""
 
     def get_batch(self, split: str, index: int, batch_size: int, seq_len: int, seed: int) -> Batch: ...
 
@@ -247,15 +268,21 @@ def get_batch(data: Batches, split: str, index: int, cfg: TrainConfig, rank: int
     targets in the whole global batch (the loss's denominator on every rank)."""
     seed = cfg.seed if split == "train" else EVAL_SEED
     batch = data.get_batch(split, index, cfg.batch_size, cfg.seq_len, seed)
-    want = (cfg.batch_size, cfg.seq_len)
-    if tuple(batch.tokens.shape) != want or tuple(batch.targets.shape) != (want[0], want[1] - 1):
+    rows, length = batch.tokens.shape if batch.tokens.ndim == 2 else (None, None)
+    if (rows != cfg.batch_size or not 2 <= length <= cfg.seq_len
+            or tuple(batch.targets.shape) != (cfg.batch_size, length - 1)):
         raise ValueError(f"{type(data).__name__}.get_batch gave tokens {tuple(batch.tokens.shape)} and targets "
-                         f"{tuple(batch.targets.shape)}; expected {want} and {(want[0], want[1] - 1)}")
+                         f"{tuple(batch.targets.shape)}; expected ({cfg.batch_size}, L) and "
+                         f"({cfg.batch_size}, L − 1) with 2 ≤ L ≤ seq_len = {cfg.seq_len}")
+    if batch.source is not None and (batch.source.ndim != 2 or batch.source.shape[0] != cfg.batch_size
+                                     or not 1 <= batch.source.shape[1] <= cfg.seq_len):
+        raise ValueError(f"{type(data).__name__}.get_batch gave a source of shape {tuple(batch.source.shape)}; "
+                         f"expected ({cfg.batch_size}, S) with 1 ≤ S ≤ seq_len = {cfg.seq_len}")
     n_scored = int((batch.targets != IGNORE).sum())
     if n_scored == 0:
         raise ValueError(f"{split} batch {index} has no scored targets: the mask hides every prediction")
-    rows = slice(rank * cfg.batch_size // world, (rank + 1) * cfg.batch_size // world)
-    return Batch(batch.tokens[rows].to(device), batch.targets[rows].to(device)), n_scored
+    mine = slice(rank * cfg.batch_size // world, (rank + 1) * cfg.batch_size // world)
+    return Batch(*(None if t is None else t[mine].to(device) for t in batch)), n_scored
 
 
 def summed_loss(logits: Float[Tensor, "batch pos d_vocab"], targets: Int[Tensor, "batch pos-1"]) -> Float[Tensor, ""]:
@@ -273,7 +300,7 @@ def estimate_loss(model: torch.nn.Module, data: Batches, cfg: TrainConfig, rank:
     total = torch.zeros(2, dtype=torch.float64, device=device)  # [Σ loss, number of scored targets]
     for index in range(cfg.eval_batches):
         batch, _ = get_batch(data, "val", index, cfg, rank, world, torch.device(device))
-        total[0] += summed_loss(model(batch.tokens), batch.targets).double()
+        total[0] += summed_loss(model(*batch.inputs), batch.targets).double()
         total[1] += (batch.targets != IGNORE).sum()
     if world > 1:
         dist.all_reduce(total)
@@ -308,6 +335,7 @@ class TrainState:
     train_loss_nats: float | None = None  # at the last update
     best_val_loss_nats: float | None = None
     elapsed_s: float = 0.0  # wall time spent training, summed over resumptions
+    tokens_seen: int = 0  # decoder tokens read by the updates (an encoder–decoder's targets, not sources)
 
 
 @dataclass(frozen=True)
@@ -318,16 +346,61 @@ class TrainResult:
     train_loss_nats: float | None
     best_val_loss_nats: float | None
     history: list[dict[str, Any]] = field(repr=False)  # the metrics.jsonl records, oldest first
+    elapsed_s: float = 0.0  # wall time spent training, summed over resumptions
 
 
-def train(model: HookedTransformer, cfg: TrainConfig, data: Batches, out_dir: str | Path | None = None,
+class TrainingInterrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM stopped training at a step boundary, after a complete checkpoint (`checkpoint`,
+    None when there was no out_dir). A KeyboardInterrupt, so that code which catches Exception lets it by."""
+
+    def __init__(self, signum: int, step: int | None = None, steps: int | None = None,
+                 checkpoint: Path | None = None) -> None:
+        self.signum, self.step, self.checkpoint = signum, step, checkpoint
+        where = "" if step is None else f" at step {step}/{steps}"
+        saved = "" if checkpoint is None else f"; checkpoint saved in {checkpoint}"
+        super().__init__(f"interrupted by {signal.Signals(signum).name}{where}{saved}")
+
+
+class TrainingDiverged(FloatingPointError):
+    """The training loss became NaN or infinite; the last checkpoint (from before) is left as it was."""
+
+
+class _StopSignals:
+    """While active, the first SIGINT or SIGTERM is only recorded (`signum`), so that the loop can
+    finish its step and checkpoint; a second one raises KeyboardInterrupt at once. Outside the main
+    thread, where Python cannot install handlers, it does nothing."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "_StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {s: signal.signal(s, self._record) for s in STOP_SIGNALS}
+        return self
+
+    def _record(self, signum: int, frame: Any) -> None:
+        if self.signum is not None:
+            raise KeyboardInterrupt(f"second {signal.Signals(signum).name} while stopping")
+        self.signum = signum
+
+    def __exit__(self, *exc: Any) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+
+def train(model: torch.nn.Module, cfg: TrainConfig, data: Batches, out_dir: str | Path | None = None,
           resume: bool = False, progress: bool = True, stop_after: int | None = None) -> TrainResult:
-    """Train `model` in place. With `out_dir`, write metrics.jsonl and checkpoints there (rank 0 only);
-    `resume=True` continues from out_dir/checkpoint, and `resume=False` starts over, replacing any
-    earlier checkpoint and metrics in out_dir. `stop_after` ends this call after that step, with a
-    checkpoint, as if interrupted: the schedule still spans cfg.steps. Inside an initialised
-    torch.distributed group the model is wrapped in DDP and each rank trains on its slice. The model
-    is left in eval mode; a fresh start seeds torch's global RNG with cfg.seed."""
+    """Train `model` in place: a `HookedTransformer` (model(tokens)) or an `EncoderDecoder`
+    (model(source, tokens)), whichever `data`'s batches are for. With `out_dir`, write metrics.jsonl
+    and checkpoints there (rank 0 only); `resume=True` continues from out_dir/checkpoint, and
+    `resume=False` starts over, replacing any earlier checkpoint and metrics in out_dir. `stop_after`
+    ends this call after that step, with a checkpoint, as if interrupted: the schedule still spans
+    cfg.steps. SIGINT or SIGTERM ends it the same way at the next step boundary and raises
+    `TrainingInterrupted`; a NaN or infinite loss raises `TrainingDiverged` before anything of that
+    step is saved. Inside an initialised torch.distributed group the model is wrapped in DDP and
+    each rank trains on its slice. The model is left in eval mode; a fresh start seeds torch's
+    global RNG with cfg.seed."""
     rank, world = _rank_world()
     device = _device(cfg.device)
     out_dir = None if out_dir is None else Path(out_dir)
@@ -338,73 +411,90 @@ def train(model: HookedTransformer, cfg: TrainConfig, data: Batches, out_dir: st
     if resume:
         state = load_checkpoint(out_dir / CHECKPOINT_DIR, model, optimizer, cfg)
         history = [r for r in _read_metrics(metrics_path) if r["step"] <= state.step]
+        if [r["step"] for r in history] != list(range(1, state.step + 1)):
+            raise ValueError(f"resume: {metrics_path} does not hold one record for each of the checkpoint's "
+                             f"{state.step} steps; train with resume=False to start afresh")
     else:
         torch.manual_seed(cfg.seed)
         state, history = TrainState(), []
     if rank == 0 and out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
-        if not resume:
-            _remove_checkpoints(out_dir / CHECKPOINT_DIR)
+        _remove_checkpoints(out_dir / CHECKPOINT_DIR, keep=resume)
         atomic_write(metrics_path, lambda path: path.write_text("".join(json.dumps(r) + "\n" for r in history)))
     ddp = model if world == 1 else DistributedDataParallel(
         model, device_ids=[device.index] if device.type == "cuda" else None,
         forward_sync_buffers=False)  # buffers (masks, rotary tables) are functions of the config
 
     end = cfg.steps if stop_after is None else stop_after
+    saved_step = state.step if resume else None  # the step of the newest complete checkpoint
     bar = tqdm(total=cfg.steps, initial=state.step, unit="step", disable=not progress or rank != 0)
     log = logger.info if bar.disable else bar.write
     started = time.perf_counter() - state.elapsed_s
-    interval_start = (time.perf_counter(), state.step)
+    interval_start = (time.perf_counter(), state.tokens_seen)
+    last_save = time.perf_counter()
     optimizer.zero_grad(set_to_none=True)  # gradients the caller left behind must not leak into step 1
     model.train()
-    for step in range(state.step, end):
-        lr = get_lr(step, cfg)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        batch, n_scored = get_batch(data, "train", step, cfg, rank, world, device)
-        loss_sum = summed_loss(ddp(batch.tokens), batch.targets)
-        # DDP averages gradients over ranks, so scale by world / (global count): the averaged
-        # gradient is then exactly that of the mean loss over the whole global batch.
-        (loss_sum * (world / n_scored)).backward()
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        train_loss = _all_ranks_sum(loss_sum.detach(), world) / n_scored
-        if not math.isfinite(train_loss):
-            raise FloatingPointError(f"training diverged at step {step + 1}: train loss is {train_loss} "
-                                     f"(lr {lr:.3g}); try a lower lr or a tighter grad_clip")
+    with _StopSignals() if out_dir is not None else contextlib.nullcontext() as stop:
+        for step in range(state.step, end):
+            lr = get_lr(step, cfg)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            batch, n_scored = get_batch(data, "train", step, cfg, rank, world, device)
+            loss_sum = summed_loss(ddp(*batch.inputs), batch.targets)
+            # DDP averages gradients over ranks, so scale by world / (global count): the averaged
+            # gradient is then exactly that of the mean loss over the whole global batch.
+            (loss_sum * (world / n_scored)).backward()
+            if cfg.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            train_loss = _all_ranks_sum(loss_sum.detach(), world) / n_scored
+            if not math.isfinite(train_loss):
+                kept = ("no checkpoint was written yet" if saved_step is None or out_dir is None
+                        else f"the checkpoint of step {saved_step} is kept in {out_dir / CHECKPOINT_DIR}")
+                raise TrainingDiverged(f"training diverged at step {step + 1}: train loss is {train_loss} "
+                                       f"(lr {lr:.3g}); try a lower lr or a tighter grad_clip; {kept}")
 
-        state.step = done = step + 1
-        state.train_loss_nats = train_loss
-        state.elapsed_s = time.perf_counter() - started
-        record = {"step": done, "tokens_seen": done * cfg.batch_size * cfg.seq_len, "lr": lr,
-                  "train_loss_nats": train_loss}
-        if done % cfg.eval_interval == 0 or done == end:
-            val_loss = estimate_loss(model, data, cfg, rank, world, device)
-            record["val_loss_nats"] = val_loss
-            if state.best_val_loss_nats is None or val_loss < state.best_val_loss_nats:
-                state.best_val_loss_nats = val_loss
-            seconds, steps_before = time.perf_counter() - interval_start[0], interval_start[1]
-            tokens_per_s = (done - steps_before) * cfg.batch_size * cfg.seq_len / max(seconds, 1e-9)
-            log(f"step {done:>6}/{cfg.steps} | lr {lr:.2e} | train {train_loss:.4f} nats | "
-                f"val {val_loss:.4f} nats | {tokens_per_s:,.0f} tokens/s")
-            interval_start = (time.perf_counter(), done)
-        record["elapsed_s"] = round(state.elapsed_s, 3)
-        history.append(record)
-        if rank == 0 and metrics_path is not None:
-            with metrics_path.open("a") as f:
-                f.write(json.dumps(record) + "\n")
-        if rank == 0 and out_dir is not None and (
-                done == end or (cfg.checkpoint_interval and done % cfg.checkpoint_interval == 0)):
-            save_checkpoint(out_dir / CHECKPOINT_DIR, model, optimizer, cfg, state)
-        bar.update(1)
-        bar.set_postfix(loss=f"{train_loss:.4f}")
+            state.step = done = step + 1
+            state.train_loss_nats = train_loss
+            state.tokens_seen += cfg.batch_size * batch.tokens.shape[1]
+            state.elapsed_s = time.perf_counter() - started
+            record = {"step": done, "tokens_seen": state.tokens_seen, "lr": lr, "train_loss_nats": train_loss}
+            # Evaluate on the schedule only: an interruption (stop_after, a signal) must not add a
+            # held-out loss, or a resumed run's records and best loss would differ from an uninterrupted one's.
+            if done % cfg.eval_interval == 0 or done == cfg.steps:
+                val_loss = estimate_loss(model, data, cfg, rank, world, device)
+                record["val_loss_nats"] = val_loss
+                if state.best_val_loss_nats is None or val_loss < state.best_val_loss_nats:
+                    state.best_val_loss_nats = val_loss
+                seconds, tokens_before = time.perf_counter() - interval_start[0], interval_start[1]
+                tokens_per_s = (state.tokens_seen - tokens_before) / max(seconds, 1e-9)
+                log(f"step {done:>6}/{cfg.steps} | lr {lr:.2e} | train {train_loss:.4f} nats | "
+                    f"val {val_loss:.4f} nats | {tokens_per_s:,.0f} tokens/s")
+                interval_start = (time.perf_counter(), state.tokens_seen)
+            record["elapsed_s"] = round(state.elapsed_s, 3)
+            history.append(record)
+            if rank == 0 and metrics_path is not None:
+                with metrics_path.open("a") as f:
+                    f.write(json.dumps(record) + "\n")
+            stopping = _any_rank(stop is not None and stop.signum is not None, world, device)
+            due = (done == end or stopping or (cfg.checkpoint_interval and done % cfg.checkpoint_interval == 0)
+                   or (cfg.checkpoint_every_s and time.perf_counter() - last_save >= cfg.checkpoint_every_s))
+            if out_dir is not None and due:
+                if rank == 0:
+                    save_checkpoint(out_dir / CHECKPOINT_DIR, model, optimizer, cfg, state)
+                saved_step, last_save = done, time.perf_counter()
+            bar.update(1)
+            bar.set_postfix(loss=f"{train_loss:.4f}")
+            if stopping:
+                bar.close()
+                model.eval()
+                raise TrainingInterrupted(stop.signum or signal.SIGTERM, done, cfg.steps, out_dir / CHECKPOINT_DIR)
     bar.close()
     model.eval()
     if world > 1:
         dist.barrier()  # rank 0's last checkpoint is complete on every rank's return
-    return TrainResult(state.step, state.train_loss_nats, state.best_val_loss_nats, history)
+    return TrainResult(state.step, state.train_loss_nats, state.best_val_loss_nats, history, state.elapsed_s)
 
 
 def _check_run(model: HookedTransformer, cfg: TrainConfig, data: Any, world: int, out_dir: Path | None,
@@ -446,6 +536,15 @@ def _all_ranks_sum(value: Tensor, world: int) -> float:
     return value.item()
 
 
+def _any_rank(flag: bool, world: int, device: torch.device) -> bool:
+    """True on every rank when it is True on any (so that all ranks stop after the same step)."""
+    if world == 1:
+        return flag
+    value = torch.tensor([float(flag)], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
 # --- checkpoints --------------------------------------------------------------------------------
 def save_checkpoint(directory: str | Path, model: HookedTransformer, optimizer: torch.optim.Optimizer,
                     cfg: TrainConfig, state: TrainState) -> Path:
@@ -466,14 +565,33 @@ def save_checkpoint(directory: str | Path, model: HookedTransformer, optimizer: 
         # `find_checkpoint` falls back to.
         old = _old_path(directory)
         if directory.exists():
-            shutil.rmtree(old, ignore_errors=True)
+            discard_tree(old)
             os.replace(directory, old)
         os.replace(tmp, directory)
-        shutil.rmtree(old, ignore_errors=True)
+        discard_tree(old)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return directory
+
+
+def has_checkpoint(directory: str | Path) -> bool:
+    """Whether `directory` (a run's out_dir/checkpoint) holds a checkpoint to resume from."""
+    try:
+        find_checkpoint(directory)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def discard_tree(path: Path) -> None:
+    """Remove a folder so that no one sees it half-removed under its name: it is renamed to a
+    temporary name first (a crash leaves a `.tmp-` leftover, which the next clean-up removes)."""
+    if not path.exists() and not path.is_symlink():
+        return
+    doomed = path.with_name(f"{path.name}.tmp-discarded-{os.getpid()}-{time.monotonic_ns()}")
+    os.replace(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 def find_checkpoint(directory: str | Path) -> Path:
@@ -505,18 +623,23 @@ def load_checkpoint(directory: str | Path, model: HookedTransformer, optimizer: 
     model.load_weights(_read_safetensors(directory / WEIGHTS_FILE), source=str(directory / WEIGHTS_FILE))
     _load_optimizer_tensors(optimizer, _read_safetensors(directory / OPTIMIZER_FILE), directory / OPTIMIZER_FILE)
     _set_rng_tensors(_read_safetensors(directory / RNG_FILE), directory / RNG_FILE)
+    # Checkpoints from before tokens_seen was kept were all of fixed-length windows.
+    tokens_seen = meta.get("tokens_seen", meta["step"] * cfg.batch_size * cfg.seq_len)
     return TrainState(step=meta["step"], train_loss_nats=meta["train_loss_nats"],
-                      best_val_loss_nats=meta["best_val_loss_nats"], elapsed_s=meta["elapsed_s"])
+                      best_val_loss_nats=meta["best_val_loss_nats"], elapsed_s=meta["elapsed_s"],
+                      tokens_seen=tokens_seen)
 
 
 def _old_path(directory: Path) -> Path:
     return directory.with_name(f".{directory.name}.old")
 
 
-def _remove_checkpoints(directory: Path) -> None:
-    shutil.rmtree(directory, ignore_errors=True)
-    shutil.rmtree(_old_path(directory), ignore_errors=True)
-    for leftover in directory.parent.glob(f".{directory.name}.tmp-*"):  # from crashed saves
+def _remove_checkpoints(directory: Path, keep: bool = False) -> None:
+    """Remove the checkpoint (unless `keep`) and what crashed saves left: their temporary folders."""
+    if not keep:
+        discard_tree(directory)
+        discard_tree(_old_path(directory))
+    for leftover in [*directory.parent.glob(f".{directory.name}.tmp-*"), *directory.parent.glob("*.tmp-discarded-*")]:
         shutil.rmtree(leftover, ignore_errors=True)
 
 
@@ -608,7 +731,9 @@ class PairBatches:
     """(source, target) id pairs for an encoder–decoder model, grouped by (source length, target length)
     so that no batch needs padding or a padding mask. Batch `index` of a split draws one group with
     probability ∝ its size, then `batch_size` of its pairs with replacement, from a generator seeded by
-    (seed, split, index): a pure function of its arguments, like every `Batches`."""
+    (seed, split, index): a pure function of its arguments, like every `Batches`. The batch's tokens
+    are the targets (what the decoder reads under teacher forcing), its source the sources; `seq_len`
+    bounds both lengths."""
 
     def __init__(self, train_pairs: list[tuple[list[int], list[int]]], val_pairs: list[tuple[list[int], list[int]]]):
         self.groups: dict[str, list[tuple[Tensor, Tensor]]] = {}
@@ -617,71 +742,29 @@ class PairBatches:
                 raise ValueError(f"PairBatches: no {split} pairs")
             by_shape: dict[tuple[int, int], list[tuple[list[int], list[int]]]] = {}
             for src, tgt in pairs:
+                if len(src) < 1 or len(tgt) < 2:
+                    raise ValueError(f"PairBatches: a {split} pair has a source of {len(src)} and a target of "
+                                     f"{len(tgt)} tokens; it needs ≥ 1 and ≥ 2 (one to read, one to predict)")
                 by_shape.setdefault((len(src), len(tgt)), []).append((src, tgt))
             self.groups[split] = [(torch.tensor([s for s, _ in group]), torch.tensor([t for _, t in group]))
                                   for _, group in sorted(by_shape.items())]
 
-    def get_batch(self, split: str, index: int, batch_size: int, seed: int) -> tuple[Tensor, Tensor]:
+    def get_batch(self, split: str, index: int, batch_size: int, seq_len: int, seed: int) -> Batch:
         generator = torch.Generator().manual_seed(batch_seed(seed, split, index))
         groups = self.groups[split]
         sizes = torch.tensor([len(src) for src, _ in groups], dtype=torch.float)
         src, tgt = groups[int(torch.multinomial(sizes, 1, generator=generator))]
+        if max(src.shape[1], tgt.shape[1]) > seq_len:
+            raise ValueError(f"PairBatches: {split} pairs of {src.shape[1]} source and {tgt.shape[1]} target tokens "
+                             f"are longer than seq_len = {seq_len}")
         rows = torch.randint(len(src), (batch_size,), generator=generator)
-        return src[rows], tgt[rows]
+        return Batch(tgt[rows], tgt[rows, 1:], source=src[rows])
 
 
 def train_seq2seq(model: torch.nn.Module, cfg: TrainConfig, data: PairBatches, out_dir: str | Path | None = None,
                   progress: bool = True) -> TrainResult:
-    """Train an encoder–decoder model (`model.loss(src, tgt)`, teacher forcing) in place, with `train`'s
-    optimizer (`make_optimizer`) and schedule (`get_lr`); one process, no checkpoints or resumption
-    (`cfg.seq_len` is unused: the pairs set the lengths). Writes out_dir/metrics.jsonl, one line per step."""
-    device = _device(cfg.device)
-    model.to(device)
-    optimizer = make_optimizer(model, cfg)
-    torch.manual_seed(cfg.seed)
-    metrics_path = None if out_dir is None else Path(out_dir) / METRICS_FILE
-    if metrics_path is not None:
-        atomic_write(metrics_path, lambda path: path.write_text(""))
-
-    @torch.no_grad()
-    def held_out_loss() -> float:
-        model.eval()
-        losses = [model.loss(*(t.to(device) for t in data.get_batch("val", i, cfg.batch_size, EVAL_SEED))).item()
-                  for i in range(cfg.eval_batches)]
-        model.train()
-        return sum(losses) / len(losses)
-
-    history: list[dict[str, Any]] = []
-    best, train_loss, started = None, None, time.perf_counter()
-    model.train()
-    bar = tqdm(range(cfg.steps), unit="step", disable=not progress)
-    for step in bar:
-        lr = get_lr(step, cfg)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        src, tgt = (t.to(device) for t in data.get_batch("train", step, cfg.batch_size, cfg.seed))
-        loss = model.loss(src, tgt)
-        loss.backward()
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        train_loss = loss.item()
-        if not math.isfinite(train_loss):
-            raise FloatingPointError(f"training diverged at step {step + 1}: train loss is {train_loss} (lr {lr:.3g})")
-        record = {"step": step + 1, "lr": lr, "train_loss_nats": train_loss}
-        if (step + 1) % cfg.eval_interval == 0 or step + 1 == cfg.steps:
-            record["val_loss_nats"] = val_loss = held_out_loss()
-            best = val_loss if best is None else min(best, val_loss)
-            (logger.info if bar.disable else bar.write)(
-                f"step {step + 1:>6}/{cfg.steps} | lr {lr:.2e} | train {train_loss:.4f} nats | val {val_loss:.4f} nats")
-        record["elapsed_s"] = round(time.perf_counter() - started, 3)
-        history.append(record)
-        if metrics_path is not None:
-            with metrics_path.open("a") as f:
-                f.write(json.dumps(record) + "\n")
-    model.eval()
-    return TrainResult(cfg.steps, train_loss, best, history)
+    """`train` on (source, target) pairs: the one loop serves encoder–decoders too (kept for callers of this name)."""
+    return train(model, cfg, data, out_dir, progress=progress)
 
 
 # --- torchrun entry point -----------------------------------------------------------------------
@@ -739,7 +822,15 @@ def main(argv: list[str] | None = None) -> int:
     rank, world = init_distributed(cfg.device)
     try:
         model, data = demo_markov()
-        result = train(model, cfg, data, args.out, resume=args.resume, progress=not args.no_progress)
+        try:
+            result = train(model, cfg, data, args.out, resume=args.resume, progress=not args.no_progress)
+        except TrainingInterrupted as stop:
+            if rank == 0:
+                print(f"python -m lab.train: {stop}; continue with the same command and --resume", file=sys.stderr)
+            return 128 + stop.signum
+        except (ValueError, FileNotFoundError, FloatingPointError) as err:
+            print(f"python -m lab.train: error: {err}", file=sys.stderr)
+            return 1 if isinstance(err, FloatingPointError) else 2
         if rank == 0:
             model.save(args.out)
             print(json.dumps({"step": result.step, "train_loss_nats": result.train_loss_nats,

@@ -1,7 +1,8 @@
 """How far to trust a model's numbers: the checks behind `forma trust MODEL`.
 
 Each check compares two computations that should agree and reports the largest disagreement:
-- Hugging Face: our logits against the same weights run by transformers (GPT-2 and LLaMA shapes);
+- Hugging Face: our logits against the same weights run by transformers, for every shape `lab.hf.to_hf` exports
+  (GPT-2, GPT-NeoX / Pythia, LLaMA, Qwen2, Mistral; `lab.hf.export_family` says which);
 - attention: the fused scaled_dot_product_attention path against the explicit softmax path;
 - KV cache: cached greedy decoding against recomputing the prefix at every step;
 - hooks: hook points that never fire in a forward pass (a name that would silently cache nothing);

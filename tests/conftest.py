@@ -108,3 +108,50 @@ def word_tokenizer(directory):
                                    unk_token="<unk>", pad_token="<pad>")
     fast.save_pretrained(directory)
     return AutoTokenizer.from_pretrained(directory)
+
+
+def randomise_gains_and_biases(model, scale: float = 0.3):
+    """Hugging Face initialises norm gains to one and biases to zero; move every 1-D parameter off those values
+    so that a misplaced gain or bias cannot hide behind them. (Not Forma's b_U: no Hugging Face head has one.)"""
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 1 and name != "unembed.b_U":
+                p.add_(scale * torch.randn(p.shape, generator=generator))
+    return model
+
+
+def hf_neox(parallel: bool = True, rotary_pct: float = 0.25, tie: bool = False, act: str = "gelu"):
+    """GPT-NeoX / Pythia: parallel (or sequential) attention and MLP, partial rotary, biases, LayerNorm."""
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    torch.manual_seed(0)
+    cfg = GPTNeoXConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                        vocab_size=VOCAB, max_position_embeddings=64, rotary_pct=rotary_pct, hidden_act=act,
+                        use_parallel_residual=parallel, tie_word_embeddings=tie, bos_token_id=None,
+                        eos_token_id=None)
+    return randomise_gains_and_biases(GPTNeoXForCausalLM(cfg).eval())
+
+
+def hf_qwen2(tie: bool = False, window: int = 0, n_kv_heads: int = 2):
+    """Qwen2: LLaMA with biases on Q, K and V; with `window`, sliding-window attention in every layer."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=n_kv_heads, vocab_size=VOCAB, max_position_embeddings=64,
+                      tie_word_embeddings=tie, use_sliding_window=window > 0, sliding_window=window or None,
+                      max_window_layers=0, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    return randomise_gains_and_biases(Qwen2ForCausalLM(cfg).eval())
+
+
+def hf_mistral(window: int | None = 5, n_kv_heads: int = 2, tie: bool = False):
+    """Mistral: LLaMA with sliding-window attention (each query sees itself and the window − 1 keys before it)."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    cfg = MistralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=n_kv_heads, vocab_size=VOCAB, max_position_embeddings=64,
+                        sliding_window=window, tie_word_embeddings=tie, bos_token_id=None, eos_token_id=None,
+                        pad_token_id=None)
+    return randomise_gains_and_biases(MistralForCausalLM(cfg).eval())

@@ -193,3 +193,19 @@ def test_every_experiment_page_draws_its_quick_run(quick_run, quick_runs_dir, mo
         for option in box.options:
             box.select(option).run()
             assert not at.exception, (name, box.label, option)
+
+
+@pytest.mark.parametrize("name", ["kl", "hallucination", "equations"])
+def test_experiment_pages_open_with_their_headlines(quick_run, quick_runs_dir, monkeypatch, name):
+    """Supported headlines first, in the run's own sentences; then each unsupported one with why not."""
+    results = json.loads((quick_run(name) / "results.json").read_text())
+    monkeypatch.setenv("FORMA_RUNS_DIR", str(quick_runs_dir))
+    at = page(name).run()
+    assert not at.exception, at.exception
+    shown = " ".join(m.value for m in at.markdown)
+    for headline in results["headlines"]:
+        assert (headline["sentence"] if headline["supported"] else headline["why_not"]) in shown, headline["name"]
+    unsupported = [h for h in results["headlines"] if not h["supported"]]
+    if unsupported:
+        assert "Not shown, because this run cannot support it" in shown
+        assert all(h["sentence"] not in shown for h in unsupported)

@@ -49,9 +49,37 @@ def blocks(page: Path) -> list[tuple[str, str, int]]:
 
 def test_the_guide_has_every_page_and_examples_to_run():
     assert sorted(REQUIRED) == sorted(p.stem for p in PAGES if p.stem in REQUIRED)
-    missing = [p.stem for p in PAGES if p.stem not in ("dashboard", "design") and not any(lang == "python" for lang, _, _ in blocks(p))]
+    missing = [p.stem for p in PAGES if p.stem not in ("dashboard", "design", "reliability") and not any(lang == "python" for lang, _, _ in blocks(p))]
     assert not missing, f"pages without a runnable python example: {missing}"
     assert any(lang == "bash" and "torchrun" in code for lang, code, _ in blocks(DOCS / "torchrun.md"))
+
+
+CITED_TEST = re.compile(r"`(tests/[\w/]+\.py)?::(\w+)`")
+
+
+def cited_tests(text: str) -> list[tuple[str, str]]:
+    """(file, test name) of every test a page cites as `tests/FILE.py::name`; a bare `::name` is in the file
+    cited last before it."""
+    cited, current = [], None
+    for match in CITED_TEST.finditer(text):
+        current = match.group(1) or current
+        if current is None:
+            raise ValueError(f"`::{match.group(2)}` is cited before any test file")
+        cited.append((current, match.group(2)))
+    return cited
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.stem for p in PAGES])
+def test_every_test_a_page_cites_exists(page):
+    root = DOCS.parent
+    missing = [f"{file}::{name}" for file, name in cited_tests(page.read_text())
+               if not (root / file).is_file() or not re.search(rf"^def {name}\(", (root / file).read_text(), re.M)]
+    assert not missing, f"{page.name} cites tests that do not exist: {missing}"
+
+
+def test_a_cited_test_that_does_not_exist_is_caught():
+    assert cited_tests("`tests/test_docs.py::a` and `::b`") == [("tests/test_docs.py", "a"), ("tests/test_docs.py", "b")]
+    assert not re.search(r"^def no_such_test\(", (DOCS.parent / "tests/test_docs.py").read_text(), re.M)
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[p.stem for p in PAGES])

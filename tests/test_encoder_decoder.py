@@ -14,6 +14,7 @@ import lab.zoo as zoo
 from lab.data.dates import date_words, dates_world, exact_match, ordinal, year_words
 from lab.model import EncoderDecoder, EncoderDecoderConfig, HookedTransformer, KVCache
 from lab.model.components import sinusoidal_table
+from lab.train import PairBatches, TrainConfig, summed_loss, train
 
 SRC_VOCAB, TGT_VOCAB, D_MODEL, N_CTX = 30, 20, 32, 32
 
@@ -218,8 +219,41 @@ def test_quick_dates_recipe_learns_to_translate_unseen_days(tmp_path, monkeypatc
     assert all(isinstance(t, str) for t in model.translate("the third of march two thousand and five"))
     world = dates_world(**{k: v for k, v in zoo.load_recipe("dates")["world"].items() if k != "kind"})
     assert exact_match(model, world.held_out[:100]) >= 0.5
-    with pytest.raises(ValueError, match="no checkpoint to resume"):
+    with pytest.raises(FileNotFoundError, match="nothing to resume for dates"):
         zoo.build("dates", quick=True, progress=False, resume=True)
+
+
+# --- training: the one loop of lab.train ---------------------------------------------------------
+def test_the_training_loop_trains_and_resumes_an_encoder_decoder_to_the_bit(tmp_path, one_thread):
+    world = dates_world(200, 20)
+    data = PairBatches(world.train, world.held_out)
+    batch = data.get_batch("train", 0, 8, 16, seed=0)
+    assert batch.source.shape[0] == 8 and torch.equal(batch.targets, batch.tokens[:, 1:])
+    cfg = TrainConfig(steps=8, batch_size=8, seq_len=16, lr=3e-3, min_lr=3e-4, warmup_steps=2, eval_interval=4,
+                      eval_batches=1)
+
+    def fresh(seed: int = 0) -> EncoderDecoder:
+        return EncoderDecoder(EncoderDecoderConfig(d_vocab_src=world.src_tokenizer.get_vocab_size(),
+                                                   d_vocab_tgt=world.tgt_tokenizer.get_vocab_size(), d_model=16,
+                                                   n_heads=2, n_encoder_layers=1, n_decoder_layers=1, n_ctx=16),
+                              seed=seed)
+
+    # The loop's loss on a batch is the model's own mean teacher-forced loss.
+    model = fresh()
+    mean = summed_loss(model(*batch.inputs), batch.targets) / batch.targets.numel()
+    torch.testing.assert_close(mean, model.loss(batch.source, batch.tokens), rtol=1e-6, atol=0)
+
+    straight = train(model, cfg, data, tmp_path / "straight", progress=False)
+    assert straight.history[-1]["train_loss_nats"] < straight.history[0]["train_loss_nats"]
+    train(fresh(), cfg, data, tmp_path / "resumed", progress=False, stop_after=3)
+    resumed_model = fresh(seed=5)  # a different init: the weights must come from the checkpoint
+    resumed = train(resumed_model, cfg, data, tmp_path / "resumed", resume=True, progress=False)
+    assert all(torch.equal(a, b) for a, b in zip(resumed_model.state_dict().values(), model.state_dict().values()))
+    assert ([{k: v for k, v in r.items() if k != "elapsed_s"} for r in resumed.history]
+            == [{k: v for k, v in r.items() if k != "elapsed_s"} for r in straight.history])
+    assert EncoderDecoder.load(tmp_path / "resumed" / "checkpoint").cfg == model.cfg
+    with pytest.raises(ValueError, match="longer than seq_len = 8"):
+        train(fresh(), cfg.replace(seq_len=8), data, progress=False)
 
 
 # --- the explorer's cross-attention view ---------------------------------------------------------

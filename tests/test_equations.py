@@ -179,3 +179,27 @@ def test_the_parameter_check_fails_when_a_count_is_off_by_one_bias():
     assert equations.check_parameter_count_exact(small).passed
     off = equations.check_parameter_count_exact(small, lambda cfg: equations.meta_parameter_count(cfg) + cfg.d_model)
     assert not off.passed
+
+
+def test_the_kl_identity_check_fails_for_a_wrong_entropy_or_divergence():
+    from lab.metrics.information import entropy, kl
+
+    def entropy_in_bits(p: Tensor) -> Tensor:
+        return entropy(p, base=2)
+
+    def reversed_kl(p: Tensor, q: Tensor) -> Tensor:
+        return kl(q, p)
+
+    assert equations.check_kl_identity(n_samples=20000).passed
+    assert not equations.check_kl_identity(n_samples=20000, entropy_fn=entropy_in_bits).passed
+    assert not equations.check_kl_identity(n_samples=20000, kl_fn=reversed_kl).passed
+
+
+def test_headlines_are_one_per_check_and_carry_its_verdict(quick_run):
+    results, _ = quick_run
+    heads = equations.headlines(results)
+    assert results["headlines"] == heads
+    assert [h["name"] for h in heads] == [c["name"] for c in results["checks"]]
+    assert all(h["direction"] is c["passed"] and h["supported"] for h, c in zip(heads, results["checks"]))
+    failing = dict(results, checks=[dict(results["checks"][0], passed=False)] + results["checks"][1:])
+    assert equations.headlines(failing)[0]["direction"] is False and "FAILS" in equations.headlines(failing)[0]["sentence"]

@@ -183,3 +183,25 @@ def test_invalid_config_names_the_field(changes: dict, field: str) -> None:
 def test_too_many_names_for_faker_pool_is_an_error() -> None:
     with pytest.raises(ValueError, match="n_first_names"):
         FactWorld(FactWorldConfig(n_first_names=5000, n_last_names=2, n_persons=10))
+
+
+def test_heldout_draws_are_fresh_iid_draws_not_training_examples(small_cfg: FactWorldConfig,
+                                                                 world: FactWorld) -> None:
+    held = world.heldout_fact_indices(400)
+    assert held.shape == (400,) and held.min() >= 0 and held.max() < len(world.facts)
+    np.testing.assert_array_equal(held, FactWorld(small_cfg).heldout_fact_indices(400))  # deterministic
+    # Their own stream: the training sample (and so n_train) does not move them.
+    bigger = FactWorld(FactWorldConfig(**{**small_cfg.to_dict(), "n_train": small_cfg.n_train * 2}))
+    np.testing.assert_array_equal(held, bigger.heldout_fact_indices(400))
+    assert not np.array_equal(held, world.train_fact_indices[:400])
+    # i.i.d. from p: the popular facts come up as often as p says (a loose 5-sigma band on the top fact).
+    top = int(np.argmax(world.p))
+    many = world.heldout_fact_indices(20000)
+    share = float((many == top).mean())
+    assert abs(share - world.p[top]) <= 5 * np.sqrt(world.p[top] * (1 - world.p[top]) / 20000)
+    overlap = world.heldout_overlap(held)
+    seen = world.train_counts > 0
+    assert overlap["draws"] == 400 and overlap["draws_of_facts_in_training"] == int(seen[held].sum())
+    assert overlap["distinct_facts"] == len(set(held.tolist())) >= overlap["distinct_facts_in_training"]
+    with pytest.raises(ValueError, match="positive integer"):
+        world.heldout_fact_indices(0)

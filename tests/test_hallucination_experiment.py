@@ -69,10 +69,10 @@ def test_quick_run_end_to_end(quick_run):
             assert abs(c["sampled_hallucination_rate"] - c["hallucination_rate"]) <= 3 * c["sampled_se"] + 1e-12
             assert c["miscalibration_binmass"] <= c["miscalibration_tv_eps"] + 1e-12
             assert c["hallucination_rate"] >= c["p_pi_hallucination_mass"] - c["miscalibration_tv_eps"] - 1e-9
-            assert c["bound_margin_delta_0_01"] >= c["bound_margin_delta_0_1"]  # smaller δ, weaker bound
-    # The two popularity shapes give different monofact rates, each the Good–Turing estimate of its missing mass.
-    rates = [entry["monofact_rate"] for entry in results["sweep"]]
-    assert len(set(rates)) == len(rates)
+    # At least three popularity shapes, in the regime where the monofact rate rises with γ, each the
+    # Good–Turing estimate of its missing mass.
+    rates = [entry["monofact_rate"] for entry in sorted(results["sweep"], key=lambda e: e["gamma"])]
+    assert len(rates) >= 3 and rates == sorted(set(rates))
     for entry in results["sweep"]:
         assert abs(entry["monofact_rate"] - entry["missing_mass"]) < 0.05
 
@@ -115,3 +115,67 @@ def test_spearman_is_exact_at_the_acceptance_threshold():
     assert exp.spearman([1, 2, 3], [3, 2, 1]) == -1.0
     assert exp.spearman([1, 2, 2, 3], [1, 3, 2, 4]) == pytest.approx(np.corrcoef([1, 2.5, 2.5, 4], [1, 3, 2, 4])[0, 1])
     assert math.isnan(exp.spearman([1, 1, 1], [1, 2, 3]))
+
+
+def _results(quick_run) -> dict:
+    return json.loads((quick_run("hallucination") / "results.json").read_text())
+
+
+def test_headlines_are_a_pure_function_of_the_results(quick_run):
+    results = _results(quick_run)
+    assert results["headlines"] == exp.headlines({k: v for k, v in results.items() if k != "headlines"})
+    for h in results["headlines"]:
+        assert set(h) == {"name", "sentence", "value", "interval", "direction", "supported", "why_not"}
+        assert h["supported"] or (isinstance(h["why_not"], str) and h["why_not"])
+
+
+def _with_checkpoints(results: dict, change) -> dict:
+    sweep = [dict(s, checkpoints=[change(dict(c)) for c in s["checkpoints"]]) for s in results["sweep"]]
+    return dict(results, sweep=sweep)
+
+
+def test_a_vacuous_bound_is_no_headline(quick_run):
+    results = _results(quick_run)
+
+    def negative(c):
+        return c | {f"bound_rhs_delta_{k}": -0.2 for k in ("0_1", "0_01")}
+
+    heads = {h["name"]: h for h in exp.headlines(_with_checkpoints(results, negative))}
+    assert not heads["bound_holds"]["supported"]
+    assert heads["bound_holds"]["why_not"].startswith("bound vacuous: right side < 0 at every check")
+
+    def positive_but_broken(c):  # a right side above g(H): the bound fails there, and the headline says so
+        return c | {f"bound_rhs_delta_{k}": c["hallucination_rate"] + 0.1 for k in ("0_1", "0_01")} | {
+            f"bound_margin_delta_{k}": -0.1 for k in ("0_1", "0_01")}
+
+    heads = {h["name"]: h for h in exp.headlines(_with_checkpoints(results, positive_but_broken))}
+    assert heads["bound_holds"]["supported"] and heads["bound_holds"]["direction"] is False
+
+
+def test_too_few_shapes_or_a_falling_monofact_rate_cannot_carry_the_spearman(quick_run):
+    results = _results(quick_run)
+    two = dict(results, sweep=results["sweep"][:2])
+    [head] = [h for h in exp.headlines(two) if h["name"] == "hallucination_rises_with_monofact_rate"]
+    assert not head["supported"] and "only 2 γ values" in head["why_not"]
+    falling = dict(results, sweep=[dict(s, monofact_rate=1 - s["monofact_rate"]) for s in results["sweep"]])
+    [head] = [h for h in exp.headlines(falling) if h["name"] == "hallucination_rises_with_monofact_rate"]
+    assert not head["supported"] and "does not rise with γ" in head["why_not"]
+
+
+def test_upweighting_whose_draws_straddle_the_control_is_no_headline(quick_run):
+    results = _results(quick_run)
+    control = results["upweighting"][0]["hallucination_rate"]
+    straddle = [dict(u) for u in results["upweighting"]]
+    straddle[1]["hallucination_rate_draws"] = [control - 0.01, control + 0.01]
+    heads = {h["name"]: h for h in exp.headlines(dict(results, upweighting=straddle))}
+    head = heads[f"upweighting {straddle[1]['condition']}"]
+    assert not head["supported"] and "both sides of the control" in head["why_not"]
+
+
+def test_a_dominant_fact_is_flagged(quick_run):
+    results = _results(quick_run)
+    for entry in results["sweep"]:
+        assert entry["max_fact_probability_flagged"] == (entry["max_fact_probability"] >= exp.MAX_FACT_PROBABILITY_FLAG)
+    dominated = dict(results, sweep=[dict(results["sweep"][0], max_fact_probability=0.684)] + results["sweep"][1:])
+    [head] = [h for h in exp.headlines(dominated) if h["name"] == "hallucination_rises_with_monofact_rate"]
+    assert "one fact holds 68% of p" in head["sentence"]

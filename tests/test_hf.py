@@ -50,12 +50,13 @@ def test_load_hf_reads_a_local_folder(tmp_path, tokens):
 
 
 def test_unsupported_architecture_points_to_the_bridge():
-    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+    from transformers import OPTConfig, OPTForCausalLM
 
-    hf = GPTNeoXForCausalLM(GPTNeoXConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                                          intermediate_size=64, vocab_size=50))
-    with pytest.raises(UnsupportedArchitecture, match="TransformerBridge"):
+    hf = OPTForCausalLM(OPTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, ffn_dim=64,
+                                  vocab_size=50, word_embed_proj_dim=32))
+    with pytest.raises(UnsupportedArchitecture, match="TransformerBridge") as err:
         from_hf(hf)
+    assert all(family in str(err.value) for family in ("GPT-2", "LLaMA", "GPT-NeoX", "Qwen2", "Mistral"))
     with pytest.raises(UnsupportedArchitecture, match="post-LN|pre-LN"):
         to_hf(HookedTransformer(tiny_config(block="post_ln")))
 

@@ -28,7 +28,9 @@ from lab.tokenize import to_hf_tokenizer, word_level
 VOCAB = 64
 KINDS = ["gpt2", "llama"]
 ARCHITECTURES = {"gpt2": dict(mlp="gelu_tanh"),
-                 "llama": dict(positions="rotary", norm="rmsnorm", mlp="swiglu", n_kv_heads=2, bias=False)}
+                 "llama": dict(positions="rotary", norm="rmsnorm", mlp="swiglu", n_kv_heads=2, bias=False),
+                 # GPT-NeoX-like, for what needs no bridge: attention and MLP side by side, both reading resid_pre
+                 "neox": dict(block="parallel", positions="rotary", rotary_dim=4)}
 TOL = 1e-5
 
 
@@ -305,6 +307,35 @@ def test_accumulated_bias_agrees(pair, layer, mlp_input, include_mlp_biases):
     assert_same(*results, tol=0)
 
 
+def test_accumulated_bias_of_a_parallel_block_leaves_out_its_own_attention():
+    """A parallel block's MLP reads the block's input, so the stream entering it carries no b_O of its own
+    block; in a sequential block it does."""
+    parallel, sequential = forma_model("neox"), forma_model("gpt2")
+    for layer in range(2):
+        assert torch.equal(parallel.accumulated_bias(layer, mlp_input=True), parallel.accumulated_bias(layer))
+        own = sequential.blocks[layer].attn.b_O
+        assert torch.allclose(sequential.accumulated_bias(layer, mlp_input=True),
+                              sequential.accumulated_bias(layer) + own, atol=0)
+    assert parallel.accumulated_bias(1).abs().max() > 0  # the biases are there to leave out
+
+
+def test_hook_mlp_in_of_a_parallel_block_is_its_mlps_copy_of_resid_pre():
+    model = forma_model("neox")
+    model.set_use_hook_mlp_in(True)
+    tokens = torch.randint(4, VOCAB, (1, 6), generator=torch.Generator().manual_seed(0))
+    _, cache = model.run_with_cache(tokens)
+    assert torch.equal(cache["blocks.1.hook_mlp_in"], cache["blocks.1.hook_resid_pre"])
+
+    def shift(x, hook):
+        x[..., 0] += 1.0
+        return x
+
+    with model.hooks(fwd_hooks=[("blocks.1.hook_mlp_in", shift)]):
+        _, patched = model.run_with_cache(tokens)
+    assert torch.equal(patched["blocks.1.hook_attn_out"], cache["blocks.1.hook_attn_out"])
+    assert (patched["blocks.1.hook_mlp_out"] - cache["blocks.1.hook_mlp_out"]).abs().max() > 1e-3
+
+
 def test_logit_attrs_decompose_the_logit_difference(pair, folded):
     """tokens_to_residual_directions carries the final norm's gain, so the parts sum to the logit difference
     (less the constant b · (W_U[a] − W_U[i]) of LayerNorm's bias) and match the folded bridge."""
@@ -463,7 +494,7 @@ SWITCHES = {
 }
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", KINDS + ["neox"])
 @pytest.mark.parametrize("flag", sorted(SWITCHES))
 def test_a_switch_makes_its_hook_points_exist_only_while_it_is_on(kind, flag):
     model = forma_model(kind)
@@ -557,7 +588,7 @@ def test_use_attn_result_forms_and_caches_every_heads_result(pair):
 
 
 # --- the explicit paths (for wrappers that hook modules, not TransformerLens hook points) -----------------------
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", KINDS + ["neox"])
 def test_explicit_paths_fire_every_hook_point_without_a_hook(kind):
     """With set_explicit_paths(True) and set_use_attn_result(True), every hook point runs on a plain forward
     pass: a torch forward hook on each HookPoint module (how nnsight sees them) fires for all of them; the

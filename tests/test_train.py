@@ -4,6 +4,8 @@ crash-safe checkpoints, the batch streams, and DDP under torchrun against one pr
 import json
 import math
 import os
+import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +17,7 @@ from safetensors.torch import load_file
 import lab.train
 from lab import HookedTransformer
 from lab.train import (DEMO_MODEL, DEMO_TRAIN, IGNORE, Batch, SequenceBatches, TokenStream, TrainConfig,
-                       demo_markov, estimate_loss, get_batch, get_lr, train)
+                       TrainingDiverged, TrainingInterrupted, demo_markov, estimate_loss, get_batch, get_lr, train)
 
 REPO = Path(__file__).resolve().parents[1]
 # 20 tiny steps: warmup then cosine, one eval every 5 steps.
@@ -172,8 +174,9 @@ def test_resuming_gives_the_same_weights_as_an_uninterrupted_run(tmp_path):
     expected = weights(model)
 
     interrupted, _ = demo_markov()
-    half = train(interrupted, SHORT, data, tmp_path / "resumed", progress=False, stop_after=10)
-    assert half.step == 10
+    # Step 7 is between evaluations (every 5): stopping there must not add one to the records.
+    half = train(interrupted, SHORT, data, tmp_path / "resumed", progress=False, stop_after=7)
+    assert half.step == 7
     fresh = HookedTransformer(DEMO_MODEL, seed=123)  # different init: the weights must come from the checkpoint
     resumed = train(fresh, SHORT, data, tmp_path / "resumed", resume=True, progress=False)
     assert resumed.step == 20
@@ -257,6 +260,68 @@ def test_a_crash_while_checkpointing_leaves_the_previous_checkpoint_whole(tmp_pa
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == list(range(1, 11))  # steps 6..10 not doubled
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint", "metrics.jsonl"]
+
+
+class SignalWhileDrawing:
+    """The batches of `data`, with `signum` sent to this process while training batch `index` is drawn
+    (that is, during step index + 1), as a Ctrl-C or a `kill -TERM` would arrive."""
+
+    def __init__(self, data, signum: int, index: int) -> None:
+        self.data, self.signum, self.index = data, signum, index
+
+    def get_batch(self, split, index, batch_size, seq_len, seed):
+        if split == "train" and index == self.index:
+            os.kill(os.getpid(), self.signum)
+        return self.data.get_batch(split, index, batch_size, seq_len, seed)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_ends_training_after_the_step_in_flight_with_a_checkpoint(tmp_path, signum):
+    model, data = demo_markov()
+    train(model, SHORT, data, tmp_path / "straight", progress=False)
+    expected = weights(model)
+    handler = signal.getsignal(signum)
+    with pytest.raises(TrainingInterrupted) as stop:
+        train(demo_markov()[0], SHORT, SignalWhileDrawing(data, signum, 6), tmp_path / "run", progress=False)
+    assert (stop.value.signum, stop.value.step) == (signum, 7)
+    assert str(stop.value) == (f"interrupted by {signal.Signals(signum).name} at step 7/20; "
+                               f"checkpoint saved in {tmp_path / 'run' / 'checkpoint'}")
+    assert json.loads((tmp_path / "run" / "checkpoint" / "train_state.json").read_text())["step"] == 7
+    assert signal.getsignal(signum) is handler  # the caller's handler is back
+    resumed = demo_markov()[0]
+    train(resumed, SHORT, data, tmp_path / "run", resume=True, progress=False)
+    assert all(torch.equal(weights(resumed)[k], expected[k]) for k in expected)
+
+
+def test_a_diverging_run_names_the_step_and_lr_and_keeps_the_checkpoint_from_before(tmp_path):
+    model, data = demo_markov()
+    cfg = SHORT.replace(lr=1e30, min_lr=0.0, checkpoint_interval=1)  # the first update overflows the weights
+    with pytest.raises(TrainingDiverged, match=r"^training diverged at step \d+: train loss is (nan|inf) "
+                       r"\(lr [\d.e+]+\); try a lower lr or a tighter grad_clip; the checkpoint of step \d+ "
+                       r"is kept in .*checkpoint$") as diverged:
+        train(model, cfg, data, tmp_path, progress=False)
+    step, kept = map(int, re.findall(r"step (\d+)", str(diverged.value)))
+    assert kept == step - 1 >= 1
+    state = json.loads((tmp_path / "checkpoint" / "train_state.json").read_text())
+    assert state["step"] == kept and math.isfinite(state["train_loss_nats"])
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, step))  # nothing of the diverged step is written
+
+
+def test_checkpoints_come_every_n_steps_and_every_so_many_seconds(tmp_path, monkeypatch):
+    model, data = demo_markov()
+    saved = []
+    real = lab.train.save_checkpoint
+    monkeypatch.setattr(lab.train, "save_checkpoint", lambda *args: saved.append(args[-1].step) or real(*args))
+    for cfg, steps in [(SHORT.replace(checkpoint_interval=6, checkpoint_every_s=0), [6, 12, 18, 20]),
+                       (SHORT.replace(checkpoint_every_s=1e-9), list(range(1, 21))),  # every step is "due"
+                       (SHORT.replace(checkpoint_every_s=0), [20])]:
+        saved.clear()
+        train(model, cfg, data, tmp_path, progress=False)
+        assert saved == steps, cfg
+    # How often to save does not shape the run: a resumption may change it (and the device).
+    train(model, SHORT.replace(checkpoint_interval=4), data, tmp_path, progress=False, stop_after=8)
+    assert train(model, SHORT.replace(checkpoint_every_s=5.0), data, tmp_path, resume=True, progress=False).step == 20
 
 
 def test_a_fresh_start_replaces_an_earlier_run(tmp_path):

@@ -18,6 +18,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from lab.model import HookedTransformer
+from lab.model.offload import read_weight
 
 
 @torch.inference_mode()
@@ -57,8 +58,9 @@ def direct_logit_attribution(model: HookedTransformer, tokens: Int[Tensor, "pos"
         raise ValueError(f"target token id {target} is out of range [0, {model.cfg.d_vocab})")
     wanted = ("hook_embed", "hook_pos_embed", "attn.hook_result", "hook_mlp_out", "ln_final.hook_scale")
     logits, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith(wanted))
-    if model.cfg.block != "pre_ln":
-        raise ValueError("direct logit attribution needs a pre-LN model (a post-LN block norms its own output)")
+    if model.cfg.block == "post_ln":
+        raise ValueError("direct logit attribution needs a pre-LN or parallel model (a post-LN block norms its own "
+                         "output)")
     labels, parts = ["embed"], [cache["hook_embed"][0, position]]
     if "hook_pos_embed" in cache.cache_dict:
         labels.append("pos_embed")
@@ -69,17 +71,17 @@ def direct_logit_attribution(model: HookedTransformer, tokens: Int[Tensor, "pos"
         parts += list(heads)
         if block.attn.b_O is not None:
             labels.append(f"L{layer} attn bias")
-            parts.append(block.attn.b_O)
+            parts.append(read_weight(model, f"blocks.{layer}.attn.b_O"))  # an offloaded block's, read from its store
         labels.append(f"L{layer} mlp")
         parts.append(cache[f"blocks.{layer}.hook_mlp_out"][0, position])
     stack = torch.stack(parts)  # [component, d_model]
     if model.cfg.norm == "layernorm":
         stack = stack - stack.mean(dim=-1, keepdim=True)
     scale = cache["ln_final.hook_scale"][0, position]
-    direction = model.ln_final.w * model.W_U[:, target]
+    direction = read_weight(model, "ln_final.w") * model.W_U[:, target]
     values = (stack / scale) @ direction
     constant = model.b_U[target].clone()
     if model.cfg.norm == "layernorm":
-        constant += model.ln_final.b @ model.W_U[:, target]
+        constant += read_weight(model, "ln_final.b") @ model.W_U[:, target]
     labels.append("final norm & unembed bias")
     return Attribution(labels, torch.cat([values, constant[None]]), float(logits[0, position, target]))

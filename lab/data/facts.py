@@ -322,14 +322,39 @@ class FactWorld:
                                                        value=fact.value)
         raise ValueError(f"form must be 'bare' or 'template', got {form!r}")
 
-    def documents(self, form: Literal["bare", "template"] = "bare", seed: int = 0) -> list[str]:
-        """The n_train training documents in draw order; `seed` picks each document's template."""
+    def documents(self, form: Literal["bare", "template"] = "bare", seed: int = 0,
+                  fact_indices: Sequence[int] | None = None) -> list[str]:
+        """The n_train training documents in draw order (or the facts `fact_indices`, e.g. held-out draws);
+        `seed` picks each document's template."""
         if form not in ("bare", "template"):
             raise ValueError(f"form must be 'bare' or 'template', got {form!r}")
+        indices = self.train_fact_indices if fact_indices is None else fact_indices
         rng = np.random.default_rng(seed)
-        choices = rng.integers(0, 1 << 30, size=len(self.train_fact_indices))
-        return [self.render(self.facts[i], form, int(c))
-                for i, c in zip(self.train_fact_indices, choices)]
+        choices = rng.integers(0, 1 << 30, size=len(indices))
+        return [self.render(self.facts[i], form, int(c)) for i, c in zip(indices, choices)]
+
+    def heldout_fact_indices(self, n: int) -> NDArray[np.int64]:
+        """n fresh i.i.d. draws from p, with replacement, from a random stream of their own (the fifth child
+        of the world's SeedSequence; the training sample is the fourth): held-out examples that are never
+        training examples. Being draws from the same p, they repeat popular facts the training sample also
+        holds, as any two i.i.d. samples do; `heldout_overlap` counts how many."""
+        if not isinstance(n, numbers.Integral) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"n must be a positive integer, got {n!r}")
+        rng = np.random.default_rng(np.random.SeedSequence(self.cfg.seed, spawn_key=(4,)))
+        return rng.choice(len(self.facts), size=int(n), replace=True, p=self.p).astype(np.int64)
+
+    def heldout_overlap(self, heldout: NDArray[np.int64]) -> dict[str, Any]:
+        """How a held-out draw meets the training sample: draws, distinct facts and persons, and how many of
+        those also occur in training."""
+        heldout = np.asarray(heldout, dtype=np.int64)
+        seen = self.train_counts > 0
+        facts = np.unique(heldout)
+        persons = np.unique([self.facts[i].person_index for i in facts])
+        train_persons = {self.facts[i].person_index for i in np.flatnonzero(seen)}
+        return {"draws": int(len(heldout)), "draws_of_facts_in_training": int(seen[heldout].sum()),
+                "distinct_facts": int(len(facts)), "distinct_facts_in_training": int(seen[facts].sum()),
+                "distinct_persons": int(len(persons)),
+                "distinct_persons_in_training": int(sum(int(p) in train_persons for p in persons))}
 
     def quiz_items(self, persons: Iterable[int], n_options: int = 4,
                    seed: int = 0) -> list[dict[str, Any]]:

@@ -41,6 +41,12 @@ IntArray = NDArray[np.int64]
 
 _POWER_TOL = 1e-14  # L1 change between power-iteration steps at which π counts as converged
 _POWER_MAX_ITERS = 200_000
+# Size limits, checked before anything is allocated (a world of V^(k+1) laws grows fast: order 12 over
+# 32 symbols would be 3.7e19 of them). A probability table of MAX_TABLE_ENTRIES float64 entries is
+# 256 MiB, and the chain keeps two (the laws and their cumulative sums) plus a power-iteration
+# temporary; MAX_SAMPLE_TOKENS int64 ids are 1 GiB.
+MAX_TABLE_ENTRIES = 2**25
+MAX_SAMPLE_TOKENS = 2**27
 
 
 # --- shared helpers ---------------------------------------------------------------------------
@@ -50,6 +56,22 @@ def _check_int(owner: str, name: str, value: Any, minimum: int = 1) -> int:
     if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < minimum:
         raise ValueError(f"{owner}: {name} must be an integer ≥ {minimum}, got {value!r}")
     return int(value)
+
+
+def _check_size(owner: str, what: str, entries: int, limit: int, advice: str) -> None:
+    if entries > limit:
+        raise ValueError(f"{owner}: {what} = {entries:,} entries ({_bytes(entries * 8)} as 64-bit numbers) "
+                         f"exceeds the limit of {limit:,} ({_bytes(limit * 8)}); {advice}")
+
+
+def _bytes(n: float) -> str:
+    """A byte count in binary units: 256 MiB, 2.62e+05 PiB."""
+    units = ("B", "KiB", "MiB", "GiB", "TiB")
+    for unit in units:
+        if n < 1024:
+            return f"{n:.3g} {unit}"
+        n /= 1024
+    return f"{n:.3g} PiB"
 
 
 def _check_concentration(owner: str, value: Any) -> float:
@@ -144,6 +166,8 @@ class MarkovSource:
         self.concentration = _check_concentration("MarkovSource", concentration)
         self.seed = _check_int("MarkovSource", "seed", seed, minimum=0)
         vocab_size, order = self.vocab_size, self.order
+        _check_size("MarkovSource", f"the transition table vocab_size^(order + 1) = {vocab_size}^{order + 1}",
+                    vocab_size ** (order + 1), MAX_TABLE_ENTRIES, "lower order or vocab_size")
         self.n_contexts = vocab_size ** order
         rng = np.random.default_rng(self.seed)
         self.transition: FloatArray = rng.dirichlet(np.full(vocab_size, self.concentration),
@@ -193,6 +217,8 @@ class MarkovSource:
         """`n` sequences of `length` tokens: the first `order` from π, then the chain."""
         n = _check_int("MarkovSource.sample", "n", n)
         length = _check_int("MarkovSource.sample", "length", length)
+        _check_size("MarkovSource.sample", f"n × length = {n:,} × {max(length, self.order)}",
+                    n * max(length, self.order), MAX_SAMPLE_TOKENS, "draw fewer or shorter sequences")
         rng = self._sample_rng if seed is None else np.random.default_rng(seed)
         V, k = self.vocab_size, self.order
         out = np.empty((n, max(length, k)), dtype=np.int64)
@@ -279,6 +305,9 @@ class HiddenMarkovSource:
         self.concentration = _check_concentration("HiddenMarkovSource", concentration)
         self.seed = _check_int("HiddenMarkovSource", "seed", seed, minimum=0)
         n_states, vocab_size = self.n_states, self.vocab_size
+        _check_size("HiddenMarkovSource", f"the tables n_states × (n_states + vocab_size) = "
+                    f"{n_states} × {n_states + vocab_size}", n_states * (n_states + vocab_size), MAX_TABLE_ENTRIES,
+                    "lower n_states or vocab_size")
         rng = np.random.default_rng(self.seed)
         alpha = self.concentration
         self.transition: FloatArray = rng.dirichlet(np.full(n_states, alpha), size=n_states)
@@ -298,6 +327,8 @@ class HiddenMarkovSource:
         """`n` token sequences of `length`, hidden chain started in π."""
         n = _check_int("HiddenMarkovSource.sample", "n", n)
         length = _check_int("HiddenMarkovSource.sample", "length", length)
+        _check_size("HiddenMarkovSource.sample", f"n × length = {n:,} × {length}", n * length, MAX_SAMPLE_TOKENS,
+                    "draw fewer or shorter sequences")
         rng = self._sample_rng if seed is None else np.random.default_rng(seed)
         cum_a = np.cumsum(self.transition, axis=1)
         cum_b = np.cumsum(self.emission, axis=1)

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["cross_entropy", "entropy", "kl", "perplexity", "to_bits"]
+__all__ = ["cross_entropy", "entropy", "kl", "perplexity", "to_bits", "truncated_context_kl_of"]
 
 NATS_PER_BIT = math.log(2.0)
 
@@ -107,3 +107,29 @@ def perplexity(cross_entropy_nats: Any) -> Any:
 def to_bits(nats: Any) -> Any:
     """Nats → bits (divide by ln 2)."""
     return nats / NATS_PER_BIT
+
+
+def truncated_context_kl_of(joint: Any, vocab_size: int, width: int) -> float:
+    """How far the best predictor that sees only the last `width` tokens of an order-k context stays from p:
+
+        KL = H(X | C_{−width:}) − H(X | C) = Σ_{c,x} J(c, x) log(J(c, x)·J(c_{−width:}) / (J(c)·J(c_{−width:}, x)))
+
+    in nats, for the joint J(c, x) = π(c)·p(x|c) over contexts c (base-V index, oldest token first, shape
+    [V^k, V]). width = 0 is the best unigram model (the marginal of x), width = k − 1 the best (k−1)-gram.
+    """
+    J = _as_tensor(joint).double()
+    V = vocab_size
+    n_contexts = J.shape[0]
+    order = round(math.log(n_contexts, V)) if n_contexts > 1 else 0
+    if J.ndim != 2 or J.shape[1] != V or V ** order != n_contexts:
+        raise ValueError(f"joint must be [V^k, V] with V = {vocab_size}, got shape {tuple(J.shape)}")
+    if not 0 <= width < order:
+        raise ValueError(f"width must be in [0, {order - 1}] for an order-{order} context, got {width}")
+    if abs(float(J.sum()) - 1.0) > 1e-6 or bool((J < 0).any()):
+        raise ValueError("joint must be a probability distribution over (context, next token)")
+    p_context = J.sum(dim=1)  # J(c)
+    conditional_full = -(torch.xlogy(J, J).sum() - torch.xlogy(p_context, p_context).sum())  # H(X | C)
+    short = J.reshape(V ** (order - width), V ** width, V).sum(dim=0)  # J(c_{−width:}, x)
+    p_short = short.sum(dim=1)
+    conditional_short = -(torch.xlogy(short, short).sum() - torch.xlogy(p_short, p_short).sum())
+    return float(conditional_short - conditional_full)

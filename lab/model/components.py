@@ -299,6 +299,11 @@ class Attention(nn.Module):
     Query head h reads key/value head ⌊h · n_kv_heads / n_heads⌋. With a KV cache the new keys and
     values are appended, and query i sits at absolute position offset + i.
 
+    A sliding window of w (Mistral; `cfg.sliding_window`) also hides the keys j ≤ i − w: each query sees
+    itself and the w − 1 keys before it, M_ij = −∞ unless i − w < j ≤ i. The cache keeps every key; the
+    mask, written in absolute positions, hides the old ones. Without a window, w is n_ctx, which hides
+    nothing a sequence can reach.
+
     `causal=False` drops the mask (M = 0): an encoder's self-attention, or cross-attention, where
     `kv_input` (the encoder's output) gives the keys and values and x only the queries (Vaswani et al.
     2017, §3.2.3). Rotary is a self-attention position code, so it is not applied across sequences.
@@ -320,12 +325,16 @@ class Attention(nn.Module):
         # GPT-2's residual-projection scaling for W_O: keeps the residual stream's variance flat in depth.
         self.init_std, self.out_std = cfg.init_std, cfg.init_std / math.sqrt(2 * cfg.n_layers)
         self.W_Q, self.W_K, self.W_V, self.W_O = _empty(h, d, dh), _empty(kv, d, dh), _empty(kv, d, dh), _empty(h, dh, d)
-        if cfg.bias:
+        if cfg.has_qkv_bias:  # every bias, or (Qwen2) those of Q, K and V only
             self.b_Q, self.b_K, self.b_V = _zeros((h, dh)), _zeros((kv, dh)), _zeros((kv, dh))
+        else:
+            for name in ("b_Q", "b_K", "b_V"):
+                self.register_parameter(name, None)
+        if cfg.bias:
             self.b_O = _zeros((d,))
         else:
-            for name in ("b_Q", "b_K", "b_V", "b_O"):
-                self.register_parameter(name, None)
+            self.register_parameter("b_O", None)
+        self.window = cfg.sliding_window or cfg.n_ctx  # keys i − window < j ≤ i are visible
         self.reset_parameters()
         self.hook_q = CheckedHookPoint()  # [batch, pos, head_index, d_head]
         self.hook_k = CheckedHookPoint()  # [batch, pos, kv_head_index, d_head]  (pos: kv_input's in cross-attention)
@@ -427,13 +436,13 @@ class Attention(nn.Module):
         return F.linear(z.flatten(2), self.W_O.flatten(0, 1).T, self.b_O)
 
     def _causal_mask(self, q_len: int, k_len: int, offset: int, device: torch.device) -> Tensor:
-        """Boolean [q_len, k_len]: True where query i (at offset + i) may attend to key j (j ≤ offset + i);
-        True everywhere when the attention is not causal."""
+        """Boolean [q_len, k_len]: True where query i (at offset + i) may attend to key j (j ≤ offset + i, and
+        j > offset + i − window); True everywhere when the attention is not causal."""
         if not self.causal:
             return torch.ones(q_len, k_len, dtype=torch.bool, device=device)
         i = torch.arange(q_len, device=device)[:, None] + offset
         j = torch.arange(k_len, device=device)[None, :]
-        return j <= i
+        return (j <= i) & (j > i - self.window)
 
     def _mask_bias(self, q_len: int, k_len: int, offset: int, device: torch.device, dtype: torch.dtype) -> Tensor:
         """M as an additive [q_len, k_len] bias: 0 where the key is visible, −∞ where it is hidden."""
@@ -458,9 +467,10 @@ class Attention(nn.Module):
         q_len, k_len = q.shape[1], k.shape[1]
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [batch, head, pos, d_head]
         gqa = self.n_kv_heads != self.n_heads
-        if not self.causal or q_len == 1:  # no mask, or one new token that sees every cached key
+        windowed = k_len > self.window  # the window hides some keys: only an explicit mask says which
+        if not self.causal or (q_len == 1 and not windowed):  # no mask, or one new token that sees every key
             z = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
-        elif q_len == k_len:  # no cached prefix: the plain causal mask
+        elif q_len == k_len and not windowed:  # no cached prefix: the plain causal mask
             z = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         else:
             mask = self._causal_mask(q_len, k_len, offset, q.device)
@@ -588,8 +598,8 @@ class _Block(nn.Module):
         return attn.forward_per_head(q_input, k_input, v_input, cache)
 
     def mlp_input(self, resid_mid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
-        """The MLP branch's input: resid_mid, through its own copy (hook_mlp_in) under use_hook_mlp_in, so that
-        patching it leaves the residual stream alone."""
+        """The MLP branch's input (resid_mid; resid_pre in a parallel block), through its own copy (hook_mlp_in)
+        under use_hook_mlp_in, so that patching it leaves the residual stream alone."""
         return self.hook_mlp_in(resid_mid.clone()) if self._runtime.use_hook_mlp_in else resid_mid
 
 
@@ -613,6 +623,23 @@ class PostLNBlock(_Block):
         resid_mid = self.hook_resid_mid(self.ln1(resid_pre + attn_out))
         mlp_out = self.hook_mlp_out(self.mlp(self.mlp_input(resid_mid)))
         return self.hook_resid_post(self.ln2(resid_mid + mlp_out))
+
+
+class ParallelBlock(_Block):
+    """Parallel attention and MLP (GPT-J, GPT-NeoX / Pythia):  x ← x + attn(LN₁(x)) + mlp(LN₂(x)).
+
+    Both branches read the block's input, so there is no resid_mid (TransformerLens never fires it in such a
+    block either); the attention's and the MLP's outputs add to the stream side by side."""
+
+    def __init__(self, cfg: ModelConfig, causal: bool = True):
+        super().__init__(cfg, causal)
+        del self.hook_resid_mid  # a hook point exists only where its activation does
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"], cache: KVCacheEntry | None = None) -> Float[Tensor, "batch pos d_model"]:
+        resid_pre = self.hook_resid_pre(x)
+        attn_out = self.hook_attn_out(self.attention(resid_pre, self.ln1, cache))
+        mlp_out = self.hook_mlp_out(self.mlp(self.ln2(self.mlp_input(resid_pre))))
+        return self.hook_resid_post(resid_pre + attn_out + mlp_out)
 
 
 # --------------------------------------------------------------------------------------------
@@ -669,4 +696,4 @@ POSITIONS: dict[str, type[nn.Module]] = {
 NORMS: dict[str, type[nn.Module]] = {"layernorm": LayerNorm, "rmsnorm": RMSNorm}
 MLPS: dict[str, type[nn.Module]] = {
     "relu": MLP, "gelu": MLP, "gelu_tanh": MLP, "silu": MLP, "swiglu": GatedMLP}
-BLOCKS: dict[str, type[nn.Module]] = {"pre_ln": PreLNBlock, "post_ln": PostLNBlock}
+BLOCKS: dict[str, type[nn.Module]] = {"pre_ln": PreLNBlock, "post_ln": PostLNBlock, "parallel": ParallelBlock}

@@ -1,6 +1,7 @@
 """ModelConfig: the architecture of a decoder-only transformer, as one small validated dataclass.
 
-Every choice the model offers (positions, norm, MLP, block layout, tying, grouped key/value heads) is
+Every choice the model offers (positions, norm, MLP, block layout, tying, grouped key/value heads, which
+linear maps carry biases, a sliding attention window) is
 a field here; `lab.model.components` maps each value to a class, so `forward` never branches on the
 config. The config round-trips through JSON and TOML and rejects unknown keys, so a typo in a
 checkpoint or a zoo recipe is an error rather than a silently ignored setting.
@@ -75,9 +76,11 @@ class ModelConfig:
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     norm_eps: float = 1e-5
     mlp: Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu"] = "gelu"
-    block: Literal["pre_ln", "post_ln"] = "pre_ln"
+    block: Literal["pre_ln", "post_ln", "parallel"] = "pre_ln"  # parallel: x + attn(LN₁(x)) + mlp(LN₂(x)) (GPT-NeoX)
     tied_embeddings: bool = False
     bias: bool = True  # biases on Q, K, V, O and the MLP's linear maps
+    qkv_bias: bool = False  # biases on Q, K and V only, in a model whose `bias` is false (Qwen2)
+    sliding_window: int = 0  # 0: none; w: query i attends to keys i − w < j ≤ i only (Mistral)
     init_std: float = 0.02
     tokenizer: str = field(default="", compare=False)  # informational: what the ids mean
 
@@ -90,7 +93,7 @@ class ModelConfig:
         for name in ("d_vocab", "d_model", "n_layers", "n_heads", "n_ctx"):
             value = getattr(self, name)
             need(value > 0, f"{name} must be a positive integer, got {value!r}")
-        for name in ("d_head", "d_mlp", "n_kv_heads", "rotary_dim"):
+        for name in ("d_head", "d_mlp", "n_kv_heads", "rotary_dim", "sliding_window"):
             value = getattr(self, name)
             need(value >= 0, f"{name} must be a non-negative integer (0 = default), got {value!r}")
         # Fill the derived defaults (frozen dataclass: write through object.__setattr__).
@@ -111,6 +114,8 @@ class ModelConfig:
         need(self.rotary_base > 0, f"rotary_base must be positive, got {self.rotary_base}")
         need(self.positions != "sinusoidal" or self.d_model % 2 == 0,
              f"sinusoidal positions need an even d_model, got {self.d_model}")
+        need(not (self.bias and self.qkv_bias),
+             "qkv_bias adds Q, K and V biases to a model whose bias is false; with bias = true they are already there")
         need(self.norm_eps > 0, f"norm_eps must be positive, got {self.norm_eps}")
         need(self.init_std > 0, f"init_std must be positive, got {self.init_std}")
         object.__setattr__(self, "_runtime", RuntimeSettings())  # not a field: what a model built from it switches
@@ -171,7 +176,7 @@ class ModelConfig:
         block = self.attention_params() + self.mlp_params() + 2 * self.norm_params()
         total = self.n_layers * block + self.d_vocab * d + self.d_vocab  # W_E, b_U
         total += 0 if self.tied_embeddings else d * self.d_vocab  # W_U
-        total += self.norm_params() if self.block == "pre_ln" else 0  # ln_final
+        total += self.norm_params() if self.block != "post_ln" else 0  # ln_final (a post-LN block ends in its own)
         total += self.n_ctx * d if self.positions == "learned" else 0
         return total
 
@@ -185,7 +190,13 @@ class ModelConfig:
     def attention_params(self) -> int:
         """W_Q, W_K, W_V, W_O (and their biases) of one attention layer."""
         d, h, kv, dh = self.d_model, self.n_heads, self.n_kv_heads, self.d_head
-        return d * h * dh + 2 * d * kv * dh + h * dh * d + ((h * dh + 2 * kv * dh + d) if self.bias else 0)
+        weights = d * h * dh + 2 * d * kv * dh + h * dh * d
+        return weights + ((h * dh + 2 * kv * dh) if self.has_qkv_bias else 0) + (d if self.bias else 0)
+
+    @property
+    def has_qkv_bias(self) -> bool:
+        """Whether Q, K and V carry biases: every bias (`bias`), or those three only (`qkv_bias`)."""
+        return self.bias or self.qkv_bias
 
     def mlp_params(self) -> int:
         """W_in, W_out (W_gate for SwiGLU) and their biases of one MLP."""
@@ -213,6 +224,10 @@ class ModelConfig:
     def positional_embedding_type(self) -> str:
         return {"learned": "standard", "sinusoidal": "sinusoidal", "rotary": "rotary", "none": "none"}[
             self.positions]
+
+    @property
+    def parallel_attn_mlp(self) -> bool:
+        return self.block == "parallel"
 
     @property
     def n_key_value_heads(self) -> int | None:

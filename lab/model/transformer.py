@@ -36,6 +36,7 @@ from lab.model.components import (BLOCKS, NORMS, POSITIONS, Attention, CheckedHo
                                   Unembed, set_hook_points)
 from lab.model.config import ModelConfig
 from lab.model.kv_cache import KVCache
+from lab.model.offload import read_weight
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
@@ -74,8 +75,8 @@ class HookedTransformer(HookedRootModule):
                 self.hook_pos_embed = CheckedHookPoint()  # [batch, pos, d_model]
             self.pos_embed = POSITIONS[cfg.positions](cfg, getattr(self, "hook_pos_embed", None))
             self.blocks = nn.ModuleList([BLOCKS[cfg.block](cfg) for _ in range(cfg.n_layers)])
-            # A post-LN stack already ends in a norm; a pre-LN stack needs the final one.
-            self.ln_final = NORMS[cfg.norm](cfg) if cfg.block == "pre_ln" else NoNorm()
+            # A post-LN stack already ends in a norm; a pre-LN or parallel stack needs the final one.
+            self.ln_final = NoNorm() if cfg.block == "post_ln" else NORMS[cfg.norm](cfg)
             self.unembed = TiedUnembed(cfg, self.embed) if cfg.tied_embeddings else Unembed(cfg)
         self.hook_logits = CheckedHookPoint()  # [batch, pos, d_vocab]
         self.setup()  # HookedRootModule: name every HookPoint
@@ -222,26 +223,30 @@ class HookedTransformer(HookedRootModule):
         return generate(self, tokens, max_new_tokens, temperature, top_k, top_p, seed, use_kv_cache, eos_token_id)
 
     # --- weights under TransformerLens's names -------------------------------------------------
+    # Read through `read_weight`, so that on a model spread over devices by accelerate (lab.hf.load_hf with a
+    # device_map) an offloaded block's weights come from its offload store instead of the meta device.
     @property
     def W_E(self) -> Tensor:
-        return self.embed.W_E
+        return read_weight(self, "embed.W_E")
 
     @property
     def W_pos(self) -> Tensor:
         if not hasattr(self.pos_embed, "W_pos"):
             raise AttributeError(f"a model with positions = {self.cfg.positions!r} has no W_pos")
-        return self.pos_embed.W_pos
+        return read_weight(self, "pos_embed.W_pos")
 
     @property
     def W_U(self) -> Tensor:
-        return self.unembed.W_U
+        return read_weight(self, "unembed.W_U")
 
     @property
     def b_U(self) -> Tensor:
-        return self.unembed.b_U
+        return read_weight(self, "unembed.b_U")
 
-    def _stack(self, name: str) -> Tensor:
-        return torch.stack([getattr(b.attn, name) for b in self.blocks])
+    def _stack(self, name: str, module: str = "attn") -> Tensor:
+        """blocks.{l}.{module}.{name} for every layer l, stacked on the first layer's device."""
+        layers = [read_weight(self, f"blocks.{layer}.{module}.{name}") for layer in range(self.cfg.n_layers)]
+        return torch.stack([w.to(layers[0].device) for w in layers])
 
     @property
     def W_Q(self) -> Tensor:  # [layer, head, d_model, d_head]
@@ -261,11 +266,11 @@ class HookedTransformer(HookedRootModule):
 
     @property
     def W_in(self) -> Tensor:  # [layer, d_model, d_mlp]
-        return torch.stack([b.mlp.W_in for b in self.blocks])
+        return self._stack("W_in", "mlp")
 
     @property
     def W_out(self) -> Tensor:  # [layer, d_mlp, d_model]
-        return torch.stack([b.mlp.W_out for b in self.blocks])
+        return self._stack("W_out", "mlp")
 
     def _per_query_head(self, W: Tensor, head_axis: int = -3) -> Tensor:
         """Key/value weights (head axis −3) or biases (−2) repeated to one per query head: query head h reads
@@ -287,16 +292,19 @@ class HookedTransformer(HookedRootModule):
                          ) -> Float[Tensor, "d_model"]:
         """Σ of the biases written into the residual stream before `layer`: b_O of every attention and (with
         include_mlp_biases) b_out of every MLP in blocks 0 … layer − 1, plus block `layer`'s b_O when
-        mlp_input (the stream entering its MLP). TransformerLens's `get_full_resid_decomposition` reads it."""
+        mlp_input (the stream entering its MLP; a parallel block's MLP reads the block's input, before its
+        attention). TransformerLens's `get_full_resid_decomposition` reads it."""
         n_layers = self.cfg.n_layers
         if not 0 <= layer <= n_layers or (mlp_input and layer == n_layers):
             raise ValueError(f"layer must lie in [0, {n_layers}] ([0, {n_layers - 1}] with mlp_input), got {layer}")
         total = torch.zeros(self.cfg.d_model, device=self.W_E.device, dtype=self.W_E.dtype)
-        for index, block in enumerate(self.blocks[: layer + mlp_input]):
-            if block.attn.b_O is not None:
-                total = total + block.attn.b_O
-            if include_mlp_biases and index < layer and block.mlp.b_out is not None:
-                total = total + block.mlp.b_out
+        after_attention = mlp_input and self.cfg.block != "parallel"
+        for index in range(layer + after_attention):  # read_weight: a block's biases may be offloaded
+            b_O = read_weight(self, f"blocks.{index}.attn.b_O")
+            b_out = read_weight(self, f"blocks.{index}.mlp.b_out") if include_mlp_biases and index < layer else None
+            for bias in (b_O, b_out):
+                if bias is not None:
+                    total = total + bias.to(total.device)
         return total
 
     def tl_parameters(self) -> dict[str, Tensor]:
@@ -323,8 +331,9 @@ class HookedTransformer(HookedRootModule):
             tokens = self.to_single_token(tokens)
         if isinstance(tokens, Tensor) and tokens.numel() == 1 and tokens.ndim <= 1:
             tokens = int(tokens.item())
-        gain = getattr(self.ln_final, "w", None)  # a post-LN stack has no final norm: W_U reads the stream
-        W_U = self.W_U if gain is None else gain[:, None] * self.W_U
+        # a post-LN stack has no final norm: W_U reads the stream (read_weight: the gain may be offloaded)
+        gain = read_weight(self, "ln_final.w") if hasattr(self.ln_final, "w") else None
+        W_U = self.W_U if gain is None else gain[:, None].to(self.W_U.device) * self.W_U
         if isinstance(tokens, int):
             return W_U[:, tokens]
         tokens = torch.as_tensor(tokens, device=W_U.device)
@@ -470,7 +479,7 @@ class HookedTransformer(HookedRootModule):
         """Write model.safetensors and config.json (and tokenizer.json when one is attached), atomically."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        state = {k: read_weight(self, k).detach().contiguous().cpu() for k in self.state_dict()}  # offloaded too
         atomic_write(directory / WEIGHTS_FILE, lambda path: save_file(state, str(path), metadata={"format": "pt"}))
         atomic_write(directory / CONFIG_FILE, lambda path: path.write_text(self.cfg.to_json()))
         if self.tokenizer is not None and hasattr(self.tokenizer, "to_str"):  # a tokenizers.Tokenizer
@@ -510,6 +519,8 @@ class HookedTransformer(HookedRootModule):
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path, device: str | torch.device = "cpu") -> "HookedTransformer":
         """A zoo model by name, a folder written by `save`, or a local Hugging Face folder."""
+        if not str(name_or_path).strip():  # Path("") is the current folder: never what an empty name means
+            raise ValueError("the model name is empty: give a zoo name or a model folder")
         path = Path(name_or_path)
         if path.is_dir():
             config = path / CONFIG_FILE

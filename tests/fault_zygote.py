@@ -1,0 +1,118 @@
+"""A process that imports Forma once and forks `forma` commands on request, for the fault trials.
+
+Starting Python, torch and Forma costs seconds, paid once here instead of by each of the dozens of
+runs that the trials kill. Each child is a fork that runs `lab.cli.main(argv)` exactly as
+`python -m lab.cli ARGV` does after its imports, with its own environment, its output in a log file,
+and optionally a fault planted by an audit hook (PEP 578), which sees every file operation Python
+makes before the operation happens:
+
+    {"kill": N}                       SIGKILL itself just before watched file operation number N
+    {"signal": "SIGINT", "at": N}     send itself the signal just before watched operation N
+    {"trace": PATH}                   append every watched operation to PATH, one JSON line each
+    {"match": SUFFIX, ...}            count only the operations on paths that end with SUFFIX
+
+Watched operations: renames (os.rename, os.replace), symlinks, removals, rmtree, mkstemp/mkdtemp and
+opening a file for writing. Protocol, one JSON object a line: {"run": {argv, env, log, fault}} →
+{"pid": P}; {"wait": P} → {"status": S} (the exit code, or −signal); {"quit": true} ends the zygote.
+
+    python tests/fault_zygote.py     (the test starts it with OMP_NUM_THREADS=1)
+"""
+
+import json
+import os
+import signal
+import sys
+
+WATCHED = {"os.rename", "os.symlink", "os.remove", "os.rmdir", "shutil.rmtree", "tempfile.mkstemp",
+           "tempfile.mkdtemp", "open"}
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT
+
+
+def watched_path(event: str, args: tuple) -> str | None:
+    """The path a watched operation acts on (the destination, for a rename or a link), else None."""
+    if event not in WATCHED:
+        return None
+    if event == "open":
+        path, mode, flags = args
+        writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+            isinstance(flags, int) and flags & WRITE_FLAGS)
+        return str(path) if writing and isinstance(path, (str, bytes, os.PathLike)) else None
+    if event in ("os.rename", "os.symlink"):
+        return str(args[1])
+    return str(args[0])
+
+
+def plant(fault: dict) -> None:
+    """Install the audit hook that carries out `fault` in this (child) process."""
+    count = 0
+    trace = os.open(fault["trace"], os.O_WRONLY | os.O_CREAT | os.O_APPEND) if "trace" in fault else None
+    when = fault.get("kill", fault.get("at"))
+    signum = signal.SIGKILL if "kill" in fault else getattr(signal, fault.get("signal", "SIGKILL"))
+    suffix = fault.get("match", "")
+
+    def hook(event: str, args: tuple) -> None:
+        nonlocal count
+        path = watched_path(event, args)
+        if path is None or not path.endswith(suffix):
+            return
+        count += 1
+        if trace is not None:
+            os.write(trace, (json.dumps({"n": count, "event": event, "path": path}) + "\n").encode())
+        if count == when:
+            os.kill(os.getpid(), signum)
+
+    sys.addaudithook(hook)
+
+
+def child(request: dict) -> None:
+    os.environ.update(request.get("env", {}))
+    log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh interpreter
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    code = 1
+    try:
+        if request.get("fault"):
+            plant(request["fault"])
+        from lab.cli import main
+
+        code = main(request["argv"])
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else 1
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def main() -> None:
+    import torch
+
+    import lab.cli
+    import lab.train
+    import lab.zoo  # noqa: F401
+
+    lab.cli.build_parser()  # imports the experiments, as every `forma` command does
+    torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])  # its first use imports torch._dynamo (seconds)
+    print(json.dumps({"ready": os.getpid()}), flush=True)
+    for line in sys.stdin:
+        request = json.loads(line)
+        if "run" in request:
+            pid = os.fork()
+            if pid == 0:
+                child(request["run"])
+            print(json.dumps({"pid": pid}), flush=True)
+        elif "wait" in request:
+            _, status = os.waitpid(request["wait"], 0)
+            print(json.dumps({"status": os.waitstatus_to_exitcode(status)}), flush=True)
+        elif request.get("quit"):
+            return
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""Each quick profile is a smaller experiment, not a different one: every headline that both the quick run and
+the committed default-profile run (docs/measured/runs/<experiment>.json, recorded by `forma cards --run`)
+support points the same way, and every headline a run cannot support says why in words."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+import experiments
+
+REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "measured" / "runs"
+EXPERIMENTS = ("kl", "hallucination", "equations")
+FIELDS = {"name", "sentence", "value", "interval", "direction", "supported", "why_not"}
+
+
+def _headlines(results: dict, where: str) -> dict[str, dict]:
+    heads = results.get("headlines")
+    assert isinstance(heads, list) and heads, f"{where}: no headlines"
+    for h in heads:
+        assert set(h) == FIELDS, f"{where}: {h.get('name')} has fields {sorted(h)}"
+        assert isinstance(h["sentence"], str) and h["sentence"], f"{where}: {h['name']} has no sentence"
+        assert isinstance(h["direction"], (bool, int)) and (isinstance(h["direction"], bool) or h["direction"] in (-1, 0, 1))
+        assert h["interval"] is None or (isinstance(h["interval"], list) and len(h["interval"]) == 2)
+        if not h["supported"]:
+            assert isinstance(h["why_not"], str) and len(h["why_not"].split()) >= 3, \
+                f"{where}: {h['name']} is unsupported without a why_not sentence"
+    names = [h["name"] for h in heads]
+    assert len(names) == len(set(names)), f"{where}: repeated headline names"
+    return {h["name"]: h for h in heads}
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_quick_headlines_point_the_way_the_default_ones_do(quick_run, name):
+    quick = json.loads((quick_run(name) / "results.json").read_text())
+    default = json.loads((REFERENCE / f"{name}.json").read_text())
+    provenance = json.loads((REFERENCE / f"{name}.provenance.json").read_text())
+    assert provenance["config"]["quick"] is False and provenance["experiment"] == name
+    module = experiments.load(name)
+    assert quick["headlines"] == module.headlines({k: v for k, v in quick.items() if k != "headlines"}), \
+        "headlines are not what headlines(results) computes from the rest"
+    # The reference run's headlines as today's code reads its results (their sentences may have been
+    # reworded since it ran; its measurements have not changed).
+    default = dict(default, headlines=module.headlines({k: v for k, v in default.items() if k != "headlines"}))
+    quick_heads, default_heads = _headlines(quick, "quick run"), _headlines(default, "default run")
+    both = [n for n in default_heads if n in quick_heads and quick_heads[n]["supported"] and default_heads[n]["supported"]]
+    assert both, "no headline is supported by both profiles"
+    disagree = {n: (quick_heads[n]["sentence"], default_heads[n]["sentence"]) for n in both
+                if quick_heads[n]["direction"] != default_heads[n]["direction"]}
+    assert not disagree, disagree
