@@ -3,10 +3,16 @@ PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
+# The SAE environment: forma-lab[sae] beside transformer-lens 3.9, since sae-lens does not install beside 4.
+SAE_VENV  := .venv-sae
+SAE_STAMP := $(SAE_VENV)/.installed
+OFFLINE   := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: venv test bench demo lint clean
+.PHONY: venv venv-sae test test-sae bench demo lint clean
 
 venv: $(STAMP)
+
+venv-sae: $(SAE_STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -14,8 +20,23 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
-test: $(STAMP)
-	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest -q
+# .venv-sae sees .venv's packages behind its own (a .pth file adds .venv's site-packages after its own), so
+# only what differs installs into it: transformer-lens 3.9, sae-lens and sae-lens's own dependencies. pip never
+# changes .venv from there ("outside environment"), and .venv-sae's own copies come first on its path.
+$(SAE_STAMP): $(STAMP) pyproject.toml constraints-sae.txt
+	test -x $(SAE_VENV)/bin/python || $(PY) -m venv $(SAE_VENV)
+	echo "import site; site.addsitedir('$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')')" \
+	  > "$$($(SAE_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/forma-base.pth"
+	$(SAE_VENV)/bin/python -m pip install -q -c constraints-sae.txt -e '.[sae]'
+	touch $(SAE_STAMP)
+
+# The SAE environment's tests first (test-sae), then the whole suite in .venv.
+test: $(STAMP) test-sae
+	$(OFFLINE) $(BIN)/python -m pytest -q
+
+# SAELens' trainer on a Forma hook (tests/sae), and the model's own tests on transformer-lens 3.9.
+test-sae: $(SAE_STAMP)
+	$(OFFLINE) $(SAE_VENV)/bin/python -m pytest -q tests/sae tests/test_model.py tests/test_hook_misuse.py tests/test_lens.py
 
 # Peers first (minutes), then what a user waits for (about an hour: a fresh clone's install, `make demo`,
 # every experiment's profiles); then the dashboard's response times over this checkout's models and runs,
@@ -36,4 +57,4 @@ lint: $(STAMP)
 	$(BIN)/python -m compileall -q lab experiments dashboards benchmarks tests
 
 clean:
-	rm -rf $(VENV) *.egg-info
+	rm -rf $(VENV) $(SAE_VENV) *.egg-info

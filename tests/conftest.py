@@ -46,6 +46,16 @@ def quick_run(quick_runs_dir):
     return run
 
 
+@pytest.fixture(autouse=True)
+def torch_backward_as_torch_has_it():
+    """Importing nnsight replaces torch.Tensor.backward for the whole process (with one that parses the caller's
+    source, for `with loss.backward():`); every test gets back the backward it started with, so that no test
+    depends on which ran before it."""
+    backward = torch.Tensor.backward
+    yield
+    torch.Tensor.backward = backward
+
+
 def tiny_config(**changes) -> ModelConfig:
     base = dict(d_vocab=VOCAB, d_model=64, n_layers=2, n_heads=4, n_ctx=64)
     return ModelConfig(**(base | changes))

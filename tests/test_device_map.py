@@ -103,6 +103,7 @@ def test_analysis_functions_on_an_offloaded_model(folder, tmp_path, tokens):
     _, cache = spread.run_with_cache(tokens)
     _, reference = whole.run_with_cache(tokens)
     assert torch.equal(cache.decompose_resid(), reference.decompose_resid())
+    assert torch.equal(spread.accumulated_bias(2), whole.accumulated_bias(2))  # block 1 is on disk
     stack = cache.accumulated_resid(apply_ln=True)
     assert torch.allclose(cache.logit_attrs(stack, tokens=7), reference.logit_attrs(stack, tokens=7), atol=1e-6)
 

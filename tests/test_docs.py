@@ -19,7 +19,7 @@ import torch
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 PAGES = sorted(DOCS.glob("*.md"))
 REQUIRED = ["quickstart", "model-and-hooks", "caching-and-memory", "probes", "patching-and-steering",
-            "experiments", "dashboard", "huggingface", "torchrun"]
+            "experiments", "dashboard", "huggingface", "torchrun", "ecosystem"]
 RUN_MARK = "<!-- run -->"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```\s*$", flags=re.S | re.M)
 
@@ -97,3 +97,38 @@ def test_page_examples_run(page, tmp_path, monkeypatch):
             done = subprocess.run(["bash", "-euo", "pipefail", "-c", code], cwd=tmp_path, env=env,
                                   capture_output=True, text=True, timeout=120)
             assert done.returncode == 0, f"{where} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+
+
+def ecosystem_rows() -> list[list[str]]:
+    """The cells of docs/ecosystem.md's table (client, version tested, what works, the tests), header and rule
+    left out; a row that does not split into exactly four cells is an error, not a row skipped."""
+    lines = [line for line in (DOCS / "ecosystem.md").read_text().splitlines() if line.startswith("|")]
+    rows = [[cell.strip() for cell in line.strip().strip("|").split(" | ")] for line in lines[2:]]
+    assert lines and all(len(row) == 4 for row in rows), [row[0] for row in rows if len(row) != 4]
+    return rows
+
+
+def pins(constraints: Path) -> dict[str, str]:
+    return dict(line.split("==") for line in constraints.read_text().splitlines()
+                if "==" in line and not line.startswith("#"))
+
+
+def test_the_ecosystem_table_names_installed_versions_and_real_tests():
+    """Each version is the one pinned and installed (SAELens's, with its transformer-lens, from
+    constraints-sae.txt: it has its own environment), and each test the table names exists under that name."""
+    from importlib.metadata import version
+
+    root = DOCS.parent
+    main, sae = pins(root / "constraints.txt"), pins(root / "constraints-sae.txt")
+    rows = ecosystem_rows()
+    assert {row[0] for row in rows} == {"transformer-lens", "sae-lens", "nnsight", "tuned-lens", "circuitsvis"}
+    for client, tested, _, tests in rows:
+        versions = re.findall(r"(\d+\.\d+\.\d+)", tested)
+        if client == "sae-lens":
+            assert versions == [sae["sae-lens"], sae["transformer-lens"]], tested
+        else:
+            assert versions == [main[client]] == [version(client)], (client, tested)
+        named = re.findall(r"`(tests/[\w/]+\.py)::(\w+)`", tests)
+        assert named and len(named) == tests.count("::"), tests
+        for path, name in named:
+            assert re.search(rf"^def {name}\(", (root / path).read_text(), flags=re.M), f"{path}::{name}"

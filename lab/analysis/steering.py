@@ -53,7 +53,7 @@ def steer(model: Any, name: str, vector: Float[Tensor, "*shape"], scale: float =
     offset = [0]  # absolute position of the first token of the current forward pass
 
     def track(module: Any, args: tuple, kwargs: dict) -> None:
-        cache = kwargs.get("kv_cache", args[1] if len(args) > 1 else None)
+        cache = kwargs.get("kv_cache")  # keyword-only in forward
         offset[0] = 0 if cache is None else cache.length
 
     def add(activation: Tensor, hook: Any) -> Tensor:

@@ -6,8 +6,13 @@ W_in ∈ R^{d_model × d_mlp} and W_out ∈ R^{d_mlp × d_model}.
 
 Variants are separate classes chosen from the tables at the bottom (POSITIONS, NORMS, MLPS,
 BLOCKS); no `forward` here branches on the config. The only runtime choices are made on what the
-caller asks for: attention takes the explicit softmax path when a hook wants the scores, the
-pattern or the per-head result, and the fused `scaled_dot_product_attention` path otherwise.
+caller asks for: attention takes the explicit softmax path when a hook wants the scores or the pattern
+(or the model's explicit paths are switched on), and the fused `scaled_dot_product_attention` path
+otherwise; TransformerLens's switches (the model's `RuntimeSettings`) add the per-head result and the
+per-head copies of the attention's input.
+
+Every component with parameters has `reset_parameters()`, which draws them afresh exactly as the
+constructor does (so a model built with seed s and one reset under seed s are the same).
 """
 
 import functools
@@ -52,6 +57,9 @@ class CheckedHookPoint(HookPoint):
 
         checked.__name__ = checked.__qualname__ = getattr(hook, "__name__", type(hook).__name__)
         handle = super().add_hook(checked, dir, *args, **kwargs)
+        if handle is None:  # TransformerLens 3 returns nothing: its handle is the one just listed, first or last
+            listed = self.fwd_hooks if dir == "fwd" else self.bwd_hooks
+            handle = listed[0] if kwargs.get("prepend") or (len(args) > 2 and args[2]) else listed[-1]
         handle.user_hook = user_hook  # what list_hooks() shows: the caller's function, not the wrapper
         return handle
 
@@ -69,12 +77,36 @@ def check_replacement(result: Any, tensor: Any, name: str | None, what: str = "a
                          f"{tensor.dtype} {what} on {tensor.device}: a replacement must keep the dtype and device")
 
 
-def _normal(shape: tuple[int, ...], std: float) -> nn.Parameter:
-    return nn.Parameter(torch.randn(shape) * std)
+def _empty(*shape: int) -> nn.Parameter:
+    return nn.Parameter(torch.empty(shape))
 
 
 def _zeros(shape: tuple[int, ...]) -> nn.Parameter:
     return nn.Parameter(torch.zeros(shape))
+
+
+def init_normal_(weight: Tensor, std: float) -> None:
+    """weight ← N(0, std²) in place. Drawn as a unit normal scaled by std: bit for bit what
+    `torch.randn(shape) * std` draws, so every seed builds the weights it always built."""
+    with torch.no_grad():
+        weight.normal_(0.0, 1.0).mul_(std)
+
+
+def reset_biases(*biases: Tensor | None) -> None:
+    with torch.no_grad():
+        for bias in biases:
+            if bias is not None:
+                bias.zero_()
+
+
+def set_hook_points(module: nn.Module, names: tuple[str, ...], present: bool) -> None:
+    """Add (or remove) the named hook points of `module`: a switch makes its hook points exist only while the
+    activation they carry does. The model's `setup()` must run afterwards to name them."""
+    for name in names:
+        if present and name not in module._modules:
+            module.add_module(name, CheckedHookPoint().train(module.training))
+        elif not present and name in module._modules:
+            delattr(module, name)
 
 
 # --------------------------------------------------------------------------------------------
@@ -85,7 +117,13 @@ class Embed(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.W_E = _normal((cfg.d_vocab, cfg.d_model), cfg.init_std)
+        self.init_std = cfg.init_std
+        self.W_E = _empty(cfg.d_vocab, cfg.d_model)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """W_E ~ N(0, init_std²)."""
+        init_normal_(self.W_E, self.init_std)
 
     def forward(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_model"]:
         return self.W_E[tokens]
@@ -96,8 +134,14 @@ class LearnedPositions(nn.Module):
 
     def __init__(self, cfg: ModelConfig, hook: HookPoint):
         super().__init__()
-        self.W_pos = _normal((cfg.n_ctx, cfg.d_model), cfg.init_std)
+        self.init_std = cfg.init_std
+        self.W_pos = _empty(cfg.n_ctx, cfg.d_model)
+        self.reset_parameters()
         self._hook = (hook,)  # the model's `hook_pos_embed`, held outside this module's tree
+
+    def reset_parameters(self) -> None:
+        """W_pos ~ N(0, init_std²)."""
+        init_normal_(self.W_pos, self.init_std)
 
     def forward(self, embed: Float[Tensor, "batch pos d_model"], offset: int) -> Float[Tensor, "batch pos d_model"]:
         pos = self.W_pos[offset : offset + embed.shape[1]]
@@ -141,9 +185,10 @@ class NoAbsolutePositions(nn.Module):
 # Normalisation
 # --------------------------------------------------------------------------------------------
 def wants_norm_internals(norm: nn.Module) -> bool:
-    """True when a hook asks for a norm's scale or normalized input: then the explicit path runs and
-    fires them; otherwise torch's fused layer_norm / rms_norm computes the same function."""
-    return norm.hook_scale.has_hooks() or norm.hook_normalized.has_hooks()
+    """True when a hook asks for a norm's scale or normalized input, or the model's explicit paths are on:
+    then the explicit path runs and fires them; otherwise torch's fused layer_norm / rms_norm computes the
+    same function."""
+    return norm._runtime.explicit_paths or norm.hook_scale.has_hooks() or norm.hook_normalized.has_hooks()
 
 
 class LayerNorm(nn.Module):
@@ -152,10 +197,17 @@ class LayerNorm(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.eps = cfg.norm_eps
+        self._runtime = cfg.runtime
         self.w = nn.Parameter(torch.ones(cfg.d_model))
         self.b = nn.Parameter(torch.zeros(cfg.d_model))
         self.hook_scale = CheckedHookPoint()  # [batch, pos, 1]
         self.hook_normalized = CheckedHookPoint()  # [batch, pos, d_model]
+
+    def reset_parameters(self) -> None:
+        """w = 1, b = 0: the identity affine map."""
+        with torch.no_grad():
+            self.w.fill_(1.0)
+            self.b.zero_()
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         if not wants_norm_internals(self):  # one fused kernel; the same result to float round-off
@@ -172,9 +224,15 @@ class RMSNorm(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.eps = cfg.norm_eps
+        self._runtime = cfg.runtime
         self.w = nn.Parameter(torch.ones(cfg.d_model))
         self.hook_scale = CheckedHookPoint()  # [batch, pos, 1]
         self.hook_normalized = CheckedHookPoint()  # [batch, pos, d_model]
+
+    def reset_parameters(self) -> None:
+        """w = 1."""
+        with torch.no_grad():
+            self.w.fill_(1.0)
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         if not wants_norm_internals(self):  # one fused kernel; the same result to float round-off
@@ -249,18 +307,24 @@ class Attention(nn.Module):
     `causal=False` drops the mask (M = 0): an encoder's self-attention, or cross-attention, where
     `kv_input` (the encoder's output) gives the keys and values and x only the queries (Vaswani et al.
     2017, §3.2.3). Rotary is a self-attention position code, so it is not applied across sequences.
+
+    `forward_per_head` is the same attention on one copy of its input per head (TransformerLens's
+    use_split_qkv_input / use_attn_in), so that one head's query, key or value input can be patched alone.
     """
+
+    # The per-head input copies that TransformerLens's switches make real (see `_Block.attention`).
+    SPLIT_INPUT_HOOKS = ("hook_q_input", "hook_k_input", "hook_v_input")  # [batch, pos, head or kv_head, d_model]
+    SHARED_INPUT_HOOKS = ("hook_attn_in",)  # [batch, pos, head, d_model]
 
     def __init__(self, cfg: ModelConfig, causal: bool = True):
         super().__init__()
         self.causal = causal
         h, kv, d, dh = cfg.n_heads, cfg.n_kv_heads, cfg.d_model, cfg.d_head
         self.n_heads, self.n_kv_heads, self.d_head = h, kv, dh
-        self.W_Q = _normal((h, d, dh), cfg.init_std)
-        self.W_K = _normal((kv, d, dh), cfg.init_std)
-        self.W_V = _normal((kv, d, dh), cfg.init_std)
-        # GPT-2's residual-projection scaling: keeps the residual stream's variance flat in depth.
-        self.W_O = _normal((h, dh, d), cfg.init_std / math.sqrt(2 * cfg.n_layers))
+        self._runtime = cfg.runtime
+        # GPT-2's residual-projection scaling for W_O: keeps the residual stream's variance flat in depth.
+        self.init_std, self.out_std = cfg.init_std, cfg.init_std / math.sqrt(2 * cfg.n_layers)
+        self.W_Q, self.W_K, self.W_V, self.W_O = _empty(h, d, dh), _empty(kv, d, dh), _empty(kv, d, dh), _empty(h, dh, d)
         if cfg.has_qkv_bias:  # every bias, or (Qwen2) those of Q, K and V only
             self.b_Q, self.b_K, self.b_V = _zeros((h, dh)), _zeros((kv, dh)), _zeros((kv, dh))
         else:
@@ -271,6 +335,7 @@ class Attention(nn.Module):
         else:
             self.register_parameter("b_O", None)
         self.window = cfg.sliding_window or cfg.n_ctx  # keys i − window < j ≤ i are visible
+        self.reset_parameters()
         self.hook_q = CheckedHookPoint()  # [batch, pos, head_index, d_head]
         self.hook_k = CheckedHookPoint()  # [batch, pos, kv_head_index, d_head]  (pos: kv_input's in cross-attention)
         self.hook_v = CheckedHookPoint()  # [batch, pos, kv_head_index, d_head]
@@ -283,6 +348,13 @@ class Attention(nn.Module):
         self.hook_pattern = CheckedHookPoint()  # [batch, head_index, query_pos, key_pos]
         self.hook_z = CheckedHookPoint()  # [batch, pos, head_index, d_head]
         self.hook_result = CheckedHookPoint()  # [batch, pos, head_index, d_model]
+
+    def reset_parameters(self) -> None:
+        """W_Q, W_K, W_V ~ N(0, init_std²), W_O ~ N(0, init_std² / (2 n_layers)); biases 0."""
+        for W in (self.W_Q, self.W_K, self.W_V):
+            init_normal_(W, self.init_std)
+        init_normal_(self.W_O, self.out_std)
+        reset_biases(self.b_Q, self.b_K, self.b_V, self.b_O)
 
     def _project(self, x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
         out = einops.einsum(x, W, "batch pos d_model, head d_model d_head -> batch pos head d_head")
@@ -307,23 +379,45 @@ class Attention(nn.Module):
         out = torch.matmul(x.unsqueeze(1), W)  # [batch, head, pos, d_head]
         return (out if b is None else out.add_(b[:, None, :])).transpose(1, 2)
 
+    @staticmethod
+    def _project_copies(x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
+        """x^h W^h (+ b^h) with head h reading its own copy x^h of the input: x [batch, pos, head, d_model]."""
+        out = einops.einsum(x, W, "batch pos head d_model, head d_model d_head -> batch pos head d_head")
+        return out if b is None else out.add_(b)
+
     def wants_pattern(self) -> bool:
-        """True when a hook asks for the scores or the pattern: then the explicit path runs."""
-        return self.hook_attn_scores.has_hooks() or self.hook_pattern.has_hooks()
+        """True when a hook asks for the scores or the pattern, or the model's explicit paths are on: then the
+        explicit path runs."""
+        return self._runtime.explicit_paths or self.hook_attn_scores.has_hooks() or self.hook_pattern.has_hooks()
 
     def forward(
         self, x: Float[Tensor, "batch pos d_model"], cache: KVCacheEntry | None = None,
         kv_input: Float[Tensor, "batch kv_pos d_model"] | None = None,
     ) -> Float[Tensor, "batch pos d_model"]:
-        offset = 0 if cache is None else cache.length
-        source = x if kv_input is None else kv_input
         if kv_input is None:
             q, k, v = self._project_qkv(x)
         else:  # cross-attention: queries from x, keys and values from the encoder's output
             q = self._project(x, self.W_Q, self.b_Q)
-            k, v = self._project(source, self.W_K, self.b_K), self._project(source, self.W_V, self.b_V)
+            k, v = self._project(kv_input, self.W_K, self.b_K), self._project(kv_input, self.W_V, self.b_V)
+        return self._attend(q, k, v, cache, self.rotates and kv_input is None)
+
+    def forward_per_head(
+        self, q_input: Float[Tensor, "batch pos head d_model"], k_input: Float[Tensor, "batch pos kv_head d_model"],
+        v_input: Float[Tensor, "batch pos kv_head d_model"], cache: KVCacheEntry | None = None,
+    ) -> Float[Tensor, "batch pos d_model"]:
+        """Self-attention whose every head reads its own copy of the input: q^h = x_q^h W_Q^h + b_Q^h, and
+        k^j, v^j likewise from x_k^j, x_v^j for key/value head j. Equal to `forward` when every copy is x."""
+        q = self._project_copies(q_input, self.W_Q, self.b_Q)
+        k = self._project_copies(k_input, self.W_K, self.b_K)
+        v = self._project_copies(v_input, self.W_V, self.b_V)
+        return self._attend(q, k, v, cache, self.rotates)
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, cache: KVCacheEntry | None, rotate: bool
+                ) -> Float[Tensor, "batch pos d_model"]:
+        """From q, k, v [batch, pos, head, d_head] to attn_out: rotary, the KV cache, A v, and W_O."""
+        offset = 0 if cache is None else cache.length
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
-        if self.rotates and kv_input is None:
+        if rotate:
             q = self.hook_rot_q(self.rotary(q, offset))
             k = self.hook_rot_k(self.rotary(k, offset))
         if cache is not None:
@@ -333,7 +427,7 @@ class Attention(nn.Module):
         else:
             z = self._fused(q, k, v, offset)
         z = self.hook_z(z)
-        if self.hook_result.has_hooks():
+        if self._runtime.use_attn_result or self.hook_result.has_hooks():
             result = self.hook_result(
                 einops.einsum(z, self.W_O, "batch pos head d_head, head d_head d_model -> batch pos head d_model"))
             out = result.sum(dim=2)
@@ -401,12 +495,19 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.act = ACTIVATIONS[cfg.mlp]
-        self.W_in = _normal((cfg.d_model, cfg.d_mlp), cfg.init_std)
-        self.W_out = _normal((cfg.d_mlp, cfg.d_model), cfg.init_std / math.sqrt(2 * cfg.n_layers))
+        self.init_std, self.out_std = cfg.init_std, cfg.init_std / math.sqrt(2 * cfg.n_layers)
+        self.W_in, self.W_out = _empty(cfg.d_model, cfg.d_mlp), _empty(cfg.d_mlp, cfg.d_model)
         self.b_in = _zeros((cfg.d_mlp,)) if cfg.bias else None
         self.b_out = _zeros((cfg.d_model,)) if cfg.bias else None
+        self.reset_parameters()
         self.hook_pre = CheckedHookPoint()  # [batch, pos, d_mlp]
         self.hook_post = CheckedHookPoint()  # [batch, pos, d_mlp]
+
+    def reset_parameters(self) -> None:
+        """W_in ~ N(0, init_std²), W_out ~ N(0, init_std² / (2 n_layers)); biases 0."""
+        init_normal_(self.W_in, self.init_std)
+        init_normal_(self.W_out, self.out_std)
+        reset_biases(self.b_in, self.b_out)
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         pre = self.hook_pre(F.linear(x, self.W_in.T, self.b_in))
@@ -422,14 +523,22 @@ class GatedMLP(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.W_gate = _normal((cfg.d_model, cfg.d_mlp), cfg.init_std)
-        self.W_in = _normal((cfg.d_model, cfg.d_mlp), cfg.init_std)
-        self.W_out = _normal((cfg.d_mlp, cfg.d_model), cfg.init_std / math.sqrt(2 * cfg.n_layers))
+        self.init_std, self.out_std = cfg.init_std, cfg.init_std / math.sqrt(2 * cfg.n_layers)
+        self.W_gate, self.W_in = _empty(cfg.d_model, cfg.d_mlp), _empty(cfg.d_model, cfg.d_mlp)
+        self.W_out = _empty(cfg.d_mlp, cfg.d_model)
         self.b_in = _zeros((cfg.d_mlp,)) if cfg.bias else None
         self.b_out = _zeros((cfg.d_model,)) if cfg.bias else None
+        self.reset_parameters()
         self.hook_pre = CheckedHookPoint()  # [batch, pos, d_mlp]
         self.hook_pre_linear = CheckedHookPoint()  # [batch, pos, d_mlp]
         self.hook_post = CheckedHookPoint()  # [batch, pos, d_mlp]
+
+    def reset_parameters(self) -> None:
+        """W_gate, W_in ~ N(0, init_std²), W_out ~ N(0, init_std² / (2 n_layers)); biases 0."""
+        init_normal_(self.W_gate, self.init_std)
+        init_normal_(self.W_in, self.init_std)
+        init_normal_(self.W_out, self.out_std)
+        reset_biases(self.b_in, self.b_out)
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         gate = self.hook_pre(x @ self.W_gate)
@@ -441,9 +550,25 @@ class GatedMLP(nn.Module):
 # --------------------------------------------------------------------------------------------
 # Blocks
 # --------------------------------------------------------------------------------------------
+def head_copies(x: Float[Tensor, "batch pos d_model"], n: int) -> Float[Tensor, "batch pos head d_model"]:
+    """n independent copies of x, one per head (real copies: a hook that edits one in place edits only it)."""
+    return x.unsqueeze(2).repeat(1, 1, n, 1)
+
+
+def unchanged(x: Tensor) -> Tensor:
+    """The attention branch's 'norm' in a post-LN block, which attends to the residual stream itself."""
+    return x
+
+
 class _Block(nn.Module):
+    # TransformerLens's logit lens asks: hook_resid_post is the one residual stream the next block (or the
+    # unembedding) reads, not a stack of streams.
+    hook_out_is_single_residual_stream = True
+    MLP_INPUT_HOOKS = ("hook_mlp_in",)  # [batch, pos, d_model], made real by use_hook_mlp_in
+
     def __init__(self, cfg: ModelConfig, causal: bool = True):  # causal=False: an encoder block
         super().__init__()
+        self._runtime = cfg.runtime
         self.ln1 = NORMS[cfg.norm](cfg)
         self.attn = Attention(cfg, causal)
         self.ln2 = NORMS[cfg.norm](cfg)
@@ -454,15 +579,38 @@ class _Block(nn.Module):
         self.hook_mlp_out = CheckedHookPoint()  # [batch, pos, d_model]
         self.hook_resid_post = CheckedHookPoint()  # [batch, pos, d_model]
 
+    def attention(self, resid: Float[Tensor, "batch pos d_model"], norm: Callable[[Tensor], Tensor],
+                  cache: KVCacheEntry | None) -> Float[Tensor, "batch pos d_model"]:
+        """attn(norm(resid)). Under use_split_qkv_input each query, key and value head reads its own copy of
+        resid (attn.hook_q_input, hook_k_input, hook_v_input), normed on its own; under use_attn_in each
+        query head reads its own copy (attn.hook_attn_in) and key/value head j reads copy j, as
+        TransformerLens's TransformerBridge does. Unedited copies give the same attention to float round-off."""
+        runtime, attn = self._runtime, self.attn
+        if not (runtime.use_split_qkv_input or runtime.use_attn_in):
+            return attn(norm(resid), cache)
+        if runtime.use_split_qkv_input:
+            q_input = norm(attn.hook_q_input(head_copies(resid, attn.n_heads)))
+            k_input = norm(attn.hook_k_input(head_copies(resid, attn.n_kv_heads)))
+            v_input = norm(attn.hook_v_input(head_copies(resid, attn.n_kv_heads)))
+        else:
+            q_input = norm(attn.hook_attn_in(head_copies(resid, attn.n_heads)))
+            k_input = v_input = q_input[:, :, : attn.n_kv_heads]
+        return attn.forward_per_head(q_input, k_input, v_input, cache)
+
+    def mlp_input(self, resid_mid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        """The MLP branch's input (resid_mid; resid_pre in a parallel block), through its own copy (hook_mlp_in)
+        under use_hook_mlp_in, so that patching it leaves the residual stream alone."""
+        return self.hook_mlp_in(resid_mid.clone()) if self._runtime.use_hook_mlp_in else resid_mid
+
 
 class PreLNBlock(_Block):
     """Pre-LN (GPT-2, LLaMA):  x ← x + attn(LN₁(x));  x ← x + mlp(LN₂(x))."""
 
     def forward(self, x: Float[Tensor, "batch pos d_model"], cache: KVCacheEntry | None = None) -> Float[Tensor, "batch pos d_model"]:
         resid_pre = self.hook_resid_pre(x)
-        attn_out = self.hook_attn_out(self.attn(self.ln1(resid_pre), cache))
+        attn_out = self.hook_attn_out(self.attention(resid_pre, self.ln1, cache))
         resid_mid = self.hook_resid_mid(resid_pre + attn_out)
-        mlp_out = self.hook_mlp_out(self.mlp(self.ln2(resid_mid)))
+        mlp_out = self.hook_mlp_out(self.mlp(self.ln2(self.mlp_input(resid_mid))))
         return self.hook_resid_post(resid_mid + mlp_out)
 
 
@@ -471,9 +619,9 @@ class PostLNBlock(_Block):
 
     def forward(self, x: Float[Tensor, "batch pos d_model"], cache: KVCacheEntry | None = None) -> Float[Tensor, "batch pos d_model"]:
         resid_pre = self.hook_resid_pre(x)
-        attn_out = self.hook_attn_out(self.attn(resid_pre, cache))
+        attn_out = self.hook_attn_out(self.attention(resid_pre, unchanged, cache))
         resid_mid = self.hook_resid_mid(self.ln1(resid_pre + attn_out))
-        mlp_out = self.hook_mlp_out(self.mlp(resid_mid))
+        mlp_out = self.hook_mlp_out(self.mlp(self.mlp_input(resid_mid)))
         return self.hook_resid_post(self.ln2(resid_mid + mlp_out))
 
 
@@ -489,8 +637,8 @@ class ParallelBlock(_Block):
 
     def forward(self, x: Float[Tensor, "batch pos d_model"], cache: KVCacheEntry | None = None) -> Float[Tensor, "batch pos d_model"]:
         resid_pre = self.hook_resid_pre(x)
-        attn_out = self.hook_attn_out(self.attn(self.ln1(resid_pre), cache))
-        mlp_out = self.hook_mlp_out(self.mlp(self.ln2(resid_pre)))
+        attn_out = self.hook_attn_out(self.attention(resid_pre, self.ln1, cache))
+        mlp_out = self.hook_mlp_out(self.mlp(self.ln2(self.mlp_input(resid_pre))))
         return self.hook_resid_post(resid_pre + attn_out + mlp_out)
 
 
@@ -502,8 +650,15 @@ class Unembed(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.W_U = _normal((cfg.d_model, cfg.d_vocab), cfg.init_std)
+        self.init_std = cfg.init_std
+        self.W_U = _empty(cfg.d_model, cfg.d_vocab)
         self.b_U = _zeros((cfg.d_vocab,))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """W_U ~ N(0, init_std²), b_U = 0."""
+        init_normal_(self.W_U, self.init_std)
+        reset_biases(self.b_U)
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_vocab"]:
         return F.linear(x, self.W_U.T, self.b_U)
@@ -519,6 +674,10 @@ class TiedUnembed(nn.Module):
         super().__init__()
         self._embed = (embed,)
         self.b_U = _zeros((cfg.d_vocab,))
+
+    def reset_parameters(self) -> None:
+        """b_U = 0 (W_E is the embedding's, reset there)."""
+        reset_biases(self.b_U)
 
     @property
     def W_U(self) -> Float[Tensor, "d_model d_vocab"]:
