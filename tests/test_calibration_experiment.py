@@ -238,16 +238,19 @@ def test_the_bridge_reads_the_same_letter_probabilities_as_the_converter(hf_fold
 
 
 def test_an_unconverted_architecture_goes_through_the_bridge(hf_folder, tmp_path):
-    """GPT-NeoX has no converter: the run wraps it in a TransformerBridge and reads the same letter
-    log-probabilities as Hugging Face's own forward pass."""
+    """GPT-J has no converter (lab.hf.SUPPORTED does not list it): the run wraps it in a TransformerBridge and
+    reads the same letter log-probabilities as Hugging Face's own forward pass."""
     import torch
-    from transformers import AutoModelForCausalLM, GPTNeoXConfig, GPTNeoXForCausalLM
+    from transformers import AutoModelForCausalLM, GPTJConfig, GPTJForCausalLM
+
+    from lab.hf import SUPPORTED
 
     _, csv_path = hf_folder
-    model_dir = tmp_path / "neox"
+    assert "gptj" not in SUPPORTED
+    model_dir = tmp_path / "gptj"
     torch.manual_seed(0)
-    GPTNeoXForCausalLM(GPTNeoXConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                                     vocab_size=VOCAB, max_position_embeddings=64)).save_pretrained(model_dir)
+    GPTJForCausalLM(GPTJConfig(n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_inner=64, vocab_size=VOCAB,
+                               n_positions=64)).save_pretrained(model_dir)
     letter_tokenizer(model_dir)
     out = tmp_path / "run"
     assert main(["run", "calibration", "--quick", "--model", str(model_dir), "--mmlu", str(csv_path),
