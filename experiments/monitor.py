@@ -46,11 +46,12 @@ right"); and the sampling baselines, k answers per question drawn at T = 1 (seed
 for a HookedTransformer), each cut and normalised like the greedy one: self_consistency (the share equal to the
 greedy answer) and semantic_entropy (over the classes of equal normalised answers). subject_attention is
 unavailable: a question marks no subject. The probe and P(IK) are cross-fitted (`lab.analysis.probes.
-cross_fit_probe`): the questions are dealt into `qa_folds` folds regardless of their answers and each fold is scored
-by the readout fitted on the others, so every question's score comes from a readout that never saw it. Cross-fitting
-treats every question alike, so the scores of calibration and test questions stay exchangeable — what conformal
-risk control assumes; Learn then Test's binomial p-values further assume the calibration errors independent given
-the score, which readouts fitted on each other's questions only approximate. A fold fitted on fewer than
+cross_fit_probe`): the questions are dealt into `qa_folds` folds at random (the seed), regardless of their answers,
+and each fold is scored by the readout fitted on the others, so every question's score comes from a readout that
+never saw it. Over that random deal every question is treated alike, so the scores of calibration and test
+questions stay exchangeable — what conformal risk control assumes (for one fixed deal, only approximately); Learn
+then Test's binomial p-values further assume the calibration errors independent given the score, which readouts
+fitted on each other's questions only approximate. A fold fitted on fewer than
 MIN_PER_CLASS questions of either class (right, false) leaves the readout unavailable, the reason in words. CRC and
 LTT are scored at each α whose calibration split can let both answer anything (CRC: n ≥ ⌈1/α⌉ − 1; LTT:
 n ≥ ⌈ln δ / ln(1 − α)⌉); the other α are listed in `abstention_unavailable` with the reason. results.json's
