@@ -36,10 +36,26 @@ every right one), the risk–coverage curve, AURC, the oracle's AURC* and E-AURC
   δ = `ltt_delta`: with probability ≥ 1 − δ the error rate *among answered prompts* is ≤ α.
 On the test split: coverage, the joint rate and the rate among answered, each with Wilson's 95% interval.
 
-`--model PATH --qa FILE`: the same signals (the output ones, and with a HookedTransformer the lens, the probe and
-P(IK); there is no subject to attend to) on a local Hugging Face causal LM or a Forma model with a question–answer
-CSV (question, answer; a header row is skipped), prompted "Question: … / Answer:", the answer being the greedy
+`--model PATH --qa FILE`: the monitor on a local Hugging Face causal LM or a Forma model with a question–answer CSV
+(question, answer; a header row is skipped), prompted "Question: … / Answer:", the answer being the greedy
 continuation up to its first line break, scored by exact match (case and surrounding spaces and full stops aside).
+The questions are drawn into fit / calibration / test as the subjects are. Signals: the output ones; with a
+HookedTransformer also lens_kl, the probe (the middle layer's residual stream at every answer token, label "this
+answer is false") and P(IK) (the last block's residual stream at the last prompt token, label "this answer is
+right"); and the sampling baselines, k answers per question drawn at T = 1 (seeded, KV-cached `lab.generate.decode`
+for a HookedTransformer), each cut and normalised like the greedy one: self_consistency (the share equal to the
+greedy answer) and semantic_entropy (over the classes of equal normalised answers). subject_attention is
+unavailable: a question marks no subject. The probe and P(IK) are cross-fitted (`lab.analysis.probes.
+cross_fit_probe`): the questions are dealt into `qa_folds` folds at random (the seed), regardless of their answers,
+and each fold is scored by the readout fitted on the others, so every question's score comes from a readout that
+never saw it. Over that random deal every question is treated alike, so the scores of calibration and test
+questions stay exchangeable — what conformal risk control assumes (for one fixed deal, only approximately); Learn
+then Test's binomial p-values further assume the calibration errors independent given the score, which readouts
+fitted on each other's questions only approximate. A fold fitted on fewer than
+MIN_PER_CLASS questions of either class (right, false) leaves the readout unavailable, the reason in words. CRC and
+LTT are scored at each α whose calibration split can let both answer anything (CRC: n ≥ ⌈1/α⌉ − 1; LTT:
+n ≥ ⌈ln δ / ln(1 − α)⌉); the other α are listed in `abstention_unavailable` with the reason. results.json's
+`unavailable` names every signal not scored and why.
 
 `headlines(results)` states what the run supports; a direction that the quick profile must share.
 
@@ -67,13 +83,13 @@ from torch import Tensor
 
 from lab.analysis.monitor import (RISK_SIGN, LinearReadout, Monitor, answer_lengths, claim_risk,
                                   sample_continuations)
-from lab.analysis.probes import fit_probe
+from lab.analysis.probes import cross_fit_probe, fit_probe
 from lab.configs import check_fields, torch_threads
 from lab.data.facts import Fact, FactWorld, FactWorldConfig
 from lab.files import atomic_write
 from lab.metrics.calibration import MIN_PER_CLASS, auroc, auroc_ci
-from lab.metrics.selective import (aurc, crc_threshold, discrete_semantic_entropy, ltt_grid, ltt_threshold,
-                                   optimal_aurc, risk_coverage, selective_outcome)
+from lab.metrics.selective import (aurc, crc_min_calibration, crc_threshold, discrete_semantic_entropy, ltt_grid,
+                                   ltt_min_answered, ltt_threshold, optimal_aurc, risk_coverage, selective_outcome)
 from lab.model import HookedTransformer, ModelConfig
 from lab.runs import save_figure, save_table
 from lab.tokenize import word_level
@@ -131,6 +147,7 @@ class Config:
     n_boot: int = 1000
     n_resplits: int = 200  # random re-draws of the calibration / test subjects for the abstention rules' averages
     qa_max_new_tokens: int = 16
+    qa_folds: int = 5  # --qa: the probe and P(IK) are cross-fitted over this many folds of questions
     threads: int = 1  # torch intra-op threads (tiny tensors: more threads cost more than they gain)
     hf_loader: str = "auto"  # --model: "auto" converts GPT-2/LLaMA (lab.hf.load_hf), bridges the rest; "bridge" always
 
@@ -148,8 +165,10 @@ class Config:
 
         need(self.seed >= 0, f"seed must be a non-negative integer, got {self.seed!r}")
         for name in ("n_first_names", "n_last_names", "n_persons", "n_train", "n_invented", "d_model", "n_layers",
-                     "n_heads", "steps", "batch_size", "k_samples", "n_boot", "qa_max_new_tokens", "threads", "n_resplits"):
+                     "n_heads", "steps", "batch_size", "k_samples", "n_boot", "qa_max_new_tokens", "threads", "n_resplits",
+                     "qa_folds"):
             need(getattr(self, name) > 0, f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        need(self.qa_folds >= 2, f"qa_folds must be at least 2 (cross-fitting), got {self.qa_folds}")
         need(self.n_layers >= 2, f"n_layers must be at least 2 (a middle layer before the last), got {self.n_layers}")
         need(self.n_persons + self.n_invented <= self.n_first_names * self.n_last_names,
              "n_persons + n_invented must fit in the first × last name grid")
@@ -326,10 +345,11 @@ def choose_signs(a_priori: dict[str, np.ndarray], false: np.ndarray, fit: np.nda
 # Judging the signals
 # --------------------------------------------------------------------------------------------
 def judge(scores: dict[str, np.ndarray], false: np.ndarray, kinds: np.ndarray, split: np.ndarray, signs: dict[str, int],
-          cfg: Config, groups: np.ndarray | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
-                                                                  list[dict[str, Any]]]:
-    """On the test split, per signal: AUROC (overall and per error kind), AURC; for each α, CRC's and LTT's
-    thresholds from the calibration split applied to the test split. Returns (signals, abstention, curve points)."""
+          cfg: Config, alphas: list[float] | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
+                                                                   list[dict[str, Any]]]:
+    """On the test split, per signal: AUROC (overall and per error kind), AURC; for each α (`alphas`, default
+    cfg.alphas), CRC's and LTT's thresholds from the calibration split applied to the test split. Returns (signals,
+    abstention, curve points)."""
     test, calibration, fit = split == "test", split == "calibration", split == "fit"
     rows, abstention, curves = [], [], []
     for name, risk in scores.items():
@@ -351,7 +371,7 @@ def judge(scores: dict[str, np.ndarray], false: np.ndarray, kinds: np.ndarray, s
         keep_points = np.unique(np.linspace(0, len(curve.coverage) - 1, min(200, len(curve.coverage))).astype(int))
         curves += [{"signal": name, "threshold": float(curve.threshold[i]), "coverage": float(curve.coverage[i]),
                     "risk": float(curve.risk[i])} for i in keep_points]
-        for alpha in cfg.alphas:
+        for alpha in cfg.alphas if alphas is None else alphas:
             crc = crc_threshold(risk[calibration], false[calibration], alpha)
             grid = ltt_grid(risk[fit], int(calibration.sum()), alpha, cfg.ltt_delta)
             ltt = ltt_threshold(risk[calibration], false[calibration], alpha, cfg.ltt_delta, grid)
@@ -477,6 +497,10 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
             f"the calibration subjects (mean coverage {again['ltt_coverage']:.0%}); the error rate among its test "
             f"answers exceeds α in {share:.0%} of the draws ({'within' if share <= delta + slack else 'beyond'} "
             f"δ + {slack:.2f}).", share, None, bool(share <= delta + slack)))
+    for entry in results.get("abstention_unavailable", []):  # too few calibration prompts for that α
+        out.append(_headline(f"abstention_alpha_{entry['alpha']:g}",
+                             f"Abstention keeps its promise at α = {entry['alpha']:g}.", None, None, 0, False,
+                             f"No abstention rule is scored at α = {entry['alpha']:g}: {entry['why_not']}"))
     return out
 
 
@@ -499,18 +523,22 @@ def value_strings(setting: Setting, new_tokens: Tensor) -> list[str]:
     return [" ".join(vocab.id_to_token(int(t)) for t in row) for row in new_tokens]
 
 
-def sampling_risks(model: Any, prompts: Tensor, answers: list[str], decode_row: Any, k: int, n_new: int,
-                   seed: int) -> dict[str, np.ndarray]:
-    """Self-consistency and semantic entropy over k answers sampled at T = 1 (risk values before any sign)."""
+def sampling_risks(model: Any, batches: list[Tensor], answers: list[str], answer_of: Any, k: int, n_new: int,
+                   seed: int, eos_token_id: int | None = None) -> dict[str, np.ndarray]:
+    """Self-consistency and semantic entropy over k answers sampled at T = 1 (risk values before any sign): the
+    prompts come in `batches` (rows of one length each), `answer_of` turns a sampled row of new tokens into the
+    answer compared with `answers` (the greedy ones) and with the other samples. Each batch is seeded with `seed`
+    plus the number of prompts before it."""
     from lab.metrics.selective import answer_agreement
 
-    agreement, entropy = [], []
-    for part in _chunks(len(prompts), 256):
-        samples = sample_continuations(model, prompts[part], k, n_new, seed=seed + part.start)
-        for row, answer in zip(samples, answers[part]):
-            texts = [decode_row(s) for s in row]
+    agreement, entropy, start = [], [], 0
+    for batch in batches:
+        samples = sample_continuations(model, batch, k, n_new, seed=seed + start, eos_token_id=eos_token_id)
+        for row, answer in zip(samples, answers[start:start + len(batch)]):
+            texts = [answer_of(s.tolist()) for s in row]
             agreement.append(answer_agreement(texts, answer))
             entropy.append(discrete_semantic_entropy(texts))
+        start += len(batch)
     return {"self_consistency": np.array(agreement), "semantic_entropy": np.array(entropy)}
 
 
@@ -544,8 +572,8 @@ def run_synthetic(cfg: Config, out: Path) -> dict[str, Any]:
 
     began = time.perf_counter()
     values = {name: value.double().numpy() for name, value in prompt_signals.items()}
-    values |= sampling_risks(model, prompts, answers, lambda ids: " ".join(setting.tokenizer.id_to_token(int(t))
-                                                                           for t in ids),
+    values |= sampling_risks(model, [prompts[part] for part in _chunks(len(prompts), 256)], answers,
+                             lambda ids: " ".join(setting.tokenizer.id_to_token(int(t)) for t in ids),
                              cfg.k_samples, n_new, cfg.seed + 31)
     timing["sampling_s"] = time.perf_counter() - began
     signs = choose_signs(claim_risks(token_signals, values, lengths, RISK_SIGN), false, fit)
@@ -658,6 +686,65 @@ def normalise(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip().strip(".").strip().lower()
 
 
+def qa_readouts(model: HookedTransformer, middle_hook: str, sequences: list[Tensor], prompt_lengths: list[int],
+                lengths: list[int], false: np.ndarray, cfg: Config) -> tuple[dict[str, Any], dict[str, str]]:
+    """The probe (`middle_hook`, every answer token, label: the answer is false) and P(IK) (the last block's residual
+    stream at the last prompt token, label: the answer is right — the calibration experiment's readout on a local
+    model), each cross-fitted over `cfg.qa_folds` folds of questions (`cross_fit_probe`, the same folds for both):
+    a question's score comes from the probe fitted on the other folds' questions. The activations are those the
+    monitor reads while decoding (the position that produced each answer token), from a forward pass over the
+    prompt and its answer. Returns ({"probe": per-question tensors of token values, "p_ik": values, "info": …},
+    {signal: why it is unavailable})."""
+    last_hook = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    probe_rows, pik_rows = [], []
+    for tokens, p, n in zip(sequences, prompt_lengths, lengths):
+        acts = residuals(model, tokens, [middle_hook, last_hook])
+        probe_rows.append(acts[middle_hook][0, p - 1:p - 1 + n])
+        pik_rows.append(acts[last_hook][0, p - 1])
+    questions = np.arange(len(sequences))
+    probe = cross_fit_probe(torch.cat(probe_rows), np.repeat(false, lengths), np.repeat(questions, lengths),
+                            cfg.qa_folds, seed=cfg.seed)
+    p_ik = cross_fit_probe(torch.stack(pik_rows), ~false, questions, cfg.qa_folds, seed=cfg.seed)
+    out: dict[str, Any] = {"info": {
+        "scheme": f"cross-fitted: the questions dealt into {cfg.qa_folds} folds (independently of their answers), each "
+                  "fold scored by the probe fitted on the other folds",
+        "folds": [f.tolist() for f in (probe.folds or p_ik.folds)],
+        "probe": {"hook": middle_hook, "position": "every answer token", "label": "the answer is false",
+                  "regularization": probe.regularization, "why_not": probe.why},
+        "p_ik": {"hook": last_hook, "position": "the last prompt token", "label": "the answer is right",
+                 "regularization": p_ik.regularization, "why_not": p_ik.why}}}
+    unavailable = {}
+    if probe.scores is None:
+        unavailable["probe"] = f"not enough data: {probe.why}"
+    else:
+        out["probe"] = list(torch.from_numpy(probe.scores).float().split(lengths))
+    if p_ik.scores is None:
+        unavailable["p_ik"] = f"not enough data: {p_ik.why}"
+    else:
+        out["p_ik"] = p_ik.scores
+    return out, unavailable
+
+
+def abstention_alphas(alphas: tuple[float, ...], n_calibration: int, n_test: int,
+                      delta: float) -> tuple[list[float], list[dict[str, Any]]]:
+    """The α at which both abstention rules can answer anything with `n_calibration` calibration prompts — CRC needs
+    n ≥ ⌈1/α⌉ − 1 (`crc_min_calibration`), LTT n ≥ ⌈ln δ / ln(1 − α)⌉ (`ltt_min_answered`) — and a test split to
+    score them on; the others with the reason in words."""
+    scored, skipped = [], []
+    for alpha in alphas:
+        need = {"conformal risk control": crc_min_calibration(alpha),
+                f"Learn then Test (δ = {delta:g})": ltt_min_answered(alpha, delta)}
+        short = [f"{rule} needs at least {n}" for rule, n in need.items() if n_calibration < n]
+        if short:
+            skipped.append({"alpha": alpha, "why_not": f"the calibration split holds {n_calibration} questions and "
+                                                       f"{' and '.join(short)} to answer anything at α = {alpha:g}"})
+        elif n_test == 0:
+            skipped.append({"alpha": alpha, "why_not": "the test split holds no questions"})
+        else:
+            scored.append(alpha)
+    return scored, skipped
+
+
 def run_qa(cfg: Config, out: Path) -> dict[str, Any]:
     """The monitor's signals on a local model with a question–answer CSV, exact match against the answers."""
     from experiments.calibration import encode, load_local_model
@@ -681,7 +768,7 @@ def run_qa(cfg: Config, out: Path) -> dict[str, Any]:
                 return text_of(new[:k - 1]).split("\n")[0], max(1, k - 1)
         return text_of(new), len(new)
 
-    rows, series, lengths = [], {name: [] for name in monitor.token_signals}, []
+    rows, series, lengths, prompts, sequences = [], {name: [] for name in monitor.token_signals}, [], [], []
     for item in items:
         ids = encode(tokenizer, qa_prompt(item["question"]))
         budget = cfg.qa_max_new_tokens
@@ -696,6 +783,8 @@ def run_qa(cfg: Config, out: Path) -> dict[str, Any]:
         for name in monitor.token_signals:
             series[name].append(result.signals[name][0, :length])
         lengths.append(length)
+        prompts.append(tokens)
+        sequences.append(result.tokens[:, :len(ids) + length])
     timing["monitored_generation_s"] = time.perf_counter() - began
     frame = pd.DataFrame(rows)
     false = frame["false"].to_numpy()
@@ -703,30 +792,57 @@ def run_qa(cfg: Config, out: Path) -> dict[str, Any]:
     split = np.array(SPLITS)[np.searchsorted(cuts, np.random.default_rng([cfg.seed, 23]).random(len(frame)),
                                              side="right")]
     frame["split"] = split
+    unavailable = dict(monitor.unavailable) | {"subject_attention": "a question has no marked subject"}
+
+    # k answers per question at T = 1, each cut like the greedy one and compared after exact match's normalisation
+    began = time.perf_counter()
+    values = sampling_risks(model, prompts, [normalise(a) for a in frame["generated"]],
+                            lambda ids: normalise(answer_of(ids)[0]), cfg.k_samples, cfg.qa_max_new_tokens,
+                            cfg.seed + 31, eos)
+    timing["sampling_s"] = time.perf_counter() - began
+
+    readout_info: dict[str, Any] = {}
+    if hooked:
+        began = time.perf_counter()
+        fitted, missing = qa_readouts(model, monitor.middle_hook, sequences, [p.shape[1] for p in prompts], lengths,
+                                      false, cfg)
+        timing["readouts_s"] = time.perf_counter() - began
+        readout_info = fitted["info"]
+        unavailable = {k: v for k, v in unavailable.items() if k not in TRAINED} | missing
+        if "probe" in fitted:
+            series["probe"] = fitted["probe"]
+        if "p_ik" in fitted:
+            values["p_ik"] = fitted["p_ik"]
+
     width = max(lengths)
     padded = {name: torch.stack([torch.nn.functional.pad(t, (0, width - len(t))) for t in ts])
               for name, ts in series.items()}
     length_tensor = torch.tensor(lengths)
-    signs = choose_signs(claim_risks(padded, {}, length_tensor, RISK_SIGN), false, split == "fit")
-    risks = claim_risks(padded, {}, length_tensor, signs)
+    signs = choose_signs(claim_risks(padded, values, length_tensor, RISK_SIGN), false, split == "fit")
+    risks = claim_risks(padded, values, length_tensor, signs)
     for name, value in risks.items():
         frame[f"risk_{name}"] = value
     kinds = np.array(["qa"] * len(frame))
-    rows_out, abstention, curves = judge(risks, false, kinds, split, signs, cfg)
+    alphas, skipped = abstention_alphas(cfg.alphas, int((split == "calibration").sum()), int((split == "test").sum()),
+                                        cfg.ltt_delta)
+    rows_out, abstention, curves = judge(risks, false, kinds, split, signs, cfg, alphas=alphas)
     for row in rows_out:
         row["by_kind"] = {}
     results: dict[str, Any] = {
         "source": {"model": str(cfg.model), "route": route, "qa": str(cfg.qa), "n_items": len(items),
                    "prompt_example": qa_prompt(items[0]["question"]), "hooked": hooked,
                    "scoring": "exact match of the continuation up to its first line break, case, surrounding spaces "
-                              "and full stops aside"},
+                              "and full stops aside",
+                   "n_by_split": {s: int((split == s).sum()) for s in SPLITS},
+                   "split": "questions drawn into fit / calibration / test, disjoint; fit chooses the signs of the "
+                            "untrained signals and LTT's grid, calibration the thresholds, test reports; the probe "
+                            "and P(IK) are cross-fitted over folds of all the questions"},
         "answers": {"qa": {"n": len(frame), "false_rate": float(false.mean())}},
-        "unavailable": dict(monitor.unavailable) | {
-            "subject_attention": "a question has no marked subject", "probe": "not fitted on a question–answer CSV",
-            "p_ik": "not fitted on a question–answer CSV",
-            "self_consistency": "not drawn on a question–answer CSV", "semantic_entropy": "not drawn on a "
-                                                                                          "question–answer CSV"},
-        "signals": rows_out, "abstention": abstention, "abstention_signal": ABSTENTION_SIGNAL, "alphas": list(cfg.alphas),
+        "readouts": readout_info,
+        "k_samples": cfg.k_samples,
+        "unavailable": unavailable,
+        "signals": rows_out, "abstention": abstention, "abstention_unavailable": skipped,
+        "abstention_signal": ABSTENTION_SIGNAL, "alphas": list(cfg.alphas),
     }
     results["headlines"] = headlines(results)
     results["timing"] = timing
@@ -767,8 +883,10 @@ def figures(out: Path, results: dict[str, Any], curves: list[dict[str, Any]]) ->
                       xaxis=dict(title="coverage", range=[0, 1]), yaxis=dict(title="error rate among answered"))
     save_figure(fig, out, "risk_coverage")
 
-    fig = go.Figure()
     chosen = [a for a in results["abstention"] if a["signal"] == results["abstention_signal"]]
+    if not chosen:  # no α the calibration split could support (results' abstention_unavailable says why)
+        return
+    fig = go.Figure()
     alphas = [a["alpha"] for a in chosen]
     for rule, key, label in (("crc", "joint_risk", "CRC: answered and false"),
                              ("ltt", "selective_risk", "LTT: false among answered")):

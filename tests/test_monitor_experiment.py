@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from experiments import monitor as experiment
 from lab.cli import main
@@ -16,6 +17,16 @@ from lab.metrics.selective import aurc, crc_threshold, selective_outcome
 from tests.conftest import VOCAB, hf_gpt2
 
 HEADLINE_KEYS = {"name", "sentence", "value", "interval", "direction", "supported", "why_not"}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny tensors: a second torch thread costs more than it gains (measured ~8× slower probe fits on 2 busy cores),
+    as the experiment's own `threads` = 1 says. Restored afterwards."""
+    from lab.configs import torch_threads
+
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -138,17 +149,208 @@ def qa_folder(tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow
 def test_a_local_model_on_a_question_answer_csv(qa_folder, tmp_path):
     out = tmp_path / "run"
     assert main(["run", "monitor", "--model", str(qa_folder / "gpt2"), "--qa", str(qa_folder / "qa.csv"),
                  "--out", str(out)]) == 0
     results = json.loads((out / "results.json").read_text())
     assert results["source"]["n_items"] == 30 and results["source"]["hooked"]
-    assert {row["signal"] for row in results["signals"]} == {"max_prob", "entropy", "margin", "lens_kl"}
+    scored = {row["signal"] for row in results["signals"]}
+    assert scored == {"max_prob", "entropy", "margin", "lens_kl", "self_consistency", "semantic_entropy"}
+    assert every_signal_is_scored_or_says_why(results)
+    # a random model's answers are all false: no fold holds MIN_PER_CLASS right answers to fit a readout on
+    for name in ("probe", "p_ik"):
+        assert results["unavailable"][name].startswith("not enough data") and "at least 10" in \
+            results["unavailable"][name]
+    # an α is scored when the calibration split lets both rules answer: n ≥ ⌈1/α⌉ − 1 (CRC), ⌈ln δ / ln(1 − α)⌉ (LTT)
+    n_cal = results["source"]["n_by_split"]["calibration"]
+    allowed = [a for a in results["alphas"] if n_cal >= max(math.ceil(1 / a) - 1, math.ceil(math.log(0.1) /
+                                                                                             math.log(1 - a)))]
+    assert allowed != results["alphas"]  # 30 questions are too few for some α
+    assert sorted({a["alpha"] for a in results["abstention"]}) == allowed
+    assert [a["alpha"] for a in results["abstention_unavailable"]] == [a for a in results["alphas"] if a not in allowed]
+    assert all(f"holds {n_cal} questions" in a["why_not"] and "needs at least" in a["why_not"]
+               for a in results["abstention_unavailable"])
     prompts = pd.read_parquet(out / "prompts.parquet")
     assert (prompts["false"] == [experiment.normalise(g) != experiment.normalise(a)
                                  for g, a in zip(prompts["generated"], prompts["answer"])]).all()
     assert results["headlines"] == experiment.headlines({k: v for k, v in results.items() if k != "headlines"})
+
+
+def every_signal_is_scored_or_says_why(results) -> bool:
+    from lab.analysis.monitor import SIGNALS
+
+    scored = {row["signal"] for row in results["signals"]}
+    reasons = results["unavailable"]
+    return (scored | set(reasons) == set(SIGNALS) and not scored & set(reasons)
+            and all(len(why.split()) >= 3 for why in reasons.values()))
+
+
+QA_RUN = dict(k_samples=4, qa_max_new_tokens=6, n_boot=100, n_resplits=50)
+
+
+@pytest.fixture(scope="module")
+def labelled(qa_folder):
+    """60 questions, every other one answered with the model's own greedy answer (so right), the rest with a word
+    it never gives (false): enough of each class for the readouts, and 0.2 the only α calibration supports."""
+    rng = np.random.default_rng(1)
+    questions = [" ".join(f"w{i}" for i in rng.integers(0, VOCAB - 6, 5)) for _ in range(60)]
+
+    def write(path, answers):
+        with path.open("w", newline="") as f:
+            csv.writer(f).writerows([["question", "answer"], *zip(questions, answers)])
+        return path
+
+    first = experiment.run(experiment.Config(model=str(qa_folder / "gpt2"), qa=str(write(
+        qa_folder / "blank.csv", ["unsaid"] * 60)), **QA_RUN | {"k_samples": 1}), qa_folder / "blank")
+    assert first["answers"]["qa"]["false_rate"] == 1.0
+    greedy = pd.read_parquet(qa_folder / "blank" / "prompts.parquet")["generated"].tolist()
+    cfg = experiment.Config(model=str(qa_folder / "gpt2"), qa=str(write(
+        qa_folder / "labelled.csv", [g if i % 2 == 0 else "unsaid" for i, g in enumerate(greedy)])), **QA_RUN)
+    return cfg, experiment.run(cfg, qa_folder / "labelled"), qa_folder / "labelled"
+
+
+@pytest.mark.slow
+def test_every_signal_of_a_local_model_is_scored_once_the_answers_allow(labelled):
+    cfg, results, folder = labelled
+    assert results["answers"]["qa"]["false_rate"] == 0.5
+    assert every_signal_is_scored_or_says_why(results)
+    assert set(results["unavailable"]) == {"subject_attention"}  # a question marks no subject; all else is read
+    prompts = pd.read_parquet(folder / "prompts.parquet")
+    test = prompts[prompts["split"] == "test"]
+    for row in results["signals"]:
+        assert math.isclose(row["auroc"], auroc(test[f"risk_{row['signal']}"], test["false"]), abs_tol=1e-12)
+    # self-consistency is a share of k samples, semantic entropy an entropy over k samples
+    share = results["signals"][[r["signal"] for r in results["signals"]].index("self_consistency")]["sign"] * \
+        prompts["risk_self_consistency"]
+    assert np.allclose(share * cfg.k_samples, np.round(share * cfg.k_samples)) and share.between(0, 1).all()
+    assert prompts["risk_semantic_entropy"].abs().le(math.log(cfg.k_samples) + 1e-12).all()
+
+
+@pytest.mark.slow
+def test_the_sampling_baselines_are_k_seeded_answers_per_question(labelled, qa_folder):
+    """Question i's k answers are drawn by `sample_continuations` with seed + 31 + i, cut and normalised like the
+    greedy answer: recomputed here for two questions."""
+    from experiments.calibration import encode, load_local_model
+    from lab.analysis.monitor import sample_continuations
+    from lab.metrics.selective import answer_agreement, discrete_semantic_entropy
+
+    cfg, results, folder = labelled
+    prompts = pd.read_parquet(folder / "prompts.parquet")
+    signs = {row["signal"]: row["sign"] for row in results["signals"]}
+    model, tokenizer, _ = load_local_model(cfg.model)
+    for i in (0, 7):
+        ids = torch.tensor([encode(tokenizer, experiment.qa_prompt(prompts["question"][i]))])
+        rows = sample_continuations(model, ids, cfg.k_samples, cfg.qa_max_new_tokens, seed=cfg.seed + 31 + i,
+                                    eos_token_id=tokenizer.eos_token_id)[0]
+        texts = [experiment.normalise(tokenizer.decode(r.tolist()).split("\n")[0]) for r in rows]
+        greedy = experiment.normalise(prompts["generated"][i])
+        assert math.isclose(signs["self_consistency"] * prompts["risk_self_consistency"][i],
+                            answer_agreement(texts, greedy))
+        assert math.isclose(signs["semantic_entropy"] * prompts["risk_semantic_entropy"][i],
+                            discrete_semantic_entropy(texts))
+
+
+@pytest.mark.slow
+def test_p_ik_on_a_local_model_is_cross_fitted_by_question(labelled):
+    """The folds deal out every question once; each question's P(IK) is the readout fitted on the other folds
+    (recomputed from the residual stream), never the one fitted on every question, which differs."""
+    from experiments.calibration import encode, load_local_model
+    from lab.analysis.probes import cross_fit_probe, fit_probe
+
+    cfg, results, folder = labelled
+    folds = results["readouts"]["folds"]
+    assert sorted(q for fold in folds for q in fold) == list(range(60)) and len(folds) == cfg.qa_folds
+    prompts = pd.read_parquet(folder / "prompts.parquet")
+    model, tokenizer, _ = load_local_model(cfg.model)
+    hook = results["readouts"]["p_ik"]["hook"]
+    X = torch.stack([experiment.residuals(model, torch.tensor([encode(tokenizer, experiment.qa_prompt(q))]),
+                                          [hook])[hook][0, -1] for q in prompts["question"]])
+    right = ~prompts["false"].to_numpy()
+    held_out = cross_fit_probe(X, right, np.arange(60), cfg.qa_folds, seed=cfg.seed)
+    assert [f.tolist() for f in held_out.folds] == folds
+    p_ik = -prompts["risk_p_ik"].to_numpy()  # risk = −P(IK)
+    assert np.allclose(p_ik, held_out.scores, atol=1e-6)
+    everyone = fit_probe(X, right, "logistic", split=(np.arange(60), np.arange(60)), seed=cfg.seed, n_bootstrap=10)
+    assert not np.allclose(p_ik, everyone.test_scores.numpy(), atol=1e-3)
+
+
+@pytest.mark.slow
+def test_abstention_on_a_local_model_where_calibration_allows(labelled):
+    cfg, results, folder = labelled
+    prompts = pd.read_parquet(folder / "prompts.parquet")
+    calibration, test = (prompts[prompts["split"] == s] for s in ("calibration", "test"))
+    n_cal = len(calibration)
+    assert results["source"]["n_by_split"]["calibration"] == n_cal
+    # ⌈1/α⌉ − 1 prompts for CRC, ⌈ln δ / ln(1 − α)⌉ for LTT (δ = 0.1): 19 and 45 at 0.05, 9 and 22 at 0.1, 4 and 11
+    # at 0.2 — the calibration split's 11 … 21 questions support 0.2 alone
+    assert 11 <= n_cal < 22
+    assert {a["alpha"] for a in results["abstention"]} == {0.2}
+    assert [a["alpha"] for a in results["abstention_unavailable"]] == [0.05, 0.1]
+    for entry in results["abstention"]:
+        column = f"risk_{entry['signal']}"
+        threshold = crc_threshold(calibration[column], calibration["false"], 0.2)
+        assert entry["crc"] == json.loads(json.dumps(selective_outcome(test[column], test["false"], threshold)))
+    said = {h["name"]: h for h in results["headlines"]}
+    assert not said["abstention_alpha_0.05"]["supported"] and "45" in said["abstention_alpha_0.05"]["why_not"]
+    assert "crc_keeps_joint_risk_alpha_0.2" in said
+
+
+@pytest.mark.slow
+def test_a_local_model_run_is_determined_by_its_seed(labelled, tmp_path):
+    cfg, results, folder = labelled
+    again = experiment.run(cfg, tmp_path / "again")
+    pd.testing.assert_frame_equal(pd.read_parquet(folder / "prompts.parquet"), pd.read_parquet(tmp_path / "again" /
+                                                                                               "prompts.parquet"))
+    assert {k: v for k, v in again.items() if k != "timing"} == {k: v for k, v in results.items() if k != "timing"}
+
+
+# --- cross-fitting: every question scored by a readout that never saw it -----------------------------
+FAST = dict(grid=(1e-2, 1.0), n_bootstrap=10)  # a small regularisation search: these tests are of the folds
+
+
+def grouped_data(n_groups=50, seed=0):
+    rng = np.random.default_rng(seed)
+    label = rng.permutation(np.arange(n_groups) % 2 == 0)  # one label per group (question), half of each
+    groups = np.repeat(np.arange(n_groups), 2)  # two rows per group (answer tokens)
+    X = rng.normal(size=(2 * n_groups, 6)) + 0.8 * np.repeat(label, 2)[:, None]
+    return torch.tensor(X), np.repeat(label, 2), groups
+
+
+def test_cross_fitted_scores_never_use_their_own_question():
+    from lab.analysis.probes import cross_fit_probe, fit_probe
+
+    X, y, groups = grouped_data()
+    fitted = cross_fit_probe(X, y, groups, 5, seed=3, **FAST)
+    dealt = [g for fold in fitted.folds for g in fold.tolist()]
+    assert sorted(dealt) == list(range(50))  # the folds are disjoint and together hold every question
+    assert np.isfinite(fitted.scores).all() and len(fitted.regularization) == 5
+    # a question's own label never reaches its own score; it does reach the other folds' scores
+    g = int(fitted.folds[0][0])
+    flipped = y.copy()
+    flipped[groups == g] = ~flipped[groups == g]
+    again = cross_fit_probe(X, flipped, groups, 5, seed=3, **FAST)
+    own = np.isin(groups, fitted.folds[0])
+    assert np.array_equal(again.scores[own], fitted.scores[own])
+    assert not np.allclose(again.scores[~own], fitted.scores[~own])
+    # the probe fitted on every question, scored on those same questions, is not what cross-fitting reports
+    everyone = fit_probe(X, y, "logistic", split=(np.arange(100), np.arange(100)), seed=3, **FAST)
+    assert not np.allclose(everyone.test_scores.numpy(), fitted.scores, atol=1e-3)
+    # same seed, same scores
+    assert np.array_equal(cross_fit_probe(X, y, groups, 5, seed=3, **FAST).scores, fitted.scores)
+
+
+def test_cross_fitting_with_too_few_questions_of_a_class_says_so():
+    from lab.analysis.probes import cross_fit_probe
+
+    X, y, groups = grouped_data()
+    few = y & (groups < 20)  # 10 or so positive questions: some fold is fitted on fewer than 10
+    fitted = cross_fit_probe(X, few, groups, 5, seed=3, **FAST)
+    assert fitted.scores is None and "at least 10 groups of each class" in fitted.why
+    assert cross_fit_probe(X, y, groups, 60).why == "50 groups cannot be dealt into 60 folds"
+    with pytest.raises(ValueError, match="n_folds must be an integer ≥ 2"):
+        cross_fit_probe(X, y, groups, 1)
 
 
 def test_question_answer_files_are_checked(tmp_path):

@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from lab.metrics.selective import (answer_agreement, aurc, binomial_cdf, crc_threshold, discrete_semantic_entropy,
-                                   ltt_grid, ltt_threshold, optimal_aurc, risk_coverage, selective_outcome,
-                                   wilson_interval)
+from lab.metrics.selective import (answer_agreement, aurc, binomial_cdf, crc_min_calibration, crc_threshold,
+                                   discrete_semantic_entropy, ltt_grid, ltt_min_answered, ltt_threshold, optimal_aurc,
+                                   risk_coverage, selective_outcome, wilson_interval)
 
 
 def test_risk_coverage_answers_the_least_risky_first():
@@ -100,6 +100,21 @@ def test_ltt_grid_starts_where_a_rejection_is_possible():
     n_min = math.ceil(math.log(0.1) / math.log(0.95))  # 45: the fewest answers, all right, that reject
     assert math.isclose(grid[0], 2 * n_min / 300, abs_tol=2e-3) and grid[-1] == 1.0
     assert np.all(np.diff(grid) > 0)
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.1, 0.2, 0.3])
+def test_the_fewest_calibration_prompts_with_which_each_rule_can_answer(alpha):
+    """Below crc_min_calibration(α) prompts CRC abstains on everything, at it CRC can answer some (even when
+    every prompt is wrong); below ltt_min_answered(α, δ) all-right prompts LTT certifies nothing, at it it can."""
+    n = crc_min_calibration(alpha)
+    assert (n + 1) * alpha >= 1 - 1e-12 > n * alpha
+    for count, answers in ((n - 1, False), (n, True)):  # every prompt wrong: the hardest case
+        assert (crc_threshold(np.linspace(0, 1, count), np.ones(count), alpha) > -math.inf) is answers
+    m = ltt_min_answered(alpha, 0.1)
+    for count, certified in ((m - 1, False), (m, True)):
+        right = np.linspace(0, 1, count)
+        grid = np.array([1.0])  # answer everything: all right, p-value (1 − α)^count
+        assert (ltt_threshold(right, np.zeros(count), alpha, 0.1, grid).threshold == 1.0) is certified
 
 
 SYNTHETIC_N = 500

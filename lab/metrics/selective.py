@@ -37,9 +37,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-__all__ = ["Certified", "RiskCoverage", "answer_agreement", "aurc", "binomial_cdf", "crc_threshold",
-           "discrete_semantic_entropy", "ltt_grid", "ltt_threshold", "optimal_aurc", "risk_coverage",
-           "selective_outcome", "wilson_interval"]
+__all__ = ["Certified", "RiskCoverage", "answer_agreement", "aurc", "binomial_cdf", "crc_min_calibration",
+           "crc_threshold", "discrete_semantic_entropy", "ltt_grid", "ltt_min_answered", "ltt_threshold", "optimal_aurc",
+           "risk_coverage", "selective_outcome", "wilson_interval"]
 
 
 def _inputs(scores: ArrayLike, errors: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
@@ -123,6 +123,12 @@ def selective_outcome(scores: ArrayLike, errors: ArrayLike, threshold: float) ->
             "joint_risk": n_wrong / n, "joint_risk_ci95": wilson_interval(n_wrong, n)}
 
 
+def crc_min_calibration(alpha: float) -> int:
+    """The fewest calibration prompts with which `crc_threshold` can answer anything: (n + 1)α ≥ 1, n = ⌈1/α⌉ − 1."""
+    _check_level(alpha, "alpha")
+    return max(0, math.ceil(1 / alpha - 1e-12) - 1)
+
+
 def crc_threshold(scores: ArrayLike, errors: ArrayLike, alpha: float) -> float:
     """Conformal risk control for L_i(λ) = 1{s_i ≤ λ, e_i = 1} (B = 1): the largest λ with Σ_i L_i(λ) ≤ (n + 1)α − 1,
     which is just below the (m + 1)-th smallest score of a wrong prompt, m = ⌊(n + 1)α − 1⌋. −∞ (abstain on every
@@ -154,6 +160,14 @@ def binomial_cdf(k: int, n: int, p: float) -> float:
     return float(min(1.0, math.exp(top) * np.exp(log_terms - top).sum()))
 
 
+def ltt_min_answered(alpha: float, delta: float) -> int:
+    """n_min = ⌈ln δ / ln(1 − α)⌉: the fewest answered calibration prompts — all of them right — whose binomial p-value
+    (1 − α)^n_min reaches δ. With fewer calibration prompts Learn then Test certifies nothing."""
+    _check_level(alpha, "alpha")
+    _check_level(delta, "delta")
+    return math.ceil(math.log(delta) / math.log(1 - alpha))
+
+
 def ltt_grid(reference_scores: ArrayLike, n_calibration: int, alpha: float, delta: float,
              step: float = 0.01) -> NDArray[np.float64]:
     """Thresholds for `ltt_threshold`, fixed before the calibration data is seen: the quantiles of risk scores from a
@@ -167,7 +181,7 @@ def ltt_grid(reference_scores: ArrayLike, n_calibration: int, alpha: float, delt
     reference = np.asarray(reference_scores, dtype=np.float64).ravel()
     if reference.size == 0 or not np.all(np.isfinite(reference)):
         raise ValueError("reference_scores must be a non-empty array of finite scores")
-    n_min = math.ceil(math.log(delta) / math.log(1 - alpha))
+    n_min = ltt_min_answered(alpha, delta)
     start = min(1.0, 2 * n_min / n_calibration)
     levels = np.append(np.arange(start, 1.0, step), 1.0)
     return np.unique(np.quantile(reference, levels, method="inverted_cdf"))
