@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from dashboards.common import show_figures, show_headlines, show_run
+from dashboards.common import show_figures, show_headlines, show_run, show_table, warn_shape
 
 
 @st.cache_resource(show_spinner="Loading the run's model…")
@@ -61,8 +61,7 @@ def live(folder: Path, results: dict) -> None:
     st.markdown(f"Threshold λ̂ = {threshold:.3f} on risk = {signs[signal]:+d} · {signal}: "
                 + (f"the monitor abstains at new token {stop + 1} (**{words[stop]}**)." if stop is not None
                    else "every token stays at or below it: the answer is given."))
-    st.dataframe(pd.DataFrame({"token": words, **{name: out.signals[name][0].tolist() for name in out.signals}}),
-                 hide_index=True, key="signals")
+    show_table(pd.DataFrame({"token": words, **{name: out.signals[name][0].tolist() for name in out.signals}}))
 
 
 def render(folder: Path, results: dict) -> None:
@@ -71,10 +70,16 @@ def render(folder: Path, results: dict) -> None:
     if answers:
         st.write(" · ".join(f"{kind}: **{a.get('n')}** prompts, false **{a.get('false_rate', float('nan')):.0%}**"
                             for kind, a in answers.items() if isinstance(a, dict)))
-    rows = [{k: v for k, v in row.items() if k != "by_kind"} for row in results.get("signals") or []]
+    signals = results.get("signals") or []
+    malformed = [i for i, row in enumerate(signals) if not isinstance(row, dict) or not isinstance(row.get("signal"), str)
+                 or not all(isinstance(row.get(k), (int, float)) for k in ("auroc", "aurc"))]
+    if malformed:
+        warn_shape(folder, "monitor", f"signals {malformed} are not objects with a signal name and numbers for auroc "
+                                      "and aurc; they are left out")
+    rows = [{k: v for k, v in row.items() if k != "by_kind"} for i, row in enumerate(signals) if i not in malformed]
     if rows:
         st.subheader("Signals on the test split")
-        st.dataframe(pd.DataFrame(rows), hide_index=True, key="signal_table")
+        show_table(rows)
     live(folder, results)
     show_figures(folder)
 

@@ -52,6 +52,8 @@ BAD_RESULTS = {
     "calibration": [{"mc": "n/a", "temperature": [1]},
                     {"mc": {"n": "many", "ece_ci95": 4}, "temperature": {"T": "hot"}},
                     {"mc": None, "p_ik": "x"}, {"p_ik": [{"a": 1}]}],
+    "monitor": [{"signals": "all", "abstention": {}}, {"signals": [1, 2]},
+                {"signals": [{"signal": "max_prob", "auroc": "high"}], "abstention": [{"alpha": "a"}]}, {"other": 1}],
 }
 
 
