@@ -352,11 +352,17 @@ def judge(scores: dict[str, np.ndarray], false: np.ndarray, kinds: np.ndarray, s
     abstention, curve points)."""
     test, calibration, fit = split == "test", split == "calibration", split == "fit"
     rows, abstention, curves = [], [], []
+    level = familywise_level(len(scores) + len(KINDS))
+
+    def familywise(risk_: np.ndarray, false_: np.ndarray) -> dict[str, Any]:
+        return {"auroc_familywise_ci": auroc_ci(risk_, false_, n_boot=cfg.n_boot, level=level, seed=cfg.seed).interval,
+                "auroc_familywise_level": level}
+
     for name, risk in scores.items():
         s, e = risk[test], false[test]
         row: dict[str, Any] = {"signal": name, "sign": signs[name], "a_priori_sign": RISK_SIGN[name],
                                "n_test": int(test.sum())}
-        row |= auroc_ci(s, e, n_boot=cfg.n_boot, seed=cfg.seed).fields("auroc")
+        row |= auroc_ci(s, e, n_boot=cfg.n_boot, seed=cfg.seed).fields("auroc") | familywise(s, e)
         row |= {"aurc": aurc(s, e), "aurc_optimal": optimal_aurc(e), "error_rate": float(e.mean())}
         row["e_aurc"] = row["aurc"] - row["aurc_optimal"]
         by_kind = {}
@@ -364,7 +370,8 @@ def judge(scores: dict[str, np.ndarray], false: np.ndarray, kinds: np.ndarray, s
             keep = test & ((kinds == kind) & false | ~false)  # this kind's false claims against every right one
             if (kinds[test] == kind).any():
                 by_kind[kind] = {"error": ERROR_KINDS[kind], "n_false": int((keep & false).sum()),
-                                 **auroc_ci(risk[keep], false[keep], n_boot=cfg.n_boot, seed=cfg.seed).fields("auroc")}
+                                 **auroc_ci(risk[keep], false[keep], n_boot=cfg.n_boot, seed=cfg.seed).fields("auroc"),
+                                 **familywise(risk[keep], false[keep])}
         row["by_kind"] = by_kind
         rows.append(row)
         curve = risk_coverage(s, e)
@@ -438,23 +445,34 @@ def _headline(name: str, sentence: str, value: Any, interval: list[float] | None
             "supported": supported, "why_not": None if supported else why_not}
 
 
+def familywise_level(n_claims: int, alpha: float = 0.05) -> float:
+    """The confidence level at which `n_claims` intervals hold together with probability ≥ 1 − alpha (Bonferroni):
+    the run makes one separation claim per signal and one per error kind, and with a dozen 95% intervals one
+    would exclude ½ by chance about half the time."""
+    return 1 - alpha / n_claims
+
+
 def _auroc_headline(name: str, what: str, block: dict[str, Any], sign: int) -> dict[str, Any]:
-    """Whether a signal separates false claims from right ones: supported when its interval excludes ½. The
-    direction is which way the signal's raw value points to a false claim (sign · (AUROC > ½))."""
+    """Whether a signal separates false claims from right ones: supported when its familywise interval (every
+    separation claim of the run at once, `familywise_level`) excludes ½. The direction is which way the signal's
+    raw value points to a false claim (sign · (AUROC > ½))."""
     value, interval = block.get("auroc"), block.get("auroc_ci95")
+    joint, level = block.get("auroc_familywise_ci"), block.get("auroc_familywise_level")
     counts = f"{block.get('auroc_n_pos')} false and {block.get('auroc_n_neg')} right claims"
     claim = f"{what} separates false claims from right ones."  # shown only when supported
     if value is None or not math.isfinite(value):
         return _headline(name, claim, None, None, 0, False, f"{what}: no AUROC ({counts} on the test split)")
-    if interval is None:
-        return _headline(name, claim, value, None, 0, False, f"{what}: {block.get('auroc_why_no_interval')}")
-    text = f"AUROC {value:.3f} [{interval[0]:.3f}, {interval[1]:.3f}], {counts} on the test split"
-    if interval[0] <= 0.5 <= interval[1]:
-        return _headline(name, claim, value, interval, 0, False,
-                         f"{what}: the interval straddles ½ ({text}), so no direction is shown")
+    if interval is None or joint is None or any(not math.isfinite(x) for x in (*interval, *joint)):
+        why = block.get("auroc_why_no_interval") or "no familywise interval (the run was made before Forma computed one)"
+        return _headline(name, claim, value, None, 0, False, f"{what}: {why}")
+    text = (f"AUROC {value:.3f}, 95% [{interval[0]:.3f}, {interval[1]:.3f}], {level:.1%} familywise "
+            f"[{joint[0]:.3f}, {joint[1]:.3f}], {counts} on the test split")
+    if joint[0] <= 0.5 <= joint[1]:
+        return _headline(name, claim, value, joint, 0, False,
+                         f"{what}: the familywise interval straddles ½ ({text}), so no direction is shown")
     points = sign if value > 0.5 else -sign
     return _headline(name, f"{what} {'rises' if points > 0 else 'falls'} with the risk of a false claim ({text}).",
-                     value, interval, points)
+                     value, joint, points)
 
 
 def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:

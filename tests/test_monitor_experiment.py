@@ -66,6 +66,9 @@ def test_every_signal_is_read_and_judged_on_the_test_split(quick):
         assert row["aurc"] >= row["aurc_optimal"] - 1e-12
         low, high = row["auroc_ci95"]
         assert low <= row["auroc"] <= high
+        joint = row["auroc_familywise_ci"]  # every separation claim at once: wider than each one's 95%
+        assert row["auroc_familywise_level"] == experiment.familywise_level(len(names) + len(experiment.KINDS))
+        assert joint[0] <= low and high <= joint[1]
         for kind, block in row["by_kind"].items():
             keep = (test["kind"] == kind) & test["false"] | ~test["false"]
             assert block["n_false"] == int((keep & test["false"]).sum())
@@ -361,3 +364,18 @@ def test_question_answer_files_are_checked(tmp_path):
     bad.write_text("question,answer\nWhat?,Yes,extra\n")
     with pytest.raises(ValueError, match="row 2: expected 2 non-empty columns"):
         experiment.read_qa(bad)
+
+
+def test_a_separation_headline_needs_its_familywise_interval_to_exclude_a_half():
+    """With a dozen separation claims, a 95% interval that just excludes ½ is what chance gives about half the
+    time: the headline is shown only when the familywise (Bonferroni) interval excludes ½ too."""
+    assert experiment.familywise_level(12) == 1 - 0.05 / 12
+    block = {"auroc": 0.566, "auroc_ci95": [0.501, 0.649], "auroc_familywise_ci": [0.47, 0.68],
+             "auroc_familywise_level": experiment.familywise_level(12), "auroc_n_pos": 184, "auroc_n_neg": 67}
+    head = experiment._auroc_headline("x_separates", "The signal x", block, sign=1)
+    assert not head["supported"] and head["direction"] == 0 and "familywise interval straddles ½" in head["why_not"]
+    block["auroc_familywise_ci"] = [0.52, 0.62]
+    head = experiment._auroc_headline("x_separates", "The signal x", block, sign=-1)
+    assert head["supported"] and head["direction"] == -1 and head["interval"] == [0.52, 0.62]
+    assert "99.6% familywise [0.520, 0.620]" in head["sentence"]
+
