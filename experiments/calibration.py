@@ -72,7 +72,6 @@ exposure, P(IK) and P(True) AUROC by layer, token-level ECE by layer).
 
 import copy
 import csv
-import dataclasses
 import logging
 import math
 import tempfile
@@ -92,7 +91,7 @@ from lab.analysis.activations import collect_activations
 from lab.analysis.lens import logit_lens
 from lab.analysis.probes import (feature_rank, fit_probe, group_partition, judge_readouts, random_model,
                                  shuffled_control)
-from lab.configs import check_fields, torch_threads
+from lab.configs import apply_quick, check_fields, torch_threads
 from lab.data.facts import OPTION_LETTERS, Fact, FactWorld, FactWorldConfig
 from lab.metrics.calibration import (MIN_PER_CLASS, Metric, auroc, auroc_ci, bootstrap_ci, brier, ece_fields,
                                      fit_temperature, multiclass_summary, nll, reliability, softmax)
@@ -158,10 +157,7 @@ class Config:
     def __post_init__(self) -> None:
         check_fields(self)
         if self.quick:
-            defaults = {f.name: f.default for f in dataclasses.fields(self)}
-            for name, value in QUICK.items():
-                if getattr(self, name) == defaults[name]:
-                    setattr(self, name, value)
+            apply_quick(self, QUICK)
 
         def need(ok: bool, message: str) -> None:
             if not ok:

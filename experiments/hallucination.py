@@ -83,7 +83,7 @@ from lab.model import HookedTransformer, KVCache, KVCacheEntry, ModelConfig
 from lab.runs import save_figure, save_table
 from lab.tokenize import word_level
 from lab.train import SequenceBatches, TrainConfig, train
-from lab.configs import check_fields, torch_threads
+from lab.configs import apply_quick, check_fields, torch_threads
 
 logger = logging.getLogger(__name__)
 
@@ -149,10 +149,7 @@ class Config:
     def __post_init__(self) -> None:
         check_fields(self)
         if self.quick:
-            defaults = {f.name: f.default for f in dataclasses.fields(self)}
-            for name, value in QUICK.items():
-                if getattr(self, name) == defaults[name]:
-                    setattr(self, name, value)
+            apply_quick(self, QUICK)
 
         def need(ok: bool, message: str) -> None:
             if not ok:

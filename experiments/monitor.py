@@ -66,7 +66,6 @@ figures (AUROC by signal and error kind, riskâ€“coverage curves, abstention by Î
 """
 
 import csv
-import dataclasses
 import logging
 import math
 import re
@@ -84,7 +83,7 @@ from torch import Tensor
 from lab.analysis.monitor import (RISK_SIGN, LinearReadout, Monitor, answer_lengths, claim_risk,
                                   sample_continuations)
 from lab.analysis.probes import cross_fit_probe, fit_probe
-from lab.configs import check_fields, torch_threads
+from lab.configs import apply_quick, check_fields, torch_threads
 from lab.data.facts import Fact, FactWorld, FactWorldConfig
 from lab.files import atomic_write
 from lab.metrics.calibration import MIN_PER_CLASS, auroc, auroc_ci
@@ -154,10 +153,7 @@ class Config:
     def __post_init__(self) -> None:
         check_fields(self)
         if self.quick:
-            defaults = {f.name: f.default for f in dataclasses.fields(self)}
-            for name, value in QUICK.items():
-                if getattr(self, name) == defaults[name]:
-                    setattr(self, name, value)
+            apply_quick(self, QUICK)
 
         def need(ok: bool, message: str) -> None:
             if not ok:

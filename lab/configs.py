@@ -14,6 +14,15 @@ from typing import Any, Literal, TypeVar, Union
 T = TypeVar("T")
 
 
+def apply_quick(config: Any, overrides: dict[str, Any]) -> None:
+    """The quick profile: each field named in `overrides` that still holds its default takes the quick value;
+    a value the caller set (`--seed`, `Config(quick=True, steps=…)`) stays as set."""
+    defaults = {f.name: f.default for f in dataclasses.fields(config)}
+    for name, value in overrides.items():
+        if getattr(config, name) == defaults[name]:
+            setattr(config, name, value)
+
+
 def check_fields(config: Any) -> None:
     """Check every field of a dataclass instance against its annotation, the first thing each config's
     `__post_init__` does; a mismatch is a ValueError naming the class, the field, the type and the value

@@ -111,3 +111,19 @@ def test_every_experiment_config_checks_its_fields(name):
     for field in floats:
         with pytest.raises(ValueError, match=f"Config.{field} must be a finite"):
             config(**{field: math.nan})
+
+
+def test_the_quick_profile_overrides_only_the_fields_left_at_their_defaults():
+    import dataclasses
+
+    from lab.configs import apply_quick
+
+    @dataclasses.dataclass
+    class Profile:
+        steps: int = 1000
+        width: int = 64
+        seed: int = 0
+
+    chosen = Profile(width=32)
+    apply_quick(chosen, {"steps": 10, "width": 8})
+    assert (chosen.steps, chosen.width, chosen.seed) == (10, 32, 0)
