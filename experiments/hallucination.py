@@ -78,9 +78,9 @@ from lab.data.facts import FactWorld, FactWorldConfig
 from lab.generate import decode
 from lab.metrics.hallucination import (bin_table, bound_slack, kl_hat, missing_mass, monofact_rate, singleton_bound,
                                        singleton_calibration_delta)
-from lab.metrics.statistics import spearman
+from lab.metrics.statistics import sign, spearman
 from lab.model import HookedTransformer, KVCache, KVCacheEntry, ModelConfig
-from lab.runs import save_figure, save_table
+from lab.runs import headline, save_figure, save_table
 from lab.tokenize import word_level
 from lab.train import SequenceBatches, TrainConfig, train
 from lab.configs import apply_quick, check_fields, torch_threads
@@ -641,16 +641,6 @@ def acceptance(sweep: list[dict[str, Any]], upweighting: list[dict[str, Any]], c
     return out
 
 
-def _headline(name: str, sentence: str, value: Any, interval: list[float] | None, direction: Any,
-              supported: bool = True, why_not: str | None = None) -> dict[str, Any]:
-    return {"name": name, "sentence": sentence, "value": value, "interval": interval, "direction": direction,
-            "supported": supported, "why_not": None if supported else why_not}
-
-
-def _sign(x: float) -> int:
-    return int(x > 0) - int(x < 0)
-
-
 def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
     """What the run shows, one sentence each, computed from the rest of results: {name, sentence, value,
     interval, direction (must agree between the quick and default profiles), supported, why_not}. A headline
@@ -675,12 +665,12 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
     elif not rising:
         why = ("the monofact rate does not rise with γ across " + ", ".join(f"γ = {s['gamma']:g} (MF {m:.3f})"
                for s, m in zip(sweep, mf)) + ": the sweep is outside the regime where γ moves MF up")
-    out.append(_headline(
+    out.append(headline(
         "hallucination_rises_with_monofact_rate",
         f"Across {len(sweep)} popularity shapes (MF {min(mf):.3f} … {max(mf):.3f}), g(H) at each γ's held-out optimum "
         f"has Spearman ρ = {rho:+.2f} with the monofact rate (at fixed epochs: "
         + ", ".join(f"{e}: {v:+.2f}" for e, v in by_epoch.items()) + ")" + note + ".",
-        rho, None, _sign(rho) if math.isfinite(rho) else 0, why is None, why))
+        rho, None, sign(rho) if math.isfinite(rho) else 0, why is None, why))
 
     # Both sides of the bound, at every checkpoint and δ.
     checks = [(c[f"bound_rhs_delta_{_key(d)}"], c[f"bound_margin_delta_{_key(d)}"])
@@ -688,13 +678,13 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
     positive = [(rhs, margin) for rhs, margin in checks if rhs > 0]
     if positive:
         worst = min(margin for _, margin in positive)
-        out.append(_headline(
+        out.append(headline(
             "bound_holds", f"Where its right side is positive ({len(positive)} of {len(checks)} checks), the bound "
                            f"g(H) ≥ MF − Mis − slack holds with smallest margin {worst:+.3f}.",
             worst, None, bool(worst >= 0)))
     else:
         best = max(rhs for rhs, _ in checks)
-        out.append(_headline(
+        out.append(headline(
             "bound_holds", "The Kalai–Vempala bound's right side is negative at every check.", best, None, 0,
             False, f"bound vacuous: right side < 0 at every check ({len(checks)} of {len(checks)}; the largest is "
                    f"{best:+.3f}), so g(H) ≥ right side holds whatever the model does and says nothing"))
@@ -703,13 +693,13 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
     z = max(abs(c["sampled_hallucination_rate"] - c["hallucination_rate"]) / c["sampled_se"]
             for s in sweep for c in s["checkpoints"] if c["sampled_se"] > 0)
     n_checkpoints = sum(len(s["checkpoints"]) for s in sweep)
-    out.append(_headline(
+    out.append(headline(
         "enumeration_matches_sampling",
         f"The exact g(H) by enumeration and the rate among documents sampled at T = 1 agree at all {n_checkpoints} "
         f"checkpoints (worst |z| = {z:.2f}; over these comparisons the limit is |z| ≤ {FAMILY_Z}).", z, None,
         bool(z <= FAMILY_Z)))
     gap = max(abs(c["sum_check"]) for s in sweep for c in s["checkpoints"])
-    out.append(_headline(
+    out.append(headline(
         "mass_closes", f"g(F) + g(H) + malformed, the last summed from the grammar's leaks, is 1 within {gap:.1e} at "
                        f"every checkpoint.", gap, None, bool(gap <= 1e-4)))
 
@@ -721,11 +711,11 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
         for u in upweighting[1: 1 + n_shares]:
             draws = u["hallucination_rate_draws"]
             reductions = [1 - r / control["hallucination_rate"] for r in draws]
-            sides = {_sign(r - control["hallucination_rate"]) for r in draws}
+            sides = {sign(r - control["hallucination_rate"]) for r in draws}
             why = (f"only {len(draws)} draw of the repeated blocks: no spread to judge it by" if len(draws) < 2 else
                    f"its draws fall on both sides of the control (g(H) {', '.join(f'{r:.4f}' for r in draws)} "
                    f"against {control['hallucination_rate']:.4f})" if len(sides) > 1 else None)
-            out.append(_headline(
+            out.append(headline(
                 f"upweighting {u['condition']}",
                 f"Upweighting ({u['condition']}) moves g(H) from {control['hallucination_rate']:.4f} to "
                 f"{u['hallucination_rate']:.4f} against the matched-compute control "
@@ -733,17 +723,17 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
                 f"{', '.join(relative_change(r) for r in reductions)}), Mis {control['miscalibration_tv_eps']:.3f} "
                 f"→ {u['miscalibration_tv_eps']:.3f}, recall {control['recall_seen']:.3f} → {u['recall_seen']:.3f}.",
                 1 - u["hallucination_rate"] / control["hallucination_rate"], [min(reductions), max(reductions)],
-                _sign(u["hallucination_rate"] - control["hallucination_rate"]), why is None, why))
+                sign(u["hallucination_rate"] - control["hallucination_rate"]), why is None, why))
         mixed = upweighting[1: 1 + n_shares]
         changes = [m - control["miscalibration_tv_eps"] for u in mixed for m in u["miscalibration_tv_eps_draws"]]
         mean = float(np.mean(changes))
-        sides = {_sign(c) for c in changes}
+        sides = {sign(c) for c in changes}
         why = None if len(changes) >= 2 and len(sides) == 1 else (
             "the mixed conditions' draws move Mis both ways: " + ", ".join(f"{c:+.3f}" for c in changes))
-        out.append(_headline(
+        out.append(headline(
             "upweighting_raises_miscalibration",
             f"Those mixed conditions change the miscalibration Mis by {mean:+.3f} on average (draws "
-            + ", ".join(f"{c:+.3f}" for c in changes) + ").", mean, [min(changes), max(changes)], _sign(mean),
+            + ", ".join(f"{c:+.3f}" for c in changes) + ").", mean, [min(changes), max(changes)], sign(mean),
             why is None, why))
 
     # The singleton-rate variant: its finite-N term swamps it at these sizes.
@@ -753,7 +743,7 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
             f"vacuous at N = {singleton['n_train']:,}: the finite-N term (35 + 6 ln N)/√N = "
             f"{singleton['finite_n_term']:.2f} makes the right side {singleton['bound_rhs']:+.3f}; without it the "
             f"margin is {singleton['margin_without_finite_n']:+.3f}")
-        out.append(_headline(
+        out.append(headline(
             "singleton_bound", f"The singleton-rate bound (Kalai et al. 2025) holds with margin {singleton['margin']:+.3f}.",
             singleton["margin"], None, bool(singleton["margin"] >= 0), why is None, why))
     return out

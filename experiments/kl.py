@@ -80,9 +80,9 @@ from lab.data.sources import HiddenMarkovSource, MarkovSource
 from lab.metrics.information import (T_BRACKET, T_GRID, cross_entropy, entropy, kl, temperature_kl,  # noqa: F401
                                     temperature_scan, to_bits, truncated_context_kl_of)
 from lab.metrics.scaling import ALPHA_RANGE, fit_power_law  # noqa: F401 (experiments.kl.fit_power_law still works)
-from lab.metrics.statistics import t_quantile_975  # noqa: F401
+from lab.metrics.statistics import sign, t_quantile_975  # noqa: F401
 from lab.model import HookedTransformer, ModelConfig
-from lab.runs import save_figure
+from lab.runs import headline, save_figure
 from lab.train import SequenceBatches, TrainConfig, train
 from lab.zoo import load_recipe, make_source
 
@@ -542,16 +542,6 @@ def acceptance(results: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _headline(name: str, sentence: str, value: Any, interval: list[float] | None, direction: Any,
-              supported: bool = True, why_not: str | None = None) -> dict[str, Any]:
-    return {"name": name, "sentence": sentence, "value": value, "interval": interval, "direction": direction,
-            "supported": supported, "why_not": None if supported else why_not}
-
-
-def _sign(x: float) -> int:
-    return int(x > 0) - int(x < 0)
-
-
 def _lengths(first: int, last: int) -> str:
     return f"prefix length {first}" if first == last else f"prefix lengths {first} … {last}"
 
@@ -573,54 +563,54 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
     worst_ce = max(abs(r["sampled_ce_minus_exact_in_se"]) for r in rows)
     se = last["sampled_kl_se"]
     out = [
-        _headline("kl_falls", f"Training shrinks KL(p ‖ P_θ) over complete contexts from {first['kl_nats']:.3f} to "
+        headline("kl_falls", f"Training shrinks KL(p ‖ P_θ) over complete contexts from {first['kl_nats']:.3f} to "
                               f"{last['kl_nats']:.3f} nats/token ({last['kl_nats'] / rate:.1%} of the entropy rate "
                               f"{rate:.4f}), while CE {last['cross_entropy_nats']:.4f} stays above H "
                               f"{last['entropy_nats']:.4f}.",
                   last["kl_nats"], [last["sampled_kl_nats"] - 1.96 * se, last["sampled_kl_nats"] + 1.96 * se],
-                  _sign(last["kl_nats"] - first["kl_nats"])),
-        _headline("sampled_matches_exact",
+                  sign(last["kl_nats"] - first["kl_nats"])),
+        headline("sampled_matches_exact",
                   f"The sampled paths agree with the exact ones at every checkpoint and region: the model's own "
                   f"−log P_θ at the sampled tokens against H + KL from the exact distributions (worst "
                   f"|z| = {worst_ce:.2f}), and KL̂ against KL (worst |z| = {worst_kl:.2f}); over these "
                   f"{2 * len(rows)} comparisons the limit is |z| ≤ {FAMILY_Z}.",
                   max(worst_ce, worst_kl), None, bool(worst_ce <= FAMILY_Z and worst_kl <= FAMILY_Z)),
-        _headline("entropy_rate_check",
+        headline("entropy_rate_check",
                   f"The closed-form entropy rate {rate:.4f} nats matches the mean H over complete-context held-out "
                   f"prefixes, {check['mean_complete_context_entropy_nats']:.4f} ± {check['se']:.4f} (z = "
                   f"{check['z']:.2f}).", check["mean_complete_context_entropy_nats"],
                   [check["mean_complete_context_entropy_nats"] - 1.96 * check["se"],
                    check["mean_complete_context_entropy_nats"] + 1.96 * check["se"]], check["within_3se"]),
-        _headline("lens", f"Through the ground-truth lens, KL to p falls from {lens[0]['kl_nats']:.3f} nats at "
+        headline("lens", f"Through the ground-truth lens, KL to p falls from {lens[0]['kl_nats']:.3f} nats at "
                           f"{lens[0]['label']} to {lens[-1]['kl_nats']:.3f} after the last layer (complete contexts).",
-                  lens[-1]["kl_nats"], None, _sign(lens[-1]["kl_nats"] - lens[0]["kl_nats"])),
-        _headline("temperature", f"KL to the truth is smallest at T = {best['T']:.3f} ({best['kl_nats']:.4f} nats; "
+                  lens[-1]["kl_nats"], None, sign(lens[-1]["kl_nats"] - lens[0]["kl_nats"])),
+        headline("temperature", f"KL to the truth is smallest at T = {best['T']:.3f} ({best['kl_nats']:.4f} nats; "
                                  f"{best['kl_at_T1_nats']:.4f} at T = 1).", best["T"], None,
                   bool(0.8 <= best["T"] <= 1.25), not best["at_bracket_edge"],
                   "the minimising temperature is at the edge of the searched bracket"),
-        _headline("hmm_kl_falls", f"On the hidden-Markov source KL over every position falls from "
+        headline("hmm_kl_falls", f"On the hidden-Markov source KL over every position falls from "
                                   f"{hmm_first['kl_nats']:.3f} to {hmm_last['kl_nats']:.3f} nats/token.",
-                  hmm_last["kl_nats"], None, _sign(hmm_last["kl_nats"] - hmm_first["kl_nats"])),
+                  hmm_last["kl_nats"], None, sign(hmm_last["kl_nats"] - hmm_first["kl_nats"])),
     ]
     if early is not None:
-        out.insert(1, _headline(
+        out.insert(1, headline(
             "first_positions", f"The first positions ({_lengths(*early['prefix_lengths'])}, shorter than the "
                                f"chain's order) are reported apart: "
                                f"H {early['entropy_nats']:.4f}, KL {early['kl_nats']:.3f} nats/token.",
-            early["kl_nats"], None, _sign(early["entropy_nats"] - rate)))
+            early["kl_nats"], None, sign(early["entropy_nats"] - rate)))
     low, high = scaling["E_ci95"]
     closed = math.isfinite(low) and scaling.get("E_ci95_open") is None and scaling["dof"] >= 2
     why = (f"the fit has {len(scaling['points'])} widths ({scaling['dof']} degree(s) of freedom) and its 95% "
            f"interval [{low:.2f}, {high:.2f}] is {'open ' + scaling['E_ci95_open'] if scaling.get('E_ci95_open') else 'too loose'}: "
            f"it cannot place E") if not closed else None
     true_rate = scaling["true_entropy_nats"]
-    out.append(_headline(
+    out.append(headline(
         "scaling_E", f"The scaling fit's irreducible term E = {scaling['E_nats']:.4f} [{low:.4f}, {high:.4f}] "
                      f"{'contains' if low <= true_rate <= high else 'misses'} the true entropy rate {true_rate:.4f} "
                      f"of its chain (α = {scaling['alpha']:.3f}, {len(scaling['points'])} widths).",
         scaling["E_nats"], [low, high], bool(low <= true_rate <= high), closed, why))
     held = scaling["heldout_entropy_nats"]
-    out.append(_headline(
+    out.append(headline(
         "scaling_E_vs_heldout_entropy",
         f"E is {scaling['E_minus_heldout_entropy_nats']:+.4f} nats from the held-out entropy {held:.4f}: "
         + ("its whole interval lies below it, so the fit extrapolates to a loss no model can reach."

@@ -90,7 +90,7 @@ from lab.metrics.calibration import MIN_PER_CLASS, auroc, auroc_ci
 from lab.metrics.selective import (aurc, crc_min_calibration, crc_threshold, discrete_semantic_entropy, ltt_grid,
                                    ltt_min_answered, ltt_threshold, optimal_aurc, risk_coverage, selective_outcome)
 from lab.model import HookedTransformer, ModelConfig
-from lab.runs import save_figure, save_table
+from lab.runs import headline, save_figure, save_table
 from lab.tokenize import word_level
 from lab.train import SequenceBatches, TrainConfig, train
 
@@ -435,12 +435,6 @@ def resplit(risk: np.ndarray, false: np.ndarray, split: np.ndarray, alpha: float
 # --------------------------------------------------------------------------------------------
 # Headlines
 # --------------------------------------------------------------------------------------------
-def _headline(name: str, sentence: str, value: Any, interval: list[float] | None, direction: Any,
-              supported: bool = True, why_not: str | None = None) -> dict[str, Any]:
-    return {"name": name, "sentence": sentence, "value": value, "interval": interval, "direction": direction,
-            "supported": supported, "why_not": None if supported else why_not}
-
-
 def familywise_level(n_claims: int, alpha: float = 0.05) -> float:
     """The confidence level at which `n_claims` intervals hold together with probability ≥ 1 − alpha (Bonferroni):
     the run makes one separation claim per signal and one per error kind, and with a dozen 95% intervals one
@@ -457,17 +451,17 @@ def _auroc_headline(name: str, what: str, block: dict[str, Any], sign: int) -> d
     counts = f"{block.get('auroc_n_pos')} false and {block.get('auroc_n_neg')} right claims"
     claim = f"{what} separates false claims from right ones."  # shown only when supported
     if value is None or not math.isfinite(value):
-        return _headline(name, claim, None, None, 0, False, f"{what}: no AUROC ({counts} on the test split)")
+        return headline(name, claim, None, None, 0, False, f"{what}: no AUROC ({counts} on the test split)")
     if interval is None or joint is None or any(not math.isfinite(x) for x in (*interval, *joint)):
         why = block.get("auroc_why_no_interval") or "no familywise interval (the run was made before Forma computed one)"
-        return _headline(name, claim, value, None, 0, False, f"{what}: {why}")
+        return headline(name, claim, value, None, 0, False, f"{what}: {why}")
     text = (f"AUROC {value:.3f}, 95% [{interval[0]:.3f}, {interval[1]:.3f}], {level:.1%} familywise "
             f"[{joint[0]:.3f}, {joint[1]:.3f}], {counts} on the test split")
     if joint[0] <= 0.5 <= joint[1]:
-        return _headline(name, claim, value, joint, 0, False,
+        return headline(name, claim, value, joint, 0, False,
                          f"{what}: the familywise interval straddles ½ ({text}), so no direction is shown")
     points = sign if value > 0.5 else -sign
-    return _headline(name, f"{what} {'rises' if points > 0 else 'falls'} with the risk of a false claim ({text}).",
+    return headline(name, f"{what} {'rises' if points > 0 else 'falls'} with the risk of a false claim ({text}).",
                      value, joint, points)
 
 
@@ -488,7 +482,7 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
             continue
         alpha, crc, ltt, again = entry["alpha"], entry["crc"], entry["ltt"], entry["resplits"]
         mean, band = again["crc_joint_risk"], again["crc_joint_risk_ci95"]
-        out.append(_headline(
+        out.append(headline(
             f"crc_keeps_joint_risk_alpha_{alpha:g}",
             f"Conformal risk control at α = {alpha:g} on {entry['signal']}, over {again['n_resplits']} draws of the "
             f"calibration subjects: answered and false {mean:.3f} [{band[0]:.3f}, {band[1]:.3f}] of the test prompts "
@@ -496,7 +490,7 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
             f"rate among those answers is {again['crc_selective_risk'] or 0:.3f} (CRC promises nothing about it).",
             mean, band, bool(band[0] <= alpha)))
         if not again["ltt_n_answering"]:
-            out.append(_headline(f"ltt_keeps_selective_risk_alpha_{alpha:g}",
+            out.append(headline(f"ltt_keeps_selective_risk_alpha_{alpha:g}",
                                  f"Learn then Test keeps the error rate among answers at α = {alpha:g}.", None, None,
                                  0, False,
                                  f"Learn then Test certified no threshold at α = {alpha:g} (δ = {ltt['delta']:g}) in "
@@ -505,14 +499,14 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
             continue
         share, delta, n = again["ltt_share_above_alpha"], ltt["delta"], again["n_resplits"]
         slack = 3 * math.sqrt(delta * (1 - delta) / n)  # three binomial standard errors of a share of n draws
-        out.append(_headline(
+        out.append(headline(
             f"ltt_keeps_selective_risk_alpha_{alpha:g}",
             f"Learn then Test at α = {alpha:g}, δ = {delta:g} answers in {again['ltt_n_answering']} of {n} draws of "
             f"the calibration subjects (mean coverage {again['ltt_coverage']:.0%}); the error rate among its test "
             f"answers exceeds α in {share:.0%} of the draws ({'within' if share <= delta + slack else 'beyond'} "
             f"δ + {slack:.2f}).", share, None, bool(share <= delta + slack)))
     for entry in results.get("abstention_unavailable", []):  # too few calibration prompts for that α
-        out.append(_headline(f"abstention_alpha_{entry['alpha']:g}",
+        out.append(headline(f"abstention_alpha_{entry['alpha']:g}",
                              f"Abstention keeps its promise at α = {entry['alpha']:g}.", None, None, 0, False,
                              f"No abstention rule is scored at α = {entry['alpha']:g}: {entry['why_not']}"))
     return out

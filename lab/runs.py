@@ -289,3 +289,12 @@ def save_table(rows: Any, out: Path, name: str) -> Path:
     path = Path(out) / f"{name}.parquet"
     atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False))
     return path
+
+
+def headline(name: str, sentence: str, value: Any, interval: list[float] | None, direction: Any,
+             supported: bool = True, why_not: str | None = None) -> dict[str, Any]:
+    """One entry of results.json's "headlines" (docs/experiments.md): the claim in a sentence, the number behind it
+    and its interval, the direction a quick run must share with the default one, and — when the run cannot
+    support it — why not, in words."""
+    return {"name": name, "sentence": sentence, "value": value, "interval": interval, "direction": direction,
+            "supported": supported, "why_not": None if supported else why_not}

@@ -46,3 +46,9 @@ def test_t_quantiles():
     assert t_quantile_975(10) == pytest.approx(2.2281, abs=1e-4)  # the last table entry
     for dof, table in ((11, 2.2010), (15, 2.1314), (30, 2.0423), (120, 1.9799)):  # the expansion
         assert t_quantile_975(dof) == pytest.approx(table, abs=2e-4)
+
+
+def test_sign_says_which_way_a_difference_points():
+    from lab.metrics.statistics import sign
+
+    assert [sign(x) for x in (-2.5, 0.0, 1e-12)] == [-1, 0, 1]

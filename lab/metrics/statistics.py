@@ -37,3 +37,8 @@ def spearman(x: list[float], y: list[float]) -> float:
     if var_x == 0 or var_y == 0:
         return float("nan")
     return cov / math.sqrt(var_x * var_y)
+
+
+def sign(x: float) -> int:
+    """−1, 0 or +1: which way a difference points."""
+    return int(x > 0) - int(x < 0)
