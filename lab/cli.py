@@ -342,7 +342,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     module = experiments.load(args.name)
     fields = {f.name for f in dataclasses.fields(module.Config)}
-    given = {"seed": args.seed, "quick": args.quick, "model": args.model, "mmlu": args.mmlu, "qa": args.qa}
+    given = {"seed": args.seed, "quick": args.quick, "model": args.model, "mmlu": args.mmlu, "qa": args.qa,
+             "workers": args.workers}
     unsupported = [k for k, v in given.items() if v not in (None, False) and k not in fields]
     if unsupported:
         raise ValueError(f"experiment {args.name!r} takes no --{unsupported[0]}")
@@ -418,6 +419,17 @@ def seed_number(text: str) -> int:
     return seed
 
 
+def worker_count(text: str) -> int:
+    """argparse type: a number of worker processes, ≥ 1."""
+    try:
+        workers = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if workers < 1:
+        raise argparse.ArgumentTypeError(f"workers must be ≥ 1, got {workers}")
+    return workers
+
+
 def model_name(text: str) -> str:
     """argparse type: a zoo name or a folder; an empty one would be read as the current folder."""
     if not text.strip():
@@ -458,6 +470,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--quick", action="store_true", help="the small profile (≤ 90 s on 2 cores): tests and the demo")
     run.add_argument("--out", help="run folder (default runs/NAME/<UTC timestamp>/)")
     run.add_argument("--seed", type=seed_number, help="random seed, 0 … 2**63 − 1 (default: the experiment's)")
+    run.add_argument("--workers", type=worker_count, help="processes that share an experiment's independent "
+                     "trainings, for experiments that have them (default 2); results do not depend on it")
     run.add_argument("--model", type=model_name, help="zoo name or local model folder, for experiments that take one")
     run.add_argument("--mmlu", metavar="FILE", help="an MMLU-layout CSV (question, A, B, C, D, answer), for "
                                                      "experiments that take one (calibration, with --model)")
