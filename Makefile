@@ -32,7 +32,7 @@ $(SAE_STAMP): $(STAMP) pyproject.toml constraints-sae.txt
 
 # The SAE environment's tests first (test-sae), then the whole suite in .venv.
 test: $(STAMP) test-sae
-	$(OFFLINE) $(BIN)/python -m pytest -q
+	$(OFFLINE) $(BIN)/python -m pytest -q --durations=25
 
 # SAELens' trainer on a Forma hook (tests/sae), and the model's own tests on transformer-lens 3.9.
 test-sae: $(SAE_STAMP)

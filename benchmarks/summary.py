@@ -63,11 +63,17 @@ def walltime_lines(results: dict[str, Any]) -> list[str]:
     if demo:
         lines.append(f"| `make demo` after install, until the dashboard serves | {demo['until_dashboard_serves_s']:.0f} "
                      "| ≤ 480 |")
+    rows = []
     for name, profiles in sorted((results.get("experiments") or {}).items()):
         for profile, target in (("quick", "≤ 90"), ("default", "≤ 600")):
             if profile in profiles:
-                lines.append(f"| `forma run {name}{' --quick' if profile == 'quick' else ''}` | "
-                             f"{profiles[profile]['process_s']:.0f} | {target} |")
+                entry = profiles[profile]
+                measured_at = f"commit {entry['commit'][:10]}, load {entry['load_average_1min_at_start']:.1f}" \
+                    if "commit" in entry else "the commit above"
+                rows.append(f"| `forma run {name}{' --quick' if profile == 'quick' else ''}` | "
+                            f"{entry['process_s']:.0f} | {target} | {measured_at} |")
+    if rows:
+        lines += ["", "| experiment | seconds | target | measured at |", "|---|---|---|---|", *rows]
     return lines
 
 

@@ -61,6 +61,8 @@ def time_demo(clone: Path, env: dict[str, str], log: Path, limit_s: float = 3600
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="*", choices=STEPS, help="steps to time (default: all)")
+    parser.add_argument("--profiles", nargs="*", choices=("quick", "default"), default=["quick", "default"],
+                        help="the experiments step's profiles (default: both)")
     parser.add_argument("--keep", action="store_true", help="keep the clone (its path is printed)")
     args = parser.parse_args()
     steps = set(args.only or STEPS)
@@ -92,11 +94,16 @@ def main() -> None:
             profiles = results.setdefault("experiments", {})
             for name in names:
                 for profile, flags in (("quick", ["--quick"]), ("default", [])):
+                    if profile not in args.profiles:
+                        continue
                     out = root / "runs" / f"{name}-{profile}"
+                    load = os.getloadavg()[0]
                     seconds = timed_run([forma, "run", name, *flags, "--out", str(out)], clone, env,
                                         logs / f"{name}-{profile}.log")
                     recorded = json.loads((out / "provenance.json").read_text()).get("wall_time_s")
-                    profiles.setdefault(name, {})[profile] = {"process_s": seconds, "experiment_s": recorded}
+                    # Entries of earlier invocations stay: each names the commit and load it was measured at.
+                    profiles.setdefault(name, {})[profile] = {"process_s": seconds, "experiment_s": recorded,
+                                                              "commit": commit, "load_average_1min_at_start": load}
                     print(f"forma run {name} {' '.join(flags)}: {seconds:.0f} s", flush=True)
     finally:
         results["clone"] = str(clone) if args.keep else None
