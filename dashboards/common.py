@@ -128,8 +128,10 @@ def show_run(experiment: str, render: Callable[[Path, dict], None], fields: Fiel
 def show_run_header(experiment: str) -> tuple[Path | None, dict | None]:
     """Title, the run's provenance line, or the message that says how to make a run."""
     st.title(EXPERIMENTS[experiment])
-    show_progress("run", experiment)
+    working = show_progress("run", experiment)
     folder, results, problem = latest_run(experiment)
+    if problem and folder is None and working:  # no run yet, one on its way: its progress says so
+        return None, None
     if problem:
         (st.warning if folder else st.info)(problem)
         return None, None
@@ -264,11 +266,12 @@ def show_headlines(results: dict) -> None:
 PROGRESS_REFRESH_S = 2.0  # how often a page looks at its job's progress file while the job works
 
 
-def show_progress(kind: str, name: str) -> None:
+def show_progress(kind: str, name: str) -> bool:
     """The progress of the job that is making this page's run (kind "run": `forma run NAME`) or model (kind
     "model": `forma train NAME`): its step / total, elapsed time and ETA (lab.progress), looked at again every
     PROGRESS_REFRESH_S; once the job has finished, the whole page runs again and shows its results. A page
-    with no run yet keeps looking, so that a job started after it was opened (`forma demo`) appears too."""
+    with no run yet keeps looking, so that a job started after it was opened (`forma demo`) appears too.
+    True when such a job is at work."""
     from lab.progress import model_finished, model_progress, run_progress
     from lab.runs import latest_run as newest
 
@@ -293,3 +296,4 @@ def show_progress(kind: str, name: str) -> None:
     first = read(name)
     waiting = (first is not None and first.active) or (kind == "run" and shown is None)
     st.fragment(body, run_every=PROGRESS_REFRESH_S if waiting else None)()
+    return first is not None and first.active

@@ -271,3 +271,51 @@ def test_the_long_number_check_catches_a_raw_float():
     assert long_numbers("measured 6.2831852475690795 and 0.29791459781529295, 0.1234 and 12,345.5") == [
         "6.2831852475690795", "0.29791459781529295"]
     assert not long_numbers("0.0006283 · 12,345.6 · 1e-05 · 2026-12-01T17-15-46Z · v1.43.3 · 0.1234")
+
+
+def running_job(folder: Path, job: str, step: int, total: int) -> None:
+    """A progress file as a job at work writes it (this process stands in for the job)."""
+    import os
+    import time
+
+    from lab.progress import PROGRESS_FILE, Progress, Stage
+
+    stage = Stage("train", step, total, "step", elapsed_s=12.0, eta_s=36.0)
+    record = Progress(job, "running", os.getpid(), "2026-01-01T00:00:00Z", 20.0, time.time(), stage)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / PROGRESS_FILE).write_text(json.dumps(record.to_json()))
+
+
+@pytest.mark.parametrize("name", EXPERIMENT_PAGES)
+def test_an_experiment_page_shows_its_running_jobs_progress(empty, name):
+    """While `forma run NAME` works on the page's first run: its step / total, elapsed and ETA, not "no run"."""
+    running_job(empty / "runs" / name / "2026-01-01T00-00-00Z", f"forma run {name} --quick", 30, 120)
+    at = page(name).run()
+    assert not at.exception, at.exception
+    bars = at.get("progress")
+    assert len(bars) == 1 and bars[0].proto.value == 25
+    assert (f"forma run {name} --quick: 0:20 elapsed; train step 30/120 (25%), ETA 0:36"
+            in bars[0].proto.text), bars[0].proto.text
+    assert f"No run of `{name}` yet" not in texts(at)
+
+
+def test_a_page_over_an_older_run_says_a_new_one_is_on_its_way(quick_run, quick_runs_dir, tmp_path, monkeypatch):
+    import shutil as sh
+
+    runs = tmp_path / "runs"
+    sh.copytree(quick_run("equations"), runs / "equations" / quick_run("equations").name)
+    running_job(runs / "equations" / "9999-01-01T00-00-00Z", "forma run equations --quick", 1, 4)
+    monkeypatch.setenv("FORMA_RUNS_DIR", str(runs))
+    at = page("equations").run()
+    assert not at.exception, at.exception
+    assert len(at.get("progress")) == 1
+    assert "the page fills in again when this job ends" in " ".join(c.value for c in at.caption)
+    assert "checks pass" in " ".join(m.value for m in at.markdown)  # the older run's results still show
+
+
+def test_the_training_page_shows_a_model_being_trained(empty):
+    running_job(empty / "models" / "facts", "forma train facts", 300, 1200)
+    at = page("training").run()
+    assert not at.exception, at.exception
+    assert [b.proto.text for b in at.get("progress")] == [
+        "`forma train facts: 0:20 elapsed; train step 300/1200 (25%), ETA 0:36`"]
