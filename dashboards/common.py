@@ -277,11 +277,13 @@ def show_progress(kind: str, name: str) -> bool:
 
     read, finished = {"run": (run_progress, newest), "model": (model_progress, model_finished)}[kind]
     shown = finished(name)
+    first = read(name)
+    working = first is not None and first.active
 
     def body() -> None:
-        if finished(name) != shown:
-            st.rerun()  # the job wrote its results: the page again, filled in
         progress = read(name)
+        if finished(name) != shown or (progress is not None and progress.active) != working:
+            st.rerun()  # a job began, or ended and wrote its results: the whole page again
         if progress is None:
             return
         if progress.active:
@@ -293,7 +295,6 @@ def show_progress(kind: str, name: str) -> bool:
             st.warning(f"`{progress.job}` failed: {progress.error}. Its log says more "
                        f"(`forma demo` keeps it in runs/demo/).")
 
-    first = read(name)
-    waiting = (first is not None and first.active) or (kind == "run" and shown is None)
+    waiting = working or (kind == "run" and shown is None)
     st.fragment(body, run_every=PROGRESS_REFRESH_S if waiting else None)()
-    return first is not None and first.active
+    return working
