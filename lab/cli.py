@@ -222,9 +222,12 @@ class JobBoard:
     def draw(self) -> None:
         with self.lock:
             lines = [f"[demo] {self.status(label)}" for label in self.rows]
-            if self.terminal:
+            if self.terminal:  # one screen line each, or the redraw would miscount the lines to go up
+                import shutil
+
+                width = shutil.get_terminal_size().columns - 1
                 self._clear()
-                self.stream.write("".join(f"\x1b[2K{line}\n" for line in lines))
+                self.stream.write("".join(f"\x1b[2K{line[:width]}\n" for line in lines))
                 self.drawn = len(lines)
             else:
                 self.stream.write("".join(f"{line}\n" for label, line in zip(self.rows, lines) if label in self.began))
@@ -233,6 +236,7 @@ class JobBoard:
     def _clear(self) -> None:
         if self.terminal and self.drawn:
             self.stream.write(f"\x1b[{self.drawn}F\x1b[0J")  # up to the board's first line, erase to the end
+            self.stream.flush()
             self.drawn = 0
 
     def _loop(self) -> None:

@@ -179,3 +179,23 @@ def test_the_lazy_top_level_names_are_the_models():
     assert sorted(lab.__all__) == sorted(name for name in lab.__all__ if hasattr(lab, name))
     with pytest.raises(AttributeError, match="module 'lab' has no attribute 'NoSuchThing'"):
         lab.NoSuchThing
+
+
+def test_the_demo_board_redraws_one_line_per_job_in_place_on_a_terminal():
+    import io
+
+    from lab.cli import JobBoard
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = Terminal()
+    board = JobBoard([("forma run kl --quick", ["run", "kl", "--quick"]), ("forma train facts", ["train", "facts"])],
+                     stream=out)
+    board.draw()
+    board.draw()
+    board.ended("forma train facts", "forma train facts: done in 3 s", "[demo] forma train facts: done in 3 s")
+    rows = "\x1b[2K[demo] forma run kl --quick: waiting for a free core\n\x1b[2K[demo] forma train facts: "
+    assert out.getvalue() == (rows + "waiting for a free core\n" + "\x1b[2F\x1b[0J" + rows + "waiting for a free core\n"
+                              + "\x1b[2F\x1b[0J" + "[demo] forma train facts: done in 3 s\n" + rows + "done in 3 s\n")
