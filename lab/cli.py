@@ -112,6 +112,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
             with CHILDREN.forwarding_signals():
                 wait_until_serving(url, server, timeout_s=DASHBOARD_START_S)
         except RuntimeError as err:  # it exited (a port in use, say) or never answered: nothing to fill in
+            if CHILDREN.signum is not None:  # it exited because a signal told it to
+                raise Stopped(CHILDREN.signum) from None
             CHILDREN.signal_all(signal.SIGTERM)
             print(f"forma demo: {err}", file=sys.stderr)
             return 1
