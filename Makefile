@@ -40,7 +40,7 @@ test-sae: $(SAE_STAMP)
 
 # Peers first (minutes), then what a user waits for (about an hour: a fresh clone's install, `make demo`,
 # every experiment's profiles); then the dashboard's response times over this checkout's models and runs,
-# the monitor's overhead and the command line's start.
+# the monitor's overhead, the command line's start and how soon `forma demo` serves and shows progress.
 bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.forward
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.peers
@@ -49,6 +49,7 @@ bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.dashboard
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.monitor
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.cli
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.demo
 
 demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/forma demo $(DEMO_ARGS)
