@@ -97,6 +97,20 @@ def cli_lines(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def demo_lines(results: dict[str, Any]) -> list[str]:
+    timing = results["timing"]
+    lines = [f"## Demo start (`{results['command']}`; benchmarks/demo.py)", "",
+             f"{results['machine']['utc']} · medians of {timing['first_page']['rounds']} starts · load average at the "
+             f"start {results['machine']['load_average_1_5_15'][0]:.2f}", "",
+             "| from `forma demo` start to | seconds | target |", "|---|---|---|"]
+    for key, what, target in (("health", "the health check answers", "—"),
+                              ("first_page", "the first page drawn in Chromium", f"≤ {results['target_first_page_s']:g}"),
+                              ("first_progress", "the first progress on a page", "—"),
+                              ("first_step", "that progress counting steps", "—")):
+        lines.append(f"| {what} | {timing[key]['median_s']:.1f} | {target} |")
+    return lines
+
+
 def write_summary(device: str = "cpu") -> Path:
     suffix = "" if device == "cpu" else f"_{device}"
     lines = [f"# Forma benchmarks ({device})", ""]
@@ -105,7 +119,7 @@ def write_summary(device: str = "cpu") -> Path:
         lines += peers_lines(peers)
     if device == "cpu":
         for name, render in (("forward", forward_lines), ("walltime", walltime_lines), ("dashboard", dashboard_lines),
-                              ("cli", cli_lines)):
+                              ("demo", demo_lines), ("cli", cli_lines)):
             results = _read(name)
             if results:
                 lines += ["", *render(results)]
