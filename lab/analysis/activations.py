@@ -319,6 +319,8 @@ def save_activations(model: Any, data: Tensor | Iterable[Tensor], hooks: str | S
         (out_dir / INDEX_FILE).unlink()
     out_dir.mkdir(parents=True, exist_ok=True)
     done = [] if overwrite else _resumable_shards(out_dir, arguments)
+    if not done:  # a fresh start: an earlier harvest's record goes with its shards
+        (out_dir / PROGRESS_FILE).unlink(missing_ok=True)
     kept = {shard["file"] for shard in done}
     for stale in out_dir.iterdir():  # shards never recorded, and temporaries a killed write left behind
         if stale.is_file() and (stale.name.startswith("shard-") or is_temporary(stale)) and stale.name not in kept:
@@ -328,7 +330,7 @@ def save_activations(model: Any, data: Tensor | Iterable[Tensor], hooks: str | S
     tap = _TokenDigest(data, batch_size, done[-1] if done else None)
     for part in stream_activations(model, tap, names, positions, batch_size=batch_size, pad_id=pad_id, dtype=dtype,
                                    progress=progress, stop_early=stop_early, start=writer.sequences):
-        writer.add(part, tap.after(part))
+        writer.add(part, tap.state)
     writer.flush()
     if not writer.shards:
         raise ValueError("no activations were collected: the dataset was empty or no position was selected")
@@ -366,8 +368,8 @@ def _resumable_shards(out_dir: Path, arguments: dict[str, Any]) -> list[dict[str
 class _TokenDigest:
     """The dataset's batches, passed through unchanged while a SHA-256 of their token ids runs along.
 
-    `after(part)` is (sequences done, digest) once `part`'s batch is done — what a shard ending there
-    records. When resuming after `resume` (the last recorded shard), the batches read must end exactly at
+    `state` is (sequences done, digest) through the batch last read — while stream_activations yields a
+    batch's part, that batch's: what a shard ending there records. When resuming after `resume` (the last recorded shard), the batches read must end exactly at
     its sequence count with its digest: otherwise these are not the data its shards came from.
     """
 
@@ -402,7 +404,8 @@ class _TokenDigest:
                              "wrote (by the SHA-256 of their token ids); rerun it with the same data, or pass "
                              "overwrite=True to start afresh")
 
-    def after(self, part: Activations) -> tuple[int, str]:
+    @property
+    def state(self) -> tuple[int, str]:
         return self.seen, self.digest
 
 

@@ -643,7 +643,7 @@ def _streamed_lbfgs(X: StoredRows, part: np.ndarray, y: Tensor, out_dim: int, la
 
     def closure() -> Tensor:
         value = T.detach()
-        data, G, _ = _gradient_pass(X, part, y, out_dim, fit, value)
+        data, G = _gradient_pass(X, part, y, out_dim, fit, value)
         T.grad = G + lam * torch.cat([value[:-1], torch.zeros_like(value[-1:])])
         return torch.tensor(data + 0.5 * lam * float((value[:-1] ** 2).sum()), dtype=torch.float64)
 
@@ -652,7 +652,7 @@ def _streamed_lbfgs(X: StoredRows, part: np.ndarray, y: Tensor, out_dim: int, la
 
 
 def _gradient_pass(X: StoredRows, part: np.ndarray, y: Tensor, out_dim: int, fit: _Streamed,
-                   T: Tensor) -> tuple[float, Tensor, None]:
+                   T: Tensor) -> tuple[float, Tensor]:
     """Mean cross-entropy and its gradient Aᵀ(P − Y)/n, without the Hessian (for L-BFGS)."""
     total, G = 0.0, torch.zeros_like(T)
     for start, chunk in _chunks(X):
@@ -670,7 +670,7 @@ def _gradient_pass(X: StoredRows, part: np.ndarray, y: Tensor, out_dim: int, fit
             total += float((torch.logsumexp(logits, dim=1) - (Y * logits).sum(dim=1)).sum())
             P = logits.softmax(dim=1)
         G += A.T @ (P - Y)
-    return total / fit.n, G / fit.n, None
+    return total / fit.n, G / fit.n
 
 
 def _streamed_logistic(X: StoredRows, part: np.ndarray, y: Tensor, n_classes: int, s: _PartSums,
