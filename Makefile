@@ -45,6 +45,7 @@ bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.forward
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.peers
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.activations
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.harvest
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.walltime
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.dashboard
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.monitor
