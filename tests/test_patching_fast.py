@@ -182,3 +182,19 @@ def test_fast_sweeps_equal_transformer_lens_patching_on_forma_and_on_the_bridge(
                 ).abs().max() <= TOL
         theirs = tl_patching.get_act_patch_attn_head_out_by_pos(peer, corrupted, cache, metric)  # [layer, pos, head]
         assert (by_pos - theirs.transpose(1, 2)).abs().max() <= TOL
+
+
+def test_a_metric_that_declares_what_it_reads_sees_nan_elsewhere(prompts):
+    """logit_diff declares the one position it reads, and the fast path unembeds only there: a metric that
+    declares one position and reads another gets NaN, not a wrong number."""
+    model = built("gpt2")
+    clean, corrupted = prompts
+
+    def misdeclared(logits: torch.Tensor) -> torch.Tensor:
+        return logits[:, -2, 3].mean()
+
+    misdeclared.positions = (-1,)
+    result = patch_positions(model, clean, corrupted, "resid_pre", misdeclared, positions=[4, 5])
+    assert result.values.isnan().all()
+    with pytest.raises(ValueError, match="reads positions"):
+        patch_positions(model, clean, corrupted, "resid_pre", logit_diff(3, 4, position=6))

@@ -16,7 +16,8 @@ Cells:
 
 The metric is a callback on the patched run's logits [batch, pos, d_vocab] returning a scalar; the
 default is the logit difference logit(answer) − logit(wrong) at the last position, averaged over the
-batch. `PatchingResult.values` is [layer, cell] — a heatmap — ([layer, head, pos] by head and
+batch. A metric may declare the positions it reads (`metric.positions`, as `logit_diff` does): the fast
+path then unembeds only those, and hands the metric logits that are NaN elsewhere. `PatchingResult.values` is [layer, cell] — a heatmap — ([layer, head, pos] by head and
 position) and `normalized()` maps it to (patched − corrupted) / (clean − corrupted): 0 = nothing
 restored, 1 = fully restored.
 
@@ -31,7 +32,8 @@ Two ways to compute the same numbers:
                  before p in any layer. So the patched run starts at block l from the target run's
                  residual stream entering it (blocks.l.hook_resid_pre), and runs only positions p … T − 1,
                  attending to the target run's keys and values of positions < p as a KV cache; the
-                 logits at positions < p are the target run's. Cells are sorted by position and batched
+                 logits at positions < p are the target run's, and of the rest only those the metric
+                 reads are computed. Cells are sorted by position and batched
                  (`max_batch` rows), each row joining the pass at its own layer. Equal to the exhaustive
                  path to float round-off (tested to 1e-5).
 """
@@ -45,7 +47,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 __all__ = ["COMPONENTS", "MetricFn", "PatchingResult", "logit_diff", "patch_heads", "patch_heads_by_position",
-           "patch_positions"]
+           "patch_positions", "reads"]
 
 COMPONENTS = {
     "resid_pre": "blocks.{layer}.hook_resid_pre",
@@ -72,7 +74,20 @@ def logit_diff(answer: int | Tensor, wrong: int | Tensor, position: int = -1) ->
         w = torch.as_tensor(wrong, device=last.device).expand(last.shape[0])
         return (last[rows, a] - last[rows, w]).mean()
 
+    metric.positions = (position,)  # what it reads: the fast sweeps unembed only there (see `reads`)
     return metric
+
+
+def reads(metric: MetricFn, n_pos: int) -> list[int] | None:
+    """The logit positions a metric declares it reads (its `positions` attribute, as `logit_diff` sets it), in
+    [0, n_pos); None when it declares none, and may read every position."""
+    declared = getattr(metric, "positions", None)
+    if declared is None:
+        return None
+    bad = [p for p in declared if not -n_pos <= p < n_pos]
+    if bad:
+        raise ValueError(f"the metric reads positions {bad}, out of range for inputs of {n_pos} positions")
+    return sorted({p % n_pos for p in declared})
 
 
 @dataclass
@@ -220,7 +235,8 @@ def _sweep_fast(model: Any, target: Tensor, component: str, saved: dict[int, Ten
     A pass takes up to max_batch // batch cells of neighbouring first positions; it starts at the smallest, P,
     with the target run's keys and values of positions < P as every layer's KV cache. Its rows join at the
     cell's layer, from the target run's blocks.{layer}.hook_resid_pre at positions P … T − 1, and the cell is
-    written in by a hook on that block's component."""
+    written in by a hook on that block's component. The unembedding runs at the positions the metric reads
+    (`reads`), or at every position ≥ P when it declares none."""
     from lab.model.kv_cache import KVCache, KVCacheEntry
 
     b, n_layers = target.shape[0], model.cfg.n_layers
@@ -229,6 +245,7 @@ def _sweep_fast(model: Any, target: Tensor, component: str, saved: dict[int, Ten
     target_logits, cache = model.run_with_cache(target, names_filter=[f"blocks.{layer}.hook_resid_pre"
                                                                       for layer in entering], kv_cache=kv)
     resid_pre = {layer: cache[f"blocks.{layer}.hook_resid_pre"] for layer in entering}
+    read = reads(metric, target.shape[1])
     ordered = sorted(cells, key=lambda cell: (cell.start, cell.layer))
     for chunk in _chunks(ordered, max(1, max_batch // b)):
         first = min(cell.start for cell in chunk)
@@ -259,9 +276,19 @@ def _sweep_fast(model: Any, target: Tensor, component: str, saved: dict[int, Ten
                     x = model.blocks[layer](x, entry)
             else:
                 x = model.blocks[layer](x, entry)
-        logits = model.hook_logits(model.unembed(model.ln_final(x)))  # [rows·batch, T − first, d_vocab]
+        if read is None:
+            logits = model.hook_logits(model.unembed(model.ln_final(x)))  # [rows·batch, T − first, d_vocab]
+            for k, cell in enumerate(rows):
+                patched = torch.cat([target_logits[:, :first], logits[k * b: (k + 1) * b]], dim=1)
+                values[cell.row, cell.column] = float(metric(patched))
+            continue
+        late = [p for p in read if p >= first]  # the positions the metric reads that the patch can change
+        early = [p for p in read if p < first]
+        logits = model.hook_logits(model.unembed(model.ln_final(x[:, [p - first for p in late]])))
         for k, cell in enumerate(rows):
-            patched = torch.cat([target_logits[:, :first], logits[k * b: (k + 1) * b]], dim=1)
+            patched = torch.full_like(target_logits, float("nan"))  # what the metric says it never reads
+            patched[:, early] = target_logits[:, early]
+            patched[:, late] = logits[k * b: (k + 1) * b]
             values[cell.row, cell.column] = float(metric(patched))
     return target_logits
 
