@@ -17,13 +17,14 @@
 GPT2Config(n_layer=12, n_embd=768, n_head=12, vocab_size=50257), random weights (seed 0), converted with
 lab.hf.from_hf; one prompt of 32 random tokens, the corrupted prompt differing at position 8; the metric is
 the logit difference, at the last position, between the clean and the corrupted run's top tokens. Every
-figure is a median of interleaved rounds (the sweeps run hundreds of forward passes each, so a round is
-long and the default is 3). Targets: every sweep ≤ 0.2× TransformerLens's on the bridge; values equal to
+figure is a median of interleaved rounds (one by default: a sweep is itself hundreds of forward passes for
+TransformerLens, 1,296 of GPT-2 small in one round, which is what keeps the run near 5 minutes on two
+quiet cores). Targets: every sweep ≤ 0.2× TransformerLens's on the bridge; values equal to
 ≤ 1e-5. Writes benchmarks/results/patching.json.
 
-    python -m benchmarks.patching [--quick] [--rounds 3] [--layers 12] [--tokens 32] [--heads-by-position]
+    python -m benchmarks.patching [--quick] [--rounds 1] [--layers 12] [--tokens 32] [--heads-by-position]
 
---quick: 4 layers and 12 tokens, one round (GPT-2-small widths and vocabulary kept): a smoke run.
+--quick: 4 layers and 12 tokens (GPT-2-small widths and vocabulary kept): a smoke run.
 """
 
 import argparse
@@ -172,15 +173,15 @@ def zoo_agreement(tokens: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="4 layers, 12 tokens, one round")
-    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--quick", action="store_true", help="4 layers, 12 tokens")
+    parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--layers", type=int, default=None)
     parser.add_argument("--tokens", type=int, default=None)
     parser.add_argument("--heads-by-position", action="store_true")
     args = parser.parse_args()
     layers = args.layers or (4 if args.quick else 12)
     tokens = args.tokens or (12 if args.quick else 32)
-    rounds = args.rounds or (1 if args.quick else 3)
+    rounds = args.rounds
     corrupt_at = min(8, tokens // 4)
     start = time.perf_counter()
     ours, bridge = models(layers)
