@@ -1,0 +1,206 @@
+"""Patching sweeps and attribution patching at GPT-2-small shapes, against TransformerLens on the same weights.
+
+    sweeps        Forma's sweeps (lab.analysis.patching: patch_positions for resid_pre, attn_out, mlp_out;
+                  patch_heads) against TransformerLens 4's get_act_patch_resid_pre, get_act_patch_attn_out,
+                  get_act_patch_mlp_out and get_act_patch_attn_head_out_all_pos on a TransformerBridge over the
+                  same weights (compatibility mode, no weight processing: the same numbers at every hook). With
+                  --heads-by-position also patch_heads_by_position against get_act_patch_attn_head_out_by_pos
+                  (layers × positions × heads passes for TransformerLens).
+    values        the largest |Forma − TransformerLens| of every sweep.
+    attribution   attribution_patch (every sweep at once, lab.analysis.attribution) against the patching
+                  sweeps it estimates (resid_pre, attn_out, mlp_out, resid_post, heads; heads by position with
+                  --heads-by-position), and its agreement with each: Pearson r of the effects (value − corrupted)
+                  over the cells, and the overlap of the k cells of largest |effect|.
+    zoo           the same agreement on every trained decoder-only zoo model (models/NAME, or $FORMA_ZOO_DIR),
+                  on one random prompt from its vocabulary corrupted at a quarter of its length.
+
+GPT2Config(n_layer=12, n_embd=768, n_head=12, vocab_size=50257), random weights (seed 0), converted with
+lab.hf.from_hf; one prompt of 32 random tokens, the corrupted prompt differing at position 8; the metric is
+the logit difference, at the last position, between the clean and the corrupted run's top tokens. Every
+figure is a median of interleaved rounds (one by default: a sweep is itself hundreds of forward passes for
+TransformerLens, 1,296 of GPT-2 small in one round, which is what keeps the run near 5 minutes on two
+quiet cores). Targets: every sweep ≤ 0.2× TransformerLens's on the bridge; values equal to
+≤ 1e-5. Writes benchmarks/results/patching.json.
+
+    python -m benchmarks.patching [--quick] [--rounds 1] [--layers 12] [--tokens 32] [--heads-by-position]
+
+--quick: 4 layers and 12 tokens (GPT-2-small widths and vocabulary kept): a smoke run.
+"""
+
+import argparse
+import copy
+import tempfile
+import time
+from typing import Any
+
+import torch
+
+from benchmarks.timing import interleaved, machine, write
+from lab.analysis.attribution import attribution_patch
+from lab.analysis.patching import logit_diff, patch_heads, patch_heads_by_position, patch_positions
+from lab.hf import from_hf
+from lab.tokenize import to_hf_tokenizer, word_level
+
+VOCAB = 50257
+TOP_K = 10
+
+
+def models(layers: int) -> tuple[Any, Any]:
+    """Forma's model and the TransformerBridge on one set of random GPT-2-small-shaped weights."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformer_lens.model_bridge import TransformerBridge
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=layers, n_embd=768, n_head=12, vocab_size=VOCAB, n_positions=1024,
+                     bos_token_id=None, eos_token_id=None)
+    hf = GPT2LMHeadModel(cfg).eval()
+    ours = from_hf(hf).eval()
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer = to_hf_tokenizer(word_level([f"w{i}" for i in range(VOCAB - 4)]), tmp)
+        bridge = TransformerBridge.boot_transformers("gpt2", hf_model=copy.deepcopy(hf), tokenizer=tokenizer,
+                                                     device="cpu")
+    bridge.enable_compatibility_mode(disable_warnings=True, no_processing=True)
+    return ours, bridge.eval()
+
+
+def prompts(vocab: int, tokens: int, corrupt_at: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    clean = torch.randint(0, vocab, (1, tokens), generator=g)
+    corrupted = clean.clone()
+    corrupted[0, corrupt_at] = (clean[0, corrupt_at] + 1 + torch.randint(0, vocab - 1, (1,), generator=g)) % vocab
+    return clean, corrupted
+
+
+def top_tokens_metric(model: Any, clean: torch.Tensor, corrupted: torch.Tensor):
+    """logit(clean run's top token) − logit(corrupted run's top token, or the clean run's second) at the end."""
+    with torch.inference_mode():
+        a = model(clean)[0, -1].topk(2).indices
+        b = int(model(corrupted)[0, -1].argmax())
+    wrong = b if b != int(a[0]) else int(a[1])
+    return logit_diff(int(a[0]), wrong)
+
+
+def agreement(estimate: torch.Tensor, truth: torch.Tensor, corrupted: float, k: int = TOP_K) -> dict:
+    """Pearson r of the effects (value − corrupted) over the cells, and the share of the truth's k cells of
+    largest |effect| that are among the estimate's k."""
+    a, b = (estimate - corrupted).flatten().double(), (truth - corrupted).flatten().double()
+    k = min(k, a.numel())
+    top = lambda x: set(x.abs().topk(k).indices.tolist())  # noqa: E731
+    return {"pearson_r": float(torch.corrcoef(torch.stack([a, b]))[0, 1]), "top_k": k,
+            "top_k_overlap": len(top(a) & top(b)) / k, "cells": a.numel()}
+
+
+def bench_sweeps(ours: Any, bridge: Any, clean: torch.Tensor, corrupted: torch.Tensor, metric, rounds: int,
+                 heads_by_position: bool) -> dict:
+    import transformer_lens.patching as tl
+
+    with torch.inference_mode():
+        cache = bridge.run_with_cache(clean)[1]
+    sweeps = {
+        "resid_pre": (lambda: patch_positions(ours, clean, corrupted, "resid_pre", metric).values,
+                      lambda: tl.get_act_patch_resid_pre(bridge, corrupted, cache, metric)),
+        "attn_out": (lambda: patch_positions(ours, clean, corrupted, "attn_out", metric).values,
+                     lambda: tl.get_act_patch_attn_out(bridge, corrupted, cache, metric)),
+        "mlp_out": (lambda: patch_positions(ours, clean, corrupted, "mlp_out", metric).values,
+                    lambda: tl.get_act_patch_mlp_out(bridge, corrupted, cache, metric)),
+        "heads": (lambda: patch_heads(ours, clean, corrupted, metric).values,
+                  lambda: tl.get_act_patch_attn_head_out_all_pos(bridge, corrupted, cache, metric)),
+    }
+    if heads_by_position:  # TransformerLens's is [layer, pos, head]; ours [layer, head, pos]
+        sweeps["heads_by_position"] = (
+            lambda: patch_heads_by_position(ours, clean, corrupted, metric).values,
+            lambda: tl.get_act_patch_attn_head_out_by_pos(bridge, corrupted, cache, metric).transpose(1, 2))
+    out = {}
+    for name, (forma, theirs) in sweeps.items():
+        values = {}
+
+        def run(key: str, fn) -> None:
+            values[key] = fn()
+
+        t = interleaved({"forma": lambda: run("forma", forma), "tl_bridge": lambda: run("tl", theirs)},
+                        rounds=rounds, warmup=0)
+        out[name] = {"timing": t, "ratio_vs_tl_bridge": t["forma"]["median_s"] / t["tl_bridge"]["median_s"],
+                     "max_abs_diff": float((values["forma"] - values["tl"]).abs().max()),
+                     "cells": values["forma"].numel()}
+        print(f"{name}: {out[name]['ratio_vs_tl_bridge']:.3f}× TransformerLens on the bridge, "
+              f"max |diff| {out[name]['max_abs_diff']:.1e}", flush=True)
+    return out
+
+
+def bench_attribution(ours: Any, clean: torch.Tensor, corrupted: torch.Tensor, metric, rounds: int,
+                      heads_by_position: bool) -> dict:
+    truth: dict[str, Any] = {}
+
+    def sweeps() -> None:
+        for component in ("resid_pre", "attn_out", "mlp_out", "resid_post"):
+            truth[component] = patch_positions(ours, clean, corrupted, component, metric)
+        truth["heads"] = patch_heads(ours, clean, corrupted, metric)
+        if heads_by_position:
+            truth["heads_by_position"] = patch_heads_by_position(ours, clean, corrupted, metric)
+
+    estimate: dict[str, Any] = {}
+    t = interleaved({"attribution": lambda: estimate.update(attribution_patch(ours, clean, corrupted, metric)),
+                     "sweeps": sweeps}, rounds=rounds, warmup=0)
+    return {"timing": t, "ratio_vs_sweeps": t["attribution"]["median_s"] / t["sweeps"]["median_s"],
+            "swept": sorted(truth),
+            "agreement": {name: agreement(estimate[name].values, truth[name].values, truth[name].corrupted)
+                          for name in truth}}
+
+
+def zoo_agreement(tokens: int) -> dict:
+    """Attribution against the exhaustive sweeps on every trained zoo model, one prompt from its vocabulary."""
+    from lab import HookedTransformer
+    from lab.zoo import is_trained, load_recipe, zoo_names
+
+    out = {}
+    for name in zoo_names():
+        # an encoder-decoder (dates) has no decoder-only sweep
+        if not is_trained(name) or load_recipe(name)["model"].get("kind", "decoder_only") != "decoder_only":
+            continue
+        model = HookedTransformer.from_pretrained(name).eval()
+        n = min(tokens, model.cfg.n_ctx)
+        clean, corrupted = prompts(model.cfg.d_vocab, n, n // 4)
+        metric = top_tokens_metric(model, clean, corrupted)
+        estimate = attribution_patch(model, clean, corrupted, metric)
+        truth = {c: patch_positions(model, clean, corrupted, c, metric)
+                 for c in ("resid_pre", "attn_out", "mlp_out", "resid_post")}
+        truth["heads"] = patch_heads(model, clean, corrupted, metric)
+        truth["heads_by_position"] = patch_heads_by_position(model, clean, corrupted, metric)
+        out[name] = {"tokens": n, "agreement": {s: agreement(estimate[s].values, truth[s].values, truth[s].corrupted)
+                                                for s in truth}}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="4 layers, 12 tokens")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--layers", type=int, default=None)
+    parser.add_argument("--tokens", type=int, default=None)
+    parser.add_argument("--heads-by-position", action="store_true")
+    args = parser.parse_args()
+    layers = args.layers or (4 if args.quick else 12)
+    tokens = args.tokens or (12 if args.quick else 32)
+    rounds = args.rounds
+    corrupt_at = min(8, tokens // 4)
+    start = time.perf_counter()
+    ours, bridge = models(layers)
+    clean, corrupted = prompts(VOCAB, tokens, corrupt_at)
+    metric = top_tokens_metric(ours, clean, corrupted)
+    results: dict[str, Any] = {
+        "machine": machine(),
+        "shape": {"layers": layers, "d_model": 768, "n_heads": 12, "vocab": VOCAB, "tokens": tokens,
+                  "corrupted_position": corrupt_at, "rounds": rounds, "quick": args.quick},
+        "targets": {"ratio_vs_tl_bridge": 0.2, "max_abs_diff": 1e-5},
+        "sweeps": bench_sweeps(ours, bridge, clean, corrupted, metric, rounds, args.heads_by_position)}
+    del bridge
+    results["attribution"] = bench_attribution(ours, clean, corrupted, metric, rounds, args.heads_by_position)
+    print(f"attribution: {results['attribution']['ratio_vs_sweeps']:.4f}× the sweeps; r = "
+          + ", ".join(f"{k} {v['pearson_r']:.3f}" for k, v in results["attribution"]["agreement"].items()), flush=True)
+    results["zoo"] = zoo_agreement(tokens)
+    results["wall_s"] = time.perf_counter() - start
+    print(f"wrote {write('patching', results)}")
+
+
+if __name__ == "__main__":
+    main()
