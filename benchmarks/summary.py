@@ -111,6 +111,41 @@ def demo_lines(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def patching_lines(r: dict[str, Any]) -> list[str]:
+    shape, attribution = r["shape"], r["attribution"]
+    lines = [f"## Patching sweeps at {shape['layers']} layers × d_model {shape['d_model']}, vocab {shape['vocab']}, "
+             f"{shape['tokens']} tokens (benchmarks/patching.py{', --quick' if shape.get('quick') else ''})", "",
+             f"{r['machine']['utc']} · {shape['rounds']} round(s)", "",
+             "| sweep | Forma s | TransformerLens on the bridge s | ratio | max abs diff | target |", "|---|---|---|---|---|---|"]
+    lines += [f"| {name} | {row['timing']['forma']['median_s']:.1f} | {row['timing']['tl_bridge']['median_s']:.1f} | "
+              f"{row['ratio_vs_tl_bridge']:.3f}× | {row['max_abs_diff']:.1e} | ≤ 0.2×, ≤ 1e-5 |"
+              for name, row in r["sweeps"].items()]
+    agreement = ", ".join(f"{name} {row['pearson_r']:.3f}" for name, row in attribution["agreement"].items())
+    lines += ["", f"Attribution patching: {attribution['ratio_vs_sweeps']:.3f}× the time of the sweeps it estimates; "
+              f"Pearson r against them: {agreement}."]
+    return lines
+
+
+def harvest_lines(r: dict[str, Any]) -> list[str]:
+    ratio, small, corpus = r["ratio"], r["memory_gpt2_small"], r["corpus"]
+    shape = ratio["shape"]
+    lines = [f"## Activation harvesting (benchmarks/harvest.py)", "",
+             f"{r['machine']['utc']} · GPT-2-small shapes ({shape['n_layers']} layers × {shape['d_model']}, vocab "
+             f"{shape['d_vocab']}), {ratio['tokens_per_round']} tokens a round, medians of {ratio['rounds']}", "",
+             "| what | Forma | peer | ratio | target |", "|---|---|---|---|---|"]
+    for where in ("early", "middle"):
+        lines.append(f"| harvest {ratio['hooks'][where]} to shards vs the bridge's run_with_cache (names_filter), "
+                     f"tokens/s | {ratio[f'forma_tokens_per_s_{where}']:.0f} | {ratio[f'bridge_tokens_per_s_{where}']:.0f} | "
+                     f"{ratio[f'throughput_vs_bridge_{where}']:.2f}× | ≥ 2× |")
+    for name, row in (("GPT-2 small", small), (f"{corpus['tokens']:,} tokens, {corpus['size']} model", corpus)):
+        lines.append(f"| peak memory of a harvest ({name}) vs one batch's run_with_cache, MB | "
+                     f"{row['harvest_peak_rss_mb']:.0f} | {row['one_batch_run_with_cache_peak_rss_mb']:.0f} | "
+                     f"{row['harvest_vs_one_batch']:.2f}× | ≤ {row['target_harvest_vs_one_batch']:g}× |")
+    lines += ["", f"Corpus harvest: {corpus['tokens']:,} tokens of {corpus['hook']} at {corpus['tokens_per_s']:.0f} "
+              f"tokens/s into {corpus['shards']} shards ({corpus['gb_written']:.2f} GB)."]
+    return lines
+
+
 def write_summary(device: str = "cpu") -> Path:
     suffix = "" if device == "cpu" else f"_{device}"
     lines = [f"# Forma benchmarks ({device})", ""]
@@ -119,7 +154,8 @@ def write_summary(device: str = "cpu") -> Path:
         lines += peers_lines(peers)
     if device == "cpu":
         for name, render in (("forward", forward_lines), ("walltime", walltime_lines), ("dashboard", dashboard_lines),
-                              ("demo", demo_lines), ("cli", cli_lines)):
+                              ("demo", demo_lines), ("cli", cli_lines), ("patching", patching_lines),
+                              ("harvest", harvest_lines)):
             results = _read(name)
             if results:
                 lines += ["", *render(results)]
