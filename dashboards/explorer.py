@@ -77,7 +77,7 @@ def open_model(name: str) -> Opened | None:
     except UnsupportedArchitecture as unsupported:
         try:
             wrapped = load_bridge(str(folder), model_version(name))
-        except (FileNotFoundError, ValueError, KeyError, OSError, RuntimeError) as err:
+        except (FileNotFoundError, ValueError, KeyError, OSError, RuntimeError, NotImplementedError) as err:
             st.error(f"Forma does not convert `{name}` ({unsupported}), and TransformerBridge could not wrap it "
                      f"either: {err}")
             return None
@@ -412,13 +412,14 @@ def show_trust(opened: Opened, name: str) -> None:
             st.caption(f"From `{path}`")
         except ValueError as err:
             st.warning(f"{err}; run `forma trust {name}` again.")
-    if report is None and st.session_state.get("trust_checked") == name:
-        report = trust_report(opened.model)
-        st.caption(f"Checked now; `forma trust {name}` writes it beside the model.")
+    if report is None and "trust_checked" in st.session_state:  # checked here (forgotten with the model)
+        report = st.session_state["trust_checked"]
+        st.caption(f"Checked here; `forma trust {name}` writes it beside the model.")
     if report is None:
         st.info(f"No trust report yet: run `forma trust {name}`, or check it here.")
         if st.button("Run the trust checks", key="trust_button"):
-            st.session_state["trust_checked"] = name
+            with st.spinner("Checking…"):
+                st.session_state["trust_checked"] = trust_report(opened.model)
             st.rerun()
         return
     try:

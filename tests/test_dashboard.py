@@ -364,6 +364,10 @@ def test_explorer_reads_any_local_hugging_face_folder(empty, tmp_path):
     assert not at.exception, at.exception
     assert "converted to a Forma model by lab.hf.from_hf" in texts(at)
     assert {"attention", "lens", "patching", "patching_heads", "heads"} <= {c.key for c in at.get("plotly_chart")}
+    assert "No trust report yet" in texts(at)
+    at.button(key="trust_button").click().run()
+    assert not at.exception, at.exception
+    assert "Hugging Face logits" in at.code[0].value and "fused vs explicit attention" in at.code[0].value
     at.text_input(key="model_path").input(str(gptj)).run()
     assert not at.exception, at.exception
     assert "TransformerBridge" in texts(at) and "a bridged model shows attention" in texts(at)
