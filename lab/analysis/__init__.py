@@ -5,8 +5,11 @@
     probes        ridge, logistic and small MLP probes with cross-validated regularisation,
                   group-aware splits, bootstrap intervals, controls; probe direction → steering vector
     patching      activation patching clean ↔ corrupted over (layer × position) and (layer × head)
+    counterfactual  one-token corruptions of a prompt that change the model's prediction (patching pairs)
+    heads         previous-token, duplicate-token and induction scores of every head
+    lens          logit lens, the ground-truth lens (KL to a world's true law per layer), direct logit attribution
     steering      add a vector at a hook while generating, with or without the KV cache
 
-Each works on a HookedTransformer; `activations` and `patching` also accept a TransformerLens
+Each works on a HookedTransformer; `activations`, `patching`, `counterfactual` and `heads` also accept a TransformerLens
 TransformerBridge (anything with `hooks()`, `hook_dict` and a forward on token ids).
 """
