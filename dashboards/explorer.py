@@ -482,7 +482,8 @@ def describe(opened: Opened) -> str:
     return " · ".join(parts + [f"vocab {cfg.d_vocab}", f"context {cfg.n_ctx}"])
 
 
-FORMA_ONLY = "This view reads Forma's own model (its residual stream and unembedding); a bridged model shows attention, patching and head detectors."
+FORMA_ONLY = ("This view reads Forma's own model (its residual stream and unembedding); a bridged model shows "
+              "attention, patching and head detectors.")
 
 st.title("Explorer")
 name = choose_model()
