@@ -32,7 +32,7 @@ $(SAE_STAMP): $(STAMP) pyproject.toml constraints-sae.txt
 
 # The SAE environment's tests first (test-sae), then the whole suite in .venv.
 test: $(STAMP) test-sae
-	$(OFFLINE) $(BIN)/python -m pytest -q
+	$(OFFLINE) $(BIN)/python -m pytest -q --durations=25
 
 # SAELens' trainer on a Forma hook (tests/sae), and the model's own tests on transformer-lens 3.9.
 test-sae: $(SAE_STAMP)
@@ -40,15 +40,17 @@ test-sae: $(SAE_STAMP)
 
 # Peers first (minutes), then what a user waits for (about an hour: a fresh clone's install, `make demo`,
 # every experiment's profiles); then the dashboard's response times over this checkout's models and runs,
-# the monitor's overhead and the command line's start.
+# the monitor's overhead, the command line's start and how soon `forma demo` serves and shows progress.
 bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.forward
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.peers
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.activations
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.harvest
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.walltime
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.dashboard
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.monitor
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.cli
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.demo
 
 demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/forma demo $(DEMO_ARGS)

@@ -63,11 +63,17 @@ def walltime_lines(results: dict[str, Any]) -> list[str]:
     if demo:
         lines.append(f"| `make demo` after install, until the dashboard serves | {demo['until_dashboard_serves_s']:.0f} "
                      "| ≤ 480 |")
+    rows = []
     for name, profiles in sorted((results.get("experiments") or {}).items()):
         for profile, target in (("quick", "≤ 90"), ("default", "≤ 600")):
             if profile in profiles:
-                lines.append(f"| `forma run {name}{' --quick' if profile == 'quick' else ''}` | "
-                             f"{profiles[profile]['process_s']:.0f} | {target} |")
+                entry = profiles[profile]
+                measured_at = f"commit {entry['commit'][:10]}, load {entry['load_average_1min_at_start']:.1f}" \
+                    if "commit" in entry else "the commit above"
+                rows.append(f"| `forma run {name}{' --quick' if profile == 'quick' else ''}` | "
+                            f"{entry['process_s']:.0f} | {target} | {measured_at} |")
+    if rows:
+        lines += ["", "| experiment | seconds | target | measured at |", "|---|---|---|---|", *rows]
     return lines
 
 
@@ -91,6 +97,20 @@ def cli_lines(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def demo_lines(results: dict[str, Any]) -> list[str]:
+    timing = results["timing"]
+    lines = [f"## Demo start (`{results['command']}`; benchmarks/demo.py)", "",
+             f"{results['machine']['utc']} · medians of {timing['first_page']['rounds']} starts · load average at the "
+             f"start {results['machine']['load_average_1_5_15'][0]:.2f}", "",
+             "| from `forma demo` start to | seconds | target |", "|---|---|---|"]
+    for key, what, target in (("health", "the health check answers", "—"),
+                              ("first_page", "the first page drawn in Chromium", f"≤ {results['target_first_page_s']:g}"),
+                              ("first_progress", "the first progress on a page", "—"),
+                              ("first_step", "that progress counting steps", "—")):
+        lines.append(f"| {what} | {timing[key]['median_s']:.1f} | {target} |")
+    return lines
+
+
 def write_summary(device: str = "cpu") -> Path:
     suffix = "" if device == "cpu" else f"_{device}"
     lines = [f"# Forma benchmarks ({device})", ""]
@@ -99,7 +119,7 @@ def write_summary(device: str = "cpu") -> Path:
         lines += peers_lines(peers)
     if device == "cpu":
         for name, render in (("forward", forward_lines), ("walltime", walltime_lines), ("dashboard", dashboard_lines),
-                              ("cli", cli_lines)):
+                              ("demo", demo_lines), ("cli", cli_lines)):
             results = _read(name)
             if results:
                 lines += ["", *render(results)]

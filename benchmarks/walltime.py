@@ -41,7 +41,8 @@ def timed_run(command: list[str], cwd: Path, env: dict[str, str], log: Path) -> 
 
 
 def time_demo(clone: Path, env: dict[str, str], log: Path, limit_s: float = 3600) -> dict[str, float]:
-    """`make demo` until its dashboard answers; the demo's own 'ready' line gives the time before serving."""
+    """`make demo` until its dashboard answers (it serves first, while its jobs run), then until the demo
+    reports every job done ("[demo] ready in N s": every page filled in)."""
     port = free_port()
     start = time.perf_counter()
     with log.open("w") as out:
@@ -50,17 +51,29 @@ def time_demo(clone: Path, env: dict[str, str], log: Path, limit_s: float = 3600
         try:
             wait_until_serving(f"http://127.0.0.1:{port}", process, timeout_s=limit_s)
             serving = time.perf_counter() - start
+            while not ready_lines(log):
+                if process.poll() is not None:
+                    raise RuntimeError(f"make demo ended before its jobs were done; see {log}")
+                if time.perf_counter() - start > limit_s:
+                    raise RuntimeError(f"make demo was not ready after {limit_s:.0f} s; see {log}")
+                time.sleep(1)
+            filled = time.perf_counter() - start
         finally:
             os.killpg(process.pid, signal.SIGTERM)
             process.wait(timeout=30)
-    ready = [line for line in log.read_text().splitlines() if line.startswith("[demo] ready in")]
-    return {"until_dashboard_serves_s": serving,
-            "demo_reported_ready_s": float(ready[-1].split()[3]) if ready else None}
+    return {"until_dashboard_serves_s": serving, "until_every_job_done_s": filled,
+            "demo_reported_ready_s": float(ready_lines(log)[-1].split()[3])}
+
+
+def ready_lines(log: Path) -> list[str]:
+    return [line for line in log.read_text().splitlines() if line.startswith("[demo] ready in")]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="*", choices=STEPS, help="steps to time (default: all)")
+    parser.add_argument("--profiles", nargs="*", choices=("quick", "default"), default=["quick", "default"],
+                        help="the experiments step's profiles (default: both)")
     parser.add_argument("--keep", action="store_true", help="keep the clone (its path is printed)")
     args = parser.parse_args()
     steps = set(args.only or STEPS)
@@ -92,11 +105,16 @@ def main() -> None:
             profiles = results.setdefault("experiments", {})
             for name in names:
                 for profile, flags in (("quick", ["--quick"]), ("default", [])):
+                    if profile not in args.profiles:
+                        continue
                     out = root / "runs" / f"{name}-{profile}"
+                    load = os.getloadavg()[0]
                     seconds = timed_run([forma, "run", name, *flags, "--out", str(out)], clone, env,
                                         logs / f"{name}-{profile}.log")
                     recorded = json.loads((out / "provenance.json").read_text()).get("wall_time_s")
-                    profiles.setdefault(name, {})[profile] = {"process_s": seconds, "experiment_s": recorded}
+                    # Entries of earlier invocations stay: each names the commit and load it was measured at.
+                    profiles.setdefault(name, {})[profile] = {"process_s": seconds, "experiment_s": recorded,
+                                                              "commit": commit, "load_average_1min_at_start": load}
                     print(f"forma run {name} {' '.join(flags)}: {seconds:.0f} s", flush=True)
     finally:
         results["clone"] = str(clone) if args.keep else None

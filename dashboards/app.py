@@ -15,6 +15,7 @@ pages = [
     st.Page(HERE / "calibration.py", title="Calibration"),
     st.Page(HERE / "monitor.py", title="Hallucination monitor"),
     st.Page(HERE / "equations.py", title="Equations"),
+    st.Page(HERE / "compare.py", title="Compare runs"),
     st.Page(HERE / "training.py", title="Training curves"),
 ]
 st.navigation(pages).run()

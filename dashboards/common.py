@@ -22,7 +22,7 @@ EXPERIMENTS = {
     "equations": "The seeds' equations",
     "monitor": "Catching hallucinations while they are generated",
 }
-RESERVED_JSON = {"results", "config", "provenance", "world", "card"}
+RESERVED_JSON = {"results", "config", "provenance", "world", "card", ".progress"}
 
 
 def rerun(experiment: str) -> str:
@@ -128,7 +128,10 @@ def show_run(experiment: str, render: Callable[[Path, dict], None], fields: Fiel
 def show_run_header(experiment: str) -> tuple[Path | None, dict | None]:
     """Title, the run's provenance line, or the message that says how to make a run."""
     st.title(EXPERIMENTS[experiment])
+    working = show_progress("run", experiment)
     folder, results, problem = latest_run(experiment)
+    if problem and folder is None and working:  # no run yet, one on its way: its progress says so
+        return None, None
     if problem:
         (st.warning if folder else st.info)(problem)
         return None, None
@@ -259,3 +262,40 @@ def show_headlines(results: dict) -> None:
     if unsupported:
         st.markdown("**Not shown, because this run cannot support it:**\n"
                     + "\n".join(f"- {h.get('name')}: {h.get('why_not') or 'no reason recorded'}" for h in unsupported))
+
+
+PROGRESS_REFRESH_S = 2.0  # how often a page looks at its job's progress file while the job works
+
+
+def show_progress(kind: str, name: str) -> bool:
+    """The progress of the job that is making this page's run (kind "run": `forma run NAME`) or model (kind
+    "model": `forma train NAME`): its step / total, elapsed time and ETA (lab.progress), looked at again every
+    PROGRESS_REFRESH_S; once the job has finished, the whole page runs again and shows its results. A page
+    with no run yet keeps looking, so that a job started after it was opened (`forma demo`) appears too.
+    True when such a job is at work."""
+    from lab.progress import model_finished, model_progress, run_progress
+    from lab.runs import latest_run as newest
+
+    read, finished = {"run": (run_progress, newest), "model": (model_progress, model_finished)}[kind]
+    shown = finished(name)
+    first = read(name)
+    working = first is not None and first.active
+
+    def body() -> None:
+        progress = read(name)
+        if finished(name) != shown or (progress is not None and progress.active) != working:
+            st.rerun()  # a job began, or ended and wrote its results: the whole page again
+        if progress is None:
+            return
+        if progress.active:
+            st.progress(progress.fraction or 0.0, text=f"`{progress.line()}`")
+            if shown is not None:
+                st.caption("What follows is the previous " + ("run" if kind == "run" else "model")
+                           + "; the page fills in again when this job ends.")
+        elif progress.state == "failed":
+            st.warning(f"`{progress.job}` failed: {progress.error}. Its log says more "
+                       f"(`forma demo` keeps it in runs/demo/).")
+
+    waiting = working or (kind == "run" and shown is None)
+    st.fragment(body, run_every=PROGRESS_REFRESH_S if waiting else None)()
+    return working

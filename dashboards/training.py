@@ -5,10 +5,12 @@ import json
 import plotly.graph_objects as go
 import streamlit as st
 
-from dashboards.common import zoo_dir
+from dashboards.common import show_progress, zoo_dir
 from lab.folders import zoo_names
 
 st.title("Training curves")
+for model_name in zoo_names():
+    show_progress("model", model_name)
 available = [n for n in zoo_names() if (zoo_dir() / n / "train" / "metrics.jsonl").is_file()]
 if not available:
     st.info("No trained zoo model yet. Train one with `forma train pydoc` (or `make demo`).")

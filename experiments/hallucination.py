@@ -80,6 +80,7 @@ from lab.metrics.hallucination import (bin_table, bound_slack, kl_hat, missing_m
                                        singleton_calibration_delta)
 from lab.metrics.statistics import sign, spearman
 from lab.model import HookedTransformer, KVCache, KVCacheEntry, ModelConfig
+from lab.parallel import run_tasks
 from lab.runs import headline, save_figure, save_table
 from lab.tokenize import word_level
 from lab.train import SequenceBatches, TrainConfig, train
@@ -145,6 +146,7 @@ class Config:
     upweight_lr: float = 1e-3
     upweight_draws: int = 3  # independent draws of the repeated blocks; a condition's figures are their mean
     threads: int = 1  # torch intra-op threads (tiny tensors: more threads cost more than they gain)
+    workers: int = 2  # processes for the independent trainings (lab.parallel); results do not depend on it
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -160,7 +162,7 @@ class Config:
              f"attribute must be a lower-case word, got {self.attribute!r}")
         for name in ("n_first_names", "n_last_names", "n_persons", "n_train", "n_values", "n_heldout", "d_model",
                      "n_layers", "n_heads", "batch_size", "n_samples", "upweight_epochs", "upweight_factor",
-                     "upweight_draws", "threads"):
+                     "upweight_draws", "threads", "workers"):
             value = getattr(self, name)
             need(value > 0,
                  f"{name} must be a positive integer, got {value!r}")
@@ -486,6 +488,7 @@ class SweepRun:
     singleton: list[dict[str, Any]] = field(default_factory=list)
     optimum_epoch: int = 0
     optimum_state: dict[str, Tensor] | None = None
+    seconds: float = 0.0  # its own time, in whichever process ran it
 
 
 def _record(run: SweepRun, model: HookedTransformer, cfg: Config, epoch: int, label: str, seed: int) -> None:
@@ -500,6 +503,7 @@ def _record(run: SweepRun, model: HookedTransformer, cfg: Config, epoch: int, la
 
 def sweep_gamma(cfg: Config, gamma: float, work: Path) -> SweepRun:
     """Train at shape γ in one-epoch stages; measure at cfg.epochs and at the held-out optimum."""
+    began = time.perf_counter()
     setting = make_setting(cfg, gamma)
     run = SweepRun(setting)
     model = make_model(cfg, setting)
@@ -522,6 +526,7 @@ def sweep_gamma(cfg: Config, gamma: float, work: Path) -> SweepRun:
             _record(run, model, cfg, epoch, f"epoch {epoch}", seed=cfg.seed + epoch)
     model.load_state_dict(run.optimum_state)
     _record(run, model, cfg, run.optimum_epoch, "optimum", seed=cfg.seed + 1000)
+    run.seconds = time.perf_counter() - began
     return run
 
 
@@ -557,33 +562,38 @@ UPWEIGHT_KEYS = ("hallucination_rate", "miscalibration_tv_eps", "miscalibration_
                  "recall_seen", "malformed_rate", "unseen_person_mass")
 
 
-def upweight(cfg: Config, run: SweepRun) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """From the held-out optimum, the same optimizer steps (matched compute) on each condition's data.
+def upweighting_tasks(cfg: Config, run: SweepRun) -> list[tuple[Any, ...]]:
+    """One training per condition and draw of its blocks (the control, the full sample, once: it does not
+    depend on the draw), each from the held-out optimum of `run`: lab.parallel tasks."""
+    names = list(upweighting_conditions(cfg, run.setting))
+    return [(upweight_condition, cfg, run, draw, condition) for draw in range(cfg.upweight_draws)
+            for condition in names if not (condition == CONTROL and draw > 0)]
 
-    Returns (summary, per_draw): one row per condition with the mean over `cfg.upweight_draws` draws of
-    its blocks (and the standard error of g(H) over them), and one row per condition and draw.
-    """
+
+def upweight_condition(cfg: Config, run: SweepRun, draw: int, condition: str) -> dict[str, Any]:
+    """From the held-out optimum, the same optimizer steps (matched compute) on one condition's data."""
+    began = time.perf_counter()
     setting = run.setting
     steps = cfg.upweight_epochs * (cfg.n_train // cfg.batch_size)
     train_cfg = TrainConfig(steps=steps, batch_size=cfg.batch_size, seq_len=setting.doc_len, lr=cfg.upweight_lr,
                             min_lr=cfg.upweight_lr / 10, warmup_steps=min(cfg.warmup_steps, steps),
                             eval_interval=steps, eval_batches=1, seed=cfg.seed)
-    per_draw: list[dict[str, Any]] = []
-    for draw in range(cfg.upweight_draws):
-        conditions = upweighting_conditions(cfg, setting, draw)
-        for condition, rows in conditions.items():
-            if condition == CONTROL and draw > 0:  # the full sample does not depend on the draw
-                continue
-            model = make_model(cfg, setting)
-            model.load_state_dict(run.optimum_state)
-            train(model, train_cfg, SequenceBatches(rows, setting.heldout_rows), progress=False)
-            metrics, _, _ = measure(model, setting, cfg, seed=cfg.seed + 2000)
-            logger.info("upweighting, draw %d, %s: g(H) %.4f, Mis %.4f, recall %.3f", draw, condition,
-                        metrics["hallucination_rate"], metrics["miscalibration_tv_eps"], metrics["recall_seen"])
-            # Distinct training examples repeated ×factor (the alone condition holds only them).
-            repeated = (len(rows) - cfg.n_train * (not condition.endswith("alone"))) // cfg.upweight_factor
-            per_draw.append({"condition": condition, "draw": draw, "n_documents": len(rows), "steps": steps,
-                             "documents_seen": steps * cfg.batch_size, "upweighted_examples": repeated, **metrics})
+    rows = upweighting_conditions(cfg, setting, draw)[condition]
+    model = make_model(cfg, setting)
+    model.load_state_dict(run.optimum_state)
+    train(model, train_cfg, SequenceBatches(rows, setting.heldout_rows), progress=False)
+    metrics, _, _ = measure(model, setting, cfg, seed=cfg.seed + 2000)
+    logger.info("upweighting, draw %d, %s: g(H) %.4f, Mis %.4f, recall %.3f", draw, condition,
+                metrics["hallucination_rate"], metrics["miscalibration_tv_eps"], metrics["recall_seen"])
+    # Distinct training examples repeated ×factor (the alone condition holds only them).
+    repeated = (len(rows) - cfg.n_train * (not condition.endswith("alone"))) // cfg.upweight_factor
+    return {"condition": condition, "draw": draw, "n_documents": len(rows), "steps": steps,
+            "documents_seen": steps * cfg.batch_size, "upweighted_examples": repeated, **metrics,
+            "seconds": time.perf_counter() - began}
+
+
+def summarise_upweighting(per_draw: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per condition: the mean over its draws (and the standard error of g(H) over them)."""
     summary = []
     for condition in dict.fromkeys(r["condition"] for r in per_draw):
         rows = [r for r in per_draw if r["condition"] == condition]
@@ -594,7 +604,7 @@ def upweight(cfg: Config, run: SweepRun) -> tuple[list[dict[str, Any]], list[dic
                   "miscalibration_tv_eps_draws": [r["miscalibration_tv_eps"] for r in rows],
                   "hallucination_rate_se": float(rates.std(ddof=1) / math.sqrt(len(rates))) if len(rates) > 1 else 0.0}
         summary.append(entry)
-    return summary, per_draw
+    return summary
 
 
 # --------------------------------------------------------------------------------------------
@@ -831,20 +841,25 @@ def run(cfg: Config, out: Path) -> dict:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     timing: dict[str, float] = {}
-    start, cpu_start = time.perf_counter(), time.process_time()
+    start = time.perf_counter()
     with torch_threads(cfg.threads), tempfile.TemporaryDirectory(prefix="hallucination-") as tmp:
-        runs = []
-        for gamma in cfg.gammas:
-            began = time.perf_counter()
-            runs.append(sweep_gamma(cfg, gamma, Path(tmp) / f"gamma-{gamma}"))
-            timing[f"sweep_gamma_{gamma}_s"] = time.perf_counter() - began
-        began = time.perf_counter()
-        base = next((r for r, g in zip(runs, cfg.gammas) if g == cfg.upweight_gamma), None)
-        if base is None:
-            base = sweep_gamma(dataclasses.replace(cfg, epochs=(cfg.epochs[-1],)), cfg.upweight_gamma,
-                               Path(tmp) / "upweight-base")
-        upweighting, upweighting_draws = upweight(cfg, base)
-        timing["upweighting_s"] = time.perf_counter() - began
+        # Every γ trains alone, and every upweighting condition from the optimum of upweight_gamma's run (its
+        # own run when that γ is not swept): cfg.workers processes share them out, results independent of it.
+        tasks = [(sweep_gamma, cfg, gamma, Path(tmp) / f"gamma-{gamma}") for gamma in cfg.gammas]
+        if cfg.upweight_gamma in cfg.gammas:
+            base_index = cfg.gammas.index(cfg.upweight_gamma)
+        else:
+            base_index = len(tasks)
+            tasks.append((sweep_gamma, dataclasses.replace(cfg, epochs=(cfg.epochs[-1],)), cfg.upweight_gamma,
+                          Path(tmp) / "upweight-base"))
+        done = run_tasks(tasks, workers=cfg.workers, then={base_index: lambda base: upweighting_tasks(cfg, base)},
+                         threads=cfg.threads)
+    runs, base, upweighting_draws = done[:len(cfg.gammas)], done[base_index], done[len(tasks):]
+    for gamma, r in zip(cfg.gammas, runs):
+        timing[f"sweep_gamma_{gamma}_s"] = r.seconds
+    timing["upweighting_s"] = sum(row.pop("seconds") for row in upweighting_draws) + (
+        base.seconds if base_index == len(cfg.gammas) else 0.0)
+    upweighting = summarise_upweighting(upweighting_draws)
 
     sweep = []
     for gamma, r in zip(cfg.gammas, runs):
@@ -899,7 +914,7 @@ def run(cfg: Config, out: Path) -> dict:
                                 "value": fact.value, "p": float(w.p[index]), "count": int(w.train_counts[index])})
     save_table(counts_rows, out, "train_counts")
     figures(out, sweep, runs, upweighting, cfg)
+    # Each part's own time (in its worker), and the run's wall time: with workers > 1 the parts overlap.
     timing["total_s"] = time.perf_counter() - start
-    timing["total_cpu_s"] = time.process_time() - cpu_start  # ≈ the wall time on an idle core (threads = 1)
     results["timing"] = timing
     return results

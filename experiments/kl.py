@@ -82,6 +82,7 @@ from lab.metrics.information import (T_BRACKET, T_GRID, cross_entropy, entropy, 
 from lab.metrics.scaling import ALPHA_RANGE, fit_power_law  # noqa: F401 (experiments.kl.fit_power_law still works)
 from lab.metrics.statistics import sign, t_quantile_975  # noqa: F401
 from lab.model import HookedTransformer, ModelConfig
+from lab.parallel import run_tasks
 from lab.runs import headline, save_figure
 from lab.train import SequenceBatches, TrainConfig, train
 from lab.zoo import load_recipe, make_source
@@ -150,11 +151,14 @@ class Config:
 
     seed: int = 0
     quick: bool = False
+    workers: int = 2  # processes for the independent trainings (lab.parallel); results do not depend on it
 
     def __post_init__(self) -> None:
         check_fields(self)
         if self.seed < 0:
             raise ValueError(f"Config.seed must be a non-negative integer, got {self.seed!r}")
+        if self.workers < 1:
+            raise ValueError(f"Config.workers must be a positive integer, got {self.workers!r}")
 
     @property
     def profile(self) -> Profile:
@@ -362,31 +366,58 @@ def sequences(source: Source, cfg: TrainConfig, seed: int, purpose: str) -> Sequ
 # The run
 # ============================================================================================
 def run(cfg: Config, out: Path) -> dict[str, Any]:
-    """Run the experiment into `out` and return what becomes results.json."""
+    """Run the experiment into `out` and return what becomes results.json. The Markov model (steps 1–3), the
+    hidden-Markov model (5) and each width of the scaling sweep (4) train independently: `cfg.workers`
+    processes share them out (lab.parallel), and the results do not depend on how many."""
+    out = Path(out)
+    clock = time.perf_counter()
+    profile = cfg.profile
+    widths = sorted(set(profile.scaling_d_models), reverse=True)  # the widest first: the longest tasks lead
+    tasks = [(markov_part, cfg, out), (hmm_part, cfg, out)] + [(scaling_point, profile, cfg.seed, d) for d in widths]
     # Every tensor here is tiny: on shared cores one intra-op thread is several times faster than two
-    # (measured), so run on one and give the caller's setting back.
+    # (measured), so each task runs on one, here as in a worker, and the caller's setting comes back.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _run(cfg, Path(out))
+        markov, hmm, *points = run_tasks(tasks, workers=cfg.workers, threads=1)
     finally:
         torch.set_num_threads(threads)
+    scaling = scaling_fit(sorted(points, key=lambda p: p["d_model"]), profile, cfg.seed)
+    seconds = markov.pop("seconds") | hmm.pop("seconds") | {"scaling": sum(p.pop("seconds") for p in points)}
+
+    results: dict[str, Any] = markov | {"scaling": scaling} | hmm
+    results["acceptance"] = acceptance(results)
+    results["headlines"] = headlines(results)
+    began = time.perf_counter()
+    results["figures"] = write_figures(out, results)
+    seconds["figures"] = time.perf_counter() - began
+    # Each part's own time (in its worker), and the run's wall time: with workers > 1 the parts overlap.
+    results["seconds"] = seconds | {"total": time.perf_counter() - clock}
+    results["profile"] = dataclasses.asdict(profile)
+    return results
 
 
-def _run(cfg: Config, out: Path) -> dict[str, Any]:
+def _markov_setting(cfg: Config) -> tuple[MarkovSource, TrainConfig, ModelConfig]:
+    """The recipe's world, training schedule and architecture with the profile's changes, for steps 1–3 and
+    (the same schedule and architecture) step 5."""
     profile = cfg.profile
-    seconds: dict[str, float] = {}
-    clock = time.perf_counter()
     recipe = load_recipe(RECIPE)
     world = recipe["world"] | profile.world
-    source = make_source(world)
     steps = profile.train.get("steps", recipe["train"]["steps"])
     # One evaluation of train's own (small) validation loss per stage; the measurements here are ours.
     train_cfg = TrainConfig.from_dict(recipe["train"] | profile.train | {
         "seed": cfg.seed, "eval_interval": steps, "eval_batches": 2, "checkpoint_interval": 0})
     architecture = recipe["model"] | profile.model | {"d_vocab": world["vocab_size"],
                                                       "tokenizer": f"{RECIPE}-{world['vocab_size']}"}
-    model_cfg = ModelConfig.from_dict(architecture)
+    return make_source(world), train_cfg, ModelConfig.from_dict(architecture)
+
+
+def markov_part(cfg: Config, out: Path) -> dict[str, Any]:
+    """Steps 1–3 on the Markov source: checkpoints, then lens, KL by position and temperature at the last."""
+    profile = cfg.profile
+    seconds: dict[str, float] = {}
+    clock = time.perf_counter()
+    source, train_cfg, model_cfg = _markov_setting(cfg)
     held_out = HeldOut.draw(source, profile.eval_sequences, train_cfg.seq_len, _sample_seed(cfg.seed, "markov-eval"))
     data = sequences(source, train_cfg, cfg.seed, "markov")
     seconds["data"] = time.perf_counter() - clock
@@ -410,27 +441,8 @@ def _run(cfg: Config, out: Path) -> dict[str, Any]:
     rate_check = entropy_rate_check(final.entropy, rate, held_out.complete_from)
     seconds["lens_position_temperature"] = time.perf_counter() - clock
 
-    # 4. Scaling: the same tokens of the order-1 chain for every width.
-    clock = time.perf_counter()
-    scaling = scaling_sweep(profile, cfg.seed)
-    seconds["scaling"] = time.perf_counter() - clock
-
-    # 5. The hidden-Markov source.
-    clock = time.perf_counter()
-    hmm_source = make_source(profile.hmm_world)
-    hmm_train = train_cfg.replace(steps=profile.hmm_steps, eval_interval=profile.hmm_steps,
-                                  warmup_steps=min(train_cfg.warmup_steps, profile.hmm_steps))
-    hmm_held_out = HeldOut.draw(hmm_source, profile.eval_sequences, hmm_train.seq_len, _sample_seed(cfg.seed, "hmm-eval"))
-    hmm_model = HookedTransformer(dataclasses.replace(model_cfg, d_vocab=hmm_source.vocab_size,
-                                                      tokenizer=f"hmm-{hmm_source.vocab_size}"), seed=cfg.seed)
-    hmm = train_with_checkpoints(hmm_model, hmm_train, sequences(hmm_source, hmm_train, cfg.seed, "hmm"), hmm_held_out,
-                                 profile.n_checkpoints, out / "train" / "hmm")
-    hmm_model.save(out / "models" / "hmm")
-    hmm_rate = hmm_source.entropy_rate_estimate(512, 256, seed=_sample_seed(cfg.seed, "hmm-rate"))
-    seconds["hmm"] = time.perf_counter() - clock
-
     order = source.order
-    results: dict[str, Any] = {
+    return {
         "source": {**source.to_dict(), "entropy_rate_nats": rate, "entropy_rate_bits": to_bits(rate),
                    **{f"best_{name}_kl_nats": truncated_context_kl(source, width)
                       for name, width in (("unigram", 0), ("bigram", 1)) if width < order},
@@ -452,7 +464,26 @@ def _run(cfg: Config, out: Path) -> dict[str, Any]:
         "kl_by_position": by_position,
         "temperature": temperature,
         "temperature_min": temperature_min,
-        "scaling": scaling,
+        "seconds": seconds,
+    }
+
+
+def hmm_part(cfg: Config, out: Path) -> dict[str, Any]:
+    """Step 5: the checkpoints of step 1 on the hidden-Markov source, and its entropy rate's estimate."""
+    profile = cfg.profile
+    clock = time.perf_counter()
+    _, train_cfg, model_cfg = _markov_setting(cfg)
+    hmm_source = make_source(profile.hmm_world)
+    hmm_train = train_cfg.replace(steps=profile.hmm_steps, eval_interval=profile.hmm_steps,
+                                  warmup_steps=min(train_cfg.warmup_steps, profile.hmm_steps))
+    hmm_held_out = HeldOut.draw(hmm_source, profile.eval_sequences, hmm_train.seq_len, _sample_seed(cfg.seed, "hmm-eval"))
+    hmm_model = HookedTransformer(dataclasses.replace(model_cfg, d_vocab=hmm_source.vocab_size,
+                                                      tokenizer=f"hmm-{hmm_source.vocab_size}"), seed=cfg.seed)
+    hmm = train_with_checkpoints(hmm_model, hmm_train, sequences(hmm_source, hmm_train, cfg.seed, "hmm"), hmm_held_out,
+                                 profile.n_checkpoints, out / "train" / "hmm")
+    hmm_model.save(out / "models" / "hmm")
+    hmm_rate = hmm_source.entropy_rate_estimate(512, 256, seed=_sample_seed(cfg.seed, "hmm-rate"))
+    return {
         "hmm": hmm,
         "hmm_source": {**hmm_source.to_dict(), "entropy_rate_estimate_nats": hmm_rate.value,
                        "entropy_rate_estimate_se": hmm_rate.standard_error,
@@ -460,15 +491,8 @@ def _run(cfg: Config, out: Path) -> dict[str, Any]:
                                                      "tokens; biased upward by at most H_128 − rate. A limit no "
                                                      f"held-out prefix (lengths 1 … {hmm_train.seq_len - 1}) reaches: "
                                                      "not comparable with their CE"},
+        "seconds": {"hmm": time.perf_counter() - clock},
     }
-    results["acceptance"] = acceptance(results)
-    results["headlines"] = headlines(results)
-    clock = time.perf_counter()
-    results["figures"] = write_figures(out, results)
-    seconds["figures"] = time.perf_counter() - clock
-    results["seconds"] = seconds | {"total": sum(seconds.values())}
-    results["profile"] = dataclasses.asdict(profile)
-    return results
 
 
 def truncated_context_kl(source: MarkovSource, width: int) -> float:
@@ -478,27 +502,37 @@ def truncated_context_kl(source: MarkovSource, width: int) -> float:
     return float(truncated_context_kl_of(joint, source.vocab_size, width))
 
 
-def scaling_sweep(profile: Profile, seed: int) -> dict[str, Any]:
-    """Final loss of each width on the same token budget of SCALING_WORLD, and the fit. The loss is the
-    exact held-out cross-entropy over prefixes whose context is complete (for an order-k chain, prefix
-    length ≥ k), whose entropy term has the entropy rate as its expectation, so E is comparable with it."""
+def _scaling_setting(profile: Profile, seed: int) -> tuple[MarkovSource, TrainConfig, HeldOut]:
     source = make_source(SCALING_WORLD)
     train_cfg = TrainConfig.from_dict(SCALING_TRAIN | {
         "steps": profile.scaling_steps, "seed": seed, "eval_interval": profile.scaling_steps, "eval_batches": 2})
-    data = sequences(source, train_cfg, seed, "scaling")
     held_out = HeldOut.draw(source, profile.eval_sequences, train_cfg.seq_len, _sample_seed(seed, "scaling-eval"))
+    return source, train_cfg, held_out
+
+
+def scaling_point(profile: Profile, seed: int, d_model: int) -> dict[str, Any]:
+    """One width of the sweep trained on the sweep's tokens: its exact held-out loss over complete contexts
+    (for an order-k chain, prefix length ≥ k), whose entropy term has the entropy rate as its expectation."""
+    clock = time.perf_counter()
+    source, train_cfg, held_out = _scaling_setting(profile, seed)
+    data = sequences(source, train_cfg, seed, "scaling")
     architecture = SCALING_MODEL | {"d_vocab": SCALING_WORLD["vocab_size"], "tokenizer": f"markov-{SCALING_WORLD['vocab_size']}"}
     full = slice(held_out.complete_from, None)
+    model = HookedTransformer(ModelConfig.from_dict(architecture | {
+        "d_model": d_model, "n_heads": _heads_for(d_model, architecture["n_heads"])}), seed=seed)
+    train(model, train_cfg, data, progress=False)
+    d = decompose(model_logits(model, held_out.tokens), held_out)
+    return {"d_model": d_model, "n_params": model.cfg.n_params(),
+            "loss_nats": float(d.cross_entropy[:, full].mean()),
+            "kl_nats": float(d.kl[:, full].mean()), "eval_entropy_nats": float(d.entropy[:, full].mean()),
+            "seconds": time.perf_counter() - clock}
+
+
+def scaling_fit(points: list[dict[str, Any]], profile: Profile, seed: int) -> dict[str, Any]:
+    """The fit L(N) = E + A·N^(−α) over the widths' points, beside the true rate and the held-out entropy."""
+    source, train_cfg, held_out = _scaling_setting(profile, seed)
+    full = slice(held_out.complete_from, None)
     eval_entropy, eval_entropy_se = _paired(entropy(held_out.p[:, full]))
-    points = []
-    for d_model in sorted(set(profile.scaling_d_models)):
-        model = HookedTransformer(ModelConfig.from_dict(architecture | {
-            "d_model": d_model, "n_heads": _heads_for(d_model, architecture["n_heads"])}), seed=seed)
-        train(model, train_cfg, data, progress=False)
-        d = decompose(model_logits(model, held_out.tokens), held_out)
-        points.append({"d_model": d_model, "n_params": model.cfg.n_params(),
-                       "loss_nats": float(d.cross_entropy[:, full].mean()),
-                       "kl_nats": float(d.kl[:, full].mean()), "eval_entropy_nats": float(d.entropy[:, full].mean())})
     fit = fit_power_law([p["n_params"] for p in points], [p["loss_nats"] for p in points])
     low, high = fit["E_ci95"]
     return {"points": points, **fit, "tokens": train_cfg.steps * train_cfg.batch_size * train_cfg.seq_len,

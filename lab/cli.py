@@ -39,6 +39,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     until the new one is complete; an interrupted build (Ctrl-C, SIGTERM, a crash) continues with --resume."""
     import signal
 
+    from lab.folders import zoo_dir
+    from lab.progress import PROGRESS_FILE, recording
     from lab.train import TrainingInterrupted
     from lab.zoo import build
 
@@ -50,8 +52,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     # SIGTERM stops like Ctrl-C wherever it lands; in the training loop `train` handles both itself,
     # finishing the step and writing a checkpoint first.
     before = signal.signal(signal.SIGTERM, stop)
+    job = f"forma train {args.name}{' --quick' if args.quick else ''}"
+    progress_file = zoo_dir() / args.name / PROGRESS_FILE  # what the dashboard and `forma demo` read
     try:
-        directory = build(args.name, quick=args.quick, progress=not args.no_progress, resume=args.resume)
+        with recording(progress_file, job):  # the training bar itself says where it is (unless --no-progress)
+            directory = build(args.name, quick=args.quick, progress=not args.no_progress, resume=args.resume)
+        progress_file.unlink(missing_ok=True)
     except TrainingInterrupted as interrupted:
         print(f"forma train: {interrupted}; continue with `{again}`", file=sys.stderr)
         return 128 + interrupted.signum
@@ -65,36 +71,182 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Fresh clone to filled-in dashboard: train missing zoo models, run each experiment's quick profile
-    that has no run yet, show generations with per-token probabilities, then serve the dashboard.
-    The jobs are independent, so they run side by side, one per CPU core (at most four), each in its
-    own process with its share of the cores; each job's output goes to runs/demo/<job>.log."""
+    """Fresh clone to filled-in dashboard. The dashboard serves first; then the missing zoo models train and
+    each experiment's quick profile that has no run yet runs, side by side, while every page shows its job's
+    progress (step / total, elapsed, ETA) and fills in when the job ends; then generations with per-token
+    probabilities. The jobs are independent: one per CPU core (at most four), each in its own process with its
+    share of the cores; the terminal shows one line per job, and each job's output goes to runs/demo/<job>.log.
+    A job that fails is reported with the end of its log; the dashboard keeps serving the others (exit 1)."""
+    import signal
     import time
 
     import experiments
     from lab.runs import latest_run
-    from lab.zoo import is_trained
 
     start = time.perf_counter()
+    known = [*DEMO_MODELS, *experiments.experiment_names()]
+    unknown = [name for name in args.only if name not in known]
+    if unknown:
+        raise ValueError(f"--only {unknown[0]!r} is neither a demo model nor an experiment; give one of "
+                         f"{', '.join(known)}")
+    chosen = set(args.only or known)
+    server = None if args.no_dashboard else CHILDREN.start(dashboard_command(args.port))  # boots while we list
+
+    from lab.zoo import is_trained  # loads torch: seconds the dashboard spends starting anyway
+
     jobs: list[tuple[str, list[str]]] = []
-    for name in DEMO_MODELS:
+    for name in (m for m in DEMO_MODELS if m in chosen):
         if is_trained(name):
             print(f"[demo] {name}: already trained")
         else:
             jobs.append((f"forma train {name}{' --quick' if args.quick else ''}",
-                         ["train", name, "--no-progress", *(["--quick"] if args.quick else [])]))
-    for name in experiments.experiment_names():
+                         ["train", name, *(["--quick"] if args.quick else [])]))
+    for name in (e for e in experiments.experiment_names() if e in chosen):
         if latest_run(name) is not None:
             print(f"[demo] {name}: a run exists ({latest_run(name)})")
         else:
             jobs.append((f"forma run {name} --quick", ["run", name, "--quick"]))
-    if jobs and not run_side_by_side(jobs):
-        return 1
-    show_generations()
-    print(f"[demo] ready in {time.perf_counter() - start:.0f} s", flush=True)
-    if args.no_dashboard:
-        return 0
-    return cmd_dashboard(argparse.Namespace(port=args.port))
+    if server is not None:
+        url = f"http://127.0.0.1:{args.port}"
+        try:
+            with CHILDREN.forwarding_signals():
+                wait_until_serving(url, server, timeout_s=DASHBOARD_START_S)
+        except RuntimeError as err:  # it exited (a port in use, say) or never answered: nothing to fill in
+            if CHILDREN.signum is not None:  # it exited because a signal told it to
+                raise Stopped(CHILDREN.signum) from None
+            CHILDREN.signal_all(signal.SIGTERM)
+            print(f"forma demo: {err}", file=sys.stderr)
+            return 1
+        print(f"[demo] dashboard at {url} after {time.perf_counter() - start:.0f} s; each page shows its job's "
+              "progress and fills in when the job ends (Ctrl-C stops)", flush=True)
+    ok = run_side_by_side(jobs) if jobs else True  # a signal: Stopped, once every job and the server have ended
+    if ok and is_trained("pydoc"):
+        show_generations()
+    print(f"[demo] {'ready' if ok else 'done, with a failed job (above)'} in {time.perf_counter() - start:.0f} s",
+          flush=True)
+    if server is None:
+        return 0 if ok else 1
+    if not ok:
+        print("[demo] the dashboard keeps serving what finished (Ctrl-C stops it)", flush=True)
+    try:
+        with CHILDREN.forwarding_signals():
+            code = server.wait()
+    except Stopped:
+        code = 0  # Ctrl-C, SIGTERM or SIGHUP: the server was told too, and has ended
+    return code if ok else 1
+
+
+DASHBOARD_START_S = 120.0  # how long the demo waits for Streamlit to answer before it gives up
+
+
+def job_progress(argv: list[str]):
+    """The progress record (lab.progress) of the job `forma ARGV`, or None: a run's from its run folder, a
+    training's from its model folder."""
+    from pathlib import Path
+
+    from lab.progress import PROGRESS_FILE, model_progress, read_progress, run_progress
+
+    command, name = argv[0], argv[1]
+    if command == "train":
+        return model_progress(name)
+    if command == "run" and "--out" in argv[:-1]:
+        return read_progress(Path(argv[argv.index("--out") + 1]) / PROGRESS_FILE)
+    return run_progress(name) if command == "run" else None
+
+
+class JobBoard:
+    """One line per demo job on the terminal: waiting, starting, its progress (lab.progress: elapsed, stage,
+    step / total, ETA), done or failed. On a terminal the lines are redrawn in place every second, below the
+    messages; otherwise (a log, a pipe) each running job's line is printed every `every_s` seconds."""
+
+    def __init__(self, jobs: list[tuple[str, list[str]]], stream=None, every_s: float | None = None):
+        import threading
+
+        self.stream = stream if stream is not None else sys.stdout
+        try:
+            self.terminal = self.stream.isatty()
+        except (AttributeError, ValueError):
+            self.terminal = False
+        self.every_s = every_s if every_s is not None else (1.0 if self.terminal else BOARD_EVERY_S)
+        self.argv = dict(jobs)
+        self.rows = {label: f"{label}: waiting for a free core" for label, _ in jobs}
+        self.began: dict[str, float] = {}
+        self.drawn = 0
+        self.lock = threading.RLock()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="demo job board", daemon=True)
+
+    def __enter__(self) -> "JobBoard":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+        if self.terminal:
+            self.draw()
+
+    def started(self, label: str) -> None:
+        import time
+
+        with self.lock:
+            self.began[label] = time.time()
+            self.rows[label] = f"{label}: starting"
+        self.say(f"[demo] {label} …")
+
+    def ended(self, label: str, row: str, message: str, error: bool = False) -> None:
+        with self.lock:
+            self.began.pop(label, None)
+            self.rows[label] = row
+        self.say(message, error)
+
+    def say(self, message: str, error: bool = False) -> None:
+        """A message above the board (stderr when `error`)."""
+        with self.lock:
+            self._clear()
+            print(message, file=sys.stderr if error else self.stream, flush=True)
+            if self.terminal:
+                self.draw()
+
+    def status(self, label: str) -> str:
+        import time
+
+        from lab.progress import clock
+
+        began = self.began.get(label)
+        if began is None:
+            return self.rows[label]
+        progress = job_progress(self.argv[label])
+        if progress is not None and progress.updated >= began and progress.active:
+            return progress.line()
+        return f"{label}: starting ({clock(time.time() - began)})"
+
+    def draw(self) -> None:
+        with self.lock:
+            lines = [f"[demo] {self.status(label)}" for label in self.rows]
+            if self.terminal:  # one screen line each, or the redraw would miscount the lines to go up
+                import shutil
+
+                width = shutil.get_terminal_size().columns - 1
+                self._clear()
+                self.stream.write("".join(f"\x1b[2K{line[:width]}\n" for line in lines))
+                self.drawn = len(lines)
+            else:
+                self.stream.write("".join(f"{line}\n" for label, line in zip(self.rows, lines) if label in self.began))
+            self.stream.flush()
+
+    def _clear(self) -> None:
+        if self.terminal and self.drawn:
+            self.stream.write(f"\x1b[{self.drawn}F\x1b[0J")  # up to the board's first line, erase to the end
+            self.stream.flush()
+            self.drawn = 0
+
+    def _loop(self) -> None:
+        while not self.stop.wait(self.every_s):
+            self.draw()
+
+
+BOARD_EVERY_S = 15.0  # a line per running job this often when the demo's output is a log, not a terminal
 
 
 def run_side_by_side(jobs: list[tuple[str, list[str]]]) -> bool:
@@ -120,11 +272,12 @@ def run_side_by_side(jobs: list[tuple[str, list[str]]]) -> bool:
 
     jobs = sorted(jobs, key=rank)
     print(f"[demo] {len(jobs)} jobs, {workers} at a time; logs in {logs}", flush=True)
+    board = JobBoard(jobs)
 
     def run(job: tuple[str, list[str]]) -> bool:
         label, argv = job
         log = logs / (label.removeprefix("forma ").replace(" --", "-").replace(" ", "-") + ".log")
-        print(f"[demo] {label} …", flush=True)
+        board.started(label)
         began = time.perf_counter()
         with log.open("w") as out:
             code = CHILDREN.start([sys.executable, "-m", "lab.cli", *argv], env=env, stdout=out,
@@ -133,15 +286,16 @@ def run_side_by_side(jobs: list[tuple[str, list[str]]]) -> bool:
             return False
         seconds = time.perf_counter() - began
         if code == 0:
-            print(f"[demo] {label}: done in {seconds:.0f} s", flush=True)
+            board.ended(label, f"{label}: done in {seconds:.0f} s", f"[demo] {label}: done in {seconds:.0f} s")
             return True
         tail = log.read_text().strip().splitlines()[-5:]
-        print(f"[demo] {label}: FAILED (exit {code}) after {seconds:.0f} s; last lines of {log}:\n    "
-              + "\n    ".join(tail), file=sys.stderr, flush=True)
+        board.ended(label, f"{label}: FAILED (exit {code}); see {log}",
+                    f"[demo] {label}: FAILED (exit {code}) after {seconds:.0f} s; last lines of {log}:\n    "
+                    + "\n    ".join(tail), error=True)
         return False
 
     pool = ThreadPoolExecutor(workers)
-    with CHILDREN.forwarding_signals():  # a signal: every job hears it, no new one starts, then Stopped
+    with CHILDREN.forwarding_signals(), board:  # a signal: every job hears it, no new one starts, then Stopped
         try:
             return all(list(pool.map(run, jobs)))
         except Stopped:  # a job that would have started after the signal
@@ -336,18 +490,30 @@ CHILDREN = Children()
 def cmd_run(args: argparse.Namespace) -> int:
     """Run an experiment and write config.json, provenance.json, figures and results.json into its run folder."""
     import dataclasses
+    from pathlib import Path
 
     import experiments
+    from lab.progress import PROGRESS_FILE, recording
     from lab.runs import run_and_record
 
     module = experiments.load(args.name)
     fields = {f.name for f in dataclasses.fields(module.Config)}
-    given = {"seed": args.seed, "quick": args.quick, "model": args.model, "mmlu": args.mmlu, "qa": args.qa}
+    given = {"seed": args.seed, "quick": args.quick, "model": args.model, "mmlu": args.mmlu, "qa": args.qa,
+             "workers": args.workers}
     unsupported = [k for k, v in given.items() if v not in (None, False) and k not in fields]
     if unsupported:
         raise ValueError(f"experiment {args.name!r} takes no --{unsupported[0]}")
     cfg = module.Config(**{k: v for k, v in given.items() if k in fields and v is not None})
-    folder = run_and_record(args.name, cfg, module.run, out=args.out, seed=getattr(cfg, "seed", None))
+    job = f"forma run {args.name}{' --quick' if args.quick else ''}"
+
+    def run_with_progress(config: object, folder: Path) -> dict:
+        # The experiment's own trainings show no bar; the job's line (stderr) and its progress file (which
+        # the dashboard and `forma demo` read) say which stage it is in, and how far.
+        with recording(folder / PROGRESS_FILE, job, echo=True):
+            return module.run(config, folder)
+
+    folder = run_and_record(args.name, cfg, run_with_progress, out=args.out, seed=getattr(cfg, "seed", None))
+    (folder / PROGRESS_FILE).unlink(missing_ok=True)  # results.json is there now: the run's state is in it
     print(f"results in {folder}")
     return 0
 
@@ -418,6 +584,17 @@ def seed_number(text: str) -> int:
     return seed
 
 
+def worker_count(text: str) -> int:
+    """argparse type: a number of worker processes, ≥ 1."""
+    try:
+        workers = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if workers < 1:
+        raise argparse.ArgumentTypeError(f"workers must be ≥ 1, got {workers}")
+    return workers
+
+
 def model_name(text: str) -> str:
     """argparse type: a zoo name or a folder; an empty one would be read as the current folder."""
     if not text.strip():
@@ -458,6 +635,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--quick", action="store_true", help="the small profile (≤ 90 s on 2 cores): tests and the demo")
     run.add_argument("--out", help="run folder (default runs/NAME/<UTC timestamp>/)")
     run.add_argument("--seed", type=seed_number, help="random seed, 0 … 2**63 − 1 (default: the experiment's)")
+    run.add_argument("--workers", type=worker_count, help="processes that share an experiment's independent "
+                     "trainings, for experiments that have them (default 2); results do not depend on it")
     run.add_argument("--model", type=model_name, help="zoo name or local model folder, for experiments that take one")
     run.add_argument("--mmlu", metavar="FILE", help="an MMLU-layout CSV (question, A, B, C, D, answer), for "
                                                      "experiments that take one (calibration, with --model)")
@@ -484,6 +663,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--quick", action="store_true", help="train missing zoo models with their quick profile")
     demo.add_argument("--no-dashboard", action="store_true", help="stop before serving the dashboard")
     demo.add_argument("--port", type=port_number, default=8501, help="dashboard port (default 8501)")
+    demo.add_argument("--only", action="append", default=[], metavar="NAME",
+                      help="make only this demo model or experiment (if missing); repeatable")
     demo.set_defaults(func=cmd_demo)
     return parser
 

@@ -221,6 +221,32 @@ def latest_run(experiment: str, folder: Path | None = None) -> Path | None:
     return complete[-1] if complete else None
 
 
+def complete_runs(experiment: str, folder: Path | None = None) -> list[Path]:
+    """Every complete run of an experiment (a folder of runs/<experiment>/ with results.json; no links),
+    newest first by folder name (a UTC timestamp)."""
+    base = Path(folder or runs_dir()) / experiment
+    return sorted((p.parent for p in base.glob("*/results.json") if not p.parent.is_symlink()),
+                  key=lambda p: p.name, reverse=True)
+
+
+def run_record(folder: Path) -> dict[str, Any]:
+    """What a run folder says of itself: its results, config and provenance (each {} when missing, unreadable or
+    not a JSON object), and "problems", one sentence per such file."""
+    record: dict[str, Any] = {"problems": []}
+    for name in ("results", "config", "provenance"):
+        try:
+            value = read_json(Path(folder) / f"{name}.json")
+        except (FileNotFoundError, ValueError, OSError, UnicodeDecodeError) as err:
+            value, problem = {}, str(err)
+        else:
+            problem = None if isinstance(value, dict) else f"{Path(folder) / f'{name}.json'} is not a JSON object"
+            value = value if isinstance(value, dict) else {}
+        record[name] = value
+        if problem:
+            record["problems"].append(problem)
+    return record
+
+
 def run_and_record(experiment: str, config: Any, run: Callable[[Any, Path], dict], out: str | Path | None = None,
                    seed: int | None = None) -> Path:
     """Create the run folder, record provenance and config, run, then write results.json last.

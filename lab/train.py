@@ -56,10 +56,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
-from tqdm.auto import tqdm
 
 from lab.model import HookedTransformer, ModelConfig
 from lab.files import atomic_write, current_umask
+from lab.progress import bar as progress_bar
 from lab.model.transformer import CONFIG_FILE, WEIGHTS_FILE
 from lab.configs import check_fields, from_dict_strict
 
@@ -427,7 +427,7 @@ def train(model: torch.nn.Module, cfg: TrainConfig, data: Batches, out_dir: str 
 
     end = cfg.steps if stop_after is None else stop_after
     saved_step = state.step if resume else None  # the step of the newest complete checkpoint
-    bar = tqdm(total=cfg.steps, initial=state.step, unit="step", disable=not progress or rank != 0)
+    bar = progress_bar(cfg.steps, "train", initial=state.step, show=progress and rank == 0)
     log = logger.info if bar.disable else bar.write
     started = time.perf_counter() - state.elapsed_s
     interval_start = (time.perf_counter(), state.tokens_seen)

@@ -1,6 +1,10 @@
 """Shared fixtures: tiny models and tokenizers built from configs — nothing is fetched from a hub."""
 
 import os
+import shutil
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -14,23 +18,139 @@ from lab import HookedTransformer, ModelConfig
 VOCAB = 100
 
 
+REPO = Path(__file__).resolve().parents[1]
+SAME_SEED = "test_the_same_seed_gives_the_same_results"
+BACKGROUND = pytest.StashKey["Background"]()
+
+
+def quick_argv(name: str) -> list[str]:
+    return [sys.executable, "-m", "lab.cli", "run", name, "--quick"]
+
+
+def rerun_argv(name: str, out: Path) -> list[str]:
+    """The same-seed rerun: on one worker where the experiment shares its trainings out (lab.parallel)."""
+    import dataclasses
+
+    import experiments
+
+    fields = {f.name for f in dataclasses.fields(experiments.load(name).Config)}
+    return quick_argv(name) + (["--workers", "1"] if "workers" in fields else []) + ["--out", str(out)]
+
+
+class Background:
+    """`forma run NAME --quick` for every experiment, then each same-seed rerun, in subprocesses one after
+    another on a thread: the whole suite's quick runs compute on the second core while the tests that need
+    none of them run on the first (those that do are moved last, pytest_collection_modifyitems). A job a
+    test waits for goes to the front of the queue; a job that fails fails the tests that wait for it, with
+    its log."""
+
+    def __init__(self, root: Path, names: list[str], reruns: list[str]):
+        self.root, self.runs_dir = root, root / "runs"
+        env = os.environ | {"PYTHONPATH": str(REPO), "FORMA_RUNS_DIR": str(self.runs_dir)}
+        self.env = {k: v for k, v in env.items() if not k.startswith("PYTEST_")}
+        self.queue = [("quick", n) for n in names] + [("again", n) for n in reruns]
+        self.done: dict[tuple[str, str], tuple[int, Path]] = {}
+        self.closed, self.current = False, None
+        self.changed = threading.Condition()
+        self.thread = threading.Thread(target=self._work, name="forma-quick-runs", daemon=True)
+        self.thread.start()
+
+    def rerun_dir(self, name: str) -> Path:
+        return self.root / "again" / name
+
+    def argv(self, kind: str, name: str) -> list[str]:
+        return quick_argv(name) if kind == "quick" else rerun_argv(name, self.rerun_dir(name))
+
+    def _work(self) -> None:
+        while True:
+            with self.changed:
+                if self.closed or not self.queue:
+                    return
+                job = self.queue.pop(0)
+            log = self.root / f"{job[0]}-{job[1]}.log"
+            with log.open("w") as out:
+                self.current = subprocess.Popen(self.argv(*job), cwd=REPO, env=self.env, stdout=out,
+                                                stderr=subprocess.STDOUT)
+                code = self.current.wait()
+            with self.changed:
+                self.done[job] = (code, log)
+                self.changed.notify_all()
+
+    def wait(self, kind: str, name: str) -> None:
+        job = (kind, name)
+        with self.changed:
+            if job in self.queue:  # wanted now: next in line
+                self.queue.remove(job)
+                self.queue.insert(0, job)
+            elif job not in self.done and not self.thread.is_alive():
+                raise RuntimeError(f"no background job {job}")
+            while job not in self.done:
+                self.changed.wait()
+        code, log = self.done[job]
+        assert code == 0, f"`{' '.join(self.argv(*job)[1:])}` exited with {code}:\n{log.read_text()[-3000:]}"
+
+    def close(self) -> None:
+        with self.changed:
+            self.closed = True
+        if self.current is not None and self.current.poll() is None:
+            self.current.kill()
+        self.thread.join(timeout=30)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@pytest.hookimpl(trylast=True)  # after -k / -m have deselected
+def pytest_collection_modifyitems(session, config, items):
+    """With the same-seed tests selected (the whole suite, or their file), start the quick runs and reruns in
+    the background and move every test that reads a quick run after those that do not, module by module
+    (a module's fixtures are made once)."""
+    reruns = [item.callspec.params["name"] for item in items
+              if item.originalname == SAME_SEED and hasattr(item, "callspec")]
+    if not reruns or config.option.collectonly:
+        return
+    import tempfile
+
+    import experiments
+
+    readers = [item for item in items if "quick_run" in item.fixturenames]
+    # Every experiment's quick run when other tests read them too; else only those the reruns compare with.
+    names = reruns if all(item.originalname == SAME_SEED for item in readers) else experiments.experiment_names()
+    late_modules = {item.module.__name__ for item in readers}
+    items[:] = ([item for item in items if item.module.__name__ not in late_modules]
+                + [item for item in items if item.module.__name__ in late_modules])
+    root = Path(tempfile.mkdtemp(prefix="forma-quick-runs-"))
+    config.stash[BACKGROUND] = Background(root, names, reruns)
+
+
+def pytest_unconfigure(config):
+    background = config.stash.get(BACKGROUND, None)
+    if background is not None:
+        background.close()
+
+
 @pytest.fixture(scope="session")
-def quick_runs_dir(tmp_path_factory) -> Path:
+def quick_runs_dir(request, tmp_path_factory) -> Path:
     """A private runs/ folder for the session's quick runs (what `FORMA_RUNS_DIR` points the dashboard at)."""
-    return tmp_path_factory.mktemp("runs")
+    background = request.config.stash.get(BACKGROUND, None)
+    return background.runs_dir if background is not None else tmp_path_factory.mktemp("runs")
 
 
 @pytest.fixture(scope="session")
-def quick_run(quick_runs_dir):
+def quick_run(request, quick_runs_dir):
     """quick_run(NAME) -> the folder of `forma run NAME --quick`, made once per session in quick_runs_dir
-    (runs/NAME/<stamp>/ and runs/NAME/latest): the experiment's tests and the dashboard's read the same run."""
+    (runs/NAME/<stamp>/ and runs/NAME/latest): the experiment's tests and the dashboard's read the same run.
+    In the background (a subprocess, class Background) when the session has one, else here."""
     from lab.cli import main
     from lab.runs import latest_run
 
+    background = request.config.stash.get(BACKGROUND, None)
     folders: dict[str, Path] = {}
 
     def run(name: str) -> Path:
         if name not in folders:
+            if background is not None:
+                background.wait("quick", name)
+                folders[name] = latest_run(name, quick_runs_dir)
+                return folders[name]
             before = os.environ.get("FORMA_RUNS_DIR")
             os.environ["FORMA_RUNS_DIR"] = str(quick_runs_dir)
             try:
@@ -44,6 +164,23 @@ def quick_run(quick_runs_dir):
         return folders[name]
 
     return run
+
+
+@pytest.fixture(scope="session")
+def quick_rerun(request):
+    """quick_rerun(NAME, out) -> `out`, holding a second `forma run NAME --quick` made in a fresh process (on
+    one worker where the experiment has several): from the background queue when the session has one."""
+    background = request.config.stash.get(BACKGROUND, None)
+
+    def rerun(name: str, out: Path) -> Path:
+        if background is not None:
+            background.wait("again", name)
+            return background.rerun_dir(name)
+        env = os.environ | {"PYTHONPATH": str(REPO), "FORMA_RUNS_DIR": str(out.parent / "runs")}
+        subprocess.run(rerun_argv(name, out), env=env, check=True, cwd=REPO, capture_output=True)
+        return out
+
+    return rerun
 
 
 @pytest.fixture(autouse=True)

@@ -260,3 +260,82 @@ def test_home_table_shows_each_models_card_numbers(zoo_server, browser, zoo_worl
     no_exceptions(page)
     page.screenshot(path=str(SCREENSHOTS / "home-models.png"), full_page=True)
     assert errors == []
+
+
+@pytest.mark.slow
+def test_the_demo_serves_first_then_each_page_shows_its_jobs_progress_and_fills_in(tmp_path, browser):
+    """`forma demo`: the dashboard answers before its job has written a result; the job's page shows its
+    progress (a progress bar with elapsed time) while it works, then the run's results once it ends."""
+    import sys
+
+    zoo_copy, runs = tmp_path / "models", tmp_path / "runs"
+    for name in zoo.zoo_names():  # recipes only: --only equations trains nothing
+        (zoo_copy / name).mkdir(parents=True)
+        shutil.copy(zoo.DEFAULT_ZOO_DIR / name / "model.toml", zoo_copy / name / "model.toml")
+    env = os.environ | {"FORMA_ZOO_DIR": str(zoo_copy), "FORMA_RUNS_DIR": str(runs)}
+    port = free_port()
+    demo = subprocess.Popen([sys.executable, "-m", "lab.cli", "demo", "--only", "equations", "--port", str(port)],
+                            env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_serving(url, demo, timeout_s=120)
+        assert not list(runs.glob("equations/*/results.json"))  # served before the job's result
+        errors: list[str] = []
+        home = open_page(browser, url, errors)
+        no_exceptions(home)
+        page = open_page(browser, f"{url}/equations", errors)
+        page.wait_for_selector("[data-testid='stProgress']", timeout=120_000)
+        page.get_by_text("forma run equations --quick:").first.wait_for(timeout=60_000)
+        assert "elapsed" in page.locator("[data-testid='stProgress']").inner_text()
+        page.screenshot(path=str(SCREENSHOTS / "demo-progress.png"))
+        page.get_by_text("checks pass").wait_for(timeout=600_000)  # the page ran again by itself
+        wait_rendered(page)
+        results = json.loads(next(runs.glob("equations/*/results.json")).read_text())
+        assert f"{results['n_passed']} of {results['n_checks']} checks pass" in page.content()
+        assert page.locator("[data-testid='stProgress']").count() == 0
+        no_exceptions(page)
+        page.screenshot(path=str(SCREENSHOTS / "demo-filled.png"), full_page=True)
+        assert errors == []
+    finally:
+        os.killpg(demo.pid, signal.SIGTERM)
+        output = demo.communicate(timeout=60)[0]
+    assert "[demo] dashboard at" in output and "[demo] forma run equations --quick: done" in output, output
+    assert output.index("[demo] dashboard at") < output.index("[demo] forma run equations --quick …")
+
+
+@pytest.mark.slow
+def test_compare_sets_two_runs_side_by_side(tmp_path, browser, quick_run):
+    """Two runs of the equations experiment (the session's quick run, and a copy with another seed recorded):
+    the headline table, both runs' headlines and each figure twice, drawn."""
+    runs = tmp_path / "runs" / "equations"
+    original = quick_run("equations")
+    shutil.copytree(original, runs / original.name)
+    copy = runs / "9999-01-01T00-00-00Z"
+    shutil.copytree(original, copy)
+    provenance = json.loads((copy / "provenance.json").read_text())
+    (copy / "provenance.json").write_text(json.dumps(provenance | {"seed": 7}))
+    port = free_port()
+    process = subprocess.Popen(dashboard_command(port), env=os.environ | {"FORMA_RUNS_DIR": str(tmp_path / "runs")},
+                               start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_serving(url, process, timeout_s=90)
+        errors: list[str] = []
+        page = open_page(browser, f"{url}/compare", errors)
+        page.get_by_text("Headlines, number by number").wait_for(timeout=60_000)
+        from dashboards.common import figures
+
+        charts = len(figures(original))
+        page.wait_for_function(f"document.querySelectorAll(\"[data-testid='stPlotlyChart'] .main-svg\").length >= "
+                               f"{2 * charts}", timeout=60_000)
+        content = page.content()
+        assert "seed 7" in content and original.name in content and copy.name in content
+        results = json.loads((original / "results.json").read_text())
+        assert all(h["name"] in content for h in results["headlines"])
+        no_exceptions(page)
+        page.screenshot(path=str(SCREENSHOTS / "compare.png"), full_page=True)
+        assert errors == []
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=20)

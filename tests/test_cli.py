@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -59,16 +60,55 @@ def test_demo_fills_in_missing_runs_and_shows_generations(tmp_path, monkeypatch,
     assert "equations: a run exists" in capsys.readouterr().out
 
 
-def test_a_failing_demo_job_is_reported_and_nothing_is_served(tmp_path, monkeypatch, capsys):
+def test_a_failing_demo_job_is_reported_and_the_dashboard_keeps_serving(tmp_path, monkeypatch, capsys):
+    """The dashboard serves before the jobs start; a job that fails is reported with its log's end, the
+    dashboard stays up for the rest, and the demo's exit status says a job failed."""
     import experiments
 
     monkeypatch.setenv("FORMA_RUNS_DIR", str(tmp_path / "runs"))
     monkeypatch.setattr("lab.zoo.is_trained", lambda name: True)
     monkeypatch.setattr(experiments, "experiment_names", lambda: ["no-such-experiment"])
-    assert main(["demo"]) == 1  # without --no-dashboard: it must stop before serving
-    err = capsys.readouterr().err
-    assert "forma run no-such-experiment --quick: FAILED" in err and "invalid choice" in err
+    served = []  # a stand-in server: it "serves" until it ends by itself
+    monkeypatch.setattr("lab.cli.dashboard_command", lambda port: [sys.executable, "-c", "pass"])
+    monkeypatch.setattr("lab.cli.wait_until_serving", lambda url, process, timeout_s: served.append(url))
+    assert main(["demo", "--port", "8765"]) == 1
+    captured = capsys.readouterr()
+    assert served == ["http://127.0.0.1:8765"]
+    assert captured.out.index("dashboard at http://127.0.0.1:8765") < captured.out.index("no-such-experiment --quick …")
+    assert "forma run no-such-experiment --quick: FAILED" in captured.err and "invalid choice" in captured.err
+    assert "the dashboard keeps serving what finished" in captured.out
     assert (tmp_path / "runs" / "demo" / "run-no-such-experiment-quick.log").is_file()
+
+
+def test_demo_only_names_a_demo_model_or_an_experiment(capsys):
+    assert main(["demo", "--no-dashboard", "--only", "nonesuch"]) == 2
+    assert "--only 'nonesuch' is neither a demo model nor an experiment" in capsys.readouterr().err
+
+
+def test_the_demo_board_prints_each_running_jobs_progress_line_off_a_terminal(tmp_path, monkeypatch):
+    """Off a terminal (a log, a pipe), one line per running job, read from its progress file; waiting and
+    finished jobs print nothing until they change."""
+    import io
+
+    from lab.cli import JobBoard
+    from lab.progress import PROGRESS_FILE, bar, recording
+
+    out = io.StringIO()
+    run_folder = tmp_path / "run"
+    board = JobBoard([("forma run kl --quick", ["run", "kl", "--quick", "--out", str(run_folder)]),
+                      ("forma train facts", ["train", "facts"])], stream=out)
+    board.started("forma run kl --quick")
+    monkeypatch.setattr("lab.progress.RECORD_EVERY_S", 0.05)
+    with recording(run_folder / PROGRESS_FILE, "forma run kl --quick"), bar(40, "train", show=False) as b:
+        b.update(10)
+        deadline = time.monotonic() + 10
+        while "step 10/40" not in board.status("forma run kl --quick") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        board.draw()
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "[demo] forma run kl --quick …"
+    assert len(lines) == 2, lines
+    assert lines[1].startswith("[demo] forma run kl --quick: 0:00 elapsed; train step 10/40 (25%), ETA "), lines
 
 
 @pytest.mark.parametrize("case", ["a file", "a finished run", "under a file"])
@@ -139,3 +179,23 @@ def test_the_lazy_top_level_names_are_the_models():
     assert sorted(lab.__all__) == sorted(name for name in lab.__all__ if hasattr(lab, name))
     with pytest.raises(AttributeError, match="module 'lab' has no attribute 'NoSuchThing'"):
         lab.NoSuchThing
+
+
+def test_the_demo_board_redraws_one_line_per_job_in_place_on_a_terminal():
+    import io
+
+    from lab.cli import JobBoard
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = Terminal()
+    board = JobBoard([("forma run kl --quick", ["run", "kl", "--quick"]), ("forma train facts", ["train", "facts"])],
+                     stream=out)
+    board.draw()
+    board.draw()
+    board.ended("forma train facts", "forma train facts: done in 3 s", "[demo] forma train facts: done in 3 s")
+    rows = "\x1b[2K[demo] forma run kl --quick: waiting for a free core\n\x1b[2K[demo] forma train facts: "
+    assert out.getvalue() == (rows + "waiting for a free core\n" + "\x1b[2F\x1b[0J" + rows + "waiting for a free core\n"
+                              + "\x1b[2F\x1b[0J" + "[demo] forma train facts: done in 3 s\n" + rows + "done in 3 s\n")

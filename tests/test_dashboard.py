@@ -42,12 +42,13 @@ def texts(at: AppTest) -> str:
     return " ".join(str(e.value) for e in [*at.info, *at.warning, *at.error, *at.markdown])
 
 
-@pytest.mark.parametrize("name", ["home", "explorer", "training", *EXPERIMENT_PAGES])
+@pytest.mark.parametrize("name", ["home", "explorer", "training", "compare", *EXPERIMENT_PAGES])
 def test_every_page_renders_on_a_fresh_clone_and_says_what_to_run(empty, name):
     at = page(name).run()
     assert not at.exception, at.exception
     said = texts(at)
-    expected = {"home": "forma run kl", "explorer": "forma train pydoc", "training": "forma train pydoc"}
+    expected = {"home": "forma run kl", "explorer": "forma train pydoc", "training": "forma train pydoc",
+                "compare": "forma run kl --quick"}
     assert expected.get(name, f"forma run {name}") in said
 
 
@@ -393,3 +394,97 @@ def test_home_shows_each_models_card_numbers(empty):
     assert row["KL to the true law (nats)"] == short(card["val_kl_to_truth_nats"]) == "0.06499"
     assert row["held-out loss (nats)"] == short(card["best_val_loss_nats"]) and row["perplexity"] == "—"
     assert table.loc["facts", "trained"] == "no: run `forma train facts`"
+
+
+def running_job(folder: Path, job: str, step: int, total: int) -> None:
+    """A progress file as a job at work writes it (this process stands in for the job)."""
+    import os
+    import time
+
+    from lab.progress import PROGRESS_FILE, Progress, Stage
+
+    stage = Stage("train", step, total, "step", elapsed_s=12.0, eta_s=36.0)
+    record = Progress(job, "running", os.getpid(), "2026-01-01T00:00:00Z", 20.0, time.time(), stage)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / PROGRESS_FILE).write_text(json.dumps(record.to_json()))
+
+
+@pytest.mark.parametrize("name", EXPERIMENT_PAGES)
+def test_an_experiment_page_shows_its_running_jobs_progress(empty, name):
+    """While `forma run NAME` works on the page's first run: its step / total, elapsed and ETA, not "no run"."""
+    running_job(empty / "runs" / name / "2026-01-01T00-00-00Z", f"forma run {name} --quick", 30, 120)
+    at = page(name).run()
+    assert not at.exception, at.exception
+    bars = at.get("progress")
+    assert len(bars) == 1 and bars[0].proto.value == 25
+    assert (f"forma run {name} --quick: 0:20 elapsed; train step 30/120 (25%), ETA 0:36"
+            in bars[0].proto.text), bars[0].proto.text
+    assert f"No run of `{name}` yet" not in texts(at)
+
+
+def test_a_page_over_an_older_run_says_a_new_one_is_on_its_way(quick_run, quick_runs_dir, tmp_path, monkeypatch):
+    import shutil as sh
+
+    runs = tmp_path / "runs"
+    sh.copytree(quick_run("equations"), runs / "equations" / quick_run("equations").name)
+    running_job(runs / "equations" / "9999-01-01T00-00-00Z", "forma run equations --quick", 1, 4)
+    monkeypatch.setenv("FORMA_RUNS_DIR", str(runs))
+    at = page("equations").run()
+    assert not at.exception, at.exception
+    assert len(at.get("progress")) == 1
+    assert "the page fills in again when this job ends" in " ".join(c.value for c in at.caption)
+    assert "checks pass" in " ".join(m.value for m in at.markdown)  # the older run's results still show
+
+
+def test_the_training_page_shows_a_model_being_trained(empty):
+    running_job(empty / "models" / "facts", "forma train facts", 300, 1200)
+    at = page("training").run()
+    assert not at.exception, at.exception
+    assert [b.proto.text for b in at.get("progress")] == [
+        "`forma train facts: 0:20 elapsed; train step 300/1200 (25%), ETA 0:36`"]
+
+
+def two_runs(quick_run, tmp_path, name: str) -> tuple[Path, Path]:
+    """The session's quick run of NAME and a copy of it under a later folder name with another seed recorded:
+    two runs for the compare page, without running the experiment again."""
+    import shutil as sh
+
+    base = tmp_path / "runs" / name
+    first = base / quick_run(name).name
+    sh.copytree(quick_run(name), first)
+    second = base / "9999-01-01T00-00-00Z"
+    sh.copytree(first, second)
+    provenance = json.loads((second / "provenance.json").read_text())
+    (second / "provenance.json").write_text(json.dumps(provenance | {"seed": 7}))
+    return second, first  # newest first, as the page lists them
+
+
+def test_compare_shows_two_runs_headlines_and_figures_side_by_side(quick_run, tmp_path, monkeypatch):
+    from dashboards.common import figures
+
+    newer, older = two_runs(quick_run, tmp_path, "equations")
+    monkeypatch.setenv("FORMA_RUNS_DIR", str(tmp_path / "runs"))
+    at = page("compare").run()
+    assert not at.exception, at.exception
+    assert at.selectbox(key="compare_a").value == newer.name and at.selectbox(key="compare_b").value == older.name
+    results = json.loads((older / "results.json").read_text())
+    shown = " ".join(m.value for m in at.markdown)
+    supported = [h for h in results["headlines"] if h["supported"]]
+    assert supported and all(shown.count(h["sentence"]) == 2 for h in supported)  # once per run
+    table = at.table[0].value
+    assert list(table.index) == [h["name"] for h in results["headlines"]]
+    assert set(table["same direction"]) <= {"yes", "—"} and "yes" in set(table["same direction"])
+    assert "seed 7" in " ".join(c.value for c in at.caption)
+    assert len(at.get("plotly_chart")) == 2 * len(figures(older)) >= 2
+    at.selectbox(key="compare_b").select(newer.name).run()
+    assert "the same run" in texts(at)
+
+
+def test_compare_with_one_run_says_how_to_make_another(quick_run, tmp_path, monkeypatch):
+    import shutil as sh
+
+    sh.copytree(quick_run("equations"), tmp_path / "runs" / "equations" / quick_run("equations").name)
+    monkeypatch.setenv("FORMA_RUNS_DIR", str(tmp_path / "runs"))
+    at = page("compare").run()
+    assert not at.exception, at.exception
+    assert "forma run equations --quick --seed 1" in texts(at)

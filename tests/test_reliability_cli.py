@@ -24,6 +24,21 @@ def test_a_seed_outside_what_the_generators_take_is_an_argument_error(capsys, se
     assert "0 … 2**63 − 1" in err or "not an integer" in err
 
 
+@pytest.mark.parametrize("workers", ["0", "-2", "two"])
+def test_a_worker_count_below_one_is_an_argument_error(capsys, workers):
+    with pytest.raises(SystemExit) as exit:
+        main(["run", "kl", "--quick", "--workers", workers, "--out", "/nonexistent/never-made"])
+    err = capsys.readouterr().err
+    assert exit.value.code == 2 and "--workers" in err and "Traceback" not in err
+    assert "workers must be ≥ 1" in err or "not an integer" in err
+
+
+def test_workers_for_an_experiment_without_independent_trainings_is_refused(capsys, tmp_path):
+    assert main(["run", "equations", "--quick", "--workers", "2", "--out", str(tmp_path / "never")]) == 2
+    assert "experiment 'equations' takes no --workers" in capsys.readouterr().err
+    assert not (tmp_path / "never").exists()
+
+
 def test_the_largest_seed_is_one_every_generator_takes():
     """MAX_SEED plus the offsets experiments add stays inside torch.manual_seed's range (< 2**64) and numpy's."""
     import numpy as np

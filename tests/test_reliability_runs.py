@@ -300,14 +300,13 @@ def test_without_timings_removes_exactly_the_timing_fields():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", experiments.experiment_names())
-def test_the_same_seed_gives_the_same_results(quick_run, quick_runs_dir, tmp_path, name):
-    """A second quick run, in a fresh process (another hash seed, another torch default seed, default threads),
-    writes the results.json of the session's quick run, timing fields (lab.runs.TIMING_FIELDS) aside."""
+def test_the_same_seed_gives_the_same_results(quick_run, quick_rerun, tmp_path, name):
+    """A second quick run, in a fresh process (another hash seed, another torch default seed, default threads)
+    and, for an experiment that shares its trainings out among worker processes, on one process instead of
+    the default's two (tests/conftest.py::rerun_argv), writes the results.json of the session's quick run,
+    timing fields (lab.runs.TIMING_FIELDS) aside."""
     first = json.loads((quick_run(name) / "results.json").read_text())
-    env = os.environ | {"PYTHONPATH": str(REPO), "FORMA_RUNS_DIR": str(quick_runs_dir)}
-    subprocess.run([sys.executable, "-m", "lab.cli", "run", name, "--quick", "--out", str(tmp_path / "again")],
-                   env=env, check=True, cwd=REPO, capture_output=True)
-    second = json.loads((tmp_path / "again" / "results.json").read_text())
+    second = json.loads((quick_rerun(name, tmp_path / "again") / "results.json").read_text())
     assert differences(without_timings(first), without_timings(second)) == []
 
 

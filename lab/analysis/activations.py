@@ -26,9 +26,15 @@ and `pos[r]` (its position). Rows are ordered by sequence, then position.
 
 On disk, `out_dir/shard-00000.safetensors ...` hold each hook's rows plus `seq` and `pos`, and
 `out_dir/index.json` (written last, so its presence means the set is complete) lists the shards,
-each hook's per-row shape and dtype, and what was collected.
+each hook's per-row shape and dtype, and what was collected. Every shard is written atomically and
+then recorded in `out_dir/progress.json` (also atomic), so a harvest that is killed or raises can be
+rerun with the same arguments: it checks that the arguments and the token ids of the sequences already
+done are the same, and continues after the last recorded shard — the finished set is bitwise the one
+an uninterrupted harvest writes. A shard never recorded (or a temporary a kill left) is deleted, never
+listed.
 """
 
+import hashlib
 import json
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -43,13 +49,14 @@ from safetensors.torch import save_file
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from lab.files import atomic_write, atomic_write_text
+from lab.files import atomic_write, atomic_write_text, is_temporary
 from lab.memory import release_freed_memory
 
-__all__ = ["Activations", "ActivationStore", "Positions", "collect_activations", "save_activations",
+__all__ = ["Activations", "ActivationStore", "Positions", "StoredRows", "collect_activations", "save_activations",
            "select_positions", "stream_activations"]
 
 INDEX_FILE = "index.json"
+PROGRESS_FILE = "progress.json"
 INDEX_FORMAT = "forma-activations/1"
 # Hooks whose position axis is not dim 1: attention scores and patterns are [batch, head, query_pos, key_pos];
 # the query position is the one a row selects.
@@ -163,6 +170,8 @@ def _check_names(model: Any, names: Sequence[str]) -> None:
 
 def _batches(data: Any, batch_size: int) -> tuple[Iterable[Tensor], int | None]:
     """Batches of token ids, and the number of sequences when it is known up front."""
+    if isinstance(data, _TokenDigest):  # save_activations' pass-through keeps the count for the progress bar
+        return data, data.n_sequences
     if isinstance(data, Tensor):
         if data.ndim != 2:
             raise ValueError(f"a dataset tensor must be [n_sequences, pos] token ids, got shape {tuple(data.shape)}")
@@ -186,12 +195,14 @@ def _device_of(model: Any) -> torch.device:
 def stream_activations(model: Any, data: Tensor | Iterable[Tensor], hooks: str | Sequence[str],
                        positions: Positions = "last", *, batch_size: int = 32, pad_id: int | None = None,
                        dtype: torch.dtype | None = None, progress: bool = True,
-                       stop_early: bool = True) -> Iterator[Activations]:
+                       stop_early: bool = True, start: int = 0) -> Iterator[Activations]:
     """One `Activations` per batch: the chosen hooks at the chosen positions, on the CPU.
 
     data: a [n, pos] LongTensor (cut into batches of `batch_size`) or an iterable of [batch, pos]
     tensors. dtype: storage dtype (e.g. torch.float16), applied at capture time. stop_early: end each
     forward pass once every chosen hook has fired (turn off only for models whose hooks fire twice).
+    start: the number of leading sequences to pass over (resuming): their batches are read but not
+    run, and rows' `seq` still count them; it must fall on a batch boundary.
     """
     names = [hooks] if isinstance(hooks, str) else list(hooks)
     if not names or len(set(names)) != len(names):
@@ -199,6 +210,8 @@ def stream_activations(model: Any, data: Tensor | Iterable[Tensor], hooks: str |
     _check_names(model, names)
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if not isinstance(start, int) or start < 0:
+        raise ValueError(f"start must be a non-negative integer, got {start!r}")
     batches, total = _batches(data, batch_size)
     device = _device_of(model)
     description = _describe(positions)
@@ -212,6 +225,13 @@ def stream_activations(model: Any, data: Tensor | Iterable[Tensor], hooks: str |
             if tokens.ndim != 2 or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
                 raise ValueError(f"each batch must be a [batch, pos] integer tensor, got {tokens.dtype} "
                                  f"{tuple(tokens.shape)}")
+            if seen < start:  # already done: read past it without a forward pass
+                if seen + tokens.shape[0] > start:
+                    raise ValueError(f"start = {start} falls inside the batch of sequences {seen}.."
+                                     f"{seen + tokens.shape[0] - 1}: it must fall on a batch boundary")
+                seen += tokens.shape[0]
+                bar.update(tokens.shape[0])
+                continue
             b_idx, p_idx = select_positions(tokens, positions, pad_id)
             captured = _run_batch(model, tokens.to(device), names, b_idx.to(device), p_idx.to(device), dtype,
                                   stop_early)
@@ -222,6 +242,8 @@ def stream_activations(model: Any, data: Tensor | Iterable[Tensor], hooks: str |
             bar.update(tokens.shape[0])
     finally:
         bar.close()
+    if seen < start:
+        raise ValueError(f"start = {start}, but the data hold only {seen} sequences")
 
 
 @torch.inference_mode()
@@ -274,47 +296,143 @@ def save_activations(model: Any, data: Tensor | Iterable[Tensor], hooks: str | S
 
     Memory held at any time: one batch's forward pass plus one shard buffer (preallocated once and
     refilled, written from views without copying). A batch larger than a shard becomes a shard of its own.
+
+    Resumable: every shard is written atomically and then recorded in progress.json. When `out_dir`
+    holds an interrupted harvest (progress.json, no index.json), the same call continues after its last
+    recorded shard; different arguments, or data whose leading sequences differ from the ones already
+    done (compared by a SHA-256 of their token ids), are a ValueError. The model is compared by class
+    and config, not by its weights. overwrite=True starts afresh in a folder holding a complete or an
+    interrupted set.
     """
     out_dir = Path(out_dir)
     if not (isinstance(shard_mb, (int, float)) and shard_mb > 0 and math.isfinite(shard_mb)):
         raise ValueError(f"shard_mb must be a positive number, got {shard_mb!r}")
+    names = [hooks] if isinstance(hooks, str) else list(hooks)
+    arguments = json.loads(json.dumps({
+        "hooks": names, "positions": _describe(positions), "batch_size": batch_size, "pad_id": pad_id,
+        "dtype": None if dtype is None else str(dtype).removeprefix("torch."), "shard_bytes": int(shard_mb * 2**20),
+        "stop_early": stop_early, "model": _model_summary(model)}))
     if (out_dir / INDEX_FILE).exists():
         if not overwrite:
             raise FileExistsError(f"{out_dir} already holds a complete activation set ({INDEX_FILE}); "
                                   "pass overwrite=True or choose another out_dir")
         (out_dir / INDEX_FILE).unlink()
     out_dir.mkdir(parents=True, exist_ok=True)
-    for stale in out_dir.glob("shard-*.safetensors"):  # from an earlier or interrupted set
-        stale.unlink()
+    done = [] if overwrite else _resumable_shards(out_dir, arguments)
+    if not done:  # a fresh start: an earlier harvest's record goes with its shards
+        (out_dir / PROGRESS_FILE).unlink(missing_ok=True)
+    kept = {shard["file"] for shard in done}
+    for stale in out_dir.iterdir():  # shards never recorded, and temporaries a killed write left behind
+        if stale.is_file() and (stale.name.startswith("shard-") or is_temporary(stale)) and stale.name not in kept:
+            stale.unlink()
 
-    writer = _ShardWriter(out_dir, int(shard_mb * 2**20))
-    n_sequences = 0
-    for part in stream_activations(model, data, hooks, positions, batch_size=batch_size, pad_id=pad_id, dtype=dtype,
-                                   progress=progress, stop_early=stop_early):
-        writer.add(part)
-        n_sequences += part.meta["batch_sequences"]
+    writer = _ShardWriter(out_dir, arguments, done)
+    tap = _TokenDigest(data, batch_size, done[-1] if done else None)
+    for part in stream_activations(model, tap, names, positions, batch_size=batch_size, pad_id=pad_id, dtype=dtype,
+                                   progress=progress, stop_early=stop_early, start=writer.sequences):
+        writer.add(part, tap.state)
     writer.flush()
     if not writer.shards:
         raise ValueError("no activations were collected: the dataset was empty or no position was selected")
     index = {"format": INDEX_FORMAT, "hooks": writer.spec, "positions": _describe(positions),
-             "n_rows": sum(s["rows"] for s in writer.shards), "n_sequences": n_sequences, "shards": writer.shards,
-             "model": _model_summary(model)}
+             "n_rows": sum(s["rows"] for s in writer.shards), "n_sequences": writer.sequences,
+             "shards": writer.shards, "model": _model_summary(model)}
     atomic_write_text(out_dir / INDEX_FILE, json.dumps(index, indent=2) + "\n")
+    (out_dir / PROGRESS_FILE).unlink(missing_ok=True)
     return ActivationStore(out_dir)
+
+
+def _resumable_shards(out_dir: Path, arguments: dict[str, Any]) -> list[dict[str, Any]]:
+    """The shards an interrupted harvest in `out_dir` recorded, if it ran with these arguments."""
+    path = out_dir / PROGRESS_FILE
+    if not path.is_file():
+        return []
+    try:
+        progress = json.loads(path.read_text())
+        recorded, shards = progress["arguments"], progress["shards"]
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise ValueError(f"malformed {path} ({err}); pass overwrite=True to start afresh") from err
+    differing = [key for key in sorted(set(recorded) | set(arguments)) if recorded.get(key) != arguments.get(key)]
+    if differing:
+        key = differing[0]
+        raise ValueError(f"{out_dir} holds an interrupted harvest with other arguments ({key}: "
+                         f"{recorded.get(key)!r} then, {arguments.get(key)!r} now); rerun it with the same "
+                         "arguments to resume, or pass overwrite=True to start afresh")
+    missing = [s["file"] for s in shards if not (out_dir / s["file"]).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{out_dir}: {PROGRESS_FILE} records shards that are missing ({missing[:3]}); "
+                                "pass overwrite=True to start afresh")
+    return shards
+
+
+class _TokenDigest:
+    """The dataset's batches, passed through unchanged while a SHA-256 of their token ids runs along.
+
+    `state` is (sequences done, digest) through the batch last read — while stream_activations yields a
+    batch's part, that batch's: what a shard ending there records. When resuming after `resume` (the last recorded shard), the batches read must end exactly at
+    its sequence count with its digest: otherwise these are not the data its shards came from.
+    """
+
+    def __init__(self, data: Tensor | Iterable[Tensor], batch_size: int, resume: dict[str, Any] | None):
+        self.batches, self.n_sequences = _batches(data, batch_size)
+        self.resume = resume
+        self.hash = hashlib.sha256()
+        self.seen, self.digest = 0, self.hash.hexdigest()
+
+    def __iter__(self) -> Iterator[Tensor]:
+        for tokens in self.batches:
+            if isinstance(tokens, Tensor):  # stream_activations rejects anything else with a clear error
+                rows = tokens[None, :] if tokens.ndim == 1 else tokens
+                self.hash.update(rows.detach().to(device="cpu", dtype=torch.int64).contiguous().numpy().tobytes())
+                self.seen += int(rows.shape[0])
+                self.digest = self.hash.hexdigest()
+                self._check()
+            yield tokens
+        if self.resume is not None and self.seen < self.resume["sequences"]:
+            raise ValueError(f"the data hold {self.seen} sequences, but the interrupted harvest had already done "
+                             f"{self.resume['sequences']}: these are not the same data")
+
+    def _check(self) -> None:
+        if self.resume is None or self.seen < self.resume["sequences"]:
+            return
+        expected, self.resume = self.resume, None
+        if self.seen != expected["sequences"]:
+            raise ValueError(f"the data's batches do not end at sequence {expected['sequences']}, where the "
+                             "interrupted harvest's last shard ends: these are not the same data")
+        if self.digest != expected["tokens_sha256"]:
+            raise ValueError(f"the first {self.seen} sequences differ from those the interrupted harvest already "
+                             "wrote (by the SHA-256 of their token ids); rerun it with the same data, or pass "
+                             "overwrite=True to start afresh")
+
+    @property
+    def state(self) -> tuple[int, str]:
+        return self.seen, self.digest
 
 
 class _ShardWriter:
     """Rows accumulate in preallocated per-hook buffers of about `limit` bytes; a full buffer is written
-    as one shard (its filled prefix is a contiguous view, so nothing is copied) and then refilled."""
+    as one shard (its filled prefix is a contiguous view, so nothing is copied) and then refilled.
 
-    def __init__(self, directory: Path, limit: int):
-        self.directory, self.limit = directory, limit
-        self.shards: list[dict[str, Any]] = []
+    After each shard, progress.json records every shard so far with the sequences done when it ends
+    and the token digest there (both atomic writes: a shard on disk but not recorded is redone)."""
+
+    def __init__(self, directory: Path, arguments: dict[str, Any], done: Sequence[dict[str, Any]] = ()):
+        self.directory, self.arguments, self.limit = directory, arguments, int(arguments["shard_bytes"])
+        self.shards: list[dict[str, Any]] = [dict(s) for s in done]
         self.spec: dict[str, dict[str, Any]] = {}
         self.buffers: dict[str, Tensor] = {}
         self.filled = 0
+        # Sequences done and the token digest at the end of the last part added (buffered or written).
+        self.sequences = int(done[-1]["sequences"]) if done else 0
+        self.digest = done[-1]["tokens_sha256"] if done else hashlib.sha256().hexdigest()
+        if done:
+            with safe_open(str(directory / done[0]["file"]), framework="pt") as f:
+                for name in arguments["hooks"]:  # in the order asked for, as a fresh harvest lists them
+                    t = f.get_slice(name)
+                    self.spec[name] = {"shape": list(t.get_shape()[1:]), "dtype": _dtype_name(t.get_dtype())}
 
-    def add(self, part: Activations) -> None:
+    def add(self, part: Activations, end: tuple[int, str]) -> None:
+        """Buffer `part`'s rows; `end` is (sequences done, token digest) once its batch is done."""
         for name, t in part.acts.items():
             shape, kind = list(t.shape[1:]), str(t.dtype).removeprefix("torch.")
             known = self.spec.setdefault(name, {"shape": shape, "dtype": kind})
@@ -322,22 +440,25 @@ class _ShardWriter:
                 raise ValueError(f"{name}: rows of shape {shape} after rows of shape {known['shape']}; batches of "
                                  "different lengths give attention patterns of different widths")
         rows = len(part)
-        if not rows:
-            return
-        if not self.buffers:
-            row_bytes = sum(t[0].numel() * t.element_size() for t in part.acts.values()) + 16  # + seq, pos
-            capacity = max(1, self.limit // row_bytes)
-            self.buffers = {name: torch.empty((capacity, *t.shape[1:]), dtype=t.dtype) for name, t in part.acts.items()}
-            self.buffers |= {"seq": torch.empty(capacity, dtype=torch.long), "pos": torch.empty(capacity, dtype=torch.long)}
-        capacity = len(self.buffers["seq"])
-        if self.filled + rows > capacity:
-            self.flush()
-        if rows > capacity:  # one batch bigger than a shard: write it as it is
-            self._write(part.acts | {"seq": part.seq, "pos": part.pos}, rows)
-            return
-        for name, t in (part.acts | {"seq": part.seq, "pos": part.pos}).items():
-            self.buffers[name][self.filled: self.filled + rows] = t
-        self.filled += rows
+        if rows:
+            if not self.buffers:
+                row_bytes = sum(t[0].numel() * t.element_size() for t in part.acts.values()) + 16  # + seq, pos
+                capacity = max(1, self.limit // row_bytes)
+                self.buffers = {name: torch.empty((capacity, *t.shape[1:]), dtype=t.dtype)
+                                for name, t in part.acts.items()}
+                self.buffers |= {"seq": torch.empty(capacity, dtype=torch.long),
+                                 "pos": torch.empty(capacity, dtype=torch.long)}
+            capacity = len(self.buffers["seq"])
+            if self.filled + rows > capacity:
+                self.flush()  # the buffer holds whole batches up to the previous part: a resumable boundary
+            if rows > capacity:  # one batch bigger than a shard: write it as it is
+                self.sequences, self.digest = end
+                self._write(part.acts | {"seq": part.seq, "pos": part.pos}, rows)
+                return
+            for name, t in (part.acts | {"seq": part.seq, "pos": part.pos}).items():
+                self.buffers[name][self.filled: self.filled + rows] = t
+            self.filled += rows
+        self.sequences, self.digest = end
 
     def flush(self) -> None:
         if self.filled:
@@ -348,7 +469,16 @@ class _ShardWriter:
         file = f"shard-{len(self.shards):05d}.safetensors"
         tensors = {name: t.contiguous() for name, t in tensors.items()}
         atomic_write(self.directory / file, lambda path: save_file(tensors, str(path), metadata={"format": INDEX_FORMAT}))
-        self.shards.append({"file": file, "rows": rows})
+        self.shards.append({"file": file, "rows": rows, "sequences": self.sequences, "tokens_sha256": self.digest})
+        atomic_write_text(self.directory / PROGRESS_FILE,
+                          json.dumps({"format": INDEX_FORMAT, "arguments": self.arguments, "shards": self.shards},
+                                     indent=2) + "\n")
+
+
+def _dtype_name(safetensors_dtype: str) -> str:
+    """safetensors' dtype codes (F32, F16, BF16, I64) as the torch names index.json uses."""
+    return {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
+            "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}[safetensors_dtype]
 
 
 def _model_summary(model: Any) -> dict[str, Any]:
@@ -406,6 +536,10 @@ class ActivationStore:
     def __iter__(self) -> Iterator[Activations]:
         return self.shards()
 
+    def __getitem__(self, name: str) -> "StoredRows":
+        """One hook's rows, left on disk: `fit_probe(store[name], y)` fits shard by shard."""
+        return StoredRows(self, self._names(name)[0])
+
     def load(self, names: str | Sequence[str] | None = None) -> Activations:
         """Everything (or the named hooks) in memory, filled shard by shard into preallocated tensors."""
         names = self._names(names)
@@ -421,3 +555,28 @@ class ActivationStore:
             seq[start:stop], pos[start:stop] = part.seq, part.pos
             start = stop
         return Activations(acts, seq, pos, {"positions": self.index["positions"]})
+
+
+@dataclass(frozen=True)
+class StoredRows:
+    """One hook's rows in an ActivationStore, read a shard at a time (`store[name]`): what the linear probes
+    of `lab.analysis.probes` fit out of core, holding one shard's rows at once."""
+
+    store: ActivationStore
+    name: str
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """[rows, *shape], as the loaded tensor would have."""
+        return (len(self.store), *self.store.index["hooks"][self.name]["shape"])
+
+    def chunks(self) -> Iterator[Tensor]:
+        """The rows, one shard's [rows, *shape] tensor at a time, in row order."""
+        for part in self.store.shards(self.name):
+            yield part.acts[self.name]
+
+    def load(self) -> Tensor:
+        return self.store.load(self.name)[self.name]

@@ -35,6 +35,11 @@ Honesty, in order:
    K − 1; a fold whose training groups hold fewer than MIN_PER_CLASS of either class makes the whole readout
    "not enough data", said in words, and nothing is scored.
 
+Linear probes also fit out of core: `fit_probe(store[name], y)` on an `ActivationStore` reads the
+rows a shard at a time — ridge from per-fold sums (Σx, Σx², Σxxᵀ, Σxy), logistic by the same damped
+Newton (or L-BFGS) steps with each gradient and Hessian summed over the shards — so memory is one shard
+plus [features]² per fold, and the probe is the one the in-memory fit finds.
+
 A linear probe's direction w (in activation space, undoing the standardisation) becomes a steering
 vector with `steering_vector`; add it with `lab.analysis.steering.steer`.
 """
@@ -51,6 +56,7 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
+from lab.analysis.activations import ActivationStore, StoredRows
 from lab.metrics.calibration import MIN_PER_CLASS, Metric, auroc, auroc_ci, bootstrap_ci
 
 __all__ = ["MIN_PER_CLASS", "CrossFitted", "Metric", "ProbeResult", "accuracy", "auroc", "auroc_ci", "bootstrap_ci",
@@ -382,8 +388,11 @@ def _cross_validate_mlp(X: Tensor, y: Tensor, task: str, n_classes: int, folds: 
 
 def _loss(fit: _Fitted, X: Tensor, y: Tensor) -> float:
     """Held-out loss used to choose the regularisation: squared error or cross-entropy (nats)."""
-    s = fit.scores(X)
-    if fit.task == "regression":
+    return _loss_of_scores(fit.task, fit.scores(X), y)
+
+
+def _loss_of_scores(task: str, s: Tensor, y: Tensor) -> float:
+    if task == "regression":
         return float(((s - y) ** 2).mean())
     eps = 1e-12
     if s.ndim == 1:
@@ -409,6 +418,338 @@ def _cross_validate(kind: str, task: str, X: Tensor, y: Tensor, n_classes: int,
             cv_loss[g] += _loss(fitted, X[val], y[val]) / len(folds)
     best = min(grid, key=lambda g: (cv_loss[g], -g))  # ties: the stronger regularisation
     return cv_loss, best, fit(np.arange(X.shape[0]), [best])[0]
+
+
+# --------------------------------------------------------------------------------------------
+# Fitting out of core: the rows stay in an ActivationStore and are read a shard at a time
+# --------------------------------------------------------------------------------------------
+# Rows are labelled by part: fold k of the cross-validation (0..K-1, training rows), K (test rows), or -1
+# (in neither). Every fit is over a union of parts, so one pass over the shards gives each part's sums and
+# every fold's statistics are sums of parts. Memory: one shard's rows plus [features]² per part (ridge).
+def _chunks(X: StoredRows) -> Iterator[tuple[int, Tensor]]:
+    """(first row, float64 [rows, features]) per shard, in row order."""
+    start = 0
+    for chunk in X.chunks():
+        yield start, chunk.reshape(chunk.shape[0], -1).double()
+        start += chunk.shape[0]
+
+
+@dataclass
+class _PartSums:
+    """Per-part sums of the shifted rows x − c (c: the first shard's mean, so that the one-pass variance
+    Σx²/n − x̄² does not cancel): count, Σx, Σx², and for ridge Σxxᵀ, Σx·y, Σy."""
+
+    shift: Tensor
+    count: np.ndarray
+    s1: Tensor  # [parts, features]
+    s2: Tensor  # [parts, features]
+    gram: Tensor | None  # [parts, features, features] (ridge), or [features, features] over the training parts
+    xy: Tensor | None  # [parts, features]
+    y1: Tensor | None  # [parts]
+
+    def moments(self, parts: Sequence[int]) -> tuple[int, Tensor, Tensor]:
+        """(rows, mean, std) of the union of `parts`, as `_standardise` computes them on those rows."""
+        idx = list(parts)
+        n = int(self.count[idx].sum())
+        m = self.s1[idx].sum(0) / n
+        var = (self.s2[idx].sum(0) / n - m**2).clamp_min(0)
+        return n, m + self.shift, var.sqrt().clamp_min(1e-8)
+
+
+def _part_sums(X: StoredRows, part: np.ndarray, n_parts: int, train_parts: Sequence[int], y: Tensor | None,
+               per_part_gram: bool) -> _PartSums:
+    d = int(np.prod(X.shape[1:]))
+    s = _PartSums(torch.zeros(0), np.zeros(n_parts, dtype=np.int64), torch.zeros(n_parts, d, dtype=torch.float64),
+                  torch.zeros(n_parts, d, dtype=torch.float64),
+                  torch.zeros((n_parts, d, d) if per_part_gram else (d, d), dtype=torch.float64),
+                  torch.zeros(n_parts, d, dtype=torch.float64) if y is not None else None,
+                  torch.zeros(n_parts, dtype=torch.float64) if y is not None else None)
+    for start, chunk in _chunks(X):
+        if not len(s.shift):
+            s.shift = chunk.mean(0)
+        here = part[start: start + len(chunk)]
+        for p in np.unique(here[here >= 0]):
+            sel = torch.as_tensor(here == p)
+            Xp = chunk[sel] - s.shift
+            s.count[p] += len(Xp)
+            s.s1[p] += Xp.sum(0)
+            s.s2[p] += (Xp**2).sum(0)
+            if per_part_gram:
+                s.gram[p] += Xp.T @ Xp
+            elif p in train_parts:
+                s.gram += Xp.T @ Xp
+            if y is not None:
+                yp = y[start: start + len(chunk)][sel]
+                s.xy[p] += Xp.T @ yp
+                s.y1[p] += yp.sum()
+    return s
+
+
+def _streamed_rank(s: _PartSums, parts: Sequence[int]) -> int:
+    """`feature_rank` of the rows of `parts` from their Gram matrix: the centred singular values are the
+    square roots of the centred Gram's eigenvalues, the scale is ‖X‖₂ = √λ_max(XᵀX) of the unshifted rows.
+    (Eigenvalues carry an error of ~ε·λ_max, i.e. singular values ~√ε·‖X‖₂ ≈ 1.5e-8·‖X‖₂, below rtol.)"""
+    idx = list(parts)
+    n = int(s.count[idx].sum())
+    if n < 2:
+        return 0
+    gram = s.gram[idx].sum(0) if s.gram.ndim == 3 else s.gram
+    s1 = s.s1[idx].sum(0)
+    raw = gram + torch.outer(s.shift, s1) + torch.outer(s1, s.shift) + n * torch.outer(s.shift, s.shift)
+    scale = float(torch.linalg.eigvalsh(raw)[-1].clamp_min(0).sqrt())
+    if scale == 0.0:
+        return 0
+    centred = gram - torch.outer(s1, s1) / n
+    singular = torch.linalg.eigvalsh(centred).clamp_min(0).sqrt()
+    return int((singular > FEATURE_RTOL * scale).sum())
+
+
+def _streamed_ridge(s: _PartSums, parts: Sequence[int], alphas: Sequence[float]) -> list[_Fitted]:
+    """`_fit_ridge` from sums: with Z the standardised rows, w = (ZᵀZ + αI)⁻¹ Zᵀ(y − ȳ), b = ȳ, where
+    ZᵀZ = D⁻¹(Σx'x'ᵀ − n x̄'x̄'ᵀ)D⁻¹ and Zᵀ(y − ȳ) = D⁻¹(Σx'y − n x̄'ȳ) (x' = x − c, D = diag(std)); one
+    eigendecomposition of ZᵀZ serves every α."""
+    idx = list(parts)
+    n, mean, std = s.moments(idx)
+    m = s.s1[idx].sum(0) / n
+    y_mean = s.y1[idx].sum() / n
+    ztz = (s.gram[idx].sum(0) - n * torch.outer(m, m)) / torch.outer(std, std)
+    zty = (s.xy[idx].sum(0) - n * m * y_mean) / std
+    lam, Q = torch.linalg.eigh(ztz)
+    qty = Q.T @ zty
+    return [_Fitted("ridge", "regression", mean, std, {"w": Q @ (qty / (lam.clamp_min(0) + a)), "b": y_mean})
+            for a in alphas]
+
+
+@dataclass
+class _Streamed:
+    """One logistic fit in progress: the parts it is fitted on, its standardisation, its parameters."""
+
+    parts: list[int]
+    mean: Tensor
+    std: Tensor
+    n: int
+    T: Tensor  # [features + 1, out], the bias in the last row
+    f: float = math.nan
+    done: bool = False
+
+
+def _logistic_pass(X: StoredRows, part: np.ndarray, y: Tensor, out_dim: int, fits: Sequence[_Streamed],
+                   Ts: Sequence[Tensor], derivatives: bool) -> list[tuple[float, Tensor | None, Tensor | None]]:
+    """Mean cross-entropy at Ts[i] for each fit (without the penalty), and with `derivatives` its gradient
+    Aᵀ(P − Y)/n and Hessian (as `_newton_logistic` forms them), in one pass over the shards."""
+    sums: list[list[Any]] = [[0.0, None, None] for _ in fits]
+    for start, chunk in _chunks(X):
+        here = torch.as_tensor(part[start: start + len(chunk)])
+        labels = y[start: start + len(chunk)]
+        for i, (fit, T) in enumerate(zip(fits, Ts)):
+            sel = torch.isin(here, torch.as_tensor(fit.parts))
+            if not bool(sel.any()):
+                continue
+            Z = (chunk[sel] - fit.mean) / fit.std
+            A = torch.cat([Z, torch.ones(len(Z), 1, dtype=torch.float64)], dim=1)
+            Y = labels[sel][:, None].double() if out_dim == 1 else F.one_hot(labels[sel], out_dim).double()
+            logits = A @ T
+            if out_dim == 1:
+                sums[i][0] += float((F.softplus(logits[:, 0]) - Y[:, 0] * logits[:, 0]).sum())
+            else:
+                sums[i][0] += float((torch.logsumexp(logits, dim=1) - (Y * logits).sum(dim=1)).sum())
+            if not derivatives:
+                continue
+            k = A.shape[1]
+            if out_dim == 1:
+                P = torch.sigmoid(logits)
+                H = (A * (P * (1 - P))).T @ A
+            else:
+                P = logits.softmax(dim=1)
+                S = torch.diag_embed(P) - P[:, :, None] * P[:, None, :]  # [n, c, e]
+                # Block (c, e) is Aᵀ diag(S[:, c, e]) A: all k² blocks from one product, laid out [i, c, j, e].
+                H = (A.T @ (A[:, :, None] * S.reshape(len(A), 1, -1)).reshape(len(A), -1))
+                H = H.reshape(k, k, out_dim, out_dim).permute(0, 2, 1, 3).reshape(k * out_dim, k * out_dim)
+            G = A.T @ (P - Y)
+            sums[i][1] = G if sums[i][1] is None else sums[i][1] + G
+            sums[i][2] = H if sums[i][2] is None else sums[i][2] + H
+    return [(total / fit.n, None if G is None else G / fit.n, None if H is None else H / fit.n)
+            for fit, (total, G, H) in zip(fits, sums)]
+
+
+def _streamed_newton(X: StoredRows, part: np.ndarray, y: Tensor, out_dim: int, lam: float, fits: Sequence[_Streamed],
+                     max_iter: int = 100) -> None:
+    """`_newton_logistic` for several fits in lockstep, each pass over the shards serving all of them:
+    the same damped Newton steps, Armijo backtracking and stopping rule, per fit. The full step is
+    evaluated with its gradient and Hessian, which the next step reuses when it is accepted (it nearly
+    always is), so an iteration costs one pass."""
+    r = fits[0].T.shape[0] - 1
+    pen = torch.cat([torch.full((r,), float(lam), dtype=torch.float64), torch.tensor([1e-9], dtype=torch.float64)])
+    diagonal = torch.diag(pen.repeat_interleave(out_dim))
+
+    def objective(data: float, T: Tensor) -> float:
+        return data + 0.5 * float((pen[:, None] * T**2).sum())
+
+    state: dict[int, tuple[Tensor, Tensor]] = {}  # fit → (G, H) of the objective at its current T
+    for i, (fit, (data, G, H)) in enumerate(zip(fits, _logistic_pass(X, part, y, out_dim, fits, [f.T for f in fits],
+                                                                     True))):
+        fit.f, fit.done = objective(data, fit.T), False
+        state[i] = (G + pen[:, None] * fit.T, H + diagonal)
+    for _ in range(max_iter):
+        missing = [i for i, fit in enumerate(fits) if not fit.done and i not in state]
+        if missing:  # after a backtracked step: the derivatives at the accepted point
+            for i, (_, G, H) in zip(missing, _logistic_pass(X, part, y, out_dim, [fits[i] for i in missing],
+                                                            [fits[i].T for i in missing], True)):
+                state[i] = (G + pen[:, None] * fits[i].T, H + diagonal)
+        steps = {}
+        for i, fit in enumerate(fits):
+            if fit.done:
+                continue
+            G, H = state.pop(i)
+            step = torch.linalg.solve(H, G.reshape(-1)).reshape(fit.T.shape)
+            decrease = float((G * step).sum())
+            if decrease < 1e-12:  # Newton decrement²: at the optimum to machine precision
+                fit.done = True
+            else:
+                steps[i] = (step, decrease)
+        if not steps:
+            break
+        order = list(steps)
+        full = _logistic_pass(X, part, y, out_dim, [fits[i] for i in order], [fits[i].T - steps[i][0] for i in order],
+                              True)
+        searching = []
+        for i, (data, G, H) in zip(order, full):
+            step, decrease = steps[i]
+            T_new = fits[i].T - step
+            f_new = objective(data, T_new)
+            if f_new <= fits[i].f - 1e-4 * decrease:
+                fits[i].T, fits[i].f = T_new, f_new
+                state[i] = (G + pen[:, None] * T_new, H + diagonal)
+            else:
+                searching.append((i, 0.5))
+        while searching:  # backtracking: one pass evaluates every fit's current candidate
+            candidates = [fits[i].T - t * steps[i][0] for i, t in searching]
+            values = _logistic_pass(X, part, y, out_dim, [fits[i] for i, _ in searching], candidates, False)
+            still = []
+            for (i, t), T_new, (data, _, _) in zip(searching, candidates, values):
+                f_new = objective(data, T_new)
+                if f_new <= fits[i].f - 1e-4 * t * steps[i][1] or t * 0.5 <= 1e-10:
+                    fits[i].T, fits[i].f = T_new, f_new
+                else:
+                    still.append((i, t * 0.5))
+            searching = still
+
+
+def _streamed_lbfgs(X: StoredRows, part: np.ndarray, y: Tensor, out_dim: int, lam: float, fit: _Streamed) -> None:
+    """`_lbfgs_logistic` with the loss and its gradient summed over the shards at every evaluation."""
+    T = fit.T.clone().requires_grad_(True)
+    optimizer = torch.optim.LBFGS([T], lr=1, max_iter=300, tolerance_grad=1e-9, tolerance_change=1e-12,
+                                  history_size=20, line_search_fn="strong_wolfe")
+
+    def closure() -> Tensor:
+        value = T.detach()
+        data, G = _gradient_pass(X, part, y, out_dim, fit, value)
+        T.grad = G + lam * torch.cat([value[:-1], torch.zeros_like(value[-1:])])
+        return torch.tensor(data + 0.5 * lam * float((value[:-1] ** 2).sum()), dtype=torch.float64)
+
+    optimizer.step(closure)
+    fit.T = T.detach()
+
+
+def _gradient_pass(X: StoredRows, part: np.ndarray, y: Tensor, out_dim: int, fit: _Streamed,
+                   T: Tensor) -> tuple[float, Tensor]:
+    """Mean cross-entropy and its gradient Aᵀ(P − Y)/n, without the Hessian (for L-BFGS)."""
+    total, G = 0.0, torch.zeros_like(T)
+    for start, chunk in _chunks(X):
+        sel = torch.isin(torch.as_tensor(part[start: start + len(chunk)]), torch.as_tensor(fit.parts))
+        if not bool(sel.any()):
+            continue
+        A = torch.cat([(chunk[sel] - fit.mean) / fit.std, torch.ones(int(sel.sum()), 1, dtype=torch.float64)], dim=1)
+        labels = y[start: start + len(chunk)][sel]
+        Y = labels[:, None].double() if out_dim == 1 else F.one_hot(labels, out_dim).double()
+        logits = A @ T
+        if out_dim == 1:
+            total += float((F.softplus(logits[:, 0]) - Y[:, 0] * logits[:, 0]).sum())
+            P = torch.sigmoid(logits)
+        else:
+            total += float((torch.logsumexp(logits, dim=1) - (Y * logits).sum(dim=1)).sum())
+            P = logits.softmax(dim=1)
+        G += A.T @ (P - Y)
+    return total / fit.n, G / fit.n
+
+
+def _streamed_logistic(X: StoredRows, part: np.ndarray, y: Tensor, n_classes: int, s: _PartSums,
+                       fold_parts: Sequence[Sequence[int]], lambdas: Sequence[float]) -> list[list[_Fitted]]:
+    """`_fit_logistic` on each union of parts in `fold_parts`, for every λ (warm-started from the strongest
+    penalty to the weakest), all fits of one λ in lockstep. Newton while (features + 1)·out ≤
+    NEWTON_MAX_PARAMS, else L-BFGS, as in memory (in memory a wide, short X is first reduced to its row
+    space; here the fit is in the full feature space: the same optimum, since w lies in that row space)."""
+    out_dim = 1 if n_classes == 2 else n_classes
+    d = s.s1.shape[1]
+    fits = []
+    for parts in fold_parts:
+        n, mean, std = s.moments(parts)
+        fits.append(_Streamed(list(parts), mean, std, n, torch.zeros(d + 1, out_dim, dtype=torch.float64)))
+    newton = (d + 1) * out_dim <= NEWTON_MAX_PARAMS
+    fitted: dict[float, list[_Fitted]] = {}
+    for lam in sorted(lambdas, reverse=True):
+        if newton:
+            _streamed_newton(X, part, y, out_dim, lam, fits)
+        else:
+            for fit in fits:
+                _streamed_lbfgs(X, part, y, out_dim, lam, fit)
+        fitted[lam] = [_Fitted("logistic", "classification", fit.mean, fit.std,
+                               {"w": fit.T[:-1, 0] if out_dim == 1 else fit.T[:-1],
+                                "b": fit.T[-1, 0] if out_dim == 1 else fit.T[-1]}) for fit in fits]
+    return [[fitted[lam][j] for lam in lambdas] for j in range(len(fold_parts))]
+
+
+def _streamed_scores(X: StoredRows, rows: np.ndarray, fits: Sequence[_Fitted]) -> list[Tensor]:
+    """Each fit's scores on `rows` (in the order given), one pass over the shards."""
+    order = np.full(len(X), -1)
+    order[rows] = np.arange(len(rows))
+    out: list[list[Tensor]] = [[] for _ in fits]
+    where: list[np.ndarray] = []
+    for start, chunk in _chunks(X):
+        at = order[start: start + len(chunk)]
+        sel = at >= 0
+        if sel.any():
+            where.append(at[sel])
+            for j, fit in enumerate(fits):
+                out[j].append(fit.scores(chunk[torch.as_tensor(sel)]))
+    if not where:
+        return [torch.zeros(0, dtype=torch.float64) for _ in fits]
+    inverse = torch.as_tensor(np.argsort(np.concatenate(where)))
+    return [torch.cat(parts)[inverse] for parts in out]
+
+
+def _cross_validate_streamed(kind: str, X: StoredRows, y: Tensor, n_classes: int, train: np.ndarray, test: np.ndarray,
+                             folds: list[tuple[np.ndarray, np.ndarray]],
+                             grid: Sequence[float]) -> tuple[dict[float, float], float, _Fitted, int]:
+    """`_cross_validate` (and `feature_rank` of the training rows) with the rows read shard by shard.
+    Returns (cv loss per candidate, the best candidate, the refitted probe, the rank)."""
+    K = len(folds)
+    part = np.full(len(X), -1)
+    for k, (_, val) in enumerate(folds):
+        part[train[val]] = k
+    part[test] = K
+    train_parts = list(range(K))
+    s = _part_sums(X, part, K + 1, train_parts, y.double() if kind == "ridge" else None, per_part_gram=kind == "ridge")
+    rank = _streamed_rank(s, train_parts)
+    if rank == 0:
+        return {}, math.nan, None, 0
+    fold_parts = [[p for p in train_parts if p != k] for k in range(K)]
+    if kind == "ridge":
+        per_fold = [_streamed_ridge(s, parts, grid) for parts in fold_parts]
+    else:
+        per_fold = _streamed_logistic(X, part, y, n_classes, s, fold_parts, grid)
+    cv_loss = {g: 0.0 for g in grid}
+    for k, (_, val) in enumerate(folds):  # held-out loss: a pass scoring fold k's rows with its K fits
+        rows = train[val]
+        scores = _streamed_scores(X, rows, per_fold[k])
+        for g, fit, sc in zip(grid, per_fold[k], scores):
+            cv_loss[g] += _loss_of_scores(fit.task, sc, y[rows]) / K
+    best = min(grid, key=lambda g: (cv_loss[g], -g))
+    if kind == "ridge":
+        final = _streamed_ridge(s, train_parts, [best])[0]
+    else:
+        final = _streamed_logistic(X, part, y, n_classes, s, [train_parts], [best])[0][0]
+    return cv_loss, best, final, rank
 
 
 # --------------------------------------------------------------------------------------------
@@ -505,13 +846,23 @@ def fit_probe(X: Any, y: Any, kind: Kind = "logistic", *, groups: Any = None, te
     """Fit one probe on activations X [rows, ...] against labels y [rows], and score it on held-out groups.
 
     kind: "ridge" (regression), "logistic" (classification) or "mlp" (either; `task` defaults to
-    classification for integer/bool labels). groups: an entity id per row; no group is on both sides
+    classification for integer/bool labels). X may also be rows left on disk — `store[name]` of an
+    `ActivationStore`, or a store of one hook: a ridge or logistic probe is then fitted out of core, a shard
+    at a time (the same probe as in memory; see "Fitting out of core"). groups: an entity id per row; no group is on both sides
     of any split. split: (train rows, test rows) to reuse one split across probes (else `group_split`).
     grid: regularisation candidates (defaults RIDGE_ALPHAS, LOGISTIC_LAMBDAS, MLP_DECAYS).
     """
     if kind not in ("ridge", "logistic", "mlp"):
         raise ValueError(f"kind must be 'ridge', 'logistic' or 'mlp', got {kind!r}")
-    X = _features(X)
+    if isinstance(X, ActivationStore):
+        if len(X.names) != 1:
+            raise ValueError(f"{X.directory} holds {len(X.names)} hooks {X.names}: fit on one, store[name]")
+        X = X[X.names[0]]
+    stored = isinstance(X, StoredRows)
+    if stored and kind == "mlp":
+        raise ValueError("an MLP probe is fitted in memory: give store.load(name)[name], not the store")
+    X = X if stored else _features(X)
+    n_features = int(np.prod(X.shape[1:])) if stored else X.shape[1]
     y_raw = np.asarray(y.detach().cpu() if isinstance(y, Tensor) else y)
     if y_raw.shape != (X.shape[0],):
         raise ValueError(f"y must have one label per row of X ({X.shape[0]}), got shape {y_raw.shape}")
@@ -542,20 +893,27 @@ def fit_probe(X: Any, y: Any, kind: Kind = "logistic", *, groups: Any = None, te
         if groups is not None and set(group_ids[train]) & set(group_ids[test]):
             raise ValueError("the given split puts a group on both sides")
 
-    rank = feature_rank(X[train])
+    # Cross-validate the regularisation on the training rows only, folds grouped like the split.
+    def grouped_folds() -> list[tuple[np.ndarray, np.ndarray]]:
+        return group_kfold(group_ids[train], min(n_folds, len(np.unique(group_ids[train]))), seed=seed + 1)
+
+    if stored:  # one shard's rows in memory at a time (see "Fitting out of core"); the rank comes from the same pass
+        cv_loss, best, fitted, rank = _cross_validate_streamed(kind, X, y_t, n_classes, train, test, grouped_folds(),
+                                                               grid)
+    else:
+        rank = feature_rank(X[train])
     if rank == 0:  # flagged, not scored: a probe on constant features can only return its prior
         why = "constant features (rank 0 on the training rows): not scored"
         blank = Metric(float("nan"), float("nan"), float("nan"), why_no_interval=why)
         names = ["accuracy", "auroc"] if task == "classification" else ["r2"]
         return ProbeResult(kind, task, float("nan"), {}, {name: blank for name in names}, train, test,
-                           torch.full((len(test),), float("nan"), dtype=torch.float64), classes, None, 0, X.shape[1])
-
-    # Cross-validate the regularisation on the training rows only, folds grouped like the split.
-    folds = group_kfold(group_ids[train], min(n_folds, len(np.unique(group_ids[train]))), seed=seed + 1)
-    cv_loss, best, fitted = _cross_validate(kind, task, X[train], y_t[train], n_classes, folds, grid, mlp_hidden,
-                                            mlp_steps, seed)
-
-    scores = fitted.scores(X[test])
+                           torch.full((len(test),), float("nan"), dtype=torch.float64), classes, None, 0, n_features)
+    if stored:
+        scores = _streamed_scores(X, test, [fitted])[0]
+    else:
+        cv_loss, best, fitted = _cross_validate(kind, task, X[train], y_t[train], n_classes, grouped_folds(), grid,
+                                                mlp_hidden, mlp_steps, seed)
+        scores = fitted.scores(X[test])
     y_test, s_test = y_t[test].numpy(), scores.numpy()
     test_groups = group_ids[test] if groups is not None else None
     boot = dict(groups=test_groups, n_boot=n_bootstrap, seed=seed)
@@ -569,7 +927,7 @@ def fit_probe(X: Any, y: Any, kind: Kind = "logistic", *, groups: Any = None, te
         if set(np.unique(y_test).tolist()) <= {0.0, 1.0}:  # a ridge probe on 0/1 labels also ranks them
             metrics["auroc"] = auroc_ci(s_test, y_test.astype(int), **boot)
     return ProbeResult(kind, task, float(best), cv_loss, metrics, train, test, scores, classes, fitted, rank,
-                       X.shape[1])
+                       n_features)
 
 
 def fit_probes(activations: Mapping[str, Any], y: Any, kind: Kind = "logistic", *, groups: Any = None,
@@ -578,6 +936,8 @@ def fit_probes(activations: Mapping[str, Any], y: Any, kind: Kind = "logistic", 
 
     `activations` is a mapping name → [rows, ...] (an `Activations`' `.acts`, or a dict you build).
     """
+    if isinstance(activations, ActivationStore):  # each hook fitted out of core, shard by shard
+        activations = {name: activations[name] for name in activations.names}
     acts = getattr(activations, "acts", activations)
     if not acts:
         raise ValueError("no activations to probe")

@@ -1,0 +1,110 @@
+"""Two runs of one experiment side by side (two seeds, a quick run and a default one): the headlines each
+supports, the number and interval behind every headline, and the figures each run saved."""
+
+from pathlib import Path
+from typing import Any
+
+import streamlit as st
+
+from dashboards.common import EXPERIMENTS, figures, short, show_headlines, show_table
+from lab.runs import complete_runs, run_record
+
+
+def describe(folder: Path, record: dict[str, Any]) -> str:
+    """`quick profile · seed 0 · commit 1a2b3c4d5e · 73 s` from the run's config and provenance."""
+    config, provenance = record["config"], record["provenance"]
+    git = provenance.get("git") if isinstance(provenance.get("git"), dict) else {}
+    wall = provenance.get("wall_time_s")
+    parts = ["quick profile" if config.get("quick") else "default profile", f"seed {provenance.get('seed')}",
+             f"commit {str(git.get('commit') or 'unknown')[:10]}"]
+    if isinstance(wall, (int, float)):
+        parts.append(f"{wall:.0f} s")
+    if config.get("model"):
+        parts.append(f"model {config['model']}")
+    return " · ".join(parts)
+
+
+def headline_value(entry: Any) -> str:
+    """A headline's number with its interval, as the page shows numbers; "not supported" when the run cannot
+    support it."""
+    if not isinstance(entry, dict):
+        return "—"
+    if not entry.get("supported"):
+        return "not supported"
+    value = short(entry.get("value"))
+    interval = entry.get("interval")
+    if isinstance(interval, (list, tuple)) and len(interval) == 2:
+        value += f" [{short(interval[0])}, {short(interval[1])}]"
+    return value
+
+
+def headline_rows(a: dict, b: dict, names: tuple[str, str]) -> list[dict[str, str]]:
+    """One row per headline either run has: its value and interval in each run, and whether the two agree in
+    direction (the quick-vs-default rule: a supported headline's direction must match)."""
+    def by_name(results: dict) -> dict[str, dict]:
+        entries = results.get("headlines") if isinstance(results.get("headlines"), list) else []
+        return {str(h.get("name")): h for h in entries if isinstance(h, dict)}
+
+    first, second = by_name(a), by_name(b)
+    rows = []
+    for name in dict.fromkeys([*first, *second]):
+        x, y = first.get(name), second.get(name)
+        both = isinstance(x, dict) and isinstance(y, dict) and x.get("supported") and y.get("supported")
+        rows.append({"headline": name, names[0]: headline_value(x), names[1]: headline_value(y),
+                     "same direction": ("yes" if x.get("direction") == y.get("direction") else "NO") if both else "—"})
+    return rows
+
+
+st.title("Compare runs")
+with_runs = [e for e in EXPERIMENTS if complete_runs(e)]
+if not with_runs:
+    st.info("No run yet. Make two to compare: `forma run kl --quick` and `forma run kl --quick --seed 1` "
+            "(or without --quick for the full experiment).")
+    st.stop()
+experiment = st.selectbox("Experiment", with_runs, format_func=lambda e: EXPERIMENTS[e], key="compare_experiment")
+runs = complete_runs(experiment)
+if len(runs) < 2:
+    st.info(f"`{experiment}` has one run (`{runs[0].name}`). Make another to compare it with, e.g. "
+            f"`forma run {experiment} --quick --seed 1`, or `forma run {experiment}` for the default profile.")
+    st.stop()
+records = {folder.name: (folder, run_record(folder)) for folder in runs}
+names = list(records)
+cols = st.columns(2)
+with cols[0]:
+    first = st.selectbox("Run A", names, index=0, key="compare_a",
+                         format_func=lambda n: f"{n} — {describe(*records[n])}")
+with cols[1]:
+    second = st.selectbox("Run B", names, index=1, key="compare_b",
+                          format_func=lambda n: f"{n} — {describe(*records[n])}")
+if first == second:
+    st.warning("Run A and run B are the same run: choose two.")
+    st.stop()
+chosen = (first, second)
+for name in chosen:
+    for problem in records[name][1]["problems"]:
+        st.warning(f"{problem}: that part of run `{name}` is left out.")
+
+st.subheader("Headlines, number by number")
+st.caption("Each headline's value with its interval, in each run; a run that cannot support a headline says so "
+           "(its reason is below). Two supported headlines must agree in direction.")
+show_table(headline_rows(records[first][1]["results"], records[second][1]["results"], chosen))
+
+columns = st.columns(2)
+for column, name in zip(columns, chosen):
+    with column:
+        st.subheader(f"Run `{name}`")
+        st.caption(describe(*records[name]))
+        show_headlines(records[name][1]["results"])
+
+found = {name: dict(figures(records[name][0])) for name in chosen}
+shared = [f for f in found[first] if f in found[second]]
+if shared:
+    st.subheader("Figures")
+for figure in shared:
+    columns = st.columns(2)
+    for column, name in zip(columns, chosen):
+        with column:
+            st.plotly_chart(found[name][figure], key=f"compare-{name}-{figure}")
+only = sorted(set(found[first]) ^ set(found[second]))
+if only:
+    st.caption(f"Figures only one of the two runs saved, left out here: {', '.join(only)}.")
