@@ -227,7 +227,8 @@ def show_table(rows: Any) -> None:
     on a canvas that a headless browser may leave blank."""
     import pandas as pd
 
-    frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
+    # object columns: a column of integers with a missing value stays integers (pandas would make it float)
+    frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows, dtype=object)
     if frame.empty:
         return
 

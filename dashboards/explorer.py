@@ -1,17 +1,27 @@
-"""Explorer: a prompt's tokens, attention patterns, residual norms, the logit lens, direct logit attribution
-and activation patching, for any zoo model or local Hugging Face folder; for an encoder–decoder model,
-its translation and cross-attention patterns."""
+"""Explorer: a prompt's tokens, attention patterns, residual norms, the logit lens (beside the true law on a
+source world), direct logit attribution, activation patching and head detectors, for any zoo model or local
+folder — a Forma model, a Hugging Face model Forma converts (lab.hf.from_hf), or any other Hugging Face causal
+LM through TransformerLens's TransformerBridge (lab.hf.bridge) — with its trust report beside it; for an
+encoder–decoder model, its translation and cross-attention patterns."""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import plotly.express as px
 import plotly.graph_objects as go
 import streamlit as st
 import torch
+from plotly.subplots import make_subplots
 
-from dashboards.common import model_version, try_load_model
-from lab.folders import zoo_names
+from dashboards.common import load_model, model_version
+from lab.folders import zoo_dir, zoo_names
 
-DEFAULT_PROMPTS = {"pydoc": "Return the number of items in the list.", "facts": "<bos> ", "markov": "1 2 3 4 5 6 7 8",
+DEFAULT_PROMPTS = {"pydoc": "Return the number of items in the list.", "markov": "1 2 3 4 5 6 7 8",
                    "dates": "the third of march two thousand and five"}
+TEXT_PROMPT = "The quick brown fox jumps over the lazy dog."  # a model with a tokenizer and no prompt of its own
+ID_PROMPT = "1 2 3 4 5 6 7 8"  # a model without a tokenizer reads token ids
 
 
 def choose_model() -> str:
@@ -20,14 +30,77 @@ def choose_model() -> str:
     choice = st.sidebar.selectbox("Model", options, index=options.index("pydoc") if "pydoc" in options else 0,
                                   key="model_choice")
     if choice == "local folder…":
-        return st.sidebar.text_input("Folder (Forma or Hugging Face)", key="model_path").strip()
+        return st.sidebar.text_input("Folder (a Forma model, or a Hugging Face save_pretrained folder)",
+                                     key="model_path", placeholder="/path/to/model").strip()
     return choice
+
+
+@dataclass
+class Opened:
+    """A model the explorer reads, and how it was read."""
+
+    model: Any  # a HookedTransformer, or a TransformerLens TransformerBridge
+    route: str  # in words: a zoo model, a Forma folder, a converted HF folder, or the bridge
+    forma: bool  # a HookedTransformer: every view; a bridge: the views that read hooks only
+    folder: Path | None  # where it was read from (a zoo model's folder, or the local folder)
+
+
+def model_folder(name: str) -> Path:
+    return Path(name) if Path(name).is_dir() else zoo_dir() / name
+
+
+def hf_model_type(folder: Path) -> str | None:
+    """The model_type of a Hugging Face folder's config.json; None for a folder that is not one."""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return str(config["model_type"]) if isinstance(config, dict) and "model_type" in config else None
+
+
+@st.cache_resource(show_spinner="Wrapping the model in a TransformerBridge…")
+def load_bridge(path: str, version: tuple = ()):
+    from lab.hf import bridge
+
+    return bridge(path).eval()
+
+
+def open_model(name: str) -> Opened | None:
+    """The model, or None after a message that names what is wrong (never a traceback): a zoo name, a Forma
+    folder, a Hugging Face folder Forma converts, or through the bridge one it does not."""
+    from lab.hf import SUPPORTED, UnsupportedArchitecture
+
+    folder = model_folder(name)
+    model_type = hf_model_type(folder) if Path(name).is_dir() else None
+    try:
+        model = load_model(name, model_version(name))
+    except UnsupportedArchitecture as unsupported:
+        try:
+            wrapped = load_bridge(str(folder), model_version(name))
+        except (FileNotFoundError, ValueError, KeyError, OSError, RuntimeError, NotImplementedError) as err:
+            st.error(f"Forma does not convert `{name}` ({unsupported}), and TransformerBridge could not wrap it "
+                     f"either: {err}")
+            return None
+        return Opened(wrapped, f"a Hugging Face {model_type} folder (Forma converts {', '.join(SUPPORTED)}), "
+                               "hooked in place by TransformerLens's TransformerBridge (lab.hf.bridge)", False, folder)
+    except FileNotFoundError as err:
+        st.warning(f"{err}")
+        return None
+    except (ValueError, KeyError, OSError, RuntimeError) as err:
+        st.error(f"Could not load `{name}`: {err}")
+        return None
+    if model_type is not None:
+        route = f"a Hugging Face {model_type} folder, converted to a Forma model by lab.hf.from_hf"
+    else:
+        route = "a Forma model folder" if Path(name).is_dir() else f"the zoo model `{name}`"
+    return Opened(model, route, True, folder)
 
 
 # Widgets whose values belong to one model: a prompt in its tokenizer's words (or its token ids), a layer, head or
 # position that exists in it, a target token of its vocabulary.
-MODEL_WIDGETS = ("prompt", "corrupted", "dla_target", "dla_pos", "attn_layer", "attn_head", "patch_component",
-                 "source", "cross_layer", "cross_head")
+MODEL_WIDGETS = ("prompt", "corrupted", "corrupted_for", "dla_target", "dla_pos", "attn_layer", "attn_head",
+                 "patch_component", "corruption_found", "source", "cross_layer", "cross_head", "truth_pos",
+                 "trust_checked")
 
 
 def forget_another_models_widgets(name: str) -> None:
@@ -47,22 +120,64 @@ def pick(label: str, n: int, default: int, key: str) -> int:
     return st.slider(label, 0, n - 1, default, key=key)
 
 
+def to_ids(model, text: str) -> torch.Tensor:
+    """[1, pos] token ids of `text`: through the model's tokenizer, or space-separated ids when it has none; a
+    ValueError that says what is wrong with the prompt."""
+    if model.tokenizer is None:
+        try:
+            tokens = torch.tensor([[int(t) for t in text.split()]], dtype=torch.long)
+        except ValueError as err:
+            raise ValueError(f"this model reads space-separated token ids ({err})") from err
+    elif hasattr(model, "check_tokens"):
+        tokens = model.to_tokens(text)
+    else:  # a bridge: the text as its tokenizer encodes it, with no BOS added (as Forma encodes a prompt)
+        tokens = model.to_tokens(text, prepend_bos=False)
+    if hasattr(model, "check_tokens"):
+        return model.check_tokens(tokens)
+    if not 0 < tokens.shape[1] <= model.cfg.n_ctx:  # a bridge checks nothing itself
+        raise ValueError(f"the prompt is {tokens.shape[1]} tokens; this model reads 1 to {model.cfg.n_ctx}")
+    return tokens
+
+
 def encode(model, text: str) -> torch.Tensor | None:
-    """Token ids of the prompt: through the model's tokenizer, or space-separated ids when it has none."""
+    """The prompt's token ids, or None after a message saying why it cannot be used."""
     try:
-        if model.tokenizer is None:
-            ids = [int(t) for t in text.split()]
-            return model.check_tokens(torch.tensor(ids, dtype=torch.long))
-        return model.check_tokens(model.to_tokens(text))
+        return to_ids(model, text)
     except ValueError as err:
         st.error(f"Cannot use this prompt: {err}")
         return None
+
+
+def text_of(model, tokens: torch.Tensor) -> str:
+    """[1, pos] ids as the text a prompt box holds (special tokens written out, so that the text encodes back)."""
+    ids = tokens[0].tolist()
+    if model.tokenizer is None:
+        return " ".join(str(i) for i in ids)
+    return model.tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def default_prompt(name: str, model) -> str:
+    """The model's own default prompt: one per zoo world; for the facts world the first statement the model
+    itself writes after <bos> (a person and an attribute, whose value it predicts next)."""
+    if name == "facts" and model.tokenizer is not None and hasattr(model, "check_tokens"):
+        from lab.generate import decode
+
+        try:
+            start = model.to_tokens("<bos>")
+            return text_of(model, decode(model, start, 3, temperature=0).tokens)
+        except ValueError:
+            pass
+    return DEFAULT_PROMPTS.get(name, ID_PROMPT if model.tokenizer is None else TEXT_PROMPT)
 
 
 def token_labels(model, tokens: torch.Tensor) -> list[str]:
     ids = tokens[0].tolist()
     words = [str(i) for i in ids] if model.tokenizer is None else [model.to_string([i]) for i in ids]
     return [f"{p}:{w!r}"[:24] for p, w in enumerate(words)]
+
+
+def word_of(model):
+    return (lambda i: str(i)) if model.tokenizer is None else (lambda i: repr(model.to_string([i])))
 
 
 def show_attention(model, tokens, labels) -> None:
@@ -131,18 +246,43 @@ def show_attribution(model, tokens, labels) -> None:
     st.plotly_chart(fig, key="dla")
 
 
-CORRUPTIONS = {"pydoc": ("list", "file"), "markov": ("1", "2")}
+def default_corruption(model, tokens) -> str | None:
+    """The corrupted prompt the patching tab starts from: the first one-token substitution that changes the
+    model's prediction (lab.analysis.counterfactual.corruptions, a fixed order) and whose text encodes back to
+    the same ids; None when there is none."""
+    from lab.analysis.counterfactual import corruptions
+
+    for corrupted in corruptions(model, tokens):
+        text = text_of(model, corrupted)
+        try:
+            if torch.equal(to_ids(model, text), corrupted):
+                return text
+        except ValueError:
+            continue
+    return None
 
 
-def show_patching(model, name: str, tokens, labels) -> None:
-    """Activation patching (lab.analysis.patching): clean prompt → corrupted prompt, one (layer, position)
-    of the residual stream at a time; the share of the clean logit difference each cell restores."""
-    from lab.analysis.patching import patch_positions
+def show_patching(model, tokens, labels) -> None:
+    """Activation patching (lab.analysis.patching): clean prompt → corrupted prompt, one (layer, position) of a
+    component, or one head's output, at a time; the share of the clean logit difference each restores."""
+    from lab.analysis.patching import patch_heads, patch_positions
 
-    old, new = CORRUPTIONS.get(name, ("", ""))
     prompt = st.session_state.get("prompt", "")
-    default = prompt.replace(old, new, 1) if old and old in prompt else prompt
-    corrupted_text = st.text_input("Corrupted prompt (same number of tokens)", value=default, key="corrupted")
+    if st.session_state.get("corrupted_for") != prompt:  # a new clean prompt: a new default corruption
+        st.session_state.pop("corrupted", None)
+        st.session_state.pop("corruption_found", None)
+        st.session_state["corrupted_for"] = prompt
+    if "corrupted" not in st.session_state:
+        found = default_corruption(model, tokens)
+        st.session_state["corrupted"] = text_of(model, tokens) if found is None else found
+        st.session_state["corruption_found"] = found is not None
+    if not st.session_state.get("corruption_found", True):
+        st.info("No one-token change of this prompt (among the 32 tokens the model finds likeliest at each position, "
+                "written as text that reads back as the same tokens) changes the model's prediction; write a "
+                "corrupted prompt that does, or try another prompt.")
+    corrupted_text = st.text_input("Corrupted prompt (same number of tokens; by default one token of the clean "
+                                   "prompt swapped for one the model finds likely there, so that its prediction "
+                                   "changes)", key="corrupted")
     corrupted = encode(model, corrupted_text)
     if corrupted is None:
         return
@@ -157,38 +297,136 @@ def show_patching(model, name: str, tokens, labels) -> None:
         st.info("Both prompts predict the same next token, so there is no logit difference to restore; "
                 "change the corrupted prompt.")
         return
+    word = word_of(model)
+    st.markdown(f"The clean prompt predicts {word(answer)}, the corrupted one {word(wrong)}: each cell is the share "
+                f"of logit({word(answer)}) − logit({word(wrong)}) that patching its clean value into the corrupted "
+                "run restores (1: all of it, 0: none).")
     component = st.selectbox("Component", ["resid_pre", "attn_out", "mlp_out", "resid_post"], key="patch_component")
     result = patch_positions(model, tokens, corrupted, component, answer=answer, wrong=wrong)
     restored = result.normalized().numpy()
-    word = (lambda i: str(i)) if model.tokenizer is None else (lambda i: repr(model.to_string([i])))
-    fig = go.Figure(go.Heatmap(z=restored, x=labels, y=[f"layer {l}" for l in range(restored.shape[0])],
-                               colorscale="RdBu", zmid=0,
+    layers = [f"layer {l}" for l in range(restored.shape[0])]
+    fig = go.Figure(go.Heatmap(z=restored, x=labels, y=layers, colorscale="RdBu", zmid=0,
                                hovertemplate="%{y} at %{x}<br>restored %{z:.3f}<extra></extra>"))
     fig.update_layout(title=f"Share of logit({word(answer)}) − logit({word(wrong)}) restored by patching {component} "
                             f"(clean {result.clean:.3f}, corrupted {result.corrupted:.3f})",
-                      height=200 + 40 * restored.shape[0])
+                      xaxis_title="position", height=200 + 40 * restored.shape[0])
     st.plotly_chart(fig, key="patching")
+    by_head = patch_heads(model, tokens, corrupted, answer=answer, wrong=wrong)
+    restored = by_head.normalized().numpy()
+    fig = go.Figure(go.Heatmap(z=restored, x=[f"head {h}" for h in by_head.cells], y=layers, colorscale="RdBu",
+                               zmid=0, hovertemplate="%{y} %{x}<br>restored %{z:.3f}<extra></extra>"))
+    fig.update_layout(title=f"Share restored by patching one head's output z at every position "
+                            f"(logit({word(answer)}) − logit({word(wrong)}))",
+                      xaxis_title="head", height=200 + 40 * restored.shape[0])
+    st.plotly_chart(fig, key="patching_heads")
 
 
-def show_trust(name: str) -> None:
-    """The model's trust.json (`forma trust NAME`), if one was written."""
-    import json
-    from pathlib import Path
+HEAD_TITLES = {"previous_token": "previous token", "duplicate_token": "duplicate token", "induction": "induction"}
 
-    from lab.folders import zoo_dir
 
-    folder = Path(name) if Path(name).is_dir() else zoo_dir() / name
-    path = folder / "trust.json"
-    with st.expander("Trust report", expanded=False):
-        if not path.is_file():
-            st.info(f"No trust report yet: run `forma trust {name}`.")
-            return
+def show_head_detectors(model) -> None:
+    """lab.analysis.heads.detect_heads: each head's previous-token, duplicate-token and induction score on
+    repeated random sequences."""
+    from lab.analysis.heads import detect_heads
+
+    if model.cfg.n_ctx < 4:
+        st.info(f"A context of {model.cfg.n_ctx} tokens is too short for a repeated sequence.")
+        return
+    scores = detect_heads(model)
+    length = scores.tokens.shape[1] // 2
+    st.markdown(f"Scores on {scores.tokens.shape[0]} random sequences of {length} tokens, each repeated once "
+                "(seed 0). A head's score is the share of its attention on the keys of its kind, averaged over the "
+                "queries that have one: the previous token; an earlier copy of the same token (duplicate); the "
+                "token after an earlier copy (induction, which predicts the repeat). 1: all of it, 0: none.")
+    fig = make_subplots(rows=1, cols=3, subplot_titles=list(HEAD_TITLES.values()), shared_yaxes=True)
+    heads = [f"head {h}" for h in range(model.cfg.n_heads)]
+    layers = [f"layer {l}" for l in range(model.cfg.n_layers)]
+    for column, kind in enumerate(HEAD_TITLES, start=1):
+        fig.add_trace(go.Heatmap(z=getattr(scores, kind).numpy(), x=heads, y=layers, zmin=0, zmax=1,
+                                 colorscale="Viridis", showscale=column == 3, name=HEAD_TITLES[kind],
+                                 hovertemplate=f"{HEAD_TITLES[kind]}<br>%{{y}} %{{x}}<br>score %{{z:.3f}}<extra></extra>"),
+                      row=1, col=column)
+    fig.update_layout(title="Head detectors: previous-token, duplicate-token and induction scores per head",
+                      height=220 + 40 * model.cfg.n_layers)
+    st.plotly_chart(fig, key="heads")
+
+
+def show_ground_truth_lens(opened: Opened, tokens, labels) -> None:
+    """lab.analysis.lens.ground_truth_lens on a model trained on a source world (its folder's world.json): each
+    layer's logit lens beside the true next-token law, and KL(p ‖ P^(l)) per layer."""
+    from lab.analysis.lens import ground_truth_lens
+    from lab.zoo import world_source
+
+    model = opened.model
+    try:
+        source = world_source(opened.folder) if opened.folder is not None else None
+    except ValueError as err:
+        st.warning(f"{err}")
+        return
+    if source is None:
+        st.info("The ground-truth lens needs a model trained on a world whose next-token law is known (the zoo's "
+                "Markov and hidden-Markov worlds: `forma train markov`); this one's folder records none.")
+        return
+    if source.vocab_size != model.cfg.d_vocab:
+        st.warning(f"The world's {source.vocab_size} symbols are not this model's {model.cfg.d_vocab} tokens.")
+        return
+    lens = ground_truth_lens(model, tokens, source.conditionals(tokens.cpu().numpy()))
+    position = pick("Position (the law of the token after it)", tokens.shape[1], tokens.shape[1] - 1, key="truth_pos")
+    kl_here = lens.kl_nats[:, 0, position].numpy()
+    kl_mean = lens.kl_nats[:, 0].mean(dim=-1).numpy()
+    st.markdown(f"At {labels[position]}, the model's output is {kl_here[-1]:.3g} nats from the true law "
+                f"(KL(p ‖ P)); the lens at the first layer's input is {kl_here[0]:.3g} nats from it.")
+    rows = [{"layer": label, "KL(p ‖ lens) (nats)": float(value), "where": where}
+            for where, values in ((f"at {labels[position]}", kl_here), ("mean over the prompt", kl_mean))
+            for label, value in zip(lens.labels, values)]
+    fig = px.line(rows, x="layer", y="KL(p ‖ lens) (nats)", color="where", markers=True,
+                  title="KL(p ‖ P^(l)): how far each layer's logit lens is from the true next-token law")
+    st.plotly_chart(fig, key="truth_kl")
+    probs = torch.cat([lens.p[0, position][None], lens.log_probs[:, 0, position].exp()]).numpy()
+    symbols = [str(i) for i in range(model.cfg.d_vocab)]
+    fig = go.Figure(go.Heatmap(z=probs, x=symbols, y=["true p"] + lens.labels, colorscale="Viridis", zmin=0,
+                               hovertemplate="%{y}<br>next token %{x}<br>p = %{z:.3f}<extra></extra>"))
+    fig.update_layout(title=f"The true law of the next token after {labels[position]} (top row) beside the logit "
+                            "lens at each layer", yaxis_autorange="reversed", xaxis_title="next token",
+                      height=200 + 40 * len(lens.labels))
+    st.plotly_chart(fig, key="truth_lens")
+
+
+def show_trust(opened: Opened, name: str) -> None:
+    """The model's trust report (lab.trust): its trust.json (`forma trust NAME`) if one was written, or the checks
+    run here on request."""
+    from lab.trust import summary_lines, trust_report
+
+    st.markdown("**Trust report**")
+    if not opened.forma:
+        st.info("The trust checks compare Forma's own computations with each other and with Hugging Face; a "
+                "model read through the bridge is TransformerLens's, and is not checked.")
+        return
+    path = opened.folder / "trust.json" if opened.folder is not None else None
+    report = None
+    if path is not None and path.is_file():
+        from lab.runs import read_json
+
         try:
-            from lab.trust import summary_lines
-
-            st.code("\n".join(summary_lines(json.loads(path.read_text()))))
-        except (ValueError, KeyError, TypeError) as err:
-            st.warning(f"{path} is unreadable ({err}); run `forma trust {name}` again.")
+            report = read_json(path)
+            st.caption(f"From `{path}`")
+        except ValueError as err:
+            st.warning(f"{err}; run `forma trust {name}` again.")
+    if report is None and "trust_checked" in st.session_state:  # checked here (forgotten with the model)
+        report = st.session_state["trust_checked"]
+        st.caption(f"Checked here; `forma trust {name}` writes it beside the model.")
+    if report is None:
+        st.info(f"No trust report yet: run `forma trust {name}`, or check it here.")
+        if st.button("Run the trust checks", key="trust_button"):
+            with st.spinner("Checking…"):
+                st.session_state["trust_checked"] = trust_report(opened.model)
+            st.rerun()
+        return
+    try:
+        st.code("\n".join(summary_lines(report)), language=None)
+    except (KeyError, TypeError, AttributeError) as err:
+        st.warning(f"{path} is not a trust report this page reads ({type(err).__name__}: {err}); "
+                   f"run `forma trust {name}` again.")
 
 
 @st.cache_resource(show_spinner="Loading model…")
@@ -236,36 +474,62 @@ def show_cross_attention(name: str) -> None:
     st.plotly_chart(fig, key="cross_attention")
 
 
+def describe(opened: Opened) -> str:
+    cfg = opened.model.cfg
+    parts = [f"{cfg.n_layers} layers", f"d_model {cfg.d_model}", f"{cfg.n_heads} heads"]
+    if opened.forma:
+        parts += [f"positions {cfg.positions}", cfg.norm, cfg.mlp]
+    return " · ".join(parts + [f"vocab {cfg.d_vocab}", f"context {cfg.n_ctx}"])
+
+
+FORMA_ONLY = ("This view reads Forma's own model (its residual stream and unembedding); a bridged model shows "
+              "attention, patching and head detectors.")
+
 st.title("Explorer")
 name = choose_model()
 forget_another_models_widgets(name)
-if name:
-    from lab.model.encoder_decoder import is_encoder_decoder
-
-    if is_encoder_decoder(name):
-        show_cross_attention(name)
-        st.stop()
-model = try_load_model(name) if name else None
-if model is None:
+if not name:
+    st.info("Give the path of a local model folder in the sidebar: a Forma model (`model.save`) or a Hugging Face "
+            "`save_pretrained` folder with its tokenizer.")
     st.stop()
-st.caption(f"{model.cfg.n_layers} layers · d_model {model.cfg.d_model} · {model.cfg.n_heads} heads · "
-           f"positions {model.cfg.positions} · {model.cfg.norm} · {model.cfg.mlp} · vocab {model.cfg.d_vocab}")
-show_trust(name)
+from lab.model.encoder_decoder import is_encoder_decoder
+
+if is_encoder_decoder(name):
+    show_cross_attention(name)
+    st.stop()
+opened = open_model(name)
+if opened is None:
+    st.stop()
+model = opened.model
+about, trust = st.columns([3, 2])
+with about:
+    st.markdown(f"Reading {opened.route}.")
+    st.caption(describe(opened))
+with trust:
+    show_trust(opened, name)
 prompt = st.text_input("Prompt" + (" (space-separated token ids)" if model.tokenizer is None else ""),
-                       value=DEFAULT_PROMPTS.get(name, "1 2 3"), key="prompt")
+                       value=default_prompt(name, model), key="prompt")
 tokens = encode(model, prompt)
 if tokens is None:
     st.stop()
 labels = token_labels(model, tokens)
 st.write("Tokens: " + " ".join(f"`{label}`" for label in labels))
-tabs = st.tabs(["Attention", "Residual stream", "Logit lens", "Attribution", "Patching"])
+tabs = st.tabs(["Attention", "Residual stream", "Logit lens", "Ground-truth lens", "Attribution", "Patching",
+                "Head detectors"])
 with tabs[0]:
     show_attention(model, tokens, labels)
-with tabs[1]:
-    show_residual_norms(model, tokens, labels)
-with tabs[2]:
-    show_logit_lens(model, tokens, labels)
+for tab, view in ((tabs[1], show_residual_norms), (tabs[2], show_logit_lens), (tabs[4], show_attribution)):
+    with tab:
+        if opened.forma:
+            view(model, tokens, labels)
+        else:
+            st.info(FORMA_ONLY)
 with tabs[3]:
-    show_attribution(model, tokens, labels)
-with tabs[4]:
-    show_patching(model, name, tokens, labels)
+    if opened.forma:
+        show_ground_truth_lens(opened, tokens, labels)
+    else:
+        st.info(FORMA_ONLY)
+with tabs[5]:
+    show_patching(model, tokens, labels)
+with tabs[6]:
+    show_head_detectors(model)

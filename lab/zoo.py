@@ -75,6 +75,25 @@ def is_trained(name: str) -> bool:
     return (_check_name(name) / "model.safetensors").is_file()
 
 
+def world_source(folder: str | Path):
+    """The Markov or hidden-Markov source a model folder's world.json records (a zoo model trained on a source
+    world), whose `conditionals` are the true next-token law; None for a folder trained on another world or
+    with no world.json. A world.json that cannot be read is a ValueError naming it."""
+    from lab.data.sources import source_from_dict
+    from lab.runs import read_json
+
+    path = Path(folder) / "world.json"
+    if not path.is_file():
+        return None
+    world = read_json(path)
+    if not isinstance(world, dict) or "source" not in world:
+        return None
+    try:
+        return source_from_dict(world["source"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"{path}: its source cannot be rebuilt ({err})") from err
+
+
 def load_recipe(name: str, quick: bool = False) -> dict[str, dict[str, Any]]:
     """The recipe's world, model and train tables, with the quick overrides applied when asked."""
     path = _check_name(name) / RECIPE_FILE

@@ -31,28 +31,38 @@ if not Path(CHROMIUM).exists():
 pytestmark = pytest.mark.browser
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory, quick_run, quick_runs_dir):
-    """A private zoo with a tiny English-ish model, and the session's quick run of every experiment."""
-    import experiments
-
-    root = tmp_path_factory.mktemp("dashboard")
+def private_zoo(root: Path) -> Path:
+    """A zoo of the recipes with one tiny English-ish model, trained on nothing, and its card (the numbers Home
+    shows; the parameter count measured here)."""
     zoo_copy = root / "models"
     for name in zoo.zoo_names():
         (zoo_copy / name).mkdir(parents=True)
         shutil.copy(zoo.DEFAULT_ZOO_DIR / name / "model.toml", zoo_copy / name / "model.toml")
     tokenizer = word_level(["Return", "the", "number", "of", "items", "in", "list", "."])
     cfg = ModelConfig(d_vocab=tokenizer.get_vocab_size(), d_model=32, n_layers=2, n_heads=4, n_ctx=32)
-    HookedTransformer(cfg, seed=0, tokenizer=tokenizer).save(zoo_copy / "pydoc")
+    model = HookedTransformer(cfg, seed=0, tokenizer=tokenizer)
+    model.save(zoo_copy / "pydoc")
+    card = {"name": "pydoc", "quick": True, "n_params": sum(p.numel() for p in model.parameters()), "steps": 60,
+            "train_s": 12.3456789, "best_val_loss_nats": 4.32138482041246, "val_perplexity": 79.36003421529529}
+    (zoo_copy / "pydoc" / "card.json").write_text(json.dumps(card))
+    return zoo_copy
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, quick_run, quick_runs_dir):
+    """A private zoo with a tiny English-ish model, and the session's quick run of every experiment."""
+    import experiments
+
+    zoo_copy = private_zoo(tmp_path_factory.mktemp("dashboard"))
     for name in experiments.experiment_names():
         quick_run(name)
     return os.environ | {"FORMA_ZOO_DIR": str(zoo_copy), "FORMA_RUNS_DIR": str(quick_runs_dir)}
 
 
-@pytest.fixture(scope="module")
-def server(world):
+def serve(env: dict[str, str]):
+    """`forma dashboard`'s server on a free port, with `env`; its URL while it serves, stopped afterwards."""
     port = free_port()
-    process = subprocess.Popen(dashboard_command(port), env=world, start_new_session=True,
+    process = subprocess.Popen(dashboard_command(port), env=env, start_new_session=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -61,6 +71,11 @@ def server(world):
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=20)
+
+
+@pytest.fixture(scope="module")
+def server(world):
+    yield from serve(world)
 
 
 @pytest.fixture(scope="module")
@@ -81,11 +96,11 @@ def browser():
             shutil.rmtree(user_data, ignore_errors=True)
 
 
-def open_page(browser, url: str, errors: list[str]):
+def open_page(browser, url: str, errors: list[str], timeout: float = 60_000):
     page = browser.new_page()
     page.on("pageerror", lambda err: errors.append(str(err)))
     page.goto(url)
-    wait_rendered(page)
+    wait_rendered(page, timeout)
     return page
 
 
@@ -167,6 +182,83 @@ def test_training_page_renders_without_errors(server, browser):
     page.locator("h1").first.wait_for(timeout=60_000)
     no_exceptions(page)
     page.screenshot(path=str(SCREENSHOTS / "training.png"))
+    assert errors == []
+
+
+# --- the explorer on a local Hugging Face folder, and Home's zoo table -------------------------------------------
+@pytest.fixture(scope="module")
+def zoo_world(tmp_path_factory):
+    """The private zoo and an empty runs folder: the explorer and Home's zoo table need no experiment's run."""
+    root = tmp_path_factory.mktemp("zoo-dashboard")
+    (root / "runs").mkdir()
+    return os.environ | {"FORMA_ZOO_DIR": str(private_zoo(root)), "FORMA_RUNS_DIR": str(root / "runs")}
+
+
+@pytest.fixture(scope="module")
+def zoo_server(zoo_world):
+    yield from serve(zoo_world)
+
+
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory):
+    """A tiny GPT-2 and its word-level tokenizer, saved with save_pretrained: what a user points the explorer at."""
+    from tests.conftest import hf_gpt2, word_tokenizer
+
+    folder = tmp_path_factory.mktemp("hf-gpt2")
+    hf_gpt2().save_pretrained(folder)
+    word_tokenizer(folder)
+    return folder
+
+
+def open_tab(page, name: str, chart_key: str) -> None:
+    """Click a tab, then wait until its chart is drawn and the app is idle."""
+    page.get_by_role("tab", name=name).click()
+    page.locator(f".st-key-{chart_key} .main-svg").first.wait_for(timeout=60_000)
+    wait_rendered(page)
+
+
+def test_explorer_reads_a_local_hugging_face_folder(zoo_server, browser, hf_folder):
+    """The folder typed into the sidebar is converted and read: its route and trust box, then the patching heatmaps
+    (by position and by head, from the default corruption) and the head detectors are drawn."""
+    errors: list[str] = []
+    page = open_page(browser, f"{zoo_server}/explorer", errors, timeout=180_000)  # the server's first page imports torch
+    page.get_by_role("combobox").first.click()
+    page.get_by_role("option", name="local folder…").click()
+    path = page.locator(".st-key-model_path input")
+    path.wait_for(timeout=60_000)
+    path.fill(str(hf_folder))
+    path.press("Enter")
+    page.get_by_text("converted to a Forma model by lab.hf.from_hf").wait_for(timeout=120_000)
+    wait_rendered(page, timeout=120_000)
+    assert page.get_by_text("Trust report").count() >= 1
+    open_tab(page, "Patching", "patching")
+    page.locator(".st-key-patching_heads .main-svg").first.wait_for(timeout=60_000)
+    no_exceptions(page)
+    page.screenshot(path=str(SCREENSHOTS / "explorer-hf-patching.png"), full_page=True)
+    open_tab(page, "Head detectors", "heads")
+    assert page.locator(".st-key-heads .main-svg").first.is_visible()
+    no_exceptions(page)
+    page.screenshot(path=str(SCREENSHOTS / "explorer-hf-heads.png"), full_page=True)
+    assert errors == []
+
+
+def test_home_table_shows_each_models_card_numbers(zoo_server, browser, zoo_world):
+    """Home's zoo is a plain HTML table (drawn by a headless browser too) with the card's numbers as the page
+    writes them (dashboards.common.short)."""
+    from dashboards.common import short
+
+    card = json.loads((Path(zoo_world["FORMA_ZOO_DIR"]) / "pydoc" / "card.json").read_text())
+    errors: list[str] = []
+    page = open_page(browser, zoo_server, errors, timeout=180_000)
+    table = page.locator("[data-testid='stTable']").first
+    table.wait_for(timeout=60_000)
+    row = table.locator("tr", has_text="pydoc").first.inner_text()
+    for key in ("n_params", "steps", "best_val_loss_nats", "val_perplexity"):
+        assert short(card[key]) in row, (key, row)
+    assert "yes (quick recipe)" in row
+    assert "forma train markov" in table.locator("tr", has_text="markov").first.inner_text()
+    no_exceptions(page)
+    page.screenshot(path=str(SCREENSHOTS / "home-models.png"), full_page=True)
     assert errors == []
 
 

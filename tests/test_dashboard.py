@@ -62,23 +62,28 @@ def test_a_corrupted_results_json_is_a_message_not_a_traceback(empty, name):
     assert "unreadable results.json" in texts(at)
 
 
-def _tiny_pydoc(zoo_copy: Path) -> HookedTransformer:
+def _tiny_pydoc(zoo_copy: Path, seed: int = 0) -> HookedTransformer:
     words = ["Return", "the", "number", "of", "items", "in", "list", "file", "."]
     tokenizer = word_level(words)
     cfg = ModelConfig(d_vocab=tokenizer.get_vocab_size(), d_model=32, n_layers=2, n_heads=4, n_ctx=32)
-    model = HookedTransformer(cfg, seed=0, tokenizer=tokenizer)
+    model = HookedTransformer(cfg, seed=seed, tokenizer=tokenizer)
     model.save(zoo_copy / "pydoc")
     return model
 
 
 def test_explorer_shows_every_view_of_a_model(empty):
-    _tiny_pydoc(empty / "models")
+    from lab.analysis.counterfactual import corruptions
+
+    model = _tiny_pydoc(empty / "models")
     at = page("explorer").run()
     assert not at.exception, at.exception
     charts = at.get("plotly_chart")
-    # attention, residual norms, logit lens, attribution; patching says the default corruption ("list." is
-    # one unknown word to this vocabulary, and so is "file.") changes nothing
-    assert len(charts) == 4 and "no logit difference" in texts(at)
+    # attention, residual norms, logit lens, attribution, head detectors; this random model predicts the same
+    # token whatever one token of the default prompt is swapped for, and patching says so
+    assert [c.key for c in charts] == ["attention", "norms", "lens", "dla", "heads"]
+    assert list(corruptions(model, model.to_tokens(at.text_input(key="prompt").value))) == []
+    assert "No one-token change of this prompt" in texts(at)
+    assert "Ground-truth lens needs" not in texts(at) and "known (the zoo's Markov" in texts(at)
     attention = json.loads(charts[0].proto.spec)
     assert attention["data"][0]["type"] == "heatmap"
     assert heatmap_rows(charts[0]) == 8  # "Return the number of items in the list." → 8 words
@@ -137,8 +142,8 @@ def _decode_array(z):
     import numpy as np
 
     if isinstance(z, dict):  # plotly's binary encoding
-        return np.frombuffer(base64.b64decode(z["bdata"]), dtype=z["dtype"]).reshape(
-            [int(n) for n in z["shape"].split(",")])
+        flat = np.frombuffer(base64.b64decode(z["bdata"]), dtype=z["dtype"])
+        return flat.reshape([int(n) for n in z["shape"].split(",")]) if "shape" in z else flat
     return np.asarray(z)
 
 
@@ -272,6 +277,123 @@ def test_the_long_number_check_catches_a_raw_float():
     assert long_numbers("measured 6.2831852475690795 and 0.29791459781529295, 0.1234 and 12,345.5") == [
         "6.2831852475690795", "0.29791459781529295"]
     assert not long_numbers("0.0006283 · 12,345.6 · 1e-05 · 2026-12-01T17-15-46Z · v1.43.3 · 0.1234")
+
+
+def _chart(at: AppTest, key: str) -> dict:
+    return json.loads(next(c for c in at.get("plotly_chart") if c.key == key).proto.spec)
+
+
+def test_explorer_patching_starts_from_a_pair_whose_predictions_differ(empty):
+    """The default corrupted prompt swaps one token and changes the prediction; both heatmaps (layer × position,
+    layer × head) and the head detectors are the library's numbers."""
+    import numpy as np
+    import torch
+
+    from lab.analysis.heads import detect_heads
+    from lab.analysis.patching import patch_heads, patch_positions
+
+    model = _tiny_pydoc(empty / "models", seed=1)
+    at = page("explorer").run()
+    assert not at.exception, at.exception
+    clean = model.to_tokens(at.text_input(key="prompt").value)
+    corrupted = model.to_tokens(at.text_input(key="corrupted").value)
+    assert clean.shape == corrupted.shape and (clean != corrupted).sum() == 1
+    with torch.inference_mode():
+        answer, wrong = int(model(clean)[0, -1].argmax()), int(model(corrupted)[0, -1].argmax())
+    assert answer != wrong
+    by_position = patch_positions(model, clean, corrupted, "resid_pre", answer=answer, wrong=wrong).normalized()
+    by_head = patch_heads(model, clean, corrupted, answer=answer, wrong=wrong).normalized()
+    assert np.allclose(_decode_array(_chart(at, "patching")["data"][0]["z"]), by_position.numpy(), atol=1e-5)
+    assert np.allclose(_decode_array(_chart(at, "patching_heads")["data"][0]["z"]), by_head.numpy(), atol=1e-5)
+    scores = detect_heads(model)
+    shown = [_decode_array(trace["z"]) for trace in _chart(at, "heads")["data"]]
+    for values, kind in zip(shown, ("previous_token", "duplicate_token", "induction")):
+        assert np.allclose(values, getattr(scores, kind).numpy(), atol=1e-6), kind
+
+
+def test_explorer_ground_truth_lens_of_a_source_world_model(empty):
+    """A model whose folder records a Markov source: the lens's KL to the true law per layer is
+    lab.analysis.lens.ground_truth_lens's, and its last layer is the model's own KL."""
+    import numpy as np
+    import torch
+
+    from lab.analysis.lens import ground_truth_lens
+    from lab.data.sources import MarkovSource
+    from lab.runs import write_json
+    from tests.conftest import tiny_config
+
+    source = MarkovSource(10, order=2, seed=0)
+    model = HookedTransformer(tiny_config(d_vocab=10, n_ctx=16), seed=2).eval()
+    model.save(empty / "models" / "markov")
+    write_json(empty / "models" / "markov" / "world.json", {"spec": {"kind": "markov"}, "source": source.to_dict()})
+    at = page("explorer").run()
+    at.selectbox(key="model_choice").select("markov").run()
+    assert not at.exception, at.exception
+    ids = [int(t) for t in at.text_input(key="prompt").value.split()]
+    lens = ground_truth_lens(model, torch.tensor([ids]), source.conditionals([ids]))
+    last, mean = _chart(at, "truth_kl")["data"]
+    assert np.allclose(_decode_array(last["y"]), lens.kl_nats[:, 0, -1].numpy(), atol=1e-9)
+    assert np.allclose(_decode_array(mean["y"]), lens.kl_nats[:, 0].mean(-1).numpy(), atol=1e-9)
+    shown = _decode_array(_chart(at, "truth_lens")["data"][0]["z"])
+    assert np.allclose(shown[0], source.conditionals([ids])[0, -1]) and shown.shape == (model.cfg.n_layers + 2, 10)
+    at.slider(key="truth_pos").set_value(3).run()
+    assert not at.exception
+    assert np.allclose(_decode_array(_chart(at, "truth_kl")["data"][0]["y"]), lens.kl_nats[:, 0, 3].numpy())
+
+
+def test_explorer_reads_any_local_hugging_face_folder(empty, tmp_path):
+    """A folder Forma converts (GPT-2), one it does not (GPT-J: through the bridge, with the views that read hooks),
+    and folders that are not models: each a sentence on the page, never a traceback."""
+    import torch
+    from transformers import GPTJConfig, GPTJForCausalLM
+
+    from tests.conftest import hf_gpt2, word_tokenizer
+
+    gpt2, gptj, broken, bare = (tmp_path / n for n in ("gpt2", "gptj", "broken", "bare"))
+    hf_gpt2().save_pretrained(gpt2)
+    word_tokenizer(gpt2)
+    torch.manual_seed(0)
+    GPTJForCausalLM(GPTJConfig(n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_inner=64, vocab_size=100,
+                               n_positions=64)).save_pretrained(gptj)
+    word_tokenizer(gptj)
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "gpt2", "n_layer": "two"')
+    bare.mkdir()
+    at = page("explorer").run()
+    at.selectbox(key="model_choice").select("local folder…").run()
+    at.text_input(key="model_path").input(str(gpt2)).run()
+    assert not at.exception, at.exception
+    assert "converted to a Forma model by lab.hf.from_hf" in texts(at)
+    assert {"attention", "lens", "patching", "patching_heads", "heads"} <= {c.key for c in at.get("plotly_chart")}
+    assert "No trust report yet" in texts(at)
+    at.button(key="trust_button").click().run()
+    assert not at.exception, at.exception
+    assert "Hugging Face logits" in at.code[0].value and "fused vs explicit attention" in at.code[0].value
+    at.text_input(key="model_path").input(str(gptj)).run()
+    assert not at.exception, at.exception
+    assert "TransformerBridge" in texts(at) and "a bridged model shows attention" in texts(at)
+    assert {"attention", "patching", "patching_heads", "heads"} <= {c.key for c in at.get("plotly_chart")}
+    for folder, words in ((broken, "config.json"), (bare, "bare")):
+        at.text_input(key="model_path").input(str(folder)).run()
+        assert not at.exception, (folder, at.exception)
+        assert words in " ".join(str(e.value) for e in [*at.error, *at.warning]), folder
+
+
+def test_home_shows_each_models_card_numbers(empty):
+    from dashboards.common import short
+
+    card = {"name": "markov", "quick": False, "n_params": 170272, "steps": 3000, "train_s": 317.1371884429991,
+            "best_val_loss_nats": 2.882032934824626, "val_kl_to_truth_nats": 0.06499305809728059}
+    (empty / "models" / "markov" / "card.json").write_text(json.dumps(card))
+    (empty / "models" / "markov" / "model.safetensors").write_bytes(b"")
+    at = page("home").run()
+    assert not at.exception, at.exception
+    table = at.table[0].value
+    row = table.loc["markov"]
+    assert row["trained"] == "yes" and row["parameters"] == "170,272" and row["steps"] == "3,000"
+    assert row["KL to the true law (nats)"] == short(card["val_kl_to_truth_nats"]) == "0.06499"
+    assert row["held-out loss (nats)"] == short(card["best_val_loss_nats"]) and row["perplexity"] == "—"
+    assert table.loc["facts", "trained"] == "no: run `forma train facts`"
 
 
 def running_job(folder: Path, job: str, step: int, total: int) -> None:

@@ -389,3 +389,20 @@ def test_the_disjointness_checks_catch_a_held_out_slice_of_training():
     data = zoo.build_world(recipe["world"], recipe["model"]["n_ctx"], recipe["train"].get("seq_len"))
     with pytest.raises(AssertionError):
         _disjoint_source(zoo.WorldData(data.train, data.train[-16:], data.d_vocab, None, data.world), recipe)
+
+
+def test_zoo_entries_read_each_recipe_and_card_and_name_what_is_unreadable(zoo_dir):
+    from lab.folders import zoo_entries, zoo_entry
+
+    entries = {entry.name: entry for entry in zoo_entries()}
+    assert sorted(entries) == zoo_names()
+    assert all(not e.trained and e.card is None and e.problem is None and e.description for e in entries.values())
+    (zoo_dir / "markov" / "card.json").write_text(json.dumps({"n_params": 12, "val_kl_to_truth_nats": 0.25}))
+    (zoo_dir / "markov" / "model.safetensors").write_bytes(b"")
+    markov = zoo_entry("markov")
+    assert markov.trained and markov.card == {"n_params": 12, "val_kl_to_truth_nats": 0.25}
+    (zoo_dir / "facts" / "card.json").write_text("{cut sho")
+    facts = zoo_entry("facts")
+    assert facts.card is None and "card.json is unreadable" in facts.problem and "forma train facts" in facts.problem
+    (zoo_dir / "pydoc" / "model.toml").write_text("description = ")
+    assert "model.toml is unreadable" in zoo_entry("pydoc").problem

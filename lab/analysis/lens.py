@@ -4,6 +4,11 @@ Logit lens (nostalgebraist 2020): read each layer's residual stream x^(l) as if 
     P^(l) = softmax(LN_final(x^(l)) W_U + b_U);
 at l = n_layers this is the model's own prediction.
 
+Ground-truth lens: on a world whose next-token law p(· | x_≤t) is known (a Markov or hidden-Markov source),
+how far each layer's reading is from the truth,
+    KL_t^(l) = KL(p(· | x_≤t) ‖ P_t^(l)) = Σ_x p log(p / P^(l)),
+in nats; at l = n_layers it is the model's own KL to the truth, the KL term of CE = H + KL.
+
 Direct logit attribution: with the final norm's scale s frozen at its value on the full stream, the
 logit of token t is linear in the residual stream's parts,
     logit_t = Σ_c (LN-centred c / s) ⊙ w · W_U[:, t]  +  (b · W_U[:, t] + b_U[t]),
@@ -12,6 +17,7 @@ MLP's output. The parts sum to the logit exactly (tested).
 """
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from jaxtyping import Float, Int
@@ -28,10 +34,48 @@ def logit_lens(model: HookedTransformer, tokens: Int[Tensor, "batch pos"]) -> Fl
     Row l < n_layers reads blocks.l.hook_resid_pre; the last row reads the final residual stream and
     equals the model's own log-softmax.
     """
+    return _lens_logits(model, tokens).log_softmax(dim=-1)
+
+
+def _lens_logits(model: HookedTransformer, tokens: Tensor) -> Tensor:
     _, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_resid_pre") or
                                     n.endswith("hook_resid_post") or n == "ln_final.hook_scale")
     stack = cache.accumulated_resid(apply_ln=True)  # final norm recomputed on each layer's stream
-    return (stack @ model.W_U + model.b_U).log_softmax(dim=-1)
+    return stack @ model.W_U + model.b_U
+
+
+@dataclass
+class GroundTruthLens:
+    """The logit lens beside the truth, at every layer (row l < n_layers: resid_pre l; the last: the output)."""
+
+    log_probs: Float[Tensor, "layer batch pos d_vocab"]  # log P^(l), float64
+    p: Float[Tensor, "batch pos d_vocab"]  # the true next-token law at each position
+    kl_nats: Float[Tensor, "layer batch pos"]  # KL(p ‖ P^(l)) at each position
+
+    @property
+    def labels(self) -> list[str]:
+        n_layers = self.log_probs.shape[0] - 1
+        return [f"resid_pre {layer}" for layer in range(n_layers)] + ["output"]
+
+
+@torch.inference_mode()
+def ground_truth_lens(model: HookedTransformer, tokens: Int[Tensor, "batch pos"],
+                      p: Float[Tensor, "batch pos d_vocab"] | Any) -> GroundTruthLens:
+    """The logit lens at every layer and KL(p ‖ P^(l)) at every position, where p[b, t] = p(x_{t+1} = · | x_≤t)
+    is the world's true law of the token after position t (a source's `conditionals(tokens)`). In float64, as
+    the KL decomposition measures the model's own KL."""
+    from lab.metrics.information import kl
+
+    tokens = model.check_tokens(tokens)
+    p = torch.as_tensor(p, dtype=torch.float64)
+    expected = (*tokens.shape, model.cfg.d_vocab)
+    if tuple(p.shape) != expected:
+        raise ValueError(f"the true distribution p has shape {tuple(p.shape)}; for tokens {tuple(tokens.shape)} it must "
+                         f"be [batch, pos, d_vocab] = {list(expected)}")
+    if (p < 0).any() or not torch.allclose(p.sum(-1), torch.ones((), dtype=torch.float64), atol=1e-6):
+        raise ValueError("the true distribution p must be non-negative and sum to 1 over the vocabulary at every position")
+    log_probs = _lens_logits(model, tokens).double().log_softmax(dim=-1).cpu()
+    return GroundTruthLens(log_probs, p, kl(p[None], log_probs.exp()))
 
 
 @torch.inference_mode()
