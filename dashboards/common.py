@@ -179,33 +179,6 @@ def try_load_model(name_or_path: str):
     return None
 
 
-def zoo_table() -> list[dict[str, Any]]:
-    import tomllib
-
-    rows = []
-    for name in zoo_names():
-        directory = zoo_dir() / name
-        card: dict[str, Any] = {}
-        if (directory / "card.json").is_file():
-            try:
-                card = json.loads((directory / "card.json").read_text())
-            except json.JSONDecodeError:
-                card = {}
-        try:
-            description = tomllib.loads((zoo_dir() / name / "model.toml").read_text()).get("description", "")
-        except (OSError, tomllib.TOMLDecodeError):
-            description = ""
-        trained = (directory / "model.safetensors").is_file()
-        rows.append({"model": name, "trained": "yes" if trained else f"no — run `forma train {name}`",
-                     "parameters": card.get("n_params"), "train time (s)": _round(card.get("train_s")),
-                     "held-out loss (nats)": _round(card.get("best_val_loss_nats"), 3), "description": description})
-    return rows
-
-
-def _round(value: Any, digits: int = 0) -> Any:
-    return round(value, digits) if isinstance(value, (int, float)) else None
-
-
 SIGNIFICANT = 4  # digits a table or a sentence shows; the exact value is in the tooltip or results.json
 
 
