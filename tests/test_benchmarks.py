@@ -72,3 +72,27 @@ def test_real_sizes_quick_writes_every_figure_the_summary_reads(tmp_path, monkey
     assert len(rows) == 2 * (len(real_sizes.ROWS) + 1)
     assert any("≤ 0.9×" in row for row in rows) and any("≥ 1.2×" in row for row in rows)
     assert "wrote" in capsys.readouterr().out
+
+
+def test_gpu_script_without_a_gpu_says_so_and_runs_nothing(tmp_path):
+    """benchmarks/gpu.sh on a machine without CUDA (here: CUDA hidden) lists what it would run — reporting a
+    benchmark module this checkout lacks instead of failing on it — then says there is no GPU and exits 0,
+    having written no result."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    before = sorted((root / "benchmarks" / "results").glob("*_cuda.json"))
+    env = os.environ | {"PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": "", "OUT": str(tmp_path)}
+    done = subprocess.run(["bash", str(root / "benchmarks" / "gpu.sh")], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "no CUDA GPU here" in done.stderr and "nothing was run" in done.stderr
+    assert "benchmarks.real_sizes: will run on the GPU" in done.stdout
+    for module in ("patching", "activations"):
+        if not (root / "benchmarks" / f"{module}.py").is_file():
+            assert f"benchmarks.{module}: not in this checkout, skipped" in done.stdout
+    assert "Traceback" not in done.stdout + done.stderr
+    assert sorted((root / "benchmarks" / "results").glob("*_cuda.json")) == before and not any(tmp_path.iterdir())
