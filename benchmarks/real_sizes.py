@@ -18,9 +18,10 @@ Measured at each shape, every figure a median of interleaved rounds against its 
     peak memory      of one call of each of the above, per contender (`benchmarks.timing.PEAK_METHODS`)
 
 Targets (issue 21): forward ≤ 0.9× HF sdpa; run_with_cache(all) ≤ 0.7× the bridge; generation ≥ 1.2× HF.
-Writes benchmarks/results/real_sizes.json (real_sizes_<device>.json off the CPU) after each shape.
+Writes benchmarks/results/real_sizes.json (real_sizes_<device>.json off the CPU) after each measurement,
+"complete": true once every shape is done.
 
-    python -m benchmarks.real_sizes [--quick] [--rounds 3] [--shapes gpt2_small llama_like] [--device cpu]
+    python -m benchmarks.real_sizes [--quick] [--rounds 3] [--warmup 1] [--shapes gpt2_small llama_like] [--device cpu]
 """
 
 import argparse
@@ -29,13 +30,14 @@ import dataclasses
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from benchmarks.timing import (PEAK_METHODS, cache_bytes, forward_flops, interleaved, machine, matmul_peak, peak_memory,
-                               timed, write)
+from benchmarks.timing import PEAK_METHODS, cache_bytes, forward_flops, interleaved, machine, matmul_peak, timed, write
 from lab.hf import from_hf
 from lab.tokenize import to_hf_tokenizer, word_level
 
@@ -113,44 +115,43 @@ def ratio(timing: dict, ours: str, theirs: str) -> float:
     return timing[ours]["median_s"] / timing[theirs]["median_s"]
 
 
-def bench_forward(ours: Any, hf: Any, x: torch.Tensor, device: str, rounds: int) -> dict:
+def peaks(timing: dict) -> dict[str, int | None]:
+    return {name: row["peak_memory_bytes"] for name, row in timing.items()}
+
+
+def bench_forward(ours: Any, hf: Any, x: torch.Tensor, device: str, rounds: int, warmup: int) -> dict:
     with torch.inference_mode():
         diff = (ours(x) - hf(x).logits).abs().max().item()
         t = interleaved({"forma": timed(lambda: ours(x), device), "hf_sdpa": timed(lambda: hf(x), device)},
-                        rounds=rounds, warmup=1)
-        memory = {name: peak_memory(fn, device) for name, fn in (("forma", lambda: ours(x)), ("hf_sdpa", lambda: hf(x)))}
+                        rounds=rounds, warmup=warmup, memory=device)
     n, cfg = x.numel(), ours.cfg
     peak = matmul_peak([(n, cfg.d_model, cfg.d_mlp), (n, cfg.d_model, cfg.d_vocab)], device, rounds)
     flops = forward_flops(cfg, *x.shape)
     return {"timing": t, "max_abs_logit_diff": diff, "ratio_vs_hf_sdpa": ratio(t, "forma", "hf_sdpa"),
-            "peak_memory_bytes": memory, "forward_flops": flops, "forma_flops_per_s": flops / t["forma"]["median_s"],
+            "peak_memory_bytes": peaks(t), "forward_flops": flops, "forma_flops_per_s": flops / t["forma"]["median_s"],
             "hf_flops_per_s": flops / t["hf_sdpa"]["median_s"], "matmul_peak_flops_per_s": peak,
             "utilisation": flops / t["forma"]["median_s"] / peak,
             "hf_utilisation": flops / t["hf_sdpa"]["median_s"] / peak}
 
 
-def bench_cache(ours: Any, bridge: Any, x: torch.Tensor, device: str, rounds: int) -> dict:
+def bench_cache(ours: Any, bridge: Any, x: torch.Tensor, device: str, rounds: int, warmup: int) -> dict:
     one = f"blocks.{ours.cfg.n_layers - 1}.hook_resid_post"
+    held: dict[str, int] = {}  # bytes of each full cache, read from the timed calls themselves (no extra run)
     calls = {
-        "forma_cache_all": lambda: ours.run_with_cache(x),
-        "bridge_cache_all": lambda: bridge.run_with_cache(x),
+        "forma_cache_all": lambda: held.__setitem__("forma", cache_bytes(ours.run_with_cache(x)[1])),
+        "bridge_cache_all": lambda: held.__setitem__("bridge", cache_bytes(bridge.run_with_cache(x)[1])),
         "forma_cache_one": lambda: ours.run_with_cache(x, names_filter=[one]),
         "bridge_cache_one": lambda: bridge.run_with_cache(x, names_filter=[one]),
     }
     with torch.inference_mode():
-        t = interleaved({name: timed(fn, device) for name, fn in calls.items()}, rounds=rounds, warmup=1)
-        memory = {name: peak_memory(fn, device) for name, fn in calls.items()}
-        _, ours_all = ours.run_with_cache(x)
-        _, theirs_all = bridge.run_with_cache(x)
-        held = {"forma": cache_bytes(ours_all), "bridge": cache_bytes(theirs_all)}
-        entries = {"forma": len(ours_all), "bridge": len(theirs_all)}
-        del ours_all, theirs_all
+        t = interleaved({name: timed(fn, device) for name, fn in calls.items()}, rounds=rounds, warmup=warmup,
+                        memory=device)
     return {"timing": t, "hook": one, "cache_all_vs_bridge": ratio(t, "forma_cache_all", "bridge_cache_all"),
-            "cache_one_vs_bridge": ratio(t, "forma_cache_one", "bridge_cache_one"), "peak_memory_bytes": memory,
-            "cache_all_bytes": held, "cache_all_entries": entries}
+            "cache_one_vs_bridge": ratio(t, "forma_cache_one", "bridge_cache_one"), "peak_memory_bytes": peaks(t),
+            "cache_all_bytes": held}
 
 
-def bench_generation(ours: Any, hf: Any, shape: Shape, device: str, rounds: int) -> dict:
+def bench_generation(ours: Any, hf: Any, shape: Shape, device: str, rounds: int, warmup: int) -> dict:
     prompt = torch.randint(0, shape.d_vocab, (1, shape.prompt), generator=torch.Generator().manual_seed(2)).to(device)
     n = shape.new_tokens
     common = dict(max_new_tokens=n, min_new_tokens=n, attention_mask=torch.ones_like(prompt), pad_token_id=0,
@@ -159,15 +160,15 @@ def bench_generation(ours: Any, hf: Any, shape: Shape, device: str, rounds: int)
              "hf_greedy": lambda: hf.generate(prompt, **common)}
     with torch.inference_mode():
         same = bool(torch.equal(calls["forma_greedy"]().cpu(), calls["hf_greedy"]().cpu()))
-        t = interleaved({name: timed(fn, device) for name, fn in calls.items()}, rounds=rounds, warmup=1)
-        memory = {name: peak_memory(fn, device) for name, fn in calls.items()}
+        t = interleaved({name: timed(fn, device) for name, fn in calls.items()}, rounds=rounds, warmup=warmup,
+                        memory=device)
     tps = {name: n / row["median_s"] for name, row in t.items()}
     return {"prompt_tokens": shape.prompt, "new_tokens": n, "timing": t, "tokens_per_s": tps,
             "speed_vs_hf": tps["forma_greedy"] / tps["hf_greedy"], "same_tokens_as_hf": same,
-            "peak_memory_bytes": memory}
+            "peak_memory_bytes": peaks(t)}
 
 
-def bench_training(ours: Any, hf: Any, x: torch.Tensor, device: str, rounds: int) -> dict:
+def bench_training(ours: Any, hf: Any, x: torch.Tensor, device: str, rounds: int, warmup: int) -> dict:
     ours, hf = ours.train(), hf.train()
     opt_ours = torch.optim.AdamW(ours.parameters(), lr=1e-4)
     opt_hf = torch.optim.AdamW(hf.parameters(), lr=1e-4)
@@ -183,30 +184,33 @@ def bench_training(ours: Any, hf: Any, x: torch.Tensor, device: str, rounds: int
         opt_hf.step()
 
     calls = {"forma_step": step_ours, "hf_step": step_hf}
-    # the first step allocates AdamW's moments (2 × the weights): warm up before the peak is read
-    t = interleaved({name: timed(fn, device) for name, fn in calls.items()}, rounds=rounds, warmup=1)
-    memory = {name: peak_memory(fn, device) for name, fn in calls.items()}
+    # the first step allocates AdamW's moments (2 × the weights): always one warm-up step before the clock
+    t = interleaved({name: timed(fn, device) for name, fn in calls.items()}, rounds=rounds, warmup=max(warmup, 1),
+                    memory=device)
     ours.eval()
     hf.eval()
-    return {"timing": t, "step_vs_hf": ratio(t, "forma_step", "hf_step"), "peak_memory_bytes": memory}
+    return {"timing": t, "step_vs_hf": ratio(t, "forma_step", "hf_step"), "peak_memory_bytes": peaks(t)}
 
 
-def bench_shape(name: str, shape: Shape, device: str, rounds: int) -> dict:
+def bench_shape(shape: Shape, device: str, rounds: int, warmup: int, out: dict[str, Any],
+                save: Callable[[], object]) -> None:
+    """Every measurement at `shape`, into `out`, calling `save` after each (a stopped run keeps what it measured)."""
     start = time.perf_counter()
     hf = hf_model(shape, device)
     ours = from_hf(hf).to(device)  # before the bridge: booting rewraps the HF module tree it is given
     x = torch.randint(0, shape.d_vocab, (shape.batch, shape.tokens), generator=torch.Generator().manual_seed(1)).to(device)
-    out: dict[str, Any] = {"shape": dataclasses.asdict(shape), "n_params": sum(p.numel() for p in ours.parameters())}
-    print(f"[{name}] forward", flush=True)
-    out["forward"] = bench_forward(ours, hf, x, device, rounds)
-    print(f"[{name}] run_with_cache", flush=True)
-    bridge = bridge_of(hf, shape, device)
-    out["run_with_cache"] = bench_cache(ours, bridge, x, device, rounds)
-    del bridge
-    print(f"[{name}] generation", flush=True)
-    out["generation"] = bench_generation(ours, hf, shape, device, rounds)
-    print(f"[{name}] training", flush=True)
-    out["training"] = bench_training(ours, hf, x, device, rounds)
+    out |= {"shape": dataclasses.asdict(shape), "n_params": sum(p.numel() for p in ours.parameters())}
+    sections = (
+        ("forward", lambda: bench_forward(ours, hf, x, device, rounds, warmup)),
+        ("run_with_cache", lambda: bench_cache(ours, bridge_of(hf, shape, device), x, device, rounds, warmup)),
+        ("generation", lambda: bench_generation(ours, hf, shape, device, rounds, warmup)),
+        ("training", lambda: bench_training(ours, hf, x, device, rounds, warmup)),
+    )
+    for section, measure in sections:
+        print(f"  {section}", flush=True)
+        out[section] = measure()
+        out["wall_s"] = time.perf_counter() - start
+        save()
     out["ratios"] = {"forward_vs_hf_sdpa": out["forward"]["ratio_vs_hf_sdpa"],
                      "cache_all_vs_bridge": out["run_with_cache"]["cache_all_vs_bridge"],
                      "cache_one_vs_bridge": out["run_with_cache"]["cache_one_vs_bridge"],
@@ -215,8 +219,7 @@ def bench_shape(name: str, shape: Shape, device: str, rounds: int) -> dict:
                      "forward_utilisation": out["forward"]["utilisation"]}
     out["meets_target"] = {k: (out["ratios"][k] <= v) if op == "≤" else (out["ratios"][k] >= v)
                            for k, (op, v) in TARGETS.items()}
-    out["wall_s"] = time.perf_counter() - start
-    return out
+    save()
 
 
 # (measure, shape's section, Forma's timing key, the peer's timing key, the peer, ratio key)
@@ -260,23 +263,30 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3, help="timed interleaved rounds (default 3)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first (default 1)")
     parser.add_argument("--shapes", nargs="*", choices=list(SHAPES), default=list(SHAPES))
     parser.add_argument("--quick", action="store_true", help="toy sizes of both families: a check that it runs")
     args = parser.parse_args(argv)
-    if args.rounds < 1:
-        parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    if args.rounds < 1 or args.warmup < 0:
+        parser.error(f"--rounds must be at least 1 and --warmup at least 0, got {args.rounds} and {args.warmup}")
     table = QUICK if args.quick else SHAPES
     results: dict[str, Any] = {"benchmark": "real_sizes", "device": args.device, "machine": machine(),
-                               "quick": args.quick, "rounds": args.rounds, "targets": TARGETS,
+                               "quick": args.quick, "rounds": args.rounds, "warmup": args.warmup, "targets": TARGETS,
                                "peak_memory_method": PEAK_METHODS["cuda" if args.device.startswith("cuda") else "cpu"],
-                               "shapes": {}}
-    suffix = "" if args.device == "cpu" else f"_{args.device.split(':')[0]}"
+                               "complete": False, "shapes": {}}
+    name = f"real_sizes{'' if args.device == 'cpu' else '_' + args.device.split(':')[0]}"
     start = time.perf_counter()
-    for name in args.shapes:
-        results["shapes"][name] = bench_shape(name, table[name], args.device, args.rounds)
+
+    def save() -> Path:
         results["wall_s"], results["load_average_at_end"] = time.perf_counter() - start, list(os.getloadavg())
-        path = write(f"real_sizes{suffix}", results)  # after each shape: a stopped run keeps what it measured
+        return write(name, results)
+
+    for shape in args.shapes:
+        print(f"[{shape}]", flush=True)
+        bench_shape(table[shape], args.device, args.rounds, args.warmup, results["shapes"].setdefault(shape, {}), save)
+    results["complete"] = True
+    path = save()
     print("\n".join(summary_lines(results)))
     print(f"wrote {path} in {results['wall_s']:.0f} s")
 

@@ -19,19 +19,40 @@ import torch
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def interleaved(contenders: dict[str, Callable[[], object]], rounds: int = 11, warmup: int = 2) -> dict[str, dict]:
-    """Median (and spread) of each contender's wall time over `rounds` interleaved rounds, in seconds."""
+def interleaved(contenders: dict[str, Callable[[], object]], rounds: int = 11, warmup: int = 2,
+                memory: str | None = None) -> dict[str, dict]:
+    """Median (and spread) of each contender's wall time over `rounds` interleaved rounds, in seconds.
+
+    memory: a device ("cpu", "cuda"): each contender's first timed call also reads its peak memory
+    (`peak_memory`, reported as peak_memory_bytes) — a warm call, at no extra call's cost."""
     for _ in range(warmup):
         for fn in contenders.values():
             fn()
     times: dict[str, list[float]] = {name: [] for name in contenders}
-    for _ in range(rounds):
+    peaks: dict[str, int | None] = {}
+    for round_ in range(rounds):
         for name, fn in contenders.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
+            call = Clocked(fn)
+            if memory is not None and round_ == 0:
+                peaks[name] = peak_memory(call, memory)  # the reset and the reading stay outside the clock
+            else:
+                call()
+            times[name].append(call.seconds)
     return {name: {"median_s": statistics.median(t), "min_s": min(t), "max_s": max(t), "rounds": rounds}
-            for name, t in times.items()}
+            | ({"peak_memory_bytes": peaks[name]} if memory is not None else {}) for name, t in times.items()}
+
+
+class Clocked:
+    """fn, which keeps the wall time of its last call in `seconds`."""
+
+    def __init__(self, fn: Callable[[], object]):
+        self.fn, self.seconds = fn, float("nan")
+
+    def __call__(self) -> object:
+        start = time.perf_counter()
+        out = self.fn()
+        self.seconds = time.perf_counter() - start
+        return out
 
 
 def sync(device: str) -> None:
@@ -113,6 +134,7 @@ def peak_memory(fn: Callable[[], Any], device: str) -> int | None:
         Path("/proc/self/clear_refs").write_text("5")  # 5: reset the peak RSS to the current RSS (Linux ≥ 4.0)
         before = _proc_status("VmRSS")
     except OSError:
+        fn()
         return None
     fn()
     return _proc_status("VmHWM") - before
