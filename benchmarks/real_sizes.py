@@ -222,40 +222,47 @@ def bench_shape(shape: Shape, device: str, rounds: int, warmup: int, out: dict[s
     save()
 
 
-# (measure, shape's section, Forma's timing key, the peer's timing key, the peer, ratio key)
+# (measure, section, Forma's timing key, the peer's, the peer, the section's ratio, the target's key)
 ROWS = (
-    ("forward", "forward", "forma", "hf_sdpa", "HF sdpa", "forward_vs_hf_sdpa"),
-    ("run_with_cache(all)", "run_with_cache", "forma_cache_all", "bridge_cache_all", "bridge", "cache_all_vs_bridge"),
-    ("run_with_cache(one)", "run_with_cache", "forma_cache_one", "bridge_cache_one", "bridge", "cache_one_vs_bridge"),
-    ("generation (tokens/s)", "generation", "forma_greedy", "hf_greedy", "HF generate", "generation_speed_vs_hf"),
-    ("training step", "training", "forma_step", "hf_step", "HF", "training_step_vs_hf"),
+    ("forward", "forward", "forma", "hf_sdpa", "HF sdpa", "ratio_vs_hf_sdpa", "forward_vs_hf_sdpa"),
+    ("run_with_cache(all)", "run_with_cache", "forma_cache_all", "bridge_cache_all", "bridge", "cache_all_vs_bridge",
+     "cache_all_vs_bridge"),
+    ("run_with_cache(one)", "run_with_cache", "forma_cache_one", "bridge_cache_one", "bridge", "cache_one_vs_bridge",
+     None),
+    ("generation (tokens/s)", "generation", "forma_greedy", "hf_greedy", "HF generate", "speed_vs_hf",
+     "generation_speed_vs_hf"),
+    ("training step", "training", "forma_step", "hf_step", "HF", "step_vs_hf", None),
 )
 
 
 def summary_lines(results: dict[str, Any]) -> list[str]:
     """The summary's "real sizes" section from real_sizes.json: per shape and measure, Forma's figure, the peer's,
-    their ratio and the target; peak memory of each; the forward's utilisation of the matmul peak."""
+    their ratio and the target, and the peak memory of each; the forward's utilisation of the matmul peak. A
+    run stopped part-way shows what it measured, and says so."""
     m = results["machine"]
     lines = ["## Real sizes (benchmarks/real_sizes.py)", "",
              f"{m['utc']} · torch {m['torch']} · {m['threads']} threads · load average "
              f"{m['load_average_1_5_15'][0]:.2f} at the start, {results['load_average_at_end'][0]:.2f} at the end · "
-             f"medians of {results['rounds']} interleaved rounds", "",
+             f"medians of {results['rounds']} interleaved rounds after {results['warmup']} warm-up"
+             + ("" if results["complete"] else " · stopped part-way: what it measured"), "",
              "| shape | measure | Forma | peer | ratio | target | peak MB Forma / peer |", "|---|---|---|---|---|---|---|"]
     for name, shape in results["shapes"].items():
-        for measure, section, ours, theirs, peer, key in ROWS:
+        for measure, section, ours, theirs, peer, ratio_key, target_key in ROWS:
+            if section not in shape:
+                continue
             part = shape[section]
             if section == "generation":
                 a, b = (f"{part['tokens_per_s'][k]:.1f}" for k in (ours, theirs))
             else:
                 a, b = (f"{part['timing'][k]['median_s']:.3f} s" for k in (ours, theirs))
-            op, value = TARGETS.get(key, ("", None))
+            target = " ".join((TARGETS[target_key][0], f"{TARGETS[target_key][1]}×")) if target_key else "—"
             memory = part["peak_memory_bytes"]
             mb = " / ".join("—" if memory[k] is None else f"{memory[k] / 2**20:.0f}" for k in (ours, theirs))
-            lines.append(f"| {name} | {measure} | {a} | {b} ({peer}) | {shape['ratios'][key]:.3f}× | "
-                         f"{f'{op} {value}×' if value else '—'} | {mb} |")
-        f = shape["forward"]
-        lines.append(f"| {name} | forward utilisation of the matmul peak | {f['utilisation']:.2f} | "
-                     f"{f['hf_utilisation']:.2f} (HF sdpa) | — | — | — |")
+            lines.append(f"| {name} | {measure} | {a} | {b} ({peer}) | {part[ratio_key]:.3f}× | {target} | {mb} |")
+        if "forward" in shape:
+            f = shape["forward"]
+            lines.append(f"| {name} | forward utilisation of the matmul peak | {f['utilisation']:.2f} | "
+                         f"{f['hf_utilisation']:.2f} (HF sdpa) | — | — | — |")
     lines += ["", f"Peak memory: {results['peak_memory_method']}."]
     return lines
 
