@@ -20,6 +20,7 @@ BENCHMARKS=(
   "peers --rounds 21 --batch 8 --tokens 256 --new-tokens 256"
   "real_sizes --rounds 11"
   "patching"
+  "harvest"
   "activations"
 )
 planned=()  # the plan first, GPU or not: which benchmarks this checkout has, and which of them take a device
