@@ -44,6 +44,7 @@ test-sae: $(SAE_STAMP)
 bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.forward
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.peers
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.real_sizes
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.patching
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.activations
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.harvest

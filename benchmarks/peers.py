@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from benchmarks.summary import write_summary
-from benchmarks.timing import interleaved, machine, write
+from benchmarks.timing import cache_bytes, forward_flops, interleaved, machine, matmul_peak, timed, write
 from lab.hf import from_hf
 from lab.tokenize import to_hf_tokenizer, word_level
 
@@ -41,41 +41,6 @@ def gpt2(layers: int, d_model: int, n_ctx: int, attn: str, device: str):
     return GPT2LMHeadModel(cfg).eval().to(device)
 
 
-def sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def timed(fn, device: str):
-    def run():
-        out = fn()
-        sync(device)
-        return out
-    return run
-
-
-def forward_flops(layers: int, d: int, batch: int, tokens: int) -> float:
-    """Matmul FLOPs of one forward pass: 2·(12·L·d²)·N for the blocks, 2·|V|·d·N for the unembedding, and
-    2·2·L·T·d·N for attention scores and values (causal: half of T·T on average, counted in full by sdpa)."""
-    n = batch * tokens
-    return 2 * 12 * layers * d * d * n + 2 * VOCAB * d * n + 4 * layers * tokens * d * n
-
-
-def matmul_peak(d: int, batch: int, tokens: int, device: str, rounds: int) -> float:
-    """FLOP/s of torch.matmul on the forward's dominant shapes: [N, d] × [d, 4d] and [N, d] × [d, |V|]."""
-    n = batch * tokens
-    a = torch.randn(n, d, device=device)
-    b1, b2 = torch.randn(d, 4 * d, device=device), torch.randn(d, VOCAB, device=device)
-    flops = 2 * n * d * 4 * d + 2 * n * d * VOCAB
-    t = interleaved({"mm": timed(lambda: (a @ b1, a @ b2), device)}, rounds=rounds)["mm"]["median_s"]
-    return flops / t
-
-
-def cache_bytes(cache: Any) -> int:
-    values = cache.cache_dict.values() if hasattr(cache, "cache_dict") else cache.values()
-    return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
-
-
 def bench_forward(device: str, rounds: int, batch: int, tokens: int) -> dict:
     out = {}
     for name, (layers, d) in SIZES.items():
@@ -88,8 +53,9 @@ def bench_forward(device: str, rounds: int, batch: int, tokens: int) -> dict:
             diff = (ours(x) - hf_sdpa(x).logits).abs().max().item()
             t = interleaved({"forma": timed(lambda: ours(x), device), "hf_sdpa": timed(lambda: hf_sdpa(x), device),
                              "hf_eager": timed(lambda: hf_eager(x), device)}, rounds=rounds)
-        peak = matmul_peak(d, batch, tokens, device, rounds)
-        flops = forward_flops(layers, d, batch, tokens)
+        n = batch * tokens  # the forward's dominant products: [N, d] × [d, 4d] and [N, d] × [d, |V|]
+        peak = matmul_peak([(n, d, 4 * d), (n, d, VOCAB)], device, rounds)
+        flops = forward_flops(ours.cfg, batch, tokens)
         out[name] = {"timing": t, "max_abs_logit_diff": diff,
                      "ratio_vs_hf_sdpa": t["forma"]["median_s"] / t["hf_sdpa"]["median_s"],
                      "ratio_vs_hf_eager": t["forma"]["median_s"] / t["hf_eager"]["median_s"],

@@ -1,38 +1,143 @@
-"""Interleaved timing: every contender runs once per round, so drift in machine load hits all alike."""
+"""What every benchmark shares: interleaved timing (every contender runs once per round, so drift in machine
+load hits all alike), device syncs, peak memory, the forward pass's FLOPs against a measured matmul peak, and
+the atomic write of benchmarks/results/<name>.json."""
 
+import ctypes
 import json
 import os
 import platform
+import re
 import statistics
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import torch
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def interleaved(contenders: dict[str, Callable[[], object]], rounds: int = 11, warmup: int = 2) -> dict[str, dict]:
-    """Median (and spread) of each contender's wall time over `rounds` interleaved rounds, in seconds."""
+def interleaved(contenders: dict[str, Callable[[], object]], rounds: int = 11, warmup: int = 2,
+                memory: str | None = None) -> dict[str, dict]:
+    """Median (and spread) of each contender's wall time over `rounds` interleaved rounds, in seconds.
+
+    memory: a device ("cpu", "cuda"): each contender's first timed call also reads its peak memory
+    (`peak_memory`, reported as peak_memory_bytes) — a warm call, at no extra call's cost."""
     for _ in range(warmup):
         for fn in contenders.values():
             fn()
     times: dict[str, list[float]] = {name: [] for name in contenders}
-    for _ in range(rounds):
+    peaks: dict[str, int | None] = {}
+    for round_ in range(rounds):
         for name, fn in contenders.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
+            call = Clocked(fn)
+            if memory is not None and round_ == 0:
+                peaks[name] = peak_memory(call, memory)  # the reset and the reading stay outside the clock
+            else:
+                call()
+            times[name].append(call.seconds)
     return {name: {"median_s": statistics.median(t), "min_s": min(t), "max_s": max(t), "rounds": rounds}
-            for name, t in times.items()}
+            | ({"peak_memory_bytes": peaks[name]} if memory is not None else {}) for name, t in times.items()}
+
+
+class Clocked:
+    """fn, which keeps the wall time of its last call in `seconds`."""
+
+    def __init__(self, fn: Callable[[], object]):
+        self.fn, self.seconds = fn, float("nan")
+
+    def __call__(self) -> object:
+        start = time.perf_counter()
+        out = self.fn()
+        self.seconds = time.perf_counter() - start
+        return out
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def timed(fn: Callable[[], Any], device: str) -> Callable[[], Any]:
+    """fn, then a device sync: on a GPU the time of a call is the time until its kernels finish."""
+    def run():
+        out = fn()
+        sync(device)
+        return out
+    return run
 
 
 def machine() -> dict:
     return {"python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads(),
             "cpu_count": os.cpu_count(), "platform": platform.platform(),
+            "load_average_1_5_15": list(os.getloadavg()),
             "utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+
+def cache_bytes(cache: Any) -> int:
+    """Bytes of the tensors an activation cache holds (a TransformerLens ActivationCache or a dict)."""
+    values = cache.cache_dict.values() if hasattr(cache, "cache_dict") else cache.values()
+    return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
+
+
+def forward_flops(cfg: Any, batch: int, tokens: int) -> float:
+    """Matmul FLOPs of one forward pass of a decoder with config `cfg` (a Forma ModelConfig) on batch × tokens.
+
+    Per token and layer: 2·d·(h·d_head) for W_Q and as much for W_O, 2·2·d·(kv·d_head) for W_K and W_V,
+    2·d·d_mlp per MLP matrix (two, or three when gated), and 2·2·T·h·d_head for the scores and A v (causal:
+    half of T·T on average, counted in full, as sdpa computes it); then 2·d·|V| for the unembedding. For
+    GPT-2 (h·d_head = d, d_mlp = 4d) the blocks are 2·12·d² per token and layer."""
+    d, h, kv, dh = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.d_head
+    matrices = 3 if cfg.mlp == "swiglu" else 2
+    per_layer = 2 * d * h * dh * 2 + 2 * 2 * d * kv * dh + 2 * d * cfg.d_mlp * matrices + 2 * 2 * tokens * h * dh
+    return batch * tokens * (cfg.n_layers * per_layer + 2 * d * cfg.d_vocab)
+
+
+def matmul_peak(shapes: list[tuple[int, int, int]], device: str, rounds: int) -> float:
+    """FLOP/s of torch.matmul on the given [m, k] × [k, n] products (a forward's dominant shapes), all
+    timed together, median of `rounds`."""
+    operands = [(torch.randn(m, k, device=device), torch.randn(k, n, device=device)) for m, k, n in shapes]
+    flops = sum(2 * m * k * n for m, k, n in shapes)
+    t = interleaved({"mm": timed(lambda: [a @ b for a, b in operands], device)}, rounds=rounds, warmup=1)["mm"]["median_s"]
+    return flops / t
+
+
+PEAK_METHODS = {
+    "cuda": "torch.cuda.max_memory_allocated above memory_allocated before the call: bytes of tensors held",
+    "cpu": "VmHWM (the peak resident set, the same high-water mark as ru_maxrss) reset through /proc/self/clear_refs "
+           "before the call, above VmRSS before it, after malloc_trim returned the allocator's free pages: the "
+           "call's own peak of resident memory, in this process",
+}
+
+
+def _proc_status(key: str) -> int:
+    match = re.search(rf"^{key}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M)
+    if match is None:
+        raise OSError(f"/proc/self/status has no {key}")
+    return int(match.group(1)) * 1024
+
+
+def peak_memory(fn: Callable[[], Any], device: str) -> int | None:
+    """Bytes by which one call of fn raises memory above what was in use just before it (PEAK_METHODS says
+    how, per device); None where the platform cannot say (no /proc, no glibc)."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - before
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)  # freed heap pages back to the system, so they count when reused
+        Path("/proc/self/clear_refs").write_text("5")  # 5: reset the peak RSS to the current RSS (Linux ≥ 4.0)
+        before = _proc_status("VmRSS")
+    except OSError:
+        fn()
+        return None
+    fn()
+    return _proc_status("VmHWM") - before
 
 
 def write(name: str, payload: dict) -> Path:

@@ -449,16 +449,28 @@ class Attention(nn.Module):
         visible = self._causal_mask(q_len, k_len, offset, device)
         return torch.zeros(q_len, k_len, device=device, dtype=dtype).masked_fill_(~visible, float("-inf"))
 
+    def _scores(self, q: Tensor, k: Tensor, offset: int) -> Float[Tensor, "batch head q_pos k_pos"]:
+        """q kᵀ / √d_head + M, from q [batch, head, q_pos, d_head] and k [batch, head, k_pos, d_head].
+
+        Causal, as one product M + (1/√d_head)·q kᵀ (baddbmm): the scale and the mask ride on the matmul
+        instead of two more passes over the scores, the largest tensor of the explicit path. The same
+        scores to float round-off (exactly the same where √d_head is a power of two)."""
+        if not self.causal:
+            scores = einops.einsum(q, k, "batch head q_pos d_head, batch head k_pos d_head -> batch head q_pos k_pos")
+            return scores.div_(math.sqrt(self.d_head))
+        batch, heads, q_len, d_head = q.shape
+        k_len = k.shape[2]
+        mask = self._mask_bias(q_len, k_len, offset, q.device, q.dtype)
+        scores = torch.baddbmm(mask, q.reshape(batch * heads, q_len, d_head),
+                               k.reshape(batch * heads, k_len, d_head).transpose(1, 2), alpha=1 / math.sqrt(d_head))
+        return scores.view(batch, heads, q_len, k_len)
+
     def _explicit(self, q: Tensor, k: Tensor, v: Tensor, offset: int) -> Tensor:
         group = self.n_heads // self.n_kv_heads
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [batch, head, pos, d_head]: one bmm per head
         if group > 1:
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        scores = einops.einsum(q, k, "batch head q_pos d_head, batch head k_pos d_head -> batch head q_pos k_pos")
-        scores = scores.div_(math.sqrt(self.d_head))
-        if self.causal:
-            scores = scores.add_(self._mask_bias(q.shape[2], k.shape[2], offset, q.device, scores.dtype))
-        scores = self.hook_attn_scores(scores)
+        scores = self.hook_attn_scores(self._scores(q, k, offset))
         pattern = self.hook_pattern(scores.softmax(dim=-1))
         z = einops.einsum(pattern, v, "batch head q_pos k_pos, batch head k_pos d_head -> batch head q_pos d_head")
         return z.transpose(1, 2)
