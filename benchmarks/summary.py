@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from benchmarks.real_sizes import summary_lines as real_sizes_lines
 from benchmarks.timing import RESULTS
 
 
@@ -154,8 +155,8 @@ def write_summary(device: str = "cpu") -> Path:
         lines += peers_lines(peers)
     if device == "cpu":
         for name, render in (("forward", forward_lines), ("walltime", walltime_lines), ("dashboard", dashboard_lines),
-                              ("demo", demo_lines), ("cli", cli_lines), ("patching", patching_lines),
-                              ("harvest", harvest_lines)):
+                              ("demo", demo_lines), ("cli", cli_lines), ("real_sizes", real_sizes_lines),
+                              ("patching", patching_lines), ("harvest", harvest_lines)):
             results = _read(name)
             if results:
                 lines += ["", *render(results)]

@@ -15,6 +15,7 @@ from benchmarks import summary
     ("cli", summary.cli_lines, "## Command-line start"),
     ("patching", summary.patching_lines, "## Patching sweeps"),
     ("harvest", summary.harvest_lines, "## Activation harvesting"),
+    ("real_sizes", summary.real_sizes_lines, "## Real sizes"),
 ])
 def test_each_results_file_renders_its_section(name, render, title):
     results = json.loads((summary.RESULTS / f"{name}.json").read_text())
