@@ -1,17 +1,24 @@
-"""Where Forma keeps its models: the zoo folder and its recipes' names.
+"""Where Forma keeps its models: the zoo folder, its recipes' names, and the door from a model class to loading
+by name.
 
 Kept apart from lab.zoo (which builds worlds and trains, and so loads torch) so that the command line
-can list the zoo for `forma train --help` and check a name without loading torch.
+can list the zoo for `forma train --help` and check a name without loading torch. It imports only the
+standard library, so that the model package, which must import nothing above it, can read it.
 """
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 DEFAULT_ZOO_DIR = Path(__file__).resolve().parents[1] / "models"
 RECIPE_FILE = "model.toml"
+
+# (model class, name or folder, device) -> model: set by lab/__init__ to `lab.load.from_pretrained`.
+PretrainedLoader = Callable[[type, "str | Path", Any], Any]
+_pretrained_loader: list[PretrainedLoader] = []
 
 
 def zoo_dir() -> Path:
@@ -65,3 +72,35 @@ def zoo_entry(name: str) -> ZooEntry:
 def zoo_entries() -> list[ZooEntry]:
     """`zoo_entry` of every model the zoo has a recipe for."""
     return [zoo_entry(name) for name in zoo_names()]
+def check_zoo_name(name: str) -> Path:
+    """The zoo folder of a model the zoo has a recipe for; a ValueError listing the zoo for any other name."""
+    names = zoo_names()
+    if name not in names:
+        known = ", ".join(names) if names else "none yet"
+        raise ValueError(f"unknown model {name!r}: not a folder and not a zoo name (zoo models: {known})")
+    return zoo_dir() / name
+
+
+def zoo_model_dir(name: str) -> Path:
+    """The folder of a trained zoo model; a clear error for an unknown or untrained one."""
+    directory = check_zoo_name(name)
+    if not (directory / "model.safetensors").is_file():
+        raise FileNotFoundError(f"zoo model {name!r} is not trained yet: run `forma train {name}`")
+    return directory
+
+
+def is_trained(name: str) -> bool:
+    return (check_zoo_name(name) / "model.safetensors").is_file()
+
+
+def set_pretrained_loader(loader: PretrainedLoader) -> None:
+    """Make `loader` what every model class's `from_pretrained` calls (lab/__init__ sets `lab.load`'s)."""
+    _pretrained_loader[:] = [loader]
+
+
+def load_pretrained(cls: type, name_or_path: str | Path, device: Any = "cpu") -> Any:
+    """`cls.from_pretrained(name_or_path, device)`: the model package's door to loading by name, which lives above
+    it (`lab.load`), so that the model package imports nothing above it while its classes keep the method."""
+    if not _pretrained_loader:  # lab/__init__ sets it, and runs before any lab module: never met in practice
+        raise RuntimeError("no loader by name is set: import lab.load (lab/__init__ sets it on import)")
+    return _pretrained_loader[0](cls, name_or_path, device)

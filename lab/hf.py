@@ -32,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from lab.model import HookedTransformer, ModelConfig
+from lab.model.components import Rotary, SinusoidalPositions
 from lab.model.offload import read_weight
 
 SUPPORTED = ("gpt2", "llama", "gpt_neox", "qwen2", "mistral")  # Hugging Face model_type of each family
@@ -106,8 +107,6 @@ def _config(family: Family, model_type: str, hf_config: Any) -> ModelConfig:
 def empty_model(cfg: ModelConfig, tokenizer: Any = None) -> HookedTransformer:
     """HookedTransformer(cfg) with its parameters on the meta device (no memory, no random initialisation) and
     its fixed tables (rotary cos/sin, sinusoidal positions) computed on the CPU: a frame to load weights into."""
-    from lab.model.components import Rotary, SinusoidalPositions
-
     with torch.device("meta"):
         model = HookedTransformer(cfg, tokenizer=tokenizer)
     # The tables depend on the config only, so one CPU instance of each owner serves every layer.

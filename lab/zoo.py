@@ -25,6 +25,7 @@ bits an uninterrupted build gives.
 """
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import logging
@@ -44,7 +45,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from lab.folders import DEFAULT_ZOO_DIR, RECIPE_FILE, zoo_dir, zoo_names  # noqa: F401 (re-exported)
+from lab.data.dates import TranslationData, dates_world, exact_match
+from lab.data.facts import FactWorld, FactWorldConfig
+from lab.data.sources import HiddenMarkovSource, MarkovSource, source_from_dict
+from lab.data.text import split_documents, split_text, stdlib_docstrings, train_bpe
+from lab.files import current_umask
+from lab.metrics.information import entropy, kl, truncated_context_kl_of
+from lab.model import EncoderDecoder, EncoderDecoderConfig, HookedTransformer, ModelConfig
+from lab.runs import provenance, read_json, write_json
+from lab.tokenize import word_level
+from lab.train import (RESUMABLE_CHANGES, PairBatches, SequenceBatches, TokenStream, TrainConfig, discard_tree,
+                       has_checkpoint, train)
+from lab.folders import (DEFAULT_ZOO_DIR, RECIPE_FILE, check_zoo_name, is_trained, zoo_dir,  # noqa: F401
+                         zoo_model_dir, zoo_names)  # re-exported: lab.zoo names them too
 
 TABLES = ("world", "model", "train")
 MODEL_KIND_NAMES = ("decoder_only", "encoder_decoder")
@@ -55,33 +68,10 @@ MAX_FACT_DOCUMENTS = 2**24
 logger = logging.getLogger(__name__)
 
 
-def _check_name(name: str) -> Path:
-    names = zoo_names()
-    if name not in names:
-        known = ", ".join(names) if names else "none yet"
-        raise ValueError(f"unknown model {name!r}: not a folder and not a zoo name (zoo models: {known})")
-    return zoo_dir() / name
-
-
-def zoo_model_dir(name: str) -> Path:
-    """The folder of a trained zoo model; a clear error for an unknown or untrained one."""
-    directory = _check_name(name)
-    if not (directory / "model.safetensors").is_file():
-        raise FileNotFoundError(f"zoo model {name!r} is not trained yet: run `forma train {name}`")
-    return directory
-
-
-def is_trained(name: str) -> bool:
-    return (_check_name(name) / "model.safetensors").is_file()
-
-
 def world_source(folder: str | Path):
     """The Markov or hidden-Markov source a model folder's world.json records (a zoo model trained on a source
     world), whose `conditionals` are the true next-token law; None for a folder trained on another world or
     with no world.json. A world.json that cannot be read is a ValueError naming it."""
-    from lab.data.sources import source_from_dict
-    from lab.runs import read_json
-
     path = Path(folder) / "world.json"
     if not path.is_file():
         return None
@@ -96,7 +86,7 @@ def world_source(folder: str | Path):
 
 def load_recipe(name: str, quick: bool = False) -> dict[str, dict[str, Any]]:
     """The recipe's world, model and train tables, with the quick overrides applied when asked."""
-    path = _check_name(name) / RECIPE_FILE
+    path = check_zoo_name(name) / RECIPE_FILE
     try:
         recipe = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as err:
@@ -172,10 +162,6 @@ def check_world(spec: dict[str, Any]) -> None:
         raise ValueError(f"[world] needs kind = one of {kinds}, got {got!r}")
     kind = spec["kind"]
     if kind == "facts":
-        import dataclasses
-
-        from lab.data.facts import FactWorldConfig
-
         keys = {f.name: WorldKey(object) for f in dataclasses.fields(FactWorldConfig)} | {"form": WorldKey(str)}
     else:
         keys = WORLD_KEYS[kind]
@@ -224,8 +210,6 @@ def build_world(spec: dict[str, Any], n_ctx: int, seq_len: int | None = None) ->
 
 
 def make_source(spec: dict[str, Any]):
-    from lab.data.sources import HiddenMarkovSource, MarkovSource
-
     if spec["kind"] == "markov":
         return MarkovSource(spec["vocab_size"], order=spec.get("order", 2),
                             concentration=spec.get("concentration", 0.5), seed=spec.get("seed", 0))
@@ -243,9 +227,6 @@ def _source_world(spec: dict[str, Any], seq_len: int) -> WorldData:
 
 
 def _facts_world(spec: dict[str, Any], seq_len: int) -> WorldData:
-    from lab.data.facts import FactWorld, FactWorldConfig
-    from lab.tokenize import word_level
-
     form = spec.pop("form", "bare")
     n_val = spec.pop("n_heldout", None)
     world = FactWorld(FactWorldConfig.from_dict({k: v for k, v in spec.items() if k != "kind"}))
@@ -286,14 +267,10 @@ def _pad(rows: list[list[int]], pad_id: int, length: int) -> tuple[torch.Tensor,
 
 
 def _dates_world(spec: dict[str, Any], seq_len: int) -> Any:
-    from lab.data.dates import dates_world
-
     return dates_world(spec["n_train"], spec["n_held_out"], seed=spec.get("seed", 0))
 
 
 def _pydoc_world(spec: dict[str, Any], seq_len: int) -> WorldData:
-    from lab.data.text import split_text, stdlib_docstrings, train_bpe
-
     cache = zoo_dir() / "pydoc" / "corpus.txt"
     text = stdlib_docstrings(cache=cache)
     train_text, val_text = split_text(text, held_out_fraction=spec.get("held_out_fraction", 0.05))
@@ -366,10 +343,7 @@ def _only_build(directory: Path, name: str) -> Iterator[None]:
 def _train_into(staging: Path, name: str, recipe: dict[str, Any], quick: bool, progress: bool) -> None:
     """Build the world, train (from the build's checkpoint, if it has one) and write the model, world.json
     and card.json into the build folder `staging`."""
-    from lab.runs import provenance, write_json
-    from lab.train import TrainConfig, has_checkpoint, train
-
-    path = _check_name(name) / RECIPE_FILE
+    path = check_zoo_name(name) / RECIPE_FILE
     start = time.perf_counter()
     model_table = dict(recipe["model"])
     kind = model_table.pop("kind", "decoder_only")
@@ -400,9 +374,6 @@ def _train_into(staging: Path, name: str, recipe: dict[str, Any], quick: bool, p
 
 def _decoder_only(name: str, table: dict[str, Any], data: Any, seed: int) -> tuple[Any, Any]:
     """A HookedTransformer for a sequence world, and its batches (windows of a stream, or whole documents)."""
-    from lab.model import HookedTransformer, ModelConfig
-    from lab.train import SequenceBatches, TokenStream
-
     if not isinstance(data, WorldData):
         raise ValueError(f"recipe {name}: a {data.world['kind']!r} world gives (source, target) pairs; "
                          "it needs [model] kind = \"encoder_decoder\"")
@@ -415,10 +386,6 @@ def _decoder_only(name: str, table: dict[str, Any], data: Any, seed: int) -> tup
 
 def _encoder_decoder(name: str, table: dict[str, Any], data: Any, seed: int) -> tuple[Any, Any]:
     """An EncoderDecoder for a translation world ("dates"), and its (source, target) pair batches."""
-    from lab.data.dates import TranslationData
-    from lab.model import EncoderDecoder, EncoderDecoderConfig
-    from lab.train import PairBatches
-
     if not isinstance(data, TranslationData):
         raise ValueError(f"recipe {name}: an encoder_decoder model needs a translation world (kind = \"dates\"), "
                          f"got {data.world['spec']['kind']!r}")
@@ -449,8 +416,6 @@ def _truth_card(model: Any, data: WorldData, spec: dict[str, Any]) -> dict[str, 
     every position and, for a Markov chain, over complete contexts (prefix length ≥ its order: the context
     is π-distributed and E[H_t] is the entropy rate) and the first positions apart; and how the held-out
     sequences are kept out of training."""
-    from lab.metrics.information import entropy, kl, truncated_context_kl_of
-
     source = make_source(spec)
     p = torch.from_numpy(source.conditionals(data.val.numpy()))[:, :-1]
     q = torch.cat([model(data.val[i : i + 256]).double().softmax(-1)[:, :-1] for i in range(0, len(data.val), 256)])
@@ -483,8 +448,6 @@ def _truth_card(model: Any, data: WorldData, spec: dict[str, Any]) -> dict[str, 
 
 def _translation_card(model: Any, data: Any) -> dict[str, Any]:
     """The held-out exact match of greedy, KV-cached decoding, and five sample translations."""
-    from lab.data.dates import exact_match
-
     samples = []
     for src, tgt in data.held_out[:5]:
         source = data.src_tokenizer.decode(src)
@@ -520,10 +483,6 @@ UNLINKED_NAMES = ("model.safetensors", "config.json", "tokenizer.json", "src_tok
 
 def _start_build(directory: Path, record: dict[str, Any]) -> Path:
     """A new, empty build folder holding its recipe, marked as the build in progress."""
-    from lab.files import current_umask
-    from lab.runs import write_json
-    from lab.train import discard_tree
-
     builds = directory / BUILDS_DIR
     builds.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=builds, prefix=time.strftime("%Y%m%dT%H%M%S-"))).resolve()
@@ -563,8 +522,6 @@ def _resume_build(directory: Path, record: dict[str, Any]) -> Path:
 
 def _recipe_changes(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
     """Each difference that would change what the build computes, as '[table] key (build …, now …)'."""
-    from lab.train import RESUMABLE_CHANGES
-
     changes = [f"{key} (build {saved.get(key)!r}, now {now.get(key)!r})"
                for key in ("format", "name") if saved.get(key) != now.get(key)]
     for table in ("world", "model", "train"):
@@ -631,8 +588,6 @@ def _move_unlinked_into_a_build(directory: Path) -> None:
     The files are hard-linked into the build first and `.current` pointed at it; only then is each
     plain name replaced by its link, which shows the same content. Every step can be repeated, so a
     crash part-way is finished by the next publish."""
-    from lab.files import current_umask
-
     unlinked = [name for name in UNLINKED_NAMES if (directory / name).exists() and not (directory / name).is_symlink()]
     if not unlinked:
         return
@@ -676,8 +631,6 @@ def _link_copy(source: Path, destination: Path) -> None:
 
 def _tidy(directory: Path, keep: set[Path | None]) -> None:
     """Remove links to names the published build lacks, leftovers of crashed renames, and old builds."""
-    from lab.train import discard_tree
-
     for path in [*directory.iterdir(), *(directory / BUILDS_DIR).iterdir()]:
         if ".tmp-" not in path.name:
             continue
@@ -706,8 +659,6 @@ def _english_card(model: Any, data: WorldData) -> dict[str, Any]:
     """Held-out loss and perplexity from one computation (every held-out window of n_ctx tokens:
     val_perplexity = exp(val_loss_nats)), the n-gram baselines on the same tokens, samples, and how the
     held-out text is kept out of training."""
-    from lab.data.text import split_documents, split_text, stdlib_docstrings
-
     n_ctx = model.cfg.n_ctx
     val = data.val[: (len(data.val) // n_ctx) * n_ctx].reshape(-1, n_ctx)
     losses = [model.loss(val[i : i + 32]).item() for i in range(0, len(val), 32)]

@@ -127,6 +127,43 @@ def test_cached_decoding_equals_recompute(src, tgt):
     assert cached.shape == (3, 13) and torch.equal(cached, recomputed)
 
 
+def _reference_generate(model, src, max_new_tokens, bos, eos, use_kv_cache, temperature, seed):
+    """Sequence-to-sequence decoding written out: encode once, then feed the decoder its newest token (or the whole
+    prefix), sampling each next token with `sample_next`; rows that emit eos keep emitting it."""
+    from lab.generate import sample_next
+
+    with torch.no_grad():
+        encoder_out = model.encode(src)
+        tokens = torch.full((encoder_out.shape[0], 1), bos, dtype=torch.long)
+        generator = None if seed is None else torch.Generator().manual_seed(seed)
+        cache = KVCache.empty(model.cfg.n_decoder_layers) if use_kv_cache else None
+        done = torch.zeros(encoder_out.shape[0], dtype=torch.bool)
+        new = tokens
+        for _ in range(max_new_tokens):
+            next_token = sample_next(model.decode(new, encoder_out, cache)[:, -1], temperature, generator=generator)
+            if eos is not None:
+                next_token = torch.where(done, eos, next_token)
+                done |= next_token == eos
+            tokens = torch.cat((tokens, next_token[:, None]), dim=1)
+            new = next_token[:, None] if use_kv_cache else tokens
+            if eos is not None and bool(done.all()):
+                break
+    return tokens
+
+
+@pytest.mark.parametrize("use_kv_cache", [True, False])
+@pytest.mark.parametrize("temperature, seed, eos", [(0.0, None, None), (1.5, 7, None), (1.5, 7, 5), (0.0, None, 5)])
+def test_generate_is_the_written_out_decoding_loop(src, use_kv_cache, temperature, seed, eos):
+    """EncoderDecoder.generate draws exactly the tokens of the loop written out above (same seed, same tokens)."""
+    model = tiny()
+    expected = _reference_generate(model, src, 10, 2, eos, use_kv_cache, temperature, seed)
+    out = model.generate(src, 10, bos_token_id=2, eos_token_id=eos, use_kv_cache=use_kv_cache,
+                         temperature=temperature, seed=seed)
+    assert torch.equal(out, expected)
+    if eos is None:
+        assert out.shape == (3, 11)
+
+
 def test_generate_stops_at_eos_and_checks_its_inputs(src):
     model = tiny()
     eos = int(model.generate(src, 1, bos_token_id=2)[0, 1])  # what row 0 emits first

@@ -307,12 +307,12 @@ def test_bad_checkpoints_raise_clear_errors(tmp_path, model):
 def test_a_failed_save_leaves_the_old_checkpoint_intact(tmp_path, model, monkeypatch, tokens):
     model.save(tmp_path)
     before = (tmp_path / "model.safetensors").read_bytes()
-    import lab.model.transformer as transformer
+    import lab.model.checkpoint as checkpoint
 
     def broken(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(transformer, "save_file", broken)
+    monkeypatch.setattr(checkpoint, "save_file", broken)
     with pytest.raises(OSError, match="disk full"):
         HookedTransformer(model.cfg, seed=99).save(tmp_path)
     assert (tmp_path / "model.safetensors").read_bytes() == before

@@ -238,7 +238,7 @@ def test_a_crash_while_checkpointing_leaves_the_previous_checkpoint_whole(tmp_pa
     model, data = demo_markov()
     cfg = SHORT.replace(steps=10, checkpoint_interval=5)
     calls = []
-    real = lab.train._rng_tensors
+    real = lab.train.checkpoint._rng_tensors
 
     def crash_on_second_save():
         calls.append(1)
@@ -246,7 +246,7 @@ def test_a_crash_while_checkpointing_leaves_the_previous_checkpoint_whole(tmp_pa
             raise KeyboardInterrupt  # the run is killed halfway through writing checkpoint 2
         return real()
 
-    monkeypatch.setattr(lab.train, "_rng_tensors", crash_on_second_save)
+    monkeypatch.setattr(lab.train.checkpoint, "_rng_tensors", crash_on_second_save)
     with pytest.raises(KeyboardInterrupt):
         train(model, cfg, data, tmp_path, progress=False)
     monkeypatch.undo()
@@ -312,7 +312,7 @@ def test_checkpoints_come_every_n_steps_and_every_so_many_seconds(tmp_path, monk
     model, data = demo_markov()
     saved = []
     real = lab.train.save_checkpoint
-    monkeypatch.setattr(lab.train, "save_checkpoint", lambda *args: saved.append(args[-1].step) or real(*args))
+    monkeypatch.setattr(lab.train.loop, "save_checkpoint", lambda *args: saved.append(args[-1].step) or real(*args))
     for cfg, steps in [(SHORT.replace(checkpoint_interval=6, checkpoint_every_s=0), [6, 12, 18, 20]),
                        (SHORT.replace(checkpoint_every_s=1e-9), list(range(1, 21))),  # every step is "due"
                        (SHORT.replace(checkpoint_every_s=0), [20])]:

@@ -187,7 +187,7 @@ def interrupted_build(name: str, after: int = 2) -> None:
         raise lab.train.TrainingInterrupted(signal.SIGINT, after)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(lab.train, "train", stop)
+        patch.setattr(zoo, "train", stop)  # where the build looks it up
         with pytest.raises(lab.train.TrainingInterrupted):
             build(name, progress=False)
 

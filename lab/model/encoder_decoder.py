@@ -32,18 +32,21 @@ from typing import Any, Literal
 import einops
 import torch
 from jaxtyping import Float, Int
-from safetensors.torch import save_file
 from torch import Tensor, nn
 from transformer_lens import ActivationCache, HookedRootModule
 
-from lab.files import atomic_write
+from lab.configs import check_fields, from_dict_strict
+from lab.folders import load_pretrained, zoo_dir
+from lab.model.checkpoint import (CONFIG_FILE, WEIGHTS_FILE, load_weights, read_checkpoint, read_tokenizers,
+                                  write_checkpoint)
 from lab.model.components import (BLOCKS, MLPS, NORMS, POSITIONS, Attention, CheckedHookPoint, Embed, LayerNorm,
                                    Unembed)
 from lab.model.config import ModelConfig
+from lab.model.decoding import (check_max_new_tokens, check_sampling, check_token_id, sample_tokens,
+                                seeded_generator)
 from lab.model.kv_cache import KVCache, KVCacheEntry
-from lab.model.transformer import (CONFIG_FILE, WEIGHTS_FILE, Cache, HookedTransformer, check_fits_in_memory,
-                                  next_token_loss, read_checkpoint, read_tokenizer, resolve_names_filter)
-from lab.configs import check_fields, from_dict_strict
+from lab.model.transformer import (Cache, HookedTransformer, check_fits_in_memory, next_token_loss,
+                                   resolve_names_filter)
 
 SRC_TOKENIZER_FILE = "src_tokenizer.json"
 TGT_TOKENIZER_FILE = "tgt_tokenizer.json"
@@ -276,34 +279,22 @@ class EncoderDecoder(HookedRootModule):
                  seed: int | None = None) -> Int[Tensor, "batch pos"]:
         """<bos> followed by up to `max_new_tokens` target tokens (temperature 0: greedy).
 
-        The encoder runs once; each step then feeds the decoder only its newest token, reusing the
-        self-attention keys and values of the earlier ones (a KVCache). Cross-attention projects the
-        cached encoder output afresh each step (src_pos · d_model² per layer: small next to the rest).
-        Rows that emit `eos_token_id` keep emitting it; decoding stops when every row has.
+        The encoder runs once; then the decoding loop both model classes share (`lab.model.decoding.sample_tokens`)
+        feeds the decoder only its newest token each step, reusing the self-attention keys and values of the
+        earlier ones (a KVCache). Cross-attention projects the cached encoder output afresh each step
+        (src_pos · d_model² per layer: small next to the rest). Rows that emit `eos_token_id` keep emitting it;
+        decoding stops when every row has.
         """
-        from lab.generate import check_max_new_tokens, check_sampling, check_token_id, sample_next
-
         check_max_new_tokens(max_new_tokens, 1, self.cfg.n_ctx)  # <bos> and the new tokens
         check_sampling(temperature, seed=seed)
         check_token_id(bos_token_id, "bos_token_id", self.cfg.d_vocab_tgt, optional=False)
         check_token_id(eos_token_id, "eos_token_id", self.cfg.d_vocab_tgt)
         encoder_out = self.encode(src)
-        batch = encoder_out.shape[0]
-        tokens = torch.full((batch, 1), bos_token_id, dtype=torch.long, device=encoder_out.device)
-        generator = None if seed is None else torch.Generator(device=tokens.device).manual_seed(seed)
+        tokens = torch.full((encoder_out.shape[0], 1), bos_token_id, dtype=torch.long, device=encoder_out.device)
         cache = KVCache.empty(self.cfg.n_decoder_layers) if use_kv_cache else None
-        done = torch.zeros(batch, dtype=torch.bool, device=tokens.device)
-        new = tokens
-        for _ in range(max_new_tokens):
-            next_token = sample_next(self.decode(new, encoder_out, cache)[:, -1], temperature, generator=generator)
-            if eos_token_id is not None:
-                next_token = torch.where(done, eos_token_id, next_token)
-                done |= next_token == eos_token_id
-            tokens = torch.cat((tokens, next_token[:, None]), dim=1)
-            new = next_token[:, None] if use_kv_cache else tokens
-            if eos_token_id is not None and bool(done.all()):
-                break
-        return tokens
+        return sample_tokens(lambda new, kv: self.decode(new, encoder_out, kv), tokens, max_new_tokens,
+                             self.cfg.d_vocab_tgt, cache, temperature, generator=seeded_generator(seed, tokens.device),
+                             eos_token_id=eos_token_id).tokens
 
     def translate(self, source: str, max_new_tokens: int | None = None) -> list[str]:
         """The greedy translation of a source string, as target tokens (without <bos> and <eos>)."""
@@ -332,39 +323,30 @@ class EncoderDecoder(HookedRootModule):
         return logits, Cache(cache, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
 
     # --- checkpoints ---------------------------------------------------------------------------
-    load_weights = HookedTransformer.load_weights  # names and shapes checked against this config
+    def load_weights(self, state: dict[str, Tensor], source: str = "state dict") -> None:
+        """Copy weights in, after checking that names and shapes match this config exactly."""
+        load_weights(self, state, source)
 
     def save(self, directory: str | Path) -> Path:
         """Write model.safetensors, config.json and the tokenizers that are attached, atomically."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        atomic_write(directory / WEIGHTS_FILE, lambda path: save_file(state, str(path), metadata={"format": "pt"}))
-        atomic_write(directory / CONFIG_FILE, lambda path: path.write_text(self.cfg.to_json()))
-        for name, tokenizer in ((SRC_TOKENIZER_FILE, self.src_tokenizer), (TGT_TOKENIZER_FILE, self.tgt_tokenizer)):
-            if tokenizer is not None and hasattr(tokenizer, "to_str"):  # a tokenizers.Tokenizer
-                atomic_write(directory / name, lambda path, t=tokenizer: path.write_text(t.to_str()))
-        return directory
+        return write_checkpoint(self, directory, {SRC_TOKENIZER_FILE: self.src_tokenizer,
+                                                  TGT_TOKENIZER_FILE: self.tgt_tokenizer})
 
     @classmethod
     def load(cls, directory: str | Path, device: str | torch.device = "cpu") -> "EncoderDecoder":
         """Load a folder written by `save`; every malformed part is an error that says which."""
         directory = Path(directory)
         cfg, state = read_checkpoint(directory, EncoderDecoderConfig)
-        tokenizers = [read_tokenizer(directory / name) if (directory / name).is_file() else None
-                      for name in (SRC_TOKENIZER_FILE, TGT_TOKENIZER_FILE)]
-        model = cls(cfg, src_tokenizer=tokenizers[0], tgt_tokenizer=tokenizers[1])
+        src_tokenizer, tgt_tokenizer = read_tokenizers(directory, (SRC_TOKENIZER_FILE, TGT_TOKENIZER_FILE))
+        model = cls(cfg, src_tokenizer=src_tokenizer, tgt_tokenizer=tgt_tokenizer)
         model.load_weights(state, source=str(directory / WEIGHTS_FILE))
         return model.to(device).eval()
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path, device: str | torch.device = "cpu") -> "EncoderDecoder":
-        """A zoo model by name, or a folder written by `save`."""
-        if Path(name_or_path).is_dir():
-            return cls.load(name_or_path, device=device)
-        from lab.zoo import zoo_model_dir
-
-        return cls.load(zoo_model_dir(str(name_or_path)), device=device)
+        """A zoo model by name, or a folder written by `save` (`lab.load.load_encoder_decoder`, reached through
+        `lab.folders.load_pretrained`: loading by name is above the model package)."""
+        return load_pretrained(cls, name_or_path, device)
 
     # --- torch.nn.Transformer on identical weights ---------------------------------------------
     @classmethod
@@ -453,8 +435,6 @@ def is_encoder_decoder(name_or_path: str | Path) -> bool:
     """True when a model folder (or a trained zoo model's) holds an EncoderDecoder's config.json."""
     folder = Path(name_or_path)
     if not folder.is_dir():
-        from lab.folders import zoo_dir
-
         folder = zoo_dir() / str(name_or_path)
     try:
         return "n_encoder_layers" in json.loads((folder / CONFIG_FILE).read_text())

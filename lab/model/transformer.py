@@ -15,7 +15,6 @@ takes TransformerLens's call conventions (`forward(input, return_type, stop_at_l
 """
 
 import difflib
-import json
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,23 +23,20 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 from torch import Tensor
 from torch import nn
 from transformer_lens import ActivationCache, FactoredMatrix, HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
-from lab.files import atomic_write
+from lab.folders import load_pretrained
+from lab.model.checkpoint import (CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, load_weights, read_checkpoint,  # noqa: F401
+                                  read_tokenizer, read_tokenizers, write_checkpoint)
 from lab.model.components import (BLOCKS, NORMS, POSITIONS, Attention, CheckedHookPoint, Embed, NoNorm, TiedUnembed,
                                   Unembed, set_hook_points)
 from lab.model.config import ModelConfig
+from lab.model.decoding import generate
 from lab.model.kv_cache import KVCache
 from lab.model.offload import read_weight
-
-WEIGHTS_FILE = "model.safetensors"
-CONFIG_FILE = "config.json"
-TOKENIZER_FILE = "tokenizer.json"
 
 HookFn = Callable[[Tensor, HookPoint], Tensor | None]
 RETURN_TYPES = ("logits", "loss", "both", None)
@@ -217,9 +213,7 @@ class HookedTransformer(HookedRootModule):
     def generate(self, tokens: Int[Tensor, "batch pos"], max_new_tokens: int, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                  use_kv_cache: bool = True, eos_token_id: int | None = None) -> Int[Tensor, "batch pos"]:
-        """Sample a continuation (see `lab.generate`): the prompt followed by the new tokens."""
-        from lab.generate import generate
-
+        """Sample a continuation (see `lab.model.decoding`): the prompt followed by the new tokens."""
         return generate(self, tokens, max_new_tokens, temperature, top_k, top_p, seed, use_kv_cache, eos_token_id)
 
     # --- weights under TransformerLens's names -------------------------------------------------
@@ -477,61 +471,26 @@ class HookedTransformer(HookedRootModule):
     # --- checkpoints ---------------------------------------------------------------------------
     def save(self, directory: str | Path) -> Path:
         """Write model.safetensors and config.json (and tokenizer.json when one is attached), atomically."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        state = {k: read_weight(self, k).detach().contiguous().cpu() for k in self.state_dict()}  # offloaded too
-        atomic_write(directory / WEIGHTS_FILE, lambda path: save_file(state, str(path), metadata={"format": "pt"}))
-        atomic_write(directory / CONFIG_FILE, lambda path: path.write_text(self.cfg.to_json()))
-        if self.tokenizer is not None and hasattr(self.tokenizer, "to_str"):  # a tokenizers.Tokenizer
-            atomic_write(directory / TOKENIZER_FILE, lambda path: path.write_text(self.tokenizer.to_str()))
-        return directory
+        return write_checkpoint(self, directory, {TOKENIZER_FILE: self.tokenizer})
 
     @classmethod
     def load(cls, directory: str | Path, device: str | torch.device = "cpu") -> "HookedTransformer":
         """Load a folder written by `save`; every malformed part is an error that says which."""
         directory = Path(directory)
         cfg, state = read_checkpoint(directory, ModelConfig)
-        tokenizer = read_tokenizer(directory / TOKENIZER_FILE) if (directory / TOKENIZER_FILE).is_file() else None
-        model = cls(cfg, tokenizer=tokenizer)
+        model = cls(cfg, tokenizer=read_tokenizers(directory, (TOKENIZER_FILE,))[0])
         model.load_weights(state, source=str(directory / WEIGHTS_FILE))
         return model.to(device).eval()
 
     def load_weights(self, state: dict[str, Tensor], source: str = "state dict") -> None:
         """Copy weights in, after checking that names and shapes match this config exactly."""
-        expected = {k: tuple(v.shape) for k, v in self.state_dict().items()}
-        got = {k: tuple(v.shape) for k, v in state.items()}
-        missing, unexpected = sorted(expected.keys() - got.keys()), sorted(got.keys() - expected.keys())
-        wrong = sorted(k for k in expected.keys() & got.keys() if expected[k] != got[k])
-        if missing or unexpected or wrong:
-            parts = []
-            if missing:
-                parts.append(f"missing {missing[:6]}{' …' if len(missing) > 6 else ''}")
-            if unexpected:
-                parts.append(f"unexpected {unexpected[:6]}{' …' if len(unexpected) > 6 else ''}")
-            if wrong:
-                parts.append("shape mismatch " + ", ".join(f"{k}: config wants {expected[k]}, weights have {got[k]}"
-                                                            for k in wrong[:4]))
-            raise ValueError(f"weights in {source} do not match the config: " + "; ".join(parts))
-        with torch.no_grad():
-            for name, tensor in self.state_dict().items():
-                tensor.copy_(state[name])
+        load_weights(self, state, source)
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path, device: str | torch.device = "cpu") -> "HookedTransformer":
-        """A zoo model by name, a folder written by `save`, or a local Hugging Face folder."""
-        if not str(name_or_path).strip():  # Path("") is the current folder: never what an empty name means
-            raise ValueError("the model name is empty: give a zoo name or a model folder")
-        path = Path(name_or_path)
-        if path.is_dir():
-            config = path / CONFIG_FILE
-            if config.is_file() and "model_type" in _read_json(config):
-                from lab.hf import load_hf
-
-                return load_hf(path, device=device)
-            return cls.load(path, device=device)
-        from lab.zoo import zoo_model_dir
-
-        return cls.load(zoo_model_dir(str(name_or_path)), device=device)
+        """A zoo model by name, a folder written by `save`, or a local Hugging Face folder (`lab.load.load_model`,
+        reached through `lab.folders.load_pretrained`: loading by name is above the model package)."""
+        return load_pretrained(cls, name_or_path, device)
 
 
 class Cache(ActivationCache):
@@ -614,34 +573,6 @@ def available_memory(device: torch.device) -> int | None:
     return min(free) if free else None
 
 
-def read_checkpoint(directory: Path, config_cls: Any) -> tuple[Any, dict[str, Tensor]]:
-    """(config, weights) of a Forma model folder; a missing or malformed part is an error naming it."""
-    if not directory.is_dir():
-        raise FileNotFoundError(f"no model folder at {directory}")
-    for name in (CONFIG_FILE, WEIGHTS_FILE):
-        if not (directory / name).is_file():
-            raise FileNotFoundError(f"{directory} has no {name}: not a Forma model folder")
-    try:
-        cfg = config_cls.from_json((directory / CONFIG_FILE).read_text())
-    except ValueError as err:
-        raise ValueError(f"malformed config {directory / CONFIG_FILE}: {err}") from err
-    try:
-        state = load_file(str(directory / WEIGHTS_FILE))
-    except (SafetensorError, OSError, ValueError) as err:
-        raise ValueError(f"malformed or truncated checkpoint {directory / WEIGHTS_FILE}: {err}") from err
-    return cfg, state
-
-
-def read_tokenizer(path: Path) -> Any:
-    """A `tokenizers.Tokenizer` saved as JSON; a ValueError naming the file when it cannot be read."""
-    from tokenizers import Tokenizer
-
-    try:
-        return Tokenizer.from_file(str(path))
-    except Exception as err:  # the Rust library raises plain Exception for malformed JSON or an unknown model
-        raise ValueError(f"malformed tokenizer {path}: {err}") from err
-
-
 def next_token_loss(logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, ""]:
     """Mean next-token cross-entropy in nats: the logits at t predict the token at t + 1."""
     if tokens.shape[-1] < 2:  # no prediction to average over: the mean of nothing is NaN
@@ -656,14 +587,6 @@ def per_token_loss(logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tenso
     if tokens.shape[-1] < 2:
         raise ValueError(f"a next-token loss needs at least 2 tokens per sequence, got {tokens.shape[-1]}")
     return F.cross_entropy(logits[:, :-1].transpose(1, 2).float(), tokens[:, 1:], reduction="none")
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"malformed JSON in {path}: {err}") from err
-    return data if isinstance(data, dict) else {}
 
 
 def is_text(input: Any) -> bool:

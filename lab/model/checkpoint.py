@@ -1,0 +1,101 @@
+"""A model folder: `model.safetensors` (the weights), `config.json` (the architecture) and the tokenizers
+attached to the model (`tokenizer.json`, or an encoder–decoder's `src_tokenizer.json` and `tgt_tokenizer.json`).
+
+Every file is written atomically (`lab.files.atomic_write`), so a crash leaves the old file or the new one;
+nothing is pickled. Reading checks each part and names the one that is missing or malformed. Loading by name
+(a zoo name, a Hugging Face folder) is above the model package, in `lab.load`.
+"""
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from lab.files import atomic_write
+from lab.model.offload import read_weight
+
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+TOKENIZER_FILE = "tokenizer.json"
+
+
+def write_checkpoint(model: nn.Module, directory: str | Path, tokenizers: Mapping[str, Any]) -> Path:
+    """Write the model's weights and `model.cfg.to_json()`, and each `tokenizers.Tokenizer` of {file name:
+    tokenizer} (others, such as a transformers tokenizer, are not Forma's to save), atomically."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {k: read_weight(model, k).detach().contiguous().cpu() for k in model.state_dict()}  # offloaded too
+    atomic_write(directory / WEIGHTS_FILE, lambda path: save_file(state, str(path), metadata={"format": "pt"}))
+    atomic_write(directory / CONFIG_FILE, lambda path: path.write_text(model.cfg.to_json()))
+    for name, tokenizer in tokenizers.items():
+        if tokenizer is not None and hasattr(tokenizer, "to_str"):  # a tokenizers.Tokenizer
+            atomic_write(directory / name, lambda path, t=tokenizer: path.write_text(t.to_str()))
+    return directory
+
+
+def read_checkpoint(directory: Path, config_cls: Any) -> tuple[Any, dict[str, Tensor]]:
+    """(config, weights) of a Forma model folder; a missing or malformed part is an error naming it."""
+    if not directory.is_dir():
+        raise FileNotFoundError(f"no model folder at {directory}")
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        if not (directory / name).is_file():
+            raise FileNotFoundError(f"{directory} has no {name}: not a Forma model folder")
+    try:
+        cfg = config_cls.from_json((directory / CONFIG_FILE).read_text())
+    except ValueError as err:
+        raise ValueError(f"malformed config {directory / CONFIG_FILE}: {err}") from err
+    try:
+        state = load_file(str(directory / WEIGHTS_FILE))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise ValueError(f"malformed or truncated checkpoint {directory / WEIGHTS_FILE}: {err}") from err
+    return cfg, state
+
+
+def read_tokenizer(path: Path) -> Any:
+    """A `tokenizers.Tokenizer` saved as JSON; a ValueError naming the file when it cannot be read."""
+    from tokenizers import Tokenizer  # only a folder with a tokenizer needs the library
+
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as err:  # the Rust library raises plain Exception for malformed JSON or an unknown model
+        raise ValueError(f"malformed tokenizer {path}: {err}") from err
+
+
+def read_tokenizers(directory: Path, names: tuple[str, ...]) -> list[Any]:
+    """The tokenizer saved under each name in the folder, None where there is none."""
+    return [read_tokenizer(directory / name) if (directory / name).is_file() else None for name in names]
+
+
+def load_weights(model: nn.Module, state: Mapping[str, Tensor], source: str = "state dict") -> None:
+    """Copy weights in, after checking that names and shapes match the model's config exactly."""
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in state.items()}
+    missing, unexpected = sorted(expected.keys() - got.keys()), sorted(got.keys() - expected.keys())
+    wrong = sorted(k for k in expected.keys() & got.keys() if expected[k] != got[k])
+    if missing or unexpected or wrong:
+        parts = []
+        if missing:
+            parts.append(f"missing {missing[:6]}{' …' if len(missing) > 6 else ''}")
+        if unexpected:
+            parts.append(f"unexpected {unexpected[:6]}{' …' if len(unexpected) > 6 else ''}")
+        if wrong:
+            parts.append("shape mismatch " + ", ".join(f"{k}: config wants {expected[k]}, weights have {got[k]}"
+                                                        for k in wrong[:4]))
+        raise ValueError(f"weights in {source} do not match the config: " + "; ".join(parts))
+    with torch.no_grad():
+        for name, tensor in model.state_dict().items():
+            tensor.copy_(state[name])
+
+
+def read_config_json(path: Path) -> dict:
+    """A folder's config.json as a dict ({} when it holds something else); a ValueError naming a malformed one."""
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"malformed JSON in {path}: {err}") from err
+    return data if isinstance(data, dict) else {}

@@ -1,0 +1,52 @@
+"""The training loop: one process or many under torchrun (DDP), resumable to the bit.
+
+Reads top to bottom: `get_batch` (this rank's rows of a global batch that is a pure function of
+(seed, split, step)), `estimate_loss` (mean held-out loss over fixed batches), `get_lr` (linear
+warmup, then cosine to a floor), and `train`, one loop with evaluation, checkpointing and one log
+line per eval interval (`lab.train.loop`). The loop serves both model classes: a `Batch` carries the decoder's tokens and,
+for an encoder–decoder, the source it reads, and the loss is always `summed_loss(model(*batch.inputs),
+batch.targets)`. Everything a resumed run needs lives in the checkpoint folder (`lab.train.checkpoint`):
+
+    out_dir/checkpoint/model.safetensors, config.json   the model (`HookedTransformer.save`)
+                       optimizer.safetensors             AdamW moments and step counts
+                       rng_state.safetensors             torch's RNG state(s) as uint8 tensors
+                       train_state.json                  step, losses, TrainConfig, ModelConfig
+    out_dir/metrics.jsonl                                one JSON line per step
+
+A checkpoint is written into a temporary folder and renamed into place, so a crash leaves either
+the previous checkpoint or the new one, never half of one. One is written every `checkpoint_interval`
+steps and every `checkpoint_every_s` seconds of training, at the end, and when SIGINT or SIGTERM
+arrives (the step in flight finishes, the checkpoint is written, then `TrainingInterrupted` is
+raised). Because every batch is drawn from a generator seeded by (seed, split, step) and the
+optimizer state is restored exactly, training 10 steps and resuming for 10 more gives the same
+weights as 20 uninterrupted steps; when a checkpoint is taken does not change the trajectory.
+
+Under torchrun each rank takes a contiguous slice of the same global batch and the loss is
+normalised by the global number of scored targets, so the averaged DDP gradient equals the
+single-process gradient on the whole batch: `batch_size` means the same thing at any world size.
+
+The modules: `config` (TrainConfig), `batches` (Batch, the Batches protocol, TokenStream, SequenceBatches,
+PairBatches), `checkpoint`, `loop`, `distributed` (rank, world size, the process group) and `entry` (the
+command line below, `python -m lab.train`).
+
+    python -m lab.train --demo-markov --steps 200 --out runs/train-demo
+    python -m torch.distributed.run --standalone --nproc_per_node=2 -m lab.train --demo-markov --out DIR
+"""
+
+from lab.train.batches import (IGNORE, SPLITS, Batch, Batches, PairBatches, SequenceBatches,  # noqa: F401
+                               TokenStream, batch_seed)
+from lab.train.checkpoint import (CHECKPOINT_DIR, CHECKPOINT_FILES, METRICS_FILE, OPTIMIZER_FILE, RESUMABLE_CHANGES,
+                                  RNG_FILE, STATE_FILE, STATE_FORMAT, TrainState, discard_tree, find_checkpoint,
+                                  has_checkpoint, load_checkpoint, save_checkpoint)
+from lab.train.config import TrainConfig
+from lab.train.distributed import init_distributed
+from lab.train.entry import DEMO_MODEL, DEMO_TRAIN, demo_markov, main
+from lab.train.loop import (EVAL_SEED, STOP_SIGNALS, TrainingDiverged, TrainingInterrupted, TrainResult,
+                            estimate_loss, get_batch, get_lr, make_optimizer, summed_loss, train, train_seq2seq)
+
+# Every name of the former lab/train.py module stays importable from lab.train (constants too).
+__all__ = ["DEMO_MODEL", "DEMO_TRAIN", "Batch", "Batches", "SequenceBatches", "TokenStream", "TrainConfig",
+           "TrainResult", "TrainState", "TrainingDiverged", "TrainingInterrupted", "batch_seed", "demo_markov",
+           "estimate_loss", "find_checkpoint", "get_batch", "get_lr", "has_checkpoint", "init_distributed",
+           "load_checkpoint", "make_optimizer", "PairBatches", "save_checkpoint", "summed_loss", "train",
+           "train_seq2seq"]

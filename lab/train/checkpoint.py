@@ -1,0 +1,234 @@
+"""A training checkpoint: the model folder (`lab.model.checkpoint`) plus the optimizer's moments and step counts,
+torch's RNG state(s) and the run's scalars, in one folder written into a temporary sibling and renamed into place,
+so that a crash leaves either the previous checkpoint or the new one, never half of one. Nothing is pickled.
+
+    out_dir/checkpoint/model.safetensors, config.json   the model (`HookedTransformer.save`)
+                       optimizer.safetensors             AdamW moments and step counts
+                       rng_state.safetensors             torch's RNG state(s) as uint8 tensors
+                       train_state.json                  step, losses, TrainConfig, ModelConfig
+    out_dir/metrics.jsonl                                one JSON line per step
+"""
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from lab.files import current_umask
+from lab.model import HookedTransformer, ModelConfig
+from lab.model.checkpoint import CONFIG_FILE, WEIGHTS_FILE
+from lab.train.config import TrainConfig
+from lab.train.distributed import rank_world
+
+CHECKPOINT_DIR = "checkpoint"
+METRICS_FILE = "metrics.jsonl"
+OPTIMIZER_FILE = "optimizer.safetensors"
+RNG_FILE = "rng_state.safetensors"
+STATE_FILE = "train_state.json"
+CHECKPOINT_FILES = (WEIGHTS_FILE, CONFIG_FILE, OPTIMIZER_FILE, RNG_FILE, STATE_FILE)
+STATE_FORMAT = "forma-train-state/1"
+# Fields that may change between a run and its resumption: where it runs and how often it saves.
+# Every other field shapes the trajectory (or what the logged numbers mean), so a difference is an error.
+RESUMABLE_CHANGES = ("device", "checkpoint_interval", "checkpoint_every_s")
+
+
+@dataclass
+class TrainState:
+    """The scalars a resumed run picks up (weights, optimizer moments and RNG live beside it)."""
+
+    step: int = 0  # updates done
+    train_loss_nats: float | None = None  # at the last update
+    best_val_loss_nats: float | None = None
+    elapsed_s: float = 0.0  # wall time spent training, summed over resumptions
+    tokens_seen: int = 0  # decoder tokens read by the updates (an encoder–decoder's targets, not sources)
+
+
+
+def save_checkpoint(directory: str | Path, model: HookedTransformer, optimizer: torch.optim.Optimizer,
+                    cfg: TrainConfig, state: TrainState) -> Path:
+    """Write a complete checkpoint into a temporary sibling folder, then rename it into place."""
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.tmp-"))
+    try:
+        tmp.chmod(0o777 & ~current_umask())  # mkdtemp makes it private; the checkpoint should not be
+        model.save(tmp)
+        save_file(_optimizer_tensors(optimizer), str(tmp / OPTIMIZER_FILE))
+        save_file(_rng_tensors(), str(tmp / RNG_FILE))
+        meta = {"format": STATE_FORMAT, **dataclasses.asdict(state), "world_size": rank_world()[1],
+                "train_config": cfg.to_dict(), "model_config": model.cfg.to_dict()}
+        (tmp / STATE_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        # A directory cannot be renamed over a non-empty one: move the old one aside first. A crash
+        # between the two renames leaves the old checkpoint complete at `.checkpoint.old`, which
+        # `find_checkpoint` falls back to.
+        old = _old_path(directory)
+        if directory.exists():
+            discard_tree(old)
+            os.replace(directory, old)
+        os.replace(tmp, directory)
+        discard_tree(old)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return directory
+
+
+def has_checkpoint(directory: str | Path) -> bool:
+    """Whether `directory` (a run's out_dir/checkpoint) holds a checkpoint to resume from."""
+    try:
+        find_checkpoint(directory)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def discard_tree(path: Path) -> None:
+    """Remove a folder so that no one sees it half-removed under its name: it is renamed to a
+    temporary name first (a crash leaves a `.tmp-` leftover, which the next clean-up removes)."""
+    if not path.exists() and not path.is_symlink():
+        return
+    doomed = path.with_name(f"{path.name}.tmp-discarded-{os.getpid()}-{time.monotonic_ns()}")
+    os.replace(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def find_checkpoint(directory: str | Path) -> Path:
+    """The checkpoint folder, or the previous one left aside by a crash mid-swap."""
+    directory = Path(directory)
+    for candidate in (directory, _old_path(directory)):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(f"no checkpoint at {directory} to resume from; train with resume=False to start fresh")
+
+
+def load_checkpoint(directory: str | Path, model: HookedTransformer, optimizer: torch.optim.Optimizer,
+                    cfg: TrainConfig) -> TrainState:
+    """Restore weights, optimizer state and RNG from a checkpoint made with the same configs."""
+    directory = find_checkpoint(directory)
+    missing = [name for name in CHECKPOINT_FILES if not (directory / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"checkpoint {directory} is incomplete: missing {', '.join(missing)}")
+    meta = _read_state_file(directory / STATE_FILE)
+    differences = []
+    for what, saved, now, skip in (("config", meta["train_config"], cfg.to_dict(), RESUMABLE_CHANGES),
+                                   ("model config", meta["model_config"], model.cfg.to_dict(), ("tokenizer",))):
+        changed = _differences(saved, now, skip)
+        if changed:
+            differences.append(f"{what} differs in {', '.join(changed)}")
+    if differences:
+        raise ValueError("resume: " + "; ".join(differences))
+
+    model.load_weights(_read_safetensors(directory / WEIGHTS_FILE), source=str(directory / WEIGHTS_FILE))
+    _load_optimizer_tensors(optimizer, _read_safetensors(directory / OPTIMIZER_FILE), directory / OPTIMIZER_FILE)
+    _set_rng_tensors(_read_safetensors(directory / RNG_FILE), directory / RNG_FILE)
+    # Checkpoints from before tokens_seen was kept were all of fixed-length windows.
+    tokens_seen = meta.get("tokens_seen", meta["step"] * cfg.batch_size * cfg.seq_len)
+    return TrainState(step=meta["step"], train_loss_nats=meta["train_loss_nats"],
+                      best_val_loss_nats=meta["best_val_loss_nats"], elapsed_s=meta["elapsed_s"],
+                      tokens_seen=tokens_seen)
+
+
+def _old_path(directory: Path) -> Path:
+    return directory.with_name(f".{directory.name}.old")
+
+
+def _remove_checkpoints(directory: Path, keep: bool = False) -> None:
+    """Remove the checkpoint (unless `keep`) and what crashed saves left: their temporary folders."""
+    if not keep:
+        discard_tree(directory)
+        discard_tree(_old_path(directory))
+    for leftover in [*directory.parent.glob(f".{directory.name}.tmp-*"), *directory.parent.glob("*.tmp-discarded-*")]:
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _differences(saved: dict[str, Any], now: dict[str, Any], skip: tuple[str, ...]) -> list[str]:
+    keys = [k for k in dict.fromkeys([*now, *saved]) if k not in skip]
+    return [f"{k} (checkpoint {saved.get(k, '<absent>')!r}, now {now.get(k, '<absent>')!r})"
+            for k in keys if saved.get(k, "<absent>") != now.get(k, "<absent>")]
+
+
+def _read_state_file(path: Path) -> dict[str, Any]:
+    try:
+        meta = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"malformed checkpoint state {path}: {err}") from err
+    need = {"format", "step", "train_loss_nats", "best_val_loss_nats", "elapsed_s", "train_config", "model_config"}
+    if not isinstance(meta, dict) or need - set(meta):
+        raise ValueError(f"malformed checkpoint state {path}: missing {sorted(need - set(meta or {}))}")
+    if meta["format"] != STATE_FORMAT:
+        raise ValueError(f"checkpoint state {path} has format {meta['format']!r}; this Forma reads {STATE_FORMAT!r}")
+    return meta
+
+
+def _read_safetensors(path: Path) -> dict[str, Tensor]:
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise ValueError(f"malformed or truncated checkpoint file {path}: {err}") from err
+
+
+def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> dict[str, Tensor]:
+    """AdamW's per-parameter state flattened to '{param index}.{name}' → tensor (step is a tensor too)."""
+    out = {}
+    for index, slots in optimizer.state_dict()["state"].items():
+        for name, value in slots.items():
+            if not isinstance(value, Tensor):
+                raise TypeError(f"optimizer state {index}.{name} is a {type(value).__name__}, not a tensor")
+            out[f"{index}.{name}"] = value.detach().cpu().contiguous()
+    return out
+
+
+def _load_optimizer_tensors(optimizer: torch.optim.Optimizer, tensors: dict[str, Tensor], path: Path) -> None:
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    state: dict[int, dict[str, Tensor]] = {}
+    for key, value in tensors.items():
+        index, _, name = key.partition(".")
+        if not index.isdigit() or int(index) >= len(params) or not name:
+            raise ValueError(f"{path}: unexpected entry {key!r} for an optimizer over {len(params)} tensors")
+        if name.startswith("exp_avg") and value.shape != params[int(index)].shape:
+            raise ValueError(f"{path}: {key} has shape {tuple(value.shape)}, "
+                             f"the parameter has {tuple(params[int(index)].shape)}")
+        state.setdefault(int(index), {})[name] = value
+    # The parameter groups (lr, betas, decay) follow from the TrainConfig, already checked equal.
+    optimizer.load_state_dict({"state": state, "param_groups": optimizer.state_dict()["param_groups"]})
+
+
+def _rng_tensors() -> dict[str, Tensor]:
+    out = {"torch_cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["torch_cuda"] = torch.cuda.get_rng_state()
+    return out
+
+
+def _set_rng_tensors(tensors: dict[str, Tensor], path: Path) -> None:
+    if "torch_cpu" not in tensors or tensors["torch_cpu"].dtype != torch.uint8:
+        raise ValueError(f"{path}: no uint8 'torch_cpu' RNG state")
+    torch.set_rng_state(tensors["torch_cpu"])
+    if "torch_cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state(tensors["torch_cuda"])
+
+
+def _read_metrics(path: Path) -> list[dict[str, Any]]:
+    """metrics.jsonl records; a torn last line (a crash mid-append) is dropped, any other bad line is an error."""
+    if not path.is_file():
+        return []
+    lines = path.read_text().splitlines()
+    records = []
+    for number, line in enumerate(lines, 1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            if number == len(lines):
+                break
+            raise ValueError(f"{path}:{number}: malformed metrics line ({err})") from err
+    return records

@@ -1,0 +1,150 @@
+"""How Forma's modules depend on each other (docs/design.md, "How the pieces depend on each other").
+
+The graph is read from the source with `ast`: every `import` and `from … import`, at the top of a module or
+inside a function, of lab/, experiments/, dashboards/ and benchmarks/. An edge A → B says A imports B (a
+`from pkg import name` whose name is a submodule is an edge to that submodule). Circles are the strongly
+connected components of more than one module.
+
+`python tests/test_structure.py` prints the figures (circles, imports made inside functions, lines per folder,
+the largest module).
+"""
+
+import ast
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+FOLDERS = ("lab", "experiments", "dashboards", "benchmarks")
+# What lab/model may import from the rest of lab: the modules beneath it, which import only the standard
+# library (config validation, atomic writes, the zoo's folders and the door to loading by name). Everything
+# else in lab is above the model.
+BENEATH_MODEL = ("lab.configs", "lab.files", "lab.folders")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    """Every Python module of the four folders, by dotted name."""
+    return {module_name(p): p for folder in FOLDERS for p in sorted((REPO / folder).rglob("*.py"))}
+
+
+def imports(name: str, path: Path, known: dict[str, Path]) -> Iterator[tuple[str, bool]]:
+    """(imported module, made inside a function) for every import statement of the module."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    inside: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            inside.update(id(child) for child in ast.walk(node) if child is not node)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
+        else:
+            continue
+        for target in dict.fromkeys(targets):
+            yield target, id(node) in inside
+
+
+def graph() -> tuple[dict[str, set[str]], list[tuple[str, str]]]:
+    """(edges between the folders' own modules, [(module, imported lab module)] for imports made inside a function)."""
+    known = modules()
+    edges: dict[str, set[str]] = {name: set() for name in known}
+    in_function = []
+    for name, path in known.items():
+        for target, inside in imports(name, path, known):
+            while target and target not in known:  # `import lab.model.x.y` of a name: its module
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                edges[name].add(target)
+                if inside and target.split(".")[0] == "lab":
+                    in_function.append((name, target))
+    return edges, in_function
+
+
+def circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def test_no_import_circle():
+    assert circles(graph()[0]) == []
+
+
+def test_the_model_package_imports_nothing_above_it():
+    """lab/model is the ground floor: torch, einops, jaxtyping, transformer_lens, safetensors and the standard
+    library, and of lab only lab.model itself and the stdlib-only modules beneath it."""
+    edges, _ = graph()
+    upward = sorted((name, target) for name, targets in edges.items() if name.startswith("lab.model")
+                    for target in targets
+                    if target.split(".")[0] == "lab" and not target.startswith("lab.model")
+                    and target not in BENEATH_MODEL)
+    assert upward == []
+    for name in BENEATH_MODEL:
+        assert edges[name] == set(), f"{name} is beneath lab/model and must import only the standard library"
+
+
+def test_the_graph_sees_imports_inside_functions(tmp_path):
+    """The reader counts what it is meant to: a top-level and an in-function import, relative ones resolved."""
+    path = tmp_path / "m.py"
+    path.write_text("import lab.files\n\ndef f():\n    from lab.model import transformer\n    from . import x\n")
+    known = {"lab.model": Path(), "lab.model.transformer": Path(), "lab.files": Path(), "lab.x": Path()}
+    assert sorted(imports("lab.m", path, known)) == [("lab.files", False), ("lab.model.transformer", True),
+                                                     ("lab.x", True)]
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def figures() -> dict[str, object]:
+    edges, in_function = graph()
+    lines = {folder: sum(len(p.read_text().splitlines()) for p in (REPO / folder).rglob("*.py")) for folder in
+             (*FOLDERS, "lab/model", "tests")}
+    largest = max(modules().values(), key=lambda p: len(p.read_text().splitlines()))
+    return {"circles": circles(edges), "in_function_lab_imports": len(in_function),
+            "in_function_lab_imports_in_lab": sum(name.startswith("lab") for name, _ in in_function),
+            "lines": lines, "largest": f"{largest.relative_to(REPO)} ({len(largest.read_text().splitlines())} lines)"}
+
+
+if __name__ == "__main__":
+    import json
+
+    print(json.dumps(figures(), indent=2))
