@@ -91,7 +91,7 @@ from lab.analysis.activations import collect_activations
 from lab.analysis.lens import logit_lens
 from lab.analysis.probes import (feature_rank, fit_probe, group_partition, judge_readouts, random_model,
                                  shuffled_control)
-from lab.configs import apply_quick, check_fields, torch_threads
+from lab.configs import apply_quick, check_fields, need, torch_threads
 from lab.data.facts import OPTION_LETTERS, Fact, FactWorld, FactWorldConfig
 from lab.metrics.calibration import (MIN_PER_CLASS, Metric, auroc, auroc_ci, bootstrap_ci, brier, ece_fields,
                                      fit_temperature, multiclass_summary, nll, reliability, softmax)
@@ -159,31 +159,28 @@ class Config:
         if self.quick:
             apply_quick(self, QUICK)
 
-        def need(ok: bool, message: str) -> None:
-            if not ok:
-                raise ValueError(f"Config: {message}")
-
-        need(self.seed >= 0, f"seed must be a non-negative integer, got {self.seed!r}")
+        need(self, self.seed >= 0, f"seed must be a non-negative integer, got {self.seed!r}")
         for name in ("n_first_names", "n_last_names", "n_persons", "n_train", "quiz_copies", "d_model", "n_layers",
                      "n_heads", "steps", "batch_size", "n_stages", "n_heldout", "p_true_samples", "mlp_steps",
                      "n_boot", "token_windows", "threads"):
-            need(getattr(self, name) > 0,
+            need(self, getattr(self, name) > 0,
                  f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        need(0 <= self.warmup_steps <= self.steps,
+        need(self, 0 <= self.warmup_steps <= self.steps,
              f"warmup_steps must lie in [0, steps], got {self.warmup_steps!r}")
-        need(self.n_stages >= 2 and self.steps >= self.n_stages, "need n_stages ≥ 2 and steps ≥ n_stages")
-        need(len(self.mlp_decays) > 0 and all(d > 0 for d in self.mlp_decays), "mlp_decays must be positive")
-        need(self.probe_folds >= 2, "probe_folds must be an integer ≥ 2")
+        need(self, self.n_stages >= 2 and self.steps >= self.n_stages, "need n_stages ≥ 2 and steps ≥ n_stages")
+        need(self, len(self.mlp_decays) > 0 and all(d > 0 for d in self.mlp_decays), "mlp_decays must be positive")
+        need(self, self.probe_folds >= 2, "probe_folds must be an integer ≥ 2")
         for name in ("format_share", "calibration_share", "probe_test_fraction", "probe_validation_fraction",
                      "partial_recall"):
-            need(0 < getattr(self, name) < 1, f"{name} must lie in (0, 1), got {getattr(self, name)!r}")
-        need(self.probe_test_fraction + self.probe_validation_fraction < 1,
+            need(self, 0 < getattr(self, name) < 1, f"{name} must lie in (0, 1), got {getattr(self, name)!r}")
+        need(self, self.probe_test_fraction + self.probe_validation_fraction < 1,
              "probe_test_fraction + probe_validation_fraction must leave a training split (sum < 1)")
-        need(self.pareto_gamma > 0, "pareto_gamma must be > 0")
-        need(0 < self.min_lr <= self.lr, "need 0 < min_lr ≤ lr")
-        need(self.d_model % self.n_heads == 0, "d_model must be a multiple of n_heads")
-        need(self.hf_loader in ("auto", "bridge"), f"hf_loader must be 'auto' or 'bridge', got {self.hf_loader!r}")
-        need((self.model is None) == (self.mmlu is None),
+        need(self, self.pareto_gamma > 0, "pareto_gamma must be > 0")
+        need(self, 0 < self.min_lr <= self.lr, "need 0 < min_lr ≤ lr")
+        need(self, self.d_model % self.n_heads == 0, "d_model must be a multiple of n_heads")
+        need(self, self.hf_loader in ("auto", "bridge"),
+             f"hf_loader must be 'auto' or 'bridge', got {self.hf_loader!r}")
+        need(self, (self.model is None) == (self.mmlu is None),
              "--model and --mmlu go together: lettered multiple choice of a local Hugging Face model on an "
              "MMLU-layout CSV (the synthetic experiment trains its own model)")
 
