@@ -83,7 +83,7 @@ from torch import Tensor
 from lab.analysis.monitor import (RISK_SIGN, LinearReadout, Monitor, answer_lengths, claim_risk,
                                   sample_continuations)
 from lab.analysis.probes import cross_fit_probe, fit_probe
-from lab.configs import apply_quick, check_fields, torch_threads
+from lab.configs import apply_quick, check_fields, need, torch_threads
 from lab.data.facts import Fact, FactWorld, FactWorldConfig
 from lab.files import atomic_write
 from lab.metrics.calibration import MIN_PER_CLASS, auroc, auroc_ci
@@ -155,30 +155,29 @@ class Config:
         if self.quick:
             apply_quick(self, QUICK)
 
-        def need(ok: bool, message: str) -> None:
-            if not ok:
-                raise ValueError(f"Config: {message}")
-
-        need(self.seed >= 0, f"seed must be a non-negative integer, got {self.seed!r}")
+        need(self, self.seed >= 0, f"seed must be a non-negative integer, got {self.seed!r}")
         for name in ("n_first_names", "n_last_names", "n_persons", "n_train", "n_invented", "d_model", "n_layers",
                      "n_heads", "steps", "batch_size", "k_samples", "n_boot", "qa_max_new_tokens", "threads", "n_resplits",
                      "qa_folds"):
-            need(getattr(self, name) > 0, f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        need(self.qa_folds >= 2, f"qa_folds must be at least 2 (cross-fitting), got {self.qa_folds}")
-        need(self.n_layers >= 2, f"n_layers must be at least 2 (a middle layer before the last), got {self.n_layers}")
-        need(self.n_persons + self.n_invented <= self.n_first_names * self.n_last_names,
+            need(self, getattr(self, name) > 0, f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        need(self, self.qa_folds >= 2, f"qa_folds must be at least 2 (cross-fitting), got {self.qa_folds}")
+        need(self, self.n_layers >= 2,
+             f"n_layers must be at least 2 (a middle layer before the last), got {self.n_layers}")
+        need(self, self.n_persons + self.n_invented <= self.n_first_names * self.n_last_names,
              "n_persons + n_invented must fit in the first × last name grid")
-        need(0 <= self.warmup_steps <= self.steps, f"warmup_steps must lie in [0, steps], got {self.warmup_steps!r}")
-        need(0 < self.min_lr <= self.lr, "need 0 < min_lr ≤ lr")
-        need(self.pareto_gamma > 0, "pareto_gamma must be > 0")
-        need(self.d_model % self.n_heads == 0, "d_model must be a multiple of n_heads")
-        need(all(f > 0 for f in self.split_fractions) and abs(sum(self.split_fractions) - 1) < 1e-9,
+        need(self, 0 <= self.warmup_steps <= self.steps,
+             f"warmup_steps must lie in [0, steps], got {self.warmup_steps!r}")
+        need(self, 0 < self.min_lr <= self.lr, "need 0 < min_lr ≤ lr")
+        need(self, self.pareto_gamma > 0, "pareto_gamma must be > 0")
+        need(self, self.d_model % self.n_heads == 0, "d_model must be a multiple of n_heads")
+        need(self, all(f > 0 for f in self.split_fractions) and abs(sum(self.split_fractions) - 1) < 1e-9,
              f"split_fractions (fit, calibration, test) must be positive and sum to 1, got {self.split_fractions}")
-        need(len(self.alphas) > 0 and all(0 < a < 1 for a in self.alphas), f"alphas must lie in (0, 1), got "
-                                                                            f"{self.alphas}")
-        need(0 < self.ltt_delta < 1, f"ltt_delta must lie in (0, 1), got {self.ltt_delta!r}")
-        need(self.hf_loader in ("auto", "bridge"), f"hf_loader must be 'auto' or 'bridge', got {self.hf_loader!r}")
-        need((self.model is None) == (self.qa is None),
+        need(self, len(self.alphas) > 0 and all(0 < a < 1 for a in self.alphas),
+             f"alphas must lie in (0, 1), got {self.alphas}")
+        need(self, 0 < self.ltt_delta < 1, f"ltt_delta must lie in (0, 1), got {self.ltt_delta!r}")
+        need(self, self.hf_loader in ("auto", "bridge"),
+             f"hf_loader must be 'auto' or 'bridge', got {self.hf_loader!r}")
+        need(self, (self.model is None) == (self.qa is None),
              "--model and --qa go together: the monitor's signals on a local model with a question–answer CSV "
              "(the synthetic experiment trains its own model)")
 

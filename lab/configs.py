@@ -23,6 +23,13 @@ def apply_quick(config: Any, overrides: dict[str, Any]) -> None:
             setattr(config, name, value)
 
 
+def need(config: Any, ok: bool, message: str) -> None:
+    """A config's condition on its values, checked in `__post_init__` after its types: when `ok` is false, a
+    ValueError that names the class ("FactWorldConfig: n_persons must be a positive integer, got 0")."""
+    if not ok:
+        raise ValueError(f"{type(config).__name__}: {message}")
+
+
 def check_fields(config: Any) -> None:
     """Check every field of a dataclass instance against its annotation, the first thing each config's
     `__post_init__` does; a mismatch is a ValueError naming the class, the field, the type and the value

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from lab import HookedTransformer, ModelConfig
+from lab.configs import torch_threads
 
 VOCAB = 100
 
@@ -181,6 +182,22 @@ def quick_rerun(request):
         return out
 
     return rerun
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models and tensors: on a busy shared machine a second intra-op thread only adds hand-offs (measured
+    up to ~10× slower), so the test runs on one and the caller's setting comes back after. A file opts in with
+    `pytestmark = pytest.mark.usefixtures("one_thread")`, a single test by naming it."""
+    with torch_threads(1):
+        yield
+
+
+@pytest.fixture(scope="module")
+def one_thread_per_module():
+    """one_thread for a whole module, so that it holds while the module's own module-scoped fixtures train."""
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture(autouse=True)

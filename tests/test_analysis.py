@@ -15,13 +15,7 @@ from lab.analysis.probes import (auroc, bootstrap_ci, fit_probe, fit_probes, gro
 from lab.analysis.steering import generate_steered, steer
 from tests.conftest import VOCAB, tiny_config
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: one intra-op thread is faster, and much faster on busy cores. Restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 HOOKS = ["blocks.0.hook_resid_post", "blocks.1.attn.hook_z", "blocks.0.attn.hook_pattern"]

@@ -127,3 +127,16 @@ def test_the_quick_profile_overrides_only_the_fields_left_at_their_defaults():
     chosen = Profile(width=32)
     apply_quick(chosen, {"steps": 10, "width": 8})
     assert (chosen.steps, chosen.width, chosen.seed) == (10, 32, 0)
+
+
+def test_a_failed_condition_is_a_value_error_that_names_the_config_class():
+    from lab.configs import need
+
+    need(Every(), True, "never raised")
+    with pytest.raises(ValueError, match=r"^Every: count must be positive, got 0$"):
+        need(Every(), False, "count must be positive, got 0")
+    for build, words in ((lambda: FactWorldConfig(n_persons=0), "FactWorldConfig: n_persons must be a positive"),
+                         (lambda: experiments.load("calibration").Config(n_stages=1), "Config: need n_stages ≥ 2"),
+                         (lambda: experiments.load("monitor").Config(qa_folds=1), "Config: qa_folds must be at least")):
+        with pytest.raises(ValueError, match=f"^{words}"):
+            build()

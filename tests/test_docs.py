@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 PAGES = sorted(DOCS.glob("*.md"))
@@ -24,14 +23,7 @@ RUN_MARK = "<!-- run -->"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```\s*$", flags=re.S | re.M)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The examples use tiny models, whose ops finish before a second thread helps; on a machine whose
-    cores are busy, two threads per op made the guide ~8× slower (measured). Restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def blocks(page: Path) -> list[tuple[str, str, int]]:

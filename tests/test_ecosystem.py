@@ -19,12 +19,7 @@ ARCHITECTURES = {"gpt2": dict(mlp="gelu_tanh"),
 CHROMIUM = "/usr/bin/chromium"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny(kind: str = "gpt2") -> HookedTransformer:

@@ -35,18 +35,6 @@ def tgt() -> torch.Tensor:
     return torch.randint(0, TGT_VOCAB, (3, 7), generator=torch.Generator().manual_seed(1))
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy shared machine OpenMP's spinning
-    threads make them an order of magnitude slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 # --- torch.nn.Transformer on identical weights -------------------------------------------------
 @pytest.mark.filterwarnings("ignore:enable_nested_tensor")  # torch's note that pre-LN skips its fast path
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post_ln", "pre_ln"])

@@ -13,13 +13,7 @@ from lab.analysis.monitor import (LinearReadout, Monitor, abstain_at, answer_len
 from lab.generate import decode
 from tests.conftest import VOCAB, tiny_config
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: a second thread only adds hand-offs on a busy machine. Restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 PROMPT = torch.randint(0, VOCAB, (3, 6), generator=torch.Generator().manual_seed(0))

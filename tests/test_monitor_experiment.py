@@ -19,14 +19,7 @@ from tests.conftest import VOCAB, hf_gpt2
 HEADLINE_KEYS = {"name", "sentence", "value", "interval", "direction", "supported", "why_not"}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: a second torch thread costs more than it gains (measured ~8× slower probe fits on 2 busy cores),
-    as the experiment's own `threads` = 1 says. Restored afterwards."""
-    from lab.configs import torch_threads
-
-    with torch_threads(1):
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -34,13 +34,7 @@ ARCHITECTURES = {"gpt2": dict(mlp="gelu_tanh"),
 TOL = 1e-5
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: a second thread per op only contends on a busy machine. Restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def forma_model(kind: str, **changes) -> HookedTransformer:

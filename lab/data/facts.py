@@ -30,7 +30,7 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 from faker import Faker
 from numpy.typing import NDArray
-from lab.configs import check_fields, from_dict_strict
+from lab.configs import check_fields, from_dict_strict, need
 
 SPECIAL_TOKENS = ("<pad>", "<unk>", "<bos>", "<eos>")
 MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September",
@@ -91,25 +91,21 @@ class FactWorldConfig:
     def __post_init__(self) -> None:
         check_fields(self)  # types from the annotations; attributes as a list (JSON, TOML) becomes a tuple
 
-        def need(ok: bool, message: str) -> None:
-            if not ok:
-                raise ValueError(f"FactWorldConfig: {message}")
-
         for name in ("n_first_names", "n_last_names", "n_persons", "n_train"):
             value = getattr(self, name)
-            need(value > 0, f"{name} must be a positive integer, got {value!r}")
-        need(self.seed >= 0, f"seed must be a non-negative integer, got {self.seed!r}")
-        need(self.n_values >= 2, f"n_values must be an integer ≥ 2, got {self.n_values!r}")
-        need(self.pareto_gamma > 0, f"pareto_gamma must be a finite number > 0, got {self.pareto_gamma!r}")
+            need(self, value > 0, f"{name} must be a positive integer, got {value!r}")
+        need(self, self.seed >= 0, f"seed must be a non-negative integer, got {self.seed!r}")
+        need(self, self.n_values >= 2, f"n_values must be an integer ≥ 2, got {self.n_values!r}")
+        need(self, self.pareto_gamma > 0, f"pareto_gamma must be a finite number > 0, got {self.pareto_gamma!r}")
         n_names = self.n_first_names * self.n_last_names
-        need(self.n_persons <= n_names,
+        need(self, self.n_persons <= n_names,
              f"n_persons ({self.n_persons}) exceeds n_first_names × n_last_names ({n_names}), "
              f"the number of distinct two-part names")
-        need(len(self.attributes) > 0, "attributes must name at least one attribute")
-        need(len(set(self.attributes)) == len(self.attributes),
+        need(self, len(self.attributes) > 0, "attributes must name at least one attribute")
+        need(self, len(set(self.attributes)) == len(self.attributes),
              f"attributes must be distinct, got {self.attributes!r}")
         for attribute in self.attributes:
-            need(bool(_ATTRIBUTE_PATTERN.match(attribute)),
+            need(self, bool(_ATTRIBUTE_PATTERN.match(attribute)),
                  f"attributes must be lower-case words ([a-z_]+), got {attribute!r}")
 
     def to_dict(self) -> dict[str, Any]:

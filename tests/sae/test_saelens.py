@@ -23,14 +23,7 @@ SEED = 0
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "ecosystem.md"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Module-scoped, so that it holds while the module's fixtures train: on a busy 2-core machine two threads
-    per op made training these tiny models ~10x slower (measured). Restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread_per_module")
 
 
 def markov_tokens(n_seq: int, seq_len: int, vocab: int, seed: int) -> torch.Tensor:

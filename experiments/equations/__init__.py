@@ -1,0 +1,163 @@
+"""The seeds' equations, each checked by running it (issue 9; the claims are shared/SCIENCE.md §4).
+
+Every check is a computation with Forma's own implementation where one exists — `sinusoidal_table`,
+`Rotary`, `Attention` (its mask and its 1/√d_k), `next_token_loss`, `ModelConfig.n_params` against a
+meta-device `HookedTransformer`, `sample_next`, `filter_logits`, `decode` with and without the KV
+cache — compared with what the equation predicts. A check returns
+
+    {name, item, equation (LaTeX), measured, expected, tolerance, passed, note, seconds, timing}
+
+where `item` is the claim's number in issue 9 and `note` states the pass rule when it is not
+|measured − expected| ≤ tolerance. `seconds` and `timing` (wall times measured alongside, never gated) are
+the only fields that differ between two runs with one seed (lab.runs.TIMING_FIELDS); every least-squares
+fit uses the SVD driver gelsd, because MKL's default gelsy (QR with column pivoting) gives different
+solutions for one input from call to call. The implementation a check tests is a parameter (`attention=`,
+`filter_fn=`, `formula=`, …), so a test can hand it a wrong one — the mask written j ≥ i, no √d_k, a
+nucleus one token too wide — and see that check fail.
+
+Artefacts in `out`: universal_approximation.html (sup error against width, and the fits) and
+softmax_saturation.html (attention entropy against d_k, with and without the scaling).
+
+Where each claim is checked: `positions` (1, 2), `attention` (3, 4), `networks` (5–7), `parameters` (8),
+`sampling` (9, 10), `kv_cache` (11), `perplexity` (12); `common` holds the Check record and what the checks
+share, `figures` the figures; Config, run and headlines are here, and every name is imported from
+`experiments.equations` itself.
+"""
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lab.configs import check_fields
+
+# Every name the experiment had as one module, where it lives now: the tests import them from here.
+from experiments.equations.attention import (VANISHED, ReversedMaskAttention, check_attention_scaling,
+                                             check_causal_mask, check_dot_product_variance, check_reversed_mask,
+                                             check_softmax_saturation, softmax_jacobian_norm, softmax_saturation)
+from experiments.equations.common import F64, Check, _attention_config
+from experiments.equations.figures import write_figures
+from experiments.equations.kv_cache import (attention_flops, check_kv_cache_cost, check_kv_cache_tokens, kv_model,
+                                            step_flops, step_seconds)
+from experiments.equations.networks import (ce_gradient_formula, check_affine_collapse, check_cross_entropy_gradient,
+                                            check_nonlinearity_breaks_collapse, check_universal_approximation,
+                                            fit_sigmoid_network, universal_approximation)
+from experiments.equations.parameters import (PARAMETER_CONFIGS, check_llama_7b, check_parameter_approximation,
+                                              check_parameter_count_exact, meta_parameter_count, seed_approximation)
+from experiments.equations.perplexity import check_kl_identity, check_perplexity
+from experiments.equations.positions import check_rotary_relative, check_sinusoidal_shift, check_sinusoidal_wavelengths
+from experiments.equations.sampling import check_nucleus, check_temperature
+
+
+@dataclass
+class Config:
+    """The equations experiment: everything is seeded; `quick` shrinks the Monte Carlo samples and timings."""
+
+    seed: int = 0
+    quick: bool = False
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if self.seed < 0:
+            raise ValueError(f"Config.seed must be a non-negative integer, got {self.seed!r}")
+
+
+def run(cfg: Config, out: Path) -> dict:
+    """Run every check, write the figures into `out`, return {checks, all_passed, ...} for results.json."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    seed = cfg.seed
+    samples = 5000 if cfg.quick else 40000  # Monte Carlo pairs: standard error of Var/d_k ≈ √(2/n)
+    ua: dict[str, Any] = {}
+
+    def ua_check() -> Check:
+        ua.update(universal_approximation())
+        return check_universal_approximation(ua)
+
+    plan: list[Callable[[], Check]] = [
+        check_sinusoidal_shift,
+        check_sinusoidal_wavelengths,
+        partial(check_rotary_relative, seed=seed),
+        partial(check_dot_product_variance, n_samples=samples, seed=seed),
+        partial(check_attention_scaling, n_samples=samples, seed=seed),
+        partial(check_softmax_saturation, seed=seed),
+        partial(check_causal_mask, seed=seed),
+        partial(check_reversed_mask, seed=seed),
+        partial(check_cross_entropy_gradient, seed=seed),
+        partial(check_affine_collapse, seed=seed),
+        partial(check_nonlinearity_breaks_collapse, seed=seed),
+        ua_check,
+        check_parameter_count_exact,
+        check_parameter_approximation,
+        check_llama_7b,
+        partial(check_temperature, n_draws=samples, seed=seed),
+        partial(check_nucleus, seed=seed),
+        partial(check_kv_cache_tokens, seed=seed),
+        partial(check_kv_cache_cost, prefixes=(64, 128, 256) if cfg.quick else (128, 256, 512, 1024),
+                repeats=3 if cfg.quick else 9, seed=seed),
+        partial(check_perplexity, seed=seed),
+        partial(check_kl_identity, n_samples=samples, seed=seed),
+    ]
+    checks = []
+    start = time.perf_counter()
+    # Every tensor here is tiny: on shared cores, intra-op threads cost more in synchronisation than they
+    # gain (measured ≈ 10× slower with 2 threads under load), so run on one and restore the caller's setting.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for make in plan:
+            began = time.perf_counter()
+            check = make()
+            check.seconds = time.perf_counter() - began
+            checks.append(check)
+        figures = write_figures(out, ua, seed)
+    finally:
+        torch.set_num_threads(threads)
+    results = {
+        "checks": [_plain(asdict(c)) for c in checks],
+        "all_passed": all(c.passed for c in checks),
+        "n_checks": len(checks),
+        "n_passed": sum(c.passed for c in checks),
+        "failed": [c.name for c in checks if not c.passed],
+        "figures": figures,
+        "seconds": time.perf_counter() - start,
+    }
+    results["headlines"] = headlines(results)
+    return results
+
+
+def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """One headline per check, computed from results["checks"]: the claim, what was measured against what the
+    equation predicts, and whether it passed (the direction, which the quick and default runs must share).
+    Every check is a computation that a wrong implementation fails (the tests hand each one a wrong one)."""
+    def show(value: float | list[float]) -> str:
+        return ", ".join(f"{x:.4g}" for x in value) if isinstance(value, list) else f"{value:.4g}"
+
+    out = []
+    for check in results["checks"]:
+        measured, expected, tolerance = check["measured"], check["expected"], check["tolerance"]
+        out.append({"name": check["name"],
+                    "sentence": f"{check['name'].replace('_', ' ')} (claim {check['item']}): measured "
+                                f"[{show(measured)}] against [{show(expected)}] within [{show(tolerance)}] — "
+                                f"{'passes' if check['passed'] else 'FAILS'}.",
+                    "value": measured if not isinstance(measured, list) else measured[0], "interval": None,
+                    "direction": bool(check["passed"]), "supported": True, "why_not": None})
+    return out
+
+
+def _plain(record: dict[str, Any]) -> dict[str, Any]:
+    """Python floats and bools only, so results.json is plain JSON (no numpy or torch scalars)."""
+    def plain(value: Any) -> Any:
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        if isinstance(value, dict):
+            return {str(k): plain(v) for k, v in value.items()}
+        if isinstance(value, (bool, str)) or value is None:
+            return value
+        return float(value)
+
+    return {k: plain(v) if k not in ("name", "item", "equation", "note") else v for k, v in record.items()}

@@ -1,0 +1,73 @@
+"""What every check shares: the Check record, float64, seeded generators and attention layers, and hooks that
+record what a HookPoint carries."""
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+from transformer_lens.hook_points import HookPoint
+
+from lab.model import ModelConfig
+from lab.model.components import Attention
+
+F64 = torch.float64
+
+
+@dataclass
+class Check:
+    """One claim, computed: the equation, what we measured, what the equation predicts, and the verdict."""
+
+    name: str
+    item: int  # the claim's number in issue 9
+    equation: str  # LaTeX, for st.latex
+    measured: float | list[float]
+    expected: float | list[float]
+    tolerance: float | list[float]
+    passed: bool
+    note: str
+    seconds: float = 0.0
+    timing: dict[str, list[float]] = field(default_factory=dict)  # wall times beside the check, never gated
+
+
+def _close(measured: list[float], expected: list[float], tolerance: list[float]) -> bool:
+    return all(abs(m - e) <= t for m, e, t in zip(measured, expected, tolerance, strict=True))
+
+
+def _generator(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+@contextmanager
+def _capturing(*points: HookPoint) -> Iterator[list[Tensor]]:
+    """Record what each HookPoint carries during the block (one slot per point); hooks removed in finally."""
+    seen: list[Tensor] = [torch.empty(0)] * len(points)
+
+    def recorder(slot: int) -> Callable[[Tensor, HookPoint], None]:
+        def record(activation: Tensor, hook: HookPoint) -> None:
+            seen[slot] = activation.detach().clone()
+
+        return record
+
+    try:
+        for slot, point in enumerate(points):
+            point.add_hook(recorder(slot))
+        yield seen
+    finally:
+        for point in points:
+            point.remove_hooks("fwd")
+
+
+def _seeded_attention(cfg: ModelConfig, seed: int, cls: type[Attention] = Attention) -> Attention:
+    """An Attention whose initial weights come from `seed`: modules draw from torch's global generator, whose
+    seed is random per process, so an unseeded one would change every run. The caller's generator is kept."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return cls(cfg)
+
+
+def _attention_config(d_model: int, n_heads: int, n_ctx: int) -> ModelConfig:
+    # init_std = 1/√d_model gives q and k components of order one, so patterns are far from uniform.
+    return ModelConfig(d_vocab=2, d_model=d_model, n_layers=1, n_heads=n_heads, n_ctx=n_ctx, bias=False,
+                       init_std=d_model ** -0.5)
