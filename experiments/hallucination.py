@@ -84,7 +84,7 @@ from lab.parallel import run_tasks
 from lab.runs import headline, save_figure, save_table
 from lab.tokenize import word_level
 from lab.train import SequenceBatches, TrainConfig, train
-from lab.configs import apply_quick, check_fields, torch_threads
+from lab.configs import apply_quick, check_fields, need, torch_threads
 
 logger = logging.getLogger(__name__)
 
@@ -153,33 +153,29 @@ class Config:
         if self.quick:
             apply_quick(self, QUICK)
 
-        def need(ok: bool, message: str) -> None:
-            if not ok:
-                raise ValueError(f"Config: {message}")
-
-        need(self.seed >= 0, f"seed must be a non-negative integer, got {self.seed!r}")
-        need(self.attribute.isidentifier() and self.attribute.islower(),
+        need(self, self.seed >= 0, f"seed must be a non-negative integer, got {self.seed!r}")
+        need(self, self.attribute.isidentifier() and self.attribute.islower(),
              f"attribute must be a lower-case word, got {self.attribute!r}")
         for name in ("n_first_names", "n_last_names", "n_persons", "n_train", "n_values", "n_heldout", "d_model",
                      "n_layers", "n_heads", "batch_size", "n_samples", "upweight_epochs", "upweight_factor",
                      "upweight_draws", "threads", "workers"):
             value = getattr(self, name)
-            need(value > 0,
+            need(self, value > 0,
                  f"{name} must be a positive integer, got {value!r}")
-        need(self.n_train % self.batch_size == 0,
+        need(self, self.n_train % self.batch_size == 0,
              f"n_train ({self.n_train}) must be a multiple of batch_size ({self.batch_size}) so epochs end on steps")
-        need(len(self.gammas) >= 2 and all(g > 0 for g in self.gammas),
+        need(self, len(self.gammas) >= 2 and all(g > 0 for g in self.gammas),
              f"gammas must hold at least two finite values > 0, got {self.gammas}")
-        need(len(self.epochs) > 0 and list(self.epochs) == sorted(set(self.epochs)) and self.epochs[0] >= 1,
+        need(self, len(self.epochs) > 0 and list(self.epochs) == sorted(set(self.epochs)) and self.epochs[0] >= 1,
              f"epochs must be increasing positive integers, got {self.epochs}")
-        need(self.upweight_gamma > 0, "upweight_gamma must be > 0")
-        need(all(0 < s < 1 for s in self.upweight_shares) and len(self.upweight_shares) >= 1,
+        need(self, self.upweight_gamma > 0, "upweight_gamma must be > 0")
+        need(self, all(0 < s < 1 for s in self.upweight_shares) and len(self.upweight_shares) >= 1,
              f"upweight_shares must lie in (0, 1), got {self.upweight_shares}")
         for name in ("lr", "min_lr", "upweight_lr"):
-            need(getattr(self, name) > 0, f"{name} must be > 0")
-        need(self.min_lr <= self.lr, "min_lr must be at most lr")
-        need(self.d_model % self.n_heads == 0, "d_model must be a multiple of n_heads")
-        need(self.n_samples >= 5000, "n_samples must be ≥ 5,000 (issue 5 item 2)")
+            need(self, getattr(self, name) > 0, f"{name} must be > 0")
+        need(self, self.min_lr <= self.lr, "min_lr must be at most lr")
+        need(self, self.d_model % self.n_heads == 0, "d_model must be a multiple of n_heads")
+        need(self, self.n_samples >= 5000, "n_samples must be ≥ 5,000 (issue 5 item 2)")
 
 
 # --------------------------------------------------------------------------------------------

@@ -176,6 +176,27 @@ def test_every_experiment_page_draws_its_quick_run(server, browser, quick_run, p
     assert errors == []
 
 
+@pytest.mark.parametrize("path", ["kl", "hallucination", "calibration", "monitor"])
+def test_every_experiment_page_opens_with_its_headlines_in_readable_numbers(server, browser, quick_run, path):
+    """What a reader sees in Chromium: each headline the run supports in its own sentence (each one it cannot,
+    with why not), as results.json has it; no raw JSON tree; no number with more than 6 significant digits."""
+    from tests.test_dashboard import long_numbers
+
+    results = json.loads((quick_run(path) / "results.json").read_text())
+    errors: list[str] = []
+    page = open_page(browser, f"{server}/{path}", errors)
+    page.locator("h1").first.wait_for(timeout=60_000)
+    text = " ".join(page.locator("[data-testid='stMain']").inner_text().split())
+    for headline in results["headlines"]:
+        said = headline["sentence"] if headline["supported"] else headline["why_not"]
+        assert " ".join(said.split()) in text, headline["name"]
+    assert page.locator("[data-testid='stJson']").count() == 0
+    assert long_numbers(text) == []
+    no_exceptions(page)
+    page.screenshot(path=str(SCREENSHOTS / f"{path}-headlines.png"), full_page=True)
+    assert errors == []
+
+
 def test_training_page_renders_without_errors(server, browser):
     errors: list[str] = []
     page = open_page(browser, f"{server}/training", errors)

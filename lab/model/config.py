@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import torch
 
-from lab.configs import check_fields, from_dict_strict
+from lab.configs import check_fields, from_dict_strict, need
 
 
 @dataclass(eq=False)
@@ -85,20 +85,16 @@ class ModelConfig:
     tokenizer: str = field(default="", compare=False)  # informational: what the ids mean
 
     def __post_init__(self) -> None:
-        def need(ok: bool, message: str) -> None:
-            if not ok:
-                raise ValueError(f"ModelConfig: {message}")
-
         check_fields(self)  # every field its annotation's type: bias = "false" is an error, not True
         for name in ("d_vocab", "d_model", "n_layers", "n_heads", "n_ctx"):
             value = getattr(self, name)
-            need(value > 0, f"{name} must be a positive integer, got {value!r}")
+            need(self, value > 0, f"{name} must be a positive integer, got {value!r}")
         for name in ("d_head", "d_mlp", "n_kv_heads", "rotary_dim", "sliding_window"):
             value = getattr(self, name)
-            need(value >= 0, f"{name} must be a non-negative integer (0 = default), got {value!r}")
+            need(self, value >= 0, f"{name} must be a non-negative integer (0 = default), got {value!r}")
         # Fill the derived defaults (frozen dataclass: write through object.__setattr__).
         if self.d_head == 0:
-            need(self.d_model % self.n_heads == 0,
+            need(self, self.d_model % self.n_heads == 0,
                  f"d_model ({self.d_model}) is not divisible by n_heads ({self.n_heads}); set d_head")
             object.__setattr__(self, "d_head", self.d_model // self.n_heads)
         if self.d_mlp == 0:
@@ -107,17 +103,17 @@ class ModelConfig:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         if self.rotary_dim == 0:
             object.__setattr__(self, "rotary_dim", self.d_head)
-        need(self.n_heads % self.n_kv_heads == 0,
+        need(self, self.n_heads % self.n_kv_heads == 0,
              f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
-        need(self.rotary_dim % 2 == 0 and self.rotary_dim <= self.d_head,
+        need(self, self.rotary_dim % 2 == 0 and self.rotary_dim <= self.d_head,
              f"rotary_dim must be even and at most d_head ({self.d_head}), got {self.rotary_dim}")
-        need(self.rotary_base > 0, f"rotary_base must be positive, got {self.rotary_base}")
-        need(self.positions != "sinusoidal" or self.d_model % 2 == 0,
+        need(self, self.rotary_base > 0, f"rotary_base must be positive, got {self.rotary_base}")
+        need(self, self.positions != "sinusoidal" or self.d_model % 2 == 0,
              f"sinusoidal positions need an even d_model, got {self.d_model}")
-        need(not (self.bias and self.qkv_bias),
+        need(self, not (self.bias and self.qkv_bias),
              "qkv_bias adds Q, K and V biases to a model whose bias is false; with bias = true they are already there")
-        need(self.norm_eps > 0, f"norm_eps must be positive, got {self.norm_eps}")
-        need(self.init_std > 0, f"init_std must be positive, got {self.init_std}")
+        need(self, self.norm_eps > 0, f"norm_eps must be positive, got {self.norm_eps}")
+        need(self, self.init_std > 0, f"init_std must be positive, got {self.init_std}")
         object.__setattr__(self, "_runtime", RuntimeSettings())  # not a field: what a model built from it switches
 
     # --- serialisation ------------------------------------------------------------------------
