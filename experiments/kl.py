@@ -75,6 +75,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from lab.analysis.lens import ground_truth_lens as lens_against_truth
 from lab.configs import check_fields
 from lab.data.sources import HiddenMarkovSource, MarkovSource
 from lab.metrics.information import (T_BRACKET, T_GRID, cross_entropy, entropy, kl, temperature_kl,  # noqa: F401
@@ -302,21 +303,20 @@ def measure(model: HookedTransformer, held_out: HeldOut) -> dict[str, Any]:
 @torch.inference_mode()
 def ground_truth_lens(model: HookedTransformer, held_out: HeldOut, batch: int = 256) -> list[dict[str, Any]]:
     """Mean KL(p ‖ P^(l)) over the held-out prefixes of every region for the logit lens at every layer's input
-    and after the last layer: P^(l) = softmax(LN_final(x^(l)) W_U + b_U), the final norm recomputed on x^(l).
-    `kl_nats` is over complete contexts where the source has them (else every position)."""
+    and after the last layer (lab.analysis.lens.ground_truth_lens: P^(l) = softmax(LN_final(x^(l)) W_U + b_U),
+    the final norm recomputed on x^(l)). `kl_nats` is over complete contexts where the source has them (else
+    every position)."""
     model.eval()
     n_layers = model.cfg.n_layers
-    names = [f"blocks.{layer}.hook_resid_pre" for layer in range(n_layers)] + [f"blocks.{n_layers - 1}.hook_resid_post"]
     total = torch.zeros(n_layers + 1, held_out.p.shape[1], dtype=torch.float64)  # [layer, position]
-    labels: list[str] = []
     for i in range(0, len(held_out.tokens), batch):
-        _, cache = model.run_with_cache(held_out.tokens[i:i + batch], names_filter=names)
-        stack, labels = cache.accumulated_resid(apply_ln=True, return_labels=True)  # [layer, seq, pos, d_model]
-        lens_logits = (stack @ model.W_U + model.b_U)[:, :, :-1].double()
-        total += kl(held_out.p[None, i:i + batch], torch.softmax(lens_logits, dim=-1)).sum(dim=1)
+        # p covers the prefixes that end before the last token: the lens of those prefixes, the last one dropped.
+        lens = lens_against_truth(model, held_out.tokens[i:i + batch, :-1], held_out.p[i:i + batch])
+        total += lens.kl_nats.sum(dim=1)
     per_position = total / len(held_out.tokens)
     regions = held_out.regions()
     headline = "complete" if "complete" in regions else "all"
+    labels = [f"{layer}_pre" for layer in range(n_layers)] + ["final_post"]
     return [{"layer": layer, "label": labels[layer], "kl_nats": float(per_position[layer, regions[headline]].mean()),
              **{f"kl_{name}_nats": float(per_position[layer, region].mean()) for name, region in regions.items()
                 if per_position[layer, region].numel()}}

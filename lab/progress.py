@@ -29,6 +29,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from lab.files import atomic_write_text
+from lab.folders import zoo_dir
+from lab.runs import runs_dir
+
 PROGRESS_FILE = ".progress.json"  # hidden: a job's state, not one of its artefacts
 FORMAT = "forma-progress/1"
 LINE_EVERY_S = 10.0  # a log line at least this often while a bar counts …
@@ -276,8 +280,6 @@ def run_progress(experiment: str, folder: Path | None = None) -> Progress | None
     """The progress of `experiment`'s newest run that has not finished (no results.json) and has a progress
     file, in runs/<experiment>/ (or `folder`/<experiment>/); None when the newest such run is not newer than
     its newest finished one, or there is none."""
-    from lab.runs import runs_dir
-
     base = Path(folder or runs_dir()) / experiment
     if not base.is_dir():
         return None
@@ -294,16 +296,12 @@ def run_progress(experiment: str, folder: Path | None = None) -> Progress | None
 
 def model_progress(name: str) -> Progress | None:
     """The progress of `forma train NAME` (models/NAME/.progress.json), or None."""
-    from lab.folders import zoo_dir
-
     return read_progress(zoo_dir() / name / PROGRESS_FILE)
 
 
 def model_finished(name: str) -> float | None:
     """When zoo model NAME's published card was written (its mtime), or None when it has none: what changes
     when `forma train NAME` finishes."""
-    from lab.folders import zoo_dir
-
     try:
         return (zoo_dir() / name / "card.json").stat().st_mtime
     except OSError:
@@ -328,8 +326,6 @@ class _Recorder:
                         current_stage() if state == "running" else None, error)
 
     def write(self, progress: Progress) -> None:
-        from lab.files import atomic_write_text
-
         with self.lock:
             try:
                 atomic_write_text(self.path, json.dumps(progress.to_json()) + "\n")

@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from lab.files import atomic_write_text, is_temporary
+from lab.files import atomic_write, atomic_write_text, is_temporary
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_RUNS_DIR = REPO / "runs"
@@ -308,8 +308,6 @@ def save_figure(fig: Any, out: Path, name: str) -> None:
 def save_table(rows: Any, out: Path, name: str) -> Path:
     """A table (pandas DataFrame or list of dicts) as <name>.parquet, atomically."""
     import pandas as pd
-
-    from lab.files import atomic_write
 
     frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
     path = Path(out) / f"{name}.parquet"

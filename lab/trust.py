@@ -15,7 +15,11 @@ from typing import Any
 
 import torch
 
+from lab.generate import decode
+from lab.hf import UnsupportedArchitecture, to_hf
 from lab.model import HookedTransformer
+from lab.runs import write_json
+from lab.zoo import zoo_model_dir
 
 ATTENTION_TOL = 1e-4
 HF_TOL = 1e-4
@@ -30,8 +34,6 @@ def _tokens(model: HookedTransformer, batch: int, length: int, seed: int) -> tor
 
 @torch.inference_mode()
 def check_hugging_face(model: HookedTransformer, tokens: torch.Tensor) -> dict[str, Any]:
-    from lab.hf import UnsupportedArchitecture, to_hf
-
     try:
         hf = to_hf(model).to(tokens.device)
     except UnsupportedArchitecture as err:
@@ -50,8 +52,6 @@ def check_attention_paths(model: HookedTransformer, tokens: torch.Tensor) -> dic
 
 
 def check_kv_cache(model: HookedTransformer, prompt: torch.Tensor, new_tokens: int) -> dict[str, Any]:
-    from lab.generate import decode
-
     new_tokens = max(1, min(new_tokens, model.cfg.n_ctx - prompt.shape[1]))
     cached = decode(model, prompt, new_tokens, temperature=0, use_kv_cache=True)
     fresh = decode(model, prompt, new_tokens, temperature=0, use_kv_cache=False)
@@ -104,14 +104,10 @@ def trust_report(model: HookedTransformer, seed: int = 0) -> dict[str, Any]:
 
 def run_trust(name_or_path: str | Path, out: Path | None = None) -> tuple[dict[str, Any], Path]:
     """Load a zoo name, Forma folder or local HF folder, check it, and write trust.json beside it."""
-    from lab.runs import write_json
-
     path = Path(name_or_path)
     if path.is_dir():
         folder = path
     else:
-        from lab.zoo import zoo_model_dir
-
         folder = zoo_model_dir(str(name_or_path))
     model = HookedTransformer.from_pretrained(folder)
     report = trust_report(model)

@@ -43,7 +43,7 @@ def test_results_json_has_the_shape_of_issue_4(quick):
     assert len(scaling["points"]) >= 6 and all({"n_params", "loss_nats"} <= set(p) for p in scaling["points"])
     assert len(scaling["E_ci95"]) == 2 and scaling["constraints"].startswith("E ≥ 0 only")
     assert results["eval"]["prefixes"] >= 1000
-    assert json.loads((folder / "config.json").read_text()) == {"seed": 0, "quick": True}
+    assert json.loads((folder / "config.json").read_text()) == {"seed": 0, "quick": True, "workers": 2}
 
 
 def test_complete_contexts_and_first_positions_are_reported_apart(quick):

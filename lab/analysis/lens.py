@@ -23,6 +23,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from lab.metrics.information import kl
 from lab.model import HookedTransformer
 from lab.model.offload import read_weight
 
@@ -64,8 +65,6 @@ def ground_truth_lens(model: HookedTransformer, tokens: Int[Tensor, "batch pos"]
     """The logit lens at every layer and KL(p ‖ P^(l)) at every position, where p[b, t] = p(x_{t+1} = · | x_≤t)
     is the world's true law of the token after position t (a source's `conditionals(tokens)`). In float64, as
     the KL decomposition measures the model's own KL."""
-    from lab.metrics.information import kl
-
     tokens = model.check_tokens(tokens)
     p = torch.as_tensor(p, dtype=torch.float64)
     expected = (*tokens.shape, model.cfg.d_vocab)

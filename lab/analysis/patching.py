@@ -46,6 +46,9 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from lab.model.kv_cache import KVCache, KVCacheEntry
+from lab.model.transformer import HookedTransformer
+
 __all__ = ["COMPONENTS", "MetricFn", "PatchingResult", "logit_diff", "patch_heads", "patch_heads_by_position",
            "patch_positions", "reads"]
 
@@ -165,8 +168,6 @@ def _metric(metric: MetricFn | None, answer: Any, wrong: Any) -> MetricFn:
 def runs_fast(model: Any) -> bool:
     """Whether the fast path applies: Forma's HookedTransformer with no hook of the caller's attached (the fast
     path skips the layers and positions a patch cannot change, where such a hook would have acted)."""
-    from lab.model.transformer import HookedTransformer
-
     if not isinstance(model, HookedTransformer):
         return False
     hooked = any(hp._forward_hooks or hp._backward_hooks for hp in model.hook_dict.values())
@@ -237,8 +238,6 @@ def _sweep_fast(model: Any, target: Tensor, component: str, saved: dict[int, Ten
     cell's layer, from the target run's blocks.{layer}.hook_resid_pre at positions P … T − 1, and the cell is
     written in by a hook on that block's component. The unembedding runs at the positions the metric reads
     (`reads`), or at every position ≥ P when it declares none."""
-    from lab.model.kv_cache import KVCache, KVCacheEntry
-
     b, n_layers = target.shape[0], model.cfg.n_layers
     kv = KVCache.empty(n_layers)
     entering = sorted({cell.layer for cell in cells})

@@ -58,6 +58,7 @@ from torch import Tensor
 
 from lab.analysis.activations import ActivationStore, StoredRows
 from lab.metrics.calibration import MIN_PER_CLASS, Metric, auroc, auroc_ci, bootstrap_ci
+from lab.model import HookedTransformer
 
 __all__ = ["MIN_PER_CLASS", "CrossFitted", "Metric", "ProbeResult", "accuracy", "auroc", "auroc_ci", "bootstrap_ci",
            "cross_fit_probe", "feature_rank", "fit_probe", "fit_probes", "group_kfold", "group_partition", "group_split",
@@ -1023,8 +1024,6 @@ def shuffled_control(X: Any, y: Any, kind: Kind = "logistic", *, seed: int = 0, 
 
 def random_model(model: Any, seed: int = 1) -> Any:
     """A randomly initialised model of the same shape (same config and tokenizer, fresh weights), eval mode."""
-    from lab.model import HookedTransformer
-
     if not isinstance(model, HookedTransformer):
         raise TypeError(f"random_model needs a HookedTransformer, got {type(model).__name__}")
     device = model.W_E.device

@@ -23,6 +23,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from lab.generate import generate
+
 __all__ = ["generate_steered", "steer"]
 
 # Hooks whose dim 1 is not the position: steering them would add along heads, not positions.
@@ -85,7 +87,5 @@ def generate_steered(model: Any, tokens: Int[Tensor, "batch pos"], name: str, ve
 
     generate_options: temperature, top_k, top_p, seed, use_kv_cache, eos_token_id.
     """
-    from lab.generate import generate
-
     with steer(model, name, vector, scale, from_position):
         return generate(model, tokens, max_new_tokens, **generate_options)
