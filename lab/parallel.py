@@ -8,16 +8,31 @@ thread count: results never depend on `workers`, only the wall time does. `then`
 a task's result (the upweighting runs start from one γ's optimum) without waiting for the other tasks.
 
 A worker dies with its parent (Linux: PR_SET_PDEATHSIG), so a killed run leaves nothing computing.
+
+Progress: the tasks are counted by a bar (lab.progress, shown nowhere, so it is the job's current stage in its
+progress file: `in 2 workers task 3/7 (43%), ETA 0:40`), and each worker tells the caller, every
+lab.progress.RECORD_EVERY_S, where its own innermost bar stands (a training's `train step 300/1200`), which
+that bar carries as its postfix. Each worker writes its stage to a small file of a private folder; the caller
+reads them when its progress is asked for: no queue, no thread in the caller.
 """
 
 import ctypes
+import json
 import multiprocessing
+import os
+import shutil
 import signal
 import sys
+import tempfile
+import threading
+from pathlib import Path
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any
+
+from lab.files import atomic_write_text
+from lab.progress import RECORD_EVERY_S, Bar, Stage, bar, current_stage
 
 __all__ = ["Task", "run_tasks"]
 
@@ -45,16 +60,52 @@ def run_tasks(tasks: Sequence[Task], workers: int = 1, then: Mapping[int, Follow
     _check(workers, tasks)
     then = dict(then or {})
     if workers == 1:
-        results = [task[0](*task[1:]) for task in tasks]
-        for i in sorted(then):
-            results += [task[0](*task[1:]) for task in then[i](results[i])]
+        with bar(len(tasks), "tasks", unit="task", show=False) as counted:
+            results = []
+            for task in tasks:
+                results.append(task[0](*task[1:]))
+                counted.update()
+            for i in sorted(then):
+                more = list(then[i](results[i]))
+                counted.total += len(more)
+                for task in more:
+                    results.append(task[0](*task[1:]))
+                    counted.update()
         return results
-    return _in_workers(list(tasks), workers, then, threads)
+    stages = Path(tempfile.mkdtemp(prefix="forma-workers-"))
+    try:
+        with WorkersBar(len(tasks), workers, stages) as counted:
+            return _in_workers(list(tasks), workers, then, threads, counted, stages)
+    finally:
+        shutil.rmtree(stages, ignore_errors=True)
 
 
-def _in_workers(tasks: list[Task], workers: int, then: dict[int, FollowUp], threads: int) -> list[Any]:
+class WorkersBar(Bar):
+    """The bar over a run's tasks, shown nowhere; its postfix is where each worker's own innermost bar stands,
+    read from the files the workers write into `stages` (the `now` part of the job's progress line)."""
+
+    def __init__(self, total: int, workers: int, stages: Path):
+        super().__init__(total, f"in {workers} workers", unit="task", show=False)
+        self.stages = stages
+
+    def snapshot(self) -> Stage:
+        now = []
+        for path in sorted(self.stages.glob("*.json")):
+            try:
+                record = json.loads(path.read_text(encoding="utf-8"))
+                stage = Stage(**record) if isinstance(record, dict) else None
+            except (OSError, UnicodeDecodeError, ValueError, TypeError):  # a worker between two writes
+                continue
+            if stage is not None:
+                now.append(f"{stage.label} {stage.counted()}")
+        self.postfix = ("now " + ", ".join(now)) if now else ""
+        return super().snapshot()
+
+
+def _in_workers(tasks: list[Task], workers: int, then: dict[int, FollowUp], threads: int, counted: Bar,
+                stages: Path) -> list[Any]:
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_start_worker, initargs=(threads,))
+                               initializer=_start_worker, initargs=(threads, str(stages)))
     own: list[Any] = [None] * len(tasks)
     follow: dict[int, list[Any]] = {}
     where: dict[Future, tuple[int, int]] = {}  # future → (parent index, -1 for an own task or its place)
@@ -68,6 +119,7 @@ def _in_workers(tasks: list[Task], workers: int, then: dict[int, FollowUp], thre
             for future in done:
                 i, place = where[future]
                 result = future.result()  # a task's error is raised here, as itself
+                counted.update()
                 if place >= 0:
                     follow[i][place] = result
                     continue
@@ -76,6 +128,7 @@ def _in_workers(tasks: list[Task], workers: int, then: dict[int, FollowUp], thre
                     more = list(then[i](result))
                     _check(workers, more)
                     follow[i] = [None] * len(more)
+                    counted.total += len(more)
                     for j, task in enumerate(more):
                         with _main_not_rerun():
                             submitted = pool.submit(*task)
@@ -116,10 +169,23 @@ def _stop(pool: ProcessPoolExecutor) -> None:
         process.terminate()
 
 
-def _start_worker(threads: int) -> None:
+def _start_worker(threads: int, stages: str) -> None:
     if sys.platform.startswith("linux"):
         PR_SET_PDEATHSIG = 1
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     import torch
 
     torch.set_num_threads(threads)
+    threading.Thread(target=_tell_stage, args=(Path(stages) / f"{os.getpid()}.json",), daemon=True,
+                     name="stage of this worker").start()
+
+
+def _tell_stage(path: Path) -> None:
+    """Every RECORD_EVERY_S, this worker's innermost bar (null between bars) into `path`, for the caller's bar."""
+    while True:
+        stage = current_stage()
+        try:
+            atomic_write_text(path, json.dumps(stage.__dict__ if stage is not None else None))
+        except OSError:  # the caller has finished and removed the folder: nothing left to tell
+            return
+        threading.Event().wait(RECORD_EVERY_S)

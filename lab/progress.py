@@ -236,6 +236,8 @@ class Progress:
             text += f"; {self.stage.label} {self.stage.counted()}"
             if self.stage.total and self.stage.step < self.stage.total:
                 text += f", ETA {clock(self.stage.eta_s) if self.stage.eta_s is not None else '—'}"
+            if self.stage.postfix:
+                text += f" · {self.stage.postfix}"
         return text
 
     def to_json(self) -> dict[str, Any]:
