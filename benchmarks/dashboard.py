@@ -21,11 +21,13 @@ import time
 
 from benchmarks.summary import write_summary
 from benchmarks.timing import machine, write
+from dashboards.pages import pages
 from lab.cli import dashboard_command, free_port, wait_until_serving
 
 CHROMIUM = "/usr/bin/chromium"
-PAGES = {"home": "", "explorer": "explorer", "kl": "kl", "hallucination": "hallucination",
-         "calibration": "calibration", "equations": "equations", "training": "training"}
+# Every page of the dashboard but Compare runs (its selection, not its loading, is what a reader waits on),
+# by name and address (dashboards.pages: the registry's experiments among them).
+PAGES = {name: "" if name == "home" else name for name, _ in pages() if name != "compare"}
 RENDERED = ("[data-testid='stApp'][data-test-connection-state='CONNECTED']"
             "[data-test-script-state='notRunning']")
 SETTLED = ("!document.querySelector(\"[data-testid='stSkeleton']\") && !document.querySelector(\"[data-stale='true']\")"

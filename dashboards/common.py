@@ -4,25 +4,18 @@ The dashboard is a view: it reads run folders written by `forma run` and calls t
 (lab.analysis, lab.metrics); it computes nothing of its own.
 """
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import plotly.io as pio
 import streamlit as st
 
-
+from experiments import experiment as registered
 from lab.folders import zoo_dir, zoo_names
-
-EXPERIMENTS = {
-    "kl": "KL decomposition",
-    "hallucination": "Hallucination on arbitrary facts",
-    "calibration": "Calibration",
-    "equations": "The seeds' equations",
-    "monitor": "Catching hallucinations while they are generated",
-}
-RESERVED_JSON = {"results", "config", "provenance", "world", "card", ".progress"}
+from lab.progress import model_finished, model_progress, run_progress
+from lab.runs import read_figures, read_results, run_record
+from lab.runs import latest_run as newest_run
+from lab.runs import read_table as read_parquet_table
 
 
 def rerun(experiment: str) -> str:
@@ -31,34 +24,21 @@ def rerun(experiment: str) -> str:
 
 def latest_run(experiment: str) -> tuple[Path | None, dict | None, str | None]:
     """(folder, results, problem): the newest complete run, or a sentence saying what is wrong."""
-    from lab.runs import latest_run as find
-
-    folder = find(experiment)
+    folder = newest_run(experiment)
     if folder is None:
         return None, None, f"No run of `{experiment}` yet. Make one with `forma run {experiment} --quick` (or without --quick for the full experiment)."
     try:
-        results = json.loads((folder / "results.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        return folder, None, (f"The run in `{folder}` has an unreadable results.json ({err}). "
-                              f"Run `forma run {experiment}` again.")
-    if not isinstance(results, dict):
-        return folder, None, (f"The run in `{folder}` has a results.json that is not a JSON object. "
-                              + rerun(experiment))
-    return folder, results, None
+        return folder, read_results(folder), None
+    except (FileNotFoundError, ValueError) as err:
+        return folder, None, f"The run in `{folder}` has an unreadable results.json ({err}). " + rerun(experiment)
 
 
 def figures(folder: Path, unreadable: list[str] | None = None) -> list[tuple[str, Any]]:
-    """Every plotly figure a run saved (as <name>.json beside its HTML), by name; the file names of those that
-    cannot be read are appended to `unreadable`."""
-    found = []
-    for path in sorted(folder.glob("*.json")):
-        if path.stem in RESERVED_JSON:
-            continue
-        try:
-            found.append((path.stem, pio.from_json(path.read_text(encoding="utf-8"))))
-        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):  # cut short, or not a figure
-            if unreadable is not None:
-                unreadable.append(path.name)
+    """Every plotly figure a run saved, by name (lab.runs.read_figures); the file names of those that cannot be
+    read are appended to `unreadable`."""
+    found, bad = read_figures(folder)
+    if unreadable is not None:
+        unreadable.extend(bad)
     return found
 
 
@@ -72,16 +52,12 @@ def show_figures(folder: Path, only: list[str] | None = None) -> None:
                    + rerun(folder.parent.name))
 
 
-def read_table(path: Path, experiment: str):
+def read_table(path: Path, experiment: str, columns: list[str] | None = None):
     """A run's parquet table, or None after a warning that names the file (missing is not a problem: None)."""
-    import pandas as pd
-
-    if not path.is_file():
-        return None
     try:
-        return pd.read_parquet(path)
-    except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid (a truncated file) is a ValueError
-        st.warning(f"`{path}` is not a readable parquet table ({err}). " + rerun(experiment))
+        return read_parquet_table(path, columns)
+    except ValueError as err:
+        st.warning(f"{err}. " + rerun(experiment))
         return None
 
 
@@ -127,7 +103,7 @@ def show_run(experiment: str, render: Callable[[Path, dict], None], fields: Fiel
 
 def show_run_header(experiment: str) -> tuple[Path | None, dict | None]:
     """Title, the run's provenance line, or the message that says how to make a run."""
-    st.title(EXPERIMENTS[experiment])
+    st.title(registered(experiment).title)
     working = show_progress("run", experiment)
     folder, results, problem = latest_run(experiment)
     if problem and folder is None and working:  # no run yet, one on its way: its progress says so
@@ -135,13 +111,7 @@ def show_run_header(experiment: str) -> tuple[Path | None, dict | None]:
     if problem:
         (st.warning if folder else st.info)(problem)
         return None, None
-    provenance: Any = {}
-    try:
-        provenance = json.loads((folder / "provenance.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        pass
-    if not isinstance(provenance, dict):
-        provenance = {}
+    provenance = run_record(folder)["provenance"]
     git = provenance.get("git")
     commit = str((git if isinstance(git, dict) else {}).get("commit") or "unknown")
     wall = provenance.get("wall_time_s")
@@ -246,10 +216,7 @@ def show_progress(kind: str, name: str) -> bool:
     PROGRESS_REFRESH_S; once the job has finished, the whole page runs again and shows its results. A page
     with no run yet keeps looking, so that a job started after it was opened (`forma demo`) appears too.
     True when such a job is at work."""
-    from lab.progress import model_finished, model_progress, run_progress
-    from lab.runs import latest_run as newest
-
-    read, finished = {"run": (run_progress, newest), "model": (model_progress, model_finished)}[kind]
+    read, finished = {"run": (run_progress, newest_run), "model": (model_progress, model_finished)}[kind]
     shown = finished(name)
     first = read(name)
     working = first is not None and first.active

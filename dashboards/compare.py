@@ -6,7 +6,9 @@ from typing import Any
 
 import streamlit as st
 
-from dashboards.common import EXPERIMENTS, figures, short, show_headlines, show_table
+from dashboards.common import figures, short, show_headlines, show_table
+from experiments import experiment as registered
+from experiments import experiment_names
 from lab.runs import complete_runs, run_record
 
 
@@ -56,12 +58,12 @@ def headline_rows(a: dict, b: dict, names: tuple[str, str]) -> list[dict[str, st
 
 
 st.title("Compare runs")
-with_runs = [e for e in EXPERIMENTS if complete_runs(e)]
+with_runs = [e for e in experiment_names() if complete_runs(e)]
 if not with_runs:
     st.info("No run yet. Make two to compare: `forma run kl --quick` and `forma run kl --quick --seed 1` "
             "(or without --quick for the full experiment).")
     st.stop()
-experiment = st.selectbox("Experiment", with_runs, format_func=lambda e: EXPERIMENTS[e], key="compare_experiment")
+experiment = st.selectbox("Experiment", with_runs, format_func=lambda e: registered(e).title, key="compare_experiment")
 runs = complete_runs(experiment)
 if len(runs) < 2:
     st.info(f"`{experiment}` has one run (`{runs[0].name}`). Make another to compare it with, e.g. "

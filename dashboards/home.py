@@ -5,7 +5,8 @@ from typing import Any
 
 import streamlit as st
 
-from dashboards.common import EXPERIMENTS, latest_run, show_table
+from dashboards.common import latest_run, show_table
+from experiments import REGISTRY
 from lab.folders import ZooEntry, zoo_entries
 
 # The card.json numbers the table shows (`forma train NAME` measures them; lab.zoo writes the card). A world
@@ -48,9 +49,9 @@ for entry in entries:
         st.warning(entry.problem)
 
 st.header("Experiments")
-for experiment, title in EXPERIMENTS.items():
-    folder, results, problem = latest_run(experiment)
+for entry in REGISTRY:
+    folder, results, problem = latest_run(entry.name)
     if problem:
-        st.markdown(f"**{title}** — {problem}")
+        st.markdown(f"**{entry.title}** — {problem}")
     else:
-        st.markdown(f"**{title}** — latest run `{folder.name}`; open its page in the sidebar.")
+        st.markdown(f"**{entry.title}** — latest run `{folder.name}`; open its page in the sidebar.")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from dashboards.common import show_figures, show_headlines, show_run, show_table, warn_shape
+from dashboards.common import read_table, show_figures, show_headlines, show_run, show_table, warn_shape
 
 
 @st.cache_resource(show_spinner="Loading the run's model…")
@@ -32,9 +32,8 @@ def live(folder: Path, results: dict) -> None:
                 "--quick` to generate here.")
         return
     model, probe, p_ik, signs = load_monitor(str(folder), (folder / "model").stat().st_mtime)
-    prompts = folder / "prompts.parquet"
-    example = "<bos> " + " ".join(pd.read_parquet(prompts, columns=["first", "last"]).iloc[0]) + " birthday" \
-        if prompts.is_file() else "<bos>"
+    prompts = read_table(folder / "prompts.parquet", "monitor", columns=["first", "last"])
+    example = "<bos> " + " ".join(prompts.iloc[0]) + " birthday" if prompts is not None and len(prompts) else "<bos>"
     text = st.text_input("Prompt (the world's words; the name's two tokens follow <bos>)", example)
     ids = model.tokenizer.encode(text).ids
     unknown = [w for w, i in zip(text.split(), ids) if model.tokenizer.id_to_token(i) == "<unk>"]

@@ -1,29 +1,27 @@
-"""Training curves of the zoo's models, read from models/<name>/train/metrics.jsonl."""
-
-import json
+"""Training curves of the zoo's models, read from models/<name>/train/metrics.jsonl (lab.train's reader)."""
 
 import plotly.graph_objects as go
 import streamlit as st
 
 from dashboards.common import show_progress, zoo_dir
 from lab.folders import zoo_names
+from lab.train.checkpoint import METRICS_FILE, read_metrics
 
 st.title("Training curves")
 for model_name in zoo_names():
     show_progress("model", model_name)
-available = [n for n in zoo_names() if (zoo_dir() / n / "train" / "metrics.jsonl").is_file()]
+available = [n for n in zoo_names() if (zoo_dir() / n / "train" / METRICS_FILE).is_file()]
 if not available:
     st.info("No trained zoo model yet. Train one with `forma train pydoc` (or `make demo`).")
     st.stop()
 name = st.selectbox("Model", available, key="curve_model")
-records = []
-for line in (zoo_dir() / name / "train" / "metrics.jsonl").read_text().splitlines():
-    try:
-        records.append(json.loads(line))
-    except json.JSONDecodeError:
-        continue
+try:
+    records = [r for r in read_metrics(zoo_dir() / name / "train" / METRICS_FILE) if isinstance(r, dict) and "step" in r]
+except (OSError, UnicodeDecodeError, ValueError) as err:
+    st.warning(f"{err}; retrain with `forma train {name}`.")
+    st.stop()
 if not records:
-    st.warning(f"models/{name}/train/metrics.jsonl holds no readable records; retrain with `forma train {name}`.")
+    st.warning(f"models/{name}/train/{METRICS_FILE} holds no readable records; retrain with `forma train {name}`.")
     st.stop()
 fig = go.Figure()
 fig.add_scatter(x=[r["step"] for r in records], y=[r.get("train_loss_nats") for r in records], name="train",

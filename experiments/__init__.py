@@ -1,25 +1,53 @@
-"""Scripted experiments: one module per experiment, each with a `Config` dataclass and `run(cfg, out) -> dict`.
+"""Scripted experiments: one module (or package) per experiment, each with a `Config` dataclass and
+`run(cfg, out) -> dict`, and the registry that names them for the rest of Forma.
 
 `forma run NAME [--quick] [--out DIR] [--seed N] [--model M]` builds the Config, creates the run
 folder (lab.runs), calls run(cfg, out) — which writes its tables and figures into `out` — and writes the
 returned dict as results.json, last and atomically.
+
+REGISTRY is the one list of experiments: `forma run`'s choices, the dashboard's pages (dashboards/<name>.py,
+in this order, under these titles), the dashboard benchmark's pages and the tests that go through every
+experiment all read it. A new experiment is a module here, a page dashboards/<name>.py and one entry below
+(tests/test_experiments_registry.py holds the three together). This module imports only the standard library:
+the CLI's `--help` and the dashboard read it without loading torch.
 """
 
 import dataclasses
 import importlib
-import pkgutil
 from types import ModuleType
 
 CONTRACT = ("Config", "run")
 
 
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    """One experiment as the rest of Forma names it."""
+
+    name: str  # the module experiments/<name>, `forma run <name>`, runs/<name>/, the page dashboards/<name>.py
+    title: str  # the heading of its dashboard page
+    nav: str  # its entry in the dashboard's navigation
+
+
+REGISTRY = (
+    Experiment("kl", "KL decomposition", "KL decomposition"),
+    Experiment("hallucination", "Hallucination on arbitrary facts", "Hallucination"),
+    Experiment("calibration", "Calibration", "Calibration"),
+    Experiment("monitor", "Catching hallucinations while they are generated", "Hallucination monitor"),
+    Experiment("equations", "The seeds' equations", "Equations"),
+)
+
+
 def experiment_names() -> list[str]:
-    """Every module in this package that follows the contract (a Config and a run function)."""
-    names = []
-    for info in pkgutil.iter_modules(__path__):
-        if not info.name.startswith("_"):
-            names.append(info.name)
-    return sorted(names)
+    """The registered experiments' names, in the registry's order."""
+    return [e.name for e in REGISTRY]
+
+
+def experiment(name: str) -> Experiment:
+    """The registry's entry for `name`; a ValueError that lists the experiments for any other name."""
+    for entry in REGISTRY:
+        if entry.name == name:
+            return entry
+    raise ValueError(f"unknown experiment {name!r}; experiments: {', '.join(experiment_names()) or 'none'}")
 
 
 def load(name: str) -> ModuleType:

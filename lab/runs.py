@@ -322,3 +322,51 @@ def headline(name: str, sentence: str, value: Any, interval: list[float] | None,
     support it — why not, in words."""
     return {"name": name, "sentence": sentence, "value": value, "interval": interval, "direction": direction,
             "supported": supported, "why_not": None if supported else why_not}
+
+
+# Readers: what the dashboard and the benchmarks read from a run folder, with the problem named in a sentence.
+# A crashed or hand-edited run must give a message that names the file and what is wrong, never a traceback.
+
+NOT_FIGURES = {"results", "config", "provenance", "world", "card", ".progress"}  # the JSON files that are no figure
+
+
+def read_results(folder: Path) -> dict[str, Any]:
+    """A complete run's results.json; a FileNotFoundError or ValueError that names the file and what is wrong."""
+    path = Path(folder) / "results.json"
+    try:
+        results = read_json(path)
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"unreadable {path} ({err})") from err
+    if not isinstance(results, dict):
+        raise ValueError(f"{path} is not a JSON object")
+    return results
+
+
+def read_figures(folder: Path) -> tuple[list[tuple[str, Any]], list[str]]:
+    """([(name, plotly Figure)] for every figure a run saved (save_figure's <name>.json) by name, [the file names
+    of those that are not readable plotly JSON])."""
+    import plotly.io as pio
+
+    found, unreadable = [], []
+    for path in sorted(Path(folder).glob("*.json")):
+        if path.stem in NOT_FIGURES:
+            continue
+        try:
+            found.append((path.stem, pio.from_json(path.read_text(encoding="utf-8"))))
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):  # cut short, or not a figure
+            unreadable.append(path.name)
+    return found, unreadable
+
+
+def read_table(path: Path, columns: list[str] | None = None) -> Any:
+    """A run's parquet table (save_table) as a DataFrame, None when there is no such file; a ValueError that
+    names the file when it is not a readable table."""
+    import pandas as pd
+
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        return pd.read_parquet(path, columns=columns)
+    except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid (a truncated file) is a ValueError
+        raise ValueError(f"{path} is not a readable parquet table ({err})") from err

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import experiments
 import lab.zoo as zoo
 from lab import HookedTransformer, ModelConfig
 from lab.cli import dashboard_command, free_port, wait_until_serving
@@ -51,8 +52,6 @@ def private_zoo(root: Path) -> Path:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, quick_run, quick_runs_dir):
     """A private zoo with a tiny English-ish model, and the session's quick run of every experiment."""
-    import experiments
-
     zoo_copy = private_zoo(tmp_path_factory.mktemp("dashboard"))
     for name in experiments.experiment_names():
         quick_run(name)
@@ -115,8 +114,6 @@ def no_exceptions(page) -> None:
 
 
 def test_home_lists_the_zoo_and_the_experiments(server, browser, quick_run):
-    import experiments
-
     errors: list[str] = []
     page = open_page(browser, server, errors)
     page.get_by_text("KL decomposition").first.wait_for()
@@ -155,7 +152,7 @@ def test_equations_page_renders_every_check(server, browser):
 LIVE_CHARTS = {"calibration": 1}  # the reliability diagram the temperature slider redraws
 
 
-@pytest.mark.parametrize("path", ["kl", "hallucination", "calibration"])
+@pytest.mark.parametrize("path", experiments.experiment_names())
 def test_every_experiment_page_draws_its_quick_run(server, browser, quick_run, path):
     """Every figure the quick run saved is drawn, beside the run's own numbers."""
     from dashboards.common import figures
@@ -176,7 +173,7 @@ def test_every_experiment_page_draws_its_quick_run(server, browser, quick_run, p
     assert errors == []
 
 
-@pytest.mark.parametrize("path", ["kl", "hallucination", "calibration", "monitor"])
+@pytest.mark.parametrize("path", experiments.experiment_names())
 def test_every_experiment_page_opens_with_its_headlines_in_readable_numbers(server, browser, quick_run, path):
     """What a reader sees in Chromium: each headline the run supports in its own sentence (each one it cannot,
     with why not), as results.json has it; no raw JSON tree; no number with more than 6 significant digits."""

@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+import experiments
 import lab.zoo as zoo
+from dashboards.pages import page_file, pages
 from lab import HookedTransformer, ModelConfig
 from lab.tokenize import word_level
 
-PAGES = Path(__file__).resolve().parents[1] / "dashboards"
-EXPERIMENT_PAGES = ["kl", "hallucination", "calibration", "equations", "monitor"]
+EXPERIMENT_PAGES = experiments.experiment_names()
 
 
 @pytest.fixture
@@ -35,14 +36,14 @@ def heatmap_rows(chart) -> int:
 
 
 def page(name: str) -> AppTest:
-    return AppTest.from_file(str(PAGES / f"{name}.py"), default_timeout=60)
+    return AppTest.from_file(str(page_file(name)), default_timeout=60)
 
 
 def texts(at: AppTest) -> str:
     return " ".join(str(e.value) for e in [*at.info, *at.warning, *at.error, *at.markdown])
 
 
-@pytest.mark.parametrize("name", ["home", "explorer", "training", "compare", *EXPERIMENT_PAGES])
+@pytest.mark.parametrize("name", [name for name, _ in pages()])
 def test_every_page_renders_on_a_fresh_clone_and_says_what_to_run(empty, name):
     at = page(name).run()
     assert not at.exception, at.exception
@@ -202,7 +203,7 @@ def test_every_experiment_page_draws_its_quick_run(quick_run, quick_runs_dir, mo
             assert not at.exception, (name, box.label, option)
 
 
-@pytest.mark.parametrize("name", ["kl", "hallucination", "equations", "monitor"])
+@pytest.mark.parametrize("name", EXPERIMENT_PAGES)
 def test_experiment_pages_open_with_their_headlines(quick_run, quick_runs_dir, monkeypatch, name):
     """Supported headlines first, in the run's own sentences; then each unsupported one with why not."""
     results = json.loads((quick_run(name) / "results.json").read_text())

@@ -10,7 +10,6 @@ import pytest
 import experiments
 
 REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "measured" / "runs"
-EXPERIMENTS = ("kl", "hallucination", "equations", "monitor")
 FIELDS = {"name", "sentence", "value", "interval", "direction", "supported", "why_not"}
 
 
@@ -30,7 +29,7 @@ def _headlines(results: dict, where: str) -> dict[str, dict]:
     return {h["name"]: h for h in heads}
 
 
-@pytest.mark.parametrize("name", EXPERIMENTS)
+@pytest.mark.parametrize("name", experiments.experiment_names())
 def test_quick_headlines_point_the_way_the_default_ones_do(quick_run, name):
     quick = json.loads((quick_run(name) / "results.json").read_text())
     default = json.loads((REFERENCE / f"{name}.json").read_text())

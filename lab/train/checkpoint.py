@@ -218,7 +218,7 @@ def _set_rng_tensors(tensors: dict[str, Tensor], path: Path) -> None:
         torch.cuda.set_rng_state(tensors["torch_cuda"])
 
 
-def _read_metrics(path: Path) -> list[dict[str, Any]]:
+def read_metrics(path: Path) -> list[dict[str, Any]]:
     """metrics.jsonl records; a torn last line (a crash mid-append) is dropped, any other bad line is an error."""
     if not path.is_file():
         return []

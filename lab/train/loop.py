@@ -25,7 +25,7 @@ from lab.files import atomic_write
 from lab.model import HookedTransformer
 from lab.progress import bar as progress_bar
 from lab.train.batches import IGNORE, Batch, Batches, PairBatches
-from lab.train.checkpoint import (CHECKPOINT_DIR, METRICS_FILE, TrainState, _read_metrics, _remove_checkpoints,
+from lab.train.checkpoint import (CHECKPOINT_DIR, METRICS_FILE, TrainState, read_metrics, _remove_checkpoints,
                                   load_checkpoint, save_checkpoint)
 from lab.train.config import TrainConfig
 from lab.train.distributed import all_ranks_sum, any_rank, rank_world
@@ -173,7 +173,7 @@ def train(model: torch.nn.Module, cfg: TrainConfig, data: Batches, out_dir: str 
     metrics_path = None if out_dir is None else out_dir / METRICS_FILE
     if resume:
         state = load_checkpoint(out_dir / CHECKPOINT_DIR, model, optimizer, cfg)
-        history = [r for r in _read_metrics(metrics_path) if r["step"] <= state.step]
+        history = [r for r in read_metrics(metrics_path) if r["step"] <= state.step]
         if [r["step"] for r in history] != list(range(1, state.step + 1)):
             raise ValueError(f"resume: {metrics_path} does not hold one record for each of the checkpoint's "
                              f"{state.step} steps; train with resume=False to start afresh")

@@ -1,0 +1,47 @@
+"""experiments.REGISTRY is the one list of experiments: every experiment module is in it, each entry has its
+module and its dashboard page, and the CLI, the dashboard and the dashboard benchmark read their lists from it."""
+
+import pkgutil
+from pathlib import Path
+
+import pytest
+
+import experiments
+from dashboards.pages import page_file, pages
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_every_experiment_module_is_registered_and_every_entry_has_a_module_and_a_page():
+    modules = sorted(info.name for info in pkgutil.iter_modules(experiments.__path__) if not info.name.startswith("_"))
+    assert sorted(experiments.experiment_names()) == modules
+    for entry in experiments.REGISTRY:
+        assert (REPO / "dashboards" / f"{entry.name}.py").is_file(), entry.name
+        assert entry.title and entry.nav
+
+
+def test_the_registry_names_each_experiment_once():
+    names = experiments.experiment_names()
+    assert len(names) == len(set(names))
+    with pytest.raises(ValueError, match="unknown experiment 'nope'; experiments: kl, "):
+        experiments.experiment("nope")
+
+
+def test_the_dashboard_shows_a_page_per_registered_experiment_in_the_registrys_order():
+    listed = [name for name, _ in pages()]
+    assert [n for n in listed if n in experiments.experiment_names()] == experiments.experiment_names()
+    assert {title for name, title in pages() if name in experiments.experiment_names()} == \
+        {e.nav for e in experiments.REGISTRY}
+    assert all(page_file(name).is_file() for name in listed)
+    assert "from dashboards.pages import" in (REPO / "dashboards" / "app.py").read_text()
+
+
+def test_the_dashboard_benchmark_and_the_cli_take_the_registrys_list():
+    from benchmarks.dashboard import PAGES
+
+    assert set(experiments.experiment_names()) <= set(PAGES)
+    from lab.cli import build_parser
+
+    run = build_parser()._subparsers._group_actions[0].choices["run"]
+    name = next(a for a in run._actions if a.dest == "name")
+    assert list(name.choices) == experiments.experiment_names()
