@@ -23,11 +23,16 @@ def apply_quick(config: Any, overrides: dict[str, Any]) -> None:
             setattr(config, name, value)
 
 
-def need(config: Any, ok: bool, message: str) -> None:
+def need(config: Any, ok: bool, message: str, field: str | None = None) -> None:
     """A config's condition on its values, checked in `__post_init__` after its types: when `ok` is false, a
-    ValueError that names the class ("FactWorldConfig: n_persons must be a positive integer, got 0")."""
-    if not ok:
+    ValueError that names the class ("FactWorldConfig: n_persons must be a positive integer, got 0"), or, given
+    the `field` the condition is about, the class, the field and its value ("TrainConfig.lr: must be positive,
+    got 0.0")."""
+    if ok:
+        return
+    if field is None:
         raise ValueError(f"{type(config).__name__}: {message}")
+    raise ValueError(f"{type(config).__name__}.{field}: {message}, got {getattr(config, field)!r}")
 
 
 def check_fields(config: Any) -> None:

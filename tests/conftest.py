@@ -215,6 +215,18 @@ def tiny_config(**changes) -> ModelConfig:
     return ModelConfig(**(base | changes))
 
 
+def patchable(model: HookedTransformer, unembedding_scale: float = 1.0) -> HookedTransformer:
+    """A random model, in eval mode, whose W_Q, W_K, W_O and W_out are ×4 (and W_U × unembedding_scale): large
+    enough that patching one activation moves a metric well above float round-off."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("W_Q", "W_K", "W_O", "W_out")):
+                p.mul_(4.0)
+            elif name.endswith("W_U"):
+                p.mul_(unembedding_scale)
+    return model.eval()
+
+
 @pytest.fixture
 def tokens() -> torch.Tensor:
     return torch.randint(0, VOCAB, (3, 24), generator=torch.Generator().manual_seed(0))

@@ -10,17 +10,13 @@ from lab import HookedTransformer, ModelConfig
 from lab.analysis.attribution import SWEEPS, attribution_patch
 from lab.analysis.patching import logit_diff, patch_heads, patch_heads_by_position, patch_positions
 from lab.model.components import NoNorm
+from tests.conftest import patchable
 
 VOCAB = 48
 METRIC = logit_diff(torch.tensor([3, 5]), torch.tensor([4, 6]))
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -33,13 +29,7 @@ def prompts() -> tuple[torch.Tensor, torch.Tensor]:
 
 def scaled(model: HookedTransformer) -> HookedTransformer:
     """Weights large enough that patches move the metric well above float round-off."""
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(("W_Q", "W_K", "W_O", "W_out")):
-                p.mul_(4.0)
-            elif name.endswith("W_U"):
-                p.mul_(10.0)
-    return model.eval()
+    return patchable(model, unembedding_scale=10.0)
 
 
 def exhaustive(model, clean, corrupted, direction="denoise") -> dict:

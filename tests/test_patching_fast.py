@@ -10,6 +10,7 @@ import transformer_lens.patching as tl_patching
 
 from lab import HookedTransformer, ModelConfig
 from lab.analysis.patching import logit_diff, patch_heads, patch_heads_by_position, patch_positions, runs_fast
+from tests.conftest import patchable
 
 TOL = 1e-5
 VOCAB = 64
@@ -21,23 +22,12 @@ ARCHITECTURES = {"zoo": dict(d_model=64, n_layers=2, n_heads=4, d_mlp=512, posit
 COMPONENTS = ["resid_pre", "attn_out", "mlp_out", "resid_post"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: a second thread per op only contends on a busy machine. Restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def built(kind: str) -> HookedTransformer:
     """A random model whose weights are large enough that patching moves the metric visibly."""
-    model = HookedTransformer(ModelConfig(d_vocab=VOCAB, n_ctx=16, **ARCHITECTURES[kind]), seed=3).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(("W_Q", "W_K", "W_O", "W_out")):
-                p.mul_(4.0)
-    return model
+    return patchable(HookedTransformer(ModelConfig(d_vocab=VOCAB, n_ctx=16, **ARCHITECTURES[kind]), seed=3))
 
 
 @pytest.fixture(scope="module", params=list(ARCHITECTURES))

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from lab.configs import check_fields, from_dict_strict
+from lab.configs import check_fields, from_dict_strict, need
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -33,24 +33,19 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)  # types from the annotations; an int in a float field is stored as a float
-
-        def need(ok: bool, name: str, message: str) -> None:
-            if not ok:
-                raise ValueError(f"TrainConfig.{name}: {message}, got {getattr(self, name)!r}")
-
         for name in ("steps", "batch_size", "seq_len", "eval_interval", "eval_batches"):
-            need(getattr(self, name) > 0, name, "must be a positive integer")
+            need(self, getattr(self, name) > 0, "must be a positive integer", field=name)
         for name in ("warmup_steps", "checkpoint_interval", "seed"):
-            need(getattr(self, name) >= 0, name, "must be a non-negative integer")
-        need(self.seq_len >= 2, "seq_len", "must be at least 2 (one token to predict from, one to predict)")
-        need(self.lr > 0, "lr", "must be positive")
-        need(0 <= self.min_lr <= self.lr, "min_lr", f"must lie in [0, lr = {self.lr}]")
-        need(self.warmup_steps <= self.steps, "warmup_steps", f"must be at most steps = {self.steps}")
-        need(self.weight_decay >= 0, "weight_decay", "must be non-negative")
-        need(0 <= self.beta1 < 1, "beta1", "must lie in [0, 1)")
-        need(0 <= self.beta2 < 1, "beta2", "must lie in [0, 1)")
-        need(self.grad_clip >= 0, "grad_clip", "must be non-negative (0 = no clipping)")
-        need(self.checkpoint_every_s >= 0, "checkpoint_every_s", "must be non-negative (0 = none by time)")
+            need(self, getattr(self, name) >= 0, "must be a non-negative integer", field=name)
+        need(self, self.seq_len >= 2, "must be at least 2 (one token to predict from, one to predict)", field="seq_len")
+        need(self, self.lr > 0, "must be positive", field="lr")
+        need(self, 0 <= self.min_lr <= self.lr, f"must lie in [0, lr = {self.lr}]", field="min_lr")
+        need(self, self.warmup_steps <= self.steps, f"must be at most steps = {self.steps}", field="warmup_steps")
+        need(self, self.weight_decay >= 0, "must be non-negative", field="weight_decay")
+        need(self, 0 <= self.beta1 < 1, "must lie in [0, 1)", field="beta1")
+        need(self, 0 <= self.beta2 < 1, "must lie in [0, 1)", field="beta2")
+        need(self, self.grad_clip >= 0, "must be non-negative (0 = no clipping)", field="grad_clip")
+        need(self, self.checkpoint_every_s >= 0, "must be non-negative (0 = none by time)", field="checkpoint_every_s")
         try:
             torch.device(self.device)
         except RuntimeError as err:
