@@ -1,8 +1,9 @@
 """What every small config dataclass shares: its fields checked against their annotations, strict loading
-from a mapping, and a scoped thread count."""
+from a mapping, one way to write and read it (`Record`), and a scoped thread count."""
 
 import dataclasses
 import functools
+import json
 import math
 import numbers
 import types
@@ -150,6 +151,33 @@ def from_dict_strict(cls: type[T], data: Any) -> T:
     if missing:
         raise ValueError(f"{name}: missing required keys {missing}")
     return cls(**data)
+
+
+class Record:
+    """to_dict / from_dict / to_json / from_json / replace for a config dataclass, the same for every one:
+    `dataclasses.asdict`, strict loading (unknown and missing keys named: from_dict_strict), JSON with sorted
+    keys, a malformed file a ValueError that names the class."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Any:
+        return from_dict_strict(cls, data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Any:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{cls.__name__}: malformed JSON ({err})") from err
+        return cls.from_dict(data)
+
+    def replace(self, **changes: Any) -> Any:
+        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
 
 
 @contextmanager

@@ -20,7 +20,6 @@ Random streams are split with `numpy.random.SeedSequence(seed).spawn`, so changi
 change the persons, the facts or their popularity.
 """
 
-import dataclasses
 import numbers
 import re
 from collections.abc import Iterable, Iterator, Sequence
@@ -30,7 +29,7 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 from faker import Faker
 from numpy.typing import NDArray
-from lab.configs import check_fields, from_dict_strict, need
+from lab.configs import Record, check_fields, need
 
 SPECIAL_TOKENS = ("<pad>", "<unk>", "<bos>", "<eos>")
 MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September",
@@ -76,7 +75,7 @@ class Fact(NamedTuple):
 
 
 @dataclass(frozen=True)
-class FactWorldConfig:
+class FactWorldConfig(Record):
     """Size, shape and randomness of a fact world."""
 
     n_first_names: int = 100
@@ -109,13 +108,7 @@ class FactWorldConfig:
                  f"attributes must be lower-case words ([a-z_]+), got {attribute!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["attributes"] = list(self.attributes)
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "FactWorldConfig":
-        return from_dict_strict(cls, data)
+        return super().to_dict() | {"attributes": list(self.attributes)}
 
 
 # --- names and value spaces -------------------------------------------------------------------

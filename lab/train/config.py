@@ -1,15 +1,14 @@
 """How to train: `TrainConfig`, saved with every checkpoint and checked on resumption."""
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from lab.configs import check_fields, from_dict_strict, need
+from lab.configs import Record, check_fields, need
+
 
 @dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(Record):
     """How to train. Defaults follow GPT-3's recipe (Brown et al. 2020, App. B): AdamW with
     β = (0.9, 0.95), weight decay 0.1, gradient-norm clip 1.0, linear warmup then cosine decay to
     10% of the peak learning rate."""
@@ -50,13 +49,3 @@ class TrainConfig:
             torch.device(self.device)
         except RuntimeError as err:
             raise ValueError(f"TrainConfig.device: not a torch device, got {self.device!r} ({err})") from err
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
-        return from_dict_strict(cls, data)
-
-    def replace(self, **changes: Any) -> "TrainConfig":
-        return dataclasses.replace(self, **changes)
