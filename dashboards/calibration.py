@@ -62,10 +62,13 @@ def show_temperature(block: dict) -> None:
 
 
 def show_verdicts(results: dict) -> None:
-    """P(IK)'s verdicts (over every candidate, then per family of readouts) and P(True)'s, as the run wrote them."""
-    if results.get("p_ik_summary"):
+    """P(IK)'s verdicts (over every candidate, then per family of readouts) and P(True)'s, as the run wrote them,
+    but for a verdict that is a headline this run cannot support: the headlines above say why it is not shown."""
+    unsupported = {h.get("sentence") for h in results.get("headlines") or [] if isinstance(h, dict) and not h.get("supported")}
+    sentences = [s for s in results.get("p_ik_summary") or [] if s not in unsupported]
+    if sentences:
         st.subheader("P(IK): which readouts predict a correct answer")
-        for sentence in results["p_ik_summary"]:
+        for sentence in sentences:
             st.markdown(f"- {sentence}")
     layers = (results.get("p_true") or {}).get("layers")
     if isinstance(layers, dict) and layers.get("verdict"):

@@ -145,7 +145,7 @@ def test_equations_page_renders_every_check(server, browser):
     assert page.locator(".katex").count() >= 10  # st.latex rendered each equation
     page.wait_for_selector("[data-testid='stPlotlyChart'] .main-svg", timeout=60_000)
     no_exceptions(page)
-    page.screenshot(path=str(SCREENSHOTS / "equations.png"), full_page=True)
+    page.screenshot(path=str(SCREENSHOTS / "equations-checks.png"), full_page=True)
     assert errors == []
 
 
@@ -163,7 +163,7 @@ def test_every_experiment_page_draws_its_quick_run(server, browser, quick_run, p
     page.locator("h1").first.wait_for(timeout=60_000)
     assert folder.name in page.content()  # the run header names the run it shows
     expected = len(figures(folder)) + LIVE_CHARTS.get(path, 0)
-    assert expected >= 3
+    assert expected >= 2  # every experiment saves two figures or more
     charts = page.locator("[data-testid='stPlotlyChart']")
     page.wait_for_function(f"document.querySelectorAll(\"[data-testid='stPlotlyChart'] .main-svg\").length >= {expected}",
                            timeout=60_000)
