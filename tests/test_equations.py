@@ -195,3 +195,8 @@ def test_headlines_are_one_per_check_and_carry_its_verdict(quick_run):
     assert all(h["direction"] is c["passed"] and h["supported"] for h, c in zip(heads, results["checks"]))
     failing = dict(results, checks=[dict(results["checks"][0], passed=False)] + results["checks"][1:])
     assert equations.headlines(failing)[0]["direction"] is False and "FAILS" in equations.headlines(failing)[0]["sentence"]
+
+
+def test_the_config_refuses_a_negative_seed():
+    with pytest.raises(ValueError, match="Config: seed must be a non-negative integer, got -1"):
+        Config(seed=-1)

@@ -218,3 +218,10 @@ def test_checkpoints_are_log_spaced_and_end_at_the_last_step():
     for steps, n in ((800, 12), (200, 10), (12, 10)):
         points = experiment.log_spaced_steps(steps, n)
         assert len(points) == n and points == sorted(set(points)) and points[-1] == steps
+
+
+def test_the_config_refuses_a_negative_seed_or_no_worker():
+    with pytest.raises(ValueError, match="Config: seed must be a non-negative integer, got -1"):
+        experiment.Config(seed=-1)
+    with pytest.raises(ValueError, match="Config: workers must be a positive integer, got 0"):
+        experiment.Config(workers=0)

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from lab.configs import check_fields
+from lab.configs import check_fields, need
 
 # Every name the experiment had as one module, where it lives now: the tests import them from here.
 from experiments.equations.attention import (VANISHED, ReversedMaskAttention, check_attention_scaling,
@@ -62,8 +62,7 @@ class Config:
 
     def __post_init__(self) -> None:
         check_fields(self)
-        if self.seed < 0:
-            raise ValueError(f"Config.seed must be a non-negative integer, got {self.seed!r}")
+        need(self, self.seed >= 0, f"seed must be a non-negative integer, got {self.seed!r}")
 
 
 def run(cfg: Config, out: Path) -> dict:

@@ -1,0 +1,99 @@
+"""The kl experiment's figures, drawn from results.json's dict: the decomposition over training (Markov and
+hidden-Markov sources), the ground-truth lens, KL by position, KL against temperature and the scaling fit."""
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lab.runs import save_figure
+
+from experiments.kl.config import FIGURES
+
+
+def _decomposition_figure(checkpoints: list[dict[str, Any]], region: str, title: str, rate: float | None = None) -> Any:
+    """CE, H and KL over training, exact and sampled, averaged over one region's prefixes; the entropy rate
+    as a line where it is E[H_t] of that region (complete contexts)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    rows = [r[region] for r in checkpoints]
+    tokens = [r["tokens_seen"] for r in checkpoints]
+    figure = make_subplots(rows=1, cols=2, subplot_titles=("CE = H + KL (nats/token)", "KL(p ‖ P_θ) (nats/token)"))
+    for key, name, dash in (("cross_entropy_nats", "CE exact", None), ("entropy_nats", "H exact", "dot")):
+        figure.add_trace(go.Scatter(x=tokens, y=[r[key] for r in rows], name=name, mode="lines+markers",
+                                    line={"dash": dash}), row=1, col=1)
+    figure.add_trace(go.Scatter(x=tokens, y=[r["sampled_cross_entropy_nats"] for r in rows], name="CE sampled",
+                                mode="markers", marker={"symbol": "x"}), row=1, col=1)
+    figure.add_trace(go.Scatter(x=tokens, y=[r["kl_nats"] for r in rows], name="KL exact", mode="lines+markers"),
+                     row=1, col=2)
+    figure.add_trace(go.Scatter(x=tokens, y=[r["sampled_kl_nats"] for r in rows], name="KL sampled ± 1.96 SE",
+                                mode="markers", marker={"symbol": "x"},
+                                error_y={"type": "data", "array": [1.96 * r["sampled_kl_se"] for r in rows]}),
+                     row=1, col=2)
+    if rate is not None:
+        figure.add_hline(y=rate, line_dash="dash", row=1, col=1, annotation_text=f"entropy rate {rate:.4f}")
+    figure.update_xaxes(type="log", title_text="tokens seen")
+    figure.update_yaxes(type="log", row=1, col=2)
+    figure.update_layout(title=title)
+    return figure
+
+
+def write_figures(out: Path, results: dict[str, Any]) -> list[str]:
+    import plotly.graph_objects as go
+
+    rate = results["source"]["entropy_rate_nats"]
+    order = results["source"]["order"]
+    figures = {"kl_decomposition": _decomposition_figure(
+        results["checkpoints"], "complete", f"Markov source, complete contexts (prefix length ≥ {order}): exact and "
+                                            f"sampled, over training", rate)}
+
+    lens = results["lens"]
+    figures["lens"] = go.Figure(go.Scatter(x=[r["label"] for r in lens], y=[r["kl_nats"] for r in lens],
+                                           mode="lines+markers", name="KL(p ‖ P^(l))"))
+    figures["lens"].update_layout(title="Ground-truth lens: KL of each layer's logit-lens distribution to p "
+                                        "(complete contexts)",
+                                  xaxis_title="residual stream", yaxis_title="KL (nats/token)", yaxis_type="log")
+
+    position = results["kl_by_position"]
+    figures["kl_by_position"] = go.Figure([
+        go.Scatter(x=[r["prefix_length"] for r in position], y=[r["kl_nats"] for r in position], name="KL_t"),
+        go.Scatter(x=[r["prefix_length"] for r in position], y=[r["entropy_nats"] for r in position], name="H_t",
+                   yaxis="y2", line={"dash": "dot"})])
+    figures["kl_by_position"].update_layout(
+        title="KL and entropy by prefix length (final checkpoint)", xaxis_title="prefix length",
+        yaxis={"title": "KL (nats/token)"}, yaxis2={"title": "H (nats/token)", "overlaying": "y", "side": "right"})
+
+    temperature, best = results["temperature"], results["temperature_min"]
+    figures["temperature"] = go.Figure([
+        go.Scatter(x=[r["T"] for r in temperature], y=[r["kl_nats"] for r in temperature], mode="lines+markers",
+                   name="KL(p ‖ P_θ,T)"),
+        go.Scatter(x=[best["T"]], y=[best["kl_nats"]], mode="markers", marker={"size": 12, "symbol": "star"},
+                   name=f"minimum: T = {best['T']:.3f}, KL = {best['kl_nats']:.4f}")])
+    figures["temperature"].update_layout(title="KL to the truth against sampling temperature (complete contexts)",
+                                         xaxis_type="log",
+                                         xaxis_title="T", yaxis_title="KL (nats/token)")
+
+    scaling = results["scaling"]
+    n = [p["n_params"] for p in scaling["points"]]
+    curve_n = np.geomspace(min(n) / 2, max(n) * 4, 100)
+    low, high = scaling["E_ci95"]
+    figures["scaling"] = go.Figure([
+        go.Scatter(x=n, y=[p["loss_nats"] for p in scaling["points"]], mode="markers", name="held-out CE (exact)"),
+        go.Scatter(x=curve_n, y=scaling["E_nats"] + scaling["A"] * curve_n ** (-scaling["alpha"]), name=(
+            f"E + A·N^(−α): E = {scaling['E_nats']:.4f} [{low:.4f}, {high:.4f}], α = {scaling['alpha']:.3f}"))])
+    figures["scaling"].add_hrect(y0=low, y1=high, opacity=0.15, line_width=0, fillcolor="blue")
+    figures["scaling"].add_hline(y=scaling["true_entropy_nats"], line_dash="dot",
+                                 annotation_text=f"true entropy rate {scaling['true_entropy_nats']:.4f}")
+    figures["scaling"].add_hline(y=scaling["heldout_entropy_nats"], line_dash="dash", annotation_position="bottom right",
+                                 annotation_text=f"held-out entropy {scaling['heldout_entropy_nats']:.4f}")
+    figures["scaling"].update_layout(title=f"Loss against parameters at {scaling['tokens']:,} tokens", xaxis_type="log",
+                                     xaxis_title="parameters N", yaxis_title="nats/token")
+
+    hmm_rate = results["hmm_source"]["entropy_rate_estimate_nats"]
+    figures["hmm"] = _decomposition_figure(
+        results["hmm"], "all", f"Hidden-Markov source, every position (its entropy rate ≈ {hmm_rate:.3f} nats is a "
+                               f"limit the short prefixes do not reach): exact and sampled")
+    for name in FIGURES:
+        save_figure(figures[name], out, name)
+    return list(FIGURES)
