@@ -1,0 +1,117 @@
+"""Judging the signals on the test split: AUROC (overall, per error kind, and familywise), risk–coverage and AURC,
+and the abstention rules (conformal risk control, Learn then Test) calibrated on the calibration split, on one
+split and over re-draws of it."""
+
+import math
+from typing import Any
+
+import numpy as np
+
+from lab.analysis.monitor import RISK_SIGN
+from lab.metrics.calibration import auroc_ci
+from lab.metrics.selective import (aurc, crc_threshold, ltt_grid, ltt_threshold, optimal_aurc, risk_coverage,
+                                   selective_outcome)
+
+from experiments.monitor.config import ABSTENTION_SIGNAL, ERROR_KINDS, KINDS, Config
+
+
+# --------------------------------------------------------------------------------------------
+# Judging the signals
+# --------------------------------------------------------------------------------------------
+def judge(scores: dict[str, np.ndarray], false: np.ndarray, kinds: np.ndarray, split: np.ndarray, signs: dict[str, int],
+          cfg: Config, alphas: list[float] | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
+                                                                   list[dict[str, Any]]]:
+    """On the test split, per signal: AUROC (overall and per error kind), AURC; for each α (`alphas`, default
+    cfg.alphas), CRC's and LTT's thresholds from the calibration split applied to the test split. Returns (signals,
+    abstention, curve points)."""
+    test, calibration, fit = split == "test", split == "calibration", split == "fit"
+    rows, abstention, curves = [], [], []
+    level = familywise_level(len(scores) + len(KINDS))
+
+    def familywise(risk_: np.ndarray, false_: np.ndarray) -> dict[str, Any]:
+        return {"auroc_familywise_ci": auroc_ci(risk_, false_, n_boot=cfg.n_boot, level=level, seed=cfg.seed).interval,
+                "auroc_familywise_level": level}
+
+    for name, risk in scores.items():
+        s, e = risk[test], false[test]
+        row: dict[str, Any] = {"signal": name, "sign": signs[name], "a_priori_sign": RISK_SIGN[name],
+                               "n_test": int(test.sum())}
+        row |= auroc_ci(s, e, n_boot=cfg.n_boot, seed=cfg.seed).fields("auroc") | familywise(s, e)
+        row |= {"aurc": aurc(s, e), "aurc_optimal": optimal_aurc(e), "error_rate": float(e.mean())}
+        row["e_aurc"] = row["aurc"] - row["aurc_optimal"]
+        by_kind = {}
+        for kind in KINDS:
+            keep = test & ((kinds == kind) & false | ~false)  # this kind's false claims against every right one
+            if (kinds[test] == kind).any():
+                by_kind[kind] = {"error": ERROR_KINDS[kind], "n_false": int((keep & false).sum()),
+                                 **auroc_ci(risk[keep], false[keep], n_boot=cfg.n_boot, seed=cfg.seed).fields("auroc"),
+                                 **familywise(risk[keep], false[keep])}
+        row["by_kind"] = by_kind
+        rows.append(row)
+        curve = risk_coverage(s, e)
+        keep_points = np.unique(np.linspace(0, len(curve.coverage) - 1, min(200, len(curve.coverage))).astype(int))
+        curves += [{"signal": name, "threshold": float(curve.threshold[i]), "coverage": float(curve.coverage[i]),
+                    "risk": float(curve.risk[i])} for i in keep_points]
+        for alpha in cfg.alphas if alphas is None else alphas:
+            crc = crc_threshold(risk[calibration], false[calibration], alpha)
+            grid = ltt_grid(risk[fit], int(calibration.sum()), alpha, cfg.ltt_delta)
+            ltt = ltt_threshold(risk[calibration], false[calibration], alpha, cfg.ltt_delta, grid)
+            abstention.append({"signal": name, "alpha": alpha, "n_calibration": int(calibration.sum()),
+                               "crc": selective_outcome(s, e, crc),
+                               "ltt": selective_outcome(s, e, ltt.threshold) | {"delta": cfg.ltt_delta,
+                                                                                "n_certified": ltt.n_certified,
+                                                                                "n_grid": ltt.n_grid}})
+            if name == ABSTENTION_SIGNAL:
+                abstention[-1]["resplits"] = resplit(risk, false, split, alpha, cfg, risk[fit])
+    return rows, abstention, curves
+
+
+def resplit(risk: np.ndarray, false: np.ndarray, split: np.ndarray, alpha: float, cfg: Config,
+            reference: np.ndarray) -> dict[str, Any]:
+    """Both rules over `cfg.n_resplits` random re-draws of which calibration ∪ test subjects calibrate (as many as
+    the calibration split holds) and which are scored. CRC promises E[answered and false] ≤ α over the calibration
+    draw, so its check is the mean realised joint rate over re-draws (± 1.96 standard errors) — one split's
+    Wilson interval leaves out the calibration draw's own spread. LTT promises P(error rate among answered > α) ≤ δ
+    for the true rate: the share of re-draws whose realised rate exceeds α, beside δ (realised rates add the test
+    split's sampling noise)."""
+    pool = np.flatnonzero((split == "calibration") | (split == "test"))
+    n_cal = int((split == "calibration").sum())
+    rng = np.random.default_rng([cfg.seed, 41, round(alpha * 1e6)])
+    grid = ltt_grid(reference, n_cal, alpha, cfg.ltt_delta)
+    joint, coverage, selective, ltt_cover, ltt_risk = [], [], [], [], []
+    for _ in range(cfg.n_resplits):
+        order = rng.permutation(pool)
+        cal, test = order[:n_cal], order[n_cal:]
+        crc = selective_outcome(risk[test], false[test], crc_threshold(risk[cal], false[cal], alpha))
+        joint.append(crc["joint_risk"])
+        coverage.append(crc["coverage"])
+        if crc["selective_risk"] is not None:
+            selective.append(crc["selective_risk"])
+        ltt = ltt_threshold(risk[cal], false[cal], alpha, cfg.ltt_delta, grid)
+        outcome = selective_outcome(risk[test], false[test], ltt.threshold)
+        ltt_cover.append(outcome["coverage"])
+        if outcome["selective_risk"] is not None:
+            ltt_risk.append(outcome["selective_risk"])
+
+    def mean_ci(values: list[float]) -> tuple[float | None, list[float] | None]:
+        if not values:
+            return None, None
+        m, se = float(np.mean(values)), float(np.std(values, ddof=1) / math.sqrt(len(values))) if len(values) > 1 \
+            else 0.0
+        return m, [m - 1.96 * se, m + 1.96 * se]
+
+    out: dict[str, Any] = {"n_resplits": cfg.n_resplits, "n_calibration": n_cal, "n_test": len(pool) - n_cal}
+    for key, values in (("crc_joint_risk", joint), ("crc_coverage", coverage), ("crc_selective_risk", selective),
+                        ("ltt_coverage", ltt_cover), ("ltt_selective_risk", ltt_risk)):
+        out[key], out[f"{key}_ci95"] = mean_ci(values)
+    out["ltt_n_answering"] = len(ltt_risk)
+    # a draw that answers nothing takes no risk: it counts as keeping the promise
+    out["ltt_share_above_alpha"] = float(np.sum([r > alpha for r in ltt_risk]) / cfg.n_resplits)
+    return out
+
+
+def familywise_level(n_claims: int, alpha: float = 0.05) -> float:
+    """The confidence level at which `n_claims` intervals hold together with probability ≥ 1 − alpha (Bonferroni):
+    the run makes one separation claim per signal and one per error kind, and with a dozen 95% intervals one
+    would exclude ½ by chance about half the time."""
+    return 1 - alpha / n_claims

@@ -1,0 +1,223 @@
+"""`--model PATH --qa FILE`: the monitor on any local model with a question–answer CSV, the answers scored by exact
+match, the probe and P(IK) cross-fitted over folds of questions."""
+
+import csv
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from lab.analysis.monitor import RISK_SIGN, Monitor
+from lab.analysis.probes import cross_fit_probe
+from lab.metrics.selective import crc_min_calibration, ltt_min_answered
+from lab.model import HookedTransformer
+from lab.runs import save_table
+
+from experiments.monitor.config import ABSTENTION_SIGNAL, SPLITS, TRAINED, Config
+from experiments.monitor.figures import write_figures
+from experiments.monitor.judging import judge
+from experiments.monitor.signals import choose_signs, claim_risks, residuals, sampling_risks
+from experiments.monitor.summary import headlines
+
+
+# --------------------------------------------------------------------------------------------
+# Any local model on a question–answer CSV
+# --------------------------------------------------------------------------------------------
+def read_qa(path: str | Path) -> list[dict[str, str]]:
+    """question, answer rows; a header row naming those columns is skipped, blank rows too."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no question–answer file at {path}")
+    with path.open(newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f))
+    header = bool(rows) and [c.strip().lower() for c in rows[0]] == ["question", "answer"]
+    items = []
+    for number, row in enumerate(rows[header:], 1 + header):  # the file's own row numbers
+        if not any(cell.strip() for cell in row):
+            continue
+        if len(row) != 2 or not row[0].strip() or not row[1].strip():
+            raise ValueError(f"{path}, row {number}: expected 2 non-empty columns (question, answer), got {row!r}")
+        items.append({"question": row[0].strip(), "answer": row[1].strip()})
+    if not items:
+        raise ValueError(f"{path} holds no questions")
+    return items
+
+
+def qa_prompt(question: str) -> str:
+    return f"Question: {question}\nAnswer:"
+
+
+def normalise(text: str) -> str:
+    """Exact match up to case, surrounding spaces and full stops."""
+    return re.sub(r"\s+", " ", text).strip().strip(".").strip().lower()
+
+
+def qa_readouts(model: HookedTransformer, middle_hook: str, sequences: list[Tensor], prompt_lengths: list[int],
+                lengths: list[int], false: np.ndarray, cfg: Config) -> tuple[dict[str, Any], dict[str, str]]:
+    """The probe (`middle_hook`, every answer token, label: the answer is false) and P(IK) (the last block's residual
+    stream at the last prompt token, label: the answer is right — the calibration experiment's readout on a local
+    model), each cross-fitted over `cfg.qa_folds` folds of questions (`cross_fit_probe`, the same folds for both):
+    a question's score comes from the probe fitted on the other folds' questions. The activations are those the
+    monitor reads while decoding (the position that produced each answer token), from a forward pass over the
+    prompt and its answer. Returns ({"probe": per-question tensors of token values, "p_ik": values, "info": …},
+    {signal: why it is unavailable})."""
+    last_hook = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    probe_rows, pik_rows = [], []
+    for tokens, p, n in zip(sequences, prompt_lengths, lengths):
+        acts = residuals(model, tokens, [middle_hook, last_hook])
+        probe_rows.append(acts[middle_hook][0, p - 1:p - 1 + n])
+        pik_rows.append(acts[last_hook][0, p - 1])
+    questions = np.arange(len(sequences))
+    probe = cross_fit_probe(torch.cat(probe_rows), np.repeat(false, lengths), np.repeat(questions, lengths),
+                            cfg.qa_folds, seed=cfg.seed)
+    p_ik = cross_fit_probe(torch.stack(pik_rows), ~false, questions, cfg.qa_folds, seed=cfg.seed)
+    out: dict[str, Any] = {"info": {
+        "scheme": f"cross-fitted: the questions dealt into {cfg.qa_folds} folds (independently of their answers), each "
+                  "fold scored by the probe fitted on the other folds",
+        "folds": [f.tolist() for f in (probe.folds or p_ik.folds)],
+        "probe": {"hook": middle_hook, "position": "every answer token", "label": "the answer is false",
+                  "regularization": probe.regularization, "why_not": probe.why},
+        "p_ik": {"hook": last_hook, "position": "the last prompt token", "label": "the answer is right",
+                 "regularization": p_ik.regularization, "why_not": p_ik.why}}}
+    unavailable = {}
+    if probe.scores is None:
+        unavailable["probe"] = f"not enough data: {probe.why}"
+    else:
+        out["probe"] = list(torch.from_numpy(probe.scores).float().split(lengths))
+    if p_ik.scores is None:
+        unavailable["p_ik"] = f"not enough data: {p_ik.why}"
+    else:
+        out["p_ik"] = p_ik.scores
+    return out, unavailable
+
+
+def abstention_alphas(alphas: tuple[float, ...], n_calibration: int, n_test: int,
+                      delta: float) -> tuple[list[float], list[dict[str, Any]]]:
+    """The α at which both abstention rules can answer anything with `n_calibration` calibration prompts — CRC needs
+    n ≥ ⌈1/α⌉ − 1 (`crc_min_calibration`), LTT n ≥ ⌈ln δ / ln(1 − α)⌉ (`ltt_min_answered`) — and a test split to
+    score them on; the others with the reason in words."""
+    scored, skipped = [], []
+    for alpha in alphas:
+        need = {"conformal risk control": crc_min_calibration(alpha),
+                f"Learn then Test (δ = {delta:g})": ltt_min_answered(alpha, delta)}
+        short = [f"{rule} needs at least {n}" for rule, n in need.items() if n_calibration < n]
+        if short:
+            skipped.append({"alpha": alpha, "why_not": f"the calibration split holds {n_calibration} questions and "
+                                                       f"{' and '.join(short)} to answer anything at α = {alpha:g}"})
+        elif n_test == 0:
+            skipped.append({"alpha": alpha, "why_not": "the test split holds no questions"})
+        else:
+            scored.append(alpha)
+    return scored, skipped
+
+
+def run_qa(cfg: Config, out: Path) -> dict[str, Any]:
+    """The monitor's signals on a local model with a question–answer CSV, exact match against the answers."""
+    from experiments.calibration import encode, load_local_model
+
+    items = read_qa(cfg.qa)
+    model, tokenizer, route = load_local_model(cfg.model, cfg.hf_loader)
+    hooked = isinstance(model, HookedTransformer)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    n_ctx = getattr(model.cfg, "n_ctx", None)
+    timing: dict[str, float] = {}
+    began = time.perf_counter()
+    monitor = Monitor(model, attention=False)
+
+    def text_of(ids: list[int]) -> str:
+        return tokenizer.decode(ids) if hasattr(tokenizer, "decode") else ""
+
+    def answer_of(new: list[int]) -> tuple[str, int]:
+        """The answer: the continuation up to its first line break or end of text, and how many tokens made it."""
+        for k in range(1, len(new) + 1):
+            if (eos is not None and new[k - 1] == eos) or "\n" in text_of(new[:k]):
+                return text_of(new[:k - 1]).split("\n")[0], max(1, k - 1)
+        return text_of(new), len(new)
+
+    rows, series, lengths, prompts, sequences = [], {name: [] for name in monitor.token_signals}, [], [], []
+    for item in items:
+        ids = encode(tokenizer, qa_prompt(item["question"]))
+        budget = cfg.qa_max_new_tokens
+        if n_ctx is not None:
+            ids = ids[-(n_ctx - budget):]
+        tokens = torch.tensor([ids])
+        result = monitor.generate(tokens, budget, eos_token_id=eos)
+        new = result.new_tokens[0].tolist()
+        answer, length = answer_of(new)
+        rows.append({"question": item["question"], "answer": item["answer"], "generated": answer, "n_answer_tokens":
+                     length, "false": normalise(answer) != normalise(item["answer"])})
+        for name in monitor.token_signals:
+            series[name].append(result.signals[name][0, :length])
+        lengths.append(length)
+        prompts.append(tokens)
+        sequences.append(result.tokens[:, :len(ids) + length])
+    timing["monitored_generation_s"] = time.perf_counter() - began
+    frame = pd.DataFrame(rows)
+    false = frame["false"].to_numpy()
+    cuts = np.cumsum(cfg.split_fractions)[:-1]
+    split = np.array(SPLITS)[np.searchsorted(cuts, np.random.default_rng([cfg.seed, 23]).random(len(frame)),
+                                             side="right")]
+    frame["split"] = split
+    unavailable = dict(monitor.unavailable) | {"subject_attention": "a question has no marked subject"}
+
+    # k answers per question at T = 1, each cut like the greedy one and compared after exact match's normalisation
+    began = time.perf_counter()
+    values = sampling_risks(model, prompts, [normalise(a) for a in frame["generated"]],
+                            lambda ids: normalise(answer_of(ids)[0]), cfg.k_samples, cfg.qa_max_new_tokens,
+                            cfg.seed + 31, eos)
+    timing["sampling_s"] = time.perf_counter() - began
+
+    readout_info: dict[str, Any] = {}
+    if hooked:
+        began = time.perf_counter()
+        fitted, missing = qa_readouts(model, monitor.middle_hook, sequences, [p.shape[1] for p in prompts], lengths,
+                                      false, cfg)
+        timing["readouts_s"] = time.perf_counter() - began
+        readout_info = fitted["info"]
+        unavailable = {k: v for k, v in unavailable.items() if k not in TRAINED} | missing
+        if "probe" in fitted:
+            series["probe"] = fitted["probe"]
+        if "p_ik" in fitted:
+            values["p_ik"] = fitted["p_ik"]
+
+    width = max(lengths)
+    padded = {name: torch.stack([torch.nn.functional.pad(t, (0, width - len(t))) for t in ts])
+              for name, ts in series.items()}
+    length_tensor = torch.tensor(lengths)
+    signs = choose_signs(claim_risks(padded, values, length_tensor, RISK_SIGN), false, split == "fit")
+    risks = claim_risks(padded, values, length_tensor, signs)
+    for name, value in risks.items():
+        frame[f"risk_{name}"] = value
+    kinds = np.array(["qa"] * len(frame))
+    alphas, skipped = abstention_alphas(cfg.alphas, int((split == "calibration").sum()), int((split == "test").sum()),
+                                        cfg.ltt_delta)
+    rows_out, abstention, curves = judge(risks, false, kinds, split, signs, cfg, alphas=alphas)
+    for row in rows_out:
+        row["by_kind"] = {}
+    results: dict[str, Any] = {
+        "source": {"model": str(cfg.model), "route": route, "qa": str(cfg.qa), "n_items": len(items),
+                   "prompt_example": qa_prompt(items[0]["question"]), "hooked": hooked,
+                   "scoring": "exact match of the continuation up to its first line break, case, surrounding spaces "
+                              "and full stops aside",
+                   "n_by_split": {s: int((split == s).sum()) for s in SPLITS},
+                   "split": "questions drawn into fit / calibration / test, disjoint; fit chooses the signs of the "
+                            "untrained signals and LTT's grid, calibration the thresholds, test reports; the probe "
+                            "and P(IK) are cross-fitted over folds of all the questions"},
+        "answers": {"qa": {"n": len(frame), "false_rate": float(false.mean())}},
+        "readouts": readout_info,
+        "k_samples": cfg.k_samples,
+        "unavailable": unavailable,
+        "signals": rows_out, "abstention": abstention, "abstention_unavailable": skipped,
+        "abstention_signal": ABSTENTION_SIGNAL, "alphas": list(cfg.alphas),
+    }
+    results["headlines"] = headlines(results)
+    results["timing"] = timing
+    save_table(frame, out, "prompts")
+    save_table(curves, out, "curves")
+    write_figures(out, results, curves)
+    return results

@@ -1,0 +1,50 @@
+"""The probe's and P(IK)'s weights in the run folder (readouts.safetensors), which the dashboard generates with."""
+
+from pathlib import Path
+
+import torch
+
+from lab.analysis.monitor import LinearReadout
+from lab.files import atomic_write
+
+from experiments.monitor.config import READOUT_FILE
+
+
+# --------------------------------------------------------------------------------------------
+# The readouts, saved and loaded
+# --------------------------------------------------------------------------------------------
+def save_readouts(out: Path, probe: LinearReadout | None, p_ik: LinearReadout | None, signs: dict[str, int]) -> None:
+    """The probe's and P(IK)'s weights (safetensors), their hooks, biases, positions and the signs (metadata)."""
+    import json
+
+    from safetensors.torch import save_file
+
+    tensors, meta = {}, {"signs": json.dumps(signs)}
+    for name, readout in (("probe", probe), ("p_ik", p_ik)):
+        if readout is not None:
+            tensors[name] = readout.weight.contiguous()
+            meta[name] = json.dumps({"hook": readout.hook, "bias": readout.bias, "position": readout.position})
+    if not tensors:
+        tensors["none"] = torch.zeros(0)
+    atomic_write(out / READOUT_FILE, lambda path: save_file(tensors, str(path), metadata=meta))
+
+
+def load_readouts(folder: Path) -> tuple[LinearReadout | None, LinearReadout | None, dict[str, int]]:
+    """What `save_readouts` wrote: (probe, p_ik, signs)."""
+    import json
+
+    from safetensors import safe_open
+
+    path = Path(folder) / READOUT_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"no {READOUT_FILE} in {folder}: run `forma run monitor` to make one")
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+        readouts = []
+        for name in ("probe", "p_ik"):
+            if name in meta:
+                info = json.loads(meta[name])
+                readouts.append(LinearReadout(info["hook"], f.get_tensor(name), float(info["bias"]), info["position"]))
+            else:
+                readouts.append(None)
+    return readouts[0], readouts[1], json.loads(meta.get("signs", "{}"))
