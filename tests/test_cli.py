@@ -69,8 +69,8 @@ def test_a_failing_demo_job_is_reported_and_the_dashboard_keeps_serving(tmp_path
     monkeypatch.setattr("lab.zoo.is_trained", lambda name: True)
     monkeypatch.setattr(experiments, "experiment_names", lambda: ["no-such-experiment"])
     served = []  # a stand-in server: it "serves" until it ends by itself
-    monkeypatch.setattr("lab.cli.dashboard_command", lambda port: [sys.executable, "-c", "pass"])
-    monkeypatch.setattr("lab.cli.wait_until_serving", lambda url, process, timeout_s: served.append(url))
+    monkeypatch.setattr("lab.cli.demo.dashboard_command", lambda port: [sys.executable, "-c", "pass"])
+    monkeypatch.setattr("lab.cli.demo.wait_until_serving", lambda url, process, timeout_s: served.append(url))
     assert main(["demo", "--port", "8765"]) == 1
     captured = capsys.readouterr()
     assert served == ["http://127.0.0.1:8765"]

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from lab import HookedTransformer
-from lab.analysis import activations as activations_module
+from lab.analysis.activations import store as activations_store
 from lab.analysis.activations import ActivationStore, save_activations
 from lab.analysis.probes import fit_probe, fit_probes
 from tests.conftest import VOCAB, tiny_config
@@ -67,7 +67,7 @@ def test_a_harvest_runs_no_block_after_its_hooks_layer(deep, data, tmp_path):
 # --- bounded memory -------------------------------------------------------------------------------
 def test_the_writer_holds_one_shard_buffer_and_no_earlier_batch(deep, data, tmp_path, monkeypatch):
     seen_buffers, earlier = set(), []
-    add = activations_module._ShardWriter.add
+    add = activations_store._ShardWriter.add
 
     def watched(writer, part, end):  # reference counting frees a batch as soon as nothing holds it
         assert all(ref() is None for ref in earlier), "an earlier batch's activations are still alive"
@@ -76,7 +76,7 @@ def test_the_writer_holds_one_shard_buffer_and_no_earlier_batch(deep, data, tmp_
         seen_buffers.add(tuple(b.data_ptr() for b in writer.buffers.values()))
         assert sum(b.numel() * b.element_size() for b in writer.buffers.values()) <= writer.limit
 
-    monkeypatch.setattr(activations_module._ShardWriter, "add", watched)
+    monkeypatch.setattr(activations_store._ShardWriter, "add", watched)
     store = save_activations(deep, data, HOOK, tmp_path / "z", **HARVEST)
     assert len(store.index["shards"]) >= 3
     assert len(seen_buffers) == 1  # one buffer, allocated once and refilled for every shard

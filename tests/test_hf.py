@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from lab import HookedTransformer
-from lab.hf import UnsupportedArchitecture, from_hf, load_hf, to_hf
+from lab.hf import UnsupportedArchitecture, from_hf, hf_model_type, load_hf, to_hf
 from tests.conftest import hf_gpt2, hf_llama, tiny_config, word_tokenizer
 
 
@@ -47,6 +47,18 @@ def test_load_hf_reads_a_local_folder(tmp_path, tokens):
     with torch.no_grad():
         assert (model(tokens) - hf(tokens).logits).abs().max() <= 1e-4
     assert torch.equal(HookedTransformer.from_pretrained(tmp_path)(tokens), model(tokens))
+
+
+def test_hf_model_type_names_a_hugging_face_folder_and_nothing_else(tmp_path):
+    """The architecture a save_pretrained folder records, read without transformers; None for a Forma model
+    folder (its config.json names no model_type), a folder without config.json, and an unreadable one."""
+    hf_llama().save_pretrained(tmp_path / "hf")
+    HookedTransformer(tiny_config()).save(tmp_path / "forma")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{not json")
+    (tmp_path / "empty").mkdir()
+    assert hf_model_type(tmp_path / "hf") == "llama"
+    assert [hf_model_type(tmp_path / name) for name in ("forma", "broken", "empty", "absent")] == [None] * 4
 
 
 def test_unsupported_architecture_points_to_the_bridge():

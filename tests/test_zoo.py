@@ -10,7 +10,7 @@ import torch
 
 import lab.zoo as zoo
 from lab import HookedTransformer
-from lab.zoo import build, load_recipe, ngram_perplexities, zoo_names
+from lab.zoo import build, building, builds, cards, load_recipe, ngram_perplexities, zoo_names
 
 
 def test_the_zoo_has_the_three_recipes():
@@ -187,7 +187,7 @@ def interrupted_build(name: str, after: int = 2) -> None:
         raise lab.train.TrainingInterrupted(signal.SIGINT, after)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(zoo, "train", stop)  # where the build looks it up
+        patch.setattr(building, "train", stop)  # where the build looks it up
         with pytest.raises(lab.train.TrainingInterrupted):
             build(name, progress=False)
 
@@ -280,13 +280,13 @@ def test_a_crash_at_any_step_of_publishing_shows_the_old_model_or_the_new_one(zo
             for op in ("replace", "symlink", "link", "unlink"):
                 patch.setattr(os, op, counted(getattr(os, op)))
             try:
-                zoo._publish(directory, staging)
+                builds._publish(directory, staging)
                 finished = True
             except Crash:
                 finished = False
         seen = {name: (directory / name).read_bytes() for name in names}
         assert seen in ({n: old[n] for n in names}, {n: new[n] for n in names}), crash_at
-        zoo._publish(directory, staging)  # the next build's publish finishes what a crash cut short
+        builds._publish(directory, staging)  # the next build's publish finishes what a crash cut short
         assert published_bytes(directory) == new
         if finished:
             break
@@ -334,7 +334,7 @@ def test_a_second_build_of_the_same_model_at_once_is_refused(zoo_dir):
 
 # --- held-out splits disjoint from training, for every world ---------------------------------
 def _disjoint_source(data, recipe):
-    assert zoo._identical_rows(data.train, data.val) == 0
+    assert cards._identical_rows(data.train, data.val) == 0
     n = len(data.val)
     assert not torch.equal(data.val, data.train[-n:]) and not torch.equal(data.val, data.train[:n])
 

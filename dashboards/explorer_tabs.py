@@ -1,0 +1,327 @@
+"""The explorer's views (dashboards/explorer.py is the page): each tab's drawing — attention, residual norms,
+the logit lens, the ground-truth lens, direct logit attribution, activation patching, head detectors — and the
+trust report beside them, each calling the library function it shows; and the prompt helpers they share
+(token ids from a prompt and back, sliders over layers, heads and positions)."""
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import plotly.express as px
+import plotly.graph_objects as go
+import streamlit as st
+import torch
+from plotly.subplots import make_subplots
+
+
+@dataclass
+class Opened:
+    """A model the explorer reads, and how it was read."""
+
+    model: Any  # a HookedTransformer, or a TransformerLens TransformerBridge
+    route: str  # in words: a zoo model, a Forma folder, a converted HF folder, or the bridge
+    forma: bool  # a HookedTransformer: every view; a bridge: the views that read hooks only
+    folder: Path | None  # where it was read from (a zoo model's folder, or the local folder)
+
+
+def pick(label: str, n: int, default: int, key: str) -> int:
+    """A slider over 0 … n − 1; with one choice there is nothing to slide (Streamlit refuses min = max)."""
+    if n == 1:
+        st.caption(f"{label}: 0 (the only one)")
+        return 0
+    return st.slider(label, 0, n - 1, default, key=key)
+
+
+def to_ids(model, text: str) -> torch.Tensor:
+    """[1, pos] token ids of `text`: through the model's tokenizer, or space-separated ids when it has none; a
+    ValueError that says what is wrong with the prompt."""
+    if model.tokenizer is None:
+        try:
+            tokens = torch.tensor([[int(t) for t in text.split()]], dtype=torch.long)
+        except ValueError as err:
+            raise ValueError(f"this model reads space-separated token ids ({err})") from err
+    elif hasattr(model, "check_tokens"):
+        tokens = model.to_tokens(text)
+    else:  # a bridge: the text as its tokenizer encodes it, with no BOS added (as Forma encodes a prompt)
+        tokens = model.to_tokens(text, prepend_bos=False)
+    if hasattr(model, "check_tokens"):
+        return model.check_tokens(tokens)
+    if not 0 < tokens.shape[1] <= model.cfg.n_ctx:  # a bridge checks nothing itself
+        raise ValueError(f"the prompt is {tokens.shape[1]} tokens; this model reads 1 to {model.cfg.n_ctx}")
+    return tokens
+
+
+def encode(model, text: str) -> torch.Tensor | None:
+    """The prompt's token ids, or None after a message saying why it cannot be used."""
+    try:
+        return to_ids(model, text)
+    except ValueError as err:
+        st.error(f"Cannot use this prompt: {err}")
+        return None
+
+
+def text_of(model, tokens: torch.Tensor) -> str:
+    """[1, pos] ids as the text a prompt box holds (special tokens written out, so that the text encodes back)."""
+    ids = tokens[0].tolist()
+    if model.tokenizer is None:
+        return " ".join(str(i) for i in ids)
+    return model.tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def token_labels(model, tokens: torch.Tensor) -> list[str]:
+    ids = tokens[0].tolist()
+    words = [str(i) for i in ids] if model.tokenizer is None else [model.to_string([i]) for i in ids]
+    return [f"{p}:{w!r}"[:24] for p, w in enumerate(words)]
+
+
+def word_of(model):
+    return (lambda i: str(i)) if model.tokenizer is None else (lambda i: repr(model.to_string([i])))
+
+
+def show_attention(model, tokens, labels) -> None:
+    layer = pick("Layer", model.cfg.n_layers, 0, key="attn_layer")
+    head = pick("Head", model.cfg.n_heads, 0, key="attn_head")
+    with torch.inference_mode():
+        _, cache = model.run_with_cache(tokens, names_filter=f"blocks.{layer}.attn.hook_pattern")
+    pattern = cache[f"blocks.{layer}.attn.hook_pattern"][0, head].numpy()
+    fig = go.Figure(go.Heatmap(z=pattern, x=labels, y=labels, colorscale="Blues", zmin=0, zmax=1,
+                               hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.3f}<extra></extra>"))
+    fig.update_layout(title=f"Attention pattern, layer {layer} head {head}", yaxis_autorange="reversed",
+                      xaxis_title="key", yaxis_title="query", height=600)
+    st.plotly_chart(fig, key="attention")
+
+
+def show_residual_norms(model, tokens, labels) -> None:
+    from lab.analysis.lens import residual_norms
+
+    norms = residual_norms(model, tokens)[:, 0]  # [layer + 1, pos]
+    rows = [{"layer": l, "position": labels[p], "norm": float(norms[l, p])}
+            for l in range(norms.shape[0]) for p in range(norms.shape[1])]
+    fig = px.line(rows, x="layer", y="norm", color="position", markers=True,
+                  title="‖residual stream‖₂ entering each layer (last point: after the final block)")
+    st.plotly_chart(fig, key="norms")
+
+
+def show_logit_lens(model, tokens, labels) -> None:
+    from lab.analysis.lens import logit_lens
+
+    log_probs = logit_lens(model, tokens)[:, 0]  # [layer + 1, pos, vocab]
+    top_p, top_id = log_probs.exp().max(dim=-1)
+    names = ([str(i) for i in range(model.cfg.d_vocab)] if model.tokenizer is None else None)
+
+    def word(i: int) -> str:
+        return names[i] if names else repr(model.to_string([i]))
+
+    text = [[word(int(top_id[l, p])) for p in range(top_id.shape[1])] for l in range(top_id.shape[0])]
+    layers = [f"resid_pre {l}" for l in range(model.cfg.n_layers)] + ["final"]
+    fig = go.Figure(go.Heatmap(z=top_p.numpy(), x=labels, y=layers, text=text, texttemplate="%{text}",
+                               colorscale="Viridis", zmin=0, zmax=1,
+                               hovertemplate="%{y} at %{x}<br>top token %{text}<br>p = %{z:.3f}<extra></extra>"))
+    fig.update_layout(title="Logit lens: the top next token and its probability at each layer and position",
+                      height=150 + 40 * len(layers))
+    st.plotly_chart(fig, key="lens")
+
+
+def show_attribution(model, tokens, labels) -> None:
+    from lab.analysis.lens import direct_logit_attribution
+
+    if model.cfg.block == "post_ln":
+        st.info("Direct logit attribution needs a pre-LN or parallel model.")
+        return
+    position = pick("Position", tokens.shape[1], tokens.shape[1] - 1, key="dla_pos")
+    with torch.inference_mode():
+        predicted = int(model(tokens)[0, position].argmax())
+    default = predicted if model.tokenizer is None else model.to_string([predicted])
+    target_text = st.text_input("Target token (default: the model's top prediction)", value=str(default), key="dla_target")
+    try:
+        target = int(target_text) if model.tokenizer is None else model.to_single_token(target_text)
+        attribution = direct_logit_attribution(model, tokens[0], target, position)
+    except ValueError as err:
+        st.error(f"{err}")
+        return
+    fig = px.bar(x=attribution.labels, y=attribution.values.numpy(), labels={"x": "component", "y": "logit contribution"},
+                 title=f"Direct logit attribution of {target_text!r} at {labels[position]} (sum = logit {attribution.logit:.3f})")
+    st.plotly_chart(fig, key="dla")
+
+
+def default_corruption(model, tokens) -> str | None:
+    """The corrupted prompt the patching tab starts from: the first one-token substitution that changes the
+    model's prediction (lab.analysis.counterfactual.corruptions, a fixed order) and whose text encodes back to
+    the same ids; None when there is none."""
+    from lab.analysis.counterfactual import corruptions
+
+    for corrupted in corruptions(model, tokens):
+        text = text_of(model, corrupted)
+        try:
+            if torch.equal(to_ids(model, text), corrupted):
+                return text
+        except ValueError:
+            continue
+    return None
+
+
+def show_patching(model, tokens, labels) -> None:
+    """Activation patching (lab.analysis.patching): clean prompt → corrupted prompt, one (layer, position) of a
+    component, or one head's output, at a time; the share of the clean logit difference each restores."""
+    from lab.analysis.patching import patch_heads, patch_positions
+
+    prompt = st.session_state.get("prompt", "")
+    if st.session_state.get("corrupted_for") != prompt:  # a new clean prompt: a new default corruption
+        st.session_state.pop("corrupted", None)
+        st.session_state.pop("corruption_found", None)
+        st.session_state["corrupted_for"] = prompt
+    if "corrupted" not in st.session_state:
+        found = default_corruption(model, tokens)
+        st.session_state["corrupted"] = text_of(model, tokens) if found is None else found
+        st.session_state["corruption_found"] = found is not None
+    if not st.session_state.get("corruption_found", True):
+        st.info("No one-token change of this prompt (among the 32 tokens the model finds likeliest at each position, "
+                "written as text that reads back as the same tokens) changes the model's prediction; write a "
+                "corrupted prompt that does, or try another prompt.")
+    corrupted_text = st.text_input("Corrupted prompt (same number of tokens; by default one token of the clean "
+                                   "prompt swapped for one the model finds likely there, so that its prediction "
+                                   "changes)", key="corrupted")
+    corrupted = encode(model, corrupted_text)
+    if corrupted is None:
+        return
+    if corrupted.shape != tokens.shape:
+        st.warning(f"The corrupted prompt has {corrupted.shape[1]} tokens and the clean one {tokens.shape[1]}: "
+                   "patching needs the same length.")
+        return
+    with torch.inference_mode():
+        answer = int(model(tokens)[0, -1].argmax())
+        wrong = int(model(corrupted)[0, -1].argmax())
+    if answer == wrong:
+        st.info("Both prompts predict the same next token, so there is no logit difference to restore; "
+                "change the corrupted prompt.")
+        return
+    word = word_of(model)
+    st.markdown(f"The clean prompt predicts {word(answer)}, the corrupted one {word(wrong)}: each cell is the share "
+                f"of logit({word(answer)}) − logit({word(wrong)}) that patching its clean value into the corrupted "
+                "run restores (1: all of it, 0: none).")
+    component = st.selectbox("Component", ["resid_pre", "attn_out", "mlp_out", "resid_post"], key="patch_component")
+    result = patch_positions(model, tokens, corrupted, component, answer=answer, wrong=wrong)
+    restored = result.normalized().numpy()
+    layers = [f"layer {l}" for l in range(restored.shape[0])]
+    fig = go.Figure(go.Heatmap(z=restored, x=labels, y=layers, colorscale="RdBu", zmid=0,
+                               hovertemplate="%{y} at %{x}<br>restored %{z:.3f}<extra></extra>"))
+    fig.update_layout(title=f"Share of logit({word(answer)}) − logit({word(wrong)}) restored by patching {component} "
+                            f"(clean {result.clean:.3f}, corrupted {result.corrupted:.3f})",
+                      xaxis_title="position", height=200 + 40 * restored.shape[0])
+    st.plotly_chart(fig, key="patching")
+    by_head = patch_heads(model, tokens, corrupted, answer=answer, wrong=wrong)
+    restored = by_head.normalized().numpy()
+    fig = go.Figure(go.Heatmap(z=restored, x=[f"head {h}" for h in by_head.cells], y=layers, colorscale="RdBu",
+                               zmid=0, hovertemplate="%{y} %{x}<br>restored %{z:.3f}<extra></extra>"))
+    fig.update_layout(title=f"Share restored by patching one head's output z at every position "
+                            f"(logit({word(answer)}) − logit({word(wrong)}))",
+                      xaxis_title="head", height=200 + 40 * restored.shape[0])
+    st.plotly_chart(fig, key="patching_heads")
+
+
+HEAD_TITLES = {"previous_token": "previous token", "duplicate_token": "duplicate token", "induction": "induction"}
+
+
+def show_head_detectors(model) -> None:
+    """lab.analysis.heads.detect_heads: each head's previous-token, duplicate-token and induction score on
+    repeated random sequences."""
+    from lab.analysis.heads import detect_heads
+
+    if model.cfg.n_ctx < 4:
+        st.info(f"A context of {model.cfg.n_ctx} tokens is too short for a repeated sequence.")
+        return
+    scores = detect_heads(model)
+    length = scores.tokens.shape[1] // 2
+    st.markdown(f"Scores on {scores.tokens.shape[0]} random sequences of {length} tokens, each repeated once "
+                "(seed 0). A head's score is the share of its attention on the keys of its kind, averaged over the "
+                "queries that have one: the previous token; an earlier copy of the same token (duplicate); the "
+                "token after an earlier copy (induction, which predicts the repeat). 1: all of it, 0: none.")
+    fig = make_subplots(rows=1, cols=3, subplot_titles=list(HEAD_TITLES.values()), shared_yaxes=True)
+    heads = [f"head {h}" for h in range(model.cfg.n_heads)]
+    layers = [f"layer {l}" for l in range(model.cfg.n_layers)]
+    for column, kind in enumerate(HEAD_TITLES, start=1):
+        fig.add_trace(go.Heatmap(z=getattr(scores, kind).numpy(), x=heads, y=layers, zmin=0, zmax=1,
+                                 colorscale="Viridis", showscale=column == 3, name=HEAD_TITLES[kind],
+                                 hovertemplate=f"{HEAD_TITLES[kind]}<br>%{{y}} %{{x}}<br>score %{{z:.3f}}<extra></extra>"),
+                      row=1, col=column)
+    fig.update_layout(title="Head detectors: previous-token, duplicate-token and induction scores per head",
+                      height=220 + 40 * model.cfg.n_layers)
+    st.plotly_chart(fig, key="heads")
+
+
+def show_ground_truth_lens(opened: Opened, tokens, labels) -> None:
+    """lab.analysis.lens.ground_truth_lens on a model trained on a source world (its folder's world.json): each
+    layer's logit lens beside the true next-token law, and KL(p ‖ P^(l)) per layer."""
+    from lab.analysis.lens import ground_truth_lens
+    from lab.zoo import world_source
+
+    model = opened.model
+    try:
+        source = world_source(opened.folder) if opened.folder is not None else None
+    except ValueError as err:
+        st.warning(f"{err}")
+        return
+    if source is None:
+        st.info("The ground-truth lens needs a model trained on a world whose next-token law is known (the zoo's "
+                "Markov and hidden-Markov worlds: `forma train markov`); this one's folder records none.")
+        return
+    if source.vocab_size != model.cfg.d_vocab:
+        st.warning(f"The world's {source.vocab_size} symbols are not this model's {model.cfg.d_vocab} tokens.")
+        return
+    lens = ground_truth_lens(model, tokens, source.conditionals(tokens.cpu().numpy()))
+    position = pick("Position (the law of the token after it)", tokens.shape[1], tokens.shape[1] - 1, key="truth_pos")
+    kl_here = lens.kl_nats[:, 0, position].numpy()
+    kl_mean = lens.kl_nats[:, 0].mean(dim=-1).numpy()
+    st.markdown(f"At {labels[position]}, the model's output is {kl_here[-1]:.3g} nats from the true law "
+                f"(KL(p ‖ P)); the lens at the first layer's input is {kl_here[0]:.3g} nats from it.")
+    rows = [{"layer": label, "KL(p ‖ lens) (nats)": float(value), "where": where}
+            for where, values in ((f"at {labels[position]}", kl_here), ("mean over the prompt", kl_mean))
+            for label, value in zip(lens.labels, values)]
+    fig = px.line(rows, x="layer", y="KL(p ‖ lens) (nats)", color="where", markers=True,
+                  title="KL(p ‖ P^(l)): how far each layer's logit lens is from the true next-token law")
+    st.plotly_chart(fig, key="truth_kl")
+    probs = torch.cat([lens.p[0, position][None], lens.log_probs[:, 0, position].exp()]).numpy()
+    symbols = [str(i) for i in range(model.cfg.d_vocab)]
+    fig = go.Figure(go.Heatmap(z=probs, x=symbols, y=["true p"] + lens.labels, colorscale="Viridis", zmin=0,
+                               hovertemplate="%{y}<br>next token %{x}<br>p = %{z:.3f}<extra></extra>"))
+    fig.update_layout(title=f"The true law of the next token after {labels[position]} (top row) beside the logit "
+                            "lens at each layer", yaxis_autorange="reversed", xaxis_title="next token",
+                      height=200 + 40 * len(lens.labels))
+    st.plotly_chart(fig, key="truth_lens")
+
+
+def show_trust(opened: Opened, name: str) -> None:
+    """The model's trust report (lab.trust): its trust.json (`forma trust NAME`) if one was written, or the checks
+    run here on request."""
+    from lab.trust import summary_lines, trust_report
+
+    st.markdown("**Trust report**")
+    if not opened.forma:
+        st.info("The trust checks compare Forma's own computations with each other and with Hugging Face; a "
+                "model read through the bridge is TransformerLens's, and is not checked.")
+        return
+    path = opened.folder / "trust.json" if opened.folder is not None else None
+    report = None
+    if path is not None and path.is_file():
+        from lab.runs import read_json
+
+        try:
+            report = read_json(path)
+            st.caption(f"From `{path}`")
+        except ValueError as err:
+            st.warning(f"{err}; run `forma trust {name}` again.")
+    if report is None and "trust_checked" in st.session_state:  # checked here (forgotten with the model)
+        report = st.session_state["trust_checked"]
+        st.caption(f"Checked here; `forma trust {name}` writes it beside the model.")
+    if report is None:
+        st.info(f"No trust report yet: run `forma trust {name}`, or check it here.")
+        if st.button("Run the trust checks", key="trust_button"):
+            with st.spinner("Checking…"):
+                st.session_state["trust_checked"] = trust_report(opened.model)
+            st.rerun()
+        return
+    try:
+        st.code("\n".join(summary_lines(report)), language=None)
+    except (KeyError, TypeError, AttributeError) as err:
+        st.warning(f"{path} is not a trust report this page reads ({type(err).__name__}: {err}); "
+                   f"run `forma trust {name}` again.")

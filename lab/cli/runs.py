@@ -1,0 +1,76 @@
+"""The commands about runs and the documents' numbers: `forma run` (an experiment into its run folder) and
+`forma cards` (reference cards and runs recorded into docs/measured/, every marked number rewritten)."""
+
+import argparse
+import sys
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run an experiment and write config.json, provenance.json, figures and results.json into its run folder."""
+    import dataclasses
+    from pathlib import Path
+
+    import experiments
+    from lab.progress import PROGRESS_FILE, recording
+    from lab.runs import run_and_record
+
+    module = experiments.load(args.name)
+    fields = {f.name for f in dataclasses.fields(module.Config)}
+    given = {"seed": args.seed, "quick": args.quick, "model": args.model, "mmlu": args.mmlu, "qa": args.qa,
+             "workers": args.workers}
+    unsupported = [k for k, v in given.items() if v not in (None, False) and k not in fields]
+    if unsupported:
+        raise ValueError(f"experiment {args.name!r} takes no --{unsupported[0]}")
+    cfg = module.Config(**{k: v for k, v in given.items() if k in fields and v is not None})
+    job = f"forma run {args.name}{' --quick' if args.quick else ''}"
+
+    def run_with_progress(config: object, folder: Path) -> dict:
+        # The experiment's own trainings show no bar; the job's line (stderr) and its progress file (which
+        # the dashboard and `forma demo` read) say which stage it is in, and how far.
+        with recording(folder / PROGRESS_FILE, job, echo=True):
+            return module.run(config, folder)
+
+    folder = run_and_record(args.name, cfg, run_with_progress, out=args.out, seed=getattr(cfg, "seed", None))
+    (folder / PROGRESS_FILE).unlink(missing_ok=True)  # results.json is there now: the run's state is in it
+    print(f"results in {folder}")
+    return 0
+
+
+def cmd_cards(args: argparse.Namespace) -> int:
+    """Record reference measurements into docs/measured/ and rewrite every marked number of README.md,
+    models/*/MODEL.md and docs/*.md from the file it cites.
+
+    --model NAME copies models/NAME/card.json (a default-recipe card: `forma train NAME`) to
+    docs/measured/cards/NAME.json; --run copies a finished default-profile run's results.json and
+    provenance.json to docs/measured/runs/. Quick cards, quick runs and unfinished runs are refused.
+    A number is written <!-- measured FILE FIELD FORMAT -->0.065<!-- /measured --> (lab/measured.py).
+    Exit 1 when a document still has a problem: a marker whose file or field is missing, or a bare
+    measured-looking number in a "Measured" section or a README/MODEL.md table."""
+    from pathlib import Path
+
+    from lab.measured import REPO, check_document, documents, record_card, record_run, rewrite_document
+    from lab.runs import latest_run
+    from lab.folders import zoo_dir
+
+    if args.check and (args.model or args.run):
+        raise ValueError("--check records nothing: give it without --model and --run")
+    for name in args.model:
+        print(f"recorded {record_card(zoo_dir() / name).relative_to(REPO)}")
+    for given in args.run:
+        folder = Path(given)
+        if not folder.is_dir():
+            folder = latest_run(given)
+            if folder is None:
+                raise FileNotFoundError(f"--run {given}: not a run folder, and no finished run of an experiment "
+                                        f"of that name")
+        print(f"recorded {record_run(folder).relative_to(REPO)} (from {folder})")
+    problems = []
+    for document in documents():
+        if not args.check and rewrite_document(document):
+            print(f"rewrote {document.relative_to(REPO)}")
+        problems += check_document(document)
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    if not problems:
+        print(f"every marked number of {len(documents())} documents matches its file")
+    return 1 if problems else 0

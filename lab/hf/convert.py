@@ -1,0 +1,143 @@
+"""The conversion itself: `FAMILIES` (each family's config, tensors, module names and exporter), `from_hf`
+(an HF causal LM's weights into a HookedTransformer, checked against its config first, converted part by part
+into a model built on the meta device, `empty_model`) and `to_hf` (the inverse). Both are exact: logits agree
+to float32 round-off (tested, per family and direction)."""
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lab.hf.family import Family, Reader, UnsupportedArchitecture, _unsupported
+from lab.hf.folder import _describe_problems, _quiet_transformers
+from lab.hf.forma_to_hf import _forma_to_gpt2, _forma_to_llama_like, _forma_to_neox, export_family
+from lab.hf.hf_to_forma import (_gpt2_config, _gpt2_layer, _gpt2_outer, _llama_config, _llama_layer, _llama_outer,
+                                _mistral_config, _neox_config, _neox_layer, _neox_outer, _qwen2_config)
+from lab.model import HookedTransformer, ModelConfig
+from lab.model.components import Rotary, SinusoidalPositions
+from lab.model.offload import read_weight
+
+FAMILIES: dict[str, Family] = {
+    "gpt2": Family(_gpt2_config, _gpt2_outer, _gpt2_layer, {
+        "embed": "transformer.wte", "pos_embed": "transformer.wpe", "blocks.{l}": "transformer.h.{l}",
+        "ln_final": "transformer.ln_f", "unembed": "lm_head"}, _forma_to_gpt2),
+    "gpt_neox": Family(_neox_config, _neox_outer, _neox_layer, {
+        "embed": "gpt_neox.embed_in", "blocks.{l}": "gpt_neox.layers.{l}", "ln_final": "gpt_neox.final_layer_norm",
+        "unembed": "lm_head"}, _forma_to_neox),
+    **{model_type: Family(config, _llama_outer, _llama_layer, {
+        "embed": "model.embed_tokens", "blocks.{l}": "model.layers.{l}", "ln_final": "model.norm",
+        "unembed": "lm_head"}, _forma_to_llama_like)
+       for model_type, config in (("llama", _llama_config), ("qwen2", _qwen2_config), ("mistral", _mistral_config))},
+}
+
+
+def from_hf(hf_model: Any, tokenizer: Any = None, dtype: torch.dtype = torch.float32) -> HookedTransformer:
+    """A HookedTransformer (on the CPU, eval mode, weights in `dtype`) with the weights of an HF causal LM of
+    a family in SUPPORTED. The HF model may itself be spread over devices or offloaded by accelerate.
+
+    The model's tensors are first checked against what its config describes (the same class built on the
+    meta device): a missing, unexpected or mis-shaped one is a ValueError naming it."""
+    model_type = getattr(hf_model.config, "model_type", type(hf_model).__name__)
+    family = _family(model_type)
+    with _quiet_transformers():
+        _check_against_config(hf_model)
+    model = empty_model(_config(family, model_type, hf_model.config), tokenizer)
+    _convert_into(model, family, hf_model, lambda name, tensor: _assign(model, name, tensor, "cpu", dtype))
+    return model.eval()
+
+
+def _family(model_type: str) -> Family:
+    if model_type not in FAMILIES:
+        raise _unsupported(model_type)
+    return FAMILIES[model_type]
+
+
+def _config(family: Family, model_type: str, hf_config: Any) -> ModelConfig:
+    try:
+        return family.config(hf_config)
+    except UnsupportedArchitecture:
+        raise
+    except ValueError as err:
+        raise ValueError(f"the Hugging Face {model_type} config does not describe a Forma model: {err}") from err
+
+
+def empty_model(cfg: ModelConfig, tokenizer: Any = None) -> HookedTransformer:
+    """HookedTransformer(cfg) with its parameters on the meta device (no memory, no random initialisation) and
+    its fixed tables (rotary cos/sin, sinusoidal positions) computed on the CPU: a frame to load weights into."""
+    with torch.device("meta"):
+        model = HookedTransformer(cfg, tokenizer=tokenizer)
+    # The tables depend on the config only, so one CPU instance of each owner serves every layer.
+    owners: dict[type, Callable[[], nn.Module]] = {Rotary: lambda: Rotary(cfg),
+                                                   SinusoidalPositions: lambda: SinusoidalPositions(cfg, None)}
+    built: dict[type, nn.Module] = {}
+    for module in model.modules():
+        for name, buffer in list(module.named_buffers(recurse=False)):
+            if buffer.is_meta:
+                kind = type(module)
+                if kind not in owners:
+                    raise TypeError(f"{kind.__name__}.{name} is a fixed table that empty_model cannot compute")
+                built.setdefault(kind, owners[kind]())
+                module.register_buffer(name, getattr(built[kind], name), persistent=False)
+    return model
+
+
+def _assign(model: nn.Module, name: str, tensor: Tensor, device: Any, dtype: torch.dtype) -> None:
+    """Make `tensor` (copied, contiguous, in `dtype` on `device`) the model's parameter `name`."""
+    module_name, _, attr = name.rpartition(".")
+    module = model.get_submodule(module_name)
+    value = torch.empty(tensor.shape, dtype=dtype, device=device)
+    if value.device.type != "meta":
+        value.copy_(tensor)  # a copy: the HF model's tensors are never shared
+    module._parameters[attr] = nn.Parameter(value, requires_grad=module._parameters[attr].requires_grad)
+
+
+def _reader(hf_model: Any) -> Reader:
+    """Read an HF tensor by name, from the module (or, for an offloaded one, from accelerate's weights map)."""
+    state = hf_model.state_dict()
+
+    def read(name: str) -> Tensor:
+        tensor = state[name]
+        return (read_weight(hf_model, name) if tensor.device.type == "meta" else tensor).detach()
+
+    return read
+
+
+def _convert_into(model: HookedTransformer, family: Family, hf_model: Any,
+                  place: Callable[[str, Tensor], None]) -> None:
+    """Convert the HF weights part by part (the outer modules, then one block at a time) and hand each Forma
+    tensor to `place`; every tensor of `model` must come out exactly once, with its shape."""
+    c, cfg, read = hf_model.config, model.cfg, _reader(hf_model)
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    seen: set[str] = set()
+    parts = [lambda: family.outer(c, cfg, read)] + [
+        (lambda layer=layer: family.layer(c, cfg, read, layer)) for layer in range(cfg.n_layers)]
+    for part in parts:
+        for name, tensor in part().items():
+            if expected.get(name) != tuple(tensor.shape):
+                raise ValueError(f"conversion made {name} of shape {tuple(tensor.shape)}; the model has "
+                                 f"{expected.get(name, 'no such tensor')}")
+            place(name, tensor)
+            seen.add(name)
+    if expected.keys() - seen:
+        raise ValueError(f"conversion left Forma weights unset: {sorted(expected.keys() - seen)[:5]}")
+
+
+def _check_against_config(hf_model: Any) -> None:
+    """ValueError naming every tensor of `hf_model` that its config does not describe, or describes with
+    another shape, and every one it describes that is missing (e.g. layers removed from the module tree)."""
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in type(hf_model)(hf_model.config).state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in hf_model.state_dict().items()}
+    mismatched = [(k, got[k], expected[k]) for k in sorted(expected.keys() & got.keys()) if got[k] != expected[k]]
+    problems = _describe_problems(expected.keys() - got.keys(), got.keys() - expected.keys(), mismatched)
+    if problems:
+        raise ValueError(f"the Hugging Face model's tensors do not match its config: {problems}")
+
+def to_hf(model: HookedTransformer) -> Any:
+    """The same network as a Hugging Face model of the family its shape matches (see `export_family`), in
+    eval mode, float32."""
+    family = export_family(model.cfg)
+    if float(model.b_U.detach().abs().max()) != 0.0:
+        raise UnsupportedArchitecture("Hugging Face's causal-LM heads have no unembedding bias; b_U is not zero")
+    return FAMILIES[family].export(model)

@@ -1,0 +1,124 @@
+"""Loading a local Hugging Face folder: `load_hf` converts it into a HookedTransformer (on one device, or
+block by block into the places a device map gives), `bridge` wraps any other causal LM in TransformerLens's
+TransformerBridge. Both read the folder through `lab.hf.folder`, strictly, and fetch nothing from a hub.
+
+Big models: `load_hf(path, device_map=...)` converts one block at a time into a model whose parameters
+start on the meta device, puts each block where the map says (a device, the CPU, or an offload folder
+on disk) and lets accelerate move the offloaded ones in around their forward pass. The folder's
+weights are read straight from its safetensors (transformers indexes them without loading anything),
+so memory holds the placed model plus one block being converted, never a second copy of the model."""
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lab.hf.convert import _assign, _check_against_config, _config, _convert_into, _family, empty_model, from_hf
+from lab.hf.device_map import _place_of, check_placement, forma_device_map
+from lab.hf.family import Family, UnsupportedArchitecture
+from lab.hf.folder import TOKENIZER_FILES, _hf_config, _local_tokenizer, _quiet_transformers, read_hf_folder
+from lab.model import HookedTransformer
+
+def load_hf(path: str | Path, device: str | torch.device | None = None, *, dtype: torch.dtype | str = torch.float32,
+            device_map: Any = None, max_memory: dict | None = None,
+            offload_folder: str | Path | None = None) -> HookedTransformer:
+    """A HookedTransformer from a local Hugging Face `save_pretrained` folder (with its tokenizer if present),
+    in eval mode, its weights in `dtype` ("auto": the folder's own, as config.json records it).
+
+    Either on one `device` (default the CPU), or spread by `device_map` (see `forma_device_map`): blocks on
+    devices, on the CPU, or on disk in `offload_folder`, where accelerate loads each offloaded block's weights
+    in around its forward pass. The folder must hold exactly what its config.json describes (see
+    `read_hf_folder`)."""
+    path = Path(path)
+    config = _hf_config(path)
+    family = _family(config.model_type)
+    if device_map is not None and device is not None:
+        raise ValueError("give load_hf a device or a device_map, not both")
+    dtype = _loaded_dtype(config, dtype)
+    tokenizer = _local_tokenizer(path)
+    try:
+        if device_map is None:
+            return from_hf(read_hf_folder(path, dtype=dtype), tokenizer=tokenizer, dtype=dtype).to(device or "cpu")
+        return _load_dispatched(path, family, tokenizer, dtype, device_map, max_memory, offload_folder)
+    except UnsupportedArchitecture:
+        raise
+    except ValueError as err:
+        raise ValueError(f"{path / 'config.json'}: {err}") from err
+
+
+def _loaded_dtype(config: Any, dtype: torch.dtype | str) -> torch.dtype:
+    """`dtype`, or for "auto" the one the folder's config.json records (float32 when it records none)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype != "auto":
+        raise ValueError(f"dtype must be a torch.dtype (torch.bfloat16, ...) or 'auto', got {dtype!r}")
+    recorded = getattr(config, "dtype", None) or torch.float32
+    return recorded if isinstance(recorded, torch.dtype) else getattr(torch, str(recorded))
+
+
+def _load_dispatched(path: Path, family: Family, tokenizer: Any, dtype: torch.dtype, device_map: Any,
+                     max_memory: dict | None, offload_folder: str | Path | None) -> HookedTransformer:
+    """Convert block by block into an empty model, placing each tensor as the map says, then dispatch."""
+    from accelerate import dispatch_model
+    from accelerate.utils import offload_weight, save_offload_index
+
+    with tempfile.TemporaryDirectory(prefix="forma-hf-") as staging:
+        # Everything "on disk": transformers checks the folder and indexes its safetensors, loading nothing.
+        hf = read_hf_folder(path, dtype=dtype, device_map={"": "disk"}, offload_folder=staging)
+        with _quiet_transformers():
+            _check_against_config(hf)
+        model = empty_model(_config(family, hf.config.model_type, hf.config), tokenizer)
+        placement = forma_device_map(model, family, hf, device_map, max_memory, dtype)
+        main = check_placement(placement, model.cfg, offload_folder)
+        if offload_folder is not None:
+            Path(offload_folder).mkdir(parents=True, exist_ok=True)
+        index: dict[str, Any] = {}
+
+        def place(name: str, tensor: Tensor) -> None:
+            where = _place_of(placement, (name, name))
+            if where == "disk":  # written to the offload folder; the parameter stays a shape, in its dtype
+                offload_weight(tensor.to(dtype).contiguous(), name, str(offload_folder), index)
+                _assign(model, name, tensor, "meta", dtype)
+            else:
+                _assign(model, name, tensor, where, dtype)
+
+        _convert_into(model, family, hf, place)
+        save_offload_index(index, str(offload_folder))
+    dispatch_model(model, device_map=placement, main_device=main,
+                   offload_dir=None if offload_folder is None else str(offload_folder))
+    model.hf_device_map = placement  # accelerate's name for where a dispatched model's modules live
+    return model.eval()
+
+
+def bridge(path: str | Path, device: str | None = None, *, dtype: torch.dtype | str | None = None,
+           device_map: Any = None, max_memory: dict | None = None, offload_folder: str | Path | None = None) -> Any:
+    """Any local HF causal LM wrapped by TransformerLens's TransformerBridge (hooked, not converted).
+
+    `dtype`, `device_map`, `max_memory` and `offload_folder` go to Hugging Face's from_pretrained (accelerate
+    places the model); without a device_map the model goes to `device` (default the CPU). The folder must
+    hold its tokenizer: without one TransformerBridge would look the model's name up on a model hub, and
+    nothing in Forma reaches the network."""
+    from transformer_lens.model_bridge import TransformerBridge
+
+    path = Path(path)
+    config = _hf_config(path)
+    tokenizer = _local_tokenizer(path)
+    if tokenizer is None:
+        raise FileNotFoundError(
+            f"{path} holds no tokenizer ({' or '.join(TOKENIZER_FILES)}): TransformerBridge needs one, and would "
+            "otherwise fetch it from a model hub. Save it beside the model: tokenizer.save_pretrained(folder)")
+    if device_map is not None and device is not None:
+        raise ValueError("give bridge a device or a device_map, not both")
+    options: dict[str, Any] = {} if dtype is None else {"dtype": dtype}
+    if device_map is not None:
+        options |= {"device_map": device_map, "max_memory": max_memory,
+                    "offload_folder": None if offload_folder is None else str(offload_folder)}
+    hf = read_hf_folder(path, **options)
+    if device_map is None:
+        hf = hf.to(device or "cpu")
+    name = config.architectures[0] if config.architectures else config.model_type
+    # With a device_map the bridge reads the devices from the model; without one, it is told the device.
+    return TransformerBridge.boot_transformers(name, hf_model=hf, tokenizer=tokenizer,
+                                               device=None if device_map is not None else device or "cpu")
