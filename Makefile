@@ -38,16 +38,18 @@ test: $(STAMP) test-sae
 test-sae: $(SAE_STAMP)
 	$(OFFLINE) $(SAE_VENV)/bin/python -m pytest -q tests/sae tests/test_model.py tests/test_hook_misuse.py tests/test_lens.py
 
-# Peers first (minutes), then what a user waits for (about an hour: a fresh clone's install, `make demo`,
-# every experiment's profiles); then the dashboard's response times over this checkout's models and runs,
-# the monitor's overhead, the command line's start and how soon `forma demo` serves and shows progress.
-bench: $(STAMP)
+# Peers first (minutes; the harvest against SAELens runs in the SAE environment), then what a user waits for
+# (about an hour: a fresh clone's install, `make demo`, every experiment's profiles); then the dashboard's
+# response times over this checkout's models and runs, the monitor's overhead, the command line's start and
+# how soon `forma demo` serves and shows progress.
+bench: $(STAMP) $(SAE_STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.forward
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.peers
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.real_sizes
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.patching
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.activations
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.harvest
+	$(OFFLINE) $(SAE_VENV)/bin/python -m benchmarks.harvest_saelens
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.walltime
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.dashboard
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.monitor

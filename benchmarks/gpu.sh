@@ -2,11 +2,14 @@
 # The GPU check: CUDA tests, then every benchmark that takes a device, on the GPU. Run on a machine with a GPU
 # whose Python already has torch and transformers; the other packages come as wheels in .whl/ (see README).
 # Results: benchmarks/results/*_cuda.json and summary_cuda.md (copied to $OUT when it is set).
+# benchmarks.harvest_saelens runs in the SAE environment (sae-lens beside transformer-lens 3.9): $SAE_PYTHON,
+# by default .venv-sae/bin/python; where that Python has no sae_lens it is reported and skipped.
 # Without a GPU it says so and runs nothing (exit 0). A benchmark module that is not in this checkout is
 # reported and skipped; one that fails is reported, the others still run, and the exit status is 1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+SAE_PY=${SAE_PYTHON:-.venv-sae/bin/python}
 if [ -d .whl ]; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site:$PWD
@@ -15,14 +18,19 @@ else
 fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 
-# module, then its arguments on the GPU (each gets --device cuda)
+# module, then its arguments on the GPU (each gets --device cuda): every benchmark of issue 21 (real sizes,
+# patching sweeps and attribution, harvesting against the bridge and against SAELens), then the streaming one.
 BENCHMARKS=(
   "peers --rounds 21 --batch 8 --tokens 256 --new-tokens 256"
   "real_sizes --rounds 11"
-  "patching"
-  "harvest"
+  "patching --heads-by-position"
+  "harvest --batch 8 --batches 4 --memory-sequences 64 --rounds 5"
+  "harvest_saelens --batch 8 --batches 4 --rounds 5"
   "activations"
 )
+python_for() {  # the interpreter a benchmark runs in
+  if [ "$1" = harvest_saelens ]; then echo "$SAE_PY"; else echo "$PY"; fi
+}
 planned=()  # the plan first, GPU or not: which benchmarks this checkout has, and which of them take a device
 for entry in "${BENCHMARKS[@]}"; do
   read -r module _ <<<"$entry"
@@ -30,6 +38,9 @@ for entry in "${BENCHMARKS[@]}"; do
     echo "benchmarks.$module: not in this checkout, skipped"
   elif ! grep -q -- '"--device"' "benchmarks/$module.py"; then  # its argparse option, read without importing torch
     echo "benchmarks.$module: takes no --device (it measures the CPU), skipped"
+  elif [ "$module" = harvest_saelens ] && ! "$SAE_PY" -c \
+      "import importlib.util, sys; sys.exit(importlib.util.find_spec('sae_lens') is None)" 2>/dev/null; then
+    echo "benchmarks.$module: no SAE environment ($SAE_PY has no sae_lens; set SAE_PYTHON), skipped"
   else
     echo "benchmarks.$module: will run on the GPU"
     planned+=("$entry")
@@ -49,8 +60,9 @@ for entry in ${planned[@]+"${planned[@]}"}; do
   read -r module args <<<"$entry"
   echo "== benchmarks.$module --device cuda $args"
   # shellcheck disable=SC2086  # the arguments are words
-  "$PY" -m "benchmarks.$module" --device cuda $args || failed+=("$module")
+  "$(python_for "$module")" -m "benchmarks.$module" --device cuda $args || failed+=("$module")
 done
+"$PY" -c "from benchmarks.summary import write_summary; print(write_summary('cuda').read_text())" || failed+=(summary)
 if [ -n "${OUT:-}" ]; then cp benchmarks/results/*_cuda.json benchmarks/results/summary_cuda.md "$OUT"/ 2>/dev/null; fi
 if [ ${#failed[@]} -gt 0 ]; then
   echo "benchmarks/gpu.sh: failed: ${failed[*]}" >&2

@@ -20,9 +20,10 @@ the logit difference, at the last position, between the clean and the corrupted 
 figure is a median of interleaved rounds (one by default: a sweep is itself hundreds of forward passes for
 TransformerLens, 1,296 of GPT-2 small in one round, which is what keeps the run near 5 minutes on two
 quiet cores). Targets: every sweep ≤ 0.2× TransformerLens's on the bridge; values equal to
-≤ 1e-5. Writes benchmarks/results/patching.json.
+≤ 1e-5. Writes benchmarks/results/patching.json (patching_<device>.json off the CPU: --device cuda puts
+both models, the prompts and the zoo models on the GPU, and every timed call ends with a device sync).
 
-    python -m benchmarks.patching [--quick] [--rounds 1] [--layers 12] [--tokens 32] [--heads-by-position]
+    python -m benchmarks.patching [--quick] [--rounds 1] [--layers 12] [--tokens 32] [--heads-by-position] [--device cpu]
 
 --quick: 4 layers and 12 tokens (GPT-2-small widths and vocabulary kept): a smoke run.
 """
@@ -35,7 +36,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.timing import interleaved, machine, write
+from benchmarks.timing import interleaved, machine, result_name, timed, write
 from lab.analysis.attribution import attribution_patch
 from lab.analysis.patching import logit_diff, patch_heads, patch_heads_by_position, patch_positions
 from lab.hf import from_hf
@@ -45,8 +46,8 @@ VOCAB = 50257
 TOP_K = 10
 
 
-def models(layers: int) -> tuple[Any, Any]:
-    """Forma's model and the TransformerBridge on one set of random GPT-2-small-shaped weights."""
+def models(layers: int, device: str = "cpu") -> tuple[Any, Any]:
+    """Forma's model and the TransformerBridge on one set of random GPT-2-small-shaped weights, on `device`."""
     from transformers import GPT2Config, GPT2LMHeadModel
     from transformer_lens.model_bridge import TransformerBridge
 
@@ -54,11 +55,11 @@ def models(layers: int) -> tuple[Any, Any]:
     cfg = GPT2Config(n_layer=layers, n_embd=768, n_head=12, vocab_size=VOCAB, n_positions=1024,
                      bos_token_id=None, eos_token_id=None)
     hf = GPT2LMHeadModel(cfg).eval()
-    ours = from_hf(hf).eval()
+    ours = from_hf(hf).eval().to(device)
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = to_hf_tokenizer(word_level([f"w{i}" for i in range(VOCAB - 4)]), tmp)
-        bridge = TransformerBridge.boot_transformers("gpt2", hf_model=copy.deepcopy(hf), tokenizer=tokenizer,
-                                                     device="cpu")
+        bridge = TransformerBridge.boot_transformers("gpt2", hf_model=copy.deepcopy(hf).to(device), tokenizer=tokenizer,
+                                                     device=device)
     bridge.enable_compatibility_mode(disable_warnings=True, no_processing=True)
     return ours, bridge.eval()
 
@@ -91,7 +92,7 @@ def agreement(estimate: torch.Tensor, truth: torch.Tensor, corrupted: float, k: 
 
 
 def bench_sweeps(ours: Any, bridge: Any, clean: torch.Tensor, corrupted: torch.Tensor, metric, rounds: int,
-                 heads_by_position: bool) -> dict:
+                 heads_by_position: bool, device: str = "cpu") -> dict:
     import transformer_lens.patching as tl
 
     with torch.inference_mode():
@@ -117,10 +118,10 @@ def bench_sweeps(ours: Any, bridge: Any, clean: torch.Tensor, corrupted: torch.T
         def run(key: str, fn) -> None:
             values[key] = fn()
 
-        t = interleaved({"forma": lambda: run("forma", forma), "tl_bridge": lambda: run("tl", theirs)},
-                        rounds=rounds, warmup=0)
+        t = interleaved({"forma": timed(lambda: run("forma", forma), device),
+                         "tl_bridge": timed(lambda: run("tl", theirs), device)}, rounds=rounds, warmup=0)
         out[name] = {"timing": t, "ratio_vs_tl_bridge": t["forma"]["median_s"] / t["tl_bridge"]["median_s"],
-                     "max_abs_diff": float((values["forma"] - values["tl"]).abs().max()),
+                     "max_abs_diff": float((values["forma"].cpu() - values["tl"].cpu()).abs().max()),
                      "cells": values["forma"].numel()}
         print(f"{name}: {out[name]['ratio_vs_tl_bridge']:.3f}× TransformerLens on the bridge, "
               f"max |diff| {out[name]['max_abs_diff']:.1e}", flush=True)
@@ -128,7 +129,7 @@ def bench_sweeps(ours: Any, bridge: Any, clean: torch.Tensor, corrupted: torch.T
 
 
 def bench_attribution(ours: Any, clean: torch.Tensor, corrupted: torch.Tensor, metric, rounds: int,
-                      heads_by_position: bool) -> dict:
+                      heads_by_position: bool, device: str = "cpu") -> dict:
     truth: dict[str, Any] = {}
 
     def sweeps() -> None:
@@ -139,15 +140,16 @@ def bench_attribution(ours: Any, clean: torch.Tensor, corrupted: torch.Tensor, m
             truth["heads_by_position"] = patch_heads_by_position(ours, clean, corrupted, metric)
 
     estimate: dict[str, Any] = {}
-    t = interleaved({"attribution": lambda: estimate.update(attribution_patch(ours, clean, corrupted, metric)),
-                     "sweeps": sweeps}, rounds=rounds, warmup=0)
+    t = interleaved({"attribution": timed(lambda: estimate.update(attribution_patch(ours, clean, corrupted, metric)),
+                                          device),
+                     "sweeps": timed(sweeps, device)}, rounds=rounds, warmup=0)
     return {"timing": t, "ratio_vs_sweeps": t["attribution"]["median_s"] / t["sweeps"]["median_s"],
             "swept": sorted(truth),
             "agreement": {name: agreement(estimate[name].values, truth[name].values, truth[name].corrupted)
                           for name in truth}}
 
 
-def zoo_agreement(tokens: int) -> dict:
+def zoo_agreement(tokens: int, device: str = "cpu") -> dict:
     """Attribution against the exhaustive sweeps on every trained zoo model, one prompt from its vocabulary."""
     from lab import HookedTransformer
     from lab.zoo import is_trained, load_recipe, zoo_names
@@ -157,9 +159,9 @@ def zoo_agreement(tokens: int) -> dict:
         # an encoder-decoder (dates) has no decoder-only sweep
         if not is_trained(name) or load_recipe(name)["model"].get("kind", "decoder_only") != "decoder_only":
             continue
-        model = HookedTransformer.from_pretrained(name).eval()
+        model = HookedTransformer.from_pretrained(name).eval().to(device)
         n = min(tokens, model.cfg.n_ctx)
-        clean, corrupted = prompts(model.cfg.d_vocab, n, n // 4)
+        clean, corrupted = (p.to(device) for p in prompts(model.cfg.d_vocab, n, n // 4))
         metric = top_tokens_metric(model, clean, corrupted)
         estimate = attribution_patch(model, clean, corrupted, metric)
         truth = {c: patch_positions(model, clean, corrupted, c, metric)
@@ -171,35 +173,37 @@ def zoo_agreement(tokens: int) -> dict:
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu", help="where both models run (default cpu; e.g. cuda)")
     parser.add_argument("--quick", action="store_true", help="4 layers, 12 tokens")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--layers", type=int, default=None)
     parser.add_argument("--tokens", type=int, default=None)
     parser.add_argument("--heads-by-position", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     layers = args.layers or (4 if args.quick else 12)
     tokens = args.tokens or (12 if args.quick else 32)
     rounds = args.rounds
     corrupt_at = min(8, tokens // 4)
     start = time.perf_counter()
-    ours, bridge = models(layers)
-    clean, corrupted = prompts(VOCAB, tokens, corrupt_at)
+    ours, bridge = models(layers, args.device)
+    clean, corrupted = (p.to(args.device) for p in prompts(VOCAB, tokens, corrupt_at))
     metric = top_tokens_metric(ours, clean, corrupted)
     results: dict[str, Any] = {
-        "machine": machine(),
+        "device": args.device, "machine": machine(),
         "shape": {"layers": layers, "d_model": 768, "n_heads": 12, "vocab": VOCAB, "tokens": tokens,
                   "corrupted_position": corrupt_at, "rounds": rounds, "quick": args.quick},
         "targets": {"ratio_vs_tl_bridge": 0.2, "max_abs_diff": 1e-5},
-        "sweeps": bench_sweeps(ours, bridge, clean, corrupted, metric, rounds, args.heads_by_position)}
+        "sweeps": bench_sweeps(ours, bridge, clean, corrupted, metric, rounds, args.heads_by_position, args.device)}
     del bridge
-    results["attribution"] = bench_attribution(ours, clean, corrupted, metric, rounds, args.heads_by_position)
+    results["attribution"] = bench_attribution(ours, clean, corrupted, metric, rounds, args.heads_by_position,
+                                               args.device)
     print(f"attribution: {results['attribution']['ratio_vs_sweeps']:.4f}× the sweeps; r = "
           + ", ".join(f"{k} {v['pearson_r']:.3f}" for k, v in results["attribution"]["agreement"].items()), flush=True)
-    results["zoo"] = zoo_agreement(tokens)
+    results["zoo"] = zoo_agreement(tokens, args.device)
     results["wall_s"] = time.perf_counter() - start
-    print(f"wrote {write('patching', results)}")
+    print(f"wrote {write(result_name('patching', args.device), results)}")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from benchmarks.summary import write_summary
-from benchmarks.timing import cache_bytes, forward_flops, interleaved, machine, matmul_peak, timed, write
+from benchmarks.timing import cache_bytes, forward_flops, interleaved, machine, matmul_peak, result_name, timed, write
 from lab.hf import from_hf
 from lab.tokenize import to_hf_tokenizer, word_level
 
@@ -139,7 +139,7 @@ def bench_training(device: str, rounds: int, batch: int, tokens: int) -> dict:
     return {"timing": t, "step_vs_hf": t["forma_step"]["median_s"] / t["hf_step"]["median_s"]}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--rounds", type=int, default=11)
@@ -147,7 +147,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--only", nargs="*", choices=["forward", "cache", "generation", "training"])
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     sections = set(args.only or ["forward", "cache", "generation", "training"])
     results: dict[str, Any] = {"device": args.device, "machine": machine(),
                                "shape": {"batch": args.batch, "tokens": args.tokens, "rounds": args.rounds, "vocab": VOCAB}}
@@ -161,8 +161,7 @@ def main() -> None:
     if "training" in sections:
         results["training"] = bench_training(args.device, args.rounds, args.batch, args.tokens)
     results["wall_s"] = time.perf_counter() - start
-    suffix = "" if args.device == "cpu" else f"_{args.device.split(':')[0]}"
-    path = write(f"peers{suffix}", results)
+    path = write(result_name("peers", args.device), results)
     print(f"wrote {path}")
     if sections == {"forward", "cache", "generation", "training"}:
         print(write_summary(args.device.split(":")[0]).read_text())

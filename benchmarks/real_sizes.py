@@ -37,7 +37,8 @@ from typing import Any
 
 import torch
 
-from benchmarks.timing import PEAK_METHODS, cache_bytes, forward_flops, interleaved, machine, matmul_peak, timed, write
+from benchmarks.timing import (PEAK_METHODS, cache_bytes, forward_flops, interleaved, machine, matmul_peak, result_name,
+                               timed, write)
 from lab.hf import from_hf
 from lab.tokenize import to_hf_tokenizer, word_level
 
@@ -282,7 +283,7 @@ def main(argv: list[str] | None = None) -> None:
                                "quick": args.quick, "rounds": args.rounds, "warmup": args.warmup, "targets": TARGETS,
                                "peak_memory_method": PEAK_METHODS["cuda" if args.device.startswith("cuda") else "cpu"],
                                "complete": False, "shapes": {}}
-    name = f"real_sizes{'' if args.device == 'cpu' else '_' + args.device.split(':')[0]}"
+    name = result_name("real_sizes", args.device)
     start = time.perf_counter()
 
     def save() -> Path:

@@ -1,6 +1,7 @@
 """benchmarks/results/summary.md (and summary_<device>.md) from whatever results exist: the peer
-benchmarks (peers.json), the forward benchmark (forward.json), the wall times (walltime.json), the dashboard's response times (dashboard.json) and the
-command line's start (cli.json).
+benchmarks (peers.json), the forward benchmark (forward.json), the wall times (walltime.json), the dashboard's response times (dashboard.json),
+the command line's start (cli.json), the real sizes, patching sweeps and harvesting (real_sizes.json,
+patching.json, harvest.json with harvest_saelens.json); off the CPU, the last three's <name>_<device>.json.
 Every benchmark script calls `write_summary()` when it finishes, so the summary always shows the latest
 measurement of each."""
 
@@ -127,10 +128,12 @@ def patching_lines(r: dict[str, Any]) -> list[str]:
     return lines
 
 
-def harvest_lines(r: dict[str, Any]) -> list[str]:
+def harvest_lines(r: dict[str, Any], saelens: dict[str, Any] | None = None) -> list[str]:
+    """harvest.json's section; with harvest_saelens.json's results (`saelens`), its row against SAELens' store."""
     ratio, small, corpus = r["ratio"], r["memory_gpt2_small"], r["corpus"]
     shape = ratio["shape"]
-    lines = [f"## Activation harvesting (benchmarks/harvest.py)", "",
+    device = "" if r.get("device", "cpu") == "cpu" else f", --device {r['device']}"
+    lines = [f"## Activation harvesting (benchmarks/harvest.py{device})", "",
              f"{r['machine']['utc']} · GPT-2-small shapes ({shape['n_layers']} layers × {shape['d_model']}, vocab "
              f"{shape['d_vocab']}), {ratio['tokens_per_round']} tokens a round, medians of {ratio['rounds']}", "",
              "| what | Forma | peer | ratio | target |", "|---|---|---|---|---|"]
@@ -138,12 +141,28 @@ def harvest_lines(r: dict[str, Any]) -> list[str]:
         lines.append(f"| harvest {ratio['hooks'][where]} to shards vs the bridge's run_with_cache (names_filter), "
                      f"tokens/s | {ratio[f'forma_tokens_per_s_{where}']:.0f} | {ratio[f'bridge_tokens_per_s_{where}']:.0f} | "
                      f"{ratio[f'throughput_vs_bridge_{where}']:.2f}× | ≥ 2× |")
+    if saelens:
+        rate, v = saelens["tokens_per_s"], saelens["versions"]
+        lines.append(f"| harvest {saelens['hook']} to shards vs SAELens' ActivationsStore on a TransformerLens "
+                     f"HookedTransformer (in memory; benchmarks/harvest_saelens.py), tokens/s | "
+                     f"{rate['forma_harvest']:.0f} | {rate['saelens_store_tl']:.0f} | "
+                     f"{saelens['throughput_vs_saelens_tl']:.2f}× | ≥ {saelens['target_throughput_vs_saelens']:g}× |")
     for name, row in (("GPT-2 small", small), (f"{corpus['tokens']:,} tokens, {corpus['size']} model", corpus)):
-        lines.append(f"| peak memory of a harvest ({name}) vs one batch's run_with_cache, MB | "
-                     f"{row['harvest_peak_rss_mb']:.0f} | {row['one_batch_run_with_cache_peak_rss_mb']:.0f} | "
+        where = "gpu" if row.get("peak_measure") == "peak_gpu" else "rss"
+        lines.append(f"| peak memory ({'GPU' if where == 'gpu' else 'resident'}) of a harvest ({name}) vs one batch's "
+                     f"run_with_cache, MB | {row[f'harvest_peak_{where}_mb']:.0f} | "
+                     f"{row[f'one_batch_run_with_cache_peak_{where}_mb']:.0f} | "
                      f"{row['harvest_vs_one_batch']:.2f}× | ≤ {row['target_harvest_vs_one_batch']:g}× |")
     lines += ["", f"Corpus harvest: {corpus['tokens']:,} tokens of {corpus['hook']} at {corpus['tokens_per_s']:.0f} "
               f"tokens/s into {corpus['shards']} shards ({corpus['gb_written']:.2f} GB)."]
+    if saelens:
+        diff = saelens["max_abs_diff_vs_forma"]
+        lines.append(f"Against SAELens (sae-lens {v['sae-lens']}, transformer-lens {v['transformer-lens']}; "
+                     f"{saelens['size']}, {saelens['tokens_per_round']:,} tokens a round, medians of "
+                     f"{saelens['rounds']}, {saelens['machine']['utc']}): the same store over Forma's model "
+                     f"{rate['saelens_store_forma']:.0f} tokens/s ({saelens['throughput_vs_saelens_forma']:.2f}×); "
+                     f"max |diff| of its rows from Forma's: {diff['saelens_store_tl']:.1e} (TransformerLens), "
+                     f"{diff['saelens_store_forma']:.1e} (Forma's model).")
     return lines
 
 
@@ -153,13 +172,14 @@ def write_summary(device: str = "cpu") -> Path:
     peers = _read(f"peers{suffix}")
     if peers and {"forward", "run_with_cache", "generation", "training"} <= set(peers):
         lines += peers_lines(peers)
-    if device == "cpu":
-        for name, render in (("forward", forward_lines), ("walltime", walltime_lines), ("dashboard", dashboard_lines),
-                              ("demo", demo_lines), ("cli", cli_lines), ("real_sizes", real_sizes_lines),
-                              ("patching", patching_lines), ("harvest", harvest_lines)):
-            results = _read(name)
-            if results:
-                lines += ["", *render(results)]
+    sections = [("forward", forward_lines), ("walltime", walltime_lines), ("dashboard", dashboard_lines),
+                ("demo", demo_lines), ("cli", cli_lines)] if device == "cpu" else []
+    sections += [("real_sizes", real_sizes_lines), ("patching", patching_lines),
+                 ("harvest", lambda r: harvest_lines(r, _read(f"harvest_saelens{suffix}")))]
+    for name, render in sections:
+        results = _read(name + suffix)
+        if results:
+            lines += ["", *render(results)]
     path = RESULTS / f"summary{suffix}.md"
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -140,6 +140,12 @@ def peak_memory(fn: Callable[[], Any], device: str) -> int | None:
     return _proc_status("VmHWM") - before
 
 
+def result_name(name: str, device: str) -> str:
+    """The results file's stem for a benchmark run on `device`: <name> on the CPU, <name>_<kind> elsewhere
+    ("cuda:1" writes <name>_cuda), so a GPU run never overwrites the CPU's figures."""
+    return name if device == "cpu" else f"{name}_{device.split(':')[0]}"
+
+
 def write(name: str, payload: dict) -> Path:
     """Atomically write benchmarks/results/<name>.json."""
     RESULTS.mkdir(parents=True, exist_ok=True)

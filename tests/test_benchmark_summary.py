@@ -29,3 +29,27 @@ def test_the_patching_section_shows_each_sweeps_measured_ratio():
     text = "\n".join(summary.patching_lines(results))
     for name, row in results["sweeps"].items():
         assert f"| {name} |" in text and f"{row['ratio_vs_tl_bridge']:.3f}×" in text
+
+
+def test_the_harvest_section_shows_the_ratio_against_saelens_store():
+    """harvest_saelens.json (SAELens' ActivationsStore, measured in the SAE environment) is a row of the harvest
+    section, with its ratio and the agreement of the activations, as the file holds them."""
+    results, saelens = (json.loads((summary.RESULTS / f"{name}.json").read_text()) for name in ("harvest", "harvest_saelens"))
+    text = "\n".join(summary.harvest_lines(results, saelens))
+    row = next(line for line in text.splitlines() if "SAELens' ActivationsStore" in line)
+    assert f"| {saelens['throughput_vs_saelens_tl']:.2f}× |" in row
+    assert f"{saelens['max_abs_diff_vs_forma']['saelens_store_tl']:.1e} (TransformerLens)" in text
+    assert "SAELens" not in "\n".join(summary.harvest_lines(results))
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_summary_of_a_device_shows_that_devices_harvest_beside_saelens(device, tmp_path, monkeypatch):
+    """write_summary(device) reads <name>.json on the CPU and <name>_<device>.json elsewhere (what gpu.sh's
+    runs write), the harvest section with its SAELens row either way."""
+    suffix = "" if device == "cpu" else f"_{device}"
+    for name in ("harvest", "harvest_saelens"):
+        (tmp_path / f"{name}{suffix}.json").write_text((summary.RESULTS / f"{name}.json").read_text())
+    monkeypatch.setattr(summary, "RESULTS", tmp_path)
+    text = summary.write_summary(device).read_text()
+    assert "## Activation harvesting" in text and "SAELens' ActivationsStore" in text
+    assert (tmp_path / f"summary{suffix}.md").is_file()

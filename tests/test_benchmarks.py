@@ -91,9 +91,96 @@ def test_gpu_script_without_a_gpu_says_so_and_runs_nothing(tmp_path):
                           timeout=300)
     assert done.returncode == 0, done.stderr
     assert "no CUDA GPU here" in done.stderr and "nothing was run" in done.stderr
-    assert "benchmarks.real_sizes: will run on the GPU" in done.stdout
+    for module in GPU_BENCHMARKS.keys() - {"harvest_saelens"}:
+        assert f"benchmarks.{module}: will run on the GPU" in done.stdout
+    assert ("benchmarks.harvest_saelens: will run on the GPU" in done.stdout
+            or "benchmarks.harvest_saelens: no SAE environment" in done.stdout)
     for module in ("patching", "activations"):
         if not (root / "benchmarks" / f"{module}.py").is_file():
             assert f"benchmarks.{module}: not in this checkout, skipped" in done.stdout
     assert "Traceback" not in done.stdout + done.stderr
     assert sorted((root / "benchmarks" / "results").glob("*_cuda.json")) == before and not any(tmp_path.iterdir())
+
+
+class Reached(Exception):
+    """Raised by a stand-in for a benchmark's first model builder, with the arguments it was given."""
+
+
+GPU_BENCHMARKS = {  # benchmark module: (its first model builder, the arguments of a CPU-only smoke run)
+    "peers": ("gpt2", ["--rounds", "1", "--only", "forward"]),
+    "real_sizes": ("hf_model", ["--quick", "--rounds", "1"]),
+    "patching": ("models", ["--quick"]),
+    "harvest": ("hf_model", ["--quick"]),
+    "harvest_saelens": ("models", ["--quick"]),
+}
+
+
+@pytest.mark.parametrize("module", sorted(GPU_BENCHMARKS))
+def test_each_gpu_benchmark_hands_its_device_to_the_models(module, monkeypatch):
+    """`python -m benchmarks.<module> --device cuda:7 ...` parses --device and hands it, as given, to the
+    function that builds the models (here a stand-in that stops the run: no GPU is needed to see it)."""
+    import importlib
+
+    bench = importlib.import_module(f"benchmarks.{module}")
+    builder, argv = GPU_BENCHMARKS[module]
+
+    def reached(*args, **kwargs):
+        raise Reached(*args, *kwargs.values())
+
+    monkeypatch.setattr(bench, builder, reached)
+    with pytest.raises(Reached) as hit:
+        bench.main([*argv, "--device", "cuda:7"])
+    assert "cuda:7" in hit.value.args
+
+
+def test_harvests_memory_phases_run_on_the_device_they_are_given(monkeypatch):
+    """benchmarks.harvest measures peaks in fresh processes: each is started with the run's --device, and a
+    phase started so builds its model there."""
+    import subprocess
+
+    from benchmarks import harvest
+
+    started = []
+
+    def run(cmd, **kwargs):
+        started.append(cmd)
+        phase = {"peak_rss_bytes": 2, "peak_gpu_bytes": 1, "cache_tensor_bytes": 1, "model_bytes": 1, "seconds": 1.0,
+                 "tokens": 128, "tokens_per_s": 128.0, "rows": 128, "shards": 1, "bytes_written": 1, "rss_trace_mb": []}
+        return subprocess.CompletedProcess(cmd, 0, stdout=json.dumps(phase))
+
+    monkeypatch.setattr(harvest.subprocess, "run", run)
+    memory = harvest.bench_memory("tiny", "blocks.0.hook_resid_post", 1, 2, "float32", "cuda:7")
+    assert [cmd[cmd.index("--device") + 1] for cmd in started] == ["cuda:7", "cuda:7"]
+    assert memory["peak_measure"] == "peak_gpu" and memory["harvest_peak_gpu_mb"] == 1 / 2**20
+
+    def reached(*args, **kwargs):
+        raise Reached(*args, *kwargs.values())
+
+    monkeypatch.setattr(harvest, "hf_model", reached)
+    for phase in (["cache", "tiny", "blocks.0.hook_resid_post", "1"],
+                  ["harvest", "tiny", "blocks.0.hook_resid_post", "1", "2", "float32"]):
+        with pytest.raises(Reached) as hit:
+            harvest.main(["--device", "cuda:7", "--phase", *phase])
+        assert "cuda:7" in hit.value.args
+
+
+def test_a_run_off_the_cpu_writes_its_own_results_file():
+    assert timing.result_name("harvest", "cpu") == "harvest"
+    assert timing.result_name("harvest", "cuda") == timing.result_name("harvest", "cuda:1") == "harvest_cuda"
+
+
+def test_the_gpu_script_runs_every_benchmark_of_the_real_sizes_issue_with_a_device():
+    """benchmarks/gpu.sh's list names every benchmark that measures Forma at real sizes against its peers
+    (GPU_BENCHMARKS), and each of those takes --device, so the script runs it on the GPU (`--device cuda`)
+    rather than skipping it."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    script = (root / "benchmarks" / "gpu.sh").read_text()
+    listed = re.search(r"^BENCHMARKS=\(\n(.*?)^\)", script, flags=re.S | re.M).group(1)
+    modules = [line.strip().strip('"').split()[0] for line in listed.splitlines() if line.strip()]
+    assert set(GPU_BENCHMARKS) <= set(modules), set(GPU_BENCHMARKS) - set(modules)
+    for module in GPU_BENCHMARKS:
+        assert '"--device"' in (root / "benchmarks" / f"{module}.py").read_text(), module
+    assert '-m "benchmarks.$module" --device cuda $args' in script
