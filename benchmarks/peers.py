@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from benchmarks.summary import write_summary
-from benchmarks.timing import cache_bytes, forward_flops, interleaved, machine, matmul_peak, result_name, timed, write
+from benchmarks.timing import cache_bytes, forward_flops, interleaved, machine, matmul_peak, result_name, timed, training_steps, write
 from lab.hf import from_hf
 from lab.tokenize import to_hf_tokenizer, word_level
 
@@ -119,23 +119,10 @@ def bench_generation(device: str, rounds: int, new_tokens: int) -> dict:
 
 def bench_training(device: str, rounds: int, batch: int, tokens: int) -> dict:
     layers, d = SIZES["4x256"]
-    hf = gpt2(layers, d, 1024, "sdpa", device).train()
-    ours = from_hf(hf).to(device).train()
+    hf = gpt2(layers, d, 1024, "sdpa", device)
+    ours = from_hf(hf).to(device)
     x = torch.randint(0, VOCAB, (batch, tokens), device=device)
-    opt_ours = torch.optim.AdamW(ours.parameters(), lr=1e-4)
-    opt_hf = torch.optim.AdamW(hf.parameters(), lr=1e-4)
-
-    def step_ours():
-        opt_ours.zero_grad(set_to_none=True)
-        ours.loss(x).backward()
-        opt_ours.step()
-
-    def step_hf():
-        opt_hf.zero_grad(set_to_none=True)
-        hf(x, labels=x).loss.backward()
-        opt_hf.step()
-
-    t = interleaved({"forma_step": timed(step_ours, device), "hf_step": timed(step_hf, device)}, rounds=rounds)
+    t = interleaved({name: timed(fn, device) for name, fn in training_steps(ours, hf, x).items()}, rounds=rounds)
     return {"timing": t, "step_vs_hf": t["forma_step"]["median_s"] / t["hf_step"]["median_s"]}
 
 

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from benchmarks.timing import (PEAK_METHODS, cache_bytes, forward_flops, interleaved, machine, matmul_peak, result_name,
-                               timed, write)
+                               timed, training_steps, write)
 from lab.hf import from_hf
 from lab.tokenize import to_hf_tokenizer, word_level
 
@@ -170,21 +170,7 @@ def bench_generation(ours: Any, hf: Any, shape: Shape, device: str, rounds: int,
 
 
 def bench_training(ours: Any, hf: Any, x: torch.Tensor, device: str, rounds: int, warmup: int) -> dict:
-    ours, hf = ours.train(), hf.train()
-    opt_ours = torch.optim.AdamW(ours.parameters(), lr=1e-4)
-    opt_hf = torch.optim.AdamW(hf.parameters(), lr=1e-4)
-
-    def step_ours():
-        opt_ours.zero_grad(set_to_none=True)
-        ours.loss(x).backward()
-        opt_ours.step()
-
-    def step_hf():
-        opt_hf.zero_grad(set_to_none=True)
-        hf(x, labels=x).loss.backward()
-        opt_hf.step()
-
-    calls = {"forma_step": step_ours, "hf_step": step_hf}
+    calls = training_steps(ours, hf, x)
     # the first step allocates AdamW's moments (2 × the weights): always one warm-up step before the clock
     t = interleaved({name: timed(fn, device) for name, fn in calls.items()}, rounds=rounds, warmup=max(warmup, 1),
                     memory=device)

@@ -69,6 +69,26 @@ def timed(fn: Callable[[], Any], device: str) -> Callable[[], Any]:
     return run
 
 
+def training_steps(ours: Any, hf: Any, tokens: torch.Tensor, lr: float = 1e-4) -> dict[str, Callable[[], None]]:
+    """One AdamW step of next-token training each, Forma's (`model.loss`) and Hugging Face's (`labels=`), on the
+    same tokens: {"forma_step", "hf_step"}, the contenders of a training benchmark (both models in train mode)."""
+    ours, hf = ours.train(), hf.train()
+    opt_ours = torch.optim.AdamW(ours.parameters(), lr=lr)
+    opt_hf = torch.optim.AdamW(hf.parameters(), lr=lr)
+
+    def step_ours() -> None:
+        opt_ours.zero_grad(set_to_none=True)
+        ours.loss(tokens).backward()
+        opt_ours.step()
+
+    def step_hf() -> None:
+        opt_hf.zero_grad(set_to_none=True)
+        hf(tokens, labels=tokens).loss.backward()
+        opt_hf.step()
+
+    return {"forma_step": step_ours, "hf_step": step_hf}
+
+
 def machine() -> dict:
     return {"python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads(),
             "cpu_count": os.cpu_count(), "platform": platform.platform(),
