@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from lab.model.config import ModelConfig
 from lab.model.kv_cache import KVCacheEntry
-from lab.model.primitives import CheckedHookPoint, empty_parameter, init_normal_, reset_biases, zero_parameter
+from lab.model.primitives import CheckedHookPoint, Derived, empty_parameter, init_normal_, reset_biases, zero_parameter
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -47,10 +47,18 @@ class Rotary(nn.Module):
         return torch.cat((x_rot, x_pass), dim=-1) if x_pass.shape[-1] else x_rot
 
 
-# Below this many tokens in a batch (batch × pos), q, k and v come from per-head products instead of one
-# product with the weights laid side by side (measured on CPU: at 1 token 46 µs against 90 µs per layer,
-# at 16 tokens 95 µs against 161 µs; from 128 tokens on the single product wins).
+# Under autograd, below this many tokens in a batch (batch × pos), q, k and v come from per-head products instead
+# of one product with the weights laid side by side, which autograd lays anew on every call (measured on CPU: at
+# 1 token 46 µs against 90 µs per layer, at 16 tokens 95 µs against 161 µs; from 128 tokens on the single product
+# wins). Outside autograd the side-by-side weights are kept, and every batch takes the single product.
 FEW_TOKENS = 32
+
+
+def side_by_side(W_Q: Tensor, W_K: Tensor, W_V: Tensor, b_Q: Tensor | None, b_K: Tensor | None, b_V: Tensor | None
+                 ) -> tuple[Float[Tensor, "d_model qkv"], Float[Tensor, "qkv"] | None]:
+    """[W_Q | W_K | W_V] as one [d_model, (h + 2·kv)·d_head] matrix, heads in order, and the biases likewise."""
+    W = torch.cat([W.permute(1, 0, 2) for W in (W_Q, W_K, W_V)], dim=1).flatten(1)
+    return W, None if b_Q is None else torch.cat((b_Q, b_K, b_V)).flatten()
 
 
 class Attention(nn.Module):
@@ -100,6 +108,7 @@ class Attention(nn.Module):
             self.register_parameter("b_O", None)
         self.window = cfg.sliding_window or cfg.n_ctx  # keys i − window < j ≤ i are visible
         self.reset_parameters()
+        self._fused_qkv = Derived(side_by_side)  # [W_Q | W_K | W_V] for inference, formed once per weights' version
         self.hook_q = CheckedHookPoint()  # [batch, pos, head_index, d_head]
         self.hook_k = CheckedHookPoint()  # [batch, pos, kv_head_index, d_head]  (pos: kv_input's in cross-attention)
         self.hook_v = CheckedHookPoint()  # [batch, pos, kv_head_index, d_head]
@@ -127,13 +136,17 @@ class Attention(nn.Module):
     def _project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """q, k, v in one matrix product: [W_Q | W_K | W_V] laid side by side as [d_model, (h + 2·kv)·d_head].
 
-        Laying them side by side copies the weights; for a few tokens (a decoding step) that copy costs
-        more than the product, so there each head's product reads its weights in place."""
-        if x.shape[0] * x.shape[1] < FEW_TOKENS:
+        Laying them side by side copies the weights. Outside autograd the copy is made once and kept until a
+        weight changes (`Derived`). Under autograd it is made on every call, in the graph; for a few tokens that
+        copy costs more than the product, so there each head's product reads its weights in place."""
+        weights = (self.W_Q, self.W_K, self.W_V, self.b_Q, self.b_K, self.b_V)
+        if not torch.is_grad_enabled():
+            W, b = self._fused_qkv(*weights)
+        elif x.shape[0] * x.shape[1] < FEW_TOKENS:
             return tuple(self._project_per_head(x, W, b) for W, b in ((self.W_Q, self.b_Q), (self.W_K, self.b_K),
                                                                       (self.W_V, self.b_V)))
-        W = torch.cat([W.permute(1, 0, 2) for W in (self.W_Q, self.W_K, self.W_V)], dim=1).flatten(1)
-        b = None if self.b_Q is None else torch.cat((self.b_Q, self.b_K, self.b_V)).flatten()
+        else:
+            W, b = side_by_side(*weights)
         qkv = F.linear(x, W.T, b).unflatten(-1, (-1, self.d_head))
         return qkv.split((self.n_heads, self.n_kv_heads, self.n_kv_heads), dim=2)
 

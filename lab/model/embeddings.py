@@ -9,7 +9,7 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
 from lab.model.config import ModelConfig
-from lab.model.primitives import empty_parameter, init_normal_, reset_biases, zero_parameter
+from lab.model.primitives import Derived, empty_parameter, init_normal_, reset_biases, zero_parameter
 
 
 class Embed(nn.Module):
@@ -82,6 +82,19 @@ class NoAbsolutePositions(nn.Module):
 
 
 
+def is_zero(tensor: Tensor) -> bool:
+    return tensor.device.type != "meta" and not bool(tensor.any())  # a meta tensor has no values to be zero
+
+
+def bias_to_add(unembed: nn.Module) -> Tensor | None:
+    """b_U, or None where adding it changes nothing: it is all zero (as in every converted Hugging Face model) and
+    no gradient needs to reach it. Adding zeros is one more pass over the whole [batch, pos, d_vocab] logits."""
+    b_U = unembed.b_U
+    if b_U.requires_grad and torch.is_grad_enabled():
+        return b_U
+    return None if unembed.b_U_is_zero(b_U) else b_U
+
+
 class Unembed(nn.Module):
     """logits = x W_U + b_U, W_U ∈ R^{d_model × d_vocab}."""
 
@@ -90,6 +103,7 @@ class Unembed(nn.Module):
         self.init_std = cfg.init_std
         self.W_U = empty_parameter(cfg.d_model, cfg.d_vocab)
         self.b_U = zero_parameter((cfg.d_vocab,))
+        self.b_U_is_zero = Derived(is_zero)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -98,7 +112,7 @@ class Unembed(nn.Module):
         reset_biases(self.b_U)
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_vocab"]:
-        return F.linear(x, self.W_U.T, self.b_U)
+        return F.linear(x, self.W_U.T, bias_to_add(self))
 
 
 class TiedUnembed(nn.Module):
@@ -111,6 +125,7 @@ class TiedUnembed(nn.Module):
         super().__init__()
         self._embed = (embed,)
         self.b_U = zero_parameter((cfg.d_vocab,))
+        self.b_U_is_zero = Derived(is_zero)
 
     def reset_parameters(self) -> None:
         """b_U = 0 (W_E is the embedding's, reset there)."""
@@ -121,7 +136,7 @@ class TiedUnembed(nn.Module):
         return self._embed[0].W_E.T
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_vocab"]:
-        return F.linear(x, self._embed[0].W_E, self.b_U)
+        return F.linear(x, self._embed[0].W_E, bias_to_add(self))
 
 
 POSITIONS: dict[str, type[nn.Module]] = {

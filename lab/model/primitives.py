@@ -1,5 +1,6 @@
 """What every component is made of: the checked hook point that wraps each activation, the switch that adds or
-removes hook points, and the constructors and initialisers of the components' parameters."""
+removes hook points, the constructors and initialisers of the components' parameters, and `Derived`, a value
+kept from weights until they change."""
 
 from collections.abc import Callable
 from typing import Any, Literal
@@ -82,3 +83,24 @@ def set_hook_points(module: nn.Module, names: tuple[str, ...], present: bool) ->
             module.add_module(name, CheckedHookPoint().train(module.training))
         elif not present and name in module._modules:
             delattr(module, name)
+
+
+class Derived:
+    """A value computed from some tensors (a weight laid out anew, whether a bias is zero), kept until one of them
+    changes: a new tensor (another address, shape, device or dtype) or an in-place write (its version counter moves
+    on an optimizer step, load_state_dict, reset_parameters, `with torch.no_grad(): w += …`). A tensor whose
+    writes cannot be tracked (an inference tensor) is computed from afresh on every call. A kept tensor is for use
+    outside autograd: under autograd it must be formed in the graph, for gradients to reach the tensors."""
+
+    def __init__(self, compute: Callable[..., Any]):
+        self.compute = compute
+        self._key: tuple | None = None
+        self._value: Any = None
+
+    def __call__(self, *tensors: Tensor | None) -> Any:
+        if any(t is not None and t.is_inference() for t in tensors):
+            return self.compute(*tensors)
+        key = tuple(None if t is None else (t.data_ptr(), t._version, t.shape, t.device, t.dtype) for t in tensors)
+        if key != self._key:
+            self._value, self._key = self.compute(*tensors), key
+        return self._value

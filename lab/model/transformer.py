@@ -48,6 +48,7 @@ from lab.model.tl_weights import TLWeights
 
 HookFn = Callable[[Tensor, HookPoint], Tensor | None]
 RETURN_TYPES = ("logits", "loss", "both", None)
+ALL, LAST = slice(None), slice(-1, None)  # the positions the final norm and the unembedding run at
 
 
 class HookedTransformer(TLWeights, TextMethods, HookedRootModule):
@@ -119,29 +120,46 @@ class HookedTransformer(TLWeights, TextMethods, HookedRootModule):
             elif return_type in ("loss", "both") and stop_at_layer is None:
                 raise ValueError(f"return_type={return_type!r} with start_at_layer needs tokens= (the ids whose next "
                                  "tokens the loss scores): the residual stream alone does not say them")
-        unembed = stop_at_layer is None
-        if kv_cache is None:
-            out = self._run(tokens, x, None, 0, start, stop, unembed)
-        else:
-            offset = kv_cache.check(self.cfg.n_layers, tokens.shape[0])
-            try:
-                out = self._run(tokens, None, kv_cache, offset, start, stop, unembed)
-            except BaseException:
-                kv_cache.truncate(offset)  # layers before the failure appended this step's keys: take them back
-                raise
-        if not unembed:
-            return out  # the residual stream entering block `stop`: nothing after it ran
-        return self._outputs(out, tokens, return_type, loss_per_token)
+        if stop_at_layer is not None:  # the residual stream entering block `stop`: nothing after it ran
+            return self._run(tokens, x, kv_cache, start, stop, None)
+        return self._outputs(self._run(tokens, x, kv_cache, start, stop, ALL), tokens, return_type, loss_per_token)
 
-    def _run(self, tokens: Tensor | None, x: Tensor | None, kv_cache: KVCache | None, offset: int, start: int,
-             stop: int, unembed: bool) -> Tensor:
+    def next_token_logits(self, tokens: Int[Tensor, "batch pos"], kv_cache: KVCache | None = None
+                          ) -> Float[Tensor, "batch d_vocab"]:
+        """The logits of each row's next token, `forward(tokens, kv_cache=kv_cache)[:, -1]`: what a decoding step
+        reads. The final norm and the unembedding run at the last position only — the other positions' logits
+        would be thrown away, and at GPT-2's vocabulary the unembedding is about a third of a prompt's forward
+        pass — unless something may read them at every position (a hook on the final norm or on hook_logits, or
+        the explicit paths): then the pass is `forward`'s, hooks seeing what they always see."""
+        tokens = self.check_tokens(tokens, 0 if kv_cache is None else kv_cache.length)
+        positions = ALL if self._reads_every_position() else LAST
+        return self._run(tokens, None, kv_cache, 0, self.cfg.n_layers, positions)[:, -1]
+
+    def _reads_every_position(self) -> bool:
+        """True when the final norm's or the logits' activations may be read: a hook (TransformerLens's or torch's
+        own) on one of their modules, or the explicit paths, for wrappers that intercept modules."""
+        modules = (*self.ln_final.modules(), self.hook_logits)
+        return self.cfg.runtime.explicit_paths or any(
+            m._forward_hooks or m._forward_pre_hooks or m._backward_hooks for m in modules)
+
+    def _run(self, tokens: Tensor | None, x: Tensor | None, kv_cache: KVCache | None, start: int, stop: int,
+             unembed: slice | None) -> Tensor:
         """Embed the tokens (unless the residual stream x is given), run blocks start … stop − 1, then the final
-        norm and the unembedding if asked."""
-        if x is None:
-            x = self.pos_embed(self.hook_embed(self.embed(tokens)), offset)
-        for layer in range(start, stop):
-            x = self.blocks[layer](x, None if kv_cache is None else kv_cache.entries[layer])
-        return self.hook_logits(self.unembed(self.ln_final(x))) if unembed else x
+        norm and the unembedding at the positions `unembed` selects (None: neither runs). With a KV cache the
+        tokens continue its prefix, and a pass that raises truncates every layer back to where it started."""
+        offset = 0 if kv_cache is None else kv_cache.check(self.cfg.n_layers, tokens.shape[0])
+        try:
+            if x is None:
+                x = self.pos_embed(self.hook_embed(self.embed(tokens)), offset)
+            for layer in range(start, stop):
+                x = self.blocks[layer](x, None if kv_cache is None else kv_cache.entries[layer])
+            if unembed is None:
+                return x
+            return self.hook_logits(self.unembed(self.ln_final(x if unembed == ALL else x[:, unembed])))
+        except BaseException:
+            if kv_cache is not None:
+                kv_cache.truncate(offset)  # layers before the failure appended this step's keys: take them back
+            raise
 
     def _layer_range(self, start_at_layer: Any, stop_at_layer: Any, kv_cache: KVCache | None) -> tuple[int, int]:
         """(first block, one past the last block) to run; negative layers count from the end, as in TransformerLens."""
