@@ -6,6 +6,7 @@ import torch
 from lab import HookedTransformer
 from lab.generate import decode, filter_logits, sample_next
 from lab.hf import from_hf
+from lab.model import KVCache, KVCacheEntry
 from tests.conftest import hf_gpt2, hf_llama, tiny_config
 
 VARIANTS = [dict(), dict(positions="rotary", mlp="swiglu", n_kv_heads=2, norm="rmsnorm", bias=False),
@@ -114,3 +115,54 @@ def test_decoding_into_a_given_cache_fills_it_and_changes_nothing():
         decode(model, prompt, 2, kv_cache=cache)
     with pytest.raises(ValueError, match="use_kv_cache"):
         decode(model, prompt, 2, use_kv_cache=False, kv_cache=KVCache.empty(model.cfg.n_layers))
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=["learned", "rotary-gqa", "sinusoidal-post-ln"])
+def test_decoding_logits_are_the_uncached_forward_passes(variant):
+    """Each step's logits (the final norm and unembedding at the last position only, keys from a preallocated
+    cache) equal those the full forward pass over the finished sequence gives at that position."""
+    model = HookedTransformer(tiny_config(**variant), seed=2).eval()
+    prompt = torch.randint(0, 100, (3, 5), generator=torch.Generator().manual_seed(0))
+    for use_kv_cache in (True, False):
+        out = decode(model, prompt, 12, temperature=0, use_kv_cache=use_kv_cache)
+        with torch.no_grad():
+            full = model(out.tokens)[:, prompt.shape[1] - 1 : -1]
+        assert (out.logits - full).abs().max() <= 1e-5
+
+
+def test_next_token_logits_are_the_last_position_of_forward_and_hooks_see_every_position(model, tokens):
+    with torch.no_grad():
+        full = model(tokens)
+        assert (model.next_token_logits(tokens) - full[:, -1]).abs().max() <= 1e-5
+        cache = KVCache.empty(model.cfg.n_layers)
+        model.next_token_logits(tokens[:, :-3], cache)
+        assert (model.next_token_logits(tokens[:, -3:], cache) - full[:, -1]).abs().max() <= 1e-5
+        seen = {}
+        hooks = [(name, lambda x, hook: seen.__setitem__(hook.name, x.shape)) for name in
+                 ("ln_final.hook_normalized", "hook_logits")]
+        with model.hooks(fwd_hooks=hooks):
+            hooked = model.next_token_logits(tokens)
+    assert seen == {"ln_final.hook_normalized": (*tokens.shape, model.cfg.d_model),
+                    "hook_logits": (*tokens.shape, model.cfg.d_vocab)}
+    assert (hooked - full[:, -1]).abs().max() <= 1e-5
+
+
+def test_a_cache_with_capacity_writes_every_step_in_place():
+    entry = KVCacheEntry(capacity=10)
+    steps = [torch.randn(2, n, 3, 4) for n in (4, 1, 1, 1, 1, 1, 1)]
+    buffer = None
+    for i, k in enumerate(steps):
+        keys, values = entry.append(k, -k)
+        buffer = entry._keys.data_ptr() if buffer is None else buffer
+        assert entry._keys.data_ptr() == buffer  # never moved into a larger buffer
+        assert torch.equal(keys, torch.cat(steps[: i + 1], dim=1)) and torch.equal(values, -keys)
+    entry.append(torch.randn(2, 2, 3, 4), torch.randn(2, 2, 3, 4))  # past the capacity: it grows, keeping the prefix
+    assert entry.length == 12 and torch.equal(entry.keys[:, :10], torch.cat(steps, dim=1))
+
+
+def test_generate_keeps_no_logits_and_gives_the_tokens_decode_gives(model):
+    prompt = torch.randint(0, 100, (2, 5), generator=torch.Generator().manual_seed(0))
+    kept = decode(model, prompt, 6, temperature=0)
+    bare = decode(model, prompt, 6, temperature=0, keep_logits=False)
+    assert bare.logits is None and torch.equal(bare.tokens, kept.tokens)
+    assert torch.equal(model.generate(prompt, 6, temperature=0), kept.tokens)

@@ -386,7 +386,8 @@ def test_llama_7b_shaped_config_counts_6_74e9_parameters():
 
 @pytest.mark.parametrize("variant", [dict(), dict(n_kv_heads=2, positions="rotary", bias=False)], ids=["mha", "gqa"])
 def test_few_token_and_many_token_projections_agree(variant):
-    """A decoding step (few tokens: per-head products) and a batch (one fused product) give the same q, k, v."""
+    """Under autograd a decoding step (few tokens: per-head products) and a batch (one fused product), and outside
+    it both (the kept fused weights), give the same q, k, v."""
     from lab.model.components import FEW_TOKENS
 
     model = HookedTransformer(tiny_config(**variant), seed=0).eval()
@@ -394,9 +395,65 @@ def test_few_token_and_many_token_projections_agree(variant):
     many = one.repeat(FEW_TOKENS // 6 + 1, 1)
     assert one.numel() < FEW_TOKENS <= many.numel()
     names = [f"blocks.1.attn.hook_{n}" for n in "qkv"]
-    with torch.no_grad():
+    with torch.enable_grad():
         _, few = model.run_with_cache(one, names_filter=names)
         _, lots = model.run_with_cache(many, names_filter=names)
         assert (model(one) - model(many)[:1]).abs().max() <= 1e-5
+    with torch.no_grad():
+        _, kept = model.run_with_cache(one, names_filter=names)
     for name in names:
         assert (few[name] - lots[name][:1]).abs().max() <= 1e-6, name
+        assert (few[name] - kept[name]).abs().max() <= 1e-6, name
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_a_zero_b_U_is_left_out_until_it_changes_and_still_gets_its_gradient(tied):
+    """The unembedding skips adding an all-zero b_U outside autograd; an in-place write or a new tensor is read
+    again, and under autograd b_U is always added, so its gradient is real."""
+    model = HookedTransformer(tiny_config(tied_embeddings=tied), seed=0).eval()
+    tokens = torch.randint(0, VOCAB, (2, 7), generator=torch.Generator().manual_seed(0))
+
+    def by_hand() -> torch.Tensor:
+        resid = model(tokens, stop_at_layer=model.cfg.n_layers)
+        return model.ln_final(resid) @ model.W_U + model.b_U
+
+    with torch.no_grad():
+        before = model(tokens)
+        assert (before - by_hand()).abs().max() <= 1e-5
+        for change, shift in ((lambda b: b.add_(0.5), 0.5), (lambda b: b.zero_(), 0.0)):  # in place: a new version
+            change(model.unembed.b_U)
+            assert (model(tokens) - (before + shift)).abs().max() <= 1e-5
+        model.unembed.b_U = torch.nn.Parameter(torch.full((VOCAB,), 0.25))  # a new tensor
+        assert (model(tokens) - (before + 0.25)).abs().max() <= 1e-5
+        model.unembed.b_U = torch.nn.Parameter(torch.zeros(VOCAB))
+    model.loss(tokens).backward()
+    assert model.unembed.b_U.grad is not None and model.unembed.b_U.grad.abs().sum() > 0
+
+
+def test_the_kept_fused_qkv_weights_follow_every_change_to_the_weights():
+    """Outside autograd attention keeps [W_Q | W_K | W_V] side by side; an in-place write, load_state_dict and a new
+    parameter each give the output that weights laid anew (under autograd) give."""
+    model = HookedTransformer(tiny_config(n_kv_heads=2, positions="rotary"), seed=0).eval()
+    other = HookedTransformer(tiny_config(n_kv_heads=2, positions="rotary"), seed=1).eval()
+    tokens = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(0))
+
+    def agrees() -> torch.Tensor:
+        with torch.no_grad():
+            kept = model(tokens)
+        with torch.enable_grad():
+            fresh = model(tokens).detach()
+        assert (kept - fresh).abs().max() <= 1e-5
+        return kept
+
+    first = agrees()
+    with torch.no_grad():
+        model.blocks[0].attn.W_K.mul_(1.5)
+        model.blocks[1].attn.b_V.add_(0.1)
+    assert (agrees() - first).abs().max() > 1e-3  # the change reached the output
+    model.load_state_dict(other.state_dict())
+    with torch.no_grad():
+        assert (agrees() - other(tokens)).abs().max() <= 1e-5
+    model.blocks[1].attn.W_Q = torch.nn.Parameter(torch.randn_like(model.blocks[1].attn.W_Q))
+    second = agrees()
+    with torch.no_grad():
+        assert (second - other(tokens)).abs().max() > 1e-3

@@ -4,7 +4,7 @@ on the meta device any size builds (shapes only), and the parameter counts the c
 import pytest
 import torch
 
-import lab.model.transformer as transformer
+import lab.model.memory as memory
 from lab import HookedTransformer, ModelConfig
 from lab.model import EncoderDecoder, EncoderDecoderConfig
 from tests.conftest import tiny_config
@@ -25,12 +25,12 @@ def test_an_absurd_size_is_refused_at_once_naming_parameters_and_memory(changes)
 def test_the_check_compares_with_what_is_available(monkeypatch):
     cfg = tiny_config()
     needed = (cfg.n_params() + cfg.n_buffer_elements()) * 4
-    monkeypatch.setattr(transformer, "available_memory", lambda device: needed - 1)
+    monkeypatch.setattr(memory, "available_memory", lambda device: needed - 1)
     with pytest.raises(ValueError, match="0.0 GiB available"):
         HookedTransformer(cfg)
-    monkeypatch.setattr(transformer, "available_memory", lambda device: needed)
+    monkeypatch.setattr(memory, "available_memory", lambda device: needed)
     HookedTransformer(cfg)
-    monkeypatch.setattr(transformer, "available_memory", lambda device: None)  # unknown: no check
+    monkeypatch.setattr(memory, "available_memory", lambda device: None)  # unknown: no check
     HookedTransformer(cfg)
 
 

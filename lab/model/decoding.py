@@ -22,15 +22,15 @@ from torch import Tensor, nn
 
 from lab.model.kv_cache import KVCache
 
-# One decoding step: the logits [batch, pos, d_vocab] of the tokens fed in, which continue the cache's prefix
-# (the whole sequence so far when there is no cache).
-StepFn = Callable[[Int[Tensor, "batch pos"], KVCache | None], Float[Tensor, "batch pos d_vocab"]]
+# One decoding step: the next token's logits [batch, d_vocab] after the tokens fed in, which continue the cache's
+# prefix (the whole sequence so far when there is no cache).
+StepFn = Callable[[Int[Tensor, "batch pos"], KVCache | None], Float[Tensor, "batch d_vocab"]]
 
 
 @dataclass
 class Generation:
     tokens: Int[Tensor, "batch pos"]  # the prompt followed by the new tokens
-    logits: Float[Tensor, "batch new d_vocab"]  # the logits each new token was drawn from
+    logits: Float[Tensor, "batch new d_vocab"] | None  # the logits each new token was drawn from (None: not kept)
 
 
 def _is_int(value: Any) -> bool:
@@ -108,9 +108,10 @@ def sample_next(logits: Float[Tensor, "batch d_vocab"], temperature: float = 1.0
 def sample_tokens(step: StepFn, tokens: Int[Tensor, "batch pos"], max_new_tokens: int, d_vocab: int,
                   cache: KVCache | None, temperature: float = 1.0, top_k: int | None = None,
                   top_p: float | None = None, generator: torch.Generator | None = None,
-                  eos_token_id: int | None = None) -> Generation:
-    """The decoding loop: extend `tokens` by up to `max_new_tokens`, each drawn by `sample_next` from the last
-    logits of `step`, which reads only the newest token when there is a cache and the whole sequence when not.
+                  eos_token_id: int | None = None, keep_logits: bool = True) -> Generation:
+    """The decoding loop: extend `tokens` by up to `max_new_tokens`, each drawn by `sample_next` from the logits
+    `step` gives, reading only the newest token when there is a cache and the whole sequence when not.
+    keep_logits=False keeps no step's logits (Generation.logits is None), for a caller that wants only tokens.
 
     Rows that emit `eos_token_id` keep emitting it; decoding stops when every row has. The arguments are checked
     by the callers (`decode`, `EncoderDecoder.generate`), which know the model's context and vocabulary.
@@ -119,8 +120,9 @@ def sample_tokens(step: StepFn, tokens: Int[Tensor, "batch pos"], max_new_tokens
     step_logits = []
     new = tokens  # what the next step must read: everything, or only the newest token
     for _ in range(max_new_tokens):
-        logits = step(new, cache)[:, -1]
-        step_logits.append(logits)
+        logits = step(new, cache)
+        if keep_logits:
+            step_logits.append(logits)
         next_token = sample_next(logits, temperature, top_k, top_p, generator)
         if eos_token_id is not None:
             next_token = torch.where(done, eos_token_id, next_token)
@@ -129,6 +131,8 @@ def sample_tokens(step: StepFn, tokens: Int[Tensor, "batch pos"], max_new_tokens
         new = next_token[:, None] if cache is not None else tokens
         if eos_token_id is not None and bool(done.all()):
             break
+    if not keep_logits:
+        return Generation(tokens, None)
     empty = torch.empty(tokens.shape[0], 0, d_vocab, device=tokens.device)
     return Generation(tokens, torch.stack(step_logits, dim=1) if step_logits else empty)
 
@@ -141,12 +145,14 @@ def seeded_generator(seed: int | None, device: torch.device) -> torch.Generator 
 @torch.inference_mode()
 def decode(model: nn.Module, tokens: Int[Tensor, "batch pos"], max_new_tokens: int, temperature: float = 1.0,
            top_k: int | None = None, top_p: float | None = None, seed: int | None = None, use_kv_cache: bool = True,
-           eos_token_id: int | None = None, kv_cache: KVCache | None = None) -> Generation:
+           eos_token_id: int | None = None, kv_cache: KVCache | None = None, keep_logits: bool = True) -> Generation:
     """Extend `tokens` by up to `max_new_tokens` with a `HookedTransformer`, returning the tokens and the logits
-    each was drawn from.
+    each was drawn from (None with keep_logits=False).
 
     Rows that emit `eos_token_id` keep emitting it; decoding stops when every row has. `kv_cache`: an empty cache to
-    decode into (default a fresh one), for a caller that reads the keys and values while they are written.
+    decode into (default a fresh one, with room for the whole sequence from the start, so that no step copies the
+    keys into a larger buffer), for a caller that reads the keys and values while they are written. Each step runs
+    `model.next_token_logits`, whose final norm and unembedding see the last position only when nothing hooks them.
     """
     tokens = model.check_tokens(tokens)
     check_max_new_tokens(max_new_tokens, tokens.shape[1], model.cfg.n_ctx)
@@ -154,13 +160,15 @@ def decode(model: nn.Module, tokens: Int[Tensor, "batch pos"], max_new_tokens: i
     check_token_id(eos_token_id, "eos_token_id", model.cfg.d_vocab)
     if kv_cache is not None and (not use_kv_cache or kv_cache.length != 0):
         raise ValueError("kv_cache must be an empty KVCache (KVCache.empty(n_layers)), and use_kv_cache True")
-    cache = (KVCache.empty(model.cfg.n_layers) if kv_cache is None else kv_cache) if use_kv_cache else None
-    return sample_tokens(lambda new, kv: model(new, kv_cache=kv), tokens, max_new_tokens, model.cfg.d_vocab,
-                         cache, temperature, top_k, top_p, seeded_generator(seed, tokens.device), eos_token_id)
+    fed = tokens.shape[1] + max(max_new_tokens - 1, 0)  # the last token is drawn, never fed back
+    cache = (KVCache.empty(model.cfg.n_layers, fed) if kv_cache is None else kv_cache) if use_kv_cache else None
+    return sample_tokens(model.next_token_logits, tokens, max_new_tokens, model.cfg.d_vocab, cache, temperature,
+                         top_k, top_p, seeded_generator(seed, tokens.device), eos_token_id, keep_logits)
 
 
 def generate(model: nn.Module, tokens: Int[Tensor, "batch pos"], max_new_tokens: int,
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
              use_kv_cache: bool = True, eos_token_id: int | None = None) -> Int[Tensor, "batch pos"]:
     """The prompt followed by up to `max_new_tokens` sampled tokens (a `HookedTransformer`; see `decode`)."""
-    return decode(model, tokens, max_new_tokens, temperature, top_k, top_p, seed, use_kv_cache, eos_token_id).tokens
+    return decode(model, tokens, max_new_tokens, temperature, top_k, top_p, seed, use_kv_cache, eos_token_id,
+                  keep_logits=False).tokens

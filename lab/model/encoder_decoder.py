@@ -292,7 +292,7 @@ class EncoderDecoder(HookedRootModule):
         encoder_out = self.encode(src)
         tokens = torch.full((encoder_out.shape[0], 1), bos_token_id, dtype=torch.long, device=encoder_out.device)
         cache = KVCache.empty(self.cfg.n_decoder_layers) if use_kv_cache else None
-        return sample_tokens(lambda new, kv: self.decode(new, encoder_out, kv), tokens, max_new_tokens,
+        return sample_tokens(lambda new, kv: self.decode(new, encoder_out, kv)[:, -1], tokens, max_new_tokens,
                              self.cfg.d_vocab_tgt, cache, temperature, generator=seeded_generator(seed, tokens.device),
                              eos_token_id=eos_token_id).tokens
 

@@ -16,14 +16,16 @@ class KVCacheEntry:
 
     They live in buffers with room to spare that double when full, so a decoding step writes its key
     and value in place instead of copying the whole prefix (amortised O(1) per step, not O(t)).
-    `keys` and `values` are views of the filled part.
+    `capacity`: the positions the first buffers hold (a decoding loop that knows its length asks for all of
+    it, and no step ever copies the prefix). `keys` and `values` are views of the filled part.
     """
 
-    def __init__(self, keys: Tensor | None = None, values: Tensor | None = None):
+    def __init__(self, keys: Tensor | None = None, values: Tensor | None = None, capacity: int = 0):
         if (keys is None) != (values is None) or (keys is not None and keys.shape[:2] != values.shape[:2]):
             raise ValueError("KVCacheEntry needs keys and values of the same batch and length, or neither")
         self._keys, self._values = keys, values  # the buffers; a given prefix is never written into
         self.length = 0 if keys is None else keys.shape[1]
+        self.capacity = capacity
 
     @property
     def keys(self) -> Tensor | None:
@@ -35,9 +37,11 @@ class KVCacheEntry:
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add this step's keys and values; return all of them (cached prefix first)."""
-        if self._keys is None:
+        if self._keys is None and k.shape[1] >= self.capacity:
             self._keys, self._values, self.length = k, v, k.shape[1]
             return k, v
+        if self._keys is None:  # the first step, into buffers of the capacity asked for
+            self._keys, self._values = (x.new_empty((x.shape[0], self.capacity, *x.shape[2:])) for x in (k, v))
         end = self.length + k.shape[1]
         if end > self._keys.shape[1]:  # full: move into buffers twice as long (or long enough)
             capacity = max(2 * self._keys.shape[1], end)
@@ -69,8 +73,10 @@ class KVCache:
     entries: list[KVCacheEntry] = field(default_factory=list)
 
     @classmethod
-    def empty(cls, n_layers: int) -> "KVCache":
-        return cls([KVCacheEntry() for _ in range(n_layers)])
+    def empty(cls, n_layers: int, capacity: int = 0) -> "KVCache":
+        """A cache with no positions yet; each layer's first buffers hold `capacity` positions (more when the first
+        step brings more)."""
+        return cls([KVCacheEntry(capacity=capacity) for _ in range(n_layers)])
 
     @property
     def length(self) -> int:

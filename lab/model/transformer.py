@@ -12,6 +12,10 @@ takes TransformerLens's call conventions (`forward(input, return_type, stop_at_l
 ...)`, `to_tokens(prepend_bos=)`) and switches (`set_use_attn_result`, `set_use_split_qkv_input`,
 `set_use_attn_in`, `set_use_hook_mlp_in`), and answers what TransformerLens's analysis code reads
 (`accumulated_bias`, `OV`, `QK`, `tl_parameters`), so that code runs on it unchanged.
+
+This module holds the forward pass, the hooks and the switches; the weights under TransformerLens's names are
+`lab.model.tl_weights`, text in and out `lab.model.text`, the cache's selection `lab.model.activation_cache`,
+the loss `lab.model.loss` and the memory check `lab.model.memory` (all importable from here as before).
 """
 
 import difflib
@@ -21,14 +25,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 from torch import nn
-from transformer_lens import ActivationCache, FactoredMatrix, HookedRootModule
+from transformer_lens import ActivationCache, HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from lab.folders import load_pretrained
+from lab.model.activation_cache import (Cache, cached_by_default, default_names_filter,  # noqa: F401
+                                        resolve_names_filter)
 from lab.model.checkpoint import (CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, load_weights, read_checkpoint,  # noqa: F401
                                   read_tokenizer, read_tokenizers, write_checkpoint)
 from lab.model.components import (BLOCKS, NORMS, POSITIONS, Attention, CheckedHookPoint, Embed, NoNorm, TiedUnembed,
@@ -36,13 +41,17 @@ from lab.model.components import (BLOCKS, NORMS, POSITIONS, Attention, CheckedHo
 from lab.model.config import ModelConfig
 from lab.model.decoding import generate
 from lab.model.kv_cache import KVCache
-from lab.model.offload import read_weight
+from lab.model.loss import next_token_loss, per_token_loss
+from lab.model.memory import available_memory, check_fits_in_memory  # noqa: F401
+from lab.model.text import TextMethods, is_text
+from lab.model.tl_weights import TLWeights
 
 HookFn = Callable[[Tensor, HookPoint], Tensor | None]
 RETURN_TYPES = ("logits", "loss", "both", None)
+ALL, LAST = slice(None), slice(-1, None)  # the positions the final norm and the unembedding run at
 
 
-class HookedTransformer(HookedRootModule):
+class HookedTransformer(TLWeights, TextMethods, HookedRootModule):
     """A decoder-only transformer whose every activation is a TransformerLens HookPoint.
 
     Hook names (TransformerLens's): hook_embed, hook_pos_embed, blocks.{l}.hook_resid_pre|mid|post,
@@ -111,29 +120,46 @@ class HookedTransformer(HookedRootModule):
             elif return_type in ("loss", "both") and stop_at_layer is None:
                 raise ValueError(f"return_type={return_type!r} with start_at_layer needs tokens= (the ids whose next "
                                  "tokens the loss scores): the residual stream alone does not say them")
-        unembed = stop_at_layer is None
-        if kv_cache is None:
-            out = self._run(tokens, x, None, 0, start, stop, unembed)
-        else:
-            offset = kv_cache.check(self.cfg.n_layers, tokens.shape[0])
-            try:
-                out = self._run(tokens, None, kv_cache, offset, start, stop, unembed)
-            except BaseException:
-                kv_cache.truncate(offset)  # layers before the failure appended this step's keys: take them back
-                raise
-        if not unembed:
-            return out  # the residual stream entering block `stop`: nothing after it ran
-        return self._outputs(out, tokens, return_type, loss_per_token)
+        if stop_at_layer is not None:  # the residual stream entering block `stop`: nothing after it ran
+            return self._run(tokens, x, kv_cache, start, stop, None)
+        return self._outputs(self._run(tokens, x, kv_cache, start, stop, ALL), tokens, return_type, loss_per_token)
 
-    def _run(self, tokens: Tensor | None, x: Tensor | None, kv_cache: KVCache | None, offset: int, start: int,
-             stop: int, unembed: bool) -> Tensor:
+    def next_token_logits(self, tokens: Int[Tensor, "batch pos"], kv_cache: KVCache | None = None
+                          ) -> Float[Tensor, "batch d_vocab"]:
+        """The logits of each row's next token, `forward(tokens, kv_cache=kv_cache)[:, -1]`: what a decoding step
+        reads. The final norm and the unembedding run at the last position only — the other positions' logits
+        would be thrown away, and at GPT-2's vocabulary the unembedding is about a third of a prompt's forward
+        pass — unless something may read them at every position (a hook on the final norm or on hook_logits, or
+        the explicit paths): then the pass is `forward`'s, hooks seeing what they always see."""
+        tokens = self.check_tokens(tokens, 0 if kv_cache is None else kv_cache.length)
+        positions = ALL if self._reads_every_position() else LAST
+        return self._run(tokens, None, kv_cache, 0, self.cfg.n_layers, positions)[:, -1]
+
+    def _reads_every_position(self) -> bool:
+        """True when the final norm's or the logits' activations may be read: a hook (TransformerLens's or torch's
+        own) on one of their modules, or the explicit paths, for wrappers that intercept modules."""
+        modules = (*self.ln_final.modules(), self.hook_logits)
+        return self.cfg.runtime.explicit_paths or any(
+            m._forward_hooks or m._forward_pre_hooks or m._backward_hooks for m in modules)
+
+    def _run(self, tokens: Tensor | None, x: Tensor | None, kv_cache: KVCache | None, start: int, stop: int,
+             unembed: slice | None) -> Tensor:
         """Embed the tokens (unless the residual stream x is given), run blocks start … stop − 1, then the final
-        norm and the unembedding if asked."""
-        if x is None:
-            x = self.pos_embed(self.hook_embed(self.embed(tokens)), offset)
-        for layer in range(start, stop):
-            x = self.blocks[layer](x, None if kv_cache is None else kv_cache.entries[layer])
-        return self.hook_logits(self.unembed(self.ln_final(x))) if unembed else x
+        norm and the unembedding at the positions `unembed` selects (None: neither runs). With a KV cache the
+        tokens continue its prefix, and a pass that raises truncates every layer back to where it started."""
+        offset = 0 if kv_cache is None else kv_cache.check(self.cfg.n_layers, tokens.shape[0])
+        try:
+            if x is None:
+                x = self.pos_embed(self.hook_embed(self.embed(tokens)), offset)
+            for layer in range(start, stop):
+                x = self.blocks[layer](x, None if kv_cache is None else kv_cache.entries[layer])
+            if unembed is None:
+                return x
+            return self.hook_logits(self.unembed(self.ln_final(x if unembed == ALL else x[:, unembed])))
+        except BaseException:
+            if kv_cache is not None:
+                kv_cache.truncate(offset)  # layers before the failure appended this step's keys: take them back
+            raise
 
     def _layer_range(self, start_at_layer: Any, stop_at_layer: Any, kv_cache: KVCache | None) -> tuple[int, int]:
         """(first block, one past the last block) to run; negative layers count from the end, as in TransformerLens."""
@@ -215,175 +241,6 @@ class HookedTransformer(HookedRootModule):
                  use_kv_cache: bool = True, eos_token_id: int | None = None) -> Int[Tensor, "batch pos"]:
         """Sample a continuation (see `lab.model.decoding`): the prompt followed by the new tokens."""
         return generate(self, tokens, max_new_tokens, temperature, top_k, top_p, seed, use_kv_cache, eos_token_id)
-
-    # --- weights under TransformerLens's names -------------------------------------------------
-    # Read through `read_weight`, so that on a model spread over devices by accelerate (lab.hf.load_hf with a
-    # device_map) an offloaded block's weights come from its offload store instead of the meta device.
-    @property
-    def W_E(self) -> Tensor:
-        return read_weight(self, "embed.W_E")
-
-    @property
-    def W_pos(self) -> Tensor:
-        if not hasattr(self.pos_embed, "W_pos"):
-            raise AttributeError(f"a model with positions = {self.cfg.positions!r} has no W_pos")
-        return read_weight(self, "pos_embed.W_pos")
-
-    @property
-    def W_U(self) -> Tensor:
-        return read_weight(self, "unembed.W_U")
-
-    @property
-    def b_U(self) -> Tensor:
-        return read_weight(self, "unembed.b_U")
-
-    def _stack(self, name: str, module: str = "attn") -> Tensor:
-        """blocks.{l}.{module}.{name} for every layer l, stacked on the first layer's device."""
-        layers = [read_weight(self, f"blocks.{layer}.{module}.{name}") for layer in range(self.cfg.n_layers)]
-        return torch.stack([w.to(layers[0].device) for w in layers])
-
-    @property
-    def W_Q(self) -> Tensor:  # [layer, head, d_model, d_head]
-        return self._stack("W_Q")
-
-    @property
-    def W_K(self) -> Tensor:  # [layer, kv_head, d_model, d_head]
-        return self._stack("W_K")
-
-    @property
-    def W_V(self) -> Tensor:  # [layer, kv_head, d_model, d_head]
-        return self._stack("W_V")
-
-    @property
-    def W_O(self) -> Tensor:  # [layer, head, d_head, d_model]
-        return self._stack("W_O")
-
-    @property
-    def W_in(self) -> Tensor:  # [layer, d_model, d_mlp]
-        return self._stack("W_in", "mlp")
-
-    @property
-    def W_out(self) -> Tensor:  # [layer, d_mlp, d_model]
-        return self._stack("W_out", "mlp")
-
-    def _per_query_head(self, W: Tensor, head_axis: int = -3) -> Tensor:
-        """Key/value weights (head axis −3) or biases (−2) repeated to one per query head: query head h reads
-        key/value head ⌊h · n_kv_heads / n_heads⌋."""
-        group = self.cfg.n_heads // self.cfg.n_kv_heads
-        return W.repeat_interleave(group, dim=head_axis) if group > 1 else W
-
-    @property
-    def QK(self) -> FactoredMatrix:  # [layer, head, d_model, d_model]: W_Q^h (W_K^h)ᵀ
-        """Every head's QK circuit W_Q^h W_K^hᵀ, factored; grouped key/value heads repeated per query head."""
-        return FactoredMatrix(self.W_Q, self._per_query_head(self.W_K).transpose(-2, -1))
-
-    @property
-    def OV(self) -> FactoredMatrix:  # [layer, head, d_model, d_model]: W_V^h W_O^h
-        """Every head's OV circuit W_V^h W_O^h, factored; grouped key/value heads repeated per query head."""
-        return FactoredMatrix(self._per_query_head(self.W_V), self.W_O)
-
-    def accumulated_bias(self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True
-                         ) -> Float[Tensor, "d_model"]:
-        """Σ of the biases written into the residual stream before `layer`: b_O of every attention and (with
-        include_mlp_biases) b_out of every MLP in blocks 0 … layer − 1, plus block `layer`'s b_O when
-        mlp_input (the stream entering its MLP; a parallel block's MLP reads the block's input, before its
-        attention). TransformerLens's `get_full_resid_decomposition` reads it."""
-        n_layers = self.cfg.n_layers
-        if not 0 <= layer <= n_layers or (mlp_input and layer == n_layers):
-            raise ValueError(f"layer must lie in [0, {n_layers}] ([0, {n_layers - 1}] with mlp_input), got {layer}")
-        total = torch.zeros(self.cfg.d_model, device=self.W_E.device, dtype=self.W_E.dtype)
-        after_attention = mlp_input and self.cfg.block != "parallel"
-        for index in range(layer + after_attention):  # read_weight: a block's biases may be offloaded
-            b_O = read_weight(self, f"blocks.{index}.attn.b_O")
-            b_out = read_weight(self, f"blocks.{index}.mlp.b_out") if include_mlp_biases and index < layer else None
-            for bias in (b_O, b_out):
-                if bias is not None:
-                    total = total + bias.to(total.device)
-        return total
-
-    def tl_parameters(self) -> dict[str, Tensor]:
-        """Every weight under its TransformerLens name, as TransformerLens's SVDInterpreter reads them: key/value
-        weights and biases repeated per query head, and unembed.W_U present when it is tied to W_E."""
-        params = dict(self.named_parameters())
-        for layer, block in enumerate(self.blocks):
-            for name, head_axis in (("W_K", -3), ("W_V", -3), ("b_K", -2), ("b_V", -2)):
-                value = getattr(block.attn, name)
-                if value is not None:
-                    params[f"blocks.{layer}.attn.{name}"] = self._per_query_head(value, head_axis)
-        params["unembed.W_U"] = self.W_U
-        return params
-
-    def tokens_to_residual_directions(self, tokens: Any) -> Tensor:
-        """The direction(s) the final-normed residual stream is read along for token id(s) or a string:
-        w ⊙ W_U[:, t], with w the final norm's gain (TransformerLens's API).
-
-        logit_t = (x̂ ⊙ w + b) · W_U[:, t] + b_U[t] for the normed stream x̂, so w ⊙ W_U[:, t] is the part that
-        depends on x̂, and b · W_U[:, t] + b_U[t] is a constant no component writes. TransformerLens folds w into
-        W_U when it loads a model; Forma keeps its weights as they are, and puts w here instead, so that
-        `cache.logit_attrs` and TransformerLens's direct logit attribution decompose the real logit."""
-        if isinstance(tokens, str):
-            tokens = self.to_single_token(tokens)
-        if isinstance(tokens, Tensor) and tokens.numel() == 1 and tokens.ndim <= 1:
-            tokens = int(tokens.item())
-        # a post-LN stack has no final norm: W_U reads the stream (read_weight: the gain may be offloaded)
-        gain = read_weight(self, "ln_final.w") if hasattr(self.ln_final, "w") else None
-        W_U = self.W_U if gain is None else gain[:, None].to(self.W_U.device) * self.W_U
-        if isinstance(tokens, int):
-            return W_U[:, tokens]
-        tokens = torch.as_tensor(tokens, device=W_U.device)
-        return W_U[:, tokens].movedim(0, -1)
-
-    # --- tokenizer -----------------------------------------------------------------------------
-    def _require_tokenizer(self) -> Any:
-        if self.tokenizer is None:
-            raise ValueError("this model has no tokenizer attached: pass token ids, or set model.tokenizer")
-        return self.tokenizer
-
-    def to_tokens(self, text: str | list[str], prepend_bos: bool | None = None) -> Int[Tensor, "batch pos"]:
-        """Encode text (a string or a list of equally long strings) into a [batch, pos] tensor.
-
-        prepend_bos: True puts the tokenizer's BOS token first (once); False encodes the text alone, with no
-        special tokens; None (cfg.default_prepend_bos is False: Forma adds nothing) encodes as the tokenizer
-        does by default."""
-        tokenizer = self._require_tokenizer()
-        texts = [text] if isinstance(text, str) else list(text)
-        ids = [self._encode_text(tokenizer, t, prepend_bos) for t in texts]
-        if len({len(i) for i in ids}) != 1:
-            raise ValueError(f"texts encode to different lengths {[len(i) for i in ids]}: encode them one at a time")
-        return torch.tensor(ids, dtype=torch.long, device=self.W_E.device)
-
-    @staticmethod
-    def _encode_text(tokenizer: Any, text: Any, prepend_bos: bool | None) -> list[int]:
-        if not isinstance(text, str):
-            raise ValueError(f"to_tokens encodes strings, got {type(text).__name__}")
-        if prepend_bos is None:
-            return _encode(tokenizer, text)
-        ids = _encode(tokenizer, text, special_tokens=False)
-        return [_bos_id(tokenizer), *ids] if prepend_bos else ids
-
-    def to_string(self, tokens: int | Tensor | list[int]) -> str | list[str]:
-        """Decode one id (an int or a 0-d tensor) or [pos] ids to a string, or [batch, pos] ids to a list of strings."""
-        tokenizer = self._require_tokenizer()
-        tokens = torch.as_tensor(tokens)
-        if tokens.ndim == 2:
-            return [tokenizer.decode(row.tolist()) for row in tokens]
-        return tokenizer.decode(tokens.reshape(-1).tolist())
-
-    def to_str_tokens(self, text: str | Tensor, prepend_bos: bool | None = None) -> list[str]:
-        """Each token of `text` (encoded as `to_tokens` does) or of an id tensor ([pos], or [1, pos]) as its own
-        string."""
-        tokenizer = self._require_tokenizer()
-        if isinstance(text, str):
-            ids = self._encode_text(tokenizer, text, prepend_bos)
-        else:
-            ids = torch.as_tensor(text).flatten().tolist()
-        return [tokenizer.decode([i]) for i in ids]
-
-    def to_single_token(self, text: str) -> int:
-        ids = _encode(self._require_tokenizer(), text)
-        if len(ids) != 1:
-            raise ValueError(f"{text!r} is {len(ids)} tokens, not one")
-        return ids[0]
 
     # --- hooks: TransformerLens's API, with hook names checked first ----------------------------
     def check_hook_names(self, names: Iterable[Any]) -> None:
@@ -492,121 +349,3 @@ class HookedTransformer(HookedRootModule):
         reached through `lab.folders.load_pretrained`: loading by name is above the model package)."""
         return load_pretrained(cls, name_or_path, device)
 
-
-class Cache(ActivationCache):
-    """TransformerLens's ActivationCache, whose KeyError says why an entry is missing: an unknown hook
-    name (with the closest ones), or a hook the names_filter — or the default, for attn.hook_result —
-    left out."""
-
-    def __getitem__(self, key: Any) -> Tensor:
-        try:
-            return super().__getitem__(key)
-        except KeyError as err:  # TransformerLens raises it with the full name the key resolved to
-            name = err.args[0] if err.args and isinstance(err.args[0], str) else key
-        self.model.check_hook_names([name])  # an unknown name: the model's KeyError, naming the closest ones
-        why = ("left out by default (n_heads × attn_out; name it in names_filter, or use cache.stack_head_results())"
-               if not default_names_filter(self.model)(name) else "left out by the names_filter")
-        raise KeyError(f"{name!r} is a hook of the model but was not cached: {why}")
-
-
-def cached_by_default(name: str) -> bool:
-    """run_with_cache's selection when none is given: every hook except the per-head result (cached too once
-    use_attn_result is on: see `default_names_filter`)."""
-    return not name.endswith("attn.hook_result")
-
-
-def default_names_filter(model: HookedRootModule) -> Callable[[str], bool]:
-    """What run_with_cache caches when asked for nothing in particular."""
-    if getattr(model.cfg, "use_attn_result", False):
-        return lambda name: True
-    return cached_by_default
-
-
-def resolve_names_filter(model: HookedRootModule, names_filter: Any) -> Callable[[str], bool] | list[str]:
-    """A run_with_cache selection as a list of checked names or a predicate (see `run_with_cache`)."""
-    if names_filter is None:
-        return default_names_filter(model)
-    if isinstance(names_filter, str):
-        names_filter = [names_filter]
-    if isinstance(names_filter, (list, tuple)):
-        odd = [name for name in names_filter if not isinstance(name, str)]
-        if odd:  # TransformerLens would match no hook against them and cache nothing
-            raise ValueError(f"names_filter holds {odd[0]!r} ({type(odd[0]).__name__}): hook names are strings "
-                             "(or pass one predicate on names)")
-        model.check_hook_names(names_filter)
-        return list(names_filter)
-    return names_filter
-
-
-def check_fits_in_memory(what: str, n_params: int, n_buffer_elements: int = 0) -> None:
-    """Refuse, before allocating, a model whose weights cannot fit where they would be allocated (torch's
-    default device and dtype): a clear error at once instead of minutes of building or an allocator's
-    failure. Shapes on the meta device cost nothing and are always allowed."""
-    device, dtype = torch.get_default_device(), torch.get_default_dtype()
-    if device.type == "meta":
-        return
-    needed = (n_params + n_buffer_elements) * dtype.itemsize
-    available = available_memory(device)
-    if available is not None and needed > available:
-        raise ValueError(f"{what} of {n_params:,} parameters needs {needed / 2**30:,.1f} GiB ({dtype}) but "
-                         f"{device} has {available / 2**30:,.1f} GiB available: make the model smaller (or build it "
-                         "under `with torch.device('meta')` to count its parameters)")
-
-
-def available_memory(device: torch.device) -> int | None:
-    """Bytes free for new tensors on `device`: a GPU's free memory, or on CPU what Linux reports available
-    (MemAvailable), capped by the cgroup's limit when the process runs in one; None when unknown."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    if device.type != "cpu":
-        return None
-    free: list[int] = []
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                free.append(int(line.split()[1]) * 1024)
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        if limit != "max":
-            free.append(int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
-    except (OSError, ValueError):
-        pass
-    return min(free) if free else None
-
-
-def next_token_loss(logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, ""]:
-    """Mean next-token cross-entropy in nats: the logits at t predict the token at t + 1."""
-    if tokens.shape[-1] < 2:  # no prediction to average over: the mean of nothing is NaN
-        raise ValueError(f"a next-token loss needs at least 2 tokens per sequence (one to predict from, one to "
-                         f"predict), got {tokens.shape[-1]}")
-    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), tokens[:, 1:].reshape(-1))
-
-
-def per_token_loss(logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"]
-                   ) -> Float[Tensor, "batch pos_minus_1"]:
-    """−log P_θ(x_{t+1} | x_≤t) in nats at every position but the last (TransformerLens's loss_per_token)."""
-    if tokens.shape[-1] < 2:
-        raise ValueError(f"a next-token loss needs at least 2 tokens per sequence, got {tokens.shape[-1]}")
-    return F.cross_entropy(logits[:, :-1].transpose(1, 2).float(), tokens[:, 1:], reduction="none")
-
-
-def is_text(input: Any) -> bool:
-    """A string or a non-empty list of strings: what forward tokenizes before running."""
-    return isinstance(input, str) or (isinstance(input, list) and bool(input) and all(isinstance(t, str) for t in input))
-
-
-def _encode(tokenizer: Any, text: str, special_tokens: bool | None = None) -> list[int]:
-    """The ids of `text`: with the special tokens the tokenizer adds by default (None), or forced on or off.
-    Both a `tokenizers.Tokenizer` and a transformers tokenizer take the flag (`add_special_tokens`)."""
-    options = {} if special_tokens is None else {"add_special_tokens": special_tokens}
-    encoded = tokenizer.encode(text, **options)
-    return list(encoded.ids) if hasattr(encoded, "ids") else list(encoded)
-
-
-def _bos_id(tokenizer: Any) -> int:
-    """The tokenizer's beginning-of-sequence id: a transformers tokenizer's bos_token_id, or Forma's `<bos>`."""
-    bos = getattr(tokenizer, "bos_token_id", None)
-    if bos is None and hasattr(tokenizer, "token_to_id"):  # a tokenizers.Tokenizer (Forma's own: lab.tokenize)
-        bos = tokenizer.token_to_id("<bos>")
-    if bos is None:
-        raise ValueError("prepend_bos=True, but the tokenizer has no beginning-of-sequence token")
-    return int(bos)

@@ -1,0 +1,267 @@
+"""Attention: rotary positions, and multi-head (grouped-query, causal, windowed, cross-) attention with its two
+paths, the explicit softmax(QKᵀ/√d_head + M)·V that fires hook_attn_scores and hook_pattern, and the fused
+`scaled_dot_product_attention` that runs when nothing asks for them (tests hold the two equal)."""
+
+import math
+
+import einops
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float
+from torch import Tensor, nn
+
+from lab.model.config import ModelConfig
+from lab.model.kv_cache import KVCacheEntry
+from lab.model.primitives import CheckedHookPoint, Derived, empty_parameter, init_normal_, reset_biases, zero_parameter
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    """(x₁, x₂) ↦ (−x₂, x₁) on the two halves of the last dimension."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Rotary(nn.Module):
+    """Rotary positions (Su et al. 2021): q_t ↦ R_t q_t, k_s ↦ R_s k_s with R_t a block rotation by
+    angles t·θ_i, θ_i = base^(−2i/rotary_dim), so ⟨R_m q, R_n k⟩ depends on n − m only.
+
+    Pairs are (i, i + rotary_dim/2), the GPT-NeoX / LLaMA layout; the first `rotary_dim` dimensions
+    of each head rotate, the rest pass through.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.rotary_dim = cfg.rotary_dim
+        inv_freq = cfg.rotary_base ** (-torch.arange(0, cfg.rotary_dim, 2, dtype=torch.float64) / cfg.rotary_dim)
+        angles = torch.arange(cfg.n_ctx, dtype=torch.float64)[:, None] * inv_freq[None, :]
+        angles = torch.cat((angles, angles), dim=-1)  # [n_ctx, rotary_dim]
+        self.register_buffer("cos", angles.cos().float(), persistent=False)
+        self.register_buffer("sin", angles.sin().float(), persistent=False)
+
+    def forward(self, x: Float[Tensor, "batch pos head d_head"], offset: int) -> Float[Tensor, "batch pos head d_head"]:
+        n = x.shape[1]
+        cos = self.cos[offset : offset + n, None, :].to(x.dtype)
+        sin = self.sin[offset : offset + n, None, :].to(x.dtype)
+        x_rot, x_pass = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
+        x_rot = x_rot * cos + rotate_half(x_rot) * sin
+        return torch.cat((x_rot, x_pass), dim=-1) if x_pass.shape[-1] else x_rot
+
+
+# Under autograd, below this many tokens in a batch (batch × pos), q, k and v come from per-head products instead
+# of one product with the weights laid side by side, which autograd lays anew on every call (measured on CPU: at
+# 1 token 46 µs against 90 µs per layer, at 16 tokens 95 µs against 161 µs; from 128 tokens on the single product
+# wins). Outside autograd the side-by-side weights are kept, and every batch takes the single product.
+FEW_TOKENS = 32
+
+
+def side_by_side(W_Q: Tensor, W_K: Tensor, W_V: Tensor, b_Q: Tensor | None, b_K: Tensor | None, b_V: Tensor | None
+                 ) -> tuple[Float[Tensor, "d_model qkv"], Float[Tensor, "qkv"] | None]:
+    """[W_Q | W_K | W_V] as one [d_model, (h + 2·kv)·d_head] matrix, heads in order, and the biases likewise."""
+    W = torch.cat([W.permute(1, 0, 2) for W in (W_Q, W_K, W_V)], dim=1).flatten(1)
+    return W, None if b_Q is None else torch.cat((b_Q, b_K, b_V)).flatten()
+
+
+class Attention(nn.Module):
+    """Multi-head attention, causal by default, with grouped key/value heads when n_kv_heads < n_heads.
+
+        q = x W_Q + b_Q,  k = y W_K + b_K,  v = y W_V + b_V                 (per head; y = x or kv_input)
+        A = softmax(q kᵀ / √d_head + M),  M_ij = −∞ for j > i, else 0      (the causal mask)
+        z = A v,   attn_out = Σ_h z^h W_O^h + b_O
+
+    Query head h reads key/value head ⌊h · n_kv_heads / n_heads⌋. With a KV cache the new keys and
+    values are appended, and query i sits at absolute position offset + i.
+
+    A sliding window of w (Mistral; `cfg.sliding_window`) also hides the keys j ≤ i − w: each query sees
+    itself and the w − 1 keys before it, M_ij = −∞ unless i − w < j ≤ i. The cache keeps every key; the
+    mask, written in absolute positions, hides the old ones. Without a window, w is n_ctx, which hides
+    nothing a sequence can reach.
+
+    `causal=False` drops the mask (M = 0): an encoder's self-attention, or cross-attention, where
+    `kv_input` (the encoder's output) gives the keys and values and x only the queries (Vaswani et al.
+    2017, §3.2.3). Rotary is a self-attention position code, so it is not applied across sequences.
+
+    `forward_per_head` is the same attention on one copy of its input per head (TransformerLens's
+    use_split_qkv_input / use_attn_in), so that one head's query, key or value input can be patched alone.
+    """
+
+    # The per-head input copies that TransformerLens's switches make real (see `_Block.attention`).
+    SPLIT_INPUT_HOOKS = ("hook_q_input", "hook_k_input", "hook_v_input")  # [batch, pos, head or kv_head, d_model]
+    SHARED_INPUT_HOOKS = ("hook_attn_in",)  # [batch, pos, head, d_model]
+
+    def __init__(self, cfg: ModelConfig, causal: bool = True):
+        super().__init__()
+        self.causal = causal
+        h, kv, d, dh = cfg.n_heads, cfg.n_kv_heads, cfg.d_model, cfg.d_head
+        self.n_heads, self.n_kv_heads, self.d_head = h, kv, dh
+        self._runtime = cfg.runtime
+        # GPT-2's residual-projection scaling for W_O: keeps the residual stream's variance flat in depth.
+        self.init_std, self.out_std = cfg.init_std, cfg.init_std / math.sqrt(2 * cfg.n_layers)
+        self.W_Q, self.W_K, self.W_V, self.W_O = empty_parameter(h, d, dh), empty_parameter(kv, d, dh), empty_parameter(kv, d, dh), empty_parameter(h, dh, d)
+        if cfg.has_qkv_bias:  # every bias, or (Qwen2) those of Q, K and V only
+            self.b_Q, self.b_K, self.b_V = zero_parameter((h, dh)), zero_parameter((kv, dh)), zero_parameter((kv, dh))
+        else:
+            for name in ("b_Q", "b_K", "b_V"):
+                self.register_parameter(name, None)
+        if cfg.bias:
+            self.b_O = zero_parameter((d,))
+        else:
+            self.register_parameter("b_O", None)
+        self.window = cfg.sliding_window or cfg.n_ctx  # keys i − window < j ≤ i are visible
+        self.reset_parameters()
+        self._fused_qkv = Derived(side_by_side)  # [W_Q | W_K | W_V] for inference, formed once per weights' version
+        self.hook_q = CheckedHookPoint()  # [batch, pos, head_index, d_head]
+        self.hook_k = CheckedHookPoint()  # [batch, pos, kv_head_index, d_head]  (pos: kv_input's in cross-attention)
+        self.hook_v = CheckedHookPoint()  # [batch, pos, kv_head_index, d_head]
+        self.rotates = cfg.positions == "rotary"
+        if self.rotates:  # a hook point exists only where its activation does
+            self.rotary = Rotary(cfg)
+            self.hook_rot_q = CheckedHookPoint()  # [batch, pos, head_index, d_head]
+            self.hook_rot_k = CheckedHookPoint()  # [batch, pos, kv_head_index, d_head]
+        self.hook_attn_scores = CheckedHookPoint()  # [batch, head_index, query_pos, key_pos]
+        self.hook_pattern = CheckedHookPoint()  # [batch, head_index, query_pos, key_pos]
+        self.hook_z = CheckedHookPoint()  # [batch, pos, head_index, d_head]
+        self.hook_result = CheckedHookPoint()  # [batch, pos, head_index, d_model]
+
+    def reset_parameters(self) -> None:
+        """W_Q, W_K, W_V ~ N(0, init_std²), W_O ~ N(0, init_std² / (2 n_layers)); biases 0."""
+        for W in (self.W_Q, self.W_K, self.W_V):
+            init_normal_(W, self.init_std)
+        init_normal_(self.W_O, self.out_std)
+        reset_biases(self.b_Q, self.b_K, self.b_V, self.b_O)
+
+    def _project(self, x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
+        out = einops.einsum(x, W, "batch pos d_model, head d_model d_head -> batch pos head d_head")
+        return out if b is None else out.add_(b)  # in place: the einsum's output is a fresh tensor
+
+    def _project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k, v in one matrix product: [W_Q | W_K | W_V] laid side by side as [d_model, (h + 2·kv)·d_head].
+
+        Laying them side by side copies the weights. Outside autograd the copy is made once and kept until a
+        weight changes (`Derived`). Under autograd it is made on every call, in the graph; for a few tokens that
+        copy costs more than the product, so there each head's product reads its weights in place."""
+        weights = (self.W_Q, self.W_K, self.W_V, self.b_Q, self.b_K, self.b_V)
+        if not torch.is_grad_enabled():
+            W, b = self._fused_qkv(*weights)
+        elif x.shape[0] * x.shape[1] < FEW_TOKENS:
+            return tuple(self._project_per_head(x, W, b) for W, b in ((self.W_Q, self.b_Q), (self.W_K, self.b_K),
+                                                                      (self.W_V, self.b_V)))
+        else:
+            W, b = side_by_side(*weights)
+        qkv = F.linear(x, W.T, b).unflatten(-1, (-1, self.d_head))
+        return qkv.split((self.n_heads, self.n_kv_heads, self.n_kv_heads), dim=2)
+
+    @staticmethod
+    def _project_per_head(x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
+        """x W^h (+ b^h) for every head h as one batched product over heads, W [head, d_model, d_head] as stored."""
+        out = torch.matmul(x.unsqueeze(1), W)  # [batch, head, pos, d_head]
+        return (out if b is None else out.add_(b[:, None, :])).transpose(1, 2)
+
+    @staticmethod
+    def _project_copies(x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
+        """x^h W^h (+ b^h) with head h reading its own copy x^h of the input: x [batch, pos, head, d_model]."""
+        out = einops.einsum(x, W, "batch pos head d_model, head d_model d_head -> batch pos head d_head")
+        return out if b is None else out.add_(b)
+
+    def wants_pattern(self) -> bool:
+        """True when a hook asks for the scores or the pattern, or the model's explicit paths are on: then the
+        explicit path runs."""
+        return self._runtime.explicit_paths or self.hook_attn_scores.has_hooks() or self.hook_pattern.has_hooks()
+
+    def forward(
+        self, x: Float[Tensor, "batch pos d_model"], cache: KVCacheEntry | None = None,
+        kv_input: Float[Tensor, "batch kv_pos d_model"] | None = None,
+    ) -> Float[Tensor, "batch pos d_model"]:
+        if kv_input is None:
+            q, k, v = self._project_qkv(x)
+        else:  # cross-attention: queries from x, keys and values from the encoder's output
+            q = self._project(x, self.W_Q, self.b_Q)
+            k, v = self._project(kv_input, self.W_K, self.b_K), self._project(kv_input, self.W_V, self.b_V)
+        return self._attend(q, k, v, cache, self.rotates and kv_input is None)
+
+    def forward_per_head(
+        self, q_input: Float[Tensor, "batch pos head d_model"], k_input: Float[Tensor, "batch pos kv_head d_model"],
+        v_input: Float[Tensor, "batch pos kv_head d_model"], cache: KVCacheEntry | None = None,
+    ) -> Float[Tensor, "batch pos d_model"]:
+        """Self-attention whose every head reads its own copy of the input: q^h = x_q^h W_Q^h + b_Q^h, and
+        k^j, v^j likewise from x_k^j, x_v^j for key/value head j. Equal to `forward` when every copy is x."""
+        q = self._project_copies(q_input, self.W_Q, self.b_Q)
+        k = self._project_copies(k_input, self.W_K, self.b_K)
+        v = self._project_copies(v_input, self.W_V, self.b_V)
+        return self._attend(q, k, v, cache, self.rotates)
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, cache: KVCacheEntry | None, rotate: bool
+                ) -> Float[Tensor, "batch pos d_model"]:
+        """From q, k, v [batch, pos, head, d_head] to attn_out: rotary, the KV cache, A v, and W_O."""
+        offset = 0 if cache is None else cache.length
+        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
+        if rotate:
+            q = self.hook_rot_q(self.rotary(q, offset))
+            k = self.hook_rot_k(self.rotary(k, offset))
+        if cache is not None:
+            k, v = cache.append(k, v)
+        if self.wants_pattern():
+            z = self._explicit(q, k, v, offset)
+        else:
+            z = self._fused(q, k, v, offset)
+        z = self.hook_z(z)
+        if self._runtime.use_attn_result or self.hook_result.has_hooks():
+            result = self.hook_result(
+                einops.einsum(z, self.W_O, "batch pos head d_head, head d_head d_model -> batch pos head d_model"))
+            out = result.sum(dim=2)
+            return out if self.b_O is None else out + self.b_O
+        # Σ_h z^h W_O^h as one product: [batch, pos, head·d_head] × [head·d_head, d_model], bias fused in.
+        return F.linear(z.flatten(2), self.W_O.flatten(0, 1).T, self.b_O)
+
+    def _causal_mask(self, q_len: int, k_len: int, offset: int, device: torch.device) -> Tensor:
+        """Boolean [q_len, k_len]: True where query i (at offset + i) may attend to key j (j ≤ offset + i, and
+        j > offset + i − window); True everywhere when the attention is not causal."""
+        if not self.causal:
+            return torch.ones(q_len, k_len, dtype=torch.bool, device=device)
+        i = torch.arange(q_len, device=device)[:, None] + offset
+        j = torch.arange(k_len, device=device)[None, :]
+        return (j <= i) & (j > i - self.window)
+
+    def _mask_bias(self, q_len: int, k_len: int, offset: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+        """M as an additive [q_len, k_len] bias: 0 where the key is visible, −∞ where it is hidden."""
+        visible = self._causal_mask(q_len, k_len, offset, device)
+        return torch.zeros(q_len, k_len, device=device, dtype=dtype).masked_fill_(~visible, float("-inf"))
+
+    def _scores(self, q: Tensor, k: Tensor, offset: int) -> Float[Tensor, "batch head q_pos k_pos"]:
+        """q kᵀ / √d_head + M, from q [batch, head, q_pos, d_head] and k [batch, head, k_pos, d_head].
+
+        Causal, as one product M + (1/√d_head)·q kᵀ (baddbmm): the scale and the mask ride on the matmul
+        instead of two more passes over the scores, the largest tensor of the explicit path. The same
+        scores to float round-off (exactly the same where √d_head is a power of two)."""
+        if not self.causal:
+            scores = einops.einsum(q, k, "batch head q_pos d_head, batch head k_pos d_head -> batch head q_pos k_pos")
+            return scores.div_(math.sqrt(self.d_head))
+        batch, heads, q_len, d_head = q.shape
+        k_len = k.shape[2]
+        mask = self._mask_bias(q_len, k_len, offset, q.device, q.dtype)
+        scores = torch.baddbmm(mask, q.reshape(batch * heads, q_len, d_head),
+                               k.reshape(batch * heads, k_len, d_head).transpose(1, 2), alpha=1 / math.sqrt(d_head))
+        return scores.view(batch, heads, q_len, k_len)
+
+    def _explicit(self, q: Tensor, k: Tensor, v: Tensor, offset: int) -> Tensor:
+        group = self.n_heads // self.n_kv_heads
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [batch, head, pos, d_head]: one bmm per head
+        if group > 1:
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        scores = self.hook_attn_scores(self._scores(q, k, offset))
+        pattern = self.hook_pattern(scores.softmax(dim=-1))
+        z = einops.einsum(pattern, v, "batch head q_pos k_pos, batch head k_pos d_head -> batch head q_pos d_head")
+        return z.transpose(1, 2)
+
+    def _fused(self, q: Tensor, k: Tensor, v: Tensor, offset: int) -> Tensor:
+        q_len, k_len = q.shape[1], k.shape[1]
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [batch, head, pos, d_head]
+        gqa = self.n_kv_heads != self.n_heads
+        windowed = k_len > self.window  # the window hides some keys: only an explicit mask says which
+        if not self.causal or (q_len == 1 and not windowed):  # no mask, or one new token that sees every key
+            z = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+        elif q_len == k_len and not windowed:  # no cached prefix: the plain causal mask
+            z = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        else:
+            mask = self._causal_mask(q_len, k_len, offset, q.device)
+            z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        return z.transpose(1, 2)

@@ -1,0 +1,147 @@
+"""The token embedding, the absolute position codes (learned, sinusoidal, none) and the unembedding, plain or
+tied to the embedding; `POSITIONS` maps `cfg.positions` to its class (rotary acts inside attention:
+`lab.model.attention`)."""
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+from transformer_lens.hook_points import HookPoint
+
+from lab.model.config import ModelConfig
+from lab.model.primitives import Derived, empty_parameter, init_normal_, reset_biases, zero_parameter
+
+
+class Embed(nn.Module):
+    """Token embedding: e_t = W_E[x_t], W_E ∈ R^{d_vocab × d_model}."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.init_std = cfg.init_std
+        self.W_E = empty_parameter(cfg.d_vocab, cfg.d_model)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """W_E ~ N(0, init_std²)."""
+        init_normal_(self.W_E, self.init_std)
+
+    def forward(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_model"]:
+        return self.W_E[tokens]
+
+
+class LearnedPositions(nn.Module):
+    """Learned absolute positions: x_t = e_t + W_pos[t], W_pos ∈ R^{n_ctx × d_model}."""
+
+    def __init__(self, cfg: ModelConfig, hook: HookPoint):
+        super().__init__()
+        self.init_std = cfg.init_std
+        self.W_pos = empty_parameter(cfg.n_ctx, cfg.d_model)
+        self.reset_parameters()
+        self._hook = (hook,)  # the model's `hook_pos_embed`, held outside this module's tree
+
+    def reset_parameters(self) -> None:
+        """W_pos ~ N(0, init_std²)."""
+        init_normal_(self.W_pos, self.init_std)
+
+    def forward(self, embed: Float[Tensor, "batch pos d_model"], offset: int) -> Float[Tensor, "batch pos d_model"]:
+        pos = self.W_pos[offset : offset + embed.shape[1]]
+        return embed + self._hook[0](pos.expand_as(embed))
+
+
+def sinusoidal_table(n_ctx: int, d_model: int, base: float = 10000.0) -> Float[Tensor, "n_ctx d_model"]:
+    """PE[t, 2i] = sin(t / base^(2i/d_model)), PE[t, 2i+1] = cos(t / base^(2i/d_model))."""
+    position = torch.arange(n_ctx, dtype=torch.float64)[:, None]
+    frequency = base ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    table = torch.zeros(n_ctx, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(position * frequency)
+    table[:, 1::2] = torch.cos(position * frequency)
+    return table.float()
+
+
+class SinusoidalPositions(nn.Module):
+    """Fixed sinusoidal positions (Vaswani et al. 2017, §3.5): x_t = e_t + PE[t]."""
+
+    def __init__(self, cfg: ModelConfig, hook: HookPoint):
+        super().__init__()
+        self.register_buffer("W_pos", sinusoidal_table(cfg.n_ctx, cfg.d_model), persistent=False)
+        self._hook = (hook,)  # the model's `hook_pos_embed`, held outside this module's tree
+
+    def forward(self, embed: Float[Tensor, "batch pos d_model"], offset: int) -> Float[Tensor, "batch pos d_model"]:
+        pos = self.W_pos[offset : offset + embed.shape[1]]
+        return embed + self._hook[0](pos.expand_as(embed))
+
+
+class NoAbsolutePositions(nn.Module):
+    """No absolute position added to the residual stream (rotary models, or no positions at all)."""
+
+    def __init__(self, cfg: ModelConfig, hook: HookPoint | None = None):
+        super().__init__()
+
+    def forward(self, embed: Float[Tensor, "batch pos d_model"], offset: int) -> Float[Tensor, "batch pos d_model"]:
+        return embed
+
+
+
+def is_zero(tensor: Tensor) -> bool:
+    return tensor.device.type != "meta" and not bool(tensor.any())  # a meta tensor has no values to be zero
+
+
+def bias_to_add(unembed: nn.Module) -> Tensor | None:
+    """b_U, or None where adding it changes nothing: it is all zero (as in every converted Hugging Face model) and
+    no gradient needs to reach it. Adding zeros is one more pass over the whole [batch, pos, d_vocab] logits."""
+    b_U = unembed.b_U
+    if b_U.requires_grad and torch.is_grad_enabled():
+        return b_U
+    return None if unembed.b_U_is_zero(b_U) else b_U
+
+
+class Unembed(nn.Module):
+    """logits = x W_U + b_U, W_U ∈ R^{d_model × d_vocab}."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.init_std = cfg.init_std
+        self.W_U = empty_parameter(cfg.d_model, cfg.d_vocab)
+        self.b_U = zero_parameter((cfg.d_vocab,))
+        self.b_U_is_zero = Derived(is_zero)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """W_U ~ N(0, init_std²), b_U = 0."""
+        init_normal_(self.W_U, self.init_std)
+        reset_biases(self.b_U)
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_vocab"]:
+        return F.linear(x, self.W_U.T, bias_to_add(self))
+
+
+class TiedUnembed(nn.Module):
+    """logits = x W_Eᵀ + b_U: the unembedding shares the token embedding's weights.
+
+    The embedding is held outside the module tree (a tuple) so that its weight is stored once.
+    """
+
+    def __init__(self, cfg: ModelConfig, embed: Embed):
+        super().__init__()
+        self._embed = (embed,)
+        self.b_U = zero_parameter((cfg.d_vocab,))
+        self.b_U_is_zero = Derived(is_zero)
+
+    def reset_parameters(self) -> None:
+        """b_U = 0 (W_E is the embedding's, reset there)."""
+        reset_biases(self.b_U)
+
+    @property
+    def W_U(self) -> Float[Tensor, "d_model d_vocab"]:
+        return self._embed[0].W_E.T
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_vocab"]:
+        return F.linear(x, self._embed[0].W_E, bias_to_add(self))
+
+
+POSITIONS: dict[str, type[nn.Module]] = {
+    "learned": LearnedPositions,
+    "sinusoidal": SinusoidalPositions,
+    "rotary": NoAbsolutePositions,  # rotary acts inside attention, on q and k
+    "none": NoAbsolutePositions,
+}

@@ -1,0 +1,22 @@
+"""The next-token cross-entropy, mean and per token, in nats."""
+
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor
+
+
+def next_token_loss(logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, ""]:
+    """Mean next-token cross-entropy in nats: the logits at t predict the token at t + 1."""
+    if tokens.shape[-1] < 2:  # no prediction to average over: the mean of nothing is NaN
+        raise ValueError(f"a next-token loss needs at least 2 tokens per sequence (one to predict from, one to "
+                         f"predict), got {tokens.shape[-1]}")
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), tokens[:, 1:].reshape(-1))
+
+
+def per_token_loss(logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"]
+                   ) -> Float[Tensor, "batch pos_minus_1"]:
+    """−log P_θ(x_{t+1} | x_≤t) in nats at every position but the last (TransformerLens's loss_per_token)."""
+    if tokens.shape[-1] < 2:
+        raise ValueError(f"a next-token loss needs at least 2 tokens per sequence, got {tokens.shape[-1]}")
+    return F.cross_entropy(logits[:, :-1].transpose(1, 2).float(), tokens[:, 1:], reduction="none")
+

@@ -1,0 +1,106 @@
+"""What every component is made of: the checked hook point that wraps each activation, the switch that adds or
+removes hook points, the constructors and initialisers of the components' parameters, and `Derived`, a value
+kept from weights until they change."""
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+from transformer_lens.hook_points import HookPoint
+
+
+class CheckedHookPoint(HookPoint):
+    """TransformerLens's HookPoint, whose hooks may return only a stand-in for the activation: a tensor of
+    its shape, dtype and device, or None (keep it). Anything else is a ValueError naming the hook.
+
+    Every way of attaching a hook — run_with_hooks, `with model.hooks(...)`, run_with_cache, add_hook —
+    ends in `HookPoint.add_hook`, so the check lives here once. It wraps the hook function; a hook point
+    with no hook attached runs exactly as before (the identity, no check).
+    """
+
+    def add_hook(self, hook: Callable[..., Any], dir: Literal["fwd", "bwd"] = "fwd", *args: Any, **kwargs: Any) -> Any:
+        if not callable(hook):
+            raise ValueError(f"a hook on {self.name} must be a function (activation, hook) -> tensor or None, "
+                             f"got {type(hook).__name__}")
+        user_hook, what = hook, "activation" if dir == "fwd" else "gradient"
+
+        def checked(tensor: Tensor, *, hook: Any) -> Any:  # TransformerLens passes the hook point as `hook=`
+            result = user_hook(tensor, hook=hook)
+            if result is not None:
+                check_replacement(result, tensor, hook.name, what)
+            return result
+
+        checked.__name__ = checked.__qualname__ = getattr(hook, "__name__", type(hook).__name__)
+        handle = super().add_hook(checked, dir, *args, **kwargs)
+        if handle is None:  # TransformerLens 3 returns nothing: its handle is the one just listed, first or last
+            listed = self.fwd_hooks if dir == "fwd" else self.bwd_hooks
+            handle = listed[0] if kwargs.get("prepend") or (len(args) > 2 and args[2]) else listed[-1]
+        handle.user_hook = user_hook  # what list_hooks() shows: the caller's function, not the wrapper
+        return handle
+
+
+def check_replacement(result: Any, tensor: Any, name: str | None, what: str = "activation") -> None:
+    """A hook's return value must stand in for the tensor it was given: same shape, dtype and device."""
+    if not isinstance(result, Tensor):
+        raise ValueError(f"the hook on {name} returned a value of type {type(result).__name__}, not a tensor: a hook "
+                         f"returns None (keep the {what}) or a tensor of the {what}'s shape {tuple(tensor.shape)}")
+    if result.shape != tensor.shape:
+        raise ValueError(f"the hook on {name} returned shape {tuple(result.shape)} for the {what} of shape "
+                         f"{tuple(tensor.shape)}: a replacement must have the same shape (no broadcasting)")
+    if result.dtype != tensor.dtype or result.device != tensor.device:
+        raise ValueError(f"the hook on {name} returned a {result.dtype} tensor on {result.device} for the "
+                         f"{tensor.dtype} {what} on {tensor.device}: a replacement must keep the dtype and device")
+
+
+def empty_parameter(*shape: int) -> nn.Parameter:
+    return nn.Parameter(torch.empty(shape))
+
+
+def zero_parameter(shape: tuple[int, ...]) -> nn.Parameter:
+    return nn.Parameter(torch.zeros(shape))
+
+
+def init_normal_(weight: Tensor, std: float) -> None:
+    """weight ← N(0, std²) in place. Drawn as a unit normal scaled by std: bit for bit what
+    `torch.randn(shape) * std` draws, so every seed builds the weights it always built."""
+    with torch.no_grad():
+        weight.normal_(0.0, 1.0).mul_(std)
+
+
+def reset_biases(*biases: Tensor | None) -> None:
+    with torch.no_grad():
+        for bias in biases:
+            if bias is not None:
+                bias.zero_()
+
+
+def set_hook_points(module: nn.Module, names: tuple[str, ...], present: bool) -> None:
+    """Add (or remove) the named hook points of `module`: a switch makes its hook points exist only while the
+    activation they carry does. The model's `setup()` must run afterwards to name them."""
+    for name in names:
+        if present and name not in module._modules:
+            module.add_module(name, CheckedHookPoint().train(module.training))
+        elif not present and name in module._modules:
+            delattr(module, name)
+
+
+class Derived:
+    """A value computed from some tensors (a weight laid out anew, whether a bias is zero), kept until one of them
+    changes: a new tensor (another address, shape, device or dtype) or an in-place write (its version counter moves
+    on an optimizer step, load_state_dict, reset_parameters, `with torch.no_grad(): w += …`). A tensor whose
+    writes cannot be tracked (an inference tensor) is computed from afresh on every call. A kept tensor is for use
+    outside autograd: under autograd it must be formed in the graph, for gradients to reach the tensors."""
+
+    def __init__(self, compute: Callable[..., Any]):
+        self.compute = compute
+        self._key: tuple | None = None
+        self._value: Any = None
+
+    def __call__(self, *tensors: Tensor | None) -> Any:
+        if any(t is not None and t.is_inference() for t in tensors):
+            return self.compute(*tensors)
+        key = tuple(None if t is None else (t.data_ptr(), t._version, t.shape, t.device, t.dtype) for t in tensors)
+        if key != self._key:
+            self._value, self._key = self.compute(*tensors), key
+        return self._value
