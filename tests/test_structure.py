@@ -20,6 +20,7 @@ FOLDERS = ("lab", "experiments", "dashboards", "benchmarks")
 # library (config validation, atomic writes, the zoo's folders and the door to loading by name). Everything
 # else in lab is above the model.
 BENEATH_MODEL = ("lab.configs", "lab.files", "lab.folders")
+MAX_LINES = 450  # one room per idea: a module past this holds more than one (docs/design.md)
 
 
 def module_name(path: Path) -> str:
@@ -122,6 +123,20 @@ def test_the_model_package_imports_nothing_above_it():
     assert upward == []
     for name in BENEATH_MODEL:
         assert edges[name] == set(), f"{name} is beneath lab/model and must import only the standard library"
+
+
+def test_no_module_holds_more_than_one_idea():
+    """No module of the four folders over MAX_LINES lines."""
+    long = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert long == {}
+
+
+def test_dashboard_pages_read_files_through_labs_readers_only():
+    """A page opens no file itself: run folders, tables, figures, metrics and model folders are read by lab."""
+    opened = {path.name: word for path in sorted((REPO / "dashboards").glob("*.py"))
+              for word in ("read_text(", "json.loads(", "read_parquet(", "open(", "read_bytes(")
+              if word in path.read_text()}
+    assert opened == {}
 
 
 def test_the_graph_sees_imports_inside_functions(tmp_path):
