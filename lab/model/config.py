@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import torch
 
-from lab.configs import check_fields, from_dict_strict, need
+from lab.configs import Record, check_fields, need
 
 
 @dataclass(eq=False)
@@ -59,7 +59,7 @@ class RuntimeSettings:
 
 
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(Record):
     """Shape and variant of a decoder-only transformer (names follow TransformerLens)."""
 
     d_vocab: int
@@ -116,25 +116,7 @@ class ModelConfig:
         need(self, self.init_std > 0, f"init_std must be positive, got {self.init_std}")
         object.__setattr__(self, "_runtime", RuntimeSettings())  # not a field: what a model built from it switches
 
-    # --- serialisation ------------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
-        return from_dict_strict(cls, data)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> "ModelConfig":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"ModelConfig: malformed JSON ({err})") from err
-        return cls.from_dict(data)
-
+    # --- serialisation (to_dict, from_dict, to_json, from_json: lab.configs.Record) ------------
     def to_toml(self) -> str:
         lines = []
         for key, value in self.to_dict().items():

@@ -22,7 +22,6 @@ decoder.{l}.ln1|ln_cross|ln2.*, decoder.{l}.hook_attn_out|hook_cross_attn_out|ho
 decoder.{l}.mlp.*, decoder_ln_final.*, hook_logits.
 """
 
-import dataclasses
 import json
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
@@ -35,7 +34,7 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 from transformer_lens import ActivationCache, HookedRootModule
 
-from lab.configs import check_fields, from_dict_strict
+from lab.configs import Record, check_fields
 from lab.folders import load_pretrained, zoo_dir
 from lab.model.checkpoint import (CONFIG_FILE, WEIGHTS_FILE, load_weights, read_checkpoint, read_tokenizers,
                                   write_checkpoint)
@@ -53,7 +52,7 @@ TGT_TOKENIZER_FILE = "tgt_tokenizer.json"
 
 
 @dataclass(frozen=True)
-class EncoderDecoderConfig:
+class EncoderDecoderConfig(Record):
     """Shape and variant of an encoder–decoder transformer; defaults are the seed's (Vaswani et al. 2017):
     sinusoidal positions, LayerNorm, ReLU MLP, post-LN "Add & Norm"."""
 
@@ -112,24 +111,6 @@ class EncoderDecoderConfig:
     def n_buffer_elements(self) -> int:
         """Elements of the two sinusoidal tables (source and target), when positions are sinusoidal."""
         return 2 * self.n_ctx * self.d_model if self.positions == "sinusoidal" else 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "EncoderDecoderConfig":
-        return from_dict_strict(cls, data)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> "EncoderDecoderConfig":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"EncoderDecoderConfig: malformed JSON ({err})") from err
-        return cls.from_dict(data)
 
 
 # --------------------------------------------------------------------------------------------
