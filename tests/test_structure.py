@@ -163,3 +163,16 @@ if __name__ == "__main__":
     import json
 
     print(json.dumps(figures(), indent=2))
+
+
+def test_each_architecture_variant_is_named_by_the_config_and_built_by_its_table_alike():
+    """A variant's name lives in ModelConfig's Literal (what check_fields and TOML accept) and in its component
+    table (what builds it); the two name the same set, so neither can gain a name the other lacks."""
+    import typing
+
+    from lab.model.components import BLOCKS, MLPS, NORMS, POSITIONS
+    from lab.model.config import ModelConfig
+
+    hints = typing.get_type_hints(ModelConfig)
+    for field, table in (("positions", POSITIONS), ("norm", NORMS), ("mlp", MLPS), ("block", BLOCKS)):
+        assert sorted(typing.get_args(hints[field])) == sorted(table), field
