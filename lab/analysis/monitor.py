@@ -253,7 +253,7 @@ class Monitor:
             if self.hooked:
                 with self.model.hooks(fwd_hooks=self.fwd_hooks()):
                     out = decode(self.model, tokens, max_new_tokens, temperature, seed=seed, use_kv_cache=use_kv_cache,
-                                 eos_token_id=eos_token_id, kv_cache=cache).tokens
+                                 eos_token_id=eos_token_id, kv_cache=cache, keep_logits=False).tokens
             else:
                 out = _recompute_decode(self.model, tokens, max_new_tokens, temperature, seed, eos_token_id,
                                         self._series)
@@ -317,7 +317,7 @@ def sample_continuations(model: Any, tokens: Int[Tensor, "batch pos"], k: int, m
         raise ValueError(f"k must be an integer ≥ 1, got {k!r}")
     rows = tokens.repeat_interleave(k, dim=0)
     if isinstance(model, HookedTransformer):
-        out = decode(model, rows, max_new_tokens, 1.0, seed=seed, eos_token_id=eos_token_id).tokens
+        out = decode(model, rows, max_new_tokens, 1.0, seed=seed, eos_token_id=eos_token_id, keep_logits=False).tokens
     else:
         out = _recompute_decode(model, rows, max_new_tokens, 1.0, seed, eos_token_id, None)
     return out[:, tokens.shape[1]:].reshape(tokens.shape[0], k, -1)
