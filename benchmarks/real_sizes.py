@@ -233,6 +233,10 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
              f"medians of {results['rounds']} interleaved rounds after {results['warmup']} warm-up"
              + ("" if results["complete"] else " · stopped part-way: what it measured"), "",
              "| shape | measure | Forma | peer | ratio | target | peak MB Forma / peer |", "|---|---|---|---|---|---|---|"]
+    if results.get("runs"):  # shapes measured in runs of their own, merged: each with its own start and load
+        lines[2:2] = [results["runs"] + ": " + "; ".join(
+            f"{name} {shape['machine']['utc']}, load {shape['machine']['load_average_1_5_15'][0]:.2f} at its start"
+            for name, shape in results["shapes"].items() if "machine" in shape), ""]
     for name, shape in results["shapes"].items():
         for measure, section, ours, theirs, peer, ratio_key, target_key in ROWS:
             if section not in shape:
@@ -248,8 +252,12 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
             lines.append(f"| {name} | {measure} | {a} | {b} ({peer}) | {part[ratio_key]:.3f}× | {target} | {mb} |")
         if "forward" in shape:
             f = shape["forward"]
-            lines.append(f"| {name} | forward utilisation of the matmul peak | {f['utilisation']:.2f} | "
-                         f"{f['hf_utilisation']:.2f} (HF sdpa) | — | — | — |")
+            if max(f["utilisation"], f["hf_utilisation"]) > 1:  # the peak was read while the machine was slower
+                lines.append(f"| {name} | forward utilisation of the matmul peak | not shown: the matmul peak was "
+                             f"measured below the forward's own rate (a noisy reading) | — | — | — | — |")
+            else:
+                lines.append(f"| {name} | forward utilisation of the matmul peak | {f['utilisation']:.2f} | "
+                             f"{f['hf_utilisation']:.2f} (HF sdpa) | — | — | — |")
     lines += ["", f"Peak memory: {results['peak_memory_method']}."]
     return lines
 

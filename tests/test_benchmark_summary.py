@@ -31,6 +31,19 @@ def test_the_patching_section_shows_each_sweeps_measured_ratio():
         assert f"| {name} |" in text and f"{row['ratio_vs_tl_bridge']:.3f}×" in text
 
 
+def test_the_real_sizes_section_shows_each_measured_ratio_and_never_a_utilisation_above_one():
+    results = json.loads((summary.RESULTS / "real_sizes.json").read_text())
+    text = "\n".join(summary.real_sizes_lines(results))
+    for name, shape in results["shapes"].items():
+        assert f"| {name} | forward | " in text and f"{shape['forward']['ratio_vs_hf_sdpa']:.3f}×" in text
+        assert f"{shape['generation']['speed_vs_hf']:.3f}×" in text
+    impossible = json.loads(json.dumps(results))
+    first = next(iter(impossible["shapes"].values()))
+    first["forward"]["utilisation"] = 2.08  # a matmul peak read while the machine was slower than in the forward
+    text = "\n".join(summary.real_sizes_lines(impossible))
+    assert "2.08" not in text and "not shown: the matmul peak was measured below" in text
+
+
 def test_the_harvest_section_shows_the_ratio_against_saelens_store():
     """harvest_saelens.json (SAELens' ActivationsStore, measured in the SAE environment) is a row of the harvest
     section, with its ratio and the agreement of the activations, as the file holds them."""
