@@ -21,6 +21,7 @@ from lab.metrics.calibration import auroc, softmax
 from lab.model import HookedTransformer, ModelConfig
 from lab.tokenize import word_level
 from lab.train import SequenceBatches, TrainConfig, train
+from lab.train.batches import pad_documents
 
 from experiments.calibration.config import EXPOSURE_BINS, N_OPTIONS, Config
 
@@ -70,15 +71,6 @@ def claim_text(world: FactWorld, person: int, attribute: str, value: str) -> str
     return f"<bos> {world.render(Fact(person, attribute, value), 'bare')} Answer :"
 
 
-def _pad(rows: list[list[int]], scored: list[list[bool]], pad_id: int, length: int) -> tuple[Tensor, Tensor]:
-    ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), length), dtype=torch.bool)
-    for i, (row, keep) in enumerate(zip(rows, scored)):
-        ids[i, : len(row)] = torch.tensor(row)
-        mask[i, : len(row)] = torch.tensor(keep)
-    return ids, mask
-
-
 def make_setting(cfg: Config) -> Setting:
     world = FactWorld(FactWorldConfig(n_first_names=cfg.n_first_names, n_last_names=cfg.n_last_names,
                                       n_persons=cfg.n_persons, attributes=("birthday",),
@@ -124,11 +116,11 @@ def make_setting(cfg: Config) -> Setting:
             counts["claims"] += 1
     length = max(len(r) for r in rows)
     pad_id = tokenizer.token_to_id("<pad>")
-    train_rows, train_mask = _pad(rows, scored, pad_id, length)
+    train_rows, train_mask = pad_documents(rows, pad_id, length, scored)
 
     heldout = np.random.default_rng([cfg.seed, 5]).choice(len(world.facts), size=cfg.n_heldout, p=world.p)
     held = [encode(f"<bos> {world.render(world.facts[i], 'bare')} <eos>") for i in heldout]
-    heldout_rows, heldout_mask = _pad(held, [[False] + [True] * (len(r) - 1) for r in held], pad_id, length)
+    heldout_rows, heldout_mask = pad_documents(held, pad_id, length, [[False] + [True] * (len(r) - 1) for r in held])
     return Setting(world, tokenizer, attribute, exposure, format_persons, eval_persons, train_rows, train_mask,
                    heldout_rows, heldout_mask, counts)
 

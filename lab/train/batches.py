@@ -41,6 +41,22 @@ class Batches(Protocol):
     def get_batch(self, split: str, index: int, batch_size: int, seq_len: int, seed: int) -> Batch: ...
 
 
+def pad_documents(rows: list[list[int]], pad_id: int, length: int,
+                  scored: list[list[bool]] | None = None) -> tuple[Int[Tensor, "doc pos"], Tensor]:
+    """Token documents as one [n_docs, length] tensor, padded with `pad_id` at the end, and the mask of the
+    positions a loss reads: each document's own tokens, or the positions `scored` marks. A document longer than
+    `length` is a ValueError that says so."""
+    longest = max((len(r) for r in rows), default=0)
+    if longest > length:
+        raise ValueError(f"a document is {longest} tokens, longer than the training seq_len = {length}")
+    ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), length), dtype=torch.bool)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        mask[i, : len(row)] = True if scored is None else torch.tensor(scored[i], dtype=torch.bool)
+    return ids, mask
+
+
 def batch_seed(seed: int, split: str, index: int) -> int:
     """A 64-bit seed for batch `index` of `split`, decorrelated from every other (seed, split, index)
     by NumPy's SeedSequence hashing (nearby integer seeds would give correlated streams)."""

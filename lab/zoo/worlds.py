@@ -15,6 +15,7 @@ from lab.data.text import split_text, stdlib_docstrings, train_bpe
 from lab.folders import zoo_dir
 from lab.runs import read_json
 from lab.tokenize import word_level
+from lab.train.batches import pad_documents
 from lab.zoo.recipes import check_world
 
 
@@ -81,7 +82,7 @@ def _facts_world(spec: dict[str, Any], seq_len: int) -> WorldData:
     pad = tokenizer.token_to_id("<pad>")
 
     def encode(docs: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        return _pad([tokenizer.encode(f"<bos> {d} <eos>").ids for d in docs], pad, seq_len)
+        return pad_documents([tokenizer.encode(f"<bos> {d} <eos>").ids for d in docs], pad, seq_len)
 
     ids, mask = encode(world.documents(form=form, seed=world.cfg.seed))
     # Held-out loss on fresh i.i.d. draws from p (their own random stream): never training examples.
@@ -99,18 +100,6 @@ def _facts_world(spec: dict[str, Any], seq_len: int) -> WorldData:
                      world={"spec": spec | {"form": form, "n_heldout": n_val}, "summary": world.summary(),
                             "held_out": held_out},
                      train_mask=mask, val_mask=val_mask)
-
-
-def _pad(rows: list[list[int]], pad_id: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    longest = max(len(r) for r in rows)
-    if longest > length:
-        raise ValueError(f"a document is {longest} tokens, longer than the training seq_len = {length}")
-    ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), length), dtype=torch.bool)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = torch.tensor(row)
-        mask[i, : len(row)] = True
-    return ids, mask
 
 
 def _dates_world(spec: dict[str, Any], seq_len: int) -> Any:
