@@ -374,3 +374,15 @@ def test_two_ranks_under_torchrun_match_one_process(tmp_path):
     for a, b in zip(ddp_history, single.history):
         assert a["train_loss_nats"] == pytest.approx(b["train_loss_nats"], abs=1e-5)
     assert HookedTransformer.load(tmp_path / "ddp").cfg == DEMO_MODEL
+
+
+def test_pad_documents_pads_at_the_end_and_masks_what_a_loss_reads():
+    from lab.train.batches import pad_documents
+
+    ids, mask = pad_documents([[5, 6, 7], [8]], pad_id=0, length=4)
+    assert ids.tolist() == [[5, 6, 7, 0], [8, 0, 0, 0]]
+    assert mask.tolist() == [[True, True, True, False], [True, False, False, False]]
+    _, scored = pad_documents([[5, 6, 7], [8]], 0, 4, scored=[[False, True, True], [True]])
+    assert scored.tolist() == [[False, True, True, False], [True, False, False, False]]
+    with pytest.raises(ValueError, match="a document is 5 tokens, longer than the training seq_len = 4"):
+        pad_documents([[1] * 5], 0, 4)
