@@ -130,10 +130,12 @@ class HookedTransformer(TLWeights, TextMethods, HookedRootModule):
         reads. The final norm and the unembedding run at the last position only — the other positions' logits
         would be thrown away, and at GPT-2's vocabulary the unembedding is about a third of a prompt's forward
         pass — unless something may read them at every position (a hook on the final norm or on hook_logits, or
-        the explicit paths): then the pass is `forward`'s, hooks seeing what they always see."""
+        the explicit paths) or something hooks the model's own call (steering reads each pass's KV cache there):
+        then the step is the model's call, `self(tokens, kv_cache=kv_cache)`, hooks seeing what they always see."""
+        if self._forward_hooks or self._forward_pre_hooks or self._reads_every_position():
+            return self(tokens, kv_cache=kv_cache)[:, -1]
         tokens = self.check_tokens(tokens, 0 if kv_cache is None else kv_cache.length)
-        positions = ALL if self._reads_every_position() else LAST
-        return self._run(tokens, None, kv_cache, 0, self.cfg.n_layers, positions)[:, -1]
+        return self._run(tokens, None, kv_cache, 0, self.cfg.n_layers, LAST)[:, -1]
 
     def _reads_every_position(self) -> bool:
         """True when the final norm's or the logits' activations may be read: a hook (TransformerLens's or torch's
