@@ -21,6 +21,8 @@ FOLDERS = ("lab", "experiments", "dashboards", "benchmarks")
 # else in lab is above the model.
 BENEATH_MODEL = ("lab.configs", "lab.files", "lab.folders")
 MAX_LINES = 450  # one room per idea: a module past this holds more than one (docs/design.md)
+MODEL_CORE = ("lab/model/config.py", "lab/model/components.py", "lab/model/transformer.py")
+MODEL_CORE_LINES = 700  # the architecture, its components and the forward pass; I/O, loading and TL views live beside
 
 
 def module_name(path: Path) -> str:
@@ -129,6 +131,13 @@ def test_no_module_holds_more_than_one_idea():
     """No module of the four folders over MAX_LINES lines."""
     long = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert long == {}
+
+
+def test_the_model_core_is_equations_not_io():
+    """config + components + transformer stay within MODEL_CORE_LINES: checkpoint I/O, loading, TransformerLens's
+    views and the decoding loop have modules of their own."""
+    lines = {path: len((REPO / path).read_text().splitlines()) for path in MODEL_CORE}
+    assert sum(lines.values()) <= MODEL_CORE_LINES, lines
 
 
 def test_dashboard_pages_read_files_through_labs_readers_only():

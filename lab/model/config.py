@@ -6,60 +6,22 @@ a field here; `lab.model.components` maps each value to a class, so `forward` ne
 config. The config round-trips through JSON and TOML and rejects unknown keys, so a typo in a
 checkpoint or a zoo recipe is an error rather than a silently ignored setting.
 
-It also answers the TransformerLens config names that TransformerLens's analysis code reads
-(`normalization_type`, `act_fn`, `n_key_value_heads`, `eps`, ...). Those that describe a built model rather
-than an architecture — where its weights are (`device`, `dtype`) and TransformerLens's run-time switches
-(`use_attn_result`, `use_split_qkv_input`, `use_attn_in`, `use_hook_mlp_in`) — are read from the model's
-`RuntimeSettings`: a config stays frozen, and a model owns its own copy of the config.
+It also answers the config names TransformerLens's analysis code reads (`normalization_type`, `act_fn`,
+`eps`, `use_attn_result`, ...: `lab.model.tl_config`, where the model's `RuntimeSettings` live too).
 """
 
-import dataclasses
 import json
 import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import torch
-
 from lab.configs import Record, check_fields, need
-
-
-@dataclass(eq=False)
-class RuntimeSettings:
-    """How a built model runs, beside what it is: TransformerLens's switches and Forma's explicit paths.
-
-    One object per model, shared by its config copy (`model.cfg.use_attn_result`, ... read it) and its
-    components (which read it in `forward`). It changes only through the model's setters
-    (`set_use_attn_result`, `set_use_split_qkv_input`, `set_use_attn_in`, `set_use_hook_mlp_in`,
-    `set_explicit_paths`), because a switch also adds or removes the hook points it makes real. None of it
-    is saved: a checkpoint holds the architecture and the weights.
-    """
-
-    use_attn_result: bool = False  # attn.hook_result [batch, pos, head, d_model] on every forward, cached by default
-    use_split_qkv_input: bool = False  # attn.hook_q_input / hook_k_input / hook_v_input: one residual copy per head
-    use_attn_in: bool = False  # attn.hook_attn_in: one residual copy per head, shared by q, k and v
-    use_hook_mlp_in: bool = False  # blocks.{l}.hook_mlp_in: the MLP branch's input
-    explicit_paths: bool = False  # explicit attention and norms on every forward, hooked or not
-    weights: tuple = ()  # (the model's Embed,) once a model owns this: where `device` and `dtype` are read
-
-    @property
-    def device(self) -> torch.device:
-        return self._embedding("device").device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self._embedding("dtype").dtype
-
-    def _embedding(self, what: str) -> torch.Tensor:
-        if not self.weights:
-            raise AttributeError(f"a ModelConfig on its own has no {what}: it describes an architecture; a model's "
-                                 f"weights have one (model.cfg.{what})")
-        return self.weights[0].W_E
+from lab.model.tl_config import RuntimeSettings, TransformerLensNames
 
 
 @dataclass(frozen=True)
-class ModelConfig(Record):
+class ModelConfig(Record, TransformerLensNames):
     """Shape and variant of a decoder-only transformer (names follow TransformerLens)."""
 
     d_vocab: int
@@ -144,9 +106,6 @@ class ModelConfig(Record):
         text = path.read_text()
         return cls.from_toml(text) if path.suffix == ".toml" else cls.from_json(text)
 
-    def replace(self, **changes: Any) -> "ModelConfig":
-        return dataclasses.replace(self, **changes)
-
     # --- what the model costs -----------------------------------------------------------------
     def n_params(self) -> int:
         """Exact parameter count of `HookedTransformer(self)` (buffers excluded)."""
@@ -184,84 +143,3 @@ class ModelConfig(Record):
     def norm_params(self) -> int:
         """The gain (and LayerNorm's bias) of one norm."""
         return 2 * self.d_model if self.norm == "layernorm" else self.d_model
-
-    # --- the names TransformerLens's ActivationCache reads --------------------------------------
-    @property
-    def normalization_type(self) -> str | None:
-        return {"layernorm": "LN", "rmsnorm": "RMS"}[self.norm]
-
-    @property
-    def act_fn(self) -> str:
-        return {"swiglu": "silu", "gelu_tanh": "gelu_new"}.get(self.mlp, self.mlp)
-
-    @property
-    def gated_mlp(self) -> bool:
-        return self.mlp == "swiglu"
-
-    @property
-    def positional_embedding_type(self) -> str:
-        return {"learned": "standard", "sinusoidal": "sinusoidal", "rotary": "rotary", "none": "none"}[
-            self.positions]
-
-    @property
-    def parallel_attn_mlp(self) -> bool:
-        return self.block == "parallel"
-
-    @property
-    def n_key_value_heads(self) -> int | None:
-        return self.n_kv_heads if self.n_kv_heads != self.n_heads else None
-
-    @property
-    def attn_only(self) -> bool:
-        return False
-
-    @property
-    def final_rms(self) -> bool:
-        return self.norm == "rmsnorm"
-
-    @property
-    def default_prepend_bos(self) -> bool:
-        return False
-
-    @property
-    def uses_rms_norm(self) -> bool:
-        return self.norm == "rmsnorm"
-
-    @property
-    def eps(self) -> float:
-        return self.norm_eps
-
-    @property
-    def d_vocab_out(self) -> int:
-        return self.d_vocab
-
-    # --- what TransformerLens reads of a built model: its RuntimeSettings ----------------------
-    @property
-    def runtime(self) -> RuntimeSettings:
-        """The run-time settings of the model that owns this config (a fresh default for a config on its own)."""
-        return self._runtime
-
-    @property
-    def device(self) -> torch.device:
-        """Where the owning model's weights are (its token embedding's device)."""
-        return self._runtime.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self._runtime.dtype
-
-    @property
-    def use_attn_result(self) -> bool:
-        return self._runtime.use_attn_result
-
-    @property
-    def use_split_qkv_input(self) -> bool:
-        return self._runtime.use_split_qkv_input
-
-    @property
-    def use_attn_in(self) -> bool:
-        return self._runtime.use_attn_in
-
-    @property
-    def use_hook_mlp_in(self) -> bool:
-        return self._runtime.use_hook_mlp_in
