@@ -20,6 +20,11 @@ FOLDERS = ("lab", "experiments", "dashboards", "benchmarks")
 # library (config validation, atomic writes, the zoo's folders and the door to loading by name). Everything
 # else in lab is above the model.
 BENEATH_MODEL = ("lab.configs", "lab.files", "lab.folders")
+# The model's third-party packages: the equations' (torch, einops, jaxtyping) and TransformerLens's hook machinery;
+# safetensors and tokenizers only for a model folder's files (weights, tokenizer.json), in the one module that reads
+# and writes them.
+MODEL_PACKAGES = {"torch", "einops", "jaxtyping", "transformer_lens"}
+CHECKPOINT_PACKAGES = {"lab.model.checkpoint": {"safetensors", "tokenizers"}}
 MAX_LINES = 450  # one room per idea: a module past this holds more than one (docs/design.md)
 MODEL_CORE = ("lab/model/config.py", "lab/model/components.py", "lab/model/transformer.py")
 MODEL_CORE_LINES = 700  # the architecture, its components and the forward pass; I/O, loading and TL views live beside
@@ -125,6 +130,20 @@ def test_the_model_package_imports_nothing_above_it():
     assert upward == []
     for name in BENEATH_MODEL:
         assert edges[name] == set(), f"{name} is beneath lab/model and must import only the standard library"
+
+
+def test_the_model_package_needs_only_torch_einops_jaxtyping_and_transformer_lens():
+    """Beyond the standard library, lab/model imports those four (and a model folder's formats in checkpoint.py alone)."""
+    known = modules()
+    outside = {}
+    for name, path in known.items():
+        if name.startswith("lab.model"):
+            roots = {target.split(".")[0] for target, _ in imports(name, path, known)}
+            third_party = roots - {"lab", *sys.stdlib_module_names}
+            extra = third_party - MODEL_PACKAGES - CHECKPOINT_PACKAGES.get(name, set())
+            if extra:
+                outside[name] = sorted(extra)
+    assert outside == {}
 
 
 def test_no_module_holds_more_than_one_idea():
