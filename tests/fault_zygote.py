@@ -10,18 +10,26 @@ makes before the operation happens:
     {"signal": "SIGINT", "at": N}     send itself the signal just before watched operation N
     {"trace": PATH}                   append every watched operation to PATH, one JSON line each
     {"match": SUFFIX, ...}            count only the operations on paths that end with SUFFIX
+    {"event": EVENT, ...}             count only the operations of that kind ("os.rename", "os.remove", …)
 
 Watched operations: renames (os.rename, os.replace), symlinks, removals, rmtree, mkstemp/mkdtemp and
 opening a file for writing. Protocol, one JSON object a line: {"run": {argv, env, log, fault}} →
 {"pid": P}; {"wait": P} → {"status": S} (the exit code, or −signal); {"quit": true} ends the zygote.
 
     python tests/fault_zygote.py     (the test starts it with OMP_NUM_THREADS=1)
+
+The tests talk to it through class Zygote, below.
 """
 
 import json
 import os
 import signal
+import subprocess
 import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(REPO)}
 
 WATCHED = {"os.rename", "os.symlink", "os.remove", "os.rmdir", "shutil.rmtree", "tempfile.mkstemp",
            "tempfile.mkdtemp", "open"}
@@ -48,12 +56,12 @@ def plant(fault: dict) -> None:
     trace = os.open(fault["trace"], os.O_WRONLY | os.O_CREAT | os.O_APPEND) if "trace" in fault else None
     when = fault.get("kill", fault.get("at"))
     signum = signal.SIGKILL if "kill" in fault else getattr(signal, fault.get("signal", "SIGKILL"))
-    suffix = fault.get("match", "")
+    suffix, kind = fault.get("match", ""), fault.get("event")
 
     def hook(event: str, args: tuple) -> None:
         nonlocal count
         path = watched_path(event, args)
-        if path is None or not path.endswith(suffix):
+        if path is None or not path.endswith(suffix) or kind not in (None, event):
             return
         count += 1
         if trace is not None:
@@ -98,6 +106,7 @@ def main() -> None:
     import lab.zoo  # noqa: F401
 
     lab.cli.build_parser()  # imports the experiments, as every `forma` command does
+    import plotly.graph_objects  # noqa: F401  (every run's figures)
     torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])  # its first use imports torch._dynamo (seconds)
     print(json.dumps({"ready": os.getpid()}), flush=True)
     for line in sys.stdin:
@@ -112,6 +121,43 @@ def main() -> None:
             print(json.dumps({"status": os.waitstatus_to_exitcode(status)}), flush=True)
         elif request.get("quit"):
             return
+
+
+class Zygote:
+    """The fork server's client: run(argv) → pid, wait(pid) → exit status (−signal if killed). `env` is added to
+    each child's environment (FORMA_ZOO_DIR, FORMA_RUNS_DIR); each child's output goes to a log in `logs`."""
+
+    def __init__(self, logs: Path, env: dict[str, str]) -> None:
+        self.logs, self.env, self.runs = logs, env, 0
+        self.process = subprocess.Popen([sys.executable, str(Path(__file__))], cwd=REPO, env=os.environ | ENV,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert "ready" in self.ask({})
+
+    def ask(self, request: dict) -> dict:
+        if request:
+            self.process.stdin.write(json.dumps(request) + "\n")
+            self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        assert line, "the fault zygote died"
+        return json.loads(line)
+
+    def run(self, argv: list[str], fault: dict | None = None) -> tuple[int, Path]:
+        self.runs += 1
+        log = self.logs / f"{self.runs:03d}-{'-'.join(argv[:2])}.log"
+        request = {"argv": argv, "env": self.env, "log": str(log), "fault": fault}
+        return self.ask({"run": request})["pid"], log
+
+    def wait(self, pid: int) -> int:
+        return self.ask({"wait": pid})["status"]
+
+    def call(self, argv: list[str], fault: dict | None = None) -> tuple[int, str]:
+        pid, log = self.run(argv, fault)
+        return self.wait(pid), log.read_text()
+
+    def close(self) -> None:
+        self.process.stdin.write(json.dumps({"quit": True}) + "\n")
+        self.process.stdin.close()
+        self.process.wait(timeout=60)
 
 
 if __name__ == "__main__":
