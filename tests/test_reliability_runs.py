@@ -346,14 +346,14 @@ def digest(folder: Path) -> dict[str, str]:
 
 # Where the trials kill `forma run` (faults of tests/fault_zygote.py: SIGKILL just before the N-th watched file
 # operation of that kind on a path with that ending), one of each state its folders can be left in: nothing in
-# place yet; provenance, config and the progress file in place while it computes; the figures' files being put
-# in place; every artefact but results.json; results.json but `latest` still naming the earlier run; `latest`
-# naming it, its progress file not yet removed. Counted by path, not by the clock: the progress file is
-# rewritten every second from a thread, so an operation's overall number differs from run to run.
+# place yet; provenance, config and the progress file in place while it computes (the first figure file's
+# temporary beside them is no other state: no check reads a temporary); every artefact but results.json;
+# results.json but `latest` still naming the earlier run; `latest` naming it, its progress file not yet
+# removed. Counted by path, not by the clock: the progress file is rewritten every second from a thread, so an
+# operation's overall number differs from run to run.
 KILL_MOMENTS = {
     "before its first file is in place": {"match": "/provenance.json", "event": "os.rename", "kill": 1},
     "while it computes": {"match": "/" + PROGRESS_FILE, "event": "os.rename", "kill": 2},
-    "before the plotly bundle is in place": {"match": "/" + PLOTLY_BUNDLE, "event": "os.rename", "kill": 1},
     "before results.json is in place": {"match": "/results.json", "event": "os.rename", "kill": 1},
     "before latest names it": {"match": "/latest", "event": "os.rename", "kill": 1},
     "before its progress file is removed": {"match": "/" + PROGRESS_FILE, "event": "os.remove", "kill": 1},
