@@ -18,7 +18,7 @@ opening a file for writing. Protocol, one JSON object a line: {"run": {argv, env
 
     python tests/fault_zygote.py     (the test starts it with OMP_NUM_THREADS=1)
 
-The tests talk to it through class Zygote, below.
+The tests talk to it through classes Zygote (the server) and Forks (a test's children), below.
 """
 
 import json
@@ -124,11 +124,9 @@ def main() -> None:
 
 
 class Zygote:
-    """The fork server's client: run(argv) → pid, wait(pid) → exit status (−signal if killed). `env` is added to
-    each child's environment (FORMA_ZOO_DIR, FORMA_RUNS_DIR); each child's output goes to a log in `logs`."""
+    """The fork server, started once for the session's fault trials (tests/conftest.py::fault_zygote)."""
 
-    def __init__(self, logs: Path, env: dict[str, str]) -> None:
-        self.logs, self.env, self.runs = logs, env, 0
+    def __init__(self) -> None:
         self.process = subprocess.Popen([sys.executable, str(Path(__file__))], cwd=REPO, env=os.environ | ENV,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert "ready" in self.ask({})
@@ -141,23 +139,32 @@ class Zygote:
         assert line, "the fault zygote died"
         return json.loads(line)
 
-    def run(self, argv: list[str], fault: dict | None = None) -> tuple[int, Path]:
-        self.runs += 1
-        log = self.logs / f"{self.runs:03d}-{'-'.join(argv[:2])}.log"
-        request = {"argv": argv, "env": self.env, "log": str(log), "fault": fault}
-        return self.ask({"run": request})["pid"], log
-
-    def wait(self, pid: int) -> int:
-        return self.ask({"wait": pid})["status"]
-
-    def call(self, argv: list[str], fault: dict | None = None) -> tuple[int, str]:
-        pid, log = self.run(argv, fault)
-        return self.wait(pid), log.read_text()
-
     def close(self) -> None:
         self.process.stdin.write(json.dumps({"quit": True}) + "\n")
         self.process.stdin.close()
         self.process.wait(timeout=60)
+
+
+class Forks:
+    """One test's children of the fork server: run(argv) → pid, wait(pid) → exit status (−signal if killed).
+    `env` is added to each child's environment (FORMA_ZOO_DIR, FORMA_RUNS_DIR); each child's output goes to a
+    log in `logs`."""
+
+    def __init__(self, zygote: Zygote, logs: Path, env: dict[str, str]) -> None:
+        self.zygote, self.logs, self.env, self.runs = zygote, logs, env, 0
+
+    def run(self, argv: list[str], fault: dict | None = None) -> tuple[int, Path]:
+        self.runs += 1
+        log = self.logs / f"{self.runs:03d}-{'-'.join(argv[:2])}.log"
+        request = {"argv": argv, "env": self.env, "log": str(log), "fault": fault}
+        return self.zygote.ask({"run": request})["pid"], log
+
+    def wait(self, pid: int) -> int:
+        return self.zygote.ask({"wait": pid})["status"]
+
+    def call(self, argv: list[str], fault: dict | None = None) -> tuple[int, str]:
+        pid, log = self.run(argv, fault)
+        return self.wait(pid), log.read_text()
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from lab.files import is_temporary
 from lab.progress import PROGRESS_FILE
 from lab.runs import (PLOTLY_BUNDLE, latest_run, new_run_dir, run_and_record, save_figure, save_table,
                       without_timings, write_json)
-from tests.fault_zygote import Zygote
+from tests.fault_zygote import Forks
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -362,49 +362,46 @@ AFTER_RESULTS = ("before latest names it", "before its progress file is removed"
 
 
 @pytest.mark.slow
-def test_forma_run_killed_at_each_kind_of_moment_loses_nothing(tmp_path):
+def test_forma_run_killed_at_each_kind_of_moment_loses_nothing(tmp_path, fault_zygote):
     """`forma run equations --quick` kill -9'd at each moment of KILL_MOMENTS, beside a finished run: that run
     stays intact, a folder killed before its results.json is in place has none (and one killed after holds
     every file the finished run holds), `latest` names a complete run, and every file under its final name is
-    whole. Between two watched operations only a file opened for writing changes, and the
-    finished run opened none under runs/ but temporaries (checked from its trace): so these moments leave every
-    state a kill at any moment can leave. The runs are forked from one process that has imported Forma
-    (tests/fault_zygote.py), as `python -m lab.cli run equations --quick` runs after its imports."""
+    whole. Between two watched operations only a file opened for writing changes, and the finished run opened
+    none under runs/ but temporaries (checked from its trace): so these moments leave every state a kill at any
+    moment can leave. The runs are forked from one process that has imported Forma (tests/fault_zygote.py), as
+    `python -m lab.cli run equations --quick` runs after its imports."""
     runs = tmp_path / "runs"
     command = ["run", "equations", "--quick"]
-    zygote = Zygote(tmp_path, {"FORMA_RUNS_DIR": str(runs)})
-    try:
-        trace = tmp_path / "finished.trace"
-        status, log = zygote.call(command, fault={"trace": str(trace)})
-        assert status == 0, log
-        events = [json.loads(line) for line in trace.read_text().splitlines()]
-        writes = [e["path"] for e in events if e["event"] in ("open", "tempfile.mkstemp")]
-        assert [p for p in writes if Path(p).is_relative_to(runs) and not is_temporary(p)] == []
-        base = runs / "equations"
-        (finished,) = [p.parent for p in base.glob("*/results.json")]
-        before = digest(finished)
-        files = {p.name for p in finished.iterdir() if not is_temporary(p)}
-        counts = {"trials": 0, "killed": 0, "earlier run changed": 0, "results.json in a killed run": 0,
-                  "files missing beside results.json": 0, "latest not complete": 0, "half-written files": 0}
-        for moment, fault in KILL_MOMENTS.items():
-            counts["trials"] += 1
-            folders = set(base.glob("*/"))
-            status, log = zygote.call(command, fault=fault)
-            assert status == -signal.SIGKILL, f"not killed {moment}: exit status {status}\n{log[-3000:]}"
-            counts["killed"] += 1
-            (new,) = set(base.glob("*/")) - folders  # (a kill before `latest` is renamed leaves its temporary)
-            if moment in AFTER_RESULTS:
-                counts["files missing beside results.json"] += not files <= {p.name for p in new.iterdir()}
-            else:
-                counts["results.json in a killed run"] += (new / "results.json").exists()
-            counts["earlier run changed"] += digest(finished) != before
-            latest = base / (base / "latest").read_text().strip()
-            counts["latest not complete"] += (not (latest / "results.json").is_file()
-                                              or latest_run("equations", runs) != latest)
-            counts["half-written files"] += sum(not whole(p) for p in runs.rglob("*")
-                                                if p.is_file() and not is_temporary(p) and p.name != "latest")
-    finally:
-        zygote.close()
+    forks = Forks(fault_zygote, tmp_path, {"FORMA_RUNS_DIR": str(runs)})
+    trace = tmp_path / "finished.trace"
+    status, log = forks.call(command, fault={"trace": str(trace)})
+    assert status == 0, log
+    events = [json.loads(line) for line in trace.read_text().splitlines()]
+    writes = [e["path"] for e in events if e["event"] in ("open", "tempfile.mkstemp")]
+    assert [p for p in writes if Path(p).is_relative_to(runs) and not is_temporary(p)] == []
+    base = runs / "equations"
+    (finished,) = [p.parent for p in base.glob("*/results.json")]
+    before = digest(finished)
+    files = {p.name for p in finished.iterdir() if not is_temporary(p)}
+    counts = {"trials": 0, "killed": 0, "earlier run changed": 0, "results.json in a killed run": 0,
+              "files missing beside results.json": 0, "latest not complete": 0, "half-written files": 0}
+    for moment, fault in KILL_MOMENTS.items():
+        counts["trials"] += 1
+        folders = set(base.glob("*/"))
+        status, log = forks.call(command, fault=fault)
+        assert status == -signal.SIGKILL, f"not killed {moment}: exit status {status}\n{log[-3000:]}"
+        counts["killed"] += 1
+        (new,) = set(base.glob("*/")) - folders  # (a kill before `latest` is renamed leaves its temporary)
+        if moment in AFTER_RESULTS:
+            counts["files missing beside results.json"] += not files <= {p.name for p in new.iterdir()}
+        else:
+            counts["results.json in a killed run"] += (new / "results.json").exists()
+        counts["earlier run changed"] += digest(finished) != before
+        latest = base / (base / "latest").read_text().strip()
+        counts["latest not complete"] += (not (latest / "results.json").is_file()
+                                          or latest_run("equations", runs) != latest)
+        counts["half-written files"] += sum(not whole(p) for p in runs.rglob("*")
+                                            if p.is_file() and not is_temporary(p) and p.name != "latest")
     print(f"\nkill -9 trials of forma run equations --quick: {counts}")
     losses = {k: v for k, v in counts.items() if k not in ("trials", "killed")}
     assert counts["killed"] == len(KILL_MOMENTS)

@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 
 import lab.zoo as zoo
 from lab.train import CHECKPOINT_FILES
-from tests.fault_zygote import ENV, Zygote
+from tests.fault_zygote import ENV, Forks
 
 REPO = Path(__file__).resolve().parents[1]
 SEED = 16  # seeds the kill moments
@@ -75,11 +75,11 @@ def private_zoo(root: Path) -> Path:
     return root
 
 
-class ZooZygote(Zygote):
-    """The fork server (tests/fault_zygote.py) with every child on the private zoo `zoo_dir`."""
+class ZooForks(Forks):
+    """Children of the fork server (tests/fault_zygote.py), every one on the private zoo `zoo_dir`."""
 
-    def __init__(self, zoo_dir: Path, logs: Path) -> None:
-        super().__init__(logs, {"FORMA_ZOO_DIR": str(zoo_dir)})
+    def __init__(self, zygote, zoo_dir: Path, logs: Path) -> None:
+        super().__init__(zygote, logs, {"FORMA_ZOO_DIR": str(zoo_dir)})
         self.zoo_dir = zoo_dir
 
 
@@ -144,11 +144,9 @@ def kill_points(trace: Path) -> dict[str, list[int]]:
 
 
 @pytest.fixture(scope="module")
-def zygote(tmp_path_factory):
+def zygote(tmp_path_factory, fault_zygote):
     root = tmp_path_factory.mktemp("fault-trials")
-    server = ZooZygote(private_zoo(root / "zoo"), root)
-    yield server
-    server.close()
+    return ZooForks(fault_zygote, private_zoo(root / "zoo"), root)
 
 
 @pytest.mark.slow
