@@ -8,7 +8,8 @@ makes before the operation happens:
 
     {"kill": N}                       SIGKILL itself just before watched file operation number N
     {"signal": "SIGINT", "at": N}     send itself the signal just before watched operation N
-    {"trace": PATH}                   append every watched operation to PATH, one JSON line each
+    {"trace": PATH}                   append every watched operation to PATH, one JSON line each (with a fault
+                                      too: the trace ends with the operation it was planted before)
     {"match": SUFFIX, ...}            count only the operations on paths that end with SUFFIX
     {"event": EVENT, ...}             count only the operations of that kind ("os.rename", "os.remove", …)
 
@@ -52,22 +53,24 @@ def watched_path(event: str, args: tuple) -> str | None:
 
 def plant(fault: dict) -> None:
     """Install the audit hook that carries out `fault` in this (child) process."""
-    count = 0
+    seen = count = 0
     trace = os.open(fault["trace"], os.O_WRONLY | os.O_CREAT | os.O_APPEND) if "trace" in fault else None
     when = fault.get("kill", fault.get("at"))
     signum = signal.SIGKILL if "kill" in fault else getattr(signal, fault.get("signal", "SIGKILL"))
     suffix, kind = fault.get("match", ""), fault.get("event")
 
     def hook(event: str, args: tuple) -> None:
-        nonlocal count
+        nonlocal seen, count
         path = watched_path(event, args)
-        if path is None or not path.endswith(suffix) or kind not in (None, event):
+        if path is None:
             return
-        count += 1
-        if trace is not None:
-            os.write(trace, (json.dumps({"n": count, "event": event, "path": path}) + "\n").encode())
-        if count == when:
-            os.kill(os.getpid(), signum)
+        seen += 1
+        if trace is not None:  # every watched operation, whatever the fault counts
+            os.write(trace, (json.dumps({"n": seen, "event": event, "path": path}) + "\n").encode())
+        if path.endswith(suffix) and kind in (None, event):
+            count += 1
+            if count == when:
+                os.kill(os.getpid(), signum)
 
     sys.addaudithook(hook)
 

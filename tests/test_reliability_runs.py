@@ -6,6 +6,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -362,25 +363,23 @@ AFTER_RESULTS = ("before latest names it", "before its progress file is removed"
 
 
 @pytest.mark.slow
-def test_forma_run_killed_at_each_kind_of_moment_loses_nothing(tmp_path, fault_zygote):
-    """`forma run equations --quick` kill -9'd at each moment of KILL_MOMENTS, beside a finished run: that run
-    stays intact, a folder killed before its results.json is in place has none (and one killed after holds
-    every file the finished run holds), `latest` names a complete run, and every file under its final name is
-    whole. Between two watched operations only a file opened for writing changes, and the finished run opened
-    none under runs/ but temporaries (checked from its trace): so these moments leave every state a kill at any
-    moment can leave. The runs are forked from one process that has imported Forma (tests/fault_zygote.py), as
+def test_forma_run_killed_at_each_kind_of_moment_loses_nothing(tmp_path, fault_zygote, quick_run):
+    """`forma run equations --quick` kill -9'd at each moment of KILL_MOMENTS, beside a finished run (a copy of
+    the session's quick run, named by `latest`): that run stays intact, a folder killed before its results.json
+    is in place has none (and one killed after holds every file the finished run holds), `latest` names a
+    complete run, and every file under its final name is whole. Between two watched operations only a file
+    opened for writing changes, and a run opens none under runs/ but temporaries (checked from the trace of the
+    last trial, killed at its last operation): so these moments leave every state a kill at any moment can
+    leave. The runs are forked from one process that has imported Forma (tests/fault_zygote.py), as
     `python -m lab.cli run equations --quick` runs after its imports."""
     runs = tmp_path / "runs"
+    base = runs / "equations"
+    finished = base / quick_run("equations").name
+    shutil.copytree(quick_run("equations"), finished)
+    (base / "latest").write_text(finished.name + "\n")
     command = ["run", "equations", "--quick"]
     forks = Forks(fault_zygote, tmp_path, {"FORMA_RUNS_DIR": str(runs)})
-    trace = tmp_path / "finished.trace"
-    status, log = forks.call(command, fault={"trace": str(trace)})
-    assert status == 0, log
-    events = [json.loads(line) for line in trace.read_text().splitlines()]
-    writes = [e["path"] for e in events if e["event"] in ("open", "tempfile.mkstemp")]
-    assert [p for p in writes if Path(p).is_relative_to(runs) and not is_temporary(p)] == []
-    base = runs / "equations"
-    (finished,) = [p.parent for p in base.glob("*/results.json")]
+    trace = tmp_path / "last.trace"
     before = digest(finished)
     files = {p.name for p in finished.iterdir() if not is_temporary(p)}
     counts = {"trials": 0, "killed": 0, "earlier run changed": 0, "results.json in a killed run": 0,
@@ -388,7 +387,8 @@ def test_forma_run_killed_at_each_kind_of_moment_loses_nothing(tmp_path, fault_z
     for moment, fault in KILL_MOMENTS.items():
         counts["trials"] += 1
         folders = set(base.glob("*/"))
-        status, log = forks.call(command, fault=fault)
+        last = moment == list(KILL_MOMENTS)[-1]
+        status, log = forks.call(command, fault=fault | ({"trace": str(trace)} if last else {}))
         assert status == -signal.SIGKILL, f"not killed {moment}: exit status {status}\n{log[-3000:]}"
         counts["killed"] += 1
         (new,) = set(base.glob("*/")) - folders  # (a kill before `latest` is renamed leaves its temporary)
@@ -402,6 +402,10 @@ def test_forma_run_killed_at_each_kind_of_moment_loses_nothing(tmp_path, fault_z
                                           or latest_run("equations", runs) != latest)
         counts["half-written files"] += sum(not whole(p) for p in runs.rglob("*")
                                             if p.is_file() and not is_temporary(p) and p.name != "latest")
+    events = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert events[-1]["event"] == "os.remove" and events[-1]["path"] == str(new / PROGRESS_FILE)  # all but the end
+    writes = [e["path"] for e in events if e["event"] in ("open", "tempfile.mkstemp")]
+    assert [p for p in writes if Path(p).is_relative_to(runs) and not is_temporary(p)] == []
     print(f"\nkill -9 trials of forma run equations --quick: {counts}")
     losses = {k: v for k, v in counts.items() if k not in ("trials", "killed")}
     assert counts["killed"] == len(KILL_MOMENTS)
