@@ -184,6 +184,17 @@ def quick_rerun(request):
     return rerun
 
 
+@pytest.fixture(scope="session")
+def fault_zygote():
+    """The fork server of the fault trials (tests/fault_zygote.py): Forma imported once for the session, each
+    `forma` command a fork of it."""
+    from tests.fault_zygote import Zygote
+
+    server = Zygote()
+    yield server
+    server.close()
+
+
 @pytest.fixture
 def one_thread():
     """Tiny models and tensors: on a busy shared machine a second intra-op thread only adds hand-offs (measured

@@ -8,20 +8,29 @@ makes before the operation happens:
 
     {"kill": N}                       SIGKILL itself just before watched file operation number N
     {"signal": "SIGINT", "at": N}     send itself the signal just before watched operation N
-    {"trace": PATH}                   append every watched operation to PATH, one JSON line each
+    {"trace": PATH}                   append every watched operation to PATH, one JSON line each (with a fault
+                                      too: the trace ends with the operation it was planted before)
     {"match": SUFFIX, ...}            count only the operations on paths that end with SUFFIX
+    {"event": EVENT, ...}             count only the operations of that kind ("os.rename", "os.remove", …)
 
 Watched operations: renames (os.rename, os.replace), symlinks, removals, rmtree, mkstemp/mkdtemp and
 opening a file for writing. Protocol, one JSON object a line: {"run": {argv, env, log, fault}} →
 {"pid": P}; {"wait": P} → {"status": S} (the exit code, or −signal); {"quit": true} ends the zygote.
 
     python tests/fault_zygote.py     (the test starts it with OMP_NUM_THREADS=1)
+
+The tests talk to it through classes Zygote (the server) and Forks (a test's children), below.
 """
 
 import json
 import os
 import signal
+import subprocess
 import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(REPO)}
 
 WATCHED = {"os.rename", "os.symlink", "os.remove", "os.rmdir", "shutil.rmtree", "tempfile.mkstemp",
            "tempfile.mkdtemp", "open"}
@@ -44,22 +53,24 @@ def watched_path(event: str, args: tuple) -> str | None:
 
 def plant(fault: dict) -> None:
     """Install the audit hook that carries out `fault` in this (child) process."""
-    count = 0
+    seen = count = 0
     trace = os.open(fault["trace"], os.O_WRONLY | os.O_CREAT | os.O_APPEND) if "trace" in fault else None
     when = fault.get("kill", fault.get("at"))
     signum = signal.SIGKILL if "kill" in fault else getattr(signal, fault.get("signal", "SIGKILL"))
-    suffix = fault.get("match", "")
+    suffix, kind = fault.get("match", ""), fault.get("event")
 
     def hook(event: str, args: tuple) -> None:
-        nonlocal count
+        nonlocal seen, count
         path = watched_path(event, args)
-        if path is None or not path.endswith(suffix):
+        if path is None:
             return
-        count += 1
-        if trace is not None:
-            os.write(trace, (json.dumps({"n": count, "event": event, "path": path}) + "\n").encode())
-        if count == when:
-            os.kill(os.getpid(), signum)
+        seen += 1
+        if trace is not None:  # every watched operation, whatever the fault counts
+            os.write(trace, (json.dumps({"n": seen, "event": event, "path": path}) + "\n").encode())
+        if path.endswith(suffix) and kind in (None, event):
+            count += 1
+            if count == when:
+                os.kill(os.getpid(), signum)
 
     sys.addaudithook(hook)
 
@@ -98,6 +109,7 @@ def main() -> None:
     import lab.zoo  # noqa: F401
 
     lab.cli.build_parser()  # imports the experiments, as every `forma` command does
+    import plotly.graph_objects  # noqa: F401  (every run's figures)
     torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])  # its first use imports torch._dynamo (seconds)
     print(json.dumps({"ready": os.getpid()}), flush=True)
     for line in sys.stdin:
@@ -112,6 +124,50 @@ def main() -> None:
             print(json.dumps({"status": os.waitstatus_to_exitcode(status)}), flush=True)
         elif request.get("quit"):
             return
+
+
+class Zygote:
+    """The fork server, started once for the session's fault trials (tests/conftest.py::fault_zygote)."""
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen([sys.executable, str(Path(__file__))], cwd=REPO, env=os.environ | ENV,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert "ready" in self.ask({})
+
+    def ask(self, request: dict) -> dict:
+        if request:
+            self.process.stdin.write(json.dumps(request) + "\n")
+            self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        assert line, "the fault zygote died"
+        return json.loads(line)
+
+    def close(self) -> None:
+        self.process.stdin.write(json.dumps({"quit": True}) + "\n")
+        self.process.stdin.close()
+        self.process.wait(timeout=60)
+
+
+class Forks:
+    """One test's children of the fork server: run(argv) → pid, wait(pid) → exit status (−signal if killed).
+    `env` is added to each child's environment (FORMA_ZOO_DIR, FORMA_RUNS_DIR); each child's output goes to a
+    log in `logs`."""
+
+    def __init__(self, zygote: Zygote, logs: Path, env: dict[str, str]) -> None:
+        self.zygote, self.logs, self.env, self.runs = zygote, logs, env, 0
+
+    def run(self, argv: list[str], fault: dict | None = None) -> tuple[int, Path]:
+        self.runs += 1
+        log = self.logs / f"{self.runs:03d}-{'-'.join(argv[:2])}.log"
+        request = {"argv": argv, "env": self.env, "log": str(log), "fault": fault}
+        return self.zygote.ask({"run": request})["pid"], log
+
+    def wait(self, pid: int) -> int:
+        return self.zygote.ask({"wait": pid})["status"]
+
+    def call(self, argv: list[str], fault: dict | None = None) -> tuple[int, str]:
+        pid, log = self.run(argv, fault)
+        return self.wait(pid), log.read_text()
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ import hashlib
 import json
 import multiprocessing
 import os
-import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,8 +18,10 @@ import pytest
 import experiments
 from lab.cli import main
 from lab.files import is_temporary
+from lab.progress import PROGRESS_FILE
 from lab.runs import (PLOTLY_BUNDLE, latest_run, new_run_dir, run_and_record, save_figure, save_table,
                       without_timings, write_json)
+from tests.fault_zygote import Forks
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -311,7 +313,7 @@ def test_the_same_seed_gives_the_same_results(quick_run, quick_rerun, tmp_path, 
 
 
 # --------------------------------------------------------------------------------------------
-# kill -9 at random moments
+# kill -9 at each kind of moment
 # --------------------------------------------------------------------------------------------
 def whole(path: Path) -> bool:
     """Whether a file under its final name is complete, by what its format requires."""
@@ -343,43 +345,68 @@ def digest(folder: Path) -> dict[str, str]:
     return {k: hashlib.sha256(v).hexdigest() for k, v in snapshot(folder).items()}
 
 
+# Where the trials kill `forma run` (faults of tests/fault_zygote.py: SIGKILL just before the N-th watched file
+# operation of that kind on a path with that ending), one of each state its folders can be left in: nothing in
+# place yet; provenance, config and the progress file in place while it computes (the first figure file's
+# temporary beside them is no other state: no check reads a temporary); every artefact but results.json;
+# results.json but `latest` still naming the earlier run; `latest` naming it, its progress file not yet
+# removed. Counted by path, not by the clock: the progress file is rewritten every second from a thread, so an
+# operation's overall number differs from run to run.
+KILL_MOMENTS = {
+    "before its first file is in place": {"match": "/provenance.json", "event": "os.rename", "kill": 1},
+    "while it computes": {"match": "/" + PROGRESS_FILE, "event": "os.rename", "kill": 2},
+    "before results.json is in place": {"match": "/results.json", "event": "os.rename", "kill": 1},
+    "before latest names it": {"match": "/latest", "event": "os.rename", "kill": 1},
+    "before its progress file is removed": {"match": "/" + PROGRESS_FILE, "event": "os.remove", "kill": 1},
+}
+AFTER_RESULTS = ("before latest names it", "before its progress file is removed")  # results.json is written last
+
+
 @pytest.mark.slow
-def test_forma_run_killed_at_random_moments_loses_nothing(tmp_path):
-    """`forma run equations --quick` kill -9'd at 10 seeded random moments over its run time, beside a finished
-    run: that run stays intact, the killed folder has no results.json, `latest` names a complete run, and
-    every file under its final name is whole."""
+def test_forma_run_killed_at_each_kind_of_moment_loses_nothing(tmp_path, fault_zygote, quick_run):
+    """`forma run equations --quick` kill -9'd at each moment of KILL_MOMENTS, beside a finished run (a copy of
+    the session's quick run, named by `latest`): that run stays intact, a folder killed before its results.json
+    is in place has none (and one killed after holds every file the finished run holds), `latest` names a
+    complete run, and every file under its final name is whole. Between two watched operations only a file
+    opened for writing changes, and a run opens none under runs/ but temporaries (checked from the trace of the
+    last trial, killed at its last operation): so these moments leave every state a kill at any moment can
+    leave. The runs are forked from one process that has imported Forma (tests/fault_zygote.py), as
+    `python -m lab.cli run equations --quick` runs after its imports."""
     runs = tmp_path / "runs"
-    env = os.environ | {"PYTHONPATH": str(REPO), "FORMA_RUNS_DIR": str(runs)}
-    command = [sys.executable, "-m", "lab.cli", "run", "equations", "--quick"]
-    began = time.monotonic()
-    subprocess.run(command, env=env, check=True, cwd=REPO, capture_output=True)
-    duration = time.monotonic() - began
     base = runs / "equations"
-    (finished,) = [p.parent for p in base.glob("*/results.json")]
+    finished = base / quick_run("equations").name
+    shutil.copytree(quick_run("equations"), finished)
+    (base / "latest").write_text(finished.name + "\n")
+    command = ["run", "equations", "--quick"]
+    forks = Forks(fault_zygote, tmp_path, {"FORMA_RUNS_DIR": str(runs)})
+    trace = tmp_path / "last.trace"
     before = digest(finished)
-    rng = random.Random(16)
-    counts = {"trials": 0, "killed": 0, "finished first": 0, "earlier run changed": 0,
-              "results.json in a killed run": 0, "latest not complete": 0, "half-written files": 0}
-    for moment in sorted(rng.uniform(0.0, 1.1 * duration) for _ in range(10)):
+    files = {p.name for p in finished.iterdir() if not is_temporary(p)}
+    counts = {"trials": 0, "killed": 0, "earlier run changed": 0, "results.json in a killed run": 0,
+              "files missing beside results.json": 0, "latest not complete": 0, "half-written files": 0}
+    for moment, fault in KILL_MOMENTS.items():
         counts["trials"] += 1
-        folders = set(base.iterdir())
-        process = subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            process.wait(timeout=moment)
-            counts["finished first"] += 1
-        except subprocess.TimeoutExpired:
-            process.send_signal(signal.SIGKILL)
-            process.wait()
-            counts["killed"] += 1
-            for new in set(base.iterdir()) - folders:
-                counts["results.json in a killed run"] += (new / "results.json").exists()
+        folders = set(base.glob("*/"))
+        last = moment == list(KILL_MOMENTS)[-1]
+        status, log = forks.call(command, fault=fault | ({"trace": str(trace)} if last else {}))
+        assert status == -signal.SIGKILL, f"not killed {moment}: exit status {status}\n{log[-3000:]}"
+        counts["killed"] += 1
+        (new,) = set(base.glob("*/")) - folders  # (a kill before `latest` is renamed leaves its temporary)
+        if moment in AFTER_RESULTS:
+            counts["files missing beside results.json"] += not files <= {p.name for p in new.iterdir()}
+        else:
+            counts["results.json in a killed run"] += (new / "results.json").exists()
         counts["earlier run changed"] += digest(finished) != before
         latest = base / (base / "latest").read_text().strip()
         counts["latest not complete"] += (not (latest / "results.json").is_file()
                                           or latest_run("equations", runs) != latest)
         counts["half-written files"] += sum(not whole(p) for p in runs.rglob("*")
                                             if p.is_file() and not is_temporary(p) and p.name != "latest")
-    print(f"\nkill -9 trials of forma run equations --quick (run time {duration:.0f} s): {counts}")
-    losses = {k: v for k, v in counts.items() if k not in ("trials", "killed", "finished first")}
-    assert counts["trials"] >= 10 and counts["killed"] >= 5
+    events = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert events[-1]["event"] == "os.remove" and events[-1]["path"] == str(new / PROGRESS_FILE)  # all but the end
+    writes = [e["path"] for e in events if e["event"] in ("open", "tempfile.mkstemp")]
+    assert [p for p in writes if Path(p).is_relative_to(runs) and not is_temporary(p)] == []
+    print(f"\nkill -9 trials of forma run equations --quick: {counts}")
+    losses = {k: v for k, v in counts.items() if k not in ("trials", "killed")}
+    assert counts["killed"] == len(KILL_MOMENTS)
     assert losses == dict.fromkeys(losses, 0)

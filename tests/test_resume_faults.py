@@ -25,6 +25,7 @@ from safetensors.torch import load_file
 
 import lab.zoo as zoo
 from lab.train import CHECKPOINT_FILES
+from tests.fault_zygote import ENV, Forks
 
 REPO = Path(__file__).resolve().parents[1]
 SEED = 16  # seeds the kill moments
@@ -43,7 +44,6 @@ SHORTER = {
 # Kills per recipe: by the clock, and at a file operation of a checkpoint write and of the final publish.
 TRIALS = {"markov": ("clock", "clock", "checkpoint", "publish"), "facts": ("clock", "checkpoint", "publish"),
           "pydoc": ("clock", "checkpoint", "publish"), "dates": ("clock", "checkpoint", "publish")}
-ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(REPO)}
 
 
 def toml_text(tables: dict) -> str:
@@ -75,40 +75,12 @@ def private_zoo(root: Path) -> Path:
     return root
 
 
-class Zygote:
-    """The fork server of tests/fault_zygote.py: run(argv) → pid, wait(pid) → exit status (−signal if killed)."""
+class ZooForks(Forks):
+    """Children of the fork server (tests/fault_zygote.py), every one on the private zoo `zoo_dir`."""
 
-    def __init__(self, zoo_dir: Path, logs: Path) -> None:
-        self.zoo_dir, self.logs, self.runs = zoo_dir, logs, 0
-        self.process = subprocess.Popen([sys.executable, str(REPO / "tests" / "fault_zygote.py")], cwd=REPO,
-                                        env=os.environ | ENV, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        assert "ready" in self.ask({})
-
-    def ask(self, request: dict) -> dict:
-        if request:
-            self.process.stdin.write(json.dumps(request) + "\n")
-            self.process.stdin.flush()
-        line = self.process.stdout.readline()
-        assert line, "the fault zygote died"
-        return json.loads(line)
-
-    def run(self, argv: list[str], fault: dict | None = None) -> tuple[int, Path]:
-        self.runs += 1
-        log = self.logs / f"{self.runs:03d}-{'-'.join(argv[:2])}.log"
-        request = {"argv": argv, "env": {"FORMA_ZOO_DIR": str(self.zoo_dir)}, "log": str(log), "fault": fault}
-        return self.ask({"run": request})["pid"], log
-
-    def wait(self, pid: int) -> int:
-        return self.ask({"wait": pid})["status"]
-
-    def call(self, argv: list[str], fault: dict | None = None) -> tuple[int, str]:
-        pid, log = self.run(argv, fault)
-        return self.wait(pid), log.read_text()
-
-    def close(self) -> None:
-        self.process.stdin.write(json.dumps({"quit": True}) + "\n")
-        self.process.stdin.close()
-        self.process.wait(timeout=60)
+    def __init__(self, zygote, zoo_dir: Path, logs: Path) -> None:
+        super().__init__(zygote, logs, {"FORMA_ZOO_DIR": str(zoo_dir)})
+        self.zoo_dir = zoo_dir
 
 
 def timeless(record: dict) -> dict:
@@ -172,11 +144,9 @@ def kill_points(trace: Path) -> dict[str, list[int]]:
 
 
 @pytest.fixture(scope="module")
-def zygote(tmp_path_factory):
+def zygote(tmp_path_factory, fault_zygote):
     root = tmp_path_factory.mktemp("fault-trials")
-    server = Zygote(private_zoo(root / "zoo"), root)
-    yield server
-    server.close()
+    return ZooForks(fault_zygote, private_zoo(root / "zoo"), root)
 
 
 @pytest.mark.slow
