@@ -51,3 +51,26 @@ def test_attention_scores_hook_holds_the_equation(variant):
         assert torch.equal(cache[a + "hook_attn_scores"].isinf(), got[:, :, 7:].isinf())
         finite = ~got[:, :, 7:].isinf()
         assert (cache[a + "hook_attn_scores"] - got[:, :, 7:])[finite].abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("variant", VARIANTS.values(), ids=VARIANTS.keys())
+def test_pattern_and_z_hooks_hold_the_equation(variant):
+    """hook_pattern = softmax(hook_attn_scores) and hook_z^h = A^h v^⌊h / group⌋: query head h reads key/value head
+    ⌊h · n_kv_heads / n_heads⌋, written here with the keys and values repeated per query head."""
+    model = HookedTransformer(tiny_config(**variant), seed=3).eval()
+    tokens = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(4))
+    kv_cache = KVCache.empty(model.cfg.n_layers)
+    with torch.no_grad():
+        model(tokens[:, :7], kv_cache=kv_cache)
+        _, cached = model.run_with_cache(tokens[:, 7:], kv_cache=kv_cache)
+        _, full = model.run_with_cache(tokens)
+    group = model.cfg.n_heads // model.cfg.n_kv_heads
+    for layer in range(model.cfg.n_layers):
+        a = f"blocks.{layer}.attn."
+        pattern = full[a + "hook_pattern"]
+        assert (pattern - full[a + "hook_attn_scores"].softmax(dim=-1)).abs().max() <= 1e-6
+        v = full[a + "hook_v"].repeat_interleave(group, dim=2)  # [batch, k_pos, head, d_head]
+        assert (full[a + "hook_z"] - torch.einsum("bhqk,bkhd->bqhd", pattern, v)).abs().max() <= 1e-5
+        # the 5 new queries against the 7 cached keys and their own: the same rows as the full pass's
+        assert (cached[a + "hook_pattern"] - pattern[:, :, 7:]).abs().max() <= 1e-5
+        assert (cached[a + "hook_z"] - full[a + "hook_z"][:, 7:]).abs().max() <= 1e-5

@@ -97,6 +97,38 @@ def test_fast_path_is_taken_unless_the_pattern_is_asked_for(model, tokens, monke
     assert calls == {"explicit": 1, "fused": 5}
 
 
+@pytest.mark.parametrize("variant", VARIANTS, ids=IDS)
+def test_caching_one_hook_runs_the_plain_forward(variant, tokens, monkeypatch):
+    """run_with_cache with one residual-stream hook costs the model's own forward: the fused attention and the
+    fused norms at every layer (no scores, no pattern, no norm internals formed), the same logits bit for bit,
+    and a cache of that one activation, as a hook on the forward sees it."""
+    import lab.model.norms as norms
+
+    model = HookedTransformer(tiny_config(**variant), seed=0).eval()
+    attn_cls, explicit_norms = type(model.blocks[0].attn), []
+    calls = {"explicit": 0, "fused": 0}
+    for path in calls:
+        original = getattr(attn_cls, f"_{path}")
+
+        def counted(self, *args, _original=original, _path=path):
+            calls[_path] += 1
+            return _original(self, *args)
+
+        monkeypatch.setattr(attn_cls, f"_{path}", counted)
+    wants = norms.wants_norm_internals
+    monkeypatch.setattr(norms, "wants_norm_internals", lambda norm: explicit_norms.append(wants(norm)) or wants(norm))
+    last = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    seen = {}
+    with torch.no_grad():
+        plain = model(tokens)
+        logits, cache = model.run_with_cache(tokens, names_filter=[last])
+        model.run_with_hooks(tokens, fwd_hooks=[(last, lambda x, hook: seen.update(x=x.clone()))])
+    assert calls == {"explicit": 0, "fused": 3 * model.cfg.n_layers}
+    assert explicit_norms and not any(explicit_norms)
+    assert torch.equal(logits, plain)
+    assert list(cache.keys()) == [last] and torch.equal(cache[last], seen["x"])
+
+
 def test_pattern_is_causal_and_normalised(model, tokens):
     _, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_pattern"))
     pattern = cache["pattern", 0]

@@ -222,35 +222,43 @@ class Attention(nn.Module):
         return (j <= i) & (j > i - self.window)
 
     def _mask_bias(self, q_len: int, k_len: int, offset: int, device: torch.device, dtype: torch.dtype) -> Tensor:
-        """M as an additive [q_len, k_len] bias: 0 where the key is visible, −∞ where it is hidden."""
+        """M as an additive [q_len, k_len] bias: 0 where the key is visible, −∞ where it is hidden. Without a
+        window that hides a key, M is −∞ strictly above the diagonal offset: two passes over [q_len, k_len] instead
+        of the boolean mask's seven (each pass a thread barrier, costly on a busy machine)."""
+        if k_len <= self.window:  # the window hides nothing a query here can reach: the plain causal mask
+            return torch.full((q_len, k_len), float("-inf"), device=device, dtype=dtype).triu_(offset + 1)
         visible = self._causal_mask(q_len, k_len, offset, device)
         return torch.zeros(q_len, k_len, device=device, dtype=dtype).masked_fill_(~visible, float("-inf"))
 
-    def _scores(self, q: Tensor, k: Tensor, offset: int) -> Float[Tensor, "batch head q_pos k_pos"]:
-        """q kᵀ / √d_head + M, from q [batch, head, q_pos, d_head] and k [batch, head, k_pos, d_head].
+    def _scores(self, q: Tensor, k: Tensor, offset: int, group: int) -> Float[Tensor, "batch·kv_head group·q_pos k_pos"]:
+        """q kᵀ / √d_head + M, from q [batch·kv_head, group·q_pos, d_head] (the `group` query heads that read one
+        key/value head, one after the other) and k [batch·kv_head, k_pos, d_head].
 
         Causal, as one product M + (1/√d_head)·q kᵀ (baddbmm): the scale and the mask ride on the matmul
         instead of two more passes over the scores, the largest tensor of the explicit path. The same
         scores to float round-off (exactly the same where √d_head is a power of two)."""
         if not self.causal:
-            scores = einops.einsum(q, k, "batch head q_pos d_head, batch head k_pos d_head -> batch head q_pos k_pos")
-            return scores.div_(math.sqrt(self.d_head))
-        batch, heads, q_len, d_head = q.shape
-        k_len = k.shape[2]
+            return torch.bmm(q, k.transpose(1, 2)).div_(math.sqrt(self.d_head))
+        q_len, k_len = q.shape[1] // group, k.shape[1]
         mask = self._mask_bias(q_len, k_len, offset, q.device, q.dtype)
-        scores = torch.baddbmm(mask, q.reshape(batch * heads, q_len, d_head),
-                               k.reshape(batch * heads, k_len, d_head).transpose(1, 2), alpha=1 / math.sqrt(d_head))
-        return scores.view(batch, heads, q_len, k_len)
+        return torch.baddbmm(mask.repeat(group, 1) if group > 1 else mask, q, k.transpose(1, 2),
+                             alpha=1 / math.sqrt(self.d_head))
 
     def _explicit(self, q: Tensor, k: Tensor, v: Tensor, offset: int) -> Tensor:
-        group = self.n_heads // self.n_kv_heads
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [batch, head, pos, d_head]: one bmm per head
-        if group > 1:
-            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        scores = self.hook_attn_scores(self._scores(q, k, offset))
+        """softmax(q kᵀ / √d_head + M) v, firing hook_attn_scores and hook_pattern [batch, head, q_pos, k_pos].
+
+        Query head h = j·group + g reads key/value head j (group = n_heads / n_kv_heads), so the query heads are
+        laid out as [batch·kv_head, group·q_pos, d_head]: one product per key/value head serves its whole group,
+        and the keys and values are read where they are instead of being repeated for every query head. The
+        scores of that product are [batch, head, q_pos, k_pos] as they stand (a view, no copy)."""
+        batch, q_len, heads, d_head = q.shape
+        kv, k_len = self.n_kv_heads, k.shape[1]
+        group = heads // kv
+        q, k, v = (t.transpose(1, 2).reshape(batch * kv, -1, d_head) for t in (q, k, v))
+        scores = self.hook_attn_scores(self._scores(q, k, offset, group).view(batch, heads, q_len, k_len))
         pattern = self.hook_pattern(scores.softmax(dim=-1))
-        z = einops.einsum(pattern, v, "batch head q_pos k_pos, batch head k_pos d_head -> batch head q_pos d_head")
-        return z.transpose(1, 2)
+        z = torch.bmm(pattern.reshape(batch * kv, group * q_len, k_len), v)  # [batch·kv_head, group·q_pos, d_head]
+        return z.view(batch, heads, q_len, d_head).transpose(1, 2)
 
     def _fused(self, q: Tensor, k: Tensor, v: Tensor, offset: int) -> Tensor:
         q_len, k_len = q.shape[1], k.shape[1]
