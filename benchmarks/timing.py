@@ -21,22 +21,23 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def interleaved(contenders: dict[str, Callable[[], object]], rounds: int = 11, warmup: int = 2,
                 memory: str | None = None) -> dict[str, dict]:
-    """Median (and spread) of each contender's wall time over `rounds` interleaved rounds, in seconds.
+    """Median (and spread) of each contender's wall time over `rounds` interleaved rounds, in seconds. Round r
+    starts with the contender r places on (a, b, c; b, c, a; c, a, b; ...).
 
-    memory: a device ("cpu", "cuda"): each contender's first timed call also reads its peak memory
-    (`peak_memory`, reported as peak_memory_bytes) — a warm call, at no extra call's cost."""
+    memory: a device ("cpu", "cuda"): one more call of each contender, after the warm-up and before the timed
+    rounds, reads its peak memory (`peak_memory`, reported as peak_memory_bytes). It is not timed: returning the
+    heap to the system first (so reused pages count) makes that call fault its memory in afresh."""
     for _ in range(warmup):
         for fn in contenders.values():
             fn()
+    peaks = {name: peak_memory(fn, memory) for name, fn in contenders.items()} if memory is not None else {}
     times: dict[str, list[float]] = {name: [] for name in contenders}
-    peaks: dict[str, int | None] = {}
+    order = list(contenders.items())
     for round_ in range(rounds):
-        for name, fn in contenders.items():
+        # Each round starts one contender further on, so none always runs first (after a warm cache, a freed heap).
+        for name, fn in order[round_ % len(order):] + order[: round_ % len(order)]:
             call = Clocked(fn)
-            if memory is not None and round_ == 0:
-                peaks[name] = peak_memory(call, memory)  # the reset and the reading stay outside the clock
-            else:
-                call()
+            call()
             times[name].append(call.seconds)
     return {name: {"median_s": statistics.median(t), "min_s": min(t), "max_s": max(t), "rounds": rounds}
             | ({"peak_memory_bytes": peaks[name]} if memory is not None else {}) for name, t in times.items()}

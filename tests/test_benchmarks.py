@@ -184,3 +184,27 @@ def test_the_gpu_script_runs_every_benchmark_of_the_real_sizes_issue_with_a_devi
     for module in GPU_BENCHMARKS:
         assert '"--device"' in (root / "benchmarks" / f"{module}.py").read_text(), module
     assert '-m "benchmarks.$module" --device cuda $args' in script
+
+
+def test_the_peak_memory_call_is_not_one_of_the_timed_rounds(monkeypatch):
+    """interleaved(memory=...) reads each contender's peak memory in a call of its own, after the warm-up and
+    before the timed rounds: that call starts from a trimmed heap, so it would time page faults, not the work."""
+    calls, order = {"a": 0, "b": 0}, []
+    monkeypatch.setattr(timing, "peak_memory", lambda fn, device: (order.append("peak"), fn(), 7)[-1])
+    monkeypatch.setattr(timing.Clocked, "__call__",
+                        lambda self: (order.append("timed"), self.fn(), setattr(self, "seconds", 1.0))[1])
+
+    def contender(name):
+        return lambda: calls.__setitem__(name, calls[name] + 1)
+
+    out = timing.interleaved({"a": contender("a"), "b": contender("b")}, rounds=3, warmup=1, memory="cpu")
+    assert calls == {"a": 1 + 1 + 3, "b": 1 + 1 + 3}  # warm-up, the peak reading, three timed rounds
+    assert order == ["peak", "peak"] + ["timed"] * 6
+    assert {name: (row["rounds"], row["peak_memory_bytes"]) for name, row in out.items()} == {"a": (3, 7), "b": (3, 7)}
+
+
+def test_each_round_starts_with_another_contender():
+    """No contender always runs first: round r starts r places on, so an order effect spreads over all of them."""
+    order = []
+    timing.interleaved({name: (lambda name=name: order.append(name)) for name in "abc"}, rounds=4, warmup=0)
+    assert order == list("abc" "bca" "cab" "abc")
