@@ -191,7 +191,7 @@ def stream_activations(model: Any, data: Tensor | Iterable[Tensor], hooks: str |
                 continue
             b_idx, p_idx = select_positions(tokens, positions, pad_id)
             captured = _run_batch(model, tokens.to(device), names, b_idx.to(device), p_idx.to(device), dtype,
-                                  stop_early)
+                                  stop_early, every=positions == "all")
             release_freed_memory()  # stay near one batch's footprint over a long stream
             yield Activations(captured, b_idx + seen, p_idx,
                               {"positions": description, "batch_sequences": int(tokens.shape[0])})
@@ -203,20 +203,40 @@ def stream_activations(model: Any, data: Tensor | Iterable[Tensor], hooks: str |
         raise ValueError(f"start = {start}, but the data hold only {seen} sequences")
 
 
+def _whole(activation: Tensor, dim: int) -> bool:
+    """True when every cell of `activation`, in (sequence, position) order, is a view of it that holds all of its
+    storage: the position axis is dim 1 and the tensor is contiguous and owns its memory alone (not a slice of a
+    larger one, e.g. hook_q of the fused q, k, v product, whose rows as a view would keep all three alive)."""
+    return (dim == 1 and activation.is_contiguous()
+            and activation.untyped_storage().nbytes() == activation.numel() * activation.element_size())
+
+
 @torch.inference_mode()
 def _run_batch(model: Any, tokens: Tensor, names: list[str], b_idx: Tensor, p_idx: Tensor,
-               dtype: torch.dtype | None, stop_early: bool) -> dict[str, Tensor]:
+               dtype: torch.dtype | None, stop_early: bool, every: bool = False) -> dict[str, Tensor]:
+    """The hooks' selected cells of one batch, on the CPU. every: the selection is every position (b_idx, p_idx
+    enumerate all cells in order)."""
     captured: dict[str, Tensor] = {}
 
     def make_hook(name: str) -> Callable[[Tensor, Any], None]:
         dim = _pos_dim(name)
 
         def capture(activation: Tensor, hook: Any) -> None:
-            # Advanced indexing copies only the selected [rows, *shape] cells; the full activation is
-            # left to the forward pass and freed with it.
-            cells = activation.movedim(dim, 1)[b_idx, p_idx]
-            captured[name] = cells.to(device="cpu", dtype=dtype or cells.dtype)
-            if stop_early and len(captured) == len(names):
+            ends = stop_early and len(captured.keys() | {name}) == len(names)  # this hook is the last one asked for
+            if every and _whole(activation, dim):  # every cell: the activation itself, [batch · pos, *shape]
+                cells = activation.flatten(0, 1)
+            else:
+                # Advanced indexing copies only the selected [rows, *shape] cells; the full activation is
+                # left to the forward pass and freed with it.
+                cells = activation.movedim(dim, 1)[b_idx, p_idx]
+            rows = cells.to(device="cpu", dtype=dtype or cells.dtype)
+            if not ends and rows.untyped_storage().data_ptr() == activation.untyped_storage().data_ptr():
+                # The pass goes on and may still write into its activation (an in-place op, a later hook):
+                # keep a copy. The hook that ends the pass hands its activation over as it is — the only copy
+                # of it a harvest then makes is into the shard buffer.
+                rows = rows.clone()
+            captured[name] = rows
+            if ends:
                 raise _AllHooksFired
 
         return capture
