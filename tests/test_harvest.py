@@ -124,6 +124,20 @@ def test_the_writer_holds_one_shard_buffer_and_no_earlier_batch(deep, data, tmp_
     assert len(seen_buffers) == 1  # one buffer, allocated once and refilled for every shard
 
 
+def test_a_harvest_hands_freed_memory_back_once_per_shard_and_a_stream_after_every_batch(deep, data, tmp_path,
+                                                                                           monkeypatch):
+    from lab.analysis.activations import collect
+
+    calls = []
+    for module in (collect, activations_store):
+        monkeypatch.setattr(module, "release_freed_memory", lambda: calls.append(1))
+    store = save_activations(deep, data, HOOK, tmp_path / "z", **HARVEST)
+    assert len(calls) == len(store.index["shards"]) < len(data) // HARVEST["batch_size"]
+    calls.clear()
+    parts = list(stream_activations(deep, data, HOOK, "all", batch_size=2, progress=False))
+    assert len(calls) == len(parts) == 12
+
+
 # --- resumable ------------------------------------------------------------------------------------
 class Interrupt(Exception):
     pass

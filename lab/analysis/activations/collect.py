@@ -152,14 +152,17 @@ def _device_of(model: Any) -> torch.device:
 def stream_activations(model: Any, data: Tensor | Iterable[Tensor], hooks: str | Sequence[str],
                        positions: Positions = "last", *, batch_size: int = 32, pad_id: int | None = None,
                        dtype: torch.dtype | None = None, progress: bool = True,
-                       stop_early: bool = True, start: int = 0) -> Iterator[Activations]:
+                       stop_early: bool = True, start: int = 0, release_memory: bool = True) -> Iterator[Activations]:
     """One `Activations` per batch: the chosen hooks at the chosen positions, on the CPU.
 
     data: a [n, pos] LongTensor (cut into batches of `batch_size`) or an iterable of [batch, pos]
     tensors. dtype: storage dtype (e.g. torch.float16), applied at capture time. stop_early: end each
     forward pass once every chosen hook has fired (turn off only for models whose hooks fire twice).
     start: the number of leading sequences to pass over (resuming): their batches are read but not
-    run, and rows' `seq` still count them; it must fall on a batch boundary.
+    run, and rows' `seq` still count them; it must fall on a batch boundary. release_memory: after every
+    batch, hand the memory its forward pass freed back to the OS (`lab.memory.release_freed_memory`), so that
+    a long stream stays near one batch's footprint; the next batch then page-faults that memory in afresh.
+    `save_activations` turns it off and hands memory back once per shard instead.
     """
     names = [hooks] if isinstance(hooks, str) else list(hooks)
     if not names or len(set(names)) != len(names):
@@ -192,7 +195,8 @@ def stream_activations(model: Any, data: Tensor | Iterable[Tensor], hooks: str |
             b_idx, p_idx = select_positions(tokens, positions, pad_id)
             captured = _run_batch(model, tokens.to(device), names, b_idx.to(device), p_idx.to(device), dtype,
                                   stop_early, every=positions == "all")
-            release_freed_memory()  # stay near one batch's footprint over a long stream
+            if release_memory:
+                release_freed_memory()  # stay near one batch's footprint over a long stream
             yield Activations(captured, b_idx + seen, p_idx,
                               {"positions": description, "batch_sequences": int(tokens.shape[0])})
             seen += tokens.shape[0]
