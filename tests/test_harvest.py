@@ -16,7 +16,7 @@ import torch
 
 from lab import HookedTransformer
 from lab.analysis.activations import store as activations_store
-from lab.analysis.activations import ActivationStore, save_activations
+from lab.analysis.activations import ActivationStore, collect_activations, save_activations, stream_activations
 from lab.analysis.probes import fit_probe, fit_probes
 from tests.conftest import VOCAB, tiny_config
 
@@ -64,6 +64,48 @@ def test_a_harvest_runs_no_block_after_its_hooks_layer(deep, data, tmp_path):
             h.remove()
 
 
+# --- one copy of every position's activation ------------------------------------------------------
+def cached_rows(model, data, names, batch_size):
+    """run_with_cache(names_filter=names)'s activations at every position, each [rows, *shape] in (sequence,
+    position) order (the same hooks attached: a hook on the pattern switches attention to its explicit path)."""
+    caches = [model.run_with_cache(batch, names_filter=names)[1] for batch in data.split(batch_size)]
+    return {name: torch.cat([c[name].movedim(2 if name.endswith("hook_pattern") else 1, 1).flatten(0, 1)
+                             for c in caches]) for name in names}
+
+
+@pytest.mark.parametrize("hooks, stop_early", [(["blocks.1.hook_resid_post"], True),
+                                               ([HOOK, "blocks.0.attn.hook_pattern", "blocks.1.hook_mlp_out"], True),
+                                               (["blocks.0.hook_resid_post", HOOK], False)],
+                         ids=["one hook", "three hooks", "the pass goes on"])
+def test_a_harvest_of_every_position_holds_the_activations_bit_for_bit(deep, data, tmp_path, hooks, stop_early):
+    store = save_activations(deep, data, hooks, tmp_path / "all", **HARVEST, stop_early=stop_early).load()
+    cached = cached_rows(deep, data, hooks, HARVEST["batch_size"])
+    for name in hooks:
+        assert torch.equal(store[name], cached[name]), name
+
+
+def test_the_last_hook_of_a_pass_hands_its_activation_over_without_a_copy(deep, data):
+    """Every position of the hook that ends the pass: its rows are the activation itself (the shard buffer's copy
+    is the only one); a hook the pass runs on after is copied, since the pass may still write into it."""
+    seen = {}
+    record = lambda x, hook: seen.__setitem__(hook.name, x.untyped_storage().data_ptr())  # noqa: E731
+    names = ["blocks.0.hook_resid_post", "blocks.1.hook_resid_post"]
+    with deep.hooks(fwd_hooks=[(name, record) for name in names]):  # fire before the harvest's own hooks
+        part = next(stream_activations(deep, data, names, "all", batch_size=2, progress=False))
+    assert part[names[1]].untyped_storage().data_ptr() == seen[names[1]]
+    assert part[names[0]].untyped_storage().data_ptr() != seen[names[0]]
+
+
+def test_rows_are_not_changed_by_what_the_pass_does_after_their_hook(deep, data):
+    """blocks.0.hook_resid_post is the tensor blocks.1.hook_resid_pre sees: a later hook writing into it in place
+    leaves the rows collected before it as they were."""
+    name = "blocks.0.hook_resid_post"
+    clean = collect_activations(deep, data, name, "all", batch_size=2, progress=False)[name]
+    with deep.hooks(fwd_hooks=[("blocks.1.hook_resid_pre", lambda x, hook: x.mul_(0))]):
+        rows = collect_activations(deep, data, name, "all", batch_size=2, progress=False, stop_early=False)[name]
+    assert torch.equal(rows, clean) and bool(clean.abs().sum() > 0)
+
+
 # --- bounded memory -------------------------------------------------------------------------------
 def test_the_writer_holds_one_shard_buffer_and_no_earlier_batch(deep, data, tmp_path, monkeypatch):
     seen_buffers, earlier = set(), []
@@ -80,6 +122,20 @@ def test_the_writer_holds_one_shard_buffer_and_no_earlier_batch(deep, data, tmp_
     store = save_activations(deep, data, HOOK, tmp_path / "z", **HARVEST)
     assert len(store.index["shards"]) >= 3
     assert len(seen_buffers) == 1  # one buffer, allocated once and refilled for every shard
+
+
+def test_a_harvest_hands_freed_memory_back_once_per_shard_and_a_stream_after_every_batch(deep, data, tmp_path,
+                                                                                           monkeypatch):
+    from lab.analysis.activations import collect
+
+    calls = []
+    for module in (collect, activations_store):
+        monkeypatch.setattr(module, "release_freed_memory", lambda: calls.append(1))
+    store = save_activations(deep, data, HOOK, tmp_path / "z", **HARVEST)
+    assert len(calls) == len(store.index["shards"]) < len(data) // HARVEST["batch_size"]
+    calls.clear()
+    parts = list(stream_activations(deep, data, HOOK, "all", batch_size=2, progress=False))
+    assert len(calls) == len(parts) == 12
 
 
 # --- resumable ------------------------------------------------------------------------------------

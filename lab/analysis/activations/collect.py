@@ -152,14 +152,17 @@ def _device_of(model: Any) -> torch.device:
 def stream_activations(model: Any, data: Tensor | Iterable[Tensor], hooks: str | Sequence[str],
                        positions: Positions = "last", *, batch_size: int = 32, pad_id: int | None = None,
                        dtype: torch.dtype | None = None, progress: bool = True,
-                       stop_early: bool = True, start: int = 0) -> Iterator[Activations]:
+                       stop_early: bool = True, start: int = 0, release_memory: bool = True) -> Iterator[Activations]:
     """One `Activations` per batch: the chosen hooks at the chosen positions, on the CPU.
 
     data: a [n, pos] LongTensor (cut into batches of `batch_size`) or an iterable of [batch, pos]
     tensors. dtype: storage dtype (e.g. torch.float16), applied at capture time. stop_early: end each
     forward pass once every chosen hook has fired (turn off only for models whose hooks fire twice).
     start: the number of leading sequences to pass over (resuming): their batches are read but not
-    run, and rows' `seq` still count them; it must fall on a batch boundary.
+    run, and rows' `seq` still count them; it must fall on a batch boundary. release_memory: after every
+    batch, hand the memory its forward pass freed back to the OS (`lab.memory.release_freed_memory`), so that
+    a long stream stays near one batch's footprint; the next batch then page-faults that memory in afresh.
+    `save_activations` turns it off and hands memory back once per shard instead.
     """
     names = [hooks] if isinstance(hooks, str) else list(hooks)
     if not names or len(set(names)) != len(names):
@@ -191,8 +194,9 @@ def stream_activations(model: Any, data: Tensor | Iterable[Tensor], hooks: str |
                 continue
             b_idx, p_idx = select_positions(tokens, positions, pad_id)
             captured = _run_batch(model, tokens.to(device), names, b_idx.to(device), p_idx.to(device), dtype,
-                                  stop_early)
-            release_freed_memory()  # stay near one batch's footprint over a long stream
+                                  stop_early, every=positions == "all")
+            if release_memory:
+                release_freed_memory()  # stay near one batch's footprint over a long stream
             yield Activations(captured, b_idx + seen, p_idx,
                               {"positions": description, "batch_sequences": int(tokens.shape[0])})
             seen += tokens.shape[0]
@@ -203,20 +207,40 @@ def stream_activations(model: Any, data: Tensor | Iterable[Tensor], hooks: str |
         raise ValueError(f"start = {start}, but the data hold only {seen} sequences")
 
 
+def _whole(activation: Tensor, dim: int) -> bool:
+    """True when every cell of `activation`, in (sequence, position) order, is a view of it that holds all of its
+    storage: the position axis is dim 1 and the tensor is contiguous and owns its memory alone (not a slice of a
+    larger one, e.g. hook_q of the fused q, k, v product, whose rows as a view would keep all three alive)."""
+    return (dim == 1 and activation.is_contiguous()
+            and activation.untyped_storage().nbytes() == activation.numel() * activation.element_size())
+
+
 @torch.inference_mode()
 def _run_batch(model: Any, tokens: Tensor, names: list[str], b_idx: Tensor, p_idx: Tensor,
-               dtype: torch.dtype | None, stop_early: bool) -> dict[str, Tensor]:
+               dtype: torch.dtype | None, stop_early: bool, every: bool = False) -> dict[str, Tensor]:
+    """The hooks' selected cells of one batch, on the CPU. every: the selection is every position (b_idx, p_idx
+    enumerate all cells in order)."""
     captured: dict[str, Tensor] = {}
 
     def make_hook(name: str) -> Callable[[Tensor, Any], None]:
         dim = _pos_dim(name)
 
         def capture(activation: Tensor, hook: Any) -> None:
-            # Advanced indexing copies only the selected [rows, *shape] cells; the full activation is
-            # left to the forward pass and freed with it.
-            cells = activation.movedim(dim, 1)[b_idx, p_idx]
-            captured[name] = cells.to(device="cpu", dtype=dtype or cells.dtype)
-            if stop_early and len(captured) == len(names):
+            ends = stop_early and len(captured.keys() | {name}) == len(names)  # this hook is the last one asked for
+            if every and _whole(activation, dim):  # every cell: the activation itself, [batch · pos, *shape]
+                cells = activation.flatten(0, 1)
+            else:
+                # Advanced indexing copies only the selected [rows, *shape] cells; the full activation is
+                # left to the forward pass and freed with it.
+                cells = activation.movedim(dim, 1)[b_idx, p_idx]
+            rows = cells.to(device="cpu", dtype=dtype or cells.dtype)
+            if not ends and rows.untyped_storage().data_ptr() == activation.untyped_storage().data_ptr():
+                # The pass goes on and may still write into its activation (an in-place op, a later hook):
+                # keep a copy. The hook that ends the pass hands its activation over as it is — the only copy
+                # of it a harvest then makes is into the shard buffer.
+                rows = rows.clone()
+            captured[name] = rows
+            if ends:
                 raise _AllHooksFired
 
         return capture

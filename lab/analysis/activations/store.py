@@ -23,6 +23,7 @@ from torch import Tensor
 from lab.analysis.activations.collect import (Activations, Positions, _batches, _CountedBatches, _describe,
                                               stream_activations)
 from lab.files import atomic_write, atomic_write_text, is_temporary
+from lab.memory import release_freed_memory
 
 INDEX_FILE = "index.json"
 PROGRESS_FILE = "progress.json"
@@ -37,6 +38,9 @@ def save_activations(model: Any, data: Tensor | Iterable[Tensor], hooks: str | S
 
     Memory held at any time: one batch's forward pass plus one shard buffer (preallocated once and
     refilled, written from views without copying). A batch larger than a shard becomes a shard of its own.
+    The memory a forward pass frees is kept for the next batch to reuse and handed back to the OS once per
+    shard: handed back after every batch, each batch would page-fault it in afresh, a cost that dominates a
+    small model's harvest (benchmarks/harvest.py's corpus run).
 
     Resumable: every shard is written atomically and then recorded in progress.json. When `out_dir`
     holds an interrupted harvest (progress.json, no index.json), the same call continues after its last
@@ -70,7 +74,8 @@ def save_activations(model: Any, data: Tensor | Iterable[Tensor], hooks: str | S
     writer = _ShardWriter(out_dir, arguments, done)
     tap = _TokenDigest(data, batch_size, done[-1] if done else None)
     for part in stream_activations(model, tap, names, positions, batch_size=batch_size, pad_id=pad_id, dtype=dtype,
-                                   progress=progress, stop_early=stop_early, start=writer.sequences):
+                                   progress=progress, stop_early=stop_early, start=writer.sequences,
+                                   release_memory=False):  # the writer does, once per shard
         writer.add(part, tap.state)
     writer.flush()
     if not writer.shards:
@@ -214,6 +219,7 @@ class _ShardWriter:
         atomic_write_text(self.directory / PROGRESS_FILE,
                           json.dumps({"format": INDEX_FORMAT, "arguments": self.arguments, "shards": self.shards},
                                      indent=2) + "\n")
+        release_freed_memory()  # what the batches since the last shard freed and left unused (fragments)
 
 
 def _dtype_name(safetensors_dtype: str) -> str:
