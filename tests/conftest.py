@@ -217,6 +217,18 @@ def torchrun_demo(tmp_path_factory):
     return folder, code, run_bash(code, folder)
 
 
+@pytest.fixture(scope="session")
+def stdlib_corpus(tmp_path_factory) -> Path:
+    """The pydoc world's corpus.txt (lab.data.text.stdlib_docstrings: the docstrings of this Python's standard
+    library, seconds to parse), collected once a session. A private zoo that builds pydoc gets a copy as
+    pydoc/corpus.txt, the cache its first build would have written with the same text."""
+    from lab.data.text import stdlib_docstrings
+
+    path = tmp_path_factory.mktemp("stdlib-corpus") / "corpus.txt"
+    stdlib_docstrings(cache=path)
+    return path
+
+
 @pytest.fixture
 def one_thread():
     """Tiny models and tensors: on a busy shared machine a second intra-op thread only adds hand-offs (measured

@@ -18,6 +18,8 @@ from lab import HookedTransformer
 from lab.train import (DEMO_MODEL, DEMO_TRAIN, IGNORE, Batch, SequenceBatches, TokenStream, TrainConfig,
                        TrainingDiverged, TrainingInterrupted, demo_markov, estimate_loss, get_batch, get_lr, train)
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (tests/conftest.py::one_thread)
+
 # 20 tiny steps: warmup then cosine, one eval every 5 steps.
 SHORT = DEMO_TRAIN.replace(steps=20, batch_size=8, seq_len=16, warmup_steps=4, eval_interval=5, eval_batches=2)
 
