@@ -195,6 +195,40 @@ def fault_zygote():
     server.close()
 
 
+def run_bash(code: str, cwd: Path) -> subprocess.CompletedProcess:
+    """A guide page's ```bash block, run as tests/test_docs.py runs one: `bash -euo pipefail -c CODE` in `cwd`,
+    offline, with this Python's scripts (forma, torchrun) first on PATH and one intra-op thread a process."""
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1")
+    return subprocess.run(["bash", "-euo", "pipefail", "-c", code], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=180)
+
+
+@pytest.fixture(scope="session")
+def torchrun_demo(tmp_path_factory):
+    """(folder, code, done): docs/torchrun.md's block that runs two ranks under torchrun, run once for the session
+    in `folder` (it writes runs/ddp-demo/ there). The page's example (tests/test_docs.py) and the check that two
+    ranks match one process (tests/test_train.py) read the same launch: each launch costs seconds of start-up."""
+    from tests.test_docs import DOCS, blocks
+
+    (code,) = [code for language, code, _ in blocks(DOCS / "torchrun.md")
+               if language == "bash" and "torchrun" in code]
+    folder = tmp_path_factory.mktemp("torchrun-demo")
+    return folder, code, run_bash(code, folder)
+
+
+@pytest.fixture(scope="session")
+def stdlib_corpus(tmp_path_factory) -> Path:
+    """The pydoc world's corpus.txt (lab.data.text.stdlib_docstrings: the docstrings of this Python's standard
+    library, seconds to parse), collected once a session. A private zoo that builds pydoc gets a copy as
+    pydoc/corpus.txt, the cache its first build would have written with the same text."""
+    from lab.data.text import stdlib_docstrings
+
+    path = tmp_path_factory.mktemp("stdlib-corpus") / "corpus.txt"
+    stdlib_docstrings(cache=path)
+    return path
+
+
 @pytest.fixture
 def one_thread():
     """Tiny models and tensors: on a busy shared machine a second intra-op thread only adds hand-offs (measured

@@ -4,16 +4,17 @@ A page's ```python blocks run in order in one namespace (a later block may use a
 names), in a fresh temporary working directory. A ```bash block runs only when the line before its
 fence is `<!-- run -->`, in the same directory, between the python blocks around it; every other
 bash block is shown, not run (installing, starting servers, commands that need a trained zoo model
-or a GPU).
+or a GPU). docs/torchrun.md's torchrun block is launched once a session (tests/conftest.py::torchrun_demo,
+read by tests/test_train.py too), in a folder of its own whose files are copied into the page's.
 """
 
-import os
 import re
-import subprocess
-import sys
+import shutil
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import run_bash
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 PAGES = sorted(DOCS.glob("*.md"))
@@ -75,19 +76,23 @@ def test_a_cited_test_that_does_not_exist_is_caught():
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[p.stem for p in PAGES])
-def test_page_examples_run(page, tmp_path, monkeypatch):
+def test_page_examples_run(page, tmp_path, monkeypatch, request):
     monkeypatch.chdir(tmp_path)
     namespace = {"__name__": f"docs_{page.stem.replace('-', '_')}"}
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     for language, code, line in blocks(page):
         where = f"{page.name}:{line}"
         if language == "python":
             # Padded so that a traceback's line numbers are the page's own.
             exec(compile("\n" * line + code, str(page), "exec"), namespace)
+        elif page.stem == "torchrun" and "torchrun" in code:
+            # The session's launch of this very block (tests/conftest.py::torchrun_demo, which
+            # tests/test_train.py reads too), run in its own folder: what it wrote is copied here.
+            folder, launched, done = request.getfixturevalue("torchrun_demo")
+            assert code == launched
+            assert done.returncode == 0, f"{where} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+            shutil.copytree(folder, tmp_path, dirs_exist_ok=True)
         else:
-            done = subprocess.run(["bash", "-euo", "pipefail", "-c", code], cwd=tmp_path, env=env,
-                                  capture_output=True, text=True, timeout=120)
+            done = run_bash(code, tmp_path)
             assert done.returncode == 0, f"{where} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
 
 

@@ -13,6 +13,8 @@ from lab.hf import SUPPORTED, UnsupportedArchitecture, from_hf, load_hf, to_hf
 from tests.conftest import (VOCAB, hf_mistral, hf_neox, hf_qwen2, randomise_gains_and_biases, tiny_config,
                             word_tokenizer)
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (tests/conftest.py::one_thread)
+
 FAMILIES = {  # name: (the HF model, its model_type, the model_type to_hf writes its shape as)
     "neox-parallel": (lambda: hf_neox(), "gpt_neox", "gpt_neox"),
     "neox-sequential-tied": (lambda: hf_neox(parallel=False, rotary_pct=0.5, tie=True, act="gelu_new"), "gpt_neox",

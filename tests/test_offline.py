@@ -78,7 +78,7 @@ def test_no_connection_is_attempted(tmp_path):
     log = tmp_path / "network.log"
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     env |= {"PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{REPO}", "FORMA_NETWORK_LOG": str(log),
-            "HF_HOME": str(tmp_path / "hf-home"), "FORMA_RUNS_DIR": str(tmp_path / "runs")}
+            "HF_HOME": str(tmp_path / "hf-home"), "FORMA_RUNS_DIR": str(tmp_path / "runs"), "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(SCRIPT), str(model), str(bare), str(csv_path),
                            str(tmp_path / "run")], env=env, capture_output=True, text=True, timeout=900)
     attempts = log.read_text() if log.exists() else ""

@@ -65,13 +65,15 @@ def toml_text(tables: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def private_zoo(root: Path) -> Path:
+def private_zoo(root: Path, corpus: Path) -> Path:
+    """The SHORTER recipes, with pydoc's corpus cache (tests/conftest.py::stdlib_corpus) in place."""
     for name, shorter in SHORTER.items():
         recipe = tomllib.loads((zoo.DEFAULT_ZOO_DIR / name / "model.toml").read_text())
         for table, overrides in shorter.items():
             recipe.setdefault("quick", {}).setdefault(table, {}).update(overrides)
         (root / name).mkdir(parents=True)
         (root / name / "model.toml").write_text(toml_text(recipe))
+    shutil.copy(corpus, root / "pydoc" / "corpus.txt")
     return root
 
 
@@ -144,9 +146,9 @@ def kill_points(trace: Path) -> dict[str, list[int]]:
 
 
 @pytest.fixture(scope="module")
-def zygote(tmp_path_factory, fault_zygote):
+def zygote(tmp_path_factory, fault_zygote, stdlib_corpus):
     root = tmp_path_factory.mktemp("fault-trials")
-    return ZooForks(fault_zygote, private_zoo(root / "zoo"), root)
+    return ZooForks(fault_zygote, private_zoo(root / "zoo", stdlib_corpus), root)
 
 
 @pytest.mark.slow

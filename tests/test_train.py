@@ -1,13 +1,12 @@
 """The training loop: the schedule against its formula, exact resumption, clear checkpoint errors,
 crash-safe checkpoints, the batch streams, and DDP under torchrun against one process."""
 
+import dataclasses
 import json
 import math
 import os
 import re
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,8 @@ from lab import HookedTransformer
 from lab.train import (DEMO_MODEL, DEMO_TRAIN, IGNORE, Batch, SequenceBatches, TokenStream, TrainConfig,
                        TrainingDiverged, TrainingInterrupted, demo_markov, estimate_loss, get_batch, get_lr, train)
 
-REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (tests/conftest.py::one_thread)
+
 # 20 tiny steps: warmup then cosine, one eval every 5 steps.
 SHORT = DEMO_TRAIN.replace(steps=20, batch_size=8, seq_len=16, warmup_steps=4, eval_interval=5, eval_batches=2)
 
@@ -351,29 +351,47 @@ def test_bad_runs_are_refused_before_training(tmp_path):
 
 
 # --- DDP ----------------------------------------------------------------------------------------
-def test_two_ranks_under_torchrun_match_one_process(tmp_path):
-    steps, batch_size, seq_len = 3, 8, 16
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               "-m", "lab.train", "--demo-markov", "--steps", str(steps), "--warmup-steps", "1",
-               "--batch-size", str(batch_size), "--seq-len", str(seq_len), "--out", str(tmp_path / "ddp"),
-               "--no-progress", "--save-rank-weights"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+def demo_argv(code: str) -> list[str]:
+    """The arguments of `python -m lab.train` in a shell command `torchrun … -m lab.train ARGS`."""
+    words = code.replace("\\\n", " ").split()
+    return words[words.index("lab.train") + 1:]
+
+
+def demo_config(argv: list[str]) -> TrainConfig:
+    """The TrainConfig that `python -m lab.train --demo-markov ARGV` trains with: DEMO_TRAIN with the fields
+    ARGV sets (one flag per field, as lab/train/entry.py::main makes them)."""
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    given = {}
+    for flag, value in zip(argv, argv[1:] + [""]):
+        name = flag.removeprefix("--").replace("-", "_")
+        if flag.startswith("--") and name in fields:
+            given[name] = type(getattr(DEMO_TRAIN, name))(value)
+    return DEMO_TRAIN.replace(**given)
+
+
+def test_two_ranks_under_torchrun_match_one_process(torchrun_demo, tmp_path):
+    """docs/torchrun.md's two-rank launch (tests/conftest.py::torchrun_demo, the launch the page's example reads)
+    against the same training in this process."""
+    folder, code, done = torchrun_demo
+    argv = demo_argv(code)
+    assert "--demo-markov" in argv and "--save-rank-weights" in argv and "--resume" not in argv, argv
+    cfg = demo_config(argv)
+    out = folder / argv[argv.index("--out") + 1]
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1])["world_size"] == 2
-    rank0, rank1 = (load_file(str(tmp_path / "ddp" / f"rank{r}.safetensors")) for r in (0, 1))
+    rank0, rank1 = (load_file(str(out / f"rank{r}.safetensors")) for r in (0, 1))
     assert all(torch.equal(rank0[k], rank1[k]) for k in rank0)  # DDP keeps the replicas identical
 
     model, data = demo_markov()
-    cfg = DEMO_TRAIN.replace(steps=steps, warmup_steps=1, batch_size=batch_size, seq_len=seq_len)
     single = train(model, cfg, data, tmp_path / "single", progress=False)
     assert max_difference(rank0, weights(model)) <= 1e-5
     assert max_difference(weights(model), weights(demo_markov()[0])) > 1e-3  # and training did move them
-    ddp_history = [json.loads(line) for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in ddp_history] == [1, 2, 3]  # only rank 0 writes
+    ddp_history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in ddp_history] == list(range(1, cfg.steps + 1))  # only rank 0 writes
+    assert len(single.history) == cfg.steps >= 2
     for a, b in zip(ddp_history, single.history):
         assert a["train_loss_nats"] == pytest.approx(b["train_loss_nats"], abs=1e-5)
-    assert HookedTransformer.load(tmp_path / "ddp").cfg == DEMO_MODEL
+    assert HookedTransformer.load(out).cfg == DEMO_MODEL
 
 
 def test_pad_documents_pads_at_the_end_and_masks_what_a_loss_reads():

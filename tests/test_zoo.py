@@ -13,6 +13,8 @@ from lab import HookedTransformer
 from lab.zoo import build, building, builds, cards, load_recipe, ngram_perplexities, zoo_names
 
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # small models (tests/conftest.py::one_thread)
+
 def test_the_zoo_has_the_three_recipes():
     assert {"markov", "facts", "pydoc"} <= set(zoo_names())
     for name in zoo_names():
@@ -30,8 +32,15 @@ def zoo_dir(tmp_path, monkeypatch):
     return tmp_path
 
 
+def with_corpus(zoo_dir: Path, name: str, request) -> None:
+    """pydoc's corpus cache in the private zoo (tests/conftest.py::stdlib_corpus), as a first build leaves it."""
+    if load_recipe(name, quick=True)["world"]["kind"] == "pydoc":
+        shutil.copy(request.getfixturevalue("stdlib_corpus"), zoo_dir / "pydoc" / "corpus.txt")
+
+
 @pytest.mark.parametrize("name", ["markov", "facts", "pydoc"])
-def test_quick_recipes_build_load_and_learn(name, zoo_dir):
+def test_quick_recipes_build_load_and_learn(name, zoo_dir, request):
+    with_corpus(zoo_dir, name, request)
     directory = build(name, quick=True, progress=False)
     assert directory == zoo_dir / name
     model = HookedTransformer.from_pretrained(name)
@@ -377,7 +386,8 @@ DISJOINT = {"markov": _disjoint_source, "hmm": _disjoint_source, "facts": _disjo
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", zoo_names())
-def test_every_zoo_world_holds_out_data_disjoint_from_training(name, zoo_dir):
+def test_every_zoo_world_holds_out_data_disjoint_from_training(name, zoo_dir, request):
+    with_corpus(zoo_dir, name, request)
     recipe = load_recipe(name, quick=True)
     data = zoo.build_world(recipe["world"], recipe["model"]["n_ctx"], recipe["train"].get("seq_len"))
     DISJOINT[recipe["world"]["kind"]](data, recipe)
