@@ -18,25 +18,27 @@ GPT2Config(n_layer=12, n_embd=768, n_head=12, vocab_size=50257), random weights 
 lab.hf.from_hf; one prompt of 32 random tokens, the corrupted prompt differing at position 8; the metric is
 the logit difference, at the last position, between the clean and the corrupted run's top tokens. Every
 figure is a median of interleaved rounds (one by default: a sweep is itself hundreds of forward passes for
-TransformerLens, 1,296 of GPT-2 small in one round, which is what keeps the run near 5 minutes on two
-quiet cores). Targets: every sweep ≤ 0.2× TransformerLens's on the bridge; values equal to
+TransformerLens, 1,296 of GPT-2 small in one round; the run's wall time and the load at its start are in
+the file it writes, `wall_s` and `machine`). Targets: every sweep ≤ 0.2× TransformerLens's on the bridge; values equal to
 ≤ 1e-5. Writes benchmarks/results/patching.json (patching_<device>.json off the CPU: --device cuda puts
 both models, the prompts and the zoo models on the GPU, and every timed call ends with a device sync).
 
     python -m benchmarks.patching [--quick] [--rounds 1] [--layers 12] [--tokens 32] [--heads-by-position] [--device cpu]
+    python -m benchmarks.patching --zoo-only     # the zoo's agreement again (e.g. after building the zoo), into that file
 
 --quick: 4 layers and 12 tokens (GPT-2-small widths and vocabulary kept): a smoke run.
 """
 
 import argparse
 import copy
+import json
 import tempfile
 import time
 from typing import Any
 
 import torch
 
-from benchmarks.timing import interleaved, machine, result_name, timed, write
+from benchmarks.timing import RESULTS, interleaved, machine, result_name, timed, write
 from lab.analysis.attribution import attribution_patch
 from lab.analysis.patching import logit_diff, patch_heads, patch_heads_by_position, patch_positions
 from lab.hf import from_hf
@@ -181,7 +183,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--layers", type=int, default=None)
     parser.add_argument("--tokens", type=int, default=None)
     parser.add_argument("--heads-by-position", action="store_true")
+    parser.add_argument("--zoo-only", action="store_true",
+                        help="measure the zoo agreement only, into the results file a full run wrote (its other "
+                             "figures are kept); the zoo is models/ or $FORMA_ZOO_DIR")
     args = parser.parse_args(argv)
+    if args.zoo_only:
+        path = RESULTS / f"{result_name('patching', args.device)}.json"
+        if not path.is_file():
+            parser.error(f"--zoo-only adds to the results of a full run, and there is none at {path}")
+        results = json.loads(path.read_text())
+        results["zoo"] = zoo_agreement(results["shape"]["tokens"], args.device)
+        results["zoo_measured_utc"] = machine()["utc"]
+        print(f"zoo: {', '.join(results['zoo']) or 'no trained decoder-only zoo model'}; wrote "
+              f"{write(result_name('patching', args.device), results)}")
+        return
     layers = args.layers or (4 if args.quick else 12)
     tokens = args.tokens or (12 if args.quick else 32)
     rounds = args.rounds

@@ -125,6 +125,14 @@ def patching_lines(r: dict[str, Any]) -> list[str]:
     agreement = ", ".join(f"{name} {row['pearson_r']:.3f}" for name, row in attribution["agreement"].items())
     lines += ["", f"Attribution patching: {attribution['ratio_vs_sweeps']:.3f}× the time of the sweeps it estimates; "
               f"Pearson r against them: {agreement}."]
+    zoo = r.get("zoo") or {}
+    for name, row in zoo.items():
+        lines.append(f"On the zoo's {name} ({row['tokens']} tokens): Pearson r "
+                     + ", ".join(f"{s} {a['pearson_r']:.3f}" for s, a in row["agreement"].items()) + "; top-k overlap "
+                     + ", ".join(f"{s} {a['top_k_overlap']:.1f}" for s, a in row["agreement"].items()) + ".")
+    if not zoo:
+        lines.append("No trained decoder-only zoo model was there to compare on (`forma train NAME`, then "
+                     "`python -m benchmarks.patching --zoo-only`).")
     return lines
 
 

@@ -66,3 +66,13 @@ def test_the_summary_of_a_device_shows_that_devices_harvest_beside_saelens(devic
     text = summary.write_summary(device).read_text()
     assert "## Activation harvesting" in text and "SAELens' ActivationsStore" in text
     assert (tmp_path / f"summary{suffix}.md").is_file()
+
+
+def test_the_patching_section_reports_the_zoo_agreement_or_says_there_was_no_zoo_model():
+    results = json.loads((summary.RESULTS / "patching.json").read_text())
+    text = "\n".join(summary.patching_lines(results))
+    for name, row in results["zoo"].items():
+        assert f"On the zoo's {name} " in text
+        assert all(f"{sweep} {a['pearson_r']:.3f}" in text for sweep, a in row["agreement"].items())
+    bare = dict(results, zoo={})
+    assert "No trained decoder-only zoo model" in "\n".join(summary.patching_lines(bare))

@@ -208,3 +208,12 @@ def test_each_round_starts_with_another_contender():
     order = []
     timing.interleaved({name: (lambda name=name: order.append(name)) for name in "abc"}, rounds=4, warmup=0)
     assert order == list("abc" "bca" "cab" "abc")
+
+
+def test_patching_zoo_only_needs_a_full_runs_results_first(tmp_path, monkeypatch, capsys):
+    from benchmarks import patching
+
+    monkeypatch.setattr(patching, "RESULTS", tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        patching.main(["--zoo-only"])
+    assert exit_.value.code == 2 and "there is none at" in capsys.readouterr().err
