@@ -41,6 +41,7 @@ import torch
 from benchmarks.timing import RESULTS, interleaved, machine, result_name, timed, write
 from lab.analysis.attribution import attribution_patch
 from lab.analysis.patching import logit_diff, patch_heads, patch_heads_by_position, patch_positions
+from lab.folders import CARD_FILE, zoo_dir
 from lab.hf import from_hf
 from lab.tokenize import to_hf_tokenizer, word_level
 
@@ -170,7 +171,9 @@ def zoo_agreement(tokens: int, device: str = "cpu") -> dict:
                  for c in ("resid_pre", "attn_out", "mlp_out", "resid_post")}
         truth["heads"] = patch_heads(model, clean, corrupted, metric)
         truth["heads_by_position"] = patch_heads_by_position(model, clean, corrupted, metric)
-        out[name] = {"tokens": n, "agreement": {s: agreement(estimate[s].values, truth[s].values, truth[s].corrupted)
+        card = zoo_dir() / name / CARD_FILE
+        quick = json.loads(card.read_text()).get("quick") if card.is_file() else None  # the recipe's small profile?
+        out[name] = {"tokens": n, "quick_build": quick, "agreement": {s: agreement(estimate[s].values, truth[s].values, truth[s].corrupted)
                                                 for s in truth}}
     return out
 

@@ -127,7 +127,8 @@ def patching_lines(r: dict[str, Any]) -> list[str]:
               f"Pearson r against them: {agreement}."]
     zoo = r.get("zoo") or {}
     for name, row in zoo.items():
-        lines.append(f"On the zoo's {name} ({row['tokens']} tokens): Pearson r "
+        built = {True: ", built with --quick", False: ""}.get(row.get("quick_build"), "")
+        lines.append(f"On the zoo's {name} ({row['tokens']} tokens{built}): Pearson r "
                      + ", ".join(f"{s} {a['pearson_r']:.3f}" for s, a in row["agreement"].items()) + "; top-k overlap "
                      + ", ".join(f"{s} {a['top_k_overlap']:.1f}" for s, a in row["agreement"].items()) + ".")
     if not zoo:
