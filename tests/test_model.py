@@ -79,9 +79,9 @@ def test_fast_and_explicit_attention_agree(variant, tokens):
     assert (fast - explicit).abs().max() <= 1e-5
 
 
-def test_fast_path_is_taken_unless_the_pattern_is_asked_for(model, tokens, monkeypatch):
+def count_attention_paths(attn_cls: type, monkeypatch) -> dict[str, int]:
+    """How many times the attention class's explicit and fused paths run from now on (counted as they run)."""
     calls = {"explicit": 0, "fused": 0}
-    attn_cls = type(model.blocks[0].attn)
     for path in calls:
         original = getattr(attn_cls, f"_{path}")
 
@@ -90,6 +90,11 @@ def test_fast_path_is_taken_unless_the_pattern_is_asked_for(model, tokens, monke
             return _original(self, *args)
 
         monkeypatch.setattr(attn_cls, f"_{path}", counted)
+    return calls
+
+
+def test_fast_path_is_taken_unless_the_pattern_is_asked_for(model, tokens, monkeypatch):
+    calls = count_attention_paths(type(model.blocks[0].attn), monkeypatch)
     model(tokens)
     model.run_with_cache(tokens, names_filter=lambda n: "resid" in n)
     assert calls == {"explicit": 0, "fused": 4}
@@ -105,16 +110,7 @@ def test_caching_one_hook_runs_the_plain_forward(variant, tokens, monkeypatch):
     import lab.model.norms as norms
 
     model = HookedTransformer(tiny_config(**variant), seed=0).eval()
-    attn_cls, explicit_norms = type(model.blocks[0].attn), []
-    calls = {"explicit": 0, "fused": 0}
-    for path in calls:
-        original = getattr(attn_cls, f"_{path}")
-
-        def counted(self, *args, _original=original, _path=path):
-            calls[_path] += 1
-            return _original(self, *args)
-
-        monkeypatch.setattr(attn_cls, f"_{path}", counted)
+    calls, explicit_norms = count_attention_paths(type(model.blocks[0].attn), monkeypatch), []
     wants = norms.wants_norm_internals
     monkeypatch.setattr(norms, "wants_norm_internals", lambda norm: explicit_norms.append(wants(norm)) or wants(norm))
     last = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
