@@ -222,11 +222,9 @@ class Attention(nn.Module):
         return (j <= i) & (j > i - self.window)
 
     def _mask_bias(self, q_len: int, k_len: int, offset: int, device: torch.device, dtype: torch.dtype) -> Tensor:
-        """M as an additive [q_len, k_len] bias: 0 where the key is visible, −∞ where it is hidden. Without a
-        window that hides a key, M is −∞ strictly above the diagonal offset: two passes over [q_len, k_len] instead
-        of the boolean mask's seven (each pass a thread barrier, costly on a busy machine)."""
-        if k_len <= self.window:  # the window hides nothing a query here can reach: the plain causal mask
-            return torch.full((q_len, k_len), float("-inf"), device=device, dtype=dtype).triu_(offset + 1)
+        """M as an additive [q_len, k_len] bias: 0 where the key is visible, −∞ where it is hidden. Always read
+        from `_causal_mask`, the one statement of which keys a query sees (a subclass that states another mask,
+        as the equations experiment's reversed one does, changes every path with it)."""
         visible = self._causal_mask(q_len, k_len, offset, device)
         return torch.zeros(q_len, k_len, device=device, dtype=dtype).masked_fill_(~visible, float("-inf"))
 
