@@ -8,6 +8,7 @@ from transformer_lens import ActivationCache
 
 from lab import HookedTransformer, ModelConfig
 from lab.model.components import Rotary, sinusoidal_table
+from lab.model.primitives import FEW_ROWS, linear
 from tests.conftest import VOCAB, tiny_config
 
 VARIANTS = [
@@ -139,6 +140,37 @@ def test_loss_is_next_token_cross_entropy_in_nats(model, tokens):
     assert torch.allclose(model.loss(tokens), -log_probs.mean(), atol=1e-6)
     # An untrained model is close to uniform: loss ≈ log |V|.
     assert abs(model.loss(tokens).item() - math.log(VOCAB)) < 0.1
+
+
+@pytest.mark.parametrize("d_in, d_out", [(64, 48), (70, 50257 // 300), (8, 8)], ids=["even", "ragged", "one-block"])
+@pytest.mark.parametrize("stored", ["[d_in, d_out]", "[d_out, d_in]"])
+@pytest.mark.parametrize("lead", [(1,), (3,), (2, 4), (FEW_ROWS + 1,)], ids=["1-row", "3-rows", "2x4-rows", "many-rows"])
+def test_linear_is_x_W_plus_b_on_every_layout_and_row_count(d_in, d_out, stored, lead):
+    """primitives.linear is x W + b (float round-off) whichever way W is laid out in memory and however many rows
+    x has: the few-row path (blocks of the weight, batched) and the plain product alike."""
+    g = torch.Generator().manual_seed(0)
+    W = torch.randn(d_in, d_out, generator=g) if stored == "[d_in, d_out]" else torch.randn(d_out, d_in, generator=g).T
+    x, b = torch.randn(*lead, d_in, generator=g), torch.randn(d_out, generator=g)
+    want = (x.double() @ W.double() + b.double()).float()
+    with torch.inference_mode():
+        for bias in (b, None):
+            got = linear(x, W, bias)
+            assert got.shape == (*lead, d_out)
+            assert (got - (want if bias is not None else want - b)).abs().max() <= 1e-4
+
+
+def test_linear_takes_the_block_path_for_a_few_rows_outside_autograd_only(monkeypatch):
+    calls = []
+    bmm = torch.bmm
+    monkeypatch.setattr(torch, "bmm", lambda *args: calls.append(1) or bmm(*args))
+    W, few, many = torch.randn(64, 32), torch.randn(1, FEW_ROWS, 64), torch.randn(1, FEW_ROWS + 1, 64)
+    with torch.inference_mode():
+        linear(few, W), linear(few, W.T.contiguous().T)
+        assert len(calls) == 2
+        linear(many, W)
+        assert len(calls) == 2
+    out = linear(few, W.requires_grad_())  # under autograd: the plain product, differentiable
+    assert len(calls) == 2 and out.requires_grad
 
 
 # --- input checks ------------------------------------------------------------------------------

@@ -12,7 +12,8 @@ from torch import Tensor, nn
 
 from lab.model.config import ModelConfig
 from lab.model.kv_cache import KVCacheEntry
-from lab.model.primitives import CheckedHookPoint, Derived, empty_parameter, init_normal_, reset_biases, zero_parameter
+from lab.model.primitives import (CheckedHookPoint, Derived, empty_parameter, init_normal_, linear, reset_biases,
+                                  zero_parameter)
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -147,7 +148,7 @@ class Attention(nn.Module):
                                                                       (self.W_V, self.b_V)))
         else:
             W, b = side_by_side(*weights)
-        qkv = F.linear(x, W.T, b).unflatten(-1, (-1, self.d_head))
+        qkv = linear(x, W, b).unflatten(-1, (-1, self.d_head))
         return qkv.split((self.n_heads, self.n_kv_heads, self.n_kv_heads), dim=2)
 
     @staticmethod
@@ -210,7 +211,7 @@ class Attention(nn.Module):
             out = result.sum(dim=2)
             return out if self.b_O is None else out + self.b_O
         # Σ_h z^h W_O^h as one product: [batch, pos, head·d_head] × [head·d_head, d_model], bias fused in.
-        return F.linear(z.flatten(2), self.W_O.flatten(0, 1).T, self.b_O)
+        return linear(z.flatten(2), self.W_O.flatten(0, 1), self.b_O)
 
     def _causal_mask(self, q_len: int, k_len: int, offset: int, device: torch.device) -> Tensor:
         """Boolean [q_len, k_len]: True where query i (at offset + i) may attend to key j (j ≤ offset + i, and

@@ -3,13 +3,12 @@ tied to the embedding; `POSITIONS` maps `cfg.positions` to its class (rotary act
 `lab.model.attention`)."""
 
 import torch
-import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
 from lab.model.config import ModelConfig
-from lab.model.primitives import Derived, empty_parameter, init_normal_, reset_biases, zero_parameter
+from lab.model.primitives import Derived, empty_parameter, init_normal_, linear, reset_biases, zero_parameter
 
 
 class Embed(nn.Module):
@@ -112,7 +111,7 @@ class Unembed(nn.Module):
         reset_biases(self.b_U)
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_vocab"]:
-        return F.linear(x, self.W_U.T, bias_to_add(self))
+        return linear(x, self.W_U, bias_to_add(self))
 
 
 class TiedUnembed(nn.Module):
@@ -136,7 +135,7 @@ class TiedUnembed(nn.Module):
         return self._embed[0].W_E.T
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_vocab"]:
-        return F.linear(x, self._embed[0].W_E, bias_to_add(self))
+        return linear(x, self._embed[0].W_E.T, bias_to_add(self))
 
 
 POSITIONS: dict[str, type[nn.Module]] = {

@@ -9,7 +9,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from lab.model.config import ModelConfig
-from lab.model.primitives import CheckedHookPoint, empty_parameter, init_normal_, reset_biases, zero_parameter
+from lab.model.primitives import CheckedHookPoint, empty_parameter, init_normal_, linear, reset_biases, zero_parameter
 
 
 ACTIVATIONS = {
@@ -41,9 +41,9 @@ class MLP(nn.Module):
         reset_biases(self.b_in, self.b_out)
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
-        pre = self.hook_pre(F.linear(x, self.W_in.T, self.b_in))
+        pre = self.hook_pre(linear(x, self.W_in, self.b_in))
         post = self.hook_post(self.act(pre))
-        return F.linear(post, self.W_out.T, self.b_out)
+        return linear(post, self.W_out, self.b_out)
 
 
 class GatedMLP(nn.Module):
@@ -72,10 +72,10 @@ class GatedMLP(nn.Module):
         reset_biases(self.b_in, self.b_out)
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
-        gate = self.hook_pre(x @ self.W_gate)
-        linear = self.hook_pre_linear(F.linear(x, self.W_in.T, self.b_in))
-        post = self.hook_post(F.silu(gate) * linear)
-        return F.linear(post, self.W_out.T, self.b_out)
+        gate = self.hook_pre(linear(x, self.W_gate))
+        up = self.hook_pre_linear(linear(x, self.W_in, self.b_in))
+        post = self.hook_post(F.silu(gate) * up)
+        return linear(post, self.W_out, self.b_out)
 
 
 

@@ -1,11 +1,12 @@
 """What every component is made of: the checked hook point that wraps each activation, the switch that adds or
-removes hook points, the constructors and initialisers of the components' parameters, and `Derived`, a value
-kept from weights until they change."""
+removes hook points, the constructors and initialisers of the components' parameters, `Derived`, a value
+kept from weights until they change, and `linear`, the product x W + b every component's weights enter by."""
 
 from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
@@ -104,3 +105,56 @@ class Derived:
         if key != self._key:
             self._value, self._key = self.compute(*tensors), key
         return self._value
+
+
+# A product with at most this many rows of x (a decoding step: one token per sequence) runs as BLOCKS products over
+# contiguous blocks of the weight, batched (`torch.bmm`), outside autograd and on the CPU. There one matrix-vector
+# product reads the weights at about a single thread's memory bandwidth, and a product of 2 to 8 rows is slower
+# still (measured at 2 threads, GPT-2-small and LLaMA-like weights: 4–14 GB/s for the single product against
+# 10–19 GB/s for the blocks). `benchmarks.real_sizes` measures what it gives a decoding step.
+FEW_ROWS = 8
+BLOCKS = 8
+
+
+def linear(x: Tensor, W: Tensor, b: Tensor | None = None) -> Tensor:
+    """x W + b for W [d_in, d_out], TransformerLens's layout (W itself, or the transpose of a [d_out, d_in] weight).
+
+    For a few rows outside autograd on the CPU, W is cut along its outer dimension in memory into BLOCKS
+    contiguous blocks and the blocks' products run as one batched product: blocks of d_in (W stored
+    [d_in, d_out]) give partial sums, added up; blocks of d_out (W stored [d_out, d_in], as a tied unembedding's
+    W_Eᵀ) give slices of the output, laid side by side. The same product to float round-off (tested)."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if rows == 0 or rows > FEW_ROWS or torch.is_grad_enabled() or x.device.type != "cpu" or min(W.shape) < BLOCKS:
+        return F.linear(x, W.T, b)
+    x2 = x.reshape(rows, x.shape[-1])
+    if W.is_contiguous():
+        out = _blocks_of_inputs(x2, W)
+    elif W.T.is_contiguous():
+        out = _blocks_of_outputs(x2, W.T)
+    else:
+        return F.linear(x, W.T, b)
+    if b is not None:
+        out += b
+    return out.view(*x.shape[:-1], W.shape[1])
+
+
+def _blocks_of_inputs(x: Tensor, W: Tensor) -> Tensor:
+    """x W as Σ_k x[:, block k] W[block k, :], W [d_in, d_out] contiguous; the last rows left over by BLOCKS
+    equal blocks, as one more product."""
+    rows, d_in = x.shape
+    size = d_in // BLOCKS
+    whole = BLOCKS * size
+    xs = x[:, :whole].reshape(rows, BLOCKS, size).transpose(0, 1)  # [block, rows, size]
+    out = torch.bmm(xs, W[:whole].view(BLOCKS, size, W.shape[1])).sum(dim=0)
+    return out if whole == d_in else out.addmm_(x[:, whole:], W[whole:])
+
+
+def _blocks_of_outputs(x: Tensor, W_t: Tensor) -> Tensor:
+    """x W_tᵀ as its output's slices x W_t[block k, :]ᵀ side by side, W_t [d_out, d_in] contiguous; the last rows
+    left over by BLOCKS equal blocks, as one more product."""
+    rows, d_in = x.shape
+    size = W_t.shape[0] // BLOCKS
+    whole = BLOCKS * size
+    parts = torch.bmm(x.expand(BLOCKS, rows, d_in), W_t[:whole].view(BLOCKS, size, d_in).transpose(1, 2))
+    out = parts.transpose(0, 1).reshape(rows, whole)  # [rows, block·size], blocks in order
+    return out if whole == W_t.shape[0] else torch.cat((out, F.linear(x, W_t[whole:])), dim=1)
