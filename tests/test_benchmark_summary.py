@@ -42,6 +42,10 @@ def test_the_real_sizes_section_shows_each_measured_ratio_and_never_a_utilisatio
     first["forward"]["utilisation"] = 2.08  # a matmul peak read while the machine was slower than in the forward
     text = "\n".join(summary.real_sizes_lines(impossible))
     assert "2.08" not in text and "not shown: the matmul peak was measured below" in text
+    for floor, said in ((0.95, True), (0.5, False)):  # Forma's own forward against the bridge's cache(all)
+        first["run_with_cache"]["forward_vs_bridge_cache_all"] = floor
+        text = "\n".join(summary.real_sizes_lines(impossible))
+        assert (f"caching nothing, takes {floor:.3f}× the bridge's run_with_cache(all)" in text) is said
 
 
 def test_the_harvest_section_shows_the_ratio_against_saelens_store():

@@ -67,6 +67,8 @@ def test_real_sizes_quick_writes_every_figure_the_summary_reads(tmp_path, monkey
             assert all(v is None or v >= 0 for v in shape[section]["peak_memory_bytes"].values())
         cache = shape["run_with_cache"]
         assert cache["cache_all_bytes"]["forma"] > 0 and cache["cache_all_bytes"]["bridge"] > 0
+        assert cache["forward_vs_bridge_cache_all"] == (cache["timing"]["forma_forward"]["median_s"]
+                                                        / cache["timing"]["bridge_cache_all"]["median_s"])
         assert all(row["peak_memory_bytes"] is None or row["peak_memory_bytes"] >= 0 for row in cache["timing"].values())
     lines = real_sizes.summary_lines(results)
     rows = [line for line in lines if line.startswith("| gpt2_small") or line.startswith("| llama_like")]
