@@ -353,7 +353,7 @@ def test_bad_checkpoints_raise_clear_errors(tmp_path, model):
     mismatch = tmp_path / "mismatch"
     model.save(mismatch)
     (mismatch / "config.json").write_text(model.cfg.replace(d_mlp=128).to_json())
-    with pytest.raises(ValueError, match="shape mismatch .*mlp.W_in"):
+    with pytest.raises(ValueError, match=r"mis-shaped .*mlp\.W_in"):
         HookedTransformer.load(mismatch)
     (mismatch / "config.json").write_text('{"d_vocab": 3')
     with pytest.raises(ValueError, match="malformed config"):

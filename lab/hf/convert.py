@@ -10,11 +10,12 @@ import torch
 from torch import Tensor, nn
 
 from lab.hf.family import Family, Reader, UnsupportedArchitecture, _unsupported
-from lab.hf.folder import _describe_problems, _quiet_transformers
+from lab.hf.folder import _quiet_transformers
 from lab.hf.forma_to_hf import _forma_to_gpt2, _forma_to_llama_like, _forma_to_neox, export_family
 from lab.hf.hf_to_forma import (_gpt2_config, _gpt2_layer, _gpt2_outer, _llama_config, _llama_layer, _llama_outer,
                                 _mistral_config, _neox_config, _neox_layer, _neox_outer, _qwen2_config)
 from lab.model import HookedTransformer, ModelConfig
+from lab.model.checkpoint import describe_weight_problems
 from lab.model.components import Rotary, SinusoidalPositions
 from lab.model.offload import read_weight
 
@@ -128,9 +129,7 @@ def _check_against_config(hf_model: Any) -> None:
     another shape, and every one it describes that is missing (e.g. layers removed from the module tree)."""
     with torch.device("meta"):
         expected = {k: tuple(v.shape) for k, v in type(hf_model)(hf_model.config).state_dict().items()}
-    got = {k: tuple(v.shape) for k, v in hf_model.state_dict().items()}
-    mismatched = [(k, got[k], expected[k]) for k in sorted(expected.keys() & got.keys()) if got[k] != expected[k]]
-    problems = _describe_problems(expected.keys() - got.keys(), got.keys() - expected.keys(), mismatched)
+    problems = describe_weight_problems(expected, {k: tuple(v.shape) for k, v in hf_model.state_dict().items()})
     if problems:
         raise ValueError(f"the Hugging Face model's tensors do not match its config: {problems}")
 

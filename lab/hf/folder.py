@@ -9,6 +9,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from lab.model.checkpoint import describe_weight_problems
+
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 # Weights in formats Forma never reads: a pickle (torch.load can run code) or another framework's.
@@ -47,7 +49,9 @@ def read_hf_folder(path: str | Path, **options: Any) -> Any:
         hf, info = AutoModelForCausalLM.from_pretrained(
             path, local_files_only=True, use_safetensors=True, output_loading_info=True, ignore_mismatched_sizes=True,
             **options)
-    problems = _describe_problems(info["missing_keys"], info["unexpected_keys"], info["mismatched_keys"])
+    described = {k: () for k in info["missing_keys"]} | {k: tuple(want) for k, _, want in info["mismatched_keys"]}
+    found = {k: () for k in info["unexpected_keys"]} | {k: tuple(have) for k, have, _ in info["mismatched_keys"]}
+    problems = describe_weight_problems(described, found)
     problems = "; ".join([problems, *info.get("error_msgs", [])]).strip("; ")
     if problems:
         raise ValueError(f"the weights in {path} do not match its config.json: {problems}")
@@ -128,22 +132,3 @@ def _quiet_transformers() -> Iterator[None]:
         yield
     finally:
         logging.set_verbosity(before)
-
-
-def _describe_problems(missing: Any, unexpected: Any, mismatched: Any, shown: int = 6) -> str:
-    """'missing [...]; unexpected [...]; mis-shaped k: weights (…), config (…)' — empty when all agree."""
-    def names(keys: Any) -> str:
-        keys = sorted(keys)
-        return f"{keys[:shown]}{f' and {len(keys) - shown} more' if len(keys) > shown else ''}"
-
-    parts = []
-    if missing:
-        parts.append(f"missing {names(missing)}")
-    if unexpected:
-        parts.append(f"unexpected {names(unexpected)}")
-    if mismatched:
-        mismatched = sorted(mismatched)
-        parts.append("mis-shaped " + ", ".join(f"{k}: weights {tuple(have)}, config {tuple(want)}"
-                                               for k, have, want in mismatched[:shown])
-                     + (f" and {len(mismatched) - shown} more" if len(mismatched) > shown else ""))
-    return "; ".join(parts)

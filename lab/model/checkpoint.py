@@ -75,21 +75,32 @@ def load_weights(model: nn.Module, state: Mapping[str, Tensor], source: str = "s
     """Copy weights in, after checking that names and shapes match the model's config exactly."""
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     got = {k: tuple(v.shape) for k, v in state.items()}
-    missing, unexpected = sorted(expected.keys() - got.keys()), sorted(got.keys() - expected.keys())
-    wrong = sorted(k for k in expected.keys() & got.keys() if expected[k] != got[k])
-    if missing or unexpected or wrong:
-        parts = []
-        if missing:
-            parts.append(f"missing {missing[:6]}{' …' if len(missing) > 6 else ''}")
-        if unexpected:
-            parts.append(f"unexpected {unexpected[:6]}{' …' if len(unexpected) > 6 else ''}")
-        if wrong:
-            parts.append("shape mismatch " + ", ".join(f"{k}: config wants {expected[k]}, weights have {got[k]}"
-                                                        for k in wrong[:4]))
-        raise ValueError(f"weights in {source} do not match the config: " + "; ".join(parts))
+    problems = describe_weight_problems(expected, got)
+    if problems:
+        raise ValueError(f"weights in {source} do not match the config: {problems}")
     with torch.no_grad():
         for name, tensor in model.state_dict().items():
             tensor.copy_(state[name])
+
+
+def describe_weight_problems(expected: Mapping[str, tuple[int, ...]], got: Mapping[str, tuple[int, ...]],
+                             shown: int = 6) -> str:
+    """'missing [...]; unexpected [...]; mis-shaped k: weights (…), config (…)' between the shapes a config
+    describes (`expected`) and those of the weights (`got`), each list cut at `shown` names; empty when all agree.
+    The one wording of every weights-against-config check (Forma folders, Hugging Face folders and models)."""
+    def names(keys: list[str]) -> str:
+        return f"{keys[:shown]}{f' and {len(keys) - shown} more' if len(keys) > shown else ''}"
+
+    missing, unexpected = sorted(expected.keys() - got.keys()), sorted(got.keys() - expected.keys())
+    mismatched = sorted(k for k in expected.keys() & got.keys() if tuple(expected[k]) != tuple(got[k]))
+    parts = [f"missing {names(missing)}"] if missing else []
+    if unexpected:
+        parts.append(f"unexpected {names(unexpected)}")
+    if mismatched:
+        parts.append("mis-shaped " + ", ".join(f"{k}: weights {tuple(got[k])}, config {tuple(expected[k])}"
+                                               for k in mismatched[:shown])
+                     + (f" and {len(mismatched) - shown} more" if len(mismatched) > shown else ""))
+    return "; ".join(parts)
 
 
 def read_config_json(path: Path) -> dict:
