@@ -2,11 +2,12 @@
 
     sweeps        Forma's sweeps (lab.analysis.patching: patch_positions for resid_pre, attn_out, mlp_out;
                   patch_heads) against TransformerLens 4's get_act_patch_resid_pre, get_act_patch_attn_out,
-                  get_act_patch_mlp_out and get_act_patch_attn_head_out_all_pos on a TransformerBridge over the
-                  same weights (compatibility mode, no weight processing: the same numbers at every hook). With
-                  --heads-by-position also patch_heads_by_position against get_act_patch_attn_head_out_by_pos
-                  (layers × positions × heads passes for TransformerLens).
-    values        the largest |Forma − TransformerLens| of every sweep.
+                  get_act_patch_mlp_out and get_act_patch_attn_head_out_all_pos, each run twice: on a
+                  TransformerBridge over the same weights (compatibility mode, no weight processing: the same
+                  numbers at every hook) and on Forma's own model. With --heads-by-position also
+                  patch_heads_by_position against get_act_patch_attn_head_out_by_pos (layers × positions × heads
+                  passes for TransformerLens).
+    values        the largest |Forma − TransformerLens| of every sweep, on each.
     attribution   attribution_patch (every sweep at once, lab.analysis.attribution) against the patching
                   sweeps it estimates (resid_pre, attn_out, mlp_out, resid_post, heads; heads by position with
                   --heads-by-position), and its agreement with each: Pearson r of the effects (value − corrupted)
@@ -19,7 +20,7 @@ lab.hf.from_hf; one prompt of 32 random tokens, the corrupted prompt differing a
 the logit difference, at the last position, between the clean and the corrupted run's top tokens. Every
 figure is a median of interleaved rounds (one by default: a sweep is itself hundreds of forward passes for
 TransformerLens, 1,296 of GPT-2 small in one round; the run's wall time and the load at its start are in
-the file it writes, `wall_s` and `machine`). Targets: every sweep ≤ 0.2× TransformerLens's on the bridge; values equal to
+the file it writes, `wall_s` and `machine`). Targets: every sweep ≤ 0.2× TransformerLens's on the bridge and on Forma; values equal to
 ≤ 1e-5. Writes benchmarks/results/patching.json (patching_<device>.json off the CPU: --device cuda puts
 both models, the prompts and the zoo models on the GPU, and every timed call ends with a device sync).
 
@@ -94,40 +95,50 @@ def agreement(estimate: torch.Tensor, truth: torch.Tensor, corrupted: float, k: 
             "top_k_overlap": len(top(a) & top(b)) / k, "cells": a.numel()}
 
 
+# Each sweep: Forma's, and TransformerLens's function for it (its output laid out as Forma's).
+FORMA_SWEEPS = {
+    "resid_pre": lambda m, clean, corrupted, metric: patch_positions(m, clean, corrupted, "resid_pre", metric).values,
+    "attn_out": lambda m, clean, corrupted, metric: patch_positions(m, clean, corrupted, "attn_out", metric).values,
+    "mlp_out": lambda m, clean, corrupted, metric: patch_positions(m, clean, corrupted, "mlp_out", metric).values,
+    "heads": lambda m, clean, corrupted, metric: patch_heads(m, clean, corrupted, metric).values,
+    "heads_by_position": lambda m, clean, corrupted, metric: patch_heads_by_position(m, clean, corrupted, metric).values,
+}
+TL_SWEEPS = {"resid_pre": ("get_act_patch_resid_pre", False), "attn_out": ("get_act_patch_attn_out", False),
+             "mlp_out": ("get_act_patch_mlp_out", False), "heads": ("get_act_patch_attn_head_out_all_pos", False),
+             # TransformerLens's is [layer, pos, head]; Forma's [layer, head, pos]
+             "heads_by_position": ("get_act_patch_attn_head_out_by_pos", True)}
+
+
 def bench_sweeps(ours: Any, bridge: Any, clean: torch.Tensor, corrupted: torch.Tensor, metric, rounds: int,
                  heads_by_position: bool, device: str = "cpu") -> dict:
+    """Each sweep of Forma's against TransformerLens's function for it, run on the bridge (tl_bridge) and on
+    Forma's own model (tl_forma), all three interleaved; the values compared with each."""
     import transformer_lens.patching as tl
 
+    peers = {"tl_bridge": bridge, "tl_forma": ours}
     with torch.inference_mode():
-        cache = bridge.run_with_cache(clean)[1]
-    sweeps = {
-        "resid_pre": (lambda: patch_positions(ours, clean, corrupted, "resid_pre", metric).values,
-                      lambda: tl.get_act_patch_resid_pre(bridge, corrupted, cache, metric)),
-        "attn_out": (lambda: patch_positions(ours, clean, corrupted, "attn_out", metric).values,
-                     lambda: tl.get_act_patch_attn_out(bridge, corrupted, cache, metric)),
-        "mlp_out": (lambda: patch_positions(ours, clean, corrupted, "mlp_out", metric).values,
-                    lambda: tl.get_act_patch_mlp_out(bridge, corrupted, cache, metric)),
-        "heads": (lambda: patch_heads(ours, clean, corrupted, metric).values,
-                  lambda: tl.get_act_patch_attn_head_out_all_pos(bridge, corrupted, cache, metric)),
-    }
-    if heads_by_position:  # TransformerLens's is [layer, pos, head]; ours [layer, head, pos]
-        sweeps["heads_by_position"] = (
-            lambda: patch_heads_by_position(ours, clean, corrupted, metric).values,
-            lambda: tl.get_act_patch_attn_head_out_by_pos(bridge, corrupted, cache, metric).transpose(1, 2))
+        caches = {peer: model.run_with_cache(clean)[1] for peer, model in peers.items()}
+    names = [name for name in FORMA_SWEEPS if heads_by_position or name != "heads_by_position"]
     out = {}
-    for name, (forma, theirs) in sweeps.items():
-        values = {}
+    for name in names:
+        values: dict[str, torch.Tensor] = {}
+        function, transposed = TL_SWEEPS[name]
 
-        def run(key: str, fn) -> None:
-            values[key] = fn()
+        def theirs(peer: str) -> None:
+            result = getattr(tl, function)(peers[peer], corrupted, caches[peer], metric)
+            values[peer] = result.transpose(1, 2) if transposed else result
 
-        t = interleaved({"forma": timed(lambda: run("forma", forma), device),
-                         "tl_bridge": timed(lambda: run("tl", theirs), device)}, rounds=rounds, warmup=0)
+        calls = {"forma": lambda: values.__setitem__("forma", FORMA_SWEEPS[name](ours, clean, corrupted, metric)),
+                 **{peer: (lambda peer=peer: theirs(peer)) for peer in peers}}
+        t = interleaved({key: timed(fn, device) for key, fn in calls.items()}, rounds=rounds, warmup=0)
+        diff = {peer: float((values["forma"].cpu() - values[peer].cpu()).abs().max()) for peer in peers}
         out[name] = {"timing": t, "ratio_vs_tl_bridge": t["forma"]["median_s"] / t["tl_bridge"]["median_s"],
-                     "max_abs_diff": float((values["forma"].cpu() - values["tl"].cpu()).abs().max()),
+                     "ratio_vs_tl_forma": t["forma"]["median_s"] / t["tl_forma"]["median_s"],
+                     "max_abs_diff": diff["tl_bridge"], "max_abs_diff_vs_tl_forma": diff["tl_forma"],
                      "cells": values["forma"].numel()}
         print(f"{name}: {out[name]['ratio_vs_tl_bridge']:.3f}× TransformerLens on the bridge, "
-              f"max |diff| {out[name]['max_abs_diff']:.1e}", flush=True)
+              f"{out[name]['ratio_vs_tl_forma']:.3f}× TransformerLens on Forma, max |diff| "
+              f"{max(diff.values()):.1e}", flush=True)
     return out
 
 
@@ -212,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
         "device": args.device, "machine": machine(),
         "shape": {"layers": layers, "d_model": 768, "n_heads": 12, "vocab": VOCAB, "tokens": tokens,
                   "corrupted_position": corrupt_at, "rounds": rounds, "quick": args.quick},
-        "targets": {"ratio_vs_tl_bridge": 0.2, "max_abs_diff": 1e-5},
+        "targets": {"ratio_vs_tl_bridge": 0.2, "ratio_vs_tl_forma": 0.2, "max_abs_diff": 1e-5},
         "sweeps": bench_sweeps(ours, bridge, clean, corrupted, metric, rounds, args.heads_by_position, args.device)}
     del bridge
     results["attribution"] = bench_attribution(ours, clean, corrupted, metric, rounds, args.heads_by_position,

@@ -29,6 +29,7 @@ def test_the_patching_section_shows_each_sweeps_measured_ratio():
     text = "\n".join(summary.patching_lines(results))
     for name, row in results["sweeps"].items():
         assert f"| {name} |" in text and f"{row['ratio_vs_tl_bridge']:.3f}×" in text
+        assert f"{row['ratio_vs_tl_forma']:.3f}×" in text  # TransformerLens's function on Forma's own model
 
 
 def test_the_real_sizes_section_shows_each_measured_ratio_and_never_a_utilisation_above_one():
