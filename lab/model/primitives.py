@@ -110,8 +110,8 @@ class Derived:
 # A product with at most this many rows of x (a decoding step: one token per sequence) runs as BLOCKS products over
 # contiguous blocks of the weight, batched (`torch.bmm`), outside autograd and on the CPU. There one matrix-vector
 # product reads the weights at about a single thread's memory bandwidth, and a product of 2 to 8 rows is slower
-# still (measured at 2 threads, GPT-2-small and LLaMA-like weights: 4–14 GB/s for the single product against
-# 10–19 GB/s for the blocks). `benchmarks.real_sizes` measures what it gives a decoding step.
+# still; the batched blocks read them faster. `benchmarks.real_sizes` measures what it gives a decoding step
+# (generation against HF generate).
 FEW_ROWS = 8
 BLOCKS = 8
 
