@@ -153,36 +153,24 @@ LIVE_CHARTS = {"calibration": 1}  # the reliability diagram the temperature slid
 
 
 @pytest.mark.parametrize("path", experiments.experiment_names())
-def test_every_experiment_page_draws_its_quick_run(server, browser, quick_run, path):
-    """Every figure the quick run saved is drawn, beside the run's own numbers."""
+def test_every_experiment_page_shows_its_quick_runs_headlines_and_figures(server, browser, quick_run, path):
+    """What a reader sees in Chromium on each experiment's page: the run it shows named in its header; each headline
+    the run supports in its own sentence (each one it cannot, with why not), as results.json has it; every figure
+    the run saved, drawn; no raw JSON tree; no number with more than 6 significant digits."""
     from dashboards.common import figures
+    from tests.test_dashboard import long_numbers
 
     folder = quick_run(path)
+    results = json.loads((folder / "results.json").read_text())
     errors: list[str] = []
     page = open_page(browser, f"{server}/{path}", errors)
     page.locator("h1").first.wait_for(timeout=60_000)
     assert folder.name in page.content()  # the run header names the run it shows
     expected = len(figures(folder)) + LIVE_CHARTS.get(path, 0)
     assert expected >= 2  # every experiment saves two figures or more
-    charts = page.locator("[data-testid='stPlotlyChart']")
     page.wait_for_function(f"document.querySelectorAll(\"[data-testid='stPlotlyChart'] .main-svg\").length >= {expected}",
                            timeout=60_000)
-    assert charts.count() == expected
-    no_exceptions(page)
-    page.screenshot(path=str(SCREENSHOTS / f"{path}.png"), full_page=True)
-    assert errors == []
-
-
-@pytest.mark.parametrize("path", experiments.experiment_names())
-def test_every_experiment_page_opens_with_its_headlines_in_readable_numbers(server, browser, quick_run, path):
-    """What a reader sees in Chromium: each headline the run supports in its own sentence (each one it cannot,
-    with why not), as results.json has it; no raw JSON tree; no number with more than 6 significant digits."""
-    from tests.test_dashboard import long_numbers
-
-    results = json.loads((quick_run(path) / "results.json").read_text())
-    errors: list[str] = []
-    page = open_page(browser, f"{server}/{path}", errors)
-    page.locator("h1").first.wait_for(timeout=60_000)
+    assert page.locator("[data-testid='stPlotlyChart']").count() == expected
     text = " ".join(page.locator("[data-testid='stMain']").inner_text().split())
     for headline in results["headlines"]:
         said = headline["sentence"] if headline["supported"] else headline["why_not"]
@@ -190,7 +178,7 @@ def test_every_experiment_page_opens_with_its_headlines_in_readable_numbers(serv
     assert page.locator("[data-testid='stJson']").count() == 0
     assert long_numbers(text) == []
     no_exceptions(page)
-    page.screenshot(path=str(SCREENSHOTS / f"{path}-headlines.png"), full_page=True)
+    page.screenshot(path=str(SCREENSHOTS / f"{path}.png"), full_page=True)
     assert errors == []
 
 
@@ -204,19 +192,6 @@ def test_training_page_renders_without_errors(server, browser):
 
 
 # --- the explorer on a local Hugging Face folder, and Home's zoo table -------------------------------------------
-@pytest.fixture(scope="module")
-def zoo_world(tmp_path_factory):
-    """The private zoo and an empty runs folder: the explorer and Home's zoo table need no experiment's run."""
-    root = tmp_path_factory.mktemp("zoo-dashboard")
-    (root / "runs").mkdir()
-    return os.environ | {"FORMA_ZOO_DIR": str(private_zoo(root)), "FORMA_RUNS_DIR": str(root / "runs")}
-
-
-@pytest.fixture(scope="module")
-def zoo_server(zoo_world):
-    yield from serve(zoo_world)
-
-
 @pytest.fixture(scope="module")
 def hf_folder(tmp_path_factory):
     """A tiny GPT-2 and its word-level tokenizer, saved with save_pretrained: what a user points the explorer at."""
@@ -235,11 +210,11 @@ def open_tab(page, name: str, chart_key: str) -> None:
     wait_rendered(page)
 
 
-def test_explorer_reads_a_local_hugging_face_folder(zoo_server, browser, hf_folder):
+def test_explorer_reads_a_local_hugging_face_folder(server, browser, hf_folder):
     """The folder typed into the sidebar is converted and read: its route and trust box, then the patching heatmaps
     (by position and by head, from the default corruption) and the head detectors are drawn."""
     errors: list[str] = []
-    page = open_page(browser, f"{zoo_server}/explorer", errors, timeout=180_000)  # the server's first page imports torch
+    page = open_page(browser, f"{server}/explorer", errors, timeout=180_000)
     page.get_by_role("combobox").first.click()
     page.get_by_role("option", name="local folder…").click()
     path = page.locator(".st-key-model_path input")
@@ -260,14 +235,14 @@ def test_explorer_reads_a_local_hugging_face_folder(zoo_server, browser, hf_fold
     assert errors == []
 
 
-def test_home_table_shows_each_models_card_numbers(zoo_server, browser, zoo_world):
+def test_home_table_shows_each_models_card_numbers(server, browser, world):
     """Home's zoo is a plain HTML table (drawn by a headless browser too) with the card's numbers as the page
     writes them (dashboards.common.short)."""
     from dashboards.common import short
 
-    card = json.loads((Path(zoo_world["FORMA_ZOO_DIR"]) / "pydoc" / "card.json").read_text())
+    card = json.loads((Path(world["FORMA_ZOO_DIR"]) / "pydoc" / "card.json").read_text())
     errors: list[str] = []
-    page = open_page(browser, zoo_server, errors, timeout=180_000)
+    page = open_page(browser, server, errors)
     table = page.locator("[data-testid='stTable']").first
     table.wait_for(timeout=60_000)
     row = table.locator("tr", has_text="pydoc").first.inner_text()

@@ -9,8 +9,9 @@ from lab.data.text import (DOC_SEPARATOR, END_OF_TEXT, split_documents, split_te
 
 
 @pytest.fixture(scope="module")
-def corpus() -> str:
-    return stdlib_docstrings()
+def corpus(stdlib_corpus) -> str:
+    """The session's corpus (tests/conftest.py::stdlib_corpus), as stdlib_docstrings wrote it to its cache."""
+    return stdlib_corpus.read_text(encoding="utf-8")
 
 
 def test_corpus_is_large_and_deterministic(corpus: str) -> None:
