@@ -1,15 +1,17 @@
 """What every benchmark shares: interleaved timing (every contender runs once per round, so drift in machine
-load hits all alike), device syncs, peak memory, the forward pass's FLOPs against a measured matmul peak, and
-the atomic write of benchmarks/results/<name>.json."""
+load hits all alike), device syncs, peak memory, the forward pass's FLOPs against a measured matmul peak, a
+forward's own matrix products replayed alone (its floor), and the atomic write of benchmarks/results/<name>.json."""
 
 import ctypes
 import json
+import math
 import os
 import platform
 import re
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -123,6 +125,79 @@ def matmul_peak(shapes: list[tuple[int, int, int]], device: str, rounds: int) ->
     flops = sum(2 * m * k * n for m, k, n in shapes)
     t = interleaved({"mm": timed(lambda: [a @ b for a, b in operands], device)}, rounds=rounds, warmup=1)["mm"]["min_s"]
     return flops / t
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A tensor argument of a recorded call, by its layout: what a replay allocates in its place."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+
+    def make(self, generator: torch.Generator) -> torch.Tensor:
+        """Random normal values laid out as the recorded tensor was (a transposed or expanded view included)."""
+        span = 1 + sum((n - 1) * s for n, s in zip(self.shape, self.stride)) if all(self.shape) else 0
+        values = torch.randn(span, generator=generator, dtype=torch.float32).to(self.dtype)
+        return values.to(self.device).as_strided(self.shape, self.stride)
+
+
+# The aten matrix products a forward dispatches: linear and matmul as such under inference mode (a dispatch mode
+# sees them before they decompose), mm, addmm, bmm and baddbmm otherwise and on the explicit attention path.
+PRODUCTS = ("linear", "matmul", "mm", "addmm", "bmm", "baddbmm")
+
+
+class MatrixProducts:
+    """Every matrix product (aten mm, addmm, bmm, baddbmm) that one call of `fn` dispatches, in order, with its
+    operands' layouts and its other arguments; calling it runs those products alone, on random operands laid out
+    alike (made once), each allocating its output as it did in fn. Its time is the part of fn's that the
+    matrix products take at the speed this machine runs them: a floor under fn that no arrangement of the rest
+    can go below. `flops`: 2·m·k·n per [m, k] × [k, n] product (× the batch for bmm), as torch's FlopCounterMode
+    counts them. Attention fused into one kernel (scaled_dot_product_attention) is not among them."""
+
+    def __init__(self, fn: Callable[[], Any], seed: int = 0):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        calls: list[tuple[Any, tuple, tuple]] = []
+
+        def spec(value: Any) -> Any:
+            return Operand(tuple(value.shape), tuple(value.stride()), value.dtype, value.device) \
+                if isinstance(value, torch.Tensor) else value
+
+        class Record(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                if func.overloadpacket.__name__ in PRODUCTS:
+                    calls.append((func, tuple(spec(a) for a in args), tuple(sorted((k, spec(v)) for k, v in kwargs.items()))))
+                return func(*args, **kwargs)
+
+        with Record():
+            fn()
+        self.calls = calls
+        generator = torch.Generator().manual_seed(seed)
+
+        def make(value: Any) -> Any:
+            return value.make(generator) if isinstance(value, Operand) else value
+
+        self._runs = [(func, tuple(make(a) for a in args), {k: make(v) for k, v in kwargs}) for func, args, kwargs in calls]
+        self.flops = sum(self._flops(func, args) for func, args, _ in calls)
+
+    @staticmethod
+    def _flops(func: Any, args: tuple) -> int:
+        """2·m·k·n per [m, k] × [k, n] product, times the batch: what FlopCounterMode counts for each op."""
+        name = func.overloadpacket.__name__
+        if name == "linear":  # x [..., k] · Wᵀ, W [n, k]
+            x, W = args[:2]
+            return 2 * math.prod(x.shape) * W.shape[0]
+        a, b = args[1:3] if name in ("addmm", "baddbmm") else args[:2]
+        batch = math.prod(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])) if len(b.shape) > 1 else 1
+        m = a.shape[-2] if len(a.shape) > 1 else 1
+        return 2 * batch * m * a.shape[-1] * (b.shape[-1] if len(b.shape) > 1 else 1)
+
+    def __call__(self) -> None:
+        for func, args, kwargs in self._runs:
+            func(*args, **kwargs)
 
 
 PEAK_METHODS = {

@@ -40,9 +40,15 @@ def test_the_real_sizes_section_shows_each_measured_ratio_and_never_a_utilisatio
         assert f"{shape['generation']['speed_vs_hf']:.3f}×" in text
     impossible = json.loads(json.dumps(results))
     first = next(iter(impossible["shapes"].values()))
-    first["forward"]["utilisation"] = 2.08  # a matmul peak read while the machine was slower than in the forward
+    first["forward"]["utilisation"] = 2.08  # products alone read while the machine was slower than in the forward
     text = "\n".join(summary.real_sizes_lines(impossible))
-    assert "2.08" not in text and "not shown: the matmul peak was measured below" in text
+    assert "2.08" not in text and "not shown: the products alone were measured slower" in text
+    name = next(iter(impossible["shapes"]))
+    for floor, said in ((0.95, True), (0.85, False)):  # the forward's own matrix products against HF's forward
+        first["forward"]["products_vs_hf_sdpa"] = floor
+        (line,) = [line for line in summary.real_sizes_lines(impossible) if line.startswith(f"{name}: the forward's")]
+        assert f"{floor:.3f}× HF's forward, the lowest ratio" in line
+        assert ("above the forward target (≤ 0.9×): no forward made of these products meets it" in line) is said
     for floor, said in ((0.95, True), (0.5, False)):  # Forma's own forward against the bridge's cache(all)
         first["run_with_cache"]["forward_vs_bridge_cache_all"] = floor
         text = "\n".join(summary.real_sizes_lines(impossible))

@@ -29,6 +29,29 @@ def test_forward_flops_equal_torchs_count_of_the_forward(cfg):
     assert timing.forward_flops(model.cfg, 3, 20) == counter.get_total_flops()
 
 
+@pytest.mark.parametrize("cfg", [GPT2_LIKE, LLAMA_LIKE], ids=["gpt2-like", "llama-like-gqa-swiglu"])
+@pytest.mark.parametrize("explicit", [False, True], ids=["fused-attention", "explicit-attention"])
+def test_the_products_alone_are_the_forwards_own_matrix_products(cfg, explicit):
+    """timing.MatrixProducts records every matrix product one forward dispatches (op, operand shapes, strides and
+    dtypes) and replays them alone on operands laid out alike: replaying records the same calls again, and torch's
+    FlopCounterMode counts as many FLOPs in the replay as in the forward (all of them, on the explicit attention
+    path; all but the fused attention kernel's, which it does not count, on the fused one)."""
+    model = HookedTransformer(cfg, seed=0).eval()
+    model.set_explicit_paths(explicit)
+    tokens = torch.randint(0, cfg.d_vocab, (3, 20), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        with FlopCounterMode(display=False) as forward:
+            model(tokens)
+        products = timing.MatrixProducts(lambda: model(tokens))
+        with FlopCounterMode(display=False) as alone:
+            products()
+        again = timing.MatrixProducts(products)
+    assert len(products.calls) >= 4 * cfg.n_layers + 1  # q·k·v, W_O, the MLP's two or more, ×layers; the unembedding
+    assert again.calls == products.calls
+    assert products.flops == forward.get_total_flops() == alone.get_total_flops() > 0
+    assert (products.flops == timing.forward_flops(model.cfg, 3, 20)) is explicit
+
+
 def test_peak_memory_sees_an_allocation_of_known_size():
     """A call that fills 64 MiB and frees it reads as a peak of 64 MiB, not much less or more; a call that
     allocates nothing reads as (close to) nothing, even right after the big one."""
