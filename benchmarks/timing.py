@@ -1,6 +1,6 @@
 """What every benchmark shares: interleaved timing (every contender runs once per round, so drift in machine
-load hits all alike), device syncs, peak memory, the forward pass's FLOPs against a measured matmul peak, a
-forward's own matrix products replayed alone (its floor), and the atomic write of benchmarks/results/<name>.json."""
+load hits all alike), device syncs, peak memory, the forward pass's FLOPs, a forward's own matrix products replayed
+alone (its floor), and the atomic write of benchmarks/results/<name>.json."""
 
 import ctypes
 import json
@@ -116,15 +116,6 @@ def forward_flops(cfg: Any, batch: int, tokens: int) -> float:
     matrices = 3 if cfg.mlp == "swiglu" else 2
     per_layer = 2 * d * h * dh * 2 + 2 * 2 * d * kv * dh + 2 * d * cfg.d_mlp * matrices + 2 * 2 * tokens * h * dh
     return batch * tokens * (cfg.n_layers * per_layer + 2 * d * cfg.d_vocab)
-
-
-def matmul_peak(shapes: list[tuple[int, int, int]], device: str, rounds: int) -> float:
-    """FLOP/s of torch.matmul on the given [m, k] × [k, n] products (a forward's dominant shapes), all
-    timed together, in the fastest of `rounds` (a peak: the best the machine gave while it was measured)."""
-    operands = [(torch.randn(m, k, device=device), torch.randn(k, n, device=device)) for m, k, n in shapes]
-    flops = sum(2 * m * k * n for m, k, n in shapes)
-    t = interleaved({"mm": timed(lambda: [a @ b for a, b in operands], device)}, rounds=rounds, warmup=1)["mm"]["min_s"]
-    return flops / t
 
 
 @dataclass(frozen=True)

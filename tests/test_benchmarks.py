@@ -18,8 +18,8 @@ LLAMA_LIKE = ModelConfig(d_vocab=97, d_model=64, n_layers=2, n_heads=8, n_kv_hea
 
 @pytest.mark.parametrize("cfg", [GPT2_LIKE, LLAMA_LIKE], ids=["gpt2-like", "llama-like-gqa-swiglu"])
 def test_forward_flops_equal_torchs_count_of_the_forward(cfg):
-    """forward_flops is exactly what torch's FlopCounterMode counts for one forward pass, so the utilisation
-    figure divides by the work the model really does. On the explicit attention path the scores and A v are
+    """forward_flops is exactly what torch's FlopCounterMode counts for one forward pass, so the FLOP/s
+    figure counts the work the model really does. On the explicit attention path the scores and A v are
     matmuls it counts (it does not count the CPU's fused attention kernel)."""
     model = HookedTransformer(cfg, seed=0).eval()
     model.set_explicit_paths(True)
