@@ -261,7 +261,7 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
         if "forward" in shape:
             f = shape["forward"]
             measure = "share of the forward in its matrix products"
-            if max(f["utilisation"], f["hf_utilisation"]) > 1:  # the products alone were read while the machine was slower
+            if max(f["utilisation"], f["hf_utilisation"]) > 1:  # the products alone read while the machine was slower
                 lines.append(f"| {name} | {measure} | not shown: the products alone were measured slower than the "
                              f"whole forward (a noisy reading) | — | — | — | — |")
             else:
@@ -274,13 +274,14 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
                           f"the forward's own, take {f['timing']['forma_products']['median_s']:.3f} s "
                           f"({f['products_flops_per_s'] / 1e9:.1f} GFLOP/s): {f['products_vs_hf_sdpa']:.3f}× HF's "
                           f"forward, the lowest ratio a forward made of them can reach"
-                          + (f"; above the forward target ({op} {target}×): no forward made of these products meets it in these rounds."
-                             if f["products_vs_hf_sdpa"] > target else ".")]
-        floor, (op, target) = shape.get("run_with_cache", {}).get("forward_vs_bridge_cache_all"), TARGETS["cache_all_vs_bridge"]
+                          + (f"; above the forward target ({op} {target}×): no forward made of these products meets "
+                             f"it in these rounds." if f["products_vs_hf_sdpa"] > target else ".")]
+        floor = shape.get("run_with_cache", {}).get("forward_vs_bridge_cache_all")
+        op, target = TARGETS["cache_all_vs_bridge"]
         if floor is not None and floor > target:
             lines += ["", f"{name}: the run_with_cache(all) target ({op} {target}×) cannot be met on this machine: "
-                          f"Forma's forward alone, caching nothing, takes {floor:.3f}× the bridge's run_with_cache(all) "
-                          f"in the same rounds, and a cache is read from a forward."]
+                          f"Forma's forward alone, caching nothing, takes {floor:.3f}× the bridge's "
+                          f"run_with_cache(all) in the same rounds, and a cache is read from a forward."]
     lines += ["", f"Peak memory: {results['peak_memory_method']}."]
     return lines
 

@@ -140,7 +140,7 @@ PRODUCTS = ("linear", "matmul", "mm", "addmm", "bmm", "baddbmm")
 
 
 class MatrixProducts:
-    """Every matrix product (aten mm, addmm, bmm, baddbmm) that one call of `fn` dispatches, in order, with its
+    """Every matrix product (an aten op named in PRODUCTS) that one call of `fn` dispatches, in order, with its
     operands' layouts and its other arguments; calling it runs those products alone, on random operands laid out
     alike (made once), each allocating its output as it did in fn. Its time is the part of fn's that the
     matrix products take at the speed this machine runs them: a floor under fn that no arrangement of the rest
@@ -160,7 +160,8 @@ class MatrixProducts:
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 kwargs = kwargs or {}
                 if func.overloadpacket.__name__ in PRODUCTS:
-                    calls.append((func, tuple(spec(a) for a in args), tuple(sorted((k, spec(v)) for k, v in kwargs.items()))))
+                    named = tuple(sorted((k, spec(v)) for k, v in kwargs.items()))
+                    calls.append((func, tuple(spec(a) for a in args), named))
                 return func(*args, **kwargs)
 
         with Record():
@@ -171,7 +172,8 @@ class MatrixProducts:
         def make(value: Any) -> Any:
             return value.make(generator) if isinstance(value, Operand) else value
 
-        self._runs = [(func, tuple(make(a) for a in args), {k: make(v) for k, v in kwargs}) for func, args, kwargs in calls]
+        self._runs = [(func, tuple(make(a) for a in args), {k: make(v) for k, v in kwargs})
+                      for func, args, kwargs in calls]
         self.flops = sum(self._flops(func, args) for func, args, _ in calls)
 
     @staticmethod

@@ -168,9 +168,9 @@ def test_every_experiment_page_shows_its_quick_runs_headlines_and_figures(server
     assert folder.name in page.content()  # the run header names the run it shows
     expected = len(figures(folder)) + LIVE_CHARTS.get(path, 0)
     assert expected >= 2  # every experiment saves two figures or more
-    page.wait_for_function(f"document.querySelectorAll(\"[data-testid='stPlotlyChart'] .main-svg\").length >= {expected}",
-                           timeout=60_000)
-    assert page.locator("[data-testid='stPlotlyChart']").count() == expected
+    charts = "[data-testid='stPlotlyChart']"
+    page.wait_for_function(f"document.querySelectorAll(\"{charts} .main-svg\").length >= {expected}", timeout=60_000)
+    assert page.locator(charts).count() == expected
     text = " ".join(page.locator("[data-testid='stMain']").inner_text().split())
     for headline in results["headlines"]:
         said = headline["sentence"] if headline["supported"] else headline["why_not"]
