@@ -34,6 +34,7 @@ REGISTRY = (
     Experiment("calibration", "Calibration", "Calibration"),
     Experiment("monitor", "Catching hallucinations while they are generated", "Hallucination monitor"),
     Experiment("equations", "The seeds' equations", "Equations"),
+    Experiment("scoreboard", "Methods against the truth", "Methods against the truth"),
 )
 
 
