@@ -48,8 +48,8 @@ def _lens_logits(model: HookedTransformer, tokens: Tensor) -> Tensor:
 def residual_stack(model: HookedTransformer, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "layer batch pos d_model"]:
     """The residual stream x^(l) entering each block (blocks.l.hook_resid_pre) and after the last one (the
     final norm's input): the streams every lens reads, row l < n_layers for layer l, the last for the output."""
-    _, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_resid_pre") or
-                                    n == f"blocks.{model.cfg.n_layers - 1}.hook_resid_post")
+    last = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    _, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_resid_pre") or n == last)
     return cache.accumulated_resid()
 
 
