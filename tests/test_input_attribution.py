@@ -3,6 +3,13 @@ autograd and hooks, or by another Captum path); attribution patching is lab.anal
 same patch; the exhaustive effects are the brute-force loop; and on a model whose prediction reads one position
 only, every gradient method and the exhaustive effects find that position alone."""
 
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
 
@@ -161,3 +168,72 @@ def test_an_unknown_method_or_target_is_refused():
         input_attributions(m, TOKENS, methods=("saliency",))
     with pytest.raises(ValueError, match="target token ids must lie in"):
         input_attributions(m, TOKENS, target=VOCAB)
+
+
+# --- Inseq, in an environment of its own ------------------------------------------------------------------------
+# inseq 0.7 requires typeguard ≤ 2.13.3 and transformer-lens ≥ 4.2 (and 3.9) requires typeguard ≥ 4.2: it cannot
+# install beside Forma (docs/ecosystem.md). It runs in .venv-inseq (constraints.txt with typeguard 2.13.3, inseq
+# 0.7.1 and its own dependencies; or $FORMA_INSEQ_PYTHON) on the exported Hugging Face folder, and hands back its
+# attributions as files.
+INSEQ_PYTHON = Path(os.environ.get("FORMA_INSEQ_PYTHON", Path(__file__).resolve().parents[1] / ".venv-inseq/bin/python"))
+INSEQ_SCRIPT = """
+import json, sys
+import numpy as np, inseq
+from transformers import AutoModelForCausalLM, AutoTokenizer
+folder = sys.argv[1]
+hf = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=False).eval()
+tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+hf.config.bos_token_id, hf.config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
+out = {}
+for method in ("integrated_gradients", "input_x_gradient", "saliency"):
+    model = inseq.load_model(hf, method, tokenizer=tokenizer)
+    # IG of −log P (its crossentropy step function); the others of P, Inseq's default (its crossentropy function
+    # fails for them in 0.7.1: "Expected input batch_size (1) to match target batch_size (0)").
+    options = {"n_steps": 16, "attributed_fn": "crossentropy"} if method == "integrated_gradients" else {}
+    result = model.attribute(sys.argv[2], generation_args={"max_new_tokens": 1, "do_sample": False},
+                             show_progress=False, **options).sequence_attributions[0]
+    np.save(f"{folder}/{method}.npy", result.target_attributions[:, 0, :].numpy())
+    out[method] = [t.id for t in result.target]
+json.dump(out, open(f"{folder}/ids.json", "w"))
+"""
+
+
+def test_inseq_gives_the_same_attributions_on_the_exported_model():
+    """Inseq 0.7 on `lab.hf.to_hf(model)` against Forma on the same ids, to float round-off: integrated gradients
+    from the unknown token's embedding of −log P(the generated token) (Forma's of log P, sign flipped); input ×
+    gradient and saliency on the input embeddings of P itself, ∇P = P ∇log P (Forma's times P)."""
+    if not INSEQ_PYTHON.exists():
+        if os.environ.get("CI") == "true":
+            raise RuntimeError(f"CI needs inseq's environment at {INSEQ_PYTHON} (docs/ecosystem.md lists its pins)")
+        pytest.skip(f"no inseq environment at {INSEQ_PYTHON} (set FORMA_INSEQ_PYTHON); CI runs this")
+    from lab.hf import to_hf
+    from lab.tokenize import to_hf_tokenizer, word_level
+
+    m = model(mlp="gelu_tanh")
+    folder = Path(tempfile.mkdtemp())
+    tokenizer = to_hf_tokenizer(word_level([f"w{i}" for i in range(VOCAB - 4)]), folder)
+    with torch.no_grad():
+        m.W_U[:, :4] = 0.0  # <pad> <unk> <bos> <eos> never the top token: Inseq stops generating at <eos>
+    prompt = torch.tensor([[tokenizer.convert_tokens_to_ids(f"w{i}") for i in (3, 11, 0, 7, 19, 2)]])
+    assert top_tokens(m, prompt)[0] >= 4
+    to_hf(m).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")} | {"HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([str(INSEQ_PYTHON), "-c", INSEQ_SCRIPT, str(folder), "w3 w11 w0 w7 w19 w2"], env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ids = json.loads((folder / "ids.json").read_text())
+    with torch.no_grad():
+        p = float(m(prompt)[0, -1].softmax(-1).max())
+    for method, sequence in ids.items():
+        assert sequence == prompt[0].tolist() + [int(top_tokens(m, prompt)[0])], method
+        theirs = np.load(folder / f"{method}.npy")[:-1]  # the last row is the generated token's own: empty
+        if method == "integrated_gradients":
+            ours = layer_integrated_gradients(m, prompt, torch.full_like(prompt, tokenizer.unk_token_id), n_steps=16)
+            np.testing.assert_allclose(-theirs, ours[0].numpy(), atol=1e-6)
+        elif method == "input_x_gradient":
+            ours = input_attributions(m, prompt, methods=("gradient_x_input",))["gradient_x_input"]
+            np.testing.assert_allclose(theirs.sum(-1), p * ours[0].numpy(), atol=1e-6)
+        else:
+            ours = input_attributions(m, prompt, methods=("gradient",))["gradient"]
+            np.testing.assert_allclose(np.linalg.norm(theirs, axis=-1), p * ours[0].numpy(), atol=1e-6)

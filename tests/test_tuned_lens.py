@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.tuned_lens import train_package_lens
 from lab import HookedTransformer, ModelConfig
 from lab.analysis.lens import logit_lens
 from lab.analysis.tuned_lens import TunedLens, fit_tuned_lens
@@ -82,35 +83,9 @@ def test_the_translator_is_the_packages_on_the_same_weights(tuned_lens_package):
             assert (theirs(hidden[layer], layer).log_softmax(-1) - read[layer]).abs().max() < 1e-4
 
 
-def train_package_lens(hf, fit: torch.Tensor, steps: int, batch: int):
-    """tuned-lens's TunedLens trained as its train loop (tuned_lens/scripts/train_loop.py, ingredients.Optimizer's
-    defaults) trains it: SGD with Nesterov momentum β = 0.9, lr 1.0 × (1 − β), weight decay 1e-3, linear decay to
-    0 with no warm-up, gradients clipped at norm 1, the loss KL(final ‖ lens) of each layer, a fresh forward pass
-    of the model every step. (ingredients.py itself does not import beside torchdata 0.11, which has no
-    dataloader2, so its recipe is written out here; on the CPU without its bfloat16 autocast.)"""
-    from transformers import get_linear_schedule_with_warmup
-    from tuned_lens.nn import TunedLens as PackageLens
-
-    lens = PackageLens.from_model(hf, bias=True)
-    optimizer = torch.optim.SGD(lens.parameters(), lr=1.0 * (1 - 0.9), momentum=0.9, nesterov=True, weight_decay=1e-3)
-    scheduler = get_linear_schedule_with_warmup(optimizer, 0, steps)
-    for step in range(steps):
-        rows = torch.arange(step * batch, (step + 1) * batch) % len(fit)
-        with torch.no_grad():
-            out = hf(fit[rows], output_hidden_states=True)
-            target = out.logits.log_softmax(-1)
-        for layer, h in enumerate(out.hidden_states[:-1]):
-            loss = (target.exp() * (target - lens(h, layer).log_softmax(-1))).sum(-1).mean()
-            loss.backward()
-        torch.nn.utils.clip_grad_norm_(lens.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad()
-        scheduler.step()
-    return lens
-
-
 def test_formas_fit_reaches_the_packages_kl_within_its_interval(tuned_lens_package):
-    """The package's translator trained by its recipe (`train_package_lens`) and Forma's fit on the same tokens: on
+    """The package's translator trained by its recipe (benchmarks.tuned_lens.train_package_lens) and Forma's fit on
+    the same tokens: on
     held-out tokens Forma's KL(P_θ ‖ lens) is at or below the upper end of the package's 95% interval at every
     layer (benchmarks/tuned_lens.py times both)."""
     m = model()
