@@ -112,17 +112,22 @@ def pins(constraints: Path) -> dict[str, str]:
 
 def test_the_ecosystem_table_names_installed_versions_and_real_tests():
     """Each version is the one pinned and installed (SAELens's, with its transformer-lens, from
-    constraints-sae.txt: it has its own environment), and each test the table names exists under that name."""
+    constraints-sae.txt, and Inseq's, with its typeguard, from constraints-inseq.txt: each has its own
+    environment), and each test the table names exists under that name."""
     from importlib.metadata import version
 
     root = DOCS.parent
     main, sae = pins(root / "constraints.txt"), pins(root / "constraints-sae.txt")
+    inseq = pins(root / "constraints-inseq.txt")
     rows = ecosystem_rows()
-    assert {row[0] for row in rows} == {"transformer-lens", "sae-lens", "nnsight", "tuned-lens", "circuitsvis"}
+    assert {row[0] for row in rows} == {"transformer-lens", "sae-lens", "nnsight", "tuned-lens", "captum", "inseq",
+                                        "circuitsvis"}
     for client, tested, _, tests in rows:
         versions = re.findall(r"(\d+\.\d+\.\d+)", tested)
         if client == "sae-lens":
             assert versions == [sae["sae-lens"], sae["transformer-lens"]], tested
+        elif client == "inseq":
+            assert versions == [inseq["inseq"], inseq["typeguard"]], tested
         else:
             assert versions == [main[client]] == [version(client)], (client, tested)
         named = re.findall(r"`(tests/[\w/]+\.py)::(\w+)`", tests)
