@@ -6,13 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from lab.data.sources import (
-    HiddenMarkovSource,
-    InductionSource,
-    MarkovSource,
-    Mess3Source,
-    source_from_dict,
-)
+from lab.data.sources import HiddenMarkovSource, InductionSource, MarkovSource, Mess3Source, source_from_dict
 
 # --- χ² survival function (scipy is not a dependency) -----------------------------------------
 
