@@ -18,7 +18,8 @@ from lab.analysis.grading import (
     last_position_truth,
 )
 from lab.analysis.lens import ground_truth_lens
-from lab.data.sources import InductionSource, MarkovSource, Mess3Source
+from lab.data.mechanisms import InductionSource, Mess3Source
+from lab.data.sources import MarkovSource
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

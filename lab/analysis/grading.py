@@ -16,8 +16,8 @@ nothing, and what chance gives that control.
     grade_attribution_patching  attribution patching's estimates against the exhaustive patching sweep
 
 A world supplies its truth through `relevant_positions(tokens)` (the positions each prediction reads),
-`conditionals(tokens)` (the law) and, for a hidden-Markov world, `beliefs(tokens)` (lab.data.sources); a fact
-world's prompts through `lab.data.facts.FactWorld.cloze`.
+`conditionals(tokens)` (the law) and, for a hidden-Markov world, `beliefs(tokens)` (lab.data.sources,
+lab.data.mechanisms); a fact world's prompts through `lab.data.facts.FactWorld.cloze`.
 """
 
 from collections.abc import Callable, Sequence
