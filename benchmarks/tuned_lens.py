@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks.summary import write_summary
 from benchmarks.timing import interleaved, machine, write
 from lab.analysis.lens import logit_lens
 from lab.analysis.tuned_lens import fit_tuned_lens
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     with torch_threads(1):
         results = measure(layers, steps, n_fit, n_held_out, rounds, 250)
     results["machine"] = machine()
-    where = "(--quick: not written)" if args.quick else f"→ {write('tuned_lens', results)}"
+    where = "(--quick: not written)" if args.quick else f"→ {write('tuned_lens', results)}, {write_summary()}"
     print(f"forma {results['timing']['forma']['median_s']:.2f} s, package {results['timing']['package']['median_s']:.2f} s "
           f"({results['forma_faster_by']:.1f}×); within the package's interval at every layer: "
           f"{results['forma_within_every_interval']} {where}")
