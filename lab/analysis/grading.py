@@ -45,7 +45,7 @@ from lab.metrics.grading import (
 from lab.metrics.statistics import spearman
 from lab.model import HookedTransformer
 
-__all__ = ["AttributionGrades", "grade_attribution_patching", "grade_belief_probes", "grade_head_detectors",
+__all__ = ["VALUE_PROBE_LAMBDAS", "AttributionGrades", "grade_attribution_patching", "grade_belief_probes", "grade_head_detectors",
            "grade_input_attribution", "grade_lens", "grade_value_probes", "head_ablation_effects",
            "last_position_truth", "readouts"]
 
@@ -174,9 +174,13 @@ def grade_belief_probes(model: HookedTransformer, tokens: Int[Tensor, "batch pos
     return out
 
 
+VALUE_PROBE_LAMBDAS = (1e-3, 1e-2, 1e-1)  # a multi-class logistic fit is a Newton solve in (features × classes)²
+
+
 def grade_value_probes(model: HookedTransformer, tokens: Tensor | Sequence[Tensor], labels: Any, groups: Any, *,
                        untrained: HookedTransformer | None = None, test_fraction: float = 0.3, n_boot: int = 1000,
-                       seed: int = 0) -> dict[str, dict[str, Any]]:
+                       seed: int = 0, grid: Sequence[float] = VALUE_PROBE_LAMBDAS,
+                       n_folds: int = 3) -> dict[str, dict[str, Any]]:
     """Logistic probes from each readout at each prompt's last position to a categorical label per prompt (a
     fact's value), split by `groups` (the entity each prompt is about: no entity on both sides), scored by test
     accuracy. `tokens` is one batch of prompts [batch, pos], or a list of batches of different lengths (the
@@ -188,7 +192,8 @@ def grade_value_probes(model: HookedTransformer, tokens: Tensor | Sequence[Tenso
                            probe is fitted to that (unlearnable across held-out groups: what chance looks like)
         selectivity        accuracy − accuracy_control_task (paired bootstrap over groups)
 
-    Returns {readout: {name: Grade or Metric}}."""
+    Each probe's λ is chosen from `grid` by `n_folds`-fold grouped cross-validation on its training rows (a short
+    grid: every readout is fitted four times). Returns {readout: {name: Grade or Metric}}."""
     batches = [model.check_tokens(tokens)] if isinstance(tokens, Tensor) else [model.check_tokens(t) for t in tokens]
     n = sum(len(b) for b in batches)
     labels = np.asarray(labels)
@@ -213,7 +218,8 @@ def grade_value_probes(model: HookedTransformer, tokens: Tensor | Sequence[Tenso
     boot = {"groups": test_groups, "n_boot": n_boot, "seed": seed}
 
     def predictions(X: Tensor, y: np.ndarray) -> np.ndarray:
-        result = fit_probe(X, y, "logistic", groups=groups, split=split, seed=seed, n_bootstrap=1)
+        result = fit_probe(X, y, "logistic", groups=groups, split=split, seed=seed, n_bootstrap=1, grid=grid,
+                           n_folds=n_folds)
         scores = result.test_scores.numpy()
         index = (scores > 0.5).astype(int) if scores.ndim == 1 else scores.argmax(axis=1)
         return result.classes[index]
