@@ -82,6 +82,7 @@ def test_belief_probes_beat_shuffled_targets_and_report_selectivity_exactly():
         # embeddings give a probe more than shuffled targets.
         assert r2.value.low > r2.control.high and r2.control_at_chance, readout
         assert grades["selectivity"].value == pytest.approx(r2.value.value - grades["r2_control_task"].value)
+        assert grades["r2_beyond_token"].control_at_chance, readout
 
 
 def test_value_probes_read_a_label_the_stream_carries_and_not_one_it_cannot():

@@ -73,3 +73,32 @@ def test_shapes_are_checked():
         attribution_grades(np.zeros((2, 3)), np.zeros((2, 4), dtype=bool))
     with pytest.raises(ValueError, match="lens log-probabilities"):
         lens_grades(np.zeros((2, 3, 4, 5)), np.ones((3, 4, 6)) / 6)
+
+
+def test_per_prompt_grades_are_lab_metrics_auroc_and_spearman():
+    from lab.metrics.discrimination import auroc
+    from lab.metrics.statistics import spearman
+
+    rng = np.random.default_rng(3)
+    scores = np.round(rng.normal(size=(30, 7)), 1)  # ties included
+    relevant = rng.random((30, 7)) < 0.3
+    relevant[:, 0], relevant[:, 1] = True, False
+    effects = rng.random((30, 7))
+    grades = attribution_grades(scores, relevant, effects, n_boot=50)
+    s = np.abs(scores)
+    assert grades["auroc"].value.value == pytest.approx(np.mean([auroc(s[i], relevant[i]) for i in range(30)]))
+    assert grades["rank_correlation"].value.value == pytest.approx(
+        np.mean([spearman(s[i].tolist(), effects[i].tolist()) for i in range(30)]))
+
+
+def test_the_permuted_control_sits_on_chance_even_for_scores_on_few_positions():
+    """Scores piled on two positions make one permutation's relevant mass either large or nothing; the control
+    averages its permutations, so its interval holds chance (the permutation's expectation, exactly)."""
+    rng = np.random.default_rng(4)
+    scores = np.zeros((48, 10))
+    scores[:, -2:] = rng.random((48, 2)) + 1
+    relevant = np.zeros((48, 10), dtype=bool)
+    relevant[:, -2:] = True
+    grade = attribution_grades(scores, relevant, n_boot=400)["relevant_mass"]
+    assert grade.control.low <= 0.2 <= grade.control.high and grade.control_at_chance
+    assert abs(grade.control.value - 0.2) < 0.03

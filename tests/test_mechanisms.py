@@ -91,10 +91,11 @@ def test_induction_samples_fit_the_law_and_the_mechanism() -> None:
     tokens = source.sample(20_000, 10, seed=4)
     cond = source.conditionals(tokens)
     np.testing.assert_allclose(cond.sum(axis=-1), 1.0, atol=1e-12)
-    # Before any repeat, position 2 (after 3 distinct tokens): x_0 with hazard 1/4, else an unseen token.
+    # Before any repeat, after 3 distinct tokens: the repeat starts with hazard 1/4 at x_0 or x_1 (never at the
+    # last token), else an unseen token comes.
     prefix = (tokens[:, 0] == 0) & (tokens[:, 1] == 1) & (tokens[:, 2] == 2)
     law = cond[np.flatnonzero(prefix)[0], 2]
-    assert law[0] == pytest.approx(1 / 4) and law[1] == law[2] == 0 and law[3] == pytest.approx(3 / 4 / 9)
+    assert law[0] == law[1] == pytest.approx(1 / 8) and law[2] == 0 and law[3] == pytest.approx(3 / 4 / 9)
     assert chi2_pvalue(np.bincount(tokens[prefix, 3], minlength=12), law) > 1e-3
     # Inside the repeat the one relevant position holds the next token, and the law is a point mass on it.
     relevant = source.relevant_positions(tokens)
@@ -106,6 +107,8 @@ def test_induction_samples_fit_the_law_and_the_mechanism() -> None:
     np.testing.assert_array_equal(tokens[rows, source_position], tokens[rows, t + 1])
     assert (cond[rows, t, tokens[rows, t + 1]] == 1.0).all()
     assert not relevant[~copies].any()  # before the repeat the law reads no single position
+    m, d = source.offsets(tokens)
+    assert len(set(d.tolist())) == 5 and (d < m).any()  # every offset 2 … 6 comes, and starts after x_0
 
 
 def test_induction_round_trips_and_rejects_bad_arguments() -> None:
@@ -114,4 +117,4 @@ def test_induction_round_trips_and_rejects_bad_arguments() -> None:
     with pytest.raises(ValueError, match="max_period ≤ vocab_size"):
         InductionSource(vocab_size=4, min_period=2, max_period=5)
     with pytest.raises(ValueError, match="row 0 is not a draw of this world"):
-        source.conditionals(np.array([[1, 2, 1, 3]]))
+        source.conditionals(np.array([[1, 2, 3, 3]]))  # repeats the token just before

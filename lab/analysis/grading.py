@@ -135,6 +135,10 @@ def grade_belief_probes(model: HookedTransformer, tokens: Int[Tensor, "batch pos
         r2_control_task  Hewitt & Liang's control task: each token type gets a belief drawn at random from the data,
                        and the probe is fitted to that instead (what the probe can memorise from the token alone)
         selectivity    r2 − r2_control_task (paired bootstrap)
+        r2_beyond_token  the probe's R² for what the belief holds beyond the current token, η_t − E[η | x_t] (the
+                       means by token type from the training rows), beside the same on shuffled targets (control):
+                       the part of the belief a readout of the token alone cannot give
+        r2_beyond_token_untrained  the same on the untrained model
 
     Returns {readout: {name: Grade or Metric}}."""
     tokens = model.check_tokens(tokens)
@@ -151,21 +155,33 @@ def grade_belief_probes(model: HookedTransformer, tokens: Int[Tensor, "batch pos
     flat_tokens = tokens.reshape(-1).cpu().numpy()
     by_type = Y[rng.integers(0, len(Y), size=model.cfg.d_vocab)]  # one random belief per token type
     control_task = by_type[flat_tokens]
+    by_token = np.stack([Y[split[0]][flat_tokens[split[0]] == v].mean(axis=0) if (flat_tokens[split[0]] == v).any()
+                         else Y[split[0]].mean(axis=0) for v in range(model.cfg.d_vocab)])
+    beyond = Y - by_token[flat_tokens]
+    beyond_shuffled = beyond[rng.permutation(len(beyond))]
     untrained = random_model(model, seed=seed + 1) if untrained is None else untrained
     ours, theirs = readouts(model, tokens), readouts(untrained, tokens)
     boot = {"groups": test_groups, "n_boot": n_boot, "seed": seed}
-    y_test, c_test = Y[split[1]], control_task[split[1]]
+    y_test, c_test, b_test = Y[split[1]], control_task[split[1]], beyond[split[1]]
     out = {}
     for name, X in ours.items():
         X = X.reshape(batch * length, -1)
         predicted = _ridge_predictions(X, Y, split, groups, seed)
         predicted_shuffled = _ridge_predictions(X, shuffled, split, groups, seed)
         predicted_control = _ridge_predictions(X, control_task, split, groups, seed)
-        predicted_untrained = _ridge_predictions(theirs[name].reshape(batch * length, -1), Y, split, groups, seed)
+        X_untrained = theirs[name].reshape(batch * length, -1)
+        predicted_untrained = _ridge_predictions(X_untrained, Y, split, groups, seed)
         r2 = bootstrap_ci(_r2, y_test, predicted, **boot)
         control = bootstrap_ci(_r2, shuffled[split[1]], predicted_shuffled, **boot)
+        beyond_r2 = bootstrap_ci(_r2, b_test, _ridge_predictions(X, beyond, split, groups, seed), **boot)
+        beyond_control = bootstrap_ci(_r2, beyond_shuffled[split[1]],
+                                      _ridge_predictions(X, beyond_shuffled, split, groups, seed), **boot)
+        n_test = len(np.unique(test_groups))
         out[name] = {
-            "r2": Grade("r2", r2, control, 0.0, "higher", len(np.unique(test_groups))),
+            "r2": Grade("r2", r2, control, 0.0, "higher", n_test),
+            "r2_beyond_token": Grade("r2_beyond_token", beyond_r2, beyond_control, 0.0, "higher", n_test),
+            "r2_beyond_token_untrained": bootstrap_ci(
+                _r2, b_test, _ridge_predictions(X_untrained, beyond, split, groups, seed), **boot),
             "r2_untrained": bootstrap_ci(_r2, y_test, predicted_untrained, **boot),
             "r2_control_task": bootstrap_ci(_r2, c_test, predicted_control, **boot),
             "selectivity": bootstrap_ci(lambda y, p, c, q: _r2(y, p) - _r2(c, q), y_test, predicted, c_test,

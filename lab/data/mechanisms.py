@@ -7,11 +7,11 @@ which interpretability methods are graded (lab.analysis.grading).
   make the belief state η_t = P(s_{t+1} | x_{≤t}) (η_{t} ∝ η_{t−1} T^(x_t), η_0 = π) wander a fractal
   in the 2-simplex. η_t is the sufficient statistic: p(x_{t+1} = a | x_{≤t}) = η_t T^(a) 1.
 
-* `InductionSource` — random tokens with a repeated segment: the first m tokens are distinct (drawn
-  without replacement), m uniform in [min_period, max_period], and from then on the segment repeats,
-  x_t = x_{t−m}. Inside the repeat the next token is the token after the previous occurrence of the
-  current one, x_{t+1} = x_{t+1−m} (an induction head's rule); before it, the next token is x_0 (the
-  repeat begins) with the hazard h_t = P(m = t+1 | m ≥ t+1), else uniform over the unseen tokens.
+* `InductionSource` — random tokens with a repeated span: the first m tokens are distinct (drawn without
+  replacement), m uniform in [min_period, max_period], and from then on the span x_s … x_{m−1} repeats from a
+  random start s, x_t = x_{t−d} with d = m − s. Inside the repeat the next token is the token after the previous
+  occurrence of the current one, x_{t+1} = x_{t+1−d} (an induction head's rule), found by content: the offset d
+  differs between sequences and no position marks it.
 
 Both answer the interface of lab.data.sources (sample, conditionals, log_prob, to_dict / from_dict,
 `source_from_dict`), with the same shapes: row t of `conditionals` is the law of the token after position t.
@@ -142,15 +142,19 @@ class Mess3Source:
 
 
 class InductionSource:
-    """Random tokens with a repeated segment, whose next token inside the repeat is a copy.
+    """Random tokens with a repeated span, whose next token inside the repeat is a copy found by content.
 
-    A sequence draws its period m uniformly from [min_period, max_period] and its first m tokens without
-    replacement from the V symbols; then it repeats them, x_t = x_{t−m} for t ≥ m. The exact law:
+    A sequence draws m uniformly from [min_period, max_period], its first m tokens without replacement from the V
+    symbols, and a start s uniformly from [0, m − 2]; from position m on it repeats the span x_s … x_{m−1}, so
+    x_t = x_{t−d} for t ≥ m with the offset d = m − s ∈ [2, m]. The offset differs from sequence to sequence
+    and no position marks it: a model finds it by matching the current token with its earlier occurrence (the
+    induction head's rule), not by counting positions. The exact law:
 
-        inside the repeat (t ≥ m, known once x_m = x_0 has come):  x_{t+1} = x_{t+1−m}, the token after the
-            previous occurrence of x_t (at j = t − m): p = δ(x_{j+1});
-        before it (x_0 … x_t distinct):  p = h_t δ(x_0) + (1 − h_t) · Uniform(the V − t − 1 unseen tokens),
-            h_t = P(m = t + 1 | m ≥ t + 1) = [min_period ≤ t + 1] / (max_period − max(min_period, t + 1) + 1).
+        inside the repeat (t ≥ m, known once a token has come twice):  x_{t+1} = x_{t+1−d}, the token after the
+            previous occurrence of x_t (at j = t − d): p = δ(x_{j+1});
+        before it (x_0 … x_t distinct):  p = h_t · Uniform(x_0 … x_{t−1}) + (1 − h_t) · Uniform(the V − t − 1
+            unseen tokens), with h_t = P(m = t + 1 | m ≥ t + 1) = [min_period ≤ t + 1] / (max_period −
+            max(min_period, t + 1) + 1), the chance that the repeat starts now (at an earlier token, never x_t).
 
     The mechanism's ground truth (`relevant_positions`): inside the repeat, the one position j + 1 whose token
     is copied; before it, none (the law reads the set of tokens seen, no single position).
@@ -159,7 +163,7 @@ class InductionSource:
     kind = "induction"
 
     def __init__(self, vocab_size: int, min_period: int, max_period: int, seed: int = 0) -> None:
-        self.vocab_size = check_int("InductionSource", "vocab_size", vocab_size, minimum=2)
+        self.vocab_size = check_int("InductionSource", "vocab_size", vocab_size, minimum=3)
         self.min_period = check_int("InductionSource", "min_period", min_period, minimum=2)
         self.max_period = check_int("InductionSource", "max_period", max_period, minimum=2)
         self.seed = check_int("InductionSource", "seed", seed, minimum=0)
@@ -173,45 +177,52 @@ class InductionSource:
         return np.full(self.vocab_size, 1.0 / self.vocab_size)
 
     def sample(self, n: int, length: int, seed: int | None = None) -> IntArray:
-        """`n` sequences of `length` tokens, each with its own period and segment."""
+        """`n` sequences of `length` tokens, each with its own segment length, start and offset."""
         n = check_int("InductionSource.sample", "n", n)
         length = check_int("InductionSource.sample", "length", length)
         check_size("InductionSource.sample", f"n × V = {n:,} × {self.vocab_size}", n * max(length, self.vocab_size),
-                    MAX_SAMPLE_TOKENS, "draw fewer or shorter sequences")
+                   MAX_SAMPLE_TOKENS, "draw fewer or shorter sequences")
         rng = self._sample_rng if seed is None else np.random.default_rng(seed)
-        periods = rng.integers(self.min_period, self.max_period + 1, size=n)
+        m = rng.integers(self.min_period, self.max_period + 1, size=n)
+        start = np.floor(rng.random(n) * (m - 1)).astype(np.int64)  # uniform in [0, m − 2]
         segments = np.argsort(rng.random((n, self.vocab_size)), axis=1)  # a random permutation per row
-        positions = np.arange(length)[None, :] % periods[:, None]
+        t = np.arange(length)[None, :]
+        offset = (m - start)[:, None]
+        positions = np.where(t < m[:, None], t, start[:, None] + (t - m[:, None]) % offset)
         return np.take_along_axis(segments, positions, axis=1).astype(np.int64)
 
-    def periods(self, tokens: Any) -> IntArray:
-        """Each row's period m as far as its tokens show it: the first k ≥ 1 with x_k = x_0, or 0 before the
-        repeat has begun. A row that no draw of this world can give is a ValueError naming it."""
+    def offsets(self, tokens: Any) -> tuple[IntArray, IntArray]:
+        """Each row's (m, d) as far as its tokens show them: the position m where a token first comes again and
+        the distance d to its earlier occurrence; (0, 0) before the repeat has begun. A row that no draw of this
+        world can give is a ValueError naming it."""
         tokens = as_tokens(tokens, self.vocab_size)
         batch, length = tokens.shape
-        out = np.zeros(batch, dtype=np.int64)
+        m, d = np.zeros(batch, dtype=np.int64), np.zeros(batch, dtype=np.int64)
         for row in range(batch):
             x = tokens[row]
-            seen: set[int] = set()
+            seen: dict[int, int] = {}
             for t in range(length):
-                if out[row] == 0:
-                    if t > 0 and x[t] == x[0] and t >= self.min_period:
-                        out[row] = t
-                    elif int(x[t]) in seen or t >= self.max_period:
-                        raise ValueError(f"InductionSource: row {row} is not a draw of this world (position {t}: "
-                                         f"token {int(x[t])} after {t} distinct tokens, periods "
-                                         f"{self.min_period} … {self.max_period})")
-                    seen.add(int(x[t]))
-                if out[row] and x[t] != x[t - out[row]]:
+                token = int(x[t])
+                if m[row] == 0:
+                    if token in seen:
+                        if not (self.min_period <= t <= self.max_period and seen[token] <= t - 2):
+                            raise ValueError(f"InductionSource: row {row} is not a draw of this world (position {t} "
+                                             f"repeats position {seen[token]}; segments of {self.min_period} … "
+                                             f"{self.max_period} tokens repeat from an earlier token than the last)")
+                        m[row], d[row] = t, t - seen[token]
+                    elif t >= self.max_period:
+                        raise ValueError(f"InductionSource: row {row} is not a draw of this world (no repeat by "
+                                         f"position {t})")
+                    seen[token] = t
+                elif token != x[t - d[row]]:
                     raise ValueError(f"InductionSource: row {row} is not a draw of this world (position {t} breaks "
-                                     f"the repeat of period {out[row]})")
-        return out
+                                     f"the repeat of offset {d[row]})")
+        return m, d
 
     def copy_positions(self, tokens: Any) -> NDArray[np.bool_]:
         """(batch, length): True at t where x_{t+1} is a copy, determined by the tokens so far (t ≥ m)."""
-        tokens = as_tokens(tokens, self.vocab_size)
-        m = self.periods(tokens)
-        t = np.arange(tokens.shape[1])[None, :]
+        m, _ = self.offsets(tokens)
+        t = np.arange(np.shape(tokens)[-1])[None, :]
         return (m[:, None] > 0) & (t >= m[:, None])
 
     def conditionals(self, tokens: Any) -> FloatArray:
@@ -219,33 +230,36 @@ class InductionSource:
         tokens = as_tokens(tokens, self.vocab_size)
         batch, length = tokens.shape
         V, low, high = self.vocab_size, self.min_period, self.max_period
-        m = self.periods(tokens)
+        m, d = self.offsets(tokens)
         out = np.zeros((batch, length, V))
         rows = np.arange(batch)
         for t in range(length):
             inside = (m > 0) & (t >= m)
             if inside.any():
-                out[rows[inside], t, tokens[inside, t + 1 - m[inside]]] = 1.0
+                out[rows[inside], t, tokens[inside, t + 1 - d[inside]]] = 1.0
             before = ~inside
             if before.any():
                 hazard = 1.0 / (high - max(low, t + 1) + 1) if low <= t + 1 <= high else 0.0
                 unseen = np.ones((int(before.sum()), V), dtype=bool)
                 np.put_along_axis(unseen, tokens[before, :t + 1], False, axis=1)
                 law = unseen * ((1.0 - hazard) / max(V - t - 1, 1))
-                law[np.arange(len(law)), tokens[before, 0]] += hazard
+                if t > 0:
+                    earlier = np.zeros_like(law)
+                    np.put_along_axis(earlier, tokens[before, :t], hazard / t, axis=1)
+                    law += earlier
                 out[before, t] = law
         return out
 
     def relevant_positions(self, tokens: Any) -> NDArray[np.bool_]:
-        """(batch, length, length): inside the repeat, row t marks j + 1 = t + 1 − m, the position whose token comes
+        """(batch, length, length): inside the repeat, row t marks j + 1 = t + 1 − d, the position whose token comes
         next; rows before the repeat mark nothing."""
         tokens = as_tokens(tokens, self.vocab_size)
         batch, length = tokens.shape
-        m = self.periods(tokens)
+        m, d = self.offsets(tokens)
         out = np.zeros((batch, length, length), dtype=bool)
         for row in np.flatnonzero(m):
             t = np.arange(m[row], length)
-            out[row, t, t + 1 - m[row]] = True
+            out[row, t, t + 1 - d[row]] = True
         return out
 
     def log_prob(self, tokens: Any) -> FloatArray:

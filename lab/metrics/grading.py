@@ -13,7 +13,9 @@ Input attribution (`attribution_grades`), per prompt over its valid positions, w
     relevant_mass    Σ_{i relevant} s_i / Σ_i s_i                                     chance |relevant| / |valid|
     rank_correlation Spearman ρ(s, the model's exhaustive causal effects)             chance 0
 
-  control: the method's own scores permuted among the prompt's valid positions (seeded).
+  control: the method's own scores permuted among the prompt's valid positions, each prompt's grade averaged over
+  CONTROL_PERMUTATIONS permutations (seeded): its expectation is chance exactly, and the average leaves little
+  noise beside the prompts' own.
 
 A lens (`lens_grades`), per layer, per prompt the mean over its valid positions of
 
@@ -29,12 +31,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
+import pandas as pd
 from numpy.typing import ArrayLike
 
-from lab.metrics.discrimination import Metric, auroc, bootstrap_ci
-from lab.metrics.statistics import spearman
+from lab.metrics.discrimination import Metric, bootstrap_ci
 
-__all__ = ["Grade", "attribution_grades", "lens_grades", "mean_over_prompts"]
+__all__ = ["CONTROL_PERMUTATIONS", "Grade", "attribution_grades", "lens_grades", "mean_over_prompts"]
 
 
 @dataclass(frozen=True)
@@ -77,21 +79,38 @@ def mean_over_prompts(values: ArrayLike, *, n_boot: int = 1000, seed: int = 0) -
     return bootstrap_ci(np.mean, kept, n_boot=n_boot, seed=seed)
 
 
-def _per_prompt(scores: np.ndarray, relevant: np.ndarray, effects: np.ndarray | None,
+CONTROL_PERMUTATIONS = 32  # permutations per prompt whose grades the control averages: chance, with little noise
+
+
+def _average_ranks(x: np.ndarray) -> np.ndarray:
+    """1-based ranks along the last axis of [k, n], ties sharing their average rank."""
+    return pd.DataFrame(x).rank(axis=1).to_numpy()
+
+
+def _per_prompt(variants: np.ndarray, relevant: np.ndarray, effects: np.ndarray | None,
                 valid: np.ndarray) -> dict[str, np.ndarray]:
-    n = scores.shape[0]
+    """Each prompt's AUROC (Mann–Whitney U from average ranks), relevant mass and Spearman ρ (Pearson's r of
+    average ranks) of |scores|, averaged over the k score variants of `variants` [k, prompt, pos] (one: the
+    method's own; many: its permutations)."""
+    n = variants.shape[1]
     out = {"auroc": np.full(n, np.nan), "relevant_mass": np.full(n, np.nan), "rank_correlation": np.full(n, np.nan),
            "chance_mass": np.full(n, np.nan)}
     for row in range(n):
         keep = valid[row]
-        s, r = np.abs(scores[row, keep]), relevant[row, keep]
-        if r.any() and (~r).any():
-            out["auroc"][row] = auroc(s, r)
+        s, r = np.abs(variants[:, row][:, keep]), relevant[row, keep]
+        ranks = _average_ranks(s)
+        n_pos, n_neg = int(r.sum()), int((~r).sum())
+        if n_pos and n_neg:
+            out["auroc"][row] = np.mean((ranks[:, r].sum(1) - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
             out["chance_mass"][row] = r.mean()
-            total = s.sum()
-            out["relevant_mass"][row] = s[r].sum() / total if total > 0 else np.nan
+            total = s.sum(1)
+            out["relevant_mass"][row] = np.mean(s[:, r].sum(1) / total) if (total > 0).all() else np.nan
         if effects is not None and keep.sum() >= 3:
-            out["rank_correlation"][row] = spearman(s.tolist(), effects[row, keep].tolist())
+            a = ranks - ranks.mean(1, keepdims=True)
+            b = _average_ranks(effects[row, keep][None])[0]
+            b = b - b.mean()
+            spread = np.sqrt((a * a).sum(1) * (b * b).sum())
+            out["rank_correlation"][row] = np.mean((a @ b) / spread) if (spread > 0).all() else np.nan
     return out
 
 
@@ -111,11 +130,12 @@ def attribution_grades(scores: ArrayLike, relevant: ArrayLike, effects: ArrayLik
     if effects_array is not None and effects_array.shape != scores.shape:
         raise ValueError(f"effects {effects_array.shape} must have the scores' shape {scores.shape}")
     rng = np.random.default_rng(seed)
-    permuted = scores.copy()
+    permuted = np.repeat(scores[None], CONTROL_PERMUTATIONS, axis=0)
     for row in range(scores.shape[0]):  # each prompt's scores shuffled among its own valid positions
         where = np.flatnonzero(valid[row])
-        permuted[row, where] = scores[row, rng.permutation(where)]
-    real = _per_prompt(scores, relevant, effects_array, valid)
+        for k in range(CONTROL_PERMUTATIONS):
+            permuted[k, row, where] = scores[row, rng.permutation(where)]
+    real = _per_prompt(scores[None], relevant, effects_array, valid)
     control = _per_prompt(permuted, relevant, effects_array, valid)
     boot = {"n_boot": n_boot, "seed": seed}
     chance = {"auroc": 0.5, "relevant_mass": float(np.nanmean(real["chance_mass"])), "rank_correlation": 0.0}

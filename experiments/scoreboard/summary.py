@@ -1,0 +1,170 @@
+"""What a scoreboard run shows, computed from its table: one sentence per claim, with the number behind it, its
+interval, the direction a quick run must share with the default one, and — where the run cannot support it —
+why not, in words. A claim is supported only by a check its own numbers could fail: an interval that clears
+chance, or two intervals that do not overlap."""
+
+import math
+from typing import Any
+
+from lab.runs import headline
+
+WORLD_WORDS = {"markov": "the order-2 chain", "induction": "the induction world", "facts": "the fact world"}
+RELEVANT_WORDS = {"markov": "the two relevant positions", "induction": "the copied position",
+                  "facts": "the name's two words"}
+# Of K fair controls, each clears chance at the 95% level (one side) with probability 2.5%; more than this many
+# clearing it among the run's controls would happen by accident less than once in 1,000 runs at K ≤ 400.
+CONTROL_SIDE = 0.025
+
+
+def find(results: dict[str, Any], method: str, world: str, readout: str, grade: str) -> dict[str, Any]:
+    """The table's row for method × world × readout × grade; a KeyError naming it when there is none."""
+    for row in results["table"]:
+        if (row["method"], row["world"], row["readout"], row["grade"]) == (method, world, readout, grade):
+            return row
+    raise KeyError(f"no row {method} × {world} × {readout} × {grade}")
+
+
+def _interval(row: dict[str, Any]) -> list[float] | None:
+    low, high = row["low"], row["high"]
+    return [low, high] if low is not None and math.isfinite(low) and math.isfinite(high) else None
+
+
+def _said(row: dict[str, Any]) -> str:
+    interval = _interval(row)
+    return f"{row['value']:.2f}" + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
+
+
+def _clears(row: dict[str, Any], level: float) -> bool:
+    """The row's interval lies wholly on the good side of `level`."""
+    interval = _interval(row)
+    if interval is None:
+        return False
+    return interval[0] > level if row["better"] == "higher" else interval[1] < level
+
+
+def binomial_upper(k_total: int, p: float, tail: float = 1e-3) -> int:
+    """The smallest k with P(Binomial(k_total, p) > k) < tail."""
+    cumulative, k = 0.0, 0
+    while k <= k_total:
+        cumulative += math.comb(k_total, k) * p ** k * (1 - p) ** (k_total - k)
+        if 1 - cumulative < tail:
+            return k
+        k += 1
+    return k_total
+
+
+def attribution_headline(results: dict[str, Any], world: str) -> dict[str, Any]:
+    methods = ("integrated_gradients", "occlusion", "attention")
+    rows = {m: find(results, m, world, "last prediction", "relevant_mass") for m in methods}
+    ig = rows["integrated_gradients"]
+    chance = ig["chance"]
+    controls = all(r["control_at_chance"] for r in rows.values())
+    sentence = (f"On {WORLD_WORDS[world]}, integrated gradients puts {_said(ig)} of its mass on "
+                f"{RELEVANT_WORDS[world]}, occlusion {_said(rows['occlusion'])}, attention "
+                f"{_said(rows['attention'])} (chance {chance:.2f}; {ig['n']} prompts).")
+    return headline(f"attribution_{world}", sentence, ig["value"], _interval(ig), _clears(ig, chance), controls,
+                    "a permuted-scores control of these methods clears chance, so the grade rewards something other "
+                    "than the truth")
+
+
+def effects_headline(results: dict[str, Any], world: str) -> dict[str, Any]:
+    rows = [r for r in results["table"] if r["world"] == world and r["grade"] == "rank_correlation"]
+    best = max(rows, key=lambda r: r["value"])
+    return headline(f"attribution_effects_{world}",
+                    f"Against the model's own exhaustive effects on {WORLD_WORDS[world]}, {best['method']} ranks the "
+                    f"positions best (Spearman ρ = {_said(best)}); " + ", ".join(
+                        f"{r['method']} {r['value']:.2f}" for r in rows if r is not best) + ".",
+                    best["value"], _interval(best), _clears(best, 0.0), bool(best["control_at_chance"]),
+                    "its permuted-scores control clears chance")
+
+
+def lens_headline(results: dict[str, Any], world: str) -> dict[str, Any]:
+    layer = "resid_pre 1"
+    kl = {lens: find(results, f"{lens} lens", world, layer, "kl_true") for lens in ("logit", "tuned", "jacobian")}
+    jacobian, logit = kl["jacobian"], kl["logit"]
+    direction = int(jacobian["value"] < logit["value"]) - int(jacobian["value"] > logit["value"])
+    sentence = (f"On {WORLD_WORDS.get(world, 'the ' + world + ' world')}, read at {layer} (after one of two blocks), "
+                f"KL(p ‖ lens) is {_said(kl['tuned'])} nats for the tuned lens, {_said(jacobian)} for the Jacobian "
+                f"lens and {_said(logit)} for the logit lens: the Jacobian lens reads the truth "
+                f"{'better' if direction > 0 else 'worse'} than the logit lens here.")
+    jacobian_apart = _interval(jacobian) and _interval(logit) and (
+        jacobian["high"] < logit["low"] or logit["high"] < jacobian["low"])
+    controls = all(kl[lens]["control_at_chance"] for lens in kl)
+    return headline(f"lens_{world}", sentence, jacobian["value"] - logit["value"], None, direction,
+                    bool(jacobian_apart and controls),
+                    "the Jacobian and logit lenses' intervals overlap" if not jacobian_apart else
+                    "a lens's other-prompt control reads the truth better than any prompt-blind law")
+
+
+def belief_headline(results: dict[str, Any]) -> dict[str, Any]:
+    readout = "all layers"
+    r2 = find(results, "linear probe", "mess3", readout, "r2 belief state")
+    untrained = find(results, "linear probe", "mess3", readout, "r2 untrained")
+    beyond = find(results, "linear probe", "mess3", readout, "r2 beyond the token")
+    beyond_untrained = find(results, "linear probe", "mess3", readout, "r2 beyond the token untrained")
+    selectivity = find(results, "linear probe", "mess3", readout, "selectivity")
+    carries = bool(_interval(beyond) and _interval(beyond_untrained)
+                   and beyond["low"] > max(beyond["control_high"], beyond_untrained["high"]))
+    sentence = (f"A linear probe on every layer's residual stream reads the Mess3 belief state with R² {_said(r2)} on "
+                f"held-out prompts, an untrained model of the same shape {_said(untrained)}: the current token gives "
+                f"most of it (Hewitt & Liang's selectivity {_said(selectivity)}). What the belief holds beyond the "
+                f"token, the trained model's stream gives with R² {_said(beyond)}, the untrained one's "
+                f"{_said(beyond_untrained)} (shuffled targets {beyond['control']:.2f}).")
+    return headline("belief_probe", sentence, beyond["value"], _interval(beyond), carries,
+                    bool(r2["control_at_chance"] and beyond["control_at_chance"]),
+                    "a shuffled-target control clears chance")
+
+
+def value_headline(results: dict[str, Any]) -> dict[str, Any]:
+    readout = "final"
+    accuracy = find(results, "linear probe", "facts", readout, "accuracy fact value")
+    untrained = find(results, "linear probe", "facts", readout, "accuracy untrained")
+    selectivity = find(results, "linear probe", "facts", readout, "selectivity")
+    carries = bool(_interval(accuracy) and _interval(untrained) and
+                   accuracy["low"] > max(accuracy["control_high"], untrained["high"]))
+    sentence = (f"A linear probe on the final residual stream reads a fact's value for persons it was not fitted on "
+                f"with accuracy {_said(accuracy)} (chance {accuracy['chance']:.2f}); shuffled labels give "
+                f"{accuracy['control']:.2f}, an untrained model {_said(untrained)} (selectivity {_said(selectivity)}).")
+    return headline("value_probe", sentence, accuracy["value"], _interval(accuracy), carries,
+                    bool(accuracy["control_at_chance"]), "the shuffled-label control clears chance")
+
+
+def heads_headline(results: dict[str, Any]) -> dict[str, Any]:
+    rho = find(results, "head detectors", "induction", "every head", "spearman_induction")
+    auroc = find(results, "head detectors", "induction", "every head", "auroc_necessary")
+    sentence = (f"On the induction world the induction detector's head scores follow the loss of copying each head's "
+                f"mean ablation causes with Spearman ρ {_said(rho)}; the detectors' highest score ranks the heads "
+                f"whose ablation removes at least half the largest effect above the others with AUROC "
+                f"{_said(auroc)}.")
+    return headline("head_detectors", sentence, rho["value"], _interval(rho), _clears(rho, 0.0),
+                    bool(rho["control_at_chance"]), "the permuted-heads control clears chance")
+
+
+def patching_headline(results: dict[str, Any]) -> dict[str, Any]:
+    heads = find(results, "attribution patching", "induction", "heads", "pearson r")
+    resid = find(results, "attribution patching", "induction", "resid_pre", "pearson r")
+    sentence = (f"Attribution patching's first-order estimates follow the exhaustive patching sweep on the induction "
+                f"world: Pearson r {_said(heads)} across heads and {_said(resid)} across resid_pre (layer, position) "
+                f"cells, per prompt ({heads['n']} prompts).")
+    return headline("attribution_patching", sentence, heads["value"], _interval(heads), _clears(heads, 0.0),
+                    bool(heads["control_at_chance"]), "the permuted-cells control clears chance")
+
+
+def controls_headline(results: dict[str, Any]) -> dict[str, Any]:
+    judged = [r for r in results["table"] if r["control_at_chance"] is not None]
+    cleared = [r for r in judged if not r["control_at_chance"]]
+    limit = binomial_upper(len(judged), CONTROL_SIDE)
+    names = ", ".join(f"{r['method']} × {r['world']} × {r['readout']} × {r['grade']}" for r in cleared[:4])
+    sentence = (f"{len(judged) - len(cleared)} of {len(judged)} controls score at chance; {len(cleared)} clear it at "
+                f"the 95% level, where fair controls would by accident about {CONTROL_SIDE * len(judged):.1f} times "
+                f"(at most {limit} in 999 runs of 1,000)" + (f": {names}" if cleared else "") + ".")
+    return headline("controls_at_chance", sentence, len(cleared), None, bool(len(cleared) <= limit))
+
+
+def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """What the run shows, one headline per claim, computed from results["table"] (see the module's docstring)."""
+    out = [attribution_headline(results, world) for world in ("markov", "induction", "facts")]
+    out += [effects_headline(results, world) for world in ("markov", "induction", "facts")]
+    out += [lens_headline(results, world) for world in ("markov", "mess3", "induction")]
+    out += [belief_headline(results), value_headline(results), heads_headline(results), patching_headline(results), controls_headline(results)]
+    return out
