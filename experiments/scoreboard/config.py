@@ -1,6 +1,6 @@
 """The scoreboard's Config, its two profiles and the worlds every part trains a model on."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -39,7 +39,6 @@ class Profile:
     n_heads: int = 4
     lr: float = 3e-3
     ig_steps: int = 32
-    worlds: tuple[str, ...] = field(default=("markov", "mess3", "induction", "facts"))
 
 
 DEFAULT = Profile(d_model=64, steps={"markov": 1500, "mess3": 1500, "induction": 2400, "facts": 3000},
