@@ -32,7 +32,7 @@ def lenses_figure(results: dict[str, Any]) -> Any:
         for lens in LENSES:
             for row_index, grade in ((1, "kl_true"), (2, "kl_model")):
                 rows = [r for r in results["table"] if r["method"] == f"{lens} lens" and r["world"] == world
-                        and r["grade"] == grade]
+                        and r["grade"] == grade and not (grade == "kl_model" and r["readout"] == "output")]
                 figure.add_trace(go.Scatter(x=[r["readout"] for r in rows], y=[r["value"] for r in rows],
                                             error_y=_errors(rows), mode="lines+markers", name=f"{lens} lens",
                                             legendgroup=lens, showlegend=col == 1 and row_index == 1,
@@ -44,7 +44,8 @@ def lenses_figure(results: dict[str, Any]) -> Any:
                                                 showlegend=col == 1 and row_index == 1), row=row_index, col=col)
     figure.update_yaxes(type="log", title_text="nats/token")
     figure.update_layout(title="Lenses against the truth and against the model, every layer (95% intervals over "
-                               "held-out prompts)", height=700)
+                               "held-out prompts;<br>the output row is the model itself, 0 from it by definition)",
+                         height=720)
     return figure
 
 
@@ -72,8 +73,9 @@ def attribution_figure(results: dict[str, Any]) -> Any:
             if rows:
                 figure.add_hline(y=rows[0]["chance"], line_dash="dot", row=row_index, col=col)
     figure.update_layout(title="Input attribution of the prediction after the last token: AUROC and share of the "
-                               "mass on the truly relevant positions, and Spearman ρ with the model's exhaustive "
-                               "causal effects", height=900, barmode="group")
+                               "mass on the truly relevant positions,<br>and Spearman ρ with the model's exhaustive "
+                               "causal effects (95% intervals over prompts; grey: the scores permuted)", height=920,
+                         barmode="group")
     return figure
 
 
