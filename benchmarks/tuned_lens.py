@@ -122,7 +122,7 @@ def measure(layers: int, steps: int, n_fit: int, n_held_out: int, rounds: int, p
         "kl": out, "timing": timing,
         "forma_faster_by": timing["package"]["median_s"] / timing["forma"]["median_s"],
         "forma_within_package_interval": within, "forma_within_every_interval": all(within),
-        "forma_lbfgs_evaluations": fitted["forma"].iterations}
+        "forma_lbfgs_evaluations": fitted["forma"].evaluations}
 
 
 def main(argv: list[str] | None = None) -> None:

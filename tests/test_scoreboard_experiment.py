@@ -96,7 +96,11 @@ def test_an_attribution_headline_needs_its_interval_above_chance_and_its_control
     assert headline["supported"] and headline["direction"] is True
     assert "integrated gradients puts 0.60 [0.55, 0.65] of its mass on the two relevant positions" in headline["sentence"]
     table[0] = _row("integrated_gradients", "markov", "last prediction", "relevant_mass", 0.22, 0.15, 0.3, chance=0.2)
-    assert attribution_headline({"table": table}, "markov")["direction"] is False
+    straddles = attribution_headline({"table": table}, "markov")
+    assert not straddles["supported"] and "cannot tell" in straddles["why_not"]
+    table[0] = _row("integrated_gradients", "markov", "last prediction", "relevant_mass", 0.1, 0.05, 0.15, chance=0.2)
+    below = attribution_headline({"table": table}, "markov")
+    assert below["supported"] and below["direction"] is False
     table[1]["control_at_chance"] = False
     unsupported = attribution_headline({"table": table}, "markov")
     assert not unsupported["supported"] and "clears chance" in unsupported["why_not"]

@@ -33,7 +33,7 @@ def tokens(n: int, seed: int) -> torch.Tensor:
 
 def test_the_zero_translator_is_the_logit_lens():
     m = model()
-    lens = TunedLens(torch.zeros(3, 32, 32), torch.zeros(3, 32), [], [])
+    lens = TunedLens(torch.zeros(3, 32, 32), torch.zeros(3, 32), [], 0)
     assert torch.allclose(lens.log_probs(m, tokens(4, 0)), logit_lens(m, tokens(4, 0)), atol=1e-5)
 
 
@@ -74,7 +74,7 @@ def test_the_translator_is_the_packages_on_the_same_weights(tuned_lens_package):
             translator.weight.copy_(0.1 * torch.randn(translator.weight.shape, generator=g))
             translator.bias.copy_(0.1 * torch.randn(translator.bias.shape, generator=g))
     ours = TunedLens(torch.stack([t.weight.detach().T for t in theirs.layer_translators]),
-                     torch.stack([t.bias.detach() for t in theirs.layer_translators]), [], [])
+                     torch.stack([t.bias.detach() for t in theirs.layer_translators]), [], 0)
     text = tokens(3, 4)
     with torch.no_grad():
         hidden = hf(text, output_hidden_states=True).hidden_states

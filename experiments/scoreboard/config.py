@@ -41,9 +41,9 @@ class Profile:
     ig_steps: int = 32
 
 
-DEFAULT = Profile(d_model=64, steps={"markov": 1500, "mess3": 1500, "induction": 2400, "facts": 3000},
-                  eval_prompts=512, fit_prompts=256, attribution_prompts=128, patching_prompts=32, n_boot=1000)
-# Quick is the default at a smaller size: narrower models, a third of the training, fewer prompts per grade.
+DEFAULT = Profile(d_model=64, steps={"markov": 3000, "mess3": 3000, "induction": 3000, "facts": 4000},
+                  eval_prompts=1024, fit_prompts=512, attribution_prompts=256, patching_prompts=64, n_boot=1000)
+# Quick is the default at a smaller size: narrower models, a sixth to a quarter of the training, fewer prompts.
 QUICK = Profile(d_model=32, steps={"markov": 500, "mess3": 500, "induction": 800, "facts": 1000},
                 eval_prompts=192, fit_prompts=96, attribution_prompts=48, patching_prompts=12, n_boot=400)
 

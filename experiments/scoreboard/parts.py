@@ -97,7 +97,7 @@ def lens_part(model: HookedTransformer, world: str, held_out: torch.Tensor, p: n
                         for label, layer in zip(labels, graded)]
         for label, layer in zip(labels, graded):
             rows += [row(f"{name} lens", world, label, grade) for grade in layer.values()]
-    extra = {"tuned_train_kl_nats": tuned.train_kl_nats, "tuned_iterations": tuned.iterations,
+    extra = {"tuned_train_kl_nats": tuned.train_kl_nats, "tuned_evaluations": tuned.evaluations,
              "jacobian_prompts": jacobian.n_prompts, "fit_prompts": int(fit.shape[0]), "seconds": seconds}
     return rows, {"curves": curves, **extra}
 

@@ -1,7 +1,8 @@
 """What a scoreboard run shows, computed from its table: one sentence per claim, with the number behind it, its
 interval, the direction a quick run must share with the default one, and — where the run cannot support it —
-why not, in words. A claim is supported only by a check its own numbers could fail: an interval that clears
-chance, or two intervals that do not overlap."""
+why not, in words. A claim is supported only by a check its own numbers could fail: its controls at chance,
+and its interval clear of chance (or of its controls' intervals, or of another method's) on one side or the
+other — which side is its direction. An interval that straddles is "cannot tell", said in words."""
 
 import math
 from typing import Any
@@ -42,6 +43,19 @@ def _clears(row: dict[str, Any], level: float) -> bool:
     return interval[0] > level if row["better"] == "higher" else interval[1] < level
 
 
+def _apart(row: dict[str, Any], level: float) -> bool:
+    """The row's interval lies wholly on one side of `level`: the run can tell which."""
+    interval = _interval(row)
+    return interval is not None and (interval[0] > level or interval[1] < level)
+
+
+def _judged(controls_at_chance: bool, apart: bool, what: str) -> tuple[bool, str]:
+    """(supported, why not): a claim needs its controls at chance and its interval clear of what it is set against."""
+    if not controls_at_chance:
+        return False, "a control clears chance, so the grade rewards something other than the truth"
+    return apart, f"the interval includes {what}: at this size the run cannot tell which side it is on"
+
+
 def binomial_upper(k_total: int, p: float, tail: float = 1e-3) -> int:
     """The smallest k with P(Binomial(k_total, p) > k) < tail."""
     cumulative, k = 0.0, 0
@@ -62,9 +76,8 @@ def attribution_headline(results: dict[str, Any], world: str) -> dict[str, Any]:
     sentence = (f"On {WORLD_WORDS[world]}, integrated gradients puts {_said(ig)} of its mass on "
                 f"{RELEVANT_WORDS[world]}, occlusion {_said(rows['occlusion'])}, attention "
                 f"{_said(rows['attention'])} (chance {chance:.2f}; {ig['n']} prompts).")
-    return headline(f"attribution_{world}", sentence, ig["value"], _interval(ig), _clears(ig, chance), controls,
-                    "a permuted-scores control of these methods clears chance, so the grade rewards something other "
-                    "than the truth")
+    return headline(f"attribution_{world}", sentence, ig["value"], _interval(ig), _clears(ig, chance),
+                    *_judged(controls, _apart(ig, chance), "chance"))
 
 
 def effects_headline(results: dict[str, Any], world: str) -> dict[str, Any]:
@@ -74,8 +87,8 @@ def effects_headline(results: dict[str, Any], world: str) -> dict[str, Any]:
                     f"Against the model's own exhaustive effects on {WORLD_WORDS[world]}, {best['method']} ranks the "
                     f"positions best (Spearman ρ = {_said(best)}); " + ", ".join(
                         f"{r['method']} {r['value']:.2f}" for r in rows if r is not best) + ".",
-                    best["value"], _interval(best), _clears(best, 0.0), bool(best["control_at_chance"]),
-                    "its permuted-scores control clears chance")
+                    best["value"], _interval(best), _clears(best, 0.0),
+                    *_judged(bool(best["control_at_chance"]), _apart(best, 0.0), "0"))
 
 
 def lens_headline(results: dict[str, Any], world: str) -> dict[str, Any]:
@@ -103,16 +116,17 @@ def belief_headline(results: dict[str, Any]) -> dict[str, Any]:
     beyond = find(results, "linear probe", "mess3", readout, "r2 beyond the token")
     beyond_untrained = find(results, "linear probe", "mess3", readout, "r2 beyond the token untrained")
     selectivity = find(results, "linear probe", "mess3", readout, "selectivity")
-    carries = bool(_interval(beyond) and _interval(beyond_untrained)
-                   and beyond["low"] > max(beyond["control_high"], beyond_untrained["high"]))
+    controls = max(beyond["control_high"], beyond_untrained["high"])
+    carries = bool(_interval(beyond) and _interval(beyond_untrained) and beyond["low"] > controls)
+    below = bool(_interval(beyond) and beyond["high"] < controls)
     sentence = (f"A linear probe on every layer's residual stream reads the Mess3 belief state with R² {_said(r2)} on "
                 f"held-out prompts, an untrained model of the same shape {_said(untrained)}: the current token gives "
                 f"most of it (Hewitt & Liang's selectivity {_said(selectivity)}). What the belief holds beyond the "
                 f"token, the trained model's stream gives with R² {_said(beyond)}, the untrained one's "
                 f"{_said(beyond_untrained)} (shuffled targets {beyond['control']:.2f}).")
     return headline("belief_probe", sentence, beyond["value"], _interval(beyond), carries,
-                    bool(r2["control_at_chance"] and beyond["control_at_chance"]),
-                    "a shuffled-target control clears chance")
+                    *_judged(bool(r2["control_at_chance"] and beyond["control_at_chance"]), carries or below,
+                             "its controls' intervals"))
 
 
 def value_headline(results: dict[str, Any]) -> dict[str, Any]:
@@ -120,13 +134,14 @@ def value_headline(results: dict[str, Any]) -> dict[str, Any]:
     accuracy = find(results, "linear probe", "facts", readout, "accuracy fact value")
     untrained = find(results, "linear probe", "facts", readout, "accuracy untrained")
     selectivity = find(results, "linear probe", "facts", readout, "selectivity")
-    carries = bool(_interval(accuracy) and _interval(untrained) and
-                   accuracy["low"] > max(accuracy["control_high"], untrained["high"]))
+    controls = max(accuracy["control_high"], untrained["high"])
+    carries = bool(_interval(accuracy) and _interval(untrained) and accuracy["low"] > controls)
+    below = bool(_interval(accuracy) and accuracy["high"] < controls)
     sentence = (f"A linear probe on the final residual stream reads a fact's value for persons it was not fitted on "
                 f"with accuracy {_said(accuracy)} (chance {accuracy['chance']:.2f}); shuffled labels give "
                 f"{accuracy['control']:.2f}, an untrained model {_said(untrained)} (selectivity {_said(selectivity)}).")
     return headline("value_probe", sentence, accuracy["value"], _interval(accuracy), carries,
-                    bool(accuracy["control_at_chance"]), "the shuffled-label control clears chance")
+                    *_judged(bool(accuracy["control_at_chance"]), carries or below, "its controls' intervals"))
 
 
 def heads_headline(results: dict[str, Any]) -> dict[str, Any]:
@@ -137,7 +152,7 @@ def heads_headline(results: dict[str, Any]) -> dict[str, Any]:
                 f"whose ablation removes at least half the largest effect above the others with AUROC "
                 f"{_said(auroc)}.")
     return headline("head_detectors", sentence, rho["value"], _interval(rho), _clears(rho, 0.0),
-                    bool(rho["control_at_chance"]), "the permuted-heads control clears chance")
+                    *_judged(bool(rho["control_at_chance"]), _apart(rho, 0.0), "0"))
 
 
 def patching_headline(results: dict[str, Any]) -> dict[str, Any]:
@@ -147,7 +162,7 @@ def patching_headline(results: dict[str, Any]) -> dict[str, Any]:
                 f"world: Pearson r {_said(heads)} across heads and {_said(resid)} across resid_pre (layer, position) "
                 f"cells, per prompt ({heads['n']} prompts).")
     return headline("attribution_patching", sentence, heads["value"], _interval(heads), _clears(heads, 0.0),
-                    bool(heads["control_at_chance"]), "the permuted-cells control clears chance")
+                    *_judged(bool(heads["control_at_chance"]), _apart(heads, 0.0), "0"))
 
 
 def controls_headline(results: dict[str, Any]) -> dict[str, Any]:
