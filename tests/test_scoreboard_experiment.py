@@ -72,6 +72,10 @@ def test_figures_models_and_the_belief_simplex_are_written(quick):
         assert (folder / "models" / world / "model.safetensors").is_file()
     simplex = read_table(folder / "belief_simplex.parquet")
     assert len(simplex) > 100 and np.allclose(simplex[["true_0", "true_1", "true_2"]].sum(axis=1), 1.0)
+    points = read_table(folder / "attribution_patching_points.parquet")
+    n_layers, n_heads = results["profile"]["n_layers"], results["profile"]["n_heads"]
+    patching = results["worlds"]["induction"]["attribution_patching"]
+    assert (points["sweep"] == "heads").sum() == patching["prompts"] * n_layers * n_heads
     from lab.zoo import world_source
     assert world_source(folder / "models" / "mess3").to_dict() == {"kind": "mess3", "x": 0.05, "alpha": 0.85, "seed": 0}
 

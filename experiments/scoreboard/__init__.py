@@ -28,7 +28,9 @@ a control that must score at chance (lab.metrics.grading, lab.analysis.grading):
        effect on copying (exhaustive), and attribution patching against the exhaustive patching sweep.
 
 Every row of the table (results.json "table", scoreboard.parquet) is method × world × readout × grade with its
-interval, its control's interval, chance, and whether the control is at chance. `headlines(results)` says which
+interval, its control's interval, chance, and whether the control is at chance; the points the belief simplex
+and the attribution-patching figures draw are tables of their own (belief_simplex.parquet,
+attribution_patching_points.parquet). `headlines(results)` says which
 method reads the truth where, and why not where the run cannot say. Figures: lenses, attribution, belief_simplex,
 probes, heads, attribution_patching. The four worlds train and are graded independently, shared out to
 `cfg.workers` processes (lab.parallel); results do not depend on how many.
@@ -67,11 +69,14 @@ def run(cfg: Config, out: Path) -> dict[str, Any]:
     table = [r for name in ("markov", "mess3", "induction", "facts") for r in worlds[name].pop("rows")]
     save_table(table, out, "scoreboard")
     simplex = worlds["mess3"].pop("simplex")
+    points = worlds["induction"]["attribution_patching"].pop("points")
+    save_table([{"sweep": sweep, "estimate": a, "exhaustive": e} for sweep, pair in points.items()
+                for a, e in zip(pair["estimate"], pair["exhaustive"])], out, "attribution_patching_points")
     results: dict[str, Any] = {"profile": dataclasses.asdict(profile), "table": table, "worlds": worlds,
                                "seconds": {name: part.pop("seconds") for name, part in worlds.items()}}
     results["headlines"] = headlines(results)
     began = time.perf_counter()
-    results["figures"] = write_figures(out, results, simplex)
+    results["figures"] = write_figures(out, results, simplex, points)
     results["seconds"]["figures"] = time.perf_counter() - began
     results["seconds"]["total"] = time.perf_counter() - clock
     return results

@@ -159,11 +159,11 @@ def heads_figure(results: dict[str, Any]) -> Any:
     return figure
 
 
-def patching_figure(results: dict[str, Any]) -> Any:
+def patching_figure(points: dict[str, Any]) -> Any:
+    """Every cell of every prompt: attribution patching's estimate against the exhaustive patch."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    points = results["worlds"]["induction"]["attribution_patching"]["points"]
     figure = make_subplots(rows=1, cols=2, subplot_titles=("heads [layer, head]", "resid_pre [layer, position]"))
     for col, sweep in enumerate(("heads", "resid_pre"), start=1):
         estimate, exhaustive = points[sweep]["estimate"], points[sweep]["exhaustive"]
@@ -179,13 +179,13 @@ def patching_figure(results: dict[str, Any]) -> Any:
     return figure
 
 
-def write_figures(out: Path, results: dict[str, Any], simplex: dict[str, Any]) -> list[str]:
+def write_figures(out: Path, results: dict[str, Any], simplex: dict[str, Any], points: dict[str, Any]) -> list[str]:
     true, predicted = np.asarray(simplex["true"]), np.asarray(simplex["predicted"])
     save_table([{"true_0": a[0], "true_1": a[1], "true_2": a[2], "read_0": b[0], "read_1": b[1], "read_2": b[2]}
                 for a, b in zip(true, predicted)], out, "belief_simplex")
     figures = {"lenses": lenses_figure(results), "attribution": attribution_figure(results),
                "belief_simplex": simplex_figure(simplex), "probes": probes_figure(results),
-               "heads": heads_figure(results), "attribution_patching": patching_figure(results)}
+               "heads": heads_figure(results), "attribution_patching": patching_figure(points)}
     for name in FIGURES:
         save_figure(figures[name], out, name)
     return list(FIGURES)

@@ -145,14 +145,18 @@ def value_headline(results: dict[str, Any]) -> dict[str, Any]:
 
 
 def heads_headline(results: dict[str, Any]) -> dict[str, Any]:
-    rho = find(results, "head detectors", "induction", "every head", "spearman_induction")
+    """Do the detectors flag the heads copying needs? The heads whose mean ablation removes at least half the
+    largest loss of copying are the necessary ones; each head's higher detector score ranks them (AUROC)."""
     auroc = find(results, "head detectors", "induction", "every head", "auroc_necessary")
-    sentence = (f"On the induction world the induction detector's head scores follow the loss of copying each head's "
-                f"mean ablation causes with Spearman ρ {_said(rho)}; the detectors' highest score ranks the heads "
-                f"whose ablation removes at least half the largest effect above the others with AUROC "
-                f"{_said(auroc)}.")
-    return headline("head_detectors", sentence, rho["value"], _interval(rho), _clears(rho, 0.0),
-                    *_judged(bool(rho["control_at_chance"]), _apart(rho, 0.0), "0"))
+    induction = find(results, "head detectors", "induction", "every head", "spearman_induction")
+    previous = find(results, "head detectors", "induction", "every head", "spearman_previous_token")
+    sentence = (f"On the induction world the heads the detectors flag are the heads copying needs: each head's higher "
+                f"score (induction or previous-token) ranks the heads whose mean ablation removes at least half the "
+                f"largest loss of copying above the others with AUROC {_said(auroc)} (chance 0.5); alone, the "
+                f"induction score follows the ablation effects with Spearman ρ {_said(induction)}, the "
+                f"previous-token score with {_said(previous)}.")
+    return headline("head_detectors", sentence, auroc["value"], _interval(auroc), _clears(auroc, 0.5),
+                    *_judged(bool(auroc["control_at_chance"]), _apart(auroc, 0.5), "½"))
 
 
 def patching_headline(results: dict[str, Any]) -> dict[str, Any]:
