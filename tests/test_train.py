@@ -171,7 +171,9 @@ def test_training_without_a_folder_writes_nothing(tmp_path, monkeypatch):
     assert result.step == 3 and len(result.history) == 3 and list(tmp_path.iterdir()) == []
 
 
-def test_resuming_gives_the_same_weights_as_an_uninterrupted_run(tmp_path, user_threads):
+def test_resuming_gives_the_same_weights_as_an_uninterrupted_run(tmp_path):
+    """On the module's one thread, where SHORT's tiny tensors train fastest; resuming at the thread count a user gets,
+    and at another, is held at the markov recipe's sizes (test_the_same_seed_gives_the_same_bits_at_any_thread_count)."""
     model, data = demo_markov()
     straight = train(model, SHORT, data, tmp_path / "straight", progress=False)
     expected = weights(model)
