@@ -40,8 +40,8 @@ test-sae: $(SAE_STAMP)
 
 # Peers first (minutes; the harvest against SAELens runs in the SAE environment), then what a user waits for
 # (about an hour: a fresh clone's install, `make demo`, every experiment's profiles); then the dashboard's
-# response times over this checkout's models and runs, the monitor's overhead, the command line's start and
-# how soon `forma demo` serves and shows progress.
+# response times over this checkout's models and runs, the monitor's overhead, what training's thread-invariant
+# kernels cost, the command line's start and how soon `forma demo` serves and shows progress.
 bench: $(STAMP) $(SAE_STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.forward
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.peers
@@ -53,11 +53,14 @@ bench: $(STAMP) $(SAE_STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.walltime
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.dashboard
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.monitor
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.determinism
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.cli
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.demo
 
+# exec: make's child is `forma demo` itself, so the SIGTERM make passes on to its child reaches it (and through it
+# the dashboard and the jobs); a shell in between would die and leave them running.
 demo: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/forma demo $(DEMO_ARGS)
+	HF_HUB_OFFLINE=1 exec $(BIN)/forma demo $(DEMO_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/python -m compileall -q lab experiments dashboards benchmarks tests

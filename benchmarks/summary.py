@@ -1,7 +1,7 @@
 """benchmarks/results/summary.md (and summary_<device>.md) from whatever results exist: the peer
 benchmarks (peers.json), the forward benchmark (forward.json), the wall times (walltime.json), the dashboard's response times (dashboard.json),
-the command line's start (cli.json), the real sizes, patching sweeps and harvesting (real_sizes.json,
-patching.json, harvest.json with harvest_saelens.json); off the CPU, the last three's <name>_<device>.json.
+the command line's start (cli.json), a training step's thread-invariant kernels (determinism.json), the real sizes,
+patching sweeps and harvesting (real_sizes.json, patching.json, harvest.json with harvest_saelens.json); off the CPU, the last three's <name>_<device>.json.
 Every benchmark script calls `write_summary()` when it finishes, so the summary always shows the latest
 measurement of each."""
 
@@ -113,6 +113,17 @@ def demo_lines(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def determinism_lines(results: dict[str, Any]) -> list[str]:
+    lines = ["## A training step with the thread-invariant kernels (benchmarks/determinism.py)", "",
+             f"{results['machine']['utc']} · {results['machine']['threads']} threads · medians of "
+             f"{next(iter(results['recipes'].values()))['timing']['invariant']['rounds']} interleaved rounds", "",
+             "| recipe | batch × tokens | step (ms) | with the former kernels (ms) | ratio |", "|---|---|---|---|---|"]
+    lines += [f"| {name} | {r['batch']} × {r['seq_len']} | {r['step_s']['invariant'] * 1e3:.1f} | "
+              f"{r['step_s']['former'] * 1e3:.1f} | {r['invariant_over_former']:.3f} |"
+              for name, r in results["recipes"].items()]
+    return lines
+
+
 def patching_lines(r: dict[str, Any]) -> list[str]:
     shape, attribution = r["shape"], r["attribution"]
     lines = [f"## Patching sweeps at {shape['layers']} layers × d_model {shape['d_model']}, vocab {shape['vocab']}, "
@@ -184,7 +195,7 @@ def write_summary(device: str = "cpu") -> Path:
     if peers and {"forward", "run_with_cache", "generation", "training"} <= set(peers):
         lines += peers_lines(peers)
     sections = [("forward", forward_lines), ("walltime", walltime_lines), ("dashboard", dashboard_lines),
-                ("demo", demo_lines), ("cli", cli_lines)] if device == "cpu" else []
+                ("demo", demo_lines), ("cli", cli_lines), ("determinism", determinism_lines)] if device == "cpu" else []
     sections += [("real_sizes", real_sizes_lines), ("patching", patching_lines),
                  ("harvest", lambda r: harvest_lines(r, _read(f"harvest_saelens{suffix}")))]
     for name, render in sections:

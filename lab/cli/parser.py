@@ -1,13 +1,14 @@
 """The `forma` command line's parser: its argument types, the subcommands (each in its own module of lab.cli)
-and `main`, which turns a ValueError, FileNotFoundError or KeyError into one line and exit 2. Only the
-standard library and lab's light modules are imported here: `--help` and an argument error answer without
-torch (tests/test_cli.py)."""
+and `main`, which turns a ValueError, FileNotFoundError, KeyError or any other OSError into one line and exit 2,
+and a signal into one line and exit 128 + the signal. Only the standard library and lab's light modules are
+imported here: `--help` and an argument error answer without torch (tests/test_cli.py)."""
 
 import argparse
+import signal
 import sys
 
 import lab
-from lab.cli.children import Stopped
+from lab.cli.children import Stopped, interrupting_signals
 from lab.cli.dashboard import cmd_dashboard
 from lab.cli.demo import cmd_demo
 from lab.cli.models import cmd_hooks, cmd_train, cmd_trust
@@ -59,8 +60,26 @@ def model_name(text: str) -> str:
     return text
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, but an argument no command takes is an error of the command it was given to, with that
+    command's usage and the nearest option it has: `forma run equations --quik` answers "forma run: error:
+    unrecognized arguments: --quik (did you mean --quick?)"."""
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        import difflib
+
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            options = [o for o in self._option_string_actions if o.startswith("--")]
+            near = [difflib.get_close_matches(extra.split("=", 1)[0], options, n=1, cutoff=0.6)
+                    for extra in extras if extra.startswith("-")]
+            hint = "".join(f" (did you mean {found[0]}?)" for found in near if found)
+            self.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+        return namespace, extras
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="forma", description=lab.__doc__)
+    parser = Parser(prog="forma", description=lab.__doc__)
     parser.add_argument("--version", action="version", version=f"forma {lab.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     hooks = sub.add_parser("hooks", help="list a model's hook points and their shapes",
@@ -128,8 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
-    except (ValueError, FileNotFoundError, KeyError) as err:
+        with interrupting_signals():  # SIGTERM and SIGHUP end a command as Ctrl-C does, through its clean-up
+            return args.func(args)
+    except (ValueError, KeyError, OSError) as err:  # OSError: a folder that cannot be written, a full disk, …
         print(f"forma {args.command}: error: {err}", file=sys.stderr)
         return 2
     except FloatingPointError as err:  # a diverging run: the message says where, and what to change
@@ -137,3 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except Stopped as stop:  # its children have ended; exit as a shell reports a process ended by a signal
         return 128 + stop.signum
+    except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM or SIGHUP: what was in flight has been cleaned up
+        signum = getattr(stop, "signum", signal.SIGINT)
+        print(f"forma {args.command}: interrupted by {signal.Signals(signum).name}", file=sys.stderr)
+        return 128 + signum
