@@ -74,6 +74,7 @@ class LocalReplacement:
             self.activations = acts[tuple(self.features.T)]
             recon = transcoders.decode(acts.transpose(0, 1)).transpose(0, 1)  # [L, pos, d]
             self.errors = (outputs.float() - recon).to(outputs.dtype)  # [L, pos, d]
+            self.outputs = outputs.detach()  # [L, pos, d]: each MLP's output on the prompt
         self.n_features = len(self.features)
         self.n_sources = self.n_features + L * self.n_pos + self.n_pos
 
@@ -95,7 +96,9 @@ class LocalReplacement:
                     return torch.zeros_like(value)
                 layer = int(hook.name.split(".")[1])
                 return self.transcoders.b_dec[layer].detach().to(value.dtype).expand_as(value).contiguous()
-            leaf = value.detach().requires_grad_(True)
+            # The clean run's value, whatever this pass computed upstream: every source is held at the prompt's.
+            clean = self.embed if hook.name == "hook_embed" else self.outputs[int(hook.name.split(".")[1])]
+            leaf = clean[:length].to(value.dtype).expand_as(value).clone().requires_grad_(True)
             leaves[hook.name] = leaf
             return leaf
 
@@ -103,16 +106,17 @@ class LocalReplacement:
         hooks += [("hook_embed", source)] + [(tc.hook("output", layer), source) for layer in range(self.n_layers)]
         return hooks
 
-    def run(self, length: int, rows: int, reads: Sequence[str], leaves: dict[str, Tensor] | None
-            ) -> dict[str, Tensor]:
-        """The frozen model over the first `length` tokens, `rows` copies: the activations at `reads`."""
+    def run(self, length: int, rows: int, reads: Sequence[str], leaves: dict[str, Tensor] | None,
+            edits: Sequence[tuple[str, Any]] = ()) -> dict[str, Tensor]:
+        """The frozen model over the first `length` tokens, `rows` copies: the activations at `reads`. `edits` are
+        further hooks, run after the freezing ones (an ablation of one source with every other held fixed)."""
         tokens = self.tokens[:length].expand(rows, length)
         seen: dict[str, Tensor] = {}
 
         def keep(value: Tensor, hook: Any) -> None:
             seen[hook.name] = value
 
-        hooks = self._hooks(rows, length, leaves) + [(name, keep) for name in dict.fromkeys(reads)]
+        hooks = self._hooks(rows, length, leaves) + list(edits) + [(name, keep) for name in dict.fromkeys(reads)]
         with self.model.hooks(fwd_hooks=hooks):
             self.model(tokens)
         return seen
@@ -167,8 +171,8 @@ class LocalReplacement:
 
     # --- node inputs and biases -----------------------------------------------------------------------------------
     @torch.no_grad()
-    def values(self, targets: Sequence[Target], sources: bool = True) -> Tensor:
+    def values(self, targets: Sequence[Target], sources: bool = True, edits: Sequence[tuple[str, Any]] = ()) -> Tensor:
         """Each target's input ⟨vector, activation[pos]⟩ in the frozen model over the whole prompt: with the sources
         as they are (= the clean run's), or with every source zero (sources=False: the targets' biases)."""
-        seen = self.run(self.n_pos, 1, [t.hook for t in targets], {} if sources else None)
+        seen = self.run(self.n_pos, 1, [t.hook for t in targets], {} if sources else None, edits)
         return torch.stack([(seen[t.hook][0, t.pos].float() * t.vector.float()).sum() for t in targets])
