@@ -112,18 +112,26 @@ def demeaned_logits(model: Any, tokens: Tensor, hooks: list[tuple[str, Any]], ta
 
 
 def intervention_agreement(model: Any, transcoders: Transcoders, graph: Graph, *, top: int = 10,
-                           factor: float = 0.0) -> dict[str, Any]:
+                           factor: float = 0.0, freeze_attention: bool = False) -> dict[str, Any]:
     """Ablate (factor 0) or scale each of the `top` features with the largest edges into the logits, in the full
     model, and compare the change of every logit node with the graph's prediction (factor − 1)·total effect.
-    Returns the features, both matrices [top, n_logits], and their Pearson correlation and sign agreement (over the
-    pairs the graph predicts a change for), and the same for the direct edges alone."""
+    freeze_attention: hold the attention patterns and norm scales at the prompt's (circuit-tracer's default for its
+    interventions), leaving the MLPs live; otherwise everything responds. Returns the features, both matrices
+    [top, n_logits], and their Pearson correlation and sign agreement (over the pairs the graph predicts a change
+    for), and the same for the direct edges alone."""
     logits = slice(graph.n_nodes - graph.n_logits, graph.n_nodes)
     strength = graph.adjacency[logits, : graph.n_features].abs().sum(0)
     chosen = strength.argsort(descending=True)[: min(top, graph.n_features)]
     predicted = (factor - 1.0) * total_effects(graph, chosen)
     direct = (factor - 1.0) * graph.adjacency[logits][:, chosen].T
-    base = demeaned_logits(model, graph.tokens, [], graph.logit_tokens)
-    actual = torch.stack([demeaned_logits(model, graph.tokens, _source_edit(transcoders, graph, int(i), factor),
+    frozen: list[tuple[str, Any]] = []
+    if freeze_attention:
+        replacement = LocalReplacement(model, transcoders, graph.tokens)
+        frozen = [(name, lambda value, hook, r=replacement: r.cache[hook.name].to(value.dtype))
+                  for name in replacement.frozen]
+    base = demeaned_logits(model, graph.tokens, frozen, graph.logit_tokens)
+    actual = torch.stack([demeaned_logits(model, graph.tokens, frozen + _source_edit(transcoders, graph, int(i),
+                                                                                     factor),
                                           graph.logit_tokens) - base for i in chosen])
     return {"features": [graph.node(int(i))["id"] for i in chosen], "predicted": predicted, "direct": direct,
             "actual": actual, **{f"{k}": v for k, v in _agreement(predicted, actual).items()},

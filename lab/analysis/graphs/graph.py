@@ -5,8 +5,9 @@ exported in circuit-tracer's graph JSON, which its viewer and Neuronpedia read.
 Nodes are ordered as circuit-tracer orders them: the active features (by layer, position, feature), the error nodes
 (layer-major: layer · n_pos + pos), the token embeddings (by position), the logits (most probable first).
 `adjacency[t, s]` is the direct edge from node s into node t; only features and logits have inputs. Node ids are
-circuit-tracer's: feature `{layer}_{feature}_{pos}`, error `0_{layer}_{pos}`, token `E_{token}_{pos}`, logit
-`{n_layers + 1}_{token}_{pos}`.
+circuit-tracer's: feature `{layer}_{feature}_{pos}`, token `E_{token}_{pos}`, logit `{n_layers + 1}_{token}_{pos}`;
+but an error node is `err_{layer}_{pos}`, since circuit-tracer's `0_{layer}_{pos}` is also the id of layer 0's feature
+`layer` at that position (its viewer tells the two apart by feature_type; supernodes and links need unique ids).
 """
 
 import json
@@ -82,7 +83,7 @@ class Graph:
                     "feature": feature, "activation": float(self.activations[index])}
         if index < self.n_features + n_err:
             layer, pos = divmod(index - self.n_features, self.n_pos)
-            return {"id": f"0_{layer}_{pos}", "kind": "error", "layer": layer, "pos": pos}
+            return {"id": f"err_{layer}_{pos}", "kind": "error", "layer": layer, "pos": pos}
         if index < self.n_features + n_err + self.n_pos:
             pos = index - self.n_features - n_err
             token = int(self.tokens[pos])
