@@ -63,8 +63,10 @@ class TranscoderConfig(Record):
         return (self.input_hook if which == "input" else self.output_hook).format(layer=layer)
 
     def hooks(self) -> list[str]:
-        """Every hook a harvest for these transcoders needs: each layer's input and output."""
-        return [self.hook(which, layer) for layer in range(self.n_layers) for which in ("input", "output")]
+        """Every hook a harvest for these transcoders needs: each layer's input and output (once each: with the same
+        hook for both, the transcoders are sparse autoencoders of it)."""
+        return list(dict.fromkeys(self.hook(which, layer) for layer in range(self.n_layers)
+                                  for which in ("input", "output")))
 
 
 class _JumpReLU(torch.autograd.Function):
