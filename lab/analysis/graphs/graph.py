@@ -10,6 +10,7 @@ but an error node is `err_{layer}_{pos}`, since circuit-tracer's `0_{layer}_{pos
 `layer` at that position (its viewer tells the two apart by feature_type; supernodes and links need unique ids).
 """
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ from lab.files import atomic_write, atomic_write_text
 GRAPH_FORMAT = "forma-attribution-graph/1"
 TENSORS_FILE = "graph.safetensors"
 META_FILE = "graph.json"
+GRAPHS_DIR = "graphs"  # a transcoder set's folder keeps the graphs made with it here, one folder per prompt
 TENSOR_NAMES = ("tokens", "features", "activations", "logit_tokens", "logit_probs", "adjacency", "inputs", "bias")
 
 
@@ -135,6 +137,13 @@ class Graph:
                     meta=meta.get("meta", {}), supernodes=meta.get("supernodes", []))
         check_supernodes(graph.supernodes, set(graph.node_ids()))
         return graph
+
+
+def graph_folder(transcoders_folder: str | Path, tokens: Tensor) -> Path:
+    """Where the graph of `tokens` made with the transcoders in `transcoders_folder` is kept: graphs/<a SHA-256 of
+    the token ids>, so that the same prompt finds its graph (and its supernodes) again."""
+    digest = hashlib.sha256(torch.as_tensor(tokens).reshape(-1).to(torch.int64).numpy().tobytes()).hexdigest()
+    return Path(transcoders_folder) / GRAPHS_DIR / digest[:16]
 
 
 def check_supernodes(supernodes: Any, ids: set[str]) -> None:

@@ -126,3 +126,19 @@ def top_contexts(transcoders: Transcoders, store: ActivationStore, n: int = 8) -
     seq[best <= 0] = -1
     pos[best <= 0] = -1
     return {"values": best, "seq": seq, "pos": pos}
+
+
+@torch.no_grad()
+def feature_logits(model: Any, transcoders: Transcoders, layer: int, feature: int, k: int = 10
+                   ) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+    """The tokens a feature's output most promotes and most suppresses directly: its decoder vectors (summed over the
+    layers a cross-layer feature writes) through the unembedding, W_dec · W_U, the final norm's scale left aside —
+    ([(token, value)] top k, [(token, value)] bottom k)."""
+    cfg = transcoders.cfg
+    index = torch.tensor([feature])
+    vector = sum(transcoders.decoder(layer, index, target)[0] for target in range(layer, cfg.n_layers))
+    logits = (vector @ model.W_U).float()
+    logits = logits - logits.mean()
+    top, bottom = logits.topk(k), (-logits).topk(k)
+    return ([(int(i), float(v)) for v, i in zip(top.values, top.indices)],
+            [(int(i), float(-v)) for v, i in zip(bottom.values, bottom.indices)])
