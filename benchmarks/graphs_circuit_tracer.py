@@ -22,8 +22,8 @@ from safetensors.torch import load_file
 
 from benchmarks.timing import machine, peak_memory, write
 from lab.analysis.graphs.attribute import attribute
-from lab.hf import from_hf
 from lab.analysis.graphs.graph import Graph
+from lab.hf import from_hf
 from tests.ct.peer import compare, run_circuit_tracer, tiny_gpt2, transcoders_for
 
 LENGTHS = (8, 16, 32, 64, 128)

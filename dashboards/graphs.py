@@ -81,7 +81,7 @@ def figure(graph: Graph, keep: torch.Tensor, edges: torch.Tensor, labels: list[s
     fig.update_layout(height=560, margin={"l": 10, "r": 10, "t": 30, "b": 10}, clickmode="event+select",
                       xaxis={"tickvals": list(range(graph.n_pos)), "ticktext": labels, "title": "position"},
                       yaxis={"tickvals": list(range(-1, graph.n_layers + 1)),
-                             "ticktext": ["tokens", *[f"layer {l}" for l in range(graph.n_layers)], "logits"]})
+                             "ticktext": ["tokens", *[f"layer {layer}" for layer in range(graph.n_layers)], "logits"]})
     return fig
 
 

@@ -59,7 +59,8 @@ def test_on_an_order_2_markov_world_the_influence_runs_through_the_last_two_toke
     from lab.train.batches import TokenStream
 
     source = MarkovSource(vocab_size=8, order=2, concentration=0.3, seed=0)
-    data = TokenStream(torch.from_numpy(source.sample(512, 64, seed=1)), torch.from_numpy(source.sample(32, 64, seed=2)))
+    data = TokenStream(torch.from_numpy(source.sample(512, 64, seed=1)),
+                       torch.from_numpy(source.sample(32, 64, seed=2)))
     model = HookedTransformer(ModelConfig(d_vocab=8, d_model=32, n_layers=2, n_heads=2, n_ctx=16, mlp="relu"), seed=0)
     train(model, TrainConfig(steps=300, batch_size=32, seq_len=16, lr=1e-2, min_lr=1e-3, warmup_steps=20,
                              eval_interval=100, eval_batches=2), data, progress=False)

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
+from lab.analysis.activations import save_activations
 from lab.analysis.transcoders.measures import reconstruction_measures, replacement_loss
 from lab.analysis.transcoders.model import TranscoderConfig, Transcoders
-from lab.analysis.activations import save_activations
 from tests.graph_fixtures import exact_transcoders, random_transcoders, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")

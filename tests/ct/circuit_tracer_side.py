@@ -62,16 +62,18 @@ def replacement_model(folder: Path):
 
     hf = GPT2LMHeadModel.from_pretrained(folder / "hf", local_files_only=True).eval()
     c = hf.config
-    cfg = HookedTransformerConfig(n_layers=c.n_layer, d_model=c.n_embd, n_ctx=c.n_positions, d_head=c.n_embd // c.n_head,
-                                  n_heads=c.n_head, d_mlp=4 * c.n_embd, d_vocab=c.vocab_size, act_fn="gelu_new",
-                                  normalization_type="LN", eps=c.layer_norm_epsilon, model_name="forma-peer-gpt2",
+    cfg = HookedTransformerConfig(n_layers=c.n_layer, d_model=c.n_embd, n_ctx=c.n_positions,
+                                  d_head=c.n_embd // c.n_head, n_heads=c.n_head, d_mlp=4 * c.n_embd,
+                                  d_vocab=c.vocab_size, act_fn="gelu_new", normalization_type="LN",
+                                  eps=c.layer_norm_epsilon, model_name="forma-peer-gpt2",
                                   original_architecture="GPT2LMHeadModel", default_prepend_bos=False,
                                   positional_embedding_type="standard", dtype=torch.float32, device="cpu")
     paths = {layer: str(folder / "transcoders" / f"layer_{layer}.safetensors") for layer in range(c.n_layer)}
     transcoders = load_transcoder_set(paths, scan="forma-peer", feature_input_hook="ln2.hook_normalized",
                                       feature_output_hook="hook_mlp_out", device=torch.device("cpu"),
                                       dtype=torch.float32, lazy_encoder=False, lazy_decoder=False)
-    model = TransformerLensReplacementModel.from_config(cfg, transcoders, tokenizer=tokenizer_for(c.vocab_size, folder / "tokenizer"))
+    tokenizer = tokenizer_for(c.vocab_size, folder / "tokenizer")
+    model = TransformerLensReplacementModel.from_config(cfg, transcoders, tokenizer=tokenizer)
     state = convert_gpt2_weights(hf, cfg)
     renamed = {}
     for name, value in state.items():  # the replacement model wraps each MLP and the unembedding

@@ -53,8 +53,8 @@ def compare(graph, ct: dict[str, torch.Tensor]) -> dict[str, float]:
     """Edges between the nodes both graphs hold (every node but position 0's features and errors), matched by id."""
     n_layers, n_pos = graph.n_layers, graph.n_pos
     active = ct["active_features"][ct["selected_features"]]
-    ct_ids = [f"{l}_{f}_{p}" for l, p, f in active.tolist()]
-    ct_ids += [f"err_{l}_{p}" for l in range(n_layers) for p in range(n_pos)]
+    ct_ids = [f"{layer}_{f}_{p}" for layer, p, f in active.tolist()]
+    ct_ids += [f"err_{layer}_{p}" for layer in range(n_layers) for p in range(n_pos)]
     ct_ids += [f"E_{int(t)}_{p}" for p, t in enumerate(graph.tokens.tolist())]
     ct_ids += [f"{n_layers + 1}_{int(t)}_{n_pos - 1}" for t in ct["logit_tokens"].tolist()]
     ours = {node: i for i, node in enumerate(graph.node_ids())}

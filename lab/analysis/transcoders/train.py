@@ -157,8 +157,8 @@ def train_step(model: Transcoders, optimizer: torch.optim.Optimizer, x: Tensor, 
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
-    return {"loss": float(loss.detach()), "fvu": float(fvu.detach().mean()), "l0": float((acts > 0).sum(-1).float().mean()),
-            "penalty": float(penalty.detach())}
+    return {"loss": float(loss.detach()), "fvu": float(fvu.detach().mean()),
+            "l0": float((acts > 0).sum(-1).float().mean()), "penalty": float(penalty.detach())}
 
 
 def make_optimizer(model: Transcoders, training: TranscoderTraining) -> torch.optim.Adam:
