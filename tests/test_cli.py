@@ -151,6 +151,7 @@ HEAVY_MODULES = ("torch", "transformer_lens", "transformers", "numpy", "streamli
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["train", "--help"], ["cards", "--help"],
+                                  ["transcoders", "--help"],
                                   ["run", "no-such-experiment"], ["train", "markov", "--seed"], ["--version"]],
                          ids=lambda argv: " ".join(argv))
 def test_help_and_argument_errors_import_nothing_heavy(argv):
