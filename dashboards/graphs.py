@@ -15,6 +15,7 @@ from dashboards.common import load_model, model_version
 from lab.analysis.graphs.attribute import attribute, prompt_tokens
 from lab.analysis.graphs.graph import Graph, graph_folder, to_circuit_tracer
 from lab.analysis.graphs.influence import graph_scores, prune
+from lab.analysis.graphs.qk import qk_attribution
 from lab.analysis.transcoders.build import TRANSCODERS_DIR, load_contexts, load_quality, transcoder_sets
 from lab.analysis.transcoders.measures import feature_logits
 from lab.analysis.transcoders.model import Transcoders
@@ -119,6 +120,22 @@ def show_feature(model, transcoders: Transcoders, contexts: dict | None, node: d
                 + ", ".join(f"`{decode([t])}` {v:+.2f}" for t, v in suppressed[:8]))
 
 
+def show_qk(model, transcoders: Transcoders, graph: Graph, labels: list[str]) -> None:
+    """Which source nodes make a head attend from one position to another: its score split over (query node, key
+    node) pairs (lab.analysis.graphs.qk), on request."""
+    with st.expander("Attention explained (QK): which features make a head attend where it does"):
+        cols = st.columns(4)
+        layer = cols[0].number_input("Layer", 0, graph.n_layers - 1, graph.n_layers - 1, key="qk_layer")
+        head = cols[1].number_input("Head", 0, model.cfg.n_heads - 1, 0, key="qk_head")
+        query = cols[2].number_input("Query position", 0, graph.n_pos - 1, graph.n_pos - 1, key="qk_query")
+        key = cols[3].number_input("Key position", 0, int(query), 0, key="qk_key")
+        if st.button("Split the score", key="qk_go"):
+            result = qk_attribution(model, transcoders, graph, int(layer), int(head), int(query), int(key))
+            st.markdown(f"Score {result['score']:.4f} from {labels[int(query)]!r} to {labels[int(key)]!r} = "
+                        f"{result['pairs_sum']:.4f} over node pairs + {result['bias_terms']:.4f} from biases.")
+            st.dataframe(result["top_pairs"], hide_index=True)
+
+
 def supernodes(graph: Graph, folder, ids: list[str]) -> None:
     st.markdown("**Supernodes** (saved with the graph)")
     for s in graph.supernodes:
@@ -177,6 +194,7 @@ elif chosen:
     st.info(describe(graph.node(int(chosen[0])), labels, graph))
 else:
     st.caption("Click a feature node for its top contexts and logits.")
+show_qk(model, open_transcoders(str(path), model_version(str(path))), graph, labels)
 kept_ids = [graph.node(i)["id"] for i in torch.nonzero(pruned.node_mask).flatten().tolist()]
 supernodes(graph, graph_folder(path, graph.tokens), kept_ids)
 export = to_circuit_tracer(graph, pruned.node_mask, pruned.edge_mask, pruned.cumulative, slug=f"{name}-{kind}",

@@ -72,6 +72,9 @@ def test_the_page_draws_a_prompts_graph_saves_supernodes_and_exports(zoo_dir):
     assert Graph.load(saved[0]).supernodes == [{"name": "pair", "nodes": feature_ids[:2]}]
     assert graph.n_features > 0
     assert at.get("download_button")  # the circuit-tracer export
+    at.button(key="qk_go").click().run()
+    assert not at.exception, at.exception
+    assert "over node pairs" in " ".join(str(m.value) for m in at.markdown)
 
 
 @pytest.mark.browser
