@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.timing import machine, write
+from benchmarks.timing import RESULTS, machine, write
 from lab.analysis.transcoders.build import PRESETS, build_transcoders, harvest_windows, load_quality, preset
 from lab.folders import zoo_dir
 
@@ -31,7 +31,12 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     folder = zoo_dir() / args.model
-    results = {"machine": machine(), "model": args.model, "kinds": {}}
+    path = RESULTS / "transcoders.json"
+    previous = json.loads(path.read_text()) if path.is_file() else {}
+    if previous.get("model") != args.model:
+        previous = {}
+    # Kinds run apart keep the others' figures (each kind records its own harvest size and training).
+    results = {"machine": machine(), "model": args.model, "kinds": previous.get("kinds", {})}
     with tempfile.TemporaryDirectory() as work:
         base, _ = preset("topk", folder, args.features)
         start = time.perf_counter()
@@ -46,6 +51,7 @@ def main() -> None:
             out = build_transcoders(folder, cfg, training, kind, train=train, held_out=held_out)
             quality = load_quality(out)
             quality["train_s"] = time.perf_counter() - start
+            quality["harvest_s"], quality["train_rows"] = results["harvest_s"], results["train_rows"]
             results["kinds"][kind] = quality
             print(kind, json.dumps({k: quality["held_out"][k] for k in ("fvu", "l0", "dead")}), quality["loss"],
                   flush=True)

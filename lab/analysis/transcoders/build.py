@@ -32,8 +32,8 @@ from lab.zoo.worlds import build_world
 
 # The kinds `forma transcoders` trains: (activation, k, cross-layer, sparsity λ). The λ are set for inputs of unit
 # scale per coordinate (ln2.hook_normalized) and the per-layer FVU loss; top-k needs none.
-PRESETS = {"topk": ("topk", 16, False, 0.0), "relu": ("relu", 0, False, 3e-3),
-           "jumprelu": ("jumprelu", 0, False, 1e-3), "clt": ("relu", 0, True, 3e-3)}
+PRESETS = {"topk": ("topk", 16, False, 0.0), "relu": ("relu", 0, False, 1.2e-2),
+           "jumprelu": ("jumprelu", 0, False, 1e-3), "clt": ("relu", 0, True, 1.2e-2)}
 TRANSCODERS_DIR = "transcoders"
 QUALITY_FILE = "quality.json"
 CONTEXTS_FILE = "contexts.safetensors"
