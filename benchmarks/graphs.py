@@ -127,13 +127,21 @@ def facts(n_prompts: int) -> dict:
 
 
 def facts_prompts(n: int) -> list[str]:
-    """'<bos> First Last birthday' for the n most popular persons of the facts model's world."""
+    """'<bos> First Last birthday' of the first n distinct persons of the facts model's training documents (drawn by
+    popularity: the persons the model saw most)."""
     from lab.data.facts import FactWorld, FactWorldConfig
 
     spec = json.loads((zoo_dir() / "facts" / "recipe.json").read_text())["world"]
-    world = FactWorld(FactWorldConfig.from_dict({k: v for k, v in spec.items() if k not in ("kind", "form")}))
-    facts = list(world.enumerate_factoids())[:n]
-    return ["<bos> " + " ".join(world.render(fact).split()[:3]) for fact in facts]
+    world = FactWorld(FactWorldConfig.from_dict({k: v for k, v in spec.items()
+                                                 if k not in ("kind", "form", "n_heldout")}))
+    prompts = []
+    for document in world.documents(form="bare", seed=world.cfg.seed):
+        prompt = "<bos> " + " ".join(document.split()[:3])
+        if prompt not in prompts:
+            prompts.append(prompt)
+        if len(prompts) == n:
+            break
+    return prompts
 
 
 def main() -> None:
