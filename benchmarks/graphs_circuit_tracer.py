@@ -60,7 +60,7 @@ def main() -> None:
                           "n_features": holder["g"].n_features})
             holder["g"].save(folder / f"forma-{len(prompt)}")
             print("forma", json.dumps(forma[-1]), flush=True)
-        ct = run_circuit_tracer(folder, prompts, batch_size=128, threads=threads)
+        ct = run_circuit_tracer({folder: prompts}, batch_size=128, threads=threads)[folder]
         rows = []
         for i, prompt in enumerate(prompts):
             agreement = compare(Graph.load(folder / f"forma-{len(prompt)}"),

@@ -11,7 +11,7 @@ dict (nothing is fetched from a hub), attributes each prompt and writes ct-{i}.s
 active_features, selected_features, logit_tokens, logit_probs) and ct.json (each prompt's seconds and peak resident
 memory above the start of its call).
 
-    .venv-ct/bin/python -m tests.ct.circuit_tracer_side FOLDER
+    .venv-ct/bin/python -m tests.ct.circuit_tracer_side FOLDER [FOLDER ...]
 """
 
 import ctypes
@@ -91,11 +91,15 @@ def replacement_model(folder: Path):
     return model.eval()
 
 
-def main(folder: str) -> None:
+def main(*folders: str) -> None:
+    for folder in folders:  # one process (its imports take seconds) for every case
+        attribute_prompts(Path(folder))
+
+
+def attribute_prompts(folder: Path) -> None:
     from circuit_tracer import attribute
     from safetensors.torch import save_file
 
-    folder = Path(folder)
     spec = json.loads((folder / "prompts.json").read_text())
     torch.set_num_threads(int(spec.get("threads", torch.get_num_threads())))
     model = replacement_model(folder)
@@ -116,4 +120,4 @@ def main(folder: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])

@@ -36,17 +36,19 @@ def transcoders_for(model, activation: str, d_features: int = 128) -> Transcoder
     return tc.eval()
 
 
-def run_circuit_tracer(folder: Path, prompts: list[list[int]], batch_size: int = 64, threads: int = 1) -> dict:
-    """circuit-tracer's graphs of `prompts` (tests/ct/circuit_tracer_side.py in .venv-ct): its ct.json."""
-    (folder / "prompts.json").write_text(json.dumps({"prompts": prompts, "batch_size": batch_size,
-                                                     "threads": threads}))
+def run_circuit_tracer(cases: dict[Path, list[list[int]]], batch_size: int = 64, threads: int = 1) -> dict[Path, dict]:
+    """circuit-tracer's graphs of each folder's prompts (tests/ct/circuit_tracer_side.py in .venv-ct, one process for
+    every folder): each folder's ct.json."""
+    for folder, prompts in cases.items():
+        (folder / "prompts.json").write_text(json.dumps({"prompts": prompts, "batch_size": batch_size,
+                                                         "threads": threads}))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"HF_HUB_OFFLINE": "1",
                                                                         "TRANSFORMERS_OFFLINE": "1",
                                                                         "PYTHONPATH": str(REPO)}
-    done = subprocess.run([CT_PYTHON, "-m", "tests.ct.circuit_tracer_side", str(folder)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run([CT_PYTHON, "-m", "tests.ct.circuit_tracer_side", *map(str, cases)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads((folder / "ct.json").read_text())
+    return {folder: json.loads((folder / "ct.json").read_text()) for folder in cases}
 
 
 def compare(graph, ct: dict[str, torch.Tensor]) -> dict[str, float]:

@@ -29,18 +29,34 @@ if not Path(CT_PYTHON).exists():
     pytest.skip(f"no circuit-tracer environment at {CT_PYTHON} (make venv-ct); CI runs this", allow_module_level=True)
 
 
-@pytest.mark.parametrize("activation", ["relu", "jumprelu"])
-def test_forma_and_circuit_tracer_give_the_same_graph(tmp_path, activation):
-    hf = tiny_gpt2(tmp_path)
-    model = from_hf(hf)
-    tc = transcoders_for(model, activation)
-    tc.to_circuit_tracer(tmp_path / "transcoders")
+ACTIVATIONS = ("relu", "jumprelu")
+
+
+@pytest.fixture(scope="module")
+def graphs(tmp_path_factory):
+    """For each activation: Forma's model and transcoders, the prompts, and circuit-tracer's graphs of them (one
+    circuit-tracer process for both)."""
+    cases, made = {}, {}
     generator = torch.Generator().manual_seed(3)
     prompts = [[0, *torch.randint(1, 100, (n - 1,), generator=generator).tolist()] for n in (9, 17)]
-    run_circuit_tracer(tmp_path, prompts)
+    for activation in ACTIVATIONS:
+        folder = tmp_path_factory.mktemp(activation)
+        model = from_hf(tiny_gpt2(folder))
+        transcoders = transcoders_for(model, activation)
+        transcoders.to_circuit_tracer(folder / "transcoders")
+        cases[folder] = prompts
+        made[activation] = (folder, model, transcoders)
+    run_circuit_tracer(cases)
+    return made, prompts
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_forma_and_circuit_tracer_give_the_same_graph(graphs, activation):
+    made, prompts = graphs
+    folder, model, tc = made[activation]
     for i, prompt in enumerate(prompts):
         graph = attribute(model, tc, prompt)
-        agreement = compare(graph, load_file(str(tmp_path / f"ct-{i}.safetensors")))
-        assert agreement["edges"] > 200
+        agreement = compare(graph, load_file(str(folder / f"ct-{i}.safetensors")))
         print(f"{activation}, {graph.n_pos} tokens: {json.dumps(agreement)}")
+        assert agreement["edges"] > 200
         assert agreement["max_abs_difference"] < 1e-4 * agreement["scale"], agreement
