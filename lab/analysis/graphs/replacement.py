@@ -12,8 +12,9 @@ the attention, the norms, the decoders, learned positions).
 `LocalReplacement(model, transcoders, tokens)` runs the prompt once and keeps what the freezing needs; `rows(targets)`
 computes edges for any vectors read at any hook (feature encoders at the MLP input, demeaned unembeddings at the
 logits, a query or key direction at an attention head), in chunks of positions: targets are sorted by position and
-a chunk of up to `batch_size` targets whose last position is P runs the prompt's first P + 1 tokens only, once per
-target as a batch row (causal attention: nothing later can reach them). Memory is one chunk's batch × prefix.
+a chunk of up to `batch_size` targets whose last position is P runs the prompt's first P + 1 tokens only (causal
+attention: nothing later can reach them), one forward pass and a backward pass per target batched over the chunk
+(`is_grads_batched`). Memory is one prefix's forward plus the chunk's batch × prefix of gradients.
 """
 
 from collections.abc import Sequence
@@ -79,8 +80,8 @@ class LocalReplacement:
         self.n_sources = self.n_features + L * self.n_pos + self.n_pos
 
     # --- the frozen forward pass ----------------------------------------------------------------------------------
-    def _hooks(self, rows: int, length: int, leaves: dict[str, Tensor] | None) -> list[tuple[str, Any]]:
-        """Hooks for a forward pass over the first `length` tokens, `rows` times: frozen patterns and scales; each MLP
+    def _hooks(self, length: int, leaves: dict[str, Tensor] | None) -> list[tuple[str, Any]]:
+        """Hooks for a forward pass over the first `length` tokens: frozen patterns and scales; each MLP
         output and the token embeddings become leaves whose gradients the edges read (leaves=None: every source set
         to zero, each MLP output its decoder bias alone, for the bias run)."""
         tc = self.transcoders.cfg
@@ -88,7 +89,7 @@ class LocalReplacement:
         def freeze(value: Tensor, hook: Any) -> Tensor:
             frozen = self.cache[hook.name]
             frozen = frozen[:, :, :length, :length] if frozen.ndim == 4 else frozen[:, :length]
-            return frozen.expand(rows, *frozen.shape[1:]).to(value.dtype)
+            return frozen.to(value.dtype)
 
         def source(value: Tensor, hook: Any) -> Tensor:
             if leaves is None:
@@ -106,17 +107,17 @@ class LocalReplacement:
         hooks += [("hook_embed", source)] + [(tc.hook("output", layer), source) for layer in range(self.n_layers)]
         return hooks
 
-    def run(self, length: int, rows: int, reads: Sequence[str], leaves: dict[str, Tensor] | None,
+    def run(self, length: int, reads: Sequence[str], leaves: dict[str, Tensor] | None,
             edits: Sequence[tuple[str, Any]] = ()) -> dict[str, Tensor]:
-        """The frozen model over the first `length` tokens, `rows` copies: the activations at `reads`. `edits` are
+        """The frozen model over the first `length` tokens: the activations at `reads`. `edits` are
         further hooks, run after the freezing ones (an ablation of one source with every other held fixed)."""
-        tokens = self.tokens[:length].expand(rows, length)
+        tokens = self.tokens[None, :length]
         seen: dict[str, Tensor] = {}
 
         def keep(value: Tensor, hook: Any) -> None:
             seen[hook.name] = value
 
-        hooks = self._hooks(rows, length, leaves) + list(edits) + [(name, keep) for name in dict.fromkeys(reads)]
+        hooks = self._hooks(length, leaves) + list(edits) + [(name, keep) for name in dict.fromkeys(reads)]
         with self.model.hooks(fwd_hooks=hooks):
             self.model(tokens)
         return seen
@@ -133,19 +134,21 @@ class LocalReplacement:
         return out
 
     def _chunk(self, targets: Sequence[Target]) -> Tensor:
+        """One forward pass over the chunk's prefix, then one backward pass per target, batched (vmap over the
+        injected gradients: the forward's activations are kept once, not once per target)."""
         length = max(t.pos for t in targets) + 1
         rows = len(targets)
         leaves: dict[str, Tensor] = {}
         with torch.enable_grad():
-            seen = self.run(length, rows, [t.hook for t in targets], leaves)
-            grads_out = {name: torch.zeros_like(value) for name, value in seen.items()}
+            seen = self.run(length, [t.hook for t in targets], leaves)
+            grads_out = {name: torch.zeros(rows, *value.shape, dtype=value.dtype) for name, value in seen.items()}
             for row, t in enumerate(targets):
-                grads_out[t.hook][row, t.pos] += t.vector.to(grads_out[t.hook].dtype)
-            names = list(grads_out)
-            inputs = list(leaves)
+                grads_out[t.hook][row, 0, t.pos] += t.vector.to(grads_out[t.hook].dtype)
+            names, inputs = list(grads_out), list(leaves)
             grads = torch.autograd.grad([seen[n] for n in names], [leaves[n] for n in inputs],
-                                        [grads_out[n] for n in names], allow_unused=True)
-        grad = {name: (torch.zeros_like(leaves[name]) if g is None else g).float() for name, g in zip(inputs, grads)}
+                                        [grads_out[n] for n in names], allow_unused=True, is_grads_batched=True)
+        grad = {name: (torch.zeros(rows, *leaves[name].shape) if g is None else g)[:, 0].float()
+                for name, g in zip(inputs, grads)}
         return self._contract(grad, rows, length)
 
     def _contract(self, grad: dict[str, Tensor], rows: int, length: int) -> Tensor:
@@ -174,5 +177,5 @@ class LocalReplacement:
     def values(self, targets: Sequence[Target], sources: bool = True, edits: Sequence[tuple[str, Any]] = ()) -> Tensor:
         """Each target's input ⟨vector, activation[pos]⟩ in the frozen model over the whole prompt: with the sources
         as they are (= the clean run's), or with every source zero (sources=False: the targets' biases)."""
-        seen = self.run(self.n_pos, 1, [t.hook for t in targets], {} if sources else None, edits)
+        seen = self.run(self.n_pos, [t.hook for t in targets], {} if sources else None, edits)
         return torch.stack([(seen[t.hook][0, t.pos].float() * t.vector.float()).sum() for t in targets])
