@@ -85,6 +85,7 @@ class LocalReplacement:
         output and the token embeddings become leaves whose gradients the edges read (leaves=None: every source set
         to zero, each MLP output its decoder bias alone, for the bias run)."""
         tc = self.transcoders.cfg
+        output_layer = {tc.hook("output", layer): layer for layer in range(self.n_layers)}
 
         def freeze(value: Tensor, hook: Any) -> Tensor:
             frozen = self.cache[hook.name]
@@ -95,16 +96,16 @@ class LocalReplacement:
             if leaves is None:
                 if hook.name == "hook_embed":
                     return torch.zeros_like(value)
-                layer = int(hook.name.split(".")[1])
-                return self.transcoders.b_dec[layer].detach().to(value.dtype).expand_as(value).contiguous()
+                bias = self.transcoders.b_dec[output_layer[hook.name]].detach()
+                return bias.to(value.dtype).expand_as(value).contiguous()
             # The clean run's value, whatever this pass computed upstream: every source is held at the prompt's.
-            clean = self.embed if hook.name == "hook_embed" else self.outputs[int(hook.name.split(".")[1])]
+            clean = self.embed if hook.name == "hook_embed" else self.outputs[output_layer[hook.name]]
             leaf = clean[:length].to(value.dtype).expand_as(value).clone().requires_grad_(True)
             leaves[hook.name] = leaf
             return leaf
 
         hooks = [(name, freeze) for name in self.frozen]
-        hooks += [("hook_embed", source)] + [(tc.hook("output", layer), source) for layer in range(self.n_layers)]
+        hooks += [("hook_embed", source)] + [(name, source) for name in output_layer]
         return hooks
 
     def run(self, length: int, reads: Sequence[str], leaves: dict[str, Tensor] | None,
