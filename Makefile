@@ -62,7 +62,7 @@ test-ct: $(CT_STAMP)
 # (about an hour: a fresh clone's install, `make demo`, every experiment's profiles); then the dashboard's
 # response times over this checkout's models and runs, the monitor's overhead, the command line's start and
 # how soon `forma demo` serves and shows progress.
-bench: $(STAMP) $(SAE_STAMP)
+bench: $(STAMP) $(SAE_STAMP) $(CT_STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.forward
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.peers
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.real_sizes
@@ -70,6 +70,9 @@ bench: $(STAMP) $(SAE_STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.activations
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.harvest
 	$(OFFLINE) $(SAE_VENV)/bin/python -m benchmarks.harvest_saelens
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.transcoders
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.graphs
+	$(OFFLINE) FORMA_CT_PYTHON=$(CT_VENV)/bin/python $(BIN)/python -m benchmarks.graphs_circuit_tracer
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.walltime
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.dashboard
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.monitor

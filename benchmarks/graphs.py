@@ -28,13 +28,14 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.summary import write_summary
 from benchmarks.timing import machine, peak_memory, write
 from lab.analysis.graphs.attribute import attribute
 from lab.analysis.graphs.checks import intervention_agreement, node_residuals, replacement_logits
 from lab.analysis.graphs.influence import graph_scores, position_share, prune
 from lab.analysis.transcoders.build import TRANSCODERS_DIR, build_transcoders, preset, transcoder_sets, world_windows
 from lab.analysis.transcoders.model import Transcoders
-from lab.folders import zoo_dir
+from lab.folders import is_trained, zoo_dir
 from lab.load import load_model
 
 LENGTHS = (8, 16, 32, 64, 96, 128)
@@ -151,6 +152,11 @@ def main() -> None:
     parser.add_argument("--kind", default="topk")
     parser.add_argument("--prompts", type=int, default=4)
     args = parser.parse_args()
+    needed = ["pydoc"] + [world for world in ("markov", "facts") if world in args.phases]
+    missing = [name for name in needed if not is_trained(name)]
+    if missing:
+        raise SystemExit(f"benchmarks.graphs needs trained zoo models: run `forma train {missing[0]}` "
+                         f"({', '.join(missing)} missing) and `python -m benchmarks.transcoders` first")
     previous = RESULTS_FILE.is_file() and json.loads(RESULTS_FILE.read_text())
     results = (previous or {}) | {"machine": machine(), "model": "pydoc", "transcoders": args.kind}
     model, transcoders = open_pair("pydoc", args.kind)
@@ -165,6 +171,7 @@ def main() -> None:
         if world in args.phases:
             results.setdefault("mechanisms", {})[world] = measure(args.prompts * 2)
             write("graphs", results)
+    write_summary()
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from benchmarks.summary import write_summary
 from benchmarks.timing import machine, peak_memory, write
 from lab.analysis.graphs.attribute import attribute
 from lab.analysis.graphs.graph import Graph
@@ -74,6 +75,7 @@ def main() -> None:
                                     "model": "gpt2: 4 layers, d_model 128, 4 heads, vocab 4096, n_ctx 128",
                                     "transcoders": "per-layer ReLU, 1,024 features, ~16 active a layer and position",
                                     "rows": rows})
+    write_summary()
 
 
 if __name__ == "__main__":

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.summary import write_summary
 from benchmarks.timing import RESULTS, machine, write
 from lab.analysis.transcoders.build import PRESETS, build_transcoders, harvest_windows, load_quality, preset
-from lab.folders import zoo_dir
+from lab.folders import is_trained, zoo_dir
 
 
 def main() -> None:
@@ -31,6 +32,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     folder = zoo_dir() / args.model
+    if not is_trained(args.model):
+        raise SystemExit(f"benchmarks.transcoders needs a trained {args.model}: run `forma train {args.model}` first")
     path = RESULTS / "transcoders.json"
     previous = json.loads(path.read_text()) if path.is_file() else {}
     if previous.get("model") != args.model:
@@ -56,6 +59,7 @@ def main() -> None:
             print(kind, json.dumps({k: quality["held_out"][k] for k in ("fvu", "l0", "dead")}), quality["loss"],
                   flush=True)
             write("transcoders", results)
+    write_summary()
 
 
 if __name__ == "__main__":
