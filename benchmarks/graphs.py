@@ -1,10 +1,10 @@
 """Attribution graphs on the zoo models, measured. Reads the transcoders `forma transcoders` (or
 benchmarks/transcoders.py) left in models/NAME/transcoders/KIND and writes benchmarks/results/graphs.json:
 
-    scale          pydoc (4 layers, d_model 128): one graph per prompt length (8 … n_ctx = 128 tokens of held-out
-                   text), its wall time and peak resident memory above the start of the call (benchmarks.timing's
-                   peak_memory), the number of active features and nodes, at the default chunk of 128 targets per
-                   backward pass and this machine's default threads.
+    scale          pydoc (4 layers, d_model 128): graphs of one held-out text at each prompt length (8 … n_ctx = 128
+                   tokens), --rounds of them (lengths interleaved): the median wall time, the largest peak resident
+                   memory above the start of the call (benchmarks.timing's peak_memory), the number of active
+                   features and nodes, at the default chunk of 128 targets and this machine's default threads.
     exactness      per prompt: the largest |node input − (Σ incoming edges + bias)| against the largest input, and
                    the largest difference between the local replacement's logits and the model's.
     interventions  per prompt: the 10 features with the largest edges into the logits, each ablated in the full
@@ -47,19 +47,28 @@ def open_pair(name: str, kind: str) -> tuple:
     return load_model(folder).eval(), Transcoders.load(folder / TRANSCODERS_DIR / kind)
 
 
-def scale(model, transcoders, prompts: torch.Tensor) -> list[dict]:
+def scale(model, transcoders, prompts: torch.Tensor, rounds: int) -> list[dict]:
+    """Per prompt length: the median wall time of `rounds` graphs (the lengths interleaved, round by round, so that
+    drift in the machine's load hits every length alike) and the largest peak."""
+    lengths = [n for n in LENGTHS if n <= model.cfg.n_ctx]
+    times: dict[int, list[float]] = {n: [] for n in lengths}
+    peaks: dict[int, list[int]] = {n: [] for n in lengths}
+    graphs = {}
+    for _ in range(rounds):
+        for length in lengths:
+            holder = {}
+            start = time.perf_counter()
+            peak = peak_memory(lambda: holder.setdefault("graph", attribute(model, transcoders, prompts[0, :length])),
+                               "cpu")
+            times[length].append(time.perf_counter() - start)
+            peaks[length].append(peak or 0)
+            graphs[length] = holder["graph"]
     rows = []
-    for length in LENGTHS:
-        if length > model.cfg.n_ctx:
-            continue
-        holder = {}
-        start = time.perf_counter()
-        peak = peak_memory(lambda: holder.setdefault("graph", attribute(model, transcoders, prompts[0, :length])),
-                           "cpu")
-        seconds = time.perf_counter() - start
-        graph = holder["graph"]
-        rows.append({"n_pos": length, "seconds": seconds, "peak_bytes": peak, "n_features": graph.n_features,
-                     "n_nodes": graph.n_nodes, "adjacency_bytes": graph.adjacency.numel() * 4})
+    for length in lengths:
+        graph = graphs[length]
+        rows.append({"n_pos": length, "seconds": statistics.median(times[length]), "seconds_all": times[length],
+                     "peak_bytes": max(peaks[length]), "n_features": graph.n_features, "n_nodes": graph.n_nodes,
+                     "adjacency_bytes": graph.adjacency.numel() * 4})
         print("scale", json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -151,6 +160,7 @@ def main() -> None:
                                                          "facts"])
     parser.add_argument("--kind", default="topk")
     parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3, help="graphs per prompt length (median time)")
     args = parser.parse_args()
     needed = ["pydoc"] + [world for world in ("markov", "facts") if world in args.phases]
     missing = [name for name in needed if not is_trained(name)]
@@ -162,7 +172,7 @@ def main() -> None:
     model, transcoders = open_pair("pydoc", args.kind)
     prompts = world_windows(zoo_dir() / "pydoc", args.prompts, model.cfg.n_ctx, "val", seed=7)
     if "scale" in args.phases:
-        results["scale"] = scale(model, transcoders, prompts)
+        results["scale"] = scale(model, transcoders, prompts, args.rounds)
         write("graphs", results)
     if {"exactness", "interventions", "pruning"} & set(args.phases):
         results["prompts"] = per_prompt(model, transcoders, prompts[:, :32], args.phases)
