@@ -188,6 +188,49 @@ def harvest_lines(r: dict[str, Any], saelens: dict[str, Any] | None = None) -> l
     return lines
 
 
+def graphs_lines(r: dict[str, Any], transcoders: dict[str, Any] | None = None,
+                 peer: dict[str, Any] | None = None) -> list[str]:
+    """graphs.json's section (benchmarks/graphs.py), with transcoders.json's quality table and
+    graphs_circuit_tracer.json's side-by-side rows when they exist."""
+    lines = ["## Attribution graphs (benchmarks/graphs.py, benchmarks/transcoders.py)", "",
+             f"{r['machine']['utc']} · {r['model']} with {r['transcoders']} transcoders"]
+    if transcoders:
+        lines += ["", "| transcoders | FVU by layer | L0 by layer | dead by layer | loss recovered |",
+                  "|---|---|---|---|---|"]
+        for kind, q in transcoders["kinds"].items():
+            held = q["held_out"]
+            lines.append(f"| {kind} | {' '.join(f'{v:.3f}' for v in held['fvu'])} | "
+                         f"{' '.join(f'{v:.1f}' for v in held['l0'])} | "
+                         f"{' '.join(f'{v:.0%}' for v in held['dead'])} | {q['loss']['recovered']:.1%} |")
+    if r.get("scale"):
+        lines += ["", "| prompt tokens | active features | nodes | seconds | peak MB above the call's start |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {row['n_pos']} | {row['n_features']:,} | {row['n_nodes']:,} | {row['seconds']:.1f} | "
+                  f"{(row['peak_bytes'] or 0) / 2**20:.0f} |" for row in r["scale"]]
+    if r.get("prompts"):
+        lines += ["", "| prompt | max node residual / max input | max replacement logit diff | ablation corr. (live) | "
+                  "sign agr. (live) | corr. (frozen) | sign agr. (frozen) | influence kept (nodes, edges) |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for i, row in enumerate(r["prompts"]):
+            live, frozen, pruning = row["ablation_live"], row["ablation_frozen"], row["pruning"]
+            lines.append(f"| {i} ({row['n_pos']} tokens) | {row['max_node_residual'] / row['max_node_input']:.1e} | "
+                         f"{row['max_replacement_logit_difference']:.1e} | {live['correlation']:.2f} | "
+                         f"{live['sign_agreement']:.0%} | {frozen['correlation']:.2f} | "
+                         f"{frozen['sign_agreement']:.0%} | {pruning['node_share']:.0%}, {pruning['edge_share']:.0%} |")
+    for world, m in r.get("mechanisms", {}).items():
+        lines.append(f"\nKnown mechanism, {world}: {m['mean']:.0%} of the tokens' path influence at {m['relevant']} "
+                     f"(chance {m['chance']:.0%}), mean of {len(m['share_per_prompt'])} prompts.")
+    if peer:
+        lines += ["", f"Beside circuit-tracer {peer['circuit_tracer']} ({peer['model']}; {peer['transcoders']}; "
+                  f"{peer['threads']} threads, {peer['machine']['utc']}):", "",
+                  "| tokens | Forma s | circuit-tracer s | Forma peak MB | circuit-tracer peak MB | max edge diff |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {row['n_pos']} | {row['forma']['seconds']:.2f} | {row['circuit_tracer']['seconds']:.2f} | "
+                  f"{row['forma']['peak_bytes'] / 2**20:.0f} | {row['circuit_tracer']['peak_bytes'] / 2**20:.0f} | "
+                  f"{row['agreement']['max_abs_difference']:.1e} |" for row in peer["rows"]]
+    return lines
+
+
 def write_summary(device: str = "cpu") -> Path:
     suffix = "" if device == "cpu" else f"_{device}"
     lines = [f"# Forma benchmarks ({device})", ""]
@@ -198,6 +241,8 @@ def write_summary(device: str = "cpu") -> Path:
                 ("demo", demo_lines), ("cli", cli_lines), ("determinism", determinism_lines)] if device == "cpu" else []
     sections += [("real_sizes", real_sizes_lines), ("patching", patching_lines),
                  ("harvest", lambda r: harvest_lines(r, _read(f"harvest_saelens{suffix}")))]
+    if device == "cpu":
+        sections.append(("graphs", lambda r: graphs_lines(r, _read("transcoders"), _read("graphs_circuit_tracer"))))
     for name, render in sections:
         results = _read(name + suffix)
         if results:

@@ -58,3 +58,23 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 128 + getattr(interrupted, "signum", signal.SIGINT)
     print(f"trained {args.name} into {directory}")
     return 0
+
+
+def cmd_transcoders(args: argparse.Namespace) -> int:
+    """Train transcoders for a trained zoo model on its own world (a harvest of every layer's MLP input and output
+    at every position of --windows windows of 64 tokens, kept on disk while training), measure them on held-out
+    windows and keep them, with each feature's top contexts, in models/NAME/transcoders/KIND/."""
+    from lab.analysis.transcoders.build import build_transcoders, load_quality, preset
+    from lab.folders import is_trained, zoo_dir
+
+    folder = zoo_dir() / args.name
+    if not is_trained(args.name):
+        raise ValueError(f"{args.name} is not trained yet: run `forma train {args.name}` first")
+    cfg, training = preset(args.kind, folder, args.features, args.steps)
+    out = build_transcoders(folder, cfg, training, args.kind, n_windows=args.windows, progress=not args.no_progress)
+    quality = load_quality(out)
+    for layer, (fvu, l0, dead) in enumerate(zip(*(quality["held_out"][k] for k in ("fvu", "l0", "dead")))):
+        print(f"layer {layer}: FVU {fvu:.3f}  L0 {l0:.1f}  dead {dead:.1%}")
+    print(f"loss recovered with every MLP replaced: {quality['loss']['recovered']:.1%}")
+    print(f"wrote {out}")
+    return 0

@@ -11,7 +11,7 @@ import lab
 from lab.cli.children import Stopped, interrupting_signals
 from lab.cli.dashboard import cmd_dashboard
 from lab.cli.demo import cmd_demo
-from lab.cli.models import cmd_hooks, cmd_train, cmd_trust
+from lab.cli.models import cmd_hooks, cmd_train, cmd_transcoders, cmd_trust
 from lab.cli.runs import cmd_cards, cmd_run
 
 
@@ -26,6 +26,8 @@ def port_number(text: str) -> int:
     return port
 
 
+# lab.analysis.transcoders.build.PRESETS' names, written here so that --help loads no torch (a test holds them equal)
+TRANSCODER_KINDS = ("topk", "relu", "jumprelu", "clt")
 MAX_SEED = 2**63 - 1  # torch.manual_seed takes < 2**64 and experiments add small offsets; numpy takes any size
 
 
@@ -50,6 +52,17 @@ def worker_count(text: str) -> int:
     if workers < 1:
         raise argparse.ArgumentTypeError(f"workers must be ≥ 1, got {workers}")
     return workers
+
+
+def positive_count(text: str) -> int:
+    """argparse type: a count, ≥ 1."""
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"must be ≥ 1, got {count}")
+    return count
 
 
 def model_name(text: str) -> str:
@@ -101,6 +114,16 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", action="store_true", help="continue from models/NAME/train/checkpoint")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.set_defaults(func=cmd_train)
+    transcoders = sub.add_parser("transcoders", help="train transcoders for a zoo model (attribution graphs)",
+                                 description=cmd_transcoders.__doc__)
+    transcoders.add_argument("name", choices=zoo_names(), metavar="NAME", help=f"zoo model: {', '.join(zoo_names())}")
+    transcoders.add_argument("--kind", default="topk", choices=TRANSCODER_KINDS,
+                             help="top-k, ReLU or JumpReLU per-layer transcoders, or a cross-layer ReLU one")
+    transcoders.add_argument("--steps", type=positive_count, default=1500, help="training steps of 512 rows")
+    transcoders.add_argument("--windows", type=positive_count, default=1024, help="windows of 64 tokens harvested")
+    transcoders.add_argument("--features", type=positive_count, default=1024, help="features per layer")
+    transcoders.add_argument("--no-progress", action="store_true", help="no progress bar")
+    transcoders.set_defaults(func=cmd_transcoders)
 
     import experiments
 

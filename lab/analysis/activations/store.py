@@ -275,10 +275,17 @@ class ActivationStore:
     def shards(self, names: str | Sequence[str] | None = None) -> Iterator[Activations]:
         """One Activations per shard, reading only the hooks asked for."""
         names = self._names(names)
-        for shard in self.index["shards"]:
-            with safe_open(str(self.directory / shard["file"]), framework="pt") as f:
-                yield Activations({n: f.get_tensor(n) for n in names}, f.get_tensor("seq"), f.get_tensor("pos"),
-                                  {"positions": self.index["positions"]})
+        for i in range(len(self.index["shards"])):
+            yield self.shard(i, names)
+
+    def shard(self, i: int, names: str | Sequence[str] | None = None) -> Activations:
+        """Shard `i` alone (the named hooks): what a reader in an order of its own (a trainer's shuffle) reads."""
+        names = self._names(names)
+        if not 0 <= i < len(self.index["shards"]):
+            raise IndexError(f"{self.directory} has {len(self.index['shards'])} shards, not shard {i}")
+        with safe_open(str(self.directory / self.index["shards"][i]["file"]), framework="pt") as f:
+            return Activations({n: f.get_tensor(n) for n in names}, f.get_tensor("seq"), f.get_tensor("pos"),
+                               {"positions": self.index["positions"]})
 
     def __iter__(self) -> Iterator[Activations]:
         return self.shards()
