@@ -151,7 +151,8 @@ HEAVY_MODULES = ("torch", "transformer_lens", "transformers", "numpy", "streamli
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["train", "--help"], ["cards", "--help"],
-                                  ["run", "no-such-experiment"], ["train", "markov", "--seed"], ["--version"]],
+                                  ["harvest", "--help"], ["patch", "--help"], ["run", "no-such-experiment"],
+                                  ["train", "markov", "--seed"], ["patch", "m", "--sweep", "x"], ["--version"]],
                          ids=lambda argv: " ".join(argv))
 def test_help_and_argument_errors_import_nothing_heavy(argv):
     """`forma --help`, every subcommand's help and an argument error answer before torch, TransformerLens,

@@ -28,7 +28,7 @@ from lab.train.batches import IGNORE, Batch, Batches, PairBatches
 from lab.train.checkpoint import (CHECKPOINT_DIR, METRICS_FILE, TrainState, read_metrics, _remove_checkpoints,
                                   load_checkpoint, save_checkpoint)
 from lab.train.config import TrainConfig
-from lab.train.distributed import all_ranks_sum, any_rank, rank_world
+from lab.distributed import all_ranks_sum, any_rank, rank_world
 
 logger = logging.getLogger("lab.train")  # the package's one logger
 EVAL_SEED = 0  # held-out batches do not depend on the training seed, so runs with different seeds compare
