@@ -15,7 +15,7 @@ target ≥ 1.8. The load average is recorded: on a machine whose cores other wor
 --device cuda: each rank on a GPU of its own (NCCL); with fewer than 2 GPUs the 2-rank runs are skipped, and the
 file says so. Writes benchmarks/results/distributed.json (distributed_cuda.json on a GPU).
 
-    python -m benchmarks.distributed [--rounds 3] [--sequences 256] [--pairs 24] [--device cpu] [--quick]
+    python -m benchmarks.distributed [--rounds 5] [--sequences 384] [--pairs 32] [--device cpu] [--quick]
 """
 
 import argparse
@@ -98,9 +98,9 @@ def launch(kind: str, ranks: int, args: argparse.Namespace, scratch: Path) -> di
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--sequences", type=int, default=256, help=f"harvested sequences of {SEQ_LEN} tokens")
-    parser.add_argument("--pairs", type=int, default=24, help=f"swept pairs of {PAIR_LEN} tokens")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--sequences", type=int, default=384, help=f"harvested sequences of {SEQ_LEN} tokens")
+    parser.add_argument("--pairs", type=int, default=32, help=f"swept pairs of {PAIR_LEN} tokens")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--quick", action="store_true", help="one round at small sizes (a smoke run)")
     parser.add_argument("--worker", choices=("harvest", "sweep"), help=argparse.SUPPRESS)
@@ -145,6 +145,9 @@ def main(argv: list[str] | None = None) -> dict:
                                      "seconds_each": [t["seconds"] for t in times[kind][k]]}
         section["scaling"] = (section["ranks_2"][f"{unit}_per_s"] / section["ranks_1"][f"{unit}_per_s"]
                               if 2 in ranks else None)
+        # Each round's own ratio (its two launches ran back to back): how much a round's load moved it.
+        section["scaling_each_round"] = ([one["seconds"] / two["seconds"] for one, two in
+                                          zip(times[kind][1], times[kind][2])] if 2 in ranks else None)
         results[kind] = section
     path = write(result_name("distributed", args.device), results)
     print(json.dumps({kind: results[kind]["scaling"] for kind in work}), f"-> {path}")

@@ -28,7 +28,7 @@ BENCHMARKS=(
   "harvest --batch 8 --batches 4 --memory-sequences 64 --rounds 5"
   "harvest_saelens --batch 8 --batches 4 --rounds 5"
   "activations"
-  "distributed --rounds 3 --sequences 2048 --pairs 96"
+  "distributed --rounds 5 --sequences 2048 --pairs 96"
 )
 python_for() {  # the interpreter a benchmark runs in
   if [ "$1" = harvest_saelens ]; then echo "$SAE_PY"; else echo "$PY"; fi

@@ -191,6 +191,10 @@ def distributed_lines(r: dict[str, Any]) -> list[str]:
         lines.append(f"| {kind}, {unit}/s | {s['ranks_1'][f'{unit}_per_s']:.1f} | "
                      f"{'—' if two is None else format(two[f'{unit}_per_s'], '.1f')} | "
                      f"{'—' if s['scaling'] is None else format(s['scaling'], '.2f') + '×'} | ≥ {r['target_scaling']:g}× |")
+    rounds = {kind: r[kind].get("scaling_each_round") for kind in ("harvest", "sweep")}
+    if all(rounds.values()):
+        lines += ["", "Each round's own ratio (its two launches back to back): " + "; ".join(
+            f"{kind} {', '.join(f'{x:.2f}' for x in each)}" for kind, each in rounds.items()) + "."]
     if r.get("skipped"):
         lines += ["", f"2 ranks not run: {r['skipped']}."]
     return lines
