@@ -16,12 +16,19 @@ WAIT_S = 24 * 3600.0
 def run_model_job(args: argparse.Namespace, job) -> int:
     """Join torchrun's process group (when there is one), load the model on this rank's device, call job(model,
     rank, world), and leave the group whatever happens."""
+    import signal
+
     import torch
 
     from lab.distributed import close_distributed, init_distributed
     from lab.load import load_model
 
     rank, world = init_distributed(args.device, timeout_s=WAIT_S)
+    if world > 1:
+        # torchrun's SIGTERM (another rank failed, or the job is being stopped) ends a rank at once, even one that
+        # waits inside a collective, where no Python handler runs until it returns. Nothing is lost: every file is
+        # written atomically, and the same command resumes.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         device = f"cuda:{torch.cuda.current_device()}" if args.device == "cuda" else args.device
         return job(load_model(args.model, device).eval(), rank, world)
