@@ -1,7 +1,8 @@
 """benchmarks/results/summary.md (and summary_<device>.md) from whatever results exist: the peer
 benchmarks (peers.json), the forward benchmark (forward.json), the wall times (walltime.json), the dashboard's response times (dashboard.json),
 the command line's start (cli.json), a training step's thread-invariant kernels (determinism.json), the real sizes,
-patching sweeps and harvesting (real_sizes.json, patching.json, harvest.json with harvest_saelens.json); off the CPU, the last three's <name>_<device>.json.
+patching sweeps and harvesting (real_sizes.json, patching.json, harvest.json with harvest_saelens.json,
+distributed.json); off the CPU, the last four's <name>_<device>.json.
 Every benchmark script calls `write_summary()` when it finishes, so the summary always shows the latest
 measurement of each."""
 
@@ -231,6 +232,28 @@ def graphs_lines(r: dict[str, Any], transcoders: dict[str, Any] | None = None,
     return lines
 
 
+def distributed_lines(r: dict[str, Any]) -> list[str]:
+    """distributed.json's section: 2 ranks against 1, one thread a rank."""
+    device = "" if r.get("device", "cpu") == "cpu" else f", --device {r['device']}"
+    lines = [f"## Harvests and sweeps on 2 ranks against 1 (benchmarks/distributed.py{device})", "",
+             f"{r['machine']['utc']} · one thread a rank · load average {r['machine']['load_average_1_5_15'][0]:.1f} on "
+             f"{r['machine']['cpu_count']} cores · medians of {r['rounds']}", "",
+             "| what | 1 rank | 2 ranks | scaling | target |", "|---|---|---|---|---|"]
+    for kind, unit in (("harvest", "tokens"), ("sweep", "pairs")):
+        s = r[kind]
+        two = s.get("ranks_2")
+        lines.append(f"| {kind}, {unit}/s | {s['ranks_1'][f'{unit}_per_s']:.1f} | "
+                     f"{'—' if two is None else format(two[f'{unit}_per_s'], '.1f')} | "
+                     f"{'—' if s['scaling'] is None else format(s['scaling'], '.2f') + '×'} | ≥ {r['target_scaling']:g}× |")
+    rounds = {kind: r[kind].get("scaling_each_round") for kind in ("harvest", "sweep")}
+    if all(rounds.values()):
+        lines += ["", "Each round's own ratio (its two launches back to back): " + "; ".join(
+            f"{kind} {', '.join(f'{x:.2f}' for x in each)}" for kind, each in rounds.items()) + "."]
+    if r.get("skipped"):
+        lines += ["", f"2 ranks not run: {r['skipped']}."]
+    return lines
+
+
 def write_summary(device: str = "cpu") -> Path:
     suffix = "" if device == "cpu" else f"_{device}"
     lines = [f"# Forma benchmarks ({device})", ""]
@@ -240,7 +263,8 @@ def write_summary(device: str = "cpu") -> Path:
     sections = [("forward", forward_lines), ("walltime", walltime_lines), ("dashboard", dashboard_lines),
                 ("demo", demo_lines), ("cli", cli_lines), ("determinism", determinism_lines)] if device == "cpu" else []
     sections += [("real_sizes", real_sizes_lines), ("patching", patching_lines),
-                 ("harvest", lambda r: harvest_lines(r, _read(f"harvest_saelens{suffix}")))]
+                 ("harvest", lambda r: harvest_lines(r, _read(f"harvest_saelens{suffix}"))),
+                 ("distributed", distributed_lines)]
     if device == "cpu":
         sections.append(("graphs", lambda r: graphs_lines(r, _read("transcoders"), _read("graphs_circuit_tracer"))))
     for name, render in sections:

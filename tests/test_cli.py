@@ -151,7 +151,8 @@ HEAVY_MODULES = ("torch", "transformer_lens", "transformers", "numpy", "streamli
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["train", "--help"], ["cards", "--help"],
-                                  ["transcoders", "--help"],
+                                  ["transcoders", "--help"], ["harvest", "--help"], ["patch", "--help"],
+                                  ["patch", "m", "--sweep", "x"],
                                   ["run", "no-such-experiment"], ["train", "markov", "--seed"], ["--version"],
                                   ["hooks", "gpt2"], ["hooks", "no/such/folder"]],
                          ids=lambda argv: " ".join(argv))

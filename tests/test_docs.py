@@ -19,7 +19,7 @@ from tests.conftest import run_bash
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 PAGES = sorted(DOCS.glob("*.md"))
 REQUIRED = ["quickstart", "model-and-hooks", "caching-and-memory", "probes", "patching-and-steering",
-            "experiments", "dashboard", "huggingface", "torchrun", "ecosystem"]
+            "experiments", "dashboard", "huggingface", "torchrun", "distributed", "ecosystem"]
 RUN_MARK = "<!-- run -->"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```\s*$", flags=re.S | re.M)
 

@@ -1,5 +1,5 @@
 """The `forma` command line's parser: its argument types, the subcommands (each in its own module of lab.cli)
-and `main`, which turns a ValueError, FileNotFoundError, KeyError or any other OSError into one line and exit 2,
+and `main`, which turns a ValueError, KeyError or any OSError (FileNotFoundError, FileExistsError, a folder that cannot be written) into one line and exit 2,
 and a signal into one line and exit 128 + the signal. Only the standard library and lab's light modules are
 imported here: `--help` and an argument error answer without torch (tests/test_cli.py)."""
 
@@ -10,6 +10,7 @@ import sys
 import lab
 from lab.cli.children import Stopped, interrupting_signals
 from lab.cli.dashboard import cmd_dashboard
+from lab.cli.datasets import SWEEP_NAMES, cmd_harvest, cmd_patch
 from lab.cli.demo import cmd_demo
 from lab.cli.models import cmd_hooks, cmd_train, cmd_transcoders, cmd_trust
 from lab.cli.runs import cmd_cards, cmd_run
@@ -41,6 +42,17 @@ def seed_number(text: str) -> int:
     if not 0 <= seed <= MAX_SEED:
         raise argparse.ArgumentTypeError(f"seed must be 0 … 2**63 − 1 = {MAX_SEED}, got {seed}")
     return seed
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
 
 
 def worker_count(text: str) -> int:
@@ -155,6 +167,45 @@ def build_parser() -> argparse.ArgumentParser:
     dashboard = sub.add_parser("dashboard", help="serve the dashboard on 127.0.0.1", description=cmd_dashboard.__doc__)
     dashboard.add_argument("--port", type=port_number, default=8501, help="port (default 8501)")
     dashboard.set_defaults(func=cmd_dashboard)
+
+    # forma harvest and forma patch: a model over a dataset, in one process or as torchrun's ranks
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("model", type=model_name, help="zoo name, Forma model folder, or local Hugging Face folder")
+    common.add_argument("--out", required=True, help="output folder; run the same command again to resume into it")
+    common.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="cpu (gloo across ranks) or cuda (NCCL; each rank on the GPU of its LOCAL_RANK)")
+    common.add_argument("--overwrite", action="store_true", help="start afresh, whatever --out holds")
+    common.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    harvest = sub.add_parser("harvest", parents=[common], help="hook activations over a corpus into shards "
+                             "(one process, or torchrun ranks)", description=cmd_harvest.__doc__)
+    harvest.add_argument("--hook", action="extend", nargs="+", required=True, metavar="NAME",
+                         help="hook name(s), e.g. blocks.0.hook_resid_post (`forma hooks MODEL` lists them)")
+    harvest.add_argument("--corpus", required=True, metavar="FILE",
+                         help="a .txt (text, encoded by the model's tokenizer) or .npy (token ids, 1-D or "
+                              "[n, seq_len]) file")
+    harvest.add_argument("--tokens", type=positive_count, metavar="N",
+                         help="harvest the sequences the first N tokens fill (default: the whole corpus)")
+    harvest.add_argument("--seq-len", type=positive_count, help="tokens a sequence (default: a 2-D .npy's width, "
+                                                               "else min(128, n_ctx))")
+    harvest.add_argument("--positions", choices=("all", "last"), default="all",
+                         help="every position of a sequence (default), or its last")
+    harvest.add_argument("--batch-size", type=positive_count, default=32, help="sequences a forward pass (default 32)")
+    harvest.add_argument("--dtype", choices=("float32", "float16", "bfloat16"),
+                         help="stored dtype (default: the model's)")
+    harvest.add_argument("--shard-mb", type=positive_float, default=32.0, help="MB a shard at most (default 32)")
+    harvest.set_defaults(func=cmd_harvest)
+
+    patch = sub.add_parser("patch", parents=[common], help="patching sweeps over clean/corrupted prompt pairs "
+                           "(one process, or torchrun ranks)", description=cmd_patch.__doc__)
+    patch.add_argument("--pairs", required=True, metavar="FILE",
+                       help="a .csv or .jsonl of clean, corrupted, answer, wrong")
+    patch.add_argument("--sweep", action="extend", nargs="+", required=True, choices=SWEEP_NAMES, metavar="NAME",
+                       help=f"sweep(s): {', '.join(SWEEP_NAMES)}")
+    patch.add_argument("--direction", choices=("denoise", "noise"), default="denoise",
+                       help="denoise: clean activations into the corrupted run (default); noise: the reverse")
+    patch.add_argument("--max-batch", type=positive_count, default=64, help="rows a patched forward pass (default 64)")
+    patch.set_defaults(func=cmd_patch)
 
     demo = sub.add_parser("demo", help="train missing models, run quick experiments, open the dashboard",
                           description=cmd_demo.__doc__)

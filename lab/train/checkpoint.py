@@ -24,11 +24,11 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from lab.distributed import rank_world
 from lab.files import current_umask
 from lab.model import HookedTransformer, ModelConfig
 from lab.model.checkpoint import CONFIG_FILE, WEIGHTS_FILE
 from lab.train.config import TrainConfig
-from lab.train.distributed import rank_world
 
 CHECKPOINT_DIR = "checkpoint"
 METRICS_FILE = "metrics.jsonl"
