@@ -8,8 +8,13 @@ import pytest
 
 import experiments.scoreboard as experiment
 from experiments.scoreboard.config import FIGURES, LENSES
-from experiments.scoreboard.summary import (attribution_headline, binomial_upper, controls_headline, find,
-                                            lens_headline)
+from experiments.scoreboard.summary import (
+    attribution_headline,
+    binomial_upper,
+    controls_headline,
+    find,
+    lens_headline,
+)
 from lab.analysis.input_attribution import METHODS
 from lab.runs import read_table
 
@@ -26,7 +31,7 @@ def test_the_table_grades_every_method_on_every_world_it_applies_to(quick):
     assert read_table(folder / "scoreboard.parquet").to_dict("records") == pytest.approx(table, nan_ok=True)
     cells = {(r["method"], r["world"]) for r in table}
     expected = {(f"{lens} lens", world) for lens in LENSES for world in ("markov", "mess3", "induction")}
-    expected |= {(method, world) for method in METHODS for world in ("markov", "induction", "facts")}
+    expected |= {(method, world) for method in (*METHODS, "attribution_graph") for world in ("markov", "induction", "facts")}
     expected |= {("linear probe", "mess3"), ("linear probe", "facts"), ("head detectors", "induction"),
                  ("attribution patching", "induction")}
     assert cells == expected

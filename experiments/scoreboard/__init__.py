@@ -21,9 +21,11 @@ a control that must score at chance (lab.metrics.grading, lab.analysis.grading):
        beside read.
     3. Input attribution (Markov, induction, facts) of the prediction after a prompt's last token: gradient,
        gradient × input, integrated gradients and occlusion through Captum on Forma's hooks, attention weights and
-       rollout, attribution patching at the embedding; graded by AUROC and the share of the mass on the relevant
-       positions, and by Spearman ρ with the model's own exhaustive causal effects (every position resampled to
-       every token); control: the method's scores permuted within the prompt.
+       rollout, attribution patching at the embedding, and the attribution graph (lab.analysis.graphs, over top-k
+       transcoders trained on the world's model: each position's share of the tokens' path influence); graded by
+       AUROC and the share of the mass on the relevant positions, and by Spearman ρ with the model's own exhaustive
+       causal effects (every position resampled to every token); control: the method's scores permuted within the
+       prompt.
     4. Heads and patching (induction): the induction and previous-token detectors against every head's ablation
        effect on copying (exhaustive), and attribution patching against the exhaustive patching sweep.
 

@@ -33,6 +33,8 @@ class Profile:
     attribution_prompts: int  # prompts whose last prediction each attribution method explains
     patching_prompts: int  # prompts of the attribution-patching comparison (one exhaustive sweep each)
     n_boot: int
+    transcoder_features: int  # per layer: the top-k transcoders behind each world's attribution graphs
+    transcoder_steps: int
     seq_len: int = 16
     batch_size: int = 32
     n_layers: int = 2
@@ -42,10 +44,12 @@ class Profile:
 
 
 DEFAULT = Profile(d_model=64, steps={"markov": 3000, "mess3": 3000, "induction": 3000, "facts": 4000},
-                  eval_prompts=1024, fit_prompts=512, attribution_prompts=256, patching_prompts=64, n_boot=1000)
+                  eval_prompts=1024, fit_prompts=512, attribution_prompts=256, patching_prompts=64, n_boot=1000,
+                  transcoder_features=512, transcoder_steps=800)
 # Quick is the default at a smaller size: narrower models, a sixth to a quarter of the training, fewer prompts.
 QUICK = Profile(d_model=32, steps={"markov": 500, "mess3": 500, "induction": 800, "facts": 1000},
-                eval_prompts=192, fit_prompts=96, attribution_prompts=48, patching_prompts=12, n_boot=400)
+                eval_prompts=192, fit_prompts=96, attribution_prompts=48, patching_prompts=12, n_boot=400,
+                transcoder_features=128, transcoder_steps=200)
 
 
 @dataclass

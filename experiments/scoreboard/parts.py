@@ -2,6 +2,7 @@
 to a worker: train the world's model, then grade every method that applies there. Each returns its table rows
 (`row`), what its figures draw, and its seconds."""
 
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ import numpy as np
 import torch
 
 from experiments.scoreboard.config import FACTS_WORLD, Profile, sample_seed, world_spec
+from lab.analysis.activations import save_activations
 from lab.analysis.grading import (
     grade_attribution_patching,
     grade_belief_probes,
@@ -21,6 +23,8 @@ from lab.analysis.grading import (
 from lab.analysis.input_attribution import METHODS
 from lab.analysis.jacobian_lens import fit_jacobian_lens
 from lab.analysis.lens import logit_lens
+from lab.analysis.transcoders.model import TranscoderConfig, Transcoders
+from lab.analysis.transcoders.train import TranscoderTraining, train_transcoders
 from lab.analysis.tuned_lens import fit_tuned_lens
 from lab.data.facts import FactWorld, FactWorldConfig
 from lab.data.sources import source_from_dict
@@ -102,12 +106,25 @@ def lens_part(model: HookedTransformer, world: str, held_out: torch.Tensor, p: n
     return rows, {"curves": curves, **extra}
 
 
+def fit_transcoders(model: HookedTransformer, tokens: torch.Tensor, profile: Profile, seed: int, out: Path,
+                    pad_id: int | None = None) -> Transcoders:
+    """Top-k transcoders (lab.analysis.transcoders, k = 16) for the model's attribution graphs, trained on a harvest
+    of every position of `tokens` (the world's own text; `pad_id`'s positions left out) and kept in `out`."""
+    cfg = TranscoderConfig(d_model=model.cfg.d_model, n_layers=model.cfg.n_layers,
+                           d_features=profile.transcoder_features, activation="topk", k=16, seed=seed)
+    training = TranscoderTraining(steps=profile.transcoder_steps, batch_size=512, lr=2e-3, seed=seed)
+    with tempfile.TemporaryDirectory() as harvest:
+        store = save_activations(model, tokens, cfg.hooks(), harvest, positions="all", pad_id=pad_id,
+                                 progress=False)
+        return train_transcoders(store, cfg, training, out).eval()
+
+
 def attribution_part(model: HookedTransformer, world: str, prompts: torch.Tensor, relevant: torch.Tensor,
-                     profile: Profile, seed: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Every input-attribution method on the prediction after each prompt's last token, graded against the
-    relevant positions and the model's exhaustive causal effects."""
+                     transcoders: Transcoders, profile: Profile, seed: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Every input-attribution method and the attribution graph on the prediction after each prompt's last token,
+    graded against the relevant positions and the model's exhaustive causal effects."""
     graded = grade_input_attribution(model, prompts, relevant, METHODS, n_boot=profile.n_boot, seed=seed,
-                                     ig_steps=profile.ig_steps)
+                                     ig_steps=profile.ig_steps, transcoders=transcoders)
     rows = [row(method, world, "last prediction", grade) for method, grades in graded.grades.items()
             for grade in grades.values()]
     summary = {method: {name: grade.row() for name, grade in grades.items()} for method, grades in graded.grades.items()}
@@ -151,8 +168,11 @@ def source_part(world: str, profile: Profile, seed: int, out: Path) -> dict[str,
         length = ATTRIBUTION_LENGTH[world]
         prompts_np = source.sample(profile.attribution_prompts, length, seed=sample_seed(seed, world, "attribution"))
         relevant = torch.from_numpy(source.relevant_positions(prompts_np)[:, -1])
-        more, result["attribution"] = attribution_part(model, world, torch.from_numpy(prompts_np), relevant, profile,
-                                                       seed)
+        transcoders = fit_transcoders(model, fit, profile, seed, out / "models" / world / "transcoders")
+        seconds["transcoders"] = time.perf_counter() - clock
+        clock = time.perf_counter()
+        more, result["attribution"] = attribution_part(model, world, torch.from_numpy(prompts_np), relevant,
+                                                       transcoders, profile, seed)
         rows += more
         seconds["attribution"] = time.perf_counter() - clock
     if world == "mess3":
@@ -268,7 +288,12 @@ def facts_part(profile: Profile, seed: int, out: Path) -> dict[str, Any]:
     tokens, relevant, _ = by_template[0]
     rng = np.random.default_rng(sample_seed(seed, "facts", "attribution"))
     chosen = np.sort(rng.choice(len(tokens), size=min(profile.attribution_prompts, len(tokens)), replace=False))
-    rows, result["attribution"] = attribution_part(model, "facts", tokens[chosen], relevant[chosen], profile, seed)
+    transcoders = fit_transcoders(model, ids[:profile.fit_prompts], profile, seed, out / "models" / "facts" / "transcoders",
+                                  pad_id=pad)
+    seconds["transcoders"] = time.perf_counter() - clock
+    clock = time.perf_counter()
+    rows, result["attribution"] = attribution_part(model, "facts", tokens[chosen], relevant[chosen], transcoders,
+                                                   profile, seed)
     seconds["attribution"] = time.perf_counter() - clock
     clock = time.perf_counter()
     persons = np.array([fact.person_index for fact in world.facts])

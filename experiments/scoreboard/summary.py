@@ -73,9 +73,12 @@ def attribution_headline(results: dict[str, Any], world: str) -> dict[str, Any]:
     ig = rows["integrated_gradients"]
     chance = ig["chance"]
     controls = all(r["control_at_chance"] for r in rows.values())
+    graph = [r for r in results["table"] if (r["method"], r["world"], r["grade"]) ==
+             ("attribution_graph", world, "relevant_mass")]
     sentence = (f"On {WORLD_WORDS[world]}, integrated gradients puts {_said(ig)} of its mass on "
                 f"{RELEVANT_WORDS[world]}, occlusion {_said(rows['occlusion'])}, attention "
-                f"{_said(rows['attention'])} (chance {chance:.2f}; {ig['n']} prompts).")
+                f"{_said(rows['attention'])}" + (f", the attribution graph {_said(graph[0])}" if graph else "") +
+                f" (chance {chance:.2f}; {ig['n']} prompts).")
     return headline(f"attribution_{world}", sentence, ig["value"], _interval(ig), _clears(ig, chance),
                     *_judged(controls, _apart(ig, chance), "chance"))
 

@@ -7,7 +7,8 @@ nothing, and what chance gives that control.
     grade_lens               a lens's reading at every layer against the true law p and against the model
                              (KL(p ‖ P^(l)), KL(P_θ ‖ P^(l)); `logit_lens`, a `TunedLens`, a `JacobianLens`, …)
     grade_input_attribution  input-attribution scores for the last prediction against the positions the true law
-                             reads (AUROC, share of the mass) and against the model's exhaustive causal effects
+                             reads (AUROC, share of the mass) and against the model's exhaustive causal effects;
+                             given transcoders, the attribution graph's too (`graph_position_scores`)
     grade_belief_probes      linear probes from the residual stream to a hidden-Markov belief state (R²), with
                              shuffled targets, an untrained model of the same shape and Hewitt & Liang's control
                              task beside them
@@ -30,11 +31,14 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from lab.analysis.attribution import attribution_patch
+from lab.analysis.graphs.attribute import attribute
+from lab.analysis.graphs.influence import position_influence
 from lab.analysis.heads import HEAD_KINDS, pattern_scores
 from lab.analysis.input_attribution import METHODS, input_attributions, resample_effects
 from lab.analysis.lens import logit_lens, residual_stack
 from lab.analysis.patching import patch_heads, patch_positions
 from lab.analysis.probes import accuracy, fit_probe, group_split, random_model
+from lab.analysis.transcoders.model import Transcoders
 from lab.metrics.discrimination import auroc, bootstrap_ci
 from lab.metrics.grading import (
     Grade,
@@ -46,8 +50,8 @@ from lab.metrics.statistics import spearman
 from lab.model import HookedTransformer
 
 __all__ = ["VALUE_PROBE_LAMBDAS", "AttributionGrades", "grade_attribution_patching", "grade_belief_probes", "grade_head_detectors",
-           "grade_input_attribution", "grade_lens", "grade_value_probes", "head_ablation_effects",
-           "last_position_truth", "readouts"]
+           "grade_input_attribution", "grade_lens", "grade_value_probes", "graph_position_scores",
+           "head_ablation_effects", "last_position_truth", "readouts"]
 
 Lens = Callable[[HookedTransformer, Tensor], Tensor]  # (model, tokens) → log-probabilities [layer, batch, pos, vocab]
 
@@ -80,14 +84,26 @@ class AttributionGrades:
     grades: dict[str, dict[str, Grade]]  # method → auroc | relevant_mass | rank_correlation
 
 
+def graph_position_scores(model: HookedTransformer, transcoders: Transcoders,
+                          tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos"]:
+    """Each prompt's attribution graph (lab.analysis.graphs: its own local replacement, the logits of its last
+    position) read as input attribution: the share of the tokens' path influence on the logits at each position
+    (`position_influence`; its share at the relevant positions is `position_share`)."""
+    return torch.stack([position_influence(attribute(model, transcoders, prompt)) for prompt in tokens])
+
+
 def grade_input_attribution(model: HookedTransformer, tokens: Int[Tensor, "batch pos"],
                             relevant: Bool[Tensor, "batch pos"], methods: Sequence[str] = METHODS, *,
                             target: Any = None, valid: Any = None, n_boot: int = 1000, seed: int = 0,
-                            ig_steps: int = 32) -> AttributionGrades:
+                            ig_steps: int = 32, transcoders: Transcoders | None = None) -> AttributionGrades:
     """Each method's attribution of the prediction after each prompt's last token, graded against the truly
     relevant positions `relevant` [batch, pos] and against the model's own exhaustive causal effects
-    (`resample_effects`), over the `valid` positions (default all)."""
+    (`resample_effects`), over the `valid` positions (default all). With `transcoders` (trained on the model), the
+    attribution graph is one more method, "attribution_graph" (`graph_position_scores`; it explains the top
+    logits, so it takes no `target`)."""
     scores = input_attributions(model, tokens, target, methods, ig_steps=ig_steps)
+    if transcoders is not None:
+        scores["attribution_graph"] = graph_position_scores(model, transcoders, tokens)
     effects = resample_effects(model, tokens, target)
     truth = np.asarray(torch.as_tensor(relevant).cpu(), dtype=bool)
     grades = {method: attribution_grades(value.cpu().numpy(), truth, effects.numpy(), valid, n_boot=n_boot, seed=seed)
