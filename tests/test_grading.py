@@ -14,12 +14,16 @@ from lab.analysis.grading import (
     grade_input_attribution,
     grade_lens,
     grade_value_probes,
+    graph_position_scores,
     head_ablation_effects,
     last_position_truth,
 )
+from lab.analysis.graphs.attribute import attribute
+from lab.analysis.graphs.influence import position_share
 from lab.analysis.lens import ground_truth_lens
 from lab.data.mechanisms import InductionSource, Mess3Source
 from lab.data.sources import MarkovSource
+from tests.graph_fixtures import random_transcoders
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -55,6 +59,38 @@ def test_a_model_that_reads_only_the_last_token_is_graded_perfect_by_gradients()
         assert graded.grades[method]["relevant_mass"].value.value == pytest.approx(1.0)
     assert graded.grades["gradient"]["auroc"].control_at_chance
     assert graded.effects[:, :-1].abs().max() == 0
+
+
+def test_the_attribution_graph_of_a_model_that_reads_only_the_last_token_puts_all_its_influence_there():
+    """No head writes: only the last token reaches the last logits, so every graph over any transcoders routes the
+    prediction through it alone."""
+    source = MarkovSource(6, order=1, seed=1)
+    tokens = torch.from_numpy(source.sample(12, 8, seed=3))
+    m = model(6)
+    with torch.no_grad():
+        for block in m.blocks:
+            block.attn.W_O.zero_()
+    relevant = last_position_truth(source.relevant_positions(tokens.numpy()))
+    graded = grade_input_attribution(m, tokens, relevant, ("gradient",), n_boot=100, transcoders=random_transcoders(m))
+    assert graded.grades["attribution_graph"]["auroc"].value.value == 1.0
+    assert graded.grades["attribution_graph"]["relevant_mass"].value.value == pytest.approx(1.0)
+    assert graded.grades["attribution_graph"]["auroc"].control_at_chance
+
+
+def test_the_graph_grade_is_each_prompts_position_share_averaged():
+    """On a model whose heads write, the graph's relevant mass is influence.position_share of each prompt's graph at
+    its relevant positions, averaged over prompts; each prompt's scores are its graph's shares of the influence."""
+    source = MarkovSource(6, order=2, seed=1)
+    tokens = torch.from_numpy(source.sample(6, 8, seed=4))
+    m, transcoders = model(6), random_transcoders(model(6))
+    relevant = last_position_truth(source.relevant_positions(tokens.numpy()))
+    scores = graph_position_scores(m, transcoders, tokens)
+    assert scores.shape == tokens.shape and torch.allclose(scores.sum(1), torch.ones(6))
+    assert (scores[:, :-2] > 0).any()  # attention carries earlier tokens to the prediction
+    graded = grade_input_attribution(m, tokens, relevant, ("gradient",), n_boot=100, transcoders=transcoders)
+    shares = [position_share(attribute(m, transcoders, prompt), [-2, -1]) for prompt in tokens]
+    assert graded.grades["attribution_graph"]["relevant_mass"].value.value == pytest.approx(np.mean(shares), rel=1e-6)
+    assert 0 < np.mean(shares) < 1
 
 
 def test_a_head_that_writes_nothing_has_no_ablation_effect():
