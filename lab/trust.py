@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from lab.files import check_writable
 from lab.generate import decode
 from lab.hf import UnsupportedArchitecture, to_hf
 from lab.model import HookedTransformer
@@ -103,15 +104,21 @@ def trust_report(model: HookedTransformer, seed: int = 0) -> dict[str, Any]:
 
 
 def run_trust(name_or_path: str | Path, out: Path | None = None) -> tuple[dict[str, Any], Path]:
-    """Load a zoo name, Forma folder or local HF folder, check it, and write trust.json beside it."""
+    """Load a zoo name, Forma folder or local HF folder, check it, and write trust.json beside it (or to `out`).
+    Where the report cannot be written — a read-only model folder — is a ValueError naming the folder and the
+    way out (--out), said before the model is loaded."""
     path = Path(name_or_path)
     if path.is_dir():
         folder = path
     else:
         folder = zoo_model_dir(str(name_or_path))
+    target = Path(out) if out is not None else folder / "trust.json"
+    try:
+        check_writable(target.parent, "folder of the trust report")
+    except ValueError as err:
+        raise ValueError(f"{err}; give --out FILE to write the report elsewhere" if out is None else str(err)) from None
     model = HookedTransformer.from_pretrained(folder)
     report = trust_report(model)
-    target = Path(out) if out is not None else folder / "trust.json"
     write_json(target, report)
     return report, target
 
