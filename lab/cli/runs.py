@@ -23,12 +23,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ValueError(f"experiment {args.name!r} takes no --{unsupported[0]}")
     cfg = module.Config(**{k: v for k, v in given.items() if k in fields and v is not None})
     job = f"forma run {args.name}{' --quick' if args.quick else ''}"
+    # What the run reads from outside (a model, a CSV) is read and checked before its folder is made: a refused
+    # input leaves nothing behind, and is said once.
+    inputs = module.read_inputs(cfg) if hasattr(module, "read_inputs") else None
 
     def run_with_progress(config: object, folder: Path) -> dict:
         # The experiment's own trainings show no bar; the job's line (stderr) and its progress file (which
         # the dashboard and `forma demo` read) say which stage it is in, and how far.
         with recording(folder / PROGRESS_FILE, job, echo=True):
-            return module.run(config, folder)
+            return module.run(config, folder) if inputs is None else module.run(config, folder, inputs)
 
     folder = run_and_record(args.name, cfg, run_with_progress, out=args.out, seed=getattr(cfg, "seed", None))
     (folder / PROGRESS_FILE).unlink(missing_ok=True)  # results.json is there now: the run's state is in it
