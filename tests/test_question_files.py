@@ -91,6 +91,16 @@ def test_a_refused_or_missing_file_is_said_once_and_leaves_no_run_folder(tmp_pat
             assert not (tmp_path / "runs").exists() and not (tmp_path / "out").exists()
 
 
+def test_a_seed_whose_draw_leaves_a_needed_split_empty_is_named_before_the_model_loads(tmp_path):
+    """Ten questions drawn into fit / calibration / test at random: with seed 125 none falls in the test split,
+    which the monitor reports on. Said before the model is read (the model named here does not exist)."""
+    path = write_csv(tmp_path / "qa.csv", QA_ROWS[:10])
+    assert (monitor.qa_splits(10, monitor.Config(model="nowhere", qa=str(path), seed=125)) != "test").all()
+    with pytest.raises(ValueError, match=r"qa\.csv: with seed 125, none of the 10 items falls in the test split: use "
+                                         r"more items, or another --seed"):
+        monitor.read_inputs(monitor.Config(model="nowhere", qa=str(path), seed=125))
+
+
 # --- 5. prompts longer than the model reads ------------------------------------------------------------------------
 def test_a_prompt_longer_than_the_context_is_refused_naming_its_line_on_every_route(tmp_path, capsys, monkeypatch,
                                                                                    hf_folder, qa_folder):

@@ -91,8 +91,8 @@ def check_devices(where: Any) -> None:
         backend = getattr(torch, device.type, None)
         count = backend.device_count() if hasattr(backend, "device_count") else 0
         if (device.index or 0) >= count:
-            have = (f"no {device.type} device" if count == 0 else f"{count} {device.type} "
-                    f"device{'s' if count > 1 else ''} ({device.type}:0 … {device.type}:{count - 1})")
+            have = (f"no {device.type} device" if count == 0 else f"1 {device.type} device ({device.type}:0)"
+                    if count == 1 else f"{count} {device.type} devices ({device.type}:0 … {device.type}:{count - 1})")
             raise ValueError(f"device {place!r} is not on this machine, which has {have}")
 
 
