@@ -90,6 +90,30 @@ def zoo_model_dir(name: str) -> Path:
     return directory
 
 
+def model_folder(name_or_path: str | Path) -> Path:
+    """The folder a name means: the folder itself when it is one, else a trained zoo model's folder (a
+    ValueError for an unknown name, a FileNotFoundError for an untrained one), answered before torch loads."""
+    if not str(name_or_path).strip():  # Path("") is the current folder: never what an empty name means
+        raise ValueError("the model name is empty: give a zoo name or a model folder")
+    path = Path(name_or_path)
+    return path if path.is_dir() else zoo_model_dir(str(name_or_path))
+
+
+def trust_report_path(name_or_path: str | Path, out: str | Path | None = None) -> tuple[Path, Path]:
+    """(the model's folder, where `forma trust` writes its report: trust.json in that folder, or `out`), each
+    checked before torch loads: an unknown or untrained model, and a folder the report cannot be written to (a
+    read-only model folder: a ValueError naming it and the way out, --out), are refused here."""
+    from lab.files import check_writable
+
+    folder = model_folder(name_or_path)
+    target = Path(out) if out is not None else folder / "trust.json"
+    try:
+        check_writable(target.parent, "folder of the trust report")
+    except ValueError as err:
+        raise ValueError(f"{err}; give --out FILE to write the report elsewhere" if out is None else str(err)) from None
+    return folder, target
+
+
 def is_trained(name: str) -> bool:
     return (check_zoo_name(name) / "model.safetensors").is_file()
 

@@ -15,12 +15,11 @@ from typing import Any
 
 import torch
 
-from lab.files import check_writable
+from lab.folders import trust_report_path
 from lab.generate import decode
 from lab.hf import UnsupportedArchitecture, to_hf
 from lab.model import HookedTransformer
 from lab.runs import write_json
-from lab.zoo import zoo_model_dir
 
 ATTENTION_TOL = 1e-4
 HF_TOL = 1e-4
@@ -107,16 +106,7 @@ def run_trust(name_or_path: str | Path, out: Path | None = None) -> tuple[dict[s
     """Load a zoo name, Forma folder or local HF folder, check it, and write trust.json beside it (or to `out`).
     Where the report cannot be written — a read-only model folder — is a ValueError naming the folder and the
     way out (--out), said before the model is loaded."""
-    path = Path(name_or_path)
-    if path.is_dir():
-        folder = path
-    else:
-        folder = zoo_model_dir(str(name_or_path))
-    target = Path(out) if out is not None else folder / "trust.json"
-    try:
-        check_writable(target.parent, "folder of the trust report")
-    except ValueError as err:
-        raise ValueError(f"{err}; give --out FILE to write the report elsewhere" if out is None else str(err)) from None
+    folder, target = trust_report_path(name_or_path, out)
     model = HookedTransformer.from_pretrained(folder)
     report = trust_report(model)
     write_json(target, report)

@@ -11,16 +11,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     import experiments
+    from lab.folders import model_folder
+
+    # What the arguments alone settle is refused before torch loads: an option the experiment does not take, and a
+    # model that is neither a folder nor a trained zoo model.
+    given = {"seed": args.seed, "quick": args.quick, "model": args.model, "mmlu": args.mmlu, "qa": args.qa,
+             "workers": args.workers}
+    takes = {"seed", "quick", *experiments.experiment(args.name).options}
+    unsupported = [k for k, v in given.items() if v not in (None, False) and k not in takes]
+    if unsupported:
+        raise ValueError(f"experiment {args.name!r} takes no --{unsupported[0]}")
+    if args.model is not None:
+        model_folder(args.model)
     from lab.progress import PROGRESS_FILE, recording
     from lab.runs import run_and_record
 
     module = experiments.load(args.name)
     fields = {f.name for f in dataclasses.fields(module.Config)}
-    given = {"seed": args.seed, "quick": args.quick, "model": args.model, "mmlu": args.mmlu, "qa": args.qa,
-             "workers": args.workers}
-    unsupported = [k for k, v in given.items() if v not in (None, False) and k not in fields]
-    if unsupported:
-        raise ValueError(f"experiment {args.name!r} takes no --{unsupported[0]}")
     cfg = module.Config(**{k: v for k, v in given.items() if k in fields and v is not None})
     job = f"forma run {args.name}{' --quick' if args.quick else ''}"
     # What the run reads from outside (a model, a CSV) is read and checked before its folder is made: a refused

@@ -1,6 +1,7 @@
 """Activations on disk: `save_activations` streams the selected rows into safetensors shards plus index.json
 (memory held: one batch and one shard buffer), resumably; `ActivationStore` reads a finished set whole, by
-hook or shard by shard, and `StoredRows` is one hook's rows left on disk, for probes fitted out of core.
+hook or shard by shard, and `StoredRows` is one hook's rows left on disk, for probes fitted out of core;
+`merge_stores` makes complete sets in subfolders one set (a harvest's parts, across ranks).
 
 On disk, `out_dir/shard-00000.safetensors ...` hold each hook's rows plus `seq` and `pos`, and
 `out_dir/index.json` (written last, so its presence means the set is complete) lists the shards — each with its
@@ -23,12 +24,26 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
+from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
-from lab.analysis.activations.collect import (Activations, Positions, _batches, _CountedBatches, _describe,
-                                              stream_activations)
+from lab.analysis.activations.collect import (
+    Activations,
+    Positions,
+    _batches,
+    _CountedBatches,
+    _describe,
+    stream_activations,
+)
+from lab.analysis.activations.verify import (
+    check_header,
+    checked_shards,
+    dtype_name,
+    file_sha256,
+    is_row_spec,
+    verify_checksum,
+)
 from lab.files import atomic_write, atomic_write_text, is_temporary
 from lab.inputs import InputError, read_json_object, regular_file
 from lab.memory import release_freed_memory
@@ -41,7 +56,7 @@ INDEX_FORMAT = "forma-activations/2"  # /2: every shard carries the SHA-256 of i
 def save_activations(model: Any, data: Tensor | Iterable[Tensor], hooks: str | Sequence[str], out_dir: str | Path,
                      positions: Positions = "last", *, batch_size: int = 32, pad_id: int | None = None,
                      dtype: torch.dtype | None = None, shard_mb: float = 32.0, progress: bool = True,
-                     stop_early: bool = True, overwrite: bool = False) -> "ActivationStore":
+                     stop_early: bool = True, overwrite: bool = False, first_sequence: int = 0) -> "ActivationStore":
     """Stream the selected activations into safetensors shards of at most `shard_mb` MB, then index.json.
 
     Memory held at any time: one batch's forward pass plus one shard buffer (preallocated once and
@@ -55,7 +70,8 @@ def save_activations(model: Any, data: Tensor | Iterable[Tensor], hooks: str | S
     recorded shard; different arguments, or data whose leading sequences differ from the ones already
     done (compared by a SHA-256 of their token ids), are a ValueError. The model is compared by class
     and config, not by its weights. overwrite=True starts afresh in a folder holding a complete or an
-    interrupted set.
+    interrupted set. first_sequence: the index in a larger corpus of `data`'s first sequence, from which rows'
+    `seq` count (a part of a corpus harvested across ranks: `lab.analysis.activations.harvest`).
     """
     out_dir = Path(out_dir)
     if not (isinstance(shard_mb, (int, float)) and shard_mb > 0 and math.isfinite(shard_mb)):
@@ -64,7 +80,8 @@ def save_activations(model: Any, data: Tensor | Iterable[Tensor], hooks: str | S
     arguments = json.loads(json.dumps({
         "hooks": names, "positions": _describe(positions), "batch_size": batch_size, "pad_id": pad_id,
         "dtype": None if dtype is None else str(dtype).removeprefix("torch."), "shard_bytes": int(shard_mb * 2**20),
-        "stop_early": stop_early, "model": _model_summary(model)}))
+        "stop_early": stop_early, "model": model_summary(model)}
+        | ({"first_sequence": first_sequence} if first_sequence else {})))
     if (out_dir / INDEX_FILE).exists():
         if not overwrite:
             raise FileExistsError(f"{out_dir} already holds a complete activation set ({INDEX_FILE}); "
@@ -84,13 +101,14 @@ def save_activations(model: Any, data: Tensor | Iterable[Tensor], hooks: str | S
     for part in stream_activations(model, tap, names, positions, batch_size=batch_size, pad_id=pad_id, dtype=dtype,
                                    progress=progress, stop_early=stop_early, start=writer.sequences,
                                    release_memory=False):  # the writer does, once per shard
+        part.seq += first_sequence
         writer.add(part, tap.state)
     writer.flush()
     if not writer.shards:
         raise ValueError("no activations were collected: the dataset was empty or no position was selected")
     index = {"format": INDEX_FORMAT, "hooks": writer.spec, "positions": _describe(positions),
              "n_rows": sum(s["rows"] for s in writer.shards), "n_sequences": writer.sequences,
-             "shards": writer.shards, "model": _model_summary(model)}
+             "shards": writer.shards, "model": model_summary(model)}
     atomic_write_text(out_dir / INDEX_FILE, json.dumps(index, indent=2) + "\n")
     (out_dir / PROGRESS_FILE).unlink(missing_ok=True)
     return ActivationStore(out_dir)
@@ -105,7 +123,7 @@ def _resumable_shards(out_dir: Path, arguments: dict[str, Any]) -> list[dict[str
         progress = read_json_object(path, out_dir, what="harvest record")
         if progress.get("format") != INDEX_FORMAT:
             raise InputError(f"{path} is not a {INDEX_FORMAT} harvest record")
-        recorded, shards = progress["arguments"], _checked_shards(path, progress["shards"])
+        recorded, shards = progress["arguments"], checked_shards(path, progress["shards"])
         if not isinstance(recorded, dict):
             raise InputError(f"{path}: its arguments are not a JSON object")
     except (ValueError, KeyError) as err:
@@ -122,7 +140,7 @@ def _resumable_shards(out_dir: Path, arguments: dict[str, Any]) -> list[dict[str
                                 "pass overwrite=True to start afresh")
     for shard in shards:
         try:
-            _verify_checksum(out_dir, shard)
+            verify_checksum(out_dir, shard)
         except InputError as err:
             raise InputError(f"{err}; pass overwrite=True to start afresh") from None
     return shards
@@ -192,7 +210,7 @@ class _ShardWriter:
             with safe_open(str(regular_file(directory / done[0]["file"], directory)), framework="pt") as f:
                 for name in arguments["hooks"]:  # in the order asked for, as a fresh harvest lists them
                     t = f.get_slice(name)
-                    self.spec[name] = {"shape": list(t.get_shape()[1:]), "dtype": _dtype_name(t.get_dtype())}
+                    self.spec[name] = {"shape": list(t.get_shape()[1:]), "dtype": dtype_name(t.get_dtype())}
 
     def add(self, part: Activations, end: tuple[int, str]) -> None:
         """Buffer `part`'s rows; `end` is (sequences done, token digest) once its batch is done."""
@@ -240,22 +258,8 @@ class _ShardWriter:
         release_freed_memory()  # what the batches since the last shard freed and left unused (fragments)
 
 
-DTYPE_NAMES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
-               "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
-
-
-def _dtype_name(safetensors_dtype: str) -> str:
-    """safetensors' dtype codes (F32, F16, BF16, I64) as the torch names index.json uses."""
-    return DTYPE_NAMES[safetensors_dtype]
-
-
-def _is_row_spec(spec: Any) -> bool:
-    """An index's description of one hook's rows: {"shape": [sizes ≥ 0], "dtype": one of DTYPE_NAMES' names}."""
-    return (isinstance(spec, dict) and isinstance(spec.get("shape"), list)
-            and all(type(n) is int and n >= 0 for n in spec["shape"]) and spec.get("dtype") in DTYPE_NAMES.values())
-
-
-def _model_summary(model: Any) -> dict[str, Any]:
+def model_summary(model: Any) -> dict[str, Any]:
+    """What a harvest records of its model, and compares on a resume: its class and config, not its weights."""
     cfg = getattr(model, "cfg", None)
     summary: dict[str, Any] = {"class": type(model).__name__}
     if hasattr(cfg, "to_dict"):
@@ -263,41 +267,28 @@ def _model_summary(model: Any) -> dict[str, Any]:
     return summary
 
 
-def file_sha256(path: Path) -> str:
-    """The SHA-256 of a file's bytes, read a megabyte at a time."""
-    with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
-
-
-def _checked_shards(path: Path, shards: Any) -> list[dict[str, Any]]:
-    """An index's (or harvest record's) list of shards, each with its fields of their types, the sequences in
-    order and no file named twice; an InputError naming `path` and the first entry that is not."""
-    if not isinstance(shards, list):
-        raise InputError(f"{path}: its shards are not a list")
-    fields = {"file": str, "rows": int, "sequences": int, "tokens_sha256": str, "sha256": str}
-    end = 0
-    for number, shard in enumerate(shards):
-        wrong = [key for key, kind in fields.items() if not isinstance(shard, dict) or type(shard.get(key)) is not kind]
-        if wrong:
-            raise InputError(f"{path}: shard {number} has no {wrong[0]} of type {fields[wrong[0]].__name__}")
-        if shard["rows"] < 1 or shard["sequences"] < end:
-            raise InputError(f"{path}: shard {number} ({shard['file']}) holds {shard['rows']} rows ending at sequence "
-                             f"{shard['sequences']}, after one ending at {end}: not a harvest's order")
-        end = shard["sequences"]
-    names = [shard["file"] for shard in shards]
-    if len(set(names)) != len(names):
-        raise InputError(f"{path} names one shard file twice")
-    return shards
-
-
-def _verify_checksum(directory: Path, shard: dict[str, Any]) -> Path:
-    """The shard's file, after checking that it is a regular file inside `directory` whose bytes are those its
-    checksum was taken of when it was written; an InputError naming it otherwise."""
-    path = regular_file(directory / shard["file"], directory, what="activation shard")
-    if file_sha256(path) != shard["sha256"]:
-        raise InputError(f"{path} is not the shard the index recorded (its SHA-256 differs from the one taken when "
-                         "it was written): the file was changed, cut short or swapped; harvest the set again")
-    return path
+def merge_stores(directory: str | Path, parts: Sequence[tuple[str, dict[str, Any]]]) -> "ActivationStore":
+    """One activation set over complete ones in subfolders of `directory`: `parts` is [(subfolder, its index)] in
+    row order, and directory/index.json (written atomically) lists every part's shards in that order, as
+    "subfolder/shard-00000.safetensors", so ActivationStore(directory) reads all their rows as one set. The shards
+    stay where they are; each shard entry keeps what its part recorded (its `sequences` count within the part).
+    The parts must hold the same hooks, positions and model. What a harvest across ranks writes at the end."""
+    directory = Path(directory)
+    if not parts:
+        raise ValueError("no activation sets to merge")
+    first = parts[0][1]
+    for folder, index in parts:
+        for key in ("format", "hooks", "positions", "model"):
+            if index.get(key) != first.get(key):
+                raise ValueError(f"{directory / folder} holds other {key} ({index.get(key)!r}) than "
+                                 f"{directory / parts[0][0]} ({first.get(key)!r}): its rows cannot join the set")
+    index = {"format": INDEX_FORMAT, "hooks": first["hooks"], "positions": first["positions"],
+             "n_rows": sum(i["n_rows"] for _, i in parts), "n_sequences": sum(i["n_sequences"] for _, i in parts),
+             "shards": [dict(shard, file=f"{folder}/{shard['file']}") for folder, i in parts for shard in i["shards"]],
+             "model": first["model"],
+             "parts": [{"folder": folder, "n_sequences": i["n_sequences"], "n_rows": i["n_rows"]} for folder, i in parts]}
+    atomic_write_text(directory / INDEX_FILE, json.dumps(index, indent=2) + "\n")
+    return ActivationStore(directory)
 
 
 class ActivationStore:
@@ -315,9 +306,9 @@ class ActivationStore:
             older = str(self.index.get("format", "")).startswith("forma-activations/")
             why = ": it was written before shards carried checksums; harvest the set again" if older else ""
             raise InputError(f"{path} is not a {INDEX_FORMAT} index{why}")
-        shards = _checked_shards(path, self.index.get("shards"))
+        shards = checked_shards(path, self.index.get("shards"))
         hooks = self.index.get("hooks")
-        if not isinstance(hooks, dict) or not all(_is_row_spec(spec) for spec in hooks.values()):
+        if not isinstance(hooks, dict) or not all(is_row_spec(spec) for spec in hooks.values()):
             raise InputError(f"{path}: its hooks must map each name to a shape (a list of sizes) and a torch dtype")
         if type(self.index.get("n_rows")) is not int or self.index["n_rows"] != sum(s["rows"] for s in shards):
             raise InputError(f"{path} says n_rows {self.index.get('n_rows')!r}, but its shards hold "
@@ -326,28 +317,8 @@ class ActivationStore:
         if missing:
             raise FileNotFoundError(f"{self.directory} is missing shards {missing[:3]}")
         for shard in shards:
-            self._check_header(shard)
+            check_header(self.directory, self.index["hooks"], shard)
         self._verified: set[str] = set()
-
-    def _check_header(self, shard: dict[str, Any]) -> None:
-        """The shard's header holds every hook, seq and pos, with the index's row count, shapes and dtypes."""
-        path = regular_file(self.directory / shard["file"], self.directory, what="activation shard")
-        expected = {name: ([shard["rows"], *spec["shape"]], spec["dtype"])
-                    for name, spec in self.index["hooks"].items()}
-        expected |= {name: ([shard["rows"]], "int64") for name in ("seq", "pos")}
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                found = {name: (list(f.get_slice(name).get_shape()), _dtype_name(f.get_slice(name).get_dtype()))
-                         for name in f.keys()}
-        except (SafetensorError, OSError, ValueError, KeyError) as err:
-            raise InputError(f"malformed or truncated activation shard {path}: {err}") from err
-        for name, (shape, dtype) in expected.items():
-            if found.get(name) != (shape, dtype):
-                have = "nothing" if name not in found else f"{found[name][0]} {found[name][1]}"
-                raise InputError(f"{path} holds {have} for {name}, where the index says {shape} {dtype}")
-        unlisted = sorted(found.keys() - expected.keys())
-        if unlisted:
-            raise InputError(f"{path} holds {unlisted[0]}, which the index does not list")
 
     @property
     def names(self) -> list[str]:
@@ -370,13 +341,22 @@ class ActivationStore:
     def shards(self, names: str | Sequence[str] | None = None) -> Iterator[Activations]:
         """One Activations per shard, reading only the hooks asked for."""
         names = self._names(names)
-        for shard in self.index["shards"]:
-            if shard["file"] not in self._verified:  # once per store: a probe's fit reads every shard many times
-                _verify_checksum(self.directory, shard)
-                self._verified.add(shard["file"])
-            with safe_open(str(self.directory / shard["file"]), framework="pt") as f:
-                yield Activations({n: f.get_tensor(n) for n in names}, f.get_tensor("seq"), f.get_tensor("pos"),
-                                  {"positions": self.index.get("positions")})
+        for i in range(len(self.index["shards"])):
+            yield self.shard(i, names)
+
+    def shard(self, i: int, names: str | Sequence[str] | None = None) -> Activations:
+        """Shard `i` alone (the named hooks): what a reader in an order of its own (a trainer's shuffle) reads. Its
+        checksum is checked the first time this store reads it (a probe's fit reads every shard many times)."""
+        names = self._names(names)
+        if not 0 <= i < len(self.index["shards"]):
+            raise IndexError(f"{self.directory} has {len(self.index['shards'])} shards, not shard {i}")
+        shard = self.index["shards"][i]
+        if shard["file"] not in self._verified:
+            verify_checksum(self.directory, shard)
+            self._verified.add(shard["file"])
+        with safe_open(str(self.directory / shard["file"]), framework="pt") as f:
+            return Activations({n: f.get_tensor(n) for n in names}, f.get_tensor("seq"), f.get_tensor("pos"),
+                               {"positions": self.index.get("positions")})
 
     def __iter__(self) -> Iterator[Activations]:
         return self.shards()
