@@ -1,5 +1,6 @@
 """Generated malformations, thrown at every loader of a file from outside: a run's results.json and figures, an MMLU
-and a question–answer CSV, an activation set, a Forma model folder and a Hugging Face one.
+and a question–answer CSV, an activation set, a Forma model folder, a Hugging Face one and an attribution graph's
+description (graph.json: its meta and supernodes).
 
 Each loader gets CASES cases, each drawn by a generator seeded with the loader's name and the case's number (so a
 failure names a case that can be rerun): bytes cut short, flipped, inserted or repeated; a byte-order mark; bytes
@@ -470,3 +471,34 @@ def test_hugging_face_model_folder(tmp_path, tally):
 
         tally.check("Hugging Face model folder", case, folder, lambda folder=folder: load_hf(folder), expected)
     assert_counted(tally, "Hugging Face model folder")
+
+
+# --- an attribution graph's description ------------------------------------------------------------------------------
+def test_attribution_graph(tmp_path, tally, one_thread):
+    from lab.analysis.graphs.attribute import attribute
+    from lab.analysis.graphs.graph import META_FILE, Graph
+    from tests.graph_fixtures import random_transcoders, tiny_model
+
+    model = tiny_model()
+    graph = attribute(model, random_transcoders(model), torch.arange(3, 13))
+    ids = graph.node_ids()
+    graph.supernodes = [{"name": "early", "nodes": ids[:2]}, {"name": "late", "nodes": ids[-3:]}]
+    graph.save(tmp_path / "original")
+    original = json.loads((tmp_path / "original" / META_FILE).read_text())
+    for case in range(CASES):
+        rng = random.Random(f"graph-{case}")
+        folder = tmp_path / str(case) / "graph"
+        shutil.copytree(tmp_path / "original", folder)
+        path = folder / META_FILE
+        path.write_bytes(mutate_json(original, rng))
+        if rng.random() < 0.1:
+            replace_file(path, folder, rng)
+
+        def expected(loaded, path=path):
+            oracle = json.loads(path.read_bytes().removeprefix(BOM).decode("utf-8"))
+            assert loaded.n_layers == oracle["n_layers"] and same_json(loaded.meta, oracle.get("meta", {}))
+            assert same_json(loaded.supernodes, oracle.get("supernodes", []))
+            assert torch.equal(loaded.adjacency, graph.adjacency)
+
+        tally.check("attribution graph", case, folder, lambda folder=folder: Graph.load(folder), expected)
+    assert_counted(tally, "attribution graph")
