@@ -12,17 +12,22 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     import experiments
     from lab.folders import model_folder
+    from lab.inputs import regular_file
 
-    # What the arguments alone settle is refused before torch loads: an option the experiment does not take, and a
-    # model that is neither a folder nor a trained zoo model.
+    # What the arguments alone settle is refused before torch loads: an option the experiment does not take, a
+    # model that is neither a folder nor a trained zoo model, and a file that is not there (or not a regular file).
     given = {"seed": args.seed, "quick": args.quick, "model": args.model, "mmlu": args.mmlu, "qa": args.qa,
              "workers": args.workers}
-    takes = {"seed", "quick", *experiments.experiment(args.name).options}
+    entry = experiments.experiment(args.name)
+    takes = {"seed", "quick", *entry.options}
     unsupported = [k for k, v in given.items() if v not in (None, False) and k not in takes]
     if unsupported:
         raise ValueError(f"experiment {args.name!r} takes no --{unsupported[0]}")
     if args.model is not None:
         model_folder(args.model)
+    for option, what in entry.files:
+        if given[option] is not None:
+            regular_file(given[option], what=what)
     from lab.progress import PROGRESS_FILE, recording
     from lab.runs import run_and_record
 
