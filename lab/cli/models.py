@@ -26,10 +26,13 @@ def cmd_hooks(args: argparse.Namespace) -> int:
 
 
 def cmd_trust(args: argparse.Namespace) -> int:
-    """Check how far to trust a model's numbers; write trust.json beside it. Exit 1 if a check fails."""
+    """Check how far to trust a model's numbers; write trust.json beside it (or to --out). Exit 1 if a check fails."""
+    from lab.folders import trust_report_path
+
+    trust_report_path(args.model, args.out)  # an unknown model, or nowhere to write, is refused before torch loads
     from lab.trust import run_trust, summary_lines
 
-    report, path = run_trust(args.model)
+    report, path = run_trust(args.model, args.out)
     print("\n".join(summary_lines(report)))
     print(f"wrote {path}")
     return 0 if report["passed"] else 1

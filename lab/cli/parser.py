@@ -116,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     trust = sub.add_parser("trust", help="check a model against HF, its own fast paths and bfloat16",
                            description=cmd_trust.__doc__)
     trust.add_argument("model", type=model_name, help="zoo name, Forma model folder, or local Hugging Face folder")
+    trust.add_argument("--out", metavar="FILE", help="where to write the report (default: trust.json in the model's "
+                                                     "folder; needed when that folder is read-only)")
     trust.set_defaults(func=cmd_trust)
 
     from lab.folders import zoo_names

@@ -26,6 +26,7 @@ from lab.analysis.transcoders.measures import reconstruction_measures, replaceme
 from lab.analysis.transcoders.model import TranscoderConfig
 from lab.analysis.transcoders.train import TranscoderTraining, train_transcoders
 from lab.files import atomic_write, atomic_write_text
+from lab.inputs import read_json_object, regular_file
 from lab.load import load_model
 from lab.zoo.recipes import load_recipe
 from lab.zoo.worlds import build_world
@@ -45,7 +46,7 @@ def preset(kind: str, folder: str | Path, d_features: int = 1024, steps: int = 1
     if kind not in PRESETS:
         raise ValueError(f"unknown transcoder kind {kind!r}; kinds: {', '.join(PRESETS)}")
     activation, k, cross_layer, sparsity = PRESETS[kind]
-    model = json.loads((Path(folder) / "config.json").read_text())
+    model = read_json_object(Path(folder) / "config.json", folder, what="model config")
     cfg = TranscoderConfig(d_model=model["d_model"], n_layers=model["n_layers"], d_features=d_features,
                            activation=activation, k=k, cross_layer=cross_layer, threshold=0.05)
     return cfg, TranscoderTraining(steps=steps, batch_size=512, lr=2e-3, sparsity=sparsity)
@@ -55,9 +56,9 @@ def world_windows(folder: str | Path, n: int, length: int, split: str = "train",
     """n windows of `length` tokens (at most the model's n_ctx) from the zoo model's world as it was trained (its
     recipe.json, else the recipe's full profile), drawn with `seed`."""
     folder = Path(folder)
-    recipe = json.loads((folder / "recipe.json").read_text()) if (folder / "recipe.json").is_file() else None
+    recipe = read_json_object(folder / "recipe.json", folder) if (folder / "recipe.json").is_file() else None
     spec = recipe["world"] if recipe else load_recipe(folder.name)["world"]
-    config = json.loads((folder / "config.json").read_text())
+    config = read_json_object(folder / "config.json", folder, what="model config")
     length = min(length, config["n_ctx"])  # a world of short documents (facts) has windows as long as the model reads
     data = build_world(spec, config["n_ctx"], length)
     tokens = data.train if split == "train" else data.val
@@ -120,9 +121,9 @@ def transcoder_sets(folder: str | Path) -> list[str]:
 
 def load_quality(path: str | Path) -> dict[str, Any] | None:
     path = Path(path) / QUALITY_FILE
-    return json.loads(path.read_text()) if path.is_file() else None
+    return read_json_object(path, path.parent) if path.is_file() else None
 
 
 def load_contexts(path: str | Path) -> dict[str, Tensor] | None:
     path = Path(path) / CONTEXTS_FILE
-    return load_file(str(path)) if path.is_file() else None
+    return load_file(str(regular_file(path, path.parent))) if path.is_file() else None
