@@ -128,6 +128,8 @@ def test_a_wrong_sharing_is_one_clear_line(runs, tmp_path):
     root, _ = runs
     with pytest.raises(ValueError, match="parallel must be one of data, modules, got 'layers'"):
         train_transcoders(root / "harvest", BASE, TRAINING, tmp_path, parallel="layers")
+    with pytest.raises(ValueError, match="a cross-layer transcoder cannot be trained module-parallel"):
+        train_transcoders(root / "harvest", BASE.replace(cross_layer=True), TRAINING, tmp_path, parallel="modules")
     assert PARALLEL == TRANSCODER_PARALLEL
 
 
@@ -201,3 +203,21 @@ def test_forma_transcoders_on_two_ranks_killed_and_rerun_is_one_process(markov_z
     else:
         for key, value in weights(reference).items():
             assert torch.allclose(weights(out)[key], value, rtol=1e-4, atol=1e-5), key
+
+
+def test_a_harvest_an_earlier_command_left_is_named_and_overwrite_starts_afresh(markov_zoo, capsys):
+    """A run stopped after its harvest, then the command again with other --windows: one line, exit 2, nothing
+    trained; --overwrite harvests afresh and trains."""
+    from lab.analysis.transcoders.build import harvest_windows
+    from lab.analysis.transcoders.model import TranscoderConfig as Config
+
+    hooks = Config(d_model=32, n_layers=2, d_features=48).hooks()
+    harvest_windows(markov_zoo, hooks, markov_zoo / "transcoders" / ".jumprelu.harvest", n_windows=16, window=64)
+    command = ["transcoders", "markov", "--kind", "jumprelu", "--steps", "4", "--windows", "32", "--features", "48",
+               "--no-progress"]
+    assert main(command) == 2
+    err = capsys.readouterr().err
+    assert "holds a harvest of 256 rows, not of these 32 windows of 16 tokens" in err and err.count("\n") == 1, err
+    assert not (markov_zoo / "transcoders" / "jumprelu" / "transcoders.safetensors").exists()
+    assert main([*command, "--overwrite"]) == 0
+    assert (markov_zoo / "transcoders" / "jumprelu" / "transcoders.safetensors").is_file()

@@ -84,7 +84,12 @@ def harvest_windows(folder: str | Path, hooks: list[str], directory: str | Path,
     if not (directory / INDEX_FILE).is_file():
         harvest(load_model(folder).eval(), windows, hooks, directory, batch_size=32, progress=progress)
     barrier()  # rank 0 has written the index
-    return ActivationStore(directory), windows
+    store = ActivationStore(directory)
+    if len(store) != windows.numel():
+        raise ValueError(f"{directory} holds a harvest of {len(store):,} rows, not of these {len(windows):,} windows "
+                         f"of {windows.shape[1]} tokens (an earlier run's, with other arguments); run that again to "
+                         "finish it, or start afresh (overwrite)")
+    return store, windows
 
 
 def build_transcoders(folder: str | Path, cfg: TranscoderConfig, training: TranscoderTraining, name: str, *,

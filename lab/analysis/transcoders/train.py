@@ -341,12 +341,12 @@ def train_transcoders(store: ActivationStore | str | Path, cfg: TranscoderConfig
     run may resume on another number of ranks."""
     if parallel not in PARALLEL:
         raise ValueError(f"parallel must be one of {', '.join(PARALLEL)}, got {parallel!r}")
+    if parallel == "modules" and cfg.cross_layer:
+        raise ValueError("a cross-layer transcoder cannot be trained module-parallel (its layers write into each "
+                         "other's outputs); train it data-parallel")
     rank, world = rank_world()
     layers = list(range(cfg.n_layers))
     if parallel == "modules" and world > 1:
-        if cfg.cross_layer:
-            raise ValueError("a cross-layer transcoder cannot be trained module-parallel (its layers write into "
-                             "each other's outputs); train it with parallel='data'")
         if world > cfg.n_layers:
             raise ValueError(f"module-parallel training gives each rank at least one of the {cfg.n_layers} layers; "
                              f"start at most {cfg.n_layers} ranks, not {world}")
