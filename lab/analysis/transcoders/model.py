@@ -143,9 +143,11 @@ class Transcoders(nn.Module):
         theta = self.log_threshold.exp() if layer is None else self.log_threshold[layer].exp()
         return _JumpReLU.apply(pre, theta, self.cfg.bandwidth)
 
-    def l0_penalty(self, pre: Tensor) -> Tensor:
-        """JumpReLU's differentiable L0: Σ_features H(pre − θ), mean over rows, summed over layers."""
-        return _Step.apply(pre, self.log_threshold.exp(), self.cfg.bandwidth).sum(-1).mean(0).sum()
+    def l0(self, pre: Tensor, layer: int | None = None) -> Tensor:
+        """JumpReLU's differentiable L0 of each row: Σ_features H(pre − θ), [..., L] for pre [..., L, f] (or [...]
+        for pre [..., f] of one `layer`)."""
+        theta = self.log_threshold.exp() if layer is None else self.log_threshold[layer].exp()
+        return _Step.apply(pre, theta, self.cfg.bandwidth).sum(-1)
 
     def decode(self, acts: Tensor) -> Tensor:
         """Outputs [..., L, d_model] from activations [..., L, f]."""
