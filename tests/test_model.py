@@ -190,12 +190,13 @@ def test_bad_tokens_raise_a_clear_error(model, bad, message):
 
 # --- hooks -------------------------------------------------------------------------------------
 EXPECTED_HOOKS = [
-    "hook_embed", "hook_pos_embed", "hook_logits", "ln_final.hook_scale", "ln_final.hook_normalized",
+    "hook_embed", "hook_pos_embed", "unembed.hook_in", "unembed.hook_out", "ln_final.hook_scale",
+    "ln_final.hook_normalized",
     *[f"blocks.1.{name}" for name in (
         "hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out", "hook_mlp_out",
         "ln1.hook_scale", "ln1.hook_normalized", "ln2.hook_scale", "ln2.hook_normalized",
         "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_attn_scores", "attn.hook_pattern",
-        "attn.hook_z", "attn.hook_result", "mlp.hook_pre", "mlp.hook_post")],
+        "attn.hook_z", "mlp.hook_pre", "mlp.hook_post")],
 ]
 
 
@@ -205,10 +206,9 @@ def test_every_activation_has_its_transformer_lens_name(model, tokens):
     b, p = tokens.shape
     assert cache["blocks.1.attn.hook_pattern"].shape == (b, 4, p, p)
     assert cache["blocks.1.ln1.hook_scale"].shape == (b, p, 1)
-    # Everything but the per-head result, which is n_heads × attn_out and follows from hook_z and W_O.
-    per_head = {name for name in model.hook_dict if name.endswith("attn.hook_result")}
-    assert len(per_head) == model.cfg.n_layers
-    assert set(cache.keys()) == set(model.hook_dict) - per_head
+    assert set(cache.keys()) == set(model.hook_dict)
+    assert not any(name.endswith("attn.hook_result") for name in model.hook_dict)  # only while its switch is on
+    model.set_use_attn_result(True)
     _, named = model.run_with_cache(tokens, names_filter="blocks.1.attn.hook_result")
     assert named["blocks.1.attn.hook_result"].shape == (b, p, 4, 64)
 
@@ -216,7 +216,7 @@ def test_every_activation_has_its_transformer_lens_name(model, tokens):
 def test_a_missing_cache_entry_says_why_it_is_missing(model, tokens):
     _, cache = model.run_with_cache(tokens)
     assert isinstance(cache, ActivationCache)
-    with pytest.raises(KeyError, match=r"not cached.*left out by default.*stack_head_results"):
+    with pytest.raises(KeyError, match=r"use_attn_result is False.*set_use_attn_result\(True\)"):
         cache["blocks.0.attn.hook_result"]
     _, some = model.run_with_cache(tokens, names_filter="blocks.0.hook_resid_post")
     with pytest.raises(KeyError, match=r"'blocks.1.hook_resid_post' is a hook of the model but was not cached.*names_filter"):
@@ -231,8 +231,9 @@ def test_a_missing_cache_entry_says_why_it_is_missing(model, tokens):
 def test_head_results_computed_from_the_default_cache_equal_the_hooked_ones(model, tokens):
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens)
-        _, hooked = model.run_with_cache(tokens, names_filter=lambda name: name.endswith("attn.hook_result"))
         stacked = cache.stack_head_results()  # TransformerLens computes them from hook_z and W_O
+        model.set_use_attn_result(True)
+        _, hooked = model.run_with_cache(tokens, names_filter=lambda name: name.endswith("attn.hook_result"))
     expected = torch.cat([hooked[f"blocks.{l}.attn.hook_result"] for l in range(model.cfg.n_layers)], dim=2)
     assert torch.allclose(stacked, expected.movedim(2, 0), atol=1e-6)
 
@@ -271,6 +272,7 @@ def test_zero_ablating_a_head_changes_the_logits(model, tokens):
 
 
 def test_result_hook_sums_to_attn_out(model, tokens):
+    model.set_use_attn_result(True)
     _, cache = model.run_with_cache(tokens, names_filter=["blocks.0.attn.hook_result", "blocks.0.hook_attn_out"])
     summed = cache["blocks.0.attn.hook_result"].sum(2) + model.blocks[0].attn.b_O
     assert torch.allclose(summed, cache["blocks.0.hook_attn_out"], atol=1e-6)

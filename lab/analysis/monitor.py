@@ -233,7 +233,7 @@ class Monitor:
                 hooks.append((q, self._keep_query))
                 if self._cache is None:
                     hooks.append((k, self._keep_keys))
-        return hooks + [("hook_logits", self._on_logits)]
+        return hooks + [("unembed.hook_out", self._on_logits)]
 
     # --- generating --------------------------------------------------------------------------------------------
     def generate(self, tokens: Int[Tensor, "batch pos"], max_new_tokens: int, *, subject: Any = None,

@@ -35,7 +35,7 @@ class ModelConfig(Record, TransformerLensNames):
     positions: Literal["learned", "sinusoidal", "rotary", "none"] = "learned"
     rotary_dim: int = 0  # 0: d_head (rotate every dimension of each head)
     rotary_base: float = 10000.0
-    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    norm: Literal["layernorm", "rmsnorm", "layernorm_pre", "rmsnorm_pre"] = "layernorm"  # *_pre: no gain or bias
     norm_eps: float = 1e-5
     mlp: Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu"] = "gelu"
     block: Literal["pre_ln", "post_ln", "parallel"] = "pre_ln"  # parallel: x + attn(LN₁(x)) + mlp(LN₂(x)) (GPT-NeoX)
@@ -141,5 +141,20 @@ class ModelConfig(Record, TransformerLensNames):
         return (3 if self.mlp == "swiglu" else 2) * d * m + ((m + d) if self.bias else 0)
 
     def norm_params(self) -> int:
-        """The gain (and LayerNorm's bias) of one norm."""
-        return 2 * self.d_model if self.norm == "layernorm" else self.d_model
+        """The gain (and LayerNorm's bias) of one norm; none once weight processing has folded them."""
+        return {"layernorm": 2 * self.d_model, "rmsnorm": self.d_model}.get(self.norm, 0)
+
+
+_frozen_setattr = ModelConfig.__setattr__
+
+
+def _setattr(config: ModelConfig, name: str, value: Any) -> None:
+    """A ModelConfig is frozen, except the run-time defaults TransformerLens lets a user assign through the config
+    (`model.cfg.default_prepend_bos = False`), which are its model's RuntimeSettings."""
+    if name in RuntimeSettings.ASSIGNABLE:
+        config._runtime.assign(name, value)
+    else:
+        _frozen_setattr(config, name, value)
+
+
+ModelConfig.__setattr__ = _setattr  # type: ignore[method-assign]  # after @dataclass, which writes its own

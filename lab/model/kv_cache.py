@@ -68,9 +68,11 @@ class KVCacheEntry:
 
 @dataclass
 class KVCache:
-    """A KVCacheEntry per layer; `length` is the number of positions already processed."""
+    """A KVCacheEntry per layer; `length` is the number of positions already processed. `mask` [batch, length]
+    marks which cached positions are real tokens once a padded batch has been through (None: all of them)."""
 
     entries: list[KVCacheEntry] = field(default_factory=list)
+    mask: torch.Tensor | None = None
 
     @classmethod
     def empty(cls, n_layers: int, capacity: int = 0) -> "KVCache":
@@ -101,3 +103,5 @@ class KVCache:
         that the cache never holds keys for some layers and not others."""
         for entry in self.entries:
             entry.truncate(length)
+        if self.mask is not None:
+            self.mask = self.mask[:, : max(length, 0)] if length > 0 else None

@@ -67,6 +67,43 @@ class RMSNorm(nn.Module):
         return self.hook_normalized(x / scale) * self.w
 
 
+class LayerNormPre(nn.Module):
+    """LN(x) = (x − μ(x)) / sqrt(σ²(x) + ε): LayerNorm without its gain and bias, which weight processing folds
+    into the maps that read it (TransformerLens's LayerNormPre, normalization_type "LNPre")."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.eps = cfg.norm_eps
+        self._runtime = cfg.runtime
+        self.hook_scale = CheckedHookPoint()  # [batch, pos, 1]
+        self.hook_normalized = CheckedHookPoint()  # [batch, pos, d_model]
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        if not wants_norm_internals(self):
+            return F.layer_norm(x, (x.shape[-1],), None, None, self.eps)
+        centered = x - x.mean(dim=-1, keepdim=True)
+        scale = self.hook_scale((centered.square().mean(dim=-1, keepdim=True) + self.eps).sqrt())
+        return self.hook_normalized(centered / scale)
+
+
+class RMSNormPre(nn.Module):
+    """RMSNorm(x) = x / sqrt(mean(x²) + ε): RMSNorm without its gain, folded into the maps that read it
+    (TransformerLens's RMSNormPre, normalization_type "RMSPre")."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.eps = cfg.norm_eps
+        self._runtime = cfg.runtime
+        self.hook_scale = CheckedHookPoint()  # [batch, pos, 1]
+        self.hook_normalized = CheckedHookPoint()  # [batch, pos, d_model]
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        if not wants_norm_internals(self):
+            return F.rms_norm(x, (x.shape[-1],), None, self.eps)
+        scale = self.hook_scale((x.square().mean(dim=-1, keepdim=True) + self.eps).sqrt())
+        return self.hook_normalized(x / scale)
+
+
 class NoNorm(nn.Module):
     """The identity: the final 'norm' of a post-LN stack, whose blocks already end in a norm."""
 
@@ -75,4 +112,5 @@ class NoNorm(nn.Module):
 
 
 
-NORMS: dict[str, type[nn.Module]] = {"layernorm": LayerNorm, "rmsnorm": RMSNorm}
+NORMS: dict[str, type[nn.Module]] = {"layernorm": LayerNorm, "rmsnorm": RMSNorm, "layernorm_pre": LayerNormPre,
+                                     "rmsnorm_pre": RMSNormPre}

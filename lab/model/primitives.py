@@ -13,7 +13,8 @@ from transformer_lens.hook_points import HookPoint
 
 class CheckedHookPoint(HookPoint):
     """TransformerLens's HookPoint, whose hooks may return only a stand-in for the activation: a tensor of
-    its shape, dtype and device, or None (keep it). Anything else is a ValueError naming the hook.
+    its shape, dtype and device, or None (keep it); a backward hook may also return it as a 1-tuple (grad,).
+    Anything else is a ValueError naming the hook.
 
     Every way of attaching a hook — run_with_hooks, `with model.hooks(...)`, run_with_cache, add_hook —
     ends in `HookPoint.add_hook`, so the check lives here once. It wraps the hook function; a hook point
@@ -28,7 +29,9 @@ class CheckedHookPoint(HookPoint):
 
         def checked(tensor: Tensor, *, hook: Any) -> Any:  # TransformerLens passes the hook point as `hook=`
             result = user_hook(tensor, hook=hook)
-            if result is not None:
+            if dir == "bwd" and isinstance(result, tuple) and len(result) == 1:  # (grad,), as torch's own hooks return
+                check_replacement(result[0], tensor, hook.name, what)
+            elif result is not None:
                 check_replacement(result, tensor, hook.name, what)
             return result
 

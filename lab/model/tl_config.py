@@ -29,7 +29,16 @@ class RuntimeSettings:
     use_attn_in: bool = False  # attn.hook_attn_in: one residual copy per head, shared by q, k and v
     use_hook_mlp_in: bool = False  # blocks.{l}.hook_mlp_in: the MLP branch's input
     explicit_paths: bool = False  # explicit attention and norms on every forward, hooked or not
+    default_prepend_bos: bool = False  # text gets the tokenizer's BOS first unless prepend_bos says otherwise
     weights: tuple = ()  # (the model's Embed,) once a model owns this: where `device` and `dtype` are read
+
+    # What a user may assign through the config, as in TransformerLens (no hook point depends on it).
+    ASSIGNABLE = ("default_prepend_bos",)
+
+    def assign(self, name: str, value: object) -> None:
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be True or False, got {value!r}")
+        setattr(self, name, value)
 
     @property
     def device(self) -> torch.device:
@@ -62,7 +71,7 @@ class TransformerLensNames:
     # --- the names TransformerLens's ActivationCache reads --------------------------------------
     @property
     def normalization_type(self) -> str | None:
-        return {"layernorm": "LN", "rmsnorm": "RMS"}[self.norm]
+        return {"layernorm": "LN", "rmsnorm": "RMS", "layernorm_pre": "LNPre", "rmsnorm_pre": "RMSPre"}[self.norm]
 
     @property
     def act_fn(self) -> str:
@@ -91,15 +100,18 @@ class TransformerLensNames:
 
     @property
     def final_rms(self) -> bool:
-        return self.norm == "rmsnorm"
+        return self.norm in ("rmsnorm", "rmsnorm_pre")
 
     @property
     def default_prepend_bos(self) -> bool:
-        return False
+        """Whether text gets a BOS first by default: the owning model's setting (False for a config on its own,
+        and for Forma's own models; True for a Hugging Face model whose tokenizer has a BOS, as TransformerLens
+        sets it). Assignable: `model.cfg.default_prepend_bos = False`."""
+        return self._runtime.default_prepend_bos
 
     @property
     def uses_rms_norm(self) -> bool:
-        return self.norm == "rmsnorm"
+        return self.final_rms
 
     @property
     def eps(self) -> float:
