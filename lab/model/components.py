@@ -117,6 +117,20 @@ class PostLNBlock(_Block):
         return self.hook_resid_post(self.ln2(resid_mid + mlp_out))
 
 
+class AttnOnlyBlock(_Block):
+    """Attention only (TransformerLens's attn_only models):  x ← x + attn(LN₁(x)). No MLP, no resid_mid."""
+
+    def __init__(self, cfg: ModelConfig, causal: bool = True):
+        super().__init__(cfg, causal)
+        del self.ln2, self.mlp, self.hook_resid_mid, self.hook_mlp_out  # a hook point exists only where its activation does
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"], cache: KVCacheEntry | None = None,
+                padding: Padding | None = None) -> Float[Tensor, "batch pos d_model"]:
+        resid_pre = self.hook_resid_pre(x)
+        attn_out = self.hook_attn_out(self.attention(resid_pre, self.ln1, cache, padding))
+        return self.hook_resid_post(resid_pre + attn_out)
+
+
 class ParallelBlock(_Block):
     """Parallel attention and MLP (GPT-J, GPT-NeoX / Pythia):  x ← x + attn(LN₁(x)) + mlp(LN₂(x)).
 
@@ -136,4 +150,5 @@ class ParallelBlock(_Block):
 
 
 
-BLOCKS: dict[str, type[nn.Module]] = {"pre_ln": PreLNBlock, "post_ln": PostLNBlock, "parallel": ParallelBlock}
+BLOCKS: dict[str, type[nn.Module]] = {"pre_ln": PreLNBlock, "post_ln": PostLNBlock, "parallel": ParallelBlock,
+                                      "attn_only": AttnOnlyBlock}

@@ -38,7 +38,8 @@ class ModelConfig(Record, TransformerLensNames):
     norm: Literal["layernorm", "rmsnorm", "layernorm_pre", "rmsnorm_pre"] = "layernorm"  # *_pre: no gain or bias
     norm_eps: float = 1e-5
     mlp: Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu"] = "gelu"
-    block: Literal["pre_ln", "post_ln", "parallel"] = "pre_ln"  # parallel: x + attn(LN₁(x)) + mlp(LN₂(x)) (GPT-NeoX)
+    # parallel: x + attn(LN₁(x)) + mlp(LN₂(x)) (GPT-NeoX); attn_only: x + attn(LN₁(x)), no MLP
+    block: Literal["pre_ln", "post_ln", "parallel", "attn_only"] = "pre_ln"
     tied_embeddings: bool = False
     bias: bool = True  # biases on Q, K, V, O and the MLP's linear maps
     qkv_bias: bool = False  # biases on Q, K and V only, in a model whose `bias` is false (Qwen2)
@@ -110,7 +111,8 @@ class ModelConfig(Record, TransformerLensNames):
     def n_params(self) -> int:
         """Exact parameter count of `HookedTransformer(self)` (buffers excluded)."""
         d = self.d_model
-        block = self.attention_params() + self.mlp_params() + 2 * self.norm_params()
+        block = self.attention_params() + (self.norm_params() if self.block == "attn_only" else
+                                           self.mlp_params() + 2 * self.norm_params())
         total = self.n_layers * block + self.d_vocab * d + self.d_vocab  # W_E, b_U
         total += 0 if self.tied_embeddings else d * self.d_vocab  # W_U
         total += self.norm_params() if self.block != "post_ln" else 0  # ln_final (a post-LN block ends in its own)

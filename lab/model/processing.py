@@ -94,8 +94,9 @@ def _fold_ln(W: dict[str, Tensor], model: Any, center: bool) -> None:
     for layer, block in enumerate(model.blocks):
         p = f"blocks.{layer}."
         _fold_into(W, p + "ln1", [p + f"attn.W_{x}" for x in "QKV"], center)
-        _fold_into(W, p + "ln2", [p + "mlp.W_in"] + ([p + "mlp.W_gate"] if p + "mlp.W_gate" in W else []), center,
-                   centred=[p + "mlp.W_in"])
+        if p + "ln2.w" in W:  # not in an attention-only block
+            _fold_into(W, p + "ln2", [p + "mlp.W_in"] + ([p + "mlp.W_gate"] if p + "mlp.W_gate" in W else []),
+                       center, centred=[p + "mlp.W_in"])
     if "ln_final.w" in W:
         w, b = W.pop("ln_final.w"), W.pop("ln_final.b", None)
         if b is not None:
@@ -165,7 +166,7 @@ def _rebuild(model: Any, folded: bool, untie: bool) -> None:
     if folded:
         for block in model.blocks:
             for name in ("ln1", "ln2"):
-                if not isinstance(getattr(block, name), NoNorm):
+                if hasattr(block, name) and not isinstance(getattr(block, name), NoNorm):
                     setattr(block, name, NORMS[new.norm](new).to(**where))
         if not isinstance(model.ln_final, NoNorm):
             model.ln_final = NORMS[new.norm](new).to(**where)

@@ -96,7 +96,7 @@ class TransformerLensNames:
 
     @property
     def attn_only(self) -> bool:
-        return False
+        return self.block == "attn_only"
 
     @property
     def final_rms(self) -> bool:

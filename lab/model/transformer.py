@@ -42,7 +42,7 @@ from lab.model.checkpoint import (CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, loa
 from lab.model.components import (BLOCKS, NORMS, POSITIONS, Attention, CheckedHookPoint, Embed, NoNorm, TiedUnembed,
                                   Unembed, set_hook_points)
 from lab.model.config import ModelConfig
-from lab.model.errors import HookSwitchedOff
+from lab.model.errors import HookSwitchedOff, Misuse
 from lab.model.generation import generate
 from lab.model.inputs import InputChecks
 from lab.model.kv_cache import KVCache
@@ -306,6 +306,8 @@ class HookedTransformer(TLWeights, TextMethods, InputChecks, HookedRootModule):
     def set_use_hook_mlp_in(self, use_hook_mlp_in: bool) -> None:
         """Route each MLP branch's input through its own hook point, blocks.{l}.hook_mlp_in [batch, pos, d_model]
         (resid_mid, before ln2)."""
+        if use_hook_mlp_in is True and self.cfg.block == "attn_only":
+            raise Misuse("Can't use hook_mlp_in with attn_only model: it has no MLP")
         self._switch("use_hook_mlp_in", use_hook_mlp_in, [(block, block.MLP_INPUT_HOOKS) for block in self.blocks])
 
     def set_explicit_paths(self, explicit_paths: bool) -> None:
