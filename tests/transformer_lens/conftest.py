@@ -160,3 +160,9 @@ def gpt2_model(request):
     """TransformerLens's acceptance fixture (tests/acceptance/conftest.py): gpt2 with the default weight processing,
     of the implementation under test."""
     return IMPLEMENTATIONS[request.node.getparent(Twin).name].from_pretrained("gpt2", device="cpu")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(one_thread):
+    """Tiny models: one intra-op thread each (tests/conftest.py's one_thread)."""
+    yield
