@@ -100,7 +100,26 @@ def test_fast_path_is_taken_unless_the_pattern_is_asked_for(model, tokens, monke
     model.run_with_cache(tokens, names_filter=lambda n: "resid" in n)
     assert calls == {"explicit": 0, "fused": 4}
     model.run_with_cache(tokens, names_filter="blocks.1.attn.hook_pattern")
-    assert calls == {"explicit": 1, "fused": 5}
+    assert calls == {"explicit": 1, "fused": 6}  # the pattern only read: z from the fused kernel all the same
+
+
+@pytest.mark.parametrize("variant", [dict(), dict(positions="rotary", norm="rmsnorm", mlp="swiglu", n_kv_heads=2)],
+                         ids=["gpt2", "llama"])
+def test_reading_an_activation_changes_no_number_and_editing_one_takes_the_explicit_path(variant, tokens):
+    """A cache of every activation (patterns and norm scales included) gives the plain forward's logits bit for
+    bit; a hook that edits the pattern or a scale, in place or by a new tensor, changes them."""
+    model = HookedTransformer(tiny_config(**variant), seed=0).eval()
+    with torch.no_grad():
+        plain = model(tokens)
+        cached, cache = model.run_with_cache(tokens)
+        assert torch.equal(cached, plain) and "blocks.1.attn.hook_pattern" in cache.keys()
+
+        def in_place(x, hook):
+            x[..., 0] *= 1.5
+
+        for name, hook in [("blocks.1.attn.hook_pattern", in_place), ("blocks.0.ln2.hook_scale", in_place),
+                           ("blocks.1.attn.hook_attn_scores", lambda x, hook: x * 0.5)]:
+            assert (model.run_with_hooks(tokens, fwd_hooks=[(name, hook)]) - plain).abs().max() > 1e-4, name
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=IDS)

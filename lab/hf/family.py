@@ -50,6 +50,9 @@ class Family:
     prepend_bos: bool = True
 
     def set_defaults(self, model: HookedTransformer) -> HookedTransformer:
-        """The converted model's run-time defaults: default_prepend_bos as TransformerLens sets it."""
+        """The converted model's run-time defaults as TransformerLens sets them: default_prepend_bos, and a tokenizer
+        without a pad token padding with its EOS."""
+        if model.tokenizer is not None:
+            model.set_tokenizer(model.tokenizer)
         model.cfg.default_prepend_bos = self.prepend_bos and model.tokenizer is not None and has_bos(model.tokenizer)
         return model

@@ -13,8 +13,8 @@ from torch import Tensor, nn
 from lab.model.config import ModelConfig
 from lab.model.kv_cache import KVCacheEntry
 from lab.model.padding import Padding
-from lab.model.primitives import (CheckedHookPoint, Derived, empty_parameter, init_normal_, linear, reset_biases,
-                                  zero_parameter)
+from lab.model.primitives import (CheckedHookPoint, Derived, Reads, empty_parameter, init_normal_, linear,
+                                  reset_biases, zero_parameter)
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -260,14 +260,20 @@ class Attention(nn.Module):
         Query head h = j·group + g reads key/value head j (group = n_heads / n_kv_heads), so the query heads are
         laid out as [batch·kv_head, group·q_pos, d_head]: one product per key/value head serves its whole group,
         and the keys and values are read where they are instead of being repeated for every query head. The
-        scores of that product are [batch, head, q_pos, k_pos] as they stand (a view, no copy)."""
+        scores of that product are [batch, head, q_pos, k_pos] as they stand (a view, no copy).
+
+        When no hook changed the scores or the pattern (a hook that only reads them, as run_with_cache's), z is
+        the fused path's: reading an activation never changes a number."""
         batch, q_len, heads, d_head = q.shape
         kv, k_len = self.n_kv_heads, k.shape[1]
         group = heads // kv
-        q, k, v = (t.transpose(1, 2).reshape(batch * kv, -1, d_head) for t in (q, k, v))
-        scores = self.hook_attn_scores(self._scores(q, k, offset, group).view(batch, heads, q_len, k_len))
-        pattern = self.hook_pattern(scores.softmax(dim=-1))
-        z = torch.bmm(pattern.reshape(batch * kv, group * q_len, k_len), v)  # [batch·kv_head, group·q_pos, d_head]
+        qg, kg, vg = (t.transpose(1, 2).reshape(batch * kv, -1, d_head) for t in (q, k, v))
+        scores = self._scores(qg, kg, offset, group).view(batch, heads, q_len, k_len)
+        read = Reads()
+        pattern = read(self.hook_pattern, read(self.hook_attn_scores, scores).softmax(dim=-1))
+        if read.unchanged:
+            return self._fused(q, k, v, offset)
+        z = torch.bmm(pattern.reshape(batch * kv, group * q_len, k_len), vg)  # [batch·kv_head, group·q_pos, d_head]
         return z.view(batch, heads, q_len, d_head).transpose(1, 2)
 
     def _padded(self, q: Tensor, k: Tensor, v: Tensor, offset: int, padding: Padding) -> Tensor:
@@ -278,12 +284,13 @@ class Attention(nn.Module):
         group = self.n_heads // self.n_kv_heads
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [batch, head, pos, d_head]
         if self.wants_pattern():
-            if group > 1:
-                k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-            scores = (q @ k.transpose(-1, -2) / math.sqrt(self.d_head)).masked_fill(~visible, float("-inf"))
-            pattern = self.hook_attn_scores(scores).softmax(dim=-1)
-            pattern = self.hook_pattern(torch.where(pattern.isnan(), torch.zeros_like(pattern), pattern))
-            return (pattern @ v).transpose(1, 2)
+            kr, vr = (k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)) if group > 1 else (k, v)
+            scores = (q @ kr.transpose(-1, -2) / math.sqrt(self.d_head)).masked_fill(~visible, float("-inf"))
+            read = Reads()
+            pattern = read(self.hook_attn_scores, scores).softmax(dim=-1)
+            pattern = read(self.hook_pattern, torch.where(pattern.isnan(), torch.zeros_like(pattern), pattern))
+            if not read.unchanged:
+                return (pattern @ vr).transpose(1, 2)
         z = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=group > 1)
         return z.masked_fill(~visible.any(dim=-1, keepdim=True), 0.0).transpose(1, 2)
 

@@ -68,7 +68,7 @@ class ModelConfig(Record, TransformerLensNames):
             object.__setattr__(self, "rotary_dim", self.d_head)
         need(self, self.n_heads % self.n_kv_heads == 0,
              f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
-        need(self, self.rotary_dim % 2 == 0 and self.rotary_dim <= self.d_head,
+        need(self, self.positions != "rotary" or (self.rotary_dim % 2 == 0 and self.rotary_dim <= self.d_head),
              f"rotary_dim must be even and at most d_head ({self.d_head}), got {self.rotary_dim}")
         need(self, self.rotary_base > 0, f"rotary_base must be positive, got {self.rotary_base}")
         need(self, self.positions != "sinusoidal" or self.d_model % 2 == 0,

@@ -1,5 +1,6 @@
-"""What HookedTransformer's forward pass checks at its boundary: token ids, the residual stream that
-start_at_layer resumes from, and which blocks start_at_layer / stop_at_layer select."""
+"""What HookedTransformer's forward pass reads and checks at its boundary: text or token ids and the padding of
+the pass (TransformerLens's input_to_embed), the residual stream that start_at_layer resumes from, and which
+blocks start_at_layer / stop_at_layer select."""
 
 from typing import Any
 
@@ -7,11 +8,40 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from lab.model.kv_cache import KVCache
+from lab.model.kv_cache import KVCache, TransformerLensCache
+from lab.model.padding import padding_of
+from lab.model.text import is_text
 
 
 class InputChecks:
-    """The checks of a model with `cfg` and `embed`."""
+    """The inputs of a model with `cfg`, `embed`, a tokenizer (`lab.model.text.TextMethods`) and `_run`."""
+
+    def _prepare(self, input: Any, prepend_bos: bool | None, padding_side: str | None, mask: Tensor | None,
+                 kv_cache: Any) -> tuple[Tensor, Any, Tensor | None]:
+        """(token ids, the pass's Padding or None, the mask of the text's own padding or None) of text or ids."""
+        offset, loss_mask = 0 if kv_cache is None else kv_cache.length, None
+        if is_text(input):
+            input, loss_mask = self.tokenize(input, prepend_bos, padding_side)
+            if mask is None and (self.padding_side(padding_side) == "left" or kv_cache is not None):
+                mask = loss_mask
+        elif mask is None and self.tokenizer is not None and (
+                self.padding_side(padding_side) == "left" or isinstance(kv_cache, TransformerLensCache)):
+            mask = self.inferred_padding(self.check_tokens(input, offset), prepend_bos, padding_side)
+        tokens = self.check_tokens(input, offset)
+        if mask is not None and kv_cache is None and bool(mask.all()):
+            mask = None  # nothing is padding: the unpadded paths
+        cached = None if kv_cache is None else kv_cache.mask
+        return tokens, padding_of(mask, cached, offset, tuple(tokens.shape), tokens.device), loss_mask
+
+    def input_to_embed(self, input: Any, prepend_bos: bool | None = None, padding_side: str | None = None,
+                       attention_mask: Tensor | None = None, past_kv_cache: Any = None
+                       ) -> tuple[Tensor, Tensor, None, Tensor | None]:
+        """TransformerLens's first step: (residual stream entering block 0, token ids, None (no shortformer
+        positions), the attention mask of the pass or None)."""
+        cache = None if past_kv_cache is None else TransformerLensCache(past_kv_cache)
+        tokens, padding, _ = self._prepare(input, prepend_bos, padding_side, attention_mask, cache)
+        x = self._run(tokens, None, None if cache is None else cache, 0, 0, None, padding)
+        return x, tokens, None, None if padding is None else padding.keys.long()
 
     def check_tokens(self, tokens: Any, offset: int = 0) -> Int[Tensor, "batch pos"]:
         """Validate a batch of token ids at the boundary; a 1-D sequence becomes a batch of one."""

@@ -7,13 +7,13 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from lab.model.config import ModelConfig
-from lab.model.primitives import CheckedHookPoint
+from lab.model.primitives import CheckedHookPoint, Reads
 
 
 def wants_norm_internals(norm: nn.Module) -> bool:
     """True when a hook asks for a norm's scale or normalized input, or the model's explicit paths are on:
-    then the explicit path runs and fires them; otherwise torch's fused layer_norm / rms_norm computes the
-    same function."""
+    then the explicit path runs and fires them (its result used only if a hook changed one); otherwise torch's
+    fused layer_norm / rms_norm computes the same function."""
     return norm._runtime.explicit_paths or norm.hook_scale.has_hooks() or norm.hook_normalized.has_hooks()
 
 
@@ -36,12 +36,14 @@ class LayerNorm(nn.Module):
             self.b.zero_()
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
-        if not wants_norm_internals(self):  # one fused kernel; the same result to float round-off
-            return F.layer_norm(x, (x.shape[-1],), self.w, self.b, self.eps)
+        fused = F.layer_norm(x, (x.shape[-1],), self.w, self.b, self.eps)  # the same result to float round-off
+        if not wants_norm_internals(self):
+            return fused
         # mean, then the mean square of the centred input: on CPU several times faster than var_mean
-        centered = x - x.mean(dim=-1, keepdim=True)
-        scale = self.hook_scale((centered.square().mean(dim=-1, keepdim=True) + self.eps).sqrt())
-        return torch.addcmul(self.b, self.hook_normalized(centered / scale), self.w)
+        centered, read = x - x.mean(dim=-1, keepdim=True), Reads()
+        scale = read(self.hook_scale, (centered.square().mean(dim=-1, keepdim=True) + self.eps).sqrt())
+        normalized = read(self.hook_normalized, centered / scale)
+        return fused if read.unchanged else torch.addcmul(self.b, normalized, self.w)
 
 
 class RMSNorm(nn.Module):
@@ -61,10 +63,13 @@ class RMSNorm(nn.Module):
             self.w.fill_(1.0)
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
-        if not wants_norm_internals(self):  # one fused kernel; the same result to float round-off
-            return F.rms_norm(x, (x.shape[-1],), self.w, self.eps)
-        scale = self.hook_scale((x.square().mean(dim=-1, keepdim=True) + self.eps).sqrt())
-        return self.hook_normalized(x / scale) * self.w
+        fused = F.rms_norm(x, (x.shape[-1],), self.w, self.eps)  # the same result to float round-off
+        if not wants_norm_internals(self):
+            return fused
+        read = Reads()
+        scale = read(self.hook_scale, (x.square().mean(dim=-1, keepdim=True) + self.eps).sqrt())
+        normalized = read(self.hook_normalized, x / scale)
+        return fused if read.unchanged else normalized * self.w
 
 
 class LayerNormPre(nn.Module):
@@ -79,11 +84,13 @@ class LayerNormPre(nn.Module):
         self.hook_normalized = CheckedHookPoint()  # [batch, pos, d_model]
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        fused = F.layer_norm(x, (x.shape[-1],), None, None, self.eps)
         if not wants_norm_internals(self):
-            return F.layer_norm(x, (x.shape[-1],), None, None, self.eps)
-        centered = x - x.mean(dim=-1, keepdim=True)
-        scale = self.hook_scale((centered.square().mean(dim=-1, keepdim=True) + self.eps).sqrt())
-        return self.hook_normalized(centered / scale)
+            return fused
+        centered, read = x - x.mean(dim=-1, keepdim=True), Reads()
+        scale = read(self.hook_scale, (centered.square().mean(dim=-1, keepdim=True) + self.eps).sqrt())
+        normalized = read(self.hook_normalized, centered / scale)
+        return fused if read.unchanged else normalized
 
 
 class RMSNormPre(nn.Module):
@@ -98,10 +105,13 @@ class RMSNormPre(nn.Module):
         self.hook_normalized = CheckedHookPoint()  # [batch, pos, d_model]
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        fused = F.rms_norm(x, (x.shape[-1],), None, self.eps)
         if not wants_norm_internals(self):
-            return F.rms_norm(x, (x.shape[-1],), None, self.eps)
-        scale = self.hook_scale((x.square().mean(dim=-1, keepdim=True) + self.eps).sqrt())
-        return self.hook_normalized(x / scale)
+            return fused
+        read = Reads()
+        scale = read(self.hook_scale, (x.square().mean(dim=-1, keepdim=True) + self.eps).sqrt())
+        normalized = read(self.hook_normalized, x / scale)
+        return fused if read.unchanged else normalized
 
 
 class NoNorm(nn.Module):

@@ -57,6 +57,29 @@ def check_replacement(result: Any, tensor: Any, name: str | None, what: str = "a
                          f"{tensor.dtype} {what} on {tensor.device}: a replacement must keep the dtype and device")
 
 
+class Reads:
+    """Whether the hooks on an explicit path only read its activations: each hook point returns the very tensor it
+    was given, unwritten. Then the path's fused kernel gives the result, so that a hook (or a cache) that only
+    reads leaves every number exactly as it is without one (outside inference mode, whose tensors do not count
+    their writes).
+
+        read = Reads()
+        pattern = read(hook_pattern, read(hook_attn_scores, scores).softmax(-1))
+        z = fused(...) if read.unchanged else pattern @ v"""
+
+    def __init__(self) -> None:
+        self.unchanged = True
+
+    def __call__(self, hook_point: nn.Module, tensor: Tensor) -> Tensor:
+        if tensor.is_inference():  # its writes are not counted: take the explicit path's result
+            self.unchanged = False
+            return hook_point(tensor)
+        version = tensor._version
+        output = hook_point(tensor)
+        self.unchanged = self.unchanged and output is tensor and output._version == version
+        return output
+
+
 def empty_parameter(*shape: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(shape))
 

@@ -30,6 +30,15 @@ class TextMethods:
             raise Misuse("this model has no tokenizer attached: pass token ids, or set model.tokenizer")
         return self.tokenizer
 
+    def set_tokenizer(self, tokenizer: Any, default_padding_side: str | None = None) -> None:
+        """Attach a tokenizer as TransformerLens does: a transformers tokenizer without a pad token pads with its
+        EOS, and pads on default_padding_side (else its own side, else the right)."""
+        self.tokenizer = tokenizer
+        if hasattr(tokenizer, "pad_token") and tokenizer.pad_token is None and tokenizer.eos_token is not None:
+            tokenizer.pad_token = tokenizer.eos_token
+        if default_padding_side is not None or getattr(tokenizer, "padding_side", "right") is None:
+            tokenizer.padding_side = self.padding_side(default_padding_side)
+
     def to_tokens(self, input: str | list[str], prepend_bos: bool | None = None, padding_side: str | None = None,
                   move_to_device: bool = True, truncate: bool = True) -> Int[Tensor, "batch pos"]:
         """Encode a string or a list of strings into [batch, pos] ids, padding shorter texts (see the module's

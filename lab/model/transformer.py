@@ -45,12 +45,12 @@ from lab.model.config import ModelConfig
 from lab.model.errors import HookSwitchedOff, Misuse
 from lab.model.generation import generate
 from lab.model.inputs import InputChecks
-from lab.model.kv_cache import KVCache
+from lab.model.kv_cache import KVCache, TransformerLensCache
 from lab.model.loss import next_token_loss, per_token_loss
 from lab.model.memory import available_memory, check_fits_in_memory  # noqa: F401
 from lab.model.padding import padding_of
 from lab.model.processing import process_weights
-from lab.model.text import TextMethods, is_text
+from lab.model.text import TextMethods
 from lab.model.tl_weights import TLWeights
 
 HookFn = Callable[[Tensor, HookPoint], Tensor | None]
@@ -109,6 +109,7 @@ class HookedTransformer(TLWeights, TextMethods, InputChecks, HookedRootModule):
         return_type: str | None = "logits", *, loss_per_token: bool = False, prepend_bos: bool | None = None,
         padding_side: str | None = None, start_at_layer: int | None = None, stop_at_layer: int | None = None,
         tokens: Tensor | None = None, attention_mask: Tensor | None = None, kv_cache: KVCache | None = None,
+        past_kv_cache: Any = None,
     ) -> Any:
         """The model on token ids, or on text through `tokenize`, with TransformerLens's call conventions.
 
@@ -122,34 +123,28 @@ class HookedTransformer(TLWeights, TextMethods, InputChecks, HookedRootModule):
         attention_mask [batch, pos] (1 real, 0 padding; lab.model.padding): padding changes no real token's
         result. Texts of different lengths are padded, and masked as TransformerLens masks them (on the left
         side, or with a KV cache); ids are read for padding as TransformerLens reads them when the tokenizer pads
-        on the left. The loss never counts padding. With a KV cache, `input` continues the cached prefix; a pass
-        that raises (a hook, an interrupt) leaves the cache as it was before it.
+        on the left or a TransformerLens cache is given. The loss never counts padding. With a KV cache
+        (Forma's kv_cache, or TransformerLens's past_kv_cache), `input` continues the cached prefix; a pass that
+        raises (a hook, an interrupt) leaves Forma's cache as it was before it.
         """
         if return_type not in RETURN_TYPES:
             raise ValueError(f"return_type must be one of {RETURN_TYPES}, got {return_type!r}")
+        if past_kv_cache is not None:
+            if kv_cache is not None:
+                raise ValueError("give a KV cache as kv_cache (Forma's) or past_kv_cache (TransformerLens's), not both")
+            kv_cache = TransformerLensCache(past_kv_cache)
         start, stop = self._layer_range(start_at_layer, stop_at_layer, kv_cache)
-        offset = 0 if kv_cache is None else kv_cache.length
-        x, mask, loss_mask = None, attention_mask, None
+        x, loss_mask = None, None
         if start_at_layer is None:
-            if is_text(input):
-                input, loss_mask = self.tokenize(input, prepend_bos, padding_side)
-                if mask is None and (self.padding_side(padding_side) == "left" or kv_cache is not None):
-                    mask = loss_mask
-            elif mask is None and self.tokenizer is not None and self.padding_side(padding_side) == "left":
-                mask = self.inferred_padding(self.check_tokens(input, offset), prepend_bos, padding_side)
-            tokens = self.check_tokens(input, offset)
-            shape = tokens.shape
+            tokens, padding, loss_mask = self._prepare(input, prepend_bos, padding_side, attention_mask, kv_cache)
         else:
             x = self._check_residual(input, start_at_layer)
-            shape = x.shape[:2]
             if tokens is not None:
                 tokens = self.check_tokens(tokens)
             elif return_type in ("loss", "both") and stop_at_layer is None:
                 raise ValueError(f"return_type={return_type!r} with start_at_layer needs tokens= (the ids whose next "
                                  "tokens the loss scores): the residual stream alone does not say them")
-        if mask is not None and kv_cache is None and bool(mask.all()):
-            mask = None  # nothing is padding: the unpadded paths
-        padding = padding_of(mask, None if kv_cache is None else kv_cache.mask, offset, tuple(shape), self.W_E.device)
+            padding = padding_of(attention_mask, None, 0, tuple(x.shape[:2]), x.device)
         if stop_at_layer is not None:  # the residual stream entering block `stop`: nothing after it ran
             return self._run(tokens, x, kv_cache, start, stop, None, padding)
         logits = self._run(tokens, x, kv_cache, start, stop, ALL, padding)
@@ -191,8 +186,8 @@ class HookedTransformer(TLWeights, TextMethods, InputChecks, HookedRootModule):
             if x is None:
                 x = self.hook_embed(self.embed(tokens))
                 positions = self.pos_embed(tokens, offset, padding=padding)
-                if positions is not None:
-                    x = x + self.hook_pos_embed(positions)
+                if positions is not None:  # a copy: a hook that edits it in place edits this pass's, not W_pos
+                    x = x + self.hook_pos_embed(positions.clone())
             for layer in range(start, stop):
                 x = self.blocks[layer](x, None if kv_cache is None else kv_cache.entries[layer], padding)
             if kv_cache is not None and padding is not None:

@@ -67,6 +67,8 @@ class Twin(pytest.Module):
 
 
 class ImportFailed(pytest.Item):
+    originalname, fixturenames = "import", ()
+
     def __init__(self, *, reason: str, **kwargs):
         super().__init__(**kwargs)
         self.reason = reason

@@ -251,7 +251,7 @@ def forma_of(tl_model: Any) -> Any:
         d_vocab=c.d_vocab, d_model=c.d_model, n_layers=c.n_layers, n_heads=c.n_heads, n_ctx=c.n_ctx, d_head=c.d_head,
         d_mlp=c.d_mlp, n_kv_heads=c.n_key_value_heads or c.n_heads, norm_eps=c.eps,
         positions="rotary" if c.positional_embedding_type == "rotary" else "learned",
-        rotary_dim=c.rotary_dim or 0 if c.positional_embedding_type == "rotary" else 0,
+        rotary_dim=(c.rotary_dim or 0) if c.positional_embedding_type == "rotary" else 0,
         rotary_base=float(c.rotary_base), norm=NORMS[c.normalization_type],
         mlp="swiglu" if c.gated_mlp else ACTIVATIONS.get(c.act_fn, "relu"),
         block="attn_only" if c.attn_only else "parallel" if c.parallel_attn_mlp else "pre_ln")
