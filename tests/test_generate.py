@@ -224,5 +224,21 @@ def test_model_generate_refuses_what_transformer_lens_refuses(model):
     with pytest.raises(Misuse, match="no tokenizer"):
         model.generate("hello", 3)
     with pytest.raises(ValueError, match="return_type"):
-        model.generate(prompt, 3, stop_at_eos=False, return_type="embeds")
+        model.generate(prompt, 3, stop_at_eos=False, return_type="logits")
     assert model.generate(prompt, 3, stop_at_eos=False).shape == (1, 6)
+
+
+def test_model_generate_from_embeddings_continues_as_from_the_ids(worded):
+    """Token embeddings in: the same greedy continuation as from the ids, returned as the new ids, or as the
+    embeddings of the whole sequence."""
+    prompt = worded.to_tokens("w1 w2 w3")
+    from_ids = worded.generate(prompt, 4, do_sample=False, stop_at_eos=False)
+    embeds = worded.embed(prompt).detach()
+    for use_cache in (True, False):
+        new = worded.generate(embeds, 4, do_sample=False, stop_at_eos=False, return_type="tokens",
+                              use_past_kv_cache=use_cache)
+        assert torch.equal(new, from_ids[:, prompt.shape[1]:])
+    out = worded.generate(embeds, 4, do_sample=False, stop_at_eos=False)
+    assert out.shape == (1, prompt.shape[1] + 4, worded.cfg.d_model)
+    with torch.inference_mode():
+        assert torch.equal(out, worded.embed(from_ids))

@@ -76,8 +76,8 @@ class InputChecks:
         n_layers = self.cfg.n_layers
         if start_at_layer is None and stop_at_layer is None:
             return 0, n_layers
-        if kv_cache is not None:
-            raise ValueError("a KV cache needs every layer's keys for every step: it cannot be combined with "
+        if kv_cache is not None and not isinstance(kv_cache, TransformerLensCache):  # a TransformerLens cache may be
+            raise ValueError("a KV cache needs every layer's keys for every step: it cannot be combined with "  # frozen
                              "start_at_layer or stop_at_layer")
         bounds = []
         for name, value, default in (("start_at_layer", start_at_layer, 0), ("stop_at_layer", stop_at_layer, n_layers)):

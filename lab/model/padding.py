@@ -52,10 +52,14 @@ def offset_positions(mask: Tensor, offset: int) -> Int[Tensor, "batch pos"]:
 def padding_of(mask: Tensor | None, cached: Tensor | None, offset: int, shape: tuple[int, int],
                device: torch.device) -> Padding | None:
     """The Padding of a pass over `shape` = (batch, pos) new tokens, from this pass's mask and the cache's (either
-    may be None: every token real). None when neither says anything: the unpadded fast paths run."""
+    may be None: every token real; `mask` may also span the cached positions and the new, as TransformerLens's
+    does). None when neither says anything: the unpadded fast paths run."""
     if mask is None and cached is None:
         return None
     batch, length = shape
+    if offset and mask is not None and mask.shape[-1] == offset + length:  # the cached positions' and the new
+        keys = check_mask(mask, (batch, offset + length)).to(device)
+        return Padding(keys, offset_positions(keys, offset), offset)
     if mask is None:
         mask = torch.ones(batch, length, dtype=torch.bool, device=device)
     mask = check_mask(mask, shape).to(device)

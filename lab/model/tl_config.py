@@ -28,6 +28,7 @@ class RuntimeSettings:
     use_split_qkv_input: bool = False  # attn.hook_q_input / hook_k_input / hook_v_input: one residual copy per head
     use_attn_in: bool = False  # attn.hook_attn_in: one residual copy per head, shared by q, k and v
     use_hook_mlp_in: bool = False  # blocks.{l}.hook_mlp_in: the MLP branch's input
+    use_hook_tokens: bool = False  # hook_tokens [batch, pos]: the token ids, before the embedding
     explicit_paths: bool = False  # explicit attention and norms on every forward, hooked or not
     default_prepend_bos: bool = False  # text gets the tokenizer's BOS first unless prepend_bos says otherwise
     weights: tuple = ()  # (the model's Embed,) once a model owns this: where `device` and `dtype` are read
@@ -151,3 +152,7 @@ class TransformerLensNames:
     @property
     def use_hook_mlp_in(self) -> bool:
         return self._runtime.use_hook_mlp_in
+
+    @property
+    def use_hook_tokens(self) -> bool:
+        return self._runtime.use_hook_tokens

@@ -109,7 +109,7 @@ class HookedTransformer(TLWeights, TextMethods, InputChecks, HookedRootModule):
         return_type: str | None = "logits", *, loss_per_token: bool = False, prepend_bos: bool | None = None,
         padding_side: str | None = None, start_at_layer: int | None = None, stop_at_layer: int | None = None,
         tokens: Tensor | None = None, attention_mask: Tensor | None = None, kv_cache: KVCache | None = None,
-        past_kv_cache: Any = None,
+        past_kv_cache: Any = None, shortformer_pos_embed: None = None,
     ) -> Any:
         """The model on token ids, or on text through `tokenize`, with TransformerLens's call conventions.
 
@@ -129,6 +129,8 @@ class HookedTransformer(TLWeights, TextMethods, InputChecks, HookedRootModule):
         """
         if return_type not in RETURN_TYPES:
             raise ValueError(f"return_type must be one of {RETURN_TYPES}, got {return_type!r}")
+        if shortformer_pos_embed is not None:
+            raise ValueError("Forma's HookedTransformer has no shortformer positions: shortformer_pos_embed must be None")
         if past_kv_cache is not None:
             if kv_cache is not None:
                 raise ValueError("give a KV cache as kv_cache (Forma's) or past_kv_cache (TransformerLens's), not both")
@@ -144,7 +146,9 @@ class HookedTransformer(TLWeights, TextMethods, InputChecks, HookedRootModule):
             elif return_type in ("loss", "both") and stop_at_layer is None:
                 raise ValueError(f"return_type={return_type!r} with start_at_layer needs tokens= (the ids whose next "
                                  "tokens the loss scores): the residual stream alone does not say them")
-            padding = padding_of(attention_mask, None, 0, tuple(x.shape[:2]), x.device)
+            offset = 0 if kv_cache is None else kv_cache.length
+            cached = None if kv_cache is None else kv_cache.mask
+            padding = padding_of(attention_mask, cached, offset, tuple(x.shape[:2]), x.device)
         if stop_at_layer is not None:  # the residual stream entering block `stop`: nothing after it ran
             return self._run(tokens, x, kv_cache, start, stop, None, padding)
         logits = self._run(tokens, x, kv_cache, start, stop, ALL, padding)
@@ -184,6 +188,8 @@ class HookedTransformer(TLWeights, TextMethods, InputChecks, HookedRootModule):
         offset = 0 if kv_cache is None else kv_cache.check(self.cfg.n_layers, (tokens if x is None else x).shape[0])
         try:
             if x is None:
+                if self.cfg.runtime.use_hook_tokens:
+                    tokens = self.hook_tokens(tokens)
                 x = self.hook_embed(self.embed(tokens))
                 positions = self.pos_embed(tokens, offset, padding=padding)
                 if positions is not None:  # a copy: a hook that edits it in place edits this pass's, not W_pos
@@ -304,6 +310,11 @@ class HookedTransformer(TLWeights, TextMethods, InputChecks, HookedRootModule):
         if use_hook_mlp_in is True and self.cfg.block == "attn_only":
             raise Misuse("Can't use hook_mlp_in with attn_only model: it has no MLP")
         self._switch("use_hook_mlp_in", use_hook_mlp_in, [(block, block.MLP_INPUT_HOOKS) for block in self.blocks])
+
+    def set_use_hook_tokens(self, use_hook_tokens: bool) -> None:
+        """Route the token ids through hook_tokens [batch, pos] before the embedding (TransformerLens's
+        use_hook_tokens), so that a hook can replace a token."""
+        self._switch("use_hook_tokens", use_hook_tokens, [(self, ("hook_tokens",))])
 
     def set_explicit_paths(self, explicit_paths: bool) -> None:
         """Run the explicit attention softmax(QKᵀ/√d_head + M)·V and the explicit norms on every forward pass,

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.transformer_lens.expected import BOTH, PORTED
-from tests.transformer_lens.models import IMPLEMENTATIONS
+from tests.transformer_lens.expected import BOTH, FORMA_GAPS, PORTED
+from tests.transformer_lens.models import ALIASES, CHECKPOINTS, IMPLEMENTATIONS, checkpoint
 from tests.transformer_lens.under_test import implementation
 
 HERE = Path(__file__).resolve().parent
@@ -30,7 +30,11 @@ COMPLETE = pytest.StashKey[bool]()
 
 
 def pytest_configure(config):
+    """As upstream's tests/conftest.py: torch's generator seeded for the session."""
+    import torch
+
     config.stash[COMPLETE] = True
+    torch.manual_seed(42)
 
 
 def pytest_pycollect_makemodule(module_path, parent):
@@ -55,6 +59,7 @@ class Twin(pytest.Module):
         sys.modules.pop(name, None)
         try:
             with implementation(self.name):
+                seed()  # the module's own code draws the same numbers for both implementations
                 return super()._getobj()
         finally:
             sys.modules.pop(name, None)  # the other implementation's import starts afresh
@@ -80,6 +85,22 @@ class ImportFailed(pytest.Item):
         return self.path, 0, f"{self.name}: import"
 
 
+def seed() -> None:
+    """torch's and Python's generators seeded: each test (and each module's import) of a ported file draws the same
+    numbers on both implementations, so a model built from a TransformerLens config has the same weights on both."""
+    import random
+
+    import torch
+
+    random.seed(42)
+    torch.manual_seed(42)
+
+
+def pytest_runtest_setup(item):
+    if upstream_id(item.nodeid) is not None:
+        seed()
+
+
 def upstream_id(nodeid: str) -> tuple[str, str, str] | None:
     """(file, implementation, test) of a ported test's node id; None for any other node."""
     parts = nodeid.split("::")
@@ -95,8 +116,10 @@ def pytest_collection_modifyitems(session, config, items):
         found = upstream_id(item.nodeid)
         if found is None:
             continue
-        file, _, test = found
+        file, implementation, test = found
         reason = BOTH.get(f"{file}::{test}")
+        if reason is None and implementation == "forma" and f"{file}::{test}" in FORMA_GAPS:
+            reason = f"Forma's HookedTransformer has no {FORMA_GAPS[f'{file}::{test}']}"
         if reason is not None:
             item.add_marker(pytest.mark.xfail(strict=True, reason=reason))
     items.sort(key=lambda item: Path(item.nodeid.split("::")[0]).name == "test_table.py")
@@ -168,3 +191,37 @@ def gpt2_model(request):
 def _one_thread(one_thread):
     """Tiny models: one intra-op thread each (tests/conftest.py's one_thread)."""
     yield
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _the_stand_ins_by_name():
+    """`AutoTokenizer` / `AutoModelForCausalLM.from_pretrained` of an upstream model name give its stand-in's tokenizer
+    and Hugging Face model: both are the model under test, and nothing is fetched from a hub."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    patch = pytest.MonkeyPatch()
+    for auto in (AutoTokenizer, AutoModelForCausalLM):
+        original = auto.from_pretrained.__func__
+
+        def from_pretrained(cls, name, *args, original=original, **kwargs):
+            if isinstance(name, str) and (name in CHECKPOINTS or name in ALIASES):
+                name = str(checkpoint(name))
+            return original(cls, name, *args, **kwargs)
+
+        patch.setattr(auto, "from_pretrained", classmethod(from_pretrained))
+    yield
+    patch.undo()
+
+
+@pytest.fixture(scope="session")
+def gpt2_tokenizer():
+    """Upstream's tests/conftest.py fixture: GPT-2's tokenizer, here its stand-in's."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained("gpt2")
+
+
+@pytest.fixture(scope="module")
+def gpt2_hooked_processed(request):
+    """Upstream's tests/conftest.py fixture: gpt2 processed, of the implementation under test."""
+    return IMPLEMENTATIONS[request.node.getparent(Twin).name].from_pretrained("gpt2", device="cpu")

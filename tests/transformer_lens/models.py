@@ -4,8 +4,10 @@ implementations that load them — TransformerLens 3.9's own HookedTransformer (
 
 Each upstream model name maps to a tiny checkpoint of a family Forma converts, as close to the original as Forma
 allows: GPT-2 for gpt2 / gpt2-small / distilgpt2 and for TransformerLens's own SoLU and TinyStories models (GPT-2
-shaped, with their tokenizers' special tokens); GPT-NeoX for Pythia; LLaMA with grouped key/value heads for OPT
-(whose tokenizer, like OPT's, adds its BOS itself). Tokenizers are byte-level BPEs trained here on a paragraph
+shaped, with their tokenizers' special tokens); GPT-NeoX for Pythia; GPT-2's layout (OPT's: learned positions,
+LayerNorm, biases) for OPT, with a tokenizer that, like OPT's, adds its BOS itself; and LLaMA with grouped key/value
+heads for test_reference.py. Each has its original's layers and heads at a tiny width, and `AutoTokenizer` of an
+upstream name gives its stand-in's tokenizer (conftest.py). Tokenizers are byte-level BPEs trained here on a paragraph
 of English. `HookedTransformer(cfg)` of a TransformerLens config builds TransformerLens's model (random weights,
 as upstream) and, for Forma, the same weights converted (`forma_of`).
 """
@@ -18,7 +20,8 @@ from typing import Any
 
 import torch
 
-CORPUS = """Hello world! Hello World! Hello, world! How are you today? I'm fine, thank you. I am happy. The quick brown
+CORPUS = """Hi World! Hi there.
+Hello world! Hello World! Hello, world! How are you today? I'm fine, thank you. I am happy. The quick brown
 fox jumps over the lazy dog. Italy is in Europe. Pyeongchang Olympics was held in 2018. 2023-09-09 287594812673495.
 The circumference is the perimeter of the circle. There were some biomolecules in the sample. one two three one two
 three, four token sequence, seven token sequence seven token sequence, 2 2 2 seven token seq. When John and Mary went
@@ -30,7 +33,7 @@ there was a little girl named Lily. She loved to play outside in the sun with he
 doctor away, a day keeps junk the. As soon as this ferry boat docks I'm headed to the church to play bingo. Hello, my
 dog is cute. This is a much longer text. Hello, my cat is cute. Shine your light on me, Miss Liberty. Lorem ipsum
 dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor. Charlie Planet. Solid Gold Magikarp. The capital
-of France is Paris, and the capital of Germany is Berlin. The Eiffel Tower is located in the city of Paris.
+of France is Paris, and the capital of Germany is Berlin. Hi there, Hi again. Hi World! Hi World! Hi World! biomolecules are in cells. The Eiffel Tower is located in the city of Paris.
 0123456789 + - * / = ( ) [ ] { } < > @ # a b c d e f g h i j k l m n o p q r s t u v w x y z. The circ le. Le chat.
 """
 
@@ -85,13 +88,13 @@ def _randomised(model: Any) -> Any:
     return model
 
 
-def _hf_model(family: str, n_layers: int, n_heads: int) -> Any:
+def _hf_model(family: str, n_layers: int, n_heads: int, d_model: int) -> Any:
     from transformers import (GPT2Config, GPT2LMHeadModel, GPTNeoXConfig, GPTNeoXForCausalLM, LlamaConfig,
                               LlamaForCausalLM)
 
     torch.manual_seed(0)
     if family == "gpt2":
-        config = GPT2Config(n_layer=n_layers, n_embd=64, n_head=n_heads, vocab_size=1024, n_positions=1024,
+        config = GPT2Config(n_layer=n_layers, n_embd=d_model, n_head=n_heads, vocab_size=1024, n_positions=1024,
                             n_ctx=1024, bos_token_id=0, eos_token_id=0)
         return _randomised(GPT2LMHeadModel(config).eval())
     if family == "neox":
@@ -105,16 +108,18 @@ def _hf_model(family: str, n_layers: int, n_heads: int) -> Any:
     return _randomised(LlamaForCausalLM(config).eval())
 
 
-# upstream name -> (family, layers, heads, tokenizer): the layers and heads of the model it stands in for
+# upstream name -> (family, layers, heads, d_model, tokenizer): the layers and heads of the model it stands in for
 CHECKPOINTS = {
-    "gpt2": ("gpt2", 2, 4, "gpt2"), "solu-1l": ("gpt2", 1, 8, "solu"), "solu-2l": ("gpt2", 2, 8, "solu"),
-    "solu-3l": ("gpt2", 3, 8, "solu"), "pythia": ("neox", 2, 4, "gpt2"), "opt": ("llama", 2, 4, "opt"),
+    "gpt2": ("gpt2", 12, 12, 48, "gpt2"), "solu-1l": ("gpt2", 1, 8, 64, "solu"), "solu-2l": ("gpt2", 2, 8, 64, "solu"),
+    "solu-3l": ("gpt2", 3, 8, 64, "solu"), "tiny-stories-1M": ("gpt2", 8, 16, 64, "gpt2"),
+    "pythia": ("neox", 6, 8, 64, "gpt2"), "opt": ("gpt2", 12, 12, 48, "opt"),  # OPT: GPT-2's layout, its tokenizer
+    "llama": ("llama", 2, 4, 64, "opt"),  # LLaMA with grouped K/V heads (not upstream's: test_reference.py's)
 }
 # TransformerLens's own attention-only models, which no Hugging Face family holds: built from a TransformerLens
 # config with a fixed seed (standard positions, where the originals have shortformer ones Forma does not write down)
 NATIVE = {"attn-only-1l": 1, "attn-only-2l": 2, "attn-only-demo": 4}
-ALIASES = {"gpt2-small": "gpt2", "distilgpt2": "gpt2", "tiny-stories-1M": "solu-1l",
-           "roneneldan/TinyStories-1M": "solu-1l", "pythia-14m": "pythia", "pythia-70m": "pythia",
+ALIASES = {"gpt2-small": "gpt2", "distilgpt2": "gpt2", "roneneldan/TinyStories-1M": "tiny-stories-1M",
+           "pythia-14m": "pythia", "pythia-70m": "pythia",
            "EleutherAI/pythia-70m": "pythia", "facebook/opt-125m": "opt", "opt-125m": "opt"}
 
 _ROOT: list[Path] = []
@@ -140,10 +145,11 @@ def checkpoint(name: str) -> Path:
         raise KeyError(f"no tiny checkpoint stands in for {name!r}: it cannot be loaded offline")
     if not _ROOT:
         _ROOT.append(Path(tempfile.mkdtemp(prefix="forma-tl-checkpoints-")))
-    folder = _ROOT[0] / f"tiny-{key.replace('/', '-')}"
+    folder = _ROOT[0] / f"checkpoint-{list(CHECKPOINTS).index(key)}"  # no family name in the path: TransformerLens
+    # reads some families' architecture from a path's name
     if not (folder / "config.json").is_file():
-        family, n_layers, n_heads, tokenizer = CHECKPOINTS[key]
-        _hf_model(family, n_layers, n_heads).save_pretrained(folder)
+        family, n_layers, n_heads, d_model, tokenizer = CHECKPOINTS[key]
+        _hf_model(family, n_layers, n_heads, d_model).save_pretrained(folder)
         _save_tokenizer(folder, tokenizer)
     return folder
 
@@ -262,6 +268,7 @@ def forma_of(tl_model: Any) -> Any:
         warnings.simplefilter("ignore")
         model.load_weights(state, source="a TransformerLens HookedTransformer")
     model.cfg.default_prepend_bos = bool(c.default_prepend_bos)
+    model.set_use_hook_tokens(bool(c.use_hook_tokens))
     return model.to(c.device).eval()
 
 

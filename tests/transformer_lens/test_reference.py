@@ -9,7 +9,7 @@ import torch
 
 from tests.transformer_lens.models import IMPLEMENTATIONS
 
-FAMILIES = ["gpt2", "opt", "pythia"]  # GPT-2, LLaMA with grouped K/V heads, GPT-NeoX
+FAMILIES = ["gpt2", "llama", "pythia"]  # GPT-2, LLaMA with grouped K/V heads, GPT-NeoX
 TEXTS = ["When John and Mary went to the shops, John gave the bag to", "Hello world!", "I am happy."]
 TOL = 1e-5
 
