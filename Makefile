@@ -34,9 +34,11 @@ $(SAE_STAMP): $(STAMP) pyproject.toml constraints-sae.txt
 test: $(STAMP) test-sae
 	$(OFFLINE) $(BIN)/python -m pytest -q --durations=25
 
-# SAELens' trainer on a Forma hook (tests/sae), and the model's own tests on transformer-lens 3.9.
+# SAELens' trainer on a Forma hook (tests/sae), TransformerLens's own tests on Forma and on transformer-lens 3.9's
+# HookedTransformer (tests/transformer_lens, which writes docs/measured/transformer_lens.json), and the model's own
+# tests on transformer-lens 3.9.
 test-sae: $(SAE_STAMP)
-	$(OFFLINE) $(SAE_VENV)/bin/python -m pytest -q tests/sae tests/test_model.py tests/test_hook_misuse.py tests/test_lens.py
+	$(OFFLINE) $(SAE_VENV)/bin/python -m pytest -q tests/sae tests/transformer_lens tests/test_model.py tests/test_hook_misuse.py tests/test_lens.py
 
 # Peers first (minutes; the harvest against SAELens runs in the SAE environment), then what a user waits for
 # (about an hour: a fresh clone's install, `make demo`, every experiment's profiles); then the dashboard's

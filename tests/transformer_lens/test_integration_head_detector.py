@@ -1,6 +1,6 @@
 # Ported from TransformerLens: tests/integration/test_head_detector.py,
 # as released in transformer-lens 3.9.0 (sdist transformer_lens-3.9.0.tar.gz, sha256 671f01075af1107e…;
-# this content is in no commit of the public repository's history that we hold).
+# this content is in no commit of github.com/TransformerLensOrg/TransformerLens's history on record).
 # Only the model under test is substituted (tests/transformer_lens/under_test.py: Forma's HookedTransformer or
 # TransformerLens's, over the same tiny checkpoint, tests/transformer_lens/models.py); every test runs on both.
 import math
