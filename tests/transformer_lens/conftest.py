@@ -153,13 +153,14 @@ def outcomes() -> dict[tuple[str, str, str], bool]:
 
 
 def table(outcomes: dict) -> dict:
-    """The table of a run: per upstream file its tests and how many pass on each implementation."""
+    """The table of a run: per ported file (by its name less .py) its upstream file and commit, its tests and how
+    many pass on each implementation."""
     from tests.transformer_lens.expected import UPSTREAM
 
     files: dict[str, dict] = {}
     for (file, impl, test), passed in sorted(outcomes.items()):
-        row = files.setdefault(file, {"upstream": UPSTREAM[file][0], "commit": UPSTREAM[file][1],
-                                      "tests": set(), "reference": 0, "forma": 0})
+        row = files.setdefault(file.removesuffix(".py"), {  # no dot in a key: docs' markers read dotted paths
+            "upstream": UPSTREAM[file][0], "commit": UPSTREAM[file][1], "tests": set(), "reference": 0, "forma": 0})
         row["tests"].add(test)
         row[impl] += int(bool(passed))
     for row in files.values():
