@@ -51,6 +51,7 @@ def test_load_hf_reads_a_local_folder(tmp_path, tokens):
         assert torch.equal(HookedTransformer.from_pretrained_no_processing(tmp_path)(tokens), model(tokens))
         processed = HookedTransformer.from_pretrained(tmp_path)  # TransformerLens's processing, by default
         assert processed.cfg.norm == "rmsnorm_pre"
+        assert not any(module.training for module in processed.modules())  # the new norms in the model's mode
         assert (processed(tokens).log_softmax(-1) - model(tokens).log_softmax(-1)).abs().max() <= 1e-5
 
 

@@ -162,14 +162,14 @@ def _rebuild(model: Any, folded: bool, untie: bool) -> None:
     new = cfg.replace(norm=FOLDED[cfg.norm] if folded else cfg.norm, tied_embeddings=cfg.tied_embeddings and not untie)
     object.__setattr__(new, "_runtime", cfg.runtime)  # the same switches, read by every component
     model.cfg = new
-    where = dict(device=model.W_E.device, dtype=model.W_E.dtype)
+    where = dict(device=model.W_E.device, dtype=model.W_E.dtype)  # and each new module in the model's mode
     if folded:
         for block in model.blocks:
             for name in ("ln1", "ln2"):
                 if hasattr(block, name) and not isinstance(getattr(block, name), NoNorm):
-                    setattr(block, name, NORMS[new.norm](new).to(**where))
+                    setattr(block, name, NORMS[new.norm](new).to(**where).train(model.training))
         if not isinstance(model.ln_final, NoNorm):
-            model.ln_final = NORMS[new.norm](new).to(**where)
+            model.ln_final = NORMS[new.norm](new).to(**where).train(model.training)
     if untie:
-        unembed: nn.Module = Unembed(new).to(**where)
+        unembed: nn.Module = Unembed(new).to(**where).train(model.training)
         model.unembed = unembed
