@@ -17,6 +17,7 @@ import torch
 
 from lab.generate import decode
 from lab.hf import UnsupportedArchitecture, to_hf
+from lab.load import load_model
 from lab.model import HookedTransformer
 from lab.runs import write_json
 from lab.zoo import zoo_model_dir
@@ -109,7 +110,7 @@ def run_trust(name_or_path: str | Path, out: Path | None = None) -> tuple[dict[s
         folder = path
     else:
         folder = zoo_model_dir(str(name_or_path))
-    model = HookedTransformer.from_pretrained(folder)
+    model = load_model(folder)  # as trained: its logits are compared with Hugging Face's
     report = trust_report(model)
     target = Path(out) if out is not None else folder / "trust.json"
     write_json(target, report)

@@ -363,6 +363,25 @@ def test_save_and_load_round_trip(variant, tmp_path, tokens):
     assert torch.equal(HookedTransformer.from_pretrained(tmp_path)(tokens), model(tokens))
 
 
+def test_a_forma_folder_loads_as_saved_and_encodes_text_as_written(tmp_path, tokens):
+    """A Forma folder (a zoo model's) is a checkpoint of the model itself: from_pretrained's processing flags
+    default off for it, and its text gets no BOS (cfg.default_prepend_bos False), as its card says."""
+    from lab.tokenize import word_level
+
+    model = HookedTransformer(tiny_config(d_vocab=8), seed=7, tokenizer=word_level(["a", "b", "c", "d"])).eval()
+    model.save(tmp_path)
+    loaded = HookedTransformer.from_pretrained(tmp_path)
+    assert loaded.cfg == model.cfg and not loaded.cfg.default_prepend_bos
+    assert loaded.to_tokens("a b").tolist() == [[4, 5]]
+    assert loaded.to_tokens("a b", prepend_bos=True).tolist() == [[2, 4, 5]]
+    processed = HookedTransformer.from_pretrained(tmp_path, fold_ln=True, center_writing_weights=True,
+                                                  center_unembed=True)
+    assert processed.cfg.norm == "layernorm_pre"
+    with torch.no_grad():
+        ids = tokens[:, :8] % 8
+        assert torch.allclose(processed(ids).log_softmax(-1), model(ids).log_softmax(-1), atol=1e-5)
+
+
 def test_bad_checkpoints_raise_clear_errors(tmp_path, model):
     model.save(tmp_path / "ok")
     truncated = tmp_path / "truncated"

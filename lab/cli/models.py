@@ -9,9 +9,9 @@ def cmd_hooks(args: argparse.Namespace) -> int:
     """Print every hook point of a model with the shape it carries for a one-sequence input."""
     import torch
 
-    from lab import HookedTransformer
+    from lab.load import load_model
 
-    model = HookedTransformer.from_pretrained(args.model)
+    model = load_model(args.model)
     if args.tokens < 1:
         raise ValueError(f"--tokens must be at least 1, got {args.tokens}")
     tokens = torch.zeros(1, args.tokens, dtype=torch.long)  # longer than n_ctx: the model's own error
