@@ -120,6 +120,10 @@ def test_reading_an_activation_changes_no_number_and_editing_one_takes_the_expli
         for name, hook in [("blocks.1.attn.hook_pattern", in_place), ("blocks.0.ln2.hook_scale", in_place),
                            ("blocks.1.attn.hook_attn_scores", lambda x, hook: x * 0.5)]:
             assert (model.run_with_hooks(tokens, fwd_hooks=[(name, hook)]) - plain).abs().max() > 1e-4, name
+    with torch.inference_mode():  # inference tensors count no writes: the same holds, by comparison
+        assert torch.equal(model.run_with_cache(tokens)[0], model(tokens))
+        edited = model.run_with_hooks(tokens, fwd_hooks=[("blocks.1.attn.hook_pattern", in_place)])
+        assert (edited - model(tokens)).abs().max() > 1e-4
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=IDS)

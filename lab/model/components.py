@@ -122,7 +122,8 @@ class AttnOnlyBlock(_Block):
 
     def __init__(self, cfg: ModelConfig, causal: bool = True):
         super().__init__(cfg, causal)
-        del self.ln2, self.mlp, self.hook_resid_mid, self.hook_mlp_out  # a hook point exists only where its activation does
+        # a hook point exists only where its activation does
+        del self.ln2, self.mlp, self.hook_resid_mid, self.hook_mlp_out
 
     def forward(self, x: Float[Tensor, "batch pos d_model"], cache: KVCacheEntry | None = None,
                 padding: Padding | None = None) -> Float[Tensor, "batch pos d_model"]:

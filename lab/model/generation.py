@@ -7,6 +7,8 @@ untouched). Forma's own decoding loop (`lab.model.decoding`: `decode`, `generate
 use, with its own sampler; both read `next_token_logits` and a KV cache.
 """
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -56,12 +58,19 @@ def generate(model: Any, input: str | list[str] | Tensor = "", max_new_tokens: i
         mask = None
     check_max_new_tokens(max_new_tokens, tokens.shape[1], model.cfg.n_ctx)
     stop = _stop_tokens(model, stop_at_eos, eos_token_id)
-    with torch.random.fork_rng(devices=[] if tokens.device.type == "cpu" else [tokens.device], enabled=seed is not None):
-        if seed is not None:
-            torch.manual_seed(seed)
+    with _seeded(seed, tokens.device):
         out = _decode(model, tokens, mask, max_new_tokens, stop, do_sample, top_k, top_p, temperature, freq_penalty,
                       use_past_kv_cache)
     return _returned(model, out, return_type, "str" if text else "tokens")
+
+
+@contextmanager
+def _seeded(seed: int | None, device: torch.device) -> Iterator[None]:
+    """Draw from `seed` (the global generators left as they were); from the global generator when None."""
+    with torch.random.fork_rng(devices=[] if device.type == "cpu" else [device], enabled=seed is not None):
+        if seed is not None:
+            torch.manual_seed(seed)
+        yield
 
 
 def _returned(model: Any, tokens: Tensor, return_type: str | None, came_in: str) -> Any:
@@ -87,9 +96,7 @@ def _from_embeddings(model: Any, embeds: Tensor, max_new_tokens: int, stop: list
     cache = KVCache.empty(model.cfg.n_layers, embeds.shape[1] + max_new_tokens) if use_past_kv_cache else None
     finished = torch.zeros(batch, dtype=torch.bool, device=embeds.device)
     new, sampled_tokens = embeds, []
-    with torch.random.fork_rng(devices=[] if embeds.device.type == "cpu" else [embeds.device], enabled=seed is not None):
-        if seed is not None:
-            torch.manual_seed(seed)
+    with _seeded(seed, embeds.device):
         for _ in range(max_new_tokens):
             offset = 0 if cache is None else cache.length
             positions = model.pos_embed(new[..., 0], offset)

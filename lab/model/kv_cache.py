@@ -131,7 +131,8 @@ class TransformerLensCache:
     def mask(self, keys: torch.Tensor) -> None:
         if not self.cache.frozen:  # type: ignore[attr-defined]
             previous = self.cache.previous_attention_mask  # type: ignore[attr-defined]
-            self.cache.previous_attention_mask = keys.to(device=previous.device, dtype=previous.dtype)  # type: ignore[attr-defined]
+            self.cache.previous_attention_mask = keys.to(  # type: ignore[attr-defined]
+                device=previous.device, dtype=previous.dtype)
 
     def check(self, n_layers: int, batch: int) -> int:
         if len(self.entries) != n_layers:

@@ -60,8 +60,8 @@ def check_replacement(result: Any, tensor: Any, name: str | None, what: str = "a
 class Reads:
     """Whether the hooks on an explicit path only read its activations: each hook point returns the very tensor it
     was given, unwritten. Then the path's fused kernel gives the result, so that a hook (or a cache) that only
-    reads leaves every number exactly as it is without one (outside inference mode, whose tensors do not count
-    their writes).
+    reads leaves every number exactly as it is without one. (An inference tensor counts no writes: its hook
+    point is given a copy, compared with the original after.)
 
         read = Reads()
         pattern = read(hook_pattern, read(hook_attn_scores, scores).softmax(-1))
@@ -71,9 +71,11 @@ class Reads:
         self.unchanged = True
 
     def __call__(self, hook_point: nn.Module, tensor: Tensor) -> Tensor:
-        if tensor.is_inference():  # its writes are not counted: take the explicit path's result
-            self.unchanged = False
-            return hook_point(tensor)
+        if tensor.is_inference():  # its writes are not counted: the hook gets a copy, compared after
+            given = tensor.clone()
+            output = hook_point(given)
+            self.unchanged = self.unchanged and output is given and torch.equal(given, tensor)
+            return output
         version = tensor._version
         output = hook_point(tensor)
         self.unchanged = self.unchanged and output is tensor and output._version == version

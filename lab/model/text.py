@@ -172,7 +172,8 @@ class TextMethods:
 
 def is_text(input: Any) -> bool:
     """A string or a non-empty list of strings: what forward tokenizes before running."""
-    return isinstance(input, str) or (isinstance(input, list) and bool(input) and all(isinstance(t, str) for t in input))
+    return isinstance(input, str) or (isinstance(input, list) and bool(input)
+                                      and all(isinstance(t, str) for t in input))
 
 
 def _encode(tokenizer: Any, text: str, bos: bool) -> list[int]:

@@ -130,7 +130,7 @@ class HookedTransformer(TLWeights, TextMethods, InputChecks, HookedRootModule):
         if return_type not in RETURN_TYPES:
             raise ValueError(f"return_type must be one of {RETURN_TYPES}, got {return_type!r}")
         if shortformer_pos_embed is not None:
-            raise ValueError("Forma's HookedTransformer has no shortformer positions: shortformer_pos_embed must be None")
+            raise ValueError("shortformer_pos_embed: Forma's HookedTransformer has no shortformer positions")
         if past_kv_cache is not None:
             if kv_cache is not None:
                 raise ValueError("give a KV cache as kv_cache (Forma's) or past_kv_cache (TransformerLens's), not both")
@@ -281,7 +281,8 @@ class HookedTransformer(TLWeights, TextMethods, InputChecks, HookedRootModule):
         """Form every head's result z^h W_O^h (attn.hook_result [batch, pos, head, d_model]) on every forward and
         cache it by default. The hook point exists only while this is on, as in TransformerLens (off, a cache's
         stack_head_results computes the same from hook_z and W_O)."""
-        self._switch("use_attn_result", use_attn_result, [(block.attn, Attention.RESULT_HOOKS) for block in self.blocks])
+        self._switch("use_attn_result", use_attn_result,
+                     [(block.attn, Attention.RESULT_HOOKS) for block in self.blocks])
 
     def set_use_split_qkv_input(self, use_split_qkv_input: bool) -> None:
         """Give each query, key and value head its own copy of the attention's input (blocks.{l}.hook_q_input,
