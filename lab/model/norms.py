@@ -36,7 +36,12 @@ class LayerNorm(nn.Module):
             self.b.zero_()
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
-        fused = F.layer_norm(x, (x.shape[-1],), self.w, self.b, self.eps)  # the same result to float round-off
+        if torch.is_grad_enabled() and (self.w.requires_grad or self.b.requires_grad):
+            # The gain and bias outside the fused kernel, whose backward on the CPU sums their gradients in one
+            # partial sum per thread: the sums over rows here come out the same at any thread count.
+            fused = torch.addcmul(self.b, F.layer_norm(x, (x.shape[-1],), None, None, self.eps), self.w)
+        else:
+            fused = F.layer_norm(x, (x.shape[-1],), self.w, self.b, self.eps)  # one fused kernel, the same bits
         if not wants_norm_internals(self):
             return fused
         # mean, then the mean square of the centred input: on CPU several times faster than var_mean
