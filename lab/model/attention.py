@@ -171,6 +171,18 @@ class Attention(nn.Module):
         out = einops.einsum(x, W, "batch pos head d_model, head d_model d_head -> batch pos head d_head")
         return out if b is None else out.add_(b)
 
+    @property
+    def kv_heads(self) -> int:
+        """The key/value heads as hook_k, hook_v (and hook_k_input, hook_v_input) carry them: n_kv_heads, or one per
+        query head under the model's set_ungroup_grouped_query_attention(True)."""
+        return self.n_heads if self._runtime.ungroup_grouped_query_attention else self.n_kv_heads
+
+    def _ungrouped(self, t: Tensor, dim: int) -> Tensor:
+        """Key/value heads (or their weights) along `dim`, each repeated for the query heads that read it when
+        ungrouped; unchanged otherwise."""
+        group = self.kv_heads // self.n_kv_heads
+        return t if group == 1 or t is None else t.repeat_interleave(group, dim=dim)
+
     def wants_pattern(self) -> bool:
         """True when a hook asks for the scores or the pattern, or the model's explicit paths are on: then the
         explicit path runs."""
@@ -185,6 +197,7 @@ class Attention(nn.Module):
         else:  # cross-attention: queries from x, keys and values from the encoder's output
             q = self._project(x, self.W_Q, self.b_Q)
             k, v = self._project(kv_input, self.W_K, self.b_K), self._project(kv_input, self.W_V, self.b_V)
+        k, v = self._ungrouped(k, 2), self._ungrouped(v, 2)
         return self._attend(q, k, v, cache, self.rotates and kv_input is None, padding)
 
     def forward_per_head(
@@ -195,8 +208,8 @@ class Attention(nn.Module):
         """Self-attention whose every head reads its own copy of the input: q^h = x_q^h W_Q^h + b_Q^h, and
         k^j, v^j likewise from x_k^j, x_v^j for key/value head j. Equal to `forward` when every copy is x."""
         q = self._project_copies(q_input, self.W_Q, self.b_Q)
-        k = self._project_copies(k_input, self.W_K, self.b_K)
-        v = self._project_copies(v_input, self.W_V, self.b_V)
+        k = self._project_copies(k_input, self._ungrouped(self.W_K, 0), self._ungrouped(self.b_K, 0))
+        v = self._project_copies(v_input, self._ungrouped(self.W_V, 0), self._ungrouped(self.b_V, 0))
         return self._attend(q, k, v, cache, self.rotates, padding)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, cache: KVCacheEntry | None, rotate: bool,
@@ -265,7 +278,7 @@ class Attention(nn.Module):
         When no hook changed the scores or the pattern (a hook that only reads them, as run_with_cache's), z is
         the fused path's: reading an activation never changes a number."""
         batch, q_len, heads, d_head = q.shape
-        kv, k_len = self.n_kv_heads, k.shape[1]
+        kv, k_len = k.shape[2], k.shape[1]
         group = heads // kv
         qg, kg, vg = (t.transpose(1, 2).reshape(batch * kv, -1, d_head) for t in (q, k, v))
         scores = self._scores(qg, kg, offset, group).view(batch, heads, q_len, k_len)
@@ -281,7 +294,7 @@ class Attention(nn.Module):
         (firing hook_attn_scores and hook_pattern) or fused; a query that sees no key gets z = 0."""
         q_len, k_len = q.shape[1], k.shape[1]
         visible = padding.visible(self._causal_mask(q_len, k_len, offset, q.device))  # [batch, 1, q_pos, k_pos]
-        group = self.n_heads // self.n_kv_heads
+        group = q.shape[2] // k.shape[2]
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [batch, head, pos, d_head]
         if self.wants_pattern():
             kr, vr = (k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)) if group > 1 else (k, v)
@@ -297,7 +310,7 @@ class Attention(nn.Module):
     def _fused(self, q: Tensor, k: Tensor, v: Tensor, offset: int) -> Tensor:
         q_len, k_len = q.shape[1], k.shape[1]
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [batch, head, pos, d_head]
-        gqa = self.n_kv_heads != self.n_heads
+        gqa = k.shape[1] != q.shape[1]
         windowed = k_len > self.window  # the window hides some keys: only an explicit mask says which
         if not self.causal or (q_len == 1 and not windowed):  # no mask, or one new token that sees every key
             z = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)

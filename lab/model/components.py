@@ -80,11 +80,11 @@ class _Block(nn.Module):
             return attn(norm(resid), cache, padding=padding)
         if runtime.use_split_qkv_input:
             q_input = norm(attn.hook_q_input(self.hook_q_input(head_copies(resid, attn.n_heads))))
-            k_input = norm(attn.hook_k_input(self.hook_k_input(head_copies(resid, attn.n_kv_heads))))
-            v_input = norm(attn.hook_v_input(self.hook_v_input(head_copies(resid, attn.n_kv_heads))))
+            k_input = norm(attn.hook_k_input(self.hook_k_input(head_copies(resid, attn.kv_heads))))
+            v_input = norm(attn.hook_v_input(self.hook_v_input(head_copies(resid, attn.kv_heads))))
         else:
             q_input = norm(attn.hook_attn_in(self.hook_attn_in(head_copies(resid, attn.n_heads))))
-            k_input = v_input = q_input[:, :, : attn.n_kv_heads]
+            k_input = v_input = q_input[:, :, : attn.kv_heads]
         return attn.forward_per_head(q_input, k_input, v_input, cache, padding)
 
     def mlp_input(self, resid_mid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:

@@ -20,8 +20,8 @@ class RuntimeSettings:
     One object per model, shared by its config copy (`model.cfg.use_attn_result`, ... read it) and its
     components (which read it in `forward`). It changes only through the model's setters
     (`set_use_attn_result`, `set_use_split_qkv_input`, `set_use_attn_in`, `set_use_hook_mlp_in`,
-    `set_explicit_paths`), because a switch also adds or removes the hook points it makes real. None of it
-    is saved: a checkpoint holds the architecture and the weights.
+    `set_ungroup_grouped_query_attention`, `set_explicit_paths`), because a switch also adds or removes the hook
+    points it makes real. None of it is saved: a checkpoint holds the architecture and the weights.
     """
 
     use_attn_result: bool = False  # attn.hook_result [batch, pos, head, d_model] on every forward, cached by default
@@ -29,6 +29,7 @@ class RuntimeSettings:
     use_attn_in: bool = False  # attn.hook_attn_in: one residual copy per head, shared by q, k and v
     use_hook_mlp_in: bool = False  # blocks.{l}.hook_mlp_in: the MLP branch's input
     use_hook_tokens: bool = False  # hook_tokens [batch, pos]: the token ids, before the embedding
+    ungroup_grouped_query_attention: bool = False  # hook_k, hook_v and their inputs: a K/V head per query head
     explicit_paths: bool = False  # explicit attention and norms on every forward, hooked or not
     default_prepend_bos: bool = False  # text gets the tokenizer's BOS first unless prepend_bos says otherwise
     weights: tuple = ()  # (the model's Embed,) once a model owns this: where `device` and `dtype` are read
@@ -156,3 +157,7 @@ class TransformerLensNames:
     @property
     def use_hook_tokens(self) -> bool:
         return self._runtime.use_hook_tokens
+
+    @property
+    def ungroup_grouped_query_attention(self) -> bool:
+        return self._runtime.ungroup_grouped_query_attention

@@ -317,6 +317,14 @@ class HookedTransformer(TLWeights, TextMethods, InputChecks, HookedRootModule):
         use_hook_tokens), so that a hook can replace a token."""
         self._switch("use_hook_tokens", use_hook_tokens, [(self, ("hook_tokens",))])
 
+    def set_ungroup_grouped_query_attention(self, ungroup_grouped_query_attention: bool) -> None:
+        """With grouped key/value heads, give every query head its own copy of the key/value head it reads before
+        hook_k and hook_v (and, under use_split_qkv_input, one residual copy per query head in hook_k_input and
+        hook_v_input), as TransformerLens's ungroup_grouped_query_attention: [batch, pos, head, ...] where they were
+        [batch, pos, kv_head, ...], so that one query head's keys or values can be patched alone. The same logits
+        to float round-off."""
+        self._switch("ungroup_grouped_query_attention", ungroup_grouped_query_attention, ())
+
     def set_explicit_paths(self, explicit_paths: bool) -> None:
         """Run the explicit attention softmax(QKᵀ/√d_head + M)·V and the explicit norms on every forward pass,
         hooked or not, so that a wrapper that intercepts modules rather than registering TransformerLens hooks

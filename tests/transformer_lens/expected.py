@@ -167,8 +167,6 @@ BOTH: dict[str, str] = {
 FORMA_GAPS: dict[str, str] = {
     "test_integration_d_vocab.py::test_d_vocab_out_set": "an output vocabulary of another size than the input's "
                                                          "(d_vocab_out)",
-    "test_integration_grouped_query_attention.py::test_ungroup_grouped_query_attention_flag_changes_k_v_hooks_shape":
-        "set_ungroup_grouped_query_attention: hook_k and hook_v with one key/value head per query head",
     "test_integration_match_huggingface.py::TestMatchHuggingFace::test_compare_huggingface_attention_match_local_implementation[gpt2]":
         "the attention component called with TransformerLens's component signature (query_input=, key_input=, ...)",
     "test_integration_start_at_layer.py::test_start_at_layer_kwargs": "shortformer positions",

@@ -268,7 +268,9 @@ def forma_of(tl_model: Any) -> Any:
         warnings.simplefilter("ignore")
         model.load_weights(state, source="a TransformerLens HookedTransformer")
     model.cfg.default_prepend_bos = bool(c.default_prepend_bos)
-    model.set_use_hook_tokens(bool(c.use_hook_tokens))
+    for switch in ("use_hook_tokens", "use_attn_result", "use_split_qkv_input", "use_attn_in", "use_hook_mlp_in",
+                   "ungroup_grouped_query_attention"):  # TransformerLens's config switches, as the model's setters
+        getattr(model, f"set_{switch}")(bool(getattr(c, switch)))
     return model.to(c.device).eval()
 
 

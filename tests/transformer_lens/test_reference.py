@@ -105,3 +105,22 @@ def test_a_padded_batch_equals_each_text_alone(family, padding_side):
                                    return_type="str", verbose=False)
         assert generated == [model.generate(text, 4, do_sample=False, stop_at_eos=False, verbose=False)
                              for text in TEXTS]
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_ungrouped_key_value_hooks_agree(split):
+    """set_ungroup_grouped_query_attention on a LLaMA with grouped K/V heads: every hook (hook_k, hook_v and,
+    split, hook_k_input, hook_v_input one per query head) and the logits equal TransformerLens's."""
+    pair = [IMPLEMENTATIONS[name].from_pretrained("llama") for name in ("reference", "forma")]
+    for model in pair:
+        model.set_ungroup_grouped_query_attention(True)
+        model.set_use_split_qkv_input(split)
+    reference, forma = pair
+    assert forma.cfg.n_key_value_heads < forma.cfg.n_heads
+    with torch.no_grad():
+        logits, cache = reference.run_with_cache(TEXTS)
+        ours, our_cache = forma.run_with_cache(TEXTS)
+    same(ours, logits)
+    assert our_cache["blocks.0.attn.hook_k"].shape[2] == forma.cfg.n_heads
+    for name in cache.keys():
+        same(our_cache[name], cache[name])
