@@ -439,6 +439,25 @@ def test_tokenizer_round_trip(tmp_path):
         HookedTransformer(tiny_config()).to_tokens("hello")
 
 
+def test_single_token_helpers_refuse_what_is_not_one_token_of_the_vocabulary():
+    """to_single_token gives the id of a string that is one token; a word the vocabulary lacks (which the tokenizer
+    encodes to <unk>) and a string of two tokens are refused, by name, as TransformerLens refuses them (an
+    AssertionError); to_single_str_token gives a token id's string."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(["<unk>", "the", "cat"])}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    model = HookedTransformer(tiny_config(d_vocab=3), tokenizer=tok)
+    assert model.to_single_token("cat") == 2 and model.to_single_token("<unk>") == 0
+    assert model.to_single_str_token(1) == "the"
+    with pytest.raises(AssertionError, match="'dog' is not in the tokenizer's vocabulary"):
+        model.to_single_token("dog")
+    with pytest.raises(AssertionError, match="'the cat' is 2 tokens, not one"):
+        model.to_single_token("the cat")
+    with pytest.raises(ValueError, match="takes one token id"):
+        model.to_single_str_token("cat")
+
+
 # --- the seeds' claims about the model (SCIENCE.md §4) -------------------------------------------
 def test_sinusoidal_encoding_of_pos_plus_k_is_a_fixed_rotation():
     d, k = 64, 5
