@@ -290,15 +290,13 @@ class HookedTransformer(TLWeights, TextMethods, InputChecks, HookedRootModule):
         TransformerBridge name blocks.{l}.attn.hook_q_input, ...), so one head's query, key or value input can be
         patched alone. Excludes use_attn_in."""
         if use_split_qkv_input is True and self.cfg.use_attn_in:
-            raise ValueError("use_split_qkv_input and use_attn_in are mutually exclusive: call set_use_attn_in(False) "
-                             "first")
+            raise ValueError("use_split_qkv_input and use_attn_in are mutually exclusive: set_use_attn_in(False) first")
         self._switch("use_split_qkv_input", use_split_qkv_input,
                      [(m, block.SPLIT_INPUT_HOOKS) for block in self.blocks for m in (block, block.attn)])
 
     def set_use_attn_in(self, use_attn_in: bool) -> None:
-        """Give each query head its own copy of the attention's input, shared by its key and value
-        (blocks.{l}.hook_attn_in, then blocks.{l}.attn.hook_attn_in [batch, pos, head, d_model], before ln1).
-        Excludes use_split_qkv_input."""
+        """Give each query head its own copy of the attention's input, shared by its key and value (blocks.{l}.
+        hook_attn_in, then blocks.{l}.attn.hook_attn_in [batch, pos, head, d_model], before ln1). Excludes the split."""
         if use_attn_in is True and self.cfg.use_split_qkv_input:
             raise ValueError("use_attn_in and use_split_qkv_input are mutually exclusive: call "
                              "set_use_split_qkv_input(False) first")
@@ -313,17 +311,12 @@ class HookedTransformer(TLWeights, TextMethods, InputChecks, HookedRootModule):
         self._switch("use_hook_mlp_in", use_hook_mlp_in, [(block, block.MLP_INPUT_HOOKS) for block in self.blocks])
 
     def set_use_hook_tokens(self, use_hook_tokens: bool) -> None:
-        """Route the token ids through hook_tokens [batch, pos] before the embedding (TransformerLens's
-        use_hook_tokens), so that a hook can replace a token."""
+        """Route the token ids through hook_tokens [batch, pos] before the embedding: a hook can replace a token."""
         self._switch("use_hook_tokens", use_hook_tokens, [(self, ("hook_tokens",))])
 
-    def set_ungroup_grouped_query_attention(self, ungroup_grouped_query_attention: bool) -> None:
-        """With grouped key/value heads, give every query head its own copy of the key/value head it reads before
-        hook_k and hook_v (and, under use_split_qkv_input, one residual copy per query head in hook_k_input and
-        hook_v_input), as TransformerLens's ungroup_grouped_query_attention: [batch, pos, head, ...] where they were
-        [batch, pos, kv_head, ...], so that one query head's keys or values can be patched alone. The same logits
-        to float round-off."""
-        self._switch("ungroup_grouped_query_attention", ungroup_grouped_query_attention, ())
+    def set_ungroup_grouped_query_attention(self, ungroup: bool) -> None:
+        """hook_k, hook_v (hook_k_input, hook_v_input) [batch, pos, head, ...]: a K/V head copy per query head."""
+        self._switch("ungroup_grouped_query_attention", ungroup, ())
 
     def set_explicit_paths(self, explicit_paths: bool) -> None:
         """Run the explicit attention softmax(QKᵀ/√d_head + M)·V and the explicit norms on every forward pass,
