@@ -130,7 +130,7 @@ def test_explorer_draws_attention_and_the_logit_lens(server, browser):
     page = open_page(browser, f"{server}/explorer", errors)
     page.wait_for_selector("[data-testid='stPlotlyChart'] .main-svg", timeout=60_000)
     no_exceptions(page)
-    page.get_by_role("tab", name="Logit lens").click()
+    page.get_by_role("tab", name="Lenses").click()
     page.locator("[role='tabpanel']:visible [data-testid='stPlotlyChart'] .main-svg").first.wait_for(timeout=60_000)
     wait_rendered(page)
     no_exceptions(page)

@@ -97,9 +97,9 @@ def test_explorer_shows_every_view_of_a_model(empty):
     at = page("explorer").run()
     assert not at.exception, at.exception
     charts = at.get("plotly_chart")
-    # attention, residual norms, logit lens, attribution, head detectors; this random model predicts the same
-    # token whatever one token of the default prompt is swapped for, and patching says so
-    assert [c.key for c in charts] == ["attention", "norms", "lens", "dla", "heads"]
+    # attention, residual norms, logit lens, attribution, input attribution, head detectors; this random model
+    # predicts the same token whatever one token of the default prompt is swapped for, and patching says so
+    assert [c.key for c in charts] == ["attention", "norms", "lens", "dla", "input_attribution", "heads"]
     assert list(corruptions(model, model.to_tokens(at.text_input(key="prompt").value))) == []
     assert "No one-token change of this prompt" in texts(at)
     assert "Ground-truth lens needs" not in texts(at) and "known (the zoo's Markov" in texts(at)
@@ -509,3 +509,37 @@ def test_compare_with_one_run_says_how_to_make_another(quick_run, tmp_path, monk
     at = page("compare").run()
     assert not at.exception, at.exception
     assert "forma run equations --quick --seed 1" in texts(at)
+
+
+def test_explorer_lens_selector_and_input_attribution_show_the_library_numbers(empty):
+    """The Lenses tab's tuned and Jacobian lenses are lab.analysis's, fitted on what the explorer fits them on
+    (dashboards.explorer_tabs.lens_corpus); the input-attribution tab's rows are lab.analysis.input_attribution's
+    scores and the exhaustive effects, each scaled by its largest |score|."""
+    import numpy as np
+    import torch
+
+    from dashboards.explorer_tabs import lens_corpus
+    from lab.analysis.input_attribution import input_attributions, resample_effects
+    from lab.analysis.jacobian_lens import fit_jacobian_lens
+    from lab.analysis.tuned_lens import fit_tuned_lens
+
+    model = _tiny_pydoc(empty / "models")
+    prompt = "Return the number of items in the list ."
+    tokens = model.to_tokens(prompt)
+    at = page("explorer").run()
+    at.text_input(key="prompt").input(prompt).run()
+    corpus = lens_corpus(model, empty / "models" / "pydoc")
+    assert corpus.shape == (32, 32) and (corpus[:, 0] == model.tokenizer.token_to_id("<bos>")).all()
+    for kind, fit in (("tuned", fit_tuned_lens), ("jacobian", fit_jacobian_lens)):
+        at.radio(key="lens_kind").set_value(kind).run()
+        assert not at.exception, at.exception
+        chart = next(c for c in at.get("plotly_chart") if c.key == "lens")
+        shown = _decode_array(json.loads(chart.proto.spec)["data"][0]["z"])
+        expected = fit(model, corpus).log_probs(model, tokens)[:, 0].exp().max(-1).values.numpy()
+        assert np.allclose(shown, expected, atol=1e-5), kind
+    chart = next(c for c in at.get("plotly_chart") if c.key == "input_attribution")
+    rows = _decode_array(json.loads(chart.proto.spec)["data"][0]["z"])
+    scores = input_attributions(model, tokens)
+    expected = [v[0] / v[0].abs().max() for v in scores.values()] + [resample_effects(model, tokens)[0]]
+    expected[-1] = expected[-1] / expected[-1].abs().max()
+    assert np.allclose(rows, torch.stack(expected).numpy(), atol=1e-5)
