@@ -9,15 +9,20 @@ SAE_STAMP := $(SAE_VENV)/.installed
 # circuit-tracer's environment: circuit-tracer 0.5 beside transformers 4.57, on which Forma itself does not run.
 CT_VENV   := .venv-ct
 CT_STAMP  := $(CT_VENV)/.installed
+# Inseq's environment: inseq 0.7 beside typeguard 2.13, which transformer-lens (>= 4.2 wants typeguard 4) cannot share.
+INSEQ_VENV  := .venv-inseq
+INSEQ_STAMP := $(INSEQ_VENV)/.installed
 OFFLINE   := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: venv venv-sae venv-ct test test-sae test-ct bench demo lint clean
+.PHONY: venv venv-sae venv-ct venv-inseq test test-sae test-ct bench demo lint clean
 
 venv: $(STAMP)
 
 venv-sae: $(SAE_STAMP)
 
 venv-ct: $(CT_STAMP)
+
+venv-inseq: $(INSEQ_STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -45,8 +50,17 @@ $(CT_STAMP): $(STAMP) constraints-ct.txt
 	  transformer-lens
 	touch $(CT_STAMP)
 
+# .venv-inseq likewise: only inseq and the versions it needs (typeguard 2.13) install; tests/test_input_attribution.py
+# runs Inseq there in a subprocess on a model Forma exports.
+$(INSEQ_STAMP): $(STAMP) constraints-inseq.txt
+	test -x $(INSEQ_VENV)/bin/python || $(PY) -m venv $(INSEQ_VENV)
+	echo "import site; site.addsitedir('$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')')" \
+	  > "$$($(INSEQ_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/forma-base.pth"
+	$(INSEQ_VENV)/bin/python -m pip install -q -c constraints-inseq.txt inseq typeguard
+	touch $(INSEQ_STAMP)
+
 # The SAE environment's tests first (test-sae), circuit-tracer against Forma (test-ct), then the whole suite in .venv.
-test: $(STAMP) test-sae test-ct
+test: $(STAMP) $(INSEQ_STAMP) test-sae test-ct
 	$(OFFLINE) $(BIN)/python -m pytest -q --durations=25
 
 # SAELens' trainer on a Forma hook (tests/sae), TransformerLens's own tests on Forma and on transformer-lens 3.9's
@@ -92,4 +106,4 @@ lint: $(STAMP)
 	$(BIN)/python -m compileall -q lab experiments dashboards benchmarks tests
 
 clean:
-	rm -rf $(VENV) $(SAE_VENV) $(CT_VENV) *.egg-info
+	rm -rf $(VENV) $(SAE_VENV) $(CT_VENV) $(INSEQ_VENV) *.egg-info
