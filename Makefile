@@ -63,9 +63,11 @@ $(INSEQ_STAMP): $(STAMP) constraints-inseq.txt
 test: $(STAMP) $(INSEQ_STAMP) test-sae test-ct
 	$(OFFLINE) $(BIN)/python -m pytest -q --durations=25
 
-# SAELens' trainer on a Forma hook (tests/sae), and the model's own tests on transformer-lens 3.9.
+# SAELens' trainer on a Forma hook (tests/sae), TransformerLens's own tests on Forma and on transformer-lens 3.9's
+# HookedTransformer (tests/transformer_lens, which writes docs/measured/transformer_lens.json), and the model's own
+# tests on transformer-lens 3.9.
 test-sae: $(SAE_STAMP)
-	$(OFFLINE) $(SAE_VENV)/bin/python -m pytest -q tests/sae tests/test_model.py tests/test_hook_misuse.py tests/test_lens.py
+	$(OFFLINE) $(SAE_VENV)/bin/python -m pytest -q tests/sae tests/transformer_lens tests/test_model.py tests/test_hook_misuse.py tests/test_lens.py
 
 # Forma's attribution graphs against circuit-tracer's on the same weights and transcoders (tests/ct, in .venv; it
 # runs circuit-tracer with .venv-ct's Python).
