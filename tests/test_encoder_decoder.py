@@ -258,7 +258,8 @@ def test_quick_dates_recipe_learns_to_translate_unseen_days(tmp_path, monkeypatc
         prefixes = Counter(x[:t] for x in texts)
         total -= sum(n * math.log(n / prefixes[x[:t]]) for x, n in Counter(x[:t + 1] for x in texts).items())
     assert card["source_blind_nats_per_char"] == pytest.approx(total / len(texts) / len(texts[0]), rel=1e-12)
-    losses = [json.loads(line)["train_loss_nats"] for line in (directory / "train" / "metrics.jsonl").read_text().splitlines()]
+    metrics = (directory / "train" / "metrics.jsonl").read_text().splitlines()
+    losses = [json.loads(line)["train_loss_nats"] for line in metrics]
     step = card["first_step_below_half_source_blind"]
     assert losses[step - 1] < card["source_blind_nats_per_char"] / 2 <= min(losses[: step - 1], default=math.inf)
 

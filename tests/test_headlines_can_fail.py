@@ -219,8 +219,8 @@ def _scaling_misses(results: Results, name: str) -> Results:
 
 
 KL = [
-    Claim("kl_falls", "95% interval of the change in exact KL between the first and last checkpoints (± 1.96·√(se₁² "
-                      "+ se₂²), standard errors over held-out sequences) excludes 0",
+    Claim("kl_falls", "95% interval of the change in exact KL between the first and last checkpoints "
+                      "(± 1.96·√(se₁² + se₂²), standard errors over held-out sequences) excludes 0",
           false=_no_change(lambda r: (r["checkpoints"][0]["complete"], r["checkpoints"][-1]["complete"]))),
     Claim("hmm_kl_falls", "the same on the hidden-Markov source",
           false=_no_change(lambda r: (r["hmm"][0]["all"], r["hmm"][-1]["all"]))),

@@ -393,7 +393,8 @@ def test_separation_claims_on_scores_that_carry_no_signal_are_not_shown():
     assert heads["margin_separates"]["supported"] and "(DeLong)" in heads["margin_separates"]["sentence"]
     for row in rows:
         assert row["auroc_familywise_method"] == "DeLong"
-        assert row["auroc_familywise_ci"][0] <= row["auroc_ci95"][0] <= row["auroc_ci95"][1] <= row["auroc_familywise_ci"][1]
+        (low, high), (joint_low, joint_high) = row["auroc_ci95"], row["auroc_familywise_ci"]
+        assert joint_low <= low <= high <= joint_high
 
 
 def test_learn_then_test_is_shown_only_where_its_check_can_fail(quick):

@@ -52,7 +52,7 @@ class Config:
     attribute: str = "code"  # generic: n_values one-token values; "birthday": "Month day" (12 × 28, two tokens)
     n_values: int = 336  # value-space size of a generic attribute (FactWorldConfig.n_values)
     gammas: tuple[float, ...] = (1.0, 1.5, 2.0, 3.0, 4.0)
-    n_heldout: int = 1000  # fresh i.i.d. draws for the held-out NLL that picks the optimum
+    n_heldout: int = 1000  # independent draws from p (not unseen facts): the held-out NLL picks the optimum
     # model and training
     d_model: int = 64
     n_layers: int = 1

@@ -13,7 +13,7 @@ resamples give 25 per tail at 95% but 2 at the 99.6% of a dozen Bonferroni-corre
 interval's ends are single order statistics. `auroc_ci(..., method="delong")` needs no resamples: DeLong,
 DeLong & Clarke-Pearson (1988)'s variance of the Mann–Whitney AUROC from its structural components,
 
-    V₁₀(i) = (1/n₋) Σ_j ψ(s_i, s_j) for each positive i,   V₀₁(j) = (1/n₊) Σ_i ψ(s_i, s_j) for each negative j,
+    V₁₀(i) = (1/n₋) Σ_j ψ(s_i, s_j) for each positive i,  V₀₁(j) = (1/n₊) Σ_i ψ(s_i, s_j) for each negative j,
     ψ(a, b) = 1{a > b} + ½·1{a = b},   Var(AUROC) = S₁₀/n₊ + S₀₁/n₋ (S the sample variances, ddof 1),
 
 computed from midranks (Sun & Xu 2014, IEEE Signal Processing Letters 21, "Fast implementation of DeLong's
