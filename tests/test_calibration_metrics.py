@@ -298,3 +298,24 @@ def test_delong_variance_is_its_structural_components_and_its_interval_covers():
     with pytest.raises(ValueError, match="ungrouped binary"):
         auroc_ci(scores, labels, groups=np.arange(300) // 2, method="delong")
     assert auroc_ci(scores[:30], labels[:30], method="delong").why_no_interval  # too few of a class: no interval
+
+
+def test_delong_variance_is_the_two_sample_jackknife_of_scikit_learns_auroc():
+    """DeLong's variance equals the jackknife that leaves out one positive, then one negative, at a time (the
+    two samples' delete-one variances summed, Arvesen 1969): here each left-out AUROC is scikit-learn's
+    roc_auc_score, so the check runs through code that shares nothing with ours but the definition."""
+    from sklearn.metrics import roc_auc_score
+
+    from lab.metrics.discrimination import auroc_delong_variance
+
+    rng = np.random.default_rng(5)
+    scores = np.round(rng.normal(size=120), 1)  # ties
+    labels = rng.random(120) < 0.35
+    scores[labels] += 0.7
+
+    def jackknife(sample: np.ndarray) -> float:
+        left_out = np.array([roc_auc_score(np.delete(labels, i), np.delete(scores, i)) for i in np.flatnonzero(sample)])
+        return (len(left_out) - 1) / len(left_out) * float(np.sum((left_out - left_out.mean()) ** 2))
+
+    assert auroc_delong_variance(scores, labels) == pytest.approx(jackknife(labels) + jackknife(~labels), rel=1e-10)
+    assert math.isnan(auroc_delong_variance(scores[:3], [True, False, False]))  # one positive: no variance
