@@ -268,8 +268,15 @@ def train_in_stages(cfg: Config, setting: Setting, model: HookedTransformer,
                        "train_loss_nats": result.train_loss_nats, "stage_s": time.perf_counter() - began})
         logger.info("step %d: held-out NLL %.4f nats per statement, cloze recall of the format persons %.3f, of "
                     "seen evaluation persons %.3f", end, nll_value, selection, recall)
-        gap = abs(selection - cfg.partial_recall)
-        if end < cfg.steps and (not partial or gap < partial["gap"]):
-            partial = {"gap": gap, "step": end, "recall_selection": selection, "recall_seen": recall,
+        if partial_stage(stages, cfg.partial_recall, cfg.steps) == index:  # nearer than any stage before it
+            partial = {"step": end, "recall_selection": selection, "recall_seen": recall,
                        "state": copy.deepcopy(model.state_dict())}
     return stages, partial
+
+
+def partial_stage(stages: list[dict[str, Any]], target: float, steps: int) -> int | None:
+    """The index of the partial checkpoint among `stages`: the stage before the end of training (step < steps)
+    whose recall of the format persons (`recall_selection`) is nearest `target`, the earliest on a tie — never
+    the evaluation persons' recall (`recall_seen`), which is reported there. None when every stage is the end."""
+    before = [i for i, stage in enumerate(stages) if stage["step"] < steps]
+    return min(before, key=lambda i: abs(stages[i]["recall_selection"] - target)) if before else None
