@@ -351,8 +351,85 @@ def _check_fails(results: Results, name: str) -> Results:
 EQUATIONS = [Claim(r"\w+", "the check's measured value against the equation's, within its tolerance (each check is "
                           "handed a wrong implementation in tests/test_equations.py)", false=_check_fails)]
 
+# --------------------------------------------------------------------------------------------
+# scoreboard
+# --------------------------------------------------------------------------------------------
+def _rows(results: Results, **match: str) -> list[dict[str, Any]]:
+    rows = [r for r in results["table"] if all(r[k] == v for k, v in match.items())]
+    assert rows, f"no table row {match}"
+    return rows
+
+
+def _straddling(select: Callable[[Results, str], list[dict[str, Any]]],
+                level: Callable[[dict[str, Any]], float]) -> Callable[[Results, str], Results]:
+    """Results where every selected row's interval straddles what it is set against (chance, 0, ½, its controls)."""
+    def change(results: Results, name: str) -> Results:
+        for row in select(results, name):
+            at = level(row)
+            row.update(value=at, low=at - 0.05, high=at + 0.05)
+        return results
+    return change
+
+
+def _world(name: str) -> str:
+    return name.rsplit("_", 1)[1]
+
+
+def _lens_overlap(results: Results, name: str) -> Results:
+    """The Jacobian lens's interval laid over the logit lens's."""
+    logit = _rows(results, method="logit lens", world=_world(name), readout="resid_pre 1", grade="kl_true")[0]
+    jacobian = _rows(results, method="jacobian lens", world=_world(name), readout="resid_pre 1", grade="kl_true")[0]
+    jacobian.update(value=logit["value"] * 1.01, low=logit["low"], high=logit["high"])
+    return results
+
+
+def _controls_clear(results: Results, name: str) -> Results:
+    judged = [r for r in results["table"] if r["control_at_chance"] is not None]
+    for row in judged[: len(judged) // 4]:
+        row["control_at_chance"] = False
+    return results
+
+
+SCOREBOARD = [
+    Claim(r"attribution_(?:markov|induction|facts)",
+          "bootstrap 95% interval of integrated gradients' relevant mass over prompts clear of chance on one side, "
+          "every method's permuted control at chance", two_way=True,
+          false=_straddling(lambda r, n: _rows(r, method="integrated_gradients", world=_world(n),
+                                               readout="last prediction", grade="relevant_mass"),
+                            lambda row: row["chance"])),
+    Claim(r"attribution_effects_(?:markov|induction|facts)",
+          "bootstrap 95% interval of the best method's Spearman ρ with the exhaustive effects clear of 0, its control "
+          "at chance", two_way=True,
+          false=_straddling(lambda r, n: _rows(r, world=_world(n), grade="rank_correlation"), lambda row: 0.0)),
+    Claim(r"lens_(?:markov|mess3|induction)",
+          "bootstrap 95% intervals of KL(p ‖ lens) for the Jacobian and logit lenses apart, every lens's control at "
+          "chance", two_way=True, false=_lens_overlap),
+    Claim("belief_probe",
+          "R² beyond the current token: its interval clear of the shuffled-target and untrained-model intervals",
+          two_way=True,
+          false=_straddling(lambda r, n: _rows(r, method="linear probe", world="mess3", readout="all layers",
+                                               grade="r2 beyond the token"), lambda row: row["control_high"])),
+    Claim("value_probe",
+          "held-out accuracy's interval clear of the shuffled-label and untrained-model intervals", two_way=True,
+          false=_straddling(lambda r, n: _rows(r, method="linear probe", world="facts", readout="final",
+                                               grade="accuracy fact value"), lambda row: row["control_high"])),
+    Claim("head_detectors",
+          "bootstrap 95% interval of the detectors' AUROC for the heads whose ablation removes copying clear of ½",
+          two_way=True,
+          false=_straddling(lambda r, n: _rows(r, method="head detectors", grade="auroc_necessary"),
+                            lambda row: 0.5)),
+    Claim("attribution_patching",
+          "bootstrap 95% interval of Pearson's r between attribution patching and the exhaustive sweep across heads "
+          "clear of 0", two_way=True,
+          false=_straddling(lambda r, n: _rows(r, method="attribution patching", readout="heads", grade="pearson r"),
+                            lambda row: 0.0)),
+    Claim("controls_at_chance",
+          "no more controls clear chance at 95% than fair ones would in 999 runs of 1,000 (binomial)",
+          false=_controls_clear),
+]
+
 CLAIMS = {"monitor": MONITOR, "hallucination": HALLUCINATION, "kl": KL, "calibration": CALIBRATION,
-          "equations": EQUATIONS}
+          "equations": EQUATIONS, "scoreboard": SCOREBOARD}
 
 
 def _reference(name: str) -> Results:

@@ -180,7 +180,10 @@ def controls_headline(results: dict[str, Any]) -> dict[str, Any]:
     sentence = (f"{len(judged) - len(cleared)} of {len(judged)} controls score at chance; {len(cleared)} clear it at "
                 f"the 95% level, where fair controls would by accident about {CONTROL_SIDE * len(judged):.1f} times "
                 f"(at most {limit} in 999 runs of 1,000)" + (f": {names}" if cleared else "") + ".")
-    return headline("controls_at_chance", sentence, len(cleared), None, bool(len(cleared) <= limit))
+    fair = len(cleared) <= limit
+    return headline("controls_at_chance", sentence, len(cleared), None, fair, fair,
+                    f"{len(cleared)} controls clear chance where fair ones would at most {limit} times: a grade "
+                    f"rewards something other than the truth")
 
 
 def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -188,5 +191,6 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
     out = [attribution_headline(results, world) for world in ("markov", "induction", "facts")]
     out += [effects_headline(results, world) for world in ("markov", "induction", "facts")]
     out += [lens_headline(results, world) for world in ("markov", "mess3", "induction")]
-    out += [belief_headline(results), value_headline(results), heads_headline(results), patching_headline(results), controls_headline(results)]
+    out += [belief_headline(results), value_headline(results), heads_headline(results), patching_headline(results),
+            controls_headline(results)]
     return out
