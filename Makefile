@@ -45,8 +45,9 @@ $(CT_STAMP): $(STAMP) constraints-ct.txt
 	  transformer-lens
 	touch $(CT_STAMP)
 
-# The SAE environment's tests first (test-sae), circuit-tracer against Forma (test-ct), then the whole suite in .venv.
-test: $(STAMP) test-sae test-ct
+# The linter first (lint), the SAE environment's tests (test-sae), circuit-tracer against Forma (test-ct), then the
+# whole suite in .venv.
+test: $(STAMP) lint test-sae test-ct
 	$(OFFLINE) $(BIN)/python -m pytest -q --durations=25
 
 # SAELens' trainer on a Forma hook (tests/sae), and the model's own tests on transformer-lens 3.9.
@@ -85,8 +86,9 @@ bench: $(STAMP) $(SAE_STAMP) $(CT_STAMP)
 demo: $(STAMP)
 	HF_HUB_OFFLINE=1 exec $(BIN)/forma demo $(DEMO_ARGS)
 
+# ruff's checks as pyproject.toml sets them ([tool.ruff]): pyflakes, pycodestyle, isort, bugbear, mccabe's limit.
 lint: $(STAMP)
-	$(BIN)/python -m compileall -q lab experiments dashboards benchmarks tests
+	$(BIN)/ruff check .
 
 clean:
 	rm -rf $(VENV) $(SAE_VENV) $(CT_VENV) *.egg-info

@@ -13,6 +13,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import pytest
 import torch
 
+import lab.zoo as zoo
 from lab import HookedTransformer, ModelConfig
 from lab.configs import torch_threads
 
@@ -230,6 +231,19 @@ def stdlib_corpus(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("stdlib-corpus") / "corpus.txt"
     stdlib_docstrings(cache=path)
     return path
+
+
+@pytest.fixture
+def empty(tmp_path, monkeypatch):
+    """No runs and no trained model: a fresh clone (the dashboard's tests)."""
+    (tmp_path / "runs").mkdir()
+    zoo_copy = tmp_path / "models"
+    for name in zoo.zoo_names():
+        (zoo_copy / name).mkdir(parents=True)
+        shutil.copy(zoo.DEFAULT_ZOO_DIR / name / "model.toml", zoo_copy / name / "model.toml")
+    monkeypatch.setenv("FORMA_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("FORMA_ZOO_DIR", str(zoo_copy))
+    return tmp_path
 
 
 @pytest.fixture

@@ -276,7 +276,7 @@ def test_a_crash_at_any_step_of_publishing_shows_the_old_model_or_the_new_one(zo
         old = old or published_bytes(directory)
         calls = 0
 
-        def counted(real):
+        def counted(real, crash_at=crash_at):
             def operation(*args, **kwargs):
                 nonlocal calls
                 calls += 1

@@ -49,7 +49,7 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
     for entry in results["abstention"]:
         if entry["signal"] != results["abstention_signal"]:
             continue
-        alpha, crc, ltt, again = entry["alpha"], entry["crc"], entry["ltt"], entry["resplits"]
+        alpha, ltt, again = entry["alpha"], entry["ltt"], entry["resplits"]
         mean, band = again["crc_joint_risk"], again["crc_joint_risk_ci95"]
         out.append(headline(
             f"crc_keeps_joint_risk_alpha_{alpha:g}",

@@ -88,12 +88,12 @@ def residual_norms(model: HookedTransformer, tokens: Int[Tensor, "batch pos"]) -
 @dataclass
 class Attribution:
     labels: list[str]  # "embed", "pos_embed", "L0H3", "L0 attn bias", "L0 mlp", ..., "final norm & unembed bias"
-    values: Float[Tensor, "component"]  # contribution of each part to the target's logit
+    values: Float[Tensor, " component"]  # contribution of each part to the target's logit
     logit: float  # the model's logit for the target at that position
 
 
 @torch.inference_mode()
-def direct_logit_attribution(model: HookedTransformer, tokens: Int[Tensor, "pos"], target: int,
+def direct_logit_attribution(model: HookedTransformer, tokens: Int[Tensor, " pos"], target: int,
                              position: int = -1) -> Attribution:
     """Each part of the residual stream's direct contribution to `target`'s logit at `position`."""
     tokens = model.check_tokens(tokens)[:1]

@@ -264,7 +264,8 @@ def _sweep_fast(model: Any, target: Tensor, component: str, saved: dict[int, Ten
             if joining:
                 start = len(rows)
 
-                def put(activation: Tensor, hook: Any, joining: list[Cell] = joining, start: int = start) -> Tensor:
+                def put(activation: Tensor, hook: Any, joining: list[Cell] = joining, start: int = start,
+                        first: int = first) -> Tensor:
                     for k, cell in enumerate(joining):
                         put_cell(activation, saved[cell.layer], cell, slice((start + k) * b, (start + k + 1) * b),
                                  first)

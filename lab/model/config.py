@@ -14,7 +14,7 @@ import json
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from lab.configs import Record, check_fields, need
 from lab.model.tl_config import RuntimeSettings, TransformerLensNames

@@ -24,7 +24,7 @@ decoder.{l}.mlp.*, decoder_ln_final.*, hook_logits.
 
 import json
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 

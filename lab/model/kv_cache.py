@@ -7,7 +7,6 @@ recomputing the whole prefix (tested), at O(t) instead of O(t²) work per step.
 
 from dataclasses import dataclass, field
 
-import torch
 from torch import Tensor
 
 
