@@ -15,7 +15,7 @@ from lab.metrics.calibration import Metric, auroc, auroc_ci, bootstrap_ci, softm
 from lab.model import HookedTransformer
 
 from experiments.calibration.config import N_OPTIONS, Config
-from experiments.calibration.setting import Setting, _batch, continuation_logprobs, statement_prefix
+from experiments.calibration.setting import Setting, right_padded, continuation_logprobs, statement_prefix
 
 
 # --------------------------------------------------------------------------------------------
@@ -166,7 +166,7 @@ def lens_readouts(model: HookedTransformer, setting: Setting, items: list[dict[s
     log_p = continuation_logprobs(model, [p for p in prefixes for _ in range(N_OPTIONS)],
                                   [setting.ids(o) for item in items for o in item["options"]], pad_id, lens=True)
     cloze = softmax(log_p.reshape(log_p.shape[0], len(items), N_OPTIONS)).max(axis=-1)
-    lens = logit_lens(model, _batch(prefixes, pad_id))[:, :, slot].double()  # [layer, n, d_vocab]
+    lens = logit_lens(model, right_padded(prefixes, pad_id))[:, :, slot].double()  # [layer, n, d_vocab]
     entropy = -(lens.exp() * lens).sum(-1)
     return {"lens cloze confidence": cloze, "lens top probability": lens.exp().amax(-1).numpy(),
             "lens negative entropy": (-entropy).numpy()}

@@ -142,7 +142,7 @@ def _old_path(directory: Path) -> Path:
     return directory.with_name(f".{directory.name}.old")
 
 
-def _remove_checkpoints(directory: Path, keep: bool = False) -> None:
+def remove_checkpoints(directory: Path, keep: bool = False) -> None:
     """Remove the checkpoint (unless `keep`) and what crashed saves left: their temporary folders."""
     if not keep:
         discard_tree(directory)

@@ -33,7 +33,7 @@ def ngram_perplexities(train: torch.Tensor, val: torch.Tensor, d_vocab: int) -> 
     return {"unigram_perplexity": float(np.exp(nll_unigram)), "bigram_perplexity": float(math.exp(nll / (len(val_np) - 1)))}
 
 
-def _measured_card(model: Any, data: Any, spec: dict[str, Any]) -> dict[str, Any]:
+def measured_card(model: Any, data: Any, spec: dict[str, Any]) -> dict[str, Any]:
     """What the card measures beyond the losses: per world kind, what its truth makes measurable."""
     if spec["kind"] == "pydoc":
         return _english_card(model, data)
@@ -100,7 +100,7 @@ def _identical_rows(train: torch.Tensor, val: torch.Tensor) -> int:
     return sum(row.tobytes() in held for row in train.numpy())
 
 
-def _machine() -> dict[str, Any]:
+def machine_state() -> dict[str, Any]:
     """Where a card was measured: cores, torch threads and the load average (1, 5 and 15 minutes) when
     training ended — how busy the machine was while it trained."""
     return {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
