@@ -11,7 +11,7 @@ CT_VENV   := .venv-ct
 CT_STAMP  := $(CT_VENV)/.installed
 OFFLINE   := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: venv venv-sae venv-ct test test-sae test-ct bench demo lint clean
+.PHONY: venv venv-sae venv-ct test test-fast test-sae test-ct bench demo lint clean
 
 venv: $(STAMP)
 
@@ -49,6 +49,11 @@ $(CT_STAMP): $(STAMP) constraints-ct.txt
 # whole suite in .venv.
 test: $(STAMP) lint test-sae test-ct
 	$(OFFLINE) $(BIN)/python -m pytest -q --durations=25
+
+# The inner loop (docs/testing.md): the suite without the slow tests, the browser's and those that start
+# processes or wait for the quick runs (tests/conftest.py marks them `processes`); under 2 minutes on 2 cores.
+test-fast: $(STAMP)
+	$(OFFLINE) $(BIN)/python -m pytest -q -m "not slow and not browser and not processes" --durations=10
 
 # SAELens' trainer on a Forma hook (tests/sae), and the model's own tests on transformer-lens 3.9.
 test-sae: $(SAE_STAMP)

@@ -103,6 +103,24 @@ class Background:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+# What `make test-fast` leaves out (docs/testing.md): tests that read an experiment's quick run or its rerun
+# (subprocesses of the background queue below), fork `forma` commands (the fault trials' fork server), start
+# torchrun, and the files whose tests start processes of their own (the CLI end to end, the offline guard, the
+# docs' examples, benchmarks, process pools, distributed training, the dashboard's pages).
+PROCESS_FIXTURES = {"quick_run", "quick_rerun", "fault_zygote", "torchrun_demo"}
+PROCESS_MODULES = {"test_benchmarks", "test_benchmarks_distributed", "test_browser", "test_cli_datasets",
+                   "test_dashboard", "test_dashboard_graphs", "test_distributed", "test_docs", "test_offline",
+                   "test_parallel", "test_readme", "test_reliability_cli", "test_reliability_dashboard",
+                   "test_reliability_runs", "test_resume_faults"}
+
+
+def pytest_itemcollected(item):
+    """Mark `processes` (see PROCESS_FIXTURES): made at collection, so that `-m "not processes"` can select."""
+    if PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())) or item.module.__name__.rpartition(".")[2] in \
+            PROCESS_MODULES:
+        item.add_marker(pytest.mark.processes)
+
+
 @pytest.hookimpl(trylast=True)  # after -k / -m have deselected
 def pytest_collection_modifyitems(session, config, items):
     """With the same-seed tests selected (the whole suite, or their file), start the quick runs and reruns in

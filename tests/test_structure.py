@@ -313,6 +313,21 @@ def test_the_graph_sees_imports_inside_functions(tmp_path):
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+def test_the_testing_page_maps_the_suite_as_it_is():
+    """docs/testing.md names every file under tests/, every file it names exists, every `make` target it names is
+    one of the Makefile's, and every module whose tests conftest marks `processes` is among the page's."""
+    from tests.conftest import PROCESS_MODULES
+
+    page = (REPO / "docs" / "testing.md").read_text()
+    files = {str(path.relative_to(REPO)) for path in (REPO / "tests").rglob("*.py")}
+    named = set(re.findall(r"tests/[\w/]+\.py", page))
+    assert files - named == set(), "name these on docs/testing.md"
+    assert named - files == set(), "docs/testing.md names files that are not there"
+    targets = set(re.findall(r"^([\w-]+):", (REPO / "Makefile").read_text(), re.M))
+    assert set(re.findall(r"`make ([\w-]+)`", page)) - targets == set()
+    assert {f"tests/{name}.py" for name in PROCESS_MODULES} <= named
+
+
 def figures() -> dict[str, object]:
     edges, in_function = graph()
     lines = {folder: sum(len(p.read_text().splitlines()) for p in (REPO / folder).rglob("*.py")) for folder in
