@@ -116,8 +116,9 @@ PROCESS_MODULES = {"test_benchmarks", "test_benchmarks_distributed", "test_brows
 
 def pytest_itemcollected(item):
     """Mark `processes` (see PROCESS_FIXTURES): made at collection, so that `-m "not processes"` can select."""
-    if PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())) or item.module.__name__.rpartition(".")[2] in \
-            PROCESS_MODULES:
+    module = getattr(item, "module", None)
+    if PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())) or (
+            module is not None and module.__name__.rpartition(".")[2] in PROCESS_MODULES):
         item.add_marker(pytest.mark.processes)
 
 
