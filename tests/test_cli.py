@@ -35,6 +35,7 @@ def test_console_script_runs():
     assert out.stdout.startswith("forma ")
 
 
+@pytest.mark.slow
 def test_demo_fills_in_missing_runs_and_shows_generations(tmp_path, monkeypatch, capsys):
     """The demo's flow on a private zoo whose models exist already: missing runs are made, none twice."""
     import shutil

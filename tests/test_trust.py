@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 
 from lab import HookedTransformer
 from lab.cli import main
@@ -20,6 +21,7 @@ def test_a_sound_model_passes_every_check(tmp_path, capsys):
     assert "Hugging Face logits" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_a_hugging_face_folder(tmp_path):
 
     hf_llama().save_pretrained(tmp_path)

@@ -38,6 +38,7 @@ def with_corpus(zoo_dir: Path, name: str, request) -> None:
         shutil.copy(request.getfixturevalue("stdlib_corpus"), zoo_dir / "pydoc" / "corpus.txt")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["markov", "facts", "pydoc"])
 def test_quick_recipes_build_load_and_learn(name, zoo_dir, request):
     with_corpus(zoo_dir, name, request)
