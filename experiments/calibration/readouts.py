@@ -60,8 +60,9 @@ def _unscored(y: np.ndarray, parts: Parts, why: str) -> dict[str, Any]:
     y = np.asarray(y).astype(bool)
     test = y[parts.test]
     blank = Metric(float("nan"), float("nan"), float("nan"), int(test.sum()), int((~test).sum()), why)
-    return {**_validation_fields(np.zeros(len(parts.validation)), y[parts.validation]), "validation_auroc": float("nan"),
-            **blank.fields("auroc"), **blank.fields("control_shuffled_auroc"), **blank.fields("control_untrained_auroc")}
+    return {**_validation_fields(np.zeros(len(parts.validation)), y[parts.validation]),
+            "validation_auroc": float("nan"), **blank.fields("auroc"), **blank.fields("control_shuffled_auroc"),
+            **blank.fields("control_untrained_auroc")}
 
 
 def fixed_readout_row(scores: np.ndarray, untrained: np.ndarray | None, y: np.ndarray, parts: Parts, n_boot: int,
@@ -104,7 +105,8 @@ def probe_rows(X: Any, X_untrained: Any | None, y: np.ndarray, parts: Parts, cfg
         if X_untrained is None:
             row["control_untrained_auroc"] = None
         else:
-            row |= fit_probe(X_untrained, y, kind, **options, **extra).metrics["auroc"].fields("control_untrained_auroc")
+            untrained_probe = fit_probe(X_untrained, y, kind, **options, **extra)
+            row |= untrained_probe.metrics["auroc"].fields("control_untrained_auroc")
         row["test_scores"] = fitted.test_scores.numpy()
         rows.append(row)
     return rows
@@ -198,7 +200,8 @@ def p_ik(model: HookedTransformer, setting: Setting, items: list[dict[str, Any]]
             X = {name: a[hook][a.pos == index] for name, a in acts.items()}
             for row in probe_rows(X["trained"], X["untrained"], y, parts, cfg):
                 rows.append({"layer": layer, "hook": hook, "position": position, "candidate": True, **row})
-    readouts = {name: lens_readouts(m, setting, items, slot) for name, m in (("trained", model), ("untrained", untrained))}
+    readouts = {name: lens_readouts(m, setting, items, slot)
+                for name, m in (("trained", model), ("untrained", untrained))}
     for readout, scores in readouts["trained"].items():
         for layer, hook in enumerate(hooks):
             rows.append({"layer": layer, "hook": hook, "readout": readout, "position": "value slot",

@@ -80,7 +80,8 @@ def markov_part(cfg: Config, out: Path) -> dict[str, Any]:
     # 1. Checkpoints on the Markov source.
     clock = time.perf_counter()
     model = HookedTransformer(model_cfg, seed=cfg.seed)
-    checkpoints = train_with_checkpoints(model, train_cfg, data, held_out, profile.n_checkpoints, out / "train" / "markov")
+    checkpoints = train_with_checkpoints(model, train_cfg, data, held_out, profile.n_checkpoints,
+                                         out / "train" / "markov")
     model.save(out / "models" / "markov")
     seconds["markov_checkpoints"] = time.perf_counter() - clock
 
@@ -131,7 +132,8 @@ def hmm_part(cfg: Config, out: Path) -> dict[str, Any]:
     hmm_source = make_source(profile.hmm_world)
     hmm_train = train_cfg.replace(steps=profile.hmm_steps, eval_interval=profile.hmm_steps,
                                   warmup_steps=min(train_cfg.warmup_steps, profile.hmm_steps))
-    hmm_held_out = HeldOut.draw(hmm_source, profile.eval_sequences, hmm_train.seq_len, sample_seed(cfg.seed, "hmm-eval"))
+    hmm_held_out = HeldOut.draw(hmm_source, profile.eval_sequences, hmm_train.seq_len,
+                                sample_seed(cfg.seed, "hmm-eval"))
     hmm_model = HookedTransformer(dataclasses.replace(model_cfg, d_vocab=hmm_source.vocab_size,
                                                       tokenizer=f"hmm-{hmm_source.vocab_size}"), seed=cfg.seed)
     hmm = train_with_checkpoints(hmm_model, hmm_train, sequences(hmm_source, hmm_train, cfg.seed, "hmm"), hmm_held_out,
@@ -171,7 +173,8 @@ def scaling_point(profile: Profile, seed: int, d_model: int) -> dict[str, Any]:
     clock = time.perf_counter()
     source, train_cfg, held_out = scaling_setting(profile, seed)
     data = sequences(source, train_cfg, seed, "scaling")
-    architecture = SCALING_MODEL | {"d_vocab": SCALING_WORLD["vocab_size"], "tokenizer": f"markov-{SCALING_WORLD['vocab_size']}"}
+    architecture = SCALING_MODEL | {"d_vocab": SCALING_WORLD["vocab_size"],
+                                    "tokenizer": f"markov-{SCALING_WORLD['vocab_size']}"}
     full = slice(held_out.complete_from, None)
     model = HookedTransformer(ModelConfig.from_dict(architecture | {
         "d_model": d_model, "n_heads": heads_for(d_model, architecture["n_heads"])}), seed=seed)

@@ -69,10 +69,11 @@ def ground_truth_lens(model: HookedTransformer, tokens: Int[Tensor, "batch pos"]
     p = torch.as_tensor(p, dtype=torch.float64)
     expected = (*tokens.shape, model.cfg.d_vocab)
     if tuple(p.shape) != expected:
-        raise ValueError(f"the true distribution p has shape {tuple(p.shape)}; for tokens {tuple(tokens.shape)} it must "
-                         f"be [batch, pos, d_vocab] = {list(expected)}")
+        raise ValueError(f"the true distribution p has shape {tuple(p.shape)}; for tokens {tuple(tokens.shape)} it "
+                         f"must be [batch, pos, d_vocab] = {list(expected)}")
     if (p < 0).any() or not torch.allclose(p.sum(-1), torch.ones((), dtype=torch.float64), atol=1e-6):
-        raise ValueError("the true distribution p must be non-negative and sum to 1 over the vocabulary at every position")
+        raise ValueError("the true distribution p must be non-negative and sum to 1 over the vocabulary at every "
+                         "position")
     log_probs = _lens_logits(model, tokens).double().log_softmax(dim=-1).cpu()
     return GroundTruthLens(log_probs, p, kl(p[None], log_probs.exp()))
 

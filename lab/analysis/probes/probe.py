@@ -31,7 +31,8 @@ class ProbeResult:
     task: str  # classification | regression
     regularization: float  # the chosen α (ridge), λ (logistic) or weight decay (mlp)
     cv_loss: dict[float, float]  # mean held-out loss per candidate, from grouped k-fold CV
-    metrics: dict[str, Metric]  # test: accuracy and auroc (classification), r2 (regression; ridge also auroc on 0/1 labels)
+    # test: accuracy and auroc (classification), r2 (regression; ridge also auroc on 0/1 labels)
+    metrics: dict[str, Metric]
     train_index: np.ndarray
     test_index: np.ndarray
     test_scores: Tensor  # probe output on the test rows: P(y = classes[1]), [n, k] probabilities, or ŷ
@@ -60,7 +61,8 @@ class ProbeResult:
         if self.kind == "mlp":
             raise ValueError("an MLP probe has no single direction; use a ridge or logistic probe")
         self._require_fit()
-        return self.fitted.params["w"] / (self.fitted.std if self.fitted.params["w"].ndim == 1 else self.fitted.std[:, None])
+        w = self.fitted.params["w"]
+        return w / (self.fitted.std if w.ndim == 1 else self.fitted.std[:, None])
 
     @property
     def bias(self) -> Tensor:
