@@ -51,7 +51,7 @@ test: $(STAMP) lint test-sae test-ct
 	$(OFFLINE) $(BIN)/python -m pytest -q --durations=25
 
 # The inner loop (docs/testing.md): the suite without the slow tests, the browser's and those that start
-# processes or wait for the quick runs (tests/conftest.py marks them `processes`); under 2 minutes on 2 cores.
+# processes or wait for the quick runs (tests/conftest.py marks them `processes`).
 test-fast: $(STAMP)
 	$(OFFLINE) $(BIN)/python -m pytest -q -m "not slow and not browser and not processes" --durations=10
 
