@@ -73,6 +73,7 @@ bench: $(STAMP) $(SAE_STAMP) $(CT_STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.peers
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.real_sizes
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.patching
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.tuned_lens
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.activations
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.harvest
 	$(OFFLINE) $(SAE_VENV)/bin/python -m benchmarks.harvest_saelens

@@ -189,6 +189,23 @@ def harvest_lines(r: dict[str, Any], saelens: dict[str, Any] | None = None) -> l
     return lines
 
 
+def tuned_lens_lines(r: dict[str, Any]) -> list[str]:
+    """Forma's tuned lens against the tuned-lens package's recipe on one model (benchmarks/tuned_lens.py)."""
+    t, model = r["timing"], r["model"]
+    setting = (f"{r['machine']['utc']} · {model['n_layers']} layers × d_model {model['d_model']} on the order-2 Markov "
+               f"chain · fitted on {r['tokens']['fit_sequences']} sequences, judged on "
+               f"{r['tokens']['held_out_sequences']} · medians of {t['forma']['rounds']} interleaved fits")
+    lines = ["## Tuned lens against tuned-lens (benchmarks/tuned_lens.py)", "", setting, "",
+             "| layer | KL(P_θ ‖ lens), Forma | KL(P_θ ‖ lens), tuned-lens | logit lens |", "|---|---|---|---|"]
+    for i, layer in enumerate(r["layers"][:-1]):
+        cells = [r["kl"][name]["kl_model"][i] for name in ("forma", "package", "logit_lens")]
+        lines.append(f"| {layer} | " + " | ".join(f"{v:.4f} [{lo:.4f}, {hi:.4f}]" for v, lo, hi in cells) + " |")
+    timing = (f"Fit time: Forma {t['forma']['median_s']:.2f} s, tuned-lens {t['package']['median_s']:.2f} s "
+              f"({r['forma_faster_by']:.1f}× faster); Forma within the package's interval at every layer: "
+              f"{r['forma_within_every_interval']}.")
+    return [*lines, "", timing]
+
+
 def graphs_lines(r: dict[str, Any], transcoders: dict[str, Any] | None = None,
                  peer: dict[str, Any] | None = None) -> list[str]:
     """graphs.json's section (benchmarks/graphs.py), with transcoders.json's quality table and
@@ -232,25 +249,33 @@ def graphs_lines(r: dict[str, Any], transcoders: dict[str, Any] | None = None,
     return lines
 
 
+DISTRIBUTED = (("harvest", "tokens", "harvest"), ("sweep", "pairs", "sweep"),
+               ("train_data", "tokens", "transcoder training, data-parallel"),
+               ("train_modules", "tokens", "transcoder training, module-parallel"))
+
+
 def distributed_lines(r: dict[str, Any]) -> list[str]:
     """distributed.json's section: 2 ranks against 1, one thread a rank."""
     device = "" if r.get("device", "cpu") == "cpu" else f", --device {r['device']}"
-    lines = [f"## Harvests and sweeps on 2 ranks against 1 (benchmarks/distributed.py{device})", "",
-             f"{r['machine']['utc']} · one thread a rank · load average {r['machine']['load_average_1_5_15'][0]:.1f} on "
-             f"{r['machine']['cpu_count']} cores · medians of {r['rounds']}", "",
+    lines = [f"## Harvests, sweeps and transcoder training on 2 ranks against 1 (benchmarks/distributed.py{device})",
+             "", f"{r['machine']['utc']} · one thread a rank · load average {r['machine']['load_average_1_5_15'][0]:.1f} "
+             f"on {r['machine']['cpu_count']} cores · medians of {r['rounds']}", "",
              "| what | 1 rank | 2 ranks | scaling | target |", "|---|---|---|---|---|"]
-    for kind, unit in (("harvest", "tokens"), ("sweep", "pairs")):
+    kinds = [(kind, unit, what) for kind, unit, what in DISTRIBUTED if kind in r]
+    for kind, unit, what in kinds:
         s = r[kind]
         two = s.get("ranks_2")
-        lines.append(f"| {kind}, {unit}/s | {s['ranks_1'][f'{unit}_per_s']:.1f} | "
+        lines.append(f"| {what}, {unit}/s | {s['ranks_1'][f'{unit}_per_s']:.1f} | "
                      f"{'—' if two is None else format(two[f'{unit}_per_s'], '.1f')} | "
                      f"{'—' if s['scaling'] is None else format(s['scaling'], '.2f') + '×'} | ≥ {r['target_scaling']:g}× |")
-    rounds = {kind: r[kind].get("scaling_each_round") for kind in ("harvest", "sweep")}
+    rounds = {kind: r[kind].get("scaling_each_round") for kind, _, _ in kinds}
     if all(rounds.values()):
         lines += ["", "Each round's own ratio (its two launches back to back): " + "; ".join(
             f"{kind} {', '.join(f'{x:.2f}' for x in each)}" for kind, each in rounds.items()) + "."]
     if r.get("skipped"):
         lines += ["", f"2 ranks not run: {r['skipped']}."]
+    if r.get("training_skipped"):
+        lines += ["", f"Transcoder training not timed: {r['training_skipped']}."]
     return lines
 
 
@@ -261,7 +286,8 @@ def write_summary(device: str = "cpu") -> Path:
     if peers and {"forward", "run_with_cache", "generation", "training"} <= set(peers):
         lines += peers_lines(peers)
     sections = [("forward", forward_lines), ("walltime", walltime_lines), ("dashboard", dashboard_lines),
-                ("demo", demo_lines), ("cli", cli_lines), ("determinism", determinism_lines)] if device == "cpu" else []
+                ("demo", demo_lines), ("cli", cli_lines), ("determinism", determinism_lines),
+                ("tuned_lens", tuned_lens_lines)] if device == "cpu" else []
     sections += [("real_sizes", real_sizes_lines), ("patching", patching_lines),
                  ("harvest", lambda r: harvest_lines(r, _read(f"harvest_saelens{suffix}"))),
                  ("distributed", distributed_lines)]

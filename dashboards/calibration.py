@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from dashboards.common import number, read_table, show_figures, show_headlines, show_run, show_table
+from dashboards.common import number, plain, read_table, show_figures, show_headlines, show_run, show_table
 from lab.metrics.calibration import ece, noise_floor_ece, reliability, softmax
 
 
@@ -69,11 +69,11 @@ def show_verdicts(results: dict) -> None:
     if sentences:
         st.subheader("P(IK): which readouts predict a correct answer")
         for sentence in sentences:
-            st.markdown(f"- {sentence}")
+            st.markdown(f"- {plain(sentence)}")
     layers = (results.get("p_true") or {}).get("layers")
     if isinstance(layers, dict) and layers.get("verdict"):
         st.subheader("P(True), layer by layer")
-        st.markdown(f"- {layers['verdict']['sentence']}")
+        st.markdown(f"- {plain(layers['verdict']['sentence'])}")
 
 
 def render(folder: Path, results: dict) -> None:

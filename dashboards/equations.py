@@ -4,7 +4,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from dashboards.common import show_figures, show_headlines, show_run, shorts, warn_shape
+from dashboards.common import plain, show_figures, show_headlines, show_run, shorts, warn_shape
 
 
 CHECK_FIELDS = ("name", "measured", "expected", "tolerance", "passed")  # what experiments.equations.Check writes
@@ -21,15 +21,15 @@ def render(folder: Path, results: dict) -> None:
     st.write(f"**{passed} of {len(checks)} checks pass.**")
     show_headlines(results)
     for check in checks:
-        st.subheader(f"{check.get('name')}: {'passes' if check.get('passed') else 'FAILS'}")
+        st.subheader(f"{plain(check.get('name'))}: {'passes' if check.get('passed') else 'FAILS'}")
         if check.get("equation"):
             st.latex(check["equation"])
-        st.markdown(f"measured **{shorts(check.get('measured'))}** · expected **{shorts(check.get('expected'))}** · "
-                    f"tolerance {shorts(check.get('tolerance'))}",
+        st.markdown(f"measured **{plain(shorts(check.get('measured')))}** · expected "
+                    f"**{plain(shorts(check.get('expected')))}** · tolerance {plain(shorts(check.get('tolerance')))}",
                     help=f"exact: measured {check.get('measured')}, expected {check.get('expected')}, "
                          f"tolerance {check.get('tolerance')}")
         if check.get("note"):
-            st.caption(check["note"])
+            st.caption(plain(check["note"]))
     show_figures(folder)
 
 

@@ -1,7 +1,7 @@
-"""Explorer: a prompt's tokens, attention patterns, residual norms, the logit lens (beside the true law on a
-source world), direct logit attribution, activation patching and head detectors, for any zoo model or local
-folder — a Forma model, a Hugging Face model Forma converts (lab.hf.from_hf), or any other Hugging Face causal
-LM through TransformerLens's TransformerBridge (lab.hf.bridge) — with its trust report beside it; for an
+"""Explorer: a prompt's tokens, attention patterns, residual norms, the logit, tuned and Jacobian lenses (and the
+logit lens beside the true law on a source world), direct logit attribution, input attribution, activation
+patching and head detectors, for any zoo model or local folder — a Forma model, a Hugging Face model Forma
+converts (lab.hf.from_hf), or any other Hugging Face causal LM through TransformerLens's TransformerBridge (lab.hf.bridge) — with its trust report beside it; for an
 encoder–decoder model, its translation and cross-attention patterns.
 
 The page: choosing and opening the model, its prompt, and the tabs (drawn by dashboards/explorer_tabs.py).
@@ -13,10 +13,10 @@ import plotly.graph_objects as go
 import streamlit as st
 import torch
 
-from dashboards.common import load_model, model_version
+from dashboards.common import code, load_model, model_version
 from dashboards.explorer_tabs import (Opened, encode, pick, show_attention, show_attribution, show_ground_truth_lens,
-                                      show_head_detectors, show_logit_lens, show_patching, show_residual_norms,
-                                      show_trust, text_of, token_labels)
+                                      show_head_detectors, show_input_attribution, show_logit_lens, show_patching,
+                                      show_residual_norms, show_trust, text_of, token_labels)
 from lab.folders import zoo_dir, zoo_names
 from lab.model.encoder_decoder import is_encoder_decoder
 
@@ -139,7 +139,7 @@ def show_cross_attention(name: str) -> None:
         st.error(f"Cannot use this source: {err}")
         return
     outputs = [vocab.id_to_token(i) for i in tgt[0, 1:].tolist()]
-    st.write("Translation (greedy): " + " ".join(f"`{t}`" for t in outputs))
+    st.write("Translation (greedy): " + " ".join(code(t) for t in outputs))
     layer = pick("Decoder layer", cfg.n_decoder_layers, cfg.n_decoder_layers - 1, key="cross_layer")
     head = pick("Head", cfg.n_heads, 0, key="cross_head")
     hook = f"decoder.{layer}.cross_attn.hook_pattern"
@@ -192,23 +192,28 @@ tokens = encode(model, prompt)
 if tokens is None:
     st.stop()
 labels = token_labels(model, tokens)
-st.write("Tokens: " + " ".join(f"`{label}`" for label in labels))
-tabs = st.tabs(["Attention", "Residual stream", "Logit lens", "Ground-truth lens", "Attribution", "Patching",
-                "Head detectors"])
+st.write("Tokens: " + " ".join(code(label) for label in labels))
+tabs = st.tabs(["Attention", "Residual stream", "Lenses", "Ground-truth lens", "Attribution", "Input attribution",
+                "Patching", "Head detectors"])
 with tabs[0]:
     show_attention(model, tokens, labels)
-for tab, view in ((tabs[1], show_residual_norms), (tabs[2], show_logit_lens), (tabs[4], show_attribution)):
+for tab, view in ((tabs[1], show_residual_norms), (tabs[4], show_attribution), (tabs[5], show_input_attribution)):
     with tab:
         if opened.forma:
             view(model, tokens, labels)
         else:
             st.info(FORMA_ONLY)
+with tabs[2]:
+    if opened.forma:
+        show_logit_lens(model, tokens, labels, name)
+    else:
+        st.info(FORMA_ONLY)
 with tabs[3]:
     if opened.forma:
         show_ground_truth_lens(opened, tokens, labels)
     else:
         st.info(FORMA_ONLY)
-with tabs[5]:
-    show_patching(model, tokens, labels)
 with tabs[6]:
+    show_patching(model, tokens, labels)
+with tabs[7]:
     show_head_detectors(model)

@@ -5,7 +5,7 @@ from typing import Any
 
 import streamlit as st
 
-from dashboards.common import latest_run, show_table
+from dashboards.common import code, latest_run, plain, show_table
 from experiments import REGISTRY
 from lab.folders import ZooEntry, zoo_entries
 
@@ -46,7 +46,7 @@ entries = zoo_entries()
 show_table([zoo_row(entry) for entry in entries])
 for entry in entries:
     if entry.problem:
-        st.warning(entry.problem)
+        st.warning(plain(entry.problem))
 
 st.header("Experiments")
 for entry in REGISTRY:
@@ -54,4 +54,4 @@ for entry in REGISTRY:
     if problem:
         st.markdown(f"**{entry.title}** — {problem}")
     else:
-        st.markdown(f"**{entry.title}** — latest run `{folder.name}`; open its page in the sidebar.")
+        st.markdown(f"**{entry.title}** — latest run {code(folder.name)}; open its page in the sidebar.")

@@ -111,7 +111,7 @@ PROCESS_FIXTURES = {"quick_run", "quick_rerun", "fault_zygote", "torchrun_demo"}
 PROCESS_MODULES = {"test_benchmarks", "test_benchmarks_distributed", "test_browser", "test_cli_datasets",
                    "test_dashboard", "test_dashboard_graphs", "test_distributed", "test_docs", "test_offline",
                    "test_parallel", "test_readme", "test_reliability_cli", "test_reliability_dashboard",
-                   "test_reliability_runs", "test_resume_faults"}
+                   "test_reliability_runs", "test_resume_faults", "test_transcoders_distributed"}
 
 
 def pytest_itemcollected(item):

@@ -28,6 +28,23 @@ def texts(at: AppTest) -> str:
     return " ".join(str(e.value) for e in [*at.info, *at.warning, *at.error, *at.markdown])
 
 
+def rendered(source: object) -> str:
+    """What a reader sees of an element's Markdown: rendered as CommonMark (with GitHub's tables), tags dropped.
+    A page escapes a run's text (dashboards.common.plain), so the run's own words are found here, not in the source."""
+    import html
+
+    from markdown_it import MarkdownIt
+
+    return html.unescape(re.sub(r"<[^>]+>", "", MarkdownIt("commonmark").enable("table").render(str(source)))).strip()
+
+
+def rendered_table(frame):
+    """An st.table's frame as a reader sees it: every cell, index entry and column name rendered."""
+    shown = frame.map(rendered).rename(columns=rendered)
+    shown.index = [rendered(i) for i in shown.index]
+    return shown
+
+
 @pytest.mark.parametrize("name", [name for name, _ in pages()])
 def test_every_page_renders_on_a_fresh_clone_and_says_what_to_run(empty, name):
     at = page(name).run()
@@ -65,9 +82,9 @@ def test_explorer_shows_every_view_of_a_model(empty):
     at = page("explorer").run()
     assert not at.exception, at.exception
     charts = at.get("plotly_chart")
-    # attention, residual norms, logit lens, attribution, head detectors; this random model predicts the same
-    # token whatever one token of the default prompt is swapped for, and patching says so
-    assert [c.key for c in charts] == ["attention", "norms", "lens", "dla", "heads"]
+    # attention, residual norms, logit lens, attribution, input attribution, head detectors; this random model
+    # predicts the same token whatever one token of the default prompt is swapped for, and patching says so
+    assert [c.key for c in charts] == ["attention", "norms", "lens", "dla", "input_attribution", "heads"]
     assert list(corruptions(model, model.to_tokens(at.text_input(key="prompt").value))) == []
     assert "No one-token change of this prompt" in texts(at)
     assert "Ground-truth lens needs" not in texts(at) and "known (the zoo's Markov" in texts(at)
@@ -196,7 +213,7 @@ def test_experiment_pages_open_with_their_headlines(quick_run, quick_runs_dir, m
     monkeypatch.setenv("FORMA_RUNS_DIR", str(quick_runs_dir))
     at = page(name).run()
     assert not at.exception, at.exception
-    shown = " ".join(m.value for m in at.markdown)
+    shown = " ".join(rendered(m.value) for m in at.markdown)
     for headline in results["headlines"]:
         assert (headline["sentence"] if headline["supported"] else headline["why_not"]) in shown, headline["name"]
     unsupported = [h for h in results["headlines"] if not h["supported"]]
@@ -229,9 +246,11 @@ def test_the_monitor_page_colours_tokens_and_abstains_where_the_library_says(qui
                      if a["signal"] == signal and a["alpha"] == alpha)
     risk = (signs[signal] * out.signals[signal][0].double()).tolist()
     stop = abstain_at(risk, 2, threshold)
+    from dashboards.common import plain
+
     shown = " ".join(m.value for m in at.markdown)
     for word, r in zip(words, risk):
-        assert f":{'red' if r > threshold else 'green'}[{word}]" in shown
+        assert f":{'red' if r > threshold else 'green'}[{plain(word)}]" in shown
     assert (f"abstains at new token {stop + 1}" if stop is not None else "the answer is given") in shown
     at.text_input[0].input("<bos> nobody-knows-this birthday").run()
     assert not at.exception and "not in its vocabulary" in texts(at)
@@ -254,8 +273,8 @@ def test_pages_answer_in_numbers_a_reader_can_read(quick_run, quick_runs_dir, mo
     at = page(name).run()
     assert not at.exception, at.exception
     assert not at.json, f"{name}: st.json shows a raw tree"
-    shown = [str(m.value) for m in [*at.markdown, *at.caption, *at.subheader]]
-    shown += [frame.value.to_string() for frame in at.table]
+    shown = [rendered(m.value) for m in [*at.markdown, *at.caption, *at.subheader]]
+    shown += [rendered_table(frame.value).to_string() for frame in at.table]
     long = [hit for text in shown for hit in long_numbers(text)]
     assert not long, f"{name}: {long[:5]}"
 
@@ -375,7 +394,7 @@ def test_home_shows_each_models_card_numbers(empty):
     (empty / "models" / "markov" / "model.safetensors").write_bytes(b"")
     at = page("home").run()
     assert not at.exception, at.exception
-    table = at.table[0].value
+    table = rendered_table(at.table[0].value)
     row = table.loc["markov"]
     assert row["trained"] == "yes" and row["parameters"] == "170,272" and row["steps"] == "3,000"
     assert row["KL to the true law (nats)"] == short(card["val_kl_to_truth_nats"]) == "0.06499"
@@ -455,10 +474,10 @@ def test_compare_shows_two_runs_headlines_and_figures_side_by_side(quick_run, tm
     assert not at.exception, at.exception
     assert at.selectbox(key="compare_a").value == newer.name and at.selectbox(key="compare_b").value == older.name
     results = json.loads((older / "results.json").read_text())
-    shown = " ".join(m.value for m in at.markdown)
+    shown = " ".join(rendered(m.value) for m in at.markdown)
     supported = [h for h in results["headlines"] if h["supported"]]
     assert supported and all(shown.count(h["sentence"]) == 2 for h in supported)  # once per run
-    table = at.table[0].value
+    table = rendered_table(at.table[0].value)
     assert list(table.index) == [h["name"] for h in results["headlines"]]
     assert set(table["same direction"]) <= {"yes", "—"} and "yes" in set(table["same direction"])
     assert "seed 7" in " ".join(c.value for c in at.caption)
@@ -475,3 +494,37 @@ def test_compare_with_one_run_says_how_to_make_another(quick_run, tmp_path, monk
     at = page("compare").run()
     assert not at.exception, at.exception
     assert "forma run equations --quick --seed 1" in texts(at)
+
+
+def test_explorer_lens_selector_and_input_attribution_show_the_library_numbers(empty):
+    """The Lenses tab's tuned and Jacobian lenses are lab.analysis's, fitted on what the explorer fits them on
+    (dashboards.explorer_tabs.lens_corpus); the input-attribution tab's rows are lab.analysis.input_attribution's
+    scores and the exhaustive effects, each scaled by its largest |score|."""
+    import numpy as np
+    import torch
+
+    from dashboards.explorer_tabs import lens_corpus
+    from lab.analysis.input_attribution import input_attributions, resample_effects
+    from lab.analysis.jacobian_lens import fit_jacobian_lens
+    from lab.analysis.tuned_lens import fit_tuned_lens
+
+    model = tiny_pydoc(empty / "models")
+    prompt = "Return the number of items in the list ."
+    tokens = model.to_tokens(prompt)
+    at = page("explorer").run()
+    at.text_input(key="prompt").input(prompt).run()
+    corpus = lens_corpus(model, empty / "models" / "pydoc")
+    assert corpus.shape == (32, 32) and (corpus[:, 0] == model.tokenizer.token_to_id("<bos>")).all()
+    for kind, fit in (("tuned", fit_tuned_lens), ("jacobian", fit_jacobian_lens)):
+        at.radio(key="lens_kind").set_value(kind).run()
+        assert not at.exception, at.exception
+        chart = next(c for c in at.get("plotly_chart") if c.key == "lens")
+        shown = _decode_array(json.loads(chart.proto.spec)["data"][0]["z"])
+        expected = fit(model, corpus).log_probs(model, tokens)[:, 0].exp().max(-1).values.numpy()
+        assert np.allclose(shown, expected, atol=1e-5), kind
+    chart = next(c for c in at.get("plotly_chart") if c.key == "input_attribution")
+    rows = _decode_array(json.loads(chart.proto.spec)["data"][0]["z"])
+    scores = input_attributions(model, tokens)
+    expected = [v[0] / v[0].abs().max() for v in scores.values()] + [resample_effects(model, tokens)[0]]
+    expected[-1] = expected[-1] / expected[-1].abs().max()
+    assert np.allclose(rows, torch.stack(expected).numpy(), atol=1e-5)

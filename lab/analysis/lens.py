@@ -45,6 +45,20 @@ def _lens_logits(model: HookedTransformer, tokens: Tensor) -> Tensor:
     return stack @ model.W_U + model.b_U
 
 
+def residual_stack(model: HookedTransformer, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "layer batch pos d_model"]:
+    """The residual stream x^(l) entering each block (blocks.l.hook_resid_pre) and after the last one (the
+    final norm's input): the streams every lens reads, row l < n_layers for layer l, the last for the output."""
+    last = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    _, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_resid_pre") or n == last)
+    return cache.accumulated_resid()
+
+
+def read_out(model: HookedTransformer, residual: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_vocab"]:
+    """The model's own readout of a residual-stream vector: LN_final(x) W_U + b_U (the logit lens's map, and the
+    tuned and Jacobian lenses' after their translation)."""
+    return model.ln_final(residual) @ model.W_U + model.b_U
+
+
 @dataclass
 class GroundTruthLens:
     """The logit lens beside the truth, at every layer (row l < n_layers: resid_pre l; the last: the output)."""

@@ -71,6 +71,15 @@ class Fact(NamedTuple):
     value: str
 
 
+class Cloze(NamedTuple):
+    """A statement cut before its value: its words, the positions of the name's two words (all the value depends
+    on: the mechanism's ground truth) and the value that comes next."""
+
+    words: list[str]
+    name_positions: tuple[int, int]
+    value: str
+
+
 # --- configuration ----------------------------------------------------------------------------
 
 
@@ -310,6 +319,17 @@ class FactWorld:
             return forms[template % len(forms)].format(name=person.name, attribute=fact.attribute,
                                                        value=fact.value)
         raise ValueError(f"form must be 'bare' or 'template', got {form!r}")
+
+    def cloze(self, fact: Fact, template: int = 0) -> Cloze:
+        """`render`'s template statement of `fact` up to its value, with the positions of the name's two words: a
+        prompt whose next word is the value, a function of the name alone."""
+        forms = templates_for(fact.attribute)
+        form = forms[template % len(forms)]
+        if "{value}" not in form or form.index("{name}") > form.index("{value}"):
+            raise ValueError(f"template {form!r} does not name the person before the value")
+        marker = form[:form.index("{value}")].format(name="{first} {last}", attribute=fact.attribute).split()
+        first, person = marker.index("{first}"), self.persons[fact.person_index]
+        return Cloze(marker[:first] + [person.first, person.last] + marker[first + 2:], (first, first + 1), fact.value)
 
     def documents(self, form: Literal["bare", "template"] = "bare", seed: int = 0,
                   fact_indices: Sequence[int] | None = None) -> list[str]:

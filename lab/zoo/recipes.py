@@ -9,6 +9,7 @@ from typing import Any
 
 from lab.data.facts import FactWorldConfig
 from lab.folders import RECIPE_FILE, check_zoo_name
+from lab.inputs import read_text
 
 TABLES = ("world", "model", "train")
 MODEL_KIND_NAMES = ("decoder_only", "encoder_decoder")
@@ -21,7 +22,7 @@ def load_recipe(name: str, quick: bool = False) -> dict[str, dict[str, Any]]:
     """The recipe's world, model and train tables, with the quick overrides applied when asked."""
     path = check_zoo_name(name) / RECIPE_FILE
     try:
-        recipe = tomllib.loads(path.read_text())
+        recipe = tomllib.loads(read_text(path, path.parent, max_bytes=2**20))
     except tomllib.TOMLDecodeError as err:
         raise ValueError(f"malformed recipe {path}: {err}") from err
     unknown = sorted(set(recipe) - {"description", *TABLES, "quick"})
@@ -88,7 +89,7 @@ TYPE_NAMES = {int: "an integer", float: "a number", str: "a string"}
 
 def check_world(spec: dict[str, Any]) -> None:
     """A [world] table's kind, keys and types; sizes that would not fit in memory are refused by the
-    world itself, before it allocates (lab.data.sources.MAX_TABLE_ENTRIES, MAX_SAMPLE_TOKENS)."""
+    world itself, before it allocates (lab.data.draws.MAX_TABLE_ENTRIES, MAX_SAMPLE_TOKENS)."""
     kinds = sorted([*WORLD_KEYS, "facts"])
     if not isinstance(spec, dict) or spec.get("kind") not in kinds:
         got = spec.get("kind") if isinstance(spec, dict) else spec
