@@ -28,6 +28,7 @@ import torch
 from benchmarks.summary import write_summary
 from benchmarks.timing import (MatrixProducts, cache_bytes, forward_flops, interleaved, machine, result_name, timed,
                                training_steps, write)
+from lab.generate import generate
 from lab.hf import from_hf
 from lab.tokenize import to_hf_tokenizer, word_level
 
@@ -109,9 +110,9 @@ def bench_generation(device: str, rounds: int, new_tokens: int) -> dict:
     common = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, attention_mask=mask, pad_token_id=0)
     with torch.inference_mode():
         t = interleaved({
-            "forma_greedy": timed(lambda: ours.generate(prompt, new_tokens, temperature=0), device),
+            "forma_greedy": timed(lambda: generate(ours, prompt, new_tokens, temperature=0), device),
             "hf_greedy": timed(lambda: hf.generate(prompt, do_sample=False, **common), device),
-            "forma_sample": timed(lambda: ours.generate(prompt, new_tokens, temperature=1.0, seed=0), device),
+            "forma_sample": timed(lambda: generate(ours, prompt, new_tokens, temperature=1.0, seed=0), device),
             "hf_sample": timed(lambda: hf.generate(prompt, do_sample=True, top_k=0, **common), device),
         }, rounds=rounds, warmup=1)
     tps = {k: new_tokens / v["median_s"] for k, v in t.items()}

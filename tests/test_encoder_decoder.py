@@ -58,7 +58,7 @@ def test_matches_torch_transformer_on_identical_weights(norm_first, src, tgt):
         fused = model(src, tgt)
         _, cache = model.run_with_cache(src, tgt)  # asks for every pattern: the explicit attention path
     torch.testing.assert_close(fused, expected, atol=1e-5, rtol=0)
-    torch.testing.assert_close(cache["hook_logits"], expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(cache["unembed.hook_out"], expected, atol=1e-5, rtol=0)
 
 
 # --- what each stack may see -------------------------------------------------------------------
@@ -172,7 +172,7 @@ def test_hook_names_and_scoped_hooks(src, tgt):
                  "encoder.0.hook_resid_mid", "encoder_ln_final.hook_normalized", "hook_encoder_out", "hook_tgt_embed",
                  "decoder.0.attn.hook_pattern", "decoder.1.cross_attn.hook_pattern", "decoder.0.hook_resid_mid",
                  "decoder.0.hook_cross_attn_out", "decoder.0.hook_resid_mid_cross", "decoder.1.hook_resid_post",
-                 "decoder.0.ln_cross.hook_normalized", "decoder_ln_final.hook_scale", "hook_logits"):
+                 "decoder.0.ln_cross.hook_normalized", "decoder_ln_final.hook_scale", "unembed.hook_out"):
         assert name in model.hook_dict, name
     with torch.no_grad():
         plain = model(src, tgt)

@@ -80,7 +80,6 @@ REEXPORTS_LEFT = {
     ("lab/model/components.py", "lab.model.mlp"),
     ("lab/model/components.py", "lab.model.norms"),
     ("lab/model/components.py", "lab.model.primitives"),
-    ("lab/model/transformer.py", "lab.model.activation_cache"),
     ("lab/model/transformer.py", "lab.model.checkpoint"),
     ("lab/model/transformer.py", "lab.model.memory"),
     ("lab/metrics/calibration.py", "lab.metrics.discrimination"),
@@ -226,10 +225,11 @@ def from_imports(path: Path) -> Iterator[tuple[ast.ImportFrom, str]]:
 
 
 def private_imports() -> set[tuple[str, str, str]]:
-    """(importing file, module, name) for every `_name` (not a dunder) imported from another module."""
+    """(importing file, module, name) for every `_name` (not a dunder) imported from another of Forma's modules."""
     return {(str(path.relative_to(REPO)), module, alias.name) for path in python_files()
             for node, module in from_imports(path) for alias in node.names
-            if alias.name.startswith("_") and not alias.name.startswith("__")}
+            if alias.name.startswith("_") and not alias.name.startswith("__")
+            and module.split(".")[0] in (*FOLDERS, "tests")}
 
 
 def reexports() -> set[tuple[str, str]]:

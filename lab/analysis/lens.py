@@ -114,7 +114,7 @@ def direct_logit_attribution(model: HookedTransformer, tokens: Int[Tensor, " pos
     tokens = model.check_tokens(tokens)[:1]
     if not 0 <= target < model.cfg.d_vocab:
         raise ValueError(f"target token id {target} is out of range [0, {model.cfg.d_vocab})")
-    wanted = ("hook_embed", "hook_pos_embed", "attn.hook_result", "hook_mlp_out", "ln_final.hook_scale")
+    wanted = ("hook_embed", "hook_pos_embed", "attn.hook_z", "hook_mlp_out", "ln_final.hook_scale")
     logits, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith(wanted))
     if model.cfg.block == "post_ln":
         raise ValueError("direct logit attribution needs a pre-LN or parallel model (a post-LN block norms its own "
@@ -124,7 +124,8 @@ def direct_logit_attribution(model: HookedTransformer, tokens: Int[Tensor, " pos
         labels.append("pos_embed")
         parts.append(cache["hook_pos_embed"][0, position])
     for layer, block in enumerate(model.blocks):
-        heads = cache[f"blocks.{layer}.attn.hook_result"][0, position]  # [head, d_model]
+        z = cache[f"blocks.{layer}.attn.hook_z"][0, position]  # [head, d_head]
+        heads = torch.einsum("hd,hdm->hm", z, read_weight(model, f"blocks.{layer}.attn.W_O"))  # [head, d_model]
         labels += [f"L{layer}H{h}" for h in range(heads.shape[0])]
         parts += list(heads)
         if block.attn.b_O is not None:
@@ -133,10 +134,10 @@ def direct_logit_attribution(model: HookedTransformer, tokens: Int[Tensor, " pos
         labels.append(f"L{layer} mlp")
         parts.append(cache[f"blocks.{layer}.hook_mlp_out"][0, position])
     stack = torch.stack(parts)  # [component, d_model]
-    if model.cfg.norm == "layernorm":
+    if model.cfg.normalization_type in ("LN", "LNPre"):
         stack = stack - stack.mean(dim=-1, keepdim=True)
     scale = cache["ln_final.hook_scale"][0, position]
-    direction = read_weight(model, "ln_final.w") * model.W_U[:, target]
+    direction = model.tokens_to_residual_directions(target)  # w ⊙ W_U[:, t]; W_U[:, t] once the gain is folded
     values = (stack / scale) @ direction
     constant = model.b_U[target].clone()
     if model.cfg.norm == "layernorm":

@@ -209,7 +209,8 @@ class Monitor:
         signals, p = _output_signals(log_p)
         if self.lens:
             middle = self._latest[self.middle_hook][:, None]
-            log_q = self.model.unembed(self.model.ln_final(middle))[:, 0].float().log_softmax(-1)
+            lens = self.model.ln_final(middle) @ self.model.W_U + self.model.b_U  # not through the hooked unembed
+            log_q = lens[:, 0].float().log_softmax(-1)
             signals["lens_kl"] = (p * (log_p - log_q)).sum(-1)
         if self.attention:
             signals["subject_attention"] = self._subject_attention()
@@ -233,7 +234,7 @@ class Monitor:
                 hooks.append((q, self._keep_query))
                 if self._cache is None:
                     hooks.append((k, self._keep_keys))
-        return hooks + [("hook_logits", self._on_logits)]
+        return hooks + [("unembed.hook_out", self._on_logits)]
 
     # --- generating --------------------------------------------------------------------------------------------
     def generate(self, tokens: Int[Tensor, "batch pos"], max_new_tokens: int, *, subject: Any = None,

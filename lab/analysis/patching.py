@@ -277,14 +277,14 @@ def _sweep_fast(model: Any, target: Tensor, component: str, saved: dict[int, Ten
             else:
                 x = model.blocks[layer](x, entry)
         if read is None:
-            logits = model.hook_logits(model.unembed(model.ln_final(x)))  # [rows·batch, T − first, d_vocab]
+            logits = model.unembed(model.ln_final(x))  # [rows·batch, T − first, d_vocab]
             for k, cell in enumerate(rows):
                 patched = torch.cat([target_logits[:, :first], logits[k * b: (k + 1) * b]], dim=1)
                 values[cell.row, cell.column] = float(metric(patched))
             continue
         late = [p for p in read if p >= first]  # the positions the metric reads that the patch can change
         early = [p for p in read if p < first]
-        logits = model.hook_logits(model.unembed(model.ln_final(x[:, [p - first for p in late]])))
+        logits = model.unembed(model.ln_final(x[:, [p - first for p in late]]))
         for k, cell in enumerate(rows):
             patched = torch.full_like(target_logits, float("nan"))  # what the metric says it never reads
             patched[:, early] = target_logits[:, early]

@@ -93,6 +93,7 @@ class TLWeights:
             raise ValueError(f"layer must lie in [0, {n_layers}] ([0, {n_layers - 1}] with mlp_input), got {layer}")
         total = torch.zeros(self.cfg.d_model, device=self.W_E.device, dtype=self.W_E.dtype)
         after_attention = mlp_input and self.cfg.block != "parallel"
+        include_mlp_biases = include_mlp_biases and self.cfg.block != "attn_only"
         for index in range(layer + after_attention):  # read_weight: a block's biases may be offloaded
             b_O = read_weight(self, f"blocks.{index}.attn.b_O")
             b_out = read_weight(self, f"blocks.{index}.mlp.b_out") if include_mlp_biases and index < layer else None

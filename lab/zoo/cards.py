@@ -14,6 +14,7 @@ import torch
 from lab.data.dates import exact_match
 from lab.data.text import split_documents, split_text, stdlib_docstrings
 from lab.folders import zoo_dir
+from lab.generate import generate
 from lab.metrics.information import entropy, kl, truncated_context_kl_of
 from lab.zoo.worlds import WorldData, make_source
 
@@ -124,7 +125,7 @@ def _english_card(model: Any, data: WorldData) -> dict[str, Any]:
     samples = []
     for prompt in prompts:
         tokens = model.to_tokens(prompt)
-        out = model.generate(tokens, 24, temperature=0.8, top_p=0.95, seed=0)
+        out = generate(model, tokens, 24, temperature=0.8, top_p=0.95, seed=0)
         samples.append({"prompt": prompt, "text": model.to_string(out[0])})
     fraction = data.world["spec"].get("held_out_fraction", 0.05)
     train_text, val_text = split_text(stdlib_docstrings(cache=zoo_dir() / "pydoc" / "corpus.txt"), fraction)
