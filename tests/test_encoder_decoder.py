@@ -3,7 +3,9 @@ dates world and its zoo recipe, and the explorer's cross-attention view."""
 
 import datetime
 import json
+import math
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -247,6 +249,20 @@ def test_quick_dates_recipe_learns_to_translate_unseen_days(tmp_path, monkeypatc
     assert exact_match(model, world.held_out[:100]) >= 0.5
     with pytest.raises(FileNotFoundError, match="nothing to resume for dates"):
         zoo.build("dates", quick=True, progress=False, resume=True)
+    # The source-blind plateau: the chain-rule entropy of a uniform day's "YYYY-MM-DD<eos>", counted over every
+    # day of the world, per predicted character; and the first step training's loss fell below half of it.
+    days = [datetime.date(1900, 1, 1) + datetime.timedelta(days=d) for d in range(card["source_blind_days"])]
+    assert days[-1] == datetime.date(2099, 12, 31)
+    texts = [d.isoformat() + "$" for d in days]
+    total = 0.0
+    for t in range(len(texts[0])):
+        prefixes = Counter(x[:t] for x in texts)
+        total -= sum(n * math.log(n / prefixes[x[:t]]) for x, n in Counter(x[:t + 1] for x in texts).items())
+    assert card["source_blind_nats_per_char"] == pytest.approx(total / len(texts) / len(texts[0]), rel=1e-12)
+    metrics = (directory / "train" / "metrics.jsonl").read_text().splitlines()
+    losses = [json.loads(line)["train_loss_nats"] for line in metrics]
+    step = card["first_step_below_half_source_blind"]
+    assert losses[step - 1] < card["source_blind_nats_per_char"] / 2 <= min(losses[: step - 1], default=math.inf)
 
 
 # --- training: the one loop of lab.train ---------------------------------------------------------

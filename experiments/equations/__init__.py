@@ -131,20 +131,21 @@ def run(cfg: Config, out: Path) -> dict:
 
 def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
     """One headline per check, computed from results["checks"]: the claim, what was measured against what the
-    equation predicts, and whether it passed (the direction, which the quick and default runs must share).
-    Every check is a computation that a wrong implementation fails (the tests hand each one a wrong one)."""
+    equation predicts, and whether it passed (the direction, which the quick and default runs must share); a check
+    that fails is not supported, its sentence the reason. Every check is a computation that a wrong implementation
+    fails (the tests hand each one a wrong one)."""
     def show(value: float | list[float]) -> str:
         return ", ".join(f"{x:.4g}" for x in value) if isinstance(value, list) else f"{value:.4g}"
 
     out = []
     for check in results["checks"]:
         measured, expected, tolerance = check["measured"], check["expected"], check["tolerance"]
-        out.append({"name": check["name"],
-                    "sentence": f"{check['name'].replace('_', ' ')} (claim {check['item']}): measured "
-                                f"[{show(measured)}] against [{show(expected)}] within [{show(tolerance)}] — "
-                                f"{'passes' if check['passed'] else 'FAILS'}.",
+        sentence = (f"{check['name'].replace('_', ' ')} (claim {check['item']}): measured [{show(measured)}] against "
+                    f"[{show(expected)}] within [{show(tolerance)}] — {'passes' if check['passed'] else 'FAILS'}.")
+        out.append({"name": check["name"], "sentence": sentence,
                     "value": measured if not isinstance(measured, list) else measured[0], "interval": None,
-                    "direction": bool(check["passed"]), "supported": True, "why_not": None})
+                    "direction": bool(check["passed"]), "supported": bool(check["passed"]),
+                    "why_not": None if check["passed"] else sentence})
     return out
 
 

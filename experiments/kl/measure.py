@@ -91,7 +91,9 @@ def z_score(difference: float, se: float) -> float:
 
 
 def summarise(d: Decomposition, region: slice = slice(None)) -> dict[str, float]:
-    """Means over the prefixes of `region` (positions t), exact and sampled, with two checks that could fail:
+    """Means over the prefixes of `region` (positions t), exact and sampled — the exact H and KL with their standard
+    errors over the held-out sequences (`entropy_se`, `kl_se`: how far another held-out draw could move them) —,
+    with two checks that could fail:
 
     * the sampled CE, −log P_θ at the token that came from the model's own log-softmax, against the exact
       CE_t = H_t + KL_t from the source's conditionals and the model's softmax: E[−log P_θ(x_{t+1})|x_≤t] = CE_t,
@@ -102,12 +104,15 @@ def summarise(d: Decomposition, region: slice = slice(None)) -> dict[str, float]
     """
     entropy, kl_t, ce = d.entropy[:, region], d.kl[:, region], d.cross_entropy[:, region]
     nll_model, nll_true = d.nll_model[:, region], d.nll_true[:, region]
-    exact_kl, exact_ce = float(kl_t.mean()), float(ce.mean())
+    exact_kl, kl_se = paired_mean_se(kl_t)
+    exact_entropy, entropy_se = paired_mean_se(entropy)
+    exact_ce = float(ce.mean())
     sampled_kl, se = paired_mean_se(nll_model - nll_true)
     ce_gap, ce_se = paired_mean_se(nll_model - (entropy + kl_t))
     return {
         "prefixes": int(entropy.numel()),
-        "cross_entropy_nats": exact_ce, "entropy_nats": float(entropy.mean()), "kl_nats": exact_kl,
+        "cross_entropy_nats": exact_ce, "entropy_nats": exact_entropy, "kl_nats": exact_kl,
+        "entropy_se": entropy_se, "kl_se": kl_se,
         "sampled_cross_entropy_nats": float(nll_model.mean()), "sampled_entropy_nats": float(nll_true.mean()),
         "sampled_kl_nats": sampled_kl, "sampled_kl_se": se,
         "sampled_minus_exact_in_se": z_score(sampled_kl - exact_kl, se),
@@ -148,19 +153,21 @@ def ground_truth_lens(model: HookedTransformer, held_out: HeldOut, batch: int = 
     """Mean KL(p ‖ P^(l)) over the held-out prefixes of every region for the logit lens at every layer's input
     and after the last layer (lab.analysis.lens.ground_truth_lens: P^(l) = softmax(LN_final(x^(l)) W_U + b_U),
     the final norm recomputed on x^(l)). `kl_nats` is over complete contexts where the source has them (else
-    every position)."""
+    every position), `kl_se` its standard error over the held-out sequences."""
     model.eval()
     n_layers = model.cfg.n_layers
-    total = torch.zeros(n_layers + 1, held_out.p.shape[1], dtype=torch.float64)  # [layer, position]
+    regions = held_out.regions()
+    headline = "complete" if "complete" in regions else "all"
+    per_sequence = []  # [layer, sequence, position] in chunks
     for i in range(0, len(held_out.tokens), batch):
         # p covers the prefixes that end before the last token: the lens of those prefixes, the last one dropped.
         lens = lens_against_truth(model, held_out.tokens[i:i + batch, :-1], held_out.p[i:i + batch])
-        total += lens.kl_nats.sum(dim=1)
-    per_position = total / len(held_out.tokens)
-    regions = held_out.regions()
-    headline = "complete" if "complete" in regions else "all"
+        per_sequence.append(lens.kl_nats.double())
+    kl_t = torch.cat(per_sequence, dim=1)
+    per_position = kl_t.mean(dim=1)
     labels = [f"{layer}_pre" for layer in range(n_layers)] + ["final_post"]
     return [{"layer": layer, "label": labels[layer], "kl_nats": float(per_position[layer, regions[headline]].mean()),
+             "kl_se": paired_mean_se(kl_t[layer][:, regions[headline]])[1],
              **{f"kl_{name}_nats": float(per_position[layer, region].mean()) for name, region in regions.items()
                 if per_position[layer, region].numel()}}
             for layer in range(n_layers + 1)]

@@ -76,7 +76,8 @@ def run_synthetic(cfg: Config, out: Path) -> dict[str, Any]:
                   "n_by_split": {s: int((split == s).sum()) for s in SPLITS},
                   "split": "subjects (persons and invented name pairs) drawn into fit / calibration / test, disjoint; "
                            "fit trains the probe and P(IK) and chooses the signs, calibration the thresholds, test "
-                           "reports"},
+                           "reports",
+                  "held_out": setting.held_out},
         "model": {"d_model": cfg.d_model, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
                   "middle_layer": monitor.middle_layer, "attention_layers": list(monitor.attention_layers), **training},
         "answers": {kind: {"n": int((kinds == kind).sum()), "false_rate": float(false[kinds == kind].mean())}

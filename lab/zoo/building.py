@@ -59,7 +59,7 @@ def _train_into(staging: Path, name: str, recipe: dict[str, Any], quick: bool, p
         "world_build_s": world_s, "train_s": result.elapsed_s, "steps": result.step,
         "final_train_loss_nats": result.train_loss_nats, "best_val_loss_nats": result.best_val_loss_nats,
         "best_val_loss_note": "training's own estimate: the best mean loss over eval_batches random held-out batches",
-        "world": data.world, **measured_card(model, data, recipe["world"]),
+        "world": data.world, **measured_card(model, data, recipe["world"], result.history),
         "provenance": provenance(train_cfg.seed, **machine_state()),
     }
     if "held_out" in data.world:

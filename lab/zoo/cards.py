@@ -3,6 +3,7 @@
 held-out perplexity beside n-gram baselines), how its held-out data are kept apart from training, and the
 machine it was measured on."""
 
+import datetime
 import math
 import os
 from collections import Counter
@@ -35,14 +36,15 @@ def ngram_perplexities(train: torch.Tensor, val: torch.Tensor, d_vocab: int) -> 
             "bigram_perplexity": float(math.exp(nll / (len(val_np) - 1)))}
 
 
-def measured_card(model: Any, data: Any, spec: dict[str, Any]) -> dict[str, Any]:
-    """What the card measures beyond the losses: per world kind, what its truth makes measurable."""
+def measured_card(model: Any, data: Any, spec: dict[str, Any], history: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the card measures beyond the losses: per world kind, what its truth makes measurable (`history`:
+    training's per-step records)."""
     if spec["kind"] == "pydoc":
         return _english_card(model, data)
     if spec["kind"] in ("markov", "hmm"):
         return _truth_card(model, data, spec)
     if spec["kind"] == "dates":
-        return _translation_card(model, data)
+        return _translation_card(model, data, history)
     return {}
 
 
@@ -84,15 +86,24 @@ def _truth_card(model: Any, data: WorldData, spec: dict[str, Any]) -> dict[str, 
     return card
 
 
-def _translation_card(model: Any, data: Any) -> dict[str, Any]:
-    """The held-out exact match of greedy, KV-cached decoding, and five sample translations."""
+def _translation_card(model: Any, data: Any, history: list[dict[str, Any]]) -> dict[str, Any]:
+    """The held-out exact match of greedy, KV-cached decoding, five sample translations, and the plateau a
+    decoder that ignores its source cannot leave: the entropy of a uniformly drawn day's target per predicted
+    character, ln(days) / (target characters + <eos>) — the loss of the best source-blind predictor —, with the
+    first training step whose loss falls below half of it (the model reads its source from there on)."""
+    first, last = (datetime.date.fromisoformat(data.world[k]) for k in ("first", "last"))
+    days = (last - first).days + 1
+    predicted = len(data.train[0][1]) - 1  # every target token after <bos>: the characters and <eos>
+    plateau = math.log(days) / predicted
+    left = next((r["step"] for r in history if r["train_loss_nats"] < plateau / 2), None)
     samples = []
     for src, tgt in data.held_out[:5]:
         source = data.src_tokenizer.decode(src)
         samples.append({"source": source, "prediction": "".join(model.translate(source)),
                         "truth": "".join(data.tgt_tokenizer.id_to_token(i) for i in tgt[1:-1])})
     return {"held_out_exact_match": exact_match(model, data.held_out), "n_held_out": len(data.held_out),
-            "n_train": len(data.train), "samples": samples,
+            "n_train": len(data.train), "samples": samples, "source_blind_nats_per_char": plateau,
+            "source_blind_days": days, "first_step_below_half_source_blind": left,
             "held_out": {"pairs": len(data.held_out), "how": (
                 f"{len(data.held_out):,} days drawn first and never trained on in any written form: the "
                 f"{len(data.train):,} training pairs are other days (entity-disjoint by construction)")}}
@@ -100,8 +111,8 @@ def _translation_card(model: Any, data: Any) -> dict[str, Any]:
 
 def _identical_rows(train: torch.Tensor, val: torch.Tensor) -> int:
     """How many held-out rows equal some training row, token for token."""
-    held = {row.tobytes() for row in val.numpy()}
-    return sum(row.tobytes() in held for row in train.numpy())
+    seen = {row.tobytes() for row in train.numpy()}
+    return sum(row.tobytes() in seen for row in val.numpy())
 
 
 def machine_state() -> dict[str, Any]:
