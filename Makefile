@@ -14,7 +14,7 @@ INSEQ_VENV  := .venv-inseq
 INSEQ_STAMP := $(INSEQ_VENV)/.installed
 OFFLINE   := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: venv venv-sae venv-ct venv-inseq test test-sae test-ct bench demo lint clean
+.PHONY: venv venv-sae venv-ct venv-inseq test test-fast test-sae test-ct bench demo lint clean
 
 venv: $(STAMP)
 
@@ -59,9 +59,15 @@ $(INSEQ_STAMP): $(STAMP) constraints-inseq.txt
 	$(INSEQ_VENV)/bin/python -m pip install -q -c constraints-inseq.txt inseq typeguard
 	touch $(INSEQ_STAMP)
 
-# The SAE environment's tests first (test-sae), circuit-tracer against Forma (test-ct), then the whole suite in .venv.
-test: $(STAMP) $(INSEQ_STAMP) test-sae test-ct
+# The linter first (lint), the SAE environment's tests (test-sae), circuit-tracer against Forma (test-ct), then the
+# whole suite in .venv.
+test: $(STAMP) $(INSEQ_STAMP) lint test-sae test-ct
 	$(OFFLINE) $(BIN)/python -m pytest -q --durations=25
+
+# The inner loop (docs/testing.md): the suite without the slow tests, the browser's and those that start
+# processes or wait for the quick runs (tests/conftest.py marks them `processes`).
+test-fast: $(STAMP)
+	$(OFFLINE) $(BIN)/python -m pytest -q -m "not slow and not browser and not processes" --durations=10
 
 # SAELens' trainer on a Forma hook (tests/sae), TransformerLens's own tests on Forma and on transformer-lens 3.9's
 # HookedTransformer (tests/transformer_lens, which writes docs/measured/transformer_lens.json), and the model's own
@@ -102,8 +108,9 @@ bench: $(STAMP) $(SAE_STAMP) $(CT_STAMP)
 demo: $(STAMP)
 	HF_HUB_OFFLINE=1 exec $(BIN)/forma demo $(DEMO_ARGS)
 
+# ruff's checks as pyproject.toml sets them ([tool.ruff]): pyflakes, pycodestyle, isort, bugbear, mccabe's limit.
 lint: $(STAMP)
-	$(BIN)/python -m compileall -q lab experiments dashboards benchmarks tests
+	$(BIN)/ruff check .
 
 clean:
 	rm -rf $(VENV) $(SAE_VENV) $(CT_VENV) $(INSEQ_VENV) *.egg-info

@@ -20,6 +20,7 @@ import argparse
 import copy
 import tempfile
 import time
+from functools import partial
 from typing import Any
 
 import torch
@@ -54,9 +55,9 @@ def bench_forward(device: str, rounds: int, batch: int, tokens: int) -> dict:
         x = torch.randint(0, VOCAB, (batch, tokens), device=device)
         with torch.inference_mode():
             diff = (ours(x) - hf_sdpa(x).logits).abs().max().item()
-            products = MatrixProducts(lambda: ours(x))  # the forward's own matrix products, run alone
-            t = interleaved({"forma": timed(lambda: ours(x), device), "hf_sdpa": timed(lambda: hf_sdpa(x), device),
-                             "hf_eager": timed(lambda: hf_eager(x), device),
+            products = MatrixProducts(partial(ours, x))  # the forward's own matrix products, run alone
+            t = interleaved({"forma": timed(partial(ours, x), device), "hf_sdpa": timed(partial(hf_sdpa, x), device),
+                             "hf_eager": timed(partial(hf_eager, x), device),
                              "forma_products": timed(products, device)}, rounds=rounds)
         flops, alone = forward_flops(ours.cfg, batch, tokens), t["forma_products"]["median_s"]
         out[name] = {"timing": t, "max_abs_logit_diff": diff,

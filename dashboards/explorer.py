@@ -18,6 +18,7 @@ from dashboards.explorer_tabs import (Opened, encode, pick, show_attention, show
                                       show_head_detectors, show_input_attribution, show_logit_lens, show_patching,
                                       show_residual_norms, show_trust, text_of, token_labels)
 from lab.folders import zoo_dir, zoo_names
+from lab.model.encoder_decoder import is_encoder_decoder
 
 DEFAULT_PROMPTS = {"pydoc": "Return the number of items in the list.", "markov": "1 2 3 4 5 6 7 8",
                    "dates": "the third of march two thousand and five"}
@@ -171,7 +172,6 @@ if not name:
     st.info("Give the path of a local model folder in the sidebar: a Forma model (`model.save`) or a Hugging Face "
             "`save_pretrained` folder with its tokenizer.")
     st.stop()
-from lab.model.encoder_decoder import is_encoder_decoder
 
 if is_encoder_decoder(name):
     show_cross_attention(name)

@@ -2,32 +2,17 @@
 
 import json
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
 import experiments
-import lab.zoo as zoo
 from dashboards.pages import page_file, pages
 from lab import HookedTransformer, ModelConfig
 from lab.tokenize import word_level
 
 EXPERIMENT_PAGES = experiments.experiment_names()
-
-
-@pytest.fixture
-def empty(tmp_path, monkeypatch):
-    """No runs and no trained model: a fresh clone."""
-    (tmp_path / "runs").mkdir()
-    zoo_copy = tmp_path / "models"
-    for name in zoo.zoo_names():
-        (zoo_copy / name).mkdir(parents=True)
-        shutil.copy(zoo.DEFAULT_ZOO_DIR / name / "model.toml", zoo_copy / name / "model.toml")
-    monkeypatch.setenv("FORMA_RUNS_DIR", str(tmp_path / "runs"))
-    monkeypatch.setenv("FORMA_ZOO_DIR", str(zoo_copy))
-    return tmp_path
 
 
 def heatmap_rows(chart) -> int:
@@ -81,7 +66,7 @@ def test_a_corrupted_results_json_is_a_message_not_a_traceback(empty, name):
     assert "unreadable results.json" in texts(at)
 
 
-def _tiny_pydoc(zoo_copy: Path, seed: int = 0) -> HookedTransformer:
+def tiny_pydoc(zoo_copy: Path, seed: int = 0) -> HookedTransformer:
     words = ["Return", "the", "number", "of", "items", "in", "list", "file", "."]
     tokenizer = word_level(words)
     cfg = ModelConfig(d_vocab=tokenizer.get_vocab_size(), d_model=32, n_layers=2, n_heads=4, n_ctx=32)
@@ -93,7 +78,7 @@ def _tiny_pydoc(zoo_copy: Path, seed: int = 0) -> HookedTransformer:
 def test_explorer_shows_every_view_of_a_model(empty):
     from lab.analysis.counterfactual import corruptions
 
-    model = _tiny_pydoc(empty / "models")
+    model = tiny_pydoc(empty / "models")
     at = page("explorer").run()
     assert not at.exception, at.exception
     charts = at.get("plotly_chart")
@@ -114,7 +99,7 @@ def test_explorer_shows_every_view_of_a_model(empty):
 
 
 def test_explorer_reports_a_bad_prompt_and_a_missing_folder(empty):
-    _tiny_pydoc(empty / "models")
+    tiny_pydoc(empty / "models")
     at = page("explorer").run()
     at.text_input(key="prompt").input("").run()
     assert not at.exception and "empty" in texts(at)
@@ -174,7 +159,7 @@ def test_explorer_views_show_the_library_numbers(empty):
     from lab.analysis.lens import logit_lens
     from lab.analysis.patching import patch_positions
 
-    model = _tiny_pydoc(empty / "models")
+    model = tiny_pydoc(empty / "models")
     prompt = "Return the number of items in the list ."
     tokens = model.to_tokens(prompt)
     with torch.inference_mode():
@@ -313,7 +298,7 @@ def test_explorer_patching_starts_from_a_pair_whose_predictions_differ(empty):
     from lab.analysis.heads import detect_heads
     from lab.analysis.patching import patch_heads, patch_positions
 
-    model = _tiny_pydoc(empty / "models", seed=1)
+    model = tiny_pydoc(empty / "models", seed=1)
     at = page("explorer").run()
     assert not at.exception, at.exception
     clean = model.to_tokens(at.text_input(key="prompt").value)
@@ -523,7 +508,7 @@ def test_explorer_lens_selector_and_input_attribution_show_the_library_numbers(e
     from lab.analysis.jacobian_lens import fit_jacobian_lens
     from lab.analysis.tuned_lens import fit_tuned_lens
 
-    model = _tiny_pydoc(empty / "models")
+    model = tiny_pydoc(empty / "models")
     prompt = "Return the number of items in the list ."
     tokens = model.to_tokens(prompt)
     at = page("explorer").run()

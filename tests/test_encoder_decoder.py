@@ -233,6 +233,7 @@ def test_held_out_days_never_occur_in_training():
     assert all(unk not in s for s, _ in world.train + world.held_out)
 
 
+@pytest.mark.slow
 def test_quick_dates_recipe_learns_to_translate_unseen_days(tmp_path, monkeypatch, one_thread):
     for name in zoo.zoo_names():  # a private zoo: building never touches models/
         (tmp_path / name).mkdir()

@@ -78,7 +78,7 @@ def test_the_cli_runs_the_experiment_into_a_run_folder(tmp_path):
 
 # --- flip one implementation detail: the check that guards it must fail -------------------------
 def _config(d_model: int, n_heads: int, n_ctx: int):
-    return equations._attention_config(d_model, n_heads, n_ctx)
+    return equations.attention_config(d_model, n_heads, n_ctx)
 
 
 class FutureMaskAttention(Attention):

@@ -66,7 +66,10 @@ def test_large_temperature_approaches_uniform():
 def test_top_p_keeps_the_smallest_set_whose_mass_reaches_p():
     probs = torch.tensor([0.05, 0.4, 0.1, 0.3, 0.15])  # sorted: 0.4, 0.3, 0.15, 0.1, 0.05
     logits = probs.log()
-    kept = lambda p: set(torch.isfinite(filter_logits(logits, top_p=p)).nonzero().flatten().tolist())
+
+    def kept(p: float) -> set[int]:
+        return set(torch.isfinite(filter_logits(logits, top_p=p)).nonzero().flatten().tolist())
+
     assert kept(0.4) == {1}  # 0.4 reaches 0.4 on its own
     assert kept(0.41) == {1, 3}
     assert kept(0.7) == {1, 3}  # 0.4 + 0.3 = 0.7

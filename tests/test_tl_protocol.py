@@ -149,7 +149,7 @@ def test_the_config_answers_what_transformer_lens_reads():
     assert cfg.dtype == torch.float64  # read live from the weights
     assert model.cfg == ModelConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})
     with pytest.raises(AttributeError, match="describes an architecture"):
-        ModelConfig(d_vocab=8, d_model=8, n_layers=1, n_heads=2, n_ctx=4).device
+        _ = ModelConfig(d_vocab=8, d_model=8, n_layers=1, n_heads=2, n_ctx=4).device
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.use_attn_result = True
 

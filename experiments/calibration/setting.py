@@ -136,7 +136,7 @@ def make_model(cfg: Config, setting: Setting) -> HookedTransformer:
 # --------------------------------------------------------------------------------------------
 # Reading the model
 # --------------------------------------------------------------------------------------------
-def _batch(rows: Sequence[Sequence[int]], pad_id: int) -> Int[Tensor, "n pos"]:
+def right_padded(rows: Sequence[Sequence[int]], pad_id: int) -> Int[Tensor, "n pos"]:
     """Right-padded rows (a causal model never looks right, so padding changes nothing before it)."""
     length = max(len(r) for r in rows)
     out = torch.full((len(rows), length), pad_id, dtype=torch.long)
@@ -154,7 +154,7 @@ def continuation_logprobs(model: HookedTransformer, prefixes: Sequence[Sequence[
     out = []
     for start in range(0, len(prefixes), batch_size):
         pre, cont = prefixes[start: start + batch_size], continuations[start: start + batch_size]
-        tokens = _batch([list(p) + list(c) for p, c in zip(pre, cont)], pad_id)
+        tokens = right_padded([list(p) + list(c) for p, c in zip(pre, cont)], pad_id)
         log_p = logit_lens(model, tokens) if lens else model(tokens).log_softmax(-1)[None]
         total = torch.zeros(log_p.shape[0], len(pre), dtype=torch.float64)
         for i, (p, c) in enumerate(zip(pre, cont)):
@@ -172,7 +172,7 @@ def next_token_logprobs(model: Any, prompts: Sequence[Sequence[int]], pad_id: in
     out = []
     for start in range(0, len(prompts), batch_size):
         chunk = prompts[start: start + batch_size]
-        logits = model(_batch(chunk, pad_id))
+        logits = model(right_padded(chunk, pad_id))
         last = torch.tensor([len(p) - 1 for p in chunk])
         out.append(logits[torch.arange(len(chunk)), last].double().log_softmax(-1).cpu())
     return torch.cat(out)

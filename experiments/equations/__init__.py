@@ -39,7 +39,7 @@ from lab.configs import check_fields, need
 from experiments.equations.attention import (VANISHED, ReversedMaskAttention, check_attention_scaling,
                                              check_causal_mask, check_dot_product_variance, check_reversed_mask,
                                              check_softmax_saturation, softmax_jacobian_norm, softmax_saturation)
-from experiments.equations.common import F64, Check, _attention_config
+from experiments.equations.common import F64, Check, attention_config
 from experiments.equations.figures import write_figures
 from experiments.equations.kv_cache import (attention_flops, check_kv_cache_cost, check_kv_cache_tokens, kv_model,
                                             step_flops, step_seconds)

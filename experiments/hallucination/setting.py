@@ -29,8 +29,8 @@ class Setting:
     world: FactWorld
     tokenizer: Any
     bos_id: int
-    first_ids: Int[Tensor, "n_first"]
-    last_ids: Int[Tensor, "n_last"]
+    first_ids: Int[Tensor, " n_first"]
+    last_ids: Int[Tensor, " n_last"]
     attribute_id: int
     value_ids: Int[Tensor, "n_values value_len"]
     fact_first: np.ndarray  # [n_facts] index into first names

@@ -33,7 +33,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from lab.analysis.patching import COMPONENTS, MetricFn, PatchingResult, _check_inputs, _metric
+from lab.analysis.patching import COMPONENTS, MetricFn, PatchingResult, check_inputs, resolve_metric
 
 __all__ = ["SWEEPS", "attribution_patch"]
 
@@ -47,8 +47,8 @@ def attribution_patch(model: Any, clean: Int[Tensor, "batch pos"], corrupted: In
     docstring): values[layer, cell] ≈ what patch_positions (or patch_heads, patch_heads_by_position) gives."""
     if direction not in ("denoise", "noise"):
         raise ValueError(f"direction must be 'denoise' (clean into corrupted) or 'noise', got {direction!r}")
-    clean, corrupted = _check_inputs(model, clean, corrupted)
-    metric = _metric(metric, answer, wrong)
+    clean, corrupted = check_inputs(model, clean, corrupted)
+    metric = resolve_metric(metric, answer, wrong)
     n_layers = model.cfg.n_layers
     names = {component: [template.format(layer=layer) for layer in range(n_layers)]
              for component, template in COMPONENTS.items()}

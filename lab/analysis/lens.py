@@ -83,10 +83,11 @@ def ground_truth_lens(model: HookedTransformer, tokens: Int[Tensor, "batch pos"]
     p = torch.as_tensor(p, dtype=torch.float64)
     expected = (*tokens.shape, model.cfg.d_vocab)
     if tuple(p.shape) != expected:
-        raise ValueError(f"the true distribution p has shape {tuple(p.shape)}; for tokens {tuple(tokens.shape)} it must "
-                         f"be [batch, pos, d_vocab] = {list(expected)}")
+        raise ValueError(f"the true distribution p has shape {tuple(p.shape)}; for tokens {tuple(tokens.shape)} it "
+                         f"must be [batch, pos, d_vocab] = {list(expected)}")
     if (p < 0).any() or not torch.allclose(p.sum(-1), torch.ones((), dtype=torch.float64), atol=1e-6):
-        raise ValueError("the true distribution p must be non-negative and sum to 1 over the vocabulary at every position")
+        raise ValueError("the true distribution p must be non-negative and sum to 1 over the vocabulary at every "
+                         "position")
     log_probs = _lens_logits(model, tokens).double().log_softmax(dim=-1).cpu()
     return GroundTruthLens(log_probs, p, kl(p[None], log_probs.exp()))
 
@@ -102,12 +103,12 @@ def residual_norms(model: HookedTransformer, tokens: Int[Tensor, "batch pos"]) -
 @dataclass
 class Attribution:
     labels: list[str]  # "embed", "pos_embed", "L0H3", "L0 attn bias", "L0 mlp", ..., "final norm & unembed bias"
-    values: Float[Tensor, "component"]  # contribution of each part to the target's logit
+    values: Float[Tensor, " component"]  # contribution of each part to the target's logit
     logit: float  # the model's logit for the target at that position
 
 
 @torch.inference_mode()
-def direct_logit_attribution(model: HookedTransformer, tokens: Int[Tensor, "pos"], target: int,
+def direct_logit_attribution(model: HookedTransformer, tokens: Int[Tensor, " pos"], target: int,
                              position: int = -1) -> Attribution:
     """Each part of the residual stream's direct contribution to `target`'s logit at `position`."""
     tokens = model.check_tokens(tokens)[:1]

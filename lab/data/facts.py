@@ -23,7 +23,7 @@ change the persons, the facts or their popularity.
 import numbers
 import re
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
 import numpy as np

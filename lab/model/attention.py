@@ -64,7 +64,7 @@ FEW_TOKENS = 32
 
 
 def side_by_side(W_Q: Tensor, W_K: Tensor, W_V: Tensor, b_Q: Tensor | None, b_K: Tensor | None, b_V: Tensor | None
-                 ) -> tuple[Float[Tensor, "d_model qkv"], Float[Tensor, "qkv"] | None]:
+                 ) -> tuple[Float[Tensor, "d_model qkv"], Float[Tensor, " qkv"] | None]:
     """[W_Q | W_K | W_V] as one [d_model, (h + 2·kv)·d_head] matrix, heads in order, and the biases likewise."""
     W = torch.cat([W.permute(1, 0, 2) for W in (W_Q, W_K, W_V)], dim=1).flatten(1)
     return W, None if b_Q is None else torch.cat((b_Q, b_K, b_V)).flatten()

@@ -23,7 +23,7 @@ decoder.{l}.mlp.*, decoder_ln_final.*, unembed.hook_in|hook_out (the logits).
 """
 
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 

@@ -91,7 +91,7 @@ def _check(model: Any, fold_ln: bool, center_writing_weights: bool, refactor: bo
 
 def _fold_ln(W: dict[str, Tensor], model: Any, center: bool) -> None:
     """Each norm's gain (and bias) into the maps that read it; centred over d_model for LayerNorm."""
-    for layer, block in enumerate(model.blocks):
+    for layer in range(len(model.blocks)):
         p = f"blocks.{layer}."
         _fold_into(W, p + "ln1", [p + f"attn.W_{x}" for x in "QKV"], center)
         if p + "ln2.w" in W:  # not in an attention-only block

@@ -32,10 +32,11 @@ def ngram_perplexities(train: torch.Tensor, val: torch.Tensor, d_vocab: int) -> 
         bigram = pairs.get((prev, nxt), 0) / context[prev] if context[prev] else 0.0
         lam = 0.8 if context[prev] else 0.0
         nll -= math.log(lam * bigram + (1 - lam) * unigram[nxt])
-    return {"unigram_perplexity": float(np.exp(nll_unigram)), "bigram_perplexity": float(math.exp(nll / (len(val_np) - 1)))}
+    return {"unigram_perplexity": float(np.exp(nll_unigram)),
+            "bigram_perplexity": float(math.exp(nll / (len(val_np) - 1)))}
 
 
-def _measured_card(model: Any, data: Any, spec: dict[str, Any], history: list[dict[str, Any]]) -> dict[str, Any]:
+def measured_card(model: Any, data: Any, spec: dict[str, Any], history: list[dict[str, Any]]) -> dict[str, Any]:
     """What the card measures beyond the losses: per world kind, what its truth makes measurable (`history`:
     training's per-step records)."""
     if spec["kind"] == "pydoc":
@@ -59,7 +60,8 @@ def _truth_card(model: Any, data: WorldData, spec: dict[str, Any]) -> dict[str, 
     kl_t, h_t = kl(p, q), entropy(p)
     card: dict[str, Any] = {
         "val_kl_to_truth_nats": float(kl_t.mean()), "val_entropy_nats": float(h_t.mean()),
-        "val_averaged_over": "every held-out prefix, the first positions (shorter than a Markov chain's order) included",
+        "val_averaged_over": "every held-out prefix, the first positions (shorter than a Markov chain's order) "
+                             "included",
         "entropy_rate_nats": source.entropy_rate() if hasattr(source, "entropy_rate") else None,
         "val_prefixes": int(p.shape[0] * p.shape[1])}
     order = getattr(source, "order", None)
@@ -76,7 +78,8 @@ def _truth_card(model: Any, data: WorldData, spec: dict[str, Any]) -> dict[str, 
                  "best_bigram_kl_nats": truncated_context_kl_of(joint, source.vocab_size, 1)}
     same = _identical_rows(data.train, data.val)
     seed = spec.get("seed", 0)
-    card["held_out"] = {"sequences": len(data.val), "train_sequences": len(data.train), "equal_to_a_training_sequence": same,
+    card["held_out"] = {"sequences": len(data.val), "train_sequences": len(data.train),
+                        "equal_to_a_training_sequence": same,
                         "how": f"{len(data.val):,} sequences sampled from the source with their own seed "
                                f"({seed + 2}) apart from the {len(data.train):,} training sequences (seed {seed + 1}); "
                                f"{same} of them equal a training sequence token for token"}
@@ -112,7 +115,7 @@ def _identical_rows(train: torch.Tensor, val: torch.Tensor) -> int:
     return sum(row.tobytes() in seen for row in val.numpy())
 
 
-def _machine() -> dict[str, Any]:
+def machine_state() -> dict[str, Any]:
     """Where a card was measured: cores, torch threads and the load average (1, 5 and 15 minutes) when
     training ended — how busy the machine was while it trained."""
     return {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
