@@ -35,13 +35,16 @@ def positions_table(W_pos: Tensor, tokens: Tensor, offset: int, attention_mask: 
                     padding: Padding | None) -> Float[Tensor, "batch pos d_model"]:
     """W_pos at each token's position: offset, offset + 1, ... (every row alike); in a padded batch each token's
     own position within its text, and 0 at padding (TransformerLens's PosEmbed). `attention_mask` is
-    TransformerLens's [batch, offset + pos] mask of the cached and the new tokens; the model passes `padding`."""
+    TransformerLens's [batch, offset + pos] mask of the cached and the new tokens; the model passes `padding`.
+    A tensor of its own, never a view of W_pos: a hook that edits it in place edits this pass's positions, and in
+    inference mode a view of the parameter would require grad with no graph behind it, which torch's module
+    tracker (FlopCounterMode) cannot follow."""
     if padding is None and attention_mask is not None:
         keys = attention_mask.bool()
         padding = Padding(keys, offset_positions(keys, offset), offset)
     batch, length = tokens.shape[0], tokens.shape[-1]
     if padding is None:
-        return W_pos[offset : offset + length].expand(batch, length, W_pos.shape[-1])
+        return W_pos[offset : offset + length].expand(batch, length, W_pos.shape[-1]).clone()
     return W_pos[padding.positions].masked_fill(~padding.new[..., None], 0.0)
 
 

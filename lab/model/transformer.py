@@ -192,8 +192,8 @@ class HookedTransformer(TLWeights, TextMethods, InputChecks, HookedRootModule):
                     tokens = self.hook_tokens(tokens)
                 x = self.hook_embed(self.embed(tokens))
                 positions = self.pos_embed(tokens, offset, padding=padding)
-                if positions is not None:  # a copy: a hook that edits it in place edits this pass's, not W_pos
-                    x = x + self.hook_pos_embed(positions.clone())
+                if positions is not None:  # a copy (positions_table): a hook's edit in place never reaches W_pos
+                    x = x + self.hook_pos_embed(positions)
             for layer in range(start, stop):
                 x = self.blocks[layer](x, None if kv_cache is None else kv_cache.entries[layer], padding)
             if kv_cache is not None and padding is not None:
