@@ -256,7 +256,8 @@ class Progress:
             raise ValueError(f"a {FORMAT} record with other fields: {err}") from None
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process `pid` is still running."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -273,7 +274,7 @@ def read_progress(path: str | Path) -> Progress | None:
         progress = Progress.from_json(json.loads(Path(path).read_text(encoding="utf-8")))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValueError):
         return None
-    if progress.active and (time.time() - progress.updated > STALE_S or not _alive(progress.pid)):
+    if progress.active and (time.time() - progress.updated > STALE_S or not alive(progress.pid)):
         return Progress(**{**progress.__dict__, "state": "stopped"})
     return progress
 
