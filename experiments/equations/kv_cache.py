@@ -46,6 +46,7 @@ def check_kv_cache_tokens(models: dict[str, HookedTransformer] | None = None, n_
         name="kv_cache_same_tokens", item=11,
         equation=r"\mathrm{decode}_{\text{cache}}(x_{\le t})=\mathrm{decode}_{\text{recompute}}(x_{\le t})",
         measured=measured, expected=[0.0, 0.0], tolerance=tolerance, passed=_close(measured, [0.0, 0.0], tolerance),
+        what=["tokens that differ", "largest |Δ logits|"],
         note=f"[tokens that differ, max |Δ logits|] over {n_new} new tokens × 3 rows, greedy and T = 1 with one "
              f"seed, for {list(models)}")
 
@@ -127,6 +128,7 @@ def check_kv_cache_cost(prefixes: tuple[int, ...] = (128, 256, 512), repeats: in
         equation=r"C_{\text{cache}}(n)=4nd=O(nd),\qquad C_{\text{recompute}}(n)=4n^2d=O(n^2d)",
         measured=measured, expected=expected, tolerance=tolerance,
         passed=_close(measured, expected, tolerance) and exact,
+        what=["largest ratio of cached attention FLOPs per step as n doubles", "smallest ratio of recomputed ones"],
         note=f"attention FLOPs per step as n doubles (n = {list(prefixes)}, d = {d}): cached {cached} (ratio "
              f"{ratios(cached)}; = 4·n·d: {exact}), recomputed {recomputed} (ratio {ratios(recomputed)}). "
              f"Whole-model FLOPs per step: cached {model_cached} (ratio {ratios(model_cached)}), recomputed "
