@@ -138,7 +138,8 @@ def check_softmax_saturation(attention: Attention | None = None, d_k: int = 128,
                  r"\Bigl\lVert\tfrac{\partial\,\mathrm{softmax}}{\partial s}\Bigr\rVert_F\to0",
         measured=measured, expected=expected + [0.1], tolerance=tolerance + [0.0],
         passed=_close(measured[:3], expected, tolerance) and saturates,
-        what=["entropy with 1/√d_k (nats)", "entropy without it (nats)", "share of vanished gradients with it", "share of vanished gradients without it"],
+        what=["entropy with 1/√d_k (nats)", "entropy without it (nats)", "share of vanished gradients with it",
+              "share of vanished gradients without it"],
         rules=["within", "within", "within", "at least"],
         note=f"[entropy with √d_k (the model's pattern), without, share of queries whose softmax Jacobian "
              f"‖diag p − ppᵀ‖_F < {VANISHED} with, without]; d_k = {d_k}, last query over {n_keys} keys, {batch} "

@@ -45,7 +45,8 @@ def _g(value: float) -> str:
 
 def comparison(measured: float, expected: float, tolerance: float, rule: str) -> tuple[str, str]:
     """One entry's pass rule (words, symbols with the measured value in place): ("more than 0.05",
-    "0.6222 > 0.05"), ("at most 1e-10 from 0", "|1.499e-15| ≤ 1e-10"), ("within 0.04 of 1", "|0.98 − 1| ≤ 0.04")."""
+    "0.6222 > 0.05"), ("at most 1e-10 from 0", "|1.499e-15| ≤ 1e-10"), ("within 0.04 of 1",
+    "|0.98 − 1| ≤ 0.04")."""
     x, e, t = _g(measured), _g(expected), _g(tolerance)
     if rule == "more than":
         return f"more than {e}", f"{x} > {e}"

@@ -45,7 +45,8 @@ def check_temperature(sample_fn: Callable[..., Tensor] = sample_next, n_draws: i
                  r"\mathrm{KL}\bigl(\mathrm{softmax}(z/T)\,\Vert\,U\bigr)\xrightarrow[T\to\infty]{}0",
         measured=measured, expected=[1.0, 0.0, 0.0], tolerance=tolerance,
         passed=_close(measured, [1.0, 0.0, 0.0], tolerance),
-        what=["share of the argmax at T = 0.01", "KL(p̂ ‖ U) at T = 10⁴ (nats)", "KL(p̂ ‖ softmax z) at T = 1 (nats)"],
+        what=["share of the argmax at T = 0.01", "KL(p̂ ‖ U) at T = 10⁴ (nats)",
+              "KL(p̂ ‖ softmax z) at T = 1 (nats)"],
         note=f"{n_draws} draws from sample_next: [share of argmax at T = 0.01, KL(p̂‖U) at T = 10⁴, KL(p̂‖softmax z) "
              f"at T = 1] in nats; noise floor (V−1)/2n = {floor:.1e}, tolerance 5× that; KL(softmax z‖U) = "
              f"{kl_uniform_at_one:.3f} at T = 1, so the T = 10⁴ value is not trivially small. "
