@@ -60,7 +60,9 @@ def exposure_figures(out: Path, blocks: dict[str, dict[str, Any]]) -> None:
         fig.add_trace(go.Scatter(x=x, y=[r["accuracy"] for r in rows], mode="lines+markers", name=f"{label}: accuracy"))
         fig.add_trace(go.Scatter(x=x, y=[r["mean_confidence"] for r in rows], mode="lines+markers",
                                  line=dict(dash="dot"), name=f"{label}: mean confidence"))
-    fig.add_hline(y=1 / N_OPTIONS, line_dash="dash", line_color="gray", annotation_text="chance")
+    exposures = [r["exposure"] for block in blocks.values() for r in block["by_exposure"]]
+    fig.add_scatter(x=list(dict.fromkeys(exposures)), y=[1 / N_OPTIONS] * len(dict.fromkeys(exposures)), mode="lines",
+                    line=dict(dash="dash", color="gray"), name=f"chance ({1 / N_OPTIONS:.2f})")
     fig.update_layout(title="Accuracy and confidence by exposure", xaxis_title="training statements about the person",
                       yaxis=dict(title="share", range=[0, 1.02]))
     save_figure(fig, out, "accuracy_by_exposure")
@@ -96,10 +98,14 @@ def p_ik_figure(out: Path, rows: list[dict[str, Any]], baselines: dict[str, floa
         fig.add_trace(go.Scatter(x=x, y=[r["control_shuffled_auroc"] for r in group], mode="lines",
                                  line=dict(dash="dash", color="lightgray"), name=f"{label}: shuffled labels",
                                  visible="legendonly"))
+    # Flat lines named in the legend, where their labels cannot overlap (the two baselines often lie close).
+    layers = [r["layer"] for r in rows] or [0]
+    span = [min(layers), max(layers)]
     for checkpoint, value in baselines.items():
         if value is not None:
-            fig.add_hline(y=value, line_dash="dash", annotation_text=f"{checkpoint}: baseline (the model's own confidence)")
-    fig.add_hline(y=0.5, line_color="gray", annotation_text="chance")
+            fig.add_scatter(x=span, y=[value] * 2, mode="lines", line=dict(dash="dash"),
+                            name=f"{checkpoint}: baseline, the model's own confidence ({value:.3f})")
+    fig.add_scatter(x=span, y=[0.5] * 2, mode="lines", line=dict(color="gray"), name="chance (0.5)")
     fig.update_layout(title=f"{title}: test-split AUROC of each readout, by layer (entity-disjoint; readouts are "
                             "chosen on a separate validation split)",
                       xaxis_title="layer (residual stream entering it; the last is after the final block)",

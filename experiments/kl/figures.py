@@ -31,8 +31,9 @@ def _decomposition_figure(checkpoints: list[dict[str, Any]], region: str, title:
                                 mode="markers", marker={"symbol": "x"},
                                 error_y={"type": "data", "array": [1.96 * r["sampled_kl_se"] for r in rows]}),
                      row=1, col=2)
-    if rate is not None:
-        figure.add_hline(y=rate, line_dash="dash", row=1, col=1, annotation_text=f"entropy rate {rate:.4f}")
+    if rate is not None:  # a line named in the legend: a label on the plot would sit on the H curve it meets
+        figure.add_trace(go.Scatter(x=[min(tokens), max(tokens)], y=[rate, rate], name=f"entropy rate {rate:.4f}",
+                                    mode="lines", line={"dash": "dash", "color": "gray"}), row=1, col=1)
     figure.update_xaxes(type="log", title_text="tokens seen")
     figure.update_yaxes(type="log", row=1, col=2)
     figure.update_layout(title=title)
@@ -83,10 +84,12 @@ def write_figures(out: Path, results: dict[str, Any]) -> list[str]:
         go.Scatter(x=curve_n, y=scaling["E_nats"] + scaling["A"] * curve_n ** (-scaling["alpha"]), name=(
             f"E + A·N^(−α): E = {scaling['E_nats']:.4f} [{low:.4f}, {high:.4f}], α = {scaling['alpha']:.3f}"))])
     figures["scaling"].add_hrect(y0=low, y1=high, opacity=0.15, line_width=0, fillcolor="blue")
-    figures["scaling"].add_hline(y=scaling["true_entropy_nats"], line_dash="dot",
-                                 annotation_text=f"true entropy rate {scaling['true_entropy_nats']:.4f}")
-    figures["scaling"].add_hline(y=scaling["heldout_entropy_nats"], line_dash="dash", annotation_position="bottom right",
-                                 annotation_text=f"held-out entropy {scaling['heldout_entropy_nats']:.4f}")
+    # The two entropies lie close together: named in the legend, where their labels cannot overlap.
+    span = [float(curve_n[0]), float(curve_n[-1])]
+    for key, label, dash in (("true_entropy_nats", "true entropy rate", "dot"),
+                             ("heldout_entropy_nats", "held-out entropy", "dash")):
+        figures["scaling"].add_scatter(x=span, y=[scaling[key]] * 2, mode="lines", name=f"{label} {scaling[key]:.4f}",
+                                       line={"dash": dash, "color": "gray"})
     figures["scaling"].update_layout(title=f"Loss against parameters at {scaling['tokens']:,} tokens", xaxis_type="log",
                                      xaxis_title="parameters N", yaxis_title="nats/token")
 

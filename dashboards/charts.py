@@ -1,0 +1,139 @@
+"""How every chart reads on a page (`readable`, applied to each figure a page draws: a run's saved figures and
+the explorer's own): one colour per series across all of a figure's panels, with its legend entry shown once;
+whole-number ticks on a layer axis; powers of ten, never SI prefixes (10f, 1p) on a probability; a title
+wrapped to the width it is drawn at; a figure tall enough for every legend entry."""
+
+import math
+import numbers
+import re
+from typing import Any
+
+import plotly.graph_objects as go
+import streamlit as st
+
+TITLE_CHARS = 95  # a title line at most this long: about what a full-width chart holds at the title's size
+LEGEND_ENTRY_PX = 24  # the height of one legend entry, with room to spare
+DEFAULT_HEIGHT = 450  # plotly's own default figure height
+MOST_LAYER_TICKS = 24
+COLOURED = ("scatter", "scattergl", "bar", "box", "violin", "histogram")
+
+
+def wrap(text: str, width: int) -> str:
+    """`text` broken into lines of at most `width` characters at spaces, joined by <br> (plotly's line break)."""
+    lines: list[str] = []
+    for paragraph in text.split("<br>"):
+        line = ""
+        for word in paragraph.split(" "):
+            if line and len(line) + 1 + len(word) > width:
+                lines.append(line)
+                line = word
+            else:
+                line = f"{line} {word}" if line else word
+        lines.append(line)
+    return "<br>".join(lines)
+
+
+def series(trace: Any) -> str:
+    """What makes traces one series: their legend group, else their name ("" for an unnamed trace)."""
+    return str(trace.legendgroup or trace.name or "")
+
+
+def _own_colour(trace: Any) -> bool:
+    """The trace sets its colour itself (then it keeps it)."""
+    line = getattr(trace, "line", None)
+    marker = getattr(trace, "marker", None)
+    return bool((line is not None and line.color is not None) or (marker is not None and marker.color is not None))
+
+
+def one_colour_per_series(fig: go.Figure) -> None:
+    """Give every trace of one series (`series`) the same colour in every panel: the colour its first trace
+    has (its own, or the next of the figure's colour cycle); the legend shows each series once and toggles
+    all its traces together."""
+    palette = list(fig.layout.template.layout.colorway or ()) if fig.layout.template else []
+    palette = list(fig.layout.colorway or palette) or ["#636efa", "#EF553B", "#00cc96", "#ab63fa", "#FFA15A",
+                                                       "#19d3f3", "#FF6692", "#B6E880", "#FF97FF", "#FECB52"]
+    colours: dict[str, Any] = {}
+    shown: set[str] = set()
+    cycle = 0
+    for trace in fig.data:
+        if trace.type not in COLOURED:
+            continue
+        key = series(trace)
+        if key not in colours:
+            if _own_colour(trace):
+                colours[key] = None  # the series keeps the colours it set
+            else:
+                colours[key] = palette[cycle % len(palette)]
+                cycle += 1
+        colour = colours[key]
+        if colour is not None and not _own_colour(trace):
+            if trace.type in ("scatter", "scattergl"):
+                trace.line.color = colour
+                trace.marker.color = colour
+            else:
+                trace.marker.color = colour
+        if key and trace.showlegend is not False:
+            trace.legendgroup = key
+            if key in shown:
+                trace.showlegend = False
+            shown.add(key)
+
+
+def _axes(fig: go.Figure) -> list[tuple[str, Any]]:
+    """(name, axis) of every x and y axis in the layout: ("xaxis", …), ("yaxis2", …)."""
+    layout = fig.layout
+    names = [name for name in layout if re.fullmatch(r"[xy]axis\d*", name)]
+    return [(name, layout[name]) for name in names]
+
+
+def _values_on(fig: go.Figure, axis_name: str) -> list[Any]:
+    """Every x (or y) value drawn against the axis `axis_name` ("xaxis2" is the traces' "x2")."""
+    letter, number = axis_name[0], axis_name[5:]
+    ref = letter + number
+    values: list[Any] = []
+    for trace in fig.data:
+        if (getattr(trace, f"{letter}axis", None) or letter) == ref and getattr(trace, letter, None) is not None:
+            values.extend(trace[letter])
+    return values
+
+
+def integer_layer_ticks(fig: go.Figure) -> None:
+    """An axis whose title names layers and whose values are numbers ticks at whole numbers only."""
+    for name, axis in _axes(fig):
+        title = (axis.title.text or "") if axis.title else ""
+        if "layer" not in title.lower():
+            continue
+        values = [float(v) for v in _values_on(fig, name) if isinstance(v, numbers.Real) and not isinstance(v, bool)]
+        if not values:
+            continue
+        span = max(values) - min(values)
+        fig.layout[name].update(tickmode="linear", tick0=0, dtick=max(1, math.ceil(span / MOST_LAYER_TICKS)),
+                                tickformat="d")
+
+
+def readable(fig: go.Figure, title_chars: int = TITLE_CHARS) -> go.Figure:
+    """`fig` as a page draws it (see the module's docstring); changed in place and returned."""
+    one_colour_per_series(fig)
+    integer_layer_ticks(fig)
+    for name, axis in _axes(fig):
+        fig.layout[name].exponentformat = "power"
+        if axis.overlaying:  # a second axis ticks at its own round numbers, not at the first one's grid lines
+            fig.layout[name].update(tickmode="auto", showgrid=False)
+    title = fig.layout.title.text if fig.layout.title else None
+    lines = 1
+    if title:
+        wrapped = wrap(title, title_chars)
+        lines = wrapped.count("<br>") + 1
+        fig.update_layout(title=dict(text=wrapped, font=dict(size=16)))
+    entries = sum(1 for t in fig.data if t.type in COLOURED and t.showlegend is not False and (t.name or "") != "")
+    top = 40 + 22 * lines
+    needed = top + 80 + LEGEND_ENTRY_PX * entries  # plotly's bottom margin is 80 px
+    height = fig.layout.height or DEFAULT_HEIGHT
+    # legend groups (one per series) keep plotly's 10 px gap between groups out: the entries sit as close as usual
+    fig.update_layout(margin=dict(t=top), height=max(height, needed), legend_tracegroupgap=0)
+    return fig
+
+
+def draw(fig: go.Figure, key: str, title_chars: int = TITLE_CHARS) -> None:
+    """A chart on the page, `readable`."""
+    st.plotly_chart(readable(fig, title_chars), key=key)
