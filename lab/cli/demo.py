@@ -111,6 +111,10 @@ def run_side_by_side(jobs: list[tuple[str, list[str]]]) -> bool:
     board = JobBoard(jobs)
     states = {label: "waiting" for label, _ in jobs}
     label_of = {what(argv): label for label, argv in jobs}
+    for label, argv in jobs:
+        before = [label_of[need] for need in NEEDS.get(what(argv), ()) if need in label_of]
+        if before:
+            board.rows[label] = f"{label}: waiting for {', '.join(before)} (it reads its result)"
     changed = threading.Condition()
     write_queue(jobs, states)
 
