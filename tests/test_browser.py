@@ -230,7 +230,7 @@ SHOWN = """() => {
     const title = ((gd.layout.title && gd.layout.title.text) || "").replace(/<[^>]*>/g, " ").replace(/\\s+/g, " ").trim();
     charts[title] = gd._fullData.map(t => ({name: t.name, x: Array.from(t.x || []), y: Array.from(t.y || [])}));
   }
-  return {cards, charts, text: main.innerText.replace(/\s+/g, " ")};
+  return {cards, charts, text: main.innerText.replace(/\\s+/g, " ")};
 }"""
 
 
