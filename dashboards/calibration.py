@@ -68,26 +68,26 @@ def temperature_table(block: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def show_temperature(block: dict, where: str) -> None:
+def show_temperature(block: dict, at: str) -> None:
     interval = block.get("T_ci95")
-    st.subheader(f"Temperature scaling, {where}: fitted on the calibration split, measured on the test split")
+    st.subheader(f"Temperature scaling{at}: fitted on the calibration split, measured on the test split")
     st.write(f"T = {block['T']:.3f}" + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "")
              + f" · {block.get('n_calibration')} calibration items, {block.get('n_test')} test items")
     show_table(temperature_table(block), download="temperature_scaling")
 
 
-def show_verdicts(results: dict, block: dict, where: str) -> None:
+def show_verdicts(results: dict, block: dict, at: str) -> None:
     """P(IK)'s verdicts (over every candidate, then per family of readouts) and P(True)'s, as the run wrote them,
     but for a verdict that is a headline this run cannot support: the headlines above say why it is not shown."""
     unsupported = {h.get("sentence") for h in results.get("headlines") or [] if isinstance(h, dict) and not h.get("supported")}
     sentences = [s for s in block.get("p_ik_summary") or [] if s not in unsupported]
     if sentences:
-        st.subheader(f"P(IK), {where}: which readouts predict a correct answer")
+        st.subheader(f"P(IK){at}: which readouts predict a correct answer")
         for sentence in sentences:
             st.text(f"• {sentence}")
     layers = (block.get("p_true") or {}).get("layers")
     if isinstance(layers, dict) and layers.get("verdict"):
-        st.subheader(f"P(True) layer by layer, {where}")
+        st.subheader(f"P(True) layer by layer{at}")
         st.text(f"• {layers['verdict']['sentence']}")
 
 
@@ -131,27 +131,29 @@ def render(folder: Path, results: dict) -> None:
     else:
         chosen = next(iter(measured))
     where, block = measured[chosen]
-    st.caption(f"Every number and table below is at the {where}; the figures at the end show both checkpoints, "
-               "each named in its legend." if len(measured) > 1 else f"Every number below is of {where}.")
+    at = f", {where}" if len(measured) > 1 else ""  # every section names its checkpoint, when there are two
+    if at:
+        st.caption(f"Every number and table below is at the {where}; the figures at the end show both checkpoints, "
+                   "each named in its legend.")
 
     for key, title in (("mc", "Cloze multiple choice"), ("lettered", "Lettered multiple choice (knowledge extraction)")):
         if isinstance(block.get(key), dict):
-            summary(f"{title}, {where}", block[key])
+            summary(f"{title}{at}", block[key])
 
     items = read_table(folder / "items.parquet", "calibration")
     if items is not None:
         if "checkpoint" in items and chosen in set(items["checkpoint"]):
             items = items[items["checkpoint"] == chosen]
         if "kind" in items and items["kind"].nunique() > 1:  # cloze and lettered items: pick one
-            st.subheader(f"Temperature, live, {where}")
+            st.subheader(f"Temperature, live{at}")
             kind = st.selectbox("Items", list(items["kind"].unique()), key="items_kind")
             items = items[items["kind"] == kind]
         else:
-            st.subheader(f"Temperature, live, {where}")
+            st.subheader(f"Temperature, live{at}")
         show_live_temperature(items)
     if isinstance(block.get("temperature"), dict) and "T" in block["temperature"]:
-        show_temperature(block["temperature"], where)
-    show_verdicts(results, block, where)
+        show_temperature(block["temperature"], at)
+    show_verdicts(results, block, at)
     if block.get("p_ik"):
         show_table(block["p_ik"], P_IK_LABELS, download=f"p_ik_{chosen}")
     show_figures(folder)
