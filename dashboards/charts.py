@@ -1,7 +1,8 @@
 """How every chart reads on a page (`readable`, applied to each figure a page draws: a run's saved figures and
 the explorer's own): one colour per series across all of a figure's panels, with its legend entry shown once;
-whole-number ticks on a layer axis; powers of ten, never SI prefixes (10f, 1p) on a probability; a title
-wrapped to the width it is drawn at; a figure tall enough for every legend entry."""
+whole-number ticks on a layer axis; powers of ten, never SI prefixes (10f, 1p) on a probability; a second
+axis at its own round ticks; a title wrapped to the width it is drawn at, each panel's title to its panel's;
+a figure tall enough for every legend entry."""
 
 import math
 import numbers
@@ -119,6 +120,12 @@ def readable(fig: go.Figure, title_chars: int = TITLE_CHARS) -> go.Figure:
         fig.layout[name].exponentformat = "power"
         if axis.overlaying:  # a second axis ticks at its own round numbers, not at the first one's grid lines
             fig.layout[name].update(tickmode="auto", showgrid=False)
+    panels = len({tuple(axis.domain or (0, 1)) for name, axis in _axes(fig) if name.startswith("x")}) or 1
+    extra = 0  # lines a wrapped panel title adds above its panel
+    for note in fig.layout.annotations or ():  # subplot titles and labels: wrapped to their panel's width
+        if note.text and not note.showarrow and len(note.text) > title_chars // panels:
+            note.text = wrap(note.text, max(12, title_chars // panels - 4))
+            extra = max(extra, note.text.count("<br>"))
     title = fig.layout.title.text if fig.layout.title else None
     lines = 1
     if title:
@@ -126,7 +133,7 @@ def readable(fig: go.Figure, title_chars: int = TITLE_CHARS) -> go.Figure:
         lines = wrapped.count("<br>") + 1
         fig.update_layout(title=dict(text=wrapped, font=dict(size=16)))
     entries = sum(1 for t in fig.data if t.type in COLOURED and t.showlegend is not False and (t.name or "") != "")
-    top = 40 + 22 * lines
+    top = 40 + 22 * lines + 16 * extra
     needed = top + 80 + LEGEND_ENTRY_PX * entries  # plotly's bottom margin is 80 px
     height = fig.layout.height or DEFAULT_HEIGHT
     # legend groups (one per series) keep plotly's 10 px gap between groups out: the entries sit as close as usual
