@@ -6,13 +6,18 @@ STAMP   := $(VENV)/.installed
 # The SAE environment: forma-lab[sae] beside transformer-lens 3.9, since sae-lens does not install beside 4.
 SAE_VENV  := .venv-sae
 SAE_STAMP := $(SAE_VENV)/.installed
+# circuit-tracer's environment: circuit-tracer 0.5 beside transformers 4.57, on which Forma itself does not run.
+CT_VENV   := .venv-ct
+CT_STAMP  := $(CT_VENV)/.installed
 OFFLINE   := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: venv venv-sae test test-sae bench demo lint clean
+.PHONY: venv venv-sae venv-ct test test-sae test-ct bench demo lint clean
 
 venv: $(STAMP)
 
 venv-sae: $(SAE_STAMP)
+
+venv-ct: $(CT_STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -30,19 +35,34 @@ $(SAE_STAMP): $(STAMP) pyproject.toml constraints-sae.txt
 	$(SAE_VENV)/bin/python -m pip install -q -c constraints-sae.txt -e '.[sae]'
 	touch $(SAE_STAMP)
 
-# The SAE environment's tests first (test-sae), then the whole suite in .venv.
-test: $(STAMP) test-sae
+# .venv-ct likewise sees .venv's packages behind its own; only circuit-tracer and the versions it needs install
+# (constraints-ct.txt), not Forma: tests/ct runs circuit-tracer there in a subprocess that imports no Forma.
+$(CT_STAMP): $(STAMP) constraints-ct.txt
+	test -x $(CT_VENV)/bin/python || $(PY) -m venv $(CT_VENV)
+	echo "import site; site.addsitedir('$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')')" \
+	  > "$$($(CT_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/forma-base.pth"
+	$(CT_VENV)/bin/python -m pip install -q -c constraints-ct.txt circuit-tracer transformers huggingface-hub \
+	  transformer-lens
+	touch $(CT_STAMP)
+
+# The SAE environment's tests first (test-sae), circuit-tracer against Forma (test-ct), then the whole suite in .venv.
+test: $(STAMP) test-sae test-ct
 	$(OFFLINE) $(BIN)/python -m pytest -q --durations=25
 
 # SAELens' trainer on a Forma hook (tests/sae), and the model's own tests on transformer-lens 3.9.
 test-sae: $(SAE_STAMP)
 	$(OFFLINE) $(SAE_VENV)/bin/python -m pytest -q tests/sae tests/test_model.py tests/test_hook_misuse.py tests/test_lens.py
 
+# Forma's attribution graphs against circuit-tracer's on the same weights and transcoders (tests/ct, in .venv; it
+# runs circuit-tracer with .venv-ct's Python).
+test-ct: $(CT_STAMP)
+	$(OFFLINE) FORMA_CT_PYTHON=$(CT_VENV)/bin/python $(BIN)/python -m pytest -q tests/ct
+
 # Peers first (minutes; the harvest against SAELens runs in the SAE environment), then what a user waits for
 # (about an hour: a fresh clone's install, `make demo`, every experiment's profiles); then the dashboard's
-# response times over this checkout's models and runs, the monitor's overhead, the command line's start and
-# how soon `forma demo` serves and shows progress.
-bench: $(STAMP) $(SAE_STAMP)
+# response times over this checkout's models and runs, the monitor's overhead, what training's thread-invariant
+# kernels cost, the command line's start and how soon `forma demo` serves and shows progress.
+bench: $(STAMP) $(SAE_STAMP) $(CT_STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.forward
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.peers
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.real_sizes
@@ -50,17 +70,23 @@ bench: $(STAMP) $(SAE_STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.activations
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.harvest
 	$(OFFLINE) $(SAE_VENV)/bin/python -m benchmarks.harvest_saelens
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.transcoders
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.graphs
+	$(OFFLINE) FORMA_CT_PYTHON=$(CT_VENV)/bin/python $(BIN)/python -m benchmarks.graphs_circuit_tracer
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.walltime
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.dashboard
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.monitor
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.determinism
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.cli
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.demo
 
+# exec: make's child is `forma demo` itself, so the SIGTERM make passes on to its child reaches it (and through it
+# the dashboard and the jobs); a shell in between would die and leave them running.
 demo: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/forma demo $(DEMO_ARGS)
+	HF_HUB_OFFLINE=1 exec $(BIN)/forma demo $(DEMO_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/python -m compileall -q lab experiments dashboards benchmarks tests
 
 clean:
-	rm -rf $(VENV) $(SAE_VENV) *.egg-info
+	rm -rf $(VENV) $(SAE_VENV) $(CT_VENV) *.egg-info

@@ -19,7 +19,8 @@ fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 
 # module, then its arguments on the GPU (each gets --device cuda): every benchmark of issue 21 (real sizes,
-# patching sweeps and attribution, harvesting against the bridge and against SAELens), then the streaming one.
+# patching sweeps and attribution, harvesting against the bridge and against SAELens), then the streaming one, then
+# harvests and sweeps on 2 ranks against 1 (2 GPUs; on 1 GPU it records the 1-rank figures and says why).
 BENCHMARKS=(
   "peers --rounds 21 --batch 8 --tokens 256 --new-tokens 256"
   "real_sizes --rounds 11"
@@ -27,6 +28,7 @@ BENCHMARKS=(
   "harvest --batch 8 --batches 4 --memory-sequences 64 --rounds 5"
   "harvest_saelens --batch 8 --batches 4 --rounds 5"
   "activations"
+  "distributed --rounds 5 --sequences 2048 --pairs 96"
 )
 python_for() {  # the interpreter a benchmark runs in
   if [ "$1" = harvest_saelens ]; then echo "$SAE_PY"; else echo "$PY"; fi

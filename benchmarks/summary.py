@@ -1,7 +1,8 @@
 """benchmarks/results/summary.md (and summary_<device>.md) from whatever results exist: the peer
 benchmarks (peers.json), the forward benchmark (forward.json), the wall times (walltime.json), the dashboard's response times (dashboard.json),
-the command line's start (cli.json), the real sizes, patching sweeps and harvesting (real_sizes.json,
-patching.json, harvest.json with harvest_saelens.json); off the CPU, the last three's <name>_<device>.json.
+the command line's start (cli.json), a training step's thread-invariant kernels (determinism.json), the real sizes,
+patching sweeps and harvesting (real_sizes.json, patching.json, harvest.json with harvest_saelens.json,
+distributed.json); off the CPU, the last four's <name>_<device>.json.
 Every benchmark script calls `write_summary()` when it finishes, so the summary always shows the latest
 measurement of each."""
 
@@ -113,6 +114,17 @@ def demo_lines(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def determinism_lines(results: dict[str, Any]) -> list[str]:
+    lines = ["## A training step with the thread-invariant kernels (benchmarks/determinism.py)", "",
+             f"{results['machine']['utc']} · {results['machine']['threads']} threads · medians of "
+             f"{next(iter(results['recipes'].values()))['timing']['invariant']['rounds']} interleaved rounds", "",
+             "| recipe | batch × tokens | step (ms) | with the former kernels (ms) | ratio |", "|---|---|---|---|---|"]
+    lines += [f"| {name} | {r['batch']} × {r['seq_len']} | {r['step_s']['invariant'] * 1e3:.1f} | "
+              f"{r['step_s']['former'] * 1e3:.1f} | {r['invariant_over_former']:.3f} |"
+              for name, r in results["recipes"].items()]
+    return lines
+
+
 def patching_lines(r: dict[str, Any]) -> list[str]:
     shape, attribution = r["shape"], r["attribution"]
     lines = [f"## Patching sweeps at {shape['layers']} layers × d_model {shape['d_model']}, vocab {shape['vocab']}, "
@@ -177,6 +189,71 @@ def harvest_lines(r: dict[str, Any], saelens: dict[str, Any] | None = None) -> l
     return lines
 
 
+def graphs_lines(r: dict[str, Any], transcoders: dict[str, Any] | None = None,
+                 peer: dict[str, Any] | None = None) -> list[str]:
+    """graphs.json's section (benchmarks/graphs.py), with transcoders.json's quality table and
+    graphs_circuit_tracer.json's side-by-side rows when they exist."""
+    lines = ["## Attribution graphs (benchmarks/graphs.py, benchmarks/transcoders.py)", "",
+             f"{r['machine']['utc']} · {r['model']} with {r['transcoders']} transcoders"]
+    if transcoders:
+        lines += ["", "| transcoders | FVU by layer | L0 by layer | dead by layer | loss recovered |",
+                  "|---|---|---|---|---|"]
+        for kind, q in transcoders["kinds"].items():
+            held = q["held_out"]
+            lines.append(f"| {kind} | {' '.join(f'{v:.3f}' for v in held['fvu'])} | "
+                         f"{' '.join(f'{v:.1f}' for v in held['l0'])} | "
+                         f"{' '.join(f'{v:.0%}' for v in held['dead'])} | {q['loss']['recovered']:.1%} |")
+    if r.get("scale"):
+        lines += ["", "| prompt tokens | active features | nodes | seconds | peak MB above the call's start |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {row['n_pos']} | {row['n_features']:,} | {row['n_nodes']:,} | {row['seconds']:.1f} | "
+                  f"{(row['peak_bytes'] or 0) / 2**20:.0f} |" for row in r["scale"]]
+    if r.get("prompts"):
+        lines += ["", "| prompt | max node residual / max input | max replacement logit diff | ablation corr. (live) | "
+                  "sign agr. (live) | corr. (frozen) | sign agr. (frozen) | influence kept (nodes, edges) |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for i, row in enumerate(r["prompts"]):
+            live, frozen, pruning = row["ablation_live"], row["ablation_frozen"], row["pruning"]
+            lines.append(f"| {i} ({row['n_pos']} tokens) | {row['max_node_residual'] / row['max_node_input']:.1e} | "
+                         f"{row['max_replacement_logit_difference']:.1e} | {live['correlation']:.2f} | "
+                         f"{live['sign_agreement']:.0%} | {frozen['correlation']:.2f} | "
+                         f"{frozen['sign_agreement']:.0%} | {pruning['node_share']:.0%}, {pruning['edge_share']:.0%} |")
+    for world, m in r.get("mechanisms", {}).items():
+        lines.append(f"\nKnown mechanism, {world}: {m['mean']:.0%} of the tokens' path influence at {m['relevant']} "
+                     f"(chance {m['chance']:.0%}), mean of {len(m['share_per_prompt'])} prompts.")
+    if peer:
+        lines += ["", f"Beside circuit-tracer {peer['circuit_tracer']} ({peer['model']}; {peer['transcoders']}; "
+                  f"{peer['threads']} threads, {peer['machine']['utc']}):", "",
+                  "| tokens | Forma s | circuit-tracer s | Forma peak MB | circuit-tracer peak MB | max edge diff |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {row['n_pos']} | {row['forma']['seconds']:.2f} | {row['circuit_tracer']['seconds']:.2f} | "
+                  f"{row['forma']['peak_bytes'] / 2**20:.0f} | {row['circuit_tracer']['peak_bytes'] / 2**20:.0f} | "
+                  f"{row['agreement']['max_abs_difference']:.1e} |" for row in peer["rows"]]
+    return lines
+
+
+def distributed_lines(r: dict[str, Any]) -> list[str]:
+    """distributed.json's section: 2 ranks against 1, one thread a rank."""
+    device = "" if r.get("device", "cpu") == "cpu" else f", --device {r['device']}"
+    lines = [f"## Harvests and sweeps on 2 ranks against 1 (benchmarks/distributed.py{device})", "",
+             f"{r['machine']['utc']} · one thread a rank · load average {r['machine']['load_average_1_5_15'][0]:.1f} on "
+             f"{r['machine']['cpu_count']} cores · medians of {r['rounds']}", "",
+             "| what | 1 rank | 2 ranks | scaling | target |", "|---|---|---|---|---|"]
+    for kind, unit in (("harvest", "tokens"), ("sweep", "pairs")):
+        s = r[kind]
+        two = s.get("ranks_2")
+        lines.append(f"| {kind}, {unit}/s | {s['ranks_1'][f'{unit}_per_s']:.1f} | "
+                     f"{'—' if two is None else format(two[f'{unit}_per_s'], '.1f')} | "
+                     f"{'—' if s['scaling'] is None else format(s['scaling'], '.2f') + '×'} | ≥ {r['target_scaling']:g}× |")
+    rounds = {kind: r[kind].get("scaling_each_round") for kind in ("harvest", "sweep")}
+    if all(rounds.values()):
+        lines += ["", "Each round's own ratio (its two launches back to back): " + "; ".join(
+            f"{kind} {', '.join(f'{x:.2f}' for x in each)}" for kind, each in rounds.items()) + "."]
+    if r.get("skipped"):
+        lines += ["", f"2 ranks not run: {r['skipped']}."]
+    return lines
+
+
 def write_summary(device: str = "cpu") -> Path:
     suffix = "" if device == "cpu" else f"_{device}"
     lines = [f"# Forma benchmarks ({device})", ""]
@@ -184,9 +261,12 @@ def write_summary(device: str = "cpu") -> Path:
     if peers and {"forward", "run_with_cache", "generation", "training"} <= set(peers):
         lines += peers_lines(peers)
     sections = [("forward", forward_lines), ("walltime", walltime_lines), ("dashboard", dashboard_lines),
-                ("demo", demo_lines), ("cli", cli_lines)] if device == "cpu" else []
+                ("demo", demo_lines), ("cli", cli_lines), ("determinism", determinism_lines)] if device == "cpu" else []
     sections += [("real_sizes", real_sizes_lines), ("patching", patching_lines),
-                 ("harvest", lambda r: harvest_lines(r, _read(f"harvest_saelens{suffix}")))]
+                 ("harvest", lambda r: harvest_lines(r, _read(f"harvest_saelens{suffix}"))),
+                 ("distributed", distributed_lines)]
+    if device == "cpu":
+        sections.append(("graphs", lambda r: graphs_lines(r, _read("transcoders"), _read("graphs_circuit_tracer"))))
     for name, render in sections:
         results = _read(name + suffix)
         if results:

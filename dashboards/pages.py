@@ -8,7 +8,7 @@ from pathlib import Path
 from experiments import REGISTRY
 
 HERE = Path(__file__).resolve().parent
-BEFORE = (("home", "Home"), ("explorer", "Explorer"))
+BEFORE = (("home", "Home"), ("explorer", "Explorer"), ("graphs", "Attribution graphs"))
 AFTER = (("compare", "Compare runs"), ("training", "Training curves"))
 
 

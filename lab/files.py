@@ -27,18 +27,24 @@ def atomic_write(path: str | Path, write: Callable[[Path], Any]) -> None:
     """Call write(tmp) on a temporary file beside `path`, then rename it into place.
 
     The file gets the permissions an ordinary `open()` would give it (0666 less the umask);
-    on any error the temporary file is removed and `path` is left as it was.
+    on any error the temporary file is removed and `path` is left as it was. An OSError of creating the temporary
+    file, or one that names no file (a write on a full disk), is raised again naming `path`.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX)
+    except OSError as err:  # a read-only or full file system: name the file that was to be written
+        raise OSError(err.errno, err.strerror, str(path)) from err
     os.close(fd)
     try:
         write(Path(tmp))
         os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, OSError) and err.filename is None and err.errno is not None:
+            raise OSError(err.errno, err.strerror, str(path)) from err
         raise
 
 

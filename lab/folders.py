@@ -89,6 +89,15 @@ def zoo_model_dir(name: str) -> Path:
     return directory
 
 
+def model_folder(name_or_path: str | Path) -> Path:
+    """The folder a name means: the folder itself when it is one, else a trained zoo model's folder (a
+    ValueError for an unknown name, a FileNotFoundError for an untrained one), answered before torch loads."""
+    if not str(name_or_path).strip():  # Path("") is the current folder: never what an empty name means
+        raise ValueError("the model name is empty: give a zoo name or a model folder")
+    path = Path(name_or_path)
+    return path if path.is_dir() else zoo_model_dir(str(name_or_path))
+
+
 def is_trained(name: str) -> bool:
     return (check_zoo_name(name) / "model.safetensors").is_file()
 

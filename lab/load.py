@@ -12,19 +12,10 @@ from typing import Any
 
 import torch
 
-from lab.folders import zoo_model_dir
+from lab.folders import model_folder
 from lab.hf import load_hf
 from lab.model import EncoderDecoder, HookedTransformer
 from lab.model.checkpoint import CONFIG_FILE, read_config_json
-
-
-def model_folder(name_or_path: str | Path) -> Path:
-    """The folder a name means: the folder itself when it is one, else a trained zoo model's folder (a
-    ValueError for an unknown name, a FileNotFoundError for an untrained one)."""
-    if not str(name_or_path).strip():  # Path("") is the current folder: never what an empty name means
-        raise ValueError("the model name is empty: give a zoo name or a model folder")
-    path = Path(name_or_path)
-    return path if path.is_dir() else zoo_model_dir(str(name_or_path))
 
 
 def is_hf_folder(folder: Path) -> bool:

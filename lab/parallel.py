@@ -7,7 +7,10 @@ runs torch on `threads` intra-op threads, so a task computes exactly what it com
 thread count: results never depend on `workers`, only the wall time does. `then` chains follow-up tasks on
 a task's result (the upweighting runs start from one γ's optimum) without waiting for the other tasks.
 
-A worker dies with its parent (Linux: PR_SET_PDEATHSIG), so a killed run leaves nothing computing.
+A worker dies with its parent (Linux: PR_SET_PDEATHSIG), so a killed run leaves nothing computing. A worker
+ignores SIGINT (a terminal's Ctrl-C reaches the whole process group): the caller decides, and when a task fails
+or the caller is interrupted (Ctrl-C, or SIGTERM made one by `lab.cli`), every worker is killed and has ended,
+and the workers' folder is gone, before the error goes on.
 
 Progress: the tasks are counted by a bar (lab.progress, shown nowhere, so it is the job's current stage in its
 progress file: `in 2 workers task 3/7 (43%), ETA 0:40`), and each worker tells the caller, every
@@ -25,10 +28,12 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from multiprocessing.connection import wait as wait_for
 from typing import Any
 
 from lab.files import atomic_write_text
@@ -161,18 +166,30 @@ def _main_not_rerun() -> Iterator[None]:
         main.__dict__.update(saved)
 
 
-def _stop(pool: ProcessPoolExecutor) -> None:
-    """Cancel what has not started and end what has: a failed sweep should not keep two cores busy."""
+def _stop(pool: ProcessPoolExecutor, wait_s: float = 10.0) -> None:
+    """Cancel what has not started and end what has, at once: the results of a failed or interrupted sweep are
+    discarded, so each worker gets SIGKILL (on SIGTERM a training in a worker would finish its step, and then
+    take the next task queued for it), and this returns once they have ended (or after `wait_s`)."""
     processes = list((getattr(pool, "_processes", None) or {}).values())
     pool.shutdown(wait=False, cancel_futures=True)
+    sentinels = []
     for process in processes:
-        process.terminate()
+        try:
+            sentinels.append(process.sentinel)
+            process.kill()
+        except (ValueError, OSError):  # already ended and closed
+            pass
+    deadline = time.monotonic() + wait_s
+    while sentinels and time.monotonic() < deadline:
+        ended = wait_for(sentinels, timeout=max(0.0, deadline - time.monotonic()))
+        sentinels = [s for s in sentinels if s not in ended]
 
 
 def _start_worker(threads: int, stages: str) -> None:
     if sys.platform.startswith("linux"):
         PR_SET_PDEATHSIG = 1
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's to act on: it ends the workers
     import torch
 
     torch.set_num_threads(threads)

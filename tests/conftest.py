@@ -17,6 +17,9 @@ from lab import HookedTransformer, ModelConfig
 from lab.configs import torch_threads
 
 VOCAB = 100
+# The intra-op thread count a user's process gets (torch's default for this machine, or OMP_NUM_THREADS), read
+# before any fixture pins one.
+USER_THREADS = torch.get_num_threads()
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -235,6 +238,14 @@ def one_thread():
     up to ~10× slower), so the test runs on one and the caller's setting comes back after. A file opts in with
     `pytestmark = pytest.mark.usefixtures("one_thread")`, a single test by naming it."""
     with torch_threads(1):
+        yield
+
+
+@pytest.fixture
+def user_threads():
+    """The thread count a user gets (USER_THREADS), also in a module that pins one_thread: for the tests of what
+    must hold at whatever thread count a process runs (same seed, same bits; resuming to the bit)."""
+    with torch_threads(USER_THREADS):
         yield
 
 

@@ -17,7 +17,7 @@ Watched operations: renames (os.rename, os.replace), symlinks, removals, rmtree,
 opening a file for writing. Protocol, one JSON object a line: {"run": {argv, env, log, fault}} →
 {"pid": P}; {"wait": P} → {"status": S} (the exit code, or −signal); {"quit": true} ends the zygote.
 
-    python tests/fault_zygote.py     (the test starts it with OMP_NUM_THREADS=1)
+    python tests/fault_zygote.py     (the test starts it at the thread count a user's process gets)
 
 The tests talk to it through classes Zygote (the server) and Forks (a test's children), below.
 """
@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(REPO)}
 
 WATCHED = {"os.rename", "os.symlink", "os.remove", "os.rmdir", "shutil.rmtree", "tempfile.mkstemp",
            "tempfile.mkdtemp", "open"}

@@ -87,3 +87,20 @@ def test_the_patching_section_reports_the_zoo_agreement_or_says_there_was_no_zoo
         assert all(f"{sweep} {a['pearson_r']:.3f}" in text for sweep, a in row["agreement"].items())
     bare = dict(results, zoo={})
     assert "No trained decoder-only zoo model" in "\n".join(summary.patching_lines(bare))
+
+
+def test_the_graphs_section_shows_the_transcoders_graphs_and_circuit_tracer_beside():
+    results = json.loads((summary.RESULTS / "graphs.json").read_text())
+    transcoders = json.loads((summary.RESULTS / "transcoders.json").read_text())
+    peer = json.loads((summary.RESULTS / "graphs_circuit_tracer.json").read_text())
+    lines = summary.graphs_lines(results, transcoders, peer)
+    text = "\n".join(lines)
+    assert lines[0].startswith("## Attribution graphs")
+    for kind, quality in transcoders["kinds"].items():
+        assert f"| {kind} | {quality['held_out']['fvu'][0]:.3f} " in text
+    for row in results["scale"]:
+        assert f"| {row['n_pos']} | {row['n_features']:,} | " in text
+    for row in peer["rows"]:
+        assert f"| {row['n_pos']} | {row['forma']['seconds']:.2f} | {row['circuit_tracer']['seconds']:.2f} |" in text
+    for world, mechanism in results["mechanisms"].items():
+        assert f"Known mechanism, {world}: {mechanism['mean']:.0%}" in text

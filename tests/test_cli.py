@@ -215,12 +215,15 @@ HEAVY_MODULES = ("torch", "transformer_lens", "transformers", "numpy", "streamli
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["train", "--help"], ["cards", "--help"],
-                                  ["run", "no-such-experiment"], ["train", "markov", "--seed"], ["--version"]],
+                                  ["transcoders", "--help"], ["harvest", "--help"], ["patch", "--help"],
+                                  ["patch", "m", "--sweep", "x"],
+                                  ["run", "no-such-experiment"], ["train", "markov", "--seed"], ["--version"],
+                                  ["hooks", "gpt2"], ["hooks", "no/such/folder"]],
                          ids=lambda argv: " ".join(argv))
 def test_help_and_argument_errors_import_nothing_heavy(argv):
-    """`forma --help`, every subcommand's help and an argument error answer before torch, TransformerLens,
-    numpy or streamlit are imported: those take seconds to load, and only the commands that compute need
-    them. (benchmarks/cli.py measures how long each answer takes.)"""
+    """`forma --help`, every subcommand's help, an argument error and a model name that is neither a folder nor a
+    zoo model answer before torch, TransformerLens, numpy or streamlit are imported: those take seconds to load,
+    and only the commands that compute need them. (benchmarks/cli.py measures how long each answer takes.)"""
     probe = ("import sys, runpy\n"
              f"sys.argv = ['forma', *{argv!r}]\n"
              "try:\n"

@@ -49,6 +49,7 @@ def test_every_page_renders_on_a_fresh_clone_and_says_what_to_run(empty, name):
     assert not at.exception, at.exception
     said = texts(at)
     expected = {"home": "forma run kl", "explorer": "forma train pydoc", "training": "forma train pydoc",
+                "graphs": "forma transcoders pydoc",
                 "compare": "forma run kl --quick"}
     assert expected.get(name, f"forma run {name}") in said
 

@@ -19,7 +19,7 @@ from tests.conftest import run_bash
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 PAGES = sorted(DOCS.glob("*.md"))
 REQUIRED = ["quickstart", "model-and-hooks", "caching-and-memory", "probes", "patching-and-steering",
-            "experiments", "dashboard", "huggingface", "torchrun", "ecosystem"]
+            "experiments", "dashboard", "huggingface", "torchrun", "distributed", "ecosystem"]
 RUN_MARK = "<!-- run -->"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```\s*$", flags=re.S | re.M)
 
@@ -112,17 +112,22 @@ def pins(constraints: Path) -> dict[str, str]:
 
 def test_the_ecosystem_table_names_installed_versions_and_real_tests():
     """Each version is the one pinned and installed (SAELens's, with its transformer-lens, from
-    constraints-sae.txt: it has its own environment), and each test the table names exists under that name."""
+    constraints-sae.txt, and circuit-tracer's from constraints-ct.txt: each has its own environment), and each test
+    the table names exists under that name."""
     from importlib.metadata import version
 
     root = DOCS.parent
     main, sae = pins(root / "constraints.txt"), pins(root / "constraints-sae.txt")
+    ct = pins(root / "constraints-ct.txt")
     rows = ecosystem_rows()
-    assert {row[0] for row in rows} == {"transformer-lens", "sae-lens", "nnsight", "tuned-lens", "circuitsvis"}
+    assert {row[0] for row in rows} == {"transformer-lens", "sae-lens", "nnsight", "tuned-lens", "circuitsvis",
+                                        "circuit-tracer"}
     for client, tested, _, tests in rows:
         versions = re.findall(r"(\d+\.\d+\.\d+)", tested)
         if client == "sae-lens":
             assert versions == [sae["sae-lens"], sae["transformer-lens"]], tested
+        elif client == "circuit-tracer":
+            assert versions == [ct["circuit-tracer"], ct["transformers"], ct["transformer-lens"]], tested
         else:
             assert versions == [main[client]] == [version(client)], (client, tested)
         named = re.findall(r"`(tests/[\w/]+\.py)::(\w+)`", tests)

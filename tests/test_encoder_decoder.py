@@ -249,7 +249,7 @@ def test_quick_dates_recipe_learns_to_translate_unseen_days(tmp_path, monkeypatc
 
 
 # --- training: the one loop of lab.train ---------------------------------------------------------
-def test_the_training_loop_trains_and_resumes_an_encoder_decoder_to_the_bit(tmp_path, one_thread):
+def test_the_training_loop_trains_and_resumes_an_encoder_decoder_to_the_bit(tmp_path, user_threads):
     world = dates_world(200, 20)
     data = PairBatches(world.train, world.held_out)
     batch = data.get_batch("train", 0, 8, 16, seed=0)

@@ -14,9 +14,12 @@ import torch
 from safetensors.torch import load_file
 
 import lab.train
-from lab import HookedTransformer
+from lab import HookedTransformer, ModelConfig
+from lab.configs import torch_threads
+from lab.data.sources import MarkovSource
 from lab.train import (DEMO_MODEL, DEMO_TRAIN, IGNORE, Batch, SequenceBatches, TokenStream, TrainConfig,
                        TrainingDiverged, TrainingInterrupted, demo_markov, estimate_loss, get_batch, get_lr, train)
+from tests.conftest import USER_THREADS
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (tests/conftest.py::one_thread)
 
@@ -169,6 +172,8 @@ def test_training_without_a_folder_writes_nothing(tmp_path, monkeypatch):
 
 
 def test_resuming_gives_the_same_weights_as_an_uninterrupted_run(tmp_path):
+    """On the module's one thread, where SHORT's tiny tensors train fastest; resuming at the thread count a user gets,
+    and at another, is held at the markov recipe's sizes (test_the_same_seed_gives_the_same_bits_at_any_thread_count)."""
     model, data = demo_markov()
     straight = train(model, SHORT, data, tmp_path / "straight", progress=False)
     expected = weights(model)
@@ -187,6 +192,132 @@ def test_resuming_gives_the_same_weights_as_an_uninterrupted_run(tmp_path):
 
     assert timeless(resumed.history) == timeless(straight.history)
     assert resumed.best_val_loss_nats == straight.best_val_loss_nats
+
+
+# The markov recipe's sizes (models/markov/model.toml: d_model 64, d_mlp 512, batches of 128 × 16 tokens), where
+# torch's CPU kernels split their work among threads; at SHORT's sizes every kernel runs on one thread anyway.
+RECIPE_MODEL = ModelConfig(d_vocab=32, d_model=64, n_layers=2, n_heads=4, d_mlp=512, n_ctx=64, positions="rotary",
+                           mlp="gelu")
+RECIPE_TRAIN = TrainConfig(steps=4, batch_size=128, seq_len=16, lr=5e-3, min_lr=5e-4, warmup_steps=2,
+                           eval_interval=2, eval_batches=1)
+
+
+def test_the_same_seed_gives_the_same_bits_at_any_thread_count(tmp_path, user_threads):
+    """At the markov recipe's sizes, training gives the same weights bit for bit twice at the thread count a
+    user gets, at one thread, two and three; and a run stopped at the user's count and resumed at another ends
+    on the same bits as the uninterrupted one."""
+    source = MarkovSource(32, order=2, seed=0)
+    data = SequenceBatches(torch.from_numpy(source.sample(1024, 16, seed=1)),
+                           torch.from_numpy(source.sample(128, 16, seed=2)))
+
+    def trained(threads: int, out: Path | None = None, **how) -> dict[str, torch.Tensor]:
+        model = HookedTransformer(RECIPE_MODEL, seed=123 if how.get("resume") else 0)
+        with torch_threads(threads):
+            train(model, RECIPE_TRAIN, data, out, progress=False, **how)
+        return weights(model)
+
+    reference = trained(USER_THREADS)
+    runs = {f"again at {USER_THREADS}": trained(USER_THREADS)}
+    runs |= {f"at {n}": trained(n) for n in (1, 2, 3) if n != USER_THREADS}
+    other = 1 if USER_THREADS > 1 else 2
+    trained(USER_THREADS, tmp_path, stop_after=2)
+    runs[f"stopped at step 2 at {USER_THREADS}, resumed at {other}"] = trained(other, tmp_path, resume=True)
+    differing = {run: [k for k in reference if not torch.equal(w[k], reference[k])] for run, w in runs.items()}
+    assert not any(differing.values()), "; ".join(f"{run}: {len(names)} tensors differ ({', '.join(names[:3])}, …)"
+                                                  for run, names in differing.items() if names)
+
+
+class OpsAtThreadCounts:
+    """A dispatch mode that runs every aten op once more at each other thread count of `counts`, on copies of its
+    inputs, and records in `differing` the ops whose results (or, for an in-place op, whose changed inputs)
+    differ from those at `counts[0]`: op name → the largest |Δ| seen."""
+
+    UNINITIALISED = ("empty", "new_empty", "empty_like", "new_empty_strided", "empty_strided")
+
+    def __init__(self, counts: tuple[int, ...]):
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_leaves, tree_map
+
+        self.differing: dict[str, float] = {}
+        self.seen: set[str] = set()
+        outer = self
+
+        def tensors(tree) -> list[torch.Tensor]:
+            return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                name = func.overloadpacket.__name__
+                outer.seen.add(name)
+                others = []
+                for n in counts[1:]:
+                    copies = tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, (args, kwargs))
+                    with torch_threads(n):
+                        others.append(tensors((func(*copies[0], **copies[1]), copies)))
+                with torch_threads(counts[0]):
+                    out = func(*args, **kwargs)
+                if name not in outer.UNINITIALISED:
+                    first = tensors((out, (args, kwargs)))
+                    for other in others:
+                        for a, b in zip(first, other):
+                            if a.shape == b.shape and not torch.equal(a, b):
+                                delta = (a - b).abs().max().item()
+                                outer.differing[name] = max(outer.differing.get(name, 0.0), delta)
+                return out
+
+        self.mode = Mode()
+
+
+@pytest.mark.parametrize("recipe", ["markov", "facts", "pydoc", "dates"])
+def test_every_op_of_a_training_step_gives_the_same_bits_at_one_two_and_three_threads(recipe):
+    """Each zoo recipe's model (its default [model] table, its [train] batch) through one training step —
+    forward, loss, backward, gradient clip, AdamW — with every op run at one, two and three threads on the same
+    inputs: none differs in a single bit. (Indexing's backward and LayerNorm's fused backward did, which is why
+    the embedding is F.embedding and LayerNorm's gain and bias stand outside the fused kernel in training.)"""
+    from lab.model import EncoderDecoder, EncoderDecoderConfig
+    from lab.train import make_optimizer, summed_loss
+    from lab.zoo import load_recipe
+
+    tables = load_recipe(recipe)
+    table = dict(tables["model"])
+    cfg = TrainConfig.from_dict({"seq_len": table["n_ctx"]} | tables["train"])
+    generator = torch.Generator().manual_seed(0)
+    if table.pop("kind", "decoder_only") == "encoder_decoder":
+        model = EncoderDecoder(EncoderDecoderConfig.from_dict(table | {"d_vocab_src": 64, "d_vocab_tgt": 16}), seed=0)
+        tokens = torch.randint(0, 16, (cfg.batch_size, 12), generator=generator)
+        inputs = (torch.randint(0, 64, (cfg.batch_size, 9), generator=generator), tokens)
+    else:
+        vocab = {"markov": 32, "facts": 367, "pydoc": 4096}[recipe]  # as each default build's vocabulary
+        model = HookedTransformer(ModelConfig.from_dict(table | {"d_vocab": vocab}), seed=0)
+        tokens = torch.randint(0, vocab, (cfg.batch_size, cfg.seq_len), generator=generator)
+        inputs = (tokens,)
+    optimizer = make_optimizer(model.train(), cfg)
+    checked = OpsAtThreadCounts((1, 2, 3))
+    with checked.mode:
+        summed_loss(model(*inputs), tokens[:, 1:]).div(tokens[:, 1:].numel()).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+    assert {"mm", "native_layer_norm_backward" if recipe != "pydoc" else "mul", "_foreach_mul_"} <= checked.seen, checked.seen
+    assert checked.differing == {}
+
+
+@pytest.mark.parametrize("d_model", [64, 100])
+def test_layer_norm_gives_the_same_bits_whether_or_not_its_gain_and_bias_take_gradients(d_model):
+    """While its gain and bias take gradients LayerNorm applies them outside the fused kernel; the forward is the
+    fused kernel's with them inside, bit for bit (so training and evaluation compute one function)."""
+    from lab.model.norms import LayerNorm
+
+    norm = LayerNorm(ModelConfig(d_vocab=8, d_model=d_model, n_layers=1, n_heads=4 if d_model == 64 else 5, n_ctx=16))
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        norm.w.copy_(1 + torch.randn(d_model, generator=generator))
+        norm.b.copy_(torch.randn(d_model, generator=generator))
+    x = 3 * torch.randn(128, 16, d_model, generator=generator) + 1
+    trained = norm(x)
+    assert trained.grad_fn is not None and "addcmul" in type(trained.grad_fn).__name__.lower()
+    with torch.no_grad():
+        assert torch.equal(trained, norm(x))
 
 
 def test_resuming_with_another_config_names_each_difference(tmp_path):

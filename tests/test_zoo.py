@@ -201,7 +201,7 @@ def interrupted_build(name: str, after: int = 2) -> None:
             build(name, progress=False)
 
 
-def test_an_interrupted_build_leaves_the_model_in_place_and_resumes_to_the_same_bits(zoo_dir):
+def test_an_interrupted_build_leaves_the_model_in_place_and_resumes_to_the_same_bits(zoo_dir, user_threads):
     write_recipe(zoo_dir, "tiny", TINY_MARKOV)
     with pytest.raises(FileNotFoundError, match=r"nothing to resume for tiny: .* holds no interrupted build .* "
                                                 r"run `forma train tiny` to train afresh"):

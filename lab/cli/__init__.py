@@ -1,9 +1,10 @@
 """The `forma` command line (`python -m lab.cli`, or `forma`: `lab.cli:main`).
 
-The modules: `parser` (build_parser, the argument types, main), `models` (hooks, trust, train), `runs` (run,
-cards), `dashboard` (dashboard, and starting and waiting for Streamlit), `demo` (demo), `board` (the demo's
-one line per job) and `children` (the processes forma starts, which end with it). Each imports what its
-command computes with inside the command, so that `forma --help` and an argument error answer without torch.
+The modules: `parser` (build_parser, the argument types, main), `models` (hooks, trust, train), `datasets`
+(harvest, patch: a model over a dataset, in one process or as torchrun's ranks), `runs` (run, cards),
+`dashboard` (dashboard, and starting and waiting for Streamlit), `demo` (demo), `board` (the demo's one line per
+job) and `children` (the processes forma starts, which end with it). Each imports what its command computes with
+inside the command, so that `forma --help` and an argument error answer without torch.
 """
 
 from lab.cli.board import BOARD_EVERY_S, JobBoard, job_progress

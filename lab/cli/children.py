@@ -1,8 +1,51 @@
-"""The processes `forma dashboard` and `forma demo` start (`CHILDREN`), which end with `forma` whatever ends it,
-and `Stopped`, raised once a signal that ended `forma` has been passed on to them."""
+"""Signals and the processes `forma` starts: `interrupting_signals` (SIGTERM and SIGHUP end any command as Ctrl-C
+does, through its clean-up), the processes `forma dashboard` and `forma demo` start (`CHILDREN`), which end with
+`forma` whatever ends it, and `Stopped`, raised once a signal that ended `forma` has been passed on to them."""
 
 import sys
 from contextlib import contextmanager
+
+STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+
+
+class Interrupted(KeyboardInterrupt):
+    """A signal that ends `forma`, raised where it is, as Ctrl-C raises KeyboardInterrupt: the same `finally`
+    blocks and `except BaseException` clean-ups run (worker processes end, temporary folders go)."""
+
+    def __init__(self, signum: int):
+        import signal
+
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+@contextmanager
+def interrupting_signals():
+    """While active (in the main thread), the first SIGINT, SIGTERM or SIGHUP raises `Interrupted`; later ones are
+    ignored, so that the clean-up the first one started runs to its end (SIGKILL still ends everything). A signal
+    this process was started ignoring (`nohup`, a background job of a script) stays ignored. Code that handles
+    signals itself (training's step boundary, `Children.forwarding_signals`) sets its own handlers inside and
+    puts these back after."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():  # handlers can only be set there
+        yield
+        return
+    came: list[int] = []
+
+    def interrupt(signum: int, frame: object) -> None:
+        if not came:
+            came.append(signum)
+            raise Interrupted(signum)
+
+    previous = {name: signal.signal(getattr(signal, name), interrupt) for name in STOP_SIGNALS
+                if signal.getsignal(getattr(signal, name)) is not signal.SIG_IGN}
+    try:
+        yield
+    finally:
+        for name, handler in previous.items():
+            signal.signal(getattr(signal, name), handler)
 
 
 class Stopped(BaseException):
@@ -22,7 +65,7 @@ class Children:
     hears them), no new child starts, a group still alive `grace_s` later gets SIGKILL, and once the block is
     done `Stopped` is raised. (A terminal's Ctrl-C reaches only `forma`'s own group; it is forwarded too.)"""
 
-    SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
+    SIGNALS = STOP_SIGNALS
     PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
     def __init__(self, grace_s: float = 10.0):

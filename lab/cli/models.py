@@ -7,11 +7,14 @@ import sys
 
 def cmd_hooks(args: argparse.Namespace) -> int:
     """Print every hook point of a model with the shape it carries for a one-sequence input."""
+    from lab.folders import model_folder
+
+    folder = model_folder(args.model)  # an unknown name is refused at once, not after torch has loaded
     import torch
 
     from lab import HookedTransformer
 
-    model = HookedTransformer.from_pretrained(args.model)
+    model = HookedTransformer.from_pretrained(folder)
     if args.tokens < 1:
         raise ValueError(f"--tokens must be at least 1, got {args.tokens}")
     tokens = torch.zeros(1, args.tokens, dtype=torch.long)  # longer than n_ctx: the model's own error
@@ -39,30 +42,39 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     from lab.folders import zoo_dir
     from lab.progress import PROGRESS_FILE, recording
-    from lab.train import TrainingInterrupted
     from lab.zoo import build
 
     again = f"forma train {args.name}{' --quick' if args.quick else ''} --resume"
-
-    def stop(signum: int, frame: object) -> None:
-        raise TrainingInterrupted(signum)
-
-    # SIGTERM stops like Ctrl-C wherever it lands; in the training loop `train` handles both itself,
-    # finishing the step and writing a checkpoint first.
-    before = signal.signal(signal.SIGTERM, stop)
     job = f"forma train {args.name}{' --quick' if args.quick else ''}"
     progress_file = zoo_dir() / args.name / PROGRESS_FILE  # what the dashboard and `forma demo` read
     try:
         with recording(progress_file, job):  # the training bar itself says where it is (unless --no-progress)
             directory = build(args.name, quick=args.quick, progress=not args.no_progress, resume=args.resume)
         progress_file.unlink(missing_ok=True)
-    except TrainingInterrupted as interrupted:
-        print(f"forma train: {interrupted}; continue with `{again}`", file=sys.stderr)
-        return 128 + interrupted.signum
-    except KeyboardInterrupt:
-        print(f"forma train: interrupted; continue with `{again}`", file=sys.stderr)
-        return 128 + signal.SIGINT
-    finally:
-        signal.signal(signal.SIGTERM, before)
+    except KeyboardInterrupt as interrupted:
+        # In the training loop `train` stops at the step boundary with a checkpoint (TrainingInterrupted says
+        # where); anywhere else a signal ends the build as Ctrl-C does (lab.cli.children.interrupting_signals).
+        print(f"forma train: {str(interrupted) or 'interrupted'}; continue with `{again}`", file=sys.stderr)
+        return 128 + getattr(interrupted, "signum", signal.SIGINT)
     print(f"trained {args.name} into {directory}")
+    return 0
+
+
+def cmd_transcoders(args: argparse.Namespace) -> int:
+    """Train transcoders for a trained zoo model on its own world (a harvest of every layer's MLP input and output
+    at every position of --windows windows of 64 tokens, kept on disk while training), measure them on held-out
+    windows and keep them, with each feature's top contexts, in models/NAME/transcoders/KIND/."""
+    from lab.analysis.transcoders.build import build_transcoders, load_quality, preset
+    from lab.folders import is_trained, zoo_dir
+
+    folder = zoo_dir() / args.name
+    if not is_trained(args.name):
+        raise ValueError(f"{args.name} is not trained yet: run `forma train {args.name}` first")
+    cfg, training = preset(args.kind, folder, args.features, args.steps)
+    out = build_transcoders(folder, cfg, training, args.kind, n_windows=args.windows, progress=not args.no_progress)
+    quality = load_quality(out)
+    for layer, (fvu, l0, dead) in enumerate(zip(*(quality["held_out"][k] for k in ("fvu", "l0", "dead")))):
+        print(f"layer {layer}: FVU {fvu:.3f}  L0 {l0:.1f}  dead {dead:.1%}")
+    print(f"loss recovered with every MLP replaced: {quality['loss']['recovered']:.1%}")
+    print(f"wrote {out}")
     return 0

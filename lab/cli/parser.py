@@ -1,16 +1,18 @@
 """The `forma` command line's parser: its argument types, the subcommands (each in its own module of lab.cli)
-and `main`, which turns a ValueError, FileNotFoundError or KeyError into one line and exit 2. Only the
-standard library and lab's light modules are imported here: `--help` and an argument error answer without
-torch (tests/test_cli.py)."""
+and `main`, which turns a ValueError, KeyError or any OSError (FileNotFoundError, FileExistsError, a folder that cannot be written) into one line and exit 2,
+and a signal into one line and exit 128 + the signal. Only the standard library and lab's light modules are
+imported here: `--help` and an argument error answer without torch (tests/test_cli.py)."""
 
 import argparse
+import signal
 import sys
 
 import lab
-from lab.cli.children import Stopped
+from lab.cli.children import Stopped, interrupting_signals
 from lab.cli.dashboard import cmd_dashboard
+from lab.cli.datasets import SWEEP_NAMES, cmd_harvest, cmd_patch
 from lab.cli.demo import cmd_demo
-from lab.cli.models import cmd_hooks, cmd_train, cmd_trust
+from lab.cli.models import cmd_hooks, cmd_train, cmd_transcoders, cmd_trust
 from lab.cli.runs import cmd_cards, cmd_run
 
 
@@ -25,6 +27,8 @@ def port_number(text: str) -> int:
     return port
 
 
+# lab.analysis.transcoders.build.PRESETS' names, written here so that --help loads no torch (a test holds them equal)
+TRANSCODER_KINDS = ("topk", "relu", "jumprelu", "clt")
 MAX_SEED = 2**63 - 1  # torch.manual_seed takes < 2**64 and experiments add small offsets; numpy takes any size
 
 
@@ -40,6 +44,17 @@ def seed_number(text: str) -> int:
     return seed
 
 
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
 def worker_count(text: str) -> int:
     """argparse type: a number of worker processes, ≥ 1."""
     try:
@@ -51,6 +66,17 @@ def worker_count(text: str) -> int:
     return workers
 
 
+def positive_count(text: str) -> int:
+    """argparse type: a count, ≥ 1."""
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"must be ≥ 1, got {count}")
+    return count
+
+
 def model_name(text: str) -> str:
     """argparse type: a zoo name or a folder; an empty one would be read as the current folder."""
     if not text.strip():
@@ -59,8 +85,26 @@ def model_name(text: str) -> str:
     return text
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, but an argument no command takes is an error of the command it was given to, with that
+    command's usage and the nearest option it has: `forma run equations --quik` answers "forma run: error:
+    unrecognized arguments: --quik (did you mean --quick?)"."""
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        import difflib
+
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            options = [o for o in self._option_string_actions if o.startswith("--")]
+            near = [difflib.get_close_matches(extra.split("=", 1)[0], options, n=1, cutoff=0.6)
+                    for extra in extras if extra.startswith("-")]
+            hint = "".join(f" (did you mean {found[0]}?)" for found in near if found)
+            self.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+        return namespace, extras
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="forma", description=lab.__doc__)
+    parser = Parser(prog="forma", description=lab.__doc__)
     parser.add_argument("--version", action="version", version=f"forma {lab.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     hooks = sub.add_parser("hooks", help="list a model's hook points and their shapes",
@@ -82,6 +126,16 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", action="store_true", help="continue from models/NAME/train/checkpoint")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.set_defaults(func=cmd_train)
+    transcoders = sub.add_parser("transcoders", help="train transcoders for a zoo model (attribution graphs)",
+                                 description=cmd_transcoders.__doc__)
+    transcoders.add_argument("name", choices=zoo_names(), metavar="NAME", help=f"zoo model: {', '.join(zoo_names())}")
+    transcoders.add_argument("--kind", default="topk", choices=TRANSCODER_KINDS,
+                             help="top-k, ReLU or JumpReLU per-layer transcoders, or a cross-layer ReLU one")
+    transcoders.add_argument("--steps", type=positive_count, default=1500, help="training steps of 512 rows")
+    transcoders.add_argument("--windows", type=positive_count, default=1024, help="windows of 64 tokens harvested")
+    transcoders.add_argument("--features", type=positive_count, default=1024, help="features per layer")
+    transcoders.add_argument("--no-progress", action="store_true", help="no progress bar")
+    transcoders.set_defaults(func=cmd_transcoders)
 
     import experiments
 
@@ -115,6 +169,45 @@ def build_parser() -> argparse.ArgumentParser:
     dashboard.add_argument("--port", type=port_number, default=8501, help="port (default 8501)")
     dashboard.set_defaults(func=cmd_dashboard)
 
+    # forma harvest and forma patch: a model over a dataset, in one process or as torchrun's ranks
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("model", type=model_name, help="zoo name, Forma model folder, or local Hugging Face folder")
+    common.add_argument("--out", required=True, help="output folder; run the same command again to resume into it")
+    common.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="cpu (gloo across ranks) or cuda (NCCL; each rank on the GPU of its LOCAL_RANK)")
+    common.add_argument("--overwrite", action="store_true", help="start afresh, whatever --out holds")
+    common.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    harvest = sub.add_parser("harvest", parents=[common], help="hook activations over a corpus into shards "
+                             "(one process, or torchrun ranks)", description=cmd_harvest.__doc__)
+    harvest.add_argument("--hook", action="extend", nargs="+", required=True, metavar="NAME",
+                         help="hook name(s), e.g. blocks.0.hook_resid_post (`forma hooks MODEL` lists them)")
+    harvest.add_argument("--corpus", required=True, metavar="FILE",
+                         help="a .txt (text, encoded by the model's tokenizer) or .npy (token ids, 1-D or "
+                              "[n, seq_len]) file")
+    harvest.add_argument("--tokens", type=positive_count, metavar="N",
+                         help="harvest the sequences the first N tokens fill (default: the whole corpus)")
+    harvest.add_argument("--seq-len", type=positive_count, help="tokens a sequence (default: a 2-D .npy's width, "
+                                                               "else min(128, n_ctx))")
+    harvest.add_argument("--positions", choices=("all", "last"), default="all",
+                         help="every position of a sequence (default), or its last")
+    harvest.add_argument("--batch-size", type=positive_count, default=32, help="sequences a forward pass (default 32)")
+    harvest.add_argument("--dtype", choices=("float32", "float16", "bfloat16"),
+                         help="stored dtype (default: the model's)")
+    harvest.add_argument("--shard-mb", type=positive_float, default=32.0, help="MB a shard at most (default 32)")
+    harvest.set_defaults(func=cmd_harvest)
+
+    patch = sub.add_parser("patch", parents=[common], help="patching sweeps over clean/corrupted prompt pairs "
+                           "(one process, or torchrun ranks)", description=cmd_patch.__doc__)
+    patch.add_argument("--pairs", required=True, metavar="FILE",
+                       help="a .csv or .jsonl of clean, corrupted, answer, wrong")
+    patch.add_argument("--sweep", action="extend", nargs="+", required=True, choices=SWEEP_NAMES, metavar="NAME",
+                       help=f"sweep(s): {', '.join(SWEEP_NAMES)}")
+    patch.add_argument("--direction", choices=("denoise", "noise"), default="denoise",
+                       help="denoise: clean activations into the corrupted run (default); noise: the reverse")
+    patch.add_argument("--max-batch", type=positive_count, default=64, help="rows a patched forward pass (default 64)")
+    patch.set_defaults(func=cmd_patch)
+
     demo = sub.add_parser("demo", help="train missing models, run quick experiments, open the dashboard",
                           description=cmd_demo.__doc__)
     demo.add_argument("--quick", action="store_true", help="train missing zoo models with their quick profile")
@@ -129,8 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
-    except (ValueError, FileNotFoundError, KeyError) as err:
+        with interrupting_signals():  # SIGTERM and SIGHUP end a command as Ctrl-C does, through its clean-up
+            return args.func(args)
+    except (ValueError, KeyError, OSError) as err:  # OSError: a folder that cannot be written, a full disk, …
         print(f"forma {args.command}: error: {err}", file=sys.stderr)
         return 2
     except FloatingPointError as err:  # a diverging run: the message says where, and what to change
@@ -138,3 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except Stopped as stop:  # its children have ended; exit as a shell reports a process ended by a signal
         return 128 + stop.signum
+    except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM or SIGHUP: what was in flight has been cleaned up
+        signum = getattr(stop, "signum", signal.SIGINT)
+        print(f"forma {args.command}: interrupted by {signal.Signals(signum).name}", file=sys.stderr)
+        return 128 + signum

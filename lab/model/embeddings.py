@@ -3,6 +3,7 @@ tied to the embedding; `POSITIONS` maps `cfg.positions` to its class (rotary act
 `lab.model.attention`)."""
 
 import torch
+import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
@@ -25,7 +26,9 @@ class Embed(nn.Module):
         init_normal_(self.W_E, self.init_std)
 
     def forward(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_model"]:
-        return self.W_E[tokens]
+        # F.embedding, not W_E[tokens]: its CPU backward sums each row's gradients in token order at any thread
+        # count, where indexing's adds them atomically from several threads (an order that varies run to run).
+        return F.embedding(tokens, self.W_E)
 
 
 class LearnedPositions(nn.Module):

@@ -36,8 +36,12 @@ class LayerNorm(nn.Module):
             self.b.zero_()
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
-        if not wants_norm_internals(self):  # one fused kernel; the same result to float round-off
-            return F.layer_norm(x, (x.shape[-1],), self.w, self.b, self.eps)
+        if not wants_norm_internals(self):
+            if torch.is_grad_enabled() and (self.w.requires_grad or self.b.requires_grad):
+                # The gain and bias outside the fused kernel, whose backward on the CPU sums their gradients in
+                # one partial sum per thread: the sums over rows here come out the same at any thread count.
+                return torch.addcmul(self.b, F.layer_norm(x, (x.shape[-1],), None, None, self.eps), self.w)
+            return F.layer_norm(x, (x.shape[-1],), self.w, self.b, self.eps)  # one fused kernel, the same bits
         # mean, then the mean square of the centred input: on CPU several times faster than var_mean
         centered = x - x.mean(dim=-1, keepdim=True)
         scale = self.hook_scale((centered.square().mean(dim=-1, keepdim=True) + self.eps).sqrt())

@@ -26,8 +26,8 @@ normalised by the global number of scored targets, so the averaged DDP gradient 
 single-process gradient on the whole batch: `batch_size` means the same thing at any world size.
 
 The modules: `config` (TrainConfig), `batches` (Batch, the Batches protocol, TokenStream, SequenceBatches,
-PairBatches), `checkpoint`, `loop`, `distributed` (rank, world size, the process group) and `entry` (the
-command line below, `python -m lab.train`).
+PairBatches), `checkpoint`, `loop` and `entry` (the command line below, `python -m lab.train`); the process
+group (rank, world size, sums across ranks) is `lab.distributed`'s.
 
     python -m lab.train --demo-markov --steps 200 --out runs/train-demo
     python -m torch.distributed.run --standalone --nproc_per_node=2 -m lab.train --demo-markov --out DIR
@@ -39,7 +39,6 @@ from lab.train.checkpoint import (CHECKPOINT_DIR, CHECKPOINT_FILES, METRICS_FILE
                                   RNG_FILE, STATE_FILE, STATE_FORMAT, TrainState, discard_tree, find_checkpoint,
                                   has_checkpoint, load_checkpoint, save_checkpoint)
 from lab.train.config import TrainConfig
-from lab.train.distributed import init_distributed
 from lab.train.entry import DEMO_MODEL, DEMO_TRAIN, demo_markov, main
 from lab.train.loop import (EVAL_SEED, STOP_SIGNALS, TrainingDiverged, TrainingInterrupted, TrainResult,
                             estimate_loss, get_batch, get_lr, make_optimizer, summed_loss, train, train_seq2seq)
@@ -47,6 +46,6 @@ from lab.train.loop import (EVAL_SEED, STOP_SIGNALS, TrainingDiverged, TrainingI
 # Every name of the former lab/train.py module stays importable from lab.train (constants too).
 __all__ = ["DEMO_MODEL", "DEMO_TRAIN", "Batch", "Batches", "SequenceBatches", "TokenStream", "TrainConfig",
            "TrainResult", "TrainState", "TrainingDiverged", "TrainingInterrupted", "batch_seed", "demo_markov",
-           "estimate_loss", "find_checkpoint", "get_batch", "get_lr", "has_checkpoint", "init_distributed",
+           "estimate_loss", "find_checkpoint", "get_batch", "get_lr", "has_checkpoint",
            "load_checkpoint", "make_optimizer", "PairBatches", "save_checkpoint", "summed_loss", "train",
            "train_seq2seq"]

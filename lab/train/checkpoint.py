@@ -24,11 +24,11 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from lab.distributed import rank_world
 from lab.files import current_umask
 from lab.model import HookedTransformer, ModelConfig
 from lab.model.checkpoint import CONFIG_FILE, WEIGHTS_FILE
 from lab.train.config import TrainConfig
-from lab.train.distributed import rank_world
 
 CHECKPOINT_DIR = "checkpoint"
 METRICS_FILE = "metrics.jsonl"
@@ -63,7 +63,7 @@ def save_checkpoint(directory: str | Path, model: HookedTransformer, optimizer: 
     try:
         tmp.chmod(0o777 & ~current_umask())  # mkdtemp makes it private; the checkpoint should not be
         model.save(tmp)
-        save_file(_optimizer_tensors(optimizer), str(tmp / OPTIMIZER_FILE))
+        save_file(optimizer_tensors(optimizer), str(tmp / OPTIMIZER_FILE))
         save_file(_rng_tensors(), str(tmp / RNG_FILE))
         meta = {"format": STATE_FORMAT, **dataclasses.asdict(state), "world_size": rank_world()[1],
                 "train_config": cfg.to_dict(), "model_config": model.cfg.to_dict()}
@@ -128,9 +128,9 @@ def load_checkpoint(directory: str | Path, model: HookedTransformer, optimizer: 
     if differences:
         raise ValueError("resume: " + "; ".join(differences))
 
-    model.load_weights(_read_safetensors(directory / WEIGHTS_FILE), source=str(directory / WEIGHTS_FILE))
-    _load_optimizer_tensors(optimizer, _read_safetensors(directory / OPTIMIZER_FILE), directory / OPTIMIZER_FILE)
-    _set_rng_tensors(_read_safetensors(directory / RNG_FILE), directory / RNG_FILE)
+    model.load_weights(read_safetensors(directory / WEIGHTS_FILE), source=str(directory / WEIGHTS_FILE))
+    load_optimizer_tensors(optimizer, read_safetensors(directory / OPTIMIZER_FILE), directory / OPTIMIZER_FILE)
+    _set_rng_tensors(read_safetensors(directory / RNG_FILE), directory / RNG_FILE)
     # Checkpoints from before tokens_seen was kept were all of fixed-length windows.
     tokens_seen = meta.get("tokens_seen", meta["step"] * cfg.batch_size * cfg.seq_len)
     return TrainState(step=meta["step"], train_loss_nats=meta["train_loss_nats"],
@@ -170,14 +170,14 @@ def _read_state_file(path: Path) -> dict[str, Any]:
     return meta
 
 
-def _read_safetensors(path: Path) -> dict[str, Tensor]:
+def read_safetensors(path: Path) -> dict[str, Tensor]:
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as err:
         raise ValueError(f"malformed or truncated checkpoint file {path}: {err}") from err
 
 
-def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> dict[str, Tensor]:
+def optimizer_tensors(optimizer: torch.optim.Optimizer) -> dict[str, Tensor]:
     """AdamW's per-parameter state flattened to '{param index}.{name}' → tensor (step is a tensor too)."""
     out = {}
     for index, slots in optimizer.state_dict()["state"].items():
@@ -188,7 +188,7 @@ def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> dict[str, Tensor]:
     return out
 
 
-def _load_optimizer_tensors(optimizer: torch.optim.Optimizer, tensors: dict[str, Tensor], path: Path) -> None:
+def load_optimizer_tensors(optimizer: torch.optim.Optimizer, tensors: dict[str, Tensor], path: Path) -> None:
     params = [p for group in optimizer.param_groups for p in group["params"]]
     state: dict[int, dict[str, Tensor]] = {}
     for key, value in tensors.items():

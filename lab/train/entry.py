@@ -11,12 +11,12 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
+from lab.distributed import init_distributed
 from lab.files import atomic_write
 from lab.model import HookedTransformer, ModelConfig
 from lab.data import MarkovSource
 from lab.train.batches import TokenStream
 from lab.train.config import TrainConfig
-from lab.train.distributed import init_distributed
 from lab.train.loop import TrainingInterrupted, train
 
 DEMO_MODEL = ModelConfig(d_vocab=16, d_model=32, n_layers=2, n_heads=2, n_ctx=64, tokenizer="markov-16")

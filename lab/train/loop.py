@@ -21,6 +21,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
+from lab.distributed import all_ranks_sum, any_rank, rank_world
 from lab.files import atomic_write
 from lab.model import HookedTransformer
 from lab.progress import bar as progress_bar
@@ -28,7 +29,6 @@ from lab.train.batches import IGNORE, Batch, Batches, PairBatches
 from lab.train.checkpoint import (CHECKPOINT_DIR, METRICS_FILE, TrainState, read_metrics, _remove_checkpoints,
                                   load_checkpoint, save_checkpoint)
 from lab.train.config import TrainConfig
-from lab.train.distributed import all_ranks_sum, any_rank, rank_world
 
 logger = logging.getLogger("lab.train")  # the package's one logger
 EVAL_SEED = 0  # held-out batches do not depend on the training seed, so runs with different seeds compare

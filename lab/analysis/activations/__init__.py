@@ -33,8 +33,9 @@ done are the same, and continues after the last recorded shard — the finished 
 an uninterrupted harvest writes. A shard never recorded (or a temporary a kill left) is deleted, never
 listed.
 
-The modules: `collect` (Activations, select_positions, stream_activations, collect_activations) and `store`
-(save_activations, ActivationStore, StoredRows).
+The modules: `collect` (Activations, select_positions, stream_activations, collect_activations), `store`
+(save_activations, ActivationStore, StoredRows, merge_stores) and `harvest` (a corpus into one set, in one process
+or across the ranks of torchrun: read_corpus, harvest).
 """
 
 from lab.analysis.activations.collect import (QUERY_POS_DIM, Activations, Positions,  # noqa: F401 (as before)

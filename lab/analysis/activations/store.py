@@ -1,6 +1,7 @@
 """Activations on disk: `save_activations` streams the selected rows into safetensors shards plus index.json
 (memory held: one batch and one shard buffer), resumably; `ActivationStore` reads a finished set whole, by
-hook or shard by shard, and `StoredRows` is one hook's rows left on disk, for probes fitted out of core.
+hook or shard by shard, and `StoredRows` is one hook's rows left on disk, for probes fitted out of core;
+`merge_stores` makes complete sets in subfolders one set (a harvest's parts, across ranks).
 
 On disk, `out_dir/shard-00000.safetensors ...` hold each hook's rows plus `seq` and `pos`, and
 `out_dir/index.json` (written last, so its presence means the set is complete) lists the shards, each hook's
@@ -33,7 +34,7 @@ INDEX_FORMAT = "forma-activations/1"
 def save_activations(model: Any, data: Tensor | Iterable[Tensor], hooks: str | Sequence[str], out_dir: str | Path,
                      positions: Positions = "last", *, batch_size: int = 32, pad_id: int | None = None,
                      dtype: torch.dtype | None = None, shard_mb: float = 32.0, progress: bool = True,
-                     stop_early: bool = True, overwrite: bool = False) -> "ActivationStore":
+                     stop_early: bool = True, overwrite: bool = False, first_sequence: int = 0) -> "ActivationStore":
     """Stream the selected activations into safetensors shards of at most `shard_mb` MB, then index.json.
 
     Memory held at any time: one batch's forward pass plus one shard buffer (preallocated once and
@@ -47,7 +48,8 @@ def save_activations(model: Any, data: Tensor | Iterable[Tensor], hooks: str | S
     recorded shard; different arguments, or data whose leading sequences differ from the ones already
     done (compared by a SHA-256 of their token ids), are a ValueError. The model is compared by class
     and config, not by its weights. overwrite=True starts afresh in a folder holding a complete or an
-    interrupted set.
+    interrupted set. first_sequence: the index in a larger corpus of `data`'s first sequence, from which rows'
+    `seq` count (a part of a corpus harvested across ranks: `lab.analysis.activations.harvest`).
     """
     out_dir = Path(out_dir)
     if not (isinstance(shard_mb, (int, float)) and shard_mb > 0 and math.isfinite(shard_mb)):
@@ -56,7 +58,8 @@ def save_activations(model: Any, data: Tensor | Iterable[Tensor], hooks: str | S
     arguments = json.loads(json.dumps({
         "hooks": names, "positions": _describe(positions), "batch_size": batch_size, "pad_id": pad_id,
         "dtype": None if dtype is None else str(dtype).removeprefix("torch."), "shard_bytes": int(shard_mb * 2**20),
-        "stop_early": stop_early, "model": _model_summary(model)}))
+        "stop_early": stop_early, "model": model_summary(model)}
+        | ({"first_sequence": first_sequence} if first_sequence else {})))
     if (out_dir / INDEX_FILE).exists():
         if not overwrite:
             raise FileExistsError(f"{out_dir} already holds a complete activation set ({INDEX_FILE}); "
@@ -76,13 +79,14 @@ def save_activations(model: Any, data: Tensor | Iterable[Tensor], hooks: str | S
     for part in stream_activations(model, tap, names, positions, batch_size=batch_size, pad_id=pad_id, dtype=dtype,
                                    progress=progress, stop_early=stop_early, start=writer.sequences,
                                    release_memory=False):  # the writer does, once per shard
+        part.seq += first_sequence
         writer.add(part, tap.state)
     writer.flush()
     if not writer.shards:
         raise ValueError("no activations were collected: the dataset was empty or no position was selected")
     index = {"format": INDEX_FORMAT, "hooks": writer.spec, "positions": _describe(positions),
              "n_rows": sum(s["rows"] for s in writer.shards), "n_sequences": writer.sequences,
-             "shards": writer.shards, "model": _model_summary(model)}
+             "shards": writer.shards, "model": model_summary(model)}
     atomic_write_text(out_dir / INDEX_FILE, json.dumps(index, indent=2) + "\n")
     (out_dir / PROGRESS_FILE).unlink(missing_ok=True)
     return ActivationStore(out_dir)
@@ -228,12 +232,37 @@ def _dtype_name(safetensors_dtype: str) -> str:
             "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}[safetensors_dtype]
 
 
-def _model_summary(model: Any) -> dict[str, Any]:
+def model_summary(model: Any) -> dict[str, Any]:
+    """What a harvest records of its model, and compares on a resume: its class and config, not its weights."""
     cfg = getattr(model, "cfg", None)
     summary: dict[str, Any] = {"class": type(model).__name__}
     if hasattr(cfg, "to_dict"):
         summary["config"] = cfg.to_dict()
     return summary
+
+
+def merge_stores(directory: str | Path, parts: Sequence[tuple[str, dict[str, Any]]]) -> "ActivationStore":
+    """One activation set over complete ones in subfolders of `directory`: `parts` is [(subfolder, its index)] in
+    row order, and directory/index.json (written atomically) lists every part's shards in that order, as
+    "subfolder/shard-00000.safetensors", so ActivationStore(directory) reads all their rows as one set. The shards
+    stay where they are; each shard entry keeps what its part recorded (its `sequences` count within the part).
+    The parts must hold the same hooks, positions and model. What a harvest across ranks writes at the end."""
+    directory = Path(directory)
+    if not parts:
+        raise ValueError("no activation sets to merge")
+    first = parts[0][1]
+    for folder, index in parts:
+        for key in ("format", "hooks", "positions", "model"):
+            if index.get(key) != first.get(key):
+                raise ValueError(f"{directory / folder} holds other {key} ({index.get(key)!r}) than "
+                                 f"{directory / parts[0][0]} ({first.get(key)!r}): its rows cannot join the set")
+    index = {"format": INDEX_FORMAT, "hooks": first["hooks"], "positions": first["positions"],
+             "n_rows": sum(i["n_rows"] for _, i in parts), "n_sequences": sum(i["n_sequences"] for _, i in parts),
+             "shards": [dict(shard, file=f"{folder}/{shard['file']}") for folder, i in parts for shard in i["shards"]],
+             "model": first["model"],
+             "parts": [{"folder": folder, "n_sequences": i["n_sequences"], "n_rows": i["n_rows"]} for folder, i in parts]}
+    atomic_write_text(directory / INDEX_FILE, json.dumps(index, indent=2) + "\n")
+    return ActivationStore(directory)
 
 
 class ActivationStore:
@@ -275,10 +304,17 @@ class ActivationStore:
     def shards(self, names: str | Sequence[str] | None = None) -> Iterator[Activations]:
         """One Activations per shard, reading only the hooks asked for."""
         names = self._names(names)
-        for shard in self.index["shards"]:
-            with safe_open(str(self.directory / shard["file"]), framework="pt") as f:
-                yield Activations({n: f.get_tensor(n) for n in names}, f.get_tensor("seq"), f.get_tensor("pos"),
-                                  {"positions": self.index["positions"]})
+        for i in range(len(self.index["shards"])):
+            yield self.shard(i, names)
+
+    def shard(self, i: int, names: str | Sequence[str] | None = None) -> Activations:
+        """Shard `i` alone (the named hooks): what a reader in an order of its own (a trainer's shuffle) reads."""
+        names = self._names(names)
+        if not 0 <= i < len(self.index["shards"]):
+            raise IndexError(f"{self.directory} has {len(self.index['shards'])} shards, not shard {i}")
+        with safe_open(str(self.directory / self.index["shards"][i]["file"]), framework="pt") as f:
+            return Activations({n: f.get_tensor(n) for n in names}, f.get_tensor("seq"), f.get_tensor("pos"),
+                               {"positions": self.index["positions"]})
 
     def __iter__(self) -> Iterator[Activations]:
         return self.shards()

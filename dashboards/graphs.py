@@ -1,0 +1,203 @@
+"""Attribution graphs: a prompt's graph over a zoo model's transcoder features (lab.analysis.graphs), pruned by
+influence, drawn as layers × positions — token embeddings at the bottom, features and error nodes (marked ✕) by
+layer, the most probable next tokens on top, edges by weight (blue promotes, red suppresses). Click a feature for
+its top activating contexts from the transcoders' harvest and the tokens it promotes; group nodes into supernodes
+(saved with the graph); export the graph in circuit-tracer's JSON for its viewer and Neuronpedia.
+"""
+
+import json
+
+import plotly.graph_objects as go
+import streamlit as st
+import torch
+
+from dashboards.common import load_model, model_version
+from lab.analysis.graphs.attribute import attribute, prompt_tokens
+from lab.analysis.graphs.graph import Graph, graph_folder, to_circuit_tracer
+from lab.analysis.graphs.influence import graph_scores, prune
+from lab.analysis.graphs.qk import qk_attribution
+from lab.analysis.transcoders.build import TRANSCODERS_DIR, load_contexts, load_quality, transcoder_sets
+from lab.analysis.transcoders.measures import feature_logits
+from lab.analysis.transcoders.model import Transcoders
+from lab.folders import zoo_dir, zoo_names
+
+DEFAULT_PROMPTS = {"pydoc": "Return the number of items in the", "markov": "1 2 3 4 5 6 7 8"}
+COLORS = {"feature": "#4c78a8", "error": "#e45756", "token": "#54a24b", "logit": "#b279a2"}
+
+
+@st.cache_resource(show_spinner="Loading transcoders…")
+def open_transcoders(path: str, version: tuple = ()) -> Transcoders:
+    return Transcoders.load(path)
+
+
+@st.cache_resource(show_spinner="Computing the attribution graph…", max_entries=8)
+def graph_of(name: str, kind: str, prompt: str, version: tuple = ()) -> Graph:
+    """The saved graph of this prompt, or a new one, saved (so its supernodes have a home)."""
+    model = load_model(name, model_version(name))
+    path = zoo_dir() / name / TRANSCODERS_DIR / kind
+    tokens = prompt_tokens(model, prompt)
+    folder = graph_folder(path, tokens)
+    try:
+        return Graph.load(folder)
+    except (FileNotFoundError, ValueError):
+        graph = attribute(model, open_transcoders(str(path), model_version(str(path))), tokens)
+        graph.save(folder)
+        return graph
+
+
+def figure(graph: Graph, keep: torch.Tensor, edges: torch.Tensor, labels: list[str]) -> go.Figure:
+    """Nodes at (position + offset, layer), the kept edges as lines in three widths by weight."""
+    kept = torch.nonzero(keep).flatten().tolist()
+    records = [graph.node(i) for i in kept]
+    cells: dict[tuple[int, int], list[int]] = {}
+    for i, r in zip(kept, records):
+        cells.setdefault((r["pos"], r["layer"]), []).append(i)
+    where = {}
+    for (pos, layer), members in cells.items():
+        for j, i in enumerate(members):
+            where[i] = (pos + (j + 1) / (len(members) + 1) - 0.5, layer)
+    fig = go.Figure()
+    targets, sources = torch.nonzero(edges & keep[:, None] & keep[None, :], as_tuple=True)
+    weights = graph.adjacency[targets, sources]
+    if len(weights):
+        cut = weights.abs().quantile(torch.tensor([0.5, 0.9])).tolist()
+        for sign, color in ((1, "rgba(76,120,168,{a})"), (-1, "rgba(228,87,86,{a})")):
+            for band, (lo, hi, width) in enumerate(((0, cut[0], 0.6), (cut[0], cut[1], 1.5), (cut[1], 1e30, 3))):
+                xs, ys = [], []
+                for t, s, w in zip(targets.tolist(), sources.tolist(), weights.tolist()):
+                    if (w > 0) == (sign > 0) and lo <= abs(w) < hi:
+                        xs += [where[s][0], where[t][0], None]
+                        ys += [where[s][1], where[t][1], None]
+                if xs:
+                    fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", hoverinfo="skip", showlegend=False,
+                                             line={"width": width, "color": color.format(a=0.25 + 0.25 * band)}))
+    for kind, symbol in (("token", "square"), ("feature", "circle"), ("error", "x"), ("logit", "diamond")):
+        mine = [i for i, r in zip(kept, records) if r["kind"] == kind]
+        if not mine:
+            continue
+        text = [describe(graph.node(i), labels, graph) for i in mine]
+        fig.add_trace(go.Scatter(x=[where[i][0] for i in mine], y=[where[i][1] for i in mine], mode="markers",
+                                 name=kind, marker={"symbol": symbol, "size": 11, "color": COLORS[kind]},
+                                 customdata=mine, hovertext=text, hoverinfo="text"))
+    fig.update_layout(height=560, margin={"l": 10, "r": 10, "t": 30, "b": 10}, clickmode="event+select",
+                      xaxis={"tickvals": list(range(graph.n_pos)), "ticktext": labels, "title": "position"},
+                      yaxis={"tickvals": list(range(-1, graph.n_layers + 1)),
+                             "ticktext": ["tokens", *[f"layer {layer}" for layer in range(graph.n_layers)], "logits"]})
+    return fig
+
+
+def describe(node: dict, labels: list[str], graph: Graph) -> str:
+    if node["kind"] == "feature":
+        return f"feature {node['feature']} at layer {node['layer']}, {labels[node['pos']]!r}: {node['activation']:.3f}"
+    if node["kind"] == "error":
+        return f"error node, layer {node['layer']}, {labels[node['pos']]!r}"
+    if node["kind"] == "token":
+        return f"token {labels[node['pos']]!r} at {node['pos']}"
+    k = graph.node_ids().index(node["id"]) - (graph.n_nodes - graph.n_logits)
+    return f"logit {graph.meta.get('logit_strings', [''] * graph.n_logits)[k]!r}: p = {node['probability']:.3f}"
+
+
+def show_feature(model, transcoders: Transcoders, contexts: dict | None, node: dict) -> None:
+    st.subheader(f"Feature {node['feature']} of layer {node['layer']}")
+    decode = (lambda ids: model.tokenizer.decode(ids)) if getattr(model, "tokenizer", None) else \
+        (lambda ids: " ".join(map(str, ids)))
+    if contexts is None:
+        st.info("These transcoders have no top contexts (contexts.safetensors); `forma transcoders` writes them.")
+    else:
+        rows = []
+        for value, seq, pos in zip(*(contexts[k][node["layer"], node["feature"]].tolist()
+                                     for k in ("values", "seq", "pos"))):
+            if seq < 0:
+                continue
+            window = contexts["windows"][seq].tolist()
+            rows.append({"activation": round(value, 3), "before": decode(window[max(0, pos - 12): pos]),
+                         "token": decode(window[pos: pos + 1]), "after": decode(window[pos + 1: pos + 4])})
+        st.markdown("**Top activating contexts** (from the transcoders' harvest)")
+        st.dataframe(rows, hide_index=True) if rows else st.info("It never fired on the harvest.")
+    promoted, suppressed = feature_logits(model, transcoders, node["layer"], node["feature"])
+    st.markdown("**Top logits** (its decoder through the unembedding): promotes "
+                + ", ".join(f"`{decode([t])}` {v:+.2f}" for t, v in promoted[:8]) + "; suppresses "
+                + ", ".join(f"`{decode([t])}` {v:+.2f}" for t, v in suppressed[:8]))
+
+
+def show_qk(model, transcoders: Transcoders, graph: Graph, labels: list[str]) -> None:
+    """Which source nodes make a head attend from one position to another: its score split over (query node, key
+    node) pairs (lab.analysis.graphs.qk), on request."""
+    with st.expander("Attention explained (QK): which features make a head attend where it does"):
+        cols = st.columns(4)
+        layer = cols[0].number_input("Layer", 0, graph.n_layers - 1, graph.n_layers - 1, key="qk_layer")
+        head = cols[1].number_input("Head", 0, model.cfg.n_heads - 1, 0, key="qk_head")
+        query = cols[2].number_input("Query position", 0, graph.n_pos - 1, graph.n_pos - 1, key="qk_query")
+        key = cols[3].number_input("Key position", 0, int(query), 0, key="qk_key")
+        if st.button("Split the score", key="qk_go"):
+            result = qk_attribution(model, transcoders, graph, int(layer), int(head), int(query), int(key))
+            st.markdown(f"Score {result['score']:.4f} from {labels[int(query)]!r} to {labels[int(key)]!r} = "
+                        f"{result['pairs_sum']:.4f} over node pairs + {result['bias_terms']:.4f} from biases.")
+            st.dataframe(result["top_pairs"], hide_index=True)
+
+
+def supernodes(graph: Graph, folder, ids: list[str]) -> None:
+    st.markdown("**Supernodes** (saved with the graph)")
+    for s in graph.supernodes:
+        st.markdown(f"- {s['name']}: {', '.join(s['nodes'])}")
+    members = st.multiselect("Nodes", ids, key="supernode_nodes")
+    name = st.text_input("Supernode name", key="supernode_name")
+    if st.button("Save supernode", key="supernode_save"):
+        graph.supernodes = [s for s in graph.supernodes if s["name"] != name.strip()]
+        graph.supernodes.append({"name": name.strip(), "nodes": members})
+        try:
+            graph.save_supernodes(folder)
+            st.success(f"Saved supernode {name.strip()!r} ({len(members)} nodes).")
+        except ValueError as err:
+            graph.supernodes.pop()
+            st.warning(str(err))
+
+
+st.title("Attribution graphs")
+available = [(name, kind) for name in zoo_names() for kind in transcoder_sets(zoo_dir() / name)]
+if not available:
+    st.info("No model has transcoders yet. Train a model and its transcoders: `forma train pydoc`, then "
+            "`forma transcoders pydoc` (they land in models/pydoc/transcoders/).")
+    st.stop()
+names = sorted({name for name, _ in available})
+name = st.sidebar.selectbox("Model", names, index=names.index("pydoc") if "pydoc" in names else 0, key="graph_model")
+kind = st.sidebar.selectbox("Transcoders", [k for n, k in available if n == name], key="graph_kind")
+node_threshold = st.sidebar.slider("Node threshold (share of influence kept)", 0.1, 1.0, 0.8, 0.05)
+edge_threshold = st.sidebar.slider("Edge threshold", 0.5, 1.0, 0.98, 0.01)
+model = load_model(name, model_version(name))
+path = zoo_dir() / name / TRANSCODERS_DIR / kind
+quality = load_quality(path)
+if quality:
+    fvu = ", ".join(f"{v:.3f}" for v in quality["held_out"]["fvu"])
+    st.sidebar.caption(f"held-out FVU by layer {fvu}; loss recovered {quality['loss']['recovered']:.1%}")
+prompt = st.text_input("Prompt", DEFAULT_PROMPTS.get(name, "1 2 3 4"), key="graph_prompt")
+try:
+    graph = graph_of(name, kind, prompt, model_version(str(path)))
+except ValueError as err:
+    st.warning(f"No graph for this prompt: {err}")
+    st.stop()
+labels = graph.meta.get("token_strings") or [str(int(t)) for t in graph.tokens]
+pruned = prune(graph, node_threshold, edge_threshold)
+scores = graph_scores(graph)
+st.caption(f"{graph.n_features} active features, {int(pruned.node_mask.sum())} nodes and "
+           f"{int(pruned.edge_mask.sum())} edges kept, holding {pruned.node_share:.1%} of the node influence and "
+           f"{pruned.edge_share:.1%} of the edge influence; replacement score {scores['replacement']:.2f}, "
+           f"completeness {scores['completeness']:.2f}.")
+event = st.plotly_chart(figure(graph, pruned.node_mask, pruned.edge_mask, labels), key="graph_chart",
+                        on_select="rerun", selection_mode="points")
+points = (event.selection.points if event and event.selection else []) or []
+chosen = [p["customdata"] for p in points if "customdata" in p]
+if chosen and graph.node(int(chosen[0]))["kind"] == "feature":
+    show_feature(model, open_transcoders(str(path), model_version(str(path))), load_contexts(path),
+                 graph.node(int(chosen[0])))
+elif chosen:
+    st.info(describe(graph.node(int(chosen[0])), labels, graph))
+else:
+    st.caption("Click a feature node for its top contexts and logits.")
+show_qk(model, open_transcoders(str(path), model_version(str(path))), graph, labels)
+kept_ids = [graph.node(i)["id"] for i in torch.nonzero(pruned.node_mask).flatten().tolist()]
+supernodes(graph, graph_folder(path, graph.tokens), kept_ids)
+export = to_circuit_tracer(graph, pruned.node_mask, pruned.edge_mask, pruned.cumulative, slug=f"{name}-{kind}",
+                           scan=f"forma-{name}-{kind}", token_strings=labels, node_threshold=node_threshold)
+st.download_button("Export (circuit-tracer graph JSON)", json.dumps(export), file_name=f"{name}-{kind}.json",
+                   mime="application/json", key="graph_export")

@@ -1,0 +1,160 @@
+"""A corpus's activations into one set on disk, in one process or across the ranks of torchrun, resumable: what
+`forma harvest` runs.
+
+The corpus ([n, seq_len] token ids: a tensor, or an array memory-mapped from a .npy file so that a rank reads only
+its own rows) is cut into parts (`lab.distributed.plan_parts`: at most 256, bounds on whole batches, the same at
+any world size). Part i is a complete activation set (`save_activations`) in out_dir/part-0000i/, whose rows'
+`seq` count from the part's first sequence in the corpus. Each rank harvests its share of the parts no rank has
+done yet (`lab.distributed.claim_parts`); inside a part, a harvest killed mid-way goes on from its last recorded
+shard. Once every part is done, rank 0 writes out_dir/index.json over all their shards (`merge_stores`), and
+`ActivationStore(out_dir)` reads the whole corpus's rows: bit for bit the rows of one process, since neither the
+parts nor their batches depend on the world size (the shard files are the same bytes too).
+
+    out_dir/plan.json                    the arguments, written first; a rerun with other ones is refused
+    out_dir/part-00000/shard-*.safetensors, index.json   ...   one activation set per part
+    out_dir/index.json                   written last: its presence means the harvest is complete
+
+A rerun of the same call (after a kill of any rank, at any moment) does only what is missing, over however many
+ranks it has; a part already complete is checked against the corpus (the SHA-256 of its token ids, which its
+index recorded) before it is kept.
+"""
+
+import hashlib
+import json
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from lab.analysis.activations.store import INDEX_FILE, ActivationStore, merge_stores, model_summary, save_activations
+from lab.distributed import PARTS, all_gather_json, claim_parts, plan_parts, rank_world, record_plan
+from lab.files import is_temporary
+
+HARVEST_FORMAT = "forma-harvest/1"
+DEFAULT_SEQ_LEN = 128
+
+
+def read_corpus(path: str | Path, model: Any, *, seq_len: int | None = None,
+                tokens: int | None = None) -> np.ndarray:
+    """A corpus file as [n, seq_len] token ids, cut into sequences of `seq_len` tokens (a remainder is dropped):
+
+        .npy   token ids of any integer dtype, one stream ([tokens]) or sequences ([n, seq_len]); memory-mapped,
+               so that nothing is read until a part's rows are
+        .txt   UTF-8 text, encoded whole as one stream by the model's tokenizer (no special tokens added); for a
+               corpus larger than memory, encode it once into a .npy
+
+    seq_len: by default a 2-D array's width, else min(128, the model's n_ctx). tokens: keep only the sequences that
+    the first `tokens` tokens fill (at least one); by default every whole sequence."""
+    path = Path(path)
+    n_ctx = model.cfg.n_ctx
+    if path.suffix == ".npy":
+        try:
+            ids = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError) as err:
+            raise ValueError(f"{path}: not a .npy array of token ids ({err})") from err
+        if not np.issubdtype(ids.dtype, np.integer) or ids.ndim not in (1, 2):
+            raise ValueError(f"{path}: token ids must be a 1-D or 2-D integer array, got {ids.dtype} "
+                             f"{tuple(ids.shape)}")
+    elif path.suffix == ".txt":
+        if getattr(model, "tokenizer", None) is None:
+            raise ValueError(f"{path}: the model has no tokenizer to encode text with; give token ids as a .npy")
+        ids = model.to_tokens(path.read_text(encoding="utf-8"), prepend_bos=False)[0].cpu().numpy()
+    else:
+        raise ValueError(f"{path}: a corpus is a .txt (text) or a .npy (token ids) file")
+    if ids.ndim == 2:
+        if seq_len is not None and seq_len != ids.shape[1]:
+            raise ValueError(f"{path} holds sequences of {ids.shape[1]} tokens, not the {seq_len} asked for")
+        seq_len = int(ids.shape[1])
+    seq_len = min(DEFAULT_SEQ_LEN, n_ctx) if seq_len is None else seq_len
+    if not 1 <= seq_len <= n_ctx:
+        raise ValueError(f"the sequence length must be 1 … n_ctx = {n_ctx}, got {seq_len}")
+    available = ids.shape[0] if ids.ndim == 2 else ids.shape[0] // seq_len
+    n = available if tokens is None else tokens // seq_len
+    if n < 1 or n > available:
+        held = ids.size
+        raise ValueError(f"{path} holds {held:,} tokens ({available:,} sequences of {seq_len}); "
+                         + ("it fills no sequence" if n < 1 and tokens is None else
+                            f"{tokens:,} tokens fill {n:,} sequences" + (": ask for at least one" if n < 1 else "")))
+    return ids[:n] if ids.ndim == 2 else ids[: n * seq_len].reshape(n, seq_len)
+
+
+def part_tokens(corpus: Tensor | np.ndarray, rows: range) -> Tensor:
+    """The corpus's rows `rows` as int64 token ids (only they are read from a memory-mapped array)."""
+    if isinstance(corpus, Tensor):
+        return corpus[rows.start: rows.stop].to(torch.long)
+    return torch.from_numpy(np.ascontiguousarray(corpus[rows.start: rows.stop], dtype=np.int64))
+
+
+def tokens_sha256(tokens: Tensor) -> str:
+    """The SHA-256 of token ids as save_activations records it (int64 bytes, row after row)."""
+    return hashlib.sha256(tokens.to(device="cpu", dtype=torch.int64).contiguous().numpy().tobytes()).hexdigest()
+
+
+def part_folder(out_dir: Path, i: int) -> Path:
+    return out_dir / f"part-{i:05d}"
+
+
+def harvest(model: Any, corpus: Tensor | np.ndarray, hooks: str | Sequence[str], out_dir: str | Path,
+            positions: str | Sequence[int] = "all", *, batch_size: int = 32, dtype: torch.dtype | None = None,
+            shard_mb: float = 32.0, parts: int = PARTS, progress: bool = True,
+            overwrite: bool = False) -> ActivationStore | None:
+    """Harvest `hooks` at `positions` over every sequence of `corpus` into `out_dir` (see the module's docstring):
+    in this process, or — under torchrun — this rank's share, every rank calling it alike. Returns the finished
+    set on rank 0 and None on the other ranks. positions: "all", "last" or indices (a predicate cannot be
+    compared on a rerun). overwrite: start afresh, whatever out_dir holds (rerun without it to resume)."""
+    rank, world = rank_world()
+    out_dir = Path(out_dir)
+    names = [hooks] if isinstance(hooks, str) else list(hooks)
+    if callable(positions):
+        raise TypeError('a harvest takes positions "all", "last" or a list of indices, not a predicate')
+    if corpus.ndim != 2:
+        raise ValueError(f"the corpus must be [n, seq_len] token ids, got shape {tuple(corpus.shape)}")
+    ranges = plan_parts(int(corpus.shape[0]), unit=batch_size, most=parts)
+    if not ranges:
+        raise ValueError("the corpus holds no sequence")
+    if (out_dir / INDEX_FILE).is_file() and not overwrite:
+        raise FileExistsError(f"{out_dir} already holds a complete harvest ({INDEX_FILE}); overwrite it or choose "
+                              "another folder")
+    plan = {"format": HARVEST_FORMAT, "hooks": names,
+            "positions": positions if isinstance(positions, str) else [int(p) for p in positions],
+            "batch_size": batch_size, "dtype": None if dtype is None else str(dtype).removeprefix("torch."),
+            "shard_mb": shard_mb, "n_sequences": int(corpus.shape[0]), "seq_len": int(corpus.shape[1]),
+            "parts": len(ranges), "model": model_summary(model)}
+    record_plan(out_dir, plan, overwrite=overwrite, what="harvest")
+    if overwrite and rank == 0:
+        (out_dir / INDEX_FILE).unlink(missing_ok=True)
+
+    kept, mine = claim_parts(len(ranges), lambda i: not overwrite and (part_folder(out_dir, i) / INDEX_FILE).is_file())
+    for i in kept:  # done by an earlier run: from the same tokens?
+        index = json.loads((part_folder(out_dir, i) / INDEX_FILE).read_text())
+        last = index["shards"][-1]
+        if index["n_sequences"] != len(ranges[i]) or last["tokens_sha256"] != tokens_sha256(
+                part_tokens(corpus, ranges[i])):
+            raise ValueError(f"{part_folder(out_dir, i)} was harvested from other token ids than the corpus's "
+                             f"sequences {ranges[i].start}…{ranges[i].stop - 1}; rerun with the same corpus, or "
+                             "start afresh with overwrite")
+    bar = tqdm(total=sum(len(ranges[i]) for i in mine), unit="seq", disable=not progress or rank != 0,
+               desc="harvest" if world == 1 else f"harvest, rank 0 of {world}")
+    for i in mine:
+        save_activations(model, part_tokens(corpus, ranges[i]), names, part_folder(out_dir, i), positions,
+                         batch_size=batch_size, dtype=dtype, shard_mb=shard_mb, progress=False, overwrite=overwrite,
+                         first_sequence=ranges[i].start)
+        bar.update(len(ranges[i]))
+    bar.close()
+    held = {i: json.loads((part_folder(out_dir, i) / INDEX_FILE).read_text()) for i in sorted(kept + mine)}
+    everything = {int(i): index for gathered in all_gather_json(held) for i, index in gathered.items()}
+    if rank != 0:
+        return None
+    store = merge_stores(out_dir, [(part_folder(out_dir, i).name, everything[i]) for i in range(len(ranges))])
+    planned = {part_folder(out_dir, i).name for i in range(len(ranges))}
+    for path in out_dir.iterdir():  # an earlier plan's parts (only after overwrite), and killed writes' temporaries
+        if path.is_dir() and path.name.startswith("part-") and path.name not in planned:
+            shutil.rmtree(path)
+        elif path.is_file() and is_temporary(path):
+            path.unlink()
+    return store

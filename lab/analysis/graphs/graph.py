@@ -1,0 +1,207 @@
+"""An attribution graph: nodes, the dense matrix of direct edges between them, each target node's input and bias, and
+the supernodes a person grouped by hand; saved as a folder (graph.safetensors + graph.json, nothing pickled) and
+exported in circuit-tracer's graph JSON, which its viewer and Neuronpedia read.
+
+Nodes are ordered as circuit-tracer orders them: the active features (by layer, position, feature), the error nodes
+(layer-major: layer · n_pos + pos), the token embeddings (by position), the logits (most probable first).
+`adjacency[t, s]` is the direct edge from node s into node t; only features and logits have inputs. Node ids are
+circuit-tracer's: feature `{layer}_{feature}_{pos}`, token `E_{token}_{pos}`, logit `{n_layers + 1}_{token}_{pos}`;
+but an error node is `err_{layer}_{pos}`, since circuit-tracer's `0_{layer}_{pos}` is also the id of layer 0's feature
+`layer` at that position (its viewer tells the two apart by feature_type; supernodes and links need unique ids).
+"""
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from lab.files import atomic_write, atomic_write_text
+
+GRAPH_FORMAT = "forma-attribution-graph/1"
+TENSORS_FILE = "graph.safetensors"
+META_FILE = "graph.json"
+GRAPHS_DIR = "graphs"  # a transcoder set's folder keeps the graphs made with it here, one folder per prompt
+TENSOR_NAMES = ("tokens", "features", "activations", "logit_tokens", "logit_probs", "adjacency", "inputs", "bias")
+
+
+@dataclass
+class Graph:
+    """The direct-effect graph of one prompt's local replacement model."""
+
+    tokens: Tensor  # [n_pos] token ids of the prompt
+    features: Tensor  # [n_features, 3]: (layer, pos, feature) of each active feature
+    activations: Tensor  # [n_features]
+    logit_tokens: Tensor  # [n_logits] the target tokens at the last position
+    logit_probs: Tensor  # [n_logits] their probabilities
+    adjacency: Tensor  # [n_nodes, n_nodes]: adjacency[target, source]
+    inputs: Tensor  # [n_nodes]: a feature's pre-activation, a logit's value less the mean logit; 0 for sources
+    bias: Tensor  # [n_nodes]: the input with every source zero (attention, norm and decoder biases, positions)
+    n_layers: int
+    meta: dict[str, Any] = field(default_factory=dict)  # prompt text, token strings, model and transcoders, timings
+    supernodes: list[dict[str, Any]] = field(default_factory=list)  # [{"name": str, "nodes": [node ids]}]
+
+    @property
+    def n_pos(self) -> int:
+        return int(self.tokens.numel())
+
+    @property
+    def n_features(self) -> int:
+        return int(len(self.features))
+
+    @property
+    def n_logits(self) -> int:
+        return int(self.logit_tokens.numel())
+
+    @property
+    def n_nodes(self) -> int:
+        return int(self.adjacency.shape[0])
+
+    def error_index(self, layer: int, pos: int) -> int:
+        return self.n_features + layer * self.n_pos + pos
+
+    def token_index(self, pos: int) -> int:
+        return self.n_features + self.n_layers * self.n_pos + pos
+
+    def logit_index(self, k: int) -> int:
+        return self.n_nodes - self.n_logits + k
+
+    def kinds(self) -> list[str]:
+        """'feature', 'error', 'token' or 'logit' for every node, in order."""
+        return (["feature"] * self.n_features + ["error"] * (self.n_layers * self.n_pos) + ["token"] * self.n_pos
+                + ["logit"] * self.n_logits)
+
+    def node(self, index: int) -> dict[str, Any]:
+        """One node as a record: id, kind, layer (tokens −1, logits n_layers), position, and its feature or token."""
+        n_err = self.n_layers * self.n_pos
+        if index < self.n_features:
+            layer, pos, feature = (int(v) for v in self.features[index])
+            return {"id": f"{layer}_{feature}_{pos}", "kind": "feature", "layer": layer, "pos": pos,
+                    "feature": feature, "activation": float(self.activations[index])}
+        if index < self.n_features + n_err:
+            layer, pos = divmod(index - self.n_features, self.n_pos)
+            return {"id": f"err_{layer}_{pos}", "kind": "error", "layer": layer, "pos": pos}
+        if index < self.n_features + n_err + self.n_pos:
+            pos = index - self.n_features - n_err
+            token = int(self.tokens[pos])
+            return {"id": f"E_{token}_{pos}", "kind": "token", "layer": -1, "pos": pos, "token": token}
+        k = index - (self.n_nodes - self.n_logits)
+        token = int(self.logit_tokens[k])
+        return {"id": f"{self.n_layers + 1}_{token}_{self.n_pos - 1}", "kind": "logit", "layer": self.n_layers,
+                "pos": self.n_pos - 1, "token": token, "probability": float(self.logit_probs[k])}
+
+    def node_ids(self) -> list[str]:
+        return [self.node(i)["id"] for i in range(self.n_nodes)]
+
+    # --- files --------------------------------------------------------------------------------------------------
+    def save(self, directory: str | Path) -> Path:
+        """graph.safetensors and graph.json in `directory`, each written atomically."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        tensors = {name: getattr(self, name).detach().cpu().contiguous() for name in TENSOR_NAMES}
+        atomic_write(directory / TENSORS_FILE, lambda path: save_file(tensors, str(path)))
+        self.save_supernodes(directory)
+        return directory
+
+    def save_supernodes(self, directory: str | Path) -> None:
+        """graph.json alone (meta and supernodes): what the dashboard rewrites when a person groups nodes."""
+        check_supernodes(self.supernodes, set(self.node_ids()))
+        meta = {"format": GRAPH_FORMAT, "n_layers": self.n_layers, "meta": self.meta, "supernodes": self.supernodes}
+        atomic_write_text(Path(directory) / META_FILE, json.dumps(meta, indent=2) + "\n")
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "Graph":
+        directory = Path(directory)
+        for name in (TENSORS_FILE, META_FILE):
+            if not (directory / name).is_file():
+                raise FileNotFoundError(f"{directory} holds no {name}: not an attribution graph folder")
+        try:
+            meta = json.loads((directory / META_FILE).read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"malformed {directory / META_FILE}: {err}") from err
+        if not isinstance(meta, dict) or meta.get("format") != GRAPH_FORMAT:
+            raise ValueError(f"{directory / META_FILE} is not a {GRAPH_FORMAT} file")
+        try:
+            tensors = load_file(str(directory / TENSORS_FILE))
+        except (SafetensorError, OSError) as err:
+            raise ValueError(f"malformed or truncated {directory / TENSORS_FILE}: {err}") from err
+        missing = [name for name in TENSOR_NAMES if name not in tensors]
+        if missing:
+            raise ValueError(f"{directory / TENSORS_FILE} lacks {missing}")
+        graph = cls(**{name: tensors[name] for name in TENSOR_NAMES}, n_layers=int(meta["n_layers"]),
+                    meta=meta.get("meta", {}), supernodes=meta.get("supernodes", []))
+        check_supernodes(graph.supernodes, set(graph.node_ids()))
+        return graph
+
+
+def graph_folder(transcoders_folder: str | Path, tokens: Tensor) -> Path:
+    """Where the graph of `tokens` made with the transcoders in `transcoders_folder` is kept: graphs/<a SHA-256 of
+    the token ids>, so that the same prompt finds its graph (and its supernodes) again."""
+    digest = hashlib.sha256(torch.as_tensor(tokens).reshape(-1).to(torch.int64).numpy().tobytes()).hexdigest()
+    return Path(transcoders_folder) / GRAPHS_DIR / digest[:16]
+
+
+def check_supernodes(supernodes: Any, ids: set[str]) -> None:
+    """Supernodes are [{"name": non-empty str, "nodes": [ids of this graph's nodes]}] with distinct names."""
+    if not isinstance(supernodes, list):
+        raise ValueError(f"supernodes must be a list of {{'name', 'nodes'}} records, got {type(supernodes).__name__}")
+    names = set()
+    for s in supernodes:
+        if not (isinstance(s, dict) and isinstance(s.get("name"), str) and s["name"].strip()
+                and isinstance(s.get("nodes"), list) and s["nodes"]):
+            raise ValueError(f"a supernode needs a name and a non-empty list of node ids, got {s!r}")
+        if s["name"] in names:
+            raise ValueError(f"two supernodes are named {s['name']!r}")
+        names.add(s["name"])
+        unknown = [n for n in s["nodes"] if n not in ids]
+        if unknown:
+            raise ValueError(f"supernode {s['name']!r} names nodes this graph does not hold: {unknown[:3]}")
+
+
+def to_circuit_tracer(graph: Graph, node_mask: Tensor, edge_mask: Tensor, cumulative: Tensor, *, slug: str,
+                      scan: str, token_strings: list[str] | None = None, node_threshold: float = 0.8
+                      ) -> dict[str, Any]:
+    """The pruned graph as circuit-tracer's graph JSON (`create_graph_files`'s Model: metadata, qParams, nodes,
+    links), supernodes in qParams as [name, *node ids]."""
+    strings = token_strings or [str(int(t)) for t in graph.tokens]
+    nodes: dict[int, dict[str, Any]] = {}
+    for index in torch.nonzero(node_mask).flatten().tolist():
+        n = graph.node(index)
+        influence = float(cumulative[index])
+        base = {"node_id": n["id"], "layer": str(n["layer"]), "ctx_idx": n["pos"], "run_idx": 0, "reverse_ctx_idx": 0,
+                "token_prob": 0.0, "is_target_logit": False, "clerp": "", "influence": influence, "activation": None}
+        if n["kind"] == "feature":
+            layer, feature = n["layer"], n["feature"]
+            base |= {"feature": (layer + feature) * (layer + feature + 1) // 2 + feature,
+                     "feature_type": "cross layer transcoder", "jsNodeId": f"{layer}_{feature}-0",
+                     "activation": n["activation"]}
+        elif n["kind"] == "error":
+            base |= {"feature": -1, "feature_type": "mlp reconstruction error",
+                     "jsNodeId": f"{n['layer']}_{n['pos']}-0"}
+        elif n["kind"] == "token":
+            base |= {"feature": n["pos"], "layer": "E", "feature_type": "embedding",
+                     "jsNodeId": f"E_{n['token']}-{n['pos']}"}
+        else:
+            k = index - (graph.n_nodes - graph.n_logits)
+            base |= {"feature": n["token"], "layer": str(graph.n_layers + 1), "feature_type": "logit",
+                     "token_prob": n["probability"], "is_target_logit": k == 0,
+                     "jsNodeId": f"L_{n['token']}-{n['pos']}", "influence": None,
+                     "clerp": f'Output "{graph.meta.get("logit_strings", [""] * graph.n_logits)[k]}" '
+                              f'(p={n["probability"]:.3f})'}
+        nodes[index] = base
+    targets, sources = torch.nonzero(edge_mask, as_tuple=True)
+    links = [{"source": nodes[s]["node_id"], "target": nodes[t]["node_id"], "weight": float(graph.adjacency[t, s])}
+             for t, s in zip(targets.tolist(), sources.tolist()) if s in nodes and t in nodes]
+    linked = {link["source"] for link in links} | {link["target"] for link in links}
+    used = [n for n in nodes.values() if n["node_id"] in linked or n["feature_type"] in ("embedding", "logit")]
+    return {"metadata": {"slug": slug, "scan": scan, "transcoder_list": [], "prompt_tokens": strings,
+                         "prompt": graph.meta.get("prompt", "".join(strings)), "node_threshold": node_threshold,
+                         "schema_version": 1},
+            "qParams": {"pinnedIds": [], "supernodes": [[s["name"], *s["nodes"]] for s in graph.supernodes],
+                        "linkType": "both", "clickedId": "", "sg_pos": ""},
+            "nodes": used, "links": links}

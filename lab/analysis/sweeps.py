@@ -1,0 +1,273 @@
+"""Patching sweeps over a dataset of clean/corrupted prompt pairs, in one process or across the ranks of torchrun,
+resumable; gathered into one table per sweep. What `forma patch` runs.
+
+A dataset (`read_pairs`) is a CSV file with the header clean,corrupted,answer,wrong (other columns are ignored), or
+a JSONL file of objects with those keys, one pair a line, as IOI-style datasets are written: the clean and the
+corrupted prompt (text, encoded by the model's tokenizer; in JSONL also a list of token ids), of the same length in
+tokens, and the answer and a wrong answer (text that is one token; in JSONL also a token id).
+
+Each pair is swept alone with `lab.analysis.patching` (the fast path on Forma's models), its metric the logit
+difference logit(answer) − logit(wrong) at its last position (`logit_diff`). The sweeps (`SWEEPS`):
+
+    resid_pre, attn_out, mlp_out, resid_post   one (layer, position) of that component at a time   [pair, layer, pos]
+    head                                       one head's z at every position                      [pair, layer, head]
+    head_pos                                   one head's z at one position                        [pair, layer, head, pos]
+
+Positions count from each prompt's start; a pair shorter than the longest holds NaN where it has no position.
+A `SweepTable` holds one sweep's values with each pair's clean and corrupted metric; `SweepTable.mean()` is the
+sweep averaged over the pairs (NaN left out), a `PatchingResult` (`normalized()`, the usual heatmap).
+
+Across ranks: the pairs are cut into parts (`lab.distributed.plan_parts`, the same at any world size); each rank
+sweeps its share of the parts no rank has done (`claim_parts`), writing each part's rows of every table to
+out_dir/parts/part-00000.safetensors atomically; the parts' rows are then gathered to rank 0 through the process
+group (no shared filesystem needed), which writes out_dir/<sweep>.safetensors for every sweep (values, clean,
+corrupted, lengths) and, last, out_dir/sweep.json (what each table is; `load_sweep` reads them back). Every
+pair's numbers are computed alike whichever rank computes them, so the tables are bit for bit those of one process.
+A rerun after a kill of any rank sweeps only the parts not yet written.
+"""
+
+import csv
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from lab.analysis.activations.store import model_summary
+from lab.analysis.patching import PatchingResult, patch_heads, patch_heads_by_position, patch_positions
+from lab.distributed import PARTS, all_gather_json, all_gather_rows, claim_parts, plan_parts, rank_world, record_plan
+from lab.files import atomic_write, atomic_write_text, is_temporary
+
+SWEEP_FORMAT = "forma-sweep/1"
+SWEEP_FILE = "sweep.json"
+COLUMNS = ("clean", "corrupted", "answer", "wrong")
+# A sweep's name: (the component patched, its cells' axis), as lab.analysis.patching names them.
+SWEEPS = {"resid_pre": ("resid_pre", "pos"), "attn_out": ("attn_out", "pos"), "mlp_out": ("mlp_out", "pos"),
+          "resid_post": ("resid_post", "pos"), "head": ("z", "head"), "head_pos": ("z", "head_pos")}
+TENSORS = ("values", "clean", "corrupted")
+
+
+@dataclass(frozen=True)
+class PromptPair:
+    """One row of a dataset: clean and corrupted token ids ([pos], the same length), the answer and a wrong one."""
+
+    clean: Tensor
+    corrupted: Tensor
+    answer: int
+    wrong: int
+
+
+def read_pairs(path: str | Path, model: Any) -> list[PromptPair]:
+    """The pairs of a CSV or JSONL dataset (see the module's docstring), encoded for `model`; a bad row is a
+    ValueError naming its line."""
+    path = Path(path)
+    if path.suffix not in (".csv", ".jsonl"):
+        raise ValueError(f"{path}: a dataset of prompt pairs is a .csv or a .jsonl file")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".csv":
+        reader = csv.DictReader(text.splitlines())
+        missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ValueError(f"{path}: no column {missing[0]!r} (the header must name {', '.join(COLUMNS)}; it "
+                             f"names {', '.join(reader.fieldnames or []) or 'nothing'})")
+        rows = [(reader.line_num, row) for row in reader]
+    else:
+        rows = []
+        for line, raw in enumerate(text.splitlines(), 1):
+            if raw.strip():
+                try:
+                    rows.append((line, json.loads(raw)))
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{path}:{line}: not a JSON object ({err})") from err
+    pairs = []
+    for line, row in rows:
+        try:
+            pairs.append(_pair(row, model))
+        except ValueError as err:
+            raise ValueError(f"{path}:{line}: {err}") from err
+    if not pairs:
+        raise ValueError(f"{path} holds no prompt pair")
+    return pairs
+
+
+def _pair(row: Any, model: Any) -> PromptPair:
+    if not isinstance(row, dict):
+        raise ValueError(f"a pair is an object with the keys {', '.join(COLUMNS)}, got {type(row).__name__}")
+    missing = [c for c in COLUMNS if c not in row]
+    if missing:
+        raise ValueError(f"no {missing[0]!r} (a pair has the keys {', '.join(COLUMNS)})")
+    clean, corrupted = (_prompt(row[c], model, c) for c in ("clean", "corrupted"))
+    if clean.shape != corrupted.shape:
+        raise ValueError(f"the clean prompt is {len(clean)} tokens and the corrupted one {len(corrupted)}: patching "
+                         "swaps activations position by position, so they must be as long")
+    return PromptPair(clean, corrupted, _answer(row["answer"], model, "answer"), _answer(row["wrong"], model, "wrong"))
+
+
+def _prompt(value: Any, model: Any, what: str) -> Tensor:
+    if isinstance(value, str):
+        return model.to_tokens(value)[0].cpu()
+    if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return torch.tensor(value, dtype=torch.long)
+    raise ValueError(f"{what} must be text or a non-empty list of token ids, got {value!r}")
+
+
+def _answer(value: Any, model: Any, what: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        token = value
+    elif isinstance(value, str):
+        try:
+            token = model.to_single_token(value)
+        except ValueError as err:
+            raise ValueError(f"{what}: {err}") from err
+    else:
+        raise ValueError(f"{what} must be text of one token or a token id, got {value!r}")
+    if not 0 <= token < model.cfg.d_vocab:
+        raise ValueError(f"{what}: token id {token} is out of range [0, {model.cfg.d_vocab})")
+    return token
+
+
+def sweep_pair(model: Any, pair: PromptPair, sweep: str, *, direction: str = "denoise",
+               max_batch: int = 64) -> PatchingResult:
+    """One pair's sweep, its metric logit(answer) − logit(wrong) at the last position."""
+    component, axis = SWEEPS[sweep]
+    device = next(model.parameters()).device
+    clean, corrupted = pair.clean.to(device), pair.corrupted.to(device)
+    options = {"answer": pair.answer, "wrong": pair.wrong, "direction": direction, "max_batch": max_batch}
+    if axis == "pos":
+        return patch_positions(model, clean, corrupted, component, **options)
+    if axis == "head":
+        return patch_heads(model, clean, corrupted, **options)
+    return patch_heads_by_position(model, clean, corrupted, **options)
+
+
+def row_shape(model: Any, sweep: str, width: int) -> tuple[int, ...]:
+    """One pair's values in a table of `sweep` whose position axis is `width` long."""
+    layers, heads, axis = model.cfg.n_layers, model.cfg.n_heads, SWEEPS[sweep][1]
+    return {"pos": (layers, width), "head": (layers, heads), "head_pos": (layers, heads, width)}[axis]
+
+
+@dataclass
+class SweepTable:
+    """One sweep over a dataset: values[pair, layer, ...] (NaN at positions a pair does not have), each pair's
+    clean and corrupted metric, and each pair's length in tokens."""
+
+    values: Tensor
+    clean: Tensor
+    corrupted: Tensor
+    lengths: Tensor
+    component: str
+    axis: str
+    direction: str
+
+    @property
+    def cells(self) -> list[int]:
+        """The positions (pos, head_pos) or heads (head) of the last axis."""
+        return list(range(self.values.shape[-1]))
+
+    def mean(self) -> PatchingResult:
+        """The sweep averaged over the pairs (NaN, a position a pair does not have, left out)."""
+        return PatchingResult(self.values.nanmean(0), float(self.clean.mean()), float(self.corrupted.mean()),
+                              self.component, self.axis, self.cells, self.direction)
+
+
+def part_file(out_dir: Path, i: int) -> Path:
+    return out_dir / "parts" / f"part-{i:05d}.safetensors"
+
+
+def sweep_pairs(model: Any, pairs: Sequence[PromptPair], sweeps: Sequence[str], out_dir: str | Path, *,
+                direction: str = "denoise", max_batch: int = 64, parts: int = PARTS, progress: bool = True,
+                overwrite: bool = False) -> dict[str, SweepTable] | None:
+    """Run `sweeps` over every pair into `out_dir` (see the module's docstring): in this process, or — under
+    torchrun — this rank's share, every rank calling it alike. Returns the tables on rank 0, None on the others.
+    overwrite: start afresh, whatever out_dir holds (rerun without it to resume)."""
+    rank, world = rank_world()
+    out_dir = Path(out_dir)
+    unknown = [s for s in sweeps if s not in SWEEPS]
+    if unknown or not sweeps or len(set(sweeps)) != len(sweeps):
+        raise ValueError(f"sweeps must be distinct names of {', '.join(SWEEPS)}; got {list(sweeps)}")
+    if direction not in ("denoise", "noise"):
+        raise ValueError(f"direction must be 'denoise' (clean into corrupted) or 'noise', got {direction!r}")
+    if not pairs:
+        raise ValueError("no prompt pair to sweep")
+    if (out_dir / SWEEP_FILE).is_file() and not overwrite:
+        raise FileExistsError(f"{out_dir} already holds a complete sweep ({SWEEP_FILE}); overwrite it or choose "
+                              "another folder")
+    ranges = plan_parts(len(pairs), most=parts)
+    width = max(len(p.clean) for p in pairs)
+    digest = hashlib.sha256(json.dumps([[p.clean.tolist(), p.corrupted.tolist(), p.answer, p.wrong]
+                                        for p in pairs]).encode()).hexdigest()
+    plan = {"format": SWEEP_FORMAT, "sweeps": list(sweeps), "direction": direction, "max_batch": max_batch,
+            "n_pairs": len(pairs), "pairs_sha256": digest, "parts": len(ranges), "model": model_summary(model)}
+    record_plan(out_dir, plan, overwrite=overwrite, what="patching sweep")
+    if overwrite and rank == 0:
+        (out_dir / SWEEP_FILE).unlink(missing_ok=True)
+
+    kept, mine = claim_parts(len(ranges), lambda i: not overwrite and part_file(out_dir, i).is_file())
+    bar = tqdm(total=sum(len(ranges[i]) for i in mine), unit="pair", disable=not progress or rank != 0,
+               desc="sweep" if world == 1 else f"sweep, rank 0 of {world}")
+    for i in mine:
+        rows: dict[str, list[Tensor]] = {f"{s}.{t}": [] for s in sweeps for t in TENSORS}
+        for pair in (pairs[j] for j in ranges[i]):
+            for s in sweeps:
+                result = sweep_pair(model, pair, s, direction=direction, max_batch=max_batch)
+                padded = torch.full(row_shape(model, s, width), float("nan"))
+                padded[..., : result.values.shape[-1]] = result.values
+                rows[f"{s}.values"].append(padded)
+                rows[f"{s}.clean"].append(torch.tensor(result.clean))
+                rows[f"{s}.corrupted"].append(torch.tensor(result.corrupted))
+            bar.update(1)
+        tensors = {key: torch.stack(value) for key, value in rows.items()}
+        atomic_write(part_file(out_dir, i), lambda path, tensors=tensors: save_file(tensors, str(path)))
+    bar.close()
+
+    held = sorted(kept + mine)
+    order = [i for gathered in all_gather_json(held) for i in gathered]
+    if sorted(order) != list(range(len(ranges))):  # claim_parts gives every part to one rank: never seen
+        raise RuntimeError(f"the ranks hold parts {sorted(order)}, not each of 0 … {len(ranges) - 1} once")
+    local = [load_file(str(part_file(out_dir, i))) for i in held]
+    shapes = {f"{s}.values": row_shape(model, s, width) for s in sweeps}
+    gathered = {}
+    for key in (f"{s}.{t}" for s in sweeps for t in TENSORS):
+        mine_rows = torch.cat([part[key] for part in local]) if local else torch.empty((0, *shapes.get(key, ())))
+        chunks = torch.split(all_gather_rows(mine_rows), [len(ranges[i]) for i in order])
+        gathered[key] = torch.cat([chunks[k] for k in sorted(range(len(order)), key=order.__getitem__)])
+    if rank != 0:
+        return None
+    lengths = torch.tensor([len(p.clean) for p in pairs])
+    tables = {s: SweepTable(gathered[f"{s}.values"], gathered[f"{s}.clean"], gathered[f"{s}.corrupted"], lengths,
+                            SWEEPS[s][0], SWEEPS[s][1], direction) for s in sweeps}
+    for s, table in tables.items():  # the tensors alone (safetensors writes metadata keys in no fixed order)
+        tensors = {"values": table.values, "clean": table.clean, "corrupted": table.corrupted, "lengths": lengths}
+        atomic_write(out_dir / f"{s}.safetensors", lambda path, tensors=tensors: save_file(tensors, str(path)))
+    manifest = {"format": SWEEP_FORMAT,
+                "sweeps": {s: {"file": f"{s}.safetensors", "component": t.component, "axis": t.axis,
+                               "shape": list(t.values.shape)} for s, t in tables.items()},
+                "direction": direction, "n_pairs": len(pairs), "model": plan["model"]}
+    atomic_write_text(out_dir / SWEEP_FILE, json.dumps(manifest, indent=2) + "\n")
+    for path in [*out_dir.glob(".*"), *out_dir.glob("parts/.*")]:  # what killed writes left half-done
+        if path.is_file() and is_temporary(path):
+            path.unlink()
+    return tables
+
+
+def load_sweep(out_dir: str | Path) -> dict[str, SweepTable]:
+    """The tables of a finished sweep (out_dir/sweep.json and each sweep's safetensors file), by sweep name."""
+    out_dir = Path(out_dir)
+    path = out_dir / SWEEP_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{out_dir} has no {SWEEP_FILE}: not a finished patching sweep")
+    manifest = json.loads(path.read_text())
+    if manifest.get("format") != SWEEP_FORMAT:
+        raise ValueError(f"{path} is not a {SWEEP_FORMAT} manifest")
+    tables = {}
+    for name, entry in manifest["sweeps"].items():
+        tensors = load_file(str(out_dir / entry["file"]))
+        tables[name] = SweepTable(tensors["values"], tensors["clean"], tensors["corrupted"], tensors["lengths"],
+                                  entry["component"], entry["axis"], manifest["direction"])
+    return tables

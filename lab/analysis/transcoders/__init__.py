@@ -1,0 +1,3 @@
+"""Transcoders on any Forma model: per-layer and cross-layer, ReLU, top-k and JumpReLU (`model`), trained out of core
+from a harvest's shards with bitwise resumption (`train`), and measured: FVU, L0, dead features, the replacement's
+loss, each feature's top contexts (`measures`). The attribution graphs of `lab.analysis.graphs` are built on them."""
