@@ -1,21 +1,24 @@
 """How every chart reads on a page (`readable`, applied to each figure a page draws: a run's saved figures and
 the explorer's own): one colour per series across all of a figure's panels, with its legend entry shown once;
-whole-number ticks on a layer axis; powers of ten, never SI prefixes (10f, 1p) on a probability; a second
-axis at its own round ticks; a title wrapped to the width it is drawn at, each panel's title to its panel's;
-a figure tall enough for every legend entry."""
+whole-number ticks on an axis that counts (layers, exposures); text values ("2-5", "6+") as categories, every one
+shown; powers of ten, never SI prefixes (10f, 1p) on a probability; a second axis at its own round ticks, the
+legend right of them; a title wrapped to the width it is drawn at, each panel's title to its panel's; a figure
+tall enough for every legend entry."""
 
-import math
+import base64
 import numbers
 import re
 from typing import Any
 
+import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
 TITLE_CHARS = 95  # a title line at most this long: about what a full-width chart holds at the title's size
 LEGEND_ENTRY_PX = 24  # the height of one legend entry, with room to spare
 DEFAULT_HEIGHT = 450  # plotly's own default figure height
-MOST_LAYER_TICKS = 24
+MOST_LAYER_TICKS = 24  # a layer axis ticks at every layer up to this many
+COUNT_TICKS = 8  # an axis that counts ticks about this many times
 COLOURED = ("scatter", "scattergl", "bar", "box", "violin", "histogram")
 
 
@@ -94,32 +97,68 @@ def _values_on(fig: go.Figure, axis_name: str) -> list[Any]:
     values: list[Any] = []
     for trace in fig.data:
         if (getattr(trace, f"{letter}axis", None) or letter) == ref and getattr(trace, letter, None) is not None:
-            values.extend(trace[letter])
+            values.extend(_decoded(trace[letter]))
     return values
 
 
-def integer_layer_ticks(fig: go.Figure) -> None:
-    """An axis whose title names layers and whose values are numbers ticks at whole numbers only."""
+def _decoded(values: Any) -> list[Any]:
+    """A trace's values as a list: plotly writes a numpy array to JSON as a typed array ({"dtype": "f8", "bdata":
+    base64}), and reads it back as that dict."""
+    if isinstance(values, dict) and "bdata" in values:
+        return np.frombuffer(base64.b64decode(values["bdata"]), dtype=values["dtype"]).ravel().tolist()
+    return list(values)
+
+
+def whole_step(least: float) -> int:
+    """The smallest of 1, 2, 5, 10, 20, 50, … that is at least `least`: a round whole-number tick step."""
+    for power in range(19):
+        for mantissa in (1, 2, 5):
+            if mantissa * 10**power >= least:
+                return mantissa * 10**power
+    raise ValueError(f"no whole-number tick step reaches {least}")
+
+
+def integer_ticks(fig: go.Figure) -> None:
+    """An axis that counts ticks at whole numbers only: one whose title names layers at every layer (up to
+    MOST_LAYER_TICKS), an x axis whose values are all whole numbers (exposures, steps, prefix lengths) at a round
+    whole step, about COUNT_TICKS of them; a log axis, a category axis or one with ticks of its own keeps them."""
     for name, axis in _axes(fig):
-        title = (axis.title.text or "") if axis.title else ""
-        if "layer" not in title.lower():
+        if axis.type in ("log", "category", "date") or axis.tickmode == "array" or axis.tickvals:
             continue
+        title = (axis.title.text or "") if axis.title else ""
         values = [float(v) for v in _values_on(fig, name) if isinstance(v, numbers.Real) and not isinstance(v, bool)]
         if not values:
             continue
         span = max(values) - min(values)
-        fig.layout[name].update(tickmode="linear", tick0=0, dtick=max(1, math.ceil(span / MOST_LAYER_TICKS)),
-                                tickformat="d")
+        if "layer" in title.lower():
+            step = whole_step(span / MOST_LAYER_TICKS)
+        elif name.startswith("x") and all(v.is_integer() for v in values):
+            step = whole_step(span / COUNT_TICKS)
+        else:
+            continue
+        fig.layout[name].update(tickmode="linear", tick0=0, dtick=step, tickformat="d")
+
+
+def categories_kept(fig: go.Figure) -> None:
+    """An axis whose values are all text is a category axis: plotly would read "0" and "1" as numbers and leave
+    "2-5" and "6+" off the axis."""
+    for name, axis in _axes(fig):
+        values = _values_on(fig, name)
+        if axis.type is None and values and all(isinstance(v, str) for v in values):
+            fig.layout[name].type = "category"
 
 
 def readable(fig: go.Figure, title_chars: int = TITLE_CHARS) -> go.Figure:
     """`fig` as a page draws it (see the module's docstring); changed in place and returned."""
     one_colour_per_series(fig)
-    integer_layer_ticks(fig)
+    categories_kept(fig)
+    integer_ticks(fig)
     for name, axis in _axes(fig):
         fig.layout[name].exponentformat = "power"
         if axis.overlaying:  # a second axis ticks at its own round numbers, not at the first one's grid lines
             fig.layout[name].update(tickmode="auto", showgrid=False)
+        if axis.side == "right" and fig.layout.legend.orientation != "h":  # the legend right of its ticks
+            fig.update_layout(legend=dict(x=1.12, xanchor="left"))
     panels = len({tuple(axis.domain or (0, 1)) for name, axis in _axes(fig) if name.startswith("x")}) or 1
     extra = 0  # lines a wrapped panel title adds above its panel
     for note in fig.layout.annotations or ():  # subplot titles and labels: wrapped to their panel's width

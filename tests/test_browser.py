@@ -126,9 +126,10 @@ def no_exceptions(page) -> None:
 
 # What a person reading the page trips over, found in the page as drawn (a list of problems, each in words): a
 # table header in snake_case, a cell wider than the page, a table cut off at the right instead of scrolling, a
-# metric card cut short, "nan" or '\ufffd' in the text, a chart whose layer axis ticks at fractions, whose ticks
-# carry SI prefixes or odd steps, whose one series changes colour from panel to panel, whose title runs off it,
-# whose legend hides entries, or whose annotations overlap each other or the data.
+# metric card cut short, "nan" or '\ufffd' in the text, a chart whose layer axis (or an x axis that counts, its
+# values whole numbers) ticks at fractions, that leaves text values ("2-5") off a number axis, whose ticks carry SI
+# prefixes or odd steps, whose one series changes colour from panel to panel, whose title runs off it, whose legend
+# hides entries or covers axis ticks, or whose annotations overlap each other or the data.
 READS_RIGHT = """() => {
   const problems = [];
   const main = document.querySelector("[data-testid='stMain'] [data-testid='stMainBlockContainer']")
@@ -169,6 +170,18 @@ READS_RIGHT = """() => {
       if (axisTitle.includes("layer") && axis.type === "linear" && fractional) {
         problems.push("fractional ticks on a layer axis in " + title + ": " + ticks.map(t => t.text).join(" "));
       }
+      const on = gd._fullData.filter(t => (name[0] === "x" ? t.xaxis : t.yaxis) === name[0] + name.slice(5));
+      const values = on.flatMap(t => Array.from((name[0] === "x" ? t.x : t.y) || []));
+      const counts = name[0] === "x" && values.length > 0
+                     && values.every(v => typeof v === "number" && Number.isInteger(v));
+      const dropped = values.filter(v => typeof v === "string" && v.trim() !== "" && isNaN(Number(v)));
+      if (["linear", "log"].includes(axis.type) && dropped.length) {
+        problems.push("values left off a number axis in " + title + ": " + dropped.join(" "));
+      }
+      if (counts && axis.type === "linear" && axis.tickmode !== "array" && fractional) {
+        problems.push("fractional ticks on an axis that counts in " + title + ": "
+                      + ticks.map(t => t.text).join(" "));
+      }
       for (const t of ["linear", "log"].includes(axis.type) ? ticks : []) {
         if (/[0-9.](f|p|n|µ|m|k|M|G)$/.test(t.text || "")) problems.push("an SI prefix (" + t.text + ") in " + title);
       }
@@ -201,6 +214,12 @@ READS_RIGHT = """() => {
         problems.push("a legend hides entries: " + title);
         break;
       }
+    }
+    if (legend) {
+      const ticks = [...gd.querySelectorAll(".xtick text, .ytick text, .y2tick text, .y3tick text")];
+      const hidden = ticks.filter(t => t.textContent && overlap(box(legend), box(t)));
+      if (hidden.length) problems.push("the legend covers axis ticks in " + title + ": "
+                                       + hidden.map(t => t.textContent).join(" "));
     }
     const notes = [...gd.querySelectorAll(".annotation-text-g")];
     const points = [...gd.querySelectorAll(".scatterlayer .point")];

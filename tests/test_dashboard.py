@@ -580,6 +580,44 @@ def test_a_chart_keeps_one_colour_per_series_across_its_panels_and_whole_layer_t
     assert many.layout.height >= 19 * 21  # a legend entry is drawn 19 px high, with a gap
 
 
+def test_an_axis_that_counts_ticks_at_whole_numbers_and_a_legend_clears_a_second_axis():
+    """dashboards.charts.readable: bars at whole-number exposures (0 and 1, which plotly would tick at -0.5, 0.5, 1.5)
+    tick at whole numbers, a long count at a round whole step; an x axis of fractions, a log axis and an axis with
+    ticks of its own keep theirs; with a second axis on the right, the legend sits beyond that axis's ticks; bins
+    named in text ("0", "1", "2-5", "6+") are categories, every one drawn."""
+    import plotly.graph_objects as go
+    import numpy as np
+    import plotly.io as pio
+
+    from dashboards.charts import readable, whole_step
+
+    exposures = readable(go.Figure(go.Bar(x=[0, 1], y=[0.3, 0.7]), layout={"xaxis_title": "statements seen"}))
+    assert (exposures.layout.xaxis.tickmode, exposures.layout.xaxis.dtick, exposures.layout.xaxis.tick0) == \
+        ("linear", 1, 0)
+    assert exposures.layout.yaxis.tickmode is None  # shares on y: plotly's own ticks
+    steps = readable(go.Figure(go.Scatter(x=list(range(0, 50_001, 500)), y=[1.0] * 101)))
+    assert steps.layout.xaxis.dtick == 10_000  # about 8 ticks, at a round step
+    assert [whole_step(x) for x in (0.4, 1, 1.5, 3, 7, 11)] == [1, 1, 2, 5, 10, 20]
+    for kept in (go.Figure(go.Scatter(x=[0.1, 0.5, 0.9], y=[1, 2, 3])),
+                 go.Figure(go.Scatter(x=[10, 100, 1000], y=[1, 2, 3]), layout={"xaxis_type": "log"}),
+                 go.Figure(go.Scatter(x=[0, 1], y=[1, 2]),
+                           layout={"xaxis": {"tickvals": [0, 1], "ticktext": ["a", "b"]}})):
+        assert readable(kept).layout.xaxis.dtick is None
+    two_axes = go.Figure([go.Scatter(x=[1, 2], y=[0.1, 0.2], name="KL"),
+                          go.Scatter(x=[1, 2], y=[2.8, 3.4], name="H", yaxis="y2")],
+                         layout={"yaxis2": {"overlaying": "y", "side": "right"}})
+    assert readable(two_axes).layout.legend.x > 1.05 and two_axes.layout.legend.xanchor == "left"
+    assert readable(go.Figure(go.Scatter(x=[1, 2], y=[1, 2], name="one axis"))).layout.legend.x is None
+    # a run's figure read back from JSON holds numpy arrays as typed arrays ({"dtype", "bdata"}): read as numbers
+    saved = go.Figure([go.Scatter(x=np.array([0.31, 0.55, 0.92]), y=np.array([0.2, 0.6, 0.9]), name="partial"),
+                       go.Scatter(x=[0, 1], y=[0, 1], name="perfect calibration")])
+    assert readable(pio.from_json(saved.to_json())).layout.xaxis.dtick is None  # confidences, not counts
+    layers = go.Figure(go.Scatter(x=np.arange(3.0), y=np.ones(3)), layout={"xaxis_title": "layer"})
+    assert readable(pio.from_json(layers.to_json())).layout.xaxis.dtick == 1
+    bins = readable(go.Figure(go.Bar(x=["0", "1", "2-5", "6+"], y=[0.3, 0.5, 0.9, 1.0])))
+    assert bins.layout.xaxis.type == "category"  # plotly's own guess, linear, would leave "2-5" and "6+" off
+
+
 def test_a_byte_level_token_reads_as_its_bytes():
     """A byte-level BPE token that is part of a UTF-8 character reads ⟨0xC3⟩, never '\ufffd'; a whole character
     reads as itself; a byte-fallback piece (<0xE2>) as ⟨0xE2⟩."""
