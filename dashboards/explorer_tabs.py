@@ -155,9 +155,9 @@ def show_logit_lens(model, tokens, labels) -> None:
     top_p, top_id = log_probs.exp().max(dim=-1)
     word = word_of(model)
     text = [[word(int(top_id[l, p])) for p in range(top_id.shape[1])] for l in range(top_id.shape[0])]
-    layers = [f"resid_pre {l}" for l in range(model.cfg.n_layers)] + ["final"]
+    layers = [f"layer {l}'s input" for l in range(model.cfg.n_layers)] + ["the model's output"]
     fig = go.Figure(go.Heatmap(z=top_p.numpy(), x=labels, y=layers, text=text, texttemplate="%{text}",
-                               colorscale="Viridis", zmin=0, zmax=1,
+                               colorscale="Viridis", zmin=0, zmax=1, colorbar={"title": "probability"},
                                hovertemplate="%{y} at %{x}<br>top token %{text}<br>p = %{z:.3f}<extra></extra>"))
     fig.update_layout(title="Logit lens: the top next token and its probability at each layer and position",
                       height=150 + 40 * len(layers))

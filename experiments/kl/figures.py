@@ -54,13 +54,15 @@ def write_figures(out: Path, results: dict[str, Any]) -> list[str]:
                                            mode="lines+markers", name="KL(p ‖ P^(l))"))
     figures["lens"].update_layout(title="Ground-truth lens: KL of each layer's logit-lens distribution to p "
                                         "(complete contexts)",
-                                  xaxis_title="residual stream", yaxis_title="KL (nats/token)", yaxis_type="log")
+                                  xaxis_title="where the lens reads the residual stream", yaxis_title="KL (nats/token)",
+                                  yaxis_type="log")
 
     position = results["kl_by_position"]
+    lengths = [r["prefix_length"] for r in position]
     figures["kl_by_position"] = go.Figure([
-        go.Scatter(x=[r["prefix_length"] for r in position], y=[r["kl_nats"] for r in position], name="KL_t"),
-        go.Scatter(x=[r["prefix_length"] for r in position], y=[r["entropy_nats"] for r in position], name="H_t",
-                   yaxis="y2", line={"dash": "dot"})])
+        go.Scatter(x=lengths, y=[r["kl_nats"] for r in position], name="KL_t (left axis)"),
+        go.Scatter(x=lengths, y=[r["entropy_nats"] for r in position], name="H_t (right axis)", yaxis="y2",
+                   line={"dash": "dot"})])
     figures["kl_by_position"].update_layout(
         title="KL and entropy by prefix length (final checkpoint)", xaxis_title="prefix length",
         yaxis={"title": "KL (nats/token)"}, yaxis2={"title": "H (nats/token)", "overlaying": "y", "side": "right"})
@@ -83,9 +85,11 @@ def write_figures(out: Path, results: dict[str, Any]) -> list[str]:
         go.Scatter(x=n, y=[p["loss_nats"] for p in scaling["points"]], mode="markers", name="held-out CE (exact)"),
         go.Scatter(x=curve_n, y=scaling["E_nats"] + scaling["A"] * curve_n ** (-scaling["alpha"]), name=(
             f"E + A·N^(−α): E = {scaling['E_nats']:.4f} [{low:.4f}, {high:.4f}], α = {scaling['alpha']:.3f}"))])
-    figures["scaling"].add_hrect(y0=low, y1=high, opacity=0.15, line_width=0, fillcolor="blue")
-    # The two entropies lie close together: named in the legend, where their labels cannot overlap.
     span = [float(curve_n[0]), float(curve_n[-1])]
+    figures["scaling"].add_scatter(x=[span[0], span[1], span[1], span[0]], y=[low, low, high, high], fill="toself",
+                                   mode="lines", line={"width": 0, "color": "rgba(0,0,255,0.15)"},
+                                   fillcolor="rgba(0,0,255,0.15)", hoverinfo="skip", name="95% interval of E")
+    # The two entropies lie close together: named in the legend, where their labels cannot overlap.
     for key, label, dash in (("true_entropy_nats", "true entropy rate", "dot"),
                              ("heldout_entropy_nats", "held-out entropy", "dash")):
         figures["scaling"].add_scatter(x=span, y=[scaling[key]] * 2, mode="lines", name=f"{label} {scaling[key]:.4f}",
