@@ -50,7 +50,9 @@ def write_figures(out: Path, results: dict[str, Any]) -> list[str]:
                                             f"sampled, over training", rate)}
 
     lens = results["lens"]
-    figures["lens"] = go.Figure(go.Scatter(x=[r["label"] for r in lens], y=[r["kl_nats"] for r in lens],
+    # where the lens reads, in words: each layer's input, then the model's output (after the last layer)
+    where = [f"layer {r['layer']}'s input" for r in lens[:-1]] + ["the model's output"]
+    figures["lens"] = go.Figure(go.Scatter(x=where, y=[r["kl_nats"] for r in lens],
                                            mode="lines+markers", name="KL(p ‖ P^(l))"))
     figures["lens"].update_layout(title="Ground-truth lens: KL of each layer's logit-lens distribution to p "
                                         "(complete contexts)",

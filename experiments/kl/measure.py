@@ -158,7 +158,7 @@ def ground_truth_lens(model: HookedTransformer, held_out: HeldOut, batch: int = 
     per_position = total / len(held_out.tokens)
     regions = held_out.regions()
     headline = "complete" if "complete" in regions else "all"
-    labels = [f"layer {layer}'s input" for layer in range(n_layers)] + ["the model's output"]
+    labels = [f"{layer}_pre" for layer in range(n_layers)] + ["final_post"]
     return [{"layer": layer, "label": labels[layer], "kl_nats": float(per_position[layer, regions[headline]].mean()),
              **{f"kl_{name}_nats": float(per_position[layer, region].mean()) for name, region in regions.items()
                 if per_position[layer, region].numel()}}
