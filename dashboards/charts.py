@@ -180,6 +180,23 @@ def readable(fig: go.Figure, title_chars: int = TITLE_CHARS) -> go.Figure:
     return fig
 
 
+def relabel(fig: go.Figure, names: dict[str, str]) -> go.Figure:
+    """`fig` with the keys it shows (a trace's name, a category on an axis, a word of its title) in the words
+    `names` gives them ("max_prob" → "top probability"), as the page's tables name them; changed in place."""
+    for trace in fig.data:
+        if trace.name in names:
+            trace.name = names[trace.name]
+        for letter in ("x", "y"):
+            values = getattr(trace, letter, None)
+            if values is not None and not isinstance(values, dict) and any(v in names for v in values
+                                                                            if isinstance(v, str)):
+                trace[letter] = [names.get(v, v) if isinstance(v, str) else v for v in values]
+    if fig.layout.title and fig.layout.title.text and names:
+        keys = re.compile(r"\b(" + "|".join(map(re.escape, sorted(names, key=len, reverse=True))) + r")\b")
+        fig.layout.title.text = keys.sub(lambda m: names[m.group(1)], fig.layout.title.text)
+    return fig
+
+
 def draw(fig: go.Figure, key: str, title_chars: int = TITLE_CHARS) -> None:
     """A chart on the page, `readable`."""
     st.plotly_chart(readable(fig, title_chars), key=key)

@@ -10,7 +10,7 @@ from typing import Any
 
 import streamlit as st
 
-from dashboards.charts import draw
+from dashboards.charts import draw, relabel
 from experiments import experiment as registered
 from lab.folders import zoo_dir, zoo_names
 from lab.headlines import reason as headline_reason
@@ -46,11 +46,13 @@ def figures(folder: Path, unreadable: list[str] | None = None) -> list[tuple[str
     return found
 
 
-def show_figures(folder: Path, only: list[str] | None = None) -> None:
+def show_figures(folder: Path, only: list[str] | None = None, names: dict[str, str] | None = None) -> None:
+    """The run's figures (those in `only`, if given), each drawn as every chart is, the keys they show in the
+    words `names` gives them (dashboards.charts.relabel)."""
     unreadable: list[str] = []
     for name, fig in figures(folder, unreadable):
         if only is None or name in only:
-            draw(fig, f"fig-{folder.name}-{name}")
+            draw(relabel(fig, names or {}), f"fig-{folder.name}-{name}")
     if unreadable:
         st.warning(f"Figures in `{folder}` that are not readable plotly JSON, left out: {', '.join(unreadable)}. "
                    + rerun(folder.parent.name))
@@ -174,6 +176,12 @@ KEY_WORDS = {"ci95": "95% interval", "se": "SE", "ece": "ECE", "nll": "NLL", "kl
              "ik": "IK", "rhs": "right side", "lhs": "left side", "mis": "Mis", "gamma": "γ", "alpha": "α",
              "delta": "δ", "n": "n", "pos": "positives", "neg": "negatives", "max": "largest", "min": "smallest"}
 UNITS = {"nats": "nats", "s": "s", "pct": "%", "bits": "bits"}
+
+
+# The monitor's risk signals in words, as its table, its charts and its prompt box name them.
+SIGNAL_WORDS = {"max_prob": "top probability", "entropy": "entropy (nats)", "margin": "top-two margin",
+                "lens_kl": "logit-lens KL (nats)", "subject_attention": "attention on the subject", "probe": "probe",
+                "p_ik": "P(IK)", "self_consistency": "self-consistency", "semantic_entropy": "semantic entropy (nats)"}
 
 
 def words(key: str) -> str:

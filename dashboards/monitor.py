@@ -7,7 +7,8 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from dashboards.common import read_table, show_figures, show_headlines, show_run, show_table, warn_shape, words
+from dashboards.common import (SIGNAL_WORDS, read_table, show_figures, show_headlines, show_run, show_table,
+                               warn_shape, words)
 
 
 @st.cache_resource(show_spinner="Loading the run's model…")
@@ -58,16 +59,13 @@ def live(folder: Path, results: dict) -> None:
     words = [model.tokenizer.id_to_token(int(t)) for t in out.new_tokens[0]]
     coloured = [f":{'red' if r > threshold else 'green'}[{w}]" for w, r in zip(words, risk)]
     st.markdown(f"{text} " + " ".join(coloured))
-    st.markdown(f"Threshold λ̂ = {threshold:.3f} on risk = {signs[signal]:+d} · {signal}: "
+    st.markdown(f"Threshold λ̂ = {threshold:.3f} on risk = {signs[signal]:+d} · {SIGNAL_WORDS.get(signal, signal)}: "
                 + (f"the monitor abstains at new token {stop + 1} (**{words[stop]}**)." if stop is not None
                    else "every token stays at or below it: the answer is given."))
     show_table(pd.DataFrame({"token": words, **{name: out.signals[name][0].tolist() for name in out.signals}}),
                {"token": "new token"} | {name: SIGNAL_WORDS.get(name, "") for name in out.signals})
 
 
-SIGNAL_WORDS = {"max_prob": "top probability", "entropy": "entropy (nats)", "margin": "top-two margin",
-                "lens_kl": "logit-lens KL (nats)", "subject_attention": "attention on the subject", "probe": "probe",
-                "p_ik": "P(IK)", "self_consistency": "self-consistency", "semantic_entropy": "semantic entropy (nats)"}
 SIGNAL_COLUMNS = {"signal": "signal", "sign": "sign (+1: higher is riskier)", "n_test": "test prompts",
                   "error_rate": "error rate", "auroc": "AUROC", "auroc_ci95": "95% interval",
                   "auroc_familywise_ci": "familywise interval", "aurc": "AURC", "aurc_optimal": "best possible AURC",
@@ -95,7 +93,7 @@ def render(folder: Path, results: dict) -> None:
         show_table([row | {"signal": SIGNAL_WORDS.get(row["signal"]) or words(row["signal"])} for row in rows], columns,
                    download="monitor_signals")
     live(folder, results)
-    show_figures(folder)
+    show_figures(folder, names=SIGNAL_WORDS)  # the signals named as the table above names them
 
 
 show_run("monitor", render, fields={"signals": list, "abstention": list, "answers": dict, "headlines": list},

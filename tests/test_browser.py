@@ -354,8 +354,12 @@ def agreements(name: str, results: dict, seen: dict) -> list[tuple[str, float, f
             pairs.append(("the bound's largest right side", heads["bound_holds"]["value"],
                           float(cards["Largest right side of the bound"]), 5e-4))
     elif name == "monitor":
+        from dashboards.common import SIGNAL_WORDS
+
+        keys = {shown: key for key, shown in SIGNAL_WORDS.items()}
         bars = next(t for t in chart(seen, "AUROC for a false claim") if t["name"] == "all false claims")
-        for signal, auroc in zip(bars["x"], bars["y"]):
+        assert not set(bars["x"]) & set(SIGNAL_WORDS), bars["x"]  # the signals named as the table names them
+        for signal, auroc in zip([keys.get(x, x) for x in bars["x"]], bars["y"]):
             if f"{signal}_separates" in heads and heads[f"{signal}_separates"]["value"] is not None:
                 pairs.append((f"AUROC of {signal}", heads[f"{signal}_separates"]["value"], auroc, 1e-9))
     elif name == "equations":

@@ -618,6 +618,22 @@ def test_an_axis_that_counts_ticks_at_whole_numbers_and_a_legend_clears_a_second
     assert bins.layout.xaxis.type == "category"  # plotly's own guess, linear, would leave "2-5" and "6+" off
 
 
+def test_a_chart_names_the_monitors_signals_as_its_table_does():
+    """dashboards.charts.relabel with the monitor's words: a bar's category, a series' name and a word of the title
+    read "top probability", never the key max_prob; a key inside another word is left alone."""
+    import plotly.graph_objects as go
+
+    from dashboards.charts import relabel
+    from dashboards.common import SIGNAL_WORDS
+
+    fig = relabel(go.Figure([go.Bar(x=["max_prob", "p_ik"], y=[0.7, 0.4], name="all false claims"),
+                             go.Scatter(x=[0, 1], y=[0.2, 0.3], name="semantic_entropy")],
+                            layout={"title": "Abstention on max_prob: thresholds (not max_probability)"}),
+                  SIGNAL_WORDS)
+    assert list(fig.data[0].x) == ["top probability", "P(IK)"] and fig.data[1].name == "semantic entropy (nats)"
+    assert fig.layout.title.text == "Abstention on top probability: thresholds (not max_probability)"
+
+
 def test_a_byte_level_token_reads_as_its_bytes():
     """A byte-level BPE token that is part of a UTF-8 character reads ⟨0xC3⟩, never '\ufffd'; a whole character
     reads as itself; a byte-fallback piece (<0xE2>) as ⟨0xE2⟩."""

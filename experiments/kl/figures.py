@@ -85,7 +85,8 @@ def write_figures(out: Path, results: dict[str, Any]) -> list[str]:
     low, high = scaling["E_ci95"]
     figures["scaling"] = go.Figure([
         go.Scatter(x=n, y=[p["loss_nats"] for p in scaling["points"]], mode="markers", name="held-out CE (exact)"),
-        go.Scatter(x=curve_n, y=scaling["E_nats"] + scaling["A"] * curve_n ** (-scaling["alpha"]), name=(
+        go.Scatter(x=curve_n, y=scaling["E_nats"] + scaling["A"] * curve_n ** (-scaling["alpha"]),
+                   line={"color": "crimson"}, name=(
             f"E + A·N^(−α): E = {scaling['E_nats']:.4f} [{low:.4f}, {high:.4f}], α = {scaling['alpha']:.3f}"))])
     span = [float(curve_n[0]), float(curve_n[-1])]
     figures["scaling"].add_scatter(x=[span[0], span[1], span[1], span[0]], y=[low, low, high, high], fill="toself",
