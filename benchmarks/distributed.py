@@ -1,10 +1,15 @@
-"""Scaling past one process: a harvest (`forma harvest`'s call, lab.analysis.activations.harvest.harvest) and a
-patching sweep over prompt pairs (`forma patch`'s, lab.analysis.sweeps.sweep_pairs) on 1 and on 2 ranks under
-torchrun, one intra-op thread a rank.
+"""Scaling past one process: a harvest (`forma harvest`'s call, lab.analysis.activations.harvest.harvest), a
+patching sweep over prompt pairs (`forma patch`'s, lab.analysis.sweeps.sweep_pairs) and transcoder training
+(`forma transcoders`', lab.analysis.transcoders.train.train_transcoders, data- and module-parallel) on 1 and on 2
+ranks under torchrun, one intra-op thread a rank.
 
-    harvest   tokens/s: every position of one hook (the last block's resid_post) of a random-token corpus, into
-              shards on disk, at a small GPT-like shape (SHAPE)
-    sweep     pairs/s: the resid_pre and head sweeps of random clean/corrupted pairs
+    harvest         tokens/s: every position of one hook (the last block's resid_post) of a random-token corpus,
+                    into shards on disk, at a small GPT-like shape (SHAPE)
+    sweep           pairs/s: the resid_pre and head sweeps of random clean/corrupted pairs
+    train_data      tokens/s: top-k transcoders (TRANSCODERS) of every layer of SHAPE trained on a harvest of its
+                    MLPs' inputs and outputs (made once, before the launches), TRAIN_STEPS steps of TRAIN_BATCH rows
+                    (a row a token); data-parallel: every rank every layer on half of each batch
+    train_modules   the same, module-parallel: each rank half of the layers on whole batches
 
 Each timed call is one torchrun launch of this module's worker (--worker), which builds the model and the data,
 meets the other ranks at a barrier, runs the call, and meets them again: the time between the barriers is the
@@ -16,6 +21,8 @@ target ≥ 1.8. The load average is recorded: on a machine whose cores other wor
 file says so. Writes benchmarks/results/distributed.json (distributed_cuda.json on a GPU).
 
     python -m benchmarks.distributed [--rounds 5] [--sequences 384] [--pairs 32] [--device cpu] [--quick]
+
+With --device cuda the training is not timed (the transcoder trainer runs on the CPU only), and the file says so.
 """
 
 import argparse
@@ -34,7 +41,11 @@ SHAPE = {"d_vocab": 4096, "d_model": 256, "n_layers": 4, "n_heads": 4, "n_ctx": 
 SEQ_LEN, BATCH, PAIR_LEN = 128, 16, 16
 HOOK = f"blocks.{SHAPE['n_layers'] - 1}.hook_resid_post"
 SWEEPS = ("resid_pre", "head")
+TRANSCODERS = {"d_model": SHAPE["d_model"], "n_layers": SHAPE["n_layers"], "d_features": 1024, "activation": "topk",
+               "k": 32}
+TRAIN_STEPS, TRAIN_BATCH, TRAIN_SEQUENCES = 10, 4096, 64  # batches of tokens as SAE trainers take them
 TARGET = 1.8
+KINDS = ("harvest", "sweep", "train_data", "train_modules")
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -52,7 +63,16 @@ def worker(args: argparse.Namespace) -> None:
     device = f"cuda:{torch.cuda.current_device()}" if args.device == "cuda" else "cpu"
     model = HookedTransformer(ModelConfig(**SHAPE), seed=0).to(device).eval()
     generator = torch.Generator().manual_seed(1)
-    if args.worker == "harvest":
+    if args.worker.startswith("train_"):
+        from lab.analysis.transcoders.model import TranscoderConfig
+        from lab.analysis.transcoders.train import TranscoderTraining, train_transcoders
+
+        training = TranscoderTraining(steps=TRAIN_STEPS, batch_size=TRAIN_BATCH, lr=1e-3)
+
+        def call() -> None:
+            train_transcoders(args.harvest, TranscoderConfig(**TRANSCODERS), training, args.out,
+                              parallel=args.worker.removeprefix("train_"))
+    elif args.worker == "harvest":
         corpus = torch.randint(0, SHAPE["d_vocab"], (args.sequences, SEQ_LEN), generator=generator)
 
         def call() -> None:
@@ -80,6 +100,21 @@ def worker(args: argparse.Namespace) -> None:
     close_distributed()
 
 
+def transcoder_harvest(directory: Path) -> None:
+    """What the training launches train on: every position of TRAIN_SEQUENCES random sequences of SHAPE's model,
+    at each layer's MLP input and output."""
+    import torch
+
+    from lab import HookedTransformer, ModelConfig
+    from lab.analysis.activations import save_activations
+    from lab.analysis.transcoders.model import TranscoderConfig
+
+    model = HookedTransformer(ModelConfig(**SHAPE), seed=0).eval()
+    tokens = torch.randint(0, SHAPE["d_vocab"], (TRAIN_SEQUENCES, SEQ_LEN), generator=torch.Generator().manual_seed(2))
+    save_activations(model, tokens, TranscoderConfig(**TRANSCODERS).hooks(), directory, positions="all",
+                     batch_size=BATCH, shard_mb=8, progress=False)
+
+
 def launch(kind: str, ranks: int, args: argparse.Namespace, scratch: Path) -> dict:
     """One torchrun launch of the worker: {"seconds" (between the barriers), "wall_s" (the launch)}."""
     out, result = scratch / f"{kind}-{ranks}", scratch / f"{kind}-{ranks}.json"
@@ -87,7 +122,8 @@ def launch(kind: str, ranks: int, args: argparse.Namespace, scratch: Path) -> di
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
                "-m", "benchmarks.distributed", "--worker", kind, "--out", str(out), "--result", str(result),
-               "--device", args.device, "--sequences", str(args.sequences), "--pairs", str(args.pairs)]
+               "--device", args.device, "--sequences", str(args.sequences), "--pairs", str(args.pairs),
+               "--harvest", str(scratch / "transcoder-harvest")]
     start = time.perf_counter()
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800, check=False)
     wall = time.perf_counter() - start
@@ -103,7 +139,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--pairs", type=int, default=32, help=f"swept pairs of {PAIR_LEN} tokens")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--quick", action="store_true", help="one round at small sizes (a smoke run)")
-    parser.add_argument("--worker", choices=("harvest", "sweep"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=KINDS, help=argparse.SUPPRESS)
+    parser.add_argument("--harvest", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -122,8 +159,11 @@ def main(argv: list[str] | None = None) -> dict:
     skipped = None
     if args.device == "cuda" and torch.cuda.device_count() < 2:
         ranks, skipped = [1], f"2 ranks need 2 GPUs; this machine has {torch.cuda.device_count()}"
-    times: dict[str, dict[int, list[dict]]] = {kind: {k: [] for k in ranks} for kind in ("harvest", "sweep")}
+    kinds = KINDS if args.device == "cpu" else ("harvest", "sweep")
+    times: dict[str, dict[int, list[dict]]] = {kind: {k: [] for k in ranks} for kind in kinds}
     with tempfile.TemporaryDirectory(prefix="forma-distributed-") as scratch:
+        if "train_data" in kinds:
+            transcoder_harvest(Path(scratch) / "transcoder-harvest")
         for round_ in range(args.rounds):
             for kind in times:
                 order = ranks if round_ % 2 == 0 else ranks[::-1]  # neither world size always goes first
@@ -131,11 +171,15 @@ def main(argv: list[str] | None = None) -> dict:
                     times[kind][k].append(launch(kind, k, args, Path(scratch)))
                     print(f"round {round_ + 1}/{args.rounds} {kind} on {k} rank(s): "
                           f"{times[kind][k][-1]['seconds']:.2f} s", flush=True)
-    work = {"harvest": ("tokens", args.sequences * SEQ_LEN), "sweep": ("pairs", args.pairs)}
+    work = {"harvest": ("tokens", args.sequences * SEQ_LEN), "sweep": ("pairs", args.pairs),
+            "train_data": ("tokens", TRAIN_STEPS * TRAIN_BATCH), "train_modules": ("tokens", TRAIN_STEPS * TRAIN_BATCH)}
     results = {"machine": machine() | {"threads_per_rank": 1}, "device": args.device, "rounds": args.rounds,
                "shape": SHAPE | {"seq_len": SEQ_LEN, "batch_size": BATCH, "hook": HOOK, "pair_len": PAIR_LEN,
-                                 "sweeps": list(SWEEPS)},
-               "target_scaling": TARGET, "skipped": skipped}
+                                 "sweeps": list(SWEEPS), "transcoders": TRANSCODERS, "train_steps": TRAIN_STEPS,
+                                 "train_batch": TRAIN_BATCH, "train_rows": TRAIN_SEQUENCES * SEQ_LEN},
+               "target_scaling": TARGET, "skipped": skipped,
+               "training_skipped": None if "train_data" in kinds else "the transcoder trainer runs on the CPU only"}
+    work = {kind: work[kind] for kind in kinds}
     for kind, (unit, amount) in work.items():
         section = {unit: amount}
         for k in ranks:

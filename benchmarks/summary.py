@@ -232,25 +232,33 @@ def graphs_lines(r: dict[str, Any], transcoders: dict[str, Any] | None = None,
     return lines
 
 
+DISTRIBUTED = (("harvest", "tokens", "harvest"), ("sweep", "pairs", "sweep"),
+               ("train_data", "tokens", "transcoder training, data-parallel"),
+               ("train_modules", "tokens", "transcoder training, module-parallel"))
+
+
 def distributed_lines(r: dict[str, Any]) -> list[str]:
     """distributed.json's section: 2 ranks against 1, one thread a rank."""
     device = "" if r.get("device", "cpu") == "cpu" else f", --device {r['device']}"
-    lines = [f"## Harvests and sweeps on 2 ranks against 1 (benchmarks/distributed.py{device})", "",
-             f"{r['machine']['utc']} · one thread a rank · load average {r['machine']['load_average_1_5_15'][0]:.1f} on "
-             f"{r['machine']['cpu_count']} cores · medians of {r['rounds']}", "",
+    lines = [f"## Harvests, sweeps and transcoder training on 2 ranks against 1 (benchmarks/distributed.py{device})",
+             "", f"{r['machine']['utc']} · one thread a rank · load average {r['machine']['load_average_1_5_15'][0]:.1f} "
+             f"on {r['machine']['cpu_count']} cores · medians of {r['rounds']}", "",
              "| what | 1 rank | 2 ranks | scaling | target |", "|---|---|---|---|---|"]
-    for kind, unit in (("harvest", "tokens"), ("sweep", "pairs")):
+    kinds = [(kind, unit, what) for kind, unit, what in DISTRIBUTED if kind in r]
+    for kind, unit, what in kinds:
         s = r[kind]
         two = s.get("ranks_2")
-        lines.append(f"| {kind}, {unit}/s | {s['ranks_1'][f'{unit}_per_s']:.1f} | "
+        lines.append(f"| {what}, {unit}/s | {s['ranks_1'][f'{unit}_per_s']:.1f} | "
                      f"{'—' if two is None else format(two[f'{unit}_per_s'], '.1f')} | "
                      f"{'—' if s['scaling'] is None else format(s['scaling'], '.2f') + '×'} | ≥ {r['target_scaling']:g}× |")
-    rounds = {kind: r[kind].get("scaling_each_round") for kind in ("harvest", "sweep")}
+    rounds = {kind: r[kind].get("scaling_each_round") for kind, _, _ in kinds}
     if all(rounds.values()):
         lines += ["", "Each round's own ratio (its two launches back to back): " + "; ".join(
             f"{kind} {', '.join(f'{x:.2f}' for x in each)}" for kind, each in rounds.items()) + "."]
     if r.get("skipped"):
         lines += ["", f"2 ranks not run: {r['skipped']}."]
+    if r.get("training_skipped"):
+        lines += ["", f"Transcoder training not timed: {r['training_skipped']}."]
     return lines
 
 

@@ -2,8 +2,13 @@
 
 The dashboard is a view: it reads run folders written by `forma run` and calls tested library code
 (lab.analysis, lab.metrics); it computes nothing of its own.
+
+Text that comes from a run folder or a model (a headline's sentence, a note, a key, a path, a token) is shown as
+text, never read as Markdown or HTML: it goes into a page through `plain` (escaped) or `code` (a code span), so
+that a results.json can show no image, link, heading or markup — a browser fetches nothing a run folder names.
 """
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +27,24 @@ from lab.runs import latest_run as newest_run
 from lab.runs import read_table as read_parquet_table
 
 
+MARKDOWN_SYNTAX = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:&=^\"'])")  # every character Markdown or Streamlit reads
+
+
+def plain(value: Any) -> str:
+    """`value` as text that Streamlit's Markdown shows literally: every ASCII punctuation mark that Markdown, GitHub's
+    tables and autolinks, or Streamlit's directives (:red[…], :emoji:, $math$) give a meaning is escaped with a
+    backslash, and line breaks and leading spaces go, so no heading, list or code block can begin."""
+    return MARKDOWN_SYNTAX.sub(r"\\\1", " ".join(str(value).splitlines()).strip())
+
+
+def code(value: Any) -> str:
+    """`value` as a Markdown code span (shown verbatim, in a monospace font): fenced by one backtick more than the
+    longest run of backticks inside it, on one line."""
+    text = " ".join(str(value).splitlines())
+    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+    return f"{fence} {text} {fence}" if text.startswith("`") or text.endswith("`") else f"{fence}{text}{fence}"
+
+
 def rerun(experiment: str) -> str:
     return f"Run `forma run {experiment} --quick` (or without --quick) to write it again."
 
@@ -34,7 +57,8 @@ def latest_run(experiment: str) -> tuple[Path | None, dict | None, str | None]:
     try:
         return folder, read_results(folder), None
     except (FileNotFoundError, ValueError) as err:
-        return folder, None, f"The run in `{folder}` has an unreadable results.json ({err}). " + rerun(experiment)
+        return (folder, None,
+                f"The run in {code(folder)} has an unreadable results.json ({plain(err)}). " + rerun(experiment))
 
 
 def figures(folder: Path, unreadable: list[str] | None = None) -> list[tuple[str, Any]]:
@@ -54,8 +78,8 @@ def show_figures(folder: Path, only: list[str] | None = None, names: dict[str, s
         if only is None or name in only:
             draw(relabel(fig, names or {}), f"fig-{folder.name}-{name}")
     if unreadable:
-        st.warning(f"Figures in `{folder}` that are not readable plotly JSON, left out: {', '.join(unreadable)}. "
-                   + rerun(folder.parent.name))
+        st.warning(f"Figures in {code(folder)} that are not readable plotly JSON, left out: "
+                   f"{plain(', '.join(unreadable))}. " + rerun(folder.parent.name))
 
 
 def read_table(path: Path, experiment: str, columns: list[str] | None = None):
@@ -63,7 +87,7 @@ def read_table(path: Path, experiment: str, columns: list[str] | None = None):
     try:
         return read_parquet_table(path, columns)
     except ValueError as err:
-        st.warning(f"{err}. " + rerun(experiment))
+        st.warning(f"{plain(err)}. " + rerun(experiment))
         return None
 
 
@@ -73,18 +97,19 @@ SHAPE_ERRORS = (KeyError, TypeError, ValueError, AttributeError, IndexError)
 
 def warn_shape(folder: Path, experiment: str, problem: str) -> None:
     """A warning that the run's results.json is not what the page reads: the file, what is wrong, what to run."""
-    st.warning(f"`{folder / 'results.json'}` is not what this page reads: {problem}. " + rerun(experiment))
+    st.warning(f"{code(folder / 'results.json')} is not what this page reads: {problem}. " + rerun(experiment))
 
 
 def checked_fields(results: dict, path: Path, experiment: str, fields: FieldTypes, required: tuple[str, ...]) -> dict:
     """`results` without the fields whose type is not the one this page reads, after one warning that names
     the file, each such field and each missing required one. Fields the page does not read are ignored."""
-    problems = [f"it has no `{key}`" for key in required if key not in results]
+    problems = [f"it has no {code(key)}" for key in required if key not in results]
     wrong = {key for key, kind in fields.items()
              if results.get(key) is not None and not isinstance(results[key], kind)}
     for key in sorted(wrong):
         kinds = fields[key] if isinstance(fields[key], tuple) else (fields[key],)
-        problems.append(f"`{key}` is a {type(results[key]).__name__}, not a {' or '.join(k.__name__ for k in kinds)}")
+        problems.append(f"{code(key)} is a {type(results[key]).__name__}, "
+                        f"not a {' or '.join(k.__name__ for k in kinds)}")
     if problems:
         warn_shape(path.parent, experiment, "; ".join(problems))
     return {key: value for key, value in results.items() if key not in wrong}
@@ -103,8 +128,8 @@ def show_run(experiment: str, render: Callable[[Path, dict], None], fields: Fiel
     try:
         render(folder, results)
     except SHAPE_ERRORS as err:
-        st.warning(f"`{path}` holds a value this page cannot show ({type(err).__name__}: {err}), so the rest of "
-                   f"the page is left out. " + rerun(experiment))
+        st.warning(f"{code(path)} holds a value this page cannot show ({type(err).__name__}: {plain(err)}), so the "
+                   f"rest of the page is left out. " + rerun(experiment))
 
 
 def show_run_header(experiment: str) -> tuple[Path | None, dict | None]:
@@ -115,13 +140,13 @@ def show_run_header(experiment: str) -> tuple[Path | None, dict | None]:
     if problem and folder is None and working:  # no run yet, one on its way: its progress says so
         return None, None
     if problem:
-        (st.warning if folder else st.info)(problem)
+        (st.warning if folder else st.info)(problem)  # its parts from the run folder are escaped
         return None, None
     provenance = run_record(folder)["provenance"]
     git = provenance.get("git")
     commit = str((git if isinstance(git, dict) else {}).get("commit") or "unknown")
     wall = provenance.get("wall_time_s")
-    st.caption(f"Run `{folder.name}` · seed {provenance.get('seed')} · commit {commit[:10]}"
+    st.caption(f"Run {code(folder.name)} · seed {plain(provenance.get('seed'))} · commit {plain(commit[:10])}"
                + (f" · {wall:.0f} s" if isinstance(wall, (int, float)) else ""))
     return folder, results
 
@@ -149,9 +174,9 @@ def try_load_model(name_or_path: str):
     try:
         return load_model(name_or_path, model_version(name_or_path))
     except FileNotFoundError as err:
-        st.warning(f"{err}")
+        st.warning(plain(err))
     except (ValueError, KeyError, OSError) as err:
-        st.error(f"Could not load `{name_or_path}`: {err}")
+        st.error(f"Could not load {code(name_or_path)}: {plain(err)}")
     return None
 
 
@@ -237,7 +262,9 @@ def show_table(rows: Any, labels: dict[str, str] | None = None, download: str | 
     if frame.empty:
         return
     shown = [c for c in (labels or frame.columns) if c in frame.columns and all(flat(v) for v in frame[c])]
-    table = frame[shown].map(cell).rename(columns=lambda c: (labels or {}).get(c) or words(c))
+    # st.table reads Markdown in every cell: each cell and header is escaped (`plain`)
+    table = frame[shown].map(lambda v: plain(cell(v)))
+    table = table.rename(columns=lambda c: plain((labels or {}).get(c) or words(c)))
     st.table(table.set_index(table.columns[0]))
     if download:
         st.download_button(f"Download these rows, every digit ({download}.csv)", frame.to_csv(index=False),
@@ -292,14 +319,14 @@ def show_progress(kind: str, name: str) -> bool:
                 or (place is not None) != was_queued):
             st.rerun()  # a job began, or ended and wrote its results: the whole page again
         if progress is not None and progress.active:
-            st.progress(progress.fraction or 0.0, text=f"`{progress.line()}`")
+            st.progress(progress.fraction or 0.0, text=code(progress.line()))
             if shown is not None:
                 st.caption("What follows is the previous " + ("run" if kind == "run" else "model")
                            + "; the page fills in again when this job ends.")
         elif place is not None:
             st.info(place.sentence())
         elif progress is not None and progress.state == "failed":
-            st.warning(f"`{progress.job}` failed: {progress.error}. Its log says more "
+            st.warning(f"{code(progress.job)} failed: {plain(progress.error)}. Its log says more "
                        f"(`forma demo` keeps it in runs/demo/).")
 
     waiting = working or was_queued or (kind == "run" and shown is None)

@@ -7,7 +7,7 @@ from typing import Any
 import streamlit as st
 
 from dashboards.charts import draw
-from dashboards.common import figures, short, show_headlines, show_table
+from dashboards.common import code, figures, plain, short, show_headlines, show_table
 from experiments import experiment as registered
 from experiments import experiment_names
 from lab.headlines import title
@@ -70,7 +70,7 @@ if not with_runs:
 experiment = st.selectbox("Experiment", with_runs, format_func=lambda e: registered(e).title, key="compare_experiment")
 runs = complete_runs(experiment)
 if len(runs) < 2:
-    st.info(f"`{experiment}` has one run (`{runs[0].name}`). Make another to compare it with, e.g. "
+    st.info(f"`{experiment}` has one run ({code(runs[0].name)}). Make another to compare it with, e.g. "
             f"`forma run {experiment} --quick --seed 1`, or `forma run {experiment}` for the default profile.")
     st.stop()
 records = {folder.name: (folder, run_record(folder)) for folder in runs}
@@ -88,7 +88,7 @@ if first == second:
 chosen = (first, second)
 for name in chosen:
     for problem in records[name][1]["problems"]:
-        st.warning(f"{problem}: that part of run `{name}` is left out.")
+        st.warning(f"{plain(problem)}: that part of run {code(name)} is left out.")
 
 st.subheader("Headlines, number by number")
 st.caption("Each headline's value with its interval, in each run; a run that cannot support a headline says so "
@@ -99,8 +99,8 @@ show_table(headline_rows(records[first][1]["results"], records[second][1]["resul
 columns = st.columns(2)
 for column, name in zip(columns, chosen):
     with column:
-        st.subheader(f"Run `{name}`")
-        st.caption(describe(*records[name]))
+        st.subheader(f"Run {code(name)}")
+        st.caption(plain(describe(*records[name])))
         show_headlines(records[name][1]["results"])
 
 found = {name: dict(figures(records[name][0])) for name in chosen}
@@ -114,4 +114,4 @@ for figure in shared:
             draw(found[name][figure], f"compare-{name}-{figure}", title_chars=HALF_WIDTH_TITLE)
 only = sorted(set(found[first]) ^ set(found[second]))
 if only:
-    st.caption(f"Figures only one of the two runs saved, left out here: {', '.join(only)}.")
+    st.caption(f"Figures only one of the two runs saved, left out here: {plain(', '.join(only))}.")

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from dashboards.common import show_figures, show_headlines, show_run, show_table, warn_shape
+from dashboards.common import plain, show_figures, show_headlines, show_run, show_table, warn_shape
 from experiments.equations import entries
 from lab.headlines import title
 
@@ -24,7 +24,7 @@ def render(folder: Path, results: dict) -> None:
     st.write(f"**{passed} of {len(checks)} checks pass.**")
     show_headlines(results)
     for check in checks:
-        st.subheader(f"{title(check.get('name'))} (claim {check.get('item')}): "
+        st.subheader(f"{plain(title(check.get('name')))} (claim {plain(check.get('item'))}): "
                      f"{'passes' if check.get('passed') else 'FAILS'}")
         if check.get("equation"):
             st.latex(check["equation"])
@@ -32,7 +32,7 @@ def render(folder: Path, results: dict) -> None:
                  "in symbols": e["in symbols"] or "—", "holds": HOLDS[e["holds"]]} for e in entries(check)]
         show_table(rows)
         if check.get("note"):
-            st.caption(check["note"])
+            st.caption(plain(check["note"]))
     show_figures(folder)
 
 

@@ -14,7 +14,7 @@ import streamlit as st
 import torch
 
 from dashboards.charts import draw
-from dashboards.common import load_model, model_version, show_progress
+from dashboards.common import code, load_model, model_version, show_progress
 from dashboards.explorer_tabs import (Opened, encode, pick, show_attention, show_attribution, show_ground_truth_lens,
                                       show_head_detectors, show_logit_lens, show_patching, show_residual_norms,
                                       show_trust, text_of, token_labels)
@@ -139,7 +139,7 @@ def show_cross_attention(name: str) -> None:
         st.error(f"Cannot use this source: {err}")
         return
     outputs = [vocab.id_to_token(i) for i in tgt[0, 1:].tolist()]
-    st.write("Translation (greedy): " + " ".join(f"`{t}`" for t in outputs))
+    st.write("Translation (greedy): " + " ".join(code(t) for t in outputs))
     layer = pick("Decoder layer", cfg.n_decoder_layers, cfg.n_decoder_layers - 1, key="cross_layer")
     head = pick("Head", cfg.n_heads, 0, key="cross_head")
     hook = f"decoder.{layer}.cross_attn.hook_pattern"
@@ -195,7 +195,7 @@ tokens = encode(model, prompt)
 if tokens is None:
     st.stop()
 labels = token_labels(model, tokens)
-st.write("Tokens: " + " ".join(f"`{label}`" for label in labels))
+st.write("Tokens: " + " ".join(code(label) for label in labels))
 tabs = st.tabs(["Attention", "Residual stream", "Logit lens", "Ground-truth lens", "Attribution", "Patching",
                 "Head detectors"])
 with tabs[0]:

@@ -345,10 +345,10 @@ def show_trust(opened: Opened, name: str) -> None:
     path = opened.folder / "trust.json" if opened.folder is not None else None
     report = None
     if path is not None and path.is_file():
-        from lab.runs import read_json
+        from lab.inputs import read_json
 
         try:
-            report = read_json(path)
+            report = read_json(path, opened.folder)
             st.caption(f"From `{path}`")
         except ValueError as err:
             st.warning(f"{err}; run `forma trust {name}` again.")

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from dashboards.common import number, short, show_figures, show_headlines, show_run, show_table, words
+from dashboards.common import number, plain, short, show_figures, show_headlines, show_run, show_table, words
 from experiments.hallucination import relative_change
 
 
@@ -37,7 +37,8 @@ def render(folder: Path, results: dict) -> None:
     flagged = [entry for entry in results.get("sweep") or [] if entry.get("max_fact_probability_flagged")]
     if flagged:
         st.warning("One fact holds a large share of p at " + ", ".join(
-            f"γ = {entry.get('gamma')} ({entry.get('max_fact_probability', float('nan')):.1%})" for entry in flagged)
+            f"γ = {plain(entry.get('gamma'))} ({entry.get('max_fact_probability', float('nan')):.1%})"
+            for entry in flagged)
             + ": the bound is proved for a bounded largest fact probability (the theorem gives no number; Forma flags "
             f"≥ {(results.get('config') or {}).get('max_fact_probability_flag', float('nan')):.0%}), and such a world is "
             "mostly one fact.")
@@ -79,16 +80,16 @@ def render(folder: Path, results: dict) -> None:
         st.subheader("Singleton-rate variant (Kalai, Nachum, Vempala & Zhang 2025)")
         single = results["singleton"]
         holds = isinstance(single.get("margin"), (int, float)) and single["margin"] >= 0
-        st.markdown(
+        st.markdown(plain(  # every number here is the run's: shown as text
             f"At γ = {short(single.get('gamma'))}, epoch {short(single.get('epoch'))}: error "
             f"{short(single.get('error'))} against a singleton rate of {short(single.get('singleton_rate'))} "
             f"(calibration δ {short(single.get('calibration_delta'))}, {short(single.get('min_wrong_answers'))} wrong "
             f"answers per prompt at least, n = {short(single.get('n_train'))}). The bound's right side is "
             f"{short(single.get('bound_rhs'))} with the finite-n term ({short(single.get('finite_n_term'))}) and "
             f"{short(single.get('bound_rhs_without_finite_n'))} without it; the error "
-            f"{'exceeds it' if holds else 'falls below it'} by {short(abs(single.get('margin') or 0.0))}.")
+            f"{'exceeds it' if holds else 'falls below it'} by {short(abs(single.get('margin') or 0.0))}."))
         if single.get("note"):
-            st.caption(single["note"])
+            st.caption(plain(single["note"]))
     show_figures(folder)
 
 

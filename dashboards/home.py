@@ -5,7 +5,7 @@ from typing import Any
 
 import streamlit as st
 
-from dashboards.common import PROGRESS_REFRESH_S, latest_run, show_table
+from dashboards.common import PROGRESS_REFRESH_S, code, latest_run, plain, show_table
 from experiments import REGISTRY
 from lab.folders import ZooEntry, zoo_entries
 from lab.jobs import queued
@@ -53,7 +53,7 @@ entries = zoo_entries()
 show_table([zoo_row(entry) for entry in entries], download="zoo_models")
 for entry in entries:
     if entry.problem:
-        st.warning(entry.problem)
+        st.warning(plain(entry.problem))
 
 st.header("Experiments")
 for entry in REGISTRY:
@@ -66,7 +66,7 @@ for entry in REGISTRY:
     elif problem:
         st.markdown(f"**{entry.title}** — {problem}")
     else:
-        st.markdown(f"**{entry.title}** — latest run `{folder.name}`; open its page in the sidebar.")
+        st.markdown(f"**{entry.title}** — latest run {code(folder.name)}; open its page in the sidebar.")
 
 
 def state() -> tuple:

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from dashboards.common import number, show_figures, show_headlines, show_run
+from dashboards.common import number, plain, show_figures, show_headlines, show_run
 
 
 def render(folder: Path, results: dict) -> None:
@@ -19,7 +19,7 @@ def render(folder: Path, results: dict) -> None:
     complete, first = last.get("complete") or {}, last.get("first") or {}
     st.subheader("Final checkpoint, complete contexts")
     if regions.get("complete"):
-        st.caption(regions["complete"])
+        st.caption(plain(regions["complete"]))
     cols = [*st.columns(2), *st.columns(2)]  # two cards a row: each label and number in full
     with cols[0]:
         number("Entropy rate H(p) (nats/token)", source.get("entropy_rate_nats"),
@@ -37,7 +37,7 @@ def render(folder: Path, results: dict) -> None:
     if first:
         st.subheader("The first positions, apart")
         if regions.get("first"):
-            st.caption(regions["first"])
+            st.caption(plain(regions["first"]))
         cols = st.columns(3)
         with cols[0]:
             number("H over those prefixes (nats)", first.get("entropy_nats"))
@@ -52,16 +52,17 @@ def render(folder: Path, results: dict) -> None:
     if scaling.get("E_nats") is not None:
         ci = scaling.get("E_ci95") or [float("nan"), float("nan")]
         chain = scaling.get("source") or {}
-        on = f" on the order-{chain['order']} chain over {chain['vocab_size']} symbols" if "order" in chain else ""
-        opened = f" (open {scaling['E_ci95_open']})" if scaling.get("E_ci95_open") else ""
-        st.write(f"Scaling fit L(N) = E + A·N^(−α){on}, {scaling.get('constraints', '')}: "
+        on = (f" on the order-{plain(chain['order'])} chain over {plain(chain['vocab_size'])} symbols"
+              if "order" in chain else "")
+        opened = f" (open {plain(scaling['E_ci95_open'])})" if scaling.get("E_ci95_open") else ""
+        st.write(f"Scaling fit L(N) = E + A·N^(−α){on}, {plain(scaling.get('constraints', ''))}: "
                  f"**E = {scaling['E_nats']:.4f}** nats, 95% interval [{ci[0]:.4f}, {ci[1]:.4f}]{opened}, against that "
                  f"chain's entropy rate {scaling.get('true_entropy_nats', float('nan')):.4f} and the held-out entropy "
                  f"{scaling.get('heldout_entropy_nats', float('nan')):.4f}; α = {scaling.get('alpha', float('nan')):.3f}.")
     hmm = results.get("hmm_source") or {}
     if hmm.get("entropy_rate_estimate_note"):
         st.caption(f"Hidden-Markov source: entropy rate ≈ {hmm.get('entropy_rate_estimate_nats', float('nan')):.3f} "
-                   f"nats ({hmm['entropy_rate_estimate_note']}).")
+                   f"nats ({plain(hmm['entropy_rate_estimate_note'])}).")
     show_figures(folder)
 
 

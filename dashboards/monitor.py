@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from dashboards.common import (SIGNAL_WORDS, read_table, show_figures, show_headlines, show_run, show_table,
+from dashboards.common import (SIGNAL_WORDS, plain, read_table, show_figures, show_headlines, show_run, show_table,
                                warn_shape, words)
 
 
@@ -57,10 +57,11 @@ def live(folder: Path, results: dict) -> None:
                      math.inf)
     stop = abstain_at(risk, len(risk), threshold)
     words = [model.tokenizer.id_to_token(int(t)) for t in out.new_tokens[0]]
-    coloured = [f":{'red' if r > threshold else 'green'}[{w}]" for w, r in zip(words, risk)]
-    st.markdown(f"{text} " + " ".join(coloured))
-    st.markdown(f"Threshold λ̂ = {threshold:.3f} on risk = {signs[signal]:+d} · {SIGNAL_WORDS.get(signal, signal)}: "
-                + (f"the monitor abstains at new token {stop + 1} (**{words[stop]}**)." if stop is not None
+    coloured = [f":{'red' if r > threshold else 'green'}[{plain(w)}]" for w, r in zip(words, risk)]
+    st.markdown(f"{plain(text)} " + " ".join(coloured))
+    named = plain(SIGNAL_WORDS.get(signal, signal))
+    st.markdown(f"Threshold λ̂ = {threshold:.3f} on risk = {signs[signal]:+d} · {named}: "
+                + (f"the monitor abstains at new token {stop + 1} (**{plain(words[stop])}**)." if stop is not None
                    else "every token stays at or below it: the answer is given."))
     show_table(pd.DataFrame({"token": words, **{name: out.signals[name][0].tolist() for name in out.signals}}),
                {"token": "new token"} | {name: SIGNAL_WORDS.get(name, "") for name in out.signals})
@@ -76,7 +77,8 @@ def render(folder: Path, results: dict) -> None:
     show_headlines(results)
     answers = results.get("answers") or {}
     if answers:
-        st.write(" · ".join(f"{kind}: **{a.get('n')}** prompts, false **{a.get('false_rate', float('nan')):.0%}**"
+        st.write(" · ".join(f"{plain(kind)}: **{plain(a.get('n'))}** prompts, false "
+                            f"**{a.get('false_rate', float('nan')):.0%}**"
                             for kind, a in answers.items() if isinstance(a, dict)))
     signals = results.get("signals") or []
     malformed = [i for i, row in enumerate(signals) if not isinstance(row, dict) or not isinstance(row.get("signal"), str)

@@ -26,13 +26,16 @@ class Experiment:
     name: str  # the module experiments/<name>, `forma run <name>`, runs/<name>/, the page dashboards/<name>.py
     title: str  # the heading of its dashboard page
     nav: str  # its entry in the dashboard's navigation
+    options: tuple[str, ...] = ()  # the `forma run` options it takes beyond --seed and --quick: its Config's fields
+    files: tuple[tuple[str, str], ...] = ()  # (option, what its file is): a missing one is named before torch loads
 
 
 REGISTRY = (
-    Experiment("kl", "KL decomposition", "KL decomposition"),
-    Experiment("hallucination", "Hallucination on arbitrary facts", "Hallucination"),
-    Experiment("calibration", "Calibration", "Calibration"),
-    Experiment("monitor", "Catching hallucinations while they are generated", "Hallucination monitor"),
+    Experiment("kl", "KL decomposition", "KL decomposition", ("workers",)),
+    Experiment("hallucination", "Hallucination on arbitrary facts", "Hallucination", ("workers",)),
+    Experiment("calibration", "Calibration", "Calibration", ("model", "mmlu"), (("mmlu", "MMLU file"),)),
+    Experiment("monitor", "Catching hallucinations while they are generated", "Hallucination monitor",
+               ("model", "qa"), (("qa", "question–answer file"),)),
     Experiment("equations", "The seeds' equations", "Equations"),
 )
 

@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Literal, TypeVar, Union
 
+from lab.inputs import parse_json
+
 T = TypeVar("T")
 
 
@@ -170,11 +172,7 @@ class Record:
 
     @classmethod
     def from_json(cls, text: str) -> Any:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{cls.__name__}: malformed JSON ({err})") from err
-        return cls.from_dict(data)
+        return cls.from_dict(parse_json(text, cls.__name__))  # bounded nesting; a malformed text named
 
     def replace(self, **changes: Any) -> Any:
         return dataclasses.replace(self, **changes)  # type: ignore[type-var]

@@ -5,6 +5,7 @@ workload has one code path. The engine is torch.distributed (torchrun: gloo on C
 schedules anything itself.
 
     init_distributed, rank_world, close_distributed   join the group torchrun describes, who am I, leave it
+    barrier                                           wait until every rank has come
     all_ranks_sum, any_rank                           a sum and a flag across ranks (the training loop's DDP)
     all_gather_json, all_gather_rows                  small JSON values and tensor rows from every rank, in rank
                                                       order, on every rank (no pickle: bytes and tensors only)
@@ -77,6 +78,12 @@ def rank_world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def barrier() -> None:
+    """Every rank waits here until all have come (nothing, in one process)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
 
 
 def close_distributed() -> None:

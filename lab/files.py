@@ -48,6 +48,16 @@ def atomic_write(path: str | Path, write: Callable[[Path], Any]) -> None:
         raise
 
 
+def check_writable(folder: str | Path, what: str = "folder") -> None:
+    """A ValueError naming `folder` when no file can be created in it (a read-only mount, no permission, not a
+    folder), found by creating and removing one: permission bits alone say nothing of a read-only mount, or to root."""
+    try:
+        with tempfile.TemporaryFile(dir=folder, prefix=".forma-write-check-"):
+            pass
+    except OSError as err:
+        raise ValueError(f"cannot write into the {what} {folder}: {err.strerror or err}") from err
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
     """`text` as UTF-8 (whatever the locale), atomically."""
     atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))

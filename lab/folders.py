@@ -6,7 +6,6 @@ can list the zoo for `forma train --help` and check a name without loading torch
 standard library, so that the model package, which must import nothing above it, can read it.
 """
 
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,17 +50,19 @@ def zoo_entry(name: str) -> ZooEntry:
     """The zoo model `name`'s entry; an unreadable model.toml or card.json is a `problem`, never an exception."""
     import tomllib
 
+    from lab.inputs import read_json, read_text
+
     folder = zoo_dir() / name
     problems = []
     try:
-        description = str(tomllib.loads((folder / RECIPE_FILE).read_text(encoding="utf-8")).get("description", ""))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+        description = str(tomllib.loads(read_text(folder / RECIPE_FILE, folder, 2**20)).get("description", ""))
+    except (OSError, ValueError) as err:  # TOMLDecodeError is a ValueError
         description, problems = "", [f"{folder / RECIPE_FILE} is unreadable ({err})"]
     card = None
-    if (folder / CARD_FILE).is_file():
+    if (folder / CARD_FILE).exists():
         try:
-            card = json.loads((folder / CARD_FILE).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            card = read_json(folder / CARD_FILE, folder)
+        except (OSError, ValueError) as err:
             problems.append(f"{folder / CARD_FILE} is unreadable ({err}): run `forma train {name}` again")
         if card is not None and not isinstance(card, dict):
             card = None
@@ -96,6 +97,21 @@ def model_folder(name_or_path: str | Path) -> Path:
         raise ValueError("the model name is empty: give a zoo name or a model folder")
     path = Path(name_or_path)
     return path if path.is_dir() else zoo_model_dir(str(name_or_path))
+
+
+def trust_report_path(name_or_path: str | Path, out: str | Path | None = None) -> tuple[Path, Path]:
+    """(the model's folder, where `forma trust` writes its report: trust.json in that folder, or `out`), each
+    checked before torch loads: an unknown or untrained model, and a folder the report cannot be written to (a
+    read-only model folder: a ValueError naming it and the way out, --out), are refused here."""
+    from lab.files import check_writable
+
+    folder = model_folder(name_or_path)
+    target = Path(out) if out is not None else folder / "trust.json"
+    try:
+        check_writable(target.parent, "folder of the trust report")
+    except ValueError as err:
+        raise ValueError(f"{err}; give --out FILE to write the report elsewhere" if out is None else str(err)) from None
+    return folder, target
 
 
 def is_trained(name: str) -> bool:

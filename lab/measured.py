@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.files import atomic_write_text
+from lab.inputs import read_json_object
 
 REPO = Path(__file__).resolve().parents[1]
 MEASURED_DIR = Path("docs") / "measured"
@@ -208,12 +209,13 @@ def check_document(path: Path, root: Path = REPO) -> list[Problem]:
 # Recording reference measurements
 # --------------------------------------------------------------------------------------------
 def _read(path: Path, what: str) -> Any:
-    if not path.is_file():
-        raise FileNotFoundError(f"{what}: no file {path}")
+    """A card's or a run's JSON, through lab.inputs (a regular file inside its folder, bounded); errors name `what`."""
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{what}: malformed JSON in {path}: {err}") from None
+        return read_json_object(path, path.parent)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what}: no file {path}") from None
+    except ValueError as err:
+        raise ValueError(f"{what}: {err}") from None
 
 
 def record_card(model_dir: Path, root: Path = REPO) -> Path:

@@ -31,6 +31,7 @@ from typing import Any, TextIO
 
 from lab.files import atomic_write_text
 from lab.folders import zoo_dir
+from lab.inputs import read_json
 from lab.runs import runs_dir
 
 PROGRESS_FILE = ".progress.json"  # hidden: a job's state, not one of its artefacts
@@ -270,9 +271,9 @@ def alive(pid: int) -> bool:
 def read_progress(path: str | Path) -> Progress | None:
     """The progress file at `path`, or None when there is none (or it is not one). A "running" or "done" record
     whose job is gone — its process ended, or the file has not been rewritten for STALE_S — reads "stopped"."""
-    try:
-        progress = Progress.from_json(json.loads(Path(path).read_text(encoding="utf-8")))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValueError):
+    try:  # through lab.inputs: a FIFO or a link out of the folder is no progress file, and never waited on
+        progress = Progress.from_json(read_json(path, Path(path).parent, max_bytes=2**20))
+    except (OSError, ValueError):
         return None
     if progress.active and (time.time() - progress.updated > STALE_S or not alive(progress.pid)):
         return Progress(**{**progress.__dict__, "state": "stopped"})

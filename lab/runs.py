@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.files import atomic_write, atomic_write_text, is_temporary
+from lab.inputs import InputError, read_json, read_text, regular_file
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_RUNS_DIR = REPO / "runs"
@@ -55,16 +56,6 @@ def without_timings(value: Any) -> Any:
 
 def write_json(path: Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(to_jsonable(data), indent=2, allow_nan=True) + "\n")
-
-
-def read_json(path: Path) -> Any:
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no file at {path}")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"malformed JSON in {path}: {err}") from err
 
 
 def to_jsonable(value: Any) -> Any:
@@ -167,8 +158,8 @@ def _check_reusable(folder: Path, experiment: str) -> None:
     if not contents:
         return
     try:
-        record = json.loads((folder / "provenance.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        record = read_json(folder / "provenance.json", folder)
+    except (OSError, ValueError):
         record = None
     if isinstance(record, dict) and record.get("experiment") == experiment:
         return
@@ -212,8 +203,8 @@ def latest_run(experiment: str, folder: Path | None = None) -> Path | None:
     pointer = base / "latest"
     if pointer.is_file():
         try:
-            name = pointer.read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError):
+            name = read_text(pointer, base, max_bytes=4096).strip()
+        except (OSError, ValueError):
             name = ""
         if _is_safe_pointer(base, name) and (base / name / "results.json").is_file():
             return base / name
@@ -230,13 +221,13 @@ def complete_runs(experiment: str, folder: Path | None = None) -> list[Path]:
 
 
 def run_record(folder: Path) -> dict[str, Any]:
-    """What a run folder says of itself: its results, config and provenance (each {} when missing, unreadable or
-    not a JSON object), and "problems", one sentence per such file."""
+    """What a run folder says of itself: its results, config and provenance (each {} when missing, unreadable,
+    not a regular file inside the folder, or not a JSON object), and "problems", one sentence per such file."""
     record: dict[str, Any] = {"problems": []}
     for name in ("results", "config", "provenance"):
         try:
-            value = read_json(Path(folder) / f"{name}.json")
-        except (FileNotFoundError, ValueError, OSError, UnicodeDecodeError) as err:
+            value = read_json(Path(folder) / f"{name}.json", folder)
+        except (OSError, ValueError) as err:
             value, problem = {}, str(err)
         else:
             problem = None if isinstance(value, dict) else f"{Path(folder) / f'{name}.json'} is not a JSON object"
@@ -287,8 +278,8 @@ def write_plotly_bundle(folder: Path) -> Path:
     path = Path(folder) / PLOTLY_BUNDLE
     bundle = get_plotlyjs()
     try:
-        current = path.read_text(encoding="utf-8") if path.is_file() else None
-    except (OSError, UnicodeDecodeError):
+        current = read_text(path, folder, max_bytes=2 * len(bundle))
+    except (OSError, ValueError):  # none, or no regular file of the folder: replaced all the same
         current = None
     if current != bundle:
         atomic_write_text(path, bundle)
@@ -325,7 +316,9 @@ def headline(name: str, sentence: str, value: Any, interval: list[float] | None,
 
 
 # Readers: what the dashboard and the benchmarks read from a run folder, with the problem named in a sentence.
-# A crashed or hand-edited run must give a message that names the file and what is wrong, never a traceback.
+# A crashed or hand-edited run must give a message that names the file and what is wrong, never a traceback. Every
+# file is read through lab.inputs: a regular file that resolves inside the run folder (a link out of it, or a
+# FIFO that would hang the page, is refused), of bounded size and nesting.
 
 NOT_FIGURES = {"results", "config", "provenance", "world", "card", ".progress"}  # the JSON files that are no figure
 
@@ -334,8 +327,10 @@ def read_results(folder: Path) -> dict[str, Any]:
     """A complete run's results.json; a FileNotFoundError or ValueError that names the file and what is wrong."""
     path = Path(folder) / "results.json"
     try:
-        results = read_json(path)
-    except (OSError, UnicodeDecodeError) as err:
+        results = read_json(path, folder, what="results file")
+    except FileNotFoundError:
+        raise
+    except OSError as err:
         raise ValueError(f"unreadable {path} ({err})") from err
     if not isinstance(results, dict):
         raise ValueError(f"{path} is not a JSON object")
@@ -344,18 +339,47 @@ def read_results(folder: Path) -> dict[str, Any]:
 
 def read_figures(folder: Path) -> tuple[list[tuple[str, Any]], list[str]]:
     """([(name, plotly Figure)] for every figure a run saved (save_figure's <name>.json) by name, [the file names
-    of those that are not readable plotly JSON])."""
-    import plotly.io as pio
+    of those that are not readable plotly JSON, each with the reason])."""
+    import plotly.graph_objects as go
 
     found, unreadable = [], []
     for path in sorted(Path(folder).glob("*.json")):
         if path.stem in NOT_FIGURES:
             continue
         try:
-            found.append((path.stem, pio.from_json(path.read_text(encoding="utf-8"))))
-        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):  # cut short, or not a figure
-            unreadable.append(path.name)
+            spec = read_json(path, folder, what="figure")
+            if not isinstance(spec, dict):
+                raise InputError(f"{path.name} holds a JSON {type(spec).__name__}, not a figure")
+            reaching = outside_resources(spec)
+            if reaching:
+                raise InputError(f"it would make the browser fetch {reaching[0]}")
+            found.append((path.stem, go.Figure(spec)))
+        except (OSError, ValueError, KeyError, TypeError) as err:  # cut short, no figure, not a regular file inside
+            reason = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+            unreadable.append(f"{path.name} ({reason})")
     return found, unreadable
+
+
+# Plotly draws these traces on maps it fetches (tiles, the world's outlines); Forma's figures never use them.
+FETCHING_TRACES = ("scattergeo", "choropleth", "scattermapbox", "choroplethmapbox", "densitymapbox", "scattermap",
+                   "choroplethmap", "densitymap")
+
+
+def outside_resources(spec: dict[str, Any]) -> list[str]:
+    """What a plotly figure's JSON would make a browser fetch from elsewhere: an image by URL (not a data: URI),
+    or a trace drawn on a map; [] for the figures Forma writes."""
+    layout = spec.get("layout") if isinstance(spec.get("layout"), dict) else {}
+    template = layout.get("template") if isinstance(layout.get("template"), dict) else {}
+    found = []
+    for where in (layout, template.get("layout") if isinstance(template.get("layout"), dict) else {}):
+        for image in where.get("images") or [] if isinstance(where.get("images"), list) else []:
+            source = image.get("source") if isinstance(image, dict) else None
+            if isinstance(source, str) and not source.startswith("data:"):
+                found.append(f"the image {source}")
+    traces = spec.get("data") if isinstance(spec.get("data"), list) else []
+    found += [f"a {trace.get('type')} trace's map" for trace in traces
+              if isinstance(trace, dict) and trace.get("type") in FETCHING_TRACES]
+    return found
 
 
 def read_table(path: Path, columns: list[str] | None = None) -> Any:
@@ -364,8 +388,9 @@ def read_table(path: Path, columns: list[str] | None = None) -> Any:
     import pandas as pd
 
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         return None
+    regular_file(path, path.parent, what="table")
     try:
         return pd.read_parquet(path, columns=columns)
     except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid (a truncated file) is a ValueError

@@ -34,7 +34,7 @@ def to_hf_tokenizer(tokenizer: Tokenizer, directory: str | Path):
                 zip(("pad_token", "unk_token", "bos_token", "eos_token"), SPECIALS) if token in vocab}
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, **specials)
     fast.save_pretrained(directory)
-    return AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    return AutoTokenizer.from_pretrained(directory, local_files_only=True, trust_remote_code=False)
 
 
 def _byte_level_table() -> dict[str, int]:

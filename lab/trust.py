@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 
+from lab.folders import trust_report_path
 from lab.generate import decode
 from lab.hf import UnsupportedArchitecture, to_hf
 from lab.model import HookedTransformer
 from lab.runs import write_json
-from lab.zoo import zoo_model_dir
 
 ATTENTION_TOL = 1e-4
 HF_TOL = 1e-4
@@ -103,15 +103,12 @@ def trust_report(model: HookedTransformer, seed: int = 0) -> dict[str, Any]:
 
 
 def run_trust(name_or_path: str | Path, out: Path | None = None) -> tuple[dict[str, Any], Path]:
-    """Load a zoo name, Forma folder or local HF folder, check it, and write trust.json beside it."""
-    path = Path(name_or_path)
-    if path.is_dir():
-        folder = path
-    else:
-        folder = zoo_model_dir(str(name_or_path))
+    """Load a zoo name, Forma folder or local HF folder, check it, and write trust.json beside it (or to `out`).
+    Where the report cannot be written — a read-only model folder — is a ValueError naming the folder and the
+    way out (--out), said before the model is loaded."""
+    folder, target = trust_report_path(name_or_path, out)
     model = HookedTransformer.from_pretrained(folder)
     report = trust_report(model)
-    target = Path(out) if out is not None else folder / "trust.json"
     write_json(target, report)
     return report, target
 

@@ -562,3 +562,45 @@ def test_compare_sets_two_runs_side_by_side(tmp_path, browser, quick_run):
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=20)
+
+
+def test_a_headline_with_markup_fetches_nothing_and_shows_its_words(tmp_path, browser):
+    """A results.json whose headline holds a Markdown image, a link, raw HTML and an autolink, each pointing at a
+    server of the test's own: Chromium shows the words as they are written, and the server is never asked."""
+    import http.server
+    import threading
+
+    asked: list[str] = []
+
+    class Beacon(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (the standard library's name)
+            asked.append(self.path)
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    beacon = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Beacon)
+    threading.Thread(target=beacon.serve_forever, daemon=True).start()
+    at = f"http://127.0.0.1:{beacon.server_address[1]}"
+    sentence = (f"Fetched? ![beacon]({at}/image.png) [link]({at}/link) <img src=\"{at}/html.png\"> {at}/auto "
+                "**bold** :red[red]")
+    folder = tmp_path / "runs" / "kl" / "2026-01-01T00-00-00Z"
+    folder.mkdir(parents=True)
+    (folder / "results.json").write_text(json.dumps({"checkpoints": [], "source": {}, "headlines": [
+        {"name": "beacon", "sentence": sentence, "value": 1.0, "interval": None, "direction": 1, "supported": True,
+         "why_not": None}]}))
+    try:
+        for url in serve(os.environ | {"FORMA_RUNS_DIR": str(tmp_path / "runs")}):
+            errors: list[str] = []
+            page = open_page(browser, f"{url}/kl", errors)
+            page.get_by_text("Fetched?").first.wait_for(timeout=60_000)
+            text = " ".join(page.locator("[data-testid='stMain']").inner_text().split())
+            assert " ".join(sentence.split()) in text, text
+            assert page.locator("[data-testid='stMain'] img").count() == 0
+            page.wait_for_timeout(1_000)  # time for any request an element would make
+            no_exceptions(page)
+    finally:
+        beacon.shutdown()
+    assert asked == []

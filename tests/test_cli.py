@@ -3,6 +3,7 @@
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -211,6 +212,7 @@ def test_a_bad_port_is_refused_before_anything_starts(capsys, command, port):
     assert exit.value.code == 2 and "--port" in capsys.readouterr().err
 
 
+TESTS = Path(__file__).resolve().parent
 HEAVY_MODULES = ("torch", "transformer_lens", "transformers", "numpy", "streamlit")
 
 
@@ -218,12 +220,17 @@ HEAVY_MODULES = ("torch", "transformer_lens", "transformers", "numpy", "streamli
                                   ["transcoders", "--help"], ["harvest", "--help"], ["patch", "--help"],
                                   ["patch", "m", "--sweep", "x"],
                                   ["run", "no-such-experiment"], ["train", "markov", "--seed"], ["--version"],
-                                  ["hooks", "gpt2"], ["hooks", "no/such/folder"]],
+                                  ["hooks", "gpt2"], ["hooks", "no/such/folder"], ["trust", "gpt2"],
+                                  ["run", "kl", "--model", "gpt2"], ["run", "calibration", "--model", "gpt2", "--mmlu",
+                                                                     "mmlu.csv"],
+                                  ["run", "calibration", "--model", str(TESTS), "--mmlu", "no/such.csv"],
+                                  ["run", "monitor", "--model", str(TESTS), "--qa", "no/such.csv"]],
                          ids=lambda argv: " ".join(argv))
 def test_help_and_argument_errors_import_nothing_heavy(argv):
-    """`forma --help`, every subcommand's help, an argument error and a model name that is neither a folder nor a
-    zoo model answer before torch, TransformerLens, numpy or streamlit are imported: those take seconds to load,
-    and only the commands that compute need them. (benchmarks/cli.py measures how long each answer takes.)"""
+    """`forma --help`, every subcommand's help, an argument error (an option the experiment does not take) and a
+    model name that is neither a folder nor a zoo model (`forma hooks`, `forma trust`, `forma run --model`), and a
+    question file that is not there (the model a folder: tests/), answer before torch, TransformerLens, numpy or
+    streamlit are imported: those take seconds to load, and only the commands that compute need them. (benchmarks/cli.py measures how long each answer takes.)"""
     probe = ("import sys, runpy\n"
              f"sys.argv = ['forma', *{argv!r}]\n"
              "try:\n"

@@ -43,6 +43,23 @@ def texts(at: AppTest) -> str:
     return " ".join(str(e.value) for e in [*at.info, *at.warning, *at.error, *at.markdown, *at.text])
 
 
+def rendered(source: object) -> str:
+    """What a reader sees of an element's Markdown: rendered as CommonMark (with GitHub's tables), tags dropped.
+    A page escapes a run's text (dashboards.common.plain), so the run's own words are found here, not in the source."""
+    import html
+
+    from markdown_it import MarkdownIt
+
+    return html.unescape(re.sub(r"<[^>]+>", "", MarkdownIt("commonmark").enable("table").render(str(source)))).strip()
+
+
+def rendered_table(frame):
+    """An st.table's frame as a reader sees it: every cell, index entry and column name rendered."""
+    shown = frame.map(rendered).rename(columns=rendered)
+    shown.index = [rendered(i) for i in shown.index]
+    return shown
+
+
 @pytest.mark.parametrize("name", [name for name, _ in pages()])
 def test_every_page_renders_on_a_fresh_clone_and_says_what_to_run(empty, name):
     at = page(name).run()
@@ -277,9 +294,11 @@ def test_the_monitor_page_colours_tokens_and_abstains_where_the_library_says(qui
                      if a["signal"] == signal and a["alpha"] == alpha)
     risk = (signs[signal] * out.signals[signal][0].double()).tolist()
     stop = abstain_at(risk, 2, threshold)
+    from dashboards.common import plain
+
     shown = " ".join(m.value for m in at.markdown)
     for word, r in zip(words, risk):
-        assert f":{'red' if r > threshold else 'green'}[{word}]" in shown
+        assert f":{'red' if r > threshold else 'green'}[{plain(word)}]" in shown
     assert (f"abstains at new token {stop + 1}" if stop is not None else "the answer is given") in shown
     at.text_input[0].input("<bos> nobody-knows-this birthday").run()
     assert not at.exception and "not in its vocabulary" in texts(at)
@@ -302,8 +321,8 @@ def test_pages_answer_in_numbers_a_reader_can_read(quick_run, quick_runs_dir, mo
     at = page(name).run()
     assert not at.exception, at.exception
     assert not at.json, f"{name}: st.json shows a raw tree"
-    shown = [str(m.value) for m in [*at.markdown, *at.caption, *at.subheader, *at.text]]
-    shown += [frame.value.to_string() for frame in at.table]
+    shown = [rendered(str(m.value)) for m in [*at.markdown, *at.caption, *at.subheader, *at.text]]
+    shown += [rendered_table(frame.value).to_string() for frame in at.table]
     long = [hit for text in shown for hit in long_numbers(text)]
     assert not long, f"{name}: {long[:5]}"
 
@@ -423,7 +442,7 @@ def test_home_shows_each_models_card_numbers(empty):
     (empty / "models" / "markov" / "model.safetensors").write_bytes(b"")
     at = page("home").run()
     assert not at.exception, at.exception
-    table = at.table[0].value
+    table = rendered_table(at.table[0].value)
     row = table.loc["markov"]
     assert row["trained"] == "yes" and row["parameters"] == "170,272" and row["steps"] == "3,000"
     assert row["KL to the true law (nats)"] == short(card["val_kl_to_truth_nats"]) == "0.06499"
@@ -473,7 +492,7 @@ def test_a_page_whose_job_the_demo_has_queued_says_so(empty, name):
     if name == "home":
         assert all(f"Queued by `forma demo` ({i + 1} ahead): `forma run {e} --quick`" in said
                    for i, e in enumerate(EXPERIMENT_PAGES))
-        assert at.table[0].value.loc["pydoc", "trained"] == "no: started by `forma demo`"
+        assert rendered_table(at.table[0].value).loc["pydoc", "trained"] == "no: started by `forma demo`"
     elif name == "explorer":
         assert "`forma train pydoc --quick` has started (`forma demo`)" in said
     else:
@@ -532,7 +551,7 @@ def test_compare_shows_two_runs_headlines_and_figures_side_by_side(quick_run, tm
     shown = " ".join(t.value for t in at.text)
     supported = [h for h in results["headlines"] if h["supported"]]
     assert supported and all(shown.count(h["sentence"]) == 2 for h in supported)  # once per run
-    table = at.table[0].value
+    table = rendered_table(at.table[0].value)
     assert list(table.index) == [title(h["name"]) for h in results["headlines"]]
     assert set(table["same direction"]) <= {"yes", "—"} and "yes" in set(table["same direction"])
     assert "seed 7" in " ".join(c.value for c in at.caption)

@@ -20,6 +20,17 @@ def test_every_experiment_module_is_registered_and_every_entry_has_a_module_and_
         assert entry.title and entry.nav
 
 
+def test_the_registrys_options_are_each_experiments_config_fields():
+    """`forma run` refuses an option an experiment does not take from the registry, before torch loads: the
+    registry's options are exactly the run options among the experiment's Config fields."""
+    import dataclasses
+
+    for entry in experiments.REGISTRY:
+        fields = {f.name for f in dataclasses.fields(experiments.load(entry.name).Config)}
+        assert set(entry.options) == fields & {"model", "mmlu", "qa", "workers"}, entry.name
+        assert {"seed", "quick"} <= fields, entry.name
+
+
 def test_the_registry_names_each_experiment_once():
     names = experiments.experiment_names()
     assert len(names) == len(set(names))

@@ -355,7 +355,7 @@ def test_question_answer_files_are_checked(tmp_path):
         experiment.read_qa(tmp_path / "missing.csv")
     bad = tmp_path / "bad.csv"
     bad.write_text("question,answer\nWhat?,Yes,extra\n")
-    with pytest.raises(ValueError, match="row 2: expected 2 non-empty columns"):
+    with pytest.raises(ValueError, match="line 2: expected 2 non-empty columns"):
         experiment.read_qa(bad)
 
 

@@ -9,13 +9,15 @@ from pathlib import Path
 import pytest
 
 from lab import HookedTransformer, ModelConfig
-from tests.test_dashboard import EXPERIMENT_PAGES, _tiny_pydoc, empty, page, texts  # noqa: F401 (fixture)
+from tests.test_dashboard import EXPERIMENT_PAGES, _tiny_pydoc, empty, page, rendered, texts  # noqa: F401 (fixture)
 
 STAMP = "2026-01-01T00-00-00Z"
 
 
 def warnings(at) -> str:
-    return " ".join(str(e.value) for e in [*at.warning, *at.error])
+    """The page's warnings and errors as a reader sees them (their Markdown rendered: a page escapes the paths and
+    errors it quotes)."""
+    return " ".join(rendered(e.value) for e in [*at.warning, *at.error])
 
 
 def write_run(root: Path, experiment: str, results: object) -> Path:

@@ -88,8 +88,10 @@ from experiments.calibration.config import EXPOSURE_BINS, N_OPTIONS, QUICK, Conf
 from experiments.calibration.english import heldout_english, pydoc_model, token_level
 from experiments.calibration.figures import (exposure_figures, p_ik_figure, reliability_figure, stages_figure,
                                              token_level_figure)
-from experiments.calibration.mmlu import (MMLU_COLUMNS, TOKENIZER_FILES, encode, hf_lettered, hf_p_ik, letter_ids,
-                                          load_local_model, mmlu_prompt, read_mmlu, run_hf)
+from experiments.calibration.mmlu import (CSV_MEMORY_FACTOR, MIN_MMLU_ITEMS, MMLU_COLUMNS, TOKENIZER_FILES, LocalInputs,
+                                          check_memory, check_splits, context_length, encode, encode_prompts,
+                                          hf_lettered, hf_p_ik, letter_ids, load_local_model, mmlu_prompt,
+                                          mmlu_splits, read_mmlu, read_mmlu_inputs, read_question_csv, run_hf)
 from experiments.calibration.p_true import lens_p_true, p_true_block, p_true_layers, p_true_table
 from experiments.calibration.readouts import (FAMILIES, Parts, class_counts, fixed_readout_row, judge, judge_families,
                                               lens_readouts, make_parts, p_ik, p_ik_summary, probe_rows, public_rows,
@@ -105,12 +107,22 @@ from experiments.calibration.synthetic import Evaluation, evaluate, run_syntheti
 # --------------------------------------------------------------------------------------------
 # The experiment
 # --------------------------------------------------------------------------------------------
-def run(cfg: Config, out: Path) -> dict[str, Any]:
+def read_inputs(cfg: Config) -> LocalInputs | None:
+    """With cfg.model, the MMLU file, the model and the prompts, each checked (`read_mmlu_inputs`): what `forma run`
+    reads before it makes the run folder. The synthetic experiment reads nothing from outside: None."""
+    if cfg.model is None:
+        return None
+    with torch_threads(cfg.threads):
+        return read_mmlu_inputs(cfg)
+
+
+def run(cfg: Config, out: Path, inputs: LocalInputs | None = None) -> dict[str, Any]:
     """The synthetic experiment (or, with cfg.model, lettered multiple choice of a local HF model on
-    cfg.mmlu); tables and figures into `out`; returns results.json's dict."""
+    cfg.mmlu, from `inputs` = read_inputs(cfg) when given); tables and figures into `out`; returns results.json's
+    dict."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     with torch_threads(cfg.threads):
         if cfg.model is not None:
-            return run_hf(cfg, out)
+            return run_hf(cfg, out, inputs)
         return run_synthetic(cfg, out)

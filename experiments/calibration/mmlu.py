@@ -1,8 +1,9 @@
-"""Any local Hugging Face causal LM on an MMLU-layout CSV (issue 7 item 7): lettered multiple choice, temperature
-scaling and P(IK) probes by the synthetic experiment's rules."""
+"""Any local Hugging Face causal LM on an MMLU-layout CSV: lettered multiple choice, temperature scaling and P(IK)
+probes by the synthetic experiment's rules. The CSV, the model and the prompts are read and checked first
+(`read_mmlu_inputs`), before the run writes anything."""
 
-import csv
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,36 +29,62 @@ from experiments.calibration.summary import headlines
 
 
 # --------------------------------------------------------------------------------------------
-# Any local Hugging Face causal LM on an MMLU-layout CSV (issue 7 item 7)
+# Any local Hugging Face causal LM on an MMLU-layout CSV
 # --------------------------------------------------------------------------------------------
 MMLU_COLUMNS = ("question", "A", "B", "C", "D", "answer")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+# Rows read into memory as Python strings and lists take about ten times the file's bytes (measured on
+# MMLU-sized rows); a CSV whose bytes times this exceed the memory available is refused before it is read.
+CSV_MEMORY_FACTOR = 16
+# Temperature scaling needs items on both sides of the calibration / test split (each item's side drawn at
+# random with probability calibration_share): with fewer than this many, one side is empty too often.
+MIN_MMLU_ITEMS = 10
+
+
+def read_question_csv(path: str | Path, what: str) -> list[tuple[int, list[str]]]:
+    """[(line, cells)] of a question CSV, read through `lab.inputs.read_csv` (UTF-8, a byte-order mark dropped, a
+    byte that is not UTF-8 or a cell over the csv module's limit named by line); refused first, with the numbers,
+    when reading it could not fit in the memory available."""
+    from lab.inputs import InputError, read_csv, regular_file, size_text
+    from lab.model.memory import available_memory
+
+    path = Path(path)
+    size = regular_file(path, what=what).stat().st_size
+    available = available_memory(torch.device("cpu"))
+    if available is not None and size * CSV_MEMORY_FACTOR > available:
+        raise InputError(f"{path} is {size_text(size)}: reading it takes about {size_text(size * CSV_MEMORY_FACTOR)} "
+                         f"of memory, and {size_text(available)} is available; split it into smaller files")
+    return read_csv(path, what=what)
 
 
 def read_mmlu(path: str | Path) -> list[dict[str, Any]]:
     """MMLU's CSV layout (Hendrycks et al. 2021's data/test/*.csv): question, A, B, C, D, answer letter; the
-    original files have no header, a header row naming those columns is skipped."""
+    original files have no header, a header row naming those columns is skipped, and so are blank rows. One line
+    naming the file and line for a row of another width, an empty question, an answer that is not A–D, and for
+    fewer than MIN_MMLU_ITEMS questions."""
+    from lab.inputs import InputError
+
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no MMLU file at {path}")
-    with path.open(newline="", encoding="utf-8") as f:
-        rows = list(csv.reader(f))
-    if rows and [c.strip().lower() for c in rows[0]] == [c.lower() for c in MMLU_COLUMNS]:
+    rows = read_question_csv(path, "MMLU file")
+    if rows and [c.strip().lower() for c in rows[0][1]] == [c.lower() for c in MMLU_COLUMNS]:
         rows = rows[1:]
     items = []
-    for number, row in enumerate(rows, 1):
+    for line, row in rows:
         if not any(cell.strip() for cell in row):
             continue
         if len(row) != len(MMLU_COLUMNS):
-            raise ValueError(f"{path}, row {number}: expected {len(MMLU_COLUMNS)} columns {MMLU_COLUMNS}, "
+            raise InputError(f"{path}, line {line}: expected {len(MMLU_COLUMNS)} columns {MMLU_COLUMNS}, "
                              f"got {len(row)}")
+        if not row[0].strip():
+            raise InputError(f"{path}, line {line}: the question is empty")
         answer = row[5].strip().upper()
         if answer not in OPTION_LETTERS[:N_OPTIONS] or not answer:
-            raise ValueError(f"{path}, row {number}: the answer must be one of A, B, C, D, got {row[5]!r}")
+            raise InputError(f"{path}, line {line}: the answer must be one of A, B, C, D, got {row[5]!r}")
         items.append({"question": row[0].strip(), "options": [c.strip() for c in row[1:5]],
-                      "answer_index": OPTION_LETTERS.index(answer), "item": len(items)})
-    if not items:
-        raise ValueError(f"{path} holds no questions")
+                      "answer_index": OPTION_LETTERS.index(answer), "item": len(items), "line": line})
+    if len(items) < MIN_MMLU_ITEMS:
+        raise InputError(f"{path} holds {len(items)} question{'s' if len(items) != 1 else ''}; temperature scaling "
+                         f"needs at least {MIN_MMLU_ITEMS}, to have some on each side of its calibration / test split")
     return items
 
 
@@ -93,57 +120,145 @@ def letter_ids(tokenizer: Any) -> list[int]:
 def load_local_model(name_or_path: str | Path, loader: str = "auto") -> tuple[Any, Any, str]:
     """(model, tokenizer, how it was loaded). A local HF folder: a HookedTransformer through lab.hf.load_hf when
     the architecture converts, else (or with loader="bridge") a TransformerBridge through lab.hf.bridge. A zoo
-    name or a Forma model folder: HookedTransformer.from_pretrained, with the tokenizer saved beside it."""
-    import json
-
-    from transformers import AutoConfig, AutoTokenizer
-
-    from lab.hf import SUPPORTED, bridge, load_hf
+    name or a Forma model folder: HookedTransformer.from_pretrained, with the tokenizer saved beside it. The
+    folder is read through lab.hf, which runs none of its code."""
+    from lab.hf import SUPPORTED, bridge, hf_model_type, load_hf, local_tokenizer
 
     path = Path(name_or_path)
-    config = path / "config.json"
-    if not (path.is_dir() and config.is_file() and "model_type" in json.loads(config.read_text())):
+    model_type = hf_model_type(path) if path.is_dir() else None
+    if model_type is None:
         model = HookedTransformer.from_pretrained(name_or_path)
         if model.tokenizer is None:
             raise FileNotFoundError(f"{name_or_path} has no tokenizer.json beside its weights")
         return model, model.tokenizer, f"Forma model {name_or_path}: HookedTransformer.from_pretrained"
     if not any((path / name).is_file() for name in TOKENIZER_FILES):
         raise FileNotFoundError(f"{path} holds no tokenizer: save it beside the model (tokenizer.save_pretrained)")
-    model_type = AutoConfig.from_pretrained(path, local_files_only=True).model_type
     if loader == "auto" and model_type in SUPPORTED:
         model, route = load_hf(path), f"{model_type}: converted into a HookedTransformer by lab.hf.load_hf"
     else:
         model, route = bridge(path), f"{model_type}: wrapped by lab.hf.bridge (TransformerBridge)"
     # The folder's own tokenizer for both routes: the bridge's copy is set to prepend a BOS token, which
     # would give the two routes different prompts.
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    return model.eval(), tokenizer, route
+    return model.eval(), local_tokenizer(path), route
+
+
+def context_length(model: Any) -> int | None:
+    """The most tokens the model reads at once (its n_ctx: a HookedTransformer's, or the bridge's, from the Hugging
+    Face config's n_positions / max_position_embeddings); None when it names none."""
+    n_ctx = getattr(model.cfg, "n_ctx", None)
+    return int(n_ctx) if isinstance(n_ctx, int) and n_ctx > 0 else None
+
+
+def encode_prompts(tokenizer: Any, prompts: list[tuple[int, str]], context: int | None, source: str | Path,
+                   reserve: int = 0) -> list[list[int]]:
+    """The token ids of each (line, prompt), counted by a progress bar (a CSV of a million rows takes minutes).
+    Forma cuts no prompt: one that, with `reserve` tokens left for the answer, does not fit the model's context
+    would lose its start — the question — so an InputError names how many do not fit and the first one's line."""
+    from lab.inputs import InputError
+    from lab.progress import bar
+
+    encoded, too_long = [], []
+    with bar(len(prompts), "tokenise", unit="prompt") as counter:
+        for line, text in prompts:
+            ids = encode(tokenizer, text)
+            if context is not None and len(ids) + reserve > context:
+                too_long.append((line, len(ids)))
+            encoded.append(ids)
+            counter.update()
+    if too_long:
+        line, n = too_long[0]
+        room = f"{context - reserve} tokens (its context of {context} less {reserve} for the answer)" if reserve \
+            else f"its context of {context} tokens"
+        raise InputError(f"{source}: {len(too_long)} of {len(prompts)} prompts are longer than the model reads, "
+                         f"{room} (the first, line {line}, is {n} tokens); Forma cuts no prompt, which would drop its "
+                         "question: shorten them, or use a model with a longer context")
+    return encoded
+
+
+def check_memory(source: str | Path, n_items: int, per_item: int, what: str) -> None:
+    """An InputError, with the numbers, when `n_items` items of `per_item` bytes each cannot fit in the memory
+    available; checked before the model reads the first one."""
+    from lab.inputs import InputError, size_text
+    from lab.model.memory import available_memory
+
+    available = available_memory(torch.device("cpu"))
+    if available is not None and n_items * per_item > available:
+        raise InputError(f"{source}: {n_items:,} items need about {size_text(n_items * per_item)} for {what} "
+                         f"({size_text(per_item)} each), and {size_text(available)} is available: use fewer items")
+
+
+def mmlu_splits(n_items: int, cfg: Config) -> np.ndarray:
+    """Each item's side, "calibration" (fits T) or "test", drawn with probability calibration_share from the seed."""
+    draws = np.random.default_rng([cfg.seed, 9]).random(n_items)
+    return np.where(draws < cfg.calibration_share, "calibration", "test")
+
+
+def check_splits(source: str | Path, splits: np.ndarray, needed: tuple[str, ...], seed: int) -> None:
+    """An InputError when the seed's draw leaves one of the `needed` splits without an item."""
+    from lab.inputs import InputError
+
+    empty = [name for name in needed if not (splits == name).any()]
+    if empty:
+        raise InputError(f"{source}: with seed {seed}, none of the {len(splits)} items falls in the {empty[0]} split: "
+                         "use more items, or another --seed")
+
+
+@dataclass
+class LocalInputs:
+    """What a run of a local model on a CSV reads before it writes anything: the items, the model and its
+    tokenizer, how the model was loaded, and each item's prompt as token ids."""
+
+    items: list[dict[str, Any]]
+    model: Any
+    tokenizer: Any
+    route: str
+    prompts: list[list[int]]
+
+
+def read_mmlu_inputs(cfg: Config) -> LocalInputs:
+    """The MMLU file, the model and the prompts, each checked (`read_mmlu`, `load_local_model`, `encode_prompts`,
+    and the memory the activations will take): what `forma run` reads before it makes the run folder."""
+    items = read_mmlu(cfg.mmlu)
+    check_splits(cfg.mmlu, mmlu_splits(len(items), cfg), ("calibration", "test"), cfg.seed)
+    model, tokenizer, route = load_local_model(cfg.model, cfg.hf_loader)
+    prompts = encode_prompts(tokenizer, [(item["line"], mmlu_prompt(item)) for item in items], context_length(model),
+                             cfg.mmlu)
+    # P(IK) holds each item's residual stream at every layer, for the model and (a HookedTransformer) an untrained
+    # copy of it, beside its tokens.
+    models = 2 if isinstance(model, HookedTransformer) else 1
+    longest = max(len(ids) for ids in prompts)
+    check_memory(cfg.mmlu, len(items), 8 * longest + 4 * models * model.cfg.n_layers * model.cfg.d_model,
+                 "their tokens and residual streams")
+    return LocalInputs(items, model, tokenizer, route, prompts)
 
 
 @torch.inference_mode()
-def hf_lettered(model: Any, tokenizer: Any, items: list[dict[str, Any]], batch_size: int = 16
-                ) -> tuple[pd.DataFrame, list[Tensor], np.ndarray]:
+def hf_lettered(model: Any, tokenizer: Any, items: list[dict[str, Any]], batch_size: int = 16,
+                encoded: list[list[int]] | None = None) -> tuple[pd.DataFrame, list[Tensor], np.ndarray]:
     """Per item the log-probabilities of the letters A–D after the prompt, in a frame shaped like the synthetic
-    one; plus the prompts as equal-length batches and the item order of their rows (for activations)."""
+    one; plus the prompts as equal-length batches and the item order of their rows (for activations). `encoded`:
+    the prompts' token ids, when `encode_prompts` has made them already."""
+    from lab.progress import bar
+
     letters = letter_ids(tokenizer)
-    n_ctx = getattr(model.cfg, "n_ctx", None)
-    encoded = []
-    for item in items:
-        ids = encode(tokenizer, mmlu_prompt(item))
-        encoded.append(ids[-n_ctx:] if n_ctx else ids)  # keep the end: the options and "Answer:"
+    if encoded is None:
+        encoded = encode_prompts(tokenizer, [(item.get("line", item["item"]), mmlu_prompt(item)) for item in items],
+                                 context_length(model), "the items")
     by_length: dict[int, list[int]] = {}
     for index, ids in enumerate(encoded):
         by_length.setdefault(len(ids), []).append(index)
     log_p = np.empty((len(items), N_OPTIONS))
     batches, order = [], []
-    for _, members in sorted(by_length.items()):
-        for start in range(0, len(members), batch_size):
-            chunk = members[start: start + batch_size]
-            tokens = torch.tensor([encoded[i] for i in chunk])
-            logits = model(tokens)[:, -1].double().log_softmax(-1).cpu()
-            log_p[chunk] = logits[:, letters].numpy()
-            batches.append(tokens)
-            order += chunk
+    with bar(len(items), "lettered", unit="item") as counter:
+        for _, members in sorted(by_length.items()):
+            for start in range(0, len(members), batch_size):
+                chunk = members[start: start + batch_size]
+                tokens = torch.tensor([encoded[i] for i in chunk])
+                logits = model(tokens)[:, -1].double().log_softmax(-1).cpu()
+                log_p[chunk] = logits[:, letters].numpy()
+                batches.append(tokens)
+                order += chunk
+                counter.update(len(chunk))
     frame = pd.DataFrame({f"option_logit_{k}": log_p[:, k] for k in range(N_OPTIONS)})
     probs = softmax(log_p)
     answer = np.array([item["answer_index"] for item in items])
@@ -197,16 +312,16 @@ def hf_p_ik(model: Any, frame: pd.DataFrame, batches: list[Tensor], order: np.nd
                                "verdicts": verdicts}
 
 
-def run_hf(cfg: Config, out: Path) -> dict[str, Any]:
-    """Lettered multiple choice on an MMLU-layout CSV for a local HF causal LM; T and P(IK) with it."""
-    items = read_mmlu(cfg.mmlu)
-    model, tokenizer, route = load_local_model(cfg.model, cfg.hf_loader)
+def run_hf(cfg: Config, out: Path, inputs: LocalInputs | None = None) -> dict[str, Any]:
+    """Lettered multiple choice on an MMLU-layout CSV for a local HF causal LM; T and P(IK) with it. `inputs`:
+    what `read_mmlu_inputs(cfg)` read (read here when not given)."""
+    inputs = inputs or read_mmlu_inputs(cfg)
+    items, model, tokenizer, route = inputs.items, inputs.model, inputs.tokenizer, inputs.route
     timing: dict[str, float] = {}
     began = time.perf_counter()
-    frame, batches, order = hf_lettered(model, tokenizer, items)
+    frame, batches, order = hf_lettered(model, tokenizer, items, encoded=inputs.prompts)
     timing["lettered_s"] = time.perf_counter() - began
-    split_rng = np.random.default_rng([cfg.seed, 9])
-    frame["split"] = np.where(split_rng.random(len(frame)) < cfg.calibration_share, "calibration", "test")
+    frame["split"] = mmlu_splits(len(frame), cfg)
     frame["checkpoint"] = "model"
     results: dict[str, Any] = {
         "source": {"model": str(cfg.model), "route": route, "mmlu": str(cfg.mmlu), "n_items": len(items),

@@ -82,7 +82,8 @@ from experiments.monitor.config import (ABSTENTION_SIGNAL, ATTRIBUTE, ERROR_KIND
                                         SUBJECT, TRAINED, Config)
 from experiments.monitor.figures import write_figures
 from experiments.monitor.judging import familywise_level, judge, resplit
-from experiments.monitor.qa import abstention_alphas, normalise, qa_prompt, qa_readouts, read_qa, run_qa
+from experiments.monitor.qa import (MIN_QA_ITEMS, abstention_alphas, normalise, qa_prompt, qa_readouts, qa_splits,
+                                   read_qa, read_qa_inputs, run_qa)
 from experiments.monitor.readouts import load_readouts, save_readouts
 from experiments.monitor.setting import Setting, make_setting, train_model
 from experiments.monitor.signals import (choose_signs, claim_risks, fit_readouts, monitored, residuals, sampling_risks,
@@ -94,12 +95,21 @@ from experiments.monitor.synthetic import run_synthetic
 # --------------------------------------------------------------------------------------------
 # The experiment
 # --------------------------------------------------------------------------------------------
-def run(cfg: Config, out: Path) -> dict[str, Any]:
-    """The synthetic experiment (or, with cfg.model, the signals of a local model on cfg.qa); tables and figures
-    into `out`; returns results.json's dict."""
+def read_inputs(cfg: Config) -> Any:
+    """With cfg.model, the question–answer file, the model and the prompts, each checked (`read_qa_inputs`): what
+    `forma run` reads before it makes the run folder. The synthetic experiment reads nothing from outside: None."""
+    if cfg.model is None:
+        return None
+    with torch_threads(cfg.threads):
+        return read_qa_inputs(cfg)
+
+
+def run(cfg: Config, out: Path, inputs: Any = None) -> dict[str, Any]:
+    """The synthetic experiment (or, with cfg.model, the signals of a local model on cfg.qa, from `inputs` =
+    read_inputs(cfg) when given); tables and figures into `out`; returns results.json's dict."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     with torch_threads(cfg.threads):
         if cfg.model is not None:
-            return run_qa(cfg, out)
+            return run_qa(cfg, out, inputs)
         return run_synthetic(cfg, out)

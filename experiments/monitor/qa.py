@@ -1,7 +1,7 @@
 """`--model PATH --qa FILE`: the monitor on any local model with a question–answer CSV, the answers scored by exact
-match, the probe and P(IK) cross-fitted over folds of questions."""
+match, the probe and P(IK) cross-fitted over folds of questions. The CSV, the model and the prompts are read and
+checked first (`read_qa_inputs`), before the run writes anything."""
 
-import csv
 import re
 import time
 from pathlib import Path
@@ -28,24 +28,65 @@ from experiments.monitor.summary import headlines
 # --------------------------------------------------------------------------------------------
 # Any local model on a question–answer CSV
 # --------------------------------------------------------------------------------------------
-def read_qa(path: str | Path) -> list[dict[str, str]]:
-    """question, answer rows; a header row naming those columns is skipped, blank rows too."""
+# The questions are drawn into fit / calibration / test at random (split_fractions): with fewer than this many,
+# a split is too often empty, and there is nothing to choose signs on, calibrate on or report.
+MIN_QA_ITEMS = 10
+
+
+def read_qa(path: str | Path) -> list[dict[str, Any]]:
+    """question, answer rows; a header row naming those columns is skipped, blank rows too. One line naming the
+    file and line for a row of another width, an empty question or answer, an answer holding a line break (the
+    model's answer is its continuation up to its first line break, so it could never match), and for fewer than
+    MIN_QA_ITEMS questions."""
+    from lab.inputs import InputError
+
+    from experiments.calibration import read_question_csv
+
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no question–answer file at {path}")
-    with path.open(newline="", encoding="utf-8") as f:
-        rows = list(csv.reader(f))
-    header = bool(rows) and [c.strip().lower() for c in rows[0]] == ["question", "answer"]
+    rows = read_question_csv(path, "question–answer file")
+    if rows and [c.strip().lower() for c in rows[0][1]] == ["question", "answer"]:
+        rows = rows[1:]
     items = []
-    for number, row in enumerate(rows[header:], 1 + header):  # the file's own row numbers
+    for line, row in rows:
         if not any(cell.strip() for cell in row):
             continue
         if len(row) != 2 or not row[0].strip() or not row[1].strip():
-            raise ValueError(f"{path}, row {number}: expected 2 non-empty columns (question, answer), got {row!r}")
-        items.append({"question": row[0].strip(), "answer": row[1].strip()})
-    if not items:
-        raise ValueError(f"{path} holds no questions")
+            shown = repr(row) if len(repr(row)) <= 200 else repr(row)[:200] + "…"
+            raise InputError(f"{path}, line {line}: expected 2 non-empty columns (question, answer), got {shown}")
+        if "\n" in row[1].strip() or "\r" in row[1].strip():
+            raise InputError(f"{path}, line {line}: the answer holds a line break, and the model's answer is its "
+                             "continuation up to its first line break: it could never match")
+        items.append({"question": row[0].strip(), "answer": row[1].strip(), "line": line})
+    if len(items) < MIN_QA_ITEMS:
+        raise InputError(f"{path} holds {len(items)} question{'s' if len(items) != 1 else ''}; the monitor needs at "
+                         f"least {MIN_QA_ITEMS}, to have some in each of its fit, calibration and test splits")
     return items
+
+
+def qa_splits(n_items: int, cfg: Config) -> np.ndarray:
+    """Each question's split (SPLITS: fit, calibration, test), drawn from the seed with split_fractions."""
+    cuts = np.cumsum(cfg.split_fractions)[:-1]
+    return np.array(SPLITS)[np.searchsorted(cuts, np.random.default_rng([cfg.seed, 23]).random(n_items), side="right")]
+
+
+def read_qa_inputs(cfg: Config) -> Any:
+    """The question–answer file, the model and the prompts, each checked (`read_qa`, `load_local_model`, the prompts
+    with room for qa_max_new_tokens answer tokens in the model's context, the memory the run will take): what
+    `forma run` reads before it makes the run folder."""
+    from experiments.calibration import (LocalInputs, check_memory, check_splits, context_length, encode_prompts,
+                                         load_local_model)
+
+    items = read_qa(cfg.qa)
+    check_splits(cfg.qa, qa_splits(len(items), cfg), ("test",), cfg.seed)  # fit and calibration may be empty
+    model, tokenizer, route = load_local_model(cfg.model, cfg.hf_loader)
+    prompts = encode_prompts(tokenizer, [(item["line"], qa_prompt(item["question"])) for item in items],
+                             context_length(model), cfg.qa, reserve=cfg.qa_max_new_tokens)
+    # Each question keeps its prompt and answer tokens, k sampled answers, and (a HookedTransformer) two residual
+    # streams at each answer token for the readouts.
+    longest = max(len(ids) for ids in prompts) + cfg.qa_max_new_tokens
+    check_memory(cfg.qa, len(items), 8 * longest * (cfg.k_samples + 2) + 8 * model.cfg.d_model * longest,
+                 "their tokens, samples and residual streams")
+    return LocalInputs(items, model, tokenizer, route, prompts)
 
 
 def qa_prompt(question: str) -> str:
@@ -116,15 +157,15 @@ def abstention_alphas(alphas: tuple[float, ...], n_calibration: int, n_test: int
     return scored, skipped
 
 
-def run_qa(cfg: Config, out: Path) -> dict[str, Any]:
-    """The monitor's signals on a local model with a question–answer CSV, exact match against the answers."""
-    from experiments.calibration import encode, load_local_model
+def run_qa(cfg: Config, out: Path, inputs: Any = None) -> dict[str, Any]:
+    """The monitor's signals on a local model with a question–answer CSV, exact match against the answers. `inputs`:
+    what `read_qa_inputs(cfg)` read (read here when not given)."""
+    from lab.progress import bar
 
-    items = read_qa(cfg.qa)
-    model, tokenizer, route = load_local_model(cfg.model, cfg.hf_loader)
+    inputs = inputs or read_qa_inputs(cfg)
+    items, model, tokenizer, route = inputs.items, inputs.model, inputs.tokenizer, inputs.route
     hooked = isinstance(model, HookedTransformer)
     eos = getattr(tokenizer, "eos_token_id", None)
-    n_ctx = getattr(model.cfg, "n_ctx", None)
     timing: dict[str, float] = {}
     began = time.perf_counter()
     monitor = Monitor(model, attention=False)
@@ -140,28 +181,24 @@ def run_qa(cfg: Config, out: Path) -> dict[str, Any]:
         return text_of(new), len(new)
 
     rows, series, lengths, prompts, sequences = [], {name: [] for name in monitor.token_signals}, [], [], []
-    for item in items:
-        ids = encode(tokenizer, qa_prompt(item["question"]))
-        budget = cfg.qa_max_new_tokens
-        if n_ctx is not None:
-            ids = ids[-(n_ctx - budget):]
-        tokens = torch.tensor([ids])
-        result = monitor.generate(tokens, budget, eos_token_id=eos)
-        new = result.new_tokens[0].tolist()
-        answer, length = answer_of(new)
-        rows.append({"question": item["question"], "answer": item["answer"], "generated": answer, "n_answer_tokens":
-                     length, "false": normalise(answer) != normalise(item["answer"])})
-        for name in monitor.token_signals:
-            series[name].append(result.signals[name][0, :length])
-        lengths.append(length)
-        prompts.append(tokens)
-        sequences.append(result.tokens[:, :len(ids) + length])
+    with bar(len(items), "monitored generation", unit="question") as counter:
+        for item, ids in zip(items, inputs.prompts):
+            tokens = torch.tensor([ids])
+            result = monitor.generate(tokens, cfg.qa_max_new_tokens, eos_token_id=eos)
+            new = result.new_tokens[0].tolist()
+            answer, length = answer_of(new)
+            rows.append({"question": item["question"], "answer": item["answer"], "generated": answer,
+                         "n_answer_tokens": length, "false": normalise(answer) != normalise(item["answer"])})
+            for name in monitor.token_signals:
+                series[name].append(result.signals[name][0, :length])
+            lengths.append(length)
+            prompts.append(tokens)
+            sequences.append(result.tokens[:, :len(ids) + length])
+            counter.update()
     timing["monitored_generation_s"] = time.perf_counter() - began
     frame = pd.DataFrame(rows)
     false = frame["false"].to_numpy()
-    cuts = np.cumsum(cfg.split_fractions)[:-1]
-    split = np.array(SPLITS)[np.searchsorted(cuts, np.random.default_rng([cfg.seed, 23]).random(len(frame)),
-                                             side="right")]
+    split = qa_splits(len(frame), cfg)
     frame["split"] = split
     unavailable = dict(monitor.unavailable) | {"subject_attention": "a question has no marked subject"}
 

@@ -31,20 +31,20 @@ def save_readouts(out: Path, probe: LinearReadout | None, p_ik: LinearReadout | 
 
 def load_readouts(folder: Path) -> tuple[LinearReadout | None, LinearReadout | None, dict[str, int]]:
     """What `save_readouts` wrote: (probe, p_ik, signs)."""
-    import json
-
     from safetensors import safe_open
 
+    from lab.inputs import parse_json, regular_file
+
     path = Path(folder) / READOUT_FILE
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"no {READOUT_FILE} in {folder}: run `forma run monitor` to make one")
-    with safe_open(str(path), framework="pt") as f:
+    with safe_open(str(regular_file(path, folder, what="readouts file")), framework="pt") as f:
         meta = f.metadata() or {}
         readouts = []
         for name in ("probe", "p_ik"):
             if name in meta:
-                info = json.loads(meta[name])
+                info = parse_json(meta[name], path)
                 readouts.append(LinearReadout(info["hook"], f.get_tensor(name), float(info["bias"]), info["position"]))
             else:
                 readouts.append(None)
-    return readouts[0], readouts[1], json.loads(meta.get("signs", "{}"))
+    return readouts[0], readouts[1], parse_json(meta.get("signs", "{}"), path)

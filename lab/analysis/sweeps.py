@@ -43,6 +43,7 @@ from lab.analysis.activations.store import model_summary
 from lab.analysis.patching import PatchingResult, patch_heads, patch_heads_by_position, patch_positions
 from lab.distributed import PARTS, all_gather_json, all_gather_rows, claim_parts, plan_parts, rank_world, record_plan
 from lab.files import atomic_write, atomic_write_text, is_temporary
+from lab.inputs import InputError, parse_json, read_json_object, read_text, regular_file
 
 SWEEP_FORMAT = "forma-sweep/1"
 SWEEP_FILE = "sweep.json"
@@ -69,7 +70,7 @@ def read_pairs(path: str | Path, model: Any) -> list[PromptPair]:
     path = Path(path)
     if path.suffix not in (".csv", ".jsonl"):
         raise ValueError(f"{path}: a dataset of prompt pairs is a .csv or a .jsonl file")
-    text = path.read_text(encoding="utf-8")
+    text = read_text(path, what="dataset of prompt pairs")
     if path.suffix == ".csv":
         reader = csv.DictReader(text.splitlines())
         missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
@@ -82,9 +83,10 @@ def read_pairs(path: str | Path, model: Any) -> list[PromptPair]:
         for line, raw in enumerate(text.splitlines(), 1):
             if raw.strip():
                 try:
-                    rows.append((line, json.loads(raw)))
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"{path}:{line}: not a JSON object ({err})") from err
+                    rows.append((line, parse_json(raw, f"{path}:{line}")))
+                except InputError as err:  # "malformed JSON in FILE:LINE, line 1 column C: …", said as rows' are
+                    detail = str(err).partition(", line 1 ")[2] or err
+                    raise InputError(f"{path}:{line}: not a JSON object ({detail})") from None
     pairs = []
     for line, row in rows:
         try:
@@ -262,12 +264,13 @@ def load_sweep(out_dir: str | Path) -> dict[str, SweepTable]:
     path = out_dir / SWEEP_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{out_dir} has no {SWEEP_FILE}: not a finished patching sweep")
-    manifest = json.loads(path.read_text())
-    if manifest.get("format") != SWEEP_FORMAT:
+    manifest = read_json_object(path, out_dir, what="sweep manifest")
+    if manifest.get("format") != SWEEP_FORMAT or not isinstance(manifest.get("sweeps"), dict):
         raise ValueError(f"{path} is not a {SWEEP_FORMAT} manifest")
     tables = {}
     for name, entry in manifest["sweeps"].items():
-        tensors = load_file(str(out_dir / entry["file"]))
+        tensors = load_file(str(regular_file(out_dir / str(entry.get("file") if isinstance(entry, dict) else ""),
+                                             out_dir, what="sweep table")))
         tables[name] = SweepTable(tensors["values"], tensors["clean"], tensors["corrupted"], tensors["lengths"],
                                   entry["component"], entry["axis"], manifest["direction"])
     return tables

@@ -1,9 +1,11 @@
 """The commands that run a model over a dataset, in one process or as the ranks of torchrun (`torchrun
 --nproc-per-node K -m lab.cli COMMAND ...`), resumable by running the same command again: `forma harvest` (hook
 activations over a corpus into shards and one index) and `forma patch` (patching sweeps over prompt pairs, one table
-per sweep). docs/distributed.md shows both on one machine and on several."""
+per sweep); `forma transcoders` (lab/cli/models.py) joins the group the same way. docs/distributed.md shows both on one machine and on several."""
 
 import argparse
+import contextlib
+from collections.abc import Iterator
 
 # lab.analysis.sweeps.SWEEPS's names, here so that `forma patch --help` answers without importing torch
 # (tests/test_cli_datasets.py holds the two equal).
@@ -13,27 +15,36 @@ SWEEP_NAMES = ("resid_pre", "attn_out", "mlp_out", "resid_post", "head", "head_p
 WAIT_S = 24 * 3600.0
 
 
-def run_model_job(args: argparse.Namespace, job) -> int:
-    """Join torchrun's process group (when there is one), load the model on this rank's device, call job(model,
-    rank, world), and leave the group whatever happens."""
+@contextlib.contextmanager
+def process_group(device: str) -> Iterator[tuple[int, int]]:
+    """Join torchrun's process group (when there is one) for the body, as (rank, world size), and leave it whatever
+    happens."""
     import signal
 
-    import torch
-
     from lab.distributed import close_distributed, init_distributed
-    from lab.load import load_model
 
-    rank, world = init_distributed(args.device, timeout_s=WAIT_S)
+    rank, world = init_distributed(device, timeout_s=WAIT_S)
     if world > 1:
         # torchrun's SIGTERM (another rank failed, or the job is being stopped) ends a rank at once, even one that
         # waits inside a collective, where no Python handler runs until it returns. Nothing is lost: every file is
         # written atomically, and the same command resumes.
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
-        device = f"cuda:{torch.cuda.current_device()}" if args.device == "cuda" else args.device
-        return job(load_model(args.model, device).eval(), rank, world)
+        yield rank, world
     finally:
         close_distributed()
+
+
+def run_model_job(args: argparse.Namespace, job) -> int:
+    """In torchrun's process group (`process_group`), load the model on this rank's device and call job(model,
+    rank, world)."""
+    import torch
+
+    from lab.load import load_model
+
+    with process_group(args.device) as (rank, world):
+        device = f"cuda:{torch.cuda.current_device()}" if args.device == "cuda" else args.device
+        return job(load_model(args.model, device).eval(), rank, world)
 
 
 def cmd_harvest(args: argparse.Namespace) -> int:

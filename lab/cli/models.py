@@ -1,5 +1,6 @@
 """The commands about one model: `forma hooks` (its hook points and their shapes), `forma trust` (how far to
-trust its numbers) and `forma train` (a zoo model built from its recipe, resumable)."""
+trust its numbers), `forma train` (a zoo model built from its recipe, resumable) and `forma transcoders` (its
+transcoders, in one process or as torchrun's ranks, resumable)."""
 
 import argparse
 import sys
@@ -26,10 +27,13 @@ def cmd_hooks(args: argparse.Namespace) -> int:
 
 
 def cmd_trust(args: argparse.Namespace) -> int:
-    """Check how far to trust a model's numbers; write trust.json beside it. Exit 1 if a check fails."""
+    """Check how far to trust a model's numbers; write trust.json beside it (or to --out). Exit 1 if a check fails."""
+    from lab.folders import trust_report_path
+
+    trust_report_path(args.model, args.out)  # an unknown model, or nowhere to write, is refused before torch loads
     from lab.trust import run_trust, summary_lines
 
-    report, path = run_trust(args.model)
+    report, path = run_trust(args.model, args.out)
     print("\n".join(summary_lines(report)))
     print(f"wrote {path}")
     return 0 if report["passed"] else 1
@@ -63,18 +67,29 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_transcoders(args: argparse.Namespace) -> int:
     """Train transcoders for a trained zoo model on its own world (a harvest of every layer's MLP input and output
     at every position of --windows windows of 64 tokens, kept on disk while training), measure them on held-out
-    windows and keep them, with each feature's top contexts, in models/NAME/transcoders/KIND/."""
+    windows and keep them, with each feature's top contexts, in models/NAME/transcoders/KIND/.
+
+    In one process, or as the ranks of torchrun (`torchrun --nproc-per-node K -m lab.cli transcoders NAME ...`):
+    the ranks share the harvests, and train data-parallel (--parallel data: every rank every layer on its slice of
+    each batch, gradients all-reduced) or module-parallel (--parallel modules: each rank its share of the layers);
+    rank 0 measures and writes. Interrupted (any rank, any way), the same command resumes from the last
+    checkpoint (every --checkpoint-interval steps); --overwrite starts afresh. docs/distributed.md."""
     from lab.analysis.transcoders.build import build_transcoders, load_quality, preset
+    from lab.cli.datasets import process_group
     from lab.folders import is_trained, zoo_dir
 
     folder = zoo_dir() / args.name
     if not is_trained(args.name):
         raise ValueError(f"{args.name} is not trained yet: run `forma train {args.name}` first")
-    cfg, training = preset(args.kind, folder, args.features, args.steps)
-    out = build_transcoders(folder, cfg, training, args.kind, n_windows=args.windows, progress=not args.no_progress)
+    cfg, training = preset(args.kind, folder, args.features, args.steps, args.checkpoint_interval)
+    with process_group("cpu") as (rank, world):
+        out = build_transcoders(folder, cfg, training, args.kind, n_windows=args.windows, parallel=args.parallel,
+                                overwrite=args.overwrite, progress=not args.no_progress)
+    if out is None:  # a rank other than 0: rank 0 writes and reports
+        return 0
     quality = load_quality(out)
     for layer, (fvu, l0, dead) in enumerate(zip(*(quality["held_out"][k] for k in ("fvu", "l0", "dead")))):
         print(f"layer {layer}: FVU {fvu:.3f}  L0 {l0:.1f}  dead {dead:.1%}")
     print(f"loss recovered with every MLP replaced: {quality['loss']['recovered']:.1%}")
-    print(f"wrote {out}")
+    print(f"wrote {out}" + (f" ({world} ranks, {args.parallel}-parallel)" if world > 1 else ""))
     return 0

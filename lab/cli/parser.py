@@ -29,6 +29,7 @@ def port_number(text: str) -> int:
 
 # lab.analysis.transcoders.build.PRESETS' names, written here so that --help loads no torch (a test holds them equal)
 TRANSCODER_KINDS = ("topk", "relu", "jumprelu", "clt")
+TRANSCODER_PARALLEL = ("data", "modules")  # lab.analysis.transcoders.train.PARALLEL, likewise
 MAX_SEED = 2**63 - 1  # torch.manual_seed takes < 2**64 and experiments add small offsets; numpy takes any size
 
 
@@ -116,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     trust = sub.add_parser("trust", help="check a model against HF, its own fast paths and bfloat16",
                            description=cmd_trust.__doc__)
     trust.add_argument("model", type=model_name, help="zoo name, Forma model folder, or local Hugging Face folder")
+    trust.add_argument("--out", metavar="FILE", help="where to write the report (default: trust.json in the model's "
+                                                     "folder; needed when that folder is read-only)")
     trust.set_defaults(func=cmd_trust)
 
     from lab.folders import zoo_names
@@ -126,14 +129,22 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", action="store_true", help="continue from models/NAME/train/checkpoint")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.set_defaults(func=cmd_train)
-    transcoders = sub.add_parser("transcoders", help="train transcoders for a zoo model (attribution graphs)",
-                                 description=cmd_transcoders.__doc__)
+    transcoders = sub.add_parser("transcoders", help="train transcoders for a zoo model (attribution graphs; one "
+                                 "process, or torchrun ranks)", description=cmd_transcoders.__doc__)
     transcoders.add_argument("name", choices=zoo_names(), metavar="NAME", help=f"zoo model: {', '.join(zoo_names())}")
     transcoders.add_argument("--kind", default="topk", choices=TRANSCODER_KINDS,
                              help="top-k, ReLU or JumpReLU per-layer transcoders, or a cross-layer ReLU one")
     transcoders.add_argument("--steps", type=positive_count, default=1500, help="training steps of 512 rows")
     transcoders.add_argument("--windows", type=positive_count, default=1024, help="windows of 64 tokens harvested")
     transcoders.add_argument("--features", type=positive_count, default=1024, help="features per layer")
+    transcoders.add_argument("--parallel", choices=TRANSCODER_PARALLEL, default="data",
+                             help="under torchrun: data (every rank trains every layer on a slice of each batch, "
+                                  "gradients all-reduced; default) or modules (each rank trains a share of the "
+                                  "layers; not for clt)")
+    transcoders.add_argument("--checkpoint-interval", type=positive_count, default=100,
+                             help="steps between checkpoints (default 100); a rerun resumes from the last")
+    transcoders.add_argument("--overwrite", action="store_true",
+                             help="start afresh, ignoring a checkpoint or harvest an interrupted run left")
     transcoders.add_argument("--no-progress", action="store_true", help="no progress bar")
     transcoders.set_defaults(func=cmd_transcoders)
 

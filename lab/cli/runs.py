@@ -12,25 +12,40 @@ def cmd_run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     import experiments
+    from lab.folders import model_folder
     from lab.headlines import lines as headline_lines
+    from lab.inputs import regular_file
+
+    # What the arguments alone settle is refused before torch loads: an option the experiment does not take, a
+    # model that is neither a folder nor a trained zoo model, and a file that is not there (or not a regular file).
+    given = {"seed": args.seed, "quick": args.quick, "model": args.model, "mmlu": args.mmlu, "qa": args.qa,
+             "workers": args.workers}
+    entry = experiments.experiment(args.name)
+    takes = {"seed", "quick", *entry.options}
+    unsupported = [k for k, v in given.items() if v not in (None, False) and k not in takes]
+    if unsupported:
+        raise ValueError(f"experiment {args.name!r} takes no --{unsupported[0]}")
+    if args.model is not None:
+        model_folder(args.model)
+    for option, what in entry.files:
+        if given[option] is not None:
+            regular_file(given[option], what=what)
     from lab.progress import PROGRESS_FILE, recording
     from lab.runs import read_results, run_and_record
 
     module = experiments.load(args.name)
     fields = {f.name for f in dataclasses.fields(module.Config)}
-    given = {"seed": args.seed, "quick": args.quick, "model": args.model, "mmlu": args.mmlu, "qa": args.qa,
-             "workers": args.workers}
-    unsupported = [k for k, v in given.items() if v not in (None, False) and k not in fields]
-    if unsupported:
-        raise ValueError(f"experiment {args.name!r} takes no --{unsupported[0]}")
     cfg = module.Config(**{k: v for k, v in given.items() if k in fields and v is not None})
     job = f"forma run {args.name}{' --quick' if args.quick else ''}"
+    # What the run reads from outside (a model, a CSV) is read and checked before its folder is made: a refused
+    # input leaves nothing behind, and is said once.
+    inputs = module.read_inputs(cfg) if hasattr(module, "read_inputs") else None
 
     def run_with_progress(config: object, folder: Path) -> dict:
         # The experiment's own trainings show no bar; the job's line (stderr) and its progress file (which
         # the dashboard and `forma demo` read) say which stage it is in, and how far.
         with recording(folder / PROGRESS_FILE, job, echo=True):
-            return module.run(config, folder)
+            return module.run(config, folder) if inputs is None else module.run(config, folder, inputs)
 
     folder = run_and_record(args.name, cfg, run_with_progress, out=args.out, seed=getattr(cfg, "seed", None))
     (folder / PROGRESS_FILE).unlink(missing_ok=True)  # results.json is there now: the run's state is in it

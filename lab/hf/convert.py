@@ -126,12 +126,30 @@ def _convert_into(model: HookedTransformer, family: Family, hf_model: Any,
 
 def _check_against_config(hf_model: Any) -> None:
     """ValueError naming every tensor of `hf_model` that its config does not describe, or describes with
-    another shape, and every one it describes that is missing (e.g. layers removed from the module tree)."""
+    another shape, and every one it describes that is missing (e.g. layers removed from the module tree); and
+    naming an output head that the config ties to the token embedding but that is a tensor of its own."""
     with torch.device("meta"):
         expected = {k: tuple(v.shape) for k, v in type(hf_model)(hf_model.config).state_dict().items()}
     problems = describe_weight_problems(expected, {k: tuple(v.shape) for k, v in hf_model.state_dict().items()})
     if problems:
         raise ValueError(f"the Hugging Face model's tensors do not match its config: {problems}")
+    _check_tied_head(hf_model)
+
+
+def _check_tied_head(hf_model: Any) -> None:
+    """A config that ties the output head to the token embedding (tie_word_embeddings) describes one tensor; when
+    the weights hold an lm_head that differs from the embedding, transformers keeps the two apart and Forma, reading
+    the config, would tie them: logits that silently differ. A ValueError naming both instead."""
+    if not getattr(hf_model.config, "tie_word_embeddings", False):
+        return
+    head, embedding = hf_model.get_output_embeddings(), hf_model.get_input_embeddings()
+    if head is None or embedding is None or head.weight is embedding.weight:
+        return
+    names = {id(p): name for name, p in hf_model.named_parameters(remove_duplicate=False)}
+    raise ValueError(f"config.json ties the output head to the token embedding (tie_word_embeddings: true), but the "
+                     f"weights hold {names.get(id(head.weight), 'an output head')}, which differs from "
+                     f"{names.get(id(embedding.weight), 'the embedding')}; transformers keeps the two apart. Set "
+                     "tie_word_embeddings to false in config.json to load both, or remove the head from the weights")
 
 def to_hf(model: HookedTransformer) -> Any:
     """The same network as a Hugging Face model of the family its shape matches (see `export_family`), in

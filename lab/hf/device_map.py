@@ -78,6 +78,24 @@ def _place_name(place: Any) -> str:
         raise ValueError(f"device_map place {place!r} is not a device, 'cpu' or 'disk'") from err
 
 
+def check_devices(where: Any) -> None:
+    """Every device that `where` names (one device, or a device_map's places; "disk" and the AUTO_MAPS aside)
+    exists on this machine: a ValueError naming the first that does not, before anything is loaded onto it."""
+    places = where.values() if isinstance(where, dict) else [where]
+    for place in places:
+        if place is None or (isinstance(place, str) and place in (*AUTO_MAPS, "disk")):
+            continue
+        device = torch.device(_place_name(place))
+        if device.type in ("cpu", "meta"):
+            continue
+        backend = getattr(torch, device.type, None)
+        count = backend.device_count() if hasattr(backend, "device_count") else 0
+        if (device.index or 0) >= count:
+            have = (f"no {device.type} device" if count == 0 else f"1 {device.type} device ({device.type}:0)"
+                    if count == 1 else f"{count} {device.type} devices ({device.type}:0 … {device.type}:{count - 1})")
+            raise ValueError(f"device {place!r} is not on this machine, which has {have}")
+
+
 def check_placement(placement: dict[str, Any], cfg: ModelConfig, offload_folder: Any) -> str:
     """The execution (main) device of a placement, after checking that Forma can run it: ValueError naming
     what cannot be."""

@@ -1,14 +1,19 @@
 """A local Hugging Face `save_pretrained` folder, read strictly: its config (`_hf_config`), its tokenizer, its
 safetensors checked before anything is loaded (`check_safetensors`: never a pickle, every shard whole), and the
 causal LM loaded only if its weights are exactly what config.json describes (`read_hf_folder`).
-`hf_model_type` says which architecture a folder holds without loading transformers."""
+`hf_model_type` says which architecture a folder holds without loading transformers.
 
-import json
+Nothing in the folder runs as code: every transformers loader is called with trust_remote_code=False, and a
+config.json or tokenizer_config.json whose `auto_map` names Python code in the folder is refused before
+transformers sees it (`refuse_code`). Every file of the folder is a regular file inside it (`check_folder_files`,
+through `lab.inputs`): transformers opens files by names of its own, and a FIFO among them would hang it."""
+
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from lab.inputs import MAX_JSON_BYTES, InputError, inside, read_json, read_json_object, regular_file
 from lab.model.checkpoint import describe_weight_problems
 
 SAFETENSORS_FILE = "model.safetensors"
@@ -24,8 +29,8 @@ def hf_model_type(folder: str | Path) -> str | None:
     readable config.json, or one that names no model_type, as a Forma model folder's). Read as plain JSON:
     nothing of transformers is loaded."""
     try:
-        config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        config = read_json(Path(folder) / "config.json", folder_root(Path(folder)), what="model config")
+    except (OSError, ValueError):
         return None
     return str(config["model_type"]) if isinstance(config, dict) and "model_type" in config else None
 
@@ -47,8 +52,8 @@ def read_hf_folder(path: str | Path, **options: Any) -> Any:
     check_safetensors(path)
     with _quiet_transformers():
         hf, info = AutoModelForCausalLM.from_pretrained(
-            path, local_files_only=True, use_safetensors=True, output_loading_info=True, ignore_mismatched_sizes=True,
-            **options)
+            path, local_files_only=True, trust_remote_code=False, use_safetensors=True, output_loading_info=True,
+            ignore_mismatched_sizes=True, **options)
     described = {k: () for k in info["missing_keys"]} | {k: tuple(want) for k, _, want in info["mismatched_keys"]}
     found = {k: () for k in info["unexpected_keys"]} | {k: tuple(have) for k, have, _ in info["mismatched_keys"]}
     problems = describe_weight_problems(described, found)
@@ -63,18 +68,20 @@ def check_safetensors(path: Path) -> list[Path]:
     FileNotFoundError or ValueError naming what is missing, pickled, malformed or truncated."""
     from safetensors import SafetensorError, safe_open
 
+    root = folder_root(path)
     index = path / SAFETENSORS_INDEX
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-            shards = sorted({path / name for name in weight_map.values()})
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
-            raise ValueError(f"malformed {index}: {err!r}") from err
-        absent = [shard.name for shard in shards if not shard.is_file()]
+    if index.exists():
+        weight_map = read_json_object(index, root, what="weights index").get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(name, str) for name in weight_map.values()):
+            raise InputError(f"malformed {index}: its weight_map must map tensor names to shard file names")
+        shards = sorted({path / name for name in weight_map.values()})
+        absent = [shard.name for shard in shards if not shard.exists()]
         if absent:
             raise FileNotFoundError(f"{index} names shards that are not in {path}: {absent}")
-    elif (path / SAFETENSORS_FILE).is_file():
-        shards = [path / SAFETENSORS_FILE]
+        for shard in shards:
+            regular_file(shard, root, what="weights shard")
+    elif (path / SAFETENSORS_FILE).exists():
+        shards = [regular_file(path / SAFETENSORS_FILE, root, what="weights file")]
     else:
         other = [name for name in OTHER_WEIGHTS if (path / name).exists()]
         if other:
@@ -92,33 +99,91 @@ def check_safetensors(path: Path) -> list[Path]:
     return shards
 
 
+def folder_root(path: Path) -> Path:
+    """The folder every file of a model folder must resolve inside: the folder itself, or for a Hugging Face cache
+    snapshot (.../models--ORG--NAME/snapshots/REVISION/, whose files are links into the same model's blobs/) the
+    model's cache folder, models--ORG--NAME."""
+    path = Path(path)
+    if path.parent.name == "snapshots" and path.parent.parent.name.startswith("models--"):
+        return path.parent.parent
+    return path
+
+
+def check_folder_files(path: Path) -> None:
+    """Every file of a model folder (links followed; subfolders aside) is a regular file that resolves inside it
+    (`folder_root`), and its JSON files (config, tokenizer, generation config) are at most MAX_JSON_BYTES: an
+    InputError naming the first that is not."""
+    root = folder_root(path)
+    for entry in sorted(path.iterdir()):
+        if entry.is_dir():
+            continue
+        inside(entry, root)
+        if not entry.exists():
+            raise InputError(f"{entry} is a link to nothing")
+        regular_file(entry, root, MAX_JSON_BYTES if entry.suffix == ".json" else None)
+
+
+def refuse_code(path: Path, data: dict[str, Any]) -> None:
+    """An InputError when a config (config.json, tokenizer_config.json) asks to run Python code from its folder."""
+    if "auto_map" in data:
+        code = data["auto_map"]
+        named = ", ".join(f"{k} → {v}" for k, v in code.items()) if isinstance(code, dict) else repr(code)
+        raise InputError(f"{path} asks to run Python code from its folder (auto_map: {named}); Forma never runs a "
+                         "model folder's code (trust_remote_code=False): use a model whose architecture transformers "
+                         "has built in")
+
+
+def _check_dtype(path: Path, data: dict[str, Any]) -> None:
+    """The dtype a config records is one torch has (or "auto", or none); an InputError naming it otherwise."""
+    import torch
+
+    for key in ("dtype", "torch_dtype"):
+        value = data.get(key)
+        if value is None or value == "auto":
+            continue
+        name = value.removeprefix("torch.") if isinstance(value, str) else None
+        if name is None or not name.isidentifier() or not isinstance(getattr(torch, name, None), torch.dtype):
+            raise InputError(f"{path}: {key} {value!r} is not a torch dtype (float32, float16, bfloat16, ...)")
+
+
 def _hf_config(path: Path) -> Any:
     """The folder's transformers config; FileNotFoundError or ValueError naming config.json."""
     from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig
 
-    if not (path / "config.json").is_file():
+    config = path / "config.json"
+    if not config.exists():
         raise FileNotFoundError(f"{path} is not a Hugging Face model folder (no config.json)")
+    check_folder_files(path)
+    data = read_json_object(config, folder_root(path), what="model config")
+    refuse_code(config, data)
+    _check_dtype(config, data)
     try:
         with _quiet_transformers():
-            return AutoConfig.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError, KeyError, TypeError, StrictDataclassError) as err:
+            return AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, StrictDataclassError) as err:
         # what transformers raises for a config it cannot read, or one whose fields have the wrong type
-        raise ValueError(f"malformed {path / 'config.json'}: {err}") from err
+        raise InputError(f"malformed {config}: {err}") from err
 
 
-def _local_tokenizer(path: Path) -> Any:
-    """The folder's tokenizer, or None when it has none; a ValueError naming a file that cannot be read."""
-    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+def local_tokenizer(path: Path) -> Any:
+    """A Hugging Face folder's tokenizer (transformers' AutoTokenizer, none of the folder's code run), or None when
+    it has none; a ValueError naming a file that cannot be read."""
+    path = Path(path)
+    present = [f for f in TOKENIZER_FILES if (path / f).exists()]
+    if not present:
         return None
     from transformers import AutoTokenizer
 
+    check_folder_files(path)
+    if (path / "tokenizer_config.json").exists():
+        refuse_code(path / "tokenizer_config.json",
+                    read_json_object(path / "tokenizer_config.json", folder_root(path), what="tokenizer config"))
     try:
         with _quiet_transformers():
-            return AutoTokenizer.from_pretrained(path, local_files_only=True)
+            return AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
     except Exception as err:  # the Rust tokenizers library raises plain Exception for a malformed tokenizer.json
-        raise ValueError(f"malformed tokenizer in {path} ({', '.join(f for f in TOKENIZER_FILES if (path / f).is_file())}): "
-                         f"{err}") from err
+        raise InputError(f"malformed tokenizer in {path} ({', '.join(present)}): {err}") from err
 
 
 @contextmanager

@@ -8,7 +8,10 @@ on disk) and lets accelerate move the offloaded ones in around their forward pas
 weights are read straight from its safetensors (transformers indexes them without loading anything),
 so memory holds the placed model plus one block being converted, never a second copy of the model."""
 
+import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +19,10 @@ import torch
 from torch import Tensor
 
 from lab.hf.convert import _assign, _check_against_config, _config, _convert_into, _family, empty_model, from_hf
-from lab.hf.device_map import _place_of, check_placement, forma_device_map
+from lab.files import check_writable
+from lab.hf.device_map import _place_of, check_devices, check_placement, forma_device_map
 from lab.hf.family import Family, UnsupportedArchitecture
-from lab.hf.folder import TOKENIZER_FILES, _hf_config, _local_tokenizer, _quiet_transformers, read_hf_folder
+from lab.hf.folder import TOKENIZER_FILES, _hf_config, local_tokenizer, _quiet_transformers, read_hf_folder
 from lab.model import HookedTransformer
 
 def load_hf(path: str | Path, device: str | torch.device | None = None, *, dtype: torch.dtype | str = torch.float32,
@@ -30,22 +34,57 @@ def load_hf(path: str | Path, device: str | torch.device | None = None, *, dtype
     Either on one `device` (default the CPU), or spread by `device_map` (see `forma_device_map`): blocks on
     devices, on the CPU, or on disk in `offload_folder`, where accelerate loads each offloaded block's weights
     in around its forward pass. The folder must hold exactly what its config.json describes (see
-    `read_hf_folder`)."""
+    `read_hf_folder`). `offload_folder` must be new or empty: the weights offloaded into it are its only files."""
     path = Path(path)
     config = _hf_config(path)
     family = _family(config.model_type)
     if device_map is not None and device is not None:
         raise ValueError("give load_hf a device or a device_map, not both")
+    check_devices(device_map if device_map is not None else device)
     dtype = _loaded_dtype(config, dtype)
-    tokenizer = _local_tokenizer(path)
+    tokenizer = local_tokenizer(path)
+    with fresh_offload_folder(offload_folder if device_map is not None else None):
+        try:
+            if device_map is None:
+                return from_hf(read_hf_folder(path, dtype=dtype), tokenizer=tokenizer, dtype=dtype).to(device or "cpu")
+            return _load_dispatched(path, family, tokenizer, dtype, device_map, max_memory, offload_folder)
+        except UnsupportedArchitecture:
+            raise
+        except ValueError as err:
+            raise ValueError(f"{path / 'config.json'}: {err}") from err
+
+
+@contextmanager
+def fresh_offload_folder(folder: str | Path | None) -> Iterator[None]:
+    """Hold `folder` (when one is given) for offloaded weights: made when absent, taken when empty, and refused —
+    a ValueError naming it — when it is a file, holds files (an activation set, a model folder: nothing in it is
+    ever overwritten) or cannot be written. If loading fails, what it wrote there is removed again."""
+    if folder is None:
+        yield
+        return
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"offload_folder {folder} is a file, not a folder")
+    if folder.is_dir() and any(folder.iterdir()):
+        held = sorted(p.name for p in folder.iterdir())
+        raise ValueError(f"offload_folder {folder} is not empty (it holds {', '.join(held[:3])}"
+                         f"{f' and {len(held) - 3} more' if len(held) > 3 else ''}): offloaded weights go only into "
+                         "a new or empty folder of their own; give another, or empty this one")
+    made = not folder.exists()
     try:
-        if device_map is None:
-            return from_hf(read_hf_folder(path, dtype=dtype), tokenizer=tokenizer, dtype=dtype).to(device or "cpu")
-        return _load_dispatched(path, family, tokenizer, dtype, device_map, max_memory, offload_folder)
-    except UnsupportedArchitecture:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"cannot create the offload_folder {folder}: {err.strerror or err}") from err
+    try:
+        check_writable(folder, "offload_folder")
+        yield
+    except BaseException:
+        if made:
+            shutil.rmtree(folder, ignore_errors=True)
+        else:
+            for leftover in folder.iterdir():
+                shutil.rmtree(leftover) if leftover.is_dir() and not leftover.is_symlink() else leftover.unlink()
         raise
-    except ValueError as err:
-        raise ValueError(f"{path / 'config.json'}: {err}") from err
 
 
 def _loaded_dtype(config: Any, dtype: torch.dtype | str) -> torch.dtype:
@@ -72,8 +111,6 @@ def _load_dispatched(path: Path, family: Family, tokenizer: Any, dtype: torch.dt
         model = empty_model(_config(family, hf.config.model_type, hf.config), tokenizer)
         placement = forma_device_map(model, family, hf, device_map, max_memory, dtype)
         main = check_placement(placement, model.cfg, offload_folder)
-        if offload_folder is not None:
-            Path(offload_folder).mkdir(parents=True, exist_ok=True)
         index: dict[str, Any] = {}
 
         def place(name: str, tensor: Tensor) -> None:
@@ -99,26 +136,28 @@ def bridge(path: str | Path, device: str | None = None, *, dtype: torch.dtype | 
     `dtype`, `device_map`, `max_memory` and `offload_folder` go to Hugging Face's from_pretrained (accelerate
     places the model); without a device_map the model goes to `device` (default the CPU). The folder must
     hold its tokenizer: without one TransformerBridge would look the model's name up on a model hub, and
-    nothing in Forma reaches the network."""
+    nothing in Forma reaches the network. `offload_folder` must be new or empty, as for `load_hf`."""
     from transformer_lens.model_bridge import TransformerBridge
 
     path = Path(path)
     config = _hf_config(path)
-    tokenizer = _local_tokenizer(path)
+    tokenizer = local_tokenizer(path)
     if tokenizer is None:
         raise FileNotFoundError(
             f"{path} holds no tokenizer ({' or '.join(TOKENIZER_FILES)}): TransformerBridge needs one, and would "
             "otherwise fetch it from a model hub. Save it beside the model: tokenizer.save_pretrained(folder)")
     if device_map is not None and device is not None:
         raise ValueError("give bridge a device or a device_map, not both")
+    check_devices(device_map if device_map is not None else device)
     options: dict[str, Any] = {} if dtype is None else {"dtype": dtype}
     if device_map is not None:
         options |= {"device_map": device_map, "max_memory": max_memory,
                     "offload_folder": None if offload_folder is None else str(offload_folder)}
-    hf = read_hf_folder(path, **options)
+    with fresh_offload_folder(offload_folder if device_map is not None else None):
+        hf = read_hf_folder(path, **options)
     if device_map is None:
         hf = hf.to(device or "cpu")
     name = config.architectures[0] if config.architectures else config.model_type
     # With a device_map the bridge reads the devices from the model; without one, it is told the device.
-    return TransformerBridge.boot_transformers(name, hf_model=hf, tokenizer=tokenizer,
+    return TransformerBridge.boot_transformers(name, hf_model=hf, tokenizer=tokenizer, trust_remote_code=False,
                                                device=None if device_map is not None else device or "cpu")

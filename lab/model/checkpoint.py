@@ -2,11 +2,11 @@
 attached to the model (`tokenizer.json`, or an encoder–decoder's `src_tokenizer.json` and `tgt_tokenizer.json`).
 
 Every file is written atomically (`lab.files.atomic_write`), so a crash leaves the old file or the new one;
-nothing is pickled. Reading checks each part and names the one that is missing or malformed. Loading by name
+nothing is pickled. Reading goes through `lab.inputs` (regular files inside the folder, of bounded size) and
+names the part that is missing or malformed. Loading by name
 (a zoo name, a Hugging Face folder) is above the model package, in `lab.load`.
 """
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from lab.files import atomic_write
+from lab.inputs import InputError, MAX_JSON_BYTES, read_json, read_text, regular_file
 from lab.model.offload import read_weight
 
 WEIGHTS_FILE = "model.safetensors"
@@ -43,32 +44,36 @@ def read_checkpoint(directory: Path, config_cls: Any) -> tuple[Any, dict[str, Te
     if not directory.is_dir():
         raise FileNotFoundError(f"no model folder at {directory}")
     for name in (CONFIG_FILE, WEIGHTS_FILE):
-        if not (directory / name).is_file():
+        if not (directory / name).exists():
             raise FileNotFoundError(f"{directory} has no {name}: not a Forma model folder")
+    data = read_json(directory / CONFIG_FILE, directory, what="model config")
     try:
-        cfg = config_cls.from_json((directory / CONFIG_FILE).read_text())
+        cfg = config_cls.from_dict(data)
     except ValueError as err:
         raise ValueError(f"malformed config {directory / CONFIG_FILE}: {err}") from err
+    weights = regular_file(directory / WEIGHTS_FILE, directory, what="weights file")
     try:
-        state = load_file(str(directory / WEIGHTS_FILE))
+        state = load_file(str(weights))
     except (SafetensorError, OSError, ValueError) as err:
         raise ValueError(f"malformed or truncated checkpoint {directory / WEIGHTS_FILE}: {err}") from err
     return cfg, state
 
 
-def read_tokenizer(path: Path) -> Any:
-    """A `tokenizers.Tokenizer` saved as JSON; a ValueError naming the file when it cannot be read."""
+def read_tokenizer(path: Path, folder: Path | None = None) -> Any:
+    """A `tokenizers.Tokenizer` saved as JSON (a regular file inside `folder` when given); a ValueError naming the
+    file when it cannot be read."""
     from tokenizers import Tokenizer  # only a folder with a tokenizer needs the library
 
+    text = read_text(path, folder, what="tokenizer")
     try:
-        return Tokenizer.from_file(str(path))
+        return Tokenizer.from_str(text)
     except Exception as err:  # the Rust library raises plain Exception for malformed JSON or an unknown model
-        raise ValueError(f"malformed tokenizer {path}: {err}") from err
+        raise InputError(f"malformed tokenizer {path}: {err}") from err
 
 
 def read_tokenizers(directory: Path, names: tuple[str, ...]) -> list[Any]:
     """The tokenizer saved under each name in the folder, None where there is none."""
-    return [read_tokenizer(directory / name) if (directory / name).is_file() else None for name in names]
+    return [read_tokenizer(directory / name, directory) if (directory / name).exists() else None for name in names]
 
 
 def load_weights(model: nn.Module, state: Mapping[str, Tensor], source: str = "state dict") -> None:
@@ -104,9 +109,7 @@ def describe_weight_problems(expected: Mapping[str, tuple[int, ...]], got: Mappi
 
 
 def read_config_json(path: Path) -> dict:
-    """A folder's config.json as a dict ({} when it holds something else); a ValueError naming a malformed one."""
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"malformed JSON in {path}: {err}") from err
+    """A folder's config.json as a dict ({} when it holds something else); a ValueError naming a malformed one,
+    one that is no regular file inside its folder, or one of more than MAX_JSON_BYTES."""
+    data = read_json(path, path.parent, MAX_JSON_BYTES, what="model config")
     return data if isinstance(data, dict) else {}

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lab.configs import Record, check_fields, need
+from lab.inputs import MAX_JSON_BYTES, read_text
 from lab.model.tl_config import RuntimeSettings, TransformerLensNames
 
 
@@ -101,9 +102,7 @@ class ModelConfig(Record, TransformerLensNames):
     @classmethod
     def load(cls, path: str | Path) -> "ModelConfig":
         path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"no model config at {path}")
-        text = path.read_text()
+        text = read_text(path, what="model config", max_bytes=MAX_JSON_BYTES)
         return cls.from_toml(text) if path.suffix == ".toml" else cls.from_json(text)
 
     # --- what the model costs -----------------------------------------------------------------

@@ -22,7 +22,6 @@ decoder.{l}.ln1|ln_cross|ln2.*, decoder.{l}.hook_attn_out|hook_cross_attn_out|ho
 decoder.{l}.mlp.*, decoder_ln_final.*, hook_logits.
 """
 
-import json
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -36,8 +35,8 @@ from transformer_lens import ActivationCache, HookedRootModule
 
 from lab.configs import Record, check_fields
 from lab.folders import load_pretrained, zoo_dir
-from lab.model.checkpoint import (CONFIG_FILE, WEIGHTS_FILE, load_weights, read_checkpoint, read_tokenizers,
-                                  write_checkpoint)
+from lab.model.checkpoint import (CONFIG_FILE, WEIGHTS_FILE, load_weights, read_checkpoint, read_config_json,
+                                  read_tokenizers, write_checkpoint)
 from lab.model.components import (BLOCKS, MLPS, NORMS, POSITIONS, Attention, CheckedHookPoint, Embed, LayerNorm,
                                    Unembed)
 from lab.model.config import ModelConfig
@@ -418,7 +417,7 @@ def is_encoder_decoder(name_or_path: str | Path) -> bool:
     if not folder.is_dir():
         folder = zoo_dir() / str(name_or_path)
     try:
-        return "n_encoder_layers" in json.loads((folder / CONFIG_FILE).read_text())
+        return "n_encoder_layers" in read_config_json(folder / CONFIG_FILE)
     except (OSError, ValueError, TypeError):
         return False
 

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from lab.distributed import rank_world
 from lab.files import current_umask
+from lab.inputs import InputError, parse_json, read_text
 from lab.model import HookedTransformer, ModelConfig
 from lab.model.checkpoint import CONFIG_FILE, WEIGHTS_FILE
 from lab.train.config import TrainConfig
@@ -142,7 +143,7 @@ def _old_path(directory: Path) -> Path:
     return directory.with_name(f".{directory.name}.old")
 
 
-def _remove_checkpoints(directory: Path, keep: bool = False) -> None:
+def remove_checkpoints(directory: Path, keep: bool = False) -> None:
     """Remove the checkpoint (unless `keep`) and what crashed saves left: their temporary folders."""
     if not keep:
         discard_tree(directory)
@@ -222,13 +223,13 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     """metrics.jsonl records; a torn last line (a crash mid-append) is dropped, any other bad line is an error."""
     if not path.is_file():
         return []
-    lines = path.read_text().splitlines()
+    lines = read_text(path, path.parent).splitlines()  # through lab.inputs: a regular file inside its folder
     records = []
     for number, line in enumerate(lines, 1):
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as err:
+            records.append(parse_json(line, f"{path}, line {number}"))
+        except InputError as err:
             if number == len(lines):
                 break
-            raise ValueError(f"{path}:{number}: malformed metrics line ({err})") from err
+            raise InputError(f"malformed metrics line: {err}") from err
     return records

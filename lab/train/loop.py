@@ -26,7 +26,7 @@ from lab.files import atomic_write
 from lab.model import HookedTransformer
 from lab.progress import bar as progress_bar
 from lab.train.batches import IGNORE, Batch, Batches, PairBatches
-from lab.train.checkpoint import (CHECKPOINT_DIR, METRICS_FILE, TrainState, read_metrics, _remove_checkpoints,
+from lab.train.checkpoint import (CHECKPOINT_DIR, METRICS_FILE, TrainState, read_metrics, remove_checkpoints,
                                   load_checkpoint, save_checkpoint)
 from lab.train.config import TrainConfig
 
@@ -182,7 +182,7 @@ def train(model: torch.nn.Module, cfg: TrainConfig, data: Batches, out_dir: str 
         state, history = TrainState(), []
     if rank == 0 and out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
-        _remove_checkpoints(out_dir / CHECKPOINT_DIR, keep=resume)
+        remove_checkpoints(out_dir / CHECKPOINT_DIR, keep=resume)
         atomic_write(metrics_path, lambda path: path.write_text("".join(json.dumps(r) + "\n" for r in history)))
     ddp = model if world == 1 else DistributedDataParallel(
         model, device_ids=[device.index] if device.type == "cuda" else None,

@@ -9,6 +9,7 @@ from typing import Any
 
 from lab.data.facts import FactWorldConfig
 from lab.folders import RECIPE_FILE, check_zoo_name
+from lab.inputs import read_text
 
 TABLES = ("world", "model", "train")
 MODEL_KIND_NAMES = ("decoder_only", "encoder_decoder")
@@ -21,7 +22,7 @@ def load_recipe(name: str, quick: bool = False) -> dict[str, dict[str, Any]]:
     """The recipe's world, model and train tables, with the quick overrides applied when asked."""
     path = check_zoo_name(name) / RECIPE_FILE
     try:
-        recipe = tomllib.loads(path.read_text())
+        recipe = tomllib.loads(read_text(path, path.parent, max_bytes=2**20))
     except tomllib.TOMLDecodeError as err:
         raise ValueError(f"malformed recipe {path}: {err}") from err
     unknown = sorted(set(recipe) - {"description", *TABLES, "quick"})

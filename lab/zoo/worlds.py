@@ -13,7 +13,7 @@ from lab.data.facts import FactWorld, FactWorldConfig
 from lab.data.sources import HiddenMarkovSource, MarkovSource, source_from_dict
 from lab.data.text import split_text, stdlib_docstrings, train_bpe
 from lab.folders import zoo_dir
-from lab.runs import read_json
+from lab.inputs import read_json
 from lab.tokenize import word_level
 from lab.train.batches import pad_documents
 from lab.zoo.recipes import check_world
@@ -26,7 +26,7 @@ def world_source(folder: str | Path):
     path = Path(folder) / "world.json"
     if not path.is_file():
         return None
-    world = read_json(path)
+    world = read_json(path, folder)
     if not isinstance(world, dict) or "source" not in world:
         return None
     try:

@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 from lab.analysis.activations.store import INDEX_FILE, ActivationStore, merge_stores, model_summary, save_activations
 from lab.distributed import PARTS, all_gather_json, claim_parts, plan_parts, rank_world, record_plan
 from lab.files import is_temporary
+from lab.inputs import read_text
 
 HARVEST_FORMAT = "forma-harvest/1"
 DEFAULT_SEQ_LEN = 128
@@ -63,7 +64,7 @@ def read_corpus(path: str | Path, model: Any, *, seq_len: int | None = None,
     elif path.suffix == ".txt":
         if getattr(model, "tokenizer", None) is None:
             raise ValueError(f"{path}: the model has no tokenizer to encode text with; give token ids as a .npy")
-        ids = model.to_tokens(path.read_text(encoding="utf-8"), prepend_bos=False)[0].cpu().numpy()
+        ids = model.to_tokens(read_text(path, what="corpus"), prepend_bos=False)[0].cpu().numpy()
     else:
         raise ValueError(f"{path}: a corpus is a .txt (text) or a .npy (token ids) file")
     if ids.ndim == 2:

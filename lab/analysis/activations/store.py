@@ -4,9 +4,16 @@ hook or shard by shard, and `StoredRows` is one hook's rows left on disk, for pr
 `merge_stores` makes complete sets in subfolders one set (a harvest's parts, across ranks).
 
 On disk, `out_dir/shard-00000.safetensors ...` hold each hook's rows plus `seq` and `pos`, and
-`out_dir/index.json` (written last, so its presence means the set is complete) lists the shards, each hook's
+`out_dir/index.json` (written last, so its presence means the set is complete) lists the shards — each with its
+row count, the sequences done where it ends and the SHA-256 of its bytes, taken when it was written —, each hook's
 per-row shape and dtype, and what was collected; `out_dir/progress.json` records each shard of a harvest in
-progress."""
+progress.
+
+A store trusts nothing of its folder it has not checked (through `lab.inputs`): the index is a regular file of
+bounded size and nesting whose fields have their types; every shard it names is a regular file inside the folder
+(no `../`), whose header holds the rows the index says, of the shapes and dtypes it says, in the order of the
+sequences; and a shard's bytes match their checksum before any row of it is read. Each failure is an InputError
+naming the file that is wrong."""
 
 import hashlib
 import json
@@ -21,14 +28,29 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
-from lab.analysis.activations.collect import (Activations, Positions, _batches, _CountedBatches, _describe,
-                                              stream_activations)
+from lab.analysis.activations.collect import (
+    Activations,
+    Positions,
+    _batches,
+    _CountedBatches,
+    _describe,
+    stream_activations,
+)
+from lab.analysis.activations.verify import (
+    check_header,
+    checked_shards,
+    dtype_name,
+    file_sha256,
+    is_row_spec,
+    verify_checksum,
+)
 from lab.files import atomic_write, atomic_write_text, is_temporary
+from lab.inputs import InputError, read_json_object, regular_file
 from lab.memory import release_freed_memory
 
 INDEX_FILE = "index.json"
 PROGRESS_FILE = "progress.json"
-INDEX_FORMAT = "forma-activations/1"
+INDEX_FORMAT = "forma-activations/2"  # /2: every shard carries the SHA-256 of its bytes
 
 
 def save_activations(model: Any, data: Tensor | Iterable[Tensor], hooks: str | Sequence[str], out_dir: str | Path,
@@ -95,23 +117,32 @@ def save_activations(model: Any, data: Tensor | Iterable[Tensor], hooks: str | S
 def _resumable_shards(out_dir: Path, arguments: dict[str, Any]) -> list[dict[str, Any]]:
     """The shards an interrupted harvest in `out_dir` recorded, if it ran with these arguments."""
     path = out_dir / PROGRESS_FILE
-    if not path.is_file():
+    if not path.exists():
         return []
     try:
-        progress = json.loads(path.read_text())
-        recorded, shards = progress["arguments"], progress["shards"]
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise ValueError(f"malformed {path} ({err}); pass overwrite=True to start afresh") from err
+        progress = read_json_object(path, out_dir, what="harvest record")
+        if progress.get("format") != INDEX_FORMAT:
+            raise InputError(f"{path} is not a {INDEX_FORMAT} harvest record")
+        recorded, shards = progress["arguments"], checked_shards(path, progress["shards"])
+        if not isinstance(recorded, dict):
+            raise InputError(f"{path}: its arguments are not a JSON object")
+    except (ValueError, KeyError) as err:
+        raise InputError(f"malformed {path} ({err}); pass overwrite=True to start afresh") from err
     differing = [key for key in sorted(set(recorded) | set(arguments)) if recorded.get(key) != arguments.get(key)]
     if differing:
         key = differing[0]
         raise ValueError(f"{out_dir} holds an interrupted harvest with other arguments ({key}: "
                          f"{recorded.get(key)!r} then, {arguments.get(key)!r} now); rerun it with the same "
                          "arguments to resume, or pass overwrite=True to start afresh")
-    missing = [s["file"] for s in shards if not (out_dir / s["file"]).is_file()]
+    missing = [s["file"] for s in shards if not (out_dir / s["file"]).exists()]
     if missing:
         raise FileNotFoundError(f"{out_dir}: {PROGRESS_FILE} records shards that are missing ({missing[:3]}); "
                                 "pass overwrite=True to start afresh")
+    for shard in shards:
+        try:
+            verify_checksum(out_dir, shard)
+        except InputError as err:
+            raise InputError(f"{err}; pass overwrite=True to start afresh") from None
     return shards
 
 
@@ -176,10 +207,10 @@ class _ShardWriter:
         self.sequences = int(done[-1]["sequences"]) if done else 0
         self.digest = done[-1]["tokens_sha256"] if done else hashlib.sha256().hexdigest()
         if done:
-            with safe_open(str(directory / done[0]["file"]), framework="pt") as f:
+            with safe_open(str(regular_file(directory / done[0]["file"], directory)), framework="pt") as f:
                 for name in arguments["hooks"]:  # in the order asked for, as a fresh harvest lists them
                     t = f.get_slice(name)
-                    self.spec[name] = {"shape": list(t.get_shape()[1:]), "dtype": _dtype_name(t.get_dtype())}
+                    self.spec[name] = {"shape": list(t.get_shape()[1:]), "dtype": dtype_name(t.get_dtype())}
 
     def add(self, part: Activations, end: tuple[int, str]) -> None:
         """Buffer `part`'s rows; `end` is (sequences done, token digest) once its batch is done."""
@@ -219,17 +250,12 @@ class _ShardWriter:
         file = f"shard-{len(self.shards):05d}.safetensors"
         tensors = {name: t.contiguous() for name, t in tensors.items()}
         atomic_write(self.directory / file, lambda path: save_file(tensors, str(path), metadata={"format": INDEX_FORMAT}))
-        self.shards.append({"file": file, "rows": rows, "sequences": self.sequences, "tokens_sha256": self.digest})
+        self.shards.append({"file": file, "rows": rows, "sequences": self.sequences, "tokens_sha256": self.digest,
+                            "sha256": file_sha256(self.directory / file)})
         atomic_write_text(self.directory / PROGRESS_FILE,
                           json.dumps({"format": INDEX_FORMAT, "arguments": self.arguments, "shards": self.shards},
                                      indent=2) + "\n")
         release_freed_memory()  # what the batches since the last shard freed and left unused (fragments)
-
-
-def _dtype_name(safetensors_dtype: str) -> str:
-    """safetensors' dtype codes (F32, F16, BF16, I64) as the torch names index.json uses."""
-    return {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
-            "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}[safetensors_dtype]
 
 
 def model_summary(model: Any) -> dict[str, Any]:
@@ -266,22 +292,33 @@ def merge_stores(directory: str | Path, parts: Sequence[tuple[str, dict[str, Any
 
 
 class ActivationStore:
-    """A set of activations written by `save_activations`: read all of it, some hooks, or shard by shard."""
+    """A set of activations written by `save_activations`: read all of it, some hooks, or shard by shard. Its
+    index and shards are checked first, and each shard's checksum before its rows are read (see the module's
+    docstring)."""
 
     def __init__(self, directory: str | Path):
         self.directory = Path(directory)
         path = self.directory / INDEX_FILE
-        if not path.is_file():
+        if not path.exists():
             raise FileNotFoundError(f"{self.directory} has no {INDEX_FILE}: not a complete activation set")
-        try:
-            self.index = json.loads(path.read_text())
-        except json.JSONDecodeError as err:
-            raise ValueError(f"malformed {path}: {err}") from err
-        if not isinstance(self.index, dict) or self.index.get("format") != INDEX_FORMAT:
-            raise ValueError(f"{path} is not a {INDEX_FORMAT} index")
-        missing = [s["file"] for s in self.index["shards"] if not (self.directory / s["file"]).is_file()]
+        self.index = read_json_object(path, self.directory, what="activation index")
+        if self.index.get("format") != INDEX_FORMAT:
+            older = str(self.index.get("format", "")).startswith("forma-activations/")
+            why = ": it was written before shards carried checksums; harvest the set again" if older else ""
+            raise InputError(f"{path} is not a {INDEX_FORMAT} index{why}")
+        shards = checked_shards(path, self.index.get("shards"))
+        hooks = self.index.get("hooks")
+        if not isinstance(hooks, dict) or not all(is_row_spec(spec) for spec in hooks.values()):
+            raise InputError(f"{path}: its hooks must map each name to a shape (a list of sizes) and a torch dtype")
+        if type(self.index.get("n_rows")) is not int or self.index["n_rows"] != sum(s["rows"] for s in shards):
+            raise InputError(f"{path} says n_rows {self.index.get('n_rows')!r}, but its shards hold "
+                             f"{sum(s['rows'] for s in shards)} rows")
+        missing = [s["file"] for s in shards if not (self.directory / s["file"]).exists()]
         if missing:
             raise FileNotFoundError(f"{self.directory} is missing shards {missing[:3]}")
+        for shard in shards:
+            check_header(self.directory, self.index["hooks"], shard)
+        self._verified: set[str] = set()
 
     @property
     def names(self) -> list[str]:
@@ -308,13 +345,18 @@ class ActivationStore:
             yield self.shard(i, names)
 
     def shard(self, i: int, names: str | Sequence[str] | None = None) -> Activations:
-        """Shard `i` alone (the named hooks): what a reader in an order of its own (a trainer's shuffle) reads."""
+        """Shard `i` alone (the named hooks): what a reader in an order of its own (a trainer's shuffle) reads. Its
+        checksum is checked the first time this store reads it (a probe's fit reads every shard many times)."""
         names = self._names(names)
         if not 0 <= i < len(self.index["shards"]):
             raise IndexError(f"{self.directory} has {len(self.index['shards'])} shards, not shard {i}")
-        with safe_open(str(self.directory / self.index["shards"][i]["file"]), framework="pt") as f:
+        shard = self.index["shards"][i]
+        if shard["file"] not in self._verified:
+            verify_checksum(self.directory, shard)
+            self._verified.add(shard["file"])
+        with safe_open(str(self.directory / shard["file"]), framework="pt") as f:
             return Activations({n: f.get_tensor(n) for n in names}, f.get_tensor("seq"), f.get_tensor("pos"),
-                               {"positions": self.index["positions"]})
+                               {"positions": self.index.get("positions")})
 
     def __iter__(self) -> Iterator[Activations]:
         return self.shards()
@@ -337,7 +379,7 @@ class ActivationStore:
                 acts[name][start:stop] = part.acts[name]
             seq[start:stop], pos[start:stop] = part.seq, part.pos
             start = stop
-        return Activations(acts, seq, pos, {"positions": self.index["positions"]})
+        return Activations(acts, seq, pos, {"positions": self.index.get("positions")})
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from lab.files import atomic_write, atomic_write_text
+from lab.inputs import InputError, read_json, regular_file
 
 GRAPH_FORMAT = "forma-attribution-graph/1"
 TENSORS_FILE = "graph.safetensors"
@@ -120,22 +121,26 @@ class Graph:
         for name in (TENSORS_FILE, META_FILE):
             if not (directory / name).is_file():
                 raise FileNotFoundError(f"{directory} holds no {name}: not an attribution graph folder")
-        try:
-            meta = json.loads((directory / META_FILE).read_text())
-        except json.JSONDecodeError as err:
-            raise ValueError(f"malformed {directory / META_FILE}: {err}") from err
+        path = directory / META_FILE
+        meta = read_json(path, directory, what="graph description")
         if not isinstance(meta, dict) or meta.get("format") != GRAPH_FORMAT:
-            raise ValueError(f"{directory / META_FILE} is not a {GRAPH_FORMAT} file")
+            raise InputError(f"{path} is not a {GRAPH_FORMAT} file")
+        if type(meta.get("n_layers")) is not int or meta["n_layers"] < 0 or not isinstance(meta.get("meta", {}), dict):
+            raise InputError(f"{path}: n_layers must be a whole number ≥ 0 and meta an object, got "
+                             f"{meta.get('n_layers')!r} and a {type(meta.get('meta', {})).__name__}")
         try:
-            tensors = load_file(str(directory / TENSORS_FILE))
+            tensors = load_file(str(regular_file(directory / TENSORS_FILE, directory, what="graph's tensors")))
         except (SafetensorError, OSError) as err:
             raise ValueError(f"malformed or truncated {directory / TENSORS_FILE}: {err}") from err
         missing = [name for name in TENSOR_NAMES if name not in tensors]
         if missing:
             raise ValueError(f"{directory / TENSORS_FILE} lacks {missing}")
-        graph = cls(**{name: tensors[name] for name in TENSOR_NAMES}, n_layers=int(meta["n_layers"]),
+        graph = cls(**{name: tensors[name] for name in TENSOR_NAMES}, n_layers=meta["n_layers"],
                     meta=meta.get("meta", {}), supernodes=meta.get("supernodes", []))
-        check_supernodes(graph.supernodes, set(graph.node_ids()))
+        try:
+            check_supernodes(graph.supernodes, set(graph.node_ids()))
+        except ValueError as err:
+            raise InputError(f"{path}: {err}") from None
         return graph
 
 

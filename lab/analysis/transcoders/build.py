@@ -21,11 +21,15 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from lab.analysis.activations import ActivationStore, save_activations
+from lab.analysis.activations import ActivationStore
+from lab.analysis.activations.harvest import harvest
+from lab.analysis.activations.store import INDEX_FILE
 from lab.analysis.transcoders.measures import reconstruction_measures, replacement_loss, top_contexts
 from lab.analysis.transcoders.model import TranscoderConfig
-from lab.analysis.transcoders.train import TranscoderTraining, train_transcoders
+from lab.analysis.transcoders.train import CHECKPOINT_DIR, TranscoderTraining, has_checkpoint, train_transcoders
+from lab.distributed import barrier, rank_world
 from lab.files import atomic_write, atomic_write_text
+from lab.inputs import read_json_object, regular_file
 from lab.load import load_model
 from lab.zoo.recipes import load_recipe
 from lab.zoo.worlds import build_world
@@ -39,25 +43,26 @@ QUALITY_FILE = "quality.json"
 CONTEXTS_FILE = "contexts.safetensors"
 
 
-def preset(kind: str, folder: str | Path, d_features: int = 1024, steps: int = 1500
+def preset(kind: str, folder: str | Path, d_features: int = 1024, steps: int = 1500, checkpoint_interval: int = 100
            ) -> tuple[TranscoderConfig, TranscoderTraining]:
     """The config and training of preset `kind` for the model in `folder`."""
     if kind not in PRESETS:
         raise ValueError(f"unknown transcoder kind {kind!r}; kinds: {', '.join(PRESETS)}")
     activation, k, cross_layer, sparsity = PRESETS[kind]
-    model = json.loads((Path(folder) / "config.json").read_text())
+    model = read_json_object(Path(folder) / "config.json", folder, what="model config")
     cfg = TranscoderConfig(d_model=model["d_model"], n_layers=model["n_layers"], d_features=d_features,
                            activation=activation, k=k, cross_layer=cross_layer, threshold=0.05)
-    return cfg, TranscoderTraining(steps=steps, batch_size=512, lr=2e-3, sparsity=sparsity)
+    return cfg, TranscoderTraining(steps=steps, batch_size=512, lr=2e-3, sparsity=sparsity,
+                                   checkpoint_interval=checkpoint_interval)
 
 
 def world_windows(folder: str | Path, n: int, length: int, split: str = "train", seed: int = 0) -> Tensor:
     """n windows of `length` tokens (at most the model's n_ctx) from the zoo model's world as it was trained (its
     recipe.json, else the recipe's full profile), drawn with `seed`."""
     folder = Path(folder)
-    recipe = json.loads((folder / "recipe.json").read_text()) if (folder / "recipe.json").is_file() else None
+    recipe = read_json_object(folder / "recipe.json", folder) if (folder / "recipe.json").is_file() else None
     spec = recipe["world"] if recipe else load_recipe(folder.name)["world"]
-    config = json.loads((folder / "config.json").read_text())
+    config = read_json_object(folder / "config.json", folder, what="model config")
     length = min(length, config["n_ctx"])  # a world of short documents (facts) has windows as long as the model reads
     data = build_world(spec, config["n_ctx"], length)
     tokens = data.train if split == "train" else data.val
@@ -72,34 +77,59 @@ def world_windows(folder: str | Path, n: int, length: int, split: str = "train",
 def harvest_windows(folder: str | Path, hooks: list[str], directory: str | Path, *, n_windows: int = 256,
                     window: int = 64, split: str = "train", seed: int = 0,
                     progress: bool = False) -> tuple[ActivationStore, Tensor]:
-    """A harvest of `hooks` at every position of n windows of the model's world, and the windows."""
+    """A harvest of `hooks` at every position of n windows of the model's world, and the windows: in one process,
+    or each rank of a torch.distributed group its share (`harvest`), every rank calling it alike and getting the
+    whole set. A harvest cut short is resumed; a complete one is kept."""
     windows = world_windows(folder, n_windows, window, split, seed=seed)
-    store = save_activations(load_model(folder).eval(), windows, hooks, directory, positions="all", batch_size=32,
-                             progress=progress, overwrite=True)
+    directory = Path(directory)
+    if not (directory / INDEX_FILE).is_file():
+        harvest(load_model(folder).eval(), windows, hooks, directory, batch_size=32, progress=progress)
+    barrier()  # rank 0 has written the index
+    store = ActivationStore(directory)
+    if len(store) != windows.numel():
+        raise ValueError(f"{directory} holds a harvest of {len(store):,} rows, not of these {len(windows):,} windows "
+                         f"of {windows.shape[1]} tokens (an earlier run's, with other arguments); run that again to "
+                         "finish it, or start afresh (overwrite)")
     return store, windows
 
 
 def build_transcoders(folder: str | Path, cfg: TranscoderConfig, training: TranscoderTraining, name: str, *,
                       train: tuple[ActivationStore, Tensor] | None = None,
                       held_out: tuple[ActivationStore, Tensor] | None = None, n_windows: int = 256, window: int = 64,
-                      eval_windows: int = 64, progress: bool = False) -> Path:
+                      eval_windows: int = 64, parallel: str = "data", overwrite: bool = False,
+                      progress: bool = False) -> Path | None:
     """Train on a harvest of the world's training windows (`train`, or one made here), measure on held-out windows
     (`held_out`, or made here), find top contexts; returns folder/transcoders/NAME. Harvests made here are removed
-    once done; harvests passed in are kept, so that several transcoders can share them."""
+    once done; harvests passed in are kept, so that several transcoders can share them.
+
+    Under torchrun every rank calls it alike: the harvests made here are shared out over the ranks, the training
+    is `train_transcoders(..., parallel=parallel)`, and rank 0 alone measures and writes (the other ranks return
+    None). Cut short (any rank, any way), the same call again resumes the harvests and the training from its last
+    checkpoint; overwrite: start afresh instead."""
     folder = Path(folder)
-    model = load_model(folder).eval()
+    rank, _ = rank_world()
     out = folder / TRANSCODERS_DIR / name
+    harvests = {"train": out.with_name(f".{name}.harvest"), "held_out": out.with_name(f".{name}.held-out")}
+    if overwrite:
+        if rank == 0:
+            for path in [*harvests.values(), out / CHECKPOINT_DIR]:
+                shutil.rmtree(path, ignore_errors=True)
+        barrier()
     made = []
     if train is None:
-        made.append(out.with_name(f".{name}.harvest"))
+        made.append(harvests["train"])
         train = harvest_windows(folder, cfg.hooks(), made[-1], n_windows=n_windows, window=window,
                                 seed=training.seed, progress=progress)
     if held_out is None:
-        made.append(out.with_name(f".{name}.held-out"))
-        held_out = harvest_windows(folder, cfg.hooks(), made[-1], n_windows=eval_windows, window=window, split="val",
-                                   seed=training.seed + 1, progress=progress)
+        made.append(harvests["held_out"])
+        held_out = harvest_windows(folder, cfg.hooks(), made[-1], n_windows=eval_windows, window=window,
+                                   split="val", seed=training.seed + 1, progress=progress)
     store, windows = train
-    transcoders = train_transcoders(store, cfg, training, out)
+    transcoders = train_transcoders(store, cfg, training, out, resume=not overwrite and has_checkpoint(out),
+                                    parallel=parallel)
+    if rank != 0:
+        return None
+    model = load_model(folder).eval()
     quality = {"held_out": reconstruction_measures(transcoders, held_out[0]),
                "loss": replacement_loss(model, transcoders, held_out[1]), "train_rows": len(store),
                "held_out_rows": len(held_out[0]), "transcoders": cfg.to_dict(), "training": training.to_dict()}
@@ -120,9 +150,9 @@ def transcoder_sets(folder: str | Path) -> list[str]:
 
 def load_quality(path: str | Path) -> dict[str, Any] | None:
     path = Path(path) / QUALITY_FILE
-    return json.loads(path.read_text()) if path.is_file() else None
+    return read_json_object(path, path.parent) if path.is_file() else None
 
 
 def load_contexts(path: str | Path) -> dict[str, Tensor] | None:
     path = Path(path) / CONTEXTS_FILE
-    return load_file(str(path)) if path.is_file() else None
+    return load_file(str(regular_file(path, path.parent))) if path.is_file() else None

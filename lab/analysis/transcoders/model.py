@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from lab.configs import Record, check_fields, need
 from lab.files import atomic_write, atomic_write_text
+from lab.inputs import MAX_JSON_BYTES, read_text, regular_file
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "transcoders.safetensors"
@@ -142,9 +143,11 @@ class Transcoders(nn.Module):
         theta = self.log_threshold.exp() if layer is None else self.log_threshold[layer].exp()
         return _JumpReLU.apply(pre, theta, self.cfg.bandwidth)
 
-    def l0_penalty(self, pre: Tensor) -> Tensor:
-        """JumpReLU's differentiable L0: Σ_features H(pre − θ), mean over rows, summed over layers."""
-        return _Step.apply(pre, self.log_threshold.exp(), self.cfg.bandwidth).sum(-1).mean(0).sum()
+    def l0(self, pre: Tensor, layer: int | None = None) -> Tensor:
+        """JumpReLU's differentiable L0 of each row: Σ_features H(pre − θ), [..., L] for pre [..., L, f] (or [...]
+        for pre [..., f] of one `layer`)."""
+        theta = self.log_threshold.exp() if layer is None else self.log_threshold[layer].exp()
+        return _Step.apply(pre, theta, self.cfg.bandwidth).sum(-1)
 
     def decode(self, acts: Tensor) -> Tensor:
         """Outputs [..., L, d_model] from activations [..., L, f]."""
@@ -207,10 +210,10 @@ class Transcoders(nn.Module):
         for name in (CONFIG_FILE, WEIGHTS_FILE):
             if not (directory / name).is_file():
                 raise FileNotFoundError(f"{directory} holds no {name}: not a transcoders folder")
-        cfg = TranscoderConfig.from_json((directory / CONFIG_FILE).read_text())
+        cfg = TranscoderConfig.from_json(read_text(directory / CONFIG_FILE, directory, MAX_JSON_BYTES, "config"))
         model = cls(cfg)
         try:
-            tensors = load_file(str(directory / WEIGHTS_FILE))
+            tensors = load_file(str(regular_file(directory / WEIGHTS_FILE, directory, what="transcoders' weights")))
         except (SafetensorError, OSError) as err:
             raise ValueError(f"malformed or truncated {directory / WEIGHTS_FILE}: {err}") from err
         model.load_state_tensors(tensors, str(directory / WEIGHTS_FILE))

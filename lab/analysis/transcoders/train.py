@@ -1,44 +1,55 @@
-"""Training transcoders out of core, from a harvest's shards (`lab.analysis.activations.save_activations` of
-`TranscoderConfig.hooks()` at every position), in three separate parts so that a distributed trainer can reuse each:
+"""Training transcoders (and SAEs: transcoders whose input and output hook are one) out of core, from a harvest's
+shards (`lab.analysis.activations.harvest` or `save_activations` of `TranscoderConfig.hooks()` at every position), in
+one process or on the ranks of a torch.distributed group (torchrun: gloo on CPU), in four parts:
 
     DataOrder        which rows make batch `step`: a function of (seed, step) alone. An epoch visits the shards in
                      a permuted order and each shard's rows in a permuted order; memory is one shard and one batch.
-                     A rank of a data-parallel run would take its slice of each batch; a rank that trains one hook
-                     site reads only its layer's hooks.
-    train_step       one update on one batch: the loss (per-layer fraction of variance unexplained, summed, plus the
-                     sparsity penalty: λ Σ a_i ‖d_i‖ for ReLU, λ L0 for JumpReLU, none for top-k), backward, AdamW.
+                     A data-parallel rank takes its contiguous slice of each batch; a module-parallel rank reads
+                     only its layers' hooks.
+    Objective        a batch's loss (per-layer fraction of variance unexplained, summed, plus the sparsity penalty:
+                     λ Σ a_i ‖d_i‖ for ReLU, λ L0 for JumpReLU, none for top-k) as sums over rows divided by the
+                     whole batch's rows, so that the ranks' slices add up to it; per-layer transcoders one layer at
+                     a time, so that a layer's gradient does not depend on which layers are computed beside it.
+    train_step       one update: the objective (wrapped in DistributedDataParallel when data-parallel), backward,
+                     Adam.
     checkpoint       the resumable state: transcoders, optimizer moments, step and scalars, as safetensors + JSON in
-                     a folder swapped in atomically (`lab.train.checkpoint`'s discipline). No RNG state is needed: the
-                     data order and the initialisation follow from the seeds, so a resumed run is bitwise the one that
-                     never stopped.
+                     a folder swapped in atomically (`lab.train.checkpoint`'s discipline), written by rank 0 with
+                     each layer's tensors gathered from the rank that trains it (`gathered_state`), so that it is the
+                     same at any world size. No RNG state is needed: the data order and the initialisation follow
+                     from the seeds, so a resumed run is bitwise the one that never stopped.
 
-`train_transcoders(store, cfg, training, out_dir)` runs them: out_dir/checkpoint/ while training, out_dir/
-{config.json, transcoders.safetensors, training.json} when done.
+`train_transcoders(store, cfg, training, out_dir, parallel=...)` runs them: out_dir/checkpoint/ while training,
+out_dir/{config.json, transcoders.safetensors, training.json} when done. docs/distributed.md shows it under torchrun.
 """
 
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from safetensors.torch import save_file
-from torch import Tensor
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
 
 from lab.analysis.activations import ActivationStore
-from lab.analysis.transcoders.model import TranscoderConfig, Transcoders
+from lab.analysis.transcoders.model import CONFIG_FILE, WEIGHTS_FILE, TranscoderConfig, Transcoders
 from lab.configs import Record, check_fields, need
+from lab.distributed import all_gather_rows, barrier, rank_world, share
 from lab.files import atomic_write_text, current_umask
-from lab.train.checkpoint import discard_tree, load_optimizer_tensors, optimizer_tensors, read_safetensors
+from lab.train.checkpoint import (discard_tree, find_checkpoint, load_optimizer_tensors, optimizer_tensors,
+                                  read_safetensors, remove_checkpoints)
 
 STATE_FORMAT = "forma-transcoder-train/1"
 CHECKPOINT_DIR = "checkpoint"
 TRAINING_FILE = "training.json"
+PARALLEL = ("data", "modules")  # how the ranks of a torch.distributed group share the training (train_transcoders)
 
 
 @dataclass(frozen=True)
@@ -64,24 +75,31 @@ class TranscoderTraining(Record):
         need(self, self.checkpoint_interval >= 0, "must be a non-negative integer", "checkpoint_interval")
 
 
-def rows(store: ActivationStore, shard: int, cfg: TranscoderConfig) -> tuple[Tensor, Tensor]:
-    """One shard's (inputs, outputs), each [rows, n_layers, d_model] in float32."""
-    part = store.shard(shard, cfg.hooks())
-    x = torch.stack([part[cfg.hook("input", layer)].float() for layer in range(cfg.n_layers)], dim=1)
-    y = torch.stack([part[cfg.hook("output", layer)].float() for layer in range(cfg.n_layers)], dim=1)
+def rows(store: ActivationStore, shard: int, cfg: TranscoderConfig,
+         layers: Sequence[int] | None = None) -> tuple[Tensor, Tensor]:
+    """One shard's (inputs, outputs), each [rows, len(layers), d_model] in float32: of `layers` (default every
+    layer), and only their hooks are read."""
+    layers = range(cfg.n_layers) if layers is None else layers
+    part = store.shard(shard, list(dict.fromkeys(cfg.hook(which, layer) for layer in layers
+                                                 for which in ("input", "output"))))
+    x = torch.stack([part[cfg.hook("input", layer)].float() for layer in layers], dim=1)
+    y = torch.stack([part[cfg.hook("output", layer)].float() for layer in layers], dim=1)
     return x, y
 
 
 class DataOrder:
     """Batch `step` is rows [step·B, (step+1)·B) of the endless sequence epoch 0, epoch 1, …, where epoch e visits
-    the shards in the order permutation(seed, e) and shard s's rows in the order permutation(seed, e, s)."""
+    the shards in the order permutation(seed, e) and shard s's rows in the order permutation(seed, e, s). A rank
+    that trains some layers alone (module-parallel) reads only theirs (`layers`); the rows are the same."""
 
-    def __init__(self, store: ActivationStore, cfg: TranscoderConfig, batch_size: int, seed: int):
+    def __init__(self, store: ActivationStore, cfg: TranscoderConfig, batch_size: int, seed: int,
+                 layers: Sequence[int] | None = None):
         missing = [name for name in cfg.hooks() if name not in store.names]
         if missing:
             raise ValueError(f"{store.directory} holds no {missing[0]!r}: harvest TranscoderConfig.hooks() "
                              f"({len(cfg.hooks())} hooks) at every position first")
         self.store, self.cfg, self.batch_size, self.seed = store, cfg, batch_size, seed
+        self.layers = list(range(cfg.n_layers)) if layers is None else list(layers)
         self.counts = [int(s["rows"]) for s in store.index["shards"]]
         self.n_rows = sum(self.counts)
 
@@ -102,7 +120,7 @@ class DataOrder:
                 if done + self.counts[shard] <= offset:  # wholly before the resume point: not read
                     done += self.counts[shard]
                     continue
-                x, y = rows(self.store, shard, self.cfg)
+                x, y = rows(self.store, shard, self.cfg, self.layers)
                 order = self.row_order(epoch, shard)[max(0, offset - done):]
                 done += self.counts[shard]
                 x, y = x[order], y[order]
@@ -136,29 +154,70 @@ def learning_rate(step: int, training: TranscoderTraining) -> float:
     return training.lr * max(0.0, (training.steps - step) / max(1.0, training.steps - start))
 
 
-def train_step(model: Transcoders, optimizer: torch.optim.Optimizer, x: Tensor, y: Tensor, scale: Tensor,
-               sparsity: float, lr: float) -> dict[str, float]:
-    """One update on (x, y) [batch, L, d_model]; returns the batch's loss terms, FVU and L0 (before the update)."""
+class Objective(nn.Module):
+    """The loss of a batch's rows (or of a rank's slice of them) on the layers in `layers`, as sums over the rows
+    divided by `total`, the rows of the whole batch: per layer the fraction of variance unexplained, summed over
+    layers, plus λ times the sparsity penalty (λ Σ a_i ‖d_i‖ for ReLU, λ L0 for JumpReLU, none for top-k). Per-layer
+    transcoders are computed one layer at a time, each from its own layer's rows and weights alone, so that a layer's
+    gradient is the same bits whichever other layers are computed beside it (module-parallel); a cross-layer
+    transcoder is computed whole. forward returns (loss, stats) with stats [3, L]: each layer's squared error,
+    active features and penalty, summed over the rows (zeros for the layers not computed)."""
+
+    def __init__(self, model: Transcoders, layers: Sequence[int]):
+        super().__init__()
+        self.model, self.layers = model, list(layers)
+
+    def forward(self, x: Tensor, y: Tensor, scale: Tensor, sparsity: float, total: int) -> tuple[Tensor, Tensor]:
+        model, cfg = self.model, self.model.cfg
+        kind = cfg.activation
+        stats = torch.zeros(3, cfg.n_layers, dtype=torch.float64)
+        if cfg.cross_layer:  # every layer, together: its features write into every later layer's output
+            pre = model.encode(x)
+            acts = model.activate(pre)
+            error = (model.decode(acts) - y).pow(2).sum(-1).sum(0)  # [L]
+            penalty = ((acts * model.decoder_norms()).sum(-1).sum(0) if kind == "relu" else
+                       model.l0(pre).sum(0) if kind == "jumprelu" else torch.zeros(cfg.n_layers))
+            stats[0], stats[1], stats[2] = error.detach(), (acts > 0).sum(dim=(0, 2)), penalty.detach()
+            loss = (error / total / scale).sum() + sparsity * (penalty.sum() / total)
+            return loss, stats
+        loss = torch.zeros(())
+        for i, layer in enumerate(self.layers):
+            pre = model.encode(x[:, i], layer)
+            acts = model.activate(pre, layer)
+            error = (acts @ model.W_dec[layer][:, 0] + model.b_dec[layer] - y[:, i]).pow(2).sum()
+            if kind == "relu":
+                penalty = (acts * model.W_dec[layer].pow(2).sum(dim=(1, 2)).sqrt()).sum()
+            elif kind == "jumprelu":
+                penalty = model.l0(pre, layer).sum()
+            else:
+                penalty = torch.zeros(())
+            stats[:, layer] = torch.stack([error.detach().double(), (acts > 0).sum().double(),
+                                           penalty.detach().double()])
+            loss = loss + (error / total / scale[layer] + sparsity * (penalty / total))
+        return loss, stats
+
+
+def train_step(objective: nn.Module, optimizer: torch.optim.Optimizer, x: Tensor, y: Tensor, scale: Tensor,
+               sparsity: float, lr: float, total: int, world: int = 1) -> Tensor:
+    """One update on (x, y) [rows, layers, d_model] (this rank's rows of a batch of `total`); returns the batch's
+    stats (Objective's). Wrapped in DistributedDataParallel, which averages the ranks' gradients, the loss is
+    scaled by `world`: the averaged gradient is then the gradient of the whole batch's loss."""
     for group in optimizer.param_groups:
         group["lr"] = lr
-    pre = model.encode(x)
-    acts = model.activate(pre)
-    error = (model.decode(acts) - y).pow(2).sum(-1).mean(0)  # [L]
-    fvu = error / scale
-    reconstruction = fvu.sum()
-    kind = model.cfg.activation
-    if kind == "relu":
-        penalty = (acts * model.decoder_norms()).sum(-1).mean(0).sum()
-    elif kind == "jumprelu":
-        penalty = model.l0_penalty(pre)
-    else:
-        penalty = torch.zeros(())
-    loss = reconstruction + sparsity * penalty
+    loss, stats = objective(x, y, scale, sparsity, total)
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    (loss * world).backward()
     optimizer.step()
-    return {"loss": float(loss.detach()), "fvu": float(fvu.detach().mean()),
-            "l0": float((acts > 0).sum(-1).float().mean()), "penalty": float(penalty.detach())}
+    return stats
+
+
+def step_record(stats: Tensor, scale: Tensor, sparsity: float, total: int) -> dict[str, float]:
+    """The logged loss terms of a batch from its stats summed over every rank: loss, mean FVU, L0, penalty (before
+    the update)."""
+    fvu = stats[0] / total / scale.double()
+    penalty = float(stats[2].sum() / total)
+    return {"loss": float(fvu.sum()) + sparsity * penalty, "fvu": float(fvu.mean()),
+            "l0": float(stats[1].mean() / total), "penalty": penalty}
 
 
 def make_optimizer(model: Transcoders, training: TranscoderTraining) -> torch.optim.Adam:
@@ -178,17 +237,45 @@ def _fingerprint(store: ActivationStore) -> dict[str, Any]:
             "model": store.index.get("model")}
 
 
-def save_checkpoint(directory: Path, model: Transcoders, optimizer: torch.optim.Optimizer,
+def gathered_state(model: Transcoders, optimizer: torch.optim.Optimizer, layers: Sequence[int]
+                   ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """The whole set's weights and Adam moments (`Transcoders.state_tensors`, `optimizer_tensors`), on every rank.
+    Every rank holds every layer's weights, but a module-parallel rank trains only `layers` (a contiguous share,
+    `lab.distributed.share`): each layer's tensors are then taken from the rank that trains it (all_gather_rows:
+    the bytes as they are). In one process, or data-parallel (every rank trains every layer), this rank's own."""
+    weights, moments = model.state_tensors(), optimizer_tensors(optimizer)
+    _, world = rank_world()
+    if world == 1 or len(layers) == model.cfg.n_layers:
+        return weights, moments
+    mine = slice(layers[0], layers[-1] + 1)
+    index = {name: i for i, name in enumerate(name for name, p in model.named_parameters() if p.requires_grad)}
+    for name in ("W_enc", "b_enc", "b_dec", "log_threshold"):  # [L, ...]: a layer a row
+        weights[name] = all_gather_rows(weights[name][mine])
+        if name in index:  # (log_threshold is trained by JumpReLU alone)
+            for slot in ("exp_avg", "exp_avg_sq"):
+                key = f"{index[name]}.{slot}"
+                moments[key] = all_gather_rows(moments[key][mine])
+    decoders = all_gather_rows(torch.stack([weights[f"W_dec.{layer}"] for layer in layers]))
+    weights |= {f"W_dec.{layer}": decoders[layer] for layer in range(model.cfg.n_layers)}
+    for slot in ("exp_avg", "exp_avg_sq", "step"):  # a decoder's moments live only on the rank that trains it
+        own = all_gather_rows(torch.stack([moments[f"{index[f'W_dec.{layer}']}.{slot}"] for layer in layers]))
+        moments |= {f"{index[f'W_dec.{layer}']}.{slot}": own[layer] for layer in range(model.cfg.n_layers)}
+    return weights, moments
+
+
+def save_checkpoint(directory: Path, weights: dict[str, Tensor], moments: dict[str, Tensor], cfg: TranscoderConfig,
                     training: TranscoderTraining, state: TrainerState, store: ActivationStore) -> None:
-    """Written into a temporary sibling, then swapped in: a crash leaves the old checkpoint or the new one."""
+    """Written into a temporary sibling, then swapped in: a crash leaves the old checkpoint complete, at its name or
+    (between the two renames) at .checkpoint.old, which `find_checkpoint` falls back to."""
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.tmp-"))
     try:
         tmp.chmod(0o777 & ~current_umask())
-        model.save(tmp)
-        save_file(optimizer_tensors(optimizer), str(tmp / "optimizer.safetensors"))
+        save_file(weights, str(tmp / WEIGHTS_FILE))
+        (tmp / CONFIG_FILE).write_text(cfg.to_json() + "\n")
+        save_file(moments, str(tmp / "optimizer.safetensors"))
         meta = {"format": STATE_FORMAT, **asdict(state), "training": training.to_dict(),
-                "transcoders": model.cfg.to_dict(), "store": _fingerprint(store)}
+                "transcoders": cfg.to_dict(), "store": _fingerprint(store)}
         (tmp / "state.json").write_text(json.dumps(meta, indent=2) + "\n")
         old = directory.with_name(f".{directory.name}.old")
         if directory.exists():
@@ -203,6 +290,7 @@ def save_checkpoint(directory: Path, model: Transcoders, optimizer: torch.optim.
 
 def load_checkpoint(directory: Path, model: Transcoders, optimizer: torch.optim.Optimizer,
                     training: TranscoderTraining, store: ActivationStore) -> TrainerState:
+    directory = find_checkpoint(directory)
     path = directory / "state.json"
     try:
         meta = json.loads(path.read_text())
@@ -219,47 +307,99 @@ def load_checkpoint(directory: Path, model: Transcoders, optimizer: torch.optim.
             changed = sorted(k for k in set(then) | set(current) if then.get(k) != current.get(k))
             raise ValueError(f"resume: the {what} differs from the checkpoint's in {', '.join(changed)}; train "
                              "afresh (resume=False) or with the same settings")
-    model.load_state_tensors(read_safetensors(directory / "transcoders.safetensors"), str(directory))
+    model.load_state_tensors(read_safetensors(directory / WEIGHTS_FILE), str(directory))
     load_optimizer_tensors(optimizer, read_safetensors(directory / "optimizer.safetensors"),
                            directory / "optimizer.safetensors")
     return TrainerState(step=int(meta["step"]), history=meta["history"])
 
 
+def has_checkpoint(out_dir: str | Path) -> bool:
+    """Whether out_dir holds a transcoder checkpoint to resume from."""
+    try:
+        find_checkpoint(Path(out_dir) / CHECKPOINT_DIR)
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def train_transcoders(store: ActivationStore | str | Path, cfg: TranscoderConfig, training: TranscoderTraining,
                       out_dir: str | Path, *, resume: bool = False, stop_after: int | None = None,
-                      log_every: int = 50) -> Transcoders:
+                      log_every: int = 50, parallel: str = "data") -> Transcoders:
     """Train transcoders on the store's rows; resume=True continues from out_dir/checkpoint. stop_after: stop (with
-    a checkpoint) once that many steps are done, as an interruption would — for tests of resumption."""
+    a checkpoint) once that many steps are done, as an interruption would — for tests of resumption.
+
+    In one process, or on every rank of a torch.distributed group (torchrun), each rank calling it alike:
+
+        parallel="data"      every rank trains every layer on a contiguous slice of each batch, the gradients
+                             averaged by DistributedDataParallel: the whole batch's gradient, up to the order of
+                             floating-point sums (a cross-layer transcoder trains this way only)
+        parallel="modules"   each rank trains a contiguous share of the layers (`lab.distributed.share`) on whole
+                             batches, reading only their hooks: each layer's weights are the bits one process gives
+
+    Rank 0 writes the checkpoints and the result (each layer's tensors gathered from the rank that trains it); every
+    rank returns the whole trained set. A checkpoint is the same at any world size and either way of sharing, so a
+    run may resume on another number of ranks."""
+    if parallel not in PARALLEL:
+        raise ValueError(f"parallel must be one of {', '.join(PARALLEL)}, got {parallel!r}")
+    if parallel == "modules" and cfg.cross_layer:
+        raise ValueError("a cross-layer transcoder cannot be trained module-parallel (its layers write into each "
+                         "other's outputs); train it data-parallel")
+    rank, world = rank_world()
+    layers = list(range(cfg.n_layers))
+    if parallel == "modules" and world > 1:
+        if world > cfg.n_layers:
+            raise ValueError(f"module-parallel training gives each rank at least one of the {cfg.n_layers} layers; "
+                             f"start at most {cfg.n_layers} ranks, not {world}")
+        layers = list(share(layers, rank, world))
+    if parallel == "data" and world > training.batch_size:
+        raise ValueError(f"data-parallel training needs a batch of at least one row a rank: batch_size "
+                         f"{training.batch_size} over {world} ranks")
     store = store if isinstance(store, ActivationStore) else ActivationStore(store)
     out_dir = Path(out_dir)
     checkpoint = out_dir / CHECKPOINT_DIR
-    order = DataOrder(store, cfg, training.batch_size, training.seed)
+    order = DataOrder(store, cfg, training.batch_size, training.seed, layers)
     model = Transcoders(cfg).train()
     optimizer = make_optimizer(model, training)
     state = TrainerState(history=[])
     if resume:
-        if not checkpoint.is_dir():
+        if not has_checkpoint(out_dir):
             raise FileNotFoundError(f"no transcoder checkpoint at {checkpoint} to resume from")
         state = load_checkpoint(checkpoint, model, optimizer, training, store)
+    elif rank == 0:
+        remove_checkpoints(checkpoint)  # an earlier run's, which a later resume must not find
+    objective = Objective(model, layers)
+    data_parallel = parallel == "data" and world > 1
+    mine = slice(rank * training.batch_size // world, (rank + 1) * training.batch_size // world) \
+        if data_parallel else slice(None)
+    wrapped = DistributedDataParallel(objective) if data_parallel else objective
     scale = output_scale(store, cfg)
     if state.step < training.steps:
         for step, x, y in order.batches(state.step):
-            record = train_step(model, optimizer, x, y, scale, sparsity_weight(step, training),
-                                learning_rate(step, training))
+            sparsity = sparsity_weight(step, training)
+            stats = train_step(wrapped, optimizer, x[mine], y[mine], scale, sparsity, learning_rate(step, training),
+                               training.batch_size, world if data_parallel else 1)
             state.step = step + 1
             if step % log_every == 0 or state.step == training.steps:
-                state.history.append({"step": step, **record})
+                if world > 1:
+                    dist.all_reduce(stats)  # the slices' sums (data), or each layer from its rank (modules)
+                state.history.append({"step": step, **step_record(stats, scale, sparsity, training.batch_size)})
             done = state.step == training.steps
             interval = training.checkpoint_interval
             if not done and ((interval and state.step % interval == 0) or state.step == stop_after):
-                save_checkpoint(checkpoint, model, optimizer, training, state, store)
+                weights, moments = gathered_state(model, optimizer, layers)
+                if rank == 0:
+                    save_checkpoint(checkpoint, weights, moments, cfg, training, state, store)
             if done or state.step == stop_after:
                 break
+    weights, _ = gathered_state(model, optimizer, layers)
+    model.load_state_tensors(weights, "the ranks' layers")
     if state.step < training.steps:
+        barrier()
         return model.eval()
-    model.save(out_dir)
-    atomic_write_text(out_dir / TRAINING_FILE, json.dumps({"training": training.to_dict(), "steps": state.step,
-                                                           "history": state.history}, indent=2) + "\n")
-    discard_tree(checkpoint)
+    if rank == 0:
+        model.save(out_dir)
+        atomic_write_text(out_dir / TRAINING_FILE, json.dumps({"training": training.to_dict(), "steps": state.step,
+                                                               "history": state.history}, indent=2) + "\n")
+        remove_checkpoints(checkpoint)  # and what killed saves left
+    barrier()  # every rank returns once rank 0's files are in place
     return model.eval()
-
