@@ -9,15 +9,20 @@ SAE_STAMP := $(SAE_VENV)/.installed
 # circuit-tracer's environment: circuit-tracer 0.5 beside transformers 4.57, on which Forma itself does not run.
 CT_VENV   := .venv-ct
 CT_STAMP  := $(CT_VENV)/.installed
+# Inseq's environment: inseq 0.7 beside typeguard 2.13, which transformer-lens (>= 4.2 wants typeguard 4) cannot share.
+INSEQ_VENV  := .venv-inseq
+INSEQ_STAMP := $(INSEQ_VENV)/.installed
 OFFLINE   := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: venv venv-sae venv-ct test test-sae test-ct bench demo lint clean
+.PHONY: venv venv-sae venv-ct venv-inseq test test-fast test-sae test-ct bench demo lint clean
 
 venv: $(STAMP)
 
 venv-sae: $(SAE_STAMP)
 
 venv-ct: $(CT_STAMP)
+
+venv-inseq: $(INSEQ_STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -45,13 +50,30 @@ $(CT_STAMP): $(STAMP) constraints-ct.txt
 	  transformer-lens
 	touch $(CT_STAMP)
 
-# The SAE environment's tests first (test-sae), circuit-tracer against Forma (test-ct), then the whole suite in .venv.
-test: $(STAMP) test-sae test-ct
+# .venv-inseq likewise: only inseq and the versions it needs (typeguard 2.13) install; tests/test_input_attribution.py
+# runs Inseq there in a subprocess on a model Forma exports.
+$(INSEQ_STAMP): $(STAMP) constraints-inseq.txt
+	test -x $(INSEQ_VENV)/bin/python || $(PY) -m venv $(INSEQ_VENV)
+	echo "import site; site.addsitedir('$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')')" \
+	  > "$$($(INSEQ_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/forma-base.pth"
+	$(INSEQ_VENV)/bin/python -m pip install -q -c constraints-inseq.txt inseq typeguard
+	touch $(INSEQ_STAMP)
+
+# The linter first (lint), the SAE environment's tests (test-sae), circuit-tracer against Forma (test-ct), then the
+# whole suite in .venv.
+test: $(STAMP) $(INSEQ_STAMP) lint test-sae test-ct
 	$(OFFLINE) $(BIN)/python -m pytest -q --durations=25
 
-# SAELens' trainer on a Forma hook (tests/sae), and the model's own tests on transformer-lens 3.9.
+# The inner loop (docs/testing.md): the suite without the slow tests, the browser's and those that start
+# processes or wait for the quick runs (tests/conftest.py marks them `processes`).
+test-fast: $(STAMP)
+	$(OFFLINE) $(BIN)/python -m pytest -q -m "not slow and not browser and not processes" --durations=10
+
+# SAELens' trainer on a Forma hook (tests/sae), TransformerLens's own tests on Forma and on transformer-lens 3.9's
+# HookedTransformer (tests/transformer_lens, which writes docs/measured/transformer_lens.json), and the model's own
+# tests on transformer-lens 3.9.
 test-sae: $(SAE_STAMP)
-	$(OFFLINE) $(SAE_VENV)/bin/python -m pytest -q tests/sae tests/test_model.py tests/test_hook_misuse.py tests/test_lens.py
+	$(OFFLINE) $(SAE_VENV)/bin/python -m pytest -q tests/sae tests/transformer_lens tests/test_model.py tests/test_hook_misuse.py tests/test_lens.py
 
 # Forma's attribution graphs against circuit-tracer's on the same weights and transcoders (tests/ct, in .venv; it
 # runs circuit-tracer with .venv-ct's Python).
@@ -67,6 +89,7 @@ bench: $(STAMP) $(SAE_STAMP) $(CT_STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.peers
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.real_sizes
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.patching
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.tuned_lens
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.activations
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.harvest
 	$(OFFLINE) $(SAE_VENV)/bin/python -m benchmarks.harvest_saelens
@@ -85,8 +108,9 @@ bench: $(STAMP) $(SAE_STAMP) $(CT_STAMP)
 demo: $(STAMP)
 	HF_HUB_OFFLINE=1 exec $(BIN)/forma demo $(DEMO_ARGS)
 
+# ruff's checks as pyproject.toml sets them ([tool.ruff]): pyflakes, pycodestyle, isort, bugbear, mccabe's limit.
 lint: $(STAMP)
-	$(BIN)/python -m compileall -q lab experiments dashboards benchmarks tests
+	$(BIN)/ruff check .
 
 clean:
-	rm -rf $(VENV) $(SAE_VENV) $(CT_VENV) *.egg-info
+	rm -rf $(VENV) $(SAE_VENV) $(CT_VENV) $(INSEQ_VENV) *.egg-info

@@ -58,8 +58,8 @@ def scale(model, transcoders, prompts: torch.Tensor, rounds: int) -> list[dict]:
         for length in lengths:
             holder = {}
             start = time.perf_counter()
-            peak = peak_memory(lambda: holder.setdefault("graph", attribute(model, transcoders, prompts[0, :length])),
-                               "cpu")
+            peak = peak_memory(lambda holder=holder, length=length:
+                               holder.setdefault("graph", attribute(model, transcoders, prompts[0, :length])), "cpu")
             times[length].append(time.perf_counter() - start)
             peaks[length].append(peak or 0)
             graphs[length] = holder["graph"]

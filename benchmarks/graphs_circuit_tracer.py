@@ -56,7 +56,8 @@ def main() -> None:
         for prompt in prompts:
             holder = {}
             start = time.perf_counter()
-            peak = peak_memory(lambda: holder.setdefault("g", attribute(model, transcoders, prompt)), "cpu")
+            peak = peak_memory(lambda holder=holder, prompt=prompt:
+                               holder.setdefault("g", attribute(model, transcoders, prompt)), "cpu")
             forma.append({"n_pos": len(prompt), "seconds": time.perf_counter() - start, "peak_bytes": peak,
                           "n_features": holder["g"].n_features})
             holder["g"].save(folder / f"forma-{len(prompt)}")

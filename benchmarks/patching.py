@@ -35,6 +35,7 @@ import copy
 import json
 import tempfile
 import time
+from functools import partial
 from typing import Any
 
 import torch
@@ -124,12 +125,14 @@ def bench_sweeps(ours: Any, bridge: Any, clean: torch.Tensor, corrupted: torch.T
         values: dict[str, torch.Tensor] = {}
         function, transposed = TL_SWEEPS[name]
 
-        def theirs(peer: str) -> None:
+        def theirs(peer: str, values: dict = values, function: str = function, transposed: bool = transposed) -> None:
             result = getattr(tl, function)(peers[peer], corrupted, caches[peer], metric)
             values[peer] = result.transpose(1, 2) if transposed else result
 
-        calls = {"forma": lambda: values.__setitem__("forma", FORMA_SWEEPS[name](ours, clean, corrupted, metric)),
-                 **{peer: (lambda peer=peer: theirs(peer)) for peer in peers}}
+        def forma(values: dict = values, name: str = name) -> None:
+            values["forma"] = FORMA_SWEEPS[name](ours, clean, corrupted, metric)
+
+        calls = {"forma": forma, **{peer: partial(theirs, peer) for peer in peers}}
         t = interleaved({key: timed(fn, device) for key, fn in calls.items()}, rounds=rounds, warmup=0)
         diff = {peer: float((values["forma"].cpu() - values[peer].cpu()).abs().max()) for peer in peers}
         out[name] = {"timing": t, "ratio_vs_tl_bridge": t["forma"]["median_s"] / t["tl_bridge"]["median_s"],

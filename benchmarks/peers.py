@@ -20,6 +20,7 @@ import argparse
 import copy
 import tempfile
 import time
+from functools import partial
 from typing import Any
 
 import torch
@@ -27,6 +28,7 @@ import torch
 from benchmarks.summary import write_summary
 from benchmarks.timing import (MatrixProducts, cache_bytes, forward_flops, interleaved, machine, result_name, timed,
                                training_steps, write)
+from lab.generate import generate
 from lab.hf import from_hf
 from lab.tokenize import to_hf_tokenizer, word_level
 
@@ -53,9 +55,9 @@ def bench_forward(device: str, rounds: int, batch: int, tokens: int) -> dict:
         x = torch.randint(0, VOCAB, (batch, tokens), device=device)
         with torch.inference_mode():
             diff = (ours(x) - hf_sdpa(x).logits).abs().max().item()
-            products = MatrixProducts(lambda: ours(x))  # the forward's own matrix products, run alone
-            t = interleaved({"forma": timed(lambda: ours(x), device), "hf_sdpa": timed(lambda: hf_sdpa(x), device),
-                             "hf_eager": timed(lambda: hf_eager(x), device),
+            products = MatrixProducts(partial(ours, x))  # the forward's own matrix products, run alone
+            t = interleaved({"forma": timed(partial(ours, x), device), "hf_sdpa": timed(partial(hf_sdpa, x), device),
+                             "hf_eager": timed(partial(hf_eager, x), device),
                              "forma_products": timed(products, device)}, rounds=rounds)
         flops, alone = forward_flops(ours.cfg, batch, tokens), t["forma_products"]["median_s"]
         out[name] = {"timing": t, "max_abs_logit_diff": diff,
@@ -108,9 +110,9 @@ def bench_generation(device: str, rounds: int, new_tokens: int) -> dict:
     common = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, attention_mask=mask, pad_token_id=0)
     with torch.inference_mode():
         t = interleaved({
-            "forma_greedy": timed(lambda: ours.generate(prompt, new_tokens, temperature=0), device),
+            "forma_greedy": timed(lambda: generate(ours, prompt, new_tokens, temperature=0), device),
             "hf_greedy": timed(lambda: hf.generate(prompt, do_sample=False, **common), device),
-            "forma_sample": timed(lambda: ours.generate(prompt, new_tokens, temperature=1.0, seed=0), device),
+            "forma_sample": timed(lambda: generate(ours, prompt, new_tokens, temperature=1.0, seed=0), device),
             "hf_sample": timed(lambda: hf.generate(prompt, do_sample=True, top_k=0, **common), device),
         }, rounds=rounds, warmup=1)
     tps = {k: new_tokens / v["median_s"] for k, v in t.items()}

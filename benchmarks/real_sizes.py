@@ -41,6 +41,7 @@ import torch
 
 from benchmarks.timing import (PEAK_METHODS, MatrixProducts, cache_bytes, forward_flops, interleaved, machine, result_name,
                                timed, training_steps, write)
+from lab.generate import generate
 from lab.hf import from_hf
 from lab.tokenize import to_hf_tokenizer, word_level
 
@@ -161,7 +162,7 @@ def bench_generation(ours: Any, hf: Any, shape: Shape, device: str, rounds: int,
     n = shape.new_tokens
     common = dict(max_new_tokens=n, min_new_tokens=n, attention_mask=torch.ones_like(prompt), pad_token_id=0,
                   do_sample=False)
-    calls = {"forma_greedy": lambda: ours.generate(prompt, n, temperature=0),
+    calls = {"forma_greedy": lambda: generate(ours, prompt, n, temperature=0),
              "hf_greedy": lambda: hf.generate(prompt, **common)}
     with torch.inference_mode():
         same = bool(torch.equal(calls["forma_greedy"]().cpu(), calls["hf_greedy"]().cpu()))

@@ -189,6 +189,23 @@ def harvest_lines(r: dict[str, Any], saelens: dict[str, Any] | None = None) -> l
     return lines
 
 
+def tuned_lens_lines(r: dict[str, Any]) -> list[str]:
+    """Forma's tuned lens against the tuned-lens package's recipe on one model (benchmarks/tuned_lens.py)."""
+    t, model = r["timing"], r["model"]
+    setting = (f"{r['machine']['utc']} · {model['n_layers']} layers × d_model {model['d_model']} on the order-2 Markov "
+               f"chain · fitted on {r['tokens']['fit_sequences']} sequences, judged on "
+               f"{r['tokens']['held_out_sequences']} · medians of {t['forma']['rounds']} interleaved fits")
+    lines = ["## Tuned lens against tuned-lens (benchmarks/tuned_lens.py)", "", setting, "",
+             "| layer | KL(P_θ ‖ lens), Forma | KL(P_θ ‖ lens), tuned-lens | logit lens |", "|---|---|---|---|"]
+    for i, layer in enumerate(r["layers"][:-1]):
+        cells = [r["kl"][name]["kl_model"][i] for name in ("forma", "package", "logit_lens")]
+        lines.append(f"| {layer} | " + " | ".join(f"{v:.4f} [{lo:.4f}, {hi:.4f}]" for v, lo, hi in cells) + " |")
+    timing = (f"Fit time: Forma {t['forma']['median_s']:.2f} s, tuned-lens {t['package']['median_s']:.2f} s "
+              f"({r['forma_faster_by']:.1f}× faster); Forma within the package's interval at every layer: "
+              f"{r['forma_within_every_interval']}.")
+    return [*lines, "", timing]
+
+
 def graphs_lines(r: dict[str, Any], transcoders: dict[str, Any] | None = None,
                  peer: dict[str, Any] | None = None) -> list[str]:
     """graphs.json's section (benchmarks/graphs.py), with transcoders.json's quality table and
@@ -269,7 +286,8 @@ def write_summary(device: str = "cpu") -> Path:
     if peers and {"forward", "run_with_cache", "generation", "training"} <= set(peers):
         lines += peers_lines(peers)
     sections = [("forward", forward_lines), ("walltime", walltime_lines), ("dashboard", dashboard_lines),
-                ("demo", demo_lines), ("cli", cli_lines), ("determinism", determinism_lines)] if device == "cpu" else []
+                ("demo", demo_lines), ("cli", cli_lines), ("determinism", determinism_lines),
+                ("tuned_lens", tuned_lens_lines)] if device == "cpu" else []
     sections += [("real_sizes", real_sizes_lines), ("patching", patching_lines),
                  ("harvest", lambda r: harvest_lines(r, _read(f"harvest_saelens{suffix}"))),
                  ("distributed", distributed_lines)]

@@ -1,7 +1,7 @@
-"""Explorer: a prompt's tokens, attention patterns, residual norms, the logit lens (beside the true law on a
-source world), direct logit attribution, activation patching and head detectors, for any zoo model or local
-folder — a Forma model, a Hugging Face model Forma converts (lab.hf.from_hf), or any other Hugging Face causal
-LM through TransformerLens's TransformerBridge (lab.hf.bridge) — with its trust report beside it; for an
+"""Explorer: a prompt's tokens, attention patterns, residual norms, the logit, tuned and Jacobian lenses (and the
+logit lens beside the true law on a source world), direct logit attribution, input attribution, activation
+patching and head detectors, for any zoo model or local folder — a Forma model, a Hugging Face model Forma
+converts (lab.hf.from_hf), or any other Hugging Face causal LM through TransformerLens's TransformerBridge (lab.hf.bridge) — with its trust report beside it; for an
 encoder–decoder model, its translation and cross-attention patterns.
 
 The page: choosing and opening the model, its prompt, and the tabs (drawn by dashboards/explorer_tabs.py).
@@ -16,9 +16,10 @@ import torch
 from dashboards.charts import draw
 from dashboards.common import code, load_model, model_version, show_progress
 from dashboards.explorer_tabs import (Opened, encode, pick, show_attention, show_attribution, show_ground_truth_lens,
-                                      show_head_detectors, show_logit_lens, show_patching, show_residual_norms,
-                                      show_trust, text_of, token_labels)
+                                      show_head_detectors, show_input_attribution, show_logit_lens, show_patching,
+                                      show_residual_norms, show_trust, text_of, token_labels)
 from lab.folders import is_trained, zoo_dir, zoo_names
+from lab.model.encoder_decoder import is_encoder_decoder
 
 DEFAULT_PROMPTS = {"pydoc": "Return the number of items in the list.", "markov": "1 2 3 4 5 6 7 8",
                    "dates": "the third of march two thousand and five"}
@@ -172,7 +173,6 @@ if not name:
     st.info("Give the path of a local model folder in the sidebar: a Forma model (`model.save`) or a Hugging Face "
             "`save_pretrained` folder with its tokenizer.")
     st.stop()
-from lab.model.encoder_decoder import is_encoder_decoder
 
 if is_encoder_decoder(name):
     show_cross_attention(name)
@@ -196,22 +196,27 @@ if tokens is None:
     st.stop()
 labels = token_labels(model, tokens)
 st.write("Tokens: " + " ".join(code(label) for label in labels))
-tabs = st.tabs(["Attention", "Residual stream", "Logit lens", "Ground-truth lens", "Attribution", "Patching",
-                "Head detectors"])
+tabs = st.tabs(["Attention", "Residual stream", "Lenses", "Ground-truth lens", "Attribution", "Input attribution",
+                "Patching", "Head detectors"])
 with tabs[0]:
     show_attention(model, tokens, labels)
-for tab, view in ((tabs[1], show_residual_norms), (tabs[2], show_logit_lens), (tabs[4], show_attribution)):
+for tab, view in ((tabs[1], show_residual_norms), (tabs[4], show_attribution), (tabs[5], show_input_attribution)):
     with tab:
         if opened.forma:
             view(model, tokens, labels)
         else:
             st.info(FORMA_ONLY)
+with tabs[2]:
+    if opened.forma:
+        show_logit_lens(model, tokens, labels, name)
+    else:
+        st.info(FORMA_ONLY)
 with tabs[3]:
     if opened.forma:
         show_ground_truth_lens(opened, tokens, labels)
     else:
         st.info(FORMA_ONLY)
-with tabs[5]:
-    show_patching(model, tokens, labels)
 with tabs[6]:
+    show_patching(model, tokens, labels)
+with tabs[7]:
     show_head_detectors(model)

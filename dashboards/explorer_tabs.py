@@ -148,10 +148,59 @@ def show_residual_norms(model, tokens, labels) -> None:
     draw(fig, "norms")
 
 
-def show_logit_lens(model, tokens, labels) -> None:
+LENSES = {"logit": "Logit lens", "tuned": "Tuned lens", "jacobian": "Jacobian lens"}
+LENS_PROMPTS = 32  # sequences a tuned or Jacobian lens is fitted on in the explorer
+
+
+def lens_corpus(model, folder: Path | None) -> torch.Tensor:
+    """What the explorer fits a tuned or Jacobian lens on: LENS_PROMPTS draws from the model's world when its folder
+    records a source (world.json), else LENS_PROMPTS sequences the model writes itself (temperature 1, seeded),
+    each as long as its context allows, at most 32 tokens."""
+    from lab.zoo import world_source
+
+    length = min(model.cfg.n_ctx, 32)
+    source = world_source(folder) if folder is not None else None
+    if source is not None and source.vocab_size == model.cfg.d_vocab:
+        return torch.from_numpy(source.sample(LENS_PROMPTS, length, seed=0))
+    bos = model.tokenizer.token_to_id("<bos>") if model.tokenizer is not None else None
+    first = torch.full((LENS_PROMPTS, 1), bos) if bos is not None else torch.randint(
+        0, model.cfg.d_vocab, (LENS_PROMPTS, 1), generator=torch.Generator().manual_seed(0))
+    return model.generate(first, length - 1, temperature=1.0, seed=0)
+
+
+@st.cache_resource(show_spinner="Fitting the lens on the model's own text (once per model)…")
+def fitted_lens(name: str, version: tuple, kind: str):
+    """A tuned (lab.analysis.tuned_lens) or Jacobian (lab.analysis.jacobian_lens) lens of the explorer's model,
+    fitted on `lens_corpus`."""
+    from dashboards.common import load_model
+    from lab.analysis.jacobian_lens import fit_jacobian_lens
+    from lab.analysis.tuned_lens import fit_tuned_lens
+
+    model = load_model(name, version)
+    folder = Path(name) if Path(name).is_dir() else None
+    if folder is None:
+        from lab.folders import zoo_dir
+
+        folder = zoo_dir() / name
+    corpus = lens_corpus(model, folder)
+    return fit_tuned_lens(model, corpus) if kind == "tuned" else fit_jacobian_lens(model, corpus)
+
+
+def show_logit_lens(model, tokens, labels, name: str | None = None) -> None:
+    """The top next token and its probability at each layer and position, read through the chosen lens: the logit
+    lens, or (for a model the explorer opened by name) a tuned or Jacobian lens fitted on its own text."""
+    from dashboards.common import model_version
     from lab.analysis.lens import logit_lens
 
-    log_probs = logit_lens(model, tokens)[:, 0]  # [layer + 1, pos, vocab]
+    kinds = list(LENSES) if name is not None else ["logit"]
+    kind = st.radio("Lens", kinds, format_func=LENSES.get, horizontal=True, key="lens_kind")
+    if kind == "logit":
+        log_probs = logit_lens(model, tokens)[:, 0]  # [layer + 1, pos, vocab]
+    else:
+        lens = fitted_lens(name, model_version(name), kind)
+        log_probs = lens.log_probs(model, tokens)[:, 0]
+        st.caption(f"Fitted on {LENS_PROMPTS} sequences of the model's world, or of its own sampled text when its folder "
+                   "records no world (lab.analysis." + ("tuned_lens" if kind == "tuned" else "jacobian_lens") + ").")
     top_p, top_id = log_probs.exp().max(dim=-1)
     word = word_of(model)
     text = [[word(int(top_id[l, p])) for p in range(top_id.shape[1])] for l in range(top_id.shape[0])]
@@ -159,9 +208,43 @@ def show_logit_lens(model, tokens, labels) -> None:
     fig = go.Figure(go.Heatmap(z=top_p.numpy(), x=labels, y=layers, text=text, texttemplate="%{text}",
                                colorscale="Viridis", zmin=0, zmax=1, colorbar={"title": "probability"},
                                hovertemplate="%{y} at %{x}<br>top token %{text}<br>p = %{z:.3f}<extra></extra>"))
-    fig.update_layout(title="Logit lens: the top next token and its probability at each layer and position",
+    fig.update_layout(title=f"{LENSES[kind]}: the top next token and its probability at each layer and position",
                       height=150 + 40 * len(layers))
     draw(fig, "lens")
+
+
+EXHAUSTIVE_LIMIT = 20_000  # forward passes (positions × vocabulary) the explorer runs for the exhaustive effects
+
+
+def show_input_attribution(model, tokens, labels) -> None:
+    """lab.analysis.input_attribution: every method's credit to each position for the model's top next token after
+    the prompt, each row scaled by its largest |score|; with the model's exhaustive causal effects beside them."""
+    from lab.analysis.input_attribution import (
+        METHODS,
+        input_attributions,
+        resample_effects,
+        top_tokens,
+    )
+
+    target = int(top_tokens(model, tokens)[0])
+    methods = st.multiselect("Methods", METHODS, default=list(METHODS), key="attribution_methods")
+    if not methods:
+        st.info("Choose at least one method.")
+        return
+    scores = input_attributions(model, tokens, target, methods)
+    rows = {method: scores[method][0] for method in methods}
+    passes = tokens.shape[1] * model.cfg.d_vocab
+    if passes <= EXHAUSTIVE_LIMIT:
+        rows["exhaustive effect"] = resample_effects(model, tokens, target)[0]
+    else:
+        st.caption(f"The exhaustive effects would take {passes:,} forward passes (every position × every token); "
+                   f"the explorer runs them up to {EXHAUSTIVE_LIMIT:,}.")
+    z = torch.stack([v / v.abs().max().clamp_min(1e-12) for v in rows.values()]).numpy()
+    fig = go.Figure(go.Heatmap(z=z, x=labels, y=list(rows), colorscale="RdBu", zmid=0, zmin=-1, zmax=1,
+                               hovertemplate="%{y}<br>%{x}<br>score / max |score| = %{z:.3f}<extra></extra>"))
+    fig.update_layout(title=f"Input attribution of the next token {word_of(model)(target)} after the prompt (each row "
+                            "scaled by its largest |score|)", height=200 + 35 * len(rows), yaxis_autorange="reversed")
+    st.plotly_chart(fig, key="input_attribution")
 
 
 def show_attribution(model, tokens, labels) -> None:

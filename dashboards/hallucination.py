@@ -7,7 +7,6 @@ import streamlit as st
 from dashboards.common import number, plain, short, show_figures, show_headlines, show_run, show_table, words
 from experiments.hallucination import relative_change
 
-
 # The run's world in words (results.json "world"), and the columns the tables show (every column is in the download).
 WORLD_WORDS = {"n_facts": "facts", "n_factoids": "well-formed factoids", "n_train": "training documents",
                "n_hallucinations": "hallucinations (well-formed non-facts)", "n_persons": "persons",

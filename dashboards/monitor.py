@@ -7,8 +7,17 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from dashboards.common import (SIGNAL_WORDS, plain, read_table, show_figures, show_headlines, show_run, show_table,
-                               warn_shape, words)
+from dashboards.common import (
+    SIGNAL_WORDS,
+    plain,
+    read_table,
+    show_figures,
+    show_headlines,
+    show_run,
+    show_table,
+    warn_shape,
+    words,
+)
 
 
 @st.cache_resource(show_spinner="Loading the run's model…")

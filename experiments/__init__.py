@@ -37,6 +37,7 @@ REGISTRY = (
     Experiment("monitor", "Catching hallucinations while they are generated", "Hallucination monitor",
                ("model", "qa"), (("qa", "question–answer file"),)),
     Experiment("equations", "The seeds' equations", "Equations"),
+    Experiment("scoreboard", "Methods against the truth", "Methods against the truth", ("workers",)),
 )
 
 

@@ -19,11 +19,11 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module 'lab' has no attribute {name!r}")
 
 
-def _from_pretrained(cls: type, name_or_path: object, device: object) -> object:
+def _from_pretrained(cls: type, name_or_path: object, device: object, **options: object) -> object:
     """`lab.load.from_pretrained`, imported on the first load by name: `import lab` loads no torch."""
     from lab.load import from_pretrained
 
-    return from_pretrained(cls, name_or_path, device)
+    return from_pretrained(cls, name_or_path, device, **options)
 
 
 # Every lab module is imported after this package, so every model class's from_pretrained finds its loader.

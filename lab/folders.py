@@ -16,7 +16,7 @@ DEFAULT_ZOO_DIR = Path(__file__).resolve().parents[1] / "models"
 RECIPE_FILE = "model.toml"
 
 # (model class, name or folder, device) -> model: set by lab/__init__ to `lab.load.from_pretrained`.
-PretrainedLoader = Callable[[type, "str | Path", Any], Any]
+PretrainedLoader = Callable[..., Any]  # (model class, name or folder, device, **options) -> model
 _pretrained_loader: list[PretrainedLoader] = []
 
 
@@ -123,9 +123,10 @@ def set_pretrained_loader(loader: PretrainedLoader) -> None:
     _pretrained_loader[:] = [loader]
 
 
-def load_pretrained(cls: type, name_or_path: str | Path, device: Any = "cpu") -> Any:
-    """`cls.from_pretrained(name_or_path, device)`: the model package's door to loading by name, which lives above
-    it (`lab.load`), so that the model package imports nothing above it while its classes keep the method."""
+def load_pretrained(cls: type, name_or_path: str | Path, device: Any = "cpu", **options: Any) -> Any:
+    """`cls.from_pretrained(name_or_path, device, **options)`: the model package's door to loading by name, which
+    lives above it (`lab.load`), so that the model package imports nothing above it while its classes keep the
+    method."""
     if not _pretrained_loader:  # lab/__init__ sets it, and runs before any lab module: never met in practice
         raise RuntimeError("no loader by name is set: import lab.load (lab/__init__ sets it on import)")
-    return _pretrained_loader[0](cls, name_or_path, device)
+    return _pretrained_loader[0](cls, name_or_path, device, **options)

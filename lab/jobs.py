@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lab.files import atomic_write_text
+from lab.inputs import read_json_object
 from lab.progress import alive
 from lab.runs import runs_dir
 
@@ -75,7 +76,7 @@ def queued(kind: str, name: str) -> Waiting | None:
     """Where `forma KIND NAME` (kind "run" or "train") stands in a live demo's queue, while it waits or runs; None
     when no demo runs, the file is unreadable, or that job is not in it or has ended."""
     try:
-        record = json.loads(queue_file().read_text(encoding="utf-8"))
+        record = read_json_object(queue_file(), what="demo queue")
         jobs = record["jobs"]
         if record.get("format") != FORMAT or not alive(int(record["pid"])):
             return None

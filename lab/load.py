@@ -24,18 +24,47 @@ def is_hf_folder(folder: Path) -> bool:
     return config.is_file() and "model_type" in read_config_json(config)
 
 
-def from_pretrained(cls: type, name_or_path: str | Path, device: str | torch.device = "cpu") -> Any:
+PROCESSING = ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases")
+
+
+def from_pretrained(cls: type, name_or_path: str | Path, device: str | torch.device = "cpu",
+                    **options: Any) -> Any:
     """`cls` (a HookedTransformer or an EncoderDecoder) from a zoo name or a folder written by its `save`; a
-    HookedTransformer also from a local Hugging Face folder (`lab.hf.load_hf`)."""
+    HookedTransformer also from a local Hugging Face folder (`lab.hf.load_hf`).
+
+    options (HookedTransformer.from_pretrained's): the processing flags, None meaning TransformerLens's default for
+    a Hugging Face checkpoint (on) and off for a Forma folder (a checkpoint of the model itself);
+    refactor_factored_attn_matrices; default_prepend_bos and default_padding_side; dtype."""
     folder = model_folder(name_or_path)
-    if issubclass(cls, HookedTransformer) and is_hf_folder(folder):
-        return load_hf(folder, device=device)
-    return cls.load(folder, device=device)
+    if not issubclass(cls, HookedTransformer):
+        if options:
+            raise ValueError(f"{cls.__name__}.from_pretrained takes no options, got {sorted(options)}")
+        return cls.load(folder, device=device)
+    hf = is_hf_folder(folder)
+    dtype = options.pop("dtype", None)
+    if hf:
+        model = load_hf(folder, device=device, **({} if dtype is None else {"dtype": dtype}))
+    else:
+        model = cls.load(folder, device=device)
+        if dtype is not None:
+            model = model.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
+    flags = {name: hf if options.get(name) is None else options[name] for name in PROCESSING}
+    refactor = bool(options.get("refactor_factored_attn_matrices"))
+    if any(flags.values()) or refactor:
+        model.process_weights_(refactor_factored_attn_matrices=refactor, **flags)
+    if options.get("default_prepend_bos") is not None:
+        model.cfg.default_prepend_bos = options["default_prepend_bos"]
+    if options.get("default_padding_side") is not None:
+        if model.tokenizer is None or not hasattr(model.tokenizer, "padding_side"):
+            raise ValueError("default_padding_side sets a Hugging Face tokenizer's padding side; this model has none")
+        model.tokenizer.padding_side = model.padding_side(options["default_padding_side"])
+    return model
 
 
 def load_model(name_or_path: str | Path, device: str | torch.device = "cpu") -> HookedTransformer:
-    """A decoder-only model by zoo name, Forma folder or Hugging Face folder."""
-    return from_pretrained(HookedTransformer, name_or_path, device)
+    """A decoder-only model by zoo name, Forma folder or Hugging Face folder, its weights as trained (what Forma's
+    experiments, dashboard and commands read)."""
+    return from_pretrained(HookedTransformer, name_or_path, device, **dict.fromkeys(PROCESSING, False))
 
 
 def load_encoder_decoder(name_or_path: str | Path, device: str | torch.device = "cpu") -> EncoderDecoder:

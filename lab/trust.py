@@ -18,6 +18,7 @@ import torch
 from lab.folders import trust_report_path
 from lab.generate import decode
 from lab.hf import UnsupportedArchitecture, to_hf
+from lab.load import load_model
 from lab.model import HookedTransformer
 from lab.runs import write_json
 
@@ -107,7 +108,7 @@ def run_trust(name_or_path: str | Path, out: Path | None = None) -> tuple[dict[s
     Where the report cannot be written — a read-only model folder — is a ValueError naming the folder and the
     way out (--out), said before the model is loaded."""
     folder, target = trust_report_path(name_or_path, out)
-    model = HookedTransformer.from_pretrained(folder)
+    model = load_model(folder)  # as trained: its logits are compared with Hugging Face's
     report = trust_report(model)
     write_json(target, report)
     return report, target

@@ -13,6 +13,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import pytest
 import torch
 
+import lab.zoo as zoo
 from lab import HookedTransformer, ModelConfig
 from lab.configs import torch_threads
 
@@ -100,6 +101,25 @@ class Background:
             self.current.kill()
         self.thread.join(timeout=30)
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+# What `make test-fast` leaves out (docs/testing.md): tests that read an experiment's quick run or its rerun
+# (subprocesses of the background queue below), fork `forma` commands (the fault trials' fork server), start
+# torchrun, and the files whose tests start processes of their own (the CLI end to end, the offline guard, the
+# docs' examples, benchmarks, process pools, distributed training, the dashboard's pages).
+PROCESS_FIXTURES = {"quick_run", "quick_rerun", "fault_zygote", "torchrun_demo"}
+PROCESS_MODULES = {"test_benchmarks", "test_benchmarks_distributed", "test_browser", "test_cli_datasets",
+                   "test_dashboard", "test_dashboard_graphs", "test_distributed", "test_docs", "test_offline",
+                   "test_parallel", "test_readme", "test_reliability_cli", "test_reliability_dashboard",
+                   "test_reliability_runs", "test_resume_faults", "test_transcoders_distributed"}
+
+
+def pytest_itemcollected(item):
+    """Mark `processes` (see PROCESS_FIXTURES): made at collection, so that `-m "not processes"` can select."""
+    module = getattr(item, "module", None)
+    if PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())) or (
+            module is not None and module.__name__.rpartition(".")[2] in PROCESS_MODULES):
+        item.add_marker(pytest.mark.processes)
 
 
 @pytest.hookimpl(trylast=True)  # after -k / -m have deselected
@@ -230,6 +250,19 @@ def stdlib_corpus(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("stdlib-corpus") / "corpus.txt"
     stdlib_docstrings(cache=path)
     return path
+
+
+@pytest.fixture
+def empty(tmp_path, monkeypatch):
+    """No runs and no trained model: a fresh clone (the dashboard's tests)."""
+    (tmp_path / "runs").mkdir()
+    zoo_copy = tmp_path / "models"
+    for name in zoo.zoo_names():
+        (zoo_copy / name).mkdir(parents=True)
+        shutil.copy(zoo.DEFAULT_ZOO_DIR / name / "model.toml", zoo_copy / name / "model.toml")
+    monkeypatch.setenv("FORMA_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("FORMA_ZOO_DIR", str(zoo_copy))
+    return tmp_path
 
 
 @pytest.fixture

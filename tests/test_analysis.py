@@ -13,6 +13,7 @@ from lab.analysis.patching import logit_diff, patch_heads, patch_positions
 from lab.analysis.probes import (auroc, bootstrap_ci, fit_probe, fit_probes, group_kfold, group_split, r2_score,
                                  random_model, shuffled_control, steering_vector)
 from lab.analysis.steering import generate_steered, steer
+from lab.generate import generate
 from tests.conftest import VOCAB, tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -63,7 +64,7 @@ def test_last_position_skips_right_padding_and_a_list_of_batches_matches_a_tenso
 
 def test_the_forward_pass_stops_after_the_last_hook_asked_for(model, data):
     calls = []
-    with model.hooks(fwd_hooks=[("hook_logits", lambda x, hook: calls.append(1))]):
+    with model.hooks(fwd_hooks=[("unembed.hook_out", lambda x, hook: calls.append(1))]):
         collect_activations(model, data, "blocks.0.hook_resid_post", progress=False)
         assert not calls
         collect_activations(model, data, "blocks.0.hook_resid_post", progress=False, stop_early=False)
@@ -223,7 +224,7 @@ def rotary_model() -> HookedTransformer:  # rotary: positions enter every layer,
 def test_steering_with_zero_changes_nothing_and_with_a_large_vector_changes_generations(rotary_model, use_kv_cache):
     prompt = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(8))
     name, d = "blocks.0.hook_resid_post", rotary_model.cfg.d_model
-    plain = rotary_model.generate(prompt, 12, temperature=0, use_kv_cache=use_kv_cache)
+    plain = generate(rotary_model, prompt, 12, temperature=0, use_kv_cache=use_kv_cache)
     zero = generate_steered(rotary_model, prompt, name, torch.zeros(d), 1.0, 12, temperature=0,
                             use_kv_cache=use_kv_cache)
     assert torch.equal(zero, plain)
@@ -241,7 +242,7 @@ def test_steered_generation_is_the_same_with_and_without_the_kv_cache(rotary_mod
                              use_kv_cache=cache, from_position=from_position) for cache in (True, False)]
     assert torch.equal(runs[0], runs[1])
     # Tokens up to index from_position are predicted from unsteered positions only.
-    plain = rotary_model.generate(prompt, 12, temperature=0)
+    plain = generate(rotary_model, prompt, 12, temperature=0)
     kept = max(from_position + 1, prompt.shape[1])
     assert torch.equal(runs[0][:, :kept], plain[:, :kept])
 

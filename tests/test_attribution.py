@@ -62,6 +62,19 @@ def test_the_estimate_is_exact_where_the_metric_is_linear_in_the_activation(prom
     assert (estimate["resid_pre"].values[-1] - truth["resid_pre"].values[-1]).abs().max() > 1e-6
 
 
+def test_through_the_final_norm_even_the_last_layer_is_first_order(prompts):
+    """The same model with its final LayerNorm kept: the logits divide the stream by its own norm, so the last
+    layer's patches are no longer linear in the metric and the estimate differs from the patch itself."""
+    cfg = ModelConfig(d_vocab=VOCAB, d_model=32, n_layers=2, n_heads=4, n_ctx=16, block="parallel")
+    model = scaled(HookedTransformer(cfg, seed=0))
+    clean, corrupted = prompts
+    estimate = attribution_patch(model, clean, corrupted, METRIC)
+    truth = exhaustive(model, clean, corrupted)
+    gap = (estimate["resid_post"].values[-1] - truth["resid_post"].values[-1]).abs().max()
+    change = (truth["resid_post"].values[-1] - truth["resid_post"].corrupted).abs().max()
+    assert gap > 0.01 * change, (gap, change)
+
+
 def test_cells_where_clean_and_corrupted_agree_are_estimated_as_no_change(prompts):
     """Before the corrupted position every activation is the same in both runs (causal attention): Δa = 0."""
     model = HookedTransformer(ModelConfig(d_vocab=VOCAB, d_model=32, n_layers=2, n_heads=4, n_ctx=16,

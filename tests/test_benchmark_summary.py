@@ -16,6 +16,7 @@ from benchmarks import summary
     ("patching", summary.patching_lines, "## Patching sweeps"),
     ("harvest", summary.harvest_lines, "## Activation harvesting"),
     ("real_sizes", summary.real_sizes_lines, "## Real sizes"),
+    ("tuned_lens", summary.tuned_lens_lines, "## Tuned lens against tuned-lens"),
 ])
 def test_each_results_file_renders_its_section(name, render, title):
     results = json.loads((summary.RESULTS / f"{name}.json").read_text())

@@ -18,7 +18,6 @@ import experiments
 import lab.zoo as zoo
 from lab import HookedTransformer, ModelConfig
 from lab.cli import dashboard_command, free_port, wait_until_serving
-from lab.tokenize import word_level
 
 CHROMIUM = "/usr/bin/chromium"
 SCREENSHOTS = Path(__file__).resolve().parent / "screenshots"
@@ -246,7 +245,8 @@ SHOWN = """() => {
   }
   const charts = {};
   for (const gd of main.querySelectorAll(".js-plotly-plot")) {
-    const title = ((gd.layout.title && gd.layout.title.text) || "").replace(/<[^>]*>/g, " ").replace(/\\s+/g, " ").trim();
+    const title = ((gd.layout.title && gd.layout.title.text) || "").replace(/<[^>]*>/g, " ")
+      .replace(/\\s+/g, " ").trim();
     charts[title] = gd._fullData.map(t => ({name: t.name, x: Array.from(t.x || []), y: Array.from(t.y || [])}));
   }
   return {cards, charts, text: main.innerText.replace(/\\s+/g, " ")};
@@ -321,7 +321,7 @@ def test_explorer_shows_every_head_tokens_in_bytes_and_the_layers_in_whole_numbe
     assert page.locator(".st-key-norms .legend .traces").count() == n_tokens > 12
     reads_right(page)
     snapshot(page, "explorer-residual.png")
-    open_tab(page, "Logit lens", "lens")
+    open_tab(page, "Lenses", "lens")
     reads_right(page)
     snapshot(page, "explorer-lens.png")
     assert errors == []

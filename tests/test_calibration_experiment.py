@@ -322,3 +322,30 @@ def test_a_verdict_of_absence_needs_an_interval_that_reaches_the_controls():
     assert not wide["supported"] and "too few items" in wide["why_not"]
     none = experiment._verdict_headline("v", verdict(None, 0.6, 0.8) | {"sentence": "P(IK): not enough data — …"})
     assert not none["supported"] and none["why_not"].startswith("P(IK): not enough data")
+
+
+def test_the_partial_checkpoint_is_chosen_on_the_format_persons_never_on_those_it_reports(quick):
+    """The stage before the end whose recall of the format persons is nearest the target: where the evaluation
+    persons' recall would choose another stage, the format persons' choice stands; the quick run and the committed
+    default run (docs/measured/runs/calibration.json) record the stage this rule picks, and its recalls."""
+    from pathlib import Path
+
+    from experiments.calibration.setting import partial_stage
+
+    stages = [{"step": 10, "recall_selection": 0.3, "recall_seen": 0.6}, {"step": 20, "recall_selection": 0.62,
+                                                                          "recall_seen": 0.9},
+              {"step": 30, "recall_selection": 0.6, "recall_seen": 1.0}]
+    assert partial_stage(stages, 0.6, 30) == 1  # the end of training (step 30) is never the partial checkpoint
+    assert partial_stage(stages, 0.6, 40) == 2 and partial_stage(stages, 0.3, 40) == 0
+    assert partial_stage(stages[:1], 0.6, 10) is None
+    stages[1]["recall_selection"] = stages[0]["recall_selection"]
+    assert partial_stage(stages, 0.6, 30) == 0  # a tie: the earlier stage
+    reference = json.loads((Path(__file__).resolve().parents[1] / "docs/measured/runs/calibration.json").read_text())
+    for results in (quick[0], reference):
+        training = results["training"]
+        chosen = training["stages"][partial_stage(training["stages"], training["partial_recall_target"],
+                                                  training["steps"])]
+        assert training["partial_step"] == chosen["step"] and f"step {chosen['step']} of" in results["checkpoint"]
+        assert (training["partial_recall_selection"], training["partial_recall_seen"]) == (
+            chosen["recall_selection"], chosen["recall_seen"])
+        assert "format persons" in training["partial_chosen_on"]

@@ -36,6 +36,7 @@ def test_console_script_runs():
     assert out.stdout.startswith("forma ")
 
 
+@pytest.mark.slow
 def test_demo_fills_in_missing_runs_and_shows_generations(tmp_path, monkeypatch, capsys):
     """The demo's flow on a private zoo whose models exist already: missing runs are made, none twice."""
     import shutil
@@ -252,7 +253,7 @@ def test_the_lazy_top_level_names_are_the_models():
     assert lab.HookedTransformer is lab.model.HookedTransformer and lab.KVCache is lab.model.KVCache
     assert sorted(lab.__all__) == sorted(name for name in lab.__all__ if hasattr(lab, name))
     with pytest.raises(AttributeError, match="module 'lab' has no attribute 'NoSuchThing'"):
-        lab.NoSuchThing
+        _ = lab.NoSuchThing
 
 
 def test_the_demo_board_redraws_one_line_per_job_in_place_on_a_terminal():

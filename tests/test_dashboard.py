@@ -2,32 +2,17 @@
 
 import json
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
 import experiments
-import lab.zoo as zoo
 from dashboards.pages import page_file, pages
 from lab import HookedTransformer, ModelConfig
 from lab.tokenize import word_level
 
 EXPERIMENT_PAGES = experiments.experiment_names()
-
-
-@pytest.fixture
-def empty(tmp_path, monkeypatch):
-    """No runs and no trained model: a fresh clone."""
-    (tmp_path / "runs").mkdir()
-    zoo_copy = tmp_path / "models"
-    for name in zoo.zoo_names():
-        (zoo_copy / name).mkdir(parents=True)
-        shutil.copy(zoo.DEFAULT_ZOO_DIR / name / "model.toml", zoo_copy / name / "model.toml")
-    monkeypatch.setenv("FORMA_RUNS_DIR", str(tmp_path / "runs"))
-    monkeypatch.setenv("FORMA_ZOO_DIR", str(zoo_copy))
-    return tmp_path
 
 
 def heatmap_rows(chart) -> int:
@@ -81,7 +66,7 @@ def test_a_corrupted_results_json_is_a_message_not_a_traceback(empty, name):
     assert "unreadable results.json" in texts(at)
 
 
-def _tiny_pydoc(zoo_copy: Path, seed: int = 0) -> HookedTransformer:
+def tiny_pydoc(zoo_copy: Path, seed: int = 0) -> HookedTransformer:
     words = ["Return", "the", "number", "of", "items", "in", "list", "file", "."]
     tokenizer = word_level(words)
     cfg = ModelConfig(d_vocab=tokenizer.get_vocab_size(), d_model=32, n_layers=2, n_heads=4, n_ctx=32)
@@ -93,14 +78,15 @@ def _tiny_pydoc(zoo_copy: Path, seed: int = 0) -> HookedTransformer:
 def test_explorer_shows_every_view_of_a_model(empty):
     from lab.analysis.counterfactual import corruptions
 
-    model = _tiny_pydoc(empty / "models")
+    model = tiny_pydoc(empty / "models")
     at = page("explorer").run()
     assert not at.exception, at.exception
     charts = at.get("plotly_chart")
-    # attention (one head, and every head beside it), residual norms, logit lens, attribution, head detectors; this
-    # random model predicts the same token whatever one token of the default prompt is swapped for, and patching
-    # says so
-    assert [c.key for c in charts] == ["attention", "attention_heads", "norms", "lens", "dla", "heads"]
+    # attention (one head, and every head beside it), residual norms, logit lens, attribution, input attribution,
+    # head detectors; this random model predicts the same token whatever one token of the default prompt is swapped
+    # for, and patching says so
+    assert [c.key for c in charts] == ["attention", "attention_heads", "norms", "lens", "dla", "input_attribution",
+                                       "heads"]
     assert list(corruptions(model, model.to_tokens(at.text_input(key="prompt").value))) == []
     assert "No one-token change of this prompt" in texts(at)
     assert "Ground-truth lens needs" not in texts(at) and "known (the zoo's Markov" in texts(at)
@@ -115,7 +101,7 @@ def test_explorer_shows_every_view_of_a_model(empty):
 
 
 def test_explorer_reports_a_bad_prompt_and_a_missing_folder(empty):
-    _tiny_pydoc(empty / "models")
+    tiny_pydoc(empty / "models")
     at = page("explorer").run()
     at.text_input(key="prompt").input("").run()
     assert not at.exception and "empty" in texts(at)
@@ -175,7 +161,7 @@ def test_explorer_views_show_the_library_numbers(empty):
     from lab.analysis.lens import logit_lens
     from lab.analysis.patching import patch_positions
 
-    model = _tiny_pydoc(empty / "models")
+    model = tiny_pydoc(empty / "models")
     prompt = "Return the number of items in the list ."
     tokens = model.to_tokens(prompt)
     with torch.inference_mode():
@@ -346,7 +332,7 @@ def test_explorer_patching_starts_from_a_pair_whose_predictions_differ(empty):
     from lab.analysis.heads import detect_heads
     from lab.analysis.patching import patch_heads, patch_positions
 
-    model = _tiny_pydoc(empty / "models", seed=1)
+    model = tiny_pydoc(empty / "models", seed=1)
     at = page("explorer").run()
     assert not at.exception, at.exception
     clean = model.to_tokens(at.text_input(key="prompt").value)
@@ -604,8 +590,8 @@ def test_an_axis_that_counts_ticks_at_whole_numbers_and_a_legend_clears_a_second
     tick at whole numbers, a long count at a round whole step; an x axis of fractions, a log axis and an axis with
     ticks of its own keep theirs; with a second axis on the right, the legend sits beyond that axis's ticks; bins
     named in text ("0", "1", "2-5", "6+") are categories, every one drawn."""
-    import plotly.graph_objects as go
     import numpy as np
+    import plotly.graph_objects as go
     import plotly.io as pio
 
     from dashboards.charts import readable, whole_step
@@ -667,3 +653,37 @@ def test_a_byte_level_token_reads_as_its_bytes():
     assert [token_text(model, i) for i in ids][-2:] == ["⟨0xC3⟩", "⟨0xA9⟩"]
     assert "".join(model.to_string([i]) for i in ids[-2:]) == "\ufffd\ufffd"  # what the page showed before
     assert readable_token("\ufffd", "<0xE2>") == "⟨0xE2⟩" and readable_token("caf", "caf") == "caf"
+
+
+def test_explorer_lens_selector_and_input_attribution_show_the_library_numbers(empty):
+    """The Lenses tab's tuned and Jacobian lenses are lab.analysis's, fitted on what the explorer fits them on
+    (dashboards.explorer_tabs.lens_corpus); the input-attribution tab's rows are lab.analysis.input_attribution's
+    scores and the exhaustive effects, each scaled by its largest |score|."""
+    import numpy as np
+    import torch
+
+    from dashboards.explorer_tabs import lens_corpus
+    from lab.analysis.input_attribution import input_attributions, resample_effects
+    from lab.analysis.jacobian_lens import fit_jacobian_lens
+    from lab.analysis.tuned_lens import fit_tuned_lens
+
+    model = tiny_pydoc(empty / "models")
+    prompt = "Return the number of items in the list ."
+    tokens = model.to_tokens(prompt)
+    at = page("explorer").run()
+    at.text_input(key="prompt").input(prompt).run()
+    corpus = lens_corpus(model, empty / "models" / "pydoc")
+    assert corpus.shape == (32, 32) and (corpus[:, 0] == model.tokenizer.token_to_id("<bos>")).all()
+    for kind, fit in (("tuned", fit_tuned_lens), ("jacobian", fit_jacobian_lens)):
+        at.radio(key="lens_kind").set_value(kind).run()
+        assert not at.exception, at.exception
+        chart = next(c for c in at.get("plotly_chart") if c.key == "lens")
+        shown = _decode_array(json.loads(chart.proto.spec)["data"][0]["z"])
+        expected = fit(model, corpus).log_probs(model, tokens)[:, 0].exp().max(-1).values.numpy()
+        assert np.allclose(shown, expected, atol=1e-5), kind
+    chart = next(c for c in at.get("plotly_chart") if c.key == "input_attribution")
+    rows = _decode_array(json.loads(chart.proto.spec)["data"][0]["z"])
+    scores = input_attributions(model, tokens)
+    expected = [v[0] / v[0].abs().max() for v in scores.values()] + [resample_effects(model, tokens)[0]]
+    expected[-1] = expected[-1] / expected[-1].abs().max()
+    assert np.allclose(rows, torch.stack(expected).numpy(), atol=1e-5)

@@ -12,6 +12,7 @@ from lab.analysis.activations import collect_activations
 from lab.analysis.lens import direct_logit_attribution, logit_lens, residual_norms
 from lab.analysis.patching import patch_heads
 from lab.analysis.steering import generate_steered
+from lab.generate import generate
 from lab.hf import bridge, from_hf, load_hf, to_hf
 from lab.model.offload import onloaded
 from tests.conftest import VOCAB, hf_llama, hf_neox, word_tokenizer
@@ -57,7 +58,8 @@ def test_an_offloaded_model_computes_what_the_whole_one_does(folder, tmp_path, t
     assert torch.equal(logits, reference_logits) and cache.keys() == reference.keys()
     for name in reference.keys():
         assert torch.equal(cache[name], reference[name]), name
-    assert torch.equal(spread.generate(tokens[:, :4], 8, temperature=0), whole.generate(tokens[:, :4], 8, temperature=0))
+    assert torch.equal(generate(spread, tokens[:, :4], 8, temperature=0),
+                       generate(whole, tokens[:, :4], 8, temperature=0))
 
 
 def test_a_hook_on_an_offloaded_block_reads_and_patches(folder, tmp_path, tokens):
@@ -224,7 +226,7 @@ def test_a_gpu_with_cpu_and_disk_offload(tmp_path, tokens):
             _, reference = whole.run_with_cache(tokens, names_filter="blocks.1.attn.hook_pattern")
         assert (cache["blocks.1.attn.hook_pattern"].cpu() - reference["blocks.1.attn.hook_pattern"]).abs().max() <= 1e-5
         assert torch.equal(spread.W_Q.cpu(), whole.W_Q)
-        assert torch.equal(spread.generate(tokens[:, :4], 8, temperature=0).cpu(),
-                           whole.generate(tokens[:, :4], 8, temperature=0))
+        assert torch.equal(generate(spread, tokens[:, :4], 8, temperature=0).cpu(),
+                           generate(whole, tokens[:, :4], 8, temperature=0))
     finally:
         torch.backends.cuda.matmul.allow_tf32 = previous

@@ -99,7 +99,10 @@ def test_page_examples_run(page, tmp_path, monkeypatch, request):
 def ecosystem_rows() -> list[list[str]]:
     """The cells of docs/ecosystem.md's table (client, version tested, what works, the tests), header and rule
     left out; a row that does not split into exactly four cells is an error, not a row skipped."""
-    lines = [line for line in (DOCS / "ecosystem.md").read_text().splitlines() if line.startswith("|")]
+    lines = (DOCS / "ecosystem.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| client |"))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    lines = lines[start:end]  # the first table: the clients'
     rows = [[cell.strip() for cell in line.strip().strip("|").split(" | ")] for line in lines[2:]]
     assert lines and all(len(row) == 4 for row in rows), [row[0] for row in rows if len(row) != 4]
     return rows
@@ -112,22 +115,26 @@ def pins(constraints: Path) -> dict[str, str]:
 
 def test_the_ecosystem_table_names_installed_versions_and_real_tests():
     """Each version is the one pinned and installed (SAELens's, with its transformer-lens, from
-    constraints-sae.txt, and circuit-tracer's from constraints-ct.txt: each has its own environment), and each test
-    the table names exists under that name."""
+    constraints-sae.txt, Inseq's, with its typeguard, from constraints-inseq.txt, and circuit-tracer's from
+    constraints-ct.txt: each has its own environment), and each test the table names exists under that name."""
     from importlib.metadata import version
 
     root = DOCS.parent
     main, sae = pins(root / "constraints.txt"), pins(root / "constraints-sae.txt")
-    ct = pins(root / "constraints-ct.txt")
+    inseq, ct = pins(root / "constraints-inseq.txt"), pins(root / "constraints-ct.txt")
     rows = ecosystem_rows()
-    assert {row[0] for row in rows} == {"transformer-lens", "sae-lens", "nnsight", "tuned-lens", "circuitsvis",
-                                        "circuit-tracer"}
+    assert {row[0] for row in rows} == {"transformer-lens", "sae-lens", "nnsight", "tuned-lens", "captum", "inseq",
+                                        "circuitsvis", "circuit-tracer"}
     for client, tested, _, tests in rows:
         versions = re.findall(r"(\d+\.\d+\.\d+)", tested)
         if client == "sae-lens":
             assert versions == [sae["sae-lens"], sae["transformer-lens"]], tested
+        elif client == "inseq":
+            assert versions == [inseq["inseq"], inseq["typeguard"]], tested
         elif client == "circuit-tracer":
             assert versions == [ct["circuit-tracer"], ct["transformers"], ct["transformer-lens"]], tested
+        elif "SAE environment" in tested:  # a client tested in .venv-sae, at the version pinned there
+            assert versions == [sae[client]], (client, tested)
         else:
             assert versions == [main[client]] == [version(client)], (client, tested)
         named = re.findall(r"`(tests/[\w/]+\.py)::(\w+)`", tests)

@@ -4,7 +4,6 @@ switch, tuned-lens on the exported Hugging Face model, CircuitsVis from a Forma 
 
 import os
 import re
-import shutil
 from pathlib import Path
 
 import pytest

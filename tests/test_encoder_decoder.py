@@ -3,7 +3,9 @@ dates world and its zoo recipe, and the explorer's cross-attention view."""
 
 import datetime
 import json
+import math
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -58,7 +60,7 @@ def test_matches_torch_transformer_on_identical_weights(norm_first, src, tgt):
         fused = model(src, tgt)
         _, cache = model.run_with_cache(src, tgt)  # asks for every pattern: the explicit attention path
     torch.testing.assert_close(fused, expected, atol=1e-5, rtol=0)
-    torch.testing.assert_close(cache["hook_logits"], expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(cache["unembed.hook_out"], expected, atol=1e-5, rtol=0)
 
 
 # --- what each stack may see -------------------------------------------------------------------
@@ -172,7 +174,7 @@ def test_hook_names_and_scoped_hooks(src, tgt):
                  "encoder.0.hook_resid_mid", "encoder_ln_final.hook_normalized", "hook_encoder_out", "hook_tgt_embed",
                  "decoder.0.attn.hook_pattern", "decoder.1.cross_attn.hook_pattern", "decoder.0.hook_resid_mid",
                  "decoder.0.hook_cross_attn_out", "decoder.0.hook_resid_mid_cross", "decoder.1.hook_resid_post",
-                 "decoder.0.ln_cross.hook_normalized", "decoder_ln_final.hook_scale", "hook_logits"):
+                 "decoder.0.ln_cross.hook_normalized", "decoder_ln_final.hook_scale", "unembed.hook_out"):
         assert name in model.hook_dict, name
     with torch.no_grad():
         plain = model(src, tgt)
@@ -231,6 +233,7 @@ def test_held_out_days_never_occur_in_training():
     assert all(unk not in s for s, _ in world.train + world.held_out)
 
 
+@pytest.mark.slow
 def test_quick_dates_recipe_learns_to_translate_unseen_days(tmp_path, monkeypatch, one_thread):
     for name in zoo.zoo_names():  # a private zoo: building never touches models/
         (tmp_path / name).mkdir()
@@ -246,6 +249,20 @@ def test_quick_dates_recipe_learns_to_translate_unseen_days(tmp_path, monkeypatc
     assert exact_match(model, world.held_out[:100]) >= 0.5
     with pytest.raises(FileNotFoundError, match="nothing to resume for dates"):
         zoo.build("dates", quick=True, progress=False, resume=True)
+    # The source-blind plateau: the chain-rule entropy of a uniform day's "YYYY-MM-DD<eos>", counted over every
+    # day of the world, per predicted character; and the first step training's loss fell below half of it.
+    days = [datetime.date(1900, 1, 1) + datetime.timedelta(days=d) for d in range(card["source_blind_days"])]
+    assert days[-1] == datetime.date(2099, 12, 31)
+    texts = [d.isoformat() + "$" for d in days]
+    total = 0.0
+    for t in range(len(texts[0])):
+        prefixes = Counter(x[:t] for x in texts)
+        total -= sum(n * math.log(n / prefixes[x[:t]]) for x, n in Counter(x[:t + 1] for x in texts).items())
+    assert card["source_blind_nats_per_char"] == pytest.approx(total / len(texts) / len(texts[0]), rel=1e-12)
+    metrics = (directory / "train" / "metrics.jsonl").read_text().splitlines()
+    losses = [json.loads(line)["train_loss_nats"] for line in metrics]
+    step = card["first_step_below_half_source_blind"]
+    assert losses[step - 1] < card["source_blind_nats_per_char"] / 2 <= min(losses[: step - 1], default=math.inf)
 
 
 # --- training: the one loop of lab.train ---------------------------------------------------------

@@ -38,6 +38,21 @@ def test_the_registry_names_each_experiment_once():
         experiments.experiment("nope")
 
 
+def test_the_experiments_page_states_the_contract_the_registry_holds(tmp_path, monkeypatch):
+    """docs/experiments.md names every registered experiment, and what it says a new one takes is what it takes: a
+    module with Config and run is refused until REGISTRY names it, and then loads."""
+    text = (REPO / "docs" / "experiments.md").read_text()
+    assert all(f"`{name}`" in text for name in experiments.experiment_names())
+    assert "`experiments.REGISTRY`" in text and "`dashboards/NAME.py`" in text
+    (tmp_path / "toy.py").write_text("import dataclasses\n\n@dataclasses.dataclass\nclass Config:\n"
+                                     "    seed: int = 0\n\ndef run(cfg, out):\n    return {}\n")
+    monkeypatch.setattr(experiments, "__path__", [*experiments.__path__, str(tmp_path)])
+    with pytest.raises(ValueError, match="unknown experiment 'toy'"):
+        experiments.load("toy")
+    monkeypatch.setattr(experiments, "REGISTRY", (*experiments.REGISTRY, experiments.Experiment("toy", "Toy", "Toy")))
+    assert experiments.load("toy").run(experiments.load("toy").Config(), tmp_path) == {}
+
+
 def test_the_dashboard_shows_a_page_per_registered_experiment_in_the_registrys_order():
     listed = [name for name, _ in pages()]
     assert [n for n in listed if n in experiments.experiment_names()] == experiments.experiment_names()

@@ -205,3 +205,15 @@ def test_heldout_draws_are_fresh_iid_draws_not_training_examples(small_cfg: Fact
     assert overlap["distinct_facts"] == len(set(held.tolist())) >= overlap["distinct_facts_in_training"]
     with pytest.raises(ValueError, match="positive integer"):
         world.heldout_fact_indices(0)
+
+
+def test_a_cloze_is_its_statement_cut_before_the_value_with_the_name_where_it_says() -> None:
+    world = FactWorld(FactWorldConfig(n_first_names=10, n_last_names=10, n_persons=20, attributes=("city", "team"),
+                                      n_train=50))
+    for fact in world.facts:
+        for template in range(3):
+            cloze = world.cloze(fact, template)
+            person = world.persons[fact.person_index]
+            assert " ".join(cloze.words + [cloze.value, "."]) == world.render(fact, "template", template)
+            assert [cloze.words[i] for i in cloze.name_positions] == [person.first, person.last]
+            assert cloze.value == fact.value

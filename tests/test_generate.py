@@ -4,10 +4,11 @@ import pytest
 import torch
 
 from lab import HookedTransformer
-from lab.generate import decode, filter_logits, sample_next
+from lab.generate import decode, filter_logits, generate, sample_next
 from lab.hf import from_hf
 from lab.model import KVCache, KVCacheEntry
-from tests.conftest import hf_gpt2, hf_llama, tiny_config
+from lab.model.errors import Misuse
+from tests.conftest import hf_gpt2, hf_llama, tiny_config, word_tokenizer
 
 VARIANTS = [dict(), dict(positions="rotary", mlp="swiglu", n_kv_heads=2, norm="rmsnorm", bias=False),
             dict(positions="sinusoidal", block="post_ln")]
@@ -38,7 +39,7 @@ def test_generation_works_for_models_from_hugging_face(make_hf):
     hf = make_hf()
     model = from_hf(hf)
     prompt = torch.randint(0, 100, (2, 4), generator=torch.Generator().manual_seed(0))
-    ours = model.generate(prompt, 10, temperature=0)
+    ours = generate(model, prompt, 10, temperature=0)
     with torch.no_grad():
         theirs = hf.generate(prompt, max_new_tokens=10, do_sample=False, attention_mask=torch.ones_like(prompt),
                              pad_token_id=0)
@@ -65,7 +66,10 @@ def test_large_temperature_approaches_uniform():
 def test_top_p_keeps_the_smallest_set_whose_mass_reaches_p():
     probs = torch.tensor([0.05, 0.4, 0.1, 0.3, 0.15])  # sorted: 0.4, 0.3, 0.15, 0.1, 0.05
     logits = probs.log()
-    kept = lambda p: set(torch.isfinite(filter_logits(logits, top_p=p)).nonzero().flatten().tolist())
+
+    def kept(p: float) -> set[int]:
+        return set(torch.isfinite(filter_logits(logits, top_p=p)).nonzero().flatten().tolist())
+
     assert kept(0.4) == {1}  # 0.4 reaches 0.4 on its own
     assert kept(0.41) == {1, 3}
     assert kept(0.7) == {1, 3}  # 0.4 + 0.3 = 0.7
@@ -85,7 +89,7 @@ def test_top_k_and_samples_follow_the_filtered_distribution():
 def test_seeded_sampling_is_reproducible_and_eos_stops():
     model = HookedTransformer(tiny_config(), seed=0).eval()
     prompt = torch.zeros(2, 3, dtype=torch.long)
-    a, b = model.generate(prompt, 10, seed=5), model.generate(prompt, 10, seed=5)
+    a, b = generate(model, prompt, 10, seed=5), generate(model, prompt, 10, seed=5)
     assert torch.equal(a, b)
     out = decode(model, prompt, 10, temperature=0, eos_token_id=int(model(prompt)[0, -1].argmax()))
     assert out.tokens.shape[1] == 4
@@ -95,11 +99,11 @@ def test_bad_generation_arguments():
     model = HookedTransformer(tiny_config(), seed=0)
     prompt = torch.zeros(1, 60, dtype=torch.long)
     with pytest.raises(ValueError, match="longer than the model's context"):
-        model.generate(prompt, 10)
+        generate(model, prompt, 10)
     with pytest.raises(ValueError, match="top_p"):
-        model.generate(prompt[:, :3], 2, top_p=0.0)
+        generate(model, prompt[:, :3], 2, top_p=0.0)
     with pytest.raises(ValueError, match="temperature"):
-        model.generate(prompt[:, :3], 2, temperature=-1)
+        generate(model, prompt[:, :3], 2, temperature=-1)
 
 
 def test_decoding_into_a_given_cache_fills_it_and_changes_nothing():
@@ -139,11 +143,11 @@ def test_next_token_logits_are_the_last_position_of_forward_and_hooks_see_every_
         assert (model.next_token_logits(tokens[:, -3:], cache) - full[:, -1]).abs().max() <= 1e-5
         seen = {}
         hooks = [(name, lambda x, hook: seen.__setitem__(hook.name, x.shape)) for name in
-                 ("ln_final.hook_normalized", "hook_logits")]
+                 ("ln_final.hook_normalized", "unembed.hook_out")]
         with model.hooks(fwd_hooks=hooks):
             hooked = model.next_token_logits(tokens)
     assert seen == {"ln_final.hook_normalized": (*tokens.shape, model.cfg.d_model),
-                    "hook_logits": (*tokens.shape, model.cfg.d_vocab)}
+                    "unembed.hook_out": (*tokens.shape, model.cfg.d_vocab)}
     assert (hooked - full[:, -1]).abs().max() <= 1e-5
 
 
@@ -165,4 +169,79 @@ def test_generate_keeps_no_logits_and_gives_the_tokens_decode_gives(model):
     kept = decode(model, prompt, 6, temperature=0)
     bare = decode(model, prompt, 6, temperature=0, keep_logits=False)
     assert bare.logits is None and torch.equal(bare.tokens, kept.tokens)
-    assert torch.equal(model.generate(prompt, 6, temperature=0), kept.tokens)
+    assert torch.equal(generate(model, prompt, 6, temperature=0), kept.tokens)
+
+
+# --- model.generate: TransformerLens's arguments ---------------------------------------------------
+@pytest.fixture
+def worded(tmp_path):
+    """A LLaMA-shaped model from a Hugging Face folder with a word-level tokenizer (w0 … w95, BOS, EOS, pad)."""
+    from lab.hf import load_hf
+
+    hf_llama().save_pretrained(tmp_path)
+    word_tokenizer(tmp_path)
+    return load_hf(tmp_path)
+
+
+def test_model_generate_takes_text_and_gives_text_or_tokens(worded):
+    text = worded.generate("w1 w2 w3", max_new_tokens=4, do_sample=False, stop_at_eos=False, verbose=False)
+    tokens = worded.generate("w1 w2 w3", max_new_tokens=4, do_sample=False, stop_at_eos=False, return_type="tokens")
+    assert isinstance(text, str) and text.startswith("w1 w2 w3")
+    assert tokens.tolist()[0][:4] == [2, 5, 6, 7]  # the BOS first: a Hugging Face model whose tokenizer has one
+    assert text == worded.tokenizer.decode(tokens[0].tolist(), skip_special_tokens=True)
+    greedy = decode(worded, worded.to_tokens("w1 w2 w3"), 4, temperature=0).tokens
+    assert torch.equal(tokens, greedy)
+    assert torch.equal(worded.generate(greedy[:, :4], 4, do_sample=False, stop_at_eos=False), greedy)
+
+
+def test_model_generate_pads_a_batch_of_texts_on_the_left_and_each_row_is_its_text_alone(worded):
+    texts = ["w1 w2 w3 w4 w5", "w7 w8"]
+    batch = worded.generate(texts, 5, do_sample=False, stop_at_eos=False, return_type="tokens")
+    for row, text in zip(batch, texts):
+        alone = worded.generate(text, 5, do_sample=False, stop_at_eos=False, return_type="tokens")[0]
+        assert torch.equal(row[-alone.shape[0]:], alone)
+        assert set(row[: len(row) - alone.shape[0]].tolist()) <= {worded.pad_token_id()}
+    for use_cache in (True, False):  # the padding masked with the KV cache and without it alike
+        again = worded.generate(texts, 5, do_sample=False, stop_at_eos=False, return_type="tokens",
+                                use_past_kv_cache=use_cache)
+        assert torch.equal(again, batch)
+
+
+def test_model_generate_stops_at_eos_and_samples_as_transformer_lens_does(worded):
+    prompt = worded.to_tokens("w1 w2")
+    first = int(decode(worded, prompt, 1, temperature=0).tokens[0, -1])
+    stopped = worded.generate(prompt, 6, do_sample=False, eos_token_id=first)
+    assert stopped.shape[1] == prompt.shape[1] + 1  # the EOS ends the only row
+    a = worded.generate(prompt, 6, stop_at_eos=False, seed=3, top_k=5, freq_penalty=1.0)
+    assert torch.equal(a, worded.generate(prompt, 6, stop_at_eos=False, seed=3, top_k=5, freq_penalty=1.0))
+    torch.manual_seed(0)
+    b = worded.generate(prompt, 6, stop_at_eos=False, temperature=0.7)
+    torch.manual_seed(0)
+    assert torch.equal(b, worded.generate(prompt, 6, stop_at_eos=False, temperature=0.7))
+
+
+def test_model_generate_refuses_what_transformer_lens_refuses(model):
+    prompt = torch.zeros(1, 3, dtype=torch.long)
+    with pytest.raises(AssertionError, match="eos_token_id"):  # a Misuse: a ValueError as well
+        model.generate(prompt, 3)
+    with pytest.raises(Misuse, match="no tokenizer"):
+        model.generate("hello", 3)
+    with pytest.raises(ValueError, match="return_type"):
+        model.generate(prompt, 3, stop_at_eos=False, return_type="logits")
+    assert model.generate(prompt, 3, stop_at_eos=False).shape == (1, 6)
+
+
+def test_model_generate_from_embeddings_continues_as_from_the_ids(worded):
+    """Token embeddings in: the same greedy continuation as from the ids, returned as the new ids, or as the
+    embeddings of the whole sequence."""
+    prompt = worded.to_tokens("w1 w2 w3")
+    from_ids = worded.generate(prompt, 4, do_sample=False, stop_at_eos=False)
+    embeds = worded.embed(prompt).detach()
+    for use_cache in (True, False):
+        new = worded.generate(embeds, 4, do_sample=False, stop_at_eos=False, return_type="tokens",
+                              use_past_kv_cache=use_cache)
+        assert torch.equal(new, from_ids[:, prompt.shape[1]:])
+    out = worded.generate(embeds, 4, do_sample=False, stop_at_eos=False)
+    assert out.shape == (1, prompt.shape[1] + 4, worded.cfg.d_model)
+    with torch.inference_mode():
+        assert torch.equal(out, worded.embed(from_ids))

@@ -43,10 +43,16 @@ def test_load_hf_reads_a_local_folder(tmp_path, tokens):
     word_tokenizer(tmp_path)
     model = load_hf(tmp_path)
     assert model.tokenizer is not None
-    assert model.to_tokens("w1 w2 w3").tolist() == [[5, 6, 7]]
+    assert model.cfg.default_prepend_bos  # a LLaMA whose tokenizer has a BOS: text gets it, as in TransformerLens
+    assert model.to_tokens("w1 w2 w3").tolist() == [[2, 5, 6, 7]]
+    assert model.to_tokens("w1 w2 w3", prepend_bos=False).tolist() == [[5, 6, 7]]
     with torch.no_grad():
         assert (model(tokens) - hf(tokens).logits).abs().max() <= 1e-4
-    assert torch.equal(HookedTransformer.from_pretrained(tmp_path)(tokens), model(tokens))
+        assert torch.equal(HookedTransformer.from_pretrained_no_processing(tmp_path)(tokens), model(tokens))
+        processed = HookedTransformer.from_pretrained(tmp_path)  # TransformerLens's processing, by default
+        assert processed.cfg.norm == "rmsnorm_pre"
+        assert not any(module.training for module in processed.modules())  # the new norms in the model's mode
+        assert (processed(tokens).log_softmax(-1) - model(tokens).log_softmax(-1)).abs().max() <= 1e-5
 
 
 def test_hf_model_type_names_a_hugging_face_folder_and_nothing_else(tmp_path):

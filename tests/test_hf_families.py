@@ -9,6 +9,7 @@ import torch
 
 from lab import HookedTransformer, ModelConfig
 from lab.cli import main
+from lab.generate import generate
 from lab.hf import SUPPORTED, UnsupportedArchitecture, from_hf, load_hf, to_hf
 from tests.conftest import (VOCAB, hf_mistral, hf_neox, hf_qwen2, randomise_gains_and_biases, tiny_config,
                             word_tokenizer)
@@ -119,7 +120,7 @@ def test_kv_cached_greedy_decoding_equals_hugging_face_generate(name):
     with torch.no_grad():
         theirs = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=20, do_sample=False,
                              pad_token_id=0, eos_token_id=None)
-    ours = model.generate(prompt, 20, temperature=0, use_kv_cache=True)
+    ours = generate(model, prompt, 20, temperature=0, use_kv_cache=True)
     assert torch.equal(ours, theirs)
 
 

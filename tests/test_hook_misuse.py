@@ -160,7 +160,7 @@ def test_a_step_that_raises_leaves_the_cache_as_it_was_and_decoding_matches_reco
         model(PROMPT, kv_cache=cache)
         assert [e.length for e in cache.entries] == [5, 5]
         step = torch.tensor([[7], [8]])
-        for fail_at in ("blocks.1.hook_resid_pre", "hook_logits"):  # after layer 0 wrote its keys; after both
+        for fail_at in ("blocks.1.hook_resid_pre", "unembed.hook_out"):  # after layer 0 wrote its keys; after both
             with pytest.raises(Boom):
                 model.run_with_hooks(step, kv_cache=cache, fwd_hooks=[(fail_at, raise_in_layer_1)])
             assert [e.length for e in cache.entries] == [5, 5], fail_at

@@ -116,7 +116,7 @@ def test_sampled_cross_entropy_is_the_models_own_loss(quick):
     model = HookedTransformer.load(folder / "models" / "markov")
     source = MarkovSource(**{k: results["source"][k] for k in ("vocab_size", "order", "concentration", "seed")})
     held_out = experiment.HeldOut.draw(source, results["eval"]["sequences"], results["train"]["seq_len"],
-                                       experiment._sample_seed(0, "markov-eval"))
+                                       experiment.sample_seed(0, "markov-eval"))
     with torch.inference_mode():
         loss = model.loss(held_out.tokens).item()
     assert loss == pytest.approx(results["checkpoints"][-1]["all"]["sampled_cross_entropy_nats"], abs=1e-5)

@@ -100,7 +100,30 @@ def test_fast_path_is_taken_unless_the_pattern_is_asked_for(model, tokens, monke
     model.run_with_cache(tokens, names_filter=lambda n: "resid" in n)
     assert calls == {"explicit": 0, "fused": 4}
     model.run_with_cache(tokens, names_filter="blocks.1.attn.hook_pattern")
-    assert calls == {"explicit": 1, "fused": 5}
+    assert calls == {"explicit": 1, "fused": 6}  # the pattern only read: z from the fused kernel all the same
+
+
+@pytest.mark.parametrize("variant", [dict(), dict(positions="rotary", norm="rmsnorm", mlp="swiglu", n_kv_heads=2)],
+                         ids=["gpt2", "llama"])
+def test_reading_an_activation_changes_no_number_and_editing_one_takes_the_explicit_path(variant, tokens):
+    """A cache of every activation (patterns and norm scales included) gives the plain forward's logits bit for
+    bit; a hook that edits the pattern or a scale, in place or by a new tensor, changes them."""
+    model = HookedTransformer(tiny_config(**variant), seed=0).eval()
+    with torch.no_grad():
+        plain = model(tokens)
+        cached, cache = model.run_with_cache(tokens)
+        assert torch.equal(cached, plain) and "blocks.1.attn.hook_pattern" in cache.keys()
+
+        def in_place(x, hook):
+            x[..., 0] *= 1.5
+
+        for name, hook in [("blocks.1.attn.hook_pattern", in_place), ("blocks.0.ln2.hook_scale", in_place),
+                           ("blocks.1.attn.hook_attn_scores", lambda x, hook: x * 0.5)]:
+            assert (model.run_with_hooks(tokens, fwd_hooks=[(name, hook)]) - plain).abs().max() > 1e-4, name
+    with torch.inference_mode():  # inference tensors count no writes: the same holds, by comparison
+        assert torch.equal(model.run_with_cache(tokens)[0], model(tokens))
+        edited = model.run_with_hooks(tokens, fwd_hooks=[("blocks.1.attn.hook_pattern", in_place)])
+        assert (edited - model(tokens)).abs().max() > 1e-4
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=IDS)
@@ -190,12 +213,13 @@ def test_bad_tokens_raise_a_clear_error(model, bad, message):
 
 # --- hooks -------------------------------------------------------------------------------------
 EXPECTED_HOOKS = [
-    "hook_embed", "hook_pos_embed", "hook_logits", "ln_final.hook_scale", "ln_final.hook_normalized",
+    "hook_embed", "hook_pos_embed", "unembed.hook_in", "unembed.hook_out", "ln_final.hook_scale",
+    "ln_final.hook_normalized",
     *[f"blocks.1.{name}" for name in (
         "hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out", "hook_mlp_out",
         "ln1.hook_scale", "ln1.hook_normalized", "ln2.hook_scale", "ln2.hook_normalized",
         "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_attn_scores", "attn.hook_pattern",
-        "attn.hook_z", "attn.hook_result", "mlp.hook_pre", "mlp.hook_post")],
+        "attn.hook_z", "mlp.hook_pre", "mlp.hook_post")],
 ]
 
 
@@ -205,10 +229,9 @@ def test_every_activation_has_its_transformer_lens_name(model, tokens):
     b, p = tokens.shape
     assert cache["blocks.1.attn.hook_pattern"].shape == (b, 4, p, p)
     assert cache["blocks.1.ln1.hook_scale"].shape == (b, p, 1)
-    # Everything but the per-head result, which is n_heads × attn_out and follows from hook_z and W_O.
-    per_head = {name for name in model.hook_dict if name.endswith("attn.hook_result")}
-    assert len(per_head) == model.cfg.n_layers
-    assert set(cache.keys()) == set(model.hook_dict) - per_head
+    assert set(cache.keys()) == set(model.hook_dict)
+    assert not any(name.endswith("attn.hook_result") for name in model.hook_dict)  # only while its switch is on
+    model.set_use_attn_result(True)
     _, named = model.run_with_cache(tokens, names_filter="blocks.1.attn.hook_result")
     assert named["blocks.1.attn.hook_result"].shape == (b, p, 4, 64)
 
@@ -216,7 +239,7 @@ def test_every_activation_has_its_transformer_lens_name(model, tokens):
 def test_a_missing_cache_entry_says_why_it_is_missing(model, tokens):
     _, cache = model.run_with_cache(tokens)
     assert isinstance(cache, ActivationCache)
-    with pytest.raises(KeyError, match=r"not cached.*left out by default.*stack_head_results"):
+    with pytest.raises(KeyError, match=r"use_attn_result is False.*set_use_attn_result\(True\)"):
         cache["blocks.0.attn.hook_result"]
     _, some = model.run_with_cache(tokens, names_filter="blocks.0.hook_resid_post")
     with pytest.raises(KeyError, match=r"'blocks.1.hook_resid_post' is a hook of the model but was not cached.*names_filter"):
@@ -231,8 +254,9 @@ def test_a_missing_cache_entry_says_why_it_is_missing(model, tokens):
 def test_head_results_computed_from_the_default_cache_equal_the_hooked_ones(model, tokens):
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens)
-        _, hooked = model.run_with_cache(tokens, names_filter=lambda name: name.endswith("attn.hook_result"))
         stacked = cache.stack_head_results()  # TransformerLens computes them from hook_z and W_O
+        model.set_use_attn_result(True)
+        _, hooked = model.run_with_cache(tokens, names_filter=lambda name: name.endswith("attn.hook_result"))
     expected = torch.cat([hooked[f"blocks.{l}.attn.hook_result"] for l in range(model.cfg.n_layers)], dim=2)
     assert torch.allclose(stacked, expected.movedim(2, 0), atol=1e-6)
 
@@ -271,6 +295,7 @@ def test_zero_ablating_a_head_changes_the_logits(model, tokens):
 
 
 def test_result_hook_sums_to_attn_out(model, tokens):
+    model.set_use_attn_result(True)
     _, cache = model.run_with_cache(tokens, names_filter=["blocks.0.attn.hook_result", "blocks.0.hook_attn_out"])
     summed = cache["blocks.0.attn.hook_result"].sum(2) + model.blocks[0].attn.b_O
     assert torch.allclose(summed, cache["blocks.0.hook_attn_out"], atol=1e-6)
@@ -342,6 +367,25 @@ def test_save_and_load_round_trip(variant, tmp_path, tokens):
     assert torch.equal(HookedTransformer.from_pretrained(tmp_path)(tokens), model(tokens))
 
 
+def test_a_forma_folder_loads_as_saved_and_encodes_text_as_written(tmp_path, tokens):
+    """A Forma folder (a zoo model's) is a checkpoint of the model itself: from_pretrained's processing flags
+    default off for it, and its text gets no BOS (cfg.default_prepend_bos False), as its card says."""
+    from lab.tokenize import word_level
+
+    model = HookedTransformer(tiny_config(d_vocab=8), seed=7, tokenizer=word_level(["a", "b", "c", "d"])).eval()
+    model.save(tmp_path)
+    loaded = HookedTransformer.from_pretrained(tmp_path)
+    assert loaded.cfg == model.cfg and not loaded.cfg.default_prepend_bos
+    assert loaded.to_tokens("a b").tolist() == [[4, 5]]
+    assert loaded.to_tokens("a b", prepend_bos=True).tolist() == [[2, 4, 5]]
+    processed = HookedTransformer.from_pretrained(tmp_path, fold_ln=True, center_writing_weights=True,
+                                                  center_unembed=True)
+    assert processed.cfg.norm == "layernorm_pre"
+    with torch.no_grad():
+        ids = tokens[:, :8] % 8
+        assert torch.allclose(processed(ids).log_softmax(-1), model(ids).log_softmax(-1), atol=1e-5)
+
+
 def test_bad_checkpoints_raise_clear_errors(tmp_path, model):
     model.save(tmp_path / "ok")
     truncated = tmp_path / "truncated"
@@ -393,6 +437,25 @@ def test_tokenizer_round_trip(tmp_path):
     assert HookedTransformer.load(tmp_path).to_tokens("sat cat").tolist() == [[3, 2]]
     with pytest.raises(ValueError, match="no tokenizer"):
         HookedTransformer(tiny_config()).to_tokens("hello")
+
+
+def test_single_token_helpers_refuse_what_is_not_one_token_of_the_vocabulary():
+    """to_single_token gives the id of a string that is one token; a word the vocabulary lacks (which the tokenizer
+    encodes to <unk>) and a string of two tokens are refused, by name, as TransformerLens refuses them (an
+    AssertionError); to_single_str_token gives a token id's string."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(["<unk>", "the", "cat"])}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    model = HookedTransformer(tiny_config(d_vocab=3), tokenizer=tok)
+    assert model.to_single_token("cat") == 2 and model.to_single_token("<unk>") == 0
+    assert model.to_single_str_token(1) == "the"
+    with pytest.raises(AssertionError, match="'dog' is not in the tokenizer's vocabulary"):
+        model.to_single_token("dog")
+    with pytest.raises(AssertionError, match="'the cat' is 2 tokens, not one"):
+        model.to_single_token("the cat")
+    with pytest.raises(ValueError, match="takes one token id"):
+        model.to_single_str_token("cat")
 
 
 # --- the seeds' claims about the model (SCIENCE.md §4) -------------------------------------------

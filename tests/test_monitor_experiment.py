@@ -372,3 +372,71 @@ def test_a_separation_headline_needs_its_familywise_interval_to_exclude_a_half()
     assert head["supported"] and head["direction"] == -1 and head["interval"] == [0.52, 0.62]
     assert "99.6% familywise [0.520, 0.620]" in head["sentence"]
 
+
+
+def test_separation_claims_on_scores_that_carry_no_signal_are_not_shown():
+    """judge() and headlines() on risk scores drawn independently of which claims are false: no separation
+    headline is supported (DeLong's familywise interval straddles ½), while a score that does carry the signal is."""
+    rng = np.random.default_rng(4)
+    n = 900
+    kinds = rng.choice(np.array(experiment.KINDS), n)
+    split = rng.choice(np.array(experiment.SPLITS), n, p=[0.4, 0.3, 0.3])
+    false = rng.random(n) < 0.6
+    scores = {"max_prob": rng.random(n), "entropy": rng.random(n), "margin": false + rng.normal(scale=0.5, size=n)}
+    cfg = experiment.Config(quick=True, n_boot=200, n_resplits=20)
+    rows, abstention, _ = experiment.judge(scores, false, kinds, split, {k: 1 for k in scores}, cfg)
+    heads = {h["name"]: h for h in experiment.headlines({"signals": rows, "abstention": abstention,
+                                                         "abstention_signal": "max_prob"})}
+    for name in ("max_prob_separates", "entropy_separates", "max_prob_separates_seen", "max_prob_separates_unseen",
+                 "max_prob_separates_invented"):
+        assert not heads[name]["supported"] and "familywise interval straddles ½" in heads[name]["why_not"], name
+    assert heads["margin_separates"]["supported"] and "(DeLong)" in heads["margin_separates"]["sentence"]
+    for row in rows:
+        assert row["auroc_familywise_method"] == "DeLong"
+        (low, high), (joint_low, joint_high) = row["auroc_ci95"], row["auroc_familywise_ci"]
+        assert joint_low <= low <= high <= joint_high
+
+
+def test_learn_then_test_is_shown_only_where_its_check_can_fail(quick):
+    """A rule that answers in no more than δ + 3 standard errors of the draws keeps its promise by abstaining, so
+    its check cannot fail: not shown, even when every draw that answered broke α; one that certified nothing says
+    how near it came, with the smallest p-value measured."""
+    results, _ = quick
+    entry = json.loads(json.dumps(next(a for a in results["abstention"] if a["signal"] == "max_prob")))
+    n = entry["resplits"]["n_resplits"]
+    entry["resplits"].update(ltt_n_certifying=9, ltt_n_answering=9, ltt_n_above_alpha=9, ltt_share_above_alpha=9 / n,
+                             ltt_coverage=0.0023, ltt_coverage_answering=0.05, ltt_selective_risk=0.24,
+                             ltt_pooled_selective_risk=0.25)
+    rare = experiment.headlines(dict(results, abstention=[entry]))
+    head = next(h for h in rare if h["name"].startswith("ltt_"))
+    assert not head["supported"] and "cannot fail" in head["why_not"] and "above α in 9 of 9 draws" in head["why_not"]
+    assert "0.23%" in head["why_not"]  # a share as measured, never rounded to 0%
+    entry["resplits"].update(ltt_n_certifying=0, ltt_n_answering=0, ltt_n_above_alpha=0, ltt_share_above_alpha=0.0,
+                             ltt_smallest_p_value=0.31, ltt_smallest_p_value_median=0.72)
+    head = next(h for h in experiment.headlines(dict(results, abstention=[entry])) if h["name"].startswith("ltt_"))
+    assert not head["supported"] and "smallest p-value over the grid was 0.31" in head["why_not"]
+
+
+def test_the_abstention_figure_shows_what_the_headlines_state(quick):
+    """Its points are the means over the re-draws of the calibration subjects that the headlines state, its bars
+    the draws' own 5th–95th percentiles; LTT's error rate is drawn only where some draw answered."""
+    import plotly.io as pio
+
+    results, folder = quick
+    figure = pio.from_json((folder / "abstention.json").read_text())
+    chosen = [a for a in results["abstention"] if a["signal"] == results["abstention_signal"]]
+    traces = {t.name: t for t in figure.data}
+    crc = traces["CRC: answered and false"]
+    assert list(crc.y) == pytest.approx([a["resplits"]["crc_joint_risk"] for a in chosen])
+    assert list(crc.error_y.array) == pytest.approx([a["resplits"]["crc_joint_risk_range90"][1]
+                                                     - a["resplits"]["crc_joint_risk"] for a in chosen])
+    heads = {h["name"]: h for h in results["headlines"]}
+    for a, y in zip(chosen, crc.y):
+        assert heads[f"crc_keeps_joint_risk_alpha_{a['alpha']:g}"]["value"] == pytest.approx(y)
+    answering = [a for a in chosen if a["resplits"]["ltt_n_answering"]]
+    ltt = [t for name, t in traces.items() if name.startswith("LTT: false among answered")]
+    assert len(ltt) == bool(answering)
+    if answering:
+        assert list(ltt[0].y) == pytest.approx([a["resplits"]["ltt_selective_risk"] for a in answering])
+    if len(answering) < len(chosen):
+        assert any("LTT answers in no draw" in note.text for note in figure.layout.annotations)

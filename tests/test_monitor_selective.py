@@ -117,6 +117,20 @@ def test_the_fewest_calibration_prompts_with_which_each_rule_can_answer(alpha):
         assert (ltt_threshold(right, np.zeros(count), alpha, 0.1, grid).threshold == 1.0) is certified
 
 
+def test_learn_then_test_reports_the_smallest_p_value_over_its_grid():
+    """Where nothing is certified, how near any threshold came: the smallest binomial tail over the whole grid,
+    tested or not — here the second threshold's, which the fixed sequence never reaches."""
+    scores = np.arange(10.0)
+    wrong = np.array([1, 0, 0, 0, 0, 0, 0, 1, 1, 1])
+    grid = np.array([0.0, 6.0, 9.0])  # answers 1, 7 and 10 prompts: 1, 1 and 4 wrong
+    certified = ltt_threshold(scores, wrong, 0.3, 0.1, grid)
+    from scipy.stats import binom
+
+    every = [binom.cdf(1, 1, 0.3), binom.cdf(1, 7, 0.3), binom.cdf(4, 10, 0.3)]
+    assert certified.threshold == -math.inf and certified.p_values == pytest.approx(every[:1])
+    assert certified.smallest_p_value == pytest.approx(min(every)) and certified.smallest_p_value < every[0]
+
+
 SYNTHETIC_N = 500
 
 

@@ -15,11 +15,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from lab.cli import main
-from tests.conftest import REPO, hf_gpt2, tiny_config, word_tokenizer
-from tests.test_dashboard import _tiny_pydoc, empty, page, rendered, texts  # noqa: F401 (fixture)
+from tests.conftest import REPO, tiny_config
+from tests.test_dashboard import page, rendered, texts
 from tests.test_strict_loading import gpt2_folder, rewrite_weights
 
 ENV = os.environ | {"PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from lab import HookedTransformer, ModelConfig
-from tests.test_dashboard import EXPERIMENT_PAGES, _tiny_pydoc, empty, page, rendered, texts  # noqa: F401 (fixture)
+from tests.test_dashboard import EXPERIMENT_PAGES, page, rendered, texts, tiny_pydoc
 
 STAMP = "2026-01-01T00-00-00Z"
 
@@ -119,7 +119,7 @@ DEFAULT_PROMPTS = {"pydoc": "Return the number of items in the list.", "markov":
 
 
 def test_switching_models_in_the_explorer_starts_from_the_new_models_prompt(empty):
-    _tiny_pydoc(empty / "models")
+    tiny_pydoc(empty / "models")
     _tiny_markov(empty / "models")
     at = page("explorer").run()
     at.text_input(key="prompt").input("Return the").run()

@@ -255,3 +255,29 @@ def test_hmm_round_trips_through_dict(hmm: HiddenMarkovSource) -> None:
     np.testing.assert_array_equal(rebuilt.emission, hmm.emission)
     with pytest.raises(ValueError, match="kind"):
         HiddenMarkovSource.from_dict({**hmm.to_dict(), "kind": "markov"})
+
+
+def test_hmm_beliefs_are_the_brute_force_posterior() -> None:
+    source = HiddenMarkovSource(n_states=2, vocab_size=3, seed=7)
+    tokens = (2, 0, 1, 1)
+    beliefs = source.beliefs(np.array([tokens]))[0]
+    for t in range(len(tokens)):  # p(s_t | x_≤t) ∝ Σ over paths ending in s_t
+        weights = np.zeros(2)
+        for path in itertools.product(range(2), repeat=t + 1):
+            prob = source.initial[path[0]] * source.emission[path[0], tokens[0]]
+            for k in range(1, t + 1):
+                prob *= source.transition[path[k - 1], path[k]] * source.emission[path[k], tokens[k]]
+            weights[path[-1]] += prob
+        np.testing.assert_allclose(beliefs[t], weights / weights.sum(), rtol=1e-12)
+
+
+def test_markov_relevant_positions_are_exactly_those_the_law_reads(markov: MarkovSource) -> None:
+    tokens = markov.sample(20, 7, seed=5)
+    relevant = markov.relevant_positions(tokens)
+    last = markov.conditionals(tokens)[:, -1]
+    np.testing.assert_array_equal(relevant[0, -1], [False] * 5 + [True] * 2)
+    for i in range(7):
+        changed = tokens.copy()
+        changed[:, i] = (changed[:, i] + 1) % markov.vocab_size
+        moved = np.abs(markov.conditionals(changed)[:, -1] - last).max(axis=1) > 1e-12
+        assert moved.any() if relevant[0, -1, i] else not moved.any()

@@ -52,3 +52,51 @@ def test_sign_says_which_way_a_difference_points():
     from lab.metrics.statistics import sign
 
     assert [sign(x) for x in (-2.5, 0.0, 1e-12)] == [-1, 0, 1]
+
+
+def test_permutation_tests_match_scipy_and_their_smallest_p_values():
+    """Exact permutation p-values against scipy.stats.permutation_test listing every relabelling, and the floor
+    1/n! (rank correlation) or 1/C(m + k, k) (two groups) that decides whether a claim could be supported."""
+    from scipy import stats
+
+    from lab.metrics.statistics import permutation_p, smallest_permutation_p, spearman, spearman_permutation_p
+
+    mf, rates = [0.056, 0.218, 0.25, 0.2684, 0.282], [0.0687, 0.2588, 0.2782, 0.2157, 0.6455]
+    for alternative in ("greater", "less"):
+        peer = stats.permutation_test((rates,), lambda y: stats.spearmanr(mf, y).statistic, permutation_type="pairings",
+                                      alternative=alternative, n_resamples=math.inf).pvalue
+        assert spearman_permutation_p(mf, rates, alternative) == pytest.approx(peer, abs=1e-12)
+    assert spearman(mf, rates) == pytest.approx(0.7) and spearman_permutation_p(mf, rates) == pytest.approx(14 / 120)
+    assert spearman_permutation_p([1, 2, 3], [1, 2, 3]) == pytest.approx(1 / 6)  # 3 points: never below 1/6
+    assert spearman_permutation_p([1, 2, 3, 4, 5], [1, 2, 3, 4, 5]) == pytest.approx(1 / 120)
+    assert spearman_permutation_p([1, 2, 2, 3], [4, 3, 3, 1], "two-sided") == pytest.approx(
+        stats.permutation_test(([4, 3, 3, 1],), lambda y: abs(stats.spearmanr([1, 2, 2, 3], y).statistic),
+                               permutation_type="pairings", alternative="greater", n_resamples=math.inf).pvalue)
+    assert math.isnan(spearman_permutation_p([1, 1, 1], [1, 2, 3]))
+
+    rng = np.random.default_rng(1)
+    for m, k in ((3, 3), (4, 5), (3, 6)):
+        a, b = rng.normal(size=m), rng.normal(size=k) + 0.8
+        for alternative in ("greater", "less"):
+            peer = stats.permutation_test((a, b), lambda x, y: np.mean(y) - np.mean(x), permutation_type="independent",
+                                          alternative=alternative, n_resamples=math.inf).pvalue
+            assert permutation_p(a, b, alternative) == pytest.approx(peer, abs=1e-12)
+        two_sided = stats.permutation_test((a, b), lambda x, y: abs(np.mean(y) - np.mean(x)),
+                                           permutation_type="independent", alternative="greater",
+                                           n_resamples=math.inf).pvalue
+        assert permutation_p(a, b) == pytest.approx(two_sided, abs=1e-12)
+    apart = permutation_p([0.15, 0.151, 0.149], [0.12, 0.121, 0.119], "less")
+    assert apart == pytest.approx(1 / 20) == smallest_permutation_p(3, 3, "less")
+    assert smallest_permutation_p(4, 4, "less") == pytest.approx(1 / 70)
+    assert permutation_p([0.15, 0.151, 0.149], [0.12, 0.121, 0.119], "greater") == 1.0
+
+
+def test_a_permutation_test_beyond_the_exact_limit_draws_seeded_relabellings():
+    from lab.metrics.statistics import EXACT_LIMIT, permutation_p
+
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=12), rng.normal(size=12) + 1.5  # C(24, 12) ≈ 2.7 million deals
+    assert math.comb(24, 12) > EXACT_LIMIT
+    p = permutation_p(a, b, "greater", seed=3)
+    assert p == permutation_p(a, b, "greater", seed=3) and 0 < p < 0.01
+    assert 0.3 < permutation_p(a, a + rng.normal(scale=1e-3, size=12), "two-sided") <= 1

@@ -76,7 +76,7 @@ def test_the_dashboards_loader_shows_the_error(three_layers_said_two_held, monke
 def test_an_unexpected_tensor_is_an_error_naming_it(tmp_path):
     folder = gpt2_folder(tmp_path, tokenizer=True)
     rewrite_weights(folder, lambda state: state.update({"transformer.h.7.mlp.c_fc.weight": torch.zeros(2, 2)}))
-    for name, load in every_loader(folder).items():
+    for load in every_loader(folder).values():
         with pytest.raises(ValueError, match=r"unexpected .*transformer\.h\.7\.mlp\.c_fc\.weight"):
             load()
 
@@ -84,7 +84,7 @@ def test_an_unexpected_tensor_is_an_error_naming_it(tmp_path):
 def test_a_mis_shaped_tensor_is_an_error_naming_it_and_both_shapes(tmp_path):
     folder = gpt2_folder(tmp_path, tokenizer=True)
     rewrite_weights(folder, lambda state: state.update({"transformer.h.0.mlp.c_fc.weight": torch.zeros(64, 100)}))
-    for name, load in every_loader(folder).items():
+    for load in every_loader(folder).values():
         with pytest.raises(ValueError, match=r"transformer\.h\.0\.mlp\.c_fc\.weight.*\(64, 100\).*\(64, 256\)"):
             load()
 
@@ -131,7 +131,7 @@ def test_a_mistyped_field_in_a_hugging_face_config_is_an_error_naming_it(tmp_pat
     folder = gpt2_folder(tmp_path, tie=False, tokenizer=True)
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps(config | {"tie_word_embeddings": "false"}))
-    for name, load in every_loader(folder).items():
+    for load in every_loader(folder).values():
         with pytest.raises(ValueError, match="config.json.*tie_word_embeddings"):
             load()
     assert main(["trust", str(folder)]) == 2 and "tie_word_embeddings" in capsys.readouterr().err

@@ -135,7 +135,7 @@ def test_the_pair_starts_from_the_same_numbers(pair):
     _, ours = pair.forma.run_with_cache(pair.clean)
     _, theirs = pair.bridge.run_with_cache(pair.clean)
     for name in ours.keys():
-        assert_same(ours[name], theirs["unembed.hook_out" if name == "hook_logits" else name])
+        assert_same(ours[name], theirs["unembed.hook_out" if name == "unembed.hook_out" else name])
 
 
 # --- the config TransformerLens reads ---------------------------------------------------------------
@@ -149,7 +149,7 @@ def test_the_config_answers_what_transformer_lens_reads():
     assert cfg.dtype == torch.float64  # read live from the weights
     assert model.cfg == ModelConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})
     with pytest.raises(AttributeError, match="describes an architecture"):
-        ModelConfig(d_vocab=8, d_model=8, n_layers=1, n_heads=2, n_ctx=4).device
+        _ = ModelConfig(d_vocab=8, d_model=8, n_layers=1, n_heads=2, n_ctx=4).device
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.use_attn_result = True
 
@@ -215,7 +215,7 @@ def test_direct_path_patching_agrees_or_is_refused_alike(pair, component):
                for model, (clean, corrupt) in zip(pair.both, caches)]
     assert_same(*results)
     assert results[0][1].abs().max() > 0
-    assert not pair.forma.cfg.use_split_qkv_input and "blocks.1.attn.hook_q_input" not in pair.forma.hook_dict
+    assert not pair.forma.cfg.use_split_qkv_input and "blocks.1.hook_q_input" not in pair.forma.hook_dict
 
 
 @pytest.mark.slow
@@ -481,9 +481,9 @@ def test_bridge_only_tools_refuse_a_forma_model(pair):
 
 # --- TransformerLens's switches make real hook points ------------------------------------------------------
 SWITCHES = {
-    "use_split_qkv_input": {"blocks.{l}.attn.hook_q_input": "head", "blocks.{l}.attn.hook_k_input": "kv",
-                            "blocks.{l}.attn.hook_v_input": "kv"},
-    "use_attn_in": {"blocks.{l}.attn.hook_attn_in": "head"},
+    "use_split_qkv_input": {"blocks.{l}.hook_q_input": "head", "blocks.{l}.hook_k_input": "kv",
+                            "blocks.{l}.hook_v_input": "kv"},
+    "use_attn_in": {"blocks.{l}.hook_attn_in": "head"},
     "use_hook_mlp_in": {"blocks.{l}.hook_mlp_in": None},
 }
 
@@ -532,7 +532,7 @@ def test_patching_one_heads_query_copy_moves_that_head_only():
         copies[:, :, 2] += 1.0  # in place: the copies are real, so only head 2's changes
         return copies
 
-    with model.hooks(fwd_hooks=[("blocks.1.attn.hook_q_input", edit_head_2)]):
+    with model.hooks(fwd_hooks=[("blocks.1.hook_q_input", edit_head_2)]):
         _, after = model.run_with_cache(tokens, names_filter=["blocks.1.attn.hook_q", "blocks.1.hook_resid_pre",
                                                               "blocks.1.attn.hook_k"])
     changed = (after["blocks.1.attn.hook_q"] - before["blocks.1.attn.hook_q"]).abs().amax(dim=(0, 1, 3))
@@ -604,7 +604,8 @@ def test_explicit_paths_fire_every_hook_point_without_a_hook(kind):
         return fired
 
     silent = set(model.hook_dict) - fired_in_a_plain_pass()
-    assert {"blocks.0.attn.hook_pattern", "blocks.0.ln1.hook_scale", "blocks.1.attn.hook_result"} <= silent
+    assert {"blocks.0.attn.hook_pattern", "blocks.0.ln1.hook_scale"} <= silent
+    assert "blocks.1.attn.hook_result" not in model.hook_dict  # only while use_attn_result is on
     model.set_explicit_paths(True)
     model.set_use_attn_result(True)
     assert fired_in_a_plain_pass() == set(model.hook_dict)
@@ -630,7 +631,7 @@ def test_stop_at_layer_stops_computing(kind):
     try:
         with model.hooks(fwd_hooks=[("blocks.1.hook_resid_pre", lambda x, hook: None),
                                     ("blocks.1.attn.hook_q", lambda x, hook: later.append(hook.name)),
-                                    ("hook_logits", lambda x, hook: later.append(hook.name))]):
+                                    ("unembed.hook_out", lambda x, hook: later.append(hook.name))]):
             resid = model(tokens, stop_at_layer=1)
         assert ran == [0] and later == []
         assert torch.allclose(resid, cache["blocks.1.hook_resid_pre"], atol=TOL)

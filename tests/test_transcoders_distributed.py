@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 import lab.zoo as zoo
 from lab import HookedTransformer, ModelConfig
-from lab.analysis.activations import ActivationStore, save_activations
+from lab.analysis.activations import save_activations
 from lab.analysis.transcoders.model import TranscoderConfig
 from lab.analysis.transcoders.train import PARALLEL, TranscoderTraining, train_transcoders
 from lab.cli import main

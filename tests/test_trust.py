@@ -3,11 +3,9 @@
 import json
 
 import pytest
-import torch
 
 from lab import HookedTransformer
 from lab.cli import main
-from lab.hf import from_hf
 from lab.trust import trust_report
 from tests.conftest import hf_llama, tiny_config
 
@@ -23,8 +21,8 @@ def test_a_sound_model_passes_every_check(tmp_path, capsys):
     assert "Hugging Face logits" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_a_hugging_face_folder(tmp_path):
-    from lab.hf import load_hf
 
     hf_llama().save_pretrained(tmp_path)
     assert main(["trust", str(tmp_path)]) == 0

@@ -15,8 +15,11 @@ are scored, so the quizzes teach the format without stating facts as text. Every
 only in statements, or never seen — is an *evaluation person*.
 
 Measured at two checkpoints: *partial* — training runs in equal stages, each followed by the held-out
-NLL (fresh i.i.d. statements) and the cloze recall of seen evaluation persons, and the partial checkpoint
-is the stage (before the last) whose recall is nearest `partial_recall` (0.6). The held-out optimum would
+NLL (independent i.i.d. statements from p, most of them of facts training holds too: `training.held_out` counts
+them) and the cloze recall of the format persons and of the seen evaluation persons, and the partial checkpoint
+is the stage (before the last) whose recall *of the format persons* is nearest `partial_recall` (0.6): it is
+chosen on other persons than those it is reported on, so the evaluation persons' recall there is measured, not
+selected (it need not be 0.6). The held-out optimum would
 be the textbook choice, but in this world it comes where every seen person is already recalled (memorising
 keeps lowering the held-out NLL of seen facts for longer than confident invention raises that of unseen
 ones), so it cannot show partial recall; its step is reported beside the stages. And *end*: the end of

@@ -35,9 +35,12 @@ def calibration_block(frame: pd.DataFrame, n_boot: int, seed: int) -> dict[str, 
         rows = bins == label
         if not rows.any():
             continue
+        gap = confidence[rows] - correct[rows]  # per item: confidence − correctness, whose mean is the overconfidence
         block["by_exposure"].append({
             "exposure": label, "n": int(rows.sum()), "accuracy": float(correct[rows].mean()),
             "mean_confidence": float(confidence[rows].mean()), "label_mass": float(frame["label_mass"][rows].mean()),
+            "overconfidence": float(gap.mean()),
+            "overconfidence_se": float(gap.std(ddof=1) / np.sqrt(len(gap))) if len(gap) > 1 else None,
             **ece_fields(confidence[rows], correct[rows], "ece", n_boot=n_boot, seed=seed)})
     return block
 

@@ -41,8 +41,8 @@ class Config:
     min_lr: float = 3e-4
     warmup_steps: int = 50
     n_stages: int = 12  # equal training stages, each followed by the held-out NLL and the recall of seen persons
-    partial_recall: float = 0.6  # the partial checkpoint: the stage whose recall of seen persons is nearest this
-    n_heldout: int = 1000  # fresh i.i.d. statements for the held-out NLL
+    partial_recall: float = 0.6  # the partial checkpoint: the stage whose recall of the format persons is nearest this
+    n_heldout: int = 1000  # independent i.i.d. statements from p (not unseen facts) for the held-out NLL
     # measurement
     calibration_share: float = 0.5  # evaluation persons whose items fit T (the rest are the test split)
     p_true_samples: int = 2  # sampled answers per person judged True/False

@@ -155,8 +155,11 @@ def stages_figure(out: Path, stages: list[dict[str, Any]], partial_step: int) ->
     steps = [s["step"] for s in stages]
     fig.add_trace(go.Scatter(x=steps, y=[s["heldout_nll"] for s in stages], mode="lines+markers",
                              name="held-out NLL (nats per statement)"), secondary_y=False)
+    fig.add_trace(go.Scatter(x=steps, y=[s["recall_selection"] for s in stages], mode="lines+markers",
+                             name="cloze recall of the format persons (chooses the partial checkpoint)"),
+                  secondary_y=True)
     fig.add_trace(go.Scatter(x=steps, y=[s["recall_seen"] for s in stages], mode="lines+markers",
-                             name="cloze recall of seen persons"), secondary_y=True)
+                             name="cloze recall of seen evaluation persons (reported)"), secondary_y=True)
     fig.add_vline(x=partial_step, line_dash="dash", annotation_text="partial checkpoint")
     fig.update_layout(title="Training: held-out NLL and recall by stage", xaxis_title="step")
     fig.update_yaxes(title_text="nats per statement", secondary_y=False)

@@ -7,6 +7,7 @@ import pandas as pd
 import torch
 
 from lab.analysis.lens import logit_lens
+from lab.generate import generate
 from lab.metrics.calibration import MIN_PER_CLASS, auroc_ci
 from lab.model import HookedTransformer
 
@@ -28,7 +29,7 @@ def p_true_table(model: HookedTransformer, setting: Setting, persons: np.ndarray
     value_len = len(world.value_spaces[attribute][0].split())
     people = np.repeat(persons, samples)
     prompts = torch.tensor([setting.ids(statement_prefix(world, int(p), attribute)) for p in people])
-    sampled = model.generate(prompts, value_len, temperature=1.0, seed=seed)[:, prompts.shape[1]:]
+    sampled = generate(model, prompts, value_len, temperature=1.0, seed=seed)[:, prompts.shape[1]:]
     tail = setting.ids(". Answer :")
     claims = [row + ids + tail for row, ids in zip(prompts.tolist(), sampled.tolist())]
     log_p = next_token_logprobs(model, claims, setting.token("<pad>"))

@@ -15,7 +15,7 @@ from lab.metrics.calibration import Metric, auroc, auroc_ci, bootstrap_ci, softm
 from lab.model import HookedTransformer
 
 from experiments.calibration.config import N_OPTIONS, Config
-from experiments.calibration.setting import Setting, _batch, continuation_logprobs, statement_prefix
+from experiments.calibration.setting import Setting, right_padded, continuation_logprobs, statement_prefix
 
 
 # --------------------------------------------------------------------------------------------
@@ -60,8 +60,9 @@ def _unscored(y: np.ndarray, parts: Parts, why: str) -> dict[str, Any]:
     y = np.asarray(y).astype(bool)
     test = y[parts.test]
     blank = Metric(float("nan"), float("nan"), float("nan"), int(test.sum()), int((~test).sum()), why)
-    return {**_validation_fields(np.zeros(len(parts.validation)), y[parts.validation]), "validation_auroc": float("nan"),
-            **blank.fields("auroc"), **blank.fields("control_shuffled_auroc"), **blank.fields("control_untrained_auroc")}
+    return {**_validation_fields(np.zeros(len(parts.validation)), y[parts.validation]),
+            "validation_auroc": float("nan"), **blank.fields("auroc"), **blank.fields("control_shuffled_auroc"),
+            **blank.fields("control_untrained_auroc")}
 
 
 def fixed_readout_row(scores: np.ndarray, untrained: np.ndarray | None, y: np.ndarray, parts: Parts, n_boot: int,
@@ -104,7 +105,8 @@ def probe_rows(X: Any, X_untrained: Any | None, y: np.ndarray, parts: Parts, cfg
         if X_untrained is None:
             row["control_untrained_auroc"] = None
         else:
-            row |= fit_probe(X_untrained, y, kind, **options, **extra).metrics["auroc"].fields("control_untrained_auroc")
+            untrained_probe = fit_probe(X_untrained, y, kind, **options, **extra)
+            row |= untrained_probe.metrics["auroc"].fields("control_untrained_auroc")
         row["test_scores"] = fitted.test_scores.numpy()
         rows.append(row)
     return rows
@@ -166,7 +168,7 @@ def lens_readouts(model: HookedTransformer, setting: Setting, items: list[dict[s
     log_p = continuation_logprobs(model, [p for p in prefixes for _ in range(N_OPTIONS)],
                                   [setting.ids(o) for item in items for o in item["options"]], pad_id, lens=True)
     cloze = softmax(log_p.reshape(log_p.shape[0], len(items), N_OPTIONS)).max(axis=-1)
-    lens = logit_lens(model, _batch(prefixes, pad_id))[:, :, slot].double()  # [layer, n, d_vocab]
+    lens = logit_lens(model, right_padded(prefixes, pad_id))[:, :, slot].double()  # [layer, n, d_vocab]
     entropy = -(lens.exp() * lens).sum(-1)
     return {"lens cloze confidence": cloze, "lens top probability": lens.exp().amax(-1).numpy(),
             "lens negative entropy": (-entropy).numpy()}
@@ -198,7 +200,8 @@ def p_ik(model: HookedTransformer, setting: Setting, items: list[dict[str, Any]]
             X = {name: a[hook][a.pos == index] for name, a in acts.items()}
             for row in probe_rows(X["trained"], X["untrained"], y, parts, cfg):
                 rows.append({"layer": layer, "hook": hook, "position": position, "candidate": True, **row})
-    readouts = {name: lens_readouts(m, setting, items, slot) for name, m in (("trained", model), ("untrained", untrained))}
+    readouts = {name: lens_readouts(m, setting, items, slot)
+                for name, m in (("trained", model), ("untrained", untrained))}
     for readout, scores in readouts["trained"].items():
         for layer, hook in enumerate(hooks):
             rows.append({"layer": layer, "hook": hook, "readout": readout, "position": "value slot",

@@ -43,9 +43,10 @@ class Setting:
     eval_persons: np.ndarray  # every other person: seen only in statements, or never seen
     train_rows: Tensor  # [n_docs, seq_len]
     train_mask: Tensor  # [n_docs, seq_len] which predicted tokens are scored
-    heldout_rows: Tensor  # fresh i.i.d. statements
+    heldout_rows: Tensor  # independent i.i.d. statements from p (the held-out NLL), not unseen facts
     heldout_mask: Tensor
     doc_counts: dict[str, int]
+    held_out: dict[str, Any]  # how the held-out statements were drawn, their overlap with training
 
     @property
     def seq_len(self) -> int:
@@ -118,11 +119,11 @@ def make_setting(cfg: Config) -> Setting:
     pad_id = tokenizer.token_to_id("<pad>")
     train_rows, train_mask = pad_documents(rows, pad_id, length, scored)
 
-    heldout = np.random.default_rng([cfg.seed, 5]).choice(len(world.facts), size=cfg.n_heldout, p=world.p)
+    heldout = world.heldout_fact_indices(cfg.n_heldout)  # independent draws from p, not unseen facts
     held = [encode(f"<bos> {world.render(world.facts[i], 'bare')} <eos>") for i in heldout]
     heldout_rows, heldout_mask = pad_documents(held, pad_id, length, [[False] + [True] * (len(r) - 1) for r in held])
     return Setting(world, tokenizer, attribute, exposure, format_persons, eval_persons, train_rows, train_mask,
-                   heldout_rows, heldout_mask, counts)
+                   heldout_rows, heldout_mask, counts, world.heldout_record(heldout))
 
 
 def make_model(cfg: Config, setting: Setting) -> HookedTransformer:
@@ -135,7 +136,7 @@ def make_model(cfg: Config, setting: Setting) -> HookedTransformer:
 # --------------------------------------------------------------------------------------------
 # Reading the model
 # --------------------------------------------------------------------------------------------
-def _batch(rows: Sequence[Sequence[int]], pad_id: int) -> Int[Tensor, "n pos"]:
+def right_padded(rows: Sequence[Sequence[int]], pad_id: int) -> Int[Tensor, "n pos"]:
     """Right-padded rows (a causal model never looks right, so padding changes nothing before it)."""
     length = max(len(r) for r in rows)
     out = torch.full((len(rows), length), pad_id, dtype=torch.long)
@@ -153,7 +154,7 @@ def continuation_logprobs(model: HookedTransformer, prefixes: Sequence[Sequence[
     out = []
     for start in range(0, len(prefixes), batch_size):
         pre, cont = prefixes[start: start + batch_size], continuations[start: start + batch_size]
-        tokens = _batch([list(p) + list(c) for p, c in zip(pre, cont)], pad_id)
+        tokens = right_padded([list(p) + list(c) for p, c in zip(pre, cont)], pad_id)
         log_p = logit_lens(model, tokens) if lens else model(tokens).log_softmax(-1)[None]
         total = torch.zeros(log_p.shape[0], len(pre), dtype=torch.float64)
         for i, (p, c) in enumerate(zip(pre, cont)):
@@ -171,7 +172,7 @@ def next_token_logprobs(model: Any, prompts: Sequence[Sequence[int]], pad_id: in
     out = []
     for start in range(0, len(prompts), batch_size):
         chunk = prompts[start: start + batch_size]
-        logits = model(_batch(chunk, pad_id))
+        logits = model(right_padded(chunk, pad_id))
         last = torch.tensor([len(p) - 1 for p in chunk])
         out.append(logits[torch.arange(len(chunk)), last].double().log_softmax(-1).cpu())
     return torch.cat(out)
@@ -227,7 +228,7 @@ def exposure_bin(exposure: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------------------------
 @torch.inference_mode()
 def heldout_nll(model: HookedTransformer, setting: Setting) -> float:
-    """Mean −log P(statement) in nats per held-out statement (fresh i.i.d. draws from p)."""
+    """Mean −log P(statement) in nats per held-out statement (independent i.i.d. draws from p)."""
     rows, mask = setting.heldout_rows, setting.heldout_mask
     log_p = model(rows).double().log_softmax(-1)[:, :-1].gather(-1, rows[:, 1:, None])[..., 0]
     return float(-(log_p * mask[:, 1:]).sum(dim=1).mean())
@@ -235,15 +236,19 @@ def heldout_nll(model: HookedTransformer, setting: Setting) -> float:
 
 def train_in_stages(cfg: Config, setting: Setting, model: HookedTransformer,
                     work: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Train for cfg.steps in cfg.n_stages equal stages (one cosine schedule); after each, the held-out NLL and
-    the cloze recall of seen evaluation persons. Returns the stage records and the partial checkpoint: the
-    stage before the last whose recall is nearest cfg.partial_recall, with its weights."""
+    """Train for cfg.steps in cfg.n_stages equal stages (one cosine schedule); after each, the held-out NLL, the
+    cloze recall of the format persons (`recall_selection`) and that of the seen evaluation persons
+    (`recall_seen`). Returns the stage records and the partial checkpoint: the stage before the last whose recall
+    of the format persons is nearest cfg.partial_recall, with its weights. It is chosen on other persons than the
+    evaluation persons it is reported on (all seen, and every one of them outside the evaluation), so the recall
+    it reports is measured, not selected."""
     train_cfg = TrainConfig(steps=cfg.steps, batch_size=cfg.batch_size, seq_len=setting.seq_len, lr=cfg.lr,
                             min_lr=cfg.min_lr, warmup_steps=cfg.warmup_steps, eval_interval=cfg.steps,
                             eval_batches=1, seed=cfg.seed)
     data = SequenceBatches(setting.train_rows, setting.heldout_rows, mask=setting.train_mask,
                            val_mask=setting.heldout_mask)
     stage_items = setting.world.quiz_items(setting.eval_persons, N_OPTIONS, seed=cfg.seed + 17)
+    selection_items = setting.world.quiz_items(setting.format_persons, N_OPTIONS, seed=cfg.seed + 18)
     seen = setting.exposure[setting.eval_persons] > 0
     stages: list[dict[str, Any]] = []
     partial: dict[str, Any] = {}
@@ -254,15 +259,24 @@ def train_in_stages(cfg: Config, setting: Setting, model: HookedTransformer,
         nll_value = heldout_nll(model, setting)
         cloze = cloze_table(model, setting, stage_items)
         recall = float(cloze["correct"][seen].mean())
-        stages.append({"stage": index + 1, "step": end, "heldout_nll": nll_value, "recall_seen": recall,
-                       "cloze_accuracy": float(cloze["correct"].mean()),
+        selection = float(cloze_table(model, setting, selection_items)["correct"].mean())
+        stages.append({"stage": index + 1, "step": end, "heldout_nll": nll_value, "recall_selection": selection,
+                       "recall_seen": recall, "cloze_accuracy": float(cloze["correct"].mean()),
                        "cloze_auroc_confidence": auroc(cloze["confidence"], cloze["correct"]),
                        "cloze_auroc_confidence_n_pos": int(cloze["correct"].sum()),
                        "cloze_auroc_confidence_n_neg": int((~cloze["correct"]).sum()),
                        "train_loss_nats": result.train_loss_nats, "stage_s": time.perf_counter() - began})
-        logger.info("step %d: held-out NLL %.4f nats per statement, cloze recall of seen persons %.3f",
-                    end, nll_value, recall)
-        gap = abs(recall - cfg.partial_recall)
-        if end < cfg.steps and (not partial or gap < partial["gap"]):
-            partial = {"gap": gap, "step": end, "recall_seen": recall, "state": copy.deepcopy(model.state_dict())}
+        logger.info("step %d: held-out NLL %.4f nats per statement, cloze recall of the format persons %.3f, of "
+                    "seen evaluation persons %.3f", end, nll_value, selection, recall)
+        if partial_stage(stages, cfg.partial_recall, cfg.steps) == index:  # nearer than any stage before it
+            partial = {"step": end, "recall_selection": selection, "recall_seen": recall,
+                       "state": copy.deepcopy(model.state_dict())}
     return stages, partial
+
+
+def partial_stage(stages: list[dict[str, Any]], target: float, steps: int) -> int | None:
+    """The index of the partial checkpoint among `stages`: the stage before the end of training (step < steps)
+    whose recall of the format persons (`recall_selection`) is nearest `target`, the earliest on a tie — never
+    the evaluation persons' recall (`recall_seen`), which is reported there. None when every stage is the end."""
+    before = [i for i, stage in enumerate(stages) if stage["step"] < steps]
+    return min(before, key=lambda i: abs(stages[i]["recall_selection"] - target)) if before else None

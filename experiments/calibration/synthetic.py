@@ -133,9 +133,15 @@ def run_synthetic(cfg: Config, out: Path) -> dict[str, Any]:
                   "n_params": model.cfg.n_params(), "n_ctx": model.cfg.n_ctx},
         "training": {"steps": cfg.steps, "batch_size": cfg.batch_size, "stages": stages, "partial_step": step,
                      "partial_recall_seen": partial["recall_seen"], "partial_recall_target": cfg.partial_recall,
-                     "heldout_optimum_step": min(stages, key=lambda s: s["heldout_nll"])["step"]},
-        "checkpoint": f"partial: step {step} of {cfg.steps}, where the cloze recall of seen evaluation persons is "
-                      f"{partial['recall_seen']:.2f}; `at_end` holds the same blocks at the end of training",
+                     "partial_recall_selection": partial["recall_selection"],
+                     "partial_chosen_on": "the cloze recall of the format persons (seen, never evaluated): the "
+                                          "stage before the last nearest the target",
+                     "heldout_optimum_step": min(stages, key=lambda s: s["heldout_nll"])["step"],
+                     "held_out": setting.held_out},
+        "checkpoint": f"partial: step {step} of {cfg.steps}, chosen where the cloze recall of the format persons "
+                      f"(never evaluated) is nearest {cfg.partial_recall:g} ({partial['recall_selection']:.2f}); there "
+                      f"the cloze recall of the seen evaluation persons is {partial['recall_seen']:.2f}. `at_end` "
+                      f"holds the same blocks at the end of training",
         **evaluations["partial"].blocks,
         "token_level": token_block,
         "at_end": {"step": cfg.steps, **evaluations["end"].blocks},

@@ -10,8 +10,8 @@ from torch import Tensor
 
 from lab.model.components import Attention
 
-from experiments.equations.common import (F64, Check, _attention_config, _capturing, _close, _generator,
-                                          _seeded_attention)
+from experiments.equations.common import (F64, Check, attention_config, capturing, all_close, seeded_generator,
+                                          seeded_attention)
 
 
 # ============================================================================================
@@ -21,7 +21,7 @@ def check_dot_product_variance(d_ks: tuple[int, ...] = (16, 64, 128, 256), n_sam
                                seed: int = 0) -> Check:
     """Vaswani et al. 2017 §3.2.1 footnote 4: q, k with independent unit-variance components give
     Var(q·k) = d_k — the reason for dividing by √d_k."""
-    g = _generator(seed)
+    g = seeded_generator(seed)
     measured, intervals = [], []
     for d_k in d_ks:
         q = torch.randn(n_samples, d_k, generator=g, dtype=F64)
@@ -35,7 +35,7 @@ def check_dot_product_variance(d_ks: tuple[int, ...] = (16, 64, 128, 256), n_sam
     return Check(
         name="dot_product_variance", item=3,
         equation=r"q,k\sim\mathcal N(0,I_{d_k})\;\Rightarrow\;\operatorname{Var}(q\cdot k)=d_k",
-        measured=measured, expected=expected, tolerance=tolerance, passed=_close(measured, expected, tolerance),
+        measured=measured, expected=expected, tolerance=tolerance, passed=all_close(measured, expected, tolerance),
         what=[f"Var(q·k)/d_k at d_k = {d_k}" for d_k in d_ks],
         note=f"Var(q·k)/d_k by Monte Carlo ({n_samples} pairs) for d_k ∈ {list(d_ks)}; 95% intervals "
              + ", ".join(f"{m:.3f} ± {1.96 * se:.3f}" for m, se in zip(measured, intervals)))
@@ -43,7 +43,7 @@ def check_dot_product_variance(d_ks: tuple[int, ...] = (16, 64, 128, 256), n_sam
 
 def _model_scores(attention: Attention, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The model's masked, scaled scores and pattern, with its q and k, for input x."""
-    with torch.no_grad(), _capturing(attention.hook_q, attention.hook_k, attention.hook_attn_scores,
+    with torch.no_grad(), capturing(attention.hook_q, attention.hook_k, attention.hook_attn_scores,
                                      attention.hook_pattern) as seen:
         attention(x)
     q, k, scores, pattern = seen
@@ -53,8 +53,8 @@ def _model_scores(attention: Attention, x: Tensor) -> tuple[Tensor, Tensor, Tens
 def _unit_attention(d_k: int, n_ctx: int, attention: Attention | None, seed: int) -> Attention:
     """One head with W_Q = I and W_K a random rotation: q = x, k = xQ, so for independent unit-variance rows
     of x, q_i and k_j (i ≠ j) are independent with unit-variance components."""
-    attention = attention if attention is not None else _seeded_attention(_attention_config(d_k, 1, n_ctx), seed)
-    g = _generator(seed)
+    attention = attention if attention is not None else seeded_attention(attention_config(d_k, 1, n_ctx), seed)
+    g = seeded_generator(seed)
     rotation, _ = torch.linalg.qr(torch.randn(d_k, d_k, generator=g, dtype=F64))
     with torch.no_grad():
         attention.W_Q.copy_(torch.eye(d_k)[None])
@@ -71,7 +71,7 @@ def check_attention_scaling(attention: Attention | None = None, d_k: int = 128, 
     `attention`: an Attention with d_model = d_head = d_k, one head and n_ctx ≥ 2 (its weights are set here).
     """
     attention = _unit_attention(d_k, 2, attention, seed)
-    x = torch.randn(n_samples, 2, d_k, generator=_generator(seed + 1))
+    x = torch.randn(n_samples, 2, d_k, generator=seeded_generator(seed + 1))
     _, _, scores, _ = _model_scores(attention, x)
     sample = scores[:, 0, 1, 0].to(F64)  # query 1 reads key 0: one independent q·k per sequence
     measured = float(sample.var())
@@ -105,7 +105,7 @@ def softmax_saturation(attention: Attention | None = None, d_k: int = 128, n_key
     """Entropy and Jacobian norm of the last query's softmax over n_keys keys: the model's (scaled) pattern
     against softmax of the raw q·k, both from the same q and k."""
     attention = _unit_attention(d_k, n_keys, attention, seed)
-    x = torch.randn(batch, n_keys, d_k, generator=_generator(seed + 2))
+    x = torch.randn(batch, n_keys, d_k, generator=seeded_generator(seed + 2))
     q, k, _, pattern = _model_scores(attention, x)
     raw = einops.einsum(q[:, -1, 0].to(F64), k[:, :, 0].to(F64), "batch d, batch key d -> batch key")
     scaled = pattern[:, 0, -1].to(F64)  # the model's softmax(q k / √d_k) for the last query
@@ -137,7 +137,7 @@ def check_softmax_saturation(attention: Attention | None = None, d_k: int = 128,
                  r"\quad\text{vs}\quad H\!\left(\mathrm{softmax}\,qK^\top\right)\to0,\;"
                  r"\Bigl\lVert\tfrac{\partial\,\mathrm{softmax}}{\partial s}\Bigr\rVert_F\to0",
         measured=measured, expected=expected + [0.1], tolerance=tolerance + [0.0],
-        passed=_close(measured[:3], expected, tolerance) and saturates,
+        passed=all_close(measured[:3], expected, tolerance) and saturates,
         what=["entropy with 1/√d_k (nats)", "entropy without it (nats)", "share of vanished gradients with it",
               "share of vanished gradients without it"],
         rules=["within", "within", "within", "at least"],
@@ -174,8 +174,8 @@ def _mask_probe(attention: Attention, x: Tensor, position: int, seed: int) -> di
     i = torch.arange(n)[:, None]
     j = torch.arange(n)[None, :]
     nudged = x.clone()
-    nudged[:, position] += torch.randn(x.shape[0], x.shape[2], generator=_generator(seed))
-    with torch.no_grad(), _capturing(attention.hook_pattern):  # explicit path on both inputs
+    nudged[:, position] += torch.randn(x.shape[0], x.shape[2], generator=seeded_generator(seed))
+    with torch.no_grad(), capturing(attention.hook_pattern):  # explicit path on both inputs
         before, after = attention(x), attention(nudged)
     return {
         "future_weight_max": float(pattern.masked_fill(~(j > i), 0).max()),
@@ -189,10 +189,10 @@ def _mask_probe(attention: Attention, x: Tensor, position: int, seed: int) -> di
 def check_causal_mask(attention: Attention | None = None, n_pos: int = 12, seed: int = 0) -> Check:
     """A = softmax(qkᵀ/√d + M), M_ij = −∞ for j > i: future keys get weight exactly zero, so changing a later
     token cannot change an earlier output; the explicit path (Forma's mask) agrees with the fused one."""
-    attention = attention if attention is not None else _seeded_attention(_attention_config(32, 4, n_pos), seed)
-    x = torch.randn(3, n_pos, attention.W_Q.shape[1], generator=_generator(seed))
+    attention = attention if attention is not None else seeded_attention(attention_config(32, 4, n_pos), seed)
+    x = torch.randn(3, n_pos, attention.W_Q.shape[1], generator=seeded_generator(seed))
     probe = _mask_probe(attention, x, n_pos // 2, seed + 1)
-    with torch.no_grad(), _capturing(attention.hook_pattern):
+    with torch.no_grad(), capturing(attention.hook_pattern):
         explicit = attention(x)
     with torch.no_grad():
         fused = attention(x)  # no hook wants the pattern: scaled_dot_product_attention(is_causal=True)
@@ -204,7 +204,7 @@ def check_causal_mask(attention: Attention | None = None, n_pos: int = 12, seed:
         equation=r"A=\mathrm{softmax}\!\left(\frac{QK^\top}{\sqrt{d_k}}+M\right),\;M_{ij}=\begin{cases}0&j\le i\\"
                  r"-\infty&j>i\end{cases}",
         measured=measured, expected=[0.0, 0.0, 0.0], tolerance=tolerance,
-        passed=_close(measured, [0.0, 0.0, 0.0], tolerance),
+        passed=all_close(measured, [0.0, 0.0, 0.0], tolerance),
         what=["largest weight on a future key", "largest change of earlier outputs", "largest |explicit − fused|"],
         note=f"[max attention weight on a future key, max change of outputs before position {n_pos // 2} when "
              f"its input changes, max |explicit − fused|] for Forma's Attention ({n_pos} positions, 4 heads); "
@@ -213,10 +213,10 @@ def check_causal_mask(attention: Attention | None = None, n_pos: int = 12, seed:
 
 def check_reversed_mask(n_pos: int = 12, seed: int = 0) -> Check:
     """The reversed inequality (M_ij = 0 for i ≤ j) run through the same Attention: it hides the past."""
-    correct = _seeded_attention(_attention_config(32, 4, n_pos), seed)
-    reversed_ = _seeded_attention(_attention_config(32, 4, n_pos), seed, ReversedMaskAttention)
+    correct = seeded_attention(attention_config(32, 4, n_pos), seed)
+    reversed_ = seeded_attention(attention_config(32, 4, n_pos), seed, ReversedMaskAttention)
     reversed_.load_state_dict(correct.state_dict())
-    x = torch.randn(3, n_pos, 32, generator=_generator(seed))
+    x = torch.randn(3, n_pos, 32, generator=seeded_generator(seed))
     probe = _mask_probe(reversed_, x, n_pos // 2, seed + 1)
     measured = [probe["past_mass_mean"], probe["last_self_weight"]]
     expected = [0.0, 1.0]
@@ -226,7 +226,7 @@ def check_reversed_mask(n_pos: int = 12, seed: int = 0) -> Check:
         name="reversed_mask_hides_past", item=4,
         equation=r"M_{ij}=0\text{ for }i\le j\;\Rightarrow\;A_{ij}=0\text{ for }j<i",
         measured=measured, expected=expected, tolerance=tolerance,
-        passed=_close(measured, expected, tolerance) and leaks,
+        passed=all_close(measured, expected, tolerance) and leaks,
         what=["mean attention mass on past keys", "weight of the last query on itself"],
         note=f"[mean attention mass on past keys, weight of the last query on itself] with the reversed mask: "
              f"every query sees only itself and the future (mean future mass {probe['future_mass_mean']:.2f}), "

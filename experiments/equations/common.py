@@ -89,16 +89,16 @@ def entries(check: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _close(measured: list[float], expected: list[float], tolerance: list[float]) -> bool:
+def all_close(measured: list[float], expected: list[float], tolerance: list[float]) -> bool:
     return all(abs(m - e) <= t for m, e, t in zip(measured, expected, tolerance, strict=True))
 
 
-def _generator(seed: int) -> torch.Generator:
+def seeded_generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
 @contextmanager
-def _capturing(*points: HookPoint) -> Iterator[list[Tensor]]:
+def capturing(*points: HookPoint) -> Iterator[list[Tensor]]:
     """Record what each HookPoint carries during the block (one slot per point); hooks removed in finally."""
     seen: list[Tensor] = [torch.empty(0)] * len(points)
 
@@ -117,7 +117,7 @@ def _capturing(*points: HookPoint) -> Iterator[list[Tensor]]:
             point.remove_hooks("fwd")
 
 
-def _seeded_attention(cfg: ModelConfig, seed: int, cls: type[Attention] = Attention) -> Attention:
+def seeded_attention(cfg: ModelConfig, seed: int, cls: type[Attention] = Attention) -> Attention:
     """An Attention whose initial weights come from `seed`: modules draw from torch's global generator, whose
     seed is random per process, so an unseeded one would change every run. The caller's generator is kept."""
     with torch.random.fork_rng(devices=[]):
@@ -125,7 +125,7 @@ def _seeded_attention(cfg: ModelConfig, seed: int, cls: type[Attention] = Attent
         return cls(cfg)
 
 
-def _attention_config(d_model: int, n_heads: int, n_ctx: int) -> ModelConfig:
+def attention_config(d_model: int, n_heads: int, n_ctx: int) -> ModelConfig:
     # init_std = 1/√d_model gives q and k components of order one, so patterns are far from uniform.
     return ModelConfig(d_vocab=2, d_model=d_model, n_layers=1, n_heads=n_heads, n_ctx=n_ctx, bias=False,
                        init_std=d_model ** -0.5)

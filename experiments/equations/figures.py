@@ -7,7 +7,7 @@ from typing import Any
 from lab.runs import save_figure
 
 from experiments.equations.attention import VANISHED, softmax_saturation
-from experiments.equations.networks import _target
+from experiments.equations.networks import target_function
 
 
 # ============================================================================================
@@ -22,7 +22,7 @@ def write_figures(out: Path, ua: dict[str, Any], seed: int) -> list[str]:
                      row=1, col=1)
     every = 4  # 1001 of the 4001 test points are plenty for the eye
     x = ua["x"][::every].tolist()
-    figure.add_trace(go.Scatter(x=x, y=_target(ua["x"][::every]).tolist(), line={"color": "black", "width": 3},
+    figure.add_trace(go.Scatter(x=x, y=target_function(ua["x"][::every]).tolist(), line={"color": "black", "width": 3},
                                 name="f(x) = sin 2πx + 0.3 cos 5πx"), row=1, col=2)
     for width, fit in zip(ua["widths"], ua["fits"]):
         if width in (1, 4, 16, 64):

@@ -13,7 +13,7 @@ from lab.generate import decode
 from lab.model import HookedTransformer, KVCache, KVCacheEntry, ModelConfig
 from lab.model.components import Attention
 
-from experiments.equations.common import Check, _close, _generator
+from experiments.equations.common import Check, all_close, seeded_generator
 
 
 # ============================================================================================
@@ -34,7 +34,7 @@ def check_kv_cache_tokens(models: dict[str, HookedTransformer] | None = None, n_
                   "rotary-gqa": kv_model(128, seed, positions="rotary", n_kv_heads=2, mlp="swiglu", norm="rmsnorm")}
     differing, worst = 0, 0.0
     for model in models.values():
-        prompt = torch.randint(0, model.cfg.d_vocab, (3, 6), generator=_generator(seed))
+        prompt = torch.randint(0, model.cfg.d_vocab, (3, 6), generator=seeded_generator(seed))
         for temperature in (0.0, 1.0):
             cached = decode(model, prompt, n_new, temperature=temperature, seed=seed, use_kv_cache=True)
             fresh = decode(model, prompt, n_new, temperature=temperature, seed=seed, use_kv_cache=False)
@@ -45,7 +45,7 @@ def check_kv_cache_tokens(models: dict[str, HookedTransformer] | None = None, n_
     return Check(
         name="kv_cache_same_tokens", item=11,
         equation=r"\mathrm{decode}_{\text{cache}}(x_{\le t})=\mathrm{decode}_{\text{recompute}}(x_{\le t})",
-        measured=measured, expected=[0.0, 0.0], tolerance=tolerance, passed=_close(measured, [0.0, 0.0], tolerance),
+        measured=measured, expected=[0.0, 0.0], tolerance=tolerance, passed=all_close(measured, [0.0, 0.0], tolerance),
         what=["tokens that differ", "largest |Δ logits|"],
         note=f"[tokens that differ, max |Δ logits|] over {n_new} new tokens × 3 rows, greedy and T = 1 with one "
              f"seed, for {list(models)}")
@@ -54,7 +54,7 @@ def check_kv_cache_tokens(models: dict[str, HookedTransformer] | None = None, n_
 def attention_flops(attention: Attention, q_len: int, k_len: int) -> int:
     """FLOPs of Forma's explicit attention (q kᵀ and A v) for q_len queries over k_len keys."""
     h, dh = attention.n_heads, attention.d_head
-    g = _generator(q_len * k_len)  # the values do not change the count; seeded all the same
+    g = seeded_generator(q_len * k_len)  # the values do not change the count; seeded all the same
     q = torch.randn(1, q_len, h, dh, generator=g)
     k = torch.randn(1, k_len, attention.n_kv_heads, dh, generator=g)
     with FlopCounterMode(display=False) as counter, torch.no_grad():
@@ -88,7 +88,7 @@ def _copy_cache(cache: KVCache) -> KVCache:
 
 def step_seconds(model: HookedTransformer, n: int, cached: bool, repeats: int) -> float:
     """Median wall time of one decoding step at prefix length n (the fused path decode uses)."""
-    tokens = torch.randint(0, model.cfg.d_vocab, (1, n + 1), generator=_generator(n))
+    tokens = torch.randint(0, model.cfg.d_vocab, (1, n + 1), generator=seeded_generator(n))
     times = []
     with torch.inference_mode():
         prefix = KVCache.empty(model.cfg.n_layers)
@@ -127,7 +127,7 @@ def check_kv_cache_cost(prefixes: tuple[int, ...] = (128, 256, 512), repeats: in
         name="kv_cache_cost", item=11,
         equation=r"C_{\text{cache}}(n)=4nd=O(nd),\qquad C_{\text{recompute}}(n)=4n^2d=O(n^2d)",
         measured=measured, expected=expected, tolerance=tolerance,
-        passed=_close(measured, expected, tolerance) and exact,
+        passed=all_close(measured, expected, tolerance) and exact,
         what=["largest ratio of cached attention FLOPs per step as n doubles", "smallest ratio of recomputed ones"],
         note=f"attention FLOPs per step as n doubles (n = {list(prefixes)}, d = {d}): cached {cached} (ratio "
              f"{ratios(cached)}; = 4·n·d: {exact}), recomputed {recomputed} (ratio {ratios(recomputed)}). "

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from lab.model import next_token_loss
 from lab.model.components import ACTIVATIONS
 
-from experiments.equations.common import F64, Check, _generator
+from experiments.equations.common import F64, Check, seeded_generator
 
 
 # ============================================================================================
@@ -29,7 +29,7 @@ def check_cross_entropy_gradient(loss_fn: Callable[[Tensor, Tensor], Tensor] = n
                                  seed: int = 0) -> Check:
     """Autograd through Forma's next-token loss against the closed form; the mean over N predictions scales
     each position's gradient by 1/N, and the last position (which predicts nothing) gets none."""
-    g = _generator(seed)
+    g = seeded_generator(seed)
     batch, pos, d_vocab = 4, 16, 50
     logits = (3 * torch.randn(batch, pos, d_vocab, generator=g)).requires_grad_()
     tokens = torch.randint(0, d_vocab, (batch, pos), generator=g)
@@ -61,7 +61,7 @@ def check_affine_collapse(widths: tuple[int, ...] = (16, 64, 48, 8), seed: int =
     """W₃(W₂(W₁x + b₁) + b₂) + b₃ = (W₃W₂W₁)x + (W₃W₂b₁ + W₃b₂ + b₃): depth adds nothing without a nonlinearity."""
     with torch.random.fork_rng(devices=[]):
         layers = _affine_stack(widths, seed)
-    x = torch.randn(2000, widths[0], generator=_generator(seed), dtype=F64)
+    x = torch.randn(2000, widths[0], generator=seeded_generator(seed), dtype=F64)
     with torch.no_grad():
         deep = x
         for layer in layers:
@@ -85,7 +85,7 @@ def check_nonlinearity_breaks_collapse(activation: Callable[[Tensor], Tensor] = 
     leaves a residual. The same fit on the purely affine stack leaves none (the control)."""
     with torch.random.fork_rng(devices=[]):
         layers = _affine_stack(widths, seed)
-    x = torch.randn(2000, widths[0], generator=_generator(seed), dtype=F64)
+    x = torch.randn(2000, widths[0], generator=seeded_generator(seed), dtype=F64)
 
     def relative_residual(with_activation: bool) -> float:
         with torch.no_grad():
@@ -115,15 +115,15 @@ def check_nonlinearity_breaks_collapse(activation: Callable[[Tensor], Tensor] = 
 # ============================================================================================
 # 7. Universal approximation
 # ============================================================================================
-def _target(x: Float[Tensor, " n"]) -> Float[Tensor, " n"]:
+def target_function(x: Float[Tensor, " n"]) -> Float[Tensor, " n"]:
     return torch.sin(2 * math.pi * x) + 0.3 * torch.cos(5 * math.pi * x)
 
 
 def fit_sigmoid_network(n_neurons: int, x_train: Float[Tensor, " n_train"], x_test: Float[Tensor, " n_test"],
                         iterations: int = 150) -> tuple[float, Float[Tensor, " n_test"]]:
-    """f(x) = Σ_i a_i σ(w_i x + b_i) + c fitted to `_target` by least squares: sigmoids centred on a grid, the
+    """f(x) = Σ_i a_i σ(w_i x + b_i) + c fitted to `target_function` by least squares: sigmoids centred on a grid, the
     output layer solved exactly, then every parameter refined by L-BFGS. Returns (sup error on x_test, f(x_test))."""
-    y = _target(x_train)
+    y = target_function(x_train)
     centres = (torch.arange(n_neurons, dtype=F64) + 0.5) / n_neurons
     w = torch.full((n_neurons,), 4.0 * n_neurons, dtype=F64)  # each sigmoid rises over ≈ one grid cell
     b = -w * centres
@@ -147,7 +147,7 @@ def fit_sigmoid_network(n_neurons: int, x_train: Float[Tensor, " n_train"], x_te
     optimiser.step(closure)
     with torch.no_grad():
         prediction = net(x_test)
-    return float((prediction - _target(x_test)).abs().max()), prediction
+    return float((prediction - target_function(x_test)).abs().max()), prediction
 
 
 def universal_approximation(widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)) -> dict[str, Any]:

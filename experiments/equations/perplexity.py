@@ -8,7 +8,7 @@ from torch import Tensor
 
 from lab.metrics.information import entropy, kl
 
-from experiments.equations.common import F64, Check, _close, _generator
+from experiments.equations.common import F64, Check, all_close, seeded_generator
 from experiments.equations.kv_cache import kv_model
 
 
@@ -19,7 +19,7 @@ def check_perplexity(seed: int = 0) -> Check:
     """PPL = exp(mean CE) = (Π_t 1/P(x_t | x_<t))^(1/N): Forma's loss against the geometric mean of inverse
     probabilities (a product, not a sum of logs); a model with constant logits has PPL = |V| exactly."""
     model = kv_model(64, seed)
-    tokens = torch.randint(0, model.cfg.d_vocab, (2, 20), generator=_generator(seed))
+    tokens = torch.randint(0, model.cfg.d_vocab, (2, 20), generator=seeded_generator(seed))
     with torch.no_grad():
         loss = float(model.loss(tokens))
         probs = model(tokens).to(F64).softmax(-1)[:, :-1].gather(-1, tokens[:, 1:, None]).flatten()
@@ -36,7 +36,7 @@ def check_perplexity(seed: int = 0) -> Check:
         name="perplexity", item=12,
         equation=r"\mathrm{PPL}=\exp\Bigl(-\tfrac1N\sum_t\log P(x_t\mid x_{<t})\Bigr)"
                  r"=\Bigl(\prod_t\frac1{P(x_t\mid x_{<t})}\Bigr)^{1/N}",
-        measured=measured, expected=expected, tolerance=tolerance, passed=_close(measured, expected, tolerance),
+        measured=measured, expected=expected, tolerance=tolerance, passed=all_close(measured, expected, tolerance),
         what=["exp(model.loss)", "exp(loss) with constant logits"],
         note=f"[exp(model.loss), exp(loss) of a model whose logits are constant] against [geometric mean of 1/P over "
              f"{len(probs)} predictions, |V| = {d_vocab}]")
@@ -50,7 +50,7 @@ def check_kl_identity(d_vocab: int = 50, n_samples: int = 20000, seed: int = 0,
     sampling x ~ p (mean −log q(x), mean −log p(x), and KL̂ as their paired difference). Each sampled mean
     must land within 4 standard errors of its exact value. (CE − H − KL from the same terms would be 0 by
     algebra and test nothing.)"""
-    g = _generator(seed)
+    g = seeded_generator(seed)
     p = -torch.rand(d_vocab, generator=g, dtype=F64).log()  # Exp(1) weights: p ~ Dirichlet(1, …, 1)
     p = p / p.sum()
     q = (1.5 * torch.randn(d_vocab, generator=g, dtype=F64)).softmax(-1)
@@ -65,7 +65,7 @@ def check_kl_identity(d_vocab: int = 50, n_samples: int = 20000, seed: int = 0,
     return Check(
         name="kl_identity", item=12,
         equation=r"\mathbb E_{x\sim p}[-\log q(x)]=H(p)+\mathrm{KL}(p\,\Vert\,q)",
-        measured=measured, expected=expected, tolerance=tolerance, passed=_close(measured, expected, tolerance),
+        measured=measured, expected=expected, tolerance=tolerance, passed=all_close(measured, expected, tolerance),
         what=["mean −log q(x) (nats)", "mean −log p(x) (nats)", "KL̂ (nats)"],
         note=f"p ~ Dirichlet(1) and q = softmax(1.5·N(0, I)) over {d_vocab} outcomes, {n_samples} draws x ~ p: "
              f"[mean −log q(x), mean −log p(x), KL̂] against [H + KL = {exact_entropy:.4f} + {exact_kl:.4f}, H, KL] "

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from lab.model import ModelConfig
 from lab.model.components import Rotary, sinusoidal_table
 
-from experiments.equations.common import F64, Check, _close, _generator
+from experiments.equations.common import F64, Check, all_close, seeded_generator
 
 
 # ============================================================================================
@@ -59,7 +59,7 @@ def check_sinusoidal_wavelengths(table_fn: Callable[[int, int], Tensor] = sinuso
     return Check(
         name="sinusoidal_wavelengths", item=1,
         equation=r"\lambda_i=\frac{2\pi}{\omega_i}=2\pi\cdot10000^{2i/d}\in[2\pi,\;10000\cdot2\pi)",
-        measured=measured, expected=expected, tolerance=tolerance, passed=_close(measured, expected, tolerance),
+        measured=measured, expected=expected, tolerance=tolerance, passed=all_close(measured, expected, tolerance),
         what=["shortest wavelength", "longest wavelength", "largest ÷ smallest ratio of consecutive wavelengths"],
         note=f"[shortest, longest wavelength, max/min ratio of consecutive wavelengths] measured from the table "
              f"(d = {d_model}); a geometric series has a constant ratio ({float(ratios.mean()):.5f}); "
@@ -74,7 +74,7 @@ def check_rotary_relative(rotary_cls: Callable[[ModelConfig], nn.Module] = Rotar
     """Su et al. 2021 (RoFormer) §3.4.2: rotating q to m and k to n makes their product a function of n − m."""
     cfg = ModelConfig(d_vocab=2, d_model=d_head, n_layers=1, n_heads=1, n_ctx=n_ctx, positions="rotary")
     rotary = rotary_cls(cfg)
-    q, k = torch.randn(2, d_head, generator=_generator(seed))
+    q, k = torch.randn(2, d_head, generator=seeded_generator(seed))
     with torch.no_grad():  # Forma's rotary on the same vector at every position: R_m q for m < n_ctx
         rotated_q = rotary(q.expand(1, n_ctx, 1, d_head), 0)[0, :, 0].to(F64)
         rotated_k = rotary(k.expand(1, n_ctx, 1, d_head), 0)[0, :, 0].to(F64)

@@ -7,7 +7,7 @@ from torch import Tensor
 
 from lab.generate import filter_logits, sample_next
 
-from experiments.equations.common import F64, Check, _close, _generator
+from experiments.equations.common import F64, Check, all_close, seeded_generator
 
 
 # ============================================================================================
@@ -24,7 +24,7 @@ def check_temperature(sample_fn: Callable[..., Tensor] = sample_next, n_draws: i
     logits = torch.tensor([2.0, -1.0, 0.5, 3.0, 1.0, -2.0, 2.4, 0.0])
     d_vocab = len(logits)
     rows = logits.expand(n_draws, d_vocab)
-    g = _generator(seed)
+    g = seeded_generator(seed)
 
     def frequencies(temperature: float) -> Tensor:
         draws = sample_fn(rows, temperature=temperature, generator=g)
@@ -44,7 +44,7 @@ def check_temperature(sample_fn: Callable[..., Tensor] = sample_next, n_draws: i
         equation=r"\mathrm{softmax}(z/T)\xrightarrow[T\to0]{}e_{\arg\max z},\quad"
                  r"\mathrm{KL}\bigl(\mathrm{softmax}(z/T)\,\Vert\,U\bigr)\xrightarrow[T\to\infty]{}0",
         measured=measured, expected=[1.0, 0.0, 0.0], tolerance=tolerance,
-        passed=_close(measured, [1.0, 0.0, 0.0], tolerance),
+        passed=all_close(measured, [1.0, 0.0, 0.0], tolerance),
         what=["share of the argmax at T = 0.01", "KL(p̂ ‖ U) at T = 10⁴ (nats)",
               "KL(p̂ ‖ softmax z) at T = 1 (nats)"],
         note=f"{n_draws} draws from sample_next: [share of argmax at T = 0.01, KL(p̂‖U) at T = 10⁴, KL(p̂‖softmax z) "
@@ -61,7 +61,7 @@ def check_nucleus(filter_fn: Callable[..., Tensor] = filter_logits, n_rows: int 
                   seed: int = 0) -> Check:
     """Holtzman et al. 2020 §3.1: the nucleus is the smallest set of most-probable tokens with mass ≥ p.
     Reference: sort p descending, k* = min{k : Σ_{i≤k} p_(i) ≥ p}; keep exactly the top k*."""
-    g = _generator(seed)
+    g = seeded_generator(seed)
     sharpness = torch.rand(n_rows, 1, generator=g) * 4  # from near-uniform to peaked rows
     logits = torch.randn(n_rows, d_vocab, generator=g) * sharpness
     probs = logits.to(F64).softmax(-1)

@@ -31,23 +31,27 @@ Documents drawn at T = 1 from the full softmax and judged by `FactWorld.classify
 
 What runs:
 * sweep: for each γ, a model trained for max(epochs) epochs in stages (`lab.train.train` with
-  stop_after/resume, one stage per epoch), with the held-out NLL of fresh i.i.d. draws after each epoch;
-  at the listed epochs and at the held-out optimum every quantity of issue 5 item 3 is measured.
+  stop_after/resume, one stage per epoch), with the held-out NLL after each epoch; at the listed epochs and at
+  the held-out optimum every quantity of issue 5 item 3 is measured. The held-out documents are independent
+  i.i.d. draws from p (the expected loss on new draws is what picks the optimum), not unseen facts: most of them
+  repeat facts that training holds too, and each γ's `heldout_draws` counts how many.
 * upweighting: from the held-out optimum at γ = upweight_gamma, the same number of optimizer steps
   (matched compute) on: the full data (control); full + 5% of the examples ×10; full + 15% ×10; the 5%
   block ×10 alone; full + 5% of the monofact examples ×10 (`upweighting_conditions`). Which examples
-  land in a block moves g(H) by a point or two, so each condition is trained on `upweight_draws`
-  independent draws of its blocks and reported as their mean, with the spread.
+  land in a block moves g(H) by a point or two, so each condition — the control too — is trained `upweight_draws`
+  times (draw d: its own blocks and batch-order seed seed + d) and reported as the mean, with the spread.
 * singleton: Kalai, Nachum, Vempala & Zhang 2025 (arXiv 2509.04664, Thm. 2) with prompt = "First Last a"
   for a person and answer = the value, read off the same models' conditionals.
 
-What a run shows is `headlines(results)` (results.json "headlines"): g(H) against MF across γ by Spearman's
-ρ (only with ≥ 3 γ in the regime where MF rises with γ), both sides of the bound where its right side is
-positive ("bound vacuous" where it is negative at every check: it then holds whatever the model does),
-the enumeration against sampled documents, each upweighting condition against its matched control (only
-when every draw of its blocks falls on one side), and the singleton variant (vacuous at these N). A γ
-whose world puts ≥ MAX_FACT_PROBABILITY_FLAG of p on one fact is flagged: the theorem assumes a bounded
-largest fact probability. The quick profile (QUICK) is the same experiment at a smaller size, with the
+What a run shows is `headlines(results)` (results.json "headlines"), each supported only by a test that can fail
+at the run's size: g(H) against MF across γ by Spearman's ρ with its exact one-sided permutation p-value (at each
+γ's held-out optimum, and at every listed epoch at once; only with ≥ 3 γ in the regime where MF rises with γ, and
+1/n! is the smallest p of n γ values), both sides of the bound where its right side is positive ("bound vacuous"
+where it is negative at every check: it then holds whatever the model does), the enumeration against sampled
+documents, each upweighting condition against its matched control and their miscalibration by exact one-sided
+permutation tests over the draws (the control's draws give its run-to-run spread), and the singleton variant
+(vacuous at these N). A γ whose world puts ≥ MAX_FACT_PROBABILITY_FLAG of p on one fact is flagged: the theorem
+assumes a bounded largest fact probability. The quick profile (QUICK) is the same experiment at a smaller size, with the
 world's draws per person as in the default (n_train/n_persons = 1.25), so that MF rises with γ there too,
 and enough upweighting steps for the repeated blocks to act.
 
@@ -123,7 +127,7 @@ def run(cfg: Config, out: Path) -> dict:
                       "max_fact_probability": float(world.p.max()),
                       "max_fact_probability_flagged": bool(world.p.max() >= MAX_FACT_PROBABILITY_FLAG),
                       "heldout_optimum_epoch": r.optimum_epoch, "heldout": r.heldout,
-                      "checkpoints": r.checkpoints})
+                      "heldout_draws": r.setting.heldout_draws, "checkpoints": r.checkpoints})
     setting = runs[0].setting
     world = setting.world
     n_hall = setting.n_factoids - len(world.facts)

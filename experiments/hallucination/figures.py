@@ -70,7 +70,7 @@ def write_figures(out: Path, sweep: list[dict[str, Any]], runs: list[SweepRun], 
             fig.add_trace(go.Bar(x=names, y=[u[key] for u in upweighting], error_y=errors, showlegend=False),
                           row=1, col=col)
         fig.update_layout(title=f"Selective upweighting at γ = {cfg.upweight_gamma}, matched compute: mean of "
-                                f"{cfg.upweight_draws} draws of the repeated blocks (g(H) ± 1 SE)")
+                                f"{cfg.upweight_draws} draws of each condition, the control's too (g(H) ± 1 SE)")
         save_figure(fig, out, "upweighting")
 
     # Calibration per ε-bin at the held-out optimum of each γ.

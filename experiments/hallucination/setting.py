@@ -29,8 +29,8 @@ class Setting:
     world: FactWorld
     tokenizer: Any
     bos_id: int
-    first_ids: Int[Tensor, "n_first"]
-    last_ids: Int[Tensor, "n_last"]
+    first_ids: Int[Tensor, " n_first"]
+    last_ids: Int[Tensor, " n_last"]
     attribute_id: int
     value_ids: Int[Tensor, "n_values value_len"]
     fact_first: np.ndarray  # [n_facts] index into first names
@@ -38,7 +38,8 @@ class Setting:
     fact_value: np.ndarray
     fact_y: np.ndarray  # flat factoid index of each fact
     train_rows: Int[Tensor, "n_train doc_len"]
-    heldout_rows: Int[Tensor, "n_heldout doc_len"]
+    heldout_rows: Int[Tensor, "n_heldout doc_len"]  # independent draws from p: the held-out NLL
+    heldout_draws: dict[str, Any]  # how they were drawn and their overlap with training (FactWorld.heldout_record)
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -71,7 +72,7 @@ def make_setting(cfg: Config, gamma: float) -> Setting:
     fact_last = np.array([last_index[world.persons[f.person_index].last] for f in world.facts])
     fact_value = np.array([value_index[f.value] for f in world.facts])
     n_last, n_values = len(world.last_names), len(values)
-    heldout = world.heldout_fact_indices(cfg.n_heldout)  # fresh i.i.d. draws, never training examples
+    heldout = world.heldout_fact_indices(cfg.n_heldout)  # independent draws from p, not unseen facts
 
     def rows(fact_indices: np.ndarray) -> Tensor:
         # The bare render "{first} {last} {attribute} {value} ." without its constant final ".".
@@ -85,7 +86,8 @@ def make_setting(cfg: Config, gamma: float) -> Setting:
                    value_ids=torch.tensor([[vocab[w] for w in words] for words in value_words]),
                    fact_first=fact_first, fact_last=fact_last, fact_value=fact_value,
                    fact_y=(fact_first * n_last + fact_last) * n_values + fact_value,
-                   train_rows=rows(world.train_fact_indices), heldout_rows=rows(heldout))
+                   train_rows=rows(world.train_fact_indices), heldout_rows=rows(heldout),
+                   heldout_draws=world.heldout_record(heldout, "documents"))
 
 
 def make_model(cfg: Config, setting: Setting) -> HookedTransformer:

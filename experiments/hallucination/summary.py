@@ -6,10 +6,11 @@ from typing import Any
 
 import numpy as np
 
-from lab.metrics.statistics import sign, spearman
+from lab.metrics.statistics import permutation_p, sign, smallest_permutation_p, spearman, spearman_permutation_p
 from lab.runs import headline
 
-from experiments.hallucination.config import DELTAS, FAMILY_Z, MAX_FACT_PROBABILITY_FLAG, Config, _key
+from experiments.hallucination.config import (DELTAS, FAMILY_Z, MAX_FACT_PROBABILITY_FLAG, PERMUTATION_LEVEL, Config,
+                                              _key)
 
 
 # --------------------------------------------------------------------------------------------
@@ -56,36 +57,107 @@ def acceptance(sweep: list[dict[str, Any]], upweighting: list[dict[str, Any]], c
     return out
 
 
-def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """What the run shows, one sentence each, computed from the rest of results: {name, sentence, value,
-    interval, direction (must agree between the quick and default profiles), supported, why_not}. A headline
-    the run cannot support is kept, unsupported, with the reason in words."""
-    sweep = sorted(results["sweep"], key=lambda s: s["gamma"])
-    out = []
-
-    # Hallucination against the monofact rate across γ, at each γ's held-out optimum.
-    mf = [s["monofact_rate"] for s in sweep]
-    optimum = [next(c for c in s["checkpoints"] if c["checkpoint"] == "optimum") for s in sweep]
-    rates = [c["hallucination_rate"] for c in optimum]
+def _spearman_test(mf: list[float], rates: list[float]) -> tuple[float, float]:
+    """ρ(MF, g(H)) and its exact one-sided permutation p-value (every pairing of the γ values; Kalai & Vempala
+    predict a rise)."""
     rho = spearman(mf, rates)
-    by_epoch = results["acceptance"]["spearman_monofact_vs_hallucination"]
+    return rho, spearman_permutation_p(mf, rates, "greater") if math.isfinite(rho) else math.nan
+
+
+def _monofact_headlines(sweep: list[dict[str, Any]], by_epoch: dict[str, float]) -> list[dict[str, Any]]:
+    """g(H) against the monofact rate across γ, by Spearman's ρ with its exact permutation p-value (one-sided, a
+    rise), supported at p ≤ PERMUTATION_LEVEL: at each γ's held-out optimum, and at every listed epoch at once
+    (an intersection–union test: the claim holds at every epoch when each epoch's test rejects at the level, so
+    the largest p-value decides, with no correction). n γ values give p ≥ 1/n!: 3 can never reach 0.05."""
+    mf = [s["monofact_rate"] for s in sweep]
     rising = all(b > a for a, b in zip(mf, mf[1:]))
     flagged = [s for s in sweep if s["max_fact_probability"] >= MAX_FACT_PROBABILITY_FLAG]
     note = ("" if not flagged else " (one fact holds " + ", ".join(
         f"{s['max_fact_probability']:.0%} of p at γ = {s['gamma']:g}" for s in flagged)
         + f": beyond the theorem's bounded largest fact, flagged at ≥ {MAX_FACT_PROBABILITY_FLAG:.0%})")
-    why = None
+    shape = f"Across {len(sweep)} popularity shapes (MF {min(mf):.3f} … {max(mf):.3f})"
+    smallest = 1 / math.factorial(len(sweep))
+    regime = None
     if len(sweep) < 3:
-        why = f"only {len(sweep)} γ values: a rank correlation of {len(sweep)} points can only be ±1"
+        regime = f"only {len(sweep)} γ values: a rank correlation of {len(sweep)} points can only be ±1"
     elif not rising:
-        why = ("the monofact rate does not rise with γ across " + ", ".join(f"γ = {s['gamma']:g} (MF {m:.3f})"
-               for s, m in zip(sweep, mf)) + ": the sweep is outside the regime where γ moves MF up")
-    out.append(headline(
-        "hallucination_rises_with_monofact_rate",
-        f"Across {len(sweep)} popularity shapes (MF {min(mf):.3f} … {max(mf):.3f}), g(H) at each γ's held-out optimum "
-        f"has Spearman ρ = {rho:+.2f} with the monofact rate (at fixed epochs: "
-        + ", ".join(f"{e}: {v:+.2f}" for e, v in by_epoch.items()) + ")" + note + ".",
-        rho, None, sign(rho) if math.isfinite(rho) else 0, why is None, why))
+        regime = ("the monofact rate does not rise with γ across " + ", ".join(
+            f"γ = {s['gamma']:g} (MF {m:.3f})" for s, m in zip(sweep, mf)) + ": the sweep is outside the regime where "
+            "γ moves MF up")
+
+    def verdict(name: str, rho: float, p: float, sentence: str) -> dict[str, Any]:
+        why = regime
+        if why is None and not p <= PERMUTATION_LEVEL:
+            why = (f"{sentence[0].lower()}{sentence[1:-1]}: not a rise at this size (one-sided permutation p > "
+                   f"{PERMUTATION_LEVEL:g}; with {len(sweep)} γ values the smallest possible is {smallest:.3g})")
+        return headline(name, sentence, rho, None, 1 if why is None else (sign(rho) if math.isfinite(rho) else 0),
+                        why is None, why)
+
+    out = []
+    rates = [next(c for c in s["checkpoints"] if c["checkpoint"] == "optimum")["hallucination_rate"] for s in sweep]
+    rho, p = _spearman_test(mf, rates)
+    out.append(verdict("hallucination_rises_with_monofact_rate", rho, p,
+                       f"{shape}, g(H) at each γ's held-out optimum has Spearman ρ = {rho:+.2f} with the monofact rate "
+                       f"(exact one-sided permutation p = {p:.3g}){note}."))
+    epochs = list(by_epoch)
+    tests = {e: _spearman_test(mf, [next(c for c in s["checkpoints"] if c["checkpoint"] == f"epoch {e}")[
+        "hallucination_rate"] for s in sweep]) for e in epochs}
+    worst = max(p for _, p in tests.values()) if tests else math.nan
+    out.append(verdict("hallucination_rises_with_monofact_rate_at_every_epoch", min(r for r, _ in tests.values()),
+                       worst, f"{shape}, g(H) rises with the monofact rate at every one of {len(epochs)} fixed epochs: "
+                              "Spearman ρ " + ", ".join(f"{r:+.2f} (epoch {e}, p = {p:.3g})" for e, (r, p) in
+                                                        tests.items())
+                       + f"; the largest exact one-sided permutation p is {worst:.3g}{note}."))
+    return out
+
+
+def _upweighting_headlines(upweighting: list[dict[str, Any]], n_shares: int) -> list[dict[str, Any]]:
+    """Each mixed condition against the matched-compute control, and their miscalibration, by exact one-sided
+    permutation tests over the draws (Miao & Kearns predict lower g(H) and higher Mis): the control's draws differ
+    in batch order, a condition's in its blocks and batch order, and under the null hypothesis the pooled draws
+    are exchangeable. k draws against k give p ≥ 1/C(2k, k)."""
+    control = upweighting[0]
+    base, base_draws = control["hallucination_rate"], control["hallucination_rate_draws"]
+    out = []
+    for u in upweighting[1: 1 + n_shares]:
+        draws = u["hallucination_rate_draws"]
+        reductions = [1 - r / base for r in draws]
+        p = permutation_p(base_draws, draws, "less")
+        text = (f"Upweighting ({u['condition']}) moves g(H) from {base:.4f} to {u['hallucination_rate']:.4f} against "
+                f"the matched-compute control ({relative_change(1 - u['hallucination_rate'] / base)}; draws "
+                f"{', '.join(relative_change(r) for r in reductions)} against the control's mean; "
+                f"{len(draws)} draws against the control's {len(base_draws)}, exact one-sided permutation p = "
+                f"{p:.3g}), Mis {control['miscalibration_tv_eps']:.3f} → {u['miscalibration_tv_eps']:.3f}, recall "
+                f"{control['recall_seen']:.3f} → {u['recall_seen']:.3f}.")
+        why = None if p <= PERMUTATION_LEVEL else (
+            f"{text[:-1]}: not lower than the control at this size (p > {PERMUTATION_LEVEL:g}; the smallest possible "
+            f"is {smallest_permutation_p(len(base_draws), len(draws), 'less'):.3g})")
+        out.append(headline(f"upweighting {u['condition']}", text, 1 - u["hallucination_rate"] / base,
+                            [min(reductions), max(reductions)], sign(u["hallucination_rate"] - base), why is None, why))
+    mixed = upweighting[1: 1 + n_shares]
+    control_mis = control["miscalibration_tv_eps_draws"]
+    mixed_mis = [m for u in mixed for m in u["miscalibration_tv_eps_draws"]]
+    changes = [m - control["miscalibration_tv_eps"] for m in mixed_mis]
+    mean = float(np.mean(changes))
+    p = permutation_p(control_mis, mixed_mis, "greater")
+    text = (f"Those mixed conditions change the miscalibration Mis by {mean:+.3f} on average against the control "
+            f"(draws " + ", ".join(f"{c:+.3f}" for c in changes) + f"; {len(mixed_mis)} draws against the control's "
+            f"{len(control_mis)}, exact one-sided permutation p = {p:.3g}).")
+    why = None if p <= PERMUTATION_LEVEL else (
+        f"{text[:-1]}: not higher than the control at this size (p > {PERMUTATION_LEVEL:g}; the smallest possible is "
+        f"{smallest_permutation_p(len(control_mis), len(mixed_mis), 'greater'):.3g})")
+    out.append(headline("upweighting_raises_miscalibration", text, mean, [min(changes), max(changes)], sign(mean),
+                        why is None, why))
+    return out
+
+
+def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """What the run shows, one sentence each, computed from the rest of results: {name, sentence, value,
+    interval, direction (must agree between the quick and default profiles), supported, why_not}. A headline
+    the run cannot support — too small a run for its test to reject, or a check that fails — is kept, unsupported,
+    with the reason in words."""
+    sweep = sorted(results["sweep"], key=lambda s: s["gamma"])
+    out = _monofact_headlines(sweep, results["acceptance"]["spearman_monofact_vs_hallucination"])
 
     # Both sides of the bound, at every checkpoint and δ.
     checks = [(c[f"bound_rhs_delta_{_key(d)}"], c[f"bound_margin_delta_{_key(d)}"])
@@ -93,10 +165,11 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
     positive = [(rhs, margin) for rhs, margin in checks if rhs > 0]
     if positive:
         worst = min(margin for _, margin in positive)
-        out.append(headline(
-            "bound_holds", f"Where its right side is positive ({len(positive)} of {len(checks)} checks), the bound "
-                           f"g(H) ≥ MF − Mis − slack holds with smallest margin {worst:+.3f}.",
-            worst, None, bool(worst >= 0)))
+        broken = sum(margin < 0 for _, margin in positive)
+        text = (f"Where its right side is positive ({len(positive)} of {len(checks)} checks), the bound "
+                f"g(H) ≥ MF − Mis − slack {'holds' if not broken else f'fails at {broken}'} with smallest margin "
+                f"{worst:+.3f}.")
+        out.append(headline("bound_holds", text, worst, None, bool(worst >= 0), not broken, text))
     else:
         best = max(rhs for rhs, _ in checks)
         out.append(headline(
@@ -108,57 +181,31 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
     z = max(abs(c["sampled_hallucination_rate"] - c["hallucination_rate"]) / c["sampled_se"]
             for s in sweep for c in s["checkpoints"] if c["sampled_se"] > 0)
     n_checkpoints = sum(len(s["checkpoints"]) for s in sweep)
-    out.append(headline(
-        "enumeration_matches_sampling",
-        f"The exact g(H) by enumeration and the rate among documents sampled at T = 1 agree at all {n_checkpoints} "
-        f"checkpoints (worst |z| = {z:.2f}; over these comparisons the limit is |z| ≤ {FAMILY_Z}).", z, None,
-        bool(z <= FAMILY_Z)))
+    agree = z <= FAMILY_Z
+    text = (f"The exact g(H) by enumeration and the rate among documents sampled at T = 1 "
+            f"{'agree' if agree else 'disagree'} over all {n_checkpoints} checkpoints (worst |z| = {z:.2f}; over these "
+            f"comparisons the limit is |z| ≤ {FAMILY_Z}).")
+    out.append(headline("enumeration_matches_sampling", text, z, None, bool(agree), agree, text))
     gap = max(abs(c["sum_check"]) for s in sweep for c in s["checkpoints"])
-    out.append(headline(
-        "mass_closes", f"g(F) + g(H) + malformed, the last summed from the grammar's leaks, is 1 within {gap:.1e} at "
-                       f"every checkpoint.", gap, None, bool(gap <= 1e-4)))
+    closes = gap <= 1e-4
+    text = (f"g(F) + g(H) + malformed, the last summed from the grammar's leaks, is 1 within {gap:.1e} at every "
+            f"checkpoint ({'within' if closes else 'beyond'} 1e-4).")
+    out.append(headline("mass_closes", text, gap, None, bool(closes), closes, text))
 
     # Selective upweighting against its matched-compute control (Miao & Kearns).
     upweighting = results.get("upweighting") or []
     if upweighting:
-        control = upweighting[0]
-        n_shares = len(results["config"]["upweight_shares"])
-        for u in upweighting[1: 1 + n_shares]:
-            draws = u["hallucination_rate_draws"]
-            reductions = [1 - r / control["hallucination_rate"] for r in draws]
-            sides = {sign(r - control["hallucination_rate"]) for r in draws}
-            why = (f"only {len(draws)} draw of the repeated blocks: no spread to judge it by" if len(draws) < 2 else
-                   f"its draws fall on both sides of the control (g(H) {', '.join(f'{r:.4f}' for r in draws)} "
-                   f"against {control['hallucination_rate']:.4f})" if len(sides) > 1 else None)
-            out.append(headline(
-                f"upweighting {u['condition']}",
-                f"Upweighting ({u['condition']}) moves g(H) from {control['hallucination_rate']:.4f} to "
-                f"{u['hallucination_rate']:.4f} against the matched-compute control "
-                f"({relative_change(1 - u['hallucination_rate'] / control['hallucination_rate'])}; draws "
-                f"{', '.join(relative_change(r) for r in reductions)}), Mis {control['miscalibration_tv_eps']:.3f} "
-                f"→ {u['miscalibration_tv_eps']:.3f}, recall {control['recall_seen']:.3f} → {u['recall_seen']:.3f}.",
-                1 - u["hallucination_rate"] / control["hallucination_rate"], [min(reductions), max(reductions)],
-                sign(u["hallucination_rate"] - control["hallucination_rate"]), why is None, why))
-        mixed = upweighting[1: 1 + n_shares]
-        changes = [m - control["miscalibration_tv_eps"] for u in mixed for m in u["miscalibration_tv_eps_draws"]]
-        mean = float(np.mean(changes))
-        sides = {sign(c) for c in changes}
-        why = None if len(changes) >= 2 and len(sides) == 1 else (
-            "the mixed conditions' draws move Mis both ways: " + ", ".join(f"{c:+.3f}" for c in changes))
-        out.append(headline(
-            "upweighting_raises_miscalibration",
-            f"Those mixed conditions change the miscalibration Mis by {mean:+.3f} on average (draws "
-            + ", ".join(f"{c:+.3f}" for c in changes) + ").", mean, [min(changes), max(changes)], sign(mean),
-            why is None, why))
+        out += _upweighting_headlines(upweighting, len(results["config"]["upweight_shares"]))
 
     # The singleton-rate variant: its finite-N term swamps it at these sizes.
     singleton = results.get("singleton") or {}
     if singleton:
-        why = None if singleton["bound_rhs"] > 0 else (
-            f"vacuous at N = {singleton['n_train']:,}: the finite-N term (35 + 6 ln N)/√N = "
-            f"{singleton['finite_n_term']:.2f} makes the right side {singleton['bound_rhs']:+.3f}; without it the "
-            f"margin is {singleton['margin_without_finite_n']:+.3f}")
-        out.append(headline(
-            "singleton_bound", f"The singleton-rate bound (Kalai et al. 2025) holds with margin {singleton['margin']:+.3f}.",
-            singleton["margin"], None, bool(singleton["margin"] >= 0), why is None, why))
+        holds = singleton["margin"] >= 0
+        text = f"The singleton-rate bound (Kalai et al. 2025) {'holds' if holds else 'fails'} with margin " \
+               f"{singleton['margin']:+.3f}."
+        why = (f"vacuous at N = {singleton['n_train']:,}: the finite-N term (35 + 6 ln N)/√N = "
+               f"{singleton['finite_n_term']:.2f} makes the right side {singleton['bound_rhs']:+.3f}; without it the "
+               f"margin is {singleton['margin_without_finite_n']:+.3f}") if singleton["bound_rhs"] <= 0 else (
+            None if holds else text)
+        out.append(headline("singleton_bound", text, singleton["margin"], None, bool(holds), why is None, why))
     return out

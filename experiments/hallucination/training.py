@@ -86,7 +86,8 @@ def upweighting_conditions(cfg: Config, setting: Setting, draw: int = 0) -> dict
     A share s is s·n training examples drawn without replacement (the blocks are nested: the 5% block opens
     the 15% one), so frequent facts are in it as often as in the sample; "of monofacts" takes that share of
     the examples whose fact occurs exactly once. "full + block ×k" adds k copies of the block to the sample.
-    Each `draw` picks other blocks (the control, the full sample, is the same in every draw).
+    Each `draw` picks other blocks (the control, the full sample, is the same in every draw; its draws differ in
+    their batch order, as every condition's do: `upweight_condition`).
     """
     rng = np.random.default_rng([cfg.seed, 11, draw])
     n = cfg.n_train
@@ -113,21 +114,22 @@ UPWEIGHT_KEYS = ("hallucination_rate", "miscalibration_tv_eps", "miscalibration_
 
 
 def upweighting_tasks(cfg: Config, run: SweepRun) -> list[tuple[Any, ...]]:
-    """One training per condition and draw of its blocks (the control, the full sample, once: it does not
-    depend on the draw), each from the held-out optimum of `run`: lab.parallel tasks."""
+    """One training per condition and draw (the control too: its draws are its run-to-run spread, what an
+    upweighted condition is tested against), each from the held-out optimum of `run`: lab.parallel tasks."""
     names = list(upweighting_conditions(cfg, run.setting))
-    return [(upweight_condition, cfg, run, draw, condition) for draw in range(cfg.upweight_draws)
-            for condition in names if not (condition == CONTROL and draw > 0)]
+    return [(upweight_condition, cfg, run, draw, condition) for draw in range(cfg.upweight_draws) for condition in names]
 
 
 def upweight_condition(cfg: Config, run: SweepRun, draw: int, condition: str) -> dict[str, Any]:
-    """From the held-out optimum, the same optimizer steps (matched compute) on one condition's data."""
+    """From the held-out optimum, the same optimizer steps (matched compute) on one condition's data; draw d
+    trains with batch-order seed cfg.seed + d (and, for an upweighted condition, draw d's blocks), so the draws of
+    every condition, the control's included, spread as independent trainings do."""
     began = time.perf_counter()
     setting = run.setting
     steps = cfg.upweight_epochs * (cfg.n_train // cfg.batch_size)
     train_cfg = TrainConfig(steps=steps, batch_size=cfg.batch_size, seq_len=setting.doc_len, lr=cfg.upweight_lr,
                             min_lr=cfg.upweight_lr / 10, warmup_steps=min(cfg.warmup_steps, steps),
-                            eval_interval=steps, eval_batches=1, seed=cfg.seed)
+                            eval_interval=steps, eval_batches=1, seed=cfg.seed + draw)
     rows = upweighting_conditions(cfg, setting, draw)[condition]
     model = make_model(cfg, setting)
     model.load_state_dict(run.optimum_state)

@@ -82,12 +82,12 @@ from lab.parallel import run_tasks
 
 # Every name the experiment had as one module, where it lives now: tests and docs import them from here.
 from experiments.kl.config import (DEFAULT, FAMILY_Z, FIGURES, QUICK, RECIPE, SCALING_MODEL, SCALING_TRAIN,
-                                   SCALING_WORLD, Config, Profile, _sample_seed)
-from experiments.kl.figures import _decomposition_figure, write_figures
-from experiments.kl.measure import (Decomposition, HeldOut, Source, _lengths, _paired, _z, decompose,
+                                   SCALING_WORLD, Config, Profile, sample_seed)
+from experiments.kl.figures import decomposition_figure, write_figures
+from experiments.kl.measure import (Decomposition, HeldOut, Source, _lengths, paired_mean_se, z_score, decompose,
                                     entropy_rate_check, ground_truth_lens, kl_by_position, measure, model_logits,
                                     summarise, summarise_regions)
-from experiments.kl.parts import (_heads_for, _markov_setting, _scaling_setting, hmm_part, log_spaced_steps,
+from experiments.kl.parts import (heads_for, markov_setting, scaling_setting, hmm_part, log_spaced_steps,
                                   markov_part, scaling_fit, scaling_point, sequences, train_with_checkpoints,
                                   truncated_context_kl)
 from experiments.kl.summary import acceptance, headlines

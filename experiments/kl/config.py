@@ -79,7 +79,7 @@ class Config:
         return QUICK if self.quick else DEFAULT
 
 
-def _sample_seed(seed: int, purpose: str) -> int:
+def sample_seed(seed: int, purpose: str) -> int:
     """A seed for one named stream of draws, decorrelated from the others by SeedSequence hashing."""
     purposes = ("markov-train", "markov-val", "markov-eval", "hmm-train", "hmm-val", "hmm-eval", "hmm-rate",
                 "scaling-train", "scaling-val", "scaling-eval")

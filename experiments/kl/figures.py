@@ -11,7 +11,7 @@ from lab.runs import save_figure
 from experiments.kl.config import FIGURES
 
 
-def _decomposition_figure(checkpoints: list[dict[str, Any]], region: str, title: str, rate: float | None = None) -> Any:
+def decomposition_figure(checkpoints: list[dict[str, Any]], region: str, title: str, rate: float | None = None) -> Any:
     """CE, H and KL over training, exact and sampled, averaged over one region's prefixes; the entropy rate
     as a line where it is E[H_t] of that region (complete contexts)."""
     import plotly.graph_objects as go
@@ -45,7 +45,7 @@ def write_figures(out: Path, results: dict[str, Any]) -> list[str]:
 
     rate = results["source"]["entropy_rate_nats"]
     order = results["source"]["order"]
-    figures = {"kl_decomposition": _decomposition_figure(
+    figures = {"kl_decomposition": decomposition_figure(
         results["checkpoints"], "complete", f"Markov source, complete contexts (prefix length ≥ {order}): exact and "
                                             f"sampled, over training", rate)}
 
@@ -101,7 +101,7 @@ def write_figures(out: Path, results: dict[str, Any]) -> list[str]:
                                      xaxis_title="parameters N", yaxis_title="nats/token")
 
     hmm_rate = results["hmm_source"]["entropy_rate_estimate_nats"]
-    figures["hmm"] = _decomposition_figure(
+    figures["hmm"] = decomposition_figure(
         results["hmm"], "all", f"Hidden-Markov source, every position (its entropy rate ≈ {hmm_rate:.3f} nats is a "
                                f"limit the short prefixes do not reach): exact and sampled")
     for name in FIGURES:

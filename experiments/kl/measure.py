@@ -77,7 +77,7 @@ def decompose(logits: Float[Tensor, "seq pos vocab"], held_out: HeldOut) -> Deco
         nll_true=-held_out.p.gather(-1, target)[..., 0].log())
 
 
-def _paired(values: Float[Tensor, "seq pos"]) -> tuple[float, float]:
+def paired_mean_se(values: Float[Tensor, "seq pos"]) -> tuple[float, float]:
     """Mean over prefixes, and its standard error from the per-sequence means (tokens of one sequence are
     correlated, sequences are independent)."""
     per_sequence = values.mean(dim=1)
@@ -86,12 +86,14 @@ def _paired(values: Float[Tensor, "seq pos"]) -> tuple[float, float]:
     return float(values.mean()), se
 
 
-def _z(difference: float, se: float) -> float:
+def z_score(difference: float, se: float) -> float:
     return difference / se if se > 0 else (0.0 if difference == 0 else math.copysign(math.inf, difference))
 
 
 def summarise(d: Decomposition, region: slice = slice(None)) -> dict[str, float]:
-    """Means over the prefixes of `region` (positions t), exact and sampled, with two checks that could fail:
+    """Means over the prefixes of `region` (positions t), exact and sampled — the exact H and KL with their standard
+    errors over the held-out sequences (`entropy_se`, `kl_se`: how far another held-out draw could move them) —,
+    with two checks that could fail:
 
     * the sampled CE, −log P_θ at the token that came from the model's own log-softmax, against the exact
       CE_t = H_t + KL_t from the source's conditionals and the model's softmax: E[−log P_θ(x_{t+1})|x_≤t] = CE_t,
@@ -102,16 +104,20 @@ def summarise(d: Decomposition, region: slice = slice(None)) -> dict[str, float]
     """
     entropy, kl_t, ce = d.entropy[:, region], d.kl[:, region], d.cross_entropy[:, region]
     nll_model, nll_true = d.nll_model[:, region], d.nll_true[:, region]
-    exact_kl, exact_ce = float(kl_t.mean()), float(ce.mean())
-    sampled_kl, se = _paired(nll_model - nll_true)
-    ce_gap, ce_se = _paired(nll_model - (entropy + kl_t))
+    exact_kl, kl_se = paired_mean_se(kl_t)
+    exact_entropy, entropy_se = paired_mean_se(entropy)
+    exact_ce = float(ce.mean())
+    sampled_kl, se = paired_mean_se(nll_model - nll_true)
+    ce_gap, ce_se = paired_mean_se(nll_model - (entropy + kl_t))
     return {
         "prefixes": int(entropy.numel()),
-        "cross_entropy_nats": exact_ce, "entropy_nats": float(entropy.mean()), "kl_nats": exact_kl,
+        "cross_entropy_nats": exact_ce, "entropy_nats": exact_entropy, "kl_nats": exact_kl,
+        "entropy_se": entropy_se, "kl_se": kl_se,
         "sampled_cross_entropy_nats": float(nll_model.mean()), "sampled_entropy_nats": float(nll_true.mean()),
-        "sampled_kl_nats": sampled_kl, "sampled_kl_se": se, "sampled_minus_exact_in_se": _z(sampled_kl - exact_kl, se),
+        "sampled_kl_nats": sampled_kl, "sampled_kl_se": se,
+        "sampled_minus_exact_in_se": z_score(sampled_kl - exact_kl, se),
         "sampled_ce_minus_exact_nats": ce_gap, "sampled_ce_se": ce_se,
-        "sampled_ce_minus_exact_in_se": _z(ce_gap, ce_se),
+        "sampled_ce_minus_exact_in_se": z_score(ce_gap, ce_se),
     }
 
 
@@ -132,8 +138,8 @@ def entropy_rate_check(entropy: Float[Tensor, "seq pos"], rate: float, complete_
     a complete context, which start π-distributed: E[H_t] = rate exactly there. Two computations that share
     nothing but the chain (π by power iteration and the transition rows, against the sampler and
     `conditionals`); the check passes when they agree within 3 standard errors of the sample mean."""
-    mean, se = _paired(entropy[:, complete_from:])
-    z = _z(mean - rate, se)
+    mean, se = paired_mean_se(entropy[:, complete_from:])
+    z = z_score(mean - rate, se)
     return {"entropy_rate_nats": rate, "mean_complete_context_entropy_nats": mean, "se": se, "z": z,
             "within_3se": bool(abs(z) <= 3)}
 
@@ -147,19 +153,21 @@ def ground_truth_lens(model: HookedTransformer, held_out: HeldOut, batch: int = 
     """Mean KL(p ‖ P^(l)) over the held-out prefixes of every region for the logit lens at every layer's input
     and after the last layer (lab.analysis.lens.ground_truth_lens: P^(l) = softmax(LN_final(x^(l)) W_U + b_U),
     the final norm recomputed on x^(l)). `kl_nats` is over complete contexts where the source has them (else
-    every position)."""
+    every position), `kl_se` its standard error over the held-out sequences."""
     model.eval()
     n_layers = model.cfg.n_layers
-    total = torch.zeros(n_layers + 1, held_out.p.shape[1], dtype=torch.float64)  # [layer, position]
+    regions = held_out.regions()
+    headline = "complete" if "complete" in regions else "all"
+    per_sequence = []  # [layer, sequence, position] in chunks
     for i in range(0, len(held_out.tokens), batch):
         # p covers the prefixes that end before the last token: the lens of those prefixes, the last one dropped.
         lens = lens_against_truth(model, held_out.tokens[i:i + batch, :-1], held_out.p[i:i + batch])
-        total += lens.kl_nats.sum(dim=1)
-    per_position = total / len(held_out.tokens)
-    regions = held_out.regions()
-    headline = "complete" if "complete" in regions else "all"
+        per_sequence.append(lens.kl_nats.double())
+    kl_t = torch.cat(per_sequence, dim=1)
+    per_position = kl_t.mean(dim=1)
     labels = [f"{layer}_pre" for layer in range(n_layers)] + ["final_post"]
     return [{"layer": layer, "label": labels[layer], "kl_nats": float(per_position[layer, regions[headline]].mean()),
+             "kl_se": paired_mean_se(kl_t[layer][:, regions[headline]])[1],
              **{f"kl_{name}_nats": float(per_position[layer, region].mean()) for name, region in regions.items()
                 if per_position[layer, region].numel()}}
             for layer in range(n_layers + 1)]

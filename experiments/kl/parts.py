@@ -20,8 +20,8 @@ from lab.model import HookedTransformer, ModelConfig
 from lab.train import SequenceBatches, TrainConfig, train
 from lab.zoo import load_recipe, make_source
 
-from experiments.kl.config import RECIPE, SCALING_MODEL, SCALING_TRAIN, SCALING_WORLD, Config, Profile, _sample_seed
-from experiments.kl.measure import (HeldOut, Source, _lengths, _paired, decompose, entropy_rate_check,
+from experiments.kl.config import RECIPE, SCALING_MODEL, SCALING_TRAIN, SCALING_WORLD, Config, Profile, sample_seed
+from experiments.kl.measure import (HeldOut, Source, _lengths, paired_mean_se, decompose, entropy_rate_check,
                                     ground_truth_lens, kl_by_position, measure, model_logits)
 
 
@@ -47,12 +47,12 @@ def train_with_checkpoints(model: HookedTransformer, cfg: TrainConfig, data: Seq
 
 def sequences(source: Source, cfg: TrainConfig, seed: int, purpose: str) -> SequenceBatches:
     """Fresh training sequences, one per batch row of the whole schedule, and a small validation draw."""
-    train_tokens = source.sample(cfg.steps * cfg.batch_size, cfg.seq_len, seed=_sample_seed(seed, f"{purpose}-train"))
-    val_tokens = source.sample(64, cfg.seq_len, seed=_sample_seed(seed, f"{purpose}-val"))
+    train_tokens = source.sample(cfg.steps * cfg.batch_size, cfg.seq_len, seed=sample_seed(seed, f"{purpose}-train"))
+    val_tokens = source.sample(64, cfg.seq_len, seed=sample_seed(seed, f"{purpose}-val"))
     return SequenceBatches(torch.from_numpy(train_tokens), torch.from_numpy(val_tokens))
 
 
-def _markov_setting(cfg: Config) -> tuple[MarkovSource, TrainConfig, ModelConfig]:
+def markov_setting(cfg: Config) -> tuple[MarkovSource, TrainConfig, ModelConfig]:
     """The recipe's world, training schedule and architecture with the profile's changes, for steps 1–3 and
     (the same schedule and architecture) step 5."""
     profile = cfg.profile
@@ -72,15 +72,16 @@ def markov_part(cfg: Config, out: Path) -> dict[str, Any]:
     profile = cfg.profile
     seconds: dict[str, float] = {}
     clock = time.perf_counter()
-    source, train_cfg, model_cfg = _markov_setting(cfg)
-    held_out = HeldOut.draw(source, profile.eval_sequences, train_cfg.seq_len, _sample_seed(cfg.seed, "markov-eval"))
+    source, train_cfg, model_cfg = markov_setting(cfg)
+    held_out = HeldOut.draw(source, profile.eval_sequences, train_cfg.seq_len, sample_seed(cfg.seed, "markov-eval"))
     data = sequences(source, train_cfg, cfg.seed, "markov")
     seconds["data"] = time.perf_counter() - clock
 
     # 1. Checkpoints on the Markov source.
     clock = time.perf_counter()
     model = HookedTransformer(model_cfg, seed=cfg.seed)
-    checkpoints = train_with_checkpoints(model, train_cfg, data, held_out, profile.n_checkpoints, out / "train" / "markov")
+    checkpoints = train_with_checkpoints(model, train_cfg, data, held_out, profile.n_checkpoints,
+                                         out / "train" / "markov")
     model.save(out / "models" / "markov")
     seconds["markov_checkpoints"] = time.perf_counter() - clock
 
@@ -127,17 +128,18 @@ def hmm_part(cfg: Config, out: Path) -> dict[str, Any]:
     """Step 5: the checkpoints of step 1 on the hidden-Markov source, and its entropy rate's estimate."""
     profile = cfg.profile
     clock = time.perf_counter()
-    _, train_cfg, model_cfg = _markov_setting(cfg)
+    _, train_cfg, model_cfg = markov_setting(cfg)
     hmm_source = make_source(profile.hmm_world)
     hmm_train = train_cfg.replace(steps=profile.hmm_steps, eval_interval=profile.hmm_steps,
                                   warmup_steps=min(train_cfg.warmup_steps, profile.hmm_steps))
-    hmm_held_out = HeldOut.draw(hmm_source, profile.eval_sequences, hmm_train.seq_len, _sample_seed(cfg.seed, "hmm-eval"))
+    hmm_held_out = HeldOut.draw(hmm_source, profile.eval_sequences, hmm_train.seq_len,
+                                sample_seed(cfg.seed, "hmm-eval"))
     hmm_model = HookedTransformer(dataclasses.replace(model_cfg, d_vocab=hmm_source.vocab_size,
                                                       tokenizer=f"hmm-{hmm_source.vocab_size}"), seed=cfg.seed)
     hmm = train_with_checkpoints(hmm_model, hmm_train, sequences(hmm_source, hmm_train, cfg.seed, "hmm"), hmm_held_out,
                                  profile.n_checkpoints, out / "train" / "hmm")
     hmm_model.save(out / "models" / "hmm")
-    hmm_rate = hmm_source.entropy_rate_estimate(512, 256, seed=_sample_seed(cfg.seed, "hmm-rate"))
+    hmm_rate = hmm_source.entropy_rate_estimate(512, 256, seed=sample_seed(cfg.seed, "hmm-rate"))
     return {
         "hmm": hmm,
         "hmm_source": {**hmm_source.to_dict(), "entropy_rate_estimate_nats": hmm_rate.value,
@@ -157,11 +159,11 @@ def truncated_context_kl(source: MarkovSource, width: int) -> float:
     return float(truncated_context_kl_of(joint, source.vocab_size, width))
 
 
-def _scaling_setting(profile: Profile, seed: int) -> tuple[MarkovSource, TrainConfig, HeldOut]:
+def scaling_setting(profile: Profile, seed: int) -> tuple[MarkovSource, TrainConfig, HeldOut]:
     source = make_source(SCALING_WORLD)
     train_cfg = TrainConfig.from_dict(SCALING_TRAIN | {
         "steps": profile.scaling_steps, "seed": seed, "eval_interval": profile.scaling_steps, "eval_batches": 2})
-    held_out = HeldOut.draw(source, profile.eval_sequences, train_cfg.seq_len, _sample_seed(seed, "scaling-eval"))
+    held_out = HeldOut.draw(source, profile.eval_sequences, train_cfg.seq_len, sample_seed(seed, "scaling-eval"))
     return source, train_cfg, held_out
 
 
@@ -169,12 +171,13 @@ def scaling_point(profile: Profile, seed: int, d_model: int) -> dict[str, Any]:
     """One width of the sweep trained on the sweep's tokens: its exact held-out loss over complete contexts
     (for an order-k chain, prefix length ≥ k), whose entropy term has the entropy rate as its expectation."""
     clock = time.perf_counter()
-    source, train_cfg, held_out = _scaling_setting(profile, seed)
+    source, train_cfg, held_out = scaling_setting(profile, seed)
     data = sequences(source, train_cfg, seed, "scaling")
-    architecture = SCALING_MODEL | {"d_vocab": SCALING_WORLD["vocab_size"], "tokenizer": f"markov-{SCALING_WORLD['vocab_size']}"}
+    architecture = SCALING_MODEL | {"d_vocab": SCALING_WORLD["vocab_size"],
+                                    "tokenizer": f"markov-{SCALING_WORLD['vocab_size']}"}
     full = slice(held_out.complete_from, None)
     model = HookedTransformer(ModelConfig.from_dict(architecture | {
-        "d_model": d_model, "n_heads": _heads_for(d_model, architecture["n_heads"])}), seed=seed)
+        "d_model": d_model, "n_heads": heads_for(d_model, architecture["n_heads"])}), seed=seed)
     train(model, train_cfg, data, progress=False)
     d = decompose(model_logits(model, held_out.tokens), held_out)
     return {"d_model": d_model, "n_params": model.cfg.n_params(),
@@ -185,9 +188,9 @@ def scaling_point(profile: Profile, seed: int, d_model: int) -> dict[str, Any]:
 
 def scaling_fit(points: list[dict[str, Any]], profile: Profile, seed: int) -> dict[str, Any]:
     """The fit L(N) = E + A·N^(−α) over the widths' points, beside the true rate and the held-out entropy."""
-    source, train_cfg, held_out = _scaling_setting(profile, seed)
+    source, train_cfg, held_out = scaling_setting(profile, seed)
     full = slice(held_out.complete_from, None)
-    eval_entropy, eval_entropy_se = _paired(entropy(held_out.p[:, full]))
+    eval_entropy, eval_entropy_se = paired_mean_se(entropy(held_out.p[:, full]))
     fit = fit_power_law([p["n_params"] for p in points], [p["loss_nats"] for p in points])
     low, high = fit["E_ci95"]
     return {"points": points, **fit, "tokens": train_cfg.steps * train_cfg.batch_size * train_cfg.seq_len,
@@ -199,7 +202,7 @@ def scaling_fit(points: list[dict[str, Any]], profile: Profile, seed: int) -> di
             "model": SCALING_MODEL, "train": train_cfg.to_dict()}
 
 
-def _heads_for(d_model: int, most: int) -> int:
+def heads_for(d_model: int, most: int) -> int:
     """The most heads (≤ `most`) that split d_model into heads of an even width (ModelConfig checks the
     rotary width, d_head by default, to be even even where positions are learned)."""
     return max(h for h in range(1, most + 1) if d_model % h == 0 and (d_model // h) % 2 == 0)

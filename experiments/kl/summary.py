@@ -37,10 +37,26 @@ def acceptance(results: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _fall(name: str, what: str, before: tuple[float, float], after: tuple[float, float], where: str,
+          detail: str = "") -> dict[str, Any]:
+    """A change between two measurements, each a mean with its standard error over held-out sequences: shown with
+    its direction when the 95% interval of the difference, ± 1.96·√(se₁² + se₂²), excludes 0 (two means of the
+    same sequences are positively correlated, so this is the wider interval); not shown otherwise."""
+    (a, se_a), (b, se_b) = before, after
+    half = 1.96 * math.sqrt(se_a ** 2 + se_b ** 2)
+    text = (f"{what} {'falls' if b < a else 'rises'} {where}, from {a:.3f} to {b:.3f} nats/token (change "
+            f"{b - a:+.3f}, 95% [{b - a - half:+.3f}, {b - a + half:+.3f}]){detail}.")
+    if abs(b - a) <= half:
+        return headline(name, text, b, [b - a - half, b - a + half], 0, False,
+                        f"{text[:-1]}: the interval includes 0, so this run cannot tell the direction")
+    return headline(name, text, b, [b - a - half, b - a + half], sign(b - a))
+
+
 def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
     """What the run shows, one sentence each, computed from the rest of results: {name, sentence, value,
     interval, direction (must agree between the quick and default profiles), supported, why_not}. A headline
-    the run cannot support is kept, unsupported, with the reason in words."""
+    the run cannot support — a change within its noise, a check that fails — is kept, unsupported, with the reason
+    in words."""
     rate = results["source"]["entropy_rate_nats"]
     first, last = results["checkpoints"][0]["complete"], results["checkpoints"][-1]["complete"]
     early = results["checkpoints"][-1].get("first")
@@ -52,43 +68,46 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
         [r["all"] for r in results["hmm"]]
     worst_kl = max(abs(r["sampled_minus_exact_in_se"]) for r in rows)
     worst_ce = max(abs(r["sampled_ce_minus_exact_in_se"]) for r in rows)
-    se = last["sampled_kl_se"]
+    agree = worst_ce <= FAMILY_Z and worst_kl <= FAMILY_Z
+    sampled = (f"The sampled paths {'agree' if agree else 'disagree'} with the exact ones over every checkpoint and "
+               f"region: the model's own −log P_θ at the sampled tokens against H + KL from the exact distributions "
+               f"(worst |z| = {worst_ce:.2f}), and KL̂ against KL (worst |z| = {worst_kl:.2f}); over these "
+               f"{2 * len(rows)} comparisons the limit is |z| ≤ {FAMILY_Z}.")
+    matches = check["within_3se"]
+    entropy_rate = (f"The closed-form entropy rate {rate:.4f} nats {'matches' if matches else 'misses'} the mean H over "
+                    f"complete-context held-out prefixes, {check['mean_complete_context_entropy_nats']:.4f} ± "
+                    f"{check['se']:.4f} (z = {check['z']:.2f}; the limit is |z| ≤ 3).")
+    interior, near_one = not best["at_bracket_edge"], 0.8 <= best["T"] <= 1.25
+    temperature = (f"KL to the truth is smallest at T = {best['T']:.3f} ({best['kl_nats']:.4f} nats; "
+                   f"{best['kl_at_T1_nats']:.4f} at T = 1), {'within' if near_one else 'outside'} [0.8, 1.25].")
     out = [
-        headline("kl_falls", f"Training shrinks KL(p ‖ P_θ) over complete contexts from {first['kl_nats']:.3f} to "
-                              f"{last['kl_nats']:.3f} nats/token ({last['kl_nats'] / rate:.1%} of the entropy rate "
-                              f"{rate:.4f}), while CE {last['cross_entropy_nats']:.4f} stays above H "
-                              f"{last['entropy_nats']:.4f}.",
-                  last["kl_nats"], [last["sampled_kl_nats"] - 1.96 * se, last["sampled_kl_nats"] + 1.96 * se],
-                  sign(last["kl_nats"] - first["kl_nats"])),
-        headline("sampled_matches_exact",
-                  f"The sampled paths agree with the exact ones at every checkpoint and region: the model's own "
-                  f"−log P_θ at the sampled tokens against H + KL from the exact distributions (worst "
-                  f"|z| = {worst_ce:.2f}), and KL̂ against KL (worst |z| = {worst_kl:.2f}); over these "
-                  f"{2 * len(rows)} comparisons the limit is |z| ≤ {FAMILY_Z}.",
-                  max(worst_ce, worst_kl), None, bool(worst_ce <= FAMILY_Z and worst_kl <= FAMILY_Z)),
-        headline("entropy_rate_check",
-                  f"The closed-form entropy rate {rate:.4f} nats matches the mean H over complete-context held-out "
-                  f"prefixes, {check['mean_complete_context_entropy_nats']:.4f} ± {check['se']:.4f} (z = "
-                  f"{check['z']:.2f}).", check["mean_complete_context_entropy_nats"],
-                  [check["mean_complete_context_entropy_nats"] - 1.96 * check["se"],
-                   check["mean_complete_context_entropy_nats"] + 1.96 * check["se"]], check["within_3se"]),
-        headline("lens", f"Through the ground-truth lens, KL to p falls from {lens[0]['kl_nats']:.3f} nats at "
-                          f"{lens[0]['label']} to {lens[-1]['kl_nats']:.3f} after the last layer (complete contexts).",
-                  lens[-1]["kl_nats"], None, sign(lens[-1]["kl_nats"] - lens[0]["kl_nats"])),
-        headline("temperature", f"KL to the truth is smallest at T = {best['T']:.3f} ({best['kl_nats']:.4f} nats; "
-                                 f"{best['kl_at_T1_nats']:.4f} at T = 1).", best["T"], None,
-                  bool(0.8 <= best["T"] <= 1.25), not best["at_bracket_edge"],
-                  "the minimising temperature is at the edge of the searched bracket"),
-        headline("hmm_kl_falls", f"On the hidden-Markov source KL over every position falls from "
-                                  f"{hmm_first['kl_nats']:.3f} to {hmm_last['kl_nats']:.3f} nats/token.",
-                  hmm_last["kl_nats"], None, sign(hmm_last["kl_nats"] - hmm_first["kl_nats"])),
+        _fall("kl_falls", "KL(p ‖ P_θ) over complete contexts", (first["kl_nats"], first["kl_se"]),
+              (last["kl_nats"], last["kl_se"]), "over training",
+              f"; {last['kl_nats'] / rate:.1%} of the entropy rate {rate:.4f} at the end, CE "
+              f"{last['cross_entropy_nats']:.4f} against H {last['entropy_nats']:.4f}"),
+        headline("sampled_matches_exact", sampled, max(worst_ce, worst_kl), None, bool(agree), agree, sampled),
+        headline("entropy_rate_check", entropy_rate, check["mean_complete_context_entropy_nats"],
+                 [check["mean_complete_context_entropy_nats"] - 1.96 * check["se"],
+                  check["mean_complete_context_entropy_nats"] + 1.96 * check["se"]], bool(matches), matches,
+                 entropy_rate),
+        _fall("lens", "Through the ground-truth lens, KL to p", (lens[0]["kl_nats"], lens[0]["kl_se"]),
+              (lens[-1]["kl_nats"], lens[-1]["kl_se"]), f"between the first layer's input ({lens[0]['label']}) and "
+                                                        "the last layer's output (complete contexts)"),
+        headline("temperature", temperature, best["T"], None, bool(near_one), interior and near_one,
+                 "the minimising temperature is at the edge of the searched bracket" if not interior else temperature),
+        _fall("hmm_kl_falls", "On the hidden-Markov source KL over every position",
+              (hmm_first["kl_nats"], hmm_first["kl_se"]), (hmm_last["kl_nats"], hmm_last["kl_se"]),
+              "over training"),
     ]
     if early is not None:
-        out.insert(1, headline(
-            "first_positions", f"The first positions ({_lengths(*early['prefix_lengths'])}, shorter than the "
-                               f"chain's order) are reported apart: "
-                               f"H {early['entropy_nats']:.4f}, KL {early['kl_nats']:.3f} nats/token.",
-            early["kl_nats"], None, sign(early["entropy_nats"] - rate)))
+        gap, half = early["entropy_nats"] - rate, 1.96 * early["entropy_se"]
+        text = (f"The first positions ({_lengths(*early['prefix_lengths'])}, shorter than the chain's order) are "
+                f"reported apart: H {early['entropy_nats']:.4f}, {gap:+.4f} nats from the entropy rate (95% "
+                f"[{gap - half:+.4f}, {gap + half:+.4f}]), KL {early['kl_nats']:.3f} nats/token.")
+        out.insert(1, headline("first_positions", text, early["kl_nats"], [gap - half, gap + half], sign(gap),
+                               abs(gap) > half, None if abs(gap) > half else
+                               f"{text[:-1]}: the entropy's interval includes the rate, so this run cannot tell the "
+                               "first positions' entropy from it"))
     low, high = scaling["E_ci95"]
     closed = math.isfinite(low) and scaling.get("E_ci95_open") is None and scaling["dof"] >= 2
     why = (f"the fit has {len(scaling['points'])} widths ({scaling['dof']} degree(s) of freedom) and its 95% "
@@ -109,4 +128,3 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
         scaling["E_minus_heldout_entropy_nats"], [low - held, high - held], scaling["E_ci95_below_heldout_entropy"],
         closed, why))
     return out
-

@@ -24,9 +24,10 @@ discrete semantic entropy of Farquhar et al. 2024 over the k answers). The sign 
 AUROC on the fit split is ≥ ½ (the a priori sign, `RISK_SIGN`, is recorded beside it).
 
 On the test split, per signal: AUROC for "the claim is false" with a stratified bootstrap 95% interval
-(`lab.metrics.calibration.auroc_ci`, n_pos / n_neg beside it), per error kind (that kind's false claims against
-every right one), the risk–coverage curve, AURC, the oracle's AURC* and E-AURC = AURC − AURC*
-(`lab.metrics.selective`). Abstention, for each α in `alphas`:
+(`lab.metrics.calibration.auroc_ci`, n_pos / n_neg beside it) and DeLong's interval at the familywise level of
+every separation claim of the run (Bonferroni; a bootstrap at 99.6% would rest on two resamples per tail), per
+error kind (that kind's false claims against every right one), the risk–coverage curve, AURC, the oracle's AURC*
+and E-AURC = AURC − AURC* (`lab.metrics.selective`). Abstention, for each α in `alphas`:
 
 * split conformal risk control (Angelopoulos et al. 2022, arXiv 2208.02814) with the loss
   L_i(λ) = 1{answered at λ and false}, B = 1: λ̂ = the largest λ with (n/(n+1))·R̂_n(λ) + 1/(n+1) ≤ α on the
@@ -34,7 +35,10 @@ every right one), the risk–coverage curve, AURC, the oracle's AURC* and E-AURC
   prompts is not monotone in λ, and CRC promises nothing about it.
 * Learn then Test (Angelopoulos et al. 2021, arXiv 2110.01052) on a grid fixed from the fit split's risks, at
   δ = `ltt_delta`: with probability ≥ 1 − δ the error rate *among answered prompts* is ≤ α.
-On the test split: coverage, the joint rate and the rate among answered, each with Wilson's 95% interval.
+On the test split: coverage, the joint rate and the rate among answered, each with Wilson's 95% interval — and, for
+the abstention signal, over `n_resplits` re-draws of which subjects calibrate (`judging.resplit`): what the
+headlines state and the abstention figure draws, the means with the draws' own spread; for LTT also how many
+draws certify and answer, their coverage and error rate among answers, and the smallest p-value it reached.
 
 `--model PATH --qa FILE`: the monitor on a local Hugging Face causal LM or a Forma model with a question–answer CSV
 (question, answer; a header row is skipped), prompted "Question: … / Answer:", the answer being the greedy

@@ -43,19 +43,34 @@ def write_figures(out: Path, results: dict[str, Any], curves: list[dict[str, Any
     if not chosen:  # no α the calibration split could support (results' abstention_unavailable says why)
         return
     fig = go.Figure()
+    # What the headlines state: means over the re-draws of the calibration subjects, with the draws' own spread.
+    n = chosen[0]["resplits"]["n_resplits"]
+
+    def series(key: str, entries: list[dict[str, Any]], **style: Any) -> dict[str, Any]:
+        ys = [a["resplits"][key] for a in entries]
+        spread = [a["resplits"][f"{key}_range90"] for a in entries]
+        return dict(x=[a["alpha"] for a in entries], y=ys, mode="lines+markers", error_y=dict(
+            type="data", array=[r[1] - y for r, y in zip(spread, ys)], arrayminus=[y - r[0] for r, y in zip(spread, ys)]),
+            **style)
+
+    fig.add_scatter(**series("crc_joint_risk", chosen, name="CRC: answered and false"))
+    fig.add_scatter(**series("crc_coverage", chosen, name="CRC coverage", yaxis="y2", line=dict(dash="dot")))
+    answering = [a for a in chosen if a["resplits"]["ltt_n_answering"]]
+    if answering:
+        fig.add_scatter(**series("ltt_selective_risk", answering, name="LTT: false among answered, in the draws "
+                                 "that answer (" + ", ".join(f"{a['resplits']['ltt_n_answering']} at α = {a['alpha']:g}"
+                                                             for a in answering) + f" of {n})"))
+    fig.add_scatter(**series("ltt_coverage", chosen, name="LTT coverage (all draws)", yaxis="y2",
+                             line=dict(dash="dot")))
+    silent = [a["alpha"] for a in chosen if not a["resplits"]["ltt_n_answering"]]
+    if silent:
+        fig.add_annotation(text="LTT answers in no draw at α = " + ", ".join(f"{x:g}" for x in silent),
+                           xref="paper", yref="paper", x=0.02, y=0.98, showarrow=False, xanchor="left")
     alphas = [a["alpha"] for a in chosen]
-    for rule, key, label in (("crc", "joint_risk", "CRC: answered and false"),
-                             ("ltt", "selective_risk", "LTT: false among answered")):
-        ys = [a[rule][key] for a in chosen]
-        bands = [a[rule][f"{key}_ci95"] for a in chosen]
-        fig.add_scatter(x=alphas, y=ys, mode="lines+markers", name=label, error_y=dict(
-            type="data", array=[(b[1] - y) if b and y is not None else 0 for b, y in zip(bands, ys)],
-            arrayminus=[(y - b[0]) if b and y is not None else 0 for b, y in zip(bands, ys)]))
-        fig.add_scatter(x=alphas, y=[a[rule]["coverage"] for a in chosen], mode="lines+markers", yaxis="y2",
-                        name=f"{rule.upper()} coverage", line=dict(dash="dot"))
     fig.add_scatter(x=[0, max(alphas)], y=[0, max(alphas)], mode="lines", name="α", line=dict(dash="dash",
                                                                                               color="gray"))
-    fig.update_layout(title=f"Abstention on {results['abstention_signal']}: thresholds from the calibration split, "
-                            "rates on the test split", xaxis=dict(title="α"), yaxis=dict(title="error rate"),
+    fig.update_layout(title=f"Abstention on {results['abstention_signal']}: means over {n} draws of the calibration "
+                            "subjects (bars: the draws' 5th–95th percentiles), rates on the test prompts",
+                      xaxis=dict(title="α"), yaxis=dict(title="error rate"),
                       yaxis2=dict(title="coverage", overlaying="y", side="right", range=[0, 1]))
     save_figure(fig, out, "abstention")

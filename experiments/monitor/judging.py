@@ -29,8 +29,9 @@ def judge(scores: dict[str, np.ndarray], false: np.ndarray, kinds: np.ndarray, s
     level = familywise_level(len(scores) + len(KINDS))
 
     def familywise(risk_: np.ndarray, false_: np.ndarray) -> dict[str, Any]:
-        return {"auroc_familywise_ci": auroc_ci(risk_, false_, n_boot=cfg.n_boot, level=level, seed=cfg.seed).interval,
-                "auroc_familywise_level": level}
+        # DeLong's interval: a bootstrap at this level would rest on (1 − level)/2 · n_boot resamples per tail
+        return {"auroc_familywise_ci": auroc_ci(risk_, false_, level=level, method="delong").interval,
+                "auroc_familywise_level": level, "auroc_familywise_method": "DeLong"}
 
     for name, risk in scores.items():
         s, e = risk[test], false[test]
@@ -58,9 +59,9 @@ def judge(scores: dict[str, np.ndarray], false: np.ndarray, kinds: np.ndarray, s
             ltt = ltt_threshold(risk[calibration], false[calibration], alpha, cfg.ltt_delta, grid)
             abstention.append({"signal": name, "alpha": alpha, "n_calibration": int(calibration.sum()),
                                "crc": selective_outcome(s, e, crc),
-                               "ltt": selective_outcome(s, e, ltt.threshold) | {"delta": cfg.ltt_delta,
-                                                                                "n_certified": ltt.n_certified,
-                                                                                "n_grid": ltt.n_grid}})
+                               "ltt": selective_outcome(s, e, ltt.threshold) | {
+                                   "delta": cfg.ltt_delta, "n_certified": ltt.n_certified, "n_grid": ltt.n_grid,
+                                   "smallest_p_value": ltt.smallest_p_value}})
             if name == ABSTENTION_SIGNAL:
                 abstention[-1]["resplits"] = resplit(risk, false, split, alpha, cfg, risk[fit])
     return rows, abstention, curves
@@ -71,14 +72,21 @@ def resplit(risk: np.ndarray, false: np.ndarray, split: np.ndarray, alpha: float
     """Both rules over `cfg.n_resplits` random re-draws of which calibration ∪ test subjects calibrate (as many as
     the calibration split holds) and which are scored. CRC promises E[answered and false] ≤ α over the calibration
     draw, so its check is the mean realised joint rate over re-draws (± 1.96 standard errors) — one split's
-    Wilson interval leaves out the calibration draw's own spread. LTT promises P(error rate among answered > α) ≤ δ
-    for the true rate: the share of re-draws whose realised rate exceeds α, beside δ (realised rates add the test
-    split's sampling noise)."""
+    Wilson interval leaves out the calibration draw's own spread; `<key>_range90` is the draws' own spread (their
+    5th and 95th percentiles). LTT promises P(error rate among answered > α) ≤ δ for the true rate, a draw that
+    certifies nothing (and so answers nothing) counting as kept: `ltt_share_above_alpha` is the share of all
+    re-draws whose realised rate exceeds α (realised rates add the test split's sampling noise). Beside it, what
+    the draws that answer do: how many certify a threshold (`ltt_n_certifying`) and answer at least one test
+    prompt (`ltt_n_answering`), their coverage (`ltt_coverage_answering`), their error rate among answers (mean
+    over those draws, `ltt_selective_risk`, and pooled over their answers, `ltt_pooled_selective_risk`), how many
+    of them exceed α (`ltt_n_above_alpha`), and the smallest LTT p-value over the grid (`ltt_smallest_p_value`,
+    the smallest over draws; `ltt_smallest_p_value_median`, the median over draws of each one's smallest)."""
     pool = np.flatnonzero((split == "calibration") | (split == "test"))
     n_cal = int((split == "calibration").sum())
     rng = np.random.default_rng([cfg.seed, 41, round(alpha * 1e6)])
     grid = ltt_grid(reference, n_cal, alpha, cfg.ltt_delta)
-    joint, coverage, selective, ltt_cover, ltt_risk = [], [], [], [], []
+    joint, coverage, selective, ltt_cover, ltt_risk, ltt_cover_answering = [], [], [], [], [], []
+    smallest_p, certifying, answered, wrong = [], 0, 0, 0
     for _ in range(cfg.n_resplits):
         order = rng.permutation(pool)
         cal, test = order[:n_cal], order[n_cal:]
@@ -88,10 +96,15 @@ def resplit(risk: np.ndarray, false: np.ndarray, split: np.ndarray, alpha: float
         if crc["selective_risk"] is not None:
             selective.append(crc["selective_risk"])
         ltt = ltt_threshold(risk[cal], false[cal], alpha, cfg.ltt_delta, grid)
+        smallest_p.append(ltt.smallest_p_value)
+        certifying += ltt.n_certified > 0
         outcome = selective_outcome(risk[test], false[test], ltt.threshold)
         ltt_cover.append(outcome["coverage"])
         if outcome["selective_risk"] is not None:
             ltt_risk.append(outcome["selective_risk"])
+            ltt_cover_answering.append(outcome["coverage"])
+            answered += outcome["n_answered"]
+            wrong += outcome["n_wrong_answered"]
 
     def mean_ci(values: list[float]) -> tuple[float | None, list[float] | None]:
         if not values:
@@ -102,11 +115,19 @@ def resplit(risk: np.ndarray, false: np.ndarray, split: np.ndarray, alpha: float
 
     out: dict[str, Any] = {"n_resplits": cfg.n_resplits, "n_calibration": n_cal, "n_test": len(pool) - n_cal}
     for key, values in (("crc_joint_risk", joint), ("crc_coverage", coverage), ("crc_selective_risk", selective),
-                        ("ltt_coverage", ltt_cover), ("ltt_selective_risk", ltt_risk)):
+                        ("ltt_coverage", ltt_cover), ("ltt_selective_risk", ltt_risk),
+                        ("ltt_coverage_answering", ltt_cover_answering)):
         out[key], out[f"{key}_ci95"] = mean_ci(values)
+        out[f"{key}_range90"] = [float(q) for q in np.quantile(values, [0.05, 0.95])] if values else None
+    out["ltt_n_certifying"] = int(certifying)
     out["ltt_n_answering"] = len(ltt_risk)
-    # a draw that answers nothing takes no risk: it counts as keeping the promise
-    out["ltt_share_above_alpha"] = float(np.sum([r > alpha for r in ltt_risk]) / cfg.n_resplits)
+    out["ltt_n_above_alpha"] = int(np.sum([r > alpha for r in ltt_risk]))
+    out["ltt_answered_total"], out["ltt_wrong_total"] = int(answered), int(wrong)
+    out["ltt_pooled_selective_risk"] = wrong / answered if answered else None
+    out["ltt_smallest_p_value"] = float(min(smallest_p))
+    out["ltt_smallest_p_value_median"] = float(np.median(smallest_p))
+    # LTT's promise counts a draw that answers nothing as kept: it takes no risk
+    out["ltt_share_above_alpha"] = out["ltt_n_above_alpha"] / cfg.n_resplits
     return out
 
 

@@ -30,7 +30,8 @@ class Setting:
     tokenizer: Any
     subjects: pd.DataFrame  # first, last, kind, person (−1 invented), exposure, split, truth
     train_rows: Tensor
-    heldout_rows: Tensor
+    heldout_rows: Tensor  # independent draws from p for training's held-out loss
+    held_out: dict[str, Any]  # how they were drawn and their overlap with training (FactWorld.heldout_record)
 
     @property
     def prompts(self) -> Tensor:
@@ -73,8 +74,9 @@ def make_setting(cfg: Config) -> Setting:
         texts = [f"<bos> {world.render(world.facts[i], 'bare')} <eos>" for i in indices]
         return torch.tensor([e.ids for e in tokenizer.encode_batch(texts)], dtype=torch.long)
 
-    heldout = world.heldout_fact_indices(max(200, cfg.n_train // 4))  # fresh draws, never training examples
-    return Setting(world, tokenizer, subjects, encode(world.train_fact_indices), encode(heldout))
+    heldout = world.heldout_fact_indices(max(200, cfg.n_train // 4))  # independent draws from p, not unseen facts
+    return Setting(world, tokenizer, subjects, encode(world.train_fact_indices), encode(heldout),
+                   world.heldout_record(heldout))
 
 
 def train_model(cfg: Config, setting: Setting) -> tuple[HookedTransformer, dict[str, Any]]:

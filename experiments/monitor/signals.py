@@ -21,7 +21,7 @@ from experiments.monitor.setting import Setting
 # --------------------------------------------------------------------------------------------
 # Reading the signals
 # --------------------------------------------------------------------------------------------
-def _chunks(n: int, size: int = 512) -> list[slice]:
+def row_slices(n: int, size: int = 512) -> list[slice]:
     return [slice(start, min(n, start + size)) for start in range(0, n, size)]
 
 
@@ -29,7 +29,7 @@ def monitored(monitor: Monitor, prompts: Tensor, n_new: int) -> tuple[Tensor, di
     """Greedy generation of every prompt with the monitor on, in chunks: the new tokens, the token signals
     [n, n_new] and the prompt signals [n]."""
     tokens, signals, prompt_signals = [], {}, {}
-    for part in _chunks(len(prompts)):
+    for part in row_slices(len(prompts)):
         out = monitor.generate(prompts[part], n_new, subject=SUBJECT if monitor.attention else None)
         tokens.append(out.new_tokens)
         for name, value in out.signals.items():
@@ -44,7 +44,7 @@ def monitored(monitor: Monitor, prompts: Tensor, n_new: int) -> tuple[Tensor, di
 def residuals(model: HookedTransformer, tokens: Tensor, hooks: list[str]) -> dict[str, Tensor]:
     """The residual stream of the named hooks over whole sequences (prompt + answer), [n, pos, d_model]."""
     out: dict[str, list[Tensor]] = {h: [] for h in hooks}
-    for part in _chunks(len(tokens)):
+    for part in row_slices(len(tokens)):
         _, cache = model.run_with_cache(tokens[part], names_filter=hooks)
         for h in hooks:
             out[h].append(cache[h].float())

@@ -16,7 +16,7 @@ from experiments.monitor.figures import write_figures
 from experiments.monitor.judging import judge
 from experiments.monitor.readouts import save_readouts
 from experiments.monitor.setting import make_setting, train_model
-from experiments.monitor.signals import (_chunks, choose_signs, claim_risks, fit_readouts, monitored, sampling_risks,
+from experiments.monitor.signals import (row_slices, choose_signs, claim_risks, fit_readouts, monitored, sampling_risks,
                                          value_strings)
 from experiments.monitor.summary import headlines
 
@@ -54,7 +54,7 @@ def run_synthetic(cfg: Config, out: Path) -> dict[str, Any]:
 
     began = time.perf_counter()
     values = {name: value.double().numpy() for name, value in prompt_signals.items()}
-    values |= sampling_risks(model, [prompts[part] for part in _chunks(len(prompts), 256)], answers,
+    values |= sampling_risks(model, [prompts[part] for part in row_slices(len(prompts), 256)], answers,
                              lambda ids: " ".join(setting.tokenizer.id_to_token(int(t)) for t in ids),
                              cfg.k_samples, n_new, cfg.seed + 31)
     timing["sampling_s"] = time.perf_counter() - began
@@ -76,7 +76,8 @@ def run_synthetic(cfg: Config, out: Path) -> dict[str, Any]:
                   "n_by_split": {s: int((split == s).sum()) for s in SPLITS},
                   "split": "subjects (persons and invented name pairs) drawn into fit / calibration / test, disjoint; "
                            "fit trains the probe and P(IK) and chooses the signs, calibration the thresholds, test "
-                           "reports"},
+                           "reports",
+                  "held_out": setting.held_out},
         "model": {"d_model": cfg.d_model, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
                   "middle_layer": monitor.middle_layer, "attention_layers": list(monitor.attention_layers), **training},
         "answers": {kind: {"n": int((kinds == kind).sum()), "false_rate": float(false[kinds == kind].mean())}

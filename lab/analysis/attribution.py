@@ -14,9 +14,12 @@ one clean forward, one corrupted forward and one backward estimate every cell of
     heads                                       [layer, head]: c = (layer, head, every position and d_head) of z
     heads_by_position                           [layer, head, position]: c = (layer, head, position) of z
 
-The estimate is exact where the metric is linear in the activation downstream of the cell (a last layer
-read by a linear unembedding); elsewhere it is a first-order approximation, good where the patch is a
-small step (it misses saturation, e.g. of attention patterns). Each estimate is returned as the patched
+The estimate is exact only where the metric is linear in the activation downstream of the cell: the last
+layer of a model whose logits are a linear map of its residual stream, which a final LayerNorm or RMSNorm is
+not (it divides the stream by its own norm), so with the usual final norm even the last layer's estimate is
+first-order (tests/test_attribution.py holds both). Everywhere else it is a first-order approximation, good
+where the patch is a small step (it misses saturation, e.g. of attention patterns, and the final norm's
+rescaling). Each estimate is returned as the patched
 metric it stands for, m(target) + the sum above, in a `PatchingResult`, so that `normalized()` and a
 comparison with the exhaustive sweep read the same way.
 
@@ -30,7 +33,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from lab.analysis.patching import COMPONENTS, MetricFn, PatchingResult, _check_inputs, _metric
+from lab.analysis.patching import COMPONENTS, MetricFn, PatchingResult, check_inputs, resolve_metric
 
 __all__ = ["SWEEPS", "attribution_patch"]
 
@@ -44,8 +47,8 @@ def attribution_patch(model: Any, clean: Int[Tensor, "batch pos"], corrupted: In
     docstring): values[layer, cell] ≈ what patch_positions (or patch_heads, patch_heads_by_position) gives."""
     if direction not in ("denoise", "noise"):
         raise ValueError(f"direction must be 'denoise' (clean into corrupted) or 'noise', got {direction!r}")
-    clean, corrupted = _check_inputs(model, clean, corrupted)
-    metric = _metric(metric, answer, wrong)
+    clean, corrupted = check_inputs(model, clean, corrupted)
+    metric = resolve_metric(metric, answer, wrong)
     n_layers = model.cfg.n_layers
     names = {component: [template.format(layer=layer) for layer in range(n_layers)]
              for component, template in COMPONENTS.items()}

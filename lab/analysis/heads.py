@@ -74,7 +74,7 @@ HEAD_KINDS: dict[str, Callable[[Tensor], Tensor]] = {
 
 
 def pattern_scores(patterns: Float[Tensor, "batch head pos pos"],
-                   detection: Bool[Tensor, "batch pos pos"]) -> Float[Tensor, "head"]:
+                   detection: Bool[Tensor, "batch pos pos"]) -> Float[Tensor, " head"]:
     """score_h = mean over the scored queries (those with a key in `detection`) of Σ_j A_h[i, j] D[i, j]."""
     if patterns.ndim != 4 or patterns.shape[0] != detection.shape[0] or patterns.shape[2:] != detection.shape[1:]:
         raise ValueError(f"attention patterns {tuple(patterns.shape)} [batch, head, query, key] do not match the "

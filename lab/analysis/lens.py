@@ -45,6 +45,20 @@ def _lens_logits(model: HookedTransformer, tokens: Tensor) -> Tensor:
     return stack @ model.W_U + model.b_U
 
 
+def residual_stack(model: HookedTransformer, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "layer batch pos d_model"]:
+    """The residual stream x^(l) entering each block (blocks.l.hook_resid_pre) and after the last one (the
+    final norm's input): the streams every lens reads, row l < n_layers for layer l, the last for the output."""
+    last = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    _, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_resid_pre") or n == last)
+    return cache.accumulated_resid()
+
+
+def read_out(model: HookedTransformer, residual: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_vocab"]:
+    """The model's own readout of a residual-stream vector: LN_final(x) W_U + b_U (the logit lens's map, and the
+    tuned and Jacobian lenses' after their translation)."""
+    return model.ln_final(residual) @ model.W_U + model.b_U
+
+
 @dataclass
 class GroundTruthLens:
     """The logit lens beside the truth, at every layer (row l < n_layers: resid_pre l; the last: the output)."""
@@ -69,10 +83,11 @@ def ground_truth_lens(model: HookedTransformer, tokens: Int[Tensor, "batch pos"]
     p = torch.as_tensor(p, dtype=torch.float64)
     expected = (*tokens.shape, model.cfg.d_vocab)
     if tuple(p.shape) != expected:
-        raise ValueError(f"the true distribution p has shape {tuple(p.shape)}; for tokens {tuple(tokens.shape)} it must "
-                         f"be [batch, pos, d_vocab] = {list(expected)}")
+        raise ValueError(f"the true distribution p has shape {tuple(p.shape)}; for tokens {tuple(tokens.shape)} it "
+                         f"must be [batch, pos, d_vocab] = {list(expected)}")
     if (p < 0).any() or not torch.allclose(p.sum(-1), torch.ones((), dtype=torch.float64), atol=1e-6):
-        raise ValueError("the true distribution p must be non-negative and sum to 1 over the vocabulary at every position")
+        raise ValueError("the true distribution p must be non-negative and sum to 1 over the vocabulary at every "
+                         "position")
     log_probs = _lens_logits(model, tokens).double().log_softmax(dim=-1).cpu()
     return GroundTruthLens(log_probs, p, kl(p[None], log_probs.exp()))
 
@@ -88,18 +103,18 @@ def residual_norms(model: HookedTransformer, tokens: Int[Tensor, "batch pos"]) -
 @dataclass
 class Attribution:
     labels: list[str]  # "embed", "pos_embed", "L0H3", "L0 attn bias", "L0 mlp", ..., "final norm & unembed bias"
-    values: Float[Tensor, "component"]  # contribution of each part to the target's logit
+    values: Float[Tensor, " component"]  # contribution of each part to the target's logit
     logit: float  # the model's logit for the target at that position
 
 
 @torch.inference_mode()
-def direct_logit_attribution(model: HookedTransformer, tokens: Int[Tensor, "pos"], target: int,
+def direct_logit_attribution(model: HookedTransformer, tokens: Int[Tensor, " pos"], target: int,
                              position: int = -1) -> Attribution:
     """Each part of the residual stream's direct contribution to `target`'s logit at `position`."""
     tokens = model.check_tokens(tokens)[:1]
     if not 0 <= target < model.cfg.d_vocab:
         raise ValueError(f"target token id {target} is out of range [0, {model.cfg.d_vocab})")
-    wanted = ("hook_embed", "hook_pos_embed", "attn.hook_result", "hook_mlp_out", "ln_final.hook_scale")
+    wanted = ("hook_embed", "hook_pos_embed", "attn.hook_z", "hook_mlp_out", "ln_final.hook_scale")
     logits, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith(wanted))
     if model.cfg.block == "post_ln":
         raise ValueError("direct logit attribution needs a pre-LN or parallel model (a post-LN block norms its own "
@@ -109,7 +124,8 @@ def direct_logit_attribution(model: HookedTransformer, tokens: Int[Tensor, "pos"
         labels.append("pos_embed")
         parts.append(cache["hook_pos_embed"][0, position])
     for layer, block in enumerate(model.blocks):
-        heads = cache[f"blocks.{layer}.attn.hook_result"][0, position]  # [head, d_model]
+        z = cache[f"blocks.{layer}.attn.hook_z"][0, position]  # [head, d_head]
+        heads = torch.einsum("hd,hdm->hm", z, read_weight(model, f"blocks.{layer}.attn.W_O"))  # [head, d_model]
         labels += [f"L{layer}H{h}" for h in range(heads.shape[0])]
         parts += list(heads)
         if block.attn.b_O is not None:
@@ -118,10 +134,10 @@ def direct_logit_attribution(model: HookedTransformer, tokens: Int[Tensor, "pos"
         labels.append(f"L{layer} mlp")
         parts.append(cache[f"blocks.{layer}.hook_mlp_out"][0, position])
     stack = torch.stack(parts)  # [component, d_model]
-    if model.cfg.norm == "layernorm":
+    if model.cfg.normalization_type in ("LN", "LNPre"):
         stack = stack - stack.mean(dim=-1, keepdim=True)
     scale = cache["ln_final.hook_scale"][0, position]
-    direction = read_weight(model, "ln_final.w") * model.W_U[:, target]
+    direction = model.tokens_to_residual_directions(target)  # w ⊙ W_U[:, t]; W_U[:, t] once the gain is folded
     values = (stack / scale) @ direction
     constant = model.b_U[target].clone()
     if model.cfg.norm == "layernorm":

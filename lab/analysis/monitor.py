@@ -61,7 +61,7 @@ class LinearReadout:
     signal), or at a fixed prompt position at the first step (a prompt signal)."""
 
     hook: str
-    weight: Float[Tensor, "d"]
+    weight: Float[Tensor, " d"]
     bias: float
     position: int | None = None
 
@@ -77,7 +77,7 @@ class LinearReadout:
         """A logistic probe of `lab.analysis.probes.fit_probe`, read as P(its second class)."""
         return cls(hook, result.weight.float(), float(result.bias), position)
 
-    def __call__(self, x: Float[Tensor, "batch d"]) -> Float[Tensor, "batch"]:
+    def __call__(self, x: Float[Tensor, "batch d"]) -> Float[Tensor, " batch"]:
         if x.shape[-1] != self.weight.shape[0]:
             raise ValueError(f"LinearReadout on {self.hook}: the activation has {x.shape[-1]} features, the weight "
                              f"{self.weight.shape[0]}")
@@ -91,14 +91,14 @@ class MonitoredGeneration:
     tokens: Int[Tensor, "batch pos"]
     prompt_length: int
     signals: dict[str, Float[Tensor, "batch new"]]
-    prompt_signals: dict[str, Float[Tensor, "batch"]]
+    prompt_signals: dict[str, Float[Tensor, " batch"]]
 
     @property
     def new_tokens(self) -> Int[Tensor, "batch new"]:
         return self.tokens[:, self.prompt_length:]
 
 
-def output_signals(logits: Float[Tensor, "batch d_vocab"]) -> dict[str, Float[Tensor, "batch"]]:
+def output_signals(logits: Float[Tensor, "batch d_vocab"]) -> dict[str, Float[Tensor, " batch"]]:
     """max_prob, entropy (nats) and top-2 margin of softmax(logits), in float32."""
     return _output_signals(logits.float().log_softmax(dim=-1))[0]
 
@@ -209,7 +209,8 @@ class Monitor:
         signals, p = _output_signals(log_p)
         if self.lens:
             middle = self._latest[self.middle_hook][:, None]
-            log_q = self.model.unembed(self.model.ln_final(middle))[:, 0].float().log_softmax(-1)
+            lens = self.model.ln_final(middle) @ self.model.W_U + self.model.b_U  # not through the hooked unembed
+            log_q = lens[:, 0].float().log_softmax(-1)
             signals["lens_kl"] = (p * (log_p - log_q)).sum(-1)
         if self.attention:
             signals["subject_attention"] = self._subject_attention()
@@ -233,7 +234,7 @@ class Monitor:
                 hooks.append((q, self._keep_query))
                 if self._cache is None:
                     hooks.append((k, self._keep_keys))
-        return hooks + [("hook_logits", self._on_logits)]
+        return hooks + [("unembed.hook_out", self._on_logits)]
 
     # --- generating --------------------------------------------------------------------------------------------
     def generate(self, tokens: Int[Tensor, "batch pos"], max_new_tokens: int, *, subject: Any = None,
@@ -323,7 +324,7 @@ def sample_continuations(model: Any, tokens: Int[Tensor, "batch pos"], k: int, m
     return out[:, tokens.shape[1]:].reshape(tokens.shape[0], k, -1)
 
 
-def answer_lengths(new_tokens: Int[Tensor, "batch new"], stop_ids: Collection[int]) -> Int[Tensor, "batch"]:
+def answer_lengths(new_tokens: Int[Tensor, "batch new"], stop_ids: Collection[int]) -> Int[Tensor, " batch"]:
     """How many generated tokens make the answer: those before the first stop token, and at least the first (the
     token that decided the answer is empty is still the claim's only token)."""
     if new_tokens.shape[1] == 0:
@@ -334,7 +335,7 @@ def answer_lengths(new_tokens: Int[Tensor, "batch new"], stop_ids: Collection[in
     return first.clamp_min(1)
 
 
-def claim_risk(series: Float[Tensor, "batch new"], lengths: Int[Tensor, "batch"], sign: int) -> Float[Tensor, "batch"]:
+def claim_risk(series: Float[Tensor, "batch new"], lengths: Int[Tensor, " batch"], sign: int) -> Float[Tensor, " batch"]:
     """max over the answer's tokens of sign · signal: a claim is as risky as its riskiest token, so abstaining when
     the claim's risk exceeds λ is abstaining at the first token whose risk exceeds λ (`abstain_at`)."""
     if sign not in (-1, 1):

@@ -146,7 +146,7 @@ def put_cell(activation: Tensor, saved: Tensor, cell: Cell, rows: slice, offset:
         activation[rows, cell.pos - offset, cell.head] = saved[:, cell.pos, cell.head]
 
 
-def _check_inputs(model: Any, clean: Tensor, corrupted: Tensor) -> tuple[Tensor, Tensor]:
+def check_inputs(model: Any, clean: Tensor, corrupted: Tensor) -> tuple[Tensor, Tensor]:
     clean = clean[None] if clean.ndim == 1 else clean
     corrupted = corrupted[None] if corrupted.ndim == 1 else corrupted
     if clean.shape != corrupted.shape:
@@ -157,7 +157,7 @@ def _check_inputs(model: Any, clean: Tensor, corrupted: Tensor) -> tuple[Tensor,
     return clean, corrupted
 
 
-def _metric(metric: MetricFn | None, answer: Any, wrong: Any) -> MetricFn:
+def resolve_metric(metric: MetricFn | None, answer: Any, wrong: Any) -> MetricFn:
     if metric is not None:
         return metric
     if answer is None or wrong is None:
@@ -264,7 +264,8 @@ def _sweep_fast(model: Any, target: Tensor, component: str, saved: dict[int, Ten
             if joining:
                 start = len(rows)
 
-                def put(activation: Tensor, hook: Any, joining: list[Cell] = joining, start: int = start) -> Tensor:
+                def put(activation: Tensor, hook: Any, joining: list[Cell] = joining, start: int = start,
+                        first: int = first) -> Tensor:
                     for k, cell in enumerate(joining):
                         put_cell(activation, saved[cell.layer], cell, slice((start + k) * b, (start + k + 1) * b),
                                  first)
@@ -276,14 +277,14 @@ def _sweep_fast(model: Any, target: Tensor, component: str, saved: dict[int, Ten
             else:
                 x = model.blocks[layer](x, entry)
         if read is None:
-            logits = model.hook_logits(model.unembed(model.ln_final(x)))  # [rows·batch, T − first, d_vocab]
+            logits = model.unembed(model.ln_final(x))  # [rows·batch, T − first, d_vocab]
             for k, cell in enumerate(rows):
                 patched = torch.cat([target_logits[:, :first], logits[k * b: (k + 1) * b]], dim=1)
                 values[cell.row, cell.column] = float(metric(patched))
             continue
         late = [p for p in read if p >= first]  # the positions the metric reads that the patch can change
         early = [p for p in read if p < first]
-        logits = model.hook_logits(model.unembed(model.ln_final(x[:, [p - first for p in late]])))
+        logits = model.unembed(model.ln_final(x[:, [p - first for p in late]]))
         for k, cell in enumerate(rows):
             patched = torch.full_like(target_logits, float("nan"))  # what the metric says it never reads
             patched[:, early] = target_logits[:, early]
@@ -321,10 +322,10 @@ def patch_positions(model: Any, clean: Int[Tensor, "batch pos"], corrupted: Int[
     exhaustive=True runs every patched pass from the embedding (the reference; what any other model gets)."""
     if component == "z":
         raise ValueError("hook_z is patched by head: use patch_heads or patch_heads_by_position")
-    clean, corrupted = _check_inputs(model, clean, corrupted)
+    clean, corrupted = check_inputs(model, clean, corrupted)
     cells = _positions(clean.shape[1], positions)
     return _patch(model, clean, corrupted, component, "pos", cells, _layers(model, layers),
-                  [(None, p) for p in cells], _metric(metric, answer, wrong), direction, max_batch, exhaustive)
+                  [(None, p) for p in cells], resolve_metric(metric, answer, wrong), direction, max_batch, exhaustive)
 
 
 def patch_heads(model: Any, clean: Int[Tensor, "batch pos"], corrupted: Int[Tensor, "batch pos"],
@@ -332,10 +333,10 @@ def patch_heads(model: Any, clean: Int[Tensor, "batch pos"], corrupted: Int[Tens
                 layers: Sequence[int] | None = None, direction: Literal["denoise", "noise"] = "denoise",
                 max_batch: int = 64, exhaustive: bool = False) -> PatchingResult:
     """Patch one head's output z (every position) at a time; values is [layer, head]."""
-    clean, corrupted = _check_inputs(model, clean, corrupted)
+    clean, corrupted = check_inputs(model, clean, corrupted)
     cells = list(range(model.cfg.n_heads))
     return _patch(model, clean, corrupted, "z", "head", cells, _layers(model, layers), [(h, None) for h in cells],
-                  _metric(metric, answer, wrong), direction, max_batch, exhaustive)
+                  resolve_metric(metric, answer, wrong), direction, max_batch, exhaustive)
 
 
 def patch_heads_by_position(model: Any, clean: Int[Tensor, "batch pos"], corrupted: Int[Tensor, "batch pos"],
@@ -345,8 +346,8 @@ def patch_heads_by_position(model: Any, clean: Int[Tensor, "batch pos"], corrupt
                             exhaustive: bool = False) -> PatchingResult:
     """Patch one head's z at one position at a time; values is [layer, head, position] (TransformerLens's
     get_act_patch_attn_head_out_by_pos gives the same numbers as [layer, position, head])."""
-    clean, corrupted = _check_inputs(model, clean, corrupted)
+    clean, corrupted = check_inputs(model, clean, corrupted)
     cells = _positions(clean.shape[1], positions)
     columns = [(h, p) for h in range(model.cfg.n_heads) for p in cells]
     return _patch(model, clean, corrupted, "z", "head_pos", cells, _layers(model, layers), columns,
-                  _metric(metric, answer, wrong), direction, max_batch, exhaustive)
+                  resolve_metric(metric, answer, wrong), direction, max_batch, exhaustive)

@@ -82,7 +82,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 DASHBOARD_START_S = 120.0  # how long the demo waits for Streamlit to answer before it gives up
 
 
-def run_side_by_side(jobs: list[tuple[str, list[str]]]) -> bool:
+def run_side_by_side(jobs: list[tuple[str, list[str]]]) -> bool:  # noqa: C901  (the queue and its workers' closures)
     """Run `forma ARGS` jobs in parallel processes, longest first (DEMO_ORDER), each only once the jobs it
     reads the result of (lab.jobs.NEEDS) have ended; True when every one succeeded. The queue is written to
     runs/demo/queue.json as it moves (lab.jobs), so that each page says where its job waits.
@@ -198,13 +198,14 @@ def show_generations() -> None:
     import torch
 
     from lab import HookedTransformer
+    from lab.generate import generate
 
     model = HookedTransformer.from_pretrained("pydoc")
     print("\n[demo] pydoc generations (temperature 0.8, nucleus 0.95); each token with its probability:")
     for seed, prompt in enumerate(["Return the", "This module provides", "If the file"]):
         tokens = model.to_tokens(prompt)
         with torch.inference_mode():
-            out = model.generate(tokens, 16, temperature=0.8, top_p=0.95, seed=seed)
+            out = generate(model, tokens, 16, temperature=0.8, top_p=0.95, seed=seed)
             probs = model(out).softmax(-1)[0, tokens.shape[1] - 1 : -1]
         new = out[0, tokens.shape[1]:]
         pieces = [f"{model.to_string([t])!r}:{probs[i, t].item():.2f}" for i, t in enumerate(new.tolist())]

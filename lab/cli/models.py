@@ -13,9 +13,9 @@ def cmd_hooks(args: argparse.Namespace) -> int:
     folder = model_folder(args.model)  # an unknown name is refused at once, not after torch has loaded
     import torch
 
-    from lab import HookedTransformer
+    from lab.load import load_model
 
-    model = HookedTransformer.from_pretrained(folder)
+    model = load_model(folder)
     if args.tokens < 1:
         raise ValueError(f"--tokens must be at least 1, got {args.tokens}")
     tokens = torch.zeros(1, args.tokens, dtype=torch.long)  # longer than n_ctx: the model's own error

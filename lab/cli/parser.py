@@ -154,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
                          description=cmd_run.__doc__)
     run.add_argument("name", choices=experiments.experiment_names(), metavar="NAME",
                      help=f"experiment: {', '.join(experiments.experiment_names()) or 'none yet'}")
-    run.add_argument("--quick", action="store_true", help="the small profile (≤ 90 s on 2 cores): tests and the demo")
+    run.add_argument("--quick", action="store_true",
+                     help="the small profile: tests and the demo (its wall times: benchmarks/results/walltime.json)")
     run.add_argument("--out", help="run folder (default runs/NAME/<UTC timestamp>/)")
     run.add_argument("--seed", type=seed_number, help="random seed, 0 … 2**63 − 1 (default: the experiment's)")
     run.add_argument("--workers", type=worker_count, help="processes that share an experiment's independent "

@@ -23,7 +23,7 @@ change the persons, the facts or their popularity.
 import numbers
 import re
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
@@ -68,6 +68,15 @@ class Fact(NamedTuple):
 
     person_index: int
     attribute: str
+    value: str
+
+
+class Cloze(NamedTuple):
+    """A statement cut before its value: its words, the positions of the name's two words (all the value depends
+    on: the mechanism's ground truth) and the value that comes next."""
+
+    words: list[str]
+    name_positions: tuple[int, int]
     value: str
 
 
@@ -311,6 +320,17 @@ class FactWorld:
                                                        value=fact.value)
         raise ValueError(f"form must be 'bare' or 'template', got {form!r}")
 
+    def cloze(self, fact: Fact, template: int = 0) -> Cloze:
+        """`render`'s template statement of `fact` up to its value, with the positions of the name's two words: a
+        prompt whose next word is the value, a function of the name alone."""
+        forms = templates_for(fact.attribute)
+        form = forms[template % len(forms)]
+        if "{value}" not in form or form.index("{name}") > form.index("{value}"):
+            raise ValueError(f"template {form!r} does not name the person before the value")
+        marker = form[:form.index("{value}")].format(name="{first} {last}", attribute=fact.attribute).split()
+        first, person = marker.index("{first}"), self.persons[fact.person_index]
+        return Cloze(marker[:first] + [person.first, person.last] + marker[first + 2:], (first, first + 1), fact.value)
+
     def documents(self, form: Literal["bare", "template"] = "bare", seed: int = 0,
                   fact_indices: Sequence[int] | None = None) -> list[str]:
         """The n_train training documents in draw order (or the facts `fact_indices`, e.g. held-out draws);
@@ -324,9 +344,11 @@ class FactWorld:
 
     def heldout_fact_indices(self, n: int) -> NDArray[np.int64]:
         """n fresh i.i.d. draws from p, with replacement, from a random stream of their own (the fifth child
-        of the world's SeedSequence; the training sample is the fourth): held-out examples that are never
-        training examples. Being draws from the same p, they repeat popular facts the training sample also
-        holds, as any two i.i.d. samples do; `heldout_overlap` counts how many."""
+        of the world's SeedSequence; the training sample is the fourth): draws independent of the training
+        sample, not a set of facts kept out of it. Being draws from the same p, most of them repeat facts the
+        training sample also holds — a share 1 − p(unseen facts) in expectation —, so their loss estimates the
+        expected loss on new draws from p, not the loss on unseen facts; `heldout_record` counts the overlap.
+        A claim about facts the model never saw needs the facts with no training draw (`train_counts == 0`)."""
         if not isinstance(n, numbers.Integral) or isinstance(n, bool) or n < 1:
             raise ValueError(f"n must be a positive integer, got {n!r}")
         rng = np.random.default_rng(np.random.SeedSequence(self.cfg.seed, spawn_key=(4,)))
@@ -344,6 +366,21 @@ class FactWorld:
                 "distinct_facts": int(len(facts)), "distinct_facts_in_training": int(seen[facts].sum()),
                 "distinct_persons": int(len(persons)),
                 "distinct_persons_in_training": int(sum(int(p) in train_persons for p in persons))}
+
+    def heldout_record(self, heldout: NDArray[np.int64], what: str = "statements") -> dict[str, Any]:
+        """`heldout_overlap` of these held-out draws, the count of their draws of training facts that independent
+        draws give in expectation (n·(1 − p(unseen facts)), `expected_draws_of_facts_in_training`), and how they
+        were drawn, in words (`how`): what a card or a run records beside a held-out loss."""
+        overlap = self.heldout_overlap(heldout)
+        n, shared = overlap["draws"], overlap["draws_of_facts_in_training"]
+        expected = n * (1 - self.true_missing_mass())
+        return overlap | {"expected_draws_of_facts_in_training": expected, "how": (
+            f"{n:,} held-out {what} drawn i.i.d. from p on a random stream of their own, independent of the "
+            f"{self.cfg.n_train:,} training draws — independent draws, not unseen facts: {shared:,} of the {n:,} "
+            f"({shared / n:.0%}; {expected:,.0f} expected of independent draws) are of facts that also occur in "
+            f"training ({overlap['distinct_facts_in_training']:,} of their {overlap['distinct_facts']:,} distinct "
+            f"facts, {overlap['distinct_persons_in_training']:,} of their {overlap['distinct_persons']:,} persons), "
+            f"so their loss estimates the expected loss on new draws from p")}
 
     def quiz_items(self, persons: Iterable[int], n_options: int = 4,
                    seed: int = 0) -> list[dict[str, Any]]:

@@ -24,127 +24,32 @@ classical ones where that conditional is computable:
   Its entropy rate has no closed form; `entropy_rate_estimate` gives a Monte-Carlo estimate with a
   standard error.
 
+The worlds whose mechanism is known too — the Mess3 process and the induction world — live in
+lab.data.mechanisms; `source_from_dict` rebuilds any of them.
+
+The ground truth of each world's mechanism is exposed beside its law: `relevant_positions(tokens)`, a
+(batch, length, length) boolean array whose row t marks the positions the true law of x_{t+1} is read
+from (the last k tokens of an order-k chain; in the repeat, the one position the induction world copies;
+none where the law reads no single position), and, for the hidden-Markov sources, `beliefs(tokens)`,
+the posterior over hidden states after each token.
+
 Shapes: token arrays are int64 `(batch, length)`; `conditionals` returns `(batch, length, V)` whose row
 t is the law of the token *after* position t — the quantity a language model's logits at position t
 predict. The law of the very first token is `initial_distribution()`.
 """
 
-import math
-import numbers
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-FloatArray = NDArray[np.float64]
-IntArray = NDArray[np.int64]
+from lab.data.draws import (MAX_SAMPLE_TOKENS, MAX_TABLE_ENTRIES, EntropyEstimate, FloatArray, IntArray, as_tokens,
+                            check_concentration, check_int, check_kind, check_size, draw_categorical, entropy_nats,
+                            monte_carlo_rate, stationary_of)
+from lab.data.mechanisms import InductionSource, Mess3Source
 
 _POWER_TOL = 1e-14  # L1 change between power-iteration steps at which π counts as converged
 _POWER_MAX_ITERS = 200_000
-# Size limits, checked before anything is allocated (a world of V^(k+1) laws grows fast: order 12 over
-# 32 symbols would be 3.7e19 of them). A probability table of MAX_TABLE_ENTRIES float64 entries is
-# 256 MiB, and the chain keeps two (the laws and their cumulative sums) plus a power-iteration
-# temporary; MAX_SAMPLE_TOKENS int64 ids are 1 GiB.
-MAX_TABLE_ENTRIES = 2**25
-MAX_SAMPLE_TOKENS = 2**27
-
-
-# --- shared helpers ---------------------------------------------------------------------------
-
-
-def _check_int(owner: str, name: str, value: Any, minimum: int = 1) -> int:
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{owner}: {name} must be an integer ≥ {minimum}, got {value!r}")
-    return int(value)
-
-
-def _check_size(owner: str, what: str, entries: int, limit: int, advice: str) -> None:
-    if entries > limit:
-        raise ValueError(f"{owner}: {what} = {entries:,} entries ({_bytes(entries * 8)} as 64-bit numbers) "
-                         f"exceeds the limit of {limit:,} ({_bytes(limit * 8)}); {advice}")
-
-
-def _bytes(n: float) -> str:
-    """A byte count in binary units: 256 MiB, 2.62e+05 PiB."""
-    units = ("B", "KiB", "MiB", "GiB", "TiB")
-    for unit in units:
-        if n < 1024:
-            return f"{n:.3g} {unit}"
-        n /= 1024
-    return f"{n:.3g} PiB"
-
-
-def _check_concentration(owner: str, value: Any) -> float:
-    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not (
-            math.isfinite(value) and value > 0):
-        raise ValueError(f"{owner}: concentration must be a finite number > 0, got {value!r}")
-    return float(value)
-
-
-def _as_tokens(tokens: Any, vocab_size: int) -> IntArray:
-    """Validate and view `tokens` as an int64 `(batch, length)` array (a 1-D array is one sequence)."""
-    array = np.asarray(tokens)
-    if array.ndim == 1:
-        array = array[None, :]
-    if array.ndim != 2 or array.shape[1] < 1:
-        raise ValueError(f"tokens must have shape (batch, length ≥ 1), got {array.shape}")
-    if not np.issubdtype(array.dtype, np.integer):
-        raise ValueError(f"tokens must be integers, got dtype {array.dtype}")
-    if array.size and (array.min() < 0 or array.max() >= vocab_size):
-        raise ValueError(f"tokens must lie in [0, {vocab_size}), got range "
-                         f"[{array.min()}, {array.max()}]")
-    return array.astype(np.int64, copy=False)
-
-
-def _entropy_nats(probs: FloatArray) -> FloatArray:
-    """H(p) = −Σ p log p along the last axis, with 0 log 0 = 0."""
-    logs = np.log(np.where(probs > 0, probs, 1.0))
-    return -(probs * logs).sum(axis=-1)
-
-
-def _draw_categorical(rng: np.random.Generator, cumulative: FloatArray) -> IntArray:
-    """One draw per row of a batch of cumulative distributions `(n, V)` by inversion."""
-    u = rng.random(cumulative.shape[0])[:, None] * cumulative[:, -1:]
-    draws = (cumulative < u).sum(axis=1)
-    return np.minimum(draws, cumulative.shape[1] - 1).astype(np.int64)
-
-
-def _stationary_of(transition: FloatArray) -> FloatArray:
-    """Stationary law of a small dense row-stochastic matrix: the left eigenvector for eigenvalue 1."""
-    n = transition.shape[0]
-    # Solve π (A − I) = 0 with Σ π = 1 as one least-squares system (exact for an irreducible chain).
-    system = np.vstack([transition.T - np.eye(n), np.ones((1, n))])
-    rhs = np.zeros(n + 1)
-    rhs[-1] = 1.0
-    pi, *_ = np.linalg.lstsq(system, rhs, rcond=None)
-    pi = np.clip(pi, 0.0, None)
-    return pi / pi.sum()
-
-
-def _check_kind(owner: str, data: dict[str, Any], kind: str, known: set[str]) -> None:
-    if not isinstance(data, dict):
-        raise ValueError(f"{owner}: expected a mapping, got {type(data).__name__}")
-    if data.get("kind") != kind:
-        raise ValueError(f"{owner}: expected kind {kind!r}, got {data.get('kind')!r}")
-    unknown = sorted(set(data) - known - {"kind"})
-    if unknown:
-        raise ValueError(f"{owner}: unknown keys {unknown}; known keys are {sorted(known)}")
-
-
-class EntropyEstimate(NamedTuple):
-    """A Monte-Carlo estimate in nats per token with its standard error (unpacks as a pair)."""
-
-    value: float
-    standard_error: float
-
-
-def _monte_carlo_rate(conditionals: FloatArray, tokens: IntArray, burn_in: int) -> EntropyEstimate:
-    """Mean of −log p(x_{t+1}|x_{≤t}) over positions t ≥ burn_in; SE from per-sequence means."""
-    nll = -np.log(np.take_along_axis(conditionals[:, :-1], tokens[:, 1:, None], axis=2)[..., 0])
-    per_sequence = nll[:, burn_in:].mean(axis=1)
-    n = per_sequence.shape[0]
-    se = float(per_sequence.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan")
-    return EntropyEstimate(float(per_sequence.mean()), se)
 
 
 # --- order-k Markov chain ---------------------------------------------------------------------
@@ -161,12 +66,12 @@ class MarkovSource:
 
     def __init__(self, vocab_size: int, order: int = 2, concentration: float = 0.5,
                  seed: int = 0) -> None:
-        self.vocab_size = _check_int("MarkovSource", "vocab_size", vocab_size, minimum=2)
-        self.order = _check_int("MarkovSource", "order", order)
-        self.concentration = _check_concentration("MarkovSource", concentration)
-        self.seed = _check_int("MarkovSource", "seed", seed, minimum=0)
+        self.vocab_size = check_int("MarkovSource", "vocab_size", vocab_size, minimum=2)
+        self.order = check_int("MarkovSource", "order", order)
+        self.concentration = check_concentration("MarkovSource", concentration)
+        self.seed = check_int("MarkovSource", "seed", seed, minimum=0)
         vocab_size, order = self.vocab_size, self.order
-        _check_size("MarkovSource", f"the transition table vocab_size^(order + 1) = {vocab_size}^{order + 1}",
+        check_size("MarkovSource", f"the transition table vocab_size^(order + 1) = {vocab_size}^{order + 1}",
                     vocab_size ** (order + 1), MAX_TABLE_ENTRIES, "lower order or vocab_size")
         self.n_contexts = vocab_size ** order
         rng = np.random.default_rng(self.seed)
@@ -210,14 +115,14 @@ class MarkovSource:
 
     def entropy_rate(self) -> float:
         """H_rate = Σ_c π(c) H(p(·|c)) in nats per token (exact)."""
-        return float(self._pi @ _entropy_nats(self.transition))
+        return float(self._pi @ entropy_nats(self.transition))
 
     # --- sampling ---
     def sample(self, n: int, length: int, seed: int | None = None) -> IntArray:
         """`n` sequences of `length` tokens: the first `order` from π, then the chain."""
-        n = _check_int("MarkovSource.sample", "n", n)
-        length = _check_int("MarkovSource.sample", "length", length)
-        _check_size("MarkovSource.sample", f"n × length = {n:,} × {max(length, self.order)}",
+        n = check_int("MarkovSource.sample", "n", n)
+        length = check_int("MarkovSource.sample", "length", length)
+        check_size("MarkovSource.sample", f"n × length = {n:,} × {max(length, self.order)}",
                     n * max(length, self.order), MAX_SAMPLE_TOKENS, "draw fewer or shorter sequences")
         rng = self._sample_rng if seed is None else np.random.default_rng(seed)
         V, k = self.vocab_size, self.order
@@ -227,7 +132,7 @@ class MarkovSource:
             out[:, i] = (start // V ** (k - 1 - i)) % V
         context = start.astype(np.int64)
         for t in range(k, length):
-            out[:, t] = _draw_categorical(rng, self._cumulative[context])
+            out[:, t] = draw_categorical(rng, self._cumulative[context])
             context = (context % V ** (k - 1)) * V + out[:, t]
         return out[:, :length]
 
@@ -241,7 +146,7 @@ class MarkovSource:
 
     def conditionals(self, tokens: Any) -> FloatArray:
         """p(x_{t+1} = · | x_{≤t}) for every position t, shape (batch, length, V)."""
-        tokens = _as_tokens(tokens, self.vocab_size)
+        tokens = as_tokens(tokens, self.vocab_size)
         batch, length = tokens.shape
         V, k = self.vocab_size, self.order
         out = np.empty((batch, length, V))
@@ -253,9 +158,18 @@ class MarkovSource:
             out[:, t] = self.transition[self._context_index(tokens, t, k)]
         return out
 
+    def relevant_positions(self, tokens: Any) -> NDArray[np.bool_]:
+        """(batch, length, length): row t marks the positions p(x_{t+1} | x_{≤t}) reads, the last `order` tokens
+        t − k + 1 … t (every position ≤ t while the prefix is shorter than k)."""
+        tokens = as_tokens(tokens, self.vocab_size)
+        length = tokens.shape[1]
+        t, i = np.arange(length)[:, None], np.arange(length)[None, :]
+        window = (i <= t) & (i > t - self.order)
+        return np.broadcast_to(window, (tokens.shape[0], length, length)).copy()
+
     def log_prob(self, tokens: Any) -> FloatArray:
         """log p(x_1..x_L) in nats per sequence, shape (batch,), first token under π's marginal."""
-        tokens = _as_tokens(tokens, self.vocab_size)
+        tokens = as_tokens(tokens, self.vocab_size)
         first = np.log(self.initial_distribution()[tokens[:, 0]])
         if tokens.shape[1] == 1:
             return first
@@ -269,7 +183,7 @@ class MarkovSource:
         Those positions have a full context drawn from π, so the estimate is unbiased.
         """
         tokens = self.sample(n, length, seed=seed)
-        return _monte_carlo_rate(self.conditionals(tokens), tokens, burn_in=self.order - 1)
+        return monte_carlo_rate(self.conditionals(tokens), tokens, burn_in=self.order - 1)
 
     # --- provenance ---
     def to_dict(self) -> dict[str, Any]:
@@ -279,7 +193,7 @@ class MarkovSource:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "MarkovSource":
         known = {"vocab_size", "order", "concentration", "seed"}
-        _check_kind("MarkovSource", data, cls.kind, known)
+        check_kind("MarkovSource", data, cls.kind, known)
         return cls(**{key: value for key, value in data.items() if key != "kind"})
 
     def __repr__(self) -> str:
@@ -300,19 +214,19 @@ class HiddenMarkovSource:
 
     def __init__(self, n_states: int, vocab_size: int, concentration: float = 0.5,
                  seed: int = 0) -> None:
-        self.n_states = _check_int("HiddenMarkovSource", "n_states", n_states)
-        self.vocab_size = _check_int("HiddenMarkovSource", "vocab_size", vocab_size, minimum=2)
-        self.concentration = _check_concentration("HiddenMarkovSource", concentration)
-        self.seed = _check_int("HiddenMarkovSource", "seed", seed, minimum=0)
+        self.n_states = check_int("HiddenMarkovSource", "n_states", n_states)
+        self.vocab_size = check_int("HiddenMarkovSource", "vocab_size", vocab_size, minimum=2)
+        self.concentration = check_concentration("HiddenMarkovSource", concentration)
+        self.seed = check_int("HiddenMarkovSource", "seed", seed, minimum=0)
         n_states, vocab_size = self.n_states, self.vocab_size
-        _check_size("HiddenMarkovSource", f"the tables n_states × (n_states + vocab_size) = "
+        check_size("HiddenMarkovSource", f"the tables n_states × (n_states + vocab_size) = "
                     f"{n_states} × {n_states + vocab_size}", n_states * (n_states + vocab_size), MAX_TABLE_ENTRIES,
                     "lower n_states or vocab_size")
         rng = np.random.default_rng(self.seed)
         alpha = self.concentration
         self.transition: FloatArray = rng.dirichlet(np.full(n_states, alpha), size=n_states)
         self.emission: FloatArray = rng.dirichlet(np.full(vocab_size, alpha), size=n_states)
-        self.initial: FloatArray = _stationary_of(self.transition)
+        self.initial: FloatArray = stationary_of(self.transition)
         self._sample_rng = np.random.default_rng([self.seed, 1])
 
     def stationary(self) -> FloatArray:
@@ -325,9 +239,9 @@ class HiddenMarkovSource:
 
     def sample(self, n: int, length: int, seed: int | None = None) -> IntArray:
         """`n` token sequences of `length`, hidden chain started in π."""
-        n = _check_int("HiddenMarkovSource.sample", "n", n)
-        length = _check_int("HiddenMarkovSource.sample", "length", length)
-        _check_size("HiddenMarkovSource.sample", f"n × length = {n:,} × {length}", n * length, MAX_SAMPLE_TOKENS,
+        n = check_int("HiddenMarkovSource.sample", "n", n)
+        length = check_int("HiddenMarkovSource.sample", "length", length)
+        check_size("HiddenMarkovSource.sample", f"n × length = {n:,} × {length}", n * length, MAX_SAMPLE_TOKENS,
                     "draw fewer or shorter sequences")
         rng = self._sample_rng if seed is None else np.random.default_rng(seed)
         cum_a = np.cumsum(self.transition, axis=1)
@@ -335,33 +249,41 @@ class HiddenMarkovSource:
         out = np.empty((n, length), dtype=np.int64)
         state = rng.choice(self.n_states, size=n, p=self.initial)
         for t in range(length):
-            out[:, t] = _draw_categorical(rng, cum_b[state])
-            state = _draw_categorical(rng, cum_a[state])
+            out[:, t] = draw_categorical(rng, cum_b[state])
+            state = draw_categorical(rng, cum_a[state])
         return out
 
-    def _filter(self, tokens: IntArray) -> tuple[FloatArray, FloatArray]:
-        """Forward filtering: predictive laws (batch, length, V) and log p(x_1) (batch,)."""
+    def _filter(self, tokens: IntArray) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """Forward filtering: predictive laws (batch, length, V), log p(x_1) (batch,) and the filtered beliefs
+        f_t = p(s_t | x_{≤t}) (batch, length, S)."""
         batch, length = tokens.shape
         out = np.empty((batch, length, self.vocab_size))
+        beliefs = np.empty((batch, length, self.n_states))
         first_law = self.initial_distribution()
         belief = self.initial[None, :] * self.emission[:, tokens[:, 0]].T  # p(s_1, x_1)
         belief /= belief.sum(axis=1, keepdims=True)  # f_1 = p(s_1 | x_1)
         for t in range(length):
+            beliefs[:, t] = belief
             prior = belief @ self.transition  # p(s_{t+1} | x_{≤t})
             out[:, t] = prior @ self.emission
             if t + 1 < length:
                 belief = prior * self.emission[:, tokens[:, t + 1]].T
                 belief /= belief.sum(axis=1, keepdims=True)
-        return out, np.log(first_law[tokens[:, 0]])
+        return out, np.log(first_law[tokens[:, 0]]), beliefs
 
     def conditionals(self, tokens: Any) -> FloatArray:
         """p(x_{t+1} = · | x_{≤t}) by forward filtering, shape (batch, length, V)."""
-        return self._filter(_as_tokens(tokens, self.vocab_size))[0]
+        return self._filter(as_tokens(tokens, self.vocab_size))[0]
+
+    def beliefs(self, tokens: Any) -> FloatArray:
+        """The belief state f_t = p(s_t = · | x_{≤t}) after each token, shape (batch, length, S): the posterior
+        over the hidden state that emitted x_t, from which p(x_{t+1} | x_{≤t}) = f_t A B."""
+        return self._filter(as_tokens(tokens, self.vocab_size))[2]
 
     def log_prob(self, tokens: Any) -> FloatArray:
         """log p(x_1..x_L) in nats per sequence, shape (batch,)."""
-        tokens = _as_tokens(tokens, self.vocab_size)
-        cond, first = self._filter(tokens)
+        tokens = as_tokens(tokens, self.vocab_size)
+        cond, first, _ = self._filter(tokens)
         picked = np.take_along_axis(cond[:, :-1], tokens[:, 1:, None], axis=2)[..., 0]
         return first + np.log(picked).sum(axis=1)
 
@@ -378,7 +300,7 @@ class HiddenMarkovSource:
         if not 0 <= burn_in < length - 1:
             raise ValueError(f"burn_in must be in [0, length − 1), got {burn_in} for length {length}")
         tokens = self.sample(n, length, seed=seed)
-        return _monte_carlo_rate(self.conditionals(tokens), tokens, burn_in=burn_in)
+        return monte_carlo_rate(self.conditionals(tokens), tokens, burn_in=burn_in)
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "n_states": self.n_states, "vocab_size": self.vocab_size,
@@ -387,7 +309,7 @@ class HiddenMarkovSource:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "HiddenMarkovSource":
         known = {"n_states", "vocab_size", "concentration", "seed"}
-        _check_kind("HiddenMarkovSource", data, cls.kind, known)
+        check_kind("HiddenMarkovSource", data, cls.kind, known)
         return cls(**{key: value for key, value in data.items() if key != "kind"})
 
     def __repr__(self) -> str:
@@ -395,13 +317,13 @@ class HiddenMarkovSource:
                 f"concentration={self.concentration}, seed={self.seed})")
 
 
-Source = MarkovSource | HiddenMarkovSource
+Source = MarkovSource | HiddenMarkovSource | Mess3Source | InductionSource
 
 
 def source_from_dict(data: dict[str, Any]) -> Source:
     """Rebuild a source from `to_dict()` output, dispatching on `kind`."""
-    kinds: dict[str, type[MarkovSource] | type[HiddenMarkovSource]] = {
-        MarkovSource.kind: MarkovSource, HiddenMarkovSource.kind: HiddenMarkovSource}
+    kinds: dict[str, type[Source]] = {
+        cls.kind: cls for cls in (MarkovSource, HiddenMarkovSource, Mess3Source, InductionSource)}
     kind = data.get("kind") if isinstance(data, dict) else None
     if kind not in kinds:
         raise ValueError(f"unknown source kind {kind!r}; known kinds are {sorted(kinds)}")

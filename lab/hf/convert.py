@@ -25,10 +25,10 @@ FAMILIES: dict[str, Family] = {
         "ln_final": "transformer.ln_f", "unembed": "lm_head"}, _forma_to_gpt2),
     "gpt_neox": Family(_neox_config, _neox_outer, _neox_layer, {
         "embed": "gpt_neox.embed_in", "blocks.{l}": "gpt_neox.layers.{l}", "ln_final": "gpt_neox.final_layer_norm",
-        "unembed": "lm_head"}, _forma_to_neox),
+        "unembed": "lm_head"}, _forma_to_neox, prepend_bos=False),
     **{model_type: Family(config, _llama_outer, _llama_layer, {
         "embed": "model.embed_tokens", "blocks.{l}": "model.layers.{l}", "ln_final": "model.norm",
-        "unembed": "lm_head"}, _forma_to_llama_like)
+        "unembed": "lm_head"}, _forma_to_llama_like, prepend_bos=model_type != "qwen2")
        for model_type, config in (("llama", _llama_config), ("qwen2", _qwen2_config), ("mistral", _mistral_config))},
 }
 
@@ -45,7 +45,7 @@ def from_hf(hf_model: Any, tokenizer: Any = None, dtype: torch.dtype = torch.flo
         _check_against_config(hf_model)
     model = empty_model(_config(family, model_type, hf_model.config), tokenizer)
     _convert_into(model, family, hf_model, lambda name, tensor: _assign(model, name, tensor, "cpu", dtype))
-    return model.eval()
+    return family.set_defaults(model).eval()
 
 
 def _family(model_type: str) -> Family:

@@ -9,6 +9,7 @@ from typing import Any
 from torch import Tensor
 
 from lab.model import HookedTransformer, ModelConfig
+from lab.model.text import has_bos
 
 SUPPORTED = ("gpt2", "llama", "gpt_neox", "qwen2", "mistral")  # Hugging Face model_type of each family
 FAMILY_NAMES = {"gpt2": "GPT-2", "llama": "LLaMA", "gpt_neox": "GPT-NeoX / Pythia", "qwen2": "Qwen2",
@@ -44,3 +45,14 @@ class Family:
     layer: Callable[[Any, ModelConfig, Reader, int], dict[str, Tensor]]  # blocks.{layer}
     modules: dict[str, str]  # Forma module -> the HF module holding its weights; "{l}" stands for the layer
     export: Callable[[HookedTransformer], Any]  # the same network as this family's HF class
+    # Whether text gets the tokenizer's BOS by default (when it has one): TransformerLens's default for the family
+    # (False for GPT-NeoX / Pythia and Qwen2, True for the others).
+    prepend_bos: bool = True
+
+    def set_defaults(self, model: HookedTransformer) -> HookedTransformer:
+        """The converted model's run-time defaults as TransformerLens sets them: default_prepend_bos, and a tokenizer
+        without a pad token padding with its EOS."""
+        if model.tokenizer is not None:
+            model.set_tokenizer(model.tokenizer)
+        model.cfg.default_prepend_bos = self.prepend_bos and model.tokenizer is not None and has_bos(model.tokenizer)
+        return model

@@ -126,7 +126,7 @@ def _load_dispatched(path: Path, family: Family, tokenizer: Any, dtype: torch.dt
     dispatch_model(model, device_map=placement, main_device=main,
                    offload_dir=None if offload_folder is None else str(offload_folder))
     model.hf_device_map = placement  # accelerate's name for where a dispatched model's modules live
-    return model.eval()
+    return family.set_defaults(model).eval()
 
 
 def bridge(path: str | Path, device: str | None = None, *, dtype: torch.dtype | str | None = None,

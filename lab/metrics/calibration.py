@@ -187,7 +187,6 @@ def noise_floor_ece(confidence: ArrayLike, n_bins: int = 15, scheme: str = "equa
     (correctness drawn as Bernoulli(confidence)): the ECE that noise alone produces."""
     c = np.asarray(confidence, dtype=np.float64).ravel()
     bins = bin_indices(c, n_bins, scheme)
-    count = np.bincount(bins, minlength=n_bins)
     conf_sum = np.bincount(bins, weights=c, minlength=n_bins)
     rng = np.random.default_rng(seed)
     sims = np.empty(n_sim)

@@ -7,10 +7,24 @@ one argument order, (scores, labels).
 AUROC intervals (`auroc_ci`) are stratified: positives and negatives (groups holding them, when rows
 are grouped) are resampled separately, so no resample lacks a class and none is dropped; below
 MIN_PER_CLASS of either class no interval is given, and the reason is said in words.
+
+A percentile bootstrap interval at level 1 − a rests on the a/2 · n_boot resamples in each tail: 1,000
+resamples give 25 per tail at 95% but 2 at the 99.6% of a dozen Bonferroni-corrected claims, where the
+interval's ends are single order statistics. `auroc_ci(..., method="delong")` needs no resamples: DeLong,
+DeLong & Clarke-Pearson (1988)'s variance of the Mann–Whitney AUROC from its structural components,
+
+    V₁₀(i) = (1/n₋) Σ_j ψ(s_i, s_j) for each positive i,  V₀₁(j) = (1/n₊) Σ_i ψ(s_i, s_j) for each negative j,
+    ψ(a, b) = 1{a > b} + ½·1{a = b},   Var(AUROC) = S₁₀/n₊ + S₀₁/n₋ (S the sample variances, ddof 1),
+
+computed from midranks (Sun & Xu 2014, IEEE Signal Processing Letters 21, "Fast implementation of DeLong's
+algorithm"), with the normal interval AUROC ± z_{1−a/2}·√Var clipped to [0, 1] — the interval pROC's
+`ci.auc(method = "delong")` gives — at any level (`auroc_delong_variance`).
 """
 
+import math
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from statistics import NormalDist
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -144,15 +158,37 @@ def bootstrap_ci(metric: Callable[..., float], *arrays: ArrayLike, groups: Any =
     return Metric(value, float(low), float(high))
 
 
+def auroc_delong_variance(scores: ArrayLike, labels: ArrayLike) -> float:
+    """DeLong's variance of the AUROC, S₁₀/n₊ + S₀₁/n₋ (see the module docstring), from midranks: V₁₀(i) =
+    (R_i − R⁺_i)/n₋ with R the midrank of positive i among all scores and R⁺ among the positives, V₀₁(j) =
+    1 − (R_j − R⁻_j)/n₊ likewise for negative j. NaN with fewer than 2 of either class."""
+    s = np.asarray(scores, dtype=np.float64).ravel()
+    y = _binary_labels(labels, s.size)
+    pos, neg = s[y], s[~y]
+    if len(pos) < 2 or len(neg) < 2:
+        return float("nan")
+    ranks = _average_ranks(s)
+    v10 = (ranks[y] - _average_ranks(pos)) / len(neg)
+    v01 = 1.0 - (ranks[~y] - _average_ranks(neg)) / len(pos)
+    return float(np.var(v10, ddof=1) / len(pos) + np.var(v01, ddof=1) / len(neg))
+
+
 def auroc_ci(scores: ArrayLike, labels: ArrayLike, groups: Any = None, n_boot: int = 1000, level: float = 0.95,
-             seed: int = 0, min_per_class: int = MIN_PER_CLASS) -> Metric:
-    """AUROC with n_pos / n_neg and a stratified bootstrap interval (positives and negatives — or the groups
-    holding them — resampled separately). Fewer than `min_per_class` units of either class: no interval,
-    and why_no_interval says how many there are. [n, k] scores: the one-vs-rest mean, each class a stratum."""
+             seed: int = 0, min_per_class: int = MIN_PER_CLASS,
+             method: Literal["bootstrap", "delong"] = "bootstrap") -> Metric:
+    """AUROC with n_pos / n_neg and an interval at `level`: a stratified bootstrap (positives and negatives — or
+    the groups holding them — resampled separately), or with method="delong" DeLong's normal interval, which
+    needs no resamples and so holds at any level (ungrouped binary scores only). Fewer than `min_per_class`
+    units of either class: no interval, and why_no_interval says how many there are. [n, k] scores: the
+    one-vs-rest mean, each class a stratum."""
     s = np.asarray(scores, dtype=np.float64)
     y = np.asarray(labels).ravel()
     value = auroc(s, y)
     binary = s.ndim == 1
+    if method not in ("bootstrap", "delong"):
+        raise ValueError(f"method must be 'bootstrap' or 'delong', got {method!r}")
+    if method == "delong" and (groups is not None or not binary):
+        raise ValueError("DeLong's interval is for ungrouped binary scores; use method='bootstrap'")
     unit = np.arange(len(y)) if groups is None else np.unique(np.asarray(groups).ravel(), return_inverse=True)[1]
     classes = [0, 1] if binary else list(range(s.shape[1]))
     holding = {c: len(np.unique(unit[(y.astype(int) if binary else y) == c])) for c in classes}
@@ -163,5 +199,8 @@ def auroc_ci(scores: ArrayLike, labels: ArrayLike, groups: Any = None, n_boot: i
                   ", ".join(f"{holding[c]} of class {c}" for c in classes))
         return Metric(value, float("nan"), float("nan"), n_pos, n_neg,
                       f"only {counts} {what}: a stratified AUROC interval needs at least {min_per_class} of each")
+    if method == "delong":
+        half = NormalDist().inv_cdf(1 - (1 - level) / 2) * math.sqrt(auroc_delong_variance(s, y))
+        return Metric(value, max(0.0, value - half), min(1.0, value + half), n_pos, n_neg)
     interval = bootstrap_ci(auroc, s, y, groups=groups, strata=y, n_boot=n_boot, level=level, seed=seed)
     return interval._replace(n_pos=n_pos, n_neg=n_neg)

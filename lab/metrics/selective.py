@@ -190,7 +190,9 @@ def ltt_grid(reference_scores: ArrayLike, n_calibration: int, alpha: float, delt
 @dataclass(frozen=True)
 class Certified:
     """LTT's answer: answer a prompt when its score ≤ threshold (−∞: no λ certified, abstain on every prompt).
-    p_values[j] belongs to grid[j] for the hypotheses tested before the sequence stopped."""
+    p_values[j] belongs to grid[j] for the hypotheses tested before the sequence stopped. smallest_p_value: the
+    smallest p-value over the whole grid, tested or not — how near any threshold came to certification when none
+    was (a description, not a test: the smallest of many p-values certifies nothing)."""
 
     threshold: float
     alpha: float
@@ -198,6 +200,7 @@ class Certified:
     n_certified: int
     p_values: list[float]
     n_grid: int
+    smallest_p_value: float
 
 
 def ltt_threshold(scores: ArrayLike, errors: ArrayLike, alpha: float, delta: float, grid: ArrayLike) -> Certified:
@@ -214,17 +217,19 @@ def ltt_threshold(scores: ArrayLike, errors: ArrayLike, alpha: float, delta: flo
         raise ValueError("grid must be a non-empty, strictly increasing array of thresholds")
     order = np.argsort(s, kind="stable")
     sorted_s, cum_wrong = s[order], np.cumsum(e[order])
-    threshold, p_values = -math.inf, []
+    every = []
     for lam in grid:
         n_answered = int(np.searchsorted(sorted_s, lam, side="right"))
         k = int(cum_wrong[n_answered - 1]) if n_answered else 0
-        p = binomial_cdf(k, n_answered, alpha) if n_answered else 1.0
+        every.append(binomial_cdf(k, n_answered, alpha) if n_answered else 1.0)
+    threshold, p_values = -math.inf, []
+    for lam, p in zip(grid, every):
         p_values.append(p)
         if p > delta:
             break
         threshold = float(lam)
     n_certified = len(p_values) - (p_values[-1] > delta)
-    return Certified(threshold, alpha, delta, n_certified, p_values, int(grid.size))
+    return Certified(threshold, alpha, delta, n_certified, p_values, int(grid.size), float(min(every)))
 
 
 def answer_agreement(samples: Sequence[str], reference: str) -> float:

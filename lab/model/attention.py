@@ -12,8 +12,9 @@ from torch import Tensor, nn
 
 from lab.model.config import ModelConfig
 from lab.model.kv_cache import KVCacheEntry
-from lab.model.primitives import (CheckedHookPoint, Derived, empty_parameter, init_normal_, linear, reset_biases,
-                                  zero_parameter)
+from lab.model.padding import Padding
+from lab.model.primitives import (CheckedHookPoint, Derived, Reads, empty_parameter, init_normal_, linear,
+                                  reset_biases, zero_parameter)
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -39,10 +40,17 @@ class Rotary(nn.Module):
         self.register_buffer("cos", angles.cos().float(), persistent=False)
         self.register_buffer("sin", angles.sin().float(), persistent=False)
 
-    def forward(self, x: Float[Tensor, "batch pos head d_head"], offset: int) -> Float[Tensor, "batch pos head d_head"]:
-        n = x.shape[1]
-        cos = self.cos[offset : offset + n, None, :].to(x.dtype)
-        sin = self.sin[offset : offset + n, None, :].to(x.dtype)
+    def forward(self, x: Float[Tensor, "batch pos head d_head"], offset: int, padding: Padding | None = None
+                ) -> Float[Tensor, "batch pos head d_head"]:
+        """Rotate x at positions offset, offset + 1, ...; in a padded batch at each token's own position within
+        its text (`padding.positions`)."""
+        if padding is None:
+            n = x.shape[1]
+            cos = self.cos[offset : offset + n, None, :].to(x.dtype)
+            sin = self.sin[offset : offset + n, None, :].to(x.dtype)
+        else:
+            cos = self.cos[padding.positions][:, :, None, :].to(x.dtype)
+            sin = self.sin[padding.positions][:, :, None, :].to(x.dtype)
         x_rot, x_pass = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
         x_rot = x_rot * cos + rotate_half(x_rot) * sin
         return torch.cat((x_rot, x_pass), dim=-1) if x_pass.shape[-1] else x_rot
@@ -56,7 +64,7 @@ FEW_TOKENS = 32
 
 
 def side_by_side(W_Q: Tensor, W_K: Tensor, W_V: Tensor, b_Q: Tensor | None, b_K: Tensor | None, b_V: Tensor | None
-                 ) -> tuple[Float[Tensor, "d_model qkv"], Float[Tensor, "qkv"] | None]:
+                 ) -> tuple[Float[Tensor, "d_model qkv"], Float[Tensor, " qkv"] | None]:
     """[W_Q | W_K | W_V] as one [d_model, (h + 2·kv)·d_head] matrix, heads in order, and the biases likewise."""
     W = torch.cat([W.permute(1, 0, 2) for W in (W_Q, W_K, W_V)], dim=1).flatten(1)
     return W, None if b_Q is None else torch.cat((b_Q, b_K, b_V)).flatten()
@@ -83,11 +91,12 @@ class Attention(nn.Module):
 
     `forward_per_head` is the same attention on one copy of its input per head (TransformerLens's
     use_split_qkv_input / use_attn_in), so that one head's query, key or value input can be patched alone.
+
+    In a padded batch (`padding`, lab.model.padding) a query also never sees a padding key, and a query that
+    sees no key at all has pattern 0 and z 0, as in TransformerLens.
     """
 
-    # The per-head input copies that TransformerLens's switches make real (see `_Block.attention`).
-    SPLIT_INPUT_HOOKS = ("hook_q_input", "hook_k_input", "hook_v_input")  # [batch, pos, head or kv_head, d_model]
-    SHARED_INPUT_HOOKS = ("hook_attn_in",)  # [batch, pos, head, d_model]
+    RESULT_HOOKS = ("hook_result",)  # [batch, pos, head, d_model]: made real by use_attn_result
 
     def __init__(self, cfg: ModelConfig, causal: bool = True):
         super().__init__()
@@ -121,7 +130,6 @@ class Attention(nn.Module):
         self.hook_attn_scores = CheckedHookPoint()  # [batch, head_index, query_pos, key_pos]
         self.hook_pattern = CheckedHookPoint()  # [batch, head_index, query_pos, key_pos]
         self.hook_z = CheckedHookPoint()  # [batch, pos, head_index, d_head]
-        self.hook_result = CheckedHookPoint()  # [batch, pos, head_index, d_model]
 
     def reset_parameters(self) -> None:
         """W_Q, W_K, W_V ~ N(0, init_std²), W_O ~ N(0, init_std² / (2 n_layers)); biases 0."""
@@ -163,6 +171,18 @@ class Attention(nn.Module):
         out = einops.einsum(x, W, "batch pos head d_model, head d_model d_head -> batch pos head d_head")
         return out if b is None else out.add_(b)
 
+    @property
+    def kv_heads(self) -> int:
+        """The key/value heads as hook_k, hook_v (and hook_k_input, hook_v_input) carry them: n_kv_heads, or one per
+        query head under the model's set_ungroup_grouped_query_attention(True)."""
+        return self.n_heads if self._runtime.ungroup_grouped_query_attention else self.n_kv_heads
+
+    def _ungrouped(self, t: Tensor, dim: int) -> Tensor:
+        """Key/value heads (or their weights) along `dim`, each repeated for the query heads that read it when
+        ungrouped; unchanged otherwise."""
+        group = self.kv_heads // self.n_kv_heads
+        return t if group == 1 or t is None else t.repeat_interleave(group, dim=dim)
+
     def wants_pattern(self) -> bool:
         """True when a hook asks for the scores or the pattern, or the model's explicit paths are on: then the
         explicit path runs."""
@@ -170,42 +190,46 @@ class Attention(nn.Module):
 
     def forward(
         self, x: Float[Tensor, "batch pos d_model"], cache: KVCacheEntry | None = None,
-        kv_input: Float[Tensor, "batch kv_pos d_model"] | None = None,
+        kv_input: Float[Tensor, "batch kv_pos d_model"] | None = None, padding: Padding | None = None,
     ) -> Float[Tensor, "batch pos d_model"]:
         if kv_input is None:
             q, k, v = self._project_qkv(x)
         else:  # cross-attention: queries from x, keys and values from the encoder's output
             q = self._project(x, self.W_Q, self.b_Q)
             k, v = self._project(kv_input, self.W_K, self.b_K), self._project(kv_input, self.W_V, self.b_V)
-        return self._attend(q, k, v, cache, self.rotates and kv_input is None)
+        k, v = self._ungrouped(k, 2), self._ungrouped(v, 2)
+        return self._attend(q, k, v, cache, self.rotates and kv_input is None, padding)
 
     def forward_per_head(
         self, q_input: Float[Tensor, "batch pos head d_model"], k_input: Float[Tensor, "batch pos kv_head d_model"],
         v_input: Float[Tensor, "batch pos kv_head d_model"], cache: KVCacheEntry | None = None,
+        padding: Padding | None = None,
     ) -> Float[Tensor, "batch pos d_model"]:
         """Self-attention whose every head reads its own copy of the input: q^h = x_q^h W_Q^h + b_Q^h, and
         k^j, v^j likewise from x_k^j, x_v^j for key/value head j. Equal to `forward` when every copy is x."""
         q = self._project_copies(q_input, self.W_Q, self.b_Q)
-        k = self._project_copies(k_input, self.W_K, self.b_K)
-        v = self._project_copies(v_input, self.W_V, self.b_V)
-        return self._attend(q, k, v, cache, self.rotates)
+        k = self._project_copies(k_input, self._ungrouped(self.W_K, 0), self._ungrouped(self.b_K, 0))
+        v = self._project_copies(v_input, self._ungrouped(self.W_V, 0), self._ungrouped(self.b_V, 0))
+        return self._attend(q, k, v, cache, self.rotates, padding)
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, cache: KVCacheEntry | None, rotate: bool
-                ) -> Float[Tensor, "batch pos d_model"]:
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, cache: KVCacheEntry | None, rotate: bool,
+                padding: Padding | None) -> Float[Tensor, "batch pos d_model"]:
         """From q, k, v [batch, pos, head, d_head] to attn_out: rotary, the KV cache, A v, and W_O."""
         offset = 0 if cache is None else cache.length
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
         if rotate:
-            q = self.hook_rot_q(self.rotary(q, offset))
-            k = self.hook_rot_k(self.rotary(k, offset))
+            q = self.hook_rot_q(self.rotary(q, offset, padding))
+            k = self.hook_rot_k(self.rotary(k, offset, padding))
         if cache is not None:
             k, v = cache.append(k, v)
-        if self.wants_pattern():
+        if padding is not None:
+            z = self._padded(q, k, v, offset, padding)
+        elif self.wants_pattern():
             z = self._explicit(q, k, v, offset)
         else:
             z = self._fused(q, k, v, offset)
         z = self.hook_z(z)
-        if self._runtime.use_attn_result or self.hook_result.has_hooks():
+        if self._runtime.use_attn_result:
             result = self.hook_result(
                 einops.einsum(z, self.W_O, "batch pos head d_head, head d_head d_model -> batch pos head d_model"))
             out = result.sum(dim=2)
@@ -249,20 +273,44 @@ class Attention(nn.Module):
         Query head h = j·group + g reads key/value head j (group = n_heads / n_kv_heads), so the query heads are
         laid out as [batch·kv_head, group·q_pos, d_head]: one product per key/value head serves its whole group,
         and the keys and values are read where they are instead of being repeated for every query head. The
-        scores of that product are [batch, head, q_pos, k_pos] as they stand (a view, no copy)."""
+        scores of that product are [batch, head, q_pos, k_pos] as they stand (a view, no copy).
+
+        When no hook changed the scores or the pattern (a hook that only reads them, as run_with_cache's), z is
+        the fused path's: reading an activation never changes a number."""
         batch, q_len, heads, d_head = q.shape
-        kv, k_len = self.n_kv_heads, k.shape[1]
+        kv, k_len = k.shape[2], k.shape[1]
         group = heads // kv
-        q, k, v = (t.transpose(1, 2).reshape(batch * kv, -1, d_head) for t in (q, k, v))
-        scores = self.hook_attn_scores(self._scores(q, k, offset, group).view(batch, heads, q_len, k_len))
-        pattern = self.hook_pattern(scores.softmax(dim=-1))
-        z = torch.bmm(pattern.reshape(batch * kv, group * q_len, k_len), v)  # [batch·kv_head, group·q_pos, d_head]
+        qg, kg, vg = (t.transpose(1, 2).reshape(batch * kv, -1, d_head) for t in (q, k, v))
+        scores = self._scores(qg, kg, offset, group).view(batch, heads, q_len, k_len)
+        read = Reads()
+        pattern = read(self.hook_pattern, read(self.hook_attn_scores, scores).softmax(dim=-1))
+        if read.unchanged:
+            return self._fused(q, k, v, offset)
+        z = torch.bmm(pattern.reshape(batch * kv, group * q_len, k_len), vg)  # [batch·kv_head, group·q_pos, d_head]
         return z.view(batch, heads, q_len, d_head).transpose(1, 2)
+
+    def _padded(self, q: Tensor, k: Tensor, v: Tensor, offset: int, padding: Padding) -> Tensor:
+        """Attention in a padded batch: softmax(q kᵀ / √d_head + M) v with M also hiding padding keys, explicit
+        (firing hook_attn_scores and hook_pattern) or fused; a query that sees no key gets z = 0."""
+        q_len, k_len = q.shape[1], k.shape[1]
+        visible = padding.visible(self._causal_mask(q_len, k_len, offset, q.device))  # [batch, 1, q_pos, k_pos]
+        group = q.shape[2] // k.shape[2]
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [batch, head, pos, d_head]
+        if self.wants_pattern():
+            kr, vr = (k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)) if group > 1 else (k, v)
+            scores = (q @ kr.transpose(-1, -2) / math.sqrt(self.d_head)).masked_fill(~visible, float("-inf"))
+            read = Reads()
+            pattern = read(self.hook_attn_scores, scores).softmax(dim=-1)
+            pattern = read(self.hook_pattern, torch.where(pattern.isnan(), torch.zeros_like(pattern), pattern))
+            if not read.unchanged:
+                return (pattern @ vr).transpose(1, 2)
+        z = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=group > 1)
+        return z.masked_fill(~visible.any(dim=-1, keepdim=True), 0.0).transpose(1, 2)
 
     def _fused(self, q: Tensor, k: Tensor, v: Tensor, offset: int) -> Tensor:
         q_len, k_len = q.shape[1], k.shape[1]
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [batch, head, pos, d_head]
-        gqa = self.n_kv_heads != self.n_heads
+        gqa = k.shape[1] != q.shape[1]
         windowed = k_len > self.window  # the window hides some keys: only an explicit mask says which
         if not self.causal or (q_len == 1 and not windowed):  # no mask, or one new token that sees every key
             z = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)

@@ -29,7 +29,9 @@ from lab.model.embeddings import (POSITIONS, Embed, LearnedPositions, NoAbsolute
                                   SinusoidalPositions, TiedUnembed, Unembed, sinusoidal_table)
 from lab.model.kv_cache import KVCacheEntry
 from lab.model.mlp import ACTIVATIONS, MLP, MLPS, GatedMLP  # noqa: F401
-from lab.model.norms import NORMS, LayerNorm, NoNorm, RMSNorm, wants_norm_internals  # noqa: F401
+from lab.model.norms import (NORMS, LayerNorm, LayerNormPre, NoNorm, RMSNorm, RMSNormPre,  # noqa: F401
+                             wants_norm_internals)
+from lab.model.padding import Padding
 from lab.model.primitives import (CheckedHookPoint, check_replacement, empty_parameter, init_normal_,  # noqa: F401
                                   reset_biases, set_hook_points, zero_parameter)
 
@@ -48,6 +50,10 @@ class _Block(nn.Module):
     # TransformerLens's logit lens asks: hook_resid_post is the one residual stream the next block (or the
     # unembedding) reads, not a stack of streams.
     hook_out_is_single_residual_stream = True
+    # The residual copies TransformerLens's switches make real, before ln1 / ln2: blocks.{l}.hook_q_input, ... as
+    # HookedTransformer names them, each followed by blocks.{l}.attn.hook_q_input, ... as TransformerBridge does.
+    SPLIT_INPUT_HOOKS = ("hook_q_input", "hook_k_input", "hook_v_input")  # [batch, pos, head or kv_head, d_model]
+    SHARED_INPUT_HOOKS = ("hook_attn_in",)  # [batch, pos, head, d_model]
     MLP_INPUT_HOOKS = ("hook_mlp_in",)  # [batch, pos, d_model], made real by use_hook_mlp_in
 
     def __init__(self, cfg: ModelConfig, causal: bool = True):  # causal=False: an encoder block
@@ -64,22 +70,22 @@ class _Block(nn.Module):
         self.hook_resid_post = CheckedHookPoint()  # [batch, pos, d_model]
 
     def attention(self, resid: Float[Tensor, "batch pos d_model"], norm: Callable[[Tensor], Tensor],
-                  cache: KVCacheEntry | None) -> Float[Tensor, "batch pos d_model"]:
+                  cache: KVCacheEntry | None, padding: Padding | None) -> Float[Tensor, "batch pos d_model"]:
         """attn(norm(resid)). Under use_split_qkv_input each query, key and value head reads its own copy of
-        resid (attn.hook_q_input, hook_k_input, hook_v_input), normed on its own; under use_attn_in each
-        query head reads its own copy (attn.hook_attn_in) and key/value head j reads copy j, as
-        TransformerLens's TransformerBridge does. Unedited copies give the same attention to float round-off."""
+        resid (hook_q_input, hook_k_input, hook_v_input, then attn.hook_q_input, ...), normed on its own; under
+        use_attn_in each query head reads its own copy (hook_attn_in, then attn.hook_attn_in) and key/value head j
+        reads copy j. Unedited copies give the same attention to float round-off."""
         runtime, attn = self._runtime, self.attn
         if not (runtime.use_split_qkv_input or runtime.use_attn_in):
-            return attn(norm(resid), cache)
+            return attn(norm(resid), cache, padding=padding)
         if runtime.use_split_qkv_input:
-            q_input = norm(attn.hook_q_input(head_copies(resid, attn.n_heads)))
-            k_input = norm(attn.hook_k_input(head_copies(resid, attn.n_kv_heads)))
-            v_input = norm(attn.hook_v_input(head_copies(resid, attn.n_kv_heads)))
+            q_input = norm(attn.hook_q_input(self.hook_q_input(head_copies(resid, attn.n_heads))))
+            k_input = norm(attn.hook_k_input(self.hook_k_input(head_copies(resid, attn.kv_heads))))
+            v_input = norm(attn.hook_v_input(self.hook_v_input(head_copies(resid, attn.kv_heads))))
         else:
-            q_input = norm(attn.hook_attn_in(head_copies(resid, attn.n_heads)))
-            k_input = v_input = q_input[:, :, : attn.n_kv_heads]
-        return attn.forward_per_head(q_input, k_input, v_input, cache)
+            q_input = norm(attn.hook_attn_in(self.hook_attn_in(head_copies(resid, attn.n_heads))))
+            k_input = v_input = q_input[:, :, : attn.kv_heads]
+        return attn.forward_per_head(q_input, k_input, v_input, cache, padding)
 
     def mlp_input(self, resid_mid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         """The MLP branch's input (resid_mid; resid_pre in a parallel block), through its own copy (hook_mlp_in)
@@ -90,9 +96,10 @@ class _Block(nn.Module):
 class PreLNBlock(_Block):
     """Pre-LN (GPT-2, LLaMA):  x ← x + attn(LN₁(x));  x ← x + mlp(LN₂(x))."""
 
-    def forward(self, x: Float[Tensor, "batch pos d_model"], cache: KVCacheEntry | None = None) -> Float[Tensor, "batch pos d_model"]:
+    def forward(self, x: Float[Tensor, "batch pos d_model"], cache: KVCacheEntry | None = None,
+                padding: Padding | None = None) -> Float[Tensor, "batch pos d_model"]:
         resid_pre = self.hook_resid_pre(x)
-        attn_out = self.hook_attn_out(self.attention(resid_pre, self.ln1, cache))
+        attn_out = self.hook_attn_out(self.attention(resid_pre, self.ln1, cache, padding))
         resid_mid = self.hook_resid_mid(resid_pre + attn_out)
         mlp_out = self.hook_mlp_out(self.mlp(self.ln2(self.mlp_input(resid_mid))))
         return self.hook_resid_post(resid_mid + mlp_out)
@@ -101,12 +108,28 @@ class PreLNBlock(_Block):
 class PostLNBlock(_Block):
     """Post-LN (Vaswani et al. 2017, "Add & Norm"):  x ← LN₁(x + attn(x));  x ← LN₂(x + mlp(x))."""
 
-    def forward(self, x: Float[Tensor, "batch pos d_model"], cache: KVCacheEntry | None = None) -> Float[Tensor, "batch pos d_model"]:
+    def forward(self, x: Float[Tensor, "batch pos d_model"], cache: KVCacheEntry | None = None,
+                padding: Padding | None = None) -> Float[Tensor, "batch pos d_model"]:
         resid_pre = self.hook_resid_pre(x)
-        attn_out = self.hook_attn_out(self.attention(resid_pre, unchanged, cache))
+        attn_out = self.hook_attn_out(self.attention(resid_pre, unchanged, cache, padding))
         resid_mid = self.hook_resid_mid(self.ln1(resid_pre + attn_out))
         mlp_out = self.hook_mlp_out(self.mlp(self.mlp_input(resid_mid)))
         return self.hook_resid_post(self.ln2(resid_mid + mlp_out))
+
+
+class AttnOnlyBlock(_Block):
+    """Attention only (TransformerLens's attn_only models):  x ← x + attn(LN₁(x)). No MLP, no resid_mid."""
+
+    def __init__(self, cfg: ModelConfig, causal: bool = True):
+        super().__init__(cfg, causal)
+        # a hook point exists only where its activation does
+        del self.ln2, self.mlp, self.hook_resid_mid, self.hook_mlp_out
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"], cache: KVCacheEntry | None = None,
+                padding: Padding | None = None) -> Float[Tensor, "batch pos d_model"]:
+        resid_pre = self.hook_resid_pre(x)
+        attn_out = self.hook_attn_out(self.attention(resid_pre, self.ln1, cache, padding))
+        return self.hook_resid_post(resid_pre + attn_out)
 
 
 class ParallelBlock(_Block):
@@ -119,12 +142,14 @@ class ParallelBlock(_Block):
         super().__init__(cfg, causal)
         del self.hook_resid_mid  # a hook point exists only where its activation does
 
-    def forward(self, x: Float[Tensor, "batch pos d_model"], cache: KVCacheEntry | None = None) -> Float[Tensor, "batch pos d_model"]:
+    def forward(self, x: Float[Tensor, "batch pos d_model"], cache: KVCacheEntry | None = None,
+                padding: Padding | None = None) -> Float[Tensor, "batch pos d_model"]:
         resid_pre = self.hook_resid_pre(x)
-        attn_out = self.hook_attn_out(self.attention(resid_pre, self.ln1, cache))
+        attn_out = self.hook_attn_out(self.attention(resid_pre, self.ln1, cache, padding))
         mlp_out = self.hook_mlp_out(self.mlp(self.ln2(self.mlp_input(resid_pre))))
         return self.hook_resid_post(resid_pre + attn_out + mlp_out)
 
 
 
-BLOCKS: dict[str, type[nn.Module]] = {"pre_ln": PreLNBlock, "post_ln": PostLNBlock, "parallel": ParallelBlock}
+BLOCKS: dict[str, type[nn.Module]] = {"pre_ln": PreLNBlock, "post_ln": PostLNBlock, "parallel": ParallelBlock,
+                                      "attn_only": AttnOnlyBlock}

@@ -36,10 +36,11 @@ class ModelConfig(Record, TransformerLensNames):
     positions: Literal["learned", "sinusoidal", "rotary", "none"] = "learned"
     rotary_dim: int = 0  # 0: d_head (rotate every dimension of each head)
     rotary_base: float = 10000.0
-    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    norm: Literal["layernorm", "rmsnorm", "layernorm_pre", "rmsnorm_pre"] = "layernorm"  # *_pre: no gain or bias
     norm_eps: float = 1e-5
     mlp: Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu"] = "gelu"
-    block: Literal["pre_ln", "post_ln", "parallel"] = "pre_ln"  # parallel: x + attn(LN₁(x)) + mlp(LN₂(x)) (GPT-NeoX)
+    # parallel: x + attn(LN₁(x)) + mlp(LN₂(x)) (GPT-NeoX); attn_only: x + attn(LN₁(x)), no MLP
+    block: Literal["pre_ln", "post_ln", "parallel", "attn_only"] = "pre_ln"
     tied_embeddings: bool = False
     bias: bool = True  # biases on Q, K, V, O and the MLP's linear maps
     qkv_bias: bool = False  # biases on Q, K and V only, in a model whose `bias` is false (Qwen2)
@@ -68,7 +69,7 @@ class ModelConfig(Record, TransformerLensNames):
             object.__setattr__(self, "rotary_dim", self.d_head)
         need(self, self.n_heads % self.n_kv_heads == 0,
              f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
-        need(self, self.rotary_dim % 2 == 0 and self.rotary_dim <= self.d_head,
+        need(self, self.positions != "rotary" or (self.rotary_dim % 2 == 0 and self.rotary_dim <= self.d_head),
              f"rotary_dim must be even and at most d_head ({self.d_head}), got {self.rotary_dim}")
         need(self, self.rotary_base > 0, f"rotary_base must be positive, got {self.rotary_base}")
         need(self, self.positions != "sinusoidal" or self.d_model % 2 == 0,
@@ -109,7 +110,8 @@ class ModelConfig(Record, TransformerLensNames):
     def n_params(self) -> int:
         """Exact parameter count of `HookedTransformer(self)` (buffers excluded)."""
         d = self.d_model
-        block = self.attention_params() + self.mlp_params() + 2 * self.norm_params()
+        block = self.attention_params() + (self.norm_params() if self.block == "attn_only" else
+                                           self.mlp_params() + 2 * self.norm_params())
         total = self.n_layers * block + self.d_vocab * d + self.d_vocab  # W_E, b_U
         total += 0 if self.tied_embeddings else d * self.d_vocab  # W_U
         total += self.norm_params() if self.block != "post_ln" else 0  # ln_final (a post-LN block ends in its own)
@@ -140,5 +142,20 @@ class ModelConfig(Record, TransformerLensNames):
         return (3 if self.mlp == "swiglu" else 2) * d * m + ((m + d) if self.bias else 0)
 
     def norm_params(self) -> int:
-        """The gain (and LayerNorm's bias) of one norm."""
-        return 2 * self.d_model if self.norm == "layernorm" else self.d_model
+        """The gain (and LayerNorm's bias) of one norm; none once weight processing has folded them."""
+        return {"layernorm": 2 * self.d_model, "rmsnorm": self.d_model}.get(self.norm, 0)
+
+
+_frozen_setattr = ModelConfig.__setattr__
+
+
+def _setattr(config: ModelConfig, name: str, value: Any) -> None:
+    """A ModelConfig is frozen, except the run-time defaults TransformerLens lets a user assign through the config
+    (`model.cfg.default_prepend_bos = False`), which are its model's RuntimeSettings."""
+    if name in RuntimeSettings.ASSIGNABLE:
+        config._runtime.assign(name, value)
+    else:
+        _frozen_setattr(config, name, value)
+
+
+ModelConfig.__setattr__ = _setattr  # type: ignore[method-assign]  # after @dataclass, which writes its own

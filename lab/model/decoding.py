@@ -89,7 +89,7 @@ def filter_logits(logits: Float[Tensor, "... d_vocab"], top_k: int | None = None
 
 
 def sample_next(logits: Float[Tensor, "batch d_vocab"], temperature: float = 1.0, top_k: int | None = None,
-                top_p: float | None = None, generator: torch.Generator | None = None) -> Int[Tensor, "batch"]:
+                top_p: float | None = None, generator: torch.Generator | None = None) -> Int[Tensor, " batch"]:
     """One token per row from softmax(filtered logits / T); T = 0 takes the argmax.
 
     The logits are shifted by their maximum before dividing by T, in float64: softmax does not change, and

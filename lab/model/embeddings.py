@@ -6,10 +6,10 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor, nn
-from transformer_lens.hook_points import HookPoint
-
 from lab.model.config import ModelConfig
-from lab.model.primitives import Derived, empty_parameter, init_normal_, linear, reset_biases, zero_parameter
+from lab.model.padding import Padding, offset_positions
+from lab.model.primitives import (CheckedHookPoint, Derived, empty_parameter, init_normal_, linear, reset_biases,
+                                  zero_parameter)
 
 
 class Embed(nn.Module):
@@ -31,23 +31,37 @@ class Embed(nn.Module):
         return F.embedding(tokens, self.W_E)
 
 
-class LearnedPositions(nn.Module):
-    """Learned absolute positions: x_t = e_t + W_pos[t], W_pos ∈ R^{n_ctx × d_model}."""
+def positions_table(W_pos: Tensor, tokens: Tensor, offset: int, attention_mask: Tensor | None,
+                    padding: Padding | None) -> Float[Tensor, "batch pos d_model"]:
+    """W_pos at each token's position: offset, offset + 1, ... (every row alike); in a padded batch each token's
+    own position within its text, and 0 at padding (TransformerLens's PosEmbed). `attention_mask` is
+    TransformerLens's [batch, offset + pos] mask of the cached and the new tokens; the model passes `padding`."""
+    if padding is None and attention_mask is not None:
+        keys = attention_mask.bool()
+        padding = Padding(keys, offset_positions(keys, offset), offset)
+    batch, length = tokens.shape[0], tokens.shape[-1]
+    if padding is None:
+        return W_pos[offset : offset + length].expand(batch, length, W_pos.shape[-1])
+    return W_pos[padding.positions].masked_fill(~padding.new[..., None], 0.0)
 
-    def __init__(self, cfg: ModelConfig, hook: HookPoint):
+
+class LearnedPositions(nn.Module):
+    """Learned absolute positions: x_t = e_t + W_pos[t], W_pos ∈ R^{n_ctx × d_model}. Called as TransformerLens's
+    PosEmbed, `pos_embed(tokens, offset, attention_mask)`, it gives the position embedding added to e."""
+
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.init_std = cfg.init_std
         self.W_pos = empty_parameter(cfg.n_ctx, cfg.d_model)
         self.reset_parameters()
-        self._hook = (hook,)  # the model's `hook_pos_embed`, held outside this module's tree
 
     def reset_parameters(self) -> None:
         """W_pos ~ N(0, init_std²)."""
         init_normal_(self.W_pos, self.init_std)
 
-    def forward(self, embed: Float[Tensor, "batch pos d_model"], offset: int) -> Float[Tensor, "batch pos d_model"]:
-        pos = self.W_pos[offset : offset + embed.shape[1]]
-        return embed + self._hook[0](pos.expand_as(embed))
+    def forward(self, tokens: Int[Tensor, "batch pos"], offset: int = 0, attention_mask: Tensor | None = None,
+                padding: Padding | None = None) -> Float[Tensor, "batch pos d_model"]:
+        return positions_table(self.W_pos, tokens, offset, attention_mask, padding)
 
 
 def sinusoidal_table(n_ctx: int, d_model: int, base: float = 10000.0) -> Float[Tensor, "n_ctx d_model"]:
@@ -63,25 +77,24 @@ def sinusoidal_table(n_ctx: int, d_model: int, base: float = 10000.0) -> Float[T
 class SinusoidalPositions(nn.Module):
     """Fixed sinusoidal positions (Vaswani et al. 2017, §3.5): x_t = e_t + PE[t]."""
 
-    def __init__(self, cfg: ModelConfig, hook: HookPoint):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.register_buffer("W_pos", sinusoidal_table(cfg.n_ctx, cfg.d_model), persistent=False)
-        self._hook = (hook,)  # the model's `hook_pos_embed`, held outside this module's tree
 
-    def forward(self, embed: Float[Tensor, "batch pos d_model"], offset: int) -> Float[Tensor, "batch pos d_model"]:
-        pos = self.W_pos[offset : offset + embed.shape[1]]
-        return embed + self._hook[0](pos.expand_as(embed))
+    def forward(self, tokens: Int[Tensor, "batch pos"], offset: int = 0, attention_mask: Tensor | None = None,
+                padding: Padding | None = None) -> Float[Tensor, "batch pos d_model"]:
+        return positions_table(self.W_pos, tokens, offset, attention_mask, padding)
 
 
 class NoAbsolutePositions(nn.Module):
-    """No absolute position added to the residual stream (rotary models, or no positions at all)."""
+    """No absolute position added to the residual stream (rotary models, or no positions at all): None."""
 
-    def __init__(self, cfg: ModelConfig, hook: HookPoint | None = None):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
 
-    def forward(self, embed: Float[Tensor, "batch pos d_model"], offset: int) -> Float[Tensor, "batch pos d_model"]:
-        return embed
-
+    def forward(self, tokens: Int[Tensor, "batch pos"], offset: int = 0, attention_mask: Tensor | None = None,
+                padding: Padding | None = None) -> None:
+        return None
 
 
 def is_zero(tensor: Tensor) -> bool:
@@ -98,7 +111,8 @@ def bias_to_add(unembed: nn.Module) -> Tensor | None:
 
 
 class Unembed(nn.Module):
-    """logits = x W_U + b_U, W_U ∈ R^{d_model × d_vocab}."""
+    """logits = x W_U + b_U, W_U ∈ R^{d_model × d_vocab}. hook_in is x (the final-normed residual stream), hook_out
+    the logits, as in TransformerLens."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -107,6 +121,8 @@ class Unembed(nn.Module):
         self.b_U = zero_parameter((cfg.d_vocab,))
         self.b_U_is_zero = Derived(is_zero)
         self.reset_parameters()
+        self.hook_in = CheckedHookPoint()  # [batch, pos, d_model]
+        self.hook_out = CheckedHookPoint()  # [batch, pos, d_vocab]
 
     def reset_parameters(self) -> None:
         """W_U ~ N(0, init_std²), b_U = 0."""
@@ -114,7 +130,7 @@ class Unembed(nn.Module):
         reset_biases(self.b_U)
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_vocab"]:
-        return linear(x, self.W_U, bias_to_add(self))
+        return self.hook_out(linear(self.hook_in(x), self.W_U, bias_to_add(self)))
 
 
 class TiedUnembed(nn.Module):
@@ -128,6 +144,8 @@ class TiedUnembed(nn.Module):
         self._embed = (embed,)
         self.b_U = zero_parameter((cfg.d_vocab,))
         self.b_U_is_zero = Derived(is_zero)
+        self.hook_in = CheckedHookPoint()  # [batch, pos, d_model]
+        self.hook_out = CheckedHookPoint()  # [batch, pos, d_vocab]
 
     def reset_parameters(self) -> None:
         """b_U = 0 (W_E is the embedding's, reset there)."""
@@ -138,7 +156,7 @@ class TiedUnembed(nn.Module):
         return self._embed[0].W_E.T
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_vocab"]:
-        return linear(x, self._embed[0].W_E.T, bias_to_add(self))
+        return self.hook_out(linear(self.hook_in(x), self._embed[0].W_E.T, bias_to_add(self)))
 
 
 POSITIONS: dict[str, type[nn.Module]] = {

@@ -14,16 +14,16 @@ and decoder.norm), so its weights map one to one (`from_torch`); in a post-LN st
 re-normalises an already normalised stream.
 
 Hook names (TransformerLens style): hook_src_embed, hook_src_pos_embed, encoder.{l}.hook_resid_pre|mid|post,
-encoder.{l}.ln1|ln2.hook_scale|hook_normalized, encoder.{l}.attn.hook_q|k|v|attn_scores|pattern|z|result,
+encoder.{l}.ln1|ln2.hook_scale|hook_normalized, encoder.{l}.attn.hook_q|k|v|attn_scores|pattern|z,
 encoder.{l}.hook_attn_out, encoder.{l}.mlp.hook_pre|hook_post, encoder.{l}.hook_mlp_out,
 encoder_ln_final.hook_scale|hook_normalized, hook_encoder_out; hook_tgt_embed, hook_tgt_pos_embed,
 decoder.{l}.hook_resid_pre|mid|mid_cross|post, decoder.{l}.attn.*, decoder.{l}.cross_attn.*,
 decoder.{l}.ln1|ln_cross|ln2.*, decoder.{l}.hook_attn_out|hook_cross_attn_out|hook_mlp_out,
-decoder.{l}.mlp.*, decoder_ln_final.*, hook_logits.
+decoder.{l}.mlp.*, decoder_ln_final.*, unembed.hook_in|hook_out (the logits).
 """
 
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -186,15 +186,14 @@ class EncoderDecoder(HookedRootModule):
             if cfg.positions != "none":  # positions added to the residual stream
                 self.hook_src_pos_embed = CheckedHookPoint()  # [batch, src_pos, d_model]
                 self.hook_tgt_pos_embed = CheckedHookPoint()  # [batch, pos, d_model]
-            self.src_pos_embed = POSITIONS[cfg.positions](enc, getattr(self, "hook_src_pos_embed", None))
-            self.tgt_pos_embed = POSITIONS[cfg.positions](dec, getattr(self, "hook_tgt_pos_embed", None))
+            self.src_pos_embed = POSITIONS[cfg.positions](enc)
+            self.tgt_pos_embed = POSITIONS[cfg.positions](dec)
             self.encoder = nn.ModuleList([BLOCKS[cfg.block](enc, causal=False) for _ in range(cfg.n_encoder_layers)])
             self.encoder_ln_final = NORMS[cfg.norm](enc)
             self.hook_encoder_out = CheckedHookPoint()  # [batch, src_pos, d_model]: what every cross-attention reads
             self.decoder = nn.ModuleList([DECODER_BLOCKS[cfg.block](dec) for _ in range(cfg.n_decoder_layers)])
             self.decoder_ln_final = NORMS[cfg.norm](dec)
-            self.unembed = Unembed(dec)
-        self.hook_logits = CheckedHookPoint()  # [batch, pos, d_vocab_tgt]
+            self.unembed = Unembed(dec)  # unembed.hook_in, unembed.hook_out (the logits)
         self.setup()  # HookedRootModule: name every HookPoint
 
     # --- the forward pass ----------------------------------------------------------------------
@@ -206,7 +205,9 @@ class EncoderDecoder(HookedRootModule):
     def encode(self, src: Int[Tensor, "batch src_pos"]) -> Float[Tensor, "batch src_pos d_model"]:
         """m = LN_enc(encoder(W_E^src[src] + PE)): computed once per source, read by every cross-attention."""
         src = self._check(src, self.cfg.d_vocab_src, "source")
-        x = self.src_pos_embed(self.hook_src_embed(self.src_embed(src)), 0)
+        x = self.hook_src_embed(self.src_embed(src))
+        if self.cfg.positions != "none":
+            x = x + self.hook_src_pos_embed(self.src_pos_embed(src, 0))
         for block in self.encoder:
             x = block(x)
         return self.hook_encoder_out(self.encoder_ln_final(x))
@@ -229,10 +230,12 @@ class EncoderDecoder(HookedRootModule):
 
     def _decode(self, tgt: Int[Tensor, "batch pos"], encoder_out: Float[Tensor, "batch src_pos d_model"],
                 kv_cache: KVCache | None, offset: int) -> Float[Tensor, "batch pos d_vocab_tgt"]:
-        x = self.tgt_pos_embed(self.hook_tgt_embed(self.tgt_embed(tgt)), offset)
+        x = self.hook_tgt_embed(self.tgt_embed(tgt))
+        if self.cfg.positions != "none":
+            x = x + self.hook_tgt_pos_embed(self.tgt_pos_embed(tgt, offset))
         for layer, block in enumerate(self.decoder):
             x = block(x, encoder_out, None if kv_cache is None else kv_cache.entries[layer])
-        return self.hook_logits(self.unembed(self.decoder_ln_final(x)))
+        return self.unembed(self.decoder_ln_final(x))
 
     def loss(self, src: Int[Tensor, "batch src_pos"], tgt: Int[Tensor, "batch pos"]) -> Float[Tensor, ""]:
         """Mean next-token cross-entropy of the target in nats under teacher forcing."""

@@ -68,9 +68,11 @@ class KVCacheEntry:
 
 @dataclass
 class KVCache:
-    """A KVCacheEntry per layer; `length` is the number of positions already processed."""
+    """A KVCacheEntry per layer; `length` is the number of positions already processed. `mask` [batch, length]
+    marks which cached positions are real tokens once a padded batch has been through (None: all of them)."""
 
     entries: list[KVCacheEntry] = field(default_factory=list)
+    mask: torch.Tensor | None = None
 
     @classmethod
     def empty(cls, n_layers: int, capacity: int = 0) -> "KVCache":
@@ -101,3 +103,61 @@ class KVCache:
         that the cache never holds keys for some layers and not others."""
         for entry in self.entries:
             entry.truncate(length)
+        if self.mask is not None:
+            self.mask = self.mask[:, : max(length, 0)] if length > 0 else None
+
+
+class TransformerLensCache:
+    """TransformerLens's own KV cache (`transformer_lens.cache.TransformerLensKeyValueCache`, what its forward takes
+    as past_kv_cache) seen as a KVCache, so that code written for TransformerLens can hand it to Forma's model: the
+    keys, values and attention mask go into that object, as TransformerLens's forward puts them, and a frozen cache
+    is read but not extended. (Forma stores keys after rotary, TransformerLens before: a cache filled by one model
+    is for that model.)"""
+
+    def __init__(self, cache: object):
+        self.cache = cache
+        self.entries = [_TransformerLensEntry(entry) for entry in cache.entries]  # type: ignore[attr-defined]
+
+    @property
+    def length(self) -> int:
+        return self.entries[0].length if self.entries else 0
+
+    @property
+    def mask(self) -> torch.Tensor | None:
+        previous = self.cache.previous_attention_mask  # type: ignore[attr-defined]
+        return previous.bool() if previous.shape[-1] else None
+
+    @mask.setter
+    def mask(self, keys: torch.Tensor) -> None:
+        if not self.cache.frozen:  # type: ignore[attr-defined]
+            previous = self.cache.previous_attention_mask  # type: ignore[attr-defined]
+            self.cache.previous_attention_mask = keys.to(  # type: ignore[attr-defined]
+                device=previous.device, dtype=previous.dtype)
+
+    def check(self, n_layers: int, batch: int) -> int:
+        if len(self.entries) != n_layers:
+            raise ValueError(f"the KV cache has {len(self.entries)} layers, the model {n_layers}")
+        if {entry.entry.past_keys.shape[0] for entry in self.entries} != {batch}:
+            raise ValueError(f"the KV cache holds another batch than these tokens' {batch}")
+        return self.length
+
+    def truncate(self, length: int) -> None:
+        for entry in self.entries:
+            entry.truncate(length)
+
+
+class _TransformerLensEntry:
+    def __init__(self, entry: object):
+        self.entry = entry
+
+    @property
+    def length(self) -> int:
+        return self.entry.past_keys.shape[1]  # type: ignore[attr-defined]
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.entry.append(k, v)  # type: ignore[attr-defined]
+
+    def truncate(self, length: int) -> None:
+        if not self.entry.frozen:  # type: ignore[attr-defined]
+            self.entry.past_keys = self.entry.past_keys[:, :length]  # type: ignore[attr-defined]
+            self.entry.past_values = self.entry.past_values[:, :length]  # type: ignore[attr-defined]

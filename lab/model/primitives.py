@@ -13,7 +13,8 @@ from transformer_lens.hook_points import HookPoint
 
 class CheckedHookPoint(HookPoint):
     """TransformerLens's HookPoint, whose hooks may return only a stand-in for the activation: a tensor of
-    its shape, dtype and device, or None (keep it). Anything else is a ValueError naming the hook.
+    its shape, dtype and device, or None (keep it); a backward hook may also return it as a 1-tuple (grad,).
+    Anything else is a ValueError naming the hook.
 
     Every way of attaching a hook — run_with_hooks, `with model.hooks(...)`, run_with_cache, add_hook —
     ends in `HookPoint.add_hook`, so the check lives here once. It wraps the hook function; a hook point
@@ -28,7 +29,9 @@ class CheckedHookPoint(HookPoint):
 
         def checked(tensor: Tensor, *, hook: Any) -> Any:  # TransformerLens passes the hook point as `hook=`
             result = user_hook(tensor, hook=hook)
-            if result is not None:
+            if dir == "bwd" and isinstance(result, tuple) and len(result) == 1:  # (grad,), as torch's own hooks return
+                check_replacement(result[0], tensor, hook.name, what)
+            elif result is not None:
                 check_replacement(result, tensor, hook.name, what)
             return result
 
@@ -52,6 +55,31 @@ def check_replacement(result: Any, tensor: Any, name: str | None, what: str = "a
     if result.dtype != tensor.dtype or result.device != tensor.device:
         raise ValueError(f"the hook on {name} returned a {result.dtype} tensor on {result.device} for the "
                          f"{tensor.dtype} {what} on {tensor.device}: a replacement must keep the dtype and device")
+
+
+class Reads:
+    """Whether the hooks on an explicit path only read its activations: each hook point returns the very tensor it
+    was given, unwritten. Then the path's fused kernel gives the result, so that a hook (or a cache) that only
+    reads leaves every number exactly as it is without one. (An inference tensor counts no writes: its hook
+    point is given a copy, compared with the original after.)
+
+        read = Reads()
+        pattern = read(hook_pattern, read(hook_attn_scores, scores).softmax(-1))
+        z = fused(...) if read.unchanged else pattern @ v"""
+
+    def __init__(self) -> None:
+        self.unchanged = True
+
+    def __call__(self, hook_point: nn.Module, tensor: Tensor) -> Tensor:
+        if tensor.is_inference():  # its writes are not counted: the hook gets a copy, compared after
+            given = tensor.clone()
+            output = hook_point(given)
+            self.unchanged = self.unchanged and output is given and torch.equal(given, tensor)
+            return output
+        version = tensor._version
+        output = hook_point(tensor)
+        self.unchanged = self.unchanged and output is tensor and output._version == version
+        return output
 
 
 def empty_parameter(*shape: int) -> nn.Parameter:

@@ -20,16 +20,27 @@ class RuntimeSettings:
     One object per model, shared by its config copy (`model.cfg.use_attn_result`, ... read it) and its
     components (which read it in `forward`). It changes only through the model's setters
     (`set_use_attn_result`, `set_use_split_qkv_input`, `set_use_attn_in`, `set_use_hook_mlp_in`,
-    `set_explicit_paths`), because a switch also adds or removes the hook points it makes real. None of it
-    is saved: a checkpoint holds the architecture and the weights.
+    `set_ungroup_grouped_query_attention`, `set_explicit_paths`), because a switch also adds or removes the hook
+    points it makes real. None of it is saved: a checkpoint holds the architecture and the weights.
     """
 
     use_attn_result: bool = False  # attn.hook_result [batch, pos, head, d_model] on every forward, cached by default
     use_split_qkv_input: bool = False  # attn.hook_q_input / hook_k_input / hook_v_input: one residual copy per head
     use_attn_in: bool = False  # attn.hook_attn_in: one residual copy per head, shared by q, k and v
     use_hook_mlp_in: bool = False  # blocks.{l}.hook_mlp_in: the MLP branch's input
+    use_hook_tokens: bool = False  # hook_tokens [batch, pos]: the token ids, before the embedding
+    ungroup_grouped_query_attention: bool = False  # hook_k, hook_v and their inputs: a K/V head per query head
     explicit_paths: bool = False  # explicit attention and norms on every forward, hooked or not
+    default_prepend_bos: bool = False  # text gets the tokenizer's BOS first unless prepend_bos says otherwise
     weights: tuple = ()  # (the model's Embed,) once a model owns this: where `device` and `dtype` are read
+
+    # What a user may assign through the config, as in TransformerLens (no hook point depends on it).
+    ASSIGNABLE = ("default_prepend_bos",)
+
+    def assign(self, name: str, value: object) -> None:
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be True or False, got {value!r}")
+        setattr(self, name, value)
 
     @property
     def device(self) -> torch.device:
@@ -62,7 +73,7 @@ class TransformerLensNames:
     # --- the names TransformerLens's ActivationCache reads --------------------------------------
     @property
     def normalization_type(self) -> str | None:
-        return {"layernorm": "LN", "rmsnorm": "RMS"}[self.norm]
+        return {"layernorm": "LN", "rmsnorm": "RMS", "layernorm_pre": "LNPre", "rmsnorm_pre": "RMSPre"}[self.norm]
 
     @property
     def act_fn(self) -> str:
@@ -87,19 +98,22 @@ class TransformerLensNames:
 
     @property
     def attn_only(self) -> bool:
-        return False
+        return self.block == "attn_only"
 
     @property
     def final_rms(self) -> bool:
-        return self.norm == "rmsnorm"
+        return self.norm in ("rmsnorm", "rmsnorm_pre")
 
     @property
     def default_prepend_bos(self) -> bool:
-        return False
+        """Whether text gets a BOS first by default: the owning model's setting (False for a config on its own,
+        and for Forma's own models; True for a Hugging Face model whose tokenizer has a BOS, as TransformerLens
+        sets it). Assignable: `model.cfg.default_prepend_bos = False`."""
+        return self._runtime.default_prepend_bos
 
     @property
     def uses_rms_norm(self) -> bool:
-        return self.norm == "rmsnorm"
+        return self.final_rms
 
     @property
     def eps(self) -> float:
@@ -139,3 +153,11 @@ class TransformerLensNames:
     @property
     def use_hook_mlp_in(self) -> bool:
         return self._runtime.use_hook_mlp_in
+
+    @property
+    def use_hook_tokens(self) -> bool:
+        return self._runtime.use_hook_tokens
+
+    @property
+    def ungroup_grouped_query_attention(self) -> bool:
+        return self._runtime.ungroup_grouped_query_attention

@@ -83,7 +83,7 @@ class TLWeights:
         return FactoredMatrix(self._per_query_head(self.W_V), self.W_O)
 
     def accumulated_bias(self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True
-                         ) -> Float[Tensor, "d_model"]:
+                         ) -> Float[Tensor, " d_model"]:
         """Σ of the biases written into the residual stream before `layer`: b_O of every attention and (with
         include_mlp_biases) b_out of every MLP in blocks 0 … layer − 1, plus block `layer`'s b_O when
         mlp_input (the stream entering its MLP; a parallel block's MLP reads the block's input, before its
@@ -93,6 +93,7 @@ class TLWeights:
             raise ValueError(f"layer must lie in [0, {n_layers}] ([0, {n_layers - 1}] with mlp_input), got {layer}")
         total = torch.zeros(self.cfg.d_model, device=self.W_E.device, dtype=self.W_E.dtype)
         after_attention = mlp_input and self.cfg.block != "parallel"
+        include_mlp_biases = include_mlp_biases and self.cfg.block != "attn_only"
         for index in range(layer + after_attention):  # read_weight: a block's biases may be offloaded
             b_O = read_weight(self, f"blocks.{index}.attn.b_O")
             b_out = read_weight(self, f"blocks.{index}.mlp.b_out") if include_mlp_biases and index < layer else None

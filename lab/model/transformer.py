@@ -9,16 +9,20 @@ It subclasses TransformerLens's HookedRootModule, so `run_with_hooks`, `hooks()`
 `run_with_cache` (returning a `transformer_lens.ActivationCache`) work as they do in TransformerLens,
 and the cache's methods (accumulated_resid, decompose_resid, logit_attrs, ...) read our model. It also
 takes TransformerLens's call conventions (`forward(input, return_type, stop_at_layer=, start_at_layer=,
-...)`, `to_tokens(prepend_bos=)`) and switches (`set_use_attn_result`, `set_use_split_qkv_input`,
-`set_use_attn_in`, `set_use_hook_mlp_in`), and answers what TransformerLens's analysis code reads
-(`accumulated_bias`, `OV`, `QK`, `tl_parameters`), so that code runs on it unchanged.
+attention_mask=, ...)`, text with `prepend_bos` and `padding_side`, `generate`) and switches
+(`set_use_attn_result`, `set_use_split_qkv_input`, `set_use_attn_in`, `set_use_hook_mlp_in`), processes its
+weights as TransformerLens does (`process_weights_`, `from_pretrained`), and answers what TransformerLens's
+analysis code reads (`accumulated_bias`, `OV`, `QK`, `tl_parameters`), so that code runs on it unchanged.
 
 This module holds the forward pass, the hooks and the switches; the weights under TransformerLens's names are
-`lab.model.tl_weights`, text in and out `lab.model.text`, the cache's selection `lab.model.activation_cache`,
-the loss `lab.model.loss` and the memory check `lab.model.memory` (all importable from here as before).
+`lab.model.tl_weights`, text in and out `lab.model.text`, padded batches `lab.model.padding`, the checks at the
+boundary `lab.model.inputs`, TransformerLens's generate `lab.model.generation`, weight processing
+`lab.model.processing`, the cache's selection `lab.model.activation_cache`, the loss `lab.model.loss` and the
+memory check `lab.model.memory`.
 """
 
 import difflib
+import re
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,36 +36,50 @@ from transformer_lens import ActivationCache, HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from lab.folders import load_pretrained
-from lab.model.activation_cache import (Cache, cached_by_default, default_names_filter,  # noqa: F401
-                                        resolve_names_filter)
+from lab.model.activation_cache import Cache, resolve_names_filter
 from lab.model.checkpoint import (CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, load_weights, read_checkpoint,  # noqa: F401
                                   read_tokenizer, read_tokenizers, write_checkpoint)
 from lab.model.components import (BLOCKS, NORMS, POSITIONS, Attention, CheckedHookPoint, Embed, NoNorm, TiedUnembed,
                                   Unembed, set_hook_points)
 from lab.model.config import ModelConfig
-from lab.model.decoding import generate
-from lab.model.kv_cache import KVCache
+from lab.model.errors import HookSwitchedOff, Misuse
+from lab.model.generation import generate
+from lab.model.inputs import InputChecks
+from lab.model.kv_cache import KVCache, TransformerLensCache
 from lab.model.loss import next_token_loss, per_token_loss
 from lab.model.memory import available_memory, check_fits_in_memory  # noqa: F401
-from lab.model.text import TextMethods, is_text
+from lab.model.padding import padding_of
+from lab.model.processing import process_weights
+from lab.model.text import TextMethods
 from lab.model.tl_weights import TLWeights
 
 HookFn = Callable[[Tensor, HookPoint], Tensor | None]
 RETURN_TYPES = ("logits", "loss", "both", None)
 ALL, LAST = slice(None), slice(-1, None)  # the positions the final norm and the unembedding run at
+# The hook points a switch makes real (blocks.{l}.<name>): (its flag, its setter).
+SWITCHED = {"attn.hook_result": ("use_attn_result", "set_use_attn_result"),
+            **{f"{where}hook_{x}_input": ("use_split_qkv_input", "set_use_split_qkv_input")
+               for x in "qkv" for where in ("", "attn.")},
+            **{f"{where}hook_attn_in": ("use_attn_in", "set_use_attn_in") for where in ("", "attn.")},
+            "hook_mlp_in": ("use_hook_mlp_in", "set_use_hook_mlp_in")}
+SWITCHED_NAME = re.compile(r"blocks\.\d+\.(" + "|".join(re.escape(name) for name in SWITCHED) + ")")
+PROCESSING = ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases",
+              "refactor_factored_attn_matrices")
 
 
-class HookedTransformer(TLWeights, TextMethods, HookedRootModule):
+
+class HookedTransformer(TLWeights, TextMethods, InputChecks, HookedRootModule):
     """A decoder-only transformer whose every activation is a TransformerLens HookPoint.
 
     Hook names (TransformerLens's): hook_embed, hook_pos_embed, blocks.{l}.hook_resid_pre|mid|post,
-    blocks.{l}.ln1|ln2.hook_scale|hook_normalized, blocks.{l}.attn.hook_q|k|v|attn_scores|pattern|z|result,
+    blocks.{l}.ln1|ln2.hook_scale|hook_normalized, blocks.{l}.attn.hook_q|k|v|attn_scores|pattern|z,
     blocks.{l}.hook_attn_out, blocks.{l}.mlp.hook_pre|hook_post, blocks.{l}.hook_mlp_out,
-    ln_final.hook_scale|hook_normalized, hook_logits; and, while their switch is on,
-    blocks.{l}.attn.hook_q_input|k_input|v_input, blocks.{l}.attn.hook_attn_in, blocks.{l}.hook_mlp_in.
+    ln_final.hook_scale|hook_normalized, unembed.hook_in|hook_out (the logits); and, while their switch is on,
+    blocks.{l}.attn.hook_result, blocks.{l}.hook_q_input|k_input|v_input, blocks.{l}.hook_attn_in (each
+    followed by TransformerBridge's blocks.{l}.attn.hook_q_input, ...), blocks.{l}.hook_mlp_in.
 
     `self.cfg` is the model's own copy of the config it was built from (equal to it), holding the model's
-    `RuntimeSettings`: TransformerLens's switches and the explicit paths, which the setters change.
+    `RuntimeSettings`: TransformerLens's switches, the explicit paths and default_prepend_bos.
     """
 
     def __init__(self, cfg: ModelConfig, seed: int = 0, tokenizer: Any = None):
@@ -78,41 +96,49 @@ class HookedTransformer(TLWeights, TextMethods, HookedRootModule):
             self.hook_embed = CheckedHookPoint()  # [batch, pos, d_model]
             if cfg.positions in ("learned", "sinusoidal"):  # positions added to the residual stream
                 self.hook_pos_embed = CheckedHookPoint()  # [batch, pos, d_model]
-            self.pos_embed = POSITIONS[cfg.positions](cfg, getattr(self, "hook_pos_embed", None))
+            self.pos_embed = POSITIONS[cfg.positions](cfg)
             self.blocks = nn.ModuleList([BLOCKS[cfg.block](cfg) for _ in range(cfg.n_layers)])
             # A post-LN stack already ends in a norm; a pre-LN or parallel stack needs the final one.
             self.ln_final = NoNorm() if cfg.block == "post_ln" else NORMS[cfg.norm](cfg)
             self.unembed = TiedUnembed(cfg, self.embed) if cfg.tied_embeddings else Unembed(cfg)
-        self.hook_logits = CheckedHookPoint()  # [batch, pos, d_vocab]
         self.setup()  # HookedRootModule: name every HookPoint
 
     # --- the forward pass ----------------------------------------------------------------------
     def forward(
         self, input: Int[Tensor, "batch pos"] | Float[Tensor, "batch pos d_model"] | str | list[str],
         return_type: str | None = "logits", *, loss_per_token: bool = False, prepend_bos: bool | None = None,
-        start_at_layer: int | None = None, stop_at_layer: int | None = None, tokens: Tensor | None = None,
-        kv_cache: KVCache | None = None,
+        padding_side: str | None = None, start_at_layer: int | None = None, stop_at_layer: int | None = None,
+        tokens: Tensor | None = None, attention_mask: Tensor | None = None, kv_cache: KVCache | None = None,
+        past_kv_cache: Any = None, shortformer_pos_embed: None = None,
     ) -> Any:
-        """The model on token ids (or text, through `to_tokens`), with TransformerLens's call conventions.
+        """The model on token ids, or on text through `tokenize`, with TransformerLens's call conventions.
 
         return_type: "logits" [batch, pos, d_vocab]; "loss", the mean next-token cross-entropy in nats
         (per token [batch, pos − 1] with loss_per_token=True); "both", (logits, loss); None, nothing (the
-        pass still runs, for its hooks). prepend_bos applies to text only, as in TransformerLens.
+        pass still runs, for its hooks). prepend_bos and padding_side apply to text, as in TransformerLens.
         stop_at_layer=L runs blocks 0 … L − 1 only and returns the residual stream entering block L
         ([batch, pos, d_model]; negative L counts from the end); the later blocks, the final norm and the
         unembedding never run. start_at_layer=L takes `input` as that residual stream (blocks.L.hook_resid_pre)
         and runs from block L on; a loss then needs `tokens=` (the ids whose next tokens it scores).
-        With a KV cache, `input` continues the cached prefix; a pass that raises (a hook, an interrupt)
-        leaves the cache as it was before it.
+        attention_mask [batch, pos] (1 real, 0 padding; lab.model.padding): padding changes no real token's
+        result. Texts of different lengths are padded, and masked as TransformerLens masks them (on the left
+        side, or with a KV cache); ids are read for padding as TransformerLens reads them when the tokenizer pads
+        on the left or a TransformerLens cache is given. The loss never counts padding. With a KV cache
+        (Forma's kv_cache, or TransformerLens's past_kv_cache), `input` continues the cached prefix; a pass that
+        raises (a hook, an interrupt) leaves Forma's cache as it was before it.
         """
         if return_type not in RETURN_TYPES:
             raise ValueError(f"return_type must be one of {RETURN_TYPES}, got {return_type!r}")
+        if shortformer_pos_embed is not None:
+            raise ValueError("shortformer_pos_embed: Forma's HookedTransformer has no shortformer positions")
+        if past_kv_cache is not None:
+            if kv_cache is not None:
+                raise ValueError("give a KV cache as kv_cache (Forma's) or past_kv_cache (TransformerLens's), not both")
+            kv_cache = TransformerLensCache(past_kv_cache)
         start, stop = self._layer_range(start_at_layer, stop_at_layer, kv_cache)
-        x = None
+        x, loss_mask = None, None
         if start_at_layer is None:
-            if is_text(input):
-                input = self.to_tokens(input, prepend_bos=prepend_bos)
-            tokens = self.check_tokens(input, 0 if kv_cache is None else kv_cache.length)
+            tokens, padding, loss_mask = self._prepare(input, prepend_bos, padding_side, attention_mask, kv_cache)
         else:
             x = self._check_residual(input, start_at_layer)
             if tokens is not None:
@@ -120,141 +146,111 @@ class HookedTransformer(TLWeights, TextMethods, HookedRootModule):
             elif return_type in ("loss", "both") and stop_at_layer is None:
                 raise ValueError(f"return_type={return_type!r} with start_at_layer needs tokens= (the ids whose next "
                                  "tokens the loss scores): the residual stream alone does not say them")
+            offset = 0 if kv_cache is None else kv_cache.length
+            cached = None if kv_cache is None else kv_cache.mask
+            padding = padding_of(attention_mask, cached, offset, tuple(x.shape[:2]), x.device)
         if stop_at_layer is not None:  # the residual stream entering block `stop`: nothing after it ran
-            return self._run(tokens, x, kv_cache, start, stop, None)
-        return self._outputs(self._run(tokens, x, kv_cache, start, stop, ALL), tokens, return_type, loss_per_token)
+            return self._run(tokens, x, kv_cache, start, stop, None, padding)
+        logits = self._run(tokens, x, kv_cache, start, stop, ALL, padding)
+        return self._outputs(logits, tokens, return_type, loss_per_token,
+                             loss_mask if padding is None else padding.new)
 
-    def next_token_logits(self, tokens: Int[Tensor, "batch pos"], kv_cache: KVCache | None = None
-                          ) -> Float[Tensor, "batch d_vocab"]:
+    def next_token_logits(self, tokens: Int[Tensor, "batch pos"], kv_cache: KVCache | None = None,
+                          attention_mask: Tensor | None = None) -> Float[Tensor, "batch d_vocab"]:
         """The logits of each row's next token, `forward(tokens, kv_cache=kv_cache)[:, -1]`: what a decoding step
         reads. The final norm and the unembedding run at the last position only — the other positions' logits
         would be thrown away, and at GPT-2's vocabulary the unembedding is about a third of a prompt's forward
-        pass — unless something may read them at every position (a hook on the final norm or on hook_logits, or
+        pass — unless something may read them at every position (a hook on the final norm or the unembedding, or
         the explicit paths) or something hooks the model's own call (steering reads each pass's KV cache there):
-        then the step is the model's call, `self(tokens, kv_cache=kv_cache)`, hooks seeing what they always see."""
+        then the step is the model's call, hooks seeing what they always see. attention_mask: the padding of a
+        prompt (a KV cache keeps it for the steps after)."""
         if self._forward_hooks or self._forward_pre_hooks or self._reads_every_position():
-            return self(tokens, kv_cache=kv_cache)[:, -1]
-        tokens = self.check_tokens(tokens, 0 if kv_cache is None else kv_cache.length)
-        return self._run(tokens, None, kv_cache, 0, self.cfg.n_layers, LAST)[:, -1]
+            return self(tokens, kv_cache=kv_cache, attention_mask=attention_mask)[:, -1]
+        offset = 0 if kv_cache is None else kv_cache.length
+        tokens = self.check_tokens(tokens, offset)
+        padding = padding_of(attention_mask, None if kv_cache is None else kv_cache.mask, offset, tuple(tokens.shape),
+                             tokens.device)
+        return self._run(tokens, None, kv_cache, 0, self.cfg.n_layers, LAST, padding)[:, -1]
 
     def _reads_every_position(self) -> bool:
-        """True when the final norm's or the logits' activations may be read: a hook (TransformerLens's or torch's
-        own) on one of their modules, or the explicit paths, for wrappers that intercept modules."""
-        modules = (*self.ln_final.modules(), self.hook_logits)
+        """True when the final norm's or the unembedding's activations may be read: a hook (TransformerLens's or
+        torch's own) on one of their modules, or the explicit paths, for wrappers that intercept modules."""
+        modules = (*self.ln_final.modules(), *self.unembed.modules())
         return self.cfg.runtime.explicit_paths or any(
             m._forward_hooks or m._forward_pre_hooks or m._backward_hooks for m in modules)
 
     def _run(self, tokens: Tensor | None, x: Tensor | None, kv_cache: KVCache | None, start: int, stop: int,
-             unembed: slice | None) -> Tensor:
+             unembed: slice | None, padding: Any = None) -> Tensor:
         """Embed the tokens (unless the residual stream x is given), run blocks start … stop − 1, then the final
         norm and the unembedding at the positions `unembed` selects (None: neither runs). With a KV cache the
-        tokens continue its prefix, and a pass that raises truncates every layer back to where it started."""
-        offset = 0 if kv_cache is None else kv_cache.check(self.cfg.n_layers, tokens.shape[0])
+        tokens continue its prefix (its mask too, in a padded batch), and a pass that raises truncates every layer
+        back to where it started."""
+        offset = 0 if kv_cache is None else kv_cache.check(self.cfg.n_layers, (tokens if x is None else x).shape[0])
         try:
             if x is None:
-                x = self.pos_embed(self.hook_embed(self.embed(tokens)), offset)
+                if self.cfg.runtime.use_hook_tokens:
+                    tokens = self.hook_tokens(tokens)
+                x = self.hook_embed(self.embed(tokens))
+                positions = self.pos_embed(tokens, offset, padding=padding)
+                if positions is not None:  # a copy: a hook that edits it in place edits this pass's, not W_pos
+                    x = x + self.hook_pos_embed(positions.clone())
             for layer in range(start, stop):
-                x = self.blocks[layer](x, None if kv_cache is None else kv_cache.entries[layer])
+                x = self.blocks[layer](x, None if kv_cache is None else kv_cache.entries[layer], padding)
+            if kv_cache is not None and padding is not None:
+                kv_cache.mask = padding.keys
             if unembed is None:
                 return x
-            return self.hook_logits(self.unembed(self.ln_final(x if unembed == ALL else x[:, unembed])))
+            return self.unembed(self.ln_final(x if unembed == ALL else x[:, unembed]))
         except BaseException:
             if kv_cache is not None:
                 kv_cache.truncate(offset)  # layers before the failure appended this step's keys: take them back
             raise
 
-    def _layer_range(self, start_at_layer: Any, stop_at_layer: Any, kv_cache: KVCache | None) -> tuple[int, int]:
-        """(first block, one past the last block) to run; negative layers count from the end, as in TransformerLens."""
-        n_layers = self.cfg.n_layers
-        if start_at_layer is None and stop_at_layer is None:
-            return 0, n_layers
-        if kv_cache is not None:
-            raise ValueError("a KV cache needs every layer's keys for every step: it cannot be combined with "
-                             "start_at_layer or stop_at_layer")
-        bounds = []
-        for name, value, default in (("start_at_layer", start_at_layer, 0), ("stop_at_layer", stop_at_layer, n_layers)):
-            if value is None:
-                bounds.append(default)
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or not -n_layers <= value <= n_layers:
-                raise ValueError(f"{name} must be an integer layer in [-{n_layers}, {n_layers}] for a model of "
-                                 f"{n_layers} layers, got {value!r}")
-            bounds.append(value + n_layers if value < 0 else value)
-        start, stop = bounds
-        if start > stop:
-            raise ValueError(f"start_at_layer={start_at_layer} comes after stop_at_layer={stop_at_layer}: no block "
-                             "would run")
-        return start, stop
-
-    def _check_residual(self, x: Any, start_at_layer: int) -> Float[Tensor, "batch pos d_model"]:
-        """The residual stream that start_at_layer resumes from: a float [batch, pos, d_model] tensor."""
-        shape = tuple(x.shape) if isinstance(x, Tensor) else None
-        if shape is None or not x.dtype.is_floating_point or x.ndim != 3 or shape[-1] != self.cfg.d_model:
-            got = f"a {x.dtype} tensor of shape {shape}" if shape is not None else type(x).__name__
-            raise ValueError(f"with start_at_layer={start_at_layer} the input is the residual stream entering that "
-                             f"block, a float tensor [batch, pos, d_model = {self.cfg.d_model}]; got {got}")
-        if shape[1] > self.cfg.n_ctx:
-            raise ValueError(f"residual stream of {shape[1]} positions is longer than the model's context n_ctx = "
-                             f"{self.cfg.n_ctx}")
-        return x
-
-    def _outputs(self, logits: Tensor, tokens: Tensor | None, return_type: str | None, loss_per_token: bool) -> Any:
+    def _outputs(self, logits: Tensor, tokens: Tensor | None, return_type: str | None, loss_per_token: bool,
+                 mask: Tensor | None) -> Any:
         if return_type == "logits":
             return logits
         if return_type is None:
             return None
-        loss = per_token_loss(logits, tokens) if loss_per_token else next_token_loss(logits, tokens)
+        loss = per_token_loss(logits, tokens, mask) if loss_per_token else next_token_loss(logits, tokens, mask)
         return loss if return_type == "loss" else (logits, loss)
-
-    def check_tokens(self, tokens: Any, offset: int = 0) -> Int[Tensor, "batch pos"]:
-        """Validate a batch of token ids at the boundary; a 1-D sequence becomes a batch of one."""
-        if not isinstance(tokens, Tensor):
-            raise ValueError(f"tokens must be a torch.Tensor of integer ids, got {type(tokens).__name__}")
-        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
-            raise ValueError(f"tokens must have an integer dtype (torch.long), got {tokens.dtype}")
-        if tokens.ndim == 1:
-            tokens = tokens[None, :]
-        if tokens.ndim != 2:
-            raise ValueError(f"tokens must have shape [batch, pos] or [pos], got {tuple(tokens.shape)}")
-        if tokens.numel() == 0:
-            raise ValueError(f"tokens is empty (shape {tuple(tokens.shape)}): need at least one token")
-        if tokens.device.type == "meta" and self.embed.W_E.device.type != "meta":
-            raise ValueError("tokens are on the meta device (a shape without values): put the ids on "
-                             f"{self.embed.W_E.device}, where the model is")
-        if offset + tokens.shape[1] > self.cfg.n_ctx:
-            raise ValueError(
-                f"sequence of {offset + tokens.shape[1]} tokens"
-                + (f" ({offset} cached + {tokens.shape[1]} new)" if offset else "")
-                + f" is longer than the model's context n_ctx = {self.cfg.n_ctx}")
-        if tokens.device.type == "meta":  # a meta model on meta ids: shapes only, no values to check
-            return tokens.to(dtype=torch.long)
-        low, high = (int(v) for v in torch.stack(torch.aminmax(tokens)).tolist())  # one device sync
-        if low < 0 or high >= self.cfg.d_vocab:
-            bad = low if low < 0 else high
-            raise ValueError(f"token id {bad} is out of range: ids must lie in [0, d_vocab) = [0, {self.cfg.d_vocab})")
-        return tokens.to(device=self.embed.W_E.device, dtype=torch.long)
 
     def loss(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, ""]:
         """Mean next-token cross-entropy in nats: −(1/N) Σ log P_θ(x_{t+1} | x_≤t)."""
         return self(tokens, return_type="loss")
 
-    def generate(self, tokens: Int[Tensor, "batch pos"], max_new_tokens: int, temperature: float = 1.0,
-                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-                 use_kv_cache: bool = True, eos_token_id: int | None = None) -> Int[Tensor, "batch pos"]:
-        """Sample a continuation (see `lab.model.decoding`): the prompt followed by the new tokens."""
-        return generate(self, tokens, max_new_tokens, temperature, top_k, top_p, seed, use_kv_cache, eos_token_id)
+    def generate(self, input: str | list[str] | Tensor = "", max_new_tokens: int = 10, stop_at_eos: bool = True,
+                 eos_token_id: int | list[int] | None = None, do_sample: bool = True, top_k: int | None = None,
+                 top_p: float | None = None, temperature: float = 1.0, freq_penalty: float = 0.0,
+                 use_past_kv_cache: bool = True, prepend_bos: bool | None = None, padding_side: str | None = None,
+                 return_type: str | None = "input", verbose: bool = True, *, seed: int | None = None) -> Any:
+        """TransformerLens's generate (lab.model.generation): text or ids in, the continuation out."""
+        return generate(self, input, max_new_tokens, stop_at_eos, eos_token_id, do_sample, top_k, top_p, temperature,
+                        freq_penalty, use_past_kv_cache, prepend_bos, padding_side, return_type, verbose, seed)
 
     # --- hooks: TransformerLens's API, with hook names checked first ----------------------------
     def check_hook_names(self, names: Iterable[Any]) -> None:
-        """Raise KeyError for a hook name the model does not have, naming the closest ones; ValueError for one
-        that is neither a name nor a predicate on names."""
+        """Raise KeyError for a hook name the model does not have, naming the closest ones (HookSwitchedOff, also an
+        AssertionError as in TransformerLens, for one whose switch is off); ValueError for one that is neither a name
+        nor a predicate on names."""
         for name in names:
             if not isinstance(name, str) and not callable(name):
                 raise ValueError(f"{name!r} ({type(name).__name__}) is not a hook name or a predicate on names")
             if isinstance(name, str) and name not in self.hook_dict:
+                switch = SWITCHED_NAME.fullmatch(name)
+                if switch is not None:
+                    switch = SWITCHED[switch.group(1)]
+                    raise HookSwitchedOff(f"Cannot add hook {name} if {switch[0]} is False: it exists only while the "
+                                          f"switch is on (model.{switch[1]}(True))")
                 close = difflib.get_close_matches(name, list(self.hook_dict), n=5, cutoff=0.5)
                 hint = f"; did you mean {close}?" if close else "; see model.hook_dict for every name"
                 raise KeyError(f"unknown hook name {name!r}{hint}")
+
+    def add_hook(self, name: Any, hook: HookFn, dir: str = "fwd", is_permanent: bool = False, level: Any = None,
+                 prepend: bool = False) -> None:
+        """TransformerLens's add_hook, after checking the name."""
+        self.check_hook_names([name])
+        super().add_hook(name, hook, dir=dir, is_permanent=is_permanent, level=level, prepend=prepend)
 
     @contextmanager
     def hooks(self, fwd_hooks=(), bwd_hooks=(), reset_hooks_end: bool = True, clear_contexts: bool = False):
@@ -272,12 +268,9 @@ class HookedTransformer(TLWeights, TextMethods, HookedRootModule):
     def run_with_cache(self, *model_args: Any, names_filter: Any = None, **kwargs: Any) -> tuple[Tensor, ActivationCache]:
         """(logits, ActivationCache) — the cache holds the activations that `names_filter` selects.
 
-        names_filter: None (every hook but the per-head `attn.hook_result`, unless `set_use_attn_result(True)`),
-        a hook name, a list of names, or a predicate on names. The per-head result is n_heads times the size
-        of attn_out and follows from hook_z and W_O: name it to cache it, or let `cache.stack_head_results()`
-        compute it (TransformerLens does the same unless `use_attn_result` is set). Asking for
-        `hook_pattern`/`hook_attn_scores` switches attention to its explicit path; any other
-        selection keeps the fused path.
+        names_filter: None (every hook), a hook name, a list of names, or a predicate on names. Asking for
+        `hook_pattern`/`hook_attn_scores` switches attention to its explicit path; any other selection keeps the
+        fused path.
         """
         names_filter = resolve_names_filter(self, names_filter)
         logits, cache = super().run_with_cache(*model_args, names_filter=names_filter, **kwargs)
@@ -286,31 +279,44 @@ class HookedTransformer(TLWeights, TextMethods, HookedRootModule):
     # --- TransformerLens's switches, and the explicit paths -------------------------------------
     def set_use_attn_result(self, use_attn_result: bool) -> None:
         """Form every head's result z^h W_O^h (attn.hook_result [batch, pos, head, d_model]) on every forward and
-        cache it by default. Off, it is formed only when a hook asks for it by name."""
-        self._switch("use_attn_result", use_attn_result, ())
+        cache it by default. The hook point exists only while this is on, as in TransformerLens (off, a cache's
+        stack_head_results computes the same from hook_z and W_O)."""
+        self._switch("use_attn_result", use_attn_result,
+                     [(block.attn, Attention.RESULT_HOOKS) for block in self.blocks])
 
     def set_use_split_qkv_input(self, use_split_qkv_input: bool) -> None:
-        """Give each query, key and value head its own copy of the attention's input (attn.hook_q_input,
-        hook_k_input, hook_v_input [batch, pos, head or kv_head, d_model], before ln1), so one head's
-        query, key or value input can be patched alone. Excludes use_attn_in."""
+        """Give each query, key and value head its own copy of the attention's input (blocks.{l}.hook_q_input,
+        hook_k_input, hook_v_input [batch, pos, head or kv_head, d_model], before ln1, each followed by its
+        TransformerBridge name blocks.{l}.attn.hook_q_input, ...), so one head's query, key or value input can be
+        patched alone. Excludes use_attn_in."""
         if use_split_qkv_input is True and self.cfg.use_attn_in:
-            raise ValueError("use_split_qkv_input and use_attn_in are mutually exclusive: call set_use_attn_in(False) "
-                             "first")
+            raise ValueError("use_split_qkv_input and use_attn_in are mutually exclusive: set_use_attn_in(False) first")
         self._switch("use_split_qkv_input", use_split_qkv_input,
-                     [(block.attn, Attention.SPLIT_INPUT_HOOKS) for block in self.blocks])
+                     [(m, block.SPLIT_INPUT_HOOKS) for block in self.blocks for m in (block, block.attn)])
 
     def set_use_attn_in(self, use_attn_in: bool) -> None:
-        """Give each query head its own copy of the attention's input, shared by its key and value (attn.hook_attn_in
-        [batch, pos, head, d_model], before ln1). Excludes use_split_qkv_input."""
+        """Give each query head its own copy of the attention's input, shared by its key and value (blocks.{l}.
+        hook_attn_in, then blocks.{l}.attn.hook_attn_in [batch, pos, head, d_model], before ln1). Excludes the split."""
         if use_attn_in is True and self.cfg.use_split_qkv_input:
             raise ValueError("use_attn_in and use_split_qkv_input are mutually exclusive: call "
                              "set_use_split_qkv_input(False) first")
-        self._switch("use_attn_in", use_attn_in, [(block.attn, Attention.SHARED_INPUT_HOOKS) for block in self.blocks])
+        self._switch("use_attn_in", use_attn_in,
+                     [(m, block.SHARED_INPUT_HOOKS) for block in self.blocks for m in (block, block.attn)])
 
     def set_use_hook_mlp_in(self, use_hook_mlp_in: bool) -> None:
         """Route each MLP branch's input through its own hook point, blocks.{l}.hook_mlp_in [batch, pos, d_model]
         (resid_mid, before ln2)."""
+        if use_hook_mlp_in is True and self.cfg.block == "attn_only":
+            raise Misuse("Can't use hook_mlp_in with attn_only model: it has no MLP")
         self._switch("use_hook_mlp_in", use_hook_mlp_in, [(block, block.MLP_INPUT_HOOKS) for block in self.blocks])
+
+    def set_use_hook_tokens(self, use_hook_tokens: bool) -> None:
+        """Route the token ids through hook_tokens [batch, pos] before the embedding: a hook can replace a token."""
+        self._switch("use_hook_tokens", use_hook_tokens, [(self, ("hook_tokens",))])
+
+    def set_ungroup_grouped_query_attention(self, ungroup: bool) -> None:
+        """hook_k, hook_v (hook_k_input, hook_v_input) [batch, pos, head, ...]: a K/V head copy per query head."""
+        self._switch("ungroup_grouped_query_attention", ungroup, ())
 
     def set_explicit_paths(self, explicit_paths: bool) -> None:
         """Run the explicit attention softmax(QKᵀ/√d_head + M)·V and the explicit norms on every forward pass,
@@ -334,7 +340,7 @@ class HookedTransformer(TLWeights, TextMethods, HookedRootModule):
 
     @classmethod
     def load(cls, directory: str | Path, device: str | torch.device = "cpu") -> "HookedTransformer":
-        """Load a folder written by `save`; every malformed part is an error that says which."""
+        """Load a folder written by `save`, its weights as saved; every malformed part is an error that says which."""
         directory = Path(directory)
         cfg, state = read_checkpoint(directory, ModelConfig)
         model = cls(cfg, tokenizer=read_tokenizers(directory, (TOKENIZER_FILE,))[0])
@@ -345,9 +351,34 @@ class HookedTransformer(TLWeights, TextMethods, HookedRootModule):
         """Copy weights in, after checking that names and shapes match this config exactly."""
         load_weights(self, state, source)
 
-    @classmethod
-    def from_pretrained(cls, name_or_path: str | Path, device: str | torch.device = "cpu") -> "HookedTransformer":
-        """A zoo model by name, a folder written by `save`, or a local Hugging Face folder (`lab.load.load_model`,
-        reached through `lab.folders.load_pretrained`: loading by name is above the model package)."""
-        return load_pretrained(cls, name_or_path, device)
+    def process_weights_(self, fold_ln: bool = True, center_writing_weights: bool = True, center_unembed: bool = True,
+                         refactor_factored_attn_matrices: bool = False, fold_value_biases: bool = True) -> None:
+        """TransformerLens's weight processing, in place (lab.model.processing): the same logits up to a constant
+        per position, in weights that are easier to read."""
+        process_weights(self, fold_ln, center_writing_weights, center_unembed, fold_value_biases,
+                        refactor_factored_attn_matrices)
 
+    @classmethod
+    def from_pretrained(cls, model_name: str | Path, *, fold_ln: bool | None = None,
+                        center_writing_weights: bool | None = None, center_unembed: bool | None = None,
+                        refactor_factored_attn_matrices: bool = False, fold_value_biases: bool | None = None,
+                        device: str | torch.device = "cpu", default_prepend_bos: bool | None = None,
+                        default_padding_side: str | None = None, dtype: Any = None) -> "HookedTransformer":
+        """A local Hugging Face folder, a zoo model by name or a folder written by `save` (`lab.load.from_pretrained`,
+        reached through `lab.folders.load_pretrained`: loading by name is above the model package).
+
+        The processing flags default as TransformerLens's do for what it loads, a Hugging Face checkpoint: all on
+        (refactor off). A Forma folder or zoo model is a checkpoint of the model itself, as `load` reads it: its
+        flags default off. default_prepend_bos: None keeps the model's (a Hugging Face model's, as TransformerLens
+        sets it; False for Forma's own); default_padding_side sets the tokenizer's."""
+        options = dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights, center_unembed=center_unembed,
+                       refactor_factored_attn_matrices=refactor_factored_attn_matrices,
+                       fold_value_biases=fold_value_biases, default_prepend_bos=default_prepend_bos,
+                       default_padding_side=default_padding_side, dtype=dtype)
+        return load_pretrained(cls, model_name, device, **options)
+
+    @classmethod
+    def from_pretrained_no_processing(cls, model_name: str | Path, **options: Any) -> "HookedTransformer":
+        """from_pretrained with every processing flag off: the weights as trained."""
+        flags = dict.fromkeys(PROCESSING, False)
+        return cls.from_pretrained(model_name, **(flags | options))

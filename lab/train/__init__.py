@@ -41,11 +41,10 @@ from lab.train.checkpoint import (CHECKPOINT_DIR, CHECKPOINT_FILES, METRICS_FILE
 from lab.train.config import TrainConfig
 from lab.train.entry import DEMO_MODEL, DEMO_TRAIN, demo_markov, main
 from lab.train.loop import (EVAL_SEED, STOP_SIGNALS, TrainingDiverged, TrainingInterrupted, TrainResult,
-                            estimate_loss, get_batch, get_lr, make_optimizer, summed_loss, train, train_seq2seq)
+                            estimate_loss, get_batch, get_lr, make_optimizer, summed_loss, train)
 
 # Every name of the former lab/train.py module stays importable from lab.train (constants too).
 __all__ = ["DEMO_MODEL", "DEMO_TRAIN", "Batch", "Batches", "SequenceBatches", "TokenStream", "TrainConfig",
            "TrainResult", "TrainState", "TrainingDiverged", "TrainingInterrupted", "batch_seed", "demo_markov",
            "estimate_loss", "find_checkpoint", "get_batch", "get_lr", "has_checkpoint",
-           "load_checkpoint", "make_optimizer", "PairBatches", "save_checkpoint", "summed_loss", "train",
-           "train_seq2seq"]
+           "load_checkpoint", "make_optimizer", "PairBatches", "save_checkpoint", "summed_loss", "train"]

@@ -27,7 +27,7 @@ from torch import Tensor
 from lab.distributed import rank_world
 from lab.files import current_umask
 from lab.inputs import InputError, parse_json, read_text
-from lab.model import HookedTransformer, ModelConfig
+from lab.model import HookedTransformer
 from lab.model.checkpoint import CONFIG_FILE, WEIGHTS_FILE
 from lab.train.config import TrainConfig
 

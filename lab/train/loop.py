@@ -25,7 +25,7 @@ from lab.distributed import all_ranks_sum, any_rank, rank_world
 from lab.files import atomic_write
 from lab.model import HookedTransformer
 from lab.progress import bar as progress_bar
-from lab.train.batches import IGNORE, Batch, Batches, PairBatches
+from lab.train.batches import IGNORE, Batch, Batches
 from lab.train.checkpoint import (CHECKPOINT_DIR, METRICS_FILE, TrainState, read_metrics, remove_checkpoints,
                                   load_checkpoint, save_checkpoint)
 from lab.train.config import TrainConfig
@@ -284,9 +284,3 @@ def _device(name: str) -> torch.device:
         if device.index is None:  # under torchrun each rank owns the GPU of its local rank
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return device
-
-
-def train_seq2seq(model: torch.nn.Module, cfg: TrainConfig, data: PairBatches, out_dir: str | Path | None = None,
-                  progress: bool = True) -> TrainResult:
-    """`train` on (source, target) pairs: the one loop serves encoder–decoders too (kept for callers of this name)."""
-    return train(model, cfg, data, out_dir, progress=progress)

@@ -19,7 +19,7 @@ and MODEL.md are the recipe and its card.
 Builds. `forma train NAME` trains into a new folder models/NAME/.builds/<id>/, marked by the link
 `.next`, while the previous model stays where it was; every name above is a link `NAME → .current/NAME`,
 and `.current` links to the published build, so that one rename of `.current` publishes the new
-model's files all at once (`lab.zoo.builds._publish`). Training checkpoints into the build's train/
+model's files all at once (`lab.zoo.builds.publish_build`). Training checkpoints into the build's train/
 folder, so an interrupted build — killed, Ctrl-C, SIGTERM — is continued by `forma train NAME --resume`
 to the same bits an uninterrupted build gives.
 

@@ -12,8 +12,8 @@ from lab.folders import RECIPE_FILE, check_zoo_name, zoo_dir
 from lab.model import EncoderDecoder, EncoderDecoderConfig, HookedTransformer, ModelConfig
 from lab.runs import provenance, write_json
 from lab.train import PairBatches, SequenceBatches, TokenStream, TrainConfig, has_checkpoint, train
-from lab.zoo.builds import BUILD_FORMAT, _only_build, _publish, _published, _resume_build, _start_build
-from lab.zoo.cards import _machine, _measured_card
+from lab.zoo.builds import BUILD_FORMAT, only_build, publish_build, published_build, resume_build, start_build
+from lab.zoo.cards import machine_state, measured_card
 from lab.zoo.recipes import load_recipe
 from lab.zoo.worlds import WorldData, build_world
 
@@ -27,11 +27,11 @@ def build(name: str, quick: bool = False, progress: bool = True, out: Path | Non
     directory = Path(out) if out is not None else zoo_dir() / name
     record = {"format": BUILD_FORMAT, "name": name, "quick": quick,
               **{table: recipe[table] for table in ("world", "model", "train")}}
-    with _only_build(directory, name):
-        staging = _resume_build(directory, record) if resume else _start_build(directory, record)
-        if staging != _published(directory):  # else it was complete, and only its tidying was cut short
+    with only_build(directory, name):
+        staging = resume_build(directory, record) if resume else start_build(directory, record)
+        if staging != published_build(directory):  # else it was complete, and only its tidying was cut short
             _train_into(staging, name, recipe, quick, progress)
-        _publish(directory, staging)
+        publish_build(directory, staging)
     return directory
 
 
@@ -59,8 +59,8 @@ def _train_into(staging: Path, name: str, recipe: dict[str, Any], quick: bool, p
         "world_build_s": world_s, "train_s": result.elapsed_s, "steps": result.step,
         "final_train_loss_nats": result.train_loss_nats, "best_val_loss_nats": result.best_val_loss_nats,
         "best_val_loss_note": "training's own estimate: the best mean loss over eval_batches random held-out batches",
-        "world": data.world, **_measured_card(model, data, recipe["world"]),
-        "provenance": provenance(train_cfg.seed, **_machine()),
+        "world": data.world, **measured_card(model, data, recipe["world"], result.history),
+        "provenance": provenance(train_cfg.seed, **machine_state()),
     }
     if "held_out" in data.world:
         card["held_out"] = data.world["held_out"]

@@ -1,8 +1,8 @@
 """Builds: a zoo model trains beside the published one, in a folder of its own `models/NAME/.builds/<id>/`
-marked by the link `.next`, and is switched in with one rename (`_publish`): every published name is a link
+marked by the link `.next`, and is switched in with one rename (`publish_build`): every published name is a link
 `NAME → .current/NAME` and `.current` links to the published build, so a reader sees the previous model or
 the new one, whole, at every moment and after a crash at any point. An interrupted build is continued
-(`_resume_build`) only from the same recipe; one build of a model runs at a time (`_only_build`)."""
+(`resume_build`) only from the same recipe; one build of a model runs at a time (`only_build`)."""
 
 import contextlib
 import fcntl
@@ -36,7 +36,7 @@ UNLINKED_NAMES = ("model.safetensors", "config.json", "tokenizer.json", "src_tok
 logger = logging.getLogger(__name__)
 
 
-def _start_build(directory: Path, record: dict[str, Any]) -> Path:
+def start_build(directory: Path, record: dict[str, Any]) -> Path:
     """A new, empty build folder holding its recipe, marked as the build in progress."""
     builds = directory / BUILDS_DIR
     builds.mkdir(parents=True, exist_ok=True)
@@ -45,14 +45,14 @@ def _start_build(directory: Path, record: dict[str, Any]) -> Path:
     write_json(staging / BUILD_RECIPE, record)
     abandoned = _target(directory / NEXT_LINK)
     _point(directory / NEXT_LINK, staging)
-    if abandoned is not None and abandoned != _published(directory):
+    if abandoned is not None and abandoned != published_build(directory):
         logger.warning("%s: discarding the interrupted build in %s (`forma train %s --resume` continues one)",
                        record["name"], abandoned, record["name"])
         discard_tree(abandoned)
     return staging
 
 
-def _resume_build(directory: Path, record: dict[str, Any]) -> Path:
+def resume_build(directory: Path, record: dict[str, Any]) -> Path:
     """The interrupted build, after checking that it was started from the same recipe."""
     name = record["name"]
     again = f"`forma train {name}{' --quick' if record['quick'] else ''}`"
@@ -89,7 +89,7 @@ def _recipe_changes(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
     return changes
 
 
-def _publish(directory: Path, staging: Path) -> None:
+def publish_build(directory: Path, staging: Path) -> None:
     """Make the complete build `staging` the model in `directory`, with one atomic rename.
 
     Each published name (model.safetensors, config.json, card.json, train/, …) is a link
@@ -98,7 +98,7 @@ def _publish(directory: Path, staging: Path) -> None:
     the new one, complete. The previous build is kept until the next publish, for readers that
     resolved it a moment before the switch; older ones are removed."""
     _move_unlinked_into_a_build(directory)
-    previous = _published(directory)
+    previous = published_build(directory)
     for leftover in staging.rglob(".*.tmp"):  # temporary files of writes a crash cut short
         leftover.unlink()
     entries = sorted(entry for entry in staging.iterdir() if not entry.name.startswith("."))
@@ -114,7 +114,7 @@ def _publish(directory: Path, staging: Path) -> None:
     _tidy(directory, keep={staging, previous})
 
 
-def _published(directory: Path) -> Path | None:
+def published_build(directory: Path) -> Path | None:
     return _target(directory / CURRENT_LINK)
 
 
@@ -146,7 +146,7 @@ def _move_unlinked_into_a_build(directory: Path) -> None:
     unlinked = [name for name in UNLINKED_NAMES if (directory / name).exists() and not (directory / name).is_symlink()]
     if not unlinked:
         return
-    current = _published(directory)
+    current = published_build(directory)
     if current is None:
         (directory / BUILDS_DIR).mkdir(exist_ok=True)
         current = Path(tempfile.mkdtemp(dir=directory / BUILDS_DIR, prefix="unlinked-")).resolve()
@@ -203,7 +203,7 @@ def _tidy(directory: Path, keep: set[Path | None]) -> None:
 
 
 @contextlib.contextmanager
-def _only_build(directory: Path, name: str) -> Iterator[None]:
+def only_build(directory: Path, name: str) -> Iterator[None]:
     """Hold models/NAME/.lock while building: a second `forma train NAME` at the same time would
     discard the first one's build. The lock goes with the process, however it ends."""
     directory.mkdir(parents=True, exist_ok=True)

@@ -3,6 +3,7 @@
 held-out perplexity beside n-gram baselines), how its held-out data are kept apart from training, and the
 machine it was measured on."""
 
+import datetime
 import math
 import os
 from collections import Counter
@@ -14,6 +15,7 @@ import torch
 from lab.data.dates import exact_match
 from lab.data.text import split_documents, split_text, stdlib_docstrings
 from lab.folders import zoo_dir
+from lab.generate import generate
 from lab.metrics.information import entropy, kl, truncated_context_kl_of
 from lab.zoo.worlds import WorldData, make_source
 
@@ -30,17 +32,19 @@ def ngram_perplexities(train: torch.Tensor, val: torch.Tensor, d_vocab: int) -> 
         bigram = pairs.get((prev, nxt), 0) / context[prev] if context[prev] else 0.0
         lam = 0.8 if context[prev] else 0.0
         nll -= math.log(lam * bigram + (1 - lam) * unigram[nxt])
-    return {"unigram_perplexity": float(np.exp(nll_unigram)), "bigram_perplexity": float(math.exp(nll / (len(val_np) - 1)))}
+    return {"unigram_perplexity": float(np.exp(nll_unigram)),
+            "bigram_perplexity": float(math.exp(nll / (len(val_np) - 1)))}
 
 
-def _measured_card(model: Any, data: Any, spec: dict[str, Any]) -> dict[str, Any]:
-    """What the card measures beyond the losses: per world kind, what its truth makes measurable."""
+def measured_card(model: Any, data: Any, spec: dict[str, Any], history: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the card measures beyond the losses: per world kind, what its truth makes measurable (`history`:
+    training's per-step records)."""
     if spec["kind"] == "pydoc":
         return _english_card(model, data)
     if spec["kind"] in ("markov", "hmm"):
         return _truth_card(model, data, spec)
     if spec["kind"] == "dates":
-        return _translation_card(model, data)
+        return _translation_card(model, data, history)
     return {}
 
 
@@ -56,7 +60,8 @@ def _truth_card(model: Any, data: WorldData, spec: dict[str, Any]) -> dict[str, 
     kl_t, h_t = kl(p, q), entropy(p)
     card: dict[str, Any] = {
         "val_kl_to_truth_nats": float(kl_t.mean()), "val_entropy_nats": float(h_t.mean()),
-        "val_averaged_over": "every held-out prefix, the first positions (shorter than a Markov chain's order) included",
+        "val_averaged_over": "every held-out prefix, the first positions (shorter than a Markov chain's order) "
+                             "included",
         "entropy_rate_nats": source.entropy_rate() if hasattr(source, "entropy_rate") else None,
         "val_prefixes": int(p.shape[0] * p.shape[1])}
     order = getattr(source, "order", None)
@@ -73,22 +78,32 @@ def _truth_card(model: Any, data: WorldData, spec: dict[str, Any]) -> dict[str, 
                  "best_bigram_kl_nats": truncated_context_kl_of(joint, source.vocab_size, 1)}
     same = _identical_rows(data.train, data.val)
     seed = spec.get("seed", 0)
-    card["held_out"] = {"sequences": len(data.val), "train_sequences": len(data.train), "equal_to_a_training_sequence": same,
+    card["held_out"] = {"sequences": len(data.val), "train_sequences": len(data.train),
+                        "equal_to_a_training_sequence": same,
                         "how": f"{len(data.val):,} sequences sampled from the source with their own seed "
                                f"({seed + 2}) apart from the {len(data.train):,} training sequences (seed {seed + 1}); "
                                f"{same} of them equal a training sequence token for token"}
     return card
 
 
-def _translation_card(model: Any, data: Any) -> dict[str, Any]:
-    """The held-out exact match of greedy, KV-cached decoding, and five sample translations."""
+def _translation_card(model: Any, data: Any, history: list[dict[str, Any]]) -> dict[str, Any]:
+    """The held-out exact match of greedy, KV-cached decoding, five sample translations, and the plateau a
+    decoder that ignores its source cannot leave: the entropy of a uniformly drawn day's target per predicted
+    character, ln(days) / (target characters + <eos>) — the loss of the best source-blind predictor —, with the
+    first training step whose loss falls below half of it (the model reads its source from there on)."""
+    first, last = (datetime.date.fromisoformat(data.world[k]) for k in ("first", "last"))
+    days = (last - first).days + 1
+    predicted = len(data.train[0][1]) - 1  # every target token after <bos>: the characters and <eos>
+    plateau = math.log(days) / predicted
+    left = next((r["step"] for r in history if r["train_loss_nats"] < plateau / 2), None)
     samples = []
     for src, tgt in data.held_out[:5]:
         source = data.src_tokenizer.decode(src)
         samples.append({"source": source, "prediction": "".join(model.translate(source)),
                         "truth": "".join(data.tgt_tokenizer.id_to_token(i) for i in tgt[1:-1])})
     return {"held_out_exact_match": exact_match(model, data.held_out), "n_held_out": len(data.held_out),
-            "n_train": len(data.train), "samples": samples,
+            "n_train": len(data.train), "samples": samples, "source_blind_nats_per_char": plateau,
+            "source_blind_days": days, "first_step_below_half_source_blind": left,
             "held_out": {"pairs": len(data.held_out), "how": (
                 f"{len(data.held_out):,} days drawn first and never trained on in any written form: the "
                 f"{len(data.train):,} training pairs are other days (entity-disjoint by construction)")}}
@@ -96,11 +111,11 @@ def _translation_card(model: Any, data: Any) -> dict[str, Any]:
 
 def _identical_rows(train: torch.Tensor, val: torch.Tensor) -> int:
     """How many held-out rows equal some training row, token for token."""
-    held = {row.tobytes() for row in val.numpy()}
-    return sum(row.tobytes() in held for row in train.numpy())
+    seen = {row.tobytes() for row in train.numpy()}
+    return sum(row.tobytes() in seen for row in val.numpy())
 
 
-def _machine() -> dict[str, Any]:
+def machine_state() -> dict[str, Any]:
     """Where a card was measured: cores, torch threads and the load average (1, 5 and 15 minutes) when
     training ended — how busy the machine was while it trained."""
     return {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
@@ -121,7 +136,7 @@ def _english_card(model: Any, data: WorldData) -> dict[str, Any]:
     samples = []
     for prompt in prompts:
         tokens = model.to_tokens(prompt)
-        out = model.generate(tokens, 24, temperature=0.8, top_p=0.95, seed=0)
+        out = generate(model, tokens, 24, temperature=0.8, top_p=0.95, seed=0)
         samples.append({"prompt": prompt, "text": model.to_string(out[0])})
     fraction = data.world["spec"].get("held_out_fraction", 0.05)
     train_text, val_text = split_text(stdlib_docstrings(cache=zoo_dir() / "pydoc" / "corpus.txt"), fraction)

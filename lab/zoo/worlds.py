@@ -85,17 +85,12 @@ def _facts_world(spec: dict[str, Any], seq_len: int) -> WorldData:
         return pad_documents([tokenizer.encode(f"<bos> {d} <eos>").ids for d in docs], pad, seq_len)
 
     ids, mask = encode(world.documents(form=form, seed=world.cfg.seed))
-    # Held-out loss on fresh i.i.d. draws from p (their own random stream): never training examples.
+    # Held-out loss on independent i.i.d. draws from p (their own random stream): the expected loss on new draws,
+    # most of them of facts training holds too (the record counts them).
     n_val = n_val or max(1, world.cfg.n_train // 5)
     heldout = world.heldout_fact_indices(n_val)
     val_ids, val_mask = encode(world.documents(form=form, seed=world.cfg.seed + 1, fact_indices=heldout))
-    overlap = world.heldout_overlap(heldout)
-    held_out = overlap | {"how": (
-        f"{n_val:,} held-out documents drawn i.i.d. from p apart from the {world.cfg.n_train:,} training draws "
-        f"(never a training example); as draws from the same popularity law they share facts with training: "
-        f"{overlap['distinct_facts_in_training']:,} of their {overlap['distinct_facts']:,} distinct facts and "
-        f"{overlap['distinct_persons_in_training']:,} of their {overlap['distinct_persons']:,} persons also occur "
-        f"in training, and {overlap['draws_of_facts_in_training']:,} of the {n_val:,} draws are of such facts")}
+    held_out = world.heldout_record(heldout, "documents")
     return WorldData(ids, val_ids, d_vocab=tokenizer.get_vocab_size(), tokenizer=tokenizer,
                      world={"spec": spec | {"form": form, "n_heldout": n_val}, "summary": world.summary(),
                             "held_out": held_out},

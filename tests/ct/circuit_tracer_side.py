@@ -106,7 +106,8 @@ def attribute_prompts(folder: Path) -> None:
     timings = []
     for i, prompt in enumerate(spec["prompts"]):
         tokens = torch.tensor(prompt)
-        graph, seconds, peak = measured(lambda: attribute(tokens, model, batch_size=spec.get("batch_size", 128)))
+        graph, seconds, peak = measured(lambda tokens=tokens: attribute(tokens, model,
+                                                                        batch_size=spec.get("batch_size", 128)))
         timings.append({"n_pos": len(prompt), "seconds": seconds, "peak_bytes": peak,
                         "n_features": int(len(graph.selected_features))})
         save_file({"adjacency": graph.adjacency_matrix.float().contiguous(),

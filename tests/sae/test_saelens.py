@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 import pytest
-import sae_lens  # the SAE environment has it (make test-sae); the main run leaves tests/sae out
+import sae_lens  # noqa: F401  (the SAE environment has it (make test-sae); the main run leaves tests/sae out)
 import torch
 
 from lab import HookedTransformer, ModelConfig

@@ -63,7 +63,7 @@ class Activations:
         return cls(acts, torch.cat([p.seq for p in parts]), torch.cat([p.pos for p in parts]), meta)
 
 
-class _CountedBatches:
+class CountedBatches:
     """Batches of token ids that know how many sequences they hold (None when unknown): `stream_activations`
     reads them as they are and counts its progress bar with `n_sequences` (save_activations' pass-through)."""
 
@@ -104,7 +104,7 @@ def select_positions(tokens: Int[Tensor, "batch pos"], positions: Positions = "l
     return torch.arange(n).repeat_interleave(len(index)), index.repeat(n)
 
 
-def _describe(positions: Positions) -> str:
+def describe_positions(positions: Positions) -> str:
     if isinstance(positions, str):
         return positions
     if callable(positions):
@@ -125,9 +125,9 @@ def _check_names(model: Any, names: Sequence[str]) -> None:
         raise KeyError(f"unknown hook name {unknown[0]!r} for {type(model).__name__}; see model.hook_dict")
 
 
-def _batches(data: Any, batch_size: int) -> tuple[Iterable[Tensor], int | None]:
+def token_batches(data: Any, batch_size: int) -> tuple[Iterable[Tensor], int | None]:
     """Batches of token ids, and the number of sequences when it is known up front."""
-    if isinstance(data, _CountedBatches):  # save_activations' pass-through keeps the count for the progress bar
+    if isinstance(data, CountedBatches):  # save_activations' pass-through keeps the count for the progress bar
         return data, data.n_sequences
     if isinstance(data, Tensor):
         if data.ndim != 2:
@@ -172,9 +172,9 @@ def stream_activations(model: Any, data: Tensor | Iterable[Tensor], hooks: str |
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     if not isinstance(start, int) or start < 0:
         raise ValueError(f"start must be a non-negative integer, got {start!r}")
-    batches, total = _batches(data, batch_size)
+    batches, total = token_batches(data, batch_size)
     device = _device_of(model)
-    description = _describe(positions)
+    description = describe_positions(positions)
     bar = tqdm(total=total, unit="seq", desc="activations", disable=not progress)
     seen = 0
     try:

@@ -31,9 +31,9 @@ from torch import Tensor
 from lab.analysis.activations.collect import (
     Activations,
     Positions,
-    _batches,
-    _CountedBatches,
-    _describe,
+    CountedBatches,
+    describe_positions,
+    token_batches,
     stream_activations,
 )
 from lab.analysis.activations.verify import (
@@ -78,7 +78,7 @@ def save_activations(model: Any, data: Tensor | Iterable[Tensor], hooks: str | S
         raise ValueError(f"shard_mb must be a positive number, got {shard_mb!r}")
     names = [hooks] if isinstance(hooks, str) else list(hooks)
     arguments = json.loads(json.dumps({
-        "hooks": names, "positions": _describe(positions), "batch_size": batch_size, "pad_id": pad_id,
+        "hooks": names, "positions": describe_positions(positions), "batch_size": batch_size, "pad_id": pad_id,
         "dtype": None if dtype is None else str(dtype).removeprefix("torch."), "shard_bytes": int(shard_mb * 2**20),
         "stop_early": stop_early, "model": model_summary(model)}
         | ({"first_sequence": first_sequence} if first_sequence else {})))
@@ -106,7 +106,7 @@ def save_activations(model: Any, data: Tensor | Iterable[Tensor], hooks: str | S
     writer.flush()
     if not writer.shards:
         raise ValueError("no activations were collected: the dataset was empty or no position was selected")
-    index = {"format": INDEX_FORMAT, "hooks": writer.spec, "positions": _describe(positions),
+    index = {"format": INDEX_FORMAT, "hooks": writer.spec, "positions": describe_positions(positions),
              "n_rows": sum(s["rows"] for s in writer.shards), "n_sequences": writer.sequences,
              "shards": writer.shards, "model": model_summary(model)}
     atomic_write_text(out_dir / INDEX_FILE, json.dumps(index, indent=2) + "\n")
@@ -146,7 +146,7 @@ def _resumable_shards(out_dir: Path, arguments: dict[str, Any]) -> list[dict[str
     return shards
 
 
-class _TokenDigest(_CountedBatches):
+class _TokenDigest(CountedBatches):
     """The dataset's batches, passed through unchanged while a SHA-256 of their token ids runs along.
 
     `state` is (sequences done, digest) through the batch last read — while stream_activations yields a
@@ -155,7 +155,7 @@ class _TokenDigest(_CountedBatches):
     """
 
     def __init__(self, data: Tensor | Iterable[Tensor], batch_size: int, resume: dict[str, Any] | None):
-        self.batches, self.n_sequences = _batches(data, batch_size)
+        self.batches, self.n_sequences = token_batches(data, batch_size)
         self.resume = resume
         self.hash = hashlib.sha256()
         self.seen, self.digest = 0, self.hash.hexdigest()

@@ -49,7 +49,7 @@ def logit_target_vectors(replacement: LocalReplacement, tokens: Tensor) -> list[
     for token in tokens.tolist():
         vector = torch.full((vocab,), -1.0 / vocab)
         vector[token] += 1.0
-        targets.append(Target("hook_logits", last, vector))
+        targets.append(Target("unembed.hook_out", last, vector))
     return targets
 
 

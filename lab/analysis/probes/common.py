@@ -1,4 +1,4 @@
-"""What every probe fit shares: the fitted probe on standardised features (`_Fitted`), features as float64
+"""What every probe fit shares: the fitted probe on standardised features (`Fitted`), features as float64
 rows, their standardisation and numerical rank (`feature_rank`), the held-out loss that chooses the
 regularisation, the regularisation grids, when a logistic fit takes Newton steps, the thread setting for
 small ops, and the test metrics accuracy and R² (AUROC, bootstrap intervals and Metric live in
@@ -24,7 +24,7 @@ NEWTON_MAX_PARAMS = 2048  # above this many parameters the Hessian solve costs m
 FEATURE_RTOL = 1e-6  # float32 activations carry ~6e-8 relative rounding; variation below 1e-6 of scale is noise
 
 
-def _newton_fits(n_params: int) -> bool:
+def newton_fits(n_params: int) -> bool:
     """Whether a logistic fit of `n_params` parameters ([features + 1] × outputs) takes damped Newton steps,
     else L-BFGS: one rule, read here at every fit, for the in-memory and the out-of-core fit alike."""
     return n_params <= NEWTON_MAX_PARAMS
@@ -44,7 +44,7 @@ def r2_score(y_true: Any, y_pred: Any) -> float:
 
 
 @dataclass
-class _Fitted:
+class Fitted:
     """A fitted probe on standardised features; `scores` gives P(y = 1), class probabilities, or ŷ."""
 
     kind: str
@@ -68,11 +68,11 @@ class _Fitted:
         return torch.sigmoid(out) if out.ndim == 1 else out.softmax(dim=-1)
 
 
-def _standardise(X: Tensor) -> tuple[Tensor, Tensor]:
+def standardise(X: Tensor) -> tuple[Tensor, Tensor]:
     return X.mean(dim=0), X.std(dim=0, correction=0).clamp_min(1e-8)
 
 
-def _features(X: Any) -> Tensor:
+def as_features(X: Any) -> Tensor:
     X = torch.as_tensor(X.detach() if isinstance(X, Tensor) else np.asarray(X)).cpu().double()
     return X.reshape(X.shape[0], -1)  # rows × features: [rows, head, d_head] flattens to one vector
 
@@ -81,7 +81,7 @@ def feature_rank(X: Any, rtol: float = FEATURE_RTOL) -> int:
     """Numerical rank of the centred features X − mean: singular values above rtol × the largest singular value
     of X itself (the features' scale, so that rounding noise around a constant row counts as no variation).
     0 means the features are constant — zero variance, or variation only at rounding level."""
-    X = _features(X)
+    X = as_features(X)
     if X.shape[0] < 2:
         return 0
     scale = float(torch.linalg.matrix_norm(X, ord=2))
@@ -91,12 +91,12 @@ def feature_rank(X: Any, rtol: float = FEATURE_RTOL) -> int:
     return int((singular > rtol * scale).sum())
 
 
-def _loss(fit: _Fitted, X: Tensor, y: Tensor) -> float:
+def held_out_loss(fit: Fitted, X: Tensor, y: Tensor) -> float:
     """Held-out loss used to choose the regularisation: squared error or cross-entropy (nats)."""
-    return _loss_of_scores(fit.task, fit.scores(X), y)
+    return loss_of_scores(fit.task, fit.scores(X), y)
 
 
-def _loss_of_scores(task: str, s: Tensor, y: Tensor) -> float:
+def loss_of_scores(task: str, s: Tensor, y: Tensor) -> float:
     if task == "regression":
         return float(((s - y) ** 2).mean())
     eps = 1e-12
@@ -106,7 +106,7 @@ def _loss_of_scores(task: str, s: Tensor, y: Tensor) -> float:
 
 
 @contextmanager
-def _threads_for(work: int) -> Iterator[None]:
+def threads_for(work: int) -> Iterator[None]:
     """One intra-op thread for small batched ops, restored afterwards: below a few million multiply-adds
     an op finishes before a second thread is useful, and on a loaded machine the threads' hand-offs
     cost more than the arithmetic (measured ~4× slower for a probe-sized MLP with 2 threads on 2 busy cores)."""

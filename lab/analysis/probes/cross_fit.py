@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
-from lab.analysis.probes.common import Kind, _features
+from lab.analysis.probes.common import Kind, as_features
 from lab.analysis.probes.probe import fit_probe
-from lab.analysis.probes.splits import _group_ids, group_kfold
+from lab.analysis.probes.splits import group_ids_of, group_kfold
 from lab.metrics.calibration import MIN_PER_CLASS
 
 
@@ -35,14 +35,14 @@ def cross_fit_probe(X: Any, y: Any, groups: Any, n_folds: int = 5, *, kind: Kind
     A classifier needs, in every fold's training rows, at least `min_per_class` groups holding each class; otherwise
     (or with fewer groups than folds, or constant features) nothing is scored and `why` says so in words. `options`
     go to `fit_probe` (its regularisation grid, …)."""
-    X = _features(X)
+    X = as_features(X)
     y = np.asarray(y.detach().cpu() if isinstance(y, Tensor) else y)
     if not (isinstance(n_folds, int) and n_folds >= 2):
         raise ValueError(f"n_folds must be an integer ≥ 2, got {n_folds!r}")
     if groups is None:
         raise ValueError("cross_fit_probe needs groups: the folds are by group")
     values = np.asarray(groups.cpu() if isinstance(groups, Tensor) else groups)
-    ids = _group_ids(values, X.shape[0])
+    ids = group_ids_of(values, X.shape[0])
     if y.shape != (X.shape[0],):
         raise ValueError(f"y must have one label per row of X ({X.shape[0]}), got shape {y.shape}")
     names = np.unique(values)

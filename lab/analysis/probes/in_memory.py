@@ -11,16 +11,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lab.analysis.probes.common import _Fitted, _loss, _newton_fits, _standardise, _threads_for
+from lab.analysis.probes.common import Fitted, held_out_loss, newton_fits, standardise, threads_for
 
 
-def _fit_ridge(X: Tensor, y: Tensor, alphas: Sequence[float]) -> list[_Fitted]:
+def _fit_ridge(X: Tensor, y: Tensor, alphas: Sequence[float]) -> list[Fitted]:
     """Closed form for every α from one SVD: w = V diag(s / (s² + α)) Uᵀ (y − ȳ), b = ȳ."""
-    mean, std = _standardise(X)
+    mean, std = standardise(X)
     U, s, Vh = torch.linalg.svd((X - mean) / std, full_matrices=False)
     y_mean = y.mean()
     Uty = U.T @ (y - y_mean)
-    return [_Fitted("ridge", "regression", mean, std, {"w": Vh.T @ (s / (s**2 + a) * Uty), "b": y_mean})
+    return [Fitted("ridge", "regression", mean, std, {"w": Vh.T @ (s / (s**2 + a) * Uty), "b": y_mean})
             for a in alphas]
 
 
@@ -95,9 +95,9 @@ def _lbfgs_logistic(Z: Tensor, y: Tensor, out_dim: int, lam: float, T: Tensor) -
     return T.detach()
 
 
-def _fit_logistic(X: Tensor, y: Tensor, n_classes: int, lambdas: Sequence[float]) -> list[_Fitted]:
+def _fit_logistic(X: Tensor, y: Tensor, n_classes: int, lambdas: Sequence[float]) -> list[Fitted]:
     """One fit per λ, warm-started from the strongest penalty to the weakest."""
-    mean, std = _standardise(X)
+    mean, std = standardise(X)
     Z = (X - mean) / std
     out_dim = 1 if n_classes == 2 else n_classes
     # With an L2 penalty w lies in the row space of Z: when there are more features than rows, fit in
@@ -108,16 +108,16 @@ def _fit_logistic(X: Tensor, y: Tensor, n_classes: int, lambdas: Sequence[float]
         U, s, Vh = torch.linalg.svd(Z, full_matrices=False)
         features, basis = U * s, Vh.T
     r = features.shape[1]
-    newton = _newton_fits((r + 1) * out_dim)
+    newton = newton_fits((r + 1) * out_dim)
     T = torch.zeros(r + 1, out_dim, dtype=torch.float64)
     fitted = {}
     for lam in sorted(lambdas, reverse=True):
-        with _threads_for(features.shape[0] * (r + 1) ** 2 * out_dim**2):
+        with threads_for(features.shape[0] * (r + 1) ** 2 * out_dim**2):
             T = (_newton_logistic if newton else _lbfgs_logistic)(features, y, out_dim, lam, T)
         w, b = T[:-1], T[-1]
         if basis is not None:
             w = basis @ w
-        fitted[lam] = _Fitted("logistic", "classification", mean, std,
+        fitted[lam] = Fitted("logistic", "classification", mean, std,
                               {"w": w[:, 0] if out_dim == 1 else w, "b": b[0] if out_dim == 1 else b})
     return [fitted[lam] for lam in lambdas]
 
@@ -146,7 +146,7 @@ def _train_mlps(Z: Tensor, y: Tensor, rows: Tensor, decays: Tensor, task: str, o
     lr, beta1, beta2, eps = 1e-2, 0.9, 0.999, 1e-8
     moments = {name: (torch.zeros_like(p), torch.zeros_like(p)) for name, p in params.items()}
     target = y.float()
-    with torch.enable_grad(), _threads_for(N * Z.shape[0] * max(d, hidden)):
+    with torch.enable_grad(), threads_for(N * Z.shape[0] * max(d, hidden)):
         for step in range(1, steps + 1):
             out = torch.relu(Z @ params["W1"] + params["b1"]) @ params["W2"] + params["b2"]  # [N, n, out]
             if task == "regression":
@@ -170,10 +170,10 @@ def _train_mlps(Z: Tensor, y: Tensor, rows: Tensor, decays: Tensor, task: str, o
 
 def _cross_validate_mlp(X: Tensor, y: Tensor, task: str, n_classes: int, folds: list[tuple[np.ndarray, np.ndarray]],
                         decays: Sequence[float], hidden: int, steps: int,
-                        seed: int) -> tuple[dict[float, float], float, _Fitted]:
+                        seed: int) -> tuple[dict[float, float], float, Fitted]:
     """Every (fold, decay) network and every final (all training rows, decay) network in one batched run.
     The standardisation uses all training rows' feature statistics (no labels; the test rows are never seen)."""
-    mean, std = _standardise(X)
+    mean, std = standardise(X)
     Z = ((X - mean) / std).float()
     n, G = X.shape[0], len(decays)
     masks = [np.isin(np.arange(n), tr) for tr, _ in folds] + [np.ones(n, dtype=bool)]
@@ -182,26 +182,26 @@ def _cross_validate_mlp(X: Tensor, y: Tensor, task: str, n_classes: int, folds: 
     out_dim = 1 if task == "regression" or n_classes == 2 else n_classes
     params = _train_mlps(Z, y, rows, decay_of, task, out_dim, hidden, steps, seed)
 
-    def network(k: int) -> _Fitted:
-        return _Fitted("mlp", task, mean, std, {name: p[k, 0] if name.startswith("b") else p[k]
+    def network(k: int) -> Fitted:
+        return Fitted("mlp", task, mean, std, {name: p[k, 0] if name.startswith("b") else p[k]
                                                 for name, p in params.items()})
 
     cv_loss = {g: 0.0 for g in decays}
     for f, (_, val) in enumerate(folds):
         for j, g in enumerate(decays):
-            cv_loss[g] += _loss(network(f * G + j), X[val], y[val]) / len(folds)
+            cv_loss[g] += held_out_loss(network(f * G + j), X[val], y[val]) / len(folds)
     best = min(decays, key=lambda g: (cv_loss[g], -g))
     return cv_loss, best, network(len(folds) * G + list(decays).index(best))
 
 
-def _cross_validate(kind: str, task: str, X: Tensor, y: Tensor, n_classes: int,
+def cross_validate(kind: str, task: str, X: Tensor, y: Tensor, n_classes: int,
                     folds: list[tuple[np.ndarray, np.ndarray]], grid: Sequence[float], mlp_hidden: int,
-                    mlp_steps: int, seed: int) -> tuple[dict[float, float], float, _Fitted]:
+                    mlp_steps: int, seed: int) -> tuple[dict[float, float], float, Fitted]:
     """(mean held-out loss per candidate, the best candidate, the probe refitted on all rows with it)."""
     if kind == "mlp":
         return _cross_validate_mlp(X, y, task, n_classes, folds, grid, mlp_hidden, mlp_steps, seed)
 
-    def fit(rows: np.ndarray, candidates: Sequence[float]) -> list[_Fitted]:
+    def fit(rows: np.ndarray, candidates: Sequence[float]) -> list[Fitted]:
         if kind == "ridge":
             return _fit_ridge(X[rows], y[rows].double(), candidates)
         return _fit_logistic(X[rows], y[rows], n_classes, candidates)
@@ -209,7 +209,7 @@ def _cross_validate(kind: str, task: str, X: Tensor, y: Tensor, n_classes: int,
     cv_loss = {g: 0.0 for g in grid}
     for train, val in folds:
         for g, fitted in zip(grid, fit(train, grid)):
-            cv_loss[g] += _loss(fitted, X[val], y[val]) / len(folds)
+            cv_loss[g] += held_out_loss(fitted, X[val], y[val]) / len(folds)
     best = min(grid, key=lambda g: (cv_loss[g], -g))  # ties: the stronger regularisation
     return cv_loss, best, fit(np.arange(X.shape[0]), [best])[0]
 

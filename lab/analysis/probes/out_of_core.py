@@ -14,11 +14,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lab.analysis.activations import StoredRows
-from lab.analysis.probes.common import _Fitted, _loss_of_scores, _newton_fits
-from lab.analysis.probes.shards import _PartSums, _chunks, _part_sums, _streamed_rank, _streamed_scores
+from lab.analysis.probes.common import Fitted, loss_of_scores, newton_fits
+from lab.analysis.probes.shards import PartSums, shard_rows, part_sums, streamed_rank, streamed_scores
 
 
-def _streamed_ridge(s: _PartSums, parts: Sequence[int], alphas: Sequence[float]) -> list[_Fitted]:
+def _streamed_ridge(s: PartSums, parts: Sequence[int], alphas: Sequence[float]) -> list[Fitted]:
     """`_fit_ridge` from sums: with Z the standardised rows, w = (ZᵀZ + αI)⁻¹ Zᵀ(y − ȳ), b = ȳ, where
     ZᵀZ = D⁻¹(Σx'x'ᵀ − n x̄'x̄'ᵀ)D⁻¹ and Zᵀ(y − ȳ) = D⁻¹(Σx'y − n x̄'ȳ) (x' = x − c, D = diag(std)); one
     eigendecomposition of ZᵀZ serves every α."""
@@ -30,7 +30,7 @@ def _streamed_ridge(s: _PartSums, parts: Sequence[int], alphas: Sequence[float])
     zty = (s.xy[idx].sum(0) - n * m * y_mean) / std
     lam, Q = torch.linalg.eigh(ztz)
     qty = Q.T @ zty
-    return [_Fitted("ridge", "regression", mean, std, {"w": Q @ (qty / (lam.clamp_min(0) + a)), "b": y_mean})
+    return [Fitted("ridge", "regression", mean, std, {"w": Q @ (qty / (lam.clamp_min(0) + a)), "b": y_mean})
             for a in alphas]
 
 
@@ -52,7 +52,7 @@ def _logistic_pass(X: StoredRows, part: np.ndarray, y: Tensor, out_dim: int, fit
     """Mean cross-entropy at Ts[i] for each fit (without the penalty), and with `derivatives` its gradient
     Aᵀ(P − Y)/n and Hessian (as `_newton_logistic` forms them), in one pass over the shards."""
     sums: list[list[Any]] = [[0.0, None, None] for _ in fits]
-    for start, chunk in _chunks(X):
+    for start, chunk in shard_rows(X):
         here = torch.as_tensor(part[start: start + len(chunk)])
         labels = y[start: start + len(chunk)]
         for i, (fit, T) in enumerate(zip(fits, Ts)):
@@ -169,7 +169,7 @@ def _gradient_pass(X: StoredRows, part: np.ndarray, y: Tensor, out_dim: int, fit
                    T: Tensor) -> tuple[float, Tensor]:
     """Mean cross-entropy and its gradient Aᵀ(P − Y)/n, without the Hessian (for L-BFGS)."""
     total, G = 0.0, torch.zeros_like(T)
-    for start, chunk in _chunks(X):
+    for start, chunk in shard_rows(X):
         sel = torch.isin(torch.as_tensor(part[start: start + len(chunk)]), torch.as_tensor(fit.parts))
         if not bool(sel.any()):
             continue
@@ -187,8 +187,8 @@ def _gradient_pass(X: StoredRows, part: np.ndarray, y: Tensor, out_dim: int, fit
     return total / fit.n, G / fit.n
 
 
-def _streamed_logistic(X: StoredRows, part: np.ndarray, y: Tensor, n_classes: int, s: _PartSums,
-                       fold_parts: Sequence[Sequence[int]], lambdas: Sequence[float]) -> list[list[_Fitted]]:
+def _streamed_logistic(X: StoredRows, part: np.ndarray, y: Tensor, n_classes: int, s: PartSums,
+                       fold_parts: Sequence[Sequence[int]], lambdas: Sequence[float]) -> list[list[Fitted]]:
     """`_fit_logistic` on each union of parts in `fold_parts`, for every λ (warm-started from the strongest
     penalty to the weakest), all fits of one λ in lockstep. Newton while (features + 1)·out ≤
     NEWTON_MAX_PARAMS, else L-BFGS, as in memory (in memory a wide, short X is first reduced to its row
@@ -199,24 +199,24 @@ def _streamed_logistic(X: StoredRows, part: np.ndarray, y: Tensor, n_classes: in
     for parts in fold_parts:
         n, mean, std = s.moments(parts)
         fits.append(_Streamed(list(parts), mean, std, n, torch.zeros(d + 1, out_dim, dtype=torch.float64)))
-    newton = _newton_fits((d + 1) * out_dim)
-    fitted: dict[float, list[_Fitted]] = {}
+    newton = newton_fits((d + 1) * out_dim)
+    fitted: dict[float, list[Fitted]] = {}
     for lam in sorted(lambdas, reverse=True):
         if newton:
             _streamed_newton(X, part, y, out_dim, lam, fits)
         else:
             for fit in fits:
                 _streamed_lbfgs(X, part, y, out_dim, lam, fit)
-        fitted[lam] = [_Fitted("logistic", "classification", fit.mean, fit.std,
+        fitted[lam] = [Fitted("logistic", "classification", fit.mean, fit.std,
                                {"w": fit.T[:-1, 0] if out_dim == 1 else fit.T[:-1],
                                 "b": fit.T[-1, 0] if out_dim == 1 else fit.T[-1]}) for fit in fits]
     return [[fitted[lam][j] for lam in lambdas] for j in range(len(fold_parts))]
 
 
-def _cross_validate_streamed(kind: str, X: StoredRows, y: Tensor, n_classes: int, train: np.ndarray, test: np.ndarray,
+def cross_validate_streamed(kind: str, X: StoredRows, y: Tensor, n_classes: int, train: np.ndarray, test: np.ndarray,
                              folds: list[tuple[np.ndarray, np.ndarray]],
-                             grid: Sequence[float]) -> tuple[dict[float, float], float, _Fitted, int]:
-    """`_cross_validate` (and `feature_rank` of the training rows) with the rows read shard by shard.
+                             grid: Sequence[float]) -> tuple[dict[float, float], float, Fitted, int]:
+    """`cross_validate` (and `feature_rank` of the training rows) with the rows read shard by shard.
     Returns (cv loss per candidate, the best candidate, the refitted probe, the rank)."""
     K = len(folds)
     part = np.full(len(X), -1)
@@ -224,8 +224,8 @@ def _cross_validate_streamed(kind: str, X: StoredRows, y: Tensor, n_classes: int
         part[train[val]] = k
     part[test] = K
     train_parts = list(range(K))
-    s = _part_sums(X, part, K + 1, train_parts, y.double() if kind == "ridge" else None, per_part_gram=kind == "ridge")
-    rank = _streamed_rank(s, train_parts)
+    s = part_sums(X, part, K + 1, train_parts, y.double() if kind == "ridge" else None, per_part_gram=kind == "ridge")
+    rank = streamed_rank(s, train_parts)
     if rank == 0:
         return {}, math.nan, None, 0
     fold_parts = [[p for p in train_parts if p != k] for k in range(K)]
@@ -236,9 +236,9 @@ def _cross_validate_streamed(kind: str, X: StoredRows, y: Tensor, n_classes: int
     cv_loss = {g: 0.0 for g in grid}
     for k, (_, val) in enumerate(folds):  # held-out loss: a pass scoring fold k's rows with its K fits
         rows = train[val]
-        scores = _streamed_scores(X, rows, per_fold[k])
+        scores = streamed_scores(X, rows, per_fold[k])
         for g, fit, sc in zip(grid, per_fold[k], scores):
-            cv_loss[g] += _loss_of_scores(fit.task, sc, y[rows]) / K
+            cv_loss[g] += loss_of_scores(fit.task, sc, y[rows]) / K
     best = min(grid, key=lambda g: (cv_loss[g], -g))
     if kind == "ridge":
         final = _streamed_ridge(s, train_parts, [best])[0]

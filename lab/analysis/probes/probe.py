@@ -14,12 +14,12 @@ from jaxtyping import Float
 from torch import Tensor
 
 from lab.analysis.activations import ActivationStore, StoredRows
-from lab.analysis.probes.common import (LOGISTIC_LAMBDAS, MLP_DECAYS, RIDGE_ALPHAS, Kind, _features, _Fitted,
+from lab.analysis.probes.common import (LOGISTIC_LAMBDAS, MLP_DECAYS, RIDGE_ALPHAS, Kind, as_features, Fitted,
                                         accuracy, feature_rank, r2_score)
-from lab.analysis.probes.in_memory import _cross_validate
-from lab.analysis.probes.out_of_core import _cross_validate_streamed
-from lab.analysis.probes.shards import _streamed_scores
-from lab.analysis.probes.splits import _group_ids, group_kfold, group_split
+from lab.analysis.probes.in_memory import cross_validate
+from lab.analysis.probes.out_of_core import cross_validate_streamed
+from lab.analysis.probes.shards import streamed_scores
+from lab.analysis.probes.splits import group_ids_of, group_kfold, group_split
 from lab.metrics.calibration import Metric, auroc_ci, bootstrap_ci
 
 
@@ -31,12 +31,13 @@ class ProbeResult:
     task: str  # classification | regression
     regularization: float  # the chosen α (ridge), λ (logistic) or weight decay (mlp)
     cv_loss: dict[float, float]  # mean held-out loss per candidate, from grouped k-fold CV
-    metrics: dict[str, Metric]  # test: accuracy and auroc (classification), r2 (regression; ridge also auroc on 0/1 labels)
+    # test: accuracy and auroc (classification), r2 (regression; ridge also auroc on 0/1 labels)
+    metrics: dict[str, Metric]
     train_index: np.ndarray
     test_index: np.ndarray
     test_scores: Tensor  # probe output on the test rows: P(y = classes[1]), [n, k] probabilities, or ŷ
     classes: np.ndarray | None  # label values in the order of the probe's outputs (classification)
-    fitted: _Fitted | None = field(repr=False)  # None when the features are constant (nothing was fitted)
+    fitted: Fitted | None = field(repr=False)  # None when the features are constant (nothing was fitted)
     feature_rank: int = -1  # numerical rank of the centred training features (`feature_rank`)
     n_features: int = 0
 
@@ -45,14 +46,14 @@ class ProbeResult:
         """The training features do not vary (rank 0): the probe is flagged, not fitted, not scored."""
         return self.feature_rank == 0
 
-    def _require_fit(self) -> _Fitted:
+    def _require_fit(self) -> Fitted:
         if self.fitted is None:
             raise ValueError("constant features (rank 0 on the training rows): this probe was not fitted")
         return self.fitted
 
     def predict_scores(self, X: Any) -> Tensor:
         """The probe's output for new rows (same feature space as it was fitted on)."""
-        return self._require_fit().scores(_features(X))
+        return self._require_fit().scores(as_features(X))
 
     @property
     def weight(self) -> Tensor:
@@ -60,7 +61,8 @@ class ProbeResult:
         if self.kind == "mlp":
             raise ValueError("an MLP probe has no single direction; use a ridge or logistic probe")
         self._require_fit()
-        return self.fitted.params["w"] / (self.fitted.std if self.fitted.params["w"].ndim == 1 else self.fitted.std[:, None])
+        w = self.fitted.params["w"]
+        return w / (self.fitted.std if w.ndim == 1 else self.fitted.std[:, None])
 
     @property
     def bias(self) -> Tensor:
@@ -85,7 +87,7 @@ class ProbeResult:
         return f"{self.kind} probe (reg {self.regularization:g}): {parts}"
 
 
-def fit_probe(X: Any, y: Any, kind: Kind = "logistic", *, groups: Any = None, test_fraction: float = 0.25,
+def fit_probe(X: Any, y: Any, kind: Kind = "logistic", *, groups: Any = None, test_fraction: float = 0.25,  # noqa: C901  (one path per probe kind and split)
               n_folds: int = 5, grid: Sequence[float] | None = None, split: tuple[Any, Any] | None = None,
               n_bootstrap: int = 1000, seed: int = 0, mlp_hidden: int = 64, mlp_steps: int = 300,
               task: str | None = None) -> ProbeResult:
@@ -107,7 +109,7 @@ def fit_probe(X: Any, y: Any, kind: Kind = "logistic", *, groups: Any = None, te
     stored = isinstance(X, StoredRows)
     if stored and kind == "mlp":
         raise ValueError("an MLP probe is fitted in memory: give store.load(name)[name], not the store")
-    X = X if stored else _features(X)
+    X = X if stored else as_features(X)
     n_features = int(np.prod(X.shape[1:])) if stored else X.shape[1]
     y_raw = np.asarray(y.detach().cpu() if isinstance(y, Tensor) else y)
     if y_raw.shape != (X.shape[0],):
@@ -131,7 +133,7 @@ def fit_probe(X: Any, y: Any, kind: Kind = "logistic", *, groups: Any = None, te
     grid = tuple(grid if grid is not None else
                  {"ridge": RIDGE_ALPHAS, "logistic": LOGISTIC_LAMBDAS, "mlp": MLP_DECAYS}[kind])
 
-    group_ids = _group_ids(groups, X.shape[0])
+    group_ids = group_ids_of(groups, X.shape[0])
     if split is None:
         train, test = group_split(group_ids, test_fraction, seed)
     else:
@@ -144,7 +146,7 @@ def fit_probe(X: Any, y: Any, kind: Kind = "logistic", *, groups: Any = None, te
         return group_kfold(group_ids[train], min(n_folds, len(np.unique(group_ids[train]))), seed=seed + 1)
 
     if stored:  # one shard's rows in memory at a time (see `out_of_core`); the rank comes from the same pass
-        cv_loss, best, fitted, rank = _cross_validate_streamed(kind, X, y_t, n_classes, train, test, grouped_folds(),
+        cv_loss, best, fitted, rank = cross_validate_streamed(kind, X, y_t, n_classes, train, test, grouped_folds(),
                                                                grid)
     else:
         rank = feature_rank(X[train])
@@ -155,9 +157,9 @@ def fit_probe(X: Any, y: Any, kind: Kind = "logistic", *, groups: Any = None, te
         return ProbeResult(kind, task, float("nan"), {}, {name: blank for name in names}, train, test,
                            torch.full((len(test),), float("nan"), dtype=torch.float64), classes, None, 0, n_features)
     if stored:
-        scores = _streamed_scores(X, test, [fitted])[0]
+        scores = streamed_scores(X, test, [fitted])[0]
     else:
-        cv_loss, best, fitted = _cross_validate(kind, task, X[train], y_t[train], n_classes, grouped_folds(), grid,
+        cv_loss, best, fitted = cross_validate(kind, task, X[train], y_t[train], n_classes, grouped_folds(), grid,
                                                 mlp_hidden, mlp_steps, seed)
         scores = fitted.scores(X[test])
     y_test, s_test = y_t[test].numpy(), scores.numpy()
@@ -188,7 +190,7 @@ def fit_probes(activations: Mapping[str, Any], y: Any, kind: Kind = "logistic", 
     if not acts:
         raise ValueError("no activations to probe")
     n = len(next(iter(acts.values())))
-    split = group_split(_group_ids(groups, n), test_fraction, seed)
+    split = group_split(group_ids_of(groups, n), test_fraction, seed)
     return {name: fit_probe(X, y, kind, groups=groups, split=split, seed=seed, **options) for name, X in acts.items()}
 
 
@@ -211,7 +213,7 @@ def steering_vector(result: ProbeResult, X: Any = None, y: Any = None) -> Float[
     u = result.direction
     scale = 1.0
     if X is not None:
-        Xf = _features(X)
+        Xf = as_features(X)
         if Xf.shape[1] != u.shape[0]:
             raise ValueError(f"X has {Xf.shape[1]} features per row; the probe was fitted on {u.shape[0]}")
         if y is None:

@@ -10,13 +10,13 @@ import torch
 from torch import Tensor
 
 from lab.analysis.activations import StoredRows
-from lab.analysis.probes.common import FEATURE_RTOL, _Fitted
+from lab.analysis.probes.common import FEATURE_RTOL, Fitted
 
 
 # Rows are labelled by part: fold k of the cross-validation (0..K-1, training rows), K (test rows), or -1
 # (in neither). Every fit is over a union of parts, so one pass over the shards gives each part's sums and
 # every fold's statistics are sums of parts. Memory: one shard's rows plus [features]² per part (ridge).
-def _chunks(X: StoredRows) -> Iterator[tuple[int, Tensor]]:
+def shard_rows(X: StoredRows) -> Iterator[tuple[int, Tensor]]:
     """(first row, float64 [rows, features]) per shard, in row order."""
     start = 0
     for chunk in X.chunks():
@@ -25,7 +25,7 @@ def _chunks(X: StoredRows) -> Iterator[tuple[int, Tensor]]:
 
 
 @dataclass
-class _PartSums:
+class PartSums:
     """Per-part sums of the shifted rows x − c (c: the first shard's mean, so that the one-pass variance
     Σx²/n − x̄² does not cancel): count, Σx, Σx², and for ridge Σxxᵀ, Σx·y, Σy."""
 
@@ -38,7 +38,7 @@ class _PartSums:
     y1: Tensor | None  # [parts]
 
     def moments(self, parts: Sequence[int]) -> tuple[int, Tensor, Tensor]:
-        """(rows, mean, std) of the union of `parts`, as `_standardise` computes them on those rows."""
+        """(rows, mean, std) of the union of `parts`, as `standardise` computes them on those rows."""
         idx = list(parts)
         n = int(self.count[idx].sum())
         m = self.s1[idx].sum(0) / n
@@ -46,15 +46,15 @@ class _PartSums:
         return n, m + self.shift, var.sqrt().clamp_min(1e-8)
 
 
-def _part_sums(X: StoredRows, part: np.ndarray, n_parts: int, train_parts: Sequence[int], y: Tensor | None,
-               per_part_gram: bool) -> _PartSums:
+def part_sums(X: StoredRows, part: np.ndarray, n_parts: int, train_parts: Sequence[int], y: Tensor | None,
+               per_part_gram: bool) -> PartSums:
     d = int(np.prod(X.shape[1:]))
-    s = _PartSums(torch.zeros(0), np.zeros(n_parts, dtype=np.int64), torch.zeros(n_parts, d, dtype=torch.float64),
+    s = PartSums(torch.zeros(0), np.zeros(n_parts, dtype=np.int64), torch.zeros(n_parts, d, dtype=torch.float64),
                   torch.zeros(n_parts, d, dtype=torch.float64),
                   torch.zeros((n_parts, d, d) if per_part_gram else (d, d), dtype=torch.float64),
                   torch.zeros(n_parts, d, dtype=torch.float64) if y is not None else None,
                   torch.zeros(n_parts, dtype=torch.float64) if y is not None else None)
-    for start, chunk in _chunks(X):
+    for start, chunk in shard_rows(X):
         if not len(s.shift):
             s.shift = chunk.mean(0)
         here = part[start: start + len(chunk)]
@@ -75,7 +75,7 @@ def _part_sums(X: StoredRows, part: np.ndarray, n_parts: int, train_parts: Seque
     return s
 
 
-def _streamed_rank(s: _PartSums, parts: Sequence[int]) -> int:
+def streamed_rank(s: PartSums, parts: Sequence[int]) -> int:
     """`feature_rank` of the rows of `parts` from their Gram matrix: the centred singular values are the
     square roots of the centred Gram's eigenvalues, the scale is ‖X‖₂ = √λ_max(XᵀX) of the unshifted rows.
     (Eigenvalues carry an error of ~ε·λ_max, i.e. singular values ~√ε·‖X‖₂ ≈ 1.5e-8·‖X‖₂, below rtol.)"""
@@ -94,13 +94,13 @@ def _streamed_rank(s: _PartSums, parts: Sequence[int]) -> int:
     return int((singular > FEATURE_RTOL * scale).sum())
 
 
-def _streamed_scores(X: StoredRows, rows: np.ndarray, fits: Sequence[_Fitted]) -> list[Tensor]:
+def streamed_scores(X: StoredRows, rows: np.ndarray, fits: Sequence[Fitted]) -> list[Tensor]:
     """Each fit's scores on `rows` (in the order given), one pass over the shards."""
     order = np.full(len(X), -1)
     order[rows] = np.arange(len(rows))
     out: list[list[Tensor]] = [[] for _ in fits]
     where: list[np.ndarray] = []
-    for start, chunk in _chunks(X):
+    for start, chunk in shard_rows(X):
         at = order[start: start + len(chunk)]
         sel = at >= 0
         if sel.any():

@@ -8,7 +8,7 @@ import numpy as np
 from torch import Tensor
 
 
-def _group_ids(groups: Any, n: int | None) -> np.ndarray:
+def group_ids_of(groups: Any, n: int | None) -> np.ndarray:
     if groups is None:
         if n is None:
             raise ValueError("without groups, give the number of rows n (every row is its own group)")
@@ -27,7 +27,7 @@ def group_split(groups: Any, test_fraction: float = 0.25, seed: int = 0,
     """
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must lie in (0, 1), got {test_fraction}")
-    ids = _group_ids(groups, len(groups) if groups is not None else n)
+    ids = group_ids_of(groups, len(groups) if groups is not None else n)
     n_groups = int(ids.max()) + 1
     if n_groups < 2:
         raise ValueError("a train/test split needs at least two groups")
@@ -45,7 +45,7 @@ def group_partition(groups: Any, fractions: Sequence[float] = (0.4, 0.3, 0.3), s
     fractions = tuple(float(f) for f in fractions)
     if len(fractions) < 2 or any(f <= 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-9:
         raise ValueError(f"fractions must be ≥ 2 positive shares summing to 1, got {fractions}")
-    ids = _group_ids(groups, len(groups) if groups is not None else n)
+    ids = group_ids_of(groups, len(groups) if groups is not None else n)
     n_groups = int(ids.max()) + 1
     if n_groups < len(fractions):
         raise ValueError(f"a split into {len(fractions)} parts needs at least {len(fractions)} groups, got {n_groups}")
@@ -61,7 +61,7 @@ def group_partition(groups: Any, fractions: Sequence[float] = (0.4, 0.3, 0.3), s
 
 def group_kfold(groups: Any, n_folds: int = 5, seed: int = 0, n: int | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
     """k (train rows, validation rows) folds; each group is in exactly one validation fold."""
-    ids = _group_ids(groups, len(groups) if groups is not None else n)
+    ids = group_ids_of(groups, len(groups) if groups is not None else n)
     n_groups = int(ids.max()) + 1
     if n_folds < 2 or n_folds > n_groups:
         raise ValueError(f"n_folds must lie in [2, number of groups = {n_groups}], got {n_folds}")

@@ -322,7 +322,7 @@ def has_checkpoint(out_dir: str | Path) -> bool:
     return True
 
 
-def train_transcoders(store: ActivationStore | str | Path, cfg: TranscoderConfig, training: TranscoderTraining,
+def train_transcoders(store: ActivationStore | str | Path, cfg: TranscoderConfig, training: TranscoderTraining,  # noqa: C901  (one path per parallel layout)
                       out_dir: str | Path, *, resume: bool = False, stop_after: int | None = None,
                       log_every: int = 50, parallel: str = "data") -> Transcoders:
     """Train transcoders on the store's rows; resume=True continues from out_dir/checkpoint. stop_after: stop (with

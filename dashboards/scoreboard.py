@@ -1,0 +1,48 @@
+"""Methods against the truth: every interpretability method graded on worlds whose law and mechanism are known —
+the table first (method × world × readout × grade, with intervals and controls), then each method's figures."""
+
+from pathlib import Path
+
+import streamlit as st
+
+from dashboards.common import figures, read_table, show_headlines, show_run, show_table
+
+COLUMNS = ["method", "world", "readout", "grade", "value", "low", "high", "chance", "control", "control_low",
+           "control_high", "control_at_chance", "n"]
+FIGURES_BY_METHOD = (("Lenses", ["lenses"]), ("Input attribution", ["attribution"]),
+                     ("Probes", ["belief_simplex", "probes"]), ("Heads and patching", ["heads", "attribution_patching"]))
+
+
+def render(folder: Path, results: dict) -> None:
+    st.caption("Each grade is a mean over held-out prompts with its bootstrap 95% interval; beside it, a control that "
+               "knows nothing (another prompt's reading for a lens, permuted scores for an attribution method, "
+               "shuffled targets for a probe, permuted heads or cells for detectors and patching) and the value "
+               "chance gives it. `control_at_chance` is false where the control clears chance.")
+    show_headlines(results)
+    table = read_table(folder / "scoreboard.parquet", "scoreboard", COLUMNS)
+    if table is None:
+        st.info("This run has no scoreboard.parquet: run `forma run scoreboard` again.")
+        return
+    st.subheader("The scoreboard")
+    methods = sorted(table["method"].unique())
+    worlds = sorted(table["world"].unique())
+    left, right = st.columns(2)
+    with left:
+        chosen_methods = st.multiselect("Methods", methods, default=methods, key="scoreboard_methods")
+    with right:
+        chosen_worlds = st.multiselect("Worlds", worlds, default=worlds, key="scoreboard_worlds")
+    shown = table[table["method"].isin(chosen_methods) & table["world"].isin(chosen_worlds)]
+    show_table(shown.reset_index(drop=True))
+    unreadable: list[str] = []
+    drawn = dict(figures(folder, unreadable))
+    for title, names in FIGURES_BY_METHOD:
+        st.subheader(title)
+        for name in names:
+            if name in drawn:
+                st.plotly_chart(drawn[name], key=f"fig-{folder.name}-{name}")
+    if unreadable:
+        st.warning(f"Figures that are not readable plotly JSON, left out: {', '.join(unreadable)}. Run `forma run "
+                   "scoreboard` again.")
+
+
+show_run("scoreboard", render, fields={"table": list, "headlines": list, "worlds": dict}, required=("table",))

@@ -1,0 +1,84 @@
+"""Methods against the truth: interpretability methods graded on worlds whose law and mechanism are known exactly.
+
+No toolkit can tell its user whether its methods are right by comparing them with each other; a world whose true
+next-token law and mechanism are known can. The run trains one small model on each of four worlds (lab.data) and
+grades every method that applies there, each grade a mean over held-out prompts with a bootstrap 95% interval and
+a control that must score at chance (lab.metrics.grading, lab.analysis.grading):
+
+    world                      its law                               the ground truth of its mechanism
+    order-2 Markov chain       p(x_{t+1} | the last two tokens)      the two last positions
+    Mess3 (Shai et al. 2024)   η_t T^(a) 1, by forward filtering     the belief state η_t at every position
+    induction (repeated span)  x_{t+1} = x_{t+1−m} inside the repeat the position after the previous occurrence
+    facts (Kalai & Vempala)    the person's value                    the name's two words
+
+    1. Lenses, every layer (Markov, Mess3, induction): the logit lens, the tuned lens (Belrose et al. 2023, fitted
+       by Forma) and the Jacobian lens (Gurnee et al. 2026), each graded by KL(p ‖ P^(l)) — the ground-truth lens
+       — and KL(P_θ ‖ P^(l)); control: another prompt's reading, which must be no better than the best
+       prompt-blind law.
+    2. Probes (Mess3, facts): linear probes from each layer's residual stream and all of them side by side to the
+       belief state (R²) and to the fact's value (accuracy), beside shuffled targets, an untrained model of the same
+       shape and Hewitt & Liang's control task (selectivity); the belief simplex of Shai et al.'s Fig. 1, true
+       beside read.
+    3. Input attribution (Markov, induction, facts) of the prediction after a prompt's last token: gradient,
+       gradient × input, integrated gradients and occlusion through Captum on Forma's hooks, attention weights and
+       rollout, attribution patching at the embedding, and the attribution graph (lab.analysis.graphs, over top-k
+       transcoders trained on the world's model: each position's share of the tokens' path influence); graded by
+       AUROC and the share of the mass on the relevant positions, and by Spearman ρ with the model's own exhaustive
+       causal effects (every position resampled to every token); control: the method's scores permuted within the
+       prompt.
+    4. Heads and patching (induction): the induction and previous-token detectors against every head's ablation
+       effect on copying (exhaustive), and attribution patching against the exhaustive patching sweep.
+
+Every row of the table (results.json "table", scoreboard.parquet) is method × world × readout × grade with its
+interval, its control's interval, chance, and whether the control is at chance; the points the belief simplex
+and the attribution-patching figures draw are tables of their own (belief_simplex.parquet,
+attribution_patching_points.parquet). `headlines(results)` says which
+method reads the truth where, and why not where the run cannot say. Figures: lenses, attribution, belief_simplex,
+probes, heads, attribution_patching. The four worlds train and are graded independently, shared out to
+`cfg.workers` processes (lab.parallel); results do not depend on how many.
+
+Where each part lives: `config` (Config, the profiles, the worlds, the seed streams), `parts` (each world's
+training and grades), `summary` (headlines) and `figures`; `run` is here.
+"""
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+from experiments.scoreboard.config import Config
+from experiments.scoreboard.figures import write_figures
+from experiments.scoreboard.parts import facts_part, source_part
+from experiments.scoreboard.summary import headlines
+from lab.configs import torch_threads
+from lab.parallel import run_tasks
+from lab.runs import save_table
+
+__all__ = ["Config", "headlines", "run"]
+
+
+def run(cfg: Config, out: Path) -> dict[str, Any]:
+    """Train and grade on every world (in `cfg.workers` processes), then the table, the headlines and the figures."""
+    out = Path(out)
+    clock = time.perf_counter()
+    profile = cfg.profile
+    # The longest parts first; every tensor is small, so each part runs on one intra-op thread.
+    tasks = [(source_part, "induction", profile, cfg.seed, out), (facts_part, profile, cfg.seed, out),
+             (source_part, "markov", profile, cfg.seed, out), (source_part, "mess3", profile, cfg.seed, out)]
+    with torch_threads(1):
+        parts = run_tasks(tasks, workers=cfg.workers, threads=1)
+    worlds = {part["world"]: part for part in parts}
+    table = [r for name in ("markov", "mess3", "induction", "facts") for r in worlds[name].pop("rows")]
+    save_table(table, out, "scoreboard")
+    simplex = worlds["mess3"].pop("simplex")
+    points = worlds["induction"]["attribution_patching"].pop("points")
+    save_table([{"sweep": sweep, "estimate": a, "exhaustive": e} for sweep, pair in points.items()
+                for a, e in zip(pair["estimate"], pair["exhaustive"])], out, "attribution_patching_points")
+    results: dict[str, Any] = {"profile": dataclasses.asdict(profile), "table": table, "worlds": worlds,
+                               "seconds": {name: part.pop("seconds") for name, part in worlds.items()}}
+    results["headlines"] = headlines(results)
+    began = time.perf_counter()
+    results["figures"] = write_figures(out, results, simplex, points)
+    results["seconds"]["figures"] = time.perf_counter() - began
+    results["seconds"]["total"] = time.perf_counter() - clock
+    return results

@@ -1,0 +1,84 @@
+"""The scoreboard's Config, its two profiles and the worlds every part trains a model on."""
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from lab.configs import check_fields, need
+
+# The worlds (lab.data): each gives its exact law and the ground truth of its mechanism.
+MARKOV_WORLD = {"kind": "markov", "vocab_size": 8, "order": 2, "concentration": 0.3, "seed": 0}
+MESS3_WORLD = {"kind": "mess3", "x": 0.05, "alpha": 0.85, "seed": 0}  # Shai et al. 2024's parameters
+# 16 symbols, spans of 3 … 7 before the repeat: a 2-layer model forms induction heads within the quick profile's
+# training (measured: on 24 symbols and spans of 5 … 9 it copies by other means first).
+INDUCTION_WORLD = {"kind": "induction", "vocab_size": 16, "min_period": 3, "max_period": 7, "seed": 0}
+# Arbitrary facts (Kalai & Vempala's world) with one attribute of 8 single-word values, in two sentence forms;
+# every fact is in training many times (popularity ≥ 1, 6,000 draws over 120 facts): the model knows them all.
+FACTS_WORLD = {"n_first_names": 20, "n_last_names": 20, "n_persons": 120, "attributes": ["team"], "n_values": 8,
+               "n_train": 6000, "pareto_gamma": 1.5, "seed": 0}
+FIGURES = ("lenses", "attribution", "belief_simplex", "probes", "heads", "attribution_patching")
+LENSES = ("logit", "tuned", "jacobian")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What the default and quick runs differ in: the models' width and training, and how many held-out prompts
+    each grade averages over (every interval is over prompts)."""
+
+    d_model: int
+    steps: dict[str, int]  # training steps per world
+    eval_prompts: int  # held-out sequences for the lenses, probes and head detectors
+    fit_prompts: int  # sequences the tuned and Jacobian lenses are fitted on (a separate draw)
+    attribution_prompts: int  # prompts whose last prediction each attribution method explains
+    patching_prompts: int  # prompts of the attribution-patching comparison (one exhaustive sweep each)
+    n_boot: int
+    transcoder_features: int  # per layer: the top-k transcoders behind each world's attribution graphs
+    transcoder_steps: int
+    seq_len: int = 16
+    batch_size: int = 32
+    n_layers: int = 2
+    n_heads: int = 4
+    lr: float = 3e-3
+    ig_steps: int = 32
+
+
+DEFAULT = Profile(d_model=64, steps={"markov": 3000, "mess3": 3000, "induction": 3000, "facts": 4000},
+                  eval_prompts=1024, fit_prompts=512, attribution_prompts=256, patching_prompts=64, n_boot=1000,
+                  transcoder_features=512, transcoder_steps=800)
+# Quick is the default at a smaller size: narrower models, a sixth to a quarter of the training, fewer prompts.
+QUICK = Profile(d_model=32, steps={"markov": 500, "mess3": 500, "induction": 800, "facts": 1000},
+                eval_prompts=192, fit_prompts=96, attribution_prompts=48, patching_prompts=12, n_boot=400,
+                transcoder_features=128, transcoder_steps=200)
+
+
+@dataclass
+class Config:
+    """The scoreboard: `seed` seeds the models, the batch order and every draw from the worlds (the worlds
+    themselves are fixed above); `quick` is the small profile for tests and the demo."""
+
+    seed: int = 0
+    quick: bool = False
+    workers: int = 2  # processes for the worlds' independent parts (lab.parallel); results do not depend on it
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        need(self, self.seed >= 0, f"seed must be a non-negative integer, got {self.seed!r}")
+        need(self, self.workers >= 1, f"workers must be a positive integer, got {self.workers!r}")
+
+    @property
+    def profile(self) -> Profile:
+        return QUICK if self.quick else DEFAULT
+
+
+PURPOSES = ("train", "val", "eval", "fit", "attribution", "patching", "probe")
+
+
+def sample_seed(seed: int, world: str, purpose: str) -> int:
+    """A seed for one named stream of draws from one world, decorrelated from the others by SeedSequence hashing."""
+    worlds = ("markov", "mess3", "induction", "facts")
+    return int(np.random.SeedSequence([seed, worlds.index(world), PURPOSES.index(purpose)]).generate_state(1)[0])
+
+
+def world_spec(name: str) -> dict[str, Any]:
+    return {"markov": MARKOV_WORLD, "mess3": MESS3_WORLD, "induction": INDUCTION_WORLD, "facts": FACTS_WORLD}[name]

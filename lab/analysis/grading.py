@@ -1,0 +1,409 @@
+"""Grade an interpretability method on a Forma model against a world whose law and mechanism are known.
+
+Each function takes a model, held-out prompts drawn from the world, and the world's truth, and returns `Grade`s
+(lab.metrics.grading): the method's value with a bootstrap 95% interval over prompts, a control that knows
+nothing, and what chance gives that control.
+
+    grade_lens               a lens's reading at every layer against the true law p and against the model
+                             (KL(p ‖ P^(l)), KL(P_θ ‖ P^(l)); `logit_lens`, a `TunedLens`, a `JacobianLens`, …)
+    grade_input_attribution  input-attribution scores for the last prediction against the positions the true law
+                             reads (AUROC, share of the mass) and against the model's exhaustive causal effects;
+                             given transcoders, the attribution graph's too (`graph_position_scores`)
+    grade_belief_probes      linear probes from the residual stream to a hidden-Markov belief state (R²), with
+                             shuffled targets, an untrained model of the same shape and Hewitt & Liang's control
+                             task beside them
+    grade_value_probes       linear probes to a categorical value, e.g. a fact's (accuracy), with the same controls
+    grade_head_detectors     head-detector scores against each head's exhaustive ablation effect on copying
+    grade_attribution_patching  attribution patching's estimates against the exhaustive patching sweep
+
+A world supplies its truth through `relevant_positions(tokens)` (the positions each prediction reads),
+`conditionals(tokens)` (the law) and, for a hidden-Markov world, `beliefs(tokens)` (lab.data.sources,
+lab.data.mechanisms); a fact world's prompts through `lab.data.facts.FactWorld.cloze`.
+"""
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from lab.analysis.attribution import attribution_patch
+from lab.analysis.graphs.attribute import attribute
+from lab.analysis.graphs.influence import position_influence
+from lab.analysis.heads import HEAD_KINDS, pattern_scores
+from lab.analysis.input_attribution import METHODS, input_attributions, resample_effects
+from lab.analysis.lens import logit_lens, residual_stack
+from lab.analysis.patching import patch_heads, patch_positions
+from lab.analysis.probes import accuracy, fit_probe, group_split, random_model
+from lab.analysis.transcoders.model import Transcoders
+from lab.metrics.discrimination import auroc, bootstrap_ci
+from lab.metrics.grading import (
+    Grade,
+    attribution_grades,
+    lens_grades,
+    mean_over_prompts,
+)
+from lab.metrics.statistics import spearman
+from lab.model import HookedTransformer
+
+__all__ = ["VALUE_PROBE_LAMBDAS", "AttributionGrades", "grade_attribution_patching", "grade_belief_probes", "grade_head_detectors",
+           "grade_input_attribution", "grade_lens", "grade_value_probes", "graph_position_scores",
+           "head_ablation_effects", "last_position_truth", "readouts"]
+
+Lens = Callable[[HookedTransformer, Tensor], Tensor]  # (model, tokens) → log-probabilities [layer, batch, pos, vocab]
+
+
+def grade_lens(model: HookedTransformer, tokens: Int[Tensor, "batch pos"], p: Any, lens: Lens = logit_lens, *,
+               valid: Any = None, n_boot: int = 1000, seed: int = 0) -> list[dict[str, Grade]]:
+    """KL(p ‖ P^(l)) and KL(P_θ ‖ P^(l)) for every layer of `lens` (rows: resid_pre 0 … n − 1, then the output),
+    on held-out `tokens` whose true law is `p` [batch, pos, vocab] (a source's `conditionals(tokens)`), averaged
+    over the `valid` positions of each prompt (default all)."""
+    with torch.inference_mode():
+        log_probs = lens(model, tokens).double().cpu().numpy()
+    return lens_grades(log_probs, np.asarray(p, dtype=np.float64), valid, n_boot=n_boot, seed=seed)
+
+
+def last_position_truth(relevant_positions: Any) -> Bool[Tensor, "batch pos"]:
+    """The last row of a world's `relevant_positions(tokens)` [batch, pos, pos]: the positions the prediction after
+    each prompt's last token reads."""
+    relevant = torch.as_tensor(np.asarray(relevant_positions), dtype=torch.bool)
+    if relevant.ndim != 3 or relevant.shape[1] != relevant.shape[2]:
+        raise ValueError(f"relevant positions must be [batch, pos, pos], got {tuple(relevant.shape)}")
+    return relevant[:, -1]
+
+
+@dataclass
+class AttributionGrades:
+    """Every method's scores [batch, pos], the model's exhaustive effects, and each method's grades."""
+
+    scores: dict[str, Float[Tensor, "batch pos"]]
+    effects: Float[Tensor, "batch pos"]
+    grades: dict[str, dict[str, Grade]]  # method → auroc | relevant_mass | rank_correlation
+
+
+def graph_position_scores(model: HookedTransformer, transcoders: Transcoders,
+                          tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos"]:
+    """Each prompt's attribution graph (lab.analysis.graphs: its own local replacement, the logits of its last
+    position) read as input attribution: the share of the tokens' path influence on the logits at each position
+    (`position_influence`; its share at the relevant positions is `position_share`)."""
+    return torch.stack([position_influence(attribute(model, transcoders, prompt)) for prompt in tokens])
+
+
+def grade_input_attribution(model: HookedTransformer, tokens: Int[Tensor, "batch pos"],
+                            relevant: Bool[Tensor, "batch pos"], methods: Sequence[str] = METHODS, *,
+                            target: Any = None, valid: Any = None, n_boot: int = 1000, seed: int = 0,
+                            ig_steps: int = 32, transcoders: Transcoders | None = None) -> AttributionGrades:
+    """Each method's attribution of the prediction after each prompt's last token, graded against the truly
+    relevant positions `relevant` [batch, pos] and against the model's own exhaustive causal effects
+    (`resample_effects`), over the `valid` positions (default all). With `transcoders` (trained on the model), the
+    attribution graph is one more method, "attribution_graph" (`graph_position_scores`; it explains the top
+    logits, so it takes no `target`)."""
+    scores = input_attributions(model, tokens, target, methods, ig_steps=ig_steps)
+    if transcoders is not None:
+        scores["attribution_graph"] = graph_position_scores(model, transcoders, tokens)
+    effects = resample_effects(model, tokens, target)
+    truth = np.asarray(torch.as_tensor(relevant).cpu(), dtype=bool)
+    grades = {method: attribution_grades(value.cpu().numpy(), truth, effects.numpy(), valid, n_boot=n_boot, seed=seed)
+              for method, value in scores.items()}
+    return AttributionGrades(scores, effects, grades)
+
+
+# --- probes -------------------------------------------------------------------------------------------------
+
+
+def readouts(model: HookedTransformer, tokens: Int[Tensor, "batch pos"]) -> dict[str, Float[Tensor, "batch pos d"]]:
+    """The residual stream entering each block ("resid_pre l"), after the last ("final") and all of them side by
+    side ("all layers"): the readouts a probe is fitted on."""
+    with torch.inference_mode():
+        stack = residual_stack(model, model.check_tokens(tokens)).float()
+    names = [f"resid_pre {layer}" for layer in range(stack.shape[0] - 1)] + ["final"]
+    out = {name: stack[i].clone() for i, name in enumerate(names)}
+    out["all layers"] = torch.cat(list(stack), dim=-1).clone()
+    return out
+
+
+def _r2(y: np.ndarray, predicted: np.ndarray) -> float:
+    """R² pooled over every output: 1 − Σ(y − ŷ)² / Σ(y − ȳ)² with ȳ each output's mean."""
+    total = ((y - y.mean(axis=0)) ** 2).sum()
+    return float(1.0 - ((y - predicted) ** 2).sum() / total) if total > 0 else float("nan")
+
+
+def _ridge_predictions(X: Tensor, Y: np.ndarray, split: tuple[np.ndarray, np.ndarray], groups: np.ndarray,
+                       seed: int) -> np.ndarray:
+    """Test-row predictions of one ridge probe per column of Y, each with its α cross-validated on grouped folds
+    of the training rows."""
+    columns = [fit_probe(X, Y[:, k], "ridge", groups=groups, split=split, seed=seed, n_bootstrap=1).test_scores.numpy()
+               for k in range(Y.shape[1])]
+    return np.stack(columns, axis=1)
+
+
+def grade_belief_probes(model: HookedTransformer, tokens: Int[Tensor, "batch pos"], beliefs: Any, *,
+                        untrained: HookedTransformer | None = None, test_fraction: float = 0.3, n_boot: int = 1000,
+                        seed: int = 0) -> dict[str, dict[str, Any]]:
+    """Ridge probes from each readout (`readouts`) to the belief state [batch, pos, S] at every position, fitted on
+    some prompts and scored on the others (prompts are the groups), R² pooled over the S outputs:
+
+        r2             the probe's test R², beside the same probe on targets shuffled across rows (control, chance 0)
+        r2_untrained   the same probe on an untrained model of the same shape (`untrained`, default a fresh one)
+        r2_control_task  Hewitt & Liang's control task: each token type gets a belief drawn at random from the data,
+                       and the probe is fitted to that instead (what the probe can memorise from the token alone)
+        selectivity    r2 − r2_control_task (paired bootstrap)
+        r2_beyond_token  the probe's R² for what the belief holds beyond the current token, η_t − E[η | x_t] (the
+                       means by token type from the training rows), beside the same on shuffled targets (control):
+                       the part of the belief a readout of the token alone cannot give
+        r2_beyond_token_untrained  the same on the untrained model
+
+    Returns {readout: {name: Grade or Metric}}."""
+    tokens = model.check_tokens(tokens)
+    beliefs = np.asarray(beliefs, dtype=np.float64)
+    batch, length = tokens.shape
+    if beliefs.shape[:2] != (batch, length):
+        raise ValueError(f"beliefs {beliefs.shape} must be [batch, pos, states] for tokens {tuple(tokens.shape)}")
+    Y = beliefs.reshape(batch * length, -1)
+    groups = np.repeat(np.arange(batch), length)
+    split = group_split(groups, test_fraction, seed)
+    test_groups = groups[split[1]]
+    rng = np.random.default_rng(seed + 7)
+    shuffled = Y[rng.permutation(len(Y))]
+    flat_tokens = tokens.reshape(-1).cpu().numpy()
+    by_type = Y[rng.integers(0, len(Y), size=model.cfg.d_vocab)]  # one random belief per token type
+    control_task = by_type[flat_tokens]
+    by_token = np.stack([Y[split[0]][flat_tokens[split[0]] == v].mean(axis=0) if (flat_tokens[split[0]] == v).any()
+                         else Y[split[0]].mean(axis=0) for v in range(model.cfg.d_vocab)])
+    beyond = Y - by_token[flat_tokens]
+    beyond_shuffled = beyond[rng.permutation(len(beyond))]
+    untrained = random_model(model, seed=seed + 1) if untrained is None else untrained
+    ours, theirs = readouts(model, tokens), readouts(untrained, tokens)
+    boot = {"groups": test_groups, "n_boot": n_boot, "seed": seed}
+    y_test, c_test, b_test = Y[split[1]], control_task[split[1]], beyond[split[1]]
+    out = {}
+    for name, X in ours.items():
+        X = X.reshape(batch * length, -1)
+        predicted = _ridge_predictions(X, Y, split, groups, seed)
+        predicted_shuffled = _ridge_predictions(X, shuffled, split, groups, seed)
+        predicted_control = _ridge_predictions(X, control_task, split, groups, seed)
+        X_untrained = theirs[name].reshape(batch * length, -1)
+        predicted_untrained = _ridge_predictions(X_untrained, Y, split, groups, seed)
+        r2 = bootstrap_ci(_r2, y_test, predicted, **boot)
+        control = bootstrap_ci(_r2, shuffled[split[1]], predicted_shuffled, **boot)
+        beyond_r2 = bootstrap_ci(_r2, b_test, _ridge_predictions(X, beyond, split, groups, seed), **boot)
+        beyond_control = bootstrap_ci(_r2, beyond_shuffled[split[1]],
+                                      _ridge_predictions(X, beyond_shuffled, split, groups, seed), **boot)
+        n_test = len(np.unique(test_groups))
+        out[name] = {
+            "r2": Grade("r2", r2, control, 0.0, "higher", n_test),
+            "r2_beyond_token": Grade("r2_beyond_token", beyond_r2, beyond_control, 0.0, "higher", n_test),
+            "r2_beyond_token_untrained": bootstrap_ci(
+                _r2, b_test, _ridge_predictions(X_untrained, beyond, split, groups, seed), **boot),
+            "r2_untrained": bootstrap_ci(_r2, y_test, predicted_untrained, **boot),
+            "r2_control_task": bootstrap_ci(_r2, c_test, predicted_control, **boot),
+            "selectivity": bootstrap_ci(lambda y, p, c, q: _r2(y, p) - _r2(c, q), y_test, predicted, c_test,
+                                        predicted_control, **boot),
+            "test_predictions": predicted, "test_rows": split[1]}
+    return out
+
+
+VALUE_PROBE_LAMBDAS = (1e-3, 1e-2, 1e-1)  # a multi-class logistic fit is a Newton solve in (features × classes)²
+
+
+def grade_value_probes(model: HookedTransformer, tokens: Tensor | Sequence[Tensor], labels: Any, groups: Any, *,
+                       untrained: HookedTransformer | None = None, test_fraction: float = 0.3, n_boot: int = 1000,
+                       seed: int = 0, grid: Sequence[float] = VALUE_PROBE_LAMBDAS,
+                       n_folds: int = 3) -> dict[str, dict[str, Any]]:
+    """Logistic probes from each readout at each prompt's last position to a categorical label per prompt (a
+    fact's value), split by `groups` (the entity each prompt is about: no entity on both sides), scored by test
+    accuracy. `tokens` is one batch of prompts [batch, pos], or a list of batches of different lengths (the
+    labels and groups follow their order).
+
+        accuracy           beside the same probe on shuffled labels (control; chance: the largest class's share)
+        accuracy_untrained the same probe on an untrained model of the same shape
+        accuracy_control_task  Hewitt & Liang's control task: each group gets a label drawn at random, and the
+                           probe is fitted to that (unlearnable across held-out groups: what chance looks like)
+        selectivity        accuracy − accuracy_control_task (paired bootstrap over groups)
+
+    Each probe's λ is chosen from `grid` by `n_folds`-fold grouped cross-validation on its training rows (a short
+    grid: every readout is fitted four times). Returns {readout: {name: Grade or Metric}}."""
+    batches = [model.check_tokens(tokens)] if isinstance(tokens, Tensor) else [model.check_tokens(t) for t in tokens]
+    n = sum(len(b) for b in batches)
+    labels = np.asarray(labels)
+    groups = np.asarray(groups)
+    if labels.shape != (n,) or groups.shape != labels.shape:
+        raise ValueError(f"labels {labels.shape} and groups {groups.shape} need one entry per prompt ({n})")
+    split = group_split(groups, test_fraction, seed)
+    test_groups = groups[split[1]]
+    rng = np.random.default_rng(seed + 7)
+    shuffled = labels[rng.permutation(len(labels))]
+    group_ids = np.unique(groups, return_inverse=True)[1]
+    control_task = labels[rng.integers(0, len(labels), size=group_ids.max() + 1)][group_ids]
+    untrained = random_model(model, seed=seed + 1) if untrained is None else untrained
+
+    def last_positions(m: HookedTransformer) -> dict[str, Tensor]:
+        read = [readouts(m, b) for b in batches]
+        return {name: torch.cat([r[name][:, -1] for r in read]) for name in read[0]}
+
+    ours, theirs = last_positions(model), last_positions(untrained)
+    _, counts = np.unique(labels[split[1]], return_counts=True)
+    chance = float(counts.max() / counts.sum())
+    boot = {"groups": test_groups, "n_boot": n_boot, "seed": seed}
+
+    def predictions(X: Tensor, y: np.ndarray) -> np.ndarray:
+        result = fit_probe(X, y, "logistic", groups=groups, split=split, seed=seed, n_bootstrap=1, grid=grid,
+                           n_folds=n_folds)
+        scores = result.test_scores.numpy()
+        index = (scores > 0.5).astype(int) if scores.ndim == 1 else scores.argmax(axis=1)
+        return result.classes[index]
+
+    y_test, c_test = labels[split[1]], control_task[split[1]]
+    out = {}
+    for name, X in ours.items():
+        predicted = predictions(X, labels)
+        predicted_control = predictions(X, control_task)
+        value = bootstrap_ci(accuracy, y_test, predicted, **boot)
+        control = bootstrap_ci(accuracy, shuffled[split[1]], predictions(X, shuffled), **boot)
+        out[name] = {
+            "accuracy": Grade("accuracy", value, control, chance, "higher", len(np.unique(test_groups))),
+            "accuracy_untrained": bootstrap_ci(accuracy, y_test, predictions(theirs[name], labels), **boot),
+            "accuracy_control_task": bootstrap_ci(accuracy, c_test, predicted_control, **boot),
+            "selectivity": bootstrap_ci(lambda y, p, c, q: accuracy(y, p) - accuracy(c, q), y_test, predicted, c_test,
+                                        predicted_control, **boot)}
+    return out
+
+
+# --- heads and patching -----------------------------------------------------------------------------------
+
+
+@torch.inference_mode()
+def head_ablation_effects(model: HookedTransformer, tokens: Int[Tensor, "batch pos"],
+                          scored: Bool[Tensor, "batch pos"]) -> Float[Tensor, "batch layer head"]:
+    """Each head's exhaustive ablation effect on each prompt: the drop in the mean log-probability of the true next
+    token over the `scored` positions (e.g. an induction world's copy positions) when that head's output z is
+    replaced by its mean over the batch and positions (mean ablation), one head at a time."""
+    tokens = model.check_tokens(tokens)
+    scored = torch.as_tensor(scored, dtype=torch.bool)[:, :-1]
+    targets = tokens[:, 1:]
+
+    def copied(logits: Tensor) -> Tensor:
+        picked = logits[:, :-1].log_softmax(-1).gather(-1, targets[..., None])[..., 0]
+        return (picked * scored).sum(dim=1) / scored.sum(dim=1).clamp_min(1)
+
+    names = [f"blocks.{layer}.attn.hook_z" for layer in range(model.cfg.n_layers)]
+    logits, cache = model.run_with_cache(tokens, names_filter=lambda name: name in names)
+    clean = copied(logits)
+    out = torch.zeros(tokens.shape[0], model.cfg.n_layers, model.cfg.n_heads)
+    for layer, name in enumerate(names):
+        mean = cache[name].mean(dim=(0, 1))  # [head, d_head]
+        for head in range(model.cfg.n_heads):
+            def ablate(z: Tensor, hook: Any, head: int = head, mean: Tensor = mean) -> Tensor:
+                z = z.clone()
+                z[:, :, head] = mean[head]
+                return z
+
+            out[:, layer, head] = (clean - copied(model.run_with_hooks(tokens, fwd_hooks=[(name, ablate)]))).float().cpu()
+    return out
+
+
+@torch.inference_mode()
+def _detector_scores(model: HookedTransformer, tokens: Tensor, kind: str) -> Tensor:
+    """[batch, layer, head]: each prompt's `pattern_scores` (NaN where the prompt has no query to score)."""
+    names = [f"blocks.{layer}.attn.hook_pattern" for layer in range(model.cfg.n_layers)]
+    _, cache = model.run_with_cache(tokens, names_filter=lambda name: name in names)
+    detection = HEAD_KINDS[kind](tokens.cpu())
+    out = torch.full((tokens.shape[0], model.cfg.n_layers, model.cfg.n_heads), float("nan"))
+    for b in range(tokens.shape[0]):
+        if detection[b].any():
+            out[b] = torch.stack([pattern_scores(cache[name][b:b + 1].float().cpu(), detection[b:b + 1])
+                                  for name in names])
+    return out
+
+
+def grade_head_detectors(model: HookedTransformer, tokens: Int[Tensor, "batch pos"], scored: Bool[Tensor, "batch pos"],
+                         *, kinds: Sequence[str] = ("induction", "previous_token"), n_boot: int = 1000,
+                         seed: int = 0) -> dict[str, Any]:
+    """Head detectors against the heads that matter: each detector's scores (lab.analysis.heads, on the world's own
+    held-out prompts) and every head's ablation effect on the true next token at the `scored` positions
+    (`head_ablation_effects`), both averaged over the prompts of each bootstrap resample:
+
+        spearman_<kind>   Spearman ρ across heads between the detector's score and the ablation effect
+        auroc_necessary   AUROC of each head's highest detector score for the necessary heads, those whose
+                          ablation removes at least half as much as the most necessary head's
+
+    Control for each: the heads' effects in a fresh random order at every resample (the permutation null:
+    chance 0, and ½ for the AUROC). Returns {"grades": {name: Grade}, "effects": [layer, head], "scores":
+    {kind: [layer, head]}, "necessary": [layer, head]} (the last three over every prompt)."""
+    tokens = model.check_tokens(tokens)
+    effects = head_ablation_effects(model, tokens, scored).flatten(1).numpy()  # [batch, head]
+    scores = {kind: _detector_scores(model, tokens, kind).flatten(1).numpy() for kind in kinds}
+    index = np.arange(tokens.shape[0])
+    boot = {"n_boot": n_boot, "seed": seed}
+
+    def shuffler(permute: bool) -> Callable[[np.ndarray], np.ndarray]:
+        rng = np.random.default_rng(seed + 3)
+        return (lambda values: values[rng.permutation(len(values))]) if permute else (lambda values: values)
+
+    def correlation(kind: str, permute: bool) -> Callable[[np.ndarray], float]:
+        order = shuffler(permute)
+
+        def metric(rows: np.ndarray) -> float:
+            return spearman(np.nanmean(scores[kind][rows], axis=0).tolist(), order(effects[rows].mean(axis=0)).tolist())
+        return metric
+
+    def necessary_auroc(permute: bool) -> Callable[[np.ndarray], float]:
+        order = shuffler(permute)
+
+        def metric(rows: np.ndarray) -> float:
+            mean_effect = order(effects[rows].mean(axis=0))
+            best = np.max(np.stack([np.nanmean(scores[kind][rows], axis=0) for kind in kinds]), axis=0)
+            return auroc(best, mean_effect >= 0.5 * mean_effect.max())
+        return metric
+
+    grades = {}
+    for kind in kinds:
+        grades[f"spearman_{kind}"] = Grade(f"spearman_{kind}", bootstrap_ci(correlation(kind, False), index, **boot),
+                                           bootstrap_ci(correlation(kind, True), index, **boot), 0.0, "higher",
+                                           len(index))
+    grades["auroc_necessary"] = Grade("auroc_necessary", bootstrap_ci(necessary_auroc(False), index, **boot),
+                                      bootstrap_ci(necessary_auroc(True), index, **boot), 0.5, "higher", len(index))
+    mean_effect = effects.mean(axis=0)
+    shape = (model.cfg.n_layers, model.cfg.n_heads)
+    return {"grades": grades, "effects": mean_effect.reshape(shape),
+            "scores": {kind: np.nanmean(scores[kind], axis=0).reshape(shape) for kind in kinds},
+            "necessary": (mean_effect >= 0.5 * mean_effect.max()).reshape(shape)}
+
+
+def _pearson(x: np.ndarray, y: np.ndarray) -> float:
+    x, y = x - x.mean(), y - y.mean()
+    denominator = np.sqrt((x * x).sum() * (y * y).sum())
+    return float((x * y).sum() / denominator) if denominator > 0 else float("nan")
+
+
+def grade_attribution_patching(model: HookedTransformer, clean: Int[Tensor, "batch pos"],
+                               corrupted: Int[Tensor, "batch pos"], answer: Any, wrong: Any, *, n_boot: int = 1000,
+                               seed: int = 0) -> dict[str, Any]:
+    """Attribution patching (`lab.analysis.attribution.attribution_patch`, denoising) against the exhaustive sweep
+    (`patch_heads`, `patch_positions` on resid_pre) for the logit difference answer − wrong at the last position,
+    prompt by prompt: Pearson r across the cells of each sweep (heads [layer, head]; resid_pre [layer, position]),
+    averaged over prompts; control: each prompt's exhaustive values in a random order of cells (chance 0)."""
+    clean, corrupted = model.check_tokens(clean), model.check_tokens(corrupted)
+    answer = torch.as_tensor(answer).expand(clean.shape[0])
+    wrong = torch.as_tensor(wrong).expand(clean.shape[0])
+    per_prompt: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {"heads": [], "resid_pre": []}
+    for b in range(clean.shape[0]):
+        rows = slice(b, b + 1)
+        options = {"answer": answer[rows], "wrong": wrong[rows]}
+        estimate = attribution_patch(model, clean[rows], corrupted[rows], **options)
+        exhaustive = {"heads": patch_heads(model, clean[rows], corrupted[rows], **options),
+                      "resid_pre": patch_positions(model, clean[rows], corrupted[rows], "resid_pre", **options)}
+        for sweep, pairs in per_prompt.items():
+            pairs.append((estimate[sweep].values.flatten().numpy(), exhaustive[sweep].values.flatten().numpy()))
+    boot = {"n_boot": n_boot, "seed": seed}
+    grades = {}
+    rng = np.random.default_rng(seed + 5)
+    for sweep, pairs in per_prompt.items():
+        real = [_pearson(a, e) for a, e in pairs]
+        control = [_pearson(a, e[rng.permutation(len(e))]) for a, e in pairs]  # a fresh order of cells per prompt
+        grades[f"pearson_{sweep}"] = Grade(f"pearson_{sweep}", mean_over_prompts(real, **boot),
+                                           mean_over_prompts(control, **boot), 0.0, "higher", len(pairs))
+    return {"grades": grades, "pairs": per_prompt}

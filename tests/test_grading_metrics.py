@@ -1,0 +1,104 @@
+"""lab.metrics.grading: the grades on hand-built cases, and controls that are at chance when they should be and
+not when they should not."""
+
+import numpy as np
+import pytest
+
+from lab.metrics.discrimination import Metric
+from lab.metrics.grading import (
+    Grade,
+    attribution_grades,
+    lens_grades,
+    mean_over_prompts,
+)
+
+
+def test_perfect_and_reversed_scores_and_a_hand_computed_prompt():
+    relevant = np.zeros((40, 6), dtype=bool)
+    relevant[:, -2:] = True
+    perfect = relevant.astype(float) + 0.01 * np.random.default_rng(0).random((40, 6))
+    grades = attribution_grades(perfect, relevant, effects=perfect, seed=1)
+    assert grades["auroc"].value.value == 1.0 and grades["rank_correlation"].value.value == pytest.approx(1.0)
+    assert grades["relevant_mass"].value.value > 0.97
+    assert grades["relevant_mass"].chance == pytest.approx(2 / 6)
+    assert all(g.control_at_chance for g in grades.values())  # permuted scores know nothing
+    assert attribution_grades(-perfect + 2, relevant)["auroc"].value.value == 0.0  # |score| ranks the others first
+    # One prompt by hand: |scores| 3, 1, 2, 0.5 with positions 0 and 2 relevant: AUROC 4/4, mass 5/6.5.
+    one = attribution_grades(np.array([[3.0, -1, 2, 0.5]] * 2), np.array([[True, False, True, False]] * 2))
+    assert one["auroc"].value.value == 1.0 and one["relevant_mass"].value.value == pytest.approx(5 / 6.5)
+
+
+def test_a_prompt_with_nothing_or_everything_relevant_is_left_out():
+    relevant = np.array([[True, False, False], [True, True, True], [False, False, False], [False, True, False]])
+    grades = attribution_grades(np.array([[1.0, 0, 0], [1, 1, 1], [1, 2, 3], [0, 1, 0]]), relevant)
+    assert grades["auroc"].n == 2 and grades["auroc"].value.value == 1.0
+
+
+def test_a_control_that_beats_chance_is_said_to():
+    informative = Grade("auroc", Metric(0.9, 0.85, 0.95), Metric(0.8, 0.7, 0.9), 0.5, "higher", 50)
+    assert informative.control_at_chance is False
+    fair = Grade("auroc", Metric(0.9, 0.85, 0.95), Metric(0.51, 0.45, 0.57), 0.5, "higher", 50)
+    assert fair.control_at_chance is True
+    kl = Grade("kl", Metric(0.1, 0.05, 0.15), Metric(0.3, 0.25, 0.35), 0.4, "lower", 50)
+    assert kl.control_at_chance is False  # a prompt-blind reading cannot get below the floor of 0.4
+    assert Grade("kl", Metric(0.1, 0.05, 0.15), Metric(0.45, 0.38, 0.5), 0.4, "lower", 50).control_at_chance
+
+
+def test_mean_over_prompts_leaves_out_nan_and_refuses_an_interval_for_one_value():
+    metric = mean_over_prompts([1.0, np.nan, 3.0, 2.0], n_boot=200)
+    assert metric.value == 2.0 and metric.low <= 2.0 <= metric.high
+    assert "no interval" in mean_over_prompts([1.0, np.nan]).why_no_interval
+
+
+def test_lens_grades_against_the_truth_the_model_and_the_blind_floor():
+    rng = np.random.default_rng(0)
+    p = rng.dirichlet(np.ones(5), size=(30, 4))  # the true law at 4 positions of 30 prompts
+    model = rng.dirichlet(np.ones(5), size=(30, 4))
+    lens = np.stack([np.log(p), np.log(model)])  # layer 0 reads the truth exactly, the last row is the model
+    grades = lens_grades(lens, p, n_boot=200)
+    assert grades[0]["kl_true"].value.value == pytest.approx(0.0, abs=1e-12)
+    assert grades[1]["kl_model"].value.value == pytest.approx(0.0, abs=1e-12)
+    kl = (p * (np.log(p) - np.log(model))).sum(-1).mean()
+    assert grades[1]["kl_true"].value.value == pytest.approx(kl)
+    floor = (p * (np.log(p) - np.log(p.mean(axis=0, keepdims=True)))).sum(-1).mean()
+    assert grades[0]["kl_true"].chance == pytest.approx(floor)
+    assert grades[0]["kl_true"].control.value > floor and grades[0]["kl_true"].control_at_chance
+    # A `valid` mask averages each prompt over its valid positions only.
+    masked = lens_grades(lens, p, valid=np.array([True, True, False, False]), n_boot=50)
+    assert masked[1]["kl_true"].value.value == pytest.approx((p * (np.log(p) - np.log(model))).sum(-1)[:, :2].mean())
+
+
+def test_shapes_are_checked():
+    with pytest.raises(ValueError, match=r"must all be \[prompt, position\]"):
+        attribution_grades(np.zeros((2, 3)), np.zeros((2, 4), dtype=bool))
+    with pytest.raises(ValueError, match="lens log-probabilities"):
+        lens_grades(np.zeros((2, 3, 4, 5)), np.ones((3, 4, 6)) / 6)
+
+
+def test_per_prompt_grades_are_lab_metrics_auroc_and_spearman():
+    from lab.metrics.discrimination import auroc
+    from lab.metrics.statistics import spearman
+
+    rng = np.random.default_rng(3)
+    scores = np.round(rng.normal(size=(30, 7)), 1)  # ties included
+    relevant = rng.random((30, 7)) < 0.3
+    relevant[:, 0], relevant[:, 1] = True, False
+    effects = rng.random((30, 7))
+    grades = attribution_grades(scores, relevant, effects, n_boot=50)
+    s = np.abs(scores)
+    assert grades["auroc"].value.value == pytest.approx(np.mean([auroc(s[i], relevant[i]) for i in range(30)]))
+    assert grades["rank_correlation"].value.value == pytest.approx(
+        np.mean([spearman(s[i].tolist(), effects[i].tolist()) for i in range(30)]))
+
+
+def test_the_permuted_control_sits_on_chance_even_for_scores_on_few_positions():
+    """Scores piled on two positions make one permutation's relevant mass either large or nothing; the control
+    averages its permutations, so its interval holds chance (the permutation's expectation, exactly)."""
+    rng = np.random.default_rng(4)
+    scores = np.zeros((48, 10))
+    scores[:, -2:] = rng.random((48, 2)) + 1
+    relevant = np.zeros((48, 10), dtype=bool)
+    relevant[:, -2:] = True
+    grade = attribution_grades(scores, relevant, n_boot=400)["relevant_mass"]
+    assert grade.control.low <= 0.2 <= grade.control.high and grade.control_at_chance
+    assert abs(grade.control.value - 0.2) < 0.03
