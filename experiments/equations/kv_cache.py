@@ -57,8 +57,12 @@ def attention_flops(attention: Attention, q_len: int, k_len: int) -> int:
     g = seeded_generator(q_len * k_len)  # the values do not change the count; seeded all the same
     q = torch.randn(1, q_len, h, dh, generator=g)
     k = torch.randn(1, k_len, attention.n_kv_heads, dh, generator=g)
-    with FlopCounterMode(display=False) as counter, torch.no_grad():
-        attention._explicit(q, k, k, k_len - q_len)
+    attention.hook_pattern.add_hook(_rewrite)
+    try:
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            attention._explicit(q, k, k, k_len - q_len)
+    finally:
+        attention.hook_pattern.remove_hooks("fwd")
     return counter.get_total_flops()
 
 
@@ -66,7 +70,7 @@ def step_flops(model: HookedTransformer, n: int, cached: bool) -> int:
     """FLOPs of one decoding step at prefix length n, explicit attention (FlopCounterMode does not see CPU SDPA)."""
     tokens = torch.zeros(1, n + 1, dtype=torch.long)
     cache = None
-    with model.hooks(fwd_hooks=[(lambda name: name.endswith("hook_pattern"), _keep)]):
+    with model.hooks(fwd_hooks=[(lambda name: name.endswith("hook_pattern"), _rewrite)]):
         if cached:
             cache = KVCache.empty(model.cfg.n_layers)
             with torch.no_grad():
@@ -77,9 +81,10 @@ def step_flops(model: HookedTransformer, n: int, cached: bool) -> int:
     return counter.get_total_flops()
 
 
-def _keep(activation: Tensor, hook: HookPoint) -> None:
-    """A hook that only asks for the pattern, which switches attention onto its explicit path."""
-    return None
+def _rewrite(activation: Tensor, hook: HookPoint) -> Tensor:
+    """A hook that hands back a copy of the pattern: attention takes its explicit path to the end (q kᵀ, then A v),
+    where a hook that only reads would get the fused kernel's result, which FlopCounterMode does not see on CPU."""
+    return activation.clone()
 
 
 def _copy_cache(cache: KVCache) -> KVCache:
