@@ -9,8 +9,23 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from dashboards.common import number, plain, read_table, show_figures, show_headlines, show_run, show_table
+from dashboards.charts import draw
+from dashboards.common import number, read_table, short, show_figures, show_headlines, show_run, show_table
 from lab.metrics.calibration import ece, noise_floor_ece, reliability, softmax
+
+
+def checkpoints(results: dict) -> dict[str, tuple[str, dict]]:
+    """The checkpoints a run measured, in the order the page offers them (the end of training first: what the
+    headlines describe), each as (label in words, its blocks: mc, lettered, temperature, p_ik, ...). A `--model
+    --mmlu` run has one, the model itself. (The one place this page reads where a run keeps each checkpoint.)"""
+    if not isinstance(results.get("at_end"), dict):
+        return {"model": ("the model", results)}
+    training = results.get("training") if isinstance(results.get("training"), dict) else {}
+    end, partial = results["at_end"].get("step"), training.get("partial_step")
+    recall = training.get("partial_recall_seen")
+    return {"end": (f"end of training (step {short(end)})", results["at_end"]),
+            "partial": (f"partial checkpoint (step {short(partial)}" + (
+                f", where seen persons' cloze recall is {recall:.2f})" if isinstance(recall, float) else ")"), results)}
 
 
 def summary(name: str, block: dict) -> None:
@@ -48,71 +63,99 @@ def temperature_table(block: dict) -> pd.DataFrame:
                 continue
             interval = block.get(f"{name}_ci95")
             rows.append({"quantity": label, "when": when, "value": block[name],
-                         "95% interval": "" if not interval else f"[{interval[0]:.3f}, {interval[1]:.3f}]",
+                         "95% interval": "—" if not interval else f"[{interval[0]:.3f}, {interval[1]:.3f}]",
                          "noise floor": block.get(f"noise_floor_{name}"), "debiased": block.get(f"{name}_debiased")})
     return pd.DataFrame(rows)
 
 
-def show_temperature(block: dict) -> None:
+def show_temperature(block: dict, at: str) -> None:
     interval = block.get("T_ci95")
-    st.subheader("Temperature scaling (fitted on the calibration split, measured on the test split)")
+    st.subheader(f"Temperature scaling{at}: fitted on the calibration split, measured on the test split")
     st.write(f"T = {block['T']:.3f}" + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "")
              + f" · {block.get('n_calibration')} calibration items, {block.get('n_test')} test items")
-    show_table(temperature_table(block))
+    show_table(temperature_table(block), download="temperature_scaling")
 
 
-def show_verdicts(results: dict) -> None:
+def show_verdicts(results: dict, block: dict, at: str) -> None:
     """P(IK)'s verdicts (over every candidate, then per family of readouts) and P(True)'s, as the run wrote them,
     but for a verdict that is a headline this run cannot support: the headlines above say why it is not shown."""
     unsupported = {h.get("sentence") for h in results.get("headlines") or [] if isinstance(h, dict) and not h.get("supported")}
-    sentences = [s for s in results.get("p_ik_summary") or [] if s not in unsupported]
+    sentences = [s for s in block.get("p_ik_summary") or [] if s not in unsupported]
     if sentences:
-        st.subheader("P(IK): which readouts predict a correct answer")
+        st.subheader(f"P(IK){at}: which readouts predict a correct answer")
         for sentence in sentences:
-            st.markdown(f"- {plain(sentence)}")
-    layers = (results.get("p_true") or {}).get("layers")
+            st.text(f"• {sentence}")
+    layers = (block.get("p_true") or {}).get("layers")
     if isinstance(layers, dict) and layers.get("verdict"):
-        st.subheader("P(True), layer by layer")
-        st.markdown(f"- {plain(layers['verdict']['sentence'])}")
+        st.subheader(f"P(True) layer by layer{at}")
+        st.text(f"• {layers['verdict']['sentence']}")
+
+
+P_IK_LABELS = {"readout": "readout", "position": "position", "layer": "layer",
+               "auroc": "AUROC (test split)", "auroc_ci95": "95% interval", "validation_auroc": "AUROC (validation)",
+               "control_shuffled_auroc": "AUROC, shuffled labels", "control_untrained_auroc": "AUROC, untrained model",
+               "auroc_n_pos": "right answers", "auroc_n_neg": "wrong answers", "constant": "constant scores"}
+
+
+def show_live_temperature(items) -> None:
+    """A temperature slider over the checkpoint's per-item option logits: ECE, mean confidence and the reliability
+    diagram at that T, recomputed here by lab.metrics.calibration."""
+    option_columns = sorted(c for c in items.columns if c.startswith("option_logit_"))
+    if not option_columns or "answer_index" not in items.columns or items.empty:
+        return
+    T = st.slider("Temperature T", 0.25, 4.0, 1.0, 0.05, key="temperature")
+    probs = softmax(items[option_columns].to_numpy(), T)
+    confidence = probs.max(axis=1)
+    correct = probs.argmax(axis=1) == items["answer_index"].to_numpy()
+    floor, _ = noise_floor_ece(confidence, n_sim=100)
+    floor_mass, _ = noise_floor_ece(confidence, 10, "equal_mass", n_sim=100)
+    st.write(f"At T = {T:.2f}: ECE **{ece(confidence, correct):.3f}** with 15 equal-width bins (noise floor "
+             f"{floor:.3f}), **{ece(confidence, correct, 10, 'equal_mass'):.3f}** with 10 equal-mass bins (noise "
+             f"floor {floor_mass:.3f}); mean confidence {confidence.mean():.3f}, accuracy {correct.mean():.3f} "
+             "(unchanged by T).")
+    diagram = reliability(confidence, correct)
+    fig = go.Figure([go.Bar(x=diagram.confidence, y=diagram.accuracy, name="accuracy", width=1 / 15),
+                     go.Scatter(x=[0, 1], y=[0, 1], name="perfect calibration", mode="lines")])
+    fig.update_layout(title="Reliability diagram", xaxis_title="confidence", yaxis_title="accuracy",
+                      xaxis_range=[0, 1], yaxis_range=[0, 1])
+    draw(fig, "live_reliability")
 
 
 def render(folder: Path, results: dict) -> None:
     show_headlines(results)
+    measured = checkpoints(results)
+    if len(measured) > 1:
+        chosen = st.radio("Checkpoint shown below (the headlines above speak of both, each naming its own)",
+                          list(measured), format_func=lambda key: measured[key][0], horizontal=True,
+                          key="checkpoint")
+    else:
+        chosen = next(iter(measured))
+    where, block = measured[chosen]
+    at = f", {where}" if len(measured) > 1 else ""  # every section names its checkpoint, when there are two
+    if at:
+        st.caption(f"Every number and table below is at the {where}; the figures at the end show both checkpoints, "
+                   "each named in its legend.")
 
     for key, title in (("mc", "Cloze multiple choice"), ("lettered", "Lettered multiple choice (knowledge extraction)")):
-        if isinstance(results.get(key), dict):
-            summary(title, results[key])
+        if isinstance(block.get(key), dict):
+            summary(f"{title}{at}", block[key])
 
     items = read_table(folder / "items.parquet", "calibration")
     if items is not None:
-        for column in ("kind", "checkpoint"):  # a run may hold several item sets (cloze/lettered, checkpoints): pick one
-            if column in items and items[column].nunique() > 1:
-                choice = st.selectbox(column.capitalize(), list(items[column].unique()), key=f"items_{column}")
-                items = items[items[column] == choice]
-        option_columns = sorted(c for c in items.columns if c.startswith("option_logit_"))
-        if option_columns and "answer_index" in items.columns:
-            st.subheader("Temperature, live")
-            T = st.slider("Temperature T", 0.25, 4.0, 1.0, 0.05, key="temperature")
-            probs = softmax(items[option_columns].to_numpy(), T)
-            confidence = probs.max(axis=1)
-            correct = probs.argmax(axis=1) == items["answer_index"].to_numpy()
-            floor, _ = noise_floor_ece(confidence, n_sim=100)
-            floor_mass, _ = noise_floor_ece(confidence, 10, "equal_mass", n_sim=100)
-            st.write(f"At T = {T:.2f}: ECE **{ece(confidence, correct):.3f}** with 15 equal-width bins (noise floor "
-                     f"{floor:.3f}), **{ece(confidence, correct, 10, 'equal_mass'):.3f}** with 10 equal-mass bins (noise "
-                     f"floor {floor_mass:.3f}); mean confidence {confidence.mean():.3f}, accuracy {correct.mean():.3f} "
-                     "(unchanged by T).")
-            diagram = reliability(confidence, correct)
-            fig = go.Figure([go.Bar(x=diagram.confidence, y=diagram.accuracy, name="accuracy", width=1 / 15),
-                             go.Scatter(x=[0, 1], y=[0, 1], name="perfect calibration", mode="lines")])
-            fig.update_layout(title="Reliability diagram", xaxis_title="confidence", yaxis_title="accuracy",
-                              xaxis_range=[0, 1], yaxis_range=[0, 1])
-            st.plotly_chart(fig, key="live_reliability")
-    if isinstance(results.get("temperature"), dict) and "T" in results["temperature"]:
-        show_temperature(results["temperature"])
-    show_verdicts(results)
-    if results.get("p_ik"):
-        show_table(results["p_ik"])
+        if "checkpoint" in items and chosen in set(items["checkpoint"]):
+            items = items[items["checkpoint"] == chosen]
+        if "kind" in items and items["kind"].nunique() > 1:  # cloze and lettered items: pick one
+            st.subheader(f"Temperature, live{at}")
+            kind = st.selectbox("Items", list(items["kind"].unique()), key="items_kind")
+            items = items[items["kind"] == kind]
+        else:
+            st.subheader(f"Temperature, live{at}")
+        show_live_temperature(items)
+    if isinstance(block.get("temperature"), dict) and "T" in block["temperature"]:
+        show_temperature(block["temperature"], at)
+    show_verdicts(results, block, at)
+    if block.get("p_ik"):
+        show_table(block["p_ik"], P_IK_LABELS, download=f"p_ik_{chosen}")
     show_figures(folder)
 
 

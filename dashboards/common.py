@@ -15,8 +15,12 @@ from typing import Any
 
 import streamlit as st
 
+from dashboards.charts import draw, relabel
 from experiments import experiment as registered
 from lab.folders import zoo_dir, zoo_names
+from lab.headlines import reason as headline_reason
+from lab.headlines import split as split_headlines
+from lab.jobs import queued
 from lab.progress import model_finished, model_progress, run_progress
 from lab.runs import read_figures, read_results, run_record
 from lab.runs import latest_run as newest_run
@@ -66,11 +70,13 @@ def figures(folder: Path, unreadable: list[str] | None = None) -> list[tuple[str
     return found
 
 
-def show_figures(folder: Path, only: list[str] | None = None) -> None:
+def show_figures(folder: Path, only: list[str] | None = None, names: dict[str, str] | None = None) -> None:
+    """The run's figures (those in `only`, if given), each drawn as every chart is, the keys they show in the
+    words `names` gives them (dashboards.charts.relabel)."""
     unreadable: list[str] = []
     for name, fig in figures(folder, unreadable):
         if only is None or name in only:
-            st.plotly_chart(fig, key=f"fig-{folder.name}-{name}")
+            draw(relabel(fig, names or {}), f"fig-{folder.name}-{name}")
     if unreadable:
         st.warning(f"Figures in {code(folder)} that are not readable plotly JSON, left out: "
                    f"{plain(', '.join(unreadable))}. " + rerun(folder.parent.name))
@@ -189,24 +195,81 @@ def shorts(values: Any) -> str:
     return ", ".join(short(v) for v in values) if isinstance(values, (list, tuple)) else short(values)
 
 
-def show_table(rows: Any) -> None:
-    """Rows (a list of dicts or a DataFrame) as a table whose numbers show SIGNIFICANT digits, and lists of
-    numbers as [a, b]. st.table is plain HTML, which every browser draws; the interactive data grid draws
-    on a canvas that a headless browser may leave blank."""
+# Words for the parts of a results key: a column header reads "hallucination rate", "95% interval", "(nats)".
+KEY_WORDS = {"ci95": "95% interval", "se": "SE", "ece": "ECE", "nll": "NLL", "kl": "KL", "auroc": "AUROC",
+             "aurc": "AURC", "tv": "TV", "eps": "ε bins", "mf": "monofact rate", "crc": "CRC", "ltt": "LTT",
+             "ik": "IK", "rhs": "right side", "lhs": "left side", "mis": "Mis", "gamma": "γ", "alpha": "α",
+             "delta": "δ", "n": "n", "pos": "positives", "neg": "negatives", "max": "largest", "min": "smallest"}
+UNITS = {"nats": "nats", "s": "s", "pct": "%", "bits": "bits"}
+
+
+# The monitor's risk signals in words, as its table, its charts and its prompt box name them.
+SIGNAL_WORDS = {"max_prob": "top probability", "entropy": "entropy (nats)", "margin": "top-two margin",
+                "lens_kl": "logit-lens KL (nats)", "subject_attention": "attention on the subject", "probe": "probe",
+                "p_ik": "P(IK)", "self_consistency": "self-consistency", "semantic_entropy": "semantic entropy (nats)"}
+
+
+def words(key: str) -> str:
+    """A results key as a header in words, its unit in parentheses: `heldout_nll_nats` → "heldout NLL (nats)",
+    `auroc_ci95` → "AUROC 95% interval", `delta_0_01` → "δ 0.01"."""
+    parts = [p for p in str(key).split("_") if p]
+    unit = UNITS.get(parts[-1]) if len(parts) > 1 else None
+    if unit:
+        parts = parts[:-1]
+    out: list[str] = []
+    for part in parts:
+        if part.isdigit() and out and out[-1].isdigit():  # 0_01 → 0.01
+            out[-1] = f"{out[-1]}.{part}"
+        else:
+            out.append(KEY_WORDS.get(part.lower(), part) if part.islower() or part.isdigit() else part)
+    return " ".join(out) + (f" ({unit})" if unit else "")
+
+
+def cell(value: Any) -> Any:
+    """One table cell as a reader reads it: SIGNIFICANT digits, an interval as [a, b], yes / no, "—" for a
+    missing value or one that is not a number."""
+    import math
+
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (list, tuple)) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        return "—" if not value else (f"[{shorts(value)}]" if len(value) == 2 else shorts(value))
+    return short(value) if isinstance(value, (int, float)) else str(value)
+
+
+def flat(value: Any) -> bool:
+    """A value a table cell can show (not a nested object: those are in the download)."""
+    if isinstance(value, dict):
+        return False
+    if isinstance(value, (list, tuple)):
+        return len(value) <= 8 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+    return True
+
+
+def show_table(rows: Any, labels: dict[str, str] | None = None, download: str | None = None) -> None:
+    """Rows (a list of dicts or a DataFrame) as a table a reader reads: the columns `labels` names, each headed in
+    its words (with `labels` None: every column, headed by `words(key)`), each cell as `cell` writes it; columns
+    of nested values left out (they are in the download). A plain HTML table (st.table: every browser draws it;
+    the interactive grid draws on a canvas that a headless browser may leave blank), in a box that scrolls
+    sideways when it is wider than the page. With `download` (a file name without its suffix), the rows as they
+    are, every digit, one click away as CSV."""
     import pandas as pd
 
     # object columns: a column of integers with a missing value stays integers (pandas would make it float)
     frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows, dtype=object)
     if frame.empty:
         return
-
-    def cell(value: Any) -> Any:  # st.table reads Markdown in every cell: a run's text is escaped (`plain`)
-        if isinstance(value, (list, tuple)) and all(isinstance(v, (int, float)) for v in value):
-            return f"[{shorts(value)}]"
-        return short(value) if value is None or isinstance(value, (int, float)) else plain(value)
-
-    frame = frame.map(cell).rename(columns=plain)
-    st.table(frame.set_index(frame.columns[0]))
+    shown = [c for c in (labels or frame.columns) if c in frame.columns and all(flat(v) for v in frame[c])]
+    # st.table reads Markdown in every cell: each cell and header is escaped (`plain`)
+    table = frame[shown].map(lambda v: plain(cell(v)))
+    table = table.rename(columns=lambda c: plain((labels or {}).get(c) or words(c)))
+    st.table(table.set_index(table.columns[0]))
+    if download:
+        st.download_button(f"Download these rows, every digit ({download}.csv)", frame.to_csv(index=False),
+                           file_name=f"{download}.csv", mime="text/csv", key=f"download-{download}",
+                           on_click="ignore")
 
 
 def number(label: str, value: Any, fmt: str = "{:.4f}", help: str | None = None) -> None:
@@ -218,20 +281,19 @@ def number(label: str, value: Any, fmt: str = "{:.4f}", help: str | None = None)
 
 
 def show_headlines(results: dict) -> None:
-    """The run's headlines (results.json "headlines", made by the experiment's `headlines(results)`): the
-    sentences it supports first, then those it cannot support at this size, each with the reason in words."""
-    if not isinstance(results.get("headlines"), list):
+    """The run's headlines (results.json "headlines", made by the experiment's `headlines(results)`), as
+    lab.headlines words them: the sentences it supports first, then each claim it cannot support at this size,
+    named in words, with the reason. Shown as text, never read as markdown."""
+    parts = split_headlines(results)
+    if parts is None:
         st.info("This run has no headlines (it was made before Forma wrote them): run the experiment again.")
         return
-    entries = [h for h in results["headlines"] if isinstance(h, dict)]
-    supported = [h for h in entries if h.get("supported")]
-    unsupported = [h for h in entries if not h.get("supported")]
+    supported, unsupported = parts
     if supported:
-        st.markdown("\n".join(f"- {plain(h.get('sentence'))}" for h in supported))
+        st.text("\n".join(f"• {entry.get('sentence')}" for entry in supported))
     if unsupported:
-        st.markdown("**Not shown, because this run cannot support it:**\n"
-                    + "\n".join(f"- {plain(h.get('name'))}: {plain(h.get('why_not') or 'no reason recorded')}"
-                                 for h in unsupported))
+        st.markdown("**Not shown, because this run cannot support it:**")
+        st.text("\n".join(f"• {headline_reason(entry)}" for entry in unsupported))
 
 
 PROGRESS_REFRESH_S = 2.0  # how often a page looks at its job's progress file while the job works
@@ -240,29 +302,33 @@ PROGRESS_REFRESH_S = 2.0  # how often a page looks at its job's progress file wh
 def show_progress(kind: str, name: str) -> bool:
     """The progress of the job that is making this page's run (kind "run": `forma run NAME`) or model (kind
     "model": `forma train NAME`): its step / total, elapsed time and ETA (lab.progress), looked at again every
-    PROGRESS_REFRESH_S; once the job has finished, the whole page runs again and shows its results. A page
-    with no run yet keeps looking, so that a job started after it was opened (`forma demo`) appears too.
-    True when such a job is at work."""
+    PROGRESS_REFRESH_S; before it starts, where it waits in `forma demo`'s queue (lab.jobs); once the job has
+    finished, the whole page runs again and shows its results. A page with no run yet keeps looking, so that a
+    job started after it was opened (`forma demo`) appears too. True when such a job is at work or queued."""
     read, finished = {"run": (run_progress, newest_run), "model": (model_progress, model_finished)}[kind]
+    command = "run" if kind == "run" else "train"
     shown = finished(name)
     first = read(name)
     working = first is not None and first.active
+    was_queued = queued(command, name) is not None
 
     def body() -> None:
         progress = read(name)
-        if finished(name) != shown or (progress is not None and progress.active) != working:
+        place = queued(command, name)
+        if (finished(name) != shown or (progress is not None and progress.active) != working
+                or (place is not None) != was_queued):
             st.rerun()  # a job began, or ended and wrote its results: the whole page again
-        if progress is None:
-            return
-        if progress.active:
+        if progress is not None and progress.active:
             st.progress(progress.fraction or 0.0, text=code(progress.line()))
             if shown is not None:
                 st.caption("What follows is the previous " + ("run" if kind == "run" else "model")
                            + "; the page fills in again when this job ends.")
-        elif progress.state == "failed":
+        elif place is not None:
+            st.info(place.sentence())
+        elif progress is not None and progress.state == "failed":
             st.warning(f"{code(progress.job)} failed: {plain(progress.error)}. Its log says more "
                        f"(`forma demo` keeps it in runs/demo/).")
 
-    waiting = working or (kind == "run" and shown is None)
+    waiting = working or was_queued or (kind == "run" and shown is None)
     st.fragment(body, run_every=PROGRESS_REFRESH_S if waiting else None)()
-    return working
+    return working or was_queued

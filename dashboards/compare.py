@@ -6,10 +6,14 @@ from typing import Any
 
 import streamlit as st
 
+from dashboards.charts import draw
 from dashboards.common import code, figures, plain, short, show_headlines, show_table
 from experiments import experiment as registered
 from experiments import experiment_names
+from lab.headlines import title
 from lab.runs import complete_runs, run_record
+
+HALF_WIDTH_TITLE = 45  # a title line in one of two columns
 
 
 def describe(folder: Path, record: dict[str, Any]) -> str:
@@ -52,7 +56,7 @@ def headline_rows(a: dict, b: dict, names: tuple[str, str]) -> list[dict[str, st
     for name in dict.fromkeys([*first, *second]):
         x, y = first.get(name), second.get(name)
         both = isinstance(x, dict) and isinstance(y, dict) and x.get("supported") and y.get("supported")
-        rows.append({"headline": name, names[0]: headline_value(x), names[1]: headline_value(y),
+        rows.append({"headline": title(name), names[0]: headline_value(x), names[1]: headline_value(y),
                      "same direction": ("yes" if x.get("direction") == y.get("direction") else "NO") if both else "—"})
     return rows
 
@@ -89,7 +93,8 @@ for name in chosen:
 st.subheader("Headlines, number by number")
 st.caption("Each headline's value with its interval, in each run; a run that cannot support a headline says so "
            "(its reason is below). Two supported headlines must agree in direction.")
-show_table(headline_rows(records[first][1]["results"], records[second][1]["results"], chosen))
+show_table(headline_rows(records[first][1]["results"], records[second][1]["results"], chosen),
+           download=f"{experiment}_headlines")
 
 columns = st.columns(2)
 for column, name in zip(columns, chosen):
@@ -106,7 +111,7 @@ for figure in shared:
     columns = st.columns(2)
     for column, name in zip(columns, chosen):
         with column:
-            st.plotly_chart(found[name][figure], key=f"compare-{name}-{figure}")
+            draw(found[name][figure], f"compare-{name}-{figure}", title_chars=HALF_WIDTH_TITLE)
 only = sorted(set(found[first]) ^ set(found[second]))
 if only:
     st.caption(f"Figures only one of the two runs saved, left out here: {plain(', '.join(only))}.")

@@ -1,13 +1,16 @@
-"""The seeds' equations, each checked by running it: measured against expected, with the tolerance."""
+"""The seeds' equations, each checked by running it: every measured entry beside its rule, in words and in
+symbols (experiments.equations.entries), and whether it holds."""
 
 from pathlib import Path
 
 import streamlit as st
 
-from dashboards.common import plain, show_figures, show_headlines, show_run, shorts, warn_shape
-
+from dashboards.common import plain, show_figures, show_headlines, show_run, show_table, warn_shape
+from experiments.equations import entries
+from lab.headlines import title
 
 CHECK_FIELDS = ("name", "measured", "expected", "tolerance", "passed")  # what experiments.equations.Check writes
+HOLDS = {True: "yes", False: "NO", None: "see the note"}
 
 
 def render(folder: Path, results: dict) -> None:
@@ -21,13 +24,13 @@ def render(folder: Path, results: dict) -> None:
     st.write(f"**{passed} of {len(checks)} checks pass.**")
     show_headlines(results)
     for check in checks:
-        st.subheader(f"{plain(check.get('name'))}: {'passes' if check.get('passed') else 'FAILS'}")
+        st.subheader(f"{plain(title(check.get('name')))} (claim {plain(check.get('item'))}): "
+                     f"{'passes' if check.get('passed') else 'FAILS'}")
         if check.get("equation"):
             st.latex(check["equation"])
-        st.markdown(f"measured **{plain(shorts(check.get('measured')))}** · expected "
-                    f"**{plain(shorts(check.get('expected')))}** · tolerance {plain(shorts(check.get('tolerance')))}",
-                    help=f"exact: measured {check.get('measured')}, expected {check.get('expected')}, "
-                         f"tolerance {check.get('tolerance')}")
+        rows = [{"measured quantity": e["what"], "measured": e["measured"], "passes when": e["passes when"],
+                 "in symbols": e["in symbols"] or "—", "holds": HOLDS[e["holds"]]} for e in entries(check)]
+        show_table(rows)
         if check.get("note"):
             st.caption(plain(check["note"]))
     show_figures(folder)

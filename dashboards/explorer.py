@@ -13,11 +13,12 @@ import plotly.graph_objects as go
 import streamlit as st
 import torch
 
-from dashboards.common import code, load_model, model_version
+from dashboards.charts import draw
+from dashboards.common import code, load_model, model_version, show_progress
 from dashboards.explorer_tabs import (Opened, encode, pick, show_attention, show_attribution, show_ground_truth_lens,
                                       show_head_detectors, show_input_attribution, show_logit_lens, show_patching,
                                       show_residual_norms, show_trust, text_of, token_labels)
-from lab.folders import zoo_dir, zoo_names
+from lab.folders import is_trained, zoo_dir, zoo_names
 from lab.model.encoder_decoder import is_encoder_decoder
 
 DEFAULT_PROMPTS = {"pydoc": "Return the number of items in the list.", "markov": "1 2 3 4 5 6 7 8",
@@ -151,7 +152,7 @@ def show_cross_attention(name: str) -> None:
                                zmin=0, zmax=1, hovertemplate="output %{y}<br>source %{x}<br>weight %{z:.3f}<extra></extra>"))
     fig.update_layout(title=f"Cross-attention, decoder layer {layer} head {head}", yaxis_autorange="reversed",
                       xaxis_title="source token (key)", yaxis_title="target token produced (query)", height=600)
-    st.plotly_chart(fig, key="cross_attention")
+    draw(fig, "cross_attention")
 
 
 def describe(opened: Opened) -> str:
@@ -176,6 +177,8 @@ if not name:
 if is_encoder_decoder(name):
     show_cross_attention(name)
     st.stop()
+if name in zoo_names() and not is_trained(name) and show_progress("model", name):
+    st.stop()  # its training is queued or under way: the progress says so, and the page fills in when it ends
 opened = open_model(name)
 if opened is None:
     st.stop()

@@ -13,6 +13,8 @@ import streamlit as st
 import torch
 from plotly.subplots import make_subplots
 
+from dashboards.charts import draw
+
 
 @dataclass
 class Opened:
@@ -68,27 +70,71 @@ def text_of(model, tokens: torch.Tensor) -> str:
     return model.tokenizer.decode(ids, skip_special_tokens=False)
 
 
+def token_text(model, i: int) -> str:
+    """Token `i` as a reader reads it: its id for a model without a tokenizer, else its text, with the bytes of
+    a byte-level piece of a UTF-8 character written ⟨0xE2⟩ (lab.tokenize.readable_token), never '�'."""
+    from lab.tokenize import readable_token
+
+    if model.tokenizer is None:
+        return str(i)
+    tokenizer = model.tokenizer
+    piece = (tokenizer.id_to_token(i) if hasattr(tokenizer, "id_to_token")
+             else tokenizer.convert_ids_to_tokens(i))  # a Hugging Face tokenizer (a bridged model)
+    return readable_token(model.to_string([i]), piece)
+
+
 def token_labels(model, tokens: torch.Tensor) -> list[str]:
     ids = tokens[0].tolist()
-    words = [str(i) for i in ids] if model.tokenizer is None else [model.to_string([i]) for i in ids]
+    words = [str(i) for i in ids] if model.tokenizer is None else [token_text(model, i) for i in ids]
     return [f"{p}:{w!r}"[:24] for p, w in enumerate(words)]
 
 
 def word_of(model):
-    return (lambda i: str(i)) if model.tokenizer is None else (lambda i: repr(model.to_string([i])))
+    return (lambda i: str(i)) if model.tokenizer is None else (lambda i: repr(token_text(model, i)))
+
+
+OVERVIEW_MOST = 64  # heads the all-heads overview draws at most (beyond: the chosen layer's heads only)
 
 
 def show_attention(model, tokens, labels) -> None:
+    """One head's pattern (query × key, the tokens named), beside every head's pattern at a glance, the chosen
+    one outlined."""
     layer = pick("Layer", model.cfg.n_layers, 0, key="attn_layer")
     head = pick("Head", model.cfg.n_heads, 0, key="attn_head")
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    layers = list(range(n_layers)) if n_layers * n_heads <= OVERVIEW_MOST else [layer]
+    hooks = [f"blocks.{l}.attn.hook_pattern" for l in layers]
     with torch.inference_mode():
-        _, cache = model.run_with_cache(tokens, names_filter=f"blocks.{layer}.attn.hook_pattern")
-    pattern = cache[f"blocks.{layer}.attn.hook_pattern"][0, head].numpy()
-    fig = go.Figure(go.Heatmap(z=pattern, x=labels, y=labels, colorscale="Blues", zmin=0, zmax=1,
-                               hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.3f}<extra></extra>"))
-    fig.update_layout(title=f"Attention pattern, layer {layer} head {head}", yaxis_autorange="reversed",
-                      xaxis_title="key", yaxis_title="query", height=600)
-    st.plotly_chart(fig, key="attention")
+        _, cache = model.run_with_cache(tokens, names_filter=hooks)
+    one, every = st.columns([3, 2])
+    with one:
+        pattern = cache[f"blocks.{layer}.attn.hook_pattern"][0, head].numpy()
+        fig = go.Figure(go.Heatmap(z=pattern, x=labels, y=labels, colorscale="Blues", zmin=0, zmax=1,
+                                   hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.3f}<extra></extra>"))
+        fig.update_layout(title=f"Attention pattern, layer {layer} head {head}", yaxis_autorange="reversed",
+                          xaxis_title="key", yaxis_title="query", height=600)
+        draw(fig, "attention", title_chars=55)
+    with every:
+        fig = make_subplots(rows=len(layers), cols=n_heads, horizontal_spacing=0.02,
+                            vertical_spacing=min(0.1, 0.3 / len(layers)),
+                            subplot_titles=[f"L{l} H{h}" for l in layers for h in range(n_heads)])
+        for row, l in enumerate(layers, start=1):
+            patterns = cache[f"blocks.{l}.attn.hook_pattern"][0].numpy()
+            for h in range(n_heads):
+                fig.add_trace(go.Heatmap(z=patterns[h], coloraxis="coloraxis", name=f"layer {l} head {h}",
+                                         hovertemplate=f"layer {l} head {h}<br>query %{{y}}<br>key %{{x}}<br>"
+                                                       "weight %{z:.3f}<extra></extra>"), row=row, col=h + 1)
+                if (l, h) == (layer, head):
+                    fig.add_shape(type="rect", xref="x domain", yref="y domain", x0=0, x1=1, y0=0, y1=1,
+                                  line=dict(color="red", width=2), row=row, col=h + 1)
+        fig.update_xaxes(showticklabels=False)
+        fig.update_yaxes(showticklabels=False, autorange="reversed")
+        fig.update_annotations(font_size=10)
+        fig.update_layout(title=("Every head, query × key (the chosen one outlined)" if len(layers) == n_layers
+                                 else f"Every head of layer {layer} (the chosen one outlined)"),
+                          coloraxis=dict(colorscale="Blues", cmin=0, cmax=1, showscale=False),
+                          height=max(300, 120 + 600 // max(1, n_heads) * len(layers)))
+        draw(fig, "attention_heads", title_chars=40)
 
 
 def show_residual_norms(model, tokens, labels) -> None:
@@ -99,7 +145,7 @@ def show_residual_norms(model, tokens, labels) -> None:
             for l in range(norms.shape[0]) for p in range(norms.shape[1])]
     fig = px.line(rows, x="layer", y="norm", color="position", markers=True,
                   title="‖residual stream‖₂ entering each layer (last point: after the final block)")
-    st.plotly_chart(fig, key="norms")
+    draw(fig, "norms")
 
 
 LENSES = {"logit": "Logit lens", "tuned": "Tuned lens", "jacobian": "Jacobian lens"}
@@ -156,19 +202,15 @@ def show_logit_lens(model, tokens, labels, name: str | None = None) -> None:
         st.caption(f"Fitted on {LENS_PROMPTS} sequences of the model's world, or of its own sampled text when its folder "
                    "records no world (lab.analysis." + ("tuned_lens" if kind == "tuned" else "jacobian_lens") + ").")
     top_p, top_id = log_probs.exp().max(dim=-1)
-    names = ([str(i) for i in range(model.cfg.d_vocab)] if model.tokenizer is None else None)
-
-    def word(i: int) -> str:
-        return names[i] if names else repr(model.to_string([i]))
-
+    word = word_of(model)
     text = [[word(int(top_id[l, p])) for p in range(top_id.shape[1])] for l in range(top_id.shape[0])]
-    layers = [f"resid_pre {l}" for l in range(model.cfg.n_layers)] + ["final"]
+    layers = [f"layer {l}'s input" for l in range(model.cfg.n_layers)] + ["the model's output"]
     fig = go.Figure(go.Heatmap(z=top_p.numpy(), x=labels, y=layers, text=text, texttemplate="%{text}",
-                               colorscale="Viridis", zmin=0, zmax=1,
+                               colorscale="Viridis", zmin=0, zmax=1, colorbar={"title": "probability"},
                                hovertemplate="%{y} at %{x}<br>top token %{text}<br>p = %{z:.3f}<extra></extra>"))
     fig.update_layout(title=f"{LENSES[kind]}: the top next token and its probability at each layer and position",
                       height=150 + 40 * len(layers))
-    st.plotly_chart(fig, key="lens")
+    draw(fig, "lens")
 
 
 EXHAUSTIVE_LIMIT = 20_000  # forward passes (positions × vocabulary) the explorer runs for the exhaustive effects
@@ -224,7 +266,7 @@ def show_attribution(model, tokens, labels) -> None:
         return
     fig = px.bar(x=attribution.labels, y=attribution.values.numpy(), labels={"x": "component", "y": "logit contribution"},
                  title=f"Direct logit attribution of {target_text!r} at {labels[position]} (sum = logit {attribution.logit:.3f})")
-    st.plotly_chart(fig, key="dla")
+    draw(fig, "dla")
 
 
 def default_corruption(model, tokens) -> str | None:
@@ -291,7 +333,7 @@ def show_patching(model, tokens, labels) -> None:
     fig.update_layout(title=f"Share of logit({word(answer)}) − logit({word(wrong)}) restored by patching {component} "
                             f"(clean {result.clean:.3f}, corrupted {result.corrupted:.3f})",
                       xaxis_title="position", height=200 + 40 * restored.shape[0])
-    st.plotly_chart(fig, key="patching")
+    draw(fig, "patching")
     by_head = patch_heads(model, tokens, corrupted, answer=answer, wrong=wrong)
     restored = by_head.normalized().numpy()
     fig = go.Figure(go.Heatmap(z=restored, x=[f"head {h}" for h in by_head.cells], y=layers, colorscale="RdBu",
@@ -299,7 +341,7 @@ def show_patching(model, tokens, labels) -> None:
     fig.update_layout(title=f"Share restored by patching one head's output z at every position "
                             f"(logit({word(answer)}) − logit({word(wrong)}))",
                       xaxis_title="head", height=200 + 40 * restored.shape[0])
-    st.plotly_chart(fig, key="patching_heads")
+    draw(fig, "patching_heads")
 
 
 HEAD_TITLES = {"previous_token": "previous token", "duplicate_token": "duplicate token", "induction": "induction"}
@@ -329,7 +371,7 @@ def show_head_detectors(model) -> None:
                       row=1, col=column)
     fig.update_layout(title="Head detectors: previous-token, duplicate-token and induction scores per head",
                       height=220 + 40 * model.cfg.n_layers)
-    st.plotly_chart(fig, key="heads")
+    draw(fig, "heads")
 
 
 def show_ground_truth_lens(opened: Opened, tokens, labels) -> None:
@@ -362,7 +404,7 @@ def show_ground_truth_lens(opened: Opened, tokens, labels) -> None:
             for label, value in zip(lens.labels, values)]
     fig = px.line(rows, x="layer", y="KL(p ‖ lens) (nats)", color="where", markers=True,
                   title="KL(p ‖ P^(l)): how far each layer's logit lens is from the true next-token law")
-    st.plotly_chart(fig, key="truth_kl")
+    draw(fig, "truth_kl")
     probs = torch.cat([lens.p[0, position][None], lens.log_probs[:, 0, position].exp()]).numpy()
     symbols = [str(i) for i in range(model.cfg.d_vocab)]
     fig = go.Figure(go.Heatmap(z=probs, x=symbols, y=["true p"] + lens.labels, colorscale="Viridis", zmin=0,
@@ -370,7 +412,7 @@ def show_ground_truth_lens(opened: Opened, tokens, labels) -> None:
     fig.update_layout(title=f"The true law of the next token after {labels[position]} (top row) beside the logit "
                             "lens at each layer", yaxis_autorange="reversed", xaxis_title="next token",
                       height=200 + 40 * len(lens.labels))
-    st.plotly_chart(fig, key="truth_lens")
+    draw(fig, "truth_lens")
 
 
 def show_trust(opened: Opened, name: str) -> None:

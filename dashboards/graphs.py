@@ -11,7 +11,9 @@ import plotly.graph_objects as go
 import streamlit as st
 import torch
 
-from dashboards.common import load_model, model_version
+from dashboards.charts import readable
+from dashboards.common import load_model, model_version, show_table
+from dashboards.explorer_tabs import token_text
 from lab.analysis.graphs.attribute import attribute, prompt_tokens
 from lab.analysis.graphs.graph import Graph, graph_folder, to_circuit_tracer
 from lab.analysis.graphs.influence import graph_scores, prune
@@ -45,8 +47,9 @@ def graph_of(name: str, kind: str, prompt: str, version: tuple = ()) -> Graph:
         return graph
 
 
-def figure(graph: Graph, keep: torch.Tensor, edges: torch.Tensor, labels: list[str]) -> go.Figure:
-    """Nodes at (position + offset, layer), the kept edges as lines in three widths by weight."""
+def figure(graph: Graph, keep: torch.Tensor, edges: torch.Tensor, labels: list[str], logits: list[str]) -> go.Figure:
+    """Nodes at (position + offset, layer), the kept edges as lines in three widths by weight; `labels` name the
+    prompt's tokens, `logits` the output tokens."""
     kept = torch.nonzero(keep).flatten().tolist()
     records = [graph.node(i) for i in kept]
     cells: dict[tuple[int, int], list[int]] = {}
@@ -75,7 +78,7 @@ def figure(graph: Graph, keep: torch.Tensor, edges: torch.Tensor, labels: list[s
         mine = [i for i, r in zip(kept, records) if r["kind"] == kind]
         if not mine:
             continue
-        text = [describe(graph.node(i), labels, graph) for i in mine]
+        text = [describe(graph.node(i), labels, logits, graph) for i in mine]
         fig.add_trace(go.Scatter(x=[where[i][0] for i in mine], y=[where[i][1] for i in mine], mode="markers",
                                  name=kind, marker={"symbol": symbol, "size": 11, "color": COLORS[kind]},
                                  customdata=mine, hovertext=text, hoverinfo="text"))
@@ -86,7 +89,7 @@ def figure(graph: Graph, keep: torch.Tensor, edges: torch.Tensor, labels: list[s
     return fig
 
 
-def describe(node: dict, labels: list[str], graph: Graph) -> str:
+def describe(node: dict, labels: list[str], logits: list[str], graph: Graph) -> str:
     if node["kind"] == "feature":
         return f"feature {node['feature']} at layer {node['layer']}, {labels[node['pos']]!r}: {node['activation']:.3f}"
     if node["kind"] == "error":
@@ -94,7 +97,7 @@ def describe(node: dict, labels: list[str], graph: Graph) -> str:
     if node["kind"] == "token":
         return f"token {labels[node['pos']]!r} at {node['pos']}"
     k = graph.node_ids().index(node["id"]) - (graph.n_nodes - graph.n_logits)
-    return f"logit {graph.meta.get('logit_strings', [''] * graph.n_logits)[k]!r}: p = {node['probability']:.3f}"
+    return f"logit {logits[k]!r}: p = {node['probability']:.3f}"
 
 
 def show_feature(model, transcoders: Transcoders, contexts: dict | None, node: dict) -> None:
@@ -113,7 +116,11 @@ def show_feature(model, transcoders: Transcoders, contexts: dict | None, node: d
             rows.append({"activation": round(value, 3), "before": decode(window[max(0, pos - 12): pos]),
                          "token": decode(window[pos: pos + 1]), "after": decode(window[pos + 1: pos + 4])})
         st.markdown("**Top activating contexts** (from the transcoders' harvest)")
-        st.dataframe(rows, hide_index=True) if rows else st.info("It never fired on the harvest.")
+        if rows:
+            show_table(rows, {"activation": "activation", "before": "before", "token": "token (where it fires)",
+                              "after": "after"})
+        else:
+            st.info("It never fired on the harvest.")
     promoted, suppressed = feature_logits(model, transcoders, node["layer"], node["feature"])
     st.markdown("**Top logits** (its decoder through the unembedding): promotes "
                 + ", ".join(f"`{decode([t])}` {v:+.2f}" for t, v in promoted[:8]) + "; suppresses "
@@ -133,7 +140,8 @@ def show_qk(model, transcoders: Transcoders, graph: Graph, labels: list[str]) ->
             result = qk_attribution(model, transcoders, graph, int(layer), int(head), int(query), int(key))
             st.markdown(f"Score {result['score']:.4f} from {labels[int(query)]!r} to {labels[int(key)]!r} = "
                         f"{result['pairs_sum']:.4f} over node pairs + {result['bias_terms']:.4f} from biases.")
-            st.dataframe(result["top_pairs"], hide_index=True)
+            show_table(result["top_pairs"], {"query": "query-side node", "key": "key-side node",
+                                             "score": "its part of the score"})
 
 
 def supernodes(graph: Graph, folder, ids: list[str]) -> None:
@@ -176,28 +184,30 @@ try:
 except ValueError as err:
     st.warning(f"No graph for this prompt: {err}")
     st.stop()
-labels = graph.meta.get("token_strings") or [str(int(t)) for t in graph.tokens]
+labels = [token_text(model, int(t)) for t in graph.tokens]  # byte-level pieces as ⟨0xE2⟩, never '�'
+logit_labels = [token_text(model, int(t)) for t in graph.logit_tokens]
 pruned = prune(graph, node_threshold, edge_threshold)
 scores = graph_scores(graph)
 st.caption(f"{graph.n_features} active features, {int(pruned.node_mask.sum())} nodes and "
            f"{int(pruned.edge_mask.sum())} edges kept, holding {pruned.node_share:.1%} of the node influence and "
            f"{pruned.edge_share:.1%} of the edge influence; replacement score {scores['replacement']:.2f}, "
            f"completeness {scores['completeness']:.2f}.")
-event = st.plotly_chart(figure(graph, pruned.node_mask, pruned.edge_mask, labels), key="graph_chart",
-                        on_select="rerun", selection_mode="points")
+drawn = readable(figure(graph, pruned.node_mask, pruned.edge_mask, labels, logit_labels))
+event = st.plotly_chart(drawn, key="graph_chart", on_select="rerun", selection_mode="points")
 points = (event.selection.points if event and event.selection else []) or []
 chosen = [p["customdata"] for p in points if "customdata" in p]
 if chosen and graph.node(int(chosen[0]))["kind"] == "feature":
     show_feature(model, open_transcoders(str(path), model_version(str(path))), load_contexts(path),
                  graph.node(int(chosen[0])))
 elif chosen:
-    st.info(describe(graph.node(int(chosen[0])), labels, graph))
+    st.info(describe(graph.node(int(chosen[0])), labels, logit_labels, graph))
 else:
     st.caption("Click a feature node for its top contexts and logits.")
 show_qk(model, open_transcoders(str(path), model_version(str(path))), graph, labels)
 kept_ids = [graph.node(i)["id"] for i in torch.nonzero(pruned.node_mask).flatten().tolist()]
 supernodes(graph, graph_folder(path, graph.tokens), kept_ids)
 export = to_circuit_tracer(graph, pruned.node_mask, pruned.edge_mask, pruned.cumulative, slug=f"{name}-{kind}",
-                           scan=f"forma-{name}-{kind}", token_strings=labels, node_threshold=node_threshold)
+                           scan=f"forma-{name}-{kind}",
+                           token_strings=graph.meta.get("token_strings"), node_threshold=node_threshold)
 st.download_button("Export (circuit-tracer graph JSON)", json.dumps(export), file_name=f"{name}-{kind}.json",
                    mime="application/json", key="graph_export")

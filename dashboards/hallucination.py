@@ -4,16 +4,33 @@ from pathlib import Path
 
 import streamlit as st
 
-from dashboards.common import number, plain, short, show_figures, show_headlines, show_run, show_table
+from dashboards.common import number, plain, short, show_figures, show_headlines, show_run, show_table, words
 from experiments.hallucination import relative_change
+
+# The run's world in words (results.json "world"), and the columns the tables show (every column is in the download).
+WORLD_WORDS = {"n_facts": "facts", "n_factoids": "well-formed factoids", "n_train": "training documents",
+               "n_hallucinations": "hallucinations (well-formed non-facts)", "n_persons": "persons",
+               "n_first_names": "first names", "n_last_names": "last names", "n_name_pairs": "name pairs",
+               "attribute": "attribute", "n_values": "values", "facts_per_hallucination": "facts per hallucination",
+               "kv_term_delta_0_01": "the bound's 3e^(−s)/δ term at δ = 0.01", "document": "a document",
+               "n_heldout": "held-out documents", "d_vocab": "vocabulary"}
+BOUND = "bound_rhs_delta_"
+SWEEP_COLUMNS = {"gamma": "γ", "monofact_rate": "monofact rate MF", "missing_mass": "missing mass",
+                 "checkpoint": "checkpoint", "epoch": "epoch", "hallucination_rate": "hallucination rate g(H)",
+                 "fact_rate": "fact rate", "miscalibration_tv_eps": "miscalibration Mis (ε bins)",
+                 "recall_seen": "recall on seen facts"}
+UPWEIGHTING_COLUMNS = {"condition": "condition", "n_draws": "draws", "hallucination_rate": "hallucination rate g(H)",
+                       "hallucination_rate_se": "its SE", "miscalibration_tv_eps": "miscalibration Mis (ε bins)",
+                       "recall_seen": "recall on seen facts", "steps": "steps", "documents_seen": "documents seen",
+                       "upweighted_examples": "upweighted examples"}
 
 
 def render(folder: Path, results: dict) -> None:
     st.latex(r"g(\mathcal{H}) \;\ge\; \widehat{MF} - \mathrm{Mis}(g, p) - \frac{3e^{-s}}{\delta} - \sqrt{\frac{6\ln(6/\delta)}{n}}")
     world = results.get("world") or {}
     if world:
-        st.write(" · ".join(f"{plain(k.replace('_', ' '))}: **{plain(short(v))}**" for k, v in world.items()
-                            if isinstance(v, (int, float, str))))
+        st.text("The world: " + " · ".join(f"{WORLD_WORDS.get(k) or words(k)}: {short(v)}" for k, v in world.items()
+                                              if isinstance(v, (int, float, str))))
     show_headlines(results)
     acceptance = results.get("acceptance") or {}
     flagged = [entry for entry in results.get("sweep") or [] if entry.get("max_fact_probability_flagged")]
@@ -24,7 +41,7 @@ def render(folder: Path, results: dict) -> None:
             + ": the bound is proved for a bounded largest fact probability (the theorem gives no number; Forma flags "
             f"≥ {(results.get('config') or {}).get('max_fact_probability_flag', float('nan')):.0%}), and such a world is "
             "mostly one fact.")
-    cols = st.columns(4)
+    cols = [*st.columns(2), *st.columns(2)]  # two cards a row: each label in full
     with cols[0]:
         spearman = acceptance.get("spearman_monofact_vs_hallucination") or {}
         number("Spearman(MF, g(H)), worst epoch", min(spearman.values()) if spearman else None, "{:.3f}",
@@ -48,14 +65,16 @@ def render(folder: Path, results: dict) -> None:
     rows = []
     for entry in results.get("sweep") or []:
         for checkpoint in entry.get("checkpoints") or []:
-            rows.append({"gamma": entry.get("gamma"), "monofact rate": entry.get("monofact_rate"),
-                         "missing mass": entry.get("missing_mass"), **checkpoint})
+            rows.append({"gamma": entry.get("gamma"), "monofact_rate": entry.get("monofact_rate"),
+                         "missing_mass": entry.get("missing_mass"), **checkpoint})
     if rows:
         st.subheader("Sweep over the popularity shape γ, at each checkpoint")
-        show_table(rows)
+        bounds = {key: f"bound's right side, δ = {key.removeprefix(BOUND).replace('_', '.')}"
+                  for key in rows[0] if key.startswith(BOUND)}
+        show_table(rows, SWEEP_COLUMNS | bounds, download="hallucination_sweep")
     if upweighting:
         st.subheader("Selective upweighting (matched compute; each condition the mean over draws of its blocks)")
-        show_table(upweighting)
+        show_table(upweighting, UPWEIGHTING_COLUMNS, download="hallucination_upweighting")
     if results.get("singleton"):
         st.subheader("Singleton-rate variant (Kalai, Nachum, Vempala & Zhang 2025)")
         single = results["singleton"]

@@ -5,9 +5,11 @@ from typing import Any
 
 import streamlit as st
 
-from dashboards.common import code, latest_run, plain, show_table
+from dashboards.common import PROGRESS_REFRESH_S, code, latest_run, plain, show_table
 from experiments import REGISTRY
 from lab.folders import ZooEntry, zoo_entries
+from lab.jobs import queued
+from lab.progress import model_progress, run_progress
 
 # The card.json numbers the table shows (`forma train NAME` measures them; lab.zoo writes the card). A world
 # measures what its truth allows: the KL to the true law on a source world, perplexity on English, exact
@@ -25,7 +27,12 @@ CARD_COLUMNS = {
 
 def zoo_row(entry: ZooEntry) -> dict[str, Any]:
     card = entry.card or {}
-    if not entry.trained:
+    training, place = model_progress(entry.name), queued("train", entry.name)
+    if not entry.trained and training is not None and training.active:
+        state = f"training now: {training.line()}"
+    elif not entry.trained and place is not None:
+        state = f"no: {place.short()}"
+    elif not entry.trained:
         state = f"no: run `forma train {entry.name}`"
     else:
         state = "yes (quick recipe)" if card.get("quick") else "yes"
@@ -43,7 +50,7 @@ st.markdown(
 
 st.header("Models")
 entries = zoo_entries()
-show_table([zoo_row(entry) for entry in entries])
+show_table([zoo_row(entry) for entry in entries], download="zoo_models")
 for entry in entries:
     if entry.problem:
         st.warning(plain(entry.problem))
@@ -51,7 +58,31 @@ for entry in entries:
 st.header("Experiments")
 for entry in REGISTRY:
     folder, results, problem = latest_run(entry.name)
-    if problem:
+    working, place = run_progress(entry.name), queued("run", entry.name)
+    if folder is None and working is not None and working.active:
+        st.markdown(f"**{entry.title}** — running now: `{working.line()}`; its page shows its progress.")
+    elif folder is None and place is not None:
+        st.markdown(f"**{entry.title}** — {place.sentence()}")
+    elif problem:
         st.markdown(f"**{entry.title}** — {problem}")
     else:
         st.markdown(f"**{entry.title}** — latest run {code(folder.name)}; open its page in the sidebar.")
+
+
+def state() -> tuple:
+    """What Home shows that a job changes: each model trained or not and its job, each experiment's latest run
+    and its job."""
+    return (tuple((e.trained, queued("train", e.name), getattr(model_progress(e.name), "state", None))
+                  for e in zoo_entries()),
+            tuple((latest_run(e.name)[0], queued("run", e.name), getattr(run_progress(e.name), "state", None))
+                  for e in REGISTRY))
+
+
+def look_again(shown: tuple) -> None:
+    if state() != shown:
+        st.rerun()  # a job started or ended: the whole page again
+
+
+shown = state()
+if any(place is not None or job in ("running", "done") for group in shown for *_, place, job in group):
+    st.fragment(look_again, run_every=PROGRESS_REFRESH_S)(shown)

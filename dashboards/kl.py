@@ -20,7 +20,7 @@ def render(folder: Path, results: dict) -> None:
     st.subheader("Final checkpoint, complete contexts")
     if regions.get("complete"):
         st.caption(plain(regions["complete"]))
-    cols = st.columns(4)
+    cols = [*st.columns(2), *st.columns(2)]  # two cards a row: each label and number in full
     with cols[0]:
         number("Entropy rate H(p) (nats/token)", source.get("entropy_rate_nats"),
                help="Σ_c π(c)·H(p(·|c)), closed form from the stationary law over contexts")
@@ -33,7 +33,7 @@ def render(folder: Path, results: dict) -> None:
         se = complete.get("sampled_kl_se")
         number("Sampled KL̂ ± SE (nats)", complete.get("sampled_kl_nats"),
                "{:.4f}" + (f" ± {se:.4f}" if isinstance(se, (int, float)) else ""),
-               help="mean of −log P_θ + log p at the tokens that came, with the standard error over sequences")
+               help="mean of −log P_θ + log p at the tokens that came, with its standard error over sequences")
     if first:
         st.subheader("The first positions, apart")
         if regions.get("first"):

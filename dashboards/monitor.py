@@ -7,7 +7,17 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from dashboards.common import plain, read_table, show_figures, show_headlines, show_run, show_table, warn_shape
+from dashboards.common import (
+    SIGNAL_WORDS,
+    plain,
+    read_table,
+    show_figures,
+    show_headlines,
+    show_run,
+    show_table,
+    warn_shape,
+    words,
+)
 
 
 @st.cache_resource(show_spinner="Loading the run's model…")
@@ -43,7 +53,8 @@ def live(folder: Path, results: dict) -> None:
         return
     entries = [a for a in results.get("abstention") or [] if isinstance(a, dict)]
     monitor = Monitor(model, probe=probe, p_ik=p_ik, attention=len(ids) > SUBJECT[-1])
-    signal = st.selectbox("Risk signal", [s for s in monitor.token_signals if s in signs])
+    signal = st.selectbox("Risk signal", [s for s in monitor.token_signals if s in signs],
+                          format_func=lambda name: SIGNAL_WORDS.get(name) or words(name))
     alphas = sorted({a["alpha"] for a in entries if a.get("signal") == signal})
     alpha = st.selectbox("Target error rate α (conformal risk control)", alphas) if alphas else None
     new = st.slider("New tokens", 1, model.cfg.n_ctx - len(ids), min(2, model.cfg.n_ctx - len(ids)))
@@ -57,10 +68,18 @@ def live(folder: Path, results: dict) -> None:
     words = [model.tokenizer.id_to_token(int(t)) for t in out.new_tokens[0]]
     coloured = [f":{'red' if r > threshold else 'green'}[{plain(w)}]" for w, r in zip(words, risk)]
     st.markdown(f"{plain(text)} " + " ".join(coloured))
-    st.markdown(f"Threshold λ̂ = {threshold:.3f} on risk = {signs[signal]:+d} · {plain(signal)}: "
+    named = plain(SIGNAL_WORDS.get(signal, signal))
+    st.markdown(f"Threshold λ̂ = {threshold:.3f} on risk = {signs[signal]:+d} · {named}: "
                 + (f"the monitor abstains at new token {stop + 1} (**{plain(words[stop])}**)." if stop is not None
                    else "every token stays at or below it: the answer is given."))
-    show_table(pd.DataFrame({"token": words, **{name: out.signals[name][0].tolist() for name in out.signals}}))
+    show_table(pd.DataFrame({"token": words, **{name: out.signals[name][0].tolist() for name in out.signals}}),
+               {"token": "new token"} | {name: SIGNAL_WORDS.get(name, "") for name in out.signals})
+
+
+SIGNAL_COLUMNS = {"signal": "signal", "sign": "sign (+1: higher is riskier)", "n_test": "test prompts",
+                  "error_rate": "error rate", "auroc": "AUROC", "auroc_ci95": "95% interval",
+                  "auroc_familywise_ci": "familywise interval", "aurc": "AURC", "aurc_optimal": "best possible AURC",
+                  "e_aurc": "AURC above the best"}
 
 
 def render(folder: Path, results: dict) -> None:
@@ -79,9 +98,13 @@ def render(folder: Path, results: dict) -> None:
     rows = [{k: v for k, v in row.items() if k != "by_kind"} for i, row in enumerate(signals) if i not in malformed]
     if rows:
         st.subheader("Signals on the test split")
-        show_table(rows)
+        level = rows[0].get("auroc_familywise_level")
+        columns = SIGNAL_COLUMNS | ({"auroc_familywise_ci": f"{level:.2%} familywise interval"}
+                                    if isinstance(level, float) else {})
+        show_table([row | {"signal": SIGNAL_WORDS.get(row["signal"]) or words(row["signal"])} for row in rows], columns,
+                   download="monitor_signals")
     live(folder, results)
-    show_figures(folder)
+    show_figures(folder, names=SIGNAL_WORDS)  # the signals named as the table above names them
 
 
 show_run("monitor", render, fields={"signals": list, "abstention": list, "answers": dict, "headlines": list},

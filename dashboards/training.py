@@ -3,8 +3,9 @@
 import plotly.graph_objects as go
 import streamlit as st
 
+from dashboards.charts import draw
 from dashboards.common import show_progress, zoo_dir
-from lab.folders import zoo_names
+from lab.folders import zoo_entry, zoo_names
 from lab.train.checkpoint import METRICS_FILE, read_metrics
 
 st.title("Training curves")
@@ -28,5 +29,16 @@ fig.add_scatter(x=[r["step"] for r in records], y=[r.get("train_loss_nats") for 
                 mode="lines")
 val = [r for r in records if r.get("val_loss_nats") is not None]
 fig.add_scatter(x=[r["step"] for r in val], y=[r["val_loss_nats"] for r in val], name="held-out", mode="lines+markers")
+card = zoo_entry(name).card or {}
+floors = [(key, label, dash) for key, label, dash in (("entropy_rate_nats", "entropy rate H(p)", "dash"),
+                                                     ("val_entropy_nats", "mean H(p), held-out prefixes", "dot"))
+          if isinstance(card.get(key), (int, float))]  # a world whose law is known (lab.zoo's card measures it)
+for key, label, dash in floors:
+    steps = [r["step"] for r in records]
+    fig.add_scatter(x=[min(steps), max(steps)], y=[card[key]] * 2, name=f"{label} {card[key]:.3f}", mode="lines",
+                    line={"dash": dash, "color": "gray"})
 fig.update_layout(title=f"{name}: cross-entropy (nats/token)", xaxis_title="step", yaxis_title="nats")
-st.plotly_chart(fig, key="curves")
+draw(fig, "curves")
+if floors:
+    st.caption("The entropy rate is the least loss any model reaches over complete contexts; the mean H(p) over the "
+               f"held-out prefixes, the first positions included, is the least held-out loss (models/{name}/card.json).")

@@ -257,7 +257,8 @@ class Progress:
             raise ValueError(f"a {FORMAT} record with other fields: {err}") from None
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process `pid` is still running."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -274,7 +275,7 @@ def read_progress(path: str | Path) -> Progress | None:
         progress = Progress.from_json(read_json(path, Path(path).parent, max_bytes=2**20))
     except (OSError, ValueError):
         return None
-    if progress.active and (time.time() - progress.updated > STALE_S or not _alive(progress.pid)):
+    if progress.active and (time.time() - progress.updated > STALE_S or not alive(progress.pid)):
         return Progress(**{**progress.__dict__, "state": "stopped"})
     return progress
 

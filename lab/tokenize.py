@@ -35,3 +35,48 @@ def to_hf_tokenizer(tokenizer: Tokenizer, directory: str | Path):
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, **specials)
     fast.save_pretrained(directory)
     return AutoTokenizer.from_pretrained(directory, local_files_only=True, trust_remote_code=False)
+
+
+def _byte_level_table() -> dict[str, int]:
+    """GPT-2's byte-level alphabet (the `tokenizers` ByteLevel pre-tokenizer's): the character that stands for
+    each byte in a token's string, mapped back to the byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = dict(zip(printable, printable)), 0
+    for byte in range(256):
+        if byte not in chars:
+            chars[byte] = 256 + extra
+            extra += 1
+    return {chr(char): byte for byte, char in chars.items()}
+
+
+BYTE_LEVEL = _byte_level_table()
+
+
+def readable_bytes(data: bytes) -> str:
+    """Bytes as text, each byte that is not part of a whole UTF-8 character written ⟨0xE2⟩."""
+    out, i = [], 0
+    while i < len(data):
+        for width in (1, 2, 3, 4):
+            try:
+                out.append(data[i : i + width].decode("utf-8"))
+                i += width
+                break
+            except UnicodeDecodeError:
+                continue
+        else:
+            out.append(f"⟨0x{data[i]:02X}⟩")
+            i += 1
+    return "".join(out)
+
+
+def readable_token(text: str, piece: str | None) -> str:
+    """A token as a reader can read it: its decoded `text`, unless that holds the replacement glyph '�' (a
+    byte-level token that is part of a UTF-8 character), when its bytes are written out from its vocabulary
+    string `piece` — a ByteLevel BPE piece ('â' for 0xE2) or a byte-fallback piece ('<0xE2>') — as ⟨0xE2⟩."""
+    if "\ufffd" not in text or not piece:
+        return text
+    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+        return f"⟨{piece[1:5].upper().replace('0X', '0x')}⟩"
+    if all(ch in BYTE_LEVEL for ch in piece):
+        return readable_bytes(bytes(BYTE_LEVEL[ch] for ch in piece))
+    return text

@@ -82,6 +82,70 @@ def test_a_failing_demo_job_is_reported_and_the_dashboard_keeps_serving(tmp_path
     assert (tmp_path / "runs" / "demo" / "run-no-such-experiment-quick.log").is_file()
 
 
+def test_forma_run_prints_the_runs_headlines_then_its_folder(tmp_path, monkeypatch, capsys):
+    """What a run shows is its headlines (README): `forma run` prints each supported sentence, then each claim the
+    run cannot support, in words with the reason, then the folder — read back from the results.json it wrote."""
+    import experiments.equations
+    from lab.headlines import title
+    from lab.runs import headline
+
+    said = headline("kv_cache_cost", "Caching keeps attention linear in the prefix.", 2.0, None, True)
+    unsaid = headline("p_ik_verdict_partial", "not to be printed", None, None, None, supported=False,
+                      why_not="fewer than 10 wrong answers on the test split")
+    monkeypatch.setattr(experiments.equations, "run", lambda cfg, out: {"headlines": [said, unsaid]})
+    assert main(["run", "equations", "--quick", "--out", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["Headlines:", f"  - {said['sentence']}", "Not shown, because this run cannot support it:",
+                   f"  - {title('p_ik_verdict_partial')}: {unsaid['why_not']}", f"results in {tmp_path / 'run'}"]
+    assert title("p_ik_verdict_partial") == "P(IK) verdict at the partial checkpoint"
+
+
+class FakeJob:
+    """A `forma` job the demo starts, as CHILDREN.start returns it: it records when it ran, and what the queue
+    file said about the other jobs while it ran."""
+
+    def __init__(self, argv: list[str], log: list, seconds: dict[str, float], seen: dict):
+        self.what = " ".join(argv[3:5])
+        self.log, self.seconds, self.seen = log, seconds, seen
+
+    def wait(self) -> int:
+        from lab.jobs import queued
+
+        self.log.append(("start", self.what))
+        if self.what == "train pydoc":
+            self.seen["calibration"] = queued("run", "calibration")
+            self.seen["pydoc"] = queued("train", "pydoc")
+        time.sleep(self.seconds.get(self.what, 0.05))
+        self.log.append(("end", self.what))
+        return 0
+
+
+def test_the_demo_runs_a_job_after_the_one_whose_result_it_reads(tmp_path, monkeypatch):
+    """Calibration reads the pydoc model: it waits until pydoc's training has ended, while the next job in order
+    takes the free core; the queue file says so meanwhile (lab.jobs.queued, what the pages read)."""
+    from lab.cli import CHILDREN, run_side_by_side
+    from lab.jobs import queued
+
+    monkeypatch.setenv("FORMA_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    log: list = []
+    seen: dict = {}
+    monkeypatch.setattr(CHILDREN, "start", lambda argv, **popen: FakeJob(argv, log, {"train pydoc": 1.0}, seen))
+    jobs = [("forma run calibration --quick", ["run", "calibration", "--quick"]),
+            ("forma run equations --quick", ["run", "equations", "--quick"]),
+            ("forma train pydoc --quick", ["train", "pydoc", "--quick"])]
+    assert run_side_by_side(jobs)
+    order = [what for kind, what in log if kind == "start"]
+    assert order == ["train pydoc", "run equations", "run calibration"]  # not DEMO_ORDER's calibration-first
+    assert log.index(("start", "run calibration")) > log.index(("end", "train pydoc"))
+    waiting = seen["calibration"]
+    assert waiting is not None and not waiting.started and waiting.waits_for == ("forma train pydoc --quick",)
+    assert waiting.ahead == 1  # pydoc's training, running; equations comes after calibration in the order
+    assert "Queued by `forma demo` (1 ahead)" in waiting.sentence() and "after `forma train pydoc" in waiting.sentence()
+    assert seen["pydoc"] is not None and seen["pydoc"].started
+    assert queued("run", "calibration") is None  # every job has ended
+
+
 def test_demo_only_names_a_demo_model_or_an_experiment(capsys):
     assert main(["demo", "--no-dashboard", "--only", "nonesuch"]) == 2
     assert "--only 'nonesuch' is neither a demo model nor an experiment" in capsys.readouterr().err

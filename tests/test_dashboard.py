@@ -25,7 +25,7 @@ def page(name: str) -> AppTest:
 
 
 def texts(at: AppTest) -> str:
-    return " ".join(str(e.value) for e in [*at.info, *at.warning, *at.error, *at.markdown])
+    return " ".join(str(e.value) for e in [*at.info, *at.warning, *at.error, *at.markdown, *at.text])
 
 
 def rendered(source: object) -> str:
@@ -82,9 +82,11 @@ def test_explorer_shows_every_view_of_a_model(empty):
     at = page("explorer").run()
     assert not at.exception, at.exception
     charts = at.get("plotly_chart")
-    # attention, residual norms, logit lens, attribution, input attribution, head detectors; this random model
-    # predicts the same token whatever one token of the default prompt is swapped for, and patching says so
-    assert [c.key for c in charts] == ["attention", "norms", "lens", "dla", "input_attribution", "heads"]
+    # attention (one head, and every head beside it), residual norms, logit lens, attribution, input attribution,
+    # head detectors; this random model predicts the same token whatever one token of the default prompt is swapped
+    # for, and patching says so
+    assert [c.key for c in charts] == ["attention", "attention_heads", "norms", "lens", "dla", "input_attribution",
+                                       "heads"]
     assert list(corruptions(model, model.to_tokens(at.text_input(key="prompt").value))) == []
     assert "No one-token change of this prompt" in texts(at)
     assert "Ground-truth lens needs" not in texts(at) and "known (the zoo's Markov" in texts(at)
@@ -208,18 +210,50 @@ def test_every_experiment_page_draws_its_quick_run(quick_run, quick_runs_dir, mo
 
 @pytest.mark.parametrize("name", EXPERIMENT_PAGES)
 def test_experiment_pages_open_with_their_headlines(quick_run, quick_runs_dir, monkeypatch, name):
-    """Supported headlines first, in the run's own sentences; then each unsupported one with why not."""
+    """Supported headlines first, in the run's own sentences, as text (never read as markdown); then each
+    unsupported one named in words (never by its key) with why not."""
+    from lab.headlines import title
+
     results = json.loads((quick_run(name) / "results.json").read_text())
     monkeypatch.setenv("FORMA_RUNS_DIR", str(quick_runs_dir))
     at = page(name).run()
     assert not at.exception, at.exception
-    shown = " ".join(rendered(m.value) for m in at.markdown)
+    said = " ".join(t.value for t in at.text)
     for headline in results["headlines"]:
-        assert (headline["sentence"] if headline["supported"] else headline["why_not"]) in shown, headline["name"]
+        if headline["supported"]:
+            assert f"• {headline['sentence']}" in said, headline["name"]
+        else:
+            assert f"• {title(headline['name'])}: {headline['why_not']}" in said, headline["name"]
     unsupported = [h for h in results["headlines"] if not h["supported"]]
     if unsupported:
-        assert "Not shown, because this run cannot support it" in shown
-        assert all(h["sentence"] not in shown for h in unsupported)
+        assert "Not shown, because this run cannot support it" in " ".join(m.value for m in at.markdown)
+        assert all(h["sentence"] not in said for h in unsupported if h["sentence"])
+        assert all(f"{h['name']}:" not in said for h in unsupported if "_" in h["name"])
+
+
+def test_calibration_opens_at_the_checkpoint_its_headlines_describe(quick_run, quick_runs_dir, monkeypatch):
+    """The checkpoint selector comes before the numbers it controls and starts at the end of training, where the
+    headlines' ECE and temperature are measured; every section names the checkpoint it shows; the partial
+    checkpoint is one click away, with its own numbers."""
+    results = json.loads((quick_run("calibration") / "results.json").read_text())
+    monkeypatch.setenv("FORMA_RUNS_DIR", str(quick_runs_dir))
+    at = page("calibration").run()
+    assert not at.exception, at.exception
+    assert at.radio(key="checkpoint").value == "end"
+    heads = {h["name"]: h for h in results["headlines"]}
+
+    def ece_card() -> str:
+        return next(m.value for m in at.metric if m.label.startswith("ECE"))
+
+    assert ece_card() == f"{results['at_end']['mc']['ece_15_equal_width']:.3f}"
+    assert ece_card() == f"{heads['cloze_ece_beyond_noise']['value']:.3f}"
+    assert f"T = {heads['temperature_above_1']['value']:.3f}" in " ".join(m.value for m in at.markdown)
+    sections = [s.value for s in at.subheader]
+    assert sections and all("end of training" in s for s in sections)
+    at.radio(key="checkpoint").set_value("partial").run()
+    assert not at.exception, at.exception
+    assert ece_card() == f"{results['mc']['ece_15_equal_width']:.3f}"
+    assert all("partial checkpoint" in s.value for s in at.subheader)
 
 
 def test_the_monitor_page_colours_tokens_and_abstains_where_the_library_says(quick_run, quick_runs_dir, monkeypatch):
@@ -273,7 +307,7 @@ def test_pages_answer_in_numbers_a_reader_can_read(quick_run, quick_runs_dir, mo
     at = page(name).run()
     assert not at.exception, at.exception
     assert not at.json, f"{name}: st.json shows a raw tree"
-    shown = [rendered(m.value) for m in [*at.markdown, *at.caption, *at.subheader]]
+    shown = [rendered(str(m.value)) for m in [*at.markdown, *at.caption, *at.subheader, *at.text]]
     shown += [rendered_table(frame.value).to_string() for frame in at.table]
     long = [hit for text in shown for hit in long_numbers(text)]
     assert not long, f"{name}: {long[:5]}"
@@ -428,6 +462,31 @@ def test_an_experiment_page_shows_its_running_jobs_progress(empty, name):
     assert f"No run of `{name}` yet" not in texts(at)
 
 
+@pytest.mark.parametrize("name", ["home", "explorer", *EXPERIMENT_PAGES])
+def test_a_page_whose_job_the_demo_has_queued_says_so(empty, name):
+    """While `forma demo` works, a page whose run (or model) it has queued says where the job waits — not "no
+    run yet" or "not trained yet"; the calibration run says it waits for pydoc's training, whose model it reads."""
+    from lab.jobs import write_queue
+
+    jobs = [("forma train pydoc --quick", ["train", "pydoc", "--quick"]),
+            *((f"forma run {e} --quick", ["run", e, "--quick"]) for e in EXPERIMENT_PAGES)]
+    write_queue(jobs, {label: "running" if i == 0 else "waiting" for i, (label, _) in enumerate(jobs)})
+    at = page(name).run()
+    assert not at.exception, at.exception
+    said = texts(at)
+    assert "No run of" not in said and "not trained yet" not in said
+    if name == "home":
+        assert all(f"Queued by `forma demo` ({i + 1} ahead): `forma run {e} --quick`" in said
+                   for i, e in enumerate(EXPERIMENT_PAGES))
+        assert rendered_table(at.table[0].value).loc["pydoc", "trained"] == "no: started by `forma demo`"
+    elif name == "explorer":
+        assert "`forma train pydoc --quick` has started (`forma demo`)" in said
+    else:
+        ahead = 1 + EXPERIMENT_PAGES.index(name)
+        assert f"Queued by `forma demo` ({ahead} ahead): `forma run {name} --quick` starts" in said
+        assert ("after `forma train pydoc --quick`, whose result it reads" in said) == (name == "calibration")
+
+
 def test_a_page_over_an_older_run_says_a_new_one_is_on_its_way(quick_run, quick_runs_dir, tmp_path, monkeypatch):
     import shutil as sh
 
@@ -467,6 +526,7 @@ def two_runs(quick_run, tmp_path, name: str) -> tuple[Path, Path]:
 
 def test_compare_shows_two_runs_headlines_and_figures_side_by_side(quick_run, tmp_path, monkeypatch):
     from dashboards.common import figures
+    from lab.headlines import title
 
     newer, older = two_runs(quick_run, tmp_path, "equations")
     monkeypatch.setenv("FORMA_RUNS_DIR", str(tmp_path / "runs"))
@@ -474,11 +534,11 @@ def test_compare_shows_two_runs_headlines_and_figures_side_by_side(quick_run, tm
     assert not at.exception, at.exception
     assert at.selectbox(key="compare_a").value == newer.name and at.selectbox(key="compare_b").value == older.name
     results = json.loads((older / "results.json").read_text())
-    shown = " ".join(rendered(m.value) for m in at.markdown)
+    shown = " ".join(t.value for t in at.text)
     supported = [h for h in results["headlines"] if h["supported"]]
     assert supported and all(shown.count(h["sentence"]) == 2 for h in supported)  # once per run
     table = rendered_table(at.table[0].value)
-    assert list(table.index) == [h["name"] for h in results["headlines"]]
+    assert list(table.index) == [title(h["name"]) for h in results["headlines"]]
     assert set(table["same direction"]) <= {"yes", "—"} and "yes" in set(table["same direction"])
     assert "seed 7" in " ".join(c.value for c in at.caption)
     assert len(at.get("plotly_chart")) == 2 * len(figures(older)) >= 2
@@ -494,6 +554,105 @@ def test_compare_with_one_run_says_how_to_make_another(quick_run, tmp_path, monk
     at = page("compare").run()
     assert not at.exception, at.exception
     assert "forma run equations --quick --seed 1" in texts(at)
+
+
+def test_a_chart_keeps_one_colour_per_series_across_its_panels_and_whole_layer_ticks():
+    """dashboards.charts.readable: a series drawn in three panels (plotly would colour it by trace order, panel by
+    panel) has one colour and one legend entry; a layer axis ticks at whole numbers; a long title is wrapped; no
+    axis uses SI prefixes; the figure is tall enough for its legend."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from dashboards.charts import TITLE_CHARS, readable
+
+    fig = make_subplots(rows=1, cols=3)
+    for col in (1, 2, 3):
+        for gamma in (0.5, 1.0, 2.0)[: col]:  # each panel starts its own colour cycle at a different series
+            fig.add_trace(go.Scatter(x=[0, 1, 2], y=[gamma, col, 1], name=f"γ = {gamma}"), row=1, col=col)
+    fig.update_xaxes(title_text="layer")
+    fig.update_layout(title="A title long enough to run off a chart drawn in one of two columns, and then some more "
+                            "words so that it has to wrap twice at the width the page allows for it")
+    readable(fig)
+    colours: dict[str, set] = {}
+    for trace in fig.data:
+        colours.setdefault(trace.name, set()).add(trace.line.color)
+    assert all(len(c) == 1 for c in colours.values()) and len({c.pop() for c in colours.values()}) == 3
+    assert [t.showlegend for t in fig.data if t.name == "γ = 0.5"] == [None, False, False]
+    assert all(fig.layout[a].dtick == 1 and fig.layout[a].tickmode == "linear" for a in ("xaxis", "xaxis2", "xaxis3"))
+    assert all(len(line) <= TITLE_CHARS for line in fig.layout.title.text.split("<br>"))
+    assert "<br>" in fig.layout.title.text and fig.layout.yaxis.exponentformat == "power"
+    many = readable(go.Figure([go.Scatter(x=[0, 1], y=[i, i], name=f"position {i}") for i in range(19)]))
+    assert many.layout.height >= 19 * 21  # a legend entry is drawn 19 px high, with a gap
+
+
+def test_an_axis_that_counts_ticks_at_whole_numbers_and_a_legend_clears_a_second_axis():
+    """dashboards.charts.readable: bars at whole-number exposures (0 and 1, which plotly would tick at -0.5, 0.5, 1.5)
+    tick at whole numbers, a long count at a round whole step; an x axis of fractions, a log axis and an axis with
+    ticks of its own keep theirs; with a second axis on the right, the legend sits beyond that axis's ticks; bins
+    named in text ("0", "1", "2-5", "6+") are categories, every one drawn."""
+    import numpy as np
+    import plotly.graph_objects as go
+    import plotly.io as pio
+
+    from dashboards.charts import readable, whole_step
+
+    exposures = readable(go.Figure(go.Bar(x=[0, 1], y=[0.3, 0.7]), layout={"xaxis_title": "statements seen"}))
+    assert (exposures.layout.xaxis.tickmode, exposures.layout.xaxis.dtick, exposures.layout.xaxis.tick0) == \
+        ("linear", 1, 0)
+    assert exposures.layout.yaxis.tickmode is None  # shares on y: plotly's own ticks
+    steps = readable(go.Figure(go.Scatter(x=list(range(0, 50_001, 500)), y=[1.0] * 101)))
+    assert steps.layout.xaxis.dtick == 10_000  # about 8 ticks, at a round step
+    assert [whole_step(x) for x in (0.4, 1, 1.5, 3, 7, 11)] == [1, 1, 2, 5, 10, 20]
+    for kept in (go.Figure(go.Scatter(x=[0.1, 0.5, 0.9], y=[1, 2, 3])),
+                 go.Figure(go.Scatter(x=[10, 100, 1000], y=[1, 2, 3]), layout={"xaxis_type": "log"}),
+                 go.Figure(go.Scatter(x=[0, 1], y=[1, 2]),
+                           layout={"xaxis": {"tickvals": [0, 1], "ticktext": ["a", "b"]}})):
+        assert readable(kept).layout.xaxis.dtick is None
+    two_axes = go.Figure([go.Scatter(x=[1, 2], y=[0.1, 0.2], name="KL"),
+                          go.Scatter(x=[1, 2], y=[2.8, 3.4], name="H", yaxis="y2")],
+                         layout={"yaxis2": {"overlaying": "y", "side": "right"}})
+    assert readable(two_axes).layout.legend.x > 1.05 and two_axes.layout.legend.xanchor == "left"
+    assert readable(go.Figure(go.Scatter(x=[1, 2], y=[1, 2], name="one axis"))).layout.legend.x is None
+    # a run's figure read back from JSON holds numpy arrays as typed arrays ({"dtype", "bdata"}): read as numbers
+    saved = go.Figure([go.Scatter(x=np.array([0.31, 0.55, 0.92]), y=np.array([0.2, 0.6, 0.9]), name="partial"),
+                       go.Scatter(x=[0, 1], y=[0, 1], name="perfect calibration")])
+    assert readable(pio.from_json(saved.to_json())).layout.xaxis.dtick is None  # confidences, not counts
+    layers = go.Figure(go.Scatter(x=np.arange(3.0), y=np.ones(3)), layout={"xaxis_title": "layer"})
+    assert readable(pio.from_json(layers.to_json())).layout.xaxis.dtick == 1
+    bins = readable(go.Figure(go.Bar(x=["0", "1", "2-5", "6+"], y=[0.3, 0.5, 0.9, 1.0])))
+    assert bins.layout.xaxis.type == "category"  # plotly's own guess, linear, would leave "2-5" and "6+" off
+
+
+def test_a_chart_names_the_monitors_signals_as_its_table_does():
+    """dashboards.charts.relabel with the monitor's words: a bar's category, a series' name and a word of the title
+    read "top probability", never the key max_prob; a key inside another word is left alone."""
+    import plotly.graph_objects as go
+
+    from dashboards.charts import relabel
+    from dashboards.common import SIGNAL_WORDS
+
+    fig = relabel(go.Figure([go.Bar(x=["max_prob", "p_ik"], y=[0.7, 0.4], name="all false claims"),
+                             go.Scatter(x=[0, 1], y=[0.2, 0.3], name="semantic_entropy")],
+                            layout={"title": "Abstention on max_prob: thresholds (not max_probability)"}),
+                  SIGNAL_WORDS)
+    assert list(fig.data[0].x) == ["top probability", "P(IK)"] and fig.data[1].name == "semantic entropy (nats)"
+    assert fig.layout.title.text == "Abstention on top probability: thresholds (not max_probability)"
+
+
+def test_a_byte_level_token_reads_as_its_bytes():
+    """A byte-level BPE token that is part of a UTF-8 character reads ⟨0xC3⟩, never '\ufffd'; a whole character
+    reads as itself; a byte-fallback piece (<0xE2>) as ⟨0xE2⟩."""
+    from dashboards.explorer_tabs import token_text
+    from lab.data.text import train_bpe
+    from lab.tokenize import readable_token
+
+    tokenizer = train_bpe("Return the list.\n\n\nReturn the items.", vocab_size=270)
+    model = HookedTransformer(ModelConfig(d_vocab=tokenizer.get_vocab_size(), d_model=16, n_layers=1, n_heads=2,
+                                          n_ctx=16), tokenizer=tokenizer)
+    ids = tokenizer.encode("café").ids
+    assert [token_text(model, i) for i in ids][-2:] == ["⟨0xC3⟩", "⟨0xA9⟩"]
+    assert "".join(model.to_string([i]) for i in ids[-2:]) == "\ufffd\ufffd"  # what the page showed before
+    assert readable_token("\ufffd", "<0xE2>") == "⟨0xE2⟩" and readable_token("caf", "caf") == "caf"
 
 
 def test_explorer_lens_selector_and_input_attribution_show_the_library_numbers(empty):

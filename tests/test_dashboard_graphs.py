@@ -79,7 +79,7 @@ def test_the_page_draws_a_prompts_graph_saves_supernodes_and_exports(zoo_dir):
 
 @pytest.mark.browser
 def test_the_page_in_a_browser_draws_the_graph_and_shows_a_clicked_feature(tmp_path):
-    from tests.test_browser import CHROMIUM, SCREENSHOTS, no_exceptions, open_page, serve, wait_rendered
+    from tests.test_browser import CHROMIUM, SCREENSHOTS, no_exceptions, open_page, reads_right, serve, wait_rendered
 
     if not Path(CHROMIUM).exists():
         if os.environ.get("CI") == "true":
@@ -108,7 +108,9 @@ def test_the_page_in_a_browser_draws_the_graph_and_shows_a_clicked_feature(tmp_p
                 feature_trace.locator("path.point").first.click(force=True)
                 page.get_by_text("Top activating contexts").wait_for(timeout=120_000)
                 wait_rendered(page, 120_000)
-                no_exceptions(page)
+                reads_right(page)  # the chart drawn as every chart is, the contexts' table headed in words
+                headers = page.locator("[data-testid='stTable'] thead th").all_inner_texts()
+                assert "token (where it fires)" in headers, headers
                 page.screenshot(path=str(SCREENSHOTS / "graphs.png"))
                 assert errors == []
         finally:

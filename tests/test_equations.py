@@ -198,6 +198,31 @@ def test_headlines_are_one_per_check_and_carry_its_verdict(quick_run):
     assert head["direction"] is False and not head["supported"] and "FAILS" in head["why_not"]
 
 
+def test_each_check_states_what_it_measured_and_how_each_entry_passes(quick_run):
+    """Every measured entry is named in words and carries its rule in words and in symbols (a lower bound reads
+    "more than 0.05 (0.6222 > 0.05)", never "within 0"); a passing check's stated rules all hold, and a failing one
+    names the entry that breaks its rule. The headline says the same."""
+    from dataclasses import asdict
+
+    results, _ = quick_run
+    for check in results["checks"]:
+        stated = equations.entries(check)
+        n = len(check["measured"]) if isinstance(check["measured"], list) else 1
+        assert len(stated) == n and all(not e["what"].startswith("entry ") for e in stated), check["name"]
+        assert all(e["holds"] for e in stated if e["holds"] is not None), check["name"]
+        assert all(e["in symbols"] for e in stated if e["holds"] is not None), check["name"]
+    by_name = {c["name"]: c for c in results["checks"]}
+    breaks, control = equations.entries(by_name["nonlinearity_breaks_collapse"])
+    assert breaks["passes when"] == "more than 0.05" and breaks["in symbols"].endswith(" > 0.05")
+    assert control["passes when"] == "at most 1e-10 from 0" and control["in symbols"].endswith(" ≤ 1e-10")
+    sentence = next(h["sentence"] for h in results["headlines"] if h["name"] == "nonlinearity_breaks_collapse")
+    assert f"more than 0.05 ({breaks['in symbols']})" in sentence and "within [" not in sentence
+    saturation = equations.entries(by_name["softmax_saturation"])[-1]
+    assert saturation["passes when"] == "at least 0.1" and saturation["holds"]
+    flipped = asdict(equations.check_causal_mask(FutureMaskAttention(_config(32, 4, 12))))
+    assert [e["holds"] for e in equations.entries(flipped)][:2] == [False, False]
+
+
 def test_the_config_refuses_a_negative_seed():
     with pytest.raises(ValueError, match="Config: seed must be a non-negative integer, got -1"):
         Config(seed=-1)

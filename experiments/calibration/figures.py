@@ -50,7 +50,7 @@ def exposure_figures(out: Path, blocks: dict[str, dict[str, Any]]) -> None:
                                  name=f"{label}: noise floor"))
     fig.update_layout(title="ECE (15 equal-width bins) by exposure, with 95% bootstrap intervals and the noise floor "
                             "of a perfectly calibrated model", barmode="group",
-                      xaxis_title="training statements about the person", yaxis_title="ECE")
+                      xaxis={"title": "training statements about the person", "type": "category"}, yaxis_title="ECE")
     save_figure(fig, out, "ece_by_exposure")
 
     fig = go.Figure()
@@ -60,8 +60,11 @@ def exposure_figures(out: Path, blocks: dict[str, dict[str, Any]]) -> None:
         fig.add_trace(go.Scatter(x=x, y=[r["accuracy"] for r in rows], mode="lines+markers", name=f"{label}: accuracy"))
         fig.add_trace(go.Scatter(x=x, y=[r["mean_confidence"] for r in rows], mode="lines+markers",
                                  line=dict(dash="dot"), name=f"{label}: mean confidence"))
-    fig.add_hline(y=1 / N_OPTIONS, line_dash="dash", line_color="gray", annotation_text="chance")
-    fig.update_layout(title="Accuracy and confidence by exposure", xaxis_title="training statements about the person",
+    exposures = [r["exposure"] for block in blocks.values() for r in block["by_exposure"]]
+    fig.add_scatter(x=list(dict.fromkeys(exposures)), y=[1 / N_OPTIONS] * len(dict.fromkeys(exposures)), mode="lines",
+                    line=dict(dash="dash", color="gray"), name=f"chance ({1 / N_OPTIONS:.2f})")
+    fig.update_layout(title="Accuracy and confidence by exposure",
+                      xaxis={"title": "training statements about the person", "type": "category"},
                       yaxis=dict(title="share", range=[0, 1.02]))
     save_figure(fig, out, "accuracy_by_exposure")
 
@@ -78,28 +81,47 @@ def _error_bars(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
 def p_ik_figure(out: Path, rows: list[dict[str, Any]], baselines: dict[str, float | None],
                 name: str = "p_ik_auroc_by_layer", title: str = "P(IK)") -> None:
     """Test-split AUROC of every readout by layer (95% intervals; constant readouts left out) at each checkpoint,
-    its controls (in the legend), and the baseline: the model's own final confidence."""
+    its controls (two grey series, one legend entry each, hidden until clicked), and the baseline: the model's own
+    final confidence; a readout keeps its colour at both checkpoints (the dash tells them apart)."""
     import plotly.graph_objects as go
+
+    import plotly.colors
 
     fig = go.Figure()
     rows = [r for r in rows if not r.get("constant")]
+    # one colour per readout, at both checkpoints (the dash tells them apart); the controls of every readout are
+    # two grey series, each one legend entry
+    readouts = list(dict.fromkeys((r["readout"], r["position"]) for r in rows))
+    palette = plotly.colors.qualitative.Plotly + plotly.colors.qualitative.D3
+    colour = {readout: palette[i % len(palette)] for i, readout in enumerate(readouts)}
+    shown_untrained = shown_shuffled = False
     for key in dict.fromkeys((r.get("checkpoint", "model"), r["readout"], r["position"]) for r in rows):
         group = [r for r in rows if (r.get("checkpoint", "model"), r["readout"], r["position"]) == key]
         label = f"{key[0]}: {key[1]} @ {key[2]}"
         x = [r["layer"] for r in group]
         fig.add_trace(go.Scatter(x=x, y=[r["auroc"] for r in group], mode="lines+markers", name=label,
-                                 line=dict(dash="solid" if key[0] != "end" else "dashdot"),
+                                 line=dict(dash="solid" if key[0] != "end" else "dashdot", color=colour[key[1:]]),
                                  error_y=_error_bars(group, "auroc")))
         if any(r["control_untrained_auroc"] is not None for r in group):
             fig.add_trace(go.Scatter(x=x, y=[r["control_untrained_auroc"] for r in group], mode="lines",
-                                     line=dict(dash="dot"), name=f"{label}: untrained model", visible="legendonly"))
+                                     line=dict(dash="dot", color="darkgray"), name="controls: untrained model",
+                                     legendgroup="controls: untrained model", hovertext=label,
+                                     showlegend=not shown_untrained, visible="legendonly"))
+            shown_untrained = True
         fig.add_trace(go.Scatter(x=x, y=[r["control_shuffled_auroc"] for r in group], mode="lines",
-                                 line=dict(dash="dash", color="lightgray"), name=f"{label}: shuffled labels",
-                                 visible="legendonly"))
+                                 line=dict(dash="dash", color="lightgray"), name="controls: shuffled labels",
+                                 legendgroup="controls: shuffled labels", hovertext=label,
+                                 showlegend=not shown_shuffled, visible="legendonly"))
+        shown_shuffled = True
+    # Flat lines named in the legend, where their labels cannot overlap (the two baselines often lie close).
+    layers = [r["layer"] for r in rows] or [0]
+    span = [min(layers), max(layers)]
     for checkpoint, value in baselines.items():
         if value is not None:
-            fig.add_hline(y=value, line_dash="dash", annotation_text=f"{checkpoint}: baseline (the model's own confidence)")
-    fig.add_hline(y=0.5, line_color="gray", annotation_text="chance")
+            fig.add_scatter(x=span, y=[value] * 2, mode="lines",
+                            line=dict(dash="dashdot" if checkpoint == "end" else "dash", color="black"),
+                            name=f"{checkpoint}: baseline, the model's own confidence ({value:.3f})")
+    fig.add_scatter(x=span, y=[0.5] * 2, mode="lines", line=dict(color="gray"), name="chance (0.5)")
     fig.update_layout(title=f"{title}: test-split AUROC of each readout, by layer (entity-disjoint; readouts are "
                             "chosen on a separate validation split)",
                       xaxis_title="layer (residual stream entering it; the last is after the final block)",

@@ -34,12 +34,13 @@ from typing import Any
 import torch
 
 from lab.configs import check_fields, need
+from lab.headlines import title
 
 # Every name the experiment had as one module, where it lives now: the tests import them from here.
 from experiments.equations.attention import (VANISHED, ReversedMaskAttention, check_attention_scaling,
                                              check_causal_mask, check_dot_product_variance, check_reversed_mask,
                                              check_softmax_saturation, softmax_jacobian_norm, softmax_saturation)
-from experiments.equations.common import F64, Check, attention_config
+from experiments.equations.common import F64, Check, attention_config, entries
 from experiments.equations.figures import write_figures
 from experiments.equations.kv_cache import (attention_flops, check_kv_cache_cost, check_kv_cache_tokens, kv_model,
                                             step_flops, step_seconds)
@@ -130,18 +131,19 @@ def run(cfg: Config, out: Path) -> dict:
 
 
 def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """One headline per check, computed from results["checks"]: the claim, what was measured against what the
-    equation predicts, and whether it passed (the direction, which the quick and default runs must share); a check
-    that fails is not supported, its sentence the reason. Every check is a computation that a wrong implementation
-    fails (the tests hand each one a wrong one)."""
-    def show(value: float | list[float]) -> str:
-        return ", ".join(f"{x:.4g}" for x in value) if isinstance(value, list) else f"{value:.4g}"
-
+    """One headline per check, computed from results["checks"]: the claim, whether it passed (the direction,
+    which the quick and default runs must share), and each measured entry against its rule, in words and in
+    symbols (`common.entries`); a check that fails is not supported, its sentence the reason. Every check is a
+    computation that a wrong implementation fails (the tests hand each one a wrong one)."""
     out = []
     for check in results["checks"]:
-        measured, expected, tolerance = check["measured"], check["expected"], check["tolerance"]
-        sentence = (f"{check['name'].replace('_', ' ')} (claim {check['item']}): measured [{show(measured)}] against "
-                    f"[{show(expected)}] within [{show(tolerance)}] — {'passes' if check['passed'] else 'FAILS'}.")
+        measured = check["measured"]
+        stated = [f"{e['what']}: {e['passes when']} ({e['in symbols']})" for e in entries(check)
+                  if e["in symbols"]]
+        shown = any(not e["in symbols"] for e in entries(check))
+        sentence = (f"{title(check['name'])} (claim {check['item']}) "
+                    f"{'passes' if check['passed'] else 'FAILS'}: " + "; ".join(stated)
+                    + ("; and the rule in its note" if shown else "") + ".")
         out.append({"name": check["name"], "sentence": sentence,
                     "value": measured if not isinstance(measured, list) else measured[0], "interval": None,
                     "direction": bool(check["passed"]), "supported": bool(check["passed"]),

@@ -36,6 +36,7 @@ def check_dot_product_variance(d_ks: tuple[int, ...] = (16, 64, 128, 256), n_sam
         name="dot_product_variance", item=3,
         equation=r"q,k\sim\mathcal N(0,I_{d_k})\;\Rightarrow\;\operatorname{Var}(q\cdot k)=d_k",
         measured=measured, expected=expected, tolerance=tolerance, passed=all_close(measured, expected, tolerance),
+        what=[f"Var(q·k)/d_k at d_k = {d_k}" for d_k in d_ks],
         note=f"Var(q·k)/d_k by Monte Carlo ({n_samples} pairs) for d_k ∈ {list(d_ks)}; 95% intervals "
              + ", ".join(f"{m:.3f} ± {1.96 * se:.3f}" for m, se in zip(measured, intervals)))
 
@@ -79,6 +80,7 @@ def check_attention_scaling(attention: Attention | None = None, d_k: int = 128, 
         name="attention_scaling", item=3,
         equation=r"\operatorname{Var}\!\left(\frac{q\cdot k}{\sqrt{d_k}}\right)=1",
         measured=measured, expected=1.0, tolerance=4 * se, passed=abs(measured - 1.0) <= 4 * se,
+        what=["Var(q·k/√d_k) of the scores Forma's Attention computes"],
         note=f"variance of the scores Forma's Attention computes (hook_attn_scores, d_k = {d_k}, {n_samples} "
              f"samples; 95% interval ± {1.96 * se:.3f}, pass within 4 standard errors); without the 1/√d_k it "
              f"would be {d_k}")
@@ -136,6 +138,9 @@ def check_softmax_saturation(attention: Attention | None = None, d_k: int = 128,
                  r"\Bigl\lVert\tfrac{\partial\,\mathrm{softmax}}{\partial s}\Bigr\rVert_F\to0",
         measured=measured, expected=expected + [0.1], tolerance=tolerance + [0.0],
         passed=all_close(measured[:3], expected, tolerance) and saturates,
+        what=["entropy with 1/√d_k (nats)", "entropy without it (nats)", "share of vanished gradients with it",
+              "share of vanished gradients without it"],
+        rules=["within", "within", "within", "at least"],
         note=f"[entropy with √d_k (the model's pattern), without, share of queries whose softmax Jacobian "
              f"‖diag p − ppᵀ‖_F < {VANISHED} with, without]; d_k = {d_k}, last query over {n_keys} keys, {batch} "
              f"sequences, entropies in nats. Pass: entropies within {tolerance[0]:.2f} nats of log n − ½ and 0, "
@@ -200,6 +205,7 @@ def check_causal_mask(attention: Attention | None = None, n_pos: int = 12, seed:
                  r"-\infty&j>i\end{cases}",
         measured=measured, expected=[0.0, 0.0, 0.0], tolerance=tolerance,
         passed=all_close(measured, [0.0, 0.0, 0.0], tolerance),
+        what=["largest weight on a future key", "largest change of earlier outputs", "largest |explicit − fused|"],
         note=f"[max attention weight on a future key, max change of outputs before position {n_pos // 2} when "
              f"its input changes, max |explicit − fused|] for Forma's Attention ({n_pos} positions, 4 heads); "
              f"mean mass on past keys {probe['past_mass_mean']:.2f}")
@@ -221,6 +227,7 @@ def check_reversed_mask(n_pos: int = 12, seed: int = 0) -> Check:
         equation=r"M_{ij}=0\text{ for }i\le j\;\Rightarrow\;A_{ij}=0\text{ for }j<i",
         measured=measured, expected=expected, tolerance=tolerance,
         passed=all_close(measured, expected, tolerance) and leaks,
+        what=["mean attention mass on past keys", "weight of the last query on itself"],
         note=f"[mean attention mass on past keys, weight of the last query on itself] with the reversed mask: "
              f"every query sees only itself and the future (mean future mass {probe['future_mass_mean']:.2f}), "
              f"the last token sees nothing but itself, and changing token {n_pos // 2} moves earlier outputs by "

@@ -46,6 +46,7 @@ def check_kv_cache_tokens(models: dict[str, HookedTransformer] | None = None, n_
         name="kv_cache_same_tokens", item=11,
         equation=r"\mathrm{decode}_{\text{cache}}(x_{\le t})=\mathrm{decode}_{\text{recompute}}(x_{\le t})",
         measured=measured, expected=[0.0, 0.0], tolerance=tolerance, passed=all_close(measured, [0.0, 0.0], tolerance),
+        what=["tokens that differ", "largest |Δ logits|"],
         note=f"[tokens that differ, max |Δ logits|] over {n_new} new tokens × 3 rows, greedy and T = 1 with one "
              f"seed, for {list(models)}")
 
@@ -56,8 +57,12 @@ def attention_flops(attention: Attention, q_len: int, k_len: int) -> int:
     g = seeded_generator(q_len * k_len)  # the values do not change the count; seeded all the same
     q = torch.randn(1, q_len, h, dh, generator=g)
     k = torch.randn(1, k_len, attention.n_kv_heads, dh, generator=g)
-    with FlopCounterMode(display=False) as counter, torch.no_grad():
-        attention._explicit(q, k, k, k_len - q_len)
+    attention.hook_pattern.add_hook(_rewrite)
+    try:
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            attention._explicit(q, k, k, k_len - q_len)
+    finally:
+        attention.hook_pattern.remove_hooks("fwd")
     return counter.get_total_flops()
 
 
@@ -65,7 +70,7 @@ def step_flops(model: HookedTransformer, n: int, cached: bool) -> int:
     """FLOPs of one decoding step at prefix length n, explicit attention (FlopCounterMode does not see CPU SDPA)."""
     tokens = torch.zeros(1, n + 1, dtype=torch.long)
     cache = None
-    with model.hooks(fwd_hooks=[(lambda name: name.endswith("hook_pattern"), _keep)]):
+    with model.hooks(fwd_hooks=[(lambda name: name.endswith("hook_pattern"), _rewrite)]):
         if cached:
             cache = KVCache.empty(model.cfg.n_layers)
             with torch.no_grad():
@@ -76,9 +81,10 @@ def step_flops(model: HookedTransformer, n: int, cached: bool) -> int:
     return counter.get_total_flops()
 
 
-def _keep(activation: Tensor, hook: HookPoint) -> None:
-    """A hook that only asks for the pattern, which switches attention onto its explicit path."""
-    return None
+def _rewrite(activation: Tensor, hook: HookPoint) -> Tensor:
+    """A hook that hands back a copy of the pattern: attention takes its explicit path to the end (q kᵀ, then A v),
+    where a hook that only reads would get the fused kernel's result, which FlopCounterMode does not see on CPU."""
+    return activation.clone()
 
 
 def _copy_cache(cache: KVCache) -> KVCache:
@@ -127,6 +133,7 @@ def check_kv_cache_cost(prefixes: tuple[int, ...] = (128, 256, 512), repeats: in
         equation=r"C_{\text{cache}}(n)=4nd=O(nd),\qquad C_{\text{recompute}}(n)=4n^2d=O(n^2d)",
         measured=measured, expected=expected, tolerance=tolerance,
         passed=all_close(measured, expected, tolerance) and exact,
+        what=["largest ratio of cached attention FLOPs per step as n doubles", "smallest ratio of recomputed ones"],
         note=f"attention FLOPs per step as n doubles (n = {list(prefixes)}, d = {d}): cached {cached} (ratio "
              f"{ratios(cached)}; = 4·n·d: {exact}), recomputed {recomputed} (ratio {ratios(recomputed)}). "
              f"Whole-model FLOPs per step: cached {model_cached} (ratio {ratios(model_cached)}), recomputed "

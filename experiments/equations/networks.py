@@ -44,6 +44,7 @@ def check_cross_entropy_gradient(loss_fn: Callable[[Tensor, Tensor], Tensor] = n
         name="cross_entropy_gradient", item=5,
         equation=r"\frac{\partial}{\partial z}\bigl(-\log\mathrm{softmax}(z)_y\bigr)=\mathrm{softmax}(z)-e_y",
         measured=error, expected=0.0, tolerance=tolerance, passed=error <= tolerance,
+        what=["largest |N·autograd − (p − onehot)|"],
         note=f"max |N·autograd − (p − onehot)| over {batch}×{pos} positions, |V| = {d_vocab}, logits with std 3 "
              f"(N = {n} predictions)")
 
@@ -74,6 +75,7 @@ def check_affine_collapse(widths: tuple[int, ...] = (16, 64, 48, 8), seed: int =
         name="affine_collapse", item=6,
         equation=r"W_3(W_2(W_1x+b_1)+b_2)+b_3=(W_3W_2W_1)\,x+(W_3W_2b_1+W_3b_2+b_3)",
         measured=error, expected=0.0, tolerance=tolerance, passed=error <= tolerance,
+        what=["largest |deep(x) − (Wx + b)|"],
         note=f"max |deep(x) − (Wx + b)| over 2000 inputs, layers {list(widths)}, float64")
 
 
@@ -104,6 +106,8 @@ def check_nonlinearity_breaks_collapse(activation: Callable[[Tensor], Tensor] = 
                  r"{\lVert y-\bar y\rVert}>0",
         measured=[nonlinear, control], expected=[threshold, 0.0], tolerance=[0.0, 1e-10],
         passed=nonlinear > threshold and control <= 1e-10,
+        what=["relative residual of the best affine fit, ReLU between the layers", "the same without ReLU"],
+        rules=["more than", "within"],
         note=f"[relative residual of the best affine fit with ReLU between the layers, the same without] over "
              f"2000 inputs; pass: the first exceeds {threshold}, the second (the control) is 0")
 
@@ -170,6 +174,8 @@ def check_universal_approximation(result: dict[str, Any]) -> Check:
         name="universal_approximation", item=7,
         equation=r"\sup_{x\in[0,1]}\Bigl|f(x)-\sum_{i=1}^{N}a_i\,\sigma(w_ix+b_i)-c\Bigr|\xrightarrow[N\to\infty]{}0",
         measured=errors, expected=[0.0] * len(errors), tolerance=[errors[0] / 20] * len(errors), passed=falls,
+        what=[f"sup error at N = {width}" for width in widths],
+        rules=["shown"] * (len(errors) - 1) + ["within"],
         note=f"sup error on 4001 points for N = {widths} (least squares then L-BFGS on 512 points); log-log slope "
              f"{slope:.2f}. Pass: the widest is ≤ 1/20 of N = 1, every wide net (N ≥ {widths[half]}) beats every "
              f"narrow one, slope < −0.5. Not strictly monotone: L-BFGS finds local optima, the theorem is about "

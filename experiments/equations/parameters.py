@@ -52,6 +52,7 @@ def check_parameter_count_exact(configs: dict[str, ModelConfig] = PARAMETER_CONF
         name="parameter_count_exact", item=8,
         equation=r"\texttt{n\_params}(\text{cfg})=\sum_{\theta\in\text{model}}|\theta|",
         measured=float(worst), expected=0.0, tolerance=0.0, passed=worst == 0,
+        what=["largest |counted − n_params()|"],
         note="max |counted − n_params()| over " + "; ".join(f"{n}: {c:,}" for n, (c, _) in rows.items())
              + " (meta device)")
 
@@ -68,6 +69,7 @@ def check_parameter_approximation(configs: dict[str, ModelConfig] = PARAMETER_CO
         equation=r"N\approx12\,L\,d^2+|V|\,d",
         measured=errors, expected=[0.0] * len(errors), tolerance=[tolerance] * len(errors),
         passed=all(abs(e) <= tolerance for e in errors),
+        what=[f"relative error for {name}" for name in names],
         note=f"relative error (approx − exact)/exact for {list(names)}; the formula leaves out biases, norms, "
              f"learned positions and an untied W_U (|V|·d more for LLaMA), and SwiGLU's 3·d·11008 = 8.06·d² "
              f"stands in for 8·d²")
@@ -80,6 +82,7 @@ def check_llama_7b(count_fn: Callable[[ModelConfig], int] = meta_parameter_count
         name="llama_7b_parameters", item=8,
         equation=r"N_{\text{LLaMA-7B}}\approx6.7\cdot10^9",
         measured=float(counted), expected=6.7e9, tolerance=tolerance, passed=abs(counted - 6.7e9) <= tolerance,
+        what=["parameters of a model of LLaMA-7B's shape"],
         note=f"HookedTransformer with LLaMA-7B's shape on the meta device: {counted:,} parameters "
              f"(the paper's 6.7B); the seed's 12·L·d² + |V|·d gives "
              f"{seed_approximation(PARAMETER_CONFIGS['llama-7b']):,}")

@@ -37,6 +37,7 @@ def check_perplexity(seed: int = 0) -> Check:
         equation=r"\mathrm{PPL}=\exp\Bigl(-\tfrac1N\sum_t\log P(x_t\mid x_{<t})\Bigr)"
                  r"=\Bigl(\prod_t\frac1{P(x_t\mid x_{<t})}\Bigr)^{1/N}",
         measured=measured, expected=expected, tolerance=tolerance, passed=all_close(measured, expected, tolerance),
+        what=["exp(model.loss)", "exp(loss) with constant logits"],
         note=f"[exp(model.loss), exp(loss) of a model whose logits are constant] against [geometric mean of 1/P over "
              f"{len(probs)} predictions, |V| = {d_vocab}]")
 
@@ -65,6 +66,7 @@ def check_kl_identity(d_vocab: int = 50, n_samples: int = 20000, seed: int = 0,
         name="kl_identity", item=12,
         equation=r"\mathbb E_{x\sim p}[-\log q(x)]=H(p)+\mathrm{KL}(p\,\Vert\,q)",
         measured=measured, expected=expected, tolerance=tolerance, passed=all_close(measured, expected, tolerance),
+        what=["mean −log q(x) (nats)", "mean −log p(x) (nats)", "KL̂ (nats)"],
         note=f"p ~ Dirichlet(1) and q = softmax(1.5·N(0, I)) over {d_vocab} outcomes, {n_samples} draws x ~ p: "
              f"[mean −log q(x), mean −log p(x), KL̂] against [H + KL = {exact_entropy:.4f} + {exact_kl:.4f}, H, KL] "
              f"from lab.metrics.information; pass within 4 standard errors each "

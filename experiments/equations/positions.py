@@ -40,6 +40,7 @@ def check_sinusoidal_shift(table_fn: Callable[[int, int], Tensor] = sinusoidal_t
                  r"-\sin k\omega_i&\cos k\omega_i\end{pmatrix}\begin{pmatrix}PE_{pos,2i}\\PE_{pos,2i+1}\end{pmatrix},"
                  r"\;\omega_i=10000^{-2i/d}",
         measured=worst, expected=0.0, tolerance=tolerance, passed=worst <= tolerance,
+        what=["largest |PE(pos+k) − R_k PE(pos)|"],
         note=f"max |PE(pos+k) − R_k PE(pos)| over pos < {n_ctx} − k, every pair, k ∈ {shifts}, d = {d_model}; "
              f"per-shift max errors {[f'{e:.1e}' for e in errors]}")
 
@@ -59,6 +60,7 @@ def check_sinusoidal_wavelengths(table_fn: Callable[[int, int], Tensor] = sinuso
         name="sinusoidal_wavelengths", item=1,
         equation=r"\lambda_i=\frac{2\pi}{\omega_i}=2\pi\cdot10000^{2i/d}\in[2\pi,\;10000\cdot2\pi)",
         measured=measured, expected=expected, tolerance=tolerance, passed=all_close(measured, expected, tolerance),
+        what=["shortest wavelength", "longest wavelength", "largest ÷ smallest ratio of consecutive wavelengths"],
         note=f"[shortest, longest wavelength, max/min ratio of consecutive wavelengths] measured from the table "
              f"(d = {d_model}); a geometric series has a constant ratio ({float(ratios.mean()):.5f}); "
              f"the longest is {expected[1] / (2 * math.pi):.0f}·2π")
@@ -89,6 +91,7 @@ def check_rotary_relative(rotary_cls: Callable[[ModelConfig], nn.Module] = Rotar
         name="rotary_relative_position", item=2,
         equation=r"\langle R_m q,\,R_n k\rangle=\langle q,\,R_{n-m}k\rangle=g(q,k,n-m)",
         measured=deviation, expected=0.0, tolerance=tolerance, passed=deviation <= tolerance and spread > 0.1,
+        what=["largest spread of ⟨R_m q, R_n k⟩ along one n − m, relative to |q||k|"],
         note=f"max over n − m of the spread of ⟨R_m q, R_n k⟩ along that diagonal, relative to |q||k| "
              f"(d_head = {d_head}, {n_ctx} positions); across different n − m the product varies by "
              f"{spread:.2f}·|q||k| (must exceed 0.1: a rotary that ignored position would pass trivially)")

@@ -45,6 +45,8 @@ def check_temperature(sample_fn: Callable[..., Tensor] = sample_next, n_draws: i
                  r"\mathrm{KL}\bigl(\mathrm{softmax}(z/T)\,\Vert\,U\bigr)\xrightarrow[T\to\infty]{}0",
         measured=measured, expected=[1.0, 0.0, 0.0], tolerance=tolerance,
         passed=all_close(measured, [1.0, 0.0, 0.0], tolerance),
+        what=["share of the argmax at T = 0.01", "KL(p̂ ‖ U) at T = 10⁴ (nats)",
+              "KL(p̂ ‖ softmax z) at T = 1 (nats)"],
         note=f"{n_draws} draws from sample_next: [share of argmax at T = 0.01, KL(p̂‖U) at T = 10⁴, KL(p̂‖softmax z) "
              f"at T = 1] in nats; noise floor (V−1)/2n = {floor:.1e}, tolerance 5× that; KL(softmax z‖U) = "
              f"{kl_uniform_at_one:.3f} at T = 1, so the T = 10⁴ value is not trivially small. "
@@ -79,6 +81,7 @@ def check_nucleus(filter_fn: Callable[..., Tensor] = filter_logits, n_rows: int 
         name="nucleus_smallest_set", item=10,
         equation=r"V^{(p)}=\arg\min_{V'}\Bigl\{|V'|:\sum_{x\in V'}P(x)\ge p\Bigr\}",
         measured=float(mismatches), expected=0.0, tolerance=0.0, passed=mismatches == 0,
+        what=["rows where the kept set differs"],
         note=f"rows where filter_logits keeps a different set from the smallest top set reaching p, over "
              f"{n_rows} random distributions (|V| = {d_vocab}) × p ∈ (0.1 … 0.99); {boundary} rows within 1e-5 of "
              f"a boundary left out; mean nucleus sizes {[round(s, 2) for s in sizes]}")

@@ -59,6 +59,7 @@ def write_figures(out: Path, sweep: list[dict[str, Any]], runs: list[SweepRun], 
             fig.add_trace(go.Scatter(x=[c["epoch"] for c in points], y=[c[key] for c in points], name=name,
                                      legendgroup=name, showlegend=False), row=1, col=col)
     fig.update_xaxes(type="log", title_text="epoch")
+    fig.update_layout(title="Training at each γ: held-out NLL by epoch, and g(H) and Mis at each checkpoint")
     save_figure(fig, out, "training")
 
     if upweighting:

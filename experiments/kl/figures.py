@@ -31,8 +31,9 @@ def decomposition_figure(checkpoints: list[dict[str, Any]], region: str, title: 
                                 mode="markers", marker={"symbol": "x"},
                                 error_y={"type": "data", "array": [1.96 * r["sampled_kl_se"] for r in rows]}),
                      row=1, col=2)
-    if rate is not None:
-        figure.add_hline(y=rate, line_dash="dash", row=1, col=1, annotation_text=f"entropy rate {rate:.4f}")
+    if rate is not None:  # a line named in the legend: a label on the plot would sit on the H curve it meets
+        figure.add_trace(go.Scatter(x=[min(tokens), max(tokens)], y=[rate, rate], name=f"entropy rate {rate:.4f}",
+                                    mode="lines", line={"dash": "dash", "color": "gray"}), row=1, col=1)
     figure.update_xaxes(type="log", title_text="tokens seen")
     figure.update_yaxes(type="log", row=1, col=2)
     figure.update_layout(title=title)
@@ -49,17 +50,21 @@ def write_figures(out: Path, results: dict[str, Any]) -> list[str]:
                                             f"sampled, over training", rate)}
 
     lens = results["lens"]
-    figures["lens"] = go.Figure(go.Scatter(x=[r["label"] for r in lens], y=[r["kl_nats"] for r in lens],
+    # where the lens reads, in words: each layer's input, then the model's output (after the last layer)
+    where = [f"layer {r['layer']}'s input" for r in lens[:-1]] + ["the model's output"]
+    figures["lens"] = go.Figure(go.Scatter(x=where, y=[r["kl_nats"] for r in lens],
                                            mode="lines+markers", name="KL(p ‖ P^(l))"))
     figures["lens"].update_layout(title="Ground-truth lens: KL of each layer's logit-lens distribution to p "
                                         "(complete contexts)",
-                                  xaxis_title="residual stream", yaxis_title="KL (nats/token)", yaxis_type="log")
+                                  xaxis_title="where the lens reads the residual stream", yaxis_title="KL (nats/token)",
+                                  yaxis_type="log")
 
     position = results["kl_by_position"]
+    lengths = [r["prefix_length"] for r in position]
     figures["kl_by_position"] = go.Figure([
-        go.Scatter(x=[r["prefix_length"] for r in position], y=[r["kl_nats"] for r in position], name="KL_t"),
-        go.Scatter(x=[r["prefix_length"] for r in position], y=[r["entropy_nats"] for r in position], name="H_t",
-                   yaxis="y2", line={"dash": "dot"})])
+        go.Scatter(x=lengths, y=[r["kl_nats"] for r in position], name="KL_t (left axis)"),
+        go.Scatter(x=lengths, y=[r["entropy_nats"] for r in position], name="H_t (right axis)", yaxis="y2",
+                   line={"dash": "dot"})])
     figures["kl_by_position"].update_layout(
         title="KL and entropy by prefix length (final checkpoint)", xaxis_title="prefix length",
         yaxis={"title": "KL (nats/token)"}, yaxis2={"title": "H (nats/token)", "overlaying": "y", "side": "right"})
@@ -80,13 +85,18 @@ def write_figures(out: Path, results: dict[str, Any]) -> list[str]:
     low, high = scaling["E_ci95"]
     figures["scaling"] = go.Figure([
         go.Scatter(x=n, y=[p["loss_nats"] for p in scaling["points"]], mode="markers", name="held-out CE (exact)"),
-        go.Scatter(x=curve_n, y=scaling["E_nats"] + scaling["A"] * curve_n ** (-scaling["alpha"]), name=(
+        go.Scatter(x=curve_n, y=scaling["E_nats"] + scaling["A"] * curve_n ** (-scaling["alpha"]),
+                   line={"color": "crimson"}, name=(
             f"E + A·N^(−α): E = {scaling['E_nats']:.4f} [{low:.4f}, {high:.4f}], α = {scaling['alpha']:.3f}"))])
-    figures["scaling"].add_hrect(y0=low, y1=high, opacity=0.15, line_width=0, fillcolor="blue")
-    figures["scaling"].add_hline(y=scaling["true_entropy_nats"], line_dash="dot",
-                                 annotation_text=f"true entropy rate {scaling['true_entropy_nats']:.4f}")
-    figures["scaling"].add_hline(y=scaling["heldout_entropy_nats"], line_dash="dash", annotation_position="bottom right",
-                                 annotation_text=f"held-out entropy {scaling['heldout_entropy_nats']:.4f}")
+    span = [float(curve_n[0]), float(curve_n[-1])]
+    figures["scaling"].add_scatter(x=[span[0], span[1], span[1], span[0]], y=[low, low, high, high], fill="toself",
+                                   mode="lines", line={"width": 0, "color": "rgba(0,0,255,0.15)"},
+                                   fillcolor="rgba(0,0,255,0.15)", hoverinfo="skip", name="95% interval of E")
+    # The two entropies lie close together: named in the legend, where their labels cannot overlap.
+    for key, label, dash in (("true_entropy_nats", "true entropy rate", "dot"),
+                             ("heldout_entropy_nats", "held-out entropy", "dash")):
+        figures["scaling"].add_scatter(x=span, y=[scaling[key]] * 2, mode="lines", name=f"{label} {scaling[key]:.4f}",
+                                       line={"dash": dash, "color": "gray"})
     figures["scaling"].update_layout(title=f"Loss against parameters at {scaling['tokens']:,} tokens", xaxis_type="log",
                                      xaxis_title="parameters N", yaxis_title="nats/token")
 

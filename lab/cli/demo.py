@@ -1,6 +1,7 @@
 """`forma demo`: from a fresh clone to a filled-in dashboard. The dashboard serves first; the missing zoo
-models train and the missing quick runs run side by side (`run_side_by_side`, one line each on the board),
-then the pydoc model's generations are shown with each token's probability."""
+models train and the missing quick runs run side by side (`run_side_by_side`, one line each on the board, a job
+after the one whose result it reads), then the pydoc model's generations are shown with each token's
+probability."""
 
 import argparse
 import sys
@@ -14,8 +15,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """Fresh clone to filled-in dashboard. The dashboard serves first; then the missing zoo models train and
     each experiment's quick profile that has no run yet runs, side by side, while every page shows its job's
     progress (step / total, elapsed, ETA) and fills in when the job ends; then generations with per-token
-    probabilities. The jobs are independent: one per CPU core (at most four), each in its own process with its
-    share of the cores; the terminal shows one line per job, and each job's output goes to runs/demo/<job>.log.
+    probabilities. One job per CPU core (at most four), each in its own process with its share of the cores; a
+    job that reads another's result waits for it (the calibration run reads the pydoc model, so it starts once
+    pydoc's training has ended), and the queue is kept in runs/demo/queue.json, so that a page whose job waits
+    says so. The terminal shows one line per job, and each job's output goes to runs/demo/<job>.log.
     A job that fails is reported with the end of its log; the dashboard keeps serving the others (exit 1)."""
     import signal
     import time
@@ -79,16 +82,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
 DASHBOARD_START_S = 120.0  # how long the demo waits for Streamlit to answer before it gives up
 
 
-def run_side_by_side(jobs: list[tuple[str, list[str]]]) -> bool:
-    """Run `forma ARGS` jobs in parallel processes, longest first; True when every one succeeded.
+def run_side_by_side(jobs: list[tuple[str, list[str]]]) -> bool:  # noqa: C901  (the queue and its workers' closures)
+    """Run `forma ARGS` jobs in parallel processes, longest first (DEMO_ORDER), each only once the jobs it
+    reads the result of (lab.jobs.NEEDS) have ended; True when every one succeeded. The queue is written to
+    runs/demo/queue.json as it moves (lab.jobs), so that each page says where its job waits.
 
     Small models train fastest on one thread each (two threads that wait for each other cost more
     than they gain), so n cores run min(n, 4) jobs at a time with n // jobs threads apiece."""
     import os
     import subprocess
+    import threading
     import time
-    from concurrent.futures import ThreadPoolExecutor
 
+    from lab.jobs import NEEDS, what, write_queue
     from lab.runs import runs_dir
 
     cores = os.cpu_count() or 1
@@ -96,22 +102,56 @@ def run_side_by_side(jobs: list[tuple[str, list[str]]]) -> bool:
     env = os.environ | {"OMP_NUM_THREADS": str(max(1, cores // workers))}
     logs = runs_dir() / "demo"
     logs.mkdir(parents=True, exist_ok=True)
+
     def rank(job: tuple[str, list[str]]) -> int:
-        what = " ".join(job[1][:2])  # "train pydoc", "run kl"
-        return DEMO_ORDER.index(what) if what in DEMO_ORDER else len(DEMO_ORDER)
+        return DEMO_ORDER.index(what(job[1])) if what(job[1]) in DEMO_ORDER else len(DEMO_ORDER)
 
     jobs = sorted(jobs, key=rank)
     print(f"[demo] {len(jobs)} jobs, {workers} at a time; logs in {logs}", flush=True)
     board = JobBoard(jobs)
+    states = {label: "waiting" for label, _ in jobs}
+    label_of = {what(argv): label for label, argv in jobs}
+    for label, argv in jobs:
+        before = [label_of[need] for need in NEEDS.get(what(argv), ()) if need in label_of]
+        if before:
+            board.rows[label] = f"{label}: waiting for {', '.join(before)} (it reads its result)"
+    changed = threading.Condition()
+    write_queue(jobs, states)
+
+    def ready(argv: list[str]) -> bool:
+        return all(states[label_of[need]] in ("done", "failed") for need in NEEDS.get(what(argv), ())
+                   if need in label_of)
+
+    def next_job() -> tuple[str, list[str]] | None:
+        """The first waiting job whose needs have ended (marked running), or None when none is left."""
+        with changed:
+            while True:
+                if CHILDREN.signum is not None:
+                    return None
+                waiting = [(label, argv) for label, argv in jobs if states[label] == "waiting"]
+                if not waiting:
+                    return None
+                job = next((j for j in waiting if ready(j[1])), None)
+                if job is not None:
+                    states[job[0]] = "running"
+                    write_queue(jobs, states)
+                    return job
+                changed.wait(timeout=0.5)  # a signal sets CHILDREN.signum without a notify
 
     def run(job: tuple[str, list[str]]) -> bool:
         label, argv = job
         log = logs / (label.removeprefix("forma ").replace(" --", "-").replace(" ", "-") + ".log")
         board.started(label)
-        began = time.perf_counter()
-        with log.open("w") as out:
-            code = CHILDREN.start([sys.executable, "-m", "lab.cli", *argv], env=env, stdout=out,
-                                  stderr=subprocess.STDOUT).wait()
+        began, code = time.perf_counter(), None
+        try:
+            with log.open("w") as out:
+                code = CHILDREN.start([sys.executable, "-m", "lab.cli", *argv], env=env, stdout=out,
+                                      stderr=subprocess.STDOUT).wait()
+        finally:  # ended, whatever ended it: the jobs that wait for it go on
+            with changed:
+                states[label] = "done" if code == 0 else "failed"
+                write_queue(jobs, states)
+                changed.notify_all()
         if CHILDREN.signum is not None:
             return False
         seconds = time.perf_counter() - began
@@ -124,14 +164,34 @@ def run_side_by_side(jobs: list[tuple[str, list[str]]]) -> bool:
                     + "\n    ".join(tail), error=True)
         return False
 
-    pool = ThreadPoolExecutor(workers)
-    with CHILDREN.forwarding_signals(), board:  # a signal: every job hears it, no new one starts, then Stopped
+    def worker() -> bool:
+        ok = True
+        while (job := next_job()) is not None:
+            try:
+                ok = run(job) and ok
+            except Stopped:  # a job that would have started after the signal
+                return False
+        return ok
+
+    outcomes: list[bool] = []
+    errors: list[BaseException] = []
+
+    def work() -> None:
         try:
-            return all(list(pool.map(run, jobs)))
-        except Stopped:  # a job that would have started after the signal
-            return False
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+            outcomes.append(worker())
+        except BaseException as err:  # raised again in the main thread, after the others have ended
+            errors.append(err)
+
+    threads = [threading.Thread(target=work, name=f"demo worker {i}", daemon=True) for i in range(workers)]
+    with CHILDREN.forwarding_signals(), board:  # a signal: every job hears it, no new one starts, then Stopped
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            while thread.is_alive():
+                thread.join(timeout=0.5)  # short waits: the main thread stays free for the signal handlers
+    if errors:
+        raise errors[0]
+    return len(outcomes) == workers and all(outcomes) and all(state == "done" for state in states.values())
 
 
 def show_generations() -> None:
@@ -154,6 +214,7 @@ def show_generations() -> None:
 
 
 DEMO_MODELS = ("markov", "facts", "pydoc")
-# Longest first, so that two cores finish together (measured times in benchmarks/results/walltime.json).
+# Longest first, so that two cores finish together (measured times in benchmarks/results/walltime.json); a job
+# that needs another's result (lab.jobs.NEEDS) waits for it, and the next job in this order runs meanwhile.
 DEMO_ORDER = ("train pydoc", "train markov", "run kl", "run calibration", "train facts", "run hallucination",
               "run equations")

@@ -150,7 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     import experiments
 
-    run = sub.add_parser("run", help="run an experiment into runs/NAME/<timestamp>/", description=cmd_run.__doc__)
+    run = sub.add_parser("run", help="run an experiment into runs/NAME/<timestamp>/ and print its headlines",
+                         description=cmd_run.__doc__)
     run.add_argument("name", choices=experiments.experiment_names(), metavar="NAME",
                      help=f"experiment: {', '.join(experiments.experiment_names()) or 'none yet'}")
     run.add_argument("--quick", action="store_true",

@@ -6,12 +6,14 @@ import sys
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """Run an experiment and write config.json, provenance.json, figures and results.json into its run folder."""
+    """Run an experiment, write config.json, provenance.json, figures and results.json into its run folder, and
+    print the run's headlines (what it supports, and what it cannot, in words) and the folder."""
     import dataclasses
     from pathlib import Path
 
     import experiments
     from lab.folders import model_folder
+    from lab.headlines import lines as headline_lines
     from lab.inputs import regular_file
 
     # What the arguments alone settle is refused before torch loads: an option the experiment does not take, a
@@ -29,7 +31,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if given[option] is not None:
             regular_file(given[option], what=what)
     from lab.progress import PROGRESS_FILE, recording
-    from lab.runs import run_and_record
+    from lab.runs import read_results, run_and_record
 
     module = experiments.load(args.name)
     fields = {f.name for f in dataclasses.fields(module.Config)}
@@ -47,6 +49,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     folder = run_and_record(args.name, cfg, run_with_progress, out=args.out, seed=getattr(cfg, "seed", None))
     (folder / PROGRESS_FILE).unlink(missing_ok=True)  # results.json is there now: the run's state is in it
+    print("\n".join(headline_lines(read_results(folder))))
     print(f"results in {folder}")
     return 0
 

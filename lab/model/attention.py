@@ -312,9 +312,11 @@ class Attention(nn.Module):
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [batch, head, pos, d_head]
         gqa = k.shape[1] != q.shape[1]
         windowed = k_len > self.window  # the window hides some keys: only an explicit mask says which
-        if not self.causal or (q_len == 1 and not windowed):  # no mask, or one new token that sees every key
+        # a subclass that states another mask (the equations experiment's reversed one): only that mask says which
+        restated = type(self)._causal_mask is not Attention._causal_mask
+        if not self.causal or (q_len == 1 and not windowed and not restated):  # no mask, or a new token sees every key
             z = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
-        elif q_len == k_len and not windowed:  # no cached prefix: the plain causal mask
+        elif q_len == k_len and not windowed and not restated:  # no cached prefix: the plain causal mask
             z = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         else:
             mask = self._causal_mask(q_len, k_len, offset, q.device)
