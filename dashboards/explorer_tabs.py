@@ -63,10 +63,14 @@ def encode(model, text: str) -> torch.Tensor | None:
 
 
 def text_of(model, tokens: torch.Tensor) -> str:
-    """[1, pos] ids as the text a prompt box holds (special tokens written out, so that the text encodes back)."""
+    """[1, pos] ids as the text a prompt box holds (special tokens written out, so that the text encodes back;
+    without the BOS that to_ids prepends again for a model that adds one, as a Hugging Face model does)."""
     ids = tokens[0].tolist()
     if model.tokenizer is None:
         return " ".join(str(i) for i in ids)
+    adds_bos = hasattr(model, "check_tokens") and getattr(model.cfg, "default_prepend_bos", False)
+    if adds_bos and ids and ids[0] == model.tokenizer.bos_token_id:
+        ids = ids[1:]
     return model.tokenizer.decode(ids, skip_special_tokens=False)
 
 
