@@ -5,10 +5,15 @@ from pathlib import Path
 
 import streamlit as st
 
+from dashboards.charts import draw
 from dashboards.common import figures, read_table, show_headlines, show_run, show_table
 
 COLUMNS = ["method", "world", "readout", "grade", "value", "low", "high", "chance", "control", "control_low",
            "control_high", "control_at_chance", "n"]
+LABELS = {"method": "method", "world": "world", "readout": "read at", "grade": "grade", "value": "grade's value",
+          "low": "95% interval, low", "high": "95% interval, high", "chance": "chance", "control": "control",
+          "control_low": "control's interval, low", "control_high": "control's interval, high",
+          "control_at_chance": "control at chance", "n": "prompts"}
 FIGURES_BY_METHOD = (("Lenses", ["lenses"]), ("Input attribution", ["attribution"]),
                      ("Probes", ["belief_simplex", "probes"]), ("Heads and patching", ["heads", "attribution_patching"]))
 
@@ -17,7 +22,7 @@ def render(folder: Path, results: dict) -> None:
     st.caption("Each grade is a mean over held-out prompts with its bootstrap 95% interval; beside it, a control that "
                "knows nothing (another prompt's reading for a lens, permuted scores for an attribution method, "
                "shuffled targets for a probe, permuted heads or cells for detectors and patching) and the value "
-               "chance gives it. `control_at_chance` is false where the control clears chance.")
+               "chance gives it. 'Control at chance' is no where the control clears chance.")
     show_headlines(results)
     table = read_table(folder / "scoreboard.parquet", "scoreboard", COLUMNS)
     if table is None:
@@ -32,14 +37,14 @@ def render(folder: Path, results: dict) -> None:
     with right:
         chosen_worlds = st.multiselect("Worlds", worlds, default=worlds, key="scoreboard_worlds")
     shown = table[table["method"].isin(chosen_methods) & table["world"].isin(chosen_worlds)]
-    show_table(shown.reset_index(drop=True))
+    show_table(shown.reset_index(drop=True), LABELS, download="scoreboard")
     unreadable: list[str] = []
     drawn = dict(figures(folder, unreadable))
     for title, names in FIGURES_BY_METHOD:
         st.subheader(title)
         for name in names:
             if name in drawn:
-                st.plotly_chart(drawn[name], key=f"fig-{folder.name}-{name}")
+                draw(drawn[name], key=f"fig-{folder.name}-{name}")
     if unreadable:
         st.warning(f"Figures that are not readable plotly JSON, left out: {', '.join(unreadable)}. Run `forma run "
                    "scoreboard` again.")
