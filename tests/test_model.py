@@ -35,6 +35,7 @@ def test_config_round_trips_through_json_and_toml():
     (dict(n_kv_heads=3), "multiple of n_kv_heads"),
     (dict(n_layers=0), "n_layers must be a positive integer"),
     (dict(mlp="geglu"), "mlp must be one of"),
+    (dict(d_vocab_out=VOCAB - 1, tied_embeddings=True), "tied embeddings need d_vocab_out"),
 ])
 def test_config_rejects_bad_values(bad, message):
     with pytest.raises(ValueError, match=message):
@@ -57,6 +58,18 @@ def test_every_variant_runs_and_counts_its_parameters(variant, tokens):
     model = HookedTransformer(tiny_config(**variant))
     assert model(tokens).shape == (*tokens.shape, VOCAB)
     assert model.cfg.n_params() == sum(p.numel() for p in model.parameters())
+
+
+def test_an_output_vocabulary_of_its_own_size(tokens):
+    """d_vocab_out: W_U [d_model, d_vocab_out], logits [batch, pos, d_vocab_out], generation draws from them."""
+    model = HookedTransformer(tiny_config(d_vocab_out=VOCAB - 5))
+    assert model.unembed.W_U.shape == (model.cfg.d_model, VOCAB - 5)
+    assert model(tokens).shape == (*tokens.shape, VOCAB - 5)
+    assert model.cfg.n_params() == sum(p.numel() for p in model.parameters())
+    assert ModelConfig.from_json(model.cfg.to_json()) == model.cfg
+    assert tiny_config().d_vocab_out == VOCAB  # 0: the input's
+    assert model.generate(tokens[:1, :4], max_new_tokens=3, do_sample=False, stop_at_eos=False,
+                          verbose=False).shape == (1, 7)
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=IDS)

@@ -111,18 +111,18 @@ def bias_to_add(unembed: nn.Module) -> Tensor | None:
 
 
 class Unembed(nn.Module):
-    """logits = x W_U + b_U, W_U ∈ R^{d_model × d_vocab}. hook_in is x (the final-normed residual stream), hook_out
+    """logits = x W_U + b_U, W_U ∈ R^{d_model × d_vocab_out}. hook_in is x (the final-normed residual stream), hook_out
     the logits, as in TransformerLens."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.init_std = cfg.init_std
-        self.W_U = empty_parameter(cfg.d_model, cfg.d_vocab)
-        self.b_U = zero_parameter((cfg.d_vocab,))
+        self.W_U = empty_parameter(cfg.d_model, cfg.d_vocab_out)
+        self.b_U = zero_parameter((cfg.d_vocab_out,))
         self.b_U_is_zero = Derived(is_zero)
         self.reset_parameters()
         self.hook_in = CheckedHookPoint()  # [batch, pos, d_model]
-        self.hook_out = CheckedHookPoint()  # [batch, pos, d_vocab]
+        self.hook_out = CheckedHookPoint()  # [batch, pos, d_vocab_out]
 
     def reset_parameters(self) -> None:
         """W_U ~ N(0, init_std²), b_U = 0."""
@@ -145,7 +145,7 @@ class TiedUnembed(nn.Module):
         self.b_U = zero_parameter((cfg.d_vocab,))
         self.b_U_is_zero = Derived(is_zero)
         self.hook_in = CheckedHookPoint()  # [batch, pos, d_model]
-        self.hook_out = CheckedHookPoint()  # [batch, pos, d_vocab]
+        self.hook_out = CheckedHookPoint()  # [batch, pos, d_vocab_out]
 
     def reset_parameters(self) -> None:
         """b_U = 0 (W_E is the embedding's, reset there)."""

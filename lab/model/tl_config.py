@@ -119,10 +119,6 @@ class TransformerLensNames:
     def eps(self) -> float:
         return self.norm_eps
 
-    @property
-    def d_vocab_out(self) -> int:
-        return self.d_vocab
-
     # --- what TransformerLens reads of a built model: its RuntimeSettings ----------------------
     @property
     def runtime(self) -> RuntimeSettings:
