@@ -72,6 +72,26 @@ def test_an_output_vocabulary_of_its_own_size(tokens):
                           verbose=False).shape == (1, 7)
 
 
+def test_the_attention_takes_transformer_lens_signature():
+    """attn(query_input=, key_input=, value_input=, past_kv_cache_entry=, attention_mask=) as TransformerLens calls
+    its attention: separate inputs, one copy per head, and a left-padding mask each give the self-attention's
+    numbers (the padded row's real tokens as the same text alone)."""
+    model = HookedTransformer(tiny_config(positions="rotary", n_kv_heads=2, bias=False, mlp="swiglu", norm="rmsnorm"))
+    attn, cfg = model.blocks[0].attn, model.cfg
+    x = torch.randn(2, 6, cfg.d_model, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        fused = attn(x)
+        separate = attn(query_input=x, key_input=x.clone(), value_input=x.clone(), past_kv_cache_entry=None,
+                        attention_mask=None)
+        copies = [x[:, :, None].expand(-1, -1, n, -1) for n in (cfg.n_heads, cfg.n_kv_heads, cfg.n_kv_heads)]
+        per_head = attn(*copies)
+        mask = torch.ones(2, 6, dtype=torch.long)
+        mask[0, :2] = 0
+        padded, alone = attn(x, attention_mask=mask), attn(x[:1, 2:])
+    assert (separate - fused).abs().max() <= 1e-5 and (per_head - fused).abs().max() <= 1e-5
+    assert (padded[1] - fused[1]).abs().max() <= 1e-5 and (padded[0, 2:] - alone[0]).abs().max() <= 1e-5
+
+
 @pytest.mark.parametrize("variant", VARIANTS, ids=IDS)
 def test_causality(variant, tokens):
     """Changing token t leaves every logit before t unchanged, and changes the logits at t."""

@@ -77,7 +77,7 @@ class _Block(nn.Module):
         reads copy j. Unedited copies give the same attention to float round-off."""
         runtime, attn = self._runtime, self.attn
         if not (runtime.use_split_qkv_input or runtime.use_attn_in):
-            return attn(norm(resid), cache, padding=padding)
+            return attn(norm(resid), past_kv_cache_entry=cache, padding=padding)
         if runtime.use_split_qkv_input:
             q_input = norm(attn.hook_q_input(self.hook_q_input(head_copies(resid, attn.n_heads))))
             k_input = norm(attn.hook_k_input(self.hook_k_input(head_copies(resid, attn.kv_heads))))
@@ -85,7 +85,7 @@ class _Block(nn.Module):
         else:
             q_input = norm(attn.hook_attn_in(self.hook_attn_in(head_copies(resid, attn.n_heads))))
             k_input = v_input = q_input[:, :, : attn.kv_heads]
-        return attn.forward_per_head(q_input, k_input, v_input, cache, padding)
+        return attn(q_input, k_input, v_input, cache, padding=padding)
 
     def mlp_input(self, resid_mid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         """The MLP branch's input (resid_mid; resid_pre in a parallel block), through its own copy (hook_mlp_in)
