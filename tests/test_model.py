@@ -18,8 +18,9 @@ VARIANTS = [
     dict(positions="rotary", rotary_dim=8, mlp="silu"),
     dict(positions="none", mlp="gelu_tanh", tied_embeddings=True),
     dict(block="post_ln", positions="sinusoidal", mlp="relu"),
+    dict(positions="shortformer", block="parallel"),
 ]
-IDS = ["gpt2-like", "sinusoidal-rms-relu", "llama-like", "partial-rotary", "nopos-tied", "post-ln"]
+IDS = ["gpt2-like", "sinusoidal-rms-relu", "llama-like", "partial-rotary", "nopos-tied", "post-ln", "shortformer"]
 
 
 # --- config -----------------------------------------------------------------------------------

@@ -34,7 +34,8 @@ class ModelConfig(Record, TransformerLensNames):
     d_mlp: int = 0  # 0: 4 · d_model
     n_kv_heads: int = 0  # 0: n_heads (plain multi-head attention); fewer: grouped key/value heads
     d_vocab_out: int = 0  # 0: d_vocab; the logits' width, W_U [d_model, d_vocab_out], when it differs from the input's
-    positions: Literal["learned", "sinusoidal", "rotary", "none"] = "learned"
+    # shortformer: learned positions added to each attention's query and key inputs only, not the residual stream
+    positions: Literal["learned", "sinusoidal", "rotary", "shortformer", "none"] = "learned"
     rotary_dim: int = 0  # 0: d_head (rotate every dimension of each head)
     rotary_base: float = 10000.0
     norm: Literal["layernorm", "rmsnorm", "layernorm_pre", "rmsnorm_pre"] = "layernorm"  # *_pre: no gain or bias
@@ -120,7 +121,7 @@ class ModelConfig(Record, TransformerLensNames):
         total = self.n_layers * block + self.d_vocab * d + self.d_vocab_out  # W_E, b_U
         total += 0 if self.tied_embeddings else d * self.d_vocab_out  # W_U
         total += self.norm_params() if self.block != "post_ln" else 0  # ln_final (a post-LN block ends in its own)
-        total += self.n_ctx * d if self.positions == "learned" else 0
+        total += self.n_ctx * d if self.positions in ("learned", "shortformer") else 0
         return total
 
     def n_buffer_elements(self) -> int:

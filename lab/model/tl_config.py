@@ -85,7 +85,8 @@ class TransformerLensNames:
 
     @property
     def positional_embedding_type(self) -> str:
-        return {"learned": "standard", "sinusoidal": "sinusoidal", "rotary": "rotary", "none": "none"}[
+        return {"learned": "standard", "sinusoidal": "sinusoidal", "rotary": "rotary", "shortformer": "shortformer",
+                "none": "none"}[
             self.positions]
 
     @property

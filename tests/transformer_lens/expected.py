@@ -165,5 +165,4 @@ BOTH: dict[str, str] = {
 # What Forma's HookedTransformer does not do, which TransformerLens's does: "ported file::test id" -> what. Expected
 # failures on Forma only, each named in docs/ecosystem.md.
 FORMA_GAPS: dict[str, str] = {
-    "test_integration_start_at_layer.py::test_start_at_layer_kwargs": "shortformer positions",
 }
