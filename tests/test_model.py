@@ -18,8 +18,9 @@ VARIANTS = [
     dict(positions="rotary", rotary_dim=8, mlp="silu"),
     dict(positions="none", mlp="gelu_tanh", tied_embeddings=True),
     dict(block="post_ln", positions="sinusoidal", mlp="relu"),
+    dict(positions="shortformer", block="parallel"),
 ]
-IDS = ["gpt2-like", "sinusoidal-rms-relu", "llama-like", "partial-rotary", "nopos-tied", "post-ln"]
+IDS = ["gpt2-like", "sinusoidal-rms-relu", "llama-like", "partial-rotary", "nopos-tied", "post-ln", "shortformer"]
 
 
 # --- config -----------------------------------------------------------------------------------
@@ -35,6 +36,7 @@ def test_config_round_trips_through_json_and_toml():
     (dict(n_kv_heads=3), "multiple of n_kv_heads"),
     (dict(n_layers=0), "n_layers must be a positive integer"),
     (dict(mlp="geglu"), "mlp must be one of"),
+    (dict(d_vocab_out=VOCAB - 1, tied_embeddings=True), "tied embeddings need d_vocab_out"),
 ])
 def test_config_rejects_bad_values(bad, message):
     with pytest.raises(ValueError, match=message):
@@ -57,6 +59,38 @@ def test_every_variant_runs_and_counts_its_parameters(variant, tokens):
     model = HookedTransformer(tiny_config(**variant))
     assert model(tokens).shape == (*tokens.shape, VOCAB)
     assert model.cfg.n_params() == sum(p.numel() for p in model.parameters())
+
+
+def test_an_output_vocabulary_of_its_own_size(tokens):
+    """d_vocab_out: W_U [d_model, d_vocab_out], logits [batch, pos, d_vocab_out], generation draws from them."""
+    model = HookedTransformer(tiny_config(d_vocab_out=VOCAB - 5))
+    assert model.unembed.W_U.shape == (model.cfg.d_model, VOCAB - 5)
+    assert model(tokens).shape == (*tokens.shape, VOCAB - 5)
+    assert model.cfg.n_params() == sum(p.numel() for p in model.parameters())
+    assert ModelConfig.from_json(model.cfg.to_json()) == model.cfg
+    assert tiny_config().d_vocab_out == VOCAB  # 0: the input's
+    assert model.generate(tokens[:1, :4], max_new_tokens=3, do_sample=False, stop_at_eos=False,
+                          verbose=False).shape == (1, 7)
+
+
+def test_the_attention_takes_transformer_lens_signature():
+    """attn(query_input=, key_input=, value_input=, past_kv_cache_entry=, attention_mask=) as TransformerLens calls
+    its attention: separate inputs, one copy per head, and a left-padding mask each give the self-attention's
+    numbers (the padded row's real tokens as the same text alone)."""
+    model = HookedTransformer(tiny_config(positions="rotary", n_kv_heads=2, bias=False, mlp="swiglu", norm="rmsnorm"))
+    attn, cfg = model.blocks[0].attn, model.cfg
+    x = torch.randn(2, 6, cfg.d_model, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        fused = attn(x)
+        separate = attn(query_input=x, key_input=x.clone(), value_input=x.clone(), past_kv_cache_entry=None,
+                        attention_mask=None)
+        copies = [x[:, :, None].expand(-1, -1, n, -1) for n in (cfg.n_heads, cfg.n_kv_heads, cfg.n_kv_heads)]
+        per_head = attn(*copies)
+        mask = torch.ones(2, 6, dtype=torch.long)
+        mask[0, :2] = 0
+        padded, alone = attn(x, attention_mask=mask), attn(x[:1, 2:])
+    assert (separate - fused).abs().max() <= 1e-5 and (per_head - fused).abs().max() <= 1e-5
+    assert (padded[1] - fused[1]).abs().max() <= 1e-5 and (padded[0, 2:] - alone[0]).abs().max() <= 1e-5
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=IDS)

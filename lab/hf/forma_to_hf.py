@@ -24,6 +24,9 @@ EXPORT_SHAPES = (
 def export_family(cfg: ModelConfig) -> str:
     """The Hugging Face model_type that `to_hf` writes a model of this config as; UnsupportedArchitecture when
     no family has its shape."""
+    if cfg.d_vocab_out != cfg.d_vocab:
+        raise UnsupportedArchitecture(f"no Hugging Face family has d_vocab_out ({cfg.d_vocab_out}) other than d_vocab "
+                                      f"({cfg.d_vocab})")
     llama_like = (cfg.positions == "rotary" and cfg.rotary_dim == cfg.d_head and cfg.norm == "rmsnorm"
                   and cfg.block == "pre_ln" and cfg.mlp == "swiglu" and not cfg.bias)
     if llama_like:

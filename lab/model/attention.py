@@ -7,12 +7,12 @@ import math
 import einops
 import torch
 import torch.nn.functional as F
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from lab.model.config import ModelConfig
 from lab.model.kv_cache import KVCacheEntry
-from lab.model.padding import Padding
+from lab.model.padding import Padding, padding_of
 from lab.model.primitives import (CheckedHookPoint, Derived, Reads, empty_parameter, init_normal_, linear,
                                   reset_biases, zero_parameter)
 
@@ -73,7 +73,7 @@ def side_by_side(W_Q: Tensor, W_K: Tensor, W_V: Tensor, b_Q: Tensor | None, b_K:
 class Attention(nn.Module):
     """Multi-head attention, causal by default, with grouped key/value heads when n_kv_heads < n_heads.
 
-        q = x W_Q + b_Q,  k = y W_K + b_K,  v = y W_V + b_V                 (per head; y = x or kv_input)
+        q = x_q W_Q + b_Q,  k = x_k W_K + b_K,  v = x_v W_V + b_V          (per head; self-attention: x_q = x_k = x_v)
         A = softmax(q kᵀ / √d_head + M),  M_ij = −∞ for j > i, else 0      (the causal mask)
         z = A v,   attn_out = Σ_h z^h W_O^h + b_O
 
@@ -85,12 +85,13 @@ class Attention(nn.Module):
     mask, written in absolute positions, hides the old ones. Without a window, w is n_ctx, which hides
     nothing a sequence can reach.
 
-    `causal=False` drops the mask (M = 0): an encoder's self-attention, or cross-attention, where
-    `kv_input` (the encoder's output) gives the keys and values and x only the queries (Vaswani et al.
-    2017, §3.2.3). Rotary is a self-attention position code, so it is not applied across sequences.
+    `causal=False` drops the mask (M = 0): an encoder's self-attention, or cross-attention, where the
+    encoder's output gives the keys and values (x_k = x_v) and the decoder's stream the queries (Vaswani et al.
+    2017, §3.2.3; the encoder-decoder has no rotary positions, a self-attention position code).
 
-    `forward_per_head` is the same attention on one copy of its input per head (TransformerLens's
-    use_split_qkv_input / use_attn_in), so that one head's query, key or value input can be patched alone.
+    `forward` takes TransformerLens's attention signature (query_input, key_input, value_input, ...), each input
+    also as one copy per head (TransformerLens's use_split_qkv_input / use_attn_in), so that one head's query, key
+    or value input can be patched alone.
 
     In a padded batch (`padding`, lab.model.padding) a query also never sees a padding key, and a query that
     sees no key at all has pattern 0 and z 0, as in TransformerLens.
@@ -120,7 +121,7 @@ class Attention(nn.Module):
         self.reset_parameters()
         self._fused_qkv = Derived(side_by_side)  # [W_Q | W_K | W_V] for inference, formed once per weights' version
         self.hook_q = CheckedHookPoint()  # [batch, pos, head_index, d_head]
-        self.hook_k = CheckedHookPoint()  # [batch, pos, kv_head_index, d_head]  (pos: kv_input's in cross-attention)
+        self.hook_k = CheckedHookPoint()  # [batch, pos, kv_head_index, d_head]  (pos: key_input's in cross-attention)
         self.hook_v = CheckedHookPoint()  # [batch, pos, kv_head_index, d_head]
         self.rotates = cfg.positions == "rotary"
         if self.rotates:  # a hook point exists only where its activation does
@@ -189,28 +190,35 @@ class Attention(nn.Module):
         return self._runtime.explicit_paths or self.hook_attn_scores.has_hooks() or self.hook_pattern.has_hooks()
 
     def forward(
-        self, x: Float[Tensor, "batch pos d_model"], cache: KVCacheEntry | None = None,
-        kv_input: Float[Tensor, "batch kv_pos d_model"] | None = None, padding: Padding | None = None,
-    ) -> Float[Tensor, "batch pos d_model"]:
-        if kv_input is None:
-            q, k, v = self._project_qkv(x)
-        else:  # cross-attention: queries from x, keys and values from the encoder's output
-            q = self._project(x, self.W_Q, self.b_Q)
-            k, v = self._project(kv_input, self.W_K, self.b_K), self._project(kv_input, self.W_V, self.b_V)
-        k, v = self._ungrouped(k, 2), self._ungrouped(v, 2)
-        return self._attend(q, k, v, cache, self.rotates and kv_input is None, padding)
-
-    def forward_per_head(
-        self, q_input: Float[Tensor, "batch pos head d_model"], k_input: Float[Tensor, "batch pos kv_head d_model"],
-        v_input: Float[Tensor, "batch pos kv_head d_model"], cache: KVCacheEntry | None = None,
+        self, query_input: Float[Tensor, "batch pos d_model"] | Float[Tensor, "batch pos head d_model"],
+        key_input: Tensor | None = None, value_input: Tensor | None = None,
+        past_kv_cache_entry: KVCacheEntry | None = None, attention_mask: Int[Tensor, "batch offset_pos"] | None = None,
         padding: Padding | None = None,
     ) -> Float[Tensor, "batch pos d_model"]:
-        """Self-attention whose every head reads its own copy of the input: q^h = x_q^h W_Q^h + b_Q^h, and
-        k^j, v^j likewise from x_k^j, x_v^j for key/value head j. Equal to `forward` when every copy is x."""
-        q = self._project_copies(q_input, self.W_Q, self.b_Q)
-        k = self._project_copies(k_input, self._ungrouped(self.W_K, 0), self._ungrouped(self.b_K, 0))
-        v = self._project_copies(v_input, self._ungrouped(self.W_V, 0), self._ungrouped(self.b_V, 0))
-        return self._attend(q, k, v, cache, self.rotates, padding)
+        """attn_out, called as TransformerLens calls its attention: queries from query_input, keys from key_input,
+        values from value_input (each defaults to the one before it: self-attention; the encoder's output as keys
+        and values is cross-attention). Each is [batch, pos, d_model], or one copy per head [batch, pos, head,
+        d_model] (kv_heads for keys and values), as the blocks pass under use_split_qkv_input / use_attn_in:
+        q^h = x_q^h W_Q^h + b_Q^h, and k^j, v^j likewise. attention_mask [batch, offset_pos] (1 real, 0 padding) is
+        TransformerLens's; the blocks pass their pass's `padding` instead."""
+        key_input = query_input if key_input is None else key_input
+        value_input = key_input if value_input is None else value_input
+        if padding is None and attention_mask is not None:
+            offset = 0 if past_kv_cache_entry is None else past_kv_cache_entry.length
+            padding = padding_of(attention_mask, None, offset, tuple(query_input.shape[:2]), query_input.device)
+        if query_input.ndim == 4:  # one copy of the input per head
+            W_K, b_K, W_V, b_V = (self._ungrouped(t, 0) for t in (self.W_K, self.b_K, self.W_V, self.b_V))
+            q, k, v = (self._project_copies(x, W, b) for x, W, b in ((query_input, self.W_Q, self.b_Q),
+                                                                    (key_input, W_K, b_K), (value_input, W_V, b_V)))
+        else:
+            if key_input is query_input and value_input is query_input:
+                q, k, v = self._project_qkv(query_input)
+            else:
+                q, k, v = (self._project(x, W, b) for x, W, b in ((query_input, self.W_Q, self.b_Q),
+                                                                 (key_input, self.W_K, self.b_K),
+                                                                 (value_input, self.W_V, self.b_V)))
+            k, v = self._ungrouped(k, 2), self._ungrouped(v, 2)
+        return self._attend(q, k, v, past_kv_cache_entry, self.rotates, padding)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, cache: KVCacheEntry | None, rotate: bool,
                 padding: Padding | None) -> Float[Tensor, "batch pos d_model"]:

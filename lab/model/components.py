@@ -70,14 +70,19 @@ class _Block(nn.Module):
         self.hook_resid_post = CheckedHookPoint()  # [batch, pos, d_model]
 
     def attention(self, resid: Float[Tensor, "batch pos d_model"], norm: Callable[[Tensor], Tensor],
-                  cache: KVCacheEntry | None, padding: Padding | None) -> Float[Tensor, "batch pos d_model"]:
-        """attn(norm(resid)). Under use_split_qkv_input each query, key and value head reads its own copy of
-        resid (hook_q_input, hook_k_input, hook_v_input, then attn.hook_q_input, ...), normed on its own; under
-        use_attn_in each query head reads its own copy (hook_attn_in, then attn.hook_attn_in) and key/value head j
-        reads copy j. Unedited copies give the same attention to float round-off."""
-        runtime, attn = self._runtime, self.attn
+                  cache: KVCacheEntry | None, padding: Padding | None,
+                  shortformer_pos_embed: Tensor | None = None) -> Float[Tensor, "batch pos d_model"]:
+        """attn(norm(resid)); with shortformer positions p, attn(query_input=norm(resid) + p,
+        key_input=norm(resid) + p, value_input=norm(resid)), as TransformerLens adds them. Under use_split_qkv_input
+        each query, key and value head reads its own copy of resid (hook_q_input, hook_k_input, hook_v_input, then
+        attn.hook_q_input, ...), normed on its own; under use_attn_in each query head reads its own copy
+        (hook_attn_in, then attn.hook_attn_in) and key/value head j reads copy j. Unedited copies give the same
+        attention to float round-off."""
+        runtime, attn, p = self._runtime, self.attn, shortformer_pos_embed
         if not (runtime.use_split_qkv_input or runtime.use_attn_in):
-            return attn(norm(resid), cache, padding=padding)
+            x = norm(resid)
+            qk = x if p is None else x + p
+            return attn(qk, qk, x, cache, padding=padding)
         if runtime.use_split_qkv_input:
             q_input = norm(attn.hook_q_input(self.hook_q_input(head_copies(resid, attn.n_heads))))
             k_input = norm(attn.hook_k_input(self.hook_k_input(head_copies(resid, attn.kv_heads))))
@@ -85,7 +90,9 @@ class _Block(nn.Module):
         else:
             q_input = norm(attn.hook_attn_in(self.hook_attn_in(head_copies(resid, attn.n_heads))))
             k_input = v_input = q_input[:, :, : attn.kv_heads]
-        return attn.forward_per_head(q_input, k_input, v_input, cache, padding)
+        if p is not None:
+            q_input, k_input = q_input + p[:, :, None], k_input + p[:, :, None]
+        return attn(q_input, k_input, v_input, cache, padding=padding)
 
     def mlp_input(self, resid_mid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         """The MLP branch's input (resid_mid; resid_pre in a parallel block), through its own copy (hook_mlp_in)
@@ -97,9 +104,10 @@ class PreLNBlock(_Block):
     """Pre-LN (GPT-2, LLaMA):  x ← x + attn(LN₁(x));  x ← x + mlp(LN₂(x))."""
 
     def forward(self, x: Float[Tensor, "batch pos d_model"], cache: KVCacheEntry | None = None,
-                padding: Padding | None = None) -> Float[Tensor, "batch pos d_model"]:
+                padding: Padding | None = None, shortformer_pos_embed: Tensor | None = None
+                ) -> Float[Tensor, "batch pos d_model"]:
         resid_pre = self.hook_resid_pre(x)
-        attn_out = self.hook_attn_out(self.attention(resid_pre, self.ln1, cache, padding))
+        attn_out = self.hook_attn_out(self.attention(resid_pre, self.ln1, cache, padding, shortformer_pos_embed))
         resid_mid = self.hook_resid_mid(resid_pre + attn_out)
         mlp_out = self.hook_mlp_out(self.mlp(self.ln2(self.mlp_input(resid_mid))))
         return self.hook_resid_post(resid_mid + mlp_out)
@@ -109,9 +117,10 @@ class PostLNBlock(_Block):
     """Post-LN (Vaswani et al. 2017, "Add & Norm"):  x ← LN₁(x + attn(x));  x ← LN₂(x + mlp(x))."""
 
     def forward(self, x: Float[Tensor, "batch pos d_model"], cache: KVCacheEntry | None = None,
-                padding: Padding | None = None) -> Float[Tensor, "batch pos d_model"]:
+                padding: Padding | None = None, shortformer_pos_embed: Tensor | None = None
+                ) -> Float[Tensor, "batch pos d_model"]:
         resid_pre = self.hook_resid_pre(x)
-        attn_out = self.hook_attn_out(self.attention(resid_pre, unchanged, cache, padding))
+        attn_out = self.hook_attn_out(self.attention(resid_pre, unchanged, cache, padding, shortformer_pos_embed))
         resid_mid = self.hook_resid_mid(self.ln1(resid_pre + attn_out))
         mlp_out = self.hook_mlp_out(self.mlp(self.mlp_input(resid_mid)))
         return self.hook_resid_post(self.ln2(resid_mid + mlp_out))
@@ -126,9 +135,10 @@ class AttnOnlyBlock(_Block):
         del self.ln2, self.mlp, self.hook_resid_mid, self.hook_mlp_out
 
     def forward(self, x: Float[Tensor, "batch pos d_model"], cache: KVCacheEntry | None = None,
-                padding: Padding | None = None) -> Float[Tensor, "batch pos d_model"]:
+                padding: Padding | None = None, shortformer_pos_embed: Tensor | None = None
+                ) -> Float[Tensor, "batch pos d_model"]:
         resid_pre = self.hook_resid_pre(x)
-        attn_out = self.hook_attn_out(self.attention(resid_pre, self.ln1, cache, padding))
+        attn_out = self.hook_attn_out(self.attention(resid_pre, self.ln1, cache, padding, shortformer_pos_embed))
         return self.hook_resid_post(resid_pre + attn_out)
 
 
@@ -143,9 +153,10 @@ class ParallelBlock(_Block):
         del self.hook_resid_mid  # a hook point exists only where its activation does
 
     def forward(self, x: Float[Tensor, "batch pos d_model"], cache: KVCacheEntry | None = None,
-                padding: Padding | None = None) -> Float[Tensor, "batch pos d_model"]:
+                padding: Padding | None = None, shortformer_pos_embed: Tensor | None = None
+                ) -> Float[Tensor, "batch pos d_model"]:
         resid_pre = self.hook_resid_pre(x)
-        attn_out = self.hook_attn_out(self.attention(resid_pre, self.ln1, cache, padding))
+        attn_out = self.hook_attn_out(self.attention(resid_pre, self.ln1, cache, padding, shortformer_pos_embed))
         mlp_out = self.hook_mlp_out(self.mlp(self.ln2(self.mlp_input(resid_pre))))
         return self.hook_resid_post(resid_pre + attn_out + mlp_out)
 

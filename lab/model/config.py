@@ -33,7 +33,9 @@ class ModelConfig(Record, TransformerLensNames):
     d_head: int = 0  # 0: d_model // n_heads
     d_mlp: int = 0  # 0: 4 · d_model
     n_kv_heads: int = 0  # 0: n_heads (plain multi-head attention); fewer: grouped key/value heads
-    positions: Literal["learned", "sinusoidal", "rotary", "none"] = "learned"
+    d_vocab_out: int = 0  # 0: d_vocab; the logits' width, W_U [d_model, d_vocab_out], when it differs from the input's
+    # shortformer: learned positions added to each attention's query and key inputs only, not the residual stream
+    positions: Literal["learned", "sinusoidal", "rotary", "shortformer", "none"] = "learned"
     rotary_dim: int = 0  # 0: d_head (rotate every dimension of each head)
     rotary_base: float = 10000.0
     norm: Literal["layernorm", "rmsnorm", "layernorm_pre", "rmsnorm_pre"] = "layernorm"  # *_pre: no gain or bias
@@ -53,7 +55,7 @@ class ModelConfig(Record, TransformerLensNames):
         for name in ("d_vocab", "d_model", "n_layers", "n_heads", "n_ctx"):
             value = getattr(self, name)
             need(self, value > 0, f"{name} must be a positive integer, got {value!r}")
-        for name in ("d_head", "d_mlp", "n_kv_heads", "rotary_dim", "sliding_window"):
+        for name in ("d_head", "d_mlp", "n_kv_heads", "d_vocab_out", "rotary_dim", "sliding_window"):
             value = getattr(self, name)
             need(self, value >= 0, f"{name} must be a non-negative integer (0 = default), got {value!r}")
         # Fill the derived defaults (frozen dataclass: write through object.__setattr__).
@@ -67,6 +69,10 @@ class ModelConfig(Record, TransformerLensNames):
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         if self.rotary_dim == 0:
             object.__setattr__(self, "rotary_dim", self.d_head)
+        if self.d_vocab_out == 0:
+            object.__setattr__(self, "d_vocab_out", self.d_vocab)
+        need(self, not self.tied_embeddings or self.d_vocab_out == self.d_vocab,
+             f"tied embeddings need d_vocab_out = d_vocab ({self.d_vocab}), got {self.d_vocab_out}")
         need(self, self.n_heads % self.n_kv_heads == 0,
              f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
         need(self, self.positions != "rotary" or (self.rotary_dim % 2 == 0 and self.rotary_dim <= self.d_head),
@@ -112,10 +118,10 @@ class ModelConfig(Record, TransformerLensNames):
         d = self.d_model
         block = self.attention_params() + (self.norm_params() if self.block == "attn_only" else
                                            self.mlp_params() + 2 * self.norm_params())
-        total = self.n_layers * block + self.d_vocab * d + self.d_vocab  # W_E, b_U
-        total += 0 if self.tied_embeddings else d * self.d_vocab  # W_U
+        total = self.n_layers * block + self.d_vocab * d + self.d_vocab_out  # W_E, b_U
+        total += 0 if self.tied_embeddings else d * self.d_vocab_out  # W_U
         total += self.norm_params() if self.block != "post_ln" else 0  # ln_final (a post-LN block ends in its own)
-        total += self.n_ctx * d if self.positions == "learned" else 0
+        total += self.n_ctx * d if self.positions in ("learned", "shortformer") else 0
         return total
 
     def n_buffer_elements(self) -> int:

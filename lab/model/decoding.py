@@ -162,7 +162,7 @@ def decode(model: nn.Module, tokens: Int[Tensor, "batch pos"], max_new_tokens: i
         raise ValueError("kv_cache must be an empty KVCache (KVCache.empty(n_layers)), and use_kv_cache True")
     fed = tokens.shape[1] + max(max_new_tokens - 1, 0)  # the last token is drawn, never fed back
     cache = (KVCache.empty(model.cfg.n_layers, fed) if kv_cache is None else kv_cache) if use_kv_cache else None
-    return sample_tokens(model.next_token_logits, tokens, max_new_tokens, model.cfg.d_vocab, cache, temperature,
+    return sample_tokens(model.next_token_logits, tokens, max_new_tokens, model.cfg.d_vocab_out, cache, temperature,
                          top_k, top_p, seeded_generator(seed, tokens.device), eos_token_id, keep_logits)
 
 

@@ -1,5 +1,5 @@
-"""The token embedding, the absolute position codes (learned, sinusoidal, none) and the unembedding, plain or
-tied to the embedding; `POSITIONS` maps `cfg.positions` to its class (rotary acts inside attention:
+"""The token embedding, the absolute position codes (learned, sinusoidal, shortformer, none) and the unembedding,
+plain or tied to the embedding; `POSITIONS` maps `cfg.positions` to its class (rotary acts inside attention:
 `lab.model.attention`)."""
 
 import torch
@@ -52,6 +52,8 @@ class LearnedPositions(nn.Module):
     """Learned absolute positions: x_t = e_t + W_pos[t], W_pos ∈ R^{n_ctx × d_model}. Called as TransformerLens's
     PosEmbed, `pos_embed(tokens, offset, attention_mask)`, it gives the position embedding added to e."""
 
+    into_attention = False  # added to the residual stream
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.init_std = cfg.init_std
@@ -77,8 +79,18 @@ def sinusoidal_table(n_ctx: int, d_model: int, base: float = 10000.0) -> Float[T
     return table.float()
 
 
+class ShortformerPositions(LearnedPositions):
+    """Shortformer positions (Press et al. 2021; TransformerLens's positional_embedding_type="shortformer"): learned
+    W_pos[t] added to every attention's query and key inputs, after ln1, and never to the residual stream (nor to
+    the values): x_t = e_t."""
+
+    into_attention = True
+
+
 class SinusoidalPositions(nn.Module):
     """Fixed sinusoidal positions (Vaswani et al. 2017, §3.5): x_t = e_t + PE[t]."""
+
+    into_attention = False
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -91,6 +103,8 @@ class SinusoidalPositions(nn.Module):
 
 class NoAbsolutePositions(nn.Module):
     """No absolute position added to the residual stream (rotary models, or no positions at all): None."""
+
+    into_attention = False
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -114,18 +128,18 @@ def bias_to_add(unembed: nn.Module) -> Tensor | None:
 
 
 class Unembed(nn.Module):
-    """logits = x W_U + b_U, W_U ∈ R^{d_model × d_vocab}. hook_in is x (the final-normed residual stream), hook_out
+    """logits = x W_U + b_U, W_U ∈ R^{d_model × d_vocab_out}. hook_in is x (the final-normed residual stream), hook_out
     the logits, as in TransformerLens."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.init_std = cfg.init_std
-        self.W_U = empty_parameter(cfg.d_model, cfg.d_vocab)
-        self.b_U = zero_parameter((cfg.d_vocab,))
+        self.W_U = empty_parameter(cfg.d_model, cfg.d_vocab_out)
+        self.b_U = zero_parameter((cfg.d_vocab_out,))
         self.b_U_is_zero = Derived(is_zero)
         self.reset_parameters()
         self.hook_in = CheckedHookPoint()  # [batch, pos, d_model]
-        self.hook_out = CheckedHookPoint()  # [batch, pos, d_vocab]
+        self.hook_out = CheckedHookPoint()  # [batch, pos, d_vocab_out]
 
     def reset_parameters(self) -> None:
         """W_U ~ N(0, init_std²), b_U = 0."""
@@ -148,7 +162,7 @@ class TiedUnembed(nn.Module):
         self.b_U = zero_parameter((cfg.d_vocab,))
         self.b_U_is_zero = Derived(is_zero)
         self.hook_in = CheckedHookPoint()  # [batch, pos, d_model]
-        self.hook_out = CheckedHookPoint()  # [batch, pos, d_vocab]
+        self.hook_out = CheckedHookPoint()  # [batch, pos, d_vocab_out]
 
     def reset_parameters(self) -> None:
         """b_U = 0 (W_E is the embedding's, reset there)."""
@@ -164,6 +178,7 @@ class TiedUnembed(nn.Module):
 
 POSITIONS: dict[str, type[nn.Module]] = {
     "learned": LearnedPositions,
+    "shortformer": ShortformerPositions,
     "sinusoidal": SinusoidalPositions,
     "rotary": NoAbsolutePositions,  # rotary acts inside attention, on q and k
     "none": NoAbsolutePositions,

@@ -139,8 +139,9 @@ class PreLNDecoderBlock(_DecoderBlock):
     def forward(self, x: Float[Tensor, "batch pos d_model"], encoder_out: Float[Tensor, "batch src_pos d_model"],
                 cache: KVCacheEntry | None = None) -> Float[Tensor, "batch pos d_model"]:
         resid_pre = self.hook_resid_pre(x)
-        resid_mid = self.hook_resid_mid(resid_pre + self.hook_attn_out(self.attn(self.ln1(resid_pre), cache)))
-        cross_out = self.hook_cross_attn_out(self.cross_attn(self.ln_cross(resid_mid), kv_input=encoder_out))
+        attn_out = self.hook_attn_out(self.attn(self.ln1(resid_pre), past_kv_cache_entry=cache))
+        resid_mid = self.hook_resid_mid(resid_pre + attn_out)
+        cross_out = self.hook_cross_attn_out(self.cross_attn(self.ln_cross(resid_mid), encoder_out))
         resid_mid_cross = self.hook_resid_mid_cross(resid_mid + cross_out)
         mlp_out = self.hook_mlp_out(self.mlp(self.ln2(resid_mid_cross)))
         return self.hook_resid_post(resid_mid_cross + mlp_out)
@@ -153,8 +154,9 @@ class PostLNDecoderBlock(_DecoderBlock):
     def forward(self, x: Float[Tensor, "batch pos d_model"], encoder_out: Float[Tensor, "batch src_pos d_model"],
                 cache: KVCacheEntry | None = None) -> Float[Tensor, "batch pos d_model"]:
         resid_pre = self.hook_resid_pre(x)
-        resid_mid = self.hook_resid_mid(self.ln1(resid_pre + self.hook_attn_out(self.attn(resid_pre, cache))))
-        cross_out = self.hook_cross_attn_out(self.cross_attn(resid_mid, kv_input=encoder_out))
+        attn_out = self.hook_attn_out(self.attn(resid_pre, past_kv_cache_entry=cache))
+        resid_mid = self.hook_resid_mid(self.ln1(resid_pre + attn_out))
+        cross_out = self.hook_cross_attn_out(self.cross_attn(resid_mid, encoder_out))
         resid_mid_cross = self.hook_resid_mid_cross(self.ln_cross(resid_mid + cross_out))
         mlp_out = self.hook_mlp_out(self.mlp(resid_mid_cross))
         return self.hook_resid_post(self.ln2(resid_mid_cross + mlp_out))

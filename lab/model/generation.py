@@ -87,7 +87,8 @@ def _returned(model: Any, tokens: Tensor, return_type: str | None, came_in: str)
 def _from_embeddings(model: Any, embeds: Tensor, max_new_tokens: int, stop: list[int], do_sample: bool,
                      top_k: int | None, top_p: float | None, temperature: float, use_past_kv_cache: bool,
                      return_type: str | None, seed: int | None) -> Any:
-    """Decoding from [batch, pos, d_model] token embeddings: positions added, then the blocks (hook_embed does not
+    """Decoding from [batch, pos, d_model] token embeddings: positions added (or given to the attention, shortformer
+    positions), then the blocks (hook_embed does not
     fire: the embeddings are given); each new token's embedding is W_E's row."""
     if embeds.ndim != 3 or embeds.shape[-1] != model.cfg.d_model:
         raise Misuse(f"embeddings must be [batch, pos, d_model = {model.cfg.d_model}], got {tuple(embeds.shape)}")
@@ -100,8 +101,11 @@ def _from_embeddings(model: Any, embeds: Tensor, max_new_tokens: int, stop: list
         for _ in range(max_new_tokens):
             offset = 0 if cache is None else cache.length
             positions = model.pos_embed(new[..., 0], offset)
-            x = new if positions is None else new + model.hook_pos_embed(positions.clone())
-            logits = model._run(None, x, cache, 0, model.cfg.n_layers, slice(-1, None), None)[:, -1]
+            positions = None if positions is None else model.hook_pos_embed(positions.clone())
+            into_attention = positions is not None and model.pos_embed.into_attention  # shortformer
+            x = new if positions is None or into_attention else new + positions
+            logits = model._run(None, x, cache, 0, model.cfg.n_layers, slice(-1, None), None,
+                                positions if into_attention else None)[:, -1]
             sampled = (sample_logits(logits, top_k=top_k, top_p=top_p, temperature=temperature)
                        if do_sample and temperature != 0 else logits.argmax(dim=-1))
             if stop:

@@ -14,7 +14,7 @@ from lab.model.text import is_text
 
 
 class InputChecks:
-    """The inputs of a model with `cfg`, `embed`, a tokenizer (`lab.model.text.TextMethods`) and `_run`."""
+    """The inputs of a model with `cfg`, `embed`, a tokenizer (`lab.model.text.TextMethods`), `_embed` and `_run`."""
 
     def _prepare(self, input: Any, prepend_bos: bool | None, padding_side: str | None, mask: Tensor | None,
                  kv_cache: Any) -> tuple[Tensor, Any, Tensor | None]:
@@ -35,13 +35,19 @@ class InputChecks:
 
     def input_to_embed(self, input: Any, prepend_bos: bool | None = None, padding_side: str | None = None,
                        attention_mask: Tensor | None = None, past_kv_cache: Any = None
-                       ) -> tuple[Tensor, Tensor, None, Tensor | None]:
-        """TransformerLens's first step: (residual stream entering block 0, token ids, None (no shortformer
-        positions), the attention mask of the pass or None)."""
+                       ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+        """TransformerLens's first step: (residual stream entering block 0, token ids, the shortformer positions or
+        None, the pass's attention mask: given, with a KV cache or on the left padding side, as TransformerLens
+        has one; None otherwise)."""
         cache = None if past_kv_cache is None else TransformerLensCache(past_kv_cache)
         tokens, padding, _ = self._prepare(input, prepend_bos, padding_side, attention_mask, cache)
-        x = self._run(tokens, None, None if cache is None else cache, 0, 0, None, padding)
-        return x, tokens, None, None if padding is None else padding.keys.long()
+        offset = 0 if cache is None else cache.check(self.cfg.n_layers, tokens.shape[0])
+        x, shortformer_pos_embed = self._embed(tokens, offset, padding)
+        mask = None if padding is None else padding.keys.long()
+        has_mask = attention_mask is not None or cache is not None or self.padding_side(padding_side) == "left"
+        if mask is None and has_mask:
+            mask = torch.ones_like(tokens)  # TransformerLens's mask of a pass that has one, where nothing is padding
+        return x, tokens, shortformer_pos_embed, mask
 
     def check_tokens(self, tokens: Any, offset: int = 0) -> Int[Tensor, "batch pos"]:
         """Validate a batch of token ids at the boundary; a 1-D sequence becomes a batch of one."""

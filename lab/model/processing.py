@@ -74,6 +74,9 @@ def _check(model: Any, fold_ln: bool, center_writing_weights: bool, refactor: bo
         raise Misuse("fold_ln and center_writing_weights need pre-LN or parallel blocks: a post-LN block's norms read "
                      "the branch outputs, not the stream the next maps read; pass fold_ln=False, "
                      "center_writing_weights=False")
+    if cfg.positions == "shortformer" and (fold_ln or center_writing_weights):
+        raise Misuse("fold_ln and center_writing_weights cannot be done on shortformer positions, which are added to "
+                     "the attention's normed input: pass fold_ln=False, center_writing_weights=False")
     if fold_ln and cfg.norm == "layernorm":
         if not cfg.has_qkv_bias or (not cfg.bias):
             raise Misuse("fold_ln moves LayerNorm's bias into the biases of W_Q, W_K, W_V and W_in; this model has "

@@ -85,7 +85,8 @@ class TransformerLensNames:
 
     @property
     def positional_embedding_type(self) -> str:
-        return {"learned": "standard", "sinusoidal": "sinusoidal", "rotary": "rotary", "none": "none"}[
+        return {"learned": "standard", "sinusoidal": "sinusoidal", "rotary": "rotary", "shortformer": "shortformer",
+                "none": "none"}[
             self.positions]
 
     @property
@@ -118,10 +119,6 @@ class TransformerLensNames:
     @property
     def eps(self) -> float:
         return self.norm_eps
-
-    @property
-    def d_vocab_out(self) -> int:
-        return self.d_vocab
 
     # --- what TransformerLens reads of a built model: its RuntimeSettings ----------------------
     @property

@@ -1,6 +1,7 @@
 """HookedTransformer: the decoder-only transformer, top to bottom, with a HookPoint at every activation.
 
-    x⁰ = W_E[tokens] (+ W_pos[positions])                          embed, positions
+    x⁰ = W_E[tokens] (+ W_pos[positions])                          embed, positions (shortformer: W_pos is added to
+                                                                    each attention's query and key inputs instead)
     xˡ⁺¹ = block_l(xˡ)                                              l = 0 … n_layers − 1
     logits = LN_final(x^L) W_U + b_U                                unembed
     P_θ(x_{t+1} | x_≤t) = softmax(logits_t)
@@ -94,7 +95,7 @@ class HookedTransformer(TLWeights, TextMethods, InputChecks, HookedRootModule):
             self.embed = Embed(cfg)
             cfg.runtime.weights = (self.embed,)  # cfg.device and cfg.dtype: where the weights are
             self.hook_embed = CheckedHookPoint()  # [batch, pos, d_model]
-            if cfg.positions in ("learned", "sinusoidal"):  # positions added to the residual stream
+            if cfg.positions in ("learned", "sinusoidal", "shortformer"):  # a table of absolute positions
                 self.hook_pos_embed = CheckedHookPoint()  # [batch, pos, d_model]
             self.pos_embed = POSITIONS[cfg.positions](cfg)
             self.blocks = nn.ModuleList([BLOCKS[cfg.block](cfg) for _ in range(cfg.n_layers)])
@@ -109,7 +110,7 @@ class HookedTransformer(TLWeights, TextMethods, InputChecks, HookedRootModule):
         return_type: str | None = "logits", *, loss_per_token: bool = False, prepend_bos: bool | None = None,
         padding_side: str | None = None, start_at_layer: int | None = None, stop_at_layer: int | None = None,
         tokens: Tensor | None = None, attention_mask: Tensor | None = None, kv_cache: KVCache | None = None,
-        past_kv_cache: Any = None, shortformer_pos_embed: None = None,
+        past_kv_cache: Any = None, shortformer_pos_embed: Tensor | None = None,
     ) -> Any:
         """The model on token ids, or on text through `tokenize`, with TransformerLens's call conventions.
 
@@ -119,7 +120,8 @@ class HookedTransformer(TLWeights, TextMethods, InputChecks, HookedRootModule):
         stop_at_layer=L runs blocks 0 … L − 1 only and returns the residual stream entering block L
         ([batch, pos, d_model]; negative L counts from the end); the later blocks, the final norm and the
         unembedding never run. start_at_layer=L takes `input` as that residual stream (blocks.L.hook_resid_pre)
-        and runs from block L on; a loss then needs `tokens=` (the ids whose next tokens it scores).
+        and runs from block L on; a loss then needs `tokens=` (the ids whose next tokens it scores), and shortformer
+        positions `shortformer_pos_embed=` (input_to_embed's third output).
         attention_mask [batch, pos] (1 real, 0 padding; lab.model.padding): padding changes no real token's
         result. Texts of different lengths are padded, and masked as TransformerLens masks them (on the left
         side, or with a KV cache); ids are read for padding as TransformerLens reads them when the tokenizer pads
@@ -129,8 +131,6 @@ class HookedTransformer(TLWeights, TextMethods, InputChecks, HookedRootModule):
         """
         if return_type not in RETURN_TYPES:
             raise ValueError(f"return_type must be one of {RETURN_TYPES}, got {return_type!r}")
-        if shortformer_pos_embed is not None:
-            raise ValueError("shortformer_pos_embed: Forma's HookedTransformer has no shortformer positions")
         if past_kv_cache is not None:
             if kv_cache is not None:
                 raise ValueError("give a KV cache as kv_cache (Forma's) or past_kv_cache (TransformerLens's), not both")
@@ -150,8 +150,8 @@ class HookedTransformer(TLWeights, TextMethods, InputChecks, HookedRootModule):
             cached = None if kv_cache is None else kv_cache.mask
             padding = padding_of(attention_mask, cached, offset, tuple(x.shape[:2]), x.device)
         if stop_at_layer is not None:  # the residual stream entering block `stop`: nothing after it ran
-            return self._run(tokens, x, kv_cache, start, stop, None, padding)
-        logits = self._run(tokens, x, kv_cache, start, stop, ALL, padding)
+            return self._run(tokens, x, kv_cache, start, stop, None, padding, shortformer_pos_embed)
+        logits = self._run(tokens, x, kv_cache, start, stop, ALL, padding, shortformer_pos_embed)
         return self._outputs(logits, tokens, return_type, loss_per_token,
                              loss_mask if padding is None else padding.new)
 
@@ -180,22 +180,18 @@ class HookedTransformer(TLWeights, TextMethods, InputChecks, HookedRootModule):
             m._forward_hooks or m._forward_pre_hooks or m._backward_hooks for m in modules)
 
     def _run(self, tokens: Tensor | None, x: Tensor | None, kv_cache: KVCache | None, start: int, stop: int,
-             unembed: slice | None, padding: Any = None) -> Tensor:
-        """Embed the tokens (unless the residual stream x is given), run blocks start … stop − 1, then the final
+             unembed: slice | None, padding: Any = None, shortformer_pos_embed: Tensor | None = None) -> Tensor:
+        """Embed the tokens (unless the residual stream x, and its shortformer positions, are given), run blocks start … stop − 1, then the final
         norm and the unembedding at the positions `unembed` selects (None: neither runs). With a KV cache the
         tokens continue its prefix (its mask too, in a padded batch), and a pass that raises truncates every layer
         back to where it started."""
         offset = 0 if kv_cache is None else kv_cache.check(self.cfg.n_layers, (tokens if x is None else x).shape[0])
         try:
             if x is None:
-                if self.cfg.runtime.use_hook_tokens:
-                    tokens = self.hook_tokens(tokens)
-                x = self.hook_embed(self.embed(tokens))
-                positions = self.pos_embed(tokens, offset, padding=padding)
-                if positions is not None:  # a copy (positions_table): a hook's edit in place never reaches W_pos
-                    x = x + self.hook_pos_embed(positions)
+                x, shortformer_pos_embed = self._embed(tokens, offset, padding)
             for layer in range(start, stop):
-                x = self.blocks[layer](x, None if kv_cache is None else kv_cache.entries[layer], padding)
+                x = self.blocks[layer](x, None if kv_cache is None else kv_cache.entries[layer], padding,
+                                       shortformer_pos_embed)
             if kv_cache is not None and padding is not None:
                 kv_cache.mask = padding.keys
             if unembed is None:
@@ -205,6 +201,18 @@ class HookedTransformer(TLWeights, TextMethods, InputChecks, HookedRootModule):
             if kv_cache is not None:
                 kv_cache.truncate(offset)  # layers before the failure appended this step's keys: take them back
             raise
+
+    def _embed(self, tokens: Tensor, offset: int, padding: Any) -> tuple[Tensor, Tensor | None]:
+        """(the residual stream entering block 0, the shortformer positions or None): W_E[tokens] + W_pos[positions],
+        or W_E[tokens] and W_pos[positions] apart when the positions go into the attention (shortformer)."""
+        if self.cfg.runtime.use_hook_tokens:
+            tokens = self.hook_tokens(tokens)
+        x = self.hook_embed(self.embed(tokens))
+        positions = self.pos_embed(tokens, offset, padding=padding)
+        if positions is None:
+            return x, None
+        positions = self.hook_pos_embed(positions)  # a copy (positions_table): an edit in place never reaches W_pos
+        return (x, positions) if self.pos_embed.into_attention else (x + positions, None)
 
     def _outputs(self, logits: Tensor, tokens: Tensor | None, return_type: str | None, loss_per_token: bool,
                  mask: Tensor | None) -> Any:

@@ -165,9 +165,4 @@ BOTH: dict[str, str] = {
 # What Forma's HookedTransformer does not do, which TransformerLens's does: "ported file::test id" -> what. Expected
 # failures on Forma only, each named in docs/ecosystem.md.
 FORMA_GAPS: dict[str, str] = {
-    "test_integration_d_vocab.py::test_d_vocab_out_set": "an output vocabulary of another size than the input's "
-                                                         "(d_vocab_out)",
-    "test_integration_match_huggingface.py::TestMatchHuggingFace::test_compare_huggingface_attention_match_local_implementation[gpt2]":
-        "the attention component called with TransformerLens's component signature (query_input=, key_input=, ...)",
-    "test_integration_start_at_layer.py::test_start_at_layer_kwargs": "shortformer positions",
 }

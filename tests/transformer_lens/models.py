@@ -248,15 +248,15 @@ def forma_of(tl_model: Any) -> Any:
         (f"act_fn {c.act_fn!r}", c.act_fn not in ACTIVATIONS and not c.gated_mlp and not c.attn_only),
         (f"normalization_type {c.normalization_type!r}", c.normalization_type not in NORMS),
         (f"positional_embedding_type {c.positional_embedding_type!r}",
-         c.positional_embedding_type not in ("standard", "rotary")),
-        ("d_vocab_out != d_vocab", c.d_vocab_out != c.d_vocab), ("rotary_adjacent_pairs", c.rotary_adjacent_pairs),
+         c.positional_embedding_type not in ("standard", "rotary", "shortformer")),
+        ("rotary_adjacent_pairs", c.rotary_adjacent_pairs),
         ("attention_dir bidirectional", c.attention_dir != "causal")] if present]
     if unsupported:
         raise ValueError(f"Forma's HookedTransformer has no {', '.join(unsupported)}")
     cfg = ModelConfig(
-        d_vocab=c.d_vocab, d_model=c.d_model, n_layers=c.n_layers, n_heads=c.n_heads, n_ctx=c.n_ctx, d_head=c.d_head,
+        d_vocab=c.d_vocab, d_vocab_out=c.d_vocab_out, d_model=c.d_model, n_layers=c.n_layers, n_heads=c.n_heads, n_ctx=c.n_ctx, d_head=c.d_head,
         d_mlp=c.d_mlp, n_kv_heads=c.n_key_value_heads or c.n_heads, norm_eps=c.eps,
-        positions="rotary" if c.positional_embedding_type == "rotary" else "learned",
+        positions={"rotary": "rotary", "shortformer": "shortformer"}.get(c.positional_embedding_type, "learned"),
         rotary_dim=(c.rotary_dim or 0) if c.positional_embedding_type == "rotary" else 0,
         rotary_base=float(c.rotary_base), norm=NORMS[c.normalization_type],
         mlp="swiglu" if c.gated_mlp else ACTIVATIONS.get(c.act_fn, "relu"),

@@ -7,7 +7,7 @@ numbers."""
 import pytest
 import torch
 
-from tests.transformer_lens.models import IMPLEMENTATIONS
+from tests.transformer_lens.models import IMPLEMENTATIONS, checkpoint, forma_of
 
 FAMILIES = ["gpt2", "llama", "pythia"]  # GPT-2, LLaMA with grouped K/V heads, GPT-NeoX
 TEXTS = ["When John and Mary went to the shops, John gave the bag to", "Hello world!", "I am happy."]
@@ -124,3 +124,35 @@ def test_ungrouped_key_value_hooks_agree(split):
     assert our_cache["blocks.0.attn.hook_k"].shape[2] == forma.cfg.n_heads
     for name in cache.keys():
         same(our_cache[name], cache[name])
+
+
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("padding_side", ["right", "left"])
+def test_shortformer_positions_agree(split, padding_side):
+    """Shortformer positions (W_pos added to every attention's query and key inputs, not to the residual stream),
+    on a TransformerLens model and Forma's copy of its weights: every hook, the logits and the loss on a padded
+    batch of texts, with the per-head inputs on and off, and greedy generation through the KV cache."""
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint("gpt2"), local_files_only=True, trust_remote_code=False)
+    cfg = HookedTransformerConfig(n_layers=2, d_model=32, n_heads=4, d_head=8, d_mlp=64, n_ctx=64, d_vocab=1024,
+                                  act_fn="gelu_new", normalization_type="LN", positional_embedding_type="shortformer",
+                                  seed=0, default_prepend_bos=True)
+    reference = HookedTransformer(cfg, tokenizer, move_to_device=False)
+    forma = forma_of(reference)
+    assert forma.cfg.positional_embedding_type == "shortformer"
+    for model in (reference, forma):
+        model.tokenizer.padding_side = padding_side
+        model.set_use_split_qkv_input(split)
+    with torch.no_grad():
+        logits, cache = reference.run_with_cache(TEXTS)
+        ours, our_cache = forma.run_with_cache(TEXTS)
+        same(ours, logits)
+        assert "blocks.0.hook_resid_pre" in cache and set(cache.keys()) - set(our_cache.keys()) == set()
+        for name in cache.keys():
+            same(our_cache[name], cache[name])
+        same(forma(TEXTS[0], return_type="loss"), reference(TEXTS[0], return_type="loss"))
+        generated = [model.generate(TEXTS[0], 5, do_sample=False, stop_at_eos=False, verbose=False,
+                                    use_past_kv_cache=True) for model in (reference, forma)]
+    assert generated[0] == generated[1]
