@@ -17,7 +17,8 @@ Watched operations: renames (os.rename, os.replace), symlinks, removals, rmtree,
 opening a file for writing. Protocol, one JSON object a line: {"run": {argv, env, log, fault}} →
 {"pid": P}; {"wait": P} → {"status": S} (the exit code, or −signal); {"quit": true} ends the zygote.
 
-    python tests/fault_zygote.py     (the test starts it at the thread count a user's process gets)
+    python -m tests.fault_zygote     (the test starts it at the thread count a user's process gets; as a module,
+                                      so that tests/transformer_lens never stands in for the package)
 
 The tests talk to it through classes Zygote (the server) and Forks (a test's children), below.
 """
@@ -130,7 +131,7 @@ class Zygote:
     """The fork server, started once for the session's fault trials (tests/conftest.py::fault_zygote)."""
 
     def __init__(self) -> None:
-        self.process = subprocess.Popen([sys.executable, str(Path(__file__))], cwd=REPO, env=os.environ | ENV,
+        self.process = subprocess.Popen([sys.executable, "-m", "tests.fault_zygote"], cwd=REPO, env=os.environ | ENV,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert "ready" in self.ask({})
 

@@ -56,6 +56,8 @@ BAD_RESULTS = {
                     {"mc": None, "p_ik": "x"}, {"p_ik": [{"a": 1}]}],
     "monitor": [{"signals": "all", "abstention": {}}, {"signals": [1, 2]},
                 {"signals": [{"signal": "max_prob", "auroc": "high"}], "abstention": [{"alpha": "a"}]}, {"other": 1}],
+    "scoreboard": [{"table": "all", "headlines": []}, {"table": [1, 2], "worlds": []},
+                   {"table": [{"method": "x", "value": "high"}], "headlines": "none", "worlds": {}}, {"other": 1}],
 }
 
 

@@ -226,10 +226,10 @@ def test_sigint_and_sigterm_stop_at_the_step_with_a_checkpoint_and_resume_to_the
     assert published(folder) == reference
 
     # SIGTERM, to a fresh `python -m lab.cli` (the fault planted by the same audit hook).
-    plant = f"import fault_zygote; fault_zygote.plant({at_step_5 | {'signal': 'SIGTERM'}!r})"
+    plant = f"from tests import fault_zygote; fault_zygote.plant({at_step_5 | {'signal': 'SIGTERM'}!r})"
     command = [sys.executable, "-c", f"{plant}; import runpy; runpy.run_module('lab.cli', run_name='__main__')", *train]
     done = subprocess.run(command, cwd=REPO, env=os.environ | ENV | {"FORMA_ZOO_DIR": str(zygote.zoo_dir),
-                          "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}, capture_output=True, text=True,
+                          "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 128 + signal.SIGTERM, done.stderr[-3000:]
     assert "interrupted by SIGTERM at step 5/16" in done.stderr and "--resume`" in done.stderr
