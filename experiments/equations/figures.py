@@ -35,16 +35,16 @@ def write_figures(out: Path, ua: dict[str, Any], seed: int) -> list[str]:
 
     d_ks = (8, 16, 32, 64, 128, 256)
     sweep = [softmax_saturation(None, d_k, 64, 128, seed) for d_k in d_ks]
-    figure = make_subplots(rows=1, cols=2, subplot_titles=(
+    figure = make_subplots(rows=2, cols=1, vertical_spacing=0.18, subplot_titles=(  # stacked: titles never collide
         "entropy of the last query's pattern (nats)", f"share of queries with ‖∂softmax/∂s‖_F < {VANISHED}"))
     for key, name in (("scaled", "softmax(q·k/√d_k): Forma's Attention"), ("unscaled", "softmax(q·k)")):
         figure.add_trace(go.Scatter(x=list(d_ks), y=[s[f"entropy_{key}"] for s in sweep], name=name,
                                     mode="lines+markers", legendgroup=key), row=1, col=1)
         figure.add_trace(go.Scatter(x=list(d_ks), y=[s[f"vanished_{key}"] for s in sweep], name=name,
-                                    mode="lines+markers", legendgroup=key, showlegend=False), row=1, col=2)
+                                    mode="lines+markers", legendgroup=key, showlegend=False), row=2, col=1)
     figure.add_hline(y=math.log(64), line_dash="dash", annotation_text="log 64 (uniform)", row=1, col=1)
     figure.update_xaxes(type="log", title_text="d_k")
     figure.update_layout(title="Without 1/√d_k the softmax saturates as d_k grows (last query over 64 keys, "
-                               "128 sequences each)")
+                               "128 sequences each)", height=720)
     save_figure(figure, out, "softmax_saturation")
     return ["universal_approximation.html", "softmax_saturation.html"]
