@@ -111,6 +111,7 @@ demo: $(STAMP)
 # ruff's checks as pyproject.toml sets them ([tool.ruff]): pyflakes, pycodestyle, isort, bugbear, mccabe's limit.
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 clean:
 	rm -rf $(VENV) $(SAE_VENV) $(CT_VENV) $(INSEQ_VENV) *.egg-info

@@ -66,16 +66,22 @@ def phase_cache(args: argparse.Namespace) -> dict:
     with torch.inference_mode():
         _, cache = model.run_with_cache(batch, names_filter=[hook])
     seconds = time.perf_counter() - start
-    return {"model": source, "peak_rss_bytes": peak_rss() - before, "seconds": seconds,
-            "cache_tensor_bytes": cache[hook].numel() * cache[hook].element_size(),
-            "cache_tensor_shape": list(cache[hook].shape)}
+    return {
+        "model": source,
+        "peak_rss_bytes": peak_rss() - before,
+        "seconds": seconds,
+        "cache_tensor_bytes": cache[hook].numel() * cache[hook].element_size(),
+        "cache_tensor_shape": list(cache[hook].shape),
+    }
 
 
 def phase_stream(args: argparse.Namespace) -> dict:
     from lab.analysis.activations import save_activations
 
     model, source = load_model()
-    data = torch.randint(0, model.cfg.d_vocab, (args.sequences, args.seq_len), generator=torch.Generator().manual_seed(1))
+    data = torch.randint(
+        0, model.cfg.d_vocab, (args.sequences, args.seq_len), generator=torch.Generator().manual_seed(1)
+    )
     out = Path(tempfile.mkdtemp(prefix="forma-bench-activations-"))
     samples: list[tuple[float, int]] = []
     stop = threading.Event()
@@ -91,16 +97,33 @@ def phase_stream(args: argparse.Namespace) -> dict:
     sampler.start()
     start = time.perf_counter()
     try:
-        store = save_activations(model, data, HOOK.format(layer=args.layer), out, positions=args.positions,
-                                 batch_size=args.batch, dtype=getattr(torch, args.dtype), progress=args.progress)
+        store = save_activations(
+            model,
+            data,
+            HOOK.format(layer=args.layer),
+            out,
+            positions=args.positions,
+            batch_size=args.batch,
+            dtype=getattr(torch, args.dtype),
+            progress=args.progress,
+        )
         seconds = time.perf_counter() - start
         stop.set()
         sampler.join()
         written = sum(f.stat().st_size for f in out.iterdir())
-        result = {"model": source, "peak_rss_bytes": peak_rss() - before, "seconds": seconds,
-                  "sequences_per_s": args.sequences / seconds, "rows": len(store), "shards": len(store.index["shards"]),
-                  "bytes_written": written, "row_shape": store.index["hooks"][HOOK.format(layer=args.layer)]["shape"],
-                  "rss_trace_mb": [(round(t, 1), round((r - before) / 2**20, 1)) for t, r in samples[:: max(1, len(samples) // 20)]]}
+        result = {
+            "model": source,
+            "peak_rss_bytes": peak_rss() - before,
+            "seconds": seconds,
+            "sequences_per_s": args.sequences / seconds,
+            "rows": len(store),
+            "shards": len(store.index["shards"]),
+            "bytes_written": written,
+            "row_shape": store.index["hooks"][HOOK.format(layer=args.layer)]["shape"],
+            "rss_trace_mb": [
+                (round(t, 1), round((r - before) / 2**20, 1)) for t, r in samples[:: max(1, len(samples) // 20)]
+            ],
+        }
     finally:
         stop.set()
         shutil.rmtree(out, ignore_errors=True)
@@ -110,8 +133,13 @@ def phase_stream(args: argparse.Namespace) -> dict:
 def run_phase(name: str, argv: list[str]) -> dict:
     """One measurement in a fresh interpreter, so its peak is not an earlier phase's."""
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    done = subprocess.run([sys.executable, "-m", "benchmarks.activations", "--phase", name, *argv], env=env,
-                          stdout=subprocess.PIPE, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.activations", "--phase", name, *argv],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        check=True,
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -133,38 +161,64 @@ def main() -> None:
         print(json.dumps(phase_stream(args)))
         return
 
-    argv = [f"--sequences={args.sequences}", f"--seq-len={args.seq_len}", f"--batch={args.batch}",
-            f"--layer={args.layer}", f"--positions={args.positions}", f"--dtype={args.dtype}"]
+    argv = [
+        f"--sequences={args.sequences}",
+        f"--seq-len={args.seq_len}",
+        f"--batch={args.batch}",
+        f"--layer={args.layer}",
+        f"--positions={args.positions}",
+        f"--dtype={args.dtype}",
+    ]
     argv += ["--progress"] if args.progress else []
     cache = run_phase("cache", argv)
     stream = run_phase("stream", argv)
     ratio = stream["peak_rss_bytes"] / cache["peak_rss_bytes"]
     mb = 2**20
     payload = {
-        "benchmark": "activations", "machine": machine(), "model": stream["model"], "hook": HOOK.format(layer=args.layer),
-        "sequences": args.sequences, "seq_len": args.seq_len, "batch": args.batch, "positions": args.positions,
+        "benchmark": "activations",
+        "machine": machine(),
+        "model": stream["model"],
+        "hook": HOOK.format(layer=args.layer),
+        "sequences": args.sequences,
+        "seq_len": args.seq_len,
+        "batch": args.batch,
+        "positions": args.positions,
         "dtype": args.dtype,
         "one_batch_run_with_cache_peak_rss_mb": cache["peak_rss_bytes"] / mb,
         "one_batch_cache_tensor_mb": cache["cache_tensor_bytes"] / mb,
         "stream_peak_rss_mb": stream["peak_rss_bytes"] / mb,
         "stream_vs_one_batch_cache": ratio,
         "stream_vs_cache_tensor_alone": stream["peak_rss_bytes"] / cache["cache_tensor_bytes"],
-        "target_stream_vs_one_batch_cache": 1.5, "passed": ratio < 1.5,
-        "stream_seconds": stream["seconds"], "sequences_per_s": stream["sequences_per_s"],
-        "rows_written": stream["rows"], "shards": stream["shards"], "gb_written": stream["bytes_written"] / 2**30,
+        "target_stream_vs_one_batch_cache": 1.5,
+        "passed": ratio < 1.5,
+        "stream_seconds": stream["seconds"],
+        "sequences_per_s": stream["sequences_per_s"],
+        "rows_written": stream["rows"],
+        "shards": stream["shards"],
+        "gb_written": stream["bytes_written"] / 2**30,
         "rss_trace_mb": stream["rss_trace_mb"],
         "note": "peaks are ru_maxrss above the RSS just before the call, each in a fresh process; the machine's "
-                "cores may be shared with other work, so the times are indicative",
+        "cores may be shared with other work, so the times are indicative",
     }
     path = write("activations", payload)
-    print(f"model: {payload['model']}; hook {payload['hook']}, {args.sequences} × {args.seq_len} tokens, "
-          f"batch {args.batch}, positions {args.positions}, {args.dtype}")
-    print(f"one batch, run_with_cache(names_filter=[hook]): peak +{payload['one_batch_run_with_cache_peak_rss_mb']:.1f} MB "
-          f"(the cache tensor itself: {payload['one_batch_cache_tensor_mb']:.1f} MB)")
-    print(f"streamed {stream['rows']:,} rows into {stream['shards']} shards ({payload['gb_written']:.2f} GB) in "
-          f"{stream['seconds']:.1f} s ({stream['sequences_per_s']:.0f} sequences/s): peak +{payload['stream_peak_rss_mb']:.1f} MB")
-    print(f"stream / one batch's cache = {ratio:.2f} (target < 1.5: {'PASS' if payload['passed'] else 'FAIL'}); "
-          f"stream / cache tensor alone = {payload['stream_vs_cache_tensor_alone']:.2f}")
+    print(
+        f"model: {payload['model']}; hook {payload['hook']}, {args.sequences} × {args.seq_len} tokens, "
+        f"batch {args.batch}, positions {args.positions}, {args.dtype}"
+    )
+    print(
+        f"one batch, run_with_cache(names_filter=[hook]): peak +{payload['one_batch_run_with_cache_peak_rss_mb']:.1f} "
+        "MB "
+        f"(the cache tensor itself: {payload['one_batch_cache_tensor_mb']:.1f} MB)"
+    )
+    print(
+        f"streamed {stream['rows']:,} rows into {stream['shards']} shards ({payload['gb_written']:.2f} GB) in "
+        f"{stream['seconds']:.1f} s ({stream['sequences_per_s']:.0f} sequences/s): peak "
+        f"+{payload['stream_peak_rss_mb']:.1f} MB"
+    )
+    print(
+        f"stream / one batch's cache = {ratio:.2f} (target < 1.5: {'PASS' if payload['passed'] else 'FAIL'}); "
+        f"stream / cache tensor alone = {payload['stream_vs_cache_tensor_alone']:.2f}"
+    )
     print(f"RSS above start over the run (s, MB): {stream['rss_trace_mb']}")
     print(f"wrote {path}")
 

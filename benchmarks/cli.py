@@ -35,8 +35,10 @@ def main() -> None:
     for name, row in timing.items():
         row["command"] = COMMANDS[name][0]
         print(f"{row['command']:40s} {row['median_s']:.3f} s")
-    path = write("cli", {"machine": machine() | {"load_average_1_5_15": list(os.getloadavg())},
-                         "timing": timing, "target_s": TARGET_S})
+    path = write(
+        "cli",
+        {"machine": machine() | {"load_average_1_5_15": list(os.getloadavg())}, "timing": timing, "target_s": TARGET_S},
+    )
     print(f"wrote {path} and {write_summary()}")
 
 

@@ -28,12 +28,21 @@ CHROMIUM = "/usr/bin/chromium"
 # Every page of the dashboard but Compare runs (its selection, not its loading, is what a reader waits on),
 # by name and address (dashboards.pages: the registry's experiments among them).
 PAGES = {name: "" if name == "home" else name for name, _ in pages() if name != "compare"}
-RENDERED = ("[data-testid='stApp'][data-test-connection-state='CONNECTED']"
-            "[data-test-script-state='notRunning']")
-SETTLED = ("!document.querySelector(\"[data-testid='stSkeleton']\") && !document.querySelector(\"[data-stale='true']\")"
-           " && [...document.querySelectorAll(\"[data-testid='stPlotlyChart']\")].every(c => c.querySelector('.main-svg'))")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
+RENDERED = "[data-testid='stApp'][data-test-connection-state='CONNECTED'][data-test-script-state='notRunning']"
+SETTLED = (
+    "!document.querySelector(\"[data-testid='stSkeleton']\") && !document.querySelector(\"[data-stale='true']\")"
+    " && [...document.querySelectorAll(\"[data-testid='stPlotlyChart']\")].every(c => c.querySelector('.main-svg'))"
+)
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
 
 
 def settle(page, timeout_ms: float = 120_000) -> None:
@@ -75,16 +84,22 @@ def main() -> None:
     from playwright.sync_api import sync_playwright
 
     port = free_port()
-    server = subprocess.Popen(dashboard_command(port), start_new_session=True, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        dashboard_command(port), start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     url = f"http://127.0.0.1:{port}"
     user_data = tempfile.mkdtemp(prefix="forma-chromium-")
     results = {"benchmark": "dashboard", "machine": machine(), "rounds": args.rounds, "pages": {}, "interactions": {}}
     try:
         wait_until_serving(url, server, timeout_s=120)
         with sync_playwright() as p:
-            browser = p.chromium.launch_persistent_context(user_data, executable_path=CHROMIUM, headless=True,
-                                                           viewport={"width": 1280, "height": 1100}, args=CHROMIUM_ARGS)
+            browser = p.chromium.launch_persistent_context(
+                user_data,
+                executable_path=CHROMIUM,
+                headless=True,
+                viewport={"width": 1280, "height": 1100},
+                args=CHROMIUM_ARGS,
+            )
             page = browser.new_page()
             errors: list[str] = []
             page.on("pageerror", lambda err: errors.append(str(err)))
@@ -92,19 +107,27 @@ def main() -> None:
             for name, path in PAGES.items():
                 results["pages"][name] = summarise([load_time(page, f"{url}/{path}") for _ in range(args.rounds)])
                 results["pages"][name]["warm_up_s"] = warm_up[name]
-                print(f"{name:14s} {results['pages'][name]['median_s']:.2f} s (warm-up {warm_up[name]:.2f} s)", flush=True)
+                print(
+                    f"{name:14s} {results['pages'][name]['median_s']:.2f} s (warm-up {warm_up[name]:.2f} s)", flush=True
+                )
             load_time(page, f"{url}/explorer")
             prompts = ["Return the number of items.", "This module provides functions.", "If the file exists."]
             box = page.get_by_label("Prompt", exact=True)
-            results["interactions"]["explorer: new prompt"] = summarise([
-                interaction_time(page, lambda text=text: (box.fill(text), box.press("Enter")))
-                for text in (prompts * args.rounds)[: args.rounds]])
+            results["interactions"]["explorer: new prompt"] = summarise(
+                [
+                    interaction_time(page, lambda text=text: (box.fill(text), box.press("Enter")))
+                    for text in (prompts * args.rounds)[: args.rounds]
+                ]
+            )
             load_time(page, f"{url}/calibration")
             slider = page.get_by_role("slider").first
             if slider.count():
-                results["interactions"]["calibration: temperature"] = summarise([
-                    interaction_time(page, lambda: (slider.focus(), slider.press("ArrowRight")))
-                    for _ in range(args.rounds)])
+                results["interactions"]["calibration: temperature"] = summarise(
+                    [
+                        interaction_time(page, lambda: (slider.focus(), slider.press("ArrowRight")))
+                        for _ in range(args.rounds)
+                    ]
+                )
             for name, row in results["interactions"].items():
                 print(f"{name:28s} {row['median_s']:.2f} s", flush=True)
             results["page_errors"] = errors

@@ -29,10 +29,17 @@ from benchmarks.timing import machine, write
 from lab.cli import free_port, wait_until_serving
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
-RENDERED = ("[data-testid='stApp'][data-test-connection-state='CONNECTED']"
-            "[data-test-script-state='notRunning']")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
+RENDERED = "[data-testid='stApp'][data-test-connection-state='CONNECTED'][data-test-script-state='notRunning']"
 TARGET_FIRST_PAGE_S = 30.0
 MARKS = ("health", "first_page", "first_progress", "first_step")
 
@@ -53,9 +60,13 @@ def one_round(experiment: str, browser, limit_s: float) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="forma-demo-bench-") as runs:
         env = os.environ | {"FORMA_RUNS_DIR": runs, "HF_HUB_OFFLINE": "1"}
         start = time.perf_counter()
-        demo = subprocess.Popen([sys.executable, "-m", "lab.cli", "demo", "--quick", "--only", experiment,
-                                 "--port", str(port)], env=env, start_new_session=True,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        demo = subprocess.Popen(
+            [sys.executable, "-m", "lab.cli", "demo", "--quick", "--only", experiment, "--port", str(port)],
+            env=env,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         marks: dict[str, float] = {}
         try:
             wait_until_serving(url, demo, timeout_s=limit_s)
@@ -95,8 +106,13 @@ def main() -> None:
     rounds = []
     user_data = Path(tempfile.mkdtemp(prefix="forma-chromium-"))
     with sync_playwright() as p:
-        context = p.chromium.launch_persistent_context(str(user_data), executable_path=CHROMIUM, headless=True,
-                                                       viewport={"width": 1280, "height": 1100}, args=CHROMIUM_ARGS)
+        context = p.chromium.launch_persistent_context(
+            str(user_data),
+            executable_path=CHROMIUM,
+            headless=True,
+            viewport={"width": 1280, "height": 1100},
+            args=CHROMIUM_ARGS,
+        )
         try:
             for index in range(args.rounds):
                 rounds.append(one_round(args.experiment, context, args.limit))
@@ -104,13 +120,27 @@ def main() -> None:
         finally:
             context.close()
             shutil.rmtree(user_data, ignore_errors=True)
-    timing = {mark: {"median_s": statistics.median(r[mark] for r in rounds), "min_s": min(r[mark] for r in rounds),
-                     "max_s": max(r[mark] for r in rounds), "rounds": len(rounds)} for mark in MARKS}
+    timing = {
+        mark: {
+            "median_s": statistics.median(r[mark] for r in rounds),
+            "min_s": min(r[mark] for r in rounds),
+            "max_s": max(r[mark] for r in rounds),
+            "rounds": len(rounds),
+        }
+        for mark in MARKS
+    }
     for mark, row in timing.items():
         print(f"forma demo start → {mark:15s} {row['median_s']:.1f} s (median of {row['rounds']})")
-    path = write("demo", {"machine": machine() | {"load_average_1_5_15": load}, "command":
-                          f"forma demo --quick --only {args.experiment}", "timing": timing,
-                          "target_first_page_s": TARGET_FIRST_PAGE_S, "per_round": rounds})
+    path = write(
+        "demo",
+        {
+            "machine": machine() | {"load_average_1_5_15": load},
+            "command": f"forma demo --quick --only {args.experiment}",
+            "timing": timing,
+            "target_first_page_s": TARGET_FIRST_PAGE_S,
+            "per_round": rounds,
+        },
+    )
     print(f"wrote {path}")
 
 

@@ -52,7 +52,8 @@ def former_kernels(model: HookedTransformer) -> HookedTransformer:
     for module in model.modules():
         if isinstance(module, LayerNorm):
             module.forward = types.MethodType(
-                lambda self, x: F.layer_norm(x, (x.shape[-1],), self.w, self.b, self.eps), module)
+                lambda self, x: F.layer_norm(x, (x.shape[-1],), self.w, self.b, self.eps), module
+            )
     return model
 
 
@@ -72,20 +73,28 @@ def step(model: HookedTransformer, train_cfg: TrainConfig, tokens: torch.Tensor)
 
 def recipe_step(name: str, rounds: int) -> dict:
     cfg, train_cfg = recipe_model(name)
-    tokens = torch.randint(0, cfg.d_vocab, (train_cfg.batch_size, train_cfg.seq_len),
-                           generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(
+        0, cfg.d_vocab, (train_cfg.batch_size, train_cfg.seq_len), generator=torch.Generator().manual_seed(0)
+    )
     invariant = HookedTransformer(cfg, seed=0)
     former = former_kernels(HookedTransformer(cfg, seed=0))
     with torch.no_grad():  # the same function: the first losses agree to float round-off
         first = (model(tokens).float().log_softmax(-1) for model in (invariant, former))
         assert torch.allclose(*first, atol=1e-5), f"{name}: the two forms compute different functions"
-    timing = interleaved({"invariant": step(invariant, train_cfg, tokens), "former": step(former, train_cfg, tokens)},
-                         rounds=rounds)
-    return {"d_model": cfg.d_model, "n_layers": cfg.n_layers, "d_vocab": cfg.d_vocab, "norm": cfg.norm,
-            "batch": train_cfg.batch_size, "seq_len": train_cfg.seq_len,
-            "step_s": {k: v["median_s"] for k, v in timing.items()},
-            "invariant_over_former": timing["invariant"]["median_s"] / timing["former"]["median_s"],
-            "timing": timing}
+    timing = interleaved(
+        {"invariant": step(invariant, train_cfg, tokens), "former": step(former, train_cfg, tokens)}, rounds=rounds
+    )
+    return {
+        "d_model": cfg.d_model,
+        "n_layers": cfg.n_layers,
+        "d_vocab": cfg.d_vocab,
+        "norm": cfg.norm,
+        "batch": train_cfg.batch_size,
+        "seq_len": train_cfg.seq_len,
+        "step_s": {k: v["median_s"] for k, v in timing.items()},
+        "invariant_over_former": timing["invariant"]["median_s"] / timing["former"]["median_s"],
+        "timing": timing,
+    }
 
 
 def divergence(steps: int = 50) -> dict:
@@ -99,8 +108,10 @@ def divergence(steps: int = 50) -> dict:
     cfg, train_cfg = recipe_model("markov")
     train_cfg = train_cfg.replace(steps=steps, warmup_steps=steps // 5, eval_interval=steps, eval_batches=1)
     source = MarkovSource(cfg.d_vocab, order=2, concentration=0.5, seed=0)
-    data = SequenceBatches(torch.from_numpy(source.sample(steps * train_cfg.batch_size, train_cfg.seq_len, seed=1)),
-                           torch.from_numpy(source.sample(train_cfg.batch_size, train_cfg.seq_len, seed=2)))
+    data = SequenceBatches(
+        torch.from_numpy(source.sample(steps * train_cfg.batch_size, train_cfg.seq_len, seed=1)),
+        torch.from_numpy(source.sample(train_cfg.batch_size, train_cfg.seq_len, seed=2)),
+    )
     default = torch.get_num_threads()
 
     def weights(form, threads: int) -> dict[str, torch.Tensor]:
@@ -128,13 +139,17 @@ def main(argv: list[str] | None = None) -> int:
     results["divergence"] = divergence()
     path = write("determinism", results)
     for name, r in results["recipes"].items():
-        print(f"{name}: step {r['step_s']['invariant'] * 1e3:.1f} ms against {r['step_s']['former'] * 1e3:.1f} ms "
-              f"({r['invariant_over_former']:.3f}×)")
+        print(
+            f"{name}: step {r['step_s']['invariant'] * 1e3:.1f} ms against {r['step_s']['former'] * 1e3:.1f} ms "
+            f"({r['invariant_over_former']:.3f}×)"
+        )
     d = results["divergence"]
-    print(f"after {d['steps']} steps, largest |Δ| between two runs at {d['default_threads']} threads / against one "
-          f"thread: invariant {d['invariant']['max_abs_diff_same_threads']:.2e} / "
-          f"{d['invariant']['max_abs_diff_one_thread']:.2e}, former {d['former']['max_abs_diff_same_threads']:.2e} / "
-          f"{d['former']['max_abs_diff_one_thread']:.2e}")
+    print(
+        f"after {d['steps']} steps, largest |Δ| between two runs at {d['default_threads']} threads / against one "
+        f"thread: invariant {d['invariant']['max_abs_diff_same_threads']:.2e} / "
+        f"{d['invariant']['max_abs_diff_one_thread']:.2e}, former {d['former']['max_abs_diff_same_threads']:.2e} / "
+        f"{d['former']['max_abs_diff_one_thread']:.2e}"
+    )
     print(f"wrote {path}")
     from benchmarks.summary import write_summary
 

@@ -41,8 +41,13 @@ SHAPE = {"d_vocab": 4096, "d_model": 256, "n_layers": 4, "n_heads": 4, "n_ctx": 
 SEQ_LEN, BATCH, PAIR_LEN = 128, 16, 16
 HOOK = f"blocks.{SHAPE['n_layers'] - 1}.hook_resid_post"
 SWEEPS = ("resid_pre", "head")
-TRANSCODERS = {"d_model": SHAPE["d_model"], "n_layers": SHAPE["n_layers"], "d_features": 1024, "activation": "topk",
-               "k": 32}
+TRANSCODERS = {
+    "d_model": SHAPE["d_model"],
+    "n_layers": SHAPE["n_layers"],
+    "d_features": 1024,
+    "activation": "topk",
+    "k": 32,
+}
 TRAIN_STEPS, TRAIN_BATCH, TRAIN_SEQUENCES = 10, 4096, 64  # batches of tokens as SAE trainers take them
 TARGET = 1.8
 KINDS = ("harvest", "sweep", "train_data", "train_modules")
@@ -70,8 +75,13 @@ def worker(args: argparse.Namespace) -> None:
         training = TranscoderTraining(steps=TRAIN_STEPS, batch_size=TRAIN_BATCH, lr=1e-3)
 
         def call() -> None:
-            train_transcoders(args.harvest, TranscoderConfig(**TRANSCODERS), training, args.out,
-                              parallel=args.worker.removeprefix("train_"))
+            train_transcoders(
+                args.harvest,
+                TranscoderConfig(**TRANSCODERS),
+                training,
+                args.out,
+                parallel=args.worker.removeprefix("train_"),
+            )
     elif args.worker == "harvest":
         corpus = torch.randint(0, SHAPE["d_vocab"], (args.sequences, SEQ_LEN), generator=generator)
 
@@ -86,6 +96,7 @@ def worker(args: argparse.Namespace) -> None:
 
         def call() -> None:
             sweep_pairs(model, pairs, SWEEPS, args.out, progress=False)
+
     if world > 1:
         dist.barrier()
     start = time.perf_counter()
@@ -111,19 +122,49 @@ def transcoder_harvest(directory: Path) -> None:
 
     model = HookedTransformer(ModelConfig(**SHAPE), seed=0).eval()
     tokens = torch.randint(0, SHAPE["d_vocab"], (TRAIN_SEQUENCES, SEQ_LEN), generator=torch.Generator().manual_seed(2))
-    save_activations(model, tokens, TranscoderConfig(**TRANSCODERS).hooks(), directory, positions="all",
-                     batch_size=BATCH, shard_mb=8, progress=False)
+    save_activations(
+        model,
+        tokens,
+        TranscoderConfig(**TRANSCODERS).hooks(),
+        directory,
+        positions="all",
+        batch_size=BATCH,
+        shard_mb=8,
+        progress=False,
+    )
 
 
 def launch(kind: str, ranks: int, args: argparse.Namespace, scratch: Path) -> dict:
     """One torchrun launch of the worker: {"seconds" (between the barriers), "wall_s" (the launch)}."""
     out, result = scratch / f"{kind}-{ranks}", scratch / f"{kind}-{ranks}.json"
     shutil.rmtree(out, ignore_errors=True)
-    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-               "-m", "benchmarks.distributed", "--worker", kind, "--out", str(out), "--result", str(result),
-               "--device", args.device, "--sequences", str(args.sequences), "--pairs", str(args.pairs),
-               "--harvest", str(scratch / "transcoder-harvest")]
+    env = os.environ | {
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={ranks}",
+        "-m",
+        "benchmarks.distributed",
+        "--worker",
+        kind,
+        "--out",
+        str(out),
+        "--result",
+        str(result),
+        "--device",
+        args.device,
+        "--sequences",
+        str(args.sequences),
+        "--pairs",
+        str(args.pairs),
+        "--harvest",
+        str(scratch / "transcoder-harvest"),
+    ]
     start = time.perf_counter()
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800, check=False)
     wall = time.perf_counter() - start
@@ -169,29 +210,57 @@ def main(argv: list[str] | None = None) -> dict:
                 order = ranks if round_ % 2 == 0 else ranks[::-1]  # neither world size always goes first
                 for k in order:
                     times[kind][k].append(launch(kind, k, args, Path(scratch)))
-                    print(f"round {round_ + 1}/{args.rounds} {kind} on {k} rank(s): "
-                          f"{times[kind][k][-1]['seconds']:.2f} s", flush=True)
-    work = {"harvest": ("tokens", args.sequences * SEQ_LEN), "sweep": ("pairs", args.pairs),
-            "train_data": ("tokens", TRAIN_STEPS * TRAIN_BATCH), "train_modules": ("tokens", TRAIN_STEPS * TRAIN_BATCH)}
-    results = {"machine": machine() | {"threads_per_rank": 1}, "device": args.device, "rounds": args.rounds,
-               "shape": SHAPE | {"seq_len": SEQ_LEN, "batch_size": BATCH, "hook": HOOK, "pair_len": PAIR_LEN,
-                                 "sweeps": list(SWEEPS), "transcoders": TRANSCODERS, "train_steps": TRAIN_STEPS,
-                                 "train_batch": TRAIN_BATCH, "train_rows": TRAIN_SEQUENCES * SEQ_LEN},
-               "target_scaling": TARGET, "skipped": skipped,
-               "training_skipped": None if "train_data" in kinds else "the transcoder trainer runs on the CPU only"}
+                    print(
+                        f"round {round_ + 1}/{args.rounds} {kind} on {k} rank(s): "
+                        f"{times[kind][k][-1]['seconds']:.2f} s",
+                        flush=True,
+                    )
+    work = {
+        "harvest": ("tokens", args.sequences * SEQ_LEN),
+        "sweep": ("pairs", args.pairs),
+        "train_data": ("tokens", TRAIN_STEPS * TRAIN_BATCH),
+        "train_modules": ("tokens", TRAIN_STEPS * TRAIN_BATCH),
+    }
+    results = {
+        "machine": machine() | {"threads_per_rank": 1},
+        "device": args.device,
+        "rounds": args.rounds,
+        "shape": SHAPE
+        | {
+            "seq_len": SEQ_LEN,
+            "batch_size": BATCH,
+            "hook": HOOK,
+            "pair_len": PAIR_LEN,
+            "sweeps": list(SWEEPS),
+            "transcoders": TRANSCODERS,
+            "train_steps": TRAIN_STEPS,
+            "train_batch": TRAIN_BATCH,
+            "train_rows": TRAIN_SEQUENCES * SEQ_LEN,
+        },
+        "target_scaling": TARGET,
+        "skipped": skipped,
+        "training_skipped": None if "train_data" in kinds else "the transcoder trainer runs on the CPU only",
+    }
     work = {kind: work[kind] for kind in kinds}
     for kind, (unit, amount) in work.items():
         section = {unit: amount}
         for k in ranks:
             seconds = statistics.median(t["seconds"] for t in times[kind][k])
-            section[f"ranks_{k}"] = {"seconds": seconds, f"{unit}_per_s": amount / seconds,
-                                     "wall_s": statistics.median(t["wall_s"] for t in times[kind][k]),
-                                     "seconds_each": [t["seconds"] for t in times[kind][k]]}
-        section["scaling"] = (section["ranks_2"][f"{unit}_per_s"] / section["ranks_1"][f"{unit}_per_s"]
-                              if 2 in ranks else None)
+            section[f"ranks_{k}"] = {
+                "seconds": seconds,
+                f"{unit}_per_s": amount / seconds,
+                "wall_s": statistics.median(t["wall_s"] for t in times[kind][k]),
+                "seconds_each": [t["seconds"] for t in times[kind][k]],
+            }
+        section["scaling"] = (
+            section["ranks_2"][f"{unit}_per_s"] / section["ranks_1"][f"{unit}_per_s"] if 2 in ranks else None
+        )
         # Each round's own ratio (its two launches ran back to back): how much a round's load moved it.
-        section["scaling_each_round"] = ([one["seconds"] / two["seconds"] for one, two in
-                                          zip(times[kind][1], times[kind][2])] if 2 in ranks else None)
+        section["scaling_each_round"] = (
+            [one["seconds"] / two["seconds"] for one, two in zip(times[kind][1], times[kind][2])]
+            if 2 in ranks
+            else None
+        )
         results[kind] = section
     path = write(result_name("distributed", args.device), results)
     print(json.dumps({kind: results[kind]["scaling"] for kind in work}), f"-> {path}")

@@ -42,9 +42,16 @@ def main() -> None:
 
     torch.manual_seed(0)
     vocab = 4096
-    hf_cfg = GPT2Config(n_layer=args.layers, n_embd=args.d_model, n_head=args.d_model // 64, vocab_size=vocab,
-                        n_positions=max(256, args.tokens), bos_token_id=None, eos_token_id=None,
-                        attn_implementation="sdpa")
+    hf_cfg = GPT2Config(
+        n_layer=args.layers,
+        n_embd=args.d_model,
+        n_head=args.d_model // 64,
+        vocab_size=vocab,
+        n_positions=max(256, args.tokens),
+        bos_token_id=None,
+        eos_token_id=None,
+        attn_implementation="sdpa",
+    )
     hf = GPT2LMHeadModel(hf_cfg).eval()
     ours = from_hf(hf)
     bridge_hf = GPT2LMHeadModel(hf_cfg).eval()
@@ -64,8 +71,10 @@ def main() -> None:
             "bridge_run_with_cache_all": lambda: bridge.run_with_cache(tokens),
         }
         timing = interleaved(contenders, rounds=args.rounds)
-        profile = {name: op_profile(contenders[name]) for name in ("forma_forward", "forma_run_with_cache_all",
-                                                                    "hf_sdpa_forward", "bridge_run_with_cache_all")}
+        profile = {
+            name: op_profile(contenders[name])
+            for name in ("forma_forward", "forma_run_with_cache_all", "hf_sdpa_forward", "bridge_run_with_cache_all")
+        }
     med = {name: t["median_s"] for name, t in timing.items()}
     ratios = {
         "forward_vs_hf_sdpa": med["forma_forward"] / med["hf_sdpa_forward"],
@@ -75,8 +84,13 @@ def main() -> None:
     targets = {"forward_vs_hf_sdpa": 1.0, "cache_all_vs_bridge": 0.7, "cache_all_vs_own_forward": 1.15}
     payload = {
         "benchmark": "forward",
-        "shape": {"layers": args.layers, "d_model": args.d_model, "batch": args.batch, "tokens": args.tokens,
-                  "vocab": vocab},
+        "shape": {
+            "layers": args.layers,
+            "d_model": args.d_model,
+            "batch": args.batch,
+            "tokens": args.tokens,
+            "vocab": vocab,
+        },
         "max_abs_logit_diff_vs_hf": max_diff,
         "timing": timing,
         "profile_ms_per_call": profile,

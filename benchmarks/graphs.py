@@ -58,17 +58,29 @@ def scale(model, transcoders, prompts: torch.Tensor, rounds: int) -> list[dict]:
         for length in lengths:
             holder = {}
             start = time.perf_counter()
-            peak = peak_memory(lambda holder=holder, length=length:
-                               holder.setdefault("graph", attribute(model, transcoders, prompts[0, :length])), "cpu")
+            peak = peak_memory(
+                lambda holder=holder, length=length: holder.setdefault(
+                    "graph", attribute(model, transcoders, prompts[0, :length])
+                ),
+                "cpu",
+            )
             times[length].append(time.perf_counter() - start)
             peaks[length].append(peak or 0)
             graphs[length] = holder["graph"]
     rows = []
     for length in lengths:
         graph = graphs[length]
-        rows.append({"n_pos": length, "seconds": statistics.median(times[length]), "seconds_all": times[length],
-                     "peak_bytes": max(peaks[length]), "n_features": graph.n_features, "n_nodes": graph.n_nodes,
-                     "adjacency_bytes": graph.adjacency.numel() * 4})
+        rows.append(
+            {
+                "n_pos": length,
+                "seconds": statistics.median(times[length]),
+                "seconds_all": times[length],
+                "peak_bytes": max(peaks[length]),
+                "n_features": graph.n_features,
+                "n_nodes": graph.n_nodes,
+                "adjacency_bytes": graph.adjacency.numel() * 4,
+            }
+        )
         print("scale", json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -82,20 +94,30 @@ def per_prompt(model, transcoders, prompts: torch.Tensor, phases: list[str]) -> 
             residual = node_residuals(graph).abs().max()
             with torch.no_grad():
                 logits = model(prompt[None])[0]
-            row |= {"max_node_residual": float(residual), "max_node_input": float(graph.inputs.abs().max()),
-                    "max_replacement_logit_difference": float((replacement_logits(model, transcoders, prompt)
-                                                               - logits).abs().max())}
+            row |= {
+                "max_node_residual": float(residual),
+                "max_node_input": float(graph.inputs.abs().max()),
+                "max_replacement_logit_difference": float(
+                    (replacement_logits(model, transcoders, prompt) - logits).abs().max()
+                ),
+            }
         if "interventions" in phases:
             for frozen in (False, True):
                 result = intervention_agreement(model, transcoders, graph, top=10, freeze_attention=frozen)
                 key = "frozen" if frozen else "live"
-                row[f"ablation_{key}"] = {k: result[k] for k in ("correlation", "sign_agreement", "pairs",
-                                                                  "direct_correlation", "direct_sign_agreement")}
+                row[f"ablation_{key}"] = {
+                    k: result[k]
+                    for k in ("correlation", "sign_agreement", "pairs", "direct_correlation", "direct_sign_agreement")
+                }
         if "pruning" in phases:
             pruned = prune(graph)
-            row["pruning"] = {"nodes_kept": int(pruned.node_mask.sum()), "edges_kept": int(pruned.edge_mask.sum()),
-                              "node_share": pruned.node_share, "edge_share": pruned.edge_share,
-                              **graph_scores(graph)}
+            row["pruning"] = {
+                "nodes_kept": int(pruned.node_mask.sum()),
+                "edges_kept": int(pruned.edge_mask.sum()),
+                "node_share": pruned.node_share,
+                "edge_share": pruned.edge_share,
+                **graph_scores(graph),
+            }
         rows.append(row)
         print("prompt", json.dumps(row), flush=True)
     return rows
@@ -116,8 +138,13 @@ def markov(n_prompts: int) -> dict:
     source = world_source(zoo_dir() / "markov")
     prompts = torch.from_numpy(source.sample(n_prompts, 16, seed=123)).long()
     shares = [position_share(attribute(model, transcoders, p), [-2, -1]) for p in prompts]
-    out = {"relevant": "the last 2 positions (order 2)", "n_pos": 16, "chance": 2 / 16, "share_per_prompt": shares,
-           "mean": statistics.fmean(shares)}
+    out = {
+        "relevant": "the last 2 positions (order 2)",
+        "n_pos": 16,
+        "chance": 2 / 16,
+        "share_per_prompt": shares,
+        "mean": statistics.fmean(shares),
+    }
     print("markov", json.dumps(out), flush=True)
     return out
 
@@ -130,8 +157,13 @@ def facts(n_prompts: int) -> dict:
         graph = attribute(model, transcoders, model.to_tokens(document)[0])
         shares.append(position_share(graph, [1, 2]))  # "<bos> First Last birthday": the name is at 1 and 2
         lengths.append(graph.n_pos)
-    out = {"relevant": "the subject's name (positions 1 and 2 of '<bos> First Last birthday')", "n_pos": lengths[0],
-           "chance": 2 / lengths[0], "share_per_prompt": shares, "mean": statistics.fmean(shares)}
+    out = {
+        "relevant": "the subject's name (positions 1 and 2 of '<bos> First Last birthday')",
+        "n_pos": lengths[0],
+        "chance": 2 / lengths[0],
+        "share_per_prompt": shares,
+        "mean": statistics.fmean(shares),
+    }
     print("facts", json.dumps(out), flush=True)
     return out
 
@@ -142,8 +174,9 @@ def facts_prompts(n: int) -> list[str]:
     from lab.data.facts import FactWorld, FactWorldConfig
 
     spec = json.loads((zoo_dir() / "facts" / "recipe.json").read_text())["world"]
-    world = FactWorld(FactWorldConfig.from_dict({k: v for k, v in spec.items()
-                                                 if k not in ("kind", "form", "n_heldout")}))
+    world = FactWorld(
+        FactWorldConfig.from_dict({k: v for k, v in spec.items() if k not in ("kind", "form", "n_heldout")})
+    )
     prompts = []
     for document in world.documents(form="bare", seed=world.cfg.seed):
         prompt = "<bos> " + " ".join(document.split()[:3])
@@ -156,8 +189,9 @@ def facts_prompts(n: int) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--phases", nargs="+", default=["scale", "exactness", "interventions", "pruning", "markov",
-                                                         "facts"])
+    parser.add_argument(
+        "--phases", nargs="+", default=["scale", "exactness", "interventions", "pruning", "markov", "facts"]
+    )
     parser.add_argument("--kind", default="topk")
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3, help="graphs per prompt length (median time)")
@@ -165,8 +199,10 @@ def main() -> None:
     needed = ["pydoc"] + [world for world in ("markov", "facts") if world in args.phases]
     missing = [name for name in needed if not is_trained(name)]
     if missing:
-        raise SystemExit(f"benchmarks.graphs needs trained zoo models: run `forma train {missing[0]}` "
-                         f"({', '.join(missing)} missing) and `python -m benchmarks.transcoders` first")
+        raise SystemExit(
+            f"benchmarks.graphs needs trained zoo models: run `forma train {missing[0]}` "
+            f"({', '.join(missing)} missing) and `python -m benchmarks.transcoders` first"
+        )
     previous = RESULTS_FILE.is_file() and json.loads(RESULTS_FILE.read_text())
     results = (previous or {}) | {"machine": machine(), "model": "pydoc", "transcoders": args.kind}
     model, transcoders = open_pair("pydoc", args.kind)

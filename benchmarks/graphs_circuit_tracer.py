@@ -56,26 +56,48 @@ def main() -> None:
         for prompt in prompts:
             holder = {}
             start = time.perf_counter()
-            peak = peak_memory(lambda holder=holder, prompt=prompt:
-                               holder.setdefault("g", attribute(model, transcoders, prompt)), "cpu")
-            forma.append({"n_pos": len(prompt), "seconds": time.perf_counter() - start, "peak_bytes": peak,
-                          "n_features": holder["g"].n_features})
+            peak = peak_memory(
+                lambda holder=holder, prompt=prompt: holder.setdefault("g", attribute(model, transcoders, prompt)),
+                "cpu",
+            )
+            forma.append(
+                {
+                    "n_pos": len(prompt),
+                    "seconds": time.perf_counter() - start,
+                    "peak_bytes": peak,
+                    "n_features": holder["g"].n_features,
+                }
+            )
             holder["g"].save(folder / f"forma-{len(prompt)}")
             print("forma", json.dumps(forma[-1]), flush=True)
         ct = run_circuit_tracer({folder: prompts}, batch_size=128, threads=threads)[folder]
         rows = []
         for i, prompt in enumerate(prompts):
-            agreement = compare(Graph.load(folder / f"forma-{len(prompt)}"),
-                                load_file(str(folder / f"ct-{i}.safetensors")))
-            rows.append({"n_pos": len(prompt), "forma": forma[i], "circuit_tracer": ct["prompts"][i],
-                         "time_ratio_forma_over_ct": forma[i]["seconds"] / ct["prompts"][i]["seconds"],
-                         "memory_ratio_forma_over_ct": forma[i]["peak_bytes"] / max(1, ct["prompts"][i]["peak_bytes"]),
-                         "agreement": agreement})
+            agreement = compare(
+                Graph.load(folder / f"forma-{len(prompt)}"), load_file(str(folder / f"ct-{i}.safetensors"))
+            )
+            rows.append(
+                {
+                    "n_pos": len(prompt),
+                    "forma": forma[i],
+                    "circuit_tracer": ct["prompts"][i],
+                    "time_ratio_forma_over_ct": forma[i]["seconds"] / ct["prompts"][i]["seconds"],
+                    "memory_ratio_forma_over_ct": forma[i]["peak_bytes"] / max(1, ct["prompts"][i]["peak_bytes"]),
+                    "agreement": agreement,
+                }
+            )
             print("row", json.dumps(rows[-1]), flush=True)
-    write("graphs_circuit_tracer", {"machine": machine(), "threads": threads, "circuit_tracer": ct["circuit_tracer"],
-                                    "model": "gpt2: 4 layers, d_model 128, 4 heads, vocab 4096, n_ctx 128",
-                                    "transcoders": "per-layer ReLU, 1,024 features, ~16 active a layer and position",
-                                    "rows": rows})
+    write(
+        "graphs_circuit_tracer",
+        {
+            "machine": machine(),
+            "threads": threads,
+            "circuit_tracer": ct["circuit_tracer"],
+            "model": "gpt2: 4 layers, d_model 128, 4 heads, vocab 4096, n_ctx 128",
+            "transcoders": "per-layer ReLU, 1,024 features, ~16 active a layer and position",
+            "rows": rows,
+        },
+    )
     write_summary()
 
 

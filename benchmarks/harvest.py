@@ -56,8 +56,9 @@ def hf_model(size: str, device: str = "cpu"):
 
     layers, d, heads, vocab = SIZES[size]
     torch.manual_seed(0)
-    cfg = GPT2Config(n_layer=layers, n_embd=d, n_head=heads, vocab_size=vocab, n_positions=1024,
-                     bos_token_id=None, eos_token_id=None)
+    cfg = GPT2Config(
+        n_layer=layers, n_embd=d, n_head=heads, vocab_size=vocab, n_positions=1024, bos_token_id=None, eos_token_id=None
+    )
     return GPT2LMHeadModel(cfg).eval().to(device)
 
 
@@ -84,8 +85,9 @@ def bench_ratio(args: argparse.Namespace) -> dict:
     vocab = SIZES["gpt2-small"][3]
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = to_hf_tokenizer(word_level([f"w{i}" for i in range(vocab - 4)]), tmp)
-        bridge = TransformerBridge.boot_transformers("gpt2", hf_model=copy.deepcopy(hf), tokenizer=tokenizer,
-                                                     device=device)
+        bridge = TransformerBridge.boot_transformers(
+            "gpt2", hf_model=copy.deepcopy(hf), tokenizer=tokenizer, device=device
+        )
     bridge.enable_compatibility_mode()
     del hf
     data = corpus(args.batches * args.batch, vocab, seed=1)  # on the CPU: the harvest moves each batch itself
@@ -94,8 +96,9 @@ def bench_ratio(args: argparse.Namespace) -> dict:
     out = Path(tempfile.mkdtemp(prefix="forma-bench-harvest-"))
 
     def harvest(hook: str):
-        return lambda: save_activations(ours, data, hook, out / hook, positions="all", batch_size=args.batch,
-                                        progress=False, overwrite=True)
+        return lambda: save_activations(
+            ours, data, hook, out / hook, positions="all", batch_size=args.batch, progress=False, overwrite=True
+        )
 
     def bridge_cache(hook: str):
         def run():
@@ -104,6 +107,7 @@ def bench_ratio(args: argparse.Namespace) -> dict:
                     _, cache = bridge.run_with_cache(batch, names_filter=[hook])
                     rows = cache[hook].reshape(-1, cache[hook].shape[-1])
             return rows
+
         return run
 
     contenders = {}
@@ -126,11 +130,19 @@ def bench_ratio(args: argparse.Namespace) -> dict:
             agreement[where] = float((centred(stored) - centred(theirs)).abs().max())
     finally:
         shutil.rmtree(out, ignore_errors=True)
-    result = {"device": device, "size": "gpt2-small",
-              "shape": dict(zip(("n_layers", "d_model", "n_heads", "d_vocab"), SIZES["gpt2-small"])), "hooks": HOOKS,
-              "batch": args.batch, "seq_len": SEQ_LEN, "tokens_per_round": tokens,
-              "max_abs_diff_note": "rows centred over d_model: the bridge's compatibility mode centres the writing weights",
-              "rounds": args.rounds, "timing": timing, "max_abs_diff_vs_bridge": agreement}
+    result = {
+        "device": device,
+        "size": "gpt2-small",
+        "shape": dict(zip(("n_layers", "d_model", "n_heads", "d_vocab"), SIZES["gpt2-small"])),
+        "hooks": HOOKS,
+        "batch": args.batch,
+        "seq_len": SEQ_LEN,
+        "tokens_per_round": tokens,
+        "max_abs_diff_note": "rows centred over d_model: the bridge's compatibility mode centres the writing weights",
+        "rounds": args.rounds,
+        "timing": timing,
+        "max_abs_diff_vs_bridge": agreement,
+    }
     for where in HOOKS:
         ours_s = timing[f"forma_harvest_{where}"]["median_s"]
         theirs_s = timing[f"bridge_run_with_cache_{where}"]["median_s"]
@@ -185,9 +197,12 @@ def phase_cache(size: str, hook: str, batch: int, device: str = "cpu") -> dict:
     with torch.inference_mode():
         _, cache = model.run_with_cache(x, names_filter=[hook])
     sync(device)
-    return {"peak_rss_bytes": peak_rss() - before, "peak_gpu_bytes": gpu_peak(mark),
-            "cache_tensor_bytes": cache[hook].numel() * cache[hook].element_size(),
-            "model_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
+    return {
+        "peak_rss_bytes": peak_rss() - before,
+        "peak_gpu_bytes": gpu_peak(mark),
+        "cache_tensor_bytes": cache[hook].numel() * cache[hook].element_size(),
+        "model_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+    }
 
 
 def phase_harvest(size: str, hook: str, batch: int, n_sequences: int, dtype: str, device: str = "cpu") -> dict:
@@ -211,18 +226,26 @@ def phase_harvest(size: str, hook: str, batch: int, n_sequences: int, dtype: str
     sampler.start()
     start = time.perf_counter()
     try:
-        store = save_activations(model, data, hook, out, positions="all", batch_size=batch,
-                                 dtype=getattr(torch, dtype), progress=False)
+        store = save_activations(
+            model, data, hook, out, positions="all", batch_size=batch, dtype=getattr(torch, dtype), progress=False
+        )
         seconds = time.perf_counter() - start
         stop.set()
         sampler.join()
         written = sum(f.stat().st_size for f in out.iterdir())
-        return {"peak_rss_bytes": peak_rss() - before, "peak_gpu_bytes": gpu_peak(mark), "seconds": seconds,
-                "tokens": data.numel(),
-                "tokens_per_s": data.numel() / seconds, "rows": len(store), "shards": len(store.index["shards"]),
-                "bytes_written": written,
-                "rss_trace_mb": [(round(t, 1), round((r - before) / 2**20, 1))
-                                 for t, r in samples[:: max(1, len(samples) // 20)]]}
+        return {
+            "peak_rss_bytes": peak_rss() - before,
+            "peak_gpu_bytes": gpu_peak(mark),
+            "seconds": seconds,
+            "tokens": data.numel(),
+            "tokens_per_s": data.numel() / seconds,
+            "rows": len(store),
+            "shards": len(store.index["shards"]),
+            "bytes_written": written,
+            "rss_trace_mb": [
+                (round(t, 1), round((r - before) / 2**20, 1)) for t, r in samples[:: max(1, len(samples) // 20)]
+            ],
+        }
     finally:
         stop.set()
         shutil.rmtree(out, ignore_errors=True)
@@ -230,8 +253,13 @@ def phase_harvest(size: str, hook: str, batch: int, n_sequences: int, dtype: str
 
 def run_phase(device: str, *argv: str) -> dict:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    done = subprocess.run([sys.executable, "-m", "benchmarks.harvest", "--device", device, "--phase", *argv], env=env,
-                          stdout=subprocess.PIPE, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.harvest", "--device", device, "--phase", *argv],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        check=True,
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -243,20 +271,40 @@ def bench_memory(size: str, hook: str, batch: int, n_sequences: int, dtype: str,
     mb = 2**20
     measure = "peak_gpu_bytes" if device.startswith("cuda") else "peak_rss_bytes"
     ratio = harvest[measure] / cache[measure]
-    gpu = {} if measure == "peak_rss_bytes" else {
-        "one_batch_run_with_cache_peak_gpu_mb": cache["peak_gpu_bytes"] / mb,
-        "harvest_peak_gpu_mb": harvest["peak_gpu_bytes"] / mb}
-    return {"device": device, "peak_measure": measure.removesuffix("_bytes"), **gpu, "size": size,
-            "shape": dict(zip(("n_layers", "d_model", "n_heads", "d_vocab"), SIZES[size])), "hook": hook,
-            "batch": batch, "seq_len": SEQ_LEN, "sequences": n_sequences, "tokens": harvest["tokens"], "dtype": dtype,
-            "model_mb": cache["model_bytes"] / mb,
-            "one_batch_run_with_cache_peak_rss_mb": cache["peak_rss_bytes"] / mb,
-            "one_batch_cache_tensor_mb": cache["cache_tensor_bytes"] / mb,
-            "harvest_peak_rss_mb": harvest["peak_rss_bytes"] / mb, "harvest_vs_one_batch": ratio,
-            "target_harvest_vs_one_batch": 1.5, "passed": ratio <= 1.5,
-            "harvest_seconds": harvest["seconds"], "tokens_per_s": harvest["tokens_per_s"], "rows": harvest["rows"],
-            "shards": harvest["shards"], "gb_written": harvest["bytes_written"] / 2**30,
-            "rss_trace_mb": harvest["rss_trace_mb"]}
+    gpu = (
+        {}
+        if measure == "peak_rss_bytes"
+        else {
+            "one_batch_run_with_cache_peak_gpu_mb": cache["peak_gpu_bytes"] / mb,
+            "harvest_peak_gpu_mb": harvest["peak_gpu_bytes"] / mb,
+        }
+    )
+    return {
+        "device": device,
+        "peak_measure": measure.removesuffix("_bytes"),
+        **gpu,
+        "size": size,
+        "shape": dict(zip(("n_layers", "d_model", "n_heads", "d_vocab"), SIZES[size])),
+        "hook": hook,
+        "batch": batch,
+        "seq_len": SEQ_LEN,
+        "sequences": n_sequences,
+        "tokens": harvest["tokens"],
+        "dtype": dtype,
+        "model_mb": cache["model_bytes"] / mb,
+        "one_batch_run_with_cache_peak_rss_mb": cache["peak_rss_bytes"] / mb,
+        "one_batch_cache_tensor_mb": cache["cache_tensor_bytes"] / mb,
+        "harvest_peak_rss_mb": harvest["peak_rss_bytes"] / mb,
+        "harvest_vs_one_batch": ratio,
+        "target_harvest_vs_one_batch": 1.5,
+        "passed": ratio <= 1.5,
+        "harvest_seconds": harvest["seconds"],
+        "tokens_per_s": harvest["tokens_per_s"],
+        "rows": harvest["rows"],
+        "shards": harvest["shards"],
+        "gb_written": harvest["bytes_written"] / 2**30,
+        "rss_trace_mb": harvest["rss_trace_mb"],
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -273,8 +321,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.phase:
         kind, size, hook, batch, *rest = args.phase
-        result = (phase_cache(size, hook, int(batch), args.device) if kind == "cache" else
-                  phase_harvest(size, hook, int(batch), int(rest[0]), rest[1], args.device))
+        result = (
+            phase_cache(size, hook, int(batch), args.device)
+            if kind == "cache"
+            else phase_harvest(size, hook, int(batch), int(rest[0]), rest[1], args.device)
+        )
         print(json.dumps(result))
         return
     if args.quick:
@@ -286,24 +337,37 @@ def main(argv: list[str] | None = None) -> None:
     memory = bench_memory("gpt2-small", HOOKS["middle"], args.batch, args.memory_sequences, "float32", args.device)
     n_corpus = -(-args.corpus_tokens // SEQ_LEN)
     corpus_run = bench_memory("small", CORPUS_HOOK, args.corpus_batch, n_corpus, "float16", args.device)
-    payload = {"benchmark": "harvest", "device": args.device, "machine": machine(), "quick": args.quick, "ratio": ratio,
-               "memory_gpt2_small": memory, "corpus": corpus_run, "target_throughput_vs_bridge": 2.0,
-               "wall_s": time.perf_counter() - start,
-               "note": "random weights and uniform random tokens (speed and memory do not depend on them); the "
-                       "machine's cores may be shared with other work, so times are indicative and ratios, "
-                       "measured interleaved in one process, are the figures to read"}
+    payload = {
+        "benchmark": "harvest",
+        "device": args.device,
+        "machine": machine(),
+        "quick": args.quick,
+        "ratio": ratio,
+        "memory_gpt2_small": memory,
+        "corpus": corpus_run,
+        "target_throughput_vs_bridge": 2.0,
+        "wall_s": time.perf_counter() - start,
+        "note": "random weights and uniform random tokens (speed and memory do not depend on them); the "
+        "machine's cores may be shared with other work, so times are indicative and ratios, "
+        "measured interleaved in one process, are the figures to read",
+    }
     path = None if args.quick else write(result_name("harvest", args.device), payload)
     for where, hook in HOOKS.items():
-        print(f"GPT-2 small, {hook}: Forma harvest {ratio[f'forma_tokens_per_s_{where}']:.0f} tokens/s, bridge "
-              f"run_with_cache {ratio[f'bridge_tokens_per_s_{where}']:.0f} tokens/s: "
-              f"{ratio[f'throughput_vs_bridge_{where}']:.2f}× (target ≥ 2×); max |diff| "
-              f"{ratio['max_abs_diff_vs_bridge'][where]:.1e} (rows centred)")
+        print(
+            f"GPT-2 small, {hook}: Forma harvest {ratio[f'forma_tokens_per_s_{where}']:.0f} tokens/s, bridge "
+            f"run_with_cache {ratio[f'bridge_tokens_per_s_{where}']:.0f} tokens/s: "
+            f"{ratio[f'throughput_vs_bridge_{where}']:.2f}× (target ≥ 2×); max |diff| "
+            f"{ratio['max_abs_diff_vs_bridge'][where]:.1e} (rows centred)"
+        )
     where = "gpu" if args.device.startswith("cuda") else "rss"
     for name, m in (("GPT-2 small", memory), ("corpus", corpus_run)):
-        print(f"{name}: {m['tokens']:,} tokens of {m['hook']} at {m['tokens_per_s']:.0f} tokens/s, peak ({where}) "
-              f"+{m[f'harvest_peak_{where}_mb']:.0f} MB against one batch's run_with_cache +"
-              f"{m[f'one_batch_run_with_cache_peak_{where}_mb']:.0f} MB: {m['harvest_vs_one_batch']:.2f}× (target ≤ 1.5×; "
-              f"model {m['model_mb']:.0f} MB); RSS trace {m['rss_trace_mb']}")
+        print(
+            f"{name}: {m['tokens']:,} tokens of {m['hook']} at {m['tokens_per_s']:.0f} tokens/s, peak ({where}) "
+            f"+{m[f'harvest_peak_{where}_mb']:.0f} MB against one batch's run_with_cache +"
+            f"{m[f'one_batch_run_with_cache_peak_{where}_mb']:.0f} MB: {m['harvest_vs_one_batch']:.2f}× (target ≤ "
+            "1.5×; "
+            f"model {m['model_mb']:.0f} MB); RSS trace {m['rss_trace_mb']}"
+        )
     print(f"wrote {path}" if path else "quick run: nothing written")
 
 

@@ -50,13 +50,28 @@ def tl_model(hf: Any, device: str) -> Any:
     from transformer_lens.pretrained.weight_conversions import convert_gpt2_weights
 
     c = hf.config
-    cfg = HookedTransformerConfig(d_model=c.n_embd, d_head=c.n_embd // c.n_head, n_heads=c.n_head, d_mlp=4 * c.n_embd,
-                                  n_layers=c.n_layer, n_ctx=c.n_positions, eps=c.layer_norm_epsilon,
-                                  d_vocab=c.vocab_size, act_fn=c.activation_function, normalization_type="LN",
-                                  original_architecture="GPT2LMHeadModel", device=device)
+    cfg = HookedTransformerConfig(
+        d_model=c.n_embd,
+        d_head=c.n_embd // c.n_head,
+        n_heads=c.n_head,
+        d_mlp=4 * c.n_embd,
+        n_layers=c.n_layer,
+        n_ctx=c.n_positions,
+        eps=c.layer_norm_epsilon,
+        d_vocab=c.vocab_size,
+        act_fn=c.activation_function,
+        normalization_type="LN",
+        original_architecture="GPT2LMHeadModel",
+        device=device,
+    )
     model = HookedTransformer(cfg)
-    model.load_and_process_state_dict(convert_gpt2_weights(hf, cfg), fold_ln=False, center_writing_weights=False,
-                                      center_unembed=False, fold_value_biases=False)
+    model.load_and_process_state_dict(
+        convert_gpt2_weights(hf, cfg),
+        fold_ln=False,
+        center_writing_weights=False,
+        center_unembed=False,
+        fold_value_biases=False,
+    )
     return model.eval()
 
 
@@ -73,7 +88,9 @@ def token_dataset(tokens: torch.Tensor) -> Any:
     return Dataset.from_dict({"tokens": tokens.tolist()})
 
 
-def saelens_rows(model: Any, dataset: Any, hook: str, d_in: int, batch: int, batches: int, device: str) -> list[torch.Tensor]:
+def saelens_rows(
+    model: Any, dataset: Any, hook: str, d_in: int, batch: int, batches: int, device: str
+) -> list[torch.Tensor]:
     """SAELens' ActivationsStore over `model`: get_raw_llm_batch() `batches` times, each [batch · seq_len, d_in]."""
     from sae_lens.training.activations_store import ActivationsStore
 
@@ -81,11 +98,23 @@ def saelens_rows(model: Any, dataset: Any, hook: str, d_in: int, batch: int, bat
         # It warns that the dataset has fewer rows than total_training_tokens (it compares rows with tokens),
         # and, per row, that a tensor is copy-constructed with torch.tensor: neither bears on the rows.
         warnings.simplefilter("ignore")
-        store = ActivationsStore(model=model, dataset=dataset, streaming=False, hook_name=hook, hook_head_index=None,
-                                 context_size=SEQ_LEN, d_in=d_in, n_batches_in_buffer=1,
-                                 total_training_tokens=batch * batches * SEQ_LEN, store_batch_size_prompts=batch,
-                                 train_batch_size_tokens=batch * SEQ_LEN, prepend_bos=False,
-                                 normalize_activations="none", device=torch.device(device), dtype="float32")
+        store = ActivationsStore(
+            model=model,
+            dataset=dataset,
+            streaming=False,
+            hook_name=hook,
+            hook_head_index=None,
+            context_size=SEQ_LEN,
+            d_in=d_in,
+            n_batches_in_buffer=1,
+            total_training_tokens=batch * batches * SEQ_LEN,
+            store_batch_size_prompts=batch,
+            train_batch_size_tokens=batch * SEQ_LEN,
+            prepend_bos=False,
+            normalize_activations="none",
+            device=torch.device(device),
+            dtype="float32",
+        )
         return [store.get_raw_llm_batch()[0] for _ in range(batches)]
 
 
@@ -111,27 +140,43 @@ def compare(size: str, hook: str, batch: int, batches: int, rounds: int, device:
     def store(name: str, model: Any):
         def run() -> None:
             rows[name] = saelens_rows(model, dataset, hook, d_in, batch, batches, device)
+
         return run
 
     try:
-        timing = interleaved({"forma_harvest": timed(harvest, device),
-                              "saelens_store_tl": timed(store("saelens_store_tl", theirs), device),
-                              "saelens_store_forma": timed(store("saelens_store_forma", ours), device)},
-                             rounds=rounds, warmup=1)
+        timing = interleaved(
+            {
+                "forma_harvest": timed(harvest, device),
+                "saelens_store_tl": timed(store("saelens_store_tl", theirs), device),
+                "saelens_store_forma": timed(store("saelens_store_forma", ours), device),
+            },
+            rounds=rounds,
+            warmup=1,
+        )
         forma = forma_rows(out, hook)
     finally:
         shutil.rmtree(out, ignore_errors=True)
     n = tokens.numel()
     diffs = {name: float((torch.cat(parts).cpu() - forma).abs().max()) for name, parts in rows.items()}
     seconds = {name: row["median_s"] for name, row in timing.items()}
-    return {"device": device, "size": size, "shape": dict(zip(("n_layers", "d_model", "n_heads", "d_vocab"), SIZES[size])),
-            "hook": hook, "batch": batch, "batches": batches, "seq_len": SEQ_LEN, "tokens_per_round": n,
-            "rows": {"forma_harvest": len(forma)} | {name: sum(len(p) for p in parts) for name, parts in rows.items()},
-            "rms_activation": float(forma.pow(2).mean().sqrt()), "rounds": rounds, "timing": timing,
-            "tokens_per_s": {name: n / s for name, s in seconds.items()},
-            "throughput_vs_saelens_tl": seconds["saelens_store_tl"] / seconds["forma_harvest"],
-            "throughput_vs_saelens_forma": seconds["saelens_store_forma"] / seconds["forma_harvest"],
-            "max_abs_diff_vs_forma": diffs}
+    return {
+        "device": device,
+        "size": size,
+        "shape": dict(zip(("n_layers", "d_model", "n_heads", "d_vocab"), SIZES[size])),
+        "hook": hook,
+        "batch": batch,
+        "batches": batches,
+        "seq_len": SEQ_LEN,
+        "tokens_per_round": n,
+        "rows": {"forma_harvest": len(forma)} | {name: sum(len(p) for p in parts) for name, parts in rows.items()},
+        "rms_activation": float(forma.pow(2).mean().sqrt()),
+        "rounds": rounds,
+        "timing": timing,
+        "tokens_per_s": {name: n / s for name, s in seconds.items()},
+        "throughput_vs_saelens_tl": seconds["saelens_store_tl"] / seconds["forma_harvest"],
+        "throughput_vs_saelens_forma": seconds["saelens_store_forma"] / seconds["forma_harvest"],
+        "max_abs_diff_vs_forma": diffs,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -145,26 +190,36 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="a smoke run: one round of one batch, nothing written")
     args = parser.parse_args(argv)
     if min(args.rounds, args.batch, args.batches) < 1:
-        parser.error(f"--rounds, --batch and --batches must be at least 1, got {args.rounds}, {args.batch}, {args.batches}")
+        parser.error(
+            f"--rounds, --batch and --batches must be at least 1, got {args.rounds}, {args.batch}, {args.batches}"
+        )
     if args.quick:
         args.rounds, args.batch, args.batches = 1, 1, 1
     torch.manual_seed(0)
     start = time.perf_counter()
     result = compare(args.size, args.hook, args.batch, args.batches, args.rounds, args.device)
-    payload = {"benchmark": "harvest_saelens", "machine": machine(), "quick": args.quick,
-               "versions": {pkg: version(pkg) for pkg in ("sae-lens", "transformer-lens", "datasets")}, **result,
-               "target_throughput_vs_saelens": 2.0, "wall_s": time.perf_counter() - start,
-               "note": "random weights and uniform random tokens (speed does not depend on them); SAELens' rows stay "
-                       "in memory while Forma's are written to disk; the machine's cores may be shared with other "
-                       "work, so times are indicative and ratios, measured interleaved in one process, are the "
-                       "figures to read"}
+    payload = {
+        "benchmark": "harvest_saelens",
+        "machine": machine(),
+        "quick": args.quick,
+        "versions": {pkg: version(pkg) for pkg in ("sae-lens", "transformer-lens", "datasets")},
+        **result,
+        "target_throughput_vs_saelens": 2.0,
+        "wall_s": time.perf_counter() - start,
+        "note": "random weights and uniform random tokens (speed does not depend on them); SAELens' rows stay "
+        "in memory while Forma's are written to disk; the machine's cores may be shared with other "
+        "work, so times are indicative and ratios, measured interleaved in one process, are the "
+        "figures to read",
+    }
     path = None if args.quick else write(result_name("harvest_saelens", args.device), payload)
     rate = result["tokens_per_s"]
-    print(f"{args.size}, {args.hook}: Forma harvest {rate['forma_harvest']:.0f} tokens/s; SAELens' ActivationsStore "
-          f"{rate['saelens_store_tl']:.0f} tokens/s on TransformerLens ({result['throughput_vs_saelens_tl']:.2f}×, "
-          f"target ≥ 2×), {rate['saelens_store_forma']:.0f} tokens/s on Forma's model "
-          f"({result['throughput_vs_saelens_forma']:.2f}×); max |diff| from Forma's rows: "
-          + ", ".join(f"{name} {d:.1e}" for name, d in result["max_abs_diff_vs_forma"].items()))
+    print(
+        f"{args.size}, {args.hook}: Forma harvest {rate['forma_harvest']:.0f} tokens/s; SAELens' ActivationsStore "
+        f"{rate['saelens_store_tl']:.0f} tokens/s on TransformerLens ({result['throughput_vs_saelens_tl']:.2f}×, "
+        f"target ≥ 2×), {rate['saelens_store_forma']:.0f} tokens/s on Forma's model "
+        f"({result['throughput_vs_saelens_forma']:.2f}×); max |diff| from Forma's rows: "
+        + ", ".join(f"{name} {d:.1e}" for name, d in result["max_abs_diff_vs_forma"].items())
+    )
     if path:
         write_summary(args.device.split(":")[0])
     print(f"wrote {path} and the summary" if path else "quick run: nothing written")

@@ -50,8 +50,10 @@ def readouts(model: HookedTransformer) -> tuple[LinearReadout, LinearReadout]:
     g = torch.Generator().manual_seed(0)
     d, last = model.cfg.d_model, model.cfg.n_layers - 1
     middle = max(0, model.cfg.n_layers // 2 - 1)
-    return (LinearReadout(f"blocks.{middle}.hook_resid_post", torch.randn(d, generator=g) / d, 0.0),
-            LinearReadout(f"blocks.{last}.hook_resid_post", torch.randn(d, generator=g) / d, 0.0, position=2))
+    return (
+        LinearReadout(f"blocks.{middle}.hook_resid_post", torch.randn(d, generator=g) / d, 0.0),
+        LinearReadout(f"blocks.{last}.hook_resid_post", torch.randn(d, generator=g) / d, 0.0, position=2),
+    )
 
 
 def workload(model: HookedTransformer, batch: int, prompt_len: int, new: int, rounds: int) -> dict:
@@ -60,15 +62,30 @@ def workload(model: HookedTransformer, batch: int, prompt_len: int, new: int, ro
     monitor = Monitor(model, probe=probe, p_ik=p_ik)
     subject = [1, 2]
     plain_tokens = decode(model, prompts, new, temperature=0).tokens
-    assert torch.equal(plain_tokens, monitor.generate(prompts, new, subject=subject).tokens), "the monitor changed tokens"
-    timing = interleaved({"plain": lambda: decode(model, prompts, new, temperature=0),
-                          "monitored": lambda: monitor.generate(prompts, new, subject=subject)}, rounds=rounds)
+    assert torch.equal(plain_tokens, monitor.generate(prompts, new, subject=subject).tokens), (
+        "the monitor changed tokens"
+    )
+    timing = interleaved(
+        {
+            "plain": lambda: decode(model, prompts, new, temperature=0),
+            "monitored": lambda: monitor.generate(prompts, new, subject=subject),
+        },
+        rounds=rounds,
+    )
     tokens = batch * new
     plain, monitored = (tokens / timing[k]["median_s"] for k in ("plain", "monitored"))
-    return {"batch": batch, "prompt_tokens": prompt_len, "new_tokens": new, "signals": list(monitor.token_signals)
-            + ["p_ik"], "plain_tokens_per_s": plain, "monitored_tokens_per_s": monitored,
-            "monitored_over_plain": monitored / plain, "target_ratio": 0.8, "meets_target": monitored / plain >= 0.8,
-            "timing": timing}
+    return {
+        "batch": batch,
+        "prompt_tokens": prompt_len,
+        "new_tokens": new,
+        "signals": list(monitor.token_signals) + ["p_ik"],
+        "plain_tokens_per_s": plain,
+        "monitored_tokens_per_s": monitored,
+        "monitored_over_plain": monitored / plain,
+        "target_ratio": 0.8,
+        "meets_target": monitored / plain >= 0.8,
+        "timing": timing,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,9 +98,11 @@ def main(argv: list[str] | None = None) -> int:
         for name, (load, shape) in {"facts": (facts_model, (512, 4, 2)), "pydoc": (pydoc_model, (8, 16, 96))}.items():
             model, source = load()
             results[name] = {"model": source, **workload(model, *shape, rounds=args.rounds)}
-            print(f"{name}: plain {results[name]['plain_tokens_per_s']:.0f} tokens/s, monitored "
-                  f"{results[name]['monitored_tokens_per_s']:.0f} tokens/s, ratio "
-                  f"{results[name]['monitored_over_plain']:.2f}")
+            print(
+                f"{name}: plain {results[name]['plain_tokens_per_s']:.0f} tokens/s, monitored "
+                f"{results[name]['monitored_tokens_per_s']:.0f} tokens/s, ratio "
+                f"{results[name]['monitored_over_plain']:.2f}"
+            )
     print(f"wrote {write('monitor', results)}")
     return 0
 

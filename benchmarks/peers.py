@@ -26,8 +26,17 @@ from typing import Any
 import torch
 
 from benchmarks.summary import write_summary
-from benchmarks.timing import (MatrixProducts, cache_bytes, forward_flops, interleaved, machine, result_name, timed,
-                               training_steps, write)
+from benchmarks.timing import (
+    MatrixProducts,
+    cache_bytes,
+    forward_flops,
+    interleaved,
+    machine,
+    result_name,
+    timed,
+    training_steps,
+    write,
+)
 from lab.generate import generate
 from lab.hf import from_hf
 from lab.tokenize import to_hf_tokenizer, word_level
@@ -40,8 +49,16 @@ def gpt2(layers: int, d_model: int, n_ctx: int, attn: str, device: str):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    cfg = GPT2Config(n_layer=layers, n_embd=d_model, n_head=d_model // 64, vocab_size=VOCAB, n_positions=n_ctx,
-                     bos_token_id=None, eos_token_id=None, attn_implementation=attn)
+    cfg = GPT2Config(
+        n_layer=layers,
+        n_embd=d_model,
+        n_head=d_model // 64,
+        vocab_size=VOCAB,
+        n_positions=n_ctx,
+        bos_token_id=None,
+        eos_token_id=None,
+        attn_implementation=attn,
+    )
     return GPT2LMHeadModel(cfg).eval().to(device)
 
 
@@ -56,16 +73,28 @@ def bench_forward(device: str, rounds: int, batch: int, tokens: int) -> dict:
         with torch.inference_mode():
             diff = (ours(x) - hf_sdpa(x).logits).abs().max().item()
             products = MatrixProducts(partial(ours, x))  # the forward's own matrix products, run alone
-            t = interleaved({"forma": timed(partial(ours, x), device), "hf_sdpa": timed(partial(hf_sdpa, x), device),
-                             "hf_eager": timed(partial(hf_eager, x), device),
-                             "forma_products": timed(products, device)}, rounds=rounds)
+            t = interleaved(
+                {
+                    "forma": timed(partial(ours, x), device),
+                    "hf_sdpa": timed(partial(hf_sdpa, x), device),
+                    "hf_eager": timed(partial(hf_eager, x), device),
+                    "forma_products": timed(products, device),
+                },
+                rounds=rounds,
+            )
         flops, alone = forward_flops(ours.cfg, batch, tokens), t["forma_products"]["median_s"]
-        out[name] = {"timing": t, "max_abs_logit_diff": diff,
-                     "ratio_vs_hf_sdpa": t["forma"]["median_s"] / t["hf_sdpa"]["median_s"],
-                     "ratio_vs_hf_eager": t["forma"]["median_s"] / t["hf_eager"]["median_s"],
-                     "forward_flops": flops, "forma_flops_per_s": flops / t["forma"]["median_s"],
-                     "products": len(products.calls), "products_flops": products.flops,
-                     "products_flops_per_s": products.flops / alone, "utilisation": alone / t["forma"]["median_s"]}
+        out[name] = {
+            "timing": t,
+            "max_abs_logit_diff": diff,
+            "ratio_vs_hf_sdpa": t["forma"]["median_s"] / t["hf_sdpa"]["median_s"],
+            "ratio_vs_hf_eager": t["forma"]["median_s"] / t["hf_eager"]["median_s"],
+            "forward_flops": flops,
+            "forma_flops_per_s": flops / t["forma"]["median_s"],
+            "products": len(products.calls),
+            "products_flops": products.flops,
+            "products_flops_per_s": products.flops / alone,
+            "utilisation": alone / t["forma"]["median_s"],
+        }
     return out
 
 
@@ -77,28 +106,35 @@ def bench_cache(device: str, rounds: int, batch: int, tokens: int) -> dict:
     ours = from_hf(hf).to(device)
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = to_hf_tokenizer(word_level([f"w{i}" for i in range(VOCAB - 4)]), tmp)
-        bridge = TransformerBridge.boot_transformers("gpt2", hf_model=copy.deepcopy(hf).to(device), tokenizer=tokenizer,
-                                                     device=device)
+        bridge = TransformerBridge.boot_transformers(
+            "gpt2", hf_model=copy.deepcopy(hf).to(device), tokenizer=tokenizer, device=device
+        )
     bridge.enable_compatibility_mode()
     x = torch.randint(0, VOCAB, (batch, tokens), device=device)
     one = f"blocks.{layers - 1}.hook_resid_post"
     with torch.inference_mode():
-        t = interleaved({
-            "forma_forward": timed(lambda: ours(x), device),
-            "forma_cache_all": timed(lambda: ours.run_with_cache(x), device),
-            "bridge_cache_all": timed(lambda: bridge.run_with_cache(x), device),
-            "forma_cache_one": timed(lambda: ours.run_with_cache(x, names_filter=[one]), device),
-            "bridge_cache_one": timed(lambda: bridge.run_with_cache(x, names_filter=[one]), device),
-        }, rounds=rounds)
+        t = interleaved(
+            {
+                "forma_forward": timed(lambda: ours(x), device),
+                "forma_cache_all": timed(lambda: ours.run_with_cache(x), device),
+                "bridge_cache_all": timed(lambda: bridge.run_with_cache(x), device),
+                "forma_cache_one": timed(lambda: ours.run_with_cache(x, names_filter=[one]), device),
+                "bridge_cache_one": timed(lambda: bridge.run_with_cache(x, names_filter=[one]), device),
+            },
+            rounds=rounds,
+        )
         _, ours_all = ours.run_with_cache(x)
         _, theirs_all = bridge.run_with_cache(x)
         bytes_ours, bytes_theirs = cache_bytes(ours_all), cache_bytes(theirs_all)
         del ours_all, theirs_all
     med = {k: v["median_s"] for k, v in t.items()}
-    return {"timing": t, "cache_all_vs_bridge": med["forma_cache_all"] / med["bridge_cache_all"],
-            "cache_one_vs_bridge": med["forma_cache_one"] / med["bridge_cache_one"],
-            "cache_all_vs_own_forward": med["forma_cache_all"] / med["forma_forward"],
-            "cache_all_bytes": {"forma": bytes_ours, "bridge": bytes_theirs}}
+    return {
+        "timing": t,
+        "cache_all_vs_bridge": med["forma_cache_all"] / med["bridge_cache_all"],
+        "cache_one_vs_bridge": med["forma_cache_one"] / med["bridge_cache_one"],
+        "cache_all_vs_own_forward": med["forma_cache_all"] / med["forma_forward"],
+        "cache_all_bytes": {"forma": bytes_ours, "bridge": bytes_theirs},
+    }
 
 
 def bench_generation(device: str, rounds: int, new_tokens: int) -> dict:
@@ -109,16 +145,24 @@ def bench_generation(device: str, rounds: int, new_tokens: int) -> dict:
     mask = torch.ones_like(prompt)
     common = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, attention_mask=mask, pad_token_id=0)
     with torch.inference_mode():
-        t = interleaved({
-            "forma_greedy": timed(lambda: generate(ours, prompt, new_tokens, temperature=0), device),
-            "hf_greedy": timed(lambda: hf.generate(prompt, do_sample=False, **common), device),
-            "forma_sample": timed(lambda: generate(ours, prompt, new_tokens, temperature=1.0, seed=0), device),
-            "hf_sample": timed(lambda: hf.generate(prompt, do_sample=True, top_k=0, **common), device),
-        }, rounds=rounds, warmup=1)
+        t = interleaved(
+            {
+                "forma_greedy": timed(lambda: generate(ours, prompt, new_tokens, temperature=0), device),
+                "hf_greedy": timed(lambda: hf.generate(prompt, do_sample=False, **common), device),
+                "forma_sample": timed(lambda: generate(ours, prompt, new_tokens, temperature=1.0, seed=0), device),
+                "hf_sample": timed(lambda: hf.generate(prompt, do_sample=True, top_k=0, **common), device),
+            },
+            rounds=rounds,
+            warmup=1,
+        )
     tps = {k: new_tokens / v["median_s"] for k, v in t.items()}
-    return {"new_tokens": new_tokens, "timing": t, "tokens_per_s": tps,
-            "greedy_speed_vs_hf": tps["forma_greedy"] / tps["hf_greedy"],
-            "sample_speed_vs_hf": tps["forma_sample"] / tps["hf_sample"]}
+    return {
+        "new_tokens": new_tokens,
+        "timing": t,
+        "tokens_per_s": tps,
+        "greedy_speed_vs_hf": tps["forma_greedy"] / tps["hf_greedy"],
+        "sample_speed_vs_hf": tps["forma_sample"] / tps["hf_sample"],
+    }
 
 
 def bench_training(device: str, rounds: int, batch: int, tokens: int) -> dict:
@@ -140,8 +184,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", nargs="*", choices=["forward", "cache", "generation", "training"])
     args = parser.parse_args(argv)
     sections = set(args.only or ["forward", "cache", "generation", "training"])
-    results: dict[str, Any] = {"device": args.device, "machine": machine(),
-                               "shape": {"batch": args.batch, "tokens": args.tokens, "rounds": args.rounds, "vocab": VOCAB}}
+    results: dict[str, Any] = {
+        "device": args.device,
+        "machine": machine(),
+        "shape": {"batch": args.batch, "tokens": args.tokens, "rounds": args.rounds, "vocab": VOCAB},
+    }
     start = time.perf_counter()
     if "forward" in sections:
         results["forward"] = bench_forward(args.device, args.rounds, args.batch, args.tokens)

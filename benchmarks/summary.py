@@ -1,5 +1,6 @@
 """benchmarks/results/summary.md (and summary_<device>.md) from whatever results exist: the peer
-benchmarks (peers.json), the forward benchmark (forward.json), the wall times (walltime.json), the dashboard's response times (dashboard.json),
+benchmarks (peers.json), the forward benchmark (forward.json), the wall times (walltime.json), the dashboard's response
+times (dashboard.json),
 the command line's start (cli.json), a training step's thread-invariant kernels (determinism.json), the real sizes,
 patching sweeps and harvesting (real_sizes.json, patching.json, harvest.json with harvest_saelens.json,
 distributed.json); off the CPU, the last four's <name>_<device>.json.
@@ -34,120 +35,195 @@ def peers_lines(results: dict[str, Any]) -> list[str]:
         ("training step vs HF", tr["step_vs_hf"], "≤ 1.0×"),
         ("forward 8×512: share in its matrix products (run alone)", f["8x512"]["utilisation"], "≥ 0.40"),
     ]
-    lines = [f"{results['machine']['utc']} · torch {results['machine']['torch']} · {results['machine']['threads']} threads · "
-             f"batch {results['shape']['batch']} × {results['shape']['tokens']} tokens · medians of {results['shape']['rounds']} "
-             "interleaved rounds", "", "| measure | value | target |", "|---|---|---|"]
+    lines = [
+        f"{results['machine']['utc']} · torch {results['machine']['torch']} · {results['machine']['threads']} threads "
+        "· "
+        f"batch {results['shape']['batch']} × {results['shape']['tokens']} tokens · medians of "
+        f"{results['shape']['rounds']} "
+        "interleaved rounds",
+        "",
+        "| measure | value | target |",
+        "|---|---|---|",
+    ]
     lines += [f"| {name} | {value:.3f} | {target} |" for name, value, target in rows]
-    lines += ["", f"Cache bytes (all hooks): Forma {c['cache_all_bytes']['forma'] / 1e6:.1f} MB, bridge "
-              f"{c['cache_all_bytes']['bridge'] / 1e6:.1f} MB.",
-              "Generation tokens/s: " + ", ".join(f"{k} {v:.1f}" for k, v in g["tokens_per_s"].items()) + "."]
+    lines += [
+        "",
+        f"Cache bytes (all hooks): Forma {c['cache_all_bytes']['forma'] / 1e6:.1f} MB, bridge "
+        f"{c['cache_all_bytes']['bridge'] / 1e6:.1f} MB.",
+        "Generation tokens/s: " + ", ".join(f"{k} {v:.1f}" for k, v in g["tokens_per_s"].items()) + ".",
+    ]
     return lines
 
 
 def forward_lines(results: dict[str, Any]) -> list[str]:
     shape = results["shape"]
-    lines = [f"## Forward and cache at {shape['layers']}×{shape['d_model']}, batch {shape['batch']} × {shape['tokens']} tokens "
-             "(benchmarks/forward.py)", "",
-             f"{results['machine']['utc']} · medians of {results['timing']['forma_forward']['rounds']} interleaved rounds", "",
-             "| measure | value | target |", "|---|---|---|"]
-    names = {"forward_vs_hf_sdpa": "forward vs HF sdpa", "cache_all_vs_bridge": "run_with_cache(all) vs bridge",
-             "cache_all_vs_own_forward": "run_with_cache(all) vs own forward"}
+    lines = [
+        f"## Forward and cache at {shape['layers']}×{shape['d_model']}, batch {shape['batch']} × {shape['tokens']} "
+        "tokens "
+        "(benchmarks/forward.py)",
+        "",
+        f"{results['machine']['utc']} · medians of {results['timing']['forma_forward']['rounds']} interleaved rounds",
+        "",
+        "| measure | value | target |",
+        "|---|---|---|",
+    ]
+    names = {
+        "forward_vs_hf_sdpa": "forward vs HF sdpa",
+        "cache_all_vs_bridge": "run_with_cache(all) vs bridge",
+        "cache_all_vs_own_forward": "run_with_cache(all) vs own forward",
+    }
     lines += [f"| {names.get(k, k)} | {v:.3f} | ≤ {results['targets'][k]}× |" for k, v in results["ratios"].items()]
     return lines
 
 
 def walltime_lines(results: dict[str, Any]) -> list[str]:
-    lines = ["## Wall time (one run each, fresh clone, idle machine)", "",
-             f"{results['machine']['utc']} · commit {str(results.get('commit'))[:10]} · load average at start "
-             f"{results['load_average_at_start'][0]:.2f}", "", "| what | seconds | target |", "|---|---|---|"]
+    lines = [
+        "## Wall time (one run each, fresh clone, idle machine)",
+        "",
+        f"{results['machine']['utc']} · commit {str(results.get('commit'))[:10]} · load average at start "
+        f"{results['load_average_at_start'][0]:.2f}",
+        "",
+        "| what | seconds | target |",
+        "|---|---|---|",
+    ]
     if "clean_install_s" in results:
         lines.append(f"| clean install (`make venv`, no pip cache) | {results['clean_install_s']:.0f} | — |")
     demo = results.get("demo_after_install")
     if demo:
-        lines.append(f"| `make demo` after install, until the dashboard serves | {demo['until_dashboard_serves_s']:.0f} "
-                     "| ≤ 480 |")
+        lines.append(
+            f"| `make demo` after install, until the dashboard serves | {demo['until_dashboard_serves_s']:.0f} "
+            "| ≤ 480 |"
+        )
     rows = []
     for name, profiles in sorted((results.get("experiments") or {}).items()):
         for profile, target in (("quick", "≤ 90"), ("default", "≤ 600")):
             if profile in profiles:
                 entry = profiles[profile]
-                measured_at = f"commit {entry['commit'][:10]}, load {entry['load_average_1min_at_start']:.1f}" \
-                    if "commit" in entry else "the commit above"
-                rows.append(f"| `forma run {name}{' --quick' if profile == 'quick' else ''}` | "
-                            f"{entry['process_s']:.0f} | {target} | {measured_at} |")
+                measured_at = (
+                    f"commit {entry['commit'][:10]}, load {entry['load_average_1min_at_start']:.1f}"
+                    if "commit" in entry
+                    else "the commit above"
+                )
+                rows.append(
+                    f"| `forma run {name}{' --quick' if profile == 'quick' else ''}` | "
+                    f"{entry['process_s']:.0f} | {target} | {measured_at} |"
+                )
     if rows:
         lines += ["", "| experiment | seconds | target | measured at |", "|---|---|---|---|", *rows]
     return lines
 
 
 def dashboard_lines(results: dict[str, Any]) -> list[str]:
-    lines = ["## Dashboard response (real browser, after warm-up)", "",
-             f"{results['machine']['utc']} · median of {results['rounds']} loads per page", "",
-             "| page | seconds | target |", "|---|---|---|"]
+    lines = [
+        "## Dashboard response (real browser, after warm-up)",
+        "",
+        f"{results['machine']['utc']} · median of {results['rounds']} loads per page",
+        "",
+        "| page | seconds | target |",
+        "|---|---|---|",
+    ]
     lines += [f"| {page} | {row['median_s']:.2f} | ≤ 3 |" for page, row in results["pages"].items()]
     lines += [f"| {name} | {row['median_s']:.2f} | ≤ 3 |" for name, row in results.get("interactions", {}).items()]
     return lines
 
 
 def cli_lines(results: dict[str, Any]) -> list[str]:
-    lines = ["## Command-line start (a fresh process each; benchmarks/cli.py)", "",
-             f"{results['machine']['utc']} · medians of {next(iter(results['timing'].values()))['rounds']} "
-             f"interleaved rounds · load average at the end {results['machine']['load_average_1_5_15'][0]:.2f}", "",
-             "| command | seconds | target |", "|---|---|---|"]
+    lines = [
+        "## Command-line start (a fresh process each; benchmarks/cli.py)",
+        "",
+        f"{results['machine']['utc']} · medians of {next(iter(results['timing'].values()))['rounds']} "
+        f"interleaved rounds · load average at the end {results['machine']['load_average_1_5_15'][0]:.2f}",
+        "",
+        "| command | seconds | target |",
+        "|---|---|---|",
+    ]
     target = f"< {results['target_s']:g}"
-    lines += [f"| {row['command']} | {row['median_s']:.2f} | {'—' if name.startswith('peer') else target} |"
-              for name, row in results["timing"].items()]
+    lines += [
+        f"| {row['command']} | {row['median_s']:.2f} | {'—' if name.startswith('peer') else target} |"
+        for name, row in results["timing"].items()
+    ]
     return lines
 
 
 def demo_lines(results: dict[str, Any]) -> list[str]:
     timing = results["timing"]
-    lines = [f"## Demo start (`{results['command']}`; benchmarks/demo.py)", "",
-             f"{results['machine']['utc']} · medians of {timing['first_page']['rounds']} starts · load average at the "
-             f"start {results['machine']['load_average_1_5_15'][0]:.2f}", "",
-             "| from `forma demo` start to | seconds | target |", "|---|---|---|"]
-    for key, what, target in (("health", "the health check answers", "—"),
-                              ("first_page", "the first page drawn in Chromium", f"≤ {results['target_first_page_s']:g}"),
-                              ("first_progress", "the first progress on a page", "—"),
-                              ("first_step", "that progress counting steps", "—")):
+    lines = [
+        f"## Demo start (`{results['command']}`; benchmarks/demo.py)",
+        "",
+        f"{results['machine']['utc']} · medians of {timing['first_page']['rounds']} starts · load average at the "
+        f"start {results['machine']['load_average_1_5_15'][0]:.2f}",
+        "",
+        "| from `forma demo` start to | seconds | target |",
+        "|---|---|---|",
+    ]
+    for key, what, target in (
+        ("health", "the health check answers", "—"),
+        ("first_page", "the first page drawn in Chromium", f"≤ {results['target_first_page_s']:g}"),
+        ("first_progress", "the first progress on a page", "—"),
+        ("first_step", "that progress counting steps", "—"),
+    ):
         lines.append(f"| {what} | {timing[key]['median_s']:.1f} | {target} |")
     return lines
 
 
 def determinism_lines(results: dict[str, Any]) -> list[str]:
-    lines = ["## A training step with the thread-invariant kernels (benchmarks/determinism.py)", "",
-             f"{results['machine']['utc']} · {results['machine']['threads']} threads · medians of "
-             f"{next(iter(results['recipes'].values()))['timing']['invariant']['rounds']} interleaved rounds", "",
-             "| recipe | batch × tokens | step (ms) | with the former kernels (ms) | ratio |", "|---|---|---|---|---|"]
-    lines += [f"| {name} | {r['batch']} × {r['seq_len']} | {r['step_s']['invariant'] * 1e3:.1f} | "
-              f"{r['step_s']['former'] * 1e3:.1f} | {r['invariant_over_former']:.3f} |"
-              for name, r in results["recipes"].items()]
+    lines = [
+        "## A training step with the thread-invariant kernels (benchmarks/determinism.py)",
+        "",
+        f"{results['machine']['utc']} · {results['machine']['threads']} threads · medians of "
+        f"{next(iter(results['recipes'].values()))['timing']['invariant']['rounds']} interleaved rounds",
+        "",
+        "| recipe | batch × tokens | step (ms) | with the former kernels (ms) | ratio |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {name} | {r['batch']} × {r['seq_len']} | {r['step_s']['invariant'] * 1e3:.1f} | "
+        f"{r['step_s']['former'] * 1e3:.1f} | {r['invariant_over_former']:.3f} |"
+        for name, r in results["recipes"].items()
+    ]
     return lines
 
 
 def patching_lines(r: dict[str, Any]) -> list[str]:
     shape, attribution = r["shape"], r["attribution"]
-    lines = [f"## Patching sweeps at {shape['layers']} layers × d_model {shape['d_model']}, vocab {shape['vocab']}, "
-             f"{shape['tokens']} tokens (benchmarks/patching.py{', --quick' if shape.get('quick') else ''})", "",
-             f"{r['machine']['utc']} · {shape['rounds']} round(s)", "",
-             "| sweep | Forma s | TransformerLens on the bridge s | ratio | TransformerLens on Forma s | ratio | "
-             "max abs diff | target |", "|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {name} | {row['timing']['forma']['median_s']:.1f} | {row['timing']['tl_bridge']['median_s']:.1f} | "
-              f"{row['ratio_vs_tl_bridge']:.3f}× | {row['timing']['tl_forma']['median_s']:.1f} | "
-              f"{row['ratio_vs_tl_forma']:.3f}× | {max(row['max_abs_diff'], row['max_abs_diff_vs_tl_forma']):.1e} | "
-              f"≤ 0.2×, ≤ 1e-5 |" for name, row in r["sweeps"].items()]
+    lines = [
+        f"## Patching sweeps at {shape['layers']} layers × d_model {shape['d_model']}, vocab {shape['vocab']}, "
+        f"{shape['tokens']} tokens (benchmarks/patching.py{', --quick' if shape.get('quick') else ''})",
+        "",
+        f"{r['machine']['utc']} · {shape['rounds']} round(s)",
+        "",
+        "| sweep | Forma s | TransformerLens on the bridge s | ratio | TransformerLens on Forma s | ratio | "
+        "max abs diff | target |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {name} | {row['timing']['forma']['median_s']:.1f} | {row['timing']['tl_bridge']['median_s']:.1f} | "
+        f"{row['ratio_vs_tl_bridge']:.3f}× | {row['timing']['tl_forma']['median_s']:.1f} | "
+        f"{row['ratio_vs_tl_forma']:.3f}× | {max(row['max_abs_diff'], row['max_abs_diff_vs_tl_forma']):.1e} | "
+        f"≤ 0.2×, ≤ 1e-5 |"
+        for name, row in r["sweeps"].items()
+    ]
     agreement = ", ".join(f"{name} {row['pearson_r']:.3f}" for name, row in attribution["agreement"].items())
-    lines += ["", f"Attribution patching: {attribution['ratio_vs_sweeps']:.3f}× the time of the sweeps it estimates; "
-              f"Pearson r against them: {agreement}."]
+    lines += [
+        "",
+        f"Attribution patching: {attribution['ratio_vs_sweeps']:.3f}× the time of the sweeps it estimates; "
+        f"Pearson r against them: {agreement}.",
+    ]
     zoo = r.get("zoo") or {}
     for name, row in zoo.items():
         built = {True: ", built with --quick", False: ""}.get(row.get("quick_build"), "")
-        lines.append(f"On the zoo's {name} ({row['tokens']} tokens{built}): Pearson r "
-                     + ", ".join(f"{s} {a['pearson_r']:.3f}" for s, a in row["agreement"].items()) + "; top-k overlap "
-                     + ", ".join(f"{s} {a['top_k_overlap']:.1f}" for s, a in row["agreement"].items()) + ".")
+        lines.append(
+            f"On the zoo's {name} ({row['tokens']} tokens{built}): Pearson r "
+            + ", ".join(f"{s} {a['pearson_r']:.3f}" for s, a in row["agreement"].items())
+            + "; top-k overlap "
+            + ", ".join(f"{s} {a['top_k_overlap']:.1f}" for s, a in row["agreement"].items())
+            + "."
+        )
     if not zoo:
-        lines.append("No trained decoder-only zoo model was there to compare on (`forma train NAME`, then "
-                     "`python -m benchmarks.patching --zoo-only`).")
+        lines.append(
+            "No trained decoder-only zoo model was there to compare on (`forma train NAME`, then "
+            "`python -m benchmarks.patching --zoo-only`)."
+        )
     return lines
 
 
@@ -156,122 +232,191 @@ def harvest_lines(r: dict[str, Any], saelens: dict[str, Any] | None = None) -> l
     ratio, small, corpus = r["ratio"], r["memory_gpt2_small"], r["corpus"]
     shape = ratio["shape"]
     device = "" if r.get("device", "cpu") == "cpu" else f", --device {r['device']}"
-    lines = [f"## Activation harvesting (benchmarks/harvest.py{device})", "",
-             f"{r['machine']['utc']} · GPT-2-small shapes ({shape['n_layers']} layers × {shape['d_model']}, vocab "
-             f"{shape['d_vocab']}), {ratio['tokens_per_round']} tokens a round, medians of {ratio['rounds']}", "",
-             "| what | Forma | peer | ratio | target |", "|---|---|---|---|---|"]
+    lines = [
+        f"## Activation harvesting (benchmarks/harvest.py{device})",
+        "",
+        f"{r['machine']['utc']} · GPT-2-small shapes ({shape['n_layers']} layers × {shape['d_model']}, vocab "
+        f"{shape['d_vocab']}), {ratio['tokens_per_round']} tokens a round, medians of {ratio['rounds']}",
+        "",
+        "| what | Forma | peer | ratio | target |",
+        "|---|---|---|---|---|",
+    ]
     for where in ("early", "middle"):
-        lines.append(f"| harvest {ratio['hooks'][where]} to shards vs the bridge's run_with_cache (names_filter), "
-                     f"tokens/s | {ratio[f'forma_tokens_per_s_{where}']:.0f} | {ratio[f'bridge_tokens_per_s_{where}']:.0f} | "
-                     f"{ratio[f'throughput_vs_bridge_{where}']:.2f}× | ≥ 2× |")
+        lines.append(
+            f"| harvest {ratio['hooks'][where]} to shards vs the bridge's run_with_cache (names_filter), "
+            f"tokens/s | {ratio[f'forma_tokens_per_s_{where}']:.0f} | {ratio[f'bridge_tokens_per_s_{where}']:.0f} | "
+            f"{ratio[f'throughput_vs_bridge_{where}']:.2f}× | ≥ 2× |"
+        )
     if saelens:
         rate, v = saelens["tokens_per_s"], saelens["versions"]
-        lines.append(f"| harvest {saelens['hook']} to shards vs SAELens' ActivationsStore on a TransformerLens "
-                     f"HookedTransformer (in memory; benchmarks/harvest_saelens.py), tokens/s | "
-                     f"{rate['forma_harvest']:.0f} | {rate['saelens_store_tl']:.0f} | "
-                     f"{saelens['throughput_vs_saelens_tl']:.2f}× | ≥ {saelens['target_throughput_vs_saelens']:g}× |")
+        lines.append(
+            f"| harvest {saelens['hook']} to shards vs SAELens' ActivationsStore on a TransformerLens "
+            f"HookedTransformer (in memory; benchmarks/harvest_saelens.py), tokens/s | "
+            f"{rate['forma_harvest']:.0f} | {rate['saelens_store_tl']:.0f} | "
+            f"{saelens['throughput_vs_saelens_tl']:.2f}× | ≥ {saelens['target_throughput_vs_saelens']:g}× |"
+        )
     for name, row in (("GPT-2 small", small), (f"{corpus['tokens']:,} tokens, {corpus['size']} model", corpus)):
         where = "gpu" if row.get("peak_measure") == "peak_gpu" else "rss"
-        lines.append(f"| peak memory ({'GPU' if where == 'gpu' else 'resident'}) of a harvest ({name}) vs one batch's "
-                     f"run_with_cache, MB | {row[f'harvest_peak_{where}_mb']:.0f} | "
-                     f"{row[f'one_batch_run_with_cache_peak_{where}_mb']:.0f} | "
-                     f"{row['harvest_vs_one_batch']:.2f}× | ≤ {row['target_harvest_vs_one_batch']:g}× |")
-    lines += ["", f"Corpus harvest: {corpus['tokens']:,} tokens of {corpus['hook']} at {corpus['tokens_per_s']:.0f} "
-              f"tokens/s into {corpus['shards']} shards ({corpus['gb_written']:.2f} GB)."]
+        lines.append(
+            f"| peak memory ({'GPU' if where == 'gpu' else 'resident'}) of a harvest ({name}) vs one batch's "
+            f"run_with_cache, MB | {row[f'harvest_peak_{where}_mb']:.0f} | "
+            f"{row[f'one_batch_run_with_cache_peak_{where}_mb']:.0f} | "
+            f"{row['harvest_vs_one_batch']:.2f}× | ≤ {row['target_harvest_vs_one_batch']:g}× |"
+        )
+    lines += [
+        "",
+        f"Corpus harvest: {corpus['tokens']:,} tokens of {corpus['hook']} at {corpus['tokens_per_s']:.0f} "
+        f"tokens/s into {corpus['shards']} shards ({corpus['gb_written']:.2f} GB).",
+    ]
     if saelens:
         diff = saelens["max_abs_diff_vs_forma"]
-        lines.append(f"Against SAELens (sae-lens {v['sae-lens']}, transformer-lens {v['transformer-lens']}; "
-                     f"{saelens['size']}, {saelens['tokens_per_round']:,} tokens a round, medians of "
-                     f"{saelens['rounds']}, {saelens['machine']['utc']}): the same store over Forma's model "
-                     f"{rate['saelens_store_forma']:.0f} tokens/s ({saelens['throughput_vs_saelens_forma']:.2f}×); "
-                     f"max |diff| of its rows from Forma's: {diff['saelens_store_tl']:.1e} (TransformerLens), "
-                     f"{diff['saelens_store_forma']:.1e} (Forma's model).")
+        lines.append(
+            f"Against SAELens (sae-lens {v['sae-lens']}, transformer-lens {v['transformer-lens']}; "
+            f"{saelens['size']}, {saelens['tokens_per_round']:,} tokens a round, medians of "
+            f"{saelens['rounds']}, {saelens['machine']['utc']}): the same store over Forma's model "
+            f"{rate['saelens_store_forma']:.0f} tokens/s ({saelens['throughput_vs_saelens_forma']:.2f}×); "
+            f"max |diff| of its rows from Forma's: {diff['saelens_store_tl']:.1e} (TransformerLens), "
+            f"{diff['saelens_store_forma']:.1e} (Forma's model)."
+        )
     return lines
 
 
 def tuned_lens_lines(r: dict[str, Any]) -> list[str]:
     """Forma's tuned lens against the tuned-lens package's recipe on one model (benchmarks/tuned_lens.py)."""
     t, model = r["timing"], r["model"]
-    setting = (f"{r['machine']['utc']} · {model['n_layers']} layers × d_model {model['d_model']} on the order-2 Markov "
-               f"chain · fitted on {r['tokens']['fit_sequences']} sequences, judged on "
-               f"{r['tokens']['held_out_sequences']} · medians of {t['forma']['rounds']} interleaved fits")
-    lines = ["## Tuned lens against tuned-lens (benchmarks/tuned_lens.py)", "", setting, "",
-             "| layer | KL(P_θ ‖ lens), Forma | KL(P_θ ‖ lens), tuned-lens | logit lens |", "|---|---|---|---|"]
+    setting = (
+        f"{r['machine']['utc']} · {model['n_layers']} layers × d_model {model['d_model']} on the order-2 Markov "
+        f"chain · fitted on {r['tokens']['fit_sequences']} sequences, judged on "
+        f"{r['tokens']['held_out_sequences']} · medians of {t['forma']['rounds']} interleaved fits"
+    )
+    lines = [
+        "## Tuned lens against tuned-lens (benchmarks/tuned_lens.py)",
+        "",
+        setting,
+        "",
+        "| layer | KL(P_θ ‖ lens), Forma | KL(P_θ ‖ lens), tuned-lens | logit lens |",
+        "|---|---|---|---|",
+    ]
     for i, layer in enumerate(r["layers"][:-1]):
         cells = [r["kl"][name]["kl_model"][i] for name in ("forma", "package", "logit_lens")]
         lines.append(f"| {layer} | " + " | ".join(f"{v:.4f} [{lo:.4f}, {hi:.4f}]" for v, lo, hi in cells) + " |")
-    timing = (f"Fit time: Forma {t['forma']['median_s']:.2f} s, tuned-lens {t['package']['median_s']:.2f} s "
-              f"({r['forma_faster_by']:.1f}× faster); Forma within the package's interval at every layer: "
-              f"{r['forma_within_every_interval']}.")
+    timing = (
+        f"Fit time: Forma {t['forma']['median_s']:.2f} s, tuned-lens {t['package']['median_s']:.2f} s "
+        f"({r['forma_faster_by']:.1f}× faster); Forma within the package's interval at every layer: "
+        f"{r['forma_within_every_interval']}."
+    )
     return [*lines, "", timing]
 
 
-def graphs_lines(r: dict[str, Any], transcoders: dict[str, Any] | None = None,
-                 peer: dict[str, Any] | None = None) -> list[str]:
+def graphs_lines(
+    r: dict[str, Any], transcoders: dict[str, Any] | None = None, peer: dict[str, Any] | None = None
+) -> list[str]:
     """graphs.json's section (benchmarks/graphs.py), with transcoders.json's quality table and
     graphs_circuit_tracer.json's side-by-side rows when they exist."""
-    lines = ["## Attribution graphs (benchmarks/graphs.py, benchmarks/transcoders.py)", "",
-             f"{r['machine']['utc']} · {r['model']} with {r['transcoders']} transcoders"]
+    lines = [
+        "## Attribution graphs (benchmarks/graphs.py, benchmarks/transcoders.py)",
+        "",
+        f"{r['machine']['utc']} · {r['model']} with {r['transcoders']} transcoders",
+    ]
     if transcoders:
-        lines += ["", "| transcoders | FVU by layer | L0 by layer | dead by layer | loss recovered |",
-                  "|---|---|---|---|---|"]
+        lines += [
+            "",
+            "| transcoders | FVU by layer | L0 by layer | dead by layer | loss recovered |",
+            "|---|---|---|---|---|",
+        ]
         for kind, q in transcoders["kinds"].items():
             held = q["held_out"]
-            lines.append(f"| {kind} | {' '.join(f'{v:.3f}' for v in held['fvu'])} | "
-                         f"{' '.join(f'{v:.1f}' for v in held['l0'])} | "
-                         f"{' '.join(f'{v:.0%}' for v in held['dead'])} | {q['loss']['recovered']:.1%} |")
+            lines.append(
+                f"| {kind} | {' '.join(f'{v:.3f}' for v in held['fvu'])} | "
+                f"{' '.join(f'{v:.1f}' for v in held['l0'])} | "
+                f"{' '.join(f'{v:.0%}' for v in held['dead'])} | {q['loss']['recovered']:.1%} |"
+            )
     if r.get("scale"):
-        lines += ["", "| prompt tokens | active features | nodes | seconds | peak MB above the call's start |",
-                  "|---|---|---|---|---|"]
-        lines += [f"| {row['n_pos']} | {row['n_features']:,} | {row['n_nodes']:,} | {row['seconds']:.1f} | "
-                  f"{(row['peak_bytes'] or 0) / 2**20:.0f} |" for row in r["scale"]]
+        lines += [
+            "",
+            "| prompt tokens | active features | nodes | seconds | peak MB above the call's start |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {row['n_pos']} | {row['n_features']:,} | {row['n_nodes']:,} | {row['seconds']:.1f} | "
+            f"{(row['peak_bytes'] or 0) / 2**20:.0f} |"
+            for row in r["scale"]
+        ]
     if r.get("prompts"):
-        lines += ["", "| prompt | max node residual / max input | max replacement logit diff | ablation corr. (live) | "
-                  "sign agr. (live) | corr. (frozen) | sign agr. (frozen) | influence kept (nodes, edges) |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "| prompt | max node residual / max input | max replacement logit diff | ablation corr. (live) | "
+            "sign agr. (live) | corr. (frozen) | sign agr. (frozen) | influence kept (nodes, edges) |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for i, row in enumerate(r["prompts"]):
             live, frozen, pruning = row["ablation_live"], row["ablation_frozen"], row["pruning"]
-            lines.append(f"| {i} ({row['n_pos']} tokens) | {row['max_node_residual'] / row['max_node_input']:.1e} | "
-                         f"{row['max_replacement_logit_difference']:.1e} | {live['correlation']:.2f} | "
-                         f"{live['sign_agreement']:.0%} | {frozen['correlation']:.2f} | "
-                         f"{frozen['sign_agreement']:.0%} | {pruning['node_share']:.0%}, {pruning['edge_share']:.0%} |")
+            lines.append(
+                f"| {i} ({row['n_pos']} tokens) | {row['max_node_residual'] / row['max_node_input']:.1e} | "
+                f"{row['max_replacement_logit_difference']:.1e} | {live['correlation']:.2f} | "
+                f"{live['sign_agreement']:.0%} | {frozen['correlation']:.2f} | "
+                f"{frozen['sign_agreement']:.0%} | {pruning['node_share']:.0%}, {pruning['edge_share']:.0%} |"
+            )
     for world, m in r.get("mechanisms", {}).items():
-        lines.append(f"\nKnown mechanism, {world}: {m['mean']:.0%} of the tokens' path influence at {m['relevant']} "
-                     f"(chance {m['chance']:.0%}), mean of {len(m['share_per_prompt'])} prompts.")
+        lines.append(
+            f"\nKnown mechanism, {world}: {m['mean']:.0%} of the tokens' path influence at {m['relevant']} "
+            f"(chance {m['chance']:.0%}), mean of {len(m['share_per_prompt'])} prompts."
+        )
     if peer:
-        lines += ["", f"Beside circuit-tracer {peer['circuit_tracer']} ({peer['model']}; {peer['transcoders']}; "
-                  f"{peer['threads']} threads, {peer['machine']['utc']}):", "",
-                  "| tokens | Forma s | circuit-tracer s | Forma peak MB | circuit-tracer peak MB | max edge diff |",
-                  "|---|---|---|---|---|---|"]
-        lines += [f"| {row['n_pos']} | {row['forma']['seconds']:.2f} | {row['circuit_tracer']['seconds']:.2f} | "
-                  f"{row['forma']['peak_bytes'] / 2**20:.0f} | {row['circuit_tracer']['peak_bytes'] / 2**20:.0f} | "
-                  f"{row['agreement']['max_abs_difference']:.1e} |" for row in peer["rows"]]
+        lines += [
+            "",
+            f"Beside circuit-tracer {peer['circuit_tracer']} ({peer['model']}; {peer['transcoders']}; "
+            f"{peer['threads']} threads, {peer['machine']['utc']}):",
+            "",
+            "| tokens | Forma s | circuit-tracer s | Forma peak MB | circuit-tracer peak MB | max edge diff |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {row['n_pos']} | {row['forma']['seconds']:.2f} | {row['circuit_tracer']['seconds']:.2f} | "
+            f"{row['forma']['peak_bytes'] / 2**20:.0f} | {row['circuit_tracer']['peak_bytes'] / 2**20:.0f} | "
+            f"{row['agreement']['max_abs_difference']:.1e} |"
+            for row in peer["rows"]
+        ]
     return lines
 
 
-DISTRIBUTED = (("harvest", "tokens", "harvest"), ("sweep", "pairs", "sweep"),
-               ("train_data", "tokens", "transcoder training, data-parallel"),
-               ("train_modules", "tokens", "transcoder training, module-parallel"))
+DISTRIBUTED = (
+    ("harvest", "tokens", "harvest"),
+    ("sweep", "pairs", "sweep"),
+    ("train_data", "tokens", "transcoder training, data-parallel"),
+    ("train_modules", "tokens", "transcoder training, module-parallel"),
+)
 
 
 def distributed_lines(r: dict[str, Any]) -> list[str]:
     """distributed.json's section: 2 ranks against 1, one thread a rank."""
     device = "" if r.get("device", "cpu") == "cpu" else f", --device {r['device']}"
-    lines = [f"## Harvests, sweeps and transcoder training on 2 ranks against 1 (benchmarks/distributed.py{device})",
-             "", f"{r['machine']['utc']} · one thread a rank · load average {r['machine']['load_average_1_5_15'][0]:.1f} "
-             f"on {r['machine']['cpu_count']} cores · medians of {r['rounds']}", "",
-             "| what | 1 rank | 2 ranks | scaling | target |", "|---|---|---|---|---|"]
+    lines = [
+        f"## Harvests, sweeps and transcoder training on 2 ranks against 1 (benchmarks/distributed.py{device})",
+        "",
+        f"{r['machine']['utc']} · one thread a rank · load average {r['machine']['load_average_1_5_15'][0]:.1f} "
+        f"on {r['machine']['cpu_count']} cores · medians of {r['rounds']}",
+        "",
+        "| what | 1 rank | 2 ranks | scaling | target |",
+        "|---|---|---|---|---|",
+    ]
     kinds = [(kind, unit, what) for kind, unit, what in DISTRIBUTED if kind in r]
     for kind, unit, what in kinds:
         s = r[kind]
         two = s.get("ranks_2")
-        lines.append(f"| {what}, {unit}/s | {s['ranks_1'][f'{unit}_per_s']:.1f} | "
-                     f"{'—' if two is None else format(two[f'{unit}_per_s'], '.1f')} | "
-                     f"{'—' if s['scaling'] is None else format(s['scaling'], '.2f') + '×'} | ≥ {r['target_scaling']:g}× |")
+        lines.append(
+            f"| {what}, {unit}/s | {s['ranks_1'][f'{unit}_per_s']:.1f} | "
+            f"{'—' if two is None else format(two[f'{unit}_per_s'], '.1f')} | "
+            f"{'—' if s['scaling'] is None else format(s['scaling'], '.2f') + '×'} | ≥ {r['target_scaling']:g}× |"
+        )
     rounds = {kind: r[kind].get("scaling_each_round") for kind, _, _ in kinds}
     if all(rounds.values()):
-        lines += ["", "Each round's own ratio (its two launches back to back): " + "; ".join(
-            f"{kind} {', '.join(f'{x:.2f}' for x in each)}" for kind, each in rounds.items()) + "."]
+        lines += [
+            "",
+            "Each round's own ratio (its two launches back to back): "
+            + "; ".join(f"{kind} {', '.join(f'{x:.2f}' for x in each)}" for kind, each in rounds.items())
+            + ".",
+        ]
     if r.get("skipped"):
         lines += ["", f"2 ranks not run: {r['skipped']}."]
     if r.get("training_skipped"):
@@ -285,12 +430,25 @@ def write_summary(device: str = "cpu") -> Path:
     peers = _read(f"peers{suffix}")
     if peers and {"forward", "run_with_cache", "generation", "training"} <= set(peers):
         lines += peers_lines(peers)
-    sections = [("forward", forward_lines), ("walltime", walltime_lines), ("dashboard", dashboard_lines),
-                ("demo", demo_lines), ("cli", cli_lines), ("determinism", determinism_lines),
-                ("tuned_lens", tuned_lens_lines)] if device == "cpu" else []
-    sections += [("real_sizes", real_sizes_lines), ("patching", patching_lines),
-                 ("harvest", lambda r: harvest_lines(r, _read(f"harvest_saelens{suffix}"))),
-                 ("distributed", distributed_lines)]
+    sections = (
+        [
+            ("forward", forward_lines),
+            ("walltime", walltime_lines),
+            ("dashboard", dashboard_lines),
+            ("demo", demo_lines),
+            ("cli", cli_lines),
+            ("determinism", determinism_lines),
+            ("tuned_lens", tuned_lens_lines),
+        ]
+        if device == "cpu"
+        else []
+    )
+    sections += [
+        ("real_sizes", real_sizes_lines),
+        ("patching", patching_lines),
+        ("harvest", lambda r: harvest_lines(r, _read(f"harvest_saelens{suffix}"))),
+        ("distributed", distributed_lines),
+    ]
     if device == "cpu":
         sections.append(("graphs", lambda r: graphs_lines(r, _read("transcoders"), _read("graphs_circuit_tracer"))))
     for name, render in sections:

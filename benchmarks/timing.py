@@ -21,8 +21,9 @@ import torch
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def interleaved(contenders: dict[str, Callable[[], object]], rounds: int = 11, warmup: int = 2,
-                memory: str | None = None) -> dict[str, dict]:
+def interleaved(
+    contenders: dict[str, Callable[[], object]], rounds: int = 11, warmup: int = 2, memory: str | None = None
+) -> dict[str, dict]:
     """Median (and spread) of each contender's wall time over `rounds` interleaved rounds, in seconds. Round r
     starts with the contender r places on (a, b, c; b, c, a; c, a, b; ...).
 
@@ -37,12 +38,15 @@ def interleaved(contenders: dict[str, Callable[[], object]], rounds: int = 11, w
     order = list(contenders.items())
     for round_ in range(rounds):
         # Each round starts one contender further on, so none always runs first (after a warm cache, a freed heap).
-        for name, fn in order[round_ % len(order):] + order[: round_ % len(order)]:
+        for name, fn in order[round_ % len(order) :] + order[: round_ % len(order)]:
             call = Clocked(fn)
             call()
             times[name].append(call.seconds)
-    return {name: {"median_s": statistics.median(t), "min_s": min(t), "max_s": max(t), "rounds": rounds}
-            | ({"peak_memory_bytes": peaks[name]} if memory is not None else {}) for name, t in times.items()}
+    return {
+        name: {"median_s": statistics.median(t), "min_s": min(t), "max_s": max(t), "rounds": rounds}
+        | ({"peak_memory_bytes": peaks[name]} if memory is not None else {})
+        for name, t in times.items()
+    }
 
 
 class Clocked:
@@ -65,10 +69,12 @@ def sync(device: str) -> None:
 
 def timed(fn: Callable[[], Any], device: str) -> Callable[[], Any]:
     """fn, then a device sync: on a GPU the time of a call is the time until its kernels finish."""
+
     def run():
         out = fn()
         sync(device)
         return out
+
     return run
 
 
@@ -93,10 +99,15 @@ def training_steps(ours: Any, hf: Any, tokens: torch.Tensor, lr: float = 1e-4) -
 
 
 def machine() -> dict:
-    return {"python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "cpu_count": os.cpu_count(), "platform": platform.platform(),
-            "load_average_1_5_15": list(os.getloadavg()),
-            "utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "load_average_1_5_15": list(os.getloadavg()),
+        "utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
 
 
 def cache_bytes(cache: Any) -> int:
@@ -153,8 +164,11 @@ class MatrixProducts:
         calls: list[tuple[Any, tuple, tuple]] = []
 
         def spec(value: Any) -> Any:
-            return Operand(tuple(value.shape), tuple(value.stride()), value.dtype, value.device) \
-                if isinstance(value, torch.Tensor) else value
+            return (
+                Operand(tuple(value.shape), tuple(value.stride()), value.dtype, value.device)
+                if isinstance(value, torch.Tensor)
+                else value
+            )
 
         class Record(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -172,8 +186,9 @@ class MatrixProducts:
         def make(value: Any) -> Any:
             return value.make(generator) if isinstance(value, Operand) else value
 
-        self._runs = [(func, tuple(make(a) for a in args), {k: make(v) for k, v in kwargs})
-                      for func, args, kwargs in calls]
+        self._runs = [
+            (func, tuple(make(a) for a in args), {k: make(v) for k, v in kwargs}) for func, args, kwargs in calls
+        ]
         self.flops = sum(self._flops(func, args) for func, args, _ in calls)
 
     @staticmethod
@@ -196,8 +211,8 @@ class MatrixProducts:
 PEAK_METHODS = {
     "cuda": "torch.cuda.max_memory_allocated above memory_allocated before the call: bytes of tensors held",
     "cpu": "VmHWM (the peak resident set, the same high-water mark as ru_maxrss) reset through /proc/self/clear_refs "
-           "before the call, above VmRSS before it, after malloc_trim returned the allocator's free pages: the "
-           "call's own peak of resident memory, in this process",
+    "before the call, above VmRSS before it, after malloc_trim returned the allocator's free pages: the "
+    "call's own peak of resident memory, in this process",
 }
 
 

@@ -44,8 +44,9 @@ def main() -> None:
         base, _ = preset("topk", folder, args.features)
         start = time.perf_counter()
         train = harvest_windows(folder, base.hooks(), Path(work) / "train", n_windows=args.windows, window=64)
-        held_out = harvest_windows(folder, base.hooks(), Path(work) / "held-out", n_windows=128, window=64,
-                                   split="val", seed=1)
+        held_out = harvest_windows(
+            folder, base.hooks(), Path(work) / "held-out", n_windows=128, window=64, split="val", seed=1
+        )
         results["harvest_s"] = time.perf_counter() - start
         results["train_rows"], results["held_out_rows"] = len(train[0]), len(held_out[0])
         for kind in args.kinds:
@@ -56,8 +57,12 @@ def main() -> None:
             quality["train_s"] = time.perf_counter() - start
             quality["harvest_s"], quality["train_rows"] = results["harvest_s"], results["train_rows"]
             results["kinds"][kind] = quality
-            print(kind, json.dumps({k: quality["held_out"][k] for k in ("fvu", "l0", "dead")}), quality["loss"],
-                  flush=True)
+            print(
+                kind,
+                json.dumps({k: quality["held_out"][k] for k in ("fvu", "l0", "dead")}),
+                quality["loss"],
+                flush=True,
+            )
             write("transcoders", results)
     write_summary()
 

@@ -73,16 +73,34 @@ def trained_model(layers: int, steps: int) -> tuple[HookedTransformer, MarkovSou
     cfg = ModelConfig(d_vocab=8, d_model=64, n_layers=layers, n_heads=4, n_ctx=LENGTH, mlp="gelu")
     model = HookedTransformer(cfg, seed=0)
     model.b_U.requires_grad_(False)  # no Hugging Face head has an unembedding bias
-    data = SequenceBatches(torch.from_numpy(source.sample(steps * 32, LENGTH, seed=1)),
-                           torch.from_numpy(source.sample(64, LENGTH, seed=2)))
-    train(model, TrainConfig(steps=steps, batch_size=32, seq_len=LENGTH, lr=3e-3, min_lr=3e-4, warmup_steps=100,
-                             eval_interval=steps, eval_batches=2, checkpoint_every_s=0.0), data, progress=False)
+    data = SequenceBatches(
+        torch.from_numpy(source.sample(steps * 32, LENGTH, seed=1)), torch.from_numpy(source.sample(64, LENGTH, seed=2))
+    )
+    train(
+        model,
+        TrainConfig(
+            steps=steps,
+            batch_size=32,
+            seq_len=LENGTH,
+            lr=3e-3,
+            min_lr=3e-4,
+            warmup_steps=100,
+            eval_interval=steps,
+            eval_batches=2,
+            checkpoint_every_s=0.0,
+        ),
+        data,
+        progress=False,
+    )
     return model.eval(), source
 
 
 def _kl(log_probs: np.ndarray, p: np.ndarray, valid: np.ndarray) -> list[list[float]]:
     """[KL(p ‖ lens), low, high] per layer, averaged over each sequence's valid positions."""
-    return [[g.value.value, g.value.low, g.value.high] for g in (layer["kl_true"] for layer in lens_grades(log_probs, p, valid))]
+    return [
+        [g.value.value, g.value.low, g.value.high]
+        for g in (layer["kl_true"] for layer in lens_grades(log_probs, p, valid))
+    ]
 
 
 def measure(layers: int, steps: int, n_fit: int, n_held_out: int, rounds: int, package_steps: int) -> dict[str, Any]:
@@ -105,8 +123,14 @@ def measure(layers: int, steps: int, n_fit: int, n_held_out: int, rounds: int, p
     model_p = logit_lens(model, held_out)[-1].exp().double().numpy()
     with torch.no_grad():
         hidden = hf(held_out, output_hidden_states=True).hidden_states
-        theirs = torch.stack([fitted["package"](hidden[l], l).log_softmax(-1) for l in range(layers)]
-                             + [logit_lens(model, held_out)[-1]]).double().numpy()
+        theirs = (
+            torch.stack(
+                [fitted["package"](hidden[l], l).log_softmax(-1) for l in range(layers)]
+                + [logit_lens(model, held_out)[-1]]
+            )
+            .double()
+            .numpy()
+        )
     ours = fitted["forma"].log_probs(model, held_out).double().numpy()
     logit = logit_lens(model, held_out).double().numpy()
     out: dict[str, Any] = {}
@@ -116,13 +140,19 @@ def measure(layers: int, steps: int, n_fit: int, n_held_out: int, rounds: int, p
     return {
         "model": {"world": {"kind": "markov", **WORLD}, "n_layers": layers, "d_model": 64, "train_steps": steps},
         "tokens": {"fit_sequences": n_fit, "held_out_sequences": n_held_out, "length": LENGTH},
-        "package_recipe": {"steps": package_steps, "batch_sequences": 32, "optimizer": "SGD nesterov, lr 0.1, "
-                           "momentum 0.9, weight decay 1e-3, linear decay, clip 1.0"},
+        "package_recipe": {
+            "steps": package_steps,
+            "batch_sequences": 32,
+            "optimizer": "SGD nesterov, lr 0.1, momentum 0.9, weight decay 1e-3, linear decay, clip 1.0",
+        },
         "layers": [f"resid_pre {l}" for l in range(layers)] + ["output"],
-        "kl": out, "timing": timing,
+        "kl": out,
+        "timing": timing,
         "forma_faster_by": timing["package"]["median_s"] / timing["forma"]["median_s"],
-        "forma_within_package_interval": within, "forma_within_every_interval": all(within),
-        "forma_lbfgs_evaluations": fitted["forma"].evaluations}
+        "forma_within_package_interval": within,
+        "forma_within_every_interval": all(within),
+        "forma_lbfgs_evaluations": fitted["forma"].evaluations,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -139,9 +169,12 @@ def main(argv: list[str] | None = None) -> None:
         results = measure(layers, steps, n_fit, n_held_out, rounds, 250)
     results["machine"] = machine()
     where = "(--quick: not written)" if args.quick else f"→ {write('tuned_lens', results)}, {write_summary()}"
-    print(f"forma {results['timing']['forma']['median_s']:.2f} s, package {results['timing']['package']['median_s']:.2f} s "
-          f"({results['forma_faster_by']:.1f}×); within the package's interval at every layer: "
-          f"{results['forma_within_every_interval']} {where}")
+    print(
+        f"forma {results['timing']['forma']['median_s']:.2f} s, package "
+        f"{results['timing']['package']['median_s']:.2f} s "
+        f"({results['forma_faster_by']:.1f}×); within the package's interval at every layer: "
+        f"{results['forma_within_every_interval']} {where}"
+    )
 
 
 if __name__ == "__main__":

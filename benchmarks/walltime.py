@@ -46,8 +46,14 @@ def time_demo(clone: Path, env: dict[str, str], log: Path, limit_s: float = 3600
     port = free_port()
     start = time.perf_counter()
     with log.open("w") as out:
-        process = subprocess.Popen(["make", "demo", f"DEMO_ARGS=--port {port}"], cwd=clone, env=env, stdout=out,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            ["make", "demo", f"DEMO_ARGS=--port {port}"],
+            cwd=clone,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             wait_until_serving(f"http://127.0.0.1:{port}", process, timeout_s=limit_s)
             serving = time.perf_counter() - start
@@ -61,8 +67,11 @@ def time_demo(clone: Path, env: dict[str, str], log: Path, limit_s: float = 3600
         finally:
             os.killpg(process.pid, signal.SIGTERM)
             process.wait(timeout=30)
-    return {"until_dashboard_serves_s": serving, "until_every_job_done_s": filled,
-            "demo_reported_ready_s": float(ready_lines(log)[-1].split()[3])}
+    return {
+        "until_dashboard_serves_s": serving,
+        "until_every_job_done_s": filled,
+        "demo_reported_ready_s": float(ready_lines(log)[-1].split()[3]),
+    }
 
 
 def ready_lines(log: Path) -> list[str]:
@@ -72,8 +81,13 @@ def ready_lines(log: Path) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="*", choices=STEPS, help="steps to time (default: all)")
-    parser.add_argument("--profiles", nargs="*", choices=("quick", "default"), default=["quick", "default"],
-                        help="the experiments step's profiles (default: both)")
+    parser.add_argument(
+        "--profiles",
+        nargs="*",
+        choices=("quick", "default"),
+        default=["quick", "default"],
+        help="the experiments step's profiles (default: both)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the clone (its path is printed)")
     args = parser.parse_args()
     steps = set(args.only or STEPS)
@@ -99,9 +113,18 @@ def main() -> None:
             print(f"make demo after install: {results['demo_after_install']}", flush=True)
         if "experiments" in steps:
             forma = str(clone / ".venv" / "bin" / "forma")
-            names = subprocess.run([str(clone / ".venv" / "bin" / "python"), "-c",
-                                    "import experiments; print(' '.join(experiments.experiment_names()))"],
-                                   cwd=clone, env=env, capture_output=True, text=True, check=True).stdout.split()
+            names = subprocess.run(
+                [
+                    str(clone / ".venv" / "bin" / "python"),
+                    "-c",
+                    "import experiments; print(' '.join(experiments.experiment_names()))",
+                ],
+                cwd=clone,
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.split()
             profiles = results.setdefault("experiments", {})
             for name in names:
                 for profile, flags in (("quick", ["--quick"]), ("default", [])):
@@ -109,12 +132,17 @@ def main() -> None:
                         continue
                     out = root / "runs" / f"{name}-{profile}"
                     load = os.getloadavg()[0]
-                    seconds = timed_run([forma, "run", name, *flags, "--out", str(out)], clone, env,
-                                        logs / f"{name}-{profile}.log")
+                    seconds = timed_run(
+                        [forma, "run", name, *flags, "--out", str(out)], clone, env, logs / f"{name}-{profile}.log"
+                    )
                     recorded = json.loads((out / "provenance.json").read_text()).get("wall_time_s")
                     # Entries of earlier invocations stay: each names the commit and load it was measured at.
-                    profiles.setdefault(name, {})[profile] = {"process_s": seconds, "experiment_s": recorded,
-                                                              "commit": commit, "load_average_1min_at_start": load}
+                    profiles.setdefault(name, {})[profile] = {
+                        "process_s": seconds,
+                        "experiment_s": recorded,
+                        "commit": commit,
+                        "load_average_1min_at_start": load,
+                    }
                     print(f"forma run {name} {' '.join(flags)}: {seconds:.0f} s", flush=True)
     finally:
         results["clone"] = str(clone) if args.keep else None

@@ -23,9 +23,14 @@ def checkpoints(results: dict) -> dict[str, tuple[str, dict]]:
     training = results.get("training") if isinstance(results.get("training"), dict) else {}
     end, partial = results["at_end"].get("step"), training.get("partial_step")
     recall = training.get("partial_recall_seen")
-    return {"end": (f"end of training (step {short(end)})", results["at_end"]),
-            "partial": (f"partial checkpoint (step {short(partial)}" + (
-                f", where seen persons' cloze recall is {recall:.2f})" if isinstance(recall, float) else ")"), results)}
+    return {
+        "end": (f"end of training (step {short(end)})", results["at_end"]),
+        "partial": (
+            f"partial checkpoint (step {short(partial)}"
+            + (f", where seen persons' cloze recall is {recall:.2f})" if isinstance(recall, float) else ")"),
+            results,
+        ),
+    }
 
 
 def summary(name: str, block: dict) -> None:
@@ -37,19 +42,30 @@ def summary(name: str, block: dict) -> None:
         number("Accuracy", block.get("accuracy"), "{:.3f}")
     with cols[2]:
         ci = block.get("ece_ci95") or [None, None]
-        number("ECE (15 equal-width)", block.get("ece_15_equal_width"), "{:.3f}",
-               help=f"95% bootstrap interval {ci}; noise floor of a calibrated model {block.get('noise_floor_ece')}; "
-                    f"debiased (Kumar et al. 2019) {block.get('ece_15_equal_width_debiased')}. ECE is biased upward: "
-                    "noise alone gives the noise floor.")
+        number(
+            "ECE (15 equal-width)",
+            block.get("ece_15_equal_width"),
+            "{:.3f}",
+            help=f"95% bootstrap interval {ci}; noise floor of a calibrated model {block.get('noise_floor_ece')}; "
+            f"debiased (Kumar et al. 2019) {block.get('ece_15_equal_width_debiased')}. ECE is biased upward: "
+            "noise alone gives the noise floor.",
+        )
     with cols[3]:
-        number("Noise floor", block.get("noise_floor_ece"), "{:.3f}", help="ECE a perfectly calibrated model shows here")
+        number(
+            "Noise floor", block.get("noise_floor_ece"), "{:.3f}", help="ECE a perfectly calibrated model shows here"
+        )
     with cols[4]:
         number("Brier", block.get("brier"), "{:.3f}")
 
 
-TEMPERATURE_ROWS = (("ece_15_equal_width", "ECE, 15 equal-width bins"), ("ece_10_equal_mass", "ECE, 10 equal-mass bins"),
-                    ("nll", "NLL (nats)"), ("brier", "Brier"), ("accuracy", "accuracy"),
-                    ("mean_confidence", "mean confidence"))
+TEMPERATURE_ROWS = (
+    ("ece_15_equal_width", "ECE, 15 equal-width bins"),
+    ("ece_10_equal_mass", "ECE, 10 equal-mass bins"),
+    ("nll", "NLL (nats)"),
+    ("brier", "Brier"),
+    ("accuracy", "accuracy"),
+    ("mean_confidence", "mean confidence"),
+)
 
 
 def temperature_table(block: dict) -> pd.DataFrame:
@@ -62,24 +78,36 @@ def temperature_table(block: dict) -> pd.DataFrame:
             if name not in block:
                 continue
             interval = block.get(f"{name}_ci95")
-            rows.append({"quantity": label, "when": when, "value": block[name],
-                         "95% interval": "—" if not interval else f"[{interval[0]:.3f}, {interval[1]:.3f}]",
-                         "noise floor": block.get(f"noise_floor_{name}"), "debiased": block.get(f"{name}_debiased")})
+            rows.append(
+                {
+                    "quantity": label,
+                    "when": when,
+                    "value": block[name],
+                    "95% interval": "—" if not interval else f"[{interval[0]:.3f}, {interval[1]:.3f}]",
+                    "noise floor": block.get(f"noise_floor_{name}"),
+                    "debiased": block.get(f"{name}_debiased"),
+                }
+            )
     return pd.DataFrame(rows)
 
 
 def show_temperature(block: dict, at: str) -> None:
     interval = block.get("T_ci95")
     st.subheader(f"Temperature scaling{at}: fitted on the calibration split, measured on the test split")
-    st.write(f"T = {block['T']:.3f}" + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "")
-             + f" · {block.get('n_calibration')} calibration items, {block.get('n_test')} test items")
+    st.write(
+        f"T = {block['T']:.3f}"
+        + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "")
+        + f" · {block.get('n_calibration')} calibration items, {block.get('n_test')} test items"
+    )
     show_table(temperature_table(block), download="temperature_scaling")
 
 
 def show_verdicts(results: dict, block: dict, at: str) -> None:
     """P(IK)'s verdicts (over every candidate, then per family of readouts) and P(True)'s, as the run wrote them,
     but for a verdict that is a headline this run cannot support: the headlines above say why it is not shown."""
-    unsupported = {h.get("sentence") for h in results.get("headlines") or [] if isinstance(h, dict) and not h.get("supported")}
+    unsupported = {
+        h.get("sentence") for h in results.get("headlines") or [] if isinstance(h, dict) and not h.get("supported")
+    }
     sentences = [s for s in block.get("p_ik_summary") or [] if s not in unsupported]
     if sentences:
         st.subheader(f"P(IK){at}: which readouts predict a correct answer")
@@ -91,10 +119,19 @@ def show_verdicts(results: dict, block: dict, at: str) -> None:
         st.text(f"• {layers['verdict']['sentence']}")
 
 
-P_IK_LABELS = {"readout": "readout", "position": "position", "layer": "layer",
-               "auroc": "AUROC (test split)", "auroc_ci95": "95% interval", "validation_auroc": "AUROC (validation)",
-               "control_shuffled_auroc": "AUROC, shuffled labels", "control_untrained_auroc": "AUROC, untrained model",
-               "auroc_n_pos": "right answers", "auroc_n_neg": "wrong answers", "constant": "constant scores"}
+P_IK_LABELS = {
+    "readout": "readout",
+    "position": "position",
+    "layer": "layer",
+    "auroc": "AUROC (test split)",
+    "auroc_ci95": "95% interval",
+    "validation_auroc": "AUROC (validation)",
+    "control_shuffled_auroc": "AUROC, shuffled labels",
+    "control_untrained_auroc": "AUROC, untrained model",
+    "auroc_n_pos": "right answers",
+    "auroc_n_neg": "wrong answers",
+    "constant": "constant scores",
+}
 
 
 def show_live_temperature(items) -> None:
@@ -109,15 +146,26 @@ def show_live_temperature(items) -> None:
     correct = probs.argmax(axis=1) == items["answer_index"].to_numpy()
     floor, _ = noise_floor_ece(confidence, n_sim=100)
     floor_mass, _ = noise_floor_ece(confidence, 10, "equal_mass", n_sim=100)
-    st.write(f"At T = {T:.2f}: ECE **{ece(confidence, correct):.3f}** with 15 equal-width bins (noise floor "
-             f"{floor:.3f}), **{ece(confidence, correct, 10, 'equal_mass'):.3f}** with 10 equal-mass bins (noise "
-             f"floor {floor_mass:.3f}); mean confidence {confidence.mean():.3f}, accuracy {correct.mean():.3f} "
-             "(unchanged by T).")
+    st.write(
+        f"At T = {T:.2f}: ECE **{ece(confidence, correct):.3f}** with 15 equal-width bins (noise floor "
+        f"{floor:.3f}), **{ece(confidence, correct, 10, 'equal_mass'):.3f}** with 10 equal-mass bins (noise "
+        f"floor {floor_mass:.3f}); mean confidence {confidence.mean():.3f}, accuracy {correct.mean():.3f} "
+        "(unchanged by T)."
+    )
     diagram = reliability(confidence, correct)
-    fig = go.Figure([go.Bar(x=diagram.confidence, y=diagram.accuracy, name="accuracy", width=1 / 15),
-                     go.Scatter(x=[0, 1], y=[0, 1], name="perfect calibration", mode="lines")])
-    fig.update_layout(title="Reliability diagram", xaxis_title="confidence", yaxis_title="accuracy",
-                      xaxis_range=[0, 1], yaxis_range=[0, 1])
+    fig = go.Figure(
+        [
+            go.Bar(x=diagram.confidence, y=diagram.accuracy, name="accuracy", width=1 / 15),
+            go.Scatter(x=[0, 1], y=[0, 1], name="perfect calibration", mode="lines"),
+        ]
+    )
+    fig.update_layout(
+        title="Reliability diagram",
+        xaxis_title="confidence",
+        yaxis_title="accuracy",
+        xaxis_range=[0, 1],
+        yaxis_range=[0, 1],
+    )
     draw(fig, "live_reliability")
 
 
@@ -125,18 +173,27 @@ def render(folder: Path, results: dict) -> None:
     show_headlines(results)
     measured = checkpoints(results)
     if len(measured) > 1:
-        chosen = st.radio("Checkpoint shown below (the headlines above speak of both, each naming its own)",
-                          list(measured), format_func=lambda key: measured[key][0], horizontal=True,
-                          key="checkpoint")
+        chosen = st.radio(
+            "Checkpoint shown below (the headlines above speak of both, each naming its own)",
+            list(measured),
+            format_func=lambda key: measured[key][0],
+            horizontal=True,
+            key="checkpoint",
+        )
     else:
         chosen = next(iter(measured))
     where, block = measured[chosen]
     at = f", {where}" if len(measured) > 1 else ""  # every section names its checkpoint, when there are two
     if at:
-        st.caption(f"Every number and table below is at the {where}; the figures at the end show both checkpoints, "
-                   "each named in its legend.")
+        st.caption(
+            f"Every number and table below is at the {where}; the figures at the end show both checkpoints, "
+            "each named in its legend."
+        )
 
-    for key, title in (("mc", "Cloze multiple choice"), ("lettered", "Lettered multiple choice (knowledge extraction)")):
+    for key, title in (
+        ("mc", "Cloze multiple choice"),
+        ("lettered", "Lettered multiple choice (knowledge extraction)"),
+    ):
         if isinstance(block.get(key), dict):
             summary(f"{title}{at}", block[key])
 
@@ -159,5 +216,9 @@ def render(folder: Path, results: dict) -> None:
     show_figures(folder)
 
 
-show_run("calibration", render, fields={"mc": dict, "lettered": dict, "temperature": dict, "p_ik": (list, dict),
-                                        "headlines": list}, required=("mc",))
+show_run(
+    "calibration",
+    render,
+    fields={"mc": dict, "lettered": dict, "temperature": dict, "p_ik": (list, dict), "headlines": list},
+    required=("mc",),
+)

@@ -54,8 +54,18 @@ def one_colour_per_series(fig: go.Figure) -> None:
     has (its own, or the next of the figure's colour cycle); the legend shows each series once and toggles
     all its traces together."""
     palette = list(fig.layout.template.layout.colorway or ()) if fig.layout.template else []
-    palette = list(fig.layout.colorway or palette) or ["#636efa", "#EF553B", "#00cc96", "#ab63fa", "#FFA15A",
-                                                       "#19d3f3", "#FF6692", "#B6E880", "#FF97FF", "#FECB52"]
+    palette = list(fig.layout.colorway or palette) or [
+        "#636efa",
+        "#EF553B",
+        "#00cc96",
+        "#ab63fa",
+        "#FFA15A",
+        "#19d3f3",
+        "#FF6692",
+        "#B6E880",
+        "#FF97FF",
+        "#FECB52",
+    ]
     colours: dict[str, Any] = {}
     shown: set[str] = set()
     cycle = 0
@@ -188,8 +198,11 @@ def relabel(fig: go.Figure, names: dict[str, str]) -> go.Figure:
             trace.name = names[trace.name]
         for letter in ("x", "y"):
             values = getattr(trace, letter, None)
-            if values is not None and not isinstance(values, dict) and any(v in names for v in values
-                                                                            if isinstance(v, str)):
+            if (
+                values is not None
+                and not isinstance(values, dict)
+                and any(v in names for v in values if isinstance(v, str))
+            ):
                 trace[letter] = [names.get(v, v) if isinstance(v, str) else v for v in values]
     if fig.layout.title and fig.layout.title.text and names:
         keys = re.compile(r"\b(" + "|".join(map(re.escape, sorted(names, key=len, reverse=True))) + r")\b")

@@ -22,10 +22,9 @@ from lab.headlines import reason as headline_reason
 from lab.headlines import split as split_headlines
 from lab.jobs import queued
 from lab.progress import model_finished, model_progress, run_progress
-from lab.runs import read_figures, read_results, run_record
 from lab.runs import latest_run as newest_run
+from lab.runs import read_figures, read_results, run_record
 from lab.runs import read_table as read_parquet_table
-
 
 MARKDOWN_SYNTAX = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:&=^\"'])")  # every character Markdown or Streamlit reads
 
@@ -53,12 +52,20 @@ def latest_run(experiment: str) -> tuple[Path | None, dict | None, str | None]:
     """(folder, results, problem): the newest complete run, or a sentence saying what is wrong."""
     folder = newest_run(experiment)
     if folder is None:
-        return None, None, f"No run of `{experiment}` yet. Make one with `forma run {experiment} --quick` (or without --quick for the full experiment)."
+        return (
+            None,
+            None,
+            f"No run of `{experiment}` yet. Make one with `forma run {experiment} --quick` (or without --quick for "
+            "the full experiment).",
+        )
     try:
         return folder, read_results(folder), None
     except (FileNotFoundError, ValueError) as err:
-        return (folder, None,
-                f"The run in {code(folder)} has an unreadable results.json ({plain(err)}). " + rerun(experiment))
+        return (
+            folder,
+            None,
+            f"The run in {code(folder)} has an unreadable results.json ({plain(err)}). " + rerun(experiment),
+        )
 
 
 def figures(folder: Path, unreadable: list[str] | None = None) -> list[tuple[str, Any]]:
@@ -78,8 +85,10 @@ def show_figures(folder: Path, only: list[str] | None = None, names: dict[str, s
         if only is None or name in only:
             draw(relabel(fig, names or {}), f"fig-{folder.name}-{name}")
     if unreadable:
-        st.warning(f"Figures in {code(folder)} that are not readable plotly JSON, left out: "
-                   f"{plain(', '.join(unreadable))}. " + rerun(folder.parent.name))
+        st.warning(
+            f"Figures in {code(folder)} that are not readable plotly JSON, left out: "
+            f"{plain(', '.join(unreadable))}. " + rerun(folder.parent.name)
+        )
 
 
 def read_table(path: Path, experiment: str, columns: list[str] | None = None):
@@ -104,19 +113,23 @@ def checked_fields(results: dict, path: Path, experiment: str, fields: FieldType
     """`results` without the fields whose type is not the one this page reads, after one warning that names
     the file, each such field and each missing required one. Fields the page does not read are ignored."""
     problems = [f"it has no {code(key)}" for key in required if key not in results]
-    wrong = {key for key, kind in fields.items()
-             if results.get(key) is not None and not isinstance(results[key], kind)}
+    wrong = {key for key, kind in fields.items() if results.get(key) is not None and not isinstance(results[key], kind)}
     for key in sorted(wrong):
         kinds = fields[key] if isinstance(fields[key], tuple) else (fields[key],)
-        problems.append(f"{code(key)} is a {type(results[key]).__name__}, "
-                        f"not a {' or '.join(k.__name__ for k in kinds)}")
+        problems.append(
+            f"{code(key)} is a {type(results[key]).__name__}, not a {' or '.join(k.__name__ for k in kinds)}"
+        )
     if problems:
         warn_shape(path.parent, experiment, "; ".join(problems))
     return {key: value for key, value in results.items() if key not in wrong}
 
 
-def show_run(experiment: str, render: Callable[[Path, dict], None], fields: FieldTypes | None = None,
-             required: tuple[str, ...] = ()) -> None:
+def show_run(
+    experiment: str,
+    render: Callable[[Path, dict], None],
+    fields: FieldTypes | None = None,
+    required: tuple[str, ...] = (),
+) -> None:
     """An experiment's page: the header of its latest run, then render(folder, results). A results.json that
     lacks a field, holds one of another type, or a value of another shape deeper down is a warning that names
     the file and says what to run — never a traceback."""
@@ -128,8 +141,10 @@ def show_run(experiment: str, render: Callable[[Path, dict], None], fields: Fiel
     try:
         render(folder, results)
     except SHAPE_ERRORS as err:
-        st.warning(f"{code(path)} holds a value this page cannot show ({type(err).__name__}: {plain(err)}), so the "
-                   f"rest of the page is left out. " + rerun(experiment))
+        st.warning(
+            f"{code(path)} holds a value this page cannot show ({type(err).__name__}: {plain(err)}), so the "
+            f"rest of the page is left out. " + rerun(experiment)
+        )
 
 
 def show_run_header(experiment: str) -> tuple[Path | None, dict | None]:
@@ -146,8 +161,10 @@ def show_run_header(experiment: str) -> tuple[Path | None, dict | None]:
     git = provenance.get("git")
     commit = str((git if isinstance(git, dict) else {}).get("commit") or "unknown")
     wall = provenance.get("wall_time_s")
-    st.caption(f"Run {code(folder.name)} · seed {plain(provenance.get('seed'))} · commit {plain(commit[:10])}"
-               + (f" · {wall:.0f} s" if isinstance(wall, (int, float)) else ""))
+    st.caption(
+        f"Run {code(folder.name)} · seed {plain(provenance.get('seed'))} · commit {plain(commit[:10])}"
+        + (f" · {wall:.0f} s" if isinstance(wall, (int, float)) else "")
+    )
     return folder, results
 
 
@@ -196,17 +213,47 @@ def shorts(values: Any) -> str:
 
 
 # Words for the parts of a results key: a column header reads "hallucination rate", "95% interval", "(nats)".
-KEY_WORDS = {"ci95": "95% interval", "se": "SE", "ece": "ECE", "nll": "NLL", "kl": "KL", "auroc": "AUROC",
-             "aurc": "AURC", "tv": "TV", "eps": "ε bins", "mf": "monofact rate", "crc": "CRC", "ltt": "LTT",
-             "ik": "IK", "rhs": "right side", "lhs": "left side", "mis": "Mis", "gamma": "γ", "alpha": "α",
-             "delta": "δ", "n": "n", "pos": "positives", "neg": "negatives", "max": "largest", "min": "smallest"}
+KEY_WORDS = {
+    "ci95": "95% interval",
+    "se": "SE",
+    "ece": "ECE",
+    "nll": "NLL",
+    "kl": "KL",
+    "auroc": "AUROC",
+    "aurc": "AURC",
+    "tv": "TV",
+    "eps": "ε bins",
+    "mf": "monofact rate",
+    "crc": "CRC",
+    "ltt": "LTT",
+    "ik": "IK",
+    "rhs": "right side",
+    "lhs": "left side",
+    "mis": "Mis",
+    "gamma": "γ",
+    "alpha": "α",
+    "delta": "δ",
+    "n": "n",
+    "pos": "positives",
+    "neg": "negatives",
+    "max": "largest",
+    "min": "smallest",
+}
 UNITS = {"nats": "nats", "s": "s", "pct": "%", "bits": "bits"}
 
 
 # The monitor's risk signals in words, as its table, its charts and its prompt box name them.
-SIGNAL_WORDS = {"max_prob": "top probability", "entropy": "entropy (nats)", "margin": "top-two margin",
-                "lens_kl": "logit-lens KL (nats)", "subject_attention": "attention on the subject", "probe": "probe",
-                "p_ik": "P(IK)", "self_consistency": "self-consistency", "semantic_entropy": "semantic entropy (nats)"}
+SIGNAL_WORDS = {
+    "max_prob": "top probability",
+    "entropy": "entropy (nats)",
+    "margin": "top-two margin",
+    "lens_kl": "logit-lens KL (nats)",
+    "subject_attention": "attention on the subject",
+    "probe": "probe",
+    "p_ik": "P(IK)",
+    "self_consistency": "self-consistency",
+    "semantic_entropy": "semantic entropy (nats)",
+}
 
 
 def words(key: str) -> str:
@@ -267,9 +314,14 @@ def show_table(rows: Any, labels: dict[str, str] | None = None, download: str | 
     table = table.rename(columns=lambda c: plain((labels or {}).get(c) or words(c)))
     st.table(table.set_index(table.columns[0]))
     if download:
-        st.download_button(f"Download these rows, every digit ({download}.csv)", frame.to_csv(index=False),
-                           file_name=f"{download}.csv", mime="text/csv", key=f"download-{download}",
-                           on_click="ignore")
+        st.download_button(
+            f"Download these rows, every digit ({download}.csv)",
+            frame.to_csv(index=False),
+            file_name=f"{download}.csv",
+            mime="text/csv",
+            key=f"download-{download}",
+            on_click="ignore",
+        )
 
 
 def number(label: str, value: Any, fmt: str = "{:.4f}", help: str | None = None) -> None:
@@ -315,19 +367,27 @@ def show_progress(kind: str, name: str) -> bool:
     def body() -> None:
         progress = read(name)
         place = queued(command, name)
-        if (finished(name) != shown or (progress is not None and progress.active) != working
-                or (place is not None) != was_queued):
+        if (
+            finished(name) != shown
+            or (progress is not None and progress.active) != working
+            or (place is not None) != was_queued
+        ):
             st.rerun()  # a job began, or ended and wrote its results: the whole page again
         if progress is not None and progress.active:
             st.progress(progress.fraction or 0.0, text=code(progress.line()))
             if shown is not None:
-                st.caption("What follows is the previous " + ("run" if kind == "run" else "model")
-                           + "; the page fills in again when this job ends.")
+                st.caption(
+                    "What follows is the previous "
+                    + ("run" if kind == "run" else "model")
+                    + "; the page fills in again when this job ends."
+                )
         elif place is not None:
             st.info(place.sentence())
         elif progress is not None and progress.state == "failed":
-            st.warning(f"{code(progress.job)} failed: {plain(progress.error)}. Its log says more "
-                       f"(`forma demo` keeps it in runs/demo/).")
+            st.warning(
+                f"{code(progress.job)} failed: {plain(progress.error)}. Its log says more "
+                f"(`forma demo` keeps it in runs/demo/)."
+            )
 
     waiting = working or was_queued or (kind == "run" and shown is None)
     st.fragment(body, run_every=PROGRESS_REFRESH_S if waiting else None)()

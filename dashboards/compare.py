@@ -21,8 +21,11 @@ def describe(folder: Path, record: dict[str, Any]) -> str:
     config, provenance = record["config"], record["provenance"]
     git = provenance.get("git") if isinstance(provenance.get("git"), dict) else {}
     wall = provenance.get("wall_time_s")
-    parts = ["quick profile" if config.get("quick") else "default profile", f"seed {provenance.get('seed')}",
-             f"commit {str(git.get('commit') or 'unknown')[:10]}"]
+    parts = [
+        "quick profile" if config.get("quick") else "default profile",
+        f"seed {provenance.get('seed')}",
+        f"commit {str(git.get('commit') or 'unknown')[:10]}",
+    ]
     if isinstance(wall, (int, float)):
         parts.append(f"{wall:.0f} s")
     if config.get("model"):
@@ -47,6 +50,7 @@ def headline_value(entry: Any) -> str:
 def headline_rows(a: dict, b: dict, names: tuple[str, str]) -> list[dict[str, str]]:
     """One row per headline either run has: its value and interval in each run, and whether the two agree in
     direction (the quick-vs-default rule: a supported headline's direction must match)."""
+
     def by_name(results: dict) -> dict[str, dict]:
         entries = results.get("headlines") if isinstance(results.get("headlines"), list) else []
         return {str(h.get("name")): h for h in entries if isinstance(h, dict)}
@@ -56,32 +60,44 @@ def headline_rows(a: dict, b: dict, names: tuple[str, str]) -> list[dict[str, st
     for name in dict.fromkeys([*first, *second]):
         x, y = first.get(name), second.get(name)
         both = isinstance(x, dict) and isinstance(y, dict) and x.get("supported") and y.get("supported")
-        rows.append({"headline": title(name), names[0]: headline_value(x), names[1]: headline_value(y),
-                     "same direction": ("yes" if x.get("direction") == y.get("direction") else "NO") if both else "—"})
+        rows.append(
+            {
+                "headline": title(name),
+                names[0]: headline_value(x),
+                names[1]: headline_value(y),
+                "same direction": ("yes" if x.get("direction") == y.get("direction") else "NO") if both else "—",
+            }
+        )
     return rows
 
 
 st.title("Compare runs")
 with_runs = [e for e in experiment_names() if complete_runs(e)]
 if not with_runs:
-    st.info("No run yet. Make two to compare: `forma run kl --quick` and `forma run kl --quick --seed 1` "
-            "(or without --quick for the full experiment).")
+    st.info(
+        "No run yet. Make two to compare: `forma run kl --quick` and `forma run kl --quick --seed 1` "
+        "(or without --quick for the full experiment)."
+    )
     st.stop()
 experiment = st.selectbox("Experiment", with_runs, format_func=lambda e: registered(e).title, key="compare_experiment")
 runs = complete_runs(experiment)
 if len(runs) < 2:
-    st.info(f"`{experiment}` has one run ({code(runs[0].name)}). Make another to compare it with, e.g. "
-            f"`forma run {experiment} --quick --seed 1`, or `forma run {experiment}` for the default profile.")
+    st.info(
+        f"`{experiment}` has one run ({code(runs[0].name)}). Make another to compare it with, e.g. "
+        f"`forma run {experiment} --quick --seed 1`, or `forma run {experiment}` for the default profile."
+    )
     st.stop()
 records = {folder.name: (folder, run_record(folder)) for folder in runs}
 names = list(records)
 cols = st.columns(2)
 with cols[0]:
-    first = st.selectbox("Run A", names, index=0, key="compare_a",
-                         format_func=lambda n: f"{n} — {describe(*records[n])}")
+    first = st.selectbox(
+        "Run A", names, index=0, key="compare_a", format_func=lambda n: f"{n} — {describe(*records[n])}"
+    )
 with cols[1]:
-    second = st.selectbox("Run B", names, index=1, key="compare_b",
-                          format_func=lambda n: f"{n} — {describe(*records[n])}")
+    second = st.selectbox(
+        "Run B", names, index=1, key="compare_b", format_func=lambda n: f"{n} — {describe(*records[n])}"
+    )
 if first == second:
     st.warning("Run A and run B are the same run: choose two.")
     st.stop()
@@ -91,10 +107,14 @@ for name in chosen:
         st.warning(f"{plain(problem)}: that part of run {code(name)} is left out.")
 
 st.subheader("Headlines, number by number")
-st.caption("Each headline's value with its interval, in each run; a run that cannot support a headline says so "
-           "(its reason is below). Two supported headlines must agree in direction.")
-show_table(headline_rows(records[first][1]["results"], records[second][1]["results"], chosen),
-           download=f"{experiment}_headlines")
+st.caption(
+    "Each headline's value with its interval, in each run; a run that cannot support a headline says so "
+    "(its reason is below). Two supported headlines must agree in direction."
+)
+show_table(
+    headline_rows(records[first][1]["results"], records[second][1]["results"], chosen),
+    download=f"{experiment}_headlines",
+)
 
 columns = st.columns(2)
 for column, name in zip(columns, chosen):

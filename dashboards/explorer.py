@@ -1,7 +1,8 @@
 """Explorer: a prompt's tokens, attention patterns, residual norms, the logit, tuned and Jacobian lenses (and the
 logit lens beside the true law on a source world), direct logit attribution, input attribution, activation
 patching and head detectors, for any zoo model or local folder — a Forma model, a Hugging Face model Forma
-converts (lab.hf.from_hf), or any other Hugging Face causal LM through TransformerLens's TransformerBridge (lab.hf.bridge) — with its trust report beside it; for an
+converts (lab.hf.from_hf), or any other Hugging Face causal LM through TransformerLens's TransformerBridge
+(lab.hf.bridge) — with its trust report beside it; for an
 encoder–decoder model, its translation and cross-attention patterns.
 
 The page: choosing and opening the model, its prompt, and the tabs (drawn by dashboards/explorer_tabs.py).
@@ -15,14 +16,30 @@ import torch
 
 from dashboards.charts import draw
 from dashboards.common import code, load_model, model_version, show_progress
-from dashboards.explorer_tabs import (Opened, encode, pick, show_attention, show_attribution, show_ground_truth_lens,
-                                      show_head_detectors, show_input_attribution, show_logit_lens, show_patching,
-                                      show_residual_norms, show_trust, text_of, token_labels)
+from dashboards.explorer_tabs import (
+    Opened,
+    encode,
+    pick,
+    show_attention,
+    show_attribution,
+    show_ground_truth_lens,
+    show_head_detectors,
+    show_input_attribution,
+    show_logit_lens,
+    show_patching,
+    show_residual_norms,
+    show_trust,
+    text_of,
+    token_labels,
+)
 from lab.folders import is_trained, zoo_dir, zoo_names
 from lab.model.encoder_decoder import is_encoder_decoder
 
-DEFAULT_PROMPTS = {"pydoc": "Return the number of items in the list.", "markov": "1 2 3 4 5 6 7 8",
-                   "dates": "the third of march two thousand and five"}
+DEFAULT_PROMPTS = {
+    "pydoc": "Return the number of items in the list.",
+    "markov": "1 2 3 4 5 6 7 8",
+    "dates": "the third of march two thousand and five",
+}
 TEXT_PROMPT = "The quick brown fox jumps over the lazy dog."  # a model with a tokenizer and no prompt of its own
 ID_PROMPT = "1 2 3 4 5 6 7 8"  # a model without a tokenizer reads token ids
 
@@ -30,11 +47,15 @@ ID_PROMPT = "1 2 3 4 5 6 7 8"  # a model without a tokenizer reads token ids
 def choose_model() -> str:
     names = zoo_names()
     options = names + ["local folder…"]
-    choice = st.sidebar.selectbox("Model", options, index=options.index("pydoc") if "pydoc" in options else 0,
-                                  key="model_choice")
+    choice = st.sidebar.selectbox(
+        "Model", options, index=options.index("pydoc") if "pydoc" in options else 0, key="model_choice"
+    )
     if choice == "local folder…":
-        return st.sidebar.text_input("Folder (a Forma model, or a Hugging Face save_pretrained folder)",
-                                     key="model_path", placeholder="/path/to/model").strip()
+        return st.sidebar.text_input(
+            "Folder (a Forma model, or a Hugging Face save_pretrained folder)",
+            key="model_path",
+            placeholder="/path/to/model",
+        ).strip()
     return choice
 
 
@@ -62,11 +83,18 @@ def open_model(name: str) -> Opened | None:
         try:
             wrapped = load_bridge(str(folder), model_version(name))
         except (FileNotFoundError, ValueError, KeyError, OSError, RuntimeError, NotImplementedError) as err:
-            st.error(f"Forma does not convert `{name}` ({unsupported}), and TransformerBridge could not wrap it "
-                     f"either: {err}")
+            st.error(
+                f"Forma does not convert `{name}` ({unsupported}), and TransformerBridge could not wrap it "
+                f"either: {err}"
+            )
             return None
-        return Opened(wrapped, f"a Hugging Face {model_type} folder (Forma converts {', '.join(SUPPORTED)}), "
-                               "hooked in place by TransformerLens's TransformerBridge (lab.hf.bridge)", False, folder)
+        return Opened(
+            wrapped,
+            f"a Hugging Face {model_type} folder (Forma converts {', '.join(SUPPORTED)}), "
+            "hooked in place by TransformerLens's TransformerBridge (lab.hf.bridge)",
+            False,
+            folder,
+        )
     except FileNotFoundError as err:
         st.warning(f"{err}")
         return None
@@ -82,9 +110,22 @@ def open_model(name: str) -> Opened | None:
 
 # Widgets whose values belong to one model: a prompt in its tokenizer's words (or its token ids), a layer, head or
 # position that exists in it, a target token of its vocabulary.
-MODEL_WIDGETS = ("prompt", "corrupted", "corrupted_for", "dla_target", "dla_pos", "attn_layer", "attn_head",
-                 "patch_component", "corruption_found", "source", "cross_layer", "cross_head", "truth_pos",
-                 "trust_checked")
+MODEL_WIDGETS = (
+    "prompt",
+    "corrupted",
+    "corrupted_for",
+    "dla_target",
+    "dla_pos",
+    "attn_layer",
+    "attn_head",
+    "patch_component",
+    "corruption_found",
+    "source",
+    "cross_layer",
+    "cross_head",
+    "truth_pos",
+    "trust_checked",
+)
 
 
 def forget_another_models_widgets(name: str) -> None:
@@ -126,8 +167,10 @@ def show_cross_attention(name: str) -> None:
         st.error(f"Could not load `{name}`: {err}")
         return
     cfg = model.cfg
-    st.caption(f"encoder–decoder · {cfg.n_encoder_layers} + {cfg.n_decoder_layers} layers · d_model {cfg.d_model} · "
-               f"{cfg.n_heads} heads · positions {cfg.positions} · {cfg.block} · {cfg.mlp}")
+    st.caption(
+        f"encoder–decoder · {cfg.n_encoder_layers} + {cfg.n_decoder_layers} layers · d_model {cfg.d_model} · "
+        f"{cfg.n_heads} heads · positions {cfg.positions} · {cfg.block} · {cfg.mlp}"
+    )
     if model.src_tokenizer is None or model.tgt_tokenizer is None:
         st.warning(f"`{name}` has no tokenizers (src_tokenizer.json, tgt_tokenizer.json) to read a source with.")
         return
@@ -148,10 +191,24 @@ def show_cross_attention(name: str) -> None:
         _, cache = model.run_with_cache(src, tgt[:, :-1], names_filter=hook)
     source_labels = [f"{p}:{model.src_tokenizer.id_to_token(i)}" for p, i in enumerate(src[0].tolist())]
     target_labels = [f"{p}:→{t}" for p, t in enumerate(outputs)]
-    fig = go.Figure(go.Heatmap(z=cache[hook][0, head].numpy(), x=source_labels, y=target_labels, colorscale="Blues",
-                               zmin=0, zmax=1, hovertemplate="output %{y}<br>source %{x}<br>weight %{z:.3f}<extra></extra>"))
-    fig.update_layout(title=f"Cross-attention, decoder layer {layer} head {head}", yaxis_autorange="reversed",
-                      xaxis_title="source token (key)", yaxis_title="target token produced (query)", height=600)
+    fig = go.Figure(
+        go.Heatmap(
+            z=cache[hook][0, head].numpy(),
+            x=source_labels,
+            y=target_labels,
+            colorscale="Blues",
+            zmin=0,
+            zmax=1,
+            hovertemplate="output %{y}<br>source %{x}<br>weight %{z:.3f}<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title=f"Cross-attention, decoder layer {layer} head {head}",
+        yaxis_autorange="reversed",
+        xaxis_title="source token (key)",
+        yaxis_title="target token produced (query)",
+        height=600,
+    )
     draw(fig, "cross_attention")
 
 
@@ -163,15 +220,19 @@ def describe(opened: Opened) -> str:
     return " · ".join(parts + [f"vocab {cfg.d_vocab}", f"context {cfg.n_ctx}"])
 
 
-FORMA_ONLY = ("This view reads Forma's own model (its residual stream and unembedding); a bridged model shows "
-              "attention, patching and head detectors.")
+FORMA_ONLY = (
+    "This view reads Forma's own model (its residual stream and unembedding); a bridged model shows "
+    "attention, patching and head detectors."
+)
 
 st.title("Explorer")
 name = choose_model()
 forget_another_models_widgets(name)
 if not name:
-    st.info("Give the path of a local model folder in the sidebar: a Forma model (`model.save`) or a Hugging Face "
-            "`save_pretrained` folder with its tokenizer.")
+    st.info(
+        "Give the path of a local model folder in the sidebar: a Forma model (`model.save`) or a Hugging Face "
+        "`save_pretrained` folder with its tokenizer."
+    )
     st.stop()
 
 if is_encoder_decoder(name):
@@ -189,15 +250,28 @@ with about:
     st.caption(describe(opened))
 with trust:
     show_trust(opened, name)
-prompt = st.text_input("Prompt" + (" (space-separated token ids)" if model.tokenizer is None else ""),
-                       value=default_prompt(name, model), key="prompt")
+prompt = st.text_input(
+    "Prompt" + (" (space-separated token ids)" if model.tokenizer is None else ""),
+    value=default_prompt(name, model),
+    key="prompt",
+)
 tokens = encode(model, prompt)
 if tokens is None:
     st.stop()
 labels = token_labels(model, tokens)
 st.write("Tokens: " + " ".join(code(label) for label in labels))
-tabs = st.tabs(["Attention", "Residual stream", "Lenses", "Ground-truth lens", "Attribution", "Input attribution",
-                "Patching", "Head detectors"])
+tabs = st.tabs(
+    [
+        "Attention",
+        "Residual stream",
+        "Lenses",
+        "Ground-truth lens",
+        "Attribution",
+        "Input attribution",
+        "Patching",
+        "Head detectors",
+    ]
+)
 with tabs[0]:
     show_attention(model, tokens, labels)
 for tab, view in ((tabs[1], show_residual_norms), (tabs[4], show_attribution), (tabs[5], show_input_attribution)):

@@ -82,8 +82,9 @@ def token_text(model, i: int) -> str:
     if model.tokenizer is None:
         return str(i)
     tokenizer = model.tokenizer
-    piece = (tokenizer.id_to_token(i) if hasattr(tokenizer, "id_to_token")
-             else tokenizer.convert_ids_to_tokens(i))  # a Hugging Face tokenizer (a bridged model)
+    piece = (
+        tokenizer.id_to_token(i) if hasattr(tokenizer, "id_to_token") else tokenizer.convert_ids_to_tokens(i)
+    )  # a Hugging Face tokenizer (a bridged model)
     return readable_token(model.to_string([i]), piece)
 
 
@@ -113,31 +114,72 @@ def show_attention(model, tokens, labels) -> None:
     one, every = st.columns([3, 2])
     with one:
         pattern = cache[f"blocks.{layer}.attn.hook_pattern"][0, head].numpy()
-        fig = go.Figure(go.Heatmap(z=pattern, x=labels, y=labels, colorscale="Blues", zmin=0, zmax=1,
-                                   hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.3f}<extra></extra>"))
-        fig.update_layout(title=f"Attention pattern, layer {layer} head {head}", yaxis_autorange="reversed",
-                          xaxis_title="key", yaxis_title="query", height=600)
+        fig = go.Figure(
+            go.Heatmap(
+                z=pattern,
+                x=labels,
+                y=labels,
+                colorscale="Blues",
+                zmin=0,
+                zmax=1,
+                hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.3f}<extra></extra>",
+            )
+        )
+        fig.update_layout(
+            title=f"Attention pattern, layer {layer} head {head}",
+            yaxis_autorange="reversed",
+            xaxis_title="key",
+            yaxis_title="query",
+            height=600,
+        )
         draw(fig, "attention", title_chars=55)
     with every:
-        fig = make_subplots(rows=len(layers), cols=n_heads, horizontal_spacing=0.02,
-                            vertical_spacing=min(0.1, 0.3 / len(layers)),
-                            subplot_titles=[f"L{l} H{h}" for l in layers for h in range(n_heads)])
+        fig = make_subplots(
+            rows=len(layers),
+            cols=n_heads,
+            horizontal_spacing=0.02,
+            vertical_spacing=min(0.1, 0.3 / len(layers)),
+            subplot_titles=[f"L{l} H{h}" for l in layers for h in range(n_heads)],
+        )
         for row, l in enumerate(layers, start=1):
             patterns = cache[f"blocks.{l}.attn.hook_pattern"][0].numpy()
             for h in range(n_heads):
-                fig.add_trace(go.Heatmap(z=patterns[h], coloraxis="coloraxis", name=f"layer {l} head {h}",
-                                         hovertemplate=f"layer {l} head {h}<br>query %{{y}}<br>key %{{x}}<br>"
-                                                       "weight %{z:.3f}<extra></extra>"), row=row, col=h + 1)
+                fig.add_trace(
+                    go.Heatmap(
+                        z=patterns[h],
+                        coloraxis="coloraxis",
+                        name=f"layer {l} head {h}",
+                        hovertemplate=f"layer {l} head {h}<br>query %{{y}}<br>key %{{x}}<br>"
+                        "weight %{z:.3f}<extra></extra>",
+                    ),
+                    row=row,
+                    col=h + 1,
+                )
                 if (l, h) == (layer, head):
-                    fig.add_shape(type="rect", xref="x domain", yref="y domain", x0=0, x1=1, y0=0, y1=1,
-                                  line=dict(color="red", width=2), row=row, col=h + 1)
+                    fig.add_shape(
+                        type="rect",
+                        xref="x domain",
+                        yref="y domain",
+                        x0=0,
+                        x1=1,
+                        y0=0,
+                        y1=1,
+                        line=dict(color="red", width=2),
+                        row=row,
+                        col=h + 1,
+                    )
         fig.update_xaxes(showticklabels=False)
         fig.update_yaxes(showticklabels=False, autorange="reversed")
         fig.update_annotations(font_size=10)
-        fig.update_layout(title=("Every head, query × key (the chosen one outlined)" if len(layers) == n_layers
-                                 else f"Every head of layer {layer} (the chosen one outlined)"),
-                          coloraxis=dict(colorscale="Blues", cmin=0, cmax=1, showscale=False),
-                          height=max(300, 120 + 600 // max(1, n_heads) * len(layers)))
+        fig.update_layout(
+            title=(
+                "Every head, query × key (the chosen one outlined)"
+                if len(layers) == n_layers
+                else f"Every head of layer {layer} (the chosen one outlined)"
+            ),
+            coloraxis=dict(colorscale="Blues", cmin=0, cmax=1, showscale=False),
+            height=max(300, 120 + 600 // max(1, n_heads) * len(layers)),
+        )
         draw(fig, "attention_heads", title_chars=40)
 
 
@@ -145,10 +187,19 @@ def show_residual_norms(model, tokens, labels) -> None:
     from lab.analysis.lens import residual_norms
 
     norms = residual_norms(model, tokens)[:, 0]  # [layer + 1, pos]
-    rows = [{"layer": l, "position": labels[p], "norm": float(norms[l, p])}
-            for l in range(norms.shape[0]) for p in range(norms.shape[1])]
-    fig = px.line(rows, x="layer", y="norm", color="position", markers=True,
-                  title="‖residual stream‖₂ entering each layer (last point: after the final block)")
+    rows = [
+        {"layer": l, "position": labels[p], "norm": float(norms[l, p])}
+        for l in range(norms.shape[0])
+        for p in range(norms.shape[1])
+    ]
+    fig = px.line(
+        rows,
+        x="layer",
+        y="norm",
+        color="position",
+        markers=True,
+        title="‖residual stream‖₂ entering each layer (last point: after the final block)",
+    )
     draw(fig, "norms")
 
 
@@ -167,8 +218,11 @@ def lens_corpus(model, folder: Path | None) -> torch.Tensor:
     if source is not None and source.vocab_size == model.cfg.d_vocab:
         return torch.from_numpy(source.sample(LENS_PROMPTS, length, seed=0))
     bos = model.tokenizer.token_to_id("<bos>") if model.tokenizer is not None else None
-    first = torch.full((LENS_PROMPTS, 1), bos) if bos is not None else torch.randint(
-        0, model.cfg.d_vocab, (LENS_PROMPTS, 1), generator=torch.Generator().manual_seed(0))
+    first = (
+        torch.full((LENS_PROMPTS, 1), bos)
+        if bos is not None
+        else torch.randint(0, model.cfg.d_vocab, (LENS_PROMPTS, 1), generator=torch.Generator().manual_seed(0))
+    )
     return model.generate(first, length - 1, temperature=1.0, seed=0)
 
 
@@ -203,17 +257,32 @@ def show_logit_lens(model, tokens, labels, name: str | None = None) -> None:
     else:
         lens = fitted_lens(name, model_version(name), kind)
         log_probs = lens.log_probs(model, tokens)[:, 0]
-        st.caption(f"Fitted on {LENS_PROMPTS} sequences of the model's world, or of its own sampled text when its folder "
-                   "records no world (lab.analysis." + ("tuned_lens" if kind == "tuned" else "jacobian_lens") + ").")
+        st.caption(
+            f"Fitted on {LENS_PROMPTS} sequences of the model's world, or of its own sampled text when its folder "
+            "records no world (lab.analysis." + ("tuned_lens" if kind == "tuned" else "jacobian_lens") + ")."
+        )
     top_p, top_id = log_probs.exp().max(dim=-1)
     word = word_of(model)
     text = [[word(int(top_id[l, p])) for p in range(top_id.shape[1])] for l in range(top_id.shape[0])]
     layers = [f"layer {l}'s input" for l in range(model.cfg.n_layers)] + ["the model's output"]
-    fig = go.Figure(go.Heatmap(z=top_p.numpy(), x=labels, y=layers, text=text, texttemplate="%{text}",
-                               colorscale="Viridis", zmin=0, zmax=1, colorbar={"title": "probability"},
-                               hovertemplate="%{y} at %{x}<br>top token %{text}<br>p = %{z:.3f}<extra></extra>"))
-    fig.update_layout(title=f"{LENSES[kind]}: the top next token and its probability at each layer and position",
-                      height=150 + 40 * len(layers))
+    fig = go.Figure(
+        go.Heatmap(
+            z=top_p.numpy(),
+            x=labels,
+            y=layers,
+            text=text,
+            texttemplate="%{text}",
+            colorscale="Viridis",
+            zmin=0,
+            zmax=1,
+            colorbar={"title": "probability"},
+            hovertemplate="%{y} at %{x}<br>top token %{text}<br>p = %{z:.3f}<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title=f"{LENSES[kind]}: the top next token and its probability at each layer and position",
+        height=150 + 40 * len(layers),
+    )
     draw(fig, "lens")
 
 
@@ -241,13 +310,29 @@ def show_input_attribution(model, tokens, labels) -> None:
     if passes <= EXHAUSTIVE_LIMIT:
         rows["exhaustive effect"] = resample_effects(model, tokens, target)[0]
     else:
-        st.caption(f"The exhaustive effects would take {passes:,} forward passes (every position × every token); "
-                   f"the explorer runs them up to {EXHAUSTIVE_LIMIT:,}.")
+        st.caption(
+            f"The exhaustive effects would take {passes:,} forward passes (every position × every token); "
+            f"the explorer runs them up to {EXHAUSTIVE_LIMIT:,}."
+        )
     z = torch.stack([v / v.abs().max().clamp_min(1e-12) for v in rows.values()]).numpy()
-    fig = go.Figure(go.Heatmap(z=z, x=labels, y=list(rows), colorscale="RdBu", zmid=0, zmin=-1, zmax=1,
-                               hovertemplate="%{y}<br>%{x}<br>score / max |score| = %{z:.3f}<extra></extra>"))
-    fig.update_layout(title=f"Input attribution of the next token {word_of(model)(target)} after the prompt (each row "
-                            "scaled by its largest |score|)", height=200 + 35 * len(rows), yaxis_autorange="reversed")
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=labels,
+            y=list(rows),
+            colorscale="RdBu",
+            zmid=0,
+            zmin=-1,
+            zmax=1,
+            hovertemplate="%{y}<br>%{x}<br>score / max |score| = %{z:.3f}<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title=f"Input attribution of the next token {word_of(model)(target)} after the prompt (each row "
+        "scaled by its largest |score|)",
+        height=200 + 35 * len(rows),
+        yaxis_autorange="reversed",
+    )
     st.plotly_chart(fig, key="input_attribution")
 
 
@@ -261,15 +346,23 @@ def show_attribution(model, tokens, labels) -> None:
     with torch.inference_mode():
         predicted = int(model(tokens)[0, position].argmax())
     default = predicted if model.tokenizer is None else model.to_string([predicted])
-    target_text = st.text_input("Target token (default: the model's top prediction)", value=str(default), key="dla_target")
+    target_text = st.text_input(
+        "Target token (default: the model's top prediction)", value=str(default), key="dla_target"
+    )
     try:
         target = int(target_text) if model.tokenizer is None else model.to_single_token(target_text)
         attribution = direct_logit_attribution(model, tokens[0], target, position)
     except ValueError as err:
         st.error(f"{err}")
         return
-    fig = px.bar(x=attribution.labels, y=attribution.values.numpy(), labels={"x": "component", "y": "logit contribution"},
-                 title=f"Direct logit attribution of {target_text!r} at {labels[position]} (sum = logit {attribution.logit:.3f})")
+    fig = px.bar(
+        x=attribution.labels,
+        y=attribution.values.numpy(),
+        labels={"x": "component", "y": "logit contribution"},
+        title=(
+            f"Direct logit attribution of {target_text!r} at {labels[position]} (sum = logit {attribution.logit:.3f})"
+        ),
+    )
     draw(fig, "dla")
 
 
@@ -304,47 +397,80 @@ def show_patching(model, tokens, labels) -> None:
         st.session_state["corrupted"] = text_of(model, tokens) if found is None else found
         st.session_state["corruption_found"] = found is not None
     if not st.session_state.get("corruption_found", True):
-        st.info("No one-token change of this prompt (among the 32 tokens the model finds likeliest at each position, "
-                "written as text that reads back as the same tokens) changes the model's prediction; write a "
-                "corrupted prompt that does, or try another prompt.")
-    corrupted_text = st.text_input("Corrupted prompt (same number of tokens; by default one token of the clean "
-                                   "prompt swapped for one the model finds likely there, so that its prediction "
-                                   "changes)", key="corrupted")
+        st.info(
+            "No one-token change of this prompt (among the 32 tokens the model finds likeliest at each position, "
+            "written as text that reads back as the same tokens) changes the model's prediction; write a "
+            "corrupted prompt that does, or try another prompt."
+        )
+    corrupted_text = st.text_input(
+        "Corrupted prompt (same number of tokens; by default one token of the clean "
+        "prompt swapped for one the model finds likely there, so that its prediction "
+        "changes)",
+        key="corrupted",
+    )
     corrupted = encode(model, corrupted_text)
     if corrupted is None:
         return
     if corrupted.shape != tokens.shape:
-        st.warning(f"The corrupted prompt has {corrupted.shape[1]} tokens and the clean one {tokens.shape[1]}: "
-                   "patching needs the same length.")
+        st.warning(
+            f"The corrupted prompt has {corrupted.shape[1]} tokens and the clean one {tokens.shape[1]}: "
+            "patching needs the same length."
+        )
         return
     with torch.inference_mode():
         answer = int(model(tokens)[0, -1].argmax())
         wrong = int(model(corrupted)[0, -1].argmax())
     if answer == wrong:
-        st.info("Both prompts predict the same next token, so there is no logit difference to restore; "
-                "change the corrupted prompt.")
+        st.info(
+            "Both prompts predict the same next token, so there is no logit difference to restore; "
+            "change the corrupted prompt."
+        )
         return
     word = word_of(model)
-    st.markdown(f"The clean prompt predicts {word(answer)}, the corrupted one {word(wrong)}: each cell is the share "
-                f"of logit({word(answer)}) − logit({word(wrong)}) that patching its clean value into the corrupted "
-                "run restores (1: all of it, 0: none).")
+    st.markdown(
+        f"The clean prompt predicts {word(answer)}, the corrupted one {word(wrong)}: each cell is the share "
+        f"of logit({word(answer)}) − logit({word(wrong)}) that patching its clean value into the corrupted "
+        "run restores (1: all of it, 0: none)."
+    )
     component = st.selectbox("Component", ["resid_pre", "attn_out", "mlp_out", "resid_post"], key="patch_component")
     result = patch_positions(model, tokens, corrupted, component, answer=answer, wrong=wrong)
     restored = result.normalized().numpy()
     layers = [f"layer {l}" for l in range(restored.shape[0])]
-    fig = go.Figure(go.Heatmap(z=restored, x=labels, y=layers, colorscale="RdBu", zmid=0,
-                               hovertemplate="%{y} at %{x}<br>restored %{z:.3f}<extra></extra>"))
-    fig.update_layout(title=f"Share of logit({word(answer)}) − logit({word(wrong)}) restored by patching {component} "
-                            f"(clean {result.clean:.3f}, corrupted {result.corrupted:.3f})",
-                      xaxis_title="position", height=200 + 40 * restored.shape[0])
+    fig = go.Figure(
+        go.Heatmap(
+            z=restored,
+            x=labels,
+            y=layers,
+            colorscale="RdBu",
+            zmid=0,
+            hovertemplate="%{y} at %{x}<br>restored %{z:.3f}<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title=f"Share of logit({word(answer)}) − logit({word(wrong)}) restored by patching {component} "
+        f"(clean {result.clean:.3f}, corrupted {result.corrupted:.3f})",
+        xaxis_title="position",
+        height=200 + 40 * restored.shape[0],
+    )
     draw(fig, "patching")
     by_head = patch_heads(model, tokens, corrupted, answer=answer, wrong=wrong)
     restored = by_head.normalized().numpy()
-    fig = go.Figure(go.Heatmap(z=restored, x=[f"head {h}" for h in by_head.cells], y=layers, colorscale="RdBu",
-                               zmid=0, hovertemplate="%{y} %{x}<br>restored %{z:.3f}<extra></extra>"))
-    fig.update_layout(title=f"Share restored by patching one head's output z at every position "
-                            f"(logit({word(answer)}) − logit({word(wrong)}))",
-                      xaxis_title="head", height=200 + 40 * restored.shape[0])
+    fig = go.Figure(
+        go.Heatmap(
+            z=restored,
+            x=[f"head {h}" for h in by_head.cells],
+            y=layers,
+            colorscale="RdBu",
+            zmid=0,
+            hovertemplate="%{y} %{x}<br>restored %{z:.3f}<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title=f"Share restored by patching one head's output z at every position "
+        f"(logit({word(answer)}) − logit({word(wrong)}))",
+        xaxis_title="head",
+        height=200 + 40 * restored.shape[0],
+    )
     draw(fig, "patching_heads")
 
 
@@ -361,20 +487,35 @@ def show_head_detectors(model) -> None:
         return
     scores = detect_heads(model)
     length = scores.tokens.shape[1] // 2
-    st.markdown(f"Scores on {scores.tokens.shape[0]} random sequences of {length} tokens, each repeated once "
-                "(seed 0). A head's score is the share of its attention on the keys of its kind, averaged over the "
-                "queries that have one: the previous token; an earlier copy of the same token (duplicate); the "
-                "token after an earlier copy (induction, which predicts the repeat). 1: all of it, 0: none.")
+    st.markdown(
+        f"Scores on {scores.tokens.shape[0]} random sequences of {length} tokens, each repeated once "
+        "(seed 0). A head's score is the share of its attention on the keys of its kind, averaged over the "
+        "queries that have one: the previous token; an earlier copy of the same token (duplicate); the "
+        "token after an earlier copy (induction, which predicts the repeat). 1: all of it, 0: none."
+    )
     fig = make_subplots(rows=1, cols=3, subplot_titles=list(HEAD_TITLES.values()), shared_yaxes=True)
     heads = [f"head {h}" for h in range(model.cfg.n_heads)]
     layers = [f"layer {l}" for l in range(model.cfg.n_layers)]
     for column, kind in enumerate(HEAD_TITLES, start=1):
-        fig.add_trace(go.Heatmap(z=getattr(scores, kind).numpy(), x=heads, y=layers, zmin=0, zmax=1,
-                                 colorscale="Viridis", showscale=column == 3, name=HEAD_TITLES[kind],
-                                 hovertemplate=f"{HEAD_TITLES[kind]}<br>%{{y}} %{{x}}<br>score %{{z:.3f}}<extra></extra>"),
-                      row=1, col=column)
-    fig.update_layout(title="Head detectors: previous-token, duplicate-token and induction scores per head",
-                      height=220 + 40 * model.cfg.n_layers)
+        fig.add_trace(
+            go.Heatmap(
+                z=getattr(scores, kind).numpy(),
+                x=heads,
+                y=layers,
+                zmin=0,
+                zmax=1,
+                colorscale="Viridis",
+                showscale=column == 3,
+                name=HEAD_TITLES[kind],
+                hovertemplate=f"{HEAD_TITLES[kind]}<br>%{{y}} %{{x}}<br>score %{{z:.3f}}<extra></extra>",
+            ),
+            row=1,
+            col=column,
+        )
+    fig.update_layout(
+        title="Head detectors: previous-token, duplicate-token and induction scores per head",
+        height=220 + 40 * model.cfg.n_layers,
+    )
     draw(fig, "heads")
 
 
@@ -391,8 +532,10 @@ def show_ground_truth_lens(opened: Opened, tokens, labels) -> None:
         st.warning(f"{err}")
         return
     if source is None:
-        st.info("The ground-truth lens needs a model trained on a world whose next-token law is known (the zoo's "
-                "Markov and hidden-Markov worlds: `forma train markov`); this one's folder records none.")
+        st.info(
+            "The ground-truth lens needs a model trained on a world whose next-token law is known (the zoo's "
+            "Markov and hidden-Markov worlds: `forma train markov`); this one's folder records none."
+        )
         return
     if source.vocab_size != model.cfg.d_vocab:
         st.warning(f"The world's {source.vocab_size} symbols are not this model's {model.cfg.d_vocab} tokens.")
@@ -401,21 +544,42 @@ def show_ground_truth_lens(opened: Opened, tokens, labels) -> None:
     position = pick("Position (the law of the token after it)", tokens.shape[1], tokens.shape[1] - 1, key="truth_pos")
     kl_here = lens.kl_nats[:, 0, position].numpy()
     kl_mean = lens.kl_nats[:, 0].mean(dim=-1).numpy()
-    st.markdown(f"At {labels[position]}, the model's output is {kl_here[-1]:.3g} nats from the true law "
-                f"(KL(p ‖ P)); the lens at the first layer's input is {kl_here[0]:.3g} nats from it.")
-    rows = [{"layer": label, "KL(p ‖ lens) (nats)": float(value), "where": where}
-            for where, values in ((f"at {labels[position]}", kl_here), ("mean over the prompt", kl_mean))
-            for label, value in zip(lens.labels, values)]
-    fig = px.line(rows, x="layer", y="KL(p ‖ lens) (nats)", color="where", markers=True,
-                  title="KL(p ‖ P^(l)): how far each layer's logit lens is from the true next-token law")
+    st.markdown(
+        f"At {labels[position]}, the model's output is {kl_here[-1]:.3g} nats from the true law "
+        f"(KL(p ‖ P)); the lens at the first layer's input is {kl_here[0]:.3g} nats from it."
+    )
+    rows = [
+        {"layer": label, "KL(p ‖ lens) (nats)": float(value), "where": where}
+        for where, values in ((f"at {labels[position]}", kl_here), ("mean over the prompt", kl_mean))
+        for label, value in zip(lens.labels, values)
+    ]
+    fig = px.line(
+        rows,
+        x="layer",
+        y="KL(p ‖ lens) (nats)",
+        color="where",
+        markers=True,
+        title="KL(p ‖ P^(l)): how far each layer's logit lens is from the true next-token law",
+    )
     draw(fig, "truth_kl")
     probs = torch.cat([lens.p[0, position][None], lens.log_probs[:, 0, position].exp()]).numpy()
     symbols = [str(i) for i in range(model.cfg.d_vocab)]
-    fig = go.Figure(go.Heatmap(z=probs, x=symbols, y=["true p"] + lens.labels, colorscale="Viridis", zmin=0,
-                               hovertemplate="%{y}<br>next token %{x}<br>p = %{z:.3f}<extra></extra>"))
-    fig.update_layout(title=f"The true law of the next token after {labels[position]} (top row) beside the logit "
-                            "lens at each layer", yaxis_autorange="reversed", xaxis_title="next token",
-                      height=200 + 40 * len(lens.labels))
+    fig = go.Figure(
+        go.Heatmap(
+            z=probs,
+            x=symbols,
+            y=["true p"] + lens.labels,
+            colorscale="Viridis",
+            zmin=0,
+            hovertemplate="%{y}<br>next token %{x}<br>p = %{z:.3f}<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title=f"The true law of the next token after {labels[position]} (top row) beside the logit lens at each layer",
+        yaxis_autorange="reversed",
+        xaxis_title="next token",
+        height=200 + 40 * len(lens.labels),
+    )
     draw(fig, "truth_lens")
 
 
@@ -426,8 +590,10 @@ def show_trust(opened: Opened, name: str) -> None:
 
     st.markdown("**Trust report**")
     if not opened.forma:
-        st.info("The trust checks compare Forma's own computations with each other and with Hugging Face; a "
-                "model read through the bridge is TransformerLens's, and is not checked.")
+        st.info(
+            "The trust checks compare Forma's own computations with each other and with Hugging Face; a "
+            "model read through the bridge is TransformerLens's, and is not checked."
+        )
         return
     path = opened.folder / "trust.json" if opened.folder is not None else None
     report = None
@@ -452,5 +618,7 @@ def show_trust(opened: Opened, name: str) -> None:
     try:
         st.code("\n".join(summary_lines(report)), language=None)
     except (KeyError, TypeError, AttributeError) as err:
-        st.warning(f"{path} is not a trust report this page reads ({type(err).__name__}: {err}); "
-                   f"run `forma trust {name}` again.")
+        st.warning(
+            f"{path} is not a trust report this page reads ({type(err).__name__}: {err}); "
+            f"run `forma trust {name}` again."
+        )

@@ -72,20 +72,43 @@ def figure(graph: Graph, keep: torch.Tensor, edges: torch.Tensor, labels: list[s
                         xs += [where[s][0], where[t][0], None]
                         ys += [where[s][1], where[t][1], None]
                 if xs:
-                    fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", hoverinfo="skip", showlegend=False,
-                                             line={"width": width, "color": color.format(a=0.25 + 0.25 * band)}))
+                    fig.add_trace(
+                        go.Scatter(
+                            x=xs,
+                            y=ys,
+                            mode="lines",
+                            hoverinfo="skip",
+                            showlegend=False,
+                            line={"width": width, "color": color.format(a=0.25 + 0.25 * band)},
+                        )
+                    )
     for kind, symbol in (("token", "square"), ("feature", "circle"), ("error", "x"), ("logit", "diamond")):
         mine = [i for i, r in zip(kept, records) if r["kind"] == kind]
         if not mine:
             continue
         text = [describe(graph.node(i), labels, logits, graph) for i in mine]
-        fig.add_trace(go.Scatter(x=[where[i][0] for i in mine], y=[where[i][1] for i in mine], mode="markers",
-                                 name=kind, marker={"symbol": symbol, "size": 11, "color": COLORS[kind]},
-                                 customdata=mine, hovertext=text, hoverinfo="text"))
-    fig.update_layout(height=560, margin={"l": 10, "r": 10, "t": 30, "b": 10}, clickmode="event+select",
-                      xaxis={"tickvals": list(range(graph.n_pos)), "ticktext": labels, "title": "position"},
-                      yaxis={"tickvals": list(range(-1, graph.n_layers + 1)),
-                             "ticktext": ["tokens", *[f"layer {layer}" for layer in range(graph.n_layers)], "logits"]})
+        fig.add_trace(
+            go.Scatter(
+                x=[where[i][0] for i in mine],
+                y=[where[i][1] for i in mine],
+                mode="markers",
+                name=kind,
+                marker={"symbol": symbol, "size": 11, "color": COLORS[kind]},
+                customdata=mine,
+                hovertext=text,
+                hoverinfo="text",
+            )
+        )
+    fig.update_layout(
+        height=560,
+        margin={"l": 10, "r": 10, "t": 30, "b": 10},
+        clickmode="event+select",
+        xaxis={"tickvals": list(range(graph.n_pos)), "ticktext": labels, "title": "position"},
+        yaxis={
+            "tickvals": list(range(-1, graph.n_layers + 1)),
+            "ticktext": ["tokens", *[f"layer {layer}" for layer in range(graph.n_layers)], "logits"],
+        },
+    )
     return fig
 
 
@@ -102,29 +125,44 @@ def describe(node: dict, labels: list[str], logits: list[str], graph: Graph) -> 
 
 def show_feature(model, transcoders: Transcoders, contexts: dict | None, node: dict) -> None:
     st.subheader(f"Feature {node['feature']} of layer {node['layer']}")
-    decode = (lambda ids: model.tokenizer.decode(ids)) if getattr(model, "tokenizer", None) else \
-        (lambda ids: " ".join(map(str, ids)))
+    decode = (
+        (lambda ids: model.tokenizer.decode(ids))
+        if getattr(model, "tokenizer", None)
+        else (lambda ids: " ".join(map(str, ids)))
+    )
     if contexts is None:
         st.info("These transcoders have no top contexts (contexts.safetensors); `forma transcoders` writes them.")
     else:
         rows = []
-        for value, seq, pos in zip(*(contexts[k][node["layer"], node["feature"]].tolist()
-                                     for k in ("values", "seq", "pos"))):
+        for value, seq, pos in zip(
+            *(contexts[k][node["layer"], node["feature"]].tolist() for k in ("values", "seq", "pos"))
+        ):
             if seq < 0:
                 continue
             window = contexts["windows"][seq].tolist()
-            rows.append({"activation": round(value, 3), "before": decode(window[max(0, pos - 12): pos]),
-                         "token": decode(window[pos: pos + 1]), "after": decode(window[pos + 1: pos + 4])})
+            rows.append(
+                {
+                    "activation": round(value, 3),
+                    "before": decode(window[max(0, pos - 12) : pos]),
+                    "token": decode(window[pos : pos + 1]),
+                    "after": decode(window[pos + 1 : pos + 4]),
+                }
+            )
         st.markdown("**Top activating contexts** (from the transcoders' harvest)")
         if rows:
-            show_table(rows, {"activation": "activation", "before": "before", "token": "token (where it fires)",
-                              "after": "after"})
+            show_table(
+                rows,
+                {"activation": "activation", "before": "before", "token": "token (where it fires)", "after": "after"},
+            )
         else:
             st.info("It never fired on the harvest.")
     promoted, suppressed = feature_logits(model, transcoders, node["layer"], node["feature"])
-    st.markdown("**Top logits** (its decoder through the unembedding): promotes "
-                + ", ".join(f"`{decode([t])}` {v:+.2f}" for t, v in promoted[:8]) + "; suppresses "
-                + ", ".join(f"`{decode([t])}` {v:+.2f}" for t, v in suppressed[:8]))
+    st.markdown(
+        "**Top logits** (its decoder through the unembedding): promotes "
+        + ", ".join(f"`{decode([t])}` {v:+.2f}" for t, v in promoted[:8])
+        + "; suppresses "
+        + ", ".join(f"`{decode([t])}` {v:+.2f}" for t, v in suppressed[:8])
+    )
 
 
 def show_qk(model, transcoders: Transcoders, graph: Graph, labels: list[str]) -> None:
@@ -138,10 +176,14 @@ def show_qk(model, transcoders: Transcoders, graph: Graph, labels: list[str]) ->
         key = cols[3].number_input("Key position", 0, int(query), 0, key="qk_key")
         if st.button("Split the score", key="qk_go"):
             result = qk_attribution(model, transcoders, graph, int(layer), int(head), int(query), int(key))
-            st.markdown(f"Score {result['score']:.4f} from {labels[int(query)]!r} to {labels[int(key)]!r} = "
-                        f"{result['pairs_sum']:.4f} over node pairs + {result['bias_terms']:.4f} from biases.")
-            show_table(result["top_pairs"], {"query": "query-side node", "key": "key-side node",
-                                             "score": "its part of the score"})
+            st.markdown(
+                f"Score {result['score']:.4f} from {labels[int(query)]!r} to {labels[int(key)]!r} = "
+                f"{result['pairs_sum']:.4f} over node pairs + {result['bias_terms']:.4f} from biases."
+            )
+            show_table(
+                result["top_pairs"],
+                {"query": "query-side node", "key": "key-side node", "score": "its part of the score"},
+            )
 
 
 def supernodes(graph: Graph, folder, ids: list[str]) -> None:
@@ -164,8 +206,10 @@ def supernodes(graph: Graph, folder, ids: list[str]) -> None:
 st.title("Attribution graphs")
 available = [(name, kind) for name in zoo_names() for kind in transcoder_sets(zoo_dir() / name)]
 if not available:
-    st.info("No model has transcoders yet. Train a model and its transcoders: `forma train pydoc`, then "
-            "`forma transcoders pydoc` (they land in models/pydoc/transcoders/).")
+    st.info(
+        "No model has transcoders yet. Train a model and its transcoders: `forma train pydoc`, then "
+        "`forma transcoders pydoc` (they land in models/pydoc/transcoders/)."
+    )
     st.stop()
 names = sorted({name for name, _ in available})
 name = st.sidebar.selectbox("Model", names, index=names.index("pydoc") if "pydoc" in names else 0, key="graph_model")
@@ -188,17 +232,20 @@ labels = [token_text(model, int(t)) for t in graph.tokens]  # byte-level pieces 
 logit_labels = [token_text(model, int(t)) for t in graph.logit_tokens]
 pruned = prune(graph, node_threshold, edge_threshold)
 scores = graph_scores(graph)
-st.caption(f"{graph.n_features} active features, {int(pruned.node_mask.sum())} nodes and "
-           f"{int(pruned.edge_mask.sum())} edges kept, holding {pruned.node_share:.1%} of the node influence and "
-           f"{pruned.edge_share:.1%} of the edge influence; replacement score {scores['replacement']:.2f}, "
-           f"completeness {scores['completeness']:.2f}.")
+st.caption(
+    f"{graph.n_features} active features, {int(pruned.node_mask.sum())} nodes and "
+    f"{int(pruned.edge_mask.sum())} edges kept, holding {pruned.node_share:.1%} of the node influence and "
+    f"{pruned.edge_share:.1%} of the edge influence; replacement score {scores['replacement']:.2f}, "
+    f"completeness {scores['completeness']:.2f}."
+)
 drawn = readable(figure(graph, pruned.node_mask, pruned.edge_mask, labels, logit_labels))
 event = st.plotly_chart(drawn, key="graph_chart", on_select="rerun", selection_mode="points")
 points = (event.selection.points if event and event.selection else []) or []
 chosen = [p["customdata"] for p in points if "customdata" in p]
 if chosen and graph.node(int(chosen[0]))["kind"] == "feature":
-    show_feature(model, open_transcoders(str(path), model_version(str(path))), load_contexts(path),
-                 graph.node(int(chosen[0])))
+    show_feature(
+        model, open_transcoders(str(path), model_version(str(path))), load_contexts(path), graph.node(int(chosen[0]))
+    )
 elif chosen:
     st.info(describe(graph.node(int(chosen[0])), labels, logit_labels, graph))
 else:
@@ -206,8 +253,20 @@ else:
 show_qk(model, open_transcoders(str(path), model_version(str(path))), graph, labels)
 kept_ids = [graph.node(i)["id"] for i in torch.nonzero(pruned.node_mask).flatten().tolist()]
 supernodes(graph, graph_folder(path, graph.tokens), kept_ids)
-export = to_circuit_tracer(graph, pruned.node_mask, pruned.edge_mask, pruned.cumulative, slug=f"{name}-{kind}",
-                           scan=f"forma-{name}-{kind}",
-                           token_strings=graph.meta.get("token_strings"), node_threshold=node_threshold)
-st.download_button("Export (circuit-tracer graph JSON)", json.dumps(export), file_name=f"{name}-{kind}.json",
-                   mime="application/json", key="graph_export")
+export = to_circuit_tracer(
+    graph,
+    pruned.node_mask,
+    pruned.edge_mask,
+    pruned.cumulative,
+    slug=f"{name}-{kind}",
+    scan=f"forma-{name}-{kind}",
+    token_strings=graph.meta.get("token_strings"),
+    node_threshold=node_threshold,
+)
+st.download_button(
+    "Export (circuit-tracer graph JSON)",
+    json.dumps(export),
+    file_name=f"{name}-{kind}.json",
+    mime="application/json",
+    key="graph_export",
+)

@@ -8,49 +8,96 @@ from dashboards.common import number, plain, short, show_figures, show_headlines
 from experiments.hallucination import relative_change
 
 # The run's world in words (results.json "world"), and the columns the tables show (every column is in the download).
-WORLD_WORDS = {"n_facts": "facts", "n_factoids": "well-formed factoids", "n_train": "training documents",
-               "n_hallucinations": "hallucinations (well-formed non-facts)", "n_persons": "persons",
-               "n_first_names": "first names", "n_last_names": "last names", "n_name_pairs": "name pairs",
-               "attribute": "attribute", "n_values": "values", "facts_per_hallucination": "facts per hallucination",
-               "kv_term_delta_0_01": "the bound's 3e^(−s)/δ term at δ = 0.01", "document": "a document",
-               "n_heldout": "held-out documents", "d_vocab": "vocabulary"}
+WORLD_WORDS = {
+    "n_facts": "facts",
+    "n_factoids": "well-formed factoids",
+    "n_train": "training documents",
+    "n_hallucinations": "hallucinations (well-formed non-facts)",
+    "n_persons": "persons",
+    "n_first_names": "first names",
+    "n_last_names": "last names",
+    "n_name_pairs": "name pairs",
+    "attribute": "attribute",
+    "n_values": "values",
+    "facts_per_hallucination": "facts per hallucination",
+    "kv_term_delta_0_01": "the bound's 3e^(−s)/δ term at δ = 0.01",
+    "document": "a document",
+    "n_heldout": "held-out documents",
+    "d_vocab": "vocabulary",
+}
 BOUND = "bound_rhs_delta_"
-SWEEP_COLUMNS = {"gamma": "γ", "monofact_rate": "monofact rate MF", "missing_mass": "missing mass",
-                 "checkpoint": "checkpoint", "epoch": "epoch", "hallucination_rate": "hallucination rate g(H)",
-                 "fact_rate": "fact rate", "miscalibration_tv_eps": "miscalibration Mis (ε bins)",
-                 "recall_seen": "recall on seen facts"}
-UPWEIGHTING_COLUMNS = {"condition": "condition", "n_draws": "draws", "hallucination_rate": "hallucination rate g(H)",
-                       "hallucination_rate_se": "its SE", "miscalibration_tv_eps": "miscalibration Mis (ε bins)",
-                       "recall_seen": "recall on seen facts", "steps": "steps", "documents_seen": "documents seen",
-                       "upweighted_examples": "upweighted examples"}
+SWEEP_COLUMNS = {
+    "gamma": "γ",
+    "monofact_rate": "monofact rate MF",
+    "missing_mass": "missing mass",
+    "checkpoint": "checkpoint",
+    "epoch": "epoch",
+    "hallucination_rate": "hallucination rate g(H)",
+    "fact_rate": "fact rate",
+    "miscalibration_tv_eps": "miscalibration Mis (ε bins)",
+    "recall_seen": "recall on seen facts",
+}
+UPWEIGHTING_COLUMNS = {
+    "condition": "condition",
+    "n_draws": "draws",
+    "hallucination_rate": "hallucination rate g(H)",
+    "hallucination_rate_se": "its SE",
+    "miscalibration_tv_eps": "miscalibration Mis (ε bins)",
+    "recall_seen": "recall on seen facts",
+    "steps": "steps",
+    "documents_seen": "documents seen",
+    "upweighted_examples": "upweighted examples",
+}
 
 
 def render(folder: Path, results: dict) -> None:
-    st.latex(r"g(\mathcal{H}) \;\ge\; \widehat{MF} - \mathrm{Mis}(g, p) - \frac{3e^{-s}}{\delta} - \sqrt{\frac{6\ln(6/\delta)}{n}}")
+    st.latex(
+        r"g(\mathcal{H}) \;\ge\; \widehat{MF} - \mathrm{Mis}(g, p) - \frac{3e^{-s}}{\delta} - "
+        r"\sqrt{\frac{6\ln(6/\delta)}{n}}"
+    )
     world = results.get("world") or {}
     if world:
-        st.text("The world: " + " · ".join(f"{WORLD_WORDS.get(k) or words(k)}: {short(v)}" for k, v in world.items()
-                                              if isinstance(v, (int, float, str))))
+        st.text(
+            "The world: "
+            + " · ".join(
+                f"{WORLD_WORDS.get(k) or words(k)}: {short(v)}"
+                for k, v in world.items()
+                if isinstance(v, (int, float, str))
+            )
+        )
     show_headlines(results)
     acceptance = results.get("acceptance") or {}
     flagged = [entry for entry in results.get("sweep") or [] if entry.get("max_fact_probability_flagged")]
     if flagged:
-        st.warning("One fact holds a large share of p at " + ", ".join(
-            f"γ = {plain(entry.get('gamma'))} ({entry.get('max_fact_probability', float('nan')):.1%})"
-            for entry in flagged)
+        st.warning(
+            "One fact holds a large share of p at "
+            + ", ".join(
+                f"γ = {plain(entry.get('gamma'))} ({entry.get('max_fact_probability', float('nan')):.1%})"
+                for entry in flagged
+            )
             + ": the bound is proved for a bounded largest fact probability (the theorem gives no number; Forma flags "
-            f"≥ {(results.get('config') or {}).get('max_fact_probability_flag', float('nan')):.0%}), and such a world is "
-            "mostly one fact.")
+            f"≥ {(results.get('config') or {}).get('max_fact_probability_flag', float('nan')):.0%}), and such a world "
+            "is "
+            "mostly one fact."
+        )
     cols = [*st.columns(2), *st.columns(2)]  # two cards a row: each label in full
     with cols[0]:
         spearman = acceptance.get("spearman_monofact_vs_hallucination") or {}
-        number("Spearman(MF, g(H)), worst epoch", min(spearman.values()) if spearman else None, "{:.3f}",
-               help="rank correlation of the monofact rate with the hallucination rate across γ, at each fixed epoch")
+        number(
+            "Spearman(MF, g(H)), worst epoch",
+            min(spearman.values()) if spearman else None,
+            "{:.3f}",
+            help="rank correlation of the monofact rate with the hallucination rate across γ, at each fixed epoch",
+        )
     with cols[1]:
-        number("Largest right side of the bound", acceptance.get("largest_right_side"), "{:+.3f}",
-               help=f"MF − Mis − slack over {acceptance.get('bound_checks')} checks (both δ); positive in "
-                    f"{acceptance.get('bound_checks_with_positive_right_side')} of them. Where it is negative the bound "
-                    f"holds whatever the model does")
+        number(
+            "Largest right side of the bound",
+            acceptance.get("largest_right_side"),
+            "{:+.3f}",
+            help=f"MF − Mis − slack over {acceptance.get('bound_checks')} checks (both δ); positive in "
+            f"{acceptance.get('bound_checks_with_positive_right_side')} of them. Where it is negative the bound "
+            f"holds whatever the model does",
+        )
     upweighting = results.get("upweighting") or []
     for col, entry in zip(cols[2:], (acceptance.get("upweighting") or [])[:2]):
         with col:
@@ -58,19 +105,32 @@ def render(folder: Path, results: dict) -> None:
             spread = f" (draws: {', '.join(relative_change(d) for d in draws)})" if draws else ""
             reduction = entry.get("hallucination_reduction")
             lower = not isinstance(reduction, (int, float)) or reduction >= 0
-            number(f"g(H) {'lowered' if lower else 'raised'} by, {entry.get('condition')}",
-                   abs(reduction) if isinstance(reduction, (int, float)) else reduction, "{:.1%}",
-                   help=f"against the matched-compute control{spread}; miscalibration change "
-                        f"{entry.get('miscalibration_change', float('nan')):+.3f}, recall change {entry.get('recall_change', float('nan')):+.3f}")
+            number(
+                f"g(H) {'lowered' if lower else 'raised'} by, {entry.get('condition')}",
+                abs(reduction) if isinstance(reduction, (int, float)) else reduction,
+                "{:.1%}",
+                help=f"against the matched-compute control{spread}; miscalibration change "
+                f"{entry.get('miscalibration_change', float('nan')):+.3f}, recall change "
+                f"{entry.get('recall_change', float('nan')):+.3f}",
+            )
     rows = []
     for entry in results.get("sweep") or []:
         for checkpoint in entry.get("checkpoints") or []:
-            rows.append({"gamma": entry.get("gamma"), "monofact_rate": entry.get("monofact_rate"),
-                         "missing_mass": entry.get("missing_mass"), **checkpoint})
+            rows.append(
+                {
+                    "gamma": entry.get("gamma"),
+                    "monofact_rate": entry.get("monofact_rate"),
+                    "missing_mass": entry.get("missing_mass"),
+                    **checkpoint,
+                }
+            )
     if rows:
         st.subheader("Sweep over the popularity shape γ, at each checkpoint")
-        bounds = {key: f"bound's right side, δ = {key.removeprefix(BOUND).replace('_', '.')}"
-                  for key in rows[0] if key.startswith(BOUND)}
+        bounds = {
+            key: f"bound's right side, δ = {key.removeprefix(BOUND).replace('_', '.')}"
+            for key in rows[0]
+            if key.startswith(BOUND)
+        }
         show_table(rows, SWEEP_COLUMNS | bounds, download="hallucination_sweep")
     if upweighting:
         st.subheader("Selective upweighting (matched compute; each condition the mean over draws of its blocks)")
@@ -79,19 +139,26 @@ def render(folder: Path, results: dict) -> None:
         st.subheader("Singleton-rate variant (Kalai, Nachum, Vempala & Zhang 2025)")
         single = results["singleton"]
         holds = isinstance(single.get("margin"), (int, float)) and single["margin"] >= 0
-        st.markdown(plain(  # every number here is the run's: shown as text
-            f"At γ = {short(single.get('gamma'))}, epoch {short(single.get('epoch'))}: error "
-            f"{short(single.get('error'))} against a singleton rate of {short(single.get('singleton_rate'))} "
-            f"(calibration δ {short(single.get('calibration_delta'))}, {short(single.get('min_wrong_answers'))} wrong "
-            f"answers per prompt at least, n = {short(single.get('n_train'))}). The bound's right side is "
-            f"{short(single.get('bound_rhs'))} with the finite-n term ({short(single.get('finite_n_term'))}) and "
-            f"{short(single.get('bound_rhs_without_finite_n'))} without it; the error "
-            f"{'exceeds it' if holds else 'falls below it'} by {short(abs(single.get('margin') or 0.0))}."))
+        st.markdown(
+            plain(  # every number here is the run's: shown as text
+                f"At γ = {short(single.get('gamma'))}, epoch {short(single.get('epoch'))}: error "
+                f"{short(single.get('error'))} against a singleton rate of {short(single.get('singleton_rate'))} "
+                f"(calibration δ {short(single.get('calibration_delta'))}, {short(single.get('min_wrong_answers'))} "
+                "wrong "
+                f"answers per prompt at least, n = {short(single.get('n_train'))}). The bound's right side is "
+                f"{short(single.get('bound_rhs'))} with the finite-n term ({short(single.get('finite_n_term'))}) and "
+                f"{short(single.get('bound_rhs_without_finite_n'))} without it; the error "
+                f"{'exceeds it' if holds else 'falls below it'} by {short(abs(single.get('margin') or 0.0))}."
+            )
+        )
         if single.get("note"):
             st.caption(plain(single["note"]))
     show_figures(folder)
 
 
-show_run("hallucination", render, fields={"world": dict, "acceptance": dict, "sweep": list, "upweighting": list,
-                                          "config": dict, "headlines": list},
-         required=("sweep",))
+show_run(
+    "hallucination",
+    render,
+    fields={"world": dict, "acceptance": dict, "sweep": list, "upweighting": list, "config": dict, "headlines": list},
+    required=("sweep",),
+)

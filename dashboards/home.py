@@ -36,9 +36,11 @@ def zoo_row(entry: ZooEntry) -> dict[str, Any]:
         state = f"no: run `forma train {entry.name}`"
     else:
         state = "yes (quick recipe)" if card.get("quick") else "yes"
-    return ({"model": entry.name, "trained": state}
-            | {column: card.get(key) for column, key in CARD_COLUMNS.items()}
-            | {"description": entry.description})
+    return (
+        {"model": entry.name, "trained": state}
+        | {column: card.get(key) for column, key in CARD_COLUMNS.items()}
+        | {"description": entry.description}
+    )
 
 
 st.title("Forma")
@@ -46,7 +48,8 @@ st.markdown(
     "Forma writes the decoder-only transformer down equation by equation, exposes every activation "
     "through TransformerLens hooks, and measures where likelihood and truth part ways on worlds whose "
     "true distribution is known: the **KL decomposition** of the loss, **hallucination** on arbitrary "
-    "facts (Kalai–Vempala), and **calibration** (Kadavath).")
+    "facts (Kalai–Vempala), and **calibration** (Kadavath)."
+)
 
 st.header("Models")
 entries = zoo_entries()
@@ -72,10 +75,15 @@ for entry in REGISTRY:
 def state() -> tuple:
     """What Home shows that a job changes: each model trained or not and its job, each experiment's latest run
     and its job."""
-    return (tuple((e.trained, queued("train", e.name), getattr(model_progress(e.name), "state", None))
-                  for e in zoo_entries()),
-            tuple((latest_run(e.name)[0], queued("run", e.name), getattr(run_progress(e.name), "state", None))
-                  for e in REGISTRY))
+    return (
+        tuple(
+            (e.trained, queued("train", e.name), getattr(model_progress(e.name), "state", None)) for e in zoo_entries()
+        ),
+        tuple(
+            (latest_run(e.name)[0], queued("run", e.name), getattr(run_progress(e.name), "state", None))
+            for e in REGISTRY
+        ),
+    )
 
 
 def look_again(shown: tuple) -> None:

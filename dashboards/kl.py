@@ -22,18 +22,28 @@ def render(folder: Path, results: dict) -> None:
         st.caption(plain(regions["complete"]))
     cols = [*st.columns(2), *st.columns(2)]  # two cards a row: each label and number in full
     with cols[0]:
-        number("Entropy rate H(p) (nats/token)", source.get("entropy_rate_nats"),
-               help="Σ_c π(c)·H(p(·|c)), closed form from the stationary law over contexts")
+        number(
+            "Entropy rate H(p) (nats/token)",
+            source.get("entropy_rate_nats"),
+            help="Σ_c π(c)·H(p(·|c)), closed form from the stationary law over contexts",
+        )
     with cols[1]:
         number("Cross-entropy (nats)", complete.get("cross_entropy_nats"))
     with cols[2]:
-        number("KL (nats)", complete.get("kl_nats"), help=f"mean H over the same prefixes: "
-               f"{complete.get('entropy_nats', float('nan')):.4f} (CE − that H is this KL)")
+        number(
+            "KL (nats)",
+            complete.get("kl_nats"),
+            help=f"mean H over the same prefixes: "
+            f"{complete.get('entropy_nats', float('nan')):.4f} (CE − that H is this KL)",
+        )
     with cols[3]:
         se = complete.get("sampled_kl_se")
-        number("Sampled KL̂ ± SE (nats)", complete.get("sampled_kl_nats"),
-               "{:.4f}" + (f" ± {se:.4f}" if isinstance(se, (int, float)) else ""),
-               help="mean of −log P_θ + log p at the tokens that came, with its standard error over sequences")
+        number(
+            "Sampled KL̂ ± SE (nats)",
+            complete.get("sampled_kl_nats"),
+            "{:.4f}" + (f" ± {se:.4f}" if isinstance(se, (int, float)) else ""),
+            help="mean of −log P_θ + log p at the tokens that came, with its standard error over sequences",
+        )
     if first:
         st.subheader("The first positions, apart")
         if regions.get("first"):
@@ -47,25 +57,45 @@ def render(folder: Path, results: dict) -> None:
             number("KL (nats)", first.get("kl_nats"))
     best = results.get("temperature_min") or {}
     if isinstance(best.get("T"), (int, float)):
-        st.write(f"KL over complete contexts is smallest at temperature **T = {best['T']:.3f}** "
-                 f"({best.get('kl_nats', float('nan')):.4f} nats; {best.get('kl_at_T1_nats', float('nan')):.4f} at T = 1).")
+        st.write(
+            f"KL over complete contexts is smallest at temperature **T = {best['T']:.3f}** "
+            f"({best.get('kl_nats', float('nan')):.4f} nats; {best.get('kl_at_T1_nats', float('nan')):.4f} at T = 1)."
+        )
     if scaling.get("E_nats") is not None:
         ci = scaling.get("E_ci95") or [float("nan"), float("nan")]
         chain = scaling.get("source") or {}
-        on = (f" on the order-{plain(chain['order'])} chain over {plain(chain['vocab_size'])} symbols"
-              if "order" in chain else "")
+        on = (
+            f" on the order-{plain(chain['order'])} chain over {plain(chain['vocab_size'])} symbols"
+            if "order" in chain
+            else ""
+        )
         opened = f" (open {plain(scaling['E_ci95_open'])})" if scaling.get("E_ci95_open") else ""
-        st.write(f"Scaling fit L(N) = E + A·N^(−α){on}, {plain(scaling.get('constraints', ''))}: "
-                 f"**E = {scaling['E_nats']:.4f}** nats, 95% interval [{ci[0]:.4f}, {ci[1]:.4f}]{opened}, against that "
-                 f"chain's entropy rate {scaling.get('true_entropy_nats', float('nan')):.4f} and the held-out entropy "
-                 f"{scaling.get('heldout_entropy_nats', float('nan')):.4f}; α = {scaling.get('alpha', float('nan')):.3f}.")
+        st.write(
+            f"Scaling fit L(N) = E + A·N^(−α){on}, {plain(scaling.get('constraints', ''))}: "
+            f"**E = {scaling['E_nats']:.4f}** nats, 95% interval [{ci[0]:.4f}, {ci[1]:.4f}]{opened}, against that "
+            f"chain's entropy rate {scaling.get('true_entropy_nats', float('nan')):.4f} and the held-out entropy "
+            f"{scaling.get('heldout_entropy_nats', float('nan')):.4f}; α = {scaling.get('alpha', float('nan')):.3f}."
+        )
     hmm = results.get("hmm_source") or {}
     if hmm.get("entropy_rate_estimate_note"):
-        st.caption(f"Hidden-Markov source: entropy rate ≈ {hmm.get('entropy_rate_estimate_nats', float('nan')):.3f} "
-                   f"nats ({plain(hmm['entropy_rate_estimate_note'])}).")
+        st.caption(
+            f"Hidden-Markov source: entropy rate ≈ {hmm.get('entropy_rate_estimate_nats', float('nan')):.3f} "
+            f"nats ({plain(hmm['entropy_rate_estimate_note'])})."
+        )
     show_figures(folder)
 
 
-show_run("kl", render, fields={"checkpoints": list, "source": dict, "scaling": dict, "temperature_min": dict,
-                               "regions": dict, "hmm_source": dict, "headlines": list},
-         required=("checkpoints", "source"))
+show_run(
+    "kl",
+    render,
+    fields={
+        "checkpoints": list,
+        "source": dict,
+        "scaling": dict,
+        "temperature_min": dict,
+        "regions": dict,
+        "hmm_source": dict,
+        "headlines": list,
+    },
+    required=("checkpoints", "source"),
+)

@@ -38,8 +38,10 @@ def live(folder: Path, results: dict) -> None:
 
     st.subheader("Generate with the monitor on")
     if not (folder / "model").is_dir():
-        st.info("This run has no model/ folder (a `--model --qa` run, or an older one): run `forma run monitor "
-                "--quick` to generate here.")
+        st.info(
+            "This run has no model/ folder (a `--model --qa` run, or an older one): run `forma run monitor "
+            "--quick` to generate here."
+        )
         return
     model, probe, p_ik, signs = load_monitor(str(folder), (folder / "model").stat().st_mtime)
     prompts = read_table(folder / "prompts.parquet", "monitor", columns=["first", "last"])
@@ -48,13 +50,18 @@ def live(folder: Path, results: dict) -> None:
     ids = model.tokenizer.encode(text).ids
     unknown = [w for w, i in zip(text.split(), ids) if model.tokenizer.id_to_token(i) == "<unk>"]
     if not ids or unknown or len(ids) >= model.cfg.n_ctx:
-        st.warning(f"The prompt must be 1 … {model.cfg.n_ctx - 1} of the world's words"
-                   + (f"; not in its vocabulary: {', '.join(unknown)}" if unknown else ""))
+        st.warning(
+            f"The prompt must be 1 … {model.cfg.n_ctx - 1} of the world's words"
+            + (f"; not in its vocabulary: {', '.join(unknown)}" if unknown else "")
+        )
         return
     entries = [a for a in results.get("abstention") or [] if isinstance(a, dict)]
     monitor = Monitor(model, probe=probe, p_ik=p_ik, attention=len(ids) > SUBJECT[-1])
-    signal = st.selectbox("Risk signal", [s for s in monitor.token_signals if s in signs],
-                          format_func=lambda name: SIGNAL_WORDS.get(name) or words(name))
+    signal = st.selectbox(
+        "Risk signal",
+        [s for s in monitor.token_signals if s in signs],
+        format_func=lambda name: SIGNAL_WORDS.get(name) or words(name),
+    )
     alphas = sorted({a["alpha"] for a in entries if a.get("signal") == signal})
     alpha = st.selectbox("Target error rate α (conformal risk control)", alphas) if alphas else None
     new = st.slider("New tokens", 1, model.cfg.n_ctx - len(ids), min(2, model.cfg.n_ctx - len(ids)))
@@ -62,50 +69,86 @@ def live(folder: Path, results: dict) -> None:
 
     out = monitor.generate(torch.tensor([ids]), new, subject=SUBJECT if monitor.attention else None)
     risk = (signs[signal] * out.signals[signal][0].double()).tolist()
-    threshold = next((a["crc"]["threshold"] for a in entries if a.get("signal") == signal and a.get("alpha") == alpha),
-                     math.inf)
+    threshold = next(
+        (a["crc"]["threshold"] for a in entries if a.get("signal") == signal and a.get("alpha") == alpha), math.inf
+    )
     stop = abstain_at(risk, len(risk), threshold)
     words = [model.tokenizer.id_to_token(int(t)) for t in out.new_tokens[0]]
     coloured = [f":{'red' if r > threshold else 'green'}[{plain(w)}]" for w, r in zip(words, risk)]
     st.markdown(f"{plain(text)} " + " ".join(coloured))
     named = plain(SIGNAL_WORDS.get(signal, signal))
-    st.markdown(f"Threshold λ̂ = {threshold:.3f} on risk = {signs[signal]:+d} · {named}: "
-                + (f"the monitor abstains at new token {stop + 1} (**{plain(words[stop])}**)." if stop is not None
-                   else "every token stays at or below it: the answer is given."))
-    show_table(pd.DataFrame({"token": words, **{name: out.signals[name][0].tolist() for name in out.signals}}),
-               {"token": "new token"} | {name: SIGNAL_WORDS.get(name, "") for name in out.signals})
+    st.markdown(
+        f"Threshold λ̂ = {threshold:.3f} on risk = {signs[signal]:+d} · {named}: "
+        + (
+            f"the monitor abstains at new token {stop + 1} (**{plain(words[stop])}**)."
+            if stop is not None
+            else "every token stays at or below it: the answer is given."
+        )
+    )
+    show_table(
+        pd.DataFrame({"token": words, **{name: out.signals[name][0].tolist() for name in out.signals}}),
+        {"token": "new token"} | {name: SIGNAL_WORDS.get(name, "") for name in out.signals},
+    )
 
 
-SIGNAL_COLUMNS = {"signal": "signal", "sign": "sign (+1: higher is riskier)", "n_test": "test prompts",
-                  "error_rate": "error rate", "auroc": "AUROC", "auroc_ci95": "95% interval",
-                  "auroc_familywise_ci": "familywise interval", "aurc": "AURC", "aurc_optimal": "best possible AURC",
-                  "e_aurc": "AURC above the best"}
+SIGNAL_COLUMNS = {
+    "signal": "signal",
+    "sign": "sign (+1: higher is riskier)",
+    "n_test": "test prompts",
+    "error_rate": "error rate",
+    "auroc": "AUROC",
+    "auroc_ci95": "95% interval",
+    "auroc_familywise_ci": "familywise interval",
+    "aurc": "AURC",
+    "aurc_optimal": "best possible AURC",
+    "e_aurc": "AURC above the best",
+}
 
 
 def render(folder: Path, results: dict) -> None:
     show_headlines(results)
     answers = results.get("answers") or {}
     if answers:
-        st.write(" · ".join(f"{plain(kind)}: **{plain(a.get('n'))}** prompts, false "
-                            f"**{a.get('false_rate', float('nan')):.0%}**"
-                            for kind, a in answers.items() if isinstance(a, dict)))
+        st.write(
+            " · ".join(
+                f"{plain(kind)}: **{plain(a.get('n'))}** prompts, false **{a.get('false_rate', float('nan')):.0%}**"
+                for kind, a in answers.items()
+                if isinstance(a, dict)
+            )
+        )
     signals = results.get("signals") or []
-    malformed = [i for i, row in enumerate(signals) if not isinstance(row, dict) or not isinstance(row.get("signal"), str)
-                 or not all(isinstance(row.get(k), (int, float)) for k in ("auroc", "aurc"))]
+    malformed = [
+        i
+        for i, row in enumerate(signals)
+        if not isinstance(row, dict)
+        or not isinstance(row.get("signal"), str)
+        or not all(isinstance(row.get(k), (int, float)) for k in ("auroc", "aurc"))
+    ]
     if malformed:
-        warn_shape(folder, "monitor", f"signals {malformed} are not objects with a signal name and numbers for auroc "
-                                      "and aurc; they are left out")
+        warn_shape(
+            folder,
+            "monitor",
+            f"signals {malformed} are not objects with a signal name and numbers for auroc and aurc; they are left out",
+        )
     rows = [{k: v for k, v in row.items() if k != "by_kind"} for i, row in enumerate(signals) if i not in malformed]
     if rows:
         st.subheader("Signals on the test split")
         level = rows[0].get("auroc_familywise_level")
-        columns = SIGNAL_COLUMNS | ({"auroc_familywise_ci": f"{level:.2%} familywise interval"}
-                                    if isinstance(level, float) else {})
-        show_table([row | {"signal": SIGNAL_WORDS.get(row["signal"]) or words(row["signal"])} for row in rows], columns,
-                   download="monitor_signals")
+        columns = SIGNAL_COLUMNS | (
+            {"auroc_familywise_ci": f"{level:.2%} familywise interval"} if isinstance(level, float) else {}
+        )
+        show_table(
+            [row | {"signal": SIGNAL_WORDS.get(row["signal"]) or words(row["signal"])} for row in rows],
+            columns,
+            download="monitor_signals",
+        )
     live(folder, results)
     show_figures(folder, names=SIGNAL_WORDS)  # the signals named as the table above names them
 
 
-show_run("monitor", render, fields={"signals": list, "abstention": list, "answers": dict, "headlines": list},
-         required=("signals",))
+show_run(
+    "monitor",
+    render,
+    fields={"signals": list, "abstention": list, "answers": dict, "headlines": list},
+    required=("signals",),
+)

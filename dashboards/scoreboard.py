@@ -8,21 +8,51 @@ import streamlit as st
 from dashboards.charts import draw
 from dashboards.common import figures, read_table, show_headlines, show_run, show_table
 
-COLUMNS = ["method", "world", "readout", "grade", "value", "low", "high", "chance", "control", "control_low",
-           "control_high", "control_at_chance", "n"]
-LABELS = {"method": "method", "world": "world", "readout": "read at", "grade": "grade", "value": "grade's value",
-          "low": "95% interval, low", "high": "95% interval, high", "chance": "chance", "control": "control",
-          "control_low": "control's interval, low", "control_high": "control's interval, high",
-          "control_at_chance": "control at chance", "n": "prompts"}
-FIGURES_BY_METHOD = (("Lenses", ["lenses"]), ("Input attribution", ["attribution"]),
-                     ("Probes", ["belief_simplex", "probes"]), ("Heads and patching", ["heads", "attribution_patching"]))
+COLUMNS = [
+    "method",
+    "world",
+    "readout",
+    "grade",
+    "value",
+    "low",
+    "high",
+    "chance",
+    "control",
+    "control_low",
+    "control_high",
+    "control_at_chance",
+    "n",
+]
+LABELS = {
+    "method": "method",
+    "world": "world",
+    "readout": "read at",
+    "grade": "grade",
+    "value": "grade's value",
+    "low": "95% interval, low",
+    "high": "95% interval, high",
+    "chance": "chance",
+    "control": "control",
+    "control_low": "control's interval, low",
+    "control_high": "control's interval, high",
+    "control_at_chance": "control at chance",
+    "n": "prompts",
+}
+FIGURES_BY_METHOD = (
+    ("Lenses", ["lenses"]),
+    ("Input attribution", ["attribution"]),
+    ("Probes", ["belief_simplex", "probes"]),
+    ("Heads and patching", ["heads", "attribution_patching"]),
+)
 
 
 def render(folder: Path, results: dict) -> None:
-    st.caption("Each grade is a mean over held-out prompts with its bootstrap 95% interval; beside it, a control that "
-               "knows nothing (another prompt's reading for a lens, permuted scores for an attribution method, "
-               "shuffled targets for a probe, permuted heads or cells for detectors and patching) and the value "
-               "chance gives it. 'Control at chance' is no where the control clears chance.")
+    st.caption(
+        "Each grade is a mean over held-out prompts with its bootstrap 95% interval; beside it, a control that "
+        "knows nothing (another prompt's reading for a lens, permuted scores for an attribution method, "
+        "shuffled targets for a probe, permuted heads or cells for detectors and patching) and the value "
+        "chance gives it. 'Control at chance' is no where the control clears chance."
+    )
     show_headlines(results)
     table = read_table(folder / "scoreboard.parquet", "scoreboard", COLUMNS)
     if table is None:
@@ -46,8 +76,10 @@ def render(folder: Path, results: dict) -> None:
             if name in drawn:
                 draw(drawn[name], key=f"fig-{folder.name}-{name}")
     if unreadable:
-        st.warning(f"Figures that are not readable plotly JSON, left out: {', '.join(unreadable)}. Run `forma run "
-                   "scoreboard` again.")
+        st.warning(
+            f"Figures that are not readable plotly JSON, left out: {', '.join(unreadable)}. Run `forma run "
+            "scoreboard` again."
+        )
 
 
 show_run("scoreboard", render, fields={"table": list, "headlines": list, "worlds": dict}, required=("table",))

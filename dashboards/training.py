@@ -17,7 +17,9 @@ if not available:
     st.stop()
 name = st.selectbox("Model", available, key="curve_model")
 try:
-    records = [r for r in read_metrics(zoo_dir() / name / "train" / METRICS_FILE) if isinstance(r, dict) and "step" in r]
+    records = [
+        r for r in read_metrics(zoo_dir() / name / "train" / METRICS_FILE) if isinstance(r, dict) and "step" in r
+    ]
 except (OSError, UnicodeDecodeError, ValueError) as err:
     st.warning(f"{err}; retrain with `forma train {name}`.")
     st.stop()
@@ -25,20 +27,33 @@ if not records:
     st.warning(f"models/{name}/train/{METRICS_FILE} holds no readable records; retrain with `forma train {name}`.")
     st.stop()
 fig = go.Figure()
-fig.add_scatter(x=[r["step"] for r in records], y=[r.get("train_loss_nats") for r in records], name="train",
-                mode="lines")
+fig.add_scatter(
+    x=[r["step"] for r in records], y=[r.get("train_loss_nats") for r in records], name="train", mode="lines"
+)
 val = [r for r in records if r.get("val_loss_nats") is not None]
 fig.add_scatter(x=[r["step"] for r in val], y=[r["val_loss_nats"] for r in val], name="held-out", mode="lines+markers")
 card = zoo_entry(name).card or {}
-floors = [(key, label, dash) for key, label, dash in (("entropy_rate_nats", "entropy rate H(p)", "dash"),
-                                                     ("val_entropy_nats", "mean H(p), held-out prefixes", "dot"))
-          if isinstance(card.get(key), (int, float))]  # a world whose law is known (lab.zoo's card measures it)
+floors = [
+    (key, label, dash)
+    for key, label, dash in (
+        ("entropy_rate_nats", "entropy rate H(p)", "dash"),
+        ("val_entropy_nats", "mean H(p), held-out prefixes", "dot"),
+    )
+    if isinstance(card.get(key), (int, float))
+]  # a world whose law is known (lab.zoo's card measures it)
 for key, label, dash in floors:
     steps = [r["step"] for r in records]
-    fig.add_scatter(x=[min(steps), max(steps)], y=[card[key]] * 2, name=f"{label} {card[key]:.3f}", mode="lines",
-                    line={"dash": dash, "color": "gray"})
+    fig.add_scatter(
+        x=[min(steps), max(steps)],
+        y=[card[key]] * 2,
+        name=f"{label} {card[key]:.3f}",
+        mode="lines",
+        line={"dash": dash, "color": "gray"},
+    )
 fig.update_layout(title=f"{name}: cross-entropy (nats/token)", xaxis_title="step", yaxis_title="nats")
 draw(fig, "curves")
 if floors:
-    st.caption("The entropy rate is the least loss any model reaches over complete contexts; the mean H(p) over the "
-               f"held-out prefixes, the first positions included, is the least held-out loss (models/{name}/card.json).")
+    st.caption(
+        "The entropy rate is the least loss any model reaches over complete contexts; the mean H(p) over the "
+        f"held-out prefixes, the first positions included, is the least held-out loss (models/{name}/card.json)."
+    )

@@ -34,8 +34,13 @@ REGISTRY = (
     Experiment("kl", "KL decomposition", "KL decomposition", ("workers",)),
     Experiment("hallucination", "Hallucination on arbitrary facts", "Hallucination", ("workers",)),
     Experiment("calibration", "Calibration", "Calibration", ("model", "mmlu"), (("mmlu", "MMLU file"),)),
-    Experiment("monitor", "Catching hallucinations while they are generated", "Hallucination monitor",
-               ("model", "qa"), (("qa", "question–answer file"),)),
+    Experiment(
+        "monitor",
+        "Catching hallucinations while they are generated",
+        "Hallucination monitor",
+        ("model", "qa"),
+        (("qa", "question–answer file"),),
+    ),
     Experiment("equations", "The seeds' equations", "Equations"),
     Experiment("scoreboard", "Methods against the truth", "Methods against the truth", ("workers",)),
 )

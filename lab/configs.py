@@ -55,8 +55,9 @@ def check_fields(config: Any) -> None:
             conformed = _conform(value, annotation)
         except _Mismatch as err:
             where = f" at element {err.where}" if err.where else ""
-            raise ValueError(f"{cls.__name__}.{name} must be {err.expected}{where}, got {value!r} "
-                             f"({type(value).__name__})") from None
+            raise ValueError(
+                f"{cls.__name__}.{name} must be {err.expected}{where}, got {value!r} ({type(value).__name__})"
+            ) from None
         if conformed is not value:
             object.__setattr__(config, name, conformed)  # also through a frozen dataclass
 
@@ -148,8 +149,11 @@ def from_dict_strict(cls: type[T], data: Any) -> T:
     unknown = sorted(set(data) - known)
     if unknown:
         raise ValueError(f"{name}: unknown keys {unknown}; known keys are {sorted(known)}")
-    missing = sorted(f.name for f in fields if f.name not in data and f.default is dataclasses.MISSING
-                     and f.default_factory is dataclasses.MISSING)
+    missing = sorted(
+        f.name
+        for f in fields
+        if f.name not in data and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    )
     if missing:
         raise ValueError(f"{name}: missing required keys {missing}")
     return cls(**data)

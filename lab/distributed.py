@@ -65,8 +65,10 @@ def init_distributed(device: str = "cpu", timeout_s: float | None = None) -> tup
         if torch.device(device).type == "cuda":
             local = int(os.environ.get("LOCAL_RANK", "0"))
             if local >= torch.cuda.device_count():
-                raise ValueError(f"local rank {local} has no GPU: this machine has {torch.cuda.device_count()}; "
-                                 "start at most that many processes per node (--nproc-per-node)")
+                raise ValueError(
+                    f"local rank {local} has no GPU: this machine has {torch.cuda.device_count()}; "
+                    "start at most that many processes per node (--nproc-per-node)"
+                )
             torch.cuda.set_device(local)
             dist.init_process_group(backend="nccl", **options)
         else:
@@ -170,7 +172,7 @@ def share(items: Sequence[T], rank: int, world: int) -> Sequence[T]:
     share of the sites this way.)"""
     if not 0 <= rank < world:
         raise ValueError(f"rank {rank} out of range for a world of {world}")
-    return items[len(items) * rank // world: len(items) * (rank + 1) // world]
+    return items[len(items) * rank // world : len(items) * (rank + 1) // world]
 
 
 def claim_parts(n_parts: int, done: Callable[[int], bool]) -> tuple[list[int], list[int]]:
@@ -206,9 +208,11 @@ def record_plan(directory: str | Path, plan: dict[str, Any], *, overwrite: bool 
         differing = [k for k in sorted(set(recorded) | set(plan)) if recorded.get(k) != plan.get(k)]
         if differing:
             key = differing[0]
-            raise ValueError(f"{directory} holds a {what} begun with other arguments ({key}: {recorded.get(key)!r} "
-                             f"then, {plan.get(key)!r} now); rerun it with the same arguments to resume it, or "
-                             "start afresh with overwrite")
+            raise ValueError(
+                f"{directory} holds a {what} begun with other arguments ({key}: {recorded.get(key)!r} "
+                f"then, {plan.get(key)!r} now); rerun it with the same arguments to resume it, or "
+                "start afresh with overwrite"
+            )
         return
     directory.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(plan, indent=2) + "\n")

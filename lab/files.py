@@ -6,7 +6,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-
 TEMPORARY_SUFFIX = ".tmp"
 
 

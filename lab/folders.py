@@ -73,6 +73,8 @@ def zoo_entry(name: str) -> ZooEntry:
 def zoo_entries() -> list[ZooEntry]:
     """`zoo_entry` of every model the zoo has a recipe for."""
     return [zoo_entry(name) for name in zoo_names()]
+
+
 def check_zoo_name(name: str) -> Path:
     """The zoo folder of a model the zoo has a recipe for; a ValueError listing the zoo for any other name."""
     names = zoo_names()

@@ -5,9 +5,25 @@ the run ends and every dashboard page shows them, in the same words. Standard li
 from typing import Any
 
 # A headline's name is a key ("p_ik_verdict_partial"); its title is that key in words.
-WORDS = {"p_ik": "P(IK)", "p_true": "P(True)", "ece": "ECE", "nll": "NLL", "kl": "KL", "ltt": "LTT", "crc": "CRC",
-         "auroc": "AUROC", "aurc": "AURC", "mf": "monofact rate", "rho": "ρ", "kv": "KV", "llama": "LLaMA",
-         "7b": "7B", "alpha": "at α =", "delta": "at δ =", "gamma": "at γ ="}
+WORDS = {
+    "p_ik": "P(IK)",
+    "p_true": "P(True)",
+    "ece": "ECE",
+    "nll": "NLL",
+    "kl": "KL",
+    "ltt": "LTT",
+    "crc": "CRC",
+    "auroc": "AUROC",
+    "aurc": "AURC",
+    "mf": "monofact rate",
+    "rho": "ρ",
+    "kv": "KV",
+    "llama": "LLaMA",
+    "7b": "7B",
+    "alpha": "at α =",
+    "delta": "at δ =",
+    "gamma": "at γ =",
+}
 WHERE = {"end": "at the end of training", "partial": "at the partial checkpoint"}
 
 

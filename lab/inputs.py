@@ -49,9 +49,17 @@ def size_text(n: float) -> str:
 
 
 def _kind(mode: int) -> str:
-    return ("a folder" if stat.S_ISDIR(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode)
-            else "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
-            else "not a regular file")
+    return (
+        "a folder"
+        if stat.S_ISDIR(mode)
+        else "a FIFO (named pipe)"
+        if stat.S_ISFIFO(mode)
+        else "a socket"
+        if stat.S_ISSOCK(mode)
+        else "a device"
+        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+        else "not a regular file"
+    )
 
 
 def inside(path: str | Path, folder: str | Path) -> Path:
@@ -60,13 +68,15 @@ def inside(path: str | Path, folder: str | Path) -> Path:
     real, root = os.path.realpath(path), os.path.realpath(folder)
     if os.path.commonpath([real, root]) != root:
         how = "is a link that leads" if path.is_symlink() else "leads"
-        raise InputError(f"{path} {how} outside {folder} (to {real}): Forma reads only files inside the folder "
-                         "they belong to")
+        raise InputError(
+            f"{path} {how} outside {folder} (to {real}): Forma reads only files inside the folder they belong to"
+        )
     return path
 
 
-def regular_file(path: str | Path, folder: str | Path | None = None, max_bytes: int | None = None,
-                 what: str = "file") -> Path:
+def regular_file(
+    path: str | Path, folder: str | Path | None = None, max_bytes: int | None = None, what: str = "file"
+) -> Path:
     """`path`, after checking that it exists, is a regular file (links followed), lies inside `folder` when one is
     given, and is at most `max_bytes` long: for a file that another library will open (safetensors, tokenizers,
     transformers, pandas). FileNotFoundError when there is none; InputError for the rest."""
@@ -87,12 +97,14 @@ def _check(path: Path, info: os.stat_result, max_bytes: int | None, what: str) -
     if not stat.S_ISREG(info.st_mode):
         raise InputError(f"{path} is {_kind(info.st_mode)}, not a regular file: Forma reads its {what} only from one")
     if max_bytes is not None and info.st_size > max_bytes:
-        raise InputError(f"{path} is {size_text(info.st_size)}, more than the {size_text(max_bytes)} Forma reads "
-                         f"for a {what}")
+        raise InputError(
+            f"{path} is {size_text(info.st_size)}, more than the {size_text(max_bytes)} Forma reads for a {what}"
+        )
 
 
-def read_bytes(path: str | Path, folder: str | Path | None = None, max_bytes: int = MAX_TEXT_BYTES,
-               what: str = "file") -> bytes:
+def read_bytes(
+    path: str | Path, folder: str | Path | None = None, max_bytes: int = MAX_TEXT_BYTES, what: str = "file"
+) -> bytes:
     """The bytes of a regular file inside `folder` (when given), at most `max_bytes` of them. It is opened without
     blocking and checked on the descriptor, so a FIFO put in its place is refused, never waited on."""
     path = Path(path)
@@ -128,12 +140,14 @@ def decode(data: bytes, path: str | Path) -> str:
     except UnicodeDecodeError as err:
         line = data.count(b"\n", 0, err.start) + 1
         column = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
-        raise InputError(f"{path}, line {line}: not UTF-8 (byte {data[err.start]:#04x} at column {column}); save "
-                         "the file as UTF-8") from None
+        raise InputError(
+            f"{path}, line {line}: not UTF-8 (byte {data[err.start]:#04x} at column {column}); save the file as UTF-8"
+        ) from None
 
 
-def read_text(path: str | Path, folder: str | Path | None = None, max_bytes: int = MAX_TEXT_BYTES,
-              what: str = "file") -> str:
+def read_text(
+    path: str | Path, folder: str | Path | None = None, max_bytes: int = MAX_TEXT_BYTES, what: str = "file"
+) -> str:
     """A regular file's UTF-8 text (`read_bytes`, then `decode`)."""
     return decode(read_bytes(path, folder, max_bytes, what), path)
 
@@ -167,14 +181,20 @@ def depth(value: Any, stop: int = MAX_DEPTH) -> int:
     return deepest
 
 
-def read_json(path: str | Path, folder: str | Path | None = None, max_bytes: int = MAX_JSON_BYTES,
-              max_depth: int = MAX_DEPTH, what: str = "JSON file") -> Any:
+def read_json(
+    path: str | Path,
+    folder: str | Path | None = None,
+    max_bytes: int = MAX_JSON_BYTES,
+    max_depth: int = MAX_DEPTH,
+    what: str = "JSON file",
+) -> Any:
     """A regular file's JSON (`read_text`, then `parse_json`)."""
     return parse_json(read_text(path, folder, max_bytes, what), path, max_depth)
 
 
-def read_json_object(path: str | Path, folder: str | Path | None = None, max_bytes: int = MAX_JSON_BYTES,
-                     what: str = "JSON file") -> dict[str, Any]:
+def read_json_object(
+    path: str | Path, folder: str | Path | None = None, max_bytes: int = MAX_JSON_BYTES, what: str = "JSON file"
+) -> dict[str, Any]:
     """`read_json`, which must hold a JSON object."""
     value = read_json(path, folder, max_bytes, what=what)
     if not isinstance(value, dict):
@@ -196,8 +216,10 @@ def read_csv(path: str | Path, max_bytes: int = MAX_TEXT_BYTES, what: str = "CSV
             return rows
         except csv.Error as err:
             if "field larger than field limit" in str(err):
-                raise InputError(f"{path}, line {start}: a cell is longer than the {CSV_CELL_LIMIT:,} characters the "
-                                 "csv module reads") from None
+                raise InputError(
+                    f"{path}, line {start}: a cell is longer than the {CSV_CELL_LIMIT:,} characters the "
+                    "csv module reads"
+                ) from None
             raise InputError(f"{path}, line {start}: not a CSV row ({err})") from None
         rows.append((start, row))
         start = reader.line_num + 1

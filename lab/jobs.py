@@ -38,9 +38,15 @@ def what(argv: list[str]) -> str:
 def write_queue(jobs: list[tuple[str, list[str]]], states: dict[str, str]) -> None:
     """The demo's jobs in the order they start (`jobs`: (label, argv)), each with its state (JOB_STATES) and
     what it waits for; with the demo's process id, so that a reader can tell a queue whose demo has ended."""
-    record = {"format": FORMAT, "pid": os.getpid(), "updated": time.time(),
-              "jobs": [{"job": label, "argv": argv, "state": states[label], "needs": list(NEEDS.get(what(argv), ()))}
-                       for label, argv in jobs]}
+    record = {
+        "format": FORMAT,
+        "pid": os.getpid(),
+        "updated": time.time(),
+        "jobs": [
+            {"job": label, "argv": argv, "state": states[label], "needs": list(NEEDS.get(what(argv), ()))}
+            for label, argv in jobs
+        ],
+    }
     try:
         atomic_write_text(queue_file(), json.dumps(record) + "\n")
     except OSError:
@@ -87,8 +93,9 @@ def queued(kind: str, name: str) -> Waiting | None:
         before = jobs[: jobs.index(mine)]
         ahead = sum(job["state"] in ("waiting", "running") for job in before)
         labels = {what(job["argv"]): job["job"] for job in jobs}
-        waits = tuple(labels[need] for need in mine["needs"]
-                      if need in labels and states[labels[need]] in ("waiting", "running"))
+        waits = tuple(
+            labels[need] for need in mine["needs"] if need in labels and states[labels[need]] in ("waiting", "running")
+        )
         return Waiting(mine["job"], mine["state"] == "running", ahead, waits)
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError, IndexError):
         return None

@@ -27,8 +27,7 @@ def is_hf_folder(folder: Path) -> bool:
 PROCESSING = ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases")
 
 
-def from_pretrained(cls: type, name_or_path: str | Path, device: str | torch.device = "cpu",
-                    **options: Any) -> Any:
+def from_pretrained(cls: type, name_or_path: str | Path, device: str | torch.device = "cpu", **options: Any) -> Any:
     """`cls` (a HookedTransformer or an EncoderDecoder) from a zoo name or a folder written by its `save`; a
     HookedTransformer also from a local Hugging Face folder (`lab.hf.load_hf`).
 

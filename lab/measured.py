@@ -13,7 +13,8 @@ is refused) and rewrites every marked number in README.md, models/*/MODEL.md and
     <!-- measured docs/measured/cards/markov.json val_kl_complete_contexts_nats .3f -->0.061<!-- /measured -->
 
 naming the file (relative to the repository root; any tracked JSON, e.g. benchmarks/results/walltime.json),
-the field and a Python format spec (`.3f`, `,d`, `.1%`, `,.0f`; `s` for a string such as a sample). A field is a dotted path: a word is a key
+the field and a Python format spec (`.3f`, `,d`, `.1%`, `,.0f`; `s` for a string such as a sample). A field is a dotted
+path: a word is a key
 of an object, an integer (negative from the end) an index into a list, and `key=value` the one object of a
 list whose `key` is `value`, e.g. `checkpoints.-1.kl_nats` or `headlines.name=final_kl.value`.
 `check_document` lists every marker whose text differs from its file or that cites a missing file or
@@ -33,12 +34,14 @@ from lab.inputs import read_json_object
 REPO = Path(__file__).resolve().parents[1]
 MEASURED_DIR = Path("docs") / "measured"
 # A marker cites a .json file (so a page may show the syntax itself, with FILE FIELD FORMAT, unparsed).
-MARKER = re.compile(r"<!-- measured (?P<file>\S+\.json) (?P<field>\S+) (?P<format>\S+) -->(?P<text>.*?)<!-- /measured -->",
-                    flags=re.S)
+MARKER = re.compile(
+    r"<!-- measured (?P<file>\S+\.json) (?P<field>\S+) (?P<format>\S+) -->(?P<text>.*?)<!-- /measured -->", flags=re.S
+)
 # What a measured number looks like: a decimal fraction (not a dotted version such as 2.13.0), a number
 # with thousands separators, or a number with a unit Forma measures in.
 MEASURED_LOOKING = re.compile(
-    r"(?<![\w.])(?:\d+\.\d+(?![\d.])|\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?\s?(?:s|ms|%|nats?|bits?|MB|GB|minutes?)\b)")
+    r"(?<![\w.])(?:\d+\.\d+(?![\d.])|\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?\s?(?:s|ms|%|nats?|bits?|MB|GB|minutes?)\b)"
+)
 HEADING = re.compile(r"^(#{1,6})\s+(.*)$")
 FENCE = re.compile(r"^```.*?^```\s*$", flags=re.S | re.M)
 INLINE_CODE = re.compile(r"`[^`\n]*`")
@@ -131,8 +134,9 @@ def marker_problems(path: Path, root: Path = REPO) -> list[Problem]:
             problems.append(Problem(path, where, f"{match['file']} {match['field']}: {err.args[0]}"))
             continue
         if match["text"] != wanted:
-            problems.append(Problem(path, where, f"reads {match['text']!r} but {match['file']} "
-                                                 f"{match['field']} gives {wanted!r}"))
+            problems.append(
+                Problem(path, where, f"reads {match['text']!r} but {match['file']} {match['field']} gives {wanted!r}")
+            )
     return problems
 
 
@@ -191,8 +195,14 @@ def bare_numbers(path: Path) -> list[Problem]:
         stripped = INLINE_CODE.sub("", MARKER.sub("", line))
         stripped = re.sub(r"<!--.*?-->", "", stripped)
         for found in MEASURED_LOOKING.finditer(stripped):
-            problems.append(Problem(path, number, f"bare measured-looking number {found.group(0)!r}: write it "
-                                                  f"inside a <!-- measured FILE FIELD FORMAT --> marker"))
+            problems.append(
+                Problem(
+                    path,
+                    number,
+                    f"bare measured-looking number {found.group(0)!r}: write it "
+                    f"inside a <!-- measured FILE FIELD FORMAT --> marker",
+                )
+            )
     return problems
 
 
@@ -223,9 +233,11 @@ def record_card(model_dir: Path, root: Path = REPO) -> Path:
     model_dir = Path(model_dir)
     card = _read(model_dir / "card.json", f"model {model_dir.name}")
     if card.get("quick") is not False:
-        raise ValueError(f"{model_dir / 'card.json'} is from `forma train {card.get('name', model_dir.name)} --quick` "
-                         f"(or does not say): the documents cite default-recipe cards only; run "
-                         f"`forma train {card.get('name', model_dir.name)}`")
+        raise ValueError(
+            f"{model_dir / 'card.json'} is from `forma train {card.get('name', model_dir.name)} --quick` "
+            f"(or does not say): the documents cite default-recipe cards only; run "
+            f"`forma train {card.get('name', model_dir.name)}`"
+        )
     name = card.get("name") or model_dir.name
     target = root / MEASURED_DIR / "cards" / f"{name}.json"
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -247,12 +259,16 @@ def record_run(run_dir: Path, root: Path = REPO) -> Path:
     if not isinstance(experiment, str) or not experiment:
         raise ValueError(f"{run_dir / 'provenance.json'} does not name its experiment")
     if config.get("quick") is not False:
-        raise ValueError(f"{run_dir} is a quick run of {experiment} (config.json quick = {config.get('quick')!r}): "
-                         f"the documents cite default-profile runs only; run `forma run {experiment}`")
+        raise ValueError(
+            f"{run_dir} is a quick run of {experiment} (config.json quick = {config.get('quick')!r}): "
+            f"the documents cite default-profile runs only; run `forma run {experiment}`"
+        )
     results = _read(run_dir / "results.json", f"run {run_dir}")
     target = root / MEASURED_DIR / "runs" / f"{experiment}.json"
     target.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(target, json.dumps(results, indent=2, allow_nan=True) + "\n")
-    atomic_write_text(target.with_name(f"{experiment}.provenance.json"),
-                      json.dumps(provenance | {"config": config, "run_folder": run_dir.name}, indent=2) + "\n")
+    atomic_write_text(
+        target.with_name(f"{experiment}.provenance.json"),
+        json.dumps(provenance | {"config": config, "run_folder": run_dir.name}, indent=2) + "\n",
+    )
     return target

@@ -48,7 +48,9 @@ def keep_freed_memory(keep_bytes: int = 1 << 30) -> bool:
     libc = _glibc()
     if libc is None or os.environ.get("FORMA_KEEP_FREED_MEMORY", "1") == "0":
         return False
-    return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)) and bool(libc.mallopt(M_TRIM_THRESHOLD, int(keep_bytes)))
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)) and bool(
+        libc.mallopt(M_TRIM_THRESHOLD, int(keep_bytes))
+    )
 
 
 def release_freed_memory() -> None:

@@ -29,11 +29,11 @@ import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from contextlib import contextmanager
 from multiprocessing.connection import wait as wait_for
+from pathlib import Path
 from typing import Any
 
 from lab.files import atomic_write_text
@@ -52,12 +52,15 @@ def _check(workers: Any, tasks: Sequence[Task]) -> None:
         if not (isinstance(task, tuple) and task and callable(task[0])):
             raise ValueError(f"a task is (function, *arguments), got {task!r}")
         if workers > 1 and getattr(task[0], "__module__", None) == "__main__":
-            raise ValueError(f"a task's function must live in an importable module for a worker to find it, "
-                             f"not in __main__: {task[0]!r}")
+            raise ValueError(
+                f"a task's function must live in an importable module for a worker to find it, "
+                f"not in __main__: {task[0]!r}"
+            )
 
 
-def run_tasks(tasks: Sequence[Task], workers: int = 1, then: Mapping[int, FollowUp] | None = None,
-              threads: int = 1) -> list[Any]:
+def run_tasks(
+    tasks: Sequence[Task], workers: int = 1, then: Mapping[int, FollowUp] | None = None, threads: int = 1
+) -> list[Any]:
     """Run every task and return their results in order: `tasks`' own, then the follow-ups of `then[i]`
     (called with task i's result, returning more tasks) in order of i. workers = 1 runs them here, one after
     another; more runs them in that many worker processes. The first task to fail raises its own error
@@ -107,10 +110,15 @@ class WorkersBar(Bar):
         return super().snapshot()
 
 
-def _in_workers(tasks: list[Task], workers: int, then: dict[int, FollowUp], threads: int, counted: Bar,
-                stages: Path) -> list[Any]:
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_start_worker, initargs=(threads, str(stages)))
+def _in_workers(
+    tasks: list[Task], workers: int, then: dict[int, FollowUp], threads: int, counted: Bar, stages: Path
+) -> list[Any]:
+    pool = ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_start_worker,
+        initargs=(threads, str(stages)),
+    )
     own: list[Any] = [None] * len(tasks)
     follow: dict[int, list[Any]] = {}
     where: dict[Future, tuple[int, int]] = {}  # future → (parent index, -1 for an own task or its place)
@@ -193,8 +201,9 @@ def _start_worker(threads: int, stages: str) -> None:
     import torch
 
     torch.set_num_threads(threads)
-    threading.Thread(target=_tell_stage, args=(Path(stages) / f"{os.getpid()}.json",), daemon=True,
-                     name="stage of this worker").start()
+    threading.Thread(
+        target=_tell_stage, args=(Path(stages) / f"{os.getpid()}.json",), daemon=True, name="stage of this worker"
+    ).start()
 
 
 def _tell_stage(path: Path) -> None:

@@ -68,8 +68,9 @@ class Stage:
         if self.step < 0 or (self.total is not None and self.total < 0):
             raise ValueError(f"progress of {self.label!r}: step {self.step} and total {self.total} must be ≥ 0")
         if self.elapsed_s < 0 or (self.eta_s is not None and self.eta_s < 0):
-            raise ValueError(f"progress of {self.label!r}: elapsed_s {self.elapsed_s} and eta_s {self.eta_s} must "
-                             f"be ≥ 0")
+            raise ValueError(
+                f"progress of {self.label!r}: elapsed_s {self.elapsed_s} and eta_s {self.eta_s} must be ≥ 0"
+            )
 
     @property
     def fraction(self) -> float | None:
@@ -108,8 +109,16 @@ class Bar:
     """A progress bar over `total` units (see the module's docstring); used as tqdm is: update, set_postfix,
     write, close (or as a context manager). `disable` is True when it shows nothing (show=False)."""
 
-    def __init__(self, total: int | None, label: str, unit: str = "step", initial: int = 0, show: bool = True,
-                 stream: TextIO | None = None, line_every_s: float = LINE_EVERY_S):
+    def __init__(
+        self,
+        total: int | None,
+        label: str,
+        unit: str = "step",
+        initial: int = 0,
+        show: bool = True,
+        stream: TextIO | None = None,
+        line_every_s: float = LINE_EVERY_S,
+    ):
         from tqdm.auto import tqdm
 
         self.total, self.label, self.unit = total, label, unit
@@ -183,8 +192,9 @@ class Bar:
         print(self.snapshot().line(), file=self.stream, flush=True)
 
 
-def bar(total: int | None, label: str, unit: str = "step", initial: int = 0, show: bool = True,
-        stream: TextIO | None = None) -> Bar:
+def bar(
+    total: int | None, label: str, unit: str = "step", initial: int = 0, show: bool = True, stream: TextIO | None = None
+) -> Bar:
     """The progress bar every long loop in Forma counts with (see the module's docstring)."""
     return Bar(total, label, unit=unit, initial=initial, show=show, stream=stream)
 
@@ -326,8 +336,16 @@ class _Recorder:
         self.thread = threading.Thread(target=self._loop, name=f"progress of {job}", daemon=True)
 
     def progress(self, state: str = "running", error: str | None = None) -> Progress:
-        return Progress(self.job, state, os.getpid(), self.started_utc, time.monotonic() - self.started, time.time(),
-                        current_stage() if state == "running" else None, error)
+        return Progress(
+            self.job,
+            state,
+            os.getpid(),
+            self.started_utc,
+            time.monotonic() - self.started,
+            time.time(),
+            current_stage() if state == "running" else None,
+            error,
+        )
 
     def write(self, progress: Progress) -> None:
         with self.lock:

@@ -33,8 +33,17 @@ from lab.inputs import InputError, read_json, read_text, regular_file
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_RUNS_DIR = REPO / "runs"
-PACKAGES = ("forma-lab", "torch", "transformer-lens", "transformers", "numpy", "einops", "tokenizers", "plotly",
-            "streamlit")
+PACKAGES = (
+    "forma-lab",
+    "torch",
+    "transformer-lens",
+    "transformers",
+    "numpy",
+    "einops",
+    "tokenizers",
+    "plotly",
+    "streamlit",
+)
 
 
 TIMING_FIELDS = {"names": ("seconds", "timing"), "suffixes": ("_s", "_utc")}
@@ -80,7 +89,10 @@ def git_commit() -> dict[str, Any]:
         return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10).stdout.strip()
 
     try:
-        return {"commit": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+        return {
+            "commit": git("rev-parse", "HEAD") or None,
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        }
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "dirty": None}
 
@@ -96,8 +108,16 @@ def package_versions() -> dict[str, str | None]:
 
 
 def provenance(seed: int | None, **extra: Any) -> dict[str, Any]:
-    return {"seed": seed, "git": git_commit(), "packages": package_versions(), "python": platform.python_version(),
-            "platform": platform.platform(), "argv": sys.argv, "started_utc": utc_now(), **extra}
+    return {
+        "seed": seed,
+        "git": git_commit(),
+        "packages": package_versions(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "argv": sys.argv,
+        "started_utc": utc_now(),
+        **extra,
+    }
 
 
 def utc_now() -> str:
@@ -164,10 +184,15 @@ def _check_reusable(folder: Path, experiment: str) -> None:
     if isinstance(record, dict) and record.get("experiment") == experiment:
         return
     shown = ", ".join(contents[:5]) + (f" and {len(contents) - 5} more" if len(contents) > 5 else "")
-    what = (f"an unfinished run of {record['experiment']!r}" if isinstance(record, dict) and record.get("experiment")
-            else f"files no run of {experiment!r} wrote ({shown})")
-    raise ValueError(f"run folder {folder} is not empty: it holds {what}; a run writes only into a new or empty "
-                     f"folder, or finishes an unfinished run of the same experiment — choose another --out")
+    what = (
+        f"an unfinished run of {record['experiment']!r}"
+        if isinstance(record, dict) and record.get("experiment")
+        else f"files no run of {experiment!r} wrote ({shown})"
+    )
+    raise ValueError(
+        f"run folder {folder} is not empty: it holds {what}; a run writes only into a new or empty "
+        f"folder, or finishes an unfinished run of the same experiment — choose another --out"
+    )
 
 
 @contextmanager
@@ -216,8 +241,9 @@ def complete_runs(experiment: str, folder: Path | None = None) -> list[Path]:
     """Every complete run of an experiment (a folder of runs/<experiment>/ with results.json; no links),
     newest first by folder name (a UTC timestamp)."""
     base = Path(folder or runs_dir()) / experiment
-    return sorted((p.parent for p in base.glob("*/results.json") if not p.parent.is_symlink()),
-                  key=lambda p: p.name, reverse=True)
+    return sorted(
+        (p.parent for p in base.glob("*/results.json") if not p.parent.is_symlink()), key=lambda p: p.name, reverse=True
+    )
 
 
 def run_record(folder: Path) -> dict[str, Any]:
@@ -238,8 +264,13 @@ def run_record(folder: Path) -> dict[str, Any]:
     return record
 
 
-def run_and_record(experiment: str, config: Any, run: Callable[[Any, Path], dict], out: str | Path | None = None,
-                   seed: int | None = None) -> Path:
+def run_and_record(
+    experiment: str,
+    config: Any,
+    run: Callable[[Any, Path], dict],
+    out: str | Path | None = None,
+    seed: int | None = None,
+) -> Path:
     """Create the run folder, record provenance and config, run, then write results.json last.
 
     provenance.json comes first: it names the experiment, which is what lets a later run with the same `--out`
@@ -306,13 +337,27 @@ def save_table(rows: Any, out: Path, name: str) -> Path:
     return path
 
 
-def headline(name: str, sentence: str, value: Any, interval: list[float] | None, direction: Any,
-             supported: bool = True, why_not: str | None = None) -> dict[str, Any]:
+def headline(
+    name: str,
+    sentence: str,
+    value: Any,
+    interval: list[float] | None,
+    direction: Any,
+    supported: bool = True,
+    why_not: str | None = None,
+) -> dict[str, Any]:
     """One entry of results.json's "headlines" (docs/experiments.md): the claim in a sentence, the number behind it
     and its interval, the direction a quick run must share with the default one, and — when the run cannot
     support it — why not, in words."""
-    return {"name": name, "sentence": sentence, "value": value, "interval": interval, "direction": direction,
-            "supported": supported, "why_not": None if supported else why_not}
+    return {
+        "name": name,
+        "sentence": sentence,
+        "value": value,
+        "interval": interval,
+        "direction": direction,
+        "supported": supported,
+        "why_not": None if supported else why_not,
+    }
 
 
 # Readers: what the dashboard and the benchmarks read from a run folder, with the problem named in a sentence.
@@ -361,8 +406,16 @@ def read_figures(folder: Path) -> tuple[list[tuple[str, Any]], list[str]]:
 
 
 # Plotly draws these traces on maps it fetches (tiles, the world's outlines); Forma's figures never use them.
-FETCHING_TRACES = ("scattergeo", "choropleth", "scattermapbox", "choroplethmapbox", "densitymapbox", "scattermap",
-                   "choroplethmap", "densitymap")
+FETCHING_TRACES = (
+    "scattergeo",
+    "choropleth",
+    "scattermapbox",
+    "choroplethmapbox",
+    "densitymapbox",
+    "scattermap",
+    "choroplethmap",
+    "densitymap",
+)
 
 
 def outside_resources(spec: dict[str, Any]) -> list[str]:
@@ -377,8 +430,11 @@ def outside_resources(spec: dict[str, Any]) -> list[str]:
             if isinstance(source, str) and not source.startswith("data:"):
                 found.append(f"the image {source}")
     traces = spec.get("data") if isinstance(spec.get("data"), list) else []
-    found += [f"a {trace.get('type')} trace's map" for trace in traces
-              if isinstance(trace, dict) and trace.get("type") in FETCHING_TRACES]
+    found += [
+        f"a {trace.get('type')} trace's map"
+        for trace in traces
+        if isinstance(trace, dict) and trace.get("type") in FETCHING_TRACES
+    ]
     return found
 
 

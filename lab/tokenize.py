@@ -30,8 +30,11 @@ def to_hf_tokenizer(tokenizer: Tokenizer, directory: str | Path):
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     vocab = tokenizer.get_vocab()
-    specials = {name: token for name, token in
-                zip(("pad_token", "unk_token", "bos_token", "eos_token"), SPECIALS) if token in vocab}
+    specials = {
+        name: token
+        for name, token in zip(("pad_token", "unk_token", "bos_token", "eos_token"), SPECIALS)
+        if token in vocab
+    }
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, **specials)
     fast.save_pretrained(directory)
     return AutoTokenizer.from_pretrained(directory, local_files_only=True, trust_remote_code=False)

@@ -40,8 +40,13 @@ def check_hugging_face(model: HookedTransformer, tokens: torch.Tensor) -> dict[s
     except UnsupportedArchitecture as err:
         return {"applicable": False, "reason": str(err)}
     diff = (hf(tokens).logits.float() - model(tokens).float()).abs().max().item()
-    return {"applicable": True, "architecture": hf.config.model_type, "max_abs_logit_diff": diff,
-            "tolerance": HF_TOL, "passed": diff <= HF_TOL}
+    return {
+        "applicable": True,
+        "architecture": hf.config.model_type,
+        "max_abs_logit_diff": diff,
+        "tolerance": HF_TOL,
+        "passed": diff <= HF_TOL,
+    }
 
 
 @torch.inference_mode()
@@ -58,8 +63,13 @@ def check_kv_cache(model: HookedTransformer, prompt: torch.Tensor, new_tokens: i
     fresh = decode(model, prompt, new_tokens, temperature=0, use_kv_cache=False)
     same = bool(torch.equal(cached.tokens, fresh.tokens))
     diff = (cached.logits - fresh.logits).abs().max().item()
-    return {"new_tokens": new_tokens, "same_tokens": same, "max_abs_logit_diff": diff, "tolerance": CACHE_TOL,
-            "passed": same and diff <= CACHE_TOL}
+    return {
+        "new_tokens": new_tokens,
+        "same_tokens": same,
+        "max_abs_logit_diff": diff,
+        "tolerance": CACHE_TOL,
+        "passed": same and diff <= CACHE_TOL,
+    }
 
 
 @torch.inference_mode()
@@ -80,9 +90,12 @@ def check_bfloat16(model: HookedTransformer, tokens: torch.Tensor) -> dict[str, 
     low = copy.deepcopy(model).to(torch.bfloat16)
     drifted = low(tokens).float().log_softmax(-1)
     kl = (reference.exp() * (reference - drifted)).sum(-1)
-    return {"max_abs_logprob_diff": (reference - drifted).abs().max().item(),
-            "mean_kl_nats": kl.mean().item(), "max_kl_nats": kl.max().item(),
-            "top1_agreement": (reference.argmax(-1) == drifted.argmax(-1)).float().mean().item()}
+    return {
+        "max_abs_logprob_diff": (reference - drifted).abs().max().item(),
+        "mean_kl_nats": kl.mean().item(),
+        "max_kl_nats": kl.max().item(),
+        "top1_agreement": (reference.argmax(-1) == drifted.argmax(-1)).float().mean().item(),
+    }
 
 
 def trust_report(model: HookedTransformer, seed: int = 0) -> dict[str, Any]:
@@ -126,11 +139,11 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         f"{report['attention_paths']['max_abs_logit_diff']:.2e}",
         f"{mark(report['kv_cache']['passed'])} KV cache vs recompute: same tokens {report['kv_cache']['same_tokens']}, "
         f"max |Δ logits| {report['kv_cache']['max_abs_logit_diff']:.2e}",
-        f"{mark(report['hooks']['passed'])} hook points firing: {report['hooks']['n_hooks'] - len(report['hooks']['never_fired'])}"
-        f"/{report['hooks']['n_hooks']}" + (f" (silent: {report['hooks']['never_fired'][:5]})" if report['hooks']['never_fired'] else ""),
+        f"{mark(report['hooks']['passed'])} hook points firing: "
+        f"{report['hooks']['n_hooks'] - len(report['hooks']['never_fired'])}"
+        f"/{report['hooks']['n_hooks']}"
+        + (f" (silent: {report['hooks']['never_fired'][:5]})" if report["hooks"]["never_fired"] else ""),
         f"info bfloat16 drift: mean KL {report['bfloat16']['mean_kl_nats']:.2e} nats, top-1 agreement "
         f"{report['bfloat16']['top1_agreement']:.3f}, max |Δ log p| {report['bfloat16']['max_abs_logprob_diff']:.3f}",
     ]
     return lines
-
-

@@ -74,8 +74,9 @@ class Background:
                 job = self.queue.pop(0)
             log = self.root / f"{job[0]}-{job[1]}.log"
             with log.open("w") as out:
-                self.current = subprocess.Popen(self.argv(*job), cwd=REPO, env=self.env, stdout=out,
-                                                stderr=subprocess.STDOUT)
+                self.current = subprocess.Popen(
+                    self.argv(*job), cwd=REPO, env=self.env, stdout=out, stderr=subprocess.STDOUT
+                )
                 code = self.current.wait()
             with self.changed:
                 self.done[job] = (code, log)
@@ -108,17 +109,32 @@ class Background:
 # torchrun, and the files whose tests start processes of their own (the CLI end to end, the offline guard, the
 # docs' examples, benchmarks, process pools, distributed training, the dashboard's pages).
 PROCESS_FIXTURES = {"quick_run", "quick_rerun", "fault_zygote", "torchrun_demo"}
-PROCESS_MODULES = {"test_benchmarks", "test_benchmarks_distributed", "test_browser", "test_cli_datasets",
-                   "test_dashboard", "test_dashboard_graphs", "test_distributed", "test_docs", "test_offline",
-                   "test_parallel", "test_readme", "test_reliability_cli", "test_reliability_dashboard",
-                   "test_reliability_runs", "test_resume_faults", "test_transcoders_distributed"}
+PROCESS_MODULES = {
+    "test_benchmarks",
+    "test_benchmarks_distributed",
+    "test_browser",
+    "test_cli_datasets",
+    "test_dashboard",
+    "test_dashboard_graphs",
+    "test_distributed",
+    "test_docs",
+    "test_offline",
+    "test_parallel",
+    "test_readme",
+    "test_reliability_cli",
+    "test_reliability_dashboard",
+    "test_reliability_runs",
+    "test_resume_faults",
+    "test_transcoders_distributed",
+}
 
 
 def pytest_itemcollected(item):
     """Mark `processes` (see PROCESS_FIXTURES): made at collection, so that `-m "not processes"` can select."""
     module = getattr(item, "module", None)
     if PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())) or (
-            module is not None and module.__name__.rpartition(".")[2] in PROCESS_MODULES):
+        module is not None and module.__name__.rpartition(".")[2] in PROCESS_MODULES
+    ):
         item.add_marker(pytest.mark.processes)
 
 
@@ -127,8 +143,9 @@ def pytest_collection_modifyitems(session, config, items):
     """With the same-seed tests selected (the whole suite, or their file), start the quick runs and reruns in
     the background and move every test that reads a quick run after those that do not, module by module
     (a module's fixtures are made once)."""
-    reruns = [item.callspec.params["name"] for item in items
-              if item.originalname == SAME_SEED and hasattr(item, "callspec")]
+    reruns = [
+        item.callspec.params["name"] for item in items if item.originalname == SAME_SEED and hasattr(item, "callspec")
+    ]
     if not reruns or config.option.collectonly:
         return
     import tempfile
@@ -139,8 +156,9 @@ def pytest_collection_modifyitems(session, config, items):
     # Every experiment's quick run when other tests read them too; else only those the reruns compare with.
     names = reruns if all(item.originalname == SAME_SEED for item in readers) else experiments.experiment_names()
     late_modules = {item.module.__name__ for item in readers}
-    items[:] = ([item for item in items if item.module.__name__ not in late_modules]
-                + [item for item in items if item.module.__name__ in late_modules])
+    items[:] = [item for item in items if item.module.__name__ not in late_modules] + [
+        item for item in items if item.module.__name__ in late_modules
+    ]
     root = Path(tempfile.mkdtemp(prefix="forma-quick-runs-"))
     config.stash[BACKGROUND] = Background(root, names, reruns)
 
@@ -221,10 +239,16 @@ def fault_zygote():
 def run_bash(code: str, cwd: Path) -> subprocess.CompletedProcess:
     """A guide page's ```bash block, run as tests/test_docs.py runs one: `bash -euo pipefail -c CODE` in `cwd`,
     offline, with this Python's scripts (forma, torchrun) first on PATH and one intra-op thread a process."""
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1")
-    return subprocess.run(["bash", "-euo", "pipefail", "-c", code], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=180)
+    env = dict(
+        os.environ,
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        OMP_NUM_THREADS="1",
+    )
+    return subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=180
+    )
 
 
 @pytest.fixture(scope="session")
@@ -234,8 +258,7 @@ def torchrun_demo(tmp_path_factory):
     ranks match one process (tests/test_train.py) read the same launch: each launch costs seconds of start-up."""
     from tests.test_docs import DOCS, blocks
 
-    (code,) = [code for language, code, _ in blocks(DOCS / "torchrun.md")
-               if language == "bash" and "torchrun" in code]
+    (code,) = [code for language, code, _ in blocks(DOCS / "torchrun.md") if language == "bash" and "torchrun" in code]
     folder = tmp_path_factory.mktemp("torchrun-demo")
     return folder, code, run_bash(code, folder)
 
@@ -330,8 +353,16 @@ def hf_gpt2(tie: bool = True):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    cfg = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=64, tie_word_embeddings=tie,
-                     bos_token_id=None, eos_token_id=None)
+    cfg = GPT2Config(
+        n_layer=2,
+        n_embd=64,
+        n_head=4,
+        vocab_size=VOCAB,
+        n_positions=64,
+        tie_word_embeddings=tie,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
     return GPT2LMHeadModel(cfg).eval()
 
 
@@ -339,9 +370,19 @@ def hf_llama(n_kv_heads: int = 2, tie: bool = False):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=n_kv_heads, vocab_size=VOCAB, max_position_embeddings=64,
-                      tie_word_embeddings=tie, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    cfg = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=n_kv_heads,
+        vocab_size=VOCAB,
+        max_position_embeddings=64,
+        tie_word_embeddings=tie,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
     model = LlamaForCausalLM(cfg).eval()
     # A fresh LLaMA has unit RMSNorm gains; randomise them so a misplaced gain cannot hide.
     with torch.no_grad():
@@ -359,8 +400,9 @@ def word_tokenizer(directory):
     words = ["<unk>", "<pad>", "<bos>", "<eos>"] + [f"w{i}" for i in range(VOCAB - 4)]
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>",
-                                   unk_token="<unk>", pad_token="<pad>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>", pad_token="<pad>"
+    )
     fast.save_pretrained(directory)
     return AutoTokenizer.from_pretrained(directory)
 
@@ -381,10 +423,20 @@ def hf_neox(parallel: bool = True, rotary_pct: float = 0.25, tie: bool = False, 
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
     torch.manual_seed(0)
-    cfg = GPTNeoXConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                        vocab_size=VOCAB, max_position_embeddings=64, rotary_pct=rotary_pct, hidden_act=act,
-                        use_parallel_residual=parallel, tie_word_embeddings=tie, bos_token_id=None,
-                        eos_token_id=None)
+    cfg = GPTNeoXConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        vocab_size=VOCAB,
+        max_position_embeddings=64,
+        rotary_pct=rotary_pct,
+        hidden_act=act,
+        use_parallel_residual=parallel,
+        tie_word_embeddings=tie,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
     return randomise_gains_and_biases(GPTNeoXForCausalLM(cfg).eval())
 
 
@@ -393,10 +445,22 @@ def hf_qwen2(tie: bool = False, window: int = 0, n_kv_heads: int = 2):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=n_kv_heads, vocab_size=VOCAB, max_position_embeddings=64,
-                      tie_word_embeddings=tie, use_sliding_window=window > 0, sliding_window=window or None,
-                      max_window_layers=0, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    cfg = Qwen2Config(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=n_kv_heads,
+        vocab_size=VOCAB,
+        max_position_embeddings=64,
+        tie_word_embeddings=tie,
+        use_sliding_window=window > 0,
+        sliding_window=window or None,
+        max_window_layers=0,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
     return randomise_gains_and_biases(Qwen2ForCausalLM(cfg).eval())
 
 
@@ -405,8 +469,18 @@ def hf_mistral(window: int | None = 5, n_kv_heads: int = 2, tie: bool = False):
     from transformers import MistralConfig, MistralForCausalLM
 
     torch.manual_seed(0)
-    cfg = MistralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                        num_key_value_heads=n_kv_heads, vocab_size=VOCAB, max_position_embeddings=64,
-                        sliding_window=window, tie_word_embeddings=tie, bos_token_id=None, eos_token_id=None,
-                        pad_token_id=None)
+    cfg = MistralConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=n_kv_heads,
+        vocab_size=VOCAB,
+        max_position_embeddings=64,
+        sliding_window=window,
+        tie_word_embeddings=tie,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
     return randomise_gains_and_biases(MistralForCausalLM(cfg).eval())

@@ -33,8 +33,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(REPO)}
 
-WATCHED = {"os.rename", "os.symlink", "os.remove", "os.rmdir", "shutil.rmtree", "tempfile.mkstemp",
-           "tempfile.mkdtemp", "open"}
+WATCHED = {
+    "os.rename",
+    "os.symlink",
+    "os.remove",
+    "os.rmdir",
+    "shutil.rmtree",
+    "tempfile.mkstemp",
+    "tempfile.mkdtemp",
+    "open",
+}
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT
 
 
@@ -45,7 +53,8 @@ def watched_path(event: str, args: tuple) -> str | None:
     if event == "open":
         path, mode, flags = args
         writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-            isinstance(flags, int) and flags & WRITE_FLAGS)
+            isinstance(flags, int) and flags & WRITE_FLAGS
+        )
         return str(path) if writing and isinstance(path, (str, bytes, os.PathLike)) else None
     if event in ("os.rename", "os.symlink"):
         return str(args[1])
@@ -111,6 +120,7 @@ def main() -> None:
 
     lab.cli.build_parser()  # imports the experiments, as every `forma` command does
     import plotly.graph_objects  # noqa: F401  (every run's figures)
+
     torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])  # its first use imports torch._dynamo (seconds)
     print(json.dumps({"ready": os.getpid()}), flush=True)
     for line in sys.stdin:
@@ -131,8 +141,14 @@ class Zygote:
     """The fork server, started once for the session's fault trials (tests/conftest.py::fault_zygote)."""
 
     def __init__(self) -> None:
-        self.process = subprocess.Popen([sys.executable, "-m", "tests.fault_zygote"], cwd=REPO, env=os.environ | ENV,
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.fault_zygote"],
+            cwd=REPO,
+            env=os.environ | ENV,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert "ready" in self.ask({})
 
     def ask(self, request: dict) -> dict:

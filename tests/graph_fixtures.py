@@ -23,12 +23,21 @@ def tiny_model(architecture: str = "gpt2", **changes) -> HookedTransformer:
     return model
 
 
-def random_transcoders(model: HookedTransformer, cross_layer: bool = False, activation: str = "relu",
-                       d_features: int = 64) -> Transcoders:
+def random_transcoders(
+    model: HookedTransformer, cross_layer: bool = False, activation: str = "relu", d_features: int = 64
+) -> Transcoders:
     cfg = model.cfg
-    tc = Transcoders(TranscoderConfig(d_model=cfg.d_model, n_layers=cfg.n_layers, d_features=d_features,
-                                      activation=activation, k=8 if activation == "topk" else 0,
-                                      cross_layer=cross_layer, threshold=0.05))
+    tc = Transcoders(
+        TranscoderConfig(
+            d_model=cfg.d_model,
+            n_layers=cfg.n_layers,
+            d_features=d_features,
+            activation=activation,
+            k=8 if activation == "topk" else 0,
+            cross_layer=cross_layer,
+            threshold=0.05,
+        )
+    )
     with torch.no_grad():
         tc.b_enc.fill_(-0.05)
     return tc.eval()

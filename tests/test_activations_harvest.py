@@ -46,15 +46,19 @@ def test_a_corpus_file_is_read_as_sequences_of_token_ids(tmp_path, model):
     tokenizer = word_level(["a", "b", "c"])
     worded = HookedTransformer(tiny_config(n_ctx=16, d_vocab=tokenizer.get_vocab_size()), tokenizer=tokenizer)
     (tmp_path / "text.txt").write_text("a b c " * 5)
-    assert read_corpus(tmp_path / "text.txt", worded, seq_len=5).tolist() == [[4, 5, 6, 4, 5], [6, 4, 5, 6, 4],
-                                                                              [5, 6, 4, 5, 6]]
+    assert read_corpus(tmp_path / "text.txt", worded, seq_len=5).tolist() == [
+        [4, 5, 6, 4, 5],
+        [6, 4, 5, 6, 4],
+        [5, 6, 4, 5, 6],
+    ]
     for path, options, message in [
-            (tmp_path / "stream.npy", {"seq_len": 8, "tokens": 7}, "7 tokens fill 0 sequences: ask for at least one"),
-            (tmp_path / "stream.npy", {"seq_len": 8, "tokens": 200}, "holds 100 tokens"),
-            (tmp_path / "stream.npy", {"seq_len": 17}, "1 … n_ctx = 16"),
-            (tmp_path / "rows.npy", {"seq_len": 4}, "holds sequences of 8 tokens, not the 4 asked for"),
-            (tmp_path / "text.txt", {}, "the model has no tokenizer"),
-            (tmp_path / "corpus.csv", {}, "a .txt (text) or a .npy (token ids) file")]:
+        (tmp_path / "stream.npy", {"seq_len": 8, "tokens": 7}, "7 tokens fill 0 sequences: ask for at least one"),
+        (tmp_path / "stream.npy", {"seq_len": 8, "tokens": 200}, "holds 100 tokens"),
+        (tmp_path / "stream.npy", {"seq_len": 17}, "1 … n_ctx = 16"),
+        (tmp_path / "rows.npy", {"seq_len": 4}, "holds sequences of 8 tokens, not the 4 asked for"),
+        (tmp_path / "text.txt", {}, "the model has no tokenizer"),
+        (tmp_path / "corpus.csv", {}, "a .txt (text) or a .npy (token ids) file"),
+    ]:
         with pytest.raises(ValueError, match=re.escape(message)):
             read_corpus(path, model, **options)
     np.save(tmp_path / "floats.npy", np.zeros(10))
@@ -126,8 +130,11 @@ def test_a_rerun_refuses_other_arguments_other_tokens_and_a_finished_harvest(tmp
         harvest(model, corpus, HOOKS[:1], tmp_path / "h", **options)
     changed = corpus.clone()
     changed[5, 3] = (changed[5, 3] + 1) % VOCAB
-    with pytest.raises(ValueError, match=r"part-00001 was harvested from other token ids than the corpus's "
-                                         r"sequences 4…7"):
+    with pytest.raises(
+        ValueError,
+        match=r"part-00001 was harvested from other token ids than the corpus's "
+        r"sequences 4…7",
+    ):
         harvest(model, changed, HOOKS, tmp_path / "h", **options)
     store = harvest(model, changed, HOOKS, tmp_path / "h", overwrite=True, **options)
     fresh = save_activations(model, changed, HOOKS, tmp_path / "fresh", "all", batch_size=4, progress=False)

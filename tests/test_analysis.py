@@ -10,8 +10,18 @@ import torch
 from lab import HookedTransformer
 from lab.analysis.activations import ActivationStore, collect_activations, save_activations, select_positions
 from lab.analysis.patching import logit_diff, patch_heads, patch_positions
-from lab.analysis.probes import (auroc, bootstrap_ci, fit_probe, fit_probes, group_kfold, group_split, r2_score,
-                                 random_model, shuffled_control, steering_vector)
+from lab.analysis.probes import (
+    auroc,
+    bootstrap_ci,
+    fit_probe,
+    fit_probes,
+    group_kfold,
+    group_split,
+    r2_score,
+    random_model,
+    shuffled_control,
+    steering_vector,
+)
 from lab.analysis.steering import generate_steered, steer
 from lab.generate import generate
 from tests.conftest import VOCAB, tiny_config
@@ -28,8 +38,10 @@ def data() -> torch.Tensor:
 
 
 def no_hooks_attached(model: HookedTransformer) -> bool:
-    return all(not hp._forward_hooks and not hp._backward_hooks for hp in model.hook_dict.values()) \
+    return (
+        all(not hp._forward_hooks and not hp._backward_hooks for hp in model.hook_dict.values())
         and not model._forward_pre_hooks
+    )
 
 
 def reference(model, data, name, seq, pos):
@@ -39,8 +51,9 @@ def reference(model, data, name, seq, pos):
 
 
 # --- activations --------------------------------------------------------------------------------
-@pytest.mark.parametrize("positions", ["last", "all", [0, 5, -1], lambda t: t % 3 == 0],
-                         ids=["last", "all", "indices", "predicate"])
+@pytest.mark.parametrize(
+    "positions", ["last", "all", [0, 5, -1], lambda t: t % 3 == 0], ids=["last", "all", "indices", "predicate"]
+)
 def test_streamed_activations_equal_run_with_cache_at_the_selected_positions(model, data, positions):
     acts = collect_activations(model, data, HOOKS, positions, batch_size=3, progress=False)
     b, p = select_positions(data, positions)
@@ -55,11 +68,15 @@ def test_last_position_skips_right_padding_and_a_list_of_batches_matches_a_tenso
     padded = data.clone()
     padded[0, 8:] = 0
     padded[1, 4:] = 0
-    acts = collect_activations(model, list(padded.split(4)), "blocks.1.hook_resid_pre", "last", pad_id=0,
-                               progress=False)
+    acts = collect_activations(
+        model, list(padded.split(4)), "blocks.1.hook_resid_pre", "last", pad_id=0, progress=False
+    )
     assert acts.pos[:3].tolist() == [7, 3, 11]
-    assert torch.allclose(acts["blocks.1.hook_resid_pre"],
-                          reference(model, padded, "blocks.1.hook_resid_pre", acts.seq, acts.pos), atol=1e-6)
+    assert torch.allclose(
+        acts["blocks.1.hook_resid_pre"],
+        reference(model, padded, "blocks.1.hook_resid_pre", acts.seq, acts.pos),
+        atol=1e-6,
+    )
 
 
 def test_the_forward_pass_stops_after_the_last_hook_asked_for(model, data):
@@ -73,8 +90,9 @@ def test_the_forward_pass_stops_after_the_last_hook_asked_for(model, data):
 
 def test_disk_shards_round_trip(model, data, tmp_path):
     positions = lambda t: t % 2 == 0  # noqa: E731 - a predicate is what is being tested
-    store = save_activations(model, data, HOOKS, tmp_path / "acts", positions, batch_size=4, shard_mb=0.002,
-                             progress=False)
+    store = save_activations(
+        model, data, HOOKS, tmp_path / "acts", positions, batch_size=4, shard_mb=0.002, progress=False
+    )
     index = json.loads((tmp_path / "acts" / "index.json").read_text())
     assert len(index["shards"]) > 1 and index["n_sequences"] == len(data)
     assert index["hooks"]["blocks.1.attn.hook_z"] == {"shape": [4, 16], "dtype": "float32"}
@@ -225,8 +243,9 @@ def test_steering_with_zero_changes_nothing_and_with_a_large_vector_changes_gene
     prompt = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(8))
     name, d = "blocks.0.hook_resid_post", rotary_model.cfg.d_model
     plain = generate(rotary_model, prompt, 12, temperature=0, use_kv_cache=use_kv_cache)
-    zero = generate_steered(rotary_model, prompt, name, torch.zeros(d), 1.0, 12, temperature=0,
-                            use_kv_cache=use_kv_cache)
+    zero = generate_steered(
+        rotary_model, prompt, name, torch.zeros(d), 1.0, 12, temperature=0, use_kv_cache=use_kv_cache
+    )
     assert torch.equal(zero, plain)
     vector = rotary_model.W_E[7] / rotary_model.W_E[7].norm()
     big = generate_steered(rotary_model, prompt, name, vector, 30.0, 12, temperature=0, use_kv_cache=use_kv_cache)
@@ -238,8 +257,20 @@ def test_steering_with_zero_changes_nothing_and_with_a_large_vector_changes_gene
 def test_steered_generation_is_the_same_with_and_without_the_kv_cache(rotary_model, from_position):
     prompt = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(9))
     vector = torch.randn(rotary_model.cfg.d_model, generator=torch.Generator().manual_seed(1))
-    runs = [generate_steered(rotary_model, prompt, "blocks.1.hook_resid_pre", vector, 4.0, 12, temperature=0,
-                             use_kv_cache=cache, from_position=from_position) for cache in (True, False)]
+    runs = [
+        generate_steered(
+            rotary_model,
+            prompt,
+            "blocks.1.hook_resid_pre",
+            vector,
+            4.0,
+            12,
+            temperature=0,
+            use_kv_cache=cache,
+            from_position=from_position,
+        )
+        for cache in (True, False)
+    ]
     assert torch.equal(runs[0], runs[1])
     # Tokens up to index from_position are predicted from unsteered positions only.
     plain = generate(rotary_model, prompt, 12, temperature=0)

@@ -33,8 +33,10 @@ def scaled(model: HookedTransformer) -> HookedTransformer:
 
 
 def exhaustive(model, clean, corrupted, direction="denoise") -> dict:
-    sweeps = {c: patch_positions(model, clean, corrupted, c, METRIC, direction=direction)
-              for c in ("resid_pre", "attn_out", "mlp_out", "resid_post")}
+    sweeps = {
+        c: patch_positions(model, clean, corrupted, c, METRIC, direction=direction)
+        for c in ("resid_pre", "attn_out", "mlp_out", "resid_post")
+    }
     sweeps["heads"] = patch_heads(model, clean, corrupted, METRIC, direction=direction)
     sweeps["heads_by_position"] = patch_heads_by_position(model, clean, corrupted, METRIC, direction=direction)
     return sweeps
@@ -77,14 +79,27 @@ def test_through_the_final_norm_even_the_last_layer_is_first_order(prompts):
 
 def test_cells_where_clean_and_corrupted_agree_are_estimated_as_no_change(prompts):
     """Before the corrupted position every activation is the same in both runs (causal attention): Δa = 0."""
-    model = HookedTransformer(ModelConfig(d_vocab=VOCAB, d_model=32, n_layers=2, n_heads=4, n_ctx=16,
-                                          positions="rotary", n_kv_heads=2, norm="rmsnorm", mlp="swiglu"), seed=1)
+    model = HookedTransformer(
+        ModelConfig(
+            d_vocab=VOCAB,
+            d_model=32,
+            n_layers=2,
+            n_heads=4,
+            n_ctx=16,
+            positions="rotary",
+            n_kv_heads=2,
+            norm="rmsnorm",
+            mlp="swiglu",
+        ),
+        seed=1,
+    )
     clean, corrupted = prompts
     estimate = attribution_patch(model.eval(), clean, corrupted, METRIC)
     for sweep in ("resid_pre", "attn_out", "mlp_out", "resid_post"):
         assert torch.equal(estimate[sweep].values[:, :2], torch.full((2, 2), estimate[sweep].corrupted))
-    assert torch.equal(estimate["heads_by_position"].values[..., :2],
-                       torch.full((2, 4, 2), estimate["heads"].corrupted))
+    assert torch.equal(
+        estimate["heads_by_position"].values[..., :2], torch.full((2, 4, 2), estimate["heads"].corrupted)
+    )
     # heads (every position) is heads by position summed over positions, as the patch of a head is of all of them
     heads, by_pos = estimate["heads"], estimate["heads_by_position"]
     assert torch.allclose(heads.values - heads.corrupted, (by_pos.values - by_pos.corrupted).sum(-1), atol=1e-6)
@@ -96,8 +111,10 @@ def test_the_estimate_tracks_the_exhaustive_sweep_on_a_random_model(prompts):
     estimate = attribution_patch(model, clean, corrupted, METRIC)
     truth = exhaustive(model, clean, corrupted)
     for sweep in SWEEPS:
-        a, b = (estimate[sweep].values - estimate[sweep].corrupted).flatten(), (truth[sweep].values
-                                                                               - truth[sweep].corrupted).flatten()
+        a, b = (
+            (estimate[sweep].values - estimate[sweep].corrupted).flatten(),
+            (truth[sweep].values - truth[sweep].corrupted).flatten(),
+        )
         assert torch.corrcoef(torch.stack([a, b]))[0, 1] > 0.9, sweep
 
 

@@ -8,16 +8,19 @@ import pytest
 from benchmarks import summary
 
 
-@pytest.mark.parametrize("name, render, title", [
-    ("walltime", summary.walltime_lines, "## Wall time"),
-    ("dashboard", summary.dashboard_lines, "## Dashboard response"),
-    ("demo", summary.demo_lines, "## Demo start"),
-    ("cli", summary.cli_lines, "## Command-line start"),
-    ("patching", summary.patching_lines, "## Patching sweeps"),
-    ("harvest", summary.harvest_lines, "## Activation harvesting"),
-    ("real_sizes", summary.real_sizes_lines, "## Real sizes"),
-    ("tuned_lens", summary.tuned_lens_lines, "## Tuned lens against tuned-lens"),
-])
+@pytest.mark.parametrize(
+    "name, render, title",
+    [
+        ("walltime", summary.walltime_lines, "## Wall time"),
+        ("dashboard", summary.dashboard_lines, "## Dashboard response"),
+        ("demo", summary.demo_lines, "## Demo start"),
+        ("cli", summary.cli_lines, "## Command-line start"),
+        ("patching", summary.patching_lines, "## Patching sweeps"),
+        ("harvest", summary.harvest_lines, "## Activation harvesting"),
+        ("real_sizes", summary.real_sizes_lines, "## Real sizes"),
+        ("tuned_lens", summary.tuned_lens_lines, "## Tuned lens against tuned-lens"),
+    ],
+)
 def test_each_results_file_renders_its_section(name, render, title):
     results = json.loads((summary.RESULTS / f"{name}.json").read_text())
     lines = render(results)
@@ -59,7 +62,9 @@ def test_the_real_sizes_section_shows_each_measured_ratio_and_never_a_utilisatio
 def test_the_harvest_section_shows_the_ratio_against_saelens_store():
     """harvest_saelens.json (SAELens' ActivationsStore, measured in the SAE environment) is a row of the harvest
     section, with its ratio and the agreement of the activations, as the file holds them."""
-    results, saelens = (json.loads((summary.RESULTS / f"{name}.json").read_text()) for name in ("harvest", "harvest_saelens"))
+    results, saelens = (
+        json.loads((summary.RESULTS / f"{name}.json").read_text()) for name in ("harvest", "harvest_saelens")
+    )
     text = "\n".join(summary.harvest_lines(results, saelens))
     row = next(line for line in text.splitlines() if "SAELens' ActivationsStore" in line)
     assert f"| {saelens['throughput_vs_saelens_tl']:.2f}× |" in row

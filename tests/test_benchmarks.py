@@ -12,8 +12,19 @@ from benchmarks import real_sizes, timing
 from lab import HookedTransformer, ModelConfig
 
 GPT2_LIKE = ModelConfig(d_vocab=97, d_model=64, n_layers=2, n_heads=4, n_ctx=32, mlp="gelu_tanh")
-LLAMA_LIKE = ModelConfig(d_vocab=97, d_model=64, n_layers=2, n_heads=8, n_kv_heads=2, n_ctx=32, d_mlp=96,
-                         positions="rotary", norm="rmsnorm", mlp="swiglu", bias=False)
+LLAMA_LIKE = ModelConfig(
+    d_vocab=97,
+    d_model=64,
+    n_layers=2,
+    n_heads=8,
+    n_kv_heads=2,
+    n_ctx=32,
+    d_mlp=96,
+    positions="rotary",
+    norm="rmsnorm",
+    mlp="swiglu",
+    bias=False,
+)
 
 
 def attention_flops(cfg: ModelConfig, batch: int, tokens: int) -> int:
@@ -87,8 +98,14 @@ def test_real_sizes_quick_writes_every_figure_the_summary_reads(tmp_path, monkey
     assert set(results["shapes"]) == {"gpt2_small", "llama_like"}
     assert results["machine"]["load_average_1_5_15"] and results["load_average_at_end"]
     for shape in results["shapes"].values():
-        assert set(shape["ratios"]) == {"forward_vs_hf_sdpa", "cache_all_vs_bridge", "cache_one_vs_bridge",
-                                        "generation_speed_vs_hf", "training_step_vs_hf", "forward_utilisation"}
+        assert set(shape["ratios"]) == {
+            "forward_vs_hf_sdpa",
+            "cache_all_vs_bridge",
+            "cache_one_vs_bridge",
+            "generation_speed_vs_hf",
+            "training_step_vs_hf",
+            "forward_utilisation",
+        }
         assert all(ratio > 0 for ratio in shape["ratios"].values())
         assert set(shape["meets_target"]) == set(real_sizes.TARGETS)
         assert shape["forward"]["max_abs_logit_diff"] < 1e-4  # the same weights: the same model
@@ -97,9 +114,12 @@ def test_real_sizes_quick_writes_every_figure_the_summary_reads(tmp_path, monkey
             assert all(v is None or v >= 0 for v in shape[section]["peak_memory_bytes"].values())
         cache = shape["run_with_cache"]
         assert cache["cache_all_bytes"]["forma"] > 0 and cache["cache_all_bytes"]["bridge"] > 0
-        assert cache["forward_vs_bridge_cache_all"] == (cache["timing"]["forma_forward"]["median_s"]
-                                                        / cache["timing"]["bridge_cache_all"]["median_s"])
-        assert all(row["peak_memory_bytes"] is None or row["peak_memory_bytes"] >= 0 for row in cache["timing"].values())
+        assert cache["forward_vs_bridge_cache_all"] == (
+            cache["timing"]["forma_forward"]["median_s"] / cache["timing"]["bridge_cache_all"]["median_s"]
+        )
+        assert all(
+            row["peak_memory_bytes"] is None or row["peak_memory_bytes"] >= 0 for row in cache["timing"].values()
+        )
     lines = real_sizes.summary_lines(results)
     rows = [line for line in lines if line.startswith("| gpt2_small") or line.startswith("| llama_like")]
     assert len(rows) == 2 * (len(real_sizes.ROWS) + 1)
@@ -119,14 +139,17 @@ def test_gpu_script_without_a_gpu_says_so_and_runs_nothing(tmp_path):
     root = Path(__file__).resolve().parents[1]
     before = sorted((root / "benchmarks" / "results").glob("*_cuda.json"))
     env = os.environ | {"PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": "", "OUT": str(tmp_path)}
-    done = subprocess.run(["bash", str(root / "benchmarks" / "gpu.sh")], env=env, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        ["bash", str(root / "benchmarks" / "gpu.sh")], env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     assert "no CUDA GPU here" in done.stderr and "nothing was run" in done.stderr
     for module in GPU_BENCHMARKS.keys() - {"harvest_saelens"}:
         assert f"benchmarks.{module}: will run on the GPU" in done.stdout
-    assert ("benchmarks.harvest_saelens: will run on the GPU" in done.stdout
-            or "benchmarks.harvest_saelens: no SAE environment" in done.stdout)
+    assert (
+        "benchmarks.harvest_saelens: will run on the GPU" in done.stdout
+        or "benchmarks.harvest_saelens: no SAE environment" in done.stdout
+    )
     for module in ("patching", "activations"):
         if not (root / "benchmarks" / f"{module}.py").is_file():
             assert f"benchmarks.{module}: not in this checkout, skipped" in done.stdout
@@ -176,8 +199,19 @@ def test_harvests_memory_phases_run_on_the_device_they_are_given(monkeypatch):
 
     def run(cmd, **kwargs):
         started.append(cmd)
-        phase = {"peak_rss_bytes": 2, "peak_gpu_bytes": 1, "cache_tensor_bytes": 1, "model_bytes": 1, "seconds": 1.0,
-                 "tokens": 128, "tokens_per_s": 128.0, "rows": 128, "shards": 1, "bytes_written": 1, "rss_trace_mb": []}
+        phase = {
+            "peak_rss_bytes": 2,
+            "peak_gpu_bytes": 1,
+            "cache_tensor_bytes": 1,
+            "model_bytes": 1,
+            "seconds": 1.0,
+            "tokens": 128,
+            "tokens_per_s": 128.0,
+            "rows": 128,
+            "shards": 1,
+            "bytes_written": 1,
+            "rss_trace_mb": [],
+        }
         return subprocess.CompletedProcess(cmd, 0, stdout=json.dumps(phase))
 
     monkeypatch.setattr(harvest.subprocess, "run", run)
@@ -189,8 +223,10 @@ def test_harvests_memory_phases_run_on_the_device_they_are_given(monkeypatch):
         raise Reached(*args, *kwargs.values())
 
     monkeypatch.setattr(harvest, "hf_model", reached)
-    for phase in (["cache", "tiny", "blocks.0.hook_resid_post", "1"],
-                  ["harvest", "tiny", "blocks.0.hook_resid_post", "1", "2", "float32"]):
+    for phase in (
+        ["cache", "tiny", "blocks.0.hook_resid_post", "1"],
+        ["harvest", "tiny", "blocks.0.hook_resid_post", "1", "2", "float32"],
+    ):
         with pytest.raises(Reached) as hit:
             harvest.main(["--device", "cuda:7", "--phase", *phase])
         assert "cuda:7" in hit.value.args
@@ -223,8 +259,9 @@ def test_the_peak_memory_call_is_not_one_of_the_timed_rounds(monkeypatch):
     before the timed rounds: that call starts from a trimmed heap, so it would time page faults, not the work."""
     calls, order = {"a": 0, "b": 0}, []
     monkeypatch.setattr(timing, "peak_memory", lambda fn, device: (order.append("peak"), fn(), 7)[-1])
-    monkeypatch.setattr(timing.Clocked, "__call__",
-                        lambda self: (order.append("timed"), self.fn(), setattr(self, "seconds", 1.0))[1])
+    monkeypatch.setattr(
+        timing.Clocked, "__call__", lambda self: (order.append("timed"), self.fn(), setattr(self, "seconds", 1.0))[1]
+    )
 
     def contender(name):
         return lambda: calls.__setitem__(name, calls[name] + 1)
@@ -239,7 +276,7 @@ def test_each_round_starts_with_another_contender():
     """No contender always runs first: round r starts r places on, so an order effect spreads over all of them."""
     order = []
     timing.interleaved({name: (lambda name=name: order.append(name)) for name in "abc"}, rounds=4, warmup=0)
-    assert order == list("abc" "bca" "cab" "abc")
+    assert order == list("abcbcacababc")
 
 
 def test_patching_zoo_only_needs_a_full_runs_results_first(tmp_path, monkeypatch, capsys):

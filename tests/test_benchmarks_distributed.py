@@ -19,15 +19,19 @@ def test_the_summary_shows_the_scaling_the_results_file_holds():
     for kind, unit, what in summary.DISTRIBUTED:  # the CPU file holds every workload
         section = results[kind]
         assert section["scaling"] == section["ranks_2"][f"{unit}_per_s"] / section["ranks_1"][f"{unit}_per_s"]
-        assert (f"| {what}, {unit}/s | {section['ranks_1'][f'{unit}_per_s']:.1f} | "
-                f"{section['ranks_2'][f'{unit}_per_s']:.1f} | {section['scaling']:.2f}× | ≥ 1.8× |") in text
+        assert (
+            f"| {what}, {unit}/s | {section['ranks_1'][f'{unit}_per_s']:.1f} | "
+            f"{section['ranks_2'][f'{unit}_per_s']:.1f} | {section['scaling']:.2f}× | ≥ 1.8× |"
+        ) in text
     assert results["machine"]["threads_per_rank"] == 1 and results["target_scaling"] == 1.8
     assert results["training_skipped"] is None
     one_gpu = {k: v for k, v in results.items() if not k.startswith("train_")} | dict(
-        skipped="2 ranks need 2 GPUs; this machine has 1", device="cuda",
+        skipped="2 ranks need 2 GPUs; this machine has 1",
+        device="cuda",
         training_skipped="the transcoder trainer runs on the CPU only",
         harvest={"tokens": 1, "ranks_1": results["harvest"]["ranks_1"], "scaling": None},
-        sweep={"pairs": 1, "ranks_1": results["sweep"]["ranks_1"], "scaling": None})
+        sweep={"pairs": 1, "ranks_1": results["sweep"]["ranks_1"], "scaling": None},
+    )
     text = "\n".join(summary.distributed_lines(one_gpu))
     assert "| — | — |" in text and "2 ranks not run: 2 ranks need 2 GPUs; this machine has 1." in text
     assert not [line for line in text.splitlines() if line.startswith("| transcoder training")]

@@ -21,8 +21,7 @@ from lab.cli import dashboard_command, free_port, wait_until_serving
 
 CHROMIUM = "/usr/bin/chromium"
 SCREENSHOTS = Path(__file__).resolve().parent / "screenshots"
-RENDERED = ("[data-testid='stApp'][data-test-connection-state='CONNECTED']"
-            "[data-test-script-state='notRunning']")
+RENDERED = "[data-testid='stApp'][data-test-connection-state='CONNECTED'][data-test-script-state='notRunning']"
 
 if not Path(CHROMIUM).exists():
     if os.environ.get("CI") == "true":
@@ -46,16 +45,26 @@ def private_zoo(root: Path) -> Path:
     cfg = ModelConfig(d_vocab=tokenizer.get_vocab_size(), d_model=32, n_layers=2, n_heads=4, n_ctx=32)
     model = HookedTransformer(cfg, seed=0, tokenizer=tokenizer)
     model.save(zoo_copy / "pydoc")
-    card = {"name": "pydoc", "quick": True, "n_params": sum(p.numel() for p in model.parameters()), "steps": 60,
-            "train_s": 12.3456789, "best_val_loss_nats": 4.32138482041246, "val_perplexity": 79.36003421529529}
+    card = {
+        "name": "pydoc",
+        "quick": True,
+        "n_params": sum(p.numel() for p in model.parameters()),
+        "steps": 60,
+        "train_s": 12.3456789,
+        "best_val_loss_nats": 4.32138482041246,
+        "val_perplexity": 79.36003421529529,
+    }
     (zoo_copy / "pydoc" / "card.json").write_text(json.dumps(card))
-    curve = [{"step": s, "train_loss_nats": 3.5 - s / 100, **({"val_loss_nats": 3.6 - s / 100} if s % 20 == 0 else {})}
-             for s in range(1, 61)]
+    curve = [
+        {"step": s, "train_loss_nats": 3.5 - s / 100, **({"val_loss_nats": 3.6 - s / 100} if s % 20 == 0 else {})}
+        for s in range(1, 61)
+    ]
     (zoo_copy / "markov" / "train").mkdir()
     (zoo_copy / "markov" / "train" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in curve))
     rate = zoo.make_source(zoo.load_recipe("markov")["world"]).entropy_rate()
-    (zoo_copy / "markov" / "card.json").write_text(json.dumps({"name": "markov", "quick": True, "steps": 60,
-                                                               "entropy_rate_nats": rate}))
+    (zoo_copy / "markov" / "card.json").write_text(
+        json.dumps({"name": "markov", "quick": True, "steps": 60, "entropy_rate_nats": rate})
+    )
     return zoo_copy
 
 
@@ -71,8 +80,9 @@ def world(tmp_path_factory, quick_run, quick_runs_dir):
 def serve(env: dict[str, str]):
     """`forma dashboard`'s server on a free port, with `env`; its URL while it serves, stopped afterwards."""
     port = free_port()
-    process = subprocess.Popen(dashboard_command(port), env=env, start_new_session=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        dashboard_command(port), env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until_serving(url, process, timeout_s=90)
@@ -94,10 +104,21 @@ def browser():
     user_data = Path(os.environ.get("TMPDIR", "/tmp")) / f"forma-chromium-{os.getpid()}"
     with sync_playwright() as p:
         context = p.chromium.launch_persistent_context(
-            str(user_data), executable_path=CHROMIUM, headless=True, viewport={"width": 1280, "height": 1100},
-            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--disable-dev-shm-usage"])
+            str(user_data),
+            executable_path=CHROMIUM,
+            headless=True,
+            viewport={"width": 1280, "height": 1100},
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--disable-dev-shm-usage",
+            ],
+        )
         try:
             yield context
         finally:
@@ -115,8 +136,10 @@ def open_page(browser, url: str, errors: list[str], timeout: float = 60_000):
 
 def wait_rendered(page, timeout: float = 60_000) -> None:
     page.wait_for_selector(RENDERED, timeout=timeout)
-    page.wait_for_function("!document.querySelector(\"[data-testid='stSkeleton']\") && "
-                           "!document.querySelector(\"[data-stale='true']\")", timeout=timeout)
+    page.wait_for_function(
+        "!document.querySelector(\"[data-testid='stSkeleton']\") && !document.querySelector(\"[data-stale='true']\")",
+        timeout=timeout,
+    )
 
 
 def no_exceptions(page) -> None:
@@ -348,11 +371,23 @@ def agreements(name: str, results: dict, seen: dict) -> list[tuple[str, float, f
         for key, value in cards.items():
             condition = re.match(r"g\(H\) (lowered|raised) by, (.*)", key)
             if condition:
-                pairs.append((key, abs(heads[f"upweighting {condition.group(2)}"]["value"]),
-                              float(value.rstrip("%")) / 100, 5e-4))
+                pairs.append(
+                    (
+                        key,
+                        abs(heads[f"upweighting {condition.group(2)}"]["value"]),
+                        float(value.rstrip("%")) / 100,
+                        5e-4,
+                    )
+                )
         if not heads["bound_holds"]["supported"]:  # vacuous: its number is the largest right side
-            pairs.append(("the bound's largest right side", heads["bound_holds"]["value"],
-                          float(cards["Largest right side of the bound"]), 5e-4))
+            pairs.append(
+                (
+                    "the bound's largest right side",
+                    heads["bound_holds"]["value"],
+                    float(cards["Largest right side of the bound"]),
+                    5e-4,
+                )
+            )
     elif name == "monitor":
         from dashboards.common import SIGNAL_WORDS
 
@@ -365,14 +400,22 @@ def agreements(name: str, results: dict, seen: dict) -> list[tuple[str, float, f
     elif name == "equations":
         passed = re.search(r"([0-9]+) of ([0-9]+) checks pass", text)
         verdicts = [h["direction"] for h in results["headlines"]]
-        pairs += [("checks", len(verdicts), int(passed.group(2)), 0),
-                  ("passing", sum(verdicts), int(passed.group(1)), 0)]
+        pairs += [
+            ("checks", len(verdicts), int(passed.group(2)), 0),
+            ("passing", sum(verdicts), int(passed.group(1)), 0),
+        ]
     elif name == "scoreboard":  # the bars of each world's relevant mass (the second grade of each world's column)
         bars = [t for t in chart(seen, "Input attribution") if t["name"] == "method"]
         for index, world in enumerate(w for w in ("markov", "induction", "facts") if w in results["worlds"]):
             mass = bars[3 * index + 1]
-            pairs.append((f"integrated gradients' relevant mass, {world}", heads[f"attribution_{world}"]["value"],
-                          mass["y"][mass["x"].index("integrated_gradients")], 1e-9))
+            pairs.append(
+                (
+                    f"integrated gradients' relevant mass, {world}",
+                    heads[f"attribution_{world}"]["value"],
+                    mass["y"][mass["x"].index("integrated_gradients")],
+                    1e-9,
+                )
+            )
     return pairs
 
 
@@ -399,7 +442,7 @@ def test_every_experiment_page_reads_right_and_agrees_with_its_headlines(server,
     expected = len(figures(folder)) + LIVE_CHARTS.get(path, 0)
     assert expected >= 2  # every experiment saves two figures or more
     charts = "[data-testid='stPlotlyChart']"
-    page.wait_for_function(f"document.querySelectorAll(\"{charts} .main-svg\").length >= {expected}", timeout=60_000)
+    page.wait_for_function(f'document.querySelectorAll("{charts} .main-svg").length >= {expected}', timeout=60_000)
     assert page.locator(charts).count() == expected
     seen = shown(page)
     text = seen["text"]
@@ -418,8 +461,9 @@ def test_every_experiment_page_reads_right_and_agrees_with_its_headlines(server,
         first_card = page.locator("[data-testid='stMetric']").first
         assert selector.bounding_box()["y"] < first_card.bounding_box()["y"]  # above what it controls
         sections = [h.inner_text() for h in page.locator("h3").all()]
-        assert sections and all("end of training" in s for s in sections
-                                if "multiple choice" in s or "Temperature" in s)
+        assert sections and all(
+            "end of training" in s for s in sections if "multiple choice" in s or "Temperature" in s
+        )
         page.get_by_text("partial checkpoint (step").first.click()
         page.get_by_text("Cloze multiple choice, partial checkpoint").wait_for(timeout=60_000)
         wait_rendered(page)
@@ -502,9 +546,14 @@ def test_the_demo_serves_first_then_each_page_shows_its_jobs_progress_and_fills_
         shutil.copy(zoo.DEFAULT_ZOO_DIR / name / "model.toml", zoo_copy / name / "model.toml")
     env = os.environ | {"FORMA_ZOO_DIR": str(zoo_copy), "FORMA_RUNS_DIR": str(runs)}
     port = free_port()
-    demo = subprocess.Popen([sys.executable, "-m", "lab.cli", "demo", "--only", "equations", "--port", str(port)],
-                            env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "lab.cli", "demo", "--only", "equations", "--port", str(port)],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until_serving(url, demo, timeout_s=120)
@@ -544,8 +593,13 @@ def test_compare_sets_two_runs_side_by_side(tmp_path, browser, quick_run):
     provenance = json.loads((copy / "provenance.json").read_text())
     (copy / "provenance.json").write_text(json.dumps(provenance | {"seed": 7}))
     port = free_port()
-    process = subprocess.Popen(dashboard_command(port), env=os.environ | {"FORMA_RUNS_DIR": str(tmp_path / "runs")},
-                               start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        dashboard_command(port),
+        env=os.environ | {"FORMA_RUNS_DIR": str(tmp_path / "runs")},
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until_serving(url, process, timeout_s=90)
@@ -556,8 +610,10 @@ def test_compare_sets_two_runs_side_by_side(tmp_path, browser, quick_run):
         from lab.headlines import title
 
         charts = len(figures(original))
-        page.wait_for_function(f"document.querySelectorAll(\"[data-testid='stPlotlyChart'] .main-svg\").length >= "
-                               f"{2 * charts}", timeout=60_000)
+        page.wait_for_function(
+            f"document.querySelectorAll(\"[data-testid='stPlotlyChart'] .main-svg\").length >= {2 * charts}",
+            timeout=60_000,
+        )
         content = page.content()
         assert "seed 7" in content and original.name in content and copy.name in content
         results = json.loads((original / "results.json").read_text())
@@ -590,13 +646,30 @@ def test_a_headline_with_markup_fetches_nothing_and_shows_its_words(tmp_path, br
     beacon = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Beacon)
     threading.Thread(target=beacon.serve_forever, daemon=True).start()
     at = f"http://127.0.0.1:{beacon.server_address[1]}"
-    sentence = (f"Fetched? ![beacon]({at}/image.png) [link]({at}/link) <img src=\"{at}/html.png\"> {at}/auto "
-                "**bold** :red[red]")
+    sentence = (
+        f'Fetched? ![beacon]({at}/image.png) [link]({at}/link) <img src="{at}/html.png"> {at}/auto **bold** :red[red]'
+    )
     folder = tmp_path / "runs" / "kl" / "2026-01-01T00-00-00Z"
     folder.mkdir(parents=True)
-    (folder / "results.json").write_text(json.dumps({"checkpoints": [], "source": {}, "headlines": [
-        {"name": "beacon", "sentence": sentence, "value": 1.0, "interval": None, "direction": 1, "supported": True,
-         "why_not": None}]}))
+    (folder / "results.json").write_text(
+        json.dumps(
+            {
+                "checkpoints": [],
+                "source": {},
+                "headlines": [
+                    {
+                        "name": "beacon",
+                        "sentence": sentence,
+                        "value": 1.0,
+                        "interval": None,
+                        "direction": 1,
+                        "supported": True,
+                        "why_not": None,
+                    }
+                ],
+            }
+        )
+    )
     try:
         for url in serve(os.environ | {"FORMA_RUNS_DIR": str(tmp_path / "runs")}):
             errors: list[str] = []

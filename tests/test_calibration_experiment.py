@@ -12,19 +12,45 @@ import pytest
 from experiments import calibration as experiment
 from lab.analysis.probes import VERDICTS
 from lab.cli import main
-from lab.metrics.calibration import MIN_PER_CLASS
-from lab.metrics.calibration import ece, fit_temperature, nll, softmax
+from lab.metrics.calibration import MIN_PER_CLASS, ece, fit_temperature, nll, softmax
 from tests.conftest import VOCAB, hf_gpt2
 
-BLOCK_KEYS = {"n", "accuracy", "label_mass", "ece_15_equal_width", "ece_10_equal_mass", "rms_ce", "mce", "brier",
-              "nll", "ece_ci95", "noise_floor_ece", "ece_15_equal_width_debiased", "ece_10_equal_mass_debiased",
-              "squared_ce_debiased", "by_exposure"}
+BLOCK_KEYS = {
+    "n",
+    "accuracy",
+    "label_mass",
+    "ece_15_equal_width",
+    "ece_10_equal_mass",
+    "rms_ce",
+    "mce",
+    "brier",
+    "nll",
+    "ece_ci95",
+    "noise_floor_ece",
+    "ece_15_equal_width_debiased",
+    "ece_10_equal_mass_debiased",
+    "squared_ce_debiased",
+    "by_exposure",
+}
 EXPOSURE_KEYS = {"exposure", "n", "accuracy", "mean_confidence", "ece", "ece_ci95", "noise_floor_ece", "ece_debiased"}
-P_IK_KEYS = {"layer", "readout", "position", "candidate", "constant", "validation_auroc", "auroc", "auroc_ci95",
-             "auroc_n_pos", "auroc_n_neg", "control_shuffled_auroc", "control_shuffled_auroc_ci95",
-             "control_untrained_auroc"}
+P_IK_KEYS = {
+    "layer",
+    "readout",
+    "position",
+    "candidate",
+    "constant",
+    "validation_auroc",
+    "auroc",
+    "auroc_ci95",
+    "auroc_n_pos",
+    "auroc_n_neg",
+    "control_shuffled_auroc",
+    "control_shuffled_auroc_ci95",
+    "control_untrained_auroc",
+}
 TEMPERATURE_KEYS = {"T", "T_ci95", "nll_before", "nll_after", "nll_decrease", "nll_decrease_ci95"} | {
-    f"{key}_{when}" for key in ("ece_15_equal_width", "ece_10_equal_mass") for when in ("before", "after")}
+    f"{key}_{when}" for key in ("ece_15_equal_width", "ece_10_equal_mass") for when in ("before", "after")
+}
 HEADLINE_KEYS = {"name", "sentence", "value", "interval", "direction", "supported", "why_not"}
 OPTION_COLUMNS = [f"option_logit_{k}" for k in range(4)]
 
@@ -38,8 +64,9 @@ def quick(quick_run):
 # --- the quick run --------------------------------------------------------------------------------
 def test_results_json_has_the_shape_of_issue_7(quick):
     results, folder = quick
-    assert {"mc", "lettered", "temperature", "token_level", "p_true", "p_ik", "p_ik_baseline_auroc",
-            "at_end"} <= set(results)
+    assert {"mc", "lettered", "temperature", "token_level", "p_true", "p_ik", "p_ik_baseline_auroc", "at_end"} <= set(
+        results
+    )
     for blocks in (results, results["at_end"]):
         for key in ("mc", "lettered"):
             assert BLOCK_KEYS <= set(blocks[key])
@@ -48,16 +75,24 @@ def test_results_json_has_the_shape_of_issue_7(quick):
             assert sum(r["n"] for r in blocks[key]["by_exposure"]) == blocks[key]["n"]
         assert TEMPERATURE_KEYS <= set(blocks["temperature"])
         assert {"auroc", "auroc_n_pos", "auroc_n_neg", "brier", "in_subset", "out_of_subset", "layers"} <= set(
-            blocks["p_true"])
+            blocks["p_true"]
+        )
         assert 0.0 <= blocks["p_ik_baseline_auroc"] <= 1.0
-        assert blocks["p_ik_verdict"]["verdict"] in VERDICTS and blocks["p_ik_summary"][0] == blocks["p_ik_verdict"][
-            "sentence"]
+        assert (
+            blocks["p_ik_verdict"]["verdict"] in VERDICTS
+            and blocks["p_ik_summary"][0] == blocks["p_ik_verdict"]["sentence"]
+        )
     n_layers = results["model"]["n_layers"]
     rows = results["p_ik"]
     assert all(P_IK_KEYS <= set(r) for r in rows)
-    for readout, position in [("logistic probe", "last name token"), ("logistic probe", "value slot"),
-                              ("mlp probe", "last name token"), ("mlp probe", "value slot"),
-                              ("lens cloze confidence", "value slot"), ("lens negative entropy", "value slot")]:
+    for readout, position in [
+        ("logistic probe", "last name token"),
+        ("logistic probe", "value slot"),
+        ("mlp probe", "last name token"),
+        ("mlp probe", "value slot"),
+        ("lens cloze confidence", "value slot"),
+        ("lens negative entropy", "value slot"),
+    ]:
         layers = [r["layer"] for r in rows if r["readout"] == readout and r["position"] == position]
         assert layers == list(range(n_layers + 1)), (readout, position)
     assert all(r["auroc_ci95"][0] <= r["auroc"] <= r["auroc_ci95"][1] for r in rows if r["auroc_ci95"])
@@ -67,8 +102,15 @@ def test_results_json_has_the_shape_of_issue_7(quick):
     token = results["token_level"]
     assert {"ece", "by_layer"} <= set(token) and token["by_layer"][-1]["ece"] == token["ece"]
     assert json.loads((folder / "config.json").read_text())["quick"] is True
-    for figure in ("reliability_cloze", "reliability_lettered", "ece_by_exposure", "accuracy_by_exposure",
-                   "p_ik_auroc_by_layer", "p_true_auroc_by_layer", "token_level_by_layer"):
+    for figure in (
+        "reliability_cloze",
+        "reliability_lettered",
+        "ece_by_exposure",
+        "accuracy_by_exposure",
+        "p_ik_auroc_by_layer",
+        "p_true_auroc_by_layer",
+        "token_level_by_layer",
+    ):
         assert (folder / f"{figure}.json").is_file() and (folder / f"{figure}.html").is_file()
 
 
@@ -105,21 +147,26 @@ def test_p_ik_is_chosen_on_validation_and_never_picks_the_baseline(quick):
         candidates = [r for r in rows if r["candidate"] and not r["constant"]]
         chosen = blocks["p_ik_verdict"]["chosen"]
         best = max(candidates, key=lambda r: r["validation_auroc"])
-        assert (chosen["readout"], chosen["position"], chosen["layer"]) == (best["readout"], best["position"],
-                                                                            best["layer"])
+        assert (chosen["readout"], chosen["position"], chosen["layer"]) == (
+            best["readout"],
+            best["position"],
+            best["layer"],
+        )
         counts = blocks["p_ik_info"]["class_counts"]
         assert chosen["auroc_n_pos"] == counts["test"]["n_pos"] and chosen["auroc_n_neg"] == counts["test"]["n_neg"]
         if blocks["p_ik_verdict"]["verdict"] == "carries the signal":
-            assert chosen["auroc_ci95"][0] > max(chosen["control_shuffled_auroc_ci95"][1],
-                                                 chosen["control_untrained_auroc_ci95"][1])
+            assert chosen["auroc_ci95"][0] > max(
+                chosen["control_shuffled_auroc_ci95"][1], chosen["control_untrained_auroc_ci95"][1]
+            )
         assert "Baseline (the model's own confidence, not a candidate)" in blocks["p_ik_verdict"]["sentence"]
 
 
 def test_items_parquet_is_what_the_dashboard_reads_and_reproduces_the_results(quick):
     results, folder = quick
     items = pd.read_parquet(folder / "items.parquet")
-    assert set(OPTION_COLUMNS + ["answer_index", "kind", "checkpoint", "split", "person", "exposure",
-                                 "label_mass"]) <= set(items.columns)
+    assert set(
+        OPTION_COLUMNS + ["answer_index", "kind", "checkpoint", "split", "person", "exposure", "label_mass"]
+    ) <= set(items.columns)
     assert set(items["kind"]) == {"cloze", "lettered"} and set(items["checkpoint"]) == {"partial", "end"}
     cloze = items[(items["kind"] == "cloze") & (items["checkpoint"] == "partial")]
     assert len(cloze) == results["mc"]["n"] == results["world"]["n_eval_persons"]
@@ -134,8 +181,9 @@ def test_temperature_scaling_does_not_raise_nll_on_the_calibration_split(quick):
     results, folder = quick
     items = pd.read_parquet(folder / "items.parquet")
     for checkpoint, block in (("partial", results["temperature"]), ("end", results["at_end"]["temperature"])):
-        cal = items[(items["kind"] == "cloze") & (items["checkpoint"] == checkpoint)
-                    & (items["split"] == "calibration")]
+        cal = items[
+            (items["kind"] == "cloze") & (items["checkpoint"] == checkpoint) & (items["split"] == "calibration")
+        ]
         logits, labels = cal[OPTION_COLUMNS].to_numpy(), cal["answer_index"].to_numpy()
         T = fit_temperature(logits, labels)
         assert T == pytest.approx(block["T"])
@@ -161,8 +209,9 @@ def letter_tokenizer(directory):
     words += [f"w{i}" for i in range(VOCAB - len(words))]
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>",
-                            pad_token="<pad>").save_pretrained(directory)
+    PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>", pad_token="<pad>"
+    ).save_pretrained(directory)
 
 
 @pytest.fixture(scope="module")
@@ -178,16 +227,21 @@ def hf_folder(tmp_path_factory):
         writer.writerow(["question", "A", "B", "C", "D", "answer"])  # a header row is skipped
         for _ in range(40):
             words = [f"w{i}" for i in rng.integers(0, VOCAB - 9, 13)]
-            writer.writerow([" ".join(words[:5])] + [" ".join(words[5 + 2 * k: 7 + 2 * k]) for k in range(4)]
-                            + ["ABCD"[rng.integers(4)]])
+            writer.writerow(
+                [" ".join(words[:5])]
+                + [" ".join(words[5 + 2 * k : 7 + 2 * k]) for k in range(4)]
+                + ["ABCD"[rng.integers(4)]]
+            )
     return model_dir, csv_path
 
 
 def test_lettered_multiple_choice_of_a_local_hf_model(hf_folder, tmp_path):
     model_dir, csv_path = hf_folder
     out = tmp_path / "run"
-    assert main(["run", "calibration", "--quick", "--model", str(model_dir), "--mmlu", str(csv_path),
-                 "--out", str(out)]) == 0
+    assert (
+        main(["run", "calibration", "--quick", "--model", str(model_dir), "--mmlu", str(csv_path), "--out", str(out)])
+        == 0
+    )
     results = json.loads((out / "results.json").read_text())
     assert "load_hf" in results["source"]["route"] and results["source"]["n_items"] == 40
     assert BLOCK_KEYS <= set(results["lettered"]) and results["lettered"]["n"] == 40
@@ -212,8 +266,9 @@ def test_ten_mmlu_questions_are_not_enough_data_in_words(hf_folder, tmp_path):
     small = tmp_path / "ten.csv"
     small.write_text("\n".join(csv_path.read_text().splitlines()[:11]) + "\n")  # the header and 10 questions
     out = tmp_path / "run"
-    assert main(["run", "calibration", "--quick", "--model", str(model_dir), "--mmlu", str(small),
-                 "--out", str(out)]) == 0
+    assert (
+        main(["run", "calibration", "--quick", "--model", str(model_dir), "--mmlu", str(small), "--out", str(out)]) == 0
+    )
     results = json.loads((out / "results.json").read_text())
     assert results["source"]["n_items"] == 10
     assert results["p_ik_verdict"]["verdict"] == "not enough data"
@@ -249,12 +304,15 @@ def test_an_unconverted_architecture_goes_through_the_bridge(hf_folder, tmp_path
     assert "gptj" not in SUPPORTED
     model_dir = tmp_path / "gptj"
     torch.manual_seed(0)
-    GPTJForCausalLM(GPTJConfig(n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_inner=64, vocab_size=VOCAB,
-                               n_positions=64)).save_pretrained(model_dir)
+    GPTJForCausalLM(
+        GPTJConfig(n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_inner=64, vocab_size=VOCAB, n_positions=64)
+    ).save_pretrained(model_dir)
     letter_tokenizer(model_dir)
     out = tmp_path / "run"
-    assert main(["run", "calibration", "--quick", "--model", str(model_dir), "--mmlu", str(csv_path),
-                 "--out", str(out)]) == 0
+    assert (
+        main(["run", "calibration", "--quick", "--model", str(model_dir), "--mmlu", str(csv_path), "--out", str(out)])
+        == 0
+    )
     results = json.loads((out / "results.json").read_text())
     assert "TransformerBridge" in results["source"]["route"]
     assert results["p_ik"] and all(r["control_untrained_auroc"] is None for r in results["p_ik"] if not r["constant"])
@@ -278,8 +336,22 @@ def test_a_forma_model_folder_answers_too(hf_folder, tmp_path):
     tokenizer = word_level(["A", "B", "C", "D", "Answer:"] + [f"w{i}" for i in range(VOCAB - 9)])
     HookedTransformer(tiny_config(d_vocab=tokenizer.get_vocab_size()), tokenizer=tokenizer).save(tmp_path / "forma")
     out = tmp_path / "run"
-    assert main(["run", "calibration", "--quick", "--model", str(tmp_path / "forma"), "--mmlu", str(csv_path),
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "calibration",
+                "--quick",
+                "--model",
+                str(tmp_path / "forma"),
+                "--mmlu",
+                str(csv_path),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     results = json.loads((out / "results.json").read_text())
     assert results["source"]["route"].startswith("Forma model") and results["lettered"]["n"] == 40
     assert results["source"]["letter_token_ids"] == [tokenizer.token_to_id(letter) for letter in "ABCD"]
@@ -312,9 +384,17 @@ def test_a_headline_has_a_direction_only_where_its_interval_decides_it():
 
 def test_a_verdict_of_absence_needs_an_interval_that_reaches_the_controls():
     def verdict(carries, low, high):
-        return {"what": "P(IK)", "carries_signal": carries, "sentence": "P(IK): …",
-                "chosen": {"auroc": (low + high) / 2, "auroc_ci95": [low, high], "control_shuffled_auroc": 0.5,
-                           "control_untrained_auroc": 0.55}}
+        return {
+            "what": "P(IK)",
+            "carries_signal": carries,
+            "sentence": "P(IK): …",
+            "chosen": {
+                "auroc": (low + high) / 2,
+                "auroc_ci95": [low, high],
+                "control_shuffled_auroc": 0.5,
+                "control_untrained_auroc": 0.55,
+            },
+        }
 
     assert experiment._verdict_headline("v", verdict(True, 0.8, 0.9))["direction"] is True
     assert experiment._verdict_headline("v", verdict(False, 0.45, 0.65))["direction"] is False
@@ -332,9 +412,11 @@ def test_the_partial_checkpoint_is_chosen_on_the_format_persons_never_on_those_i
 
     from experiments.calibration.setting import partial_stage
 
-    stages = [{"step": 10, "recall_selection": 0.3, "recall_seen": 0.6}, {"step": 20, "recall_selection": 0.62,
-                                                                          "recall_seen": 0.9},
-              {"step": 30, "recall_selection": 0.6, "recall_seen": 1.0}]
+    stages = [
+        {"step": 10, "recall_selection": 0.3, "recall_seen": 0.6},
+        {"step": 20, "recall_selection": 0.62, "recall_seen": 0.9},
+        {"step": 30, "recall_selection": 0.6, "recall_seen": 1.0},
+    ]
     assert partial_stage(stages, 0.6, 30) == 1  # the end of training (step 30) is never the partial checkpoint
     assert partial_stage(stages, 0.6, 40) == 2 and partial_stage(stages, 0.3, 40) == 0
     assert partial_stage(stages[:1], 0.6, 10) is None
@@ -343,9 +425,12 @@ def test_the_partial_checkpoint_is_chosen_on_the_format_persons_never_on_those_i
     reference = json.loads((Path(__file__).resolve().parents[1] / "docs/measured/runs/calibration.json").read_text())
     for results in (quick[0], reference):
         training = results["training"]
-        chosen = training["stages"][partial_stage(training["stages"], training["partial_recall_target"],
-                                                  training["steps"])]
+        chosen = training["stages"][
+            partial_stage(training["stages"], training["partial_recall_target"], training["steps"])
+        ]
         assert training["partial_step"] == chosen["step"] and f"step {chosen['step']} of" in results["checkpoint"]
         assert (training["partial_recall_selection"], training["partial_recall_seen"]) == (
-            chosen["recall_selection"], chosen["recall_seen"])
+            chosen["recall_selection"],
+            chosen["recall_seen"],
+        )
         assert "format persons" in training["partial_chosen_on"]

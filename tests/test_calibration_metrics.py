@@ -6,9 +6,27 @@ import numpy as np
 import pytest
 import torch
 
-from lab.metrics.calibration import (MIN_PER_CLASS, Metric, auroc, auroc_ci, bin_indices, bootstrap_ci, brier, ece,
-                                     ece_debiased, fit_temperature, mce, multiclass_summary, nll, noise_floor_ece,
-                                     reliability, rms_calibration_error, softmax, squared_ce, squared_ce_debiased)
+from lab.metrics.calibration import (
+    MIN_PER_CLASS,
+    Metric,
+    auroc,
+    auroc_ci,
+    bin_indices,
+    bootstrap_ci,
+    brier,
+    ece,
+    ece_debiased,
+    fit_temperature,
+    mce,
+    multiclass_summary,
+    nll,
+    noise_floor_ece,
+    reliability,
+    rms_calibration_error,
+    softmax,
+    squared_ce,
+    squared_ce_debiased,
+)
 
 
 def test_constant_confidence_0_9_at_accuracy_0_6_gives_ece_0_3():
@@ -26,7 +44,7 @@ def test_ece_matches_torchmetrics_on_random_inputs():
     rng = np.random.default_rng(0)
     for _ in range(5):
         confidence = rng.uniform(0.0, 1.0, 500)
-        correct = (rng.random(500) < confidence ** 1.5).astype(int)
+        correct = (rng.random(500) < confidence**1.5).astype(int)
         metric = BinaryCalibrationError(n_bins=15, norm="l1")
         # The binary form bins `preds` and compares each bin's mean with the mean of `target`: given the
         # top-label confidence and its correctness, that is exactly the top-label ECE.
@@ -103,8 +121,9 @@ def test_equal_mass_remainder_rule_is_rank_times_b_over_n():
     expected = [3, 2, 2, 3, 2, 2, 3, 2, 2, 2]
     assert np.bincount(bin_indices(confidence, 10, "equal_mass")).tolist() == expected
     order = np.random.default_rng(3).permutation(23)
-    assert np.array_equal(bin_indices(confidence[order], 10, "equal_mass"),
-                          bin_indices(confidence, 10, "equal_mass")[order])
+    assert np.array_equal(
+        bin_indices(confidence[order], 10, "equal_mass"), bin_indices(confidence, 10, "equal_mass")[order]
+    )
 
 
 def test_equal_mass_ties_share_the_bin_of_their_lowest_rank():
@@ -118,8 +137,9 @@ def test_equal_mass_ties_share_the_bin_of_their_lowest_rank():
 # --- the rest of the metrics ----------------------------------------------------------------------
 def test_brier_decomposition_is_exact_when_bins_hold_one_confidence_each():
     confidence = np.repeat([0.1, 0.5, 0.9], 100)
-    correct = np.concatenate([np.r_[np.ones(20), np.zeros(80)], np.r_[np.ones(50), np.zeros(50)],
-                              np.r_[np.ones(70), np.zeros(30)]])
+    correct = np.concatenate(
+        [np.r_[np.ones(20), np.zeros(80)], np.r_[np.ones(50), np.zeros(50)], np.r_[np.ones(70), np.zeros(30)]]
+    )
     b = brier(confidence, correct, n_bins=10)
     assert b.score == pytest.approx(b.reliability - b.resolution + b.uncertainty)
     assert b.reliability == pytest.approx(((0.1 - 0.2) ** 2 + 0 + (0.9 - 0.7) ** 2) / 3)
@@ -135,8 +155,9 @@ def test_auroc_on_hand_made_cases():
     assert math.isnan(auroc([0.2, 0.3], [1, 1]))
     # k classes with an [n, k] score matrix: the mean one-vs-rest AUROC.
     scores = np.array([[0.8, 0.1, 0.1], [0.2, 0.7, 0.1], [0.1, 0.2, 0.7], [0.6, 0.3, 0.1]])
-    assert auroc(scores, [0, 1, 2, 1]) == pytest.approx(np.mean([auroc(scores[:, c], np.array([0, 1, 2, 1]) == c)
-                                                                 for c in range(3)]))
+    assert auroc(scores, [0, 1, 2, 1]) == pytest.approx(
+        np.mean([auroc(scores[:, c], np.array([0, 1, 2, 1]) == c) for c in range(3)])
+    )
 
 
 def test_auroc_refuses_scores_given_as_labels():
@@ -281,7 +302,8 @@ def test_delong_variance_is_its_structural_components_and_its_interval_covers():
     psi = (pos[:, None] > neg[None, :]) + 0.5 * (pos[:, None] == neg[None, :])
     v10, v01 = psi.mean(axis=1), psi.mean(axis=0)
     assert auroc_delong_variance(scores, labels) == pytest.approx(
-        v10.var(ddof=1) / len(pos) + v01.var(ddof=1) / len(neg), rel=1e-12)
+        v10.var(ddof=1) / len(pos) + v01.var(ddof=1) / len(neg), rel=1e-12
+    )
     level = 1 - 0.05 / 12
     metric = auroc_ci(scores, labels, level=level, method="delong")
     half = NormalDist().inv_cdf(1 - (1 - level) / 2) * math.sqrt(auroc_delong_variance(scores, labels))

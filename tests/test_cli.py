@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from lab.cli import main
 from lab import HookedTransformer
+from lab.cli import main
 from tests.conftest import tiny_config
 
 
@@ -90,13 +90,25 @@ def test_forma_run_prints_the_runs_headlines_then_its_folder(tmp_path, monkeypat
     from lab.runs import headline
 
     said = headline("kv_cache_cost", "Caching keeps attention linear in the prefix.", 2.0, None, True)
-    unsaid = headline("p_ik_verdict_partial", "not to be printed", None, None, None, supported=False,
-                      why_not="fewer than 10 wrong answers on the test split")
+    unsaid = headline(
+        "p_ik_verdict_partial",
+        "not to be printed",
+        None,
+        None,
+        None,
+        supported=False,
+        why_not="fewer than 10 wrong answers on the test split",
+    )
     monkeypatch.setattr(experiments.equations, "run", lambda cfg, out: {"headlines": [said, unsaid]})
     assert main(["run", "equations", "--quick", "--out", str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out == ["Headlines:", f"  - {said['sentence']}", "Not shown, because this run cannot support it:",
-                   f"  - {title('p_ik_verdict_partial')}: {unsaid['why_not']}", f"results in {tmp_path / 'run'}"]
+    assert out == [
+        "Headlines:",
+        f"  - {said['sentence']}",
+        "Not shown, because this run cannot support it:",
+        f"  - {title('p_ik_verdict_partial')}: {unsaid['why_not']}",
+        f"results in {tmp_path / 'run'}",
+    ]
     assert title("p_ik_verdict_partial") == "P(IK) verdict at the partial checkpoint"
 
 
@@ -131,9 +143,11 @@ def test_the_demo_runs_a_job_after_the_one_whose_result_it_reads(tmp_path, monke
     log: list = []
     seen: dict = {}
     monkeypatch.setattr(CHILDREN, "start", lambda argv, **popen: FakeJob(argv, log, {"train pydoc": 1.0}, seen))
-    jobs = [("forma run calibration --quick", ["run", "calibration", "--quick"]),
-            ("forma run equations --quick", ["run", "equations", "--quick"]),
-            ("forma train pydoc --quick", ["train", "pydoc", "--quick"])]
+    jobs = [
+        ("forma run calibration --quick", ["run", "calibration", "--quick"]),
+        ("forma run equations --quick", ["run", "equations", "--quick"]),
+        ("forma train pydoc --quick", ["train", "pydoc", "--quick"]),
+    ]
     assert run_side_by_side(jobs)
     order = [what for kind, what in log if kind == "start"]
     assert order == ["train pydoc", "run equations", "run calibration"]  # not DEMO_ORDER's calibration-first
@@ -161,8 +175,13 @@ def test_the_demo_board_prints_each_running_jobs_progress_line_off_a_terminal(tm
 
     out = io.StringIO()
     run_folder = tmp_path / "run"
-    board = JobBoard([("forma run kl --quick", ["run", "kl", "--quick", "--out", str(run_folder)]),
-                      ("forma train facts", ["train", "facts"])], stream=out)
+    board = JobBoard(
+        [
+            ("forma run kl --quick", ["run", "kl", "--quick", "--out", str(run_folder)]),
+            ("forma train facts", ["train", "facts"]),
+        ],
+        stream=out,
+    )
     board.started("forma run kl --quick")
     monkeypatch.setattr("lab.progress.RECORD_EVERY_S", 0.05)
     with recording(run_folder / PROGRESS_FILE, "forma run kl --quick"), bar(40, "train", show=False) as b:
@@ -217,29 +236,46 @@ TESTS = Path(__file__).resolve().parent
 HEAVY_MODULES = ("torch", "transformer_lens", "transformers", "numpy", "streamlit")
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["train", "--help"], ["cards", "--help"],
-                                  ["transcoders", "--help"], ["harvest", "--help"], ["patch", "--help"],
-                                  ["patch", "m", "--sweep", "x"],
-                                  ["run", "no-such-experiment"], ["train", "markov", "--seed"], ["--version"],
-                                  ["hooks", "gpt2"], ["hooks", "no/such/folder"], ["trust", "gpt2"],
-                                  ["run", "kl", "--model", "gpt2"], ["run", "calibration", "--model", "gpt2", "--mmlu",
-                                                                     "mmlu.csv"],
-                                  ["run", "calibration", "--model", str(TESTS), "--mmlu", "no/such.csv"],
-                                  ["run", "monitor", "--model", str(TESTS), "--qa", "no/such.csv"]],
-                         ids=lambda argv: " ".join(argv))
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        ["run", "--help"],
+        ["train", "--help"],
+        ["cards", "--help"],
+        ["transcoders", "--help"],
+        ["harvest", "--help"],
+        ["patch", "--help"],
+        ["patch", "m", "--sweep", "x"],
+        ["run", "no-such-experiment"],
+        ["train", "markov", "--seed"],
+        ["--version"],
+        ["hooks", "gpt2"],
+        ["hooks", "no/such/folder"],
+        ["trust", "gpt2"],
+        ["run", "kl", "--model", "gpt2"],
+        ["run", "calibration", "--model", "gpt2", "--mmlu", "mmlu.csv"],
+        ["run", "calibration", "--model", str(TESTS), "--mmlu", "no/such.csv"],
+        ["run", "monitor", "--model", str(TESTS), "--qa", "no/such.csv"],
+    ],
+    ids=lambda argv: " ".join(argv),
+)
 def test_help_and_argument_errors_import_nothing_heavy(argv):
     """`forma --help`, every subcommand's help, an argument error (an option the experiment does not take) and a
     model name that is neither a folder nor a zoo model (`forma hooks`, `forma trust`, `forma run --model`), and a
     question file that is not there (the model a folder: tests/), answer before torch, TransformerLens, numpy or
-    streamlit are imported: those take seconds to load, and only the commands that compute need them. (benchmarks/cli.py measures how long each answer takes.)"""
-    probe = ("import sys, runpy\n"
-             f"sys.argv = ['forma', *{argv!r}]\n"
-             "try:\n"
-             "    runpy.run_module('lab.cli', run_name='__main__')\n"
-             "except SystemExit as exit:\n"
-             "    code = exit.code\n"
-             f"heavy = [m for m in {HEAVY_MODULES!r} if m in sys.modules]\n"
-             "print('HEAVY', heavy, file=sys.stderr)\n")
+    streamlit are imported: those take seconds to load, and only the commands that compute need them.
+    (benchmarks/cli.py measures how long each answer takes.)"""
+    probe = (
+        "import sys, runpy\n"
+        f"sys.argv = ['forma', *{argv!r}]\n"
+        "try:\n"
+        "    runpy.run_module('lab.cli', run_name='__main__')\n"
+        "except SystemExit as exit:\n"
+        "    code = exit.code\n"
+        f"heavy = [m for m in {HEAVY_MODULES!r} if m in sys.modules]\n"
+        "print('HEAVY', heavy, file=sys.stderr)\n"
+    )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert "HEAVY []" in done.stderr, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
@@ -266,11 +302,21 @@ def test_the_demo_board_redraws_one_line_per_job_in_place_on_a_terminal():
             return True
 
     out = Terminal()
-    board = JobBoard([("forma run kl --quick", ["run", "kl", "--quick"]), ("forma train facts", ["train", "facts"])],
-                     stream=out)
+    board = JobBoard(
+        [("forma run kl --quick", ["run", "kl", "--quick"]), ("forma train facts", ["train", "facts"])], stream=out
+    )
     board.draw()
     board.draw()
     board.ended("forma train facts", "forma train facts: done in 3 s", "[demo] forma train facts: done in 3 s")
     rows = "\x1b[2K[demo] forma run kl --quick: waiting for a free core\n\x1b[2K[demo] forma train facts: "
-    assert out.getvalue() == (rows + "waiting for a free core\n" + "\x1b[2F\x1b[0J" + rows + "waiting for a free core\n"
-                              + "\x1b[2F\x1b[0J" + "[demo] forma train facts: done in 3 s\n" + rows + "done in 3 s\n")
+    assert out.getvalue() == (
+        rows
+        + "waiting for a free core\n"
+        + "\x1b[2F\x1b[0J"
+        + rows
+        + "waiting for a free core\n"
+        + "\x1b[2F\x1b[0J"
+        + "[demo] forma train facts: done in 3 s\n"
+        + rows
+        + "done in 3 s\n"
+    )

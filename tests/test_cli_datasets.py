@@ -40,7 +40,7 @@ def page_blocks() -> list[tuple[str, str]]:
 def commands(heading: str) -> list[str]:
     """The command lines of the bash block under `heading` on the page."""
     text = PAGE.read_text()
-    section = text[text.index(f"## {heading}\n"):]
+    section = text[text.index(f"## {heading}\n") :]
     code = next(m.group(2) for m in FENCE.finditer(section) if m.group(1) == "bash")
     return [line for line in code.replace("\\\n", " ").splitlines() if line.strip() and not line.startswith("#")]
 
@@ -72,11 +72,23 @@ def launch(line: str, folder: Path, fault: dict | None = None) -> subprocess.Com
     site = folder / "site"
     site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    env = os.environ | {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-                        "PYTHONPATH": f"{site}{os.pathsep}{REPO}", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-                        "TRANSFORMERS_OFFLINE": "1", "FORMA_TEST_FAULT": json.dumps(fault)}
-    return subprocess.run(["bash", "-euo", "pipefail", "-c", line], cwd=folder, env=env, capture_output=True,
-                          text=True, timeout=300, check=False)
+    env = os.environ | {
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": f"{site}{os.pathsep}{REPO}",
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "FORMA_TEST_FAULT": json.dumps(fault),
+    }
+    return subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", line],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
 def torchrun_line(command: str) -> str:
@@ -167,19 +179,45 @@ def test_bad_input_gets_one_line_and_exit_2(tried, capsys):
     model = str(tried / "tiny")
     harvest = ["harvest", model, "--hook", "blocks.0.hook_resid_post", "--no-progress"]
     for argv, message in [
-            (harvest + ["--corpus", str(tried / "pairs.jsonl"), "--out", str(tried / "x")],
-             "a corpus is a .txt (text) or a .npy (token ids) file"),
-            (harvest + ["--corpus", str(tried / "corpus.npy"), "--seq-len", "33", "--out", str(tried / "x")],
-             "the sequence length must be 1 … n_ctx = 32, got 33"),
-            (harvest + ["--corpus", str(tried / "corpus.npy"), "--seq-len", "32", "--batch-size", "4",
-                        "--shard-mb", "0.05", "--hook", "blocks.1.attn.hook_z", "--out", str(tried / "acts")],
-             "already holds a complete harvest"),
-            (harvest + ["--corpus", str(tried / "corpus.npy"), "--seq-len", "32", "--out", str(tried / "acts")],
-             "already holds a complete harvest"),
-            (["patch", model, "--pairs", str(tried / "corpus.npy"), "--sweep", "head", "--out", str(tried / "y")],
-             "a dataset of prompt pairs is a .csv or a .jsonl file"),
-            (["patch", model, "--pairs", str(tried / "no-such.csv"), "--sweep", "head", "--out", str(tried / "y")],
-             "no-such.csv")]:
+        (
+            harvest + ["--corpus", str(tried / "pairs.jsonl"), "--out", str(tried / "x")],
+            "a corpus is a .txt (text) or a .npy (token ids) file",
+        ),
+        (
+            harvest + ["--corpus", str(tried / "corpus.npy"), "--seq-len", "33", "--out", str(tried / "x")],
+            "the sequence length must be 1 … n_ctx = 32, got 33",
+        ),
+        (
+            harvest
+            + [
+                "--corpus",
+                str(tried / "corpus.npy"),
+                "--seq-len",
+                "32",
+                "--batch-size",
+                "4",
+                "--shard-mb",
+                "0.05",
+                "--hook",
+                "blocks.1.attn.hook_z",
+                "--out",
+                str(tried / "acts"),
+            ],
+            "already holds a complete harvest",
+        ),
+        (
+            harvest + ["--corpus", str(tried / "corpus.npy"), "--seq-len", "32", "--out", str(tried / "acts")],
+            "already holds a complete harvest",
+        ),
+        (
+            ["patch", model, "--pairs", str(tried / "corpus.npy"), "--sweep", "head", "--out", str(tried / "y")],
+            "a dataset of prompt pairs is a .csv or a .jsonl file",
+        ),
+        (
+            ["patch", model, "--pairs", str(tried / "no-such.csv"), "--sweep", "head", "--out", str(tried / "y")],
+            "no-such.csv",
+        ),
+    ]:
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert err.startswith(f"forma {argv[0]}: error: ") and message in err and err.count("\n") == 1, err

@@ -14,8 +14,9 @@ from lab.model import EncoderDecoderConfig, ModelConfig
 from lab.train import TrainConfig
 
 MODEL = dict(d_vocab=10, d_model=8, n_layers=1, n_heads=2, n_ctx=8)
-ENCODER_DECODER = dict(d_vocab_src=10, d_vocab_tgt=10, d_model=8, n_heads=2, n_encoder_layers=1, n_decoder_layers=1,
-                       n_ctx=8)
+ENCODER_DECODER = dict(
+    d_vocab_src=10, d_vocab_tgt=10, d_model=8, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, n_ctx=8
+)
 
 
 @dataclasses.dataclass
@@ -35,13 +36,29 @@ class Every:
         check_fields(self)
 
 
-@pytest.mark.parametrize("field, value, expected", [
-    ("flag", "false", "bool"), ("flag", 0, "bool"), ("count", True, "int"), ("count", 2.0, "int"),
-    ("count", "3", "int"), ("rate", "0.5", "float"), ("rate", True, "float"), ("rate", math.inf, "finite"),
-    ("rate", math.nan, "finite"), ("rate", 10 ** 400, "finite"), ("name", 3, "str"), ("kind", "z", "'x', 'y'"),
-    ("rates", 1.0, "tuple"), ("rates", (1.0, "2"), "float"), ("rates", (math.nan,), "finite"),
-    ("pair", (1,), "2 elements"), ("pair", (1, 2), "str"), ("maybe", 3, "str or None"),
-])
+@pytest.mark.parametrize(
+    "field, value, expected",
+    [
+        ("flag", "false", "bool"),
+        ("flag", 0, "bool"),
+        ("count", True, "int"),
+        ("count", 2.0, "int"),
+        ("count", "3", "int"),
+        ("rate", "0.5", "float"),
+        ("rate", True, "float"),
+        ("rate", math.inf, "finite"),
+        ("rate", math.nan, "finite"),
+        ("rate", 10**400, "finite"),
+        ("name", 3, "str"),
+        ("kind", "z", "'x', 'y'"),
+        ("rates", 1.0, "tuple"),
+        ("rates", (1.0, "2"), "float"),
+        ("rates", (math.nan,), "finite"),
+        ("pair", (1,), "2 elements"),
+        ("pair", (1, 2), "str"),
+        ("maybe", 3, "str or None"),
+    ],
+)
 def test_a_value_of_the_wrong_type_names_class_field_type_and_value(field, value, expected):
     with pytest.raises(ValueError) as err:
         Every(**{field: value})
@@ -57,10 +74,21 @@ def test_what_json_and_toml_cannot_say_is_normalised():
     assert Every(maybe=None).maybe is None
 
 
-@pytest.mark.parametrize("field, value", [("bias", "false"), ("tied_embeddings", "false"), ("rotary_base", "1e4"),
-                                          ("init_std", math.inf), ("norm_eps", math.inf), ("norm_eps", math.nan),
-                                          ("n_layers", True), ("n_ctx", 8.0), ("positions", "rope"),
-                                          ("tokenizer", None)])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("bias", "false"),
+        ("tied_embeddings", "false"),
+        ("rotary_base", "1e4"),
+        ("init_std", math.inf),
+        ("norm_eps", math.inf),
+        ("norm_eps", math.nan),
+        ("n_layers", True),
+        ("n_ctx", 8.0),
+        ("positions", "rope"),
+        ("tokenizer", None),
+    ],
+)
 def test_model_config_refuses_a_mistyped_field(field, value):
     with pytest.raises(ValueError, match=f"ModelConfig.{field}"):
         ModelConfig(**(MODEL | {field: value}))
@@ -80,22 +108,32 @@ def test_an_int_in_a_float_field_saves_as_a_float():
     assert isinstance(cfg.rotary_base, float) and cfg == ModelConfig(**MODEL)
 
 
-@pytest.mark.parametrize("field, value", [("bias", "false"), ("norm_eps", math.inf), ("n_heads", 2.0),
-                                          ("positions", "rotary")])
+@pytest.mark.parametrize(
+    "field, value", [("bias", "false"), ("norm_eps", math.inf), ("n_heads", 2.0), ("positions", "rotary")]
+)
 def test_encoder_decoder_config_refuses_a_mistyped_field(field, value):
     with pytest.raises(ValueError, match=f"EncoderDecoderConfig.{field}"):
         EncoderDecoderConfig(**(ENCODER_DECODER | {field: value}))
 
 
-@pytest.mark.parametrize("field, value", [("lr", math.nan), ("lr", "1e-3"), ("steps", True), ("device", 0),
-                                          ("seed", 1.5)])
+@pytest.mark.parametrize(
+    "field, value", [("lr", math.nan), ("lr", "1e-3"), ("steps", True), ("device", 0), ("seed", 1.5)]
+)
 def test_train_config_refuses_a_mistyped_field(field, value):
     with pytest.raises(ValueError, match=f"TrainConfig.{field}"):
         TrainConfig(**{field: value})
 
 
-@pytest.mark.parametrize("field, value", [("attributes", "birthday"), ("attributes", ("birthday", 3)),
-                                          ("pareto_gamma", math.inf), ("seed", True), ("n_values", 2.0)])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("attributes", "birthday"),
+        ("attributes", ("birthday", 3)),
+        ("pareto_gamma", math.inf),
+        ("seed", True),
+        ("n_values", 2.0),
+    ],
+)
 def test_fact_world_config_refuses_a_mistyped_field(field, value):
     with pytest.raises(ValueError, match=f"FactWorldConfig.{field}"):
         FactWorldConfig(**{field: value})
@@ -135,8 +173,10 @@ def test_a_failed_condition_is_a_value_error_that_names_the_config_class():
     need(Every(), True, "never raised")
     with pytest.raises(ValueError, match=r"^Every: count must be positive, got 0$"):
         need(Every(), False, "count must be positive, got 0")
-    for build, words in ((lambda: FactWorldConfig(n_persons=0), "FactWorldConfig: n_persons must be a positive"),
-                         (lambda: experiments.load("calibration").Config(n_stages=1), "Config: need n_stages ≥ 2"),
-                         (lambda: experiments.load("monitor").Config(qa_folds=1), "Config: qa_folds must be at least")):
+    for build, words in (
+        (lambda: FactWorldConfig(n_persons=0), "FactWorldConfig: n_persons must be a positive"),
+        (lambda: experiments.load("calibration").Config(n_stages=1), "Config: need n_stages ≥ 2"),
+        (lambda: experiments.load("monitor").Config(qa_folds=1), "Config: qa_folds must be at least"),
+    ):
         with pytest.raises(ValueError, match=f"^{words}"):
             build()

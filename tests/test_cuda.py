@@ -9,8 +9,10 @@ from lab.generate import decode
 from lab.hf import from_hf
 from tests.conftest import hf_gpt2, hf_llama, tiny_config
 
-pytestmark = [pytest.mark.cuda,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")]
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine"),
+]
 
 VARIANTS = [dict(), dict(positions="rotary", mlp="swiglu", n_kv_heads=2, norm="rmsnorm", bias=False)]
 
@@ -55,8 +57,9 @@ def test_gpu_cache_lives_on_the_device(tokens):
     model = HookedTransformer(tiny_config(), seed=0).eval().cuda()
     _, cache = model.run_with_cache(tokens.cuda())
     assert cache["blocks.1.attn.hook_pattern"].is_cuda
-    assert torch.allclose(cache.accumulated_resid(apply_ln=True)[-1] @ model.W_U + model.b_U,
-                          model(tokens.cuda()), atol=1e-4)
+    assert torch.allclose(
+        cache.accumulated_resid(apply_ln=True)[-1] @ model.W_U + model.b_U, model(tokens.cuda()), atol=1e-4
+    )
 
 
 def test_gpu_kv_cache_equals_recompute():
@@ -73,10 +76,13 @@ def test_gpu_training_lowers_the_loss(tmp_path):
     from lab.train import SequenceBatches, TrainConfig, train
 
     source = MarkovSource(vocab_size=16, order=1, seed=0)
-    data = SequenceBatches(torch.as_tensor(source.sample(256, 32, seed=1)), torch.as_tensor(source.sample(32, 32, seed=2)))
+    data = SequenceBatches(
+        torch.as_tensor(source.sample(256, 32, seed=1)), torch.as_tensor(source.sample(32, 32, seed=2))
+    )
     model = HookedTransformer(tiny_config(d_vocab=16, n_ctx=32), seed=0)
-    cfg = TrainConfig(steps=40, batch_size=32, seq_len=32, lr=3e-3, warmup_steps=5, eval_interval=20,
-                      eval_batches=1, device="cuda")
+    cfg = TrainConfig(
+        steps=40, batch_size=32, seq_len=32, lr=3e-3, warmup_steps=5, eval_interval=20, eval_batches=1, device="cuda"
+    )
     result = train(model, cfg, data, out_dir=tmp_path, progress=False)
     assert next(model.parameters()).is_cuda
     assert result.history[-1]["train_loss_nats"] < result.history[0]["train_loss_nats"]

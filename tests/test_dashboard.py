@@ -50,9 +50,13 @@ def test_every_page_renders_on_a_fresh_clone_and_says_what_to_run(empty, name):
     at = page(name).run()
     assert not at.exception, at.exception
     said = texts(at)
-    expected = {"home": "forma run kl", "explorer": "forma train pydoc", "training": "forma train pydoc",
-                "graphs": "forma transcoders pydoc",
-                "compare": "forma run kl --quick"}
+    expected = {
+        "home": "forma run kl",
+        "explorer": "forma train pydoc",
+        "training": "forma train pydoc",
+        "graphs": "forma transcoders pydoc",
+        "compare": "forma run kl --quick",
+    }
     assert expected.get(name, f"forma run {name}") in said
 
 
@@ -85,8 +89,15 @@ def test_explorer_shows_every_view_of_a_model(empty):
     # attention (one head, and every head beside it), residual norms, logit lens, attribution, input attribution,
     # head detectors; this random model predicts the same token whatever one token of the default prompt is swapped
     # for, and patching says so
-    assert [c.key for c in charts] == ["attention", "attention_heads", "norms", "lens", "dla", "input_attribution",
-                                       "heads"]
+    assert [c.key for c in charts] == [
+        "attention",
+        "attention_heads",
+        "norms",
+        "lens",
+        "dla",
+        "input_attribution",
+        "heads",
+    ]
     assert list(corruptions(model, model.to_tokens(at.text_input(key="prompt").value))) == []
     assert "No one-token change of this prompt" in texts(at)
     assert "Ground-truth lens needs" not in texts(at) and "known (the zoo's Markov" in texts(at)
@@ -133,8 +144,10 @@ def test_calibration_temperature_slider_recomputes_ece(empty):
 def test_training_curves_of_a_trained_model(empty):
     train = empty / "models" / "markov" / "train"
     train.mkdir(parents=True)
-    records = [{"step": s, "train_loss_nats": 3.0 - s / 10, **({"val_loss_nats": 3.1 - s / 10} if s % 5 == 0 else {})}
-               for s in range(1, 11)]
+    records = [
+        {"step": s, "train_loss_nats": 3.0 - s / 10, **({"val_loss_nats": 3.1 - s / 10} if s % 5 == 0 else {})}
+        for s in range(1, 11)
+    ]
     (train / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     at = page("training").run()
     assert not at.exception
@@ -167,15 +180,21 @@ def test_explorer_views_show_the_library_numbers(empty):
     with torch.inference_mode():
         answer = int(model(tokens)[0, -1].argmax())
         # a one-word corruption that changes the (random) model's prediction
-        corrupted_text = next(c for i in range(9) for w in ("file", "the", "items", "Return")
-                              for c in [" ".join(w if j == i else x for j, x in enumerate(prompt.split()))]
-                              if int(model(model.to_tokens(c))[0, -1].argmax()) != answer)
+        corrupted_text = next(
+            c
+            for i in range(9)
+            for w in ("file", "the", "items", "Return")
+            for c in [" ".join(w if j == i else x for j, x in enumerate(prompt.split()))]
+            if int(model(model.to_tokens(c))[0, -1].argmax()) != answer
+        )
     at = page("explorer").run()
     at.text_input(key="prompt").input(prompt).run()
     at.text_input(key="corrupted").input(corrupted_text).run()
     assert not at.exception, at.exception
-    specs = {json.loads(c.proto.spec)["layout"]["title"]["text"].split(",")[0].split(":")[0]: json.loads(c.proto.spec)
-             for c in at.get("plotly_chart")}
+    specs = {
+        json.loads(c.proto.spec)["layout"]["title"]["text"].split(",")[0].split(":")[0]: json.loads(c.proto.spec)
+        for c in at.get("plotly_chart")
+    }
     _, cache = model.run_with_cache(tokens)
     shown = _decode_array(specs["Attention pattern"]["data"][0]["z"])
     assert np.allclose(shown, cache["blocks.0.attn.hook_pattern"][0, 0].numpy(), atol=1e-6)
@@ -273,11 +292,13 @@ def test_the_monitor_page_colours_tokens_and_abstains_where_the_library_says(qui
     signal, alpha = at.selectbox[0].value, at.selectbox[1].value
     model = HookedTransformer.load(folder / "model")
     probe, p_ik, signs = load_readouts(folder)
-    out = Monitor(model, probe=probe, p_ik=p_ik).generate(torch.tensor([model.tokenizer.encode(prompt).ids]), 2,
-                                                           subject=SUBJECT)
+    out = Monitor(model, probe=probe, p_ik=p_ik).generate(
+        torch.tensor([model.tokenizer.encode(prompt).ids]), 2, subject=SUBJECT
+    )
     words = [model.tokenizer.id_to_token(int(t)) for t in out.new_tokens[0]]
-    threshold = next(a["crc"]["threshold"] for a in results["abstention"]
-                     if a["signal"] == signal and a["alpha"] == alpha)
+    threshold = next(
+        a["crc"]["threshold"] for a in results["abstention"] if a["signal"] == signal and a["alpha"] == alpha
+    )
     risk = (signs[signal] * out.signals[signal][0].double()).tolist()
     stop = abstain_at(risk, 2, threshold)
     from dashboards.common import plain
@@ -315,7 +336,9 @@ def test_pages_answer_in_numbers_a_reader_can_read(quick_run, quick_runs_dir, mo
 
 def test_the_long_number_check_catches_a_raw_float():
     assert long_numbers("measured 6.2831852475690795 and 0.29791459781529295, 0.1234 and 12,345.5") == [
-        "6.2831852475690795", "0.29791459781529295"]
+        "6.2831852475690795",
+        "0.29791459781529295",
+    ]
     assert not long_numbers("0.0006283 · 12,345.6 · 1e-05 · 2026-12-01T17-15-46Z · v1.43.3 · 0.1234")
 
 
@@ -393,8 +416,9 @@ def test_explorer_reads_any_local_hugging_face_folder(empty, tmp_path):
     hf_gpt2().save_pretrained(gpt2)
     word_tokenizer(gpt2)
     torch.manual_seed(0)
-    GPTJForCausalLM(GPTJConfig(n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_inner=64, vocab_size=100,
-                               n_positions=64)).save_pretrained(gptj)
+    GPTJForCausalLM(
+        GPTJConfig(n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_inner=64, vocab_size=100, n_positions=64)
+    ).save_pretrained(gptj)
     word_tokenizer(gptj)
     broken.mkdir()
     (broken / "config.json").write_text('{"model_type": "gpt2", "n_layer": "two"')
@@ -422,8 +446,15 @@ def test_explorer_reads_any_local_hugging_face_folder(empty, tmp_path):
 def test_home_shows_each_models_card_numbers(empty):
     from dashboards.common import short
 
-    card = {"name": "markov", "quick": False, "n_params": 170272, "steps": 3000, "train_s": 317.1371884429991,
-            "best_val_loss_nats": 2.882032934824626, "val_kl_to_truth_nats": 0.06499305809728059}
+    card = {
+        "name": "markov",
+        "quick": False,
+        "n_params": 170272,
+        "steps": 3000,
+        "train_s": 317.1371884429991,
+        "best_val_loss_nats": 2.882032934824626,
+        "val_kl_to_truth_nats": 0.06499305809728059,
+    }
     (empty / "models" / "markov" / "card.json").write_text(json.dumps(card))
     (empty / "models" / "markov" / "model.safetensors").write_bytes(b"")
     at = page("home").run()
@@ -457,8 +488,9 @@ def test_an_experiment_page_shows_its_running_jobs_progress(empty, name):
     assert not at.exception, at.exception
     bars = at.get("progress")
     assert len(bars) == 1 and bars[0].proto.value == 25
-    assert (f"forma run {name} --quick: 0:20 elapsed; train step 30/120 (25%), ETA 0:36"
-            in bars[0].proto.text), bars[0].proto.text
+    assert f"forma run {name} --quick: 0:20 elapsed; train step 30/120 (25%), ETA 0:36" in bars[0].proto.text, bars[
+        0
+    ].proto.text
     assert f"No run of `{name}` yet" not in texts(at)
 
 
@@ -468,16 +500,20 @@ def test_a_page_whose_job_the_demo_has_queued_says_so(empty, name):
     run yet" or "not trained yet"; the calibration run says it waits for pydoc's training, whose model it reads."""
     from lab.jobs import write_queue
 
-    jobs = [("forma train pydoc --quick", ["train", "pydoc", "--quick"]),
-            *((f"forma run {e} --quick", ["run", e, "--quick"]) for e in EXPERIMENT_PAGES)]
+    jobs = [
+        ("forma train pydoc --quick", ["train", "pydoc", "--quick"]),
+        *((f"forma run {e} --quick", ["run", e, "--quick"]) for e in EXPERIMENT_PAGES),
+    ]
     write_queue(jobs, {label: "running" if i == 0 else "waiting" for i, (label, _) in enumerate(jobs)})
     at = page(name).run()
     assert not at.exception, at.exception
     said = texts(at)
     assert "No run of" not in said and "not trained yet" not in said
     if name == "home":
-        assert all(f"Queued by `forma demo` ({i + 1} ahead): `forma run {e} --quick`" in said
-                   for i, e in enumerate(EXPERIMENT_PAGES))
+        assert all(
+            f"Queued by `forma demo` ({i + 1} ahead): `forma run {e} --quick`" in said
+            for i, e in enumerate(EXPERIMENT_PAGES)
+        )
         assert rendered_table(at.table[0].value).loc["pydoc", "trained"] == "no: started by `forma demo`"
     elif name == "explorer":
         assert "`forma train pydoc --quick` has started (`forma demo`)" in said
@@ -506,7 +542,8 @@ def test_the_training_page_shows_a_model_being_trained(empty):
     at = page("training").run()
     assert not at.exception, at.exception
     assert [b.proto.text for b in at.get("progress")] == [
-        "`forma train facts: 0:20 elapsed; train step 300/1200 (25%), ETA 0:36`"]
+        "`forma train facts: 0:20 elapsed; train step 300/1200 (25%), ETA 0:36`"
+    ]
 
 
 def two_runs(quick_run, tmp_path, name: str) -> tuple[Path, Path]:
@@ -567,11 +604,13 @@ def test_a_chart_keeps_one_colour_per_series_across_its_panels_and_whole_layer_t
 
     fig = make_subplots(rows=1, cols=3)
     for col in (1, 2, 3):
-        for gamma in (0.5, 1.0, 2.0)[: col]:  # each panel starts its own colour cycle at a different series
+        for gamma in (0.5, 1.0, 2.0)[:col]:  # each panel starts its own colour cycle at a different series
             fig.add_trace(go.Scatter(x=[0, 1, 2], y=[gamma, col, 1], name=f"γ = {gamma}"), row=1, col=col)
     fig.update_xaxes(title_text="layer")
-    fig.update_layout(title="A title long enough to run off a chart drawn in one of two columns, and then some more "
-                            "words so that it has to wrap twice at the width the page allows for it")
+    fig.update_layout(
+        title="A title long enough to run off a chart drawn in one of two columns, and then some more "
+        "words so that it has to wrap twice at the width the page allows for it"
+    )
     readable(fig)
     colours: dict[str, set] = {}
     for trace in fig.data:
@@ -597,25 +636,34 @@ def test_an_axis_that_counts_ticks_at_whole_numbers_and_a_legend_clears_a_second
     from dashboards.charts import readable, whole_step
 
     exposures = readable(go.Figure(go.Bar(x=[0, 1], y=[0.3, 0.7]), layout={"xaxis_title": "statements seen"}))
-    assert (exposures.layout.xaxis.tickmode, exposures.layout.xaxis.dtick, exposures.layout.xaxis.tick0) == \
-        ("linear", 1, 0)
+    assert (exposures.layout.xaxis.tickmode, exposures.layout.xaxis.dtick, exposures.layout.xaxis.tick0) == (
+        "linear",
+        1,
+        0,
+    )
     assert exposures.layout.yaxis.tickmode is None  # shares on y: plotly's own ticks
     steps = readable(go.Figure(go.Scatter(x=list(range(0, 50_001, 500)), y=[1.0] * 101)))
     assert steps.layout.xaxis.dtick == 10_000  # about 8 ticks, at a round step
     assert [whole_step(x) for x in (0.4, 1, 1.5, 3, 7, 11)] == [1, 1, 2, 5, 10, 20]
-    for kept in (go.Figure(go.Scatter(x=[0.1, 0.5, 0.9], y=[1, 2, 3])),
-                 go.Figure(go.Scatter(x=[10, 100, 1000], y=[1, 2, 3]), layout={"xaxis_type": "log"}),
-                 go.Figure(go.Scatter(x=[0, 1], y=[1, 2]),
-                           layout={"xaxis": {"tickvals": [0, 1], "ticktext": ["a", "b"]}})):
+    for kept in (
+        go.Figure(go.Scatter(x=[0.1, 0.5, 0.9], y=[1, 2, 3])),
+        go.Figure(go.Scatter(x=[10, 100, 1000], y=[1, 2, 3]), layout={"xaxis_type": "log"}),
+        go.Figure(go.Scatter(x=[0, 1], y=[1, 2]), layout={"xaxis": {"tickvals": [0, 1], "ticktext": ["a", "b"]}}),
+    ):
         assert readable(kept).layout.xaxis.dtick is None
-    two_axes = go.Figure([go.Scatter(x=[1, 2], y=[0.1, 0.2], name="KL"),
-                          go.Scatter(x=[1, 2], y=[2.8, 3.4], name="H", yaxis="y2")],
-                         layout={"yaxis2": {"overlaying": "y", "side": "right"}})
+    two_axes = go.Figure(
+        [go.Scatter(x=[1, 2], y=[0.1, 0.2], name="KL"), go.Scatter(x=[1, 2], y=[2.8, 3.4], name="H", yaxis="y2")],
+        layout={"yaxis2": {"overlaying": "y", "side": "right"}},
+    )
     assert readable(two_axes).layout.legend.x > 1.05 and two_axes.layout.legend.xanchor == "left"
     assert readable(go.Figure(go.Scatter(x=[1, 2], y=[1, 2], name="one axis"))).layout.legend.x is None
     # a run's figure read back from JSON holds numpy arrays as typed arrays ({"dtype", "bdata"}): read as numbers
-    saved = go.Figure([go.Scatter(x=np.array([0.31, 0.55, 0.92]), y=np.array([0.2, 0.6, 0.9]), name="partial"),
-                       go.Scatter(x=[0, 1], y=[0, 1], name="perfect calibration")])
+    saved = go.Figure(
+        [
+            go.Scatter(x=np.array([0.31, 0.55, 0.92]), y=np.array([0.2, 0.6, 0.9]), name="partial"),
+            go.Scatter(x=[0, 1], y=[0, 1], name="perfect calibration"),
+        ]
+    )
     assert readable(pio.from_json(saved.to_json())).layout.xaxis.dtick is None  # confidences, not counts
     layers = go.Figure(go.Scatter(x=np.arange(3.0), y=np.ones(3)), layout={"xaxis_title": "layer"})
     assert readable(pio.from_json(layers.to_json())).layout.xaxis.dtick == 1
@@ -631,10 +679,16 @@ def test_a_chart_names_the_monitors_signals_as_its_table_does():
     from dashboards.charts import relabel
     from dashboards.common import SIGNAL_WORDS
 
-    fig = relabel(go.Figure([go.Bar(x=["max_prob", "p_ik"], y=[0.7, 0.4], name="all false claims"),
-                             go.Scatter(x=[0, 1], y=[0.2, 0.3], name="semantic_entropy")],
-                            layout={"title": "Abstention on max_prob: thresholds (not max_probability)"}),
-                  SIGNAL_WORDS)
+    fig = relabel(
+        go.Figure(
+            [
+                go.Bar(x=["max_prob", "p_ik"], y=[0.7, 0.4], name="all false claims"),
+                go.Scatter(x=[0, 1], y=[0.2, 0.3], name="semantic_entropy"),
+            ],
+            layout={"title": "Abstention on max_prob: thresholds (not max_probability)"},
+        ),
+        SIGNAL_WORDS,
+    )
     assert list(fig.data[0].x) == ["top probability", "P(IK)"] and fig.data[1].name == "semantic entropy (nats)"
     assert fig.layout.title.text == "Abstention on top probability: thresholds (not max_probability)"
 
@@ -647,8 +701,10 @@ def test_a_byte_level_token_reads_as_its_bytes():
     from lab.tokenize import readable_token
 
     tokenizer = train_bpe("Return the list.\n\n\nReturn the items.", vocab_size=270)
-    model = HookedTransformer(ModelConfig(d_vocab=tokenizer.get_vocab_size(), d_model=16, n_layers=1, n_heads=2,
-                                          n_ctx=16), tokenizer=tokenizer)
+    model = HookedTransformer(
+        ModelConfig(d_vocab=tokenizer.get_vocab_size(), d_model=16, n_layers=1, n_heads=2, n_ctx=16),
+        tokenizer=tokenizer,
+    )
     ids = tokenizer.encode("café").ids
     assert [token_text(model, i) for i in ids][-2:] == ["⟨0xC3⟩", "⟨0xA9⟩"]
     assert "".join(model.to_string([i]) for i in ids[-2:]) == "\ufffd\ufffd"  # what the page showed before

@@ -91,10 +91,21 @@ def test_the_page_in_a_browser_draws_the_graph_and_shows_a_clicked_feature(tmp_p
     user_data = tmp_path / "chromium"
     with sync_playwright() as p:
         browser = p.chromium.launch_persistent_context(
-            str(user_data), executable_path=CHROMIUM, headless=True, viewport={"width": 1280, "height": 1100},
-            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--disable-dev-shm-usage"])
+            str(user_data),
+            executable_path=CHROMIUM,
+            headless=True,
+            viewport={"width": 1280, "height": 1100},
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--disable-dev-shm-usage",
+            ],
+        )
         try:
             for url in serve(env):
                 errors: list[str] = []
@@ -104,7 +115,8 @@ def test_the_page_in_a_browser_draws_the_graph_and_shows_a_clicked_feature(tmp_p
                 points = page.locator("[data-testid='stPlotlyChart'] .scatterlayer .trace:has(path.point) path.point")
                 assert points.count() > 10  # nodes drawn
                 feature_trace = page.locator("[data-testid='stPlotlyChart'] .scatterlayer .trace").nth(
-                    _feature_trace_index(page))
+                    _feature_trace_index(page)
+                )
                 feature_trace.locator("path.point").first.click(force=True)
                 page.get_by_text("Top activating contexts").wait_for(timeout=120_000)
                 wait_rendered(page, 120_000)
@@ -119,6 +131,7 @@ def test_the_page_in_a_browser_draws_the_graph_and_shows_a_clicked_feature(tmp_p
 
 def _feature_trace_index(page) -> int:
     """The index of the feature markers' trace among the chart's scatter traces (edges come first)."""
-    names = page.evaluate("() => document.querySelector(\"[data-testid='stPlotlyChart'] .js-plotly-plot\")"
-                          ".data.map(t => t.name || '')")
+    names = page.evaluate(
+        "() => document.querySelector(\"[data-testid='stPlotlyChart'] .js-plotly-plot\").data.map(t => t.name || '')"
+    )
     return names.index("feature")

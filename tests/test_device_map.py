@@ -19,10 +19,20 @@ from tests.conftest import VOCAB, hf_llama, hf_neox, word_tokenizer
 
 # The first block and the embedding in memory, the second block and the head on disk (Hugging Face's names).
 MAPS = {
-    "gpt_neox": {"gpt_neox.embed_in": "cpu", "gpt_neox.layers.0": "cpu", "gpt_neox.layers.1": "disk",
-                 "gpt_neox.final_layer_norm": "cpu", "lm_head": "disk"},
-    "llama": {"model.embed_tokens": "cpu", "model.layers.0": "cpu", "model.layers.1": "disk", "model.norm": "disk",
-              "lm_head": "cpu"},
+    "gpt_neox": {
+        "gpt_neox.embed_in": "cpu",
+        "gpt_neox.layers.0": "cpu",
+        "gpt_neox.layers.1": "disk",
+        "gpt_neox.final_layer_norm": "cpu",
+        "lm_head": "disk",
+    },
+    "llama": {
+        "model.embed_tokens": "cpu",
+        "model.layers.0": "cpu",
+        "model.layers.1": "disk",
+        "model.norm": "disk",
+        "lm_head": "cpu",
+    },
 }
 WEIGHTS = ("W_E", "W_U", "b_U", "W_Q", "W_K", "W_V", "W_O", "W_in", "W_out")
 
@@ -58,8 +68,9 @@ def test_an_offloaded_model_computes_what_the_whole_one_does(folder, tmp_path, t
     assert torch.equal(logits, reference_logits) and cache.keys() == reference.keys()
     for name in reference.keys():
         assert torch.equal(cache[name], reference[name]), name
-    assert torch.equal(generate(spread, tokens[:, :4], 8, temperature=0),
-                       generate(whole, tokens[:, :4], 8, temperature=0))
+    assert torch.equal(
+        generate(spread, tokens[:, :4], 8, temperature=0), generate(whole, tokens[:, :4], 8, temperature=0)
+    )
 
 
 def test_a_hook_on_an_offloaded_block_reads_and_patches(folder, tmp_path, tokens):
@@ -70,8 +81,13 @@ def test_a_hook_on_an_offloaded_block_reads_and_patches(folder, tmp_path, tokens
         seen[hook.name] = x.clone()
         return x * 0.5
 
-    hooks = [("blocks.1.attn.hook_pattern", lambda x, hook: None), ("blocks.1.hook_resid_mid"
-             if "blocks.1.hook_resid_mid" in whole.hook_dict else "blocks.1.hook_attn_out", halve)]
+    hooks = [
+        ("blocks.1.attn.hook_pattern", lambda x, hook: None),
+        (
+            "blocks.1.hook_resid_mid" if "blocks.1.hook_resid_mid" in whole.hook_dict else "blocks.1.hook_attn_out",
+            halve,
+        ),
+    ]
     with torch.no_grad():
         ours = spread.run_with_hooks(tokens, fwd_hooks=hooks)
         theirs = whole.run_with_hooks(tokens, fwd_hooks=hooks)
@@ -92,14 +108,20 @@ def test_analysis_functions_on_an_offloaded_model(folder, tmp_path, tokens):
     ours, theirs = direct_logit_attribution(spread, tokens[0], 7), direct_logit_attribution(whole, tokens[0], 7)
     assert ours.labels == theirs.labels and torch.allclose(ours.values, theirs.values, atol=1e-6)
     hook = "blocks.1.hook_resid_post"
-    assert torch.equal(collect_activations(spread, tokens, hook, progress=False)[hook],
-                       collect_activations(whole, tokens, hook, progress=False)[hook])
+    assert torch.equal(
+        collect_activations(spread, tokens, hook, progress=False)[hook],
+        collect_activations(whole, tokens, hook, progress=False)[hook],
+    )
     corrupted = tokens.flip(1)
-    assert torch.equal(patch_heads(spread, tokens, corrupted, answer=5, wrong=6).values,
-                       patch_heads(whole, tokens, corrupted, answer=5, wrong=6).values)
+    assert torch.equal(
+        patch_heads(spread, tokens, corrupted, answer=5, wrong=6).values,
+        patch_heads(whole, tokens, corrupted, answer=5, wrong=6).values,
+    )
     vector = torch.ones(spread.cfg.d_model)
-    assert torch.equal(generate_steered(spread, tokens[:, :4], hook, vector, 2.0, 6, temperature=0),
-                       generate_steered(whole, tokens[:, :4], hook, vector, 2.0, 6, temperature=0))
+    assert torch.equal(
+        generate_steered(spread, tokens[:, :4], hook, vector, 2.0, 6, temperature=0),
+        generate_steered(whole, tokens[:, :4], hook, vector, 2.0, 6, temperature=0),
+    )
     with torch.no_grad():
         assert torch.equal(to_hf(spread)(tokens).logits, to_hf(whole)(tokens).logits)
     _, cache = spread.run_with_cache(tokens)
@@ -172,8 +194,9 @@ def test_from_hf_of_an_offloaded_hugging_face_model(folder, tmp_path, tokens):
     from transformers import AutoModelForCausalLM
 
     path, model_type = folder
-    hf = AutoModelForCausalLM.from_pretrained(path, device_map=MAPS[model_type], offload_folder=str(tmp_path / "o"),
-                                              dtype=torch.float32)
+    hf = AutoModelForCausalLM.from_pretrained(
+        path, device_map=MAPS[model_type], offload_folder=str(tmp_path / "o"), dtype=torch.float32
+    )
     assert any(p.is_meta for p in hf.parameters())
     with torch.no_grad():
         assert torch.equal(from_hf(hf)(tokens), load_hf(path)(tokens))
@@ -190,18 +213,26 @@ def test_the_bridge_takes_a_device_map(folder, tmp_path, tokens):
     assert (cache["blocks.1.hook_resid_post"] - reference["blocks.1.hook_resid_post"]).abs().max() <= 1e-5
 
 
-@pytest.mark.parametrize("options, words", [
-    (dict(device="cpu", device_map="cpu"), "not both"),
-    (dict(device_map={"": "cpu", "model.layers.1": "disk"}), "offload_folder"),
-    (dict(device_map={"": "cpu", "model.embed_tokens": "disk"}, offload_folder="o"), "token embedding"),
-    (dict(device_map={"": "meta"}), "meta"),
-    (dict(device_map={"": "cpu", "model.layer.1": "disk"}), "model.layer.1"),
-    (dict(device_map={"": "cpu", "model.layers.0.self_attn": "cpu", "model.layers.0.mlp": "disk"},
-          offload_folder="o"), "whole"),
-    (dict(device_map={"": "cpu"}, max_memory={"cpu": 10**6}), "max_memory"),
-    (dict(device_map={"": "gpu"}), "'gpu'"),
-    (dict(dtype="float16"), "dtype"),
-])
+@pytest.mark.parametrize(
+    "options, words",
+    [
+        (dict(device="cpu", device_map="cpu"), "not both"),
+        (dict(device_map={"": "cpu", "model.layers.1": "disk"}), "offload_folder"),
+        (dict(device_map={"": "cpu", "model.embed_tokens": "disk"}, offload_folder="o"), "token embedding"),
+        (dict(device_map={"": "meta"}), "meta"),
+        (dict(device_map={"": "cpu", "model.layer.1": "disk"}), "model.layer.1"),
+        (
+            dict(
+                device_map={"": "cpu", "model.layers.0.self_attn": "cpu", "model.layers.0.mlp": "disk"},
+                offload_folder="o",
+            ),
+            "whole",
+        ),
+        (dict(device_map={"": "cpu"}, max_memory={"cpu": 10**6}), "max_memory"),
+        (dict(device_map={"": "gpu"}), "'gpu'"),
+        (dict(dtype="float16"), "dtype"),
+    ],
+)
 def test_device_map_mistakes_are_named(tmp_path, options, words):
     hf_llama().save_pretrained(tmp_path)
     with pytest.raises(ValueError, match=words):
@@ -217,8 +248,11 @@ def test_a_gpu_with_cpu_and_disk_offload(tmp_path, tokens):
     torch.backends.cuda.matmul.allow_tf32 = False  # float32 parity, not TF32 rounding
     try:
         whole = load_hf(tmp_path / "hf")
-        spread = load_hf(tmp_path / "hf", device_map={"": 0, "model.layers.1": "cpu", "lm_head": "disk"},
-                         offload_folder=tmp_path / "offload")
+        spread = load_hf(
+            tmp_path / "hf",
+            device_map={"": 0, "model.layers.1": "cpu", "lm_head": "disk"},
+            offload_folder=tmp_path / "offload",
+        )
         assert spread.W_E.device.type == "cuda" and spread.blocks[1].attn.W_Q.is_meta
         with torch.no_grad():
             assert (spread(tokens).cpu() - whole(tokens)).abs().max() <= 1e-4
@@ -226,7 +260,8 @@ def test_a_gpu_with_cpu_and_disk_offload(tmp_path, tokens):
             _, reference = whole.run_with_cache(tokens, names_filter="blocks.1.attn.hook_pattern")
         assert (cache["blocks.1.attn.hook_pattern"].cpu() - reference["blocks.1.attn.hook_pattern"]).abs().max() <= 1e-5
         assert torch.equal(spread.W_Q.cpu(), whole.W_Q)
-        assert torch.equal(generate(spread, tokens[:, :4], 8, temperature=0).cpu(),
-                           generate(whole, tokens[:, :4], 8, temperature=0))
+        assert torch.equal(
+            generate(spread, tokens[:, :4], 8, temperature=0).cpu(), generate(whole, tokens[:, :4], 8, temperature=0)
+        )
     finally:
         torch.backends.cuda.matmul.allow_tf32 = previous

@@ -7,12 +7,21 @@ import json
 import pytest
 import torch
 
-from lab.distributed import (PLAN_FILE, all_gather_json, all_gather_rows, claim_parts, plan_parts, rank_world,
-                             record_plan, share)
+from lab.distributed import (
+    PLAN_FILE,
+    all_gather_json,
+    all_gather_rows,
+    claim_parts,
+    plan_parts,
+    rank_world,
+    record_plan,
+    share,
+)
 
 
-@pytest.mark.parametrize("n, unit, most", [(0, 1, 256), (1, 4, 256), (50, 4, 256), (50, 4, 5), (1000, 1, 256),
-                                           (1000, 32, 7), (257, 1, 256)])
+@pytest.mark.parametrize(
+    "n, unit, most", [(0, 1, 256), (1, 4, 256), (50, 4, 256), (50, 4, 5), (1000, 1, 256), (1000, 32, 7), (257, 1, 256)]
+)
 def test_parts_cover_the_items_once_in_order_on_whole_units(n, unit, most):
     parts = plan_parts(n, unit=unit, most=most)
     assert [i for r in parts for i in r] == list(range(n))  # every item once, in order
@@ -43,7 +52,9 @@ def test_in_one_process_a_gather_returns_what_was_given():
     rows = torch.tensor([[1.0, float("nan")], [-0.0, 2.0]])
     assert torch.equal(all_gather_rows(rows).view(torch.int32), rows.view(torch.int32))  # the bits, NaN and -0.0
     assert all_gather_json({"a": [1, 2], "b": None}) == [{"a": [1, 2], "b": None}]
-    assert all_gather_json({1: "keys become strings, as JSON has them"}) == [{"1": "keys become strings, as JSON has them"}]
+    assert all_gather_json({1: "keys become strings, as JSON has them"}) == [
+        {"1": "keys become strings, as JSON has them"}
+    ]
 
 
 def test_a_plan_is_written_once_and_a_rerun_with_another_argument_names_it(tmp_path):

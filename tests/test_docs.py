@@ -18,8 +18,19 @@ from tests.conftest import run_bash
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 PAGES = sorted(DOCS.glob("*.md"))
-REQUIRED = ["quickstart", "model-and-hooks", "caching-and-memory", "probes", "patching-and-steering",
-            "experiments", "dashboard", "huggingface", "torchrun", "distributed", "ecosystem"]
+REQUIRED = [
+    "quickstart",
+    "model-and-hooks",
+    "caching-and-memory",
+    "probes",
+    "patching-and-steering",
+    "experiments",
+    "dashboard",
+    "huggingface",
+    "torchrun",
+    "distributed",
+    "ecosystem",
+]
 RUN_MARK = "<!-- run -->"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```\s*$", flags=re.S | re.M)
 
@@ -42,7 +53,12 @@ def blocks(page: Path) -> list[tuple[str, str, int]]:
 
 def test_the_guide_has_every_page_and_examples_to_run():
     assert sorted(REQUIRED) == sorted(p.stem for p in PAGES if p.stem in REQUIRED)
-    missing = [p.stem for p in PAGES if p.stem not in ("dashboard", "design", "reliability") and not any(lang == "python" for lang, _, _ in blocks(p))]
+    missing = [
+        p.stem
+        for p in PAGES
+        if p.stem not in ("dashboard", "design", "reliability")
+        and not any(lang == "python" for lang, _, _ in blocks(p))
+    ]
     assert not missing, f"pages without a runnable python example: {missing}"
     assert any(lang == "bash" and "torchrun" in code for lang, code, _ in blocks(DOCS / "torchrun.md"))
 
@@ -65,13 +81,19 @@ def cited_tests(text: str) -> list[tuple[str, str]]:
 @pytest.mark.parametrize("page", PAGES, ids=[p.stem for p in PAGES])
 def test_every_test_a_page_cites_exists(page):
     root = DOCS.parent
-    missing = [f"{file}::{name}" for file, name in cited_tests(page.read_text())
-               if not (root / file).is_file() or not re.search(rf"^def {name}\(", (root / file).read_text(), re.M)]
+    missing = [
+        f"{file}::{name}"
+        for file, name in cited_tests(page.read_text())
+        if not (root / file).is_file() or not re.search(rf"^def {name}\(", (root / file).read_text(), re.M)
+    ]
     assert not missing, f"{page.name} cites tests that do not exist: {missing}"
 
 
 def test_a_cited_test_that_does_not_exist_is_caught():
-    assert cited_tests("`tests/test_docs.py::a` and `::b`") == [("tests/test_docs.py", "a"), ("tests/test_docs.py", "b")]
+    assert cited_tests("`tests/test_docs.py::a` and `::b`") == [
+        ("tests/test_docs.py", "a"),
+        ("tests/test_docs.py", "b"),
+    ]
     assert not re.search(r"^def no_such_test\(", (DOCS.parent / "tests/test_docs.py").read_text(), re.M)
 
 
@@ -109,8 +131,9 @@ def ecosystem_rows() -> list[list[str]]:
 
 
 def pins(constraints: Path) -> dict[str, str]:
-    return dict(line.split("==") for line in constraints.read_text().splitlines()
-                if "==" in line and not line.startswith("#"))
+    return dict(
+        line.split("==") for line in constraints.read_text().splitlines() if "==" in line and not line.startswith("#")
+    )
 
 
 def test_the_ecosystem_table_names_installed_versions_and_real_tests():
@@ -123,8 +146,16 @@ def test_the_ecosystem_table_names_installed_versions_and_real_tests():
     main, sae = pins(root / "constraints.txt"), pins(root / "constraints-sae.txt")
     inseq, ct = pins(root / "constraints-inseq.txt"), pins(root / "constraints-ct.txt")
     rows = ecosystem_rows()
-    assert {row[0] for row in rows} == {"transformer-lens", "sae-lens", "nnsight", "tuned-lens", "captum", "inseq",
-                                        "circuitsvis", "circuit-tracer"}
+    assert {row[0] for row in rows} == {
+        "transformer-lens",
+        "sae-lens",
+        "nnsight",
+        "tuned-lens",
+        "captum",
+        "inseq",
+        "circuitsvis",
+        "circuit-tracer",
+    }
     for client, tested, _, tests in rows:
         versions = re.findall(r"(\d+\.\d+\.\d+)", tested)
         if client == "sae-lens":

@@ -13,8 +13,10 @@ from lab import HookedTransformer, ModelConfig
 from lab.analysis.lens import logit_lens
 from lab.hf import to_hf
 
-ARCHITECTURES = {"gpt2": dict(mlp="gelu_tanh"),
-                 "llama": dict(positions="rotary", norm="rmsnorm", mlp="swiglu", n_kv_heads=2, bias=False)}
+ARCHITECTURES = {
+    "gpt2": dict(mlp="gelu_tanh"),
+    "llama": dict(positions="rotary", norm="rmsnorm", mlp="swiglu", n_kv_heads=2, bias=False),
+}
 CHROMIUM = "/usr/bin/chromium"
 
 
@@ -22,8 +24,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny(kind: str = "gpt2") -> HookedTransformer:
-    model = HookedTransformer(ModelConfig(d_vocab=64, d_model=32, n_layers=3, n_heads=4, n_ctx=32,
-                                          **ARCHITECTURES[kind]), seed=0).eval()
+    model = HookedTransformer(
+        ModelConfig(d_vocab=64, d_model=32, n_layers=3, n_heads=4, n_ctx=32, **ARCHITECTURES[kind]), seed=0
+    ).eval()
     with torch.no_grad():  # a learned-looking final norm, so that no lens is the identity map
         model.ln_final.w.normal_(1.0, 0.2, generator=torch.Generator().manual_seed(1))
     return model
@@ -114,10 +117,12 @@ def test_a_tuned_lens_trains_on_the_exported_model(tuned_lens_without_its_probe)
     losses = []
     for step in range(20):
         with torch.no_grad():
-            out = hf(data[(step % 4) * 8:(step % 4 + 1) * 8], output_hidden_states=True)
+            out = hf(data[(step % 4) * 8 : (step % 4 + 1) * 8], output_hidden_states=True)
             target = out.logits.log_softmax(-1)
-        loss = sum(torch.sum(target.exp() * (target - lens(h, l).log_softmax(-1)), -1).mean()  # KL(final ‖ lens_l)
-                   for l, h in enumerate(out.hidden_states[:-1]))
+        loss = sum(
+            torch.sum(target.exp() * (target - lens(h, l).log_softmax(-1)), -1).mean()  # KL(final ‖ lens_l)
+            for l, h in enumerate(out.hidden_states[:-1])
+        )
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -126,8 +131,14 @@ def test_a_tuned_lens_trains_on_the_exported_model(tuned_lens_without_its_probe)
 
 
 # --- CircuitsVis --------------------------------------------------------------------------------
-LOADS_FROM_NETWORK = [r"<script[^>]*\ssrc\s*=", r"<link[^>]*\shref\s*=\s*[\"']?https?:", r"\bfrom\s*[\"']https?:",
-                      r"\bimport\s*\(\s*[\"']https?:", r"url\(\s*[\"']?https?:", r"unpkg\.com|jsdelivr|cdnjs"]
+LOADS_FROM_NETWORK = [
+    r"<script[^>]*\ssrc\s*=",
+    r"<link[^>]*\shref\s*=\s*[\"']?https?:",
+    r"\bfrom\s*[\"']https?:",
+    r"\bimport\s*\(\s*[\"']https?:",
+    r"url\(\s*[\"']?https?:",
+    r"unpkg\.com|jsdelivr|cdnjs",
+]
 
 
 def attention_page(model: HookedTransformer) -> str:
@@ -135,8 +146,9 @@ def attention_page(model: HookedTransformer) -> str:
     import circuitsvis as cv
 
     _, cache = model.run_with_cache(TOKENS[:1], names_filter="blocks.0.attn.hook_pattern")
-    html = cv.attention.attention_patterns(tokens=[f"t{int(t)}" for t in TOKENS[0]],
-                                           attention=cache["blocks.0.attn.hook_pattern"][0])
+    html = cv.attention.attention_patterns(
+        tokens=[f"t{int(t)}" for t in TOKENS[0]], attention=cache["blocks.0.attn.hook_pattern"][0]
+    )
     return f"<!doctype html><html><head><meta charset='utf-8'></head><body>{html.local_src}</body></html>"
 
 
@@ -161,12 +173,19 @@ def test_circuitsvis_html_renders_with_the_network_blocked(tmp_path):
     path.write_text(attention_page(tiny()))
     remote, errors = [], []
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                    args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"]
+        )
         try:
             page = browser.new_page()
-            page.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file:")
-                       else (remote.append(route.request.url), route.abort()))
+            page.route(
+                "**/*",
+                lambda route: (
+                    route.continue_()
+                    if route.request.url.startswith("file:")
+                    else (remote.append(route.request.url), route.abort())
+                ),
+            )
             page.on("pageerror", lambda err: errors.append(str(err)))
             page.goto(path.as_uri())
             page.wait_for_function("document.querySelectorAll('[id^=circuits-vis] *').length > 20", timeout=30_000)

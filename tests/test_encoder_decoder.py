@@ -22,8 +22,15 @@ SRC_VOCAB, TGT_VOCAB, D_MODEL, N_CTX = 30, 20, 32, 32
 
 
 def tiny(**changes) -> EncoderDecoder:
-    base = dict(d_vocab_src=SRC_VOCAB, d_vocab_tgt=TGT_VOCAB, d_model=D_MODEL, n_heads=4, n_encoder_layers=2,
-                n_decoder_layers=2, n_ctx=N_CTX)
+    base = dict(
+        d_vocab_src=SRC_VOCAB,
+        d_vocab_tgt=TGT_VOCAB,
+        d_model=D_MODEL,
+        n_heads=4,
+        n_encoder_layers=2,
+        n_decoder_layers=2,
+        n_ctx=N_CTX,
+    )
     return EncoderDecoder(EncoderDecoderConfig(**(base | changes)), seed=1).eval()
 
 
@@ -42,8 +49,16 @@ def tgt() -> torch.Tensor:
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post_ln", "pre_ln"])
 def test_matches_torch_transformer_on_identical_weights(norm_first, src, tgt):
     torch.manual_seed(0)
-    reference = nn.Transformer(d_model=D_MODEL, nhead=4, num_encoder_layers=2, num_decoder_layers=2,
-                               dim_feedforward=64, dropout=0.0, batch_first=True, norm_first=norm_first).eval()
+    reference = nn.Transformer(
+        d_model=D_MODEL,
+        nhead=4,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+        dim_feedforward=64,
+        dropout=0.0,
+        batch_first=True,
+        norm_first=norm_first,
+    ).eval()
     src_embed, tgt_embed = nn.Embedding(SRC_VOCAB, D_MODEL), nn.Embedding(TGT_VOCAB, D_MODEL)
     out_proj = nn.Linear(D_MODEL, TGT_VOCAB)
     with torch.no_grad():  # fresh LayerNorms are the identity: randomise them so a misplaced one cannot hide
@@ -55,8 +70,14 @@ def test_matches_torch_transformer_on_identical_weights(norm_first, src, tgt):
     pe = sinusoidal_table(N_CTX, D_MODEL)
     S, T = src.shape[1], tgt.shape[1]
     with torch.no_grad():
-        expected = out_proj(reference(src_embed(src) + pe[:S], tgt_embed(tgt) + pe[:T],
-                                      tgt_mask=nn.Transformer.generate_square_subsequent_mask(T), tgt_is_causal=True))
+        expected = out_proj(
+            reference(
+                src_embed(src) + pe[:S],
+                tgt_embed(tgt) + pe[:T],
+                tgt_mask=nn.Transformer.generate_square_subsequent_mask(T),
+                tgt_is_causal=True,
+            )
+        )
         fused = model(src, tgt)
         _, cache = model.run_with_cache(src, tgt)  # asks for every pattern: the explicit attention path
     torch.testing.assert_close(fused, expected, atol=1e-5, rtol=0)
@@ -84,8 +105,9 @@ def test_the_encoder_sees_every_source_token(src, tgt):
     changed[:, -1] = (changed[:, -1] + 1) % SRC_VOCAB
     with torch.no_grad():
         first_before, first_after = model.encode(src)[:, 0], model.encode(changed)[:, 0]
-        _, cache = model.run_with_cache(src, tgt, names_filter=["encoder.0.attn.hook_pattern",
-                                                                "decoder.0.cross_attn.hook_pattern"])
+        _, cache = model.run_with_cache(
+            src, tgt, names_filter=["encoder.0.attn.hook_pattern", "decoder.0.cross_attn.hook_pattern"]
+        )
     assert (first_after - first_before).abs().max() > 1e-4  # position 0 reads the last source token
     assert cache["encoder.0.attn.hook_pattern"].shape == (3, 4, 9, 9)
     assert cache["encoder.0.attn.hook_pattern"].min() > 0  # no mask: every key has weight
@@ -96,9 +118,15 @@ def test_fused_and_explicit_attention_agree_in_every_stack(src, tgt):
     model = tiny(block="pre_ln")
     with torch.no_grad():
         fused = model(src, tgt)
-        explicit = model.run_with_hooks(src, tgt, fwd_hooks=[
-            (f"{stack}.{l}.{attn}.hook_pattern", lambda pattern, hook: None)
-            for stack, attn in (("encoder", "attn"), ("decoder", "attn"), ("decoder", "cross_attn")) for l in range(2)])
+        explicit = model.run_with_hooks(
+            src,
+            tgt,
+            fwd_hooks=[
+                (f"{stack}.{l}.{attn}.hook_pattern", lambda pattern, hook: None)
+                for stack, attn in (("encoder", "attn"), ("decoder", "attn"), ("decoder", "cross_attn"))
+                for l in range(2)
+            ],
+        )
     torch.testing.assert_close(explicit, fused, atol=1e-5, rtol=0)
 
 
@@ -147,8 +175,9 @@ def test_generate_is_the_written_out_decoding_loop(src, use_kv_cache, temperatur
     """EncoderDecoder.generate draws exactly the tokens of the loop written out above (same seed, same tokens)."""
     model = tiny()
     expected = _reference_generate(model, src, 10, 2, eos, use_kv_cache, temperature, seed)
-    out = model.generate(src, 10, bos_token_id=2, eos_token_id=eos, use_kv_cache=use_kv_cache,
-                         temperature=temperature, seed=seed)
+    out = model.generate(
+        src, 10, bos_token_id=2, eos_token_id=eos, use_kv_cache=use_kv_cache, temperature=temperature, seed=seed
+    )
     assert torch.equal(out, expected)
     if eos is None:
         assert out.shape == (3, 11)
@@ -170,11 +199,25 @@ def test_generate_stops_at_eos_and_checks_its_inputs(src):
 # --- hooks and checkpoints -----------------------------------------------------------------------
 def test_hook_names_and_scoped_hooks(src, tgt):
     model = tiny()
-    for name in ("hook_src_embed", "hook_src_pos_embed", "encoder.0.attn.hook_pattern", "encoder.1.hook_resid_post",
-                 "encoder.0.hook_resid_mid", "encoder_ln_final.hook_normalized", "hook_encoder_out", "hook_tgt_embed",
-                 "decoder.0.attn.hook_pattern", "decoder.1.cross_attn.hook_pattern", "decoder.0.hook_resid_mid",
-                 "decoder.0.hook_cross_attn_out", "decoder.0.hook_resid_mid_cross", "decoder.1.hook_resid_post",
-                 "decoder.0.ln_cross.hook_normalized", "decoder_ln_final.hook_scale", "unembed.hook_out"):
+    for name in (
+        "hook_src_embed",
+        "hook_src_pos_embed",
+        "encoder.0.attn.hook_pattern",
+        "encoder.1.hook_resid_post",
+        "encoder.0.hook_resid_mid",
+        "encoder_ln_final.hook_normalized",
+        "hook_encoder_out",
+        "hook_tgt_embed",
+        "decoder.0.attn.hook_pattern",
+        "decoder.1.cross_attn.hook_pattern",
+        "decoder.0.hook_resid_mid",
+        "decoder.0.hook_cross_attn_out",
+        "decoder.0.hook_resid_mid_cross",
+        "decoder.1.hook_resid_post",
+        "decoder.0.ln_cross.hook_normalized",
+        "decoder_ln_final.hook_scale",
+        "unembed.hook_out",
+    ):
         assert name in model.hook_dict, name
     with torch.no_grad():
         plain = model(src, tgt)
@@ -207,20 +250,42 @@ def test_save_load_round_trip_and_strict_config(tmp_path, src, tgt):
     with pytest.raises(ValueError, match="malformed config"):  # not a decoder-only folder, and says so
         HookedTransformer.load(tmp_path / "m")
     with pytest.raises(ValueError, match="positions must be one of"):
-        EncoderDecoderConfig(d_vocab_src=5, d_vocab_tgt=5, d_model=8, n_heads=2, n_encoder_layers=1,
-                             n_decoder_layers=1, n_ctx=8, positions="rotary")
+        EncoderDecoderConfig(
+            d_vocab_src=5,
+            d_vocab_tgt=5,
+            d_model=8,
+            n_heads=2,
+            n_encoder_layers=1,
+            n_decoder_layers=1,
+            n_ctx=8,
+            positions="rotary",
+        )
     with pytest.raises(ValueError, match="not divisible"):
-        EncoderDecoderConfig(d_vocab_src=5, d_vocab_tgt=5, d_model=10, n_heads=4, n_encoder_layers=1,
-                             n_decoder_layers=1, n_ctx=8)
+        EncoderDecoderConfig(
+            d_vocab_src=5, d_vocab_tgt=5, d_model=10, n_heads=4, n_encoder_layers=1, n_decoder_layers=1, n_ctx=8
+        )
 
 
 # --- the dates world and its zoo recipe ----------------------------------------------------------
 def test_dates_are_written_as_people_say_them():
     assert [ordinal(n) for n in (1, 2, 3, 12, 20, 21, 30, 31)] == [
-        "first", "second", "third", "twelfth", "twentieth", "twenty first", "thirtieth", "thirty first"]
+        "first",
+        "second",
+        "third",
+        "twelfth",
+        "twentieth",
+        "twenty first",
+        "thirtieth",
+        "thirty first",
+    ]
     assert [year_words(y) for y in (1900, 1907, 1984, 2000, 2005, 2042)] == [
-        "nineteen hundred", "nineteen oh seven", "nineteen eighty four", "two thousand", "two thousand and five",
-        "two thousand and forty two"]
+        "nineteen hundred",
+        "nineteen oh seven",
+        "nineteen eighty four",
+        "two thousand",
+        "two thousand and five",
+        "two thousand and forty two",
+    ]
     assert date_words(datetime.date(2005, 3, 3), 0) == "the third of march two thousand and five"
 
 
@@ -257,7 +322,7 @@ def test_quick_dates_recipe_learns_to_translate_unseen_days(tmp_path, monkeypatc
     total = 0.0
     for t in range(len(texts[0])):
         prefixes = Counter(x[:t] for x in texts)
-        total -= sum(n * math.log(n / prefixes[x[:t]]) for x, n in Counter(x[:t + 1] for x in texts).items())
+        total -= sum(n * math.log(n / prefixes[x[:t]]) for x, n in Counter(x[: t + 1] for x in texts).items())
     assert card["source_blind_nats_per_char"] == pytest.approx(total / len(texts) / len(texts[0]), rel=1e-12)
     metrics = (directory / "train" / "metrics.jsonl").read_text().splitlines()
     losses = [json.loads(line)["train_loss_nats"] for line in metrics]
@@ -271,14 +336,23 @@ def test_the_training_loop_trains_and_resumes_an_encoder_decoder_to_the_bit(tmp_
     data = PairBatches(world.train, world.held_out)
     batch = data.get_batch("train", 0, 8, 16, seed=0)
     assert batch.source.shape[0] == 8 and torch.equal(batch.targets, batch.tokens[:, 1:])
-    cfg = TrainConfig(steps=8, batch_size=8, seq_len=16, lr=3e-3, min_lr=3e-4, warmup_steps=2, eval_interval=4,
-                      eval_batches=1)
+    cfg = TrainConfig(
+        steps=8, batch_size=8, seq_len=16, lr=3e-3, min_lr=3e-4, warmup_steps=2, eval_interval=4, eval_batches=1
+    )
 
     def fresh(seed: int = 0) -> EncoderDecoder:
-        return EncoderDecoder(EncoderDecoderConfig(d_vocab_src=world.src_tokenizer.get_vocab_size(),
-                                                   d_vocab_tgt=world.tgt_tokenizer.get_vocab_size(), d_model=16,
-                                                   n_heads=2, n_encoder_layers=1, n_decoder_layers=1, n_ctx=16),
-                              seed=seed)
+        return EncoderDecoder(
+            EncoderDecoderConfig(
+                d_vocab_src=world.src_tokenizer.get_vocab_size(),
+                d_vocab_tgt=world.tgt_tokenizer.get_vocab_size(),
+                d_model=16,
+                n_heads=2,
+                n_encoder_layers=1,
+                n_decoder_layers=1,
+                n_ctx=16,
+            ),
+            seed=seed,
+        )
 
     # The loop's loss on a batch is the model's own mean teacher-forced loss.
     model = fresh()
@@ -291,8 +365,9 @@ def test_the_training_loop_trains_and_resumes_an_encoder_decoder_to_the_bit(tmp_
     resumed_model = fresh(seed=5)  # a different init: the weights must come from the checkpoint
     resumed = train(resumed_model, cfg, data, tmp_path / "resumed", resume=True, progress=False)
     assert all(torch.equal(a, b) for a, b in zip(resumed_model.state_dict().values(), model.state_dict().values()))
-    assert ([{k: v for k, v in r.items() if k != "elapsed_s"} for r in resumed.history]
-            == [{k: v for k, v in r.items() if k != "elapsed_s"} for r in straight.history])
+    assert [{k: v for k, v in r.items() if k != "elapsed_s"} for r in resumed.history] == [
+        {k: v for k, v in r.items() if k != "elapsed_s"} for r in straight.history
+    ]
     assert EncoderDecoder.load(tmp_path / "resumed" / "checkpoint").cfg == model.cfg
     with pytest.raises(ValueError, match="longer than seq_len = 8"):
         train(fresh(), cfg.replace(seq_len=8), data, progress=False)
@@ -306,9 +381,15 @@ def test_explorer_shows_cross_attention_for_an_encoder_decoder(tmp_path, monkeyp
         (tmp_path / name).mkdir()
         shutil.copy(zoo.DEFAULT_ZOO_DIR / name / "model.toml", tmp_path / name / "model.toml")
     world = dates_world(20, 5)
-    cfg = EncoderDecoderConfig(d_vocab_src=world.src_tokenizer.get_vocab_size(),
-                               d_vocab_tgt=world.tgt_tokenizer.get_vocab_size(), d_model=16, n_heads=2,
-                               n_encoder_layers=1, n_decoder_layers=2, n_ctx=16)
+    cfg = EncoderDecoderConfig(
+        d_vocab_src=world.src_tokenizer.get_vocab_size(),
+        d_vocab_tgt=world.tgt_tokenizer.get_vocab_size(),
+        d_model=16,
+        n_heads=2,
+        n_encoder_layers=1,
+        n_decoder_layers=2,
+        n_ctx=16,
+    )
     EncoderDecoder(cfg, src_tokenizer=world.src_tokenizer, tgt_tokenizer=world.tgt_tokenizer).save(tmp_path / "dates")
     monkeypatch.setenv("FORMA_ZOO_DIR", str(tmp_path))
     at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "dashboards" / "explorer.py"), default_timeout=60)

@@ -14,18 +14,27 @@ from lab.generate import filter_logits, sample_next
 from lab.model.components import Attention, sinusoidal_table
 
 REQUIRED = {
-    "sinusoidal_shift_is_rotation", "sinusoidal_wavelengths",  # 1
+    "sinusoidal_shift_is_rotation",
+    "sinusoidal_wavelengths",  # 1
     "rotary_relative_position",  # 2
-    "dot_product_variance", "attention_scaling", "softmax_saturation",  # 3
-    "causal_mask", "reversed_mask_hides_past",  # 4
+    "dot_product_variance",
+    "attention_scaling",
+    "softmax_saturation",  # 3
+    "causal_mask",
+    "reversed_mask_hides_past",  # 4
     "cross_entropy_gradient",  # 5
-    "affine_collapse", "nonlinearity_breaks_collapse",  # 6
+    "affine_collapse",
+    "nonlinearity_breaks_collapse",  # 6
     "universal_approximation",  # 7
-    "parameter_count_exact", "parameter_count_approximation", "llama_7b_parameters",  # 8
+    "parameter_count_exact",
+    "parameter_count_approximation",
+    "llama_7b_parameters",  # 8
     "temperature_limits",  # 9
     "nucleus_smallest_set",  # 10
-    "kv_cache_same_tokens", "kv_cache_cost",  # 11
-    "perplexity", "kl_identity",  # 12
+    "kv_cache_same_tokens",
+    "kv_cache_cost",  # 11
+    "perplexity",
+    "kl_identity",  # 12
 }
 
 
@@ -143,7 +152,7 @@ def test_the_gradient_check_fails_for_a_wrong_formula():
 
 def test_the_position_checks_fail_for_wrong_frequencies_or_no_rotation():
     def half_frequencies(n_ctx: int, d_model: int) -> Tensor:
-        return sinusoidal_table(n_ctx, d_model, base=10000.0 ** 2)  # ω_i = 10000^(−4i/d)
+        return sinusoidal_table(n_ctx, d_model, base=10000.0**2)  # ω_i = 10000^(−4i/d)
 
     assert not equations.check_sinusoidal_shift(half_frequencies, n_ctx=256).passed
     assert not equations.check_sinusoidal_wavelengths(half_frequencies).passed

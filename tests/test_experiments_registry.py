@@ -44,8 +44,10 @@ def test_the_experiments_page_states_the_contract_the_registry_holds(tmp_path, m
     text = (REPO / "docs" / "experiments.md").read_text()
     assert all(f"`{name}`" in text for name in experiments.experiment_names())
     assert "`experiments.REGISTRY`" in text and "`dashboards/NAME.py`" in text
-    (tmp_path / "toy.py").write_text("import dataclasses\n\n@dataclasses.dataclass\nclass Config:\n"
-                                     "    seed: int = 0\n\ndef run(cfg, out):\n    return {}\n")
+    (tmp_path / "toy.py").write_text(
+        "import dataclasses\n\n@dataclasses.dataclass\nclass Config:\n"
+        "    seed: int = 0\n\ndef run(cfg, out):\n    return {}\n"
+    )
     monkeypatch.setattr(experiments, "__path__", [*experiments.__path__, str(tmp_path)])
     with pytest.raises(ValueError, match="unknown experiment 'toy'"):
         experiments.load("toy")
@@ -56,8 +58,9 @@ def test_the_experiments_page_states_the_contract_the_registry_holds(tmp_path, m
 def test_the_dashboard_shows_a_page_per_registered_experiment_in_the_registrys_order():
     listed = [name for name, _ in pages()]
     assert [n for n in listed if n in experiments.experiment_names()] == experiments.experiment_names()
-    assert {title for name, title in pages() if name in experiments.experiment_names()} == \
-        {e.nav for e in experiments.REGISTRY}
+    assert {title for name, title in pages() if name in experiments.experiment_names()} == {
+        e.nav for e in experiments.REGISTRY
+    }
     assert all(page_file(name).is_file() for name in listed)
     assert "from dashboards.pages import" in (REPO / "dashboards" / "app.py").read_text()
 

@@ -10,9 +10,16 @@ from lab.data.facts import SPECIAL_TOKENS, Fact, FactWorld, FactWorldConfig
 
 @pytest.fixture(scope="module")
 def small_cfg() -> FactWorldConfig:
-    return FactWorldConfig(n_first_names=20, n_last_names=25, n_persons=120,
-                           attributes=("birthday", "city", "color"), pareto_gamma=1.2, n_train=400,
-                           seed=7, n_values=30)
+    return FactWorldConfig(
+        n_first_names=20,
+        n_last_names=25,
+        n_persons=120,
+        attributes=("birthday", "city", "color"),
+        pareto_gamma=1.2,
+        n_train=400,
+        seed=7,
+        n_values=30,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +69,9 @@ def test_missing_mass_is_one_minus_seen_mass(world: FactWorld) -> None:
 
 
 def test_monofact_rate_estimates_missing_mass_good_turing() -> None:
-    cfg = FactWorldConfig(n_first_names=150, n_last_names=150, n_persons=20_000, pareto_gamma=1.5,
-                          n_train=20_000, seed=1)
+    cfg = FactWorldConfig(
+        n_first_names=150, n_last_names=150, n_persons=20_000, pareto_gamma=1.5, n_train=20_000, seed=1
+    )
     big = FactWorld(cfg)
     assert 0.05 < big.monofact_rate() < 0.95  # a regime where the estimate is informative
     assert big.monofact_rate() == pytest.approx(big.true_missing_mass(), abs=0.02)
@@ -98,8 +106,7 @@ def test_is_true_judges_against_the_world(world: FactWorld) -> None:
     wrong = next(v for v in world.value_spaces[fact.attribute] if v != fact.value)
     assert not world.is_true(fact.person_index, fact.attribute, wrong)
     assert world.classify_bare(world.render(fact)) == "fact"
-    assert world.classify_bare(world.render(Fact(fact.person_index, fact.attribute, wrong))) == \
-        "hallucination"
+    assert world.classify_bare(world.render(Fact(fact.person_index, fact.attribute, wrong))) == "hallucination"
     assert world.classify_bare("Nobody Atall birthday May 3 .") == "malformed"
     assert world.classify_bare(f"{person.name} birthday Smarch 40 .") == "malformed"
 
@@ -163,18 +170,21 @@ def test_config_round_trips(small_cfg: FactWorldConfig) -> None:
         FactWorldConfig.from_dict({**small_cfg.to_dict(), "gamma": 1.0})
 
 
-@pytest.mark.parametrize("changes,field", [
-    ({"pareto_gamma": 0.0}, "pareto_gamma"),
-    ({"pareto_gamma": -1.0}, "pareto_gamma"),
-    ({"n_persons": 26, "n_first_names": 5, "n_last_names": 5}, "n_persons"),
-    ({"n_train": 0}, "n_train"),
-    ({"n_first_names": 0}, "n_first_names"),
-    ({"attributes": ()}, "attributes"),
-    ({"attributes": ("birthday", "birthday")}, "attributes"),
-    ({"attributes": ("Birth Day",)}, "attributes"),
-    ({"seed": -1}, "seed"),
-    ({"n_values": 1}, "n_values"),
-])
+@pytest.mark.parametrize(
+    "changes,field",
+    [
+        ({"pareto_gamma": 0.0}, "pareto_gamma"),
+        ({"pareto_gamma": -1.0}, "pareto_gamma"),
+        ({"n_persons": 26, "n_first_names": 5, "n_last_names": 5}, "n_persons"),
+        ({"n_train": 0}, "n_train"),
+        ({"n_first_names": 0}, "n_first_names"),
+        ({"attributes": ()}, "attributes"),
+        ({"attributes": ("birthday", "birthday")}, "attributes"),
+        ({"attributes": ("Birth Day",)}, "attributes"),
+        ({"seed": -1}, "seed"),
+        ({"n_values": 1}, "n_values"),
+    ],
+)
 def test_invalid_config_names_the_field(changes: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field):
         FactWorldConfig(**changes)
@@ -185,8 +195,7 @@ def test_too_many_names_for_faker_pool_is_an_error() -> None:
         FactWorld(FactWorldConfig(n_first_names=5000, n_last_names=2, n_persons=10))
 
 
-def test_heldout_draws_are_fresh_iid_draws_not_training_examples(small_cfg: FactWorldConfig,
-                                                                 world: FactWorld) -> None:
+def test_heldout_draws_are_fresh_iid_draws_not_training_examples(small_cfg: FactWorldConfig, world: FactWorld) -> None:
     held = world.heldout_fact_indices(400)
     assert held.shape == (400,) and held.min() >= 0 and held.max() < len(world.facts)
     np.testing.assert_array_equal(held, FactWorld(small_cfg).heldout_fact_indices(400))  # deterministic
@@ -208,8 +217,9 @@ def test_heldout_draws_are_fresh_iid_draws_not_training_examples(small_cfg: Fact
 
 
 def test_a_cloze_is_its_statement_cut_before_the_value_with_the_name_where_it_says() -> None:
-    world = FactWorld(FactWorldConfig(n_first_names=10, n_last_names=10, n_persons=20, attributes=("city", "team"),
-                                      n_train=50))
+    world = FactWorld(
+        FactWorldConfig(n_first_names=10, n_last_names=10, n_persons=20, attributes=("city", "team"), n_train=50)
+    )
     for fact in world.facts:
         for template in range(3):
             cloze = world.cloze(fact, template)

@@ -71,13 +71,13 @@ def mutate_bytes(data: bytes, rng: random.Random) -> bytes:
         return data[:at]
     if kind == "flip" and data:
         at = min(at, len(data) - 1)
-        return data[:at] + bytes([data[at] ^ (1 << rng.randrange(8))]) + data[at + 1:]
+        return data[:at] + bytes([data[at] ^ (1 << rng.randrange(8))]) + data[at + 1 :]
     if kind == "insert":
         return data[:at] + bytes(rng.randrange(256) for _ in range(span)) + data[at:]
     if kind == "delete":
-        return data[:at] + data[at + span:]
+        return data[:at] + data[at + span :]
     if kind == "repeat":
-        return data[:at + span] + data[at:]
+        return data[: at + span] + data[at:]
     if kind == "bom":
         return BOM + data
     if kind == "empty":
@@ -87,8 +87,32 @@ def mutate_bytes(data: bytes, rng: random.Random) -> bytes:
 
 def odd_value(rng: random.Random) -> Any:
     """A JSON value of some type, as a careless edit or a hostile file might put it."""
-    return rng.choice([None, True, False, 0, -1, 1, 2**70, 1.5, -0.0, 1e308, math.nan, math.inf, "", "x",
-                       "../../etc/passwd", "a" * 5000, [], {}, [1, 2], {"k": "v"}, [[[[[[1]]]]]], "\u202e\n<b>"])
+    return rng.choice(
+        [
+            None,
+            True,
+            False,
+            0,
+            -1,
+            1,
+            2**70,
+            1.5,
+            -0.0,
+            1e308,
+            math.nan,
+            math.inf,
+            "",
+            "x",
+            "../../etc/passwd",
+            "a" * 5000,
+            [],
+            {},
+            [1, 2],
+            {"k": "v"},
+            [[[[[[1]]]]]],
+            "\u202e\n<b>",
+        ]
+    )
 
 
 def paths(value: Any, prefix: tuple = ()) -> list[tuple]:
@@ -161,8 +185,9 @@ class Tally:
     def __init__(self):
         self.counts: dict[str, dict[str, int]] = {}
 
-    def check(self, loader: str, case: int, folder: Path, load: Callable[[], Any],
-              expected: Callable[[Any], None]) -> None:
+    def check(
+        self, loader: str, case: int, folder: Path, load: Callable[[], Any], expected: Callable[[Any], None]
+    ) -> None:
         """load() either refuses in one line naming `folder`, or returns what expected() accepts."""
         counts = self.counts.setdefault(loader, {"loaded": 0, "refused": 0})
         label = f"{loader} case {case}"
@@ -227,8 +252,9 @@ def test_figures(tmp_path, tally):
 
     from lab.runs import read_figures
 
-    original = json.loads(go.Figure(go.Scatter(x=[1, 2, 3], y=[4, 5, 6], name="kl"),
-                                    layout={"title": {"text": "KL"}}).to_json())
+    original = json.loads(
+        go.Figure(go.Scatter(x=[1, 2, 3], y=[4, 5, 6], name="kl"), layout={"title": {"text": "KL"}}).to_json()
+    )
     for case in range(CASES):
         rng = random.Random(f"figure-{case}")
         folder = tmp_path / str(case) / "run"
@@ -269,12 +295,13 @@ def mutate_csv(rows: list[list[str]], header: list[str], rng: random.Random) -> 
     row = rng.randrange(len(rows))
     if kind == "cell":
         column = rng.randrange(len(rows[row]))
-        rows[row][column] = rng.choice(["", " ", "x\ny", "\r\n", 'say "hi"', "a" * 140_000, "é", "\x00", "E",
-                                        " a ", "b"])
+        rows[row][column] = rng.choice(
+            ["", " ", "x\ny", "\r\n", 'say "hi"', "a" * 140_000, "é", "\x00", "E", " a ", "b"]
+        )
     elif kind == "width":
         rows[row] = rows[row] + ["extra"] if rng.random() < 0.5 else rows[row][:-1]
     elif kind == "few":
-        rows = rows[:rng.randrange(len(rows))]
+        rows = rows[: rng.randrange(len(rows))]
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\r\n" if kind == "crlf" else "\n")
     if rng.random() < 0.5:
@@ -352,8 +379,16 @@ def test_activation_set(tmp_path, tally):
     model = HookedTransformer(tiny_config(), seed=0).eval()
     data = torch.randint(0, 100, (12, 6), generator=torch.Generator().manual_seed(0))
     written = tmp_path / "written"
-    truth = save_activations(model, data, ["blocks.0.hook_resid_post", "blocks.1.attn.hook_pattern"], written,
-                             positions="all", batch_size=4, shard_mb=0.01, progress=False).load()
+    truth = save_activations(
+        model,
+        data,
+        ["blocks.0.hook_resid_post", "blocks.1.attn.hook_pattern"],
+        written,
+        positions="all",
+        batch_size=4,
+        shard_mb=0.01,
+        progress=False,
+    ).load()
     index = json.loads((written / "index.json").read_text())
     shards = [s["file"] for s in index["shards"]]
     assert len(shards) >= 3
@@ -373,7 +408,8 @@ def test_activation_set(tmp_path, tally):
         elif kind == "name":
             changed = copy.deepcopy(index)
             changed["shards"][rng.randrange(len(shards))]["file"] = rng.choice(
-                ["../written/" + shards[0], "/etc/hostname", shards[0], "index.json", ""])
+                ["../written/" + shards[0], "/etc/hostname", shards[0], "index.json", ""]
+            )
             (folder / "index.json").write_text(json.dumps(changed))
         else:
             replace_file(folder / rng.choice(["index.json", *shards]), folder, rng)
@@ -429,8 +465,13 @@ def test_forma_model_folder(tmp_path, tally):
             else:
                 assert model.tokenizer is None
 
-        tally.check("Forma model folder", case, folder,
-                    lambda folder=folder: HookedTransformer.from_pretrained(folder), expected)
+        tally.check(
+            "Forma model folder",
+            case,
+            folder,
+            lambda folder=folder: HookedTransformer.from_pretrained(folder),
+            expected,
+        )
     assert_counted(tally, "Forma model folder")
 
 
@@ -457,8 +498,20 @@ def test_hugging_face_model_folder(tmp_path, tally):
         elif kind == "tokenizer bytes":
             (folder / "tokenizer.json").write_bytes(mutate_bytes((folder / "tokenizer.json").read_bytes(), rng))
         else:
-            replace_file(folder / rng.choice(["config.json", "model.safetensors", "tokenizer.json",
-                                              "generation_config.json", "tokenizer_config.json"]), folder, rng)
+            replace_file(
+                folder
+                / rng.choice(
+                    [
+                        "config.json",
+                        "model.safetensors",
+                        "tokenizer.json",
+                        "generation_config.json",
+                        "tokenizer_config.json",
+                    ]
+                ),
+                folder,
+                rng,
+            )
 
         def expected(model, folder=folder):
             hf = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=False).eval()

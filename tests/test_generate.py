@@ -10,8 +10,11 @@ from lab.model import KVCache, KVCacheEntry
 from lab.model.errors import Misuse
 from tests.conftest import hf_gpt2, hf_llama, tiny_config, word_tokenizer
 
-VARIANTS = [dict(), dict(positions="rotary", mlp="swiglu", n_kv_heads=2, norm="rmsnorm", bias=False),
-            dict(positions="sinusoidal", block="post_ln")]
+VARIANTS = [
+    dict(),
+    dict(positions="rotary", mlp="swiglu", n_kv_heads=2, norm="rmsnorm", bias=False),
+    dict(positions="sinusoidal", block="post_ln"),
+]
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=["learned", "rotary-gqa", "sinusoidal-post-ln"])
@@ -41,8 +44,9 @@ def test_generation_works_for_models_from_hugging_face(make_hf):
     prompt = torch.randint(0, 100, (2, 4), generator=torch.Generator().manual_seed(0))
     ours = generate(model, prompt, 10, temperature=0)
     with torch.no_grad():
-        theirs = hf.generate(prompt, max_new_tokens=10, do_sample=False, attention_mask=torch.ones_like(prompt),
-                             pad_token_id=0)
+        theirs = hf.generate(
+            prompt, max_new_tokens=10, do_sample=False, attention_mask=torch.ones_like(prompt), pad_token_id=0
+        )
     assert torch.equal(ours, theirs)
 
 
@@ -142,12 +146,16 @@ def test_next_token_logits_are_the_last_position_of_forward_and_hooks_see_every_
         model.next_token_logits(tokens[:, :-3], cache)
         assert (model.next_token_logits(tokens[:, -3:], cache) - full[:, -1]).abs().max() <= 1e-5
         seen = {}
-        hooks = [(name, lambda x, hook: seen.__setitem__(hook.name, x.shape)) for name in
-                 ("ln_final.hook_normalized", "unembed.hook_out")]
+        hooks = [
+            (name, lambda x, hook: seen.__setitem__(hook.name, x.shape))
+            for name in ("ln_final.hook_normalized", "unembed.hook_out")
+        ]
         with model.hooks(fwd_hooks=hooks):
             hooked = model.next_token_logits(tokens)
-    assert seen == {"ln_final.hook_normalized": (*tokens.shape, model.cfg.d_model),
-                    "unembed.hook_out": (*tokens.shape, model.cfg.d_vocab)}
+    assert seen == {
+        "ln_final.hook_normalized": (*tokens.shape, model.cfg.d_model),
+        "unembed.hook_out": (*tokens.shape, model.cfg.d_vocab),
+    }
     assert (hooked - full[:, -1]).abs().max() <= 1e-5
 
 
@@ -199,11 +207,12 @@ def test_model_generate_pads_a_batch_of_texts_on_the_left_and_each_row_is_its_te
     batch = worded.generate(texts, 5, do_sample=False, stop_at_eos=False, return_type="tokens")
     for row, text in zip(batch, texts):
         alone = worded.generate(text, 5, do_sample=False, stop_at_eos=False, return_type="tokens")[0]
-        assert torch.equal(row[-alone.shape[0]:], alone)
+        assert torch.equal(row[-alone.shape[0] :], alone)
         assert set(row[: len(row) - alone.shape[0]].tolist()) <= {worded.pad_token_id()}
     for use_cache in (True, False):  # the padding masked with the KV cache and without it alike
-        again = worded.generate(texts, 5, do_sample=False, stop_at_eos=False, return_type="tokens",
-                                use_past_kv_cache=use_cache)
+        again = worded.generate(
+            texts, 5, do_sample=False, stop_at_eos=False, return_type="tokens", use_past_kv_cache=use_cache
+        )
         assert torch.equal(again, batch)
 
 
@@ -238,9 +247,10 @@ def test_model_generate_from_embeddings_continues_as_from_the_ids(worded):
     from_ids = worded.generate(prompt, 4, do_sample=False, stop_at_eos=False)
     embeds = worded.embed(prompt).detach()
     for use_cache in (True, False):
-        new = worded.generate(embeds, 4, do_sample=False, stop_at_eos=False, return_type="tokens",
-                              use_past_kv_cache=use_cache)
-        assert torch.equal(new, from_ids[:, prompt.shape[1]:])
+        new = worded.generate(
+            embeds, 4, do_sample=False, stop_at_eos=False, return_type="tokens", use_past_kv_cache=use_cache
+        )
+        assert torch.equal(new, from_ids[:, prompt.shape[1] :])
     out = worded.generate(embeds, 4, do_sample=False, stop_at_eos=False)
     assert out.shape == (1, prompt.shape[1] + 4, worded.cfg.d_model)
     with torch.inference_mode():

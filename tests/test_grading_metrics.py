@@ -88,7 +88,8 @@ def test_per_prompt_grades_are_lab_metrics_auroc_and_spearman():
     s = np.abs(scores)
     assert grades["auroc"].value.value == pytest.approx(np.mean([auroc(s[i], relevant[i]) for i in range(30)]))
     assert grades["rank_correlation"].value.value == pytest.approx(
-        np.mean([spearman(s[i].tolist(), effects[i].tolist()) for i in range(30)]))
+        np.mean([spearman(s[i].tolist(), effects[i].tolist()) for i in range(30)])
+    )
 
 
 def test_the_permuted_control_sits_on_chance_even_for_scores_on_few_positions():

@@ -24,7 +24,7 @@ def test_each_node_input_is_its_edges_plus_its_bias_and_the_replacement_gives_th
     logits = model(TOKENS[None])[0]
     torch.testing.assert_close(replacement_logits(model, tc, TOKENS), logits, atol=1e-5, rtol=1e-5)
     last = logits[-1]
-    torch.testing.assert_close(graph.inputs[-graph.n_logits:], last[graph.logit_tokens] - last.mean())
+    torch.testing.assert_close(graph.inputs[-graph.n_logits :], last[graph.logit_tokens] - last.mean())
 
 
 def test_an_edge_is_what_removing_its_source_does_with_every_other_source_held():

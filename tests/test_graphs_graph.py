@@ -57,7 +57,7 @@ def test_node_ids_follow_circuit_tracer(graph):
 
 def test_the_export_holds_circuit_tracers_fields(graph):
     pruned = prune(graph)
-    graph.supernodes = [{"name": "tokens", "nodes": graph.node_ids()[graph.token_index(0): graph.token_index(2)]}]
+    graph.supernodes = [{"name": "tokens", "nodes": graph.node_ids()[graph.token_index(0) : graph.token_index(2)]}]
     data = to_circuit_tracer(graph, pruned.node_mask, pruned.edge_mask, pruned.cumulative, slug="t", scan="forma")
     graph.supernodes = []
     assert set(data) == {"metadata", "qParams", "nodes", "links"}

@@ -16,9 +16,17 @@ def chain() -> Graph:
     A[1, 5] = 2.0  # token 1 → feature 1
     A[6, 0] = 1.0  # feature 0 → logit
     A[6, 1] = 4.0  # feature 1 → logit
-    return Graph(tokens=torch.tensor([7, 8]), features=torch.tensor([[0, 0, 3], [0, 1, 5]]),
-                 activations=torch.ones(2), logit_tokens=torch.tensor([9]), logit_probs=torch.tensor([1.0]),
-                 adjacency=A, inputs=torch.zeros(n), bias=torch.zeros(n), n_layers=1)
+    return Graph(
+        tokens=torch.tensor([7, 8]),
+        features=torch.tensor([[0, 0, 3], [0, 1, 5]]),
+        activations=torch.ones(2),
+        logit_tokens=torch.tensor([9]),
+        logit_probs=torch.tensor([1.0]),
+        adjacency=A,
+        inputs=torch.zeros(n),
+        bias=torch.zeros(n),
+        n_layers=1,
+    )
 
 
 def test_influence_is_the_path_share_into_the_logits():
@@ -59,15 +67,35 @@ def test_on_an_order_2_markov_world_the_influence_runs_through_the_last_two_toke
     from lab.train.batches import TokenStream
 
     source = MarkovSource(vocab_size=8, order=2, concentration=0.3, seed=0)
-    data = TokenStream(torch.from_numpy(source.sample(512, 64, seed=1)),
-                       torch.from_numpy(source.sample(32, 64, seed=2)))
+    data = TokenStream(
+        torch.from_numpy(source.sample(512, 64, seed=1)), torch.from_numpy(source.sample(32, 64, seed=2))
+    )
     model = HookedTransformer(ModelConfig(d_vocab=8, d_model=32, n_layers=2, n_heads=2, n_ctx=16, mlp="relu"), seed=0)
-    train(model, TrainConfig(steps=300, batch_size=32, seq_len=16, lr=1e-2, min_lr=1e-3, warmup_steps=20,
-                             eval_interval=100, eval_batches=2), data, progress=False)
+    train(
+        model,
+        TrainConfig(
+            steps=300,
+            batch_size=32,
+            seq_len=16,
+            lr=1e-2,
+            min_lr=1e-3,
+            warmup_steps=20,
+            eval_interval=100,
+            eval_batches=2,
+        ),
+        data,
+        progress=False,
+    )
     model.eval()
     cfg = TranscoderConfig(d_model=32, n_layers=2, d_features=128, activation="topk", k=8)
-    store = save_activations(model, torch.from_numpy(source.sample(128, 16, seed=3)).long(), cfg.hooks(),
-                             tmp_path / "h", positions="all", progress=False)
+    store = save_activations(
+        model,
+        torch.from_numpy(source.sample(128, 16, seed=3)).long(),
+        cfg.hooks(),
+        tmp_path / "h",
+        positions="all",
+        progress=False,
+    )
     transcoders = train_transcoders(store, cfg, TranscoderTraining(steps=300, batch_size=128, lr=3e-3), tmp_path / "t")
     shares = []
     for prompt in torch.from_numpy(source.sample(6, 12, seed=4)).long():

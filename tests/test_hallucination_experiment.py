@@ -13,8 +13,19 @@ from lab.metrics.hallucination import monofact_rate
 
 
 def _tiny(attribute: str = "birthday") -> exp.Config:
-    return exp.Config(quick=True, n_first_names=4, n_last_names=5, n_persons=8, n_train=50, batch_size=10,
-                      attribute=attribute, n_values=7, d_model=16, n_heads=2, n_layers=1)
+    return exp.Config(
+        quick=True,
+        n_first_names=4,
+        n_last_names=5,
+        n_persons=8,
+        n_train=50,
+        batch_size=10,
+        attribute=attribute,
+        n_values=7,
+        d_model=16,
+        n_heads=2,
+        n_layers=1,
+    )
 
 
 @pytest.mark.parametrize("attribute", ["birthday", "code"])
@@ -25,9 +36,20 @@ def test_enumeration_equals_brute_force_and_leaks_close_the_budget(attribute):
     enum = exp.enumerate_g(model, setting, firsts_per_chunk=3)  # chunks that do not divide the names
     n_first, n_last, n_values = setting.shape
     # Every well-formed document, scored by one plain forward pass each.
-    rows = torch.tensor([[setting.bos_id, int(setting.first_ids[i]), int(setting.last_ids[j]), setting.attribute_id,
-                          *setting.value_ids[v].tolist()]
-                         for i in range(n_first) for j in range(n_last) for v in range(n_values)])
+    rows = torch.tensor(
+        [
+            [
+                setting.bos_id,
+                int(setting.first_ids[i]),
+                int(setting.last_ids[j]),
+                setting.attribute_id,
+                *setting.value_ids[v].tolist(),
+            ]
+            for i in range(n_first)
+            for j in range(n_last)
+            for v in range(n_values)
+        ]
+    )
     with torch.inference_mode():
         log_p = model(rows).double().log_softmax(-1)[:, :-1].gather(-1, rows[:, 1:, None]).sum(dim=(1, 2))
     np.testing.assert_allclose(enum.log_g.reshape(-1), log_p.numpy(), rtol=0, atol=2e-5)
@@ -44,10 +66,23 @@ def test_quick_run_end_to_end(quick_run):
     assert set(results) >= {"world", "sweep", "upweighting", "singleton"}
     assert set(results["world"]) >= {"n_facts", "n_factoids", "n_train", "n_hallucinations"}
     assert results["world"]["n_factoids"] == results["world"]["n_facts"] + results["world"]["n_hallucinations"]
-    checkpoint_keys = {"epoch", "hallucination_rate", "malformed_rate", "unseen_person_mass", "miscalibration_tv_eps",
-                       "miscalibration_tv_adaptive", "miscalibration_binmass", "kl_hat", "recall_seen",
-                       "bound_slack_delta_0_1", "bound_margin_delta_0_1", "bound_slack_delta_0_01",
-                       "bound_margin_delta_0_01", "sampled_hallucination_rate", "sampled_se"}
+    checkpoint_keys = {
+        "epoch",
+        "hallucination_rate",
+        "malformed_rate",
+        "unseen_person_mass",
+        "miscalibration_tv_eps",
+        "miscalibration_tv_adaptive",
+        "miscalibration_binmass",
+        "kl_hat",
+        "recall_seen",
+        "bound_slack_delta_0_1",
+        "bound_margin_delta_0_1",
+        "bound_slack_delta_0_01",
+        "bound_margin_delta_0_01",
+        "sampled_hallucination_rate",
+        "sampled_se",
+    }
     counts = pd.read_parquet(tmp_path / "train_counts.parquet")
     for entry in results["sweep"]:
         assert set(entry) >= {"gamma", "monofact_rate", "missing_mass", "checkpoints"}
@@ -100,10 +135,12 @@ def test_quick_run_end_to_end(quick_run):
     assert set(bins.columns) >= {"gamma", "checkpoint", "scheme", "g_low", "g_high", "g_mass", "p_mass"}
     # The per-bin table reproduces the reported miscalibration.
     first = results["sweep"][0]["checkpoints"][0]
-    part = bins[(bins.gamma == results["sweep"][0]["gamma"]) & (bins.checkpoint == first["checkpoint"])
-                & (bins.scheme == "eps")]
-    assert part.tv_within.sum() + 0.5 * first["malformed_rate"] == pytest.approx(first["miscalibration_tv_eps"],
-                                                                                 abs=1e-6)
+    part = bins[
+        (bins.gamma == results["sweep"][0]["gamma"]) & (bins.checkpoint == first["checkpoint"]) & (bins.scheme == "eps")
+    ]
+    assert part.tv_within.sum() + 0.5 * first["malformed_rate"] == pytest.approx(
+        first["miscalibration_tv_eps"], abs=1e-6
+    )
     for figure in ("hallucination_vs_monofact", "bound", "training", "upweighting", "calibration_bins"):
         assert (tmp_path / f"{figure}.json").is_file(), figure
 
@@ -136,8 +173,11 @@ def test_a_vacuous_bound_is_no_headline(quick_run):
     assert heads["bound_holds"]["why_not"].startswith("bound vacuous: right side < 0 at every check")
 
     def positive_but_broken(c):  # a right side above g(H): the bound fails there, and the headline says so
-        return c | {f"bound_rhs_delta_{k}": c["hallucination_rate"] + 0.1 for k in ("0_1", "0_01")} | {
-            f"bound_margin_delta_{k}": -0.1 for k in ("0_1", "0_01")}
+        return (
+            c
+            | {f"bound_rhs_delta_{k}": c["hallucination_rate"] + 0.1 for k in ("0_1", "0_01")}
+            | {f"bound_margin_delta_{k}": -0.1 for k in ("0_1", "0_01")}
+        )
 
     heads = {h["name"]: h for h in exp.headlines(_with_checkpoints(results, positive_but_broken))}
     assert not heads["bound_holds"]["supported"] and heads["bound_holds"]["direction"] is False
@@ -167,7 +207,9 @@ def test_upweighting_whose_draws_straddle_the_control_is_no_headline(quick_run):
     assert not head["supported"] and "not lower than the control at this size" in head["why_not"]
     below = [dict(u) for u in results["upweighting"]]
     below[1]["hallucination_rate_draws"] = [min(control) - 0.01 - 0.001 * i for i in range(len(control))]
-    head = {h["name"]: h for h in exp.headlines(dict(results, upweighting=below))}[f"upweighting {below[1]['condition']}"]
+    head = {h["name"]: h for h in exp.headlines(dict(results, upweighting=below))}[
+        f"upweighting {below[1]['condition']}"
+    ]
     assert head["supported"] and "p = 0.05" in head["sentence"]
 
 
@@ -179,10 +221,18 @@ def test_the_held_out_draws_are_independent_and_their_overlap_is_counted(quick_r
     cfg = exp.Config(quick=True)
     for entry in _results(quick_run)["sweep"]:
         record = entry["heldout_draws"]
-        world = FactWorld(FactWorldConfig(n_first_names=cfg.n_first_names, n_last_names=cfg.n_last_names,
-                                          n_persons=cfg.n_persons, attributes=(cfg.attribute,),
-                                          pareto_gamma=entry["gamma"], n_train=cfg.n_train, seed=cfg.seed,
-                                          n_values=cfg.n_values))
+        world = FactWorld(
+            FactWorldConfig(
+                n_first_names=cfg.n_first_names,
+                n_last_names=cfg.n_last_names,
+                n_persons=cfg.n_persons,
+                attributes=(cfg.attribute,),
+                pareto_gamma=entry["gamma"],
+                n_train=cfg.n_train,
+                seed=cfg.seed,
+                n_values=cfg.n_values,
+            )
+        )
         seen = world.train_counts[world.heldout_fact_indices(cfg.n_heldout)] > 0
         assert record["draws"] == cfg.n_heldout and record["draws_of_facts_in_training"] == int(seen.sum())
         assert "independent draws, not unseen facts" in record["how"]

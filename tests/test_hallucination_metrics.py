@@ -5,8 +5,18 @@ import math
 import numpy as np
 import pytest
 
-from lab.metrics.hallucination import (bin_index, bin_table, binmass_tv, bound_slack, kl_hat, miscalibration_tv,
-                                       missing_mass, monofact_rate, singleton_bound, singleton_calibration_delta)
+from lab.metrics.hallucination import (
+    bin_index,
+    bin_table,
+    binmass_tv,
+    bound_slack,
+    kl_hat,
+    miscalibration_tv,
+    missing_mass,
+    monofact_rate,
+    singleton_bound,
+    singleton_calibration_delta,
+)
 
 
 def test_monofact_rate_on_a_hand_counted_sample():
@@ -140,8 +150,9 @@ def test_kl_hat_is_zero_for_a_memoriser_and_by_hand_otherwise():
 def test_bound_slack_by_hand():
     # |F|/|H| = 1/300 at δ = 0.01 gives 3·(1/300)/0.01 = 1; n = 6 ln 600 / 0.25 makes the root 0.5.
     n = 6 * math.log(600) / 0.25
-    bound = bound_slack(0.2, monofact_rate=0.9, miscalibration=0.1, n_facts=1, n_hallucinations=300,
-                        n_train=round(n), delta=0.01)
+    bound = bound_slack(
+        0.2, monofact_rate=0.9, miscalibration=0.1, n_facts=1, n_hallucinations=300, n_train=round(n), delta=0.01
+    )
     root = math.sqrt(6 * math.log(600) / round(n))
     assert bound.slack == pytest.approx(1.0 + root)
     assert bound.right_side == pytest.approx(0.9 - 0.1 - 1.0 - root)

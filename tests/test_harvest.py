@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from lab import HookedTransformer
-from lab.analysis.activations import store as activations_store
 from lab.analysis.activations import ActivationStore, collect_activations, save_activations, stream_activations
+from lab.analysis.activations import store as activations_store
 from lab.analysis.probes import fit_probe, fit_probes
 from tests.conftest import VOCAB, tiny_config
 
@@ -38,8 +38,10 @@ def data() -> torch.Tensor:
 
 def block_calls(model: HookedTransformer) -> tuple[list[int], list]:
     counts = [0] * len(model.blocks)
-    handles = [block.register_forward_pre_hook(lambda module, args, i=i: counts.__setitem__(i, counts[i] + 1))
-               for i, block in enumerate(model.blocks)]
+    handles = [
+        block.register_forward_pre_hook(lambda module, args, i=i: counts.__setitem__(i, counts[i] + 1))
+        for i, block in enumerate(model.blocks)
+    ]
     return counts, handles
 
 
@@ -69,14 +71,21 @@ def cached_rows(model, data, names, batch_size):
     """run_with_cache(names_filter=names)'s activations at every position, each [rows, *shape] in (sequence,
     position) order (the same hooks attached: a hook on the pattern switches attention to its explicit path)."""
     caches = [model.run_with_cache(batch, names_filter=names)[1] for batch in data.split(batch_size)]
-    return {name: torch.cat([c[name].movedim(2 if name.endswith("hook_pattern") else 1, 1).flatten(0, 1)
-                             for c in caches]) for name in names}
+    return {
+        name: torch.cat([c[name].movedim(2 if name.endswith("hook_pattern") else 1, 1).flatten(0, 1) for c in caches])
+        for name in names
+    }
 
 
-@pytest.mark.parametrize("hooks, stop_early", [(["blocks.1.hook_resid_post"], True),
-                                               ([HOOK, "blocks.0.attn.hook_pattern", "blocks.1.hook_mlp_out"], True),
-                                               (["blocks.0.hook_resid_post", HOOK], False)],
-                         ids=["one hook", "three hooks", "the pass goes on"])
+@pytest.mark.parametrize(
+    "hooks, stop_early",
+    [
+        (["blocks.1.hook_resid_post"], True),
+        ([HOOK, "blocks.0.attn.hook_pattern", "blocks.1.hook_mlp_out"], True),
+        (["blocks.0.hook_resid_post", HOOK], False),
+    ],
+    ids=["one hook", "three hooks", "the pass goes on"],
+)
 def test_a_harvest_of_every_position_holds_the_activations_bit_for_bit(deep, data, tmp_path, hooks, stop_early):
     store = save_activations(deep, data, hooks, tmp_path / "all", **HARVEST, stop_early=stop_early).load()
     cached = cached_rows(deep, data, hooks, HARVEST["batch_size"])
@@ -124,8 +133,9 @@ def test_the_writer_holds_one_shard_buffer_and_no_earlier_batch(deep, data, tmp_
     assert len(seen_buffers) == 1  # one buffer, allocated once and refilled for every shard
 
 
-def test_a_harvest_hands_freed_memory_back_once_per_shard_and_a_stream_after_every_batch(deep, data, tmp_path,
-                                                                                           monkeypatch):
+def test_a_harvest_hands_freed_memory_back_once_per_shard_and_a_stream_after_every_batch(
+    deep, data, tmp_path, monkeypatch
+):
     from lab.analysis.activations import collect
 
     calls = []
@@ -243,8 +253,13 @@ save_activations(model, data, "blocks.1.attn.hook_z", sys.argv[1], positions="al
 def test_a_harvest_killed_mid_run_resumes_bitwise(deep, data, tmp_path):
     """SIGKILL in the middle of a harvest (no exception handler runs), then the same call here finishes it."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
-    killed = subprocess.run([sys.executable, "-c", KILLED, str(tmp_path / "killed"), "10"], env=env, cwd=ROOT,
-                            capture_output=True, text=True)
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED, str(tmp_path / "killed"), "10"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert not (tmp_path / "killed" / "index.json").exists()
     assert json.loads((tmp_path / "killed" / "progress.json").read_text())["shards"]
@@ -260,8 +275,16 @@ def probe_store(tmp_path_factory):
     model = HookedTransformer(tiny_config(), seed=1).eval()
     tokens = torch.randint(0, VOCAB, (160, 8), generator=torch.Generator().manual_seed(0))
     folder = tmp_path_factory.mktemp("probe-store")
-    return save_activations(model, tokens, ["blocks.0.hook_resid_post", "blocks.1.attn.hook_z"], folder,
-                            [-4, -3, -2, -1], batch_size=8, shard_mb=0.03, progress=False)
+    return save_activations(
+        model,
+        tokens,
+        ["blocks.0.hook_resid_post", "blocks.1.attn.hook_z"],
+        folder,
+        [-4, -3, -2, -1],
+        batch_size=8,
+        shard_mb=0.03,
+        progress=False,
+    )
 
 
 def labels(X: torch.Tensor, n_classes: int, seed: int = 0) -> np.ndarray:
@@ -285,9 +308,11 @@ def same_probe(streamed, memory, tol):
         assert streamed.metrics[name].value == pytest.approx(m.value, abs=tol), name
 
 
-@pytest.mark.parametrize("kind, n_classes", [("ridge", 0), ("logistic", 2),
-                                             pytest.param("logistic", 3, marks=pytest.mark.slow)],
-                         ids=["ridge", "binary", "three-class"])
+@pytest.mark.parametrize(
+    "kind, n_classes",
+    [("ridge", 0), ("logistic", 2), pytest.param("logistic", 3, marks=pytest.mark.slow)],
+    ids=["ridge", "binary", "three-class"],
+)
 def test_a_linear_probe_fitted_from_the_shards_is_the_in_memory_probe(probe_store, monkeypatch, kind, n_classes):
     name = "blocks.0.hook_resid_post"
     X = probe_store.load(name)[name]

@@ -7,8 +7,15 @@ import torch
 from transformer_lens import head_detector
 
 from lab import HookedTransformer
-from lab.analysis.heads import (HEAD_KINDS, detect_heads, duplicate_token_pattern, head_scores, induction_pattern,
-                                pattern_scores, previous_token_pattern)
+from lab.analysis.heads import (
+    HEAD_KINDS,
+    detect_heads,
+    duplicate_token_pattern,
+    head_scores,
+    induction_pattern,
+    pattern_scores,
+    previous_token_pattern,
+)
 from lab.tokenize import word_level
 from tests.conftest import tiny_config
 

@@ -8,8 +8,11 @@ from lab.hf import UnsupportedArchitecture, from_hf, hf_model_type, load_hf, to_
 from tests.conftest import hf_gpt2, hf_llama, tiny_config, word_tokenizer
 
 
-@pytest.mark.parametrize("make_hf", [hf_gpt2, lambda: hf_gpt2(tie=False), hf_llama, lambda: hf_llama(tie=True)],
-                         ids=["gpt2", "gpt2-untied", "llama-gqa", "llama-tied"])
+@pytest.mark.parametrize(
+    "make_hf",
+    [hf_gpt2, lambda: hf_gpt2(tie=False), hf_llama, lambda: hf_llama(tie=True)],
+    ids=["gpt2", "gpt2-untied", "llama-gqa", "llama-tied"],
+)
 def test_logits_match_hugging_face(make_hf, tokens):
     hf = make_hf()
     model = from_hf(hf)
@@ -70,8 +73,16 @@ def test_hf_model_type_names_a_hugging_face_folder_and_nothing_else(tmp_path):
 def test_unsupported_architecture_points_to_the_bridge():
     from transformers import OPTConfig, OPTForCausalLM
 
-    hf = OPTForCausalLM(OPTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, ffn_dim=64,
-                                  vocab_size=50, word_embed_proj_dim=32))
+    hf = OPTForCausalLM(
+        OPTConfig(
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            ffn_dim=64,
+            vocab_size=50,
+            word_embed_proj_dim=32,
+        )
+    )
     with pytest.raises(UnsupportedArchitecture, match="TransformerBridge") as err:
         from_hf(hf)
     assert all(family in str(err.value) for family in ("GPT-2", "LLaMA", "GPT-NeoX", "Qwen2", "Mistral"))

@@ -11,15 +11,17 @@ from lab import HookedTransformer, ModelConfig
 from lab.cli import main
 from lab.generate import generate
 from lab.hf import SUPPORTED, UnsupportedArchitecture, from_hf, load_hf, to_hf
-from tests.conftest import (VOCAB, hf_mistral, hf_neox, hf_qwen2, randomise_gains_and_biases, tiny_config,
-                            word_tokenizer)
+from tests.conftest import VOCAB, hf_mistral, hf_neox, hf_qwen2, randomise_gains_and_biases, tiny_config, word_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (tests/conftest.py::one_thread)
 
 FAMILIES = {  # name: (the HF model, its model_type, the model_type to_hf writes its shape as)
     "neox-parallel": (lambda: hf_neox(), "gpt_neox", "gpt_neox"),
-    "neox-sequential-tied": (lambda: hf_neox(parallel=False, rotary_pct=0.5, tie=True, act="gelu_new"), "gpt_neox",
-                             "gpt_neox"),
+    "neox-sequential-tied": (
+        lambda: hf_neox(parallel=False, rotary_pct=0.5, tie=True, act="gelu_new"),
+        "gpt_neox",
+        "gpt_neox",
+    ),
     "neox-full-rotary": (lambda: hf_neox(rotary_pct=1.0, act="relu"), "gpt_neox", "gpt_neox"),
     "qwen2": (lambda: hf_qwen2(), "qwen2", "qwen2"),
     "qwen2-tied-window": (lambda: hf_qwen2(tie=True, window=6), "qwen2", "qwen2"),
@@ -62,11 +64,24 @@ def test_forma_to_hugging_face_logits_match(name, tokens):
 def test_the_configs_say_what_each_family_is():
     neox = from_hf(hf_neox()).cfg
     assert (neox.block, neox.positions, neox.rotary_dim, neox.d_head, neox.norm, neox.bias, neox.mlp) == (
-        "parallel", "rotary", 4, 16, "layernorm", True, "gelu")
+        "parallel",
+        "rotary",
+        4,
+        16,
+        "layernorm",
+        True,
+        "gelu",
+    )
     assert from_hf(hf_neox(parallel=False)).cfg.block == "pre_ln"
     qwen = from_hf(hf_qwen2(window=6)).cfg
     assert (qwen.bias, qwen.qkv_bias, qwen.norm, qwen.mlp, qwen.sliding_window, qwen.n_kv_heads) == (
-        False, True, "rmsnorm", "swiglu", 6, 2)
+        False,
+        True,
+        "rmsnorm",
+        "swiglu",
+        6,
+        2,
+    )
     assert from_hf(hf_qwen2()).cfg.sliding_window == 0
     mistral = from_hf(hf_mistral(window=5)).cfg
     assert (mistral.bias, mistral.qkv_bias, mistral.sliding_window) == (False, False, 5)
@@ -79,8 +94,14 @@ def test_a_parallel_block_has_no_resid_mid_and_every_hook_fires(tokens):
     never fires it either); every hook point that does exist fires."""
     model = from_hf(hf_neox())
     assert "blocks.0.hook_resid_mid" not in model.hook_dict
-    assert {"blocks.0.hook_resid_pre", "blocks.0.hook_attn_out", "blocks.0.hook_mlp_out", "blocks.0.hook_resid_post",
-            "blocks.0.attn.hook_rot_q", "blocks.0.ln2.hook_normalized"} <= set(model.hook_dict)
+    assert {
+        "blocks.0.hook_resid_pre",
+        "blocks.0.hook_attn_out",
+        "blocks.0.hook_mlp_out",
+        "blocks.0.hook_resid_post",
+        "blocks.0.attn.hook_rot_q",
+        "blocks.0.ln2.hook_normalized",
+    } <= set(model.hook_dict)
     fired = set()
     model.run_with_hooks(tokens, fwd_hooks=[(lambda n: True, lambda x, hook: fired.add(hook.name))])
     assert fired == set(model.hook_dict)
@@ -99,8 +120,9 @@ def test_hooks_agree_with_the_transformer_bridge(name, tmp_path, tokens):
 
     hf, _ = build(name)
     model = from_hf(hf)  # before booting: the bridge rewraps the HF module tree in place
-    bridge = TransformerBridge.boot_transformers(type(hf).__name__, hf_model=hf, tokenizer=word_tokenizer(tmp_path),
-                                                 device="cpu")
+    bridge = TransformerBridge.boot_transformers(
+        type(hf).__name__, hf_model=hf, tokenizer=word_tokenizer(tmp_path), device="cpu"
+    )
     names = ["hook_resid_pre", "hook_resid_post", "hook_attn_out", "hook_mlp_out", "attn.hook_pattern"]
     with torch.no_grad():
         _, ours = model.run_with_cache(tokens)
@@ -118,8 +140,14 @@ def test_kv_cached_greedy_decoding_equals_hugging_face_generate(name):
     model = from_hf(hf)
     prompt = torch.randint(0, VOCAB, (2, 6), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
-        theirs = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=20, do_sample=False,
-                             pad_token_id=0, eos_token_id=None)
+        theirs = hf.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=20,
+            do_sample=False,
+            pad_token_id=0,
+            eos_token_id=None,
+        )
     ours = generate(model, prompt, 20, temperature=0, use_kv_cache=True)
     assert torch.equal(ours, theirs)
 
@@ -143,13 +171,16 @@ def test_a_saved_folder_loads_and_passes_forma_trust(name, tmp_path, tokens):
 # --------------------------------------------------------------------------------------------
 # The sliding window on Forma's own attention paths
 # --------------------------------------------------------------------------------------------
-WINDOWED = [dict(sliding_window=4), dict(sliding_window=4, n_kv_heads=2, positions="rotary", norm="rmsnorm",
-                                         mlp="swiglu", bias=False, qkv_bias=True)]
+WINDOWED = [
+    dict(sliding_window=4),
+    dict(sliding_window=4, n_kv_heads=2, positions="rotary", norm="rmsnorm", mlp="swiglu", bias=False, qkv_bias=True),
+]
 
 
 def explicit(model, tokens, **kwargs):
-    return model.run_with_hooks(tokens, fwd_hooks=[(lambda n: n.endswith("hook_pattern"), lambda x, hook: None)],
-                                **kwargs)
+    return model.run_with_hooks(
+        tokens, fwd_hooks=[(lambda n: n.endswith("hook_pattern"), lambda x, hook: None)], **kwargs
+    )
 
 
 @pytest.mark.parametrize("changes", WINDOWED, ids=["gpt2-like", "qwen2-like"])
@@ -200,29 +231,58 @@ def test_a_window_as_long_as_the_sequence_hides_nothing(tokens):
 # --------------------------------------------------------------------------------------------
 # The config fields
 # --------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("changes", [
-    dict(block="parallel"), dict(block="parallel", positions="rotary", rotary_dim=4, tied_embeddings=True),
-    dict(bias=False, qkv_bias=True, n_kv_heads=2, mlp="swiglu", norm="rmsnorm"), dict(sliding_window=3),
-], ids=["parallel", "parallel-rotary-tied", "qkv-bias", "window"])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        dict(block="parallel"),
+        dict(block="parallel", positions="rotary", rotary_dim=4, tied_embeddings=True),
+        dict(bias=False, qkv_bias=True, n_kv_heads=2, mlp="swiglu", norm="rmsnorm"),
+        dict(sliding_window=3),
+    ],
+    ids=["parallel", "parallel-rotary-tied", "qkv-bias", "window"],
+)
 def test_parameter_count_is_exact(changes):
     cfg = tiny_config(**changes)
     assert sum(p.numel() for p in HookedTransformer(cfg).parameters()) == cfg.n_params()
 
 
-@pytest.mark.parametrize("changes, words", [
-    (dict(sliding_window=-1), "sliding_window"), (dict(sliding_window="4"), "sliding_window"),
-    (dict(qkv_bias="true"), "qkv_bias"), (dict(qkv_bias=True), "qkv_bias"), (dict(block="parallell"), "block"),
-])
+@pytest.mark.parametrize(
+    "changes, words",
+    [
+        (dict(sliding_window=-1), "sliding_window"),
+        (dict(sliding_window="4"), "sliding_window"),
+        (dict(qkv_bias="true"), "qkv_bias"),
+        (dict(qkv_bias=True), "qkv_bias"),
+        (dict(block="parallell"), "block"),
+    ],
+)
 def test_new_fields_are_validated(changes, words):
     with pytest.raises(ValueError, match=words):
         tiny_config(**changes)
 
 
 def test_configs_saved_before_the_new_fields_still_load():
-    old = {"d_vocab": 100, "d_model": 64, "n_layers": 2, "n_heads": 4, "n_ctx": 64, "d_head": 16, "d_mlp": 256,
-           "n_kv_heads": 4, "positions": "learned", "rotary_dim": 16, "rotary_base": 10000.0, "norm": "layernorm",
-           "norm_eps": 1e-5, "mlp": "gelu", "block": "pre_ln", "tied_embeddings": False, "bias": True,
-           "init_std": 0.02, "tokenizer": ""}
+    old = {
+        "d_vocab": 100,
+        "d_model": 64,
+        "n_layers": 2,
+        "n_heads": 4,
+        "n_ctx": 64,
+        "d_head": 16,
+        "d_mlp": 256,
+        "n_kv_heads": 4,
+        "positions": "learned",
+        "rotary_dim": 16,
+        "rotary_base": 10000.0,
+        "norm": "layernorm",
+        "norm_eps": 1e-5,
+        "mlp": "gelu",
+        "block": "pre_ln",
+        "tied_embeddings": False,
+        "bias": True,
+        "init_std": 0.02,
+        "tokenizer": "",
+    }
     cfg = ModelConfig.from_json(json.dumps(old))
     assert (cfg.qkv_bias, cfg.sliding_window) == (False, 0) and cfg == tiny_config()
     assert ModelConfig.from_json(cfg.to_json()) == cfg
@@ -240,20 +300,49 @@ def test_gpt2_and_llama_configs_are_unchanged():
 # What does not convert says so, and names the bridge
 # --------------------------------------------------------------------------------------------
 def test_variants_forma_lacks_point_to_the_bridge():
-    from transformers import (GPTNeoXConfig, GPTNeoXForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config,
-                              Qwen2ForCausalLM)
+    from transformers import (
+        GPTNeoXConfig,
+        GPTNeoXForCausalLM,
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
-    no_attention_bias = GPTNeoXForCausalLM(GPTNeoXConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                                                         intermediate_size=64, vocab_size=50, attention_bias=False))
-    mixed_windows = Qwen2ForCausalLM(Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                                 num_attention_heads=4, num_key_value_heads=2, vocab_size=50,
-                                                 use_sliding_window=True, sliding_window=4, max_window_layers=1))
+    no_attention_bias = GPTNeoXForCausalLM(
+        GPTNeoXConfig(
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            intermediate_size=64,
+            vocab_size=50,
+            attention_bias=False,
+        )
+    )
+    mixed_windows = Qwen2ForCausalLM(
+        Qwen2Config(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=50,
+            use_sliding_window=True,
+            sliding_window=4,
+            max_window_layers=1,
+        )
+    )
     small = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, vocab_size=50)
-    scaled_rope = LlamaForCausalLM(LlamaConfig(**small, rope_parameters={"rope_type": "linear", "factor": 2.0,
-                                                                          "rope_theta": 10000.0}))
+    scaled_rope = LlamaForCausalLM(
+        LlamaConfig(**small, rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})
+    )
     llama_biases = LlamaForCausalLM(LlamaConfig(**small, attention_bias=True))
-    for hf, words in ((no_attention_bias, "attention biases"), (mixed_windows, "sliding window"),
-                      (scaled_rope, "rope scaling"), (llama_biases, "biases")):
+    for hf, words in (
+        (no_attention_bias, "attention biases"),
+        (mixed_windows, "sliding window"),
+        (scaled_rope, "rope scaling"),
+        (llama_biases, "biases"),
+    ):
         with pytest.raises(UnsupportedArchitecture, match=words) as err:
             from_hf(hf)
         assert "bridge" in str(err.value)

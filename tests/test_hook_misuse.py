@@ -20,15 +20,18 @@ def no_hooks_attached(model) -> bool:
 
 
 # --- what a hook returns ------------------------------------------------------------------------
-@pytest.mark.parametrize("name, replace, words", [
-    ("blocks.0.hook_resid_pre", lambda x: x[:, :-1], "shape (2, 4, 64) for the activation of shape (2, 5, 64)"),
-    ("blocks.0.hook_resid_pre", lambda x: x[:, :1], "same shape (no broadcasting)"),
-    ("blocks.1.attn.hook_pattern", lambda x: x[:, :1], "shape (2, 1, 5, 5)"),  # used to broadcast over heads
-    ("blocks.0.mlp.hook_post", lambda x: 3, "returned a value of type int, not a tensor"),
-    ("blocks.0.mlp.hook_post", lambda x: "x", "returned a value of type str, not a tensor"),
-    ("hook_embed", lambda x: x.double(), "torch.float64 tensor"),
-    ("hook_embed", lambda x: x.long(), "keep the dtype and device"),
-])
+@pytest.mark.parametrize(
+    "name, replace, words",
+    [
+        ("blocks.0.hook_resid_pre", lambda x: x[:, :-1], "shape (2, 4, 64) for the activation of shape (2, 5, 64)"),
+        ("blocks.0.hook_resid_pre", lambda x: x[:, :1], "same shape (no broadcasting)"),
+        ("blocks.1.attn.hook_pattern", lambda x: x[:, :1], "shape (2, 1, 5, 5)"),  # used to broadcast over heads
+        ("blocks.0.mlp.hook_post", lambda x: 3, "returned a value of type int, not a tensor"),
+        ("blocks.0.mlp.hook_post", lambda x: "x", "returned a value of type str, not a tensor"),
+        ("hook_embed", lambda x: x.double(), "torch.float64 tensor"),
+        ("hook_embed", lambda x: x.long(), "keep the dtype and device"),
+    ],
+)
 def test_a_hook_must_return_none_or_a_stand_in_for_its_activation(model, name, replace, words):
     for attach in ("run_with_hooks", "hooks", "add_hook"):
         with pytest.raises(ValueError) as err:
@@ -49,10 +52,12 @@ def test_a_hook_must_return_none_or_a_stand_in_for_its_activation(model, name, r
 
 def test_a_replacement_of_the_right_kind_still_flows_and_none_keeps_the_activation(model):
     plain = model(PROMPT)
-    assert torch.equal(model.run_with_hooks(PROMPT, fwd_hooks=[("blocks.0.hook_resid_pre", lambda x, hook: None)]),
-                       plain)
-    assert torch.equal(model.run_with_hooks(PROMPT, fwd_hooks=[("blocks.0.hook_resid_pre", lambda x, hook: x.clone())]),
-                       plain)
+    assert torch.equal(
+        model.run_with_hooks(PROMPT, fwd_hooks=[("blocks.0.hook_resid_pre", lambda x, hook: None)]), plain
+    )
+    assert torch.equal(
+        model.run_with_hooks(PROMPT, fwd_hooks=[("blocks.0.hook_resid_pre", lambda x, hook: x.clone())]), plain
+    )
     zeroed = model.run_with_hooks(PROMPT, fwd_hooks=[("blocks.1.hook_mlp_out", lambda x, hook: torch.zeros_like(x))])
     assert not torch.equal(zeroed, plain)
 
@@ -78,8 +83,11 @@ def test_list_hooks_shows_the_callers_function(model):
 
 
 def test_the_encoder_decoder_checks_its_hooks_too():
-    model = EncoderDecoder(EncoderDecoderConfig(d_vocab_src=20, d_vocab_tgt=20, d_model=16, n_heads=2,
-                                                n_encoder_layers=1, n_decoder_layers=1, n_ctx=8))
+    model = EncoderDecoder(
+        EncoderDecoderConfig(
+            d_vocab_src=20, d_vocab_tgt=20, d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, n_ctx=8
+        )
+    )
     src, tgt = torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 3, dtype=torch.long)
     with pytest.raises(ValueError, match="the hook on hook_encoder_out returned shape"):
         model.run_with_hooks(src, tgt, fwd_hooks=[("hook_encoder_out", lambda x, hook: x[:, :1])])
@@ -105,15 +113,27 @@ def test_loss_of_one_token_is_an_error_not_nan(model):
 
 
 # --- sampling arguments -----------------------------------------------------------------------------
-@pytest.mark.parametrize("kwargs, words", [
-    (dict(top_k=0), "top_k"), (dict(top_k=2.5), "top_k"), (dict(top_k=True), "top_k"),
-    (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(top_p=math.nan), "top_p"),
-    (dict(eos_token_id=100), "eos_token_id"), (dict(eos_token_id=-1), "eos_token_id"),
-    (dict(eos_token_id=1.0), "eos_token_id"), (dict(temperature=math.nan), "temperature"),
-    (dict(temperature=math.inf), "temperature"), (dict(temperature="1"), "temperature"),
-    (dict(max_new_tokens=2.5), "max_new_tokens"), (dict(max_new_tokens=None), "max_new_tokens"),
-    (dict(max_new_tokens=-1), "max_new_tokens"), (dict(seed=1.5), "seed"),
-])
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(top_k=0), "top_k"),
+        (dict(top_k=2.5), "top_k"),
+        (dict(top_k=True), "top_k"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(top_p=math.nan), "top_p"),
+        (dict(eos_token_id=100), "eos_token_id"),
+        (dict(eos_token_id=-1), "eos_token_id"),
+        (dict(eos_token_id=1.0), "eos_token_id"),
+        (dict(temperature=math.nan), "temperature"),
+        (dict(temperature=math.inf), "temperature"),
+        (dict(temperature="1"), "temperature"),
+        (dict(max_new_tokens=2.5), "max_new_tokens"),
+        (dict(max_new_tokens=None), "max_new_tokens"),
+        (dict(max_new_tokens=-1), "max_new_tokens"),
+        (dict(seed=1.5), "seed"),
+    ],
+)
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_sampling_arguments_are_checked_whatever_the_temperature(model, kwargs, words, temperature):
     arguments = dict(max_new_tokens=3, temperature=temperature) | kwargs
@@ -129,11 +149,18 @@ def test_a_tiny_temperature_is_greedy_not_a_traceback(model):
 
 
 def test_the_encoder_decoder_checks_its_generation_arguments():
-    model = EncoderDecoder(EncoderDecoderConfig(d_vocab_src=20, d_vocab_tgt=20, d_model=16, n_heads=2,
-                                                n_encoder_layers=1, n_decoder_layers=1, n_ctx=8))
+    model = EncoderDecoder(
+        EncoderDecoderConfig(
+            d_vocab_src=20, d_vocab_tgt=20, d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, n_ctx=8
+        )
+    )
     src = torch.zeros(1, 4, dtype=torch.long)
-    for kwargs, words in ((dict(max_new_tokens=2.5), "max_new_tokens"), (dict(bos_token_id=20), "bos_token_id"),
-                          (dict(eos_token_id=-3), "eos_token_id"), (dict(temperature=math.nan), "temperature")):
+    for kwargs, words in (
+        (dict(max_new_tokens=2.5), "max_new_tokens"),
+        (dict(bos_token_id=20), "bos_token_id"),
+        (dict(eos_token_id=-3), "eos_token_id"),
+        (dict(temperature=math.nan), "temperature"),
+    ):
         with pytest.raises(ValueError, match=words):
             model.generate(src, **(dict(max_new_tokens=3, bos_token_id=1) | kwargs))
 
@@ -193,8 +220,11 @@ def test_a_cache_that_does_not_fit_the_model_or_the_batch_is_refused(model):
 
 
 def test_the_encoder_decoder_rolls_its_cache_back_too():
-    model = EncoderDecoder(EncoderDecoderConfig(d_vocab_src=20, d_vocab_tgt=20, d_model=16, n_heads=2,
-                                                n_encoder_layers=1, n_decoder_layers=2, n_ctx=8)).eval()
+    model = EncoderDecoder(
+        EncoderDecoderConfig(
+            d_vocab_src=20, d_vocab_tgt=20, d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=2, n_ctx=8
+        )
+    ).eval()
     src, tgt = torch.zeros(1, 4, dtype=torch.long), torch.tensor([[1, 2, 3]])
     cache = KVCache.empty(2)
     with torch.inference_mode():

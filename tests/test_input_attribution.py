@@ -81,8 +81,9 @@ def test_occlusion_is_the_drop_when_one_position_is_zeroed_and_captums_feature_a
             zeroed[:, i] = 0
             assert torch.allclose(occlusion[:, i], log_prob(m, e, target) - log_prob(m, zeroed, target), atol=1e-5)
     mask = torch.arange(8)[None, :, None].expand(1, 8, 16)
-    ablation = FeatureAblation(embedding_forward(m)).attribute(e.clone(), baselines=0.0, target=target,
-                                                               additional_forward_args=(TOKENS,), feature_mask=mask)
+    ablation = FeatureAblation(embedding_forward(m)).attribute(
+        e.clone(), baselines=0.0, target=target, additional_forward_args=(TOKENS,), feature_mask=mask
+    )
     assert torch.allclose(ablation[..., 0], occlusion, atol=1e-6)
 
 
@@ -96,8 +97,12 @@ def test_layer_integrated_gradients_at_the_hook_is_the_same_integral():
     target = top_tokens(m, TOKENS).clone()
     layer = layer_integrated_gradients(m, TOKENS, baseline, n_steps=16)
     direct = IntegratedGradients(embedding_forward(m)).attribute(
-        m.W_E[TOKENS].detach().clone(), baselines=m.W_E[baseline].detach().clone(), target=target,
-        additional_forward_args=(TOKENS,), n_steps=16)
+        m.W_E[TOKENS].detach().clone(),
+        baselines=m.W_E[baseline].detach().clone(),
+        target=target,
+        additional_forward_args=(TOKENS,),
+        n_steps=16,
+    )
     assert torch.allclose(layer, direct, atol=1e-5)
 
 
@@ -175,7 +180,9 @@ def test_an_unknown_method_or_target_is_refused():
 # install beside Forma (docs/ecosystem.md). It runs in .venv-inseq (constraints.txt with typeguard 2.13.3, inseq
 # 0.7.1 and its own dependencies; or $FORMA_INSEQ_PYTHON) on the exported Hugging Face folder, and hands back its
 # attributions as files.
-INSEQ_PYTHON = Path(os.environ.get("FORMA_INSEQ_PYTHON", Path(__file__).resolve().parents[1] / ".venv-inseq/bin/python"))
+INSEQ_PYTHON = Path(
+    os.environ.get("FORMA_INSEQ_PYTHON", Path(__file__).resolve().parents[1] / ".venv-inseq/bin/python")
+)
 INSEQ_SCRIPT = """
 import json, sys
 import numpy as np, inseq
@@ -219,8 +226,14 @@ def test_inseq_gives_the_same_attributions_on_the_exported_model():
     to_hf(m).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")} | {"HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([str(INSEQ_PYTHON), "-c", INSEQ_SCRIPT, str(folder), "w3 w11 w0 w7 w19 w2"], env=env,
-                          capture_output=True, text=True, timeout=300, check=False)
+    done = subprocess.run(
+        [str(INSEQ_PYTHON), "-c", INSEQ_SCRIPT, str(folder), "w3 w11 w0 w7 w19 w2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     ids = json.loads((folder / "ids.json").read_text())
     with torch.no_grad():

@@ -18,8 +18,10 @@ VOCAB = 36
 
 
 def model(kind: str = "gpt2") -> HookedTransformer:
-    shapes = {"gpt2": {"mlp": "gelu_tanh"},
-              "llama": {"positions": "rotary", "norm": "rmsnorm", "mlp": "swiglu", "n_kv_heads": 2, "bias": False}}
+    shapes = {
+        "gpt2": {"mlp": "gelu_tanh"},
+        "llama": {"positions": "rotary", "norm": "rmsnorm", "mlp": "swiglu", "n_kv_heads": 2, "bias": False},
+    }
     cfg = ModelConfig(d_vocab=VOCAB, d_model=16, n_layers=3, n_heads=4, n_ctx=12, **shapes[kind])
     m = HookedTransformer(cfg, seed=2).eval()
     with torch.no_grad():
@@ -49,8 +51,9 @@ def test_transformer_lens_fits_the_same_matrices(kind, skip):
     ids = prompts(4)
     text = [" ".join(f"w{int(i) - 4}" for i in row) for row in ids]
     assert torch.equal(bridge.to_tokens(text[0])[0], ids[0])
-    reference = Reference.fit(bridge, text, corpus="forma-test", skip_first_positions=skip, dim_batch=16,
-                              show_progress=False)
+    reference = Reference.fit(
+        bridge, text, corpus="forma-test", skip_first_positions=skip, dim_batch=16, show_progress=False
+    )
     ours = fit_jacobian_lens(m, ids, skip_first_positions=skip, prompts_per_pass=3)
     assert reference.source_layers == [0, 1]
     for layer in reference.source_layers:
@@ -72,14 +75,16 @@ def test_each_matrix_is_the_mean_jacobian_by_finite_differences():
     v = torch.randn(16, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
     valid = range(5)
     for layer in range(3):
+
         def final(shift: float, t: int, layer: int = layer) -> torch.Tensor:
             def move(x, hook):
                 x = x.clone()
                 x[:, t] += shift * v
                 return x
+
             with torch.no_grad():
-                return m.run_with_hooks(ids, fwd_hooks=[(f"blocks.{layer}.hook_resid_pre", move)],
-                                        stop_at_layer=3)[0]
+                return m.run_with_hooks(ids, fwd_hooks=[(f"blocks.{layer}.hook_resid_pre", move)], stop_at_layer=3)[0]
+
         eps = 1e-5
         columns = [((final(eps, t) - final(-eps, t)) / (2 * eps))[list(valid)].sum(0) for t in valid]
         expected = torch.stack(columns).mean(0)

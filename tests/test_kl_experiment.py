@@ -13,8 +13,17 @@ from lab.data.sources import MarkovSource
 from lab.metrics.information import temperature_scan
 from lab.model import HookedTransformer
 
-REGION_KEYS = {"prefixes", "prefix_lengths", "cross_entropy_nats", "entropy_nats", "kl_nats",
-               "sampled_cross_entropy_nats", "sampled_kl_nats", "sampled_kl_se", "sampled_ce_minus_exact_in_se"}
+REGION_KEYS = {
+    "prefixes",
+    "prefix_lengths",
+    "cross_entropy_nats",
+    "entropy_nats",
+    "kl_nats",
+    "sampled_cross_entropy_nats",
+    "sampled_kl_nats",
+    "sampled_kl_se",
+    "sampled_ce_minus_exact_in_se",
+}
 
 
 @pytest.fixture(scope="module")
@@ -54,9 +63,13 @@ def test_complete_contexts_and_first_positions_are_reported_apart(quick):
     last = results["checkpoints"][-1]
     assert last["complete"]["prefix_lengths"] == [order, length - 1]
     assert last["first"]["prefix_lengths"] == [1, order - 1]
-    assert last["complete"]["prefixes"] + last["first"]["prefixes"] == last["all"]["prefixes"] == results["eval"]["prefixes"]
+    assert (
+        last["complete"]["prefixes"] + last["first"]["prefixes"]
+        == last["all"]["prefixes"]
+        == results["eval"]["prefixes"]
+    )
     for key in ("kl_nats", "entropy_nats", "cross_entropy_nats"):  # "all" is the prefix-weighted mix of the two
-        mixed = (last["complete"][key] * last["complete"]["prefixes"] + last["first"][key] * last["first"]["prefixes"])
+        mixed = last["complete"][key] * last["complete"]["prefixes"] + last["first"][key] * last["first"]["prefixes"]
         assert last["all"][key] == pytest.approx(mixed / last["all"]["prefixes"], rel=1e-9)
     assert last["first"]["entropy_nats"] > results["source"]["entropy_rate_nats"] + 0.3
     positions = results["kl_by_position"]
@@ -65,15 +78,17 @@ def test_complete_contexts_and_first_positions_are_reported_apart(quick):
 
 def test_sampled_and_exact_agree_within_3_standard_errors(quick):
     results, _ = quick
-    rows = [r[region] for r in results["checkpoints"] for region in ("complete", "first")] + \
-        [r["all"] for r in results["hmm"]]
+    rows = [r[region] for r in results["checkpoints"] for region in ("complete", "first")] + [
+        r["all"] for r in results["hmm"]
+    ]
     for row in rows:
         assert row["sampled_kl_se"] > 0 and row["sampled_ce_se"] > 0
         assert abs(row["sampled_kl_nats"] - row["kl_nats"]) <= 3 * row["sampled_kl_se"], row
         assert abs(row["sampled_ce_minus_exact_in_se"]) <= 3, row
         # KL̂ is the paired difference CE − Ĥ
-        assert row["sampled_kl_nats"] == pytest.approx(row["sampled_cross_entropy_nats"] - row["sampled_entropy_nats"],
-                                                       abs=1e-12)
+        assert row["sampled_kl_nats"] == pytest.approx(
+            row["sampled_cross_entropy_nats"] - row["sampled_entropy_nats"], abs=1e-12
+        )
 
 
 def test_training_shrinks_the_kl_term(quick):
@@ -89,7 +104,8 @@ def test_entropy_is_the_true_entropy_rate(quick):
     assert results["source"]["entropy_rate_nats"] == pytest.approx(rate, abs=1e-12)
     check = results["entropy_rate_check"]  # the closed form against the sample mean over complete contexts
     assert check["within_3se"] and check["mean_complete_context_entropy_nats"] == pytest.approx(
-        results["checkpoints"][-1]["complete"]["entropy_nats"], abs=1e-12)
+        results["checkpoints"][-1]["complete"]["entropy_nats"], abs=1e-12
+    )
     # The scaling sweep runs on its own chain (order 1, same symbols) and compares E with that chain's rate.
     scaling = results["scaling"]["source"]
     assert scaling["order"] == 1 and scaling["vocab_size"] == spec["vocab_size"]
@@ -105,7 +121,8 @@ def test_the_world_is_the_markov_recipe(quick):
     results, _ = quick
     recipe = load_recipe("markov")
     assert {k: results["source"][k] for k in ("vocab_size", "order", "concentration", "seed")} == {
-        k: recipe["world"][k] for k in ("vocab_size", "order", "concentration", "seed")}
+        k: recipe["world"][k] for k in ("vocab_size", "order", "concentration", "seed")
+    }
     assert results["source"]["order"] == 2
     assert results["model"]["positions"] == recipe["model"]["positions"]
 
@@ -115,8 +132,9 @@ def test_sampled_cross_entropy_is_the_models_own_loss(quick):
     results, folder = quick
     model = HookedTransformer.load(folder / "models" / "markov")
     source = MarkovSource(**{k: results["source"][k] for k in ("vocab_size", "order", "concentration", "seed")})
-    held_out = experiment.HeldOut.draw(source, results["eval"]["sequences"], results["train"]["seq_len"],
-                                       experiment.sample_seed(0, "markov-eval"))
+    held_out = experiment.HeldOut.draw(
+        source, results["eval"]["sequences"], results["train"]["seq_len"], experiment.sample_seed(0, "markov-eval")
+    )
     with torch.inference_mode():
         loss = model.loss(held_out.tokens).item()
     assert loss == pytest.approx(results["checkpoints"][-1]["all"]["sampled_cross_entropy_nats"], abs=1e-5)
@@ -163,8 +181,9 @@ def test_the_sampled_ce_check_fails_when_the_conditionals_are_not_the_samplers()
     model_logits = held_out.p.log()  # a model equal to the truth of the chain that made the tokens
     right = experiment.summarise(experiment.decompose(model_logits, held_out))
     other = MarkovSource(8, order=2, seed=9)
-    wrong = experiment.HeldOut(held_out.tokens, torch.from_numpy(other.conditionals(held_out.tokens.numpy())[:, :-1]),
-                               held_out.complete_from)
+    wrong = experiment.HeldOut(
+        held_out.tokens, torch.from_numpy(other.conditionals(held_out.tokens.numpy())[:, :-1]), held_out.complete_from
+    )
     wrong_summary = experiment.summarise(experiment.decompose(model_logits, wrong))
     assert abs(right["sampled_ce_minus_exact_in_se"]) <= 3
     assert abs(wrong_summary["sampled_ce_minus_exact_in_se"]) > 10
@@ -190,7 +209,7 @@ def test_best_truncated_context_models_are_exact():
     for a in range(V):
         for b in range(V):
             transition[a * V + b, a] = 1.0
-    joint = np.full(V * V, 1 / V ** 2)[:, None] * transition
+    joint = np.full(V * V, 1 / V**2)[:, None] * transition
     assert truncated_context_kl_of(joint, V, 1) == pytest.approx(math.log(V), abs=1e-12)
     assert truncated_context_kl_of(joint, V, 0) == pytest.approx(math.log(V), abs=1e-12)
     with pytest.raises(ValueError, match="width"):

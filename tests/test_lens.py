@@ -7,8 +7,11 @@ from lab import HookedTransformer
 from lab.analysis.lens import direct_logit_attribution, logit_lens, residual_norms
 from tests.conftest import tiny_config
 
-VARIANTS = [dict(), dict(positions="rotary", norm="rmsnorm", mlp="swiglu", bias=False, n_kv_heads=2),
-            dict(tied_embeddings=True, positions="sinusoidal")]
+VARIANTS = [
+    dict(),
+    dict(positions="rotary", norm="rmsnorm", mlp="swiglu", bias=False, n_kv_heads=2),
+    dict(tied_embeddings=True, positions="sinusoidal"),
+]
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=["gpt2-like", "llama-like", "tied-sinusoidal"])

@@ -16,9 +16,16 @@ def mark(text: str, field: str = "val_kl_nats", fmt: str = ".3f", file: str = "d
 
 @pytest.fixture
 def root(tmp_path):
-    card = {"name": "toy", "quick": False, "val_kl_nats": 0.0654, "val_loss_nats": 4.3214,
-            "val_perplexity": 75.27, "train_s": 127.46, "n_params": 170272,
-            "headlines": [{"name": "final_kl", "value": 0.05}, {"name": "min_T", "value": 1.03}]}
+    card = {
+        "name": "toy",
+        "quick": False,
+        "val_kl_nats": 0.0654,
+        "val_loss_nats": 4.3214,
+        "val_perplexity": 75.27,
+        "train_s": 127.46,
+        "n_params": 170272,
+        "headlines": [{"name": "final_kl", "value": 0.05}, {"name": "min_T", "value": 1.03}],
+    }
     (tmp_path / "docs" / "measured" / "cards").mkdir(parents=True)
     (tmp_path / "docs" / "measured" / "cards" / "toy.json").write_text(json.dumps(card))
     return tmp_path
@@ -58,8 +65,10 @@ def test_missing_file_or_field_is_a_problem(root):
 
 def test_rewrite_fills_every_marker_from_its_file(root):
     doc = root / "README.md"
-    doc.write_text(f"| ppl | {mark('79.4', 'val_perplexity', '.1f')} | {mark('?', 'n_params', ',d')} "
-                   f"| {mark('?', 'headlines.name=min_T.value', '.2f')} |\n")
+    doc.write_text(
+        f"| ppl | {mark('79.4', 'val_perplexity', '.1f')} | {mark('?', 'n_params', ',d')} "
+        f"| {mark('?', 'headlines.name=min_T.value', '.2f')} |\n"
+    )
     assert measured.rewrite_document(doc, root)
     text = doc.read_text()
     assert "-->75.3<!--" in text and "-->170,272<!--" in text and "-->1.03<!--" in text
@@ -77,13 +86,15 @@ def test_a_non_number_field_is_a_problem(root):
 # --- bare numbers ----------------------------------------------------------------------------
 def test_bare_numbers_in_measured_sections_and_tables_are_caught(root):
     doc = root / "MODEL.md"
-    doc.write_text("# toy\n\nentropy rate 2.775 nats in prose outside Measured is not checked here\n\n"
-                   "## Measured (default recipe)\n"
-                   f"| training time | {mark('127', 'train_s', '.0f')} s |\n"
-                   "| held-out loss | 4.321 nats |\n"
-                   "trained on 1,024 sequences in 12 s; torch 2.13.0 and `0.5` in code are not measurements\n\n"
-                   "```\n0.123 inside a code block\n```\n"
-                   "## Not done\nthe 3.5 here is outside\n")
+    doc.write_text(
+        "# toy\n\nentropy rate 2.775 nats in prose outside Measured is not checked here\n\n"
+        "## Measured (default recipe)\n"
+        f"| training time | {mark('127', 'train_s', '.0f')} s |\n"
+        "| held-out loss | 4.321 nats |\n"
+        "trained on 1,024 sequences in 12 s; torch 2.13.0 and `0.5` in code are not measurements\n\n"
+        "```\n0.123 inside a code block\n```\n"
+        "## Not done\nthe 3.5 here is outside\n"
+    )
     found = [(p.line, p.message.split("'")[1]) for p in measured.bare_numbers(doc)]
     assert found == [(7, "4.321"), (8, "1,024"), (8, "12 s")]
 
@@ -143,8 +154,11 @@ def test_cli_cards_help_says_what_it_does(capsys):
     with pytest.raises(SystemExit):
         main(["cards", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    for words in ("docs/measured/cards/NAME.json", "Quick cards, quick runs and unfinished runs are refused",
-                  "<!-- measured FILE FIELD FORMAT -->"):
+    for words in (
+        "docs/measured/cards/NAME.json",
+        "Quick cards, quick runs and unfinished runs are refused",
+        "<!-- measured FILE FIELD FORMAT -->",
+    ):
         assert words in text
 
 

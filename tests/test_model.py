@@ -30,14 +30,17 @@ def test_config_round_trips_through_json_and_toml():
     assert ModelConfig.from_toml(cfg.to_toml()) == cfg
 
 
-@pytest.mark.parametrize("bad, message", [
-    (dict(d_model=65), "divisible"),
-    (dict(positions="alibi"), "positions must be one of"),
-    (dict(n_kv_heads=3), "multiple of n_kv_heads"),
-    (dict(n_layers=0), "n_layers must be a positive integer"),
-    (dict(mlp="geglu"), "mlp must be one of"),
-    (dict(d_vocab_out=VOCAB - 1, tied_embeddings=True), "tied embeddings need d_vocab_out"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(d_model=65), "divisible"),
+        (dict(positions="alibi"), "positions must be one of"),
+        (dict(n_kv_heads=3), "multiple of n_kv_heads"),
+        (dict(n_layers=0), "n_layers must be a positive integer"),
+        (dict(mlp="geglu"), "mlp must be one of"),
+        (dict(d_vocab_out=VOCAB - 1, tied_embeddings=True), "tied embeddings need d_vocab_out"),
+    ],
+)
 def test_config_rejects_bad_values(bad, message):
     with pytest.raises(ValueError, match=message):
         tiny_config(**bad)
@@ -69,8 +72,9 @@ def test_an_output_vocabulary_of_its_own_size(tokens):
     assert model.cfg.n_params() == sum(p.numel() for p in model.parameters())
     assert ModelConfig.from_json(model.cfg.to_json()) == model.cfg
     assert tiny_config().d_vocab_out == VOCAB  # 0: the input's
-    assert model.generate(tokens[:1, :4], max_new_tokens=3, do_sample=False, stop_at_eos=False,
-                          verbose=False).shape == (1, 7)
+    assert model.generate(
+        tokens[:1, :4], max_new_tokens=3, do_sample=False, stop_at_eos=False, verbose=False
+    ).shape == (1, 7)
 
 
 def test_the_attention_takes_transformer_lens_signature():
@@ -82,8 +86,9 @@ def test_the_attention_takes_transformer_lens_signature():
     x = torch.randn(2, 6, cfg.d_model, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         fused = attn(x)
-        separate = attn(query_input=x, key_input=x.clone(), value_input=x.clone(), past_kv_cache_entry=None,
-                        attention_mask=None)
+        separate = attn(
+            query_input=x, key_input=x.clone(), value_input=x.clone(), past_kv_cache_entry=None, attention_mask=None
+        )
         copies = [x[:, :, None].expand(-1, -1, n, -1) for n in (cfg.n_heads, cfg.n_kv_heads, cfg.n_kv_heads)]
         per_head = attn(*copies)
         mask = torch.ones(2, 6, dtype=torch.long)
@@ -137,8 +142,9 @@ def test_fast_path_is_taken_unless_the_pattern_is_asked_for(model, tokens, monke
     assert calls == {"explicit": 1, "fused": 6}  # the pattern only read: z from the fused kernel all the same
 
 
-@pytest.mark.parametrize("variant", [dict(), dict(positions="rotary", norm="rmsnorm", mlp="swiglu", n_kv_heads=2)],
-                         ids=["gpt2", "llama"])
+@pytest.mark.parametrize(
+    "variant", [dict(), dict(positions="rotary", norm="rmsnorm", mlp="swiglu", n_kv_heads=2)], ids=["gpt2", "llama"]
+)
 def test_reading_an_activation_changes_no_number_and_editing_one_takes_the_explicit_path(variant, tokens):
     """A cache of every activation (patterns and norm scales included) gives the plain forward's logits bit for
     bit; a hook that edits the pattern or a scale, in place or by a new tensor, changes them."""
@@ -151,8 +157,11 @@ def test_reading_an_activation_changes_no_number_and_editing_one_takes_the_expli
         def in_place(x, hook):
             x[..., 0] *= 1.5
 
-        for name, hook in [("blocks.1.attn.hook_pattern", in_place), ("blocks.0.ln2.hook_scale", in_place),
-                           ("blocks.1.attn.hook_attn_scores", lambda x, hook: x * 0.5)]:
+        for name, hook in [
+            ("blocks.1.attn.hook_pattern", in_place),
+            ("blocks.0.ln2.hook_scale", in_place),
+            ("blocks.1.attn.hook_attn_scores", lambda x, hook: x * 0.5),
+        ]:
             assert (model.run_with_hooks(tokens, fwd_hooks=[(name, hook)]) - plain).abs().max() > 1e-4, name
     with torch.inference_mode():  # inference tensors count no writes: the same holds, by comparison
         assert torch.equal(model.run_with_cache(tokens)[0], model(tokens))
@@ -201,7 +210,9 @@ def test_loss_is_next_token_cross_entropy_in_nats(model, tokens):
 
 @pytest.mark.parametrize("d_in, d_out", [(64, 48), (70, 50257 // 300), (8, 8)], ids=["even", "ragged", "one-block"])
 @pytest.mark.parametrize("stored", ["[d_in, d_out]", "[d_out, d_in]"])
-@pytest.mark.parametrize("lead", [(1,), (3,), (2, 4), (FEW_ROWS + 1,)], ids=["1-row", "3-rows", "2x4-rows", "many-rows"])
+@pytest.mark.parametrize(
+    "lead", [(1,), (3,), (2, 4), (FEW_ROWS + 1,)], ids=["1-row", "3-rows", "2x4-rows", "many-rows"]
+)
 def test_linear_is_x_W_plus_b_on_every_layout_and_row_count(d_in, d_out, stored, lead):
     """primitives.linear is x W + b (float round-off) whichever way W is laid out in memory and however many rows
     x has: the few-row path (blocks of the weight, batched) and the plain product alike."""
@@ -231,15 +242,18 @@ def test_linear_takes_the_block_path_for_a_few_rows_outside_autograd_only(monkey
 
 
 # --- input checks ------------------------------------------------------------------------------
-@pytest.mark.parametrize("bad, message", [
-    (torch.tensor([[0, VOCAB]]), "token id 100 is out of range"),
-    (torch.tensor([[-1, 3]]), "token id -1 is out of range"),
-    (torch.zeros(1, 65, dtype=torch.long), "longer than the model's context n_ctx = 64"),
-    (torch.zeros(1, 3), "integer dtype"),
-    (torch.zeros(1, 0, dtype=torch.long), "empty"),
-    (torch.zeros(1, 2, 3, dtype=torch.long), "shape"),
-    ([1, 2, 3], "torch.Tensor"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (torch.tensor([[0, VOCAB]]), "token id 100 is out of range"),
+        (torch.tensor([[-1, 3]]), "token id -1 is out of range"),
+        (torch.zeros(1, 65, dtype=torch.long), "longer than the model's context n_ctx = 64"),
+        (torch.zeros(1, 3), "integer dtype"),
+        (torch.zeros(1, 0, dtype=torch.long), "empty"),
+        (torch.zeros(1, 2, 3, dtype=torch.long), "shape"),
+        ([1, 2, 3], "torch.Tensor"),
+    ],
+)
 def test_bad_tokens_raise_a_clear_error(model, bad, message):
     with pytest.raises(ValueError, match=message):
         model(bad)
@@ -247,13 +261,34 @@ def test_bad_tokens_raise_a_clear_error(model, bad, message):
 
 # --- hooks -------------------------------------------------------------------------------------
 EXPECTED_HOOKS = [
-    "hook_embed", "hook_pos_embed", "unembed.hook_in", "unembed.hook_out", "ln_final.hook_scale",
+    "hook_embed",
+    "hook_pos_embed",
+    "unembed.hook_in",
+    "unembed.hook_out",
+    "ln_final.hook_scale",
     "ln_final.hook_normalized",
-    *[f"blocks.1.{name}" for name in (
-        "hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out", "hook_mlp_out",
-        "ln1.hook_scale", "ln1.hook_normalized", "ln2.hook_scale", "ln2.hook_normalized",
-        "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_attn_scores", "attn.hook_pattern",
-        "attn.hook_z", "mlp.hook_pre", "mlp.hook_post")],
+    *[
+        f"blocks.1.{name}"
+        for name in (
+            "hook_resid_pre",
+            "hook_resid_mid",
+            "hook_resid_post",
+            "hook_attn_out",
+            "hook_mlp_out",
+            "ln1.hook_scale",
+            "ln1.hook_normalized",
+            "ln2.hook_scale",
+            "ln2.hook_normalized",
+            "attn.hook_q",
+            "attn.hook_k",
+            "attn.hook_v",
+            "attn.hook_attn_scores",
+            "attn.hook_pattern",
+            "attn.hook_z",
+            "mlp.hook_pre",
+            "mlp.hook_post",
+        )
+    ],
 ]
 
 
@@ -276,7 +311,9 @@ def test_a_missing_cache_entry_says_why_it_is_missing(model, tokens):
     with pytest.raises(KeyError, match=r"use_attn_result is False.*set_use_attn_result\(True\)"):
         cache["blocks.0.attn.hook_result"]
     _, some = model.run_with_cache(tokens, names_filter="blocks.0.hook_resid_post")
-    with pytest.raises(KeyError, match=r"'blocks.1.hook_resid_post' is a hook of the model but was not cached.*names_filter"):
+    with pytest.raises(
+        KeyError, match=r"'blocks.1.hook_resid_post' is a hook of the model but was not cached.*names_filter"
+    ):
         some["resid_post", 1]
     with pytest.raises(KeyError, match=r"unknown hook name 'blocks.0.hook_nosuch'"):
         cache["nosuch", 0]
@@ -302,8 +339,7 @@ PATH_SWITCHING = ("hook_pattern", "hook_attn_scores", "hook_result", "hook_scale
 def test_an_identity_hook_leaves_logits_bit_identical(model, tokens):
     with torch.no_grad():
         plain = model(tokens)
-        hooked = model.run_with_hooks(tokens, fwd_hooks=[(lambda n: not n.endswith(PATH_SWITCHING),
-                                                          lambda x, hook: x)])
+        hooked = model.run_with_hooks(tokens, fwd_hooks=[(lambda n: not n.endswith(PATH_SWITCHING), lambda x, hook: x)])
     assert torch.equal(plain, hooked)
 
 
@@ -325,7 +361,9 @@ def test_zero_ablating_a_head_changes_the_logits(model, tokens):
         return z
 
     with torch.no_grad():
-        assert not torch.allclose(model(tokens), model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_z", ablate)]))
+        assert not torch.allclose(
+            model(tokens), model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_z", ablate)])
+        )
 
 
 def test_result_hook_sums_to_attn_out(model, tokens):
@@ -412,8 +450,9 @@ def test_a_forma_folder_loads_as_saved_and_encodes_text_as_written(tmp_path, tok
     assert loaded.cfg == model.cfg and not loaded.cfg.default_prepend_bos
     assert loaded.to_tokens("a b").tolist() == [[4, 5]]
     assert loaded.to_tokens("a b", prepend_bos=True).tolist() == [[2, 4, 5]]
-    processed = HookedTransformer.from_pretrained(tmp_path, fold_ln=True, center_writing_weights=True,
-                                                  center_unembed=True)
+    processed = HookedTransformer.from_pretrained(
+        tmp_path, fold_ln=True, center_writing_weights=True, center_unembed=True
+    )
     assert processed.cfg.norm == "layernorm_pre"
     with torch.no_grad():
         ids = tokens[:, :8] % 8
@@ -521,8 +560,17 @@ def test_rotary_scores_depend_only_on_the_offset():
 
 def test_parameter_count_is_twelve_l_d_squared_plus_embeddings():
     for L, d, V in [(2, 64, 100), (6, 256, 1000), (12, 768, 50257)]:
-        cfg = ModelConfig(d_vocab=V, d_model=d, n_layers=L, n_heads=4, n_ctx=64, positions="none",
-                          tied_embeddings=True, bias=False, norm="rmsnorm")
+        cfg = ModelConfig(
+            d_vocab=V,
+            d_model=d,
+            n_layers=L,
+            n_heads=4,
+            n_ctx=64,
+            positions="none",
+            tied_embeddings=True,
+            bias=False,
+            norm="rmsnorm",
+        )
         # 12·L·d² + |V|·d, plus the lower-order terms: norm gains (2 per block + final) and b_U.
         assert cfg.n_params() == 12 * L * d * d + V * d + (2 * L + 1) * d + V
         with torch.device("meta"):
@@ -530,8 +578,18 @@ def test_parameter_count_is_twelve_l_d_squared_plus_embeddings():
 
 
 def test_llama_7b_shaped_config_counts_6_74e9_parameters():
-    cfg = ModelConfig(d_vocab=32000, d_model=4096, n_layers=32, n_heads=32, n_ctx=2048, d_mlp=11008,
-                      positions="rotary", norm="rmsnorm", mlp="swiglu", bias=False)
+    cfg = ModelConfig(
+        d_vocab=32000,
+        d_model=4096,
+        n_layers=32,
+        n_heads=32,
+        n_ctx=2048,
+        d_mlp=11008,
+        positions="rotary",
+        norm="rmsnorm",
+        mlp="swiglu",
+        bias=False,
+    )
     with torch.device("meta"):
         model = HookedTransformer(cfg)
     count = sum(p.numel() for p in model.parameters())

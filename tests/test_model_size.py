@@ -35,8 +35,9 @@ def test_the_check_compares_with_what_is_available(monkeypatch):
 
 
 def test_the_encoder_decoder_is_checked_too():
-    cfg = EncoderDecoderConfig(d_vocab_src=10, d_vocab_tgt=10, d_model=64, n_heads=4, n_encoder_layers=10**9,
-                               n_decoder_layers=1, n_ctx=8)
+    cfg = EncoderDecoderConfig(
+        d_vocab_src=10, d_vocab_tgt=10, d_model=64, n_heads=4, n_encoder_layers=10**9, n_decoder_layers=1, n_ctx=8
+    )
     with pytest.raises(ValueError, match=f"EncoderDecoder of {cfg.n_params():,} parameters"):
         EncoderDecoder(cfg)
 
@@ -50,18 +51,36 @@ def test_any_size_builds_on_the_meta_device():
     assert sum(b.numel() for b in model.buffers()) == cfg.n_buffer_elements()
 
 
-@pytest.mark.parametrize("changes", [dict(), dict(positions="rotary", n_kv_heads=2, mlp="swiglu", bias=False),
-                                     dict(positions="sinusoidal", norm="rmsnorm", tied_embeddings=True)])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        dict(),
+        dict(positions="rotary", n_kv_heads=2, mlp="swiglu", bias=False),
+        dict(positions="sinusoidal", norm="rmsnorm", tied_embeddings=True),
+    ],
+)
 def test_buffer_count_is_exact(changes):
     cfg = tiny_config(**changes)
     assert sum(b.numel() for b in HookedTransformer(cfg).buffers()) == cfg.n_buffer_elements()
 
 
-@pytest.mark.parametrize("changes", [dict(), dict(positions="learned", block="pre_ln", norm="rmsnorm", bias=False),
-                                     dict(mlp="swiglu", positions="none", d_head=8)])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        dict(),
+        dict(positions="learned", block="pre_ln", norm="rmsnorm", bias=False),
+        dict(mlp="swiglu", positions="none", d_head=8),
+    ],
+)
 def test_encoder_decoder_parameter_and_buffer_counts_are_exact(changes):
-    cfg = EncoderDecoderConfig(**(dict(d_vocab_src=30, d_vocab_tgt=20, d_model=32, n_heads=4, n_encoder_layers=2,
-                                       n_decoder_layers=3, n_ctx=16) | changes))
+    cfg = EncoderDecoderConfig(
+        **(
+            dict(
+                d_vocab_src=30, d_vocab_tgt=20, d_model=32, n_heads=4, n_encoder_layers=2, n_decoder_layers=3, n_ctx=16
+            )
+            | changes
+        )
+    )
     model = EncoderDecoder(cfg)
     assert sum(p.numel() for p in model.parameters()) == cfg.n_params()
     assert sum(b.numel() for b in model.buffers()) == cfg.n_buffer_elements()

@@ -8,8 +8,15 @@ import pytest
 import torch
 
 from lab import HookedTransformer
-from lab.analysis.monitor import (LinearReadout, Monitor, abstain_at, answer_lengths, claim_risk, output_signals,
-                                  sample_continuations)
+from lab.analysis.monitor import (
+    LinearReadout,
+    Monitor,
+    abstain_at,
+    answer_lengths,
+    claim_risk,
+    output_signals,
+    sample_continuations,
+)
 from lab.generate import decode
 from tests.conftest import VOCAB, tiny_config
 
@@ -33,8 +40,9 @@ def readouts(model: HookedTransformer) -> tuple[LinearReadout, LinearReadout]:
     return probe, p_ik
 
 
-def reference(model: HookedTransformer, tokens: torch.Tensor, prompt_length: int, probe: LinearReadout,
-              p_ik: LinearReadout) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+def reference(
+    model: HookedTransformer, tokens: torch.Tensor, prompt_length: int, probe: LinearReadout, p_ik: LinearReadout
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """The signals from one ordinary forward pass over the whole sequence, at the positions that produced each token."""
     with torch.inference_mode():
         logits, cache = model.run_with_cache(tokens)
@@ -46,15 +54,21 @@ def reference(model: HookedTransformer, tokens: torch.Tensor, prompt_length: int
     log_q = (model.ln_final(middle) @ model.W_U + model.b_U).double().log_softmax(-1)
     patterns = torch.stack([cache[f"blocks.{l}.attn.hook_pattern"] for l in (2, 3)])  # the upper half of 4
     attention = patterns[:, :, :, produced][..., SUBJECT].sum(-1).mean(dim=(0, 2))  # [batch, new]
-    signals = {"max_prob": top[..., 0], "entropy": -(p * log_p).sum(-1), "margin": top[..., 0] - top[..., 1],
-               "lens_kl": (p * (log_p - log_q)).sum(-1), "subject_attention": attention,
-               "probe": torch.sigmoid(middle.double() @ probe.weight.double() + probe.bias)}
+    signals = {
+        "max_prob": top[..., 0],
+        "entropy": -(p * log_p).sum(-1),
+        "margin": top[..., 0] - top[..., 1],
+        "lens_kl": (p * (log_p - log_q)).sum(-1),
+        "subject_attention": attention,
+        "probe": torch.sigmoid(middle.double() @ probe.weight.double() + probe.bias),
+    }
     readout = cache[p_ik.hook][:, p_ik.position].double() @ p_ik.weight.double() + p_ik.bias
     return signals, torch.sigmoid(readout)
 
 
-@pytest.mark.parametrize("variant", [{}, dict(positions="rotary", n_kv_heads=2, norm="rmsnorm", mlp="swiglu")],
-                         ids=["learned", "rotary-gqa"])
+@pytest.mark.parametrize(
+    "variant", [{}, dict(positions="rotary", n_kv_heads=2, norm="rmsnorm", mlp="swiglu")], ids=["learned", "rotary-gqa"]
+)
 @pytest.mark.parametrize("use_kv_cache", [True, False], ids=["kv-cache", "recompute"])
 def test_signals_read_while_decoding_equal_a_forward_pass_over_the_result(variant, use_kv_cache):
     model = HookedTransformer(tiny_config(n_layers=4, **variant), seed=3).eval()
@@ -85,8 +99,9 @@ def test_no_hook_is_left_behind_even_when_a_readout_fails(model):
         monitor.generate(PROMPT, 4, subject=SUBJECT)
     assert all(not point.fwd_hooks for point in model.hook_dict.values())
     assert monitor.held() == {}
-    torch.testing.assert_close(decode(model, PROMPT, 4, temperature=0).tokens,
-                               Monitor(model, attention=False).generate(PROMPT, 4).tokens)
+    torch.testing.assert_close(
+        decode(model, PROMPT, 4, temperature=0).tokens, Monitor(model, attention=False).generate(PROMPT, 4).tokens
+    )
 
 
 def test_memory_between_steps_does_not_grow_with_the_generation(model):
@@ -110,7 +125,9 @@ def test_output_signals_of_known_distributions():
     assert torch.allclose(uniform["entropy"], torch.full((2,), math.log(8)))
     assert torch.equal(uniform["margin"], torch.zeros(2))
     sharp = output_signals(torch.tensor([[math.log(0.7), math.log(0.2), math.log(0.1)]]))
-    assert torch.allclose(sharp["margin"], torch.tensor([0.5])) and torch.allclose(sharp["max_prob"], torch.tensor([0.7]))
+    assert torch.allclose(sharp["margin"], torch.tensor([0.5])) and torch.allclose(
+        sharp["max_prob"], torch.tensor([0.7])
+    )
 
 
 def test_the_claim_is_as_risky_as_its_riskiest_token_and_abstention_stops_there():

@@ -49,8 +49,17 @@ def test_every_signal_is_read_and_judged_on_the_test_split(quick):
     prompts = pd.read_parquet(folder / "prompts.parquet")
     test = prompts[prompts["split"] == "test"]
     names = [row["signal"] for row in results["signals"]]
-    assert set(names) == {"max_prob", "entropy", "margin", "lens_kl", "subject_attention", "probe", "p_ik",
-                          "self_consistency", "semantic_entropy"}
+    assert set(names) == {
+        "max_prob",
+        "entropy",
+        "margin",
+        "lens_kl",
+        "subject_attention",
+        "probe",
+        "p_ik",
+        "self_consistency",
+        "semantic_entropy",
+    }
     for row in results["signals"]:
         risk, false = test[f"risk_{row['signal']}"].to_numpy(), test["false"].to_numpy()
         assert math.isclose(row["auroc"], auroc(risk, false), abs_tol=1e-12)
@@ -127,8 +136,9 @@ def word_tokenizer(directory):
     words = ["<unk>", "<pad>", "<bos>", "<eos>", "Question:", "Answer:"] + [f"w{i}" for i in range(VOCAB - 6)]
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>",
-                            pad_token="<pad>").save_pretrained(directory)
+    PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>", pad_token="<pad>"
+    ).save_pretrained(directory)
 
 
 @pytest.fixture(scope="module")
@@ -148,8 +158,12 @@ def qa_folder(tmp_path_factory):
 @pytest.mark.slow
 def test_a_local_model_on_a_question_answer_csv(qa_folder, tmp_path):
     out = tmp_path / "run"
-    assert main(["run", "monitor", "--model", str(qa_folder / "gpt2"), "--qa", str(qa_folder / "qa.csv"),
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            ["run", "monitor", "--model", str(qa_folder / "gpt2"), "--qa", str(qa_folder / "qa.csv"), "--out", str(out)]
+        )
+        == 0
+    )
     results = json.loads((out / "results.json").read_text())
     assert results["source"]["n_items"] == 30 and results["source"]["hooked"]
     scored = {row["signal"] for row in results["signals"]}
@@ -157,20 +171,26 @@ def test_a_local_model_on_a_question_answer_csv(qa_folder, tmp_path):
     assert every_signal_is_scored_or_says_why(results)
     # a random model's answers are all false: no fold holds MIN_PER_CLASS right answers to fit a readout on
     for name in ("probe", "p_ik"):
-        assert results["unavailable"][name].startswith("not enough data") and "at least 10" in \
-            results["unavailable"][name]
+        assert (
+            results["unavailable"][name].startswith("not enough data") and "at least 10" in results["unavailable"][name]
+        )
     # an α is scored when the calibration split lets both rules answer: n ≥ ⌈1/α⌉ − 1 (CRC), ⌈ln δ / ln(1 − α)⌉ (LTT)
     n_cal = results["source"]["n_by_split"]["calibration"]
-    allowed = [a for a in results["alphas"] if n_cal >= max(math.ceil(1 / a) - 1, math.ceil(math.log(0.1) /
-                                                                                             math.log(1 - a)))]
+    allowed = [
+        a for a in results["alphas"] if n_cal >= max(math.ceil(1 / a) - 1, math.ceil(math.log(0.1) / math.log(1 - a)))
+    ]
     assert allowed != results["alphas"]  # 30 questions are too few for some α
     assert sorted({a["alpha"] for a in results["abstention"]}) == allowed
     assert [a["alpha"] for a in results["abstention_unavailable"]] == [a for a in results["alphas"] if a not in allowed]
-    assert all(f"holds {n_cal} questions" in a["why_not"] and "needs at least" in a["why_not"]
-               for a in results["abstention_unavailable"])
+    assert all(
+        f"holds {n_cal} questions" in a["why_not"] and "needs at least" in a["why_not"]
+        for a in results["abstention_unavailable"]
+    )
     prompts = pd.read_parquet(out / "prompts.parquet")
-    assert (prompts["false"] == [experiment.normalise(g) != experiment.normalise(a)
-                                 for g, a in zip(prompts["generated"], prompts["answer"])]).all()
+    assert (
+        prompts["false"]
+        == [experiment.normalise(g) != experiment.normalise(a) for g, a in zip(prompts["generated"], prompts["answer"])]
+    ).all()
     assert results["headlines"] == experiment.headlines({k: v for k, v in results.items() if k != "headlines"})
 
 
@@ -179,8 +199,11 @@ def every_signal_is_scored_or_says_why(results) -> bool:
 
     scored = {row["signal"] for row in results["signals"]}
     reasons = results["unavailable"]
-    return (scored | set(reasons) == set(SIGNALS) and not scored & set(reasons)
-            and all(len(why.split()) >= 3 for why in reasons.values()))
+    return (
+        scored | set(reasons) == set(SIGNALS)
+        and not scored & set(reasons)
+        and all(len(why.split()) >= 3 for why in reasons.values())
+    )
 
 
 QA_RUN = dict(k_samples=4, qa_max_new_tokens=6, n_boot=100, n_resplits=50)
@@ -198,12 +221,21 @@ def labelled(qa_folder):
             csv.writer(f).writerows([["question", "answer"], *zip(questions, answers)])
         return path
 
-    first = experiment.run(experiment.Config(model=str(qa_folder / "gpt2"), qa=str(write(
-        qa_folder / "blank.csv", ["unsaid"] * 60)), **QA_RUN | {"k_samples": 1}), qa_folder / "blank")
+    first = experiment.run(
+        experiment.Config(
+            model=str(qa_folder / "gpt2"),
+            qa=str(write(qa_folder / "blank.csv", ["unsaid"] * 60)),
+            **QA_RUN | {"k_samples": 1},
+        ),
+        qa_folder / "blank",
+    )
     assert first["answers"]["qa"]["false_rate"] == 1.0
     greedy = pd.read_parquet(qa_folder / "blank" / "prompts.parquet")["generated"].tolist()
-    cfg = experiment.Config(model=str(qa_folder / "gpt2"), qa=str(write(
-        qa_folder / "labelled.csv", [g if i % 2 == 0 else "unsaid" for i, g in enumerate(greedy)])), **QA_RUN)
+    cfg = experiment.Config(
+        model=str(qa_folder / "gpt2"),
+        qa=str(write(qa_folder / "labelled.csv", [g if i % 2 == 0 else "unsaid" for i, g in enumerate(greedy)])),
+        **QA_RUN,
+    )
     return cfg, experiment.run(cfg, qa_folder / "labelled"), qa_folder / "labelled"
 
 
@@ -218,8 +250,10 @@ def test_every_signal_of_a_local_model_is_scored_once_the_answers_allow(labelled
     for row in results["signals"]:
         assert math.isclose(row["auroc"], auroc(test[f"risk_{row['signal']}"], test["false"]), abs_tol=1e-12)
     # self-consistency is a share of k samples, semantic entropy an entropy over k samples
-    share = results["signals"][[r["signal"] for r in results["signals"]].index("self_consistency")]["sign"] * \
-        prompts["risk_self_consistency"]
+    share = (
+        results["signals"][[r["signal"] for r in results["signals"]].index("self_consistency")]["sign"]
+        * prompts["risk_self_consistency"]
+    )
     assert np.allclose(share * cfg.k_samples, np.round(share * cfg.k_samples)) and share.between(0, 1).all()
     assert prompts["risk_semantic_entropy"].abs().le(math.log(cfg.k_samples) + 1e-12).all()
 
@@ -238,14 +272,22 @@ def test_the_sampling_baselines_are_k_seeded_answers_per_question(labelled, qa_f
     model, tokenizer, _ = load_local_model(cfg.model)
     for i in (0, 7):
         ids = torch.tensor([encode(tokenizer, experiment.qa_prompt(prompts["question"][i]))])
-        rows = sample_continuations(model, ids, cfg.k_samples, cfg.qa_max_new_tokens, seed=cfg.seed + 31 + i,
-                                    eos_token_id=tokenizer.eos_token_id)[0]
+        rows = sample_continuations(
+            model,
+            ids,
+            cfg.k_samples,
+            cfg.qa_max_new_tokens,
+            seed=cfg.seed + 31 + i,
+            eos_token_id=tokenizer.eos_token_id,
+        )[0]
         texts = [experiment.normalise(tokenizer.decode(r.tolist()).split("\n")[0]) for r in rows]
         greedy = experiment.normalise(prompts["generated"][i])
-        assert math.isclose(signs["self_consistency"] * prompts["risk_self_consistency"][i],
-                            answer_agreement(texts, greedy))
-        assert math.isclose(signs["semantic_entropy"] * prompts["risk_semantic_entropy"][i],
-                            discrete_semantic_entropy(texts))
+        assert math.isclose(
+            signs["self_consistency"] * prompts["risk_self_consistency"][i], answer_agreement(texts, greedy)
+        )
+        assert math.isclose(
+            signs["semantic_entropy"] * prompts["risk_semantic_entropy"][i], discrete_semantic_entropy(texts)
+        )
 
 
 @pytest.mark.slow
@@ -261,8 +303,12 @@ def test_p_ik_on_a_local_model_is_cross_fitted_by_question(labelled):
     prompts = pd.read_parquet(folder / "prompts.parquet")
     model, tokenizer, _ = load_local_model(cfg.model)
     hook = results["readouts"]["p_ik"]["hook"]
-    X = torch.stack([experiment.residuals(model, torch.tensor([encode(tokenizer, experiment.qa_prompt(q))]),
-                                          [hook])[hook][0, -1] for q in prompts["question"]])
+    X = torch.stack(
+        [
+            experiment.residuals(model, torch.tensor([encode(tokenizer, experiment.qa_prompt(q))]), [hook])[hook][0, -1]
+            for q in prompts["question"]
+        ]
+    )
     right = ~prompts["false"].to_numpy()
     held_out = cross_fit_probe(X, right, np.arange(60), cfg.qa_folds, seed=cfg.seed)
     assert [f.tolist() for f in held_out.folds] == folds
@@ -297,8 +343,9 @@ def test_abstention_on_a_local_model_where_calibration_allows(labelled):
 def test_a_local_model_run_is_determined_by_its_seed(labelled, tmp_path):
     cfg, results, folder = labelled
     again = experiment.run(cfg, tmp_path / "again")
-    pd.testing.assert_frame_equal(pd.read_parquet(folder / "prompts.parquet"), pd.read_parquet(tmp_path / "again" /
-                                                                                               "prompts.parquet"))
+    pd.testing.assert_frame_equal(
+        pd.read_parquet(folder / "prompts.parquet"), pd.read_parquet(tmp_path / "again" / "prompts.parquet")
+    )
     assert {k: v for k, v in again.items() if k != "timing"} == {k: v for k, v in results.items() if k != "timing"}
 
 
@@ -363,15 +410,20 @@ def test_a_separation_headline_needs_its_familywise_interval_to_exclude_a_half()
     """With a dozen separation claims, a 95% interval that just excludes ½ is what chance gives about half the
     time: the headline is shown only when the familywise (Bonferroni) interval excludes ½ too."""
     assert experiment.familywise_level(12) == 1 - 0.05 / 12
-    block = {"auroc": 0.566, "auroc_ci95": [0.501, 0.649], "auroc_familywise_ci": [0.47, 0.68],
-             "auroc_familywise_level": experiment.familywise_level(12), "auroc_n_pos": 184, "auroc_n_neg": 67}
+    block = {
+        "auroc": 0.566,
+        "auroc_ci95": [0.501, 0.649],
+        "auroc_familywise_ci": [0.47, 0.68],
+        "auroc_familywise_level": experiment.familywise_level(12),
+        "auroc_n_pos": 184,
+        "auroc_n_neg": 67,
+    }
     head = experiment._auroc_headline("x_separates", "The signal x", block, sign=1)
     assert not head["supported"] and head["direction"] == 0 and "familywise interval straddles ½" in head["why_not"]
     block["auroc_familywise_ci"] = [0.52, 0.62]
     head = experiment._auroc_headline("x_separates", "The signal x", block, sign=-1)
     assert head["supported"] and head["direction"] == -1 and head["interval"] == [0.52, 0.62]
     assert "99.6% familywise [0.520, 0.620]" in head["sentence"]
-
 
 
 def test_separation_claims_on_scores_that_carry_no_signal_are_not_shown():
@@ -385,10 +437,17 @@ def test_separation_claims_on_scores_that_carry_no_signal_are_not_shown():
     scores = {"max_prob": rng.random(n), "entropy": rng.random(n), "margin": false + rng.normal(scale=0.5, size=n)}
     cfg = experiment.Config(quick=True, n_boot=200, n_resplits=20)
     rows, abstention, _ = experiment.judge(scores, false, kinds, split, {k: 1 for k in scores}, cfg)
-    heads = {h["name"]: h for h in experiment.headlines({"signals": rows, "abstention": abstention,
-                                                         "abstention_signal": "max_prob"})}
-    for name in ("max_prob_separates", "entropy_separates", "max_prob_separates_seen", "max_prob_separates_unseen",
-                 "max_prob_separates_invented"):
+    heads = {
+        h["name"]: h
+        for h in experiment.headlines({"signals": rows, "abstention": abstention, "abstention_signal": "max_prob"})
+    }
+    for name in (
+        "max_prob_separates",
+        "entropy_separates",
+        "max_prob_separates_seen",
+        "max_prob_separates_unseen",
+        "max_prob_separates_invented",
+    ):
         assert not heads[name]["supported"] and "familywise interval straddles ½" in heads[name]["why_not"], name
     assert heads["margin_separates"]["supported"] and "(DeLong)" in heads["margin_separates"]["sentence"]
     for row in rows:
@@ -404,15 +463,28 @@ def test_learn_then_test_is_shown_only_where_its_check_can_fail(quick):
     results, _ = quick
     entry = json.loads(json.dumps(next(a for a in results["abstention"] if a["signal"] == "max_prob")))
     n = entry["resplits"]["n_resplits"]
-    entry["resplits"].update(ltt_n_certifying=9, ltt_n_answering=9, ltt_n_above_alpha=9, ltt_share_above_alpha=9 / n,
-                             ltt_coverage=0.0023, ltt_coverage_answering=0.05, ltt_selective_risk=0.24,
-                             ltt_pooled_selective_risk=0.25)
+    entry["resplits"].update(
+        ltt_n_certifying=9,
+        ltt_n_answering=9,
+        ltt_n_above_alpha=9,
+        ltt_share_above_alpha=9 / n,
+        ltt_coverage=0.0023,
+        ltt_coverage_answering=0.05,
+        ltt_selective_risk=0.24,
+        ltt_pooled_selective_risk=0.25,
+    )
     rare = experiment.headlines(dict(results, abstention=[entry]))
     head = next(h for h in rare if h["name"].startswith("ltt_"))
     assert not head["supported"] and "cannot fail" in head["why_not"] and "above α in 9 of 9 draws" in head["why_not"]
     assert "0.23%" in head["why_not"]  # a share as measured, never rounded to 0%
-    entry["resplits"].update(ltt_n_certifying=0, ltt_n_answering=0, ltt_n_above_alpha=0, ltt_share_above_alpha=0.0,
-                             ltt_smallest_p_value=0.31, ltt_smallest_p_value_median=0.72)
+    entry["resplits"].update(
+        ltt_n_certifying=0,
+        ltt_n_answering=0,
+        ltt_n_above_alpha=0,
+        ltt_share_above_alpha=0.0,
+        ltt_smallest_p_value=0.31,
+        ltt_smallest_p_value_median=0.72,
+    )
     head = next(h for h in experiment.headlines(dict(results, abstention=[entry])) if h["name"].startswith("ltt_"))
     assert not head["supported"] and "smallest p-value over the grid was 0.31" in head["why_not"]
 
@@ -428,8 +500,9 @@ def test_the_abstention_figure_shows_what_the_headlines_state(quick):
     traces = {t.name: t for t in figure.data}
     crc = traces["CRC: answered and false"]
     assert list(crc.y) == pytest.approx([a["resplits"]["crc_joint_risk"] for a in chosen])
-    assert list(crc.error_y.array) == pytest.approx([a["resplits"]["crc_joint_risk_range90"][1]
-                                                     - a["resplits"]["crc_joint_risk"] for a in chosen])
+    assert list(crc.error_y.array) == pytest.approx(
+        [a["resplits"]["crc_joint_risk_range90"][1] - a["resplits"]["crc_joint_risk"] for a in chosen]
+    )
     heads = {h["name"]: h for h in results["headlines"]}
     for a, y in zip(chosen, crc.y):
         assert heads[f"crc_keeps_joint_risk_alpha_{a['alpha']:g}"]["value"] == pytest.approx(y)

@@ -7,9 +7,21 @@ import math
 import numpy as np
 import pytest
 
-from lab.metrics.selective import (answer_agreement, aurc, binomial_cdf, crc_min_calibration, crc_threshold,
-                                   discrete_semantic_entropy, ltt_grid, ltt_min_answered, ltt_threshold, optimal_aurc,
-                                   risk_coverage, selective_outcome, wilson_interval)
+from lab.metrics.selective import (
+    answer_agreement,
+    aurc,
+    binomial_cdf,
+    crc_min_calibration,
+    crc_threshold,
+    discrete_semantic_entropy,
+    ltt_grid,
+    ltt_min_answered,
+    ltt_threshold,
+    optimal_aurc,
+    risk_coverage,
+    selective_outcome,
+    wilson_interval,
+)
 
 
 def test_risk_coverage_answers_the_least_risky_first():
@@ -65,7 +77,7 @@ def test_binomial_cdf_matches_scipy_and_the_closed_forms():
         for p in (0.01, 0.05, 0.3, 0.9):
             for k in range(-1, n + 1, max(1, n // 9)):
                 assert math.isclose(binomial_cdf(k, n, p), binom.cdf(k, n, p), rel_tol=1e-9, abs_tol=1e-300)
-    assert math.isclose(binomial_cdf(0, 45, 0.05), 0.95 ** 45)
+    assert math.isclose(binomial_cdf(0, 45, 0.05), 0.95**45)
     assert binomial_cdf(0, 0, 0.2) == 1.0 and binomial_cdf(-1, 5, 0.2) == 0.0
 
 
@@ -139,7 +151,7 @@ def synthetic(seed: int, n: int = SYNTHETIC_N, power: int = 1) -> tuple[np.ndarr
     R(λ) = λ^power / (power + 1) and the joint risk P(s ≤ λ, wrong) = λ^(power + 1) / (power + 1), exactly."""
     rng = np.random.default_rng(seed)
     s = rng.random(n)
-    return s, rng.random(n) < s ** power
+    return s, rng.random(n) < s**power
 
 
 @pytest.mark.parametrize("alpha", [0.1, 0.2])
@@ -155,11 +167,11 @@ def test_learn_then_test_keeps_its_promise_over_200_calibration_draws(alpha):
         s, wrong = synthetic(seed, power=2)
         certified = ltt_threshold(s, wrong, alpha, delta, grid)
         threshold = min(max(certified.threshold, 0.0), 1.0)  # −∞: nothing answered, no risk taken
-        violations += threshold ** 2 / 3 > alpha
+        violations += threshold**2 / 3 > alpha
         thresholds.append(threshold)
         curve = risk_coverage(s, wrong)
         naive = min(curve.threshold[curve.risk <= alpha].max(), 1.0)
-        naive_violations += naive ** 2 / 3 > alpha
+        naive_violations += naive**2 / 3 > alpha
     slack = 3 * math.sqrt(delta * (1 - delta) / seeds)
     assert violations / seeds <= delta + slack
     assert naive_violations / seeds > delta + slack
@@ -175,7 +187,7 @@ def test_conformal_risk_control_keeps_the_joint_rate_at_alpha_in_expectation():
     for seed in range(seeds):
         s, wrong = synthetic(seed, n)
         threshold = min(max(crc_threshold(s, wrong, alpha), 0.0), 1.0)
-        joint.append(threshold ** 2 / 2)
+        joint.append(threshold**2 / 2)
     se = np.std(joint, ddof=1) / math.sqrt(seeds)
     assert alpha - 2 / (n + 1) - 3 * se <= np.mean(joint) <= alpha + 3 * se
 

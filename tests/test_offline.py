@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 # Loaded by the subprocess's `site` at start-up (it is first on PYTHONPATH): every way Python opens a
 # connection or resolves a name writes the attempt, with its stack, to FORMA_NETWORK_LOG and fails.
-SITECUSTOMIZE = '''
+SITECUSTOMIZE = """
 import os, socket, traceback
 
 _LOG = os.environ["FORMA_NETWORK_LOG"]
@@ -38,9 +38,9 @@ socket.create_connection = _refuse("create_connection")
 socket.getaddrinfo = _refuse("getaddrinfo")
 socket.gethostbyname = _refuse("gethostbyname")
 socket.gethostbyname_ex = _refuse("gethostbyname_ex")
-'''
+"""
 
-SCRIPT = '''
+SCRIPT = """
 import sys
 from pathlib import Path
 
@@ -61,7 +61,7 @@ except FileNotFoundError as err:
 else:
     raise AssertionError("a folder without a tokenizer was bridged")
 print("all ran")
-'''
+"""
 
 
 @pytest.mark.slow
@@ -77,10 +77,20 @@ def test_no_connection_is_attempted(tmp_path):
     (tmp_path / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
     log = tmp_path / "network.log"
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
-    env |= {"PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{REPO}", "FORMA_NETWORK_LOG": str(log),
-            "HF_HOME": str(tmp_path / "hf-home"), "FORMA_RUNS_DIR": str(tmp_path / "runs"), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(SCRIPT), str(model), str(bare), str(csv_path),
-                           str(tmp_path / "run")], env=env, capture_output=True, text=True, timeout=900)
+    env |= {
+        "PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{REPO}",
+        "FORMA_NETWORK_LOG": str(log),
+        "HF_HOME": str(tmp_path / "hf-home"),
+        "FORMA_RUNS_DIR": str(tmp_path / "runs"),
+        "OMP_NUM_THREADS": "1",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(SCRIPT), str(model), str(bare), str(csv_path), str(tmp_path / "run")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     attempts = log.read_text() if log.exists() else ""
     assert attempts == "", f"connection attempts:\n{attempts}"
     assert done.returncode == 0 and "all ran" in done.stdout, done.stdout[-2000:] + done.stderr[-4000:]
@@ -91,6 +101,9 @@ def test_the_network_guard_records_an_attempt(tmp_path):
     (tmp_path / "sitecustomize.py").write_text(SITECUSTOMIZE)
     log = tmp_path / "network.log"
     env = os.environ | {"PYTHONPATH": str(tmp_path), "FORMA_NETWORK_LOG": str(log)}
-    code = "import urllib.request\ntry:\n    urllib.request.urlopen('http://example.com', timeout=1)\nexcept OSError:\n    pass\n"
+    code = (
+        "import urllib.request\n"
+        "try:\n    urllib.request.urlopen('http://example.com', timeout=1)\nexcept OSError:\n    pass\n"
+    )
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
     assert "example.com" in log.read_text()

@@ -57,8 +57,10 @@ def remote_code_folder(directory: Path, marker: Path, in_tokenizer: bool = False
     if in_tokenizer:
         config |= {"tokenizer_class": "EvilTokenizer", "auto_map": {"AutoTokenizer": [None, "evil.EvilTokenizer"]}}
     else:
-        config |= {"model_type": "evilnet", "auto_map": {"AutoConfig": "evil.EvilConfig",
-                                                         "AutoModelForCausalLM": "evil.EvilConfig"}}
+        config |= {
+            "model_type": "evilnet",
+            "auto_map": {"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilConfig"},
+        }
     (directory / name).write_text(json.dumps(config))
     return directory
 
@@ -111,8 +113,10 @@ def test_a_folder_whose_config_names_its_own_code_is_refused_at_a_terminal_and_t
     """`forma hooks`, `forma trust`, `forma run --model`, load_hf, bridge and the tokenizer, each with a terminal
     that answers "y" to any question: one line naming auto_map, exit 2, and the folder's code never imported."""
     marker = tmp_path / "the-code-ran"
-    folders = [remote_code_folder(tmp_path / f"model-{where}", marker, where == "tokenizer")
-               for where in ("config", "tokenizer")]
+    folders = [
+        remote_code_folder(tmp_path / f"model-{where}", marker, where == "tokenizer")
+        for where in ("config", "tokenizer")
+    ]
     csv_path = tmp_path / "mmlu.csv"
     csv_path.write_text("\n".join(f"w{i} w2,w3,w4,w5,w6,A" for i in range(12)) + "\n")
     output = at_a_terminal([sys.executable, "-c", AT_A_TERMINAL, str(csv_path), *map(str, folders)])
@@ -127,8 +131,9 @@ def test_a_folder_whose_config_names_its_own_code_is_refused_at_a_terminal_and_t
             assert f"{named} asks to run Python code" in message and "auto_map" in message, message
         assert not (Path(str(folder) + "-run")).exists()  # refused before the run folder was made
     lines = [line for line in output.replace("\r", "").splitlines() if ": error:" in line]
-    assert len(lines) == 6 and all("auto_map" in line and "never runs a model folder's code" in line
-                                   for line in lines), lines
+    assert len(lines) == 6 and all(
+        "auto_map" in line and "never runs a model folder's code" in line for line in lines
+    ), lines
 
 
 def test_the_explorer_refuses_such_a_folder_with_a_message(empty, tmp_path):
@@ -151,11 +156,18 @@ def test_every_hugging_face_loader_is_called_with_trust_remote_code_false():
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
                     owner = node.func.value
-                    auto = node.func.attr == "from_pretrained" and isinstance(owner, ast.Name) and \
-                        owner.id.startswith("Auto")
+                    auto = (
+                        node.func.attr == "from_pretrained"
+                        and isinstance(owner, ast.Name)
+                        and owner.id.startswith("Auto")
+                    )
                     if auto or node.func.attr == "boot_transformers":
-                        safe = any(k.arg == "trust_remote_code" and isinstance(k.value, ast.Constant)
-                                   and k.value.value is False for k in node.keywords)
+                        safe = any(
+                            k.arg == "trust_remote_code"
+                            and isinstance(k.value, ast.Constant)
+                            and k.value.value is False
+                            for k in node.keywords
+                        )
                         calls.append((f"{path.relative_to(REPO)}:{node.lineno}", safe))
     assert len(calls) >= 4 and all(safe for _, safe in calls), calls
 
@@ -229,8 +241,10 @@ def test_a_deeply_nested_results_json_cannot_take_a_page_down(empty):
     assert "nests deeper than" in texts(page("kl").run())
 
 
-PAYLOAD = ("![beacon](http://127.0.0.1:9/beacon.png) <img src=x onerror=alert(1)> [a link](http://127.0.0.1:9/) "
-           "https://127.0.0.1:9/auto **bold** :red[red] $x^2$")
+PAYLOAD = (
+    "![beacon](http://127.0.0.1:9/beacon.png) <img src=x onerror=alert(1)> [a link](http://127.0.0.1:9/) "
+    "https://127.0.0.1:9/auto **bold** :red[red] $x^2$"
+)
 
 
 def markup_in(source: str) -> list[str]:
@@ -242,8 +256,17 @@ def markup_in(source: str) -> list[str]:
     found = []
     for token in MarkdownIt("commonmark").enable("table").parse(str(source)):
         for child in [token, *(token.children or [])]:
-            if child.type in ("image", "link_open", "html_inline", "html_block", "strong_open", "em_open",
-                              "heading_open", "code_inline", "fence"):
+            if child.type in (
+                "image",
+                "link_open",
+                "html_inline",
+                "html_block",
+                "strong_open",
+                "em_open",
+                "heading_open",
+                "code_inline",
+                "fence",
+            ):
                 found.append(child.type)
     return found
 
@@ -252,17 +275,42 @@ def markup_in(source: str) -> list[str]:
 def test_a_runs_text_is_shown_as_text_never_as_markup(empty, name):
     """Every headline's sentence, name and reason, with an image, a link, raw HTML, an autolink and Streamlit's
     directives in it: every element of the page shows the words, and none renders any of it."""
-    headlines = [{"name": f"n {PAYLOAD}", "sentence": f"s {PAYLOAD}", "value": 1.0, "interval": None,
-                  "direction": 1, "supported": True, "why_not": None},
-                 {"name": f"u {PAYLOAD}", "sentence": "hidden", "value": None, "interval": None, "direction": None,
-                  "supported": False, "why_not": f"w {PAYLOAD}"}]
-    write_run(empty, name, {"headlines": headlines, "p_ik_summary": [f"p {PAYLOAD}"],
-                            "checks": [{"name": PAYLOAD, "passed": True, "measured": PAYLOAD, "expected": 1,
-                                        "tolerance": 1, "note": PAYLOAD}]})
+    headlines = [
+        {
+            "name": f"n {PAYLOAD}",
+            "sentence": f"s {PAYLOAD}",
+            "value": 1.0,
+            "interval": None,
+            "direction": 1,
+            "supported": True,
+            "why_not": None,
+        },
+        {
+            "name": f"u {PAYLOAD}",
+            "sentence": "hidden",
+            "value": None,
+            "interval": None,
+            "direction": None,
+            "supported": False,
+            "why_not": f"w {PAYLOAD}",
+        },
+    ]
+    write_run(
+        empty,
+        name,
+        {
+            "headlines": headlines,
+            "p_ik_summary": [f"p {PAYLOAD}"],
+            "checks": [
+                {"name": PAYLOAD, "passed": True, "measured": PAYLOAD, "expected": 1, "tolerance": 1, "note": PAYLOAD}
+            ],
+        },
+    )
     at = page(name).run()
     assert not at.exception, at.exception
-    sources = [str(e.value) for kind in ("markdown", "caption", "subheader", "warning", "info", "error")
-               for e in at.get(kind)]
+    sources = [
+        str(e.value) for kind in ("markdown", "caption", "subheader", "warning", "info", "error") for e in at.get(kind)
+    ]
     sources += [str(cell) for table in at.table for cell in [*table.value.index, *table.value.to_numpy().ravel()]]
     plain = [str(e.value) for e in at.get("text")]  # st.text: shown as written, never read as Markdown
     run_text = [source for source in sources if "beacon" in source]
@@ -310,8 +358,9 @@ def activation_set(tmp_path_factory):
     model = HookedTransformer(tiny_config(), seed=0).eval()
     data = torch.randint(0, 100, (24, 8), generator=torch.Generator().manual_seed(0))
     folder = tmp_path_factory.mktemp("acts") / "set"
-    store = save_activations(model, data, ["blocks.0.hook_resid_post"], folder, positions="all", batch_size=4,
-                             shard_mb=0.02, progress=False)
+    store = save_activations(
+        model, data, ["blocks.0.hook_resid_post"], folder, positions="all", batch_size=4, shard_mb=0.02, progress=False
+    )
     assert len(store.index["shards"]) >= 3
     return folder, store.load()
 
@@ -346,19 +395,21 @@ DAMAGES = {
     "a truncated shard": (truncate_first, r"shard-00000\.safetensors"),
     "two shards swapped": (swap_files, r"shard-0000[01]\.safetensors"),
     "an inflated n_rows": (lambda f, i: i.update(n_rows=i["n_rows"] + 5), r"index\.json says n_rows"),
-    "a row count that is not the shard's": (lambda f, i: (i["shards"][1].update(rows=i["shards"][1]["rows"] + 1),
-                                                          i.update(n_rows=i["n_rows"] + 1)),
-                                            r"shard-00001\.safetensors holds \["),
-    "a shard outside the folder": (lambda f, i: i["shards"][0].update(file="../outside.safetensors"),
-                                   r"outside\.safetensors leads outside"),
+    "a row count that is not the shard's": (
+        lambda f, i: (i["shards"][1].update(rows=i["shards"][1]["rows"] + 1), i.update(n_rows=i["n_rows"] + 1)),
+        r"shard-00001\.safetensors holds \[",
+    ),
+    "a shard outside the folder": (
+        lambda f, i: i["shards"][0].update(file="../outside.safetensors"),
+        r"outside\.safetensors leads outside",
+    ),
     "an edited byte": (flip_a_byte, r"shard-00001\.safetensors is not the shard the index recorded"),
     "shards listed out of order": (lambda f, i: i.update(shards=i["shards"][::-1]), r"not a harvest's order"),
 }
 
 
 @pytest.mark.parametrize("damage", DAMAGES)
-def test_an_activation_set_that_is_not_what_its_index_says_is_refused_naming_the_file(activation_set, tmp_path,
-                                                                                        damage):
+def test_an_activation_set_that_is_not_what_its_index_says_is_refused_naming_the_file(activation_set, tmp_path, damage):
     from lab.analysis.activations import ActivationStore
 
     change, named = DAMAGES[damage]
@@ -480,8 +531,9 @@ def test_trust_on_a_read_only_folder_and_a_read_only_offload_folder_are_one_line
     model = gpt2_folder(tmp_path / "gpt2", tokenizer=True)
     offload = tmp_path / "offload"
     offload.mkdir()
-    argv = read_only_argv([model, offload], [sys.executable, "-c", READ_ONLY, str(model), str(offload),
-                                             str(tmp_path / "report.json")])
+    argv = read_only_argv(
+        [model, offload], [sys.executable, "-c", READ_ONLY, str(model), str(offload), str(tmp_path / "report.json")]
+    )
     try:
         done = subprocess.run(argv, env=ENV, capture_output=True, text=True, timeout=600)
     finally:

@@ -22,8 +22,12 @@ def train_tiny(seed: int) -> dict:
         opt.zero_grad()
         loss.backward()
         opt.step()
-    return {"seed": seed, "weight": layer.weight.detach().clone(), "threads": torch.get_num_threads(),
-            "pid": os.getpid()}
+    return {
+        "seed": seed,
+        "weight": layer.weight.detach().clone(),
+        "threads": torch.get_num_threads(),
+        "pid": os.getpid(),
+    }
 
 
 def fail_on_two(seed: int) -> int:
@@ -104,8 +108,7 @@ def test_the_callers_progress_counts_the_tasks_and_says_where_each_workers_own_b
     assert inner, f"no worker's stage reached the caller: {seen[-3:]}"
     # whichever task a worker runs last (the 60-step ones or the 5-step one) is the last bar seen
     assert all(s.postfix.startswith("now slow step ") for s in inner) and any("/60 (" in s.postfix for s in inner)
-    line = Progress("forma run kl", "running", os.getpid(), "2026-01-01T00:00:00Z", 3.0, time.time(),
-                    inner[-1]).line()
+    line = Progress("forma run kl", "running", os.getpid(), "2026-01-01T00:00:00Z", 3.0, time.time(), inner[-1]).line()
     assert "; in 2 workers task " in line and " · now slow step " in line
     assert current_stage() is None  # the tasks' bar closed with run_tasks
 

@@ -15,10 +15,13 @@ from tests.conftest import patchable
 TOL = 1e-5
 VOCAB = 64
 # The markov zoo model's shape (lab/zoo: models/markov/model.toml), and a LLaMA-like variant of it.
-ARCHITECTURES = {"zoo": dict(d_model=64, n_layers=2, n_heads=4, d_mlp=512, positions="rotary", mlp="gelu"),
-                 "gqa": dict(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, positions="rotary", norm="rmsnorm",
-                             mlp="swiglu", bias=False),
-                 "gpt2": dict(d_model=32, n_layers=2, n_heads=4, mlp="gelu_tanh")}
+ARCHITECTURES = {
+    "zoo": dict(d_model=64, n_layers=2, n_heads=4, d_mlp=512, positions="rotary", mlp="gelu"),
+    "gqa": dict(
+        d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, positions="rotary", norm="rmsnorm", mlp="swiglu", bias=False
+    ),
+    "gpt2": dict(d_model=32, n_layers=2, n_heads=4, mlp="gelu_tanh"),
+}
 COMPONENTS = ["resid_pre", "attn_out", "mlp_out", "resid_post"]
 
 
@@ -51,8 +54,12 @@ def assert_same_result(fast, reference) -> None:
     assert fast.values.shape == reference.values.shape
     assert (fast.values - reference.values).abs().max() <= TOL
     assert abs(fast.clean - reference.clean) <= TOL and abs(fast.corrupted - reference.corrupted) <= TOL
-    assert (fast.component, fast.axis, fast.cells, fast.direction) == (reference.component, reference.axis,
-                                                                      reference.cells, reference.direction)
+    assert (fast.component, fast.axis, fast.cells, fast.direction) == (
+        reference.component,
+        reference.axis,
+        reference.cells,
+        reference.direction,
+    )
     assert (reference.values - reference.corrupted).abs().max() > 1e-3  # the patches do move the metric
 
 
@@ -73,8 +80,9 @@ def test_fast_head_sweeps_equal_the_exhaustive_sweeps(model, prompts, direction)
     for sweep in (patch_heads, patch_heads_by_position):
         reference = sweep(model, clean, corrupted, METRIC, direction=direction, exhaustive=True)
         for max_batch in (64, 7):
-            assert_same_result(sweep(model, clean, corrupted, METRIC, direction=direction, max_batch=max_batch),
-                               reference)
+            assert_same_result(
+                sweep(model, clean, corrupted, METRIC, direction=direction, max_batch=max_batch), reference
+            )
     by_pos = patch_heads_by_position(model, clean, corrupted, METRIC, direction=direction)
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     assert by_pos.values.shape == (n_layers, n_heads, clean.shape[1]) and by_pos.axis == "head_pos"
@@ -89,8 +97,9 @@ def test_chosen_layers_and_positions_are_the_same_cells_of_the_full_sweep(prompt
     assert (some.values - full.values[[1, 0]][:, [5, 4, 3]]).abs().max() <= TOL
     heads = patch_heads_by_position(model, clean, corrupted, METRIC, layers=[1], positions=[4])
     assert heads.values.shape == (1, model.cfg.n_heads, 1)
-    assert (heads.values[0, :, 0] - patch_heads_by_position(model, clean, corrupted, METRIC).values[1, :, 4]
-            ).abs().max() <= TOL
+    assert (
+        heads.values[0, :, 0] - patch_heads_by_position(model, clean, corrupted, METRIC).values[1, :, 4]
+    ).abs().max() <= TOL
 
 
 def test_a_metric_that_reads_every_position_sees_the_logits_the_exhaustive_run_gives(prompts):
@@ -140,8 +149,11 @@ def test_bad_sweep_arguments_are_refused_with_the_field_named(prompts):
 
 
 # --- against TransformerLens's own patching functions --------------------------------------------------
-TL_SWEEPS = {"resid_pre": tl_patching.get_act_patch_resid_pre, "attn_out": tl_patching.get_act_patch_attn_out,
-             "mlp_out": tl_patching.get_act_patch_mlp_out}
+TL_SWEEPS = {
+    "resid_pre": tl_patching.get_act_patch_resid_pre,
+    "attn_out": tl_patching.get_act_patch_attn_out,
+    "mlp_out": tl_patching.get_act_patch_mlp_out,
+}
 
 
 @pytest.fixture(scope="module", params=["gpt2", "llama"])
@@ -168,8 +180,9 @@ def test_fast_sweeps_equal_transformer_lens_patching_on_forma_and_on_the_bridge(
     heads = patch_heads(model, clean, corrupted, metric).values
     by_pos = patch_heads_by_position(model, clean, corrupted, metric).values
     for peer, cache in caches.items():
-        assert (heads - tl_patching.get_act_patch_attn_head_out_all_pos(peer, corrupted, cache, metric)
-                ).abs().max() <= TOL
+        assert (
+            heads - tl_patching.get_act_patch_attn_head_out_all_pos(peer, corrupted, cache, metric)
+        ).abs().max() <= TOL
         theirs = tl_patching.get_act_patch_attn_head_out_by_pos(peer, corrupted, cache, metric)  # [layer, pos, head]
         assert (by_pos - theirs.transpose(1, 2)).abs().max() <= TOL
 

@@ -6,8 +6,15 @@ import pytest
 import torch
 
 from lab.analysis import probes
-from lab.analysis.probes import (MIN_PER_CLASS, Metric, feature_rank, fit_probe, group_partition, judge_readouts,
-                                 shuffled_control)
+from lab.analysis.probes import (
+    MIN_PER_CLASS,
+    Metric,
+    feature_rank,
+    fit_probe,
+    group_partition,
+    judge_readouts,
+    shuffled_control,
+)
 from lab.metrics import calibration
 
 
@@ -54,22 +61,43 @@ def test_probe_auroc_carries_its_class_counts_and_a_stratified_interval():
 
 
 # --- the verdict ---------------------------------------------------------------------------------
-def row(readout, layer, validation, test, shuffled=(0.5, 0.4, 0.6), untrained=(0.5, 0.4, 0.6), candidate=True,
-        constant=False, n=(40, 40)):
+def row(
+    readout,
+    layer,
+    validation,
+    test,
+    shuffled=(0.5, 0.4, 0.6),
+    untrained=(0.5, 0.4, 0.6),
+    candidate=True,
+    constant=False,
+    n=(40, 40),
+):
     def fields(key, m):
         return Metric(*m, n_pos=n[0], n_neg=n[1]).fields(key)
 
-    return {"readout": readout, "position": "value slot", "layer": layer, "candidate": candidate,
-            "constant": constant, "validation_auroc": validation, "validation_auroc_n_pos": n[0],
-            "validation_auroc_n_neg": n[1], **fields("auroc", test), **fields("control_shuffled_auroc", shuffled),
-            **fields("control_untrained_auroc", untrained)}
+    return {
+        "readout": readout,
+        "position": "value slot",
+        "layer": layer,
+        "candidate": candidate,
+        "constant": constant,
+        "validation_auroc": validation,
+        "validation_auroc_n_pos": n[0],
+        "validation_auroc_n_neg": n[1],
+        **fields("auroc", test),
+        **fields("control_shuffled_auroc", shuffled),
+        **fields("control_untrained_auroc", untrained),
+    }
 
 
 def test_the_baseline_is_best_and_the_verdict_says_so_without_choosing_it():
     """The model's own confidence beats every readout: it is reported as the baseline, the chosen readout is
     the best *candidate* on validation, and its verdict is judged on its own test interval."""
-    rows = [row("logistic probe", 1, 0.55, (0.52, 0.45, 0.60)), row("mlp probe", 2, 0.58, (0.54, 0.47, 0.61)),
-            row("lens cloze confidence", 2, 0.95, (0.94, 0.9, 0.97), candidate=False)]  # the output itself
+    rows = [
+        row("logistic probe", 1, 0.55, (0.52, 0.45, 0.60)),
+        row("mlp probe", 2, 0.58, (0.54, 0.47, 0.61)),
+        row("lens cloze confidence", 2, 0.95, (0.94, 0.9, 0.97), candidate=False),
+    ]  # the output itself
     baseline = Metric(0.94, 0.90, 0.97, 40, 40)
     verdict = judge_readouts(rows, "P(IK)", baseline)
     assert verdict["chosen"]["readout"] == "mlp probe" and verdict["verdict"] == "no signal beyond its controls"
@@ -121,10 +149,17 @@ def test_probes_on_ten_items_end_in_not_enough_data():
     probe = fit_probe(X, y, "logistic", split=(train, test), n_folds=2, n_bootstrap=50)
     shuffled = shuffled_control(X, y, "logistic", split=(train, test), n_folds=2, n_bootstrap=50)
     val = calibration.auroc_ci(probe.predict_scores(X[validation]).numpy(), y[validation])
-    r = {"readout": "logistic probe", "position": "last prompt token", "layer": 0, "candidate": True,
-         "constant": False, **val.fields("validation_auroc"), **probe.metrics["auroc"].fields("auroc"),
-         **shuffled.metrics["auroc"].fields("control_shuffled_auroc"),
-         **probe.metrics["auroc"].fields("control_untrained_auroc")}
+    r = {
+        "readout": "logistic probe",
+        "position": "last prompt token",
+        "layer": 0,
+        "candidate": True,
+        "constant": False,
+        **val.fields("validation_auroc"),
+        **probe.metrics["auroc"].fields("auroc"),
+        **shuffled.metrics["auroc"].fields("control_shuffled_auroc"),
+        **probe.metrics["auroc"].fields("control_untrained_auroc"),
+    }
     assert probe.metrics["auroc"].why_no_interval is not None
     assert judge_readouts([r], "P(IK)")["verdict"] == "not enough data"
 
@@ -143,15 +178,23 @@ def test_a_planted_signal_passes_end_to_end():
     rows = []
     for layer, features in enumerate((rng.normal(size=(n, d)), X)):  # layer 0 carries nothing, layer 1 the signal
         probe = fit_probe(features, y, "logistic", **options)
-        rows.append({"readout": "logistic probe", "position": "last token", "layer": layer, "candidate": True,
-                     "constant": probe.constant,
-                     **calibration.auroc_ci(probe.predict_scores(features[validation]).numpy(),
-                                            y[validation]).fields("validation_auroc"),
-                     **probe.metrics["auroc"].fields("auroc"),
-                     **shuffled_control(features, y, "logistic", **options).metrics["auroc"].fields(
-                         "control_shuffled_auroc"),
-                     **fit_probe(X_untrained, y, "logistic", **options).metrics["auroc"].fields(
-                         "control_untrained_auroc")})
+        rows.append(
+            {
+                "readout": "logistic probe",
+                "position": "last token",
+                "layer": layer,
+                "candidate": True,
+                "constant": probe.constant,
+                **calibration.auroc_ci(probe.predict_scores(features[validation]).numpy(), y[validation]).fields(
+                    "validation_auroc"
+                ),
+                **probe.metrics["auroc"].fields("auroc"),
+                **shuffled_control(features, y, "logistic", **options)
+                .metrics["auroc"]
+                .fields("control_shuffled_auroc"),
+                **fit_probe(X_untrained, y, "logistic", **options).metrics["auroc"].fields("control_untrained_auroc"),
+            }
+        )
     verdict = judge_readouts(rows, "planted")
     assert verdict["chosen"]["layer"] == 1 and verdict["verdict"] == "carries the signal"
     assert verdict["sentence"].startswith("planted: carries the signal")

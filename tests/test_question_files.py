@@ -46,24 +46,51 @@ def bad_files(tmp_path):
     """(reader, file, what its one line must say) for each fault of a question file."""
     long_cell = [["w1 " * 70_000, "w1", "w2", "w3", "w4", "A"]] + MMLU_ROWS
     cases = [
-        ("mmlu", write_csv(tmp_path / "latin1.csv", MMLU_ROWS[:3] + [["café", "w1", "w2", "w3", "w4", "A"]]
-                           + MMLU_ROWS, encoding="latin-1"),
-         r"latin1\.csv, line 4: not UTF-8 \(byte 0xe9 at column 4\)"),
-        ("qa", write_csv(tmp_path / "latin1qa.csv", [["é?", "w1"]] + QA_ROWS, encoding="latin-1"),
-         r"latin1qa\.csv, line 1: not UTF-8"),
+        (
+            "mmlu",
+            write_csv(
+                tmp_path / "latin1.csv",
+                MMLU_ROWS[:3] + [["café", "w1", "w2", "w3", "w4", "A"]] + MMLU_ROWS,
+                encoding="latin-1",
+            ),
+            r"latin1\.csv, line 4: not UTF-8 \(byte 0xe9 at column 4\)",
+        ),
+        (
+            "qa",
+            write_csv(tmp_path / "latin1qa.csv", [["é?", "w1"]] + QA_ROWS, encoding="latin-1"),
+            r"latin1qa\.csv, line 1: not UTF-8",
+        ),
         ("mmlu", write_csv(tmp_path / "long.csv", long_cell), r"long\.csv, line 1: a cell is longer than the 131,072"),
-        ("mmlu", write_csv(tmp_path / "empty.csv", MMLU_ROWS[:5] + [[" ", "w1", "w2", "w3", "w4", "B"]] + MMLU_ROWS),
-         r"empty\.csv, line 6: the question is empty"),
-        ("qa", write_csv(tmp_path / "emptyqa.csv", QA_ROWS + [["", "w1"]]),
-         r"emptyqa\.csv, line 13: expected 2 non-empty"),
-        ("qa", write_csv(tmp_path / "newline.csv", QA_ROWS[:2] + [["w1", "first\nsecond"]] + QA_ROWS),
-         r"newline\.csv, line 3: the answer holds a line break"),
-        ("mmlu", write_csv(tmp_path / "few.csv", MMLU_ROWS[:3], calibration.MMLU_COLUMNS),
-         r"few\.csv holds 3 questions; temperature scaling needs at least 10"),
-        ("qa", write_csv(tmp_path / "fewqa.csv", QA_ROWS[:1]),
-         r"fewqa\.csv holds 1 question; the monitor needs at least 10"),
-        ("mmlu", write_csv(tmp_path / "quote.csv", MMLU_ROWS[:2], prefix='"w1" w2,w1,w2,w3,w4,A\n'),
-         r"quote\.csv, line 1: not a CSV row"),
+        (
+            "mmlu",
+            write_csv(tmp_path / "empty.csv", MMLU_ROWS[:5] + [[" ", "w1", "w2", "w3", "w4", "B"]] + MMLU_ROWS),
+            r"empty\.csv, line 6: the question is empty",
+        ),
+        (
+            "qa",
+            write_csv(tmp_path / "emptyqa.csv", QA_ROWS + [["", "w1"]]),
+            r"emptyqa\.csv, line 13: expected 2 non-empty",
+        ),
+        (
+            "qa",
+            write_csv(tmp_path / "newline.csv", QA_ROWS[:2] + [["w1", "first\nsecond"]] + QA_ROWS),
+            r"newline\.csv, line 3: the answer holds a line break",
+        ),
+        (
+            "mmlu",
+            write_csv(tmp_path / "few.csv", MMLU_ROWS[:3], calibration.MMLU_COLUMNS),
+            r"few\.csv holds 3 questions; temperature scaling needs at least 10",
+        ),
+        (
+            "qa",
+            write_csv(tmp_path / "fewqa.csv", QA_ROWS[:1]),
+            r"fewqa\.csv holds 1 question; the monitor needs at least 10",
+        ),
+        (
+            "mmlu",
+            write_csv(tmp_path / "quote.csv", MMLU_ROWS[:2], prefix='"w1" w2,w1,w2,w3,w4,A\n'),
+            r"quote\.csv, line 1: not a CSV row",
+        ),
     ]
     return cases
 
@@ -76,8 +103,13 @@ def test_every_fault_of_a_question_file_is_one_line_naming_file_and_line(tmp_pat
 
 
 # --- 12, 13. refused before anything is made, said once ----------------------------------------------------------
-def test_a_refused_or_missing_file_is_said_once_and_leaves_no_run_folder(tmp_path, capsys, monkeypatch, hf_folder,
-                                                                        qa_folder):
+def test_a_refused_or_missing_file_is_said_once_and_leaves_no_run_folder(
+    tmp_path,
+    capsys,
+    monkeypatch,
+    hf_folder,  # noqa: F811
+    qa_folder,  # noqa: F811
+):
     model_dir, _ = hf_folder
     monkeypatch.setenv("FORMA_RUNS_DIR", str(tmp_path / "runs"))
     cases = [(kind, path) for kind, path, _ in bad_files(tmp_path)] + [("mmlu", tmp_path / "missing.csv")]
@@ -96,14 +128,22 @@ def test_a_seed_whose_draw_leaves_a_needed_split_empty_is_named_before_the_model
     which the monitor reports on. Said before the model is read (the model named here does not exist)."""
     path = write_csv(tmp_path / "qa.csv", QA_ROWS[:10])
     assert (monitor.qa_splits(10, monitor.Config(model="nowhere", qa=str(path), seed=125)) != "test").all()
-    with pytest.raises(ValueError, match=r"qa\.csv: with seed 125, none of the 10 items falls in the test split: use "
-                                         r"more items, or another --seed"):
+    with pytest.raises(
+        ValueError,
+        match=r"qa\.csv: with seed 125, none of the 10 items falls in the test split: use "
+        r"more items, or another --seed",
+    ):
         monitor.read_inputs(monitor.Config(model="nowhere", qa=str(path), seed=125))
 
 
 # --- 5. prompts longer than the model reads ------------------------------------------------------------------------
-def test_a_prompt_longer_than_the_context_is_refused_naming_its_line_on_every_route(tmp_path, capsys, monkeypatch,
-                                                                                   hf_folder, qa_folder):
+def test_a_prompt_longer_than_the_context_is_refused_naming_its_line_on_every_route(
+    tmp_path,
+    capsys,
+    monkeypatch,
+    hf_folder,  # noqa: F811
+    qa_folder,  # noqa: F811
+):
     """No prompt is cut (a cut from the left drops the question): the converted model, the bridge (a GPT-J, which
     Forma does not convert) and the monitor's prompts with room for the answer each say which line is too long."""
     import torch
@@ -114,12 +154,14 @@ def test_a_prompt_longer_than_the_context_is_refused_naming_its_line_on_every_ro
     model_dir, _ = hf_folder
     gptj = tmp_path / "gptj"
     torch.manual_seed(0)
-    GPTJForCausalLM(GPTJConfig(n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_inner=64, vocab_size=VOCAB,
-                               n_positions=64)).save_pretrained(gptj)
+    GPTJForCausalLM(
+        GPTJConfig(n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_inner=64, vocab_size=VOCAB, n_positions=64)
+    ).save_pretrained(gptj)
     letter_tokenizer(gptj)
     monkeypatch.setenv("FORMA_RUNS_DIR", str(tmp_path / "runs"))
-    long_mmlu = write_csv(tmp_path / "long.csv", MMLU_ROWS[:7] + [[" ".join(["w5"] * 70)] + MMLU_ROWS[0][1:]]
-                          + MMLU_ROWS)
+    long_mmlu = write_csv(
+        tmp_path / "long.csv", MMLU_ROWS[:7] + [[" ".join(["w5"] * 70)] + MMLU_ROWS[0][1:]] + MMLU_ROWS
+    )
     for model in (model_dir, gptj):
         assert main(["run", "calibration", "--quick", "--model", str(model), "--mmlu", str(long_mmlu)]) == 2
         line = one_error_line(capsys.readouterr().err, "run")
@@ -134,7 +176,7 @@ def test_a_prompt_longer_than_the_context_is_refused_naming_its_line_on_every_ro
 
 
 # --- 10. size --------------------------------------------------------------------------------------------------------
-def test_a_large_file_shows_its_stage_and_count(tmp_path, capsys, hf_folder):
+def test_a_large_file_shows_its_stage_and_count(tmp_path, capsys, hf_folder):  # noqa: F811
     model_dir, _ = hf_folder
     rows = [[f"w{i % 50} w{(i * 7) % 50}", "w1", "w2", "w3", "w4", "ABCD"[i % 4]] for i in range(2000)]
     cfg = calibration.Config(quick=True, model=str(model_dir), mmlu=str(write_csv(tmp_path / "big.csv", rows)))
@@ -145,7 +187,7 @@ def test_a_large_file_shows_its_stage_and_count(tmp_path, capsys, hf_folder):
     assert "tokenise: prompt 200/2000 (10%)" in err  # a line at each tenth
 
 
-def test_what_cannot_fit_in_memory_is_refused_with_the_numbers(tmp_path, monkeypatch, hf_folder):
+def test_what_cannot_fit_in_memory_is_refused_with_the_numbers(tmp_path, monkeypatch, hf_folder):  # noqa: F811
     from lab.model import memory
 
     model_dir, csv_path = hf_folder
@@ -156,8 +198,11 @@ def test_what_cannot_fit_in_memory_is_refused_with_the_numbers(tmp_path, monkeyp
     # the file fits, what the run holds per item (tokens, and every layer's residual stream twice) does not
     monkeypatch.setattr(memory, "available_memory", lambda device: size * calibration.CSV_MEMORY_FACTOR + 1)
     cfg = calibration.Config(quick=True, model=str(model_dir), mmlu=str(csv_path))
-    with pytest.raises(ValueError, match=r"40 items need about .* for their tokens and residual streams \(.* each\), "
-                                         r"and .* is available: use fewer items") as err:
+    with pytest.raises(
+        ValueError,
+        match=r"40 items need about .* for their tokens and residual streams \(.* each\), "
+        r"and .* is available: use fewer items",
+    ) as err:
         calibration.read_inputs(cfg)
     assert "\n" not in str(err.value)
     monkeypatch.undo()

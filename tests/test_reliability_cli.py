@@ -52,7 +52,9 @@ def test_the_largest_seed_is_one_every_generator_takes():
         torch.Generator().manual_seed(2**64)
 
 
-@pytest.mark.parametrize("argv", [["hooks", ""], ["hooks", "  "], ["trust", ""], ["run", "calibration", "--quick", "--model", ""]])
+@pytest.mark.parametrize(
+    "argv", [["hooks", ""], ["hooks", "  "], ["trust", ""], ["run", "calibration", "--quick", "--model", ""]]
+)
 def test_an_empty_model_name_says_so(capsys, argv):
     with pytest.raises(SystemExit) as exit:
         main(argv)
@@ -103,12 +105,18 @@ def env() -> dict[str, str]:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL],
-                         ids=lambda s: signal.Signals(s).name)
+@pytest.mark.parametrize(
+    "signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL], ids=lambda s: signal.Signals(s).name
+)
 def test_the_dashboard_server_ends_with_forma_dashboard(tmp_path, signum):
     port = free_port()
-    parent = subprocess.Popen([sys.executable, "-m", "lab.cli", "dashboard", "--port", str(port)], env=env(),
-                              cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    parent = subprocess.Popen(
+        [sys.executable, "-m", "lab.cli", "dashboard", "--port", str(port)],
+        env=env(),
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_until_serving(f"http://127.0.0.1:{port}", parent, 180)
         server = children(parent.pid)
@@ -134,9 +142,13 @@ run_side_by_side([("forma run equations --quick", ["run", "equations", "--quick"
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=lambda s: signal.Signals(s).name)
 def test_demo_jobs_end_with_forma_demo(tmp_path, signum):
-    parent = subprocess.Popen([sys.executable, "-c", DEMO_JOBS, str(tmp_path / "run")],
-                              env=env() | {"FORMA_RUNS_DIR": str(tmp_path / "runs")}, cwd=REPO,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", DEMO_JOBS, str(tmp_path / "run")],
+        env=env() | {"FORMA_RUNS_DIR": str(tmp_path / "runs")},
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 120
         while not children(parent.pid) and time.monotonic() < deadline:
@@ -211,9 +223,14 @@ def test_a_signal_ends_forma_run_and_its_workers_at_once_leaving_nothing(tmp_pat
     and exits 128 + the signal, and the temporary folders (the workers' `forma-workers-*`) are gone."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    parent = subprocess.Popen([sys.executable, "-m", "lab.cli", "run", "kl", "--quick", "--workers", "2",
-                               "--out", str(tmp_path / "run")], cwd=REPO, text=True, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, env=env() | {"TMPDIR": str(tmp)})
+    parent = subprocess.Popen(
+        [sys.executable, "-m", "lab.cli", "run", "kl", "--quick", "--workers", "2", "--out", str(tmp_path / "run")],
+        cwd=REPO,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env() | {"TMPDIR": str(tmp)},
+    )
     family: set[int] = set()
     try:
         deadline = time.monotonic() + 300
@@ -254,9 +271,27 @@ def test_ctrl_c_of_forma_run_with_a_model_is_one_line_and_exit_130(tmp_path):
     rows = [f"w{i} w{i + 1} w{i + 2},w{i + 3},w{i + 4},w{i + 5},w{i + 6},{'ABCD'[i % 4]}" for i in range(40)]
     csv_path.write_text("question,A,B,C,D,answer\n" + "\n".join(rows) + "\n")
     out = tmp_path / "run"
-    parent = subprocess.Popen([sys.executable, "-m", "lab.cli", "run", "calibration", "--quick", "--model", str(model),
-                               "--mmlu", str(csv_path), "--out", str(out)], cwd=REPO, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env())
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "lab.cli",
+            "run",
+            "calibration",
+            "--quick",
+            "--model",
+            str(model),
+            "--mmlu",
+            str(csv_path),
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env(),
+    )
     try:
         deadline = time.monotonic() + 300
         while not (out / ".progress.json").exists() and time.monotonic() < deadline:  # the experiment has begun
@@ -277,8 +312,11 @@ def test_ctrl_c_of_forma_run_with_a_model_is_one_line_and_exit_130(tmp_path):
 # where they are not, the same error injected where the run's first file is created (tempfile.mkstemp).
 UNWRITABLE = {
     "read-only": ('mount -t tmpfs -o ro,size=1m tmpfs "$1"', ".", "EROFS"),
-    "full": ('mount -t tmpfs -o size=64k tmpfs "$1" && { head -c 1048576 /dev/zero > "$1/filler" 2>/dev/null || :; }',
-             "run", "ENOSPC"),
+    "full": (
+        'mount -t tmpfs -o size=64k tmpfs "$1" && { head -c 1048576 /dev/zero > "$1/filler" 2>/dev/null || :; }',
+        "run",
+        "ENOSPC",
+    ),
 }
 INJECTED = """
 import errno, os, runpy, sys, tempfile
@@ -296,9 +334,14 @@ runpy.run_module("lab.cli", run_name="__main__")
 def private_mounts() -> bool:
     import shutil
 
-    return shutil.which("unshare") is not None and subprocess.run(
-        ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", "mount -t tmpfs tmpfs /mnt"],
-        capture_output=True).returncode == 0
+    return (
+        shutil.which("unshare") is not None
+        and subprocess.run(
+            ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", "mount -t tmpfs tmpfs /mnt"],
+            capture_output=True,
+        ).returncode
+        == 0
+    )
 
 
 @pytest.mark.parametrize("fault", UNWRITABLE)
@@ -310,8 +353,10 @@ def test_an_out_folder_that_cannot_be_written_is_one_line_and_exit_2(tmp_path, f
     forma = [sys.executable, "-m", "lab.cli", "run", "equations", "--quick", "--out", str(out)]
     listing = tmp_path / "left"
     if private_mounts():  # the run, then what it left in the mount, listed from inside the namespace
-        script = (f'{mount} && dir="$1" && shift && {{ "$@"; code=$?; cd "$dir" && find . -mindepth 1 | sort > '
-                  f'"{listing}"; exit $code; }}')
+        script = (
+            f'{mount} && dir="$1" && shift && {{ "$@"; code=$?; cd "$dir" && find . -mindepth 1 | sort > '
+            f'"{listing}"; exit $code; }}'
+        )
         argv = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script, "sh", str(folder)] + forma
     else:
         argv = [sys.executable, "-c", INJECTED, str(folder), code] + forma[1:]
@@ -323,9 +368,14 @@ def test_an_out_folder_that_cannot_be_written_is_one_line_and_exit_2(tmp_path, f
         assert listing.read_text().split() == {"read-only": [], "full": ["./filler", "./run"]}[fault]
 
 
-@pytest.mark.parametrize("argv, wrong, near", [(["run", "equations", "--quik"], "--quik", "--quick"),
-                                               (["run", "kl", "--quick", "--wrokers", "2"], "--wrokers 2", "--workers"),
-                                               (["train", "markov", "--reusme"], "--reusme", "--resume")])
+@pytest.mark.parametrize(
+    "argv, wrong, near",
+    [
+        (["run", "equations", "--quik"], "--quik", "--quick"),
+        (["run", "kl", "--quick", "--wrokers", "2"], "--wrokers 2", "--workers"),
+        (["train", "markov", "--reusme"], "--reusme", "--resume"),
+    ],
+)
 def test_a_mistyped_option_is_an_error_of_its_command_naming_the_nearest(capsys, argv, wrong, near):
     with pytest.raises(SystemExit) as exit:
         main(argv)
@@ -345,10 +395,13 @@ def test_make_demo_stopped_by_sigterm_stops_forma_demo_and_the_dashboard(tmp_pat
     if shutil.which("make") is None:
         pytest.fail("make is needed: `make demo` is the documented way to start the demo")
     port = free_port()
-    make = subprocess.Popen(["make", "-s", "-o", ".venv/.installed", "demo",
-                             f"DEMO_ARGS=--only equations --port {port}"], cwd=REPO,
-                            env=env() | {"FORMA_RUNS_DIR": str(tmp_path / "runs"), "FORMA_ZOO_DIR": str(tmp_path / "zoo")},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    make = subprocess.Popen(
+        ["make", "-s", "-o", ".venv/.installed", "demo", f"DEMO_ARGS=--only equations --port {port}"],
+        cwd=REPO,
+        env=env() | {"FORMA_RUNS_DIR": str(tmp_path / "runs"), "FORMA_ZOO_DIR": str(tmp_path / "zoo")},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     family: set[int] = set()
     try:
         wait_until_serving(f"http://127.0.0.1:{port}", make, 180)

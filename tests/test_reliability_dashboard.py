@@ -44,20 +44,46 @@ def test_a_truncated_parquet_on_the_calibration_page_is_a_message_naming_it(empt
 
 
 BAD_RESULTS = {
-    "kl": [{"checkpoints": "three", "source": [1, 2]}, {"checkpoints": ["not a dict"], "source": {}},
-           {"checkpoints": [{"kl_nats": "x", "sampled_kl_se": 1.0, "sampled_kl_nats": "y"}], "source": {},
-            "scaling": {"E_nats": "high", "E_ci95": 3}}, {"unexpected": 1}],
-    "equations": [{"checks": "all"}, {"checks": [1, 2]}, {"checks": [{"passed": True, "name": "x"}, {"measured": 1}]},
-                  {"extra": []}],
-    "hallucination": [{"sweep": 3, "acceptance": []}, {"sweep": [{"checkpoints": [1]}]},
-                      {"sweep": [], "acceptance": {"spearman_monofact_vs_hallucination": "b"}}, {"other": 1}],
-    "calibration": [{"mc": "n/a", "temperature": [1]},
-                    {"mc": {"n": "many", "ece_ci95": 4}, "temperature": {"T": "hot"}},
-                    {"mc": None, "p_ik": "x"}, {"p_ik": [{"a": 1}]}],
-    "monitor": [{"signals": "all", "abstention": {}}, {"signals": [1, 2]},
-                {"signals": [{"signal": "max_prob", "auroc": "high"}], "abstention": [{"alpha": "a"}]}, {"other": 1}],
-    "scoreboard": [{"table": "all", "headlines": []}, {"table": [1, 2], "worlds": []},
-                   {"table": [{"method": "x", "value": "high"}], "headlines": "none", "worlds": {}}, {"other": 1}],
+    "kl": [
+        {"checkpoints": "three", "source": [1, 2]},
+        {"checkpoints": ["not a dict"], "source": {}},
+        {
+            "checkpoints": [{"kl_nats": "x", "sampled_kl_se": 1.0, "sampled_kl_nats": "y"}],
+            "source": {},
+            "scaling": {"E_nats": "high", "E_ci95": 3},
+        },
+        {"unexpected": 1},
+    ],
+    "equations": [
+        {"checks": "all"},
+        {"checks": [1, 2]},
+        {"checks": [{"passed": True, "name": "x"}, {"measured": 1}]},
+        {"extra": []},
+    ],
+    "hallucination": [
+        {"sweep": 3, "acceptance": []},
+        {"sweep": [{"checkpoints": [1]}]},
+        {"sweep": [], "acceptance": {"spearman_monofact_vs_hallucination": "b"}},
+        {"other": 1},
+    ],
+    "calibration": [
+        {"mc": "n/a", "temperature": [1]},
+        {"mc": {"n": "many", "ece_ci95": 4}, "temperature": {"T": "hot"}},
+        {"mc": None, "p_ik": "x"},
+        {"p_ik": [{"a": 1}]},
+    ],
+    "monitor": [
+        {"signals": "all", "abstention": {}},
+        {"signals": [1, 2]},
+        {"signals": [{"signal": "max_prob", "auroc": "high"}], "abstention": [{"alpha": "a"}]},
+        {"other": 1},
+    ],
+    "scoreboard": [
+        {"table": "all", "headlines": []},
+        {"table": [1, 2], "worlds": []},
+        {"table": [{"method": "x", "value": "high"}], "headlines": "none", "worlds": {}},
+        {"other": 1},
+    ],
 }
 
 
@@ -74,6 +100,7 @@ def test_a_results_json_with_unexpected_or_missing_fields_is_a_message_naming_it
 def mutations(results: dict) -> list[tuple[str, dict]]:
     """results.json as other versions or hand edits might leave it: every top-level field missing, or of another
     type, or every value one level down of another type."""
+
     def deeper(value, new):
         if isinstance(value, dict):
             return {k: new for k in value}
@@ -82,8 +109,12 @@ def mutations(results: dict) -> list[tuple[str, dict]]:
         return new
 
     cases = [("empty", {})]
-    for label, new in (("a string", "unexpected"), ("a number", 7), ("a list", ["unexpected"]),
-                       ("a dict", {"unexpected": "value"})):
+    for label, new in (
+        ("a string", "unexpected"),
+        ("a number", 7),
+        ("a list", ["unexpected"]),
+        ("a dict", {"unexpected": "value"}),
+    ):
         cases.append((f"every field {label}", {k: new for k in results}))
         cases.append((f"every field's contents {label}", {k: deeper(v, new) for k, v in results.items()}))
     return cases

@@ -19,8 +19,16 @@ import experiments
 from lab.cli import main
 from lab.files import is_temporary
 from lab.progress import PROGRESS_FILE
-from lab.runs import (PLOTLY_BUNDLE, latest_run, new_run_dir, run_and_record, save_figure, save_table,
-                      without_timings, write_json)
+from lab.runs import (
+    PLOTLY_BUNDLE,
+    latest_run,
+    new_run_dir,
+    run_and_record,
+    save_figure,
+    save_table,
+    without_timings,
+    write_json,
+)
 from tests.fault_zygote import Forks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -137,8 +145,10 @@ def test_runs_started_at_once_get_distinct_folders(tmp_path, monkeypatch):
             folders = [f for batch in pending.get(60) for f in batch] + [f for t in in_threads for f in t.result()]
     assert len(folders) == 50 and len(set(folders)) == 50
     assert all(Path(f).is_dir() and not any(Path(f).iterdir()) for f in folders)
-    assert sorted(p.name for p in (tmp_path / "runs" / "toy").iterdir())[:2] == ["2026-01-01T00-00-00Z",
-                                                                                  "2026-01-01T00-00-00Z-1"]
+    assert sorted(p.name for p in (tmp_path / "runs" / "toy").iterdir())[:2] == [
+        "2026-01-01T00-00-00Z",
+        "2026-01-01T00-00-00Z-1",
+    ]
 
 
 # --------------------------------------------------------------------------------------------
@@ -268,8 +278,14 @@ def test_a_real_write_failure_in_any_writer_leaves_nothing_cut_short(tmp_path, l
     run_and_record("toy", {"seed": 0}, toy_run, out=reference, seed=0)
     complete = snapshot(reference)
     assert any(len(data) > limit for data in complete.values())
-    failed = subprocess.run([sys.executable, "-c", TOY_SCRIPT, str(folder)], env=env, cwd=REPO,
-                            capture_output=True, text=True, preexec_fn=_file_size_limit(limit))
+    failed = subprocess.run(
+        [sys.executable, "-c", TOY_SCRIPT, str(folder)],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        preexec_fn=_file_size_limit(limit),
+    )
     assert failed.returncode != 0 and "File too large" in failed.stderr
     left = snapshot(folder)
     assert "results.json" not in left and not [name for name in left if is_temporary(name)]
@@ -286,8 +302,11 @@ def test_a_real_write_failure_in_any_writer_leaves_nothing_cut_short(tmp_path, l
 def differences(a, b, path: str = "") -> list[str]:
     """The paths at which two parsed JSON documents differ (NaN equals NaN)."""
     if isinstance(a, dict) and isinstance(b, dict):
-        return [d for k in sorted(set(a) | set(b), key=str)
-                for d in (differences(a[k], b[k], f"{path}/{k}") if k in a and k in b else [f"{path}/{k} (one side)"])]
+        return [
+            d
+            for k in sorted(set(a) | set(b), key=str)
+            for d in (differences(a[k], b[k], f"{path}/{k}") if k in a and k in b else [f"{path}/{k} (one side)"])
+        ]
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
         return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{path}[{i}]")]
     same = json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
@@ -295,8 +314,15 @@ def differences(a, b, path: str = "") -> list[str]:
 
 
 def test_without_timings_removes_exactly_the_timing_fields():
-    results = {"seconds": 3.0, "timing": {"train_s": 1.0}, "wall_time_s": 2.0, "finished_utc": "x",
-               "checks": [{"name": "a", "seconds": 0.1, "measured": 1.5}], "kl_nats": 0.25, "n_seen": 4}
+    results = {
+        "seconds": 3.0,
+        "timing": {"train_s": 1.0},
+        "wall_time_s": 2.0,
+        "finished_utc": "x",
+        "checks": [{"name": "a", "seconds": 0.1, "measured": 1.5}],
+        "kl_nats": 0.25,
+        "n_seen": 4,
+    }
     assert without_timings(results) == {"checks": [{"name": "a", "measured": 1.5}], "kl_nats": 0.25, "n_seen": 4}
 
 
@@ -382,8 +408,15 @@ def test_forma_run_killed_at_each_kind_of_moment_loses_nothing(tmp_path, fault_z
     trace = tmp_path / "last.trace"
     before = digest(finished)
     files = {p.name for p in finished.iterdir() if not is_temporary(p)}
-    counts = {"trials": 0, "killed": 0, "earlier run changed": 0, "results.json in a killed run": 0,
-              "files missing beside results.json": 0, "latest not complete": 0, "half-written files": 0}
+    counts = {
+        "trials": 0,
+        "killed": 0,
+        "earlier run changed": 0,
+        "results.json in a killed run": 0,
+        "files missing beside results.json": 0,
+        "latest not complete": 0,
+        "half-written files": 0,
+    }
     for moment, fault in KILL_MOMENTS.items():
         counts["trials"] += 1
         folders = set(base.glob("*/"))
@@ -398,10 +431,12 @@ def test_forma_run_killed_at_each_kind_of_moment_loses_nothing(tmp_path, fault_z
             counts["results.json in a killed run"] += (new / "results.json").exists()
         counts["earlier run changed"] += digest(finished) != before
         latest = base / (base / "latest").read_text().strip()
-        counts["latest not complete"] += (not (latest / "results.json").is_file()
-                                          or latest_run("equations", runs) != latest)
-        counts["half-written files"] += sum(not whole(p) for p in runs.rglob("*")
-                                            if p.is_file() and not is_temporary(p) and p.name != "latest")
+        counts["latest not complete"] += (
+            not (latest / "results.json").is_file() or latest_run("equations", runs) != latest
+        )
+        counts["half-written files"] += sum(
+            not whole(p) for p in runs.rglob("*") if p.is_file() and not is_temporary(p) and p.name != "latest"
+        )
     events = [json.loads(line) for line in trace.read_text().splitlines()]
     assert events[-1]["event"] == "os.remove" and events[-1]["path"] == str(new / PROGRESS_FILE)  # all but the end
     writes = [e["path"] for e in events if e["event"] in ("open", "tempfile.mkstemp")]

@@ -31,27 +31,38 @@ REPO = Path(__file__).resolve().parents[1]
 SEED = 16  # seeds the kill moments
 # Shorter quick recipes: the same code paths on less data, a checkpoint every few steps, seconds a build.
 SHORTER = {
-    "markov": {"train": {"steps": 16, "warmup_steps": 4, "eval_interval": 8, "checkpoint_interval": 3,
-                         "batch_size": 32}},
-    "facts": {"train": {"steps": 16, "warmup_steps": 4, "eval_interval": 8, "checkpoint_interval": 3,
-                        "batch_size": 32}},
-    "pydoc": {"world": {"vocab_size": 300, "max_train_chars": 50_000, "held_out_fraction": 0.01},
-              "train": {"steps": 10, "warmup_steps": 3, "eval_interval": 5, "checkpoint_interval": 3, "seq_len": 64}},
-    "dates": {"world": {"n_train": 2000, "n_held_out": 100},
-              "train": {"steps": 24, "warmup_steps": 4, "eval_interval": 12, "checkpoint_interval": 5,
-                        "batch_size": 32}},
+    "markov": {
+        "train": {"steps": 16, "warmup_steps": 4, "eval_interval": 8, "checkpoint_interval": 3, "batch_size": 32}
+    },
+    "facts": {
+        "train": {"steps": 16, "warmup_steps": 4, "eval_interval": 8, "checkpoint_interval": 3, "batch_size": 32}
+    },
+    "pydoc": {
+        "world": {"vocab_size": 300, "max_train_chars": 50_000, "held_out_fraction": 0.01},
+        "train": {"steps": 10, "warmup_steps": 3, "eval_interval": 5, "checkpoint_interval": 3, "seq_len": 64},
+    },
+    "dates": {
+        "world": {"n_train": 2000, "n_held_out": 100},
+        "train": {"steps": 24, "warmup_steps": 4, "eval_interval": 12, "checkpoint_interval": 5, "batch_size": 32},
+    },
 }
 # Kills per recipe: by the clock, and at a file operation of a checkpoint write and of the final publish.
-TRIALS = {"markov": ("clock", "clock", "checkpoint", "publish"), "facts": ("clock", "checkpoint", "publish"),
-          "pydoc": ("clock", "checkpoint", "publish"), "dates": ("clock", "checkpoint", "publish")}
+TRIALS = {
+    "markov": ("clock", "clock", "checkpoint", "publish"),
+    "facts": ("clock", "checkpoint", "publish"),
+    "pydoc": ("clock", "checkpoint", "publish"),
+    "dates": ("clock", "checkpoint", "publish"),
+}
 
 
 def toml_text(tables: dict) -> str:
     """A recipe as TOML (tables of strings, numbers, booleans and lists of strings are all recipes hold)."""
+
     def value(v):
         return json.dumps(v) if not isinstance(v, bool) else str(v).lower()
 
     lines = []
+
     def table(prefix, content):
         scalars = {k: v for k, v in content.items() if not isinstance(v, dict)}
         if scalars or not prefix:
@@ -141,8 +152,10 @@ def kill_points(trace: Path) -> dict[str, list[int]]:
     publish (everything after the new card.json is renamed into its build)."""
     events = [json.loads(line) for line in trace.read_text().splitlines()]
     card = max(e["n"] for e in events if e["event"] == "os.rename" and e["path"].endswith("card.json"))
-    return {"checkpoint": [e["n"] for e in events if "checkpoint" in e["path"] and e["n"] < card],
-            "publish": [e["n"] for e in events if e["n"] > card]}
+    return {
+        "checkpoint": [e["n"] for e in events if "checkpoint" in e["path"] and e["n"] < card],
+        "publish": [e["n"] for e in events if e["n"] > card],
+    }
 
 
 @pytest.fixture(scope="module")
@@ -198,8 +211,10 @@ def test_killed_builds_lose_nothing_and_resume_to_the_same_bits(zygote):
                 lost["resume failed"] += status != 2 or "nothing to resume" not in log
             lost["resumed build differs"] += published(folder) != reference
             assert not bad, bad
-    print(f"\nfault trials: {sum(trials[k] for k in ('clock', 'checkpoint', 'publish'))} kills after a complete "
-          f"model + {len(TRIALS)} of a first build; by kind {dict(trials)}; lost {dict(lost) or 'nothing'}")
+    print(
+        f"\nfault trials: {sum(trials[k] for k in ('clock', 'checkpoint', 'publish'))} kills after a complete "
+        f"model + {len(TRIALS)} of a first build; by kind {dict(trials)}; lost {dict(lost) or 'nothing'}"
+    )
     assert sum(trials[k] for k in ("clock", "checkpoint", "publish")) >= 10
     assert sum(lost.values()) == 0, dict(lost)
 
@@ -217,9 +232,11 @@ def test_sigint_and_sigterm_stop_at_the_step_with_a_checkpoint_and_resume_to_the
     status, log = zygote.call(train, fault=at_step_5 | {"signal": "SIGINT"})
     stopped = [line for line in log.splitlines() if line.startswith("forma train:")]
     assert status == 128 + signal.SIGINT, log
-    assert stopped == [f"forma train: interrupted by SIGINT at step 5/16; checkpoint saved in "
-                       f"{(folder / zoo.NEXT_LINK).resolve() / 'train' / 'checkpoint'}; "
-                       f"continue with `forma train markov --quick --resume`"], log
+    assert stopped == [
+        f"forma train: interrupted by SIGINT at step 5/16; checkpoint saved in "
+        f"{(folder / zoo.NEXT_LINK).resolve() / 'train' / 'checkpoint'}; "
+        f"continue with `forma train markov --quick --resume`"
+    ], log
     assert json.loads((folder / zoo.NEXT_LINK / "train" / "checkpoint" / "train_state.json").read_text())["step"] == 5
     assert published(folder) == reference and not half_written(folder)
     assert zygote.call(train + ["--resume"])[0] == 0
@@ -228,9 +245,14 @@ def test_sigint_and_sigterm_stop_at_the_step_with_a_checkpoint_and_resume_to_the
     # SIGTERM, to a fresh `python -m lab.cli` (the fault planted by the same audit hook).
     plant = f"from tests import fault_zygote; fault_zygote.plant({at_step_5 | {'signal': 'SIGTERM'}!r})"
     command = [sys.executable, "-c", f"{plant}; import runpy; runpy.run_module('lab.cli', run_name='__main__')", *train]
-    done = subprocess.run(command, cwd=REPO, env=os.environ | ENV | {"FORMA_ZOO_DIR": str(zygote.zoo_dir),
-                          "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run(
+        command,
+        cwd=REPO,
+        env=os.environ | ENV | {"FORMA_ZOO_DIR": str(zygote.zoo_dir), "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 128 + signal.SIGTERM, done.stderr[-3000:]
     assert "interrupted by SIGTERM at step 5/16" in done.stderr and "--resume`" in done.stderr
     assert published(folder) == reference and not half_written(folder)

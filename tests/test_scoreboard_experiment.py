@@ -32,16 +32,23 @@ def test_the_table_grades_every_method_on_every_world_it_applies_to(quick):
     pd.testing.assert_frame_equal(read_table(folder / "scoreboard.parquet"), pd.DataFrame(table), check_dtype=False)
     cells = {(r["method"], r["world"]) for r in table}
     expected = {(f"{lens} lens", world) for lens in LENSES for world in ("markov", "mess3", "induction")}
-    expected |= {(method, world) for method in (*METHODS, "attribution_graph") for world in ("markov", "induction", "facts")}
-    expected |= {("linear probe", "mess3"), ("linear probe", "facts"), ("head detectors", "induction"),
-                 ("attribution patching", "induction")}
+    expected |= {
+        (method, world) for method in (*METHODS, "attribution_graph") for world in ("markov", "induction", "facts")
+    }
+    expected |= {
+        ("linear probe", "mess3"),
+        ("linear probe", "facts"),
+        ("head detectors", "induction"),
+        ("attribution patching", "induction"),
+    }
     assert cells == expected
     n_layers = results["profile"]["n_layers"]
     for lens in LENSES:
         for world in ("markov", "mess3", "induction"):
             rows = [r for r in table if r["method"] == f"{lens} lens" and r["world"] == world]
-            assert [r["readout"] for r in rows] == [f"resid_pre {l}" for l in range(n_layers) for _ in "ab"] + \
-                ["output"] * 2
+            assert [r["readout"] for r in rows] == [f"resid_pre {l}" for l in range(n_layers) for _ in "ab"] + [
+                "output"
+            ] * 2
     for row in table:
         if row["grade"] in ("kl_true", "kl_model", "auroc", "relevant_mass", "rank_correlation"):
             assert row["low"] <= row["value"] <= row["high"], row  # every grade has its interval
@@ -83,6 +90,7 @@ def test_figures_models_and_the_belief_simplex_are_written(quick):
     patching = results["worlds"]["induction"]["attribution_patching"]
     assert (points["sweep"] == "heads").sum() == patching["prompts"] * n_layers * n_heads
     from lab.zoo import world_source
+
     assert world_source(folder / "models" / "mess3").to_dict() == {"kind": "mess3", "x": 0.05, "alpha": 0.85, "seed": 0}
 
 
@@ -93,18 +101,35 @@ def test_headlines_are_what_headlines_computes(quick):
 
 # --- headlines on hand-made tables ------------------------------------------------------------------------------
 def _row(method, world, readout, grade, value, low, high, chance=0.5, control=0.5, at_chance=True, n=40):
-    return {"method": method, "world": world, "readout": readout, "grade": grade, "value": value, "low": low,
-            "high": high, "why_no_interval": None, "better": "lower" if grade.startswith("kl") else "higher", "n": n,
-            "chance": chance, "control": control, "control_low": control - 0.05, "control_high": control + 0.05,
-            "control_at_chance": at_chance}
+    return {
+        "method": method,
+        "world": world,
+        "readout": readout,
+        "grade": grade,
+        "value": value,
+        "low": low,
+        "high": high,
+        "why_no_interval": None,
+        "better": "lower" if grade.startswith("kl") else "higher",
+        "n": n,
+        "chance": chance,
+        "control": control,
+        "control_low": control - 0.05,
+        "control_high": control + 0.05,
+        "control_at_chance": at_chance,
+    }
 
 
 def test_an_attribution_headline_needs_its_interval_above_chance_and_its_controls_at_chance():
-    table = [_row(m, "markov", "last prediction", "relevant_mass", v, v - 0.05, v + 0.05, chance=0.2)
-             for m, v in (("integrated_gradients", 0.6), ("occlusion", 0.7), ("attention", 0.25))]
+    table = [
+        _row(m, "markov", "last prediction", "relevant_mass", v, v - 0.05, v + 0.05, chance=0.2)
+        for m, v in (("integrated_gradients", 0.6), ("occlusion", 0.7), ("attention", 0.25))
+    ]
     headline = attribution_headline({"table": table}, "markov")
     assert headline["supported"] and headline["direction"] is True
-    assert "integrated gradients puts 0.60 [0.55, 0.65] of its mass on the two relevant positions" in headline["sentence"]
+    assert (
+        "integrated gradients puts 0.60 [0.55, 0.65] of its mass on the two relevant positions" in headline["sentence"]
+    )
     table[0] = _row("integrated_gradients", "markov", "last prediction", "relevant_mass", 0.22, 0.15, 0.3, chance=0.2)
     straddles = attribution_headline({"table": table}, "markov")
     assert not straddles["supported"] and "cannot tell" in straddles["why_not"]
@@ -118,8 +143,10 @@ def test_an_attribution_headline_needs_its_interval_above_chance_and_its_control
 
 def test_a_lens_headline_is_unsupported_while_the_jacobian_and_logit_intervals_overlap():
     def table(jacobian: tuple[float, float, float]) -> list[dict]:
-        rows = [_row("logit lens", "markov", "resid_pre 1", "kl_true", 0.5, 0.45, 0.55, chance=2.0, control=2.2),
-                _row("tuned lens", "markov", "resid_pre 1", "kl_true", 0.3, 0.25, 0.35, chance=2.0, control=2.2)]
+        rows = [
+            _row("logit lens", "markov", "resid_pre 1", "kl_true", 0.5, 0.45, 0.55, chance=2.0, control=2.2),
+            _row("tuned lens", "markov", "resid_pre 1", "kl_true", 0.3, 0.25, 0.35, chance=2.0, control=2.2),
+        ]
         return rows + [_row("jacobian lens", "markov", "resid_pre 1", "kl_true", *jacobian, chance=2.0, control=2.2)]
 
     apart = lens_headline({"table": table((0.2, 0.15, 0.25))}, "markov")

@@ -68,9 +68,16 @@ def chi2_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
     return chi2_sf(statistic, len(expected) - 1)
 
 
-@pytest.mark.parametrize("statistic,dof,expected", [
-    (3.841458820694124, 1, 0.05), (9.487729036781154, 4, 0.05), (2.0, 2, math.exp(-1.0)),
-    (23.209251158954356, 10, 0.01), (1.0, 3, 0.8012519569012008)])
+@pytest.mark.parametrize(
+    "statistic,dof,expected",
+    [
+        (3.841458820694124, 1, 0.05),
+        (9.487729036781154, 4, 0.05),
+        (2.0, 2, math.exp(-1.0)),
+        (23.209251158954356, 10, 0.01),
+        (1.0, 3, 0.8012519569012008),
+    ],
+)
 def test_chi2_sf_matches_tabulated_values(statistic: float, dof: int, expected: float) -> None:
     assert chi2_sf(statistic, dof) == pytest.approx(expected, rel=1e-9)
 
@@ -142,7 +149,7 @@ def test_markov_entropy_rate_matches_monte_carlo(markov: MarkovSource) -> None:
     tokens = markov.sample(2000, 128, seed=5)
     cond = markov.conditionals(tokens)
     nll = -np.log(np.take_along_axis(cond[:, :-1], tokens[:, 1:, None], axis=2)[..., 0])
-    per_sequence = nll[:, markov.order - 1:].mean(axis=1)  # full contexts only: π-distributed
+    per_sequence = nll[:, markov.order - 1 :].mean(axis=1)  # full contexts only: π-distributed
     mean = per_sequence.mean()
     se = per_sequence.std(ddof=1) / math.sqrt(len(per_sequence))
     assert abs(mean - markov.entropy_rate()) < 3 * se
@@ -223,7 +230,8 @@ def test_hmm_conditionals_match_brute_force_enumeration() -> None:
             expected = [_brute_force_joint(source, prefix + (x,)) for x in range(3)]
             np.testing.assert_allclose(cond[i, t], np.array(expected) / sum(expected), rtol=1e-12)
         assert source.log_prob(np.array([seq]))[0] == pytest.approx(
-            math.log(_brute_force_joint(source, seq)), rel=1e-12)
+            math.log(_brute_force_joint(source, seq)), rel=1e-12
+        )
 
 
 def test_hmm_samples_fit_conditionals_chi2(hmm: HiddenMarkovSource) -> None:

@@ -35,8 +35,11 @@ def rewrite_weights(directory, change):
 
 def every_loader(directory):
     """What each entry point says about a folder: the library calls, both CLI commands, the dashboard."""
-    return {"load_hf": lambda: load_hf(directory), "from_pretrained": lambda: HookedTransformer.from_pretrained(directory),
-            "bridge": lambda: bridge(directory)}
+    return {
+        "load_hf": lambda: load_hf(directory),
+        "from_pretrained": lambda: HookedTransformer.from_pretrained(directory),
+        "bridge": lambda: bridge(directory),
+    }
 
 
 # --- missing, unexpected and mis-shaped tensors ---------------------------------------------------------
@@ -92,8 +95,12 @@ def test_a_mis_shaped_tensor_is_an_error_naming_it_and_both_shapes(tmp_path):
 def test_what_hugging_face_documents_as_derived_may_be_absent_or_present(tmp_path):
     """GPT-2's causal-mask buffers (attn.bias) are ignored, a tied lm_head need not be stored."""
     folder = gpt2_folder(tmp_path, tie=True)
-    rewrite_weights(folder, lambda state: state.update(
-        {f"transformer.h.{l}.attn.bias": torch.tril(torch.ones(1, 1, 64, 64)) for l in range(2)}))
+    rewrite_weights(
+        folder,
+        lambda state: state.update(
+            {f"transformer.h.{l}.attn.bias": torch.tril(torch.ones(1, 1, 64, 64)) for l in range(2)}
+        ),
+    )
     assert "lm_head.weight" not in load_file(folder / "model.safetensors")
     tokens = torch.randint(0, 100, (2, 8), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -107,8 +114,9 @@ def test_an_untied_head_must_be_stored(tmp_path):
         load_hf(folder)
 
 
-@pytest.mark.parametrize("make_hf, prefix", [(hf_gpt2, "transformer.h"), (hf_llama, "model.layers")],
-                         ids=["gpt2", "llama"])
+@pytest.mark.parametrize(
+    "make_hf, prefix", [(hf_gpt2, "transformer.h"), (hf_llama, "model.layers")], ids=["gpt2", "llama"]
+)
 def test_from_hf_checks_the_module_tree_against_its_config(make_hf, prefix):
     hf = make_hf()
     layers = hf.transformer.h if prefix == "transformer.h" else hf.model.layers

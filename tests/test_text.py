@@ -4,8 +4,7 @@ import json
 
 import pytest
 
-from lab.data.text import (DOC_SEPARATOR, END_OF_TEXT, split_documents, split_text,
-                           stdlib_docstrings, train_bpe)
+from lab.data.text import DOC_SEPARATOR, END_OF_TEXT, split_documents, split_text, stdlib_docstrings, train_bpe
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +47,11 @@ def test_bpe_round_trips_and_respects_vocab_size(corpus: str, tmp_path) -> None:
     tokenizer = train_bpe(text, vocab_size=512, path=tmp_path)
     assert tokenizer.get_vocab_size() <= 512
     assert tokenizer.token_to_id(END_OF_TEXT) is not None
-    for sentence in ("Return the number of items in the container.",
-                     "  Indented, with   spaces; tabs\tand a newline\n", "naïve café — 3.14 ≠ π"):
+    for sentence in (
+        "Return the number of items in the container.",
+        "  Indented, with   spaces; tabs\tand a newline\n",
+        "naïve café — 3.14 ≠ π",
+    ):
         assert tokenizer.decode(tokenizer.encode(sentence).ids) == sentence
     encoded = tokenizer.encode("Return a new list containing all items from the iterable.")
     assert len(encoded.ids) < len("Return a new list containing all items from the iterable.")

@@ -27,10 +27,12 @@ from lab.tokenize import to_hf_tokenizer, word_level
 
 VOCAB = 64
 KINDS = ["gpt2", "llama"]
-ARCHITECTURES = {"gpt2": dict(mlp="gelu_tanh"),
-                 "llama": dict(positions="rotary", norm="rmsnorm", mlp="swiglu", n_kv_heads=2, bias=False),
-                 # GPT-NeoX-like, for what needs no bridge: attention and MLP side by side, both reading resid_pre
-                 "neox": dict(block="parallel", positions="rotary", rotary_dim=4)}
+ARCHITECTURES = {
+    "gpt2": dict(mlp="gelu_tanh"),
+    "llama": dict(positions="rotary", norm="rmsnorm", mlp="swiglu", n_kv_heads=2, bias=False),
+    # GPT-NeoX-like, for what needs no bridge: attention and MLP side by side, both reading resid_pre
+    "neox": dict(block="parallel", positions="rotary", rotary_dim=4),
+}
 TOL = 1e-5
 
 
@@ -166,15 +168,21 @@ def test_each_model_owns_its_switches():
 
 
 # --- transformer_lens.patching ------------------------------------------------------------------------
-SWEEPS = sorted(name for name in dir(patching) if name.startswith("get_act_patch")
-                and name not in ("get_act_patch_direct_path", "get_act_patch_direct_path_all_sources",
-                                 "get_act_patch_resid_mid"))
-SLOW_SWEEPS = {"get_act_patch_attn_head_pattern_dest_src_pos", "get_act_patch_attn_head_by_pos_every",
-               "get_act_patch_attn_head_all_pos_every", "get_act_patch_block_every"}
+SWEEPS = sorted(
+    name
+    for name in dir(patching)
+    if name.startswith("get_act_patch")
+    and name not in ("get_act_patch_direct_path", "get_act_patch_direct_path_all_sources", "get_act_patch_resid_mid")
+)
+SLOW_SWEEPS = {
+    "get_act_patch_attn_head_pattern_dest_src_pos",
+    "get_act_patch_attn_head_by_pos_every",
+    "get_act_patch_attn_head_all_pos_every",
+    "get_act_patch_block_every",
+}
 
 
-@pytest.mark.parametrize("sweep", [pytest.param(s, marks=pytest.mark.slow) if s in SLOW_SWEEPS else s
-                                   for s in SWEEPS])
+@pytest.mark.parametrize("sweep", [pytest.param(s, marks=pytest.mark.slow) if s in SLOW_SWEEPS else s for s in SWEEPS])
 def test_activation_patching_sweeps_agree(pair, sweep):
     fn = getattr(patching, sweep)
     results = [fn(model, pair.corrupt, model.run_with_cache(pair.clean)[1], metric) for model in pair.both]
@@ -188,12 +196,14 @@ def test_resid_mid_patching_patches_the_stream_itself(pair):
     model = forma_model(pair.kind)
     cache = model.run_with_cache(pair.clean)[1]
     stream = patching.get_act_patch_resid_mid(model, pair.corrupt, cache, metric)
-    on_bridge = patching.get_act_patch_resid_mid(pair.bridge, pair.corrupt, pair.bridge.run_with_cache(pair.clean)[1],
-                                                 metric)
+    on_bridge = patching.get_act_patch_resid_mid(
+        pair.bridge, pair.corrupt, pair.bridge.run_with_cache(pair.clean)[1], metric
+    )
     model.set_use_hook_mlp_in(True)
     cache = model.run_with_cache(pair.clean)[1]
-    mlp_branch = patching.generic_activation_patch(model, pair.corrupt, cache, metric,
-                                                   patching.layer_pos_patch_setter, "mlp_in", ["layer", "pos"])
+    mlp_branch = patching.generic_activation_patch(
+        model, pair.corrupt, cache, metric, patching.layer_pos_patch_setter, "mlp_in", ["layer", "pos"]
+    )
     assert_same(mlp_branch, on_bridge)
     # Patching the whole stream at the last layer's last position sets the logits there to the clean ones.
     clean_metric = metric(model(pair.clean))
@@ -207,12 +217,16 @@ def test_direct_path_patching_agrees_or_is_refused_alike(pair, component):
     if pair.kind == "llama" and component != "q":  # TransformerLens: K/V paths are undefined on grouped K/V heads
         for model, (clean, corrupt) in zip(pair.both, caches):
             with pytest.raises(ValueError, match="GQA/MQA"):
-                patching.get_act_patch_direct_path(model, pair.corrupt, clean, corrupt, metric, 0, 1, component,
-                                                   verbose=False)
+                patching.get_act_patch_direct_path(
+                    model, pair.corrupt, clean, corrupt, metric, 0, 1, component, verbose=False
+                )
         return
-    results = [patching.get_act_patch_direct_path(model, pair.corrupt, clean, corrupt, metric, src_layer=0,
-                                                  src_head=1, component=component, verbose=False)
-               for model, (clean, corrupt) in zip(pair.both, caches)]
+    results = [
+        patching.get_act_patch_direct_path(
+            model, pair.corrupt, clean, corrupt, metric, src_layer=0, src_head=1, component=component, verbose=False
+        )
+        for model, (clean, corrupt) in zip(pair.both, caches)
+    ]
     assert_same(*results)
     assert results[0][1].abs().max() > 0
     assert not pair.forma.cfg.use_split_qkv_input and "blocks.1.hook_q_input" not in pair.forma.hook_dict
@@ -220,9 +234,17 @@ def test_direct_path_patching_agrees_or_is_refused_alike(pair, component):
 
 @pytest.mark.slow
 def test_direct_path_patching_from_every_source_agrees(pair):
-    results = [patching.get_act_patch_direct_path_all_sources(
-        model, pair.corrupt, model.run_with_cache(pair.clean)[1], model.run_with_cache(pair.corrupt)[1], metric,
-        verbose=False) for model in pair.both]
+    results = [
+        patching.get_act_patch_direct_path_all_sources(
+            model,
+            pair.corrupt,
+            model.run_with_cache(pair.clean)[1],
+            model.run_with_cache(pair.corrupt)[1],
+            metric,
+            verbose=False,
+        )
+        for model in pair.both
+    ]
     assert_same(*results)
 
 
@@ -235,8 +257,10 @@ def test_detect_head_agrees(pair, pattern):
 
 @pytest.mark.parametrize("vectors, layer, head", [("OV", 1, 3), ("OV", 0, 0), ("w_in", 1, None), ("w_out", 0, None)])
 def test_svd_interpreter_agrees(pair, vectors, layer, head):
-    results = [SVDInterpreter(model).get_singular_vectors(vectors, layer_index=layer, num_vectors=3, head_index=head)
-               for model in pair.both]
+    results = [
+        SVDInterpreter(model).get_singular_vectors(vectors, layer_index=layer, num_vectors=3, head_index=head)
+        for model in pair.both
+    ]
     assert_same(*results)
 
 
@@ -244,8 +268,9 @@ def test_svd_interpreter_reads_a_tied_unembedding():
     tied = forma_model("gpt2", tied_embeddings=True)
     untied = forma_model("gpt2")
     untied.load_state_dict({k: v for k, v in tied.state_dict().items()} | {"unembed.W_U": tied.W_E.T.detach()})
-    results = [SVDInterpreter(m).get_singular_vectors("OV", layer_index=1, num_vectors=3, head_index=2)
-               for m in (tied, untied)]
+    results = [
+        SVDInterpreter(m).get_singular_vectors("OV", layer_index=1, num_vectors=3, head_index=2) for m in (tied, untied)
+    ]
     assert_same(*results, tol=0)
 
 
@@ -273,8 +298,9 @@ CACHE_METHODS = {
     "stack_neuron_results": lambda c: c.stack_neuron_results(layer=2, apply_ln=True),
     "apply_ln_to_stack": lambda c: c.apply_ln_to_stack(c.decompose_resid(), layer=1, mlp_input=True),
     "get_full_resid_decomposition": lambda c: c.get_full_resid_decomposition(expand_neurons=True, apply_ln=True),
-    "get_full_resid_decomposition_mid": lambda c: c.get_full_resid_decomposition(layer=1, mlp_input=True,
-                                                                                 expand_neurons=False, apply_ln=True),
+    "get_full_resid_decomposition_mid": lambda c: c.get_full_resid_decomposition(
+        layer=1, mlp_input=True, expand_neurons=False, apply_ln=True
+    ),
     "stack_activation": lambda c: c.stack_activation("resid_post"),
     "apply_slice_to_batch_dim": lambda c: c.apply_slice_to_batch_dim(1)["blocks.0.attn.hook_pattern"],
     "to": lambda c: c.to("cpu")["blocks.1.hook_mlp_out"],
@@ -289,13 +315,16 @@ def test_activation_cache_methods_agree(pair, method):
 
 
 def test_remove_batch_dim_agrees(pair):
-    results = [model.run_with_cache(pair.clean[:1], remove_batch_dim=True)[1]["blocks.1.hook_resid_mid"]
-               for model in pair.both]
+    results = [
+        model.run_with_cache(pair.clean[:1], remove_batch_dim=True)[1]["blocks.1.hook_resid_mid"] for model in pair.both
+    ]
     assert_same(*results)
 
 
-@pytest.mark.parametrize("layer, mlp_input, include_mlp_biases", [(0, False, True), (1, True, True), (2, False, True),
-                                                                   (1, False, False), (1, True, False)])
+@pytest.mark.parametrize(
+    "layer, mlp_input, include_mlp_biases",
+    [(0, False, True), (1, True, True), (2, False, True), (1, False, False), (1, True, False)],
+)
 def test_accumulated_bias_agrees(pair, layer, mlp_input, include_mlp_biases):
     results = [model.accumulated_bias(layer, mlp_input, include_mlp_biases) for model in pair.both]
     assert_same(*results, tol=0)
@@ -308,8 +337,9 @@ def test_accumulated_bias_of_a_parallel_block_leaves_out_its_own_attention():
     for layer in range(2):
         assert torch.equal(parallel.accumulated_bias(layer, mlp_input=True), parallel.accumulated_bias(layer))
         own = sequential.blocks[layer].attn.b_O
-        assert torch.allclose(sequential.accumulated_bias(layer, mlp_input=True),
-                              sequential.accumulated_bias(layer) + own, atol=0)
+        assert torch.allclose(
+            sequential.accumulated_bias(layer, mlp_input=True), sequential.accumulated_bias(layer) + own, atol=0
+        )
     assert parallel.accumulated_bias(1).abs().max() > 0  # the biases are there to leave out
 
 
@@ -337,8 +367,9 @@ def test_logit_attrs_decompose_the_logit_difference(pair, folded):
     results = []
     for model in (pair.forma, folded):
         cache = model.run_with_cache(pair.clean)[1]
-        results.append(cache.logit_attrs(cache.decompose_resid(pos_slice=-1), tokens=answer,
-                                         incorrect_tokens=wrong, pos_slice=-1))
+        results.append(
+            cache.logit_attrs(cache.decompose_resid(pos_slice=-1), tokens=answer, incorrect_tokens=wrong, pos_slice=-1)
+        )
     assert_same(*results)
     model = pair.forma
     logits = model(pair.clean)[:, -1]
@@ -350,8 +381,11 @@ def test_logit_attrs_decompose_the_logit_difference(pair, folded):
 
 
 # --- transformer_lens.tools.analysis --------------------------------------------------------------------
-@pytest.mark.parametrize("options", [dict(positions=None, incl_mid=True, return_type="log_probs"),
-                                     dict(targets=[5, 6]), dict(top_k=3, layers=[0, 2])], ids=["all", "targets", "top_k"])
+@pytest.mark.parametrize(
+    "options",
+    [dict(positions=None, incl_mid=True, return_type="log_probs"), dict(targets=[5, 6]), dict(top_k=3, layers=[0, 2])],
+    ids=["all", "targets", "top_k"],
+)
 def test_logit_lens_agrees(pair, options):
     results = [analysis.logit_lens(model, pair.clean, **options) for model in pair.both]
     assert_same(*results)
@@ -371,9 +405,12 @@ def test_logit_readout_agrees(pair):
 
 @pytest.mark.parametrize("unit", ["component", "head", "layer"])
 def test_direct_logit_attribution_agrees_with_the_folded_bridge(pair, folded, unit):
-    results = [analysis.direct_logit_attribution(model, pair.clean, answer_tokens=torch.tensor([5, 7]),
-                                                 incorrect_tokens=torch.tensor([6, 8]), unit=unit)
-               for model in (pair.forma, folded)]
+    results = [
+        analysis.direct_logit_attribution(
+            model, pair.clean, answer_tokens=torch.tensor([5, 7]), incorrect_tokens=torch.tensor([6, 8]), unit=unit
+        )
+        for model in (pair.forma, folded)
+    ]
     assert results[0].labels == results[1].labels
     assert_same(results[0].attribution, results[1].attribution)
 
@@ -388,8 +425,10 @@ def test_direct_logit_attribution_is_refused_on_the_unfolded_bridge_only(pair):
 
 def test_node_attribution_patching_agrees(pair):
     with torch.enable_grad():
-        results = [analysis.attribution_patch(model, pair.clean, pair.corrupt, metric,
-                                              analysis.EdgeAttributionConfig("node")) for model in pair.both]
+        results = [
+            analysis.attribution_patch(model, pair.clean, pair.corrupt, metric, analysis.EdgeAttributionConfig("node"))
+            for model in pair.both
+        ]
     assert results[0].node_scores.keys() == results[1].node_scores.keys()
     assert_same(*[torch.tensor(list(r.node_scores.values())) for r in results])
 
@@ -406,8 +445,10 @@ def test_edge_attribution_and_faithfulness_agree_or_are_refused_alike(pair):
     assert results[0].edge_scores.keys() == results[1].edge_scores.keys()
     assert_same(*[torch.tensor(list(r.edge_scores.values())) for r in results])
     circuit = [(w, r) for w, r, _ in results[0].top_edges(6)]
-    faithful = [analysis.faithfulness(model, pair.clean[:1], pair.corrupt[:1], metric, circuit)  # one pair at a time
-                for model in pair.both]
+    faithful = [
+        analysis.faithfulness(model, pair.clean[:1], pair.corrupt[:1], metric, circuit)  # one pair at a time
+        for model in pair.both
+    ]
     assert_same(*[torch.tensor([f.recovered]) for f in faithful])
     for flag in ("use_attn_result", "use_split_qkv_input", "use_hook_mlp_in"):  # restored, hook points gone
         assert not getattr(pair.forma.cfg, flag)
@@ -427,10 +468,29 @@ def test_interchange_interventions_agree(pair):
     results = []
     for model in pair.both:
         source = analysis.collect_activations(model, HOOK, pair.corrupt, task(model), positions=POSITIONS)
-        results.append((source, analysis.run_with_intervention(model, HOOK, analysis.SubspaceInterchange(basis),
-                                                               pair.clean, source, task(model), positions=POSITIONS),
-                        analysis.intervened_logits(model, HOOK, analysis.SubspaceInterchange(basis), pair.clean,
-                                                   source, task(model), positions=POSITIONS)))
+        results.append(
+            (
+                source,
+                analysis.run_with_intervention(
+                    model,
+                    HOOK,
+                    analysis.SubspaceInterchange(basis),
+                    pair.clean,
+                    source,
+                    task(model),
+                    positions=POSITIONS,
+                ),
+                analysis.intervened_logits(
+                    model,
+                    HOOK,
+                    analysis.SubspaceInterchange(basis),
+                    pair.clean,
+                    source,
+                    task(model),
+                    positions=POSITIONS,
+                ),
+            )
+        )
     assert_same(*results)
 
 
@@ -440,8 +500,22 @@ def test_distributed_alignment_search_agrees(pair):
     targets = torch.randint(0, 2, (16,), generator=g)
     positions = torch.full((16,), 3)
     with torch.enable_grad():
-        results = [analysis.fit_das(model, HOOK, base, source, targets, task(model), rank=1, base_positions=positions,
-                                    source_positions=positions, epochs=3, batch_size=8) for model in pair.both]
+        results = [
+            analysis.fit_das(
+                model,
+                HOOK,
+                base,
+                source,
+                targets,
+                task(model),
+                rank=1,
+                base_positions=positions,
+                source_positions=positions,
+                epochs=3,
+                batch_size=8,
+            )
+            for model in pair.both
+        ]
     assert_same(torch.tensor(results[0].losses), torch.tensor(results[1].losses), tol=1e-4)
     assert_same(results[0].basis, results[1].basis, tol=1e-4)
 
@@ -452,8 +526,9 @@ def test_sparse_probing_on_activations_agrees(pair):
     labels = (inputs[:, 2] % 2 == 0).long()
     results = []
     for model in pair.both:
-        features = analysis.collect_activations(model, "blocks.0.hook_mlp_out", inputs, task(model),
-                                                positions=torch.full((40,), 3))
+        features = analysis.collect_activations(
+            model, "blocks.0.hook_mlp_out", inputs, task(model), positions=torch.full((40,), 3)
+        )
         results.append(analysis.fit_sparse_probe(features, labels, k=3))
     assert results[0].selected_features.tolist() == results[1].selected_features.tolist()
     assert_same(*results, tol=1e-4)
@@ -481,8 +556,11 @@ def test_bridge_only_tools_refuse_a_forma_model(pair):
 
 # --- TransformerLens's switches make real hook points ------------------------------------------------------
 SWITCHES = {
-    "use_split_qkv_input": {"blocks.{l}.hook_q_input": "head", "blocks.{l}.hook_k_input": "kv",
-                            "blocks.{l}.hook_v_input": "kv"},
+    "use_split_qkv_input": {
+        "blocks.{l}.hook_q_input": "head",
+        "blocks.{l}.hook_k_input": "kv",
+        "blocks.{l}.hook_v_input": "kv",
+    },
     "use_attn_in": {"blocks.{l}.hook_attn_in": "head"},
     "use_hook_mlp_in": {"blocks.{l}.hook_mlp_in": None},
 }
@@ -533,8 +611,9 @@ def test_patching_one_heads_query_copy_moves_that_head_only():
         return copies
 
     with model.hooks(fwd_hooks=[("blocks.1.hook_q_input", edit_head_2)]):
-        _, after = model.run_with_cache(tokens, names_filter=["blocks.1.attn.hook_q", "blocks.1.hook_resid_pre",
-                                                              "blocks.1.attn.hook_k"])
+        _, after = model.run_with_cache(
+            tokens, names_filter=["blocks.1.attn.hook_q", "blocks.1.hook_resid_pre", "blocks.1.attn.hook_k"]
+        )
     changed = (after["blocks.1.attn.hook_q"] - before["blocks.1.attn.hook_q"]).abs().amax(dim=(0, 1, 3))
     assert changed[2] > 1e-3 and changed[[0, 1, 3]].max() == 0
 
@@ -593,8 +672,10 @@ def test_explicit_paths_fire_every_hook_point_without_a_hook(kind):
 
     def fired_in_a_plain_pass() -> set[str]:
         fired: set[str] = set()
-        handles = [point.register_forward_hook(lambda module, args, out, name=name: fired.add(name))
-                   for name, point in model.hook_dict.items()]
+        handles = [
+            point.register_forward_hook(lambda module, args, out, name=name: fired.add(name))
+            for name, point in model.hook_dict.items()
+        ]
         try:
             logits = model(tokens)
         finally:
@@ -616,8 +697,10 @@ def test_explicit_paths_fire_every_hook_point_without_a_hook(kind):
 # --- TransformerLens's call conventions --------------------------------------------------------------
 def counted_blocks(model: HookedTransformer) -> tuple[list[int], list]:
     ran: list[int] = []
-    handles = [block.register_forward_pre_hook(lambda module, args, layer=layer: ran.append(layer))
-               for layer, block in enumerate(model.blocks)]
+    handles = [
+        block.register_forward_pre_hook(lambda module, args, layer=layer: ran.append(layer))
+        for layer, block in enumerate(model.blocks)
+    ]
     return ran, handles
 
 
@@ -629,9 +712,13 @@ def test_stop_at_layer_stops_computing(kind):
     ran, handles = counted_blocks(model)
     later = []
     try:
-        with model.hooks(fwd_hooks=[("blocks.1.hook_resid_pre", lambda x, hook: None),
-                                    ("blocks.1.attn.hook_q", lambda x, hook: later.append(hook.name)),
-                                    ("unembed.hook_out", lambda x, hook: later.append(hook.name))]):
+        with model.hooks(
+            fwd_hooks=[
+                ("blocks.1.hook_resid_pre", lambda x, hook: None),
+                ("blocks.1.attn.hook_q", lambda x, hook: later.append(hook.name)),
+                ("unembed.hook_out", lambda x, hook: later.append(hook.name)),
+            ]
+        ):
             resid = model(tokens, stop_at_layer=1)
         assert ran == [0] and later == []
         assert torch.allclose(resid, cache["blocks.1.hook_resid_pre"], atol=TOL)
@@ -678,8 +765,12 @@ def test_return_types_agree_with_the_bridge(pair):
         assert model(pair.clean, return_type=None) is None
         assert model(pair.clean, "loss", loss_per_token=True).shape == (2, 3)
         assert_same(*[m(pair.clean, stop_at_layer=1) for m in pair.both])
-        assert_same(*[m.run_with_hooks(pair.clean, return_type="loss", fwd_hooks=[(HOOK, lambda x, hook: 0 * x)])
-                      for m in pair.both])
+        assert_same(
+            *[
+                m.run_with_hooks(pair.clean, return_type="loss", fwd_hooks=[(HOOK, lambda x, hook: 0 * x)])
+                for m in pair.both
+            ]
+        )
 
 
 def test_text_input_and_prepend_bos(pair):
@@ -694,8 +785,9 @@ def test_text_input_and_prepend_bos(pair):
     assert model.to_string(torch.tensor([5, 6])) == "w1 w2"
     with torch.no_grad():
         assert torch.equal(model(text, prepend_bos=True), model(torch.tensor([[bos, 5, 6, 7]])))
-        assert_same(model(text, return_type="loss", prepend_bos=True),
-                    pair.bridge(text, return_type="loss", prepend_bos=True))
+        assert_same(
+            model(text, return_type="loss", prepend_bos=True), pair.bridge(text, return_type="loss", prepend_bos=True)
+        )
 
 
 def test_transformer_lens_test_prompt_runs(pair, capsys):
@@ -708,16 +800,19 @@ def test_transformer_lens_test_prompt_runs(pair, capsys):
     assert "Rank" in printed and "w4" in printed
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda m, t: m(t, return_type="probs"), "return_type must be one of"),
-    (lambda m, t: m(t, stop_at_layer=3), r"stop_at_layer must be an integer layer in \[-2, 2\]"),
-    (lambda m, t: m(t, stop_at_layer=True), "stop_at_layer must be an integer"),
-    (lambda m, t: m(t, start_at_layer=1), "the input is the residual stream"),
-    (lambda m, t: m(torch.zeros(2, 6, 32), "loss", start_at_layer=1), "needs tokens="),
-    (lambda m, t: m(torch.zeros(2, 6, 32), start_at_layer=2, stop_at_layer=1), "comes after stop_at_layer"),
-    (lambda m, t: m(t, stop_at_layer=1, kv_cache=KVCache.empty(2)), "cannot be combined"),
-    (lambda m, t: m.to_tokens("w1", prepend_bos=True), "no beginning-of-sequence token"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda m, t: m(t, return_type="probs"), "return_type must be one of"),
+        (lambda m, t: m(t, stop_at_layer=3), r"stop_at_layer must be an integer layer in \[-2, 2\]"),
+        (lambda m, t: m(t, stop_at_layer=True), "stop_at_layer must be an integer"),
+        (lambda m, t: m(t, start_at_layer=1), "the input is the residual stream"),
+        (lambda m, t: m(torch.zeros(2, 6, 32), "loss", start_at_layer=1), "needs tokens="),
+        (lambda m, t: m(torch.zeros(2, 6, 32), start_at_layer=2, stop_at_layer=1), "comes after stop_at_layer"),
+        (lambda m, t: m(t, stop_at_layer=1, kv_cache=KVCache.empty(2)), "cannot be combined"),
+        (lambda m, t: m.to_tokens("w1", prepend_bos=True), "no beginning-of-sequence token"),
+    ],
+)
 def test_call_convention_misuse_is_a_clear_error(call, message):
     from tokenizers import Tokenizer, models, pre_tokenizers
 

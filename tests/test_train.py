@@ -17,8 +17,22 @@ import lab.train
 from lab import HookedTransformer, ModelConfig
 from lab.configs import torch_threads
 from lab.data.sources import MarkovSource
-from lab.train import (DEMO_MODEL, DEMO_TRAIN, IGNORE, Batch, SequenceBatches, TokenStream, TrainConfig,
-                       TrainingDiverged, TrainingInterrupted, demo_markov, estimate_loss, get_batch, get_lr, train)
+from lab.train import (
+    DEMO_MODEL,
+    DEMO_TRAIN,
+    IGNORE,
+    Batch,
+    SequenceBatches,
+    TokenStream,
+    TrainConfig,
+    TrainingDiverged,
+    TrainingInterrupted,
+    demo_markov,
+    estimate_loss,
+    get_batch,
+    get_lr,
+    train,
+)
 from tests.conftest import USER_THREADS
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (tests/conftest.py::one_thread)
@@ -41,10 +55,17 @@ def test_train_config_validates_each_field_and_round_trips():
     cfg = TrainConfig(lr=1, steps=50, warmup_steps=5)
     assert TrainConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
     assert isinstance(cfg.lr, float)
-    for bad, field in [(dict(steps=0), "steps"), (dict(lr=-1.0), "lr"), (dict(min_lr=0.1, lr=0.01), "min_lr"),
-                       (dict(beta2=1.0), "beta2"), (dict(seq_len=1), "seq_len"), (dict(batch_size=True), "batch_size"),
-                       (dict(warmup_steps=20, steps=10), "warmup_steps"), (dict(grad_clip=math.nan), "grad_clip"),
-                       (dict(device="gpu7"), "device")]:
+    for bad, field in [
+        (dict(steps=0), "steps"),
+        (dict(lr=-1.0), "lr"),
+        (dict(min_lr=0.1, lr=0.01), "min_lr"),
+        (dict(beta2=1.0), "beta2"),
+        (dict(seq_len=1), "seq_len"),
+        (dict(batch_size=True), "batch_size"),
+        (dict(warmup_steps=20, steps=10), "warmup_steps"),
+        (dict(grad_clip=math.nan), "grad_clip"),
+        (dict(device="gpu7"), "device"),
+    ]:
         with pytest.raises(ValueError, match=f"TrainConfig.{field}"):
             TrainConfig(**bad)
     with pytest.raises(ValueError, match=r"unknown keys \['learning_rate'\]"):
@@ -173,7 +194,8 @@ def test_training_without_a_folder_writes_nothing(tmp_path, monkeypatch):
 
 def test_resuming_gives_the_same_weights_as_an_uninterrupted_run(tmp_path):
     """On the module's one thread, where SHORT's tiny tensors train fastest; resuming at the thread count a user gets,
-    and at another, is held at the markov recipe's sizes (test_the_same_seed_gives_the_same_bits_at_any_thread_count)."""
+    and at another, is held at the markov recipe's sizes
+    (test_the_same_seed_gives_the_same_bits_at_any_thread_count)."""
     model, data = demo_markov()
     straight = train(model, SHORT, data, tmp_path / "straight", progress=False)
     expected = weights(model)
@@ -187,6 +209,7 @@ def test_resuming_gives_the_same_weights_as_an_uninterrupted_run(tmp_path):
     assert resumed.step == 20
     assert max_difference(weights(fresh), expected) <= 1e-7
     assert all(torch.equal(weights(fresh)[k], expected[k]) for k in expected)  # in fact bit-identical
+
     def timeless(history):
         return [{k: v for k, v in r.items() if k != "elapsed_s"} for r in history]
 
@@ -196,10 +219,12 @@ def test_resuming_gives_the_same_weights_as_an_uninterrupted_run(tmp_path):
 
 # The markov recipe's sizes (models/markov/model.toml: d_model 64, d_mlp 512, batches of 128 × 16 tokens), where
 # torch's CPU kernels split their work among threads; at SHORT's sizes every kernel runs on one thread anyway.
-RECIPE_MODEL = ModelConfig(d_vocab=32, d_model=64, n_layers=2, n_heads=4, d_mlp=512, n_ctx=64, positions="rotary",
-                           mlp="gelu")
-RECIPE_TRAIN = TrainConfig(steps=4, batch_size=128, seq_len=16, lr=5e-3, min_lr=5e-4, warmup_steps=2,
-                           eval_interval=2, eval_batches=1)
+RECIPE_MODEL = ModelConfig(
+    d_vocab=32, d_model=64, n_layers=2, n_heads=4, d_mlp=512, n_ctx=64, positions="rotary", mlp="gelu"
+)
+RECIPE_TRAIN = TrainConfig(
+    steps=4, batch_size=128, seq_len=16, lr=5e-3, min_lr=5e-4, warmup_steps=2, eval_interval=2, eval_batches=1
+)
 
 
 def test_the_same_seed_gives_the_same_bits_at_any_thread_count(tmp_path, user_threads):
@@ -207,8 +232,9 @@ def test_the_same_seed_gives_the_same_bits_at_any_thread_count(tmp_path, user_th
     user gets, at one thread, two and three; and a run stopped at the user's count and resumed at another ends
     on the same bits as the uninterrupted one."""
     source = MarkovSource(32, order=2, seed=0)
-    data = SequenceBatches(torch.from_numpy(source.sample(1024, 16, seed=1)),
-                           torch.from_numpy(source.sample(128, 16, seed=2)))
+    data = SequenceBatches(
+        torch.from_numpy(source.sample(1024, 16, seed=1)), torch.from_numpy(source.sample(128, 16, seed=2))
+    )
 
     def trained(threads: int, out: Path | None = None, **how) -> dict[str, torch.Tensor]:
         model = HookedTransformer(RECIPE_MODEL, seed=123 if how.get("resume") else 0)
@@ -223,8 +249,9 @@ def test_the_same_seed_gives_the_same_bits_at_any_thread_count(tmp_path, user_th
     trained(USER_THREADS, tmp_path, stop_after=2)
     runs[f"stopped at step 2 at {USER_THREADS}, resumed at {other}"] = trained(other, tmp_path, resume=True)
     differing = {run: [k for k in reference if not torch.equal(w[k], reference[k])] for run, w in runs.items()}
-    assert not any(differing.values()), "; ".join(f"{run}: {len(names)} tensors differ ({', '.join(names[:3])}, …)"
-                                                  for run, names in differing.items() if names)
+    assert not any(differing.values()), "; ".join(
+        f"{run}: {len(names)} tensors differ ({', '.join(names[:3])}, …)" for run, names in differing.items() if names
+    )
 
 
 class OpsAtThreadCounts:
@@ -298,7 +325,9 @@ def test_every_op_of_a_training_step_gives_the_same_bits_at_one_two_and_three_th
         summed_loss(model(*inputs), tokens[:, 1:]).div(tokens[:, 1:].numel()).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
-    assert {"mm", "native_layer_norm_backward" if recipe != "pydoc" else "mul", "_foreach_mul_"} <= checked.seen, checked.seen
+    assert {"mm", "native_layer_norm_backward" if recipe != "pydoc" else "mul", "_foreach_mul_"} <= checked.seen, (
+        checked.seen
+    )
     assert checked.differing == {}
 
 
@@ -415,8 +444,10 @@ def test_a_signal_ends_training_after_the_step_in_flight_with_a_checkpoint(tmp_p
     with pytest.raises(TrainingInterrupted) as stop:
         train(demo_markov()[0], SHORT, SignalWhileDrawing(data, signum, 6), tmp_path / "run", progress=False)
     assert (stop.value.signum, stop.value.step) == (signum, 7)
-    assert str(stop.value) == (f"interrupted by {signal.Signals(signum).name} at step 7/20; "
-                               f"checkpoint saved in {tmp_path / 'run' / 'checkpoint'}")
+    assert str(stop.value) == (
+        f"interrupted by {signal.Signals(signum).name} at step 7/20; "
+        f"checkpoint saved in {tmp_path / 'run' / 'checkpoint'}"
+    )
     assert json.loads((tmp_path / "run" / "checkpoint" / "train_state.json").read_text())["step"] == 7
     assert signal.getsignal(signum) is handler  # the caller's handler is back
     resumed = demo_markov()[0]
@@ -427,9 +458,12 @@ def test_a_signal_ends_training_after_the_step_in_flight_with_a_checkpoint(tmp_p
 def test_a_diverging_run_names_the_step_and_lr_and_keeps_the_checkpoint_from_before(tmp_path):
     model, data = demo_markov()
     cfg = SHORT.replace(lr=1e30, min_lr=0.0, checkpoint_interval=1)  # the first update overflows the weights
-    with pytest.raises(TrainingDiverged, match=r"^training diverged at step \d+: train loss is (nan|inf) "
-                       r"\(lr [\d.e+]+\); try a lower lr or a tighter grad_clip; the checkpoint of step \d+ "
-                       r"is kept in .*checkpoint$") as diverged:
+    with pytest.raises(
+        TrainingDiverged,
+        match=r"^training diverged at step \d+: train loss is (nan|inf) "
+        r"\(lr [\d.e+]+\); try a lower lr or a tighter grad_clip; the checkpoint of step \d+ "
+        r"is kept in .*checkpoint$",
+    ) as diverged:
         train(model, cfg, data, tmp_path, progress=False)
     step, kept = map(int, re.findall(r"step (\d+)", str(diverged.value)))
     assert kept == step - 1 >= 1
@@ -444,9 +478,11 @@ def test_checkpoints_come_every_n_steps_and_every_so_many_seconds(tmp_path, monk
     saved = []
     real = lab.train.save_checkpoint
     monkeypatch.setattr(lab.train.loop, "save_checkpoint", lambda *args: saved.append(args[-1].step) or real(*args))
-    for cfg, steps in [(SHORT.replace(checkpoint_interval=6, checkpoint_every_s=0), [6, 12, 18, 20]),
-                       (SHORT.replace(checkpoint_every_s=1e-9), list(range(1, 21))),  # every step is "due"
-                       (SHORT.replace(checkpoint_every_s=0), [20])]:
+    for cfg, steps in [
+        (SHORT.replace(checkpoint_interval=6, checkpoint_every_s=0), [6, 12, 18, 20]),
+        (SHORT.replace(checkpoint_every_s=1e-9), list(range(1, 21))),  # every step is "due"
+        (SHORT.replace(checkpoint_every_s=0), [20]),
+    ]:
         saved.clear()
         train(model, cfg, data, tmp_path, progress=False)
         assert saved == steps, cfg
@@ -485,7 +521,7 @@ def test_bad_runs_are_refused_before_training(tmp_path):
 def demo_argv(code: str) -> list[str]:
     """The arguments of `python -m lab.train` in a shell command `torchrun … -m lab.train ARGS`."""
     words = code.replace("\\\n", " ").split()
-    return words[words.index("lab.train") + 1:]
+    return words[words.index("lab.train") + 1 :]
 
 
 def demo_config(argv: list[str]) -> TrainConfig:

@@ -20,18 +20,42 @@ def markov_zoo(tmp_path, monkeypatch):
     folder = tmp_path / "models" / "markov"
     folder.mkdir(parents=True)
     shutil.copy(zoo.DEFAULT_ZOO_DIR / "markov" / "model.toml", folder / "model.toml")
-    world = {"kind": "markov", "vocab_size": 32, "order": 2, "concentration": 0.5, "seed": 0, "n_sequences": 256,
-             "val_sequences": 64}
-    (folder / "recipe.json").write_text(json.dumps({"format": "forma-build/1", "name": "markov", "quick": True,
-                                                    "world": world}))
+    world = {
+        "kind": "markov",
+        "vocab_size": 32,
+        "order": 2,
+        "concentration": 0.5,
+        "seed": 0,
+        "n_sequences": 256,
+        "val_sequences": 64,
+    }
+    (folder / "recipe.json").write_text(
+        json.dumps({"format": "forma-build/1", "name": "markov", "quick": True, "world": world})
+    )
     HookedTransformer(ModelConfig(d_vocab=32, d_model=32, n_layers=2, n_heads=4, n_ctx=16), seed=0).save(folder)
     monkeypatch.setenv("FORMA_ZOO_DIR", str(tmp_path / "models"))
     return folder
 
 
 def test_forma_transcoders_trains_measures_and_keeps_them_with_their_contexts(markov_zoo, capsys):
-    assert main(["transcoders", "markov", "--kind", "jumprelu", "--steps", "20", "--windows", "32", "--features",
-                 "48", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "transcoders",
+                "markov",
+                "--kind",
+                "jumprelu",
+                "--steps",
+                "20",
+                "--windows",
+                "32",
+                "--features",
+                "48",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "layer 1: FVU" in out and "loss recovered" in out
     assert transcoder_sets(markov_zoo) == ["jumprelu"]

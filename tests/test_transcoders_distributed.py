@@ -30,12 +30,17 @@ BASE = TranscoderConfig(d_model=32, n_layers=3, d_features=96)
 SAE = BASE.replace(input_hook="blocks.{layer}.hook_resid_post", output_hook="blocks.{layer}.hook_resid_post")
 TRAINING = TranscoderTraining(steps=24, batch_size=48, lr=3e-3, checkpoint_interval=10)
 # name: (config, sparsity λ, how the 2 ranks share the training)
-JOBS = {"ddp-relu": (BASE, 1e-3, "data"), "ddp-topk": (BASE.replace(activation="topk", k=12), 0.0, "data"),
-        "ddp-clt": (BASE.replace(activation="jumprelu", cross_layer=True), 1e-4, "data"),
-        "modules-relu": (BASE, 1e-3, "modules"), "modules-topk": (BASE.replace(activation="topk", k=12), 0.0, "modules"),
-        "modules-jumprelu": (BASE.replace(activation="jumprelu"), 1e-4, "modules"),
-        "modules-sae": (SAE.replace(activation="topk", k=8), 0.0, "modules"),
-        "resumed-data": (BASE, 1e-3, "data"), "resumed-modules": (BASE.replace(activation="jumprelu"), 1e-4, "modules")}
+JOBS = {
+    "ddp-relu": (BASE, 1e-3, "data"),
+    "ddp-topk": (BASE.replace(activation="topk", k=12), 0.0, "data"),
+    "ddp-clt": (BASE.replace(activation="jumprelu", cross_layer=True), 1e-4, "data"),
+    "modules-relu": (BASE, 1e-3, "modules"),
+    "modules-topk": (BASE.replace(activation="topk", k=12), 0.0, "modules"),
+    "modules-jumprelu": (BASE.replace(activation="jumprelu"), 1e-4, "modules"),
+    "modules-sae": (SAE.replace(activation="topk", k=8), 0.0, "modules"),
+    "resumed-data": (BASE, 1e-3, "data"),
+    "resumed-modules": (BASE.replace(activation="jumprelu"), 1e-4, "modules"),
+}
 RESUMED = [name for name in JOBS if name.startswith("resumed-")]
 
 pytestmark = pytest.mark.usefixtures("one_thread_per_module")
@@ -58,8 +63,15 @@ def rank_main(rank: int, world: int, port: int, store: str, out: str) -> None:
     init_distributed()
     try:
         for name, (cfg, sparsity, parallel) in JOBS.items():
-            model = train_transcoders(store, cfg, TRAINING.replace(sparsity=sparsity), Path(out) / name,
-                                      resume=name in RESUMED, log_every=5, parallel=parallel)
+            model = train_transcoders(
+                store,
+                cfg,
+                TRAINING.replace(sparsity=sparsity),
+                Path(out) / name,
+                resume=name in RESUMED,
+                log_every=5,
+                parallel=parallel,
+            )
             save_file(model.state_tensors(), str(Path(out) / name / f"returned-rank{rank}.safetensors"))
     finally:
         close_distributed()
@@ -72,19 +84,28 @@ def runs(tmp_path_factory, one_thread_per_module):
     root = tmp_path_factory.mktemp("transcoders-distributed")
     tokens = torch.randint(0, 50, (40, 16), generator=torch.Generator().manual_seed(0))
     hooks = list(dict.fromkeys(BASE.hooks() + SAE.hooks()))
-    store = save_activations(tiny_model(mlp="relu"), tokens, hooks, root / "harvest", positions="all",
-                             batch_size=8, shard_mb=0.1, progress=False)
+    store = save_activations(
+        tiny_model(mlp="relu"),
+        tokens,
+        hooks,
+        root / "harvest",
+        positions="all",
+        batch_size=8,
+        shard_mb=0.1,
+        progress=False,
+    )
     assert len(store.index["shards"]) > 2 and len(store) % TRAINING.batch_size
     one = {}
     for name, (cfg, sparsity, _) in JOBS.items():
-        one[name] = train_transcoders(store, cfg, TRAINING.replace(sparsity=sparsity), root / "one" / name,
-                                      log_every=5)
+        one[name] = train_transcoders(store, cfg, TRAINING.replace(sparsity=sparsity), root / "one" / name, log_every=5)
     for name in RESUMED:
         cfg, sparsity, _ = JOBS[name]
-        train_transcoders(store, cfg, TRAINING.replace(sparsity=sparsity), root / "two" / name, stop_after=12,
-                          log_every=5)
-    mp.start_processes(rank_main, args=(2, free_port(), str(root / "harvest"), str(root / "two")), nprocs=2,
-                       start_method="spawn")
+        train_transcoders(
+            store, cfg, TRAINING.replace(sparsity=sparsity), root / "two" / name, stop_after=12, log_every=5
+        )
+    mp.start_processes(
+        rank_main, args=(2, free_port(), str(root / "harvest"), str(root / "two")), nprocs=2, start_method="spawn"
+    )
     return root, one
 
 
@@ -147,8 +168,21 @@ if os.environ.get("RANK") == "0":
     from tests.fault_zygote import plant
     plant({"kill": 2, "match": "state.json", "event": "open"})
 """
-COMMAND = ["transcoders", "markov", "--kind", "jumprelu", "--steps", "16", "--windows", "32", "--features", "48",
-           "--checkpoint-interval", "5", "--no-progress"]
+COMMAND = [
+    "transcoders",
+    "markov",
+    "--kind",
+    "jumprelu",
+    "--steps",
+    "16",
+    "--windows",
+    "32",
+    "--features",
+    "48",
+    "--checkpoint-interval",
+    "5",
+    "--no-progress",
+]
 
 
 @pytest.fixture
@@ -157,10 +191,18 @@ def markov_zoo(tmp_path, monkeypatch):
     folder = tmp_path / "models" / "markov"
     folder.mkdir(parents=True)
     shutil.copy(zoo.DEFAULT_ZOO_DIR / "markov" / "model.toml", folder / "model.toml")
-    world = {"kind": "markov", "vocab_size": 32, "order": 2, "concentration": 0.5, "seed": 0, "n_sequences": 256,
-             "val_sequences": 64}
-    (folder / "recipe.json").write_text(json.dumps({"format": "forma-build/1", "name": "markov", "quick": True,
-                                                    "world": world}))
+    world = {
+        "kind": "markov",
+        "vocab_size": 32,
+        "order": 2,
+        "concentration": 0.5,
+        "seed": 0,
+        "n_sequences": 256,
+        "val_sequences": 64,
+    }
+    (folder / "recipe.json").write_text(
+        json.dumps({"format": "forma-build/1", "name": "markov", "quick": True, "world": world})
+    )
     HookedTransformer(ModelConfig(d_vocab=32, d_model=32, n_layers=2, n_heads=4, n_ctx=16), seed=0).save(folder)
     monkeypatch.setenv("FORMA_ZOO_DIR", str(tmp_path / "models"))
     return folder
@@ -170,10 +212,21 @@ def torchrun(args: list[str], folder: Path, killed: bool) -> subprocess.Complete
     site = folder / "site"
     site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text(SITECUSTOMIZE if killed else "")
-    env = os.environ | {"PYTHONPATH": f"{site}{os.pathsep}{REPO}", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-                        "TRANSFORMERS_OFFLINE": "1"}
-    command = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc-per-node", "2",
-               "-m", "lab.cli", *args]
+    env = os.environ | {
+        "PYTHONPATH": f"{site}{os.pathsep}{REPO}",
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+    command = [
+        str(Path(sys.executable).parent / "torchrun"),
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "lab.cli",
+        *args,
+    ]
     return subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
@@ -211,8 +264,19 @@ def test_a_harvest_an_earlier_command_left_is_named_and_overwrite_starts_afresh(
 
     hooks = Config(d_model=32, n_layers=2, d_features=48).hooks()
     harvest_windows(markov_zoo, hooks, markov_zoo / "transcoders" / ".jumprelu.harvest", n_windows=16, window=64)
-    command = ["transcoders", "markov", "--kind", "jumprelu", "--steps", "4", "--windows", "32", "--features", "48",
-               "--no-progress"]
+    command = [
+        "transcoders",
+        "markov",
+        "--kind",
+        "jumprelu",
+        "--steps",
+        "4",
+        "--windows",
+        "32",
+        "--features",
+        "48",
+        "--no-progress",
+    ]
     assert main(command) == 2
     err = capsys.readouterr().err
     assert "holds a harvest of 256 rows, not of these 32 windows of 16 tokens" in err and err.count("\n") == 1, err

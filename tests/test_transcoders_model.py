@@ -45,8 +45,9 @@ def test_a_cross_layer_transcoder_writes_each_layer_the_sum_of_the_layers_before
     out = tc.decode(acts)
     features = torch.arange(64)
     for target in range(3):
-        expected = tc.b_dec[target] + sum(acts[:, source] @ tc.decoder(source, features, target) for source in
-                                          range(target + 1))
+        expected = tc.b_dec[target] + sum(
+            acts[:, source] @ tc.decoder(source, features, target) for source in range(target + 1)
+        )
         torch.testing.assert_close(out[:, target], expected)
     assert torch.equal(tc.decoder(2, features, 0), torch.zeros(64, 32))
 

@@ -17,8 +17,16 @@ def harvest(tmp_path_factory):
     model = tiny_model(mlp="relu")
     cfg = TranscoderConfig(d_model=32, n_layers=3, d_features=96)
     tokens = torch.randint(0, 50, (48, 16), generator=torch.Generator().manual_seed(0))
-    store = save_activations(model, tokens, cfg.hooks(), tmp_path_factory.mktemp("h") / "h", positions="all",
-                             batch_size=8, shard_mb=0.1, progress=False)
+    store = save_activations(
+        model,
+        tokens,
+        cfg.hooks(),
+        tmp_path_factory.mktemp("h") / "h",
+        positions="all",
+        batch_size=8,
+        shard_mb=0.1,
+        progress=False,
+    )
     assert len(store.index["shards"]) > 2
     return store, cfg
 
@@ -29,8 +37,9 @@ def test_an_epoch_reads_every_row_once_and_a_resumed_order_is_the_same(harvest):
     assert len(store) % 48 == 0
     batches = order.batches()
     rows = torch.cat([next(batches)[1][:, 0] for _ in range(len(store) // 48)])  # one epoch, layer 0's inputs
-    everything = torch.cat([store.shard(i, cfg.hooks()).acts[cfg.hook("input", 0)]
-                            for i in range(len(store.index["shards"]))])
+    everything = torch.cat(
+        [store.shard(i, cfg.hooks()).acts[cfg.hook("input", 0)] for i in range(len(store.index["shards"]))]
+    )
     key = torch.arange(32, dtype=torch.float32)  # rows compared as sets: sorted by a generic projection
     assert torch.equal(rows[(rows @ key).argsort()], everything[(everything @ key).argsort()])
     assert not torch.equal(rows, everything)  # shuffled
@@ -49,8 +58,9 @@ def test_training_learns(harvest, tmp_path, activation):
     cfg = cfg.replace(activation=activation, k=12 if activation == "topk" else 0)
     sparsity = {"relu": 1e-3, "topk": 0.0, "jumprelu": 1e-4}[activation]
     before = reconstruction_measures(Transcoders(cfg), store)
-    tc = train_transcoders(store, cfg, TranscoderTraining(steps=150, batch_size=64, lr=3e-3, sparsity=sparsity),
-                           tmp_path / "tc")
+    tc = train_transcoders(
+        store, cfg, TranscoderTraining(steps=150, batch_size=64, lr=3e-3, sparsity=sparsity), tmp_path / "tc"
+    )
     after = reconstruction_measures(tc, store)
     assert max(after["fvu"]) < 0.5 * min(before["fvu"])
     assert (tmp_path / "tc" / "training.json").is_file() and not (tmp_path / "tc" / "checkpoint").exists()
@@ -74,7 +84,8 @@ def test_a_resumed_run_is_bitwise_the_uninterrupted_one_and_the_same_seed_repeat
 def test_a_harvest_without_the_hooks_is_one_clear_line(harvest, tmp_path):
     store, cfg = harvest
     with pytest.raises(ValueError, match="holds no 'blocks.0.hook_resid_pre'"):
-        train_transcoders(store, cfg.replace(input_hook="blocks.{layer}.hook_resid_pre"),
-                          TranscoderTraining(steps=2), tmp_path)
+        train_transcoders(
+            store, cfg.replace(input_hook="blocks.{layer}.hook_resid_pre"), TranscoderTraining(steps=2), tmp_path
+        )
     with pytest.raises(FileNotFoundError, match="no transcoder checkpoint"):
         train_transcoders(store, cfg, TranscoderTraining(steps=2), tmp_path / "none", resume=True)

@@ -73,8 +73,12 @@ def test_the_translator_is_the_packages_on_the_same_weights(tuned_lens_package):
         for translator in theirs.layer_translators:
             translator.weight.copy_(0.1 * torch.randn(translator.weight.shape, generator=g))
             translator.bias.copy_(0.1 * torch.randn(translator.bias.shape, generator=g))
-    ours = TunedLens(torch.stack([t.weight.detach().T for t in theirs.layer_translators]),
-                     torch.stack([t.bias.detach() for t in theirs.layer_translators]), [], 0)
+    ours = TunedLens(
+        torch.stack([t.weight.detach().T for t in theirs.layer_translators]),
+        torch.stack([t.bias.detach() for t in theirs.layer_translators]),
+        [],
+        0,
+    )
     text = tokens(3, 4)
     with torch.no_grad():
         hidden = hf(text, output_hidden_states=True).hidden_states

@@ -12,8 +12,8 @@ import lab.zoo as zoo
 from lab import HookedTransformer
 from lab.zoo import build, building, builds, cards, load_recipe, ngram_perplexities, zoo_names
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")  # small models (tests/conftest.py::one_thread)
+
 
 def test_the_zoo_has_the_three_recipes():
     assert {"markov", "facts", "pydoc"} <= set(zoo_names())
@@ -61,8 +61,10 @@ def test_quick_recipes_build_load_and_learn(name, zoo_dir, request):
     if name == "markov":
         assert card["held_out"]["equal_to_a_training_sequence"] == 0
         n_complete, n_all = card["val_complete_context_prefixes"], card["val_prefixes"]
-        mixed = (card["val_kl_complete_contexts_nats"] * n_complete
-                 + card["val_kl_first_positions_nats"] * (n_all - n_complete)) / n_all
+        mixed = (
+            card["val_kl_complete_contexts_nats"] * n_complete
+            + card["val_kl_first_positions_nats"] * (n_all - n_complete)
+        ) / n_all
         assert card["val_kl_to_truth_nats"] == pytest.approx(mixed, rel=1e-9)
 
 
@@ -132,8 +134,11 @@ def write_recipe(zoo_dir, name: str, text: str) -> None:
 def test_an_unknown_world_key_is_refused_by_name_for_every_kind(zoo_dir, kind):
     write_recipe(zoo_dir, "typo", f"[world]\n{MINIMAL_WORLDS[kind]}\nsede = 1\n\n[model]\nn_ctx = 8\n")
     known = "vocab_size" if kind == "pydoc" else "seed"  # one of the kind's keys, in the list the error gives
-    with pytest.raises(ValueError, match=rf"typo/model.toml: \[world\] has unknown key 'sede' for a {kind} world; "
-                                         rf"known keys are .*{known}"):
+    with pytest.raises(
+        ValueError,
+        match=rf"typo/model.toml: \[world\] has unknown key 'sede' for a {kind} world; "
+        rf"known keys are .*{known}",
+    ):
         load_recipe("typo")
     # In a quick override too, and found whichever profile is asked for.
     write_recipe(zoo_dir, "typo", f"[world]\n{MINIMAL_WORLDS[kind]}\n\n[model]\nn_ctx = 8\n\n[quick.world]\nsede = 1\n")
@@ -142,36 +147,52 @@ def test_an_unknown_world_key_is_refused_by_name_for_every_kind(zoo_dir, kind):
 
 
 def test_missing_or_mistyped_recipe_keys_are_named(zoo_dir):
-    cases = {'[world]\nkind = "markov"\nvocab_size = 8\nn_sequences = 8\n[model]\nd_model = 8\n':
-                 r"\[model\] needs n_ctx",
-             '[world]\nkind = "markov"\nvocab_size = 8\n[model]\nn_ctx = 8\n':
-                 r"\[world\] needs n_sequences for a markov world",
-             '[world]\nkind = "markov"\nvocab_size = "8"\nn_sequences = 8\n[model]\nn_ctx = 8\n':
-                 r"\[world\] vocab_size must be an integer, got '8'",
-             '[world]\nkind = "markow"\n[model]\nn_ctx = 8\n': r"\[world\] needs kind = one of \['dates', 'facts'",
-             '[world]\nkind = "markov"\nvocab_size = 8\nn_sequences = 8\n[model]\nn_ctx = 8\nkind = "rnn"\n':
-                 r"\[model\] kind must be one of \['decoder_only', 'encoder_decoder'\], got 'rnn'"}
+    cases = {
+        '[world]\nkind = "markov"\nvocab_size = 8\nn_sequences = 8\n[model]\nd_model = 8\n': r"\[model\] needs n_ctx",
+        '[world]\nkind = "markov"\nvocab_size = 8\n[model]\nn_ctx = 8\n': (
+            r"\[world\] needs n_sequences for a markov world"
+        ),
+        '[world]\nkind = "markov"\nvocab_size = "8"\nn_sequences = 8\n[model]\nn_ctx = 8\n': (
+            r"\[world\] vocab_size must be an integer, got '8'"
+        ),
+        '[world]\nkind = "markow"\n[model]\nn_ctx = 8\n': r"\[world\] needs kind = one of \['dates', 'facts'",
+        '[world]\nkind = "markov"\nvocab_size = 8\nn_sequences = 8\n[model]\nn_ctx = 8\nkind = "rnn"\n': (
+            r"\[model\] kind must be one of \['decoder_only', 'encoder_decoder'\], got 'rnn'"
+        ),
+    }
     for text, message in cases.items():
         write_recipe(zoo_dir, "bad", text)
         with pytest.raises(ValueError, match=message):
             load_recipe("bad")
 
 
-@pytest.mark.parametrize("world, message", [
-    ("vocab_size = 32\norder = 12\nn_sequences = 8",
-     r"32\^13 = 36,893,488,147,419,103,232 entries .* exceeds the limit of 33,554,432 \(256 MiB\); "
-     r"lower order or vocab_size"),
-    ("vocab_size = 100_000\norder = 2\nn_sequences = 8", r"100000\^3 = 1,000,000,000,000,000 entries"),
-    ("vocab_size = 8\nn_sequences = 1_000_000_000", r"n × length = 1,000,000,000 × 8 = 8,000,000,000 entries"),
-], ids=["order", "vocab_size", "n_sequences"])
+@pytest.mark.parametrize(
+    "world, message",
+    [
+        (
+            "vocab_size = 32\norder = 12\nn_sequences = 8",
+            r"32\^13 = 36,893,488,147,419,103,232 entries .* exceeds the limit of 33,554,432 \(256 MiB\); "
+            r"lower order or vocab_size",
+        ),
+        ("vocab_size = 100_000\norder = 2\nn_sequences = 8", r"100000\^3 = 1,000,000,000,000,000 entries"),
+        ("vocab_size = 8\nn_sequences = 1_000_000_000", r"n × length = 1,000,000,000 × 8 = 8,000,000,000 entries"),
+    ],
+    ids=["order", "vocab_size", "n_sequences"],
+)
 def test_worlds_too_big_for_memory_are_refused_before_allocating(zoo_dir, world, message):
-    write_recipe(zoo_dir, "big", TINY_MARKOV.replace('vocab_size = 8\norder = 1\nseed = 0\nn_sequences = 64', world))
+    write_recipe(zoo_dir, "big", TINY_MARKOV.replace("vocab_size = 8\norder = 1\nseed = 0\nn_sequences = 64", world))
     with pytest.raises(ValueError, match=r"big/model.toml: \[world\] MarkovSource.*" + message):
         build("big", progress=False)
-    write_recipe(zoo_dir, "big", '[world]\nkind = "hmm"\nn_states = 100_000\nvocab_size = 8\nn_sequences = 8\n'
-                                 '[model]\nn_ctx = 8\n')
-    with pytest.raises(ValueError, match=r"HiddenMarkovSource: the tables n_states × \(n_states \+ vocab_size\) = "
-                                         r"100000 × 100008 = 10,000,800,000 entries"):
+    write_recipe(
+        zoo_dir,
+        "big",
+        '[world]\nkind = "hmm"\nn_states = 100_000\nvocab_size = 8\nn_sequences = 8\n[model]\nn_ctx = 8\n',
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"HiddenMarkovSource: the tables n_states × \(n_states \+ vocab_size\) = "
+        r"100000 × 100008 = 10,000,800,000 entries",
+    ):
         build("big", progress=False)
     write_recipe(zoo_dir, "big", '[world]\nkind = "facts"\nn_train = 1_000_000_000\n[model]\nn_ctx = 8\n')
     with pytest.raises(ValueError, match=r"n_train = 1,000,000,000 documents is more than a facts world may draw"):
@@ -180,8 +201,11 @@ def test_worlds_too_big_for_memory_are_refused_before_allocating(zoo_dir, world,
 
 # --- builds: the previous model stays until the new one is complete; resumption ----------------
 def published_bytes(directory) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())
-            if p.is_file() and p.name != "model.toml" and not p.name.startswith(".")}
+    return {
+        p.name: p.read_bytes()
+        for p in sorted(directory.iterdir())
+        if p.is_file() and p.name != "model.toml" and not p.name.startswith(".")
+    }
 
 
 def interrupted_build(name: str, after: int = 2) -> None:
@@ -204,8 +228,11 @@ def interrupted_build(name: str, after: int = 2) -> None:
 
 def test_an_interrupted_build_leaves_the_model_in_place_and_resumes_to_the_same_bits(zoo_dir, user_threads):
     write_recipe(zoo_dir, "tiny", TINY_MARKOV)
-    with pytest.raises(FileNotFoundError, match=r"nothing to resume for tiny: .* holds no interrupted build .* "
-                                                r"run `forma train tiny` to train afresh"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"nothing to resume for tiny: .* holds no interrupted build .* "
+        r"run `forma train tiny` to train afresh",
+    ):
         build("tiny", progress=False, resume=True)
     interrupted_build("tiny")
     assert not zoo.is_trained("tiny")  # nothing is published before a build completes
@@ -217,8 +244,11 @@ def test_an_interrupted_build_leaves_the_model_in_place_and_resumes_to_the_same_
     interrupted_build("tiny", after=4)
     assert published_bytes(zoo_dir / "tiny") == uninterrupted  # the previous model, untouched and loadable
     HookedTransformer.from_pretrained("tiny")
-    with pytest.raises(ValueError, match=r"cannot resume tiny: the interrupted build was started without --quick; "
-                                         r"resume it with `forma train tiny --resume`"):
+    with pytest.raises(
+        ValueError,
+        match=r"cannot resume tiny: the interrupted build was started without --quick; "
+        r"resume it with `forma train tiny --resume`",
+    ):
         build("tiny", quick=True, progress=False, resume=True)
     write_recipe(zoo_dir, "tiny", TINY_MARKOV.replace("lr = 1e-2", "lr = 2e-2"))
     with pytest.raises(ValueError, match=r"\[train\] lr \(build 0.01, now 0.02\); run `forma train tiny` to start"):
@@ -227,8 +257,9 @@ def test_an_interrupted_build_leaves_the_model_in_place_and_resumes_to_the_same_
     build("tiny", progress=False, resume=True)  # how often to checkpoint may change
     resumed = published_bytes(zoo_dir / "tiny")
     assert resumed["model.safetensors"] == uninterrupted["model.safetensors"]
-    assert ({k: v for k, v in json.loads(resumed["card.json"]).items() if not k.endswith("_s") and k != "provenance"}
-            == {k: v for k, v in card.items() if not k.endswith("_s") and k != "provenance"})
+    assert {
+        k: v for k, v in json.loads(resumed["card.json"]).items() if not k.endswith("_s") and k != "provenance"
+    } == {k: v for k, v in card.items() if not k.endswith("_s") and k != "provenance"}
     builds = sorted(p.name for p in (zoo_dir / "tiny" / zoo.BUILDS_DIR).iterdir())
     assert len(builds) == 2  # the published build and the one before it, for readers that resolved it
     with pytest.raises(FileNotFoundError, match="nothing to resume"):
@@ -284,6 +315,7 @@ def test_a_crash_at_any_step_of_publishing_shows_the_old_model_or_the_new_one(zo
                 if calls == crash_at:
                     raise Crash
                 return real(*args, **kwargs)
+
             return operation
 
         with pytest.MonkeyPatch.context() as patch:
@@ -312,14 +344,19 @@ def test_a_diverging_build_is_one_line_from_the_cli_and_keeps_its_checkpoint(zoo
     assert main(["train", "tiny", "--no-progress"]) == 0
     before = published_bytes(zoo_dir / "tiny")
     capsys.readouterr()
-    write_recipe(zoo_dir, "tiny", TINY_MARKOV.replace("lr = 1e-2", "lr = 1e30").replace("checkpoint_interval = 2",
-                                                                                         "checkpoint_interval = 1"))
+    write_recipe(
+        zoo_dir,
+        "tiny",
+        TINY_MARKOV.replace("lr = 1e-2", "lr = 1e30").replace("checkpoint_interval = 2", "checkpoint_interval = 1"),
+    )
     assert main(["train", "tiny", "--no-progress"]) == 1
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1, lines
-    diverged = re.fullmatch(r"forma train: error: training diverged at step (\d+): train loss is (nan|inf) \(lr \S+\); "
-                            r"try a lower lr or a tighter grad_clip; the checkpoint of step (\d+) is kept in (\S+)",
-                            lines[0])
+    diverged = re.fullmatch(
+        r"forma train: error: training diverged at step (\d+): train loss is (nan|inf) \(lr \S+\); "
+        r"try a lower lr or a tighter grad_clip; the checkpoint of step (\d+) is kept in (\S+)",
+        lines[0],
+    )
     assert diverged, lines[0]
     step, kept, checkpoint = int(diverged[1]), int(diverged[3]), diverged[4]
     assert kept == step - 1 and json.loads((Path(checkpoint) / "train_state.json").read_text())["step"] == kept
@@ -378,8 +415,9 @@ def _independent_facts(data, recipe):
 def _disjoint_pydoc(data, recipe):
     from lab.data.text import split_documents, split_text, stdlib_docstrings
 
-    train_text, val_text = split_text(stdlib_docstrings(cache=zoo.zoo_dir() / "pydoc" / "corpus.txt"),
-                                      recipe["world"]["held_out_fraction"])
+    train_text, val_text = split_text(
+        stdlib_docstrings(cache=zoo.zoo_dir() / "pydoc" / "corpus.txt"), recipe["world"]["held_out_fraction"]
+    )
     assert not set(split_documents(val_text)) & set(split_documents(train_text))
     assert data.val.tolist() == data.tokenizer.encode(val_text).ids  # the held-out stream is those documents
 
@@ -392,8 +430,13 @@ def _disjoint_dates(data, recipe):
     assert len(days(data.held_out)) == recipe["world"]["n_held_out"]
 
 
-HELD_APART = {"markov": _disjoint_source, "hmm": _disjoint_source, "facts": _independent_facts,
-              "pydoc": _disjoint_pydoc, "dates": _disjoint_dates}
+HELD_APART = {
+    "markov": _disjoint_source,
+    "hmm": _disjoint_source,
+    "facts": _independent_facts,
+    "pydoc": _disjoint_pydoc,
+    "dates": _disjoint_dates,
+}
 
 
 @pytest.mark.slow
@@ -421,17 +464,26 @@ def test_the_facts_check_catches_held_out_rows_taken_from_training_or_a_miscount
     recipe = load_recipe("facts")
     data = zoo.build_world(recipe["world"], recipe["model"]["n_ctx"], recipe["train"].get("seq_len"))
     _independent_facts(data, recipe)
-    resampled = data.train[torch.randint(0, len(data.train), (len(data.val),), generator=torch.Generator().manual_seed(0))]
+    resampled = data.train[
+        torch.randint(0, len(data.train), (len(data.val),), generator=torch.Generator().manual_seed(0))
+    ]
     record = data.world["held_out"]
-    recount = dict(record, draws_of_facts_in_training=len(data.val),
-                   distinct_facts=len({row.tobytes() for row in resampled.numpy()}))
+    recount = dict(
+        record,
+        draws_of_facts_in_training=len(data.val),
+        distinct_facts=len({row.tobytes() for row in resampled.numpy()}),
+    )
     with pytest.raises(AssertionError):  # every row a training row: far more than independent draws share
-        _independent_facts(zoo.WorldData(data.train, resampled, data.d_vocab, data.tokenizer,
-                                         dict(data.world, held_out=recount)), recipe)
+        _independent_facts(
+            zoo.WorldData(data.train, resampled, data.d_vocab, data.tokenizer, dict(data.world, held_out=recount)),
+            recipe,
+        )
     miscounted = dict(record, draws_of_facts_in_training=record["draws_of_facts_in_training"] - 1)
     with pytest.raises(AssertionError):
-        _independent_facts(zoo.WorldData(data.train, data.val, data.d_vocab, data.tokenizer,
-                                         dict(data.world, held_out=miscounted)), recipe)
+        _independent_facts(
+            zoo.WorldData(data.train, data.val, data.d_vocab, data.tokenizer, dict(data.world, held_out=miscounted)),
+            recipe,
+        )
 
 
 def test_zoo_entries_read_each_recipe_and_card_and_name_what_is_unreadable(zoo_dir):

@@ -82,29 +82,80 @@ from `experiments.calibration` itself.
 from pathlib import Path
 from typing import Any
 
-from lab.configs import torch_threads
-
 # Every name the experiment had as one module, where it lives now: tests, docs and other experiments import
 # them from here.
 from experiments.calibration.blocks import BINNINGS, calibration_block, option_logits, temperature_block
 from experiments.calibration.config import EXPOSURE_BINS, N_OPTIONS, QUICK, Config
 from experiments.calibration.english import heldout_english, pydoc_model, token_level
-from experiments.calibration.figures import (exposure_figures, p_ik_figure, reliability_figure, stages_figure,
-                                             token_level_figure)
-from experiments.calibration.mmlu import (CSV_MEMORY_FACTOR, MIN_MMLU_ITEMS, MMLU_COLUMNS, TOKENIZER_FILES, LocalInputs,
-                                          check_memory, check_splits, context_length, encode, encode_prompts,
-                                          hf_lettered, hf_p_ik, letter_ids, load_local_model, mmlu_prompt,
-                                          mmlu_splits, read_mmlu, read_mmlu_inputs, read_question_csv, run_hf)
+from experiments.calibration.figures import (
+    exposure_figures,
+    p_ik_figure,
+    reliability_figure,
+    stages_figure,
+    token_level_figure,
+)
+from experiments.calibration.mmlu import (
+    CSV_MEMORY_FACTOR,
+    MIN_MMLU_ITEMS,
+    MMLU_COLUMNS,
+    TOKENIZER_FILES,
+    LocalInputs,
+    check_memory,
+    check_splits,
+    context_length,
+    encode,
+    encode_prompts,
+    hf_lettered,
+    hf_p_ik,
+    letter_ids,
+    load_local_model,
+    mmlu_prompt,
+    mmlu_splits,
+    read_mmlu,
+    read_mmlu_inputs,
+    read_question_csv,
+    run_hf,
+)
 from experiments.calibration.p_true import lens_p_true, p_true_block, p_true_layers, p_true_table
-from experiments.calibration.readouts import (FAMILIES, Parts, class_counts, fixed_readout_row, judge, judge_families,
-                                              lens_readouts, make_parts, p_ik, p_ik_summary, probe_rows, public_rows,
-                                              residual_hooks)
-from experiments.calibration.setting import (Setting, claim_text, cloze_table, continuation_logprobs, exposure_bin,
-                                             heldout_nll, lettered_table, make_model, make_setting,
-                                             next_token_logprobs, statement_prefix, train_in_stages)
-from experiments.calibration.summary import (_signed, _verdict_headline, acceptance, aurocs_without_counts,
-                                             eces_without_interval, headlines)
+from experiments.calibration.readouts import (
+    FAMILIES,
+    Parts,
+    class_counts,
+    fixed_readout_row,
+    judge,
+    judge_families,
+    lens_readouts,
+    make_parts,
+    p_ik,
+    p_ik_summary,
+    probe_rows,
+    public_rows,
+    residual_hooks,
+)
+from experiments.calibration.setting import (
+    Setting,
+    claim_text,
+    cloze_table,
+    continuation_logprobs,
+    exposure_bin,
+    heldout_nll,
+    lettered_table,
+    make_model,
+    make_setting,
+    next_token_logprobs,
+    statement_prefix,
+    train_in_stages,
+)
+from experiments.calibration.summary import (
+    _signed,
+    _verdict_headline,
+    acceptance,
+    aurocs_without_counts,
+    eces_without_interval,
+    headlines,
+)
 from experiments.calibration.synthetic import Evaluation, evaluate, run_synthetic
+from lab.configs import torch_threads
 
 
 # --------------------------------------------------------------------------------------------

@@ -6,10 +6,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from lab.metrics.calibration import bootstrap_ci, brier, ece_fields, fit_temperature, multiclass_summary, nll, softmax
-
 from experiments.calibration.config import EXPOSURE_BINS, N_OPTIONS
 from experiments.calibration.setting import exposure_bin
+from lab.metrics.calibration import bootstrap_ci, brier, ece_fields, fit_temperature, multiclass_summary, nll, softmax
 
 
 # --------------------------------------------------------------------------------------------
@@ -36,12 +35,18 @@ def calibration_block(frame: pd.DataFrame, n_boot: int, seed: int) -> dict[str, 
         if not rows.any():
             continue
         gap = confidence[rows] - correct[rows]  # per item: confidence − correctness, whose mean is the overconfidence
-        block["by_exposure"].append({
-            "exposure": label, "n": int(rows.sum()), "accuracy": float(correct[rows].mean()),
-            "mean_confidence": float(confidence[rows].mean()), "label_mass": float(frame["label_mass"][rows].mean()),
-            "overconfidence": float(gap.mean()),
-            "overconfidence_se": float(gap.std(ddof=1) / np.sqrt(len(gap))) if len(gap) > 1 else None,
-            **ece_fields(confidence[rows], correct[rows], "ece", n_boot=n_boot, seed=seed)})
+        block["by_exposure"].append(
+            {
+                "exposure": label,
+                "n": int(rows.sum()),
+                "accuracy": float(correct[rows].mean()),
+                "mean_confidence": float(confidence[rows].mean()),
+                "label_mass": float(frame["label_mass"][rows].mean()),
+                "overconfidence": float(gap.mean()),
+                "overconfidence_se": float(gap.std(ddof=1) / np.sqrt(len(gap))) if len(gap) > 1 else None,
+                **ece_fields(confidence[rows], correct[rows], "ece", n_boot=n_boot, seed=seed),
+            }
+        )
     return block
 
 
@@ -56,8 +61,9 @@ def temperature_block(frame: pd.DataFrame, n_boot: int, seed: int) -> dict[str, 
     cal, test = frame[frame["split"] == "calibration"], frame[frame["split"] == "test"]
     cal_logits, cal_labels = option_logits(cal), cal["answer_index"].to_numpy()
     T = fit_temperature(cal_logits, cal_labels)
-    t_interval = bootstrap_ci(lambda z, y: fit_temperature(z, y, iterations=40), cal_logits, cal_labels,
-                              n_boot=min(n_boot, 200), seed=seed)
+    t_interval = bootstrap_ci(
+        lambda z, y: fit_temperature(z, y, iterations=40), cal_logits, cal_labels, n_boot=min(n_boot, 200), seed=seed
+    )
     logits, labels = option_logits(test), test["answer_index"].to_numpy()
     block: dict[str, Any] = {"T": T, "T_ci95": t_interval.interval, "n_calibration": len(cal), "n_test": len(test)}
     for name, temperature in (("before", 1.0), ("after", T)):
@@ -70,7 +76,8 @@ def temperature_block(frame: pd.DataFrame, n_boot: int, seed: int) -> dict[str, 
         block[f"accuracy_{name}"] = float(correct.mean())
         block[f"mean_confidence_{name}"] = float(confidence.mean())
         block[f"nll_calibration_split_{name}"] = nll(softmax(cal_logits, temperature), cal_labels)
-    change = bootstrap_ci(lambda z, y: nll(softmax(z), y) - nll(softmax(z, T), y), logits, labels, n_boot=n_boot,
-                          seed=seed)
+    change = bootstrap_ci(
+        lambda z, y: nll(softmax(z), y) - nll(softmax(z, T), y), logits, labels, n_boot=n_boot, seed=seed
+    )
     block["nll_decrease"], block["nll_decrease_ci95"] = change.value, change.interval
     return block

@@ -6,9 +6,23 @@ from lab.configs import apply_quick, check_fields, need
 
 N_OPTIONS = 4  # Kadavath et al. §3: lettered multiple choice with (A)–(D); chance = 1/4
 EXPOSURE_BINS = ((0, 0, "0"), (1, 1, "1"), (2, 5, "2-5"), (6, None, "6+"))  # issue 7 item 1
-QUICK = dict(n_first_names=40, n_last_names=60, n_persons=400, n_train=800, d_model=64, n_layers=2, steps=240,
-             warmup_steps=20, n_stages=6, n_heldout=400, mlp_steps=100, mlp_decays=(1e-2,), n_boot=200,
-             token_windows=8, p_true_samples=1)
+QUICK = dict(
+    n_first_names=40,
+    n_last_names=60,
+    n_persons=400,
+    n_train=800,
+    d_model=64,
+    n_layers=2,
+    steps=240,
+    warmup_steps=20,
+    n_stages=6,
+    n_heldout=400,
+    mlp_steps=100,
+    mlp_decays=(1e-2,),
+    n_boot=200,
+    token_windows=8,
+    p_true_samples=1,
+)
 
 
 # --------------------------------------------------------------------------------------------
@@ -54,7 +68,9 @@ class Config:
     n_boot: int = 500
     token_windows: int = 32  # held-out pydoc windows of n_ctx tokens for token-level calibration
     threads: int = 1  # torch intra-op threads (tiny tensors: more threads cost more than they gain)
-    hf_loader: str = "auto"  # --model: "auto" converts lab.hf.SUPPORTED (lab.hf.load_hf), bridges the rest; "bridge" always
+    hf_loader: str = (
+        "auto"  # --model: "auto" converts lab.hf.SUPPORTED (lab.hf.load_hf), bridges the rest; "bridge" always
+    )
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -62,26 +78,56 @@ class Config:
             apply_quick(self, QUICK)
 
         need(self, self.seed >= 0, f"seed must be a non-negative integer, got {self.seed!r}")
-        for name in ("n_first_names", "n_last_names", "n_persons", "n_train", "quiz_copies", "d_model", "n_layers",
-                     "n_heads", "steps", "batch_size", "n_stages", "n_heldout", "p_true_samples", "mlp_steps",
-                     "n_boot", "token_windows", "threads"):
-            need(self, getattr(self, name) > 0,
-                 f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        need(self, 0 <= self.warmup_steps <= self.steps,
-             f"warmup_steps must lie in [0, steps], got {self.warmup_steps!r}")
+        for name in (
+            "n_first_names",
+            "n_last_names",
+            "n_persons",
+            "n_train",
+            "quiz_copies",
+            "d_model",
+            "n_layers",
+            "n_heads",
+            "steps",
+            "batch_size",
+            "n_stages",
+            "n_heldout",
+            "p_true_samples",
+            "mlp_steps",
+            "n_boot",
+            "token_windows",
+            "threads",
+        ):
+            need(self, getattr(self, name) > 0, f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        need(
+            self,
+            0 <= self.warmup_steps <= self.steps,
+            f"warmup_steps must lie in [0, steps], got {self.warmup_steps!r}",
+        )
         need(self, self.n_stages >= 2 and self.steps >= self.n_stages, "need n_stages ≥ 2 and steps ≥ n_stages")
         need(self, len(self.mlp_decays) > 0 and all(d > 0 for d in self.mlp_decays), "mlp_decays must be positive")
         need(self, self.probe_folds >= 2, "probe_folds must be an integer ≥ 2")
-        for name in ("format_share", "calibration_share", "probe_test_fraction", "probe_validation_fraction",
-                     "partial_recall"):
+        for name in (
+            "format_share",
+            "calibration_share",
+            "probe_test_fraction",
+            "probe_validation_fraction",
+            "partial_recall",
+        ):
             need(self, 0 < getattr(self, name) < 1, f"{name} must lie in (0, 1), got {getattr(self, name)!r}")
-        need(self, self.probe_test_fraction + self.probe_validation_fraction < 1,
-             "probe_test_fraction + probe_validation_fraction must leave a training split (sum < 1)")
+        need(
+            self,
+            self.probe_test_fraction + self.probe_validation_fraction < 1,
+            "probe_test_fraction + probe_validation_fraction must leave a training split (sum < 1)",
+        )
         need(self, self.pareto_gamma > 0, "pareto_gamma must be > 0")
         need(self, 0 < self.min_lr <= self.lr, "need 0 < min_lr ≤ lr")
         need(self, self.d_model % self.n_heads == 0, "d_model must be a multiple of n_heads")
-        need(self, self.hf_loader in ("auto", "bridge"),
-             f"hf_loader must be 'auto' or 'bridge', got {self.hf_loader!r}")
-        need(self, (self.model is None) == (self.mmlu is None),
-             "--model and --mmlu go together: lettered multiple choice of a local Hugging Face model on an "
-             "MMLU-layout CSV (the synthetic experiment trains its own model)")
+        need(
+            self, self.hf_loader in ("auto", "bridge"), f"hf_loader must be 'auto' or 'bridge', got {self.hf_loader!r}"
+        )
+        need(
+            self,
+            (self.model is None) == (self.mmlu is None),
+            "--model and --mmlu go together: lettered multiple choice of a local Hugging Face model on an "
+            "MMLU-layout CSV (the synthetic experiment trains its own model)",
+        )

@@ -7,11 +7,10 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from experiments.calibration.config import Config
 from lab.analysis.lens import logit_lens
 from lab.metrics.calibration import ece_fields, reliability
 from lab.model import HookedTransformer
-
-from experiments.calibration.config import Config
 
 
 # --------------------------------------------------------------------------------------------
@@ -24,8 +23,9 @@ def pydoc_model(out: Path) -> tuple[HookedTransformer, str]:
     if is_trained("pydoc"):
         return HookedTransformer.from_pretrained("pydoc"), "zoo model pydoc"
     directory = build("pydoc", quick=True, progress=False, out=Path(out) / "pydoc-quick")
-    return HookedTransformer.load(directory), ("pydoc quick recipe trained into the run folder (pydoc-quick/): "
-                                               "models/pydoc/model.safetensors is missing")
+    return HookedTransformer.load(directory), (
+        "pydoc quick recipe trained into the run folder (pydoc-quick/): models/pydoc/model.safetensors is missing"
+    )
 
 
 def heldout_english(model: HookedTransformer, n_windows: int) -> Int[Tensor, "window pos"]:
@@ -53,7 +53,7 @@ def token_level(cfg: Config, out: Path) -> tuple[dict[str, Any], list[dict[str, 
     confidence, correct, target_lp = [], [], []
     with torch.inference_mode():
         for start in range(0, len(windows), 4):
-            tokens = windows[start: start + 4]
+            tokens = windows[start : start + 4]
             log_p = logit_lens(model, tokens)[:, :, :-1].double()  # [layer, batch, pos − 1, d_vocab]
             target = tokens[:, 1:]
             top_lp, top = log_p.max(dim=-1)
@@ -64,17 +64,32 @@ def token_level(cfg: Config, out: Path) -> tuple[dict[str, Any], list[dict[str, 
     c, y, lp = (torch.cat(x, dim=1).numpy() for x in (confidence, correct, target_lp))
     by_layer = []
     for layer in range(c.shape[0]):
-        by_layer.append({"layer": layer, "n_tokens": int(c.shape[1]), "accuracy": float(y[layer].mean()),
-                         "mean_confidence": float(c[layer].mean()), "nll_nats": float(-lp[layer].mean()),
-                         **ece_fields(c[layer], y[layer], "ece", n_boot=cfg.n_boot, seed=cfg.seed),
-                         **ece_fields(c[layer], y[layer], "ece_10_equal_mass", 10, "equal_mass", n_boot=cfg.n_boot,
-                                      seed=cfg.seed)})
+        by_layer.append(
+            {
+                "layer": layer,
+                "n_tokens": int(c.shape[1]),
+                "accuracy": float(y[layer].mean()),
+                "mean_confidence": float(c[layer].mean()),
+                "nll_nats": float(-lp[layer].mean()),
+                **ece_fields(c[layer], y[layer], "ece", n_boot=cfg.n_boot, seed=cfg.seed),
+                **ece_fields(
+                    c[layer], y[layer], "ece_10_equal_mass", 10, "equal_mass", n_boot=cfg.n_boot, seed=cfg.seed
+                ),
+            }
+        )
     final = by_layer[-1]
-    block = {"model": source, "n_windows": int(len(windows)), "n_ctx": model.cfg.n_ctx,
-             "d_vocab": model.cfg.d_vocab, **{k: v for k, v in final.items() if k != "layer"},
-             "by_layer": by_layer,
-             "note": "intervals resample tokens, which are not independent within a window: they are too narrow"}
+    block = {
+        "model": source,
+        "n_windows": int(len(windows)),
+        "n_ctx": model.cfg.n_ctx,
+        "d_vocab": model.cfg.d_vocab,
+        **{k: v for k, v in final.items() if k != "layer"},
+        "by_layer": by_layer,
+        "note": "intervals resample tokens, which are not independent within a window: they are too narrow",
+    }
     diagram = reliability(c[-1], y[-1])
-    curve = [{"bin": int(b), "count": int(n), "confidence": float(x), "accuracy": float(a)}
-             for b, n, x, a in zip(diagram.bin, diagram.count, diagram.confidence, diagram.accuracy)]
+    curve = [
+        {"bin": int(b), "count": int(n), "confidence": float(x), "accuracy": float(a)}
+        for b, n, x, a in zip(diagram.bin, diagram.count, diagram.confidence, diagram.accuracy)
+    ]
     return block, curve

@@ -12,6 +12,20 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from experiments.calibration.blocks import calibration_block, option_logits, temperature_block
+from experiments.calibration.config import N_OPTIONS, Config
+from experiments.calibration.figures import p_ik_figure, reliability_figure
+from experiments.calibration.readouts import (
+    class_counts,
+    fixed_readout_row,
+    judge_families,
+    make_parts,
+    p_ik_summary,
+    probe_rows,
+    public_rows,
+    residual_hooks,
+)
+from experiments.calibration.summary import headlines
 from lab.analysis.activations import collect_activations
 from lab.analysis.lens import logit_lens
 from lab.analysis.probes import random_model
@@ -19,14 +33,6 @@ from lab.data.facts import OPTION_LETTERS
 from lab.metrics.calibration import MIN_PER_CLASS, auroc_ci, softmax
 from lab.model import HookedTransformer
 from lab.runs import save_table
-
-from experiments.calibration.blocks import calibration_block, option_logits, temperature_block
-from experiments.calibration.config import N_OPTIONS, Config
-from experiments.calibration.figures import p_ik_figure, reliability_figure
-from experiments.calibration.readouts import (class_counts, fixed_readout_row, judge_families, make_parts,
-                                              p_ik_summary, probe_rows, public_rows, residual_hooks)
-from experiments.calibration.summary import headlines
-
 
 # --------------------------------------------------------------------------------------------
 # Any local Hugging Face causal LM on an MMLU-layout CSV
@@ -52,8 +58,10 @@ def read_question_csv(path: str | Path, what: str) -> list[tuple[int, list[str]]
     size = regular_file(path, what=what).stat().st_size
     available = available_memory(torch.device("cpu"))
     if available is not None and size * CSV_MEMORY_FACTOR > available:
-        raise InputError(f"{path} is {size_text(size)}: reading it takes about {size_text(size * CSV_MEMORY_FACTOR)} "
-                         f"of memory, and {size_text(available)} is available; split it into smaller files")
+        raise InputError(
+            f"{path} is {size_text(size)}: reading it takes about {size_text(size * CSV_MEMORY_FACTOR)} "
+            f"of memory, and {size_text(available)} is available; split it into smaller files"
+        )
     return read_csv(path, what=what)
 
 
@@ -73,18 +81,28 @@ def read_mmlu(path: str | Path) -> list[dict[str, Any]]:
         if not any(cell.strip() for cell in row):
             continue
         if len(row) != len(MMLU_COLUMNS):
-            raise InputError(f"{path}, line {line}: expected {len(MMLU_COLUMNS)} columns {MMLU_COLUMNS}, "
-                             f"got {len(row)}")
+            raise InputError(
+                f"{path}, line {line}: expected {len(MMLU_COLUMNS)} columns {MMLU_COLUMNS}, got {len(row)}"
+            )
         if not row[0].strip():
             raise InputError(f"{path}, line {line}: the question is empty")
         answer = row[5].strip().upper()
         if answer not in OPTION_LETTERS[:N_OPTIONS] or not answer:
             raise InputError(f"{path}, line {line}: the answer must be one of A, B, C, D, got {row[5]!r}")
-        items.append({"question": row[0].strip(), "options": [c.strip() for c in row[1:5]],
-                      "answer_index": OPTION_LETTERS.index(answer), "item": len(items), "line": line})
+        items.append(
+            {
+                "question": row[0].strip(),
+                "options": [c.strip() for c in row[1:5]],
+                "answer_index": OPTION_LETTERS.index(answer),
+                "item": len(items),
+                "line": line,
+            }
+        )
     if len(items) < MIN_MMLU_ITEMS:
-        raise InputError(f"{path} holds {len(items)} question{'s' if len(items) != 1 else ''}; temperature scaling "
-                         f"needs at least {MIN_MMLU_ITEMS}, to have some on each side of its calibration / test split")
+        raise InputError(
+            f"{path} holds {len(items)} question{'s' if len(items) != 1 else ''}; temperature scaling "
+            f"needs at least {MIN_MMLU_ITEMS}, to have some on each side of its calibration / test split"
+        )
     return items
 
 
@@ -113,8 +131,10 @@ def letter_ids(tokenizer: Any) -> list[int]:
         flat = [i[0] for i in ids if len(i) == 1]
         if len(flat) == N_OPTIONS and len(set(flat)) == N_OPTIONS and unknown not in flat:
             return flat
-    raise ValueError("the tokenizer has no distinct single tokens for the letters A, B, C, D (with or without a "
-                     "leading space): lettered multiple choice cannot be read from it")
+    raise ValueError(
+        "the tokenizer has no distinct single tokens for the letters A, B, C, D (with or without a "
+        "leading space): lettered multiple choice cannot be read from it"
+    )
 
 
 def load_local_model(name_or_path: str | Path, loader: str = "auto") -> tuple[Any, Any, str]:
@@ -149,8 +169,9 @@ def context_length(model: Any) -> int | None:
     return int(n_ctx) if isinstance(n_ctx, int) and n_ctx > 0 else None
 
 
-def encode_prompts(tokenizer: Any, prompts: list[tuple[int, str]], context: int | None, source: str | Path,
-                   reserve: int = 0) -> list[list[int]]:
+def encode_prompts(
+    tokenizer: Any, prompts: list[tuple[int, str]], context: int | None, source: str | Path, reserve: int = 0
+) -> list[list[int]]:
     """The token ids of each (line, prompt), counted by a progress bar (a CSV of a million rows takes minutes).
     Forma cuts no prompt: one that, with `reserve` tokens left for the answer, does not fit the model's context
     would lose its start — the question — so an InputError names how many do not fit and the first one's line."""
@@ -167,11 +188,16 @@ def encode_prompts(tokenizer: Any, prompts: list[tuple[int, str]], context: int 
             counter.update()
     if too_long:
         line, n = too_long[0]
-        room = f"{context - reserve} tokens (its context of {context} less {reserve} for the answer)" if reserve \
+        room = (
+            f"{context - reserve} tokens (its context of {context} less {reserve} for the answer)"
+            if reserve
             else f"its context of {context} tokens"
-        raise InputError(f"{source}: {len(too_long)} of {len(prompts)} prompts are longer than the model reads, "
-                         f"{room} (the first, line {line}, is {n} tokens); Forma cuts no prompt, which would drop its "
-                         "question: shorten them, or use a model with a longer context")
+        )
+        raise InputError(
+            f"{source}: {len(too_long)} of {len(prompts)} prompts are longer than the model reads, "
+            f"{room} (the first, line {line}, is {n} tokens); Forma cuts no prompt, which would drop its "
+            "question: shorten them, or use a model with a longer context"
+        )
     return encoded
 
 
@@ -183,8 +209,10 @@ def check_memory(source: str | Path, n_items: int, per_item: int, what: str) -> 
 
     available = available_memory(torch.device("cpu"))
     if available is not None and n_items * per_item > available:
-        raise InputError(f"{source}: {n_items:,} items need about {size_text(n_items * per_item)} for {what} "
-                         f"({size_text(per_item)} each), and {size_text(available)} is available: use fewer items")
+        raise InputError(
+            f"{source}: {n_items:,} items need about {size_text(n_items * per_item)} for {what} "
+            f"({size_text(per_item)} each), and {size_text(available)} is available: use fewer items"
+        )
 
 
 def mmlu_splits(n_items: int, cfg: Config) -> np.ndarray:
@@ -199,8 +227,10 @@ def check_splits(source: str | Path, splits: np.ndarray, needed: tuple[str, ...]
 
     empty = [name for name in needed if not (splits == name).any()]
     if empty:
-        raise InputError(f"{source}: with seed {seed}, none of the {len(splits)} items falls in the {empty[0]} split: "
-                         "use more items, or another --seed")
+        raise InputError(
+            f"{source}: with seed {seed}, none of the {len(splits)} items falls in the {empty[0]} split: "
+            "use more items, or another --seed"
+        )
 
 
 @dataclass
@@ -221,20 +251,30 @@ def read_mmlu_inputs(cfg: Config) -> LocalInputs:
     items = read_mmlu(cfg.mmlu)
     check_splits(cfg.mmlu, mmlu_splits(len(items), cfg), ("calibration", "test"), cfg.seed)
     model, tokenizer, route = load_local_model(cfg.model, cfg.hf_loader)
-    prompts = encode_prompts(tokenizer, [(item["line"], mmlu_prompt(item)) for item in items], context_length(model),
-                             cfg.mmlu)
+    prompts = encode_prompts(
+        tokenizer, [(item["line"], mmlu_prompt(item)) for item in items], context_length(model), cfg.mmlu
+    )
     # P(IK) holds each item's residual stream at every layer, for the model and (a HookedTransformer) an untrained
     # copy of it, beside its tokens.
     models = 2 if isinstance(model, HookedTransformer) else 1
     longest = max(len(ids) for ids in prompts)
-    check_memory(cfg.mmlu, len(items), 8 * longest + 4 * models * model.cfg.n_layers * model.cfg.d_model,
-                 "their tokens and residual streams")
+    check_memory(
+        cfg.mmlu,
+        len(items),
+        8 * longest + 4 * models * model.cfg.n_layers * model.cfg.d_model,
+        "their tokens and residual streams",
+    )
     return LocalInputs(items, model, tokenizer, route, prompts)
 
 
 @torch.inference_mode()
-def hf_lettered(model: Any, tokenizer: Any, items: list[dict[str, Any]], batch_size: int = 16,
-                encoded: list[list[int]] | None = None) -> tuple[pd.DataFrame, list[Tensor], np.ndarray]:
+def hf_lettered(
+    model: Any,
+    tokenizer: Any,
+    items: list[dict[str, Any]],
+    batch_size: int = 16,
+    encoded: list[list[int]] | None = None,
+) -> tuple[pd.DataFrame, list[Tensor], np.ndarray]:
     """Per item the log-probabilities of the letters A–D after the prompt, in a frame shaped like the synthetic
     one; plus the prompts as equal-length batches and the item order of their rows (for activations). `encoded`:
     the prompts' token ids, when `encode_prompts` has made them already."""
@@ -242,8 +282,12 @@ def hf_lettered(model: Any, tokenizer: Any, items: list[dict[str, Any]], batch_s
 
     letters = letter_ids(tokenizer)
     if encoded is None:
-        encoded = encode_prompts(tokenizer, [(item.get("line", item["item"]), mmlu_prompt(item)) for item in items],
-                                 context_length(model), "the items")
+        encoded = encode_prompts(
+            tokenizer,
+            [(item.get("line", item["item"]), mmlu_prompt(item)) for item in items],
+            context_length(model),
+            "the items",
+        )
     by_length: dict[int, list[int]] = {}
     for index, ids in enumerate(encoded):
         by_length.setdefault(len(ids), []).append(index)
@@ -252,7 +296,7 @@ def hf_lettered(model: Any, tokenizer: Any, items: list[dict[str, Any]], batch_s
     with bar(len(items), "lettered", unit="item") as counter:
         for _, members in sorted(by_length.items()):
             for start in range(0, len(members), batch_size):
-                chunk = members[start: start + batch_size]
+                chunk = members[start : start + batch_size]
                 tokens = torch.tensor([encoded[i] for i in chunk])
                 logits = model(tokens)[:, -1].double().log_softmax(-1).cpu()
                 log_p[chunk] = logits[:, letters].numpy()
@@ -272,8 +316,9 @@ def hf_lettered(model: Any, tokenizer: Any, items: list[dict[str, Any]], batch_s
     return frame, batches, np.array(order)
 
 
-def hf_p_ik(model: Any, frame: pd.DataFrame, batches: list[Tensor], order: np.ndarray, letters: list[int],
-            cfg: Config) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def hf_p_ik(
+    model: Any, frame: pd.DataFrame, batches: list[Tensor], order: np.ndarray, letters: list[int], cfg: Config
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """P(IK) by P(IK)'s rules on MMLU items: logistic and MLP probes on the residual stream at the last prompt
     token per layer (and, for a HookedTransformer, the lens's lettered confidence of the layers before the last
     and the untrained-model control), items split train / validation / test, the verdict from the validation-
@@ -284,32 +329,48 @@ def hf_p_ik(model: Any, frame: pd.DataFrame, batches: list[Tensor], order: np.nd
     hooks = residual_hooks(model.cfg.n_layers)
     parts = make_parts(groups, cfg)
     if min(np.bincount(y[parts.train], minlength=2)) == 0:  # a probe cannot be fitted on one class
-        raise ValueError(f"the training items are all {'right' if y[parts.train].all() else 'wrong'}: "
-                         "no probe can be fitted")
+        raise ValueError(
+            f"the training items are all {'right' if y[parts.train].all() else 'wrong'}: no probe can be fitted"
+        )
     models = {"trained": model}
     if isinstance(model, HookedTransformer):
         models["untrained"] = random_model(model, seed=cfg.seed + 1)
-    acts = {name: collect_activations(m, batches, hooks, positions="last", progress=False)
-            for name, m in models.items()}
+    acts = {
+        name: collect_activations(m, batches, hooks, positions="last", progress=False) for name, m in models.items()
+    }
     rows = []
     for layer, hook in enumerate(hooks):
         X_untrained = acts["untrained"][hook] if "untrained" in acts else None
         for row in probe_rows(acts["trained"][hook], X_untrained, y, parts, cfg):
             rows.append({"layer": layer, "hook": hook, "position": "last prompt token", "candidate": True, **row})
     if isinstance(model, HookedTransformer):
-        lens = {name: torch.cat([logit_lens(m, b)[:, :, -1][..., letters] for b in batches], dim=1).double()
-                for name, m in models.items()}  # [layer, row, 4]
+        lens = {
+            name: torch.cat([logit_lens(m, b)[:, :, -1][..., letters] for b in batches], dim=1).double()
+            for name, m in models.items()
+        }  # [layer, row, 4]
         for layer, hook in enumerate(hooks):
             scores = {name: softmax(v[layer].numpy()).max(axis=1) for name, v in lens.items()}
-            rows.append({"layer": layer, "hook": hook, "readout": "lens lettered confidence",
-                         "position": "last prompt token", "candidate": layer < len(hooks) - 1, "regularization": None,
-                         **fixed_readout_row(scores["trained"], scores["untrained"], y, parts, cfg.n_boot, cfg.seed),
-                         "test_scores": scores["trained"][parts.test]})
+            rows.append(
+                {
+                    "layer": layer,
+                    "hook": hook,
+                    "readout": "lens lettered confidence",
+                    "position": "last prompt token",
+                    "candidate": layer < len(hooks) - 1,
+                    "regularization": None,
+                    **fixed_readout_row(scores["trained"], scores["untrained"], y, parts, cfg.n_boot, cfg.seed),
+                    "test_scores": scores["trained"][parts.test],
+                }
+            )
     baseline = auroc_ci(confidence[parts.test], y[parts.test], groups[parts.test], n_boot=cfg.n_boot, seed=cfg.seed)
     verdicts = judge_families(rows, "P(IK)", baseline, y, parts, confidence, cfg)
-    return public_rows(rows), {**baseline.fields("p_ik_baseline_auroc"), "n_rows": len(y),
-                               "class_counts": class_counts(y, parts), "share_correct": float(y.mean()),
-                               "verdicts": verdicts}
+    return public_rows(rows), {
+        **baseline.fields("p_ik_baseline_auroc"),
+        "n_rows": len(y),
+        "class_counts": class_counts(y, parts),
+        "share_correct": float(y.mean()),
+        "verdicts": verdicts,
+    }
 
 
 def run_hf(cfg: Config, out: Path, inputs: LocalInputs | None = None) -> dict[str, Any]:
@@ -324,28 +385,52 @@ def run_hf(cfg: Config, out: Path, inputs: LocalInputs | None = None) -> dict[st
     frame["split"] = mmlu_splits(len(frame), cfg)
     frame["checkpoint"] = "model"
     results: dict[str, Any] = {
-        "source": {"model": str(cfg.model), "route": route, "mmlu": str(cfg.mmlu), "n_items": len(items),
-                   "n_layers": int(model.cfg.n_layers), "letter_token_ids": letter_ids(tokenizer),
-                   "prompt_example": mmlu_prompt(items[0])},
-        "mc": None, "lettered": calibration_block(frame, cfg.n_boot, cfg.seed),
-        "token_level": None, "p_true": None,
+        "source": {
+            "model": str(cfg.model),
+            "route": route,
+            "mmlu": str(cfg.mmlu),
+            "n_items": len(items),
+            "n_layers": int(model.cfg.n_layers),
+            "letter_token_ids": letter_ids(tokenizer),
+            "prompt_example": mmlu_prompt(items[0]),
+        },
+        "mc": None,
+        "lettered": calibration_block(frame, cfg.n_boot, cfg.seed),
+        "token_level": None,
+        "p_true": None,
         "note": "a local Hugging Face model on an MMLU-layout CSV: lettered multiple choice only (no cloze, no "
-                "P(True), no token-level run); P(IK) probes read the residual stream at the last prompt token",
+        "P(True), no token-level run); P(IK) probes read the residual stream at the last prompt token",
     }
     results["temperature"] = temperature_block(frame, cfg.n_boot, cfg.seed)
     began = time.perf_counter()
     try:
         rows, info = hf_p_ik(model, frame, batches, order, letter_ids(tokenizer), cfg)
         verdicts = info.pop("verdicts")
-        results |= {"p_ik": rows, "p_ik_verdict": verdicts["all readouts"], "p_ik_verdicts": verdicts,
-                    "p_ik_summary": p_ik_summary(verdicts), "p_ik_info": info,
-                    **{k: v for k, v in info.items() if k.startswith("p_ik_baseline_auroc")}}
+        results |= {
+            "p_ik": rows,
+            "p_ik_verdict": verdicts["all readouts"],
+            "p_ik_verdicts": verdicts,
+            "p_ik_summary": p_ik_summary(verdicts),
+            "p_ik_info": info,
+            **{k: v for k, v in info.items() if k.startswith("p_ik_baseline_auroc")},
+        }
     except ValueError as err:  # fewer items than parts, or one class only: not enough data, said in words
-        sentence = (f"P(IK): not enough data — {err} ({len(items)} items; a verdict needs at least "
-                    f"{MIN_PER_CLASS} right and {MIN_PER_CLASS} wrong answers in each of the validation and test splits)")
-        results |= {"p_ik": [], "p_ik_baseline_auroc": None, "p_ik_summary": [sentence],
-                    "p_ik_verdict": {"verdict": "not enough data", "carries_signal": None, "sentence": sentence,
-                                     "chosen": None, "min_per_class": MIN_PER_CLASS}}
+        sentence = (
+            f"P(IK): not enough data — {err} ({len(items)} items; a verdict needs at least "
+            f"{MIN_PER_CLASS} right and {MIN_PER_CLASS} wrong answers in each of the validation and test splits)"
+        )
+        results |= {
+            "p_ik": [],
+            "p_ik_baseline_auroc": None,
+            "p_ik_summary": [sentence],
+            "p_ik_verdict": {
+                "verdict": "not enough data",
+                "carries_signal": None,
+                "sentence": sentence,
+                "chosen": None,
+                "min_per_class": MIN_PER_CLASS,
+            },
+        }
     timing["p_ik_s"] = time.perf_counter() - began
     results["headlines"] = headlines(results)
     results["timing"] = timing
@@ -354,10 +439,18 @@ def run_hf(cfg: Config, out: Path, inputs: LocalInputs | None = None) -> dict[st
         save_table(pd.DataFrame(results["p_ik"]), out, "p_ik")
     test = frame[frame["split"] == "test"]
     after = softmax(option_logits(test), results["temperature"]["T"])
-    reliability_figure(out, "reliability_lettered", "Lettered multiple choice (MMLU): reliability", {
-        "all items": (frame["confidence"], frame["correct"]),
-        f"test split, T = {results['temperature']['T']:.2f}": (after.max(axis=1),
-                                                               after.argmax(axis=1) == test["answer_index"])})
+    reliability_figure(
+        out,
+        "reliability_lettered",
+        "Lettered multiple choice (MMLU): reliability",
+        {
+            "all items": (frame["confidence"], frame["correct"]),
+            f"test split, T = {results['temperature']['T']:.2f}": (
+                after.max(axis=1),
+                after.argmax(axis=1) == test["answer_index"],
+            ),
+        },
+    )
     if results["p_ik"]:
         p_ik_figure(out, results["p_ik"], {"model": results["p_ik_baseline_auroc"]})
     return results

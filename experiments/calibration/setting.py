@@ -15,6 +15,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from experiments.calibration.config import EXPOSURE_BINS, N_OPTIONS, Config
 from lab.analysis.lens import logit_lens
 from lab.data.facts import OPTION_LETTERS, Fact, FactWorld, FactWorldConfig
 from lab.metrics.calibration import auroc, softmax
@@ -22,8 +23,6 @@ from lab.model import HookedTransformer, ModelConfig
 from lab.tokenize import word_level
 from lab.train import SequenceBatches, TrainConfig, train
 from lab.train.batches import pad_documents
-
-from experiments.calibration.config import EXPOSURE_BINS, N_OPTIONS, Config
 
 logger = logging.getLogger(__name__)
 
@@ -63,19 +62,27 @@ class Setting:
 
 
 def statement_prefix(world: FactWorld, person: int, attribute: str) -> str:
-    """"<bos> First Last birthday": the bare statement up to its value slot."""
+    """ "<bos> First Last birthday": the bare statement up to its value slot."""
     return "<bos> " + world.render(Fact(person, attribute, "\x00"), "bare").split("\x00")[0].strip()
 
 
 def claim_text(world: FactWorld, person: int, attribute: str, value: str) -> str:
-    """"<bos> First Last birthday Month day . Answer :" — a claim waiting for its True/False judgement."""
+    """ "<bos> First Last birthday Month day . Answer :" — a claim waiting for its True/False judgement."""
     return f"<bos> {world.render(Fact(person, attribute, value), 'bare')} Answer :"
 
 
 def make_setting(cfg: Config) -> Setting:
-    world = FactWorld(FactWorldConfig(n_first_names=cfg.n_first_names, n_last_names=cfg.n_last_names,
-                                      n_persons=cfg.n_persons, attributes=("birthday",),
-                                      pareto_gamma=cfg.pareto_gamma, n_train=cfg.n_train, seed=cfg.seed))
+    world = FactWorld(
+        FactWorldConfig(
+            n_first_names=cfg.n_first_names,
+            n_last_names=cfg.n_last_names,
+            n_persons=cfg.n_persons,
+            attributes=("birthday",),
+            pareto_gamma=cfg.pareto_gamma,
+            n_train=cfg.n_train,
+            seed=cfg.seed,
+        )
+    )
     attribute = "birthday"
     tokenizer = word_level(world.word_vocabulary())
     # One fact per person (one attribute), so a fact's training count is its person's exposure.
@@ -122,14 +129,33 @@ def make_setting(cfg: Config) -> Setting:
     heldout = world.heldout_fact_indices(cfg.n_heldout)  # independent draws from p, not unseen facts
     held = [encode(f"<bos> {world.render(world.facts[i], 'bare')} <eos>") for i in heldout]
     heldout_rows, heldout_mask = pad_documents(held, pad_id, length, [[False] + [True] * (len(r) - 1) for r in held])
-    return Setting(world, tokenizer, attribute, exposure, format_persons, eval_persons, train_rows, train_mask,
-                   heldout_rows, heldout_mask, counts, world.heldout_record(heldout))
+    return Setting(
+        world,
+        tokenizer,
+        attribute,
+        exposure,
+        format_persons,
+        eval_persons,
+        train_rows,
+        train_mask,
+        heldout_rows,
+        heldout_mask,
+        counts,
+        world.heldout_record(heldout),
+    )
 
 
 def make_model(cfg: Config, setting: Setting) -> HookedTransformer:
-    model_cfg = ModelConfig(d_vocab=setting.tokenizer.get_vocab_size(), d_model=cfg.d_model, n_layers=cfg.n_layers,
-                            n_heads=cfg.n_heads, n_ctx=setting.seq_len, positions="learned", mlp="gelu",
-                            tokenizer="facts-word-level")
+    model_cfg = ModelConfig(
+        d_vocab=setting.tokenizer.get_vocab_size(),
+        d_model=cfg.d_model,
+        n_layers=cfg.n_layers,
+        n_heads=cfg.n_heads,
+        n_ctx=setting.seq_len,
+        positions="learned",
+        mlp="gelu",
+        tokenizer="facts-word-level",
+    )
     return HookedTransformer(model_cfg, seed=cfg.seed, tokenizer=setting.tokenizer)
 
 
@@ -146,14 +172,19 @@ def right_padded(rows: Sequence[Sequence[int]], pad_id: int) -> Int[Tensor, "n p
 
 
 @torch.inference_mode()
-def continuation_logprobs(model: HookedTransformer, prefixes: Sequence[Sequence[int]],
-                          continuations: Sequence[Sequence[int]], pad_id: int, lens: bool = False,
-                          batch_size: int = 512) -> np.ndarray:
+def continuation_logprobs(
+    model: HookedTransformer,
+    prefixes: Sequence[Sequence[int]],
+    continuations: Sequence[Sequence[int]],
+    pad_id: int,
+    lens: bool = False,
+    batch_size: int = 512,
+) -> np.ndarray:
     """log P(continuation | prefix) for each pair, in nats: [n] from the model, or [layer, n] through the
     logit lens of every layer (the last row is the model's own)."""
     out = []
     for start in range(0, len(prefixes), batch_size):
-        pre, cont = prefixes[start: start + batch_size], continuations[start: start + batch_size]
+        pre, cont = prefixes[start : start + batch_size], continuations[start : start + batch_size]
         tokens = right_padded([list(p) + list(c) for p, c in zip(pre, cont)], pad_id)
         log_p = logit_lens(model, tokens) if lens else model(tokens).log_softmax(-1)[None]
         total = torch.zeros(log_p.shape[0], len(pre), dtype=torch.float64)
@@ -166,12 +197,13 @@ def continuation_logprobs(model: HookedTransformer, prefixes: Sequence[Sequence[
 
 
 @torch.inference_mode()
-def next_token_logprobs(model: Any, prompts: Sequence[Sequence[int]], pad_id: int,
-                        batch_size: int = 256) -> Float[Tensor, "n d_vocab"]:
+def next_token_logprobs(
+    model: Any, prompts: Sequence[Sequence[int]], pad_id: int, batch_size: int = 256
+) -> Float[Tensor, "n d_vocab"]:
     """log P(next token | prompt) at each prompt's last position."""
     out = []
     for start in range(0, len(prompts), batch_size):
-        chunk = prompts[start: start + batch_size]
+        chunk = prompts[start : start + batch_size]
         logits = model(right_padded(chunk, pad_id))
         last = torch.tensor([len(p) - 1 for p in chunk])
         out.append(logits[torch.arange(len(chunk)), last].double().log_softmax(-1).cpu())
@@ -234,19 +266,29 @@ def heldout_nll(model: HookedTransformer, setting: Setting) -> float:
     return float(-(log_p * mask[:, 1:]).sum(dim=1).mean())
 
 
-def train_in_stages(cfg: Config, setting: Setting, model: HookedTransformer,
-                    work: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def train_in_stages(
+    cfg: Config, setting: Setting, model: HookedTransformer, work: Path
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Train for cfg.steps in cfg.n_stages equal stages (one cosine schedule); after each, the held-out NLL, the
     cloze recall of the format persons (`recall_selection`) and that of the seen evaluation persons
     (`recall_seen`). Returns the stage records and the partial checkpoint: the stage before the last whose recall
     of the format persons is nearest cfg.partial_recall, with its weights. It is chosen on other persons than the
     evaluation persons it is reported on (all seen, and every one of them outside the evaluation), so the recall
     it reports is measured, not selected."""
-    train_cfg = TrainConfig(steps=cfg.steps, batch_size=cfg.batch_size, seq_len=setting.seq_len, lr=cfg.lr,
-                            min_lr=cfg.min_lr, warmup_steps=cfg.warmup_steps, eval_interval=cfg.steps,
-                            eval_batches=1, seed=cfg.seed)
-    data = SequenceBatches(setting.train_rows, setting.heldout_rows, mask=setting.train_mask,
-                           val_mask=setting.heldout_mask)
+    train_cfg = TrainConfig(
+        steps=cfg.steps,
+        batch_size=cfg.batch_size,
+        seq_len=setting.seq_len,
+        lr=cfg.lr,
+        min_lr=cfg.min_lr,
+        warmup_steps=cfg.warmup_steps,
+        eval_interval=cfg.steps,
+        eval_batches=1,
+        seed=cfg.seed,
+    )
+    data = SequenceBatches(
+        setting.train_rows, setting.heldout_rows, mask=setting.train_mask, val_mask=setting.heldout_mask
+    )
     stage_items = setting.world.quiz_items(setting.eval_persons, N_OPTIONS, seed=cfg.seed + 17)
     selection_items = setting.world.quiz_items(setting.format_persons, N_OPTIONS, seed=cfg.seed + 18)
     seen = setting.exposure[setting.eval_persons] > 0
@@ -260,17 +302,36 @@ def train_in_stages(cfg: Config, setting: Setting, model: HookedTransformer,
         cloze = cloze_table(model, setting, stage_items)
         recall = float(cloze["correct"][seen].mean())
         selection = float(cloze_table(model, setting, selection_items)["correct"].mean())
-        stages.append({"stage": index + 1, "step": end, "heldout_nll": nll_value, "recall_selection": selection,
-                       "recall_seen": recall, "cloze_accuracy": float(cloze["correct"].mean()),
-                       "cloze_auroc_confidence": auroc(cloze["confidence"], cloze["correct"]),
-                       "cloze_auroc_confidence_n_pos": int(cloze["correct"].sum()),
-                       "cloze_auroc_confidence_n_neg": int((~cloze["correct"]).sum()),
-                       "train_loss_nats": result.train_loss_nats, "stage_s": time.perf_counter() - began})
-        logger.info("step %d: held-out NLL %.4f nats per statement, cloze recall of the format persons %.3f, of "
-                    "seen evaluation persons %.3f", end, nll_value, selection, recall)
+        stages.append(
+            {
+                "stage": index + 1,
+                "step": end,
+                "heldout_nll": nll_value,
+                "recall_selection": selection,
+                "recall_seen": recall,
+                "cloze_accuracy": float(cloze["correct"].mean()),
+                "cloze_auroc_confidence": auroc(cloze["confidence"], cloze["correct"]),
+                "cloze_auroc_confidence_n_pos": int(cloze["correct"].sum()),
+                "cloze_auroc_confidence_n_neg": int((~cloze["correct"]).sum()),
+                "train_loss_nats": result.train_loss_nats,
+                "stage_s": time.perf_counter() - began,
+            }
+        )
+        logger.info(
+            "step %d: held-out NLL %.4f nats per statement, cloze recall of the format persons %.3f, of "
+            "seen evaluation persons %.3f",
+            end,
+            nll_value,
+            selection,
+            recall,
+        )
         if partial_stage(stages, cfg.partial_recall, cfg.steps) == index:  # nearer than any stage before it
-            partial = {"step": end, "recall_selection": selection, "recall_seen": recall,
-                       "state": copy.deepcopy(model.state_dict())}
+            partial = {
+                "step": end,
+                "recall_selection": selection,
+                "recall_seen": recall,
+                "state": copy.deepcopy(model.state_dict()),
+            }
     return stages, partial
 
 

@@ -4,9 +4,8 @@ with the direction a smaller profile must agree on."""
 import math
 from typing import Any
 
-from lab.metrics.calibration import MIN_PER_CLASS
-
 from experiments.calibration.config import N_OPTIONS
+from lab.metrics.calibration import MIN_PER_CLASS
 
 
 # --------------------------------------------------------------------------------------------
@@ -17,8 +16,12 @@ def eces_without_interval(results: Any, where: str = "results") -> list[str]:
     missing = []
     if isinstance(results, dict):
         for key, value in results.items():
-            if (key.startswith("ece") and isinstance(value, float) and not key.endswith(("_p95", "_debiased"))
-                    and not all(k in results for k in (f"{key}_ci95", f"noise_floor_{key}", f"{key}_debiased"))):
+            if (
+                key.startswith("ece")
+                and isinstance(value, float)
+                and not key.endswith(("_p95", "_debiased"))
+                and not all(k in results for k in (f"{key}_ci95", f"noise_floor_{key}", f"{key}_debiased"))
+            ):
                 missing.append(f"{where}.{key}")
             missing += eces_without_interval(value, f"{where}.{key}")
     elif isinstance(results, list):
@@ -32,8 +35,13 @@ def aurocs_without_counts(results: Any, where: str = "results") -> list[str]:
     missing = []
     if isinstance(results, dict):
         for key, value in results.items():
-            if ("auroc" in key and isinstance(value, float) and math.isfinite(value) and "minus" not in key
-                    and not (f"{key}_n_pos" in results and f"{key}_n_neg" in results)):
+            if (
+                "auroc" in key
+                and isinstance(value, float)
+                and math.isfinite(value)
+                and "minus" not in key
+                and not (f"{key}_n_pos" in results and f"{key}_n_neg" in results)
+            ):
                 missing.append(f"{where}.{key}")
             missing += aurocs_without_counts(value, f"{where}.{key}")
     elif isinstance(results, list):
@@ -55,8 +63,8 @@ def acceptance(results: dict[str, Any]) -> dict[str, Any]:
             "cloze_accuracy_rises_with_exposure": all(b >= a for a, b in zip(accuracy, accuracy[1:])),
             "exposure_0_near_chance": unseen is not None and abs(unseen["accuracy"] - 1 / N_OPTIONS) <= band,
             "exposure_0_chance_band": band,
-            "temperature_does_not_raise_test_nll":
-                blocks["temperature"]["nll_after"] <= blocks["temperature"]["nll_before"] + 1e-12,
+            "temperature_does_not_raise_test_nll": blocks["temperature"]["nll_after"]
+            <= blocks["temperature"]["nll_before"] + 1e-12,
             "p_ik_verdict": blocks["p_ik_verdict"]["verdict"],
             "p_ik_chosen": blocks["p_ik_verdict"]["chosen"],
             "p_true_verdict": blocks["p_true"]["layers"]["verdict"]["verdict"],
@@ -71,21 +79,42 @@ def acceptance(results: dict[str, Any]) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 # Headlines: what a run supports, in words, with the direction a smaller profile must agree on
 # --------------------------------------------------------------------------------------------
-def _headline(name: str, sentence: str, value: float | None, interval: list[float] | None,
-              direction: bool | int | None, why_not: str | None = None) -> dict[str, Any]:
+def _headline(
+    name: str,
+    sentence: str,
+    value: float | None,
+    interval: list[float] | None,
+    direction: bool | int | None,
+    why_not: str | None = None,
+) -> dict[str, Any]:
     supported = why_not is None
-    return {"name": name, "sentence": sentence, "value": value, "interval": interval,
-            "direction": direction if supported else None, "supported": supported, "why_not": why_not}
+    return {
+        "name": name,
+        "sentence": sentence,
+        "value": value,
+        "interval": interval,
+        "direction": direction if supported else None,
+        "supported": supported,
+        "why_not": why_not,
+    }
 
 
-def _signed(name: str, value: float, interval: list[float] | None, null: float, up: str, down: str,
-            what: str) -> dict[str, Any]:
+def _signed(
+    name: str, value: float, interval: list[float] | None, null: float, up: str, down: str, what: str
+) -> dict[str, Any]:
     """A headline whose direction is the side of `null` its 95% interval lies on; none when it straddles."""
     if interval is None or not all(map(math.isfinite, interval)):
         return _headline(name, up, value, None, None, f"{what}: no interval, so no direction")
     if interval[0] <= null <= interval[1]:
-        return _headline(name, up, value, interval, None, f"{what}: its 95% interval [{interval[0]:.3f}, "
-                         f"{interval[1]:.3f}] includes {null:g}, so this run cannot tell the direction")
+        return _headline(
+            name,
+            up,
+            value,
+            interval,
+            None,
+            f"{what}: its 95% interval [{interval[0]:.3f}, "
+            f"{interval[1]:.3f}] includes {null:g}, so this run cannot tell the direction",
+        )
     up_side = interval[0] > null
     return _headline(name, up if up_side else down, value, interval, 1 if up_side else -1)
 
@@ -117,40 +146,89 @@ def _exposure_headlines(block: dict[str, Any], where: str, described: str) -> li
     out = []
     name = f"accuracy_rises_with_exposure_{where}"
     if unseen is None or unseen["n"] < MIN_PER_CLASS or n_seen < MIN_PER_CLASS:
-        out.append(_headline(name, "Cloze accuracy by exposure", None, None, None,
-                             f"fewer than {MIN_PER_CLASS} never-seen or often-seen evaluation persons"))
+        out.append(
+            _headline(
+                name,
+                "Cloze accuracy by exposure",
+                None,
+                None,
+                None,
+                f"fewer than {MIN_PER_CLASS} never-seen or often-seen evaluation persons",
+            )
+        )
     else:
         a0, a1 = unseen["accuracy"], sum(r["accuracy"] * r["n"] for r in seen) / n_seen
         half = math.sqrt(_wald(a0, unseen["n"]) ** 2 + _wald(a1, n_seen) ** 2)
-        text = (f"persons seen at least twice are answered right {a1:.0%} of the time, never-seen persons {a0:.0%} "
-                f"(difference {a1 - a0:+.2f}, Wald 95% [{a1 - a0 - half:+.2f}, {a1 - a0 + half:+.2f}], {described})")
-        out.append(_signed(name, a1 - a0, [a1 - a0 - half, a1 - a0 + half], 0.0,
-                           f"Cloze accuracy rises with exposure: {text}.", f"Cloze accuracy falls with exposure: {text}.",
-                           "the accuracy gap between often-seen and never-seen persons"))
+        text = (
+            f"persons seen at least twice are answered right {a1:.0%} of the time, never-seen persons {a0:.0%} "
+            f"(difference {a1 - a0:+.2f}, Wald 95% [{a1 - a0 - half:+.2f}, {a1 - a0 + half:+.2f}], {described})"
+        )
+        out.append(
+            _signed(
+                name,
+                a1 - a0,
+                [a1 - a0 - half, a1 - a0 + half],
+                0.0,
+                f"Cloze accuracy rises with exposure: {text}.",
+                f"Cloze accuracy falls with exposure: {text}.",
+                "the accuracy gap between often-seen and never-seen persons",
+            )
+        )
     if where == "end" and unseen is not None and unseen["n"] >= MIN_PER_CLASS:
         low, high = _wilson(unseen["accuracy"], unseen["n"])
         chance = 1 / N_OPTIONS
-        text = (f"{unseen['accuracy']:.0%} right of {unseen['n']} (Wilson 95% [{low:.0%}, {high:.0%}]), chance "
-                f"{chance:.0%}")
+        text = (
+            f"{unseen['accuracy']:.0%} right of {unseen['n']} (Wilson 95% [{low:.0%}, {high:.0%}]), chance {chance:.0%}"
+        )
         if not low <= chance <= high:
-            out.append(_headline("never_seen_at_chance", f"Never-seen persons are not answered at chance: {text}.",
-                                 unseen["accuracy"], [low, high], False))
+            out.append(
+                _headline(
+                    "never_seen_at_chance",
+                    f"Never-seen persons are not answered at chance: {text}.",
+                    unseen["accuracy"],
+                    [low, high],
+                    False,
+                )
+            )
         elif chance - CHANCE_MARGIN <= low and high <= chance + CHANCE_MARGIN:
-            out.append(_headline("never_seen_at_chance", f"Never-seen persons are answered at chance: {text}, within "
-                                                         f"chance ± {CHANCE_MARGIN:g}.", unseen["accuracy"],
-                                 [low, high], True))
+            out.append(
+                _headline(
+                    "never_seen_at_chance",
+                    f"Never-seen persons are answered at chance: {text}, within chance ± {CHANCE_MARGIN:g}.",
+                    unseen["accuracy"],
+                    [low, high],
+                    True,
+                )
+            )
         else:
-            out.append(_headline("never_seen_at_chance", f"Never-seen persons: {text}.", unseen["accuracy"],
-                                 [low, high], None, f"the interval contains chance but reaches beyond chance ± "
-                                                    f"{CHANCE_MARGIN:g}: too few never-seen persons to call it chance"))
+            out.append(
+                _headline(
+                    "never_seen_at_chance",
+                    f"Never-seen persons: {text}.",
+                    unseen["accuracy"],
+                    [low, high],
+                    None,
+                    f"the interval contains chance but reaches beyond chance ± "
+                    f"{CHANCE_MARGIN:g}: too few never-seen persons to call it chance",
+                )
+            )
         # the per-item gap confidence − correctness: its mean and standard error carry both sides' noise
         gap, half = unseen["overconfidence"], 1.96 * unseen["overconfidence_se"]
-        text = (f"mean confidence {unseen['mean_confidence']:.2f} against accuracy {unseen['accuracy']:.2f} "
-                f"(gap {gap:+.2f}, 95% [{gap - half:+.2f}, {gap + half:+.2f}] over {unseen['n']} persons)")
-        out.append(_signed("never_seen_overconfident", gap, [gap - half, gap + half], 0.0,
-                           f"Never-seen persons get confident inventions: {text}.",
-                           f"On never-seen persons the model is underconfident: {text}.",
-                           "the confidence gap on never-seen persons"))
+        text = (
+            f"mean confidence {unseen['mean_confidence']:.2f} against accuracy {unseen['accuracy']:.2f} "
+            f"(gap {gap:+.2f}, 95% [{gap - half:+.2f}, {gap + half:+.2f}] over {unseen['n']} persons)"
+        )
+        out.append(
+            _signed(
+                "never_seen_overconfident",
+                gap,
+                [gap - half, gap + half],
+                0.0,
+                f"Never-seen persons get confident inventions: {text}.",
+                f"On never-seen persons the model is underconfident: {text}.",
+                "the confidence gap on never-seen persons",
+            )
+        )
     return out
 
 
@@ -159,36 +237,58 @@ def _ece_headline(name: str, what: str, block: dict[str, Any], key: str) -> dict
     calibration within noise (the interval below it); otherwise no direction."""
     value, interval = block[key], block.get(f"{key}_ci95")
     floor, p95 = block[f"noise_floor_{key}"], block[f"noise_floor_{key}_p95"]
-    text = (f"ECE {value:.3f}" + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "")
-            + f", debiased {block[f'{key}_debiased']:.3f}, against a calibrated model's {floor:.3f} "
-              f"(95th percentile {p95:.3f}) at n = {block.get('n', block.get('n_tokens'))}")
+    text = (
+        f"ECE {value:.3f}"
+        + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "")
+        + f", debiased {block[f'{key}_debiased']:.3f}, against a calibrated model's {floor:.3f} "
+        f"(95th percentile {p95:.3f}) at n = {block.get('n', block.get('n_tokens'))}"
+    )
     if not interval:
         return _headline(name, f"{what}: {text}.", value, None, None, "no interval for the ECE")
     if interval[0] > p95:
         return _headline(name, f"{what} is miscalibrated beyond noise: {text}.", value, interval, 1)
     if interval[1] < p95:
         return _headline(name, f"{what} is calibrated within noise: {text}.", value, interval, -1)
-    return _headline(name, f"{what}: {text}.", value, interval, None,
-                     f"the ECE's interval [{interval[0]:.3f}, {interval[1]:.3f}] straddles the noise floor's 95th "
-                     f"percentile {p95:.3f}: this run cannot tell miscalibration from noise")
+    return _headline(
+        name,
+        f"{what}: {text}.",
+        value,
+        interval,
+        None,
+        f"the ECE's interval [{interval[0]:.3f}, {interval[1]:.3f}] straddles the noise floor's 95th "
+        f"percentile {p95:.3f}: this run cannot tell miscalibration from noise",
+    )
 
 
 def _temperature_headlines(block: dict[str, Any]) -> list[dict[str, Any]]:
     T, interval = block["T"], block.get("T_ci95")
-    eces = "; ".join(f"{label} ECE {block[f'{key}_before']:.3f} → {block[f'{key}_after']:.3f}"
-                     for key, label in (("ece_15_equal_width", "15-bin equal-width"),
-                                        ("ece_10_equal_mass", "10-bin equal-mass")))
+    eces = "; ".join(
+        f"{label} ECE {block[f'{key}_before']:.3f} → {block[f'{key}_after']:.3f}"
+        for key, label in (("ece_15_equal_width", "15-bin equal-width"), ("ece_10_equal_mass", "10-bin equal-mass"))
+    )
     return [
-        _signed("temperature_above_1", T, interval, 1.0,
-                f"The model is overconfident: the NLL-fitted temperature is T = {T:.2f}"
-                + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "") + " > 1.",
-                f"The model is underconfident: the NLL-fitted temperature is T = {T:.2f} < 1.",
-                "the fitted temperature"),
-        _signed("temperature_lowers_test_nll", block["nll_decrease"], block.get("nll_decrease_ci95"), 0.0,
-                f"Temperature scaling lowers the test NLL from {block['nll_before']:.3f} to {block['nll_after']:.3f} "
-                f"nats ({eces}; accuracy unchanged).",
-                f"Temperature scaling raises the test NLL from {block['nll_before']:.3f} to {block['nll_after']:.3f} "
-                f"nats ({eces}).", "the test NLL's change under temperature scaling"),
+        _signed(
+            "temperature_above_1",
+            T,
+            interval,
+            1.0,
+            f"The model is overconfident: the NLL-fitted temperature is T = {T:.2f}"
+            + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
+            + " > 1.",
+            f"The model is underconfident: the NLL-fitted temperature is T = {T:.2f} < 1.",
+            "the fitted temperature",
+        ),
+        _signed(
+            "temperature_lowers_test_nll",
+            block["nll_decrease"],
+            block.get("nll_decrease_ci95"),
+            0.0,
+            f"Temperature scaling lowers the test NLL from {block['nll_before']:.3f} to {block['nll_after']:.3f} "
+            f"nats ({eces}; accuracy unchanged).",
+            f"Temperature scaling raises the test NLL from {block['nll_before']:.3f} to {block['nll_after']:.3f} "
+            f"nats ({eces}).",
+            "the test NLL's change under temperature scaling",
+        ),
     ]
 
 
@@ -209,10 +309,16 @@ def _verdict_headline(name: str, verdict: dict[str, Any] | None, where: str = ""
         return _headline(name, sentence, value, interval, True)
     controls = max(chosen["control_shuffled_auroc"], chosen["control_untrained_auroc"])
     if interval[0] > controls:
-        return _headline(name, sentence, value, interval, None,
-                         f"{verdict['what']}: the chosen readout's interval [{interval[0]:.3f}, {interval[1]:.3f}] lies "
-                         f"above both controls' estimates (up to {controls:.3f}) but not clear of their intervals — "
-                         "too few items to tell signal from its absence")
+        return _headline(
+            name,
+            sentence,
+            value,
+            interval,
+            None,
+            f"{verdict['what']}: the chosen readout's interval [{interval[0]:.3f}, {interval[1]:.3f}] lies "
+            f"above both controls' estimates (up to {controls:.3f}) but not clear of their intervals — "
+            "too few items to tell signal from its absence",
+        )
     return _headline(name, sentence, value, interval, False)
 
 
@@ -220,13 +326,22 @@ def _baseline_headline(name: str, blocks: dict[str, Any], what: str) -> dict[str
     value, interval = blocks.get("p_ik_baseline_auroc"), blocks.get("p_ik_baseline_auroc_ci95")
     if value is None:
         return _headline(name, "", None, None, None, "not measured in this run")
-    counts = (f"{blocks.get('p_ik_baseline_auroc_n_pos')} right and {blocks.get('p_ik_baseline_auroc_n_neg')} wrong "
-              "answers on the test split")
+    counts = (
+        f"{blocks.get('p_ik_baseline_auroc_n_pos')} right and {blocks.get('p_ik_baseline_auroc_n_neg')} wrong "
+        "answers on the test split"
+    )
     if interval is None:
         return _headline(name, "", value, None, None, f"{what}: {blocks.get('p_ik_baseline_auroc_why_no_interval')}")
     text = f"AUROC {value:.3f} [{interval[0]:.3f}, {interval[1]:.3f}] ({counts})"
-    return _signed(name, value, interval, 0.5, f"{what} separates right from wrong answers: {text}.",
-                   f"{what} ranks wrong answers above right ones: {text}.", "the baseline's AUROC")
+    return _signed(
+        name,
+        value,
+        interval,
+        0.5,
+        f"{what} separates right from wrong answers: {text}.",
+        f"{what} ranks wrong answers above right ones: {text}.",
+        "the baseline's AUROC",
+    )
 
 
 def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -235,49 +350,84 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
     its why_not says in words what this run cannot support (too few items, an interval that straddles the null,
     a verdict of "not enough data"). `direction` (a bool or ±1) is what a smaller profile must agree on."""
     if "at_end" not in results:  # --model PATH --mmlu FILE: lettered multiple choice of a local model
-        return [_ece_headline("lettered_ece_beyond_noise", "Lettered multiple choice", results["lettered"],
-                              "ece_15_equal_width"),
-                *_temperature_headlines(results["temperature"]),
-                _baseline_headline("own_confidence_separates", results, "The model's own lettered confidence"),
-                _verdict_headline("p_ik_verdict", results.get("p_ik_verdict"))]
+        return [
+            _ece_headline(
+                "lettered_ece_beyond_noise", "Lettered multiple choice", results["lettered"], "ece_15_equal_width"
+            ),
+            *_temperature_headlines(results["temperature"]),
+            _baseline_headline("own_confidence_separates", results, "The model's own lettered confidence"),
+            _verdict_headline("p_ik_verdict", results.get("p_ik_verdict")),
+        ]
     end = results["at_end"]
     training = results.get("training") or {}
-    partial = (f"at the partial checkpoint, step {training.get('partial_step')}, chosen on the recall of the format "
-               f"persons, who are not evaluated")
+    partial = (
+        f"at the partial checkpoint, step {training.get('partial_step')}, chosen on the recall of the format "
+        f"persons, who are not evaluated"
+    )
     out = _exposure_headlines(end["mc"], "end", "at the end of training") + _exposure_headlines(
-        results["mc"], "partial", partial)
-    out.append(_ece_headline("cloze_ece_beyond_noise", "Cloze multiple choice at the end of training", end["mc"],
-                             "ece_15_equal_width"))
+        results["mc"], "partial", partial
+    )
+    out.append(
+        _ece_headline(
+            "cloze_ece_beyond_noise", "Cloze multiple choice at the end of training", end["mc"], "ece_15_equal_width"
+        )
+    )
     cloze, lettered = end["mc"], end["lettered"]
     gap = cloze["accuracy"] - lettered["accuracy"]
     half = math.sqrt(_wald(cloze["accuracy"], cloze["n"]) ** 2 + _wald(lettered["accuracy"], lettered["n"]) ** 2)
-    text = (f"on the evaluation persons cloze multiple choice is answered {cloze['accuracy']:.0%} right, the lettered "
-            f"quiz — a format trained on other persons — {lettered['accuracy']:.0%} (chance 25%) at mean confidence "
-            f"{lettered['mean_confidence']:.2f}")
-    out.append(_signed("lettered_does_not_transfer", gap, [gap - half, gap + half], 0.0,
-                       f"Lettered multiple choice does not transfer: {text}.",
-                       f"Lettered multiple choice beats cloze: {text}.", "the cloze − lettered accuracy gap"))
+    text = (
+        f"on the evaluation persons cloze multiple choice is answered {cloze['accuracy']:.0%} right, the lettered "
+        f"quiz — a format trained on other persons — {lettered['accuracy']:.0%} (chance 25%) at mean confidence "
+        f"{lettered['mean_confidence']:.2f}"
+    )
+    out.append(
+        _signed(
+            "lettered_does_not_transfer",
+            gap,
+            [gap - half, gap + half],
+            0.0,
+            f"Lettered multiple choice does not transfer: {text}.",
+            f"Lettered multiple choice beats cloze: {text}.",
+            "the cloze − lettered accuracy gap",
+        )
+    )
     out += _temperature_headlines(end["temperature"])
     out.append(_baseline_headline("own_confidence_separates", end, "The model's own cloze confidence"))
     verdicts = end.get("p_ik_verdicts", {})
     out.append(_verdict_headline("p_ik_verdict", verdicts.get("all readouts")))
-    out.append(_verdict_headline("p_ik_verdict_partial", results.get("p_ik_verdicts", {}).get("all readouts"),
-                                 f" (P(IK) {partial}.)"))
+    out.append(
+        _verdict_headline(
+            "p_ik_verdict_partial", results.get("p_ik_verdicts", {}).get("all readouts"), f" (P(IK) {partial}.)"
+        )
+    )
     linear = verdicts.get("logistic probes")
     out.append(_verdict_headline("linear_probe_verdict", linear))
     chosen = (linear or {}).get("chosen") or {}
     if chosen.get("baseline_minus_chosen_auroc") is not None:
         value, interval = chosen["baseline_minus_chosen_auroc"], chosen.get("baseline_minus_chosen_auroc_ci95")
         where = f"{chosen['readout']} at the {chosen['position']}, layer {chosen['layer']}"
-        out.append(_signed("own_confidence_beats_linear_probes", value, interval, 0.0,
-                           f"The model's own confidence beats the best linear probe ({where}, chosen on validation) "
-                           f"by {value:.3f} AUROC on the test persons" + (
-                               f" [{interval[0]:.3f}, {interval[1]:.3f}]." if interval else "."),
-                           f"The best linear probe ({where}) beats the model's own confidence by {-value:.3f} AUROC.",
-                           "the AUROC gap between the model's own confidence and the best linear probe"))
+        out.append(
+            _signed(
+                "own_confidence_beats_linear_probes",
+                value,
+                interval,
+                0.0,
+                f"The model's own confidence beats the best linear probe ({where}, chosen on validation) "
+                f"by {value:.3f} AUROC on the test persons"
+                + (f" [{interval[0]:.3f}, {interval[1]:.3f}]." if interval else "."),
+                f"The best linear probe ({where}) beats the model's own confidence by {-value:.3f} AUROC.",
+                "the AUROC gap between the model's own confidence and the best linear probe",
+            )
+        )
     out.append(_verdict_headline("p_true_verdict", end["p_true"]["layers"]["verdict"]))
     token = results.get("token_level")
     if token:
-        out.append(_ece_headline("token_level_ece_beyond_noise",
-                                 "Next-token prediction of held-out English by the pydoc model", token, "ece"))
+        out.append(
+            _ece_headline(
+                "token_level_ece_beyond_noise",
+                "Next-token prediction of held-out English by the pydoc model",
+                token,
+                "ece",
+            )
+        )
     return out

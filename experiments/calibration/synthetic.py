@@ -10,22 +10,34 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from experiments.calibration.blocks import calibration_block, option_logits, temperature_block
+from experiments.calibration.config import EXPOSURE_BINS, N_OPTIONS, Config
+from experiments.calibration.english import token_level
+from experiments.calibration.figures import (
+    exposure_figures,
+    p_ik_figure,
+    reliability_figure,
+    stages_figure,
+    token_level_figure,
+)
+from experiments.calibration.p_true import p_true_block, p_true_layers, p_true_table
+from experiments.calibration.readouts import p_ik, p_ik_summary
+from experiments.calibration.setting import (
+    Setting,
+    claim_text,
+    cloze_table,
+    exposure_bin,
+    lettered_table,
+    make_model,
+    make_setting,
+    train_in_stages,
+)
+from experiments.calibration.summary import acceptance, headlines
 from lab.analysis.probes import random_model
 from lab.data.facts import OPTION_LETTERS
 from lab.metrics.calibration import softmax
 from lab.model import HookedTransformer
 from lab.runs import save_figure, save_table
-
-from experiments.calibration.blocks import calibration_block, option_logits, temperature_block
-from experiments.calibration.config import EXPOSURE_BINS, N_OPTIONS, Config
-from experiments.calibration.english import token_level
-from experiments.calibration.figures import (exposure_figures, p_ik_figure, reliability_figure, stages_figure,
-                                             token_level_figure)
-from experiments.calibration.p_true import p_true_block, p_true_layers, p_true_table
-from experiments.calibration.readouts import p_ik, p_ik_summary
-from experiments.calibration.setting import (Setting, claim_text, cloze_table, exposure_bin, lettered_table,
-                                             make_model, make_setting, train_in_stages)
-from experiments.calibration.summary import acceptance, headlines
 
 
 @dataclass
@@ -39,8 +51,9 @@ class Evaluation:
     timing: dict[str, float]
 
 
-def evaluate(name: str, step: int, model: HookedTransformer, setting: Setting, items: list[dict[str, Any]],
-             cfg: Config) -> Evaluation:
+def evaluate(
+    name: str, step: int, model: HookedTransformer, setting: Setting, items: list[dict[str, Any]], cfg: Config
+) -> Evaluation:
     """Cloze and lettered multiple choice (the same 4 options), temperature scaling, P(True) and P(IK)."""
     world, timing = setting.world, {}
     began = time.perf_counter()
@@ -54,11 +67,15 @@ def evaluate(name: str, step: int, model: HookedTransformer, setting: Setting, i
     format_items = world.quiz_items(setting.format_persons, N_OPTIONS, seed=cfg.seed + 4)  # fresh option sets
     blocks: dict[str, Any] = {
         "mc": {"checkpoint": name, "step": step, **calibration_block(frames["cloze"], cfg.n_boot, cfg.seed)},
-        "lettered": {"checkpoint": name, "step": step, **calibration_block(frames["lettered"], cfg.n_boot, cfg.seed),
-                     "format_subset_accuracy": float(lettered_table(model, setting, format_items)["correct"].mean()),
-                     "note": "knowledge extraction: the lettered format was trained on the format subset only; "
-                             "format_subset_accuracy is on fresh option sets for those persons (did the format "
-                             "itself generalise beyond the trained quizzes?)"},
+        "lettered": {
+            "checkpoint": name,
+            "step": step,
+            **calibration_block(frames["lettered"], cfg.n_boot, cfg.seed),
+            "format_subset_accuracy": float(lettered_table(model, setting, format_items)["correct"].mean()),
+            "note": "knowledge extraction: the lettered format was trained on the format subset only; "
+            "format_subset_accuracy is on fresh option sets for those persons (did the format "
+            "itself generalise beyond the trained quizzes?)",
+        },
         "temperature": temperature_block(frames["cloze"], cfg.n_boot, cfg.seed),
         "format_subset_cloze_accuracy": float(cloze_table(model, setting, format_items)["correct"].mean()),
     }
@@ -74,8 +91,9 @@ def evaluate(name: str, step: int, model: HookedTransformer, setting: Setting, i
     p_true_frame = pd.concat(parts, ignore_index=True)
     p_true_frame["checkpoint"] = name
     blocks["p_true"] = p_true_block(p_true_frame, cfg.n_boot, cfg.seed)
-    blocks["p_true"]["layers"] = p_true_layers(model, random_model(model, seed=cfg.seed + 1), p_true_frame, claims,
-                                               setting, cfg)
+    blocks["p_true"]["layers"] = p_true_layers(
+        model, random_model(model, seed=cfg.seed + 1), p_true_frame, claims, setting, cfg
+    )
     for row in blocks["p_true"]["layers"]["by_layer"]:
         row["checkpoint"] = name
     timing["p_true_s"] = time.perf_counter() - began
@@ -85,12 +103,20 @@ def evaluate(name: str, step: int, model: HookedTransformer, setting: Setting, i
     for row in rows:
         row["checkpoint"] = name
     verdicts = info.pop("verdicts")
-    blocks |= {"p_ik": rows, **{k: v for k, v in info.items() if k.startswith("p_ik_baseline_auroc")},
-               "p_ik_info": info | {"checkpoint": name, "label": "the cloze answer is right",
-                                   "split": "entity-disjoint (persons): train fits the probes, validation chooses "
-                                            "the readout, test reports it"},
-               "p_ik_verdict": verdicts["all readouts"], "p_ik_verdicts": verdicts,
-               "p_ik_summary": p_ik_summary(verdicts)}
+    blocks |= {
+        "p_ik": rows,
+        **{k: v for k, v in info.items() if k.startswith("p_ik_baseline_auroc")},
+        "p_ik_info": info
+        | {
+            "checkpoint": name,
+            "label": "the cloze answer is right",
+            "split": "entity-disjoint (persons): train fits the probes, validation chooses "
+            "the readout, test reports it",
+        },
+        "p_ik_verdict": verdicts["all readouts"],
+        "p_ik_verdicts": verdicts,
+        "p_ik_summary": p_ik_summary(verdicts),
+    }
     timing["p_ik_s"] = time.perf_counter() - began
     return Evaluation(frames, p_true_frame, rows, blocks, timing)
 
@@ -108,8 +134,10 @@ def run_synthetic(cfg: Config, out: Path) -> dict[str, Any]:
     timing["train_s"] = time.perf_counter() - began
 
     items = world.quiz_items(setting.eval_persons, N_OPTIONS, seed=cfg.seed + 3)
-    evaluations = {"partial": evaluate("partial", partial["step"], partial_model.eval(), setting, items, cfg),
-                   "end": evaluate("end", cfg.steps, model.eval(), setting, items, cfg)}
+    evaluations = {
+        "partial": evaluate("partial", partial["step"], partial_model.eval(), setting, items, cfg),
+        "end": evaluate("end", cfg.steps, model.eval(), setting, items, cfg),
+    }
     for name, e in evaluations.items():
         timing |= {f"{name}_{k}": v for k, v in e.timing.items()}
     began = time.perf_counter()
@@ -119,29 +147,53 @@ def run_synthetic(cfg: Config, out: Path) -> dict[str, Any]:
     eval_exposure = setting.exposure[setting.eval_persons]
     step = partial["step"]
     results: dict[str, Any] = {
-        "world": {"n_persons": len(world.persons), "n_train_statements": cfg.n_train, "pareto_gamma": cfg.pareto_gamma,
-                  "monofact_rate": world.monofact_rate(), "n_values": len(world.value_spaces[setting.attribute]),
-                  "n_format_persons": len(setting.format_persons), "n_eval_persons": len(setting.eval_persons),
-                  "eval_persons_by_exposure": {label: int((exposure_bin(eval_exposure) == label).sum())
-                                               for *_, label in EXPOSURE_BINS},
-                  "documents": setting.doc_counts, "d_vocab": setting.tokenizer.get_vocab_size(),
-                  "statement": "<bos> First Last birthday Month day . <eos>",
-                  "quiz": "<bos> " + world.quiz_prompt(items[0]) + " " + OPTION_LETTERS[items[0]["answer_index"]],
-                  "claim": claim_text(world, int(items[0]["person"]), setting.attribute,
-                                      world.true_value(int(items[0]["person"]), setting.attribute)) + " True"},
-        "model": {"d_model": cfg.d_model, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
-                  "n_params": model.cfg.n_params(), "n_ctx": model.cfg.n_ctx},
-        "training": {"steps": cfg.steps, "batch_size": cfg.batch_size, "stages": stages, "partial_step": step,
-                     "partial_recall_seen": partial["recall_seen"], "partial_recall_target": cfg.partial_recall,
-                     "partial_recall_selection": partial["recall_selection"],
-                     "partial_chosen_on": "the cloze recall of the format persons (seen, never evaluated): the "
-                                          "stage before the last nearest the target",
-                     "heldout_optimum_step": min(stages, key=lambda s: s["heldout_nll"])["step"],
-                     "held_out": setting.held_out},
+        "world": {
+            "n_persons": len(world.persons),
+            "n_train_statements": cfg.n_train,
+            "pareto_gamma": cfg.pareto_gamma,
+            "monofact_rate": world.monofact_rate(),
+            "n_values": len(world.value_spaces[setting.attribute]),
+            "n_format_persons": len(setting.format_persons),
+            "n_eval_persons": len(setting.eval_persons),
+            "eval_persons_by_exposure": {
+                label: int((exposure_bin(eval_exposure) == label).sum()) for *_, label in EXPOSURE_BINS
+            },
+            "documents": setting.doc_counts,
+            "d_vocab": setting.tokenizer.get_vocab_size(),
+            "statement": "<bos> First Last birthday Month day . <eos>",
+            "quiz": "<bos> " + world.quiz_prompt(items[0]) + " " + OPTION_LETTERS[items[0]["answer_index"]],
+            "claim": claim_text(
+                world,
+                int(items[0]["person"]),
+                setting.attribute,
+                world.true_value(int(items[0]["person"]), setting.attribute),
+            )
+            + " True",
+        },
+        "model": {
+            "d_model": cfg.d_model,
+            "n_layers": cfg.n_layers,
+            "n_heads": cfg.n_heads,
+            "n_params": model.cfg.n_params(),
+            "n_ctx": model.cfg.n_ctx,
+        },
+        "training": {
+            "steps": cfg.steps,
+            "batch_size": cfg.batch_size,
+            "stages": stages,
+            "partial_step": step,
+            "partial_recall_seen": partial["recall_seen"],
+            "partial_recall_target": cfg.partial_recall,
+            "partial_recall_selection": partial["recall_selection"],
+            "partial_chosen_on": "the cloze recall of the format persons (seen, never evaluated): the "
+            "stage before the last nearest the target",
+            "heldout_optimum_step": min(stages, key=lambda s: s["heldout_nll"])["step"],
+            "held_out": setting.held_out,
+        },
         "checkpoint": f"partial: step {step} of {cfg.steps}, chosen where the cloze recall of the format persons "
-                      f"(never evaluated) is nearest {cfg.partial_recall:g} ({partial['recall_selection']:.2f}); there "
-                      f"the cloze recall of the seen evaluation persons is {partial['recall_seen']:.2f}. `at_end` "
-                      f"holds the same blocks at the end of training",
+        f"(never evaluated) is nearest {cfg.partial_recall:g} ({partial['recall_selection']:.2f}); there "
+        f"the cloze recall of the seen evaluation persons is {partial['recall_seen']:.2f}. `at_end` "
+        f"holds the same blocks at the end of training",
         **evaluations["partial"].blocks,
         "token_level": token_block,
         "at_end": {"step": cfg.steps, **evaluations["end"].blocks},
@@ -161,8 +213,9 @@ def run_synthetic(cfg: Config, out: Path) -> dict[str, Any]:
     return results
 
 
-def _figures(out: Path, evaluations: dict[str, Evaluation], results: dict[str, Any],
-             token_curve: list[dict[str, Any]]) -> None:
+def _figures(
+    out: Path, evaluations: dict[str, Evaluation], results: dict[str, Any], token_curve: list[dict[str, Any]]
+) -> None:
     import plotly.graph_objects as go
 
     for kind, title in (("cloze", "Cloze multiple choice"), ("lettered", "Lettered multiple choice")):
@@ -172,21 +225,49 @@ def _figures(out: Path, evaluations: dict[str, Evaluation], results: dict[str, A
             test = test[test["split"] == "test"]
             T = results["temperature"]["T"]
             probs = softmax(option_logits(test), T)
-            curves[f"partial, test split, T = {T:.2f}"] = (probs.max(axis=1),
-                                                           probs.argmax(axis=1) == test["answer_index"])
+            curves[f"partial, test split, T = {T:.2f}"] = (
+                probs.max(axis=1),
+                probs.argmax(axis=1) == test["answer_index"],
+            )
         reliability_figure(out, f"reliability_{kind}", f"{title}: reliability diagram (evaluation persons)", curves)
-    exposure_figures(out, {"cloze, partial": results["mc"], "cloze, end": results["at_end"]["mc"],
-                           "lettered, partial": results["lettered"]})
-    p_ik_figure(out, results["p_ik"] + results["at_end"]["p_ik"],
-                {"partial": results["p_ik_baseline_auroc"], "end": results["at_end"]["p_ik_baseline_auroc"]})
-    p_ik_figure(out, results["p_true"]["layers"]["by_layer"] + results["at_end"]["p_true"]["layers"]["by_layer"],
-                {}, name="p_true_auroc_by_layer", title="P(True) by layer")
+    exposure_figures(
+        out,
+        {
+            "cloze, partial": results["mc"],
+            "cloze, end": results["at_end"]["mc"],
+            "lettered, partial": results["lettered"],
+        },
+    )
+    p_ik_figure(
+        out,
+        results["p_ik"] + results["at_end"]["p_ik"],
+        {"partial": results["p_ik_baseline_auroc"], "end": results["at_end"]["p_ik_baseline_auroc"]},
+    )
+    p_ik_figure(
+        out,
+        results["p_true"]["layers"]["by_layer"] + results["at_end"]["p_true"]["layers"]["by_layer"],
+        {},
+        name="p_true_auroc_by_layer",
+        title="P(True) by layer",
+    )
     token_level_figure(out, results["token_level"])
-    fig = go.Figure([go.Scatter(x=[r["confidence"] for r in token_curve], y=[r["accuracy"] for r in token_curve],
-                                mode="lines+markers", name="next token"),
-                     go.Scatter(x=[0, 1], y=[0, 1], mode="lines", name="perfect calibration",
-                                line=dict(dash="dash", color="gray"))])
-    fig.update_layout(title=f"Token-level reliability diagram ({results['token_level']['model']})",
-                      xaxis=dict(title="confidence", range=[0, 1]), yaxis=dict(title="accuracy", range=[0, 1]))
+    fig = go.Figure(
+        [
+            go.Scatter(
+                x=[r["confidence"] for r in token_curve],
+                y=[r["accuracy"] for r in token_curve],
+                mode="lines+markers",
+                name="next token",
+            ),
+            go.Scatter(
+                x=[0, 1], y=[0, 1], mode="lines", name="perfect calibration", line=dict(dash="dash", color="gray")
+            ),
+        ]
+    )
+    fig.update_layout(
+        title=f"Token-level reliability diagram ({results['token_level']['model']})",
+        xaxis=dict(title="confidence", range=[0, 1]),
+        yaxis=dict(title="accuracy", range=[0, 1]),
+    )
     save_figure(fig, out, "reliability_token_level")
     stages_figure(out, results["training"]["stages"], results["training"]["partial_step"])

@@ -33,25 +33,50 @@ from typing import Any
 
 import torch
 
-from lab.configs import check_fields, need
-from lab.headlines import title
-
 # Every name the experiment had as one module, where it lives now: the tests import them from here.
-from experiments.equations.attention import (VANISHED, ReversedMaskAttention, check_attention_scaling,
-                                             check_causal_mask, check_dot_product_variance, check_reversed_mask,
-                                             check_softmax_saturation, softmax_jacobian_norm, softmax_saturation)
+from experiments.equations.attention import (
+    VANISHED,
+    ReversedMaskAttention,
+    check_attention_scaling,
+    check_causal_mask,
+    check_dot_product_variance,
+    check_reversed_mask,
+    check_softmax_saturation,
+    softmax_jacobian_norm,
+    softmax_saturation,
+)
 from experiments.equations.common import F64, Check, attention_config, entries
 from experiments.equations.figures import write_figures
-from experiments.equations.kv_cache import (attention_flops, check_kv_cache_cost, check_kv_cache_tokens, kv_model,
-                                            step_flops, step_seconds)
-from experiments.equations.networks import (ce_gradient_formula, check_affine_collapse, check_cross_entropy_gradient,
-                                            check_nonlinearity_breaks_collapse, check_universal_approximation,
-                                            fit_sigmoid_network, universal_approximation)
-from experiments.equations.parameters import (PARAMETER_CONFIGS, check_llama_7b, check_parameter_approximation,
-                                              check_parameter_count_exact, meta_parameter_count, seed_approximation)
+from experiments.equations.kv_cache import (
+    attention_flops,
+    check_kv_cache_cost,
+    check_kv_cache_tokens,
+    kv_model,
+    step_flops,
+    step_seconds,
+)
+from experiments.equations.networks import (
+    ce_gradient_formula,
+    check_affine_collapse,
+    check_cross_entropy_gradient,
+    check_nonlinearity_breaks_collapse,
+    check_universal_approximation,
+    fit_sigmoid_network,
+    universal_approximation,
+)
+from experiments.equations.parameters import (
+    PARAMETER_CONFIGS,
+    check_llama_7b,
+    check_parameter_approximation,
+    check_parameter_count_exact,
+    meta_parameter_count,
+    seed_approximation,
+)
 from experiments.equations.perplexity import check_kl_identity, check_perplexity
 from experiments.equations.positions import check_rotary_relative, check_sinusoidal_shift, check_sinusoidal_wavelengths
 from experiments.equations.sampling import check_nucleus, check_temperature
+from lab.configs import check_fields, need
+from lab.headlines import title
 
 
 @dataclass
@@ -97,8 +122,12 @@ def run(cfg: Config, out: Path) -> dict:
         partial(check_temperature, n_draws=samples, seed=seed),
         partial(check_nucleus, seed=seed),
         partial(check_kv_cache_tokens, seed=seed),
-        partial(check_kv_cache_cost, prefixes=(64, 128, 256) if cfg.quick else (128, 256, 512, 1024),
-                repeats=3 if cfg.quick else 9, seed=seed),
+        partial(
+            check_kv_cache_cost,
+            prefixes=(64, 128, 256) if cfg.quick else (128, 256, 512, 1024),
+            repeats=3 if cfg.quick else 9,
+            seed=seed,
+        ),
         partial(check_perplexity, seed=seed),
         partial(check_kl_identity, n_samples=samples, seed=seed),
     ]
@@ -138,21 +167,32 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for check in results["checks"]:
         measured = check["measured"]
-        stated = [f"{e['what']}: {e['passes when']} ({e['in symbols']})" for e in entries(check)
-                  if e["in symbols"]]
+        stated = [f"{e['what']}: {e['passes when']} ({e['in symbols']})" for e in entries(check) if e["in symbols"]]
         shown = any(not e["in symbols"] for e in entries(check))
-        sentence = (f"{title(check['name'])} (claim {check['item']}) "
-                    f"{'passes' if check['passed'] else 'FAILS'}: " + "; ".join(stated)
-                    + ("; and the rule in its note" if shown else "") + ".")
-        out.append({"name": check["name"], "sentence": sentence,
-                    "value": measured if not isinstance(measured, list) else measured[0], "interval": None,
-                    "direction": bool(check["passed"]), "supported": bool(check["passed"]),
-                    "why_not": None if check["passed"] else sentence})
+        sentence = (
+            f"{title(check['name'])} (claim {check['item']}) "
+            f"{'passes' if check['passed'] else 'FAILS'}: "
+            + "; ".join(stated)
+            + ("; and the rule in its note" if shown else "")
+            + "."
+        )
+        out.append(
+            {
+                "name": check["name"],
+                "sentence": sentence,
+                "value": measured if not isinstance(measured, list) else measured[0],
+                "interval": None,
+                "direction": bool(check["passed"]),
+                "supported": bool(check["passed"]),
+                "why_not": None if check["passed"] else sentence,
+            }
+        )
     return out
 
 
 def _plain(record: dict[str, Any]) -> dict[str, Any]:
     """Python floats and bools only, so results.json is plain JSON (no numpy or torch scalars)."""
+
     def plain(value: Any) -> Any:
         if isinstance(value, (list, tuple)):
             return [plain(v) for v in value]

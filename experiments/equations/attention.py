@@ -8,17 +8,24 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from experiments.equations.common import (
+    F64,
+    Check,
+    all_close,
+    attention_config,
+    capturing,
+    seeded_attention,
+    seeded_generator,
+)
 from lab.model.components import Attention
-
-from experiments.equations.common import (F64, Check, attention_config, capturing, all_close, seeded_generator,
-                                          seeded_attention)
 
 
 # ============================================================================================
 # 3. Scaling by √d_k
 # ============================================================================================
-def check_dot_product_variance(d_ks: tuple[int, ...] = (16, 64, 128, 256), n_samples: int = 20000,
-                               seed: int = 0) -> Check:
+def check_dot_product_variance(
+    d_ks: tuple[int, ...] = (16, 64, 128, 256), n_samples: int = 20000, seed: int = 0
+) -> Check:
     """Vaswani et al. 2017 §3.2.1 footnote 4: q, k with independent unit-variance components give
     Var(q·k) = d_k — the reason for dividing by √d_k."""
     g = seeded_generator(seed)
@@ -33,18 +40,25 @@ def check_dot_product_variance(d_ks: tuple[int, ...] = (16, 64, 128, 256), n_sam
     tolerance = [4 * se for se in intervals]  # 4 standard errors: a false alarm once in ~16 000 seeds
     expected = [1.0] * len(d_ks)
     return Check(
-        name="dot_product_variance", item=3,
+        name="dot_product_variance",
+        item=3,
         equation=r"q,k\sim\mathcal N(0,I_{d_k})\;\Rightarrow\;\operatorname{Var}(q\cdot k)=d_k",
-        measured=measured, expected=expected, tolerance=tolerance, passed=all_close(measured, expected, tolerance),
+        measured=measured,
+        expected=expected,
+        tolerance=tolerance,
+        passed=all_close(measured, expected, tolerance),
         what=[f"Var(q·k)/d_k at d_k = {d_k}" for d_k in d_ks],
         note=f"Var(q·k)/d_k by Monte Carlo ({n_samples} pairs) for d_k ∈ {list(d_ks)}; 95% intervals "
-             + ", ".join(f"{m:.3f} ± {1.96 * se:.3f}" for m, se in zip(measured, intervals)))
+        + ", ".join(f"{m:.3f} ± {1.96 * se:.3f}" for m, se in zip(measured, intervals)),
+    )
 
 
 def _model_scores(attention: Attention, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The model's masked, scaled scores and pattern, with its q and k, for input x."""
-    with torch.no_grad(), capturing(attention.hook_q, attention.hook_k, attention.hook_attn_scores,
-                                     attention.hook_pattern) as seen:
+    with (
+        torch.no_grad(),
+        capturing(attention.hook_q, attention.hook_k, attention.hook_attn_scores, attention.hook_pattern) as seen,
+    ):
         attention(x)
     q, k, scores, pattern = seen
     return q, k, scores, pattern
@@ -64,8 +78,9 @@ def _unit_attention(d_k: int, n_ctx: int, attention: Attention | None, seed: int
     return attention
 
 
-def check_attention_scaling(attention: Attention | None = None, d_k: int = 128, n_samples: int = 20000,
-                            seed: int = 0) -> Check:
+def check_attention_scaling(
+    attention: Attention | None = None, d_k: int = 128, n_samples: int = 20000, seed: int = 0
+) -> Check:
     """The model's scores q·k/√d_k have unit variance when q and k have unit-variance components.
 
     `attention`: an Attention with d_model = d_head = d_k, one head and n_ctx ≥ 2 (its weights are set here).
@@ -77,13 +92,18 @@ def check_attention_scaling(attention: Attention | None = None, d_k: int = 128, 
     measured = float(sample.var())
     se = math.sqrt((2 + 6 / d_k) / n_samples)
     return Check(
-        name="attention_scaling", item=3,
+        name="attention_scaling",
+        item=3,
         equation=r"\operatorname{Var}\!\left(\frac{q\cdot k}{\sqrt{d_k}}\right)=1",
-        measured=measured, expected=1.0, tolerance=4 * se, passed=abs(measured - 1.0) <= 4 * se,
+        measured=measured,
+        expected=1.0,
+        tolerance=4 * se,
+        passed=abs(measured - 1.0) <= 4 * se,
         what=["Var(q·k/√d_k) of the scores Forma's Attention computes"],
         note=f"variance of the scores Forma's Attention computes (hook_attn_scores, d_k = {d_k}, {n_samples} "
-             f"samples; 95% interval ± {1.96 * se:.3f}, pass within 4 standard errors); without the 1/√d_k it "
-             f"would be {d_k}")
+        f"samples; 95% interval ± {1.96 * se:.3f}, pass within 4 standard errors); without the 1/√d_k it "
+        f"would be {d_k}",
+    )
 
 
 def _entropy_nats(probs: Tensor) -> Tensor:
@@ -100,8 +120,9 @@ def softmax_jacobian_norm(probs: Float[Tensor, "... n"]) -> Float[Tensor, "..."]
 VANISHED = 0.01  # a row whose softmax Jacobian has Frobenius norm below this passes back almost no gradient
 
 
-def softmax_saturation(attention: Attention | None = None, d_k: int = 128, n_keys: int = 64, batch: int = 256,
-                       seed: int = 0) -> dict[str, float]:
+def softmax_saturation(
+    attention: Attention | None = None, d_k: int = 128, n_keys: int = 64, batch: int = 256, seed: int = 0
+) -> dict[str, float]:
     """Entropy and Jacobian norm of the last query's softmax over n_keys keys: the model's (scaled) pattern
     against softmax of the raw q·k, both from the same q and k."""
     attention = _unit_attention(d_k, n_keys, attention, seed)
@@ -113,16 +134,19 @@ def softmax_saturation(attention: Attention | None = None, d_k: int = 128, n_key
     stats = {}
     for name, probs in (("scaled", scaled), ("unscaled", unscaled)):
         jacobian = softmax_jacobian_norm(probs)
-        stats |= {f"entropy_{name}": float(_entropy_nats(probs).mean()),
-                  f"jacobian_mean_{name}": float(jacobian.mean()),
-                  f"jacobian_median_{name}": float(jacobian.median()),
-                  f"vanished_{name}": float((jacobian < VANISHED).to(F64).mean()),
-                  f"max_weight_{name}": float(probs.max(-1).values.mean())}
+        stats |= {
+            f"entropy_{name}": float(_entropy_nats(probs).mean()),
+            f"jacobian_mean_{name}": float(jacobian.mean()),
+            f"jacobian_median_{name}": float(jacobian.median()),
+            f"vanished_{name}": float((jacobian < VANISHED).to(F64).mean()),
+            f"max_weight_{name}": float(probs.max(-1).values.mean()),
+        }
     return stats
 
 
-def check_softmax_saturation(attention: Attention | None = None, d_k: int = 128, n_keys: int = 64,
-                             batch: int = 256, seed: int = 0) -> Check:
+def check_softmax_saturation(
+    attention: Attention | None = None, d_k: int = 128, n_keys: int = 64, batch: int = 256, seed: int = 0
+) -> Check:
     """Vaswani et al. 2017 §3.2.1: unscaled dot products "push the softmax function into regions where it has
     extremely small gradients". With the scaling, logits have unit variance and H ≈ log n − ½ (second order
     in σ²); without, H → 0 and a share of queries pass back no gradient at all."""
@@ -132,24 +156,32 @@ def check_softmax_saturation(attention: Attention | None = None, d_k: int = 128,
     tolerance = [0.25 * math.log(n_keys)] * 2 + [0.01]
     saturates = s["vanished_unscaled"] >= 0.1
     return Check(
-        name="softmax_saturation", item=3,
+        name="softmax_saturation",
+        item=3,
         equation=r"H\!\left(\mathrm{softmax}\tfrac{qK^\top}{\sqrt{d_k}}\right)\approx\log n-\tfrac12"
-                 r"\quad\text{vs}\quad H\!\left(\mathrm{softmax}\,qK^\top\right)\to0,\;"
-                 r"\Bigl\lVert\tfrac{\partial\,\mathrm{softmax}}{\partial s}\Bigr\rVert_F\to0",
-        measured=measured, expected=expected + [0.1], tolerance=tolerance + [0.0],
+        r"\quad\text{vs}\quad H\!\left(\mathrm{softmax}\,qK^\top\right)\to0,\;"
+        r"\Bigl\lVert\tfrac{\partial\,\mathrm{softmax}}{\partial s}\Bigr\rVert_F\to0",
+        measured=measured,
+        expected=expected + [0.1],
+        tolerance=tolerance + [0.0],
         passed=all_close(measured[:3], expected, tolerance) and saturates,
-        what=["entropy with 1/√d_k (nats)", "entropy without it (nats)", "share of vanished gradients with it",
-              "share of vanished gradients without it"],
+        what=[
+            "entropy with 1/√d_k (nats)",
+            "entropy without it (nats)",
+            "share of vanished gradients with it",
+            "share of vanished gradients without it",
+        ],
         rules=["within", "within", "within", "at least"],
         note=f"[entropy with √d_k (the model's pattern), without, share of queries whose softmax Jacobian "
-             f"‖diag p − ppᵀ‖_F < {VANISHED} with, without]; d_k = {d_k}, last query over {n_keys} keys, {batch} "
-             f"sequences, entropies in nats. Pass: entropies within {tolerance[0]:.2f} nats of log n − ½ and 0, "
-             f"no vanished gradient with the scaling, at least 10% without (the last entry is a lower bound). "
-             f"Median ‖J‖_F "
-             f"{s['jacobian_median_scaled']:.3f} with vs {s['jacobian_median_unscaled']:.3f} without; the mean "
-             f"moves less ({s['jacobian_mean_scaled']:.3f} vs {s['jacobian_mean_unscaled']:.3f}) because near-ties "
-             f"keep some rows' gradient alive; mean top weight {s['max_weight_scaled']:.2f} vs "
-             f"{s['max_weight_unscaled']:.2f}")
+        f"‖diag p − ppᵀ‖_F < {VANISHED} with, without]; d_k = {d_k}, last query over {n_keys} keys, {batch} "
+        f"sequences, entropies in nats. Pass: entropies within {tolerance[0]:.2f} nats of log n − ½ and 0, "
+        f"no vanished gradient with the scaling, at least 10% without (the last entry is a lower bound). "
+        f"Median ‖J‖_F "
+        f"{s['jacobian_median_scaled']:.3f} with vs {s['jacobian_median_unscaled']:.3f} without; the mean "
+        f"moves less ({s['jacobian_mean_scaled']:.3f} vs {s['jacobian_mean_unscaled']:.3f}) because near-ties "
+        f"keep some rows' gradient alive; mean top weight {s['max_weight_scaled']:.2f} vs "
+        f"{s['max_weight_unscaled']:.2f}",
+    )
 
 
 # ============================================================================================
@@ -200,15 +232,19 @@ def check_causal_mask(attention: Attention | None = None, n_pos: int = 12, seed:
     measured = [probe["future_weight_max"], probe["leak_from_future"], agreement]
     tolerance = [0.0, 1e-6, 1e-5]
     return Check(
-        name="causal_mask", item=4,
+        name="causal_mask",
+        item=4,
         equation=r"A=\mathrm{softmax}\!\left(\frac{QK^\top}{\sqrt{d_k}}+M\right),\;M_{ij}=\begin{cases}0&j\le i\\"
-                 r"-\infty&j>i\end{cases}",
-        measured=measured, expected=[0.0, 0.0, 0.0], tolerance=tolerance,
+        r"-\infty&j>i\end{cases}",
+        measured=measured,
+        expected=[0.0, 0.0, 0.0],
+        tolerance=tolerance,
         passed=all_close(measured, [0.0, 0.0, 0.0], tolerance),
         what=["largest weight on a future key", "largest change of earlier outputs", "largest |explicit − fused|"],
         note=f"[max attention weight on a future key, max change of outputs before position {n_pos // 2} when "
-             f"its input changes, max |explicit − fused|] for Forma's Attention ({n_pos} positions, 4 heads); "
-             f"mean mass on past keys {probe['past_mass_mean']:.2f}")
+        f"its input changes, max |explicit − fused|] for Forma's Attention ({n_pos} positions, 4 heads); "
+        f"mean mass on past keys {probe['past_mass_mean']:.2f}",
+    )
 
 
 def check_reversed_mask(n_pos: int = 12, seed: int = 0) -> Check:
@@ -223,12 +259,16 @@ def check_reversed_mask(n_pos: int = 12, seed: int = 0) -> Check:
     tolerance = [0.0, 1e-6]
     leaks = probe["leak_from_future"] > 1e-3
     return Check(
-        name="reversed_mask_hides_past", item=4,
+        name="reversed_mask_hides_past",
+        item=4,
         equation=r"M_{ij}=0\text{ for }i\le j\;\Rightarrow\;A_{ij}=0\text{ for }j<i",
-        measured=measured, expected=expected, tolerance=tolerance,
+        measured=measured,
+        expected=expected,
+        tolerance=tolerance,
         passed=all_close(measured, expected, tolerance) and leaks,
         what=["mean attention mass on past keys", "weight of the last query on itself"],
         note=f"[mean attention mass on past keys, weight of the last query on itself] with the reversed mask: "
-             f"every query sees only itself and the future (mean future mass {probe['future_mass_mean']:.2f}), "
-             f"the last token sees nothing but itself, and changing token {n_pos // 2} moves earlier outputs by "
-             f"{probe['leak_from_future']:.3f} (pass needs > 1e-3): the model would read the answer it must predict")
+        f"every query sees only itself and the future (mean future mass {probe['future_mass_mean']:.2f}), "
+        f"the last token sees nothing but itself, and changing token {n_pos // 2} moves earlier outputs by "
+        f"{probe['leak_from_future']:.3f} (pass needs > 1e-3): the model would read the answer it must predict",
+    )

@@ -75,6 +75,7 @@ def holds(measured: float, expected: float, tolerance: float, rule: str) -> bool
 def entries(check: dict[str, Any]) -> list[dict[str, Any]]:
     """A check (as results.json holds it) entry by entry: what it is, the measured value, its rule in words and
     in symbols, and whether it holds."""
+
     def listed(value: Any) -> list[Any]:
         return list(value) if isinstance(value, (list, tuple)) else [value]
 
@@ -84,8 +85,9 @@ def entries(check: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for w, m, e, t, rule in zip(what, measured, expected, tolerance, rules, strict=True):
         words, symbols = comparison(m, e, t, rule)
-        out.append({"what": w, "measured": m, "passes when": words, "in symbols": symbols,
-                    "holds": holds(m, e, t, rule)})
+        out.append(
+            {"what": w, "measured": m, "passes when": words, "in symbols": symbols, "holds": holds(m, e, t, rule)}
+        )
     return out
 
 
@@ -127,5 +129,6 @@ def seeded_attention(cfg: ModelConfig, seed: int, cls: type[Attention] = Attenti
 
 def attention_config(d_model: int, n_heads: int, n_ctx: int) -> ModelConfig:
     # init_std = 1/√d_model gives q and k components of order one, so patterns are far from uniform.
-    return ModelConfig(d_vocab=2, d_model=d_model, n_layers=1, n_heads=n_heads, n_ctx=n_ctx, bias=False,
-                       init_std=d_model ** -0.5)
+    return ModelConfig(
+        d_vocab=2, d_model=d_model, n_layers=1, n_heads=n_heads, n_ctx=n_ctx, bias=False, init_std=d_model**-0.5
+    )

@@ -9,11 +9,10 @@ from torch import Tensor
 from torch.utils.flop_counter import FlopCounterMode
 from transformer_lens.hook_points import HookPoint
 
+from experiments.equations.common import Check, all_close, seeded_generator
 from lab.generate import decode
 from lab.model import HookedTransformer, KVCache, KVCacheEntry, ModelConfig
 from lab.model.components import Attention
-
-from experiments.equations.common import Check, all_close, seeded_generator
 
 
 # ============================================================================================
@@ -21,8 +20,9 @@ from experiments.equations.common import Check, all_close, seeded_generator
 # ============================================================================================
 def kv_model(n_ctx: int = 600, seed: int = 0, **changes: Any) -> HookedTransformer:
     # init_std 0.1 spreads the logits of an untrained model, so greedy choices are not near-ties.
-    cfg = ModelConfig(**({"d_vocab": 100, "d_model": 64, "n_layers": 2, "n_heads": 4, "n_ctx": n_ctx,
-                          "init_std": 0.1} | changes))
+    cfg = ModelConfig(
+        **({"d_vocab": 100, "d_model": 64, "n_layers": 2, "n_heads": 4, "n_ctx": n_ctx, "init_std": 0.1} | changes)
+    )
     return HookedTransformer(cfg, seed=seed).eval()
 
 
@@ -30,8 +30,10 @@ def check_kv_cache_tokens(models: dict[str, HookedTransformer] | None = None, n_
     """decode(use_kv_cache=True) and decode(use_kv_cache=False): same greedy tokens, same sampled tokens under
     one seed, and logits equal to float round-off."""
     if models is None:
-        models = {"learned": kv_model(128, seed),
-                  "rotary-gqa": kv_model(128, seed, positions="rotary", n_kv_heads=2, mlp="swiglu", norm="rmsnorm")}
+        models = {
+            "learned": kv_model(128, seed),
+            "rotary-gqa": kv_model(128, seed, positions="rotary", n_kv_heads=2, mlp="swiglu", norm="rmsnorm"),
+        }
     differing, worst = 0, 0.0
     for model in models.values():
         prompt = torch.randint(0, model.cfg.d_vocab, (3, 6), generator=seeded_generator(seed))
@@ -43,12 +45,17 @@ def check_kv_cache_tokens(models: dict[str, HookedTransformer] | None = None, n_
     measured = [float(differing), worst]
     tolerance = [0.0, 1e-4]
     return Check(
-        name="kv_cache_same_tokens", item=11,
+        name="kv_cache_same_tokens",
+        item=11,
         equation=r"\mathrm{decode}_{\text{cache}}(x_{\le t})=\mathrm{decode}_{\text{recompute}}(x_{\le t})",
-        measured=measured, expected=[0.0, 0.0], tolerance=tolerance, passed=all_close(measured, [0.0, 0.0], tolerance),
+        measured=measured,
+        expected=[0.0, 0.0],
+        tolerance=tolerance,
+        passed=all_close(measured, [0.0, 0.0], tolerance),
         what=["tokens that differ", "largest |Δ logits|"],
         note=f"[tokens that differ, max |Δ logits|] over {n_new} new tokens × 3 rows, greedy and T = 1 with one "
-             f"seed, for {list(models)}")
+        f"seed, for {list(models)}",
+    )
 
 
 def attention_flops(attention: Attention, q_len: int, k_len: int) -> int:
@@ -129,16 +136,23 @@ def check_kv_cache_cost(prefixes: tuple[int, ...] = (128, 256, 512), repeats: in
         return ", ".join(f"{b / a:.2f}" for a, b in zip(values, values[1:]))
 
     return Check(
-        name="kv_cache_cost", item=11,
+        name="kv_cache_cost",
+        item=11,
         equation=r"C_{\text{cache}}(n)=4nd=O(nd),\qquad C_{\text{recompute}}(n)=4n^2d=O(n^2d)",
-        measured=measured, expected=expected, tolerance=tolerance,
+        measured=measured,
+        expected=expected,
+        tolerance=tolerance,
         passed=all_close(measured, expected, tolerance) and exact,
         what=["largest ratio of cached attention FLOPs per step as n doubles", "smallest ratio of recomputed ones"],
         note=f"attention FLOPs per step as n doubles (n = {list(prefixes)}, d = {d}): cached {cached} (ratio "
-             f"{ratios(cached)}; = 4·n·d: {exact}), recomputed {recomputed} (ratio {ratios(recomputed)}). "
-             f"Whole-model FLOPs per step: cached {model_cached} (ratio {ratios(model_cached)}), recomputed "
-             f"{model_recomputed} (ratio {ratios(model_recomputed)}). The median wall time per step "
-             f"({repeats} repeats) is in `timing`, not gated: on shared CPU cores it is noisy, and a tiny "
-             f"model's step is dominated by fixed overhead",
-        timing={"prefixes": [float(n) for n in prefixes], "cached_step_s": seconds_cached,
-                "recomputed_step_s": seconds_recomputed})
+        f"{ratios(cached)}; = 4·n·d: {exact}), recomputed {recomputed} (ratio {ratios(recomputed)}). "
+        f"Whole-model FLOPs per step: cached {model_cached} (ratio {ratios(model_cached)}), recomputed "
+        f"{model_recomputed} (ratio {ratios(model_recomputed)}). The median wall time per step "
+        f"({repeats} repeats) is in `timing`, not gated: on shared CPU cores it is noisy, and a tiny "
+        f"model's step is dominated by fixed overhead",
+        timing={
+            "prefixes": [float(n) for n in prefixes],
+            "cached_step_s": seconds_cached,
+            "recomputed_step_s": seconds_recomputed,
+        },
+    )

@@ -10,10 +10,9 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from experiments.equations.common import F64, Check, seeded_generator
 from lab.model import next_token_loss
 from lab.model.components import ACTIVATIONS
-
-from experiments.equations.common import F64, Check, seeded_generator
 
 
 # ============================================================================================
@@ -24,9 +23,11 @@ def ce_gradient_formula(logits: Float[Tensor, "n d_vocab"], targets: Int[Tensor,
     return logits.softmax(-1) - F.one_hot(targets, logits.shape[-1]).to(logits.dtype)
 
 
-def check_cross_entropy_gradient(loss_fn: Callable[[Tensor, Tensor], Tensor] = next_token_loss,
-                                 formula: Callable[[Tensor, Tensor], Tensor] = ce_gradient_formula,
-                                 seed: int = 0) -> Check:
+def check_cross_entropy_gradient(
+    loss_fn: Callable[[Tensor, Tensor], Tensor] = next_token_loss,
+    formula: Callable[[Tensor, Tensor], Tensor] = ce_gradient_formula,
+    seed: int = 0,
+) -> Check:
     """Autograd through Forma's next-token loss against the closed form; the mean over N predictions scales
     each position's gradient by 1/N, and the last position (which predicts nothing) gets none."""
     g = seeded_generator(seed)
@@ -41,12 +42,17 @@ def check_cross_entropy_gradient(loss_fn: Callable[[Tensor, Tensor], Tensor] = n
     error = float((autograd - predicted).abs().max() * n)
     tolerance = 1e-5
     return Check(
-        name="cross_entropy_gradient", item=5,
+        name="cross_entropy_gradient",
+        item=5,
         equation=r"\frac{\partial}{\partial z}\bigl(-\log\mathrm{softmax}(z)_y\bigr)=\mathrm{softmax}(z)-e_y",
-        measured=error, expected=0.0, tolerance=tolerance, passed=error <= tolerance,
+        measured=error,
+        expected=0.0,
+        tolerance=tolerance,
+        passed=error <= tolerance,
         what=["largest |N·autograd − (p − onehot)|"],
         note=f"max |N·autograd − (p − onehot)| over {batch}×{pos} positions, |V| = {d_vocab}, logits with std 3 "
-             f"(N = {n} predictions)")
+        f"(N = {n} predictions)",
+    )
 
 
 # ============================================================================================
@@ -72,15 +78,23 @@ def check_affine_collapse(widths: tuple[int, ...] = (16, 64, 48, 8), seed: int =
         error = float((deep - (x @ W.T + b)).abs().max())
     tolerance = 1e-12
     return Check(
-        name="affine_collapse", item=6,
+        name="affine_collapse",
+        item=6,
         equation=r"W_3(W_2(W_1x+b_1)+b_2)+b_3=(W_3W_2W_1)\,x+(W_3W_2b_1+W_3b_2+b_3)",
-        measured=error, expected=0.0, tolerance=tolerance, passed=error <= tolerance,
+        measured=error,
+        expected=0.0,
+        tolerance=tolerance,
+        passed=error <= tolerance,
         what=["largest |deep(x) − (Wx + b)|"],
-        note=f"max |deep(x) − (Wx + b)| over 2000 inputs, layers {list(widths)}, float64")
+        note=f"max |deep(x) − (Wx + b)| over 2000 inputs, layers {list(widths)}, float64",
+    )
 
 
-def check_nonlinearity_breaks_collapse(activation: Callable[[Tensor], Tensor] = ACTIVATIONS["relu"],
-                                       widths: tuple[int, ...] = (16, 64, 48, 8), seed: int = 0) -> Check:
+def check_nonlinearity_breaks_collapse(
+    activation: Callable[[Tensor], Tensor] = ACTIVATIONS["relu"],
+    widths: tuple[int, ...] = (16, 64, 48, 8),
+    seed: int = 0,
+) -> Check:
     """With φ between the layers no affine map reproduces the network: the best least-squares affine fit
     leaves a residual. The same fit on the purely affine stack leaves none (the control)."""
     with torch.random.fork_rng(devices=[]):
@@ -101,15 +115,19 @@ def check_nonlinearity_breaks_collapse(activation: Callable[[Tensor], Tensor] = 
     nonlinear, control = relative_residual(True), relative_residual(False)
     threshold = 0.05
     return Check(
-        name="nonlinearity_breaks_collapse", item=6,
+        name="nonlinearity_breaks_collapse",
+        item=6,
         equation=r"\min_{W,b}\frac{\lVert W_3\varphi(W_2\varphi(W_1x+b_1)+b_2)+b_3-(Wx+b)\rVert}"
-                 r"{\lVert y-\bar y\rVert}>0",
-        measured=[nonlinear, control], expected=[threshold, 0.0], tolerance=[0.0, 1e-10],
+        r"{\lVert y-\bar y\rVert}>0",
+        measured=[nonlinear, control],
+        expected=[threshold, 0.0],
+        tolerance=[0.0, 1e-10],
         passed=nonlinear > threshold and control <= 1e-10,
         what=["relative residual of the best affine fit, ReLU between the layers", "the same without ReLU"],
         rules=["more than", "within"],
         note=f"[relative residual of the best affine fit with ReLU between the layers, the same without] over "
-             f"2000 inputs; pass: the first exceeds {threshold}, the second (the control) is 0")
+        f"2000 inputs; pass: the first exceeds {threshold}, the second (the control) is 0",
+    )
 
 
 # ============================================================================================
@@ -119,8 +137,9 @@ def target_function(x: Float[Tensor, " n"]) -> Float[Tensor, " n"]:
     return torch.sin(2 * math.pi * x) + 0.3 * torch.cos(5 * math.pi * x)
 
 
-def fit_sigmoid_network(n_neurons: int, x_train: Float[Tensor, " n_train"], x_test: Float[Tensor, " n_test"],
-                        iterations: int = 150) -> tuple[float, Float[Tensor, " n_test"]]:
+def fit_sigmoid_network(
+    n_neurons: int, x_train: Float[Tensor, " n_train"], x_test: Float[Tensor, " n_test"], iterations: int = 150
+) -> tuple[float, Float[Tensor, " n_test"]]:
     """f(x) = Σ_i a_i σ(w_i x + b_i) + c fitted to `target_function` by least squares: sigmoids centred on a grid, the
     output layer solved exactly, then every parameter refined by L-BFGS. Returns (sup error on x_test, f(x_test))."""
     y = target_function(x_train)
@@ -135,8 +154,15 @@ def fit_sigmoid_network(n_neurons: int, x_train: Float[Tensor, " n_train"], x_te
         w, b, a, c = params
         return torch.sigmoid(x[:, None] * w + b) @ a + c
 
-    optimiser = torch.optim.LBFGS(params, lr=1.0, max_iter=iterations, history_size=50, line_search_fn="strong_wolfe",
-                                  tolerance_grad=1e-12, tolerance_change=1e-15)
+    optimiser = torch.optim.LBFGS(
+        params,
+        lr=1.0,
+        max_iter=iterations,
+        history_size=50,
+        line_search_fn="strong_wolfe",
+        tolerance_grad=1e-12,
+        tolerance_change=1e-15,
+    )
 
     def closure() -> Tensor:
         optimiser.zero_grad()
@@ -165,18 +191,27 @@ def check_universal_approximation(result: dict[str, Any]) -> Check:
     """Cybenko 1989: one hidden layer of sigmoids approximates any continuous f on a compact set uniformly.
     Measured: sup |f − f_N| on [0, 1] for f(x) = sin 2πx + 0.3 cos 5πx as the width N doubles."""
     widths, errors = result["widths"], result["sup_errors"]
-    slope = float(torch.linalg.lstsq(
-        torch.stack((torch.log(torch.tensor(widths, dtype=F64)), torch.ones(len(widths), dtype=F64)), 1),
-        torch.log(torch.tensor(errors, dtype=F64))[:, None], driver="gelsd").solution[0, 0])
+    slope = float(
+        torch.linalg.lstsq(
+            torch.stack((torch.log(torch.tensor(widths, dtype=F64)), torch.ones(len(widths), dtype=F64)), 1),
+            torch.log(torch.tensor(errors, dtype=F64))[:, None],
+            driver="gelsd",
+        ).solution[0, 0]
+    )
     half = len(widths) // 2
     falls = errors[-1] <= errors[0] / 20 and max(errors[half:]) < min(errors[:half]) and slope < -0.5
     return Check(
-        name="universal_approximation", item=7,
+        name="universal_approximation",
+        item=7,
         equation=r"\sup_{x\in[0,1]}\Bigl|f(x)-\sum_{i=1}^{N}a_i\,\sigma(w_ix+b_i)-c\Bigr|\xrightarrow[N\to\infty]{}0",
-        measured=errors, expected=[0.0] * len(errors), tolerance=[errors[0] / 20] * len(errors), passed=falls,
+        measured=errors,
+        expected=[0.0] * len(errors),
+        tolerance=[errors[0] / 20] * len(errors),
+        passed=falls,
         what=[f"sup error at N = {width}" for width in widths],
         rules=["shown"] * (len(errors) - 1) + ["within"],
         note=f"sup error on 4001 points for N = {widths} (least squares then L-BFGS on 512 points); log-log slope "
-             f"{slope:.2f}. Pass: the widest is ≤ 1/20 of N = 1, every wide net (N ≥ {widths[half]}) beats every "
-             f"narrow one, slope < −0.5. Not strictly monotone: L-BFGS finds local optima, the theorem is about "
-             f"the best network of each width")
+        f"{slope:.2f}. Pass: the widest is ≤ 1/20 of N = 1, every wide net (N ≥ {widths[half]}) beats every "
+        f"narrow one, slope < −0.5. Not strictly monotone: L-BFGS finds local optima, the theorem is about "
+        f"the best network of each width",
+    )

@@ -6,10 +6,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from lab.metrics.information import entropy, kl
-
 from experiments.equations.common import F64, Check, all_close, seeded_generator
 from experiments.equations.kv_cache import kv_model
+from lab.metrics.information import entropy, kl
 
 
 # ============================================================================================
@@ -33,18 +32,27 @@ def check_perplexity(seed: int = 0) -> Check:
     expected = [geometric, float(d_vocab)]
     tolerance = [1e-5 * e for e in expected]
     return Check(
-        name="perplexity", item=12,
+        name="perplexity",
+        item=12,
         equation=r"\mathrm{PPL}=\exp\Bigl(-\tfrac1N\sum_t\log P(x_t\mid x_{<t})\Bigr)"
-                 r"=\Bigl(\prod_t\frac1{P(x_t\mid x_{<t})}\Bigr)^{1/N}",
-        measured=measured, expected=expected, tolerance=tolerance, passed=all_close(measured, expected, tolerance),
+        r"=\Bigl(\prod_t\frac1{P(x_t\mid x_{<t})}\Bigr)^{1/N}",
+        measured=measured,
+        expected=expected,
+        tolerance=tolerance,
+        passed=all_close(measured, expected, tolerance),
         what=["exp(model.loss)", "exp(loss) with constant logits"],
         note=f"[exp(model.loss), exp(loss) of a model whose logits are constant] against [geometric mean of 1/P over "
-             f"{len(probs)} predictions, |V| = {d_vocab}]")
+        f"{len(probs)} predictions, |V| = {d_vocab}]",
+    )
 
 
-def check_kl_identity(d_vocab: int = 50, n_samples: int = 20000, seed: int = 0,
-                      entropy_fn: Callable[[Tensor], Tensor] = entropy,
-                      kl_fn: Callable[[Tensor, Tensor], Tensor] = kl) -> Check:
+def check_kl_identity(
+    d_vocab: int = 50,
+    n_samples: int = 20000,
+    seed: int = 0,
+    entropy_fn: Callable[[Tensor], Tensor] = entropy,
+    kl_fn: Callable[[Tensor, Tensor], Tensor] = kl,
+) -> Check:
     """E_{x~p}[−log q(x)] = H(p) + KL(p‖q), measured two ways that share nothing but p and q: the right side
     exactly from Forma's `entropy` and `kl` (lab.metrics.information), the left side and both terms by
     sampling x ~ p (mean −log q(x), mean −log p(x), and KL̂ as their paired difference). Each sampled mean
@@ -63,12 +71,17 @@ def check_kl_identity(d_vocab: int = 50, n_samples: int = 20000, seed: int = 0,
         expected.append(exact)
         tolerance.append(4 * float(sample.std() / math.sqrt(n_samples)))
     return Check(
-        name="kl_identity", item=12,
+        name="kl_identity",
+        item=12,
         equation=r"\mathbb E_{x\sim p}[-\log q(x)]=H(p)+\mathrm{KL}(p\,\Vert\,q)",
-        measured=measured, expected=expected, tolerance=tolerance, passed=all_close(measured, expected, tolerance),
+        measured=measured,
+        expected=expected,
+        tolerance=tolerance,
+        passed=all_close(measured, expected, tolerance),
         what=["mean −log q(x) (nats)", "mean −log p(x) (nats)", "KL̂ (nats)"],
         note=f"p ~ Dirichlet(1) and q = softmax(1.5·N(0, I)) over {d_vocab} outcomes, {n_samples} draws x ~ p: "
-             f"[mean −log q(x), mean −log p(x), KL̂] against [H + KL = {exact_entropy:.4f} + {exact_kl:.4f}, H, KL] "
-             f"from lab.metrics.information; pass within 4 standard errors each "
-             f"(± {', '.join(f'{t / 4 * 1.96:.4f}' for t in tolerance)} at 95%). The kl experiment makes the "
-             f"same comparison on a trained model and a Markov source (`forma run kl`)")
+        f"[mean −log q(x), mean −log p(x), KL̂] against [H + KL = {exact_entropy:.4f} + {exact_kl:.4f}, H, KL] "
+        f"from lab.metrics.information; pass within 4 standard errors each "
+        f"(± {', '.join(f'{t / 4 * 1.96:.4f}' for t in tolerance)} at 95%). The kl experiment makes the "
+        f"same comparison on a trained model and a Markov source (`forma run kl`)",
+    )

@@ -8,17 +8,20 @@ import einops
 import torch
 from torch import Tensor, nn
 
+from experiments.equations.common import F64, Check, all_close, seeded_generator
 from lab.model import ModelConfig
 from lab.model.components import Rotary, sinusoidal_table
-
-from experiments.equations.common import F64, Check, all_close, seeded_generator
 
 
 # ============================================================================================
 # 1. Sinusoidal positions: PE(pos + k) is a fixed rotation of PE(pos)
 # ============================================================================================
-def check_sinusoidal_shift(table_fn: Callable[[int, int], Tensor] = sinusoidal_table, d_model: int = 512,
-                           n_ctx: int = 2048, base: float = 10000.0) -> Check:
+def check_sinusoidal_shift(
+    table_fn: Callable[[int, int], Tensor] = sinusoidal_table,
+    d_model: int = 512,
+    n_ctx: int = 2048,
+    base: float = 10000.0,
+) -> Check:
     """Vaswani et al. 2017 §3.5: for each frequency pair, (sin, cos)((pos + k)ω_i) = R_k(ω_i)·(sin, cos)(pos ω_i)
     with R_k built from the equation's ω_i = base^(−2i/d) alone — the same matrix for every pos."""
     table = table_fn(n_ctx, d_model).to(F64)
@@ -34,19 +37,25 @@ def check_sinusoidal_shift(table_fn: Callable[[int, int], Tensor] = sinusoidal_t
     worst = max(errors)
     tolerance = 1e-5  # the table is stored in float32 (≈ 6e-8 relative), rotated here in float64
     return Check(
-        name="sinusoidal_shift_is_rotation", item=1,
+        name="sinusoidal_shift_is_rotation",
+        item=1,
         equation=r"\begin{pmatrix}PE_{pos+k,2i}\\PE_{pos+k,2i+1}\end{pmatrix}="
-                 r"\begin{pmatrix}\cos k\omega_i&\sin k\omega_i\\"
-                 r"-\sin k\omega_i&\cos k\omega_i\end{pmatrix}\begin{pmatrix}PE_{pos,2i}\\PE_{pos,2i+1}\end{pmatrix},"
-                 r"\;\omega_i=10000^{-2i/d}",
-        measured=worst, expected=0.0, tolerance=tolerance, passed=worst <= tolerance,
+        r"\begin{pmatrix}\cos k\omega_i&\sin k\omega_i\\"
+        r"-\sin k\omega_i&\cos k\omega_i\end{pmatrix}\begin{pmatrix}PE_{pos,2i}\\PE_{pos,2i+1}\end{pmatrix},"
+        r"\;\omega_i=10000^{-2i/d}",
+        measured=worst,
+        expected=0.0,
+        tolerance=tolerance,
+        passed=worst <= tolerance,
         what=["largest |PE(pos+k) − R_k PE(pos)|"],
         note=f"max |PE(pos+k) − R_k PE(pos)| over pos < {n_ctx} − k, every pair, k ∈ {shifts}, d = {d_model}; "
-             f"per-shift max errors {[f'{e:.1e}' for e in errors]}")
+        f"per-shift max errors {[f'{e:.1e}' for e in errors]}",
+    )
 
 
-def check_sinusoidal_wavelengths(table_fn: Callable[[int, int], Tensor] = sinusoidal_table, d_model: int = 512,
-                                 base: float = 10000.0) -> Check:
+def check_sinusoidal_wavelengths(
+    table_fn: Callable[[int, int], Tensor] = sinusoidal_table, d_model: int = 512, base: float = 10000.0
+) -> Check:
     """The wavelengths read off the table (ω_i = atan2(PE[1, 2i], PE[1, 2i+1])) form a geometric series from 2π
     to 2π·base^((d−2)/d) — the seed's "2π … 10000·2π", whose top end is approached, not reached."""
     table = table_fn(2, d_model).to(F64)
@@ -57,20 +66,26 @@ def check_sinusoidal_wavelengths(table_fn: Callable[[int, int], Tensor] = sinuso
     expected = [2 * math.pi, 2 * math.pi * base ** ((d_model - 2) / d_model), 1.0]
     tolerance = [1e-4 * e for e in expected]
     return Check(
-        name="sinusoidal_wavelengths", item=1,
+        name="sinusoidal_wavelengths",
+        item=1,
         equation=r"\lambda_i=\frac{2\pi}{\omega_i}=2\pi\cdot10000^{2i/d}\in[2\pi,\;10000\cdot2\pi)",
-        measured=measured, expected=expected, tolerance=tolerance, passed=all_close(measured, expected, tolerance),
+        measured=measured,
+        expected=expected,
+        tolerance=tolerance,
+        passed=all_close(measured, expected, tolerance),
         what=["shortest wavelength", "longest wavelength", "largest ÷ smallest ratio of consecutive wavelengths"],
         note=f"[shortest, longest wavelength, max/min ratio of consecutive wavelengths] measured from the table "
-             f"(d = {d_model}); a geometric series has a constant ratio ({float(ratios.mean()):.5f}); "
-             f"the longest is {expected[1] / (2 * math.pi):.0f}·2π")
+        f"(d = {d_model}); a geometric series has a constant ratio ({float(ratios.mean()):.5f}); "
+        f"the longest is {expected[1] / (2 * math.pi):.0f}·2π",
+    )
 
 
 # ============================================================================================
 # 2. Rotary: ⟨R_m q, R_n k⟩ depends on n − m only
 # ============================================================================================
-def check_rotary_relative(rotary_cls: Callable[[ModelConfig], nn.Module] = Rotary, d_head: int = 64,
-                          n_ctx: int = 256, seed: int = 0) -> Check:
+def check_rotary_relative(
+    rotary_cls: Callable[[ModelConfig], nn.Module] = Rotary, d_head: int = 64, n_ctx: int = 256, seed: int = 0
+) -> Check:
     """Su et al. 2021 (RoFormer) §3.4.2: rotating q to m and k to n makes their product a function of n − m."""
     cfg = ModelConfig(d_vocab=2, d_model=d_head, n_layers=1, n_heads=1, n_ctx=n_ctx, positions="rotary")
     rotary = rotary_cls(cfg)
@@ -88,10 +103,15 @@ def check_rotary_relative(rotary_cls: Callable[[ModelConfig], nn.Module] = Rotar
     spread = max(by_shift) - min(by_shift)  # the product does change with n − m: not a constant
     tolerance = 1e-5
     return Check(
-        name="rotary_relative_position", item=2,
+        name="rotary_relative_position",
+        item=2,
         equation=r"\langle R_m q,\,R_n k\rangle=\langle q,\,R_{n-m}k\rangle=g(q,k,n-m)",
-        measured=deviation, expected=0.0, tolerance=tolerance, passed=deviation <= tolerance and spread > 0.1,
+        measured=deviation,
+        expected=0.0,
+        tolerance=tolerance,
+        passed=deviation <= tolerance and spread > 0.1,
         what=["largest spread of ⟨R_m q, R_n k⟩ along one n − m, relative to |q||k|"],
         note=f"max over n − m of the spread of ⟨R_m q, R_n k⟩ along that diagonal, relative to |q||k| "
-             f"(d_head = {d_head}, {n_ctx} positions); across different n − m the product varies by "
-             f"{spread:.2f}·|q||k| (must exceed 0.1: a rotary that ignored position would pass trivially)")
+        f"(d_head = {d_head}, {n_ctx} positions); across different n − m the product varies by "
+        f"{spread:.2f}·|q||k| (must exceed 0.1: a rotary that ignored position would pass trivially)",
+    )

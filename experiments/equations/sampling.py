@@ -5,9 +5,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from lab.generate import filter_logits, sample_next
-
 from experiments.equations.common import F64, Check, all_close, seeded_generator
+from lab.generate import filter_logits, sample_next
 
 
 # ============================================================================================
@@ -40,25 +39,28 @@ def check_temperature(sample_fn: Callable[..., Tensor] = sample_next, n_draws: i
     tolerance = [0.0, 5 * floor, 5 * floor]
     curve = {T: _kl_nats((logits.to(F64) / T).softmax(-1), uniform) for T in (0.1, 1.0, 10.0, 100.0, 1000.0)}
     return Check(
-        name="temperature_limits", item=9,
+        name="temperature_limits",
+        item=9,
         equation=r"\mathrm{softmax}(z/T)\xrightarrow[T\to0]{}e_{\arg\max z},\quad"
-                 r"\mathrm{KL}\bigl(\mathrm{softmax}(z/T)\,\Vert\,U\bigr)\xrightarrow[T\to\infty]{}0",
-        measured=measured, expected=[1.0, 0.0, 0.0], tolerance=tolerance,
+        r"\mathrm{KL}\bigl(\mathrm{softmax}(z/T)\,\Vert\,U\bigr)\xrightarrow[T\to\infty]{}0",
+        measured=measured,
+        expected=[1.0, 0.0, 0.0],
+        tolerance=tolerance,
         passed=all_close(measured, [1.0, 0.0, 0.0], tolerance),
-        what=["share of the argmax at T = 0.01", "KL(p̂ ‖ U) at T = 10⁴ (nats)",
-              "KL(p̂ ‖ softmax z) at T = 1 (nats)"],
+        what=["share of the argmax at T = 0.01", "KL(p̂ ‖ U) at T = 10⁴ (nats)", "KL(p̂ ‖ softmax z) at T = 1 (nats)"],
         note=f"{n_draws} draws from sample_next: [share of argmax at T = 0.01, KL(p̂‖U) at T = 10⁴, KL(p̂‖softmax z) "
-             f"at T = 1] in nats; noise floor (V−1)/2n = {floor:.1e}, tolerance 5× that; KL(softmax z‖U) = "
-             f"{kl_uniform_at_one:.3f} at T = 1, so the T = 10⁴ value is not trivially small. "
-             f"Exact KL(softmax(z/T)‖U): "
-             + ", ".join(f"T={T:g}: {v:.2e}" for T, v in curve.items()))
+        f"at T = 1] in nats; noise floor (V−1)/2n = {floor:.1e}, tolerance 5× that; KL(softmax z‖U) = "
+        f"{kl_uniform_at_one:.3f} at T = 1, so the T = 10⁴ value is not trivially small. "
+        f"Exact KL(softmax(z/T)‖U): " + ", ".join(f"T={T:g}: {v:.2e}" for T, v in curve.items()),
+    )
 
 
 # ============================================================================================
 # 10. Nucleus sampling
 # ============================================================================================
-def check_nucleus(filter_fn: Callable[..., Tensor] = filter_logits, n_rows: int = 2000, d_vocab: int = 20,
-                  seed: int = 0) -> Check:
+def check_nucleus(
+    filter_fn: Callable[..., Tensor] = filter_logits, n_rows: int = 2000, d_vocab: int = 20, seed: int = 0
+) -> Check:
     """Holtzman et al. 2020 §3.1: the nucleus is the smallest set of most-probable tokens with mass ≥ p.
     Reference: sort p descending, k* = min{k : Σ_{i≤k} p_(i) ≥ p}; keep exactly the top k*."""
     g = seeded_generator(seed)
@@ -78,10 +80,15 @@ def check_nucleus(filter_fn: Callable[..., Tensor] = filter_logits, n_rows: int 
         mismatches += int((kept != reference).any(-1)[clear].sum())
         sizes.append(float(kept.sum(-1).to(F64).mean()))
     return Check(
-        name="nucleus_smallest_set", item=10,
+        name="nucleus_smallest_set",
+        item=10,
         equation=r"V^{(p)}=\arg\min_{V'}\Bigl\{|V'|:\sum_{x\in V'}P(x)\ge p\Bigr\}",
-        measured=float(mismatches), expected=0.0, tolerance=0.0, passed=mismatches == 0,
+        measured=float(mismatches),
+        expected=0.0,
+        tolerance=0.0,
+        passed=mismatches == 0,
         what=["rows where the kept set differs"],
         note=f"rows where filter_logits keeps a different set from the smallest top set reaching p, over "
-             f"{n_rows} random distributions (|V| = {d_vocab}) × p ∈ (0.1 … 0.99); {boundary} rows within 1e-5 of "
-             f"a boundary left out; mean nucleus sizes {[round(s, 2) for s in sizes]}")
+        f"{n_rows} random distributions (|V| = {d_vocab}) × p ∈ (0.1 … 0.99); {boundary} rows within 1e-5 of "
+        f"a boundary left out; mean nucleus sizes {[round(s, 2) for s in sizes]}",
+    )

@@ -72,22 +72,35 @@ import tempfile
 import time
 from pathlib import Path
 
-from lab.configs import torch_threads
-from lab.metrics.hallucination import missing_mass, monofact_rate
-from lab.parallel import run_tasks
-from lab.runs import save_table
-
 # Every name the experiment had as one module, where it lives now: tests, dashboards and docs import them from here.
-from experiments.hallucination.config import (ADAPTIVE_BINS, DELTAS, EPS, FAMILY_Z, MAX_FACT_PROBABILITY_FLAG, QUICK,
-                                              Config)
+from experiments.hallucination.config import (
+    ADAPTIVE_BINS,
+    DELTAS,
+    EPS,
+    FAMILY_Z,
+    MAX_FACT_PROBABILITY_FLAG,
+    QUICK,
+    Config,
+)
 from experiments.hallucination.enumeration import Enumeration, enumerate_g, heldout_nll, sample_documents
 from experiments.hallucination.figures import write_figures
 from experiments.hallucination.measurement import measure
 from experiments.hallucination.setting import Setting, make_model, make_setting
 from experiments.hallucination.summary import acceptance, headlines, relative_change
-from experiments.hallucination.training import (CONTROL, UPWEIGHT_KEYS, SweepRun, summarise_upweighting,
-                                                sweep_gamma, upweight_condition, upweighting_conditions,
-                                                upweighting_tasks)
+from experiments.hallucination.training import (
+    CONTROL,
+    UPWEIGHT_KEYS,
+    SweepRun,
+    summarise_upweighting,
+    sweep_gamma,
+    upweight_condition,
+    upweighting_conditions,
+    upweighting_tasks,
+)
+from lab.configs import torch_threads
+from lab.metrics.hallucination import missing_mass, monofact_rate
+from lab.parallel import run_tasks
+from lab.runs import save_table
 
 
 # --------------------------------------------------------------------------------------------
@@ -107,68 +120,123 @@ def run(cfg: Config, out: Path) -> dict:
             base_index = cfg.gammas.index(cfg.upweight_gamma)
         else:
             base_index = len(tasks)
-            tasks.append((sweep_gamma, dataclasses.replace(cfg, epochs=(cfg.epochs[-1],)), cfg.upweight_gamma,
-                          Path(tmp) / "upweight-base"))
-        done = run_tasks(tasks, workers=cfg.workers, then={base_index: lambda base: upweighting_tasks(cfg, base)},
-                         threads=cfg.threads)
-    runs, base, upweighting_draws = done[:len(cfg.gammas)], done[base_index], done[len(tasks):]
+            tasks.append(
+                (
+                    sweep_gamma,
+                    dataclasses.replace(cfg, epochs=(cfg.epochs[-1],)),
+                    cfg.upweight_gamma,
+                    Path(tmp) / "upweight-base",
+                )
+            )
+        done = run_tasks(
+            tasks,
+            workers=cfg.workers,
+            then={base_index: lambda base: upweighting_tasks(cfg, base)},
+            threads=cfg.threads,
+        )
+    runs, base, upweighting_draws = done[: len(cfg.gammas)], done[base_index], done[len(tasks) :]
     for gamma, r in zip(cfg.gammas, runs):
         timing[f"sweep_gamma_{gamma}_s"] = r.seconds
     timing["upweighting_s"] = sum(row.pop("seconds") for row in upweighting_draws) + (
-        base.seconds if base_index == len(cfg.gammas) else 0.0)
+        base.seconds if base_index == len(cfg.gammas) else 0.0
+    )
     upweighting = summarise_upweighting(upweighting_draws)
 
     sweep = []
     for gamma, r in zip(cfg.gammas, runs):
         world = r.setting.world
-        sweep.append({"gamma": gamma, "monofact_rate": monofact_rate(world.train_counts),
-                      "missing_mass": missing_mass(world.p, world.train_counts),
-                      "n_distinct_facts_seen": int((world.train_counts > 0).sum()),
-                      "max_fact_probability": float(world.p.max()),
-                      "max_fact_probability_flagged": bool(world.p.max() >= MAX_FACT_PROBABILITY_FLAG),
-                      "heldout_optimum_epoch": r.optimum_epoch, "heldout": r.heldout,
-                      "heldout_draws": r.setting.heldout_draws, "checkpoints": r.checkpoints})
+        sweep.append(
+            {
+                "gamma": gamma,
+                "monofact_rate": monofact_rate(world.train_counts),
+                "missing_mass": missing_mass(world.p, world.train_counts),
+                "n_distinct_facts_seen": int((world.train_counts > 0).sum()),
+                "max_fact_probability": float(world.p.max()),
+                "max_fact_probability_flagged": bool(world.p.max() >= MAX_FACT_PROBABILITY_FLAG),
+                "heldout_optimum_epoch": r.optimum_epoch,
+                "heldout": r.heldout,
+                "heldout_draws": r.setting.heldout_draws,
+                "checkpoints": r.checkpoints,
+            }
+        )
     setting = runs[0].setting
     world = setting.world
     n_hall = setting.n_factoids - len(world.facts)
     optimum = next(s for s in base.singleton if s["checkpoint"] == "optimum")
     results = {
-        "world": {"n_facts": len(world.facts), "n_factoids": setting.n_factoids, "n_train": cfg.n_train,
-                  "n_hallucinations": n_hall, "n_persons": cfg.n_persons, "n_first_names": cfg.n_first_names,
-                  "n_last_names": cfg.n_last_names, "n_name_pairs": cfg.n_first_names * cfg.n_last_names,
-                  "attribute": cfg.attribute, "n_values": setting.shape[2],
-                  "facts_per_hallucination": len(world.facts) / n_hall,
-                  "kv_term_delta_0_01": 3 * len(world.facts) / n_hall / 0.01,
-                  "document": f"<bos> First Last {cfg.attribute} " + " ".join(
-                      f"v{t + 1}" for t in range(setting.value_ids.shape[1])), "n_heldout": cfg.n_heldout,
-                  "d_vocab": setting.tokenizer.get_vocab_size()},
+        "world": {
+            "n_facts": len(world.facts),
+            "n_factoids": setting.n_factoids,
+            "n_train": cfg.n_train,
+            "n_hallucinations": n_hall,
+            "n_persons": cfg.n_persons,
+            "n_first_names": cfg.n_first_names,
+            "n_last_names": cfg.n_last_names,
+            "n_name_pairs": cfg.n_first_names * cfg.n_last_names,
+            "attribute": cfg.attribute,
+            "n_values": setting.shape[2],
+            "facts_per_hallucination": len(world.facts) / n_hall,
+            "kv_term_delta_0_01": 3 * len(world.facts) / n_hall / 0.01,
+            "document": f"<bos> First Last {cfg.attribute} "
+            + " ".join(f"v{t + 1}" for t in range(setting.value_ids.shape[1])),
+            "n_heldout": cfg.n_heldout,
+            "d_vocab": setting.tokenizer.get_vocab_size(),
+        },
         "sweep": sweep,
         "upweighting": upweighting,
-        "singleton": {"gamma": cfg.upweight_gamma, "checkpoint": "optimum", "epoch": base.optimum_epoch,
-                      **{k: v for k, v in optimum.items() if k not in ("checkpoint", "epoch")},
-                      "note": f"prompt = a person's 'First Last {cfg.attribute}', answer = the value; μ = p. Prompts are "
-                              "facts here, so the singleton rate equals the monofact rate."},
+        "singleton": {
+            "gamma": cfg.upweight_gamma,
+            "checkpoint": "optimum",
+            "epoch": base.optimum_epoch,
+            **{k: v for k, v in optimum.items() if k not in ("checkpoint", "epoch")},
+            "note": f"prompt = a person's 'First Last {cfg.attribute}', answer = the value; μ = p. Prompts are "
+            "facts here, so the singleton rate equals the monofact rate.",
+        },
     }
     results["acceptance"] = acceptance(sweep, upweighting, cfg)
-    results["config"] = {"upweight_shares": list(cfg.upweight_shares), "gammas": list(cfg.gammas),
-                         "epochs": list(cfg.epochs), "max_fact_probability_flag": MAX_FACT_PROBABILITY_FLAG}
+    results["config"] = {
+        "upweight_shares": list(cfg.upweight_shares),
+        "gammas": list(cfg.gammas),
+        "epochs": list(cfg.epochs),
+        "max_fact_probability_flag": MAX_FACT_PROBABILITY_FLAG,
+    }
     results["headlines"] = headlines(results)
 
-    save_table([{"gamma": s["gamma"], "monofact_rate": s["monofact_rate"], **{k: v for k, v in c.items()
-                                                                               if k != "malformed_by_position"}}
-                for s in sweep for c in s["checkpoints"]], out, "checkpoints")
+    save_table(
+        [
+            {
+                "gamma": s["gamma"],
+                "monofact_rate": s["monofact_rate"],
+                **{k: v for k, v in c.items() if k != "malformed_by_position"},
+            }
+            for s in sweep
+            for c in s["checkpoints"]
+        ],
+        out,
+        "checkpoints",
+    )
     save_table([{"gamma": g, **b} for g, r in zip(cfg.gammas, runs) for b in r.bins], out, "calibration_bins")
     save_table([{"gamma": g, **h} for g, r in zip(cfg.gammas, runs) for h in r.heldout], out, "heldout")
     save_table([{"gamma": g, **s} for g, r in zip(cfg.gammas, runs) for s in r.singleton], out, "singleton")
-    save_table([{k: v for k, v in u.items() if k != "malformed_by_position"} for u in upweighting_draws], out,
-               "upweighting")
+    save_table(
+        [{k: v for k, v in u.items() if k != "malformed_by_position"} for u in upweighting_draws], out, "upweighting"
+    )
     counts_rows = []
     for gamma, r in zip(cfg.gammas, runs):
         w = r.setting.world
         for index, fact in enumerate(w.facts):
             person = w.persons[fact.person_index]
-            counts_rows.append({"gamma": gamma, "fact": index, "first": person.first, "last": person.last,
-                                "value": fact.value, "p": float(w.p[index]), "count": int(w.train_counts[index])})
+            counts_rows.append(
+                {
+                    "gamma": gamma,
+                    "fact": index,
+                    "first": person.first,
+                    "last": person.last,
+                    "value": fact.value,
+                    "p": float(w.p[index]),
+                    "count": int(w.train_counts[index]),
+                }
+            )
     save_table(counts_rows, out, "train_counts")
     write_figures(out, sweep, runs, upweighting, cfg)
     # Each part's own time (in its worker), and the run's wall time: with workers > 1 the parts overlap.

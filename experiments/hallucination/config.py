@@ -20,8 +20,17 @@ ADAPTIVE_BINS = 20  # b adaptive bins, each ≈ 1/b of g's mass
 # the sweep where MF falls with γ), three γ in that regime, and most of the default's optimizer steps of
 # upweighting (16 epochs of 15 steps against 8 of 50: with 1 epoch, as before, no condition moved g(H)
 # below its control), from the held-out optimum at the same γ.
-QUICK = dict(n_first_names=30, n_last_names=60, n_persons=1200, n_train=1500, gammas=(1.5, 2.0, 4.0),
-             epochs=(4, 8, 16, 32), n_heldout=500, upweight_epochs=16, upweight_draws=3)
+QUICK = dict(
+    n_first_names=30,
+    n_last_names=60,
+    n_persons=1200,
+    n_train=1500,
+    gammas=(1.5, 2.0, 4.0),
+    epochs=(4, 8, 16, 32),
+    n_heldout=500,
+    upweight_epochs=16,
+    upweight_draws=3,
+)
 # The level of the permutation tests behind the headlines (one-sided, in the direction the papers predict). Their
 # smallest p-value is 1/n! for a rank correlation over n γ values and 1/C(2k, k) for k draws against k: 3 γ values
 # (1/6) or 2 draws against 2 (1/6) can never reach it, which is why the quick profile draws 3 (1/20) and the
@@ -70,7 +79,9 @@ class Config:
     upweight_factor: int = 10
     upweight_shares: tuple[float, ...] = (0.05, 0.15)
     upweight_lr: float = 1e-3
-    upweight_draws: int = 4  # draws of each condition (its blocks and batch order), the control's too; figures: the mean
+    upweight_draws: int = (
+        4  # draws of each condition (its blocks and batch order), the control's too; figures: the mean
+    )
     threads: int = 1  # torch intra-op threads (tiny tensors: more threads cost more than they gain)
     workers: int = 2  # processes for the independent trainings (lab.parallel); results do not depend on it
 
@@ -80,23 +91,52 @@ class Config:
             apply_quick(self, QUICK)
 
         need(self, self.seed >= 0, f"seed must be a non-negative integer, got {self.seed!r}")
-        need(self, self.attribute.isidentifier() and self.attribute.islower(),
-             f"attribute must be a lower-case word, got {self.attribute!r}")
-        for name in ("n_first_names", "n_last_names", "n_persons", "n_train", "n_values", "n_heldout", "d_model",
-                     "n_layers", "n_heads", "batch_size", "n_samples", "upweight_epochs", "upweight_factor",
-                     "upweight_draws", "threads", "workers"):
+        need(
+            self,
+            self.attribute.isidentifier() and self.attribute.islower(),
+            f"attribute must be a lower-case word, got {self.attribute!r}",
+        )
+        for name in (
+            "n_first_names",
+            "n_last_names",
+            "n_persons",
+            "n_train",
+            "n_values",
+            "n_heldout",
+            "d_model",
+            "n_layers",
+            "n_heads",
+            "batch_size",
+            "n_samples",
+            "upweight_epochs",
+            "upweight_factor",
+            "upweight_draws",
+            "threads",
+            "workers",
+        ):
             value = getattr(self, name)
-            need(self, value > 0,
-                 f"{name} must be a positive integer, got {value!r}")
-        need(self, self.n_train % self.batch_size == 0,
-             f"n_train ({self.n_train}) must be a multiple of batch_size ({self.batch_size}) so epochs end on steps")
-        need(self, len(self.gammas) >= 2 and all(g > 0 for g in self.gammas),
-             f"gammas must hold at least two finite values > 0, got {self.gammas}")
-        need(self, len(self.epochs) > 0 and list(self.epochs) == sorted(set(self.epochs)) and self.epochs[0] >= 1,
-             f"epochs must be increasing positive integers, got {self.epochs}")
+            need(self, value > 0, f"{name} must be a positive integer, got {value!r}")
+        need(
+            self,
+            self.n_train % self.batch_size == 0,
+            f"n_train ({self.n_train}) must be a multiple of batch_size ({self.batch_size}) so epochs end on steps",
+        )
+        need(
+            self,
+            len(self.gammas) >= 2 and all(g > 0 for g in self.gammas),
+            f"gammas must hold at least two finite values > 0, got {self.gammas}",
+        )
+        need(
+            self,
+            len(self.epochs) > 0 and list(self.epochs) == sorted(set(self.epochs)) and self.epochs[0] >= 1,
+            f"epochs must be increasing positive integers, got {self.epochs}",
+        )
         need(self, self.upweight_gamma > 0, "upweight_gamma must be > 0")
-        need(self, all(0 < s < 1 for s in self.upweight_shares) and len(self.upweight_shares) >= 1,
-             f"upweight_shares must lie in (0, 1), got {self.upweight_shares}")
+        need(
+            self,
+            all(0 < s < 1 for s in self.upweight_shares) and len(self.upweight_shares) >= 1,
+            f"upweight_shares must lie in (0, 1), got {self.upweight_shares}",
+        )
         for name in ("lr", "min_lr", "upweight_lr"):
             need(self, getattr(self, name) > 0, f"{name} must be > 0")
         need(self, self.min_lr <= self.lr, "min_lr must be at most lr")

@@ -8,10 +8,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from experiments.hallucination.setting import Setting
 from lab.generate import decode
 from lab.model import HookedTransformer, KVCache, KVCacheEntry
-
-from experiments.hallucination.setting import Setting
 
 
 # --------------------------------------------------------------------------------------------
@@ -37,8 +36,12 @@ class Enumeration:
 
 def _expand(cache: KVCache, rows: Tensor, repeats: int) -> KVCache:
     """A new cache holding `rows` of `cache`, each repeated `repeats` times in place (row-major)."""
-    return KVCache([KVCacheEntry(e.keys[rows].repeat_interleave(repeats, 0),
-                                 e.values[rows].repeat_interleave(repeats, 0)) for e in cache.entries])
+    return KVCache(
+        [
+            KVCacheEntry(e.keys[rows].repeat_interleave(repeats, 0), e.values[rows].repeat_interleave(repeats, 0))
+            for e in cache.entries
+        ]
+    )
 
 
 def _log_probs(logits: Tensor) -> Tensor:
@@ -73,8 +76,7 @@ def enumerate_g(model: HookedTransformer, setting: Setting, firsts_per_chunk: in
     head_lp = _log_probs(model(head, kv_cache=head_cache))  # [first, 2, vocab]
     first_lp = head_lp[0, 0, setting.first_ids].double()  # P(First | <bos>), the same in every row
     last_lp = head_lp[:, 1][:, setting.last_ids].double()  # [first, last]
-    leaks = [float(_leak(head_lp[0, 0], first_ok)),
-             float((first_lp.exp() * _leak(head_lp[:, 1], last_ok)).sum())]
+    leaks = [float(_leak(head_lp[0, 0], first_ok)), float((first_lp.exp() * _leak(head_lp[:, 1], last_ok)).sum())]
     leaks += [0.0] * (1 + value_len)
 
     # Value prefixes at each depth t: the distinct first-t-token prefixes, which tokens may follow each.
@@ -112,8 +114,7 @@ def enumerate_g(model: HookedTransformer, setting: Setting, firsts_per_chunk: in
                 tokens = prefixes.repeat(n_pairs, 1)
                 next_lp = _log_probs(model(tokens, kv_cache=prefix_cache)[:, -1]).view(n_pairs, len(prefixes), -1)
             # The mass of each prefix (one value stands for all that share it) times its leak.
-            representative = torch.zeros(len(prefixes), dtype=torch.long).scatter_(
-                0, inverse, torch.arange(n_values))
+            representative = torch.zeros(len(prefixes), dtype=torch.long).scatter_(0, inverse, torch.arange(n_values))
             prefix_mass = (prompt_lp[:, None] + value_lp[:, representative]).exp()
             leak = _leak(next_lp, allowed[None])  # [pair, prefix]
             leaks[3 + t] += float((prefix_mass * leak).sum())

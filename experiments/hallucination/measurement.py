@@ -7,13 +7,18 @@ from typing import Any
 
 import numpy as np
 
-from lab.metrics.hallucination import (bin_table, bound_slack, kl_hat, monofact_rate, singleton_bound,
-                                       singleton_calibration_delta)
-from lab.model import HookedTransformer
-
 from experiments.hallucination.config import ADAPTIVE_BINS, DELTAS, EPS, Config, _key
 from experiments.hallucination.enumeration import enumerate_g, sample_documents
 from experiments.hallucination.setting import Setting
+from lab.metrics.hallucination import (
+    bin_table,
+    bound_slack,
+    kl_hat,
+    monofact_rate,
+    singleton_bound,
+    singleton_calibration_delta,
+)
+from lab.model import HookedTransformer
 
 
 # --------------------------------------------------------------------------------------------
@@ -51,14 +56,18 @@ def measure(model: HookedTransformer, setting: Setting, cfg: Config, seed: int) 
     mf = monofact_rate(counts)
     n_hall = setting.n_factoids - len(world.facts)
     metrics: dict[str, Any] = {
-        "hallucination_rate": g_hall, "fact_rate": g_facts, "malformed_rate": malformed,
+        "hallucination_rate": g_hall,
+        "fact_rate": g_facts,
+        "malformed_rate": malformed,
         "sum_check": g_facts + g_hall + malformed - 1.0,
         "malformed_by_position": enum.leaks,
         "hallucination_share": g_hall / (g_hall + g_facts),
         "unseen_person_mass": float(pair_mass[~seen_pair].sum()),
         "invented_person_mass": float(pair_mass[~person_pair].sum()),
-        "miscalibration_tv_eps": mis_eps, "miscalibration_tv_adaptive": tables["adaptive"].miscalibration,
-        "miscalibration_binmass": tables["eps"].binmass, "miscalibration_binmass_adaptive": tables["adaptive"].binmass,
+        "miscalibration_tv_eps": mis_eps,
+        "miscalibration_tv_adaptive": tables["adaptive"].miscalibration,
+        "miscalibration_binmass": tables["eps"].binmass,
+        "miscalibration_binmass_adaptive": tables["adaptive"].binmass,
         # p^Π(H) (p lives on all of F): g(H) ≥ p^Π(H) − Mis for every model, the deterministic half of the bound.
         "p_pi_hallucination_mass": tables["eps"].spread_off_support,
         "kl_hat": kl_hat(g[setting.fact_y[seen]], counts[seen], "eps", EPS),
@@ -89,9 +98,17 @@ def measure(model: HookedTransformer, setting: Setting, cfg: Config, seed: int) 
     sr = monofact_rate(counts)  # prompts are facts here: the singleton rate is the monofact rate
     delta = singleton_calibration_delta(conditional, setting.fact_value, world.p, 1.0 / min_wrong)
     sb = singleton_bound(error, sr, min_wrong, cfg.n_train, delta)
-    singleton = {"error": error, "singleton_rate": sr, "calibration_delta": delta, "min_wrong_answers": min_wrong,
-                 "n_train": cfg.n_train, "finite_n_term": sb.finite_n_term, "bound_rhs": sb.right_side,
-                 "bound_rhs_without_finite_n": sb.right_side_without_finite_n, "margin": sb.margin,
-                 "margin_without_finite_n": sb.margin_without_finite_n,
-                 "malformed_answer_mass": float(world.p @ (1.0 - conditional.sum(axis=1)))}
+    singleton = {
+        "error": error,
+        "singleton_rate": sr,
+        "calibration_delta": delta,
+        "min_wrong_answers": min_wrong,
+        "n_train": cfg.n_train,
+        "finite_n_term": sb.finite_n_term,
+        "bound_rhs": sb.right_side,
+        "bound_rhs_without_finite_n": sb.right_side_without_finite_n,
+        "margin": sb.margin,
+        "margin_without_finite_n": sb.margin_without_finite_n,
+        "malformed_answer_mass": float(world.p @ (1.0 - conditional.sum(axis=1))),
+    }
     return metrics, bins, singleton

@@ -9,11 +9,10 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from experiments.hallucination.config import Config
 from lab.data.facts import FactWorld, FactWorldConfig
 from lab.model import HookedTransformer, ModelConfig
 from lab.tokenize import word_level
-
-from experiments.hallucination.config import Config
 
 
 # --------------------------------------------------------------------------------------------
@@ -56,9 +55,18 @@ class Setting:
 
 def make_setting(cfg: Config, gamma: float) -> Setting:
     """The world at shape γ (persons and facts do not depend on γ; popularity and the sample do)."""
-    world = FactWorld(FactWorldConfig(n_first_names=cfg.n_first_names, n_last_names=cfg.n_last_names,
-                                      n_persons=cfg.n_persons, attributes=(cfg.attribute,), pareto_gamma=gamma,
-                                      n_train=cfg.n_train, seed=cfg.seed, n_values=cfg.n_values))
+    world = FactWorld(
+        FactWorldConfig(
+            n_first_names=cfg.n_first_names,
+            n_last_names=cfg.n_last_names,
+            n_persons=cfg.n_persons,
+            attributes=(cfg.attribute,),
+            pareto_gamma=gamma,
+            n_train=cfg.n_train,
+            seed=cfg.seed,
+            n_values=cfg.n_values,
+        )
+    )
     tokenizer = word_level(world.word_vocabulary())
     vocab = tokenizer.get_vocab()
     values = world.value_spaces[cfg.attribute]
@@ -79,18 +87,31 @@ def make_setting(cfg: Config, gamma: float) -> Setting:
         texts = ["<bos> " + world.render(world.facts[i], "bare").removesuffix(" .") for i in fact_indices]
         return torch.tensor([e.ids for e in tokenizer.encode_batch(texts)], dtype=torch.long)
 
-    return Setting(world=world, tokenizer=tokenizer, bos_id=vocab["<bos>"],
-                   first_ids=torch.tensor([vocab[w] for w in world.first_names]),
-                   last_ids=torch.tensor([vocab[w] for w in world.last_names]),
-                   attribute_id=vocab[cfg.attribute],
-                   value_ids=torch.tensor([[vocab[w] for w in words] for words in value_words]),
-                   fact_first=fact_first, fact_last=fact_last, fact_value=fact_value,
-                   fact_y=(fact_first * n_last + fact_last) * n_values + fact_value,
-                   train_rows=rows(world.train_fact_indices), heldout_rows=rows(heldout),
-                   heldout_draws=world.heldout_record(heldout, "documents"))
+    return Setting(
+        world=world,
+        tokenizer=tokenizer,
+        bos_id=vocab["<bos>"],
+        first_ids=torch.tensor([vocab[w] for w in world.first_names]),
+        last_ids=torch.tensor([vocab[w] for w in world.last_names]),
+        attribute_id=vocab[cfg.attribute],
+        value_ids=torch.tensor([[vocab[w] for w in words] for words in value_words]),
+        fact_first=fact_first,
+        fact_last=fact_last,
+        fact_value=fact_value,
+        fact_y=(fact_first * n_last + fact_last) * n_values + fact_value,
+        train_rows=rows(world.train_fact_indices),
+        heldout_rows=rows(heldout),
+        heldout_draws=world.heldout_record(heldout, "documents"),
+    )
 
 
 def make_model(cfg: Config, setting: Setting) -> HookedTransformer:
-    model_cfg = ModelConfig(d_vocab=setting.tokenizer.get_vocab_size(), d_model=cfg.d_model, n_layers=cfg.n_layers,
-                            n_heads=cfg.n_heads, n_ctx=setting.doc_len, tokenizer="facts-word-level")
+    model_cfg = ModelConfig(
+        d_vocab=setting.tokenizer.get_vocab_size(),
+        d_model=cfg.d_model,
+        n_layers=cfg.n_layers,
+        n_heads=cfg.n_heads,
+        n_ctx=setting.doc_len,
+        tokenizer="facts-word-level",
+    )
     return HookedTransformer(model_cfg, seed=cfg.seed, tokenizer=setting.tokenizer)

@@ -6,11 +6,16 @@ from typing import Any
 
 import numpy as np
 
+from experiments.hallucination.config import (
+    DELTAS,
+    FAMILY_Z,
+    MAX_FACT_PROBABILITY_FLAG,
+    PERMUTATION_LEVEL,
+    Config,
+    _key,
+)
 from lab.metrics.statistics import permutation_p, sign, smallest_permutation_p, spearman, spearman_permutation_p
 from lab.runs import headline
-
-from experiments.hallucination.config import (DELTAS, FAMILY_Z, MAX_FACT_PROBABILITY_FLAG, PERMUTATION_LEVEL, Config,
-                                              _key)
 
 
 # --------------------------------------------------------------------------------------------
@@ -26,11 +31,17 @@ def acceptance(sweep: list[dict[str, Any]], upweighting: list[dict[str, Any]], c
     mf = [s["monofact_rate"] for s in sweep]
     by_epoch = {}
     for epoch in cfg.epochs:
-        rates = [next(c["hallucination_rate"] for c in s["checkpoints"] if c["checkpoint"] == f"epoch {epoch}")
-                 for s in sweep]
+        rates = [
+            next(c["hallucination_rate"] for c in s["checkpoints"] if c["checkpoint"] == f"epoch {epoch}")
+            for s in sweep
+        ]
         by_epoch[str(epoch)] = spearman(mf, rates)
-    sides = [(c[f"bound_rhs_delta_{_key(d)}"], c[f"bound_margin_delta_{_key(d)}"])
-             for s in sweep for c in s["checkpoints"] for d in DELTAS]
+    sides = [
+        (c[f"bound_rhs_delta_{_key(d)}"], c[f"bound_margin_delta_{_key(d)}"])
+        for s in sweep
+        for c in s["checkpoints"]
+        for d in DELTAS
+    ]
     informative = [margin for rhs, margin in sides if rhs > 0]  # where the right side is negative it says nothing
     out: dict[str, Any] = {
         "spearman_monofact_vs_hallucination": by_epoch,
@@ -38,22 +49,31 @@ def acceptance(sweep: list[dict[str, Any]], upweighting: list[dict[str, Any]], c
         "min_bound_margin": min(margin for _, margin in sides),
         "min_bound_margin_where_right_side_positive": min(informative) if informative else None,
         "bound_holds_where_right_side_positive": all(m >= 0 for m in informative) if informative else None,
-        "bound_checks_with_positive_right_side": len(informative), "bound_checks": len(sides),
+        "bound_checks_with_positive_right_side": len(informative),
+        "bound_checks": len(sides),
         "largest_right_side": max(rhs for rhs, _ in sides),
     }
     if upweighting:
         control = upweighting[0]
-        mixed = [u for u in upweighting[1: 1 + len(cfg.upweight_shares)]]
-        out["upweighting"] = [{
-            "condition": u["condition"],
-            "hallucination_reduction": 1 - u["hallucination_rate"] / control["hallucination_rate"],
-            "hallucination_reduction_draws": [1 - r / control["hallucination_rate"] for r in u["hallucination_rate_draws"]],
-            "miscalibration_change": u["miscalibration_tv_eps"] - control["miscalibration_tv_eps"],
-            "recall_change": u["recall_seen"] - control["recall_seen"]} for u in upweighting[1:]]
+        mixed = [u for u in upweighting[1 : 1 + len(cfg.upweight_shares)]]
+        out["upweighting"] = [
+            {
+                "condition": u["condition"],
+                "hallucination_reduction": 1 - u["hallucination_rate"] / control["hallucination_rate"],
+                "hallucination_reduction_draws": [
+                    1 - r / control["hallucination_rate"] for r in u["hallucination_rate_draws"]
+                ],
+                "miscalibration_change": u["miscalibration_tv_eps"] - control["miscalibration_tv_eps"],
+                "recall_change": u["recall_seen"] - control["recall_seen"],
+            }
+            for u in upweighting[1:]
+        ]
         out["mixed_upweighting_passes"] = all(
             1 - u["hallucination_rate"] / control["hallucination_rate"] >= 0.15
             and u["miscalibration_tv_eps"] > control["miscalibration_tv_eps"]
-            and abs(u["recall_seen"] - control["recall_seen"]) <= 0.05 for u in mixed)
+            and abs(u["recall_seen"] - control["recall_seen"]) <= 0.05
+            for u in mixed
+        )
     return out
 
 
@@ -72,42 +92,69 @@ def _monofact_headlines(sweep: list[dict[str, Any]], by_epoch: dict[str, float])
     mf = [s["monofact_rate"] for s in sweep]
     rising = all(b > a for a, b in zip(mf, mf[1:]))
     flagged = [s for s in sweep if s["max_fact_probability"] >= MAX_FACT_PROBABILITY_FLAG]
-    note = ("" if not flagged else " (one fact holds " + ", ".join(
-        f"{s['max_fact_probability']:.0%} of p at γ = {s['gamma']:g}" for s in flagged)
-        + f": beyond the theorem's bounded largest fact, flagged at ≥ {MAX_FACT_PROBABILITY_FLAG:.0%})")
+    note = (
+        ""
+        if not flagged
+        else " (one fact holds "
+        + ", ".join(f"{s['max_fact_probability']:.0%} of p at γ = {s['gamma']:g}" for s in flagged)
+        + f": beyond the theorem's bounded largest fact, flagged at ≥ {MAX_FACT_PROBABILITY_FLAG:.0%})"
+    )
     shape = f"Across {len(sweep)} popularity shapes (MF {min(mf):.3f} … {max(mf):.3f})"
     smallest = 1 / math.factorial(len(sweep))
     regime = None
     if len(sweep) < 3:
         regime = f"only {len(sweep)} γ values: a rank correlation of {len(sweep)} points can only be ±1"
     elif not rising:
-        regime = ("the monofact rate does not rise with γ across " + ", ".join(
-            f"γ = {s['gamma']:g} (MF {m:.3f})" for s, m in zip(sweep, mf)) + ": the sweep is outside the regime where "
-            "γ moves MF up")
+        regime = (
+            "the monofact rate does not rise with γ across "
+            + ", ".join(f"γ = {s['gamma']:g} (MF {m:.3f})" for s, m in zip(sweep, mf))
+            + ": the sweep is outside the regime where "
+            "γ moves MF up"
+        )
 
     def verdict(name: str, rho: float, p: float, sentence: str) -> dict[str, Any]:
         why = regime
         if why is None and not p <= PERMUTATION_LEVEL:
-            why = (f"{sentence[0].lower()}{sentence[1:-1]}: not a rise at this size (one-sided permutation p > "
-                   f"{PERMUTATION_LEVEL:g}; with {len(sweep)} γ values the smallest possible is {smallest:.3g})")
-        return headline(name, sentence, rho, None, 1 if why is None else (sign(rho) if math.isfinite(rho) else 0),
-                        why is None, why)
+            why = (
+                f"{sentence[0].lower()}{sentence[1:-1]}: not a rise at this size (one-sided permutation p > "
+                f"{PERMUTATION_LEVEL:g}; with {len(sweep)} γ values the smallest possible is {smallest:.3g})"
+            )
+        return headline(
+            name, sentence, rho, None, 1 if why is None else (sign(rho) if math.isfinite(rho) else 0), why is None, why
+        )
 
     out = []
     rates = [next(c for c in s["checkpoints"] if c["checkpoint"] == "optimum")["hallucination_rate"] for s in sweep]
     rho, p = _spearman_test(mf, rates)
-    out.append(verdict("hallucination_rises_with_monofact_rate", rho, p,
-                       f"{shape}, g(H) at each γ's held-out optimum has Spearman ρ = {rho:+.2f} with the monofact rate "
-                       f"(exact one-sided permutation p = {p:.3g}){note}."))
+    out.append(
+        verdict(
+            "hallucination_rises_with_monofact_rate",
+            rho,
+            p,
+            f"{shape}, g(H) at each γ's held-out optimum has Spearman ρ = {rho:+.2f} with the monofact rate "
+            f"(exact one-sided permutation p = {p:.3g}){note}.",
+        )
+    )
     epochs = list(by_epoch)
-    tests = {e: _spearman_test(mf, [next(c for c in s["checkpoints"] if c["checkpoint"] == f"epoch {e}")[
-        "hallucination_rate"] for s in sweep]) for e in epochs}
+    tests = {
+        e: _spearman_test(
+            mf,
+            [next(c for c in s["checkpoints"] if c["checkpoint"] == f"epoch {e}")["hallucination_rate"] for s in sweep],
+        )
+        for e in epochs
+    }
     worst = max(p for _, p in tests.values()) if tests else math.nan
-    out.append(verdict("hallucination_rises_with_monofact_rate_at_every_epoch", min(r for r, _ in tests.values()),
-                       worst, f"{shape}, g(H) rises with the monofact rate at every one of {len(epochs)} fixed epochs: "
-                              "Spearman ρ " + ", ".join(f"{r:+.2f} (epoch {e}, p = {p:.3g})" for e, (r, p) in
-                                                        tests.items())
-                       + f"; the largest exact one-sided permutation p is {worst:.3g}{note}."))
+    out.append(
+        verdict(
+            "hallucination_rises_with_monofact_rate_at_every_epoch",
+            min(r for r, _ in tests.values()),
+            worst,
+            f"{shape}, g(H) rises with the monofact rate at every one of {len(epochs)} fixed epochs: "
+            "Spearman ρ "
+            + ", ".join(f"{r:+.2f} (epoch {e}, p = {p:.3g})" for e, (r, p) in tests.items())
+            + f"; the largest exact one-sided permutation p is {worst:.3g}{note}.",
+        )
+    )
     return out
 
 
@@ -119,35 +166,63 @@ def _upweighting_headlines(upweighting: list[dict[str, Any]], n_shares: int) -> 
     control = upweighting[0]
     base, base_draws = control["hallucination_rate"], control["hallucination_rate_draws"]
     out = []
-    for u in upweighting[1: 1 + n_shares]:
+    for u in upweighting[1 : 1 + n_shares]:
         draws = u["hallucination_rate_draws"]
         reductions = [1 - r / base for r in draws]
         p = permutation_p(base_draws, draws, "less")
-        text = (f"Upweighting ({u['condition']}) moves g(H) from {base:.4f} to {u['hallucination_rate']:.4f} against "
-                f"the matched-compute control ({relative_change(1 - u['hallucination_rate'] / base)}; draws "
-                f"{', '.join(relative_change(r) for r in reductions)} against the control's mean; "
-                f"{len(draws)} draws against the control's {len(base_draws)}, exact one-sided permutation p = "
-                f"{p:.3g}), Mis {control['miscalibration_tv_eps']:.3f} → {u['miscalibration_tv_eps']:.3f}, recall "
-                f"{control['recall_seen']:.3f} → {u['recall_seen']:.3f}.")
-        why = None if p <= PERMUTATION_LEVEL else (
-            f"{text[:-1]}: not lower than the control at this size (p > {PERMUTATION_LEVEL:g}; the smallest possible "
-            f"is {smallest_permutation_p(len(base_draws), len(draws), 'less'):.3g})")
-        out.append(headline(f"upweighting {u['condition']}", text, 1 - u["hallucination_rate"] / base,
-                            [min(reductions), max(reductions)], sign(u["hallucination_rate"] - base), why is None, why))
-    mixed = upweighting[1: 1 + n_shares]
+        text = (
+            f"Upweighting ({u['condition']}) moves g(H) from {base:.4f} to {u['hallucination_rate']:.4f} against "
+            f"the matched-compute control ({relative_change(1 - u['hallucination_rate'] / base)}; draws "
+            f"{', '.join(relative_change(r) for r in reductions)} against the control's mean; "
+            f"{len(draws)} draws against the control's {len(base_draws)}, exact one-sided permutation p = "
+            f"{p:.3g}), Mis {control['miscalibration_tv_eps']:.3f} → {u['miscalibration_tv_eps']:.3f}, recall "
+            f"{control['recall_seen']:.3f} → {u['recall_seen']:.3f}."
+        )
+        why = (
+            None
+            if p <= PERMUTATION_LEVEL
+            else (
+                f"{text[:-1]}: not lower than the control at this size (p > {PERMUTATION_LEVEL:g}; the smallest "
+                "possible "
+                f"is {smallest_permutation_p(len(base_draws), len(draws), 'less'):.3g})"
+            )
+        )
+        out.append(
+            headline(
+                f"upweighting {u['condition']}",
+                text,
+                1 - u["hallucination_rate"] / base,
+                [min(reductions), max(reductions)],
+                sign(u["hallucination_rate"] - base),
+                why is None,
+                why,
+            )
+        )
+    mixed = upweighting[1 : 1 + n_shares]
     control_mis = control["miscalibration_tv_eps_draws"]
     mixed_mis = [m for u in mixed for m in u["miscalibration_tv_eps_draws"]]
     changes = [m - control["miscalibration_tv_eps"] for m in mixed_mis]
     mean = float(np.mean(changes))
     p = permutation_p(control_mis, mixed_mis, "greater")
-    text = (f"Those mixed conditions change the miscalibration Mis by {mean:+.3f} on average against the control "
-            f"(draws " + ", ".join(f"{c:+.3f}" for c in changes) + f"; {len(mixed_mis)} draws against the control's "
-            f"{len(control_mis)}, exact one-sided permutation p = {p:.3g}).")
-    why = None if p <= PERMUTATION_LEVEL else (
-        f"{text[:-1]}: not higher than the control at this size (p > {PERMUTATION_LEVEL:g}; the smallest possible is "
-        f"{smallest_permutation_p(len(control_mis), len(mixed_mis), 'greater'):.3g})")
-    out.append(headline("upweighting_raises_miscalibration", text, mean, [min(changes), max(changes)], sign(mean),
-                        why is None, why))
+    text = (
+        f"Those mixed conditions change the miscalibration Mis by {mean:+.3f} on average against the control "
+        f"(draws " + ", ".join(f"{c:+.3f}" for c in changes) + f"; {len(mixed_mis)} draws against the control's "
+        f"{len(control_mis)}, exact one-sided permutation p = {p:.3g})."
+    )
+    why = (
+        None
+        if p <= PERMUTATION_LEVEL
+        else (
+            f"{text[:-1]}: not higher than the control at this size (p > {PERMUTATION_LEVEL:g}; the smallest possible "
+            "is "
+            f"{smallest_permutation_p(len(control_mis), len(mixed_mis), 'greater'):.3g})"
+        )
+    )
+    out.append(
+        headline(
+            "upweighting_raises_miscalibration", text, mean, [min(changes), max(changes)], sign(mean), why is None, why
+        )
+    )
     return out
 
 
@@ -160,36 +235,58 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
     out = _monofact_headlines(sweep, results["acceptance"]["spearman_monofact_vs_hallucination"])
 
     # Both sides of the bound, at every checkpoint and δ.
-    checks = [(c[f"bound_rhs_delta_{_key(d)}"], c[f"bound_margin_delta_{_key(d)}"])
-              for s in sweep for c in s["checkpoints"] for d in DELTAS]
+    checks = [
+        (c[f"bound_rhs_delta_{_key(d)}"], c[f"bound_margin_delta_{_key(d)}"])
+        for s in sweep
+        for c in s["checkpoints"]
+        for d in DELTAS
+    ]
     positive = [(rhs, margin) for rhs, margin in checks if rhs > 0]
     if positive:
         worst = min(margin for _, margin in positive)
         broken = sum(margin < 0 for _, margin in positive)
-        text = (f"Where its right side is positive ({len(positive)} of {len(checks)} checks), the bound "
-                f"g(H) ≥ MF − Mis − slack {'holds' if not broken else f'fails at {broken}'} with smallest margin "
-                f"{worst:+.3f}.")
+        text = (
+            f"Where its right side is positive ({len(positive)} of {len(checks)} checks), the bound "
+            f"g(H) ≥ MF − Mis − slack {'holds' if not broken else f'fails at {broken}'} with smallest margin "
+            f"{worst:+.3f}."
+        )
         out.append(headline("bound_holds", text, worst, None, bool(worst >= 0), not broken, text))
     else:
         best = max(rhs for rhs, _ in checks)
-        out.append(headline(
-            "bound_holds", "The Kalai–Vempala bound's right side is negative at every check.", best, None, 0,
-            False, f"bound vacuous: right side < 0 at every check ({len(checks)} of {len(checks)}; the largest is "
-                   f"{best:+.3f}), so g(H) ≥ right side holds whatever the model does and says nothing"))
+        out.append(
+            headline(
+                "bound_holds",
+                "The Kalai–Vempala bound's right side is negative at every check.",
+                best,
+                None,
+                0,
+                False,
+                f"bound vacuous: right side < 0 at every check ({len(checks)} of {len(checks)}; the largest is "
+                f"{best:+.3f}), so g(H) ≥ right side holds whatever the model does and says nothing",
+            )
+        )
 
     # The enumeration against sampled documents, and the grammar's mass.
-    z = max(abs(c["sampled_hallucination_rate"] - c["hallucination_rate"]) / c["sampled_se"]
-            for s in sweep for c in s["checkpoints"] if c["sampled_se"] > 0)
+    z = max(
+        abs(c["sampled_hallucination_rate"] - c["hallucination_rate"]) / c["sampled_se"]
+        for s in sweep
+        for c in s["checkpoints"]
+        if c["sampled_se"] > 0
+    )
     n_checkpoints = sum(len(s["checkpoints"]) for s in sweep)
     agree = z <= FAMILY_Z
-    text = (f"The exact g(H) by enumeration and the rate among documents sampled at T = 1 "
-            f"{'agree' if agree else 'disagree'} over all {n_checkpoints} checkpoints (worst |z| = {z:.2f}; over these "
-            f"comparisons the limit is |z| ≤ {FAMILY_Z}).")
+    text = (
+        f"The exact g(H) by enumeration and the rate among documents sampled at T = 1 "
+        f"{'agree' if agree else 'disagree'} over all {n_checkpoints} checkpoints (worst |z| = {z:.2f}; over these "
+        f"comparisons the limit is |z| ≤ {FAMILY_Z})."
+    )
     out.append(headline("enumeration_matches_sampling", text, z, None, bool(agree), agree, text))
     gap = max(abs(c["sum_check"]) for s in sweep for c in s["checkpoints"])
     closes = gap <= 1e-4
-    text = (f"g(F) + g(H) + malformed, the last summed from the grammar's leaks, is 1 within {gap:.1e} at every "
-            f"checkpoint ({'within' if closes else 'beyond'} 1e-4).")
+    text = (
+        f"g(F) + g(H) + malformed, the last summed from the grammar's leaks, is 1 within {gap:.1e} at every "
+        f"checkpoint ({'within' if closes else 'beyond'} 1e-4)."
+    )
     out.append(headline("mass_closes", text, gap, None, bool(closes), closes, text))
 
     # Selective upweighting against its matched-compute control (Miao & Kearns).
@@ -201,11 +298,18 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
     singleton = results.get("singleton") or {}
     if singleton:
         holds = singleton["margin"] >= 0
-        text = f"The singleton-rate bound (Kalai et al. 2025) {'holds' if holds else 'fails'} with margin " \
-               f"{singleton['margin']:+.3f}."
-        why = (f"vacuous at N = {singleton['n_train']:,}: the finite-N term (35 + 6 ln N)/√N = "
-               f"{singleton['finite_n_term']:.2f} makes the right side {singleton['bound_rhs']:+.3f}; without it the "
-               f"margin is {singleton['margin_without_finite_n']:+.3f}") if singleton["bound_rhs"] <= 0 else (
-            None if holds else text)
+        text = (
+            f"The singleton-rate bound (Kalai et al. 2025) {'holds' if holds else 'fails'} with margin "
+            f"{singleton['margin']:+.3f}."
+        )
+        why = (
+            (
+                f"vacuous at N = {singleton['n_train']:,}: the finite-N term (35 + 6 ln N)/√N = "
+                f"{singleton['finite_n_term']:.2f} makes the right side {singleton['bound_rhs']:+.3f}; without it the "
+                f"margin is {singleton['margin_without_finite_n']:+.3f}"
+            )
+            if singleton["bound_rhs"] <= 0
+            else (None if holds else text)
+        )
         out.append(headline("singleton_bound", text, singleton["margin"], None, bool(holds), why is None, why))
     return out

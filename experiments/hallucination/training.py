@@ -13,13 +13,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lab.model import HookedTransformer
-from lab.train import SequenceBatches, TrainConfig, train
-
 from experiments.hallucination.config import Config
 from experiments.hallucination.enumeration import heldout_nll
 from experiments.hallucination.measurement import measure
 from experiments.hallucination.setting import Setting, make_model, make_setting
+from lab.model import HookedTransformer
+from lab.train import SequenceBatches, TrainConfig, train
 
 logger = logging.getLogger(__name__)
 
@@ -43,9 +42,15 @@ class SweepRun:
 
 def _record(run: SweepRun, model: HookedTransformer, cfg: Config, epoch: int, label: str, seed: int) -> None:
     metrics, bins, singleton = measure(model, run.setting, cfg, seed)
-    logger.info("γ = %s, %s: g(H) %.4f, malformed %.4f, Mis %.4f, recall %.3f", run.setting.world.cfg.pareto_gamma,
-                label, metrics["hallucination_rate"], metrics["malformed_rate"], metrics["miscalibration_tv_eps"],
-                metrics["recall_seen"])
+    logger.info(
+        "γ = %s, %s: g(H) %.4f, malformed %.4f, Mis %.4f, recall %.3f",
+        run.setting.world.cfg.pareto_gamma,
+        label,
+        metrics["hallucination_rate"],
+        metrics["malformed_rate"],
+        metrics["miscalibration_tv_eps"],
+        metrics["recall_seen"],
+    )
     run.checkpoints.append({"epoch": epoch, "checkpoint": label, **metrics})
     run.bins += [{"checkpoint": label, "epoch": epoch, **row} for row in bins]
     run.singleton.append({"checkpoint": label, "epoch": epoch, **singleton})
@@ -59,14 +64,23 @@ def sweep_gamma(cfg: Config, gamma: float, work: Path) -> SweepRun:
     model = make_model(cfg, setting)
     steps_per_epoch = cfg.n_train // cfg.batch_size
     last = cfg.epochs[-1]
-    train_cfg = TrainConfig(steps=last * steps_per_epoch, batch_size=cfg.batch_size, seq_len=setting.doc_len,
-                            lr=cfg.lr, min_lr=cfg.min_lr, warmup_steps=min(cfg.warmup_steps, steps_per_epoch),
-                            eval_interval=last * steps_per_epoch, eval_batches=1, seed=cfg.seed)
+    train_cfg = TrainConfig(
+        steps=last * steps_per_epoch,
+        batch_size=cfg.batch_size,
+        seq_len=setting.doc_len,
+        lr=cfg.lr,
+        min_lr=cfg.min_lr,
+        warmup_steps=min(cfg.warmup_steps, steps_per_epoch),
+        eval_interval=last * steps_per_epoch,
+        eval_batches=1,
+        seed=cfg.seed,
+    )
     data = SequenceBatches(setting.train_rows, setting.heldout_rows)
     best = math.inf
     for epoch in range(1, last + 1):
-        train(model, train_cfg, data, out_dir=work, resume=epoch > 1, progress=False,
-              stop_after=epoch * steps_per_epoch)
+        train(
+            model, train_cfg, data, out_dir=work, resume=epoch > 1, progress=False, stop_after=epoch * steps_per_epoch
+        )
         nll = heldout_nll(model, setting.heldout_rows)
         run.heldout.append({"epoch": epoch, "heldout_nll": nll})
         if nll < best:
@@ -104,20 +118,31 @@ def upweighting_conditions(cfg: Config, setting: Setting, draw: int = 0) -> dict
         block = full[order[: round(share * n)]]
         conditions[f"full + {share:.0%} ×{factor}"] = torch.cat([full, block.repeat(factor, 1)])
     conditions[f"{first_share:.0%} block ×{factor} alone"] = first_block.repeat(factor, 1)
-    conditions[f"full + {first_share:.0%} of monofacts ×{factor}"] = torch.cat([full, full[mono_block].repeat(factor, 1)])
+    conditions[f"full + {first_share:.0%} of monofacts ×{factor}"] = torch.cat(
+        [full, full[mono_block].repeat(factor, 1)]
+    )
     return conditions
 
 
 CONTROL = "control (full data)"
-UPWEIGHT_KEYS = ("hallucination_rate", "miscalibration_tv_eps", "miscalibration_tv_adaptive", "kl_hat",
-                 "recall_seen", "malformed_rate", "unseen_person_mass")
+UPWEIGHT_KEYS = (
+    "hallucination_rate",
+    "miscalibration_tv_eps",
+    "miscalibration_tv_adaptive",
+    "kl_hat",
+    "recall_seen",
+    "malformed_rate",
+    "unseen_person_mass",
+)
 
 
 def upweighting_tasks(cfg: Config, run: SweepRun) -> list[tuple[Any, ...]]:
     """One training per condition and draw (the control too: its draws are its run-to-run spread, what an
     upweighted condition is tested against), each from the held-out optimum of `run`: lab.parallel tasks."""
     names = list(upweighting_conditions(cfg, run.setting))
-    return [(upweight_condition, cfg, run, draw, condition) for draw in range(cfg.upweight_draws) for condition in names]
+    return [
+        (upweight_condition, cfg, run, draw, condition) for draw in range(cfg.upweight_draws) for condition in names
+    ]
 
 
 def upweight_condition(cfg: Config, run: SweepRun, draw: int, condition: str) -> dict[str, Any]:
@@ -127,21 +152,42 @@ def upweight_condition(cfg: Config, run: SweepRun, draw: int, condition: str) ->
     began = time.perf_counter()
     setting = run.setting
     steps = cfg.upweight_epochs * (cfg.n_train // cfg.batch_size)
-    train_cfg = TrainConfig(steps=steps, batch_size=cfg.batch_size, seq_len=setting.doc_len, lr=cfg.upweight_lr,
-                            min_lr=cfg.upweight_lr / 10, warmup_steps=min(cfg.warmup_steps, steps),
-                            eval_interval=steps, eval_batches=1, seed=cfg.seed + draw)
+    train_cfg = TrainConfig(
+        steps=steps,
+        batch_size=cfg.batch_size,
+        seq_len=setting.doc_len,
+        lr=cfg.upweight_lr,
+        min_lr=cfg.upweight_lr / 10,
+        warmup_steps=min(cfg.warmup_steps, steps),
+        eval_interval=steps,
+        eval_batches=1,
+        seed=cfg.seed + draw,
+    )
     rows = upweighting_conditions(cfg, setting, draw)[condition]
     model = make_model(cfg, setting)
     model.load_state_dict(run.optimum_state)
     train(model, train_cfg, SequenceBatches(rows, setting.heldout_rows), progress=False)
     metrics, _, _ = measure(model, setting, cfg, seed=cfg.seed + 2000)
-    logger.info("upweighting, draw %d, %s: g(H) %.4f, Mis %.4f, recall %.3f", draw, condition,
-                metrics["hallucination_rate"], metrics["miscalibration_tv_eps"], metrics["recall_seen"])
+    logger.info(
+        "upweighting, draw %d, %s: g(H) %.4f, Mis %.4f, recall %.3f",
+        draw,
+        condition,
+        metrics["hallucination_rate"],
+        metrics["miscalibration_tv_eps"],
+        metrics["recall_seen"],
+    )
     # Distinct training examples repeated ×factor (the alone condition holds only them).
     repeated = (len(rows) - cfg.n_train * (not condition.endswith("alone"))) // cfg.upweight_factor
-    return {"condition": condition, "draw": draw, "n_documents": len(rows), "steps": steps,
-            "documents_seen": steps * cfg.batch_size, "upweighted_examples": repeated, **metrics,
-            "seconds": time.perf_counter() - began}
+    return {
+        "condition": condition,
+        "draw": draw,
+        "n_documents": len(rows),
+        "steps": steps,
+        "documents_seen": steps * cfg.batch_size,
+        "upweighted_examples": repeated,
+        **metrics,
+        "seconds": time.perf_counter() - began,
+    }
 
 
 def summarise_upweighting(per_draw: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -152,8 +198,11 @@ def summarise_upweighting(per_draw: list[dict[str, Any]]) -> list[dict[str, Any]
         rates = np.array([r["hallucination_rate"] for r in rows])
         entry = {k: v for k, v in rows[0].items() if k not in ("draw", *UPWEIGHT_KEYS, "malformed_by_position")}
         entry |= {key: float(np.mean([r[key] for r in rows])) for key in UPWEIGHT_KEYS}
-        entry |= {"n_draws": len(rows), "hallucination_rate_draws": rates.tolist(),
-                  "miscalibration_tv_eps_draws": [r["miscalibration_tv_eps"] for r in rows],
-                  "hallucination_rate_se": float(rates.std(ddof=1) / math.sqrt(len(rates))) if len(rates) > 1 else 0.0}
+        entry |= {
+            "n_draws": len(rows),
+            "hallucination_rate_draws": rates.tolist(),
+            "miscalibration_tv_eps_draws": [r["miscalibration_tv_eps"] for r in rows],
+            "hallucination_rate_se": float(rates.std(ddof=1) / math.sqrt(len(rates))) if len(rates) > 1 else 0.0,
+        }
         summary.append(entry)
     return summary

@@ -74,23 +74,65 @@ from typing import Any
 
 import torch
 
-from lab.metrics.information import (T_BRACKET, T_GRID, cross_entropy, entropy, kl, temperature_kl,  # noqa: F401
-                                    temperature_scan, to_bits, truncated_context_kl_of)
+# Every name the experiment had as one module, where it lives now: tests and docs import them from here.
+from experiments.kl.config import (
+    DEFAULT,
+    FAMILY_Z,
+    FIGURES,
+    QUICK,
+    RECIPE,
+    SCALING_MODEL,
+    SCALING_TRAIN,
+    SCALING_WORLD,
+    Config,
+    Profile,
+    sample_seed,
+)
+from experiments.kl.figures import decomposition_figure, write_figures
+from experiments.kl.measure import (
+    Decomposition,
+    HeldOut,
+    Source,
+    _lengths,
+    decompose,
+    entropy_rate_check,
+    ground_truth_lens,
+    kl_by_position,
+    measure,
+    model_logits,
+    paired_mean_se,
+    summarise,
+    summarise_regions,
+    z_score,
+)
+from experiments.kl.parts import (
+    heads_for,
+    hmm_part,
+    log_spaced_steps,
+    markov_part,
+    markov_setting,
+    scaling_fit,
+    scaling_point,
+    scaling_setting,
+    sequences,
+    train_with_checkpoints,
+    truncated_context_kl,
+)
+from experiments.kl.summary import acceptance, headlines
+from lab.metrics.information import (
+    T_BRACKET,
+    T_GRID,
+    cross_entropy,
+    entropy,
+    kl,
+    temperature_kl,  # noqa: F401
+    temperature_scan,
+    to_bits,
+    truncated_context_kl_of,
+)
 from lab.metrics.scaling import ALPHA_RANGE, fit_power_law  # noqa: F401 (experiments.kl.fit_power_law still works)
 from lab.metrics.statistics import sign, t_quantile_975  # noqa: F401
 from lab.parallel import run_tasks
-
-# Every name the experiment had as one module, where it lives now: tests and docs import them from here.
-from experiments.kl.config import (DEFAULT, FAMILY_Z, FIGURES, QUICK, RECIPE, SCALING_MODEL, SCALING_TRAIN,
-                                   SCALING_WORLD, Config, Profile, sample_seed)
-from experiments.kl.figures import decomposition_figure, write_figures
-from experiments.kl.measure import (Decomposition, HeldOut, Source, _lengths, paired_mean_se, z_score, decompose,
-                                    entropy_rate_check, ground_truth_lens, kl_by_position, measure, model_logits,
-                                    summarise, summarise_regions)
-from experiments.kl.parts import (heads_for, markov_setting, scaling_setting, hmm_part, log_spaced_steps,
-                                  markov_part, scaling_fit, scaling_point, sequences, train_with_checkpoints,
-                                  truncated_context_kl)
-from experiments.kl.summary import acceptance, headlines
 
 
 def run(cfg: Config, out: Path) -> dict[str, Any]:
@@ -123,4 +165,3 @@ def run(cfg: Config, out: Path) -> dict[str, Any]:
     results["seconds"] = seconds | {"total": time.perf_counter() - clock}
     results["profile"] = dataclasses.asdict(profile)
     return results
-

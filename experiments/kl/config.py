@@ -18,8 +18,7 @@ FAMILY_Z = 4.0
 # The scaling sweep's chain and setting (see the package docstring): the `markov` recipe's symbols and
 # Dirichlet rows at order 1, a 2-layer model with learned positions, 32 × 64 tokens a step.
 SCALING_WORLD = {"kind": "markov", "vocab_size": 32, "order": 1, "concentration": 0.5, "seed": 0}
-SCALING_MODEL = {"n_layers": 2, "n_heads": 4, "n_ctx": 64, "positions": "learned", "mlp": "gelu",
-                 "norm": "layernorm"}
+SCALING_MODEL = {"n_layers": 2, "n_heads": 4, "n_ctx": 64, "positions": "learned", "mlp": "gelu", "norm": "layernorm"}
 SCALING_TRAIN = {"batch_size": 32, "seq_len": 64, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 50}
 
 
@@ -42,8 +41,10 @@ DEFAULT = Profile(
     world={},
     model={},
     train={},
-    n_checkpoints=12, eval_sequences=1024,
-    scaling_d_models=(4, 8, 12, 16, 24, 32, 64), scaling_steps=600,
+    n_checkpoints=12,
+    eval_sequences=1024,
+    scaling_d_models=(4, 8, 12, 16, 24, 32, 64),
+    scaling_steps=600,
     hmm_world={"kind": "hmm", "n_states": 8, "vocab_size": 32, "concentration": 0.1, "seed": 0},
     hmm_steps=500,
 )
@@ -53,8 +54,10 @@ QUICK = Profile(
     world={},
     model={"d_model": 32},
     train={"steps": 300, "warmup_steps": 20},
-    n_checkpoints=10, eval_sequences=256,
-    scaling_d_models=(4, 8, 12, 16, 24, 32, 64), scaling_steps=200,
+    n_checkpoints=10,
+    eval_sequences=256,
+    scaling_d_models=(4, 8, 12, 16, 24, 32, 64),
+    scaling_steps=200,
     hmm_world={"kind": "hmm", "n_states": 8, "vocab_size": 32, "concentration": 0.1, "seed": 0},
     hmm_steps=150,
 )
@@ -81,6 +84,16 @@ class Config:
 
 def sample_seed(seed: int, purpose: str) -> int:
     """A seed for one named stream of draws, decorrelated from the others by SeedSequence hashing."""
-    purposes = ("markov-train", "markov-val", "markov-eval", "hmm-train", "hmm-val", "hmm-eval", "hmm-rate",
-                "scaling-train", "scaling-val", "scaling-eval")
+    purposes = (
+        "markov-train",
+        "markov-val",
+        "markov-eval",
+        "hmm-train",
+        "hmm-val",
+        "hmm-eval",
+        "hmm-rate",
+        "scaling-train",
+        "scaling-val",
+        "scaling-eval",
+    )
     return int(np.random.SeedSequence([seed, purposes.index(purpose)]).generate_state(1)[0])

@@ -49,11 +49,12 @@ class HeldOut:
 
 
 @torch.inference_mode()
-def model_logits(model: HookedTransformer, tokens: Int[Tensor, "seq pos"],
-                 batch: int = 256) -> Float[Tensor, "seq pos-1 vocab"]:
+def model_logits(
+    model: HookedTransformer, tokens: Int[Tensor, "seq pos"], batch: int = 256
+) -> Float[Tensor, "seq pos-1 vocab"]:
     """The model's logits at every prefix that has a next token, in float64."""
     model.eval()
-    return torch.cat([model(tokens[i:i + batch])[:, :-1].double() for i in range(0, len(tokens), batch)])
+    return torch.cat([model(tokens[i : i + batch])[:, :-1].double() for i in range(0, len(tokens), batch)])
 
 
 @dataclass
@@ -72,9 +73,12 @@ def decompose(logits: Float[Tensor, "seq pos vocab"], held_out: HeldOut) -> Deco
     q = torch.softmax(logits, dim=-1)
     target = held_out.tokens[:, 1:, None]
     return Decomposition(
-        entropy=entropy(held_out.p), kl=kl(held_out.p, q), cross_entropy=cross_entropy(held_out.p, q),
+        entropy=entropy(held_out.p),
+        kl=kl(held_out.p, q),
+        cross_entropy=cross_entropy(held_out.p, q),
         nll_model=-torch.log_softmax(logits, dim=-1).gather(-1, target)[..., 0],
-        nll_true=-held_out.p.gather(-1, target)[..., 0].log())
+        nll_true=-held_out.p.gather(-1, target)[..., 0].log(),
+    )
 
 
 def paired_mean_se(values: Float[Tensor, "seq pos"]) -> tuple[float, float]:
@@ -111,12 +115,18 @@ def summarise(d: Decomposition, region: slice = slice(None)) -> dict[str, float]
     ce_gap, ce_se = paired_mean_se(nll_model - (entropy + kl_t))
     return {
         "prefixes": int(entropy.numel()),
-        "cross_entropy_nats": exact_ce, "entropy_nats": exact_entropy, "kl_nats": exact_kl,
-        "entropy_se": entropy_se, "kl_se": kl_se,
-        "sampled_cross_entropy_nats": float(nll_model.mean()), "sampled_entropy_nats": float(nll_true.mean()),
-        "sampled_kl_nats": sampled_kl, "sampled_kl_se": se,
+        "cross_entropy_nats": exact_ce,
+        "entropy_nats": exact_entropy,
+        "kl_nats": exact_kl,
+        "entropy_se": entropy_se,
+        "kl_se": kl_se,
+        "sampled_cross_entropy_nats": float(nll_model.mean()),
+        "sampled_entropy_nats": float(nll_true.mean()),
+        "sampled_kl_nats": sampled_kl,
+        "sampled_kl_se": se,
         "sampled_minus_exact_in_se": z_score(sampled_kl - exact_kl, se),
-        "sampled_ce_minus_exact_nats": ce_gap, "sampled_ce_se": ce_se,
+        "sampled_ce_minus_exact_nats": ce_gap,
+        "sampled_ce_se": ce_se,
         "sampled_ce_minus_exact_in_se": z_score(ce_gap, ce_se),
     }
 
@@ -140,8 +150,13 @@ def entropy_rate_check(entropy: Float[Tensor, "seq pos"], rate: float, complete_
     `conditionals`); the check passes when they agree within 3 standard errors of the sample mean."""
     mean, se = paired_mean_se(entropy[:, complete_from:])
     z = z_score(mean - rate, se)
-    return {"entropy_rate_nats": rate, "mean_complete_context_entropy_nats": mean, "se": se, "z": z,
-            "within_3se": bool(abs(z) <= 3)}
+    return {
+        "entropy_rate_nats": rate,
+        "mean_complete_context_entropy_nats": mean,
+        "se": se,
+        "z": z,
+        "within_3se": bool(abs(z) <= 3),
+    }
 
 
 def measure(model: HookedTransformer, held_out: HeldOut) -> dict[str, Any]:
@@ -161,16 +176,25 @@ def ground_truth_lens(model: HookedTransformer, held_out: HeldOut, batch: int = 
     per_sequence = []  # [layer, sequence, position] in chunks
     for i in range(0, len(held_out.tokens), batch):
         # p covers the prefixes that end before the last token: the lens of those prefixes, the last one dropped.
-        lens = lens_against_truth(model, held_out.tokens[i:i + batch, :-1], held_out.p[i:i + batch])
+        lens = lens_against_truth(model, held_out.tokens[i : i + batch, :-1], held_out.p[i : i + batch])
         per_sequence.append(lens.kl_nats.double())
     kl_t = torch.cat(per_sequence, dim=1)
     per_position = kl_t.mean(dim=1)
     labels = [f"{layer}_pre" for layer in range(n_layers)] + ["final_post"]
-    return [{"layer": layer, "label": labels[layer], "kl_nats": float(per_position[layer, regions[headline]].mean()),
-             "kl_se": paired_mean_se(kl_t[layer][:, regions[headline]])[1],
-             **{f"kl_{name}_nats": float(per_position[layer, region].mean()) for name, region in regions.items()
-                if per_position[layer, region].numel()}}
-            for layer in range(n_layers + 1)]
+    return [
+        {
+            "layer": layer,
+            "label": labels[layer],
+            "kl_nats": float(per_position[layer, regions[headline]].mean()),
+            "kl_se": paired_mean_se(kl_t[layer][:, regions[headline]])[1],
+            **{
+                f"kl_{name}_nats": float(per_position[layer, region].mean())
+                for name, region in regions.items()
+                if per_position[layer, region].numel()
+            },
+        }
+        for layer in range(n_layers + 1)
+    ]
 
 
 def kl_by_position(d: Decomposition, held_out: HeldOut) -> list[dict[str, Any]]:
@@ -178,11 +202,17 @@ def kl_by_position(d: Decomposition, held_out: HeldOut) -> list[dict[str, Any]]:
     context (prefix length ≥ the chain's order)."""
     kls, hs = d.kl.mean(dim=0), d.entropy.mean(dim=0)
     start = held_out.complete_from
-    return [{"prefix_length": t + 1, "kl_nats": float(kls[t]), "entropy_nats": float(hs[t]),
-             "complete_context": None if start is None else t >= start} for t in range(len(kls))]
+    return [
+        {
+            "prefix_length": t + 1,
+            "kl_nats": float(kls[t]),
+            "entropy_nats": float(hs[t]),
+            "complete_context": None if start is None else t >= start,
+        }
+        for t in range(len(kls))
+    ]
 
 
 def _lengths(first: int, last: int) -> str:
     """A run of prefix lengths in words, for the regions' descriptions and the headlines."""
     return f"prefix length {first}" if first == last else f"prefix lengths {first} … {last}"
-

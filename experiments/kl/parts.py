@@ -13,16 +13,25 @@ from typing import Any
 import numpy as np
 import torch
 
+from experiments.kl.config import RECIPE, SCALING_MODEL, SCALING_TRAIN, SCALING_WORLD, Config, Profile, sample_seed
+from experiments.kl.measure import (
+    HeldOut,
+    Source,
+    _lengths,
+    decompose,
+    entropy_rate_check,
+    ground_truth_lens,
+    kl_by_position,
+    measure,
+    model_logits,
+    paired_mean_se,
+)
 from lab.data.sources import MarkovSource
 from lab.metrics.information import entropy, temperature_scan, to_bits, truncated_context_kl_of
 from lab.metrics.scaling import fit_power_law
 from lab.model import HookedTransformer, ModelConfig
 from lab.train import SequenceBatches, TrainConfig, train
 from lab.zoo import load_recipe, make_source
-
-from experiments.kl.config import RECIPE, SCALING_MODEL, SCALING_TRAIN, SCALING_WORLD, Config, Profile, sample_seed
-from experiments.kl.measure import (HeldOut, Source, _lengths, paired_mean_se, decompose, entropy_rate_check,
-                                    ground_truth_lens, kl_by_position, measure, model_logits)
 
 
 def log_spaced_steps(steps: int, n: int) -> list[int]:
@@ -34,8 +43,14 @@ def log_spaced_steps(steps: int, n: int) -> list[int]:
     return [int(s) for s in points]
 
 
-def train_with_checkpoints(model: HookedTransformer, cfg: TrainConfig, data: SequenceBatches, held_out: HeldOut,
-                           n_checkpoints: int, workdir: Path) -> list[dict[str, Any]]:
+def train_with_checkpoints(
+    model: HookedTransformer,
+    cfg: TrainConfig,
+    data: SequenceBatches,
+    held_out: HeldOut,
+    n_checkpoints: int,
+    workdir: Path,
+) -> list[dict[str, Any]]:
     """Train on cfg's schedule, stopping at log-spaced steps to measure (resuming from the checkpoint)."""
     rows = []
     for i, step in enumerate(log_spaced_steps(cfg.steps, n_checkpoints)):
@@ -60,10 +75,16 @@ def markov_setting(cfg: Config) -> tuple[MarkovSource, TrainConfig, ModelConfig]
     world = recipe["world"] | profile.world
     steps = profile.train.get("steps", recipe["train"]["steps"])
     # One evaluation of train's own (small) validation loss per stage; the measurements here are ours.
-    train_cfg = TrainConfig.from_dict(recipe["train"] | profile.train | {
-        "seed": cfg.seed, "eval_interval": steps, "eval_batches": 2, "checkpoint_interval": 0})
-    architecture = recipe["model"] | profile.model | {"d_vocab": world["vocab_size"],
-                                                      "tokenizer": f"{RECIPE}-{world['vocab_size']}"}
+    train_cfg = TrainConfig.from_dict(
+        recipe["train"]
+        | profile.train
+        | {"seed": cfg.seed, "eval_interval": steps, "eval_batches": 2, "checkpoint_interval": 0}
+    )
+    architecture = (
+        recipe["model"]
+        | profile.model
+        | {"d_vocab": world["vocab_size"], "tokenizer": f"{RECIPE}-{world['vocab_size']}"}
+    )
     return make_source(world), train_cfg, ModelConfig.from_dict(architecture)
 
 
@@ -80,8 +101,9 @@ def markov_part(cfg: Config, out: Path) -> dict[str, Any]:
     # 1. Checkpoints on the Markov source.
     clock = time.perf_counter()
     model = HookedTransformer(model_cfg, seed=cfg.seed)
-    checkpoints = train_with_checkpoints(model, train_cfg, data, held_out, profile.n_checkpoints,
-                                         out / "train" / "markov")
+    checkpoints = train_with_checkpoints(
+        model, train_cfg, data, held_out, profile.n_checkpoints, out / "train" / "markov"
+    )
     model.save(out / "models" / "markov")
     seconds["markov_checkpoints"] = time.perf_counter() - clock
 
@@ -99,21 +121,32 @@ def markov_part(cfg: Config, out: Path) -> dict[str, Any]:
 
     order = source.order
     return {
-        "source": {**source.to_dict(), "entropy_rate_nats": rate, "entropy_rate_bits": to_bits(rate),
-                   **{f"best_{name}_kl_nats": truncated_context_kl(source, width)
-                      for name, width in (("unigram", 0), ("bigram", 1)) if width < order},
-                   "recipe": RECIPE, "changed_from_recipe": profile.world},
+        "source": {
+            **source.to_dict(),
+            "entropy_rate_nats": rate,
+            "entropy_rate_bits": to_bits(rate),
+            **{
+                f"best_{name}_kl_nats": truncated_context_kl(source, width)
+                for name, width in (("unigram", 0), ("bigram", 1))
+                if width < order
+            },
+            "recipe": RECIPE,
+            "changed_from_recipe": profile.world,
+        },
         "regions": {
             "complete": f"prefix lengths ≥ {order}, the chain's order: a complete, π-distributed context, where "
-                        f"E[H_t] is the entropy rate; CE over these prefixes is what the rate belongs beside",
+            f"E[H_t] is the entropy rate; CE over these prefixes is what the rate belongs beside",
             "first": f"{_lengths(1, order - 1)}: shorter than the chain's order, conditioned through π's "
-                     f"marginals, so H_t there exceeds the rate (reported apart, never mixed in)",
+            f"marginals, so H_t there exceeds the rate (reported apart, never mixed in)",
             "all": "every held-out prefix, complete or not",
         },
         "model": {"n_params": model_cfg.n_params(), **model_cfg.to_dict()},
         "train": train_cfg.to_dict() | {"train_sequences": len(data.sequences["train"])},
-        "eval": {"sequences": profile.eval_sequences, "prefixes": held_out.n_prefixes,
-                 "complete_prefixes": held_out.p[:, complete].shape[0] * held_out.p[:, complete].shape[1]},
+        "eval": {
+            "sequences": profile.eval_sequences,
+            "prefixes": held_out.n_prefixes,
+            "complete_prefixes": held_out.p[:, complete].shape[0] * held_out.p[:, complete].shape[1],
+        },
         "checkpoints": checkpoints,
         "entropy_rate_check": rate_check,
         "lens": lens,
@@ -130,24 +163,39 @@ def hmm_part(cfg: Config, out: Path) -> dict[str, Any]:
     clock = time.perf_counter()
     _, train_cfg, model_cfg = markov_setting(cfg)
     hmm_source = make_source(profile.hmm_world)
-    hmm_train = train_cfg.replace(steps=profile.hmm_steps, eval_interval=profile.hmm_steps,
-                                  warmup_steps=min(train_cfg.warmup_steps, profile.hmm_steps))
-    hmm_held_out = HeldOut.draw(hmm_source, profile.eval_sequences, hmm_train.seq_len,
-                                sample_seed(cfg.seed, "hmm-eval"))
-    hmm_model = HookedTransformer(dataclasses.replace(model_cfg, d_vocab=hmm_source.vocab_size,
-                                                      tokenizer=f"hmm-{hmm_source.vocab_size}"), seed=cfg.seed)
-    hmm = train_with_checkpoints(hmm_model, hmm_train, sequences(hmm_source, hmm_train, cfg.seed, "hmm"), hmm_held_out,
-                                 profile.n_checkpoints, out / "train" / "hmm")
+    hmm_train = train_cfg.replace(
+        steps=profile.hmm_steps,
+        eval_interval=profile.hmm_steps,
+        warmup_steps=min(train_cfg.warmup_steps, profile.hmm_steps),
+    )
+    hmm_held_out = HeldOut.draw(
+        hmm_source, profile.eval_sequences, hmm_train.seq_len, sample_seed(cfg.seed, "hmm-eval")
+    )
+    hmm_model = HookedTransformer(
+        dataclasses.replace(model_cfg, d_vocab=hmm_source.vocab_size, tokenizer=f"hmm-{hmm_source.vocab_size}"),
+        seed=cfg.seed,
+    )
+    hmm = train_with_checkpoints(
+        hmm_model,
+        hmm_train,
+        sequences(hmm_source, hmm_train, cfg.seed, "hmm"),
+        hmm_held_out,
+        profile.n_checkpoints,
+        out / "train" / "hmm",
+    )
     hmm_model.save(out / "models" / "hmm")
     hmm_rate = hmm_source.entropy_rate_estimate(512, 256, seed=sample_seed(cfg.seed, "hmm-rate"))
     return {
         "hmm": hmm,
-        "hmm_source": {**hmm_source.to_dict(), "entropy_rate_estimate_nats": hmm_rate.value,
-                       "entropy_rate_estimate_se": hmm_rate.standard_error,
-                       "entropy_rate_estimate_note": "Monte Carlo over positions ≥ 128 of 512 sequences of 256 "
-                                                     "tokens; biased upward by at most H_128 − rate. A limit no "
-                                                     f"held-out prefix (lengths 1 … {hmm_train.seq_len - 1}) reaches: "
-                                                     "not comparable with their CE"},
+        "hmm_source": {
+            **hmm_source.to_dict(),
+            "entropy_rate_estimate_nats": hmm_rate.value,
+            "entropy_rate_estimate_se": hmm_rate.standard_error,
+            "entropy_rate_estimate_note": "Monte Carlo over positions ≥ 128 of 512 sequences of 256 "
+            "tokens; biased upward by at most H_128 − rate. A limit no "
+            f"held-out prefix (lengths 1 … {hmm_train.seq_len - 1}) reaches: "
+            "not comparable with their CE",
+        },
         "seconds": {"hmm": time.perf_counter() - clock},
     }
 
@@ -161,8 +209,10 @@ def truncated_context_kl(source: MarkovSource, width: int) -> float:
 
 def scaling_setting(profile: Profile, seed: int) -> tuple[MarkovSource, TrainConfig, HeldOut]:
     source = make_source(SCALING_WORLD)
-    train_cfg = TrainConfig.from_dict(SCALING_TRAIN | {
-        "steps": profile.scaling_steps, "seed": seed, "eval_interval": profile.scaling_steps, "eval_batches": 2})
+    train_cfg = TrainConfig.from_dict(
+        SCALING_TRAIN
+        | {"steps": profile.scaling_steps, "seed": seed, "eval_interval": profile.scaling_steps, "eval_batches": 2}
+    )
     held_out = HeldOut.draw(source, profile.eval_sequences, train_cfg.seq_len, sample_seed(seed, "scaling-eval"))
     return source, train_cfg, held_out
 
@@ -173,17 +223,27 @@ def scaling_point(profile: Profile, seed: int, d_model: int) -> dict[str, Any]:
     clock = time.perf_counter()
     source, train_cfg, held_out = scaling_setting(profile, seed)
     data = sequences(source, train_cfg, seed, "scaling")
-    architecture = SCALING_MODEL | {"d_vocab": SCALING_WORLD["vocab_size"],
-                                    "tokenizer": f"markov-{SCALING_WORLD['vocab_size']}"}
+    architecture = SCALING_MODEL | {
+        "d_vocab": SCALING_WORLD["vocab_size"],
+        "tokenizer": f"markov-{SCALING_WORLD['vocab_size']}",
+    }
     full = slice(held_out.complete_from, None)
-    model = HookedTransformer(ModelConfig.from_dict(architecture | {
-        "d_model": d_model, "n_heads": heads_for(d_model, architecture["n_heads"])}), seed=seed)
+    model = HookedTransformer(
+        ModelConfig.from_dict(
+            architecture | {"d_model": d_model, "n_heads": heads_for(d_model, architecture["n_heads"])}
+        ),
+        seed=seed,
+    )
     train(model, train_cfg, data, progress=False)
     d = decompose(model_logits(model, held_out.tokens), held_out)
-    return {"d_model": d_model, "n_params": model.cfg.n_params(),
-            "loss_nats": float(d.cross_entropy[:, full].mean()),
-            "kl_nats": float(d.kl[:, full].mean()), "eval_entropy_nats": float(d.entropy[:, full].mean()),
-            "seconds": time.perf_counter() - clock}
+    return {
+        "d_model": d_model,
+        "n_params": model.cfg.n_params(),
+        "loss_nats": float(d.cross_entropy[:, full].mean()),
+        "kl_nats": float(d.kl[:, full].mean()),
+        "eval_entropy_nats": float(d.entropy[:, full].mean()),
+        "seconds": time.perf_counter() - clock,
+    }
 
 
 def scaling_fit(points: list[dict[str, Any]], profile: Profile, seed: int) -> dict[str, Any]:
@@ -193,17 +253,23 @@ def scaling_fit(points: list[dict[str, Any]], profile: Profile, seed: int) -> di
     eval_entropy, eval_entropy_se = paired_mean_se(entropy(held_out.p[:, full]))
     fit = fit_power_law([p["n_params"] for p in points], [p["loss_nats"] for p in points])
     low, high = fit["E_ci95"]
-    return {"points": points, **fit, "tokens": train_cfg.steps * train_cfg.batch_size * train_cfg.seq_len,
-            "source": source.to_dict(), "true_entropy_nats": source.entropy_rate(),
-            # No model's expected loss is below the held-out entropy: an E under it extrapolates past the truth.
-            "heldout_entropy_nats": eval_entropy, "heldout_entropy_se": eval_entropy_se,
-            "E_minus_heldout_entropy_nats": fit["E_nats"] - eval_entropy,
-            "E_ci95_below_heldout_entropy": bool(high < eval_entropy) if math.isfinite(high) else None,
-            "model": SCALING_MODEL, "train": train_cfg.to_dict()}
+    return {
+        "points": points,
+        **fit,
+        "tokens": train_cfg.steps * train_cfg.batch_size * train_cfg.seq_len,
+        "source": source.to_dict(),
+        "true_entropy_nats": source.entropy_rate(),
+        # No model's expected loss is below the held-out entropy: an E under it extrapolates past the truth.
+        "heldout_entropy_nats": eval_entropy,
+        "heldout_entropy_se": eval_entropy_se,
+        "E_minus_heldout_entropy_nats": fit["E_nats"] - eval_entropy,
+        "E_ci95_below_heldout_entropy": bool(high < eval_entropy) if math.isfinite(high) else None,
+        "model": SCALING_MODEL,
+        "train": train_cfg.to_dict(),
+    }
 
 
 def heads_for(d_model: int, most: int) -> int:
     """The most heads (≤ `most`) that split d_model into heads of an even width (ModelConfig checks the
     rotary width, d_head by default, to be even even where positions are learned)."""
     return max(h for h in range(1, most + 1) if d_model % h == 0 and (d_model // h) % 2 == 0)
-

@@ -78,22 +78,47 @@ run), `qa` (`--model` with `--qa`) and `figures`; Config, run and every name oth
 from pathlib import Path
 from typing import Any
 
-from lab.configs import torch_threads
-
 # Every name the experiment had as one module, where it lives now: tests, dashboards and benchmarks import them
 # from here.
-from experiments.monitor.config import (ABSTENTION_SIGNAL, ATTRIBUTE, ERROR_KINDS, KINDS, QUICK, READOUT_FILE, SPLITS,
-                                        SUBJECT, TRAINED, Config)
+from experiments.monitor.config import (
+    ABSTENTION_SIGNAL,
+    ATTRIBUTE,
+    ERROR_KINDS,
+    KINDS,
+    QUICK,
+    READOUT_FILE,
+    SPLITS,
+    SUBJECT,
+    TRAINED,
+    Config,
+)
 from experiments.monitor.figures import write_figures
 from experiments.monitor.judging import familywise_level, judge, resplit
-from experiments.monitor.qa import (MIN_QA_ITEMS, abstention_alphas, normalise, qa_prompt, qa_readouts, qa_splits,
-                                   read_qa, read_qa_inputs, run_qa)
+from experiments.monitor.qa import (
+    MIN_QA_ITEMS,
+    abstention_alphas,
+    normalise,
+    qa_prompt,
+    qa_readouts,
+    qa_splits,
+    read_qa,
+    read_qa_inputs,
+    run_qa,
+)
 from experiments.monitor.readouts import load_readouts, save_readouts
 from experiments.monitor.setting import Setting, make_setting, train_model
-from experiments.monitor.signals import (choose_signs, claim_risks, fit_readouts, monitored, residuals, sampling_risks,
-                                         value_strings)
+from experiments.monitor.signals import (
+    choose_signs,
+    claim_risks,
+    fit_readouts,
+    monitored,
+    residuals,
+    sampling_risks,
+    value_strings,
+)
 from experiments.monitor.summary import _auroc_headline, headlines
 from experiments.monitor.synthetic import run_synthetic
+from lab.configs import torch_threads
 
 
 # --------------------------------------------------------------------------------------------

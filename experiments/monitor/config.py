@@ -5,17 +5,30 @@ from dataclasses import dataclass
 from lab.configs import apply_quick, check_fields, need
 
 KINDS = ("seen", "unseen", "invented")
-ERROR_KINDS = {"seen": "wrong value for a seen person", "unseen": "value for an unseen person",
-               "invented": "value for an invented person"}
+ERROR_KINDS = {
+    "seen": "wrong value for a seen person",
+    "unseen": "value for an unseen person",
+    "invented": "value for an invented person",
+}
 SPLITS = ("fit", "calibration", "test")
 SUBJECT = [1, 2]  # "<bos> First Last birthday": the name's two tokens
 ATTRIBUTE = "birthday"
 READOUT_FILE = "readouts.safetensors"
 TRAINED = ("probe", "p_ik")
 ABSTENTION_SIGNAL = "max_prob"  # the model's own confidence: the abstention rules' signal in the headlines
-QUICK = dict(n_first_names=40, n_last_names=80, n_persons=600, n_train=1200, n_invented=300, d_model=64,
-             n_layers=4, steps=350, n_boot=200, k_samples=6,
-             n_resplits=100)
+QUICK = dict(
+    n_first_names=40,
+    n_last_names=80,
+    n_persons=600,
+    n_train=1200,
+    n_invented=300,
+    d_model=64,
+    n_layers=4,
+    steps=350,
+    n_boot=200,
+    k_samples=6,
+    n_resplits=100,
+)
 
 
 # --------------------------------------------------------------------------------------------
@@ -64,27 +77,61 @@ class Config:
             apply_quick(self, QUICK)
 
         need(self, self.seed >= 0, f"seed must be a non-negative integer, got {self.seed!r}")
-        for name in ("n_first_names", "n_last_names", "n_persons", "n_train", "n_invented", "d_model", "n_layers",
-                     "n_heads", "steps", "batch_size", "k_samples", "n_boot", "qa_max_new_tokens", "threads", "n_resplits",
-                     "qa_folds"):
+        for name in (
+            "n_first_names",
+            "n_last_names",
+            "n_persons",
+            "n_train",
+            "n_invented",
+            "d_model",
+            "n_layers",
+            "n_heads",
+            "steps",
+            "batch_size",
+            "k_samples",
+            "n_boot",
+            "qa_max_new_tokens",
+            "threads",
+            "n_resplits",
+            "qa_folds",
+        ):
             need(self, getattr(self, name) > 0, f"{name} must be a positive integer, got {getattr(self, name)!r}")
         need(self, self.qa_folds >= 2, f"qa_folds must be at least 2 (cross-fitting), got {self.qa_folds}")
-        need(self, self.n_layers >= 2,
-             f"n_layers must be at least 2 (a middle layer before the last), got {self.n_layers}")
-        need(self, self.n_persons + self.n_invented <= self.n_first_names * self.n_last_names,
-             "n_persons + n_invented must fit in the first × last name grid")
-        need(self, 0 <= self.warmup_steps <= self.steps,
-             f"warmup_steps must lie in [0, steps], got {self.warmup_steps!r}")
+        need(
+            self,
+            self.n_layers >= 2,
+            f"n_layers must be at least 2 (a middle layer before the last), got {self.n_layers}",
+        )
+        need(
+            self,
+            self.n_persons + self.n_invented <= self.n_first_names * self.n_last_names,
+            "n_persons + n_invented must fit in the first × last name grid",
+        )
+        need(
+            self,
+            0 <= self.warmup_steps <= self.steps,
+            f"warmup_steps must lie in [0, steps], got {self.warmup_steps!r}",
+        )
         need(self, 0 < self.min_lr <= self.lr, "need 0 < min_lr ≤ lr")
         need(self, self.pareto_gamma > 0, "pareto_gamma must be > 0")
         need(self, self.d_model % self.n_heads == 0, "d_model must be a multiple of n_heads")
-        need(self, all(f > 0 for f in self.split_fractions) and abs(sum(self.split_fractions) - 1) < 1e-9,
-             f"split_fractions (fit, calibration, test) must be positive and sum to 1, got {self.split_fractions}")
-        need(self, len(self.alphas) > 0 and all(0 < a < 1 for a in self.alphas),
-             f"alphas must lie in (0, 1), got {self.alphas}")
+        need(
+            self,
+            all(f > 0 for f in self.split_fractions) and abs(sum(self.split_fractions) - 1) < 1e-9,
+            f"split_fractions (fit, calibration, test) must be positive and sum to 1, got {self.split_fractions}",
+        )
+        need(
+            self,
+            len(self.alphas) > 0 and all(0 < a < 1 for a in self.alphas),
+            f"alphas must lie in (0, 1), got {self.alphas}",
+        )
         need(self, 0 < self.ltt_delta < 1, f"ltt_delta must lie in (0, 1), got {self.ltt_delta!r}")
-        need(self, self.hf_loader in ("auto", "bridge"),
-             f"hf_loader must be 'auto' or 'bridge', got {self.hf_loader!r}")
-        need(self, (self.model is None) == (self.qa is None),
-             "--model and --qa go together: the monitor's signals on a local model with a question–answer CSV "
-             "(the synthetic experiment trains its own model)")
+        need(
+            self, self.hf_loader in ("auto", "bridge"), f"hf_loader must be 'auto' or 'bridge', got {self.hf_loader!r}"
+        )
+        need(
+            self,
+            (self.model is None) == (self.qa is None),
+            "--model and --qa go together: the monitor's signals on a local model with a question–answer CSV "
+            "(the synthetic experiment trains its own model)",
+        )

@@ -7,20 +7,32 @@ from typing import Any
 
 import numpy as np
 
+from experiments.monitor.config import ABSTENTION_SIGNAL, ERROR_KINDS, KINDS, Config
 from lab.analysis.monitor import RISK_SIGN
 from lab.metrics.calibration import auroc_ci
-from lab.metrics.selective import (aurc, crc_threshold, ltt_grid, ltt_threshold, optimal_aurc, risk_coverage,
-                                   selective_outcome)
-
-from experiments.monitor.config import ABSTENTION_SIGNAL, ERROR_KINDS, KINDS, Config
+from lab.metrics.selective import (
+    aurc,
+    crc_threshold,
+    ltt_grid,
+    ltt_threshold,
+    optimal_aurc,
+    risk_coverage,
+    selective_outcome,
+)
 
 
 # --------------------------------------------------------------------------------------------
 # Judging the signals
 # --------------------------------------------------------------------------------------------
-def judge(scores: dict[str, np.ndarray], false: np.ndarray, kinds: np.ndarray, split: np.ndarray, signs: dict[str, int],
-          cfg: Config, alphas: list[float] | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
-                                                                   list[dict[str, Any]]]:
+def judge(
+    scores: dict[str, np.ndarray],
+    false: np.ndarray,
+    kinds: np.ndarray,
+    split: np.ndarray,
+    signs: dict[str, int],
+    cfg: Config,
+    alphas: list[float] | None = None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """On the test split, per signal: AUROC (overall and per error kind), AURC; for each α (`alphas`, default
     cfg.alphas), CRC's and LTT's thresholds from the calibration split applied to the test split. Returns (signals,
     abstention, curve points)."""
@@ -30,13 +42,20 @@ def judge(scores: dict[str, np.ndarray], false: np.ndarray, kinds: np.ndarray, s
 
     def familywise(risk_: np.ndarray, false_: np.ndarray) -> dict[str, Any]:
         # DeLong's interval: a bootstrap at this level would rest on (1 − level)/2 · n_boot resamples per tail
-        return {"auroc_familywise_ci": auroc_ci(risk_, false_, level=level, method="delong").interval,
-                "auroc_familywise_level": level, "auroc_familywise_method": "DeLong"}
+        return {
+            "auroc_familywise_ci": auroc_ci(risk_, false_, level=level, method="delong").interval,
+            "auroc_familywise_level": level,
+            "auroc_familywise_method": "DeLong",
+        }
 
     for name, risk in scores.items():
         s, e = risk[test], false[test]
-        row: dict[str, Any] = {"signal": name, "sign": signs[name], "a_priori_sign": RISK_SIGN[name],
-                               "n_test": int(test.sum())}
+        row: dict[str, Any] = {
+            "signal": name,
+            "sign": signs[name],
+            "a_priori_sign": RISK_SIGN[name],
+            "n_test": int(test.sum()),
+        }
         row |= auroc_ci(s, e, n_boot=cfg.n_boot, seed=cfg.seed).fields("auroc") | familywise(s, e)
         row |= {"aurc": aurc(s, e), "aurc_optimal": optimal_aurc(e), "error_rate": float(e.mean())}
         row["e_aurc"] = row["aurc"] - row["aurc_optimal"]
@@ -44,31 +63,52 @@ def judge(scores: dict[str, np.ndarray], false: np.ndarray, kinds: np.ndarray, s
         for kind in KINDS:
             keep = test & ((kinds == kind) & false | ~false)  # this kind's false claims against every right one
             if (kinds[test] == kind).any():
-                by_kind[kind] = {"error": ERROR_KINDS[kind], "n_false": int((keep & false).sum()),
-                                 **auroc_ci(risk[keep], false[keep], n_boot=cfg.n_boot, seed=cfg.seed).fields("auroc"),
-                                 **familywise(risk[keep], false[keep])}
+                by_kind[kind] = {
+                    "error": ERROR_KINDS[kind],
+                    "n_false": int((keep & false).sum()),
+                    **auroc_ci(risk[keep], false[keep], n_boot=cfg.n_boot, seed=cfg.seed).fields("auroc"),
+                    **familywise(risk[keep], false[keep]),
+                }
         row["by_kind"] = by_kind
         rows.append(row)
         curve = risk_coverage(s, e)
         keep_points = np.unique(np.linspace(0, len(curve.coverage) - 1, min(200, len(curve.coverage))).astype(int))
-        curves += [{"signal": name, "threshold": float(curve.threshold[i]), "coverage": float(curve.coverage[i]),
-                    "risk": float(curve.risk[i])} for i in keep_points]
+        curves += [
+            {
+                "signal": name,
+                "threshold": float(curve.threshold[i]),
+                "coverage": float(curve.coverage[i]),
+                "risk": float(curve.risk[i]),
+            }
+            for i in keep_points
+        ]
         for alpha in cfg.alphas if alphas is None else alphas:
             crc = crc_threshold(risk[calibration], false[calibration], alpha)
             grid = ltt_grid(risk[fit], int(calibration.sum()), alpha, cfg.ltt_delta)
             ltt = ltt_threshold(risk[calibration], false[calibration], alpha, cfg.ltt_delta, grid)
-            abstention.append({"signal": name, "alpha": alpha, "n_calibration": int(calibration.sum()),
-                               "crc": selective_outcome(s, e, crc),
-                               "ltt": selective_outcome(s, e, ltt.threshold) | {
-                                   "delta": cfg.ltt_delta, "n_certified": ltt.n_certified, "n_grid": ltt.n_grid,
-                                   "smallest_p_value": ltt.smallest_p_value}})
+            abstention.append(
+                {
+                    "signal": name,
+                    "alpha": alpha,
+                    "n_calibration": int(calibration.sum()),
+                    "crc": selective_outcome(s, e, crc),
+                    "ltt": selective_outcome(s, e, ltt.threshold)
+                    | {
+                        "delta": cfg.ltt_delta,
+                        "n_certified": ltt.n_certified,
+                        "n_grid": ltt.n_grid,
+                        "smallest_p_value": ltt.smallest_p_value,
+                    },
+                }
+            )
             if name == ABSTENTION_SIGNAL:
                 abstention[-1]["resplits"] = resplit(risk, false, split, alpha, cfg, risk[fit])
     return rows, abstention, curves
 
 
-def resplit(risk: np.ndarray, false: np.ndarray, split: np.ndarray, alpha: float, cfg: Config,
-            reference: np.ndarray) -> dict[str, Any]:
+def resplit(
+    risk: np.ndarray, false: np.ndarray, split: np.ndarray, alpha: float, cfg: Config, reference: np.ndarray
+) -> dict[str, Any]:
     """Both rules over `cfg.n_resplits` random re-draws of which calibration ∪ test subjects calibrate (as many as
     the calibration split holds) and which are scored. CRC promises E[answered and false] ≤ α over the calibration
     draw, so its check is the mean realised joint rate over re-draws (± 1.96 standard errors) — one split's
@@ -109,14 +149,21 @@ def resplit(risk: np.ndarray, false: np.ndarray, split: np.ndarray, alpha: float
     def mean_ci(values: list[float]) -> tuple[float | None, list[float] | None]:
         if not values:
             return None, None
-        m, se = float(np.mean(values)), float(np.std(values, ddof=1) / math.sqrt(len(values))) if len(values) > 1 \
-            else 0.0
+        m, se = (
+            float(np.mean(values)),
+            float(np.std(values, ddof=1) / math.sqrt(len(values))) if len(values) > 1 else 0.0,
+        )
         return m, [m - 1.96 * se, m + 1.96 * se]
 
     out: dict[str, Any] = {"n_resplits": cfg.n_resplits, "n_calibration": n_cal, "n_test": len(pool) - n_cal}
-    for key, values in (("crc_joint_risk", joint), ("crc_coverage", coverage), ("crc_selective_risk", selective),
-                        ("ltt_coverage", ltt_cover), ("ltt_selective_risk", ltt_risk),
-                        ("ltt_coverage_answering", ltt_cover_answering)):
+    for key, values in (
+        ("crc_joint_risk", joint),
+        ("crc_coverage", coverage),
+        ("crc_selective_risk", selective),
+        ("ltt_coverage", ltt_cover),
+        ("ltt_selective_risk", ltt_risk),
+        ("ltt_coverage_answering", ltt_cover_answering),
+    ):
         out[key], out[f"{key}_ci95"] = mean_ci(values)
         out[f"{key}_range90"] = [float(q) for q in np.quantile(values, [0.05, 0.95])] if values else None
     out["ltt_n_certifying"] = int(certifying)

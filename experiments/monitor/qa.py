@@ -12,18 +12,16 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from lab.analysis.monitor import RISK_SIGN, Monitor
-from lab.analysis.probes import cross_fit_probe
-from lab.metrics.selective import crc_min_calibration, ltt_min_answered
-from lab.model import HookedTransformer
-from lab.runs import save_table
-
 from experiments.monitor.config import ABSTENTION_SIGNAL, SPLITS, TRAINED, Config
 from experiments.monitor.figures import write_figures
 from experiments.monitor.judging import judge
 from experiments.monitor.signals import choose_signs, claim_risks, residuals, sampling_risks
 from experiments.monitor.summary import headlines
-
+from lab.analysis.monitor import RISK_SIGN, Monitor
+from lab.analysis.probes import cross_fit_probe
+from lab.metrics.selective import crc_min_calibration, ltt_min_answered
+from lab.model import HookedTransformer
+from lab.runs import save_table
 
 # --------------------------------------------------------------------------------------------
 # Any local model on a question–answer CSV
@@ -38,9 +36,8 @@ def read_qa(path: str | Path) -> list[dict[str, Any]]:
     file and line for a row of another width, an empty question or answer, an answer holding a line break (the
     model's answer is its continuation up to its first line break, so it could never match), and for fewer than
     MIN_QA_ITEMS questions."""
-    from lab.inputs import InputError
-
     from experiments.calibration import read_question_csv
+    from lab.inputs import InputError
 
     path = Path(path)
     rows = read_question_csv(path, "question–answer file")
@@ -54,12 +51,16 @@ def read_qa(path: str | Path) -> list[dict[str, Any]]:
             shown = repr(row) if len(repr(row)) <= 200 else repr(row)[:200] + "…"
             raise InputError(f"{path}, line {line}: expected 2 non-empty columns (question, answer), got {shown}")
         if "\n" in row[1].strip() or "\r" in row[1].strip():
-            raise InputError(f"{path}, line {line}: the answer holds a line break, and the model's answer is its "
-                             "continuation up to its first line break: it could never match")
+            raise InputError(
+                f"{path}, line {line}: the answer holds a line break, and the model's answer is its "
+                "continuation up to its first line break: it could never match"
+            )
         items.append({"question": row[0].strip(), "answer": row[1].strip(), "line": line})
     if len(items) < MIN_QA_ITEMS:
-        raise InputError(f"{path} holds {len(items)} question{'s' if len(items) != 1 else ''}; the monitor needs at "
-                         f"least {MIN_QA_ITEMS}, to have some in each of its fit, calibration and test splits")
+        raise InputError(
+            f"{path} holds {len(items)} question{'s' if len(items) != 1 else ''}; the monitor needs at "
+            f"least {MIN_QA_ITEMS}, to have some in each of its fit, calibration and test splits"
+        )
     return items
 
 
@@ -73,19 +74,34 @@ def read_qa_inputs(cfg: Config) -> Any:
     """The question–answer file, the model and the prompts, each checked (`read_qa`, `load_local_model`, the prompts
     with room for qa_max_new_tokens answer tokens in the model's context, the memory the run will take): what
     `forma run` reads before it makes the run folder."""
-    from experiments.calibration import (LocalInputs, check_memory, check_splits, context_length, encode_prompts,
-                                         load_local_model)
+    from experiments.calibration import (
+        LocalInputs,
+        check_memory,
+        check_splits,
+        context_length,
+        encode_prompts,
+        load_local_model,
+    )
 
     items = read_qa(cfg.qa)
     check_splits(cfg.qa, qa_splits(len(items), cfg), ("test",), cfg.seed)  # fit and calibration may be empty
     model, tokenizer, route = load_local_model(cfg.model, cfg.hf_loader)
-    prompts = encode_prompts(tokenizer, [(item["line"], qa_prompt(item["question"])) for item in items],
-                             context_length(model), cfg.qa, reserve=cfg.qa_max_new_tokens)
+    prompts = encode_prompts(
+        tokenizer,
+        [(item["line"], qa_prompt(item["question"])) for item in items],
+        context_length(model),
+        cfg.qa,
+        reserve=cfg.qa_max_new_tokens,
+    )
     # Each question keeps its prompt and answer tokens, k sampled answers, and (a HookedTransformer) two residual
     # streams at each answer token for the readouts.
     longest = max(len(ids) for ids in prompts) + cfg.qa_max_new_tokens
-    check_memory(cfg.qa, len(items), 8 * longest * (cfg.k_samples + 2) + 8 * model.cfg.d_model * longest,
-                 "their tokens, samples and residual streams")
+    check_memory(
+        cfg.qa,
+        len(items),
+        8 * longest * (cfg.k_samples + 2) + 8 * model.cfg.d_model * longest,
+        "their tokens, samples and residual streams",
+    )
     return LocalInputs(items, model, tokenizer, route, prompts)
 
 
@@ -98,8 +114,15 @@ def normalise(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip().strip(".").strip().lower()
 
 
-def qa_readouts(model: HookedTransformer, middle_hook: str, sequences: list[Tensor], prompt_lengths: list[int],
-                lengths: list[int], false: np.ndarray, cfg: Config) -> tuple[dict[str, Any], dict[str, str]]:
+def qa_readouts(
+    model: HookedTransformer,
+    middle_hook: str,
+    sequences: list[Tensor],
+    prompt_lengths: list[int],
+    lengths: list[int],
+    false: np.ndarray,
+    cfg: Config,
+) -> tuple[dict[str, Any], dict[str, str]]:
     """The probe (`middle_hook`, every answer token, label: the answer is false) and P(IK) (the last block's residual
     stream at the last prompt token, label: the answer is right — the calibration experiment's readout on a local
     model), each cross-fitted over `cfg.qa_folds` folds of questions (`cross_fit_probe`, the same folds for both):
@@ -111,20 +134,35 @@ def qa_readouts(model: HookedTransformer, middle_hook: str, sequences: list[Tens
     probe_rows, pik_rows = [], []
     for tokens, p, n in zip(sequences, prompt_lengths, lengths):
         acts = residuals(model, tokens, [middle_hook, last_hook])
-        probe_rows.append(acts[middle_hook][0, p - 1:p - 1 + n])
+        probe_rows.append(acts[middle_hook][0, p - 1 : p - 1 + n])
         pik_rows.append(acts[last_hook][0, p - 1])
     questions = np.arange(len(sequences))
-    probe = cross_fit_probe(torch.cat(probe_rows), np.repeat(false, lengths), np.repeat(questions, lengths),
-                            cfg.qa_folds, seed=cfg.seed)
+    probe = cross_fit_probe(
+        torch.cat(probe_rows), np.repeat(false, lengths), np.repeat(questions, lengths), cfg.qa_folds, seed=cfg.seed
+    )
     p_ik = cross_fit_probe(torch.stack(pik_rows), ~false, questions, cfg.qa_folds, seed=cfg.seed)
-    out: dict[str, Any] = {"info": {
-        "scheme": f"cross-fitted: the questions dealt into {cfg.qa_folds} folds (independently of their answers), each "
-                  "fold scored by the probe fitted on the other folds",
-        "folds": [f.tolist() for f in (probe.folds or p_ik.folds)],
-        "probe": {"hook": middle_hook, "position": "every answer token", "label": "the answer is false",
-                  "regularization": probe.regularization, "why_not": probe.why},
-        "p_ik": {"hook": last_hook, "position": "the last prompt token", "label": "the answer is right",
-                 "regularization": p_ik.regularization, "why_not": p_ik.why}}}
+    out: dict[str, Any] = {
+        "info": {
+            "scheme": f"cross-fitted: the questions dealt into {cfg.qa_folds} folds "
+            "(independently of their answers), each "
+            "fold scored by the probe fitted on the other folds",
+            "folds": [f.tolist() for f in (probe.folds or p_ik.folds)],
+            "probe": {
+                "hook": middle_hook,
+                "position": "every answer token",
+                "label": "the answer is false",
+                "regularization": probe.regularization,
+                "why_not": probe.why,
+            },
+            "p_ik": {
+                "hook": last_hook,
+                "position": "the last prompt token",
+                "label": "the answer is right",
+                "regularization": p_ik.regularization,
+                "why_not": p_ik.why,
+            },
+        }
+    }
     unavailable = {}
     if probe.scores is None:
         unavailable["probe"] = f"not enough data: {probe.why}"
@@ -137,19 +175,27 @@ def qa_readouts(model: HookedTransformer, middle_hook: str, sequences: list[Tens
     return out, unavailable
 
 
-def abstention_alphas(alphas: tuple[float, ...], n_calibration: int, n_test: int,
-                      delta: float) -> tuple[list[float], list[dict[str, Any]]]:
+def abstention_alphas(
+    alphas: tuple[float, ...], n_calibration: int, n_test: int, delta: float
+) -> tuple[list[float], list[dict[str, Any]]]:
     """The α at which both abstention rules can answer anything with `n_calibration` calibration prompts — CRC needs
     n ≥ ⌈1/α⌉ − 1 (`crc_min_calibration`), LTT n ≥ ⌈ln δ / ln(1 − α)⌉ (`ltt_min_answered`) — and a test split to
     score them on; the others with the reason in words."""
     scored, skipped = [], []
     for alpha in alphas:
-        need = {"conformal risk control": crc_min_calibration(alpha),
-                f"Learn then Test (δ = {delta:g})": ltt_min_answered(alpha, delta)}
+        need = {
+            "conformal risk control": crc_min_calibration(alpha),
+            f"Learn then Test (δ = {delta:g})": ltt_min_answered(alpha, delta),
+        }
         short = [f"{rule} needs at least {n}" for rule, n in need.items() if n_calibration < n]
         if short:
-            skipped.append({"alpha": alpha, "why_not": f"the calibration split holds {n_calibration} questions and "
-                                                       f"{' and '.join(short)} to answer anything at α = {alpha:g}"})
+            skipped.append(
+                {
+                    "alpha": alpha,
+                    "why_not": f"the calibration split holds {n_calibration} questions and "
+                    f"{' and '.join(short)} to answer anything at α = {alpha:g}",
+                }
+            )
         elif n_test == 0:
             skipped.append({"alpha": alpha, "why_not": "the test split holds no questions"})
         else:
@@ -177,7 +223,7 @@ def run_qa(cfg: Config, out: Path, inputs: Any = None) -> dict[str, Any]:
         """The answer: the continuation up to its first line break or end of text, and how many tokens made it."""
         for k in range(1, len(new) + 1):
             if (eos is not None and new[k - 1] == eos) or "\n" in text_of(new[:k]):
-                return text_of(new[:k - 1]).split("\n")[0], max(1, k - 1)
+                return text_of(new[: k - 1]).split("\n")[0], max(1, k - 1)
         return text_of(new), len(new)
 
     rows, series, lengths, prompts, sequences = [], {name: [] for name in monitor.token_signals}, [], [], []
@@ -187,13 +233,20 @@ def run_qa(cfg: Config, out: Path, inputs: Any = None) -> dict[str, Any]:
             result = monitor.generate(tokens, cfg.qa_max_new_tokens, eos_token_id=eos)
             new = result.new_tokens[0].tolist()
             answer, length = answer_of(new)
-            rows.append({"question": item["question"], "answer": item["answer"], "generated": answer,
-                         "n_answer_tokens": length, "false": normalise(answer) != normalise(item["answer"])})
+            rows.append(
+                {
+                    "question": item["question"],
+                    "answer": item["answer"],
+                    "generated": answer,
+                    "n_answer_tokens": length,
+                    "false": normalise(answer) != normalise(item["answer"]),
+                }
+            )
             for name in monitor.token_signals:
                 series[name].append(result.signals[name][0, :length])
             lengths.append(length)
             prompts.append(tokens)
-            sequences.append(result.tokens[:, :len(ids) + length])
+            sequences.append(result.tokens[:, : len(ids) + length])
             counter.update()
     timing["monitored_generation_s"] = time.perf_counter() - began
     frame = pd.DataFrame(rows)
@@ -204,16 +257,24 @@ def run_qa(cfg: Config, out: Path, inputs: Any = None) -> dict[str, Any]:
 
     # k answers per question at T = 1, each cut like the greedy one and compared after exact match's normalisation
     began = time.perf_counter()
-    values = sampling_risks(model, prompts, [normalise(a) for a in frame["generated"]],
-                            lambda ids: normalise(answer_of(ids)[0]), cfg.k_samples, cfg.qa_max_new_tokens,
-                            cfg.seed + 31, eos)
+    values = sampling_risks(
+        model,
+        prompts,
+        [normalise(a) for a in frame["generated"]],
+        lambda ids: normalise(answer_of(ids)[0]),
+        cfg.k_samples,
+        cfg.qa_max_new_tokens,
+        cfg.seed + 31,
+        eos,
+    )
     timing["sampling_s"] = time.perf_counter() - began
 
     readout_info: dict[str, Any] = {}
     if hooked:
         began = time.perf_counter()
-        fitted, missing = qa_readouts(model, monitor.middle_hook, sequences, [p.shape[1] for p in prompts], lengths,
-                                      false, cfg)
+        fitted, missing = qa_readouts(
+            model, monitor.middle_hook, sequences, [p.shape[1] for p in prompts], lengths, false, cfg
+        )
         timing["readouts_s"] = time.perf_counter() - began
         readout_info = fitted["info"]
         unavailable = {k: v for k, v in unavailable.items() if k not in TRAINED} | missing
@@ -223,34 +284,45 @@ def run_qa(cfg: Config, out: Path, inputs: Any = None) -> dict[str, Any]:
             values["p_ik"] = fitted["p_ik"]
 
     width = max(lengths)
-    padded = {name: torch.stack([torch.nn.functional.pad(t, (0, width - len(t))) for t in ts])
-              for name, ts in series.items()}
+    padded = {
+        name: torch.stack([torch.nn.functional.pad(t, (0, width - len(t))) for t in ts]) for name, ts in series.items()
+    }
     length_tensor = torch.tensor(lengths)
     signs = choose_signs(claim_risks(padded, values, length_tensor, RISK_SIGN), false, split == "fit")
     risks = claim_risks(padded, values, length_tensor, signs)
     for name, value in risks.items():
         frame[f"risk_{name}"] = value
     kinds = np.array(["qa"] * len(frame))
-    alphas, skipped = abstention_alphas(cfg.alphas, int((split == "calibration").sum()), int((split == "test").sum()),
-                                        cfg.ltt_delta)
+    alphas, skipped = abstention_alphas(
+        cfg.alphas, int((split == "calibration").sum()), int((split == "test").sum()), cfg.ltt_delta
+    )
     rows_out, abstention, curves = judge(risks, false, kinds, split, signs, cfg, alphas=alphas)
     for row in rows_out:
         row["by_kind"] = {}
     results: dict[str, Any] = {
-        "source": {"model": str(cfg.model), "route": route, "qa": str(cfg.qa), "n_items": len(items),
-                   "prompt_example": qa_prompt(items[0]["question"]), "hooked": hooked,
-                   "scoring": "exact match of the continuation up to its first line break, case, surrounding spaces "
-                              "and full stops aside",
-                   "n_by_split": {s: int((split == s).sum()) for s in SPLITS},
-                   "split": "questions drawn into fit / calibration / test, disjoint; fit chooses the signs of the "
-                            "untrained signals and LTT's grid, calibration the thresholds, test reports; the probe "
-                            "and P(IK) are cross-fitted over folds of all the questions"},
+        "source": {
+            "model": str(cfg.model),
+            "route": route,
+            "qa": str(cfg.qa),
+            "n_items": len(items),
+            "prompt_example": qa_prompt(items[0]["question"]),
+            "hooked": hooked,
+            "scoring": "exact match of the continuation up to its first line break, case, surrounding spaces "
+            "and full stops aside",
+            "n_by_split": {s: int((split == s).sum()) for s in SPLITS},
+            "split": "questions drawn into fit / calibration / test, disjoint; fit chooses the signs of the "
+            "untrained signals and LTT's grid, calibration the thresholds, test reports; the probe "
+            "and P(IK) are cross-fitted over folds of all the questions",
+        },
         "answers": {"qa": {"n": len(frame), "false_rate": float(false.mean())}},
         "readouts": readout_info,
         "k_samples": cfg.k_samples,
         "unavailable": unavailable,
-        "signals": rows_out, "abstention": abstention, "abstention_unavailable": skipped,
-        "abstention_signal": ABSTENTION_SIGNAL, "alphas": list(cfg.alphas),
+        "signals": rows_out,
+        "abstention": abstention,
+        "abstention_unavailable": skipped,
+        "abstention_signal": ABSTENTION_SIGNAL,
+        "alphas": list(cfg.alphas),
     }
     results["headlines"] = headlines(results)
     results["timing"] = timing

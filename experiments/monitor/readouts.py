@@ -4,10 +4,9 @@ from pathlib import Path
 
 import torch
 
+from experiments.monitor.config import READOUT_FILE
 from lab.analysis.monitor import LinearReadout
 from lab.files import atomic_write
-
-from experiments.monitor.config import READOUT_FILE
 
 
 # --------------------------------------------------------------------------------------------

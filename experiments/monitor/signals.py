@@ -8,14 +8,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from experiments.monitor.config import SUBJECT, TRAINED
+from experiments.monitor.setting import Setting
 from lab.analysis.monitor import RISK_SIGN, LinearReadout, Monitor, claim_risk, sample_continuations
 from lab.analysis.probes import fit_probe
 from lab.metrics.calibration import MIN_PER_CLASS, auroc
 from lab.metrics.selective import answer_agreement, discrete_semantic_entropy
 from lab.model import HookedTransformer
-
-from experiments.monitor.config import SUBJECT, TRAINED
-from experiments.monitor.setting import Setting
 
 
 # --------------------------------------------------------------------------------------------
@@ -36,8 +35,11 @@ def monitored(monitor: Monitor, prompts: Tensor, n_new: int) -> tuple[Tensor, di
             signals.setdefault(name, []).append(value)
         for name, value in out.prompt_signals.items():
             prompt_signals.setdefault(name, []).append(value)
-    return (torch.cat(tokens), {k: torch.cat(v) for k, v in signals.items()},
-            {k: torch.cat(v) for k, v in prompt_signals.items()})
+    return (
+        torch.cat(tokens),
+        {k: torch.cat(v) for k, v in signals.items()},
+        {k: torch.cat(v) for k, v in prompt_signals.items()},
+    )
 
 
 @torch.inference_mode()
@@ -51,16 +53,25 @@ def residuals(model: HookedTransformer, tokens: Tensor, hooks: list[str]) -> dic
     return {h: torch.cat(v) for h, v in out.items()}
 
 
-def fit_readouts(model: HookedTransformer, tokens: Tensor, prompt_len: int, n_new: int, false: np.ndarray,
-                 groups: np.ndarray, seed: int) -> tuple[LinearReadout | None, LinearReadout | None, dict[str, Any]]:
+def fit_readouts(
+    model: HookedTransformer,
+    tokens: Tensor,
+    prompt_len: int,
+    n_new: int,
+    false: np.ndarray,
+    groups: np.ndarray,
+    seed: int,
+) -> tuple[LinearReadout | None, LinearReadout | None, dict[str, Any]]:
     """The probe (middle layer, every answer token, label: the claim is false) and P(IK) (last layer, last name
     token, label: the claim is right), logistic, fitted on these rows only (the fit split's subjects)."""
     middle = max(0, model.cfg.n_layers // 2 - 1)
     middle_hook, last_hook = f"blocks.{middle}.hook_resid_post", f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
     info: dict[str, Any] = {}
     if min(int(false.sum()), int((~false).sum())) < MIN_PER_CLASS:
-        why = (f"the fit split holds {int(false.sum())} false and {int((~false).sum())} right claims: a readout "
-               f"needs at least {MIN_PER_CLASS} of each")
+        why = (
+            f"the fit split holds {int(false.sum())} false and {int((~false).sum())} right claims: a readout "
+            f"needs at least {MIN_PER_CLASS} of each"
+        )
         return None, None, {"probe": why, "p_ik": why}
     acts = residuals(model, tokens, [middle_hook, last_hook])
     produced = list(range(prompt_len - 1, prompt_len - 1 + n_new))  # the positions that produced each answer token
@@ -71,14 +82,18 @@ def fit_readouts(model: HookedTransformer, tokens: Tensor, prompt_len: int, n_ne
     probe = None if probe_fit.constant else LinearReadout.from_probe(probe_fit, middle_hook)
     p_ik = None if pik_fit.constant else LinearReadout.from_probe(pik_fit, last_hook, position=SUBJECT[-1])
     for name, fitted in (("probe", probe_fit), ("p_ik", pik_fit)):
-        info[name] = {"hook": middle_hook if name == "probe" else last_hook,
-                      "held_out_auroc_within_fit": fitted.metrics["auroc"].value if "auroc" in fitted.metrics
-                      else None, "regularization": fitted.regularization, "constant": fitted.constant}
+        info[name] = {
+            "hook": middle_hook if name == "probe" else last_hook,
+            "held_out_auroc_within_fit": fitted.metrics["auroc"].value if "auroc" in fitted.metrics else None,
+            "regularization": fitted.regularization,
+            "constant": fitted.constant,
+        }
     return probe, p_ik, info
 
 
-def claim_risks(series: dict[str, Tensor], values: dict[str, np.ndarray], lengths: Tensor,
-                signs: dict[str, int]) -> dict[str, np.ndarray]:
+def claim_risks(
+    series: dict[str, Tensor], values: dict[str, np.ndarray], lengths: Tensor, signs: dict[str, int]
+) -> dict[str, np.ndarray]:
     """Each claim's risk under `signs`: a token signal's riskiest answer token (`claim_risk`), sign · value for a
     signal read once per prompt."""
     risks = {name: claim_risk(s, lengths, signs[name]).numpy() for name, s in series.items()}
@@ -86,7 +101,8 @@ def claim_risks(series: dict[str, Tensor], values: dict[str, np.ndarray], length
 
 
 def choose_signs(a_priori: dict[str, np.ndarray], false: np.ndarray, fit: np.ndarray) -> dict[str, int]:
-    """Each signal's sign: the probe's and P(IK)'s are their labels' (RISK_SIGN); any other signal keeps RISK_SIGN when the claim risk under it (`a_priori`) has AUROC ≥ ½ for a false claim on
+    """Each signal's sign: the probe's and P(IK)'s are their labels' (RISK_SIGN); any other signal keeps RISK_SIGN when
+    the claim risk under it (`a_priori`) has AUROC ≥ ½ for a false claim on
     the fit split — or the fit split lacks a class —, the opposite sign otherwise."""
     signs = {}
     for name, risk in a_priori.items():
@@ -103,8 +119,16 @@ def value_strings(setting: Setting, new_tokens: Tensor) -> list[str]:
     return [" ".join(vocab.id_to_token(int(t)) for t in row) for row in new_tokens]
 
 
-def sampling_risks(model: Any, batches: list[Tensor], answers: list[str], answer_of: Any, k: int, n_new: int,
-                   seed: int, eos_token_id: int | None = None) -> dict[str, np.ndarray]:
+def sampling_risks(
+    model: Any,
+    batches: list[Tensor],
+    answers: list[str],
+    answer_of: Any,
+    k: int,
+    n_new: int,
+    seed: int,
+    eos_token_id: int | None = None,
+) -> dict[str, np.ndarray]:
     """Self-consistency and semantic entropy over k answers sampled at T = 1 (risk values before any sign): the
     prompts come in `batches` (rows of one length each), `answer_of` turns a sampled row of new tokens into the
     answer compared with `answers` (the greedy ones) and with the other samples. Each batch is seeded with `seed`
@@ -112,7 +136,7 @@ def sampling_risks(model: Any, batches: list[Tensor], answers: list[str], answer
     agreement, entropy, start = [], [], 0
     for batch in batches:
         samples = sample_continuations(model, batch, k, n_new, seed=seed + start, eos_token_id=eos_token_id)
-        for row, answer in zip(samples, answers[start:start + len(batch)]):
+        for row, answer in zip(samples, answers[start : start + len(batch)]):
             texts = [answer_of(s.tolist()) for s in row]
             agreement.append(answer_agreement(texts, answer))
             entropy.append(discrete_semantic_entropy(texts))

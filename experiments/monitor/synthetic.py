@@ -8,17 +8,23 @@ from typing import Any
 import numpy as np
 import torch
 
-from lab.analysis.monitor import RISK_SIGN, Monitor
-from lab.runs import save_table
-
 from experiments.monitor.config import ABSTENTION_SIGNAL, ATTRIBUTE, KINDS, SPLITS, Config
 from experiments.monitor.figures import write_figures
 from experiments.monitor.judging import judge
 from experiments.monitor.readouts import save_readouts
 from experiments.monitor.setting import make_setting, train_model
-from experiments.monitor.signals import (row_slices, choose_signs, claim_risks, fit_readouts, monitored, sampling_risks,
-                                         value_strings)
+from experiments.monitor.signals import (
+    choose_signs,
+    claim_risks,
+    fit_readouts,
+    monitored,
+    row_slices,
+    sampling_risks,
+    value_strings,
+)
 from experiments.monitor.summary import headlines
+from lab.analysis.monitor import RISK_SIGN, Monitor
+from lab.runs import save_table
 
 
 # --------------------------------------------------------------------------------------------
@@ -39,8 +45,9 @@ def run_synthetic(cfg: Config, out: Path) -> dict[str, Any]:
     first, _, _ = monitored(Monitor(model), prompts[fit], n_new)
     answers_fit = value_strings(setting, first)
     false_fit = np.array([a != t for a, t in zip(answers_fit, subjects["truth"][fit])])
-    probe, p_ik, readout_info = fit_readouts(model, torch.cat([prompts[fit], first], 1), prompts.shape[1], n_new,
-                                             false_fit, groups[fit], cfg.seed)
+    probe, p_ik, readout_info = fit_readouts(
+        model, torch.cat([prompts[fit], first], 1), prompts.shape[1], n_new, false_fit, groups[fit], cfg.seed
+    )
     timing["readouts_s"] = time.perf_counter() - began
 
     began = time.perf_counter()
@@ -54,9 +61,15 @@ def run_synthetic(cfg: Config, out: Path) -> dict[str, Any]:
 
     began = time.perf_counter()
     values = {name: value.double().numpy() for name, value in prompt_signals.items()}
-    values |= sampling_risks(model, [prompts[part] for part in row_slices(len(prompts), 256)], answers,
-                             lambda ids: " ".join(setting.tokenizer.id_to_token(int(t)) for t in ids),
-                             cfg.k_samples, n_new, cfg.seed + 31)
+    values |= sampling_risks(
+        model,
+        [prompts[part] for part in row_slices(len(prompts), 256)],
+        answers,
+        lambda ids: " ".join(setting.tokenizer.id_to_token(int(t)) for t in ids),
+        cfg.k_samples,
+        n_new,
+        cfg.seed + 31,
+    )
     timing["sampling_s"] = time.perf_counter() - began
     signs = choose_signs(claim_risks(token_signals, values, lengths, RISK_SIGN), false, fit)
     risks = claim_risks(token_signals, values, lengths, signs)
@@ -69,19 +82,31 @@ def run_synthetic(cfg: Config, out: Path) -> dict[str, Any]:
     for name, value in risks.items():
         frame[f"risk_{name}"] = value
     results: dict[str, Any] = {
-        "world": {"n_persons": cfg.n_persons, "n_train_statements": cfg.n_train,
-                  "monofact_rate": setting.world.monofact_rate(), "n_values": len(setting.world.value_spaces[ATTRIBUTE]),
-                  "prompt": "<bos> First Last birthday", "statement": "<bos> First Last birthday Month day . <eos>",
-                  "n_subjects": {kind: int((kinds == kind).sum()) for kind in KINDS},
-                  "n_by_split": {s: int((split == s).sum()) for s in SPLITS},
-                  "split": "subjects (persons and invented name pairs) drawn into fit / calibration / test, disjoint; "
-                           "fit trains the probe and P(IK) and chooses the signs, calibration the thresholds, test "
-                           "reports",
-                  "held_out": setting.held_out},
-        "model": {"d_model": cfg.d_model, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
-                  "middle_layer": monitor.middle_layer, "attention_layers": list(monitor.attention_layers), **training},
-        "answers": {kind: {"n": int((kinds == kind).sum()), "false_rate": float(false[kinds == kind].mean())}
-                    for kind in KINDS},
+        "world": {
+            "n_persons": cfg.n_persons,
+            "n_train_statements": cfg.n_train,
+            "monofact_rate": setting.world.monofact_rate(),
+            "n_values": len(setting.world.value_spaces[ATTRIBUTE]),
+            "prompt": "<bos> First Last birthday",
+            "statement": "<bos> First Last birthday Month day . <eos>",
+            "n_subjects": {kind: int((kinds == kind).sum()) for kind in KINDS},
+            "n_by_split": {s: int((split == s).sum()) for s in SPLITS},
+            "split": "subjects (persons and invented name pairs) drawn into fit / calibration / test, disjoint; "
+            "fit trains the probe and P(IK) and chooses the signs, calibration the thresholds, test "
+            "reports",
+            "held_out": setting.held_out,
+        },
+        "model": {
+            "d_model": cfg.d_model,
+            "n_layers": cfg.n_layers,
+            "n_heads": cfg.n_heads,
+            "middle_layer": monitor.middle_layer,
+            "attention_layers": list(monitor.attention_layers),
+            **training,
+        },
+        "answers": {
+            kind: {"n": int((kinds == kind).sum()), "false_rate": float(false[kinds == kind].mean())} for kind in KINDS
+        },
         "readouts": readout_info,
         "unavailable": dict(monitor.unavailable),
         "signals": rows,

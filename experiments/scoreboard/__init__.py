@@ -63,8 +63,12 @@ def run(cfg: Config, out: Path) -> dict[str, Any]:
     clock = time.perf_counter()
     profile = cfg.profile
     # The longest parts first; every tensor is small, so each part runs on one intra-op thread.
-    tasks = [(source_part, "induction", profile, cfg.seed, out), (facts_part, profile, cfg.seed, out),
-             (source_part, "markov", profile, cfg.seed, out), (source_part, "mess3", profile, cfg.seed, out)]
+    tasks = [
+        (source_part, "induction", profile, cfg.seed, out),
+        (facts_part, profile, cfg.seed, out),
+        (source_part, "markov", profile, cfg.seed, out),
+        (source_part, "mess3", profile, cfg.seed, out),
+    ]
     with torch_threads(1):
         parts = run_tasks(tasks, workers=cfg.workers, threads=1)
     worlds = {part["world"]: part for part in parts}
@@ -72,10 +76,21 @@ def run(cfg: Config, out: Path) -> dict[str, Any]:
     save_table(table, out, "scoreboard")
     simplex = worlds["mess3"].pop("simplex")
     points = worlds["induction"]["attribution_patching"].pop("points")
-    save_table([{"sweep": sweep, "estimate": a, "exhaustive": e} for sweep, pair in points.items()
-                for a, e in zip(pair["estimate"], pair["exhaustive"])], out, "attribution_patching_points")
-    results: dict[str, Any] = {"profile": dataclasses.asdict(profile), "table": table, "worlds": worlds,
-                               "seconds": {name: part.pop("seconds") for name, part in worlds.items()}}
+    save_table(
+        [
+            {"sweep": sweep, "estimate": a, "exhaustive": e}
+            for sweep, pair in points.items()
+            for a, e in zip(pair["estimate"], pair["exhaustive"])
+        ],
+        out,
+        "attribution_patching_points",
+    )
+    results: dict[str, Any] = {
+        "profile": dataclasses.asdict(profile),
+        "table": table,
+        "worlds": worlds,
+        "seconds": {name: part.pop("seconds") for name, part in worlds.items()},
+    }
     results["headlines"] = headlines(results)
     began = time.perf_counter()
     results["figures"] = write_figures(out, results, simplex, points)

@@ -15,8 +15,16 @@ MESS3_WORLD = {"kind": "mess3", "x": 0.05, "alpha": 0.85, "seed": 0}  # Shai et 
 INDUCTION_WORLD = {"kind": "induction", "vocab_size": 16, "min_period": 3, "max_period": 7, "seed": 0}
 # Arbitrary facts (Kalai & Vempala's world) with one attribute of 8 single-word values, in two sentence forms;
 # every fact is in training many times (popularity ≥ 1, 6,000 draws over 120 facts): the model knows them all.
-FACTS_WORLD = {"n_first_names": 20, "n_last_names": 20, "n_persons": 120, "attributes": ["team"], "n_values": 8,
-               "n_train": 6000, "pareto_gamma": 1.5, "seed": 0}
+FACTS_WORLD = {
+    "n_first_names": 20,
+    "n_last_names": 20,
+    "n_persons": 120,
+    "attributes": ["team"],
+    "n_values": 8,
+    "n_train": 6000,
+    "pareto_gamma": 1.5,
+    "seed": 0,
+}
 FIGURES = ("lenses", "attribution", "belief_simplex", "probes", "heads", "attribution_patching")
 LENSES = ("logit", "tuned", "jacobian")
 
@@ -43,13 +51,29 @@ class Profile:
     ig_steps: int = 32
 
 
-DEFAULT = Profile(d_model=64, steps={"markov": 3000, "mess3": 3000, "induction": 3000, "facts": 4000},
-                  eval_prompts=1024, fit_prompts=512, attribution_prompts=256, patching_prompts=64, n_boot=1000,
-                  transcoder_features=512, transcoder_steps=800)
+DEFAULT = Profile(
+    d_model=64,
+    steps={"markov": 3000, "mess3": 3000, "induction": 3000, "facts": 4000},
+    eval_prompts=1024,
+    fit_prompts=512,
+    attribution_prompts=256,
+    patching_prompts=64,
+    n_boot=1000,
+    transcoder_features=512,
+    transcoder_steps=800,
+)
 # Quick is the default at a smaller size: narrower models, a sixth to a quarter of the training, fewer prompts.
-QUICK = Profile(d_model=32, steps={"markov": 500, "mess3": 500, "induction": 800, "facts": 1000},
-                eval_prompts=192, fit_prompts=96, attribution_prompts=48, patching_prompts=12, n_boot=400,
-                transcoder_features=128, transcoder_steps=200)
+QUICK = Profile(
+    d_model=32,
+    steps={"markov": 500, "mess3": 500, "induction": 800, "facts": 1000},
+    eval_prompts=192,
+    fit_prompts=96,
+    attribution_prompts=48,
+    patching_prompts=12,
+    n_boot=400,
+    transcoder_features=128,
+    transcoder_steps=200,
+)
 
 
 @dataclass

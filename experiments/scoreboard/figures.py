@@ -15,10 +15,16 @@ COLOURS = {"logit": "#1f77b4", "tuned": "#2ca02c", "jacobian": "#d62728"}
 
 def _errors(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Plotly asymmetric error bars from rows with value, low and high (none where there is no interval)."""
+
     def gap(a: Any, b: Any) -> float:
         return float(a - b) if a is not None and b is not None and math.isfinite(a) and math.isfinite(b) else 0.0
-    return {"type": "data", "symmetric": False, "array": [gap(r["high"], r["value"]) for r in rows],
-            "arrayminus": [gap(r["value"], r["low"]) for r in rows]}
+
+    return {
+        "type": "data",
+        "symmetric": False,
+        "array": [gap(r["high"], r["value"]) for r in rows],
+        "arrayminus": [gap(r["value"], r["low"]) for r in rows],
+    }
 
 
 def lenses_figure(results: dict[str, Any]) -> Any:
@@ -26,26 +32,58 @@ def lenses_figure(results: dict[str, Any]) -> Any:
     from plotly.subplots import make_subplots
 
     worlds = [w for w in ("markov", "mess3", "induction") if w in results["worlds"]]
-    figure = make_subplots(rows=2, cols=len(worlds), shared_xaxes=True, vertical_spacing=0.08,
-                           subplot_titles=[f"{w}: KL(p ‖ lens)" for w in worlds] + [f"{w}: KL(P_θ ‖ lens)" for w in worlds])
+    figure = make_subplots(
+        rows=2,
+        cols=len(worlds),
+        shared_xaxes=True,
+        vertical_spacing=0.08,
+        subplot_titles=[f"{w}: KL(p ‖ lens)" for w in worlds] + [f"{w}: KL(P_θ ‖ lens)" for w in worlds],
+    )
     for col, world in enumerate(worlds, start=1):
         for lens in LENSES:
             for row_index, grade in ((1, "kl_true"), (2, "kl_model")):
-                rows = [r for r in results["table"] if r["method"] == f"{lens} lens" and r["world"] == world
-                        and r["grade"] == grade and not (grade == "kl_model" and r["readout"] == "output")]
-                figure.add_trace(go.Scatter(x=[r["readout"] for r in rows], y=[r["value"] for r in rows],
-                                            error_y=_errors(rows), mode="lines+markers", name=f"{lens} lens",
-                                            legendgroup=lens, showlegend=col == 1 and row_index == 1,
-                                            line={"color": COLOURS[lens]}), row=row_index, col=col)
+                rows = [
+                    r
+                    for r in results["table"]
+                    if r["method"] == f"{lens} lens"
+                    and r["world"] == world
+                    and r["grade"] == grade
+                    and not (grade == "kl_model" and r["readout"] == "output")
+                ]
+                figure.add_trace(
+                    go.Scatter(
+                        x=[r["readout"] for r in rows],
+                        y=[r["value"] for r in rows],
+                        error_y=_errors(rows),
+                        mode="lines+markers",
+                        name=f"{lens} lens",
+                        legendgroup=lens,
+                        showlegend=col == 1 and row_index == 1,
+                        line={"color": COLOURS[lens]},
+                    ),
+                    row=row_index,
+                    col=col,
+                )
                 if lens == "logit":
-                    figure.add_trace(go.Scatter(x=[r["readout"] for r in rows], y=[r["chance"] for r in rows],
-                                                mode="lines", line={"dash": "dot", "color": "grey"},
-                                                name="chance (best prompt-blind law)", legendgroup="chance",
-                                                showlegend=col == 1 and row_index == 1), row=row_index, col=col)
+                    figure.add_trace(
+                        go.Scatter(
+                            x=[r["readout"] for r in rows],
+                            y=[r["chance"] for r in rows],
+                            mode="lines",
+                            line={"dash": "dot", "color": "grey"},
+                            name="chance (best prompt-blind law)",
+                            legendgroup="chance",
+                            showlegend=col == 1 and row_index == 1,
+                        ),
+                        row=row_index,
+                        col=col,
+                    )
     figure.update_yaxes(type="log", title_text="nats/token")
-    figure.update_layout(title="Lenses against the truth and against the model, every layer (95% intervals over "
-                               "held-out prompts;<br>the output row is the model itself, 0 from it by definition)",
-                         height=720)
+    figure.update_layout(
+        title="Lenses against the truth and against the model, every layer (95% intervals over "
+        "held-out prompts;<br>the output row is the model itself, 0 from it by definition)",
+        height=720,
+    )
     return figure
 
 
@@ -55,27 +93,58 @@ def attribution_figure(results: dict[str, Any]) -> Any:
 
     worlds = [w for w in ("markov", "induction", "facts") if w in results["worlds"]]
     grades = ("auroc", "relevant_mass", "rank_correlation")
-    figure = make_subplots(rows=len(grades), cols=len(worlds), shared_xaxes=True, vertical_spacing=0.06,
-                           subplot_titles=[f"{w}: {g}" for g in grades for w in worlds])
+    figure = make_subplots(
+        rows=len(grades),
+        cols=len(worlds),
+        shared_xaxes=True,
+        vertical_spacing=0.06,
+        subplot_titles=[f"{w}: {g}" for g in grades for w in worlds],
+    )
     for col, world in enumerate(worlds, start=1):
         for row_index, grade in enumerate(grades, start=1):
-            rows = [r for r in results["table"] if r["world"] == world and r["grade"] == grade
-                    and r["readout"] == "last prediction"]
+            rows = [
+                r
+                for r in results["table"]
+                if r["world"] == world and r["grade"] == grade and r["readout"] == "last prediction"
+            ]
             methods = [r["method"] for r in rows]
-            figure.add_trace(go.Bar(x=methods, y=[r["value"] for r in rows], error_y=_errors(rows), name="method",
-                                    marker_color="#1f77b4", showlegend=col == 1 and row_index == 1,
-                                    legendgroup="method"), row=row_index, col=col)
+            figure.add_trace(
+                go.Bar(
+                    x=methods,
+                    y=[r["value"] for r in rows],
+                    error_y=_errors(rows),
+                    name="method",
+                    marker_color="#1f77b4",
+                    showlegend=col == 1 and row_index == 1,
+                    legendgroup="method",
+                ),
+                row=row_index,
+                col=col,
+            )
             controls = [{"value": r["control"], "low": r["control_low"], "high": r["control_high"]} for r in rows]
-            figure.add_trace(go.Scatter(x=methods, y=[c["value"] for c in controls], error_y=_errors(controls),
-                                        mode="markers", marker={"color": "grey", "symbol": "x"},
-                                        name="control: scores permuted", showlegend=col == 1 and row_index == 1,
-                                        legendgroup="control"), row=row_index, col=col)
+            figure.add_trace(
+                go.Scatter(
+                    x=methods,
+                    y=[c["value"] for c in controls],
+                    error_y=_errors(controls),
+                    mode="markers",
+                    marker={"color": "grey", "symbol": "x"},
+                    name="control: scores permuted",
+                    showlegend=col == 1 and row_index == 1,
+                    legendgroup="control",
+                ),
+                row=row_index,
+                col=col,
+            )
             if rows:
                 figure.add_hline(y=rows[0]["chance"], line_dash="dot", row=row_index, col=col)
-    figure.update_layout(title="Input attribution of the prediction after the last token: AUROC and share of the "
-                               "mass on the truly relevant positions,<br>and Spearman ρ with the model's exhaustive "
-                               "causal effects (95% intervals over prompts; grey: the scores permuted)", height=920,
-                         barmode="group")
+    figure.update_layout(
+        title="Input attribution of the prediction after the last token: AUROC and share of the "
+        "mass on the truly relevant positions,<br>and Spearman ρ with the model's exhaustive "
+        "causal effects (95% intervals over prompts; grey: the scores permuted)",
+        height=920,
+        barmode="group",
+    )
     return figure
 
 
@@ -91,18 +160,37 @@ def simplex_figure(simplex: dict[str, Any]) -> Any:
     def plane(points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # barycentric → the equilateral triangle
         return points[:, 1] + 0.5 * points[:, 2], np.sqrt(3) / 2 * points[:, 2]
 
-    figure = make_subplots(rows=1, cols=2, subplot_titles=("true belief states η_t (forward filtering)",
-                                                           "read from the residual stream (linear probe, all layers)"))
+    figure = make_subplots(
+        rows=1,
+        cols=2,
+        subplot_titles=(
+            "true belief states η_t (forward filtering)",
+            "read from the residual stream (linear probe, all layers)",
+        ),
+    )
     for col, points in ((1, true), (2, predicted)):
         x, y = plane(points)
-        figure.add_trace(go.Scattergl(x=x, y=y, mode="markers", marker={"color": colours, "size": 3},
-                                      showlegend=False), row=1, col=col)
-        figure.add_trace(go.Scatter(x=[0, 1, 0.5, 0], y=[0, 0, np.sqrt(3) / 2, 0], mode="lines",
-                                    line={"color": "black", "width": 1}, showlegend=False), row=1, col=col)
+        figure.add_trace(
+            go.Scattergl(x=x, y=y, mode="markers", marker={"color": colours, "size": 3}, showlegend=False),
+            row=1,
+            col=col,
+        )
+        figure.add_trace(
+            go.Scatter(
+                x=[0, 1, 0.5, 0],
+                y=[0, 0, np.sqrt(3) / 2, 0],
+                mode="lines",
+                line={"color": "black", "width": 1},
+                showlegend=False,
+            ),
+            row=1,
+            col=col,
+        )
     figure.update_xaxes(visible=False)
     figure.update_yaxes(visible=False, scaleanchor="x")
-    figure.update_layout(title="Mess3: the belief simplex and the residual stream's linear image of it (held-out "
-                               "prompts)", height=500)
+    figure.update_layout(
+        title="Mess3: the belief simplex and the residual stream's linear image of it (held-out prompts)", height=500
+    )
     return figure
 
 
@@ -110,23 +198,52 @@ def probes_figure(results: dict[str, Any]) -> Any:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    panels = (("mess3", "r2 belief state", "r2 untrained", "r2 control task", "R²"),
-              ("facts", "accuracy fact value", "accuracy untrained", "accuracy control task", "accuracy"))
+    panels = (
+        ("mess3", "r2 belief state", "r2 untrained", "r2 control task", "R²"),
+        ("facts", "accuracy fact value", "accuracy untrained", "accuracy control task", "accuracy"),
+    )
     figure = make_subplots(rows=1, cols=2, subplot_titles=("Mess3: belief state (R²)", "facts: the value (accuracy)"))
     for col, (world, grade, untrained, task, _) in enumerate(panels, start=1):
         rows = [r for r in results["table"] if r["world"] == world and r["grade"] == grade]
         readouts = [r["readout"] for r in rows]
-        figure.add_trace(go.Bar(x=readouts, y=[r["value"] for r in rows], error_y=_errors(rows), name="probe",
-                                marker_color="#1f77b4", showlegend=col == 1, legendgroup="probe"), row=1, col=col)
+        figure.add_trace(
+            go.Bar(
+                x=readouts,
+                y=[r["value"] for r in rows],
+                error_y=_errors(rows),
+                name="probe",
+                marker_color="#1f77b4",
+                showlegend=col == 1,
+                legendgroup="probe",
+            ),
+            row=1,
+            col=col,
+        )
         shuffled = [{"value": r["control"], "low": r["control_low"], "high": r["control_high"]} for r in rows]
-        for name, values, colour in (("shuffled targets", shuffled, "grey"),
-                                     ("untrained model", [_row(results, world, x, untrained) for x in readouts],
-                                      "#ff7f0e"),
-                                     ("control task", [_row(results, world, x, task) for x in readouts], "#9467bd")):
-            figure.add_trace(go.Bar(x=readouts, y=[v["value"] for v in values], error_y=_errors(values), name=name,
-                                    marker_color=colour, showlegend=col == 1, legendgroup=name), row=1, col=col)
-    figure.update_layout(title="Linear probes from the residual stream against their controls (95% intervals over "
-                               "held-out prompts or persons)", barmode="group", height=500)
+        for name, values, colour in (
+            ("shuffled targets", shuffled, "grey"),
+            ("untrained model", [_row(results, world, x, untrained) for x in readouts], "#ff7f0e"),
+            ("control task", [_row(results, world, x, task) for x in readouts], "#9467bd"),
+        ):
+            figure.add_trace(
+                go.Bar(
+                    x=readouts,
+                    y=[v["value"] for v in values],
+                    error_y=_errors(values),
+                    name=name,
+                    marker_color=colour,
+                    showlegend=col == 1,
+                    legendgroup=name,
+                ),
+                row=1,
+                col=col,
+            )
+    figure.update_layout(
+        title="Linear probes from the residual stream against their controls (95% intervals over "
+        "held-out prompts or persons)",
+        barmode="group",
+        height=500,
+    )
     return figure
 
 
@@ -144,15 +261,36 @@ def heads_figure(results: dict[str, Any]) -> Any:
     heads = results["worlds"]["induction"]["heads"]
     effects = np.asarray(heads["effects"])
     labels = [f"L{layer}H{head}" for layer in range(effects.shape[0]) for head in range(effects.shape[1])]
-    figure = make_subplots(rows=1, cols=2, subplot_titles=("detector score against ablation effect, per head",
-                                                           "ablation effect (nats of copying lost)"))
+    figure = make_subplots(
+        rows=1,
+        cols=2,
+        subplot_titles=("detector score against ablation effect, per head", "ablation effect (nats of copying lost)"),
+    )
     for kind, colour in (("induction", "#d62728"), ("previous_token", "#1f77b4")):
-        figure.add_trace(go.Scatter(x=np.asarray(heads["scores"][kind]).ravel(), y=effects.ravel(), text=labels,
-                                    mode="markers+text", textposition="top center", name=f"{kind} detector",
-                                    marker={"color": colour, "size": 10}), row=1, col=1)
-    figure.add_trace(go.Heatmap(z=effects, x=[f"head {h}" for h in range(effects.shape[1])],
-                                y=[f"layer {l}" for l in range(effects.shape[0])], colorscale="Reds",
-                                showscale=False), row=1, col=2)
+        figure.add_trace(
+            go.Scatter(
+                x=np.asarray(heads["scores"][kind]).ravel(),
+                y=effects.ravel(),
+                text=labels,
+                mode="markers+text",
+                textposition="top center",
+                name=f"{kind} detector",
+                marker={"color": colour, "size": 10},
+            ),
+            row=1,
+            col=1,
+        )
+    figure.add_trace(
+        go.Heatmap(
+            z=effects,
+            x=[f"head {h}" for h in range(effects.shape[1])],
+            y=[f"layer {l}" for l in range(effects.shape[0])],
+            colorscale="Reds",
+            showscale=False,
+        ),
+        row=1,
+        col=2,
+    )
     figure.update_xaxes(title_text="detector score", row=1, col=1)
     figure.update_yaxes(title_text="ablation effect (nats)", row=1, col=1)
     figure.update_layout(title="Head detectors against exhaustive mean ablation on the induction world", height=500)
@@ -168,24 +306,43 @@ def patching_figure(points: dict[str, Any]) -> Any:
     for col, sweep in enumerate(("heads", "resid_pre"), start=1):
         estimate, exhaustive = points[sweep]["estimate"], points[sweep]["exhaustive"]
         low, high = min(exhaustive + estimate), max(exhaustive + estimate)
-        figure.add_trace(go.Scattergl(x=exhaustive, y=estimate, mode="markers", marker={"size": 4}, showlegend=False),
-                         row=1, col=col)
-        figure.add_trace(go.Scatter(x=[low, high], y=[low, high], mode="lines", line={"dash": "dot", "color": "grey"},
-                                    showlegend=False), row=1, col=col)
+        figure.add_trace(
+            go.Scattergl(x=exhaustive, y=estimate, mode="markers", marker={"size": 4}, showlegend=False), row=1, col=col
+        )
+        figure.add_trace(
+            go.Scatter(
+                x=[low, high], y=[low, high], mode="lines", line={"dash": "dot", "color": "grey"}, showlegend=False
+            ),
+            row=1,
+            col=col,
+        )
         figure.update_xaxes(title_text="exhaustive patch (logit difference)", row=1, col=col)
         figure.update_yaxes(title_text="attribution patching estimate", row=1, col=col)
-    figure.update_layout(title="Attribution patching against the exhaustive sweep, every cell of every prompt "
-                               "(induction world)", height=500)
+    figure.update_layout(
+        title="Attribution patching against the exhaustive sweep, every cell of every prompt (induction world)",
+        height=500,
+    )
     return figure
 
 
 def write_figures(out: Path, results: dict[str, Any], simplex: dict[str, Any], points: dict[str, Any]) -> list[str]:
     true, predicted = np.asarray(simplex["true"]), np.asarray(simplex["predicted"])
-    save_table([{"true_0": a[0], "true_1": a[1], "true_2": a[2], "read_0": b[0], "read_1": b[1], "read_2": b[2]}
-                for a, b in zip(true, predicted)], out, "belief_simplex")
-    figures = {"lenses": lenses_figure(results), "attribution": attribution_figure(results),
-               "belief_simplex": simplex_figure(simplex), "probes": probes_figure(results),
-               "heads": heads_figure(results), "attribution_patching": patching_figure(points)}
+    save_table(
+        [
+            {"true_0": a[0], "true_1": a[1], "true_2": a[2], "read_0": b[0], "read_1": b[1], "read_2": b[2]}
+            for a, b in zip(true, predicted)
+        ],
+        out,
+        "belief_simplex",
+    )
+    figures = {
+        "lenses": lenses_figure(results),
+        "attribution": attribution_figure(results),
+        "belief_simplex": simplex_figure(simplex),
+        "probes": probes_figure(results),
+        "heads": heads_figure(results),
+        "attribution_patching": patching_figure(points),
+    }
     for name in FIGURES:
         save_figure(figures[name], out, name)
     return list(FIGURES)

@@ -44,31 +44,71 @@ def row(method: str, world: str, readout: str, grade: Grade | Metric, name: str 
     if isinstance(grade, Grade):
         fields = grade.row()
     else:
-        fields = {"grade": name, "value": grade.value, "low": grade.low, "high": grade.high,
-                  "why_no_interval": grade.why_no_interval, "better": "higher", "n": None, "chance": None,
-                  "control": None, "control_low": None, "control_high": None, "control_at_chance": None}
+        fields = {
+            "grade": name,
+            "value": grade.value,
+            "low": grade.low,
+            "high": grade.high,
+            "why_no_interval": grade.why_no_interval,
+            "better": "higher",
+            "n": None,
+            "chance": None,
+            "control": None,
+            "control_low": None,
+            "control_high": None,
+            "control_at_chance": None,
+        }
     if name is not None:
         fields["grade"] = name
     return {"method": method, "world": world, "readout": readout, **fields}
 
 
 def model_config(profile: Profile, d_vocab: int, n_ctx: int) -> ModelConfig:
-    return ModelConfig(d_vocab=d_vocab, d_model=profile.d_model, n_layers=profile.n_layers, n_heads=profile.n_heads,
-                       n_ctx=n_ctx, d_mlp=4 * profile.d_model, positions="learned", norm="layernorm", mlp="gelu")
+    return ModelConfig(
+        d_vocab=d_vocab,
+        d_model=profile.d_model,
+        n_layers=profile.n_layers,
+        n_heads=profile.n_heads,
+        n_ctx=n_ctx,
+        d_mlp=4 * profile.d_model,
+        positions="learned",
+        norm="layernorm",
+        mlp="gelu",
+    )
 
 
-def train_model(cfg: ModelConfig, profile: Profile, steps: int, seed: int, data: SequenceBatches, seq_len: int,
-                tokenizer: Any = None) -> tuple[HookedTransformer, dict[str, Any]]:
+def train_model(
+    cfg: ModelConfig,
+    profile: Profile,
+    steps: int,
+    seed: int,
+    data: SequenceBatches,
+    seq_len: int,
+    tokenizer: Any = None,
+) -> tuple[HookedTransformer, dict[str, Any]]:
     """A model trained on the world's sequences. Its unembedding bias is held at zero (every Hugging Face causal-LM
     head lacks one), so `lab.hf.to_hf` exports it for the peers' checks."""
     model = HookedTransformer(cfg, seed=seed, tokenizer=tokenizer)
     model.b_U.requires_grad_(False)
-    train_cfg = TrainConfig(steps=steps, batch_size=profile.batch_size, seq_len=seq_len, lr=profile.lr,
-                            min_lr=profile.lr / 10, warmup_steps=min(100, steps // 10), eval_interval=steps,
-                            eval_batches=2, checkpoint_every_s=0.0, seed=seed)
+    train_cfg = TrainConfig(
+        steps=steps,
+        batch_size=profile.batch_size,
+        seq_len=seq_len,
+        lr=profile.lr,
+        min_lr=profile.lr / 10,
+        warmup_steps=min(100, steps // 10),
+        eval_interval=steps,
+        eval_batches=2,
+        checkpoint_every_s=0.0,
+        seed=seed,
+    )
     result = train(model, train_cfg, data, progress=False)
-    return model.eval(), {"train": train_cfg.to_dict(), "final_train_loss_nats": result.train_loss_nats,
-                          "n_params": cfg.n_params(), **cfg.to_dict()}
+    return model.eval(), {
+        "train": train_cfg.to_dict(),
+        "final_train_loss_nats": result.train_loss_nats,
+        "n_params": cfg.n_params(),
+        **cfg.to_dict(),
+    }
 
 
 def source_sequences(source: Any, profile: Profile, steps: int, seed: int, world: str) -> SequenceBatches:
@@ -78,8 +118,15 @@ def source_sequences(source: Any, profile: Profile, steps: int, seed: int, world
     return SequenceBatches(torch.from_numpy(train_tokens), torch.from_numpy(val_tokens))
 
 
-def lens_part(model: HookedTransformer, world: str, held_out: torch.Tensor, p: np.ndarray, fit: torch.Tensor,
-              profile: Profile, seed: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def lens_part(
+    model: HookedTransformer,
+    world: str,
+    held_out: torch.Tensor,
+    p: np.ndarray,
+    fit: torch.Tensor,
+    profile: Profile,
+    seed: int,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The logit, tuned and Jacobian lenses, fitted on `fit` and graded on `held_out` (positions 0 … L − 2, those
     the model was trained to predict from), every layer."""
     seconds = {}
@@ -95,44 +142,94 @@ def lens_part(model: HookedTransformer, world: str, held_out: torch.Tensor, p: n
     rows, curves = [], {}
     for name, lens in lenses.items():
         graded = grade_lens(model, held_out, p, lens, valid=valid, n_boot=profile.n_boot, seed=seed)
-        curves[name] = [{"layer": label, **{f"{k}_{f}": v for k, g in layer.items()
-                                           for f, v in (("nats", g.value.value), ("low", g.value.low),
-                                                        ("high", g.value.high), ("control", g.control.value))}}
-                        for label, layer in zip(labels, graded)]
+        curves[name] = [
+            {
+                "layer": label,
+                **{
+                    f"{k}_{f}": v
+                    for k, g in layer.items()
+                    for f, v in (
+                        ("nats", g.value.value),
+                        ("low", g.value.low),
+                        ("high", g.value.high),
+                        ("control", g.control.value),
+                    )
+                },
+            }
+            for label, layer in zip(labels, graded)
+        ]
         for label, layer in zip(labels, graded):
             rows += [row(f"{name} lens", world, label, grade) for grade in layer.values()]
-    extra = {"tuned_train_kl_nats": tuned.train_kl_nats, "tuned_evaluations": tuned.evaluations,
-             "jacobian_prompts": jacobian.n_prompts, "fit_prompts": int(fit.shape[0]), "seconds": seconds}
+    extra = {
+        "tuned_train_kl_nats": tuned.train_kl_nats,
+        "tuned_evaluations": tuned.evaluations,
+        "jacobian_prompts": jacobian.n_prompts,
+        "fit_prompts": int(fit.shape[0]),
+        "seconds": seconds,
+    }
     return rows, {"curves": curves, **extra}
 
 
-def fit_transcoders(model: HookedTransformer, tokens: torch.Tensor, profile: Profile, seed: int, out: Path,
-                    pad_id: int | None = None) -> Transcoders:
+def fit_transcoders(
+    model: HookedTransformer, tokens: torch.Tensor, profile: Profile, seed: int, out: Path, pad_id: int | None = None
+) -> Transcoders:
     """Top-k transcoders (lab.analysis.transcoders, k = 16) for the model's attribution graphs, trained on a harvest
     of every position of `tokens` (the world's own text; `pad_id`'s positions left out) and kept in `out`."""
-    cfg = TranscoderConfig(d_model=model.cfg.d_model, n_layers=model.cfg.n_layers,
-                           d_features=profile.transcoder_features, activation="topk", k=16, seed=seed)
+    cfg = TranscoderConfig(
+        d_model=model.cfg.d_model,
+        n_layers=model.cfg.n_layers,
+        d_features=profile.transcoder_features,
+        activation="topk",
+        k=16,
+        seed=seed,
+    )
     training = TranscoderTraining(steps=profile.transcoder_steps, batch_size=512, lr=2e-3, seed=seed)
     with tempfile.TemporaryDirectory() as harvest:
-        store = save_activations(model, tokens, cfg.hooks(), harvest, positions="all", pad_id=pad_id,
-                                 progress=False)
+        store = save_activations(model, tokens, cfg.hooks(), harvest, positions="all", pad_id=pad_id, progress=False)
         return train_transcoders(store, cfg, training, out).eval()
 
 
-def attribution_part(model: HookedTransformer, world: str, prompts: torch.Tensor, relevant: torch.Tensor,
-                     transcoders: Transcoders, profile: Profile, seed: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def attribution_part(
+    model: HookedTransformer,
+    world: str,
+    prompts: torch.Tensor,
+    relevant: torch.Tensor,
+    transcoders: Transcoders,
+    profile: Profile,
+    seed: int,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Every input-attribution method and the attribution graph on the prediction after each prompt's last token,
     graded against the relevant positions and the model's exhaustive causal effects."""
-    graded = grade_input_attribution(model, prompts, relevant, METHODS, n_boot=profile.n_boot, seed=seed,
-                                     ig_steps=profile.ig_steps, transcoders=transcoders)
-    rows = [row(method, world, "last prediction", grade) for method, grades in graded.grades.items()
-            for grade in grades.values()]
-    summary = {method: {name: grade.row() for name, grade in grades.items()} for method, grades in graded.grades.items()}
-    return rows, {"prompts": int(prompts.shape[0]), "length": int(prompts.shape[1]),
-                  "relevant_per_prompt": float(relevant.float().sum(1).mean()), "methods": summary,
-                  "example": {"tokens": prompts[0].tolist(), "relevant": relevant[0].tolist(),
-                              "effects": graded.effects[0].tolist(),
-                              "scores": {m: s[0].tolist() for m, s in graded.scores.items()}}}
+    graded = grade_input_attribution(
+        model,
+        prompts,
+        relevant,
+        METHODS,
+        n_boot=profile.n_boot,
+        seed=seed,
+        ig_steps=profile.ig_steps,
+        transcoders=transcoders,
+    )
+    rows = [
+        row(method, world, "last prediction", grade)
+        for method, grades in graded.grades.items()
+        for grade in grades.values()
+    ]
+    summary = {
+        method: {name: grade.row() for name, grade in grades.items()} for method, grades in graded.grades.items()
+    }
+    return rows, {
+        "prompts": int(prompts.shape[0]),
+        "length": int(prompts.shape[1]),
+        "relevant_per_prompt": float(relevant.float().sum(1).mean()),
+        "methods": summary,
+        "example": {
+            "tokens": prompts[0].tolist(),
+            "relevant": relevant[0].tolist(),
+            "effects": graded.effects[0].tolist(),
+            "scores": {m: s[0].tolist() for m, s in graded.scores.items()},
+        },
+    }
 
 
 def _model_kl(model: HookedTransformer, tokens: torch.Tensor, p: np.ndarray) -> float:
@@ -150,16 +247,21 @@ def source_part(world: str, profile: Profile, seed: int, out: Path) -> dict[str,
     source = source_from_dict(world_spec(world))
     steps = profile.steps[world]
     cfg = model_config(profile, source.vocab_size, profile.seq_len)
-    model, record = train_model(cfg, profile, steps, seed, source_sequences(source, profile, steps, seed, world),
-                                profile.seq_len)
+    model, record = train_model(
+        cfg, profile, steps, seed, source_sequences(source, profile, steps, seed, world), profile.seq_len
+    )
     model.save(out / "models" / world)
     write_json(out / "models" / world / "world.json", {"source": source.to_dict()})
     seconds = {"train": time.perf_counter() - clock}
     held_out_np = source.sample(profile.eval_prompts, profile.seq_len, seed=sample_seed(seed, world, "eval"))
     held_out, p = torch.from_numpy(held_out_np), source.conditionals(held_out_np)
     fit = torch.from_numpy(source.sample(profile.fit_prompts, profile.seq_len, seed=sample_seed(seed, world, "fit")))
-    result: dict[str, Any] = {"world": world, "source": source.to_dict(), "model": record,
-                              "held_out_kl_nats": _model_kl(model, held_out, p)}
+    result: dict[str, Any] = {
+        "world": world,
+        "source": source.to_dict(),
+        "model": record,
+        "held_out_kl_nats": _model_kl(model, held_out, p),
+    }
     clock = time.perf_counter()
     rows, result["lenses"] = lens_part(model, world, held_out, p, fit, profile, seed)
     seconds["lenses"] = time.perf_counter() - clock
@@ -171,8 +273,9 @@ def source_part(world: str, profile: Profile, seed: int, out: Path) -> dict[str,
         transcoders = fit_transcoders(model, fit, profile, seed, out / "models" / world / "transcoders")
         seconds["transcoders"] = time.perf_counter() - clock
         clock = time.perf_counter()
-        more, result["attribution"] = attribution_part(model, world, torch.from_numpy(prompts_np), relevant,
-                                                       transcoders, profile, seed)
+        more, result["attribution"] = attribution_part(
+            model, world, torch.from_numpy(prompts_np), relevant, transcoders, profile, seed
+        )
         rows += more
         seconds["attribution"] = time.perf_counter() - clock
     if world == "mess3":
@@ -191,29 +294,38 @@ def source_part(world: str, profile: Profile, seed: int, out: Path) -> dict[str,
     return result
 
 
-def belief_part(model: HookedTransformer, held_out: torch.Tensor, beliefs: np.ndarray, profile: Profile,
-                seed: int) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+def belief_part(
+    model: HookedTransformer, held_out: torch.Tensor, beliefs: np.ndarray, profile: Profile, seed: int
+) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
     """Probes from every readout to the Mess3 belief state, and the figure of Shai et al. (their Fig. 1): the true
     beliefs in the simplex beside the probe's reading of the residual stream (all layers), on test prompts."""
     graded = grade_belief_probes(model, held_out, beliefs, n_boot=profile.n_boot, seed=seed)
     rows, summary = [], {}
-    metrics = {"r2_untrained": "r2 untrained", "r2_control_task": "r2 control task", "selectivity": "selectivity",
-               "r2_beyond_token_untrained": "r2 beyond the token untrained"}
+    metrics = {
+        "r2_untrained": "r2 untrained",
+        "r2_control_task": "r2 control task",
+        "selectivity": "selectivity",
+        "r2_beyond_token_untrained": "r2 beyond the token untrained",
+    }
     for readout, grades in graded.items():
         rows.append(row("linear probe", "mess3", readout, grades["r2"], "r2 belief state"))
         rows.append(row("linear probe", "mess3", readout, grades["r2_beyond_token"], "r2 beyond the token"))
         for name, label in metrics.items():
             rows.append(row("linear probe", "mess3", readout, grades[name], label))
-        summary[readout] = {"r2": grades["r2"].row(), "r2_beyond_token": grades["r2_beyond_token"].row(),
-                            **{name: dict(zip(("value", "low", "high"), grades[name][:3])) for name in metrics}}
+        summary[readout] = {
+            "r2": grades["r2"].row(),
+            "r2_beyond_token": grades["r2_beyond_token"].row(),
+            **{name: dict(zip(("value", "low", "high"), grades[name][:3])) for name in metrics},
+        }
     chosen = graded["all layers"]
     true = beliefs.reshape(-1, beliefs.shape[-1])[chosen["test_rows"]]
     simplex = {"true": true.tolist(), "predicted": chosen["test_predictions"].tolist()}
     return rows, summary, simplex
 
 
-def heads_part(model: HookedTransformer, source: Any, held_out: np.ndarray, profile: Profile,
-               seed: int) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+def heads_part(
+    model: HookedTransformer, source: Any, held_out: np.ndarray, profile: Profile, seed: int
+) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
     """Head detectors against exhaustive head ablation on the copy positions, and attribution patching against the
     exhaustive patching sweep when the copied token is swapped for one the prompt does not hold."""
     scored = torch.from_numpy(source.copy_positions(held_out))
@@ -231,19 +343,37 @@ def heads_part(model: HookedTransformer, source: Any, held_out: np.ndarray, prof
         wrong[b] = rng.choice(unseen)
         corrupted[b, copied[b]] = wrong[b]
     answer = clean[np.arange(len(clean)), copied]
-    patching = grade_attribution_patching(model, torch.from_numpy(clean), torch.from_numpy(corrupted),
-                                          torch.from_numpy(answer), torch.from_numpy(wrong), n_boot=profile.n_boot,
-                                          seed=seed)
-    rows += [row("attribution patching", "induction", grade.name.removeprefix("pearson_"), grade, "pearson r")
-             for grade in patching["grades"].values()]
-    heads_summary = {"grades": {k: g.row() for k, g in heads["grades"].items()},
-                     "effects": heads["effects"].tolist(), "necessary": heads["necessary"].tolist(),
-                     "scores": {k: v.tolist() for k, v in heads["scores"].items()}}
+    patching = grade_attribution_patching(
+        model,
+        torch.from_numpy(clean),
+        torch.from_numpy(corrupted),
+        torch.from_numpy(answer),
+        torch.from_numpy(wrong),
+        n_boot=profile.n_boot,
+        seed=seed,
+    )
+    rows += [
+        row("attribution patching", "induction", grade.name.removeprefix("pearson_"), grade, "pearson r")
+        for grade in patching["grades"].values()
+    ]
+    heads_summary = {
+        "grades": {k: g.row() for k, g in heads["grades"].items()},
+        "effects": heads["effects"].tolist(),
+        "necessary": heads["necessary"].tolist(),
+        "scores": {k: v.tolist() for k, v in heads["scores"].items()},
+    }
     first = patching["pairs"]
-    patching_summary = {"grades": {k: g.row() for k, g in patching["grades"].items()}, "prompts": len(clean),
-                        "points": {sweep: {"estimate": np.concatenate([a for a, _ in pairs]).tolist(),
-                                           "exhaustive": np.concatenate([e for _, e in pairs]).tolist()}
-                                   for sweep, pairs in first.items()}}
+    patching_summary = {
+        "grades": {k: g.row() for k, g in patching["grades"].items()},
+        "prompts": len(clean),
+        "points": {
+            sweep: {
+                "estimate": np.concatenate([a for a, _ in pairs]).tolist(),
+                "exhaustive": np.concatenate([e for _, e in pairs]).tolist(),
+            }
+            for sweep, pairs in first.items()
+        },
+    }
     return rows, heads_summary, patching_summary
 
 
@@ -260,12 +390,16 @@ def facts_part(profile: Profile, seed: int, out: Path) -> dict[str, Any]:
         return pad_documents([tokenizer.encode(f"<bos> {d} <eos>").ids for d in docs], pad, seq_len)
 
     ids, mask = encode(world.documents(form="template", seed=sample_seed(seed, "facts", "train")))
-    val_ids, val_mask = encode(world.documents(form="template", seed=sample_seed(seed, "facts", "val"),
-                                               fact_indices=world.heldout_fact_indices(256)))
+    val_ids, val_mask = encode(
+        world.documents(
+            form="template", seed=sample_seed(seed, "facts", "val"), fact_indices=world.heldout_fact_indices(256)
+        )
+    )
     steps = profile.steps["facts"]
     cfg = model_config(profile, tokenizer.get_vocab_size(), seq_len)
-    model, record = train_model(cfg, profile, steps, seed, SequenceBatches(ids, val_ids, mask, val_mask), seq_len,
-                                tokenizer)
+    model, record = train_model(
+        cfg, profile, steps, seed, SequenceBatches(ids, val_ids, mask, val_mask), seq_len, tokenizer
+    )
     model.save(out / "models" / "facts")
     seconds = {"train": time.perf_counter() - clock}
 
@@ -281,32 +415,48 @@ def facts_part(profile: Profile, seed: int, out: Path) -> dict[str, Any]:
     by_template = [prompts(template) for template in range(2)]
     with torch.inference_mode():
         recall = [float((model(t)[:, -1].argmax(-1).numpy() == v).mean()) for t, _, v in by_template]
-    result: dict[str, Any] = {"world": "facts", "summary": world.summary(), "model": record,
-                              "recall_by_template": recall}
+    result: dict[str, Any] = {
+        "world": "facts",
+        "summary": world.summary(),
+        "model": record,
+        "recall_by_template": recall,
+    }
     # Attribution on the first template ("The team of First Last is"): the name sits in the middle.
     clock = time.perf_counter()
     tokens, relevant, _ = by_template[0]
     rng = np.random.default_rng(sample_seed(seed, "facts", "attribution"))
     chosen = np.sort(rng.choice(len(tokens), size=min(profile.attribution_prompts, len(tokens)), replace=False))
-    transcoders = fit_transcoders(model, ids[:profile.fit_prompts], profile, seed, out / "models" / "facts" / "transcoders",
-                                  pad_id=pad)
+    transcoders = fit_transcoders(
+        model, ids[: profile.fit_prompts], profile, seed, out / "models" / "facts" / "transcoders", pad_id=pad
+    )
     seconds["transcoders"] = time.perf_counter() - clock
     clock = time.perf_counter()
-    rows, result["attribution"] = attribution_part(model, "facts", tokens[chosen], relevant[chosen], transcoders,
-                                                   profile, seed)
+    rows, result["attribution"] = attribution_part(
+        model, "facts", tokens[chosen], relevant[chosen], transcoders, profile, seed
+    )
     seconds["attribution"] = time.perf_counter() - clock
     clock = time.perf_counter()
     persons = np.array([fact.person_index for fact in world.facts])
-    graded = grade_value_probes(model, [t for t, _, _ in by_template], np.concatenate([v for _, _, v in by_template]),
-                                np.concatenate([persons, persons]), n_boot=profile.n_boot, seed=seed)
+    graded = grade_value_probes(
+        model,
+        [t for t, _, _ in by_template],
+        np.concatenate([v for _, _, v in by_template]),
+        np.concatenate([persons, persons]),
+        n_boot=profile.n_boot,
+        seed=seed,
+    )
     summary = {}
     for readout, grades in graded.items():
         rows.append(row("linear probe", "facts", readout, grades["accuracy"], "accuracy fact value"))
         for name in ("accuracy_untrained", "accuracy_control_task", "selectivity"):
             rows.append(row("linear probe", "facts", readout, grades[name], name.replace("_", " ")))
-        summary[readout] = {"accuracy": grades["accuracy"].row(),
-                            **{name: dict(zip(("value", "low", "high"), grades[name][:3]))
-                               for name in ("accuracy_untrained", "accuracy_control_task", "selectivity")}}
+        summary[readout] = {
+            "accuracy": grades["accuracy"].row(),
+            **{
+                name: dict(zip(("value", "low", "high"), grades[name][:3]))
+                for name in ("accuracy_untrained", "accuracy_control_task", "selectivity")
+            },
+        }
     result["probes"] = summary
     seconds["probes"] = time.perf_counter() - clock
     result["rows"] = rows

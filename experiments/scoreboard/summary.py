@@ -10,8 +10,11 @@ from typing import Any
 from lab.runs import headline
 
 WORLD_WORDS = {"markov": "the order-2 chain", "induction": "the induction world", "facts": "the fact world"}
-RELEVANT_WORDS = {"markov": "the two relevant positions", "induction": "the copied position",
-                  "facts": "the name's two words"}
+RELEVANT_WORDS = {
+    "markov": "the two relevant positions",
+    "induction": "the copied position",
+    "facts": "the name's two words",
+}
 # Of K fair controls, each clears chance at the 95% level (one side) with probability 2.5%; more than this many
 # clearing it among the run's controls would happen by accident less than once in 1,000 runs at K ≤ 400.
 CONTROL_SIDE = 0.025
@@ -60,7 +63,7 @@ def binomial_upper(k_total: int, p: float, tail: float = 1e-3) -> int:
     """The smallest k with P(Binomial(k_total, p) > k) < tail."""
     cumulative, k = 0.0, 0
     while k <= k_total:
-        cumulative += math.comb(k_total, k) * p ** k * (1 - p) ** (k_total - k)
+        cumulative += math.comb(k_total, k) * p**k * (1 - p) ** (k_total - k)
         if 1 - cumulative < tail:
             return k
         k += 1
@@ -73,25 +76,42 @@ def attribution_headline(results: dict[str, Any], world: str) -> dict[str, Any]:
     ig = rows["integrated_gradients"]
     chance = ig["chance"]
     controls = all(r["control_at_chance"] for r in rows.values())
-    graph = [r for r in results["table"] if (r["method"], r["world"], r["grade"]) ==
-             ("attribution_graph", world, "relevant_mass")]
-    sentence = (f"On {WORLD_WORDS[world]}, integrated gradients puts {_said(ig)} of its mass on "
-                f"{RELEVANT_WORDS[world]}, occlusion {_said(rows['occlusion'])}, attention "
-                f"{_said(rows['attention'])}" + (f", the attribution graph {_said(graph[0])}" if graph else "") +
-                f" (chance {chance:.2f}; {ig['n']} prompts).")
-    return headline(f"attribution_{world}", sentence, ig["value"], _interval(ig), _clears(ig, chance),
-                    *_judged(controls, _apart(ig, chance), "chance"))
+    graph = [
+        r
+        for r in results["table"]
+        if (r["method"], r["world"], r["grade"]) == ("attribution_graph", world, "relevant_mass")
+    ]
+    sentence = (
+        f"On {WORLD_WORDS[world]}, integrated gradients puts {_said(ig)} of its mass on "
+        f"{RELEVANT_WORDS[world]}, occlusion {_said(rows['occlusion'])}, attention "
+        f"{_said(rows['attention'])}"
+        + (f", the attribution graph {_said(graph[0])}" if graph else "")
+        + f" (chance {chance:.2f}; {ig['n']} prompts)."
+    )
+    return headline(
+        f"attribution_{world}",
+        sentence,
+        ig["value"],
+        _interval(ig),
+        _clears(ig, chance),
+        *_judged(controls, _apart(ig, chance), "chance"),
+    )
 
 
 def effects_headline(results: dict[str, Any], world: str) -> dict[str, Any]:
     rows = [r for r in results["table"] if r["world"] == world and r["grade"] == "rank_correlation"]
     best = max(rows, key=lambda r: r["value"])
-    return headline(f"attribution_effects_{world}",
-                    f"Against the model's own exhaustive effects on {WORLD_WORDS[world]}, {best['method']} ranks the "
-                    f"positions best (Spearman ρ = {_said(best)}); " + ", ".join(
-                        f"{r['method']} {r['value']:.2f}" for r in rows if r is not best) + ".",
-                    best["value"], _interval(best), _clears(best, 0.0),
-                    *_judged(bool(best["control_at_chance"]), _apart(best, 0.0), "0"))
+    return headline(
+        f"attribution_effects_{world}",
+        f"Against the model's own exhaustive effects on {WORLD_WORDS[world]}, {best['method']} ranks the "
+        f"positions best (Spearman ρ = {_said(best)}); "
+        + ", ".join(f"{r['method']} {r['value']:.2f}" for r in rows if r is not best)
+        + ".",
+        best["value"],
+        _interval(best),
+        _clears(best, 0.0),
+        *_judged(bool(best["control_at_chance"]), _apart(best, 0.0), "0"),
+    )
 
 
 def lens_headline(results: dict[str, Any], world: str) -> dict[str, Any]:
@@ -99,17 +119,29 @@ def lens_headline(results: dict[str, Any], world: str) -> dict[str, Any]:
     kl = {lens: find(results, f"{lens} lens", world, layer, "kl_true") for lens in ("logit", "tuned", "jacobian")}
     jacobian, logit = kl["jacobian"], kl["logit"]
     direction = int(jacobian["value"] < logit["value"]) - int(jacobian["value"] > logit["value"])
-    sentence = (f"On {WORLD_WORDS.get(world, 'the ' + world + ' world')}, read at {layer} (after one of two blocks), "
-                f"KL(p ‖ lens) is {_said(kl['tuned'])} nats for the tuned lens, {_said(jacobian)} for the Jacobian "
-                f"lens and {_said(logit)} for the logit lens: the Jacobian lens reads the truth "
-                f"{'better' if direction > 0 else 'worse'} than the logit lens here.")
-    jacobian_apart = _interval(jacobian) and _interval(logit) and (
-        jacobian["high"] < logit["low"] or logit["high"] < jacobian["low"])
+    sentence = (
+        f"On {WORLD_WORDS.get(world, 'the ' + world + ' world')}, read at {layer} (after one of two blocks), "
+        f"KL(p ‖ lens) is {_said(kl['tuned'])} nats for the tuned lens, {_said(jacobian)} for the Jacobian "
+        f"lens and {_said(logit)} for the logit lens: the Jacobian lens reads the truth "
+        f"{'better' if direction > 0 else 'worse'} than the logit lens here."
+    )
+    jacobian_apart = (
+        _interval(jacobian)
+        and _interval(logit)
+        and (jacobian["high"] < logit["low"] or logit["high"] < jacobian["low"])
+    )
     controls = all(kl[lens]["control_at_chance"] for lens in kl)
-    return headline(f"lens_{world}", sentence, jacobian["value"] - logit["value"], None, direction,
-                    bool(jacobian_apart and controls),
-                    "the Jacobian and logit lenses' intervals overlap" if not jacobian_apart else
-                    "a lens's other-prompt control reads the truth better than any prompt-blind law")
+    return headline(
+        f"lens_{world}",
+        sentence,
+        jacobian["value"] - logit["value"],
+        None,
+        direction,
+        bool(jacobian_apart and controls),
+        "the Jacobian and logit lenses' intervals overlap"
+        if not jacobian_apart
+        else "a lens's other-prompt control reads the truth better than any prompt-blind law",
+    )
 
 
 def belief_headline(results: dict[str, Any]) -> dict[str, Any]:
@@ -122,14 +154,23 @@ def belief_headline(results: dict[str, Any]) -> dict[str, Any]:
     controls = max(beyond["control_high"], beyond_untrained["high"])
     carries = bool(_interval(beyond) and _interval(beyond_untrained) and beyond["low"] > controls)
     below = bool(_interval(beyond) and beyond["high"] < controls)
-    sentence = (f"A linear probe on every layer's residual stream reads the Mess3 belief state with R² {_said(r2)} on "
-                f"held-out prompts, an untrained model of the same shape {_said(untrained)}: the current token gives "
-                f"most of it (Hewitt & Liang's selectivity {_said(selectivity)}). What the belief holds beyond the "
-                f"token, the trained model's stream gives with R² {_said(beyond)}, the untrained one's "
-                f"{_said(beyond_untrained)} (shuffled targets {beyond['control']:.2f}).")
-    return headline("belief_probe", sentence, beyond["value"], _interval(beyond), carries,
-                    *_judged(bool(r2["control_at_chance"] and beyond["control_at_chance"]), carries or below,
-                             "its controls' intervals"))
+    sentence = (
+        f"A linear probe on every layer's residual stream reads the Mess3 belief state with R² {_said(r2)} on "
+        f"held-out prompts, an untrained model of the same shape {_said(untrained)}: the current token gives "
+        f"most of it (Hewitt & Liang's selectivity {_said(selectivity)}). What the belief holds beyond the "
+        f"token, the trained model's stream gives with R² {_said(beyond)}, the untrained one's "
+        f"{_said(beyond_untrained)} (shuffled targets {beyond['control']:.2f})."
+    )
+    return headline(
+        "belief_probe",
+        sentence,
+        beyond["value"],
+        _interval(beyond),
+        carries,
+        *_judged(
+            bool(r2["control_at_chance"] and beyond["control_at_chance"]), carries or below, "its controls' intervals"
+        ),
+    )
 
 
 def value_headline(results: dict[str, Any]) -> dict[str, Any]:
@@ -140,11 +181,19 @@ def value_headline(results: dict[str, Any]) -> dict[str, Any]:
     controls = max(accuracy["control_high"], untrained["high"])
     carries = bool(_interval(accuracy) and _interval(untrained) and accuracy["low"] > controls)
     below = bool(_interval(accuracy) and accuracy["high"] < controls)
-    sentence = (f"A linear probe on the final residual stream reads a fact's value for persons it was not fitted on "
-                f"with accuracy {_said(accuracy)} (chance {accuracy['chance']:.2f}); shuffled labels give "
-                f"{accuracy['control']:.2f}, an untrained model {_said(untrained)} (selectivity {_said(selectivity)}).")
-    return headline("value_probe", sentence, accuracy["value"], _interval(accuracy), carries,
-                    *_judged(bool(accuracy["control_at_chance"]), carries or below, "its controls' intervals"))
+    sentence = (
+        f"A linear probe on the final residual stream reads a fact's value for persons it was not fitted on "
+        f"with accuracy {_said(accuracy)} (chance {accuracy['chance']:.2f}); shuffled labels give "
+        f"{accuracy['control']:.2f}, an untrained model {_said(untrained)} (selectivity {_said(selectivity)})."
+    )
+    return headline(
+        "value_probe",
+        sentence,
+        accuracy["value"],
+        _interval(accuracy),
+        carries,
+        *_judged(bool(accuracy["control_at_chance"]), carries or below, "its controls' intervals"),
+    )
 
 
 def heads_headline(results: dict[str, Any]) -> dict[str, Any]:
@@ -153,23 +202,39 @@ def heads_headline(results: dict[str, Any]) -> dict[str, Any]:
     auroc = find(results, "head detectors", "induction", "every head", "auroc_necessary")
     induction = find(results, "head detectors", "induction", "every head", "spearman_induction")
     previous = find(results, "head detectors", "induction", "every head", "spearman_previous_token")
-    sentence = (f"On the induction world the heads the detectors flag are the heads copying needs: each head's higher "
-                f"score (induction or previous-token) ranks the heads whose mean ablation removes at least half the "
-                f"largest loss of copying above the others with AUROC {_said(auroc)} (chance 0.5); alone, the "
-                f"induction score follows the ablation effects with Spearman ρ {_said(induction)}, the "
-                f"previous-token score with {_said(previous)}.")
-    return headline("head_detectors", sentence, auroc["value"], _interval(auroc), _clears(auroc, 0.5),
-                    *_judged(bool(auroc["control_at_chance"]), _apart(auroc, 0.5), "½"))
+    sentence = (
+        f"On the induction world the heads the detectors flag are the heads copying needs: each head's higher "
+        f"score (induction or previous-token) ranks the heads whose mean ablation removes at least half the "
+        f"largest loss of copying above the others with AUROC {_said(auroc)} (chance 0.5); alone, the "
+        f"induction score follows the ablation effects with Spearman ρ {_said(induction)}, the "
+        f"previous-token score with {_said(previous)}."
+    )
+    return headline(
+        "head_detectors",
+        sentence,
+        auroc["value"],
+        _interval(auroc),
+        _clears(auroc, 0.5),
+        *_judged(bool(auroc["control_at_chance"]), _apart(auroc, 0.5), "½"),
+    )
 
 
 def patching_headline(results: dict[str, Any]) -> dict[str, Any]:
     heads = find(results, "attribution patching", "induction", "heads", "pearson r")
     resid = find(results, "attribution patching", "induction", "resid_pre", "pearson r")
-    sentence = (f"Attribution patching's first-order estimates follow the exhaustive patching sweep on the induction "
-                f"world: Pearson r {_said(heads)} across heads and {_said(resid)} across resid_pre (layer, position) "
-                f"cells, per prompt ({heads['n']} prompts).")
-    return headline("attribution_patching", sentence, heads["value"], _interval(heads), _clears(heads, 0.0),
-                    *_judged(bool(heads["control_at_chance"]), _apart(heads, 0.0), "0"))
+    sentence = (
+        f"Attribution patching's first-order estimates follow the exhaustive patching sweep on the induction "
+        f"world: Pearson r {_said(heads)} across heads and {_said(resid)} across resid_pre (layer, position) "
+        f"cells, per prompt ({heads['n']} prompts)."
+    )
+    return headline(
+        "attribution_patching",
+        sentence,
+        heads["value"],
+        _interval(heads),
+        _clears(heads, 0.0),
+        *_judged(bool(heads["control_at_chance"]), _apart(heads, 0.0), "0"),
+    )
 
 
 def controls_headline(results: dict[str, Any]) -> dict[str, Any]:
@@ -177,13 +242,22 @@ def controls_headline(results: dict[str, Any]) -> dict[str, Any]:
     cleared = [r for r in judged if not r["control_at_chance"]]
     limit = binomial_upper(len(judged), CONTROL_SIDE)
     names = ", ".join(f"{r['method']} × {r['world']} × {r['readout']} × {r['grade']}" for r in cleared[:4])
-    sentence = (f"{len(judged) - len(cleared)} of {len(judged)} controls score at chance; {len(cleared)} clear it at "
-                f"the 95% level, where fair controls would by accident about {CONTROL_SIDE * len(judged):.1f} times "
-                f"(at most {limit} in 999 runs of 1,000)" + (f": {names}" if cleared else "") + ".")
+    sentence = (
+        f"{len(judged) - len(cleared)} of {len(judged)} controls score at chance; {len(cleared)} clear it at "
+        f"the 95% level, where fair controls would by accident about {CONTROL_SIDE * len(judged):.1f} times "
+        f"(at most {limit} in 999 runs of 1,000)" + (f": {names}" if cleared else "") + "."
+    )
     fair = len(cleared) <= limit
-    return headline("controls_at_chance", sentence, len(cleared), None, fair, fair,
-                    f"{len(cleared)} controls clear chance where fair ones would at most {limit} times: a grade "
-                    f"rewards something other than the truth")
+    return headline(
+        "controls_at_chance",
+        sentence,
+        len(cleared),
+        None,
+        fair,
+        fair,
+        f"{len(cleared)} controls clear chance where fair ones would at most {limit} times: a grade "
+        f"rewards something other than the truth",
+    )
 
 
 def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -191,6 +265,11 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
     out = [attribution_headline(results, world) for world in ("markov", "induction", "facts")]
     out += [effects_headline(results, world) for world in ("markov", "induction", "facts")]
     out += [lens_headline(results, world) for world in ("markov", "mess3", "induction")]
-    out += [belief_headline(results), value_headline(results), heads_headline(results), patching_headline(results),
-            controls_headline(results)]
+    out += [
+        belief_headline(results),
+        value_headline(results),
+        heads_headline(results),
+        patching_headline(results),
+        controls_headline(results),
+    ]
     return out

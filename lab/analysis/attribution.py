@@ -40,9 +40,16 @@ __all__ = ["SWEEPS", "attribution_patch"]
 SWEEPS = ("resid_pre", "attn_out", "mlp_out", "resid_post", "heads", "heads_by_position")
 
 
-def attribution_patch(model: Any, clean: Int[Tensor, "batch pos"], corrupted: Int[Tensor, "batch pos"],
-                      metric: MetricFn | None = None, *, answer: Any = None, wrong: Any = None,
-                      direction: Literal["denoise", "noise"] = "denoise") -> dict[str, PatchingResult]:
+def attribution_patch(
+    model: Any,
+    clean: Int[Tensor, "batch pos"],
+    corrupted: Int[Tensor, "batch pos"],
+    metric: MetricFn | None = None,
+    *,
+    answer: Any = None,
+    wrong: Any = None,
+    direction: Literal["denoise", "noise"] = "denoise",
+) -> dict[str, PatchingResult]:
     """The first-order estimate of every patch of every sweep in SWEEPS, keyed by sweep (see the module's
     docstring): values[layer, cell] ≈ what patch_positions (or patch_heads, patch_heads_by_position) gives."""
     if direction not in ("denoise", "noise"):
@@ -50,8 +57,10 @@ def attribution_patch(model: Any, clean: Int[Tensor, "batch pos"], corrupted: In
     clean, corrupted = check_inputs(model, clean, corrupted)
     metric = resolve_metric(metric, answer, wrong)
     n_layers = model.cfg.n_layers
-    names = {component: [template.format(layer=layer) for layer in range(n_layers)]
-             for component, template in COMPONENTS.items()}
+    names = {
+        component: [template.format(layer=layer) for layer in range(n_layers)]
+        for component, template in COMPONENTS.items()
+    }
     every = [name for layer_names in names.values() for name in layer_names]
     if hasattr(model, "check_hook_names"):
         model.check_hook_names(every)
@@ -74,12 +83,16 @@ def attribution_patch(model: Any, clean: Int[Tensor, "batch pos"], corrupted: In
         with model.hooks(fwd_hooks=hooks):
             value = metric(model(target))
         if not isinstance(value, Tensor) or value.numel() != 1 or not value.requires_grad:
-            raise ValueError("attribution patching differentiates the metric: it must return a one-element tensor "
-                             "computed from the logits (not a float)")
-        grads = dict(zip(every, torch.autograd.grad(value.reshape(()), [deltas[name] for name in every],
-                                                    allow_unused=True)))
+            raise ValueError(
+                "attribution patching differentiates the metric: it must return a one-element tensor "
+                "computed from the logits (not a float)"
+            )
+        grads = dict(
+            zip(every, torch.autograd.grad(value.reshape(()), [deltas[name] for name in every], allow_unused=True))
+        )
     target_value = float(value.detach())
     with torch.no_grad():
+
         def effect(name: str) -> Tensor:
             """(a_source − a_target) · ∂m/∂a at every coordinate, summed over the batch: [pos, ...]."""
             grad = grads[name]
@@ -94,14 +107,23 @@ def attribution_patch(model: Any, clean: Int[Tensor, "batch pos"], corrupted: In
             results[component] = _result(values, component, "pos", positions, direction, source_value, target_value)
         z = torch.stack([effect(name) for name in names["z"]]).transpose(1, 2)  # [layer, head, pos]
         heads = list(range(z.shape[1]))
-        results["heads"] = _result(target_value + z.sum(dim=2), "z", "head", heads, direction, source_value,
-                                   target_value)
-        results["heads_by_position"] = _result(target_value + z, "z", "head_pos", positions, direction, source_value,
-                                               target_value)
+        results["heads"] = _result(
+            target_value + z.sum(dim=2), "z", "head", heads, direction, source_value, target_value
+        )
+        results["heads_by_position"] = _result(
+            target_value + z, "z", "head_pos", positions, direction, source_value, target_value
+        )
     return results
 
 
-def _result(values: Tensor, component: str, axis: str, cells: list[int], direction: str, source_value: float,
-            target_value: float) -> PatchingResult:
+def _result(
+    values: Tensor,
+    component: str,
+    axis: str,
+    cells: list[int],
+    direction: str,
+    source_value: float,
+    target_value: float,
+) -> PatchingResult:
     clean, corrupted = (source_value, target_value) if direction == "denoise" else (target_value, source_value)
     return PatchingResult(values, clean, corrupted, component, axis, cells, direction)

@@ -43,4 +43,4 @@ def corruptions(model: Any, clean: Int[Tensor, "1 pos"], most: int = 32) -> Iter
         batch[:, position] = substitutes
         predicted = model(batch)[:, -1].argmax(dim=-1)
         for row in (predicted != answer).nonzero()[:, 0].tolist():
-            yield batch[row: row + 1].clone()
+            yield batch[row : row + 1].clone()

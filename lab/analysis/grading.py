@@ -49,15 +49,34 @@ from lab.metrics.grading import (
 from lab.metrics.statistics import spearman
 from lab.model import HookedTransformer
 
-__all__ = ["VALUE_PROBE_LAMBDAS", "AttributionGrades", "grade_attribution_patching", "grade_belief_probes", "grade_head_detectors",
-           "grade_input_attribution", "grade_lens", "grade_value_probes", "graph_position_scores",
-           "head_ablation_effects", "last_position_truth", "readouts"]
+__all__ = [
+    "VALUE_PROBE_LAMBDAS",
+    "AttributionGrades",
+    "grade_attribution_patching",
+    "grade_belief_probes",
+    "grade_head_detectors",
+    "grade_input_attribution",
+    "grade_lens",
+    "grade_value_probes",
+    "graph_position_scores",
+    "head_ablation_effects",
+    "last_position_truth",
+    "readouts",
+]
 
 Lens = Callable[[HookedTransformer, Tensor], Tensor]  # (model, tokens) → log-probabilities [layer, batch, pos, vocab]
 
 
-def grade_lens(model: HookedTransformer, tokens: Int[Tensor, "batch pos"], p: Any, lens: Lens = logit_lens, *,
-               valid: Any = None, n_boot: int = 1000, seed: int = 0) -> list[dict[str, Grade]]:
+def grade_lens(
+    model: HookedTransformer,
+    tokens: Int[Tensor, "batch pos"],
+    p: Any,
+    lens: Lens = logit_lens,
+    *,
+    valid: Any = None,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> list[dict[str, Grade]]:
     """KL(p ‖ P^(l)) and KL(P_θ ‖ P^(l)) for every layer of `lens` (rows: resid_pre 0 … n − 1, then the output),
     on held-out `tokens` whose true law is `p` [batch, pos, vocab] (a source's `conditionals(tokens)`), averaged
     over the `valid` positions of each prompt (default all)."""
@@ -84,18 +103,28 @@ class AttributionGrades:
     grades: dict[str, dict[str, Grade]]  # method → auroc | relevant_mass | rank_correlation
 
 
-def graph_position_scores(model: HookedTransformer, transcoders: Transcoders,
-                          tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos"]:
+def graph_position_scores(
+    model: HookedTransformer, transcoders: Transcoders, tokens: Int[Tensor, "batch pos"]
+) -> Float[Tensor, "batch pos"]:
     """Each prompt's attribution graph (lab.analysis.graphs: its own local replacement, the logits of its last
     position) read as input attribution: the share of the tokens' path influence on the logits at each position
     (`position_influence`; its share at the relevant positions is `position_share`)."""
     return torch.stack([position_influence(attribute(model, transcoders, prompt)) for prompt in tokens])
 
 
-def grade_input_attribution(model: HookedTransformer, tokens: Int[Tensor, "batch pos"],
-                            relevant: Bool[Tensor, "batch pos"], methods: Sequence[str] = METHODS, *,
-                            target: Any = None, valid: Any = None, n_boot: int = 1000, seed: int = 0,
-                            ig_steps: int = 32, transcoders: Transcoders | None = None) -> AttributionGrades:
+def grade_input_attribution(
+    model: HookedTransformer,
+    tokens: Int[Tensor, "batch pos"],
+    relevant: Bool[Tensor, "batch pos"],
+    methods: Sequence[str] = METHODS,
+    *,
+    target: Any = None,
+    valid: Any = None,
+    n_boot: int = 1000,
+    seed: int = 0,
+    ig_steps: int = 32,
+    transcoders: Transcoders | None = None,
+) -> AttributionGrades:
     """Each method's attribution of the prediction after each prompt's last token, graded against the truly
     relevant positions `relevant` [batch, pos] and against the model's own exhaustive causal effects
     (`resample_effects`), over the `valid` positions (default all). With `transcoders` (trained on the model), the
@@ -106,8 +135,10 @@ def grade_input_attribution(model: HookedTransformer, tokens: Int[Tensor, "batch
         scores["attribution_graph"] = graph_position_scores(model, transcoders, tokens)
     effects = resample_effects(model, tokens, target)
     truth = np.asarray(torch.as_tensor(relevant).cpu(), dtype=bool)
-    grades = {method: attribution_grades(value.cpu().numpy(), truth, effects.numpy(), valid, n_boot=n_boot, seed=seed)
-              for method, value in scores.items()}
+    grades = {
+        method: attribution_grades(value.cpu().numpy(), truth, effects.numpy(), valid, n_boot=n_boot, seed=seed)
+        for method, value in scores.items()
+    }
     return AttributionGrades(scores, effects, grades)
 
 
@@ -131,18 +162,28 @@ def _r2(y: np.ndarray, predicted: np.ndarray) -> float:
     return float(1.0 - ((y - predicted) ** 2).sum() / total) if total > 0 else float("nan")
 
 
-def _ridge_predictions(X: Tensor, Y: np.ndarray, split: tuple[np.ndarray, np.ndarray], groups: np.ndarray,
-                       seed: int) -> np.ndarray:
+def _ridge_predictions(
+    X: Tensor, Y: np.ndarray, split: tuple[np.ndarray, np.ndarray], groups: np.ndarray, seed: int
+) -> np.ndarray:
     """Test-row predictions of one ridge probe per column of Y, each with its α cross-validated on grouped folds
     of the training rows."""
-    columns = [fit_probe(X, Y[:, k], "ridge", groups=groups, split=split, seed=seed, n_bootstrap=1).test_scores.numpy()
-               for k in range(Y.shape[1])]
+    columns = [
+        fit_probe(X, Y[:, k], "ridge", groups=groups, split=split, seed=seed, n_bootstrap=1).test_scores.numpy()
+        for k in range(Y.shape[1])
+    ]
     return np.stack(columns, axis=1)
 
 
-def grade_belief_probes(model: HookedTransformer, tokens: Int[Tensor, "batch pos"], beliefs: Any, *,
-                        untrained: HookedTransformer | None = None, test_fraction: float = 0.3, n_boot: int = 1000,
-                        seed: int = 0) -> dict[str, dict[str, Any]]:
+def grade_belief_probes(
+    model: HookedTransformer,
+    tokens: Int[Tensor, "batch pos"],
+    beliefs: Any,
+    *,
+    untrained: HookedTransformer | None = None,
+    test_fraction: float = 0.3,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> dict[str, dict[str, Any]]:
     """Ridge probes from each readout (`readouts`) to the belief state [batch, pos, S] at every position, fitted on
     some prompts and scored on the others (prompts are the groups), R² pooled over the S outputs:
 
@@ -171,8 +212,14 @@ def grade_belief_probes(model: HookedTransformer, tokens: Int[Tensor, "batch pos
     flat_tokens = tokens.reshape(-1).cpu().numpy()
     by_type = Y[rng.integers(0, len(Y), size=model.cfg.d_vocab)]  # one random belief per token type
     control_task = by_type[flat_tokens]
-    by_token = np.stack([Y[split[0]][flat_tokens[split[0]] == v].mean(axis=0) if (flat_tokens[split[0]] == v).any()
-                         else Y[split[0]].mean(axis=0) for v in range(model.cfg.d_vocab)])
+    by_token = np.stack(
+        [
+            Y[split[0]][flat_tokens[split[0]] == v].mean(axis=0)
+            if (flat_tokens[split[0]] == v).any()
+            else Y[split[0]].mean(axis=0)
+            for v in range(model.cfg.d_vocab)
+        ]
+    )
     beyond = Y - by_token[flat_tokens]
     beyond_shuffled = beyond[rng.permutation(len(beyond))]
     untrained = random_model(model, seed=seed + 1) if untrained is None else untrained
@@ -190,29 +237,43 @@ def grade_belief_probes(model: HookedTransformer, tokens: Int[Tensor, "batch pos
         r2 = bootstrap_ci(_r2, y_test, predicted, **boot)
         control = bootstrap_ci(_r2, shuffled[split[1]], predicted_shuffled, **boot)
         beyond_r2 = bootstrap_ci(_r2, b_test, _ridge_predictions(X, beyond, split, groups, seed), **boot)
-        beyond_control = bootstrap_ci(_r2, beyond_shuffled[split[1]],
-                                      _ridge_predictions(X, beyond_shuffled, split, groups, seed), **boot)
+        beyond_control = bootstrap_ci(
+            _r2, beyond_shuffled[split[1]], _ridge_predictions(X, beyond_shuffled, split, groups, seed), **boot
+        )
         n_test = len(np.unique(test_groups))
         out[name] = {
             "r2": Grade("r2", r2, control, 0.0, "higher", n_test),
             "r2_beyond_token": Grade("r2_beyond_token", beyond_r2, beyond_control, 0.0, "higher", n_test),
             "r2_beyond_token_untrained": bootstrap_ci(
-                _r2, b_test, _ridge_predictions(X_untrained, beyond, split, groups, seed), **boot),
+                _r2, b_test, _ridge_predictions(X_untrained, beyond, split, groups, seed), **boot
+            ),
             "r2_untrained": bootstrap_ci(_r2, y_test, predicted_untrained, **boot),
             "r2_control_task": bootstrap_ci(_r2, c_test, predicted_control, **boot),
-            "selectivity": bootstrap_ci(lambda y, p, c, q: _r2(y, p) - _r2(c, q), y_test, predicted, c_test,
-                                        predicted_control, **boot),
-            "test_predictions": predicted, "test_rows": split[1]}
+            "selectivity": bootstrap_ci(
+                lambda y, p, c, q: _r2(y, p) - _r2(c, q), y_test, predicted, c_test, predicted_control, **boot
+            ),
+            "test_predictions": predicted,
+            "test_rows": split[1],
+        }
     return out
 
 
 VALUE_PROBE_LAMBDAS = (1e-3, 1e-2, 1e-1)  # a multi-class logistic fit is a Newton solve in (features × classes)²
 
 
-def grade_value_probes(model: HookedTransformer, tokens: Tensor | Sequence[Tensor], labels: Any, groups: Any, *,
-                       untrained: HookedTransformer | None = None, test_fraction: float = 0.3, n_boot: int = 1000,
-                       seed: int = 0, grid: Sequence[float] = VALUE_PROBE_LAMBDAS,
-                       n_folds: int = 3) -> dict[str, dict[str, Any]]:
+def grade_value_probes(
+    model: HookedTransformer,
+    tokens: Tensor | Sequence[Tensor],
+    labels: Any,
+    groups: Any,
+    *,
+    untrained: HookedTransformer | None = None,
+    test_fraction: float = 0.3,
+    n_boot: int = 1000,
+    seed: int = 0,
+    grid: Sequence[float] = VALUE_PROBE_LAMBDAS,
+    n_folds: int = 3,
+) -> dict[str, dict[str, Any]]:
     """Logistic probes from each readout at each prompt's last position to a categorical label per prompt (a
     fact's value), split by `groups` (the entity each prompt is about: no entity on both sides), scored by test
     accuracy. `tokens` is one batch of prompts [batch, pos], or a list of batches of different lengths (the
@@ -250,8 +311,9 @@ def grade_value_probes(model: HookedTransformer, tokens: Tensor | Sequence[Tenso
     boot = {"groups": test_groups, "n_boot": n_boot, "seed": seed}
 
     def predictions(X: Tensor, y: np.ndarray) -> np.ndarray:
-        result = fit_probe(X, y, "logistic", groups=groups, split=split, seed=seed, n_bootstrap=1, grid=grid,
-                           n_folds=n_folds)
+        result = fit_probe(
+            X, y, "logistic", groups=groups, split=split, seed=seed, n_bootstrap=1, grid=grid, n_folds=n_folds
+        )
         scores = result.test_scores.numpy()
         index = (scores > 0.5).astype(int) if scores.ndim == 1 else scores.argmax(axis=1)
         return result.classes[index]
@@ -267,8 +329,10 @@ def grade_value_probes(model: HookedTransformer, tokens: Tensor | Sequence[Tenso
             "accuracy": Grade("accuracy", value, control, chance, "higher", len(np.unique(test_groups))),
             "accuracy_untrained": bootstrap_ci(accuracy, y_test, predictions(theirs[name], labels), **boot),
             "accuracy_control_task": bootstrap_ci(accuracy, c_test, predicted_control, **boot),
-            "selectivity": bootstrap_ci(lambda y, p, c, q: accuracy(y, p) - accuracy(c, q), y_test, predicted, c_test,
-                                        predicted_control, **boot)}
+            "selectivity": bootstrap_ci(
+                lambda y, p, c, q: accuracy(y, p) - accuracy(c, q), y_test, predicted, c_test, predicted_control, **boot
+            ),
+        }
     return out
 
 
@@ -276,8 +340,9 @@ def grade_value_probes(model: HookedTransformer, tokens: Tensor | Sequence[Tenso
 
 
 @torch.inference_mode()
-def head_ablation_effects(model: HookedTransformer, tokens: Int[Tensor, "batch pos"],
-                          scored: Bool[Tensor, "batch pos"]) -> Float[Tensor, "batch layer head"]:
+def head_ablation_effects(
+    model: HookedTransformer, tokens: Int[Tensor, "batch pos"], scored: Bool[Tensor, "batch pos"]
+) -> Float[Tensor, "batch layer head"]:
     """Each head's exhaustive ablation effect on each prompt: the drop in the mean log-probability of the true next
     token over the `scored` positions (e.g. an induction world's copy positions) when that head's output z is
     replaced by its mean over the batch and positions (mean ablation), one head at a time."""
@@ -296,12 +361,15 @@ def head_ablation_effects(model: HookedTransformer, tokens: Int[Tensor, "batch p
     for layer, name in enumerate(names):
         mean = cache[name].mean(dim=(0, 1))  # [head, d_head]
         for head in range(model.cfg.n_heads):
+
             def ablate(z: Tensor, hook: Any, head: int = head, mean: Tensor = mean) -> Tensor:
                 z = z.clone()
                 z[:, :, head] = mean[head]
                 return z
 
-            out[:, layer, head] = (clean - copied(model.run_with_hooks(tokens, fwd_hooks=[(name, ablate)]))).float().cpu()
+            out[:, layer, head] = (
+                (clean - copied(model.run_with_hooks(tokens, fwd_hooks=[(name, ablate)]))).float().cpu()
+            )
     return out
 
 
@@ -314,14 +382,21 @@ def _detector_scores(model: HookedTransformer, tokens: Tensor, kind: str) -> Ten
     out = torch.full((tokens.shape[0], model.cfg.n_layers, model.cfg.n_heads), float("nan"))
     for b in range(tokens.shape[0]):
         if detection[b].any():
-            out[b] = torch.stack([pattern_scores(cache[name][b:b + 1].float().cpu(), detection[b:b + 1])
-                                  for name in names])
+            out[b] = torch.stack(
+                [pattern_scores(cache[name][b : b + 1].float().cpu(), detection[b : b + 1]) for name in names]
+            )
     return out
 
 
-def grade_head_detectors(model: HookedTransformer, tokens: Int[Tensor, "batch pos"], scored: Bool[Tensor, "batch pos"],
-                         *, kinds: Sequence[str] = ("induction", "previous_token"), n_boot: int = 1000,
-                         seed: int = 0) -> dict[str, Any]:
+def grade_head_detectors(
+    model: HookedTransformer,
+    tokens: Int[Tensor, "batch pos"],
+    scored: Bool[Tensor, "batch pos"],
+    *,
+    kinds: Sequence[str] = ("induction", "previous_token"),
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> dict[str, Any]:
     """Head detectors against the heads that matter: each detector's scores (lab.analysis.heads, on the world's own
     held-out prompts) and every head's ablation effect on the true next token at the `scored` positions
     (`head_ablation_effects`), both averaged over the prompts of each bootstrap resample:
@@ -348,6 +423,7 @@ def grade_head_detectors(model: HookedTransformer, tokens: Int[Tensor, "batch po
 
         def metric(rows: np.ndarray) -> float:
             return spearman(np.nanmean(scores[kind][rows], axis=0).tolist(), order(effects[rows].mean(axis=0)).tolist())
+
         return metric
 
     def necessary_auroc(permute: bool) -> Callable[[np.ndarray], float]:
@@ -357,20 +433,35 @@ def grade_head_detectors(model: HookedTransformer, tokens: Int[Tensor, "batch po
             mean_effect = order(effects[rows].mean(axis=0))
             best = np.max(np.stack([np.nanmean(scores[kind][rows], axis=0) for kind in kinds]), axis=0)
             return auroc(best, mean_effect >= 0.5 * mean_effect.max())
+
         return metric
 
     grades = {}
     for kind in kinds:
-        grades[f"spearman_{kind}"] = Grade(f"spearman_{kind}", bootstrap_ci(correlation(kind, False), index, **boot),
-                                           bootstrap_ci(correlation(kind, True), index, **boot), 0.0, "higher",
-                                           len(index))
-    grades["auroc_necessary"] = Grade("auroc_necessary", bootstrap_ci(necessary_auroc(False), index, **boot),
-                                      bootstrap_ci(necessary_auroc(True), index, **boot), 0.5, "higher", len(index))
+        grades[f"spearman_{kind}"] = Grade(
+            f"spearman_{kind}",
+            bootstrap_ci(correlation(kind, False), index, **boot),
+            bootstrap_ci(correlation(kind, True), index, **boot),
+            0.0,
+            "higher",
+            len(index),
+        )
+    grades["auroc_necessary"] = Grade(
+        "auroc_necessary",
+        bootstrap_ci(necessary_auroc(False), index, **boot),
+        bootstrap_ci(necessary_auroc(True), index, **boot),
+        0.5,
+        "higher",
+        len(index),
+    )
     mean_effect = effects.mean(axis=0)
     shape = (model.cfg.n_layers, model.cfg.n_heads)
-    return {"grades": grades, "effects": mean_effect.reshape(shape),
-            "scores": {kind: np.nanmean(scores[kind], axis=0).reshape(shape) for kind in kinds},
-            "necessary": (mean_effect >= 0.5 * mean_effect.max()).reshape(shape)}
+    return {
+        "grades": grades,
+        "effects": mean_effect.reshape(shape),
+        "scores": {kind: np.nanmean(scores[kind], axis=0).reshape(shape) for kind in kinds},
+        "necessary": (mean_effect >= 0.5 * mean_effect.max()).reshape(shape),
+    }
 
 
 def _pearson(x: np.ndarray, y: np.ndarray) -> float:
@@ -379,9 +470,16 @@ def _pearson(x: np.ndarray, y: np.ndarray) -> float:
     return float((x * y).sum() / denominator) if denominator > 0 else float("nan")
 
 
-def grade_attribution_patching(model: HookedTransformer, clean: Int[Tensor, "batch pos"],
-                               corrupted: Int[Tensor, "batch pos"], answer: Any, wrong: Any, *, n_boot: int = 1000,
-                               seed: int = 0) -> dict[str, Any]:
+def grade_attribution_patching(
+    model: HookedTransformer,
+    clean: Int[Tensor, "batch pos"],
+    corrupted: Int[Tensor, "batch pos"],
+    answer: Any,
+    wrong: Any,
+    *,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> dict[str, Any]:
     """Attribution patching (`lab.analysis.attribution.attribution_patch`, denoising) against the exhaustive sweep
     (`patch_heads`, `patch_positions` on resid_pre) for the logit difference answer − wrong at the last position,
     prompt by prompt: Pearson r across the cells of each sweep (heads [layer, head]; resid_pre [layer, position]),
@@ -394,8 +492,10 @@ def grade_attribution_patching(model: HookedTransformer, clean: Int[Tensor, "bat
         rows = slice(b, b + 1)
         options = {"answer": answer[rows], "wrong": wrong[rows]}
         estimate = attribution_patch(model, clean[rows], corrupted[rows], **options)
-        exhaustive = {"heads": patch_heads(model, clean[rows], corrupted[rows], **options),
-                      "resid_pre": patch_positions(model, clean[rows], corrupted[rows], "resid_pre", **options)}
+        exhaustive = {
+            "heads": patch_heads(model, clean[rows], corrupted[rows], **options),
+            "resid_pre": patch_positions(model, clean[rows], corrupted[rows], "resid_pre", **options),
+        }
         for sweep, pairs in per_prompt.items():
             pairs.append((estimate[sweep].values.flatten().numpy(), exhaustive[sweep].values.flatten().numpy()))
     boot = {"n_boot": n_boot, "seed": seed}
@@ -404,6 +504,12 @@ def grade_attribution_patching(model: HookedTransformer, clean: Int[Tensor, "bat
     for sweep, pairs in per_prompt.items():
         real = [_pearson(a, e) for a, e in pairs]
         control = [_pearson(a, e[rng.permutation(len(e))]) for a, e in pairs]  # a fresh order of cells per prompt
-        grades[f"pearson_{sweep}"] = Grade(f"pearson_{sweep}", mean_over_prompts(real, **boot),
-                                           mean_over_prompts(control, **boot), 0.0, "higher", len(pairs))
+        grades[f"pearson_{sweep}"] = Grade(
+            f"pearson_{sweep}",
+            mean_over_prompts(real, **boot),
+            mean_over_prompts(control, **boot),
+            0.0,
+            "higher",
+            len(pairs),
+        )
     return {"grades": grades, "pairs": per_prompt}

@@ -32,8 +32,17 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-__all__ = ["HEAD_KINDS", "HeadScores", "detect_heads", "duplicate_token_pattern", "head_scores",
-           "induction_pattern", "pattern_scores", "previous_token_pattern", "repeated_tokens"]
+__all__ = [
+    "HEAD_KINDS",
+    "HeadScores",
+    "detect_heads",
+    "duplicate_token_pattern",
+    "head_scores",
+    "induction_pattern",
+    "pattern_scores",
+    "previous_token_pattern",
+    "repeated_tokens",
+]
 
 
 def _check(tokens: Tensor) -> Tensor:
@@ -73,16 +82,21 @@ HEAD_KINDS: dict[str, Callable[[Tensor], Tensor]] = {
 }
 
 
-def pattern_scores(patterns: Float[Tensor, "batch head pos pos"],
-                   detection: Bool[Tensor, "batch pos pos"]) -> Float[Tensor, " head"]:
+def pattern_scores(
+    patterns: Float[Tensor, "batch head pos pos"], detection: Bool[Tensor, "batch pos pos"]
+) -> Float[Tensor, " head"]:
     """score_h = mean over the scored queries (those with a key in `detection`) of Σ_j A_h[i, j] D[i, j]."""
     if patterns.ndim != 4 or patterns.shape[0] != detection.shape[0] or patterns.shape[2:] != detection.shape[1:]:
-        raise ValueError(f"attention patterns {tuple(patterns.shape)} [batch, head, query, key] do not match the "
-                         f"detection pattern {tuple(detection.shape)} [batch, query, key]")
+        raise ValueError(
+            f"attention patterns {tuple(patterns.shape)} [batch, head, query, key] do not match the "
+            f"detection pattern {tuple(detection.shape)} [batch, query, key]"
+        )
     scored = detection.any(dim=-1)  # [batch, query]
     if not scored.any():
-        raise ValueError("no query has a key in the detection pattern (for duplicate-token and induction heads the "
-                         "tokens need a repeat): nothing to score")
+        raise ValueError(
+            "no query has a key in the detection pattern (for duplicate-token and induction heads the "
+            "tokens need a repeat): nothing to score"
+        )
     captured = (patterns * detection[:, None].to(patterns.dtype)).sum(dim=-1)  # [batch, head, query]
     return (captured * scored[:, None]).sum(dim=(0, 2)) / scored.sum()
 
@@ -109,8 +123,9 @@ def _scores(model: Any, tokens: Tensor, kinds: list[str]) -> dict[str, Tensor]:
     return out
 
 
-def repeated_tokens(d_vocab: int, length: int, batch: int = 1, seed: int = 0,
-                    low: int = 0) -> Int[Tensor, "batch two_length"]:
+def repeated_tokens(
+    d_vocab: int, length: int, batch: int = 1, seed: int = 0, low: int = 0
+) -> Int[Tensor, "batch two_length"]:
     """`batch` sequences of `length` token ids drawn uniformly from [low, d_vocab), each followed by itself:
     [x_0 … x_{L−1} x_0 … x_{L−1}]. Same seed, same tokens."""
     if length < 1 or batch < 1:

@@ -36,11 +36,26 @@ from torch import Tensor
 
 from lab.model import HookedTransformer
 
-__all__ = ["METHODS", "attention_rollout", "attention_weights", "embedding_forward", "input_attributions",
-           "layer_integrated_gradients", "resample_effects", "top_tokens"]
+__all__ = [
+    "METHODS",
+    "attention_rollout",
+    "attention_weights",
+    "embedding_forward",
+    "input_attributions",
+    "layer_integrated_gradients",
+    "resample_effects",
+    "top_tokens",
+]
 
-METHODS = ("gradient", "gradient_x_input", "integrated_gradients", "occlusion", "attention", "attention_rollout",
-           "attribution_patching")
+METHODS = (
+    "gradient",
+    "gradient_x_input",
+    "integrated_gradients",
+    "occlusion",
+    "attention",
+    "attention_rollout",
+    "attribution_patching",
+)
 
 
 def embedding_forward(model: HookedTransformer) -> Callable[[Tensor, Tensor], Tensor]:
@@ -106,8 +121,14 @@ def _patterns(model: HookedTransformer, tokens: Tensor) -> Tensor:
     return torch.stack([cache[name] for name in names]).float()
 
 
-def input_attributions(model: HookedTransformer, tokens: Int[Tensor, "batch pos"], target: Any = None,
-                       methods: Sequence[str] = METHODS, *, ig_steps: int = 32) -> dict[str, Float[Tensor, "batch pos"]]:
+def input_attributions(
+    model: HookedTransformer,
+    tokens: Int[Tensor, "batch pos"],
+    target: Any = None,
+    methods: Sequence[str] = METHODS,
+    *,
+    ig_steps: int = 32,
+) -> dict[str, Float[Tensor, "batch pos"]]:
     """Each method's score for every position of every prompt, {method: [batch, pos]}, for the log-probability of
     `target` (one token id per prompt; default the model's top token) at the prompt's last position."""
     from captum.attr import InputXGradient, IntegratedGradients, Occlusion, Saliency
@@ -130,13 +151,19 @@ def input_attributions(model: HookedTransformer, tokens: Int[Tensor, "batch pos"
                 grads = Saliency(forward).attribute(embeddings.clone().requires_grad_(True), abs=True, **options)
                 out[method] = grads.norm(dim=-1)
             elif method == "gradient_x_input":
-                out[method] = InputXGradient(forward).attribute(embeddings.clone().requires_grad_(True), **options).sum(-1)
+                out[method] = (
+                    InputXGradient(forward).attribute(embeddings.clone().requires_grad_(True), **options).sum(-1)
+                )
             elif method == "integrated_gradients":
-                out[method] = IntegratedGradients(forward).attribute(
-                    embeddings.clone().requires_grad_(True), baselines=0.0, n_steps=ig_steps, **options).sum(-1)
+                out[method] = (
+                    IntegratedGradients(forward)
+                    .attribute(embeddings.clone().requires_grad_(True), baselines=0.0, n_steps=ig_steps, **options)
+                    .sum(-1)
+                )
             elif method == "occlusion":
-                occluded = Occlusion(forward).attribute(embeddings, sliding_window_shapes=(1, d_model),
-                                                        strides=(1, d_model), baselines=0.0, **options)
+                occluded = Occlusion(forward).attribute(
+                    embeddings, sliding_window_shapes=(1, d_model), strides=(1, d_model), baselines=0.0, **options
+                )
                 out[method] = occluded[..., 0]  # every coordinate of a position carries that position's effect
     if "attention" in methods:
         out["attention"] = attention_weights(model, tokens)
@@ -150,29 +177,45 @@ def input_attributions(model: HookedTransformer, tokens: Int[Tensor, "batch pos"
     return {method: out[method].detach().float() for method in methods}
 
 
-def layer_integrated_gradients(model: HookedTransformer, tokens: Int[Tensor, "batch pos"],
-                               baseline: Int[Tensor, "batch pos"], target: Any = None, *,
-                               n_steps: int = 32) -> Float[Tensor, "batch pos d_model"]:
+def layer_integrated_gradients(
+    model: HookedTransformer,
+    tokens: Int[Tensor, "batch pos"],
+    baseline: Int[Tensor, "batch pos"],
+    target: Any = None,
+    *,
+    n_steps: int = 32,
+) -> Float[Tensor, "batch pos d_model"]:
     """Integrated gradients at hook_embed by Captum's LayerIntegratedGradients: the path runs from the baseline
     prompt's token embeddings to the prompt's, attributions [batch, pos, d_model] on the hook point's output."""
     from captum.attr import LayerIntegratedGradients
 
     tokens, baseline = model.check_tokens(tokens), model.check_tokens(baseline)
     if baseline.shape != tokens.shape:
-        raise ValueError(f"the baseline prompt {tuple(baseline.shape)} must have the prompts' shape {tuple(tokens.shape)}")
+        raise ValueError(
+            f"the baseline prompt {tuple(baseline.shape)} must have the prompts' shape {tuple(tokens.shape)}"
+        )
     target = _targets(model, tokens, target)
 
     def forward(ids: Tensor) -> Tensor:
         return model(ids)[:, -1].log_softmax(dim=-1)
 
     with torch.inference_mode(False), torch.enable_grad():
-        return LayerIntegratedGradients(forward, model.hook_embed).attribute(
-            tokens, baselines=baseline, target=target, n_steps=n_steps).detach()
+        return (
+            LayerIntegratedGradients(forward, model.hook_embed)
+            .attribute(tokens, baselines=baseline, target=target, n_steps=n_steps)
+            .detach()
+        )
 
 
 @torch.inference_mode()
-def resample_effects(model: HookedTransformer, tokens: Int[Tensor, "batch pos"], target: Any = None, *,
-                     values: Int[Tensor, " n"] | None = None, rows_per_pass: int = 4096) -> Float[Tensor, "batch pos"]:
+def resample_effects(
+    model: HookedTransformer,
+    tokens: Int[Tensor, "batch pos"],
+    target: Any = None,
+    *,
+    values: Int[Tensor, " n"] | None = None,
+    rows_per_pass: int = 4096,
+) -> Float[Tensor, "batch pos"]:
     """The model's exhaustive causal effect of each position: (1/|V|) Σ_v |m(x with x_i = v) − m(x)| with m the
     log-probability of `target` (default the top token) at the last position, over every replacement token v
     (`values`, default the whole vocabulary), exactly: one forward pass per (position, v), `rows_per_pass` at a

@@ -47,25 +47,35 @@ class JacobianLens:
         return torch.cat([moved, residual[n:]]) if residual.shape[0] > n else moved
 
     @torch.inference_mode()
-    def log_probs(self, model: HookedTransformer, tokens: Int[Tensor, "batch pos"]
-                  ) -> Float[Tensor, "layer batch pos d_vocab"]:
+    def log_probs(
+        self, model: HookedTransformer, tokens: Int[Tensor, "batch pos"]
+    ) -> Float[Tensor, "layer batch pos d_vocab"]:
         """Log-probabilities of the Jacobian lens at every layer's input, and the model's own in the last row."""
         if self.J.shape[0] != model.cfg.n_layers or self.J.shape[1] != model.cfg.d_model:
-            raise ValueError(f"this Jacobian lens has {self.J.shape[0]} matrices of width {self.J.shape[1]}; the "
-                             f"model has {model.cfg.n_layers} layers of width {model.cfg.d_model}")
+            raise ValueError(
+                f"this Jacobian lens has {self.J.shape[0]} matrices of width {self.J.shape[1]}; the "
+                f"model has {model.cfg.n_layers} layers of width {model.cfg.d_model}"
+            )
         stack = residual_stack(model, model.check_tokens(tokens))
         return read_out(model, self.transport(stack)).log_softmax(dim=-1)
 
 
-def fit_jacobian_lens(model: HookedTransformer, tokens: Int[Tensor, "batch pos"], *, skip_first_positions: int = 0,
-                      prompts_per_pass: int = 8) -> JacobianLens:
+def fit_jacobian_lens(
+    model: HookedTransformer,
+    tokens: Int[Tensor, "batch pos"],
+    *,
+    skip_first_positions: int = 0,
+    prompts_per_pass: int = 8,
+) -> JacobianLens:
     """Fit J_l for every layer on the prompts `tokens` (one prompt per row, all of one length) as the module's
     docstring defines it; `prompts_per_pass` prompts (each replicated d_model times) share a pass."""
     tokens = model.check_tokens(tokens)
     n_prompts, length = tokens.shape
     if skip_first_positions < 0 or length <= skip_first_positions + 1:
-        raise ValueError(f"prompts of {length} tokens have no valid position once the first {skip_first_positions} "
-                         "and the last are left out")
+        raise ValueError(
+            f"prompts of {length} tokens have no valid position once the first {skip_first_positions} "
+            "and the last are left out"
+        )
     if prompts_per_pass < 1:
         raise ValueError(f"prompts_per_pass must be ≥ 1, got {prompts_per_pass}")
     n_layers, d = model.cfg.n_layers, model.cfg.d_model
@@ -77,7 +87,7 @@ def fit_jacobian_lens(model: HookedTransformer, tokens: Int[Tensor, "batch pos"]
         for p, _ in frozen:
             p.requires_grad_(False)  # the graph is rooted at the residual stream, not the weights
         for start in range(0, n_prompts, prompts_per_pass):
-            chunk = tokens[start:start + prompts_per_pass]
+            chunk = tokens[start : start + prompts_per_pass]
             rows = chunk.repeat_interleave(d, dim=0)  # prompt p's row i carries output dimension i
             deltas: dict[str, Tensor] = {}
 

@@ -39,13 +39,19 @@ def logit_lens(model: HookedTransformer, tokens: Int[Tensor, "batch pos"]) -> Fl
 
 
 def _lens_logits(model: HookedTransformer, tokens: Tensor) -> Tensor:
-    _, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_resid_pre") or
-                                    n.endswith("hook_resid_post") or n == "ln_final.hook_scale")
+    _, cache = model.run_with_cache(
+        tokens,
+        names_filter=lambda n: (
+            n.endswith("hook_resid_pre") or n.endswith("hook_resid_post") or n == "ln_final.hook_scale"
+        ),
+    )
     stack = cache.accumulated_resid(apply_ln=True)  # final norm recomputed on each layer's stream
     return stack @ model.W_U + model.b_U
 
 
-def residual_stack(model: HookedTransformer, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "layer batch pos d_model"]:
+def residual_stack(
+    model: HookedTransformer, tokens: Int[Tensor, "batch pos"]
+) -> Float[Tensor, "layer batch pos d_model"]:
     """The residual stream x^(l) entering each block (blocks.l.hook_resid_pre) and after the last one (the
     final norm's input): the streams every lens reads, row l < n_layers for layer l, the last for the output."""
     last = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
@@ -74,8 +80,9 @@ class GroundTruthLens:
 
 
 @torch.inference_mode()
-def ground_truth_lens(model: HookedTransformer, tokens: Int[Tensor, "batch pos"],
-                      p: Float[Tensor, "batch pos d_vocab"] | Any) -> GroundTruthLens:
+def ground_truth_lens(
+    model: HookedTransformer, tokens: Int[Tensor, "batch pos"], p: Float[Tensor, "batch pos d_vocab"] | Any
+) -> GroundTruthLens:
     """The logit lens at every layer and KL(p ‖ P^(l)) at every position, where p[b, t] = p(x_{t+1} = · | x_≤t)
     is the world's true law of the token after position t (a source's `conditionals(tokens)`). In float64, as
     the KL decomposition measures the model's own KL."""
@@ -83,11 +90,14 @@ def ground_truth_lens(model: HookedTransformer, tokens: Int[Tensor, "batch pos"]
     p = torch.as_tensor(p, dtype=torch.float64)
     expected = (*tokens.shape, model.cfg.d_vocab)
     if tuple(p.shape) != expected:
-        raise ValueError(f"the true distribution p has shape {tuple(p.shape)}; for tokens {tuple(tokens.shape)} it "
-                         f"must be [batch, pos, d_vocab] = {list(expected)}")
+        raise ValueError(
+            f"the true distribution p has shape {tuple(p.shape)}; for tokens {tuple(tokens.shape)} it "
+            f"must be [batch, pos, d_vocab] = {list(expected)}"
+        )
     if (p < 0).any() or not torch.allclose(p.sum(-1), torch.ones((), dtype=torch.float64), atol=1e-6):
-        raise ValueError("the true distribution p must be non-negative and sum to 1 over the vocabulary at every "
-                         "position")
+        raise ValueError(
+            "the true distribution p must be non-negative and sum to 1 over the vocabulary at every position"
+        )
     log_probs = _lens_logits(model, tokens).double().log_softmax(dim=-1).cpu()
     return GroundTruthLens(log_probs, p, kl(p[None], log_probs.exp()))
 
@@ -95,8 +105,9 @@ def ground_truth_lens(model: HookedTransformer, tokens: Int[Tensor, "batch pos"]
 @torch.inference_mode()
 def residual_norms(model: HookedTransformer, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "layer batch pos"]:
     """‖x^(l)‖₂ of the residual stream entering each layer, and after the last one."""
-    _, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_resid_pre") or
-                                    n.endswith("hook_resid_post"))
+    _, cache = model.run_with_cache(
+        tokens, names_filter=lambda n: n.endswith("hook_resid_pre") or n.endswith("hook_resid_post")
+    )
     return cache.accumulated_resid().norm(dim=-1)
 
 
@@ -108,8 +119,9 @@ class Attribution:
 
 
 @torch.inference_mode()
-def direct_logit_attribution(model: HookedTransformer, tokens: Int[Tensor, " pos"], target: int,
-                             position: int = -1) -> Attribution:
+def direct_logit_attribution(
+    model: HookedTransformer, tokens: Int[Tensor, " pos"], target: int, position: int = -1
+) -> Attribution:
     """Each part of the residual stream's direct contribution to `target`'s logit at `position`."""
     tokens = model.check_tokens(tokens)[:1]
     if not 0 <= target < model.cfg.d_vocab:
@@ -117,8 +129,9 @@ def direct_logit_attribution(model: HookedTransformer, tokens: Int[Tensor, " pos
     wanted = ("hook_embed", "hook_pos_embed", "attn.hook_z", "hook_mlp_out", "ln_final.hook_scale")
     logits, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith(wanted))
     if model.cfg.block == "post_ln":
-        raise ValueError("direct logit attribution needs a pre-LN or parallel model (a post-LN block norms its own "
-                         "output)")
+        raise ValueError(
+            "direct logit attribution needs a pre-LN or parallel model (a post-LN block norms its own output)"
+        )
     labels, parts = ["embed"], [cache["hook_embed"][0, position]]
     if "hook_pos_embed" in cache.cache_dict:
         labels.append("pos_embed")

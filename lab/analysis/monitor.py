@@ -51,8 +51,17 @@ SIGNALS = TOKEN_SIGNALS + PROMPT_SIGNALS + SAMPLING_SIGNALS
 # absence, attention on the subject (Yuksekgonul et al. 2023), P(IK) and agreement among samples mean safety;
 # entropy, the probe's P(wrong) and semantic entropy mean risk. The lens KL has no agreed sign: DoLa (Chuang et al.
 # 2023, arXiv 2309.03883) finds factual tokens change most in the late layers, which makes a large KL *safer*.
-RISK_SIGN = {"max_prob": -1, "entropy": 1, "margin": -1, "lens_kl": -1, "subject_attention": -1, "probe": 1,
-             "p_ik": -1, "self_consistency": -1, "semantic_entropy": 1}
+RISK_SIGN = {
+    "max_prob": -1,
+    "entropy": 1,
+    "margin": -1,
+    "lens_kl": -1,
+    "subject_attention": -1,
+    "probe": 1,
+    "p_ik": -1,
+    "self_consistency": -1,
+    "semantic_entropy": 1,
+}
 
 
 @dataclass(frozen=True)
@@ -67,8 +76,10 @@ class LinearReadout:
 
     def __post_init__(self) -> None:
         if not isinstance(self.weight, Tensor) or self.weight.ndim != 1:
-            raise ValueError(f"LinearReadout on {self.hook}: weight must be a 1-D tensor [d_model], got "
-                             f"{getattr(self.weight, 'shape', type(self.weight).__name__)}")
+            raise ValueError(
+                f"LinearReadout on {self.hook}: weight must be a 1-D tensor [d_model], got "
+                f"{getattr(self.weight, 'shape', type(self.weight).__name__)}"
+            )
         if self.position is not None and not isinstance(self.position, int):
             raise ValueError(f"LinearReadout on {self.hook}: position must be an int or None, got {self.position!r}")
 
@@ -79,8 +90,10 @@ class LinearReadout:
 
     def __call__(self, x: Float[Tensor, "batch d"]) -> Float[Tensor, " batch"]:
         if x.shape[-1] != self.weight.shape[0]:
-            raise ValueError(f"LinearReadout on {self.hook}: the activation has {x.shape[-1]} features, the weight "
-                             f"{self.weight.shape[0]}")
+            raise ValueError(
+                f"LinearReadout on {self.hook}: the activation has {x.shape[-1]} features, the weight "
+                f"{self.weight.shape[0]}"
+            )
         return torch.sigmoid(x.float() @ self.weight.to(x.device) + self.bias)
 
 
@@ -95,7 +108,7 @@ class MonitoredGeneration:
 
     @property
     def new_tokens(self) -> Int[Tensor, "batch new"]:
-        return self.tokens[:, self.prompt_length:]
+        return self.tokens[:, self.prompt_length :]
 
 
 def output_signals(logits: Float[Tensor, "batch d_vocab"]) -> dict[str, Float[Tensor, " batch"]]:
@@ -120,9 +133,17 @@ class Monitor:
     attention subject_attention reads (default the upper half).
     """
 
-    def __init__(self, model: Any, *, middle_layer: int | None = None, probe: LinearReadout | None = None,
-                 p_ik: LinearReadout | None = None, lens: bool = True, attention: bool = True,
-                 attention_layers: Sequence[int] | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        *,
+        middle_layer: int | None = None,
+        probe: LinearReadout | None = None,
+        p_ik: LinearReadout | None = None,
+        lens: bool = True,
+        attention: bool = True,
+        attention_layers: Sequence[int] | None = None,
+    ) -> None:
         self.model = model
         self.hooked = isinstance(model, HookedTransformer)
         n_layers = model.cfg.n_layers
@@ -132,21 +153,28 @@ class Monitor:
         # The upper half by default: where attention moves the attribute out of the subject (Geva et al. 2023,
         # arXiv 2304.14767).
         self.attention_layers = tuple(range(n_layers // 2, n_layers) if attention_layers is None else attention_layers)
-        if not self.attention_layers or not all(isinstance(l, int) and 0 <= l < n_layers for l in self.attention_layers):
+        if not self.attention_layers or not all(
+            isinstance(l, int) and 0 <= l < n_layers for l in self.attention_layers
+        ):
             raise ValueError(f"attention_layers must be block indices in [0, {n_layers}), got {attention_layers!r}")
         self.middle_hook = f"blocks.{self.middle_layer}.hook_resid_post"
         self.probe, self.p_ik = probe, p_ik
         self.lens, self.attention = lens and self.hooked, attention and self.hooked
-        why = ("this model is not a Forma HookedTransformer: only its output distribution is read"
-               if not self.hooked else None)
+        why = (
+            "this model is not a Forma HookedTransformer: only its output distribution is read"
+            if not self.hooked
+            else None
+        )
         if why and (probe is not None or p_ik is not None):
             raise ValueError(f"probe and p_ik readouts need hooks on the residual stream: {why}")
         for readout, kind in ((probe, "probe"), (p_ik, "p_ik")):
             if readout is not None:
                 model.check_hook_names([readout.hook])
                 if (readout.position is None) != (kind == "probe"):
-                    raise ValueError(f"the {kind} readout must have position "
-                                     f"{'None (every step)' if kind == 'probe' else 'set (a prompt position)'}")
+                    raise ValueError(
+                        f"the {kind} readout must have position "
+                        f"{'None (every step)' if kind == 'probe' else 'set (a prompt position)'}"
+                    )
         self.unavailable = {name: why for name in ("lens_kl", "subject_attention") if why}
         if not lens:
             self.unavailable["lens_kl"] = "not asked for (lens=False)"
@@ -221,9 +249,14 @@ class Monitor:
         self._step += 1
 
     def fwd_hooks(self) -> list[tuple[str, Any]]:
-        reads = {hook for hook, wanted in ((self.middle_hook, self.lens),
-                                           (self.probe.hook if self.probe else None, self.probe is not None))
-                 if wanted}
+        reads = {
+            hook
+            for hook, wanted in (
+                (self.middle_hook, self.lens),
+                (self.probe.hook if self.probe else None, self.probe is not None),
+            )
+            if wanted
+        }
         hooks = [(name, self._keep_latest) for name in sorted(reads)]
         if self.p_ik is not None:
             hooks.append((self.p_ik.hook, self._read_prompt))
@@ -237,30 +270,52 @@ class Monitor:
         return hooks + [("unembed.hook_out", self._on_logits)]
 
     # --- generating --------------------------------------------------------------------------------------------
-    def generate(self, tokens: Int[Tensor, "batch pos"], max_new_tokens: int, *, subject: Any = None,
-                 temperature: float = 0.0, seed: int | None = None, eos_token_id: int | None = None,
-                 use_kv_cache: bool = True) -> MonitoredGeneration:
+    def generate(
+        self,
+        tokens: Int[Tensor, "batch pos"],
+        max_new_tokens: int,
+        *,
+        subject: Any = None,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        eos_token_id: int | None = None,
+        use_kv_cache: bool = True,
+    ) -> MonitoredGeneration:
         """Generate (greedy by default) with every available signal read on the way. `subject`: a bool mask
         [batch, prompt_len] (or a list of prompt positions, for every row) of the subject's tokens — needed for
         subject_attention."""
         tokens = self.model.check_tokens(tokens) if self.hooked else tokens
         mask = _subject_mask(subject, tokens) if self.attention else None
         if self.attention and mask is None:
-            raise ValueError("subject_attention needs the subject's prompt positions: pass subject=, or build the "
-                             "Monitor with attention=False")
+            raise ValueError(
+                "subject_attention needs the subject's prompt positions: pass subject=, or build the "
+                "Monitor with attention=False"
+            )
         cache = KVCache.empty(self.model.cfg.n_layers) if self.hooked and use_kv_cache else None
         self._reset(mask, cache)
         try:
             if self.hooked:
                 with self.model.hooks(fwd_hooks=self.fwd_hooks()):
-                    out = decode(self.model, tokens, max_new_tokens, temperature, seed=seed, use_kv_cache=use_kv_cache,
-                                 eos_token_id=eos_token_id, kv_cache=cache, keep_logits=False).tokens
+                    out = decode(
+                        self.model,
+                        tokens,
+                        max_new_tokens,
+                        temperature,
+                        seed=seed,
+                        use_kv_cache=use_kv_cache,
+                        eos_token_id=eos_token_id,
+                        kv_cache=cache,
+                        keep_logits=False,
+                    ).tokens
             else:
-                out = _recompute_decode(self.model, tokens, max_new_tokens, temperature, seed, eos_token_id,
-                                        self._series)
+                out = _recompute_decode(
+                    self.model, tokens, max_new_tokens, temperature, seed, eos_token_id, self._series
+                )
             new = out.shape[1] - tokens.shape[1]
-            signals = {name: (torch.stack(series[:new], dim=1) if new else out.new_zeros(out.shape[0], 0).float())
-                       for name, series in self._series.items()}
+            signals = {
+                name: (torch.stack(series[:new], dim=1) if new else out.new_zeros(out.shape[0], 0).float())
+                for name, series in self._series.items()
+            }
             return MonitoredGeneration(out, tokens.shape[1], signals, dict(self._prompt))
         finally:
             self._reset(None)
@@ -287,8 +342,15 @@ def _subject_mask(subject: Any, tokens: Tensor) -> Bool[Tensor, "batch pos"] | N
 
 
 @torch.inference_mode()
-def _recompute_decode(model: Any, tokens: Tensor, max_new_tokens: int, temperature: float, seed: int | None,
-                      eos_token_id: int | None, series: dict[str, list[Tensor]] | None) -> Tensor:
+def _recompute_decode(
+    model: Any,
+    tokens: Tensor,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int | None,
+    eos_token_id: int | None,
+    series: dict[str, list[Tensor]] | None,
+) -> Tensor:
     """Decoding without a KV cache for a model that has none of Forma's (each step reads the whole prefix)."""
     check_sampling(temperature, seed=seed)
     n_ctx = getattr(model.cfg, "n_ctx", None)
@@ -311,8 +373,14 @@ def _recompute_decode(model: Any, tokens: Tensor, max_new_tokens: int, temperatu
     return tokens
 
 
-def sample_continuations(model: Any, tokens: Int[Tensor, "batch pos"], k: int, max_new_tokens: int, seed: int,
-                         eos_token_id: int | None = None) -> Int[Tensor, "batch k new"]:
+def sample_continuations(
+    model: Any,
+    tokens: Int[Tensor, "batch pos"],
+    k: int,
+    max_new_tokens: int,
+    seed: int,
+    eos_token_id: int | None = None,
+) -> Int[Tensor, "batch k new"]:
     """k continuations per prompt at temperature 1 from the full softmax, in one batch of batch·k rows."""
     if not (isinstance(k, int) and k >= 1):
         raise ValueError(f"k must be an integer ≥ 1, got {k!r}")
@@ -321,7 +389,7 @@ def sample_continuations(model: Any, tokens: Int[Tensor, "batch pos"], k: int, m
         out = decode(model, rows, max_new_tokens, 1.0, seed=seed, eos_token_id=eos_token_id, keep_logits=False).tokens
     else:
         out = _recompute_decode(model, rows, max_new_tokens, 1.0, seed, eos_token_id, None)
-    return out[:, tokens.shape[1]:].reshape(tokens.shape[0], k, -1)
+    return out[:, tokens.shape[1] :].reshape(tokens.shape[0], k, -1)
 
 
 def answer_lengths(new_tokens: Int[Tensor, "batch new"], stop_ids: Collection[int]) -> Int[Tensor, " batch"]:
@@ -330,12 +398,15 @@ def answer_lengths(new_tokens: Int[Tensor, "batch new"], stop_ids: Collection[in
     if new_tokens.shape[1] == 0:
         raise ValueError("no generated tokens: an answer needs at least one")
     stops = torch.isin(new_tokens, torch.tensor(sorted(stop_ids), dtype=new_tokens.dtype, device=new_tokens.device))
-    first = torch.where(stops.any(1), stops.float().argmax(1), torch.full_like(stops[:, 0], new_tokens.shape[1],
-                                                                               dtype=torch.long))
+    first = torch.where(
+        stops.any(1), stops.float().argmax(1), torch.full_like(stops[:, 0], new_tokens.shape[1], dtype=torch.long)
+    )
     return first.clamp_min(1)
 
 
-def claim_risk(series: Float[Tensor, "batch new"], lengths: Int[Tensor, " batch"], sign: int) -> Float[Tensor, " batch"]:
+def claim_risk(
+    series: Float[Tensor, "batch new"], lengths: Int[Tensor, " batch"], sign: int
+) -> Float[Tensor, " batch"]:
     """max over the answer's tokens of sign · signal: a claim is as risky as its riskiest token, so abstaining when
     the claim's risk exceeds λ is abstaining at the first token whose risk exceeds λ (`abstain_at`)."""
     if sign not in (-1, 1):
@@ -347,7 +418,7 @@ def claim_risk(series: Float[Tensor, "batch new"], lengths: Int[Tensor, " batch"
 def abstain_at(token_risk: Sequence[float], length: int, threshold: float) -> int | None:
     """The index of the first answer token whose risk exceeds `threshold` — where a monitored generation stops —
     or None when the whole answer stays at or below it (the answer is given)."""
-    for index, risk in enumerate(list(token_risk)[:max(1, length)]):
+    for index, risk in enumerate(list(token_risk)[: max(1, length)]):
         if risk > threshold:
             return index
     return None

@@ -17,7 +17,8 @@ Cells:
 The metric is a callback on the patched run's logits [batch, pos, d_vocab] returning a scalar; the
 default is the logit difference logit(answer) − logit(wrong) at the last position, averaged over the
 batch. A metric may declare the positions it reads (`metric.positions`, as `logit_diff` does): the fast
-path then unembeds only those, and hands the metric logits that are NaN elsewhere. `PatchingResult.values` is [layer, cell] — a heatmap — ([layer, head, pos] by head and
+path then unembeds only those, and hands the metric logits that are NaN elsewhere. `PatchingResult.values` is [layer,
+cell] — a heatmap — ([layer, head, pos] by head and
 position) and `normalized()` maps it to (patched − corrupted) / (clean − corrupted): 0 = nothing
 restored, 1 = fully restored.
 
@@ -49,8 +50,16 @@ from torch import Tensor
 from lab.model.kv_cache import KVCache, KVCacheEntry
 from lab.model.transformer import HookedTransformer
 
-__all__ = ["COMPONENTS", "MetricFn", "PatchingResult", "logit_diff", "patch_heads", "patch_heads_by_position",
-           "patch_positions", "reads"]
+__all__ = [
+    "COMPONENTS",
+    "MetricFn",
+    "PatchingResult",
+    "logit_diff",
+    "patch_heads",
+    "patch_heads_by_position",
+    "patch_positions",
+    "reads",
+]
 
 COMPONENTS = {
     "resid_pre": "blocks.{layer}.hook_resid_pre",
@@ -150,8 +159,10 @@ def check_inputs(model: Any, clean: Tensor, corrupted: Tensor) -> tuple[Tensor, 
     clean = clean[None] if clean.ndim == 1 else clean
     corrupted = corrupted[None] if corrupted.ndim == 1 else corrupted
     if clean.shape != corrupted.shape:
-        raise ValueError(f"clean {tuple(clean.shape)} and corrupted {tuple(corrupted.shape)} inputs must have "
-                         "the same shape: patching swaps activations position by position")
+        raise ValueError(
+            f"clean {tuple(clean.shape)} and corrupted {tuple(corrupted.shape)} inputs must have "
+            "the same shape: patching swaps activations position by position"
+        )
     if hasattr(model, "check_tokens"):
         clean, corrupted = model.check_tokens(clean), model.check_tokens(corrupted)
     return clean, corrupted
@@ -175,9 +186,20 @@ def runs_fast(model: Any) -> bool:
 
 
 @torch.inference_mode()
-def _patch(model: Any, clean: Tensor, corrupted: Tensor, component: str, axis: str, cells: list[int],
-           layers: Sequence[int], columns: list[tuple[int | None, int | None]], metric: MetricFn, direction: str,
-           max_batch: int, exhaustive: bool) -> PatchingResult:
+def _patch(
+    model: Any,
+    clean: Tensor,
+    corrupted: Tensor,
+    component: str,
+    axis: str,
+    cells: list[int],
+    layers: Sequence[int],
+    columns: list[tuple[int | None, int | None]],
+    metric: MetricFn,
+    direction: str,
+    max_batch: int,
+    exhaustive: bool,
+) -> PatchingResult:
     if component not in COMPONENTS:
         raise ValueError(f"component must be one of {sorted(COMPONENTS)}, got {component!r}")
     if direction not in ("denoise", "noise"):
@@ -194,20 +216,30 @@ def _patch(model: Any, clean: Tensor, corrupted: Tensor, component: str, axis: s
     values = torch.empty(len(layers), len(columns))
     sweep = _sweep_exhaustive if exhaustive or not runs_fast(model) else _sweep_fast
     target_logits = sweep(model, target, component, saved, todo, metric, max_batch, values)
-    clean_logits, corrupted_logits = (source_logits, target_logits) if direction == "denoise" else (target_logits,
-                                                                                                    source_logits)
+    clean_logits, corrupted_logits = (
+        (source_logits, target_logits) if direction == "denoise" else (target_logits, source_logits)
+    )
     if axis == "head_pos":
         values = values.view(len(layers), -1, len(cells))
-    return PatchingResult(values, float(metric(clean_logits)), float(metric(corrupted_logits)), component, axis,
-                          list(cells), direction)
+    return PatchingResult(
+        values, float(metric(clean_logits)), float(metric(corrupted_logits)), component, axis, list(cells), direction
+    )
 
 
 def _chunks(cells: list[Cell], per_pass: int) -> list[list[Cell]]:
-    return [cells[start: start + per_pass] for start in range(0, len(cells), per_pass)]
+    return [cells[start : start + per_pass] for start in range(0, len(cells), per_pass)]
 
 
-def _sweep_exhaustive(model: Any, target: Tensor, component: str, saved: dict[int, Tensor], cells: list[Cell],
-                      metric: MetricFn, max_batch: int, values: Tensor) -> Tensor:
+def _sweep_exhaustive(
+    model: Any,
+    target: Tensor,
+    component: str,
+    saved: dict[int, Tensor],
+    cells: list[Cell],
+    metric: MetricFn,
+    max_batch: int,
+    values: Tensor,
+) -> Tensor:
     """Every patched run from the embedding, the cells of one layer `max_batch` rows to a pass; returns the
     target run's logits."""
     b = target.shape[0]
@@ -224,12 +256,20 @@ def _sweep_exhaustive(model: Any, target: Tensor, component: str, saved: dict[in
             with model.hooks(fwd_hooks=[(name, put)]):
                 logits = model(target.repeat(len(chunk), 1))
             for k, cell in enumerate(chunk):
-                values[cell.row, cell.column] = float(metric(logits[k * b: (k + 1) * b]))
+                values[cell.row, cell.column] = float(metric(logits[k * b : (k + 1) * b]))
     return model(target)
 
 
-def _sweep_fast(model: Any, target: Tensor, component: str, saved: dict[int, Tensor], cells: list[Cell],
-                metric: MetricFn, max_batch: int, values: Tensor) -> Tensor:
+def _sweep_fast(
+    model: Any,
+    target: Tensor,
+    component: str,
+    saved: dict[int, Tensor],
+    cells: list[Cell],
+    metric: MetricFn,
+    max_batch: int,
+    values: Tensor,
+) -> Tensor:
     """Each patched run from its own layer and first changed position on (see the module's docstring); returns
     the target run's logits.
 
@@ -241,8 +281,9 @@ def _sweep_fast(model: Any, target: Tensor, component: str, saved: dict[int, Ten
     b, n_layers = target.shape[0], model.cfg.n_layers
     kv = KVCache.empty(n_layers)
     entering = sorted({cell.layer for cell in cells})
-    target_logits, cache = model.run_with_cache(target, names_filter=[f"blocks.{layer}.hook_resid_pre"
-                                                                      for layer in entering], kv_cache=kv)
+    target_logits, cache = model.run_with_cache(
+        target, names_filter=[f"blocks.{layer}.hook_resid_pre" for layer in entering], kv_cache=kv
+    )
     resid_pre = {layer: cache[f"blocks.{layer}.hook_resid_pre"] for layer in entering}
     read = reads(metric, target.shape[1])
     ordered = sorted(cells, key=lambda cell: (cell.start, cell.layer))
@@ -259,16 +300,19 @@ def _sweep_fast(model: Any, target: Tensor, component: str, saved: dict[int, Ten
             entry = None
             if first > 0:  # positions < first are the target run's in every row: its keys and values
                 prefix = kv.entries[layer]
-                entry = KVCacheEntry(prefix.keys[:, :first].repeat(copies, 1, 1, 1),
-                                     prefix.values[:, :first].repeat(copies, 1, 1, 1))
+                entry = KVCacheEntry(
+                    prefix.keys[:, :first].repeat(copies, 1, 1, 1), prefix.values[:, :first].repeat(copies, 1, 1, 1)
+                )
             if joining:
                 start = len(rows)
 
-                def put(activation: Tensor, hook: Any, joining: list[Cell] = joining, start: int = start,
-                        first: int = first) -> Tensor:
+                def put(
+                    activation: Tensor, hook: Any, joining: list[Cell] = joining, start: int = start, first: int = first
+                ) -> Tensor:
                     for k, cell in enumerate(joining):
-                        put_cell(activation, saved[cell.layer], cell, slice((start + k) * b, (start + k + 1) * b),
-                                 first)
+                        put_cell(
+                            activation, saved[cell.layer], cell, slice((start + k) * b, (start + k + 1) * b), first
+                        )
                     return activation
 
                 rows += joining
@@ -279,7 +323,7 @@ def _sweep_fast(model: Any, target: Tensor, component: str, saved: dict[int, Ten
         if read is None:
             logits = model.unembed(model.ln_final(x))  # [rows·batch, T − first, d_vocab]
             for k, cell in enumerate(rows):
-                patched = torch.cat([target_logits[:, :first], logits[k * b: (k + 1) * b]], dim=1)
+                patched = torch.cat([target_logits[:, :first], logits[k * b : (k + 1) * b]], dim=1)
                 values[cell.row, cell.column] = float(metric(patched))
             continue
         late = [p for p in read if p >= first]  # the positions the metric reads that the patch can change
@@ -288,7 +332,7 @@ def _sweep_fast(model: Any, target: Tensor, component: str, saved: dict[int, Ten
         for k, cell in enumerate(rows):
             patched = torch.full_like(target_logits, float("nan"))  # what the metric says it never reads
             patched[:, early] = target_logits[:, early]
-            patched[:, late] = logits[k * b: (k + 1) * b]
+            patched[:, late] = logits[k * b : (k + 1) * b]
             values[cell.row, cell.column] = float(metric(patched))
     return target_logits
 
@@ -311,12 +355,21 @@ def _positions(n_pos: int, positions: Sequence[int] | None) -> list[int]:
     return [p % n_pos for p in positions]
 
 
-def patch_positions(model: Any, clean: Int[Tensor, "batch pos"], corrupted: Int[Tensor, "batch pos"],
-                    component: Literal["resid_pre", "attn_out", "mlp_out", "resid_post"] = "resid_pre",
-                    metric: MetricFn | None = None, *, answer: Any = None, wrong: Any = None,
-                    layers: Sequence[int] | None = None, positions: Sequence[int] | None = None,
-                    direction: Literal["denoise", "noise"] = "denoise", max_batch: int = 64,
-                    exhaustive: bool = False) -> PatchingResult:
+def patch_positions(
+    model: Any,
+    clean: Int[Tensor, "batch pos"],
+    corrupted: Int[Tensor, "batch pos"],
+    component: Literal["resid_pre", "attn_out", "mlp_out", "resid_post"] = "resid_pre",
+    metric: MetricFn | None = None,
+    *,
+    answer: Any = None,
+    wrong: Any = None,
+    layers: Sequence[int] | None = None,
+    positions: Sequence[int] | None = None,
+    direction: Literal["denoise", "noise"] = "denoise",
+    max_batch: int = 64,
+    exhaustive: bool = False,
+) -> PatchingResult:
     """Patch one (layer, position) of `component` at a time; values is [layer, position].
 
     exhaustive=True runs every patched pass from the embedding (the reference; what any other model gets)."""
@@ -324,30 +377,84 @@ def patch_positions(model: Any, clean: Int[Tensor, "batch pos"], corrupted: Int[
         raise ValueError("hook_z is patched by head: use patch_heads or patch_heads_by_position")
     clean, corrupted = check_inputs(model, clean, corrupted)
     cells = _positions(clean.shape[1], positions)
-    return _patch(model, clean, corrupted, component, "pos", cells, _layers(model, layers),
-                  [(None, p) for p in cells], resolve_metric(metric, answer, wrong), direction, max_batch, exhaustive)
+    return _patch(
+        model,
+        clean,
+        corrupted,
+        component,
+        "pos",
+        cells,
+        _layers(model, layers),
+        [(None, p) for p in cells],
+        resolve_metric(metric, answer, wrong),
+        direction,
+        max_batch,
+        exhaustive,
+    )
 
 
-def patch_heads(model: Any, clean: Int[Tensor, "batch pos"], corrupted: Int[Tensor, "batch pos"],
-                metric: MetricFn | None = None, *, answer: Any = None, wrong: Any = None,
-                layers: Sequence[int] | None = None, direction: Literal["denoise", "noise"] = "denoise",
-                max_batch: int = 64, exhaustive: bool = False) -> PatchingResult:
+def patch_heads(
+    model: Any,
+    clean: Int[Tensor, "batch pos"],
+    corrupted: Int[Tensor, "batch pos"],
+    metric: MetricFn | None = None,
+    *,
+    answer: Any = None,
+    wrong: Any = None,
+    layers: Sequence[int] | None = None,
+    direction: Literal["denoise", "noise"] = "denoise",
+    max_batch: int = 64,
+    exhaustive: bool = False,
+) -> PatchingResult:
     """Patch one head's output z (every position) at a time; values is [layer, head]."""
     clean, corrupted = check_inputs(model, clean, corrupted)
     cells = list(range(model.cfg.n_heads))
-    return _patch(model, clean, corrupted, "z", "head", cells, _layers(model, layers), [(h, None) for h in cells],
-                  resolve_metric(metric, answer, wrong), direction, max_batch, exhaustive)
+    return _patch(
+        model,
+        clean,
+        corrupted,
+        "z",
+        "head",
+        cells,
+        _layers(model, layers),
+        [(h, None) for h in cells],
+        resolve_metric(metric, answer, wrong),
+        direction,
+        max_batch,
+        exhaustive,
+    )
 
 
-def patch_heads_by_position(model: Any, clean: Int[Tensor, "batch pos"], corrupted: Int[Tensor, "batch pos"],
-                            metric: MetricFn | None = None, *, answer: Any = None, wrong: Any = None,
-                            layers: Sequence[int] | None = None, positions: Sequence[int] | None = None,
-                            direction: Literal["denoise", "noise"] = "denoise", max_batch: int = 64,
-                            exhaustive: bool = False) -> PatchingResult:
+def patch_heads_by_position(
+    model: Any,
+    clean: Int[Tensor, "batch pos"],
+    corrupted: Int[Tensor, "batch pos"],
+    metric: MetricFn | None = None,
+    *,
+    answer: Any = None,
+    wrong: Any = None,
+    layers: Sequence[int] | None = None,
+    positions: Sequence[int] | None = None,
+    direction: Literal["denoise", "noise"] = "denoise",
+    max_batch: int = 64,
+    exhaustive: bool = False,
+) -> PatchingResult:
     """Patch one head's z at one position at a time; values is [layer, head, position] (TransformerLens's
     get_act_patch_attn_head_out_by_pos gives the same numbers as [layer, position, head])."""
     clean, corrupted = check_inputs(model, clean, corrupted)
     cells = _positions(clean.shape[1], positions)
     columns = [(h, p) for h in range(model.cfg.n_heads) for p in cells]
-    return _patch(model, clean, corrupted, "z", "head_pos", cells, _layers(model, layers), columns,
-                  resolve_metric(metric, answer, wrong), direction, max_batch, exhaustive)
+    return _patch(
+        model,
+        clean,
+        corrupted,
+        "z",
+        "head_pos",
+        cells,
+        _layers(model, layers),
+        columns,
+        resolve_metric(metric, answer, wrong),
+        direction,
+        max_batch,
+        exhaustive,
+    )

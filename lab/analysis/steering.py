@@ -32,8 +32,9 @@ NOT_POSITIONAL = ("hook_attn_scores", "hook_pattern")
 
 
 @contextmanager
-def steer(model: Any, name: str, vector: Float[Tensor, "*shape"], scale: float = 1.0,
-          from_position: int = 0) -> Iterator[Any]:
+def steer(
+    model: Any, name: str, vector: Float[Tensor, "*shape"], scale: float = 1.0, from_position: int = 0
+) -> Iterator[Any]:
     """Within the block, every forward pass adds scale·vector to activation `name` at positions ≥ from_position.
 
     vector has the activation's per-position shape ([d_model] for the residual stream, [head, d_head]
@@ -43,8 +44,10 @@ def steer(model: Any, name: str, vector: Float[Tensor, "*shape"], scale: float =
     if not isinstance(name, str):
         raise TypeError(f"steer takes one hook name; nest `with steer(...)` blocks for several, got {name!r}")
     if name.rsplit(".", 1)[-1] in NOT_POSITIONAL:
-        raise ValueError(f"{name} is indexed [batch, head, query, key]; steer a per-position activation "
-                         "(the residual stream, attn_out, mlp_out, z, ...)")
+        raise ValueError(
+            f"{name} is indexed [batch, head, query, key]; steer a per-position activation "
+            "(the residual stream, attn_out, mlp_out, z, ...)"
+        )
     if hasattr(model, "check_hook_names"):
         model.check_hook_names([name])
     if not isinstance(from_position, int) or from_position < 0:
@@ -60,8 +63,10 @@ def steer(model: Any, name: str, vector: Float[Tensor, "*shape"], scale: float =
 
     def add(activation: Tensor, hook: Any) -> Tensor:
         if tuple(vector.shape) != tuple(activation.shape[2:]):
-            raise ValueError(f"steering vector of shape {tuple(vector.shape)} does not match {name}'s "
-                             f"per-position shape {tuple(activation.shape[2:])}")
+            raise ValueError(
+                f"steering vector of shape {tuple(vector.shape)} does not match {name}'s "
+                f"per-position shape {tuple(activation.shape[2:])}"
+            )
         start = max(0, from_position - offset[0])
         delta = (scale * vector).to(device=activation.device, dtype=activation.dtype)
         if start == 0:
@@ -80,9 +85,17 @@ def steer(model: Any, name: str, vector: Float[Tensor, "*shape"], scale: float =
         handle.remove()
 
 
-def generate_steered(model: Any, tokens: Int[Tensor, "batch pos"], name: str, vector: Float[Tensor, "*shape"],
-                     scale: float = 1.0, max_new_tokens: int = 20, *, from_position: int = 0,
-                     **generate_options: Any) -> Int[Tensor, "batch pos"]:
+def generate_steered(
+    model: Any,
+    tokens: Int[Tensor, "batch pos"],
+    name: str,
+    vector: Float[Tensor, "*shape"],
+    scale: float = 1.0,
+    max_new_tokens: int = 20,
+    *,
+    from_position: int = 0,
+    **generate_options: Any,
+) -> Int[Tensor, "batch pos"]:
     """`lab.generate.generate` with scale·vector added at `name` (prompt followed by the new tokens).
 
     generate_options: temperature, top_k, top_p, seed, use_kv_cache, eos_token_id.

@@ -10,8 +10,8 @@ Each pair is swept alone with `lab.analysis.patching` (the fast path on Forma's 
 difference logit(answer) − logit(wrong) at its last position (`logit_diff`). The sweeps (`SWEEPS`):
 
     resid_pre, attn_out, mlp_out, resid_post   one (layer, position) of that component at a time   [pair, layer, pos]
-    head                                       one head's z at every position                      [pair, layer, head]
-    head_pos                                   one head's z at one position                        [pair, layer, head, pos]
+    head                                       one head's z at every position               [pair, layer, head]
+    head_pos                                   one head's z at one position                 [pair, layer, head, pos]
 
 Positions count from each prompt's start; a pair shorter than the longest holds NaN where it has no position.
 A `SweepTable` holds one sweep's values with each pair's clean and corrupted metric; `SweepTable.mean()` is the
@@ -49,8 +49,14 @@ SWEEP_FORMAT = "forma-sweep/1"
 SWEEP_FILE = "sweep.json"
 COLUMNS = ("clean", "corrupted", "answer", "wrong")
 # A sweep's name: (the component patched, its cells' axis), as lab.analysis.patching names them.
-SWEEPS = {"resid_pre": ("resid_pre", "pos"), "attn_out": ("attn_out", "pos"), "mlp_out": ("mlp_out", "pos"),
-          "resid_post": ("resid_post", "pos"), "head": ("z", "head"), "head_pos": ("z", "head_pos")}
+SWEEPS = {
+    "resid_pre": ("resid_pre", "pos"),
+    "attn_out": ("attn_out", "pos"),
+    "mlp_out": ("mlp_out", "pos"),
+    "resid_post": ("resid_post", "pos"),
+    "head": ("z", "head"),
+    "head_pos": ("z", "head_pos"),
+}
 TENSORS = ("values", "clean", "corrupted")
 
 
@@ -75,8 +81,10 @@ def read_pairs(path: str | Path, model: Any) -> list[PromptPair]:
         reader = csv.DictReader(text.splitlines())
         missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
         if missing:
-            raise ValueError(f"{path}: no column {missing[0]!r} (the header must name {', '.join(COLUMNS)}; it "
-                             f"names {', '.join(reader.fieldnames or []) or 'nothing'})")
+            raise ValueError(
+                f"{path}: no column {missing[0]!r} (the header must name {', '.join(COLUMNS)}; it "
+                f"names {', '.join(reader.fieldnames or []) or 'nothing'})"
+            )
         rows = [(reader.line_num, row) for row in reader]
     else:
         rows = []
@@ -106,8 +114,10 @@ def _pair(row: Any, model: Any) -> PromptPair:
         raise ValueError(f"no {missing[0]!r} (a pair has the keys {', '.join(COLUMNS)})")
     clean, corrupted = (_prompt(row[c], model, c) for c in ("clean", "corrupted"))
     if clean.shape != corrupted.shape:
-        raise ValueError(f"the clean prompt is {len(clean)} tokens and the corrupted one {len(corrupted)}: patching "
-                         "swaps activations position by position, so they must be as long")
+        raise ValueError(
+            f"the clean prompt is {len(clean)} tokens and the corrupted one {len(corrupted)}: patching "
+            "swaps activations position by position, so they must be as long"
+        )
     return PromptPair(clean, corrupted, _answer(row["answer"], model, "answer"), _answer(row["wrong"], model, "wrong"))
 
 
@@ -134,8 +144,9 @@ def _answer(value: Any, model: Any, what: str) -> int:
     return token
 
 
-def sweep_pair(model: Any, pair: PromptPair, sweep: str, *, direction: str = "denoise",
-               max_batch: int = 64) -> PatchingResult:
+def sweep_pair(
+    model: Any, pair: PromptPair, sweep: str, *, direction: str = "denoise", max_batch: int = 64
+) -> PatchingResult:
     """One pair's sweep, its metric logit(answer) − logit(wrong) at the last position."""
     component, axis = SWEEPS[sweep]
     device = next(model.parameters()).device
@@ -174,17 +185,33 @@ class SweepTable:
 
     def mean(self) -> PatchingResult:
         """The sweep averaged over the pairs (NaN, a position a pair does not have, left out)."""
-        return PatchingResult(self.values.nanmean(0), float(self.clean.mean()), float(self.corrupted.mean()),
-                              self.component, self.axis, self.cells, self.direction)
+        return PatchingResult(
+            self.values.nanmean(0),
+            float(self.clean.mean()),
+            float(self.corrupted.mean()),
+            self.component,
+            self.axis,
+            self.cells,
+            self.direction,
+        )
 
 
 def part_file(out_dir: Path, i: int) -> Path:
     return out_dir / "parts" / f"part-{i:05d}.safetensors"
 
 
-def sweep_pairs(model: Any, pairs: Sequence[PromptPair], sweeps: Sequence[str], out_dir: str | Path, *,
-                direction: str = "denoise", max_batch: int = 64, parts: int = PARTS, progress: bool = True,
-                overwrite: bool = False) -> dict[str, SweepTable] | None:
+def sweep_pairs(
+    model: Any,
+    pairs: Sequence[PromptPair],
+    sweeps: Sequence[str],
+    out_dir: str | Path,
+    *,
+    direction: str = "denoise",
+    max_batch: int = 64,
+    parts: int = PARTS,
+    progress: bool = True,
+    overwrite: bool = False,
+) -> dict[str, SweepTable] | None:
     """Run `sweeps` over every pair into `out_dir` (see the module's docstring): in this process, or — under
     torchrun — this rank's share, every rank calling it alike. Returns the tables on rank 0, None on the others.
     overwrite: start afresh, whatever out_dir holds (rerun without it to resume)."""
@@ -198,21 +225,35 @@ def sweep_pairs(model: Any, pairs: Sequence[PromptPair], sweeps: Sequence[str], 
     if not pairs:
         raise ValueError("no prompt pair to sweep")
     if (out_dir / SWEEP_FILE).is_file() and not overwrite:
-        raise FileExistsError(f"{out_dir} already holds a complete sweep ({SWEEP_FILE}); overwrite it or choose "
-                              "another folder")
+        raise FileExistsError(
+            f"{out_dir} already holds a complete sweep ({SWEEP_FILE}); overwrite it or choose another folder"
+        )
     ranges = plan_parts(len(pairs), most=parts)
     width = max(len(p.clean) for p in pairs)
-    digest = hashlib.sha256(json.dumps([[p.clean.tolist(), p.corrupted.tolist(), p.answer, p.wrong]
-                                        for p in pairs]).encode()).hexdigest()
-    plan = {"format": SWEEP_FORMAT, "sweeps": list(sweeps), "direction": direction, "max_batch": max_batch,
-            "n_pairs": len(pairs), "pairs_sha256": digest, "parts": len(ranges), "model": model_summary(model)}
+    digest = hashlib.sha256(
+        json.dumps([[p.clean.tolist(), p.corrupted.tolist(), p.answer, p.wrong] for p in pairs]).encode()
+    ).hexdigest()
+    plan = {
+        "format": SWEEP_FORMAT,
+        "sweeps": list(sweeps),
+        "direction": direction,
+        "max_batch": max_batch,
+        "n_pairs": len(pairs),
+        "pairs_sha256": digest,
+        "parts": len(ranges),
+        "model": model_summary(model),
+    }
     record_plan(out_dir, plan, overwrite=overwrite, what="patching sweep")
     if overwrite and rank == 0:
         (out_dir / SWEEP_FILE).unlink(missing_ok=True)
 
     kept, mine = claim_parts(len(ranges), lambda i: not overwrite and part_file(out_dir, i).is_file())
-    bar = tqdm(total=sum(len(ranges[i]) for i in mine), unit="pair", disable=not progress or rank != 0,
-               desc="sweep" if world == 1 else f"sweep, rank 0 of {world}")
+    bar = tqdm(
+        total=sum(len(ranges[i]) for i in mine),
+        unit="pair",
+        disable=not progress or rank != 0,
+        desc="sweep" if world == 1 else f"sweep, rank 0 of {world}",
+    )
     for i in mine:
         rows: dict[str, list[Tensor]] = {f"{s}.{t}": [] for s in sweeps for t in TENSORS}
         for pair in (pairs[j] for j in ranges[i]):
@@ -242,15 +283,31 @@ def sweep_pairs(model: Any, pairs: Sequence[PromptPair], sweeps: Sequence[str], 
     if rank != 0:
         return None
     lengths = torch.tensor([len(p.clean) for p in pairs])
-    tables = {s: SweepTable(gathered[f"{s}.values"], gathered[f"{s}.clean"], gathered[f"{s}.corrupted"], lengths,
-                            SWEEPS[s][0], SWEEPS[s][1], direction) for s in sweeps}
+    tables = {
+        s: SweepTable(
+            gathered[f"{s}.values"],
+            gathered[f"{s}.clean"],
+            gathered[f"{s}.corrupted"],
+            lengths,
+            SWEEPS[s][0],
+            SWEEPS[s][1],
+            direction,
+        )
+        for s in sweeps
+    }
     for s, table in tables.items():  # the tensors alone (safetensors writes metadata keys in no fixed order)
         tensors = {"values": table.values, "clean": table.clean, "corrupted": table.corrupted, "lengths": lengths}
         atomic_write(out_dir / f"{s}.safetensors", lambda path, tensors=tensors: save_file(tensors, str(path)))
-    manifest = {"format": SWEEP_FORMAT,
-                "sweeps": {s: {"file": f"{s}.safetensors", "component": t.component, "axis": t.axis,
-                               "shape": list(t.values.shape)} for s, t in tables.items()},
-                "direction": direction, "n_pairs": len(pairs), "model": plan["model"]}
+    manifest = {
+        "format": SWEEP_FORMAT,
+        "sweeps": {
+            s: {"file": f"{s}.safetensors", "component": t.component, "axis": t.axis, "shape": list(t.values.shape)}
+            for s, t in tables.items()
+        },
+        "direction": direction,
+        "n_pairs": len(pairs),
+        "model": plan["model"],
+    }
     atomic_write_text(out_dir / SWEEP_FILE, json.dumps(manifest, indent=2) + "\n")
     for path in [*out_dir.glob(".*"), *out_dir.glob("parts/.*")]:  # what killed writes left half-done
         if path.is_file() and is_temporary(path):
@@ -269,8 +326,20 @@ def load_sweep(out_dir: str | Path) -> dict[str, SweepTable]:
         raise ValueError(f"{path} is not a {SWEEP_FORMAT} manifest")
     tables = {}
     for name, entry in manifest["sweeps"].items():
-        tensors = load_file(str(regular_file(out_dir / str(entry.get("file") if isinstance(entry, dict) else ""),
-                                             out_dir, what="sweep table")))
-        tables[name] = SweepTable(tensors["values"], tensors["clean"], tensors["corrupted"], tensors["lengths"],
-                                  entry["component"], entry["axis"], manifest["direction"])
+        tensors = load_file(
+            str(
+                regular_file(
+                    out_dir / str(entry.get("file") if isinstance(entry, dict) else ""), out_dir, what="sweep table"
+                )
+            )
+        )
+        tables[name] = SweepTable(
+            tensors["values"],
+            tensors["clean"],
+            tensors["corrupted"],
+            tensors["lengths"],
+            entry["component"],
+            entry["axis"],
+            manifest["direction"],
+        )
     return tables

@@ -47,16 +47,21 @@ class TunedLens:
         """Rows l < n_layers moved by their translator; a last (output) row, if present, left as it is."""
         n = self.A.shape[0]
         A, b = self.A.to(residual), self.b.to(residual)
-        moved = residual[:n] + torch.einsum("l...d,lde->l...e", residual[:n], A) + b.view(n, *[1] * (residual.ndim - 2), -1)
+        moved = (
+            residual[:n] + torch.einsum("l...d,lde->l...e", residual[:n], A) + b.view(n, *[1] * (residual.ndim - 2), -1)
+        )
         return torch.cat([moved, residual[n:]]) if residual.shape[0] > n else moved
 
     @torch.inference_mode()
-    def log_probs(self, model: HookedTransformer, tokens: Int[Tensor, "batch pos"]
-                  ) -> Float[Tensor, "layer batch pos d_vocab"]:
+    def log_probs(
+        self, model: HookedTransformer, tokens: Int[Tensor, "batch pos"]
+    ) -> Float[Tensor, "layer batch pos d_vocab"]:
         """Log-probabilities of the tuned lens at every layer's input, and the model's own in the last row."""
         if self.A.shape[0] != model.cfg.n_layers or self.A.shape[1] != model.cfg.d_model:
-            raise ValueError(f"this tuned lens has {self.A.shape[0]} translators of width {self.A.shape[1]}; the model "
-                             f"has {model.cfg.n_layers} layers of width {model.cfg.d_model}")
+            raise ValueError(
+                f"this tuned lens has {self.A.shape[0]} translators of width {self.A.shape[1]}; the model "
+                f"has {model.cfg.n_layers} layers of width {model.cfg.d_model}"
+            )
         stack = residual_stack(model, model.check_tokens(tokens))
         return read_out(model, self.translate(stack)).log_softmax(dim=-1)
 
@@ -66,8 +71,14 @@ def _kl_from(target_log_probs: Tensor, logits: Tensor) -> Tensor:
     return (target_log_probs.exp() * (target_log_probs - logits.log_softmax(dim=-1))).sum(dim=-1).mean(dim=-1)
 
 
-def fit_tuned_lens(model: HookedTransformer, tokens: Int[Tensor, "batch pos"], *, weight_decay: float = 1e-4,
-                   max_iter: int = 100, tolerance: float = 1e-7) -> TunedLens:
+def fit_tuned_lens(
+    model: HookedTransformer,
+    tokens: Int[Tensor, "batch pos"],
+    *,
+    weight_decay: float = 1e-4,
+    max_iter: int = 100,
+    tolerance: float = 1e-7,
+) -> TunedLens:
     """Train a tuned lens on `tokens` (say, a few hundred sequences of the model's world) as the module's
     docstring describes: the translators minimise Σ_l KL(P_θ ‖ P^(l)_tuned) + ½·weight_decay·‖A_l‖², every
     position of every sequence, by full-batch L-BFGS (at most `max_iter` iterations) from the logit lens (A = 0,
@@ -83,8 +94,15 @@ def fit_tuned_lens(model: HookedTransformer, tokens: Int[Tensor, "batch pos"], *
     x, target = stack[:n_layers].clone(), target.clone()  # out of inference mode, for autograd
     A = torch.zeros(n_layers, d_model, d_model, requires_grad=True)
     b = torch.zeros(n_layers, 1, d_model, requires_grad=True)
-    optimizer = torch.optim.LBFGS([A, b], lr=1.0, max_iter=max_iter, tolerance_grad=tolerance, tolerance_change=1e-12,
-                                  history_size=20, line_search_fn="strong_wolfe")
+    optimizer = torch.optim.LBFGS(
+        [A, b],
+        lr=1.0,
+        max_iter=max_iter,
+        tolerance_grad=tolerance,
+        tolerance_change=1e-12,
+        history_size=20,
+        line_search_fn="strong_wolfe",
+    )
 
     def objective() -> Tensor:
         optimizer.zero_grad()

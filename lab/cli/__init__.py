@@ -16,8 +16,33 @@ from lab.cli.parser import MAX_SEED, build_parser, main, model_name, port_number
 from lab.cli.runs import cmd_cards, cmd_run
 
 # Every name of the former lab/cli.py module stays importable from lab.cli.
-__all__ = ["BOARD_EVERY_S", "CHILDREN", "DASHBOARD_START_S", "DEMO_MODELS", "DEMO_ORDER", "MAX_SEED", "Children",
-           "JobBoard", "Stopped", "build_parser", "cmd_cards", "cmd_dashboard", "cmd_demo", "cmd_hooks", "cmd_run",
-           "cmd_train", "cmd_trust", "dashboard_command", "free_port", "job_progress", "main", "model_name",
-           "port_number", "run_side_by_side", "seed_number", "show_generations", "wait_until_serving",
-           "worker_count"]
+__all__ = [
+    "BOARD_EVERY_S",
+    "CHILDREN",
+    "DASHBOARD_START_S",
+    "DEMO_MODELS",
+    "DEMO_ORDER",
+    "MAX_SEED",
+    "Children",
+    "JobBoard",
+    "Stopped",
+    "build_parser",
+    "cmd_cards",
+    "cmd_dashboard",
+    "cmd_demo",
+    "cmd_hooks",
+    "cmd_run",
+    "cmd_train",
+    "cmd_trust",
+    "dashboard_command",
+    "free_port",
+    "job_progress",
+    "main",
+    "model_name",
+    "port_number",
+    "run_side_by_side",
+    "seed_number",
+    "show_generations",
+    "wait_until_serving",
+    "worker_count",
+]

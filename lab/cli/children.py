@@ -39,8 +39,11 @@ def interrupting_signals():
             came.append(signum)
             raise Interrupted(signum)
 
-    previous = {name: signal.signal(getattr(signal, name), interrupt) for name in STOP_SIGNALS
-                if signal.getsignal(getattr(signal, name)) is not signal.SIG_IGN}
+    previous = {
+        name: signal.signal(getattr(signal, name), interrupt)
+        for name in STOP_SIGNALS
+        if signal.getsignal(getattr(signal, name)) is not signal.SIG_IGN
+    }
     try:
         yield
     finally:

@@ -12,9 +12,25 @@ from lab.cli.children import CHILDREN, Stopped
 def dashboard_command(port: int) -> list[str]:
     """The Streamlit command line: bound to 127.0.0.1, headless, no usage statistics, no file watcher."""
     app = Path(__file__).resolve().parents[2] / "dashboards" / "app.py"
-    return [sys.executable, "-m", "streamlit", "run", str(app), "--server.headless", "true",
-            "--server.address", "127.0.0.1", "--server.port", str(port), "--browser.gatherUsageStats", "false",
-            "--server.fileWatcherType", "none", "--client.toolbarMode", "viewer"]
+    return [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(app),
+        "--server.headless",
+        "true",
+        "--server.address",
+        "127.0.0.1",
+        "--server.port",
+        str(port),
+        "--browser.gatherUsageStats",
+        "false",
+        "--server.fileWatcherType",
+        "none",
+        "--client.toolbarMode",
+        "viewer",
+    ]
 
 
 def free_port() -> int:

@@ -1,7 +1,8 @@
 """The commands that run a model over a dataset, in one process or as the ranks of torchrun (`torchrun
 --nproc-per-node K -m lab.cli COMMAND ...`), resumable by running the same command again: `forma harvest` (hook
 activations over a corpus into shards and one index) and `forma patch` (patching sweeps over prompt pairs, one table
-per sweep); `forma transcoders` (lab/cli/models.py) joins the group the same way. docs/distributed.md shows both on one machine and on several."""
+per sweep); `forma transcoders` (lab/cli/models.py) joins the group the same way. docs/distributed.md shows both on one
+machine and on several."""
 
 import argparse
 import contextlib
@@ -58,12 +59,23 @@ def cmd_harvest(args: argparse.Namespace) -> int:
 
     def job(model, rank: int, world: int) -> int:
         corpus = read_corpus(args.corpus, model, seq_len=args.seq_len, tokens=args.tokens)
-        store = harvest(model, corpus, args.hook, args.out, args.positions, batch_size=args.batch_size,
-                        dtype=None if args.dtype is None else getattr(torch, args.dtype), shard_mb=args.shard_mb,
-                        progress=not args.no_progress, overwrite=args.overwrite)
+        store = harvest(
+            model,
+            corpus,
+            args.hook,
+            args.out,
+            args.positions,
+            batch_size=args.batch_size,
+            dtype=None if args.dtype is None else getattr(torch, args.dtype),
+            shard_mb=args.shard_mb,
+            progress=not args.no_progress,
+            overwrite=args.overwrite,
+        )
         if store is not None:
-            print(f"harvested {len(store):,} rows of {', '.join(store.names)} from {corpus.shape[0]:,} sequences of "
-                  f"{corpus.shape[1]} tokens into {args.out} ({world} rank{'s' if world > 1 else ''})")
+            print(
+                f"harvested {len(store):,} rows of {', '.join(store.names)} from {corpus.shape[0]:,} sequences of "
+                f"{corpus.shape[1]} tokens into {args.out} ({world} rank{'s' if world > 1 else ''})"
+            )
         return 0
 
     return run_model_job(args, job)
@@ -79,12 +91,22 @@ def cmd_patch(args: argparse.Namespace) -> int:
 
     def job(model, rank: int, world: int) -> int:
         pairs = read_pairs(args.pairs, model)
-        tables = sweep_pairs(model, pairs, args.sweep, args.out, direction=args.direction, max_batch=args.max_batch,
-                             progress=not args.no_progress, overwrite=args.overwrite)
+        tables = sweep_pairs(
+            model,
+            pairs,
+            args.sweep,
+            args.out,
+            direction=args.direction,
+            max_batch=args.max_batch,
+            progress=not args.no_progress,
+            overwrite=args.overwrite,
+        )
         if tables is not None:
             for name, table in tables.items():
-                print(f"{name}: {list(table.values.shape)} into {args.out}/{name}.safetensors; mean logit "
-                      f"difference clean {table.clean.mean():.4f}, corrupted {table.corrupted.mean():.4f}")
+                print(
+                    f"{name}: {list(table.values.shape)} into {args.out}/{name}.safetensors; mean logit "
+                    f"difference clean {table.clean.mean():.4f}, corrupted {table.corrupted.mean():.4f}"
+                )
             print(f"swept {len(pairs):,} pairs ({world} rank{'s' if world > 1 else ''})")
         return 0
 

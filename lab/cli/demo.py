@@ -30,8 +30,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     known = [*DEMO_MODELS, *experiments.experiment_names()]
     unknown = [name for name in args.only if name not in known]
     if unknown:
-        raise ValueError(f"--only {unknown[0]!r} is neither a demo model nor an experiment; give one of "
-                         f"{', '.join(known)}")
+        raise ValueError(
+            f"--only {unknown[0]!r} is neither a demo model nor an experiment; give one of {', '.join(known)}"
+        )
     chosen = set(args.only or known)
     server = None if args.no_dashboard else CHILDREN.start(dashboard_command(args.port))  # boots while we list
 
@@ -42,8 +43,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         if is_trained(name):
             print(f"[demo] {name}: already trained")
         else:
-            jobs.append((f"forma train {name}{' --quick' if args.quick else ''}",
-                         ["train", name, *(["--quick"] if args.quick else [])]))
+            jobs.append(
+                (
+                    f"forma train {name}{' --quick' if args.quick else ''}",
+                    ["train", name, *(["--quick"] if args.quick else [])],
+                )
+            )
     for name in (e for e in experiments.experiment_names() if e in chosen):
         if latest_run(name) is not None:
             print(f"[demo] {name}: a run exists ({latest_run(name)})")
@@ -60,13 +65,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
             CHILDREN.signal_all(signal.SIGTERM)
             print(f"forma demo: {err}", file=sys.stderr)
             return 1
-        print(f"[demo] dashboard at {url} after {time.perf_counter() - start:.0f} s; each page shows its job's "
-              "progress and fills in when the job ends (Ctrl-C stops)", flush=True)
+        print(
+            f"[demo] dashboard at {url} after {time.perf_counter() - start:.0f} s; each page shows its job's "
+            "progress and fills in when the job ends (Ctrl-C stops)",
+            flush=True,
+        )
     ok = run_side_by_side(jobs) if jobs else True  # a signal: Stopped, once every job and the server have ended
     if ok and is_trained("pydoc"):
         show_generations()
-    print(f"[demo] {'ready' if ok else 'done, with a failed job (above)'} in {time.perf_counter() - start:.0f} s",
-          flush=True)
+    print(
+        f"[demo] {'ready' if ok else 'done, with a failed job (above)'} in {time.perf_counter() - start:.0f} s",
+        flush=True,
+    )
     if server is None:
         return 0 if ok else 1
     if not ok:
@@ -119,8 +129,9 @@ def run_side_by_side(jobs: list[tuple[str, list[str]]]) -> bool:  # noqa: C901  
     write_queue(jobs, states)
 
     def ready(argv: list[str]) -> bool:
-        return all(states[label_of[need]] in ("done", "failed") for need in NEEDS.get(what(argv), ())
-                   if need in label_of)
+        return all(
+            states[label_of[need]] in ("done", "failed") for need in NEEDS.get(what(argv), ()) if need in label_of
+        )
 
     def next_job() -> tuple[str, list[str]] | None:
         """The first waiting job whose needs have ended (marked running), or None when none is left."""
@@ -145,8 +156,9 @@ def run_side_by_side(jobs: list[tuple[str, list[str]]]) -> bool:  # noqa: C901  
         began, code = time.perf_counter(), None
         try:
             with log.open("w") as out:
-                code = CHILDREN.start([sys.executable, "-m", "lab.cli", *argv], env=env, stdout=out,
-                                      stderr=subprocess.STDOUT).wait()
+                code = CHILDREN.start(
+                    [sys.executable, "-m", "lab.cli", *argv], env=env, stdout=out, stderr=subprocess.STDOUT
+                ).wait()
         finally:  # ended, whatever ended it: the jobs that wait for it go on
             with changed:
                 states[label] = "done" if code == 0 else "failed"
@@ -159,9 +171,13 @@ def run_side_by_side(jobs: list[tuple[str, list[str]]]) -> bool:  # noqa: C901  
             board.ended(label, f"{label}: done in {seconds:.0f} s", f"[demo] {label}: done in {seconds:.0f} s")
             return True
         tail = log.read_text().strip().splitlines()[-5:]
-        board.ended(label, f"{label}: FAILED (exit {code}); see {log}",
-                    f"[demo] {label}: FAILED (exit {code}) after {seconds:.0f} s; last lines of {log}:\n    "
-                    + "\n    ".join(tail), error=True)
+        board.ended(
+            label,
+            f"{label}: FAILED (exit {code}); see {log}",
+            f"[demo] {label}: FAILED (exit {code}) after {seconds:.0f} s; last lines of {log}:\n    "
+            + "\n    ".join(tail),
+            error=True,
+        )
         return False
 
     def worker() -> bool:
@@ -207,7 +223,7 @@ def show_generations() -> None:
         with torch.inference_mode():
             out = generate(model, tokens, 16, temperature=0.8, top_p=0.95, seed=seed)
             probs = model(out).softmax(-1)[0, tokens.shape[1] - 1 : -1]
-        new = out[0, tokens.shape[1]:]
+        new = out[0, tokens.shape[1] :]
         pieces = [f"{model.to_string([t])!r}:{probs[i, t].item():.2f}" for i, t in enumerate(new.tolist())]
         print(f"  {prompt!r} → {model.to_string(new)!r}")
         print("    " + " ".join(pieces))
@@ -216,5 +232,12 @@ def show_generations() -> None:
 DEMO_MODELS = ("markov", "facts", "pydoc")
 # Longest first, so that two cores finish together (measured times in benchmarks/results/walltime.json); a job
 # that needs another's result (lab.jobs.NEEDS) waits for it, and the next job in this order runs meanwhile.
-DEMO_ORDER = ("train pydoc", "train markov", "run kl", "run calibration", "train facts", "run hallucination",
-              "run equations")
+DEMO_ORDER = (
+    "train pydoc",
+    "train markov",
+    "run kl",
+    "run calibration",
+    "train facts",
+    "run hallucination",
+    "run equations",
+)

@@ -83,8 +83,16 @@ def cmd_transcoders(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.name} is not trained yet: run `forma train {args.name}` first")
     cfg, training = preset(args.kind, folder, args.features, args.steps, args.checkpoint_interval)
     with process_group("cpu") as (rank, world):
-        out = build_transcoders(folder, cfg, training, args.kind, n_windows=args.windows, parallel=args.parallel,
-                                overwrite=args.overwrite, progress=not args.no_progress)
+        out = build_transcoders(
+            folder,
+            cfg,
+            training,
+            args.kind,
+            n_windows=args.windows,
+            parallel=args.parallel,
+            overwrite=args.overwrite,
+            progress=not args.no_progress,
+        )
     if out is None:  # a rank other than 0: rank 0 writes and reports
         return 0
     quality = load_quality(out)

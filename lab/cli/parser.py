@@ -1,5 +1,6 @@
 """The `forma` command line's parser: its argument types, the subcommands (each in its own module of lab.cli)
-and `main`, which turns a ValueError, KeyError or any OSError (FileNotFoundError, FileExistsError, a folder that cannot be written) into one line and exit 2,
+and `main`, which turns a ValueError, KeyError or any OSError (FileNotFoundError, FileExistsError, a folder that cannot
+be written) into one line and exit 2,
 and a signal into one line and exit 128 + the signal. Only the standard library and lab's light modules are
 imported here: `--help` and an argument error answer without torch (tests/test_cli.py)."""
 
@@ -81,8 +82,9 @@ def positive_count(text: str) -> int:
 def model_name(text: str) -> str:
     """argparse type: a zoo name or a folder; an empty one would be read as the current folder."""
     if not text.strip():
-        raise argparse.ArgumentTypeError("the model name is empty: give a zoo name (forma train --help lists "
-                                         "them) or a model folder")
+        raise argparse.ArgumentTypeError(
+            "the model name is empty: give a zoo name (forma train --help lists them) or a model folder"
+        )
     return text
 
 
@@ -97,8 +99,11 @@ class Parser(argparse.ArgumentParser):
         namespace, extras = super().parse_known_args(args, namespace)
         if extras:
             options = [o for o in self._option_string_actions if o.startswith("--")]
-            near = [difflib.get_close_matches(extra.split("=", 1)[0], options, n=1, cutoff=0.6)
-                    for extra in extras if extra.startswith("-")]
+            near = [
+                difflib.get_close_matches(extra.split("=", 1)[0], options, n=1, cutoff=0.6)
+                for extra in extras
+                if extra.startswith("-")
+            ]
             hint = "".join(f" (did you mean {found[0]}?)" for found in near if found)
             self.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
         return namespace, extras
@@ -108,17 +113,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="forma", description=lab.__doc__)
     parser.add_argument("--version", action="version", version=f"forma {lab.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    hooks = sub.add_parser("hooks", help="list a model's hook points and their shapes",
-                           description=cmd_hooks.__doc__)
+    hooks = sub.add_parser("hooks", help="list a model's hook points and their shapes", description=cmd_hooks.__doc__)
     hooks.add_argument("model", type=model_name, help="zoo name, Forma model folder, or local Hugging Face folder")
     hooks.add_argument("--tokens", type=int, default=8, help="length of the probe sequence, 1 … n_ctx (default 8)")
     hooks.set_defaults(func=cmd_hooks)
 
-    trust = sub.add_parser("trust", help="check a model against HF, its own fast paths and bfloat16",
-                           description=cmd_trust.__doc__)
+    trust = sub.add_parser(
+        "trust", help="check a model against HF, its own fast paths and bfloat16", description=cmd_trust.__doc__
+    )
     trust.add_argument("model", type=model_name, help="zoo name, Forma model folder, or local Hugging Face folder")
-    trust.add_argument("--out", metavar="FILE", help="where to write the report (default: trust.json in the model's "
-                                                     "folder; needed when that folder is read-only)")
+    trust.add_argument(
+        "--out",
+        metavar="FILE",
+        help="where to write the report (default: trust.json in the model's "
+        "folder; needed when that folder is read-only)",
+    )
     trust.set_defaults(func=cmd_trust)
 
     from lab.folders import zoo_names
@@ -129,52 +138,104 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", action="store_true", help="continue from models/NAME/train/checkpoint")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.set_defaults(func=cmd_train)
-    transcoders = sub.add_parser("transcoders", help="train transcoders for a zoo model (attribution graphs; one "
-                                 "process, or torchrun ranks)", description=cmd_transcoders.__doc__)
+    transcoders = sub.add_parser(
+        "transcoders",
+        help="train transcoders for a zoo model (attribution graphs; one process, or torchrun ranks)",
+        description=cmd_transcoders.__doc__,
+    )
     transcoders.add_argument("name", choices=zoo_names(), metavar="NAME", help=f"zoo model: {', '.join(zoo_names())}")
-    transcoders.add_argument("--kind", default="topk", choices=TRANSCODER_KINDS,
-                             help="top-k, ReLU or JumpReLU per-layer transcoders, or a cross-layer ReLU one")
+    transcoders.add_argument(
+        "--kind",
+        default="topk",
+        choices=TRANSCODER_KINDS,
+        help="top-k, ReLU or JumpReLU per-layer transcoders, or a cross-layer ReLU one",
+    )
     transcoders.add_argument("--steps", type=positive_count, default=1500, help="training steps of 512 rows")
     transcoders.add_argument("--windows", type=positive_count, default=1024, help="windows of 64 tokens harvested")
     transcoders.add_argument("--features", type=positive_count, default=1024, help="features per layer")
-    transcoders.add_argument("--parallel", choices=TRANSCODER_PARALLEL, default="data",
-                             help="under torchrun: data (every rank trains every layer on a slice of each batch, "
-                                  "gradients all-reduced; default) or modules (each rank trains a share of the "
-                                  "layers; not for clt)")
-    transcoders.add_argument("--checkpoint-interval", type=positive_count, default=100,
-                             help="steps between checkpoints (default 100); a rerun resumes from the last")
-    transcoders.add_argument("--overwrite", action="store_true",
-                             help="start afresh, ignoring a checkpoint or harvest an interrupted run left")
+    transcoders.add_argument(
+        "--parallel",
+        choices=TRANSCODER_PARALLEL,
+        default="data",
+        help="under torchrun: data (every rank trains every layer on a slice of each batch, "
+        "gradients all-reduced; default) or modules (each rank trains a share of the "
+        "layers; not for clt)",
+    )
+    transcoders.add_argument(
+        "--checkpoint-interval",
+        type=positive_count,
+        default=100,
+        help="steps between checkpoints (default 100); a rerun resumes from the last",
+    )
+    transcoders.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start afresh, ignoring a checkpoint or harvest an interrupted run left",
+    )
     transcoders.add_argument("--no-progress", action="store_true", help="no progress bar")
     transcoders.set_defaults(func=cmd_transcoders)
 
     import experiments
 
-    run = sub.add_parser("run", help="run an experiment into runs/NAME/<timestamp>/ and print its headlines",
-                         description=cmd_run.__doc__)
-    run.add_argument("name", choices=experiments.experiment_names(), metavar="NAME",
-                     help=f"experiment: {', '.join(experiments.experiment_names()) or 'none yet'}")
-    run.add_argument("--quick", action="store_true",
-                     help="the small profile: tests and the demo (its wall times: benchmarks/results/walltime.json)")
+    run = sub.add_parser(
+        "run", help="run an experiment into runs/NAME/<timestamp>/ and print its headlines", description=cmd_run.__doc__
+    )
+    run.add_argument(
+        "name",
+        choices=experiments.experiment_names(),
+        metavar="NAME",
+        help=f"experiment: {', '.join(experiments.experiment_names()) or 'none yet'}",
+    )
+    run.add_argument(
+        "--quick",
+        action="store_true",
+        help="the small profile: tests and the demo (its wall times: benchmarks/results/walltime.json)",
+    )
     run.add_argument("--out", help="run folder (default runs/NAME/<UTC timestamp>/)")
     run.add_argument("--seed", type=seed_number, help="random seed, 0 … 2**63 − 1 (default: the experiment's)")
-    run.add_argument("--workers", type=worker_count, help="processes that share an experiment's independent "
-                     "trainings, for experiments that have them (default 2); results do not depend on it")
+    run.add_argument(
+        "--workers",
+        type=worker_count,
+        help="processes that share an experiment's independent "
+        "trainings, for experiments that have them (default 2); results do not depend on it",
+    )
     run.add_argument("--model", type=model_name, help="zoo name or local model folder, for experiments that take one")
-    run.add_argument("--mmlu", metavar="FILE", help="an MMLU-layout CSV (question, A, B, C, D, answer), for "
-                                                     "experiments that take one (calibration, with --model)")
-    run.add_argument("--qa", metavar="FILE", help="a question–answer CSV (question, answer), for experiments that "
-                                                  "take one (monitor, with --model)")
+    run.add_argument(
+        "--mmlu",
+        metavar="FILE",
+        help="an MMLU-layout CSV (question, A, B, C, D, answer), for "
+        "experiments that take one (calibration, with --model)",
+    )
+    run.add_argument(
+        "--qa",
+        metavar="FILE",
+        help="a question–answer CSV (question, answer), for experiments that take one (monitor, with --model)",
+    )
     run.set_defaults(func=cmd_run)
 
-    cards = sub.add_parser("cards", help="record cards and runs into docs/measured/, rewrite the documents' numbers",
-                           description=cmd_cards.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    cards.add_argument("--model", action="append", default=[], metavar="NAME",
-                       help="record models/NAME/card.json (trained with the default recipe); repeatable")
-    cards.add_argument("--run", action="append", default=[], metavar="DIR|NAME",
-                       help="record a finished default-profile run folder, or NAME's latest run; repeatable")
-    cards.add_argument("--check", action="store_true",
-                       help="record and rewrite nothing; report every mismatch (exit 1 if any)")
+    cards = sub.add_parser(
+        "cards",
+        help="record cards and runs into docs/measured/, rewrite the documents' numbers",
+        description=cmd_cards.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    cards.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="record models/NAME/card.json (trained with the default recipe); repeatable",
+    )
+    cards.add_argument(
+        "--run",
+        action="append",
+        default=[],
+        metavar="DIR|NAME",
+        help="record a finished default-profile run folder, or NAME's latest run; repeatable",
+    )
+    cards.add_argument(
+        "--check", action="store_true", help="record and rewrite nothing; report every mismatch (exit 1 if any)"
+    )
     cards.set_defaults(func=cmd_cards)
 
     dashboard = sub.add_parser("dashboard", help="serve the dashboard on 127.0.0.1", description=cmd_dashboard.__doc__)
@@ -185,48 +246,97 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("model", type=model_name, help="zoo name, Forma model folder, or local Hugging Face folder")
     common.add_argument("--out", required=True, help="output folder; run the same command again to resume into it")
-    common.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
-                        help="cpu (gloo across ranks) or cuda (NCCL; each rank on the GPU of its LOCAL_RANK)")
+    common.add_argument(
+        "--device",
+        default="cpu",
+        choices=("cpu", "cuda"),
+        help="cpu (gloo across ranks) or cuda (NCCL; each rank on the GPU of its LOCAL_RANK)",
+    )
     common.add_argument("--overwrite", action="store_true", help="start afresh, whatever --out holds")
     common.add_argument("--no-progress", action="store_true", help="no progress bar")
 
-    harvest = sub.add_parser("harvest", parents=[common], help="hook activations over a corpus into shards "
-                             "(one process, or torchrun ranks)", description=cmd_harvest.__doc__)
-    harvest.add_argument("--hook", action="extend", nargs="+", required=True, metavar="NAME",
-                         help="hook name(s), e.g. blocks.0.hook_resid_post (`forma hooks MODEL` lists them)")
-    harvest.add_argument("--corpus", required=True, metavar="FILE",
-                         help="a .txt (text, encoded by the model's tokenizer) or .npy (token ids, 1-D or "
-                              "[n, seq_len]) file")
-    harvest.add_argument("--tokens", type=positive_count, metavar="N",
-                         help="harvest the sequences the first N tokens fill (default: the whole corpus)")
-    harvest.add_argument("--seq-len", type=positive_count, help="tokens a sequence (default: a 2-D .npy's width, "
-                                                               "else min(128, n_ctx))")
-    harvest.add_argument("--positions", choices=("all", "last"), default="all",
-                         help="every position of a sequence (default), or its last")
+    harvest = sub.add_parser(
+        "harvest",
+        parents=[common],
+        help="hook activations over a corpus into shards (one process, or torchrun ranks)",
+        description=cmd_harvest.__doc__,
+    )
+    harvest.add_argument(
+        "--hook",
+        action="extend",
+        nargs="+",
+        required=True,
+        metavar="NAME",
+        help="hook name(s), e.g. blocks.0.hook_resid_post (`forma hooks MODEL` lists them)",
+    )
+    harvest.add_argument(
+        "--corpus",
+        required=True,
+        metavar="FILE",
+        help="a .txt (text, encoded by the model's tokenizer) or .npy (token ids, 1-D or [n, seq_len]) file",
+    )
+    harvest.add_argument(
+        "--tokens",
+        type=positive_count,
+        metavar="N",
+        help="harvest the sequences the first N tokens fill (default: the whole corpus)",
+    )
+    harvest.add_argument(
+        "--seq-len", type=positive_count, help="tokens a sequence (default: a 2-D .npy's width, else min(128, n_ctx))"
+    )
+    harvest.add_argument(
+        "--positions",
+        choices=("all", "last"),
+        default="all",
+        help="every position of a sequence (default), or its last",
+    )
     harvest.add_argument("--batch-size", type=positive_count, default=32, help="sequences a forward pass (default 32)")
-    harvest.add_argument("--dtype", choices=("float32", "float16", "bfloat16"),
-                         help="stored dtype (default: the model's)")
+    harvest.add_argument(
+        "--dtype", choices=("float32", "float16", "bfloat16"), help="stored dtype (default: the model's)"
+    )
     harvest.add_argument("--shard-mb", type=positive_float, default=32.0, help="MB a shard at most (default 32)")
     harvest.set_defaults(func=cmd_harvest)
 
-    patch = sub.add_parser("patch", parents=[common], help="patching sweeps over clean/corrupted prompt pairs "
-                           "(one process, or torchrun ranks)", description=cmd_patch.__doc__)
-    patch.add_argument("--pairs", required=True, metavar="FILE",
-                       help="a .csv or .jsonl of clean, corrupted, answer, wrong")
-    patch.add_argument("--sweep", action="extend", nargs="+", required=True, choices=SWEEP_NAMES, metavar="NAME",
-                       help=f"sweep(s): {', '.join(SWEEP_NAMES)}")
-    patch.add_argument("--direction", choices=("denoise", "noise"), default="denoise",
-                       help="denoise: clean activations into the corrupted run (default); noise: the reverse")
+    patch = sub.add_parser(
+        "patch",
+        parents=[common],
+        help="patching sweeps over clean/corrupted prompt pairs (one process, or torchrun ranks)",
+        description=cmd_patch.__doc__,
+    )
+    patch.add_argument(
+        "--pairs", required=True, metavar="FILE", help="a .csv or .jsonl of clean, corrupted, answer, wrong"
+    )
+    patch.add_argument(
+        "--sweep",
+        action="extend",
+        nargs="+",
+        required=True,
+        choices=SWEEP_NAMES,
+        metavar="NAME",
+        help=f"sweep(s): {', '.join(SWEEP_NAMES)}",
+    )
+    patch.add_argument(
+        "--direction",
+        choices=("denoise", "noise"),
+        default="denoise",
+        help="denoise: clean activations into the corrupted run (default); noise: the reverse",
+    )
     patch.add_argument("--max-batch", type=positive_count, default=64, help="rows a patched forward pass (default 64)")
     patch.set_defaults(func=cmd_patch)
 
-    demo = sub.add_parser("demo", help="train missing models, run quick experiments, open the dashboard",
-                          description=cmd_demo.__doc__)
+    demo = sub.add_parser(
+        "demo", help="train missing models, run quick experiments, open the dashboard", description=cmd_demo.__doc__
+    )
     demo.add_argument("--quick", action="store_true", help="train missing zoo models with their quick profile")
     demo.add_argument("--no-dashboard", action="store_true", help="stop before serving the dashboard")
     demo.add_argument("--port", type=port_number, default=8501, help="dashboard port (default 8501)")
-    demo.add_argument("--only", action="append", default=[], metavar="NAME",
-                      help="make only this demo model or experiment (if missing); repeatable")
+    demo.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="make only this demo model or experiment (if missing); repeatable",
+    )
     demo.set_defaults(func=cmd_demo)
     return parser
 

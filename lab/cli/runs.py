@@ -18,8 +18,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     # What the arguments alone settle is refused before torch loads: an option the experiment does not take, a
     # model that is neither a folder nor a trained zoo model, and a file that is not there (or not a regular file).
-    given = {"seed": args.seed, "quick": args.quick, "model": args.model, "mmlu": args.mmlu, "qa": args.qa,
-             "workers": args.workers}
+    given = {
+        "seed": args.seed,
+        "quick": args.quick,
+        "model": args.model,
+        "mmlu": args.mmlu,
+        "qa": args.qa,
+        "workers": args.workers,
+    }
     entry = experiments.experiment(args.name)
     takes = {"seed", "quick", *entry.options}
     unsupported = [k for k, v in given.items() if v not in (None, False) and k not in takes]
@@ -66,9 +72,9 @@ def cmd_cards(args: argparse.Namespace) -> int:
     measured-looking number in a "Measured" section or a README/MODEL.md table."""
     from pathlib import Path
 
+    from lab.folders import zoo_dir
     from lab.measured import REPO, check_document, documents, record_card, record_run, rewrite_document
     from lab.runs import latest_run
-    from lab.folders import zoo_dir
 
     if args.check and (args.model or args.run):
         raise ValueError("--check records nothing: give it without --model and --run")
@@ -79,8 +85,9 @@ def cmd_cards(args: argparse.Namespace) -> int:
         if not folder.is_dir():
             folder = latest_run(given)
             if folder is None:
-                raise FileNotFoundError(f"--run {given}: not a run folder, and no finished run of an experiment "
-                                        f"of that name")
+                raise FileNotFoundError(
+                    f"--run {given}: not a run folder, and no finished run of an experiment of that name"
+                )
         print(f"recorded {record_run(folder).relative_to(REPO)} (from {folder})")
     problems = []
     for document in documents():

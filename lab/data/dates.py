@@ -23,14 +23,65 @@ import torch
 
 from lab.tokenize import word_level
 
-ONES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
-        "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen"]
+ONES = [
+    "zero",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "eleven",
+    "twelve",
+    "thirteen",
+    "fourteen",
+    "fifteen",
+    "sixteen",
+    "seventeen",
+    "eighteen",
+    "nineteen",
+]
 TENS = ["", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
-ORDINAL_ONES = ["", "first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth",
-                "eleventh", "twelfth", "thirteenth", "fourteenth", "fifteenth", "sixteenth", "seventeenth",
-                "eighteenth", "nineteenth"]
-MONTHS = ["january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
-          "november", "december"]
+ORDINAL_ONES = [
+    "",
+    "first",
+    "second",
+    "third",
+    "fourth",
+    "fifth",
+    "sixth",
+    "seventh",
+    "eighth",
+    "ninth",
+    "tenth",
+    "eleventh",
+    "twelfth",
+    "thirteenth",
+    "fourteenth",
+    "fifteenth",
+    "sixteenth",
+    "seventeenth",
+    "eighteenth",
+    "nineteenth",
+]
+MONTHS = [
+    "january",
+    "february",
+    "march",
+    "april",
+    "may",
+    "june",
+    "july",
+    "august",
+    "september",
+    "october",
+    "november",
+    "december",
+]
 FORMS = ("the {day} of {month} {year}", "{month} the {day} {year}", "{month} {day} {year}")
 FIRST, LAST = datetime.date(1900, 1, 1), datetime.date(2099, 12, 31)
 TARGET_CHARS = list("0123456789-")
@@ -101,10 +152,21 @@ def dates_world(n_train: int, n_held_out: int, seed: int = 0) -> TranslationData
     pairs = []
     for day, form in zip(days.tolist(), forms.tolist()):
         date = FIRST + datetime.timedelta(days=day)
-        pairs.append((src_tokenizer.encode(date_words(date, form)).ids,
-                      tgt_tokenizer.encode(f"<bos> {iso_chars(date)} <eos>").ids))
-    world = {"kind": "dates", "n_train": n_train, "n_held_out": n_held_out, "seed": seed, "forms": list(FORMS),
-             "first": FIRST.isoformat(), "last": LAST.isoformat()}
+        pairs.append(
+            (
+                src_tokenizer.encode(date_words(date, form)).ids,
+                tgt_tokenizer.encode(f"<bos> {iso_chars(date)} <eos>").ids,
+            )
+        )
+    world = {
+        "kind": "dates",
+        "n_train": n_train,
+        "n_held_out": n_held_out,
+        "seed": seed,
+        "forms": list(FORMS),
+        "first": FIRST.isoformat(),
+        "last": LAST.isoformat(),
+    }
     return TranslationData(pairs[n_held_out:], pairs[:n_held_out], src_tokenizer, tgt_tokenizer, world)
 
 

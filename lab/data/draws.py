@@ -28,8 +28,10 @@ def check_int(owner: str, name: str, value: Any, minimum: int = 1) -> int:
 
 def check_size(owner: str, what: str, entries: int, limit: int, advice: str) -> None:
     if entries > limit:
-        raise ValueError(f"{owner}: {what} = {entries:,} entries ({_bytes(entries * 8)} as 64-bit numbers) "
-                         f"exceeds the limit of {limit:,} ({_bytes(limit * 8)}); {advice}")
+        raise ValueError(
+            f"{owner}: {what} = {entries:,} entries ({_bytes(entries * 8)} as 64-bit numbers) "
+            f"exceeds the limit of {limit:,} ({_bytes(limit * 8)}); {advice}"
+        )
 
 
 def _bytes(n: float) -> str:
@@ -43,8 +45,7 @@ def _bytes(n: float) -> str:
 
 
 def check_concentration(owner: str, value: Any) -> float:
-    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not (
-            math.isfinite(value) and value > 0):
+    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not (math.isfinite(value) and value > 0):
         raise ValueError(f"{owner}: concentration must be a finite number > 0, got {value!r}")
     return float(value)
 
@@ -59,8 +60,7 @@ def as_tokens(tokens: Any, vocab_size: int) -> IntArray:
     if not np.issubdtype(array.dtype, np.integer):
         raise ValueError(f"tokens must be integers, got dtype {array.dtype}")
     if array.size and (array.min() < 0 or array.max() >= vocab_size):
-        raise ValueError(f"tokens must lie in [0, {vocab_size}), got range "
-                         f"[{array.min()}, {array.max()}]")
+        raise ValueError(f"tokens must lie in [0, {vocab_size}), got range [{array.min()}, {array.max()}]")
     return array.astype(np.int64, copy=False)
 
 

@@ -29,21 +29,36 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 from faker import Faker
 from numpy.typing import NDArray
+
 from lab.configs import Record, check_fields, need
 
 SPECIAL_TOKENS = ("<pad>", "<unk>", "<bos>", "<eos>")
-MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September",
-          "October", "November", "December")
+MONTHS = (
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+)
 DAYS_PER_MONTH = 28  # every month gets days 1..28: a clean 12 × 28 = 336-value birthday space
 OPTION_LETTERS = ("A", "B", "C", "D", "E", "F", "G", "H")
 
 # Sentence forms per attribute; "{name}" is "{first} {last}". Every token is separated by spaces so a
 # word-level tokenizer sees the same words as `word_vocabulary()` lists.
 TEMPLATES: dict[str, tuple[str, ...]] = {
-    "birthday": ("{name} was born on {value} .", "The birthday of {name} is {value} .",
-                 "{name} celebrates a birthday on {value} ."),
-    "city": ("{name} lives in {value} .", "The home city of {name} is {value} .",
-             "{name} resides in {value} ."),
+    "birthday": (
+        "{name} was born on {value} .",
+        "The birthday of {name} is {value} .",
+        "{name} celebrates a birthday on {value} .",
+    ),
+    "city": ("{name} lives in {value} .", "The home city of {name} is {value} .", "{name} resides in {value} ."),
 }
 GENERIC_TEMPLATES = ("The {attribute} of {name} is {value} .", "{name} has {attribute} {value} .")
 QUESTIONS: dict[str, str] = {"birthday": "When was {name} born ?", "city": "Where does {name} live ?"}
@@ -106,15 +121,24 @@ class FactWorldConfig(Record):
         need(self, self.n_values >= 2, f"n_values must be an integer ≥ 2, got {self.n_values!r}")
         need(self, self.pareto_gamma > 0, f"pareto_gamma must be a finite number > 0, got {self.pareto_gamma!r}")
         n_names = self.n_first_names * self.n_last_names
-        need(self, self.n_persons <= n_names,
-             f"n_persons ({self.n_persons}) exceeds n_first_names × n_last_names ({n_names}), "
-             f"the number of distinct two-part names")
+        need(
+            self,
+            self.n_persons <= n_names,
+            f"n_persons ({self.n_persons}) exceeds n_first_names × n_last_names ({n_names}), "
+            f"the number of distinct two-part names",
+        )
         need(self, len(self.attributes) > 0, "attributes must name at least one attribute")
-        need(self, len(set(self.attributes)) == len(self.attributes),
-             f"attributes must be distinct, got {self.attributes!r}")
+        need(
+            self,
+            len(set(self.attributes)) == len(self.attributes),
+            f"attributes must be distinct, got {self.attributes!r}",
+        )
         for attribute in self.attributes:
-            need(self, bool(_ATTRIBUTE_PATTERN.match(attribute)),
-                 f"attributes must be lower-case words ([a-z_]+), got {attribute!r}")
+            need(
+                self,
+                bool(_ATTRIBUTE_PATTERN.match(attribute)),
+                f"attributes must be lower-case words ([a-z_]+), got {attribute!r}",
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return super().to_dict() | {"attributes": list(self.attributes)}
@@ -135,12 +159,15 @@ def _faker_pool_size(fake: Faker, pool: str, accept: re.Pattern[str]) -> int | N
     return None
 
 
-def _distinct_faker_words(draw: Any, n: int, field_name: str, accept: re.Pattern[str],
-                          pool_size: int | None = None) -> list[str]:
+def _distinct_faker_words(
+    draw: Any, n: int, field_name: str, accept: re.Pattern[str], pool_size: int | None = None
+) -> list[str]:
     """Call `draw()` until `n` distinct accepted strings appear; sorted. Raises if the pool is short."""
     if pool_size is not None and n > pool_size:
-        raise ValueError(f"FactWorldConfig: {field_name} = {n} but Faker's en_US pool holds only "
-                         f"{pool_size} usable single-word values")
+        raise ValueError(
+            f"FactWorldConfig: {field_name} = {n} but Faker's en_US pool holds only "
+            f"{pool_size} usable single-word values"
+        )
     found: set[str] = set()
     stalled = 0
     while stalled < _STALL_DRAWS:
@@ -152,8 +179,10 @@ def _distinct_faker_words(draw: Any, n: int, field_name: str, accept: re.Pattern
                 return sorted(found)
         else:
             stalled += 1
-    raise ValueError(f"FactWorldConfig: {field_name} = {n} but Faker's en_US pool gave only "
-                     f"{len(found)} distinct usable values before {_STALL_DRAWS} fruitless draws")
+    raise ValueError(
+        f"FactWorldConfig: {field_name} = {n} but Faker's en_US pool gave only "
+        f"{len(found)} distinct usable values before {_STALL_DRAWS} fruitless draws"
+    )
 
 
 def faker_names(n_first: int, n_last: int, seed: int) -> tuple[list[str], list[str]]:
@@ -164,10 +193,12 @@ def faker_names(n_first: int, n_last: int, seed: int) -> tuple[list[str], list[s
     """
     fake = Faker("en_US")
     fake.seed_instance(seed)
-    first = _distinct_faker_words(fake.first_name, n_first, "n_first_names", _NAME_PATTERN,
-                                  _faker_pool_size(fake, "first_names", _NAME_PATTERN))
-    last = _distinct_faker_words(fake.last_name, n_last, "n_last_names", _NAME_PATTERN,
-                                 _faker_pool_size(fake, "last_names", _NAME_PATTERN))
+    first = _distinct_faker_words(
+        fake.first_name, n_first, "n_first_names", _NAME_PATTERN, _faker_pool_size(fake, "first_names", _NAME_PATTERN)
+    )
+    last = _distinct_faker_words(
+        fake.last_name, n_last, "n_last_names", _NAME_PATTERN, _faker_pool_size(fake, "last_names", _NAME_PATTERN)
+    )
     return first, last
 
 
@@ -201,7 +232,8 @@ class FactWorld:
     def __init__(self, cfg: FactWorldConfig) -> None:
         self.cfg = cfg
         person_rng, value_rng, popularity_rng, train_rng = (
-            np.random.default_rng(s) for s in np.random.SeedSequence(cfg.seed).spawn(4))
+            np.random.default_rng(s) for s in np.random.SeedSequence(cfg.seed).spawn(4)
+        )
         self.first_names, self.last_names = faker_names(cfg.n_first_names, cfg.n_last_names, cfg.seed)
         self.persons = self._draw_persons(person_rng)
         self._person_by_name = {person.name: i for i, person in enumerate(self.persons)}
@@ -211,15 +243,14 @@ class FactWorld:
         self.popularity = self._draw_popularity(popularity_rng)
         self.p: NDArray[np.float64] = self.popularity / self.popularity.sum()
         self.train_fact_indices: NDArray[np.int64] = train_rng.choice(
-            len(self.facts), size=cfg.n_train, replace=True, p=self.p).astype(np.int64)
-        self.train_counts: NDArray[np.int64] = np.bincount(self.train_fact_indices,
-                                                           minlength=len(self.facts))
+            len(self.facts), size=cfg.n_train, replace=True, p=self.p
+        ).astype(np.int64)
+        self.train_counts: NDArray[np.int64] = np.bincount(self.train_fact_indices, minlength=len(self.facts))
 
     def _draw_persons(self, rng: np.random.Generator) -> list[Person]:
         """Distinct (first, last) pairs, sampled without replacement from the name grid."""
         n_last = len(self.last_names)
-        flat = np.sort(rng.choice(len(self.first_names) * n_last, size=self.cfg.n_persons,
-                                  replace=False))
+        flat = np.sort(rng.choice(len(self.first_names) * n_last, size=self.cfg.n_persons, replace=False))
         return [Person(self.first_names[i // n_last], self.last_names[i % n_last]) for i in flat]
 
     def _draw_facts(self, rng: np.random.Generator) -> list[Fact]:
@@ -235,8 +266,10 @@ class FactWorld:
         """w_f = max(1, ⌊X_f⌋), X_f ~ classical Pareto(γ, x_m = 1) = numpy's Lomax + 1."""
         weights = np.maximum(1.0, np.floor(rng.pareto(self.cfg.pareto_gamma, len(self.facts)) + 1.0))
         if not np.isfinite(weights.sum()):
-            raise ValueError(f"FactWorldConfig: pareto_gamma = {self.cfg.pareto_gamma} is so small "
-                             f"that the popularity weights overflow; use a larger value")
+            raise ValueError(
+                f"FactWorldConfig: pareto_gamma = {self.cfg.pareto_gamma} is so small "
+                f"that the popularity weights overflow; use a larger value"
+            )
         return weights
 
     # --- the Good–Turing quantities ---
@@ -289,8 +322,7 @@ class FactWorld:
         """Whether the factoid is in F (judged against the world, never the training set)."""
         index = self.person_index(person)
         key = (index, attribute)
-        return index is not None and key in self._fact_index and \
-            self.facts[self._fact_index[key]].value == value
+        return index is not None and key in self._fact_index and self.facts[self._fact_index[key]].value == value
 
     def classify_bare(self, text: str) -> Literal["fact", "hallucination", "malformed"]:
         """Judge a bare-form string "{first} {last} {attribute} {value} .".
@@ -303,8 +335,12 @@ class FactWorld:
         if len(words) < 5 or words[-1] != ".":
             return "malformed"
         first, last, attribute, value = words[0], words[1], words[2], " ".join(words[3:-1])
-        if (first not in self.first_names or last not in self.last_names
-                or attribute not in self.value_spaces or value not in self.value_spaces[attribute]):
+        if (
+            first not in self.first_names
+            or last not in self.last_names
+            or attribute not in self.value_spaces
+            or value not in self.value_spaces[attribute]
+        ):
             return "malformed"
         return "fact" if self.is_true((first, last), attribute, value) else "hallucination"
 
@@ -316,8 +352,7 @@ class FactWorld:
             return f"{person.name} {fact.attribute} {fact.value} ."
         if form == "template":
             forms = templates_for(fact.attribute)
-            return forms[template % len(forms)].format(name=person.name, attribute=fact.attribute,
-                                                       value=fact.value)
+            return forms[template % len(forms)].format(name=person.name, attribute=fact.attribute, value=fact.value)
         raise ValueError(f"form must be 'bare' or 'template', got {form!r}")
 
     def cloze(self, fact: Fact, template: int = 0) -> Cloze:
@@ -327,12 +362,13 @@ class FactWorld:
         form = forms[template % len(forms)]
         if "{value}" not in form or form.index("{name}") > form.index("{value}"):
             raise ValueError(f"template {form!r} does not name the person before the value")
-        marker = form[:form.index("{value}")].format(name="{first} {last}", attribute=fact.attribute).split()
+        marker = form[: form.index("{value}")].format(name="{first} {last}", attribute=fact.attribute).split()
         first, person = marker.index("{first}"), self.persons[fact.person_index]
-        return Cloze(marker[:first] + [person.first, person.last] + marker[first + 2:], (first, first + 1), fact.value)
+        return Cloze(marker[:first] + [person.first, person.last] + marker[first + 2 :], (first, first + 1), fact.value)
 
-    def documents(self, form: Literal["bare", "template"] = "bare", seed: int = 0,
-                  fact_indices: Sequence[int] | None = None) -> list[str]:
+    def documents(
+        self, form: Literal["bare", "template"] = "bare", seed: int = 0, fact_indices: Sequence[int] | None = None
+    ) -> list[str]:
         """The n_train training documents in draw order (or the facts `fact_indices`, e.g. held-out draws);
         `seed` picks each document's template."""
         if form not in ("bare", "template"):
@@ -362,10 +398,14 @@ class FactWorld:
         facts = np.unique(heldout)
         persons = np.unique([self.facts[i].person_index for i in facts])
         train_persons = {self.facts[i].person_index for i in np.flatnonzero(seen)}
-        return {"draws": int(len(heldout)), "draws_of_facts_in_training": int(seen[heldout].sum()),
-                "distinct_facts": int(len(facts)), "distinct_facts_in_training": int(seen[facts].sum()),
-                "distinct_persons": int(len(persons)),
-                "distinct_persons_in_training": int(sum(int(p) in train_persons for p in persons))}
+        return {
+            "draws": int(len(heldout)),
+            "draws_of_facts_in_training": int(seen[heldout].sum()),
+            "distinct_facts": int(len(facts)),
+            "distinct_facts_in_training": int(seen[facts].sum()),
+            "distinct_persons": int(len(persons)),
+            "distinct_persons_in_training": int(sum(int(p) in train_persons for p in persons)),
+        }
 
     def heldout_record(self, heldout: NDArray[np.int64], what: str = "statements") -> dict[str, Any]:
         """`heldout_overlap` of these held-out draws, the count of their draws of training facts that independent
@@ -374,16 +414,20 @@ class FactWorld:
         overlap = self.heldout_overlap(heldout)
         n, shared = overlap["draws"], overlap["draws_of_facts_in_training"]
         expected = n * (1 - self.true_missing_mass())
-        return overlap | {"expected_draws_of_facts_in_training": expected, "how": (
-            f"{n:,} held-out {what} drawn i.i.d. from p on a random stream of their own, independent of the "
-            f"{self.cfg.n_train:,} training draws — independent draws, not unseen facts: {shared:,} of the {n:,} "
-            f"({shared / n:.0%}; {expected:,.0f} expected of independent draws) are of facts that also occur in "
-            f"training ({overlap['distinct_facts_in_training']:,} of their {overlap['distinct_facts']:,} distinct "
-            f"facts, {overlap['distinct_persons_in_training']:,} of their {overlap['distinct_persons']:,} persons), "
-            f"so their loss estimates the expected loss on new draws from p")}
+        return overlap | {
+            "expected_draws_of_facts_in_training": expected,
+            "how": (
+                f"{n:,} held-out {what} drawn i.i.d. from p on a random stream of their own, independent of the "
+                f"{self.cfg.n_train:,} training draws — independent draws, not unseen facts: {shared:,} of the {n:,} "
+                f"({shared / n:.0%}; {expected:,.0f} expected of independent draws) are of facts that also occur in "
+                f"training ({overlap['distinct_facts_in_training']:,} of their {overlap['distinct_facts']:,} distinct "
+                f"facts, {overlap['distinct_persons_in_training']:,} of their {overlap['distinct_persons']:,} "
+                "persons), "
+                f"so their loss estimates the expected loss on new draws from p"
+            ),
+        }
 
-    def quiz_items(self, persons: Iterable[int], n_options: int = 4,
-                   seed: int = 0) -> list[dict[str, Any]]:
+    def quiz_items(self, persons: Iterable[int], n_options: int = 4, seed: int = 0) -> list[dict[str, Any]]:
         """Lettered multiple choice, one per (person, attribute): the true value among n_options − 1
         distinct wrong values drawn uniformly from the value space, in random order."""
         if not 2 <= n_options <= len(OPTION_LETTERS):
@@ -395,18 +439,22 @@ class FactWorld:
             for attribute in self.cfg.attributes:
                 values = self.value_spaces[attribute]
                 if n_options > len(values):
-                    raise ValueError(f"n_options ({n_options}) exceeds the {len(values)} values of "
-                                     f"{attribute!r}")
+                    raise ValueError(f"n_options ({n_options}) exceeds the {len(values)} values of {attribute!r}")
                 truth = self.true_value(person_index, attribute)
                 wrong = [v for v in values if v != truth]
                 picks = rng.choice(len(wrong), size=n_options - 1, replace=False)
                 options = [truth] + [wrong[i] for i in picks]
                 order = rng.permutation(n_options)
                 options = [options[i] for i in order]
-                items.append({"question": _question_for(attribute).format(
-                                  name=person.name, attribute=attribute),
-                              "options": options, "answer_index": options.index(truth),
-                              "person": int(person_index), "attribute": attribute})
+                items.append(
+                    {
+                        "question": _question_for(attribute).format(name=person.name, attribute=attribute),
+                        "options": options,
+                        "answer_index": options.index(truth),
+                        "person": int(person_index),
+                        "attribute": attribute,
+                    }
+                )
         return items
 
     def true_false_claims(self, persons: Iterable[int], seed: int = 0) -> list[tuple[str, bool]]:
@@ -420,8 +468,7 @@ class FactWorld:
                 wrong = [v for v in self.value_spaces[attribute] if v != truth]
                 false_value = wrong[int(rng.integers(len(wrong)))]
                 claims.append((self.render(Fact(person_index, attribute, truth), "template"), True))
-                claims.append((self.render(Fact(person_index, attribute, false_value), "template"),
-                               False))
+                claims.append((self.render(Fact(person_index, attribute, false_value), "template"), False))
         order = rng.permutation(len(claims))
         return [claims[i] for i in order]
 
@@ -439,7 +486,7 @@ class FactWorld:
         return [np.sort(order[a:b]).astype(np.int64) for a, b in zip(cuts[:-1], cuts[1:])]
 
     def quiz_prompt(self, item: dict[str, Any]) -> str:
-        """"Question : … ? A ) v B ) v … Answer :" — the letter after "Answer :" is the answer."""
+        """ "Question : … ? A ) v B ) v … Answer :" — the letter after "Answer :" is the answer."""
         options = " ".join(f"{OPTION_LETTERS[i]} ) {v}" for i, v in enumerate(item["options"]))
         return f"Question : {item['question']} {options} Answer :"
 
@@ -459,8 +506,13 @@ class FactWorld:
 
     def summary(self) -> dict[str, Any]:
         """Provenance and the headline numbers, JSON-ready."""
-        return {"config": self.cfg.to_dict(), "n_persons": len(self.persons),
-                "n_facts": len(self.facts), "n_factoids": self.n_factoids,
-                "n_hallucinations": self.n_hallucinations, "monofact_rate": self.monofact_rate(),
-                "true_missing_mass": self.true_missing_mass(),
-                "n_distinct_train_facts": int((self.train_counts > 0).sum())}
+        return {
+            "config": self.cfg.to_dict(),
+            "n_persons": len(self.persons),
+            "n_facts": len(self.facts),
+            "n_factoids": self.n_factoids,
+            "n_hallucinations": self.n_hallucinations,
+            "monofact_rate": self.monofact_rate(),
+            "true_missing_mass": self.true_missing_mass(),
+            "n_distinct_train_facts": int((self.train_counts > 0).sum()),
+        }

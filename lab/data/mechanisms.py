@@ -23,9 +23,21 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from lab.data.draws import (MAX_SAMPLE_TOKENS, EntropyEstimate, FloatArray, IntArray, as_tokens, check_int,
-                            check_kind, check_open_unit, check_size, draw_categorical, every_earlier_position,
-                            monte_carlo_rate, stationary_of)
+from lab.data.draws import (
+    MAX_SAMPLE_TOKENS,
+    EntropyEstimate,
+    FloatArray,
+    IntArray,
+    as_tokens,
+    check_int,
+    check_kind,
+    check_open_unit,
+    check_size,
+    draw_categorical,
+    every_earlier_position,
+    monte_carlo_rate,
+    stationary_of,
+)
 
 __all__ = ["InductionSource", "Mess3Source"]
 
@@ -53,10 +65,13 @@ class Mess3Source:
         self.alpha = check_open_unit("Mess3Source", "alpha", alpha)
         self.seed = check_int("Mess3Source", "seed", seed, minimum=0)
         a, b, y, x = self.alpha, (1 - self.alpha) / 2, 1 - 2 * self.x, self.x
-        self.matrices: FloatArray = np.array([
-            [[a * y, b * x, b * x], [a * x, b * y, b * x], [a * x, b * x, b * y]],
-            [[b * y, a * x, b * x], [b * x, a * y, b * x], [b * x, a * x, b * y]],
-            [[b * y, b * x, a * x], [b * x, b * y, a * x], [b * x, b * x, a * y]]])  # [token, from, to]
+        self.matrices: FloatArray = np.array(
+            [
+                [[a * y, b * x, b * x], [a * x, b * y, b * x], [a * x, b * x, b * y]],
+                [[b * y, a * x, b * x], [b * x, a * y, b * x], [b * x, a * x, b * y]],
+                [[b * y, b * x, a * x], [b * x, b * y, a * x], [b * x, b * x, a * y]],
+            ]
+        )  # [token, from, to]
         self.emission: FloatArray = self.matrices.sum(axis=2).T  # E[i, a] = P(x = a | s = i)
         self.initial: FloatArray = stationary_of(self.matrices.sum(axis=0))
         self._sample_rng = np.random.default_rng([self.seed, 1])
@@ -73,8 +88,13 @@ class Mess3Source:
         """`n` token sequences of `length`, the hidden chain started in π."""
         n = check_int("Mess3Source.sample", "n", n)
         length = check_int("Mess3Source.sample", "length", length)
-        check_size("Mess3Source.sample", f"n × length = {n:,} × {length}", n * length, MAX_SAMPLE_TOKENS,
-                    "draw fewer or shorter sequences")
+        check_size(
+            "Mess3Source.sample",
+            f"n × length = {n:,} × {length}",
+            n * length,
+            MAX_SAMPLE_TOKENS,
+            "draw fewer or shorter sequences",
+        )
         rng = self._sample_rng if seed is None else np.random.default_rng(seed)
         S = self.n_states
         joint = np.cumsum(self.matrices.transpose(1, 0, 2).reshape(S, -1), axis=1)  # [from, (token, to)]
@@ -117,8 +137,7 @@ class Mess3Source:
         picked = np.take_along_axis(cond[:, :-1], tokens[:, 1:, None], axis=2)[..., 0]
         return first + np.log(picked).sum(axis=1)
 
-    def entropy_rate_estimate(self, n: int, length: int, seed: int = 0,
-                              burn_in: int | None = None) -> EntropyEstimate:
+    def entropy_rate_estimate(self, n: int, length: int, seed: int = 0, burn_in: int | None = None) -> EntropyEstimate:
         """Monte-Carlo estimate of the entropy rate (as HiddenMarkovSource.entropy_rate_estimate)."""
         burn_in = length // 2 if burn_in is None else burn_in
         if not 0 <= burn_in < length - 1:
@@ -168,8 +187,10 @@ class InductionSource:
         self.max_period = check_int("InductionSource", "max_period", max_period, minimum=2)
         self.seed = check_int("InductionSource", "seed", seed, minimum=0)
         if not self.min_period <= self.max_period <= self.vocab_size:
-            raise ValueError(f"InductionSource: need min_period ≤ max_period ≤ vocab_size (the first m tokens are "
-                             f"distinct), got {self.min_period}, {self.max_period}, {self.vocab_size}")
+            raise ValueError(
+                f"InductionSource: need min_period ≤ max_period ≤ vocab_size (the first m tokens are "
+                f"distinct), got {self.min_period}, {self.max_period}, {self.vocab_size}"
+            )
         self._sample_rng = np.random.default_rng([self.seed, 1])
 
     def initial_distribution(self) -> FloatArray:
@@ -180,8 +201,13 @@ class InductionSource:
         """`n` sequences of `length` tokens, each with its own segment length, start and offset."""
         n = check_int("InductionSource.sample", "n", n)
         length = check_int("InductionSource.sample", "length", length)
-        check_size("InductionSource.sample", f"n × V = {n:,} × {self.vocab_size}", n * max(length, self.vocab_size),
-                   MAX_SAMPLE_TOKENS, "draw fewer or shorter sequences")
+        check_size(
+            "InductionSource.sample",
+            f"n × V = {n:,} × {self.vocab_size}",
+            n * max(length, self.vocab_size),
+            MAX_SAMPLE_TOKENS,
+            "draw fewer or shorter sequences",
+        )
         rng = self._sample_rng if seed is None else np.random.default_rng(seed)
         m = rng.integers(self.min_period, self.max_period + 1, size=n)
         start = np.floor(rng.random(n) * (m - 1)).astype(np.int64)  # uniform in [0, m − 2]
@@ -206,17 +232,22 @@ class InductionSource:
                 if m[row] == 0:
                     if token in seen:
                         if not (self.min_period <= t <= self.max_period and seen[token] <= t - 2):
-                            raise ValueError(f"InductionSource: row {row} is not a draw of this world (position {t} "
-                                             f"repeats position {seen[token]}; segments of {self.min_period} … "
-                                             f"{self.max_period} tokens repeat from an earlier token than the last)")
+                            raise ValueError(
+                                f"InductionSource: row {row} is not a draw of this world (position {t} "
+                                f"repeats position {seen[token]}; segments of {self.min_period} … "
+                                f"{self.max_period} tokens repeat from an earlier token than the last)"
+                            )
                         m[row], d[row] = t, t - seen[token]
                     elif t >= self.max_period:
-                        raise ValueError(f"InductionSource: row {row} is not a draw of this world (no repeat by "
-                                         f"position {t})")
+                        raise ValueError(
+                            f"InductionSource: row {row} is not a draw of this world (no repeat by position {t})"
+                        )
                     seen[token] = t
                 elif token != x[t - d[row]]:
-                    raise ValueError(f"InductionSource: row {row} is not a draw of this world (position {t} breaks "
-                                     f"the repeat of offset {d[row]})")
+                    raise ValueError(
+                        f"InductionSource: row {row} is not a draw of this world (position {t} breaks "
+                        f"the repeat of offset {d[row]})"
+                    )
         return m, d
 
     def copy_positions(self, tokens: Any) -> NDArray[np.bool_]:
@@ -241,7 +272,7 @@ class InductionSource:
             if before.any():
                 hazard = 1.0 / (high - max(low, t + 1) + 1) if low <= t + 1 <= high else 0.0
                 unseen = np.ones((int(before.sum()), V), dtype=bool)
-                np.put_along_axis(unseen, tokens[before, :t + 1], False, axis=1)
+                np.put_along_axis(unseen, tokens[before, : t + 1], False, axis=1)
                 law = unseen * ((1.0 - hazard) / max(V - t - 1, 1))
                 if t > 0:
                     earlier = np.zeros_like(law)
@@ -270,8 +301,13 @@ class InductionSource:
         return -math.log(self.vocab_size) + np.log(picked).sum(axis=1)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "vocab_size": self.vocab_size, "min_period": self.min_period,
-                "max_period": self.max_period, "seed": self.seed}
+        return {
+            "kind": self.kind,
+            "vocab_size": self.vocab_size,
+            "min_period": self.min_period,
+            "max_period": self.max_period,
+            "seed": self.seed,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "InductionSource":
@@ -279,5 +315,7 @@ class InductionSource:
         return cls(**{key: value for key, value in data.items() if key != "kind"})
 
     def __repr__(self) -> str:
-        return (f"InductionSource(vocab_size={self.vocab_size}, min_period={self.min_period}, "
-                f"max_period={self.max_period}, seed={self.seed})")
+        return (
+            f"InductionSource(vocab_size={self.vocab_size}, min_period={self.min_period}, "
+            f"max_period={self.max_period}, seed={self.seed})"
+        )

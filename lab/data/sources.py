@@ -43,9 +43,22 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from lab.data.draws import (MAX_SAMPLE_TOKENS, MAX_TABLE_ENTRIES, EntropyEstimate, FloatArray, IntArray, as_tokens,
-                            check_concentration, check_int, check_kind, check_size, draw_categorical, entropy_nats,
-                            monte_carlo_rate, stationary_of)
+from lab.data.draws import (
+    MAX_SAMPLE_TOKENS,
+    MAX_TABLE_ENTRIES,
+    EntropyEstimate,
+    FloatArray,
+    IntArray,
+    as_tokens,
+    check_concentration,
+    check_int,
+    check_kind,
+    check_size,
+    draw_categorical,
+    entropy_nats,
+    monte_carlo_rate,
+    stationary_of,
+)
 from lab.data.mechanisms import InductionSource, Mess3Source
 
 _POWER_TOL = 1e-14  # L1 change between power-iteration steps at which π counts as converged
@@ -64,19 +77,22 @@ class MarkovSource:
 
     kind = "markov"
 
-    def __init__(self, vocab_size: int, order: int = 2, concentration: float = 0.5,
-                 seed: int = 0) -> None:
+    def __init__(self, vocab_size: int, order: int = 2, concentration: float = 0.5, seed: int = 0) -> None:
         self.vocab_size = check_int("MarkovSource", "vocab_size", vocab_size, minimum=2)
         self.order = check_int("MarkovSource", "order", order)
         self.concentration = check_concentration("MarkovSource", concentration)
         self.seed = check_int("MarkovSource", "seed", seed, minimum=0)
         vocab_size, order = self.vocab_size, self.order
-        check_size("MarkovSource", f"the transition table vocab_size^(order + 1) = {vocab_size}^{order + 1}",
-                    vocab_size ** (order + 1), MAX_TABLE_ENTRIES, "lower order or vocab_size")
-        self.n_contexts = vocab_size ** order
+        check_size(
+            "MarkovSource",
+            f"the transition table vocab_size^(order + 1) = {vocab_size}^{order + 1}",
+            vocab_size ** (order + 1),
+            MAX_TABLE_ENTRIES,
+            "lower order or vocab_size",
+        )
+        self.n_contexts = vocab_size**order
         rng = np.random.default_rng(self.seed)
-        self.transition: FloatArray = rng.dirichlet(np.full(vocab_size, self.concentration),
-                                                    size=self.n_contexts)
+        self.transition: FloatArray = rng.dirichlet(np.full(vocab_size, self.concentration), size=self.n_contexts)
         self._cumulative = np.cumsum(self.transition, axis=1)
         self._pi = self._power_iterate()
         self._sample_rng = np.random.default_rng([self.seed, 1])  # used when sample(seed=None)
@@ -96,8 +112,10 @@ class MarkovSource:
             if np.abs(new - law).sum() < _POWER_TOL:
                 return new
             law = new
-        raise RuntimeError(f"MarkovSource: power iteration for π did not converge in "
-                           f"{_POWER_MAX_ITERS} steps (concentration {self.concentration} too small?)")
+        raise RuntimeError(
+            f"MarkovSource: power iteration for π did not converge in "
+            f"{_POWER_MAX_ITERS} steps (concentration {self.concentration} too small?)"
+        )
 
     def stationary(self) -> FloatArray:
         """π over the V^order contexts, shape (V^order,)."""
@@ -107,7 +125,7 @@ class MarkovSource:
         """Law m_j of the first j ≤ order tokens of a π-distributed context, shape (V^j,)."""
         if not 0 <= j <= self.order:
             raise ValueError(f"prefix length must be in [0, {self.order}], got {j}")
-        return self._pi.reshape(self.vocab_size ** j, -1).sum(axis=1)
+        return self._pi.reshape(self.vocab_size**j, -1).sum(axis=1)
 
     def initial_distribution(self) -> FloatArray:
         """p(x_1): the law of the first token, shape (V,)."""
@@ -122,8 +140,13 @@ class MarkovSource:
         """`n` sequences of `length` tokens: the first `order` from π, then the chain."""
         n = check_int("MarkovSource.sample", "n", n)
         length = check_int("MarkovSource.sample", "length", length)
-        check_size("MarkovSource.sample", f"n × length = {n:,} × {max(length, self.order)}",
-                    n * max(length, self.order), MAX_SAMPLE_TOKENS, "draw fewer or shorter sequences")
+        check_size(
+            "MarkovSource.sample",
+            f"n × length = {n:,} × {max(length, self.order)}",
+            n * max(length, self.order),
+            MAX_SAMPLE_TOKENS,
+            "draw fewer or shorter sequences",
+        )
         rng = self._sample_rng if seed is None else np.random.default_rng(seed)
         V, k = self.vocab_size, self.order
         out = np.empty((n, max(length, k)), dtype=np.int64)
@@ -187,8 +210,13 @@ class MarkovSource:
 
     # --- provenance ---
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "vocab_size": self.vocab_size, "order": self.order,
-                "concentration": self.concentration, "seed": self.seed}
+        return {
+            "kind": self.kind,
+            "vocab_size": self.vocab_size,
+            "order": self.order,
+            "concentration": self.concentration,
+            "seed": self.seed,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "MarkovSource":
@@ -197,8 +225,10 @@ class MarkovSource:
         return cls(**{key: value for key, value in data.items() if key != "kind"})
 
     def __repr__(self) -> str:
-        return (f"MarkovSource(vocab_size={self.vocab_size}, order={self.order}, "
-                f"concentration={self.concentration}, seed={self.seed})")
+        return (
+            f"MarkovSource(vocab_size={self.vocab_size}, order={self.order}, "
+            f"concentration={self.concentration}, seed={self.seed})"
+        )
 
 
 # --- hidden Markov model ----------------------------------------------------------------------
@@ -212,16 +242,19 @@ class HiddenMarkovSource:
 
     kind = "hmm"
 
-    def __init__(self, n_states: int, vocab_size: int, concentration: float = 0.5,
-                 seed: int = 0) -> None:
+    def __init__(self, n_states: int, vocab_size: int, concentration: float = 0.5, seed: int = 0) -> None:
         self.n_states = check_int("HiddenMarkovSource", "n_states", n_states)
         self.vocab_size = check_int("HiddenMarkovSource", "vocab_size", vocab_size, minimum=2)
         self.concentration = check_concentration("HiddenMarkovSource", concentration)
         self.seed = check_int("HiddenMarkovSource", "seed", seed, minimum=0)
         n_states, vocab_size = self.n_states, self.vocab_size
-        check_size("HiddenMarkovSource", f"the tables n_states × (n_states + vocab_size) = "
-                    f"{n_states} × {n_states + vocab_size}", n_states * (n_states + vocab_size), MAX_TABLE_ENTRIES,
-                    "lower n_states or vocab_size")
+        check_size(
+            "HiddenMarkovSource",
+            f"the tables n_states × (n_states + vocab_size) = {n_states} × {n_states + vocab_size}",
+            n_states * (n_states + vocab_size),
+            MAX_TABLE_ENTRIES,
+            "lower n_states or vocab_size",
+        )
         rng = np.random.default_rng(self.seed)
         alpha = self.concentration
         self.transition: FloatArray = rng.dirichlet(np.full(n_states, alpha), size=n_states)
@@ -241,8 +274,13 @@ class HiddenMarkovSource:
         """`n` token sequences of `length`, hidden chain started in π."""
         n = check_int("HiddenMarkovSource.sample", "n", n)
         length = check_int("HiddenMarkovSource.sample", "length", length)
-        check_size("HiddenMarkovSource.sample", f"n × length = {n:,} × {length}", n * length, MAX_SAMPLE_TOKENS,
-                    "draw fewer or shorter sequences")
+        check_size(
+            "HiddenMarkovSource.sample",
+            f"n × length = {n:,} × {length}",
+            n * length,
+            MAX_SAMPLE_TOKENS,
+            "draw fewer or shorter sequences",
+        )
         rng = self._sample_rng if seed is None else np.random.default_rng(seed)
         cum_a = np.cumsum(self.transition, axis=1)
         cum_b = np.cumsum(self.emission, axis=1)
@@ -287,8 +325,7 @@ class HiddenMarkovSource:
         picked = np.take_along_axis(cond[:, :-1], tokens[:, 1:, None], axis=2)[..., 0]
         return first + np.log(picked).sum(axis=1)
 
-    def entropy_rate_estimate(self, n: int, length: int, seed: int = 0,
-                              burn_in: int | None = None) -> EntropyEstimate:
+    def entropy_rate_estimate(self, n: int, length: int, seed: int = 0, burn_in: int | None = None) -> EntropyEstimate:
         """Monte-Carlo ESTIMATE of the entropy rate in nats per token, with its standard error.
 
         Averages −log p(x_{t+1}|x_{≤t}) over positions t ≥ burn_in (default length // 2). Each term's
@@ -303,8 +340,13 @@ class HiddenMarkovSource:
         return monte_carlo_rate(self.conditionals(tokens), tokens, burn_in=burn_in)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "n_states": self.n_states, "vocab_size": self.vocab_size,
-                "concentration": self.concentration, "seed": self.seed}
+        return {
+            "kind": self.kind,
+            "n_states": self.n_states,
+            "vocab_size": self.vocab_size,
+            "concentration": self.concentration,
+            "seed": self.seed,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "HiddenMarkovSource":
@@ -313,8 +355,10 @@ class HiddenMarkovSource:
         return cls(**{key: value for key, value in data.items() if key != "kind"})
 
     def __repr__(self) -> str:
-        return (f"HiddenMarkovSource(n_states={self.n_states}, vocab_size={self.vocab_size}, "
-                f"concentration={self.concentration}, seed={self.seed})")
+        return (
+            f"HiddenMarkovSource(n_states={self.n_states}, vocab_size={self.vocab_size}, "
+            f"concentration={self.concentration}, seed={self.seed})"
+        )
 
 
 Source = MarkovSource | HiddenMarkovSource | Mess3Source | InductionSource
@@ -323,7 +367,8 @@ Source = MarkovSource | HiddenMarkovSource | Mess3Source | InductionSource
 def source_from_dict(data: dict[str, Any]) -> Source:
     """Rebuild a source from `to_dict()` output, dispatching on `kind`."""
     kinds: dict[str, type[Source]] = {
-        cls.kind: cls for cls in (MarkovSource, HiddenMarkovSource, Mess3Source, InductionSource)}
+        cls.kind: cls for cls in (MarkovSource, HiddenMarkovSource, Mess3Source, InductionSource)
+    }
     kind = data.get("kind") if isinstance(data, dict) else None
     if kind not in kinds:
         raise ValueError(f"unknown source kind {kind!r}; known kinds are {sorted(kinds)}")

@@ -99,8 +99,9 @@ def collect_documents(include_reference_topics: bool = True) -> list[str]:
     return list(documents)
 
 
-def stdlib_docstrings(min_bytes: int = 2_000_000, cache: Path | str | None = None,
-                      include_reference_topics: bool = True) -> str:
+def stdlib_docstrings(
+    min_bytes: int = 2_000_000, cache: Path | str | None = None, include_reference_topics: bool = True
+) -> str:
     """The corpus as one string, documents joined by DOC_SEPARATOR.
 
     With `cache`, a file there is read instead of recomputing (name it after the Python version if
@@ -114,9 +115,11 @@ def stdlib_docstrings(min_bytes: int = 2_000_000, cache: Path | str | None = Non
         text = DOC_SEPARATOR.join(collect_documents(include_reference_topics))
     size = len(text.encode("utf-8"))
     if size < min_bytes:
-        raise RuntimeError(f"stdlib_docstrings: only {size:,} bytes of documentation under "
-                           f"{sysconfig.get_paths()['stdlib']} (needed {min_bytes:,}); lower "
-                           f"min_bytes or use a Python with a fuller standard library")
+        raise RuntimeError(
+            f"stdlib_docstrings: only {size:,} bytes of documentation under "
+            f"{sysconfig.get_paths()['stdlib']} (needed {min_bytes:,}); lower "
+            f"min_bytes or use a Python with a fuller standard library"
+        )
     if cache_path is not None and not cache_path.is_file():
         cache_path.parent.mkdir(parents=True, exist_ok=True)
         partial = cache_path.with_name(cache_path.name + ".partial")
@@ -150,14 +153,16 @@ def train_bpe(text: str, vocab_size: int = 4096, path: Path | str | None = None)
     """Byte-level BPE trained on `text` (one training sequence per document), saved to `path` as
     tokenizer.json when given (a directory gets `path/tokenizer.json`)."""
     if vocab_size < 257:
-        raise ValueError(f"vocab_size must be at least 257 (256 bytes + {END_OF_TEXT}), "
-                         f"got {vocab_size}")
+        raise ValueError(f"vocab_size must be at least 257 (256 bytes + {END_OF_TEXT}), got {vocab_size}")
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[END_OF_TEXT],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[END_OF_TEXT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tokenizer.train_from_iterator(split_documents(text), trainer=trainer)
     if path is not None:
         target = Path(path)

@@ -22,15 +22,48 @@ hf_model_type) and `loading` (load_hf, bridge).
 from lab.hf.convert import FAMILIES, empty_model, from_hf, to_hf
 from lab.hf.device_map import AUTO_MAPS, check_placement, forma_device_map
 from lab.hf.family import FAMILY_NAMES, SUPPORTED, Family, Reader, UnsupportedArchitecture
-from lab.hf.folder import (OTHER_WEIGHTS, SAFETENSORS_FILE, SAFETENSORS_INDEX, TOKENIZER_FILES, check_safetensors,
-                           hf_model_type, local_tokenizer, read_hf_folder)
+from lab.hf.folder import (
+    OTHER_WEIGHTS,
+    SAFETENSORS_FILE,
+    SAFETENSORS_INDEX,
+    TOKENIZER_FILES,
+    check_safetensors,
+    hf_model_type,
+    local_tokenizer,
+    read_hf_folder,
+)
 from lab.hf.forma_to_hf import EXPORT_ACTIVATIONS, EXPORT_SHAPES, export_family
 from lab.hf.hf_to_forma import HF_ACTIVATIONS, NEOX_QKV, NEOX_QKV_BIAS
 from lab.hf.loading import bridge, load_hf
 
 # Every public name of the former lab/hf.py module stays importable from lab.hf.
-__all__ = ["AUTO_MAPS", "EXPORT_ACTIVATIONS", "EXPORT_SHAPES", "FAMILIES", "FAMILY_NAMES", "HF_ACTIVATIONS",
-           "NEOX_QKV", "NEOX_QKV_BIAS", "OTHER_WEIGHTS", "SAFETENSORS_FILE", "SAFETENSORS_INDEX", "SUPPORTED",
-           "TOKENIZER_FILES", "Family", "Reader", "UnsupportedArchitecture", "bridge", "check_placement",
-           "check_safetensors", "empty_model", "export_family", "forma_device_map", "from_hf", "hf_model_type",
-           "load_hf", "local_tokenizer", "read_hf_folder", "to_hf"]
+__all__ = [
+    "AUTO_MAPS",
+    "EXPORT_ACTIVATIONS",
+    "EXPORT_SHAPES",
+    "FAMILIES",
+    "FAMILY_NAMES",
+    "HF_ACTIVATIONS",
+    "NEOX_QKV",
+    "NEOX_QKV_BIAS",
+    "OTHER_WEIGHTS",
+    "SAFETENSORS_FILE",
+    "SAFETENSORS_INDEX",
+    "SUPPORTED",
+    "TOKENIZER_FILES",
+    "Family",
+    "Reader",
+    "UnsupportedArchitecture",
+    "bridge",
+    "check_placement",
+    "check_safetensors",
+    "empty_model",
+    "export_family",
+    "forma_device_map",
+    "from_hf",
+    "hf_model_type",
+    "load_hf",
+    "local_tokenizer",
+    "read_hf_folder",
+    "to_hf",
+]

@@ -12,24 +12,67 @@ from torch import Tensor, nn
 from lab.hf.family import Family, Reader, UnsupportedArchitecture, _unsupported
 from lab.hf.folder import _quiet_transformers
 from lab.hf.forma_to_hf import _forma_to_gpt2, _forma_to_llama_like, _forma_to_neox, export_family
-from lab.hf.hf_to_forma import (_gpt2_config, _gpt2_layer, _gpt2_outer, _llama_config, _llama_layer, _llama_outer,
-                                _mistral_config, _neox_config, _neox_layer, _neox_outer, _qwen2_config)
+from lab.hf.hf_to_forma import (
+    _gpt2_config,
+    _gpt2_layer,
+    _gpt2_outer,
+    _llama_config,
+    _llama_layer,
+    _llama_outer,
+    _mistral_config,
+    _neox_config,
+    _neox_layer,
+    _neox_outer,
+    _qwen2_config,
+)
 from lab.model import HookedTransformer, ModelConfig
 from lab.model.checkpoint import describe_weight_problems
 from lab.model.components import Rotary, SinusoidalPositions
 from lab.model.offload import read_weight
 
 FAMILIES: dict[str, Family] = {
-    "gpt2": Family(_gpt2_config, _gpt2_outer, _gpt2_layer, {
-        "embed": "transformer.wte", "pos_embed": "transformer.wpe", "blocks.{l}": "transformer.h.{l}",
-        "ln_final": "transformer.ln_f", "unembed": "lm_head"}, _forma_to_gpt2),
-    "gpt_neox": Family(_neox_config, _neox_outer, _neox_layer, {
-        "embed": "gpt_neox.embed_in", "blocks.{l}": "gpt_neox.layers.{l}", "ln_final": "gpt_neox.final_layer_norm",
-        "unembed": "lm_head"}, _forma_to_neox, prepend_bos=False),
-    **{model_type: Family(config, _llama_outer, _llama_layer, {
-        "embed": "model.embed_tokens", "blocks.{l}": "model.layers.{l}", "ln_final": "model.norm",
-        "unembed": "lm_head"}, _forma_to_llama_like, prepend_bos=model_type != "qwen2")
-       for model_type, config in (("llama", _llama_config), ("qwen2", _qwen2_config), ("mistral", _mistral_config))},
+    "gpt2": Family(
+        _gpt2_config,
+        _gpt2_outer,
+        _gpt2_layer,
+        {
+            "embed": "transformer.wte",
+            "pos_embed": "transformer.wpe",
+            "blocks.{l}": "transformer.h.{l}",
+            "ln_final": "transformer.ln_f",
+            "unembed": "lm_head",
+        },
+        _forma_to_gpt2,
+    ),
+    "gpt_neox": Family(
+        _neox_config,
+        _neox_outer,
+        _neox_layer,
+        {
+            "embed": "gpt_neox.embed_in",
+            "blocks.{l}": "gpt_neox.layers.{l}",
+            "ln_final": "gpt_neox.final_layer_norm",
+            "unembed": "lm_head",
+        },
+        _forma_to_neox,
+        prepend_bos=False,
+    ),
+    **{
+        model_type: Family(
+            config,
+            _llama_outer,
+            _llama_layer,
+            {
+                "embed": "model.embed_tokens",
+                "blocks.{l}": "model.layers.{l}",
+                "ln_final": "model.norm",
+                "unembed": "lm_head",
+            },
+            _forma_to_llama_like,
+            prepend_bos=model_type != "qwen2",
+        )
+        for model_type, config in (("llama", _llama_config), ("qwen2", _qwen2_config), ("mistral", _mistral_config))
+    },
 }
 
 
@@ -69,8 +112,10 @@ def empty_model(cfg: ModelConfig, tokenizer: Any = None) -> HookedTransformer:
     with torch.device("meta"):
         model = HookedTransformer(cfg, tokenizer=tokenizer)
     # The tables depend on the config only, so one CPU instance of each owner serves every layer.
-    owners: dict[type, Callable[[], nn.Module]] = {Rotary: lambda: Rotary(cfg),
-                                                   SinusoidalPositions: lambda: SinusoidalPositions(cfg, None)}
+    owners: dict[type, Callable[[], nn.Module]] = {
+        Rotary: lambda: Rotary(cfg),
+        SinusoidalPositions: lambda: SinusoidalPositions(cfg, None),
+    }
     built: dict[type, nn.Module] = {}
     for module in model.modules():
         for name, buffer in list(module.named_buffers(recurse=False)):
@@ -104,20 +149,24 @@ def _reader(hf_model: Any) -> Reader:
     return read
 
 
-def _convert_into(model: HookedTransformer, family: Family, hf_model: Any,
-                  place: Callable[[str, Tensor], None]) -> None:
+def _convert_into(
+    model: HookedTransformer, family: Family, hf_model: Any, place: Callable[[str, Tensor], None]
+) -> None:
     """Convert the HF weights part by part (the outer modules, then one block at a time) and hand each Forma
     tensor to `place`; every tensor of `model` must come out exactly once, with its shape."""
     c, cfg, read = hf_model.config, model.cfg, _reader(hf_model)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     seen: set[str] = set()
     parts = [lambda: family.outer(c, cfg, read)] + [
-        (lambda layer=layer: family.layer(c, cfg, read, layer)) for layer in range(cfg.n_layers)]
+        (lambda layer=layer: family.layer(c, cfg, read, layer)) for layer in range(cfg.n_layers)
+    ]
     for part in parts:
         for name, tensor in part().items():
             if expected.get(name) != tuple(tensor.shape):
-                raise ValueError(f"conversion made {name} of shape {tuple(tensor.shape)}; the model has "
-                                 f"{expected.get(name, 'no such tensor')}")
+                raise ValueError(
+                    f"conversion made {name} of shape {tuple(tensor.shape)}; the model has "
+                    f"{expected.get(name, 'no such tensor')}"
+                )
             place(name, tensor)
             seen.add(name)
     if expected.keys() - seen:
@@ -146,10 +195,13 @@ def _check_tied_head(hf_model: Any) -> None:
     if head is None or embedding is None or head.weight is embedding.weight:
         return
     names = {id(p): name for name, p in hf_model.named_parameters(remove_duplicate=False)}
-    raise ValueError(f"config.json ties the output head to the token embedding (tie_word_embeddings: true), but the "
-                     f"weights hold {names.get(id(head.weight), 'an output head')}, which differs from "
-                     f"{names.get(id(embedding.weight), 'the embedding')}; transformers keeps the two apart. Set "
-                     "tie_word_embeddings to false in config.json to load both, or remove the head from the weights")
+    raise ValueError(
+        f"config.json ties the output head to the token embedding (tie_word_embeddings: true), but the "
+        f"weights hold {names.get(id(head.weight), 'an output head')}, which differs from "
+        f"{names.get(id(embedding.weight), 'the embedding')}; transformers keeps the two apart. Set "
+        "tie_word_embeddings to false in config.json to load both, or remove the head from the weights"
+    )
+
 
 def to_hf(model: HookedTransformer) -> Any:
     """The same network as a Hugging Face model of the family its shape matches (see `export_family`), in

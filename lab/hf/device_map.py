@@ -12,8 +12,14 @@ from lab.model import HookedTransformer, ModelConfig
 AUTO_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate computes these from free memory
 
 
-def forma_device_map(model: HookedTransformer, family: Family, hf_model: Any, device_map: Any,
-                     max_memory: dict | None = None, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
+def forma_device_map(
+    model: HookedTransformer,
+    family: Family,
+    hf_model: Any,
+    device_map: Any,
+    max_memory: dict | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> dict[str, Any]:
     """Each Forma module that holds weights (embed, pos_embed, blocks.{l}, ln_final, unembed) and its place:
     a device, "cpu" or "disk".
 
@@ -29,8 +35,9 @@ def forma_device_map(model: HookedTransformer, family: Family, hf_model: Any, de
         known = {name for name, _ in hf_model.named_modules()} | {name for name, _ in model.named_modules()}
         unknown = sorted(str(key) for key in device_map if key not in known)
         if unknown:
-            raise ValueError(f"device_map names modules that neither the Hugging Face model nor Forma's has: "
-                             f"{unknown[:5]}")
+            raise ValueError(
+                f"device_map names modules that neither the Hugging Face model nor Forma's has: {unknown[:5]}"
+            )
     else:
         device_map = {"": device_map}
     owners = {}
@@ -47,13 +54,19 @@ def _infer_device_map(model: HookedTransformer, how: str, max_memory: dict | Non
 
     no_split = sorted({type(block).__name__ for block in model.blocks})
     if how != "sequential":
-        max_memory = get_balanced_memory(model, max_memory=max_memory, no_split_module_classes=no_split,
-                                         dtype=dtype, low_zero=how == "balanced_low_0")
+        max_memory = get_balanced_memory(
+            model,
+            max_memory=max_memory,
+            no_split_module_classes=no_split,
+            dtype=dtype,
+            low_zero=how == "balanced_low_0",
+        )
     return infer_auto_device_map(model, max_memory=max_memory, no_split_module_classes=no_split, dtype=dtype)
 
 
 def _place_of(device_map: dict, names: tuple[str, str]) -> Any:
     """The place the map gives a module known by either of `names` (Forma's, Hugging Face's)."""
+
     def covers(key: str, name: str) -> bool:
         return key == "" or key == name or name.startswith(key + ".")
 
@@ -64,8 +77,10 @@ def _place_of(device_map: dict, names: tuple[str, str]) -> Any:
         raise ValueError(f"device_map gives no place for {names[1]} (Forma's {names[0]})")
     places = {_place_name(device_map[key]) for key in chosen}
     if len(places) > 1:
-        raise ValueError(f"device_map puts parts of {names[1]} on {sorted(places)}: Forma keeps each block (and "
-                         "the embedding, final norm and unembedding) whole on one device")
+        raise ValueError(
+            f"device_map puts parts of {names[1]} on {sorted(places)}: Forma keeps each block (and "
+            "the embedding, final norm and unembedding) whole on one device"
+        )
     return device_map[chosen[0]]
 
 
@@ -91,8 +106,13 @@ def check_devices(where: Any) -> None:
         backend = getattr(torch, device.type, None)
         count = backend.device_count() if hasattr(backend, "device_count") else 0
         if (device.index or 0) >= count:
-            have = (f"no {device.type} device" if count == 0 else f"1 {device.type} device ({device.type}:0)"
-                    if count == 1 else f"{count} {device.type} devices ({device.type}:0 … {device.type}:{count - 1})")
+            have = (
+                f"no {device.type} device"
+                if count == 0
+                else f"1 {device.type} device ({device.type}:0)"
+                if count == 1
+                else f"{count} {device.type} devices ({device.type}:0 … {device.type}:{count - 1})"
+            )
             raise ValueError(f"device {place!r} is not on this machine, which has {have}")
 
 
@@ -101,18 +121,23 @@ def check_placement(placement: dict[str, Any], cfg: ModelConfig, offload_folder:
     what cannot be."""
     places = {name: _place_name(place) for name, place in placement.items()}
     if "meta" in places.values():
-        raise ValueError("device_map puts modules on the meta device, which holds no values: use 'cpu' or 'disk' "
-                         "to offload them")
+        raise ValueError(
+            "device_map puts modules on the meta device, which holds no values: use 'cpu' or 'disk' to offload them"
+        )
     accelerators = [place for place in places.values() if place not in ("cpu", "disk")]
     main = places["embed"] if places["embed"] not in ("cpu", "disk") else (accelerators or ["cpu"])[0]
     offloaded = ("disk",) if main == "cpu" else ("cpu", "disk")
     if places["embed"] in offloaded:
-        raise ValueError(f"device_map offloads the token embedding to {places['embed']!r}: Forma puts the token ids "
-                         "where the embedding is, so it must live on a device (give its module one, or more memory "
-                         "with max_memory)")
+        raise ValueError(
+            f"device_map offloads the token embedding to {places['embed']!r}: Forma puts the token ids "
+            "where the embedding is, so it must live on a device (give its module one, or more memory "
+            "with max_memory)"
+        )
     if cfg.tied_embeddings and (main if places["unembed"] in offloaded else places["unembed"]) != places["embed"]:
-        raise ValueError("the unembedding is tied to the token embedding: device_map must run lm_head on the "
-                         f"embedding's device ({places['embed']}), not {places['unembed']!r}")
+        raise ValueError(
+            "the unembedding is tied to the token embedding: device_map must run lm_head on the "
+            f"embedding's device ({places['embed']}), not {places['unembed']!r}"
+        )
     if "disk" in places.values() and offload_folder is None:
         disk = [name for name, place in places.items() if place == "disk"]
         raise ValueError(f"device_map puts {disk[:4]} on disk: pass offload_folder= (a folder for their weights)")

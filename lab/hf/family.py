@@ -12,8 +12,13 @@ from lab.model import HookedTransformer, ModelConfig
 from lab.model.text import has_bos
 
 SUPPORTED = ("gpt2", "llama", "gpt_neox", "qwen2", "mistral")  # Hugging Face model_type of each family
-FAMILY_NAMES = {"gpt2": "GPT-2", "llama": "LLaMA", "gpt_neox": "GPT-NeoX / Pythia", "qwen2": "Qwen2",
-                "mistral": "Mistral"}
+FAMILY_NAMES = {
+    "gpt2": "GPT-2",
+    "llama": "LLaMA",
+    "gpt_neox": "GPT-NeoX / Pythia",
+    "qwen2": "Qwen2",
+    "mistral": "Mistral",
+}
 
 
 class UnsupportedArchitecture(ValueError):
@@ -24,13 +29,16 @@ def _unsupported(model_type: str) -> UnsupportedArchitecture:
     return UnsupportedArchitecture(
         f"Forma converts {', '.join(FAMILY_NAMES.values())} models ({SUPPORTED}) into its own HookedTransformer; "
         f"{model_type!r} is not one of them. Wrap it instead with lab.hf.bridge(path), which uses TransformerLens's "
-        "TransformerBridge and exposes the same hook names on the Hugging Face module tree.")
+        "TransformerBridge and exposes the same hook names on the Hugging Face module tree."
+    )
 
 
 def _variant(what: str) -> UnsupportedArchitecture:
     """A family Forma converts, in a variant it does not."""
-    return UnsupportedArchitecture(f"{what} is not supported by Forma's conversion; wrap the model with "
-                                   "lab.hf.bridge(path) (TransformerLens's TransformerBridge) instead")
+    return UnsupportedArchitecture(
+        f"{what} is not supported by Forma's conversion; wrap the model with "
+        "lab.hf.bridge(path) (TransformerLens's TransformerBridge) instead"
+    )
 
 
 Reader = Callable[[str], Tensor]  # a Hugging Face tensor by its state-dict name

@@ -19,8 +19,13 @@ from lab.model.checkpoint import describe_weight_problems
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 # Weights in formats Forma never reads: a pickle (torch.load can run code) or another framework's.
-OTHER_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "tf_model.h5", "flax_model.msgpack",
-                 "model.ckpt.index")
+OTHER_WEIGHTS = (
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+    "tf_model.h5",
+    "flax_model.msgpack",
+    "model.ckpt.index",
+)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
@@ -52,8 +57,14 @@ def read_hf_folder(path: str | Path, **options: Any) -> Any:
     check_safetensors(path)
     with _quiet_transformers():
         hf, info = AutoModelForCausalLM.from_pretrained(
-            path, local_files_only=True, trust_remote_code=False, use_safetensors=True, output_loading_info=True,
-            ignore_mismatched_sizes=True, **options)
+            path,
+            local_files_only=True,
+            trust_remote_code=False,
+            use_safetensors=True,
+            output_loading_info=True,
+            ignore_mismatched_sizes=True,
+            **options,
+        )
     described = {k: () for k in info["missing_keys"]} | {k: tuple(want) for k, _, want in info["mismatched_keys"]}
     found = {k: () for k in info["unexpected_keys"]} | {k: tuple(have) for k, have, _ in info["mismatched_keys"]}
     problems = describe_weight_problems(described, found)
@@ -88,7 +99,8 @@ def check_safetensors(path: Path) -> list[Path]:
             raise ValueError(
                 f"{path} holds {other[0]}, and Forma reads safetensors only: a pickle checkpoint can run code when "
                 "it is loaded, so it is never opened. Convert it once, where you trust the file: "
-                "AutoModelForCausalLM.from_pretrained(folder).save_pretrained(folder) writes model.safetensors")
+                "AutoModelForCausalLM.from_pretrained(folder).save_pretrained(folder) writes model.safetensors"
+            )
         raise FileNotFoundError(f"{path} has no {SAFETENSORS_FILE} (nor {SAFETENSORS_INDEX}): no weights to load")
     for shard in shards:
         try:
@@ -128,9 +140,11 @@ def refuse_code(path: Path, data: dict[str, Any]) -> None:
     if "auto_map" in data:
         code = data["auto_map"]
         named = ", ".join(f"{k} → {v}" for k, v in code.items()) if isinstance(code, dict) else repr(code)
-        raise InputError(f"{path} asks to run Python code from its folder (auto_map: {named}); Forma never runs a "
-                         "model folder's code (trust_remote_code=False): use a model whose architecture transformers "
-                         "has built in")
+        raise InputError(
+            f"{path} asks to run Python code from its folder (auto_map: {named}); Forma never runs a "
+            "model folder's code (trust_remote_code=False): use a model whose architecture transformers "
+            "has built in"
+        )
 
 
 def _check_dtype(path: Path, data: dict[str, Any]) -> None:
@@ -177,8 +191,10 @@ def local_tokenizer(path: Path) -> Any:
 
     check_folder_files(path)
     if (path / "tokenizer_config.json").exists():
-        refuse_code(path / "tokenizer_config.json",
-                    read_json_object(path / "tokenizer_config.json", folder_root(path), what="tokenizer config"))
+        refuse_code(
+            path / "tokenizer_config.json",
+            read_json_object(path / "tokenizer_config.json", folder_root(path), what="tokenizer config"),
+        )
     try:
         with _quiet_transformers():
             return AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)

@@ -18,16 +18,23 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lab.hf.convert import _assign, _check_against_config, _config, _convert_into, _family, empty_model, from_hf
 from lab.files import check_writable
+from lab.hf.convert import _assign, _check_against_config, _config, _convert_into, _family, empty_model, from_hf
 from lab.hf.device_map import _place_of, check_devices, check_placement, forma_device_map
 from lab.hf.family import Family, UnsupportedArchitecture
-from lab.hf.folder import TOKENIZER_FILES, _hf_config, local_tokenizer, _quiet_transformers, read_hf_folder
+from lab.hf.folder import TOKENIZER_FILES, _hf_config, _quiet_transformers, local_tokenizer, read_hf_folder
 from lab.model import HookedTransformer
 
-def load_hf(path: str | Path, device: str | torch.device | None = None, *, dtype: torch.dtype | str = torch.float32,
-            device_map: Any = None, max_memory: dict | None = None,
-            offload_folder: str | Path | None = None) -> HookedTransformer:
+
+def load_hf(
+    path: str | Path,
+    device: str | torch.device | None = None,
+    *,
+    dtype: torch.dtype | str = torch.float32,
+    device_map: Any = None,
+    max_memory: dict | None = None,
+    offload_folder: str | Path | None = None,
+) -> HookedTransformer:
     """A HookedTransformer from a local Hugging Face `save_pretrained` folder (with its tokenizer if present),
     in eval mode, its weights in `dtype` ("auto": the folder's own, as config.json records it).
 
@@ -67,9 +74,11 @@ def fresh_offload_folder(folder: str | Path | None) -> Iterator[None]:
         raise ValueError(f"offload_folder {folder} is a file, not a folder")
     if folder.is_dir() and any(folder.iterdir()):
         held = sorted(p.name for p in folder.iterdir())
-        raise ValueError(f"offload_folder {folder} is not empty (it holds {', '.join(held[:3])}"
-                         f"{f' and {len(held) - 3} more' if len(held) > 3 else ''}): offloaded weights go only into "
-                         "a new or empty folder of their own; give another, or empty this one")
+        raise ValueError(
+            f"offload_folder {folder} is not empty (it holds {', '.join(held[:3])}"
+            f"{f' and {len(held) - 3} more' if len(held) > 3 else ''}): offloaded weights go only into "
+            "a new or empty folder of their own; give another, or empty this one"
+        )
     made = not folder.exists()
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -97,8 +106,15 @@ def _loaded_dtype(config: Any, dtype: torch.dtype | str) -> torch.dtype:
     return recorded if isinstance(recorded, torch.dtype) else getattr(torch, str(recorded))
 
 
-def _load_dispatched(path: Path, family: Family, tokenizer: Any, dtype: torch.dtype, device_map: Any,
-                     max_memory: dict | None, offload_folder: str | Path | None) -> HookedTransformer:
+def _load_dispatched(
+    path: Path,
+    family: Family,
+    tokenizer: Any,
+    dtype: torch.dtype,
+    device_map: Any,
+    max_memory: dict | None,
+    offload_folder: str | Path | None,
+) -> HookedTransformer:
     """Convert block by block into an empty model, placing each tensor as the map says, then dispatch."""
     from accelerate import dispatch_model
     from accelerate.utils import offload_weight, save_offload_index
@@ -123,14 +139,25 @@ def _load_dispatched(path: Path, family: Family, tokenizer: Any, dtype: torch.dt
 
         _convert_into(model, family, hf, place)
         save_offload_index(index, str(offload_folder))
-    dispatch_model(model, device_map=placement, main_device=main,
-                   offload_dir=None if offload_folder is None else str(offload_folder))
+    dispatch_model(
+        model,
+        device_map=placement,
+        main_device=main,
+        offload_dir=None if offload_folder is None else str(offload_folder),
+    )
     model.hf_device_map = placement  # accelerate's name for where a dispatched model's modules live
     return family.set_defaults(model).eval()
 
 
-def bridge(path: str | Path, device: str | None = None, *, dtype: torch.dtype | str | None = None,
-           device_map: Any = None, max_memory: dict | None = None, offload_folder: str | Path | None = None) -> Any:
+def bridge(
+    path: str | Path,
+    device: str | None = None,
+    *,
+    dtype: torch.dtype | str | None = None,
+    device_map: Any = None,
+    max_memory: dict | None = None,
+    offload_folder: str | Path | None = None,
+) -> Any:
     """Any local HF causal LM wrapped by TransformerLens's TransformerBridge (hooked, not converted).
 
     `dtype`, `device_map`, `max_memory` and `offload_folder` go to Hugging Face's from_pretrained (accelerate
@@ -145,19 +172,28 @@ def bridge(path: str | Path, device: str | None = None, *, dtype: torch.dtype | 
     if tokenizer is None:
         raise FileNotFoundError(
             f"{path} holds no tokenizer ({' or '.join(TOKENIZER_FILES)}): TransformerBridge needs one, and would "
-            "otherwise fetch it from a model hub. Save it beside the model: tokenizer.save_pretrained(folder)")
+            "otherwise fetch it from a model hub. Save it beside the model: tokenizer.save_pretrained(folder)"
+        )
     if device_map is not None and device is not None:
         raise ValueError("give bridge a device or a device_map, not both")
     check_devices(device_map if device_map is not None else device)
     options: dict[str, Any] = {} if dtype is None else {"dtype": dtype}
     if device_map is not None:
-        options |= {"device_map": device_map, "max_memory": max_memory,
-                    "offload_folder": None if offload_folder is None else str(offload_folder)}
+        options |= {
+            "device_map": device_map,
+            "max_memory": max_memory,
+            "offload_folder": None if offload_folder is None else str(offload_folder),
+        }
     with fresh_offload_folder(offload_folder if device_map is not None else None):
         hf = read_hf_folder(path, **options)
     if device_map is None:
         hf = hf.to(device or "cpu")
     name = config.architectures[0] if config.architectures else config.model_type
     # With a device_map the bridge reads the devices from the model; without one, it is told the device.
-    return TransformerBridge.boot_transformers(name, hf_model=hf, tokenizer=tokenizer, trust_remote_code=False,
-                                               device=None if device_map is not None else device or "cpu")
+    return TransformerBridge.boot_transformers(
+        name,
+        hf_model=hf,
+        tokenizer=tokenizer,
+        trust_remote_code=False,
+        device=None if device_map is not None else device or "cpu",
+    )

@@ -38,7 +38,6 @@ from numpy.typing import ArrayLike, NDArray
 from lab.metrics.discrimination import MIN_PER_CLASS, Metric, auroc, auroc_ci, bootstrap_ci  # noqa: F401
 
 
-
 def _inputs(confidence: ArrayLike, correct: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     c = np.asarray(confidence, dtype=np.float64).ravel()
     y = np.asarray(correct, dtype=np.float64).ravel()
@@ -87,7 +86,9 @@ class Reliability:
     accuracy: NDArray[np.float64]  # share correct in the bin
 
 
-def reliability(confidence: ArrayLike, correct: ArrayLike, n_bins: int = 15, scheme: str = "equal_width") -> Reliability:
+def reliability(
+    confidence: ArrayLike, correct: ArrayLike, n_bins: int = 15, scheme: str = "equal_width"
+) -> Reliability:
     c, y = _inputs(confidence, correct)
     bins = bin_indices(c, n_bins, scheme)
     count = np.bincount(bins, minlength=n_bins)
@@ -103,8 +104,9 @@ def ece(confidence: ArrayLike, correct: ArrayLike, n_bins: int = 15, scheme: str
     return float(np.sum(r.count / r.count.sum() * np.abs(r.accuracy - r.confidence)))
 
 
-def rms_calibration_error(confidence: ArrayLike, correct: ArrayLike, n_bins: int = 15,
-                          scheme: str = "equal_width") -> float:
+def rms_calibration_error(
+    confidence: ArrayLike, correct: ArrayLike, n_bins: int = 15, scheme: str = "equal_width"
+) -> float:
     r = reliability(confidence, correct, n_bins, scheme)
     return float(np.sqrt(np.sum(r.count / r.count.sum() * (r.accuracy - r.confidence) ** 2)))
 
@@ -120,8 +122,9 @@ def squared_ce(confidence: ArrayLike, correct: ArrayLike, n_bins: int = 15, sche
     return float(np.sum(r.count / r.count.sum() * (r.accuracy - r.confidence) ** 2))
 
 
-def squared_ce_debiased(confidence: ArrayLike, correct: ArrayLike, n_bins: int = 15,
-                        scheme: str = "equal_width") -> float:
+def squared_ce_debiased(
+    confidence: ArrayLike, correct: ArrayLike, n_bins: int = 15, scheme: str = "equal_width"
+) -> float:
     """Kumar, Liang & Ma 2019 §5 (their `unbiased_square_ce`):
     Σ_m (|B_m|/n) [(acc(B_m) − conf(B_m))² − acc(B_m)(1 − acc(B_m)) / (|B_m| − 1)].
     The subtracted term is the unbiased estimate of Var(acc(B_m)), so for a calibrated model the estimate
@@ -135,8 +138,14 @@ def squared_ce_debiased(confidence: ArrayLike, correct: ArrayLike, n_bins: int =
     return float(np.sum(np.where(many, r.count / r.count.sum() * (gap - variance), 0.0)))
 
 
-def ece_debiased(confidence: ArrayLike, correct: ArrayLike, n_bins: int = 15, scheme: str = "equal_width",
-                 n_sim: int = 1000, seed: int = 0) -> float:
+def ece_debiased(
+    confidence: ArrayLike,
+    correct: ArrayLike,
+    n_bins: int = 15,
+    scheme: str = "equal_width",
+    n_sim: int = 1000,
+    seed: int = 0,
+) -> float:
     """Kumar, Liang & Ma 2019 §5, Gaussian bias correction of the ℓ1 ECE (their `normal_debiased_ce`):
     draw each bin's accuracy from N(acc_m, acc_m(1 − acc_m)/|B_m|), take the mean ECE of the draws, Ê*,
     and return 2·ECE − Ê* (the bootstrap bias correction). It removes most of the bias where the gaps are
@@ -165,10 +174,12 @@ def brier(confidence: ArrayLike, correct: ArrayLike, n_bins: int = 15, scheme: s
     r = reliability(c, y, n_bins, scheme)
     weight = r.count / r.count.sum()
     base = y.mean()
-    return Brier(score=float(np.mean((c - y) ** 2)),
-                 reliability=float(np.sum(weight * (r.confidence - r.accuracy) ** 2)),
-                 resolution=float(np.sum(weight * (r.accuracy - base) ** 2)),
-                 uncertainty=float(base * (1 - base)))
+    return Brier(
+        score=float(np.mean((c - y) ** 2)),
+        reliability=float(np.sum(weight * (r.confidence - r.accuracy) ** 2)),
+        resolution=float(np.sum(weight * (r.accuracy - base) ** 2)),
+        uncertainty=float(base * (1 - base)),
+    )
 
 
 def nll(probabilities: ArrayLike, labels: ArrayLike, eps: float = 1e-12) -> float:
@@ -181,8 +192,9 @@ def nll(probabilities: ArrayLike, labels: ArrayLike, eps: float = 1e-12) -> floa
 # --------------------------------------------------------------------------------------------
 # Noise floor, temperature, summaries
 # --------------------------------------------------------------------------------------------
-def noise_floor_ece(confidence: ArrayLike, n_bins: int = 15, scheme: str = "equal_width", n_sim: int = 500,
-                    seed: int = 0) -> tuple[float, float]:
+def noise_floor_ece(
+    confidence: ArrayLike, n_bins: int = 15, scheme: str = "equal_width", n_sim: int = 500, seed: int = 0
+) -> tuple[float, float]:
     """Mean and 95th percentile of the ECE of a perfectly calibrated model with these confidences
     (correctness drawn as Bernoulli(confidence)): the ECE that noise alone produces."""
     c = np.asarray(confidence, dtype=np.float64).ravel()
@@ -196,15 +208,27 @@ def noise_floor_ece(confidence: ArrayLike, n_bins: int = 15, scheme: str = "equa
     return float(np.mean(sims)), float(np.quantile(sims, 0.95))
 
 
-def ece_fields(confidence: ArrayLike, correct: ArrayLike, key: str = "ece", n_bins: int = 15,
-               scheme: str = "equal_width", n_boot: int = 500, seed: int = 0) -> dict[str, Any]:
+def ece_fields(
+    confidence: ArrayLike,
+    correct: ArrayLike,
+    key: str = "ece",
+    n_bins: int = 15,
+    scheme: str = "equal_width",
+    n_boot: int = 500,
+    seed: int = 0,
+) -> dict[str, Any]:
     """An ECE and what goes beside it (SCIENCE.md §3): {key, key_ci95 (bootstrap), noise_floor_key (mean ECE of
     a perfectly calibrated model with these confidences), noise_floor_key_p95, key_debiased (Kumar et al.)}."""
     c, y = _inputs(confidence, correct)
     floor, floor_p95 = noise_floor_ece(c, n_bins, scheme, seed=seed)
     interval = bootstrap_ci(lambda a, b: ece(a, b, n_bins, scheme), c, y, n_boot=n_boot, seed=seed)
-    return {key: ece(c, y, n_bins, scheme), f"{key}_ci95": interval.interval, f"noise_floor_{key}": floor,
-            f"noise_floor_{key}_p95": floor_p95, f"{key}_debiased": ece_debiased(c, y, n_bins, scheme, seed=seed)}
+    return {
+        key: ece(c, y, n_bins, scheme),
+        f"{key}_ci95": interval.interval,
+        f"noise_floor_{key}": floor,
+        f"noise_floor_{key}_p95": floor_p95,
+        f"{key}_debiased": ece_debiased(c, y, n_bins, scheme, seed=seed),
+    }
 
 
 def softmax(logits: ArrayLike, temperature: float = 1.0) -> NDArray[np.float64]:
@@ -214,8 +238,9 @@ def softmax(logits: ArrayLike, temperature: float = 1.0) -> NDArray[np.float64]:
     return e / e.sum(axis=-1, keepdims=True)
 
 
-def fit_temperature(logits: ArrayLike, labels: ArrayLike, bounds: tuple[float, float] = (0.05, 20.0),
-                    iterations: int = 100) -> float:
+def fit_temperature(
+    logits: ArrayLike, labels: ArrayLike, bounds: tuple[float, float] = (0.05, 20.0), iterations: int = 100
+) -> float:
     """The T > 0 minimising the NLL of softmax(logits / T) (Guo et al. 2017, §4.2), by golden-section
     search on log T (the NLL is convex in 1/T). Fit it on a calibration split, apply it to the test split."""
     z = np.asarray(logits, dtype=np.float64)
@@ -253,13 +278,22 @@ def multiclass_summary(probabilities: ArrayLike, labels: ArrayLike, n_boot: int 
     mass = ece_fields(confidence, correct, "ece_10_equal_mass", 10, "equal_mass", n_boot, seed)
     squared = squared_ce_debiased(confidence, correct)
     return {
-        "n": int(len(y)), "accuracy": float(correct.mean()), "mean_confidence": float(confidence.mean()),
-        **width, **mass,
-        "ece_ci95": width["ece_15_equal_width_ci95"], "noise_floor_ece": width["noise_floor_ece_15_equal_width"],
+        "n": int(len(y)),
+        "accuracy": float(correct.mean()),
+        "mean_confidence": float(confidence.mean()),
+        **width,
+        **mass,
+        "ece_ci95": width["ece_15_equal_width_ci95"],
+        "noise_floor_ece": width["noise_floor_ece_15_equal_width"],
         "noise_floor_ece_p95": width["noise_floor_ece_15_equal_width_p95"],
-        "rms_ce": rms_calibration_error(confidence, correct), "squared_ce_debiased": squared,
-        "rms_ce_debiased": float(np.sqrt(max(squared, 0.0))), "mce": mce(confidence, correct),
-        "brier": b.score, "brier_reliability": b.reliability, "brier_resolution": b.resolution,
-        "brier_uncertainty": b.uncertainty, "nll": nll(p, y),
+        "rms_ce": rms_calibration_error(confidence, correct),
+        "squared_ce_debiased": squared,
+        "rms_ce_debiased": float(np.sqrt(max(squared, 0.0))),
+        "mce": mce(confidence, correct),
+        "brier": b.score,
+        "brier_reliability": b.reliability,
+        "brier_resolution": b.resolution,
+        "brier_uncertainty": b.uncertainty,
+        "nll": nll(p, y),
         **auroc_ci(confidence, correct, n_boot=n_boot, seed=seed).fields("auroc_confidence"),
     }

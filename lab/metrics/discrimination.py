@@ -126,8 +126,15 @@ def _units(n: int, groups: Any, strata: Any) -> tuple[NDArray[np.int64], list[ND
     return unit, [np.array(v) for _, v in sorted(by_key.items())]
 
 
-def bootstrap_ci(metric: Callable[..., float], *arrays: ArrayLike, groups: Any = None, strata: Any = None,
-                 n_boot: int = 1000, level: float = 0.95, seed: int = 0) -> Metric:
+def bootstrap_ci(
+    metric: Callable[..., float],
+    *arrays: ArrayLike,
+    groups: Any = None,
+    strata: Any = None,
+    n_boot: int = 1000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> Metric:
     """metric(*arrays) and its percentile bootstrap interval (Efron & Tibshirani 1993, §13.3).
 
     Resamples rows with replacement — whole groups when `groups` gives each row its entity (rows of one
@@ -151,8 +158,14 @@ def bootstrap_ci(metric: Callable[..., float], *arrays: ArrayLike, groups: Any =
         samples[b] = metric(*(col[index] for col in columns))
     bad = int(np.sum(~np.isfinite(samples)))
     if bad:
-        return Metric(value, float("nan"), float("nan"), why_no_interval=(
-            f"{bad} of {n_boot} resamples gave no finite value (a class missing from them?): no interval"))
+        return Metric(
+            value,
+            float("nan"),
+            float("nan"),
+            why_no_interval=(
+                f"{bad} of {n_boot} resamples gave no finite value (a class missing from them?): no interval"
+            ),
+        )
     tail = (1 - level) / 2
     low, high = np.quantile(samples, [tail, 1 - tail])
     return Metric(value, float(low), float(high))
@@ -173,9 +186,16 @@ def auroc_delong_variance(scores: ArrayLike, labels: ArrayLike) -> float:
     return float(np.var(v10, ddof=1) / len(pos) + np.var(v01, ddof=1) / len(neg))
 
 
-def auroc_ci(scores: ArrayLike, labels: ArrayLike, groups: Any = None, n_boot: int = 1000, level: float = 0.95,
-             seed: int = 0, min_per_class: int = MIN_PER_CLASS,
-             method: Literal["bootstrap", "delong"] = "bootstrap") -> Metric:
+def auroc_ci(
+    scores: ArrayLike,
+    labels: ArrayLike,
+    groups: Any = None,
+    n_boot: int = 1000,
+    level: float = 0.95,
+    seed: int = 0,
+    min_per_class: int = MIN_PER_CLASS,
+    method: Literal["bootstrap", "delong"] = "bootstrap",
+) -> Metric:
     """AUROC with n_pos / n_neg and an interval at `level`: a stratified bootstrap (positives and negatives — or
     the groups holding them — resampled separately), or with method="delong" DeLong's normal interval, which
     needs no resamples and so holds at any level (ungrouped binary scores only). Fewer than `min_per_class`
@@ -195,10 +215,19 @@ def auroc_ci(scores: ArrayLike, labels: ArrayLike, groups: Any = None, n_boot: i
     n_pos, n_neg = (int(y.astype(bool).sum()), int((~y.astype(bool)).sum())) if binary else (None, None)
     what = "groups" if groups is not None else "items"
     if min(holding.values()) < min_per_class:
-        counts = (f"{holding[1]} positive and {holding[0]} negative" if binary else
-                  ", ".join(f"{holding[c]} of class {c}" for c in classes))
-        return Metric(value, float("nan"), float("nan"), n_pos, n_neg,
-                      f"only {counts} {what}: a stratified AUROC interval needs at least {min_per_class} of each")
+        counts = (
+            f"{holding[1]} positive and {holding[0]} negative"
+            if binary
+            else ", ".join(f"{holding[c]} of class {c}" for c in classes)
+        )
+        return Metric(
+            value,
+            float("nan"),
+            float("nan"),
+            n_pos,
+            n_neg,
+            f"only {counts} {what}: a stratified AUROC interval needs at least {min_per_class} of each",
+        )
     if method == "delong":
         half = NormalDist().inv_cdf(1 - (1 - level) / 2) * math.sqrt(auroc_delong_variance(s, y))
         return Metric(value, max(0.0, value - half), min(1.0, value + half), n_pos, n_neg)

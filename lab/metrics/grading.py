@@ -55,17 +55,27 @@ class Grade:
         """True when the control's interval does not clear chance in the good direction; None with no control."""
         if self.control is None or self.chance is None or self.control.interval is None:
             return None
-        return bool(self.control.low <= self.chance) if self.better == "higher" else bool(self.control.high >= self.chance)
+        return (
+            bool(self.control.low <= self.chance) if self.better == "higher" else bool(self.control.high >= self.chance)
+        )
 
     def row(self) -> dict[str, Any]:
         """A flat dict for a table: value, low, high, control, control_low, control_high, chance, …"""
         control = self.control
-        return {"grade": self.name, "value": self.value.value, "low": self.value.low, "high": self.value.high,
-                "why_no_interval": self.value.why_no_interval, "better": self.better, "n": self.n,
-                "chance": self.chance, "control": None if control is None else control.value,
-                "control_low": None if control is None else control.low,
-                "control_high": None if control is None else control.high,
-                "control_at_chance": self.control_at_chance}
+        return {
+            "grade": self.name,
+            "value": self.value.value,
+            "low": self.value.low,
+            "high": self.value.high,
+            "why_no_interval": self.value.why_no_interval,
+            "better": self.better,
+            "n": self.n,
+            "chance": self.chance,
+            "control": None if control is None else control.value,
+            "control_low": None if control is None else control.low,
+            "control_high": None if control is None else control.high,
+            "control_at_chance": self.control_at_chance,
+        }
 
 
 def mean_over_prompts(values: ArrayLike, *, n_boot: int = 1000, seed: int = 0) -> Metric:
@@ -74,8 +84,12 @@ def mean_over_prompts(values: ArrayLike, *, n_boot: int = 1000, seed: int = 0) -
     values = np.asarray(values, dtype=np.float64).ravel()
     kept = values[np.isfinite(values)]
     if len(kept) < 2:
-        return Metric(float(np.mean(kept)) if len(kept) else float("nan"), float("nan"), float("nan"),
-                      why_no_interval=f"{len(kept)} prompt(s) with a finite value: no interval")
+        return Metric(
+            float(np.mean(kept)) if len(kept) else float("nan"),
+            float("nan"),
+            float("nan"),
+            why_no_interval=f"{len(kept)} prompt(s) with a finite value: no interval",
+        )
     return bootstrap_ci(np.mean, kept, n_boot=n_boot, seed=seed)
 
 
@@ -87,14 +101,19 @@ def _average_ranks(x: np.ndarray) -> np.ndarray:
     return pd.DataFrame(x).rank(axis=1).to_numpy()
 
 
-def _per_prompt(variants: np.ndarray, relevant: np.ndarray, effects: np.ndarray | None,
-                valid: np.ndarray) -> dict[str, np.ndarray]:
+def _per_prompt(
+    variants: np.ndarray, relevant: np.ndarray, effects: np.ndarray | None, valid: np.ndarray
+) -> dict[str, np.ndarray]:
     """Each prompt's AUROC (Mann–Whitney U from average ranks), relevant mass and Spearman ρ (Pearson's r of
     average ranks) of |scores|, averaged over the k score variants of `variants` [k, prompt, pos] (one: the
     method's own; many: its permutations)."""
     n = variants.shape[1]
-    out = {"auroc": np.full(n, np.nan), "relevant_mass": np.full(n, np.nan), "rank_correlation": np.full(n, np.nan),
-           "chance_mass": np.full(n, np.nan)}
+    out = {
+        "auroc": np.full(n, np.nan),
+        "relevant_mass": np.full(n, np.nan),
+        "rank_correlation": np.full(n, np.nan),
+        "chance_mass": np.full(n, np.nan),
+    }
     for row in range(n):
         keep = valid[row]
         s, r = np.abs(variants[:, row][:, keep]), relevant[row, keep]
@@ -114,8 +133,15 @@ def _per_prompt(variants: np.ndarray, relevant: np.ndarray, effects: np.ndarray 
     return out
 
 
-def attribution_grades(scores: ArrayLike, relevant: ArrayLike, effects: ArrayLike | None = None,
-                       valid: ArrayLike | None = None, *, n_boot: int = 1000, seed: int = 0) -> dict[str, Grade]:
+def attribution_grades(
+    scores: ArrayLike,
+    relevant: ArrayLike,
+    effects: ArrayLike | None = None,
+    valid: ArrayLike | None = None,
+    *,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> dict[str, Grade]:
     """AUROC, relevant mass and (with `effects`) rank correlation of one method's scores [prompt, pos] against the
     relevant positions [prompt, pos] (bool) and the model's causal effects [prompt, pos], over the `valid`
     positions (default all), each with its permuted-scores control (see the module's docstring). Prompts whose
@@ -124,8 +150,9 @@ def attribution_grades(scores: ArrayLike, relevant: ArrayLike, effects: ArrayLik
     relevant = np.asarray(relevant, dtype=bool)
     valid = np.ones_like(relevant) if valid is None else np.asarray(valid, dtype=bool)
     if scores.ndim != 2 or relevant.shape != scores.shape or valid.shape != scores.shape:
-        raise ValueError(f"scores {scores.shape}, relevant {relevant.shape} and valid {valid.shape} must all be "
-                         "[prompt, position]")
+        raise ValueError(
+            f"scores {scores.shape}, relevant {relevant.shape} and valid {valid.shape} must all be [prompt, position]"
+        )
     effects_array = None if effects is None else np.asarray(effects, dtype=np.float64)
     if effects_array is not None and effects_array.shape != scores.shape:
         raise ValueError(f"effects {effects_array.shape} must have the scores' shape {scores.shape}")
@@ -140,8 +167,17 @@ def attribution_grades(scores: ArrayLike, relevant: ArrayLike, effects: ArrayLik
     boot = {"n_boot": n_boot, "seed": seed}
     chance = {"auroc": 0.5, "relevant_mass": float(np.nanmean(real["chance_mass"])), "rank_correlation": 0.0}
     names = ["auroc", "relevant_mass"] + ([] if effects_array is None else ["rank_correlation"])
-    return {name: Grade(name, mean_over_prompts(real[name], **boot), mean_over_prompts(control[name], **boot),
-                        chance[name], "higher", int(np.isfinite(real[name]).sum())) for name in names}
+    return {
+        name: Grade(
+            name,
+            mean_over_prompts(real[name], **boot),
+            mean_over_prompts(control[name], **boot),
+            chance[name],
+            "higher",
+            int(np.isfinite(real[name]).sum()),
+        )
+        for name in names
+    }
 
 
 def _kl_rows(p: np.ndarray, log_q: np.ndarray) -> np.ndarray:
@@ -150,21 +186,27 @@ def _kl_rows(p: np.ndarray, log_q: np.ndarray) -> np.ndarray:
     return np.where(p > 0, p * (log_p - log_q), 0.0).sum(axis=-1)
 
 
-def lens_grades(lens_log_probs: ArrayLike, p: ArrayLike, valid: ArrayLike | None = None, *, n_boot: int = 1000,
-                seed: int = 0) -> list[dict[str, Grade]]:
+def lens_grades(
+    lens_log_probs: ArrayLike, p: ArrayLike, valid: ArrayLike | None = None, *, n_boot: int = 1000, seed: int = 0
+) -> list[dict[str, Grade]]:
     """Per layer (rows of `lens_log_probs` [layer, prompt, pos, vocab], log-probabilities; the last row is the
     model's own output), KL(p ‖ P^(l)) and KL(P_θ ‖ P^(l)) averaged over each prompt's `valid` positions [pos] or
     [prompt, pos], with the rolled-prompt control and the prompt-blind chance of the module's docstring."""
     lens = np.asarray(lens_log_probs, dtype=np.float64)
     p = np.asarray(p, dtype=np.float64)
     if lens.ndim != 4 or lens.shape[1:] != p.shape:
-        raise ValueError(f"lens log-probabilities {lens.shape} must be [layer, prompt, pos, vocab] over the truth's "
-                         f"{p.shape} [prompt, pos, vocab]")
+        raise ValueError(
+            f"lens log-probabilities {lens.shape} must be [layer, prompt, pos, vocab] over the truth's "
+            f"{p.shape} [prompt, pos, vocab]"
+        )
     n_prompts, n_pos = p.shape[:2]
     if n_prompts < 2:
         raise ValueError("a lens is graded over at least two prompts (the control reads another prompt)")
-    mask = np.ones((n_prompts, n_pos), dtype=bool) if valid is None else np.broadcast_to(
-        np.asarray(valid, dtype=bool), (n_prompts, n_pos))
+    mask = (
+        np.ones((n_prompts, n_pos), dtype=bool)
+        if valid is None
+        else np.broadcast_to(np.asarray(valid, dtype=bool), (n_prompts, n_pos))
+    )
     count = mask.sum(axis=1)
 
     def per_prompt(kl: np.ndarray) -> np.ndarray:
@@ -181,8 +223,13 @@ def lens_grades(lens_log_probs: ArrayLike, p: ArrayLike, valid: ArrayLike | None
         rolled = np.roll(lens[layer], 1, axis=0)  # prompt b read through prompt b − 1's stream
         grades = {}
         for name, truth, chance in (("kl_true", p, chance_true), ("kl_model", model_p, chance_model)):
-            grades[name] = Grade(name, mean_over_prompts(per_prompt(_kl_rows(truth, lens[layer])), **boot),
-                                 mean_over_prompts(per_prompt(_kl_rows(truth, rolled)), **boot), chance, "lower",
-                                 n_prompts)
+            grades[name] = Grade(
+                name,
+                mean_over_prompts(per_prompt(_kl_rows(truth, lens[layer])), **boot),
+                mean_over_prompts(per_prompt(_kl_rows(truth, rolled)), **boot),
+                chance,
+                "lower",
+                n_prompts,
+            )
         out.append(grades)
     return out

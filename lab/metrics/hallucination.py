@@ -31,9 +31,21 @@ from typing import Literal, NamedTuple
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-__all__ = ["BinTable", "KVBound", "SingletonBound", "bin_index", "bin_table", "binmass_tv", "bound_slack",
-           "kl_hat", "miscalibration_tv", "missing_mass", "monofact_rate", "singleton_bound",
-           "singleton_calibration_delta"]
+__all__ = [
+    "BinTable",
+    "KVBound",
+    "SingletonBound",
+    "bin_index",
+    "bin_table",
+    "binmass_tv",
+    "bound_slack",
+    "kl_hat",
+    "miscalibration_tv",
+    "missing_mass",
+    "monofact_rate",
+    "singleton_bound",
+    "singleton_calibration_delta",
+]
 
 Scheme = Literal["eps", "adaptive"]
 _SUM_TOLERANCE = 1e-6  # Σg may exceed 1 by float round-off over millions of factoids, no more
@@ -98,8 +110,9 @@ def _check_scheme(scheme: str, eps: float, n_bins: int) -> None:
         raise ValueError(f"n_bins must be a positive integer, got {n_bins!r}")
 
 
-def _bins(g: NDArray[np.float64], scheme: str, eps: float, n_bins: int) -> tuple[NDArray[np.int64], NDArray[np.float64],
-                                                                                NDArray[np.float64]]:
+def _bins(
+    g: NDArray[np.float64], scheme: str, eps: float, n_bins: int
+) -> tuple[NDArray[np.int64], NDArray[np.float64], NDArray[np.float64]]:
     """(bin of every factoid, lower edge of every bin index, upper edge of every bin index)."""
     _check_scheme(scheme, eps, n_bins)
     if scheme == "eps":
@@ -179,10 +192,28 @@ class BinTable(NamedTuple):
         return float(0.5 * (np.abs(self.p_mass - self.g_mass).sum() + self.malformed_mass))
 
     def rows(self) -> list[dict[str, float | int]]:
-        return [{"bin": int(b), "g_low": float(lo), "g_high": float(hi), "n_factoids": int(n),
-                 "g_mass": float(gm), "p_mass": float(pm), "n_support": int(ns), "tv_within": float(tv)}
-                for b, lo, hi, n, gm, pm, ns, tv in zip(self.bin, self.g_low, self.g_high, self.n_factoids,
-                                                         self.g_mass, self.p_mass, self.n_support, self.tv_within)]
+        return [
+            {
+                "bin": int(b),
+                "g_low": float(lo),
+                "g_high": float(hi),
+                "n_factoids": int(n),
+                "g_mass": float(gm),
+                "p_mass": float(pm),
+                "n_support": int(ns),
+                "tv_within": float(tv),
+            }
+            for b, lo, hi, n, gm, pm, ns, tv in zip(
+                self.bin,
+                self.g_low,
+                self.g_high,
+                self.n_factoids,
+                self.g_mass,
+                self.p_mass,
+                self.n_support,
+                self.tv_within,
+            )
+        ]
 
 
 def bin_table(g: ArrayLike, p: ArrayLike, scheme: Scheme = "eps", eps: float = 0.1, n_bins: int = 20) -> BinTable:
@@ -199,12 +230,20 @@ def bin_table(g: ArrayLike, p: ArrayLike, scheme: Scheme = "eps", eps: float = 0
     spread = (p_mass / np.maximum(size, 1))[index]  # p^Π(y) = p(B)/|B| for y in B
     tv_within = 0.5 * np.bincount(index, weights=np.abs(spread - g_array), minlength=len(low))
     used = np.flatnonzero(size)
-    return BinTable(used, low[used], high[used], size[used], g_mass[used], p_mass[used], n_support[used],
-                    tv_within[used], max(0.0, 1.0 - float(g_array.sum())))
+    return BinTable(
+        used,
+        low[used],
+        high[used],
+        size[used],
+        g_mass[used],
+        p_mass[used],
+        n_support[used],
+        tv_within[used],
+        max(0.0, 1.0 - float(g_array.sum())),
+    )
 
 
-def miscalibration_tv(g: ArrayLike, p: ArrayLike, scheme: Scheme = "eps", eps: float = 0.1,
-                      n_bins: int = 20) -> float:
+def miscalibration_tv(g: ArrayLike, p: ArrayLike, scheme: Scheme = "eps", eps: float = 0.1, n_bins: int = 20) -> float:
     """Mis(g, p) = ‖p^Π − g‖_TV over every factoid and the malformed outcome ⊥ (module docstring):
     ½ (Σ_B Σ_{y∈B} |p(B)/|B| − g(y)| + g(⊥)), with Π the ε-log or adaptive bins of g."""
     return bin_table(g, p, scheme, eps, n_bins).miscalibration
@@ -216,8 +255,7 @@ def binmass_tv(g: ArrayLike, p: ArrayLike, scheme: Scheme = "eps", eps: float = 
     return bin_table(g, p, scheme, eps, n_bins).binmass
 
 
-def kl_hat(g_train: ArrayLike, counts: ArrayLike, scheme: Scheme = "eps", eps: float = 0.1,
-           n_bins: int = 20) -> float:
+def kl_hat(g_train: ArrayLike, counts: ArrayLike, scheme: Scheme = "eps", eps: float = 0.1, n_bins: int = 20) -> float:
     """Miao & Kearns's empirical KL: Σ_B P_B ln(P_B / G_B) in nats over g-bins of the training sample.
 
     `g_train[i]` is the model's probability of the i-th distinct training fact and `counts[i]` its number
@@ -249,8 +287,15 @@ class KVBound(NamedTuple):
     margin: float  # g(H) − right_side; ≥ 0 when the bound holds (it says nothing when right_side < 0)
 
 
-def bound_slack(hallucination_rate: float, monofact_rate: float, miscalibration: float, n_facts: int,
-                n_hallucinations: int, n_train: int, delta: float) -> KVBound:
+def bound_slack(
+    hallucination_rate: float,
+    monofact_rate: float,
+    miscalibration: float,
+    n_facts: int,
+    n_hallucinations: int,
+    n_train: int,
+    delta: float,
+) -> KVBound:
     """Kalai & Vempala's bound g(H) ≥ MF − Mis − 3e^(−s)/δ − sqrt(6 ln(6/δ)/n), e^(−s) = |F|/|H|,
     which holds with probability ≥ 1 − δ over the training sample. At δ = 0.01 the two slack terms are
     the headline 300·|F|/|H| and sqrt(6 ln 600 / n) ≈ 6.2/√n (the paper rounds to 7/√n)."""
@@ -274,8 +319,9 @@ class SingletonBound(NamedTuple):
     margin_without_finite_n: float
 
 
-def singleton_bound(error: float, singleton_rate: float, min_wrong_answers: int, n_train: int,
-                    calibration_delta: float) -> SingletonBound:
+def singleton_bound(
+    error: float, singleton_rate: float, min_wrong_answers: int, n_train: int, calibration_delta: float
+) -> SingletonBound:
     """Both forms of the arbitrary-facts bound of Kalai et al. 2025 (arXiv 2509.04664, Thm. 2).
 
     error: the model's probability of an erroneous answer, prompts drawn from their distribution;
@@ -288,12 +334,19 @@ def singleton_bound(error: float, singleton_rate: float, min_wrong_answers: int,
         raise ValueError("min_wrong_answers and n_train must be positive")
     finite = (35.0 + 6.0 * math.log(n_train)) / math.sqrt(n_train)
     without = singleton_rate - 2.0 / min_wrong_answers - calibration_delta
-    return SingletonBound(float(error), float(without - finite), float(without), float(finite),
-                          float(error - (without - finite)), float(error - without))
+    return SingletonBound(
+        float(error),
+        float(without - finite),
+        float(without),
+        float(finite),
+        float(error - (without - finite)),
+        float(error - without),
+    )
 
 
-def singleton_calibration_delta(answer_probs: ArrayLike, truth: ArrayLike, prompt_probs: ArrayLike,
-                                threshold: float) -> float:
+def singleton_calibration_delta(
+    answer_probs: ArrayLike, truth: ArrayLike, prompt_probs: ArrayLike, threshold: float
+) -> float:
     """δ = |p̂(A) − p(A)| with A = {(c, r) : p̂(r | c) > threshold} (Kalai et al. 2025, the threshold
     1/min_c|E_c|). `answer_probs[c, r]` is the model's p̂(r | c) (rows may sum to < 1: malformed
     answers are never in A), `truth[c]` the index of c's one correct answer and `prompt_probs[c]` the
@@ -303,8 +356,10 @@ def singleton_calibration_delta(answer_probs: ArrayLike, truth: ArrayLike, promp
     mu = _distribution(prompt_probs, "prompt_probs", exact=True)
     truth_index = np.asarray(truth, dtype=np.int64)
     if q.ndim != 2 or q.shape[0] != mu.size or truth_index.shape != mu.shape:
-        raise ValueError(f"answer_probs must be [prompts, answers] with one truth and one μ per prompt; got "
-                         f"{q.shape}, {truth_index.shape}, {mu.shape}")
+        raise ValueError(
+            f"answer_probs must be [prompts, answers] with one truth and one μ per prompt; got "
+            f"{q.shape}, {truth_index.shape}, {mu.shape}"
+        )
     if not np.all(np.isfinite(q)) or np.any(q < 0) or np.any(q.sum(axis=1) > 1 + _SUM_TOLERANCE):
         raise ValueError("every row of answer_probs must be a (sub-)probability distribution")
     above = q > threshold

@@ -122,7 +122,7 @@ def truncated_context_kl_of(joint: Any, vocab_size: int, width: int) -> float:
     V = vocab_size
     n_contexts = J.shape[0]
     order = round(math.log(n_contexts, V)) if n_contexts > 1 else 0
-    if J.ndim != 2 or J.shape[1] != V or V ** order != n_contexts:
+    if J.ndim != 2 or J.shape[1] != V or V**order != n_contexts:
         raise ValueError(f"joint must be [V^k, V] with V = {vocab_size}, got shape {tuple(J.shape)}")
     if not 0 <= width < order:
         raise ValueError(f"width must be in [0, {order - 1}] for an order-{order} context, got {width}")
@@ -130,7 +130,7 @@ def truncated_context_kl_of(joint: Any, vocab_size: int, width: int) -> float:
         raise ValueError("joint must be a probability distribution over (context, next token)")
     p_context = J.sum(dim=1)  # J(c)
     conditional_full = -(torch.xlogy(J, J).sum() - torch.xlogy(p_context, p_context).sum())  # H(X | C)
-    short = J.reshape(V ** (order - width), V ** width, V).sum(dim=0)  # J(c_{−width:}, x)
+    short = J.reshape(V ** (order - width), V**width, V).sum(dim=0)  # J(c_{−width:}, x)
     p_short = short.sum(dim=1)
     conditional_short = -(torch.xlogy(short, short).sum() - torch.xlogy(p_short, p_short).sum())
     return float(conditional_short - conditional_full)
@@ -146,9 +146,13 @@ def temperature_kl(logits: Float[Tensor, "seq pos vocab"], p: Float[Tensor, "seq
     return float(kl(p, torch.softmax(logits / T, dim=-1)).mean())
 
 
-def temperature_scan(logits: Float[Tensor, "seq pos vocab"], p: Float[Tensor, "seq pos vocab"],
-                     grid: tuple[float, ...] = T_GRID, bracket: tuple[float, float] = T_BRACKET,
-                     tolerance: float = 1e-5) -> tuple[list[dict[str, float]], dict[str, float]]:
+def temperature_scan(
+    logits: Float[Tensor, "seq pos vocab"],
+    p: Float[Tensor, "seq pos vocab"],
+    grid: tuple[float, ...] = T_GRID,
+    bracket: tuple[float, float] = T_BRACKET,
+    tolerance: float = 1e-5,
+) -> tuple[list[dict[str, float]], dict[str, float]]:
     """KL over the grid, and its minimiser by golden section on log T inside `bracket` (unimodal there:
     convex in β = 1/T). The minimiser is flagged if it lands on the bracket's edge."""
     rows = [{"T": T, "kl_nats": temperature_kl(logits, p, T)} for T in grid]
@@ -166,6 +170,10 @@ def temperature_scan(logits: Float[Tensor, "seq pos vocab"], p: Float[Tensor, "s
             b = lo + ratio * (hi - lo)
             fb = temperature_kl(logits, p, math.exp(b))
     T_min = math.exp((lo + hi) / 2)
-    best = {"T": T_min, "kl_nats": temperature_kl(logits, p, T_min), "kl_at_T1_nats": temperature_kl(logits, p, 1.0),
-            "at_bracket_edge": bool(min(abs(math.log(T_min / edge)) for edge in bracket) < 1e-3)}
+    best = {
+        "T": T_min,
+        "kl_nats": temperature_kl(logits, p, T_min),
+        "kl_at_T1_nats": temperature_kl(logits, p, 1.0),
+        "at_bracket_edge": bool(min(abs(math.log(T_min / edge)) for edge in bracket) < 1e-3),
+    }
     return rows, best

@@ -35,10 +35,10 @@ def fit_power_law(n_params: Any, loss: Any, alphas: Any = None, n_grid: int = 60
     # Profile over E ∈ [0, 2·max L]: for fixed E and α the best A is Σx(L−E)/Σx².
     E_grid = np.linspace(0.0, 2.0 * float(L.max()), n_grid)
     y = L[None, :] - E_grid[:, None]  # [E, point]
-    sxx0 = (x ** 2).sum(axis=1)  # [alpha]
+    sxx0 = (x**2).sum(axis=1)  # [alpha]
     sxy = y @ x.T  # [E, alpha]
     A_grid = sxy / sxx0[None, :]
-    rss_grid = (y ** 2).sum(axis=1)[:, None] - A_grid * sxy  # [E, alpha]
+    rss_grid = (y**2).sum(axis=1)[:, None] - A_grid * sxy  # [E, alpha]
     profile = rss_grid.min(axis=1)
     g = int(np.argmin(profile))
     a = int(np.argmin(rss_grid[g]))
@@ -54,10 +54,15 @@ def fit_power_law(n_params: Any, loss: Any, alphas: Any = None, n_grid: int = 60
         E, A0, rss_min = float(intercept[best_alpha]), float(slope[best_alpha]), float(rss[best_alpha])
     alpha = float(alphas[best_alpha])
     dof = len(N) - 3
-    out: dict[str, Any] = {"E_nats": E, "A": A0 * n0 ** alpha, "alpha": alpha, "rss": rss_min, "dof": dof,
-                           "alpha_at_grid_edge": best_alpha in (0, len(alphas) - 1),
-                           "constraints": "E ≥ 0 only (A either sign, α on a log grid over "
-                                          f"[{ALPHA_RANGE[0]:g}, {ALPHA_RANGE[1]:g}])"}
+    out: dict[str, Any] = {
+        "E_nats": E,
+        "A": A0 * n0**alpha,
+        "alpha": alpha,
+        "rss": rss_min,
+        "dof": dof,
+        "alpha_at_grid_edge": best_alpha in (0, len(alphas) - 1),
+        "constraints": f"E ≥ 0 only (A either sign, α on a log grid over [{ALPHA_RANGE[0]:g}, {ALPHA_RANGE[1]:g}])",
+    }
     if dof < 1:
         return out | {"E_ci95": [math.nan, math.nan], "E_ci95_open": "no interval: fewer than 4 points"}
     threshold = rss_min * (1 + t_quantile_975(dof) ** 2 / dof)
@@ -65,5 +70,8 @@ def fit_power_law(n_params: Any, loss: Any, alphas: Any = None, n_grid: int = 60
     lo, hi = int(inside.min()), int(inside.max())
     open_ends = [side for side, at_edge in (("below", lo == 0), ("above", hi == n_grid - 1)) if at_edge]
     # Ê belongs to the confidence set by definition; the grid's resolution could leave it just outside.
-    return out | {"E_ci95": [min(float(E_grid[lo]), E), max(float(E_grid[hi]), E)],
-                  "E_ci95_open": " and ".join(open_ends) or None, "rss_threshold": float(threshold)}
+    return out | {
+        "E_ci95": [min(float(E_grid[lo]), E), max(float(E_grid[hi]), E)],
+        "E_ci95_open": " and ".join(open_ends) or None,
+        "rss_threshold": float(threshold),
+    }

@@ -37,9 +37,23 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-__all__ = ["Certified", "RiskCoverage", "answer_agreement", "aurc", "binomial_cdf", "crc_min_calibration",
-           "crc_threshold", "discrete_semantic_entropy", "ltt_grid", "ltt_min_answered", "ltt_threshold", "optimal_aurc",
-           "risk_coverage", "selective_outcome", "wilson_interval"]
+__all__ = [
+    "Certified",
+    "RiskCoverage",
+    "answer_agreement",
+    "aurc",
+    "binomial_cdf",
+    "crc_min_calibration",
+    "crc_threshold",
+    "discrete_semantic_entropy",
+    "ltt_grid",
+    "ltt_min_answered",
+    "ltt_threshold",
+    "optimal_aurc",
+    "risk_coverage",
+    "selective_outcome",
+    "wilson_interval",
+]
 
 
 def _inputs(scores: ArrayLike, errors: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
@@ -116,11 +130,18 @@ def selective_outcome(scores: ArrayLike, errors: ArrayLike, threshold: float) ->
     s, e = _inputs(scores, errors)
     answered = s <= threshold
     n, n_answered, n_wrong = s.size, int(answered.sum()), int(e[answered].sum())
-    return {"threshold": float(threshold), "n": n, "n_answered": n_answered, "n_wrong_answered": n_wrong,
-            "coverage": n_answered / n, "coverage_ci95": wilson_interval(n_answered, n),
-            "selective_risk": n_wrong / n_answered if n_answered else None,
-            "selective_risk_ci95": wilson_interval(n_wrong, n_answered),
-            "joint_risk": n_wrong / n, "joint_risk_ci95": wilson_interval(n_wrong, n)}
+    return {
+        "threshold": float(threshold),
+        "n": n,
+        "n_answered": n_answered,
+        "n_wrong_answered": n_wrong,
+        "coverage": n_answered / n,
+        "coverage_ci95": wilson_interval(n_answered, n),
+        "selective_risk": n_wrong / n_answered if n_answered else None,
+        "selective_risk_ci95": wilson_interval(n_wrong, n_answered),
+        "joint_risk": n_wrong / n,
+        "joint_risk_ci95": wilson_interval(n_wrong, n),
+    }
 
 
 def crc_min_calibration(alpha: float) -> int:
@@ -154,8 +175,12 @@ def binomial_cdf(k: int, n: int, p: float) -> float:
     if not 0 < p < 1:
         return 1.0 if p == 0 else 0.0
     i = np.arange(k + 1)
-    log_terms = (math.lgamma(n + 1) - np.array([math.lgamma(x + 1) + math.lgamma(n - x + 1) for x in i])
-                 + i * math.log(p) + (n - i) * math.log1p(-p))
+    log_terms = (
+        math.lgamma(n + 1)
+        - np.array([math.lgamma(x + 1) + math.lgamma(n - x + 1) for x in i])
+        + i * math.log(p)
+        + (n - i) * math.log1p(-p)
+    )
     top = log_terms.max()
     return float(min(1.0, math.exp(top) * np.exp(log_terms - top).sum()))
 
@@ -168,8 +193,9 @@ def ltt_min_answered(alpha: float, delta: float) -> int:
     return math.ceil(math.log(delta) / math.log(1 - alpha))
 
 
-def ltt_grid(reference_scores: ArrayLike, n_calibration: int, alpha: float, delta: float,
-             step: float = 0.01) -> NDArray[np.float64]:
+def ltt_grid(
+    reference_scores: ArrayLike, n_calibration: int, alpha: float, delta: float, step: float = 0.01
+) -> NDArray[np.float64]:
     """Thresholds for `ltt_threshold`, fixed before the calibration data is seen: the quantiles of risk scores from a
     split disjoint from calibration (`reference_scores`) at coverage levels c₀, c₀ + step, …, 1. n_min =
     ⌈ln δ / ln(1 − α)⌉ is the fewest answered prompts — all of them right — whose p-value (1 − α)^n_min reaches δ:

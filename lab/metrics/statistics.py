@@ -28,9 +28,13 @@ def t_quantile_975(dof: int) -> float:
     if dof <= len(_T975):
         return _T975[dof - 1]
     z = 1.959964  # the normal quantile
-    return (z + (z ** 3 + z) / (4 * dof) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * dof ** 2)
-            + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * dof ** 3)
-            + (79 * z ** 9 + 776 * z ** 7 + 1482 * z ** 5 - 1920 * z ** 3 - 945 * z) / (92160 * dof ** 4))
+    return (
+        z
+        + (z**3 + z) / (4 * dof)
+        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * dof**2)
+        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * dof**3)
+        + (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / (92160 * dof**4)
+    )
 
 
 def spearman(x: list[float], y: list[float]) -> float:
@@ -75,8 +79,9 @@ def _tail_share(observed: int, statistics: np.ndarray, alternative: Alternative,
     return float(np.mean(np.abs(statistics - centre) >= abs(observed - centre) - 1e-9))
 
 
-def spearman_permutation_p(x: list[float], y: list[float], alternative: Alternative = "greater",
-                           seed: int = 0) -> float:
+def spearman_permutation_p(
+    x: list[float], y: list[float], alternative: Alternative = "greater", seed: int = 0
+) -> float:
     """The permutation p-value of Spearman's ρ between x and y: the share of the n! pairings of x with a
     permutation of y whose ρ is at least the observed one ("greater"), at most it ("less"), or at least as far
     from 0 ("two-sided"). The variances of the ranks do not change under permutation, so ρ is compared through
@@ -124,8 +129,9 @@ def permutation_p(a: list[float], b: list[float], alternative: Alternative = "tw
         draws = None
     else:
         rng = np.random.default_rng(seed)
-        stats = differences(np.array([pooled[rng.permutation(len(pooled))[:k]].sum()
-                                      for _ in range(N_RANDOM_PERMUTATIONS)]))
+        stats = differences(
+            np.array([pooled[rng.permutation(len(pooled))[:k]].sum() for _ in range(N_RANDOM_PERMUTATIONS)])
+        )
         draws = len(stats)
     if alternative == "greater":
         hits = np.sum(stats >= observed - tolerance)

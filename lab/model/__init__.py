@@ -5,5 +5,12 @@ from lab.model.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 from lab.model.kv_cache import KVCache, KVCacheEntry
 from lab.model.transformer import HookedTransformer, next_token_loss
 
-__all__ = ["EncoderDecoder", "EncoderDecoderConfig", "HookedTransformer", "KVCache", "KVCacheEntry", "ModelConfig",
-           "next_token_loss"]
+__all__ = [
+    "EncoderDecoder",
+    "EncoderDecoderConfig",
+    "HookedTransformer",
+    "KVCache",
+    "KVCacheEntry",
+    "ModelConfig",
+    "next_token_loss",
+]

@@ -30,8 +30,10 @@ def resolve_names_filter(model: HookedRootModule, names_filter: Any) -> Callable
     if isinstance(names_filter, (list, tuple)):
         odd = [name for name in names_filter if not isinstance(name, str)]
         if odd:  # TransformerLens would match no hook against them and cache nothing
-            raise ValueError(f"names_filter holds {odd[0]!r} ({type(odd[0]).__name__}): hook names are strings "
-                             "(or pass one predicate on names)")
+            raise ValueError(
+                f"names_filter holds {odd[0]!r} ({type(odd[0]).__name__}): hook names are strings "
+                "(or pass one predicate on names)"
+            )
         model.check_hook_names(names_filter)
         return list(names_filter)
     return names_filter

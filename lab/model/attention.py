@@ -13,8 +13,16 @@ from torch import Tensor, nn
 from lab.model.config import ModelConfig
 from lab.model.kv_cache import KVCacheEntry
 from lab.model.padding import Padding, padding_of
-from lab.model.primitives import (CheckedHookPoint, Derived, Reads, empty_parameter, init_normal_, linear,
-                                  reset_biases, zero_parameter)
+from lab.model.primitives import (
+    CheckedHookPoint,
+    Derived,
+    Reads,
+    empty_parameter,
+    init_normal_,
+    linear,
+    reset_biases,
+    zero_parameter,
+)
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -40,8 +48,9 @@ class Rotary(nn.Module):
         self.register_buffer("cos", angles.cos().float(), persistent=False)
         self.register_buffer("sin", angles.sin().float(), persistent=False)
 
-    def forward(self, x: Float[Tensor, "batch pos head d_head"], offset: int, padding: Padding | None = None
-                ) -> Float[Tensor, "batch pos head d_head"]:
+    def forward(
+        self, x: Float[Tensor, "batch pos head d_head"], offset: int, padding: Padding | None = None
+    ) -> Float[Tensor, "batch pos head d_head"]:
         """Rotate x at positions offset, offset + 1, ...; in a padded batch at each token's own position within
         its text (`padding.positions`)."""
         if padding is None:
@@ -63,8 +72,9 @@ class Rotary(nn.Module):
 FEW_TOKENS = 32
 
 
-def side_by_side(W_Q: Tensor, W_K: Tensor, W_V: Tensor, b_Q: Tensor | None, b_K: Tensor | None, b_V: Tensor | None
-                 ) -> tuple[Float[Tensor, "d_model qkv"], Float[Tensor, " qkv"] | None]:
+def side_by_side(
+    W_Q: Tensor, W_K: Tensor, W_V: Tensor, b_Q: Tensor | None, b_K: Tensor | None, b_V: Tensor | None
+) -> tuple[Float[Tensor, "d_model qkv"], Float[Tensor, " qkv"] | None]:
     """[W_Q | W_K | W_V] as one [d_model, (h + 2·kv)·d_head] matrix, heads in order, and the biases likewise."""
     W = torch.cat([W.permute(1, 0, 2) for W in (W_Q, W_K, W_V)], dim=1).flatten(1)
     return W, None if b_Q is None else torch.cat((b_Q, b_K, b_V)).flatten()
@@ -107,7 +117,12 @@ class Attention(nn.Module):
         self._runtime = cfg.runtime
         # GPT-2's residual-projection scaling for W_O: keeps the residual stream's variance flat in depth.
         self.init_std, self.out_std = cfg.init_std, cfg.init_std / math.sqrt(2 * cfg.n_layers)
-        self.W_Q, self.W_K, self.W_V, self.W_O = empty_parameter(h, d, dh), empty_parameter(kv, d, dh), empty_parameter(kv, d, dh), empty_parameter(h, dh, d)
+        self.W_Q, self.W_K, self.W_V, self.W_O = (
+            empty_parameter(h, d, dh),
+            empty_parameter(kv, d, dh),
+            empty_parameter(kv, d, dh),
+            empty_parameter(h, dh, d),
+        )
         if cfg.has_qkv_bias:  # every bias, or (Qwen2) those of Q, K and V only
             self.b_Q, self.b_K, self.b_V = zero_parameter((h, dh)), zero_parameter((kv, dh)), zero_parameter((kv, dh))
         else:
@@ -153,8 +168,10 @@ class Attention(nn.Module):
         if not torch.is_grad_enabled():
             W, b = self._fused_qkv(*weights)
         elif x.shape[0] * x.shape[1] < FEW_TOKENS:
-            return tuple(self._project_per_head(x, W, b) for W, b in ((self.W_Q, self.b_Q), (self.W_K, self.b_K),
-                                                                      (self.W_V, self.b_V)))
+            return tuple(
+                self._project_per_head(x, W, b)
+                for W, b in ((self.W_Q, self.b_Q), (self.W_K, self.b_K), (self.W_V, self.b_V))
+            )
         else:
             W, b = side_by_side(*weights)
         qkv = linear(x, W, b).unflatten(-1, (-1, self.d_head))
@@ -190,9 +207,12 @@ class Attention(nn.Module):
         return self._runtime.explicit_paths or self.hook_attn_scores.has_hooks() or self.hook_pattern.has_hooks()
 
     def forward(
-        self, query_input: Float[Tensor, "batch pos d_model"] | Float[Tensor, "batch pos head d_model"],
-        key_input: Tensor | None = None, value_input: Tensor | None = None,
-        past_kv_cache_entry: KVCacheEntry | None = None, attention_mask: Int[Tensor, "batch offset_pos"] | None = None,
+        self,
+        query_input: Float[Tensor, "batch pos d_model"] | Float[Tensor, "batch pos head d_model"],
+        key_input: Tensor | None = None,
+        value_input: Tensor | None = None,
+        past_kv_cache_entry: KVCacheEntry | None = None,
+        attention_mask: Int[Tensor, "batch offset_pos"] | None = None,
         padding: Padding | None = None,
     ) -> Float[Tensor, "batch pos d_model"]:
         """attn_out, called as TransformerLens calls its attention: queries from query_input, keys from key_input,
@@ -208,20 +228,28 @@ class Attention(nn.Module):
             padding = padding_of(attention_mask, None, offset, tuple(query_input.shape[:2]), query_input.device)
         if query_input.ndim == 4:  # one copy of the input per head
             W_K, b_K, W_V, b_V = (self._ungrouped(t, 0) for t in (self.W_K, self.b_K, self.W_V, self.b_V))
-            q, k, v = (self._project_copies(x, W, b) for x, W, b in ((query_input, self.W_Q, self.b_Q),
-                                                                    (key_input, W_K, b_K), (value_input, W_V, b_V)))
+            q, k, v = (
+                self._project_copies(x, W, b)
+                for x, W, b in ((query_input, self.W_Q, self.b_Q), (key_input, W_K, b_K), (value_input, W_V, b_V))
+            )
         else:
             if key_input is query_input and value_input is query_input:
                 q, k, v = self._project_qkv(query_input)
             else:
-                q, k, v = (self._project(x, W, b) for x, W, b in ((query_input, self.W_Q, self.b_Q),
-                                                                 (key_input, self.W_K, self.b_K),
-                                                                 (value_input, self.W_V, self.b_V)))
+                q, k, v = (
+                    self._project(x, W, b)
+                    for x, W, b in (
+                        (query_input, self.W_Q, self.b_Q),
+                        (key_input, self.W_K, self.b_K),
+                        (value_input, self.W_V, self.b_V),
+                    )
+                )
             k, v = self._ungrouped(k, 2), self._ungrouped(v, 2)
         return self._attend(q, k, v, past_kv_cache_entry, self.rotates, padding)
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, cache: KVCacheEntry | None, rotate: bool,
-                padding: Padding | None) -> Float[Tensor, "batch pos d_model"]:
+    def _attend(
+        self, q: Tensor, k: Tensor, v: Tensor, cache: KVCacheEntry | None, rotate: bool, padding: Padding | None
+    ) -> Float[Tensor, "batch pos d_model"]:
         """From q, k, v [batch, pos, head, d_head] to attn_out: rotary, the KV cache, A v, and W_O."""
         offset = 0 if cache is None else cache.length
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
@@ -239,7 +267,8 @@ class Attention(nn.Module):
         z = self.hook_z(z)
         if self._runtime.use_attn_result:
             result = self.hook_result(
-                einops.einsum(z, self.W_O, "batch pos head d_head, head d_head d_model -> batch pos head d_model"))
+                einops.einsum(z, self.W_O, "batch pos head d_head, head d_head d_model -> batch pos head d_model")
+            )
             out = result.sum(dim=2)
             return out if self.b_O is None else out + self.b_O
         # Σ_h z^h W_O^h as one product: [batch, pos, head·d_head] × [head·d_head, d_model], bias fused in.
@@ -261,7 +290,9 @@ class Attention(nn.Module):
         visible = self._causal_mask(q_len, k_len, offset, device)
         return torch.zeros(q_len, k_len, device=device, dtype=dtype).masked_fill_(~visible, float("-inf"))
 
-    def _scores(self, q: Tensor, k: Tensor, offset: int, group: int) -> Float[Tensor, "batch·kv_head group·q_pos k_pos"]:
+    def _scores(
+        self, q: Tensor, k: Tensor, offset: int, group: int
+    ) -> Float[Tensor, "batch·kv_head group·q_pos k_pos"]:
         """q kᵀ / √d_head + M, from q [batch·kv_head, group·q_pos, d_head] (the `group` query heads that read one
         key/value head, one after the other) and k [batch·kv_head, k_pos, d_head].
 
@@ -272,8 +303,9 @@ class Attention(nn.Module):
             return torch.bmm(q, k.transpose(1, 2)).div_(math.sqrt(self.d_head))
         q_len, k_len = q.shape[1] // group, k.shape[1]
         mask = self._mask_bias(q_len, k_len, offset, q.device, q.dtype)
-        return torch.baddbmm(mask.repeat(group, 1) if group > 1 else mask, q, k.transpose(1, 2),
-                             alpha=1 / math.sqrt(self.d_head))
+        return torch.baddbmm(
+            mask.repeat(group, 1) if group > 1 else mask, q, k.transpose(1, 2), alpha=1 / math.sqrt(self.d_head)
+        )
 
     def _explicit(self, q: Tensor, k: Tensor, v: Tensor, offset: int) -> Tensor:
         """softmax(q kᵀ / √d_head + M) v, firing hook_attn_scores and hook_pattern [batch, head, q_pos, k_pos].

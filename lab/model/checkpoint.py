@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from lab.files import atomic_write
-from lab.inputs import InputError, MAX_JSON_BYTES, read_json, read_text, regular_file
+from lab.inputs import MAX_JSON_BYTES, InputError, read_json, read_text, regular_file
 from lab.model.offload import read_weight
 
 WEIGHTS_FILE = "model.safetensors"
@@ -88,11 +88,13 @@ def load_weights(model: nn.Module, state: Mapping[str, Tensor], source: str = "s
             tensor.copy_(state[name])
 
 
-def describe_weight_problems(expected: Mapping[str, tuple[int, ...]], got: Mapping[str, tuple[int, ...]],
-                             shown: int = 6) -> str:
+def describe_weight_problems(
+    expected: Mapping[str, tuple[int, ...]], got: Mapping[str, tuple[int, ...]], shown: int = 6
+) -> str:
     """'missing [...]; unexpected [...]; mis-shaped k: weights (…), config (…)' between the shapes a config
     describes (`expected`) and those of the weights (`got`), each list cut at `shown` names; empty when all agree.
     The one wording of every weights-against-config check (Forma folders, Hugging Face folders and models)."""
+
     def names(keys: list[str]) -> str:
         return f"{keys[:shown]}{f' and {len(keys) - shown} more' if len(keys) > shown else ''}"
 
@@ -102,9 +104,11 @@ def describe_weight_problems(expected: Mapping[str, tuple[int, ...]], got: Mappi
     if unexpected:
         parts.append(f"unexpected {names(unexpected)}")
     if mismatched:
-        parts.append("mis-shaped " + ", ".join(f"{k}: weights {tuple(got[k])}, config {tuple(expected[k])}"
-                                               for k in mismatched[:shown])
-                     + (f" and {len(mismatched) - shown} more" if len(mismatched) > shown else ""))
+        parts.append(
+            "mis-shaped "
+            + ", ".join(f"{k}: weights {tuple(got[k])}, config {tuple(expected[k])}" for k in mismatched[:shown])
+            + (f" and {len(mismatched) - shown} more" if len(mismatched) > shown else "")
+        )
     return "; ".join(parts)
 
 

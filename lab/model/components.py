@@ -25,15 +25,37 @@ from torch import Tensor, nn
 
 from lab.model.attention import FEW_TOKENS, Attention, Rotary, rotate_half  # noqa: F401
 from lab.model.config import ModelConfig
-from lab.model.embeddings import (POSITIONS, Embed, LearnedPositions, NoAbsolutePositions,  # noqa: F401
-                                  SinusoidalPositions, TiedUnembed, Unembed, sinusoidal_table)
+from lab.model.embeddings import (
+    POSITIONS,  # noqa: F401
+    Embed,  # noqa: F401
+    LearnedPositions,  # noqa: F401
+    NoAbsolutePositions,  # noqa: F401
+    SinusoidalPositions,  # noqa: F401
+    TiedUnembed,  # noqa: F401
+    Unembed,  # noqa: F401
+    sinusoidal_table,  # noqa: F401
+)
 from lab.model.kv_cache import KVCacheEntry
 from lab.model.mlp import ACTIVATIONS, MLP, MLPS, GatedMLP  # noqa: F401
-from lab.model.norms import (NORMS, LayerNorm, LayerNormPre, NoNorm, RMSNorm, RMSNormPre,  # noqa: F401
-                             wants_norm_internals)
+from lab.model.norms import (
+    NORMS,
+    LayerNorm,  # noqa: F401
+    LayerNormPre,  # noqa: F401
+    NoNorm,  # noqa: F401
+    RMSNorm,  # noqa: F401
+    RMSNormPre,  # noqa: F401
+    wants_norm_internals,  # noqa: F401
+)
 from lab.model.padding import Padding
-from lab.model.primitives import (CheckedHookPoint, check_replacement, empty_parameter, init_normal_,  # noqa: F401
-                                  reset_biases, set_hook_points, zero_parameter)
+from lab.model.primitives import (
+    CheckedHookPoint,
+    check_replacement,  # noqa: F401
+    empty_parameter,  # noqa: F401
+    init_normal_,  # noqa: F401
+    reset_biases,  # noqa: F401
+    set_hook_points,  # noqa: F401
+    zero_parameter,  # noqa: F401
+)
 
 
 def head_copies(x: Float[Tensor, "batch pos d_model"], n: int) -> Float[Tensor, "batch pos head d_model"]:
@@ -69,9 +91,14 @@ class _Block(nn.Module):
         self.hook_mlp_out = CheckedHookPoint()  # [batch, pos, d_model]
         self.hook_resid_post = CheckedHookPoint()  # [batch, pos, d_model]
 
-    def attention(self, resid: Float[Tensor, "batch pos d_model"], norm: Callable[[Tensor], Tensor],
-                  cache: KVCacheEntry | None, padding: Padding | None,
-                  shortformer_pos_embed: Tensor | None = None) -> Float[Tensor, "batch pos d_model"]:
+    def attention(
+        self,
+        resid: Float[Tensor, "batch pos d_model"],
+        norm: Callable[[Tensor], Tensor],
+        cache: KVCacheEntry | None,
+        padding: Padding | None,
+        shortformer_pos_embed: Tensor | None = None,
+    ) -> Float[Tensor, "batch pos d_model"]:
         """attn(norm(resid)); with shortformer positions p, attn(query_input=norm(resid) + p,
         key_input=norm(resid) + p, value_input=norm(resid)), as TransformerLens adds them. Under use_split_qkv_input
         each query, key and value head reads its own copy of resid (hook_q_input, hook_k_input, hook_v_input, then
@@ -103,9 +130,13 @@ class _Block(nn.Module):
 class PreLNBlock(_Block):
     """Pre-LN (GPT-2, LLaMA):  x ← x + attn(LN₁(x));  x ← x + mlp(LN₂(x))."""
 
-    def forward(self, x: Float[Tensor, "batch pos d_model"], cache: KVCacheEntry | None = None,
-                padding: Padding | None = None, shortformer_pos_embed: Tensor | None = None
-                ) -> Float[Tensor, "batch pos d_model"]:
+    def forward(
+        self,
+        x: Float[Tensor, "batch pos d_model"],
+        cache: KVCacheEntry | None = None,
+        padding: Padding | None = None,
+        shortformer_pos_embed: Tensor | None = None,
+    ) -> Float[Tensor, "batch pos d_model"]:
         resid_pre = self.hook_resid_pre(x)
         attn_out = self.hook_attn_out(self.attention(resid_pre, self.ln1, cache, padding, shortformer_pos_embed))
         resid_mid = self.hook_resid_mid(resid_pre + attn_out)
@@ -116,9 +147,13 @@ class PreLNBlock(_Block):
 class PostLNBlock(_Block):
     """Post-LN (Vaswani et al. 2017, "Add & Norm"):  x ← LN₁(x + attn(x));  x ← LN₂(x + mlp(x))."""
 
-    def forward(self, x: Float[Tensor, "batch pos d_model"], cache: KVCacheEntry | None = None,
-                padding: Padding | None = None, shortformer_pos_embed: Tensor | None = None
-                ) -> Float[Tensor, "batch pos d_model"]:
+    def forward(
+        self,
+        x: Float[Tensor, "batch pos d_model"],
+        cache: KVCacheEntry | None = None,
+        padding: Padding | None = None,
+        shortformer_pos_embed: Tensor | None = None,
+    ) -> Float[Tensor, "batch pos d_model"]:
         resid_pre = self.hook_resid_pre(x)
         attn_out = self.hook_attn_out(self.attention(resid_pre, unchanged, cache, padding, shortformer_pos_embed))
         resid_mid = self.hook_resid_mid(self.ln1(resid_pre + attn_out))
@@ -134,9 +169,13 @@ class AttnOnlyBlock(_Block):
         # a hook point exists only where its activation does
         del self.ln2, self.mlp, self.hook_resid_mid, self.hook_mlp_out
 
-    def forward(self, x: Float[Tensor, "batch pos d_model"], cache: KVCacheEntry | None = None,
-                padding: Padding | None = None, shortformer_pos_embed: Tensor | None = None
-                ) -> Float[Tensor, "batch pos d_model"]:
+    def forward(
+        self,
+        x: Float[Tensor, "batch pos d_model"],
+        cache: KVCacheEntry | None = None,
+        padding: Padding | None = None,
+        shortformer_pos_embed: Tensor | None = None,
+    ) -> Float[Tensor, "batch pos d_model"]:
         resid_pre = self.hook_resid_pre(x)
         attn_out = self.hook_attn_out(self.attention(resid_pre, self.ln1, cache, padding, shortformer_pos_embed))
         return self.hook_resid_post(resid_pre + attn_out)
@@ -152,15 +191,22 @@ class ParallelBlock(_Block):
         super().__init__(cfg, causal)
         del self.hook_resid_mid  # a hook point exists only where its activation does
 
-    def forward(self, x: Float[Tensor, "batch pos d_model"], cache: KVCacheEntry | None = None,
-                padding: Padding | None = None, shortformer_pos_embed: Tensor | None = None
-                ) -> Float[Tensor, "batch pos d_model"]:
+    def forward(
+        self,
+        x: Float[Tensor, "batch pos d_model"],
+        cache: KVCacheEntry | None = None,
+        padding: Padding | None = None,
+        shortformer_pos_embed: Tensor | None = None,
+    ) -> Float[Tensor, "batch pos d_model"]:
         resid_pre = self.hook_resid_pre(x)
         attn_out = self.hook_attn_out(self.attention(resid_pre, self.ln1, cache, padding, shortformer_pos_embed))
         mlp_out = self.hook_mlp_out(self.mlp(self.ln2(self.mlp_input(resid_pre))))
         return self.hook_resid_post(resid_pre + attn_out + mlp_out)
 
 
-
-BLOCKS: dict[str, type[nn.Module]] = {"pre_ln": PreLNBlock, "post_ln": PostLNBlock, "parallel": ParallelBlock,
-                                      "attn_only": AttnOnlyBlock}
+BLOCKS: dict[str, type[nn.Module]] = {
+    "pre_ln": PreLNBlock,
+    "post_ln": PostLNBlock,
+    "parallel": ParallelBlock,
+    "attn_only": AttnOnlyBlock,
+}

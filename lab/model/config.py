@@ -60,8 +60,11 @@ class ModelConfig(Record, TransformerLensNames):
             need(self, value >= 0, f"{name} must be a non-negative integer (0 = default), got {value!r}")
         # Fill the derived defaults (frozen dataclass: write through object.__setattr__).
         if self.d_head == 0:
-            need(self, self.d_model % self.n_heads == 0,
-                 f"d_model ({self.d_model}) is not divisible by n_heads ({self.n_heads}); set d_head")
+            need(
+                self,
+                self.d_model % self.n_heads == 0,
+                f"d_model ({self.d_model}) is not divisible by n_heads ({self.n_heads}); set d_head",
+            )
             object.__setattr__(self, "d_head", self.d_model // self.n_heads)
         if self.d_mlp == 0:
             object.__setattr__(self, "d_mlp", 4 * self.d_model)
@@ -71,17 +74,32 @@ class ModelConfig(Record, TransformerLensNames):
             object.__setattr__(self, "rotary_dim", self.d_head)
         if self.d_vocab_out == 0:
             object.__setattr__(self, "d_vocab_out", self.d_vocab)
-        need(self, not self.tied_embeddings or self.d_vocab_out == self.d_vocab,
-             f"tied embeddings need d_vocab_out = d_vocab ({self.d_vocab}), got {self.d_vocab_out}")
-        need(self, self.n_heads % self.n_kv_heads == 0,
-             f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
-        need(self, self.positions != "rotary" or (self.rotary_dim % 2 == 0 and self.rotary_dim <= self.d_head),
-             f"rotary_dim must be even and at most d_head ({self.d_head}), got {self.rotary_dim}")
+        need(
+            self,
+            not self.tied_embeddings or self.d_vocab_out == self.d_vocab,
+            f"tied embeddings need d_vocab_out = d_vocab ({self.d_vocab}), got {self.d_vocab_out}",
+        )
+        need(
+            self,
+            self.n_heads % self.n_kv_heads == 0,
+            f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})",
+        )
+        need(
+            self,
+            self.positions != "rotary" or (self.rotary_dim % 2 == 0 and self.rotary_dim <= self.d_head),
+            f"rotary_dim must be even and at most d_head ({self.d_head}), got {self.rotary_dim}",
+        )
         need(self, self.rotary_base > 0, f"rotary_base must be positive, got {self.rotary_base}")
-        need(self, self.positions != "sinusoidal" or self.d_model % 2 == 0,
-             f"sinusoidal positions need an even d_model, got {self.d_model}")
-        need(self, not (self.bias and self.qkv_bias),
-             "qkv_bias adds Q, K and V biases to a model whose bias is false; with bias = true they are already there")
+        need(
+            self,
+            self.positions != "sinusoidal" or self.d_model % 2 == 0,
+            f"sinusoidal positions need an even d_model, got {self.d_model}",
+        )
+        need(
+            self,
+            not (self.bias and self.qkv_bias),
+            "qkv_bias adds Q, K and V biases to a model whose bias is false; with bias = true they are already there",
+        )
         need(self, self.norm_eps > 0, f"norm_eps must be positive, got {self.norm_eps}")
         need(self, self.init_std > 0, f"init_std must be positive, got {self.init_std}")
         object.__setattr__(self, "_runtime", RuntimeSettings())  # not a field: what a model built from it switches
@@ -116,8 +134,9 @@ class ModelConfig(Record, TransformerLensNames):
     def n_params(self) -> int:
         """Exact parameter count of `HookedTransformer(self)` (buffers excluded)."""
         d = self.d_model
-        block = self.attention_params() + (self.norm_params() if self.block == "attn_only" else
-                                           self.mlp_params() + 2 * self.norm_params())
+        block = self.attention_params() + (
+            self.norm_params() if self.block == "attn_only" else self.mlp_params() + 2 * self.norm_params()
+        )
         total = self.n_layers * block + self.d_vocab * d + self.d_vocab_out  # W_E, b_U
         total += 0 if self.tied_embeddings else d * self.d_vocab_out  # W_U
         total += self.norm_params() if self.block != "post_ln" else 0  # ln_final (a post-LN block ends in its own)

@@ -67,12 +67,14 @@ def check_max_new_tokens(value: Any, prompt_length: int, n_ctx: int) -> None:
     if not (_is_int(value) and value >= 0):
         raise ValueError(f"max_new_tokens must be an integer ≥ 0, got {value!r}")
     if prompt_length + value > n_ctx:
-        raise ValueError(f"prompt of {prompt_length} tokens + {value} new tokens is longer than "
-                         f"the model's context n_ctx = {n_ctx}")
+        raise ValueError(
+            f"prompt of {prompt_length} tokens + {value} new tokens is longer than the model's context n_ctx = {n_ctx}"
+        )
 
 
-def filter_logits(logits: Float[Tensor, "... d_vocab"], top_k: int | None = None,
-                  top_p: float | None = None) -> Float[Tensor, "... d_vocab"]:
+def filter_logits(
+    logits: Float[Tensor, "... d_vocab"], top_k: int | None = None, top_p: float | None = None
+) -> Float[Tensor, "... d_vocab"]:
     """Set to −∞ every logit outside the top-k and outside the nucleus of mass top_p."""
     check_sampling(top_k=top_k, top_p=top_p)
     if top_k is not None:
@@ -88,8 +90,13 @@ def filter_logits(logits: Float[Tensor, "... d_vocab"], top_k: int | None = None
     return logits
 
 
-def sample_next(logits: Float[Tensor, "batch d_vocab"], temperature: float = 1.0, top_k: int | None = None,
-                top_p: float | None = None, generator: torch.Generator | None = None) -> Int[Tensor, " batch"]:
+def sample_next(
+    logits: Float[Tensor, "batch d_vocab"],
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> Int[Tensor, " batch"]:
     """One token per row from softmax(filtered logits / T); T = 0 takes the argmax.
 
     The logits are shifted by their maximum before dividing by T, in float64: softmax does not change, and
@@ -105,10 +112,19 @@ def sample_next(logits: Float[Tensor, "batch d_vocab"], temperature: float = 1.0
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-def sample_tokens(step: StepFn, tokens: Int[Tensor, "batch pos"], max_new_tokens: int, d_vocab: int,
-                  cache: KVCache | None, temperature: float = 1.0, top_k: int | None = None,
-                  top_p: float | None = None, generator: torch.Generator | None = None,
-                  eos_token_id: int | None = None, keep_logits: bool = True) -> Generation:
+def sample_tokens(
+    step: StepFn,
+    tokens: Int[Tensor, "batch pos"],
+    max_new_tokens: int,
+    d_vocab: int,
+    cache: KVCache | None,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+    eos_token_id: int | None = None,
+    keep_logits: bool = True,
+) -> Generation:
     """The decoding loop: extend `tokens` by up to `max_new_tokens`, each drawn by `sample_next` from the logits
     `step` gives, reading only the newest token when there is a cache and the whole sequence when not.
     keep_logits=False keeps no step's logits (Generation.logits is None), for a caller that wants only tokens.
@@ -143,9 +159,19 @@ def seeded_generator(seed: int | None, device: torch.device) -> torch.Generator 
 
 
 @torch.inference_mode()
-def decode(model: nn.Module, tokens: Int[Tensor, "batch pos"], max_new_tokens: int, temperature: float = 1.0,
-           top_k: int | None = None, top_p: float | None = None, seed: int | None = None, use_kv_cache: bool = True,
-           eos_token_id: int | None = None, kv_cache: KVCache | None = None, keep_logits: bool = True) -> Generation:
+def decode(
+    model: nn.Module,
+    tokens: Int[Tensor, "batch pos"],
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    use_kv_cache: bool = True,
+    eos_token_id: int | None = None,
+    kv_cache: KVCache | None = None,
+    keep_logits: bool = True,
+) -> Generation:
     """Extend `tokens` by up to `max_new_tokens` with a `HookedTransformer`, returning the tokens and the logits
     each was drawn from (None with keep_logits=False).
 
@@ -162,13 +188,33 @@ def decode(model: nn.Module, tokens: Int[Tensor, "batch pos"], max_new_tokens: i
         raise ValueError("kv_cache must be an empty KVCache (KVCache.empty(n_layers)), and use_kv_cache True")
     fed = tokens.shape[1] + max(max_new_tokens - 1, 0)  # the last token is drawn, never fed back
     cache = (KVCache.empty(model.cfg.n_layers, fed) if kv_cache is None else kv_cache) if use_kv_cache else None
-    return sample_tokens(model.next_token_logits, tokens, max_new_tokens, model.cfg.d_vocab_out, cache, temperature,
-                         top_k, top_p, seeded_generator(seed, tokens.device), eos_token_id, keep_logits)
+    return sample_tokens(
+        model.next_token_logits,
+        tokens,
+        max_new_tokens,
+        model.cfg.d_vocab_out,
+        cache,
+        temperature,
+        top_k,
+        top_p,
+        seeded_generator(seed, tokens.device),
+        eos_token_id,
+        keep_logits,
+    )
 
 
-def generate(model: nn.Module, tokens: Int[Tensor, "batch pos"], max_new_tokens: int,
-             temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-             use_kv_cache: bool = True, eos_token_id: int | None = None) -> Int[Tensor, "batch pos"]:
+def generate(
+    model: nn.Module,
+    tokens: Int[Tensor, "batch pos"],
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    use_kv_cache: bool = True,
+    eos_token_id: int | None = None,
+) -> Int[Tensor, "batch pos"]:
     """The prompt followed by up to `max_new_tokens` sampled tokens (a `HookedTransformer`; see `decode`)."""
-    return decode(model, tokens, max_new_tokens, temperature, top_k, top_p, seed, use_kv_cache, eos_token_id,
-                  keep_logits=False).tokens
+    return decode(
+        model, tokens, max_new_tokens, temperature, top_k, top_p, seed, use_kv_cache, eos_token_id, keep_logits=False
+    ).tokens

@@ -6,10 +6,18 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor, nn
+
 from lab.model.config import ModelConfig
 from lab.model.padding import Padding, offset_positions
-from lab.model.primitives import (CheckedHookPoint, Derived, empty_parameter, init_normal_, linear, reset_biases,
-                                  zero_parameter)
+from lab.model.primitives import (
+    CheckedHookPoint,
+    Derived,
+    empty_parameter,
+    init_normal_,
+    linear,
+    reset_biases,
+    zero_parameter,
+)
 
 
 class Embed(nn.Module):
@@ -31,8 +39,9 @@ class Embed(nn.Module):
         return F.embedding(tokens, self.W_E)
 
 
-def positions_table(W_pos: Tensor, tokens: Tensor, offset: int, attention_mask: Tensor | None,
-                    padding: Padding | None) -> Float[Tensor, "batch pos d_model"]:
+def positions_table(
+    W_pos: Tensor, tokens: Tensor, offset: int, attention_mask: Tensor | None, padding: Padding | None
+) -> Float[Tensor, "batch pos d_model"]:
     """W_pos at each token's position: offset, offset + 1, ... (every row alike); in a padded batch each token's
     own position within its text, and 0 at padding (TransformerLens's PosEmbed). `attention_mask` is
     TransformerLens's [batch, offset + pos] mask of the cached and the new tokens; the model passes `padding`.
@@ -64,8 +73,13 @@ class LearnedPositions(nn.Module):
         """W_pos ~ N(0, init_std²)."""
         init_normal_(self.W_pos, self.init_std)
 
-    def forward(self, tokens: Int[Tensor, "batch pos"], offset: int = 0, attention_mask: Tensor | None = None,
-                padding: Padding | None = None) -> Float[Tensor, "batch pos d_model"]:
+    def forward(
+        self,
+        tokens: Int[Tensor, "batch pos"],
+        offset: int = 0,
+        attention_mask: Tensor | None = None,
+        padding: Padding | None = None,
+    ) -> Float[Tensor, "batch pos d_model"]:
         return positions_table(self.W_pos, tokens, offset, attention_mask, padding)
 
 
@@ -96,8 +110,13 @@ class SinusoidalPositions(nn.Module):
         super().__init__()
         self.register_buffer("W_pos", sinusoidal_table(cfg.n_ctx, cfg.d_model), persistent=False)
 
-    def forward(self, tokens: Int[Tensor, "batch pos"], offset: int = 0, attention_mask: Tensor | None = None,
-                padding: Padding | None = None) -> Float[Tensor, "batch pos d_model"]:
+    def forward(
+        self,
+        tokens: Int[Tensor, "batch pos"],
+        offset: int = 0,
+        attention_mask: Tensor | None = None,
+        padding: Padding | None = None,
+    ) -> Float[Tensor, "batch pos d_model"]:
         return positions_table(self.W_pos, tokens, offset, attention_mask, padding)
 
 
@@ -109,8 +128,13 @@ class NoAbsolutePositions(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
 
-    def forward(self, tokens: Int[Tensor, "batch pos"], offset: int = 0, attention_mask: Tensor | None = None,
-                padding: Padding | None = None) -> None:
+    def forward(
+        self,
+        tokens: Int[Tensor, "batch pos"],
+        offset: int = 0,
+        attention_mask: Tensor | None = None,
+        padding: Padding | None = None,
+    ) -> None:
         return None
 
 

@@ -35,16 +35,20 @@ from transformer_lens import ActivationCache, HookedRootModule
 
 from lab.configs import Record, check_fields
 from lab.folders import load_pretrained, zoo_dir
-from lab.model.checkpoint import (CONFIG_FILE, WEIGHTS_FILE, load_weights, read_checkpoint, read_config_json,
-                                  read_tokenizers, write_checkpoint)
-from lab.model.components import (BLOCKS, MLPS, NORMS, POSITIONS, Attention, CheckedHookPoint, Embed, LayerNorm,
-                                   Unembed)
+from lab.model.checkpoint import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    load_weights,
+    read_checkpoint,
+    read_config_json,
+    read_tokenizers,
+    write_checkpoint,
+)
+from lab.model.components import BLOCKS, MLPS, NORMS, POSITIONS, Attention, CheckedHookPoint, Embed, LayerNorm, Unembed
 from lab.model.config import ModelConfig
-from lab.model.decoding import (check_max_new_tokens, check_sampling, check_token_id, sample_tokens,
-                                seeded_generator)
+from lab.model.decoding import check_max_new_tokens, check_sampling, check_token_id, sample_tokens, seeded_generator
 from lab.model.kv_cache import KVCache, KVCacheEntry
-from lab.model.transformer import (Cache, HookedTransformer, check_fits_in_memory, next_token_loss,
-                                   resolve_names_filter)
+from lab.model.transformer import Cache, HookedTransformer, check_fits_in_memory, next_token_loss, resolve_names_filter
 
 SRC_TOKENIZER_FILE = "src_tokenizer.json"
 TGT_TOKENIZER_FILE = "tgt_tokenizer.json"
@@ -89,12 +93,28 @@ class EncoderDecoderConfig(Record):
 
     def stack_config(self, stack: Literal["encoder", "decoder"]) -> ModelConfig:
         """The ModelConfig that one stack's components are built from."""
-        d_vocab, n_layers = ((self.d_vocab_src, self.n_encoder_layers) if stack == "encoder"
-                             else (self.d_vocab_tgt, self.n_decoder_layers))
-        return ModelConfig(d_vocab=d_vocab, d_model=self.d_model, n_layers=n_layers, n_heads=self.n_heads,
-                           n_ctx=self.n_ctx, d_head=self.d_head, d_mlp=self.d_mlp, positions=self.positions,
-                           norm=self.norm, norm_eps=self.norm_eps, mlp=self.mlp, block=self.block, bias=self.bias,
-                           init_std=self.init_std, tokenizer=self.tokenizer)
+        d_vocab, n_layers = (
+            (self.d_vocab_src, self.n_encoder_layers)
+            if stack == "encoder"
+            else (self.d_vocab_tgt, self.n_decoder_layers)
+        )
+        return ModelConfig(
+            d_vocab=d_vocab,
+            d_model=self.d_model,
+            n_layers=n_layers,
+            n_heads=self.n_heads,
+            n_ctx=self.n_ctx,
+            d_head=self.d_head,
+            d_mlp=self.d_mlp,
+            positions=self.positions,
+            norm=self.norm,
+            norm_eps=self.norm_eps,
+            mlp=self.mlp,
+            block=self.block,
+            bias=self.bias,
+            init_std=self.init_std,
+            tokenizer=self.tokenizer,
+        )
 
     def n_params(self) -> int:
         """Exact parameter count of `EncoderDecoder(self)` (buffers excluded)."""
@@ -103,8 +123,14 @@ class EncoderDecoderConfig(Record):
         block = attention + stack.mlp_params() + 2 * norm
         positions = self.n_ctx * self.d_model if self.positions == "learned" else 0
         encoder = self.d_vocab_src * self.d_model + positions + self.n_encoder_layers * block + norm
-        decoder = (self.d_vocab_tgt * self.d_model + positions + self.n_decoder_layers * (block + attention + norm)
-                   + norm + self.d_model * self.d_vocab_tgt + self.d_vocab_tgt)  # cross-attention, ln_cross; W_U, b_U
+        decoder = (
+            self.d_vocab_tgt * self.d_model
+            + positions
+            + self.n_decoder_layers * (block + attention + norm)
+            + norm
+            + self.d_model * self.d_vocab_tgt
+            + self.d_vocab_tgt
+        )  # cross-attention, ln_cross; W_U, b_U
         return encoder + decoder
 
     def n_buffer_elements(self) -> int:
@@ -136,8 +162,12 @@ class _DecoderBlock(nn.Module):
 class PreLNDecoderBlock(_DecoderBlock):
     """x ← x + attn(LN₁(x));  x ← x + cross_attn(LN_cross(x), m);  x ← x + mlp(LN₂(x))."""
 
-    def forward(self, x: Float[Tensor, "batch pos d_model"], encoder_out: Float[Tensor, "batch src_pos d_model"],
-                cache: KVCacheEntry | None = None) -> Float[Tensor, "batch pos d_model"]:
+    def forward(
+        self,
+        x: Float[Tensor, "batch pos d_model"],
+        encoder_out: Float[Tensor, "batch src_pos d_model"],
+        cache: KVCacheEntry | None = None,
+    ) -> Float[Tensor, "batch pos d_model"]:
         resid_pre = self.hook_resid_pre(x)
         attn_out = self.hook_attn_out(self.attn(self.ln1(resid_pre), past_kv_cache_entry=cache))
         resid_mid = self.hook_resid_mid(resid_pre + attn_out)
@@ -149,10 +179,14 @@ class PreLNDecoderBlock(_DecoderBlock):
 
 class PostLNDecoderBlock(_DecoderBlock):
     """Post-LN ("Add & Norm", §3.1):
-        x ← LN₁(x + attn(x));  x ← LN_cross(x + cross_attn(x, m));  x ← LN₂(x + mlp(x))."""
+    x ← LN₁(x + attn(x));  x ← LN_cross(x + cross_attn(x, m));  x ← LN₂(x + mlp(x))."""
 
-    def forward(self, x: Float[Tensor, "batch pos d_model"], encoder_out: Float[Tensor, "batch src_pos d_model"],
-                cache: KVCacheEntry | None = None) -> Float[Tensor, "batch pos d_model"]:
+    def forward(
+        self,
+        x: Float[Tensor, "batch pos d_model"],
+        encoder_out: Float[Tensor, "batch src_pos d_model"],
+        cache: KVCacheEntry | None = None,
+    ) -> Float[Tensor, "batch pos d_model"]:
         resid_pre = self.hook_resid_pre(x)
         attn_out = self.hook_attn_out(self.attn(resid_pre, past_kv_cache_entry=cache))
         resid_mid = self.hook_resid_mid(self.ln1(resid_pre + attn_out))
@@ -199,8 +233,9 @@ class EncoderDecoder(HookedRootModule):
         self.setup()  # HookedRootModule: name every HookPoint
 
     # --- the forward pass ----------------------------------------------------------------------
-    def forward(self, src: Int[Tensor, "batch src_pos"],
-                tgt: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_vocab_tgt"]:
+    def forward(
+        self, src: Int[Tensor, "batch src_pos"], tgt: Int[Tensor, "batch pos"]
+    ) -> Float[Tensor, "batch pos d_vocab_tgt"]:
         """Logits for every target position: position t predicts tgt[t + 1] from src and tgt[≤ t]."""
         return self.decode(tgt, self.encode(src))
 
@@ -214,8 +249,12 @@ class EncoderDecoder(HookedRootModule):
             x = block(x)
         return self.hook_encoder_out(self.encoder_ln_final(x))
 
-    def decode(self, tgt: Int[Tensor, "batch pos"], encoder_out: Float[Tensor, "batch src_pos d_model"],
-               kv_cache: KVCache | None = None) -> Float[Tensor, "batch pos d_vocab_tgt"]:
+    def decode(
+        self,
+        tgt: Int[Tensor, "batch pos"],
+        encoder_out: Float[Tensor, "batch src_pos d_model"],
+        kv_cache: KVCache | None = None,
+    ) -> Float[Tensor, "batch pos d_vocab_tgt"]:
         """Target logits given the encoder's output. With a KV cache, `tgt` continues the cached prefix."""
         offset = 0 if kv_cache is None else kv_cache.length
         tgt = self._check(tgt, self.cfg.d_vocab_tgt, "target", offset)
@@ -230,8 +269,13 @@ class EncoderDecoder(HookedRootModule):
             kv_cache.truncate(offset)  # a pass that raises leaves the cache as it was before it
             raise
 
-    def _decode(self, tgt: Int[Tensor, "batch pos"], encoder_out: Float[Tensor, "batch src_pos d_model"],
-                kv_cache: KVCache | None, offset: int) -> Float[Tensor, "batch pos d_vocab_tgt"]:
+    def _decode(
+        self,
+        tgt: Int[Tensor, "batch pos"],
+        encoder_out: Float[Tensor, "batch src_pos d_model"],
+        kv_cache: KVCache | None,
+        offset: int,
+    ) -> Float[Tensor, "batch pos d_vocab_tgt"]:
         x = self.hook_tgt_embed(self.tgt_embed(tgt))
         if self.cfg.positions != "none":
             x = x + self.hook_tgt_pos_embed(self.tgt_pos_embed(tgt, offset))
@@ -245,8 +289,12 @@ class EncoderDecoder(HookedRootModule):
 
     def _check(self, tokens: Any, d_vocab: int, what: str, offset: int = 0) -> Int[Tensor, "batch pos"]:
         """Validate a batch of ids at the boundary; a 1-D sequence becomes a batch of one."""
-        if not isinstance(tokens, Tensor) or tokens.dtype.is_floating_point or tokens.dtype.is_complex \
-                or tokens.dtype == torch.bool:
+        if (
+            not isinstance(tokens, Tensor)
+            or tokens.dtype.is_floating_point
+            or tokens.dtype.is_complex
+            or tokens.dtype == torch.bool
+        ):
             raise ValueError(f"{what} tokens must be a torch.Tensor of integer ids")
         tokens = tokens[None, :] if tokens.ndim == 1 else tokens
         if tokens.ndim != 2 or tokens.numel() == 0:
@@ -254,14 +302,23 @@ class EncoderDecoder(HookedRootModule):
         if offset + tokens.shape[1] > self.cfg.n_ctx:
             raise ValueError(f"{what} of {offset + tokens.shape[1]} tokens is longer than n_ctx = {self.cfg.n_ctx}")
         if int(tokens.min()) < 0 or int(tokens.max()) >= d_vocab:
-            raise ValueError(f"{what} token ids must lie in [0, {d_vocab}), got [{int(tokens.min())}, {int(tokens.max())}]")
+            raise ValueError(
+                f"{what} token ids must lie in [0, {d_vocab}), got [{int(tokens.min())}, {int(tokens.max())}]"
+            )
         return tokens.to(device=self.unembed.W_U.device, dtype=torch.long)
 
     # --- decoding ------------------------------------------------------------------------------
     @torch.no_grad()  # not inference_mode: the tokens it returns may feed a forward pass with autograd on
-    def generate(self, src: Int[Tensor, "batch src_pos"], max_new_tokens: int, bos_token_id: int,
-                 eos_token_id: int | None = None, use_kv_cache: bool = True, temperature: float = 0.0,
-                 seed: int | None = None) -> Int[Tensor, "batch pos"]:
+    def generate(
+        self,
+        src: Int[Tensor, "batch src_pos"],
+        max_new_tokens: int,
+        bos_token_id: int,
+        eos_token_id: int | None = None,
+        use_kv_cache: bool = True,
+        temperature: float = 0.0,
+        seed: int | None = None,
+    ) -> Int[Tensor, "batch pos"]:
         """<bos> followed by up to `max_new_tokens` target tokens (temperature 0: greedy).
 
         The encoder runs once; then the decoding loop both model classes share (`lab.model.decoding.sample_tokens`)
@@ -277,9 +334,16 @@ class EncoderDecoder(HookedRootModule):
         encoder_out = self.encode(src)
         tokens = torch.full((encoder_out.shape[0], 1), bos_token_id, dtype=torch.long, device=encoder_out.device)
         cache = KVCache.empty(self.cfg.n_decoder_layers) if use_kv_cache else None
-        return sample_tokens(lambda new, kv: self.decode(new, encoder_out, kv)[:, -1], tokens, max_new_tokens,
-                             self.cfg.d_vocab_tgt, cache, temperature, generator=seeded_generator(seed, tokens.device),
-                             eos_token_id=eos_token_id).tokens
+        return sample_tokens(
+            lambda new, kv: self.decode(new, encoder_out, kv)[:, -1],
+            tokens,
+            max_new_tokens,
+            self.cfg.d_vocab_tgt,
+            cache,
+            temperature,
+            generator=seeded_generator(seed, tokens.device),
+            eos_token_id=eos_token_id,
+        ).tokens
 
     def translate(self, source: str, max_new_tokens: int | None = None) -> list[str]:
         """The greedy translation of a source string, as target tokens (without <bos> and <eos>)."""
@@ -301,7 +365,9 @@ class EncoderDecoder(HookedRootModule):
         with super().hooks(list(fwd_hooks), list(bwd_hooks), reset_hooks_end, clear_contexts) as model:
             yield model
 
-    def run_with_cache(self, *model_args: Any, names_filter: Any = None, **kwargs: Any) -> tuple[Tensor, ActivationCache]:
+    def run_with_cache(
+        self, *model_args: Any, names_filter: Any = None, **kwargs: Any
+    ) -> tuple[Tensor, ActivationCache]:
         """(logits, ActivationCache) for `model(src, tgt)`; names_filter as in HookedTransformer.run_with_cache."""
         names_filter = resolve_names_filter(self, names_filter)
         logits, cache = super().run_with_cache(*model_args, names_filter=names_filter, **kwargs)
@@ -314,8 +380,9 @@ class EncoderDecoder(HookedRootModule):
 
     def save(self, directory: str | Path) -> Path:
         """Write model.safetensors, config.json and the tokenizers that are attached, atomically."""
-        return write_checkpoint(self, directory, {SRC_TOKENIZER_FILE: self.src_tokenizer,
-                                                  TGT_TOKENIZER_FILE: self.tgt_tokenizer})
+        return write_checkpoint(
+            self, directory, {SRC_TOKENIZER_FILE: self.src_tokenizer, TGT_TOKENIZER_FILE: self.tgt_tokenizer}
+        )
 
     @classmethod
     def load(cls, directory: str | Path, device: str | torch.device = "cpu") -> "EncoderDecoder":
@@ -336,8 +403,14 @@ class EncoderDecoder(HookedRootModule):
     # --- torch.nn.Transformer on identical weights ---------------------------------------------
     @classmethod
     @torch.no_grad()
-    def from_torch(cls, transformer: nn.Transformer, src_embed: nn.Embedding, tgt_embed: nn.Embedding,
-                   out_proj: nn.Linear, n_ctx: int = 512) -> "EncoderDecoder":
+    def from_torch(
+        cls,
+        transformer: nn.Transformer,
+        src_embed: nn.Embedding,
+        tgt_embed: nn.Embedding,
+        out_proj: nn.Linear,
+        n_ctx: int = 512,
+    ) -> "EncoderDecoder":
         """The same function as this PyTorch model, on the same weights (dropout is not copied: eval only).
 
         The pieces are an `nn.Transformer` (post-LN, or pre-LN with norm_first=True; ReLU or GELU;
@@ -361,11 +434,21 @@ class EncoderDecoder(HookedRootModule):
         if not mha._qkv_same_embed_dim:
             raise ValueError("from_torch expects packed in_proj_weight (kdim = vdim = d_model)")
         cfg = EncoderDecoderConfig(
-            d_vocab_src=src_embed.num_embeddings, d_vocab_tgt=out_proj.out_features, d_model=mha.embed_dim,
-            n_heads=mha.num_heads, n_encoder_layers=len(transformer.encoder.layers),
-            n_decoder_layers=len(transformer.decoder.layers), n_ctx=n_ctx, d_mlp=enc_layer.linear1.out_features,
-            positions="sinusoidal", norm="layernorm", norm_eps=enc_layer.norm1.eps, mlp=activation,
-            block="pre_ln" if enc_layer.norm_first else "post_ln", bias=mha.in_proj_bias is not None)
+            d_vocab_src=src_embed.num_embeddings,
+            d_vocab_tgt=out_proj.out_features,
+            d_model=mha.embed_dim,
+            n_heads=mha.num_heads,
+            n_encoder_layers=len(transformer.encoder.layers),
+            n_decoder_layers=len(transformer.decoder.layers),
+            n_ctx=n_ctx,
+            d_mlp=enc_layer.linear1.out_features,
+            positions="sinusoidal",
+            norm="layernorm",
+            norm_eps=enc_layer.norm1.eps,
+            mlp=activation,
+            block="pre_ln" if enc_layer.norm_first else "post_ln",
+            bias=mha.in_proj_bias is not None,
+        )
         if tgt_embed.num_embeddings != cfg.d_vocab_tgt:
             raise ValueError(f"tgt_embed has {tgt_embed.num_embeddings} rows but out_proj {cfg.d_vocab_tgt} outputs")
         model = cls(cfg)
@@ -395,8 +478,9 @@ def _copy_attention(ours: Attention, theirs: nn.MultiheadAttention) -> None:
     per_head = "(head d_head) d_model -> head d_model d_head"
     for W, w in zip((ours.W_Q, ours.W_K, ours.W_V), theirs.in_proj_weight.chunk(3)):
         W.copy_(einops.rearrange(w, per_head, head=ours.n_heads))
-    ours.W_O.copy_(einops.rearrange(theirs.out_proj.weight, "d_model (head d_head) -> head d_head d_model",
-                                    head=ours.n_heads))
+    ours.W_O.copy_(
+        einops.rearrange(theirs.out_proj.weight, "d_model (head d_head) -> head d_head d_model", head=ours.n_heads)
+    )
     if theirs.in_proj_bias is not None:
         for b, bias in zip((ours.b_Q, ours.b_K, ours.b_V), theirs.in_proj_bias.chunk(3)):
             b.copy_(einops.rearrange(bias, "(head d_head) -> head d_head", head=ours.n_heads))
@@ -425,4 +509,3 @@ def is_encoder_decoder(name_or_path: str | Path) -> bool:
         return "n_encoder_layers" in read_config_json(folder / CONFIG_FILE)
     except (OSError, ValueError, TypeError):
         return False
-

@@ -25,11 +25,24 @@ RETURN_TYPES = ("input", "str", "tokens", "embeds")
 
 
 @torch.inference_mode()
-def generate(model: Any, input: str | list[str] | Tensor = "", max_new_tokens: int = 10, stop_at_eos: bool = True,
-             eos_token_id: int | list[int] | None = None, do_sample: bool = True, top_k: int | None = None,
-             top_p: float | None = None, temperature: float = 1.0, freq_penalty: float = 0.0,
-             use_past_kv_cache: bool = True, prepend_bos: bool | None = None, padding_side: str | None = None,
-             return_type: str | None = "input", verbose: bool = True, seed: int | None = None) -> Any:
+def generate(
+    model: Any,
+    input: str | list[str] | Tensor = "",
+    max_new_tokens: int = 10,
+    stop_at_eos: bool = True,
+    eos_token_id: int | list[int] | None = None,
+    do_sample: bool = True,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    temperature: float = 1.0,
+    freq_penalty: float = 0.0,
+    use_past_kv_cache: bool = True,
+    prepend_bos: bool | None = None,
+    padding_side: str | None = None,
+    return_type: str | None = "input",
+    verbose: bool = True,
+    seed: int | None = None,
+) -> Any:
     """Extend the input by up to max_new_tokens tokens, as TransformerLens's HookedTransformer.generate does.
 
     input: a text, a list of texts (padded on the left, so that every row's last token is real), [batch, pos]
@@ -46,8 +59,19 @@ def generate(model: Any, input: str | list[str] | Tensor = "", max_new_tokens: i
     if not text and not isinstance(input, Tensor):
         raise Misuse(f"input must be a string, a list of strings or a tensor of token ids, got {type(input).__name__}")
     if isinstance(input, Tensor) and input.is_floating_point():
-        return _from_embeddings(model, input, max_new_tokens, _stop_tokens(model, stop_at_eos, eos_token_id),
-                                do_sample, top_k, top_p, temperature, use_past_kv_cache, return_type, seed)
+        return _from_embeddings(
+            model,
+            input,
+            max_new_tokens,
+            _stop_tokens(model, stop_at_eos, eos_token_id),
+            do_sample,
+            top_k,
+            top_p,
+            temperature,
+            use_past_kv_cache,
+            return_type,
+            seed,
+        )
     if text:
         batched = isinstance(input, list) and len(input) > 1
         tokens, mask = model.tokenize(input, prepend_bos, "left" if batched else padding_side)
@@ -59,8 +83,19 @@ def generate(model: Any, input: str | list[str] | Tensor = "", max_new_tokens: i
     check_max_new_tokens(max_new_tokens, tokens.shape[1], model.cfg.n_ctx)
     stop = _stop_tokens(model, stop_at_eos, eos_token_id)
     with _seeded(seed, tokens.device):
-        out = _decode(model, tokens, mask, max_new_tokens, stop, do_sample, top_k, top_p, temperature, freq_penalty,
-                      use_past_kv_cache)
+        out = _decode(
+            model,
+            tokens,
+            mask,
+            max_new_tokens,
+            stop,
+            do_sample,
+            top_k,
+            top_p,
+            temperature,
+            freq_penalty,
+            use_past_kv_cache,
+        )
     return _returned(model, out, return_type, "str" if text else "tokens")
 
 
@@ -84,9 +119,19 @@ def _returned(model: Any, tokens: Tensor, return_type: str | None, came_in: str)
     return texts[0] if len(texts) == 1 else texts
 
 
-def _from_embeddings(model: Any, embeds: Tensor, max_new_tokens: int, stop: list[int], do_sample: bool,
-                     top_k: int | None, top_p: float | None, temperature: float, use_past_kv_cache: bool,
-                     return_type: str | None, seed: int | None) -> Any:
+def _from_embeddings(
+    model: Any,
+    embeds: Tensor,
+    max_new_tokens: int,
+    stop: list[int],
+    do_sample: bool,
+    top_k: int | None,
+    top_p: float | None,
+    temperature: float,
+    use_past_kv_cache: bool,
+    return_type: str | None,
+    seed: int | None,
+) -> Any:
     """Decoding from [batch, pos, d_model] token embeddings: positions added (or given to the attention, shortformer
     positions), then the blocks (hook_embed does not
     fire: the embeddings are given); each new token's embedding is W_E's row."""
@@ -104,10 +149,14 @@ def _from_embeddings(model: Any, embeds: Tensor, max_new_tokens: int, stop: list
             positions = None if positions is None else model.hook_pos_embed(positions.clone())
             into_attention = positions is not None and model.pos_embed.into_attention  # shortformer
             x = new if positions is None or into_attention else new + positions
-            logits = model._run(None, x, cache, 0, model.cfg.n_layers, slice(-1, None), None,
-                                positions if into_attention else None)[:, -1]
-            sampled = (sample_logits(logits, top_k=top_k, top_p=top_p, temperature=temperature)
-                       if do_sample and temperature != 0 else logits.argmax(dim=-1))
+            logits = model._run(
+                None, x, cache, 0, model.cfg.n_layers, slice(-1, None), None, positions if into_attention else None
+            )[:, -1]
+            sampled = (
+                sample_logits(logits, top_k=top_k, top_p=top_p, temperature=temperature)
+                if do_sample and temperature != 0
+                else logits.argmax(dim=-1)
+            )
             if stop:
                 sampled = sampled.masked_fill(finished, stop[0])
                 finished |= torch.isin(sampled, torch.tensor(stop, device=sampled.device))
@@ -131,8 +180,10 @@ def _stop_tokens(model: Any, stop_at_eos: bool, eos_token_id: int | list[int] | 
         if eos_token_id is None and hasattr(model.tokenizer, "token_to_id"):  # Forma's own tokenizer
             eos_token_id = model.tokenizer.token_to_id("<eos>")
     if eos_token_id is None:
-        raise Misuse("Must pass a eos_token_id if stop_at_eos is True and the model has no tokenizer or its tokenizer "
-                     "has no EOS token")
+        raise Misuse(
+            "Must pass a eos_token_id if stop_at_eos is True and the model has no tokenizer or its tokenizer "
+            "has no EOS token"
+        )
     stop = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
     for token in stop:
         if not isinstance(token, int) or not 0 <= token < model.cfg.d_vocab:
@@ -140,9 +191,19 @@ def _stop_tokens(model: Any, stop_at_eos: bool, eos_token_id: int | list[int] | 
     return stop
 
 
-def _decode(model: Any, tokens: Int[Tensor, "batch pos"], mask: Tensor | None, max_new_tokens: int,
-            stop: list[int], do_sample: bool, top_k: int | None, top_p: float | None, temperature: float,
-            freq_penalty: float, use_past_kv_cache: bool) -> Int[Tensor, "batch pos"]:
+def _decode(
+    model: Any,
+    tokens: Int[Tensor, "batch pos"],
+    mask: Tensor | None,
+    max_new_tokens: int,
+    stop: list[int],
+    do_sample: bool,
+    top_k: int | None,
+    top_p: float | None,
+    temperature: float,
+    freq_penalty: float,
+    use_past_kv_cache: bool,
+) -> Int[Tensor, "batch pos"]:
     """TransformerLens's decoding loop over `model.next_token_logits`, with Forma's KV cache (room for the whole
     sequence from the start) carrying the padding mask; without the cache each step reruns the whole sequence
     with the mask extended by the tokens drawn so far."""
@@ -155,8 +216,9 @@ def _decode(model: Any, tokens: Int[Tensor, "batch pos"], mask: Tensor | None, m
         step_mask = mask if cache is None or cache.length == 0 else None
         logits = model.next_token_logits(new, cache, attention_mask=step_mask)
         if do_sample and temperature != 0:
-            sampled = sample_logits(logits, top_k=top_k, top_p=top_p, temperature=temperature,
-                                    freq_penalty=freq_penalty, tokens=sequence)
+            sampled = sample_logits(
+                logits, top_k=top_k, top_p=top_p, temperature=temperature, freq_penalty=freq_penalty, tokens=sequence
+            )
         else:
             sampled = logits.argmax(dim=-1)
         if stop:

@@ -87,15 +87,18 @@ class KVCache:
     def check(self, n_layers: int, batch: int) -> int:
         """The cached length, after checking that the cache fits a model of n_layers and this batch."""
         if len(self.entries) != n_layers:
-            raise ValueError(f"the KV cache has {len(self.entries)} layer{'s' * (len(self.entries) != 1)}, the model "
-                             f"{n_layers} layers: make it with KVCache.empty({n_layers})")
+            raise ValueError(
+                f"the KV cache has {len(self.entries)} layer{'s' * (len(self.entries) != 1)}, the model "
+                f"{n_layers} layers: make it with KVCache.empty({n_layers})"
+            )
         lengths = [entry.length for entry in self.entries]
         if len(set(lengths)) > 1:
             raise ValueError(f"the KV cache is inconsistent: its layers hold {lengths} positions")
         keys = self.entries[0].keys if self.entries else None
         if keys is not None and keys.shape[0] != batch:
-            raise ValueError(f"the KV cache holds a batch of {keys.shape[0]} sequences; these tokens are a batch of "
-                             f"{batch}")
+            raise ValueError(
+                f"the KV cache holds a batch of {keys.shape[0]} sequences; these tokens are a batch of {batch}"
+            )
         return lengths[0] if lengths else 0
 
     def truncate(self, length: int) -> None:
@@ -132,7 +135,8 @@ class TransformerLensCache:
         if not self.cache.frozen:  # type: ignore[attr-defined]
             previous = self.cache.previous_attention_mask  # type: ignore[attr-defined]
             self.cache.previous_attention_mask = keys.to(  # type: ignore[attr-defined]
-                device=previous.device, dtype=previous.dtype)
+                device=previous.device, dtype=previous.dtype
+            )
 
     def check(self, n_layers: int, batch: int) -> int:
         if len(self.entries) != n_layers:

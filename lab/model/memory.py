@@ -15,9 +15,11 @@ def check_fits_in_memory(what: str, n_params: int, n_buffer_elements: int = 0) -
     needed = (n_params + n_buffer_elements) * dtype.itemsize
     available = available_memory(device)
     if available is not None and needed > available:
-        raise ValueError(f"{what} of {n_params:,} parameters needs {needed / 2**30:,.1f} GiB ({dtype}) but "
-                         f"{device} has {available / 2**30:,.1f} GiB available: make the model smaller (or build it "
-                         "under `with torch.device('meta')` to count its parameters)")
+        raise ValueError(
+            f"{what} of {n_params:,} parameters needs {needed / 2**30:,.1f} GiB ({dtype}) but "
+            f"{device} has {available / 2**30:,.1f} GiB available: make the model smaller (or build it "
+            "under `with torch.device('meta')` to count its parameters)"
+        )
 
 
 def available_memory(device: torch.device) -> int | None:
@@ -38,4 +40,3 @@ def available_memory(device: torch.device) -> int | None:
     except (OSError, ValueError):
         pass
     return min(free) if free else None
-

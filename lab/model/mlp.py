@@ -11,7 +11,6 @@ from torch import Tensor, nn
 from lab.model.config import ModelConfig
 from lab.model.primitives import CheckedHookPoint, empty_parameter, init_normal_, linear, reset_biases, zero_parameter
 
-
 ACTIVATIONS = {
     "relu": F.relu,
     "gelu": F.gelu,  # exact: x Φ(x)
@@ -78,6 +77,4 @@ class GatedMLP(nn.Module):
         return linear(post, self.W_out, self.b_out)
 
 
-
-MLPS: dict[str, type[nn.Module]] = {
-    "relu": MLP, "gelu": MLP, "gelu_tanh": MLP, "silu": MLP, "swiglu": GatedMLP}
+MLPS: dict[str, type[nn.Module]] = {"relu": MLP, "gelu": MLP, "gelu_tanh": MLP, "silu": MLP, "swiglu": GatedMLP}

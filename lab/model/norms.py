@@ -126,6 +126,9 @@ class NoNorm(nn.Module):
         return x
 
 
-
-NORMS: dict[str, type[nn.Module]] = {"layernorm": LayerNorm, "rmsnorm": RMSNorm, "layernorm_pre": LayerNormPre,
-                                     "rmsnorm_pre": RMSNormPre}
+NORMS: dict[str, type[nn.Module]] = {
+    "layernorm": LayerNorm,
+    "rmsnorm": RMSNorm,
+    "layernorm_pre": LayerNormPre,
+    "rmsnorm_pre": RMSNormPre,
+}

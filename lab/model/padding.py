@@ -49,8 +49,9 @@ def offset_positions(mask: Tensor, offset: int) -> Int[Tensor, "batch pos"]:
     return (mask.long().cumsum(dim=1) - 1).clamp_min(0)[:, offset:]
 
 
-def padding_of(mask: Tensor | None, cached: Tensor | None, offset: int, shape: tuple[int, int],
-               device: torch.device) -> Padding | None:
+def padding_of(
+    mask: Tensor | None, cached: Tensor | None, offset: int, shape: tuple[int, int], device: torch.device
+) -> Padding | None:
     """The Padding of a pass over `shape` = (batch, pos) new tokens, from this pass's mask and the cache's (either
     may be None: every token real; `mask` may also span the cached positions and the new, as TransformerLens's
     does). None when neither says anything: the unpadded fast paths run."""
@@ -86,8 +87,9 @@ def check_mask(mask: Any, shape: tuple[int, int]) -> Bool[Tensor, "batch pos"]:
     return mask
 
 
-def padding_mask(tokens: Tensor, pad_id: int | None, side: str, bos_id: int | None = None,
-                 prepend_bos: bool = False) -> Bool[Tensor, "batch pos"]:
+def padding_mask(
+    tokens: Tensor, pad_id: int | None, side: str, bos_id: int | None = None, prepend_bos: bool = False
+) -> Bool[Tensor, "batch pos"]:
     """The mask TransformerLens infers from padded token ids (utils.get_attention_mask): on the right the trailing
     run of pad ids is padding, on the left the leading run, except a first BOS that shares the pad's id when the
     text was given one."""

@@ -23,8 +23,10 @@ class CheckedHookPoint(HookPoint):
 
     def add_hook(self, hook: Callable[..., Any], dir: Literal["fwd", "bwd"] = "fwd", *args: Any, **kwargs: Any) -> Any:
         if not callable(hook):
-            raise ValueError(f"a hook on {self.name} must be a function (activation, hook) -> tensor or None, "
-                             f"got {type(hook).__name__}")
+            raise ValueError(
+                f"a hook on {self.name} must be a function (activation, hook) -> tensor or None, "
+                f"got {type(hook).__name__}"
+            )
         user_hook, what = hook, "activation" if dir == "fwd" else "gradient"
 
         def checked(tensor: Tensor, *, hook: Any) -> Any:  # TransformerLens passes the hook point as `hook=`
@@ -47,14 +49,20 @@ class CheckedHookPoint(HookPoint):
 def check_replacement(result: Any, tensor: Any, name: str | None, what: str = "activation") -> None:
     """A hook's return value must stand in for the tensor it was given: same shape, dtype and device."""
     if not isinstance(result, Tensor):
-        raise ValueError(f"the hook on {name} returned a value of type {type(result).__name__}, not a tensor: a hook "
-                         f"returns None (keep the {what}) or a tensor of the {what}'s shape {tuple(tensor.shape)}")
+        raise ValueError(
+            f"the hook on {name} returned a value of type {type(result).__name__}, not a tensor: a hook "
+            f"returns None (keep the {what}) or a tensor of the {what}'s shape {tuple(tensor.shape)}"
+        )
     if result.shape != tensor.shape:
-        raise ValueError(f"the hook on {name} returned shape {tuple(result.shape)} for the {what} of shape "
-                         f"{tuple(tensor.shape)}: a replacement must have the same shape (no broadcasting)")
+        raise ValueError(
+            f"the hook on {name} returned shape {tuple(result.shape)} for the {what} of shape "
+            f"{tuple(tensor.shape)}: a replacement must have the same shape (no broadcasting)"
+        )
     if result.dtype != tensor.dtype or result.device != tensor.device:
-        raise ValueError(f"the hook on {name} returned a {result.dtype} tensor on {result.device} for the "
-                         f"{tensor.dtype} {what} on {tensor.device}: a replacement must keep the dtype and device")
+        raise ValueError(
+            f"the hook on {name} returned a {result.dtype} tensor on {result.device} for the "
+            f"{tensor.dtype} {what} on {tensor.device}: a replacement must keep the dtype and device"
+        )
 
 
 class Reads:

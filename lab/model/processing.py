@@ -35,9 +35,14 @@ from lab.model.norms import NORMS, NoNorm
 FOLDED = {"layernorm": "layernorm_pre", "rmsnorm": "rmsnorm_pre"}
 
 
-def process_weights(model: Any, fold_ln: bool = True, center_writing_weights: bool = True,
-                    center_unembed: bool = True, fold_value_biases: bool = True,
-                    refactor_factored_attn_matrices: bool = False) -> None:
+def process_weights(
+    model: Any,
+    fold_ln: bool = True,
+    center_writing_weights: bool = True,
+    center_unembed: bool = True,
+    fold_value_biases: bool = True,
+    refactor_factored_attn_matrices: bool = False,
+) -> None:
     """Process `model`'s weights in place, as TransformerLens's `process_weights_` / `from_pretrained` does."""
     cfg = model.cfg
     fold_ln = fold_ln and cfg.norm in FOLDED  # already folded: nothing to fold (TransformerLens skips it too)
@@ -45,8 +50,10 @@ def process_weights(model: Any, fold_ln: bool = True, center_writing_weights: bo
     center_writing_weights = center_writing_weights and layernorm
     _check(model, fold_ln, center_writing_weights, refactor_factored_attn_matrices)
     if any(p.device.type == "meta" for p in model.parameters()):
-        raise Misuse("weight processing needs every weight in memory: load the model without a device_map, or "
-                     "process it before spreading it")
+        raise Misuse(
+            "weight processing needs every weight in memory: load the model without a device_map, or "
+            "process it before spreading it"
+        )
     dtype = model.W_E.dtype
     with torch.no_grad():
         W = {name: p.detach().float().clone() for name, p in model.named_parameters()}
@@ -71,25 +78,35 @@ def process_weights(model: Any, fold_ln: bool = True, center_writing_weights: bo
 def _check(model: Any, fold_ln: bool, center_writing_weights: bool, refactor: bool) -> None:
     cfg = model.cfg
     if cfg.block == "post_ln" and (fold_ln or center_writing_weights):
-        raise Misuse("fold_ln and center_writing_weights need pre-LN or parallel blocks: a post-LN block's norms read "
-                     "the branch outputs, not the stream the next maps read; pass fold_ln=False, "
-                     "center_writing_weights=False")
+        raise Misuse(
+            "fold_ln and center_writing_weights need pre-LN or parallel blocks: a post-LN block's norms read "
+            "the branch outputs, not the stream the next maps read; pass fold_ln=False, "
+            "center_writing_weights=False"
+        )
     if cfg.positions == "shortformer" and (fold_ln or center_writing_weights):
-        raise Misuse("fold_ln and center_writing_weights cannot be done on shortformer positions, which are added to "
-                     "the attention's normed input: pass fold_ln=False, center_writing_weights=False")
+        raise Misuse(
+            "fold_ln and center_writing_weights cannot be done on shortformer positions, which are added to "
+            "the attention's normed input: pass fold_ln=False, center_writing_weights=False"
+        )
     if fold_ln and cfg.norm == "layernorm":
         if not cfg.has_qkv_bias or (not cfg.bias):
-            raise Misuse("fold_ln moves LayerNorm's bias into the biases of W_Q, W_K, W_V and W_in; this model has "
-                         "none (bias = false): pass fold_ln=False")
+            raise Misuse(
+                "fold_ln moves LayerNorm's bias into the biases of W_Q, W_K, W_V and W_in; this model has "
+                "none (bias = false): pass fold_ln=False"
+            )
         if cfg.mlp == "swiglu":
             raise Misuse("fold_ln would move LayerNorm's bias into a gate that has no bias: pass fold_ln=False")
     if refactor:
         if cfg.positions == "rotary":
-            raise Misuse("You can't refactor the QK circuit when using rotary embeddings (as the QK matrix depends on "
-                         "the position of the query and key)")
+            raise Misuse(
+                "You can't refactor the QK circuit when using rotary embeddings (as the QK matrix depends on "
+                "the position of the query and key)"
+            )
         if cfg.n_kv_heads != cfg.n_heads or not cfg.bias:
-            raise Misuse("refactor_factored_attn_matrices needs one key/value head per query head and attention "
-                         "biases (b_Q, b_K, b_V, b_O)")
+            raise Misuse(
+                "refactor_factored_attn_matrices needs one key/value head per query head and attention "
+                "biases (b_Q, b_K, b_V, b_O)"
+            )
 
 
 def _fold_ln(W: dict[str, Tensor], model: Any, center: bool) -> None:
@@ -98,8 +115,13 @@ def _fold_ln(W: dict[str, Tensor], model: Any, center: bool) -> None:
         p = f"blocks.{layer}."
         _fold_into(W, p + "ln1", [p + f"attn.W_{x}" for x in "QKV"], center)
         if p + "ln2.w" in W:  # not in an attention-only block
-            _fold_into(W, p + "ln2", [p + "mlp.W_in"] + ([p + "mlp.W_gate"] if p + "mlp.W_gate" in W else []),
-                       center, centred=[p + "mlp.W_in"])
+            _fold_into(
+                W,
+                p + "ln2",
+                [p + "mlp.W_in"] + ([p + "mlp.W_gate"] if p + "mlp.W_gate" in W else []),
+                center,
+                centred=[p + "mlp.W_in"],
+            )
     if "ln_final.w" in W:
         w, b = W.pop("ln_final.w"), W.pop("ln_final.b", None)
         if b is not None:
@@ -109,8 +131,9 @@ def _fold_ln(W: dict[str, Tensor], model: Any, center: bool) -> None:
             W["unembed.W_U"] -= W["unembed.W_U"].mean(0, keepdim=True)
 
 
-def _fold_into(W: dict[str, Tensor], norm: str, readers: list[str], center: bool,
-               centred: list[str] | None = None) -> None:
+def _fold_into(
+    W: dict[str, Tensor], norm: str, readers: list[str], center: bool, centred: list[str] | None = None
+) -> None:
     """w ⊙ W and b_W + b · W for each reader W (attention's [head, d_model, d_head], the MLP's [d_model, d_mlp])."""
     w, b = W.pop(norm + ".w"), W.pop(norm + ".b", None)
     for name in readers:
@@ -124,8 +147,9 @@ def _fold_into(W: dict[str, Tensor], norm: str, readers: list[str], center: bool
 
 
 def _center_writing_weights(W: dict[str, Tensor], model: Any) -> None:
-    for name in ["embed.W_E", "pos_embed.W_pos"] + [f"blocks.{l}.{m}" for l in range(model.cfg.n_layers)
-                                                     for m in ("attn.W_O", "attn.b_O", "mlp.W_out", "mlp.b_out")]:
+    for name in ["embed.W_E", "pos_embed.W_pos"] + [
+        f"blocks.{l}.{m}" for l in range(model.cfg.n_layers) for m in ("attn.W_O", "attn.b_O", "mlp.W_out", "mlp.b_out")
+    ]:
         if name in W:
             W[name] = W[name] - W[name].mean(-1, keepdim=True)
 

@@ -39,15 +39,26 @@ class TextMethods:
         if default_padding_side is not None or getattr(tokenizer, "padding_side", "right") is None:
             tokenizer.padding_side = self.padding_side(default_padding_side)
 
-    def to_tokens(self, input: str | list[str], prepend_bos: bool | None = None, padding_side: str | None = None,
-                  move_to_device: bool = True, truncate: bool = True) -> Int[Tensor, "batch pos"]:
+    def to_tokens(
+        self,
+        input: str | list[str],
+        prepend_bos: bool | None = None,
+        padding_side: str | None = None,
+        move_to_device: bool = True,
+        truncate: bool = True,
+    ) -> Int[Tensor, "batch pos"]:
         """Encode a string or a list of strings into [batch, pos] ids, padding shorter texts (see the module's
         docstring); truncate: cut each text to the model's context n_ctx."""
         return self.tokenize(input, prepend_bos, padding_side, truncate, move_to_device)[0]
 
-    def tokenize(self, input: str | list[str], prepend_bos: bool | None = None, padding_side: str | None = None,
-                 truncate: bool = True, move_to_device: bool = True
-                 ) -> tuple[Int[Tensor, "batch pos"], Bool[Tensor, "batch pos"] | None]:
+    def tokenize(
+        self,
+        input: str | list[str],
+        prepend_bos: bool | None = None,
+        padding_side: str | None = None,
+        truncate: bool = True,
+        move_to_device: bool = True,
+    ) -> tuple[Int[Tensor, "batch pos"], Bool[Tensor, "batch pos"] | None]:
         """(ids [batch, pos], mask) where the mask marks the real tokens (True) and the padding (False); None when
         every text has the same length and nothing was padded."""
         tokenizer = self._require_tokenizer()
@@ -97,11 +108,14 @@ class TextMethods:
             found = tokenizer.token_to_id(token) if hasattr(tokenizer, "token_to_id") else None
             if found is not None:
                 return int(found)
-        raise ValueError("texts of different lengths need padding, but the tokenizer has no pad or EOS token: "
-                         "encode them one at a time")
+        raise ValueError(
+            "texts of different lengths need padding, but the tokenizer has no pad or EOS token: "
+            "encode them one at a time"
+        )
 
-    def inferred_padding(self, tokens: Tensor, prepend_bos: bool | None, padding_side: str | None
-                         ) -> Bool[Tensor, "batch pos"]:
+    def inferred_padding(
+        self, tokens: Tensor, prepend_bos: bool | None, padding_side: str | None
+    ) -> Bool[Tensor, "batch pos"]:
         """Which of these ids are padding, read from the ids as TransformerLens reads them (utils.get_attention_mask):
         the run of pad ids at the padding side."""
         side, bos = self.padding_side(padding_side), self.prepends_bos(prepend_bos)
@@ -116,8 +130,9 @@ class TextMethods:
             raise ValueError(f"to_string decodes ids of shape [], [pos] or [batch, pos], got {tuple(tokens.shape)}")
         return _decode(self._require_tokenizer(), tokens.reshape(-1).tolist())
 
-    def to_str_tokens(self, input: Any, prepend_bos: bool | None = None, padding_side: str | None = None
-                      ) -> list[str] | list[list[str]]:
+    def to_str_tokens(
+        self, input: Any, prepend_bos: bool | None = None, padding_side: str | None = None
+    ) -> list[str] | list[list[str]]:
         """Each token as its own string: of a text (encoded as `to_tokens` does), of each text of a list, or of ids
         ([pos], [1, pos], a numpy array or a list of ids)."""
         tokenizer = self._require_tokenizer()
@@ -149,8 +164,14 @@ class TextMethods:
             raise Misuse(f"to_single_str_token takes one token id (an int), got {int_token!r}")
         return self.to_str_tokens(torch.tensor([int_token]))[0]
 
-    def get_token_position(self, single_token: str | int | Tensor, input: str | Tensor, mode: str = "first",
-                           prepend_bos: bool | None = None, padding_side: str | None = None) -> int:
+    def get_token_position(
+        self,
+        single_token: str | int | Tensor,
+        input: str | Tensor,
+        mode: str = "first",
+        prepend_bos: bool | None = None,
+        padding_side: str | None = None,
+    ) -> int:
         """Where a token (an id, or a string of one token) first (mode "first") or last ("last") occurs in a text or
         in ids ([pos] or [1, pos])."""
         tokens = self.to_tokens(input, prepend_bos, padding_side) if isinstance(input, str) else torch.as_tensor(input)
@@ -172,8 +193,9 @@ class TextMethods:
 
 def is_text(input: Any) -> bool:
     """A string or a non-empty list of strings: what forward tokenizes before running."""
-    return isinstance(input, str) or (isinstance(input, list) and bool(input)
-                                      and all(isinstance(t, str) for t in input))
+    return isinstance(input, str) or (
+        isinstance(input, list) and bool(input) and all(isinstance(t, str) for t in input)
+    )
 
 
 def _encode(tokenizer: Any, text: str, bos: bool) -> list[int]:

@@ -52,8 +52,10 @@ class RuntimeSettings:
 
     def _embedding(self, what: str) -> torch.Tensor:
         if not self.weights:
-            raise AttributeError(f"a ModelConfig on its own has no {what}: it describes an architecture; a model's "
-                                 f"weights have one (model.cfg.{what})")
+            raise AttributeError(
+                f"a ModelConfig on its own has no {what}: it describes an architecture; a model's "
+                f"weights have one (model.cfg.{what})"
+            )
         return self.weights[0].W_E
 
 
@@ -85,9 +87,13 @@ class TransformerLensNames:
 
     @property
     def positional_embedding_type(self) -> str:
-        return {"learned": "standard", "sinusoidal": "sinusoidal", "rotary": "rotary", "shortformer": "shortformer",
-                "none": "none"}[
-            self.positions]
+        return {
+            "learned": "standard",
+            "sinusoidal": "sinusoidal",
+            "rotary": "rotary",
+            "shortformer": "shortformer",
+            "none": "none",
+        }[self.positions]
 
     @property
     def parallel_attn_mlp(self) -> bool:

@@ -82,8 +82,9 @@ class TLWeights:
         """Every head's OV circuit W_V^h W_O^h, factored; grouped key/value heads repeated per query head."""
         return FactoredMatrix(self._per_query_head(self.W_V), self.W_O)
 
-    def accumulated_bias(self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True
-                         ) -> Float[Tensor, " d_model"]:
+    def accumulated_bias(
+        self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True
+    ) -> Float[Tensor, " d_model"]:
         """Σ of the biases written into the residual stream before `layer`: b_O of every attention and (with
         include_mlp_biases) b_out of every MLP in blocks 0 … layer − 1, plus block `layer`'s b_O when
         mlp_input (the stream entering its MLP; a parallel block's MLP reads the block's input, before its
@@ -133,4 +134,3 @@ class TLWeights:
             return W_U[:, tokens]
         tokens = torch.as_tensor(tokens, device=W_U.device)
         return W_U[:, tokens].movedim(0, -1)
-

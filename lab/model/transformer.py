@@ -31,17 +31,34 @@ from typing import Any
 
 import torch
 from jaxtyping import Float, Int
-from torch import Tensor
-from torch import nn
+from torch import Tensor, nn
 from transformer_lens import ActivationCache, HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from lab.folders import load_pretrained
 from lab.model.activation_cache import Cache, resolve_names_filter
-from lab.model.checkpoint import (CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, load_weights, read_checkpoint,  # noqa: F401
-                                  read_tokenizer, read_tokenizers, write_checkpoint)
-from lab.model.components import (BLOCKS, NORMS, POSITIONS, Attention, CheckedHookPoint, Embed, NoNorm, TiedUnembed,
-                                  Unembed, set_hook_points)
+from lab.model.checkpoint import (
+    CONFIG_FILE,  # noqa: F401
+    TOKENIZER_FILE,
+    WEIGHTS_FILE,
+    load_weights,
+    read_checkpoint,  # noqa: F401
+    read_tokenizer,  # noqa: F401
+    read_tokenizers,
+    write_checkpoint,
+)
+from lab.model.components import (
+    BLOCKS,
+    NORMS,
+    POSITIONS,
+    Attention,
+    CheckedHookPoint,
+    Embed,
+    NoNorm,
+    TiedUnembed,
+    Unembed,
+    set_hook_points,
+)
 from lab.model.config import ModelConfig
 from lab.model.errors import HookSwitchedOff, Misuse
 from lab.model.generation import generate
@@ -58,15 +75,24 @@ HookFn = Callable[[Tensor, HookPoint], Tensor | None]
 RETURN_TYPES = ("logits", "loss", "both", None)
 ALL, LAST = slice(None), slice(-1, None)  # the positions the final norm and the unembedding run at
 # The hook points a switch makes real (blocks.{l}.<name>): (its flag, its setter).
-SWITCHED = {"attn.hook_result": ("use_attn_result", "set_use_attn_result"),
-            **{f"{where}hook_{x}_input": ("use_split_qkv_input", "set_use_split_qkv_input")
-               for x in "qkv" for where in ("", "attn.")},
-            **{f"{where}hook_attn_in": ("use_attn_in", "set_use_attn_in") for where in ("", "attn.")},
-            "hook_mlp_in": ("use_hook_mlp_in", "set_use_hook_mlp_in")}
+SWITCHED = {
+    "attn.hook_result": ("use_attn_result", "set_use_attn_result"),
+    **{
+        f"{where}hook_{x}_input": ("use_split_qkv_input", "set_use_split_qkv_input")
+        for x in "qkv"
+        for where in ("", "attn.")
+    },
+    **{f"{where}hook_attn_in": ("use_attn_in", "set_use_attn_in") for where in ("", "attn.")},
+    "hook_mlp_in": ("use_hook_mlp_in", "set_use_hook_mlp_in"),
+}
 SWITCHED_NAME = re.compile(r"blocks\.\d+\.(" + "|".join(re.escape(name) for name in SWITCHED) + ")")
-PROCESSING = ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases",
-              "refactor_factored_attn_matrices")
-
+PROCESSING = (
+    "fold_ln",
+    "center_writing_weights",
+    "center_unembed",
+    "fold_value_biases",
+    "refactor_factored_attn_matrices",
+)
 
 
 class HookedTransformer(TLWeights, TextMethods, InputChecks, HookedRootModule):
@@ -106,11 +132,20 @@ class HookedTransformer(TLWeights, TextMethods, InputChecks, HookedRootModule):
 
     # --- the forward pass ----------------------------------------------------------------------
     def forward(
-        self, input: Int[Tensor, "batch pos"] | Float[Tensor, "batch pos d_model"] | str | list[str],
-        return_type: str | None = "logits", *, loss_per_token: bool = False, prepend_bos: bool | None = None,
-        padding_side: str | None = None, start_at_layer: int | None = None, stop_at_layer: int | None = None,
-        tokens: Tensor | None = None, attention_mask: Tensor | None = None, kv_cache: KVCache | None = None,
-        past_kv_cache: Any = None, shortformer_pos_embed: Tensor | None = None,
+        self,
+        input: Int[Tensor, "batch pos"] | Float[Tensor, "batch pos d_model"] | str | list[str],
+        return_type: str | None = "logits",
+        *,
+        loss_per_token: bool = False,
+        prepend_bos: bool | None = None,
+        padding_side: str | None = None,
+        start_at_layer: int | None = None,
+        stop_at_layer: int | None = None,
+        tokens: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        kv_cache: KVCache | None = None,
+        past_kv_cache: Any = None,
+        shortformer_pos_embed: Tensor | None = None,
     ) -> Any:
         """The model on token ids, or on text through `tokenize`, with TransformerLens's call conventions.
 
@@ -144,19 +179,21 @@ class HookedTransformer(TLWeights, TextMethods, InputChecks, HookedRootModule):
             if tokens is not None:
                 tokens = self.check_tokens(tokens)
             elif return_type in ("loss", "both") and stop_at_layer is None:
-                raise ValueError(f"return_type={return_type!r} with start_at_layer needs tokens= (the ids whose next "
-                                 "tokens the loss scores): the residual stream alone does not say them")
+                raise ValueError(
+                    f"return_type={return_type!r} with start_at_layer needs tokens= (the ids whose next "
+                    "tokens the loss scores): the residual stream alone does not say them"
+                )
             offset = 0 if kv_cache is None else kv_cache.length
             cached = None if kv_cache is None else kv_cache.mask
             padding = padding_of(attention_mask, cached, offset, tuple(x.shape[:2]), x.device)
         if stop_at_layer is not None:  # the residual stream entering block `stop`: nothing after it ran
             return self._run(tokens, x, kv_cache, start, stop, None, padding, shortformer_pos_embed)
         logits = self._run(tokens, x, kv_cache, start, stop, ALL, padding, shortformer_pos_embed)
-        return self._outputs(logits, tokens, return_type, loss_per_token,
-                             loss_mask if padding is None else padding.new)
+        return self._outputs(logits, tokens, return_type, loss_per_token, loss_mask if padding is None else padding.new)
 
-    def next_token_logits(self, tokens: Int[Tensor, "batch pos"], kv_cache: KVCache | None = None,
-                          attention_mask: Tensor | None = None) -> Float[Tensor, "batch d_vocab"]:
+    def next_token_logits(
+        self, tokens: Int[Tensor, "batch pos"], kv_cache: KVCache | None = None, attention_mask: Tensor | None = None
+    ) -> Float[Tensor, "batch d_vocab"]:
         """The logits of each row's next token, `forward(tokens, kv_cache=kv_cache)[:, -1]`: what a decoding step
         reads. The final norm and the unembedding run at the last position only — the other positions' logits
         would be thrown away, and at GPT-2's vocabulary the unembedding is about a third of a prompt's forward
@@ -168,8 +205,9 @@ class HookedTransformer(TLWeights, TextMethods, InputChecks, HookedRootModule):
             return self(tokens, kv_cache=kv_cache, attention_mask=attention_mask)[:, -1]
         offset = 0 if kv_cache is None else kv_cache.length
         tokens = self.check_tokens(tokens, offset)
-        padding = padding_of(attention_mask, None if kv_cache is None else kv_cache.mask, offset, tuple(tokens.shape),
-                             tokens.device)
+        padding = padding_of(
+            attention_mask, None if kv_cache is None else kv_cache.mask, offset, tuple(tokens.shape), tokens.device
+        )
         return self._run(tokens, None, kv_cache, 0, self.cfg.n_layers, LAST, padding)[:, -1]
 
     def _reads_every_position(self) -> bool:
@@ -177,11 +215,22 @@ class HookedTransformer(TLWeights, TextMethods, InputChecks, HookedRootModule):
         torch's own) on one of their modules, or the explicit paths, for wrappers that intercept modules."""
         modules = (*self.ln_final.modules(), *self.unembed.modules())
         return self.cfg.runtime.explicit_paths or any(
-            m._forward_hooks or m._forward_pre_hooks or m._backward_hooks for m in modules)
+            m._forward_hooks or m._forward_pre_hooks or m._backward_hooks for m in modules
+        )
 
-    def _run(self, tokens: Tensor | None, x: Tensor | None, kv_cache: KVCache | None, start: int, stop: int,
-             unembed: slice | None, padding: Any = None, shortformer_pos_embed: Tensor | None = None) -> Tensor:
-        """Embed the tokens (unless the residual stream x, and its shortformer positions, are given), run blocks start … stop − 1, then the final
+    def _run(
+        self,
+        tokens: Tensor | None,
+        x: Tensor | None,
+        kv_cache: KVCache | None,
+        start: int,
+        stop: int,
+        unembed: slice | None,
+        padding: Any = None,
+        shortformer_pos_embed: Tensor | None = None,
+    ) -> Tensor:
+        """Embed the tokens (unless the residual stream x, and its shortformer positions, are given), run blocks start
+        … stop − 1, then the final
         norm and the unembedding at the positions `unembed` selects (None: neither runs). With a KV cache the
         tokens continue its prefix (its mask too, in a padded batch), and a pass that raises truncates every layer
         back to where it started."""
@@ -190,8 +239,9 @@ class HookedTransformer(TLWeights, TextMethods, InputChecks, HookedRootModule):
             if x is None:
                 x, shortformer_pos_embed = self._embed(tokens, offset, padding)
             for layer in range(start, stop):
-                x = self.blocks[layer](x, None if kv_cache is None else kv_cache.entries[layer], padding,
-                                       shortformer_pos_embed)
+                x = self.blocks[layer](
+                    x, None if kv_cache is None else kv_cache.entries[layer], padding, shortformer_pos_embed
+                )
             if kv_cache is not None and padding is not None:
                 kv_cache.mask = padding.keys
             if unembed is None:
@@ -214,8 +264,9 @@ class HookedTransformer(TLWeights, TextMethods, InputChecks, HookedRootModule):
         positions = self.hook_pos_embed(positions)  # a copy (positions_table): an edit in place never reaches W_pos
         return (x, positions) if self.pos_embed.into_attention else (x + positions, None)
 
-    def _outputs(self, logits: Tensor, tokens: Tensor | None, return_type: str | None, loss_per_token: bool,
-                 mask: Tensor | None) -> Any:
+    def _outputs(
+        self, logits: Tensor, tokens: Tensor | None, return_type: str | None, loss_per_token: bool, mask: Tensor | None
+    ) -> Any:
         if return_type == "logits":
             return logits
         if return_type is None:
@@ -227,14 +278,44 @@ class HookedTransformer(TLWeights, TextMethods, InputChecks, HookedRootModule):
         """Mean next-token cross-entropy in nats: −(1/N) Σ log P_θ(x_{t+1} | x_≤t)."""
         return self(tokens, return_type="loss")
 
-    def generate(self, input: str | list[str] | Tensor = "", max_new_tokens: int = 10, stop_at_eos: bool = True,
-                 eos_token_id: int | list[int] | None = None, do_sample: bool = True, top_k: int | None = None,
-                 top_p: float | None = None, temperature: float = 1.0, freq_penalty: float = 0.0,
-                 use_past_kv_cache: bool = True, prepend_bos: bool | None = None, padding_side: str | None = None,
-                 return_type: str | None = "input", verbose: bool = True, *, seed: int | None = None) -> Any:
+    def generate(
+        self,
+        input: str | list[str] | Tensor = "",
+        max_new_tokens: int = 10,
+        stop_at_eos: bool = True,
+        eos_token_id: int | list[int] | None = None,
+        do_sample: bool = True,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        temperature: float = 1.0,
+        freq_penalty: float = 0.0,
+        use_past_kv_cache: bool = True,
+        prepend_bos: bool | None = None,
+        padding_side: str | None = None,
+        return_type: str | None = "input",
+        verbose: bool = True,
+        *,
+        seed: int | None = None,
+    ) -> Any:
         """TransformerLens's generate (lab.model.generation): text or ids in, the continuation out."""
-        return generate(self, input, max_new_tokens, stop_at_eos, eos_token_id, do_sample, top_k, top_p, temperature,
-                        freq_penalty, use_past_kv_cache, prepend_bos, padding_side, return_type, verbose, seed)
+        return generate(
+            self,
+            input,
+            max_new_tokens,
+            stop_at_eos,
+            eos_token_id,
+            do_sample,
+            top_k,
+            top_p,
+            temperature,
+            freq_penalty,
+            use_past_kv_cache,
+            prepend_bos,
+            padding_side,
+            return_type,
+            verbose,
+            seed,
+        )
 
     # --- hooks: TransformerLens's API, with hook names checked first ----------------------------
     def check_hook_names(self, names: Iterable[Any]) -> None:
@@ -248,14 +329,23 @@ class HookedTransformer(TLWeights, TextMethods, InputChecks, HookedRootModule):
                 switch = SWITCHED_NAME.fullmatch(name)
                 if switch is not None:
                     switch = SWITCHED[switch.group(1)]
-                    raise HookSwitchedOff(f"Cannot add hook {name} if {switch[0]} is False: it exists only while the "
-                                          f"switch is on (model.{switch[1]}(True))")
+                    raise HookSwitchedOff(
+                        f"Cannot add hook {name} if {switch[0]} is False: it exists only while the "
+                        f"switch is on (model.{switch[1]}(True))"
+                    )
                 close = difflib.get_close_matches(name, list(self.hook_dict), n=5, cutoff=0.5)
                 hint = f"; did you mean {close}?" if close else "; see model.hook_dict for every name"
                 raise KeyError(f"unknown hook name {name!r}{hint}")
 
-    def add_hook(self, name: Any, hook: HookFn, dir: str = "fwd", is_permanent: bool = False, level: Any = None,
-                 prepend: bool = False) -> None:
+    def add_hook(
+        self,
+        name: Any,
+        hook: HookFn,
+        dir: str = "fwd",
+        is_permanent: bool = False,
+        level: Any = None,
+        prepend: bool = False,
+    ) -> None:
         """TransformerLens's add_hook, after checking the name."""
         self.check_hook_names([name])
         super().add_hook(name, hook, dir=dir, is_permanent=is_permanent, level=level, prepend=prepend)
@@ -267,13 +357,22 @@ class HookedTransformer(TLWeights, TextMethods, InputChecks, HookedRootModule):
         with super().hooks(list(fwd_hooks), list(bwd_hooks), reset_hooks_end, clear_contexts) as model:
             yield model
 
-    def run_with_hooks(self, *model_args: Any, fwd_hooks=(), bwd_hooks=(), reset_hooks_end: bool = True,
-                       clear_contexts: bool = False, **model_kwargs: Any) -> Tensor:
+    def run_with_hooks(
+        self,
+        *model_args: Any,
+        fwd_hooks=(),
+        bwd_hooks=(),
+        reset_hooks_end: bool = True,
+        clear_contexts: bool = False,
+        **model_kwargs: Any,
+    ) -> Tensor:
         """One forward pass with (name, hook_fn) pairs attached; a hook may return a replacement."""
         with self.hooks(fwd_hooks, bwd_hooks, reset_hooks_end, clear_contexts):
             return self(*model_args, **model_kwargs)
 
-    def run_with_cache(self, *model_args: Any, names_filter: Any = None, **kwargs: Any) -> tuple[Tensor, ActivationCache]:
+    def run_with_cache(
+        self, *model_args: Any, names_filter: Any = None, **kwargs: Any
+    ) -> tuple[Tensor, ActivationCache]:
         """(logits, ActivationCache) — the cache holds the activations that `names_filter` selects.
 
         names_filter: None (every hook), a hook name, a list of names, or a predicate on names. Asking for
@@ -289,8 +388,9 @@ class HookedTransformer(TLWeights, TextMethods, InputChecks, HookedRootModule):
         """Form every head's result z^h W_O^h (attn.hook_result [batch, pos, head, d_model]) on every forward and
         cache it by default. The hook point exists only while this is on, as in TransformerLens (off, a cache's
         stack_head_results computes the same from hook_z and W_O)."""
-        self._switch("use_attn_result", use_attn_result,
-                     [(block.attn, Attention.RESULT_HOOKS) for block in self.blocks])
+        self._switch(
+            "use_attn_result", use_attn_result, [(block.attn, Attention.RESULT_HOOKS) for block in self.blocks]
+        )
 
     def set_use_split_qkv_input(self, use_split_qkv_input: bool) -> None:
         """Give each query, key and value head its own copy of the attention's input (blocks.{l}.hook_q_input,
@@ -299,17 +399,24 @@ class HookedTransformer(TLWeights, TextMethods, InputChecks, HookedRootModule):
         patched alone. Excludes use_attn_in."""
         if use_split_qkv_input is True and self.cfg.use_attn_in:
             raise ValueError("use_split_qkv_input and use_attn_in are mutually exclusive: set_use_attn_in(False) first")
-        self._switch("use_split_qkv_input", use_split_qkv_input,
-                     [(m, block.SPLIT_INPUT_HOOKS) for block in self.blocks for m in (block, block.attn)])
+        self._switch(
+            "use_split_qkv_input",
+            use_split_qkv_input,
+            [(m, block.SPLIT_INPUT_HOOKS) for block in self.blocks for m in (block, block.attn)],
+        )
 
     def set_use_attn_in(self, use_attn_in: bool) -> None:
         """Give each query head its own copy of the attention's input, shared by its key and value (blocks.{l}.
         hook_attn_in, then blocks.{l}.attn.hook_attn_in [batch, pos, head, d_model], before ln1). Excludes the split."""
         if use_attn_in is True and self.cfg.use_split_qkv_input:
-            raise ValueError("use_attn_in and use_split_qkv_input are mutually exclusive: call "
-                             "set_use_split_qkv_input(False) first")
-        self._switch("use_attn_in", use_attn_in,
-                     [(m, block.SHARED_INPUT_HOOKS) for block in self.blocks for m in (block, block.attn)])
+            raise ValueError(
+                "use_attn_in and use_split_qkv_input are mutually exclusive: call set_use_split_qkv_input(False) first"
+            )
+        self._switch(
+            "use_attn_in",
+            use_attn_in,
+            [(m, block.SHARED_INPUT_HOOKS) for block in self.blocks for m in (block, block.attn)],
+        )
 
     def set_use_hook_mlp_in(self, use_hook_mlp_in: bool) -> None:
         """Route each MLP branch's input through its own hook point, blocks.{l}.hook_mlp_in [batch, pos, d_model]
@@ -359,19 +466,35 @@ class HookedTransformer(TLWeights, TextMethods, InputChecks, HookedRootModule):
         """Copy weights in, after checking that names and shapes match this config exactly."""
         load_weights(self, state, source)
 
-    def process_weights_(self, fold_ln: bool = True, center_writing_weights: bool = True, center_unembed: bool = True,
-                         refactor_factored_attn_matrices: bool = False, fold_value_biases: bool = True) -> None:
+    def process_weights_(
+        self,
+        fold_ln: bool = True,
+        center_writing_weights: bool = True,
+        center_unembed: bool = True,
+        refactor_factored_attn_matrices: bool = False,
+        fold_value_biases: bool = True,
+    ) -> None:
         """TransformerLens's weight processing, in place (lab.model.processing): the same logits up to a constant
         per position, in weights that are easier to read."""
-        process_weights(self, fold_ln, center_writing_weights, center_unembed, fold_value_biases,
-                        refactor_factored_attn_matrices)
+        process_weights(
+            self, fold_ln, center_writing_weights, center_unembed, fold_value_biases, refactor_factored_attn_matrices
+        )
 
     @classmethod
-    def from_pretrained(cls, model_name: str | Path, *, fold_ln: bool | None = None,
-                        center_writing_weights: bool | None = None, center_unembed: bool | None = None,
-                        refactor_factored_attn_matrices: bool = False, fold_value_biases: bool | None = None,
-                        device: str | torch.device = "cpu", default_prepend_bos: bool | None = None,
-                        default_padding_side: str | None = None, dtype: Any = None) -> "HookedTransformer":
+    def from_pretrained(
+        cls,
+        model_name: str | Path,
+        *,
+        fold_ln: bool | None = None,
+        center_writing_weights: bool | None = None,
+        center_unembed: bool | None = None,
+        refactor_factored_attn_matrices: bool = False,
+        fold_value_biases: bool | None = None,
+        device: str | torch.device = "cpu",
+        default_prepend_bos: bool | None = None,
+        default_padding_side: str | None = None,
+        dtype: Any = None,
+    ) -> "HookedTransformer":
         """A local Hugging Face folder, a zoo model by name or a folder written by `save` (`lab.load.from_pretrained`,
         reached through `lab.folders.load_pretrained`: loading by name is above the model package).
 
@@ -379,10 +502,16 @@ class HookedTransformer(TLWeights, TextMethods, InputChecks, HookedRootModule):
         (refactor off). A Forma folder or zoo model is a checkpoint of the model itself, as `load` reads it: its
         flags default off. default_prepend_bos: None keeps the model's (a Hugging Face model's, as TransformerLens
         sets it; False for Forma's own); default_padding_side sets the tokenizer's."""
-        options = dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights, center_unembed=center_unembed,
-                       refactor_factored_attn_matrices=refactor_factored_attn_matrices,
-                       fold_value_biases=fold_value_biases, default_prepend_bos=default_prepend_bos,
-                       default_padding_side=default_padding_side, dtype=dtype)
+        options = dict(
+            fold_ln=fold_ln,
+            center_writing_weights=center_writing_weights,
+            center_unembed=center_unembed,
+            refactor_factored_attn_matrices=refactor_factored_attn_matrices,
+            fold_value_biases=fold_value_biases,
+            default_prepend_bos=default_prepend_bos,
+            default_padding_side=default_padding_side,
+            dtype=dtype,
+        )
         return load_pretrained(cls, model_name, device, **options)
 
     @classmethod

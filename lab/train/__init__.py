@@ -3,7 +3,8 @@
 Reads top to bottom: `get_batch` (this rank's rows of a global batch that is a pure function of
 (seed, split, step)), `estimate_loss` (mean held-out loss over fixed batches), `get_lr` (linear
 warmup, then cosine to a floor), and `train`, one loop with evaluation, checkpointing and one log
-line per eval interval (`lab.train.loop`). The loop serves both model classes: a `Batch` carries the decoder's tokens and,
+line per eval interval (`lab.train.loop`). The loop serves both model classes: a `Batch` carries the decoder's tokens
+and,
 for an encoder–decoder, the source it reads, and the loss is always `summed_loss(model(*batch.inputs),
 batch.targets)`. Everything a resumed run needs lives in the checkpoint folder (`lab.train.checkpoint`):
 
@@ -33,18 +34,72 @@ group (rank, world size, sums across ranks) is `lab.distributed`'s.
     python -m torch.distributed.run --standalone --nproc_per_node=2 -m lab.train --demo-markov --out DIR
 """
 
-from lab.train.batches import (IGNORE, SPLITS, Batch, Batches, PairBatches, SequenceBatches,  # noqa: F401
-                               TokenStream, batch_seed)
-from lab.train.checkpoint import (CHECKPOINT_DIR, CHECKPOINT_FILES, METRICS_FILE, OPTIMIZER_FILE, RESUMABLE_CHANGES,
-                                  RNG_FILE, STATE_FILE, STATE_FORMAT, TrainState, discard_tree, find_checkpoint,
-                                  has_checkpoint, load_checkpoint, save_checkpoint)
+from lab.train.batches import (
+    IGNORE,
+    SPLITS,
+    Batch,
+    Batches,
+    PairBatches,
+    SequenceBatches,  # noqa: F401
+    TokenStream,
+    batch_seed,
+)
+from lab.train.checkpoint import (
+    CHECKPOINT_DIR,
+    CHECKPOINT_FILES,
+    METRICS_FILE,
+    OPTIMIZER_FILE,
+    RESUMABLE_CHANGES,
+    RNG_FILE,
+    STATE_FILE,
+    STATE_FORMAT,
+    TrainState,
+    discard_tree,
+    find_checkpoint,
+    has_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from lab.train.config import TrainConfig
 from lab.train.entry import DEMO_MODEL, DEMO_TRAIN, demo_markov, main
-from lab.train.loop import (EVAL_SEED, STOP_SIGNALS, TrainingDiverged, TrainingInterrupted, TrainResult,
-                            estimate_loss, get_batch, get_lr, make_optimizer, summed_loss, train)
+from lab.train.loop import (
+    EVAL_SEED,
+    STOP_SIGNALS,
+    TrainingDiverged,
+    TrainingInterrupted,
+    TrainResult,
+    estimate_loss,
+    get_batch,
+    get_lr,
+    make_optimizer,
+    summed_loss,
+    train,
+)
 
 # Every name of the former lab/train.py module stays importable from lab.train (constants too).
-__all__ = ["DEMO_MODEL", "DEMO_TRAIN", "Batch", "Batches", "SequenceBatches", "TokenStream", "TrainConfig",
-           "TrainResult", "TrainState", "TrainingDiverged", "TrainingInterrupted", "batch_seed", "demo_markov",
-           "estimate_loss", "find_checkpoint", "get_batch", "get_lr", "has_checkpoint",
-           "load_checkpoint", "make_optimizer", "PairBatches", "save_checkpoint", "summed_loss", "train"]
+__all__ = [
+    "DEMO_MODEL",
+    "DEMO_TRAIN",
+    "Batch",
+    "Batches",
+    "SequenceBatches",
+    "TokenStream",
+    "TrainConfig",
+    "TrainResult",
+    "TrainState",
+    "TrainingDiverged",
+    "TrainingInterrupted",
+    "batch_seed",
+    "demo_markov",
+    "estimate_loss",
+    "find_checkpoint",
+    "get_batch",
+    "get_lr",
+    "has_checkpoint",
+    "load_checkpoint",
+    "make_optimizer",
+    "PairBatches",
+    "save_checkpoint",
+    "summed_loss",
+    "train",
+]

@@ -41,8 +41,9 @@ class Batches(Protocol):
     def get_batch(self, split: str, index: int, batch_size: int, seq_len: int, seed: int) -> Batch: ...
 
 
-def pad_documents(rows: list[list[int]], pad_id: int, length: int,
-                  scored: list[list[bool]] | None = None) -> tuple[Int[Tensor, "doc pos"], Tensor]:
+def pad_documents(
+    rows: list[list[int]], pad_id: int, length: int, scored: list[list[bool]] | None = None
+) -> tuple[Int[Tensor, "doc pos"], Tensor]:
     """Token documents as one [n_docs, length] tensor, padded with `pad_id` at the end, and the mask of the
     positions a loss reads: each document's own tokens, or the positions `scored` marks. A document longer than
     `length` is a ValueError that says so."""
@@ -71,8 +72,10 @@ class TokenStream:
     independent sequences (e.g. samples of a Markov source) and windows never cross a row."""
 
     def __init__(self, train_tokens: Any, val_tokens: Any) -> None:
-        self.tokens = {"train": _token_tensor(train_tokens, "train_tokens"),
-                       "val": _token_tensor(val_tokens, "val_tokens")}
+        self.tokens = {
+            "train": _token_tensor(train_tokens, "train_tokens"),
+            "val": _token_tensor(val_tokens, "val_tokens"),
+        }
         for split, tokens in self.tokens.items():
             if tokens.ndim == 1:
                 self.tokens[split] = tokens[None, :]
@@ -98,26 +101,33 @@ class SequenceBatches:
     False for e.g. a prompt the model should condition on but not be trained to produce."""
 
     def __init__(self, sequences: Any, val_sequences: Any, mask: Any = None, val_mask: Any = None) -> None:
-        self.sequences = {"train": _token_tensor(sequences, "sequences"),
-                          "val": _token_tensor(val_sequences, "val_sequences")}
+        self.sequences = {
+            "train": _token_tensor(sequences, "sequences"),
+            "val": _token_tensor(val_sequences, "val_sequences"),
+        }
         self.masks = {"train": mask, "val": val_mask}
         for split, seqs in self.sequences.items():
             if seqs.ndim != 2:
-                raise ValueError(f"SequenceBatches: {split} sequences must be 2-D [n, length], "
-                                 f"got shape {tuple(seqs.shape)}")
+                raise ValueError(
+                    f"SequenceBatches: {split} sequences must be 2-D [n, length], got shape {tuple(seqs.shape)}"
+                )
             if self.masks[split] is not None:
                 m = torch.as_tensor(self.masks[split])
                 if m.dtype != torch.bool or m.shape != seqs.shape:
-                    raise ValueError(f"SequenceBatches: {split} mask must be a bool tensor of shape "
-                                     f"{tuple(seqs.shape)}, got {m.dtype} {tuple(m.shape)}")
+                    raise ValueError(
+                        f"SequenceBatches: {split} mask must be a bool tensor of shape "
+                        f"{tuple(seqs.shape)}, got {m.dtype} {tuple(m.shape)}"
+                    )
                 self.masks[split] = m
 
     def get_batch(self, split: str, index: int, batch_size: int, seq_len: int, seed: int) -> Batch:
         seqs = self.sequences[split]
         n, length = seqs.shape
         if seq_len != length:
-            raise ValueError(f"SequenceBatches: {split} documents have length {length}, "
-                             f"but TrainConfig.seq_len is {seq_len}; they must match")
+            raise ValueError(
+                f"SequenceBatches: {split} documents have length {length}, "
+                f"but TrainConfig.seq_len is {seq_len}; they must match"
+            )
         rows = []
         first = index * batch_size  # position of this batch's first document in the endless stream
         for k in range(first, first + batch_size):
@@ -144,7 +154,6 @@ def _token_tensor(tokens: Any, name: str) -> Tensor:
     return tokens.long()
 
 
-
 class PairBatches:
     """(source, target) id pairs for an encoder–decoder model, grouped by (source length, target length)
     so that no batch needs padding or a padding mask. Batch `index` of a split draws one group with
@@ -161,11 +170,15 @@ class PairBatches:
             by_shape: dict[tuple[int, int], list[tuple[list[int], list[int]]]] = {}
             for src, tgt in pairs:
                 if len(src) < 1 or len(tgt) < 2:
-                    raise ValueError(f"PairBatches: a {split} pair has a source of {len(src)} and a target of "
-                                     f"{len(tgt)} tokens; it needs ≥ 1 and ≥ 2 (one to read, one to predict)")
+                    raise ValueError(
+                        f"PairBatches: a {split} pair has a source of {len(src)} and a target of "
+                        f"{len(tgt)} tokens; it needs ≥ 1 and ≥ 2 (one to read, one to predict)"
+                    )
                 by_shape.setdefault((len(src), len(tgt)), []).append((src, tgt))
-            self.groups[split] = [(torch.tensor([s for s, _ in group]), torch.tensor([t for _, t in group]))
-                                  for _, group in sorted(by_shape.items())]
+            self.groups[split] = [
+                (torch.tensor([s for s, _ in group]), torch.tensor([t for _, t in group]))
+                for _, group in sorted(by_shape.items())
+            ]
 
     def get_batch(self, split: str, index: int, batch_size: int, seq_len: int, seed: int) -> Batch:
         generator = torch.Generator().manual_seed(batch_seed(seed, split, index))
@@ -173,7 +186,9 @@ class PairBatches:
         sizes = torch.tensor([len(src) for src, _ in groups], dtype=torch.float)
         src, tgt = groups[int(torch.multinomial(sizes, 1, generator=generator))]
         if max(src.shape[1], tgt.shape[1]) > seq_len:
-            raise ValueError(f"PairBatches: {split} pairs of {src.shape[1]} source and {tgt.shape[1]} target tokens "
-                             f"are longer than seq_len = {seq_len}")
+            raise ValueError(
+                f"PairBatches: {split} pairs of {src.shape[1]} source and {tgt.shape[1]} target tokens "
+                f"are longer than seq_len = {seq_len}"
+            )
         rows = torch.randint(len(src), (batch_size,), generator=generator)
         return Batch(tgt[rows], tgt[rows, 1:], source=src[rows])

@@ -54,9 +54,13 @@ class TrainState:
     tokens_seen: int = 0  # decoder tokens read by the updates (an encoder–decoder's targets, not sources)
 
 
-
-def save_checkpoint(directory: str | Path, model: HookedTransformer, optimizer: torch.optim.Optimizer,
-                    cfg: TrainConfig, state: TrainState) -> Path:
+def save_checkpoint(
+    directory: str | Path,
+    model: HookedTransformer,
+    optimizer: torch.optim.Optimizer,
+    cfg: TrainConfig,
+    state: TrainState,
+) -> Path:
     """Write a complete checkpoint into a temporary sibling folder, then rename it into place."""
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
@@ -66,8 +70,13 @@ def save_checkpoint(directory: str | Path, model: HookedTransformer, optimizer: 
         model.save(tmp)
         save_file(optimizer_tensors(optimizer), str(tmp / OPTIMIZER_FILE))
         save_file(_rng_tensors(), str(tmp / RNG_FILE))
-        meta = {"format": STATE_FORMAT, **dataclasses.asdict(state), "world_size": rank_world()[1],
-                "train_config": cfg.to_dict(), "model_config": model.cfg.to_dict()}
+        meta = {
+            "format": STATE_FORMAT,
+            **dataclasses.asdict(state),
+            "world_size": rank_world()[1],
+            "train_config": cfg.to_dict(),
+            "model_config": model.cfg.to_dict(),
+        }
         (tmp / STATE_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         # A directory cannot be renamed over a non-empty one: move the old one aside first. A crash
         # between the two renames leaves the old checkpoint complete at `.checkpoint.old`, which
@@ -112,8 +121,9 @@ def find_checkpoint(directory: str | Path) -> Path:
     raise FileNotFoundError(f"no checkpoint at {directory} to resume from; train with resume=False to start fresh")
 
 
-def load_checkpoint(directory: str | Path, model: HookedTransformer, optimizer: torch.optim.Optimizer,
-                    cfg: TrainConfig) -> TrainState:
+def load_checkpoint(
+    directory: str | Path, model: HookedTransformer, optimizer: torch.optim.Optimizer, cfg: TrainConfig
+) -> TrainState:
     """Restore weights, optimizer state and RNG from a checkpoint made with the same configs."""
     directory = find_checkpoint(directory)
     missing = [name for name in CHECKPOINT_FILES if not (directory / name).is_file()]
@@ -121,8 +131,10 @@ def load_checkpoint(directory: str | Path, model: HookedTransformer, optimizer: 
         raise FileNotFoundError(f"checkpoint {directory} is incomplete: missing {', '.join(missing)}")
     meta = _read_state_file(directory / STATE_FILE)
     differences = []
-    for what, saved, now, skip in (("config", meta["train_config"], cfg.to_dict(), RESUMABLE_CHANGES),
-                                   ("model config", meta["model_config"], model.cfg.to_dict(), ("tokenizer",))):
+    for what, saved, now, skip in (
+        ("config", meta["train_config"], cfg.to_dict(), RESUMABLE_CHANGES),
+        ("model config", meta["model_config"], model.cfg.to_dict(), ("tokenizer",)),
+    ):
         changed = _differences(saved, now, skip)
         if changed:
             differences.append(f"{what} differs in {', '.join(changed)}")
@@ -134,9 +146,13 @@ def load_checkpoint(directory: str | Path, model: HookedTransformer, optimizer: 
     _set_rng_tensors(read_safetensors(directory / RNG_FILE), directory / RNG_FILE)
     # Checkpoints from before tokens_seen was kept were all of fixed-length windows.
     tokens_seen = meta.get("tokens_seen", meta["step"] * cfg.batch_size * cfg.seq_len)
-    return TrainState(step=meta["step"], train_loss_nats=meta["train_loss_nats"],
-                      best_val_loss_nats=meta["best_val_loss_nats"], elapsed_s=meta["elapsed_s"],
-                      tokens_seen=tokens_seen)
+    return TrainState(
+        step=meta["step"],
+        train_loss_nats=meta["train_loss_nats"],
+        best_val_loss_nats=meta["best_val_loss_nats"],
+        elapsed_s=meta["elapsed_s"],
+        tokens_seen=tokens_seen,
+    )
 
 
 def _old_path(directory: Path) -> Path:
@@ -154,8 +170,11 @@ def remove_checkpoints(directory: Path, keep: bool = False) -> None:
 
 def _differences(saved: dict[str, Any], now: dict[str, Any], skip: tuple[str, ...]) -> list[str]:
     keys = [k for k in dict.fromkeys([*now, *saved]) if k not in skip]
-    return [f"{k} (checkpoint {saved.get(k, '<absent>')!r}, now {now.get(k, '<absent>')!r})"
-            for k in keys if saved.get(k, "<absent>") != now.get(k, "<absent>")]
+    return [
+        f"{k} (checkpoint {saved.get(k, '<absent>')!r}, now {now.get(k, '<absent>')!r})"
+        for k in keys
+        if saved.get(k, "<absent>") != now.get(k, "<absent>")
+    ]
 
 
 def _read_state_file(path: Path) -> dict[str, Any]:
@@ -197,8 +216,9 @@ def load_optimizer_tensors(optimizer: torch.optim.Optimizer, tensors: dict[str, 
         if not index.isdigit() or int(index) >= len(params) or not name:
             raise ValueError(f"{path}: unexpected entry {key!r} for an optimizer over {len(params)} tensors")
         if name.startswith("exp_avg") and value.shape != params[int(index)].shape:
-            raise ValueError(f"{path}: {key} has shape {tuple(value.shape)}, "
-                             f"the parameter has {tuple(params[int(index)].shape)}")
+            raise ValueError(
+                f"{path}: {key} has shape {tuple(value.shape)}, the parameter has {tuple(params[int(index)].shape)}"
+            )
         state.setdefault(int(index), {})[name] = value
     # The parameter groups (lr, betas, decay) follow from the TrainConfig, already checked equal.
     optimizer.load_state_dict({"state": state, "param_groups": optimizer.state_dict()["param_groups"]})

@@ -26,8 +26,15 @@ from lab.files import atomic_write
 from lab.model import HookedTransformer
 from lab.progress import bar as progress_bar
 from lab.train.batches import IGNORE, Batch, Batches
-from lab.train.checkpoint import (CHECKPOINT_DIR, METRICS_FILE, TrainState, read_metrics, remove_checkpoints,
-                                  load_checkpoint, save_checkpoint)
+from lab.train.checkpoint import (
+    CHECKPOINT_DIR,
+    METRICS_FILE,
+    TrainState,
+    load_checkpoint,
+    read_metrics,
+    remove_checkpoints,
+    save_checkpoint,
+)
 from lab.train.config import TrainConfig
 
 logger = logging.getLogger("lab.train")  # the package's one logger
@@ -35,22 +42,33 @@ EVAL_SEED = 0  # held-out batches do not depend on the training seed, so runs wi
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def get_batch(data: Batches, split: str, index: int, cfg: TrainConfig, rank: int, world: int,
-              device: torch.device) -> tuple[Batch, int]:
+def get_batch(
+    data: Batches, split: str, index: int, cfg: TrainConfig, rank: int, world: int, device: torch.device
+) -> tuple[Batch, int]:
     """This rank's contiguous rows of global batch `index`, on `device`, and the number of scored
     targets in the whole global batch (the loss's denominator on every rank)."""
     seed = cfg.seed if split == "train" else EVAL_SEED
     batch = data.get_batch(split, index, cfg.batch_size, cfg.seq_len, seed)
     rows, length = batch.tokens.shape if batch.tokens.ndim == 2 else (None, None)
-    if (rows != cfg.batch_size or not 2 <= length <= cfg.seq_len
-            or tuple(batch.targets.shape) != (cfg.batch_size, length - 1)):
-        raise ValueError(f"{type(data).__name__}.get_batch gave tokens {tuple(batch.tokens.shape)} and targets "
-                         f"{tuple(batch.targets.shape)}; expected ({cfg.batch_size}, L) and "
-                         f"({cfg.batch_size}, L − 1) with 2 ≤ L ≤ seq_len = {cfg.seq_len}")
-    if batch.source is not None and (batch.source.ndim != 2 or batch.source.shape[0] != cfg.batch_size
-                                     or not 1 <= batch.source.shape[1] <= cfg.seq_len):
-        raise ValueError(f"{type(data).__name__}.get_batch gave a source of shape {tuple(batch.source.shape)}; "
-                         f"expected ({cfg.batch_size}, S) with 1 ≤ S ≤ seq_len = {cfg.seq_len}")
+    if (
+        rows != cfg.batch_size
+        or not 2 <= length <= cfg.seq_len
+        or tuple(batch.targets.shape) != (cfg.batch_size, length - 1)
+    ):
+        raise ValueError(
+            f"{type(data).__name__}.get_batch gave tokens {tuple(batch.tokens.shape)} and targets "
+            f"{tuple(batch.targets.shape)}; expected ({cfg.batch_size}, L) and "
+            f"({cfg.batch_size}, L − 1) with 2 ≤ L ≤ seq_len = {cfg.seq_len}"
+        )
+    if batch.source is not None and (
+        batch.source.ndim != 2
+        or batch.source.shape[0] != cfg.batch_size
+        or not 1 <= batch.source.shape[1] <= cfg.seq_len
+    ):
+        raise ValueError(
+            f"{type(data).__name__}.get_batch gave a source of shape {tuple(batch.source.shape)}; "
+            f"expected ({cfg.batch_size}, S) with 1 ≤ S ≤ seq_len = {cfg.seq_len}"
+        )
     n_scored = int((batch.targets != IGNORE).sum())
     if n_scored == 0:
         raise ValueError(f"{split} batch {index} has no scored targets: the mask hides every prediction")
@@ -60,13 +78,20 @@ def get_batch(data: Batches, split: str, index: int, cfg: TrainConfig, rank: int
 
 def summed_loss(logits: Float[Tensor, "batch pos d_vocab"], targets: Int[Tensor, "batch pos-1"]) -> Float[Tensor, ""]:
     """Σ −log P_θ(x_{t+1} | x_≤t) over the scored targets, in nats (divide by their count for the mean)."""
-    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), targets.reshape(-1),
-                           ignore_index=IGNORE, reduction="sum")
+    return F.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=IGNORE, reduction="sum"
+    )
 
 
 @torch.no_grad()
-def estimate_loss(model: torch.nn.Module, data: Batches, cfg: TrainConfig, rank: int = 0, world: int = 1,
-                  device: torch.device | str = "cpu") -> float:
+def estimate_loss(
+    model: torch.nn.Module,
+    data: Batches,
+    cfg: TrainConfig,
+    rank: int = 0,
+    world: int = 1,
+    device: torch.device | str = "cpu",
+) -> float:
     """Mean held-out loss in nats per scored token over the same `eval_batches` batches every time."""
     was_training = model.training
     model.eval()
@@ -95,10 +120,11 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Adam
     """AdamW with weight decay on the ≥2-D weights (matrices, embeddings) and none on biases and
     norm gains, which set scales rather than store features (the nanoGPT / GPT-2 convention)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
-
 
 
 @dataclass(frozen=True)
@@ -116,8 +142,9 @@ class TrainingInterrupted(KeyboardInterrupt):
     """SIGINT or SIGTERM stopped training at a step boundary, after a complete checkpoint (`checkpoint`,
     None when there was no out_dir). A KeyboardInterrupt, so that code which catches Exception lets it by."""
 
-    def __init__(self, signum: int, step: int | None = None, steps: int | None = None,
-                 checkpoint: Path | None = None) -> None:
+    def __init__(
+        self, signum: int, step: int | None = None, steps: int | None = None, checkpoint: Path | None = None
+    ) -> None:
         self.signum, self.step, self.checkpoint = signum, step, checkpoint
         where = "" if step is None else f" at step {step}/{steps}"
         saved = "" if checkpoint is None else f"; checkpoint saved in {checkpoint}"
@@ -152,8 +179,15 @@ class _StopSignals:
             signal.signal(s, handler)
 
 
-def train(model: torch.nn.Module, cfg: TrainConfig, data: Batches, out_dir: str | Path | None = None,
-          resume: bool = False, progress: bool = True, stop_after: int | None = None) -> TrainResult:
+def train(
+    model: torch.nn.Module,
+    cfg: TrainConfig,
+    data: Batches,
+    out_dir: str | Path | None = None,
+    resume: bool = False,
+    progress: bool = True,
+    stop_after: int | None = None,
+) -> TrainResult:
     """Train `model` in place: a `HookedTransformer` (model(tokens)) or an `EncoderDecoder`
     (model(source, tokens)), whichever `data`'s batches are for. With `out_dir`, write metrics.jsonl
     and checkpoints there (rank 0 only); `resume=True` continues from out_dir/checkpoint, and
@@ -175,8 +209,10 @@ def train(model: torch.nn.Module, cfg: TrainConfig, data: Batches, out_dir: str 
         state = load_checkpoint(out_dir / CHECKPOINT_DIR, model, optimizer, cfg)
         history = [r for r in read_metrics(metrics_path) if r["step"] <= state.step]
         if [r["step"] for r in history] != list(range(1, state.step + 1)):
-            raise ValueError(f"resume: {metrics_path} does not hold one record for each of the checkpoint's "
-                             f"{state.step} steps; train with resume=False to start afresh")
+            raise ValueError(
+                f"resume: {metrics_path} does not hold one record for each of the checkpoint's "
+                f"{state.step} steps; train with resume=False to start afresh"
+            )
     else:
         torch.manual_seed(cfg.seed)
         state, history = TrainState(), []
@@ -184,9 +220,13 @@ def train(model: torch.nn.Module, cfg: TrainConfig, data: Batches, out_dir: str 
         out_dir.mkdir(parents=True, exist_ok=True)
         remove_checkpoints(out_dir / CHECKPOINT_DIR, keep=resume)
         atomic_write(metrics_path, lambda path: path.write_text("".join(json.dumps(r) + "\n" for r in history)))
-    ddp = model if world == 1 else DistributedDataParallel(
-        model, device_ids=[device.index] if device.type == "cuda" else None,
-        forward_sync_buffers=False)  # buffers (masks, rotary tables) are functions of the config
+    ddp = (
+        model
+        if world == 1
+        else DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None, forward_sync_buffers=False
+        )
+    )  # buffers (masks, rotary tables) are functions of the config
 
     end = cfg.steps if stop_after is None else stop_after
     saved_step = state.step if resume else None  # the step of the newest complete checkpoint
@@ -213,10 +253,15 @@ def train(model: torch.nn.Module, cfg: TrainConfig, data: Batches, out_dir: str 
             optimizer.zero_grad(set_to_none=True)
             train_loss = all_ranks_sum(loss_sum.detach(), world) / n_scored
             if not math.isfinite(train_loss):
-                kept = ("no checkpoint was written yet" if saved_step is None or out_dir is None
-                        else f"the checkpoint of step {saved_step} is kept in {out_dir / CHECKPOINT_DIR}")
-                raise TrainingDiverged(f"training diverged at step {step + 1}: train loss is {train_loss} "
-                                       f"(lr {lr:.3g}); try a lower lr or a tighter grad_clip; {kept}")
+                kept = (
+                    "no checkpoint was written yet"
+                    if saved_step is None or out_dir is None
+                    else f"the checkpoint of step {saved_step} is kept in {out_dir / CHECKPOINT_DIR}"
+                )
+                raise TrainingDiverged(
+                    f"training diverged at step {step + 1}: train loss is {train_loss} "
+                    f"(lr {lr:.3g}); try a lower lr or a tighter grad_clip; {kept}"
+                )
 
             state.step = done = step + 1
             state.train_loss_nats = train_loss
@@ -232,8 +277,10 @@ def train(model: torch.nn.Module, cfg: TrainConfig, data: Batches, out_dir: str 
                     state.best_val_loss_nats = val_loss
                 seconds, tokens_before = time.perf_counter() - interval_start[0], interval_start[1]
                 tokens_per_s = (state.tokens_seen - tokens_before) / max(seconds, 1e-9)
-                log(f"step {done:>6}/{cfg.steps} | lr {lr:.2e} | train {train_loss:.4f} nats | "
-                    f"val {val_loss:.4f} nats | {tokens_per_s:,.0f} tokens/s")
+                log(
+                    f"step {done:>6}/{cfg.steps} | lr {lr:.2e} | train {train_loss:.4f} nats | "
+                    f"val {val_loss:.4f} nats | {tokens_per_s:,.0f} tokens/s"
+                )
                 interval_start = (time.perf_counter(), state.tokens_seen)
             record["elapsed_s"] = round(state.elapsed_s, 3)
             history.append(record)
@@ -241,8 +288,12 @@ def train(model: torch.nn.Module, cfg: TrainConfig, data: Batches, out_dir: str 
                 with metrics_path.open("a") as f:
                     f.write(json.dumps(record) + "\n")
             stopping = any_rank(stop is not None and stop.signum is not None, world, device)
-            due = (done == end or stopping or (cfg.checkpoint_interval and done % cfg.checkpoint_interval == 0)
-                   or (cfg.checkpoint_every_s and time.perf_counter() - last_save >= cfg.checkpoint_every_s))
+            due = (
+                done == end
+                or stopping
+                or (cfg.checkpoint_interval and done % cfg.checkpoint_interval == 0)
+                or (cfg.checkpoint_every_s and time.perf_counter() - last_save >= cfg.checkpoint_every_s)
+            )
             if out_dir is not None and due:
                 if rank == 0:
                     save_checkpoint(out_dir / CHECKPOINT_DIR, model, optimizer, cfg, state)
@@ -260,8 +311,15 @@ def train(model: torch.nn.Module, cfg: TrainConfig, data: Batches, out_dir: str 
     return TrainResult(state.step, state.train_loss_nats, state.best_val_loss_nats, history, state.elapsed_s)
 
 
-def _check_run(model: HookedTransformer, cfg: TrainConfig, data: Any, world: int, out_dir: Path | None,
-               resume: bool, stop_after: int | None) -> None:
+def _check_run(
+    model: HookedTransformer,
+    cfg: TrainConfig,
+    data: Any,
+    world: int,
+    out_dir: Path | None,
+    resume: bool,
+    stop_after: int | None,
+) -> None:
     if not isinstance(cfg, TrainConfig):
         raise TypeError(f"train needs a TrainConfig, got {type(cfg).__name__}")
     if not isinstance(data, Batches):

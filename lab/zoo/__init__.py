@@ -28,19 +28,61 @@ world_source), `cards` (what card.json measures), `builds` (build folders, resum
 rename) and `building` (build).
 """
 
-from lab.folders import (DEFAULT_ZOO_DIR, RECIPE_FILE, check_zoo_name, is_trained, zoo_dir,
-                         zoo_model_dir, zoo_names)  # re-exported: lab.zoo names them too
+from lab.folders import (
+    DEFAULT_ZOO_DIR,
+    RECIPE_FILE,
+    check_zoo_name,
+    is_trained,
+    zoo_dir,
+    zoo_model_dir,
+    zoo_names,
+)  # re-exported: lab.zoo names them too
 from lab.zoo.building import MODEL_KINDS, build
-from lab.zoo.builds import (BUILD_FORMAT, BUILD_RECIPE, BUILDS_DIR, CURRENT_LINK, LOCK_FILE, NEXT_LINK,
-                            UNLINKED_NAMES)
+from lab.zoo.builds import BUILD_FORMAT, BUILD_RECIPE, BUILDS_DIR, CURRENT_LINK, LOCK_FILE, NEXT_LINK, UNLINKED_NAMES
 from lab.zoo.cards import ngram_perplexities
-from lab.zoo.recipes import (MAX_FACT_DOCUMENTS, MODEL_KIND_NAMES, TABLES, TYPE_NAMES, WORLD_KEYS, WorldKey,
-                             check_recipe_tables, check_world, load_recipe)
+from lab.zoo.recipes import (
+    MAX_FACT_DOCUMENTS,
+    MODEL_KIND_NAMES,
+    TABLES,
+    TYPE_NAMES,
+    WORLD_KEYS,
+    WorldKey,
+    check_recipe_tables,
+    check_world,
+    load_recipe,
+)
 from lab.zoo.worlds import WorldData, build_world, make_source, world_source
 
 # Every public name of the former lab/zoo.py module stays importable from lab.zoo.
-__all__ = ["BUILDS_DIR", "BUILD_FORMAT", "BUILD_RECIPE", "CURRENT_LINK", "DEFAULT_ZOO_DIR", "LOCK_FILE",
-           "MAX_FACT_DOCUMENTS", "MODEL_KINDS", "MODEL_KIND_NAMES", "NEXT_LINK", "RECIPE_FILE", "TABLES",
-           "TYPE_NAMES", "UNLINKED_NAMES", "WORLD_KEYS", "WorldData", "WorldKey", "build", "build_world",
-           "check_recipe_tables", "check_world", "check_zoo_name", "is_trained", "load_recipe", "make_source",
-           "ngram_perplexities", "world_source", "zoo_dir", "zoo_model_dir", "zoo_names"]
+__all__ = [
+    "BUILDS_DIR",
+    "BUILD_FORMAT",
+    "BUILD_RECIPE",
+    "CURRENT_LINK",
+    "DEFAULT_ZOO_DIR",
+    "LOCK_FILE",
+    "MAX_FACT_DOCUMENTS",
+    "MODEL_KINDS",
+    "MODEL_KIND_NAMES",
+    "NEXT_LINK",
+    "RECIPE_FILE",
+    "TABLES",
+    "TYPE_NAMES",
+    "UNLINKED_NAMES",
+    "WORLD_KEYS",
+    "WorldData",
+    "WorldKey",
+    "build",
+    "build_world",
+    "check_recipe_tables",
+    "check_world",
+    "check_zoo_name",
+    "is_trained",
+    "load_recipe",
+    "make_source",
+    "ngram_perplexities",
+    "world_source",
+    "zoo_dir",
+    "zoo_model_dir",
+    "zoo_names",
+]

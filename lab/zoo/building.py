@@ -25,8 +25,12 @@ def build(name: str, quick: bool = False, progress: bool = True, out: Path | Non
     last checkpoint (a clear error when there is none, or when the recipe changed since it began)."""
     recipe = load_recipe(name, quick=quick)
     directory = Path(out) if out is not None else zoo_dir() / name
-    record = {"format": BUILD_FORMAT, "name": name, "quick": quick,
-              **{table: recipe[table] for table in ("world", "model", "train")}}
+    record = {
+        "format": BUILD_FORMAT,
+        "name": name,
+        "quick": quick,
+        **{table: recipe[table] for table in ("world", "model", "train")},
+    }
     with only_build(directory, name):
         staging = resume_build(directory, record) if resume else start_build(directory, record)
         if staging != published_build(directory):  # else it was complete, and only its tidying was cut short
@@ -50,16 +54,28 @@ def _train_into(staging: Path, name: str, recipe: dict[str, Any], quick: bool, p
         raise ValueError(f"recipe {path}: [world] {err}") from err
     model, batches = MODEL_KINDS[kind](name, model_table, data, train_cfg.seed)
     world_s = time.perf_counter() - start
-    result = train(model, train_cfg, batches, out_dir=staging / "train", progress=progress,
-                   resume=has_checkpoint(staging / "train" / "checkpoint"))
+    result = train(
+        model,
+        train_cfg,
+        batches,
+        out_dir=staging / "train",
+        progress=progress,
+        resume=has_checkpoint(staging / "train" / "checkpoint"),
+    )
     model.eval().save(staging)
     write_json(staging / "world.json", data.world)
     card: dict[str, Any] = {
-        "name": name, "quick": quick, "n_params": sum(p.numel() for p in model.parameters()),
-        "world_build_s": world_s, "train_s": result.elapsed_s, "steps": result.step,
-        "final_train_loss_nats": result.train_loss_nats, "best_val_loss_nats": result.best_val_loss_nats,
+        "name": name,
+        "quick": quick,
+        "n_params": sum(p.numel() for p in model.parameters()),
+        "world_build_s": world_s,
+        "train_s": result.elapsed_s,
+        "steps": result.step,
+        "final_train_loss_nats": result.train_loss_nats,
+        "best_val_loss_nats": result.best_val_loss_nats,
         "best_val_loss_note": "training's own estimate: the best mean loss over eval_batches random held-out batches",
-        "world": data.world, **measured_card(model, data, recipe["world"], result.history),
+        "world": data.world,
+        **measured_card(model, data, recipe["world"], result.history),
         "provenance": provenance(train_cfg.seed, **machine_state()),
     }
     if "held_out" in data.world:
@@ -70,8 +86,10 @@ def _train_into(staging: Path, name: str, recipe: dict[str, Any], quick: bool, p
 def _decoder_only(name: str, table: dict[str, Any], data: Any, seed: int) -> tuple[Any, Any]:
     """A HookedTransformer for a sequence world, and its batches (windows of a stream, or whole documents)."""
     if not isinstance(data, WorldData):
-        raise ValueError(f"recipe {name}: a {data.world['kind']!r} world gives (source, target) pairs; "
-                         "it needs [model] kind = \"encoder_decoder\"")
+        raise ValueError(
+            f"recipe {name}: a {data.world['kind']!r} world gives (source, target) pairs; "
+            'it needs [model] kind = "encoder_decoder"'
+        )
     cfg = ModelConfig.from_dict(table | {"d_vocab": data.d_vocab, "tokenizer": name})
     model = HookedTransformer(cfg, seed=seed, tokenizer=data.tokenizer)
     if data.train.ndim == 1:
@@ -82,11 +100,18 @@ def _decoder_only(name: str, table: dict[str, Any], data: Any, seed: int) -> tup
 def _encoder_decoder(name: str, table: dict[str, Any], data: Any, seed: int) -> tuple[Any, Any]:
     """An EncoderDecoder for a translation world ("dates"), and its (source, target) pair batches."""
     if not isinstance(data, TranslationData):
-        raise ValueError(f"recipe {name}: an encoder_decoder model needs a translation world (kind = \"dates\"), "
-                         f"got {data.world['spec']['kind']!r}")
-    cfg = EncoderDecoderConfig.from_dict(table | {"d_vocab_src": data.src_tokenizer.get_vocab_size(),
-                                                  "d_vocab_tgt": data.tgt_tokenizer.get_vocab_size(),
-                                                  "tokenizer": name})
+        raise ValueError(
+            f'recipe {name}: an encoder_decoder model needs a translation world (kind = "dates"), '
+            f"got {data.world['spec']['kind']!r}"
+        )
+    cfg = EncoderDecoderConfig.from_dict(
+        table
+        | {
+            "d_vocab_src": data.src_tokenizer.get_vocab_size(),
+            "d_vocab_tgt": data.tgt_tokenizer.get_vocab_size(),
+            "tokenizer": name,
+        }
+    )
     model = EncoderDecoder(cfg, seed=seed, src_tokenizer=data.src_tokenizer, tgt_tokenizer=data.tgt_tokenizer)
     return model, PairBatches(data.train, data.held_out)
 

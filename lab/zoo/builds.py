@@ -29,8 +29,16 @@ BUILD_FORMAT = "forma-build/1"
 LOCK_FILE = ".lock"  # held by the one `forma train NAME` building here
 # What a model folder held as plain files before builds were published through links. The first
 # publish moves them into a build of their own (by hard links) so that they, too, swap in one rename.
-UNLINKED_NAMES = ("model.safetensors", "config.json", "tokenizer.json", "src_tokenizer.json", "tgt_tokenizer.json",
-                  "world.json", "card.json", "train")
+UNLINKED_NAMES = (
+    "model.safetensors",
+    "config.json",
+    "tokenizer.json",
+    "src_tokenizer.json",
+    "tgt_tokenizer.json",
+    "world.json",
+    "card.json",
+    "train",
+)
 
 
 logger = logging.getLogger(__name__)
@@ -46,8 +54,12 @@ def start_build(directory: Path, record: dict[str, Any]) -> Path:
     abandoned = _target(directory / NEXT_LINK)
     _point(directory / NEXT_LINK, staging)
     if abandoned is not None and abandoned != published_build(directory):
-        logger.warning("%s: discarding the interrupted build in %s (`forma train %s --resume` continues one)",
-                       record["name"], abandoned, record["name"])
+        logger.warning(
+            "%s: discarding the interrupted build in %s (`forma train %s --resume` continues one)",
+            record["name"],
+            abandoned,
+            record["name"],
+        )
         discard_tree(abandoned)
     return staging
 
@@ -58,34 +70,44 @@ def resume_build(directory: Path, record: dict[str, Any]) -> Path:
     again = f"`forma train {name}{' --quick' if record['quick'] else ''}`"
     staging = _target(directory / NEXT_LINK)
     if staging is None or not (staging / BUILD_RECIPE).is_file():
-        raise FileNotFoundError(f"nothing to resume for {name}: {directory} holds no interrupted build "
-                                f"(the last one finished, or none began); run {again} to train afresh")
+        raise FileNotFoundError(
+            f"nothing to resume for {name}: {directory} holds no interrupted build "
+            f"(the last one finished, or none began); run {again} to train afresh"
+        )
     try:
         saved = json.loads((staging / BUILD_RECIPE).read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"cannot resume {name}: malformed {staging / BUILD_RECIPE} ({err}); run {again}") from err
     if saved.get("quick") != record["quick"]:
         flag = " --quick" if saved.get("quick") else ""
-        raise ValueError(f"cannot resume {name}: the interrupted build was started {'with' if flag else 'without'} "
-                         f"--quick; resume it with `forma train {name}{flag} --resume`")
+        raise ValueError(
+            f"cannot resume {name}: the interrupted build was started {'with' if flag else 'without'} "
+            f"--quick; resume it with `forma train {name}{flag} --resume`"
+        )
     changes = _recipe_changes(saved, record)
     if changes:
-        raise ValueError(f"cannot resume {name}: the recipe differs from the interrupted build's in "
-                         f"{'; '.join(changes)}; run {again} to start afresh (or resume with the build's recipe)")
+        raise ValueError(
+            f"cannot resume {name}: the recipe differs from the interrupted build's in "
+            f"{'; '.join(changes)}; run {again} to start afresh (or resume with the build's recipe)"
+        )
     return staging
 
 
 def _recipe_changes(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
     """Each difference that would change what the build computes, as '[table] key (build …, now …)'."""
-    changes = [f"{key} (build {saved.get(key)!r}, now {now.get(key)!r})"
-               for key in ("format", "name") if saved.get(key) != now.get(key)]
+    changes = [
+        f"{key} (build {saved.get(key)!r}, now {now.get(key)!r})"
+        for key in ("format", "name")
+        if saved.get(key) != now.get(key)
+    ]
     for table in ("world", "model", "train"):
         before, after = saved.get(table) or {}, now.get(table) or {}
         skip = RESUMABLE_CHANGES if table == "train" else ()
         for key in dict.fromkeys([*before, *after]):
             if key not in skip and before.get(key, "<absent>") != after.get(key, "<absent>"):
-                changes.append(f"[{table}] {key} (build {before.get(key, '<absent>')!r}, "
-                               f"now {after.get(key, '<absent>')!r})")
+                changes.append(
+                    f"[{table}] {key} (build {before.get(key, '<absent>')!r}, now {after.get(key, '<absent>')!r})"
+                )
     return changes
 
 
@@ -168,6 +190,7 @@ def _move_unlinked_into_a_build(directory: Path) -> None:
 
 def _link_copy(source: Path, destination: Path) -> None:
     """Hard-link a file or a folder's files to `destination`, skipping what is there (a copy if links fail)."""
+
     def link(src: str, dst: str) -> None:
         if os.path.lexists(dst):
             return
@@ -212,8 +235,10 @@ def only_build(directory: Path, name: str) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise ValueError(f"another `forma train {name}` is building in {directory}; "
-                             "wait for it to finish (or stop it and --resume)") from None
+            raise ValueError(
+                f"another `forma train {name}` is building in {directory}; "
+                "wait for it to finish (or stop it and --resume)"
+            ) from None
         yield
     finally:
         os.close(fd)

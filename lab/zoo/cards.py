@@ -19,6 +19,7 @@ from lab.generate import generate
 from lab.metrics.information import entropy, kl, truncated_context_kl_of
 from lab.zoo.worlds import WorldData, make_source
 
+
 def ngram_perplexities(train: torch.Tensor, val: torch.Tensor, d_vocab: int) -> dict[str, float]:
     """Held-out perplexity of add-one unigram and interpolated bigram models fitted on the same tokens."""
     train_np, val_np = train.numpy(), val.numpy()
@@ -32,8 +33,10 @@ def ngram_perplexities(train: torch.Tensor, val: torch.Tensor, d_vocab: int) -> 
         bigram = pairs.get((prev, nxt), 0) / context[prev] if context[prev] else 0.0
         lam = 0.8 if context[prev] else 0.0
         nll -= math.log(lam * bigram + (1 - lam) * unigram[nxt])
-    return {"unigram_perplexity": float(np.exp(nll_unigram)),
-            "bigram_perplexity": float(math.exp(nll / (len(val_np) - 1)))}
+    return {
+        "unigram_perplexity": float(np.exp(nll_unigram)),
+        "bigram_perplexity": float(math.exp(nll / (len(val_np) - 1))),
+    }
 
 
 def measured_card(model: Any, data: Any, spec: dict[str, Any], history: list[dict[str, Any]]) -> dict[str, Any]:
@@ -59,30 +62,37 @@ def _truth_card(model: Any, data: WorldData, spec: dict[str, Any]) -> dict[str, 
     q = torch.cat([model(data.val[i : i + 256]).double().softmax(-1)[:, :-1] for i in range(0, len(data.val), 256)])
     kl_t, h_t = kl(p, q), entropy(p)
     card: dict[str, Any] = {
-        "val_kl_to_truth_nats": float(kl_t.mean()), "val_entropy_nats": float(h_t.mean()),
+        "val_kl_to_truth_nats": float(kl_t.mean()),
+        "val_entropy_nats": float(h_t.mean()),
         "val_averaged_over": "every held-out prefix, the first positions (shorter than a Markov chain's order) "
-                             "included",
+        "included",
         "entropy_rate_nats": source.entropy_rate() if hasattr(source, "entropy_rate") else None,
-        "val_prefixes": int(p.shape[0] * p.shape[1])}
+        "val_prefixes": int(p.shape[0] * p.shape[1]),
+    }
     order = getattr(source, "order", None)
     if order is not None and order > 1:
         complete, first = slice(order - 1, None), slice(0, order - 1)
         joint = source.stationary()[:, None] * source.transition
-        card |= {"complete_context_prefix_length": order,
-                 "val_kl_complete_contexts_nats": float(kl_t[:, complete].mean()),
-                 "val_entropy_complete_contexts_nats": float(h_t[:, complete].mean()),
-                 "val_complete_context_prefixes": int(kl_t[:, complete].numel()),
-                 "val_kl_first_positions_nats": float(kl_t[:, first].mean()),
-                 "val_entropy_first_positions_nats": float(h_t[:, first].mean()),
-                 "best_unigram_kl_nats": truncated_context_kl_of(joint, source.vocab_size, 0),
-                 "best_bigram_kl_nats": truncated_context_kl_of(joint, source.vocab_size, 1)}
+        card |= {
+            "complete_context_prefix_length": order,
+            "val_kl_complete_contexts_nats": float(kl_t[:, complete].mean()),
+            "val_entropy_complete_contexts_nats": float(h_t[:, complete].mean()),
+            "val_complete_context_prefixes": int(kl_t[:, complete].numel()),
+            "val_kl_first_positions_nats": float(kl_t[:, first].mean()),
+            "val_entropy_first_positions_nats": float(h_t[:, first].mean()),
+            "best_unigram_kl_nats": truncated_context_kl_of(joint, source.vocab_size, 0),
+            "best_bigram_kl_nats": truncated_context_kl_of(joint, source.vocab_size, 1),
+        }
     same = _identical_rows(data.train, data.val)
     seed = spec.get("seed", 0)
-    card["held_out"] = {"sequences": len(data.val), "train_sequences": len(data.train),
-                        "equal_to_a_training_sequence": same,
-                        "how": f"{len(data.val):,} sequences sampled from the source with their own seed "
-                               f"({seed + 2}) apart from the {len(data.train):,} training sequences (seed {seed + 1}); "
-                               f"{same} of them equal a training sequence token for token"}
+    card["held_out"] = {
+        "sequences": len(data.val),
+        "train_sequences": len(data.train),
+        "equal_to_a_training_sequence": same,
+        "how": f"{len(data.val):,} sequences sampled from the source with their own seed "
+        f"({seed + 2}) apart from the {len(data.train):,} training sequences (seed {seed + 1}); "
+        f"{same} of them equal a training sequence token for token",
+    }
     return card
 
 
@@ -99,14 +109,29 @@ def _translation_card(model: Any, data: Any, history: list[dict[str, Any]]) -> d
     samples = []
     for src, tgt in data.held_out[:5]:
         source = data.src_tokenizer.decode(src)
-        samples.append({"source": source, "prediction": "".join(model.translate(source)),
-                        "truth": "".join(data.tgt_tokenizer.id_to_token(i) for i in tgt[1:-1])})
-    return {"held_out_exact_match": exact_match(model, data.held_out), "n_held_out": len(data.held_out),
-            "n_train": len(data.train), "samples": samples, "source_blind_nats_per_char": plateau,
-            "source_blind_days": days, "first_step_below_half_source_blind": left,
-            "held_out": {"pairs": len(data.held_out), "how": (
+        samples.append(
+            {
+                "source": source,
+                "prediction": "".join(model.translate(source)),
+                "truth": "".join(data.tgt_tokenizer.id_to_token(i) for i in tgt[1:-1]),
+            }
+        )
+    return {
+        "held_out_exact_match": exact_match(model, data.held_out),
+        "n_held_out": len(data.held_out),
+        "n_train": len(data.train),
+        "samples": samples,
+        "source_blind_nats_per_char": plateau,
+        "source_blind_days": days,
+        "first_step_below_half_source_blind": left,
+        "held_out": {
+            "pairs": len(data.held_out),
+            "how": (
                 f"{len(data.held_out):,} days drawn first and never trained on in any written form: the "
-                f"{len(data.train):,} training pairs are other days (entity-disjoint by construction)")}}
+                f"{len(data.train):,} training pairs are other days (entity-disjoint by construction)"
+            ),
+        },
+    }
 
 
 def _identical_rows(train: torch.Tensor, val: torch.Tensor) -> int:
@@ -118,8 +143,11 @@ def _identical_rows(train: torch.Tensor, val: torch.Tensor) -> int:
 def machine_state() -> dict[str, Any]:
     """Where a card was measured: cores, torch threads and the load average (1, 5 and 15 minutes) when
     training ended — how busy the machine was while it trained."""
-    return {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "load_average_1_5_15": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+    return {
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "load_average_1_5_15": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
 
 
 @torch.inference_mode()
@@ -142,12 +170,21 @@ def _english_card(model: Any, data: WorldData) -> dict[str, Any]:
     train_text, val_text = split_text(stdlib_docstrings(cache=zoo_dir() / "pydoc" / "corpus.txt"), fraction)
     train_docs, val_docs = split_documents(train_text), split_documents(val_text)
     shared = len(set(val_docs) & set(train_docs))
-    return {"val_perplexity": math.exp(nll), "val_loss_nats": nll, "val_windows": len(val),
-            "val_loss_note": "val_loss_nats and val_perplexity = exp(val_loss_nats): one computation over every "
-                             f"held-out window of {n_ctx} tokens",
-            **ngram_perplexities(data.train, data.val, data.d_vocab), "samples": samples,
-            "held_out": {"documents": len(val_docs), "train_documents": len(train_docs), "shared_documents": shared,
-                         "how": f"split by whole documents, each placed by a hash of its own bytes "
-                                f"({fraction:.0%} held out); documents are de-duplicated exactly, so the "
-                                f"{len(val_docs):,} held-out documents and the {len(train_docs):,} training ones "
-                                f"share {shared}"}}
+    return {
+        "val_perplexity": math.exp(nll),
+        "val_loss_nats": nll,
+        "val_windows": len(val),
+        "val_loss_note": "val_loss_nats and val_perplexity = exp(val_loss_nats): one computation over every "
+        f"held-out window of {n_ctx} tokens",
+        **ngram_perplexities(data.train, data.val, data.d_vocab),
+        "samples": samples,
+        "held_out": {
+            "documents": len(val_docs),
+            "train_documents": len(train_docs),
+            "shared_documents": shared,
+            "how": f"split by whole documents, each placed by a hash of its own bytes "
+            f"({fraction:.0%} held out); documents are de-duplicated exactly, so the "
+            f"{len(val_docs):,} held-out documents and the {len(train_docs):,} training ones "
+            f"share {shared}",
+        },
+    }

@@ -27,8 +27,9 @@ def load_recipe(name: str, quick: bool = False) -> dict[str, dict[str, Any]]:
         raise ValueError(f"malformed recipe {path}: {err}") from err
     unknown = sorted(set(recipe) - {"description", *TABLES, "quick"})
     if unknown:
-        raise ValueError(f"recipe {path} has unknown tables {unknown}; known tables are "
-                         f"{sorted(['description', *TABLES, 'quick'])}")
+        raise ValueError(
+            f"recipe {path} has unknown tables {unknown}; known tables are {sorted(['description', *TABLES, 'quick'])}"
+        )
     for key in (*TABLES, "quick"):
         if not isinstance(recipe.get(key, {}), dict):
             raise ValueError(f"recipe {path}: [{key}] must be a table, got {recipe[key]!r}")
@@ -60,8 +61,10 @@ def check_recipe_tables(tables: dict[str, dict[str, Any]]) -> None:
     if kind not in MODEL_KIND_NAMES:
         raise ValueError(f"[model] kind must be one of {list(MODEL_KIND_NAMES)}, got {kind!r}")
     if "n_ctx" not in tables["model"]:
-        raise ValueError("[model] needs n_ctx, the context length in tokens (it also sets the training "
-                         "sequences' length unless [train] seq_len does)")
+        raise ValueError(
+            "[model] needs n_ctx, the context length in tokens (it also sets the training "
+            "sequences' length unless [train] seq_len does)"
+        )
 
 
 @dataclass(frozen=True)
@@ -74,10 +77,22 @@ class WorldKey:
 
 
 WORLD_KEYS: dict[str, dict[str, WorldKey]] = {
-    "markov": {"vocab_size": WorldKey(int, True), "order": WorldKey(int), "concentration": WorldKey(float),
-               "seed": WorldKey(int), "n_sequences": WorldKey(int, True), "val_sequences": WorldKey(int)},
-    "hmm": {"n_states": WorldKey(int, True), "vocab_size": WorldKey(int, True), "concentration": WorldKey(float),
-            "seed": WorldKey(int), "n_sequences": WorldKey(int, True), "val_sequences": WorldKey(int)},
+    "markov": {
+        "vocab_size": WorldKey(int, True),
+        "order": WorldKey(int),
+        "concentration": WorldKey(float),
+        "seed": WorldKey(int),
+        "n_sequences": WorldKey(int, True),
+        "val_sequences": WorldKey(int),
+    },
+    "hmm": {
+        "n_states": WorldKey(int, True),
+        "vocab_size": WorldKey(int, True),
+        "concentration": WorldKey(float),
+        "seed": WorldKey(int),
+        "n_sequences": WorldKey(int, True),
+        "val_sequences": WorldKey(int),
+    },
     "pydoc": {"vocab_size": WorldKey(int), "held_out_fraction": WorldKey(float), "max_train_chars": WorldKey(int)},
     "dates": {"n_train": WorldKey(int, True), "n_held_out": WorldKey(int, True), "seed": WorldKey(int)},
     # facts: FactWorldConfig's fields (it checks their types and values) and the document form
@@ -101,8 +116,10 @@ def check_world(spec: dict[str, Any]) -> None:
         keys = WORLD_KEYS[kind]
     unknown = sorted(set(spec) - set(keys) - {"kind"})
     if unknown:
-        raise ValueError(f"[world] has unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
-                         f"for a {kind} world; known keys are {', '.join(sorted(keys))}")
+        raise ValueError(
+            f"[world] has unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
+            f"for a {kind} world; known keys are {', '.join(sorted(keys))}"
+        )
     missing = sorted(k for k, key in keys.items() if key.required and k not in spec)
     if missing:
         raise ValueError(f"[world] needs {', '.join(missing)} for a {kind} world")
@@ -114,5 +131,7 @@ def check_world(spec: dict[str, Any]) -> None:
         if isinstance(value, bool) or not isinstance(value, accepted):
             raise ValueError(f"[world] {k} must be {TYPE_NAMES[key.type]}, got {value!r}")
     if kind == "facts" and isinstance(spec.get("n_train"), int) and spec["n_train"] > MAX_FACT_DOCUMENTS:
-        raise ValueError(f"[world] n_train = {spec['n_train']:,} documents is more than a facts world may draw "
-                         f"({MAX_FACT_DOCUMENTS:,})")
+        raise ValueError(
+            f"[world] n_train = {spec['n_train']:,} documents is more than a facts world may draw "
+            f"({MAX_FACT_DOCUMENTS:,})"
+        )

@@ -52,17 +52,27 @@ def build_world(spec: dict[str, Any], n_ctx: int, seq_len: int | None = None) ->
     """Tokens for a recipe's world; sequence worlds come as rows of `seq_len` (default n_ctx) tokens, a
     translation world ("dates") as a `lab.data.dates.TranslationData` of (source, target) pairs."""
     check_world(spec)
-    builders = {"markov": _source_world, "hmm": _source_world, "facts": _facts_world, "pydoc": _pydoc_world,
-                "dates": _dates_world}
+    builders = {
+        "markov": _source_world,
+        "hmm": _source_world,
+        "facts": _facts_world,
+        "pydoc": _pydoc_world,
+        "dates": _dates_world,
+    }
     return builders[spec["kind"]](dict(spec), seq_len or n_ctx)
 
 
 def make_source(spec: dict[str, Any]):
     if spec["kind"] == "markov":
-        return MarkovSource(spec["vocab_size"], order=spec.get("order", 2),
-                            concentration=spec.get("concentration", 0.5), seed=spec.get("seed", 0))
-    return HiddenMarkovSource(spec["n_states"], spec["vocab_size"], concentration=spec.get("concentration", 0.5),
-                              seed=spec.get("seed", 0))
+        return MarkovSource(
+            spec["vocab_size"],
+            order=spec.get("order", 2),
+            concentration=spec.get("concentration", 0.5),
+            seed=spec.get("seed", 0),
+        )
+    return HiddenMarkovSource(
+        spec["n_states"], spec["vocab_size"], concentration=spec.get("concentration", 0.5), seed=spec.get("seed", 0)
+    )
 
 
 def _source_world(spec: dict[str, Any], seq_len: int) -> WorldData:
@@ -70,8 +80,13 @@ def _source_world(spec: dict[str, Any], seq_len: int) -> WorldData:
     seed = spec.get("seed", 0)
     train = source.sample(spec["n_sequences"], seq_len, seed=seed + 1)
     val = source.sample(spec.get("val_sequences", 256), seq_len, seed=seed + 2)
-    return WorldData(torch.as_tensor(train, dtype=torch.long), torch.as_tensor(val, dtype=torch.long),
-                     d_vocab=spec["vocab_size"], tokenizer=None, world={"spec": spec, "source": source.to_dict()})
+    return WorldData(
+        torch.as_tensor(train, dtype=torch.long),
+        torch.as_tensor(val, dtype=torch.long),
+        d_vocab=spec["vocab_size"],
+        tokenizer=None,
+        world={"spec": spec, "source": source.to_dict()},
+    )
 
 
 def _facts_world(spec: dict[str, Any], seq_len: int) -> WorldData:
@@ -91,10 +106,15 @@ def _facts_world(spec: dict[str, Any], seq_len: int) -> WorldData:
     heldout = world.heldout_fact_indices(n_val)
     val_ids, val_mask = encode(world.documents(form=form, seed=world.cfg.seed + 1, fact_indices=heldout))
     held_out = world.heldout_record(heldout, "documents")
-    return WorldData(ids, val_ids, d_vocab=tokenizer.get_vocab_size(), tokenizer=tokenizer,
-                     world={"spec": spec | {"form": form, "n_heldout": n_val}, "summary": world.summary(),
-                            "held_out": held_out},
-                     train_mask=mask, val_mask=val_mask)
+    return WorldData(
+        ids,
+        val_ids,
+        d_vocab=tokenizer.get_vocab_size(),
+        tokenizer=tokenizer,
+        world={"spec": spec | {"form": form, "n_heldout": n_val}, "summary": world.summary(), "held_out": held_out},
+        train_mask=mask,
+        val_mask=val_mask,
+    )
 
 
 def _dates_world(spec: dict[str, Any], seq_len: int) -> Any:
@@ -109,7 +129,15 @@ def _pydoc_world(spec: dict[str, Any], seq_len: int) -> WorldData:
     max_chars = spec.get("max_train_chars")
     train_ids = tokenizer.encode(train_text[:max_chars] if max_chars else train_text).ids
     val_ids = tokenizer.encode(val_text).ids
-    return WorldData(torch.tensor(train_ids, dtype=torch.long), torch.tensor(val_ids, dtype=torch.long),
-                     d_vocab=tokenizer.get_vocab_size(), tokenizer=tokenizer,
-                     world={"spec": spec, "train_tokens": len(train_ids), "val_tokens": len(val_ids),
-                            "corpus_bytes": len(text.encode())})
+    return WorldData(
+        torch.tensor(train_ids, dtype=torch.long),
+        torch.tensor(val_ids, dtype=torch.long),
+        d_vocab=tokenizer.get_vocab_size(),
+        tokenizer=tokenizer,
+        world={
+            "spec": spec,
+            "train_tokens": len(train_ids),
+            "val_tokens": len(val_ids),
+            "corpus_bytes": len(text.encode()),
+        },
+    )

@@ -62,16 +62,35 @@ def replacement_model(folder: Path):
 
     hf = GPT2LMHeadModel.from_pretrained(folder / "hf", local_files_only=True).eval()
     c = hf.config
-    cfg = HookedTransformerConfig(n_layers=c.n_layer, d_model=c.n_embd, n_ctx=c.n_positions,
-                                  d_head=c.n_embd // c.n_head, n_heads=c.n_head, d_mlp=4 * c.n_embd,
-                                  d_vocab=c.vocab_size, act_fn="gelu_new", normalization_type="LN",
-                                  eps=c.layer_norm_epsilon, model_name="forma-peer-gpt2",
-                                  original_architecture="GPT2LMHeadModel", default_prepend_bos=False,
-                                  positional_embedding_type="standard", dtype=torch.float32, device="cpu")
+    cfg = HookedTransformerConfig(
+        n_layers=c.n_layer,
+        d_model=c.n_embd,
+        n_ctx=c.n_positions,
+        d_head=c.n_embd // c.n_head,
+        n_heads=c.n_head,
+        d_mlp=4 * c.n_embd,
+        d_vocab=c.vocab_size,
+        act_fn="gelu_new",
+        normalization_type="LN",
+        eps=c.layer_norm_epsilon,
+        model_name="forma-peer-gpt2",
+        original_architecture="GPT2LMHeadModel",
+        default_prepend_bos=False,
+        positional_embedding_type="standard",
+        dtype=torch.float32,
+        device="cpu",
+    )
     paths = {layer: str(folder / "transcoders" / f"layer_{layer}.safetensors") for layer in range(c.n_layer)}
-    transcoders = load_transcoder_set(paths, scan="forma-peer", feature_input_hook="ln2.hook_normalized",
-                                      feature_output_hook="hook_mlp_out", device=torch.device("cpu"),
-                                      dtype=torch.float32, lazy_encoder=False, lazy_decoder=False)
+    transcoders = load_transcoder_set(
+        paths,
+        scan="forma-peer",
+        feature_input_hook="ln2.hook_normalized",
+        feature_output_hook="hook_mlp_out",
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+        lazy_encoder=False,
+        lazy_decoder=False,
+    )
     tokenizer = tokenizer_for(c.vocab_size, folder / "tokenizer")
     model = TransformerLensReplacementModel.from_config(cfg, transcoders, tokenizer=tokenizer)
     state = convert_gpt2_weights(hf, cfg)
@@ -82,8 +101,13 @@ def replacement_model(folder: Path):
     missing, unexpected = model.load_state_dict(renamed, strict=False)
     # GPT-2 has no unembedding bias (TransformerLens's stays at its zeros); the transcoders are loaded already; the
     # attention's causal mask and IGNORE are TransformerLens's own buffers.
-    missing = [m for m in missing if not (m.startswith("transcoders.") or m == "unembed.old_unembed.b_U"
-                                          or m.endswith(("attn.mask", "attn.IGNORE")))]
+    missing = [
+        m
+        for m in missing
+        if not (
+            m.startswith("transcoders.") or m == "unembed.old_unembed.b_U" or m.endswith(("attn.mask", "attn.IGNORE"))
+        )
+    ]
     if missing or unexpected:
         raise RuntimeError(f"the converted GPT-2 does not fit: missing {missing[:5]}, unexpected {unexpected[:5]}")
     for p in model.parameters():
@@ -106,18 +130,35 @@ def attribute_prompts(folder: Path) -> None:
     timings = []
     for i, prompt in enumerate(spec["prompts"]):
         tokens = torch.tensor(prompt)
-        graph, seconds, peak = measured(lambda tokens=tokens: attribute(tokens, model,
-                                                                        batch_size=spec.get("batch_size", 128)))
-        timings.append({"n_pos": len(prompt), "seconds": seconds, "peak_bytes": peak,
-                        "n_features": int(len(graph.selected_features))})
-        save_file({"adjacency": graph.adjacency_matrix.float().contiguous(),
-                   "active_features": graph.active_features.long().contiguous(),
-                   "selected_features": graph.selected_features.long().contiguous(),
-                   "logit_tokens": torch.tensor([t.vocab_idx for t in graph.logit_targets]),
-                   "logit_probs": graph.logit_probabilities.float().contiguous()}, str(folder / f"ct-{i}.safetensors"))
+        graph, seconds, peak = measured(
+            lambda tokens=tokens: attribute(tokens, model, batch_size=spec.get("batch_size", 128))
+        )
+        timings.append(
+            {
+                "n_pos": len(prompt),
+                "seconds": seconds,
+                "peak_bytes": peak,
+                "n_features": int(len(graph.selected_features)),
+            }
+        )
+        save_file(
+            {
+                "adjacency": graph.adjacency_matrix.float().contiguous(),
+                "active_features": graph.active_features.long().contiguous(),
+                "selected_features": graph.selected_features.long().contiguous(),
+                "logit_tokens": torch.tensor([t.vocab_idx for t in graph.logit_targets]),
+                "logit_probs": graph.logit_probabilities.float().contiguous(),
+            },
+            str(folder / f"ct-{i}.safetensors"),
+        )
     import circuit_tracer
-    (folder / "ct.json").write_text(json.dumps({"circuit_tracer": circuit_tracer.__version__,
-                                                "threads": torch.get_num_threads(), "prompts": timings}, indent=2))
+
+    (folder / "ct.json").write_text(
+        json.dumps(
+            {"circuit_tracer": circuit_tracer.__version__, "threads": torch.get_num_threads(), "prompts": timings},
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -19,8 +19,16 @@ def tiny_gpt2(folder: Path, layers: int = 2, d_model: int = 64, vocab: int = 100
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    cfg = GPT2Config(n_layer=layers, n_embd=d_model, n_head=4, vocab_size=vocab, n_positions=n_ctx,
-                     initializer_range=0.08, bos_token_id=0, eos_token_id=0)
+    cfg = GPT2Config(
+        n_layer=layers,
+        n_embd=d_model,
+        n_head=4,
+        vocab_size=vocab,
+        n_positions=n_ctx,
+        initializer_range=0.08,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     hf = GPT2LMHeadModel(cfg).eval()
     hf.save_pretrained(folder / "hf")
     return hf
@@ -28,8 +36,16 @@ def tiny_gpt2(folder: Path, layers: int = 2, d_model: int = 64, vocab: int = 100
 
 def transcoders_for(model, activation: str, d_features: int = 128) -> Transcoders:
     cfg = model.cfg
-    tc = Transcoders(TranscoderConfig(d_model=cfg.d_model, n_layers=cfg.n_layers, d_features=d_features,
-                                      activation=activation, threshold=0.05, seed=1))
+    tc = Transcoders(
+        TranscoderConfig(
+            d_model=cfg.d_model,
+            n_layers=cfg.n_layers,
+            d_features=d_features,
+            activation=activation,
+            threshold=0.05,
+            seed=1,
+        )
+    )
     with torch.no_grad():
         tc.b_enc.fill_(-0.1)
         tc.b_dec.normal_(0, 0.01, generator=torch.Generator().manual_seed(2))
@@ -40,13 +56,22 @@ def run_circuit_tracer(cases: dict[Path, list[list[int]]], batch_size: int = 64,
     """circuit-tracer's graphs of each folder's prompts (tests/ct/circuit_tracer_side.py in .venv-ct, one process for
     every folder): each folder's ct.json."""
     for folder, prompts in cases.items():
-        (folder / "prompts.json").write_text(json.dumps({"prompts": prompts, "batch_size": batch_size,
-                                                         "threads": threads}))
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"HF_HUB_OFFLINE": "1",
-                                                                        "TRANSFORMERS_OFFLINE": "1",
-                                                                        "PYTHONPATH": str(REPO)}
-    done = subprocess.run([CT_PYTHON, "-m", "tests.ct.circuit_tracer_side", *map(str, cases)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=900)
+        (folder / "prompts.json").write_text(
+            json.dumps({"prompts": prompts, "batch_size": batch_size, "threads": threads})
+        )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "PYTHONPATH": str(REPO),
+    }
+    done = subprocess.run(
+        [CT_PYTHON, "-m", "tests.ct.circuit_tracer_side", *map(str, cases)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return {folder: json.loads((folder / "ct.json").read_text()) for folder in cases}
 
@@ -63,11 +88,17 @@ def compare(graph, ct: dict[str, torch.Tensor]) -> dict[str, float]:
     assert torch.equal(ct["logit_tokens"], graph.logit_tokens)
     forma_features = {i for i in graph.node_ids()[: graph.n_features] if not i.endswith("_0")}
     assert set(ct_ids[: len(active)]) == forma_features  # the same active features off position 0
-    shared = [i for i, node in enumerate(ct_ids) if node in ours and not node.startswith("err_") or
-              (node.startswith("err_") and not node.endswith("_0"))]
+    shared = [
+        i
+        for i, node in enumerate(ct_ids)
+        if node in ours and not node.startswith("err_") or (node.startswith("err_") and not node.endswith("_0"))
+    ]
     rows = torch.tensor([ours[ct_ids[i]] for i in shared])
     ct_sub = ct["adjacency"][shared][:, shared]
     forma_sub = graph.adjacency[rows][:, rows]
     scale = float(forma_sub.abs().max())
-    return {"max_abs_difference": float((ct_sub - forma_sub).abs().max()), "scale": scale,
-            "edges": int((forma_sub != 0).sum())}
+    return {
+        "max_abs_difference": float((ct_sub - forma_sub).abs().max()),
+        "scale": scale,
+        "edges": int((forma_sub != 0).sum()),
+    }

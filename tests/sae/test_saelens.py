@@ -85,19 +85,27 @@ def test_saelens_trains_an_sae_on_a_forma_hook_and_it_splices_back(trained, sae,
     sae, _, page_spliced = sae
     with torch.no_grad():  # the page's own splice, on its training data, lies between clean and ablated too
         page_clean = model(data, return_type="loss").item()
-        page_ablated = model.run_with_hooks(data, return_type="loss",
-                                            fwd_hooks=[(HOOK, lambda act, hook: torch.zeros_like(act))]).item()
+        page_ablated = model.run_with_hooks(
+            data, return_type="loss", fwd_hooks=[(HOOK, lambda act, hook: torch.zeros_like(act))]
+        ).item()
     assert page_clean < page_spliced < page_ablated
     held_out = markov_tokens(512, 16, model.cfg.d_vocab, SEED + 1)
     with torch.no_grad():
         clean = model(held_out, return_type="loss").item()
-        spliced = model.run_with_hooks(held_out, return_type="loss",
-                                       fwd_hooks=[(HOOK, lambda act, hook: sae(act))]).item()
-        ablated = model.run_with_hooks(held_out, return_type="loss",
-                                       fwd_hooks=[(HOOK, lambda act, hook: torch.zeros_like(act))]).item()
+        spliced = model.run_with_hooks(
+            held_out, return_type="loss", fwd_hooks=[(HOOK, lambda act, hook: sae(act))]
+        ).item()
+        ablated = model.run_with_hooks(
+            held_out, return_type="loss", fwd_hooks=[(HOOK, lambda act, hook: torch.zeros_like(act))]
+        ).item()
     recovered = (ablated - spliced) / (ablated - clean)
-    result = {"hook": HOOK, "clean_loss": clean, "sae_spliced_loss": spliced, "zero_ablated_loss": ablated,
-              "loss_recovered_fraction": recovered}
+    result = {
+        "hook": HOOK,
+        "clean_loss": clean,
+        "sae_spliced_loss": spliced,
+        "zero_ablated_loss": ablated,
+        "loss_recovered_fraction": recovered,
+    }
     (tmp_path / "result.json").write_text(json.dumps(result, indent=1))
     print("SAELens on a Forma hook:", json.dumps(result))
     assert clean < spliced < ablated  # the SAE reconstructs the stream, imperfectly
@@ -114,14 +122,26 @@ def test_saelens_evaluation_runs_on_forma(trained, sae):
 
     model, data = trained
     sae, config, _ = sae
-    store = ActivationsStore.from_config(model, config, override_dataset=Dataset.from_dict({"tokens": data[:512].tolist()}))
+    store = ActivationsStore.from_config(
+        model, config, override_dataset=Dataset.from_dict({"tokens": data[:512].tolist()})
+    )
     batch = store.get_batch_tokens(4)
     harvested = store.get_activations(batch)  # run_with_cache(..., stop_at_layer=1, prepend_bos=False)
     _, cache = model.run_with_cache(batch, names_filter=HOOK)
     assert torch.allclose(harvested.squeeze(2), cache[HOOK], atol=1e-6)
-    metrics, _ = run_evals(sae, store, model, ActivationScaler(),
-                           EvalConfig(batch_size_prompts=8, n_eval_reconstruction_batches=2,
-                                      n_eval_sparsity_variance_batches=2, compute_ce_loss=True, compute_kl=True),
-                           exclude_special_tokens=False)
+    metrics, _ = run_evals(
+        sae,
+        store,
+        model,
+        ActivationScaler(),
+        EvalConfig(
+            batch_size_prompts=8,
+            n_eval_reconstruction_batches=2,
+            n_eval_sparsity_variance_batches=2,
+            compute_ce_loss=True,
+            compute_kl=True,
+        ),
+        exclude_special_tokens=False,
+    )
     losses = metrics["model_performance_preservation"]
     assert losses["ce_loss_without_sae"] < losses["ce_loss_with_sae"] < losses["ce_loss_with_ablation"]

@@ -70,8 +70,9 @@ class CountedBatches:
     n_sequences: int | None
 
 
-def select_positions(tokens: Int[Tensor, "batch pos"], positions: Positions = "last",
-                     pad_id: int | None = None) -> tuple[Int[Tensor, " rows"], Int[Tensor, " rows"]]:
+def select_positions(
+    tokens: Int[Tensor, "batch pos"], positions: Positions = "last", pad_id: int | None = None
+) -> tuple[Int[Tensor, " rows"], Int[Tensor, " rows"]]:
     """(batch index, position) of every selected cell, ordered by sequence then position."""
     n, length = tokens.shape
     if isinstance(positions, str):
@@ -91,8 +92,10 @@ def select_positions(tokens: Int[Tensor, "batch pos"], positions: Positions = "l
         mask = positions(tokens)
         if not isinstance(mask, Tensor) or mask.dtype != torch.bool or tuple(mask.shape) != (n, length):
             got = f"{mask.dtype} {tuple(mask.shape)}" if isinstance(mask, Tensor) else type(mask).__name__
-            raise ValueError(f"a position predicate must return a bool tensor of shape {(n, length)} "
-                             f"(one entry per token), got {got}")
+            raise ValueError(
+                f"a position predicate must return a bool tensor of shape {(n, length)} "
+                f"(one entry per token), got {got}"
+            )
         b, p = mask.nonzero(as_tuple=True)
         return b.cpu(), p.cpu()
     index = torch.as_tensor(list(positions), dtype=torch.long)
@@ -132,10 +135,11 @@ def token_batches(data: Any, batch_size: int) -> tuple[Iterable[Tensor], int | N
     if isinstance(data, Tensor):
         if data.ndim != 2:
             raise ValueError(f"a dataset tensor must be [n_sequences, pos] token ids, got shape {tuple(data.shape)}")
-        return (data[i: i + batch_size] for i in range(0, data.shape[0], batch_size)), int(data.shape[0])
+        return (data[i : i + batch_size] for i in range(0, data.shape[0], batch_size)), int(data.shape[0])
     if isinstance(data, (str, bytes, Mapping)):
-        raise TypeError(f"data must be a [n, pos] LongTensor or an iterable of [batch, pos] tensors, "
-                        f"got {type(data).__name__}")
+        raise TypeError(
+            f"data must be a [n, pos] LongTensor or an iterable of [batch, pos] tensors, got {type(data).__name__}"
+        )
     total = None
     if isinstance(data, (list, tuple)):  # a list of batches: count its sequences for the progress bar
         total = sum(int(b.shape[0]) if isinstance(b, Tensor) and b.ndim == 2 else 1 for b in data)
@@ -149,10 +153,20 @@ def _device_of(model: Any) -> torch.device:
         return torch.device("cpu")
 
 
-def stream_activations(model: Any, data: Tensor | Iterable[Tensor], hooks: str | Sequence[str],
-                       positions: Positions = "last", *, batch_size: int = 32, pad_id: int | None = None,
-                       dtype: torch.dtype | None = None, progress: bool = True,
-                       stop_early: bool = True, start: int = 0, release_memory: bool = True) -> Iterator[Activations]:
+def stream_activations(
+    model: Any,
+    data: Tensor | Iterable[Tensor],
+    hooks: str | Sequence[str],
+    positions: Positions = "last",
+    *,
+    batch_size: int = 32,
+    pad_id: int | None = None,
+    dtype: torch.dtype | None = None,
+    progress: bool = True,
+    stop_early: bool = True,
+    start: int = 0,
+    release_memory: bool = True,
+) -> Iterator[Activations]:
     """One `Activations` per batch: the chosen hooks at the chosen positions, on the CPU.
 
     data: a [n, pos] LongTensor (cut into batches of `batch_size`) or an iterable of [batch, pos]
@@ -183,22 +197,34 @@ def stream_activations(model: Any, data: Tensor | Iterable[Tensor], hooks: str |
                 raise TypeError(f"each batch must be a tensor of token ids, got {type(tokens).__name__}")
             tokens = tokens[None, :] if tokens.ndim == 1 else tokens
             if tokens.ndim != 2 or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
-                raise ValueError(f"each batch must be a [batch, pos] integer tensor, got {tokens.dtype} "
-                                 f"{tuple(tokens.shape)}")
+                raise ValueError(
+                    f"each batch must be a [batch, pos] integer tensor, got {tokens.dtype} {tuple(tokens.shape)}"
+                )
             if seen < start:  # already done: read past it without a forward pass
                 if seen + tokens.shape[0] > start:
-                    raise ValueError(f"start = {start} falls inside the batch of sequences {seen}.."
-                                     f"{seen + tokens.shape[0] - 1}: it must fall on a batch boundary")
+                    raise ValueError(
+                        f"start = {start} falls inside the batch of sequences {seen}.."
+                        f"{seen + tokens.shape[0] - 1}: it must fall on a batch boundary"
+                    )
                 seen += tokens.shape[0]
                 bar.update(tokens.shape[0])
                 continue
             b_idx, p_idx = select_positions(tokens, positions, pad_id)
-            captured = _run_batch(model, tokens.to(device), names, b_idx.to(device), p_idx.to(device), dtype,
-                                  stop_early, every=positions == "all")
+            captured = _run_batch(
+                model,
+                tokens.to(device),
+                names,
+                b_idx.to(device),
+                p_idx.to(device),
+                dtype,
+                stop_early,
+                every=positions == "all",
+            )
             if release_memory:
                 release_freed_memory()  # stay near one batch's footprint over a long stream
-            yield Activations(captured, b_idx + seen, p_idx,
-                              {"positions": description, "batch_sequences": int(tokens.shape[0])})
+            yield Activations(
+                captured, b_idx + seen, p_idx, {"positions": description, "batch_sequences": int(tokens.shape[0])}
+            )
             seen += tokens.shape[0]
             bar.update(tokens.shape[0])
     finally:
@@ -211,13 +237,24 @@ def _whole(activation: Tensor, dim: int) -> bool:
     """True when every cell of `activation`, in (sequence, position) order, is a view of it that holds all of its
     storage: the position axis is dim 1 and the tensor is contiguous and owns its memory alone (not a slice of a
     larger one, e.g. hook_q of the fused q, k, v product, whose rows as a view would keep all three alive)."""
-    return (dim == 1 and activation.is_contiguous()
-            and activation.untyped_storage().nbytes() == activation.numel() * activation.element_size())
+    return (
+        dim == 1
+        and activation.is_contiguous()
+        and activation.untyped_storage().nbytes() == activation.numel() * activation.element_size()
+    )
 
 
 @torch.inference_mode()
-def _run_batch(model: Any, tokens: Tensor, names: list[str], b_idx: Tensor, p_idx: Tensor,
-               dtype: torch.dtype | None, stop_early: bool, every: bool = False) -> dict[str, Tensor]:
+def _run_batch(
+    model: Any,
+    tokens: Tensor,
+    names: list[str],
+    b_idx: Tensor,
+    p_idx: Tensor,
+    dtype: torch.dtype | None,
+    stop_early: bool,
+    every: bool = False,
+) -> dict[str, Tensor]:
     """The hooks' selected cells of one batch, on the CPU. every: the selection is every position (b_idx, p_idx
     enumerate all cells in order)."""
     captured: dict[str, Tensor] = {}
@@ -256,11 +293,30 @@ def _run_batch(model: Any, tokens: Tensor, names: list[str], b_idx: Tensor, p_id
     return {name: captured[name] for name in names}
 
 
-def collect_activations(model: Any, data: Tensor | Iterable[Tensor], hooks: str | Sequence[str],
-                        positions: Positions = "last", *, batch_size: int = 32, pad_id: int | None = None,
-                        dtype: torch.dtype | None = None, progress: bool = True,
-                        stop_early: bool = True) -> Activations:
+def collect_activations(
+    model: Any,
+    data: Tensor | Iterable[Tensor],
+    hooks: str | Sequence[str],
+    positions: Positions = "last",
+    *,
+    batch_size: int = 32,
+    pad_id: int | None = None,
+    dtype: torch.dtype | None = None,
+    progress: bool = True,
+    stop_early: bool = True,
+) -> Activations:
     """Every batch's selected activations, concatenated in memory (see `stream_activations`)."""
-    parts = list(stream_activations(model, data, hooks, positions, batch_size=batch_size, pad_id=pad_id,
-                                    dtype=dtype, progress=progress, stop_early=stop_early))
+    parts = list(
+        stream_activations(
+            model,
+            data,
+            hooks,
+            positions,
+            batch_size=batch_size,
+            pad_id=pad_id,
+            dtype=dtype,
+            progress=progress,
+            stop_early=stop_early,
+        )
+    )
     return Activations.concat(parts)

@@ -40,8 +40,7 @@ HARVEST_FORMAT = "forma-harvest/1"
 DEFAULT_SEQ_LEN = 128
 
 
-def read_corpus(path: str | Path, model: Any, *, seq_len: int | None = None,
-                tokens: int | None = None) -> np.ndarray:
+def read_corpus(path: str | Path, model: Any, *, seq_len: int | None = None, tokens: int | None = None) -> np.ndarray:
     """A corpus file as [n, seq_len] token ids, cut into sequences of `seq_len` tokens (a remainder is dropped):
 
         .npy   token ids of any integer dtype, one stream ([tokens]) or sequences ([n, seq_len]); memory-mapped,
@@ -59,8 +58,9 @@ def read_corpus(path: str | Path, model: Any, *, seq_len: int | None = None,
         except (ValueError, OSError) as err:
             raise ValueError(f"{path}: not a .npy array of token ids ({err})") from err
         if not np.issubdtype(ids.dtype, np.integer) or ids.ndim not in (1, 2):
-            raise ValueError(f"{path}: token ids must be a 1-D or 2-D integer array, got {ids.dtype} "
-                             f"{tuple(ids.shape)}")
+            raise ValueError(
+                f"{path}: token ids must be a 1-D or 2-D integer array, got {ids.dtype} {tuple(ids.shape)}"
+            )
     elif path.suffix == ".txt":
         if getattr(model, "tokenizer", None) is None:
             raise ValueError(f"{path}: the model has no tokenizer to encode text with; give token ids as a .npy")
@@ -78,17 +78,22 @@ def read_corpus(path: str | Path, model: Any, *, seq_len: int | None = None,
     n = available if tokens is None else tokens // seq_len
     if n < 1 or n > available:
         held = ids.size
-        raise ValueError(f"{path} holds {held:,} tokens ({available:,} sequences of {seq_len}); "
-                         + ("it fills no sequence" if n < 1 and tokens is None else
-                            f"{tokens:,} tokens fill {n:,} sequences" + (": ask for at least one" if n < 1 else "")))
+        raise ValueError(
+            f"{path} holds {held:,} tokens ({available:,} sequences of {seq_len}); "
+            + (
+                "it fills no sequence"
+                if n < 1 and tokens is None
+                else f"{tokens:,} tokens fill {n:,} sequences" + (": ask for at least one" if n < 1 else "")
+            )
+        )
     return ids[:n] if ids.ndim == 2 else ids[: n * seq_len].reshape(n, seq_len)
 
 
 def part_tokens(corpus: Tensor | np.ndarray, rows: range) -> Tensor:
     """The corpus's rows `rows` as int64 token ids (only they are read from a memory-mapped array)."""
     if isinstance(corpus, Tensor):
-        return corpus[rows.start: rows.stop].to(torch.long)
-    return torch.from_numpy(np.ascontiguousarray(corpus[rows.start: rows.stop], dtype=np.int64))
+        return corpus[rows.start : rows.stop].to(torch.long)
+    return torch.from_numpy(np.ascontiguousarray(corpus[rows.start : rows.stop], dtype=np.int64))
 
 
 def tokens_sha256(tokens: Tensor) -> str:
@@ -100,10 +105,20 @@ def part_folder(out_dir: Path, i: int) -> Path:
     return out_dir / f"part-{i:05d}"
 
 
-def harvest(model: Any, corpus: Tensor | np.ndarray, hooks: str | Sequence[str], out_dir: str | Path,
-            positions: str | Sequence[int] = "all", *, batch_size: int = 32, dtype: torch.dtype | None = None,
-            shard_mb: float = 32.0, parts: int = PARTS, progress: bool = True,
-            overwrite: bool = False) -> ActivationStore | None:
+def harvest(
+    model: Any,
+    corpus: Tensor | np.ndarray,
+    hooks: str | Sequence[str],
+    out_dir: str | Path,
+    positions: str | Sequence[int] = "all",
+    *,
+    batch_size: int = 32,
+    dtype: torch.dtype | None = None,
+    shard_mb: float = 32.0,
+    parts: int = PARTS,
+    progress: bool = True,
+    overwrite: bool = False,
+) -> ActivationStore | None:
     """Harvest `hooks` at `positions` over every sequence of `corpus` into `out_dir` (see the module's docstring):
     in this process, or — under torchrun — this rank's share, every rank calling it alike. Returns the finished
     set on rank 0 and None on the other ranks. positions: "all", "last" or indices (a predicate cannot be
@@ -119,13 +134,21 @@ def harvest(model: Any, corpus: Tensor | np.ndarray, hooks: str | Sequence[str],
     if not ranges:
         raise ValueError("the corpus holds no sequence")
     if (out_dir / INDEX_FILE).is_file() and not overwrite:
-        raise FileExistsError(f"{out_dir} already holds a complete harvest ({INDEX_FILE}); overwrite it or choose "
-                              "another folder")
-    plan = {"format": HARVEST_FORMAT, "hooks": names,
-            "positions": positions if isinstance(positions, str) else [int(p) for p in positions],
-            "batch_size": batch_size, "dtype": None if dtype is None else str(dtype).removeprefix("torch."),
-            "shard_mb": shard_mb, "n_sequences": int(corpus.shape[0]), "seq_len": int(corpus.shape[1]),
-            "parts": len(ranges), "model": model_summary(model)}
+        raise FileExistsError(
+            f"{out_dir} already holds a complete harvest ({INDEX_FILE}); overwrite it or choose another folder"
+        )
+    plan = {
+        "format": HARVEST_FORMAT,
+        "hooks": names,
+        "positions": positions if isinstance(positions, str) else [int(p) for p in positions],
+        "batch_size": batch_size,
+        "dtype": None if dtype is None else str(dtype).removeprefix("torch."),
+        "shard_mb": shard_mb,
+        "n_sequences": int(corpus.shape[0]),
+        "seq_len": int(corpus.shape[1]),
+        "parts": len(ranges),
+        "model": model_summary(model),
+    }
     record_plan(out_dir, plan, overwrite=overwrite, what="harvest")
     if overwrite and rank == 0:
         (out_dir / INDEX_FILE).unlink(missing_ok=True)
@@ -135,16 +158,33 @@ def harvest(model: Any, corpus: Tensor | np.ndarray, hooks: str | Sequence[str],
         index = json.loads((part_folder(out_dir, i) / INDEX_FILE).read_text())
         last = index["shards"][-1]
         if index["n_sequences"] != len(ranges[i]) or last["tokens_sha256"] != tokens_sha256(
-                part_tokens(corpus, ranges[i])):
-            raise ValueError(f"{part_folder(out_dir, i)} was harvested from other token ids than the corpus's "
-                             f"sequences {ranges[i].start}…{ranges[i].stop - 1}; rerun with the same corpus, or "
-                             "start afresh with overwrite")
-    bar = tqdm(total=sum(len(ranges[i]) for i in mine), unit="seq", disable=not progress or rank != 0,
-               desc="harvest" if world == 1 else f"harvest, rank 0 of {world}")
+            part_tokens(corpus, ranges[i])
+        ):
+            raise ValueError(
+                f"{part_folder(out_dir, i)} was harvested from other token ids than the corpus's "
+                f"sequences {ranges[i].start}…{ranges[i].stop - 1}; rerun with the same corpus, or "
+                "start afresh with overwrite"
+            )
+    bar = tqdm(
+        total=sum(len(ranges[i]) for i in mine),
+        unit="seq",
+        disable=not progress or rank != 0,
+        desc="harvest" if world == 1 else f"harvest, rank 0 of {world}",
+    )
     for i in mine:
-        save_activations(model, part_tokens(corpus, ranges[i]), names, part_folder(out_dir, i), positions,
-                         batch_size=batch_size, dtype=dtype, shard_mb=shard_mb, progress=False, overwrite=overwrite,
-                         first_sequence=ranges[i].start)
+        save_activations(
+            model,
+            part_tokens(corpus, ranges[i]),
+            names,
+            part_folder(out_dir, i),
+            positions,
+            batch_size=batch_size,
+            dtype=dtype,
+            shard_mb=shard_mb,
+            progress=False,
+            overwrite=overwrite,
+            first_sequence=ranges[i].start,
+        )
         bar.update(len(ranges[i]))
     bar.close()
     held = {i: json.loads((part_folder(out_dir, i) / INDEX_FILE).read_text()) for i in sorted(kept + mine)}

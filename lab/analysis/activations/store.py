@@ -30,11 +30,11 @@ from torch import Tensor
 
 from lab.analysis.activations.collect import (
     Activations,
-    Positions,
     CountedBatches,
+    Positions,
     describe_positions,
-    token_batches,
     stream_activations,
+    token_batches,
 )
 from lab.analysis.activations.verify import (
     check_header,
@@ -53,10 +53,22 @@ PROGRESS_FILE = "progress.json"
 INDEX_FORMAT = "forma-activations/2"  # /2: every shard carries the SHA-256 of its bytes
 
 
-def save_activations(model: Any, data: Tensor | Iterable[Tensor], hooks: str | Sequence[str], out_dir: str | Path,
-                     positions: Positions = "last", *, batch_size: int = 32, pad_id: int | None = None,
-                     dtype: torch.dtype | None = None, shard_mb: float = 32.0, progress: bool = True,
-                     stop_early: bool = True, overwrite: bool = False, first_sequence: int = 0) -> "ActivationStore":
+def save_activations(
+    model: Any,
+    data: Tensor | Iterable[Tensor],
+    hooks: str | Sequence[str],
+    out_dir: str | Path,
+    positions: Positions = "last",
+    *,
+    batch_size: int = 32,
+    pad_id: int | None = None,
+    dtype: torch.dtype | None = None,
+    shard_mb: float = 32.0,
+    progress: bool = True,
+    stop_early: bool = True,
+    overwrite: bool = False,
+    first_sequence: int = 0,
+) -> "ActivationStore":
     """Stream the selected activations into safetensors shards of at most `shard_mb` MB, then index.json.
 
     Memory held at any time: one batch's forward pass plus one shard buffer (preallocated once and
@@ -77,15 +89,27 @@ def save_activations(model: Any, data: Tensor | Iterable[Tensor], hooks: str | S
     if not (isinstance(shard_mb, (int, float)) and shard_mb > 0 and math.isfinite(shard_mb)):
         raise ValueError(f"shard_mb must be a positive number, got {shard_mb!r}")
     names = [hooks] if isinstance(hooks, str) else list(hooks)
-    arguments = json.loads(json.dumps({
-        "hooks": names, "positions": describe_positions(positions), "batch_size": batch_size, "pad_id": pad_id,
-        "dtype": None if dtype is None else str(dtype).removeprefix("torch."), "shard_bytes": int(shard_mb * 2**20),
-        "stop_early": stop_early, "model": model_summary(model)}
-        | ({"first_sequence": first_sequence} if first_sequence else {})))
+    arguments = json.loads(
+        json.dumps(
+            {
+                "hooks": names,
+                "positions": describe_positions(positions),
+                "batch_size": batch_size,
+                "pad_id": pad_id,
+                "dtype": None if dtype is None else str(dtype).removeprefix("torch."),
+                "shard_bytes": int(shard_mb * 2**20),
+                "stop_early": stop_early,
+                "model": model_summary(model),
+            }
+            | ({"first_sequence": first_sequence} if first_sequence else {})
+        )
+    )
     if (out_dir / INDEX_FILE).exists():
         if not overwrite:
-            raise FileExistsError(f"{out_dir} already holds a complete activation set ({INDEX_FILE}); "
-                                  "pass overwrite=True or choose another out_dir")
+            raise FileExistsError(
+                f"{out_dir} already holds a complete activation set ({INDEX_FILE}); "
+                "pass overwrite=True or choose another out_dir"
+            )
         (out_dir / INDEX_FILE).unlink()
     out_dir.mkdir(parents=True, exist_ok=True)
     done = [] if overwrite else _resumable_shards(out_dir, arguments)
@@ -98,17 +122,33 @@ def save_activations(model: Any, data: Tensor | Iterable[Tensor], hooks: str | S
 
     writer = _ShardWriter(out_dir, arguments, done)
     tap = _TokenDigest(data, batch_size, done[-1] if done else None)
-    for part in stream_activations(model, tap, names, positions, batch_size=batch_size, pad_id=pad_id, dtype=dtype,
-                                   progress=progress, stop_early=stop_early, start=writer.sequences,
-                                   release_memory=False):  # the writer does, once per shard
+    for part in stream_activations(
+        model,
+        tap,
+        names,
+        positions,
+        batch_size=batch_size,
+        pad_id=pad_id,
+        dtype=dtype,
+        progress=progress,
+        stop_early=stop_early,
+        start=writer.sequences,
+        release_memory=False,
+    ):  # the writer does, once per shard
         part.seq += first_sequence
         writer.add(part, tap.state)
     writer.flush()
     if not writer.shards:
         raise ValueError("no activations were collected: the dataset was empty or no position was selected")
-    index = {"format": INDEX_FORMAT, "hooks": writer.spec, "positions": describe_positions(positions),
-             "n_rows": sum(s["rows"] for s in writer.shards), "n_sequences": writer.sequences,
-             "shards": writer.shards, "model": model_summary(model)}
+    index = {
+        "format": INDEX_FORMAT,
+        "hooks": writer.spec,
+        "positions": describe_positions(positions),
+        "n_rows": sum(s["rows"] for s in writer.shards),
+        "n_sequences": writer.sequences,
+        "shards": writer.shards,
+        "model": model_summary(model),
+    }
     atomic_write_text(out_dir / INDEX_FILE, json.dumps(index, indent=2) + "\n")
     (out_dir / PROGRESS_FILE).unlink(missing_ok=True)
     return ActivationStore(out_dir)
@@ -131,13 +171,17 @@ def _resumable_shards(out_dir: Path, arguments: dict[str, Any]) -> list[dict[str
     differing = [key for key in sorted(set(recorded) | set(arguments)) if recorded.get(key) != arguments.get(key)]
     if differing:
         key = differing[0]
-        raise ValueError(f"{out_dir} holds an interrupted harvest with other arguments ({key}: "
-                         f"{recorded.get(key)!r} then, {arguments.get(key)!r} now); rerun it with the same "
-                         "arguments to resume, or pass overwrite=True to start afresh")
+        raise ValueError(
+            f"{out_dir} holds an interrupted harvest with other arguments ({key}: "
+            f"{recorded.get(key)!r} then, {arguments.get(key)!r} now); rerun it with the same "
+            "arguments to resume, or pass overwrite=True to start afresh"
+        )
     missing = [s["file"] for s in shards if not (out_dir / s["file"]).exists()]
     if missing:
-        raise FileNotFoundError(f"{out_dir}: {PROGRESS_FILE} records shards that are missing ({missing[:3]}); "
-                                "pass overwrite=True to start afresh")
+        raise FileNotFoundError(
+            f"{out_dir}: {PROGRESS_FILE} records shards that are missing ({missing[:3]}); "
+            "pass overwrite=True to start afresh"
+        )
     for shard in shards:
         try:
             verify_checksum(out_dir, shard)
@@ -150,7 +194,8 @@ class _TokenDigest(CountedBatches):
     """The dataset's batches, passed through unchanged while a SHA-256 of their token ids runs along.
 
     `state` is (sequences done, digest) through the batch last read — while stream_activations yields a
-    batch's part, that batch's: what a shard ending there records. When resuming after `resume` (the last recorded shard), the batches read must end exactly at
+    batch's part, that batch's: what a shard ending there records. When resuming after `resume` (the last recorded
+    shard), the batches read must end exactly at
     its sequence count with its digest: otherwise these are not the data its shards came from.
     """
 
@@ -170,20 +215,26 @@ class _TokenDigest(CountedBatches):
                 self._check()
             yield tokens
         if self.resume is not None and self.seen < self.resume["sequences"]:
-            raise ValueError(f"the data hold {self.seen} sequences, but the interrupted harvest had already done "
-                             f"{self.resume['sequences']}: these are not the same data")
+            raise ValueError(
+                f"the data hold {self.seen} sequences, but the interrupted harvest had already done "
+                f"{self.resume['sequences']}: these are not the same data"
+            )
 
     def _check(self) -> None:
         if self.resume is None or self.seen < self.resume["sequences"]:
             return
         expected, self.resume = self.resume, None
         if self.seen != expected["sequences"]:
-            raise ValueError(f"the data's batches do not end at sequence {expected['sequences']}, where the "
-                             "interrupted harvest's last shard ends: these are not the same data")
+            raise ValueError(
+                f"the data's batches do not end at sequence {expected['sequences']}, where the "
+                "interrupted harvest's last shard ends: these are not the same data"
+            )
         if self.digest != expected["tokens_sha256"]:
-            raise ValueError(f"the first {self.seen} sequences differ from those the interrupted harvest already "
-                             "wrote (by the SHA-256 of their token ids); rerun it with the same data, or pass "
-                             "overwrite=True to start afresh")
+            raise ValueError(
+                f"the first {self.seen} sequences differ from those the interrupted harvest already "
+                "wrote (by the SHA-256 of their token ids); rerun it with the same data, or pass "
+                "overwrite=True to start afresh"
+            )
 
     @property
     def state(self) -> tuple[int, str]:
@@ -218,17 +269,22 @@ class _ShardWriter:
             shape, kind = list(t.shape[1:]), str(t.dtype).removeprefix("torch.")
             known = self.spec.setdefault(name, {"shape": shape, "dtype": kind})
             if known["shape"] != shape:
-                raise ValueError(f"{name}: rows of shape {shape} after rows of shape {known['shape']}; batches of "
-                                 "different lengths give attention patterns of different widths")
+                raise ValueError(
+                    f"{name}: rows of shape {shape} after rows of shape {known['shape']}; batches of "
+                    "different lengths give attention patterns of different widths"
+                )
         rows = len(part)
         if rows:
             if not self.buffers:
                 row_bytes = sum(t[0].numel() * t.element_size() for t in part.acts.values()) + 16  # + seq, pos
                 capacity = max(1, self.limit // row_bytes)
-                self.buffers = {name: torch.empty((capacity, *t.shape[1:]), dtype=t.dtype)
-                                for name, t in part.acts.items()}
-                self.buffers |= {"seq": torch.empty(capacity, dtype=torch.long),
-                                 "pos": torch.empty(capacity, dtype=torch.long)}
+                self.buffers = {
+                    name: torch.empty((capacity, *t.shape[1:]), dtype=t.dtype) for name, t in part.acts.items()
+                }
+                self.buffers |= {
+                    "seq": torch.empty(capacity, dtype=torch.long),
+                    "pos": torch.empty(capacity, dtype=torch.long),
+                }
             capacity = len(self.buffers["seq"])
             if self.filled + rows > capacity:
                 self.flush()  # the buffer holds whole batches up to the previous part: a resumable boundary
@@ -237,7 +293,7 @@ class _ShardWriter:
                 self._write(part.acts | {"seq": part.seq, "pos": part.pos}, rows)
                 return
             for name, t in (part.acts | {"seq": part.seq, "pos": part.pos}).items():
-                self.buffers[name][self.filled: self.filled + rows] = t
+                self.buffers[name][self.filled : self.filled + rows] = t
             self.filled += rows
         self.sequences, self.digest = end
 
@@ -249,12 +305,22 @@ class _ShardWriter:
     def _write(self, tensors: dict[str, Tensor], rows: int) -> None:
         file = f"shard-{len(self.shards):05d}.safetensors"
         tensors = {name: t.contiguous() for name, t in tensors.items()}
-        atomic_write(self.directory / file, lambda path: save_file(tensors, str(path), metadata={"format": INDEX_FORMAT}))
-        self.shards.append({"file": file, "rows": rows, "sequences": self.sequences, "tokens_sha256": self.digest,
-                            "sha256": file_sha256(self.directory / file)})
-        atomic_write_text(self.directory / PROGRESS_FILE,
-                          json.dumps({"format": INDEX_FORMAT, "arguments": self.arguments, "shards": self.shards},
-                                     indent=2) + "\n")
+        atomic_write(
+            self.directory / file, lambda path: save_file(tensors, str(path), metadata={"format": INDEX_FORMAT})
+        )
+        self.shards.append(
+            {
+                "file": file,
+                "rows": rows,
+                "sequences": self.sequences,
+                "tokens_sha256": self.digest,
+                "sha256": file_sha256(self.directory / file),
+            }
+        )
+        atomic_write_text(
+            self.directory / PROGRESS_FILE,
+            json.dumps({"format": INDEX_FORMAT, "arguments": self.arguments, "shards": self.shards}, indent=2) + "\n",
+        )
         release_freed_memory()  # what the batches since the last shard freed and left unused (fragments)
 
 
@@ -280,13 +346,20 @@ def merge_stores(directory: str | Path, parts: Sequence[tuple[str, dict[str, Any
     for folder, index in parts:
         for key in ("format", "hooks", "positions", "model"):
             if index.get(key) != first.get(key):
-                raise ValueError(f"{directory / folder} holds other {key} ({index.get(key)!r}) than "
-                                 f"{directory / parts[0][0]} ({first.get(key)!r}): its rows cannot join the set")
-    index = {"format": INDEX_FORMAT, "hooks": first["hooks"], "positions": first["positions"],
-             "n_rows": sum(i["n_rows"] for _, i in parts), "n_sequences": sum(i["n_sequences"] for _, i in parts),
-             "shards": [dict(shard, file=f"{folder}/{shard['file']}") for folder, i in parts for shard in i["shards"]],
-             "model": first["model"],
-             "parts": [{"folder": folder, "n_sequences": i["n_sequences"], "n_rows": i["n_rows"]} for folder, i in parts]}
+                raise ValueError(
+                    f"{directory / folder} holds other {key} ({index.get(key)!r}) than "
+                    f"{directory / parts[0][0]} ({first.get(key)!r}): its rows cannot join the set"
+                )
+    index = {
+        "format": INDEX_FORMAT,
+        "hooks": first["hooks"],
+        "positions": first["positions"],
+        "n_rows": sum(i["n_rows"] for _, i in parts),
+        "n_sequences": sum(i["n_sequences"] for _, i in parts),
+        "shards": [dict(shard, file=f"{folder}/{shard['file']}") for folder, i in parts for shard in i["shards"]],
+        "model": first["model"],
+        "parts": [{"folder": folder, "n_sequences": i["n_sequences"], "n_rows": i["n_rows"]} for folder, i in parts],
+    }
     atomic_write_text(directory / INDEX_FILE, json.dumps(index, indent=2) + "\n")
     return ActivationStore(directory)
 
@@ -311,8 +384,10 @@ class ActivationStore:
         if not isinstance(hooks, dict) or not all(is_row_spec(spec) for spec in hooks.values()):
             raise InputError(f"{path}: its hooks must map each name to a shape (a list of sizes) and a torch dtype")
         if type(self.index.get("n_rows")) is not int or self.index["n_rows"] != sum(s["rows"] for s in shards):
-            raise InputError(f"{path} says n_rows {self.index.get('n_rows')!r}, but its shards hold "
-                             f"{sum(s['rows'] for s in shards)} rows")
+            raise InputError(
+                f"{path} says n_rows {self.index.get('n_rows')!r}, but its shards hold "
+                f"{sum(s['rows'] for s in shards)} rows"
+            )
         missing = [s["file"] for s in shards if not (self.directory / s["file"]).exists()]
         if missing:
             raise FileNotFoundError(f"{self.directory} is missing shards {missing[:3]}")
@@ -328,8 +403,10 @@ class ActivationStore:
         return int(self.index["n_rows"])
 
     def __repr__(self) -> str:
-        return (f"ActivationStore({str(self.directory)!r}, rows={len(self)}, shards={len(self.index['shards'])}, "
-                f"hooks={self.names})")
+        return (
+            f"ActivationStore({str(self.directory)!r}, rows={len(self)}, shards={len(self.index['shards'])}, "
+            f"hooks={self.names})"
+        )
 
     def _names(self, names: str | Sequence[str] | None) -> list[str]:
         names = self.names if names is None else [names] if isinstance(names, str) else list(names)
@@ -355,8 +432,12 @@ class ActivationStore:
             verify_checksum(self.directory, shard)
             self._verified.add(shard["file"])
         with safe_open(str(self.directory / shard["file"]), framework="pt") as f:
-            return Activations({n: f.get_tensor(n) for n in names}, f.get_tensor("seq"), f.get_tensor("pos"),
-                               {"positions": self.index.get("positions")})
+            return Activations(
+                {n: f.get_tensor(n) for n in names},
+                f.get_tensor("seq"),
+                f.get_tensor("pos"),
+                {"positions": self.index.get("positions")},
+            )
 
     def __iter__(self) -> Iterator[Activations]:
         return self.shards()
@@ -369,8 +450,12 @@ class ActivationStore:
         """Everything (or the named hooks) in memory, filled shard by shard into preallocated tensors."""
         names = self._names(names)
         n = len(self)
-        acts = {name: torch.empty((n, *self.index["hooks"][name]["shape"]),
-                                  dtype=getattr(torch, self.index["hooks"][name]["dtype"])) for name in names}
+        acts = {
+            name: torch.empty(
+                (n, *self.index["hooks"][name]["shape"]), dtype=getattr(torch, self.index["hooks"][name]["dtype"])
+            )
+            for name in names
+        }
         seq, pos = torch.empty(n, dtype=torch.long), torch.empty(n, dtype=torch.long)
         start = 0
         for part in self.shards(names):

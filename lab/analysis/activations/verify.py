@@ -11,8 +11,18 @@ from safetensors import SafetensorError, safe_open
 
 from lab.inputs import InputError, regular_file
 
-DTYPE_NAMES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
-               "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+DTYPE_NAMES = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
+}
 
 
 def dtype_name(safetensors_dtype: str) -> str:
@@ -22,8 +32,12 @@ def dtype_name(safetensors_dtype: str) -> str:
 
 def is_row_spec(spec: Any) -> bool:
     """An index's description of one hook's rows: {"shape": [sizes ≥ 0], "dtype": one of DTYPE_NAMES' names}."""
-    return (isinstance(spec, dict) and isinstance(spec.get("shape"), list)
-            and all(type(n) is int and n >= 0 for n in spec["shape"]) and spec.get("dtype") in DTYPE_NAMES.values())
+    return (
+        isinstance(spec, dict)
+        and isinstance(spec.get("shape"), list)
+        and all(type(n) is int and n >= 0 for n in spec["shape"])
+        and spec.get("dtype") in DTYPE_NAMES.values()
+    )
 
 
 def file_sha256(path: Path) -> str:
@@ -47,8 +61,10 @@ def checked_shards(path: Path, shards: Any) -> list[dict[str, Any]]:
         part = shard["file"].rpartition("/")[0]
         end = ends.get(part, 0)
         if shard["rows"] < 1 or shard["sequences"] < end:
-            raise InputError(f"{path}: shard {number} ({shard['file']}) holds {shard['rows']} rows ending at sequence "
-                             f"{shard['sequences']}, after one ending at {end}: not a harvest's order")
+            raise InputError(
+                f"{path}: shard {number} ({shard['file']}) holds {shard['rows']} rows ending at sequence "
+                f"{shard['sequences']}, after one ending at {end}: not a harvest's order"
+            )
         ends[part] = shard["sequences"]
     names = [shard["file"] for shard in shards]
     if len(set(names)) != len(names):
@@ -61,8 +77,10 @@ def verify_checksum(directory: Path, shard: dict[str, Any]) -> Path:
     checksum was taken of when it was written; an InputError naming it otherwise."""
     path = regular_file(directory / shard["file"], directory, what="activation shard")
     if file_sha256(path) != shard["sha256"]:
-        raise InputError(f"{path} is not the shard the index recorded (its SHA-256 differs from the one taken when "
-                         "it was written): the file was changed, cut short or swapped; harvest the set again")
+        raise InputError(
+            f"{path} is not the shard the index recorded (its SHA-256 differs from the one taken when "
+            "it was written): the file was changed, cut short or swapped; harvest the set again"
+        )
     return path
 
 
@@ -73,8 +91,10 @@ def check_header(directory: Path, hooks: dict[str, Any], shard: dict[str, Any]) 
     expected |= {name: ([shard["rows"]], "int64") for name in ("seq", "pos")}
     try:
         with safe_open(str(path), framework="pt") as f:
-            found = {name: (list(f.get_slice(name).get_shape()), dtype_name(f.get_slice(name).get_dtype()))
-                     for name in f.keys()}
+            found = {
+                name: (list(f.get_slice(name).get_shape()), dtype_name(f.get_slice(name).get_dtype()))
+                for name in f.keys()
+            }
     except (SafetensorError, OSError, ValueError, KeyError) as err:
         raise InputError(f"malformed or truncated activation shard {path}: {err}") from err
     for name, (shape, dtype) in expected.items():

@@ -36,8 +36,10 @@ def logit_targets(logits: Tensor, max_logits: int, probability: float) -> tuple[
 
 def feature_targets(replacement: LocalReplacement) -> list[Target]:
     tc = replacement.transcoders
-    return [Target(tc.cfg.hook("input", int(layer)), int(pos), tc.W_enc[int(layer)][:, int(i)].detach())
-            for layer, pos, i in replacement.features]
+    return [
+        Target(tc.cfg.hook("input", int(layer)), int(pos), tc.W_enc[int(layer)][:, int(i)].detach())
+        for layer, pos, i in replacement.features
+    ]
 
 
 def logit_target_vectors(replacement: LocalReplacement, tokens: Tensor) -> list[Target]:
@@ -53,8 +55,15 @@ def logit_target_vectors(replacement: LocalReplacement, tokens: Tensor) -> list[
     return targets
 
 
-def attribute(model: Any, transcoders: Transcoders, prompt: str | Tensor | list[int], *, max_logits: int = 10,
-              logit_probability: float = 0.95, batch_size: int = 128) -> Graph:
+def attribute(
+    model: Any,
+    transcoders: Transcoders,
+    prompt: str | Tensor | list[int],
+    *,
+    max_logits: int = 10,
+    logit_probability: float = 0.95,
+    batch_size: int = 128,
+) -> Graph:
     """The attribution graph of `prompt`: batch_size targets per backward pass (one chunk of positions)."""
     start = time.perf_counter()
     tokens = prompt_tokens(model, prompt)
@@ -77,12 +86,26 @@ def attribute(model: Any, transcoders: Transcoders, prompt: str | Tensor | list[
     inputs[:n_features] += encoder_bias
     bias[:n_features] += encoder_bias
     strings = token_strings(model, tokens)
-    meta = {"prompt": "".join(strings), "token_strings": strings, "logit_strings": token_strings(model, logit_tokens),
-            "transcoders": transcoders.cfg.to_dict(), "seconds": time.perf_counter() - start,
-            "batch_size": batch_size}
-    return Graph(tokens=tokens, features=replacement.features, activations=replacement.activations.float(),
-                 logit_tokens=logit_tokens, logit_probs=logit_probs, adjacency=adjacency, inputs=inputs, bias=bias,
-                 n_layers=replacement.n_layers, meta=meta)
+    meta = {
+        "prompt": "".join(strings),
+        "token_strings": strings,
+        "logit_strings": token_strings(model, logit_tokens),
+        "transcoders": transcoders.cfg.to_dict(),
+        "seconds": time.perf_counter() - start,
+        "batch_size": batch_size,
+    }
+    return Graph(
+        tokens=tokens,
+        features=replacement.features,
+        activations=replacement.activations.float(),
+        logit_tokens=logit_tokens,
+        logit_probs=logit_probs,
+        adjacency=adjacency,
+        inputs=inputs,
+        bias=bias,
+        n_layers=replacement.n_layers,
+        meta=meta,
+    )
 
 
 def token_strings(model: Any, tokens: Tensor) -> list[str]:

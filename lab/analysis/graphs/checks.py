@@ -62,8 +62,11 @@ def _source_edit(transcoders: Transcoders, graph: Graph, index: int, factor: flo
     tc = transcoders.cfg
     hooks = []
     for target in range(layer, tc.n_layers) if tc.cross_layer else (layer,):
-        delta = (factor - 1.0) * float(graph.activations[index]) * transcoders.decoder(
-            layer, torch.tensor([feature]), target)[0].detach()
+        delta = (
+            (factor - 1.0)
+            * float(graph.activations[index])
+            * transcoders.decoder(layer, torch.tensor([feature]), target)[0].detach()
+        )
 
         def add(out: Tensor, hook: Any, delta: Tensor = delta) -> Tensor:
             out = out.clone()
@@ -111,8 +114,15 @@ def demeaned_logits(model: Any, tokens: Tensor, hooks: list[tuple[str, Any]], ta
     return logits[targets] - logits.mean()
 
 
-def intervention_agreement(model: Any, transcoders: Transcoders, graph: Graph, *, top: int = 10,
-                           factor: float = 0.0, freeze_attention: bool = False) -> dict[str, Any]:
+def intervention_agreement(
+    model: Any,
+    transcoders: Transcoders,
+    graph: Graph,
+    *,
+    top: int = 10,
+    factor: float = 0.0,
+    freeze_attention: bool = False,
+) -> dict[str, Any]:
     """Ablate (factor 0) or scale each of the `top` features with the largest edges into the logits, in the full
     model, and compare the change of every logit node with the graph's prediction (factor − 1)·total effect.
     freeze_attention: hold the attention patterns and norm scales at the prompt's (circuit-tracer's default for its
@@ -127,15 +137,27 @@ def intervention_agreement(model: Any, transcoders: Transcoders, graph: Graph, *
     frozen: list[tuple[str, Any]] = []
     if freeze_attention:
         replacement = LocalReplacement(model, transcoders, graph.tokens)
-        frozen = [(name, lambda value, hook, r=replacement: r.cache[hook.name].to(value.dtype))
-                  for name in replacement.frozen]
+        frozen = [
+            (name, lambda value, hook, r=replacement: r.cache[hook.name].to(value.dtype)) for name in replacement.frozen
+        ]
     base = demeaned_logits(model, graph.tokens, frozen, graph.logit_tokens)
-    actual = torch.stack([demeaned_logits(model, graph.tokens, frozen + _source_edit(transcoders, graph, int(i),
-                                                                                     factor),
-                                          graph.logit_tokens) - base for i in chosen])
-    return {"features": [graph.node(int(i))["id"] for i in chosen], "predicted": predicted, "direct": direct,
-            "actual": actual, **{f"{k}": v for k, v in _agreement(predicted, actual).items()},
-            **{f"direct_{k}": v for k, v in _agreement(direct, actual).items()}}
+    actual = torch.stack(
+        [
+            demeaned_logits(
+                model, graph.tokens, frozen + _source_edit(transcoders, graph, int(i), factor), graph.logit_tokens
+            )
+            - base
+            for i in chosen
+        ]
+    )
+    return {
+        "features": [graph.node(int(i))["id"] for i in chosen],
+        "predicted": predicted,
+        "direct": direct,
+        "actual": actual,
+        **{f"{k}": v for k, v in _agreement(predicted, actual).items()},
+        **{f"direct_{k}": v for k, v in _agreement(direct, actual).items()},
+    }
 
 
 def _agreement(predicted: Tensor, actual: Tensor) -> dict[str, float]:
@@ -145,5 +167,8 @@ def _agreement(predicted: Tensor, actual: Tensor) -> dict[str, float]:
     if len(p) < 2:
         return {"correlation": float("nan"), "sign_agreement": float("nan"), "pairs": int(len(p))}
     correlation = float(torch.corrcoef(torch.stack([p, a]))[0, 1])
-    return {"correlation": correlation, "sign_agreement": float((p.sign() == a.sign()).double().mean()),
-            "pairs": int(len(p))}
+    return {
+        "correlation": correlation,
+        "sign_agreement": float((p.sign() == a.sign()).double().mean()),
+        "pairs": int(len(p)),
+    }

@@ -74,16 +74,26 @@ class Graph:
 
     def kinds(self) -> list[str]:
         """'feature', 'error', 'token' or 'logit' for every node, in order."""
-        return (["feature"] * self.n_features + ["error"] * (self.n_layers * self.n_pos) + ["token"] * self.n_pos
-                + ["logit"] * self.n_logits)
+        return (
+            ["feature"] * self.n_features
+            + ["error"] * (self.n_layers * self.n_pos)
+            + ["token"] * self.n_pos
+            + ["logit"] * self.n_logits
+        )
 
     def node(self, index: int) -> dict[str, Any]:
         """One node as a record: id, kind, layer (tokens −1, logits n_layers), position, and its feature or token."""
         n_err = self.n_layers * self.n_pos
         if index < self.n_features:
             layer, pos, feature = (int(v) for v in self.features[index])
-            return {"id": f"{layer}_{feature}_{pos}", "kind": "feature", "layer": layer, "pos": pos,
-                    "feature": feature, "activation": float(self.activations[index])}
+            return {
+                "id": f"{layer}_{feature}_{pos}",
+                "kind": "feature",
+                "layer": layer,
+                "pos": pos,
+                "feature": feature,
+                "activation": float(self.activations[index]),
+            }
         if index < self.n_features + n_err:
             layer, pos = divmod(index - self.n_features, self.n_pos)
             return {"id": f"err_{layer}_{pos}", "kind": "error", "layer": layer, "pos": pos}
@@ -93,8 +103,14 @@ class Graph:
             return {"id": f"E_{token}_{pos}", "kind": "token", "layer": -1, "pos": pos, "token": token}
         k = index - (self.n_nodes - self.n_logits)
         token = int(self.logit_tokens[k])
-        return {"id": f"{self.n_layers + 1}_{token}_{self.n_pos - 1}", "kind": "logit", "layer": self.n_layers,
-                "pos": self.n_pos - 1, "token": token, "probability": float(self.logit_probs[k])}
+        return {
+            "id": f"{self.n_layers + 1}_{token}_{self.n_pos - 1}",
+            "kind": "logit",
+            "layer": self.n_layers,
+            "pos": self.n_pos - 1,
+            "token": token,
+            "probability": float(self.logit_probs[k]),
+        }
 
     def node_ids(self) -> list[str]:
         return [self.node(i)["id"] for i in range(self.n_nodes)]
@@ -126,8 +142,10 @@ class Graph:
         if not isinstance(meta, dict) or meta.get("format") != GRAPH_FORMAT:
             raise InputError(f"{path} is not a {GRAPH_FORMAT} file")
         if type(meta.get("n_layers")) is not int or meta["n_layers"] < 0 or not isinstance(meta.get("meta", {}), dict):
-            raise InputError(f"{path}: n_layers must be a whole number ≥ 0 and meta an object, got "
-                             f"{meta.get('n_layers')!r} and a {type(meta.get('meta', {})).__name__}")
+            raise InputError(
+                f"{path}: n_layers must be a whole number ≥ 0 and meta an object, got "
+                f"{meta.get('n_layers')!r} and a {type(meta.get('meta', {})).__name__}"
+            )
         try:
             tensors = load_file(str(regular_file(directory / TENSORS_FILE, directory, what="graph's tensors")))
         except (SafetensorError, OSError) as err:
@@ -135,8 +153,12 @@ class Graph:
         missing = [name for name in TENSOR_NAMES if name not in tensors]
         if missing:
             raise ValueError(f"{directory / TENSORS_FILE} lacks {missing}")
-        graph = cls(**{name: tensors[name] for name in TENSOR_NAMES}, n_layers=meta["n_layers"],
-                    meta=meta.get("meta", {}), supernodes=meta.get("supernodes", []))
+        graph = cls(
+            **{name: tensors[name] for name in TENSOR_NAMES},
+            n_layers=meta["n_layers"],
+            meta=meta.get("meta", {}),
+            supernodes=meta.get("supernodes", []),
+        )
         try:
             check_supernodes(graph.supernodes, set(graph.node_ids()))
         except ValueError as err:
@@ -157,8 +179,13 @@ def check_supernodes(supernodes: Any, ids: set[str]) -> None:
         raise ValueError(f"supernodes must be a list of {{'name', 'nodes'}} records, got {type(supernodes).__name__}")
     names = set()
     for s in supernodes:
-        if not (isinstance(s, dict) and isinstance(s.get("name"), str) and s["name"].strip()
-                and isinstance(s.get("nodes"), list) and s["nodes"]):
+        if not (
+            isinstance(s, dict)
+            and isinstance(s.get("name"), str)
+            and s["name"].strip()
+            and isinstance(s.get("nodes"), list)
+            and s["nodes"]
+        ):
             raise ValueError(f"a supernode needs a name and a non-empty list of node ids, got {s!r}")
         if s["name"] in names:
             raise ValueError(f"two supernodes are named {s['name']!r}")
@@ -168,9 +195,17 @@ def check_supernodes(supernodes: Any, ids: set[str]) -> None:
             raise ValueError(f"supernode {s['name']!r} names nodes this graph does not hold: {unknown[:3]}")
 
 
-def to_circuit_tracer(graph: Graph, node_mask: Tensor, edge_mask: Tensor, cumulative: Tensor, *, slug: str,
-                      scan: str, token_strings: list[str] | None = None, node_threshold: float = 0.8
-                      ) -> dict[str, Any]:
+def to_circuit_tracer(
+    graph: Graph,
+    node_mask: Tensor,
+    edge_mask: Tensor,
+    cumulative: Tensor,
+    *,
+    slug: str,
+    scan: str,
+    token_strings: list[str] | None = None,
+    node_threshold: float = 0.8,
+) -> dict[str, Any]:
     """The pruned graph as circuit-tracer's graph JSON (`create_graph_files`'s Model: metadata, qParams, nodes,
     links), supernodes in qParams as [name, *node ids]."""
     strings = token_strings or [str(int(t)) for t in graph.tokens]
@@ -178,35 +213,78 @@ def to_circuit_tracer(graph: Graph, node_mask: Tensor, edge_mask: Tensor, cumula
     for index in torch.nonzero(node_mask).flatten().tolist():
         n = graph.node(index)
         influence = float(cumulative[index])
-        base = {"node_id": n["id"], "layer": str(n["layer"]), "ctx_idx": n["pos"], "run_idx": 0, "reverse_ctx_idx": 0,
-                "token_prob": 0.0, "is_target_logit": False, "clerp": "", "influence": influence, "activation": None}
+        base = {
+            "node_id": n["id"],
+            "layer": str(n["layer"]),
+            "ctx_idx": n["pos"],
+            "run_idx": 0,
+            "reverse_ctx_idx": 0,
+            "token_prob": 0.0,
+            "is_target_logit": False,
+            "clerp": "",
+            "influence": influence,
+            "activation": None,
+        }
         if n["kind"] == "feature":
             layer, feature = n["layer"], n["feature"]
-            base |= {"feature": (layer + feature) * (layer + feature + 1) // 2 + feature,
-                     "feature_type": "cross layer transcoder", "jsNodeId": f"{layer}_{feature}-0",
-                     "activation": n["activation"]}
+            base |= {
+                "feature": (layer + feature) * (layer + feature + 1) // 2 + feature,
+                "feature_type": "cross layer transcoder",
+                "jsNodeId": f"{layer}_{feature}-0",
+                "activation": n["activation"],
+            }
         elif n["kind"] == "error":
-            base |= {"feature": -1, "feature_type": "mlp reconstruction error",
-                     "jsNodeId": f"{n['layer']}_{n['pos']}-0"}
+            base |= {
+                "feature": -1,
+                "feature_type": "mlp reconstruction error",
+                "jsNodeId": f"{n['layer']}_{n['pos']}-0",
+            }
         elif n["kind"] == "token":
-            base |= {"feature": n["pos"], "layer": "E", "feature_type": "embedding",
-                     "jsNodeId": f"E_{n['token']}-{n['pos']}"}
+            base |= {
+                "feature": n["pos"],
+                "layer": "E",
+                "feature_type": "embedding",
+                "jsNodeId": f"E_{n['token']}-{n['pos']}",
+            }
         else:
             k = index - (graph.n_nodes - graph.n_logits)
-            base |= {"feature": n["token"], "layer": str(graph.n_layers + 1), "feature_type": "logit",
-                     "token_prob": n["probability"], "is_target_logit": k == 0,
-                     "jsNodeId": f"L_{n['token']}-{n['pos']}", "influence": None,
-                     "clerp": f'Output "{graph.meta.get("logit_strings", [""] * graph.n_logits)[k]}" '
-                              f'(p={n["probability"]:.3f})'}
+            base |= {
+                "feature": n["token"],
+                "layer": str(graph.n_layers + 1),
+                "feature_type": "logit",
+                "token_prob": n["probability"],
+                "is_target_logit": k == 0,
+                "jsNodeId": f"L_{n['token']}-{n['pos']}",
+                "influence": None,
+                "clerp": f'Output "{graph.meta.get("logit_strings", [""] * graph.n_logits)[k]}" '
+                f"(p={n['probability']:.3f})",
+            }
         nodes[index] = base
     targets, sources = torch.nonzero(edge_mask, as_tuple=True)
-    links = [{"source": nodes[s]["node_id"], "target": nodes[t]["node_id"], "weight": float(graph.adjacency[t, s])}
-             for t, s in zip(targets.tolist(), sources.tolist()) if s in nodes and t in nodes]
+    links = [
+        {"source": nodes[s]["node_id"], "target": nodes[t]["node_id"], "weight": float(graph.adjacency[t, s])}
+        for t, s in zip(targets.tolist(), sources.tolist())
+        if s in nodes and t in nodes
+    ]
     linked = {link["source"] for link in links} | {link["target"] for link in links}
     used = [n for n in nodes.values() if n["node_id"] in linked or n["feature_type"] in ("embedding", "logit")]
-    return {"metadata": {"slug": slug, "scan": scan, "transcoder_list": [], "prompt_tokens": strings,
-                         "prompt": graph.meta.get("prompt", "".join(strings)), "node_threshold": node_threshold,
-                         "schema_version": 1},
-            "qParams": {"pinnedIds": [], "supernodes": [[s["name"], *s["nodes"]] for s in graph.supernodes],
-                        "linkType": "both", "clickedId": "", "sg_pos": ""},
-            "nodes": used, "links": links}
+    return {
+        "metadata": {
+            "slug": slug,
+            "scan": scan,
+            "transcoder_list": [],
+            "prompt_tokens": strings,
+            "prompt": graph.meta.get("prompt", "".join(strings)),
+            "node_threshold": node_threshold,
+            "schema_version": 1,
+        },
+        "qParams": {
+            "pinnedIds": [],
+            "supernodes": [[s["name"], *s["nodes"]] for s in graph.supernodes],
+            "linkType": "both",
+            "clickedId": "",
+            "sg_pos": "",
+        },
+        "nodes": used,
+        "links": links,
+    }

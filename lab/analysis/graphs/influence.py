@@ -43,7 +43,7 @@ def path_influence(shares: Tensor, weights: Tensor, max_iter: int = 1000) -> Ten
 
 def logit_weights(graph: Graph) -> Tensor:
     weights = torch.zeros(graph.n_nodes)
-    weights[graph.n_nodes - graph.n_logits:] = graph.logit_probs.float()
+    weights[graph.n_nodes - graph.n_logits :] = graph.logit_probs.float()
     return weights
 
 
@@ -96,8 +96,8 @@ def prune(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.9
     ordered, index = influence.sort(descending=True)
     cumulative = torch.zeros_like(influence)
     cumulative[index] = ordered.cumsum(0) / ordered.sum().clamp_min(1e-30)
-    total = float(influence[:-graph.n_logits].sum())
-    node_share = float(influence[:-graph.n_logits][node_mask[:-graph.n_logits]].sum()) / total if total else 1.0
+    total = float(influence[: -graph.n_logits].sum())
+    node_share = float(influence[: -graph.n_logits][node_mask[: -graph.n_logits]].sum()) / total if total else 1.0
     edge_total = float(edge_scores.sum())
     edge_share = float(edge_scores[edge_mask].sum()) / edge_total if edge_total else 1.0
     return Pruned(node_mask, edge_mask, cumulative, node_share, edge_share)
@@ -123,7 +123,7 @@ def position_influence(graph: Graph) -> Tensor:
     graph says the prediction's information comes from."""
     influence = node_influence(graph)
     start = graph.token_index(0)
-    tokens = influence[start: start + graph.n_pos]
+    tokens = influence[start : start + graph.n_pos]
     return tokens / tokens.sum().clamp_min(1e-30)
 
 

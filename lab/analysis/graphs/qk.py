@@ -37,8 +37,18 @@ def _side_targets(model: Any, layer: int, which: str, head: int, pos: int) -> li
 
 
 @torch.no_grad()
-def qk_attribution(model: Any, transcoders: Transcoders, graph: Graph, layer: int, head: int, query_pos: int,
-                   key_pos: int, *, top: int = 10, batch_size: int = 128) -> dict[str, Any]:
+def qk_attribution(
+    model: Any,
+    transcoders: Transcoders,
+    graph: Graph,
+    layer: int,
+    head: int,
+    query_pos: int,
+    key_pos: int,
+    *,
+    top: int = 10,
+    batch_size: int = 128,
+) -> dict[str, Any]:
     """The score of head `head` of layer `layer` from `query_pos` to `key_pos`, split over pairs of source nodes."""
     if not 0 <= key_pos <= query_pos < graph.n_pos:
         raise ValueError(f"need 0 <= key_pos <= query_pos < {graph.n_pos} (a causal head), got {key_pos}, {query_pos}")
@@ -71,14 +81,25 @@ def qk_attribution(model: Any, transcoders: Transcoders, graph: Graph, layer: in
     ids = graph.node_ids()
     flat = pairs.flatten()
     best = flat.abs().argsort(descending=True)[:top]
-    top_pairs = [{"query": ids[int(q_live[i // len(k_live)])], "key": ids[int(k_live[i % len(k_live)])],
-                  "score": float(flat[i])} for i in best.tolist()]
+    top_pairs = [
+        {"query": ids[int(q_live[i // len(k_live)])], "key": ids[int(k_live[i % len(k_live)])], "score": float(flat[i])}
+        for i in best.tolist()
+    ]
     query_side = scale * q_parts.T @ k_total  # each query source with the whole key
     key_side = scale * k_parts.T @ q_total
-    return {"layer": layer, "head": head, "query_pos": query_pos, "key_pos": key_pos, "score": actual,
-            "pairs_sum": float(pairs.sum()), "bias_terms": bias_terms,
-            "reconstructed": float(pairs.sum()) + bias_terms, "top_pairs": top_pairs,
-            "query_sources": _ranked(query_side, ids, top), "key_sources": _ranked(key_side, ids, top)}
+    return {
+        "layer": layer,
+        "head": head,
+        "query_pos": query_pos,
+        "key_pos": key_pos,
+        "score": actual,
+        "pairs_sum": float(pairs.sum()),
+        "bias_terms": bias_terms,
+        "reconstructed": float(pairs.sum()) + bias_terms,
+        "top_pairs": top_pairs,
+        "query_sources": _ranked(query_side, ids, top),
+        "key_sources": _ranked(key_side, ids, top),
+    }
 
 
 def _ranked(values: torch.Tensor, ids: list[str], top: int) -> list[dict[str, Any]]:

@@ -45,12 +45,16 @@ class LocalReplacement:
     def __init__(self, model: Any, transcoders: Transcoders, tokens: Tensor, batch_size: int = 128):
         cfg = model.cfg
         if getattr(cfg, "block", "pre_ln") == "post_ln":
-            raise ValueError("attribution graphs need the MLP's input normalised on its own branch (pre-LN or parallel "
-                             "blocks); a post-LN block normalises after the MLP")
+            raise ValueError(
+                "attribution graphs need the MLP's input normalised on its own branch (pre-LN or parallel "
+                "blocks); a post-LN block normalises after the MLP"
+            )
         tc = transcoders.cfg
         if (tc.n_layers, tc.d_model) != (cfg.n_layers, cfg.d_model):
-            raise ValueError(f"transcoders for {tc.n_layers} layers of width {tc.d_model} do not fit a model of "
-                             f"{cfg.n_layers} layers of width {cfg.d_model}")
+            raise ValueError(
+                f"transcoders for {tc.n_layers} layers of width {tc.d_model} do not fit a model of "
+                f"{cfg.n_layers} layers of width {cfg.d_model}"
+            )
         tokens = torch.as_tensor(tokens).reshape(-1)
         if tokens.numel() < 1:
             raise ValueError("attribution needs a prompt of at least one token")
@@ -61,8 +65,12 @@ class LocalReplacement:
         self.frozen += [f"blocks.{layer}.{norm}.hook_scale" for layer in range(L) for norm in ("ln1", "ln2")]
         self.frozen += ["ln_final.hook_scale"]
         self.frozen = [name for name in self.frozen if name in model.hook_dict]  # a norm-free stack has no scale
-        names = [*self.frozen, "hook_embed", *[tc.hook("input", layer) for layer in range(L)],
-                 *[tc.hook("output", layer) for layer in range(L)]]
+        names = [
+            *self.frozen,
+            "hook_embed",
+            *[tc.hook("input", layer) for layer in range(L)],
+            *[tc.hook("output", layer) for layer in range(L)],
+        ]
         with torch.no_grad():
             self.logits, cache = model.run_with_cache(tokens[None], names_filter=names)
             self.cache = {name: cache[name].detach() for name in self.frozen}
@@ -108,8 +116,9 @@ class LocalReplacement:
         hooks += [("hook_embed", source)] + [(name, source) for name in output_layer]
         return hooks
 
-    def run(self, length: int, reads: Sequence[str], leaves: dict[str, Tensor] | None,
-            edits: Sequence[tuple[str, Any]] = ()) -> dict[str, Tensor]:
+    def run(
+        self, length: int, reads: Sequence[str], leaves: dict[str, Tensor] | None, edits: Sequence[tuple[str, Any]] = ()
+    ) -> dict[str, Tensor]:
         """The frozen model over the first `length` tokens: the activations at `reads`. `edits` are
         further hooks, run after the freezing ones (an ablation of one source with every other held fixed)."""
         tokens = self.tokens[None, :length]
@@ -130,7 +139,7 @@ class LocalReplacement:
         out = torch.zeros(len(targets), self.n_sources)
         order = sorted(range(len(targets)), key=lambda i: targets[i].pos)
         for start in range(0, len(order), self.batch_size):
-            chunk = order[start: start + self.batch_size]
+            chunk = order[start : start + self.batch_size]
             out[chunk] = self._chunk([targets[i] for i in chunk])
         return out
 
@@ -146,10 +155,17 @@ class LocalReplacement:
             for row, t in enumerate(targets):
                 grads_out[t.hook][row, 0, t.pos] += t.vector.to(grads_out[t.hook].dtype)
             names, inputs = list(grads_out), list(leaves)
-            grads = torch.autograd.grad([seen[n] for n in names], [leaves[n] for n in inputs],
-                                        [grads_out[n] for n in names], allow_unused=True, is_grads_batched=True)
-        grad = {name: (torch.zeros(rows, *leaves[name].shape) if g is None else g)[:, 0].float()
-                for name, g in zip(inputs, grads)}
+            grads = torch.autograd.grad(
+                [seen[n] for n in names],
+                [leaves[n] for n in inputs],
+                [grads_out[n] for n in names],
+                allow_unused=True,
+                is_grads_batched=True,
+            )
+        grad = {
+            name: (torch.zeros(rows, *leaves[name].shape) if g is None else g)[:, 0].float()
+            for name, g in zip(inputs, grads)
+        }
         return self._contract(grad, rows, length)
 
     def _contract(self, grad: dict[str, Tensor], rows: int, length: int) -> Tensor:

@@ -52,14 +52,44 @@ held-out loss, accuracy and R²), `in_memory` (ridge, logistic and MLP fits and 
 
 # Every name the probes had as one module, where it lives now: experiments, tests and docs import them from here
 # (NEWTON_MAX_PARAMS is read in `common` at every fit: a change to it goes there).
-from lab.analysis.probes.common import (FEATURE_RTOL, LOGISTIC_LAMBDAS, MLP_DECAYS, NEWTON_MAX_PARAMS, RIDGE_ALPHAS,
-                                        Kind, accuracy, feature_rank, r2_score)
+from lab.analysis.probes.common import (
+    FEATURE_RTOL,
+    LOGISTIC_LAMBDAS,
+    MLP_DECAYS,
+    NEWTON_MAX_PARAMS,
+    RIDGE_ALPHAS,
+    Kind,
+    accuracy,
+    feature_rank,
+    r2_score,
+)
 from lab.analysis.probes.cross_fit import CrossFitted, cross_fit_probe
 from lab.analysis.probes.probe import ProbeResult, fit_probe, fit_probes, probe_table, steering_vector
 from lab.analysis.probes.readouts import VERDICTS, judge_readouts, metric_of, random_model, shuffled_control
 from lab.analysis.probes.splits import group_kfold, group_partition, group_split
 from lab.metrics.calibration import MIN_PER_CLASS, Metric, auroc, auroc_ci, bootstrap_ci
 
-__all__ = ["MIN_PER_CLASS", "CrossFitted", "Metric", "ProbeResult", "accuracy", "auroc", "auroc_ci", "bootstrap_ci",
-           "cross_fit_probe", "feature_rank", "fit_probe", "fit_probes", "group_kfold", "group_partition", "group_split",
-           "judge_readouts", "metric_of", "probe_table", "r2_score", "random_model", "shuffled_control", "steering_vector"]
+__all__ = [
+    "MIN_PER_CLASS",
+    "CrossFitted",
+    "Metric",
+    "ProbeResult",
+    "accuracy",
+    "auroc",
+    "auroc_ci",
+    "bootstrap_ci",
+    "cross_fit_probe",
+    "feature_rank",
+    "fit_probe",
+    "fit_probes",
+    "group_kfold",
+    "group_partition",
+    "group_split",
+    "judge_readouts",
+    "metric_of",
+    "probe_table",
+    "r2_score",
+    "random_model",
+    "shuffled_control",
+    "steering_vector",
+]

@@ -16,8 +16,8 @@ from torch import Tensor
 Kind = Literal["ridge", "logistic", "mlp"]
 # Default regularisation grids, for standardised features. Ridge: α multiplies ‖w‖² against a *summed*
 # squared error, so useful values scale with the number of rows; logistic and MLP: λ against a *mean* loss.
-RIDGE_ALPHAS = tuple(10.0 ** k for k in range(-2, 6))
-LOGISTIC_LAMBDAS = tuple(10.0 ** k for k in range(-5, 2))
+RIDGE_ALPHAS = tuple(10.0**k for k in range(-2, 6))
+LOGISTIC_LAMBDAS = tuple(10.0**k for k in range(-5, 2))
 MLP_DECAYS = (1e-4, 1e-2, 1e-1)
 
 NEWTON_MAX_PARAMS = 2048  # above this many parameters the Hessian solve costs more than L-BFGS

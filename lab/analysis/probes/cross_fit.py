@@ -26,8 +26,18 @@ class CrossFitted:
     why: str | None = None
 
 
-def cross_fit_probe(X: Any, y: Any, groups: Any, n_folds: int = 5, *, kind: Kind = "logistic", seed: int = 0,
-                    min_per_class: int = MIN_PER_CLASS, n_bootstrap: int = 200, **options: Any) -> CrossFitted:
+def cross_fit_probe(
+    X: Any,
+    y: Any,
+    groups: Any,
+    n_folds: int = 5,
+    *,
+    kind: Kind = "logistic",
+    seed: int = 0,
+    min_per_class: int = MIN_PER_CLASS,
+    n_bootstrap: int = 200,
+    **options: Any,
+) -> CrossFitted:
     """K-fold cross-fitting by group: the groups are dealt into `n_folds` folds (`group_kfold`, independently of the
     labels), and the rows of fold k are scored by the probe `fit_probe` fits on the rows of the other folds — its
     regularisation cross-validated within them. Every row gets a score from a probe that never saw its group.
@@ -56,13 +66,19 @@ def cross_fit_probe(X: Any, y: Any, groups: Any, n_folds: int = 5, *, kind: Kind
             if len(counts) < 2 or min(counts.values()) < min_per_class:
                 shown = ", ".join(f"{n} with label {label!r}" for label, n in counts.items())
                 n_train = len(np.unique(ids[train]))
-                return CrossFitted(None, scored, [], f"fold {k + 1} of {n_folds} is fitted on {n_train} groups "
-                                   f"({shown}): a probe needs at least {min_per_class} groups of each class")
+                return CrossFitted(
+                    None,
+                    scored,
+                    [],
+                    f"fold {k + 1} of {n_folds} is fitted on {n_train} groups "
+                    f"({shown}): a probe needs at least {min_per_class} groups of each class",
+                )
     scores = np.full(X.shape[0], np.nan)
     regularization = []
     for k, (train, held) in enumerate(folds):
-        result = fit_probe(X, y, kind, groups=ids, split=(train, held), seed=seed + k, n_bootstrap=n_bootstrap,
-                           **options)
+        result = fit_probe(
+            X, y, kind, groups=ids, split=(train, held), seed=seed + k, n_bootstrap=n_bootstrap, **options
+        )
         if result.constant:
             return CrossFitted(None, scored, [], f"fold {k + 1} of {n_folds}: constant features on its training rows")
         if result.test_scores.ndim != 1:

@@ -20,8 +20,7 @@ def _fit_ridge(X: Tensor, y: Tensor, alphas: Sequence[float]) -> list[Fitted]:
     U, s, Vh = torch.linalg.svd((X - mean) / std, full_matrices=False)
     y_mean = y.mean()
     Uty = U.T @ (y - y_mean)
-    return [Fitted("ridge", "regression", mean, std, {"w": Vh.T @ (s / (s**2 + a) * Uty), "b": y_mean})
-            for a in alphas]
+    return [Fitted("ridge", "regression", mean, std, {"w": Vh.T @ (s / (s**2 + a) * Uty), "b": y_mean}) for a in alphas]
 
 
 def _logistic_objective(A: Tensor, Y: Tensor, T: Tensor, pen: Tensor) -> float:
@@ -33,8 +32,7 @@ def _logistic_objective(A: Tensor, Y: Tensor, T: Tensor, pen: Tensor) -> float:
     return float(data + 0.5 * (pen[:, None] * T**2).sum())
 
 
-def _newton_logistic(features: Tensor, y: Tensor, out_dim: int, lam: float, T: Tensor,
-                     max_iter: int = 100) -> Tensor:
+def _newton_logistic(features: Tensor, y: Tensor, out_dim: int, lam: float, T: Tensor, max_iter: int = 100) -> Tensor:
     """Damped Newton (Armijo backtracking) on mean cross-entropy + ½λ‖w‖², float64; returns
     [features + 1, out] with the bias in the last row. The objective is strictly convex for λ > 0, so
     this converges in a few to a few dozen steps where first-order methods take hundreds."""
@@ -76,8 +74,15 @@ def _newton_logistic(features: Tensor, y: Tensor, out_dim: int, lam: float, T: T
 def _lbfgs_logistic(Z: Tensor, y: Tensor, out_dim: int, lam: float, T: Tensor) -> Tensor:
     """L-BFGS fallback for wide features or many classes (same objective, same [features + 1, out] layout)."""
     T = T.clone().requires_grad_(True)
-    optimizer = torch.optim.LBFGS([T], lr=1, max_iter=300, tolerance_grad=1e-9, tolerance_change=1e-12,
-                                  history_size=20, line_search_fn="strong_wolfe")
+    optimizer = torch.optim.LBFGS(
+        [T],
+        lr=1,
+        max_iter=300,
+        tolerance_grad=1e-9,
+        tolerance_change=1e-12,
+        history_size=20,
+        line_search_fn="strong_wolfe",
+    )
 
     def closure() -> Tensor:
         optimizer.zero_grad()
@@ -117,12 +122,19 @@ def _fit_logistic(X: Tensor, y: Tensor, n_classes: int, lambdas: Sequence[float]
         w, b = T[:-1], T[-1]
         if basis is not None:
             w = basis @ w
-        fitted[lam] = Fitted("logistic", "classification", mean, std,
-                              {"w": w[:, 0] if out_dim == 1 else w, "b": b[0] if out_dim == 1 else b})
+        fitted[lam] = Fitted(
+            "logistic",
+            "classification",
+            mean,
+            std,
+            {"w": w[:, 0] if out_dim == 1 else w, "b": b[0] if out_dim == 1 else b},
+        )
     return [fitted[lam] for lam in lambdas]
 
-def _train_mlps(Z: Tensor, y: Tensor, rows: Tensor, decays: Tensor, task: str, out_dim: int, hidden: int,
-                steps: int, seed: int) -> dict[str, Tensor]:
+
+def _train_mlps(
+    Z: Tensor, y: Tensor, rows: Tensor, decays: Tensor, task: str, out_dim: int, hidden: int, steps: int, seed: int
+) -> dict[str, Tensor]:
     """Train N one-hidden-layer ReLU networks at once, network k on the rows where rows[k] is True with
     decoupled weight decay decays[k] (AdamW, Loshchilov & Hutter 2019), full batch, lr 1e-2.
 
@@ -136,8 +148,12 @@ def _train_mlps(Z: Tensor, y: Tensor, rows: Tensor, decays: Tensor, task: str, o
         bound = 1.0 / math.sqrt(fan_in)
         return ((torch.rand(shape[1:], generator=generator) * 2 - 1) * bound).expand(shape).clone()
 
-    params = {"W1": uniform((N, d, hidden), d), "b1": uniform((N, 1, hidden), d),
-              "W2": uniform((N, hidden, out_dim), hidden), "b2": uniform((N, 1, out_dim), hidden)}
+    params = {
+        "W1": uniform((N, d, hidden), d),
+        "b1": uniform((N, 1, hidden), d),
+        "W2": uniform((N, hidden, out_dim), hidden),
+        "b2": uniform((N, 1, out_dim), hidden),
+    }
     for p in params.values():
         p.requires_grad_(True)
     weight = rows.float() / rows.float().sum(dim=1, keepdim=True)  # [N, n]: each network's mean over its rows
@@ -168,9 +184,17 @@ def _train_mlps(Z: Tensor, y: Tensor, rows: Tensor, decays: Tensor, task: str, o
     return {name: p.detach() for name, p in params.items()}
 
 
-def _cross_validate_mlp(X: Tensor, y: Tensor, task: str, n_classes: int, folds: list[tuple[np.ndarray, np.ndarray]],
-                        decays: Sequence[float], hidden: int, steps: int,
-                        seed: int) -> tuple[dict[float, float], float, Fitted]:
+def _cross_validate_mlp(
+    X: Tensor,
+    y: Tensor,
+    task: str,
+    n_classes: int,
+    folds: list[tuple[np.ndarray, np.ndarray]],
+    decays: Sequence[float],
+    hidden: int,
+    steps: int,
+    seed: int,
+) -> tuple[dict[float, float], float, Fitted]:
     """Every (fold, decay) network and every final (all training rows, decay) network in one batched run.
     The standardisation uses all training rows' feature statistics (no labels; the test rows are never seen)."""
     mean, std = standardise(X)
@@ -183,8 +207,9 @@ def _cross_validate_mlp(X: Tensor, y: Tensor, task: str, n_classes: int, folds: 
     params = _train_mlps(Z, y, rows, decay_of, task, out_dim, hidden, steps, seed)
 
     def network(k: int) -> Fitted:
-        return Fitted("mlp", task, mean, std, {name: p[k, 0] if name.startswith("b") else p[k]
-                                                for name, p in params.items()})
+        return Fitted(
+            "mlp", task, mean, std, {name: p[k, 0] if name.startswith("b") else p[k] for name, p in params.items()}
+        )
 
     cv_loss = {g: 0.0 for g in decays}
     for f, (_, val) in enumerate(folds):
@@ -194,9 +219,18 @@ def _cross_validate_mlp(X: Tensor, y: Tensor, task: str, n_classes: int, folds: 
     return cv_loss, best, network(len(folds) * G + list(decays).index(best))
 
 
-def cross_validate(kind: str, task: str, X: Tensor, y: Tensor, n_classes: int,
-                    folds: list[tuple[np.ndarray, np.ndarray]], grid: Sequence[float], mlp_hidden: int,
-                    mlp_steps: int, seed: int) -> tuple[dict[float, float], float, Fitted]:
+def cross_validate(
+    kind: str,
+    task: str,
+    X: Tensor,
+    y: Tensor,
+    n_classes: int,
+    folds: list[tuple[np.ndarray, np.ndarray]],
+    grid: Sequence[float],
+    mlp_hidden: int,
+    mlp_steps: int,
+    seed: int,
+) -> tuple[dict[float, float], float, Fitted]:
     """(mean held-out loss per candidate, the best candidate, the probe refitted on all rows with it)."""
     if kind == "mlp":
         return _cross_validate_mlp(X, y, task, n_classes, folds, grid, mlp_hidden, mlp_steps, seed)
@@ -212,4 +246,3 @@ def cross_validate(kind: str, task: str, X: Tensor, y: Tensor, n_classes: int,
             cv_loss[g] += held_out_loss(fitted, X[val], y[val]) / len(folds)
     best = min(grid, key=lambda g: (cv_loss[g], -g))  # ties: the stronger regularisation
     return cv_loss, best, fit(np.arange(X.shape[0]), [best])[0]
-

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from lab.analysis.activations import StoredRows
 from lab.analysis.probes.common import Fitted, loss_of_scores, newton_fits
-from lab.analysis.probes.shards import PartSums, shard_rows, part_sums, streamed_rank, streamed_scores
+from lab.analysis.probes.shards import PartSums, part_sums, shard_rows, streamed_rank, streamed_scores
 
 
 def _streamed_ridge(s: PartSums, parts: Sequence[int], alphas: Sequence[float]) -> list[Fitted]:
@@ -30,8 +30,9 @@ def _streamed_ridge(s: PartSums, parts: Sequence[int], alphas: Sequence[float]) 
     zty = (s.xy[idx].sum(0) - n * m * y_mean) / std
     lam, Q = torch.linalg.eigh(ztz)
     qty = Q.T @ zty
-    return [Fitted("ridge", "regression", mean, std, {"w": Q @ (qty / (lam.clamp_min(0) + a)), "b": y_mean})
-            for a in alphas]
+    return [
+        Fitted("ridge", "regression", mean, std, {"w": Q @ (qty / (lam.clamp_min(0) + a)), "b": y_mean}) for a in alphas
+    ]
 
 
 @dataclass
@@ -47,14 +48,21 @@ class _Streamed:
     done: bool = False
 
 
-def _logistic_pass(X: StoredRows, part: np.ndarray, y: Tensor, out_dim: int, fits: Sequence[_Streamed],
-                   Ts: Sequence[Tensor], derivatives: bool) -> list[tuple[float, Tensor | None, Tensor | None]]:
+def _logistic_pass(
+    X: StoredRows,
+    part: np.ndarray,
+    y: Tensor,
+    out_dim: int,
+    fits: Sequence[_Streamed],
+    Ts: Sequence[Tensor],
+    derivatives: bool,
+) -> list[tuple[float, Tensor | None, Tensor | None]]:
     """Mean cross-entropy at Ts[i] for each fit (without the penalty), and with `derivatives` its gradient
     Aᵀ(P − Y)/n and Hessian (as `_newton_logistic` forms them), in one pass over the shards."""
     sums: list[list[Any]] = [[0.0, None, None] for _ in fits]
     for start, chunk in shard_rows(X):
-        here = torch.as_tensor(part[start: start + len(chunk)])
-        labels = y[start: start + len(chunk)]
+        here = torch.as_tensor(part[start : start + len(chunk)])
+        labels = y[start : start + len(chunk)]
         for i, (fit, T) in enumerate(zip(fits, Ts)):
             sel = torch.isin(here, torch.as_tensor(fit.parts))
             if not bool(sel.any()):
@@ -77,17 +85,20 @@ def _logistic_pass(X: StoredRows, part: np.ndarray, y: Tensor, out_dim: int, fit
                 P = logits.softmax(dim=1)
                 S = torch.diag_embed(P) - P[:, :, None] * P[:, None, :]  # [n, c, e]
                 # Block (c, e) is Aᵀ diag(S[:, c, e]) A: all k² blocks from one product, laid out [i, c, j, e].
-                H = (A.T @ (A[:, :, None] * S.reshape(len(A), 1, -1)).reshape(len(A), -1))
+                H = A.T @ (A[:, :, None] * S.reshape(len(A), 1, -1)).reshape(len(A), -1)
                 H = H.reshape(k, k, out_dim, out_dim).permute(0, 2, 1, 3).reshape(k * out_dim, k * out_dim)
             G = A.T @ (P - Y)
             sums[i][1] = G if sums[i][1] is None else sums[i][1] + G
             sums[i][2] = H if sums[i][2] is None else sums[i][2] + H
-    return [(total / fit.n, None if G is None else G / fit.n, None if H is None else H / fit.n)
-            for fit, (total, G, H) in zip(fits, sums)]
+    return [
+        (total / fit.n, None if G is None else G / fit.n, None if H is None else H / fit.n)
+        for fit, (total, G, H) in zip(fits, sums)
+    ]
 
 
-def _streamed_newton(X: StoredRows, part: np.ndarray, y: Tensor, out_dim: int, lam: float, fits: Sequence[_Streamed],
-                     max_iter: int = 100) -> None:
+def _streamed_newton(
+    X: StoredRows, part: np.ndarray, y: Tensor, out_dim: int, lam: float, fits: Sequence[_Streamed], max_iter: int = 100
+) -> None:
     """`_newton_logistic` for several fits in lockstep, each pass over the shards serving all of them:
     the same damped Newton steps, Armijo backtracking and stopping rule, per fit. The full step is
     evaluated with its gradient and Hessian, which the next step reuses when it is accepted (it nearly
@@ -100,15 +111,18 @@ def _streamed_newton(X: StoredRows, part: np.ndarray, y: Tensor, out_dim: int, l
         return data + 0.5 * float((pen[:, None] * T**2).sum())
 
     state: dict[int, tuple[Tensor, Tensor]] = {}  # fit → (G, H) of the objective at its current T
-    for i, (fit, (data, G, H)) in enumerate(zip(fits, _logistic_pass(X, part, y, out_dim, fits, [f.T for f in fits],
-                                                                     True))):
+    for i, (fit, (data, G, H)) in enumerate(
+        zip(fits, _logistic_pass(X, part, y, out_dim, fits, [f.T for f in fits], True))
+    ):
         fit.f, fit.done = objective(data, fit.T), False
         state[i] = (G + pen[:, None] * fit.T, H + diagonal)
     for _ in range(max_iter):
         missing = [i for i, fit in enumerate(fits) if not fit.done and i not in state]
         if missing:  # after a backtracked step: the derivatives at the accepted point
-            for i, (_, G, H) in zip(missing, _logistic_pass(X, part, y, out_dim, [fits[i] for i in missing],
-                                                            [fits[i].T for i in missing], True)):
+            for i, (_, G, H) in zip(
+                missing,
+                _logistic_pass(X, part, y, out_dim, [fits[i] for i in missing], [fits[i].T for i in missing], True),
+            ):
                 state[i] = (G + pen[:, None] * fits[i].T, H + diagonal)
         steps = {}
         for i, fit in enumerate(fits):
@@ -124,8 +138,9 @@ def _streamed_newton(X: StoredRows, part: np.ndarray, y: Tensor, out_dim: int, l
         if not steps:
             break
         order = list(steps)
-        full = _logistic_pass(X, part, y, out_dim, [fits[i] for i in order], [fits[i].T - steps[i][0] for i in order],
-                              True)
+        full = _logistic_pass(
+            X, part, y, out_dim, [fits[i] for i in order], [fits[i].T - steps[i][0] for i in order], True
+        )
         searching = []
         for i, (data, G, H) in zip(order, full):
             step, decrease = steps[i]
@@ -152,8 +167,15 @@ def _streamed_newton(X: StoredRows, part: np.ndarray, y: Tensor, out_dim: int, l
 def _streamed_lbfgs(X: StoredRows, part: np.ndarray, y: Tensor, out_dim: int, lam: float, fit: _Streamed) -> None:
     """`_lbfgs_logistic` with the loss and its gradient summed over the shards at every evaluation."""
     T = fit.T.clone().requires_grad_(True)
-    optimizer = torch.optim.LBFGS([T], lr=1, max_iter=300, tolerance_grad=1e-9, tolerance_change=1e-12,
-                                  history_size=20, line_search_fn="strong_wolfe")
+    optimizer = torch.optim.LBFGS(
+        [T],
+        lr=1,
+        max_iter=300,
+        tolerance_grad=1e-9,
+        tolerance_change=1e-12,
+        history_size=20,
+        line_search_fn="strong_wolfe",
+    )
 
     def closure() -> Tensor:
         value = T.detach()
@@ -165,16 +187,17 @@ def _streamed_lbfgs(X: StoredRows, part: np.ndarray, y: Tensor, out_dim: int, la
     fit.T = T.detach()
 
 
-def _gradient_pass(X: StoredRows, part: np.ndarray, y: Tensor, out_dim: int, fit: _Streamed,
-                   T: Tensor) -> tuple[float, Tensor]:
+def _gradient_pass(
+    X: StoredRows, part: np.ndarray, y: Tensor, out_dim: int, fit: _Streamed, T: Tensor
+) -> tuple[float, Tensor]:
     """Mean cross-entropy and its gradient Aᵀ(P − Y)/n, without the Hessian (for L-BFGS)."""
     total, G = 0.0, torch.zeros_like(T)
     for start, chunk in shard_rows(X):
-        sel = torch.isin(torch.as_tensor(part[start: start + len(chunk)]), torch.as_tensor(fit.parts))
+        sel = torch.isin(torch.as_tensor(part[start : start + len(chunk)]), torch.as_tensor(fit.parts))
         if not bool(sel.any()):
             continue
         A = torch.cat([(chunk[sel] - fit.mean) / fit.std, torch.ones(int(sel.sum()), 1, dtype=torch.float64)], dim=1)
-        labels = y[start: start + len(chunk)][sel]
+        labels = y[start : start + len(chunk)][sel]
         Y = labels[:, None].double() if out_dim == 1 else F.one_hot(labels, out_dim).double()
         logits = A @ T
         if out_dim == 1:
@@ -187,8 +210,15 @@ def _gradient_pass(X: StoredRows, part: np.ndarray, y: Tensor, out_dim: int, fit
     return total / fit.n, G / fit.n
 
 
-def _streamed_logistic(X: StoredRows, part: np.ndarray, y: Tensor, n_classes: int, s: PartSums,
-                       fold_parts: Sequence[Sequence[int]], lambdas: Sequence[float]) -> list[list[Fitted]]:
+def _streamed_logistic(
+    X: StoredRows,
+    part: np.ndarray,
+    y: Tensor,
+    n_classes: int,
+    s: PartSums,
+    fold_parts: Sequence[Sequence[int]],
+    lambdas: Sequence[float],
+) -> list[list[Fitted]]:
     """`_fit_logistic` on each union of parts in `fold_parts`, for every λ (warm-started from the strongest
     penalty to the weakest), all fits of one λ in lockstep. Newton while (features + 1)·out ≤
     NEWTON_MAX_PARAMS, else L-BFGS, as in memory (in memory a wide, short X is first reduced to its row
@@ -207,15 +237,29 @@ def _streamed_logistic(X: StoredRows, part: np.ndarray, y: Tensor, n_classes: in
         else:
             for fit in fits:
                 _streamed_lbfgs(X, part, y, out_dim, lam, fit)
-        fitted[lam] = [Fitted("logistic", "classification", fit.mean, fit.std,
-                               {"w": fit.T[:-1, 0] if out_dim == 1 else fit.T[:-1],
-                                "b": fit.T[-1, 0] if out_dim == 1 else fit.T[-1]}) for fit in fits]
+        fitted[lam] = [
+            Fitted(
+                "logistic",
+                "classification",
+                fit.mean,
+                fit.std,
+                {"w": fit.T[:-1, 0] if out_dim == 1 else fit.T[:-1], "b": fit.T[-1, 0] if out_dim == 1 else fit.T[-1]},
+            )
+            for fit in fits
+        ]
     return [[fitted[lam][j] for lam in lambdas] for j in range(len(fold_parts))]
 
 
-def cross_validate_streamed(kind: str, X: StoredRows, y: Tensor, n_classes: int, train: np.ndarray, test: np.ndarray,
-                             folds: list[tuple[np.ndarray, np.ndarray]],
-                             grid: Sequence[float]) -> tuple[dict[float, float], float, Fitted, int]:
+def cross_validate_streamed(
+    kind: str,
+    X: StoredRows,
+    y: Tensor,
+    n_classes: int,
+    train: np.ndarray,
+    test: np.ndarray,
+    folds: list[tuple[np.ndarray, np.ndarray]],
+    grid: Sequence[float],
+) -> tuple[dict[float, float], float, Fitted, int]:
     """`cross_validate` (and `feature_rank` of the training rows) with the rows read shard by shard.
     Returns (cv loss per candidate, the best candidate, the refitted probe, the rank)."""
     K = len(folds)

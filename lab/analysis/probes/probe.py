@@ -14,8 +14,17 @@ from jaxtyping import Float
 from torch import Tensor
 
 from lab.analysis.activations import ActivationStore, StoredRows
-from lab.analysis.probes.common import (LOGISTIC_LAMBDAS, MLP_DECAYS, RIDGE_ALPHAS, Kind, as_features, Fitted,
-                                        accuracy, feature_rank, r2_score)
+from lab.analysis.probes.common import (
+    LOGISTIC_LAMBDAS,
+    MLP_DECAYS,
+    RIDGE_ALPHAS,
+    Fitted,
+    Kind,
+    accuracy,
+    as_features,
+    feature_rank,
+    r2_score,
+)
 from lab.analysis.probes.in_memory import cross_validate
 from lab.analysis.probes.out_of_core import cross_validate_streamed
 from lab.analysis.probes.shards import streamed_scores
@@ -87,10 +96,22 @@ class ProbeResult:
         return f"{self.kind} probe (reg {self.regularization:g}): {parts}"
 
 
-def fit_probe(X: Any, y: Any, kind: Kind = "logistic", *, groups: Any = None, test_fraction: float = 0.25,  # noqa: C901  (one path per probe kind and split)
-              n_folds: int = 5, grid: Sequence[float] | None = None, split: tuple[Any, Any] | None = None,
-              n_bootstrap: int = 1000, seed: int = 0, mlp_hidden: int = 64, mlp_steps: int = 300,
-              task: str | None = None) -> ProbeResult:
+def fit_probe(  # noqa: C901 (one path per probe kind and split)
+    X: Any,
+    y: Any,
+    kind: Kind = "logistic",
+    *,
+    groups: Any = None,
+    test_fraction: float = 0.25,
+    n_folds: int = 5,
+    grid: Sequence[float] | None = None,
+    split: tuple[Any, Any] | None = None,
+    n_bootstrap: int = 1000,
+    seed: int = 0,
+    mlp_hidden: int = 64,
+    mlp_steps: int = 300,
+    task: str | None = None,
+) -> ProbeResult:
     """Fit one probe on activations X [rows, ...] against labels y [rows], and score it on held-out groups.
 
     kind: "ridge" (regression), "logistic" (classification) or "mlp" (either; `task` defaults to
@@ -130,8 +151,9 @@ def fit_probe(X: Any, y: Any, kind: Kind = "logistic", *, groups: Any = None, te
     else:
         y_t = torch.as_tensor(y_raw.astype(float), dtype=torch.float64)
     n_classes = 0 if classes is None else len(classes)
-    grid = tuple(grid if grid is not None else
-                 {"ridge": RIDGE_ALPHAS, "logistic": LOGISTIC_LAMBDAS, "mlp": MLP_DECAYS}[kind])
+    grid = tuple(
+        grid if grid is not None else {"ridge": RIDGE_ALPHAS, "logistic": LOGISTIC_LAMBDAS, "mlp": MLP_DECAYS}[kind]
+    )
 
     group_ids = group_ids_of(groups, X.shape[0])
     if split is None:
@@ -146,21 +168,35 @@ def fit_probe(X: Any, y: Any, kind: Kind = "logistic", *, groups: Any = None, te
         return group_kfold(group_ids[train], min(n_folds, len(np.unique(group_ids[train]))), seed=seed + 1)
 
     if stored:  # one shard's rows in memory at a time (see `out_of_core`); the rank comes from the same pass
-        cv_loss, best, fitted, rank = cross_validate_streamed(kind, X, y_t, n_classes, train, test, grouped_folds(),
-                                                               grid)
+        cv_loss, best, fitted, rank = cross_validate_streamed(
+            kind, X, y_t, n_classes, train, test, grouped_folds(), grid
+        )
     else:
         rank = feature_rank(X[train])
     if rank == 0:  # flagged, not scored: a probe on constant features can only return its prior
         why = "constant features (rank 0 on the training rows): not scored"
         blank = Metric(float("nan"), float("nan"), float("nan"), why_no_interval=why)
         names = ["accuracy", "auroc"] if task == "classification" else ["r2"]
-        return ProbeResult(kind, task, float("nan"), {}, {name: blank for name in names}, train, test,
-                           torch.full((len(test),), float("nan"), dtype=torch.float64), classes, None, 0, n_features)
+        return ProbeResult(
+            kind,
+            task,
+            float("nan"),
+            {},
+            {name: blank for name in names},
+            train,
+            test,
+            torch.full((len(test),), float("nan"), dtype=torch.float64),
+            classes,
+            None,
+            0,
+            n_features,
+        )
     if stored:
         scores = streamed_scores(X, test, [fitted])[0]
     else:
-        cv_loss, best, fitted = cross_validate(kind, task, X[train], y_t[train], n_classes, grouped_folds(), grid,
-                                                mlp_hidden, mlp_steps, seed)
+        cv_loss, best, fitted = cross_validate(
+            kind, task, X[train], y_t[train], n_classes, grouped_folds(), grid, mlp_hidden, mlp_steps, seed
+        )
         scores = fitted.scores(X[test])
     y_test, s_test = y_t[test].numpy(), scores.numpy()
     test_groups = group_ids[test] if groups is not None else None
@@ -174,12 +210,21 @@ def fit_probe(X: Any, y: Any, kind: Kind = "logistic", *, groups: Any = None, te
         metrics["r2"] = bootstrap_ci(r2_score, y_test, s_test, **boot)
         if set(np.unique(y_test).tolist()) <= {0.0, 1.0}:  # a ridge probe on 0/1 labels also ranks them
             metrics["auroc"] = auroc_ci(s_test, y_test.astype(int), **boot)
-    return ProbeResult(kind, task, float(best), cv_loss, metrics, train, test, scores, classes, fitted, rank,
-                       n_features)
+    return ProbeResult(
+        kind, task, float(best), cv_loss, metrics, train, test, scores, classes, fitted, rank, n_features
+    )
 
 
-def fit_probes(activations: Mapping[str, Any], y: Any, kind: Kind = "logistic", *, groups: Any = None,
-               test_fraction: float = 0.25, seed: int = 0, **options: Any) -> dict[str, ProbeResult]:
+def fit_probes(
+    activations: Mapping[str, Any],
+    y: Any,
+    kind: Kind = "logistic",
+    *,
+    groups: Any = None,
+    test_fraction: float = 0.25,
+    seed: int = 0,
+    **options: Any,
+) -> dict[str, ProbeResult]:
     """One probe per hook (or layer) on the same grouped split: {name: ProbeResult}.
 
     `activations` is a mapping name → [rows, ...] (an `Activations`' `.acts`, or a dict you build).
@@ -196,10 +241,22 @@ def fit_probes(activations: Mapping[str, Any], y: Any, kind: Kind = "logistic", 
 
 def probe_table(results: Mapping[str, ProbeResult]) -> list[dict[str, Any]]:
     """Rows {hook, kind, regularization, metric, value, low, high, n_pos, n_neg, constant} for a DataFrame or a plot."""
-    return [{"hook": name, "kind": r.kind, "regularization": r.regularization, "metric": metric,
-             "value": m.value, "low": m.low, "high": m.high, "n_pos": m.n_pos, "n_neg": m.n_neg,
-             "constant": r.constant}
-            for name, r in results.items() for metric, m in r.metrics.items()]
+    return [
+        {
+            "hook": name,
+            "kind": r.kind,
+            "regularization": r.regularization,
+            "metric": metric,
+            "value": m.value,
+            "low": m.low,
+            "high": m.high,
+            "n_pos": m.n_pos,
+            "n_neg": m.n_neg,
+            "constant": r.constant,
+        }
+        for name, r in results.items()
+        for metric, m in r.metrics.items()
+    ]
 
 
 def steering_vector(result: ProbeResult, X: Any = None, y: Any = None) -> Float[Tensor, "*shape"]:

@@ -32,8 +32,7 @@ def random_model(model: Any, seed: int = 1) -> Any:
 # --------------------------------------------------------------------------------------------
 # Choosing a readout on validation, judging it on test
 # --------------------------------------------------------------------------------------------
-VERDICTS = ("carries the signal", "no signal beyond its controls", "not enough data", "nothing to score",
-            "no verdict")
+VERDICTS = ("carries the signal", "no signal beyond its controls", "not enough data", "nothing to score", "no verdict")
 
 
 def metric_of(row: Mapping[str, Any], key: str) -> Metric | None:
@@ -41,17 +40,24 @@ def metric_of(row: Mapping[str, Any], key: str) -> Metric | None:
     if row.get(key) is None:
         return None
     interval = row.get(f"{key}_ci95")
-    low, high = (interval if interval else (float("nan"), float("nan")))
-    return Metric(float(row[key]), float(low), float(high), row.get(f"{key}_n_pos"), row.get(f"{key}_n_neg"),
-                  row.get(f"{key}_why_no_interval"))
+    low, high = interval if interval else (float("nan"), float("nan"))
+    return Metric(
+        float(row[key]),
+        float(low),
+        float(high),
+        row.get(f"{key}_n_pos"),
+        row.get(f"{key}_n_neg"),
+        row.get(f"{key}_why_no_interval"),
+    )
 
 
 def _name(row: Mapping[str, Any]) -> str:
     return f"{row['readout']} at the {row['position']}, layer {row['layer']}"
 
 
-def judge_readouts(rows: Sequence[Mapping[str, Any]], what: str, baseline: Metric | None = None,
-                   min_per_class: int = MIN_PER_CLASS) -> dict[str, Any]:
+def judge_readouts(
+    rows: Sequence[Mapping[str, Any]], what: str, baseline: Metric | None = None, min_per_class: int = MIN_PER_CLASS
+) -> dict[str, Any]:
     """Choose the readout with the highest validation AUROC among the candidates and judge it on the test split.
 
     Each row: readout, position, layer, candidate (False for the baseline's own family, which is reported
@@ -64,8 +70,12 @@ def judge_readouts(rows: Sequence[Mapping[str, Any]], what: str, baseline: Metri
     (too few of a class in the test split); "nothing to score" when every candidate is constant; "no
     verdict" when the untrained-model control is missing. The sentence says which, and why, in words.
     """
-    out: dict[str, Any] = {"what": what, "min_per_class": min_per_class, "chosen": None,
-                           "baseline": None if baseline is None else baseline.fields("auroc")}
+    out: dict[str, Any] = {
+        "what": what,
+        "min_per_class": min_per_class,
+        "chosen": None,
+        "baseline": None if baseline is None else baseline.fields("auroc"),
+    }
     base = "" if baseline is None else f" Baseline (the model's own confidence, not a candidate): {baseline}"
 
     def verdict(name: str, sentence: str, carries: bool | None) -> dict[str, Any]:
@@ -83,13 +93,18 @@ def judge_readouts(rows: Sequence[Mapping[str, Any]], what: str, baseline: Metri
         first = rows[0]
         n_pos, n_neg = first.get("validation_auroc_n_pos"), first.get("validation_auroc_n_neg")
         if n_pos is not None and min(n_pos, n_neg) < min_per_class:
-            return verdict("not enough data", f"not enough data — the validation split holds {n_pos} right and "
-                           f"{n_neg} wrong answers; choosing a readout and judging it needs at least {min_per_class} "
-                           f"of each in the validation and in the test split", None)
+            return verdict(
+                "not enough data",
+                f"not enough data — the validation split holds {n_pos} right and "
+                f"{n_neg} wrong answers; choosing a readout and judging it needs at least {min_per_class} "
+                f"of each in the validation and in the test split",
+                None,
+            )
     if not scored:
-        return verdict("nothing to score", f"nothing to score — every candidate readout ({flagged}) has constant "
-                       "features", None)
-    chosen = max(scored, key=lambda r: (np.nan_to_num(r["validation_auroc"], nan=-1.0)))
+        return verdict(
+            "nothing to score", f"nothing to score — every candidate readout ({flagged}) has constant features", None
+        )
+    chosen = max(scored, key=lambda r: np.nan_to_num(r["validation_auroc"], nan=-1.0))
     test = metric_of(chosen, "auroc")
     shuffled = metric_of(chosen, "control_shuffled_auroc")
     untrained = metric_of(chosen, "control_untrained_auroc")
@@ -97,10 +112,13 @@ def judge_readouts(rows: Sequence[Mapping[str, Any]], what: str, baseline: Metri
         **{k: chosen.get(k) for k in ("validation_auroc", "validation_auroc_n_pos", "validation_auroc_n_neg")},
         **test.fields("auroc"),
         **(shuffled.fields("control_shuffled_auroc") if shuffled else {}),
-        **(untrained.fields("control_untrained_auroc") if untrained else {"control_untrained_auroc": None})}
-    said = (f"{_name(chosen)} (chosen on the validation split, AUROC {chosen['validation_auroc']:.3f}) scores "
-            f"{test} on the test split; shuffled labels {shuffled}; untrained model "
-            f"{untrained if untrained else 'not run'}")
+        **(untrained.fields("control_untrained_auroc") if untrained else {"control_untrained_auroc": None}),
+    }
+    said = (
+        f"{_name(chosen)} (chosen on the validation split, AUROC {chosen['validation_auroc']:.3f}) scores "
+        f"{test} on the test split; shuffled labels {shuffled}; untrained model "
+        f"{untrained if untrained else 'not run'}"
+    )
     refused = [m.why_no_interval for m in (test, shuffled, untrained) if m is not None and m.why_no_interval]
     if refused:
         return verdict("not enough data", f"not enough data — {refused[0]}; {said}", None)
@@ -109,7 +127,13 @@ def judge_readouts(rows: Sequence[Mapping[str, Any]], what: str, baseline: Metri
     margin = test.low - max(shuffled.high, untrained.high)
     out["chosen"]["margin_over_controls"] = margin
     if margin > 0:
-        return verdict("carries the signal", f"carries the signal — {said}: its interval lies above both "
-                       f"controls' by {margin:.3f}", True)
-    return verdict("no signal beyond its controls", f"no signal beyond its controls — {said}: its interval "
-                   "does not clear both controls' intervals", False)
+        return verdict(
+            "carries the signal",
+            f"carries the signal — {said}: its interval lies above both controls' by {margin:.3f}",
+            True,
+        )
+    return verdict(
+        "no signal beyond its controls",
+        f"no signal beyond its controls — {said}: its interval does not clear both controls' intervals",
+        False,
+    )

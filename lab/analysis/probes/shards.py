@@ -46,18 +46,23 @@ class PartSums:
         return n, m + self.shift, var.sqrt().clamp_min(1e-8)
 
 
-def part_sums(X: StoredRows, part: np.ndarray, n_parts: int, train_parts: Sequence[int], y: Tensor | None,
-               per_part_gram: bool) -> PartSums:
+def part_sums(
+    X: StoredRows, part: np.ndarray, n_parts: int, train_parts: Sequence[int], y: Tensor | None, per_part_gram: bool
+) -> PartSums:
     d = int(np.prod(X.shape[1:]))
-    s = PartSums(torch.zeros(0), np.zeros(n_parts, dtype=np.int64), torch.zeros(n_parts, d, dtype=torch.float64),
-                  torch.zeros(n_parts, d, dtype=torch.float64),
-                  torch.zeros((n_parts, d, d) if per_part_gram else (d, d), dtype=torch.float64),
-                  torch.zeros(n_parts, d, dtype=torch.float64) if y is not None else None,
-                  torch.zeros(n_parts, dtype=torch.float64) if y is not None else None)
+    s = PartSums(
+        torch.zeros(0),
+        np.zeros(n_parts, dtype=np.int64),
+        torch.zeros(n_parts, d, dtype=torch.float64),
+        torch.zeros(n_parts, d, dtype=torch.float64),
+        torch.zeros((n_parts, d, d) if per_part_gram else (d, d), dtype=torch.float64),
+        torch.zeros(n_parts, d, dtype=torch.float64) if y is not None else None,
+        torch.zeros(n_parts, dtype=torch.float64) if y is not None else None,
+    )
     for start, chunk in shard_rows(X):
         if not len(s.shift):
             s.shift = chunk.mean(0)
-        here = part[start: start + len(chunk)]
+        here = part[start : start + len(chunk)]
         for p in np.unique(here[here >= 0]):
             sel = torch.as_tensor(here == p)
             Xp = chunk[sel] - s.shift
@@ -69,7 +74,7 @@ def part_sums(X: StoredRows, part: np.ndarray, n_parts: int, train_parts: Sequen
             elif p in train_parts:
                 s.gram += Xp.T @ Xp
             if y is not None:
-                yp = y[start: start + len(chunk)][sel]
+                yp = y[start : start + len(chunk)][sel]
                 s.xy[p] += Xp.T @ yp
                 s.y1[p] += yp.sum()
     return s
@@ -101,7 +106,7 @@ def streamed_scores(X: StoredRows, rows: np.ndarray, fits: Sequence[Fitted]) -> 
     out: list[list[Tensor]] = [[] for _ in fits]
     where: list[np.ndarray] = []
     for start, chunk in shard_rows(X):
-        at = order[start: start + len(chunk)]
+        at = order[start : start + len(chunk)]
         sel = at >= 0
         if sel.any():
             where.append(at[sel])
@@ -111,4 +116,3 @@ def streamed_scores(X: StoredRows, rows: np.ndarray, fits: Sequence[Fitted]) -> 
         return [torch.zeros(0, dtype=torch.float64) for _ in fits]
     inverse = torch.as_tensor(np.argsort(np.concatenate(where)))
     return [torch.cat(parts)[inverse] for parts in out]
-

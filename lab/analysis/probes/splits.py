@@ -19,8 +19,9 @@ def group_ids_of(groups: Any, n: int | None) -> np.ndarray:
     return np.unique(groups, return_inverse=True)[1]
 
 
-def group_split(groups: Any, test_fraction: float = 0.25, seed: int = 0,
-                n: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def group_split(
+    groups: Any, test_fraction: float = 0.25, seed: int = 0, n: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """(train rows, test rows) with every group wholly on one side; about `test_fraction` of groups test.
 
     groups=None (with n) treats every row as its own group.
@@ -38,8 +39,9 @@ def group_split(groups: Any, test_fraction: float = 0.25, seed: int = 0,
     return np.flatnonzero(~is_test[ids]), np.flatnonzero(is_test[ids])
 
 
-def group_partition(groups: Any, fractions: Sequence[float] = (0.4, 0.3, 0.3), seed: int = 0,
-                    n: int | None = None) -> tuple[np.ndarray, ...]:
+def group_partition(
+    groups: Any, fractions: Sequence[float] = (0.4, 0.3, 0.3), seed: int = 0, n: int | None = None
+) -> tuple[np.ndarray, ...]:
     """Rows split into len(fractions) parts (train, validation, test by default) with every group wholly in
     one part: the groups are shuffled once (seed) and cut at the cumulative fractions, each part ≥ 1 group."""
     fractions = tuple(float(f) for f in fractions)
@@ -59,7 +61,9 @@ def group_partition(groups: Any, fractions: Sequence[float] = (0.4, 0.3, 0.3), s
     return tuple(np.flatnonzero(part == k) for k in range(len(fractions)))
 
 
-def group_kfold(groups: Any, n_folds: int = 5, seed: int = 0, n: int | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+def group_kfold(
+    groups: Any, n_folds: int = 5, seed: int = 0, n: int | None = None
+) -> list[tuple[np.ndarray, np.ndarray]]:
     """k (train rows, validation rows) folds; each group is in exactly one validation fold."""
     ids = group_ids_of(groups, len(groups) if groups is not None else n)
     n_groups = int(ids.max()) + 1
@@ -69,4 +73,3 @@ def group_kfold(groups: Any, n_folds: int = 5, seed: int = 0, n: int | None = No
     fold_of_group[np.random.default_rng(seed).permutation(n_groups)] = np.arange(n_groups) % n_folds
     fold = fold_of_group[ids]
     return [(np.flatnonzero(fold != k), np.flatnonzero(fold == k)) for k in range(n_folds)]
-

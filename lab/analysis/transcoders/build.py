@@ -36,24 +36,37 @@ from lab.zoo.worlds import build_world
 
 # The kinds `forma transcoders` trains: (activation, k, cross-layer, sparsity λ). The λ are set for inputs of unit
 # scale per coordinate (ln2.hook_normalized) and the per-layer FVU loss; top-k needs none.
-PRESETS = {"topk": ("topk", 16, False, 0.0), "relu": ("relu", 0, False, 1.2e-2),
-           "jumprelu": ("jumprelu", 0, False, 1e-3), "clt": ("relu", 0, True, 1.2e-2)}
+PRESETS = {
+    "topk": ("topk", 16, False, 0.0),
+    "relu": ("relu", 0, False, 1.2e-2),
+    "jumprelu": ("jumprelu", 0, False, 1e-3),
+    "clt": ("relu", 0, True, 1.2e-2),
+}
 TRANSCODERS_DIR = "transcoders"
 QUALITY_FILE = "quality.json"
 CONTEXTS_FILE = "contexts.safetensors"
 
 
-def preset(kind: str, folder: str | Path, d_features: int = 1024, steps: int = 1500, checkpoint_interval: int = 100
-           ) -> tuple[TranscoderConfig, TranscoderTraining]:
+def preset(
+    kind: str, folder: str | Path, d_features: int = 1024, steps: int = 1500, checkpoint_interval: int = 100
+) -> tuple[TranscoderConfig, TranscoderTraining]:
     """The config and training of preset `kind` for the model in `folder`."""
     if kind not in PRESETS:
         raise ValueError(f"unknown transcoder kind {kind!r}; kinds: {', '.join(PRESETS)}")
     activation, k, cross_layer, sparsity = PRESETS[kind]
     model = read_json_object(Path(folder) / "config.json", folder, what="model config")
-    cfg = TranscoderConfig(d_model=model["d_model"], n_layers=model["n_layers"], d_features=d_features,
-                           activation=activation, k=k, cross_layer=cross_layer, threshold=0.05)
-    return cfg, TranscoderTraining(steps=steps, batch_size=512, lr=2e-3, sparsity=sparsity,
-                                   checkpoint_interval=checkpoint_interval)
+    cfg = TranscoderConfig(
+        d_model=model["d_model"],
+        n_layers=model["n_layers"],
+        d_features=d_features,
+        activation=activation,
+        k=k,
+        cross_layer=cross_layer,
+        threshold=0.05,
+    )
+    return cfg, TranscoderTraining(
+        steps=steps, batch_size=512, lr=2e-3, sparsity=sparsity, checkpoint_interval=checkpoint_interval
+    )
 
 
 def world_windows(folder: str | Path, n: int, length: int, split: str = "train", seed: int = 0) -> Tensor:
@@ -69,14 +82,22 @@ def world_windows(folder: str | Path, n: int, length: int, split: str = "train",
     rng = np.random.default_rng(seed)
     if tokens.ndim == 1:
         starts = rng.choice(len(tokens) - length, size=n, replace=False)
-        return torch.stack([tokens[s: s + length] for s in starts.tolist()])
+        return torch.stack([tokens[s : s + length] for s in starts.tolist()])
     rows = rng.choice(len(tokens), size=min(n, len(tokens)), replace=False)
     return tokens[torch.as_tensor(rows)][:, :length]
 
 
-def harvest_windows(folder: str | Path, hooks: list[str], directory: str | Path, *, n_windows: int = 256,
-                    window: int = 64, split: str = "train", seed: int = 0,
-                    progress: bool = False) -> tuple[ActivationStore, Tensor]:
+def harvest_windows(
+    folder: str | Path,
+    hooks: list[str],
+    directory: str | Path,
+    *,
+    n_windows: int = 256,
+    window: int = 64,
+    split: str = "train",
+    seed: int = 0,
+    progress: bool = False,
+) -> tuple[ActivationStore, Tensor]:
     """A harvest of `hooks` at every position of n windows of the model's world, and the windows: in one process,
     or each rank of a torch.distributed group its share (`harvest`), every rank calling it alike and getting the
     whole set. A harvest cut short is resumed; a complete one is kept."""
@@ -87,17 +108,29 @@ def harvest_windows(folder: str | Path, hooks: list[str], directory: str | Path,
     barrier()  # rank 0 has written the index
     store = ActivationStore(directory)
     if len(store) != windows.numel():
-        raise ValueError(f"{directory} holds a harvest of {len(store):,} rows, not of these {len(windows):,} windows "
-                         f"of {windows.shape[1]} tokens (an earlier run's, with other arguments); run that again to "
-                         "finish it, or start afresh (overwrite)")
+        raise ValueError(
+            f"{directory} holds a harvest of {len(store):,} rows, not of these {len(windows):,} windows "
+            f"of {windows.shape[1]} tokens (an earlier run's, with other arguments); run that again to "
+            "finish it, or start afresh (overwrite)"
+        )
     return store, windows
 
 
-def build_transcoders(folder: str | Path, cfg: TranscoderConfig, training: TranscoderTraining, name: str, *,
-                      train: tuple[ActivationStore, Tensor] | None = None,
-                      held_out: tuple[ActivationStore, Tensor] | None = None, n_windows: int = 256, window: int = 64,
-                      eval_windows: int = 64, parallel: str = "data", overwrite: bool = False,
-                      progress: bool = False) -> Path | None:
+def build_transcoders(
+    folder: str | Path,
+    cfg: TranscoderConfig,
+    training: TranscoderTraining,
+    name: str,
+    *,
+    train: tuple[ActivationStore, Tensor] | None = None,
+    held_out: tuple[ActivationStore, Tensor] | None = None,
+    n_windows: int = 256,
+    window: int = 64,
+    eval_windows: int = 64,
+    parallel: str = "data",
+    overwrite: bool = False,
+    progress: bool = False,
+) -> Path | None:
     """Train on a harvest of the world's training windows (`train`, or one made here), measure on held-out windows
     (`held_out`, or made here), find top contexts; returns folder/transcoders/NAME. Harvests made here are removed
     once done; harvests passed in are kept, so that several transcoders can share them.
@@ -118,25 +151,41 @@ def build_transcoders(folder: str | Path, cfg: TranscoderConfig, training: Trans
     made = []
     if train is None:
         made.append(harvests["train"])
-        train = harvest_windows(folder, cfg.hooks(), made[-1], n_windows=n_windows, window=window,
-                                seed=training.seed, progress=progress)
+        train = harvest_windows(
+            folder, cfg.hooks(), made[-1], n_windows=n_windows, window=window, seed=training.seed, progress=progress
+        )
     if held_out is None:
         made.append(harvests["held_out"])
-        held_out = harvest_windows(folder, cfg.hooks(), made[-1], n_windows=eval_windows, window=window,
-                                   split="val", seed=training.seed + 1, progress=progress)
+        held_out = harvest_windows(
+            folder,
+            cfg.hooks(),
+            made[-1],
+            n_windows=eval_windows,
+            window=window,
+            split="val",
+            seed=training.seed + 1,
+            progress=progress,
+        )
     store, windows = train
-    transcoders = train_transcoders(store, cfg, training, out, resume=not overwrite and has_checkpoint(out),
-                                    parallel=parallel)
+    transcoders = train_transcoders(
+        store, cfg, training, out, resume=not overwrite and has_checkpoint(out), parallel=parallel
+    )
     if rank != 0:
         return None
     model = load_model(folder).eval()
-    quality = {"held_out": reconstruction_measures(transcoders, held_out[0]),
-               "loss": replacement_loss(model, transcoders, held_out[1]), "train_rows": len(store),
-               "held_out_rows": len(held_out[0]), "transcoders": cfg.to_dict(), "training": training.to_dict()}
+    quality = {
+        "held_out": reconstruction_measures(transcoders, held_out[0]),
+        "loss": replacement_loss(model, transcoders, held_out[1]),
+        "train_rows": len(store),
+        "held_out_rows": len(held_out[0]),
+        "transcoders": cfg.to_dict(),
+        "training": training.to_dict(),
+    }
     atomic_write_text(out / QUALITY_FILE, json.dumps(quality, indent=2) + "\n")
     contexts = top_contexts(transcoders, store) | {"windows": windows}
-    atomic_write(out / CONTEXTS_FILE, lambda path: save_file({k: v.contiguous() for k, v in contexts.items()},
-                                                              str(path)))
+    atomic_write(
+        out / CONTEXTS_FILE, lambda path: save_file({k: v.contiguous() for k, v in contexts.items()}, str(path))
+    )
     for path in made:
         shutil.rmtree(path, ignore_errors=True)
     return out

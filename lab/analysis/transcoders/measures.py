@@ -23,8 +23,9 @@ from lab.analysis.transcoders.train import rows
 
 
 @torch.no_grad()
-def reconstruction_measures(transcoders: Transcoders, store: ActivationStore,
-                            max_rows: int | None = None) -> dict[str, list[float]]:
+def reconstruction_measures(
+    transcoders: Transcoders, store: ActivationStore, max_rows: int | None = None
+) -> dict[str, list[float]]:
     """Per layer FVU, L0 and dead share over the store's rows (the first `max_rows`), one shard at a time."""
     cfg = transcoders.cfg
     L, d, f = cfg.n_layers, cfg.d_model, cfg.d_features
@@ -41,8 +42,12 @@ def reconstruction_measures(transcoders: Transcoders, store: ActivationStore,
         active += on.sum(dim=(0, 2)).double()
         fired |= on.any(0)
     total_variance = (sum_y2 - sum_y.pow(2) / n).sum(-1)
-    return {"fvu": (sse / total_variance).tolist(), "l0": (active / n).tolist(),
-            "dead": (1 - fired.double().mean(-1)).tolist(), "rows": [n] * L}
+    return {
+        "fvu": (sse / total_variance).tolist(),
+        "l0": (active / n).tolist(),
+        "dead": (1 - fired.double().mean(-1)).tolist(),
+        "rows": [n] * L,
+    }
 
 
 def _shards(store: ActivationStore, transcoders: Transcoders, max_rows: int | None) -> Iterator[tuple[Tensor, Tensor]]:
@@ -92,12 +97,15 @@ def replacement_loss(model: Any, transcoders: Transcoders, tokens: Tensor, batch
     losses = {"model": 0.0, "replaced": 0.0, "zero_ablated": 0.0}
     count = 0
     for start in range(0, len(tokens), batch_size):
-        batch = tokens[start: start + batch_size]
+        batch = tokens[start : start + batch_size]
         for name, hooks in (("model", []), ("replaced", replacement_hooks(transcoders)), ("zero_ablated", zero)):
             with model.hooks(fwd_hooks=hooks):
                 logits = model(batch)
-            losses[name] += float(F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
-                                                  batch[:, 1:].reshape(-1), reduction="sum"))
+            losses[name] += float(
+                F.cross_entropy(
+                    logits[:, :-1].reshape(-1, logits.shape[-1]).float(), batch[:, 1:].reshape(-1), reduction="sum"
+                )
+            )
         count += batch[:, 1:].numel()
     out = {f"ce_{name}": value / count for name, value in losses.items()}
     gap = out["ce_zero_ablated"] - out["ce_model"]
@@ -129,8 +137,9 @@ def top_contexts(transcoders: Transcoders, store: ActivationStore, n: int = 8) -
 
 
 @torch.no_grad()
-def feature_logits(model: Any, transcoders: Transcoders, layer: int, feature: int, k: int = 10
-                   ) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+def feature_logits(
+    model: Any, transcoders: Transcoders, layer: int, feature: int, k: int = 10
+) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
     """The tokens a feature's output most promotes and most suppresses directly: its decoder vectors (summed over the
     layers a cross-layer feature writes) through the unembedding, W_dec · W_U, the final norm's scale left aside —
     ([(token, value)] top k, [(token, value)] bottom k)."""
@@ -140,5 +149,7 @@ def feature_logits(model: Any, transcoders: Transcoders, layer: int, feature: in
     logits = (vector @ model.W_U).float()
     logits = logits - logits.mean()
     top, bottom = logits.topk(k), (-logits).topk(k)
-    return ([(int(i), float(v)) for v, i in zip(top.values, top.indices)],
-            [(int(i), float(-v)) for v, i in zip(bottom.values, bottom.indices)])
+    return (
+        [(int(i), float(v)) for v, i in zip(top.values, top.indices)],
+        [(int(i), float(-v)) for v, i in zip(bottom.values, bottom.indices)],
+    )

@@ -54,8 +54,12 @@ class TranscoderConfig(Record):
         check_fields(self)
         for name in ("d_model", "n_layers", "d_features"):
             need(self, getattr(self, name) > 0, "must be a positive integer", name)
-        need(self, self.activation != "topk" or 0 < self.k <= self.d_features,
-             f"top-k needs 0 < k <= d_features ({self.d_features})", "k")
+        need(
+            self,
+            self.activation != "topk" or 0 < self.k <= self.d_features,
+            f"top-k needs 0 < k <= d_features ({self.d_features})",
+            "k",
+        )
         need(self, self.threshold > 0 and self.bandwidth > 0, "JumpReLU's threshold and bandwidth must be positive")
         for name in ("input_hook", "output_hook"):
             need(self, "{layer}" in getattr(self, name), "must name the layer as {layer}", name)
@@ -66,8 +70,9 @@ class TranscoderConfig(Record):
     def hooks(self) -> list[str]:
         """Every hook a harvest for these transcoders needs: each layer's input and output (once each: with the same
         hook for both, the transcoders are sparse autoencoders of it)."""
-        return list(dict.fromkeys(self.hook(which, layer) for layer in range(self.n_layers)
-                                  for which in ("input", "output")))
+        return list(
+            dict.fromkeys(self.hook(which, layer) for layer in range(self.n_layers) for which in ("input", "output"))
+        )
 
 
 class _JumpReLU(torch.autograd.Function):
@@ -122,8 +127,9 @@ class Transcoders(nn.Module):
         self.W_enc = nn.Parameter(torch.stack([W[:, 0].T.clone() * 10 / math.sqrt(d) for W in decoders]))  # [L, d, f]
         self.b_enc = nn.Parameter(torch.zeros(L, f))
         self.b_dec = nn.Parameter(torch.zeros(L, d))
-        self.log_threshold = nn.Parameter(torch.full((L, f), math.log(cfg.threshold)),
-                                          requires_grad=cfg.activation == "jumprelu")
+        self.log_threshold = nn.Parameter(
+            torch.full((L, f), math.log(cfg.threshold)), requires_grad=cfg.activation == "jumprelu"
+        )
 
     # --- the map ------------------------------------------------------------------------------------------------
     def encode(self, x: Tensor, layer: int | None = None) -> Tensor:
@@ -224,14 +230,20 @@ class Transcoders(nn.Module):
         [f, d], W_dec [f, d], b_enc, b_dec and, for JumpReLU, activation_function.threshold. Per-layer ReLU and
         JumpReLU transcoders only: circuit-tracer reads no top-k, and its cross-layer format is another."""
         if self.cfg.cross_layer or self.cfg.activation == "topk":
-            raise ValueError("circuit-tracer's per-layer format holds ReLU and JumpReLU per-layer transcoders only, "
-                             f"not {'cross-layer' if self.cfg.cross_layer else 'top-k'} ones")
+            raise ValueError(
+                "circuit-tracer's per-layer format holds ReLU and JumpReLU per-layer transcoders only, "
+                f"not {'cross-layer' if self.cfg.cross_layer else 'top-k'} ones"
+            )
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         paths = []
         for layer in range(self.cfg.n_layers):
-            tensors = {"W_enc": self.W_enc[layer].T, "W_dec": self.W_dec[layer][:, 0], "b_enc": self.b_enc[layer],
-                       "b_dec": self.b_dec[layer]}
+            tensors = {
+                "W_enc": self.W_enc[layer].T,
+                "W_dec": self.W_dec[layer][:, 0],
+                "b_enc": self.b_enc[layer],
+                "b_dec": self.b_dec[layer],
+            }
             if self.cfg.activation == "jumprelu":
                 tensors["activation_function.threshold"] = self.log_threshold[layer].exp()
             tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}

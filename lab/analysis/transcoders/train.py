@@ -43,8 +43,14 @@ from lab.analysis.transcoders.model import CONFIG_FILE, WEIGHTS_FILE, Transcoder
 from lab.configs import Record, check_fields, need
 from lab.distributed import all_gather_rows, barrier, rank_world, share
 from lab.files import atomic_write_text, current_umask
-from lab.train.checkpoint import (discard_tree, find_checkpoint, load_optimizer_tensors, optimizer_tensors,
-                                  read_safetensors, remove_checkpoints)
+from lab.train.checkpoint import (
+    discard_tree,
+    find_checkpoint,
+    load_optimizer_tensors,
+    optimizer_tensors,
+    read_safetensors,
+    remove_checkpoints,
+)
 
 STATE_FORMAT = "forma-transcoder-train/1"
 CHECKPOINT_DIR = "checkpoint"
@@ -75,13 +81,15 @@ class TranscoderTraining(Record):
         need(self, self.checkpoint_interval >= 0, "must be a non-negative integer", "checkpoint_interval")
 
 
-def rows(store: ActivationStore, shard: int, cfg: TranscoderConfig,
-         layers: Sequence[int] | None = None) -> tuple[Tensor, Tensor]:
+def rows(
+    store: ActivationStore, shard: int, cfg: TranscoderConfig, layers: Sequence[int] | None = None
+) -> tuple[Tensor, Tensor]:
     """One shard's (inputs, outputs), each [rows, len(layers), d_model] in float32: of `layers` (default every
     layer), and only their hooks are read."""
     layers = range(cfg.n_layers) if layers is None else layers
-    part = store.shard(shard, list(dict.fromkeys(cfg.hook(which, layer) for layer in layers
-                                                 for which in ("input", "output"))))
+    part = store.shard(
+        shard, list(dict.fromkeys(cfg.hook(which, layer) for layer in layers for which in ("input", "output")))
+    )
     x = torch.stack([part[cfg.hook("input", layer)].float() for layer in layers], dim=1)
     y = torch.stack([part[cfg.hook("output", layer)].float() for layer in layers], dim=1)
     return x, y
@@ -92,12 +100,20 @@ class DataOrder:
     the shards in the order permutation(seed, e) and shard s's rows in the order permutation(seed, e, s). A rank
     that trains some layers alone (module-parallel) reads only theirs (`layers`); the rows are the same."""
 
-    def __init__(self, store: ActivationStore, cfg: TranscoderConfig, batch_size: int, seed: int,
-                 layers: Sequence[int] | None = None):
+    def __init__(
+        self,
+        store: ActivationStore,
+        cfg: TranscoderConfig,
+        batch_size: int,
+        seed: int,
+        layers: Sequence[int] | None = None,
+    ):
         missing = [name for name in cfg.hooks() if name not in store.names]
         if missing:
-            raise ValueError(f"{store.directory} holds no {missing[0]!r}: harvest TranscoderConfig.hooks() "
-                             f"({len(cfg.hooks())} hooks) at every position first")
+            raise ValueError(
+                f"{store.directory} holds no {missing[0]!r}: harvest TranscoderConfig.hooks() "
+                f"({len(cfg.hooks())} hooks) at every position first"
+            )
         self.store, self.cfg, self.batch_size, self.seed = store, cfg, batch_size, seed
         self.layers = list(range(cfg.n_layers)) if layers is None else list(layers)
         self.counts = [int(s["rows"]) for s in store.index["shards"]]
@@ -121,7 +137,7 @@ class DataOrder:
                     done += self.counts[shard]
                     continue
                 x, y = rows(self.store, shard, self.cfg, self.layers)
-                order = self.row_order(epoch, shard)[max(0, offset - done):]
+                order = self.row_order(epoch, shard)[max(0, offset - done) :]
                 done += self.counts[shard]
                 x, y = x[order], y[order]
                 while len(x):
@@ -175,8 +191,13 @@ class Objective(nn.Module):
             pre = model.encode(x)
             acts = model.activate(pre)
             error = (model.decode(acts) - y).pow(2).sum(-1).sum(0)  # [L]
-            penalty = ((acts * model.decoder_norms()).sum(-1).sum(0) if kind == "relu" else
-                       model.l0(pre).sum(0) if kind == "jumprelu" else torch.zeros(cfg.n_layers))
+            penalty = (
+                (acts * model.decoder_norms()).sum(-1).sum(0)
+                if kind == "relu"
+                else model.l0(pre).sum(0)
+                if kind == "jumprelu"
+                else torch.zeros(cfg.n_layers)
+            )
             stats[0], stats[1], stats[2] = error.detach(), (acts > 0).sum(dim=(0, 2)), penalty.detach()
             loss = (error / total / scale).sum() + sparsity * (penalty.sum() / total)
             return loss, stats
@@ -191,14 +212,24 @@ class Objective(nn.Module):
                 penalty = model.l0(pre, layer).sum()
             else:
                 penalty = torch.zeros(())
-            stats[:, layer] = torch.stack([error.detach().double(), (acts > 0).sum().double(),
-                                           penalty.detach().double()])
+            stats[:, layer] = torch.stack(
+                [error.detach().double(), (acts > 0).sum().double(), penalty.detach().double()]
+            )
             loss = loss + (error / total / scale[layer] + sparsity * (penalty / total))
         return loss, stats
 
 
-def train_step(objective: nn.Module, optimizer: torch.optim.Optimizer, x: Tensor, y: Tensor, scale: Tensor,
-               sparsity: float, lr: float, total: int, world: int = 1) -> Tensor:
+def train_step(
+    objective: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    x: Tensor,
+    y: Tensor,
+    scale: Tensor,
+    sparsity: float,
+    lr: float,
+    total: int,
+    world: int = 1,
+) -> Tensor:
     """One update on (x, y) [rows, layers, d_model] (this rank's rows of a batch of `total`); returns the batch's
     stats (Objective's). Wrapped in DistributedDataParallel, which averages the ranks' gradients, the loss is
     scaled by `world`: the averaged gradient is then the gradient of the whole batch's loss."""
@@ -216,8 +247,12 @@ def step_record(stats: Tensor, scale: Tensor, sparsity: float, total: int) -> di
     the update)."""
     fvu = stats[0] / total / scale.double()
     penalty = float(stats[2].sum() / total)
-    return {"loss": float(fvu.sum()) + sparsity * penalty, "fvu": float(fvu.mean()),
-            "l0": float(stats[1].mean() / total), "penalty": penalty}
+    return {
+        "loss": float(fvu.sum()) + sparsity * penalty,
+        "fvu": float(fvu.mean()),
+        "l0": float(stats[1].mean() / total),
+        "penalty": penalty,
+    }
 
 
 def make_optimizer(model: Transcoders, training: TranscoderTraining) -> torch.optim.Adam:
@@ -233,12 +268,16 @@ class TrainerState:
 
 
 def _fingerprint(store: ActivationStore) -> dict[str, Any]:
-    return {"n_rows": len(store), "shards": [[s["file"], s["rows"]] for s in store.index["shards"]],
-            "model": store.index.get("model")}
+    return {
+        "n_rows": len(store),
+        "shards": [[s["file"], s["rows"]] for s in store.index["shards"]],
+        "model": store.index.get("model"),
+    }
 
 
-def gathered_state(model: Transcoders, optimizer: torch.optim.Optimizer, layers: Sequence[int]
-                   ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+def gathered_state(
+    model: Transcoders, optimizer: torch.optim.Optimizer, layers: Sequence[int]
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """The whole set's weights and Adam moments (`Transcoders.state_tensors`, `optimizer_tensors`), on every rank.
     Every rank holds every layer's weights, but a module-parallel rank trains only `layers` (a contiguous share,
     `lab.distributed.share`): each layer's tensors are then taken from the rank that trains it (all_gather_rows:
@@ -263,8 +302,15 @@ def gathered_state(model: Transcoders, optimizer: torch.optim.Optimizer, layers:
     return weights, moments
 
 
-def save_checkpoint(directory: Path, weights: dict[str, Tensor], moments: dict[str, Tensor], cfg: TranscoderConfig,
-                    training: TranscoderTraining, state: TrainerState, store: ActivationStore) -> None:
+def save_checkpoint(
+    directory: Path,
+    weights: dict[str, Tensor],
+    moments: dict[str, Tensor],
+    cfg: TranscoderConfig,
+    training: TranscoderTraining,
+    state: TrainerState,
+    store: ActivationStore,
+) -> None:
     """Written into a temporary sibling, then swapped in: a crash leaves the old checkpoint complete, at its name or
     (between the two renames) at .checkpoint.old, which `find_checkpoint` falls back to."""
     directory.parent.mkdir(parents=True, exist_ok=True)
@@ -274,8 +320,13 @@ def save_checkpoint(directory: Path, weights: dict[str, Tensor], moments: dict[s
         save_file(weights, str(tmp / WEIGHTS_FILE))
         (tmp / CONFIG_FILE).write_text(cfg.to_json() + "\n")
         save_file(moments, str(tmp / "optimizer.safetensors"))
-        meta = {"format": STATE_FORMAT, **asdict(state), "training": training.to_dict(),
-                "transcoders": cfg.to_dict(), "store": _fingerprint(store)}
+        meta = {
+            "format": STATE_FORMAT,
+            **asdict(state),
+            "training": training.to_dict(),
+            "transcoders": cfg.to_dict(),
+            "store": _fingerprint(store),
+        }
         (tmp / "state.json").write_text(json.dumps(meta, indent=2) + "\n")
         old = directory.with_name(f".{directory.name}.old")
         if directory.exists():
@@ -288,8 +339,13 @@ def save_checkpoint(directory: Path, weights: dict[str, Tensor], moments: dict[s
         raise
 
 
-def load_checkpoint(directory: Path, model: Transcoders, optimizer: torch.optim.Optimizer,
-                    training: TranscoderTraining, store: ActivationStore) -> TrainerState:
+def load_checkpoint(
+    directory: Path,
+    model: Transcoders,
+    optimizer: torch.optim.Optimizer,
+    training: TranscoderTraining,
+    store: ActivationStore,
+) -> TrainerState:
     directory = find_checkpoint(directory)
     path = directory / "state.json"
     try:
@@ -300,16 +356,21 @@ def load_checkpoint(directory: Path, model: Transcoders, optimizer: torch.optim.
         raise ValueError(f"{path} is not a {STATE_FORMAT} checkpoint")
     saved = {k: v for k, v in meta["training"].items() if k != "checkpoint_interval"}
     now = {k: v for k, v in training.to_dict().items() if k != "checkpoint_interval"}
-    for what, then, current in (("training", saved, now), ("transcoder config", meta["transcoders"],
-                                                            model.cfg.to_dict()),
-                                ("activation store", meta["store"], _fingerprint(store))):
+    for what, then, current in (
+        ("training", saved, now),
+        ("transcoder config", meta["transcoders"], model.cfg.to_dict()),
+        ("activation store", meta["store"], _fingerprint(store)),
+    ):
         if then != current:
             changed = sorted(k for k in set(then) | set(current) if then.get(k) != current.get(k))
-            raise ValueError(f"resume: the {what} differs from the checkpoint's in {', '.join(changed)}; train "
-                             "afresh (resume=False) or with the same settings")
+            raise ValueError(
+                f"resume: the {what} differs from the checkpoint's in {', '.join(changed)}; train "
+                "afresh (resume=False) or with the same settings"
+            )
     model.load_state_tensors(read_safetensors(directory / WEIGHTS_FILE), str(directory))
-    load_optimizer_tensors(optimizer, read_safetensors(directory / "optimizer.safetensors"),
-                           directory / "optimizer.safetensors")
+    load_optimizer_tensors(
+        optimizer, read_safetensors(directory / "optimizer.safetensors"), directory / "optimizer.safetensors"
+    )
     return TrainerState(step=int(meta["step"]), history=meta["history"])
 
 
@@ -322,9 +383,17 @@ def has_checkpoint(out_dir: str | Path) -> bool:
     return True
 
 
-def train_transcoders(store: ActivationStore | str | Path, cfg: TranscoderConfig, training: TranscoderTraining,  # noqa: C901  (one path per parallel layout)
-                      out_dir: str | Path, *, resume: bool = False, stop_after: int | None = None,
-                      log_every: int = 50, parallel: str = "data") -> Transcoders:
+def train_transcoders(  # noqa: C901 (one path per parallel layout)
+    store: ActivationStore | str | Path,
+    cfg: TranscoderConfig,
+    training: TranscoderTraining,
+    out_dir: str | Path,
+    *,
+    resume: bool = False,
+    stop_after: int | None = None,
+    log_every: int = 50,
+    parallel: str = "data",
+) -> Transcoders:
     """Train transcoders on the store's rows; resume=True continues from out_dir/checkpoint. stop_after: stop (with
     a checkpoint) once that many steps are done, as an interruption would — for tests of resumption.
 
@@ -342,18 +411,24 @@ def train_transcoders(store: ActivationStore | str | Path, cfg: TranscoderConfig
     if parallel not in PARALLEL:
         raise ValueError(f"parallel must be one of {', '.join(PARALLEL)}, got {parallel!r}")
     if parallel == "modules" and cfg.cross_layer:
-        raise ValueError("a cross-layer transcoder cannot be trained module-parallel (its layers write into each "
-                         "other's outputs); train it data-parallel")
+        raise ValueError(
+            "a cross-layer transcoder cannot be trained module-parallel (its layers write into each "
+            "other's outputs); train it data-parallel"
+        )
     rank, world = rank_world()
     layers = list(range(cfg.n_layers))
     if parallel == "modules" and world > 1:
         if world > cfg.n_layers:
-            raise ValueError(f"module-parallel training gives each rank at least one of the {cfg.n_layers} layers; "
-                             f"start at most {cfg.n_layers} ranks, not {world}")
+            raise ValueError(
+                f"module-parallel training gives each rank at least one of the {cfg.n_layers} layers; "
+                f"start at most {cfg.n_layers} ranks, not {world}"
+            )
         layers = list(share(layers, rank, world))
     if parallel == "data" and world > training.batch_size:
-        raise ValueError(f"data-parallel training needs a batch of at least one row a rank: batch_size "
-                         f"{training.batch_size} over {world} ranks")
+        raise ValueError(
+            f"data-parallel training needs a batch of at least one row a rank: batch_size "
+            f"{training.batch_size} over {world} ranks"
+        )
     store = store if isinstance(store, ActivationStore) else ActivationStore(store)
     out_dir = Path(out_dir)
     checkpoint = out_dir / CHECKPOINT_DIR
@@ -369,15 +444,27 @@ def train_transcoders(store: ActivationStore | str | Path, cfg: TranscoderConfig
         remove_checkpoints(checkpoint)  # an earlier run's, which a later resume must not find
     objective = Objective(model, layers)
     data_parallel = parallel == "data" and world > 1
-    mine = slice(rank * training.batch_size // world, (rank + 1) * training.batch_size // world) \
-        if data_parallel else slice(None)
+    mine = (
+        slice(rank * training.batch_size // world, (rank + 1) * training.batch_size // world)
+        if data_parallel
+        else slice(None)
+    )
     wrapped = DistributedDataParallel(objective) if data_parallel else objective
     scale = output_scale(store, cfg)
     if state.step < training.steps:
         for step, x, y in order.batches(state.step):
             sparsity = sparsity_weight(step, training)
-            stats = train_step(wrapped, optimizer, x[mine], y[mine], scale, sparsity, learning_rate(step, training),
-                               training.batch_size, world if data_parallel else 1)
+            stats = train_step(
+                wrapped,
+                optimizer,
+                x[mine],
+                y[mine],
+                scale,
+                sparsity,
+                learning_rate(step, training),
+                training.batch_size,
+                world if data_parallel else 1,
+            )
             state.step = step + 1
             if step % log_every == 0 or state.step == training.steps:
                 if world > 1:
@@ -398,8 +485,11 @@ def train_transcoders(store: ActivationStore | str | Path, cfg: TranscoderConfig
         return model.eval()
     if rank == 0:
         model.save(out_dir)
-        atomic_write_text(out_dir / TRAINING_FILE, json.dumps({"training": training.to_dict(), "steps": state.step,
-                                                               "history": state.history}, indent=2) + "\n")
+        atomic_write_text(
+            out_dir / TRAINING_FILE,
+            json.dumps({"training": training.to_dict(), "steps": state.step, "history": state.history}, indent=2)
+            + "\n",
+        )
         remove_checkpoints(checkpoint)  # and what killed saves left
     barrier()  # every rank returns once rank 0's files are in place
     return model.eval()
