@@ -13,7 +13,7 @@ from lab import HookedTransformer
 from lab.analysis.activations import ActivationStore, save_activations
 from lab.analysis.activations.harvest import harvest, read_corpus
 from lab.tokenize import word_level
-from tests.conftest import VOCAB, tiny_config
+from tests.builders import VOCAB, tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -24,7 +24,7 @@ from lab.analysis.probes import (
 )
 from lab.analysis.steering import generate_steered, steer
 from lab.generate import generate
-from tests.conftest import VOCAB, tiny_config
+from tests.builders import VOCAB, tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -292,7 +292,7 @@ def test_steering_hooks_are_removed_even_when_the_block_raises(rotary_model):
 # --- a TransformerBridge ------------------------------------------------------------------------
 def test_activations_and_patching_work_on_a_transformer_bridge(tmp_path):
     from lab.hf import bridge, from_hf
-    from tests.conftest import hf_gpt2, word_tokenizer
+    from tests.builders import hf_gpt2, word_tokenizer
 
     hf = hf_gpt2()
     hf.save_pretrained(tmp_path)

@@ -9,7 +9,7 @@ import torch
 
 from lab import HookedTransformer
 from lab.model.kv_cache import KVCache
-from tests.conftest import VOCAB, tiny_config
+from tests.builders import VOCAB, tiny_config
 
 VARIANTS = {
     "gpt2-like": dict(),

@@ -10,7 +10,7 @@ from lab import HookedTransformer, ModelConfig
 from lab.analysis.attribution import SWEEPS, attribution_patch
 from lab.analysis.patching import logit_diff, patch_heads, patch_heads_by_position, patch_positions
 from lab.model.components import NoNorm
-from tests.conftest import patchable
+from tests.builders import patchable
 
 VOCAB = 48
 METRIC = logit_diff(torch.tensor([3, 5]), torch.tensor([4, 6]))

@@ -13,7 +13,7 @@ from experiments import calibration as experiment
 from lab.analysis.probes import VERDICTS
 from lab.cli import main
 from lab.metrics.calibration import MIN_PER_CLASS, ece, fit_temperature, nll, softmax
-from tests.conftest import VOCAB, hf_gpt2
+from tests.builders import VOCAB, hf_gpt2
 
 BLOCK_KEYS = {
     "n",
@@ -330,7 +330,7 @@ def test_a_forma_model_folder_answers_too(hf_folder, tmp_path):
     """--model also takes a zoo name or a Forma model folder (its tokenizers.Tokenizer saved beside it)."""
     from lab import HookedTransformer
     from lab.tokenize import word_level
-    from tests.conftest import tiny_config
+    from tests.builders import tiny_config
 
     _, csv_path = hf_folder
     tokenizer = word_level(["A", "B", "C", "D", "Answer:"] + [f"w{i}" for i in range(VOCAB - 9)])

@@ -9,7 +9,7 @@ import pytest
 
 from lab import HookedTransformer
 from lab.cli import main
-from tests.conftest import tiny_config
+from tests.builders import tiny_config
 
 
 def test_help_lists_the_commands(capsys):

@@ -8,7 +8,7 @@ import torch
 
 from lab import HookedTransformer
 from lab.analysis.counterfactual import corruptions
-from tests.conftest import tiny_config
+from tests.builders import tiny_config
 
 
 def test_each_corruption_swaps_one_plausible_token_and_changes_the_prediction():

@@ -7,7 +7,7 @@ import torch
 from lab import HookedTransformer
 from lab.generate import decode
 from lab.hf import from_hf
-from tests.conftest import hf_gpt2, hf_llama, tiny_config
+from tests.builders import hf_gpt2, hf_llama, tiny_config
 
 pytestmark = [
     pytest.mark.cuda,

@@ -383,7 +383,7 @@ def test_explorer_ground_truth_lens_of_a_source_world_model(empty):
     from lab.analysis.lens import ground_truth_lens
     from lab.data.sources import MarkovSource
     from lab.runs import write_json
-    from tests.conftest import tiny_config
+    from tests.builders import tiny_config
 
     source = MarkovSource(10, order=2, seed=0)
     model = HookedTransformer(tiny_config(d_vocab=10, n_ctx=16), seed=2).eval()
@@ -410,7 +410,7 @@ def test_explorer_reads_any_local_hugging_face_folder(empty, tmp_path):
     import torch
     from transformers import GPTJConfig, GPTJForCausalLM
 
-    from tests.conftest import hf_gpt2, word_tokenizer
+    from tests.builders import hf_gpt2, word_tokenizer
 
     gpt2, gptj, broken, bare = (tmp_path / n for n in ("gpt2", "gptj", "broken", "bare"))
     hf_gpt2().save_pretrained(gpt2)

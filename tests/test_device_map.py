@@ -15,7 +15,7 @@ from lab.analysis.steering import generate_steered
 from lab.generate import generate
 from lab.hf import bridge, from_hf, load_hf, to_hf
 from lab.model.offload import onloaded
-from tests.conftest import VOCAB, hf_llama, hf_neox, word_tokenizer
+from tests.builders import VOCAB, hf_llama, hf_neox, word_tokenizer
 
 # The first block and the embedding in memory, the second block and the head on disk (Hugging Face's names).
 MAPS = {

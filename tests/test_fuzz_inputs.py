@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conftest import REPO, hf_gpt2, tiny_config, word_tokenizer
+from tests.builders import REPO, hf_gpt2, tiny_config, word_tokenizer
 
 CASES = 200  # per loader
 TIMEOUT_S = 20  # a case still running after this is a hang

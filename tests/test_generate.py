@@ -8,7 +8,7 @@ from lab.generate import decode, filter_logits, generate, sample_next
 from lab.hf import from_hf
 from lab.model import KVCache, KVCacheEntry
 from lab.model.errors import Misuse
-from tests.conftest import hf_gpt2, hf_llama, tiny_config, word_tokenizer
+from tests.builders import hf_gpt2, hf_llama, tiny_config, word_tokenizer
 
 VARIANTS = [
     dict(),

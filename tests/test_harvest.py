@@ -18,7 +18,7 @@ from lab import HookedTransformer
 from lab.analysis.activations import ActivationStore, collect_activations, save_activations, stream_activations
 from lab.analysis.activations import store as activations_store
 from lab.analysis.probes import fit_probe, fit_probes
-from tests.conftest import VOCAB, tiny_config
+from tests.builders import VOCAB, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -234,7 +234,7 @@ KILLED = """
 import os, signal, sys, torch
 from lab import HookedTransformer
 from lab.analysis.activations import save_activations
-from tests.conftest import VOCAB, tiny_config
+from tests.builders import VOCAB, tiny_config
 model = HookedTransformer(tiny_config(n_layers=3), seed=0).eval()
 data = torch.randint(0, VOCAB, (24, 12), generator=torch.Generator().manual_seed(5))
 torch.set_num_threads(1)  # as the test process, so that its resumed shards are bitwise comparable

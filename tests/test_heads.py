@@ -17,7 +17,7 @@ from lab.analysis.heads import (
     previous_token_pattern,
 )
 from lab.tokenize import word_level
-from tests.conftest import tiny_config
+from tests.builders import tiny_config
 
 LAYER, HEAD = 1, 2
 

@@ -5,7 +5,7 @@ import torch
 
 from lab import HookedTransformer
 from lab.hf import UnsupportedArchitecture, from_hf, hf_model_type, load_hf, to_hf
-from tests.conftest import hf_gpt2, hf_llama, tiny_config, word_tokenizer
+from tests.builders import hf_gpt2, hf_llama, tiny_config, word_tokenizer
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ from lab import HookedTransformer, ModelConfig
 from lab.cli import main
 from lab.generate import generate
 from lab.hf import SUPPORTED, UnsupportedArchitecture, from_hf, load_hf, to_hf
-from tests.conftest import VOCAB, hf_mistral, hf_neox, hf_qwen2, randomise_gains_and_biases, tiny_config, word_tokenizer
+from tests.builders import VOCAB, hf_mistral, hf_neox, hf_qwen2, randomise_gains_and_biases, tiny_config, word_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (tests/conftest.py::one_thread)
 
@@ -289,7 +289,7 @@ def test_configs_saved_before_the_new_fields_still_load():
 
 
 def test_gpt2_and_llama_configs_are_unchanged():
-    from tests.conftest import hf_gpt2, hf_llama
+    from tests.builders import hf_gpt2, hf_llama
 
     for hf in (hf_gpt2(), hf_llama()):
         cfg = from_hf(hf).cfg

@@ -5,7 +5,7 @@ import torch
 
 from lab import HookedTransformer
 from lab.analysis.lens import direct_logit_attribution, logit_lens, residual_norms
-from tests.conftest import tiny_config
+from tests.builders import tiny_config
 
 VARIANTS = [
     dict(),

@@ -9,7 +9,7 @@ from transformer_lens import ActivationCache
 from lab import HookedTransformer, ModelConfig
 from lab.model.components import Rotary, sinusoidal_table
 from lab.model.primitives import FEW_ROWS, linear
-from tests.conftest import VOCAB, tiny_config
+from tests.builders import VOCAB, tiny_config
 
 VARIANTS = [
     dict(),

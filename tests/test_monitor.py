@@ -18,7 +18,7 @@ from lab.analysis.monitor import (
     sample_continuations,
 )
 from lab.generate import decode
-from tests.conftest import VOCAB, tiny_config
+from tests.builders import VOCAB, tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

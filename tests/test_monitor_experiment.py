@@ -14,7 +14,7 @@ from experiments import monitor as experiment
 from lab.cli import main
 from lab.metrics.calibration import auroc
 from lab.metrics.selective import aurc, crc_threshold, selective_outcome
-from tests.conftest import VOCAB, hf_gpt2
+from tests.builders import VOCAB, hf_gpt2
 
 HEADLINE_KEYS = {"name", "sentence", "value", "interval", "direction", "supported", "why_not"}
 

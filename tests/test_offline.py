@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import hf_gpt2
+from tests.builders import hf_gpt2
 from tests.test_calibration_experiment import letter_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]

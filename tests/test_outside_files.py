@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from lab.cli import main
-from tests.conftest import REPO, tiny_config
+from tests.builders import REPO, tiny_config
 from tests.test_dashboard import page, rendered, texts
 from tests.test_strict_loading import gpt2_folder, rewrite_weights
 

@@ -10,7 +10,7 @@ import transformer_lens.patching as tl_patching
 
 from lab import HookedTransformer, ModelConfig
 from lab.analysis.patching import logit_diff, patch_heads, patch_heads_by_position, patch_positions, runs_fast
-from tests.conftest import patchable
+from tests.builders import patchable
 
 TOL = 1e-5
 VOCAB = 64

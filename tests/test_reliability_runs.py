@@ -57,7 +57,7 @@ def toy_run(cfg: dict, out: Path) -> dict:
 # --------------------------------------------------------------------------------------------
 def test_a_model_folder_given_as_out_is_refused_and_left_byte_identical(tmp_path, capsys):
     from lab import HookedTransformer
-    from tests.conftest import tiny_config
+    from tests.builders import tiny_config
 
     model_folder = tmp_path / "model"
     HookedTransformer(tiny_config()).save(model_folder)  # config.json + model.safetensors
@@ -331,7 +331,7 @@ def test_without_timings_removes_exactly_the_timing_fields():
 def test_the_same_seed_gives_the_same_results(quick_run, quick_rerun, tmp_path, name):
     """A second quick run, in a fresh process (another hash seed, another torch default seed, default threads)
     and, for an experiment that shares its trainings out among worker processes, on one process instead of
-    the default's two (tests/conftest.py::rerun_argv), writes the results.json of the session's quick run,
+    the default's two (tests/builders.py::rerun_argv), writes the results.json of the session's quick run,
     timing fields (lab.runs.TIMING_FIELDS) aside."""
     first = json.loads((quick_run(name) / "results.json").read_text())
     second = json.loads((quick_rerun(name, tmp_path / "again") / "results.json").read_text())

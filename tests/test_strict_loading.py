@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from lab import HookedTransformer
 from lab.cli import main
 from lab.hf import bridge, from_hf, load_hf
-from tests.conftest import hf_gpt2, hf_llama, tiny_config, word_tokenizer
+from tests.builders import hf_gpt2, hf_llama, tiny_config, word_tokenizer
 
 
 def gpt2_folder(directory, n_layer_in_config: int | None = None, tie: bool = True, tokenizer: bool = False):

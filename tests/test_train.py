@@ -33,7 +33,7 @@ from lab.train import (
     get_lr,
     train,
 )
-from tests.conftest import USER_THREADS
+from tests.builders import USER_THREADS
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (tests/conftest.py::one_thread)
 

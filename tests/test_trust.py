@@ -7,7 +7,7 @@ import pytest
 from lab import HookedTransformer
 from lab.cli import main
 from lab.trust import trust_report
-from tests.conftest import hf_llama, tiny_config
+from tests.builders import hf_llama, tiny_config
 
 
 def test_a_sound_model_passes_every_check(tmp_path, capsys):
