@@ -373,11 +373,11 @@ def test_hf_path_refuses_what_it_cannot_read(hf_folder, tmp_path, capsys):
 
 # --- headlines: a pure function of the results -----------------------------------------------------
 def test_a_headline_has_a_direction_only_where_its_interval_decides_it():
-    up = experiment._signed("x", 0.3, [0.1, 0.5], 0.0, "rises", "falls", "the gap")
+    up = experiment.signed_headline("x", 0.3, [0.1, 0.5], 0.0, "rises", "falls", "the gap")
     assert (up["supported"], up["direction"], up["sentence"]) == (True, 1, "rises")
-    down = experiment._signed("x", -0.3, [-0.5, -0.1], 0.0, "rises", "falls", "the gap")
+    down = experiment.signed_headline("x", -0.3, [-0.5, -0.1], 0.0, "rises", "falls", "the gap")
     assert (down["direction"], down["sentence"]) == (-1, "falls")
-    straddles = experiment._signed("x", 0.1, [-0.1, 0.3], 0.0, "rises", "falls", "the gap")
+    straddles = experiment.signed_headline("x", 0.1, [-0.1, 0.3], 0.0, "rises", "falls", "the gap")
     assert not straddles["supported"] and straddles["direction"] is None
     assert "includes 0" in straddles["why_not"] and "cannot tell the direction" in straddles["why_not"]
 
@@ -396,11 +396,11 @@ def test_a_verdict_of_absence_needs_an_interval_that_reaches_the_controls():
             },
         }
 
-    assert experiment._verdict_headline("v", verdict(True, 0.8, 0.9))["direction"] is True
-    assert experiment._verdict_headline("v", verdict(False, 0.45, 0.65))["direction"] is False
-    wide = experiment._verdict_headline("v", verdict(False, 0.6, 0.8))
+    assert experiment.verdict_headline("v", verdict(True, 0.8, 0.9))["direction"] is True
+    assert experiment.verdict_headline("v", verdict(False, 0.45, 0.65))["direction"] is False
+    wide = experiment.verdict_headline("v", verdict(False, 0.6, 0.8))
     assert not wide["supported"] and "too few items" in wide["why_not"]
-    none = experiment._verdict_headline("v", verdict(None, 0.6, 0.8) | {"sentence": "P(IK): not enough data — …"})
+    none = experiment.verdict_headline("v", verdict(None, 0.6, 0.8) | {"sentence": "P(IK): not enough data — …"})
     assert not none["supported"] and none["why_not"].startswith("P(IK): not enough data")
 
 

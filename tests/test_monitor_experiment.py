@@ -418,10 +418,10 @@ def test_a_separation_headline_needs_its_familywise_interval_to_exclude_a_half()
         "auroc_n_pos": 184,
         "auroc_n_neg": 67,
     }
-    head = experiment._auroc_headline("x_separates", "The signal x", block, sign=1)
+    head = experiment.auroc_headline("x_separates", "The signal x", block, sign=1)
     assert not head["supported"] and head["direction"] == 0 and "familywise interval straddles ½" in head["why_not"]
     block["auroc_familywise_ci"] = [0.52, 0.62]
-    head = experiment._auroc_headline("x_separates", "The signal x", block, sign=-1)
+    head = experiment.auroc_headline("x_separates", "The signal x", block, sign=-1)
     assert head["supported"] and head["direction"] == -1 and head["interval"] == [0.52, 0.62]
     assert "99.6% familywise [0.520, 0.620]" in head["sentence"]
 

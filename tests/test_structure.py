@@ -62,15 +62,6 @@ PRIVATE_IMPORTS_LEFT = {
     ("lab/hf/loading.py", "lab.hf.device_map", "_place_of"),
     ("lab/hf/loading.py", "lab.hf.folder", "_hf_config"),
     ("lab/hf/loading.py", "lab.hf.folder", "_quiet_transformers"),
-    ("experiments/calibration/__init__.py", "experiments.calibration.summary", "_signed"),
-    ("experiments/calibration/__init__.py", "experiments.calibration.summary", "_verdict_headline"),
-    ("experiments/hallucination/figures.py", "experiments.hallucination.config", "_key"),
-    ("experiments/hallucination/measurement.py", "experiments.hallucination.config", "_key"),
-    ("experiments/hallucination/summary.py", "experiments.hallucination.config", "_key"),
-    ("experiments/kl/__init__.py", "experiments.kl.measure", "_lengths"),
-    ("experiments/kl/parts.py", "experiments.kl.measure", "_lengths"),
-    ("experiments/kl/summary.py", "experiments.kl.measure", "_lengths"),
-    ("experiments/monitor/__init__.py", "experiments.monitor.summary", "_auroc_headline"),
 }
 # Re-exports outside a package's __init__ still left, as (file, the module it re-exports from): the model's
 # components and transformer keep their parts' names, lab.metrics.calibration keeps discrimination's. Only shorter.

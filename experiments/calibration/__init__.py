@@ -147,12 +147,12 @@ from experiments.calibration.setting import (
     train_in_stages,
 )
 from experiments.calibration.summary import (
-    _signed,
-    _verdict_headline,
     acceptance,
     aurocs_without_counts,
     eces_without_interval,
     headlines,
+    signed_headline,
+    verdict_headline,
 )
 from experiments.calibration.synthetic import Evaluation, evaluate, run_synthetic
 from lab.configs import torch_threads

@@ -38,7 +38,7 @@ QUICK = dict(
 PERMUTATION_LEVEL = 0.05
 
 
-def _key(delta: float) -> str:
+def delta_key(delta: float) -> str:
     """δ as it stands in results.json's keys: 0.01 → "0_01" (bound_rhs_delta_0_01)."""
     return str(delta).replace(".", "_")
 

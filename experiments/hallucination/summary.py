@@ -12,7 +12,7 @@ from experiments.hallucination.config import (
     MAX_FACT_PROBABILITY_FLAG,
     PERMUTATION_LEVEL,
     Config,
-    _key,
+    delta_key,
 )
 from lab.metrics.statistics import permutation_p, sign, smallest_permutation_p, spearman, spearman_permutation_p
 from lab.runs import headline
@@ -37,7 +37,7 @@ def acceptance(sweep: list[dict[str, Any]], upweighting: list[dict[str, Any]], c
         ]
         by_epoch[str(epoch)] = spearman(mf, rates)
     sides = [
-        (c[f"bound_rhs_delta_{_key(d)}"], c[f"bound_margin_delta_{_key(d)}"])
+        (c[f"bound_rhs_delta_{delta_key(d)}"], c[f"bound_margin_delta_{delta_key(d)}"])
         for s in sweep
         for c in s["checkpoints"]
         for d in DELTAS
@@ -236,7 +236,7 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
 
     # Both sides of the bound, at every checkpoint and δ.
     checks = [
-        (c[f"bound_rhs_delta_{_key(d)}"], c[f"bound_margin_delta_{_key(d)}"])
+        (c[f"bound_rhs_delta_{delta_key(d)}"], c[f"bound_margin_delta_{delta_key(d)}"])
         for s in sweep
         for c in s["checkpoints"]
         for d in DELTAS

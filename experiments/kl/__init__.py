@@ -93,7 +93,6 @@ from experiments.kl.measure import (
     Decomposition,
     HeldOut,
     Source,
-    _lengths,
     decompose,
     entropy_rate_check,
     ground_truth_lens,

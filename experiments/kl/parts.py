@@ -17,11 +17,11 @@ from experiments.kl.config import RECIPE, SCALING_MODEL, SCALING_TRAIN, SCALING_
 from experiments.kl.measure import (
     HeldOut,
     Source,
-    _lengths,
     decompose,
     entropy_rate_check,
     ground_truth_lens,
     kl_by_position,
+    lengths_in_words,
     measure,
     model_logits,
     paired_mean_se,
@@ -136,7 +136,7 @@ def markov_part(cfg: Config, out: Path) -> dict[str, Any]:
         "regions": {
             "complete": f"prefix lengths ≥ {order}, the chain's order: a complete, π-distributed context, where "
             f"E[H_t] is the entropy rate; CE over these prefixes is what the rate belongs beside",
-            "first": f"{_lengths(1, order - 1)}: shorter than the chain's order, conditioned through π's "
+            "first": f"{lengths_in_words(1, order - 1)}: shorter than the chain's order, conditioned through π's "
             f"marginals, so H_t there exceeds the rate (reported apart, never mixed in)",
             "all": "every held-out prefix, complete or not",
         },

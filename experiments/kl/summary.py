@@ -5,7 +5,7 @@ import math
 from typing import Any
 
 from experiments.kl.config import FAMILY_Z
-from experiments.kl.measure import _lengths
+from experiments.kl.measure import lengths_in_words
 from lab.metrics.statistics import sign
 from lab.runs import headline
 
@@ -152,7 +152,7 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
     if early is not None:
         gap, half = early["entropy_nats"] - rate, 1.96 * early["entropy_se"]
         text = (
-            f"The first positions ({_lengths(*early['prefix_lengths'])}, shorter than the chain's order) are "
+            f"The first positions ({lengths_in_words(*early['prefix_lengths'])}, shorter than the chain's order) are "
             f"reported apart: H {early['entropy_nats']:.4f}, {gap:+.4f} nats from the entropy rate (95% "
             f"[{gap - half:+.4f}, {gap + half:+.4f}]), KL {early['kl_nats']:.3f} nats/token."
         )

@@ -116,7 +116,7 @@ from experiments.monitor.signals import (
     sampling_risks,
     value_strings,
 )
-from experiments.monitor.summary import _auroc_headline, headlines
+from experiments.monitor.summary import auroc_headline, headlines
 from experiments.monitor.synthetic import run_synthetic
 from lab.configs import torch_threads
 
