@@ -189,7 +189,7 @@ def forma_lines(err: str, command: str) -> list[str]:
 def test_a_signal_is_raised_once_and_one_started_ignored_stays_ignored():
     """interrupting_signals: SIGTERM raises Interrupted where the code is; a second signal while the clean-up runs
     is ignored; SIGHUP ignored on entry (nohup) stays ignored; the handlers before it come back after."""
-    from lab.cli.children import Interrupted, interrupting_signals
+    from lab.cli.signals import Interrupted, interrupting_signals
 
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     signal.signal(signal.SIGHUP, signal.SIG_IGN)

@@ -73,7 +73,7 @@ token_level.parquet, stages.parquet, and plotly figures (reliability diagrams, E
 exposure, P(IK) and P(True) AUROC by layer, token-level ECE by layer).
 
 Where each part lives: `config` (Config, QUICK), `setting` (the world as token ids, the model's readings of it,
-training in stages), `blocks` (ECEs and temperature scaling), `readouts` (readouts chosen on validation and
+training in stages), `ece` (ECEs and temperature scaling), `readouts` (readouts chosen on validation and
 reported on test, and P(IK)), `p_true`, `english` (token-level calibration), `mmlu` (`--model` with `--mmlu`),
 `figures`, `summary` (acceptance and headlines) and `synthetic` (the synthetic run); every name is imported
 from `experiments.calibration` itself.
@@ -82,10 +82,11 @@ from `experiments.calibration` itself.
 from pathlib import Path
 from typing import Any
 
+from experiments.calibration.config import EXPOSURE_BINS, N_OPTIONS, QUICK, Config
+
 # Every name the experiment had as one module, where it lives now: tests, docs and other experiments import
 # them from here.
-from experiments.calibration.blocks import BINNINGS, calibration_block, option_logits, temperature_block
-from experiments.calibration.config import EXPOSURE_BINS, N_OPTIONS, QUICK, Config
+from experiments.calibration.ece import BINNINGS, calibration_summary, option_logits, temperature_summary
 from experiments.calibration.english import heldout_english, pydoc_model, token_level
 from experiments.calibration.figures import (
     exposure_figures,
@@ -116,7 +117,7 @@ from experiments.calibration.mmlu import (
     read_question_csv,
     run_hf,
 )
-from experiments.calibration.p_true import lens_p_true, p_true_block, p_true_layers, p_true_table
+from experiments.calibration.p_true import lens_p_true, p_true_layers, p_true_summary, p_true_table
 from experiments.calibration.readouts import (
     FAMILIES,
     Parts,

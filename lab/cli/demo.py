@@ -6,9 +6,9 @@ probability."""
 import argparse
 import sys
 
-from lab.cli.board import JobBoard
-from lab.cli.children import CHILDREN, Stopped
 from lab.cli.dashboard import dashboard_command, wait_until_serving
+from lab.cli.job_board import JobBoard
+from lab.cli.signals import CHILDREN, Stopped
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

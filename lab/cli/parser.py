@@ -9,12 +9,12 @@ import signal
 import sys
 
 import lab
-from lab.cli.children import Stopped, interrupting_signals
 from lab.cli.dashboard import cmd_dashboard
 from lab.cli.datasets import SWEEP_NAMES, cmd_harvest, cmd_patch
 from lab.cli.demo import cmd_demo
 from lab.cli.models import cmd_hooks, cmd_train, cmd_transcoders, cmd_trust
 from lab.cli.runs import cmd_cards, cmd_run
+from lab.cli.signals import Stopped, interrupting_signals
 
 
 def port_number(text: str) -> int:

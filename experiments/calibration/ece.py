@@ -18,7 +18,7 @@ def option_logits(frame: pd.DataFrame) -> np.ndarray:
     return frame[[f"option_logit_{k}" for k in range(N_OPTIONS)]].to_numpy(dtype=np.float64)
 
 
-def calibration_block(frame: pd.DataFrame, n_boot: int, seed: int) -> dict[str, Any]:
+def calibration_summary(frame: pd.DataFrame, n_boot: int, seed: int) -> dict[str, Any]:
     """Issue 7 item 8's `mc` / `lettered` block for a table of items, with the per-exposure breakdown. Every ECE
     (15 equal-width and 10 equal-mass bins) carries its interval, noise floor and debiased estimate."""
     probs = softmax(option_logits(frame))
@@ -53,7 +53,7 @@ def calibration_block(frame: pd.DataFrame, n_boot: int, seed: int) -> dict[str, 
 BINNINGS = (("ece_15_equal_width", 15, "equal_width"), ("ece_10_equal_mass", 10, "equal_mass"))
 
 
-def temperature_block(frame: pd.DataFrame, n_boot: int, seed: int) -> dict[str, Any]:
+def temperature_summary(frame: pd.DataFrame, n_boot: int, seed: int) -> dict[str, Any]:
     """One T fitted by NLL on the calibration split (Guo et al. 2017 §4.2); both ECEs (15 equal-width, 10
     equal-mass bins), NLL and Brier before and after on the test split. Accuracy cannot change: dividing logits by
     T > 0 keeps their order. T's interval resamples the calibration split (refitting T each time); the NLL change's

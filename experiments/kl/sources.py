@@ -1,70 +1,28 @@
-"""The kl experiment's independent parts, each a module-level function that lab.parallel.run_tasks can hand
-to a worker: the Markov source's checkpoints, lens, KL by position and temperature (`markov_part`), the
-hidden-Markov source's checkpoints (`hmm_part`), one width of the scaling sweep (`scaling_point`), and the
-fit over the widths (`scaling_fit`); with the training that stops at log-spaced checkpoints to measure."""
+"""The kl experiment's two sources, each a module-level function that lab.parallel.run_tasks can hand to a worker:
+the Markov source's checkpoints, lens, KL by position and temperature (`markov_part`) and the hidden-Markov
+source's checkpoints (`hmm_part`)."""
 
 import dataclasses
-import math
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-
-from experiments.kl.config import RECIPE, SCALING_MODEL, SCALING_TRAIN, SCALING_WORLD, Config, Profile, sample_seed
+from experiments.kl.config import RECIPE, Config, sample_seed
 from experiments.kl.measure import (
     HeldOut,
-    Source,
     decompose,
     entropy_rate_check,
     ground_truth_lens,
     kl_by_position,
     lengths_in_words,
-    measure,
     model_logits,
-    paired_mean_se,
 )
+from experiments.kl.training import sequences, train_with_checkpoints
 from lab.data.sources import MarkovSource
-from lab.metrics.information import entropy, temperature_scan, to_bits, truncated_context_kl_of
-from lab.metrics.scaling import fit_power_law
+from lab.metrics.information import temperature_scan, to_bits, truncated_context_kl_of
 from lab.model import HookedTransformer, ModelConfig
-from lab.train import SequenceBatches, TrainConfig, train
+from lab.train import TrainConfig
 from lab.zoo import load_recipe, make_source
-
-
-def log_spaced_steps(steps: int, n: int) -> list[int]:
-    """n distinct steps, geometrically spaced from ≈ steps/200 to steps (fewer only if steps < n)."""
-    first = max(1, steps // 200)
-    points = np.unique(np.round(np.geomspace(first, steps, n)).astype(int))
-    while len(points) < min(n, steps):  # rounding merged some: fill in from the start
-        points = np.unique(np.r_[points, np.setdiff1d(np.arange(1, steps + 1), points)[0]])
-    return [int(s) for s in points]
-
-
-def train_with_checkpoints(
-    model: HookedTransformer,
-    cfg: TrainConfig,
-    data: SequenceBatches,
-    held_out: HeldOut,
-    n_checkpoints: int,
-    workdir: Path,
-) -> list[dict[str, Any]]:
-    """Train on cfg's schedule, stopping at log-spaced steps to measure (resuming from the checkpoint)."""
-    rows = []
-    for i, step in enumerate(log_spaced_steps(cfg.steps, n_checkpoints)):
-        train(model, cfg, data, out_dir=workdir, resume=i > 0, progress=False, stop_after=step)
-        rows.append({"step": step, "tokens_seen": step * cfg.batch_size * cfg.seq_len, **measure(model, held_out)})
-    shutil.rmtree(workdir / "checkpoint", ignore_errors=True)  # optimizer state: the weights are saved apart
-    return rows
-
-
-def sequences(source: Source, cfg: TrainConfig, seed: int, purpose: str) -> SequenceBatches:
-    """Fresh training sequences, one per batch row of the whole schedule, and a small validation draw."""
-    train_tokens = source.sample(cfg.steps * cfg.batch_size, cfg.seq_len, seed=sample_seed(seed, f"{purpose}-train"))
-    val_tokens = source.sample(64, cfg.seq_len, seed=sample_seed(seed, f"{purpose}-val"))
-    return SequenceBatches(torch.from_numpy(train_tokens), torch.from_numpy(val_tokens))
 
 
 def markov_setting(cfg: Config) -> tuple[MarkovSource, TrainConfig, ModelConfig]:
@@ -205,71 +163,3 @@ def truncated_context_kl(source: MarkovSource, width: int) -> float:
     H(X_{t+1} | last width tokens) − rate, exactly, from the joint π(c)·p(x|c)."""
     joint = source.stationary()[:, None] * source.transition  # [context, next]
     return float(truncated_context_kl_of(joint, source.vocab_size, width))
-
-
-def scaling_setting(profile: Profile, seed: int) -> tuple[MarkovSource, TrainConfig, HeldOut]:
-    source = make_source(SCALING_WORLD)
-    train_cfg = TrainConfig.from_dict(
-        SCALING_TRAIN
-        | {"steps": profile.scaling_steps, "seed": seed, "eval_interval": profile.scaling_steps, "eval_batches": 2}
-    )
-    held_out = HeldOut.draw(source, profile.eval_sequences, train_cfg.seq_len, sample_seed(seed, "scaling-eval"))
-    return source, train_cfg, held_out
-
-
-def scaling_point(profile: Profile, seed: int, d_model: int) -> dict[str, Any]:
-    """One width of the sweep trained on the sweep's tokens: its exact held-out loss over complete contexts
-    (for an order-k chain, prefix length ≥ k), whose entropy term has the entropy rate as its expectation."""
-    clock = time.perf_counter()
-    source, train_cfg, held_out = scaling_setting(profile, seed)
-    data = sequences(source, train_cfg, seed, "scaling")
-    architecture = SCALING_MODEL | {
-        "d_vocab": SCALING_WORLD["vocab_size"],
-        "tokenizer": f"markov-{SCALING_WORLD['vocab_size']}",
-    }
-    full = slice(held_out.complete_from, None)
-    model = HookedTransformer(
-        ModelConfig.from_dict(
-            architecture | {"d_model": d_model, "n_heads": heads_for(d_model, architecture["n_heads"])}
-        ),
-        seed=seed,
-    )
-    train(model, train_cfg, data, progress=False)
-    d = decompose(model_logits(model, held_out.tokens), held_out)
-    return {
-        "d_model": d_model,
-        "n_params": model.cfg.n_params(),
-        "loss_nats": float(d.cross_entropy[:, full].mean()),
-        "kl_nats": float(d.kl[:, full].mean()),
-        "eval_entropy_nats": float(d.entropy[:, full].mean()),
-        "seconds": time.perf_counter() - clock,
-    }
-
-
-def scaling_fit(points: list[dict[str, Any]], profile: Profile, seed: int) -> dict[str, Any]:
-    """The fit L(N) = E + A·N^(−α) over the widths' points, beside the true rate and the held-out entropy."""
-    source, train_cfg, held_out = scaling_setting(profile, seed)
-    full = slice(held_out.complete_from, None)
-    eval_entropy, eval_entropy_se = paired_mean_se(entropy(held_out.p[:, full]))
-    fit = fit_power_law([p["n_params"] for p in points], [p["loss_nats"] for p in points])
-    low, high = fit["E_ci95"]
-    return {
-        "points": points,
-        **fit,
-        "tokens": train_cfg.steps * train_cfg.batch_size * train_cfg.seq_len,
-        "source": source.to_dict(),
-        "true_entropy_nats": source.entropy_rate(),
-        # No model's expected loss is below the held-out entropy: an E under it extrapolates past the truth.
-        "heldout_entropy_nats": eval_entropy,
-        "heldout_entropy_se": eval_entropy_se,
-        "E_minus_heldout_entropy_nats": fit["E_nats"] - eval_entropy,
-        "E_ci95_below_heldout_entropy": bool(high < eval_entropy) if math.isfinite(high) else None,
-        "model": SCALING_MODEL,
-        "train": train_cfg.to_dict(),
-    }
-
-
-def heads_for(d_model: int, most: int) -> int:
-    """The most heads (≤ `most`) that split d_model into heads of an even width (ModelConfig checks the
-    rotary width, d_head by default, to be even even where positions are learned)."""
-    return max(h for h in range(1, most + 1) if d_model % h == 0 and (d_model // h) % 2 == 0)
