@@ -1,5 +1,5 @@
-"""Scripted experiments: one module (or package) per experiment, each with a `Config` dataclass and
-`run(cfg, out) -> dict`, and the registry that names them for the rest of Forma.
+"""Scripted experiments: one package per experiment, each exporting a `Config` dataclass, `run(cfg, out) -> dict`
+and `headlines(results)` (CONTRACT), and the registry that names them for the rest of Forma.
 
 `forma run NAME [--quick] [--out DIR] [--seed N] [--model M]` builds the Config, creates the run
 folder (lab.runs), calls run(cfg, out) — which writes its tables and figures into `out` — and writes the
@@ -7,16 +7,17 @@ returned dict as results.json, last and atomically.
 
 REGISTRY is the one list of experiments: `forma run`'s choices, the dashboard's pages (dashboards/<name>.py,
 in this order, under these titles), the dashboard benchmark's pages and the tests that go through every
-experiment all read it. A new experiment is a module here, a page dashboards/<name>.py and one entry below
-(tests/test_experiments_registry.py holds the three together). This module imports only the standard library:
-the CLI's `--help` and the dashboard read it without loading torch.
+experiment all read it. How to add one — a package experiments/<name>/, a page dashboards/<name>.py and one entry
+below — is docs/design.md, "Add an experiment" (tests/test_experiments_registry.py builds its example and holds
+package, entry and page together). This module imports only the standard library: the CLI's `--help` and the
+dashboard read it without loading torch.
 """
 
 import dataclasses
 import importlib
 from types import ModuleType
 
-CONTRACT = ("Config", "run")
+CONTRACT = ("Config", "run", "headlines")  # what an experiment's package exports
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,11 +61,16 @@ def experiment(name: str) -> Experiment:
 
 
 def load(name: str) -> ModuleType:
-    names = experiment_names()
-    if name not in names:
-        raise ValueError(f"unknown experiment {name!r}; experiments: {', '.join(names) or 'none'}")
+    """The registered experiment `name`'s package, once it holds the contract (docs/design.md, "Add an experiment");
+    a ValueError for a name the registry does not hold, a TypeError for a plain module or a missing export."""
+    experiment(name)
     module = importlib.import_module(f"experiments.{name}")
+    if not hasattr(module, "__path__"):
+        raise TypeError(f"experiments.{name} must be a package experiments/{name}/, not a module {name}.py")
     missing = [attr for attr in CONTRACT if not hasattr(module, attr)]
     if missing or not dataclasses.is_dataclass(module.Config):
-        raise TypeError(f"experiments.{name} must define a dataclass Config and run(cfg, out); missing {missing}")
+        raise TypeError(
+            f"experiments.{name} must export a dataclass Config, run(cfg, out) and headlines(results); "
+            f"missing {', '.join(missing) or 'a dataclass Config'}"
+        )
     return module

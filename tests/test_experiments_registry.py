@@ -1,7 +1,10 @@
 """experiments.REGISTRY is the one list of experiments: every experiment module is in it, each entry has its
 module and its dashboard page, and the CLI, the dashboard and the dashboard benchmark read their lists from it."""
 
+import ast
 import pkgutil
+import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,21 +41,74 @@ def test_the_registry_names_each_experiment_once():
         experiments.experiment("nope")
 
 
-def test_the_experiments_page_states_the_contract_the_registry_holds(tmp_path, monkeypatch):
-    """docs/experiments.md names every registered experiment, and what it says a new one takes is what it takes: a
-    module with Config and run is refused until REGISTRY names it, and then loads."""
+def guide() -> str:
+    """docs/design.md's "Add an experiment" section: the experiments' contract."""
+    text = (REPO / "docs" / "design.md").read_text()
+    return text[text.index("\n## Add an experiment\n") :]
+
+
+def guide_blocks() -> list[str]:
+    return re.findall(r"```(?:python|py)\n(.*?)```", guide(), flags=re.S)
+
+
+def test_the_experiments_page_lists_the_registry_and_points_to_the_one_contract():
+    """docs/experiments.md names the registered experiments, in the registry's order, and leaves the contract to
+    docs/design.md's guide; the registry's module points there too."""
     text = (REPO / "docs" / "experiments.md").read_text()
-    assert all(f"`{name}`" in text for name in experiments.experiment_names())
-    assert "`experiments.REGISTRY`" in text and "`dashboards/NAME.py`" in text
-    (tmp_path / "toy.py").write_text(
-        "import dataclasses\n\n@dataclasses.dataclass\nclass Config:\n"
-        "    seed: int = 0\n\ndef run(cfg, out):\n    return {}\n"
-    )
-    monkeypatch.setattr(experiments, "__path__", [*experiments.__path__, str(tmp_path)])
+    paragraph = text[text.index("The experiments measure") : text.index("The ones\ninstalled here")]
+    assert re.findall(r"`(\w+)` —", paragraph) == experiments.experiment_names()
+    assert '"Add an\nexperiment"' in text or '"Add an experiment"' in text
+    assert "Add an experiment" in experiments.__doc__
+    assert all(f"`{attr}`" in guide() for attr in experiments.CONTRACT)
+
+
+def test_the_add_an_experiment_guide_makes_an_experiment_forma_runs(tmp_path, monkeypatch, capsys, request):
+    """The guide's files, written exactly as docs/design.md shows them, and its REGISTRY entry make an experiment
+    that `experiments.load` loads, `forma run --help` lists, the dashboard gives a page, and `forma run` runs into
+    a finished run folder whose headlines are the package's `headlines`. Before the entry it is refused, and so is
+    the same code as a plain module."""
+    from lab.cli import build_parser, main
+    from lab.runs import read_results
+
+    files, entry = {}, None
+    for block in guide_blocks():
+        first, _, rest = block.partition("\n")
+        if first.startswith("# experiments/") or first.startswith("# dashboards/"):
+            files[first.removeprefix("# ")] = rest
+        elif first.startswith("Experiment("):
+            call = ast.parse(first.rstrip(",")).body[0].value
+            entry = experiments.Experiment(*map(ast.literal_eval, call.args))
+    assert set(files) == {"experiments/toy/__init__.py", "dashboards/toy.py"} and entry is not None
+    package = tmp_path / "experiments" / "toy"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(files["experiments/toy/__init__.py"])
+    compile(files["dashboards/toy.py"], "dashboards/toy.py", "exec")  # the page: Python, run by the dashboard
+    monkeypatch.setattr(experiments, "__path__", [*experiments.__path__, str(tmp_path / "experiments")])
+    request.addfinalizer(lambda: [sys.modules.pop(f"experiments.{n}", None) for n in ("toy", "toy2")])
     with pytest.raises(ValueError, match="unknown experiment 'toy'"):
         experiments.load("toy")
-    monkeypatch.setattr(experiments, "REGISTRY", (*experiments.REGISTRY, experiments.Experiment("toy", "Toy", "Toy")))
-    assert experiments.load("toy").run(experiments.load("toy").Config(), tmp_path) == {}
+
+    monkeypatch.setattr(experiments, "REGISTRY", (*experiments.REGISTRY, entry))
+    module = experiments.load("toy")
+    assert set(experiments.CONTRACT) <= set(vars(module))
+    assert ("toy", entry.nav) in pages()
+    run = build_parser()._subparsers._group_actions[0].choices["run"]
+    assert "toy" in next(a for a in run._actions if a.dest == "name").choices
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    assert "toy" in capsys.readouterr().out
+
+    assert main(["run", "toy", "--quick", "--out", str(tmp_path / "run")]) == 0
+    results = read_results(tmp_path / "run")
+    assert results["headlines"] == module.headlines(results) and results["headlines"][0]["supported"] in (True, False)
+    assert main(["run", "toy", "--workers", "2"]) == 2
+    assert "takes no --workers" in capsys.readouterr().err
+
+    # The same code as a plain module experiments/toy2.py is refused: an experiment is a package.
+    (tmp_path / "experiments" / "toy2.py").write_text(files["experiments/toy/__init__.py"])
+    monkeypatch.setattr(experiments, "REGISTRY", (*experiments.REGISTRY, experiments.Experiment("toy2", "T", "T")))
+    with pytest.raises(TypeError, match="must be a package experiments/toy2/"):
+        experiments.load("toy2")
 
 
 def test_the_dashboard_shows_a_page_per_registered_experiment_in_the_registrys_order():
