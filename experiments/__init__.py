@@ -10,12 +10,18 @@ in this order, under these titles), the dashboard benchmark's pages and the test
 experiment all read it. How to add one — a package experiments/<name>/, a page dashboards/<name>.py and one entry
 below — is docs/design.md, "Add an experiment" (tests/test_experiments_registry.py builds its example and holds
 package, entry and page together). This module imports only the standard library: the CLI's `--help` and the
-dashboard read it without loading torch.
+dashboard read it without loading torch (lab.configs, for `local_or_synthetic`, imports only the standard library
+too).
 """
 
 import dataclasses
 import importlib
+from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
+from typing import Any
+
+from lab.configs import torch_threads
 
 CONTRACT = ("Config", "run", "headlines")  # what an experiment's package exports
 
@@ -74,3 +80,29 @@ def load(name: str) -> ModuleType:
             f"missing {', '.join(missing) or 'a dataclass Config'}"
         )
     return module
+
+
+def local_or_synthetic(
+    synthetic: Callable[[Any, Path], dict[str, Any]],
+    local: Callable[[Any, Path, Any], dict[str, Any]],
+    read_local: Callable[[Any], Any],
+) -> tuple[Callable[[Any], Any], Callable[..., dict[str, Any]]]:
+    """(read_inputs, run) of an experiment that trains its own model or, given `cfg.model`, measures a local one on a
+    file (calibration with --mmlu, monitor with --qa). read_inputs(cfg) is `read_local(cfg)` — the model and the file,
+    read and checked before `forma run` makes the run folder — and None for the synthetic experiment;
+    run(cfg, out, inputs=None) makes `out` and runs `local(cfg, out, inputs)` or `synthetic(cfg, out)`. Both run
+    torch on cfg.threads threads."""
+
+    def read_inputs(cfg: Any) -> Any:
+        if cfg.model is None:
+            return None
+        with torch_threads(cfg.threads):
+            return read_local(cfg)
+
+    def run(cfg: Any, out: Path, inputs: Any = None) -> dict[str, Any]:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        with torch_threads(cfg.threads):
+            return synthetic(cfg, out) if cfg.model is None else local(cfg, out, inputs)
+
+    return read_inputs, run

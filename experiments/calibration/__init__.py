@@ -79,9 +79,7 @@ reported on test, and P(IK)), `p_true`, `english` (token-level calibration), `mm
 from `experiments.calibration` itself.
 """
 
-from pathlib import Path
-from typing import Any
-
+from experiments import local_or_synthetic
 from experiments.calibration.config import EXPOSURE_BINS, N_OPTIONS, QUICK, Config
 
 # Every name the experiment had as one module, where it lives now: tests, docs and other experiments import
@@ -156,28 +154,7 @@ from experiments.calibration.summary import (
     verdict_headline,
 )
 from experiments.calibration.synthetic import Evaluation, evaluate, run_synthetic
-from lab.configs import torch_threads
 
-
-# --------------------------------------------------------------------------------------------
-# The experiment
-# --------------------------------------------------------------------------------------------
-def read_inputs(cfg: Config) -> LocalInputs | None:
-    """With cfg.model, the MMLU file, the model and the prompts, each checked (`read_mmlu_inputs`): what `forma run`
-    reads before it makes the run folder. The synthetic experiment reads nothing from outside: None."""
-    if cfg.model is None:
-        return None
-    with torch_threads(cfg.threads):
-        return read_mmlu_inputs(cfg)
-
-
-def run(cfg: Config, out: Path, inputs: LocalInputs | None = None) -> dict[str, Any]:
-    """The synthetic experiment (or, with cfg.model, lettered multiple choice of a local HF model on
-    cfg.mmlu, from `inputs` = read_inputs(cfg) when given); tables and figures into `out`; returns results.json's
-    dict."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    with torch_threads(cfg.threads):
-        if cfg.model is not None:
-            return run_hf(cfg, out, inputs)
-        return run_synthetic(cfg, out)
+# run: the synthetic experiment, or with cfg.model the local model measured on its file (`run_hf`); read_inputs:
+# that model and file, read before the run folder is made (`read_mmlu_inputs`).
+read_inputs, run = local_or_synthetic(run_synthetic, run_hf, read_mmlu_inputs)
