@@ -9,9 +9,8 @@ REGISTRY is the one list of experiments: `forma run`'s choices, the dashboard's 
 in this order, under these titles), the dashboard benchmark's pages and the tests that go through every
 experiment all read it. How to add one — a package experiments/<name>/, a page dashboards/<name>.py and one entry
 below — is docs/design.md, "Add an experiment" (tests/test_experiments_registry.py builds its example and holds
-package, entry and page together). This module imports only the standard library: the CLI's `--help` and the
-dashboard read it without loading torch (lab.configs, for `local_or_synthetic`, imports only the standard library
-too).
+package, entry and page together). This module imports only the standard library and lab.configs (which imports
+only the standard library): the CLI's `--help` and the dashboard read it without loading torch.
 """
 
 import dataclasses
@@ -19,9 +18,9 @@ import importlib
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, ClassVar
 
-from lab.configs import torch_threads
+from lab.configs import check_fields, need, torch_threads
 
 CONTRACT = ("Config", "run", "headlines")  # what an experiment's package exports
 
@@ -106,3 +105,26 @@ def local_or_synthetic(
             return synthetic(cfg, out) if cfg.model is None else local(cfg, out, inputs)
 
     return read_inputs, run
+
+
+@dataclasses.dataclass
+class ProfileConfig:
+    """The Config of an experiment whose sizes are one of two fixed profiles (kl, scoreboard): `seed` seeds the
+    models, the batch order and every draw from the worlds; `quick` picks the small profile (tests and the demo);
+    `workers` processes share the independent parts (lab.parallel), and results do not depend on it. A subclass
+    names its profiles in PROFILES, (default, quick)."""
+
+    PROFILES: ClassVar[tuple[Any, Any]]
+
+    seed: int = 0
+    quick: bool = False
+    workers: int = 2
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        need(self, self.seed >= 0, f"seed must be a non-negative integer, got {self.seed!r}")
+        need(self, self.workers >= 1, f"workers must be a positive integer, got {self.workers!r}")
+
+    @property
+    def profile(self) -> Any:
+        return self.PROFILES[self.quick]
