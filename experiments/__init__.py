@@ -108,6 +108,29 @@ def local_or_synthetic(
 
 
 @dataclasses.dataclass
+class ModelTraining:
+    """The model and its training in the experiments that train a transformer on a fact world (calibration, monitor,
+    hallucination): its width, depth and heads, the batch, and AdamW's peak and final learning rates after a linear
+    warm-up. Their Config subclasses it: the fields stay flat (`cfg.d_model`, config.json's keys)."""
+
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    batch_size: int = 64
+    lr: float = 3e-3
+    min_lr: float = 3e-4
+    warmup_steps: int = 50
+
+    def check_model_training(self) -> None:
+        """What every such model and training needs, said with lab.configs.need (after check_fields)."""
+        for name in ("d_model", "n_layers", "n_heads", "batch_size"):
+            need(self, getattr(self, name) > 0, f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        need(self, self.warmup_steps >= 0, f"warmup_steps must be ≥ 0, got {self.warmup_steps!r}")
+        need(self, 0 < self.min_lr <= self.lr, "need 0 < min_lr ≤ lr")
+        need(self, self.d_model % self.n_heads == 0, "d_model must be a multiple of n_heads")
+
+
+@dataclasses.dataclass
 class ProfileConfig:
     """The Config of an experiment whose sizes are one of two fixed profiles (kl, scoreboard): `seed` seeds the
     models, the batch order and every draw from the worlds; `quick` picks the small profile (tests and the demo);
