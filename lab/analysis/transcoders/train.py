@@ -4,8 +4,8 @@ one process or on the ranks of a torch.distributed group (torchrun: gloo on CPU)
 
     DataOrder        which rows make batch `step`: a function of (seed, step) alone. An epoch visits the shards in
                      a permuted order and each shard's rows in a permuted order; memory is one shard and one batch.
-                     A data-parallel rank takes its contiguous slice of each batch; a module-parallel rank reads
-                     only its layers' hooks.
+                     A data-parallel rank reads only its contiguous slice of each batch (only the shards it lies
+                     in); a module-parallel rank reads only its layers' hooks.
     Objective        a batch's loss (per-layer fraction of variance unexplained, summed, plus the sparsity penalty:
                      λ Σ a_i ‖d_i‖ for ReLU, λ L0 for JumpReLU, none for top-k) as sums over rows divided by the
                      whole batch's rows, so that the ranks' slices add up to it; per-layer transcoders one layer at
@@ -420,9 +420,10 @@ def train_transcoders(  # noqa: C901 (one path per parallel layout)
 
     In one process, or on every rank of a torch.distributed group (torchrun), each rank calling it alike:
 
-        parallel="data"      every rank trains every layer on a contiguous slice of each batch, the gradients
-                             averaged by DistributedDataParallel: the whole batch's gradient, up to the order of
-                             floating-point sums (a cross-layer transcoder trains this way only)
+        parallel="data"      every rank trains every layer on a contiguous slice of each batch (reading only the
+                             shards it lies in), the gradients averaged by DistributedDataParallel: the whole batch's
+                             gradient, up to the order of floating-point sums (a cross-layer transcoder trains this
+                             way only)
         parallel="modules"   each rank trains a contiguous share of the layers (`lab.distributed.share`) on whole
                              batches, reading only their hooks: each layer's weights are the bits one process gives
 
