@@ -106,8 +106,8 @@ def test_a_ranks_slice_of_each_batch_reads_only_the_shards_it_lies_in(harvest, m
         for shard in whole.shard_order(epoch)
         for _ in range(int(store.index["shards"][shard]["rows"]))
     ]
-    real, read = store.shard, []
-    monkeypatch.setattr(store, "shard", lambda i, names=None: read.append(i) or real(i, names))
+    real, read, hooks = store.shard, [], []
+    monkeypatch.setattr(store, "shard", lambda i, names=None: read.append(i) or hooks.append(names) or real(i, names))
     all_read = []
     for rank in range(world):
         mine = slice(rank * batch // world, (rank + 1) * batch // world)
@@ -122,3 +122,7 @@ def test_a_ranks_slice_of_each_batch_reads_only_the_shards_it_lies_in(harvest, m
     for _ in zip(range(steps), whole.batches(start)):
         pass
     assert max(all_read) < len(read)
+    hooks.clear()  # a module-parallel rank's reader: its layers' hooks alone, of whole batches
+    for (_, x, y), (_, x2, y2) in zip(DataOrder(store, cfg, batch, 3, layers=[1]).batches(start), expected[:2]):
+        assert torch.equal(x, x2[:, 1:2]) and torch.equal(y, y2[:, 1:2])
+    assert hooks and all(names == [cfg.hook("input", 1), cfg.hook("output", 1)] for names in hooks)
