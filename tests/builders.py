@@ -13,6 +13,7 @@ from lab import HookedTransformer, ModelConfig
 
 VOCAB = 100
 REPO = Path(__file__).resolve().parents[1]
+TESTS = REPO / "tests"
 # The intra-op thread count a user's process gets (torch's default for this machine, or OMP_NUM_THREADS), read
 # before any fixture pins one.
 USER_THREADS = torch.get_num_threads()

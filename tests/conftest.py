@@ -15,7 +15,7 @@ import torch
 import lab.zoo as zoo
 from lab import HookedTransformer
 from lab.configs import torch_threads
-from tests.builders import REPO, USER_THREADS, VOCAB, quick_argv, rerun_argv, run_bash, tiny_config
+from tests.builders import REPO, TESTS, USER_THREADS, VOCAB, quick_argv, rerun_argv, run_bash, tiny_config
 
 SAME_SEED = "test_the_same_seed_gives_the_same_results"
 BACKGROUND = pytest.StashKey["Background"]()
@@ -86,33 +86,32 @@ class Background:
 # What `make test-fast` leaves out (docs/testing.md): tests that read an experiment's quick run or its rerun
 # (subprocesses of the background queue below), fork `forma` commands (the fault trials' fork server), start
 # torchrun, and the files whose tests start processes of their own (the CLI end to end, the offline guard, the
-# docs' examples, benchmarks, process pools, distributed training, the dashboard's pages).
+# docs' examples, benchmarks, process pools, distributed training, the dashboard's pages), by path under tests/.
 PROCESS_FIXTURES = {"quick_run", "quick_rerun", "fault_zygote", "torchrun_demo"}
 PROCESS_MODULES = {
-    "test_benchmarks",
-    "test_benchmarks_distributed",
-    "test_browser",
-    "test_cli_datasets",
-    "test_dashboard",
-    "test_dashboard_graphs",
-    "test_distributed",
-    "test_docs",
-    "test_offline",
-    "test_parallel",
-    "test_readme",
-    "test_reliability_cli",
-    "test_reliability_dashboard",
-    "test_reliability_runs",
-    "test_resume_faults",
-    "test_transcoders_distributed",
+    "benchmarks/test_benchmarks.py",
+    "benchmarks/test_benchmarks_distributed.py",
+    "browser/test_browser.py",
+    "dashboards/test_dashboard.py",
+    "dashboards/test_dashboard_graphs.py",
+    "faults/test_offline.py",
+    "faults/test_reliability_cli.py",
+    "faults/test_reliability_dashboard.py",
+    "faults/test_reliability_runs.py",
+    "faults/test_resume_faults.py",
+    "lab/analysis/test_transcoders_distributed.py",
+    "lab/cli/test_cli_datasets.py",
+    "lab/test_distributed.py",
+    "lab/test_parallel.py",
+    "test_docs.py",
+    "test_readme.py",
 }
 
 
 def pytest_itemcollected(item):
     """Mark `processes` (see PROCESS_FIXTURES): made at collection, so that `-m "not processes"` can select."""
-    module = getattr(item, "module", None)
     if PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())) or (
-        module is not None and module.__name__.rpartition(".")[2] in PROCESS_MODULES
+        item.path.relative_to(TESTS).as_posix() in PROCESS_MODULES
     ):
         item.add_marker(pytest.mark.processes)
 
@@ -219,7 +218,8 @@ def fault_zygote():
 def torchrun_demo(tmp_path_factory):
     """(folder, code, done): docs/torchrun.md's block that runs two ranks under torchrun, run once for the session
     in `folder` (it writes runs/ddp-demo/ there). The page's example (tests/test_docs.py) and the check that two
-    ranks match one process (tests/test_train.py) read the same launch: each launch costs seconds of start-up."""
+    ranks match one process (tests/lab/train/test_train.py) read the same launch: each launch costs seconds of
+    start-up."""
     from tests.test_docs import DOCS, blocks
 
     (code,) = [code for language, code, _ in blocks(DOCS / "torchrun.md") if language == "bash" and "torchrun" in code]

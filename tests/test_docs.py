@@ -5,7 +5,7 @@ names), in a fresh temporary working directory. A ```bash block runs only when t
 fence is `<!-- run -->`, in the same directory, between the python blocks around it; every other
 bash block is shown, not run (installing, starting servers, commands that need a trained zoo model
 or a GPU). docs/torchrun.md's torchrun block is launched once a session (tests/conftest.py::torchrun_demo,
-read by tests/test_train.py too), in a folder of its own whose files are copied into the page's.
+read by tests/lab/train/test_train.py too), in a folder of its own whose files are copied into the page's.
 """
 
 import re
@@ -108,7 +108,7 @@ def test_page_examples_run(page, tmp_path, monkeypatch, request):
             exec(compile("\n" * line + code, str(page), "exec"), namespace)
         elif page.stem == "torchrun" and "torchrun" in code:
             # The session's launch of this very block (tests/conftest.py::torchrun_demo, which
-            # tests/test_train.py reads too), run in its own folder: what it wrote is copied here.
+            # tests/lab/train/test_train.py reads too), run in its own folder: what it wrote is copied here.
             folder, launched, done = request.getfixturevalue("torchrun_demo")
             assert code == launched
             assert done.returncode == 0, f"{where} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"

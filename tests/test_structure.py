@@ -83,8 +83,9 @@ REEXPORTS_LEFT = {
     ("lab/model/transformer.py", "lab.model.checkpoint"),
     ("lab/model/transformer.py", "lab.model.memory"),
     ("lab/metrics/calibration.py", "lab.metrics.discrimination"),
-    ("tests/test_question_files.py", "tests.test_calibration_experiment"),  # fixtures, bound for conftest
-    ("tests/test_question_files.py", "tests.test_monitor_experiment"),
+    # fixtures, bound for conftest
+    ("tests/faults/test_question_files.py", "tests.experiments.test_calibration_experiment"),
+    ("tests/faults/test_question_files.py", "tests.experiments.test_monitor_experiment"),
 }
 
 
@@ -402,18 +403,19 @@ def test_the_graph_sees_imports_inside_functions(tmp_path):
 
 
 def test_the_testing_page_maps_the_suite_as_it_is():
-    """docs/testing.md names every file under tests/, every file it names exists, every `make` target it names is
-    one of the Makefile's, and every module whose tests conftest marks `processes` is among the page's."""
+    """docs/testing.md names every file under tests/ (but the packages' empty __init__.py), every file it names
+    exists, every `make` target it names is one of the Makefile's, and every module whose tests conftest marks
+    `processes` is among the page's."""
     from tests.conftest import PROCESS_MODULES
 
     page = (REPO / "docs" / "testing.md").read_text()
-    files = {str(path.relative_to(REPO)) for path in (REPO / "tests").rglob("*.py")}
+    files = {str(path.relative_to(REPO)) for path in (REPO / "tests").rglob("*.py") if path.name != "__init__.py"}
     named = set(re.findall(r"tests/[\w/]+\.py", page))
     assert files - named == set(), "name these on docs/testing.md"
     assert named - files == set(), "docs/testing.md names files that are not there"
     targets = set(re.findall(r"^([\w-]+):", (REPO / "Makefile").read_text(), re.M))
     assert set(re.findall(r"`make ([\w-]+)`", page)) - targets == set()
-    assert {f"tests/{name}.py" for name in PROCESS_MODULES} <= named
+    assert {f"tests/{path}" for path in PROCESS_MODULES} <= named
 
 
 def figures() -> dict[str, object]:

@@ -10,6 +10,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks import real_sizes, timing
 from lab import HookedTransformer, ModelConfig
+from tests.builders import REPO
 
 GPT2_LIKE = ModelConfig(d_vocab=97, d_model=64, n_layers=2, n_heads=4, n_ctx=32, mlp="gelu_tanh")
 LLAMA_LIKE = ModelConfig(
@@ -134,9 +135,8 @@ def test_gpu_script_without_a_gpu_says_so_and_runs_nothing(tmp_path):
     import os
     import subprocess
     import sys
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = REPO
     before = sorted((root / "benchmarks" / "results").glob("*_cuda.json"))
     env = os.environ | {"PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": "", "OUT": str(tmp_path)}
     done = subprocess.run(
@@ -242,9 +242,8 @@ def test_the_gpu_script_runs_every_benchmark_of_the_real_sizes_issue_with_a_devi
     (GPU_BENCHMARKS), and each of those takes --device, so the script runs it on the GPU (`--device cuda`)
     rather than skipping it."""
     import re
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = REPO
     script = (root / "benchmarks" / "gpu.sh").read_text()
     listed = re.search(r"^BENCHMARKS=\(\n(.*?)^\)", script, flags=re.S | re.M).group(1)
     modules = [line.strip().strip('"').split()[0] for line in listed.splitlines() if line.strip()]

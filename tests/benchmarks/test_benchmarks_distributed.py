@@ -5,11 +5,9 @@ timed launches themselves run only in the benchmark."""
 
 import json
 import re
-from pathlib import Path
 
 from benchmarks import summary
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.builders import REPO
 
 
 def test_the_summary_shows_the_scaling_the_results_file_holds():
@@ -39,7 +37,7 @@ def test_the_summary_shows_the_scaling_the_results_file_holds():
 
 
 def test_the_gpu_script_runs_it_on_the_gpu():
-    script = (ROOT / "benchmarks" / "gpu.sh").read_text()
+    script = (REPO / "benchmarks" / "gpu.sh").read_text()
     listed = re.search(r"^BENCHMARKS=\(\n(.*?)^\)", script, flags=re.DOTALL | re.MULTILINE).group(1)
     assert any(line.strip().strip('"').split()[0] == "distributed" for line in listed.splitlines() if line.strip())
-    assert '"--device"' in (ROOT / "benchmarks" / "distributed.py").read_text()
+    assert '"--device"' in (REPO / "benchmarks" / "distributed.py").read_text()

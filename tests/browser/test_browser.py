@@ -18,9 +18,10 @@ import experiments
 import lab.zoo as zoo
 from lab import HookedTransformer, ModelConfig
 from lab.cli import dashboard_command, free_port, wait_until_serving
+from tests.builders import REPO
 
 CHROMIUM = "/usr/bin/chromium"
-SCREENSHOTS = Path(__file__).resolve().parent / "screenshots"
+SCREENSHOTS = REPO / "tests" / "screenshots"
 RENDERED = "[data-testid='stApp'][data-test-connection-state='CONNECTED'][data-test-script-state='notRunning']"
 
 if not Path(CHROMIUM).exists():
@@ -431,7 +432,7 @@ def test_every_experiment_page_reads_right_and_agrees_with_its_headlines(server,
     right (READS_RIGHT). On calibration, the checkpoint selector sits above what it controls, starts at the end of
     training (what the headlines describe), and every section names the checkpoint it shows."""
     from dashboards.common import figures
-    from tests.test_dashboard import long_numbers
+    from tests.dashboards.test_dashboard import long_numbers
 
     folder = quick_run(path)
     results = json.loads((folder / "results.json").read_text())

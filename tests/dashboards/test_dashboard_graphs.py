@@ -79,7 +79,15 @@ def test_the_page_draws_a_prompts_graph_saves_supernodes_and_exports(zoo_dir):
 
 @pytest.mark.browser
 def test_the_page_in_a_browser_draws_the_graph_and_shows_a_clicked_feature(tmp_path):
-    from tests.test_browser import CHROMIUM, SCREENSHOTS, no_exceptions, open_page, reads_right, serve, wait_rendered
+    from tests.browser.test_browser import (
+        CHROMIUM,
+        SCREENSHOTS,
+        no_exceptions,
+        open_page,
+        reads_right,
+        serve,
+        wait_rendered,
+    )
 
     if not Path(CHROMIUM).exists():
         if os.environ.get("CI") == "true":

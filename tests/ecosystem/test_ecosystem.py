@@ -1,6 +1,6 @@
 """The interpretability tools researchers already use run on Forma models: nnsight through the explicit-paths
 switch, tuned-lens on the exported Hugging Face model, CircuitsVis from a Forma cache, offline.
-(TransformerLens's own analysis code: tests/test_tl_protocol.py; SAELens: tests/sae/test_saelens.py.)"""
+(TransformerLens's own analysis code: tests/ecosystem/test_tl_protocol.py; SAELens: tests/sae/test_saelens.py.)"""
 
 import os
 import re

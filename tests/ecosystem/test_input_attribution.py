@@ -24,6 +24,7 @@ from lab.analysis.input_attribution import (
     resample_effects,
     top_tokens,
 )
+from tests.builders import REPO
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 VOCAB = 24
@@ -180,9 +181,7 @@ def test_an_unknown_method_or_target_is_refused():
 # install beside Forma (docs/ecosystem.md). It runs in .venv-inseq (constraints.txt with typeguard 2.13.3, inseq
 # 0.7.1 and its own dependencies; or $FORMA_INSEQ_PYTHON) on the exported Hugging Face folder, and hands back its
 # attributions as files.
-INSEQ_PYTHON = Path(
-    os.environ.get("FORMA_INSEQ_PYTHON", Path(__file__).resolve().parents[1] / ".venv-inseq/bin/python")
-)
+INSEQ_PYTHON = Path(os.environ.get("FORMA_INSEQ_PYTHON", REPO / ".venv-inseq/bin/python"))
 INSEQ_SCRIPT = """
 import json, sys
 import numpy as np, inseq

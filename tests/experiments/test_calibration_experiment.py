@@ -13,7 +13,7 @@ from experiments import calibration as experiment
 from lab.analysis.probes import VERDICTS
 from lab.cli import main
 from lab.metrics.calibration import MIN_PER_CLASS, ece, fit_temperature, nll, softmax
-from tests.builders import VOCAB, hf_gpt2
+from tests.builders import REPO, VOCAB, hf_gpt2
 
 BLOCK_KEYS = {
     "n",
@@ -408,7 +408,6 @@ def test_the_partial_checkpoint_is_chosen_on_the_format_persons_never_on_those_i
     """The stage before the end whose recall of the format persons is nearest the target: where the evaluation
     persons' recall would choose another stage, the format persons' choice stands; the quick run and the committed
     default run (docs/measured/runs/calibration.json) record the stage this rule picks, and its recalls."""
-    from pathlib import Path
 
     from experiments.calibration.setting import partial_stage
 
@@ -422,7 +421,7 @@ def test_the_partial_checkpoint_is_chosen_on_the_format_persons_never_on_those_i
     assert partial_stage(stages[:1], 0.6, 10) is None
     stages[1]["recall_selection"] = stages[0]["recall_selection"]
     assert partial_stage(stages, 0.6, 30) == 0  # a tie: the earlier stage
-    reference = json.loads((Path(__file__).resolve().parents[1] / "docs/measured/runs/calibration.json").read_text())
+    reference = json.loads((REPO / "docs/measured/runs/calibration.json").read_text())
     for results in (quick[0], reference):
         training = results["training"]
         chosen = training["stages"][

@@ -2,14 +2,12 @@
 module and its dashboard page, and the CLI, the dashboard and the dashboard benchmark read their lists from it."""
 
 import pkgutil
-from pathlib import Path
 
 import pytest
 
 import experiments
 from dashboards.pages import page_file, pages
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.builders import REPO
 
 
 def test_every_experiment_module_is_registered_and_every_entry_has_a_module_and_a_page():

@@ -13,15 +13,15 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 import experiments
 from lab.analysis.probes import judge_readouts
+from tests.builders import REPO
 
-REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "measured" / "runs"
+REFERENCE = REPO / "docs" / "measured" / "runs"
 Results = dict[str, Any]
 
 
@@ -495,7 +495,7 @@ EQUATIONS = [
     Claim(
         r"\w+",
         "the check's measured value against the equation's, within its tolerance (each check is "
-        "handed a wrong implementation in tests/test_equations.py)",
+        "handed a wrong implementation in tests/experiments/test_equations.py)",
         false=_check_fails,
     )
 ]
@@ -666,7 +666,7 @@ def test_every_headline_is_supported_where_its_claim_holds_and_not_where_it_fail
 
 
 def table() -> str:
-    """The table of every headline with the test behind it (`python -m tests.test_headlines_can_fail`)."""
+    """The table of every headline with the test behind it (`python -m tests.experiments.test_headlines_can_fail`)."""
     lines = ["| experiment | headline | the test behind it |", "|---|---|---|"]
     for name, claims in CLAIMS.items():
         for claim in claims:

@@ -3,13 +3,13 @@ committed default-profile run (docs/measured/runs/<experiment>.json, recorded by
 too, pointing the same way; and every headline a run cannot support says why in words."""
 
 import json
-from pathlib import Path
 
 import pytest
 
 import experiments
+from tests.builders import REPO
 
-REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "measured" / "runs"
+REFERENCE = REPO / "docs" / "measured" / "runs"
 FIELDS = {"name", "sentence", "value", "interval", "direction", "supported", "why_not"}
 
 

@@ -6,14 +6,11 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
-from tests.builders import hf_gpt2
-from tests.test_calibration_experiment import letter_tokenizer
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.builders import REPO, hf_gpt2
+from tests.experiments.test_calibration_experiment import letter_tokenizer
 
 # Loaded by the subprocess's `site` at start-up (it is first on PYTHONPATH): every way Python opens a
 # connection or resolves a name writes the attempt, with its stack, to FORMA_NETWORK_LOG and fails.

@@ -18,8 +18,8 @@ import torch
 
 from lab.cli import main
 from tests.builders import REPO, tiny_config
-from tests.test_dashboard import page, rendered, texts
-from tests.test_strict_loading import gpt2_folder, rewrite_weights
+from tests.dashboards.test_dashboard import page, rendered, texts
+from tests.lab.hf.test_strict_loading import gpt2_folder, rewrite_weights
 
 ENV = os.environ | {"PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 

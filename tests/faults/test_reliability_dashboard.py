@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from lab import HookedTransformer, ModelConfig
-from tests.test_dashboard import EXPERIMENT_PAGES, page, rendered, texts, tiny_pydoc
+from tests.dashboards.test_dashboard import EXPERIMENT_PAGES, page, rendered, texts, tiny_pydoc
 
 STAMP = "2026-01-01T00-00-00Z"
 

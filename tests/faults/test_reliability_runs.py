@@ -29,9 +29,8 @@ from lab.runs import (
     without_timings,
     write_json,
 )
+from tests.builders import REPO
 from tests.fault_zygote import Forks
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
@@ -253,7 +252,7 @@ def test_save_figure_never_lets_plotly_write_the_bundle_itself(tmp_path, monkeyp
 TOY_SCRIPT = """
 import sys
 from lab.runs import run_and_record
-from tests.test_reliability_runs import toy_run
+from tests.faults.test_reliability_runs import toy_run
 run_and_record("toy", {"seed": 0}, toy_run, out=sys.argv[1], seed=0)
 """
 

@@ -25,9 +25,9 @@ from safetensors.torch import load_file
 
 import lab.zoo as zoo
 from lab.train import CHECKPOINT_FILES
+from tests.builders import REPO
 from tests.fault_zygote import ENV, Forks
 
-REPO = Path(__file__).resolve().parents[1]
 SEED = 16  # seeds the kill moments
 # Shorter quick recipes: the same code paths on less data, a checkpoint every few steps, seconds a build.
 SHORTER = {

@@ -1,6 +1,6 @@
 """lab.distributed in one process: parts that never depend on the world size, shares that cover a list once, the
 claim of what is done and what is left, the plan a rerun must match, and the gathers (the identity in a world of
-one; with 2 gloo ranks they run under torchrun in tests/test_cli_datasets.py)."""
+one; with 2 gloo ranks they run under torchrun in tests/lab/cli/test_cli_datasets.py)."""
 
 import json
 

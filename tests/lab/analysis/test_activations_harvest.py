@@ -1,7 +1,7 @@
 """lab.analysis.activations.harvest in one process: a corpus file read as sequences, a harvest in parts whose rows
 are bit for bit those of one save_activations over the whole corpus, and a rerun that resumes, checks its arguments
 and its tokens, and refuses what it cannot continue. (Under torchrun with 2 gloo ranks, killed and rerun:
-tests/test_cli_datasets.py.)"""
+tests/lab/cli/test_cli_datasets.py.)"""
 
 import re
 

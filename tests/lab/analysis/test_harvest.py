@@ -18,10 +18,7 @@ from lab import HookedTransformer
 from lab.analysis.activations import ActivationStore, collect_activations, save_activations, stream_activations
 from lab.analysis.activations import store as activations_store
 from lab.analysis.probes import fit_probe, fit_probes
-from tests.builders import VOCAB, tiny_config
-
-ROOT = Path(__file__).resolve().parents[1]
-
+from tests.builders import REPO, VOCAB, tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -252,11 +249,11 @@ save_activations(model, data, "blocks.1.attn.hook_z", sys.argv[1], positions="al
 @pytest.mark.slow
 def test_a_harvest_killed_mid_run_resumes_bitwise(deep, data, tmp_path):
     """SIGKILL in the middle of a harvest (no exception handler runs), then the same call here finishes it."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
     killed = subprocess.run(
         [sys.executable, "-c", KILLED, str(tmp_path / "killed"), "10"],
         env=env,
-        cwd=ROOT,
+        cwd=REPO,
         capture_output=True,
         text=True,
     )

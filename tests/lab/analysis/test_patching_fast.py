@@ -158,7 +158,7 @@ TL_SWEEPS = {
 
 @pytest.fixture(scope="module", params=["gpt2", "llama"])
 def pair(request):
-    from tests.test_tl_protocol import bridge_of, forma_model, tokenizer
+    from tests.ecosystem.test_tl_protocol import bridge_of, forma_model, tokenizer
 
     model = forma_model(request.param)
     model.tokenizer = tokenizer()

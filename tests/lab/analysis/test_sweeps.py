@@ -1,7 +1,8 @@
 """lab.analysis.sweeps in one process: prompt pairs read alike from CSV and JSONL (text or ids), each table row the
 pair's own patching result (the sweeps lab.analysis.patching runs, themselves held to TransformerLens's in
-tests/test_patching_fast.py), averaged over the pairs the batch sweep's numbers, and a sweep interrupted anywhere
-that resumes to the same bytes. (Under torchrun with 2 gloo ranks, killed and rerun: tests/test_cli_datasets.py.)"""
+tests/lab/analysis/test_patching_fast.py), averaged over the pairs the batch sweep's numbers, and a sweep
+interrupted anywhere that resumes to the same bytes. (Under torchrun with 2 gloo ranks, killed and rerun:
+tests/lab/cli/test_cli_datasets.py.)"""
 
 import csv
 import json

@@ -23,9 +23,9 @@ from lab.analysis.transcoders.model import TranscoderConfig
 from lab.analysis.transcoders.train import PARALLEL, TranscoderTraining, train_transcoders
 from lab.cli import main
 from lab.cli.parser import TRANSCODER_PARALLEL
+from tests.builders import REPO
 from tests.graph_fixtures import tiny_model
 
-REPO = Path(__file__).resolve().parents[1]
 BASE = TranscoderConfig(d_model=32, n_layers=3, d_features=96)
 SAE = BASE.replace(input_hook="blocks.{layer}.hook_resid_post", output_hook="blocks.{layer}.hook_resid_post")
 TRAINING = TranscoderTraining(steps=24, batch_size=48, lr=3e-3, checkpoint_interval=10)

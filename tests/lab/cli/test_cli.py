@@ -3,13 +3,12 @@
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from lab import HookedTransformer
 from lab.cli import main
-from tests.builders import tiny_config
+from tests.builders import TESTS, tiny_config
 
 
 def test_help_lists_the_commands(capsys):
@@ -232,7 +231,6 @@ def test_a_bad_port_is_refused_before_anything_starts(capsys, command, port):
     assert exit.value.code == 2 and "--port" in capsys.readouterr().err
 
 
-TESTS = Path(__file__).resolve().parent
 HEAVY_MODULES = ("torch", "transformer_lens", "transformers", "numpy", "streamlit")
 
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from lab.cli import main
+from tests.builders import REPO
 from tests.fault_zygote import Forks
 
-REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "distributed.md"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```\s*$", flags=re.DOTALL | re.MULTILINE)
 # Imported by every Python the launches start (PYTHONPATH): in the rank named by FORMA_TEST_FAULT, it plants that
@@ -103,7 +103,7 @@ def test_two_ranks_killed_and_rerun_harvest_the_bytes_of_one_process(tried):
     parts 6 … 11: its first is done, its second written but not in place); torchrun ends rank 0 wherever it is. The
     same command again finishes, and every file — shards, each part's index, the merged index, the plan — is the
     one-process run's. (A part of several shards killed half-way resumes from its last one:
-    tests/test_activations_harvest.py.)"""
+    tests/lab/analysis/test_activations_harvest.py.)"""
     line = torchrun_line("harvest")
     out = tried / shlex.split(line)[shlex.split(line).index("--out") + 1]
     killed = launch(line, tried, {"rank": 1, "fault": {"kill": 2, "match": ".safetensors", "event": "os.rename"}})

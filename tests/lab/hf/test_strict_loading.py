@@ -70,7 +70,7 @@ def test_the_dashboards_loader_shows_the_error(three_layers_said_two_held, monke
     shown = []
     monkeypatch.setattr(common.st, "error", shown.append)
     monkeypatch.setattr(common.st, "warning", shown.append)
-    from tests.test_dashboard import rendered
+    from tests.dashboards.test_dashboard import rendered
 
     assert common.try_load_model(str(three_layers_said_two_held)) is None
     assert len(shown) == 1 and "transformer.h.2." in rendered(shown[0])  # the page escapes what the error quotes

@@ -6,7 +6,6 @@ import json
 import math
 import shutil
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +16,7 @@ from lab.data.dates import date_words, dates_world, exact_match, ordinal, year_w
 from lab.model import EncoderDecoder, EncoderDecoderConfig, HookedTransformer, KVCache
 from lab.model.components import sinusoidal_table
 from lab.train import PairBatches, TrainConfig, summed_loss, train
+from tests.builders import REPO
 
 SRC_VOCAB, TGT_VOCAB, D_MODEL, N_CTX = 30, 20, 32, 32
 
@@ -392,7 +392,7 @@ def test_explorer_shows_cross_attention_for_an_encoder_decoder(tmp_path, monkeyp
     )
     EncoderDecoder(cfg, src_tokenizer=world.src_tokenizer, tgt_tokenizer=world.tgt_tokenizer).save(tmp_path / "dates")
     monkeypatch.setenv("FORMA_ZOO_DIR", str(tmp_path))
-    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "dashboards" / "explorer.py"), default_timeout=60)
+    at = AppTest.from_file(str(REPO / "dashboards" / "explorer.py"), default_timeout=60)
     at.run()
     at.selectbox(key="model_choice").select("dates").run()
     assert not at.exception, at.exception
