@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.builders import run_bash
+from tests.builders import DOCS, blocks, run_bash
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
 PAGES = sorted(DOCS.glob("*.md"))
 REQUIRED = [
     "quickstart",
@@ -31,24 +30,9 @@ REQUIRED = [
     "distributed",
     "ecosystem",
 ]
-RUN_MARK = "<!-- run -->"
-FENCE = re.compile(r"^```(\w*)\n(.*?)^```\s*$", flags=re.S | re.M)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def blocks(page: Path) -> list[tuple[str, str, int]]:
-    """(language, code, line number) of every fenced block; bash blocks only when marked to run."""
-    text = page.read_text()
-    found = []
-    for match in FENCE.finditer(text):
-        language, code = match.group(1), match.group(2)
-        line = text.count("\n", 0, match.start()) + 1
-        before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1].strip()
-        if language == "python" or (language == "bash" and before == RUN_MARK):
-            found.append((language, code, line))
-    return found
 
 
 def test_the_guide_has_every_page_and_examples_to_run():

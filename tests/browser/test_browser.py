@@ -18,7 +18,7 @@ import experiments
 import lab.zoo as zoo
 from lab import HookedTransformer, ModelConfig
 from lab.cli import dashboard_command, free_port, wait_until_serving
-from tests.builders import REPO
+from tests.builders import REPO, zoo_with_transcoders
 
 CHROMIUM = "/usr/bin/chromium"
 SCREENSHOTS = REPO / "tests" / "screenshots"
@@ -432,7 +432,7 @@ def test_every_experiment_page_reads_right_and_agrees_with_its_headlines(server,
     right (READS_RIGHT). On calibration, the checkpoint selector sits above what it controls, starts at the end of
     training (what the headlines describe), and every section names the checkpoint it shows."""
     from dashboards.common import figures
-    from tests.dashboards.test_dashboard import long_numbers
+    from tests.builders import long_numbers
 
     folder = quick_run(path)
     results = json.loads((folder / "results.json").read_text())
@@ -684,3 +684,34 @@ def test_a_headline_with_markup_fetches_nothing_and_shows_its_words(tmp_path, br
     finally:
         beacon.shutdown()
     assert asked == []
+
+
+def test_the_graphs_page_draws_the_graph_and_shows_a_clicked_feature(browser, tmp_path):
+    """dashboards/graphs.py in Chromium: a prompt's graph drawn, a clicked feature's top contexts shown."""
+    env = os.environ | {"FORMA_ZOO_DIR": str(zoo_with_transcoders(tmp_path)), "FORMA_RUNS_DIR": str(tmp_path / "runs")}
+    for url in serve(env):
+        errors: list[str] = []
+        page = open_page(browser, f"{url}/graphs", errors, timeout=120_000)
+        page.wait_for_selector("[data-testid='stPlotlyChart'] .main-svg", timeout=120_000)
+        no_exceptions(page)
+        points = page.locator("[data-testid='stPlotlyChart'] .scatterlayer .trace:has(path.point) path.point")
+        assert points.count() > 10  # nodes drawn
+        feature_trace = page.locator("[data-testid='stPlotlyChart'] .scatterlayer .trace").nth(
+            feature_trace_index(page)
+        )
+        feature_trace.locator("path.point").first.click(force=True)
+        page.get_by_text("Top activating contexts").wait_for(timeout=120_000)
+        wait_rendered(page, 120_000)
+        reads_right(page)  # the chart drawn as every chart is, the contexts' table headed in words
+        headers = page.locator("[data-testid='stTable'] thead th").all_inner_texts()
+        assert "token (where it fires)" in headers, headers
+        page.screenshot(path=str(SCREENSHOTS / "graphs.png"))
+        assert errors == []
+
+
+def feature_trace_index(page) -> int:
+    """The index of the feature markers' trace among the chart's scatter traces (edges come first)."""
+    names = page.evaluate(
+        "() => document.querySelector(\"[data-testid='stPlotlyChart'] .js-plotly-plot\").data.map(t => t.name || '')"
+    )
+    return names.index("feature")

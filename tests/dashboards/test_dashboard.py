@@ -1,16 +1,15 @@
 """The dashboard without a browser (Streamlit's AppTest): every page renders, with and without runs and models."""
 
 import json
-import re
 from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
 import experiments
-from dashboards.pages import page_file, pages
+from dashboards.pages import pages
 from lab import HookedTransformer, ModelConfig
-from lab.tokenize import word_level
+from tests.builders import long_numbers, page, rendered, texts, tiny_pydoc
 
 EXPERIMENT_PAGES = experiments.experiment_names()
 
@@ -18,24 +17,6 @@ EXPERIMENT_PAGES = experiments.experiment_names()
 def heatmap_rows(chart) -> int:
     z = json.loads(chart.proto.spec)["data"][0]["z"]
     return int(z["shape"].split(",")[0]) if isinstance(z, dict) else len(z)  # plotly may encode arrays
-
-
-def page(name: str) -> AppTest:
-    return AppTest.from_file(str(page_file(name)), default_timeout=60)
-
-
-def texts(at: AppTest) -> str:
-    return " ".join(str(e.value) for e in [*at.info, *at.warning, *at.error, *at.markdown, *at.text])
-
-
-def rendered(source: object) -> str:
-    """What a reader sees of an element's Markdown: rendered as CommonMark (with GitHub's tables), tags dropped.
-    A page escapes a run's text (dashboards.common.plain), so the run's own words are found here, not in the source."""
-    import html
-
-    from markdown_it import MarkdownIt
-
-    return html.unescape(re.sub(r"<[^>]+>", "", MarkdownIt("commonmark").enable("table").render(str(source)))).strip()
 
 
 def rendered_table(frame):
@@ -68,15 +49,6 @@ def test_a_corrupted_results_json_is_a_message_not_a_traceback(empty, name):
     at = page(name).run()
     assert not at.exception
     assert "unreadable results.json" in texts(at)
-
-
-def tiny_pydoc(zoo_copy: Path, seed: int = 0) -> HookedTransformer:
-    words = ["Return", "the", "number", "of", "items", "in", "list", "file", "."]
-    tokenizer = word_level(words)
-    cfg = ModelConfig(d_vocab=tokenizer.get_vocab_size(), d_model=32, n_layers=2, n_heads=4, n_ctx=32)
-    model = HookedTransformer(cfg, seed=seed, tokenizer=tokenizer)
-    model.save(zoo_copy / "pydoc")
-    return model
 
 
 def test_explorer_shows_every_view_of_a_model(empty):
@@ -309,14 +281,6 @@ def test_the_monitor_page_colours_tokens_and_abstains_where_the_library_says(qui
     assert (f"abstains at new token {stop + 1}" if stop is not None else "the answer is given") in shown
     at.text_input[0].input("<bos> nobody-knows-this birthday").run()
     assert not at.exception and "not in its vocabulary" in texts(at)
-
-
-DECIMAL = re.compile(r"(?<![\w.])\d[\d,]*\.\d+(?![\w.])")
-
-
-def long_numbers(text: str, most: int = 6) -> list[str]:
-    """The decimals in `text` written with more than `most` significant digits."""
-    return [hit for hit in DECIMAL.findall(text) if len(hit.replace(",", "").replace(".", "").lstrip("0")) > most]
 
 
 @pytest.mark.parametrize("name", EXPERIMENT_PAGES)

@@ -12,7 +12,6 @@ asserts the same refusal on both. Norm gains and biases are randomised so that a
 
 import copy
 import dataclasses
-import tempfile
 
 import pytest
 import torch
@@ -21,56 +20,14 @@ import transformer_lens.tools.analysis as analysis
 from transformer_lens import FactoredMatrix, SVDInterpreter, head_detector
 
 from lab import HookedTransformer, ModelConfig
-from lab.hf import to_hf
 from lab.model import KVCache
-from lab.tokenize import to_hf_tokenizer, word_level
+from tests.builders import BRIDGE_VOCAB, bridge_of, bridge_tokenizer, forma_model
 
-VOCAB = 64
 KINDS = ["gpt2", "llama"]
-ARCHITECTURES = {
-    "gpt2": dict(mlp="gelu_tanh"),
-    "llama": dict(positions="rotary", norm="rmsnorm", mlp="swiglu", n_kv_heads=2, bias=False),
-    # GPT-NeoX-like, for what needs no bridge: attention and MLP side by side, both reading resid_pre
-    "neox": dict(block="parallel", positions="rotary", rotary_dim=4),
-}
 TOL = 1e-5
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def forma_model(kind: str, **changes) -> HookedTransformer:
-    """A tiny Forma model with randomised norm gains and biases (b_U stays 0: Hugging Face has none)."""
-    cfg = ModelConfig(d_vocab=VOCAB, d_model=32, n_layers=2, n_heads=4, n_ctx=16, **ARCHITECTURES[kind] | changes)
-    model = HookedTransformer(cfg, seed=0).eval()
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(".w"):
-                p.add_(0.3 * torch.randn(p.shape, generator=g))
-            elif name.rsplit(".", 1)[-1] in ("b", "b_Q", "b_K", "b_V", "b_O", "b_in", "b_out"):
-                p.add_(0.1 * torch.randn(p.shape, generator=g))
-    return model
-
-
-def tokenizer():
-    """A word-level tokenizer over w0 … w59 (after Forma's four specials), saved and reloaded as transformers'."""
-    return to_hf_tokenizer(word_level([f"w{i}" for i in range(VOCAB - 4)]), tempfile.mkdtemp())
-
-
-def bridge_of(model: HookedTransformer, processed: bool = False):
-    """TransformerBridge over the same weights: unprocessed (the same numbers at every hook) or with its
-    default weight processing (fold_ln, centring; value biases kept in place, as Forma keeps them)."""
-    from transformer_lens.model_bridge import TransformerBridge
-
-    name = "gpt2" if model.cfg.norm == "layernorm" else "LlamaForCausalLM"
-    bridge = TransformerBridge.boot_transformers(name, hf_model=to_hf(model), tokenizer=model.tokenizer, device="cpu")
-    if processed:
-        bridge.enable_compatibility_mode(disable_warnings=True, fold_value_biases=False)
-    else:
-        bridge.enable_compatibility_mode(disable_warnings=True, no_processing=True)
-    bridge.cfg.default_prepend_bos = False  # text as Forma encodes it by default: no BOS added
-    return bridge.eval()
 
 
 @dataclasses.dataclass
@@ -89,10 +46,10 @@ class Pair:
 @pytest.fixture(scope="module", params=KINDS)
 def pair(request) -> Pair:
     model = forma_model(request.param)
-    model.tokenizer = tokenizer()
-    clean = torch.randint(4, VOCAB, (2, 4), generator=torch.Generator().manual_seed(0))
+    model.tokenizer = bridge_tokenizer()
+    clean = torch.randint(4, BRIDGE_VOCAB, (2, 4), generator=torch.Generator().manual_seed(0))
     corrupt = clean.clone()
-    corrupt[:, 1] = (corrupt[:, 1] + 7 - 4) % (VOCAB - 4) + 4
+    corrupt[:, 1] = (corrupt[:, 1] + 7 - 4) % (BRIDGE_VOCAB - 4) + 4
     return Pair(request.param, model, bridge_of(model), clean, corrupt)
 
 
@@ -145,7 +102,7 @@ def test_the_config_answers_what_transformer_lens_reads():
     model = forma_model("llama")
     cfg = model.cfg
     assert (cfg.device, cfg.dtype) == (torch.device("cpu"), torch.float32)
-    assert (cfg.uses_rms_norm, cfg.eps, cfg.d_vocab_out, cfg.n_key_value_heads) == (True, cfg.norm_eps, VOCAB, 2)
+    assert (cfg.uses_rms_norm, cfg.eps, cfg.d_vocab_out, cfg.n_key_value_heads) == (True, cfg.norm_eps, BRIDGE_VOCAB, 2)
     assert not any((cfg.use_attn_result, cfg.use_split_qkv_input, cfg.use_attn_in, cfg.use_hook_mlp_in))
     model.double()
     assert cfg.dtype == torch.float64  # read live from the weights
@@ -346,7 +303,7 @@ def test_accumulated_bias_of_a_parallel_block_leaves_out_its_own_attention():
 def test_hook_mlp_in_of_a_parallel_block_is_its_mlps_copy_of_resid_pre():
     model = forma_model("neox")
     model.set_use_hook_mlp_in(True)
-    tokens = torch.randint(4, VOCAB, (1, 6), generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(4, BRIDGE_VOCAB, (1, 6), generator=torch.Generator().manual_seed(0))
     _, cache = model.run_with_cache(tokens)
     assert torch.equal(cache["blocks.1.hook_mlp_in"], cache["blocks.1.hook_resid_pre"])
 
@@ -496,7 +453,10 @@ def test_interchange_interventions_agree(pair):
 
 def test_distributed_alignment_search_agrees(pair):
     g = torch.Generator().manual_seed(5)
-    base, source = torch.randint(4, VOCAB, (16, 4), generator=g), torch.randint(4, VOCAB, (16, 4), generator=g)
+    base, source = (
+        torch.randint(4, BRIDGE_VOCAB, (16, 4), generator=g),
+        torch.randint(4, BRIDGE_VOCAB, (16, 4), generator=g),
+    )
     targets = torch.randint(0, 2, (16,), generator=g)
     positions = torch.full((16,), 3)
     with torch.enable_grad():
@@ -522,7 +482,7 @@ def test_distributed_alignment_search_agrees(pair):
 
 def test_sparse_probing_on_activations_agrees(pair):
     g = torch.Generator().manual_seed(3)
-    inputs = torch.randint(4, VOCAB, (40, 4), generator=g)
+    inputs = torch.randint(4, BRIDGE_VOCAB, (40, 4), generator=g)
     labels = (inputs[:, 2] % 2 == 0).long()
     results = []
     for model in pair.both:
@@ -570,7 +530,7 @@ SWITCHES = {
 @pytest.mark.parametrize("flag", sorted(SWITCHES))
 def test_a_switch_makes_its_hook_points_exist_only_while_it_is_on(kind, flag):
     model = forma_model(kind)
-    tokens = torch.randint(4, VOCAB, (2, 6), generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(4, BRIDGE_VOCAB, (2, 6), generator=torch.Generator().manual_seed(0))
     names = [n.format(l=l) for n in SWITCHES[flag] for l in range(model.cfg.n_layers)]
     plain = model(tokens)
     assert not set(names) & set(model.hook_dict)
@@ -603,7 +563,7 @@ def test_the_split_hooks_agree_with_the_bridge(pair, flag):
 def test_patching_one_heads_query_copy_moves_that_head_only():
     model = forma_model("llama")
     model.set_use_split_qkv_input(True)
-    tokens = torch.randint(4, VOCAB, (1, 6), generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(4, BRIDGE_VOCAB, (1, 6), generator=torch.Generator().manual_seed(0))
     _, before = model.run_with_cache(tokens, names_filter="blocks.1.attn.hook_q")
 
     def edit_head_2(copies, hook):
@@ -621,7 +581,7 @@ def test_patching_one_heads_query_copy_moves_that_head_only():
 def test_hook_mlp_in_feeds_the_mlp_branch_alone():
     model = forma_model("gpt2")
     model.set_use_hook_mlp_in(True)
-    tokens = torch.randint(4, VOCAB, (1, 6), generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(4, BRIDGE_VOCAB, (1, 6), generator=torch.Generator().manual_seed(0))
     _, clean = model.run_with_cache(tokens)
 
     def shift(x, hook):
@@ -667,7 +627,7 @@ def test_explicit_paths_fire_every_hook_point_without_a_hook(kind):
     pass: a torch forward hook on each HookPoint module (how nnsight sees them) fires for all of them; the
     logits stay those of the fused paths."""
     model = forma_model(kind)
-    tokens = torch.randint(4, VOCAB, (2, 6), generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(4, BRIDGE_VOCAB, (2, 6), generator=torch.Generator().manual_seed(0))
     fused = model(tokens)
 
     def fired_in_a_plain_pass() -> set[str]:
@@ -707,7 +667,7 @@ def counted_blocks(model: HookedTransformer) -> tuple[list[int], list]:
 @pytest.mark.parametrize("kind", KINDS)
 def test_stop_at_layer_stops_computing(kind):
     model = forma_model(kind)
-    tokens = torch.randint(4, VOCAB, (2, 6), generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(4, BRIDGE_VOCAB, (2, 6), generator=torch.Generator().manual_seed(0))
     _, cache = model.run_with_cache(tokens)
     ran, handles = counted_blocks(model)
     later = []
@@ -738,7 +698,7 @@ def test_stop_at_layer_stops_computing(kind):
 @pytest.mark.parametrize("kind", KINDS)
 def test_start_at_layer_resumes_from_the_residual_stream(kind):
     model = forma_model(kind)
-    tokens = torch.randint(4, VOCAB, (2, 6), generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(4, BRIDGE_VOCAB, (2, 6), generator=torch.Generator().manual_seed(0))
     logits, cache = model.run_with_cache(tokens)
     ran, handles = counted_blocks(model)
     try:
@@ -819,6 +779,6 @@ def test_call_convention_misuse_is_a_clear_error(call, message):
     model = forma_model("gpt2")
     model.tokenizer = Tokenizer(models.WordLevel({"<unk>": 0, "w1": 1}, unk_token="<unk>"))  # no BOS token
     model.tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokens = torch.randint(4, VOCAB, (2, 6), generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(4, BRIDGE_VOCAB, (2, 6), generator=torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match=message):
         call(model, tokens)

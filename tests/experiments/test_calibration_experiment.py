@@ -2,7 +2,6 @@
 Hugging Face path (`--model PATH --mmlu FILE`) on a tiny random GPT-2 saved to disk with a small generated CSV,
 through the converter and through TransformerBridge (which must agree)."""
 
-import csv
 import json
 
 import numpy as np
@@ -13,7 +12,7 @@ from experiments import calibration as experiment
 from lab.analysis.probes import VERDICTS
 from lab.cli import main
 from lab.metrics.calibration import MIN_PER_CLASS, ece, fit_temperature, nll, softmax
-from tests.builders import REPO, VOCAB, hf_gpt2
+from tests.builders import REPO, VOCAB, hf_gpt2, letter_tokenizer
 
 BLOCK_KEYS = {
     "n",
@@ -55,10 +54,7 @@ HEADLINE_KEYS = {"name", "sentence", "value", "interval", "direction", "supporte
 OPTION_COLUMNS = [f"option_logit_{k}" for k in range(4)]
 
 
-@pytest.fixture(scope="module")
-def quick(quick_run):
-    folder = quick_run("calibration")  # `forma run calibration --quick`, shared with the dashboard's tests
-    return json.loads((folder / "results.json").read_text()), folder
+EXPERIMENT = "calibration"  # the `quick` fixture (tests/experiments/conftest.py) runs it
 
 
 # --- the quick run --------------------------------------------------------------------------------
@@ -197,42 +193,6 @@ def test_cloze_accuracy_rises_with_exposure_at_the_end(quick):
     accuracy = {r["exposure"]: r["accuracy"] for r in results["at_end"]["mc"]["by_exposure"]}
     assert accuracy["0"] < accuracy["1"] <= accuracy["6+"]
     assert abs(accuracy["0"] - 0.25) < 0.15  # never-seen persons: near chance
-
-
-# --- any local Hugging Face model on an MMLU-layout CSV -------------------------------------------
-def letter_tokenizer(directory):
-    """A WordLevel tokenizer whose vocabulary holds the letters A–D (the answer tokens), saved to `directory`."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    words = ["<unk>", "<pad>", "<bos>", "<eos>", "A", "B", "C", "D", "Answer:"]
-    words += [f"w{i}" for i in range(VOCAB - len(words))]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>", pad_token="<pad>"
-    ).save_pretrained(directory)
-
-
-@pytest.fixture(scope="module")
-def hf_folder(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("hf")
-    model_dir = folder / "gpt2"
-    hf_gpt2().save_pretrained(model_dir)
-    letter_tokenizer(model_dir)
-    rng = np.random.default_rng(0)
-    csv_path = folder / "mmlu.csv"
-    with csv_path.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["question", "A", "B", "C", "D", "answer"])  # a header row is skipped
-        for _ in range(40):
-            words = [f"w{i}" for i in rng.integers(0, VOCAB - 9, 13)]
-            writer.writerow(
-                [" ".join(words[:5])]
-                + [" ".join(words[5 + 2 * k : 7 + 2 * k]) for k in range(4)]
-                + ["ABCD"[rng.integers(4)]]
-            )
-    return model_dir, csv_path
 
 
 def test_lettered_multiple_choice_of_a_local_hf_model(hf_folder, tmp_path):

@@ -26,10 +26,7 @@ REGION_KEYS = {
 }
 
 
-@pytest.fixture(scope="module")
-def quick(quick_run):
-    folder = quick_run("kl")  # `forma run kl --quick`, shared with the dashboard's tests
-    return json.loads((folder / "results.json").read_text()), folder
+EXPERIMENT = "kl"  # the `quick` fixture (tests/experiments/conftest.py) runs it
 
 
 # --- the quick run --------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from experiments import monitor as experiment
 from lab.cli import main
 from lab.metrics.calibration import auroc
 from lab.metrics.selective import aurc, crc_threshold, selective_outcome
-from tests.builders import VOCAB, hf_gpt2
+from tests.builders import VOCAB
 
 HEADLINE_KEYS = {"name", "sentence", "value", "interval", "direction", "supported", "why_not"}
 
@@ -22,10 +22,7 @@ HEADLINE_KEYS = {"name", "sentence", "value", "interval", "direction", "supporte
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture(scope="module")
-def quick(quick_run):
-    folder = quick_run("monitor")  # `forma run monitor --quick`, shared with the dashboard's tests
-    return json.loads((folder / "results.json").read_text()), folder
+EXPERIMENT = "monitor"  # the `quick` fixture (tests/experiments/conftest.py) runs it
 
 
 def test_the_truth_of_every_claim_follows_the_world(quick):
@@ -126,33 +123,6 @@ def test_config_is_checked():
         experiment.Config(alphas=(0.0,))
     with pytest.raises(ValueError, match="split_fractions"):
         experiment.Config(split_fractions=(0.5, 0.3, 0.3))
-
-
-# --- any local Hugging Face model on a question–answer CSV -------------------------------------------
-def word_tokenizer(directory):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    words = ["<unk>", "<pad>", "<bos>", "<eos>", "Question:", "Answer:"] + [f"w{i}" for i in range(VOCAB - 6)]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>", pad_token="<pad>"
-    ).save_pretrained(directory)
-
-
-@pytest.fixture(scope="module")
-def qa_folder(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("qa")
-    hf_gpt2().save_pretrained(folder / "gpt2")
-    word_tokenizer(folder / "gpt2")
-    rng = np.random.default_rng(0)
-    with (folder / "qa.csv").open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["question", "answer"])
-        for _ in range(30):
-            writer.writerow([" ".join(f"w{i}" for i in rng.integers(0, VOCAB - 6, 5)), f"w{rng.integers(0, 9)}"])
-    return folder
 
 
 @pytest.mark.slow

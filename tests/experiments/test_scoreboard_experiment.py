@@ -1,8 +1,6 @@
 """The scoreboard experiment: the quick run end to end through `forma run scoreboard --quick` (its table, figures,
 models and headlines), and its headlines on hand-made tables whose answers are known."""
 
-import json
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -19,11 +17,7 @@ from experiments.scoreboard.summary import (
 from lab.analysis.input_attribution import METHODS
 from lab.runs import read_table
 
-
-@pytest.fixture(scope="module")
-def quick(quick_run):
-    folder = quick_run("scoreboard")  # `forma run scoreboard --quick`, shared with the dashboard's tests
-    return json.loads((folder / "results.json").read_text()), folder
+EXPERIMENT = "scoreboard"  # the `quick` fixture (tests/experiments/conftest.py) runs it
 
 
 def test_the_table_grades_every_method_on_every_world_it_applies_to(quick):

@@ -530,7 +530,7 @@ def test_hugging_face_model_folder(tmp_path, tally):
 def test_attribution_graph(tmp_path, tally, one_thread):
     from lab.analysis.graphs.attribute import attribute
     from lab.analysis.graphs.graph import META_FILE, Graph
-    from tests.graph_fixtures import random_transcoders, tiny_model
+    from tests.builders import random_transcoders, tiny_model
 
     model = tiny_model()
     graph = attribute(model, random_transcoders(model), torch.arange(3, 13))

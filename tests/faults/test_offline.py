@@ -9,8 +9,7 @@ import textwrap
 
 import pytest
 
-from tests.builders import REPO, hf_gpt2
-from tests.experiments.test_calibration_experiment import letter_tokenizer
+from tests.builders import REPO, hf_gpt2, letter_tokenizer
 
 # Loaded by the subprocess's `site` at start-up (it is first on PYTHONPATH): every way Python opens a
 # connection or resolves a name writes the attempt, with its stack, to FORMA_NETWORK_LOG and fails.

@@ -17,19 +17,9 @@ import pytest
 import torch
 
 from lab.cli import main
-from tests.builders import REPO, tiny_config
-from tests.dashboards.test_dashboard import page, rendered, texts
-from tests.lab.hf.test_strict_loading import gpt2_folder, rewrite_weights
+from tests.builders import REPO, gpt2_folder, one_error_line, page, rendered, rewrite_weights, texts, tiny_config
 
 ENV = os.environ | {"PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-
-
-def one_error_line(err: str, command: str) -> str:
-    """The `forma COMMAND: error: …` line of a command's stderr, after checking it is the only such line and that no
-    traceback came with it."""
-    lines = [line for line in err.splitlines() if line.startswith(f"forma {command}: error:")]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 # --- 1. a model folder's code never runs -----------------------------------------------------------------------

@@ -11,9 +11,7 @@ import pytest
 import experiments.calibration as calibration
 import experiments.monitor as monitor
 from lab.cli import main
-from tests.experiments.test_calibration_experiment import hf_folder  # noqa: F401 (fixture)
-from tests.experiments.test_monitor_experiment import qa_folder  # noqa: F401 (fixture)
-from tests.faults.test_outside_files import one_error_line
+from tests.builders import one_error_line
 
 BOM = "\ufeff"
 MMLU_ROWS = [[f"w{i} w{i + 1} w{i + 2}", "w1", "w2", "w3", "w4", "ABCD"[i % 4]] for i in range(12)]
@@ -149,7 +147,7 @@ def test_a_prompt_longer_than_the_context_is_refused_naming_its_line_on_every_ro
     import torch
     from transformers import GPTJConfig, GPTJForCausalLM
 
-    from tests.experiments.test_calibration_experiment import VOCAB, letter_tokenizer
+    from tests.builders import VOCAB, letter_tokenizer
 
     model_dir, _ = hf_folder
     gptj = tmp_path / "gptj"

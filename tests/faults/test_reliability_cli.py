@@ -260,8 +260,7 @@ def test_a_signal_ends_forma_run_and_its_workers_at_once_leaving_nothing(tmp_pat
 @pytest.mark.slow
 def test_ctrl_c_of_forma_run_with_a_model_is_one_line_and_exit_130(tmp_path):
     """`forma run calibration --model DIR --mmlu CSV` interrupted while it works: one line, exit 130."""
-    from tests.builders import hf_gpt2
-    from tests.experiments.test_calibration_experiment import letter_tokenizer
+    from tests.builders import hf_gpt2, letter_tokenizer
 
     model = tmp_path / "gpt2"
     hf_gpt2().save_pretrained(model)

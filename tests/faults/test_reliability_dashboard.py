@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+import experiments
 from lab import HookedTransformer, ModelConfig
-from tests.dashboards.test_dashboard import EXPERIMENT_PAGES, page, rendered, texts, tiny_pydoc
+from tests.builders import page, rendered, texts, tiny_pydoc
 
 STAMP = "2026-01-01T00-00-00Z"
 
@@ -88,7 +89,7 @@ BAD_RESULTS = {
 
 
 @pytest.mark.parametrize("case", range(4))
-@pytest.mark.parametrize("name", EXPERIMENT_PAGES)
+@pytest.mark.parametrize("name", experiments.experiment_names())
 def test_a_results_json_with_unexpected_or_missing_fields_is_a_message_naming_it(empty, name, case):
     folder = write_run(empty, name, BAD_RESULTS[name][case])
     at = page(name).run()
@@ -121,7 +122,7 @@ def mutations(results: dict) -> list[tuple[str, dict]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", EXPERIMENT_PAGES)
+@pytest.mark.parametrize("name", experiments.experiment_names())
 def test_every_experiment_page_survives_any_reshaped_results_json(quick_run, tmp_path, monkeypatch, name):
     """The session's real quick run, reshaped: each page shows a message naming results.json, never a traceback;
     the real run itself gives no such message."""

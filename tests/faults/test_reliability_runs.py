@@ -25,30 +25,15 @@ from lab.runs import (
     new_run_dir,
     run_and_record,
     save_figure,
-    save_table,
     without_timings,
     write_json,
 )
-from tests.builders import REPO
+from tests.builders import REPO, figure, toy_run
 from tests.fault_zygote import Forks
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def figure():
-    import plotly.graph_objects as go
-
-    return go.Figure(go.Scatter(x=list(range(200)), y=[i * i for i in range(200)]))
-
-
-def toy_run(cfg: dict, out: Path) -> dict:
-    """A small experiment that writes one of each kind of artefact: an 8 kB table, then a figure (the 4.8 MB
-    plotly bundle, an 8 kB JSON, a 9 kB HTML page)."""
-    save_table([{"step": i, "loss_nats": 1 / (i + 1)} for i in range(500)], out, "table")
-    save_figure(figure(), out, "curve")
-    return {"n": 500, "seconds": 0.1}
 
 
 # --------------------------------------------------------------------------------------------
@@ -252,7 +237,7 @@ def test_save_figure_never_lets_plotly_write_the_bundle_itself(tmp_path, monkeyp
 TOY_SCRIPT = """
 import sys
 from lab.runs import run_and_record
-from tests.faults.test_reliability_runs import toy_run
+from tests.builders import toy_run
 run_and_record("toy", {"seed": 0}, toy_run, out=sys.argv[1], seed=0)
 """
 

@@ -119,7 +119,7 @@ def test_forma_train_off_a_terminal_logs_readable_progress_lines(tmp_path, monke
     """What a `forma demo` job's log gets: `forma train NAME` with stderr not a terminal writes step / total,
     elapsed and ETA lines (no carriage returns), and leaves no progress file once the model is published."""
     from lab.cli import main
-    from tests.lab.zoo.test_zoo import TINY_MARKOV, write_recipe
+    from tests.builders import TINY_MARKOV, write_recipe
 
     monkeypatch.setenv("FORMA_ZOO_DIR", str(tmp_path))
     write_recipe(tmp_path, "tiny", TINY_MARKOV)

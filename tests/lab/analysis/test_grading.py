@@ -23,7 +23,7 @@ from lab.analysis.graphs.influence import position_share
 from lab.analysis.lens import ground_truth_lens
 from lab.data.mechanisms import InductionSource, Mess3Source
 from lab.data.sources import MarkovSource
-from tests.graph_fixtures import random_transcoders
+from tests.builders import random_transcoders
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

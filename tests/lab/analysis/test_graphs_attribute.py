@@ -5,7 +5,7 @@ import torch
 
 from lab.analysis.graphs.attribute import attribute, logit_targets
 from lab.analysis.graphs.checks import frozen_ablation, node_residuals, replacement_logits
-from tests.graph_fixtures import ARCHITECTURES, exact_transcoders, random_transcoders, tiny_model
+from tests.builders import ARCHITECTURES, exact_transcoders, random_transcoders, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TOKENS = torch.randint(0, 50, (14,), generator=torch.Generator().manual_seed(1))

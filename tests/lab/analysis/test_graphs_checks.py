@@ -6,7 +6,7 @@ import torch
 from lab.analysis.graphs.attribute import attribute
 from lab.analysis.graphs.checks import intervention_agreement
 from lab.analysis.graphs.qk import qk_attribution
-from tests.graph_fixtures import exact_transcoders, random_transcoders, tiny_model
+from tests.builders import exact_transcoders, random_transcoders, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TOKENS = torch.randint(0, 50, (12,), generator=torch.Generator().manual_seed(2))

@@ -8,7 +8,7 @@ import torch
 from lab.analysis.graphs.attribute import attribute
 from lab.analysis.graphs.graph import Graph, to_circuit_tracer
 from lab.analysis.graphs.influence import prune
-from tests.graph_fixtures import random_transcoders, tiny_model
+from tests.builders import random_transcoders, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

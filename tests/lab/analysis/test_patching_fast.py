@@ -10,7 +10,7 @@ import transformer_lens.patching as tl_patching
 
 from lab import HookedTransformer, ModelConfig
 from lab.analysis.patching import logit_diff, patch_heads, patch_heads_by_position, patch_positions, runs_fast
-from tests.builders import patchable
+from tests.builders import BRIDGE_VOCAB, bridge_of, bridge_tokenizer, forma_model, patchable
 
 TOL = 1e-5
 VOCAB = 64
@@ -158,19 +158,18 @@ TL_SWEEPS = {
 
 @pytest.fixture(scope="module", params=["gpt2", "llama"])
 def pair(request):
-    from tests.ecosystem.test_tl_protocol import bridge_of, forma_model, tokenizer
 
     model = forma_model(request.param)
-    model.tokenizer = tokenizer()
+    model.tokenizer = bridge_tokenizer()
     return model, bridge_of(model)
 
 
 @pytest.mark.slow
 def test_fast_sweeps_equal_transformer_lens_patching_on_forma_and_on_the_bridge(pair):
     model, bridge = pair
-    clean = torch.randint(4, VOCAB, (2, 4), generator=torch.Generator().manual_seed(0))
+    clean = torch.randint(4, BRIDGE_VOCAB, (2, 4), generator=torch.Generator().manual_seed(0))
     corrupted = clean.clone()
-    corrupted[:, 1] = (corrupted[:, 1] + 3 - 4) % (VOCAB - 4) + 4
+    corrupted[:, 1] = (corrupted[:, 1] + 3 - 4) % (BRIDGE_VOCAB - 4) + 4
     metric = logit_diff(5, 6)
     caches = {peer: peer.run_with_cache(clean)[1] for peer in (model, bridge)}
     for component, sweep in TL_SWEEPS.items():

@@ -16,15 +16,12 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
-import lab.zoo as zoo
-from lab import HookedTransformer, ModelConfig
 from lab.analysis.activations import save_activations
 from lab.analysis.transcoders.model import TranscoderConfig
 from lab.analysis.transcoders.train import PARALLEL, TranscoderTraining, train_transcoders
 from lab.cli import main
 from lab.cli.parser import TRANSCODER_PARALLEL
-from tests.builders import REPO
-from tests.graph_fixtures import tiny_model
+from tests.builders import REPO, tiny_model
 
 BASE = TranscoderConfig(d_model=32, n_layers=3, d_features=96)
 SAE = BASE.replace(input_hook="blocks.{layer}.hook_resid_post", output_hook="blocks.{layer}.hook_resid_post")
@@ -183,29 +180,6 @@ COMMAND = [
     "5",
     "--no-progress",
 ]
-
-
-@pytest.fixture
-def markov_zoo(tmp_path, monkeypatch):
-    """A private zoo whose markov model is a tiny untrained one with a quick world (its recipe.json)."""
-    folder = tmp_path / "models" / "markov"
-    folder.mkdir(parents=True)
-    shutil.copy(zoo.DEFAULT_ZOO_DIR / "markov" / "model.toml", folder / "model.toml")
-    world = {
-        "kind": "markov",
-        "vocab_size": 32,
-        "order": 2,
-        "concentration": 0.5,
-        "seed": 0,
-        "n_sequences": 256,
-        "val_sequences": 64,
-    }
-    (folder / "recipe.json").write_text(
-        json.dumps({"format": "forma-build/1", "name": "markov", "quick": True, "world": world})
-    )
-    HookedTransformer(ModelConfig(d_vocab=32, d_model=32, n_layers=2, n_heads=4, n_ctx=16), seed=0).save(folder)
-    monkeypatch.setenv("FORMA_ZOO_DIR", str(tmp_path / "models"))
-    return folder
 
 
 def torchrun(args: list[str], folder: Path, killed: bool) -> subprocess.CompletedProcess:

@@ -6,7 +6,7 @@ import torch
 from lab.analysis.activations import save_activations
 from lab.analysis.transcoders.measures import reconstruction_measures, replacement_loss
 from lab.analysis.transcoders.model import TranscoderConfig, Transcoders
-from tests.graph_fixtures import exact_transcoders, random_transcoders, tiny_model
+from tests.builders import exact_transcoders, random_transcoders, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -7,7 +7,7 @@ from lab.analysis.activations import save_activations
 from lab.analysis.transcoders.measures import reconstruction_measures
 from lab.analysis.transcoders.model import TranscoderConfig, Transcoders
 from lab.analysis.transcoders.train import DataOrder, TranscoderTraining, train_transcoders
-from tests.graph_fixtures import tiny_model
+from tests.builders import tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -10,7 +10,7 @@ import pytest
 
 from lab.data.mechanisms import InductionSource, Mess3Source
 from lab.data.sources import source_from_dict
-from tests.lab.data.test_sources import chi2_pvalue
+from tests.builders import chi2_pvalue
 
 # --- Mess3 ------------------------------------------------------------------------------------
 

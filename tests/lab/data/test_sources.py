@@ -7,65 +7,9 @@ import numpy as np
 import pytest
 
 from lab.data.sources import HiddenMarkovSource, MarkovSource, source_from_dict
+from tests.builders import chi2_pvalue, chi2_sf
 
 # --- χ² survival function (scipy is not a dependency) -----------------------------------------
-
-
-def _regularized_lower_gamma_series(a: float, x: float) -> float:
-    """P(a, x) = γ(a, x)/Γ(a) = e^{−x} x^a / Γ(a) · Σ_n x^n / (a (a+1) … (a+n))."""
-    term = total = 1.0 / a
-    denominator = a
-    for _ in range(10_000):
-        denominator += 1.0
-        term *= x / denominator
-        total += term
-        if abs(term) < abs(total) * 1e-15:
-            break
-    return total * math.exp(-x + a * math.log(x) - math.lgamma(a))
-
-
-def _regularized_upper_gamma_fraction(a: float, x: float) -> float:
-    """Q(a, x) = Γ(a, x)/Γ(a) by Lentz's continued fraction (Numerical Recipes §6.2)."""
-    tiny = 1e-300
-    b = x + 1.0 - a
-    c = 1.0 / tiny
-    d = 1.0 / b
-    h = d
-    for i in range(1, 10_000):
-        an = -i * (i - a)
-        b += 2.0
-        d = an * d + b
-        d = tiny if abs(d) < tiny else d
-        c = b + an / c
-        c = tiny if abs(c) < tiny else c
-        d = 1.0 / d
-        delta = d * c
-        h *= delta
-        if abs(delta - 1.0) < 1e-15:
-            break
-    return math.exp(-x + a * math.log(x) - math.lgamma(a)) * h
-
-
-def chi2_sf(statistic: float, dof: int) -> float:
-    """P(χ²_dof ≥ statistic) = Q(dof/2, statistic/2)."""
-    a, x = dof / 2.0, statistic / 2.0
-    if x <= 0:
-        return 1.0
-    if x < a + 1.0:
-        return 1.0 - _regularized_lower_gamma_series(a, x)
-    return _regularized_upper_gamma_fraction(a, x)
-
-
-def chi2_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
-    """Pearson goodness of fit; cells with expected count < 5 are pooled into one."""
-    expected = counts.sum() * probs
-    small = expected < 5
-    observed = np.append(counts[~small], counts[small].sum())
-    expected = np.append(expected[~small], expected[small].sum())
-    if expected[-1] == 0:
-        observed, expected = observed[:-1], expected[:-1]
-    statistic = float(((observed - expected) ** 2 / expected).sum())
-    return chi2_sf(statistic, len(expected) - 1)
 
 
 @pytest.mark.parametrize(

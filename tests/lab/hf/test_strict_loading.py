@@ -8,29 +8,12 @@ import pickle
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from lab import HookedTransformer
 from lab.cli import main
 from lab.hf import bridge, from_hf, load_hf
-from tests.builders import hf_gpt2, hf_llama, tiny_config, word_tokenizer
-
-
-def gpt2_folder(directory, n_layer_in_config: int | None = None, tie: bool = True, tokenizer: bool = False):
-    hf_gpt2(tie=tie).save_pretrained(directory)
-    if n_layer_in_config is not None:
-        config = json.loads((directory / "config.json").read_text())
-        config["n_layer"] = n_layer_in_config
-        (directory / "config.json").write_text(json.dumps(config))
-    if tokenizer:
-        word_tokenizer(directory)
-    return directory
-
-
-def rewrite_weights(directory, change):
-    state = load_file(directory / "model.safetensors")
-    change(state)
-    save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+from tests.builders import gpt2_folder, hf_gpt2, hf_llama, rewrite_weights, tiny_config
 
 
 def every_loader(directory):
@@ -70,7 +53,7 @@ def test_the_dashboards_loader_shows_the_error(three_layers_said_two_held, monke
     shown = []
     monkeypatch.setattr(common.st, "error", shown.append)
     monkeypatch.setattr(common.st, "warning", shown.append)
-    from tests.dashboards.test_dashboard import rendered
+    from tests.builders import rendered
 
     assert common.try_load_model(str(three_layers_said_two_held)) is None
     assert len(shown) == 1 and "transformer.h.2." in rendered(shown[0])  # the page escapes what the error quotes

@@ -11,6 +11,7 @@ import torch
 import lab.zoo as zoo
 from lab import HookedTransformer
 from lab.zoo import build, building, builds, cards, load_recipe, ngram_perplexities, zoo_names
+from tests.builders import TINY_MARKOV, write_recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # small models (tests/conftest.py::one_thread)
 
@@ -89,33 +90,6 @@ def test_ngram_baselines_on_a_deterministic_stream():
     assert ppl["bigram_perplexity"] < 1.3
 
 
-# --- recipes: every key checked, sizes refused before allocating ------------------------------
-TINY_MARKOV = """
-[world]
-kind = "markov"
-vocab_size = 8
-order = 1
-seed = 0
-n_sequences = 64
-val_sequences = 16
-
-[model]
-d_model = 16
-n_layers = 1
-n_heads = 2
-n_ctx = 8
-
-[train]
-steps = 6
-batch_size = 8
-seq_len = 8
-lr = 1e-2
-min_lr = 1e-3
-warmup_steps = 1
-eval_interval = 3
-eval_batches = 1
-checkpoint_interval = 2
-"""
 MINIMAL_WORLDS = {
     "markov": 'kind = "markov"\nvocab_size = 8\nn_sequences = 8',
     "hmm": 'kind = "hmm"\nn_states = 2\nvocab_size = 8\nn_sequences = 8',
@@ -123,11 +97,6 @@ MINIMAL_WORLDS = {
     "pydoc": 'kind = "pydoc"',
     "dates": 'kind = "dates"\nn_train = 10\nn_held_out = 5',
 }
-
-
-def write_recipe(zoo_dir, name: str, text: str) -> None:
-    (zoo_dir / name).mkdir(exist_ok=True)
-    (zoo_dir / name / "model.toml").write_text(text)
 
 
 @pytest.mark.parametrize("kind", sorted(MINIMAL_WORLDS))
