@@ -8,9 +8,9 @@ returned dict as results.json, last and atomically.
 REGISTRY is the one list of experiments: `forma run`'s choices, the dashboard's pages (dashboards/<name>.py,
 in this order, under these titles), the dashboard benchmark's pages and the tests that go through every
 experiment all read it. How to add one — a package experiments/<name>/, a page dashboards/<name>.py and one entry
-below — is docs/design.md, "Add an experiment" (tests/test_experiments_registry.py builds its example and holds
-package, entry and page together). This module imports only the standard library and lab.configs (which imports
-only the standard library): the CLI's `--help` and the dashboard read it without loading torch.
+below — is docs/design.md, "Add an experiment" (tests/experiments/test_experiments_registry.py builds its example
+and holds package, entry and page together). This module imports only the standard library and lab.configs (which
+imports only the standard library): the CLI's `--help` and the dashboard read it without loading torch.
 """
 
 import dataclasses
