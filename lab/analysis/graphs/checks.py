@@ -81,7 +81,7 @@ def _source_edit(transcoders: Transcoders, graph: Graph, index: int, factor: flo
 def frozen_ablation(model: Any, transcoders: Transcoders, graph: Graph, index: int) -> Tensor:
     """[n_nodes]: how feature node `index`'s removal moves every feature's and logit's input in the frozen
     replacement, all other sources held fixed (0 for sources): minus its column of edges, to float round-off."""
-    replacement = LocalReplacement(model, transcoders, graph.tokens)
+    replacement = LocalReplacement(model, transcoders, graph.tokens, max_features=graph.meta.get("max_feature_nodes"))
     targets = feature_targets(replacement) + logit_target_vectors(replacement, graph.logit_tokens)
     before = replacement.values(targets)
     after = replacement.values(targets, edits=_source_edit(transcoders, graph, index, 0.0))
