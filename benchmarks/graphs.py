@@ -17,7 +17,7 @@ benchmarks/transcoders.py) left in models/NAME/transcoders/KIND and writes bench
                    scale frozen, the final norm's alone, and patterns and scales both ("frozen", the graph's own
                    assumptions), and each steered by 0.9 with nothing frozen (a small step: is it the ablation's
                    size?); Pearson correlation and sign agreement of the logit changes with the graph's total
-                   effects.
+                   effects, per prompt and their range over the prompts ("interventions").
     pruning        per prompt: nodes and edges kept at the paper's thresholds (0.8, 0.98), the shares of influence
                    they keep, the replacement and completeness scores.
     markov, facts  worlds whose relevant positions are known: the order-2 Markov zoo model (the last 2 tokens) and
@@ -246,6 +246,15 @@ def main() -> None:
         write("graphs", results)
     if {"exactness", "interventions", "pruning"} & set(args.phases):
         results["prompts"] = per_prompt(model, transcoders, prompts[:, :32], args.phases)
+        if "interventions" in args.phases:
+            results["interventions"] = {
+                key: {
+                    f"{stat}_{how}": fn([row[key][stat] for row in results["prompts"]])
+                    for stat in ("correlation", "sign_agreement")
+                    for how, fn in (("min", min), ("max", max))
+                }
+                for key, _, _ in INTERVENTIONS
+            }
         write("graphs", results)
     for world, measure in (("markov", markov), ("facts", facts)):
         if world in args.phases:
