@@ -8,8 +8,8 @@ returned dict as results.json, last and atomically.
 REGISTRY is the one list of experiments: `forma run`'s choices, the dashboard's pages (dashboards/<name>.py,
 in this order, under these titles), the dashboard benchmark's pages and the tests that go through every
 experiment all read it. A new experiment is a module here, a page dashboards/<name>.py and one entry below
-(tests/test_experiments_registry.py holds the three together). This module imports only the standard library:
-the CLI's `--help` and the dashboard read it without loading torch.
+(tests/experiments/test_experiments_registry.py holds the three together). This module imports only the standard
+library: the CLI's `--help` and the dashboard read it without loading torch.
 """
 
 import dataclasses

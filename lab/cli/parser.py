@@ -2,7 +2,7 @@
 and `main`, which turns a ValueError, KeyError or any OSError (FileNotFoundError, FileExistsError, a folder that cannot
 be written) into one line and exit 2,
 and a signal into one line and exit 128 + the signal. Only the standard library and lab's light modules are
-imported here: `--help` and an argument error answer without torch (tests/test_cli.py)."""
+imported here: `--help` and an argument error answer without torch (tests/lab/cli/test_cli.py)."""
 
 import argparse
 import signal
