@@ -89,3 +89,40 @@ def test_a_harvest_without_the_hooks_is_one_clear_line(harvest, tmp_path):
         )
     with pytest.raises(FileNotFoundError, match="no transcoder checkpoint"):
         train_transcoders(store, cfg, TranscoderTraining(steps=2), tmp_path / "none", resume=True)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_ranks_slice_of_each_batch_reads_only_the_shards_it_lies_in(harvest, monkeypatch, world):
+    """A data-parallel rank's reader (part: its contiguous slice of each batch) gives that slice of the whole
+    batch, bit for bit, from any start, and reads only the shards its rows lie in, once per visit: fewer than the
+    whole batches' reader."""
+    store, cfg = harvest
+    batch, start, steps = 100, 5, 12  # slices that cross shard boundaries, over more than an epoch
+    whole = DataOrder(store, cfg, batch_size=batch, seed=3)
+    expected = [next(batches) for batches in [whole.batches(start)] for _ in range(steps)]
+    owner = [  # (epoch, shard) of every row of the endless sequence, spelled out
+        (epoch, shard)
+        for epoch in range(3)
+        for shard in whole.shard_order(epoch)
+        for _ in range(int(store.index["shards"][shard]["rows"]))
+    ]
+    real, read, hooks = store.shard, [], []
+    monkeypatch.setattr(store, "shard", lambda i, names=None: read.append(i) or hooks.append(names) or real(i, names))
+    all_read = []
+    for rank in range(world):
+        mine = slice(rank * batch // world, (rank + 1) * batch // world)
+        order = DataOrder(store, cfg, batch_size=batch, seed=3, part=mine).batches(start)
+        read.clear()
+        for (step, x, y), (step2, x2, y2) in zip([next(order) for _ in range(steps)], expected):
+            assert step == step2 and torch.equal(x, x2[mine]) and torch.equal(y, y2[mine])
+        visits = [owner[s * batch + i] for s in range(start, start + steps) for i in range(mine.start, mine.stop)]
+        assert read == [shard for i, (epoch, shard) in enumerate(visits) if i == 0 or visits[i - 1] != (epoch, shard)]
+        all_read.append(len(read))
+    read.clear()
+    for _ in zip(range(steps), whole.batches(start)):
+        pass
+    assert max(all_read) < len(read)
+    hooks.clear()  # a module-parallel rank's reader: its layers' hooks alone, of whole batches
+    for (_, x, y), (_, x2, y2) in zip(DataOrder(store, cfg, batch, 3, layers=[1]).batches(start), expected[:2]):
+        assert torch.equal(x, x2[:, 1:2]) and torch.equal(y, y2[:, 1:2])
+    assert hooks and all(names == [cfg.hook("input", 1), cfg.hook("output", 1)] for names in hooks)
