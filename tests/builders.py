@@ -1,6 +1,7 @@
-"""The tests' builders: tiny models, Hugging Face models and tokenizers built from configs (nothing is fetched from a
-hub), and the command lines of quick runs. Fixtures live in conftest.py and build on these; a test imports a builder
-from here, never from conftest or from another test file."""
+"""The tests' builders: tiny models, transcoders, Hugging Face models, folders and tokenizers built from configs and
+seeds (nothing is fetched from a hub), the dashboard's pages in AppTest, private zoos, the guide's code blocks and the
+command lines of quick runs. Fixtures live in conftest.py and build on these; what two test files share is here, and
+a test imports it from here, never from conftest or from another test file (tests/test_structure.py)."""
 
 import json
 import math

@@ -13,6 +13,7 @@ largest modules, the model core's lines): lines are counted, not gated.
 """
 
 import ast
+import functools
 import json
 import re
 import subprocess
@@ -77,6 +78,12 @@ REEXPORTS_LEFT = {
 }
 
 
+@functools.cache
+def syntax_tree(path: Path) -> ast.Module:
+    """A file's syntax tree, parsed once a session (the gates below each walk every file)."""
+    return ast.parse(path.read_text(), str(path))
+
+
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(REPO).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -89,7 +96,7 @@ def modules() -> dict[str, Path]:
 
 def imports(name: str, path: Path, known: dict[str, Path]) -> Iterator[tuple[str, bool]]:
     """(imported module, made inside a function) for every import statement of the module."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = syntax_tree(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     inside: set[int] = set()
     for node in ast.walk(tree):
@@ -209,7 +216,7 @@ def from_imports(path: Path) -> Iterator[tuple[ast.ImportFrom, str]]:
     """Every `from … import …` of a file, with the module it names made absolute."""
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(syntax_tree(path)):
         if isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
@@ -343,7 +350,7 @@ def direct_reads() -> set[tuple[str, str]]:
     for name, path in modules().items():
         if name == "lab.inputs" or not name.startswith(("lab", "experiments", "dashboards")):
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(syntax_tree(path)):
             if not isinstance(node, ast.Call):
                 continue
             func = node.func
@@ -417,7 +424,7 @@ def test_files_under_tests_import_only_builders_and_helpers_never_a_test_file_or
             leaf = module.rpartition(".")[2]
             if module.startswith("tests.") and (leaf.startswith("test_") or leaf == "conftest"):
                 found.add((str(path.relative_to(REPO)), module))
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(syntax_tree(path)):
             if isinstance(node, ast.Import):
                 found |= {
                     (str(path.relative_to(REPO)), alias.name)

@@ -204,6 +204,7 @@ json.dump(out, open(f"{folder}/ids.json", "w"))
 """
 
 
+@pytest.mark.processes  # Inseq runs in its own environment's Python
 def test_inseq_gives_the_same_attributions_on_the_exported_model():
     """Inseq 0.7 on `lab.hf.to_hf(model)` against Forma on the same ids, to float round-off: integrated gradients
     from the unknown token's embedding of −log P(the generated token) (Forma's of log P, sign flipped); input ×

@@ -475,6 +475,7 @@ def test_forma_model_folder(tmp_path, tally):
     assert_counted(tally, "Forma model folder")
 
 
+@pytest.mark.slow  # every case loads a Hugging Face folder
 def test_hugging_face_model_folder(tmp_path, tally):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -99,6 +99,7 @@ def at_a_terminal(argv: list[str], timeout: float = 300) -> str:
     return output.decode(errors="replace")
 
 
+@pytest.mark.processes  # each command at a terminal of its own
 def test_a_folder_whose_config_names_its_own_code_is_refused_at_a_terminal_and_the_code_never_runs(tmp_path):
     """`forma hooks`, `forma trust`, `forma run --model`, load_hf, bridge and the tokenizer, each with a terminal
     that answers "y" to any question: one line naming auto_map, exit 2, and the folder's code never imported."""
@@ -517,6 +518,7 @@ def read_only_argv(folders: list[Path], argv: list[str]) -> list[str]:
     return ["unshare", "-m", "sh", "-c", f'{mounts} && exec "$@"', "sh", *argv]
 
 
+@pytest.mark.processes  # `forma trust` in a mount namespace of its own
 def test_trust_on_a_read_only_folder_and_a_read_only_offload_folder_are_one_line(tmp_path):
     model = gpt2_folder(tmp_path / "gpt2", tokenizer=True)
     offload = tmp_path / "offload"

@@ -37,6 +37,7 @@ def _faults(keep: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.processes  # measures page faults in a fresh Python of its own
 @pytest.mark.skipif(not keep_freed_memory(), reason="the C library is not glibc: there is no allocator to tune")
 def test_repeated_caching_reuses_freed_memory():
     kept = _faults("1")

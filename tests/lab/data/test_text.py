@@ -13,6 +13,7 @@ def corpus(stdlib_corpus) -> str:
     return stdlib_corpus.read_text(encoding="utf-8")
 
 
+@pytest.mark.slow  # parses the standard library's docstrings a second time
 def test_corpus_is_large_and_deterministic(corpus: str) -> None:
     assert len(corpus.encode("utf-8")) >= 2_000_000
     assert stdlib_docstrings() == corpus
