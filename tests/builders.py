@@ -5,6 +5,7 @@ from here, never from conftest or from another test file."""
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -64,47 +65,40 @@ def patchable(model: HookedTransformer, unembedding_scale: float = 1.0) -> Hooke
     return model.eval()
 
 
-def hf_gpt2(tie: bool = True):
-    from transformers import GPT2Config, GPT2LMHeadModel
+@dataclass(frozen=True)
+class HFCase:
+    """One variant of a registered Hugging Face family, as the tests build it: `hf_model(model_type, **options)`."""
+
+    model_type: str
+    variant: str  # the test id, from the family's `variants`
+    options: dict
+
+    def build(self):
+        return hf_model(self.model_type, **self.options)
+
+
+def hf_cases(first_only: bool = False) -> list[HFCase]:
+    """Every variant of every family of lab.hf.families.FAMILIES (or each family's first), in the table's order."""
+    from lab.hf.families import FAMILIES
+
+    return [
+        HFCase(model_type, variant, options)
+        for model_type, family in FAMILIES.items()
+        for variant, options in list(family.variants.items())[: 1 if first_only else None]
+    ]
+
+
+def hf_model(model_type: str, **options):
+    """A tiny Hugging Face causal LM of a family in lab.hf.families.FAMILIES, built from that family's `tiny` config
+    (`options` pick its variant: tie=, n_kv_heads=, window=, ...), seeded, in eval mode, with every gain and bias
+    moved off Hugging Face's initial 1 and 0 so that a misplaced one cannot hide."""
+    from transformers import AutoModelForCausalLM
+
+    from lab.hf.families import FAMILIES
 
     torch.manual_seed(0)
-    cfg = GPT2Config(
-        n_layer=2,
-        n_embd=64,
-        n_head=4,
-        vocab_size=VOCAB,
-        n_positions=64,
-        tie_word_embeddings=tie,
-        bos_token_id=None,
-        eos_token_id=None,
-    )
-    return GPT2LMHeadModel(cfg).eval()
-
-
-def hf_llama(n_kv_heads: int = 2, tie: bool = False):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=n_kv_heads,
-        vocab_size=VOCAB,
-        max_position_embeddings=64,
-        tie_word_embeddings=tie,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-    )
-    model = LlamaForCausalLM(cfg).eval()
-    # A fresh LLaMA has unit RMSNorm gains; randomise them so a misplaced gain cannot hide.
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.add_(0.3 * torch.randn_like(p))
-    return model
+    config = FAMILIES[model_type].tiny(VOCAB, **options)
+    return randomise_gains_and_biases(AutoModelForCausalLM.from_config(config, trust_remote_code=False).eval())
 
 
 def word_tokenizer(directory):
@@ -131,71 +125,3 @@ def randomise_gains_and_biases(model, scale: float = 0.3):
             if p.ndim == 1 and name != "unembed.b_U":
                 p.add_(scale * torch.randn(p.shape, generator=generator))
     return model
-
-
-def hf_neox(parallel: bool = True, rotary_pct: float = 0.25, tie: bool = False, act: str = "gelu"):
-    """GPT-NeoX / Pythia: parallel (or sequential) attention and MLP, partial rotary, biases, LayerNorm."""
-    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
-
-    torch.manual_seed(0)
-    cfg = GPTNeoXConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        vocab_size=VOCAB,
-        max_position_embeddings=64,
-        rotary_pct=rotary_pct,
-        hidden_act=act,
-        use_parallel_residual=parallel,
-        tie_word_embeddings=tie,
-        bos_token_id=None,
-        eos_token_id=None,
-    )
-    return randomise_gains_and_biases(GPTNeoXForCausalLM(cfg).eval())
-
-
-def hf_qwen2(tie: bool = False, window: int = 0, n_kv_heads: int = 2):
-    """Qwen2: LLaMA with biases on Q, K and V; with `window`, sliding-window attention in every layer."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    cfg = Qwen2Config(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=n_kv_heads,
-        vocab_size=VOCAB,
-        max_position_embeddings=64,
-        tie_word_embeddings=tie,
-        use_sliding_window=window > 0,
-        sliding_window=window or None,
-        max_window_layers=0,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-    )
-    return randomise_gains_and_biases(Qwen2ForCausalLM(cfg).eval())
-
-
-def hf_mistral(window: int | None = 5, n_kv_heads: int = 2, tie: bool = False):
-    """Mistral: LLaMA with sliding-window attention (each query sees itself and the window − 1 keys before it)."""
-    from transformers import MistralConfig, MistralForCausalLM
-
-    torch.manual_seed(0)
-    cfg = MistralConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=n_kv_heads,
-        vocab_size=VOCAB,
-        max_position_embeddings=64,
-        sliding_window=window,
-        tie_word_embeddings=tie,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-    )
-    return randomise_gains_and_biases(MistralForCausalLM(cfg).eval())

@@ -15,7 +15,17 @@ import torch
 import lab.zoo as zoo
 from lab import HookedTransformer
 from lab.configs import torch_threads
-from tests.builders import REPO, USER_THREADS, VOCAB, quick_argv, rerun_argv, run_bash, tiny_config
+from tests.builders import (
+    REPO,
+    USER_THREADS,
+    VOCAB,
+    HFCase,
+    hf_cases,
+    quick_argv,
+    rerun_argv,
+    run_bash,
+    tiny_config,
+)
 
 SAME_SEED = "test_the_same_seed_gives_the_same_results"
 BACKGROUND = pytest.StashKey["Background"]()
@@ -294,3 +304,16 @@ def tokens() -> torch.Tensor:
 @pytest.fixture
 def model() -> HookedTransformer:
     return HookedTransformer(tiny_config(), seed=1).eval()
+
+
+@pytest.fixture(params=hf_cases(), ids=lambda case: case.variant)
+def hf_case(request) -> HFCase:
+    """Every variant of every registered Hugging Face family (lab.hf.families.FAMILIES): a test that takes it runs
+    for a family as soon as the family is in the table."""
+    return request.param
+
+
+@pytest.fixture(params=hf_cases(first_only=True), ids=lambda case: case.model_type)
+def hf_family(request) -> HFCase:
+    """Every registered Hugging Face family, once (its first variant): for the slower tests, a saved folder's."""
+    return request.param

@@ -13,7 +13,7 @@ from experiments import calibration as experiment
 from lab.analysis.probes import VERDICTS
 from lab.cli import main
 from lab.metrics.calibration import MIN_PER_CLASS, ece, fit_temperature, nll, softmax
-from tests.builders import VOCAB, hf_gpt2
+from tests.builders import VOCAB, hf_model
 
 BLOCK_KEYS = {
     "n",
@@ -218,7 +218,7 @@ def letter_tokenizer(directory):
 def hf_folder(tmp_path_factory):
     folder = tmp_path_factory.mktemp("hf")
     model_dir = folder / "gpt2"
-    hf_gpt2().save_pretrained(model_dir)
+    hf_model("gpt2").save_pretrained(model_dir)
     letter_tokenizer(model_dir)
     rng = np.random.default_rng(0)
     csv_path = folder / "mmlu.csv"
@@ -366,7 +366,7 @@ def test_hf_path_refuses_what_it_cannot_read(hf_folder, tmp_path, capsys):
     with pytest.raises(ValueError, match="one of A, B, C, D"):
         experiment.read_mmlu(bad)
     bare = tmp_path / "no-tokenizer"
-    hf_gpt2().save_pretrained(bare)
+    hf_model("gpt2").save_pretrained(bare)
     with pytest.raises(FileNotFoundError, match="tokenizer"):
         experiment.load_local_model(bare)
 

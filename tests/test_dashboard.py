@@ -410,10 +410,10 @@ def test_explorer_reads_any_local_hugging_face_folder(empty, tmp_path):
     import torch
     from transformers import GPTJConfig, GPTJForCausalLM
 
-    from tests.builders import hf_gpt2, word_tokenizer
+    from tests.builders import hf_model, word_tokenizer
 
     gpt2, gptj, broken, bare = (tmp_path / n for n in ("gpt2", "gptj", "broken", "bare"))
-    hf_gpt2().save_pretrained(gpt2)
+    hf_model("gpt2").save_pretrained(gpt2)
     word_tokenizer(gpt2)
     torch.manual_seed(0)
     GPTJForCausalLM(

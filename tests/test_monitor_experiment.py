@@ -14,7 +14,7 @@ from experiments import monitor as experiment
 from lab.cli import main
 from lab.metrics.calibration import auroc
 from lab.metrics.selective import aurc, crc_threshold, selective_outcome
-from tests.builders import VOCAB, hf_gpt2
+from tests.builders import VOCAB, hf_model
 
 HEADLINE_KEYS = {"name", "sentence", "value", "interval", "direction", "supported", "why_not"}
 
@@ -144,7 +144,7 @@ def word_tokenizer(directory):
 @pytest.fixture(scope="module")
 def qa_folder(tmp_path_factory):
     folder = tmp_path_factory.mktemp("qa")
-    hf_gpt2().save_pretrained(folder / "gpt2")
+    hf_model("gpt2").save_pretrained(folder / "gpt2")
     word_tokenizer(folder / "gpt2")
     rng = np.random.default_rng(0)
     with (folder / "qa.csv").open("w", newline="") as f:
