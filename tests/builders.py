@@ -88,17 +88,18 @@ def hf_cases(first_only: bool = False) -> list[HFCase]:
     ]
 
 
-def hf_model(model_type: str, **options):
+def hf_model(model_type: str, randomise: bool = True, **options):
     """A tiny Hugging Face causal LM of a family in lab.hf.families.FAMILIES, built from that family's `tiny` config
     (`options` pick its variant: tie=, n_kv_heads=, window=, ...), seeded, in eval mode, with every gain and bias
-    moved off Hugging Face's initial 1 and 0 so that a misplaced one cannot hide."""
+    moved off Hugging Face's initial 1 and 0 so that a misplaced one cannot hide (`randomise=False`: as Hugging
+    Face initialises them)."""
     from transformers import AutoModelForCausalLM
 
     from lab.hf.families import FAMILIES
 
     torch.manual_seed(0)
-    config = FAMILIES[model_type].tiny(VOCAB, **options)
-    return randomise_gains_and_biases(AutoModelForCausalLM.from_config(config, trust_remote_code=False).eval())
+    model = AutoModelForCausalLM.from_config(FAMILIES[model_type].tiny(VOCAB, **options), trust_remote_code=False)
+    return randomise_gains_and_biases(model.eval()) if randomise else model.eval()
 
 
 def word_tokenizer(directory):

@@ -497,7 +497,7 @@ def hf_folder(tmp_path_factory):
     from tests.builders import hf_model, word_tokenizer
 
     folder = tmp_path_factory.mktemp("hf-gpt2")
-    hf_model("gpt2").save_pretrained(folder)
+    hf_model("gpt2", randomise=False).save_pretrained(folder)
     word_tokenizer(folder)
     return folder
 

@@ -371,9 +371,9 @@ def test_the_guide_names_the_files_the_table_and_every_field_of_a_family():
 
 
 def test_a_family_added_to_the_table_runs_in_every_parametrised_test(tmp_path):
-    """A throwaway family registered in FAMILIES (by a plugin loaded before the tests are collected, standing in
-    for the guide's one line) is collected by every test that takes the families' fixtures, beside each variant of
-    every registered family: nothing else is edited."""
+    """A throwaway family registered in FAMILIES (by a plugin loaded before the tests are collected, standing in for
+    the guide's entry in the table) is collected by every test that takes the families' fixtures, beside each variant
+    of every registered family: nothing else is edited."""
     (tmp_path / "throwaway_family.py").write_text(
         "import dataclasses\n"
         "from lab.hf.families import FAMILIES\n"

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lab.hf.families import FAMILIES, SUPPORTED
+from lab.hf.families import FAMILIES
 from lab.hf.family import Family, Reader, State, UnsupportedArchitecture
 from lab.hf.folder import quiet_transformers
 from lab.model import HookedTransformer, ModelConfig
@@ -38,9 +38,9 @@ def family_of(model_type: str) -> Family:
     if model_type not in FAMILIES:
         names = ", ".join(family.name for family in FAMILIES.values())
         raise UnsupportedArchitecture(
-            f"Forma converts {names} models ({SUPPORTED}) into its own HookedTransformer; {model_type!r} is not one "
-            "of them. Wrap it instead with lab.hf.bridge(path), which uses TransformerLens's TransformerBridge and "
-            "exposes the same hook names on the Hugging Face module tree."
+            f"Forma converts {names} models ({tuple(FAMILIES)}) into its own HookedTransformer; {model_type!r} is "
+            "not one of them. Wrap it instead with lab.hf.bridge(path), which uses TransformerLens's TransformerBridge "
+            "and exposes the same hook names on the Hugging Face module tree."
         )
     return FAMILIES[model_type]
 
@@ -150,11 +150,6 @@ def _check_tied_head(hf_model: Any) -> None:
     )
 
 
-EXPORT_SHAPES = "to_hf exports these shapes only: " + "; ".join(
-    f"{family.name} ({family.shape_text})" for family in FAMILIES.values()
-)
-
-
 def export_family(cfg: ModelConfig) -> str:
     """The Hugging Face model_type that `to_hf` writes a model of this config as (the family whose `shape` it has);
     UnsupportedArchitecture when no family has its shape."""
@@ -165,7 +160,8 @@ def export_family(cfg: ModelConfig) -> str:
     for model_type, family in FAMILIES.items():  # the families' shapes exclude each other (tested)
         if family.shape(cfg):
             return model_type
-    raise UnsupportedArchitecture(EXPORT_SHAPES)
+    shapes = "; ".join(f"{family.name} ({family.shape_text})" for family in FAMILIES.values())
+    raise UnsupportedArchitecture(f"to_hf exports these shapes only: {shapes}")
 
 
 def to_hf(model: HookedTransformer) -> Any:
