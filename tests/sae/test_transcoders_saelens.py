@@ -17,7 +17,7 @@ from lab.analysis.activations import save_activations
 from lab.analysis.transcoders.measures import reconstruction_measures
 from lab.analysis.transcoders.model import TranscoderConfig
 from lab.analysis.transcoders.train import TranscoderTraining, train_transcoders
-from tests.sae.test_saelens import markov_tokens
+from tests.builders import markov_tokens
 
 HOOK = "blocks.0.hook_mlp_out"
 K, D_SAE, TOKENS, BATCH = 4, 64, 65_536, 512
