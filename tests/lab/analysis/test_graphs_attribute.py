@@ -50,6 +50,44 @@ def test_chunks_of_positions_give_the_same_graph_as_one_batch():
     assert small.adjacency[later].abs().max() == 0
 
 
+@pytest.mark.parametrize("cross_layer", [False, True], ids=["per-layer", "cross-layer"])
+def test_a_node_budget_keeps_the_largest_features_and_folds_the_rest_into_the_error_nodes(cross_layer):
+    model = tiny_model("llama")
+    tc = random_transcoders(model, cross_layer=cross_layer)
+    whole = attribute(model, tc, TOKENS)
+    budget = whole.n_features // 4
+    graph = attribute(model, tc, TOKENS, max_feature_nodes=budget)
+    assert graph.n_features == budget and graph.meta["n_active_features"] == whole.n_features
+    layer, feature = whole.features[:, 0], whole.features[:, 2]
+    score = whole.activations * tc.decoder_norms().detach()[layer, feature]
+    largest = {tuple(f) for f in whole.features[score.argsort(descending=True)[:budget]].tolist()}
+    assert {tuple(f) for f in graph.features.tolist()} == largest
+    assert node_residuals(graph).abs().max() < 1e-5 * graph.inputs.abs().max()  # still exact: the rest are errors
+    kept_rows = [whole.features.tolist().index(f) for f in graph.features.tolist()]
+    torch.testing.assert_close(graph.inputs[: graph.n_features], whole.inputs[kept_rows])
+    torch.testing.assert_close(graph.inputs[-graph.n_logits :], whole.inputs[-whole.n_logits :])
+    # a dropped feature's output now flows through the error nodes: into each logit, the error edges gain its edge
+    n_err = graph.n_layers * graph.n_pos
+    dropped = [i for i, f in enumerate(whole.features.tolist()) if tuple(f) not in largest]
+    logits_now, logits_then = graph.adjacency[-graph.n_logits :], whole.adjacency[-whole.n_logits :]
+    errors_then = logits_then[:, whole.n_features : whole.n_features + n_err].sum(1)
+    torch.testing.assert_close(
+        logits_now[:, graph.n_features : graph.n_features + n_err].sum(1),
+        errors_then + logits_then[:, dropped].sum(1),
+        atol=1e-5,
+        rtol=1e-4,
+    )
+    assert logits_then[:, dropped].abs().sum() > 0.1 * errors_then.abs().sum()  # the folded part is not negligible
+    index = int(graph.adjacency[:, : graph.n_features].abs().sum(0).argmax())
+    torch.testing.assert_close(
+        frozen_ablation(model, tc, graph, index), -graph.adjacency[:, index], atol=2e-6, rtol=1e-4
+    )
+    same = attribute(model, tc, TOKENS, max_feature_nodes=whole.n_features)
+    torch.testing.assert_close(same.adjacency, whole.adjacency)
+    with pytest.raises(ValueError, match="max_features is a whole number"):
+        attribute(model, tc, TOKENS, max_feature_nodes=-1)
+
+
 def graph_pos(graph, index):
     return graph.node(index)["pos"]
 

@@ -20,7 +20,7 @@ def test_steering_a_feature_moves_the_logits_as_the_graph_predicts():
     model = tiny_model(mlp="relu")
     tc = exact_transcoders(model)
     graph = attribute(model, tc, TOKENS)
-    frozen = intervention_agreement(model, tc, graph, top=8, factor=0.9, freeze_attention=True)
+    frozen = intervention_agreement(model, tc, graph, top=8, factor=0.9, freeze=("attention", "norms"))
     assert frozen["pairs"] >= 8 * graph.n_logits // 2
     assert frozen["correlation"] > 0.99 and frozen["sign_agreement"] > 0.9, frozen
     live = intervention_agreement(model, tc, graph, top=8, factor=0.9)
@@ -36,6 +36,8 @@ def test_ablation_agreement_is_reported_per_prompt_with_the_direct_edges_beside(
     assert result["predicted"].shape == result["actual"].shape == (5, graph.n_logits)
     assert -1 <= result["correlation"] <= 1 and 0 <= result["sign_agreement"] <= 1
     assert {"direct_correlation", "direct_sign_agreement"} <= set(result)
+    with pytest.raises(ValueError, match="freeze names"):
+        intervention_agreement(model, tc, graph, top=5, freeze=("patterns",))
 
 
 @pytest.mark.parametrize("architecture", ["gpt2", "llama"])
