@@ -2,7 +2,6 @@
 
 import importlib
 
-from lab import folders
 from lab.memory import keep_freed_memory
 
 keep_freed_memory()  # repeated run_with_cache calls reuse freed memory (see lab.memory)
@@ -17,14 +16,3 @@ def __getattr__(name: str) -> object:
     if name in __all__:
         return getattr(importlib.import_module("lab.model"), name)
     raise AttributeError(f"module 'lab' has no attribute {name!r}")
-
-
-def _from_pretrained(cls: type, name_or_path: object, device: object, **options: object) -> object:
-    """`lab.load.from_pretrained`, imported on the first load by name: `import lab` loads no torch."""
-    from lab.load import from_pretrained
-
-    return from_pretrained(cls, name_or_path, device, **options)
-
-
-# Every lab module is imported after this package, so every model class's from_pretrained finds its loader.
-folders.set_pretrained_loader(_from_pretrained)

@@ -6,18 +6,14 @@ can list the zoo for `forma train --help` and check a name without loading torch
 standard library, so that the model package, which must import nothing above it, can read it.
 """
 
+import importlib
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 DEFAULT_ZOO_DIR = Path(__file__).resolve().parents[1] / "models"
 RECIPE_FILE = "model.toml"
-
-# (model class, name or folder, device) -> model: set by lab/__init__ to `lab.load.from_pretrained`.
-PretrainedLoader = Callable[..., Any]  # (model class, name or folder, device, **options) -> model
-_pretrained_loader: list[PretrainedLoader] = []
 
 
 def zoo_dir() -> Path:
@@ -120,15 +116,13 @@ def is_trained(name: str) -> bool:
     return (check_zoo_name(name) / "model.safetensors").is_file()
 
 
-def set_pretrained_loader(loader: PretrainedLoader) -> None:
-    """Make `loader` what every model class's `from_pretrained` calls (lab/__init__ sets `lab.load`'s)."""
-    _pretrained_loader[:] = [loader]
+# The module whose `from_pretrained(cls, name_or_path, device, **options)` loads a model by name. It is above the
+# model package, which may not import it; `load_pretrained` looks it up by this name when called.
+LOADER_MODULE = "lab.load"
 
 
 def load_pretrained(cls: type, name_or_path: str | Path, device: Any = "cpu", **options: Any) -> Any:
     """`cls.from_pretrained(name_or_path, device, **options)`: the model package's door to loading by name, which
-    lives above it (`lab.load`), so that the model package imports nothing above it while its classes keep the
-    method."""
-    if not _pretrained_loader:  # lab/__init__ sets it, and runs before any lab module: never met in practice
-        raise RuntimeError("no loader by name is set: import lab.load (lab/__init__ sets it on import)")
-    return _pretrained_loader[0](cls, name_or_path, device, **options)
+    lives above it (`lab.load.from_pretrained`, imported by name on the call), so that the model package imports
+    nothing above it while its classes keep the method."""
+    return importlib.import_module(LOADER_MODULE).from_pretrained(cls, name_or_path, device, **options)

@@ -3,8 +3,8 @@
 This is above the model package: it reads the zoo (`lab.folders`) and converts Hugging Face folders
 (`lab.hf`), neither of which lab/model may import. `HookedTransformer.from_pretrained` and
 `EncoderDecoder.from_pretrained` are `from_pretrained` here, reached through `lab.folders.load_pretrained`,
-which lab/__init__ points at it; so the classes keep the method and the model package imports nothing
-above it.
+which imports this module by name when called; so the classes keep the method and the model package imports
+nothing above it.
 """
 
 from pathlib import Path

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -76,47 +77,41 @@ def patchable(model: HookedTransformer, unembedding_scale: float = 1.0) -> Hooke
     return model.eval()
 
 
-def hf_gpt2(tie: bool = True):
-    from transformers import GPT2Config, GPT2LMHeadModel
+@dataclass(frozen=True)
+class HFCase:
+    """One variant of a registered Hugging Face family, as the tests build it: `hf_model(model_type, **options)`."""
+
+    model_type: str
+    variant: str  # the test id, from the family's `variants`
+    options: dict
+
+    def build(self):
+        return hf_model(self.model_type, **self.options)
+
+
+def hf_cases(first_only: bool = False) -> list[HFCase]:
+    """Every variant of every family of lab.hf.families.FAMILIES (or each family's first), in the table's order."""
+    from lab.hf.families import FAMILIES
+
+    return [
+        HFCase(model_type, variant, options)
+        for model_type, family in FAMILIES.items()
+        for variant, options in list(family.variants.items())[: 1 if first_only else None]
+    ]
+
+
+def hf_model(model_type: str, randomise: bool = True, **options):
+    """A tiny Hugging Face causal LM of a family in lab.hf.families.FAMILIES, built from that family's `tiny` config
+    (`options` pick its variant: tie=, n_kv_heads=, window=, ...), seeded, in eval mode, with every gain and bias
+    moved off Hugging Face's initial 1 and 0 so that a misplaced one cannot hide (`randomise=False`: as Hugging
+    Face initialises them)."""
+    from transformers import AutoModelForCausalLM
+
+    from lab.hf.families import FAMILIES
 
     torch.manual_seed(0)
-    cfg = GPT2Config(
-        n_layer=2,
-        n_embd=64,
-        n_head=4,
-        vocab_size=VOCAB,
-        n_positions=64,
-        tie_word_embeddings=tie,
-        bos_token_id=None,
-        eos_token_id=None,
-    )
-    return GPT2LMHeadModel(cfg).eval()
-
-
-def hf_llama(n_kv_heads: int = 2, tie: bool = False):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=n_kv_heads,
-        vocab_size=VOCAB,
-        max_position_embeddings=64,
-        tie_word_embeddings=tie,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-    )
-    model = LlamaForCausalLM(cfg).eval()
-    # A fresh LLaMA has unit RMSNorm gains; randomise them so a misplaced gain cannot hide.
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.add_(0.3 * torch.randn_like(p))
-    return model
+    model = AutoModelForCausalLM.from_config(FAMILIES[model_type].tiny(VOCAB, **options), trust_remote_code=False)
+    return randomise_gains_and_biases(model.eval()) if randomise else model.eval()
 
 
 def word_tokenizer(directory, words: tuple[str, ...] = ()):
@@ -147,81 +142,13 @@ def randomise_gains_and_biases(model, scale: float = 0.3):
     return model
 
 
-def hf_neox(parallel: bool = True, rotary_pct: float = 0.25, tie: bool = False, act: str = "gelu"):
-    """GPT-NeoX / Pythia: parallel (or sequential) attention and MLP, partial rotary, biases, LayerNorm."""
-    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
-
-    torch.manual_seed(0)
-    cfg = GPTNeoXConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        vocab_size=VOCAB,
-        max_position_embeddings=64,
-        rotary_pct=rotary_pct,
-        hidden_act=act,
-        use_parallel_residual=parallel,
-        tie_word_embeddings=tie,
-        bos_token_id=None,
-        eos_token_id=None,
-    )
-    return randomise_gains_and_biases(GPTNeoXForCausalLM(cfg).eval())
-
-
-def hf_qwen2(tie: bool = False, window: int = 0, n_kv_heads: int = 2):
-    """Qwen2: LLaMA with biases on Q, K and V; with `window`, sliding-window attention in every layer."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    cfg = Qwen2Config(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=n_kv_heads,
-        vocab_size=VOCAB,
-        max_position_embeddings=64,
-        tie_word_embeddings=tie,
-        use_sliding_window=window > 0,
-        sliding_window=window or None,
-        max_window_layers=0,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-    )
-    return randomise_gains_and_biases(Qwen2ForCausalLM(cfg).eval())
-
-
-def hf_mistral(window: int | None = 5, n_kv_heads: int = 2, tie: bool = False):
-    """Mistral: LLaMA with sliding-window attention (each query sees itself and the window − 1 keys before it)."""
-    from transformers import MistralConfig, MistralForCausalLM
-
-    torch.manual_seed(0)
-    cfg = MistralConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=n_kv_heads,
-        vocab_size=VOCAB,
-        max_position_embeddings=64,
-        sliding_window=window,
-        tie_word_embeddings=tie,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-    )
-    return randomise_gains_and_biases(MistralForCausalLM(cfg).eval())
-
-
 def letter_tokenizer(directory):
     """word_tokenizer whose vocabulary holds the letters A–D (a multiple-choice question's answer tokens)."""
     return word_tokenizer(directory, ("A", "B", "C", "D", "Answer:"))
 
 
 def gpt2_folder(directory, n_layer_in_config: int | None = None, tie: bool = True, tokenizer: bool = False):
-    hf_gpt2(tie=tie).save_pretrained(directory)
+    hf_model("gpt2", tie=tie).save_pretrained(directory)
     if n_layer_in_config is not None:
         config = json.loads((directory / "config.json").read_text())
         config["n_layer"] = n_layer_in_config

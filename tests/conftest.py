@@ -23,8 +23,10 @@ from tests.builders import (
     TESTS,
     USER_THREADS,
     VOCAB,
+    HFCase,
     blocks,
-    hf_gpt2,
+    hf_cases,
+    hf_model,
     letter_tokenizer,
     quick_argv,
     rerun_argv,
@@ -316,7 +318,7 @@ def hf_folder(tmp_path_factory):
     MMLU-layout CSV of 40 questions (the calibration experiment's `--model PATH --mmlu FILE`)."""
     folder = tmp_path_factory.mktemp("hf")
     model_dir = folder / "gpt2"
-    hf_gpt2().save_pretrained(model_dir)
+    hf_model("gpt2").save_pretrained(model_dir)
     letter_tokenizer(model_dir)
     rng = np.random.default_rng(0)
     csv_path = folder / "mmlu.csv"
@@ -338,7 +340,7 @@ def qa_folder(tmp_path_factory):
     """A folder with gpt2/ (a tiny random GPT-2 and a word-level tokenizer) and qa.csv, 30 generated
     question–answer rows (the monitor experiment's `--model PATH --qa FILE`)."""
     folder = tmp_path_factory.mktemp("qa")
-    hf_gpt2().save_pretrained(folder / "gpt2")
+    hf_model("gpt2").save_pretrained(folder / "gpt2")
     word_tokenizer(folder / "gpt2", ("Question:", "Answer:"))
     rng = np.random.default_rng(0)
     with (folder / "qa.csv").open("w", newline="") as f:
@@ -347,3 +349,16 @@ def qa_folder(tmp_path_factory):
         for _ in range(30):
             writer.writerow([" ".join(f"w{i}" for i in rng.integers(0, VOCAB - 6, 5)), f"w{rng.integers(0, 9)}"])
     return folder
+
+
+@pytest.fixture(params=hf_cases(), ids=lambda case: case.variant)
+def hf_case(request) -> HFCase:
+    """Every variant of every registered Hugging Face family (lab.hf.families.FAMILIES): a test that takes it runs
+    for a family as soon as the family is in the table."""
+    return request.param
+
+
+@pytest.fixture(params=hf_cases(first_only=True), ids=lambda case: case.model_type)
+def hf_family(request) -> HFCase:
+    """Every registered Hugging Face family, once (its first variant): for the slower tests, a saved folder's."""
+    return request.param

@@ -1,7 +1,7 @@
-"""The conversion itself: `FAMILIES` (each family's config, tensors, module names and exporter), `from_hf`
-(an HF causal LM's weights into a HookedTransformer, checked against its config first, converted part by part
-into a model built on the meta device, `empty_model`) and `to_hf` (the inverse). Both are exact: logits agree
-to float32 round-off (tested, per family and direction)."""
+"""The conversion itself, for every family of `lab.hf.families.FAMILIES`: `from_hf` (an HF causal LM's weights
+into a HookedTransformer, checked against its config first, converted part by part into a model built on the meta
+device, `empty_model`) and `to_hf` (the inverse, as the family whose shape the model has: `export_family`). Both
+are exact: logits agree to float32 round-off (tested, per family and direction)."""
 
 from collections.abc import Callable
 from typing import Any
@@ -9,71 +9,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lab.hf.family import Family, Reader, UnsupportedArchitecture, _unsupported
-from lab.hf.folder import _quiet_transformers
-from lab.hf.forma_to_hf import _forma_to_gpt2, _forma_to_llama_like, _forma_to_neox, export_family
-from lab.hf.hf_to_forma import (
-    _gpt2_config,
-    _gpt2_layer,
-    _gpt2_outer,
-    _llama_config,
-    _llama_layer,
-    _llama_outer,
-    _mistral_config,
-    _neox_config,
-    _neox_layer,
-    _neox_outer,
-    _qwen2_config,
-)
+from lab.hf.families import FAMILIES
+from lab.hf.family import Family, Reader, State, UnsupportedArchitecture
+from lab.hf.folder import quiet_transformers
 from lab.model import HookedTransformer, ModelConfig
 from lab.model.checkpoint import describe_weight_problems
 from lab.model.components import Rotary, SinusoidalPositions
 from lab.model.offload import read_weight
-
-FAMILIES: dict[str, Family] = {
-    "gpt2": Family(
-        _gpt2_config,
-        _gpt2_outer,
-        _gpt2_layer,
-        {
-            "embed": "transformer.wte",
-            "pos_embed": "transformer.wpe",
-            "blocks.{l}": "transformer.h.{l}",
-            "ln_final": "transformer.ln_f",
-            "unembed": "lm_head",
-        },
-        _forma_to_gpt2,
-    ),
-    "gpt_neox": Family(
-        _neox_config,
-        _neox_outer,
-        _neox_layer,
-        {
-            "embed": "gpt_neox.embed_in",
-            "blocks.{l}": "gpt_neox.layers.{l}",
-            "ln_final": "gpt_neox.final_layer_norm",
-            "unembed": "lm_head",
-        },
-        _forma_to_neox,
-        prepend_bos=False,
-    ),
-    **{
-        model_type: Family(
-            config,
-            _llama_outer,
-            _llama_layer,
-            {
-                "embed": "model.embed_tokens",
-                "blocks.{l}": "model.layers.{l}",
-                "ln_final": "model.norm",
-                "unembed": "lm_head",
-            },
-            _forma_to_llama_like,
-            prepend_bos=model_type != "qwen2",
-        )
-        for model_type, config in (("llama", _llama_config), ("qwen2", _qwen2_config), ("mistral", _mistral_config))
-    },
-}
 
 
 def from_hf(hf_model: Any, tokenizer: Any = None, dtype: torch.dtype = torch.float32) -> HookedTransformer:
@@ -83,27 +25,34 @@ def from_hf(hf_model: Any, tokenizer: Any = None, dtype: torch.dtype = torch.flo
     The model's tensors are first checked against what its config describes (the same class built on the
     meta device): a missing, unexpected or mis-shaped one is a ValueError naming it."""
     model_type = getattr(hf_model.config, "model_type", type(hf_model).__name__)
-    family = _family(model_type)
-    with _quiet_transformers():
-        _check_against_config(hf_model)
-    model = empty_model(_config(family, model_type, hf_model.config), tokenizer)
-    _convert_into(model, family, hf_model, lambda name, tensor: _assign(model, name, tensor, "cpu", dtype))
+    family = family_of(model_type)
+    with quiet_transformers():
+        check_against_config(hf_model)
+    model = empty_model(model_config(family, hf_model.config), tokenizer)
+    convert_into(model, family, hf_model, lambda name, tensor: assign(model, name, tensor, "cpu", dtype))
     return family.set_defaults(model).eval()
 
 
-def _family(model_type: str) -> Family:
+def family_of(model_type: str) -> Family:
+    """The family of a Hugging Face model_type; UnsupportedArchitecture, pointing to the bridge, for any other."""
     if model_type not in FAMILIES:
-        raise _unsupported(model_type)
+        names = ", ".join(family.name for family in FAMILIES.values())
+        raise UnsupportedArchitecture(
+            f"Forma converts {names} models ({tuple(FAMILIES)}) into its own HookedTransformer; {model_type!r} is "
+            "not one of them. Wrap it instead with lab.hf.bridge(path), which uses TransformerLens's TransformerBridge "
+            "and exposes the same hook names on the Hugging Face module tree."
+        )
     return FAMILIES[model_type]
 
 
-def _config(family: Family, model_type: str, hf_config: Any) -> ModelConfig:
+def model_config(family: Family, hf_config: Any) -> ModelConfig:
+    """The family's reading of an HF config; a ValueError naming the family for one that is no Forma model."""
     try:
         return family.config(hf_config)
     except UnsupportedArchitecture:
         raise
     except ValueError as err:
-        raise ValueError(f"the Hugging Face {model_type} config does not describe a Forma model: {err}") from err
+        raise ValueError(f"the Hugging Face {family.model_type} config does not describe a Forma model: {err}") from err
 
 
 def empty_model(cfg: ModelConfig, tokenizer: Any = None) -> HookedTransformer:
@@ -128,7 +77,7 @@ def empty_model(cfg: ModelConfig, tokenizer: Any = None) -> HookedTransformer:
     return model
 
 
-def _assign(model: nn.Module, name: str, tensor: Tensor, device: Any, dtype: torch.dtype) -> None:
+def assign(model: nn.Module, name: str, tensor: Tensor, device: Any, dtype: torch.dtype) -> None:
     """Make `tensor` (copied, contiguous, in `dtype` on `device`) the model's parameter `name`."""
     module_name, _, attr = name.rpartition(".")
     module = model.get_submodule(module_name)
@@ -149,9 +98,7 @@ def _reader(hf_model: Any) -> Reader:
     return read
 
 
-def _convert_into(
-    model: HookedTransformer, family: Family, hf_model: Any, place: Callable[[str, Tensor], None]
-) -> None:
+def convert_into(model: HookedTransformer, family: Family, hf_model: Any, place: Callable[[str, Tensor], None]) -> None:
     """Convert the HF weights part by part (the outer modules, then one block at a time) and hand each Forma
     tensor to `place`; every tensor of `model` must come out exactly once, with its shape."""
     c, cfg, read = hf_model.config, model.cfg, _reader(hf_model)
@@ -173,7 +120,7 @@ def _convert_into(
         raise ValueError(f"conversion left Forma weights unset: {sorted(expected.keys() - seen)[:5]}")
 
 
-def _check_against_config(hf_model: Any) -> None:
+def check_against_config(hf_model: Any) -> None:
     """ValueError naming every tensor of `hf_model` that its config does not describe, or describes with
     another shape, and every one it describes that is missing (e.g. layers removed from the module tree); and
     naming an output head that the config ties to the token embedding but that is a tensor of its own."""
@@ -203,10 +150,47 @@ def _check_tied_head(hf_model: Any) -> None:
     )
 
 
+def export_family(cfg: ModelConfig) -> str:
+    """The Hugging Face model_type that `to_hf` writes a model of this config as (the family whose `shape` it has);
+    UnsupportedArchitecture when no family has its shape."""
+    if cfg.d_vocab_out != cfg.d_vocab:
+        raise UnsupportedArchitecture(
+            f"no Hugging Face family has d_vocab_out ({cfg.d_vocab_out}) other than d_vocab ({cfg.d_vocab})"
+        )
+    for model_type, family in FAMILIES.items():  # the families' shapes exclude each other (tested)
+        if family.shape(cfg):
+            return model_type
+    shapes = "; ".join(f"{family.name} ({family.shape_text})" for family in FAMILIES.values())
+    raise UnsupportedArchitecture(f"to_hf exports these shapes only: {shapes}")
+
+
 def to_hf(model: HookedTransformer) -> Any:
     """The same network as a Hugging Face model of the family its shape matches (see `export_family`), in
     eval mode, float32."""
-    family = export_family(model.cfg)
+    from transformers import AutoModelForCausalLM
+
+    family = FAMILIES[export_family(model.cfg)]
     if float(model.b_U.detach().abs().max()) != 0.0:
         raise UnsupportedArchitecture("Hugging Face's causal-LM heads have no unembedding bias; b_U is not zero")
-    return FAMILIES[family].export(model)
+    cfg = model.cfg
+    hf_config = family.hf_config(cfg)
+    sd = {k: read_weight(model, k).detach().float().cpu() for k in model.state_dict()}  # offloaded ones from store
+    state = family.outer_out(sd, cfg)
+    for layer in range(cfg.n_layers):
+        state |= family.layer_out(sd, cfg, layer)
+    with quiet_transformers():
+        hf = AutoModelForCausalLM.from_config(hf_config, trust_remote_code=False)
+    return _load_hf_state(hf, state)
+
+
+def _load_hf_state(hf: Any, state: State) -> Any:
+    """Load the exported weights (every one the HF model has, or a ValueError naming those left unset)."""
+    expected = set(hf.state_dict())
+    missing = sorted(
+        k for k in expected - state.keys() if not k.endswith("attn.bias") and not k.endswith("masked_bias")
+    )
+    unexpected = sorted(state.keys() - expected)
+    if missing or unexpected:
+        raise ValueError(f"export does not match the Hugging Face model: unset {missing[:5]}, unknown {unexpected[:5]}")
+    hf.load_state_dict({k: v.contiguous() for k, v in state.items()}, strict=False)
+    return hf.eval()

@@ -46,7 +46,7 @@ def forma_device_map(
             name = forma.format(l=layer)
             if any(True for _ in model.get_submodule(name).parameters()):
                 owners[name] = hf_name.format(l=layer)
-    return {forma: _place_of(device_map, (forma, hf_name)) for forma, hf_name in owners.items()}
+    return {forma: place_of(device_map, (forma, hf_name)) for forma, hf_name in owners.items()}
 
 
 def _infer_device_map(model: HookedTransformer, how: str, max_memory: dict | None, dtype: torch.dtype) -> dict:
@@ -64,7 +64,7 @@ def _infer_device_map(model: HookedTransformer, how: str, max_memory: dict | Non
     return infer_auto_device_map(model, max_memory=max_memory, no_split_module_classes=no_split, dtype=dtype)
 
 
-def _place_of(device_map: dict, names: tuple[str, str]) -> Any:
+def place_of(device_map: dict, names: tuple[str, str]) -> Any:
     """The place the map gives a module known by either of `names` (Forma's, Hugging Face's)."""
 
     def covers(key: str, name: str) -> bool:

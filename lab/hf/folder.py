@@ -1,4 +1,4 @@
-"""A local Hugging Face `save_pretrained` folder, read strictly: its config (`_hf_config`), its tokenizer, its
+"""A local Hugging Face `save_pretrained` folder, read strictly: its config (`read_hf_config`), its tokenizer, its
 safetensors checked before anything is loaded (`check_safetensors`: never a pickle, every shard whole), and the
 causal LM loaded only if its weights are exactly what config.json describes (`read_hf_folder`).
 `hf_model_type` says which architecture a folder holds without loading transformers.
@@ -53,9 +53,9 @@ def read_hf_folder(path: str | Path, **options: Any) -> Any:
     from transformers import AutoModelForCausalLM
 
     path = Path(path)
-    _hf_config(path)
+    read_hf_config(path)
     check_safetensors(path)
-    with _quiet_transformers():
+    with quiet_transformers():
         hf, info = AutoModelForCausalLM.from_pretrained(
             path,
             local_files_only=True,
@@ -160,7 +160,7 @@ def _check_dtype(path: Path, data: dict[str, Any]) -> None:
             raise InputError(f"{path}: {key} {value!r} is not a torch dtype (float32, float16, bfloat16, ...)")
 
 
-def _hf_config(path: Path) -> Any:
+def read_hf_config(path: Path) -> Any:
     """The folder's transformers config; FileNotFoundError or ValueError naming config.json."""
     from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig
@@ -173,7 +173,7 @@ def _hf_config(path: Path) -> Any:
     refuse_code(config, data)
     _check_dtype(config, data)
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             return AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError, KeyError, TypeError, AttributeError, StrictDataclassError) as err:
         # what transformers raises for a config it cannot read, or one whose fields have the wrong type
@@ -196,14 +196,14 @@ def local_tokenizer(path: Path) -> Any:
             read_json_object(path / "tokenizer_config.json", folder_root(path), what="tokenizer config"),
         )
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             return AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
     except Exception as err:  # the Rust tokenizers library raises plain Exception for a malformed tokenizer.json
         raise InputError(f"malformed tokenizer in {path} ({', '.join(present)}): {err}") from err
 
 
 @contextmanager
-def _quiet_transformers() -> Iterator[None]:
+def quiet_transformers() -> Iterator[None]:
     """transformers' warnings and load report off for a call whose problems Forma reports itself."""
     from transformers.utils import logging
 

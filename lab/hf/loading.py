@@ -19,10 +19,18 @@ import torch
 from torch import Tensor
 
 from lab.files import check_writable
-from lab.hf.convert import _assign, _check_against_config, _config, _convert_into, _family, empty_model, from_hf
-from lab.hf.device_map import _place_of, check_devices, check_placement, forma_device_map
+from lab.hf.convert import (
+    assign,
+    check_against_config,
+    convert_into,
+    empty_model,
+    family_of,
+    from_hf,
+    model_config,
+)
+from lab.hf.device_map import check_devices, check_placement, forma_device_map, place_of
 from lab.hf.family import Family, UnsupportedArchitecture
-from lab.hf.folder import TOKENIZER_FILES, _hf_config, _quiet_transformers, local_tokenizer, read_hf_folder
+from lab.hf.folder import TOKENIZER_FILES, local_tokenizer, quiet_transformers, read_hf_config, read_hf_folder
 from lab.model import HookedTransformer
 
 
@@ -43,8 +51,8 @@ def load_hf(
     in around its forward pass. The folder must hold exactly what its config.json describes (see
     `read_hf_folder`). `offload_folder` must be new or empty: the weights offloaded into it are its only files."""
     path = Path(path)
-    config = _hf_config(path)
-    family = _family(config.model_type)
+    config = read_hf_config(path)
+    family = family_of(config.model_type)
     if device_map is not None and device is not None:
         raise ValueError("give load_hf a device or a device_map, not both")
     check_devices(device_map if device_map is not None else device)
@@ -122,22 +130,22 @@ def _load_dispatched(
     with tempfile.TemporaryDirectory(prefix="forma-hf-") as staging:
         # Everything "on disk": transformers checks the folder and indexes its safetensors, loading nothing.
         hf = read_hf_folder(path, dtype=dtype, device_map={"": "disk"}, offload_folder=staging)
-        with _quiet_transformers():
-            _check_against_config(hf)
-        model = empty_model(_config(family, hf.config.model_type, hf.config), tokenizer)
+        with quiet_transformers():
+            check_against_config(hf)
+        model = empty_model(model_config(family, hf.config), tokenizer)
         placement = forma_device_map(model, family, hf, device_map, max_memory, dtype)
         main = check_placement(placement, model.cfg, offload_folder)
         index: dict[str, Any] = {}
 
         def place(name: str, tensor: Tensor) -> None:
-            where = _place_of(placement, (name, name))
+            where = place_of(placement, (name, name))
             if where == "disk":  # written to the offload folder; the parameter stays a shape, in its dtype
                 offload_weight(tensor.to(dtype).contiguous(), name, str(offload_folder), index)
-                _assign(model, name, tensor, "meta", dtype)
+                assign(model, name, tensor, "meta", dtype)
             else:
-                _assign(model, name, tensor, where, dtype)
+                assign(model, name, tensor, where, dtype)
 
-        _convert_into(model, family, hf, place)
+        convert_into(model, family, hf, place)
         save_offload_index(index, str(offload_folder))
     dispatch_model(
         model,
@@ -167,7 +175,7 @@ def bridge(
     from transformer_lens.model_bridge import TransformerBridge
 
     path = Path(path)
-    config = _hf_config(path)
+    config = read_hf_config(path)
     tokenizer = local_tokenizer(path)
     if tokenizer is None:
         raise FileNotFoundError(

@@ -495,10 +495,10 @@ def test_training_curves_show_the_entropy_rate_of_a_known_world(server, browser,
 @pytest.fixture(scope="module")
 def hf_folder(tmp_path_factory):
     """A tiny GPT-2 and its word-level tokenizer, saved with save_pretrained: what a user points the explorer at."""
-    from tests.builders import hf_gpt2, word_tokenizer
+    from tests.builders import hf_model, word_tokenizer
 
     folder = tmp_path_factory.mktemp("hf-gpt2")
-    hf_gpt2().save_pretrained(folder)
+    hf_model("gpt2", randomise=False).save_pretrained(folder)
     word_tokenizer(folder)
     return folder
 

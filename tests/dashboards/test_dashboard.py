@@ -374,10 +374,10 @@ def test_explorer_reads_any_local_hugging_face_folder(empty, tmp_path):
     import torch
     from transformers import GPTJConfig, GPTJForCausalLM
 
-    from tests.builders import hf_gpt2, word_tokenizer
+    from tests.builders import hf_model, word_tokenizer
 
     gpt2, gptj, broken, bare = (tmp_path / n for n in ("gpt2", "gptj", "broken", "bare"))
-    hf_gpt2().save_pretrained(gpt2)
+    hf_model("gpt2", randomise=False).save_pretrained(gpt2)  # as initialised: its prompt has a flipping corruption
     word_tokenizer(gpt2)
     torch.manual_seed(0)
     GPTJForCausalLM(

@@ -12,7 +12,7 @@ from experiments import calibration as experiment
 from lab.analysis.probes import VERDICTS
 from lab.cli import main
 from lab.metrics.calibration import MIN_PER_CLASS, ece, fit_temperature, nll, softmax
-from tests.builders import REPO, VOCAB, hf_gpt2, letter_tokenizer
+from tests.builders import REPO, VOCAB, hf_model, letter_tokenizer
 
 BLOCK_KEYS = {
     "n",
@@ -326,7 +326,7 @@ def test_hf_path_refuses_what_it_cannot_read(hf_folder, tmp_path, capsys):
     with pytest.raises(ValueError, match="one of A, B, C, D"):
         experiment.read_mmlu(bad)
     bare = tmp_path / "no-tokenizer"
-    hf_gpt2().save_pretrained(bare)
+    hf_model("gpt2").save_pretrained(bare)
     with pytest.raises(FileNotFoundError, match="tokenizer"):
         experiment.load_local_model(bare)
 

@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.builders import REPO, hf_gpt2, tiny_config, word_tokenizer
+from tests.builders import REPO, hf_model, tiny_config, word_tokenizer
 
 CASES = 200  # per loader
 TIMEOUT_S = 20  # a case still running after this is a hang
@@ -482,7 +482,7 @@ def test_hugging_face_model_folder(tmp_path, tally):
     from lab.hf import load_hf
 
     saved = tmp_path / "saved"
-    hf_gpt2().save_pretrained(saved)
+    hf_model("gpt2").save_pretrained(saved)
     word_tokenizer(saved)
     files = {name: json.loads((saved / name).read_text()) for name in ("config.json", "tokenizer_config.json")}
     index = {"metadata": {}, "weight_map": {"transformer.wte.weight": "model.safetensors"}}

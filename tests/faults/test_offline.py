@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from tests.builders import REPO, hf_gpt2, letter_tokenizer
+from tests.builders import REPO, hf_model, letter_tokenizer
 
 # Loaded by the subprocess's `site` at start-up (it is first on PYTHONPATH): every way Python opens a
 # connection or resolves a name writes the attempt, with its stack, to FORMA_NETWORK_LOG and fails.
@@ -63,9 +63,9 @@ print("all ran")
 @pytest.mark.slow
 def test_no_connection_is_attempted(tmp_path):
     model, bare = tmp_path / "gpt2", tmp_path / "bare"
-    hf_gpt2().save_pretrained(model)
+    hf_model("gpt2").save_pretrained(model)
     letter_tokenizer(model)
-    hf_gpt2().save_pretrained(bare)
+    hf_model("gpt2").save_pretrained(bare)
     csv_path = tmp_path / "mmlu.csv"
     rows = [f"w{i} w{i + 1} w{i + 2},w{i + 3},w{i + 4},w{i + 5},w{i + 6},{'ABCD'[i % 4]}" for i in range(40)]
     csv_path.write_text("question,A,B,C,D,answer\n" + "\n".join(rows) + "\n")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from lab.cli import MAX_SEED, free_port, main, wait_until_serving
-from tests.builders import REPO
+from tests.builders import REPO, hf_model
 
 
 @pytest.mark.parametrize("seed", [str(2**70), str(2**63), "-1", "seven"])
@@ -260,10 +260,10 @@ def test_a_signal_ends_forma_run_and_its_workers_at_once_leaving_nothing(tmp_pat
 @pytest.mark.slow
 def test_ctrl_c_of_forma_run_with_a_model_is_one_line_and_exit_130(tmp_path):
     """`forma run calibration --model DIR --mmlu CSV` interrupted while it works: one line, exit 130."""
-    from tests.builders import hf_gpt2, letter_tokenizer
+    from tests.builders import letter_tokenizer
 
     model = tmp_path / "gpt2"
-    hf_gpt2().save_pretrained(model)
+    hf_model("gpt2").save_pretrained(model)
     letter_tokenizer(model)
     csv_path = tmp_path / "mmlu.csv"
     rows = [f"w{i} w{i + 1} w{i + 2},w{i + 3},w{i + 4},w{i + 5},w{i + 6},{'ABCD'[i % 4]}" for i in range(40)]

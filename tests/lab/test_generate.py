@@ -8,7 +8,7 @@ from lab.generate import decode, filter_logits, generate, sample_next
 from lab.hf import from_hf
 from lab.model import KVCache, KVCacheEntry
 from lab.model.errors import Misuse
-from tests.builders import hf_gpt2, hf_llama, tiny_config, word_tokenizer
+from tests.builders import hf_model, tiny_config, word_tokenizer
 
 VARIANTS = [
     dict(),
@@ -37,9 +37,8 @@ def test_cached_decoding_with_a_pattern_hook_matches_the_fast_path():
     assert (plain.logits - hooked.logits).abs().max() <= 1e-5
 
 
-@pytest.mark.parametrize("make_hf", [hf_gpt2, hf_llama], ids=["gpt2", "llama"])
-def test_generation_works_for_models_from_hugging_face(make_hf):
-    hf = make_hf()
+def test_generation_works_for_models_from_hugging_face(hf_case):
+    hf = hf_case.build()
     model = from_hf(hf)
     prompt = torch.randint(0, 100, (2, 4), generator=torch.Generator().manual_seed(0))
     ours = generate(model, prompt, 10, temperature=0)
@@ -186,7 +185,7 @@ def worded(tmp_path):
     """A LLaMA-shaped model from a Hugging Face folder with a word-level tokenizer (w0 … w95, BOS, EOS, pad)."""
     from lab.hf import load_hf
 
-    hf_llama().save_pretrained(tmp_path)
+    hf_model("llama").save_pretrained(tmp_path)
     word_tokenizer(tmp_path)
     return load_hf(tmp_path)
 

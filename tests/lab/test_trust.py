@@ -7,7 +7,7 @@ import pytest
 from lab import HookedTransformer
 from lab.cli import main
 from lab.trust import trust_report
-from tests.builders import hf_llama, tiny_config
+from tests.builders import hf_model, tiny_config
 
 
 def test_a_sound_model_passes_every_check(tmp_path, capsys):
@@ -24,7 +24,7 @@ def test_a_sound_model_passes_every_check(tmp_path, capsys):
 @pytest.mark.slow
 def test_a_hugging_face_folder(tmp_path):
 
-    hf_llama().save_pretrained(tmp_path)
+    hf_model("llama").save_pretrained(tmp_path)
     assert main(["trust", str(tmp_path)]) == 0
     assert json.loads((tmp_path / "trust.json").read_text())["hugging_face"]["architecture"] == "llama"
 

@@ -292,9 +292,9 @@ def test_steering_hooks_are_removed_even_when_the_block_raises(rotary_model):
 # --- a TransformerBridge ------------------------------------------------------------------------
 def test_activations_and_patching_work_on_a_transformer_bridge(tmp_path):
     from lab.hf import bridge, from_hf
-    from tests.builders import hf_gpt2, word_tokenizer
+    from tests.builders import hf_model, word_tokenizer
 
-    hf = hf_gpt2()
+    hf = hf_model("gpt2")
     hf.save_pretrained(tmp_path)
     word_tokenizer(tmp_path)
     wrapped, converted = bridge(tmp_path), from_hf(hf)

@@ -15,7 +15,7 @@ from lab.analysis.steering import generate_steered
 from lab.generate import generate
 from lab.hf import bridge, from_hf, load_hf, to_hf
 from lab.model.offload import onloaded
-from tests.builders import VOCAB, hf_llama, hf_neox, word_tokenizer
+from tests.builders import VOCAB, hf_model, word_tokenizer
 
 # The first block and the embedding in memory, the second block and the head on disk (Hugging Face's names).
 MAPS = {
@@ -39,7 +39,7 @@ WEIGHTS = ("W_E", "W_U", "b_U", "W_Q", "W_K", "W_V", "W_O", "W_in", "W_out")
 
 @pytest.fixture(params=["gpt_neox", "llama"])
 def folder(request, tmp_path):
-    hf = hf_neox() if request.param == "gpt_neox" else hf_llama(tie=True)
+    hf = hf_model("gpt_neox") if request.param == "gpt_neox" else hf_model("llama", tie=True)
     hf.save_pretrained(tmp_path / "hf")
     word_tokenizer(tmp_path / "hf")
     return tmp_path / "hf", request.param
@@ -185,7 +185,7 @@ def test_a_dtype_is_kept_not_forced_to_float32(folder, device_map):
 
 
 def test_dtype_auto_reads_the_folders_own(tmp_path):
-    hf_llama().to(torch.bfloat16).save_pretrained(tmp_path)
+    hf_model("llama").to(torch.bfloat16).save_pretrained(tmp_path)
     assert {p.dtype for p in load_hf(tmp_path, dtype="auto").parameters()} == {torch.bfloat16}
     assert {p.dtype for p in load_hf(tmp_path).parameters()} == {torch.float32}
 
@@ -234,7 +234,7 @@ def test_the_bridge_takes_a_device_map(folder, tmp_path, tokens):
     ],
 )
 def test_device_map_mistakes_are_named(tmp_path, options, words):
-    hf_llama().save_pretrained(tmp_path)
+    hf_model("llama").save_pretrained(tmp_path)
     with pytest.raises(ValueError, match=words):
         load_hf(tmp_path, **options)
 
@@ -243,7 +243,7 @@ def test_device_map_mistakes_are_named(tmp_path, options, words):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 def test_a_gpu_with_cpu_and_disk_offload(tmp_path, tokens):
     """Main device the GPU; block 1 offloaded to the CPU, the tied head's bias to disk (it runs on the GPU)."""
-    hf_llama(tie=True).save_pretrained(tmp_path / "hf")
+    hf_model("llama", tie=True).save_pretrained(tmp_path / "hf")
     previous = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False  # float32 parity, not TF32 rounding
     try:

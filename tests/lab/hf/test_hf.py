@@ -5,29 +5,18 @@ import torch
 
 from lab import HookedTransformer
 from lab.hf import UnsupportedArchitecture, from_hf, hf_model_type, load_hf, to_hf
-from tests.builders import hf_gpt2, hf_llama, tiny_config, word_tokenizer
-
-
-@pytest.mark.parametrize(
-    "make_hf",
-    [hf_gpt2, lambda: hf_gpt2(tie=False), hf_llama, lambda: hf_llama(tie=True)],
-    ids=["gpt2", "gpt2-untied", "llama-gqa", "llama-tied"],
-)
-def test_logits_match_hugging_face(make_hf, tokens):
-    hf = make_hf()
-    model = from_hf(hf)
-    with torch.no_grad():
-        assert (model(tokens) - hf(tokens).logits).abs().max() <= 1e-4
+from tests.builders import hf_model, tiny_config, word_tokenizer
 
 
 def test_llama_fixture_uses_grouped_kv_heads():
-    model = from_hf(hf_llama(n_kv_heads=2))
+    model = from_hf(hf_model("llama", n_kv_heads=2))
     assert model.cfg.n_kv_heads == 2 < model.cfg.n_heads
 
 
-@pytest.mark.parametrize("make_hf", [hf_gpt2, hf_llama], ids=["gpt2", "llama"])
-def test_round_trip_through_hugging_face(make_hf, tokens):
-    model = from_hf(make_hf())
+def test_round_trip_through_hugging_face(hf_case, tokens):
+    """A converted model exports back to a Hugging Face model computing its logits, and converts again to the very
+    same model (every registered family and variant; tests/test_hf_families.py holds each direction alone)."""
+    model = from_hf(hf_case.build())
     with torch.no_grad():
         assert (to_hf(model)(tokens).logits - model(tokens)).abs().max() <= 1e-5
         again = from_hf(to_hf(model))
@@ -41,7 +30,7 @@ def test_to_hf_of_a_native_model(tokens):
 
 
 def test_load_hf_reads_a_local_folder(tmp_path, tokens):
-    hf = hf_llama()
+    hf = hf_model("llama")
     hf.save_pretrained(tmp_path)
     word_tokenizer(tmp_path)
     model = load_hf(tmp_path)
@@ -61,7 +50,7 @@ def test_load_hf_reads_a_local_folder(tmp_path, tokens):
 def test_hf_model_type_names_a_hugging_face_folder_and_nothing_else(tmp_path):
     """The architecture a save_pretrained folder records, read without transformers; None for a Forma model
     folder (its config.json names no model_type), a folder without config.json, and an unreadable one."""
-    hf_llama().save_pretrained(tmp_path / "hf")
+    hf_model("llama").save_pretrained(tmp_path / "hf")
     HookedTransformer(tiny_config()).save(tmp_path / "forma")
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "config.json").write_text("{not json")
@@ -88,20 +77,3 @@ def test_unsupported_architecture_points_to_the_bridge():
     assert all(family in str(err.value) for family in ("GPT-2", "LLaMA", "GPT-NeoX", "Qwen2", "Mistral"))
     with pytest.raises(UnsupportedArchitecture, match="post-LN|pre-LN"):
         to_hf(HookedTransformer(tiny_config(block="post_ln")))
-
-
-def test_transformer_bridge_agrees_layer_by_layer(tmp_path, tokens):
-    """Raw mode (no weight processing): resid_pre/mid/post and the pattern agree at every layer."""
-    from transformer_lens.model_bridge import TransformerBridge
-
-    hf = hf_gpt2()
-    model = from_hf(hf)  # before booting: the bridge rewraps the HF module tree in place
-    tokenizer = word_tokenizer(tmp_path)
-    bridge = TransformerBridge.boot_transformers("gpt2", hf_model=hf, tokenizer=tokenizer, device="cpu")
-    with torch.no_grad():
-        _, ours = model.run_with_cache(tokens)
-        _, theirs = bridge.run_with_cache(tokens)
-    for layer in range(model.cfg.n_layers):
-        for name in ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "attn.hook_pattern"):
-            key = f"blocks.{layer}.{name}"
-            assert (ours[key] - theirs[key]).abs().max() <= 1e-4, key

@@ -1,8 +1,13 @@
-"""GPT-NeoX / Pythia, Qwen2 and Mistral convert natively: identical weights give identical logits both ways,
-hooks mean what TransformerLens's mean, KV-cached greedy decoding equals Hugging Face's generate, and the
-sliding window is the same mask on every attention path."""
+"""Every registered Hugging Face family (lab.hf.families.FAMILIES, each variant its file lists) converts natively:
+identical weights give identical logits both ways, hooks mean what TransformerBridge's mean, KV-cached greedy
+decoding equals Hugging Face's generate; the sliding window is the same mask on every attention path; and the
+guide to adding a family (docs/design.md) names the files and table the code has."""
 
 import json
+import os
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -10,59 +15,42 @@ import torch
 from lab import HookedTransformer, ModelConfig
 from lab.cli import main
 from lab.generate import generate
-from lab.hf import SUPPORTED, UnsupportedArchitecture, from_hf, load_hf, to_hf
-from tests.builders import VOCAB, hf_mistral, hf_neox, hf_qwen2, randomise_gains_and_biases, tiny_config, word_tokenizer
+from lab.hf import SUPPORTED, UnsupportedArchitecture, export_family, from_hf, load_hf, to_hf
+from lab.hf.families import FAMILIES
+from tests.builders import REPO, VOCAB, hf_model, randomise_gains_and_biases, tiny_config, word_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (tests/conftest.py::one_thread)
 
-FAMILIES = {  # name: (the HF model, its model_type, the model_type to_hf writes its shape as)
-    "neox-parallel": (lambda: hf_neox(), "gpt_neox", "gpt_neox"),
-    "neox-sequential-tied": (
-        lambda: hf_neox(parallel=False, rotary_pct=0.5, tie=True, act="gelu_new"),
-        "gpt_neox",
-        "gpt_neox",
-    ),
-    "neox-full-rotary": (lambda: hf_neox(rotary_pct=1.0, act="relu"), "gpt_neox", "gpt_neox"),
-    "qwen2": (lambda: hf_qwen2(), "qwen2", "qwen2"),
-    "qwen2-tied-window": (lambda: hf_qwen2(tie=True, window=6), "qwen2", "qwen2"),
-    "mistral-window": (lambda: hf_mistral(window=5), "mistral", "mistral"),
-    "mistral-no-window": (lambda: hf_mistral(window=None, n_kv_heads=4), "mistral", "llama"),  # LLaMA's shape
-}
-IDS = list(FAMILIES)
-
-
-def build(name):
-    make, model_type, _ = FAMILIES[name]
-    return make(), model_type
+# The variants whose shape is another family's: to_hf writes them as that family.
+EXPORTS_AS = {"mistral-no-window": "llama"}  # a Mistral without a window is LLaMA
 
 
 def max_diff(a, b) -> float:
     return (a.float() - b.float()).abs().max().item()
 
 
-@pytest.mark.parametrize("name", IDS)
-def test_hugging_face_to_forma_logits_match(name, tokens):
-    hf, _ = build(name)
+def test_hugging_face_to_forma_logits_match(hf_case, tokens):
+    hf = hf_case.build()
     model = from_hf(hf)
     with torch.no_grad():
         assert max_diff(model(tokens), hf(tokens).logits) <= 1e-4
 
 
-@pytest.mark.parametrize("name", IDS)
-def test_forma_to_hugging_face_logits_match(name, tokens):
+def test_forma_to_hugging_face_logits_match(hf_case, tokens):
     """A Forma model of the family's shape with its own random weights (gains and biases moved off 1 and 0)
-    exports to the family's class, and that class computes the same logits; back again is the identity."""
-    hf, _ = build(name)
-    model = randomise_gains_and_biases(HookedTransformer(from_hf(hf).cfg, seed=5)).eval()
+    exports to the family's class (exactly one family has its shape), and that class computes the same logits;
+    back again is the identity."""
+    model = randomise_gains_and_biases(HookedTransformer(from_hf(hf_case.build()).cfg, seed=5)).eval()
+    assert [t for t, family in FAMILIES.items() if family.shape(model.cfg)] == [export_family(model.cfg)]
     exported = to_hf(model)
-    assert exported.config.model_type == FAMILIES[name][2]
+    assert exported.config.model_type == EXPORTS_AS.get(hf_case.variant, hf_case.model_type)
     with torch.no_grad():
         assert max_diff(exported(tokens).logits, model(tokens)) <= 1e-4
         assert torch.equal(from_hf(exported)(tokens), model(tokens))
 
 
 def test_the_configs_say_what_each_family_is():
-    neox = from_hf(hf_neox()).cfg
+    neox = from_hf(hf_model("gpt_neox")).cfg
     assert (neox.block, neox.positions, neox.rotary_dim, neox.d_head, neox.norm, neox.bias, neox.mlp) == (
         "parallel",
         "rotary",
@@ -72,8 +60,8 @@ def test_the_configs_say_what_each_family_is():
         True,
         "gelu",
     )
-    assert from_hf(hf_neox(parallel=False)).cfg.block == "pre_ln"
-    qwen = from_hf(hf_qwen2(window=6)).cfg
+    assert from_hf(hf_model("gpt_neox", parallel=False)).cfg.block == "pre_ln"
+    qwen = from_hf(hf_model("qwen2", window=6)).cfg
     assert (qwen.bias, qwen.qkv_bias, qwen.norm, qwen.mlp, qwen.sliding_window, qwen.n_kv_heads) == (
         False,
         True,
@@ -82,17 +70,17 @@ def test_the_configs_say_what_each_family_is():
         6,
         2,
     )
-    assert from_hf(hf_qwen2()).cfg.sliding_window == 0
-    mistral = from_hf(hf_mistral(window=5)).cfg
+    assert from_hf(hf_model("qwen2")).cfg.sliding_window == 0
+    mistral = from_hf(hf_model("mistral", window=5)).cfg
     assert (mistral.bias, mistral.qkv_bias, mistral.sliding_window) == (False, False, 5)
-    assert from_hf(hf_mistral(window=None)).cfg.sliding_window == 0
+    assert from_hf(hf_model("mistral", window=None)).cfg.sliding_window == 0
     assert {"gpt_neox", "qwen2", "mistral"} <= set(SUPPORTED)
 
 
 def test_a_parallel_block_has_no_resid_mid_and_every_hook_fires(tokens):
     """x + attn(ln1(x)) + mlp(ln2(x)): both branches read resid_pre, so resid_mid does not exist (TransformerLens
     never fires it either); every hook point that does exist fires."""
-    model = from_hf(hf_neox())
+    model = from_hf(hf_model("gpt_neox"))
     assert "blocks.0.hook_resid_mid" not in model.hook_dict
     assert {
         "blocks.0.hook_resid_pre",
@@ -112,18 +100,19 @@ def test_a_parallel_block_has_no_resid_mid_and_every_hook_fires(tokens):
         assert max_diff(total, cache[b + "hook_resid_post"]) <= 1e-5
 
 
-@pytest.mark.parametrize("name", ["neox-parallel", "qwen2-tied-window", "mistral-window"])
-def test_hooks_agree_with_the_transformer_bridge(name, tmp_path, tokens):
-    """The same hook names hold the same activations as TransformerLens's TransformerBridge (raw mode) on the
-    same Hugging Face model, layer by layer."""
+def test_hooks_agree_with_the_transformer_bridge(hf_case, tmp_path, tokens):
+    """The same hook names hold the same activations as TransformerLens's TransformerBridge (raw mode, no weight
+    processing) on the same Hugging Face model, layer by layer: the residual stream (resid_mid where the block has
+    one), each sublayer's output and the attention pattern."""
     from transformer_lens.model_bridge import TransformerBridge
 
-    hf, _ = build(name)
+    hf = hf_case.build()
     model = from_hf(hf)  # before booting: the bridge rewraps the HF module tree in place
     bridge = TransformerBridge.boot_transformers(
         type(hf).__name__, hf_model=hf, tokenizer=word_tokenizer(tmp_path), device="cpu"
     )
-    names = ["hook_resid_pre", "hook_resid_post", "hook_attn_out", "hook_mlp_out", "attn.hook_pattern"]
+    names = ["hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out", "hook_mlp_out"]
+    names = [name for name in names if f"blocks.0.{name}" in model.hook_dict] + ["attn.hook_pattern"]
     with torch.no_grad():
         _, ours = model.run_with_cache(tokens)
         _, theirs = bridge.run_with_cache(tokens)
@@ -133,10 +122,9 @@ def test_hooks_agree_with_the_transformer_bridge(name, tmp_path, tokens):
             assert max_diff(ours[key], theirs[key]) <= 1e-4, key
 
 
-@pytest.mark.parametrize("name", IDS)
-def test_kv_cached_greedy_decoding_equals_hugging_face_generate(name):
+def test_kv_cached_greedy_decoding_equals_hugging_face_generate(hf_case):
     """20 new tokens from a 6-token prompt: past every sliding window, with Forma's KV cache on."""
-    hf, _ = build(name)
+    hf = hf_case.build()
     model = from_hf(hf)
     prompt = torch.randint(0, VOCAB, (2, 6), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
@@ -153,9 +141,8 @@ def test_kv_cached_greedy_decoding_equals_hugging_face_generate(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["neox-parallel", "qwen2-tied-window", "mistral-window"])
-def test_a_saved_folder_loads_and_passes_forma_trust(name, tmp_path, tokens):
-    hf, model_type = build(name)
+def test_a_saved_folder_loads_and_passes_forma_trust(hf_family, tmp_path, tokens):
+    hf, model_type = hf_family.build(), hf_family.model_type
     hf.save_pretrained(tmp_path)
     word_tokenizer(tmp_path)
     model = load_hf(tmp_path)
@@ -289,9 +276,7 @@ def test_configs_saved_before_the_new_fields_still_load():
 
 
 def test_gpt2_and_llama_configs_are_unchanged():
-    from tests.builders import hf_gpt2, hf_llama
-
-    for hf in (hf_gpt2(), hf_llama()):
+    for hf in (hf_model("gpt2"), hf_model("llama")):
         cfg = from_hf(hf).cfg
         assert (cfg.qkv_bias, cfg.sliding_window) == (False, 0) and cfg.block == "pre_ln"
 
@@ -353,3 +338,66 @@ def test_to_hf_names_every_shape_it_exports():
         to_hf(HookedTransformer(tiny_config(sliding_window=4)))  # GPT-2 has no sliding window
     for family in ("GPT-2", "LLaMA", "GPT-NeoX", "Qwen2", "Mistral"):
         assert family in str(err.value)
+
+
+# --------------------------------------------------------------------------------------------
+# The guide to adding a family (docs/design.md, "Add a Hugging Face family")
+# --------------------------------------------------------------------------------------------
+def guide() -> str:
+    text = (REPO / "docs" / "design.md").read_text()
+    return text[text.index("## Add a Hugging Face family") :]
+
+
+def test_the_guide_names_the_files_the_table_and_every_field_of_a_family():
+    """The guide's file and table exist; every file there registers what it defines (each table key its family's
+    model_type, each family with a variant for the tests), and the guide names every field of Family."""
+    import dataclasses
+    import importlib
+
+    from lab.hf.family import Family
+
+    text = guide()
+    assert "`lab/hf/families/<name>.py`" in text and "`FAMILIES` of `lab/hf/families/__init__.py`" in text
+    assert {f.name for f in dataclasses.fields(Family)} <= set(re.findall(r"`(\w+)`", text))
+    defined = []
+    for path in sorted((REPO / "lab" / "hf" / "families").glob("[!_]*.py")):
+        module = importlib.import_module(f"lab.hf.families.{path.stem}")
+        families = [value for value in vars(module).values() if isinstance(value, Family)]
+        assert families, f"{path} defines no Family"
+        defined += families
+    assert sorted(id(f) for f in defined) == sorted(id(f) for f in FAMILIES.values())
+    assert all(key == family.model_type and family.variants for key, family in FAMILIES.items())
+    assert SUPPORTED == tuple(FAMILIES)
+
+
+def test_a_family_added_to_the_table_runs_in_every_parametrised_test(tmp_path):
+    """A throwaway family registered in FAMILIES (by a plugin loaded before the tests are collected, standing in for
+    the guide's entry in the table) is collected by every test that takes the families' fixtures, beside each variant
+    of every registered family: nothing else is edited."""
+    (tmp_path / "throwaway_family.py").write_text(
+        "import dataclasses\n"
+        "from lab.hf.families import FAMILIES\n"
+        "FAMILIES['throwaway'] = dataclasses.replace(\n"
+        "    FAMILIES['gpt2'], model_type='throwaway', variants={'throwaway-only': {}}\n"
+        ")\n"
+    )
+    tests = [
+        "tests/lab/hf/test_hf_families.py::test_hugging_face_to_forma_logits_match",
+        "tests/lab/hf/test_hf_families.py::test_forma_to_hugging_face_logits_match",
+        "tests/lab/hf/test_hf_families.py::test_kv_cached_greedy_decoding_equals_hugging_face_generate",
+        "tests/lab/hf/test_hf_families.py::test_hooks_agree_with_the_transformer_bridge",
+        "tests/lab/hf/test_hf.py::test_round_trip_through_hugging_face",
+    ]
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "throwaway_family"] + tests,
+        cwd=REPO,
+        env=os.environ | {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    collected = set(result.stdout.split())
+    variants = [variant for family in FAMILIES.values() for variant in family.variants] + ["throwaway-only"]
+    for test in tests:
+        assert {f"{test}[{variant}]" for variant in variants} <= collected, test

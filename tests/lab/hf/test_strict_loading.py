@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from lab import HookedTransformer
 from lab.cli import main
 from lab.hf import bridge, from_hf, load_hf
-from tests.builders import gpt2_folder, hf_gpt2, hf_llama, rewrite_weights, tiny_config
+from tests.builders import gpt2_folder, hf_model, rewrite_weights, tiny_config
 
 
 def every_loader(directory):
@@ -28,7 +28,7 @@ def every_loader(directory):
 # --- missing, unexpected and mis-shaped tensors ---------------------------------------------------------
 @pytest.fixture
 def three_layers_said_two_held(tmp_path):
-    """config.json says 3 layers; model.safetensors holds the 2 that hf_gpt2 has."""
+    """config.json says 3 layers; model.safetensors holds the 2 that hf_model("gpt2") has."""
     return gpt2_folder(tmp_path / "gpt2", n_layer_in_config=3, tokenizer=True)
 
 
@@ -87,7 +87,7 @@ def test_what_hugging_face_documents_as_derived_may_be_absent_or_present(tmp_pat
     assert "lm_head.weight" not in load_file(folder / "model.safetensors")
     tokens = torch.randint(0, 100, (2, 8), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        assert torch.equal(load_hf(folder)(tokens), from_hf(hf_gpt2(tie=True))(tokens))
+        assert torch.equal(load_hf(folder)(tokens), from_hf(hf_model("gpt2", tie=True))(tokens))
 
 
 def test_an_untied_head_must_be_stored(tmp_path):
@@ -97,21 +97,20 @@ def test_an_untied_head_must_be_stored(tmp_path):
         load_hf(folder)
 
 
-@pytest.mark.parametrize(
-    "make_hf, prefix", [(hf_gpt2, "transformer.h"), (hf_llama, "model.layers")], ids=["gpt2", "llama"]
-)
-def test_from_hf_checks_the_module_tree_against_its_config(make_hf, prefix):
-    hf = make_hf()
-    layers = hf.transformer.h if prefix == "transformer.h" else hf.model.layers
-    del layers[1]  # the config still says 2 layers
+def test_from_hf_checks_the_module_tree_against_its_config(hf_family):
+    from lab.hf.families import FAMILIES
+
+    prefix = FAMILIES[hf_family.model_type].modules["blocks.{l}"].removesuffix(".{l}")
+    hf = hf_family.build()
+    del hf.get_submodule(prefix)[1]  # the config still says 2 layers
     with pytest.raises(ValueError, match=rf"missing .*{prefix}\.1\."):
         from_hf(hf)
-    hf = make_hf()
+    hf = hf_family.build()
     with torch.no_grad():
         hf.get_output_embeddings().weight = torch.nn.Parameter(torch.zeros(100, 32))
     with pytest.raises(ValueError, match=r"lm_head\.weight.*\(100, 32\).*\(100, 64\)"):
         from_hf(hf)
-    hf = make_hf()
+    hf = hf_family.build()
     hf.register_buffer("stray", torch.zeros(3))
     hf.stray_weight = torch.nn.Parameter(torch.zeros(3))
     with pytest.raises(ValueError, match="unexpected .*stray_weight"):
@@ -172,13 +171,13 @@ def test_a_truncated_safetensors_file_is_an_error_naming_it(tmp_path, capsys):
 
 def test_a_sharded_checkpoint_is_checked_shard_by_shard(tmp_path):
     folder = tmp_path / "sharded"
-    hf_llama().save_pretrained(folder, max_shard_size="20KB")
+    hf_model("llama").save_pretrained(folder, max_shard_size="20KB")
     index = json.loads((folder / "model.safetensors.index.json").read_text())
     shards = sorted(set(index["weight_map"].values()))
     assert len(shards) > 1
     tokens = torch.randint(0, 100, (1, 6), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        assert (load_hf(folder)(tokens) - hf_llama()(tokens).logits).abs().max() <= 1e-4
+        assert (load_hf(folder)(tokens) - hf_model("llama")(tokens).logits).abs().max() <= 1e-4
     (folder / shards[-1]).unlink()
     with pytest.raises(FileNotFoundError, match=shards[-1]):
         load_hf(folder)

@@ -7,7 +7,7 @@ import torch
 from lab import HookedTransformer
 from lab.generate import decode
 from lab.hf import from_hf
-from tests.builders import hf_gpt2, hf_llama, tiny_config
+from tests.builders import tiny_config
 
 pytestmark = [
     pytest.mark.cuda,
@@ -44,9 +44,8 @@ def test_gpu_fast_and_explicit_attention_agree(variant, tokens):
     assert (fast - explicit).abs().max() <= 1e-4
 
 
-@pytest.mark.parametrize("make_hf", [hf_gpt2, hf_llama], ids=["gpt2", "llama"])
-def test_gpu_hugging_face_parity(make_hf, tokens):
-    hf = make_hf()
+def test_gpu_hugging_face_parity(hf_case, tokens):
+    hf = hf_case.build()
     model = from_hf(hf).cuda()
     hf = hf.cuda()
     with torch.no_grad():
