@@ -12,7 +12,8 @@ import pytest
 from experiments import calibration as experiment
 from lab.analysis.probes import VERDICTS
 from lab.cli import main
-from lab.metrics.calibration import MIN_PER_CLASS, ece, fit_temperature, nll, softmax
+from lab.metrics.calibration import ece, fit_temperature, nll, softmax
+from lab.metrics.discrimination import MIN_PER_CLASS
 from tests.builders import VOCAB, hf_gpt2
 
 BLOCK_KEYS = {

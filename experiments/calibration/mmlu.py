@@ -30,7 +30,8 @@ from lab.analysis.activations import collect_activations
 from lab.analysis.lens import logit_lens
 from lab.analysis.probes import random_model
 from lab.data.facts import OPTION_LETTERS
-from lab.metrics.calibration import MIN_PER_CLASS, auroc_ci, softmax
+from lab.metrics.calibration import softmax
+from lab.metrics.discrimination import MIN_PER_CLASS, auroc_ci
 from lab.model import HookedTransformer
 from lab.runs import save_table
 

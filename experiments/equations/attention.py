@@ -17,7 +17,7 @@ from experiments.equations.common import (
     seeded_attention,
     seeded_generator,
 )
-from lab.model.components import Attention
+from lab.model.attention import Attention
 
 
 # ============================================================================================

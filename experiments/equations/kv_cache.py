@@ -12,7 +12,7 @@ from transformer_lens.hook_points import HookPoint
 from experiments.equations.common import Check, all_close, seeded_generator
 from lab.generate import decode
 from lab.model import HookedTransformer, KVCache, KVCacheEntry, ModelConfig
-from lab.model.components import Attention
+from lab.model.attention import Attention
 
 
 # ============================================================================================

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from experiments.equations.common import F64, Check, seeded_generator
 from lab.model import next_token_loss
-from lab.model.components import ACTIVATIONS
+from lab.model.mlp import ACTIVATIONS
 
 
 # ============================================================================================

@@ -10,7 +10,8 @@ from torch import Tensor, nn
 
 from experiments.equations.common import F64, Check, all_close, seeded_generator
 from lab.model import ModelConfig
-from lab.model.components import Rotary, sinusoidal_table
+from lab.model.attention import Rotary
+from lab.model.embeddings import sinusoidal_table
 
 
 # ============================================================================================

@@ -26,8 +26,9 @@ from lab.hf.hf_to_forma import (
     _qwen2_config,
 )
 from lab.model import HookedTransformer, ModelConfig
+from lab.model.attention import Rotary
 from lab.model.checkpoint import describe_weight_problems
-from lab.model.components import Rotary, SinusoidalPositions
+from lab.model.embeddings import SinusoidalPositions
 from lab.model.offload import read_weight
 
 FAMILIES: dict[str, Family] = {

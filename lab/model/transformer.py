@@ -37,36 +37,27 @@ from transformer_lens.hook_points import HookPoint
 
 from lab.folders import load_pretrained
 from lab.model.activation_cache import Cache, resolve_names_filter
+from lab.model.attention import Attention
 from lab.model.checkpoint import (
-    CONFIG_FILE,  # noqa: F401
     TOKENIZER_FILE,
     WEIGHTS_FILE,
     load_weights,
-    read_checkpoint,  # noqa: F401
-    read_tokenizer,  # noqa: F401
+    read_checkpoint,
     read_tokenizers,
     write_checkpoint,
 )
-from lab.model.components import (
-    BLOCKS,
-    NORMS,
-    POSITIONS,
-    Attention,
-    CheckedHookPoint,
-    Embed,
-    NoNorm,
-    TiedUnembed,
-    Unembed,
-    set_hook_points,
-)
+from lab.model.components import BLOCKS
 from lab.model.config import ModelConfig
+from lab.model.embeddings import POSITIONS, Embed, TiedUnembed, Unembed
 from lab.model.errors import HookSwitchedOff, Misuse
 from lab.model.generation import generate
 from lab.model.inputs import InputChecks
 from lab.model.kv_cache import KVCache, TransformerLensCache
 from lab.model.loss import next_token_loss, per_token_loss
-from lab.model.memory import available_memory, check_fits_in_memory  # noqa: F401
+from lab.model.memory import check_fits_in_memory
+from lab.model.norms import NORMS, NoNorm
 from lab.model.padding import padding_of
+from lab.model.primitives import CheckedHookPoint, set_hook_points
 from lab.model.processing import process_weights
 from lab.model.text import TextMethods
 from lab.model.tl_weights import TLWeights

@@ -29,7 +29,7 @@ from lab.analysis.probes.in_memory import cross_validate
 from lab.analysis.probes.out_of_core import cross_validate_streamed
 from lab.analysis.probes.shards import streamed_scores
 from lab.analysis.probes.splits import group_ids_of, group_kfold, group_split
-from lab.metrics.calibration import Metric, auroc_ci, bootstrap_ci
+from lab.metrics.discrimination import Metric, auroc_ci, bootstrap_ci
 
 
 @dataclass
