@@ -330,7 +330,7 @@ def test_an_unconverted_architecture_goes_through_the_bridge(hf_folder, tmp_path
 def test_a_forma_model_folder_answers_too(hf_folder, tmp_path):
     """--model also takes a zoo name or a Forma model folder (its tokenizers.Tokenizer saved beside it)."""
     from lab import HookedTransformer
-    from lab.tokenize import word_level
+    from lab.data.tokenizers import word_level
     from tests.builders import tiny_config
 
     _, csv_path = hf_folder

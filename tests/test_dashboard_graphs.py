@@ -16,7 +16,7 @@ from lab import HookedTransformer, ModelConfig
 from lab.analysis.activations import save_activations
 from lab.analysis.graphs.graph import GRAPHS_DIR, Graph
 from lab.analysis.transcoders.measures import top_contexts
-from lab.tokenize import word_level
+from lab.data.tokenizers import word_level
 from tests.graph_fixtures import random_transcoders
 
 WORDS = ["Return", "the", "number", "of", "items", "in", "list", "file", "."]

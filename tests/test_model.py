@@ -443,7 +443,7 @@ def test_save_and_load_round_trip(variant, tmp_path, tokens):
 def test_a_forma_folder_loads_as_saved_and_encodes_text_as_written(tmp_path, tokens):
     """A Forma folder (a zoo model's) is a checkpoint of the model itself: from_pretrained's processing flags
     default off for it, and its text gets no BOS (cfg.default_prepend_bos False), as its card says."""
-    from lab.tokenize import word_level
+    from lab.data.tokenizers import word_level
 
     model = HookedTransformer(tiny_config(d_vocab=8), seed=7, tokenizer=word_level(["a", "b", "c", "d"])).eval()
     model.save(tmp_path)

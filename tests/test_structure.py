@@ -301,7 +301,7 @@ def test_no_file_is_let_off_a_lint_rule():
 # refused in one line that names it). What reads a file any other way is listed here, with why it may: a file of
 # the machine's, one Forma itself wrote and reads back, or one another library opens after lab.inputs checked it.
 DIRECT_READS = {
-    ("lab.model.memory", "read_text"): "/proc/meminfo and the cgroup's limits: the machine's own files",
+    ("lab.model.memory_check", "read_text"): "/proc/meminfo and the cgroup's limits: the machine's own files",
     ("lab.model.checkpoint", "load_file"): "model.safetensors, opened by safetensors after regular_file",
     ("lab.hf.folder", "safe_open"): "each weights shard, opened by safetensors after regular_file",
     ("lab.analysis.activations.store", "safe_open"): "each activation shard, after regular_file (and its checksum)",
@@ -328,8 +328,8 @@ DIRECT_READS = {
     ("lab.parallel", "read_text"): "the progress files its own workers write in its own temporary folder",
     ("lab.parallel", "loads"): "the progress files its own workers write in its own temporary folder",
     ("lab.cli.demo", "read_text"): "the log of a job the demo started",
-    ("lab.data.text", "read_text"): "the corpus cache Forma wrote",
-    ("lab.data.text", "read_bytes"): "the standard library's own source files",
+    ("lab.data.stdlib_corpus", "read_text"): "the corpus cache Forma wrote",
+    ("lab.data.stdlib_corpus", "read_bytes"): "the standard library's own source files",
     ("lab.measured", "read_text"): "the repository's documents and docs/measured/",
     ("lab.measured", "loads"): "the repository's documents and docs/measured/",
     ("lab.analysis.activations.store", "loads"): "its own arguments, round-tripped through JSON in memory",

@@ -21,9 +21,9 @@ import transformer_lens.tools.analysis as analysis
 from transformer_lens import FactoredMatrix, SVDInterpreter, head_detector
 
 from lab import HookedTransformer, ModelConfig
+from lab.data.tokenizers import to_hf_tokenizer, word_level
 from lab.hf import to_hf
 from lab.model import KVCache
-from lab.tokenize import to_hf_tokenizer, word_level
 
 VOCAB = 64
 KINDS = ["gpt2", "llama"]

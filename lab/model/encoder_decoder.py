@@ -50,7 +50,7 @@ from lab.model.config import ModelConfig
 from lab.model.decoding import check_max_new_tokens, check_sampling, check_token_id, sample_tokens, seeded_generator
 from lab.model.embeddings import POSITIONS, Embed, Unembed
 from lab.model.kv_cache import KVCache, KVCacheEntry
-from lab.model.memory import check_fits_in_memory
+from lab.model.memory_check import check_fits_in_memory
 from lab.model.mlp import MLPS
 from lab.model.norms import NORMS, LayerNorm
 from lab.model.primitives import CheckedHookPoint

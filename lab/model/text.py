@@ -104,7 +104,7 @@ class TextMethods:
         for name in ("pad_token_id", "eos_token_id"):
             if getattr(tokenizer, name, None) is not None:
                 return int(getattr(tokenizer, name))
-        for token in ("<pad>", "<eos>"):  # a tokenizers.Tokenizer (Forma's own: lab.tokenize)
+        for token in ("<pad>", "<eos>"):  # a tokenizers.Tokenizer (Forma's own: lab.data.tokenizers)
             found = tokenizer.token_to_id(token) if hasattr(tokenizer, "token_to_id") else None
             if found is not None:
                 return int(found)
@@ -215,7 +215,7 @@ def _decode(tokenizer: Any, ids: list[int]) -> str:
 def _bos_id(tokenizer: Any) -> int:
     """The tokenizer's beginning-of-sequence id: a transformers tokenizer's bos_token_id, or Forma's `<bos>`."""
     bos = getattr(tokenizer, "bos_token_id", None)
-    if bos is None and hasattr(tokenizer, "token_to_id"):  # a tokenizers.Tokenizer (Forma's own: lab.tokenize)
+    if bos is None and hasattr(tokenizer, "token_to_id"):  # a tokenizers.Tokenizer (Forma's own: lab.data.tokenizers)
         bos = tokenizer.token_to_id("<bos>")
     if bos is None:
         raise ValueError("prepend_bos=True, but the tokenizer has no beginning-of-sequence token")
@@ -233,6 +233,6 @@ def has_bos(tokenizer: Any) -> bool:
 
 def _unknown(tokenizer: Any) -> tuple[int | None, str | None]:
     """(id, string) of the tokenizer's unknown token, (None, None) when it has none."""
-    if hasattr(tokenizer, "token_to_id"):  # a tokenizers.Tokenizer (Forma's own: lab.tokenize)
+    if hasattr(tokenizer, "token_to_id"):  # a tokenizers.Tokenizer (Forma's own: lab.data.tokenizers)
         return tokenizer.token_to_id("<unk>"), "<unk>"
     return getattr(tokenizer, "unk_token_id", None), getattr(tokenizer, "unk_token", None)

@@ -19,7 +19,7 @@ This module holds the forward pass, the hooks and the switches; the weights unde
 `lab.model.tl_weights`, text in and out `lab.model.text`, padded batches `lab.model.padding`, the checks at the
 boundary `lab.model.inputs`, TransformerLens's generate `lab.model.generation`, weight processing
 `lab.model.processing`, the cache's selection `lab.model.activation_cache`, the loss `lab.model.loss` and the
-memory check `lab.model.memory`.
+memory check `lab.model.memory_check`.
 """
 
 import difflib
@@ -54,7 +54,7 @@ from lab.model.generation import generate
 from lab.model.inputs import InputChecks
 from lab.model.kv_cache import KVCache, TransformerLensCache
 from lab.model.loss import next_token_loss, per_token_loss
-from lab.model.memory import check_fits_in_memory
+from lab.model.memory_check import check_fits_in_memory
 from lab.model.norms import NORMS, NoNorm
 from lab.model.padding import padding_of
 from lab.model.primitives import CheckedHookPoint, set_hook_points

@@ -43,7 +43,7 @@ plus [features]² per fold, and the probe is the one the in-memory fit finds.
 A linear probe's direction w (in activation space, undoing the standardisation) becomes a steering
 vector with `steering_vector`; add it with `lab.analysis.steering.steer`.
 
-Where each part lives: `splits` (group-aware splits), `common` (the fitted probe, features, their rank, the
+Where each part lives: `splits` (group-aware splits), `fitting` (the fitted probe, features, their rank, the
 held-out loss, accuracy and R²), `in_memory` (ridge, logistic and MLP fits and their cross-validation),
 `shards` and `out_of_core` (the same fits from an ActivationStore's shards), `probe` (`fit_probe`, `fit_probes`,
 `ProbeResult`, `probe_table`, `steering_vector`), `cross_fit` (`cross_fit_probe`) and `readouts` (controls,
@@ -51,8 +51,9 @@ held-out loss, accuracy and R²), `in_memory` (ridge, logistic and MLP fits and 
 """
 
 # Every name the probes had as one module, where it lives now: experiments, tests and docs import them from here
-# (NEWTON_MAX_PARAMS is read in `common` at every fit: a change to it goes there).
-from lab.analysis.probes.common import (
+# (NEWTON_MAX_PARAMS is read in `fitting` at every fit: a change to it goes there).
+from lab.analysis.probes.cross_fit import CrossFitted, cross_fit_probe
+from lab.analysis.probes.fitting import (
     FEATURE_RTOL,
     LOGISTIC_LAMBDAS,
     MLP_DECAYS,
@@ -63,7 +64,6 @@ from lab.analysis.probes.common import (
     feature_rank,
     r2_score,
 )
-from lab.analysis.probes.cross_fit import CrossFitted, cross_fit_probe
 from lab.analysis.probes.probe import ProbeResult, fit_probe, fit_probes, probe_table, steering_vector
 from lab.analysis.probes.readouts import VERDICTS, judge_readouts, metric_of, random_model, shuffled_control
 from lab.analysis.probes.splits import group_kfold, group_partition, group_split

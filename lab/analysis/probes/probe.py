@@ -14,7 +14,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from lab.analysis.activations import ActivationStore, StoredRows
-from lab.analysis.probes.common import (
+from lab.analysis.probes.fitting import (
     LOGISTIC_LAMBDAS,
     MLP_DECAYS,
     RIDGE_ALPHAS,
