@@ -9,7 +9,7 @@ from typing import Any
 from torch import Tensor
 
 from lab.model import HookedTransformer, ModelConfig
-from lab.model.text import has_bos
+from lab.model.tokenization import has_bos
 
 SUPPORTED = ("gpt2", "llama", "gpt_neox", "qwen2", "mistral")  # Hugging Face model_type of each family
 FAMILY_NAMES = {
