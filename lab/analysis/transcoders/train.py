@@ -23,9 +23,6 @@ out_dir/{config.json, transcoders.safetensors, training.json} when done. docs/di
 """
 
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -42,14 +39,14 @@ from lab.analysis.activations import ActivationStore
 from lab.analysis.transcoders.model import CONFIG_FILE, WEIGHTS_FILE, TranscoderConfig, Transcoders
 from lab.configs import Record, check_fields, need
 from lab.distributed import all_gather_rows, barrier, rank_world, share
-from lab.files import atomic_write_text, current_umask
+from lab.files import atomic_write_text
 from lab.train.checkpoint import (
-    discard_tree,
     find_checkpoint,
     load_optimizer_tensors,
     optimizer_tensors,
     read_safetensors,
     remove_checkpoints,
+    swap_in,
 )
 
 STATE_FORMAT = "forma-transcoder-train/1"
@@ -311,12 +308,10 @@ def save_checkpoint(
     state: TrainerState,
     store: ActivationStore,
 ) -> None:
-    """Written into a temporary sibling, then swapped in: a crash leaves the old checkpoint complete, at its name or
-    (between the two renames) at .checkpoint.old, which `find_checkpoint` falls back to."""
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.tmp-"))
-    try:
-        tmp.chmod(0o777 & ~current_umask())
+    """Written into a temporary sibling, then swapped in (`lab.train.checkpoint.swap_in`): a crash leaves the old
+    checkpoint complete."""
+
+    def write(tmp: Path) -> None:
         save_file(weights, str(tmp / WEIGHTS_FILE))
         (tmp / CONFIG_FILE).write_text(cfg.to_json() + "\n")
         save_file(moments, str(tmp / "optimizer.safetensors"))
@@ -328,15 +323,8 @@ def save_checkpoint(
             "store": _fingerprint(store),
         }
         (tmp / "state.json").write_text(json.dumps(meta, indent=2) + "\n")
-        old = directory.with_name(f".{directory.name}.old")
-        if directory.exists():
-            discard_tree(old)
-            os.replace(directory, old)
-        os.replace(tmp, directory)
-        discard_tree(old)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    swap_in(directory, write)
 
 
 def load_checkpoint(
