@@ -371,7 +371,7 @@ def has_checkpoint(out_dir: str | Path) -> bool:
     return True
 
 
-def train_transcoders(  # noqa: C901 (one path per parallel layout)
+def train_transcoders(
     store: ActivationStore | str | Path,
     cfg: TranscoderConfig,
     training: TranscoderTraining,
@@ -396,27 +396,7 @@ def train_transcoders(  # noqa: C901 (one path per parallel layout)
     Rank 0 writes the checkpoints and the result (each layer's tensors gathered from the rank that trains it); every
     rank returns the whole trained set. A checkpoint is the same at any world size and either way of sharing, so a
     run may resume on another number of ranks."""
-    if parallel not in PARALLEL:
-        raise ValueError(f"parallel must be one of {', '.join(PARALLEL)}, got {parallel!r}")
-    if parallel == "modules" and cfg.cross_layer:
-        raise ValueError(
-            "a cross-layer transcoder cannot be trained module-parallel (its layers write into each "
-            "other's outputs); train it data-parallel"
-        )
-    rank, world = rank_world()
-    layers = list(range(cfg.n_layers))
-    if parallel == "modules" and world > 1:
-        if world > cfg.n_layers:
-            raise ValueError(
-                f"module-parallel training gives each rank at least one of the {cfg.n_layers} layers; "
-                f"start at most {cfg.n_layers} ranks, not {world}"
-            )
-        layers = list(share(layers, rank, world))
-    if parallel == "data" and world > training.batch_size:
-        raise ValueError(
-            f"data-parallel training needs a batch of at least one row a rank: batch_size "
-            f"{training.batch_size} over {world} ranks"
-        )
+    rank, world, layers = _layout(cfg, training, parallel)
     store = store if isinstance(store, ActivationStore) else ActivationStore(store)
     out_dir = Path(out_dir)
     checkpoint = out_dir / CHECKPOINT_DIR
@@ -472,12 +452,42 @@ def train_transcoders(  # noqa: C901 (one path per parallel layout)
         barrier()
         return model.eval()
     if rank == 0:
-        model.save(out_dir)
-        atomic_write_text(
-            out_dir / TRAINING_FILE,
-            json.dumps({"training": training.to_dict(), "steps": state.step, "history": state.history}, indent=2)
-            + "\n",
-        )
-        remove_checkpoints(checkpoint)  # and what killed saves left
+        _write_result(model, out_dir, training, state)
     barrier()  # every rank returns once rank 0's files are in place
     return model.eval()
+
+
+def _layout(cfg: TranscoderConfig, training: TranscoderTraining, parallel: str) -> tuple[int, int, list[int]]:
+    """(rank, world size, the layers this rank trains) of a parallel layout, refused where it cannot work."""
+    if parallel not in PARALLEL:
+        raise ValueError(f"parallel must be one of {', '.join(PARALLEL)}, got {parallel!r}")
+    if parallel == "modules" and cfg.cross_layer:
+        raise ValueError(
+            "a cross-layer transcoder cannot be trained module-parallel (its layers write into each "
+            "other's outputs); train it data-parallel"
+        )
+    rank, world = rank_world()
+    layers = list(range(cfg.n_layers))
+    if parallel == "modules" and world > 1:
+        if world > cfg.n_layers:
+            raise ValueError(
+                f"module-parallel training gives each rank at least one of the {cfg.n_layers} layers; "
+                f"start at most {cfg.n_layers} ranks, not {world}"
+            )
+        layers = list(share(layers, rank, world))
+    if parallel == "data" and world > training.batch_size:
+        raise ValueError(
+            f"data-parallel training needs a batch of at least one row a rank: batch_size "
+            f"{training.batch_size} over {world} ranks"
+        )
+    return rank, world, layers
+
+
+def _write_result(model: Transcoders, out_dir: Path, training: TranscoderTraining, state: TrainerState) -> None:
+    """The trained set and its training record, written by rank 0; the checkpoint, no longer needed, removed."""
+    model.save(out_dir)
+    atomic_write_text(
+        out_dir / TRAINING_FILE,
+        json.dumps({"training": training.to_dict(), "steps": state.step, "history": state.history}, indent=2) + "\n",
+    )
+    remove_checkpoints(out_dir / CHECKPOINT_DIR)  # and what killed saves left
