@@ -50,7 +50,7 @@ $(CT_STAMP): $(STAMP) constraints-ct.txt
 	  transformer-lens
 	touch $(CT_STAMP)
 
-# .venv-inseq likewise: only inseq and the versions it needs (typeguard 2.13) install; tests/test_input_attribution.py
+# .venv-inseq likewise: only inseq and the versions it needs (typeguard 2.13) install; tests/ecosystem/test_input_attribution.py
 # runs Inseq there in a subprocess on a model Forma exports.
 $(INSEQ_STAMP): $(STAMP) constraints-inseq.txt
 	test -x $(INSEQ_VENV)/bin/python || $(PY) -m venv $(INSEQ_VENV)
@@ -73,7 +73,7 @@ test-fast: $(STAMP)
 # HookedTransformer (tests/transformer_lens, which writes docs/measured/transformer_lens.json), and the model's own
 # tests on transformer-lens 3.9.
 test-sae: $(SAE_STAMP)
-	$(OFFLINE) $(SAE_VENV)/bin/python -m pytest -q tests/sae tests/transformer_lens tests/test_model.py tests/test_hook_misuse.py tests/test_lens.py
+	$(OFFLINE) $(SAE_VENV)/bin/python -m pytest -q tests/sae tests/transformer_lens tests/lab/model/test_model.py tests/lab/model/test_hook_misuse.py tests/lab/analysis/test_lens.py
 
 # Forma's attribution graphs against circuit-tracer's on the same weights and transcoders (tests/ct, in .venv; it
 # runs circuit-tracer with .venv-ct's Python).

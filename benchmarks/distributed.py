@@ -13,9 +13,11 @@ ranks under torchrun, one intra-op thread a rank.
 
 Each timed call is one torchrun launch of this module's worker (--worker), which builds the model and the data,
 meets the other ranks at a barrier, runs the call, and meets them again: the time between the barriers is the
-job's (its slowest rank's), without process start-up and model loading; the launch's wall time, start-up
-included, is recorded beside it. Rounds alternate 1 and 2 ranks; medians. scaling = 2-rank rate / 1-rank rate,
-target ≥ 1.8. The load average is recorded: on a machine whose cores other work shares, 2 ranks cannot have 2 cores.
+job's (its slowest rank's), without process start-up and model loading (nor the modules torch imports on first
+use: torch.optim's first optimizer imports torch._dynamo, which the worker imports before the barrier, as a process
+that trains more than once pays it once); the launch's wall time, start-up included, is recorded beside it. Rounds
+alternate 1 and 2 ranks; medians. scaling = 2-rank rate / 1-rank rate, target ≥ 1.8. The load average is
+recorded: on a machine whose cores other work shares, 2 ranks cannot have 2 cores.
 
 --device cuda: each rank on a GPU of its own (NCCL); with fewer than 2 GPUs the 2-rank runs are skipped, and the
 file says so. Writes benchmarks/results/distributed.json (distributed_cuda.json on a GPU).
@@ -69,6 +71,8 @@ def worker(args: argparse.Namespace) -> None:
     model = HookedTransformer(ModelConfig(**SHAPE), seed=0).to(device).eval()
     generator = torch.Generator().manual_seed(1)
     if args.worker.startswith("train_"):
+        import torch._dynamo  # noqa: F401 (start-up: torch.optim's first optimizer imports it, once a process)
+
         from lab.analysis.transcoders.model import TranscoderConfig
         from lab.analysis.transcoders.train import TranscoderTraining, train_transcoders
 

@@ -55,7 +55,7 @@ if ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null
 "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'gpu', torch.cuda.get_device_name())"
-[ "${SKIP_TESTS:-0}" = 1 ] || "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_model.py tests/test_generate.py 2>&1 | tail -25
+[ "${SKIP_TESTS:-0}" = 1 ] || "$PY" -m pytest -q -p no:cacheprovider tests/lab/model/test_cuda.py tests/lab/model/test_model.py tests/lab/test_generate.py 2>&1 | tail -25
 
 failed=()
 for entry in ${planned[@]+"${planned[@]}"}; do

@@ -2,14 +2,22 @@
 benchmarks/transcoders.py) left in models/NAME/transcoders/KIND and writes benchmarks/results/graphs.json:
 
     scale          pydoc (4 layers, d_model 128): graphs of one held-out text at each prompt length (8 … n_ctx = 128
-                   tokens), --rounds of them (lengths interleaved): the median wall time, the largest peak resident
-                   memory above the start of the call (benchmarks.timing's peak_memory), the number of active
-                   features and nodes, at the default chunk of 128 targets and this machine's default threads.
+                   tokens), --rounds of them (lengths interleaved): the median wall time and process CPU time (all
+                   threads; wall ≫ CPU / threads means the machine's other load held the run back), the 1-minute
+                   load average at each run, the largest peak resident memory above the start of the call
+                   (benchmarks.timing's peak_memory), the number of active features and nodes, the replacement and
+                   completeness scores, at the default chunk of 128 targets and this machine's default threads;
+                   every active feature a node ("scale") and with a node budget of --max-feature-nodes
+                   ("scale_budget": the features of largest activation × decoder norm kept, the rest in the error
+                   nodes).
     exactness      per prompt: the largest |node input − (Σ incoming edges + bias)| against the largest input, and
                    the largest difference between the local replacement's logits and the model's.
     interventions  per prompt: the 10 features with the largest edges into the logits, each ablated in the full
-                   model (live attention, norms and MLPs) and with the attention patterns and norm scales frozen;
-                   Pearson correlation and sign agreement of the logit changes with the graph's total effects.
+                   model (MLPs always live) with nothing frozen ("live"), the attention patterns frozen, every norm's
+                   scale frozen, the final norm's alone, and patterns and scales both ("frozen", the graph's own
+                   assumptions), and each steered by 0.9 with nothing frozen (a small step: is it the ablation's
+                   size?); Pearson correlation and sign agreement of the logit changes with the graph's total
+                   effects, per prompt and their range over the prompts ("interventions").
     pruning        per prompt: nodes and edges kept at the paper's thresholds (0.8, 0.98), the shares of influence
                    they keep, the replacement and completeness scores.
     markov, facts  worlds whose relevant positions are known: the order-2 Markov zoo model (the last 2 tokens) and
@@ -17,11 +25,13 @@ benchmarks/transcoders.py) left in models/NAME/transcoders/KIND and writes bench
                    transcoders trained here if it has none: the share of the tokens' path influence at the relevant
                    positions (lab.analysis.graphs.influence.position_share), per prompt, beside chance (k / n).
 
-    python -m benchmarks.graphs [--phases scale exactness interventions pruning markov facts] [--kind topk]
+    python -m benchmarks.graphs [--phases scale scale_budget exactness interventions pruning markov facts]
+                                [--kind topk] [--max-feature-nodes 1024]
 """
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -39,6 +49,14 @@ from lab.folders import is_trained, zoo_dir
 from lab.load import load_model
 
 LENGTHS = (8, 16, 32, 64, 96, 128)
+INTERVENTIONS = (  # (key, what is frozen, factor): 0 ablates, 0.9 steers by a small step
+    ("ablation_live", (), 0.0),
+    ("ablation_attention_frozen", ("attention",), 0.0),
+    ("ablation_norms_frozen", ("norms",), 0.0),
+    ("ablation_final_norm_frozen", ("final_norm",), 0.0),
+    ("ablation_frozen", ("attention", "norms"), 0.0),
+    ("steering_live", (), 0.9),
+)
 RESULTS_FILE = Path(__file__).resolve().parent / "results" / "graphs.json"  # phases run apart keep the others
 
 
@@ -47,24 +65,28 @@ def open_pair(name: str, kind: str) -> tuple:
     return load_model(folder).eval(), Transcoders.load(folder / TRANSCODERS_DIR / kind)
 
 
-def scale(model, transcoders, prompts: torch.Tensor, rounds: int) -> list[dict]:
-    """Per prompt length: the median wall time of `rounds` graphs (the lengths interleaved, round by round, so that
-    drift in the machine's load hits every length alike) and the largest peak."""
+def scale(model, transcoders, prompts: torch.Tensor, rounds: int, budget: int | None = None) -> list[dict]:
+    """Per prompt length: the median wall and CPU time of `rounds` graphs (the lengths interleaved, round by round,
+    so that drift in the machine's load hits every length alike) and the largest peak."""
     lengths = [n for n in LENGTHS if n <= model.cfg.n_ctx]
     times: dict[int, list[float]] = {n: [] for n in lengths}
+    cpu: dict[int, list[float]] = {n: [] for n in lengths}
+    load: dict[int, list[float]] = {n: [] for n in lengths}
     peaks: dict[int, list[int]] = {n: [] for n in lengths}
     graphs = {}
     for _ in range(rounds):
         for length in lengths:
             holder = {}
-            start = time.perf_counter()
+            load[length].append(os.getloadavg()[0])
+            start, start_cpu = time.perf_counter(), time.process_time()
             peak = peak_memory(
                 lambda holder=holder, length=length: holder.setdefault(
-                    "graph", attribute(model, transcoders, prompts[0, :length])
+                    "graph", attribute(model, transcoders, prompts[0, :length], max_feature_nodes=budget)
                 ),
                 "cpu",
             )
             times[length].append(time.perf_counter() - start)
+            cpu[length].append(time.process_time() - start_cpu)
             peaks[length].append(peak or 0)
             graphs[length] = holder["graph"]
     rows = []
@@ -73,12 +95,19 @@ def scale(model, transcoders, prompts: torch.Tensor, rounds: int) -> list[dict]:
         rows.append(
             {
                 "n_pos": length,
+                "max_feature_nodes": budget,
                 "seconds": statistics.median(times[length]),
                 "seconds_all": times[length],
+                "cpu_seconds": statistics.median(cpu[length]),
+                "cpu_seconds_all": cpu[length],
+                "load_average_1min_all": load[length],
                 "peak_bytes": max(peaks[length]),
+                "n_active_features": graph.meta["n_active_features"],
                 "n_features": graph.n_features,
                 "n_nodes": graph.n_nodes,
                 "adjacency_bytes": graph.adjacency.numel() * 4,
+                "max_node_residual": float(node_residuals(graph).abs().max()),
+                **graph_scores(graph),
             }
         )
         print("scale", json.dumps(rows[-1]), flush=True)
@@ -102,10 +131,9 @@ def per_prompt(model, transcoders, prompts: torch.Tensor, phases: list[str]) -> 
                 ),
             }
         if "interventions" in phases:
-            for frozen in (False, True):
-                result = intervention_agreement(model, transcoders, graph, top=10, freeze_attention=frozen)
-                key = "frozen" if frozen else "live"
-                row[f"ablation_{key}"] = {
+            for key, freeze, factor in INTERVENTIONS:
+                result = intervention_agreement(model, transcoders, graph, top=10, factor=factor, freeze=freeze)
+                row[key] = {
                     k: result[k]
                     for k in ("correlation", "sign_agreement", "pairs", "direct_correlation", "direct_sign_agreement")
                 }
@@ -190,8 +218,11 @@ def facts_prompts(n: int) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "--phases", nargs="+", default=["scale", "exactness", "interventions", "pruning", "markov", "facts"]
+        "--phases",
+        nargs="+",
+        default=["scale", "scale_budget", "exactness", "interventions", "pruning", "markov", "facts"],
     )
+    parser.add_argument("--max-feature-nodes", type=int, default=1024, help="the node budget of scale_budget")
     parser.add_argument("--kind", default="topk")
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3, help="graphs per prompt length (median time)")
@@ -210,8 +241,20 @@ def main() -> None:
     if "scale" in args.phases:
         results["scale"] = scale(model, transcoders, prompts, args.rounds)
         write("graphs", results)
+    if "scale_budget" in args.phases:
+        results["scale_budget"] = scale(model, transcoders, prompts, args.rounds, args.max_feature_nodes)
+        write("graphs", results)
     if {"exactness", "interventions", "pruning"} & set(args.phases):
         results["prompts"] = per_prompt(model, transcoders, prompts[:, :32], args.phases)
+        if "interventions" in args.phases:
+            results["interventions"] = {
+                key: {
+                    f"{stat}_{how}": fn([row[key][stat] for row in results["prompts"]])
+                    for stat in ("correlation", "sign_agreement")
+                    for how, fn in (("min", min), ("max", max))
+                }
+                for key, _, _ in INTERVENTIONS
+            }
         write("graphs", results)
     for world, measure in (("markov", markov), ("facts", facts)):
         if world in args.phases:

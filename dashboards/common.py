@@ -8,6 +8,7 @@ text, never read as Markdown or HTML: it goes into a page through `plain` (escap
 that a results.json can show no image, link, heading or markup — a browser fetches nothing a run folder names.
 """
 
+import math
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -275,8 +276,6 @@ def words(key: str) -> str:
 def cell(value: Any) -> Any:
     """One table cell as a reader reads it: SIGNIFICANT digits, an interval as [a, b], yes / no, "—" for a
     missing value or one that is not a number."""
-    import math
-
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "—"
     if isinstance(value, bool):

@@ -5,7 +5,7 @@ from it. Standard library only."""
 
 from pathlib import Path
 
-from experiments import REGISTRY
+import experiments
 
 HERE = Path(__file__).resolve().parent
 BEFORE = (("home", "Home"), ("explorer", "Explorer"), ("graphs", "Attribution graphs"))
@@ -15,7 +15,7 @@ AFTER = (("compare", "Compare runs"), ("training", "Training curves"))
 def pages() -> list[tuple[str, str]]:
     """(page name, navigation title) of every page; the page's script is dashboards/<name>.py and its address
     /<name> (Home's is /)."""
-    return [*BEFORE, *((e.name, e.nav) for e in REGISTRY), *AFTER]
+    return [*BEFORE, *((e.name, e.nav) for e in experiments.REGISTRY), *AFTER]
 
 
 def page_file(name: str) -> Path:

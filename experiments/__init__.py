@@ -1,5 +1,5 @@
-"""Scripted experiments: one module (or package) per experiment, each with a `Config` dataclass and
-`run(cfg, out) -> dict`, and the registry that names them for the rest of Forma.
+"""Scripted experiments: one package per experiment, each exporting a `Config` dataclass, `run(cfg, out) -> dict`
+and `headlines(results)` (CONTRACT), and the registry that names them for the rest of Forma.
 
 `forma run NAME [--quick] [--out DIR] [--seed N] [--model M]` builds the Config, creates the run
 folder (lab.runs), calls run(cfg, out) — which writes its tables and figures into `out` — and writes the
@@ -7,16 +7,22 @@ returned dict as results.json, last and atomically.
 
 REGISTRY is the one list of experiments: `forma run`'s choices, the dashboard's pages (dashboards/<name>.py,
 in this order, under these titles), the dashboard benchmark's pages and the tests that go through every
-experiment all read it. A new experiment is a module here, a page dashboards/<name>.py and one entry below
-(tests/test_experiments_registry.py holds the three together). This module imports only the standard library:
-the CLI's `--help` and the dashboard read it without loading torch.
+experiment all read it. How to add one — a package experiments/<name>/, a page dashboards/<name>.py and one entry
+below — is docs/design.md, "Add an experiment" (tests/experiments/test_experiments_registry.py builds its example
+and holds package, entry and page together). This module imports only the standard library and lab.configs (which
+imports only the standard library): the CLI's `--help` and the dashboard read it without loading torch.
 """
 
 import dataclasses
 import importlib
+from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
+from typing import Any, ClassVar
 
-CONTRACT = ("Config", "run")
+from lab.configs import check_fields, need, torch_threads
+
+CONTRACT = ("Config", "run", "headlines")  # what an experiment's package exports
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,11 +66,88 @@ def experiment(name: str) -> Experiment:
 
 
 def load(name: str) -> ModuleType:
-    names = experiment_names()
-    if name not in names:
-        raise ValueError(f"unknown experiment {name!r}; experiments: {', '.join(names) or 'none'}")
+    """The registered experiment `name`'s package, once it holds the contract (docs/design.md, "Add an experiment");
+    a ValueError for a name the registry does not hold, a TypeError for a plain module or a missing export."""
+    experiment(name)
     module = importlib.import_module(f"experiments.{name}")
+    if not hasattr(module, "__path__"):
+        raise TypeError(f"experiments.{name} must be a package experiments/{name}/, not a module {name}.py")
     missing = [attr for attr in CONTRACT if not hasattr(module, attr)]
     if missing or not dataclasses.is_dataclass(module.Config):
-        raise TypeError(f"experiments.{name} must define a dataclass Config and run(cfg, out); missing {missing}")
+        raise TypeError(
+            f"experiments.{name} must export a dataclass Config, run(cfg, out) and headlines(results); "
+            f"missing {', '.join(missing) or 'a dataclass Config'}"
+        )
     return module
+
+
+def local_or_synthetic(
+    synthetic: Callable[[Any, Path], dict[str, Any]],
+    local: Callable[[Any, Path, Any], dict[str, Any]],
+    read_local: Callable[[Any], Any],
+) -> tuple[Callable[[Any], Any], Callable[..., dict[str, Any]]]:
+    """(read_inputs, run) of an experiment that trains its own model or, given `cfg.model`, measures a local one on a
+    file (calibration with --mmlu, monitor with --qa). read_inputs(cfg) is `read_local(cfg)` — the model and the file,
+    read and checked before `forma run` makes the run folder — and None for the synthetic experiment;
+    run(cfg, out, inputs=None) makes `out` and runs `local(cfg, out, inputs)` or `synthetic(cfg, out)`. Both run
+    torch on cfg.threads threads."""
+
+    def read_inputs(cfg: Any) -> Any:
+        if cfg.model is None:
+            return None
+        with torch_threads(cfg.threads):
+            return read_local(cfg)
+
+    def run(cfg: Any, out: Path, inputs: Any = None) -> dict[str, Any]:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        with torch_threads(cfg.threads):
+            return synthetic(cfg, out) if cfg.model is None else local(cfg, out, inputs)
+
+    return read_inputs, run
+
+
+@dataclasses.dataclass
+class ModelTraining:
+    """The model and its training in the experiments that train a transformer on a fact world (calibration, monitor,
+    hallucination): its width, depth and heads, the batch, and AdamW's peak and final learning rates after a linear
+    warm-up. Their Config subclasses it: the fields stay flat (`cfg.d_model`, config.json's keys)."""
+
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    batch_size: int = 64
+    lr: float = 3e-3
+    min_lr: float = 3e-4
+    warmup_steps: int = 50
+
+    def check_model_training(self) -> None:
+        """What every such model and training needs, said with lab.configs.need (after check_fields)."""
+        for name in ("d_model", "n_layers", "n_heads", "batch_size"):
+            need(self, getattr(self, name) > 0, f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        need(self, self.warmup_steps >= 0, f"warmup_steps must be ≥ 0, got {self.warmup_steps!r}")
+        need(self, 0 < self.min_lr <= self.lr, "need 0 < min_lr ≤ lr")
+        need(self, self.d_model % self.n_heads == 0, "d_model must be a multiple of n_heads")
+
+
+@dataclasses.dataclass
+class ProfileConfig:
+    """The Config of an experiment whose sizes are one of two fixed profiles (kl, scoreboard): `seed` seeds the
+    models, the batch order and every draw from the worlds; `quick` picks the small profile (tests and the demo);
+    `workers` processes share the independent parts (lab.parallel), and results do not depend on it. A subclass
+    names its profiles in PROFILES, (default, quick)."""
+
+    PROFILES: ClassVar[tuple[Any, Any]]
+
+    seed: int = 0
+    quick: bool = False
+    workers: int = 2
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        need(self, self.seed >= 0, f"seed must be a non-negative integer, got {self.seed!r}")
+        need(self, self.workers >= 1, f"workers must be a positive integer, got {self.workers!r}")
+
+    @property
+    def profile(self) -> Any:
+        return self.PROFILES[self.quick]

@@ -2,17 +2,28 @@
 hub), and the command lines of quick runs. Fixtures live in conftest.py and build on these; a test imports a builder
 from here, never from conftest or from another test file."""
 
+import json
+import math
 import os
+import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
+from safetensors.torch import load_file, save_file
 
+import lab.zoo as zoo
 from lab import HookedTransformer, ModelConfig
+from lab.analysis.transcoders.model import TranscoderConfig, Transcoders
+from lab.data.tokenizers import to_hf_tokenizer, word_level
 
 VOCAB = 100
 REPO = Path(__file__).resolve().parents[1]
+TESTS = REPO / "tests"
 # The intra-op thread count a user's process gets (torch's default for this machine, or OMP_NUM_THREADS), read
 # before any fixture pins one.
 USER_THREADS = torch.get_num_threads()
@@ -107,12 +118,14 @@ def hf_llama(n_kv_heads: int = 2, tie: bool = False):
     return model
 
 
-def word_tokenizer(directory):
-    """A WordLevel tokenizer over VOCAB words, saved with save_pretrained and reloaded from disk."""
+def word_tokenizer(directory, words: tuple[str, ...] = ()):
+    """A WordLevel tokenizer over VOCAB words (four specials, `words`, then w0, w1, …), saved with save_pretrained
+    and reloaded from disk."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    words = ["<unk>", "<pad>", "<bos>", "<eos>"] + [f"w{i}" for i in range(VOCAB - 4)]
+    specials = ["<unk>", "<pad>", "<bos>", "<eos>", *words]
+    words = specials + [f"w{i}" for i in range(VOCAB - len(specials))]
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     fast = PreTrainedTokenizerFast(
@@ -199,3 +212,341 @@ def hf_mistral(window: int | None = 5, n_kv_heads: int = 2, tie: bool = False):
         pad_token_id=None,
     )
     return randomise_gains_and_biases(MistralForCausalLM(cfg).eval())
+
+
+def letter_tokenizer(directory):
+    """word_tokenizer whose vocabulary holds the letters A–D (a multiple-choice question's answer tokens)."""
+    return word_tokenizer(directory, ("A", "B", "C", "D", "Answer:"))
+
+
+def gpt2_folder(directory, n_layer_in_config: int | None = None, tie: bool = True, tokenizer: bool = False):
+    hf_gpt2(tie=tie).save_pretrained(directory)
+    if n_layer_in_config is not None:
+        config = json.loads((directory / "config.json").read_text())
+        config["n_layer"] = n_layer_in_config
+        (directory / "config.json").write_text(json.dumps(config))
+    if tokenizer:
+        word_tokenizer(directory)
+    return directory
+
+
+def rewrite_weights(directory, change):
+    state = load_file(directory / "model.safetensors")
+    change(state)
+    save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+
+
+# --- tiny models and transcoders for the transcoder and attribution-graph tests ---------------------------------
+ARCHITECTURES = {
+    "gpt2": dict(),
+    "llama": dict(positions="rotary", norm="rmsnorm", mlp="swiglu", bias=False, tied_embeddings=True, n_kv_heads=2),
+    "parallel": dict(block="parallel", positions="rotary"),
+}
+
+
+def tiny_model(architecture: str = "gpt2", **changes) -> HookedTransformer:
+    cfg = dict(d_vocab=50, d_model=32, n_layers=3, n_heads=4, n_ctx=32) | ARCHITECTURES[architecture] | changes
+    model = HookedTransformer(ModelConfig(**cfg), seed=0).eval()
+    with torch.no_grad():  # larger weights than the initialisation's, so that every path carries signal
+        for name, p in model.named_parameters():
+            if name.endswith(("W_Q", "W_K", "W_O", "W_out", "W_in", "W_gate")):
+                p.mul_(4.0)
+    return model
+
+
+def random_transcoders(
+    model: HookedTransformer, cross_layer: bool = False, activation: str = "relu", d_features: int = 64
+) -> Transcoders:
+    cfg = model.cfg
+    tc = Transcoders(
+        TranscoderConfig(
+            d_model=cfg.d_model,
+            n_layers=cfg.n_layers,
+            d_features=d_features,
+            activation=activation,
+            k=8 if activation == "topk" else 0,
+            cross_layer=cross_layer,
+            threshold=0.05,
+        )
+    )
+    with torch.no_grad():
+        tc.b_enc.fill_(-0.05)
+    return tc.eval()
+
+
+def exact_transcoders(model: HookedTransformer) -> Transcoders:
+    """The transcoders equal to a ReLU model's MLPs: each neuron a feature. With LayerNorm's gain w and bias b,
+    the MLP reads n·w + b of the normalised input n, so W_enc = diag(w) W_in, b_enc = b W_in + b_in, W_dec = W_out,
+    b_dec = b_out."""
+    cfg = model.cfg
+    assert cfg.mlp == "relu" and cfg.norm == "layernorm" and cfg.block == "pre_ln"
+    tc = Transcoders(TranscoderConfig(d_model=cfg.d_model, n_layers=cfg.n_layers, d_features=cfg.d_mlp))
+    with torch.no_grad():
+        for layer, block in enumerate(model.blocks):
+            w, b = block.ln2.w, block.ln2.b
+            tc.W_enc[layer] = w[:, None] * block.mlp.W_in
+            tc.b_enc[layer] = b @ block.mlp.W_in + block.mlp.b_in
+            tc.W_dec[layer][:, 0] = block.mlp.W_out
+            tc.b_dec[layer] = block.mlp.b_out
+    return tc.eval()
+
+
+def markov_tokens(n_seq: int, seq_len: int, vocab: int, seed: int) -> torch.Tensor:
+    """Sequences of one fixed order-1 chain (the same chain whatever `seed`, which draws the sequences) with peaked
+    rows, so that a residual stream has structure: what SAELens' trainers train on (tests/sae)."""
+    g = torch.Generator().manual_seed(0)
+    rows = (-torch.log(torch.rand(vocab, vocab, generator=g))) ** (1 / 0.3)
+    transition = rows / rows.sum(-1, keepdim=True)
+    g = torch.Generator().manual_seed(10_000 + seed)
+    x = torch.empty(n_seq, seq_len, dtype=torch.long)
+    x[:, 0] = torch.randint(0, vocab, (n_seq,), generator=g)
+    for t in range(1, seq_len):
+        x[:, t] = torch.multinomial(transition[x[:, t - 1]], 1, generator=g).squeeze(1)
+    return x
+
+
+# --- Forma models beside TransformerLens's TransformerBridge over the same weights -------------------------------
+BRIDGE_VOCAB = 64
+BRIDGE_ARCHITECTURES = {
+    "gpt2": dict(mlp="gelu_tanh"),
+    "llama": dict(positions="rotary", norm="rmsnorm", mlp="swiglu", n_kv_heads=2, bias=False),
+    # GPT-NeoX-like, for what needs no bridge: attention and MLP side by side, both reading resid_pre
+    "neox": dict(block="parallel", positions="rotary", rotary_dim=4),
+}
+
+
+def forma_model(kind: str, **changes) -> HookedTransformer:
+    """A tiny Forma model with randomised norm gains and biases (b_U stays 0: Hugging Face has none)."""
+    architecture = BRIDGE_ARCHITECTURES[kind] | changes
+    cfg = ModelConfig(d_vocab=BRIDGE_VOCAB, d_model=32, n_layers=2, n_heads=4, n_ctx=16, **architecture)
+    model = HookedTransformer(cfg, seed=0).eval()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".w"):
+                p.add_(0.3 * torch.randn(p.shape, generator=g))
+            elif name.rsplit(".", 1)[-1] in ("b", "b_Q", "b_K", "b_V", "b_O", "b_in", "b_out"):
+                p.add_(0.1 * torch.randn(p.shape, generator=g))
+    return model
+
+
+def bridge_tokenizer():
+    """A word-level tokenizer over w0 … w59 (after Forma's four specials), saved and reloaded as transformers'."""
+    return to_hf_tokenizer(word_level([f"w{i}" for i in range(BRIDGE_VOCAB - 4)]), tempfile.mkdtemp())
+
+
+def bridge_of(model: HookedTransformer, processed: bool = False):
+    """TransformerBridge over the same weights: unprocessed (the same numbers at every hook) or with its
+    default weight processing (fold_ln, centring; value biases kept in place, as Forma keeps them)."""
+    from transformer_lens.model_bridge import TransformerBridge
+
+    from lab.hf import to_hf
+
+    name = "gpt2" if model.cfg.norm == "layernorm" else "LlamaForCausalLM"
+    bridge = TransformerBridge.boot_transformers(name, hf_model=to_hf(model), tokenizer=model.tokenizer, device="cpu")
+    if processed:
+        bridge.enable_compatibility_mode(disable_warnings=True, fold_value_biases=False)
+    else:
+        bridge.enable_compatibility_mode(disable_warnings=True, no_processing=True)
+    bridge.cfg.default_prepend_bos = False  # text as Forma encodes it by default: no BOS added
+    return bridge.eval()
+
+
+# --- the dashboard's pages (Streamlit's AppTest) and private zoos ----------------------------------------------
+PYDOC_WORDS = ["Return", "the", "number", "of", "items", "in", "list", "file", "."]
+
+
+def page(name: str):
+    """A dashboard page in Streamlit's AppTest."""
+    from streamlit.testing.v1 import AppTest
+
+    from dashboards.pages import page_file
+
+    return AppTest.from_file(str(page_file(name)), default_timeout=60)
+
+
+def texts(at) -> str:
+    """An AppTest's messages and text, as one string."""
+    return " ".join(str(e.value) for e in [*at.info, *at.warning, *at.error, *at.markdown, *at.text])
+
+
+def rendered(source: object) -> str:
+    """What a reader sees of an element's Markdown: rendered as CommonMark (with GitHub's tables), tags dropped.
+    A page escapes a run's text (dashboards.common.plain), so the run's own words are found here, not in the source."""
+    import html
+
+    from markdown_it import MarkdownIt
+
+    return html.unescape(re.sub(r"<[^>]+>", "", MarkdownIt("commonmark").enable("table").render(str(source)))).strip()
+
+
+DECIMAL = re.compile(r"(?<![\w.])\d[\d,]*\.\d+(?![\w.])")
+
+
+def long_numbers(text: str, most: int = 6) -> list[str]:
+    """The decimals in `text` written with more than `most` significant digits."""
+    return [hit for hit in DECIMAL.findall(text) if len(hit.replace(",", "").replace(".", "").lstrip("0")) > most]
+
+
+def tiny_pydoc(zoo_copy: Path, seed: int = 0) -> HookedTransformer:
+    tokenizer = word_level(PYDOC_WORDS)
+    cfg = ModelConfig(d_vocab=tokenizer.get_vocab_size(), d_model=32, n_layers=2, n_heads=4, n_ctx=32)
+    model = HookedTransformer(cfg, seed=seed, tokenizer=tokenizer)
+    model.save(zoo_copy / "pydoc")
+    return model
+
+
+def zoo_with_transcoders(root: Path) -> Path:
+    """A private zoo: the recipes, a tiny word-level 'pydoc' and top-k transcoders for it with top contexts."""
+    from lab.analysis.activations import save_activations
+    from lab.analysis.transcoders.measures import top_contexts
+
+    zoo_copy = root / "models"
+    for name in zoo.zoo_names():
+        (zoo_copy / name).mkdir(parents=True)
+        shutil.copy(zoo.DEFAULT_ZOO_DIR / name / "model.toml", zoo_copy / name / "model.toml")
+    tokenizer = word_level(PYDOC_WORDS)
+    cfg = ModelConfig(d_vocab=tokenizer.get_vocab_size(), d_model=32, n_layers=3, n_heads=4, n_ctx=32)
+    model = HookedTransformer(cfg, seed=0, tokenizer=tokenizer).eval()
+    model.save(zoo_copy / "pydoc")
+    transcoders = random_transcoders(model, activation="topk")
+    folder = zoo_copy / "pydoc" / "transcoders" / "topk"
+    transcoders.save(folder)
+    windows = torch.randint(0, cfg.d_vocab, (16, 12), generator=torch.Generator().manual_seed(0))
+    store = save_activations(model, windows, transcoders.cfg.hooks(), root / "harvest", positions="all", progress=False)
+    save_file(top_contexts(transcoders, store) | {"windows": windows}, str(folder / "contexts.safetensors"))
+    return zoo_copy
+
+
+# --- recipes, runs, the guide's pages, command lines -----------------------------------------------------------
+TINY_MARKOV = """
+[world]
+kind = "markov"
+vocab_size = 8
+order = 1
+seed = 0
+n_sequences = 64
+val_sequences = 16
+
+[model]
+d_model = 16
+n_layers = 1
+n_heads = 2
+n_ctx = 8
+
+[train]
+steps = 6
+batch_size = 8
+seq_len = 8
+lr = 1e-2
+min_lr = 1e-3
+warmup_steps = 1
+eval_interval = 3
+eval_batches = 1
+checkpoint_interval = 2
+"""
+
+
+def write_recipe(zoo_dir, name: str, text: str) -> None:
+    (zoo_dir / name).mkdir(exist_ok=True)
+    (zoo_dir / name / "model.toml").write_text(text)
+
+
+def figure():
+    import plotly.graph_objects as go
+
+    return go.Figure(go.Scatter(x=list(range(200)), y=[i * i for i in range(200)]))
+
+
+def toy_run(cfg: dict, out: Path) -> dict:
+    """A small experiment that writes one of each kind of artefact: an 8 kB table, then a figure (the 4.8 MB
+    plotly bundle, an 8 kB JSON, a 9 kB HTML page)."""
+    from lab.runs import save_figure, save_table
+
+    save_table([{"step": i, "loss_nats": 1 / (i + 1)} for i in range(500)], out, "table")
+    save_figure(figure(), out, "curve")
+    return {"n": 500, "seconds": 0.1}
+
+
+DOCS = REPO / "docs"
+RUN_MARK = "<!-- run -->"
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```\s*$", flags=re.S | re.M)
+
+
+def blocks(page: Path) -> list[tuple[str, str, int]]:
+    """(language, code, line number) of every fenced block; bash blocks only when marked to run."""
+    text = page.read_text()
+    found = []
+    for match in FENCE.finditer(text):
+        language, code = match.group(1), match.group(2)
+        line = text.count("\n", 0, match.start()) + 1
+        before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1].strip()
+        if language == "python" or (language == "bash" and before == RUN_MARK):
+            found.append((language, code, line))
+    return found
+
+
+def one_error_line(err: str, command: str) -> str:
+    """The `forma COMMAND: error: …` line of a command's stderr, after checking it is the only such line and that no
+    traceback came with it."""
+    lines = [line for line in err.splitlines() if line.startswith(f"forma {command}: error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+# --- χ² survival function (scipy is not a dependency) ---------------------------------------------------------
+def _regularized_lower_gamma_series(a: float, x: float) -> float:
+    """P(a, x) = γ(a, x)/Γ(a) = e^{−x} x^a / Γ(a) · Σ_n x^n / (a (a+1) … (a+n))."""
+    term = total = 1.0 / a
+    denominator = a
+    for _ in range(10_000):
+        denominator += 1.0
+        term *= x / denominator
+        total += term
+        if abs(term) < abs(total) * 1e-15:
+            break
+    return total * math.exp(-x + a * math.log(x) - math.lgamma(a))
+
+
+def _regularized_upper_gamma_fraction(a: float, x: float) -> float:
+    """Q(a, x) = Γ(a, x)/Γ(a) by Lentz's continued fraction (Numerical Recipes §6.2)."""
+    tiny = 1e-300
+    b = x + 1.0 - a
+    c = 1.0 / tiny
+    d = 1.0 / b
+    h = d
+    for i in range(1, 10_000):
+        an = -i * (i - a)
+        b += 2.0
+        d = an * d + b
+        d = tiny if abs(d) < tiny else d
+        c = b + an / c
+        c = tiny if abs(c) < tiny else c
+        d = 1.0 / d
+        delta = d * c
+        h *= delta
+        if abs(delta - 1.0) < 1e-15:
+            break
+    return math.exp(-x + a * math.log(x) - math.lgamma(a)) * h
+
+
+def chi2_sf(statistic: float, dof: int) -> float:
+    """P(χ²_dof ≥ statistic) = Q(dof/2, statistic/2)."""
+    a, x = dof / 2.0, statistic / 2.0
+    if x <= 0:
+        return 1.0
+    if x < a + 1.0:
+        return 1.0 - _regularized_lower_gamma_series(a, x)
+    return _regularized_upper_gamma_fraction(a, x)
+
+
+def chi2_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
+    """Pearson goodness of fit; cells with expected count < 5 are pooled into one."""
+    expected = counts.sum() * probs
+    small = expected < 5
+    observed = np.append(counts[~small], counts[small].sum())
+    expected = np.append(expected[~small], expected[small].sum())
+    if expected[-1] == 0:
+        observed, expected = observed[:-1], expected[:-1]
+    statistic = float(((observed - expected) ** 2 / expected).sum())
+    return chi2_sf(statistic, len(expected) - 1)

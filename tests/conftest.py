@@ -1,5 +1,6 @@
 """Shared fixtures: tiny models and tokenizers built from configs — nothing is fetched from a hub."""
 
+import csv
 import os
 import shutil
 import subprocess
@@ -9,13 +10,28 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+import numpy as np
 import pytest
 import torch
 
 import lab.zoo as zoo
 from lab import HookedTransformer
 from lab.configs import torch_threads
-from tests.builders import REPO, USER_THREADS, VOCAB, quick_argv, rerun_argv, run_bash, tiny_config
+from tests.builders import (
+    DOCS,
+    REPO,
+    TESTS,
+    USER_THREADS,
+    VOCAB,
+    blocks,
+    hf_gpt2,
+    letter_tokenizer,
+    quick_argv,
+    rerun_argv,
+    run_bash,
+    tiny_config,
+    word_tokenizer,
+)
 
 SAME_SEED = "test_the_same_seed_gives_the_same_results"
 BACKGROUND = pytest.StashKey["Background"]()
@@ -86,33 +102,32 @@ class Background:
 # What `make test-fast` leaves out (docs/testing.md): tests that read an experiment's quick run or its rerun
 # (subprocesses of the background queue below), fork `forma` commands (the fault trials' fork server), start
 # torchrun, and the files whose tests start processes of their own (the CLI end to end, the offline guard, the
-# docs' examples, benchmarks, process pools, distributed training, the dashboard's pages).
+# docs' examples, benchmarks, process pools, distributed training, the dashboard's pages), by path under tests/.
 PROCESS_FIXTURES = {"quick_run", "quick_rerun", "fault_zygote", "torchrun_demo"}
 PROCESS_MODULES = {
-    "test_benchmarks",
-    "test_benchmarks_distributed",
-    "test_browser",
-    "test_cli_datasets",
-    "test_dashboard",
-    "test_dashboard_graphs",
-    "test_distributed",
-    "test_docs",
-    "test_offline",
-    "test_parallel",
-    "test_readme",
-    "test_reliability_cli",
-    "test_reliability_dashboard",
-    "test_reliability_runs",
-    "test_resume_faults",
-    "test_transcoders_distributed",
+    "benchmarks/test_benchmarks.py",
+    "benchmarks/test_benchmarks_distributed.py",
+    "browser/test_browser.py",
+    "dashboards/test_dashboard.py",
+    "dashboards/test_dashboard_graphs.py",
+    "faults/test_offline.py",
+    "faults/test_reliability_cli.py",
+    "faults/test_reliability_dashboard.py",
+    "faults/test_reliability_runs.py",
+    "faults/test_resume_faults.py",
+    "lab/analysis/test_transcoders_distributed.py",
+    "lab/cli/test_cli_datasets.py",
+    "lab/test_distributed.py",
+    "lab/test_parallel.py",
+    "test_docs.py",
+    "test_readme.py",
 }
 
 
 def pytest_itemcollected(item):
     """Mark `processes` (see PROCESS_FIXTURES): made at collection, so that `-m "not processes"` can select."""
-    module = getattr(item, "module", None)
     if PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())) or (
-        module is not None and module.__name__.rpartition(".")[2] in PROCESS_MODULES
+        item.path.relative_to(TESTS).as_posix() in PROCESS_MODULES
     ):
         item.add_marker(pytest.mark.processes)
 
@@ -219,9 +234,8 @@ def fault_zygote():
 def torchrun_demo(tmp_path_factory):
     """(folder, code, done): docs/torchrun.md's block that runs two ranks under torchrun, run once for the session
     in `folder` (it writes runs/ddp-demo/ there). The page's example (tests/test_docs.py) and the check that two
-    ranks match one process (tests/test_train.py) read the same launch: each launch costs seconds of start-up."""
-    from tests.test_docs import DOCS, blocks
-
+    ranks match one process (tests/lab/train/test_train.py) read the same launch: each launch costs seconds of
+    start-up."""
     (code,) = [code for language, code, _ in blocks(DOCS / "torchrun.md") if language == "bash" and "torchrun" in code]
     folder = tmp_path_factory.mktemp("torchrun-demo")
     return folder, code, run_bash(code, folder)
@@ -294,3 +308,42 @@ def tokens() -> torch.Tensor:
 @pytest.fixture
 def model() -> HookedTransformer:
     return HookedTransformer(tiny_config(), seed=1).eval()
+
+
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory):
+    """(model folder, CSV): a tiny random GPT-2 saved with a tokenizer of the letters A–D, and a generated
+    MMLU-layout CSV of 40 questions (the calibration experiment's `--model PATH --mmlu FILE`)."""
+    folder = tmp_path_factory.mktemp("hf")
+    model_dir = folder / "gpt2"
+    hf_gpt2().save_pretrained(model_dir)
+    letter_tokenizer(model_dir)
+    rng = np.random.default_rng(0)
+    csv_path = folder / "mmlu.csv"
+    with csv_path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["question", "A", "B", "C", "D", "answer"])  # a header row is skipped
+        for _ in range(40):
+            words = [f"w{i}" for i in rng.integers(0, VOCAB - 9, 13)]
+            writer.writerow(
+                [" ".join(words[:5])]
+                + [" ".join(words[5 + 2 * k : 7 + 2 * k]) for k in range(4)]
+                + ["ABCD"[rng.integers(4)]]
+            )
+    return model_dir, csv_path
+
+
+@pytest.fixture(scope="module")
+def qa_folder(tmp_path_factory):
+    """A folder with gpt2/ (a tiny random GPT-2 and a word-level tokenizer) and qa.csv, 30 generated
+    question–answer rows (the monitor experiment's `--model PATH --qa FILE`)."""
+    folder = tmp_path_factory.mktemp("qa")
+    hf_gpt2().save_pretrained(folder / "gpt2")
+    word_tokenizer(folder / "gpt2", ("Question:", "Answer:"))
+    rng = np.random.default_rng(0)
+    with (folder / "qa.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["question", "answer"])
+        for _ in range(30):
+            writer.writerow([" ".join(f"w{i}" for i in rng.integers(0, VOCAB - 6, 5)), f"w{rng.integers(0, 9)}"])
+    return folder

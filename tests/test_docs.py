@@ -5,7 +5,7 @@ names), in a fresh temporary working directory. A ```bash block runs only when t
 fence is `<!-- run -->`, in the same directory, between the python blocks around it; every other
 bash block is shown, not run (installing, starting servers, commands that need a trained zoo model
 or a GPU). docs/torchrun.md's torchrun block is launched once a session (tests/conftest.py::torchrun_demo,
-read by tests/test_train.py too), in a folder of its own whose files are copied into the page's.
+read by tests/lab/train/test_train.py too), in a folder of its own whose files are copied into the page's.
 """
 
 import re
@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.builders import run_bash
+from tests.builders import DOCS, blocks, run_bash
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
 PAGES = sorted(DOCS.glob("*.md"))
 REQUIRED = [
     "quickstart",
@@ -31,24 +30,9 @@ REQUIRED = [
     "distributed",
     "ecosystem",
 ]
-RUN_MARK = "<!-- run -->"
-FENCE = re.compile(r"^```(\w*)\n(.*?)^```\s*$", flags=re.S | re.M)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def blocks(page: Path) -> list[tuple[str, str, int]]:
-    """(language, code, line number) of every fenced block; bash blocks only when marked to run."""
-    text = page.read_text()
-    found = []
-    for match in FENCE.finditer(text):
-        language, code = match.group(1), match.group(2)
-        line = text.count("\n", 0, match.start()) + 1
-        before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1].strip()
-        if language == "python" or (language == "bash" and before == RUN_MARK):
-            found.append((language, code, line))
-    return found
 
 
 def test_the_guide_has_every_page_and_examples_to_run():
@@ -108,7 +92,7 @@ def test_page_examples_run(page, tmp_path, monkeypatch, request):
             exec(compile("\n" * line + code, str(page), "exec"), namespace)
         elif page.stem == "torchrun" and "torchrun" in code:
             # The session's launch of this very block (tests/conftest.py::torchrun_demo, which
-            # tests/test_train.py reads too), run in its own folder: what it wrote is copied here.
+            # tests/lab/train/test_train.py reads too), run in its own folder: what it wrote is copied here.
             folder, launched, done = request.getfixturevalue("torchrun_demo")
             assert code == launched
             assert done.returncode == 0, f"{where} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"

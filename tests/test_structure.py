@@ -62,22 +62,9 @@ PRIVATE_IMPORTS_LEFT = {
     ("lab/hf/loading.py", "lab.hf.device_map", "_place_of"),
     ("lab/hf/loading.py", "lab.hf.folder", "_hf_config"),
     ("lab/hf/loading.py", "lab.hf.folder", "_quiet_transformers"),
-    ("experiments/calibration/__init__.py", "experiments.calibration.summary", "_signed"),
-    ("experiments/calibration/__init__.py", "experiments.calibration.summary", "_verdict_headline"),
-    ("experiments/hallucination/figures.py", "experiments.hallucination.config", "_key"),
-    ("experiments/hallucination/measurement.py", "experiments.hallucination.config", "_key"),
-    ("experiments/hallucination/summary.py", "experiments.hallucination.config", "_key"),
-    ("experiments/kl/__init__.py", "experiments.kl.measure", "_lengths"),
-    ("experiments/kl/parts.py", "experiments.kl.measure", "_lengths"),
-    ("experiments/kl/summary.py", "experiments.kl.measure", "_lengths"),
-    ("experiments/monitor/__init__.py", "experiments.monitor.summary", "_auroc_headline"),
 }
-# Re-exports outside a package's __init__ still left, as (file, the module it re-exports from): the model's
-# components and transformer keep their parts' names, lab.metrics.calibration keeps discrimination's. Only shorter.
-REEXPORTS_LEFT = {
-    ("tests/test_question_files.py", "tests.test_calibration_experiment"),  # fixtures, bound for conftest
-    ("tests/test_question_files.py", "tests.test_monitor_experiment"),
-}
+# Re-exports outside a package's __init__ still left, as (file, the module it re-exports from): none; it only shrinks.
+REEXPORTS_LEFT: set[tuple[str, str]] = set()
 
 
 def module_name(path: Path) -> str:
@@ -393,19 +380,57 @@ def test_the_graph_sees_imports_inside_functions(tmp_path):
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-def test_the_testing_page_maps_the_suite_as_it_is():
-    """docs/testing.md names every file under tests/, every file it names exists, every `make` target it names is
-    one of the Makefile's, and every module whose tests conftest marks `processes` is among the page's."""
-    from tests.conftest import PROCESS_MODULES
+def process_modules() -> set[str]:
+    """conftest's PROCESS_MODULES, read from its source (a test imports nothing from conftest)."""
+    tree = ast.parse((REPO / "tests" / "conftest.py").read_text())
+    (value,) = [
+        node.value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and [t.id for t in node.targets if isinstance(t, ast.Name)] == ["PROCESS_MODULES"]
+    ]
+    return ast.literal_eval(value)
 
+
+# The one import of a conftest: tests/transformer_lens's table test reads the outcomes that its folder's conftest
+# records while the ported tests run (that module's own state, filled by its pytest hooks).
+CONFTEST_STATE = {("tests/transformer_lens/test_table.py", "tests.transformer_lens.conftest")}
+
+
+def test_files_under_tests_import_only_builders_and_helpers_never_a_test_file_or_conftest():
+    """What two test files share lives in tests/builders.py (builders) or a conftest.py (fixtures, which pytest
+    hands over by name): no module under tests/ imports from a test file (test_*.py) or from a conftest, at the top
+    or inside a function."""
+    found = set()
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        for _, module in from_imports(path):
+            leaf = module.rpartition(".")[2]
+            if module.startswith("tests.") and (leaf.startswith("test_") or leaf == "conftest"):
+                found.add((str(path.relative_to(REPO)), module))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {
+                    (str(path.relative_to(REPO)), alias.name)
+                    for alias in node.names
+                    if alias.name.startswith("tests.")
+                    and alias.name.rpartition(".")[2].startswith(("test_", "conftest"))
+                }
+    assert found - CONFTEST_STATE == set(), "move what they share to tests/builders.py or a conftest.py"
+    assert CONFTEST_STATE <= found, "gone: take it out of CONFTEST_STATE"
+
+
+def test_the_testing_page_maps_the_suite_as_it_is():
+    """docs/testing.md names every file under tests/ (but the packages' empty __init__.py), every file it names
+    exists, every `make` target it names is one of the Makefile's, and every module whose tests conftest marks
+    `processes` is among the page's."""
     page = (REPO / "docs" / "testing.md").read_text()
-    files = {str(path.relative_to(REPO)) for path in (REPO / "tests").rglob("*.py")}
+    files = {str(path.relative_to(REPO)) for path in (REPO / "tests").rglob("*.py") if path.name != "__init__.py"}
     named = set(re.findall(r"tests/[\w/]+\.py", page))
     assert files - named == set(), "name these on docs/testing.md"
     assert named - files == set(), "docs/testing.md names files that are not there"
     targets = set(re.findall(r"^([\w-]+):", (REPO / "Makefile").read_text(), re.M))
     assert set(re.findall(r"`make ([\w-]+)`", page)) - targets == set()
-    assert {f"tests/{name}.py" for name in PROCESS_MODULES} <= named
+    assert {f"tests/{path}" for path in process_modules()} <= named
 
 
 def figures() -> dict[str, object]:

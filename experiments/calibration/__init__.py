@@ -73,19 +73,18 @@ token_level.parquet, stages.parquet, and plotly figures (reliability diagrams, E
 exposure, P(IK) and P(True) AUROC by layer, token-level ECE by layer).
 
 Where each part lives: `config` (Config, QUICK), `setting` (the world as token ids, the model's readings of it,
-training in stages), `blocks` (ECEs and temperature scaling), `readouts` (readouts chosen on validation and
+training in stages), `ece` (ECEs and temperature scaling), `readouts` (readouts chosen on validation and
 reported on test, and P(IK)), `p_true`, `english` (token-level calibration), `mmlu` (`--model` with `--mmlu`),
 `figures`, `summary` (acceptance and headlines) and `synthetic` (the synthetic run); every name is imported
 from `experiments.calibration` itself.
 """
 
-from pathlib import Path
-from typing import Any
+from experiments import local_or_synthetic
+from experiments.calibration.config import EXPOSURE_BINS, N_OPTIONS, QUICK, Config
 
 # Every name the experiment had as one module, where it lives now: tests, docs and other experiments import
 # them from here.
-from experiments.calibration.blocks import BINNINGS, calibration_block, option_logits, temperature_block
-from experiments.calibration.config import EXPOSURE_BINS, N_OPTIONS, QUICK, Config
+from experiments.calibration.ece import BINNINGS, calibration_summary, option_logits, temperature_summary
 from experiments.calibration.english import heldout_english, pydoc_model, token_level
 from experiments.calibration.figures import (
     exposure_figures,
@@ -116,7 +115,7 @@ from experiments.calibration.mmlu import (
     read_question_csv,
     run_hf,
 )
-from experiments.calibration.p_true import lens_p_true, p_true_block, p_true_layers, p_true_table
+from experiments.calibration.p_true import lens_p_true, p_true_layers, p_true_summary, p_true_table
 from experiments.calibration.readouts import (
     FAMILIES,
     Parts,
@@ -147,36 +146,15 @@ from experiments.calibration.setting import (
     train_in_stages,
 )
 from experiments.calibration.summary import (
-    _signed,
-    _verdict_headline,
     acceptance,
     aurocs_without_counts,
     eces_without_interval,
     headlines,
+    signed_headline,
+    verdict_headline,
 )
 from experiments.calibration.synthetic import Evaluation, evaluate, run_synthetic
-from lab.configs import torch_threads
 
-
-# --------------------------------------------------------------------------------------------
-# The experiment
-# --------------------------------------------------------------------------------------------
-def read_inputs(cfg: Config) -> LocalInputs | None:
-    """With cfg.model, the MMLU file, the model and the prompts, each checked (`read_mmlu_inputs`): what `forma run`
-    reads before it makes the run folder. The synthetic experiment reads nothing from outside: None."""
-    if cfg.model is None:
-        return None
-    with torch_threads(cfg.threads):
-        return read_mmlu_inputs(cfg)
-
-
-def run(cfg: Config, out: Path, inputs: LocalInputs | None = None) -> dict[str, Any]:
-    """The synthetic experiment (or, with cfg.model, lettered multiple choice of a local HF model on
-    cfg.mmlu, from `inputs` = read_inputs(cfg) when given); tables and figures into `out`; returns results.json's
-    dict."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    with torch_threads(cfg.threads):
-        if cfg.model is not None:
-            return run_hf(cfg, out, inputs)
-        return run_synthetic(cfg, out)
+# run: the synthetic experiment, or with cfg.model the local model measured on its file (`run_hf`); read_inputs:
+# that model and file, read before the run folder is made (`read_mmlu_inputs`).
+read_inputs, run = local_or_synthetic(run_synthetic, run_hf, read_mmlu_inputs)

@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass
 
+from experiments import ModelTraining
 from lab.configs import apply_quick, check_fields, need
 
 N_OPTIONS = 4  # Kadavath et al. §3: lettered multiple choice with (A)–(D); chance = 1/4
@@ -29,7 +30,7 @@ QUICK = dict(
 # Configuration
 # --------------------------------------------------------------------------------------------
 @dataclass
-class Config:
+class Config(ModelTraining):
     """The calibration experiment; `quick` swaps in a smaller world, model and training (QUICK) for every
     field left at its default. `model` + `mmlu`: lettered multiple choice on a local HF model instead."""
 
@@ -46,14 +47,7 @@ class Config:
     format_share: float = 0.3  # share of seen persons whose quizzes and True/False claims are trained
     quiz_copies: int = 2  # quizzes per format person (fresh options and order each)
     # the model and its training
-    d_model: int = 128
-    n_layers: int = 4
-    n_heads: int = 4
     steps: int = 720
-    batch_size: int = 64
-    lr: float = 3e-3
-    min_lr: float = 3e-4
-    warmup_steps: int = 50
     n_stages: int = 12  # equal training stages, each followed by the held-out NLL and the recall of seen persons
     partial_recall: float = 0.6  # the partial checkpoint: the stage whose recall of the format persons is nearest this
     n_heldout: int = 1000  # independent i.i.d. statements from p (not unseen facts) for the held-out NLL
@@ -78,17 +72,14 @@ class Config:
             apply_quick(self, QUICK)
 
         need(self, self.seed >= 0, f"seed must be a non-negative integer, got {self.seed!r}")
+        self.check_model_training()
         for name in (
             "n_first_names",
             "n_last_names",
             "n_persons",
             "n_train",
             "quiz_copies",
-            "d_model",
-            "n_layers",
-            "n_heads",
             "steps",
-            "batch_size",
             "n_stages",
             "n_heldout",
             "p_true_samples",
@@ -120,8 +111,6 @@ class Config:
             "probe_test_fraction + probe_validation_fraction must leave a training split (sum < 1)",
         )
         need(self, self.pareto_gamma > 0, "pareto_gamma must be > 0")
-        need(self, 0 < self.min_lr <= self.lr, "need 0 < min_lr ≤ lr")
-        need(self, self.d_model % self.n_heads == 0, "d_model must be a multiple of n_heads")
         need(
             self, self.hf_loader in ("auto", "bridge"), f"hf_loader must be 'auto' or 'bridge', got {self.hf_loader!r}"
         )

@@ -12,8 +12,8 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from experiments.calibration.blocks import calibration_block, option_logits, temperature_block
 from experiments.calibration.config import N_OPTIONS, Config
+from experiments.calibration.ece import calibration_summary, option_logits, temperature_summary
 from experiments.calibration.figures import p_ik_figure, reliability_figure
 from experiments.calibration.readouts import (
     class_counts,
@@ -396,13 +396,13 @@ def run_hf(cfg: Config, out: Path, inputs: LocalInputs | None = None) -> dict[st
             "prompt_example": mmlu_prompt(items[0]),
         },
         "mc": None,
-        "lettered": calibration_block(frame, cfg.n_boot, cfg.seed),
+        "lettered": calibration_summary(frame, cfg.n_boot, cfg.seed),
         "token_level": None,
         "p_true": None,
         "note": "a local Hugging Face model on an MMLU-layout CSV: lettered multiple choice only (no cloze, no "
         "P(True), no token-level run); P(IK) probes read the residual stream at the last prompt token",
     }
-    results["temperature"] = temperature_block(frame, cfg.n_boot, cfg.seed)
+    results["temperature"] = temperature_summary(frame, cfg.n_boot, cfg.seed)
     began = time.perf_counter()
     try:
         rows, info = hf_p_ik(model, frame, batches, order, letter_ids(tokenizer), cfg)

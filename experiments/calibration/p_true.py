@@ -67,7 +67,7 @@ def lens_p_true(model: HookedTransformer, claims: list[list[int]], setting: Sett
     return torch.cat(out, dim=1).numpy()
 
 
-def p_true_block(frame: pd.DataFrame, n_boot: int, seed: int) -> dict[str, Any]:
+def p_true_summary(frame: pd.DataFrame, n_boot: int, seed: int) -> dict[str, Any]:
     """P(True) of the model's own answer (the last layer) for every claim and for the subsets; each AUROC with
     n_pos / n_neg and a stratified interval over persons (refused below MIN_PER_CLASS of a class)."""
 

@@ -99,7 +99,7 @@ def _headline(
     }
 
 
-def _signed(
+def signed_headline(
     name: str, value: float, interval: list[float] | None, null: float, up: str, down: str, what: str
 ) -> dict[str, Any]:
     """A headline whose direction is the side of `null` its 95% interval lies on; none when it straddles."""
@@ -164,7 +164,7 @@ def _exposure_headlines(block: dict[str, Any], where: str, described: str) -> li
             f"(difference {a1 - a0:+.2f}, Wald 95% [{a1 - a0 - half:+.2f}, {a1 - a0 + half:+.2f}], {described})"
         )
         out.append(
-            _signed(
+            signed_headline(
                 name,
                 a1 - a0,
                 [a1 - a0 - half, a1 - a0 + half],
@@ -219,7 +219,7 @@ def _exposure_headlines(block: dict[str, Any], where: str, described: str) -> li
             f"(gap {gap:+.2f}, 95% [{gap - half:+.2f}, {gap + half:+.2f}] over {unseen['n']} persons)"
         )
         out.append(
-            _signed(
+            signed_headline(
                 "never_seen_overconfident",
                 gap,
                 [gap - half, gap + half],
@@ -267,7 +267,7 @@ def _temperature_headlines(block: dict[str, Any]) -> list[dict[str, Any]]:
         for key, label in (("ece_15_equal_width", "15-bin equal-width"), ("ece_10_equal_mass", "10-bin equal-mass"))
     )
     return [
-        _signed(
+        signed_headline(
             "temperature_above_1",
             T,
             interval,
@@ -278,7 +278,7 @@ def _temperature_headlines(block: dict[str, Any]) -> list[dict[str, Any]]:
             f"The model is underconfident: the NLL-fitted temperature is T = {T:.2f} < 1.",
             "the fitted temperature",
         ),
-        _signed(
+        signed_headline(
             "temperature_lowers_test_nll",
             block["nll_decrease"],
             block.get("nll_decrease_ci95"),
@@ -292,7 +292,7 @@ def _temperature_headlines(block: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def _verdict_headline(name: str, verdict: dict[str, Any] | None, where: str = "") -> dict[str, Any]:
+def verdict_headline(name: str, verdict: dict[str, Any] | None, where: str = "") -> dict[str, Any]:
     """A verdict as a headline; its direction: whether the chosen readout carries the signal. True needs the
     verdict's own rule (the test interval clear of both controls' intervals). False needs the interval to reach
     a control's estimate — consistent with no signal; an interval above both estimates yet not clear of their
@@ -333,7 +333,7 @@ def _baseline_headline(name: str, blocks: dict[str, Any], what: str) -> dict[str
     if interval is None:
         return _headline(name, "", value, None, None, f"{what}: {blocks.get('p_ik_baseline_auroc_why_no_interval')}")
     text = f"AUROC {value:.3f} [{interval[0]:.3f}, {interval[1]:.3f}] ({counts})"
-    return _signed(
+    return signed_headline(
         name,
         value,
         interval,
@@ -356,7 +356,7 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
             ),
             *_temperature_headlines(results["temperature"]),
             _baseline_headline("own_confidence_separates", results, "The model's own lettered confidence"),
-            _verdict_headline("p_ik_verdict", results.get("p_ik_verdict")),
+            verdict_headline("p_ik_verdict", results.get("p_ik_verdict")),
         ]
     end = results["at_end"]
     training = results.get("training") or {}
@@ -381,7 +381,7 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
         f"{lettered['mean_confidence']:.2f}"
     )
     out.append(
-        _signed(
+        signed_headline(
             "lettered_does_not_transfer",
             gap,
             [gap - half, gap + half],
@@ -394,20 +394,20 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
     out += _temperature_headlines(end["temperature"])
     out.append(_baseline_headline("own_confidence_separates", end, "The model's own cloze confidence"))
     verdicts = end.get("p_ik_verdicts", {})
-    out.append(_verdict_headline("p_ik_verdict", verdicts.get("all readouts")))
+    out.append(verdict_headline("p_ik_verdict", verdicts.get("all readouts")))
     out.append(
-        _verdict_headline(
+        verdict_headline(
             "p_ik_verdict_partial", results.get("p_ik_verdicts", {}).get("all readouts"), f" (P(IK) {partial}.)"
         )
     )
     linear = verdicts.get("logistic probes")
-    out.append(_verdict_headline("linear_probe_verdict", linear))
+    out.append(verdict_headline("linear_probe_verdict", linear))
     chosen = (linear or {}).get("chosen") or {}
     if chosen.get("baseline_minus_chosen_auroc") is not None:
         value, interval = chosen["baseline_minus_chosen_auroc"], chosen.get("baseline_minus_chosen_auroc_ci95")
         where = f"{chosen['readout']} at the {chosen['position']}, layer {chosen['layer']}"
         out.append(
-            _signed(
+            signed_headline(
                 "own_confidence_beats_linear_probes",
                 value,
                 interval,
@@ -419,7 +419,7 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
                 "the AUROC gap between the model's own confidence and the best linear probe",
             )
         )
-    out.append(_verdict_headline("p_true_verdict", end["p_true"]["layers"]["verdict"]))
+    out.append(verdict_headline("p_true_verdict", end["p_true"]["layers"]["verdict"]))
     token = results.get("token_level")
     if token:
         out.append(

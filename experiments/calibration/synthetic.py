@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from experiments.calibration.blocks import calibration_block, option_logits, temperature_block
 from experiments.calibration.config import EXPOSURE_BINS, N_OPTIONS, Config
+from experiments.calibration.ece import calibration_summary, option_logits, temperature_summary
 from experiments.calibration.english import token_level
 from experiments.calibration.figures import (
     exposure_figures,
@@ -20,7 +20,7 @@ from experiments.calibration.figures import (
     stages_figure,
     token_level_figure,
 )
-from experiments.calibration.p_true import p_true_block, p_true_layers, p_true_table
+from experiments.calibration.p_true import p_true_layers, p_true_summary, p_true_table
 from experiments.calibration.readouts import p_ik, p_ik_summary
 from experiments.calibration.setting import (
     Setting,
@@ -66,17 +66,17 @@ def evaluate(
         frames[frame["kind"].iloc[0]] = frame
     format_items = world.quiz_items(setting.format_persons, N_OPTIONS, seed=cfg.seed + 4)  # fresh option sets
     blocks: dict[str, Any] = {
-        "mc": {"checkpoint": name, "step": step, **calibration_block(frames["cloze"], cfg.n_boot, cfg.seed)},
+        "mc": {"checkpoint": name, "step": step, **calibration_summary(frames["cloze"], cfg.n_boot, cfg.seed)},
         "lettered": {
             "checkpoint": name,
             "step": step,
-            **calibration_block(frames["lettered"], cfg.n_boot, cfg.seed),
+            **calibration_summary(frames["lettered"], cfg.n_boot, cfg.seed),
             "format_subset_accuracy": float(lettered_table(model, setting, format_items)["correct"].mean()),
             "note": "knowledge extraction: the lettered format was trained on the format subset only; "
             "format_subset_accuracy is on fresh option sets for those persons (did the format "
             "itself generalise beyond the trained quizzes?)",
         },
-        "temperature": temperature_block(frames["cloze"], cfg.n_boot, cfg.seed),
+        "temperature": temperature_summary(frames["cloze"], cfg.n_boot, cfg.seed),
         "format_subset_cloze_accuracy": float(cloze_table(model, setting, format_items)["correct"].mean()),
     }
     timing["multiple_choice_s"] = time.perf_counter() - began
@@ -90,7 +90,7 @@ def evaluate(
         claims += part_claims
     p_true_frame = pd.concat(parts, ignore_index=True)
     p_true_frame["checkpoint"] = name
-    blocks["p_true"] = p_true_block(p_true_frame, cfg.n_boot, cfg.seed)
+    blocks["p_true"] = p_true_summary(p_true_frame, cfg.n_boot, cfg.seed)
     blocks["p_true"]["layers"] = p_true_layers(
         model, random_model(model, seed=cfg.seed + 1), p_true_frame, claims, setting, cfg
     )

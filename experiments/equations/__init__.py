@@ -19,9 +19,9 @@ Artefacts in `out`: universal_approximation.html (sup error against width, and t
 softmax_saturation.html (attention entropy against d_k, with and without the scaling).
 
 Where each claim is checked: `positions` (1, 2), `attention` (3, 4), `networks` (5–7), `parameters` (8),
-`sampling` (9, 10), `kv_cache` (11), `perplexity` (12); `common` holds the Check record and what the checks
-share, `figures` the figures; Config, run and headlines are here, and every name is imported from
-`experiments.equations` itself.
+`sampling` (9, 10), `kv_cache` (11), `perplexity` (12); `check` holds the Check record and its rules,
+`seeded` what the checks compute with (float64, seeded generators and layers, recording hooks), `figures` the
+figures; Config, run and headlines are here, and every name is imported from `experiments.equations` itself.
 """
 
 import time
@@ -45,7 +45,7 @@ from experiments.equations.attention import (
     softmax_jacobian_norm,
     softmax_saturation,
 )
-from experiments.equations.common import F64, Check, attention_config, entries
+from experiments.equations.check import Check, entries
 from experiments.equations.figures import write_figures
 from experiments.equations.kv_cache import (
     attention_flops,
@@ -75,6 +75,7 @@ from experiments.equations.parameters import (
 from experiments.equations.perplexity import check_kl_identity, check_perplexity
 from experiments.equations.positions import check_rotary_relative, check_sinusoidal_shift, check_sinusoidal_wavelengths
 from experiments.equations.sampling import check_nucleus, check_temperature
+from experiments.equations.seeded import F64, attention_config
 from lab.configs import check_fields, need
 from lab.headlines import title
 
@@ -162,7 +163,7 @@ def run(cfg: Config, out: Path) -> dict:
 def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
     """One headline per check, computed from results["checks"]: the claim, whether it passed (the direction,
     which the quick and default runs must share), and each measured entry against its rule, in words and in
-    symbols (`common.entries`); a check that fails is not supported, its sentence the reason. Every check is a
+    symbols (`check.entries`); a check that fails is not supported, its sentence the reason. Every check is a
     computation that a wrong implementation fails (the tests hand each one a wrong one)."""
     out = []
     for check in results["checks"]:

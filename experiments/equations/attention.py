@@ -8,15 +8,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from experiments.equations.common import (
-    F64,
-    Check,
-    all_close,
-    attention_config,
-    capturing,
-    seeded_attention,
-    seeded_generator,
-)
+from experiments.equations.check import Check, all_close
+from experiments.equations.seeded import F64, attention_config, capturing, seeded_attention, seeded_generator
 from lab.model.attention import Attention
 
 

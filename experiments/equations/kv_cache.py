@@ -9,7 +9,8 @@ from torch import Tensor
 from torch.utils.flop_counter import FlopCounterMode
 from transformer_lens.hook_points import HookPoint
 
-from experiments.equations.common import Check, all_close, seeded_generator
+from experiments.equations.check import Check, all_close
+from experiments.equations.seeded import seeded_generator
 from lab.generate import decode
 from lab.model import HookedTransformer, KVCache, KVCacheEntry, ModelConfig
 from lab.model.attention import Attention

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from experiments.equations.common import F64, Check, seeded_generator
+from experiments.equations.check import Check
+from experiments.equations.seeded import F64, seeded_generator
 from lab.model import next_token_loss
 from lab.model.mlp import ACTIVATIONS
 

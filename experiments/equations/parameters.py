@@ -6,7 +6,7 @@ from functools import cache
 
 import torch
 
-from experiments.equations.common import Check
+from experiments.equations.check import Check
 from lab.model import HookedTransformer, ModelConfig
 
 # ============================================================================================

@@ -6,8 +6,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from experiments.equations.common import F64, Check, all_close, seeded_generator
+from experiments.equations.check import Check, all_close
 from experiments.equations.kv_cache import kv_model
+from experiments.equations.seeded import F64, seeded_generator
 from lab.metrics.information import entropy, kl
 
 

@@ -8,7 +8,8 @@ import einops
 import torch
 from torch import Tensor, nn
 
-from experiments.equations.common import F64, Check, all_close, seeded_generator
+from experiments.equations.check import Check, all_close
+from experiments.equations.seeded import F64, seeded_generator
 from lab.model import ModelConfig
 from lab.model.attention import Rotary
 from lab.model.embeddings import sinusoidal_table

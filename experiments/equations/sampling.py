@@ -5,7 +5,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from experiments.equations.common import F64, Check, all_close, seeded_generator
+from experiments.equations.check import Check, all_close
+from experiments.equations.seeded import F64, seeded_generator
 from lab.generate import filter_logits, sample_next
 
 

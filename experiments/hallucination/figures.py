@@ -4,7 +4,7 @@ the per-bin calibration at the held-out optimum."""
 from pathlib import Path
 from typing import Any
 
-from experiments.hallucination.config import DELTAS, Config, _key
+from experiments.hallucination.config import DELTAS, Config, delta_key
 from experiments.hallucination.training import SweepRun
 from lab.runs import save_figure
 
@@ -41,7 +41,7 @@ def write_figures(
         xs, ys, texts = [], [], []
         for s in sweep:
             for c in s["checkpoints"]:
-                xs.append(c[f"bound_rhs_delta_{_key(delta)}"])
+                xs.append(c[f"bound_rhs_delta_{delta_key(delta)}"])
                 ys.append(c["hallucination_rate"])
                 texts.append(f"γ = {s['gamma']}, {c['checkpoint']}")
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="markers", name=f"δ = {delta}", text=texts))

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.hallucination.config import ADAPTIVE_BINS, DELTAS, EPS, Config, _key
+from experiments.hallucination.config import ADAPTIVE_BINS, DELTAS, EPS, Config, delta_key
 from experiments.hallucination.enumeration import enumerate_g, sample_documents
 from experiments.hallucination.setting import Setting
 from lab.metrics.hallucination import (
@@ -76,9 +76,9 @@ def measure(model: HookedTransformer, setting: Setting, cfg: Config, seed: int) 
     }
     for delta in DELTAS:
         bound = bound_slack(g_hall, mf, mis_eps, len(world.facts), n_hall, cfg.n_train, delta)
-        metrics[f"bound_rhs_delta_{_key(delta)}"] = bound.right_side
-        metrics[f"bound_slack_delta_{_key(delta)}"] = bound.slack
-        metrics[f"bound_margin_delta_{_key(delta)}"] = bound.margin
+        metrics[f"bound_rhs_delta_{delta_key(delta)}"] = bound.right_side
+        metrics[f"bound_slack_delta_{delta_key(delta)}"] = bound.slack
+        metrics[f"bound_margin_delta_{delta_key(delta)}"] = bound.margin
 
     drawn = sample_documents(model, setting, cfg.n_samples, seed)
     n = cfg.n_samples

@@ -12,7 +12,7 @@ from experiments.hallucination.config import (
     MAX_FACT_PROBABILITY_FLAG,
     PERMUTATION_LEVEL,
     Config,
-    _key,
+    delta_key,
 )
 from lab.metrics.statistics import permutation_p, sign, smallest_permutation_p, spearman, spearman_permutation_p
 from lab.runs import headline
@@ -37,7 +37,7 @@ def acceptance(sweep: list[dict[str, Any]], upweighting: list[dict[str, Any]], c
         ]
         by_epoch[str(epoch)] = spearman(mf, rates)
     sides = [
-        (c[f"bound_rhs_delta_{_key(d)}"], c[f"bound_margin_delta_{_key(d)}"])
+        (c[f"bound_rhs_delta_{delta_key(d)}"], c[f"bound_margin_delta_{delta_key(d)}"])
         for s in sweep
         for c in s["checkpoints"]
         for d in DELTAS
@@ -234,9 +234,23 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
     sweep = sorted(results["sweep"], key=lambda s: s["gamma"])
     out = _monofact_headlines(sweep, results["acceptance"]["spearman_monofact_vs_hallucination"])
 
-    # Both sides of the bound, at every checkpoint and δ.
+    out.append(_bound_headline(sweep))
+    out += _check_headlines(sweep)
+    # Selective upweighting against its matched-compute control (Miao & Kearns).
+    upweighting = results.get("upweighting") or []
+    if upweighting:
+        out += _upweighting_headlines(upweighting, len(results["config"]["upweight_shares"]))
+    singleton = results.get("singleton") or {}
+    if singleton:
+        out.append(_singleton_headline(singleton))
+    return out
+
+
+def _bound_headline(sweep: list[dict[str, Any]]) -> dict[str, Any]:
+    """Both sides of the Kalai–Vempala bound, at every checkpoint and δ: whether it holds where its right side is
+    positive; vacuous, and not shown, where it is negative everywhere."""
     checks = [
-        (c[f"bound_rhs_delta_{_key(d)}"], c[f"bound_margin_delta_{_key(d)}"])
+        (c[f"bound_rhs_delta_{delta_key(d)}"], c[f"bound_margin_delta_{delta_key(d)}"])
         for s in sweep
         for c in s["checkpoints"]
         for d in DELTAS
@@ -250,23 +264,22 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
             f"g(H) ≥ MF − Mis − slack {'holds' if not broken else f'fails at {broken}'} with smallest margin "
             f"{worst:+.3f}."
         )
-        out.append(headline("bound_holds", text, worst, None, bool(worst >= 0), not broken, text))
-    else:
-        best = max(rhs for rhs, _ in checks)
-        out.append(
-            headline(
-                "bound_holds",
-                "The Kalai–Vempala bound's right side is negative at every check.",
-                best,
-                None,
-                0,
-                False,
-                f"bound vacuous: right side < 0 at every check ({len(checks)} of {len(checks)}; the largest is "
-                f"{best:+.3f}), so g(H) ≥ right side holds whatever the model does and says nothing",
-            )
-        )
+        return headline("bound_holds", text, worst, None, bool(worst >= 0), not broken, text)
+    best = max(rhs for rhs, _ in checks)
+    return headline(
+        "bound_holds",
+        "The Kalai–Vempala bound's right side is negative at every check.",
+        best,
+        None,
+        0,
+        False,
+        f"bound vacuous: right side < 0 at every check ({len(checks)} of {len(checks)}; the largest is "
+        f"{best:+.3f}), so g(H) ≥ right side holds whatever the model does and says nothing",
+    )
 
-    # The enumeration against sampled documents, and the grammar's mass.
+
+def _check_headlines(sweep: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The enumeration against sampled documents, and the grammar's mass: two computations that could disagree."""
     z = max(
         abs(c["sampled_hallucination_rate"] - c["hallucination_rate"]) / c["sampled_se"]
         for s in sweep
@@ -275,41 +288,37 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
     )
     n_checkpoints = sum(len(s["checkpoints"]) for s in sweep)
     agree = z <= FAMILY_Z
-    text = (
+    sampling = (
         f"The exact g(H) by enumeration and the rate among documents sampled at T = 1 "
         f"{'agree' if agree else 'disagree'} over all {n_checkpoints} checkpoints (worst |z| = {z:.2f}; over these "
         f"comparisons the limit is |z| ≤ {FAMILY_Z})."
     )
-    out.append(headline("enumeration_matches_sampling", text, z, None, bool(agree), agree, text))
     gap = max(abs(c["sum_check"]) for s in sweep for c in s["checkpoints"])
     closes = gap <= 1e-4
-    text = (
+    mass = (
         f"g(F) + g(H) + malformed, the last summed from the grammar's leaks, is 1 within {gap:.1e} at every "
         f"checkpoint ({'within' if closes else 'beyond'} 1e-4)."
     )
-    out.append(headline("mass_closes", text, gap, None, bool(closes), closes, text))
+    return [
+        headline("enumeration_matches_sampling", sampling, z, None, bool(agree), agree, sampling),
+        headline("mass_closes", mass, gap, None, bool(closes), closes, mass),
+    ]
 
-    # Selective upweighting against its matched-compute control (Miao & Kearns).
-    upweighting = results.get("upweighting") or []
-    if upweighting:
-        out += _upweighting_headlines(upweighting, len(results["config"]["upweight_shares"]))
 
-    # The singleton-rate variant: its finite-N term swamps it at these sizes.
-    singleton = results.get("singleton") or {}
-    if singleton:
-        holds = singleton["margin"] >= 0
-        text = (
-            f"The singleton-rate bound (Kalai et al. 2025) {'holds' if holds else 'fails'} with margin "
-            f"{singleton['margin']:+.3f}."
+def _singleton_headline(singleton: dict[str, Any]) -> dict[str, Any]:
+    """The singleton-rate variant (Kalai et al. 2025): its finite-N term swamps it at these sizes."""
+    holds = singleton["margin"] >= 0
+    text = (
+        f"The singleton-rate bound (Kalai et al. 2025) {'holds' if holds else 'fails'} with margin "
+        f"{singleton['margin']:+.3f}."
+    )
+    why = (
+        (
+            f"vacuous at N = {singleton['n_train']:,}: the finite-N term (35 + 6 ln N)/√N = "
+            f"{singleton['finite_n_term']:.2f} makes the right side {singleton['bound_rhs']:+.3f}; without it the "
+            f"margin is {singleton['margin_without_finite_n']:+.3f}"
         )
-        why = (
-            (
-                f"vacuous at N = {singleton['n_train']:,}: the finite-N term (35 + 6 ln N)/√N = "
-                f"{singleton['finite_n_term']:.2f} makes the right side {singleton['bound_rhs']:+.3f}; without it the "
-                f"margin is {singleton['margin_without_finite_n']:+.3f}"
-            )
-            if singleton["bound_rhs"] <= 0
-            else (None if holds else text)
-        )
-        out.append(headline("singleton_bound", text, singleton["margin"], None, bool(holds), why is None, why))
-    return out
+        if singleton["bound_rhs"] <= 0
+        else (None if holds else text)
+    )
+    return headline("singleton_bound", text, singleton["margin"], None, bool(holds), why is None, why)

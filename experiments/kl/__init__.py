@@ -62,9 +62,10 @@ kl_by_position, temperature, scaling and hmm (plotly .json + offline .html), mod
 models/hmm (the final weights) and train/<name>/metrics.jsonl.
 
 Where each part lives: `config` (Config, the profiles, the scaling sweep's setting, the seed streams),
-`measure` (HeldOut, the decomposition and its summaries, the lens, KL by position), `parts` (the trainings
-that lab.parallel shares out: markov_part, hmm_part, scaling_point, and scaling_fit), `summary` (acceptance and
-headlines) and `figures`; `run` is here, and every name is imported from `experiments.kl` itself.
+`measure` (HeldOut, the decomposition and its summaries, the lens, KL by position), `training` (sequences and
+training with log-spaced checkpoints), `sources` (the Markov and hidden-Markov parts that lab.parallel shares out:
+markov_part, hmm_part), `scaling` (the sweep's scaling_point, shared out too, and scaling_fit), `summary`
+(acceptance and headlines) and `figures`; `run` is here, and every name is imported from `experiments.kl` itself.
 """
 
 import dataclasses
@@ -93,7 +94,6 @@ from experiments.kl.measure import (
     Decomposition,
     HeldOut,
     Source,
-    _lengths,
     decompose,
     entropy_rate_check,
     ground_truth_lens,
@@ -105,20 +105,10 @@ from experiments.kl.measure import (
     summarise_regions,
     z_score,
 )
-from experiments.kl.parts import (
-    heads_for,
-    hmm_part,
-    log_spaced_steps,
-    markov_part,
-    markov_setting,
-    scaling_fit,
-    scaling_point,
-    scaling_setting,
-    sequences,
-    train_with_checkpoints,
-    truncated_context_kl,
-)
+from experiments.kl.scaling import heads_for, scaling_fit, scaling_point, scaling_setting
+from experiments.kl.sources import hmm_part, markov_part, markov_setting, truncated_context_kl
 from experiments.kl.summary import acceptance, headlines
+from experiments.kl.training import log_spaced_steps, sequences, train_with_checkpoints
 from lab.metrics.information import (
     T_BRACKET,
     T_GRID,

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from lab.configs import check_fields, need
+from experiments import ProfileConfig
 
 RECIPE = "markov"
 FIGURES = ("kl_decomposition", "lens", "kl_by_position", "temperature", "scaling", "hmm")
@@ -64,22 +64,11 @@ QUICK = Profile(
 
 
 @dataclass
-class Config:
+class Config(ProfileConfig):
     """The kl experiment: `seed` seeds the models, the batch order and every sample drawn from the worlds
     (the worlds themselves are the recipe's); `quick` is the small profile for tests and the demo."""
 
-    seed: int = 0
-    quick: bool = False
-    workers: int = 2  # processes for the independent trainings (lab.parallel); results do not depend on it
-
-    def __post_init__(self) -> None:
-        check_fields(self)
-        need(self, self.seed >= 0, f"seed must be a non-negative integer, got {self.seed!r}")
-        need(self, self.workers >= 1, f"workers must be a positive integer, got {self.workers!r}")
-
-    @property
-    def profile(self) -> Profile:
-        return QUICK if self.quick else DEFAULT
+    PROFILES = (DEFAULT, QUICK)
 
 
 def sample_seed(seed: int, purpose: str) -> int:

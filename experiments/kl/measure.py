@@ -213,6 +213,6 @@ def kl_by_position(d: Decomposition, held_out: HeldOut) -> list[dict[str, Any]]:
     ]
 
 
-def _lengths(first: int, last: int) -> str:
+def lengths_in_words(first: int, last: int) -> str:
     """A run of prefix lengths in words, for the regions' descriptions and the headlines."""
     return f"prefix length {first}" if first == last else f"prefix lengths {first} … {last}"

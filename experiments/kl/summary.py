@@ -5,7 +5,7 @@ import math
 from typing import Any
 
 from experiments.kl.config import FAMILY_Z
-from experiments.kl.measure import _lengths
+from experiments.kl.measure import lengths_in_words
 from lab.metrics.statistics import sign
 from lab.runs import headline
 
@@ -75,10 +75,43 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
     rate = results["source"]["entropy_rate_nats"]
     first, last = results["checkpoints"][0]["complete"], results["checkpoints"][-1]["complete"]
     early = results["checkpoints"][-1].get("first")
-    check = results["entropy_rate_check"]
-    scaling, best = results["scaling"], results["temperature_min"]
     lens = results["lens"]
     hmm_first, hmm_last = results["hmm"][0]["all"], results["hmm"][-1]["all"]
+    return [
+        _fall(
+            "kl_falls",
+            "KL(p ‖ P_θ) over complete contexts",
+            (first["kl_nats"], first["kl_se"]),
+            (last["kl_nats"], last["kl_se"]),
+            "over training",
+            f"; {last['kl_nats'] / rate:.1%} of the entropy rate {rate:.4f} at the end, CE "
+            f"{last['cross_entropy_nats']:.4f} against H {last['entropy_nats']:.4f}",
+        ),
+        *([] if early is None else [_first_positions(early, rate)]),
+        _sampled_matches_exact(results),
+        _entropy_rate_check(results["entropy_rate_check"], rate),
+        _fall(
+            "lens",
+            "Through the ground-truth lens, KL to p",
+            (lens[0]["kl_nats"], lens[0]["kl_se"]),
+            (lens[-1]["kl_nats"], lens[-1]["kl_se"]),
+            f"between the first layer's input ({lens[0]['label']}) and the last layer's output (complete contexts)",
+        ),
+        _temperature(results["temperature_min"]),
+        _fall(
+            "hmm_kl_falls",
+            "On the hidden-Markov source KL over every position",
+            (hmm_first["kl_nats"], hmm_first["kl_se"]),
+            (hmm_last["kl_nats"], hmm_last["kl_se"]),
+            "over training",
+        ),
+        *_scaling_headlines(results["scaling"]),
+    ]
+
+
+def _sampled_matches_exact(results: dict[str, Any]) -> dict[str, Any]:
+    """The check of the sampled paths against the exact ones, over every checkpoint and region, at the familywise
+    limit: the model's own −log P_θ against H + KL, and KL̂ against KL."""
     rows = [r[region] for r in results["checkpoints"] for region in ("complete", "first") if region in r] + [
         r["all"] for r in results["hmm"]
     ]
@@ -91,86 +124,54 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
         f"(worst |z| = {worst_ce:.2f}), and KL̂ against KL (worst |z| = {worst_kl:.2f}); over these "
         f"{2 * len(rows)} comparisons the limit is |z| ≤ {FAMILY_Z}."
     )
-    matches = check["within_3se"]
+    return headline("sampled_matches_exact", sampled, max(worst_ce, worst_kl), None, bool(agree), agree, sampled)
+
+
+def _entropy_rate_check(check: dict[str, Any], rate: float) -> dict[str, Any]:
+    """The closed-form entropy rate against the mean entropy over complete-context held-out prefixes."""
+    matches, mean = check["within_3se"], check["mean_complete_context_entropy_nats"]
     entropy_rate = (
         f"The closed-form entropy rate {rate:.4f} nats {'matches' if matches else 'misses'} the mean H over "
-        f"complete-context held-out prefixes, {check['mean_complete_context_entropy_nats']:.4f} ± "
-        f"{check['se']:.4f} (z = {check['z']:.2f}; the limit is |z| ≤ 3)."
+        f"complete-context held-out prefixes, {mean:.4f} ± {check['se']:.4f} (z = {check['z']:.2f}; the limit is "
+        "|z| ≤ 3)."
     )
+    interval = [mean - 1.96 * check["se"], mean + 1.96 * check["se"]]
+    return headline("entropy_rate_check", entropy_rate, mean, interval, bool(matches), matches, entropy_rate)
+
+
+def _temperature(best: dict[str, Any]) -> dict[str, Any]:
+    """Where KL to the truth is smallest over the temperature scan: near 1 for a model trained to the truth."""
     interior, near_one = not best["at_bracket_edge"], 0.8 <= best["T"] <= 1.25
     temperature = (
         f"KL to the truth is smallest at T = {best['T']:.3f} ({best['kl_nats']:.4f} nats; "
         f"{best['kl_at_T1_nats']:.4f} at T = 1), {'within' if near_one else 'outside'} [0.8, 1.25]."
     )
-    out = [
-        _fall(
-            "kl_falls",
-            "KL(p ‖ P_θ) over complete contexts",
-            (first["kl_nats"], first["kl_se"]),
-            (last["kl_nats"], last["kl_se"]),
-            "over training",
-            f"; {last['kl_nats'] / rate:.1%} of the entropy rate {rate:.4f} at the end, CE "
-            f"{last['cross_entropy_nats']:.4f} against H {last['entropy_nats']:.4f}",
-        ),
-        headline("sampled_matches_exact", sampled, max(worst_ce, worst_kl), None, bool(agree), agree, sampled),
-        headline(
-            "entropy_rate_check",
-            entropy_rate,
-            check["mean_complete_context_entropy_nats"],
-            [
-                check["mean_complete_context_entropy_nats"] - 1.96 * check["se"],
-                check["mean_complete_context_entropy_nats"] + 1.96 * check["se"],
-            ],
-            bool(matches),
-            matches,
-            entropy_rate,
-        ),
-        _fall(
-            "lens",
-            "Through the ground-truth lens, KL to p",
-            (lens[0]["kl_nats"], lens[0]["kl_se"]),
-            (lens[-1]["kl_nats"], lens[-1]["kl_se"]),
-            f"between the first layer's input ({lens[0]['label']}) and the last layer's output (complete contexts)",
-        ),
-        headline(
-            "temperature",
-            temperature,
-            best["T"],
-            None,
-            bool(near_one),
-            interior and near_one,
-            "the minimising temperature is at the edge of the searched bracket" if not interior else temperature,
-        ),
-        _fall(
-            "hmm_kl_falls",
-            "On the hidden-Markov source KL over every position",
-            (hmm_first["kl_nats"], hmm_first["kl_se"]),
-            (hmm_last["kl_nats"], hmm_last["kl_se"]),
-            "over training",
-        ),
-    ]
-    if early is not None:
-        gap, half = early["entropy_nats"] - rate, 1.96 * early["entropy_se"]
-        text = (
-            f"The first positions ({_lengths(*early['prefix_lengths'])}, shorter than the chain's order) are "
-            f"reported apart: H {early['entropy_nats']:.4f}, {gap:+.4f} nats from the entropy rate (95% "
-            f"[{gap - half:+.4f}, {gap + half:+.4f}]), KL {early['kl_nats']:.3f} nats/token."
-        )
-        out.insert(
-            1,
-            headline(
-                "first_positions",
-                text,
-                early["kl_nats"],
-                [gap - half, gap + half],
-                sign(gap),
-                abs(gap) > half,
-                None
-                if abs(gap) > half
-                else f"{text[:-1]}: the entropy's interval includes the rate, so this run cannot tell the "
-                "first positions' entropy from it",
-            ),
-        )
+    why = "the minimising temperature is at the edge of the searched bracket" if not interior else temperature
+    return headline("temperature", temperature, best["T"], None, bool(near_one), interior and near_one, why)
+
+
+def _first_positions(early: dict[str, Any], rate: float) -> dict[str, Any]:
+    """The positions shorter than the chain's order, reported apart: their entropy against the entropy rate."""
+    gap, half = early["entropy_nats"] - rate, 1.96 * early["entropy_se"]
+    text = (
+        f"The first positions ({lengths_in_words(*early['prefix_lengths'])}, shorter than the chain's order) are "
+        f"reported apart: H {early['entropy_nats']:.4f}, {gap:+.4f} nats from the entropy rate (95% "
+        f"[{gap - half:+.4f}, {gap + half:+.4f}]), KL {early['kl_nats']:.3f} nats/token."
+    )
+    why = (
+        None
+        if abs(gap) > half
+        else f"{text[:-1]}: the entropy's interval includes the rate, so this run cannot tell the "
+        "first positions' entropy from it"
+    )
+    return headline(
+        "first_positions", text, early["kl_nats"], [gap - half, gap + half], sign(gap), abs(gap) > half, why
+    )
+
+
+def _scaling_headlines(scaling: dict[str, Any]) -> list[dict[str, Any]]:
+    """The scaling fit's E against the true entropy rate of its chain and against the held-out entropy; neither is
+    supported when the fit's interval cannot place E."""
     low, high = scaling["E_ci95"]
     closed = math.isfinite(low) and scaling.get("E_ci95_open") is None and scaling["dof"] >= 2
     why = (
@@ -183,8 +184,8 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
         if not closed
         else None
     )
-    true_rate = scaling["true_entropy_nats"]
-    out.append(
+    true_rate, held = scaling["true_entropy_nats"], scaling["heldout_entropy_nats"]
+    return [
         headline(
             "scaling_E",
             f"The scaling fit's irreducible term E = {scaling['E_nats']:.4f} [{low:.4f}, {high:.4f}] "
@@ -195,10 +196,7 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
             bool(low <= true_rate <= high),
             closed,
             why,
-        )
-    )
-    held = scaling["heldout_entropy_nats"]
-    out.append(
+        ),
         headline(
             "scaling_E_vs_heldout_entropy",
             f"E is {scaling['E_minus_heldout_entropy_nats']:+.4f} nats from the held-out entropy {held:.4f}: "
@@ -212,6 +210,5 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
             scaling["E_ci95_below_heldout_entropy"],
             closed,
             why,
-        )
-    )
-    return out
+        ),
+    ]

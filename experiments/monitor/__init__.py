@@ -75,8 +75,7 @@ run), `qa` (`--model` with `--qa`) and `figures`; Config, run and every name oth
 `experiments.monitor` itself.
 """
 
-from pathlib import Path
-from typing import Any
+from experiments import local_or_synthetic
 
 # Every name the experiment had as one module, where it lives now: tests, dashboards and benchmarks import them
 # from here.
@@ -116,29 +115,9 @@ from experiments.monitor.signals import (
     sampling_risks,
     value_strings,
 )
-from experiments.monitor.summary import _auroc_headline, headlines
+from experiments.monitor.summary import auroc_headline, headlines
 from experiments.monitor.synthetic import run_synthetic
-from lab.configs import torch_threads
 
-
-# --------------------------------------------------------------------------------------------
-# The experiment
-# --------------------------------------------------------------------------------------------
-def read_inputs(cfg: Config) -> Any:
-    """With cfg.model, the question–answer file, the model and the prompts, each checked (`read_qa_inputs`): what
-    `forma run` reads before it makes the run folder. The synthetic experiment reads nothing from outside: None."""
-    if cfg.model is None:
-        return None
-    with torch_threads(cfg.threads):
-        return read_qa_inputs(cfg)
-
-
-def run(cfg: Config, out: Path, inputs: Any = None) -> dict[str, Any]:
-    """The synthetic experiment (or, with cfg.model, the signals of a local model on cfg.qa, from `inputs` =
-    read_inputs(cfg) when given); tables and figures into `out`; returns results.json's dict."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    with torch_threads(cfg.threads):
-        if cfg.model is not None:
-            return run_qa(cfg, out, inputs)
-        return run_synthetic(cfg, out)
+# run: the synthetic experiment, or with cfg.model the local model measured on its file (`run_qa`); read_inputs:
+# that model and file, read before the run folder is made (`read_qa_inputs`).
+read_inputs, run = local_or_synthetic(run_synthetic, run_qa, read_qa_inputs)

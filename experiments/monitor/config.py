@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass
 
+from experiments import ModelTraining
 from lab.configs import apply_quick, check_fields, need
 
 KINDS = ("seen", "unseen", "invented")
@@ -35,7 +36,7 @@ QUICK = dict(
 # Configuration
 # --------------------------------------------------------------------------------------------
 @dataclass
-class Config:
+class Config(ModelTraining):
     """The monitor experiment; `quick` swaps in a smaller world, model and bootstrap (QUICK) for every field left at
     its default. `model` + `qa`: the signals of a local model on a question–answer CSV instead."""
 
@@ -51,14 +52,7 @@ class Config:
     pareto_gamma: float = 2.0
     n_invented: int = 500  # name pairs that are no person
     # the model and its training: short enough that persons seen once are only partly recalled
-    d_model: int = 128
-    n_layers: int = 4
-    n_heads: int = 4
     steps: int = 300
-    batch_size: int = 64
-    lr: float = 3e-3
-    min_lr: float = 3e-4
-    warmup_steps: int = 50
     # measurement
     split_fractions: tuple[float, float, float] = (0.4, 0.3, 0.3)  # fit, calibration, test (subjects)
     k_samples: int = 10  # answers sampled at T = 1 for self-consistency and semantic entropy
@@ -77,17 +71,14 @@ class Config:
             apply_quick(self, QUICK)
 
         need(self, self.seed >= 0, f"seed must be a non-negative integer, got {self.seed!r}")
+        self.check_model_training()
         for name in (
             "n_first_names",
             "n_last_names",
             "n_persons",
             "n_train",
             "n_invented",
-            "d_model",
-            "n_layers",
-            "n_heads",
             "steps",
-            "batch_size",
             "k_samples",
             "n_boot",
             "qa_max_new_tokens",
@@ -112,9 +103,7 @@ class Config:
             0 <= self.warmup_steps <= self.steps,
             f"warmup_steps must lie in [0, steps], got {self.warmup_steps!r}",
         )
-        need(self, 0 < self.min_lr <= self.lr, "need 0 < min_lr ≤ lr")
         need(self, self.pareto_gamma > 0, "pareto_gamma must be > 0")
-        need(self, self.d_model % self.n_heads == 0, "d_model must be a multiple of n_heads")
         need(
             self,
             all(f > 0 for f in self.split_fractions) and abs(sum(self.split_fractions) - 1) < 1e-9,

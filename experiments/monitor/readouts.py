@@ -1,5 +1,6 @@
 """The probe's and P(IK)'s weights in the run folder (readouts.safetensors), which the dashboard generates with."""
 
+import json
 from pathlib import Path
 
 import torch
@@ -14,8 +15,6 @@ from lab.files import atomic_write
 # --------------------------------------------------------------------------------------------
 def save_readouts(out: Path, probe: LinearReadout | None, p_ik: LinearReadout | None, signs: dict[str, int]) -> None:
     """The probe's and P(IK)'s weights (safetensors), their hooks, biases, positions and the signs (metadata)."""
-    import json
-
     from safetensors.torch import save_file
 
     tensors, meta = {}, {"signs": json.dumps(signs)}

@@ -10,7 +10,7 @@ from lab.runs import headline
 # --------------------------------------------------------------------------------------------
 # Headlines
 # --------------------------------------------------------------------------------------------
-def _auroc_headline(name: str, what: str, block: dict[str, Any], sign: int) -> dict[str, Any]:
+def auroc_headline(name: str, what: str, block: dict[str, Any], sign: int) -> dict[str, Any]:
     """Whether a signal separates false claims from right ones: supported when its familywise interval (every
     separation claim of the run at once, `familywise_level`; DeLong's, which needs no resamples at that level)
     excludes ½. The direction is which way the signal's
@@ -150,12 +150,12 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     signals = {row["signal"]: row for row in results["signals"]}
     for name, row in signals.items():
-        out.append(_auroc_headline(f"{name}_separates", f"The signal {name}", row, row["sign"]))
+        out.append(auroc_headline(f"{name}_separates", f"The signal {name}", row, row["sign"]))
     own = signals.get("max_prob")
     if own:
         for kind, block in own["by_kind"].items():
             out.append(
-                _auroc_headline(
+                auroc_headline(
                     f"max_prob_separates_{kind}", f"max_prob, against the {ERROR_KINDS[kind]}", block, own["sign"]
                 )
             )

@@ -5,7 +5,7 @@ from typing import Any
 
 import numpy as np
 
-from lab.configs import check_fields, need
+from experiments import ProfileConfig
 
 # The worlds (lab.data): each gives its exact law and the ground truth of its mechanism.
 MARKOV_WORLD = {"kind": "markov", "vocab_size": 8, "order": 2, "concentration": 0.3, "seed": 0}
@@ -77,22 +77,11 @@ QUICK = Profile(
 
 
 @dataclass
-class Config:
+class Config(ProfileConfig):
     """The scoreboard: `seed` seeds the models, the batch order and every draw from the worlds (the worlds
     themselves are fixed above); `quick` is the small profile for tests and the demo."""
 
-    seed: int = 0
-    quick: bool = False
-    workers: int = 2  # processes for the worlds' independent parts (lab.parallel); results do not depend on it
-
-    def __post_init__(self) -> None:
-        check_fields(self)
-        need(self, self.seed >= 0, f"seed must be a non-negative integer, got {self.seed!r}")
-        need(self, self.workers >= 1, f"workers must be a positive integer, got {self.workers!r}")
-
-    @property
-    def profile(self) -> Profile:
-        return QUICK if self.quick else DEFAULT
+    PROFILES = (DEFAULT, QUICK)
 
 
 PURPOSES = ("train", "val", "eval", "fit", "attribution", "patching", "probe")

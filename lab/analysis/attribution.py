@@ -17,7 +17,7 @@ one clean forward, one corrupted forward and one backward estimate every cell of
 The estimate is exact only where the metric is linear in the activation downstream of the cell: the last
 layer of a model whose logits are a linear map of its residual stream, which a final LayerNorm or RMSNorm is
 not (it divides the stream by its own norm), so with the usual final norm even the last layer's estimate is
-first-order (tests/test_attribution.py holds both). Everywhere else it is a first-order approximation, good
+first-order (tests/lab/analysis/test_attribution.py holds both). Everywhere else it is a first-order approximation, good
 where the patch is a small step (it misses saturation, e.g. of attention patterns, and the final norm's
 rescaling). Each estimate is returned as the patched
 metric it stands for, m(target) + the sum above, in a `PatchingResult`, so that `normalized()` and a

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from lab.cli.children import CHILDREN, Stopped
+from lab.cli.signals import CHILDREN, Stopped
 
 
 def dashboard_command(port: int) -> list[str]:

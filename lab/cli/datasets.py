@@ -9,7 +9,7 @@ import contextlib
 from collections.abc import Iterator
 
 # lab.analysis.sweeps.SWEEPS's names, here so that `forma patch --help` answers without importing torch
-# (tests/test_cli_datasets.py holds the two equal).
+# (tests/lab/cli/test_cli_datasets.py holds the two equal).
 SWEEP_NAMES = ("resid_pre", "attn_out", "mlp_out", "resid_post", "head", "head_pos")
 # How long a rank that is done waits for the others at the end (the collective's timeout): a rank's share of the
 # parts may take longer than another's by up to a part, and by what a rerun still had to do.

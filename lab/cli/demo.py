@@ -5,10 +5,11 @@ probability."""
 
 import argparse
 import sys
+from pathlib import Path
 
-from lab.cli.board import JobBoard
-from lab.cli.children import CHILDREN, Stopped
 from lab.cli.dashboard import dashboard_command, wait_until_serving
+from lab.cli.job_board import JobBoard
+from lab.cli.signals import CHILDREN, Stopped
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -92,19 +93,100 @@ def cmd_demo(args: argparse.Namespace) -> int:
 DASHBOARD_START_S = 120.0  # how long the demo waits for Streamlit to answer before it gives up
 
 
-def run_side_by_side(jobs: list[tuple[str, list[str]]]) -> bool:  # noqa: C901  (the queue and its workers' closures)
+class JobQueue:
+    """The demo's jobs in the order they start, each waiting until the jobs whose result it reads (lab.jobs.NEEDS)
+    have ended, shared by the worker threads. It is written to runs/demo/queue.json as it moves (lab.jobs), so
+    that each page says where its job waits."""
+
+    def __init__(self, jobs: list[tuple[str, list[str]]]) -> None:
+        import threading
+
+        from lab.jobs import NEEDS, what
+
+        self.jobs = jobs
+        self.states = {label: "waiting" for label, _ in jobs}
+        label_of = {what(argv): label for label, argv in jobs}
+        self.needs = {
+            label: [label_of[need] for need in NEEDS.get(what(argv), ()) if need in label_of] for label, argv in jobs
+        }
+        self.changed = threading.Condition()
+        self.write()
+
+    def write(self) -> None:
+        from lab.jobs import write_queue
+
+        write_queue(self.jobs, self.states)
+
+    def next_job(self) -> tuple[str, list[str]] | None:
+        """The first waiting job whose needs have ended (marked running), or None when none is left or a signal
+        came."""
+        with self.changed:
+            while True:
+                if CHILDREN.signum is not None:
+                    return None
+                waiting = [(label, argv) for label, argv in self.jobs if self.states[label] == "waiting"]
+                if not waiting:
+                    return None
+                job = next(
+                    (j for j in waiting if all(self.states[n] in ("done", "failed") for n in self.needs[j[0]])), None
+                )
+                if job is not None:
+                    self.states[job[0]] = "running"
+                    self.write()
+                    return job
+                self.changed.wait(timeout=0.5)  # a signal sets CHILDREN.signum without a notify
+
+    def ended(self, label: str, ok: bool) -> None:
+        """A job has ended, whatever ended it: the jobs that wait for it go on."""
+        with self.changed:
+            self.states[label] = "done" if ok else "failed"
+            self.write()
+            self.changed.notify_all()
+
+
+def run_job(job: tuple[str, list[str]], queue: JobQueue, board: JobBoard, logs: Path, env: dict[str, str]) -> bool:
+    """Run one `forma ARGS` job in its own process, its output to its log in `logs`; its line on the board says
+    how it ended (a failure with the end of its log). True when it succeeded."""
+    import subprocess
+    import time
+
+    label, argv = job
+    log = logs / (label.removeprefix("forma ").replace(" --", "-").replace(" ", "-") + ".log")
+    board.started(label)
+    began, code = time.perf_counter(), None
+    try:
+        with log.open("w") as out:
+            code = CHILDREN.start(
+                [sys.executable, "-m", "lab.cli", *argv], env=env, stdout=out, stderr=subprocess.STDOUT
+            ).wait()
+    finally:
+        queue.ended(label, code == 0)
+    if CHILDREN.signum is not None:
+        return False
+    seconds = time.perf_counter() - began
+    if code == 0:
+        board.ended(label, f"{label}: done in {seconds:.0f} s", f"[demo] {label}: done in {seconds:.0f} s")
+        return True
+    tail = log.read_text().strip().splitlines()[-5:]
+    board.ended(
+        label,
+        f"{label}: FAILED (exit {code}); see {log}",
+        f"[demo] {label}: FAILED (exit {code}) after {seconds:.0f} s; last lines of {log}:\n    " + "\n    ".join(tail),
+        error=True,
+    )
+    return False
+
+
+def run_side_by_side(jobs: list[tuple[str, list[str]]]) -> bool:
     """Run `forma ARGS` jobs in parallel processes, longest first (DEMO_ORDER), each only once the jobs it
-    reads the result of (lab.jobs.NEEDS) have ended; True when every one succeeded. The queue is written to
-    runs/demo/queue.json as it moves (lab.jobs), so that each page says where its job waits.
+    reads the result of (lab.jobs.NEEDS) have ended (JobQueue); True when every one succeeded.
 
     Small models train fastest on one thread each (two threads that wait for each other cost more
     than they gain), so n cores run min(n, 4) jobs at a time with n // jobs threads apiece."""
     import os
-    import subprocess
     import threading
-    import time
 
-    from lab.jobs import NEEDS, what, write_queue
+    from lab.jobs import what
     from lab.runs import runs_dir
 
     cores = os.cpu_count() or 1
@@ -112,91 +194,27 @@ def run_side_by_side(jobs: list[tuple[str, list[str]]]) -> bool:  # noqa: C901  
     env = os.environ | {"OMP_NUM_THREADS": str(max(1, cores // workers))}
     logs = runs_dir() / "demo"
     logs.mkdir(parents=True, exist_ok=True)
-
-    def rank(job: tuple[str, list[str]]) -> int:
-        return DEMO_ORDER.index(what(job[1])) if what(job[1]) in DEMO_ORDER else len(DEMO_ORDER)
-
-    jobs = sorted(jobs, key=rank)
+    jobs = sorted(jobs, key=lambda job: DEMO_ORDER.index(w) if (w := what(job[1])) in DEMO_ORDER else len(DEMO_ORDER))
     print(f"[demo] {len(jobs)} jobs, {workers} at a time; logs in {logs}", flush=True)
     board = JobBoard(jobs)
-    states = {label: "waiting" for label, _ in jobs}
-    label_of = {what(argv): label for label, argv in jobs}
-    for label, argv in jobs:
-        before = [label_of[need] for need in NEEDS.get(what(argv), ()) if need in label_of]
+    queue = JobQueue(jobs)
+    for label, before in queue.needs.items():
         if before:
             board.rows[label] = f"{label}: waiting for {', '.join(before)} (it reads its result)"
-    changed = threading.Condition()
-    write_queue(jobs, states)
-
-    def ready(argv: list[str]) -> bool:
-        return all(
-            states[label_of[need]] in ("done", "failed") for need in NEEDS.get(what(argv), ()) if need in label_of
-        )
-
-    def next_job() -> tuple[str, list[str]] | None:
-        """The first waiting job whose needs have ended (marked running), or None when none is left."""
-        with changed:
-            while True:
-                if CHILDREN.signum is not None:
-                    return None
-                waiting = [(label, argv) for label, argv in jobs if states[label] == "waiting"]
-                if not waiting:
-                    return None
-                job = next((j for j in waiting if ready(j[1])), None)
-                if job is not None:
-                    states[job[0]] = "running"
-                    write_queue(jobs, states)
-                    return job
-                changed.wait(timeout=0.5)  # a signal sets CHILDREN.signum without a notify
-
-    def run(job: tuple[str, list[str]]) -> bool:
-        label, argv = job
-        log = logs / (label.removeprefix("forma ").replace(" --", "-").replace(" ", "-") + ".log")
-        board.started(label)
-        began, code = time.perf_counter(), None
-        try:
-            with log.open("w") as out:
-                code = CHILDREN.start(
-                    [sys.executable, "-m", "lab.cli", *argv], env=env, stdout=out, stderr=subprocess.STDOUT
-                ).wait()
-        finally:  # ended, whatever ended it: the jobs that wait for it go on
-            with changed:
-                states[label] = "done" if code == 0 else "failed"
-                write_queue(jobs, states)
-                changed.notify_all()
-        if CHILDREN.signum is not None:
-            return False
-        seconds = time.perf_counter() - began
-        if code == 0:
-            board.ended(label, f"{label}: done in {seconds:.0f} s", f"[demo] {label}: done in {seconds:.0f} s")
-            return True
-        tail = log.read_text().strip().splitlines()[-5:]
-        board.ended(
-            label,
-            f"{label}: FAILED (exit {code}); see {log}",
-            f"[demo] {label}: FAILED (exit {code}) after {seconds:.0f} s; last lines of {log}:\n    "
-            + "\n    ".join(tail),
-            error=True,
-        )
-        return False
-
-    def worker() -> bool:
-        ok = True
-        while (job := next_job()) is not None:
-            try:
-                ok = run(job) and ok
-            except Stopped:  # a job that would have started after the signal
-                return False
-        return ok
-
     outcomes: list[bool] = []
     errors: list[BaseException] = []
 
     def work() -> None:
+        ok = True
         try:
-            outcomes.append(worker())
+            while (job := queue.next_job()) is not None:
+                ok = run_job(job, queue, board, logs, env) and ok
+        except Stopped:  # a job that would have started after the signal
+            ok = False
         except BaseException as err:  # raised again in the main thread, after the others have ended
             errors.append(err)
+            return
+        outcomes.append(ok)
 
     threads = [threading.Thread(target=work, name=f"demo worker {i}", daemon=True) for i in range(workers)]
     with CHILDREN.forwarding_signals(), board:  # a signal: every job hears it, no new one starts, then Stopped
@@ -207,7 +225,7 @@ def run_side_by_side(jobs: list[tuple[str, list[str]]]) -> bool:  # noqa: C901  
                 thread.join(timeout=0.5)  # short waits: the main thread stays free for the signal handlers
     if errors:
         raise errors[0]
-    return len(outcomes) == workers and all(outcomes) and all(state == "done" for state in states.values())
+    return len(outcomes) == workers and all(outcomes) and all(state == "done" for state in queue.states.values())
 
 
 def show_generations() -> None:

@@ -57,7 +57,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         progress_file.unlink(missing_ok=True)
     except KeyboardInterrupt as interrupted:
         # In the training loop `train` stops at the step boundary with a checkpoint (TrainingInterrupted says
-        # where); anywhere else a signal ends the build as Ctrl-C does (lab.cli.children.interrupting_signals).
+        # where); anywhere else a signal ends the build as Ctrl-C does (lab.cli.signals.interrupting_signals).
         print(f"forma train: {str(interrupted) or 'interrupted'}; continue with `{again}`", file=sys.stderr)
         return 128 + getattr(interrupted, "signum", signal.SIGINT)
     print(f"trained {args.name} into {directory}")

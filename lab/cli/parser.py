@@ -2,19 +2,19 @@
 and `main`, which turns a ValueError, KeyError or any OSError (FileNotFoundError, FileExistsError, a folder that cannot
 be written) into one line and exit 2,
 and a signal into one line and exit 128 + the signal. Only the standard library and lab's light modules are
-imported here: `--help` and an argument error answer without torch (tests/test_cli.py)."""
+imported here: `--help` and an argument error answer without torch (tests/lab/cli/test_cli.py)."""
 
 import argparse
 import signal
 import sys
 
 import lab
-from lab.cli.children import Stopped, interrupting_signals
 from lab.cli.dashboard import cmd_dashboard
 from lab.cli.datasets import SWEEP_NAMES, cmd_harvest, cmd_patch
 from lab.cli.demo import cmd_demo
 from lab.cli.models import cmd_hooks, cmd_train, cmd_transcoders, cmd_trust
 from lab.cli.runs import cmd_cards, cmd_run
+from lab.cli.signals import Stopped, interrupting_signals
 
 
 def port_number(text: str) -> int:

@@ -17,6 +17,7 @@ import sae_lens  # noqa: F401  (the SAE environment has it (make test-sae); the 
 import torch
 
 from lab import HookedTransformer, ModelConfig
+from tests.builders import markov_tokens
 
 HOOK = "blocks.0.hook_resid_post"
 SEED = 0
@@ -24,19 +25,6 @@ PAGE = Path(__file__).resolve().parents[2] / "docs" / "ecosystem.md"
 
 
 pytestmark = pytest.mark.usefixtures("one_thread_per_module")
-
-
-def markov_tokens(n_seq: int, seq_len: int, vocab: int, seed: int) -> torch.Tensor:
-    """Sequences of one fixed order-1 chain with peaked rows (so the residual stream has structure)."""
-    g = torch.Generator().manual_seed(SEED)
-    rows = (-torch.log(torch.rand(vocab, vocab, generator=g))) ** (1 / 0.3)
-    transition = rows / rows.sum(-1, keepdim=True)
-    g = torch.Generator().manual_seed(10_000 + seed)
-    x = torch.empty(n_seq, seq_len, dtype=torch.long)
-    x[:, 0] = torch.randint(0, vocab, (n_seq,), generator=g)
-    for t in range(1, seq_len):
-        x[:, t] = torch.multinomial(transition[x[:, t - 1]], 1, generator=g).squeeze(1)
-    return x
 
 
 @pytest.fixture(scope="module")

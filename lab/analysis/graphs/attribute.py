@@ -63,13 +63,16 @@ def attribute(
     max_logits: int = 10,
     logit_probability: float = 0.95,
     batch_size: int = 128,
+    max_feature_nodes: int | None = None,
 ) -> Graph:
-    """The attribution graph of `prompt`: batch_size targets per backward pass (one chunk of positions)."""
+    """The attribution graph of `prompt`: batch_size targets per backward pass (one chunk of positions).
+    max_feature_nodes: keep at most this many features, those of largest activation × decoder norm, the rest folded
+    into the error nodes (`LocalReplacement`); None keeps every active feature."""
     start = time.perf_counter()
     tokens = prompt_tokens(model, prompt)
     if tokens.numel() > model.cfg.n_ctx:
         raise ValueError(f"the prompt has {tokens.numel()} tokens, more than the model's n_ctx = {model.cfg.n_ctx}")
-    replacement = LocalReplacement(model, transcoders, tokens, batch_size=batch_size)
+    replacement = LocalReplacement(model, transcoders, tokens, batch_size=batch_size, max_features=max_feature_nodes)
     logit_tokens, logit_probs = logit_targets(replacement.logits[0, -1], max_logits, logit_probability)
     targets = feature_targets(replacement) + logit_target_vectors(replacement, logit_tokens)
     n_features, n_sources = replacement.n_features, replacement.n_sources
@@ -93,6 +96,8 @@ def attribute(
         "transcoders": transcoders.cfg.to_dict(),
         "seconds": time.perf_counter() - start,
         "batch_size": batch_size,
+        "max_feature_nodes": max_feature_nodes,
+        "n_active_features": replacement.n_active,
     }
     return Graph(
         tokens=tokens,

@@ -12,6 +12,7 @@
   the top edges into the logits by Pearson correlation and sign agreement.
 """
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -21,6 +22,9 @@ from lab.analysis.graphs.attribute import feature_targets, logit_target_vectors
 from lab.analysis.graphs.graph import Graph
 from lab.analysis.graphs.replacement import LocalReplacement
 from lab.analysis.transcoders.model import Transcoders
+
+# what an intervention may hold fixed: hooks by the end of their names ("norms" is every norm, the final one too)
+FROZEN_KINDS = {"attention": "hook_pattern", "norms": "hook_scale", "final_norm": "ln_final.hook_scale"}
 
 
 def node_residuals(graph: Graph) -> Tensor:
@@ -81,7 +85,7 @@ def _source_edit(transcoders: Transcoders, graph: Graph, index: int, factor: flo
 def frozen_ablation(model: Any, transcoders: Transcoders, graph: Graph, index: int) -> Tensor:
     """[n_nodes]: how feature node `index`'s removal moves every feature's and logit's input in the frozen
     replacement, all other sources held fixed (0 for sources): minus its column of edges, to float round-off."""
-    replacement = LocalReplacement(model, transcoders, graph.tokens)
+    replacement = LocalReplacement(model, transcoders, graph.tokens, max_features=graph.meta.get("max_feature_nodes"))
     targets = feature_targets(replacement) + logit_target_vectors(replacement, graph.logit_tokens)
     before = replacement.values(targets)
     after = replacement.values(targets, edits=_source_edit(transcoders, graph, index, 0.0))
@@ -121,24 +125,30 @@ def intervention_agreement(
     *,
     top: int = 10,
     factor: float = 0.0,
-    freeze_attention: bool = False,
+    freeze: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Ablate (factor 0) or scale each of the `top` features with the largest edges into the logits, in the full
     model, and compare the change of every logit node with the graph's prediction (factor − 1)·total effect.
-    freeze_attention: hold the attention patterns and norm scales at the prompt's (circuit-tracer's default for its
-    interventions), leaving the MLPs live; otherwise everything responds. Returns the features, both matrices
-    [top, n_logits], and their Pearson correlation and sign agreement (over the pairs the graph predicts a change
-    for), and the same for the direct edges alone."""
+    freeze: what is held at the prompt's values, leaving the MLPs live: "attention" (the patterns), "norms" (every
+    norm's scale), "final_norm" (the final norm's alone); attention and norms together are the graph's own
+    assumptions (circuit-tracer's default for its interventions); nothing frozen is the full model. Returns the
+    features, both matrices [top, n_logits], and their Pearson correlation and sign agreement (over the pairs the
+    graph predicts a change for), and the same for the direct edges alone."""
     logits = slice(graph.n_nodes - graph.n_logits, graph.n_nodes)
     strength = graph.adjacency[logits, : graph.n_features].abs().sum(0)
     chosen = strength.argsort(descending=True)[: min(top, graph.n_features)]
     predicted = (factor - 1.0) * total_effects(graph, chosen)
     direct = (factor - 1.0) * graph.adjacency[logits][:, chosen].T
+    unknown = set(freeze) - set(FROZEN_KINDS)
+    if unknown:
+        raise ValueError(f"freeze names {sorted(FROZEN_KINDS)}, not {sorted(unknown)}")
     frozen: list[tuple[str, Any]] = []
-    if freeze_attention:
+    if freeze:
         replacement = LocalReplacement(model, transcoders, graph.tokens)
         frozen = [
-            (name, lambda value, hook, r=replacement: r.cache[hook.name].to(value.dtype)) for name in replacement.frozen
+            (name, lambda value, hook, r=replacement: r.cache[hook.name].to(value.dtype))
+            for name in replacement.frozen
+            if any(name.endswith(FROZEN_KINDS[kind]) for kind in freeze)
         ]
     base = demeaned_logits(model, graph.tokens, frozen, graph.logit_tokens)
     actual = torch.stack(

@@ -15,6 +15,11 @@ logits, a query or key direction at an attention head), in chunks of positions: 
 a chunk of up to `batch_size` targets whose last position is P runs the prompt's first P + 1 tokens only (causal
 attention: nothing later can reach them), one forward pass and a backward pass per target batched over the chunk
 (`is_grads_batched`). Memory is one prefix's forward plus the chunk's batch × prefix of gradients.
+
+A node budget (`max_features`, circuit-tracer's `max_feature_nodes`) keeps the active features with the largest
+activation × decoder norm (the size of what each writes); the others' outputs a·W_dec are folded into the error
+nodes of the layers they write, so that every node's input is still the sum of its incoming edges plus its bias and
+the graph, n_nodes² large, stays bounded at any prompt length.
 """
 
 from collections.abc import Sequence
@@ -39,10 +44,31 @@ class Target:
     vector: Tensor
 
 
+def keep_largest(acts: Tensor, decoder_norms: Tensor, budget: int | None) -> Tensor:
+    """acts [L, pos, f] with all but the `budget` features of largest |activation| × ‖decoder‖ ([L, f]) set to zero
+    (ties to the earlier feature in (layer, pos, feature) order); budget None keeps every one."""
+    active = acts.nonzero()
+    if budget is None or len(active) <= budget:
+        return acts
+    values = acts[tuple(active.T)]
+    score = values.abs() * decoder_norms[active[:, 0], active[:, 2]].to(values.dtype)
+    kept = active[torch.sort(score, descending=True, stable=True).indices[:budget]]
+    out = torch.zeros_like(acts)
+    out[tuple(kept.T)] = acts[tuple(kept.T)]
+    return out
+
+
 class LocalReplacement:
     """The prompt's clean run, its transcoder features and error vectors, and the edges into any target."""
 
-    def __init__(self, model: Any, transcoders: Transcoders, tokens: Tensor, batch_size: int = 128):
+    def __init__(
+        self,
+        model: Any,
+        transcoders: Transcoders,
+        tokens: Tensor,
+        batch_size: int = 128,
+        max_features: int | None = None,
+    ):
         cfg = model.cfg
         if getattr(cfg, "block", "pre_ln") == "post_ln":
             raise ValueError(
@@ -55,6 +81,8 @@ class LocalReplacement:
                 f"transcoders for {tc.n_layers} layers of width {tc.d_model} do not fit a model of "
                 f"{cfg.n_layers} layers of width {cfg.d_model}"
             )
+        if max_features is not None and (type(max_features) is not int or max_features < 0):
+            raise ValueError(f"max_features is a whole number of feature nodes ≥ 0, got {max_features!r}")
         tokens = torch.as_tensor(tokens).reshape(-1)
         if tokens.numel() < 1:
             raise ValueError("attribution needs a prompt of at least one token")
@@ -79,9 +107,11 @@ class LocalReplacement:
             outputs = torch.stack([cache[tc.hook("output", layer)][0] for layer in range(L)])  # [L, pos, d]
             self.pre = transcoders.encode(inputs.float()).transpose(0, 1)  # [L, pos, f]
             acts = transcoders.activate(self.pre.transpose(0, 1)).transpose(0, 1)
+            self.n_active = int((acts != 0).sum())  # before the budget
+            acts = keep_largest(acts, transcoders.decoder_norms().detach(), max_features)
             self.features = acts.nonzero()  # [m, 3]: (layer, pos, feature), sorted
             self.activations = acts[tuple(self.features.T)]
-            recon = transcoders.decode(acts.transpose(0, 1)).transpose(0, 1)  # [L, pos, d]
+            recon = transcoders.decode(acts.transpose(0, 1)).transpose(0, 1)  # [L, pos, d]: kept features only
             self.errors = (outputs.float() - recon).to(outputs.dtype)  # [L, pos, d]
             self.outputs = outputs.detach()  # [L, pos, d]: each MLP's output on the prompt
         self.n_features = len(self.features)

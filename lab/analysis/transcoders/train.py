@@ -4,8 +4,8 @@ one process or on the ranks of a torch.distributed group (torchrun: gloo on CPU)
 
     DataOrder        which rows make batch `step`: a function of (seed, step) alone. An epoch visits the shards in
                      a permuted order and each shard's rows in a permuted order; memory is one shard and one batch.
-                     A data-parallel rank takes its contiguous slice of each batch; a module-parallel rank reads
-                     only its layers' hooks.
+                     A data-parallel rank reads only its contiguous slice of each batch (only the shards it lies
+                     in); a module-parallel rank reads only its layers' hooks.
     Objective        a batch's loss (per-layer fraction of variance unexplained, summed, plus the sparsity penalty:
                      λ Σ a_i ‖d_i‖ for ReLU, λ L0 for JumpReLU, none for top-k) as sums over rows divided by the
                      whole batch's rows, so that the ranks' slices add up to it; per-layer transcoders one layer at
@@ -35,7 +35,7 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from lab.analysis.activations import ActivationStore
+from lab.analysis.activations import Activations, ActivationStore
 from lab.analysis.transcoders.model import CONFIG_FILE, WEIGHTS_FILE, TranscoderConfig, Transcoders
 from lab.configs import Record, check_fields, need
 from lab.distributed import all_gather_rows, barrier, rank_world, share
@@ -78,24 +78,35 @@ class TranscoderTraining(Record):
         need(self, self.checkpoint_interval >= 0, "must be a non-negative integer", "checkpoint_interval")
 
 
+def layer_hooks(cfg: TranscoderConfig, layers: Sequence[int]) -> list[str]:
+    """The hooks `layers`' inputs and outputs are harvested at (once each)."""
+    return list(dict.fromkeys(cfg.hook(which, layer) for layer in layers for which in ("input", "output")))
+
+
+def stacked(
+    part: Activations, cfg: TranscoderConfig, layers: Sequence[int], index: Tensor | slice = slice(None)
+) -> tuple[Tensor, Tensor]:
+    """Rows `index` of a shard's (inputs, outputs) of `layers`, each [rows, len(layers), d_model] in float32."""
+    x = torch.stack([part[cfg.hook("input", layer)][index].float() for layer in layers], dim=1)
+    y = torch.stack([part[cfg.hook("output", layer)][index].float() for layer in layers], dim=1)
+    return x, y
+
+
 def rows(
     store: ActivationStore, shard: int, cfg: TranscoderConfig, layers: Sequence[int] | None = None
 ) -> tuple[Tensor, Tensor]:
     """One shard's (inputs, outputs), each [rows, len(layers), d_model] in float32: of `layers` (default every
     layer), and only their hooks are read."""
     layers = range(cfg.n_layers) if layers is None else layers
-    part = store.shard(
-        shard, list(dict.fromkeys(cfg.hook(which, layer) for layer in layers for which in ("input", "output")))
-    )
-    x = torch.stack([part[cfg.hook("input", layer)].float() for layer in layers], dim=1)
-    y = torch.stack([part[cfg.hook("output", layer)].float() for layer in layers], dim=1)
-    return x, y
+    return stacked(store.shard(shard, layer_hooks(cfg, layers)), cfg, layers)
 
 
 class DataOrder:
     """Batch `step` is rows [step·B, (step+1)·B) of the endless sequence epoch 0, epoch 1, …, where epoch e visits
-    the shards in the order permutation(seed, e) and shard s's rows in the order permutation(seed, e, s). A rank
-    that trains some layers alone (module-parallel) reads only theirs (`layers`); the rows are the same."""
+    the shards in the order permutation(seed, e) and shard s's rows in the order permutation(seed, e, s). A reader
+    takes rows `part` of every batch (a data-parallel rank: its contiguous slice) and reads only the shards those
+    rows lie in, each once per visit, keeping only those rows; a reader of some layers alone (module-parallel) reads
+    only their hooks (`layers`). Either way the rows are the same as a whole batch's."""
 
     def __init__(
         self,
@@ -104,6 +115,7 @@ class DataOrder:
         batch_size: int,
         seed: int,
         layers: Sequence[int] | None = None,
+        part: slice = slice(None),
     ):
         missing = [name for name in cfg.hooks() if name not in store.names]
         if missing:
@@ -113,8 +125,10 @@ class DataOrder:
             )
         self.store, self.cfg, self.batch_size, self.seed = store, cfg, batch_size, seed
         self.layers = list(range(cfg.n_layers)) if layers is None else list(layers)
+        self.first, self.stop, _ = part.indices(batch_size)
         self.counts = [int(s["rows"]) for s in store.index["shards"]]
         self.n_rows = sum(self.counts)
+        self._epoch: tuple[int, list[int], np.ndarray] | None = None  # the last epoch's shard order and its starts
 
     def shard_order(self, epoch: int) -> list[int]:
         return np.random.default_rng([self.seed, epoch]).permutation(len(self.counts)).tolist()
@@ -122,30 +136,37 @@ class DataOrder:
     def row_order(self, epoch: int, shard: int) -> Tensor:
         return torch.from_numpy(np.random.default_rng([self.seed, epoch, shard]).permutation(self.counts[shard]))
 
+    def pieces(self, begin: int, end: int) -> Iterator[tuple[int, int, int, int]]:
+        """(epoch, shard, a, b) for rows [begin, end) of the endless sequence, in order: places a … b − 1 of that
+        shard's row order in that epoch."""
+        while begin < end:
+            epoch, offset = divmod(begin, self.n_rows)
+            if self._epoch is None or self._epoch[0] != epoch:
+                order = self.shard_order(epoch)
+                self._epoch = (epoch, order, np.cumsum([0] + [self.counts[s] for s in order]))
+            _, order, starts = self._epoch
+            i = int(np.searchsorted(starts, offset, side="right")) - 1  # (an empty shard is never a row's)
+            a = offset - int(starts[i])
+            b = min(self.counts[order[i]], a + end - begin)
+            yield epoch, order[i], a, b
+            begin += b - a
+
     def batches(self, start: int = 0) -> Iterator[tuple[int, Tensor, Tensor]]:
-        """(step, x, y) from batch `start` on, forever."""
-        first = start * self.batch_size
-        epoch, offset = divmod(first, self.n_rows)
-        step, held_x, held_y = start, [], []
+        """(step, x, y) from batch `start` on, forever: rows `part` of each batch."""
+        hooks = layer_hooks(self.cfg, self.layers)
+        held: tuple[int, int, Activations, Tensor] | None = None  # the shard last read: its rows follow on
+        step = start
         while True:
-            done = 0
-            for shard in self.shard_order(epoch):
-                if done + self.counts[shard] <= offset:  # wholly before the resume point: not read
-                    done += self.counts[shard]
-                    continue
-                x, y = rows(self.store, shard, self.cfg, self.layers)
-                order = self.row_order(epoch, shard)[max(0, offset - done) :]
-                done += self.counts[shard]
-                x, y = x[order], y[order]
-                while len(x):
-                    need_rows = self.batch_size - sum(len(t) for t in held_x)
-                    held_x.append(x[:need_rows])
-                    held_y.append(y[:need_rows])
-                    x, y = x[need_rows:], y[need_rows:]
-                    if sum(len(t) for t in held_x) == self.batch_size:
-                        yield step, torch.cat(held_x), torch.cat(held_y)
-                        step, held_x, held_y = step + 1, [], []
-            epoch, offset = epoch + 1, 0
+            xs, ys = [], []
+            base = step * self.batch_size
+            for epoch, shard, a, b in self.pieces(base + self.first, base + self.stop):
+                if held is None or held[:2] != (epoch, shard):
+                    held = (epoch, shard, self.store.shard(shard, hooks), self.row_order(epoch, shard))
+                x, y = stacked(held[2], self.cfg, self.layers, held[3][a:b])
+                xs.append(x)
+                ys.append(y)
+            yield step, torch.cat(xs), torch.cat(ys)
+            step += 1
 
 
 def output_scale(store: ActivationStore, cfg: TranscoderConfig) -> Tensor:
@@ -387,9 +408,10 @@ def train_transcoders(
 
     In one process, or on every rank of a torch.distributed group (torchrun), each rank calling it alike:
 
-        parallel="data"      every rank trains every layer on a contiguous slice of each batch, the gradients
-                             averaged by DistributedDataParallel: the whole batch's gradient, up to the order of
-                             floating-point sums (a cross-layer transcoder trains this way only)
+        parallel="data"      every rank trains every layer on a contiguous slice of each batch (reading only the
+                             shards it lies in), the gradients averaged by DistributedDataParallel: the whole batch's
+                             gradient, up to the order of floating-point sums (a cross-layer transcoder trains this
+                             way only)
         parallel="modules"   each rank trains a contiguous share of the layers (`lab.distributed.share`) on whole
                              batches, reading only their hooks: each layer's weights are the bits one process gives
 
@@ -400,7 +422,6 @@ def train_transcoders(
     store = store if isinstance(store, ActivationStore) else ActivationStore(store)
     out_dir = Path(out_dir)
     checkpoint = out_dir / CHECKPOINT_DIR
-    order = DataOrder(store, cfg, training.batch_size, training.seed, layers)
     model = Transcoders(cfg).train()
     optimizer = make_optimizer(model, training)
     state = TrainerState(history=[])
@@ -417,6 +438,7 @@ def train_transcoders(
         if data_parallel
         else slice(None)
     )
+    order = DataOrder(store, cfg, training.batch_size, training.seed, layers, mine)
     wrapped = DistributedDataParallel(objective) if data_parallel else objective
     scale = output_scale(store, cfg)
     if state.step < training.steps:
@@ -425,8 +447,8 @@ def train_transcoders(
             stats = train_step(
                 wrapped,
                 optimizer,
-                x[mine],
-                y[mine],
+                x,
+                y,
                 scale,
                 sparsity,
                 learning_rate(step, training),

@@ -1,0 +1,145 @@
+"""lab.analysis.grading on tiny models: each grade is the quantity it names (the ground-truth lens's KL, the
+relevant positions a model reads, a probe's R² and accuracy against their controls, a head's ablation effect,
+attribution patching against the exhaustive sweep), on cases whose answer is known."""
+
+import numpy as np
+import pytest
+import torch
+
+from lab import HookedTransformer, ModelConfig
+from lab.analysis.grading import (
+    grade_attribution_patching,
+    grade_belief_probes,
+    grade_head_detectors,
+    grade_input_attribution,
+    grade_lens,
+    grade_value_probes,
+    graph_position_scores,
+    head_ablation_effects,
+    last_position_truth,
+)
+from lab.analysis.graphs.attribute import attribute
+from lab.analysis.graphs.influence import position_share
+from lab.analysis.lens import ground_truth_lens
+from lab.data.mechanisms import InductionSource, Mess3Source
+from lab.data.sources import MarkovSource
+from tests.builders import random_transcoders
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def model(d_vocab: int, **changes) -> HookedTransformer:
+    cfg = ModelConfig(**{"d_vocab": d_vocab, "d_model": 16, "n_layers": 2, "n_heads": 2, "n_ctx": 12} | changes)
+    return HookedTransformer(cfg, seed=5).eval()
+
+
+def test_the_lens_grade_of_the_logit_lens_is_the_ground_truth_lens():
+    source = MarkovSource(6, order=2, seed=1)
+    tokens = source.sample(20, 10, seed=2)
+    m = model(6)
+    grades = grade_lens(m, torch.from_numpy(tokens), source.conditionals(tokens), n_boot=100)
+    reference = ground_truth_lens(m, torch.from_numpy(tokens), source.conditionals(tokens)).kl_nats.mean(dim=(1, 2))
+    for layer, grade in enumerate(grades):
+        assert grade["kl_true"].value.value == pytest.approx(float(reference[layer]), rel=1e-6)
+    assert grades[-1]["kl_model"].value.value == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_model_that_reads_only_the_last_token_is_graded_perfect_by_gradients():
+    source = MarkovSource(6, order=1, seed=1)
+    tokens = torch.from_numpy(source.sample(16, 8, seed=3))
+    m = model(6)
+    with torch.no_grad():
+        for block in m.blocks:
+            block.attn.W_O.zero_()
+    relevant = last_position_truth(source.relevant_positions(tokens.numpy()))
+    assert relevant.sum(1).eq(1).all() and relevant[:, -1].all()
+    graded = grade_input_attribution(m, tokens, relevant, ("gradient", "occlusion", "attention"), n_boot=100)
+    for method in ("gradient", "occlusion"):
+        assert graded.grades[method]["auroc"].value.value == 1.0
+        assert graded.grades[method]["relevant_mass"].value.value == pytest.approx(1.0)
+    assert graded.grades["gradient"]["auroc"].control_at_chance
+    assert graded.effects[:, :-1].abs().max() == 0
+
+
+def test_the_attribution_graph_of_a_model_that_reads_only_the_last_token_puts_all_its_influence_there():
+    """No head writes: only the last token reaches the last logits, so every graph over any transcoders routes the
+    prediction through it alone."""
+    source = MarkovSource(6, order=1, seed=1)
+    tokens = torch.from_numpy(source.sample(12, 8, seed=3))
+    m = model(6)
+    with torch.no_grad():
+        for block in m.blocks:
+            block.attn.W_O.zero_()
+    relevant = last_position_truth(source.relevant_positions(tokens.numpy()))
+    graded = grade_input_attribution(m, tokens, relevant, ("gradient",), n_boot=100, transcoders=random_transcoders(m))
+    assert graded.grades["attribution_graph"]["auroc"].value.value == 1.0
+    assert graded.grades["attribution_graph"]["relevant_mass"].value.value == pytest.approx(1.0)
+    assert graded.grades["attribution_graph"]["auroc"].control_at_chance
+
+
+def test_the_graph_grade_is_each_prompts_position_share_averaged():
+    """On a model whose heads write, the graph's relevant mass is influence.position_share of each prompt's graph at
+    its relevant positions, averaged over prompts; each prompt's scores are its graph's shares of the influence."""
+    source = MarkovSource(6, order=2, seed=1)
+    tokens = torch.from_numpy(source.sample(6, 8, seed=4))
+    m, transcoders = model(6), random_transcoders(model(6))
+    relevant = last_position_truth(source.relevant_positions(tokens.numpy()))
+    scores = graph_position_scores(m, transcoders, tokens)
+    assert scores.shape == tokens.shape and torch.allclose(scores.sum(1), torch.ones(6))
+    assert (scores[:, :-2] > 0).any()  # attention carries earlier tokens to the prediction
+    graded = grade_input_attribution(m, tokens, relevant, ("gradient",), n_boot=100, transcoders=transcoders)
+    shares = [position_share(attribute(m, transcoders, prompt), [-2, -1]) for prompt in tokens]
+    assert graded.grades["attribution_graph"]["relevant_mass"].value.value == pytest.approx(np.mean(shares), rel=1e-6)
+    assert 0 < np.mean(shares) < 1
+
+
+def test_a_head_that_writes_nothing_has_no_ablation_effect():
+    source = InductionSource(10, 3, 5, seed=0)
+    tokens = torch.from_numpy(source.sample(12, 12, seed=1))
+    m = model(10)
+    with torch.no_grad():
+        m.blocks[1].attn.W_O[0].zero_()
+    effects = head_ablation_effects(m, tokens, torch.from_numpy(source.copy_positions(tokens.numpy())))
+    assert effects.shape == (12, 2, 2)
+    assert effects[:, 1, 0].abs().max() == 0 and effects[:, 0, 0].abs().max() > 0
+    graded = grade_head_detectors(m, tokens, torch.from_numpy(source.copy_positions(tokens.numpy())), n_boot=100)
+    assert set(graded["grades"]) == {"spearman_induction", "spearman_previous_token", "auroc_necessary"}
+    assert graded["effects"].shape == (2, 2)
+
+
+def test_belief_probes_beat_shuffled_targets_and_report_selectivity_exactly():
+    source = Mess3Source()
+    tokens = source.sample(60, 10, seed=4)
+    graded = grade_belief_probes(model(3), torch.from_numpy(tokens), source.beliefs(tokens), n_boot=100)
+    assert set(graded) == {"resid_pre 0", "resid_pre 1", "final", "all layers"}
+    for readout, grades in graded.items():
+        r2 = grades["r2"]
+        # The token at each position moves the belief most, and every readout carries it: even an untrained model's
+        # embeddings give a probe more than shuffled targets.
+        assert r2.value.low > r2.control.high and r2.control_at_chance, readout
+        assert grades["selectivity"].value == pytest.approx(r2.value.value - grades["r2_control_task"].value)
+        assert grades["r2_beyond_token"].control_at_chance, readout
+
+
+def test_value_probes_read_a_label_the_stream_carries_and_not_one_it_cannot():
+    rng = np.random.default_rng(0)
+    tokens = torch.from_numpy(rng.integers(0, 12, size=(150, 6)))
+    labels = tokens[:, -1].numpy() % 3  # carried by the last token's embedding
+    groups = np.arange(150)
+    graded = grade_value_probes(model(12), tokens, labels, groups, n_boot=100)
+    final = graded["final"]
+    assert final["accuracy"].value.value > 0.9 and final["accuracy"].control_at_chance
+    assert final["accuracy_control_task"].value < 0.6  # one random label per prompt: nothing to learn across prompts
+    noise = grade_value_probes(model(12), tokens, rng.integers(0, 3, 150), groups, n_boot=100)["final"]
+    assert noise["accuracy"].value.low < noise["accuracy"].chance + 0.1
+
+
+def test_attribution_patching_grade_is_the_correlation_of_the_two_sweeps():
+    source = InductionSource(10, 3, 5, seed=0)
+    clean = torch.from_numpy(source.sample(3, 8, seed=2))
+    corrupted = clean.clone()
+    corrupted[:, 1] = (corrupted[:, 1] + 1) % 10
+    graded = grade_attribution_patching(model(10), clean, corrupted, clean[:, 1], corrupted[:, 1], n_boot=50)
+    for sweep, pairs in graded["pairs"].items():
+        expected = np.mean([np.corrcoef(a, e)[0, 1] for a, e in pairs])
+        assert graded["grades"][f"pearson_{sweep}"].value.value == pytest.approx(expected, abs=1e-6)

@@ -1,0 +1,128 @@
+"""lab.analysis.transcoders.train: the data order, the step, bitwise resumption, and training that learns."""
+
+import pytest
+import torch
+
+from lab.analysis.activations import save_activations
+from lab.analysis.transcoders.measures import reconstruction_measures
+from lab.analysis.transcoders.model import TranscoderConfig, Transcoders
+from lab.analysis.transcoders.train import DataOrder, TranscoderTraining, train_transcoders
+from tests.builders import tiny_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def harvest(tmp_path_factory):
+    model = tiny_model(mlp="relu")
+    cfg = TranscoderConfig(d_model=32, n_layers=3, d_features=96)
+    tokens = torch.randint(0, 50, (48, 16), generator=torch.Generator().manual_seed(0))
+    store = save_activations(
+        model,
+        tokens,
+        cfg.hooks(),
+        tmp_path_factory.mktemp("h") / "h",
+        positions="all",
+        batch_size=8,
+        shard_mb=0.1,
+        progress=False,
+    )
+    assert len(store.index["shards"]) > 2
+    return store, cfg
+
+
+def test_an_epoch_reads_every_row_once_and_a_resumed_order_is_the_same(harvest):
+    store, cfg = harvest
+    order = DataOrder(store, cfg, batch_size=48, seed=3)
+    assert len(store) % 48 == 0
+    batches = order.batches()
+    rows = torch.cat([next(batches)[1][:, 0] for _ in range(len(store) // 48)])  # one epoch, layer 0's inputs
+    everything = torch.cat(
+        [store.shard(i, cfg.hooks()).acts[cfg.hook("input", 0)] for i in range(len(store.index["shards"]))]
+    )
+    key = torch.arange(32, dtype=torch.float32)  # rows compared as sets: sorted by a generic projection
+    assert torch.equal(rows[(rows @ key).argsort()], everything[(everything @ key).argsort()])
+    assert not torch.equal(rows, everything)  # shuffled
+    again = order.batches(start=7)
+    step, x, y = next(again)
+    fresh = order.batches()
+    for _ in range(7):
+        next(fresh)
+    step2, x2, y2 = next(fresh)
+    assert step == step2 == 7 and torch.equal(x, x2) and torch.equal(y, y2)
+
+
+@pytest.mark.parametrize("activation", ["relu", "topk", "jumprelu"])
+def test_training_learns(harvest, tmp_path, activation):
+    store, cfg = harvest
+    cfg = cfg.replace(activation=activation, k=12 if activation == "topk" else 0)
+    sparsity = {"relu": 1e-3, "topk": 0.0, "jumprelu": 1e-4}[activation]
+    before = reconstruction_measures(Transcoders(cfg), store)
+    tc = train_transcoders(
+        store, cfg, TranscoderTraining(steps=150, batch_size=64, lr=3e-3, sparsity=sparsity), tmp_path / "tc"
+    )
+    after = reconstruction_measures(tc, store)
+    assert max(after["fvu"]) < 0.5 * min(before["fvu"])
+    assert (tmp_path / "tc" / "training.json").is_file() and not (tmp_path / "tc" / "checkpoint").exists()
+
+
+def test_a_resumed_run_is_bitwise_the_uninterrupted_one_and_the_same_seed_repeats(harvest, tmp_path):
+    store, cfg = harvest
+    cfg = cfg.replace(cross_layer=True, activation="jumprelu")
+    training = TranscoderTraining(steps=40, batch_size=64, lr=3e-3, sparsity=1e-4, checkpoint_interval=15)
+    whole = train_transcoders(store, cfg, training, tmp_path / "whole").state_tensors()
+    train_transcoders(store, cfg, training, tmp_path / "parts", stop_after=23)
+    assert (tmp_path / "parts" / "checkpoint" / "state.json").is_file()
+    resumed = train_transcoders(store, cfg, training, tmp_path / "parts", resume=True).state_tensors()
+    for name in whole:
+        assert torch.equal(whole[name], resumed[name]), name
+    with pytest.raises(ValueError, match="differs from the checkpoint's in lr"):
+        train_transcoders(store, cfg, training, tmp_path / "other", stop_after=5)
+        train_transcoders(store, cfg, training.replace(lr=1e-3), tmp_path / "other", resume=True)
+
+
+def test_a_harvest_without_the_hooks_is_one_clear_line(harvest, tmp_path):
+    store, cfg = harvest
+    with pytest.raises(ValueError, match="holds no 'blocks.0.hook_resid_pre'"):
+        train_transcoders(
+            store, cfg.replace(input_hook="blocks.{layer}.hook_resid_pre"), TranscoderTraining(steps=2), tmp_path
+        )
+    with pytest.raises(FileNotFoundError, match="no transcoder checkpoint"):
+        train_transcoders(store, cfg, TranscoderTraining(steps=2), tmp_path / "none", resume=True)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_ranks_slice_of_each_batch_reads_only_the_shards_it_lies_in(harvest, monkeypatch, world):
+    """A data-parallel rank's reader (part: its contiguous slice of each batch) gives that slice of the whole
+    batch, bit for bit, from any start, and reads only the shards its rows lie in, once per visit: fewer than the
+    whole batches' reader."""
+    store, cfg = harvest
+    batch, start, steps = 100, 5, 12  # slices that cross shard boundaries, over more than an epoch
+    whole = DataOrder(store, cfg, batch_size=batch, seed=3)
+    expected = [next(batches) for batches in [whole.batches(start)] for _ in range(steps)]
+    owner = [  # (epoch, shard) of every row of the endless sequence, spelled out
+        (epoch, shard)
+        for epoch in range(3)
+        for shard in whole.shard_order(epoch)
+        for _ in range(int(store.index["shards"][shard]["rows"]))
+    ]
+    real, read, hooks = store.shard, [], []
+    monkeypatch.setattr(store, "shard", lambda i, names=None: read.append(i) or hooks.append(names) or real(i, names))
+    all_read = []
+    for rank in range(world):
+        mine = slice(rank * batch // world, (rank + 1) * batch // world)
+        order = DataOrder(store, cfg, batch_size=batch, seed=3, part=mine).batches(start)
+        read.clear()
+        for (step, x, y), (step2, x2, y2) in zip([next(order) for _ in range(steps)], expected):
+            assert step == step2 and torch.equal(x, x2[mine]) and torch.equal(y, y2[mine])
+        visits = [owner[s * batch + i] for s in range(start, start + steps) for i in range(mine.start, mine.stop)]
+        assert read == [shard for i, (epoch, shard) in enumerate(visits) if i == 0 or visits[i - 1] != (epoch, shard)]
+        all_read.append(len(read))
+    read.clear()
+    for _ in zip(range(steps), whole.batches(start)):
+        pass
+    assert max(all_read) < len(read)
+    hooks.clear()  # a module-parallel rank's reader: its layers' hooks alone, of whole batches
+    for (_, x, y), (_, x2, y2) in zip(DataOrder(store, cfg, batch, 3, layers=[1]).batches(start), expected[:2]):
+        assert torch.equal(x, x2[:, 1:2]) and torch.equal(y, y2[:, 1:2])
+    assert hooks and all(names == [cfg.hook("input", 1), cfg.hook("output", 1)] for names in hooks)

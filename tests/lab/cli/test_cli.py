@@ -1,0 +1,320 @@
+"""The `forma` command line: truthful help, clear errors, exit codes."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from lab import HookedTransformer
+from lab.cli import main
+from tests.builders import TESTS, tiny_config
+
+
+def test_help_lists_the_commands(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    assert "hooks" in capsys.readouterr().out
+
+
+def test_hooks_lists_names_and_shapes(tmp_path, capsys):
+    HookedTransformer(tiny_config()).save(tmp_path)
+    assert main(["hooks", str(tmp_path), "--tokens", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "blocks.1.attn.hook_pattern" in out and "[1, 4, 5, 5]" in out
+
+
+def test_unknown_model_is_a_clear_error_with_exit_code_2(capsys):
+    assert main(["hooks", "no-such-model"]) == 2
+    assert "unknown model 'no-such-model'" in capsys.readouterr().err
+
+
+def test_console_script_runs():
+    out = subprocess.run([sys.executable, "-m", "lab.cli", "--version"], capture_output=True, text=True, check=True)
+    assert out.stdout.startswith("forma ")
+
+
+@pytest.mark.slow
+def test_demo_fills_in_missing_runs_and_shows_generations(tmp_path, monkeypatch, capsys):
+    """The demo's flow on a private zoo whose models exist already: missing runs are made, none twice."""
+    import shutil
+
+    import experiments
+    import lab.zoo as zoo
+    from lab.data.tokenizers import word_level
+
+    for name in zoo.zoo_names():
+        (tmp_path / "models" / name).mkdir(parents=True)
+        shutil.copy(zoo.DEFAULT_ZOO_DIR / name / "model.toml", tmp_path / "models" / name / "model.toml")
+        tokenizer = word_level(["Return", "the", "This", "module", "provides", "If", "file"])
+        model = HookedTransformer(tiny_config(d_vocab=tokenizer.get_vocab_size()), tokenizer=tokenizer)
+        model.save(tmp_path / "models" / name)
+    monkeypatch.setenv("FORMA_ZOO_DIR", str(tmp_path / "models"))
+    monkeypatch.setenv("FORMA_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setattr(experiments, "experiment_names", lambda: ["equations"])
+    assert main(["demo", "--no-dashboard"]) == 0
+    out = capsys.readouterr().out
+    assert "forma run equations --quick" in out and "pydoc generations" in out
+    assert len(list((tmp_path / "runs" / "equations").glob("*/results.json"))) == 1
+    assert main(["demo", "--no-dashboard"]) == 0
+    assert "equations: a run exists" in capsys.readouterr().out
+
+
+def test_a_failing_demo_job_is_reported_and_the_dashboard_keeps_serving(tmp_path, monkeypatch, capsys):
+    """The dashboard serves before the jobs start; a job that fails is reported with its log's end, the
+    dashboard stays up for the rest, and the demo's exit status says a job failed."""
+    import experiments
+
+    monkeypatch.setenv("FORMA_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setattr("lab.zoo.is_trained", lambda name: True)
+    monkeypatch.setattr(experiments, "experiment_names", lambda: ["no-such-experiment"])
+    served = []  # a stand-in server: it "serves" until it ends by itself
+    monkeypatch.setattr("lab.cli.demo.dashboard_command", lambda port: [sys.executable, "-c", "pass"])
+    monkeypatch.setattr("lab.cli.demo.wait_until_serving", lambda url, process, timeout_s: served.append(url))
+    assert main(["demo", "--port", "8765"]) == 1
+    captured = capsys.readouterr()
+    assert served == ["http://127.0.0.1:8765"]
+    assert captured.out.index("dashboard at http://127.0.0.1:8765") < captured.out.index("no-such-experiment --quick …")
+    assert "forma run no-such-experiment --quick: FAILED" in captured.err and "invalid choice" in captured.err
+    assert "the dashboard keeps serving what finished" in captured.out
+    assert (tmp_path / "runs" / "demo" / "run-no-such-experiment-quick.log").is_file()
+
+
+def test_forma_run_prints_the_runs_headlines_then_its_folder(tmp_path, monkeypatch, capsys):
+    """What a run shows is its headlines (README): `forma run` prints each supported sentence, then each claim the
+    run cannot support, in words with the reason, then the folder — read back from the results.json it wrote."""
+    import experiments.equations
+    from lab.headlines import title
+    from lab.runs import headline
+
+    said = headline("kv_cache_cost", "Caching keeps attention linear in the prefix.", 2.0, None, True)
+    unsaid = headline(
+        "p_ik_verdict_partial",
+        "not to be printed",
+        None,
+        None,
+        None,
+        supported=False,
+        why_not="fewer than 10 wrong answers on the test split",
+    )
+    monkeypatch.setattr(experiments.equations, "run", lambda cfg, out: {"headlines": [said, unsaid]})
+    assert main(["run", "equations", "--quick", "--out", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        "Headlines:",
+        f"  - {said['sentence']}",
+        "Not shown, because this run cannot support it:",
+        f"  - {title('p_ik_verdict_partial')}: {unsaid['why_not']}",
+        f"results in {tmp_path / 'run'}",
+    ]
+    assert title("p_ik_verdict_partial") == "P(IK) verdict at the partial checkpoint"
+
+
+class FakeJob:
+    """A `forma` job the demo starts, as CHILDREN.start returns it: it records when it ran, and what the queue
+    file said about the other jobs while it ran."""
+
+    def __init__(self, argv: list[str], log: list, seconds: dict[str, float], seen: dict):
+        self.what = " ".join(argv[3:5])
+        self.log, self.seconds, self.seen = log, seconds, seen
+
+    def wait(self) -> int:
+        from lab.jobs import queued
+
+        self.log.append(("start", self.what))
+        if self.what == "train pydoc":
+            self.seen["calibration"] = queued("run", "calibration")
+            self.seen["pydoc"] = queued("train", "pydoc")
+        time.sleep(self.seconds.get(self.what, 0.05))
+        self.log.append(("end", self.what))
+        return 0
+
+
+def test_the_demo_runs_a_job_after_the_one_whose_result_it_reads(tmp_path, monkeypatch):
+    """Calibration reads the pydoc model: it waits until pydoc's training has ended, while the next job in order
+    takes the free core; the queue file says so meanwhile (lab.jobs.queued, what the pages read)."""
+    from lab.cli import CHILDREN, run_side_by_side
+    from lab.jobs import queued
+
+    monkeypatch.setenv("FORMA_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    log: list = []
+    seen: dict = {}
+    monkeypatch.setattr(CHILDREN, "start", lambda argv, **popen: FakeJob(argv, log, {"train pydoc": 1.0}, seen))
+    jobs = [
+        ("forma run calibration --quick", ["run", "calibration", "--quick"]),
+        ("forma run equations --quick", ["run", "equations", "--quick"]),
+        ("forma train pydoc --quick", ["train", "pydoc", "--quick"]),
+    ]
+    assert run_side_by_side(jobs)
+    order = [what for kind, what in log if kind == "start"]
+    assert order == ["train pydoc", "run equations", "run calibration"]  # not DEMO_ORDER's calibration-first
+    assert log.index(("start", "run calibration")) > log.index(("end", "train pydoc"))
+    waiting = seen["calibration"]
+    assert waiting is not None and not waiting.started and waiting.waits_for == ("forma train pydoc --quick",)
+    assert waiting.ahead == 1  # pydoc's training, running; equations comes after calibration in the order
+    assert "Queued by `forma demo` (1 ahead)" in waiting.sentence() and "after `forma train pydoc" in waiting.sentence()
+    assert seen["pydoc"] is not None and seen["pydoc"].started
+    assert queued("run", "calibration") is None  # every job has ended
+
+
+def test_demo_only_names_a_demo_model_or_an_experiment(capsys):
+    assert main(["demo", "--no-dashboard", "--only", "nonesuch"]) == 2
+    assert "--only 'nonesuch' is neither a demo model nor an experiment" in capsys.readouterr().err
+
+
+def test_the_demo_board_prints_each_running_jobs_progress_line_off_a_terminal(tmp_path, monkeypatch):
+    """Off a terminal (a log, a pipe), one line per running job, read from its progress file; waiting and
+    finished jobs print nothing until they change."""
+    import io
+
+    from lab.cli import JobBoard
+    from lab.progress import PROGRESS_FILE, bar, recording
+
+    out = io.StringIO()
+    run_folder = tmp_path / "run"
+    board = JobBoard(
+        [
+            ("forma run kl --quick", ["run", "kl", "--quick", "--out", str(run_folder)]),
+            ("forma train facts", ["train", "facts"]),
+        ],
+        stream=out,
+    )
+    board.started("forma run kl --quick")
+    monkeypatch.setattr("lab.progress.RECORD_EVERY_S", 0.05)
+    with recording(run_folder / PROGRESS_FILE, "forma run kl --quick"), bar(40, "train", show=False) as b:
+        b.update(10)
+        deadline = time.monotonic() + 10
+        while "step 10/40" not in board.status("forma run kl --quick") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        board.draw()
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "[demo] forma run kl --quick …"
+    assert len(lines) == 2, lines
+    assert lines[1].startswith("[demo] forma run kl --quick: 0:00 elapsed; train step 10/40 (25%), ETA "), lines
+
+
+@pytest.mark.parametrize("case", ["a file", "a finished run", "under a file"])
+def test_an_unusable_out_folder_is_a_clear_error_and_nothing_is_written(tmp_path, capsys, case):
+    target = tmp_path / "taken"
+    if case == "a file":
+        target.write_text("keep me\n")
+        expected = "is a file"
+    elif case == "a finished run":
+        target.mkdir()
+        (target / "results.json").write_text("{}\n")
+        expected = "already holds a finished run"
+    else:
+        target.write_text("keep me\n")
+        target = target / "run"
+        expected = "cannot create the run folder"
+    before = sorted((p.name, p.read_bytes() if p.is_file() else None) for p in tmp_path.rglob("*"))
+    assert main(["run", "equations", "--quick", "--out", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and str(target) in err and "Traceback" not in err
+    assert sorted((p.name, p.read_bytes() if p.is_file() else None) for p in tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize("tokens, message", [("65", "longer than the model's context n_ctx = 64"), ("0", "at least 1")])
+def test_hooks_refuses_a_probe_length_outside_the_context(tmp_path, capsys, tokens, message):
+    HookedTransformer(tiny_config()).save(tmp_path)  # n_ctx = 64
+    assert main(["hooks", str(tmp_path), "--tokens", tokens]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["dashboard", "demo"])
+@pytest.mark.parametrize("port", ["99999", "0", "http"])
+def test_a_bad_port_is_refused_before_anything_starts(capsys, command, port):
+    with pytest.raises(SystemExit) as exit:
+        main([command, "--port", port])
+    assert exit.value.code == 2 and "--port" in capsys.readouterr().err
+
+
+HEAVY_MODULES = ("torch", "transformer_lens", "transformers", "numpy", "streamlit")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        ["run", "--help"],
+        ["train", "--help"],
+        ["cards", "--help"],
+        ["transcoders", "--help"],
+        ["harvest", "--help"],
+        ["patch", "--help"],
+        ["patch", "m", "--sweep", "x"],
+        ["run", "no-such-experiment"],
+        ["train", "markov", "--seed"],
+        ["--version"],
+        ["hooks", "gpt2"],
+        ["hooks", "no/such/folder"],
+        ["trust", "gpt2"],
+        ["run", "kl", "--model", "gpt2"],
+        ["run", "calibration", "--model", "gpt2", "--mmlu", "mmlu.csv"],
+        ["run", "calibration", "--model", str(TESTS), "--mmlu", "no/such.csv"],
+        ["run", "monitor", "--model", str(TESTS), "--qa", "no/such.csv"],
+    ],
+    ids=lambda argv: " ".join(argv),
+)
+def test_help_and_argument_errors_import_nothing_heavy(argv):
+    """`forma --help`, every subcommand's help, an argument error (an option the experiment does not take) and a
+    model name that is neither a folder nor a zoo model (`forma hooks`, `forma trust`, `forma run --model`), and a
+    question file that is not there (the model a folder: tests/), answer before torch, TransformerLens, numpy or
+    streamlit are imported: those take seconds to load, and only the commands that compute need them.
+    (benchmarks/cli.py measures how long each answer takes.)"""
+    probe = (
+        "import sys, runpy\n"
+        f"sys.argv = ['forma', *{argv!r}]\n"
+        "try:\n"
+        "    runpy.run_module('lab.cli', run_name='__main__')\n"
+        "except SystemExit as exit:\n"
+        "    code = exit.code\n"
+        f"heavy = [m for m in {HEAVY_MODULES!r} if m in sys.modules]\n"
+        "print('HEAVY', heavy, file=sys.stderr)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert "HEAVY []" in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert done.stdout or "error:" in done.stderr  # it answered: help, the version, or an argparse error
+
+
+def test_the_lazy_top_level_names_are_the_models():
+    import lab
+    import lab.model
+
+    assert lab.HookedTransformer is lab.model.HookedTransformer and lab.KVCache is lab.model.KVCache
+    assert sorted(lab.__all__) == sorted(name for name in lab.__all__ if hasattr(lab, name))
+    with pytest.raises(AttributeError, match="module 'lab' has no attribute 'NoSuchThing'"):
+        _ = lab.NoSuchThing
+
+
+def test_the_demo_board_redraws_one_line_per_job_in_place_on_a_terminal():
+    import io
+
+    from lab.cli import JobBoard
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = Terminal()
+    board = JobBoard(
+        [("forma run kl --quick", ["run", "kl", "--quick"]), ("forma train facts", ["train", "facts"])], stream=out
+    )
+    board.draw()
+    board.draw()
+    board.ended("forma train facts", "forma train facts: done in 3 s", "[demo] forma train facts: done in 3 s")
+    rows = "\x1b[2K[demo] forma run kl --quick: waiting for a free core\n\x1b[2K[demo] forma train facts: "
+    assert out.getvalue() == (
+        rows
+        + "waiting for a free core\n"
+        + "\x1b[2F\x1b[0J"
+        + rows
+        + "waiting for a free core\n"
+        + "\x1b[2F\x1b[0J"
+        + "[demo] forma train facts: done in 3 s\n"
+        + rows
+        + "done in 3 s\n"
+    )
