@@ -76,8 +76,8 @@ def bench_ratio(args: argparse.Namespace) -> dict:
     from transformer_lens.model_bridge import TransformerBridge
 
     from lab.analysis.activations import save_activations
+    from lab.data.tokenizers import to_hf_tokenizer, word_level
     from lab.hf import from_hf
-    from lab.tokenize import to_hf_tokenizer, word_level
 
     device = args.device
     hf = hf_model("gpt2-small", device)
@@ -157,8 +157,8 @@ def reset_peak() -> None:
     """Hand freed memory back to the OS, then reset the process's resident high-water mark to its current RSS
     (Linux ≥ 4.0, /proc/PID/clear_refs). Building the model (a Hugging Face model, then its conversion) peaks
     above anything measured after it, so ru_maxrss alone would report that construction peak; and the memory
-    it freed, kept by malloc for reuse (`lab.memory`), would absorb the measured call's allocations unseen."""
-    from lab.memory import release_freed_memory
+    it freed, kept by malloc for reuse (`lab.freed_memory`), would absorb the measured call's allocations unseen."""
+    from lab.freed_memory import release_freed_memory
 
     release_freed_memory()
     Path("/proc/self/clear_refs").write_text("5")

@@ -45,9 +45,9 @@ import torch
 from benchmarks.timing import RESULTS, interleaved, machine, result_name, timed, write
 from lab.analysis.attribution import attribution_patch
 from lab.analysis.patching import logit_diff, patch_heads, patch_heads_by_position, patch_positions
+from lab.data.tokenizers import to_hf_tokenizer, word_level
 from lab.folders import CARD_FILE, zoo_dir
 from lab.hf import from_hf
-from lab.tokenize import to_hf_tokenizer, word_level
 
 VOCAB = 50257
 TOP_K = 10

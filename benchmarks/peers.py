@@ -37,9 +37,9 @@ from benchmarks.timing import (
     training_steps,
     write,
 )
+from lab.data.tokenizers import to_hf_tokenizer, word_level
 from lab.generate import generate
 from lab.hf import from_hf
-from lab.tokenize import to_hf_tokenizer, word_level
 
 VOCAB = 8192
 SIZES = {"4x256": (4, 256), "8x512": (8, 512)}

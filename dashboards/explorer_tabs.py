@@ -76,8 +76,8 @@ def text_of(model, tokens: torch.Tensor) -> str:
 
 def token_text(model, i: int) -> str:
     """Token `i` as a reader reads it: its id for a model without a tokenizer, else its text, with the bytes of
-    a byte-level piece of a UTF-8 character written ⟨0xE2⟩ (lab.tokenize.readable_token), never '�'."""
-    from lab.tokenize import readable_token
+    a byte-level piece of a UTF-8 character written ⟨0xE2⟩ (lab.data.tokenizers.readable_token), never '�'."""
+    from lab.data.tokenizers import readable_token
 
     if model.tokenizer is None:
         return str(i)

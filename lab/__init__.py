@@ -2,9 +2,9 @@
 
 import importlib
 
-from lab.memory import keep_freed_memory
+from lab.freed_memory import keep_freed_memory
 
-keep_freed_memory()  # repeated run_with_cache calls reuse freed memory (see lab.memory)
+keep_freed_memory()  # repeated run_with_cache calls reuse freed memory (see lab.freed_memory)
 
 __all__ = ["HookedTransformer", "KVCache", "ModelConfig", "next_token_loss"]
 __version__ = "0.1.0"

@@ -74,61 +74,83 @@ class _Mismatch(Exception):
         self.expected, self.where = expected, where
 
 
-def _conform(value: Any, annotation: Any) -> Any:  # noqa: C901  (one branch per annotation form)
+def _conform(value: Any, annotation: Any) -> Any:
     """`value` as the annotation wants it (the same object unless normalised), or _Mismatch."""
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if annotation is Any:
         return value
-    if annotation is bool:
-        if isinstance(value, bool):
-            return value
-        raise _Mismatch("a bool (true or false)")
-    if annotation is int:
-        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-            return value if type(value) is int else int(value)
-        raise _Mismatch("an int")
-    if annotation is float:
-        if isinstance(value, numbers.Real) and not isinstance(value, bool):
-            try:
-                number = float(value)
-            except OverflowError:
-                number = math.inf
-            if math.isfinite(number):
-                return value if type(value) is float else number
-        raise _Mismatch("a finite float")
-    if annotation is str:
-        if isinstance(value, str):
-            return value
-        raise _Mismatch("a str")
+    if annotation in _SCALARS:
+        return _SCALARS[annotation](value)
     if origin is Literal:
         if any(type(value) is type(a) and value == a for a in args):
             return value
         raise _Mismatch("one of " + ", ".join(repr(a) for a in args))
     if origin in (Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        options = [a for a in args if a is not type(None)]
-        for option in options:
-            try:
-                return _conform(value, option)
-            except _Mismatch:
-                pass
-        raise _Mismatch(" or ".join(_describe(a) for a in args))
+        return _conform_union(value, args)
     if origin is tuple:
-        if not isinstance(value, (tuple, list)):
-            raise _Mismatch(_describe(annotation))
-        variadic = len(args) == 2 and args[1] is Ellipsis
-        if not variadic and len(value) != len(args):
-            raise _Mismatch(f"{_describe(annotation)} with {len(args)} elements")
-        elements = []
-        for i, element in enumerate(value):
-            try:
-                elements.append(_conform(element, args[0] if variadic else args[i]))
-            except _Mismatch as err:
-                raise _Mismatch(err.expected, str(i)) from None
-        same = isinstance(value, tuple) and all(a is b for a, b in zip(elements, value))
-        return value if same else tuple(elements)
+        return _conform_tuple(value, annotation, args)
     raise TypeError(f"check_fields cannot check the annotation {annotation!r}: add it to lab.configs._conform")
+
+
+def _conform_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise _Mismatch("a bool (true or false)")
+
+
+def _conform_int(value: Any) -> int:
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return value if type(value) is int else int(value)
+    raise _Mismatch("an int")
+
+
+def _conform_float(value: Any) -> float:
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
+        if math.isfinite(number):
+            return value if type(value) is float else number
+    raise _Mismatch("a finite float")
+
+
+def _conform_str(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    raise _Mismatch("a str")
+
+
+_SCALARS = {bool: _conform_bool, int: _conform_int, float: _conform_float, str: _conform_str}
+
+
+def _conform_union(value: Any, args: tuple) -> Any:
+    """The first option of `X | Y | None` that `value` conforms to."""
+    if value is None and type(None) in args:
+        return None
+    for option in (a for a in args if a is not type(None)):
+        try:
+            return _conform(value, option)
+        except _Mismatch:
+            pass
+    raise _Mismatch(" or ".join(_describe(a) for a in args))
+
+
+def _conform_tuple(value: Any, annotation: Any, args: tuple) -> tuple:
+    """A tuple (or list) whose every element conforms, as a tuple; an element's mismatch names its index."""
+    if not isinstance(value, (tuple, list)):
+        raise _Mismatch(_describe(annotation))
+    variadic = len(args) == 2 and args[1] is Ellipsis
+    if not variadic and len(value) != len(args):
+        raise _Mismatch(f"{_describe(annotation)} with {len(args)} elements")
+    elements = []
+    for i, element in enumerate(value):
+        try:
+            elements.append(_conform(element, args[0] if variadic else args[i]))
+        except _Mismatch as err:
+            raise _Mismatch(err.expected, str(i)) from None
+    same = isinstance(value, tuple) and all(a is b for a, b in zip(elements, value))
+    return value if same else tuple(elements)
 
 
 def _describe(annotation: Any) -> str:

@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 import lab.zoo as zoo
 from lab import HookedTransformer, ModelConfig
 from lab.analysis.transcoders.model import TranscoderConfig, Transcoders
-from lab.tokenize import to_hf_tokenizer, word_level
+from lab.data.tokenizers import to_hf_tokenizer, word_level
 
 VOCAB = 100
 REPO = Path(__file__).resolve().parents[1]

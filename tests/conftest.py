@@ -245,10 +245,10 @@ def torchrun_demo(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def stdlib_corpus(tmp_path_factory) -> Path:
-    """The pydoc world's corpus.txt (lab.data.text.stdlib_docstrings: the docstrings of this Python's standard
+    """The pydoc world's corpus.txt (lab.data.stdlib_corpus.stdlib_docstrings: the docstrings of this Python's standard
     library, seconds to parse), collected once a session. A private zoo that builds pydoc gets a copy as
     pydoc/corpus.txt, the cache its first build would have written with the same text."""
-    from lab.data.text import stdlib_docstrings
+    from lab.data.stdlib_corpus import stdlib_docstrings
 
     path = tmp_path_factory.mktemp("stdlib-corpus") / "corpus.txt"
     stdlib_docstrings(cache=path)

@@ -8,7 +8,8 @@ import pandas as pd
 
 from experiments.calibration.config import EXPOSURE_BINS, N_OPTIONS
 from experiments.calibration.setting import exposure_bin
-from lab.metrics.calibration import bootstrap_ci, brier, ece_fields, fit_temperature, multiclass_summary, nll, softmax
+from lab.metrics.calibration import brier, ece_fields, fit_temperature, multiclass_summary, nll, softmax
+from lab.metrics.discrimination import bootstrap_ci
 
 
 # --------------------------------------------------------------------------------------------

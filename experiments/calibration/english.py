@@ -30,7 +30,7 @@ def pydoc_model(out: Path) -> tuple[HookedTransformer, str]:
 
 def heldout_english(model: HookedTransformer, n_windows: int) -> Int[Tensor, "window pos"]:
     """The first n_windows × n_ctx tokens of the pydoc corpus's held-out documents, as windows."""
-    from lab.data.text import split_text, stdlib_docstrings
+    from lab.data.stdlib_corpus import split_text, stdlib_docstrings
     from lab.zoo import load_recipe, zoo_dir
 
     fraction = load_recipe("pydoc")["world"].get("held_out_fraction", 0.05)

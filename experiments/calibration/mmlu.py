@@ -30,7 +30,8 @@ from lab.analysis.activations import collect_activations
 from lab.analysis.lens import logit_lens
 from lab.analysis.probes import random_model
 from lab.data.facts import OPTION_LETTERS
-from lab.metrics.calibration import MIN_PER_CLASS, auroc_ci, softmax
+from lab.metrics.calibration import softmax
+from lab.metrics.discrimination import MIN_PER_CLASS, auroc_ci
 from lab.model import HookedTransformer
 from lab.runs import save_table
 
@@ -52,7 +53,7 @@ def read_question_csv(path: str | Path, what: str) -> list[tuple[int, list[str]]
     byte that is not UTF-8 or a cell over the csv module's limit named by line); refused first, with the numbers,
     when reading it could not fit in the memory available."""
     from lab.inputs import InputError, read_csv, regular_file, size_text
-    from lab.model.memory import available_memory
+    from lab.model.memory_check import available_memory
 
     path = Path(path)
     size = regular_file(path, what=what).stat().st_size
@@ -205,7 +206,7 @@ def check_memory(source: str | Path, n_items: int, per_item: int, what: str) -> 
     """An InputError, with the numbers, when `n_items` items of `per_item` bytes each cannot fit in the memory
     available; checked before the model reads the first one."""
     from lab.inputs import InputError, size_text
-    from lab.model.memory import available_memory
+    from lab.model.memory_check import available_memory
 
     available = available_memory(torch.device("cpu"))
     if available is not None and n_items * per_item > available:

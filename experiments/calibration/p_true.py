@@ -11,7 +11,7 @@ from experiments.calibration.readouts import class_counts, fixed_readout_row, ju
 from experiments.calibration.setting import Setting, continuation_logprobs, next_token_logprobs, statement_prefix
 from lab.analysis.lens import logit_lens
 from lab.generate import generate
-from lab.metrics.calibration import MIN_PER_CLASS, auroc_ci
+from lab.metrics.discrimination import MIN_PER_CLASS, auroc_ci
 from lab.model import HookedTransformer
 
 

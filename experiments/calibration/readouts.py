@@ -13,7 +13,8 @@ from experiments.calibration.setting import Setting, continuation_logprobs, righ
 from lab.analysis.activations import collect_activations
 from lab.analysis.lens import logit_lens
 from lab.analysis.probes import feature_rank, fit_probe, group_partition, judge_readouts, random_model, shuffled_control
-from lab.metrics.calibration import Metric, auroc, auroc_ci, bootstrap_ci, softmax
+from lab.metrics.calibration import softmax
+from lab.metrics.discrimination import Metric, auroc, auroc_ci, bootstrap_ci
 from lab.model import HookedTransformer
 
 

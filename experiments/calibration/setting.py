@@ -18,9 +18,10 @@ from torch import Tensor
 from experiments.calibration.config import EXPOSURE_BINS, N_OPTIONS, Config
 from lab.analysis.lens import logit_lens
 from lab.data.facts import OPTION_LETTERS, Fact, FactWorld, FactWorldConfig
-from lab.metrics.calibration import auroc, softmax
+from lab.data.tokenizers import word_level
+from lab.metrics.calibration import softmax
+from lab.metrics.discrimination import auroc
 from lab.model import HookedTransformer, ModelConfig
-from lab.tokenize import word_level
 from lab.train import SequenceBatches, TrainConfig, train
 from lab.train.batches import pad_documents
 

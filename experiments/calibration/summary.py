@@ -5,7 +5,7 @@ import math
 from typing import Any
 
 from experiments.calibration.config import N_OPTIONS
-from lab.metrics.calibration import MIN_PER_CLASS
+from lab.metrics.discrimination import MIN_PER_CLASS
 
 
 # --------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from experiments.equations.check import Check, all_close
 from experiments.equations.seeded import F64, attention_config, capturing, seeded_attention, seeded_generator
-from lab.model.components import Attention
+from lab.model.attention import Attention
 
 
 # ============================================================================================

@@ -13,7 +13,7 @@ from experiments.equations.check import Check, all_close
 from experiments.equations.seeded import seeded_generator
 from lab.generate import decode
 from lab.model import HookedTransformer, KVCache, KVCacheEntry, ModelConfig
-from lab.model.components import Attention
+from lab.model.attention import Attention
 
 
 # ============================================================================================

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from experiments.equations.check import Check
 from experiments.equations.seeded import F64, seeded_generator
 from lab.model import next_token_loss
-from lab.model.components import ACTIVATIONS
+from lab.model.mlp import ACTIVATIONS
 
 
 # ============================================================================================

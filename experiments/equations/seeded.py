@@ -9,7 +9,7 @@ from torch import Tensor
 from transformer_lens.hook_points import HookPoint
 
 from lab.model import ModelConfig
-from lab.model.components import Attention
+from lab.model.attention import Attention
 
 F64 = torch.float64
 

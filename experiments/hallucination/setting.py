@@ -11,8 +11,8 @@ from torch import Tensor
 
 from experiments.hallucination.config import Config
 from lab.data.facts import FactWorld, FactWorldConfig
+from lab.data.tokenizers import word_level
 from lab.model import HookedTransformer, ModelConfig
-from lab.tokenize import word_level
 
 
 # --------------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ discrete semantic entropy of Farquhar et al. 2024 over the k answers). The sign 
 AUROC on the fit split is ≥ ½ (the a priori sign, `RISK_SIGN`, is recorded beside it).
 
 On the test split, per signal: AUROC for "the claim is false" with a stratified bootstrap 95% interval
-(`lab.metrics.calibration.auroc_ci`, n_pos / n_neg beside it) and DeLong's interval at the familywise level of
+(`lab.metrics.discrimination.auroc_ci`, n_pos / n_neg beside it) and DeLong's interval at the familywise level of
 every separation claim of the run (Bonferroni; a bootstrap at 99.6% would rest on two resamples per tail), per
 error kind (that kind's false claims against every right one), the risk–coverage curve, AURC, the oracle's AURC*
 and E-AURC = AURC − AURC* (`lab.metrics.selective`). Abstention, for each α in `alphas`:

@@ -9,7 +9,7 @@ import numpy as np
 
 from experiments.monitor.config import ABSTENTION_SIGNAL, ERROR_KINDS, KINDS, Config
 from lab.analysis.monitor import RISK_SIGN
-from lab.metrics.calibration import auroc_ci
+from lab.metrics.discrimination import auroc_ci
 from lab.metrics.selective import (
     aurc,
     crc_threshold,

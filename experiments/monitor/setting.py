@@ -13,8 +13,8 @@ from torch import Tensor
 
 from experiments.monitor.config import ATTRIBUTE, SPLITS, Config
 from lab.data.facts import FactWorld, FactWorldConfig
+from lab.data.tokenizers import word_level
 from lab.model import HookedTransformer, ModelConfig
-from lab.tokenize import word_level
 from lab.train import SequenceBatches, TrainConfig, train
 
 

@@ -12,7 +12,7 @@ from experiments.monitor.config import SUBJECT, TRAINED
 from experiments.monitor.setting import Setting
 from lab.analysis.monitor import RISK_SIGN, LinearReadout, Monitor, claim_risk, sample_continuations
 from lab.analysis.probes import fit_probe
-from lab.metrics.calibration import MIN_PER_CLASS, auroc
+from lab.metrics.discrimination import MIN_PER_CLASS, auroc
 from lab.metrics.selective import answer_agreement, discrete_semantic_entropy
 from lab.model import HookedTransformer
 

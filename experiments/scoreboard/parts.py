@@ -28,11 +28,11 @@ from lab.analysis.transcoders.train import TranscoderTraining, train_transcoders
 from lab.analysis.tuned_lens import fit_tuned_lens
 from lab.data.facts import FactWorld, FactWorldConfig
 from lab.data.sources import source_from_dict
+from lab.data.tokenizers import word_level
 from lab.metrics.discrimination import Metric
 from lab.metrics.grading import Grade
 from lab.model import HookedTransformer, ModelConfig
 from lab.runs import write_json
-from lab.tokenize import word_level
 from lab.train import SequenceBatches, TrainConfig, train
 from lab.train.batches import pad_documents
 

@@ -4,7 +4,7 @@ English from the Python standard library (see SCIENCE.md §1–§2)."""
 from lab.data.draws import EntropyEstimate
 from lab.data.facts import Fact, FactWorld, FactWorldConfig, Person
 from lab.data.sources import HiddenMarkovSource, MarkovSource, source_from_dict
-from lab.data.text import split_text, stdlib_docstrings, train_bpe
+from lab.data.stdlib_corpus import split_text, stdlib_docstrings, train_bpe
 
 __all__ = [
     "EntropyEstimate",

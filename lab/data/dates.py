@@ -5,7 +5,7 @@
     "june ninth nineteen oh seven"                 →  1907-06-09
 
 The source is word-level (one id per word); the target is character-level: <bos>, the ten characters
-of YYYY-MM-DD, <eos>. Both use `lab.tokenize.word_level` (target characters are space-separated).
+of YYYY-MM-DD, <eos>. Both use `lab.data.tokenizers.word_level` (target characters are space-separated).
 Solving it takes reordering (the year comes last in the words, first in the ISO form) and
 composition (a year's digits come from two or three words), which cross-attention does visibly.
 
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lab.tokenize import word_level
+from lab.data.tokenizers import word_level
 
 ONES = [
     "zero",

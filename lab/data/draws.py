@@ -34,6 +34,17 @@ def check_size(owner: str, what: str, entries: int, limit: int, advice: str) -> 
         )
 
 
+def check_sample(owner: str, n: Any, length: Any, width: int = 0) -> tuple[int, int]:
+    """(n, length) of a draw of `n` sequences of `length` tokens, each a positive integer, refused above
+    MAX_SAMPLE_TOKENS entries: n × max(length, width), where a source draws `width` columns whatever the length
+    (an order-k chain's first k tokens, the induction world's permutation of the vocabulary)."""
+    n, length = check_int(owner, "n", n), check_int(owner, "length", length)
+    columns = max(length, width)
+    advice = "draw fewer or shorter sequences"
+    check_size(owner, f"n × length = {n:,} × {columns}", n * columns, MAX_SAMPLE_TOKENS, advice)
+    return n, length
+
+
 def _bytes(n: float) -> str:
     """A byte count in binary units: 256 MiB, 2.62e+05 PiB."""
     units = ("B", "KiB", "MiB", "GiB", "TiB")
@@ -113,6 +124,21 @@ def monte_carlo_rate(conditionals: FloatArray, tokens: IntArray, burn_in: int) -
     n = per_sequence.shape[0]
     se = float(per_sequence.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan")
     return EntropyEstimate(float(per_sequence.mean()), se)
+
+
+def burn_in_rate(source: Any, n: int, length: int, seed: int, burn_in: int | None) -> EntropyEstimate:
+    """Monte-Carlo estimate of a hidden-state source's entropy rate in nats per token, with its standard error.
+
+    Averages −log p(x_{t+1}|x_{≤t}) over positions t ≥ burn_in (default length // 2) of `n` sequences the source
+    draws. Each term's expectation H(X_{t+1}|X_{≤t}) decreases to the rate as t grows, so the estimate is biased
+    upward by at most H(X_{burn_in+1}|X_{≤burn_in}) − rate; the standard error counts sequences, not tokens, since
+    tokens within one sequence are correlated.
+    """
+    burn_in = length // 2 if burn_in is None else burn_in
+    if not 0 <= burn_in < length - 1:
+        raise ValueError(f"burn_in must be in [0, length − 1), got {burn_in} for length {length}")
+    tokens = source.sample(n, length, seed=seed)
+    return monte_carlo_rate(source.conditionals(tokens), tokens, burn_in=burn_in)
 
 
 def check_open_unit(owner: str, name: str, value: Any, high: float = 1.0) -> float:

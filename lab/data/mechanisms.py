@@ -24,18 +24,17 @@ import numpy as np
 from numpy.typing import NDArray
 
 from lab.data.draws import (
-    MAX_SAMPLE_TOKENS,
     EntropyEstimate,
     FloatArray,
     IntArray,
     as_tokens,
+    burn_in_rate,
     check_int,
     check_kind,
     check_open_unit,
-    check_size,
+    check_sample,
     draw_categorical,
     every_earlier_position,
-    monte_carlo_rate,
     stationary_of,
 )
 
@@ -86,15 +85,7 @@ class Mess3Source:
 
     def sample(self, n: int, length: int, seed: int | None = None) -> IntArray:
         """`n` token sequences of `length`, the hidden chain started in π."""
-        n = check_int("Mess3Source.sample", "n", n)
-        length = check_int("Mess3Source.sample", "length", length)
-        check_size(
-            "Mess3Source.sample",
-            f"n × length = {n:,} × {length}",
-            n * length,
-            MAX_SAMPLE_TOKENS,
-            "draw fewer or shorter sequences",
-        )
+        n, length = check_sample("Mess3Source.sample", n, length)
         rng = self._sample_rng if seed is None else np.random.default_rng(seed)
         S = self.n_states
         joint = np.cumsum(self.matrices.transpose(1, 0, 2).reshape(S, -1), axis=1)  # [from, (token, to)]
@@ -138,12 +129,8 @@ class Mess3Source:
         return first + np.log(picked).sum(axis=1)
 
     def entropy_rate_estimate(self, n: int, length: int, seed: int = 0, burn_in: int | None = None) -> EntropyEstimate:
-        """Monte-Carlo estimate of the entropy rate (as HiddenMarkovSource.entropy_rate_estimate)."""
-        burn_in = length // 2 if burn_in is None else burn_in
-        if not 0 <= burn_in < length - 1:
-            raise ValueError(f"burn_in must be in [0, length − 1), got {burn_in} for length {length}")
-        tokens = self.sample(n, length, seed=seed)
-        return monte_carlo_rate(self.conditionals(tokens), tokens, burn_in=burn_in)
+        """Monte-Carlo estimate of the entropy rate over positions t ≥ burn_in: `lab.data.draws.burn_in_rate`."""
+        return burn_in_rate(self, n, length, seed, burn_in)
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "x": self.x, "alpha": self.alpha, "seed": self.seed}
@@ -199,15 +186,7 @@ class InductionSource:
 
     def sample(self, n: int, length: int, seed: int | None = None) -> IntArray:
         """`n` sequences of `length` tokens, each with its own segment length, start and offset."""
-        n = check_int("InductionSource.sample", "n", n)
-        length = check_int("InductionSource.sample", "length", length)
-        check_size(
-            "InductionSource.sample",
-            f"n × V = {n:,} × {self.vocab_size}",
-            n * max(length, self.vocab_size),
-            MAX_SAMPLE_TOKENS,
-            "draw fewer or shorter sequences",
-        )
+        n, length = check_sample("InductionSource.sample", n, length, self.vocab_size)
         rng = self._sample_rng if seed is None else np.random.default_rng(seed)
         m = rng.integers(self.min_period, self.max_period + 1, size=n)
         start = np.floor(rng.random(n) * (m - 1)).astype(np.int64)  # uniform in [0, m − 2]

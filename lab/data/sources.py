@@ -44,15 +44,16 @@ import numpy as np
 from numpy.typing import NDArray
 
 from lab.data.draws import (
-    MAX_SAMPLE_TOKENS,
     MAX_TABLE_ENTRIES,
     EntropyEstimate,
     FloatArray,
     IntArray,
     as_tokens,
+    burn_in_rate,
     check_concentration,
     check_int,
     check_kind,
+    check_sample,
     check_size,
     draw_categorical,
     entropy_nats,
@@ -138,15 +139,7 @@ class MarkovSource:
     # --- sampling ---
     def sample(self, n: int, length: int, seed: int | None = None) -> IntArray:
         """`n` sequences of `length` tokens: the first `order` from π, then the chain."""
-        n = check_int("MarkovSource.sample", "n", n)
-        length = check_int("MarkovSource.sample", "length", length)
-        check_size(
-            "MarkovSource.sample",
-            f"n × length = {n:,} × {max(length, self.order)}",
-            n * max(length, self.order),
-            MAX_SAMPLE_TOKENS,
-            "draw fewer or shorter sequences",
-        )
+        n, length = check_sample("MarkovSource.sample", n, length, self.order)
         rng = self._sample_rng if seed is None else np.random.default_rng(seed)
         V, k = self.vocab_size, self.order
         out = np.empty((n, max(length, k)), dtype=np.int64)
@@ -272,15 +265,7 @@ class HiddenMarkovSource:
 
     def sample(self, n: int, length: int, seed: int | None = None) -> IntArray:
         """`n` token sequences of `length`, hidden chain started in π."""
-        n = check_int("HiddenMarkovSource.sample", "n", n)
-        length = check_int("HiddenMarkovSource.sample", "length", length)
-        check_size(
-            "HiddenMarkovSource.sample",
-            f"n × length = {n:,} × {length}",
-            n * length,
-            MAX_SAMPLE_TOKENS,
-            "draw fewer or shorter sequences",
-        )
+        n, length = check_sample("HiddenMarkovSource.sample", n, length)
         rng = self._sample_rng if seed is None else np.random.default_rng(seed)
         cum_a = np.cumsum(self.transition, axis=1)
         cum_b = np.cumsum(self.emission, axis=1)
@@ -326,18 +311,9 @@ class HiddenMarkovSource:
         return first + np.log(picked).sum(axis=1)
 
     def entropy_rate_estimate(self, n: int, length: int, seed: int = 0, burn_in: int | None = None) -> EntropyEstimate:
-        """Monte-Carlo ESTIMATE of the entropy rate in nats per token, with its standard error.
-
-        Averages −log p(x_{t+1}|x_{≤t}) over positions t ≥ burn_in (default length // 2). Each term's
-        expectation H(X_{t+1}|X_{≤t}) decreases to the rate as t grows, so the estimate is biased
-        upward by at most H(X_{burn_in+1}|X_{≤burn_in}) − rate; the standard error counts
-        sequences, not tokens, since tokens within one sequence are correlated.
-        """
-        burn_in = length // 2 if burn_in is None else burn_in
-        if not 0 <= burn_in < length - 1:
-            raise ValueError(f"burn_in must be in [0, length − 1), got {burn_in} for length {length}")
-        tokens = self.sample(n, length, seed=seed)
-        return monte_carlo_rate(self.conditionals(tokens), tokens, burn_in=burn_in)
+        """Monte-Carlo estimate of the entropy rate in nats per token, with its standard error, over positions
+        t ≥ burn_in (default length // 2): `lab.data.draws.burn_in_rate`."""
+        return burn_in_rate(self, n, length, seed, burn_in)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -13,8 +13,9 @@ from lab.hf.families import FAMILIES
 from lab.hf.family import Family, Reader, State, UnsupportedArchitecture
 from lab.hf.folder import quiet_transformers
 from lab.model import HookedTransformer, ModelConfig
+from lab.model.attention import Rotary
 from lab.model.checkpoint import describe_weight_problems
-from lab.model.components import Rotary, SinusoidalPositions
+from lab.model.embeddings import SinusoidalPositions
 from lab.model.offload import read_weight
 
 

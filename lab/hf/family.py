@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from lab.model import HookedTransformer, ModelConfig
-from lab.model.text import has_bos
+from lab.model.tokenization import has_bos
 
 
 class UnsupportedArchitecture(ValueError):

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from lab.metrics.discrimination import MIN_PER_CLASS, Metric, auroc, auroc_ci, bootstrap_ci  # noqa: F401
+from lab.metrics.discrimination import auroc_ci, bootstrap_ci
 
 
 def _inputs(confidence: ArrayLike, correct: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.float64]]:

@@ -4,9 +4,9 @@ Notation (the seeds' and TransformerLens's): x ∈ R^{pos × d_model} is the res
 has W_Q^h, W_K^h, W_V^h ∈ R^{d_model × d_head} and W_O^h ∈ R^{d_head × d_model}; the MLP has
 W_in ∈ R^{d_model × d_mlp} and W_out ∈ R^{d_mlp × d_model}.
 
-This module holds the blocks, which put the parts together, and gathers every component under one name. The
-parts live in their own modules: `primitives` (CheckedHookPoint, parameter initialisers), `embeddings`
-(token embedding, positions, unembedding), `norms`, `mlp`, `attention` (rotary and attention's two paths).
+This module holds the blocks, which put the parts together. Each part is imported from its own module:
+`primitives` (CheckedHookPoint, parameter initialisers), `embeddings` (token embedding, positions,
+unembedding), `norms`, `mlp`, `attention` (rotary and attention's two paths).
 
 Variants are separate classes chosen from tables (POSITIONS, NORMS, MLPS, BLOCKS); no `forward`
 branches on the config. The only runtime choices are made on what the caller asks for: attention takes
@@ -23,39 +23,13 @@ from collections.abc import Callable
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from lab.model.attention import FEW_TOKENS, Attention, Rotary, rotate_half  # noqa: F401
+from lab.model.attention import Attention
 from lab.model.config import ModelConfig
-from lab.model.embeddings import (
-    POSITIONS,  # noqa: F401
-    Embed,  # noqa: F401
-    LearnedPositions,  # noqa: F401
-    NoAbsolutePositions,  # noqa: F401
-    SinusoidalPositions,  # noqa: F401
-    TiedUnembed,  # noqa: F401
-    Unembed,  # noqa: F401
-    sinusoidal_table,  # noqa: F401
-)
 from lab.model.kv_cache import KVCacheEntry
-from lab.model.mlp import ACTIVATIONS, MLP, MLPS, GatedMLP  # noqa: F401
-from lab.model.norms import (
-    NORMS,
-    LayerNorm,  # noqa: F401
-    LayerNormPre,  # noqa: F401
-    NoNorm,  # noqa: F401
-    RMSNorm,  # noqa: F401
-    RMSNormPre,  # noqa: F401
-    wants_norm_internals,  # noqa: F401
-)
+from lab.model.mlp import MLPS
+from lab.model.norms import NORMS
 from lab.model.padding import Padding
-from lab.model.primitives import (
-    CheckedHookPoint,
-    check_replacement,  # noqa: F401
-    empty_parameter,  # noqa: F401
-    init_normal_,  # noqa: F401
-    reset_biases,  # noqa: F401
-    set_hook_points,  # noqa: F401
-    zero_parameter,  # noqa: F401
-)
+from lab.model.primitives import CheckedHookPoint
 
 
 def head_copies(x: Float[Tensor, "batch pos d_model"], n: int) -> Float[Tensor, "batch pos head d_model"]:

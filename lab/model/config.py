@@ -7,7 +7,8 @@ config. The config round-trips through JSON and TOML and rejects unknown keys, s
 checkpoint or a zoo recipe is an error rather than a silently ignored setting.
 
 It also answers the config names TransformerLens's analysis code reads (`normalization_type`, `act_fn`,
-`eps`, `use_attn_result`, ...: `lab.model.tl_config`, where the model's `RuntimeSettings` live too).
+`eps`, `use_attn_result`, ...): from its fields, and from the `RuntimeSettings` of the model that owns it
+(`lab.model.runtime`).
 """
 
 import json
@@ -16,13 +17,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
+
 from lab.configs import Record, check_fields, need
 from lab.inputs import MAX_JSON_BYTES, read_text
-from lab.model.tl_config import RuntimeSettings, TransformerLensNames
+from lab.model.runtime import RuntimeSettings
 
 
 @dataclass(frozen=True)
-class ModelConfig(Record, TransformerLensNames):
+class ModelConfig(Record):
     """Shape and variant of a decoder-only transformer (names follow TransformerLens)."""
 
     d_vocab: int
@@ -169,6 +172,99 @@ class ModelConfig(Record, TransformerLensNames):
     def norm_params(self) -> int:
         """The gain (and LayerNorm's bias) of one norm; none once weight processing has folded them."""
         return {"layernorm": 2 * self.d_model, "rmsnorm": self.d_model}.get(self.norm, 0)
+
+    # --- TransformerLens's config names, answered from the fields ----------------------------
+    @property
+    def normalization_type(self) -> str | None:
+        return {"layernorm": "LN", "rmsnorm": "RMS", "layernorm_pre": "LNPre", "rmsnorm_pre": "RMSPre"}[self.norm]
+
+    @property
+    def act_fn(self) -> str:
+        return {"swiglu": "silu", "gelu_tanh": "gelu_new"}.get(self.mlp, self.mlp)
+
+    @property
+    def gated_mlp(self) -> bool:
+        return self.mlp == "swiglu"
+
+    @property
+    def positional_embedding_type(self) -> str:
+        return {
+            "learned": "standard",
+            "sinusoidal": "sinusoidal",
+            "rotary": "rotary",
+            "shortformer": "shortformer",
+            "none": "none",
+        }[self.positions]
+
+    @property
+    def parallel_attn_mlp(self) -> bool:
+        return self.block == "parallel"
+
+    @property
+    def n_key_value_heads(self) -> int | None:
+        return self.n_kv_heads if self.n_kv_heads != self.n_heads else None
+
+    @property
+    def attn_only(self) -> bool:
+        return self.block == "attn_only"
+
+    @property
+    def final_rms(self) -> bool:
+        return self.norm in ("rmsnorm", "rmsnorm_pre")
+
+    @property
+    def default_prepend_bos(self) -> bool:
+        """Whether text gets a BOS first by default: the owning model's setting (False for a config on its own,
+        and for Forma's own models; True for a Hugging Face model whose tokenizer has a BOS, as TransformerLens
+        sets it). Assignable: `model.cfg.default_prepend_bos = False`."""
+        return self._runtime.default_prepend_bos
+
+    @property
+    def uses_rms_norm(self) -> bool:
+        return self.final_rms
+
+    @property
+    def eps(self) -> float:
+        return self.norm_eps
+
+    # --- what TransformerLens reads of a built model: its RuntimeSettings ----------------------
+    @property
+    def runtime(self) -> RuntimeSettings:
+        """The run-time settings of the model that owns this config (a fresh default for a config on its own)."""
+        return self._runtime
+
+    @property
+    def device(self) -> torch.device:
+        """Where the owning model's weights are (its token embedding's device)."""
+        return self._runtime.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._runtime.dtype
+
+    @property
+    def use_attn_result(self) -> bool:
+        return self._runtime.use_attn_result
+
+    @property
+    def use_split_qkv_input(self) -> bool:
+        return self._runtime.use_split_qkv_input
+
+    @property
+    def use_attn_in(self) -> bool:
+        return self._runtime.use_attn_in
+
+    @property
+    def use_hook_mlp_in(self) -> bool:
+        return self._runtime.use_hook_mlp_in
+
+    @property
+    def use_hook_tokens(self) -> bool:
+        return self._runtime.use_hook_tokens
+
+    @property
+    def ungroup_grouped_query_attention(self) -> bool:
+        return self._runtime.ungroup_grouped_query_attention
 
 
 _frozen_setattr = ModelConfig.__setattr__

@@ -35,6 +35,7 @@ from transformer_lens import ActivationCache, HookedRootModule
 
 from lab.configs import Record, check_fields
 from lab.folders import load_pretrained, zoo_dir
+from lab.model.attention import Attention
 from lab.model.checkpoint import (
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -44,11 +45,16 @@ from lab.model.checkpoint import (
     read_tokenizers,
     write_checkpoint,
 )
-from lab.model.components import BLOCKS, MLPS, NORMS, POSITIONS, Attention, CheckedHookPoint, Embed, LayerNorm, Unembed
+from lab.model.components import BLOCKS
 from lab.model.config import ModelConfig
 from lab.model.decoding import check_max_new_tokens, check_sampling, check_token_id, sample_tokens, seeded_generator
+from lab.model.embeddings import POSITIONS, Embed, Unembed
 from lab.model.kv_cache import KVCache, KVCacheEntry
-from lab.model.transformer import Cache, HookedTransformer, check_fits_in_memory, next_token_loss, resolve_names_filter
+from lab.model.memory_check import check_fits_in_memory
+from lab.model.mlp import MLPS
+from lab.model.norms import NORMS, LayerNorm
+from lab.model.primitives import CheckedHookPoint
+from lab.model.transformer import Cache, HookedTransformer, next_token_loss, resolve_names_filter
 
 SRC_TOKENIZER_FILE = "src_tokenizer.json"
 TGT_TOKENIZER_FILE = "tgt_tokenizer.json"
@@ -416,7 +422,7 @@ class EncoderDecoder(HookedRootModule):
         The pieces are an `nn.Transformer` (post-LN, or pre-LN with norm_first=True; ReLU or GELU;
         batch_first either way), an `nn.Embedding` for the source and one for the target, and an
         `nn.Linear(d_model, d_vocab_tgt)` output projection, composed with sinusoidal positions
-        PE = `lab.model.components.sinusoidal_table(n_ctx, d_model)` as
+        PE = `lab.model.embeddings.sinusoidal_table(n_ctx, d_model)` as
 
             logits = out_proj(transformer(src_embed(src) + PE[:S], tgt_embed(tgt) + PE[:T],
                                           tgt_mask=nn.Transformer.generate_square_subsequent_mask(T)))

@@ -19,7 +19,7 @@ from transformer_lens.utilities import sample_logits
 from lab.model.decoding import check_max_new_tokens
 from lab.model.errors import Misuse
 from lab.model.kv_cache import KVCache
-from lab.model.text import is_text
+from lab.model.tokenization import is_text
 
 RETURN_TYPES = ("input", "str", "tokens", "embeds")
 

@@ -10,11 +10,12 @@ from torch import Tensor
 
 from lab.model.kv_cache import KVCache, TransformerLensCache
 from lab.model.padding import padding_of
-from lab.model.text import is_text
+from lab.model.tokenization import is_text
 
 
 class InputChecks:
-    """The inputs of a model with `cfg`, `embed`, a tokenizer (`lab.model.text.TextMethods`), `_embed` and `_run`."""
+    """The inputs of a model with `cfg`, `embed`, a tokenizer (its text API: `lab.model.tokenization`), `_embed`
+    and `_run`."""
 
     def _prepare(
         self, input: Any, prepend_bos: bool | None, padding_side: str | None, mask: Tensor | None, kv_cache: Any

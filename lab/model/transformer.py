@@ -15,11 +15,11 @@ attention_mask=, ...)`, text with `prepend_bos` and `padding_side`, `generate`) 
 weights as TransformerLens does (`process_weights_`, `from_pretrained`), and answers what TransformerLens's
 analysis code reads (`accumulated_bias`, `OV`, `QK`, `tl_parameters`), so that code runs on it unchanged.
 
-This module holds the forward pass, the hooks and the switches; the weights under TransformerLens's names are
-`lab.model.tl_weights`, text in and out `lab.model.text`, padded batches `lab.model.padding`, the checks at the
-boundary `lab.model.inputs`, TransformerLens's generate `lab.model.generation`, weight processing
-`lab.model.processing`, the cache's selection `lab.model.activation_cache`, the loss `lab.model.loss` and the
-memory check `lab.model.memory`.
+This module holds the model: the forward pass, the hooks and the switches, its text API (through
+`lab.model.tokenization`) and its weights under TransformerLens's names; padded batches are `lab.model.padding`,
+the checks at the boundary `lab.model.inputs`, TransformerLens's generate `lab.model.generation`, weight
+processing `lab.model.processing`, the cache's selection `lab.model.activation_cache`, the loss `lab.model.loss`
+and the memory check `lab.model.memory_check`.
 """
 
 import difflib
@@ -30,46 +30,37 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
-from transformer_lens import ActivationCache, HookedRootModule
+from transformer_lens import ActivationCache, FactoredMatrix, HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from lab.folders import load_pretrained
+from lab.model import tokenization
 from lab.model.activation_cache import Cache, resolve_names_filter
+from lab.model.attention import Attention
 from lab.model.checkpoint import (
-    CONFIG_FILE,  # noqa: F401
     TOKENIZER_FILE,
     WEIGHTS_FILE,
     load_weights,
-    read_checkpoint,  # noqa: F401
-    read_tokenizer,  # noqa: F401
+    read_checkpoint,
     read_tokenizers,
     write_checkpoint,
 )
-from lab.model.components import (
-    BLOCKS,
-    NORMS,
-    POSITIONS,
-    Attention,
-    CheckedHookPoint,
-    Embed,
-    NoNorm,
-    TiedUnembed,
-    Unembed,
-    set_hook_points,
-)
+from lab.model.components import BLOCKS
 from lab.model.config import ModelConfig
+from lab.model.embeddings import POSITIONS, Embed, TiedUnembed, Unembed
 from lab.model.errors import HookSwitchedOff, Misuse
 from lab.model.generation import generate
 from lab.model.inputs import InputChecks
 from lab.model.kv_cache import KVCache, TransformerLensCache
 from lab.model.loss import next_token_loss, per_token_loss
-from lab.model.memory import available_memory, check_fits_in_memory  # noqa: F401
-from lab.model.padding import padding_of
+from lab.model.memory_check import check_fits_in_memory
+from lab.model.norms import NORMS, NoNorm
+from lab.model.offload import read_weight
+from lab.model.padding import padding_mask, padding_of
+from lab.model.primitives import CheckedHookPoint, set_hook_points
 from lab.model.processing import process_weights
-from lab.model.text import TextMethods
-from lab.model.tl_weights import TLWeights
 
 HookFn = Callable[[Tensor, HookPoint], Tensor | None]
 RETURN_TYPES = ("logits", "loss", "both", None)
@@ -95,7 +86,7 @@ PROCESSING = (
 )
 
 
-class HookedTransformer(TLWeights, TextMethods, InputChecks, HookedRootModule):
+class HookedTransformer(InputChecks, HookedRootModule):
     """A decoder-only transformer whose every activation is a TransformerLens HookPoint.
 
     Hook names (TransformerLens's): hook_embed, hook_pos_embed, blocks.{l}.hook_resid_pre|mid|post,
@@ -447,6 +438,222 @@ class HookedTransformer(TLWeights, TextMethods, InputChecks, HookedRootModule):
         for module, names in hook_points:
             set_hook_points(module, names, value)
         self.setup()  # name the hook points that came, forget those that went
+
+    # --- text in and out: TransformerLens's tokenizer API (lab.model.tokenization) ----------------
+    def set_tokenizer(self, tokenizer: Any, default_padding_side: str | None = None) -> None:
+        """Attach a tokenizer as TransformerLens does: a transformers tokenizer without a pad token pads with its
+        EOS, and pads on default_padding_side (else its own side, else the right)."""
+        self.tokenizer = tokenizer
+        tokenization.prepare(tokenizer, default_padding_side)
+
+    def to_tokens(
+        self,
+        input: str | list[str],
+        prepend_bos: bool | None = None,
+        padding_side: str | None = None,
+        move_to_device: bool = True,
+        truncate: bool = True,
+    ) -> Int[Tensor, "batch pos"]:
+        """Encode a string or a list of strings into [batch, pos] ids, padding shorter texts (lab.model.tokenization);
+        truncate: cut each text to the model's context n_ctx."""
+        return self.tokenize(input, prepend_bos, padding_side, truncate, move_to_device)[0]
+
+    def tokenize(
+        self,
+        input: str | list[str],
+        prepend_bos: bool | None = None,
+        padding_side: str | None = None,
+        truncate: bool = True,
+        move_to_device: bool = True,
+    ) -> tuple[Int[Tensor, "batch pos"], Bool[Tensor, "batch pos"] | None]:
+        """(ids [batch, pos], mask) where the mask marks the real tokens (True) and the padding (False); None when
+        every text has the same length and nothing was padded."""
+        device = self.W_E.device if move_to_device else torch.device("cpu")
+        n_ctx = self.cfg.n_ctx if truncate else None
+        default = self.cfg.default_prepend_bos
+        return tokenization.tokenize(self.tokenizer, input, prepend_bos, default, n_ctx, padding_side, device)
+
+    def prepends_bos(self, prepend_bos: bool | None = None) -> bool:
+        """prepend_bos, or the model's default when it is None."""
+        return tokenization.prepends_bos(prepend_bos, self.cfg.default_prepend_bos)
+
+    def padding_side(self, padding_side: str | None = None) -> str:
+        """padding_side, else the tokenizer's, else "right"."""
+        return tokenization.padding_side(self.tokenizer, padding_side)
+
+    def pad_token_id(self) -> int:
+        """The id texts are padded with: the tokenizer's pad token, else its EOS (as TransformerLens pads)."""
+        return tokenization.pad_token_id(self.tokenizer)
+
+    def inferred_padding(
+        self, tokens: Tensor, prepend_bos: bool | None, padding_side: str | None
+    ) -> Bool[Tensor, "batch pos"]:
+        """Which of these ids are padding, read from the ids as TransformerLens reads them (utils.get_attention_mask):
+        the run of pad ids at the padding side."""
+        side, bos = self.padding_side(padding_side), self.prepends_bos(prepend_bos)
+        return padding_mask(tokens, self.pad_token_id(), side, getattr(self.tokenizer, "bos_token_id", None), bos)
+
+    def to_string(self, tokens: int | Tensor | list[int]) -> str | list[str]:
+        """Decode one id (an int or a 0-d tensor) or [pos] ids to a string, or [batch, pos] ids to a list of strings."""
+        return tokenization.to_string(self.tokenizer, tokens)
+
+    def to_str_tokens(
+        self, input: Any, prepend_bos: bool | None = None, padding_side: str | None = None
+    ) -> list[str] | list[list[str]]:
+        """Each token as its own string: of a text (encoded as `to_tokens` does), of each text of a list, or of ids
+        ([pos], [1, pos], a numpy array or a list of ids)."""
+        tokenization.require(self.tokenizer)
+        if isinstance(input, list) and input and all(isinstance(t, str) for t in input):
+            return [self.to_str_tokens(text, prepend_bos, padding_side) for text in input]
+        if isinstance(input, str):
+            input = self.to_tokens(input, prepend_bos, padding_side)[0]
+        return tokenization.str_tokens(self.tokenizer, input)
+
+    def to_single_token(self, string: str) -> int:
+        """The id of a string that is exactly one token of the vocabulary."""
+        return tokenization.single_token(self.tokenizer, string)
+
+    def to_single_str_token(self, int_token: int) -> str:
+        """The string of one token id."""
+        if isinstance(int_token, bool) or not isinstance(int_token, int):
+            raise Misuse(f"to_single_str_token takes one token id (an int), got {int_token!r}")
+        return self.to_str_tokens(torch.tensor([int_token]))[0]
+
+    def get_token_position(
+        self,
+        single_token: str | int | Tensor,
+        input: str | Tensor,
+        mode: str = "first",
+        prepend_bos: bool | None = None,
+        padding_side: str | None = None,
+    ) -> int:
+        """Where a token (an id, or a string of one token) first (mode "first") or last ("last") occurs in a text or
+        in ids ([pos] or [1, pos])."""
+        tokens = self.to_tokens(input, prepend_bos, padding_side) if isinstance(input, str) else torch.as_tensor(input)
+        if tokens.ndim == 2 and tokens.shape[0] != 1:
+            raise Misuse(f"ids of rank two must have shape [1, pos], not {tuple(tokens.shape)}")
+        if isinstance(single_token, str):
+            single_token = self.to_single_token(single_token)
+        elif isinstance(single_token, Tensor):
+            single_token = int(single_token.item())
+        return tokenization.token_position(tokens, single_token, mode)
+
+    # --- the weights under TransformerLens's names, and what its analysis code reads of them -----
+    @property
+    def W_E(self) -> Tensor:
+        return read_weight(self, "embed.W_E")
+
+    @property
+    def W_pos(self) -> Tensor:
+        if not hasattr(self.pos_embed, "W_pos"):
+            raise AttributeError(f"a model with positions = {self.cfg.positions!r} has no W_pos")
+        return read_weight(self, "pos_embed.W_pos")
+
+    @property
+    def W_U(self) -> Tensor:
+        return read_weight(self, "unembed.W_U")
+
+    @property
+    def b_U(self) -> Tensor:
+        return read_weight(self, "unembed.b_U")
+
+    def _stack_layers(self, name: str, module: str = "attn") -> Tensor:
+        """blocks.{l}.{module}.{name} for every layer l, stacked on the first layer's device."""
+        layers = [read_weight(self, f"blocks.{layer}.{module}.{name}") for layer in range(self.cfg.n_layers)]
+        return torch.stack([w.to(layers[0].device) for w in layers])
+
+    @property
+    def W_Q(self) -> Tensor:  # [layer, head, d_model, d_head]
+        return self._stack_layers("W_Q")
+
+    @property
+    def W_K(self) -> Tensor:  # [layer, kv_head, d_model, d_head]
+        return self._stack_layers("W_K")
+
+    @property
+    def W_V(self) -> Tensor:  # [layer, kv_head, d_model, d_head]
+        return self._stack_layers("W_V")
+
+    @property
+    def W_O(self) -> Tensor:  # [layer, head, d_head, d_model]
+        return self._stack_layers("W_O")
+
+    @property
+    def W_in(self) -> Tensor:  # [layer, d_model, d_mlp]
+        return self._stack_layers("W_in", "mlp")
+
+    @property
+    def W_out(self) -> Tensor:  # [layer, d_mlp, d_model]
+        return self._stack_layers("W_out", "mlp")
+
+    def _per_query_head(self, W: Tensor, head_axis: int = -3) -> Tensor:
+        """Key/value weights (head axis −3) or biases (−2) repeated to one per query head: query head h reads
+        key/value head ⌊h · n_kv_heads / n_heads⌋."""
+        group = self.cfg.n_heads // self.cfg.n_kv_heads
+        return W.repeat_interleave(group, dim=head_axis) if group > 1 else W
+
+    @property
+    def QK(self) -> FactoredMatrix:  # [layer, head, d_model, d_model]: W_Q^h (W_K^h)ᵀ
+        """Every head's QK circuit W_Q^h W_K^hᵀ, factored; grouped key/value heads repeated per query head."""
+        return FactoredMatrix(self.W_Q, self._per_query_head(self.W_K).transpose(-2, -1))
+
+    @property
+    def OV(self) -> FactoredMatrix:  # [layer, head, d_model, d_model]: W_V^h W_O^h
+        """Every head's OV circuit W_V^h W_O^h, factored; grouped key/value heads repeated per query head."""
+        return FactoredMatrix(self._per_query_head(self.W_V), self.W_O)
+
+    def accumulated_bias(
+        self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True
+    ) -> Float[Tensor, " d_model"]:
+        """Σ of the biases written into the residual stream before `layer`: b_O of every attention and (with
+        include_mlp_biases) b_out of every MLP in blocks 0 … layer − 1, plus block `layer`'s b_O when
+        mlp_input (the stream entering its MLP; a parallel block's MLP reads the block's input, before its
+        attention). TransformerLens's `get_full_resid_decomposition` reads it."""
+        n_layers = self.cfg.n_layers
+        if not 0 <= layer <= n_layers or (mlp_input and layer == n_layers):
+            raise ValueError(f"layer must lie in [0, {n_layers}] ([0, {n_layers - 1}] with mlp_input), got {layer}")
+        total = torch.zeros(self.cfg.d_model, device=self.W_E.device, dtype=self.W_E.dtype)
+        after_attention = mlp_input and self.cfg.block != "parallel"
+        include_mlp_biases = include_mlp_biases and self.cfg.block != "attn_only"
+        for index in range(layer + after_attention):  # read_weight: a block's biases may be offloaded
+            b_O = read_weight(self, f"blocks.{index}.attn.b_O")
+            b_out = read_weight(self, f"blocks.{index}.mlp.b_out") if include_mlp_biases and index < layer else None
+            for bias in (b_O, b_out):
+                if bias is not None:
+                    total = total + bias.to(total.device)
+        return total
+
+    def tl_parameters(self) -> dict[str, Tensor]:
+        """Every weight under its TransformerLens name, as TransformerLens's SVDInterpreter reads them: key/value
+        weights and biases repeated per query head, and unembed.W_U present when it is tied to W_E."""
+        params = dict(self.named_parameters())
+        for layer, block in enumerate(self.blocks):
+            for name, head_axis in (("W_K", -3), ("W_V", -3), ("b_K", -2), ("b_V", -2)):
+                value = getattr(block.attn, name)
+                if value is not None:
+                    params[f"blocks.{layer}.attn.{name}"] = self._per_query_head(value, head_axis)
+        params["unembed.W_U"] = self.W_U
+        return params
+
+    def tokens_to_residual_directions(self, tokens: Any) -> Tensor:
+        """The direction(s) the final-normed residual stream is read along for token id(s) or a string:
+        w ⊙ W_U[:, t], with w the final norm's gain (TransformerLens's API).
+
+        logit_t = (x̂ ⊙ w + b) · W_U[:, t] + b_U[t] for the normed stream x̂, so w ⊙ W_U[:, t] is the part that
+        depends on x̂, and b · W_U[:, t] + b_U[t] is a constant no component writes. TransformerLens folds w into
+        W_U when it loads a model; Forma keeps its weights as they are, and puts w here instead, so that
+        `cache.logit_attrs` and TransformerLens's direct logit attribution decompose the real logit."""
+        if isinstance(tokens, str):
+            tokens = self.to_single_token(tokens)
+        if isinstance(tokens, Tensor) and tokens.numel() == 1 and tokens.ndim <= 1:
+            tokens = int(tokens.item())
+        # a post-LN stack has no final norm: W_U reads the stream (read_weight: the gain may be offloaded)
+        gain = read_weight(self, "ln_final.w") if hasattr(self.ln_final, "w") else None
+        W_U = self.W_U if gain is None else gain[:, None].to(self.W_U.device) * self.W_U
+        if isinstance(tokens, int):
+            return W_U[:, tokens]
+        tokens = torch.as_tensor(tokens, device=W_U.device)
+        return W_U[:, tokens].movedim(0, -1)
 
     # --- checkpoints ---------------------------------------------------------------------------
     def save(self, directory: str | Path) -> Path:

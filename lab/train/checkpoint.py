@@ -15,6 +15,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,12 +62,9 @@ def save_checkpoint(
     cfg: TrainConfig,
     state: TrainState,
 ) -> Path:
-    """Write a complete checkpoint into a temporary sibling folder, then rename it into place."""
-    directory = Path(directory)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.tmp-"))
-    try:
-        tmp.chmod(0o777 & ~current_umask())  # mkdtemp makes it private; the checkpoint should not be
+    """Write a complete checkpoint into a temporary sibling folder, then rename it into place (`swap_in`)."""
+
+    def write(tmp: Path) -> None:
         model.save(tmp)
         save_file(optimizer_tensors(optimizer), str(tmp / OPTIMIZER_FILE))
         save_file(_rng_tensors(), str(tmp / RNG_FILE))
@@ -78,9 +76,20 @@ def save_checkpoint(
             "model_config": model.cfg.to_dict(),
         }
         (tmp / STATE_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-        # A directory cannot be renamed over a non-empty one: move the old one aside first. A crash
-        # between the two renames leaves the old checkpoint complete at `.checkpoint.old`, which
-        # `find_checkpoint` falls back to.
+
+    return swap_in(Path(directory), write)
+
+
+def swap_in(directory: Path, write: Callable[[Path], None]) -> Path:
+    """A checkpoint folder written whole or not at all: `write` fills a temporary sibling, which is then renamed
+    into place. A directory cannot be renamed over a non-empty one, so the old one is moved aside first: a crash
+    leaves the old checkpoint complete, at its name or (between the two renames) at `.{name}.old`, which
+    `find_checkpoint` falls back to."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.tmp-"))
+    try:
+        tmp.chmod(0o777 & ~current_umask())  # mkdtemp makes it private; the checkpoint should not be
+        write(tmp)
         old = _old_path(directory)
         if directory.exists():
             discard_tree(old)

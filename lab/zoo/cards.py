@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from lab.data.dates import exact_match
-from lab.data.text import split_documents, split_text, stdlib_docstrings
+from lab.data.stdlib_corpus import split_documents, split_text, stdlib_docstrings
 from lab.folders import zoo_dir
 from lab.generate import generate
 from lab.metrics.information import entropy, kl, truncated_context_kl_of

@@ -11,10 +11,10 @@ import torch
 from lab.data.dates import dates_world
 from lab.data.facts import FactWorld, FactWorldConfig
 from lab.data.sources import HiddenMarkovSource, MarkovSource, source_from_dict
-from lab.data.text import split_text, stdlib_docstrings, train_bpe
+from lab.data.stdlib_corpus import split_text, stdlib_docstrings, train_bpe
+from lab.data.tokenizers import word_level
 from lab.folders import zoo_dir
 from lab.inputs import read_json
-from lab.tokenize import word_level
 from lab.train.batches import pad_documents
 from lab.zoo.recipes import check_world
 

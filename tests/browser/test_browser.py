@@ -36,7 +36,7 @@ def private_zoo(root: Path) -> Path:
     """A zoo of the recipes with one tiny English-ish model, trained on nothing, with a byte-level BPE as pydoc's
     (so that a character of two bytes is two tokens), and its card (the numbers Home shows; the parameter count
     measured here); and a training curve for markov, with the entropy rate of its recipe's chain on its card."""
-    from lab.data.text import train_bpe
+    from lab.data.stdlib_corpus import train_bpe
 
     zoo_copy = root / "models"
     for name in zoo.zoo_names():

@@ -661,8 +661,8 @@ def test_a_byte_level_token_reads_as_its_bytes():
     """A byte-level BPE token that is part of a UTF-8 character reads ⟨0xC3⟩, never '\ufffd'; a whole character
     reads as itself; a byte-fallback piece (<0xE2>) as ⟨0xE2⟩."""
     from dashboards.explorer_tabs import token_text
-    from lab.data.text import train_bpe
-    from lab.tokenize import readable_token
+    from lab.data.stdlib_corpus import train_bpe
+    from lab.data.tokenizers import readable_token
 
     tokenizer = train_bpe("Return the list.\n\n\nReturn the items.", vocab_size=270)
     model = HookedTransformer(

@@ -213,8 +213,8 @@ def test_inseq_gives_the_same_attributions_on_the_exported_model():
         if os.environ.get("CI") == "true":
             raise RuntimeError(f"CI needs inseq's environment at {INSEQ_PYTHON} (docs/ecosystem.md lists its pins)")
         pytest.skip(f"no inseq environment at {INSEQ_PYTHON} (set FORMA_INSEQ_PYTHON); CI runs this")
+    from lab.data.tokenizers import to_hf_tokenizer, word_level
     from lab.hf import to_hf
-    from lab.tokenize import to_hf_tokenizer, word_level
 
     m = model(mlp="gelu_tanh")
     folder = Path(tempfile.mkdtemp())

@@ -11,7 +11,8 @@ import pytest
 from experiments import calibration as experiment
 from lab.analysis.probes import VERDICTS
 from lab.cli import main
-from lab.metrics.calibration import MIN_PER_CLASS, ece, fit_temperature, nll, softmax
+from lab.metrics.calibration import ece, fit_temperature, nll, softmax
+from lab.metrics.discrimination import MIN_PER_CLASS
 from tests.builders import REPO, VOCAB, hf_model, letter_tokenizer
 
 BLOCK_KEYS = {
@@ -289,7 +290,7 @@ def test_an_unconverted_architecture_goes_through_the_bridge(hf_folder, tmp_path
 def test_a_forma_model_folder_answers_too(hf_folder, tmp_path):
     """--model also takes a zoo name or a Forma model folder (its tokenizers.Tokenizer saved beside it)."""
     from lab import HookedTransformer
-    from lab.tokenize import word_level
+    from lab.data.tokenizers import word_level
     from tests.builders import tiny_config
 
     _, csv_path = hf_folder

@@ -11,7 +11,8 @@ from torch import Tensor
 from experiments import equations
 from experiments.equations import Config
 from lab.generate import filter_logits, sample_next
-from lab.model.components import Attention, sinusoidal_table
+from lab.model.attention import Attention
+from lab.model.embeddings import sinusoidal_table
 
 REQUIRED = {
     "sinusoidal_shift_is_rotation",

@@ -12,7 +12,7 @@ import torch
 
 from experiments import monitor as experiment
 from lab.cli import main
-from lab.metrics.calibration import auroc
+from lab.metrics.discrimination import auroc
 from lab.metrics.selective import aurc, crc_threshold, selective_outcome
 from tests.builders import VOCAB
 

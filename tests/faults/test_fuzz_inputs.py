@@ -429,7 +429,7 @@ def test_forma_model_folder(tmp_path, tally):
     from tokenizers import Tokenizer
 
     from lab import HookedTransformer, ModelConfig
-    from lab.tokenize import word_level
+    from lab.data.tokenizers import word_level
 
     saved = tmp_path / "saved"
     tokenizer = word_level([f"w{i}" for i in range(40)])

@@ -186,15 +186,15 @@ def test_a_large_file_shows_its_stage_and_count(tmp_path, capsys, hf_folder):  #
 
 
 def test_what_cannot_fit_in_memory_is_refused_with_the_numbers(tmp_path, monkeypatch, hf_folder):  # noqa: F811
-    from lab.model import memory
+    from lab.model import memory_check
 
     model_dir, csv_path = hf_folder
     size = csv_path.stat().st_size
-    monkeypatch.setattr(memory, "available_memory", lambda device: size * 4)
+    monkeypatch.setattr(memory_check, "available_memory", lambda device: size * 4)
     with pytest.raises(ValueError, match=r"mmlu\.csv is .*: reading it takes about .* of memory, and .* is available"):
         calibration.read_mmlu(csv_path)
     # the file fits, what the run holds per item (tokens, and every layer's residual stream twice) does not
-    monkeypatch.setattr(memory, "available_memory", lambda device: size * calibration.CSV_MEMORY_FACTOR + 1)
+    monkeypatch.setattr(memory_check, "available_memory", lambda device: size * calibration.CSV_MEMORY_FACTOR + 1)
     cfg = calibration.Config(quick=True, model=str(model_dir), mmlu=str(csv_path))
     with pytest.raises(
         ValueError,

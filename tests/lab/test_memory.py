@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from lab.memory import keep_freed_memory
+from lab.freed_memory import keep_freed_memory
 
 # Four run_with_cache calls on a model whose full cache (≈ 110 MB) is larger than glibc's adaptive
 # trim threshold (64 MB at most); the script prints whether the allocator was tuned, the minor page
@@ -27,7 +27,7 @@ with torch.inference_mode():
     for _ in range(4):
         model.run_with_cache(tokens)
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-print(json.dumps({"tuned": lab.memory.keep_freed_memory(), "faults": faults, "pages": pages}))
+print(json.dumps({"tuned": lab.freed_memory.keep_freed_memory(), "faults": faults, "pages": pages}))
 """
 
 

@@ -35,7 +35,7 @@ def test_non_hf_shapes_are_marked_not_applicable():
 
 
 def test_a_broken_explicit_path_fails_the_attention_check(monkeypatch):
-    from lab.model.components import Attention
+    from lab.model.attention import Attention
 
     original = Attention._explicit
     monkeypatch.setattr(Attention, "_explicit", lambda self, q, k, v, offset: original(self, q, k, v, offset) * 1.01)

@@ -12,7 +12,7 @@ from jaxtyping import Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from lab.memory import release_freed_memory
+from lab.freed_memory import release_freed_memory
 
 # Hooks whose position axis is not dim 1: attention scores and patterns are [batch, head, query_pos, key_pos];
 # the query position is the one a row selects.
@@ -174,7 +174,7 @@ def stream_activations(
     forward pass once every chosen hook has fired (turn off only for models whose hooks fire twice).
     start: the number of leading sequences to pass over (resuming): their batches are read but not
     run, and rows' `seq` still count them; it must fall on a batch boundary. release_memory: after every
-    batch, hand the memory its forward pass freed back to the OS (`lab.memory.release_freed_memory`), so that
+    batch, hand the memory its forward pass freed back to the OS (`lab.freed_memory.release_freed_memory`), so that
     a long stream stays near one batch's footprint; the next batch then page-faults that memory in afresh.
     `save_activations` turns it off and hands memory back once per shard instead.
     """

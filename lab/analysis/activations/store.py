@@ -45,8 +45,8 @@ from lab.analysis.activations.verify import (
     verify_checksum,
 )
 from lab.files import atomic_write, atomic_write_text, is_temporary
+from lab.freed_memory import release_freed_memory
 from lab.inputs import InputError, read_json_object, regular_file
-from lab.memory import release_freed_memory
 
 INDEX_FILE = "index.json"
 PROGRESS_FILE = "progress.json"

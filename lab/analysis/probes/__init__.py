@@ -18,7 +18,7 @@ Honesty, in order:
 4. Test metrics carry bootstrap 95% intervals (percentile method, Efron & Tibshirani 1993 §13.3),
    resampling groups rather than rows when groups are given (rows of one entity are not independent);
    an AUROC's interval is stratified (positives and negatives resampled separately), comes with n_pos /
-   n_neg, and is refused below MIN_PER_CLASS of either class (`lab.metrics.calibration.auroc_ci`).
+   n_neg, and is refused below MIN_PER_CLASS of either class (`lab.metrics.discrimination.auroc_ci`).
 5. Features without variation on the training rows (numerical rank 0: `feature_rank`) are flagged
    `constant` and not scored: a probe on them can only return its prior, AUROC exactly 0.5.
 6. Controls: the same probe on shuffled labels (chance: AUROC ≈ 0.5, R² ≤ 0), and on the activations of
@@ -43,7 +43,7 @@ plus [features]² per fold, and the probe is the one the in-memory fit finds.
 A linear probe's direction w (in activation space, undoing the standardisation) becomes a steering
 vector with `steering_vector`; add it with `lab.analysis.steering.steer`.
 
-Where each part lives: `splits` (group-aware splits), `common` (the fitted probe, features, their rank, the
+Where each part lives: `splits` (group-aware splits), `fitting` (the fitted probe, features, their rank, the
 held-out loss, accuracy and R²), `in_memory` (ridge, logistic and MLP fits and their cross-validation),
 `shards` and `out_of_core` (the same fits from an ActivationStore's shards), `probe` (`fit_probe`, `fit_probes`,
 `ProbeResult`, `probe_table`, `steering_vector`), `cross_fit` (`cross_fit_probe`) and `readouts` (controls,
@@ -51,8 +51,9 @@ held-out loss, accuracy and R²), `in_memory` (ridge, logistic and MLP fits and 
 """
 
 # Every name the probes had as one module, where it lives now: experiments, tests and docs import them from here
-# (NEWTON_MAX_PARAMS is read in `common` at every fit: a change to it goes there).
-from lab.analysis.probes.common import (
+# (NEWTON_MAX_PARAMS is read in `fitting` at every fit: a change to it goes there).
+from lab.analysis.probes.cross_fit import CrossFitted, cross_fit_probe
+from lab.analysis.probes.fitting import (
     FEATURE_RTOL,
     LOGISTIC_LAMBDAS,
     MLP_DECAYS,
@@ -63,11 +64,10 @@ from lab.analysis.probes.common import (
     feature_rank,
     r2_score,
 )
-from lab.analysis.probes.cross_fit import CrossFitted, cross_fit_probe
 from lab.analysis.probes.probe import ProbeResult, fit_probe, fit_probes, probe_table, steering_vector
 from lab.analysis.probes.readouts import VERDICTS, judge_readouts, metric_of, random_model, shuffled_control
 from lab.analysis.probes.splits import group_kfold, group_partition, group_split
-from lab.metrics.calibration import MIN_PER_CLASS, Metric, auroc, auroc_ci, bootstrap_ci
+from lab.metrics.discrimination import MIN_PER_CLASS, Metric, auroc, auroc_ci, bootstrap_ci
 
 __all__ = [
     "MIN_PER_CLASS",

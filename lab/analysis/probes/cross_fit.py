@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
-from lab.analysis.probes.common import Kind, as_features
+from lab.analysis.probes.fitting import Kind, as_features
 from lab.analysis.probes.probe import fit_probe
 from lab.analysis.probes.splits import group_ids_of, group_kfold
-from lab.metrics.calibration import MIN_PER_CLASS
+from lab.metrics.discrimination import MIN_PER_CLASS
 
 
 @dataclass(frozen=True)

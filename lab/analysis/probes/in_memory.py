@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lab.analysis.probes.common import Fitted, held_out_loss, newton_fits, standardise, threads_for
+from lab.analysis.probes.fitting import Fitted, held_out_loss, newton_fits, standardise, threads_for
 
 
 def _fit_ridge(X: Tensor, y: Tensor, alphas: Sequence[float]) -> list[Fitted]:

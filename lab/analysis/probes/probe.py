@@ -14,7 +14,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from lab.analysis.activations import ActivationStore, StoredRows
-from lab.analysis.probes.common import (
+from lab.analysis.probes.fitting import (
     LOGISTIC_LAMBDAS,
     MLP_DECAYS,
     RIDGE_ALPHAS,
@@ -29,7 +29,7 @@ from lab.analysis.probes.in_memory import cross_validate
 from lab.analysis.probes.out_of_core import cross_validate_streamed
 from lab.analysis.probes.shards import streamed_scores
 from lab.analysis.probes.splits import group_ids_of, group_kfold, group_split
-from lab.metrics.calibration import Metric, auroc_ci, bootstrap_ci
+from lab.metrics.discrimination import Metric, auroc_ci, bootstrap_ci
 
 
 @dataclass
@@ -96,7 +96,7 @@ class ProbeResult:
         return f"{self.kind} probe (reg {self.regularization:g}): {parts}"
 
 
-def fit_probe(  # noqa: C901 (one path per probe kind and split)
+def fit_probe(
     X: Any,
     y: Any,
     kind: Kind = "logistic",
@@ -123,33 +123,8 @@ def fit_probe(  # noqa: C901 (one path per probe kind and split)
     """
     if kind not in ("ridge", "logistic", "mlp"):
         raise ValueError(f"kind must be 'ridge', 'logistic' or 'mlp', got {kind!r}")
-    if isinstance(X, ActivationStore):
-        if len(X.names) != 1:
-            raise ValueError(f"{X.directory} holds {len(X.names)} hooks {X.names}: fit on one, store[name]")
-        X = X[X.names[0]]
-    stored = isinstance(X, StoredRows)
-    if stored and kind == "mlp":
-        raise ValueError("an MLP probe is fitted in memory: give store.load(name)[name], not the store")
-    X = X if stored else as_features(X)
-    n_features = int(np.prod(X.shape[1:])) if stored else X.shape[1]
-    y_raw = np.asarray(y.detach().cpu() if isinstance(y, Tensor) else y)
-    if y_raw.shape != (X.shape[0],):
-        raise ValueError(f"y must have one label per row of X ({X.shape[0]}), got shape {y_raw.shape}")
-    if task is None:
-        integer = y_raw.dtype == bool or np.issubdtype(y_raw.dtype, np.integer)
-        task = "regression" if kind == "ridge" or (kind == "mlp" and not integer) else "classification"
-    if kind == "logistic" and task != "classification":
-        raise ValueError("a logistic probe classifies: give integer or bool labels")
-    if kind == "ridge" and task != "regression":
-        raise ValueError("a ridge probe regresses; use kind='logistic' to classify")
-    classes = None
-    if task == "classification":
-        classes, labels = np.unique(y_raw, return_inverse=True)
-        if len(classes) < 2:
-            raise ValueError(f"classification needs at least two label values, got {classes.tolist()}")
-        y_t = torch.as_tensor(labels, dtype=torch.long)
-    else:
-        y_t = torch.as_tensor(y_raw.astype(float), dtype=torch.float64)
+    X, stored, n_features = _rows(X, kind)
+    task, classes, y_t = _labels(y, X.shape[0], kind, task)
     n_classes = 0 if classes is None else len(classes)
     grid = tuple(
         grid if grid is not None else {"ridge": RIDGE_ALPHAS, "logistic": LOGISTIC_LAMBDAS, "mlp": MLP_DECAYS}[kind]
@@ -174,23 +149,7 @@ def fit_probe(  # noqa: C901 (one path per probe kind and split)
     else:
         rank = feature_rank(X[train])
     if rank == 0:  # flagged, not scored: a probe on constant features can only return its prior
-        why = "constant features (rank 0 on the training rows): not scored"
-        blank = Metric(float("nan"), float("nan"), float("nan"), why_no_interval=why)
-        names = ["accuracy", "auroc"] if task == "classification" else ["r2"]
-        return ProbeResult(
-            kind,
-            task,
-            float("nan"),
-            {},
-            {name: blank for name in names},
-            train,
-            test,
-            torch.full((len(test),), float("nan"), dtype=torch.float64),
-            classes,
-            None,
-            0,
-            n_features,
-        )
+        return _unscored(kind, task, train, test, classes, n_features)
     if stored:
         scores = streamed_scores(X, test, [fitted])[0]
     else:
@@ -198,9 +157,62 @@ def fit_probe(  # noqa: C901 (one path per probe kind and split)
             kind, task, X[train], y_t[train], n_classes, grouped_folds(), grid, mlp_hidden, mlp_steps, seed
         )
         scores = fitted.scores(X[test])
-    y_test, s_test = y_t[test].numpy(), scores.numpy()
     test_groups = group_ids[test] if groups is not None else None
     boot = dict(groups=test_groups, n_boot=n_bootstrap, seed=seed)
+    metrics = _test_metrics(task, y_t[test].numpy(), scores.numpy(), boot)
+    return ProbeResult(
+        kind, task, float(best), cv_loss, metrics, train, test, scores, classes, fitted, rank, n_features
+    )
+
+
+def _rows(X: Any, kind: Kind) -> tuple[Any, bool, int]:
+    """(the rows, whether they stay on disk, features per row) of activations in memory or in a store."""
+    if isinstance(X, ActivationStore):
+        if len(X.names) != 1:
+            raise ValueError(f"{X.directory} holds {len(X.names)} hooks {X.names}: fit on one, store[name]")
+        X = X[X.names[0]]
+    if isinstance(X, StoredRows):
+        if kind == "mlp":
+            raise ValueError("an MLP probe is fitted in memory: give store.load(name)[name], not the store")
+        return X, True, int(np.prod(X.shape[1:]))
+    X = as_features(X)
+    return X, False, X.shape[1]
+
+
+def _labels(y: Any, n_rows: int, kind: Kind, task: str | None) -> tuple[str, Any, Tensor]:
+    """(task, the classes or None, the labels as a tensor: class indices, or float64 targets)."""
+    y_raw = np.asarray(y.detach().cpu() if isinstance(y, Tensor) else y)
+    if y_raw.shape != (n_rows,):
+        raise ValueError(f"y must have one label per row of X ({n_rows}), got shape {y_raw.shape}")
+    if task is None:
+        integer = y_raw.dtype == bool or np.issubdtype(y_raw.dtype, np.integer)
+        task = "regression" if kind == "ridge" or (kind == "mlp" and not integer) else "classification"
+    if kind == "logistic" and task != "classification":
+        raise ValueError("a logistic probe classifies: give integer or bool labels")
+    if kind == "ridge" and task != "regression":
+        raise ValueError("a ridge probe regresses; use kind='logistic' to classify")
+    if task != "classification":
+        return task, None, torch.as_tensor(y_raw.astype(float), dtype=torch.float64)
+    classes, labels = np.unique(y_raw, return_inverse=True)
+    if len(classes) < 2:
+        raise ValueError(f"classification needs at least two label values, got {classes.tolist()}")
+    return task, classes, torch.as_tensor(labels, dtype=torch.long)
+
+
+def _unscored(kind: Kind, task: str, train: Any, test: Any, classes: Any, n_features: int) -> ProbeResult:
+    """The result of a probe on constant features (rank 0 on the training rows): flagged, not scored."""
+    why = "constant features (rank 0 on the training rows): not scored"
+    blank = Metric(float("nan"), float("nan"), float("nan"), why_no_interval=why)
+    names = ["accuracy", "auroc"] if task == "classification" else ["r2"]
+    scores = torch.full((len(test),), float("nan"), dtype=torch.float64)
+    return ProbeResult(
+        kind, task, float("nan"), {}, {name: blank for name in names}, train, test, scores, classes, None, 0, n_features
+    )
+
+
+def _test_metrics(task: str, y_test: Any, s_test: Any, boot: dict[str, Any]) -> dict[str, Metric]:
+    """Accuracy and AUROC of a classifier, R² of a regression (and AUROC when its labels are 0/1), each with its
+    bootstrap interval over the test groups."""
     metrics: dict[str, Metric] = {}
     if task == "classification":
         predicted = (s_test > 0.5).astype(int) if s_test.ndim == 1 else s_test.argmax(axis=1)
@@ -210,9 +222,7 @@ def fit_probe(  # noqa: C901 (one path per probe kind and split)
         metrics["r2"] = bootstrap_ci(r2_score, y_test, s_test, **boot)
         if set(np.unique(y_test).tolist()) <= {0.0, 1.0}:  # a ridge probe on 0/1 labels also ranks them
             metrics["auroc"] = auroc_ci(s_test, y_test.astype(int), **boot)
-    return ProbeResult(
-        kind, task, float(best), cv_loss, metrics, train, test, scores, classes, fitted, rank, n_features
-    )
+    return metrics
 
 
 def fit_probes(

@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
-from lab.analysis.probes.common import Kind
+from lab.analysis.probes.fitting import Kind
 from lab.analysis.probes.probe import ProbeResult, fit_probe
-from lab.metrics.calibration import MIN_PER_CLASS, Metric
+from lab.metrics.discrimination import MIN_PER_CLASS, Metric
 from lab.model import HookedTransformer
 
 

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from lab.analysis.activations import StoredRows
-from lab.analysis.probes.common import FEATURE_RTOL, Fitted
+from lab.analysis.probes.fitting import FEATURE_RTOL, Fitted
 
 
 # Rows are labelled by part: fold k of the cross-validation (0..K-1, training rows), K (test rows), or -1

@@ -23,9 +23,6 @@ out_dir/{config.json, transcoders.safetensors, training.json} when done. docs/di
 """
 
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -42,14 +39,14 @@ from lab.analysis.activations import Activations, ActivationStore
 from lab.analysis.transcoders.model import CONFIG_FILE, WEIGHTS_FILE, TranscoderConfig, Transcoders
 from lab.configs import Record, check_fields, need
 from lab.distributed import all_gather_rows, barrier, rank_world, share
-from lab.files import atomic_write_text, current_umask
+from lab.files import atomic_write_text
 from lab.train.checkpoint import (
-    discard_tree,
     find_checkpoint,
     load_optimizer_tensors,
     optimizer_tensors,
     read_safetensors,
     remove_checkpoints,
+    swap_in,
 )
 
 STATE_FORMAT = "forma-transcoder-train/1"
@@ -332,12 +329,10 @@ def save_checkpoint(
     state: TrainerState,
     store: ActivationStore,
 ) -> None:
-    """Written into a temporary sibling, then swapped in: a crash leaves the old checkpoint complete, at its name or
-    (between the two renames) at .checkpoint.old, which `find_checkpoint` falls back to."""
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.tmp-"))
-    try:
-        tmp.chmod(0o777 & ~current_umask())
+    """Written into a temporary sibling, then swapped in (`lab.train.checkpoint.swap_in`): a crash leaves the old
+    checkpoint complete."""
+
+    def write(tmp: Path) -> None:
         save_file(weights, str(tmp / WEIGHTS_FILE))
         (tmp / CONFIG_FILE).write_text(cfg.to_json() + "\n")
         save_file(moments, str(tmp / "optimizer.safetensors"))
@@ -349,15 +344,8 @@ def save_checkpoint(
             "store": _fingerprint(store),
         }
         (tmp / "state.json").write_text(json.dumps(meta, indent=2) + "\n")
-        old = directory.with_name(f".{directory.name}.old")
-        if directory.exists():
-            discard_tree(old)
-            os.replace(directory, old)
-        os.replace(tmp, directory)
-        discard_tree(old)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    swap_in(directory, write)
 
 
 def load_checkpoint(
@@ -404,7 +392,7 @@ def has_checkpoint(out_dir: str | Path) -> bool:
     return True
 
 
-def train_transcoders(  # noqa: C901 (one path per parallel layout)
+def train_transcoders(
     store: ActivationStore | str | Path,
     cfg: TranscoderConfig,
     training: TranscoderTraining,
@@ -430,27 +418,7 @@ def train_transcoders(  # noqa: C901 (one path per parallel layout)
     Rank 0 writes the checkpoints and the result (each layer's tensors gathered from the rank that trains it); every
     rank returns the whole trained set. A checkpoint is the same at any world size and either way of sharing, so a
     run may resume on another number of ranks."""
-    if parallel not in PARALLEL:
-        raise ValueError(f"parallel must be one of {', '.join(PARALLEL)}, got {parallel!r}")
-    if parallel == "modules" and cfg.cross_layer:
-        raise ValueError(
-            "a cross-layer transcoder cannot be trained module-parallel (its layers write into each "
-            "other's outputs); train it data-parallel"
-        )
-    rank, world = rank_world()
-    layers = list(range(cfg.n_layers))
-    if parallel == "modules" and world > 1:
-        if world > cfg.n_layers:
-            raise ValueError(
-                f"module-parallel training gives each rank at least one of the {cfg.n_layers} layers; "
-                f"start at most {cfg.n_layers} ranks, not {world}"
-            )
-        layers = list(share(layers, rank, world))
-    if parallel == "data" and world > training.batch_size:
-        raise ValueError(
-            f"data-parallel training needs a batch of at least one row a rank: batch_size "
-            f"{training.batch_size} over {world} ranks"
-        )
+    rank, world, layers = _layout(cfg, training, parallel)
     store = store if isinstance(store, ActivationStore) else ActivationStore(store)
     out_dir = Path(out_dir)
     checkpoint = out_dir / CHECKPOINT_DIR
@@ -506,12 +474,42 @@ def train_transcoders(  # noqa: C901 (one path per parallel layout)
         barrier()
         return model.eval()
     if rank == 0:
-        model.save(out_dir)
-        atomic_write_text(
-            out_dir / TRAINING_FILE,
-            json.dumps({"training": training.to_dict(), "steps": state.step, "history": state.history}, indent=2)
-            + "\n",
-        )
-        remove_checkpoints(checkpoint)  # and what killed saves left
+        _write_result(model, out_dir, training, state)
     barrier()  # every rank returns once rank 0's files are in place
     return model.eval()
+
+
+def _layout(cfg: TranscoderConfig, training: TranscoderTraining, parallel: str) -> tuple[int, int, list[int]]:
+    """(rank, world size, the layers this rank trains) of a parallel layout, refused where it cannot work."""
+    if parallel not in PARALLEL:
+        raise ValueError(f"parallel must be one of {', '.join(PARALLEL)}, got {parallel!r}")
+    if parallel == "modules" and cfg.cross_layer:
+        raise ValueError(
+            "a cross-layer transcoder cannot be trained module-parallel (its layers write into each "
+            "other's outputs); train it data-parallel"
+        )
+    rank, world = rank_world()
+    layers = list(range(cfg.n_layers))
+    if parallel == "modules" and world > 1:
+        if world > cfg.n_layers:
+            raise ValueError(
+                f"module-parallel training gives each rank at least one of the {cfg.n_layers} layers; "
+                f"start at most {cfg.n_layers} ranks, not {world}"
+            )
+        layers = list(share(layers, rank, world))
+    if parallel == "data" and world > training.batch_size:
+        raise ValueError(
+            f"data-parallel training needs a batch of at least one row a rank: batch_size "
+            f"{training.batch_size} over {world} ranks"
+        )
+    return rank, world, layers
+
+
+def _write_result(model: Transcoders, out_dir: Path, training: TranscoderTraining, state: TrainerState) -> None:
+    """The trained set and its training record, written by rank 0; the checkpoint, no longer needed, removed."""
+    model.save(out_dir)
+    atomic_write_text(
+        out_dir / TRAINING_FILE,
+        json.dumps({"training": training.to_dict(), "steps": state.step, "history": state.history}, indent=2) + "\n",
+    )
+    remove_checkpoints(out_dir / CHECKPOINT_DIR)  # and what killed saves left

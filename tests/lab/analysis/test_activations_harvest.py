@@ -12,7 +12,7 @@ import torch
 from lab import HookedTransformer
 from lab.analysis.activations import ActivationStore, save_activations
 from lab.analysis.activations.harvest import harvest, read_corpus
-from lab.tokenize import word_level
+from lab.data.tokenizers import word_level
 from tests.builders import VOCAB, tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")

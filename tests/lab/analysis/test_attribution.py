@@ -9,7 +9,7 @@ import torch
 from lab import HookedTransformer, ModelConfig
 from lab.analysis.attribution import SWEEPS, attribution_patch
 from lab.analysis.patching import logit_diff, patch_heads, patch_heads_by_position, patch_positions
-from lab.model.components import NoNorm
+from lab.model.norms import NoNorm
 from tests.builders import patchable
 
 VOCAB = 48

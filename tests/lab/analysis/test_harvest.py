@@ -332,12 +332,12 @@ def test_a_linear_probe_fitted_from_the_shards_is_the_in_memory_probe(probe_stor
 @pytest.mark.slow
 def test_above_the_newton_limit_both_fits_take_lbfgs_steps_to_the_same_probe(probe_store, monkeypatch):
     """Wide features or many classes: L-BFGS on the same objective, the streamed one summing its gradient."""
-    from lab.analysis.probes import common  # where every logistic fit reads NEWTON_MAX_PARAMS
+    from lab.analysis.probes import fitting  # where every logistic fit reads NEWTON_MAX_PARAMS
 
     name = "blocks.0.hook_resid_post"
     loaded = probe_store.load(name)
     y = labels(loaded[name], 2, seed=2)
-    monkeypatch.setattr(common, "NEWTON_MAX_PARAMS", 8)
+    monkeypatch.setattr(fitting, "NEWTON_MAX_PARAMS", 8)
     memory = fit_probe(loaded[name], y, "logistic", groups=loaded.seq.numpy(), grid=(0.1,), n_bootstrap=10)
     streamed = fit_probe(probe_store[name], y, "logistic", groups=loaded.seq.numpy(), grid=(0.1,), n_bootstrap=10)
     same_probe(streamed, memory, 1e-5)

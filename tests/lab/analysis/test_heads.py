@@ -16,7 +16,7 @@ from lab.analysis.heads import (
     pattern_scores,
     previous_token_pattern,
 )
-from lab.tokenize import word_level
+from lab.data.tokenizers import word_level
 from tests.builders import tiny_config
 
 LAYER, HEAD = 1, 2

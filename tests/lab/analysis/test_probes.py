@@ -15,12 +15,12 @@ from lab.analysis.probes import (
     judge_readouts,
     shuffled_control,
 )
-from lab.metrics import calibration
+from lab.metrics import discrimination
 
 
 def test_auroc_and_bootstrap_have_one_home():
-    assert probes.auroc is calibration.auroc and probes.bootstrap_ci is calibration.bootstrap_ci
-    assert probes.Metric is calibration.Metric and probes.auroc_ci is calibration.auroc_ci
+    assert probes.auroc is discrimination.auroc and probes.bootstrap_ci is discrimination.bootstrap_ci
+    assert probes.Metric is discrimination.Metric and probes.auroc_ci is discrimination.auroc_ci
 
 
 def test_partition_is_entity_disjoint_and_covers_every_row():
@@ -148,7 +148,7 @@ def test_probes_on_ten_items_end_in_not_enough_data():
     train, validation, test = group_partition(np.arange(10), (0.4, 0.3, 0.3), seed=0)
     probe = fit_probe(X, y, "logistic", split=(train, test), n_folds=2, n_bootstrap=50)
     shuffled = shuffled_control(X, y, "logistic", split=(train, test), n_folds=2, n_bootstrap=50)
-    val = calibration.auroc_ci(probe.predict_scores(X[validation]).numpy(), y[validation])
+    val = discrimination.auroc_ci(probe.predict_scores(X[validation]).numpy(), y[validation])
     r = {
         "readout": "logistic probe",
         "position": "last prompt token",
@@ -185,7 +185,7 @@ def test_a_planted_signal_passes_end_to_end():
                 "layer": layer,
                 "candidate": True,
                 "constant": probe.constant,
-                **calibration.auroc_ci(probe.predict_scores(features[validation]).numpy(), y[validation]).fields(
+                **discrimination.auroc_ci(probe.predict_scores(features[validation]).numpy(), y[validation]).fields(
                     "validation_auroc"
                 ),
                 **probe.metrics["auroc"].fields("auroc"),

@@ -14,7 +14,7 @@ import torch
 from lab import HookedTransformer
 from lab.analysis.patching import patch_heads, patch_positions
 from lab.analysis.sweeps import SWEEPS, PromptPair, load_sweep, read_pairs, sweep_pair, sweep_pairs
-from lab.tokenize import word_level
+from lab.data.tokenizers import word_level
 from tests.builders import patchable, tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -42,7 +42,7 @@ def test_demo_fills_in_missing_runs_and_shows_generations(tmp_path, monkeypatch,
 
     import experiments
     import lab.zoo as zoo
-    from lab.tokenize import word_level
+    from lab.data.tokenizers import word_level
 
     for name in zoo.zoo_names():
         (tmp_path / "models" / name).mkdir(parents=True)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from lab.data.text import DOC_SEPARATOR, END_OF_TEXT, split_documents, split_text, stdlib_docstrings, train_bpe
+from lab.data.stdlib_corpus import DOC_SEPARATOR, END_OF_TEXT, split_documents, split_text, stdlib_docstrings, train_bpe
 
 
 @pytest.fixture(scope="module")

@@ -7,12 +7,7 @@ import pytest
 import torch
 
 from lab.metrics.calibration import (
-    MIN_PER_CLASS,
-    Metric,
-    auroc,
-    auroc_ci,
     bin_indices,
-    bootstrap_ci,
     brier,
     ece,
     ece_debiased,
@@ -27,6 +22,7 @@ from lab.metrics.calibration import (
     squared_ce,
     squared_ce_debiased,
 )
+from lab.metrics.discrimination import MIN_PER_CLASS, Metric, auroc, auroc_ci, bootstrap_ci
 
 
 def test_constant_confidence_0_9_at_accuracy_0_6_gives_ece_0_3():

@@ -14,7 +14,7 @@ from torch import nn
 import lab.zoo as zoo
 from lab.data.dates import date_words, dates_world, exact_match, ordinal, year_words
 from lab.model import EncoderDecoder, EncoderDecoderConfig, HookedTransformer, KVCache
-from lab.model.components import sinusoidal_table
+from lab.model.embeddings import sinusoidal_table
 from lab.train import PairBatches, TrainConfig, summed_loss, train
 from tests.builders import REPO
 

@@ -7,7 +7,8 @@ import torch
 from transformer_lens import ActivationCache
 
 from lab import HookedTransformer, ModelConfig
-from lab.model.components import Rotary, sinusoidal_table
+from lab.model.attention import Rotary
+from lab.model.embeddings import sinusoidal_table
 from lab.model.primitives import FEW_ROWS, linear
 from tests.builders import VOCAB, tiny_config
 
@@ -442,7 +443,7 @@ def test_save_and_load_round_trip(variant, tmp_path, tokens):
 def test_a_forma_folder_loads_as_saved_and_encodes_text_as_written(tmp_path, tokens):
     """A Forma folder (a zoo model's) is a checkpoint of the model itself: from_pretrained's processing flags
     default off for it, and its text gets no BOS (cfg.default_prepend_bos False), as its card says."""
-    from lab.tokenize import word_level
+    from lab.data.tokenizers import word_level
 
     model = HookedTransformer(tiny_config(d_vocab=8), seed=7, tokenizer=word_level(["a", "b", "c", "d"])).eval()
     model.save(tmp_path)
@@ -603,7 +604,7 @@ def test_llama_7b_shaped_config_counts_6_74e9_parameters():
 def test_few_token_and_many_token_projections_agree(variant):
     """Under autograd a decoding step (few tokens: per-head products) and a batch (one fused product), and outside
     it both (the kept fused weights), give the same q, k, v."""
-    from lab.model.components import FEW_TOKENS
+    from lab.model.attention import FEW_TOKENS
 
     model = HookedTransformer(tiny_config(**variant), seed=0).eval()
     one = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(3))

@@ -4,7 +4,7 @@ on the meta device any size builds (shapes only), and the parameter counts the c
 import pytest
 import torch
 
-import lab.model.memory as memory
+import lab.model.memory_check as memory
 from lab import HookedTransformer, ModelConfig
 from lab.model import EncoderDecoder, EncoderDecoderConfig
 from tests.builders import tiny_config

@@ -382,7 +382,7 @@ def _independent_facts(data, recipe):
 
 
 def _disjoint_pydoc(data, recipe):
-    from lab.data.text import split_documents, split_text, stdlib_docstrings
+    from lab.data.stdlib_corpus import split_documents, split_text, stdlib_docstrings
 
     train_text, val_text = split_text(
         stdlib_docstrings(cache=zoo.zoo_dir() / "pydoc" / "corpus.txt"), recipe["world"]["held_out_fraction"]

@@ -2,7 +2,7 @@
 rows, their standardisation and numerical rank (`feature_rank`), the held-out loss that chooses the
 regularisation, the regularisation grids, when a logistic fit takes Newton steps, the thread setting for
 small ops, and the test metrics accuracy and R² (AUROC, bootstrap intervals and Metric live in
-lab.metrics.calibration, with one argument order: scores, labels)."""
+lab.metrics.discrimination, with one argument order: scores, labels)."""
 
 from collections.abc import Iterator
 from contextlib import contextmanager

@@ -1,7 +1,7 @@
 """Tokenizers built here, never downloaded: word-level ones for synthetic worlds, BPE for English.
 
 `word_level(words)` is exact for worlds whose vocabulary is known (every word one id); the BPE for
-real text is trained locally with `tokenizers` (see `lab.data.text.train_bpe`).
+real text is trained locally with `tokenizers` (see `lab.data.stdlib_corpus.train_bpe`).
 """
 
 from pathlib import Path

@@ -19,6 +19,7 @@ import re
 import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
+from pydoc_data.topics import topics  # the reference manual's sections, shipped with the standard library
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -74,8 +75,6 @@ def _keep(doc: str) -> bool:
 
 def _reference_topics() -> list[str]:
     """The reference-manual sections of `pydoc_data.topics`, sorted by topic name."""
-    from pydoc_data.topics import topics  # part of the standard library
-
     return [topics[key] for key in sorted(topics)]
 
 
