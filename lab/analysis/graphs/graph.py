@@ -185,6 +185,7 @@ def check_supernodes(supernodes: Any, ids: set[str]) -> None:
             and s["name"].strip()
             and isinstance(s.get("nodes"), list)
             and s["nodes"]
+            and all(isinstance(n, str) for n in s["nodes"])
         ):
             raise ValueError(f"a supernode needs a name and a non-empty list of node ids, got {s!r}")
         if s["name"] in names:
