@@ -4,6 +4,7 @@ import csv
 import os
 import shutil
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -300,6 +301,16 @@ def torch_backward_as_torch_has_it():
     backward = torch.Tensor.backward
     yield
     torch.Tensor.backward = backward
+
+
+@pytest.fixture(autouse=True)
+def main_module_as_python_has_it():
+    """Streamlit's AppTest runs a page as `__main__` and leaves it there; a process started with the spawn
+    method afterwards would run that page first (multiprocessing re-imports `__main__` in the child). Every
+    test gets back the `__main__` it started with."""
+    main = sys.modules["__main__"]
+    yield
+    sys.modules["__main__"] = main
 
 
 @pytest.fixture
