@@ -106,12 +106,9 @@ from lab.runs import save_table
 # --------------------------------------------------------------------------------------------
 # The experiment
 # --------------------------------------------------------------------------------------------
-def run(cfg: Config, out: Path) -> dict:
-    """The sweep, upweighting and singleton variant; tables and figures into `out`; results.json's dict."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    timing: dict[str, float] = {}
-    start = time.perf_counter()
+def _train(cfg: Config) -> tuple[list[SweepRun], SweepRun, list[dict], bool]:
+    """Every γ's sweep and the upweighting draws: (runs, the upweighting base, its draws, whether the base is
+    a run of its own, outside the sweep)."""
     with torch_threads(cfg.threads), tempfile.TemporaryDirectory(prefix="hallucination-") as tmp:
         # Every γ trains alone, and every upweighting condition from the optimum of upweight_gamma's run (its
         # own run when that γ is not swept): cfg.workers processes share them out, results independent of it.
@@ -134,74 +131,52 @@ def run(cfg: Config, out: Path) -> dict:
             then={base_index: lambda base: upweighting_tasks(cfg, base)},
             threads=cfg.threads,
         )
-    runs, base, upweighting_draws = done[: len(cfg.gammas)], done[base_index], done[len(tasks) :]
-    for gamma, r in zip(cfg.gammas, runs):
-        timing[f"sweep_gamma_{gamma}_s"] = r.seconds
-    timing["upweighting_s"] = sum(row.pop("seconds") for row in upweighting_draws) + (
-        base.seconds if base_index == len(cfg.gammas) else 0.0
-    )
-    upweighting = summarise_upweighting(upweighting_draws)
+    return done[: len(cfg.gammas)], done[base_index], done[len(tasks) :], base_index == len(cfg.gammas)
 
-    sweep = []
-    for gamma, r in zip(cfg.gammas, runs):
-        world = r.setting.world
-        sweep.append(
-            {
-                "gamma": gamma,
-                "monofact_rate": monofact_rate(world.train_counts),
-                "missing_mass": missing_mass(world.p, world.train_counts),
-                "n_distinct_facts_seen": int((world.train_counts > 0).sum()),
-                "max_fact_probability": float(world.p.max()),
-                "max_fact_probability_flagged": bool(world.p.max() >= MAX_FACT_PROBABILITY_FLAG),
-                "heldout_optimum_epoch": r.optimum_epoch,
-                "heldout": r.heldout,
-                "heldout_draws": r.setting.heldout_draws,
-                "checkpoints": r.checkpoints,
-            }
-        )
-    setting = runs[0].setting
+
+def _sweep_row(gamma: float, r: SweepRun) -> dict:
+    """One γ's line of results["sweep"]: its world's monofact rate and missing mass, and its checkpoints."""
+    world = r.setting.world
+    return {
+        "gamma": gamma,
+        "monofact_rate": monofact_rate(world.train_counts),
+        "missing_mass": missing_mass(world.p, world.train_counts),
+        "n_distinct_facts_seen": int((world.train_counts > 0).sum()),
+        "max_fact_probability": float(world.p.max()),
+        "max_fact_probability_flagged": bool(world.p.max() >= MAX_FACT_PROBABILITY_FLAG),
+        "heldout_optimum_epoch": r.optimum_epoch,
+        "heldout": r.heldout,
+        "heldout_draws": r.setting.heldout_draws,
+        "checkpoints": r.checkpoints,
+    }
+
+
+def _world_summary(cfg: Config, setting: Setting) -> dict:
+    """results["world"]: the sizes of the world and of its documents."""
     world = setting.world
     n_hall = setting.n_factoids - len(world.facts)
-    optimum = next(s for s in base.singleton if s["checkpoint"] == "optimum")
-    results = {
-        "world": {
-            "n_facts": len(world.facts),
-            "n_factoids": setting.n_factoids,
-            "n_train": cfg.n_train,
-            "n_hallucinations": n_hall,
-            "n_persons": cfg.n_persons,
-            "n_first_names": cfg.n_first_names,
-            "n_last_names": cfg.n_last_names,
-            "n_name_pairs": cfg.n_first_names * cfg.n_last_names,
-            "attribute": cfg.attribute,
-            "n_values": setting.shape[2],
-            "facts_per_hallucination": len(world.facts) / n_hall,
-            "kv_term_delta_0_01": 3 * len(world.facts) / n_hall / 0.01,
-            "document": f"<bos> First Last {cfg.attribute} "
-            + " ".join(f"v{t + 1}" for t in range(setting.value_ids.shape[1])),
-            "n_heldout": cfg.n_heldout,
-            "d_vocab": setting.tokenizer.get_vocab_size(),
-        },
-        "sweep": sweep,
-        "upweighting": upweighting,
-        "singleton": {
-            "gamma": cfg.upweight_gamma,
-            "checkpoint": "optimum",
-            "epoch": base.optimum_epoch,
-            **{k: v for k, v in optimum.items() if k not in ("checkpoint", "epoch")},
-            "note": f"prompt = a person's 'First Last {cfg.attribute}', answer = the value; μ = p. Prompts are "
-            "facts here, so the singleton rate equals the monofact rate.",
-        },
+    return {
+        "n_facts": len(world.facts),
+        "n_factoids": setting.n_factoids,
+        "n_train": cfg.n_train,
+        "n_hallucinations": n_hall,
+        "n_persons": cfg.n_persons,
+        "n_first_names": cfg.n_first_names,
+        "n_last_names": cfg.n_last_names,
+        "n_name_pairs": cfg.n_first_names * cfg.n_last_names,
+        "attribute": cfg.attribute,
+        "n_values": setting.shape[2],
+        "facts_per_hallucination": len(world.facts) / n_hall,
+        "kv_term_delta_0_01": 3 * len(world.facts) / n_hall / 0.01,
+        "document": f"<bos> First Last {cfg.attribute} "
+        + " ".join(f"v{t + 1}" for t in range(setting.value_ids.shape[1])),
+        "n_heldout": cfg.n_heldout,
+        "d_vocab": setting.tokenizer.get_vocab_size(),
     }
-    results["acceptance"] = acceptance(sweep, upweighting, cfg)
-    results["config"] = {
-        "upweight_shares": list(cfg.upweight_shares),
-        "gammas": list(cfg.gammas),
-        "epochs": list(cfg.epochs),
-        "max_fact_probability_flag": MAX_FACT_PROBABILITY_FLAG,
-    }
-    results["headlines"] = headlines(results)
 
+
+def _save_tables(out: Path, cfg: Config, sweep: list[dict], runs: list[SweepRun], upweighting_draws: list[dict]):
+    """The run's parquet tables (the module docstring lists them)."""
     save_table(
         [
             {
@@ -238,6 +213,47 @@ def run(cfg: Config, out: Path) -> dict:
                 }
             )
     save_table(counts_rows, out, "train_counts")
+
+
+def run(cfg: Config, out: Path) -> dict:
+    """The sweep, upweighting and singleton variant; tables and figures into `out`; results.json's dict."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    timing: dict[str, float] = {}
+    start = time.perf_counter()
+    runs, base, upweighting_draws, base_apart = _train(cfg)
+    for gamma, r in zip(cfg.gammas, runs):
+        timing[f"sweep_gamma_{gamma}_s"] = r.seconds
+    timing["upweighting_s"] = sum(row.pop("seconds") for row in upweighting_draws) + (
+        base.seconds if base_apart else 0.0
+    )
+    upweighting = summarise_upweighting(upweighting_draws)
+
+    sweep = [_sweep_row(gamma, r) for gamma, r in zip(cfg.gammas, runs)]
+    optimum = next(s for s in base.singleton if s["checkpoint"] == "optimum")
+    results = {
+        "world": _world_summary(cfg, runs[0].setting),
+        "sweep": sweep,
+        "upweighting": upweighting,
+        "singleton": {
+            "gamma": cfg.upweight_gamma,
+            "checkpoint": "optimum",
+            "epoch": base.optimum_epoch,
+            **{k: v for k, v in optimum.items() if k not in ("checkpoint", "epoch")},
+            "note": f"prompt = a person's 'First Last {cfg.attribute}', answer = the value; μ = p. Prompts are "
+            "facts here, so the singleton rate equals the monofact rate.",
+        },
+    }
+    results["acceptance"] = acceptance(sweep, upweighting, cfg)
+    results["config"] = {
+        "upweight_shares": list(cfg.upweight_shares),
+        "gammas": list(cfg.gammas),
+        "epochs": list(cfg.epochs),
+        "max_fact_probability_flag": MAX_FACT_PROBABILITY_FLAG,
+    }
+    results["headlines"] = headlines(results)
+
+    _save_tables(out, cfg, sweep, runs, upweighting_draws)
     write_figures(out, sweep, runs, upweighting, cfg)
     # Each part's own time (in its worker), and the run's wall time: with workers > 1 the parts overlap.
     timing["total_s"] = time.perf_counter() - start
