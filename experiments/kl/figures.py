@@ -69,36 +69,28 @@ def decomposition_figure(checkpoints: list[dict[str, Any]], region: str, title: 
     return figure
 
 
-def write_figures(out: Path, results: dict[str, Any]) -> list[str]:
+def _lens_figure(lens: list[dict[str, Any]]) -> Any:
+    """The ground-truth lens: KL to p of each layer's logit-lens distribution."""
     import plotly.graph_objects as go
 
-    rate = results["source"]["entropy_rate_nats"]
-    order = results["source"]["order"]
-    figures = {
-        "kl_decomposition": decomposition_figure(
-            results["checkpoints"],
-            "complete",
-            f"Markov source, complete contexts (prefix length ≥ {order}): exact and sampled, over training",
-            rate,
-        )
-    }
-
-    lens = results["lens"]
     # where the lens reads, in words: each layer's input, then the model's output (after the last layer)
     where = [f"layer {r['layer']}'s input" for r in lens[:-1]] + ["the model's output"]
-    figures["lens"] = go.Figure(
-        go.Scatter(x=where, y=[r["kl_nats"] for r in lens], mode="lines+markers", name="KL(p ‖ P^(l))")
-    )
-    figures["lens"].update_layout(
+    figure = go.Figure(go.Scatter(x=where, y=[r["kl_nats"] for r in lens], mode="lines+markers", name="KL(p ‖ P^(l))"))
+    figure.update_layout(
         title="Ground-truth lens: KL of each layer's logit-lens distribution to p (complete contexts)",
         xaxis_title="where the lens reads the residual stream",
         yaxis_title="KL (nats/token)",
         yaxis_type="log",
     )
+    return figure
 
-    position = results["kl_by_position"]
+
+def _position_figure(position: list[dict[str, Any]]) -> Any:
+    """KL and entropy by prefix length, on two axes."""
+    import plotly.graph_objects as go
+
     lengths = [r["prefix_length"] for r in position]
-    figures["kl_by_position"] = go.Figure(
+    figure = go.Figure(
         [
             go.Scatter(x=lengths, y=[r["kl_nats"] for r in position], name="KL_t (left axis)"),
             go.Scatter(
@@ -110,15 +102,20 @@ def write_figures(out: Path, results: dict[str, Any]) -> list[str]:
             ),
         ]
     )
-    figures["kl_by_position"].update_layout(
+    figure.update_layout(
         title="KL and entropy by prefix length (final checkpoint)",
         xaxis_title="prefix length",
         yaxis={"title": "KL (nats/token)"},
         yaxis2={"title": "H (nats/token)", "overlaying": "y", "side": "right"},
     )
+    return figure
 
-    temperature, best = results["temperature"], results["temperature_min"]
-    figures["temperature"] = go.Figure(
+
+def _temperature_figure(temperature: list[dict[str, Any]], best: dict[str, Any]) -> Any:
+    """KL to the truth against sampling temperature, its minimum starred."""
+    import plotly.graph_objects as go
+
+    figure = go.Figure(
         [
             go.Scatter(
                 x=[r["T"] for r in temperature],
@@ -135,18 +132,23 @@ def write_figures(out: Path, results: dict[str, Any]) -> list[str]:
             ),
         ]
     )
-    figures["temperature"].update_layout(
+    figure.update_layout(
         title="KL to the truth against sampling temperature (complete contexts)",
         xaxis_type="log",
         xaxis_title="T",
         yaxis_title="KL (nats/token)",
     )
+    return figure
 
-    scaling = results["scaling"]
+
+def _scaling_figure(scaling: dict[str, Any]) -> Any:
+    """Loss against parameters: the points, the fitted E + A·N^(−α) with E's interval, and the two entropies."""
+    import plotly.graph_objects as go
+
     n = [p["n_params"] for p in scaling["points"]]
     curve_n = np.geomspace(min(n) / 2, max(n) * 4, 100)
     low, high = scaling["E_ci95"]
-    figures["scaling"] = go.Figure(
+    figure = go.Figure(
         [
             go.Scatter(x=n, y=[p["loss_nats"] for p in scaling["points"]], mode="markers", name="held-out CE (exact)"),
             go.Scatter(
@@ -158,7 +160,7 @@ def write_figures(out: Path, results: dict[str, Any]) -> list[str]:
         ]
     )
     span = [float(curve_n[0]), float(curve_n[-1])]
-    figures["scaling"].add_scatter(
+    figure.add_scatter(
         x=[span[0], span[1], span[1], span[0]],
         y=[low, low, high, high],
         fill="toself",
@@ -173,27 +175,44 @@ def write_figures(out: Path, results: dict[str, Any]) -> list[str]:
         ("true_entropy_nats", "true entropy rate", "dot"),
         ("heldout_entropy_nats", "held-out entropy", "dash"),
     ):
-        figures["scaling"].add_scatter(
+        figure.add_scatter(
             x=span,
             y=[scaling[key]] * 2,
             mode="lines",
             name=f"{label} {scaling[key]:.4f}",
             line={"dash": dash, "color": "gray"},
         )
-    figures["scaling"].update_layout(
+    figure.update_layout(
         title=f"Loss against parameters at {scaling['tokens']:,} tokens",
         xaxis_type="log",
         xaxis_title="parameters N",
         yaxis_title="nats/token",
     )
+    return figure
 
+
+def write_figures(out: Path, results: dict[str, Any]) -> list[str]:
+    rate = results["source"]["entropy_rate_nats"]
+    order = results["source"]["order"]
     hmm_rate = results["hmm_source"]["entropy_rate_estimate_nats"]
-    figures["hmm"] = decomposition_figure(
-        results["hmm"],
-        "all",
-        f"Hidden-Markov source, every position (its entropy rate ≈ {hmm_rate:.3f} nats is a "
-        f"limit the short prefixes do not reach): exact and sampled",
-    )
+    figures = {
+        "kl_decomposition": decomposition_figure(
+            results["checkpoints"],
+            "complete",
+            f"Markov source, complete contexts (prefix length ≥ {order}): exact and sampled, over training",
+            rate,
+        ),
+        "lens": _lens_figure(results["lens"]),
+        "kl_by_position": _position_figure(results["kl_by_position"]),
+        "temperature": _temperature_figure(results["temperature"], results["temperature_min"]),
+        "scaling": _scaling_figure(results["scaling"]),
+        "hmm": decomposition_figure(
+            results["hmm"],
+            "all",
+            f"Hidden-Markov source, every position (its entropy rate ≈ {hmm_rate:.3f} nats is a "
+            f"limit the short prefixes do not reach): exact and sampled",
+        ),
+    }
     for name in FIGURES:
         save_figure(figures[name], out, name)
     return list(FIGURES)
