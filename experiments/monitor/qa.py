@@ -203,36 +203,29 @@ def abstention_alphas(
     return scored, skipped
 
 
-def run_qa(cfg: Config, out: Path, inputs: Any = None) -> dict[str, Any]:
-    """The monitor's signals on a local model with a question–answer CSV, exact match against the answers. `inputs`:
-    what `read_qa_inputs(cfg)` read (read here when not given)."""
-    from lab.progress import bar
-
-    inputs = inputs or read_qa_inputs(cfg)
-    items, model, tokenizer, route = inputs.items, inputs.model, inputs.tokenizer, inputs.route
-    hooked = isinstance(model, HookedTransformer)
-    eos = getattr(tokenizer, "eos_token_id", None)
-    timing: dict[str, float] = {}
-    began = time.perf_counter()
-    monitor = Monitor(model, attention=False)
+def _qa_answer(tokenizer: Any, eos: int | None, new: list[int]) -> tuple[str, int]:
+    """The answer: the continuation up to its first line break or end of text, and how many tokens made it."""
 
     def text_of(ids: list[int]) -> str:
         return tokenizer.decode(ids) if hasattr(tokenizer, "decode") else ""
 
-    def answer_of(new: list[int]) -> tuple[str, int]:
-        """The answer: the continuation up to its first line break or end of text, and how many tokens made it."""
-        for k in range(1, len(new) + 1):
-            if (eos is not None and new[k - 1] == eos) or "\n" in text_of(new[:k]):
-                return text_of(new[: k - 1]).split("\n")[0], max(1, k - 1)
-        return text_of(new), len(new)
+    for k in range(1, len(new) + 1):
+        if (eos is not None and new[k - 1] == eos) or "\n" in text_of(new[:k]):
+            return text_of(new[: k - 1]).split("\n")[0], max(1, k - 1)
+    return text_of(new), len(new)
+
+
+def _monitored_answers(monitor: Monitor, inputs: Any, cfg: Config, eos: int | None) -> dict[str, Any]:
+    """Each question's greedy answer under the monitor: its row (question, answer, generated, false), its token
+    signals over the answer, its length, its prompt and its prompt + answer tokens."""
+    from lab.progress import bar
 
     rows, series, lengths, prompts, sequences = [], {name: [] for name in monitor.token_signals}, [], [], []
-    with bar(len(items), "monitored generation", unit="question") as counter:
-        for item, ids in zip(items, inputs.prompts):
+    with bar(len(inputs.items), "monitored generation", unit="question") as counter:
+        for item, ids in zip(inputs.items, inputs.prompts):
             tokens = torch.tensor([ids])
             result = monitor.generate(tokens, cfg.qa_max_new_tokens, eos_token_id=eos)
-            new = result.new_tokens[0].tolist()
-            answer, length = answer_of(new)
+            answer, length = _qa_answer(inputs.tokenizer, eos, result.new_tokens[0].tolist())
             rows.append(
                 {
                     "question": item["question"],
@@ -248,8 +241,49 @@ def run_qa(cfg: Config, out: Path, inputs: Any = None) -> dict[str, Any]:
             prompts.append(tokens)
             sequences.append(result.tokens[:, : len(ids) + length])
             counter.update()
+    return {"rows": rows, "series": series, "lengths": lengths, "prompts": prompts, "sequences": sequences}
+
+
+def _padded(series: dict[str, list[Tensor]], lengths: list[int]) -> dict[str, Tensor]:
+    """Each token signal's per-question series, zero-padded to the longest answer: one (questions, width) tensor."""
+    width = max(lengths)
+    return {
+        name: torch.stack([torch.nn.functional.pad(t, (0, width - len(t))) for t in ts]) for name, ts in series.items()
+    }
+
+
+def _qa_source(cfg: Config, inputs: Any, hooked: bool, split: np.ndarray) -> dict[str, Any]:
+    """results["source"]: the model, the CSV, how answers are scored and how the questions are split."""
+    return {
+        "model": str(cfg.model),
+        "route": inputs.route,
+        "qa": str(cfg.qa),
+        "n_items": len(inputs.items),
+        "prompt_example": qa_prompt(inputs.items[0]["question"]),
+        "hooked": hooked,
+        "scoring": "exact match of the continuation up to its first line break, case, surrounding spaces "
+        "and full stops aside",
+        "n_by_split": {s: int((split == s).sum()) for s in SPLITS},
+        "split": "questions drawn into fit / calibration / test, disjoint; fit chooses the signs of the "
+        "untrained signals and LTT's grid, calibration the thresholds, test reports; the probe "
+        "and P(IK) are cross-fitted over folds of all the questions",
+    }
+
+
+def run_qa(cfg: Config, out: Path, inputs: Any = None) -> dict[str, Any]:
+    """The monitor's signals on a local model with a question–answer CSV, exact match against the answers. `inputs`:
+    what `read_qa_inputs(cfg)` read (read here when not given)."""
+    inputs = inputs or read_qa_inputs(cfg)
+    model, tokenizer = inputs.model, inputs.tokenizer
+    hooked = isinstance(model, HookedTransformer)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    timing: dict[str, float] = {}
+    began = time.perf_counter()
+    monitor = Monitor(model, attention=False)
+    generated = _monitored_answers(monitor, inputs, cfg, eos)
+    series, lengths, prompts = generated["series"], generated["lengths"], generated["prompts"]
     timing["monitored_generation_s"] = time.perf_counter() - began
-    frame = pd.DataFrame(rows)
+    frame = pd.DataFrame(generated["rows"])
     false = frame["false"].to_numpy()
     split = qa_splits(len(frame), cfg)
     frame["split"] = split
@@ -261,7 +295,7 @@ def run_qa(cfg: Config, out: Path, inputs: Any = None) -> dict[str, Any]:
         model,
         prompts,
         [normalise(a) for a in frame["generated"]],
-        lambda ids: normalise(answer_of(ids)[0]),
+        lambda ids: normalise(_qa_answer(tokenizer, eos, ids)[0]),
         cfg.k_samples,
         cfg.qa_max_new_tokens,
         cfg.seed + 31,
@@ -273,7 +307,7 @@ def run_qa(cfg: Config, out: Path, inputs: Any = None) -> dict[str, Any]:
     if hooked:
         began = time.perf_counter()
         fitted, missing = qa_readouts(
-            model, monitor.middle_hook, sequences, [p.shape[1] for p in prompts], lengths, false, cfg
+            model, monitor.middle_hook, generated["sequences"], [p.shape[1] for p in prompts], lengths, false, cfg
         )
         timing["readouts_s"] = time.perf_counter() - began
         readout_info = fitted["info"]
@@ -283,11 +317,7 @@ def run_qa(cfg: Config, out: Path, inputs: Any = None) -> dict[str, Any]:
         if "p_ik" in fitted:
             values["p_ik"] = fitted["p_ik"]
 
-    width = max(lengths)
-    padded = {
-        name: torch.stack([torch.nn.functional.pad(t, (0, width - len(t))) for t in ts]) for name, ts in series.items()
-    }
-    length_tensor = torch.tensor(lengths)
+    padded, length_tensor = _padded(series, lengths), torch.tensor(lengths)
     signs = choose_signs(claim_risks(padded, values, length_tensor, RISK_SIGN), false, split == "fit")
     risks = claim_risks(padded, values, length_tensor, signs)
     for name, value in risks.items():
@@ -300,20 +330,7 @@ def run_qa(cfg: Config, out: Path, inputs: Any = None) -> dict[str, Any]:
     for row in rows_out:
         row["by_kind"] = {}
     results: dict[str, Any] = {
-        "source": {
-            "model": str(cfg.model),
-            "route": route,
-            "qa": str(cfg.qa),
-            "n_items": len(items),
-            "prompt_example": qa_prompt(items[0]["question"]),
-            "hooked": hooked,
-            "scoring": "exact match of the continuation up to its first line break, case, surrounding spaces "
-            "and full stops aside",
-            "n_by_split": {s: int((split == s).sum()) for s in SPLITS},
-            "split": "questions drawn into fit / calibration / test, disjoint; fit chooses the signs of the "
-            "untrained signals and LTT's grid, calibration the thresholds, test reports; the probe "
-            "and P(IK) are cross-fitted over folds of all the questions",
-        },
+        "source": _qa_source(cfg, inputs, hooked, split),
         "answers": {"qa": {"n": len(frame), "false_rate": float(false.mean())}},
         "readouts": readout_info,
         "k_samples": cfg.k_samples,
