@@ -12,13 +12,10 @@ from lab.runs import save_figure
 # --------------------------------------------------------------------------------------------
 # Figures
 # --------------------------------------------------------------------------------------------
-def write_figures(
-    out: Path, sweep: list[dict[str, Any]], runs: list[SweepRun], upweighting: list[dict[str, Any]], cfg: Config
-) -> None:
+def _monofact_figure(sweep: list[dict[str, Any]], cfg: Config) -> Any:
+    """g(H) against the monofact rate, one line per checkpoint."""
     import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
 
-    # g(H) against the monofact rate, one line per checkpoint.
     fig = go.Figure()
     order = sorted(range(len(sweep)), key=lambda i: sweep[i]["monofact_rate"])
     labels = [f"epoch {e}" for e in cfg.epochs] + ["optimum"]
@@ -33,9 +30,13 @@ def write_figures(
         xaxis_title="monofact rate MF (measured)",
         yaxis_title="g(H)",
     )
-    save_figure(fig, out, "hallucination_vs_monofact")
+    return fig
 
-    # Both sides of the bound at every checkpoint: points above the diagonal satisfy it.
+
+def _bound_figure(sweep: list[dict[str, Any]]) -> Any:
+    """Both sides of the bound at every checkpoint: points above the diagonal satisfy it."""
+    import plotly.graph_objects as go
+
     fig = go.Figure()
     for delta in DELTAS:
         xs, ys, texts = [], [], []
@@ -54,9 +55,14 @@ def write_figures(
         xaxis_title="right side",
         yaxis_title="g(H) (left side)",
     )
-    save_figure(fig, out, "bound")
+    return fig
 
-    # Training: held-out NLL per epoch, and g(H), recall and miscalibration at each checkpoint.
+
+def _training_figure(sweep: list[dict[str, Any]], runs: list[SweepRun]) -> Any:
+    """Training: held-out NLL per epoch, and g(H), recall and miscalibration at each checkpoint."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
     fig = make_subplots(rows=1, cols=3, subplot_titles=("held-out NLL (nats/document)", "g(H)", "Mis (ε bins)"))
     for run, s in zip(runs, sweep):
         name = f"γ = {s['gamma']} (MF {s['monofact_rate']:.3f})"
@@ -85,23 +91,32 @@ def write_figures(
             )
     fig.update_xaxes(type="log", title_text="epoch")
     fig.update_layout(title="Training at each γ: held-out NLL by epoch, and g(H) and Mis at each checkpoint")
-    save_figure(fig, out, "training")
+    return fig
 
-    if upweighting:
-        fig = make_subplots(rows=1, cols=3, subplot_titles=("g(H)", "Mis (ε bins)", "recall on seen facts"))
-        names = [u["condition"] for u in upweighting]
-        for col, key in ((1, "hallucination_rate"), (2, "miscalibration_tv_eps"), (3, "recall_seen")):
-            errors = {"type": "data", "array": [u["hallucination_rate_se"] for u in upweighting]} if col == 1 else None
-            fig.add_trace(
-                go.Bar(x=names, y=[u[key] for u in upweighting], error_y=errors, showlegend=False), row=1, col=col
-            )
-        fig.update_layout(
-            title=f"Selective upweighting at γ = {cfg.upweight_gamma}, matched compute: mean of "
-            f"{cfg.upweight_draws} draws of each condition, the control's too (g(H) ± 1 SE)"
+
+def _upweighting_figure(upweighting: list[dict[str, Any]], cfg: Config) -> Any:
+    """Each upweighting condition's g(H) (± 1 SE), miscalibration and recall on seen facts."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=3, subplot_titles=("g(H)", "Mis (ε bins)", "recall on seen facts"))
+    names = [u["condition"] for u in upweighting]
+    for col, key in ((1, "hallucination_rate"), (2, "miscalibration_tv_eps"), (3, "recall_seen")):
+        errors = {"type": "data", "array": [u["hallucination_rate_se"] for u in upweighting]} if col == 1 else None
+        fig.add_trace(
+            go.Bar(x=names, y=[u[key] for u in upweighting], error_y=errors, showlegend=False), row=1, col=col
         )
-        save_figure(fig, out, "upweighting")
+    fig.update_layout(
+        title=f"Selective upweighting at γ = {cfg.upweight_gamma}, matched compute: mean of "
+        f"{cfg.upweight_draws} draws of each condition, the control's too (g(H) ± 1 SE)"
+    )
+    return fig
 
-    # Calibration per ε-bin at the held-out optimum of each γ.
+
+def _calibration_bins_figure(sweep: list[dict[str, Any]], runs: list[SweepRun]) -> Any:
+    """Calibration per ε-bin at the held-out optimum of each γ."""
+    import plotly.graph_objects as go
+
     fig = go.Figure()
     for run, s in zip(runs, sweep):
         rows = [b for b in run.bins if b["checkpoint"] == "optimum" and b["scheme"] == "eps"]
@@ -122,4 +137,15 @@ def write_figures(
         xaxis=dict(type="log", title="g(B)"),
         yaxis=dict(type="log", title="p(B)"),
     )
-    save_figure(fig, out, "calibration_bins")
+    return fig
+
+
+def write_figures(
+    out: Path, sweep: list[dict[str, Any]], runs: list[SweepRun], upweighting: list[dict[str, Any]], cfg: Config
+) -> None:
+    save_figure(_monofact_figure(sweep, cfg), out, "hallucination_vs_monofact")
+    save_figure(_bound_figure(sweep), out, "bound")
+    save_figure(_training_figure(sweep, runs), out, "training")
+    if upweighting:
+        save_figure(_upweighting_figure(upweighting, cfg), out, "upweighting")
+    save_figure(_calibration_bins_figure(sweep, runs), out, "calibration_bins")
