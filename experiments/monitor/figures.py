@@ -10,7 +10,8 @@ from lab.runs import save_figure
 # --------------------------------------------------------------------------------------------
 # Figures
 # --------------------------------------------------------------------------------------------
-def write_figures(out: Path, results: dict[str, Any], curves: list[dict[str, Any]]) -> None:
+def _auroc_figure(results: dict[str, Any]) -> Any:
+    """AUROC for a false claim by signal, over all false claims and by error kind, with 95% intervals."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
@@ -32,7 +33,12 @@ def write_figures(out: Path, results: dict[str, Any], curves: list[dict[str, Any
         barmode="group",
         yaxis=dict(title="AUROC", range=[0, 1]),
     )
-    save_figure(fig, out, "auroc_by_signal")
+    return fig
+
+
+def _risk_coverage_figure(names: list[str], curves: list[dict[str, Any]]) -> Any:
+    """Each signal's risk–coverage curve on the test split."""
+    import plotly.graph_objects as go
 
     fig = go.Figure()
     for name in names:
@@ -43,36 +49,39 @@ def write_figures(out: Path, results: dict[str, Any], curves: list[dict[str, Any
         xaxis=dict(title="coverage", range=[0, 1]),
         yaxis=dict(title="error rate among answered"),
     )
-    save_figure(fig, out, "risk_coverage")
+    return fig
 
-    chosen = [a for a in results["abstention"] if a["signal"] == results["abstention_signal"]]
-    if not chosen:  # no α the calibration split could support (results' abstention_unavailable says why)
-        return
+
+def _resplit_series(key: str, entries: list[dict[str, Any]], **style: Any) -> dict[str, Any]:
+    """A scatter's arguments: `key`'s mean over the re-draws at each α, bars at the draws' 5th–95th percentiles."""
+    ys = [a["resplits"][key] for a in entries]
+    spread = [a["resplits"][f"{key}_range90"] for a in entries]
+    return dict(
+        x=[a["alpha"] for a in entries],
+        y=ys,
+        mode="lines+markers",
+        error_y=dict(
+            type="data",
+            array=[r[1] - y for r, y in zip(spread, ys)],
+            arrayminus=[y - r[0] for r, y in zip(spread, ys)],
+        ),
+        **style,
+    )
+
+
+def _abstention_figure(chosen: list[dict[str, Any]], signal: str) -> Any:
+    """CRC's and LTT's risks and coverages by α on the abstention signal."""
+    import plotly.graph_objects as go
+
     fig = go.Figure()
     # What the headlines state: means over the re-draws of the calibration subjects, with the draws' own spread.
     n = chosen[0]["resplits"]["n_resplits"]
-
-    def series(key: str, entries: list[dict[str, Any]], **style: Any) -> dict[str, Any]:
-        ys = [a["resplits"][key] for a in entries]
-        spread = [a["resplits"][f"{key}_range90"] for a in entries]
-        return dict(
-            x=[a["alpha"] for a in entries],
-            y=ys,
-            mode="lines+markers",
-            error_y=dict(
-                type="data",
-                array=[r[1] - y for r, y in zip(spread, ys)],
-                arrayminus=[y - r[0] for r, y in zip(spread, ys)],
-            ),
-            **style,
-        )
-
-    fig.add_scatter(**series("crc_joint_risk", chosen, name="CRC: answered and false"))
-    fig.add_scatter(**series("crc_coverage", chosen, name="CRC coverage", yaxis="y2", line=dict(dash="dot")))
+    fig.add_scatter(**_resplit_series("crc_joint_risk", chosen, name="CRC: answered and false"))
+    fig.add_scatter(**_resplit_series("crc_coverage", chosen, name="CRC coverage", yaxis="y2", line=dict(dash="dot")))
     answering = [a for a in chosen if a["resplits"]["ltt_n_answering"]]
     if answering:
         fig.add_scatter(
-            **series(
+            **_resplit_series(
                 "ltt_selective_risk",
                 answering,
                 name="LTT: false among answered, in the draws "
@@ -82,7 +91,7 @@ def write_figures(out: Path, results: dict[str, Any], curves: list[dict[str, Any
             )
         )
     fig.add_scatter(
-        **series("ltt_coverage", chosen, name="LTT coverage (all draws)", yaxis="y2", line=dict(dash="dot"))
+        **_resplit_series("ltt_coverage", chosen, name="LTT coverage (all draws)", yaxis="y2", line=dict(dash="dot"))
     )
     silent = [a["alpha"] for a in chosen if not a["resplits"]["ltt_n_answering"]]
     if silent:
@@ -100,10 +109,18 @@ def write_figures(out: Path, results: dict[str, Any], curves: list[dict[str, Any
         x=[0, max(alphas)], y=[0, max(alphas)], mode="lines", name="α", line=dict(dash="dash", color="gray")
     )
     fig.update_layout(
-        title=f"Abstention on {results['abstention_signal']}: means over {n} draws of the calibration "
+        title=f"Abstention on {signal}: means over {n} draws of the calibration "
         "subjects (bars: the draws' 5th–95th percentiles), rates on the test prompts",
         xaxis=dict(title="α"),
         yaxis=dict(title="error rate"),
         yaxis2=dict(title="coverage", overlaying="y", side="right", range=[0, 1]),
     )
-    save_figure(fig, out, "abstention")
+    return fig
+
+
+def write_figures(out: Path, results: dict[str, Any], curves: list[dict[str, Any]]) -> None:
+    save_figure(_auroc_figure(results), out, "auroc_by_signal")
+    save_figure(_risk_coverage_figure([row["signal"] for row in results["signals"]], curves), out, "risk_coverage")
+    chosen = [a for a in results["abstention"] if a["signal"] == results["abstention_signal"]]
+    if chosen:  # else no α the calibration split could support (results' abstention_unavailable says why)
+        save_figure(_abstention_figure(chosen, results["abstention_signal"]), out, "abstention")
