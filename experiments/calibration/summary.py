@@ -136,99 +136,97 @@ def _wilson(p: float, n: int) -> list[float]:
 CHANCE_MARGIN = 0.1
 
 
+def _exposure_gap_headline(rows: dict[str, Any], name: str, described: str) -> dict[str, Any]:
+    """Cloze accuracy of persons seen at least twice against never-seen persons (Wald 95% on the difference)."""
+    unseen = rows.get("0")
+    seen = [rows[k] for k in ("2-5", "6+") if k in rows]
+    n_seen = sum(r["n"] for r in seen)
+    if unseen is None or unseen["n"] < MIN_PER_CLASS or n_seen < MIN_PER_CLASS:
+        return _headline(
+            name,
+            "Cloze accuracy by exposure",
+            None,
+            None,
+            None,
+            f"fewer than {MIN_PER_CLASS} never-seen or often-seen evaluation persons",
+        )
+    a0, a1 = unseen["accuracy"], sum(r["accuracy"] * r["n"] for r in seen) / n_seen
+    half = math.sqrt(_wald(a0, unseen["n"]) ** 2 + _wald(a1, n_seen) ** 2)
+    text = (
+        f"persons seen at least twice are answered right {a1:.0%} of the time, never-seen persons {a0:.0%} "
+        f"(difference {a1 - a0:+.2f}, Wald 95% [{a1 - a0 - half:+.2f}, {a1 - a0 + half:+.2f}], {described})"
+    )
+    return signed_headline(
+        name,
+        a1 - a0,
+        [a1 - a0 - half, a1 - a0 + half],
+        0.0,
+        f"Cloze accuracy rises with exposure: {text}.",
+        f"Cloze accuracy falls with exposure: {text}.",
+        "the accuracy gap between often-seen and never-seen persons",
+    )
+
+
+def _never_seen_at_chance_headline(unseen: dict[str, Any]) -> dict[str, Any]:
+    """Are never-seen persons answered at chance? Supported either way only when the Wilson interval says so
+    (outside chance, or within chance ± CHANCE_MARGIN)."""
+    low, high = _wilson(unseen["accuracy"], unseen["n"])
+    chance = 1 / N_OPTIONS
+    text = f"{unseen['accuracy']:.0%} right of {unseen['n']} (Wilson 95% [{low:.0%}, {high:.0%}]), chance {chance:.0%}"
+    if not low <= chance <= high:
+        return _headline(
+            "never_seen_at_chance",
+            f"Never-seen persons are not answered at chance: {text}.",
+            unseen["accuracy"],
+            [low, high],
+            False,
+        )
+    if chance - CHANCE_MARGIN <= low and high <= chance + CHANCE_MARGIN:
+        return _headline(
+            "never_seen_at_chance",
+            f"Never-seen persons are answered at chance: {text}, within chance ± {CHANCE_MARGIN:g}.",
+            unseen["accuracy"],
+            [low, high],
+            True,
+        )
+    return _headline(
+        "never_seen_at_chance",
+        f"Never-seen persons: {text}.",
+        unseen["accuracy"],
+        [low, high],
+        None,
+        f"the interval contains chance but reaches beyond chance ± "
+        f"{CHANCE_MARGIN:g}: too few never-seen persons to call it chance",
+    )
+
+
+def _never_seen_overconfident_headline(unseen: dict[str, Any]) -> dict[str, Any]:
+    """Confidence against accuracy on never-seen persons."""
+    # the per-item gap confidence − correctness: its mean and standard error carry both sides' noise
+    gap, half = unseen["overconfidence"], 1.96 * unseen["overconfidence_se"]
+    text = (
+        f"mean confidence {unseen['mean_confidence']:.2f} against accuracy {unseen['accuracy']:.2f} "
+        f"(gap {gap:+.2f}, 95% [{gap - half:+.2f}, {gap + half:+.2f}] over {unseen['n']} persons)"
+    )
+    return signed_headline(
+        "never_seen_overconfident",
+        gap,
+        [gap - half, gap + half],
+        0.0,
+        f"Never-seen persons get confident inventions: {text}.",
+        f"On never-seen persons the model is underconfident: {text}.",
+        "the confidence gap on never-seen persons",
+    )
+
+
 def _exposure_headlines(block: dict[str, Any], where: str, described: str) -> list[dict[str, Any]]:
     """Accuracy by exposure at one checkpoint (`where`: "end" or "partial", described in the sentence as
     `described`), and at the end the never-seen persons' accuracy and confidence."""
     rows = {r["exposure"]: r for r in block["by_exposure"]}
+    out = [_exposure_gap_headline(rows, f"accuracy_rises_with_exposure_{where}", described)]
     unseen = rows.get("0")
-    seen = [rows[k] for k in ("2-5", "6+") if k in rows]
-    n_seen = sum(r["n"] for r in seen)
-    out = []
-    name = f"accuracy_rises_with_exposure_{where}"
-    if unseen is None or unseen["n"] < MIN_PER_CLASS or n_seen < MIN_PER_CLASS:
-        out.append(
-            _headline(
-                name,
-                "Cloze accuracy by exposure",
-                None,
-                None,
-                None,
-                f"fewer than {MIN_PER_CLASS} never-seen or often-seen evaluation persons",
-            )
-        )
-    else:
-        a0, a1 = unseen["accuracy"], sum(r["accuracy"] * r["n"] for r in seen) / n_seen
-        half = math.sqrt(_wald(a0, unseen["n"]) ** 2 + _wald(a1, n_seen) ** 2)
-        text = (
-            f"persons seen at least twice are answered right {a1:.0%} of the time, never-seen persons {a0:.0%} "
-            f"(difference {a1 - a0:+.2f}, Wald 95% [{a1 - a0 - half:+.2f}, {a1 - a0 + half:+.2f}], {described})"
-        )
-        out.append(
-            signed_headline(
-                name,
-                a1 - a0,
-                [a1 - a0 - half, a1 - a0 + half],
-                0.0,
-                f"Cloze accuracy rises with exposure: {text}.",
-                f"Cloze accuracy falls with exposure: {text}.",
-                "the accuracy gap between often-seen and never-seen persons",
-            )
-        )
     if where == "end" and unseen is not None and unseen["n"] >= MIN_PER_CLASS:
-        low, high = _wilson(unseen["accuracy"], unseen["n"])
-        chance = 1 / N_OPTIONS
-        text = (
-            f"{unseen['accuracy']:.0%} right of {unseen['n']} (Wilson 95% [{low:.0%}, {high:.0%}]), chance {chance:.0%}"
-        )
-        if not low <= chance <= high:
-            out.append(
-                _headline(
-                    "never_seen_at_chance",
-                    f"Never-seen persons are not answered at chance: {text}.",
-                    unseen["accuracy"],
-                    [low, high],
-                    False,
-                )
-            )
-        elif chance - CHANCE_MARGIN <= low and high <= chance + CHANCE_MARGIN:
-            out.append(
-                _headline(
-                    "never_seen_at_chance",
-                    f"Never-seen persons are answered at chance: {text}, within chance ± {CHANCE_MARGIN:g}.",
-                    unseen["accuracy"],
-                    [low, high],
-                    True,
-                )
-            )
-        else:
-            out.append(
-                _headline(
-                    "never_seen_at_chance",
-                    f"Never-seen persons: {text}.",
-                    unseen["accuracy"],
-                    [low, high],
-                    None,
-                    f"the interval contains chance but reaches beyond chance ± "
-                    f"{CHANCE_MARGIN:g}: too few never-seen persons to call it chance",
-                )
-            )
-        # the per-item gap confidence − correctness: its mean and standard error carry both sides' noise
-        gap, half = unseen["overconfidence"], 1.96 * unseen["overconfidence_se"]
-        text = (
-            f"mean confidence {unseen['mean_confidence']:.2f} against accuracy {unseen['accuracy']:.2f} "
-            f"(gap {gap:+.2f}, 95% [{gap - half:+.2f}, {gap + half:+.2f}] over {unseen['n']} persons)"
-        )
-        out.append(
-            signed_headline(
-                "never_seen_overconfident",
-                gap,
-                [gap - half, gap + half],
-                0.0,
-                f"Never-seen persons get confident inventions: {text}.",
-                f"On never-seen persons the model is underconfident: {text}.",
-                "the confidence gap on never-seen persons",
-            )
-        )
+        out += [_never_seen_at_chance_headline(unseen), _never_seen_overconfident_headline(unseen)]
     return out
 
 
@@ -344,6 +342,51 @@ def _baseline_headline(name: str, blocks: dict[str, Any], what: str) -> dict[str
     )
 
 
+def _lettered_transfer_headline(end: dict[str, Any]) -> dict[str, Any]:
+    """Cloze against lettered accuracy on the evaluation persons: does the lettered format, trained on other
+    persons, transfer to them?"""
+    cloze, lettered = end["mc"], end["lettered"]
+    gap = cloze["accuracy"] - lettered["accuracy"]
+    half = math.sqrt(_wald(cloze["accuracy"], cloze["n"]) ** 2 + _wald(lettered["accuracy"], lettered["n"]) ** 2)
+    text = (
+        f"on the evaluation persons cloze multiple choice is answered {cloze['accuracy']:.0%} right, the lettered "
+        f"quiz — a format trained on other persons — {lettered['accuracy']:.0%} (chance 25%) at mean confidence "
+        f"{lettered['mean_confidence']:.2f}"
+    )
+    return signed_headline(
+        "lettered_does_not_transfer",
+        gap,
+        [gap - half, gap + half],
+        0.0,
+        f"Lettered multiple choice does not transfer: {text}.",
+        f"Lettered multiple choice beats cloze: {text}.",
+        "the cloze − lettered accuracy gap",
+    )
+
+
+def _linear_probe_headlines(linear: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The logistic probes' verdict, and the model's own confidence against the best of them when it was chosen."""
+    out = [verdict_headline("linear_probe_verdict", linear)]
+    chosen = (linear or {}).get("chosen") or {}
+    if chosen.get("baseline_minus_chosen_auroc") is not None:
+        value, interval = chosen["baseline_minus_chosen_auroc"], chosen.get("baseline_minus_chosen_auroc_ci95")
+        where = f"{chosen['readout']} at the {chosen['position']}, layer {chosen['layer']}"
+        out.append(
+            signed_headline(
+                "own_confidence_beats_linear_probes",
+                value,
+                interval,
+                0.0,
+                f"The model's own confidence beats the best linear probe ({where}, chosen on validation) "
+                f"by {value:.3f} AUROC on the test persons"
+                + (f" [{interval[0]:.3f}, {interval[1]:.3f}]." if interval else "."),
+                f"The best linear probe ({where}) beats the model's own confidence by {-value:.3f} AUROC.",
+                "the AUROC gap between the model's own confidence and the best linear probe",
+            )
+        )
+    return out
+
+
 def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
     """The run's headlines, a pure function of the rest of results.json. Each is {name, sentence, value, interval,
     direction, supported, why_not}: a supported one is shown with its sentence; an unsupported one is not shown —
@@ -372,25 +415,7 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
             "cloze_ece_beyond_noise", "Cloze multiple choice at the end of training", end["mc"], "ece_15_equal_width"
         )
     )
-    cloze, lettered = end["mc"], end["lettered"]
-    gap = cloze["accuracy"] - lettered["accuracy"]
-    half = math.sqrt(_wald(cloze["accuracy"], cloze["n"]) ** 2 + _wald(lettered["accuracy"], lettered["n"]) ** 2)
-    text = (
-        f"on the evaluation persons cloze multiple choice is answered {cloze['accuracy']:.0%} right, the lettered "
-        f"quiz — a format trained on other persons — {lettered['accuracy']:.0%} (chance 25%) at mean confidence "
-        f"{lettered['mean_confidence']:.2f}"
-    )
-    out.append(
-        signed_headline(
-            "lettered_does_not_transfer",
-            gap,
-            [gap - half, gap + half],
-            0.0,
-            f"Lettered multiple choice does not transfer: {text}.",
-            f"Lettered multiple choice beats cloze: {text}.",
-            "the cloze − lettered accuracy gap",
-        )
-    )
+    out.append(_lettered_transfer_headline(end))
     out += _temperature_headlines(end["temperature"])
     out.append(_baseline_headline("own_confidence_separates", end, "The model's own cloze confidence"))
     verdicts = end.get("p_ik_verdicts", {})
@@ -400,25 +425,7 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
             "p_ik_verdict_partial", results.get("p_ik_verdicts", {}).get("all readouts"), f" (P(IK) {partial}.)"
         )
     )
-    linear = verdicts.get("logistic probes")
-    out.append(verdict_headline("linear_probe_verdict", linear))
-    chosen = (linear or {}).get("chosen") or {}
-    if chosen.get("baseline_minus_chosen_auroc") is not None:
-        value, interval = chosen["baseline_minus_chosen_auroc"], chosen.get("baseline_minus_chosen_auroc_ci95")
-        where = f"{chosen['readout']} at the {chosen['position']}, layer {chosen['layer']}"
-        out.append(
-            signed_headline(
-                "own_confidence_beats_linear_probes",
-                value,
-                interval,
-                0.0,
-                f"The model's own confidence beats the best linear probe ({where}, chosen on validation) "
-                f"by {value:.3f} AUROC on the test persons"
-                + (f" [{interval[0]:.3f}, {interval[1]:.3f}]." if interval else "."),
-                f"The best linear probe ({where}) beats the model's own confidence by {-value:.3f} AUROC.",
-                "the AUROC gap between the model's own confidence and the best linear probe",
-            )
-        )
+    out += _linear_probe_headlines(verdicts.get("logistic probes"))
     out.append(verdict_headline("p_true_verdict", end["p_true"]["layers"]["verdict"]))
     token = results.get("token_level")
     if token:
