@@ -51,6 +51,24 @@ class Evaluation:
     timing: dict[str, float]
 
 
+def _p_true(name: str, model: HookedTransformer, setting: Setting, cfg: Config) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """P(True) on sampled claims about the format and the evaluation persons: its per-claim table and its block
+    (the summary, and the readouts by layer against a random model's)."""
+    parts, claims = [], []
+    for subset, persons in (("format", setting.format_persons), ("outside", setting.eval_persons)):
+        part, part_claims = p_true_table(model, setting, persons, cfg.p_true_samples, seed=cfg.seed + 5)
+        part["subset"] = subset
+        parts.append(part)
+        claims += part_claims
+    p_true_frame = pd.concat(parts, ignore_index=True)
+    p_true_frame["checkpoint"] = name
+    block = p_true_summary(p_true_frame, cfg.n_boot, cfg.seed)
+    block["layers"] = p_true_layers(model, random_model(model, seed=cfg.seed + 1), p_true_frame, claims, setting, cfg)
+    for row in block["layers"]["by_layer"]:
+        row["checkpoint"] = name
+    return p_true_frame, block
+
+
 def evaluate(
     name: str, step: int, model: HookedTransformer, setting: Setting, items: list[dict[str, Any]], cfg: Config
 ) -> Evaluation:
@@ -82,20 +100,7 @@ def evaluate(
     timing["multiple_choice_s"] = time.perf_counter() - began
 
     began = time.perf_counter()
-    parts, claims = [], []
-    for subset, persons in (("format", setting.format_persons), ("outside", setting.eval_persons)):
-        part, part_claims = p_true_table(model, setting, persons, cfg.p_true_samples, seed=cfg.seed + 5)
-        part["subset"] = subset
-        parts.append(part)
-        claims += part_claims
-    p_true_frame = pd.concat(parts, ignore_index=True)
-    p_true_frame["checkpoint"] = name
-    blocks["p_true"] = p_true_summary(p_true_frame, cfg.n_boot, cfg.seed)
-    blocks["p_true"]["layers"] = p_true_layers(
-        model, random_model(model, seed=cfg.seed + 1), p_true_frame, claims, setting, cfg
-    )
-    for row in blocks["p_true"]["layers"]["by_layer"]:
-        row["checkpoint"] = name
+    p_true_frame, blocks["p_true"] = _p_true(name, model, setting, cfg)
     timing["p_true_s"] = time.perf_counter() - began
 
     began = time.perf_counter()
@@ -121,11 +126,58 @@ def evaluate(
     return Evaluation(frames, p_true_frame, rows, blocks, timing)
 
 
+def _world_block(cfg: Config, setting: Setting, items: list[dict[str, Any]]) -> dict[str, Any]:
+    """results["world"]: the world's sizes, its documents, and one statement, quiz and claim as examples."""
+    world = setting.world
+    eval_exposure = setting.exposure[setting.eval_persons]
+    return {
+        "n_persons": len(world.persons),
+        "n_train_statements": cfg.n_train,
+        "pareto_gamma": cfg.pareto_gamma,
+        "monofact_rate": world.monofact_rate(),
+        "n_values": len(world.value_spaces[setting.attribute]),
+        "n_format_persons": len(setting.format_persons),
+        "n_eval_persons": len(setting.eval_persons),
+        "eval_persons_by_exposure": {
+            label: int((exposure_bin(eval_exposure) == label).sum()) for *_, label in EXPOSURE_BINS
+        },
+        "documents": setting.doc_counts,
+        "d_vocab": setting.tokenizer.get_vocab_size(),
+        "statement": "<bos> First Last birthday Month day . <eos>",
+        "quiz": "<bos> " + world.quiz_prompt(items[0]) + " " + OPTION_LETTERS[items[0]["answer_index"]],
+        "claim": claim_text(
+            world,
+            int(items[0]["person"]),
+            setting.attribute,
+            world.true_value(int(items[0]["person"]), setting.attribute),
+        )
+        + " True",
+    }
+
+
+def _training_block(
+    cfg: Config, setting: Setting, stages: list[dict[str, Any]], partial: dict[str, Any]
+) -> dict[str, Any]:
+    """results["training"]: the stages, and the partial checkpoint with the recall it was chosen on."""
+    return {
+        "steps": cfg.steps,
+        "batch_size": cfg.batch_size,
+        "stages": stages,
+        "partial_step": partial["step"],
+        "partial_recall_seen": partial["recall_seen"],
+        "partial_recall_target": cfg.partial_recall,
+        "partial_recall_selection": partial["recall_selection"],
+        "partial_chosen_on": "the cloze recall of the format persons (seen, never evaluated): the "
+        "stage before the last nearest the target",
+        "heldout_optimum_step": min(stages, key=lambda s: s["heldout_nll"])["step"],
+        "held_out": setting.held_out,
+    }
+
+
 def run_synthetic(cfg: Config, out: Path) -> dict[str, Any]:
     timing: dict[str, float] = {}
     began = time.perf_counter()
     setting = make_setting(cfg)
-    world = setting.world
     model = make_model(cfg, setting)
     with tempfile.TemporaryDirectory(prefix="calibration-") as tmp:
         stages, partial = train_in_stages(cfg, setting, model, Path(tmp))
@@ -133,7 +185,7 @@ def run_synthetic(cfg: Config, out: Path) -> dict[str, Any]:
     partial_model.load_state_dict(partial["state"])
     timing["train_s"] = time.perf_counter() - began
 
-    items = world.quiz_items(setting.eval_persons, N_OPTIONS, seed=cfg.seed + 3)
+    items = setting.world.quiz_items(setting.eval_persons, N_OPTIONS, seed=cfg.seed + 3)
     evaluations = {
         "partial": evaluate("partial", partial["step"], partial_model.eval(), setting, items, cfg),
         "end": evaluate("end", cfg.steps, model.eval(), setting, items, cfg),
@@ -144,32 +196,9 @@ def run_synthetic(cfg: Config, out: Path) -> dict[str, Any]:
     token_block, token_curve = token_level(cfg, out)
     timing["token_level_s"] = time.perf_counter() - began
 
-    eval_exposure = setting.exposure[setting.eval_persons]
     step = partial["step"]
     results: dict[str, Any] = {
-        "world": {
-            "n_persons": len(world.persons),
-            "n_train_statements": cfg.n_train,
-            "pareto_gamma": cfg.pareto_gamma,
-            "monofact_rate": world.monofact_rate(),
-            "n_values": len(world.value_spaces[setting.attribute]),
-            "n_format_persons": len(setting.format_persons),
-            "n_eval_persons": len(setting.eval_persons),
-            "eval_persons_by_exposure": {
-                label: int((exposure_bin(eval_exposure) == label).sum()) for *_, label in EXPOSURE_BINS
-            },
-            "documents": setting.doc_counts,
-            "d_vocab": setting.tokenizer.get_vocab_size(),
-            "statement": "<bos> First Last birthday Month day . <eos>",
-            "quiz": "<bos> " + world.quiz_prompt(items[0]) + " " + OPTION_LETTERS[items[0]["answer_index"]],
-            "claim": claim_text(
-                world,
-                int(items[0]["person"]),
-                setting.attribute,
-                world.true_value(int(items[0]["person"]), setting.attribute),
-            )
-            + " True",
-        },
+        "world": _world_block(cfg, setting, items),
         "model": {
             "d_model": cfg.d_model,
             "n_layers": cfg.n_layers,
@@ -177,19 +206,7 @@ def run_synthetic(cfg: Config, out: Path) -> dict[str, Any]:
             "n_params": model.cfg.n_params(),
             "n_ctx": model.cfg.n_ctx,
         },
-        "training": {
-            "steps": cfg.steps,
-            "batch_size": cfg.batch_size,
-            "stages": stages,
-            "partial_step": step,
-            "partial_recall_seen": partial["recall_seen"],
-            "partial_recall_target": cfg.partial_recall,
-            "partial_recall_selection": partial["recall_selection"],
-            "partial_chosen_on": "the cloze recall of the format persons (seen, never evaluated): the "
-            "stage before the last nearest the target",
-            "heldout_optimum_step": min(stages, key=lambda s: s["heldout_nll"])["step"],
-            "held_out": setting.held_out,
-        },
+        "training": _training_block(cfg, setting, stages, partial),
         "checkpoint": f"partial: step {step} of {cfg.steps}, chosen where the cloze recall of the format persons "
         f"(never evaluated) is nearest {cfg.partial_recall:g} ({partial['recall_selection']:.2f}); there "
         f"the cloze recall of the seen evaluation persons is {partial['recall_seen']:.2f}. `at_end` "
