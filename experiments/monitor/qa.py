@@ -244,12 +244,35 @@ def _monitored_answers(monitor: Monitor, inputs: Any, cfg: Config, eos: int | No
     return {"rows": rows, "series": series, "lengths": lengths, "prompts": prompts, "sequences": sequences}
 
 
-def _padded(series: dict[str, list[Tensor]], lengths: list[int]) -> dict[str, Tensor]:
-    """Each token signal's per-question series, zero-padded to the longest answer: one (questions, width) tensor."""
+def _qa_sampling_risks(
+    inputs: Any, prompts: list[Tensor], generated: list[str], eos: int | None, cfg: Config
+) -> dict[str, np.ndarray]:
+    """The sampling signals: k answers per question at T = 1, each cut like the greedy one and compared with it
+    after exact match's normalisation."""
+    return sampling_risks(
+        inputs.model,
+        prompts,
+        [normalise(a) for a in generated],
+        lambda ids: normalise(_qa_answer(inputs.tokenizer, eos, ids)[0]),
+        cfg.k_samples,
+        cfg.qa_max_new_tokens,
+        cfg.seed + 31,
+        eos,
+    )
+
+
+def _signed_risks(
+    series: dict[str, list[Tensor]], values: dict[str, Any], lengths: list[int], false: np.ndarray, fit: np.ndarray
+) -> tuple[dict[str, int], dict[str, np.ndarray]]:
+    """Each signal's sign, chosen on the fit split, and its claim risk per question: the token signals zero-padded
+    to the longest answer and read over each answer's own length."""
     width = max(lengths)
-    return {
+    padded = {
         name: torch.stack([torch.nn.functional.pad(t, (0, width - len(t))) for t in ts]) for name, ts in series.items()
     }
+    length_tensor = torch.tensor(lengths)
+    signs = choose_signs(claim_risks(padded, values, length_tensor, RISK_SIGN), false, fit)
+    return signs, claim_risks(padded, values, length_tensor, signs)
 
 
 def _qa_source(cfg: Config, inputs: Any, hooked: bool, split: np.ndarray) -> dict[str, Any]:
@@ -270,13 +293,27 @@ def _qa_source(cfg: Config, inputs: Any, hooked: bool, split: np.ndarray) -> dic
     }
 
 
+def _judge_qa(
+    risks: dict[str, np.ndarray], false: np.ndarray, split: np.ndarray, signs: dict[str, int], cfg: Config
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """judge's rows, abstention and curves on questions (one kind, no error kinds), at the α's the split's sizes
+    can support, and the α's skipped and why."""
+    alphas, skipped = abstention_alphas(
+        cfg.alphas, int((split == "calibration").sum()), int((split == "test").sum()), cfg.ltt_delta
+    )
+    rows, abstention, curves = judge(risks, false, np.array(["qa"] * len(false)), split, signs, cfg, alphas=alphas)
+    for row in rows:
+        row["by_kind"] = {}
+    return rows, abstention, curves, skipped
+
+
 def run_qa(cfg: Config, out: Path, inputs: Any = None) -> dict[str, Any]:
     """The monitor's signals on a local model with a question–answer CSV, exact match against the answers. `inputs`:
     what `read_qa_inputs(cfg)` read (read here when not given)."""
     inputs = inputs or read_qa_inputs(cfg)
-    model, tokenizer = inputs.model, inputs.tokenizer
+    model = inputs.model
     hooked = isinstance(model, HookedTransformer)
-    eos = getattr(tokenizer, "eos_token_id", None)
+    eos = getattr(inputs.tokenizer, "eos_token_id", None)
     timing: dict[str, float] = {}
     began = time.perf_counter()
     monitor = Monitor(model, attention=False)
@@ -289,18 +326,8 @@ def run_qa(cfg: Config, out: Path, inputs: Any = None) -> dict[str, Any]:
     frame["split"] = split
     unavailable = dict(monitor.unavailable) | {"subject_attention": "a question has no marked subject"}
 
-    # k answers per question at T = 1, each cut like the greedy one and compared after exact match's normalisation
     began = time.perf_counter()
-    values = sampling_risks(
-        model,
-        prompts,
-        [normalise(a) for a in frame["generated"]],
-        lambda ids: normalise(_qa_answer(tokenizer, eos, ids)[0]),
-        cfg.k_samples,
-        cfg.qa_max_new_tokens,
-        cfg.seed + 31,
-        eos,
-    )
+    values = _qa_sampling_risks(inputs, prompts, list(frame["generated"]), eos, cfg)
     timing["sampling_s"] = time.perf_counter() - began
 
     readout_info: dict[str, Any] = {}
@@ -317,18 +344,10 @@ def run_qa(cfg: Config, out: Path, inputs: Any = None) -> dict[str, Any]:
         if "p_ik" in fitted:
             values["p_ik"] = fitted["p_ik"]
 
-    padded, length_tensor = _padded(series, lengths), torch.tensor(lengths)
-    signs = choose_signs(claim_risks(padded, values, length_tensor, RISK_SIGN), false, split == "fit")
-    risks = claim_risks(padded, values, length_tensor, signs)
+    signs, risks = _signed_risks(series, values, lengths, false, split == "fit")
     for name, value in risks.items():
         frame[f"risk_{name}"] = value
-    kinds = np.array(["qa"] * len(frame))
-    alphas, skipped = abstention_alphas(
-        cfg.alphas, int((split == "calibration").sum()), int((split == "test").sum()), cfg.ltt_delta
-    )
-    rows_out, abstention, curves = judge(risks, false, kinds, split, signs, cfg, alphas=alphas)
-    for row in rows_out:
-        row["by_kind"] = {}
+    rows_out, abstention, curves, skipped = _judge_qa(risks, false, split, signs, cfg)
     results: dict[str, Any] = {
         "source": _qa_source(cfg, inputs, hooked, split),
         "answers": {"qa": {"n": len(frame), "false_rate": float(false.mean())}},
