@@ -12,7 +12,7 @@ from experiments.monitor.config import ABSTENTION_SIGNAL, ATTRIBUTE, KINDS, SPLI
 from experiments.monitor.figures import write_figures
 from experiments.monitor.judging import judge
 from experiments.monitor.readouts import save_readouts
-from experiments.monitor.setting import make_setting, train_model
+from experiments.monitor.setting import Setting, make_setting, train_model
 from experiments.monitor.signals import (
     choose_signs,
     claim_risks,
@@ -30,6 +30,65 @@ from lab.runs import save_table
 # --------------------------------------------------------------------------------------------
 # The synthetic experiment
 # --------------------------------------------------------------------------------------------
+def _fit_readouts(model: Any, setting: Setting, fit: np.ndarray, cfg: Config) -> tuple[torch.Tensor, Any, Any, dict]:
+    """The probe and P(IK), trained on the fit split's own greedy answers (generated here with no readouts on):
+    (those answers' tokens, probe, P(IK), their info)."""
+    subjects, prompts, n_new = setting.subjects, setting.prompts, setting.value_len
+    groups = np.arange(len(subjects))  # one prompt per subject: a row is its own group
+    first, _, _ = monitored(Monitor(model), prompts[fit], n_new)
+    answers_fit = value_strings(setting, first)
+    false_fit = np.array([a != t for a, t in zip(answers_fit, subjects["truth"][fit])])
+    probe, p_ik, readout_info = fit_readouts(
+        model, torch.cat([prompts[fit], first], 1), prompts.shape[1], n_new, false_fit, groups[fit], cfg.seed
+    )
+    return first, probe, p_ik, readout_info
+
+
+def _sampling_risks(model: Any, setting: Setting, answers: list[str], cfg: Config) -> dict[str, np.ndarray]:
+    """The sampling signals: k values per subject at T = 1, compared with its greedy answer."""
+    prompts = setting.prompts
+    return sampling_risks(
+        model,
+        [prompts[part] for part in row_slices(len(prompts), 256)],
+        answers,
+        lambda ids: " ".join(setting.tokenizer.id_to_token(int(t)) for t in ids),
+        cfg.k_samples,
+        setting.value_len,
+        cfg.seed + 31,
+    )
+
+
+def _world_block(cfg: Config, setting: Setting) -> dict[str, Any]:
+    """results["world"]: the world's sizes, its prompt and statement, and how the subjects are split."""
+    split, kinds = setting.subjects["split"].to_numpy(), setting.subjects["kind"].to_numpy()
+    return {
+        "n_persons": cfg.n_persons,
+        "n_train_statements": cfg.n_train,
+        "monofact_rate": setting.world.monofact_rate(),
+        "n_values": len(setting.world.value_spaces[ATTRIBUTE]),
+        "prompt": "<bos> First Last birthday",
+        "statement": "<bos> First Last birthday Month day . <eos>",
+        "n_subjects": {kind: int((kinds == kind).sum()) for kind in KINDS},
+        "n_by_split": {s: int((split == s).sum()) for s in SPLITS},
+        "split": "subjects (persons and invented name pairs) drawn into fit / calibration / test, disjoint; "
+        "fit trains the probe and P(IK) and chooses the signs, calibration the thresholds, test "
+        "reports",
+        "held_out": setting.held_out,
+    }
+
+
+def _model_block(cfg: Config, monitor: Monitor, training: dict[str, Any]) -> dict[str, Any]:
+    """results["model"]: its shape, the layers the monitor reads, and how it trained."""
+    return {
+        "d_model": cfg.d_model,
+        "n_layers": cfg.n_layers,
+        "n_heads": cfg.n_heads,
+        "middle_layer": monitor.middle_layer,
+        "attention_layers": list(monitor.attention_layers),
+        **training,
+    }
+
+
 def run_synthetic(cfg: Config, out: Path) -> dict[str, Any]:
     timing: dict[str, float] = {}
     began = time.perf_counter()
@@ -38,16 +97,10 @@ def run_synthetic(cfg: Config, out: Path) -> dict[str, Any]:
     timing["train_s"] = time.perf_counter() - began
     subjects, prompts, n_new = setting.subjects, setting.prompts, setting.value_len
     split, kinds = subjects["split"].to_numpy(), subjects["kind"].to_numpy()
-    groups = np.arange(len(subjects))  # one prompt per subject: a row is its own group
 
     began = time.perf_counter()
     fit = split == "fit"
-    first, _, _ = monitored(Monitor(model), prompts[fit], n_new)
-    answers_fit = value_strings(setting, first)
-    false_fit = np.array([a != t for a, t in zip(answers_fit, subjects["truth"][fit])])
-    probe, p_ik, readout_info = fit_readouts(
-        model, torch.cat([prompts[fit], first], 1), prompts.shape[1], n_new, false_fit, groups[fit], cfg.seed
-    )
+    first, probe, p_ik, readout_info = _fit_readouts(model, setting, fit, cfg)
     timing["readouts_s"] = time.perf_counter() - began
 
     began = time.perf_counter()
@@ -61,15 +114,7 @@ def run_synthetic(cfg: Config, out: Path) -> dict[str, Any]:
 
     began = time.perf_counter()
     values = {name: value.double().numpy() for name, value in prompt_signals.items()}
-    values |= sampling_risks(
-        model,
-        [prompts[part] for part in row_slices(len(prompts), 256)],
-        answers,
-        lambda ids: " ".join(setting.tokenizer.id_to_token(int(t)) for t in ids),
-        cfg.k_samples,
-        n_new,
-        cfg.seed + 31,
-    )
+    values |= _sampling_risks(model, setting, answers, cfg)
     timing["sampling_s"] = time.perf_counter() - began
     signs = choose_signs(claim_risks(token_signals, values, lengths, RISK_SIGN), false, fit)
     risks = claim_risks(token_signals, values, lengths, signs)
@@ -82,28 +127,8 @@ def run_synthetic(cfg: Config, out: Path) -> dict[str, Any]:
     for name, value in risks.items():
         frame[f"risk_{name}"] = value
     results: dict[str, Any] = {
-        "world": {
-            "n_persons": cfg.n_persons,
-            "n_train_statements": cfg.n_train,
-            "monofact_rate": setting.world.monofact_rate(),
-            "n_values": len(setting.world.value_spaces[ATTRIBUTE]),
-            "prompt": "<bos> First Last birthday",
-            "statement": "<bos> First Last birthday Month day . <eos>",
-            "n_subjects": {kind: int((kinds == kind).sum()) for kind in KINDS},
-            "n_by_split": {s: int((split == s).sum()) for s in SPLITS},
-            "split": "subjects (persons and invented name pairs) drawn into fit / calibration / test, disjoint; "
-            "fit trains the probe and P(IK) and chooses the signs, calibration the thresholds, test "
-            "reports",
-            "held_out": setting.held_out,
-        },
-        "model": {
-            "d_model": cfg.d_model,
-            "n_layers": cfg.n_layers,
-            "n_heads": cfg.n_heads,
-            "middle_layer": monitor.middle_layer,
-            "attention_layers": list(monitor.attention_layers),
-            **training,
-        },
+        "world": _world_block(cfg, setting),
+        "model": _model_block(cfg, monitor, training),
         "answers": {
             kind: {"n": int((kinds == kind).sum()), "false_rate": float(false[kinds == kind].mean())} for kind in KINDS
         },
