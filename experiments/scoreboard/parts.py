@@ -377,6 +377,51 @@ def heads_part(
     return rows, heads_summary, patching_summary
 
 
+def _cloze_prompts(world: FactWorld, tokenizer: Any, template: int) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    """Every fact's cloze in one template: its tokens, the name's two positions (marked relevant) and the value's id."""
+    clozes = [world.cloze(fact, template) for fact in world.facts]
+    tokens = torch.tensor([tokenizer.encode(" ".join(["<bos>", *c.words])).ids for c in clozes])
+    relevant = torch.zeros_like(tokens, dtype=torch.bool)
+    for i, c in enumerate(clozes):
+        relevant[i, [1 + c.name_positions[0], 1 + c.name_positions[1]]] = True
+    values = np.array([tokenizer.token_to_id(c.value) for c in clozes])
+    return tokens, relevant, values
+
+
+def _value_probes(
+    model: HookedTransformer,
+    world: FactWorld,
+    by_template: list[tuple[torch.Tensor, torch.Tensor, np.ndarray]],
+    profile: Profile,
+    seed: int,
+    rows: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """Probes from the residual stream to the value, on both templates' clozes (grouped by person), graded at each
+    readout: the scoreboard rows appended to `rows`, the summary block returned."""
+    persons = np.array([fact.person_index for fact in world.facts])
+    graded = grade_value_probes(
+        model,
+        [t for t, _, _ in by_template],
+        np.concatenate([v for _, _, v in by_template]),
+        np.concatenate([persons, persons]),
+        n_boot=profile.n_boot,
+        seed=seed,
+    )
+    summary = {}
+    for readout, grades in graded.items():
+        rows.append(row("linear probe", "facts", readout, grades["accuracy"], "accuracy fact value"))
+        for name in ("accuracy_untrained", "accuracy_control_task", "selectivity"):
+            rows.append(row("linear probe", "facts", readout, grades[name], name.replace("_", " ")))
+        summary[readout] = {
+            "accuracy": grades["accuracy"].row(),
+            **{
+                name: dict(zip(("value", "low", "high"), grades[name][:3]))
+                for name in ("accuracy_untrained", "accuracy_control_task", "selectivity")
+            },
+        }
+    return summary
+
+
 def facts_part(profile: Profile, seed: int, out: Path) -> dict[str, Any]:
     """The fact world: train on its template statements, then input attribution of the value (the name's two words
     are the relevant positions) and probes from the residual stream to the value."""
@@ -403,16 +448,7 @@ def facts_part(profile: Profile, seed: int, out: Path) -> dict[str, Any]:
     model.save(out / "models" / "facts")
     seconds = {"train": time.perf_counter() - clock}
 
-    def prompts(template: int) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
-        clozes = [world.cloze(fact, template) for fact in world.facts]
-        tokens = torch.tensor([tokenizer.encode(" ".join(["<bos>", *c.words])).ids for c in clozes])
-        relevant = torch.zeros_like(tokens, dtype=torch.bool)
-        for i, c in enumerate(clozes):
-            relevant[i, [1 + c.name_positions[0], 1 + c.name_positions[1]]] = True
-        values = np.array([tokenizer.token_to_id(c.value) for c in clozes])
-        return tokens, relevant, values
-
-    by_template = [prompts(template) for template in range(2)]
+    by_template = [_cloze_prompts(world, tokenizer, template) for template in range(2)]
     with torch.inference_mode():
         recall = [float((model(t)[:, -1].argmax(-1).numpy() == v).mean()) for t, _, v in by_template]
     result: dict[str, Any] = {
@@ -436,28 +472,7 @@ def facts_part(profile: Profile, seed: int, out: Path) -> dict[str, Any]:
     )
     seconds["attribution"] = time.perf_counter() - clock
     clock = time.perf_counter()
-    persons = np.array([fact.person_index for fact in world.facts])
-    graded = grade_value_probes(
-        model,
-        [t for t, _, _ in by_template],
-        np.concatenate([v for _, _, v in by_template]),
-        np.concatenate([persons, persons]),
-        n_boot=profile.n_boot,
-        seed=seed,
-    )
-    summary = {}
-    for readout, grades in graded.items():
-        rows.append(row("linear probe", "facts", readout, grades["accuracy"], "accuracy fact value"))
-        for name in ("accuracy_untrained", "accuracy_control_task", "selectivity"):
-            rows.append(row("linear probe", "facts", readout, grades[name], name.replace("_", " ")))
-        summary[readout] = {
-            "accuracy": grades["accuracy"].row(),
-            **{
-                name: dict(zip(("value", "low", "high"), grades[name][:3]))
-                for name in ("accuracy_untrained", "accuracy_control_task", "selectivity")
-            },
-        }
-    result["probes"] = summary
+    result["probes"] = _value_probes(model, world, by_template, profile, seed, rows)
     seconds["probes"] = time.perf_counter() - clock
     result["rows"] = rows
     result["seconds"] = seconds
