@@ -45,8 +45,18 @@ def reliability_figure(out: Path, name: str, title: str, curves: dict[str, tuple
     save_figure(fig, out, name)
 
 
-def exposure_figures(out: Path, blocks: dict[str, dict[str, Any]]) -> None:
-    """ECE (with its 95% interval and noise floor) and accuracy against confidence, by exposure."""
+def _ece_bars(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Asymmetric error bars from each row's ece_ci95 (every row has one)."""
+    return dict(
+        type="data",
+        symmetric=False,
+        array=[r["ece_ci95"][1] - r["ece"] for r in rows],
+        arrayminus=[r["ece"] - r["ece_ci95"][0] for r in rows],
+    )
+
+
+def _ece_by_exposure(blocks: dict[str, dict[str, Any]]) -> Any:
+    """ECE by exposure, with its 95% interval and noise floor, one pair of series per block."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
@@ -57,12 +67,7 @@ def exposure_figures(out: Path, blocks: dict[str, dict[str, Any]]) -> None:
                 x=[r["exposure"] for r in rows],
                 y=[r["ece"] for r in rows],
                 name=f"{label}: ECE",
-                error_y=dict(
-                    type="data",
-                    symmetric=False,
-                    array=[r["ece_ci95"][1] - r["ece"] for r in rows],
-                    arrayminus=[r["ece"] - r["ece_ci95"][0] for r in rows],
-                ),
+                error_y=_ece_bars(rows),
             )
         )
         fig.add_trace(
@@ -81,7 +86,12 @@ def exposure_figures(out: Path, blocks: dict[str, dict[str, Any]]) -> None:
         xaxis={"title": "training statements about the person", "type": "category"},
         yaxis_title="ECE",
     )
-    save_figure(fig, out, "ece_by_exposure")
+    return fig
+
+
+def _accuracy_by_exposure(blocks: dict[str, dict[str, Any]]) -> Any:
+    """Accuracy and mean confidence by exposure, one pair of series per block, and chance."""
+    import plotly.graph_objects as go
 
     fig = go.Figure()
     for label, block in blocks.items():
@@ -110,7 +120,13 @@ def exposure_figures(out: Path, blocks: dict[str, dict[str, Any]]) -> None:
         xaxis={"title": "training statements about the person", "type": "category"},
         yaxis=dict(title="share", range=[0, 1.02]),
     )
-    save_figure(fig, out, "accuracy_by_exposure")
+    return fig
+
+
+def exposure_figures(out: Path, blocks: dict[str, dict[str, Any]]) -> None:
+    """ECE (with its 95% interval and noise floor) and accuracy against confidence, by exposure."""
+    save_figure(_ece_by_exposure(blocks), out, "ece_by_exposure")
+    save_figure(_accuracy_by_exposure(blocks), out, "accuracy_by_exposure")
 
 
 def _error_bars(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
@@ -121,6 +137,48 @@ def _error_bars(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
         return float("nan") if not interval else abs(interval[side] - r[key])
 
     return dict(type="data", symmetric=False, array=[span(r, 1) for r in rows], arrayminus=[span(r, 0) for r in rows])
+
+
+# A control's series: its key in a row, and how it is drawn and named.
+_CONTROLS = {
+    "untrained": ("control_untrained_auroc", "dot", "darkgray", "controls: untrained model"),
+    "shuffled": ("control_shuffled_auroc", "dash", "lightgray", "controls: shuffled labels"),
+}
+
+
+def _control_trace(group: list[dict[str, Any]], control: str, label: str, showlegend: bool) -> Any:
+    """One readout's control AUROC by layer: a grey series, hidden until its legend entry is clicked, and shared
+    with every readout's same control (`showlegend` for the first only)."""
+    import plotly.graph_objects as go
+
+    key, dash, color, name = _CONTROLS[control]
+    return go.Scatter(
+        x=[r["layer"] for r in group],
+        y=[r[key] for r in group],
+        mode="lines",
+        line=dict(dash=dash, color=color),
+        name=name,
+        legendgroup=name,
+        hovertext=label,
+        showlegend=showlegend,
+        visible="legendonly",
+    )
+
+
+def _add_baselines(fig: Any, layers: list[int], baselines: dict[str, float | None]) -> None:
+    """Each checkpoint's baseline (the model's own confidence) and chance, as flat lines over the layers, named in
+    the legend, where their labels cannot overlap (the two baselines often lie close)."""
+    span = [min(layers), max(layers)]
+    for checkpoint, value in baselines.items():
+        if value is not None:
+            fig.add_scatter(
+                x=span,
+                y=[value] * 2,
+                mode="lines",
+                line=dict(dash="dashdot" if checkpoint == "end" else "dash", color="black"),
+                name=f"{checkpoint}: baseline, the model's own confidence ({value:.3f})",
+            )
+    fig.add_scatter(x=span, y=[0.5] * 2, mode="lines", line=dict(color="gray"), name="chance (0.5)")
 
 
 def p_ik_figure(
@@ -159,47 +217,11 @@ def p_ik_figure(
             )
         )
         if any(r["control_untrained_auroc"] is not None for r in group):
-            fig.add_trace(
-                go.Scatter(
-                    x=x,
-                    y=[r["control_untrained_auroc"] for r in group],
-                    mode="lines",
-                    line=dict(dash="dot", color="darkgray"),
-                    name="controls: untrained model",
-                    legendgroup="controls: untrained model",
-                    hovertext=label,
-                    showlegend=not shown_untrained,
-                    visible="legendonly",
-                )
-            )
+            fig.add_trace(_control_trace(group, "untrained", label, not shown_untrained))
             shown_untrained = True
-        fig.add_trace(
-            go.Scatter(
-                x=x,
-                y=[r["control_shuffled_auroc"] for r in group],
-                mode="lines",
-                line=dict(dash="dash", color="lightgray"),
-                name="controls: shuffled labels",
-                legendgroup="controls: shuffled labels",
-                hovertext=label,
-                showlegend=not shown_shuffled,
-                visible="legendonly",
-            )
-        )
+        fig.add_trace(_control_trace(group, "shuffled", label, not shown_shuffled))
         shown_shuffled = True
-    # Flat lines named in the legend, where their labels cannot overlap (the two baselines often lie close).
-    layers = [r["layer"] for r in rows] or [0]
-    span = [min(layers), max(layers)]
-    for checkpoint, value in baselines.items():
-        if value is not None:
-            fig.add_scatter(
-                x=span,
-                y=[value] * 2,
-                mode="lines",
-                line=dict(dash="dashdot" if checkpoint == "end" else "dash", color="black"),
-                name=f"{checkpoint}: baseline, the model's own confidence ({value:.3f})",
-            )
-    fig.add_scatter(x=span, y=[0.5] * 2, mode="lines", line=dict(color="gray"), name="chance (0.5)")
+    _add_baselines(fig, [r["layer"] for r in rows] or [0], baselines)
     fig.update_layout(
         title=f"{title}: test-split AUROC of each readout, by layer (entity-disjoint; readouts are "
         "chosen on a separate validation split)",
@@ -221,12 +243,7 @@ def token_level_figure(out: Path, block: dict[str, Any]) -> None:
                 y=[r["ece"] for r in rows],
                 mode="lines+markers",
                 name="ECE (15 equal-width)",
-                error_y=dict(
-                    type="data",
-                    symmetric=False,
-                    array=[r["ece_ci95"][1] - r["ece"] for r in rows],
-                    arrayminus=[r["ece"] - r["ece_ci95"][0] for r in rows],
-                ),
+                error_y=_ece_bars(rows),
             ),
             go.Scatter(
                 x=x, y=[r["noise_floor_ece"] for r in rows], mode="lines", line=dict(dash="dot"), name="noise floor"
@@ -249,33 +266,14 @@ def stages_figure(out: Path, stages: list[dict[str, Any]], partial_step: int) ->
 
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     steps = [s["step"] for s in stages]
-    fig.add_trace(
-        go.Scatter(
-            x=steps,
-            y=[s["heldout_nll"] for s in stages],
-            mode="lines+markers",
-            name="held-out NLL (nats per statement)",
-        ),
-        secondary_y=False,
-    )
-    fig.add_trace(
-        go.Scatter(
-            x=steps,
-            y=[s["recall_selection"] for s in stages],
-            mode="lines+markers",
-            name="cloze recall of the format persons (chooses the partial checkpoint)",
-        ),
-        secondary_y=True,
-    )
-    fig.add_trace(
-        go.Scatter(
-            x=steps,
-            y=[s["recall_seen"] for s in stages],
-            mode="lines+markers",
-            name="cloze recall of seen evaluation persons (reported)",
-        ),
-        secondary_y=True,
-    )
+    for key, name, secondary in (
+        ("heldout_nll", "held-out NLL (nats per statement)", False),
+        ("recall_selection", "cloze recall of the format persons (chooses the partial checkpoint)", True),
+        ("recall_seen", "cloze recall of seen evaluation persons (reported)", True),
+    ):
+        fig.add_trace(
+            go.Scatter(x=steps, y=[s[key] for s in stages], mode="lines+markers", name=name), secondary_y=secondary
+        )
     fig.add_vline(x=partial_step, line_dash="dash", annotation_text="partial checkpoint")
     fig.update_layout(title="Training: held-out NLL and recall by stage", xaxis_title="step")
     fig.update_yaxes(title_text="nats per statement", secondary_y=False)
