@@ -374,6 +374,60 @@ def hf_p_ik(
     }
 
 
+def _p_ik_blocks(
+    model: Any, frame: pd.DataFrame, batches: Any, order: Any, letters: list[int], cfg: Config
+) -> dict[str, Any]:
+    """results' P(IK) blocks: the readouts and their verdicts, or a verdict of "not enough data" saying why."""
+    try:
+        rows, info = hf_p_ik(model, frame, batches, order, letters, cfg)
+        verdicts = info.pop("verdicts")
+        return {
+            "p_ik": rows,
+            "p_ik_verdict": verdicts["all readouts"],
+            "p_ik_verdicts": verdicts,
+            "p_ik_summary": p_ik_summary(verdicts),
+            "p_ik_info": info,
+            **{k: v for k, v in info.items() if k.startswith("p_ik_baseline_auroc")},
+        }
+    except ValueError as err:  # fewer items than parts, or one class only: not enough data, said in words
+        sentence = (
+            f"P(IK): not enough data — {err} ({len(frame)} items; a verdict needs at least "
+            f"{MIN_PER_CLASS} right and {MIN_PER_CLASS} wrong answers in each of the validation and test splits)"
+        )
+        return {
+            "p_ik": [],
+            "p_ik_baseline_auroc": None,
+            "p_ik_summary": [sentence],
+            "p_ik_verdict": {
+                "verdict": "not enough data",
+                "carries_signal": None,
+                "sentence": sentence,
+                "chosen": None,
+                "min_per_class": MIN_PER_CLASS,
+            },
+        }
+
+
+def _figures(out: Path, frame: pd.DataFrame, results: dict[str, Any]) -> None:
+    """The reliability diagram (all items, and the test split at the fitted T), and P(IK) by layer."""
+    test = frame[frame["split"] == "test"]
+    after = softmax(option_logits(test), results["temperature"]["T"])
+    reliability_figure(
+        out,
+        "reliability_lettered",
+        "Lettered multiple choice (MMLU): reliability",
+        {
+            "all items": (frame["confidence"], frame["correct"]),
+            f"test split, T = {results['temperature']['T']:.2f}": (
+                after.max(axis=1),
+                after.argmax(axis=1) == test["answer_index"],
+            ),
+        },
+    )
+    if results["p_ik"]:
+        p_ik_figure(out, results["p_ik"], {"model": results["p_ik_baseline_auroc"]})
+
+
 def run_hf(cfg: Config, out: Path, inputs: LocalInputs | None = None) -> dict[str, Any]:
     """Lettered multiple choice on an MMLU-layout CSV for a local HF causal LM; T and P(IK) with it. `inputs`:
     what `read_mmlu_inputs(cfg)` read (read here when not given)."""
@@ -404,54 +458,12 @@ def run_hf(cfg: Config, out: Path, inputs: LocalInputs | None = None) -> dict[st
     }
     results["temperature"] = temperature_summary(frame, cfg.n_boot, cfg.seed)
     began = time.perf_counter()
-    try:
-        rows, info = hf_p_ik(model, frame, batches, order, letter_ids(tokenizer), cfg)
-        verdicts = info.pop("verdicts")
-        results |= {
-            "p_ik": rows,
-            "p_ik_verdict": verdicts["all readouts"],
-            "p_ik_verdicts": verdicts,
-            "p_ik_summary": p_ik_summary(verdicts),
-            "p_ik_info": info,
-            **{k: v for k, v in info.items() if k.startswith("p_ik_baseline_auroc")},
-        }
-    except ValueError as err:  # fewer items than parts, or one class only: not enough data, said in words
-        sentence = (
-            f"P(IK): not enough data — {err} ({len(items)} items; a verdict needs at least "
-            f"{MIN_PER_CLASS} right and {MIN_PER_CLASS} wrong answers in each of the validation and test splits)"
-        )
-        results |= {
-            "p_ik": [],
-            "p_ik_baseline_auroc": None,
-            "p_ik_summary": [sentence],
-            "p_ik_verdict": {
-                "verdict": "not enough data",
-                "carries_signal": None,
-                "sentence": sentence,
-                "chosen": None,
-                "min_per_class": MIN_PER_CLASS,
-            },
-        }
+    results |= _p_ik_blocks(model, frame, batches, order, letter_ids(tokenizer), cfg)
     timing["p_ik_s"] = time.perf_counter() - began
     results["headlines"] = headlines(results)
     results["timing"] = timing
     save_table(frame, out, "items")
     if results["p_ik"]:
         save_table(pd.DataFrame(results["p_ik"]), out, "p_ik")
-    test = frame[frame["split"] == "test"]
-    after = softmax(option_logits(test), results["temperature"]["T"])
-    reliability_figure(
-        out,
-        "reliability_lettered",
-        "Lettered multiple choice (MMLU): reliability",
-        {
-            "all items": (frame["confidence"], frame["correct"]),
-            f"test split, T = {results['temperature']['T']:.2f}": (
-                after.max(axis=1),
-                after.argmax(axis=1) == test["answer_index"],
-            ),
-        },
-    )
-    if results["p_ik"]:
-        p_ik_figure(out, results["p_ik"], {"model": results["p_ik_baseline_auroc"]})
+    _figures(out, frame, results)
     return results
