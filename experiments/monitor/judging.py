@@ -24,6 +24,76 @@ from lab.metrics.selective import (
 # --------------------------------------------------------------------------------------------
 # Judging the signals
 # --------------------------------------------------------------------------------------------
+def _familywise(risk: np.ndarray, false: np.ndarray, level: float) -> dict[str, Any]:
+    """AUROC's interval at the familywise `level`."""
+    # DeLong's interval: a bootstrap at this level would rest on (1 − level)/2 · n_boot resamples per tail
+    return {
+        "auroc_familywise_ci": auroc_ci(risk, false, level=level, method="delong").interval,
+        "auroc_familywise_level": level,
+        "auroc_familywise_method": "DeLong",
+    }
+
+
+def _by_kind(
+    risk: np.ndarray, false: np.ndarray, kinds: np.ndarray, test: np.ndarray, cfg: Config, level: float
+) -> dict[str, Any]:
+    """AUROC per error kind on the test split: each kind's false claims against every right one."""
+    by_kind = {}
+    for kind in KINDS:
+        keep = test & ((kinds == kind) & false | ~false)  # this kind's false claims against every right one
+        if (kinds[test] == kind).any():
+            by_kind[kind] = {
+                "error": ERROR_KINDS[kind],
+                "n_false": int((keep & false).sum()),
+                **auroc_ci(risk[keep], false[keep], n_boot=cfg.n_boot, seed=cfg.seed).fields("auroc"),
+                **_familywise(risk[keep], false[keep], level),
+            }
+    return by_kind
+
+
+def _curve_points(name: str, risk: np.ndarray, false: np.ndarray) -> list[dict[str, Any]]:
+    """The risk–coverage curve, thinned to at most 200 evenly spaced points."""
+    curve = risk_coverage(risk, false)
+    keep_points = np.unique(np.linspace(0, len(curve.coverage) - 1, min(200, len(curve.coverage))).astype(int))
+    return [
+        {
+            "signal": name,
+            "threshold": float(curve.threshold[i]),
+            "coverage": float(curve.coverage[i]),
+            "risk": float(curve.risk[i]),
+        }
+        for i in keep_points
+    ]
+
+
+def _abstention(
+    name: str, risk: np.ndarray, false: np.ndarray, split: np.ndarray, alpha: float, cfg: Config
+) -> dict[str, Any]:
+    """CRC's and LTT's thresholds at `alpha` from the calibration split (LTT's grid from the fit split), applied to
+    the test split; over re-draws of the split too for the abstention signal."""
+    test, calibration, fit = split == "test", split == "calibration", split == "fit"
+    s, e = risk[test], false[test]
+    crc = crc_threshold(risk[calibration], false[calibration], alpha)
+    grid = ltt_grid(risk[fit], int(calibration.sum()), alpha, cfg.ltt_delta)
+    ltt = ltt_threshold(risk[calibration], false[calibration], alpha, cfg.ltt_delta, grid)
+    row = {
+        "signal": name,
+        "alpha": alpha,
+        "n_calibration": int(calibration.sum()),
+        "crc": selective_outcome(s, e, crc),
+        "ltt": selective_outcome(s, e, ltt.threshold)
+        | {
+            "delta": cfg.ltt_delta,
+            "n_certified": ltt.n_certified,
+            "n_grid": ltt.n_grid,
+            "smallest_p_value": ltt.smallest_p_value,
+        },
+    }
+    if name == ABSTENTION_SIGNAL:
+        row["resplits"] = resplit(risk, false, split, alpha, cfg, risk[fit])
+    return row
+
+
 def judge(
     scores: dict[str, np.ndarray],
     false: np.ndarray,
@@ -36,18 +106,10 @@ def judge(
     """On the test split, per signal: AUROC (overall and per error kind), AURC; for each α (`alphas`, default
     cfg.alphas), CRC's and LTT's thresholds from the calibration split applied to the test split. Returns (signals,
     abstention, curve points)."""
-    test, calibration, fit = split == "test", split == "calibration", split == "fit"
+    test = split == "test"
+    alphas = cfg.alphas if alphas is None else alphas
     rows, abstention, curves = [], [], []
     level = familywise_level(len(scores) + len(KINDS))
-
-    def familywise(risk_: np.ndarray, false_: np.ndarray) -> dict[str, Any]:
-        # DeLong's interval: a bootstrap at this level would rest on (1 − level)/2 · n_boot resamples per tail
-        return {
-            "auroc_familywise_ci": auroc_ci(risk_, false_, level=level, method="delong").interval,
-            "auroc_familywise_level": level,
-            "auroc_familywise_method": "DeLong",
-        }
-
     for name, risk in scores.items():
         s, e = risk[test], false[test]
         row: dict[str, Any] = {
@@ -56,54 +118,29 @@ def judge(
             "a_priori_sign": RISK_SIGN[name],
             "n_test": int(test.sum()),
         }
-        row |= auroc_ci(s, e, n_boot=cfg.n_boot, seed=cfg.seed).fields("auroc") | familywise(s, e)
+        row |= auroc_ci(s, e, n_boot=cfg.n_boot, seed=cfg.seed).fields("auroc") | _familywise(s, e, level)
         row |= {"aurc": aurc(s, e), "aurc_optimal": optimal_aurc(e), "error_rate": float(e.mean())}
         row["e_aurc"] = row["aurc"] - row["aurc_optimal"]
-        by_kind = {}
-        for kind in KINDS:
-            keep = test & ((kinds == kind) & false | ~false)  # this kind's false claims against every right one
-            if (kinds[test] == kind).any():
-                by_kind[kind] = {
-                    "error": ERROR_KINDS[kind],
-                    "n_false": int((keep & false).sum()),
-                    **auroc_ci(risk[keep], false[keep], n_boot=cfg.n_boot, seed=cfg.seed).fields("auroc"),
-                    **familywise(risk[keep], false[keep]),
-                }
-        row["by_kind"] = by_kind
+        row["by_kind"] = _by_kind(risk, false, kinds, test, cfg, level)
         rows.append(row)
-        curve = risk_coverage(s, e)
-        keep_points = np.unique(np.linspace(0, len(curve.coverage) - 1, min(200, len(curve.coverage))).astype(int))
-        curves += [
-            {
-                "signal": name,
-                "threshold": float(curve.threshold[i]),
-                "coverage": float(curve.coverage[i]),
-                "risk": float(curve.risk[i]),
-            }
-            for i in keep_points
-        ]
-        for alpha in cfg.alphas if alphas is None else alphas:
-            crc = crc_threshold(risk[calibration], false[calibration], alpha)
-            grid = ltt_grid(risk[fit], int(calibration.sum()), alpha, cfg.ltt_delta)
-            ltt = ltt_threshold(risk[calibration], false[calibration], alpha, cfg.ltt_delta, grid)
-            abstention.append(
-                {
-                    "signal": name,
-                    "alpha": alpha,
-                    "n_calibration": int(calibration.sum()),
-                    "crc": selective_outcome(s, e, crc),
-                    "ltt": selective_outcome(s, e, ltt.threshold)
-                    | {
-                        "delta": cfg.ltt_delta,
-                        "n_certified": ltt.n_certified,
-                        "n_grid": ltt.n_grid,
-                        "smallest_p_value": ltt.smallest_p_value,
-                    },
-                }
-            )
-            if name == ABSTENTION_SIGNAL:
-                abstention[-1]["resplits"] = resplit(risk, false, split, alpha, cfg, risk[fit])
+        curves += _curve_points(name, s, e)
+        abstention += [_abstention(name, risk, false, split, alpha, cfg) for alpha in alphas]
     return rows, abstention, curves
+
+
+def _over_draws(series: dict[str, list[float]]) -> dict[str, Any]:
+    """Each series over the re-draws: its mean (`key`), the mean's 95% interval (± 1.96 standard errors,
+    `key_ci95`) and the draws' 5th and 95th percentiles (`key_range90`); None for a series with no draws."""
+    out: dict[str, Any] = {}
+    for key, values in series.items():
+        if values:
+            m = float(np.mean(values))
+            se = float(np.std(values, ddof=1) / math.sqrt(len(values))) if len(values) > 1 else 0.0
+            out[key], out[f"{key}_ci95"] = m, [m - 1.96 * se, m + 1.96 * se]
+        else:
+            out[key], out[f"{key}_ci95"] = None, None
+        out[f"{key}_range90"] = [float(q) for q in np.quantile(values, [0.05, 0.95])] if values else None
+    return out
 
 
 def resplit(
@@ -125,47 +162,34 @@ def resplit(
     n_cal = int((split == "calibration").sum())
     rng = np.random.default_rng([cfg.seed, 41, round(alpha * 1e6)])
     grid = ltt_grid(reference, n_cal, alpha, cfg.ltt_delta)
-    joint, coverage, selective, ltt_cover, ltt_risk, ltt_cover_answering = [], [], [], [], [], []
+    draws: dict[str, list[float]] = {
+        key: []
+        for key in ("crc_joint_risk", "crc_coverage", "crc_selective_risk")
+        + ("ltt_coverage", "ltt_selective_risk", "ltt_coverage_answering")
+    }
+    ltt_risk = draws["ltt_selective_risk"]
     smallest_p, certifying, answered, wrong = [], 0, 0, 0
     for _ in range(cfg.n_resplits):
         order = rng.permutation(pool)
         cal, test = order[:n_cal], order[n_cal:]
         crc = selective_outcome(risk[test], false[test], crc_threshold(risk[cal], false[cal], alpha))
-        joint.append(crc["joint_risk"])
-        coverage.append(crc["coverage"])
+        draws["crc_joint_risk"].append(crc["joint_risk"])
+        draws["crc_coverage"].append(crc["coverage"])
         if crc["selective_risk"] is not None:
-            selective.append(crc["selective_risk"])
+            draws["crc_selective_risk"].append(crc["selective_risk"])
         ltt = ltt_threshold(risk[cal], false[cal], alpha, cfg.ltt_delta, grid)
         smallest_p.append(ltt.smallest_p_value)
         certifying += ltt.n_certified > 0
         outcome = selective_outcome(risk[test], false[test], ltt.threshold)
-        ltt_cover.append(outcome["coverage"])
+        draws["ltt_coverage"].append(outcome["coverage"])
         if outcome["selective_risk"] is not None:
             ltt_risk.append(outcome["selective_risk"])
-            ltt_cover_answering.append(outcome["coverage"])
+            draws["ltt_coverage_answering"].append(outcome["coverage"])
             answered += outcome["n_answered"]
             wrong += outcome["n_wrong_answered"]
 
-    def mean_ci(values: list[float]) -> tuple[float | None, list[float] | None]:
-        if not values:
-            return None, None
-        m, se = (
-            float(np.mean(values)),
-            float(np.std(values, ddof=1) / math.sqrt(len(values))) if len(values) > 1 else 0.0,
-        )
-        return m, [m - 1.96 * se, m + 1.96 * se]
-
     out: dict[str, Any] = {"n_resplits": cfg.n_resplits, "n_calibration": n_cal, "n_test": len(pool) - n_cal}
-    for key, values in (
-        ("crc_joint_risk", joint),
-        ("crc_coverage", coverage),
-        ("crc_selective_risk", selective),
-        ("ltt_coverage", ltt_cover),
-        ("ltt_selective_risk", ltt_risk),
-        ("ltt_coverage_answering", ltt_cover_answering),
-    ):
-        out[key], out[f"{key}_ci95"] = mean_ci(values)
-        out[f"{key}_range90"] = [float(q) for q in np.quantile(values, [0.05, 0.95])] if values else None
+    out |= _over_draws(draws)
     out["ltt_n_certifying"] = int(certifying)
     out["ltt_n_answering"] = len(ltt_risk)
     out["ltt_n_above_alpha"] = int(np.sum([r > alpha for r in ltt_risk]))
