@@ -84,68 +84,76 @@ def _spearman_test(mf: list[float], rates: list[float]) -> tuple[float, float]:
     return rho, spearman_permutation_p(mf, rates, "greater") if math.isfinite(rho) else math.nan
 
 
+def _flag_note(sweep: list[dict[str, Any]]) -> str:
+    """The sentence's note on the γ whose world puts ≥ MAX_FACT_PROBABILITY_FLAG of p on one fact ("" if none)."""
+    flagged = [s for s in sweep if s["max_fact_probability"] >= MAX_FACT_PROBABILITY_FLAG]
+    if not flagged:
+        return ""
+    return (
+        " (one fact holds "
+        + ", ".join(f"{s['max_fact_probability']:.0%} of p at γ = {s['gamma']:g}" for s in flagged)
+        + f": beyond the theorem's bounded largest fact, flagged at ≥ {MAX_FACT_PROBABILITY_FLAG:.0%})"
+    )
+
+
+def _off_regime(sweep: list[dict[str, Any]], mf: list[float]) -> str | None:
+    """Why the sweep cannot carry a rank correlation of g(H) with MF at all (None when it can): fewer than 3 γ, or
+    a monofact rate that does not rise with γ."""
+    if len(sweep) < 3:
+        return f"only {len(sweep)} γ values: a rank correlation of {len(sweep)} points can only be ±1"
+    if not all(b > a for a, b in zip(mf, mf[1:])):
+        return (
+            "the monofact rate does not rise with γ across "
+            + ", ".join(f"γ = {s['gamma']:g} (MF {m:.3f})" for s, m in zip(sweep, mf))
+            + ": the sweep is outside the regime where "
+            "γ moves MF up"
+        )
+    return None
+
+
+def _spearman_headline(name: str, rho: float, p: float, sentence: str, regime: str | None, n: int) -> dict[str, Any]:
+    """A rise of g(H) with MF over n γ values, supported at p ≤ PERMUTATION_LEVEL in the regime where it can be."""
+    why = regime
+    if why is None and not p <= PERMUTATION_LEVEL:
+        why = (
+            f"{sentence[0].lower()}{sentence[1:-1]}: not a rise at this size (one-sided permutation p > "
+            f"{PERMUTATION_LEVEL:g}; with {n} γ values the smallest possible is {1 / math.factorial(n):.3g})"
+        )
+    return headline(
+        name, sentence, rho, None, 1 if why is None else (sign(rho) if math.isfinite(rho) else 0), why is None, why
+    )
+
+
 def _monofact_headlines(sweep: list[dict[str, Any]], by_epoch: dict[str, float]) -> list[dict[str, Any]]:
     """g(H) against the monofact rate across γ, by Spearman's ρ with its exact permutation p-value (one-sided, a
     rise), supported at p ≤ PERMUTATION_LEVEL: at each γ's held-out optimum, and at every listed epoch at once
     (an intersection–union test: the claim holds at every epoch when each epoch's test rejects at the level, so
     the largest p-value decides, with no correction). n γ values give p ≥ 1/n!: 3 can never reach 0.05."""
     mf = [s["monofact_rate"] for s in sweep]
-    rising = all(b > a for a, b in zip(mf, mf[1:]))
-    flagged = [s for s in sweep if s["max_fact_probability"] >= MAX_FACT_PROBABILITY_FLAG]
-    note = (
-        ""
-        if not flagged
-        else " (one fact holds "
-        + ", ".join(f"{s['max_fact_probability']:.0%} of p at γ = {s['gamma']:g}" for s in flagged)
-        + f": beyond the theorem's bounded largest fact, flagged at ≥ {MAX_FACT_PROBABILITY_FLAG:.0%})"
-    )
+    note, regime = _flag_note(sweep), _off_regime(sweep, mf)
     shape = f"Across {len(sweep)} popularity shapes (MF {min(mf):.3f} … {max(mf):.3f})"
-    smallest = 1 / math.factorial(len(sweep))
-    regime = None
-    if len(sweep) < 3:
-        regime = f"only {len(sweep)} γ values: a rank correlation of {len(sweep)} points can only be ±1"
-    elif not rising:
-        regime = (
-            "the monofact rate does not rise with γ across "
-            + ", ".join(f"γ = {s['gamma']:g} (MF {m:.3f})" for s, m in zip(sweep, mf))
-            + ": the sweep is outside the regime where "
-            "γ moves MF up"
-        )
 
-    def verdict(name: str, rho: float, p: float, sentence: str) -> dict[str, Any]:
-        why = regime
-        if why is None and not p <= PERMUTATION_LEVEL:
-            why = (
-                f"{sentence[0].lower()}{sentence[1:-1]}: not a rise at this size (one-sided permutation p > "
-                f"{PERMUTATION_LEVEL:g}; with {len(sweep)} γ values the smallest possible is {smallest:.3g})"
-            )
-        return headline(
-            name, sentence, rho, None, 1 if why is None else (sign(rho) if math.isfinite(rho) else 0), why is None, why
-        )
+    def rates_at(checkpoint: str) -> list[float]:
+        return [next(c for c in s["checkpoints"] if c["checkpoint"] == checkpoint)["hallucination_rate"] for s in sweep]
 
     out = []
-    rates = [next(c for c in s["checkpoints"] if c["checkpoint"] == "optimum")["hallucination_rate"] for s in sweep]
-    rho, p = _spearman_test(mf, rates)
+    rho, p = _spearman_test(mf, rates_at("optimum"))
     out.append(
-        verdict(
+        _spearman_headline(
             "hallucination_rises_with_monofact_rate",
             rho,
             p,
             f"{shape}, g(H) at each γ's held-out optimum has Spearman ρ = {rho:+.2f} with the monofact rate "
             f"(exact one-sided permutation p = {p:.3g}){note}.",
+            regime,
+            len(sweep),
         )
     )
     epochs = list(by_epoch)
-    tests = {
-        e: _spearman_test(
-            mf,
-            [next(c for c in s["checkpoints"] if c["checkpoint"] == f"epoch {e}")["hallucination_rate"] for s in sweep],
-        )
-        for e in epochs
-    }
+    tests = {e: _spearman_test(mf, rates_at(f"epoch {e}")) for e in epochs}
     worst = max(p for _, p in tests.values()) if tests else math.nan
     out.append(
-        verdict(
+        _spearman_headline(
             "hallucination_rises_with_monofact_rate_at_every_epoch",
             min(r for r, _ in tests.values()),
             worst,
@@ -153,52 +161,50 @@ def _monofact_headlines(sweep: list[dict[str, Any]], by_epoch: dict[str, float])
             "Spearman ρ "
             + ", ".join(f"{r:+.2f} (epoch {e}, p = {p:.3g})" for e, (r, p) in tests.items())
             + f"; the largest exact one-sided permutation p is {worst:.3g}{note}.",
+            regime,
+            len(sweep),
         )
     )
     return out
 
 
-def _upweighting_headlines(upweighting: list[dict[str, Any]], n_shares: int) -> list[dict[str, Any]]:
-    """Each mixed condition against the matched-compute control, and their miscalibration, by exact one-sided
-    permutation tests over the draws (Miao & Kearns predict lower g(H) and higher Mis): the control's draws differ
-    in batch order, a condition's in its blocks and batch order, and under the null hypothesis the pooled draws
-    are exchangeable. k draws against k give p ≥ 1/C(2k, k)."""
-    control = upweighting[0]
+def _upweighting_headline(u: dict[str, Any], control: dict[str, Any]) -> dict[str, Any]:
+    """One mixed condition's g(H) against the control's: lower, by an exact one-sided permutation test."""
     base, base_draws = control["hallucination_rate"], control["hallucination_rate_draws"]
-    out = []
-    for u in upweighting[1 : 1 + n_shares]:
-        draws = u["hallucination_rate_draws"]
-        reductions = [1 - r / base for r in draws]
-        p = permutation_p(base_draws, draws, "less")
-        text = (
-            f"Upweighting ({u['condition']}) moves g(H) from {base:.4f} to {u['hallucination_rate']:.4f} against "
-            f"the matched-compute control ({relative_change(1 - u['hallucination_rate'] / base)}; draws "
-            f"{', '.join(relative_change(r) for r in reductions)} against the control's mean; "
-            f"{len(draws)} draws against the control's {len(base_draws)}, exact one-sided permutation p = "
-            f"{p:.3g}), Mis {control['miscalibration_tv_eps']:.3f} → {u['miscalibration_tv_eps']:.3f}, recall "
-            f"{control['recall_seen']:.3f} → {u['recall_seen']:.3f}."
+    draws = u["hallucination_rate_draws"]
+    reductions = [1 - r / base for r in draws]
+    p = permutation_p(base_draws, draws, "less")
+    text = (
+        f"Upweighting ({u['condition']}) moves g(H) from {base:.4f} to {u['hallucination_rate']:.4f} against "
+        f"the matched-compute control ({relative_change(1 - u['hallucination_rate'] / base)}; draws "
+        f"{', '.join(relative_change(r) for r in reductions)} against the control's mean; "
+        f"{len(draws)} draws against the control's {len(base_draws)}, exact one-sided permutation p = "
+        f"{p:.3g}), Mis {control['miscalibration_tv_eps']:.3f} → {u['miscalibration_tv_eps']:.3f}, recall "
+        f"{control['recall_seen']:.3f} → {u['recall_seen']:.3f}."
+    )
+    why = (
+        None
+        if p <= PERMUTATION_LEVEL
+        else (
+            f"{text[:-1]}: not lower than the control at this size (p > {PERMUTATION_LEVEL:g}; the smallest "
+            "possible "
+            f"is {smallest_permutation_p(len(base_draws), len(draws), 'less'):.3g})"
         )
-        why = (
-            None
-            if p <= PERMUTATION_LEVEL
-            else (
-                f"{text[:-1]}: not lower than the control at this size (p > {PERMUTATION_LEVEL:g}; the smallest "
-                "possible "
-                f"is {smallest_permutation_p(len(base_draws), len(draws), 'less'):.3g})"
-            )
-        )
-        out.append(
-            headline(
-                f"upweighting {u['condition']}",
-                text,
-                1 - u["hallucination_rate"] / base,
-                [min(reductions), max(reductions)],
-                sign(u["hallucination_rate"] - base),
-                why is None,
-                why,
-            )
-        )
-    mixed = upweighting[1 : 1 + n_shares]
+    )
+    return headline(
+        f"upweighting {u['condition']}",
+        text,
+        1 - u["hallucination_rate"] / base,
+        [min(reductions), max(reductions)],
+        sign(u["hallucination_rate"] - base),
+        why is None,
+        why,
+    )
+
+
+def _miscalibration_headline(mixed: list[dict[str, Any]], control: dict[str, Any]) -> dict[str, Any]:
+    """The mixed conditions' miscalibration, pooled over their draws, against the control's: higher, by an exact
+    one-sided permutation test."""
     control_mis = control["miscalibration_tv_eps_draws"]
     mixed_mis = [m for u in mixed for m in u["miscalibration_tv_eps_draws"]]
     changes = [m - control["miscalibration_tv_eps"] for m in mixed_mis]
@@ -218,12 +224,18 @@ def _upweighting_headlines(upweighting: list[dict[str, Any]], n_shares: int) -> 
             f"{smallest_permutation_p(len(control_mis), len(mixed_mis), 'greater'):.3g})"
         )
     )
-    out.append(
-        headline(
-            "upweighting_raises_miscalibration", text, mean, [min(changes), max(changes)], sign(mean), why is None, why
-        )
+    return headline(
+        "upweighting_raises_miscalibration", text, mean, [min(changes), max(changes)], sign(mean), why is None, why
     )
-    return out
+
+
+def _upweighting_headlines(upweighting: list[dict[str, Any]], n_shares: int) -> list[dict[str, Any]]:
+    """Each mixed condition against the matched-compute control, and their miscalibration, by exact one-sided
+    permutation tests over the draws (Miao & Kearns predict lower g(H) and higher Mis): the control's draws differ
+    in batch order, a condition's in its blocks and batch order, and under the null hypothesis the pooled draws
+    are exchangeable. k draws against k give p ≥ 1/C(2k, k)."""
+    control, mixed = upweighting[0], upweighting[1 : 1 + n_shares]
+    return [_upweighting_headline(u, control) for u in mixed] + [_miscalibration_headline(mixed, control)]
 
 
 def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
