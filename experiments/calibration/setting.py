@@ -72,30 +72,16 @@ def claim_text(world: FactWorld, person: int, attribute: str, value: str) -> str
     return f"<bos> {world.render(Fact(person, attribute, value), 'bare')} Answer :"
 
 
-def make_setting(cfg: Config) -> Setting:
-    world = FactWorld(
-        FactWorldConfig(
-            n_first_names=cfg.n_first_names,
-            n_last_names=cfg.n_last_names,
-            n_persons=cfg.n_persons,
-            attributes=("birthday",),
-            pareto_gamma=cfg.pareto_gamma,
-            n_train=cfg.n_train,
-            seed=cfg.seed,
-        )
-    )
-    attribute = "birthday"
-    tokenizer = word_level(world.word_vocabulary())
-    # One fact per person (one attribute), so a fact's training count is its person's exposure.
-    exposure = world.train_counts.copy()
-    rng = np.random.default_rng([cfg.seed, 7])
-    seen = np.flatnonzero(exposure > 0)
-    format_persons = np.sort(rng.choice(seen, size=round(cfg.format_share * len(seen)), replace=False))
-    eval_persons = np.setdiff1d(np.arange(len(world.persons)), format_persons)
+def _training_documents(
+    cfg: Config, world: FactWorld, tokenizer: Any, format_persons: np.ndarray, rng: np.random.Generator
+) -> tuple[list[list[int]], list[list[bool]], dict[str, int]]:
+    """The training documents as token ids, which of their tokens are scored, and how many of each kind: every
+    statement, and the format persons' quizzes and true and false claims (one wrong value each, drawn by `rng`)."""
 
     def encode(text: str) -> list[int]:
         return tokenizer.encode(text).ids
 
+    attribute = "birthday"
     rows: list[list[int]] = []
     scored: list[list[bool]] = []
     counts = {"statements": 0, "quizzes": 0, "claims": 0}
@@ -123,17 +109,41 @@ def make_setting(cfg: Config) -> Setting:
             rows.append(ids)
             scored.append([False] * (len(ids) - 2) + [True, True])
             counts["claims"] += 1
+    return rows, scored, counts
+
+
+def make_setting(cfg: Config) -> Setting:
+    world = FactWorld(
+        FactWorldConfig(
+            n_first_names=cfg.n_first_names,
+            n_last_names=cfg.n_last_names,
+            n_persons=cfg.n_persons,
+            attributes=("birthday",),
+            pareto_gamma=cfg.pareto_gamma,
+            n_train=cfg.n_train,
+            seed=cfg.seed,
+        )
+    )
+    tokenizer = word_level(world.word_vocabulary())
+    # One fact per person (one attribute), so a fact's training count is its person's exposure.
+    exposure = world.train_counts.copy()
+    rng = np.random.default_rng([cfg.seed, 7])
+    seen = np.flatnonzero(exposure > 0)
+    format_persons = np.sort(rng.choice(seen, size=round(cfg.format_share * len(seen)), replace=False))
+    eval_persons = np.setdiff1d(np.arange(len(world.persons)), format_persons)
+
+    rows, scored, counts = _training_documents(cfg, world, tokenizer, format_persons, rng)
     length = max(len(r) for r in rows)
     pad_id = tokenizer.token_to_id("<pad>")
     train_rows, train_mask = pad_documents(rows, pad_id, length, scored)
 
     heldout = world.heldout_fact_indices(cfg.n_heldout)  # independent draws from p, not unseen facts
-    held = [encode(f"<bos> {world.render(world.facts[i], 'bare')} <eos>") for i in heldout]
+    held = [tokenizer.encode(f"<bos> {world.render(world.facts[i], 'bare')} <eos>").ids for i in heldout]
     heldout_rows, heldout_mask = pad_documents(held, pad_id, length, [[False] + [True] * (len(r) - 1) for r in held])
     return Setting(
         world,
         tokenizer,
-        attribute,
+        "birthday",
         exposure,
         format_persons,
         eval_persons,
@@ -267,16 +277,9 @@ def heldout_nll(model: HookedTransformer, setting: Setting) -> float:
     return float(-(log_p * mask[:, 1:]).sum(dim=1).mean())
 
 
-def train_in_stages(
-    cfg: Config, setting: Setting, model: HookedTransformer, work: Path
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Train for cfg.steps in cfg.n_stages equal stages (one cosine schedule); after each, the held-out NLL, the
-    cloze recall of the format persons (`recall_selection`) and that of the seen evaluation persons
-    (`recall_seen`). Returns the stage records and the partial checkpoint: the stage before the last whose recall
-    of the format persons is nearest cfg.partial_recall, with its weights. It is chosen on other persons than the
-    evaluation persons it is reported on (all seen, and every one of them outside the evaluation), so the recall
-    it reports is measured, not selected."""
-    train_cfg = TrainConfig(
+def _train_config(cfg: Config, setting: Setting) -> TrainConfig:
+    """The whole run's training configuration (one cosine schedule over cfg.steps; stages stop and resume it)."""
+    return TrainConfig(
         steps=cfg.steps,
         batch_size=cfg.batch_size,
         seq_len=setting.seq_len,
@@ -287,6 +290,18 @@ def train_in_stages(
         eval_batches=1,
         seed=cfg.seed,
     )
+
+
+def train_in_stages(
+    cfg: Config, setting: Setting, model: HookedTransformer, work: Path
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Train for cfg.steps in cfg.n_stages equal stages (one cosine schedule); after each, the held-out NLL, the
+    cloze recall of the format persons (`recall_selection`) and that of the seen evaluation persons
+    (`recall_seen`). Returns the stage records and the partial checkpoint: the stage before the last whose recall
+    of the format persons is nearest cfg.partial_recall, with its weights. It is chosen on other persons than the
+    evaluation persons it is reported on (all seen, and every one of them outside the evaluation), so the recall
+    it reports is measured, not selected."""
+    train_cfg = _train_config(cfg, setting)
     data = SequenceBatches(
         setting.train_rows, setting.heldout_rows, mask=setting.train_mask, val_mask=setting.heldout_mask
     )
