@@ -92,19 +92,17 @@ class Config:
         need(self, self.seed >= 0, f"seed must be a non-negative integer, got {self.seed!r}")
 
 
-def run(cfg: Config, out: Path) -> dict:
-    """Run every check, write the figures into `out`, return {checks, all_passed, ...} for results.json."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+def _plan(cfg: Config, ua: dict[str, Any]) -> list[Callable[[], Check]]:
+    """Every check, in order, bound to the run's seed and sizes; the universal-approximation check also fills `ua`
+    with its run."""
     seed = cfg.seed
     samples = 5000 if cfg.quick else 40000  # Monte Carlo pairs: standard error of Var/d_k ≈ √(2/n)
-    ua: dict[str, Any] = {}
 
     def ua_check() -> Check:
         ua.update(universal_approximation())
         return check_universal_approximation(ua)
 
-    plan: list[Callable[[], Check]] = [
+    return [
         check_sinusoidal_shift,
         check_sinusoidal_wavelengths,
         partial(check_rotary_relative, seed=seed),
@@ -132,6 +130,14 @@ def run(cfg: Config, out: Path) -> dict:
         partial(check_perplexity, seed=seed),
         partial(check_kl_identity, n_samples=samples, seed=seed),
     ]
+
+
+def run(cfg: Config, out: Path) -> dict:
+    """Run every check, write the figures into `out`, return {checks, all_passed, ...} for results.json."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    ua: dict[str, Any] = {}  # the universal-approximation run, which its check fills and the figures draw
+    plan = _plan(cfg, ua)
     checks = []
     start = time.perf_counter()
     # Every tensor here is tiny: on shared cores, intra-op threads cost more in synchronisation than they
@@ -144,7 +150,7 @@ def run(cfg: Config, out: Path) -> dict:
             check = make()
             check.seconds = time.perf_counter() - began
             checks.append(check)
-        figures = write_figures(out, ua, seed)
+        figures = write_figures(out, ua, cfg.seed)
     finally:
         torch.set_num_threads(threads)
     results = {

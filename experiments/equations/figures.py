@@ -12,7 +12,8 @@ from lab.runs import save_figure
 # ============================================================================================
 # Figures and the run
 # ============================================================================================
-def write_figures(out: Path, ua: dict[str, Any], seed: int) -> list[str]:
+def _universal_approximation(ua: dict[str, Any]) -> Any:
+    """The sup error against width, and the target with a few widths' fits."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -40,7 +41,14 @@ def write_figures(out: Path, ua: dict[str, Any], seed: int) -> list[str]:
     figure.update_xaxes(type="log", title_text="neurons N", row=1, col=1)
     figure.update_yaxes(type="log", title_text="sup error", row=1, col=1)
     figure.update_layout(title="Universal approximation: one hidden layer of sigmoids (Cybenko 1989)")
-    save_figure(figure, out, "universal_approximation")
+    return figure
+
+
+def _softmax_saturation(seed: int) -> Any:
+    """The last query's attention entropy and the share of vanished softmax gradients against d_k, with and without
+    the 1/√d_k scale."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
 
     d_ks = (8, 16, 32, 64, 128, 256)
     sweep = [softmax_saturation(None, d_k, 64, 128, seed) for d_k in d_ks]
@@ -79,5 +87,10 @@ def write_figures(out: Path, ua: dict[str, Any], seed: int) -> list[str]:
         title="Without 1/√d_k the softmax saturates as d_k grows (last query over 64 keys, 128 sequences each)",
         height=720,
     )
-    save_figure(figure, out, "softmax_saturation")
+    return figure
+
+
+def write_figures(out: Path, ua: dict[str, Any], seed: int) -> list[str]:
+    save_figure(_universal_approximation(ua), out, "universal_approximation")
+    save_figure(_softmax_saturation(seed), out, "softmax_saturation")
     return ["universal_approximation.html", "softmax_saturation.html"]
