@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from experiments.kl.config import RECIPE, Config, sample_seed
+from experiments.kl.config import RECIPE, Config, Profile, sample_seed
 from experiments.kl.measure import (
     HeldOut,
     decompose,
@@ -46,6 +46,33 @@ def markov_setting(cfg: Config) -> tuple[MarkovSource, TrainConfig, ModelConfig]
     return make_source(world), train_cfg, ModelConfig.from_dict(architecture)
 
 
+def _markov_source_block(source: MarkovSource, rate: float, profile: Profile) -> dict[str, Any]:
+    """results["source"]: the chain, its entropy rate, the KL of the best shorter-context models, and the recipe."""
+    return {
+        **source.to_dict(),
+        "entropy_rate_nats": rate,
+        "entropy_rate_bits": to_bits(rate),
+        **{
+            f"best_{name}_kl_nats": truncated_context_kl(source, width)
+            for name, width in (("unigram", 0), ("bigram", 1))
+            if width < source.order
+        },
+        "recipe": RECIPE,
+        "changed_from_recipe": profile.world,
+    }
+
+
+def _regions(order: int) -> dict[str, str]:
+    """The prefix regions the decomposition is reported on, in words."""
+    return {
+        "complete": f"prefix lengths ≥ {order}, the chain's order: a complete, π-distributed context, where "
+        f"E[H_t] is the entropy rate; CE over these prefixes is what the rate belongs beside",
+        "first": f"{lengths_in_words(1, order - 1)}: shorter than the chain's order, conditioned through π's "
+        f"marginals, so H_t there exceeds the rate (reported apart, never mixed in)",
+        "all": "every held-out prefix, complete or not",
+    }
+
+
 def markov_part(cfg: Config, out: Path) -> dict[str, Any]:
     """Steps 1–3 on the Markov source: checkpoints, then lens, KL by position and temperature at the last."""
     profile = cfg.profile
@@ -77,27 +104,9 @@ def markov_part(cfg: Config, out: Path) -> dict[str, Any]:
     rate_check = entropy_rate_check(final.entropy, rate, held_out.complete_from)
     seconds["lens_position_temperature"] = time.perf_counter() - clock
 
-    order = source.order
     return {
-        "source": {
-            **source.to_dict(),
-            "entropy_rate_nats": rate,
-            "entropy_rate_bits": to_bits(rate),
-            **{
-                f"best_{name}_kl_nats": truncated_context_kl(source, width)
-                for name, width in (("unigram", 0), ("bigram", 1))
-                if width < order
-            },
-            "recipe": RECIPE,
-            "changed_from_recipe": profile.world,
-        },
-        "regions": {
-            "complete": f"prefix lengths ≥ {order}, the chain's order: a complete, π-distributed context, where "
-            f"E[H_t] is the entropy rate; CE over these prefixes is what the rate belongs beside",
-            "first": f"{lengths_in_words(1, order - 1)}: shorter than the chain's order, conditioned through π's "
-            f"marginals, so H_t there exceeds the rate (reported apart, never mixed in)",
-            "all": "every held-out prefix, complete or not",
-        },
+        "source": _markov_source_block(source, rate, profile),
+        "regions": _regions(source.order),
         "model": {"n_params": model_cfg.n_params(), **model_cfg.to_dict()},
         "train": train_cfg.to_dict() | {"train_sequences": len(data.sequences["train"])},
         "eval": {
