@@ -60,6 +60,21 @@ def _allowed(ids: Tensor, d_vocab: int) -> Tensor:
     return mask
 
 
+def _value_prefixes(value_ids: torch.Tensor, d_vocab: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Value prefixes at each depth t: the distinct first-t-token prefixes, each value's prefix among them, and
+    which tokens may follow each ([prefix, vocab])."""
+    depths = []
+    for t in range(value_ids.shape[1]):
+        if t == 0:  # the empty prefix: every value shares it
+            prefixes, inverse = value_ids[:1, :0], torch.zeros(len(value_ids), dtype=torch.long)
+        else:
+            prefixes, inverse = torch.unique(value_ids[:, :t], dim=0, return_inverse=True)
+        allowed = torch.zeros(len(prefixes), d_vocab, dtype=torch.bool)
+        allowed[inverse, value_ids[:, t]] = True
+        depths.append((prefixes, inverse, allowed))
+    return depths
+
+
 @torch.inference_mode()
 def enumerate_g(model: HookedTransformer, setting: Setting, firsts_per_chunk: int = 4) -> Enumeration:
     """g over every well-formed factoid, exactly, with shared prefixes (the package's docstring)."""
@@ -79,18 +94,7 @@ def enumerate_g(model: HookedTransformer, setting: Setting, firsts_per_chunk: in
     leaks = [float(_leak(head_lp[0, 0], first_ok)), float((first_lp.exp() * _leak(head_lp[:, 1], last_ok)).sum())]
     leaks += [0.0] * (1 + value_len)
 
-    # Value prefixes at each depth t: the distinct first-t-token prefixes, which tokens may follow each.
-    depth_prefixes, depth_inverse, depth_allowed = [], [], []
-    for t in range(value_len):
-        if t == 0:  # the empty prefix: every value shares it
-            prefixes, inverse = setting.value_ids[:1, :0], torch.zeros(n_values, dtype=torch.long)
-        else:
-            prefixes, inverse = torch.unique(setting.value_ids[:, :t], dim=0, return_inverse=True)
-        allowed = torch.zeros(len(prefixes), d_vocab, dtype=torch.bool)
-        allowed[inverse, setting.value_ids[:, t]] = True
-        depth_prefixes.append(prefixes)
-        depth_inverse.append(inverse)
-        depth_allowed.append(allowed)
+    depths = _value_prefixes(setting.value_ids, d_vocab)
 
     log_g = np.empty((n_first, n_last, n_values))
     prompt_log_p = np.empty((n_first, n_last))
@@ -106,7 +110,7 @@ def enumerate_g(model: HookedTransformer, setting: Setting, firsts_per_chunk: in
         prompt_lp = name_lp + tail_lp[:, 0, setting.attribute_id].double()
         value_lp = torch.zeros(n_pairs, n_values, dtype=torch.float64)
         for t in range(value_len):
-            prefixes, inverse, allowed = depth_prefixes[t], depth_inverse[t], depth_allowed[t]
+            prefixes, inverse, allowed = depths[t]
             if t == 0:
                 next_lp = tail_lp[:, 1][:, None, :]  # [pair, 1, vocab]
             else:  # Positions 4+: each distinct value prefix after every pair, on the pair's cache.
