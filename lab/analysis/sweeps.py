@@ -37,11 +37,19 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from lab.analysis.activations.store import model_summary
 from lab.analysis.patching import PatchingResult, patch_heads, patch_heads_by_position, patch_positions
-from lab.distributed import PARTS, all_gather_json, all_gather_rows, claim_parts, plan_parts, rank_world, record_plan
+from lab.distributed import (
+    PARTS,
+    all_gather_json,
+    all_gather_rows,
+    claim_parts,
+    parts_bar,
+    plan_parts,
+    rank_world,
+    record_plan,
+)
 from lab.files import atomic_write, atomic_write_text, is_temporary
 from lab.inputs import InputError, parse_json, read_json_object, read_text, regular_file
 
@@ -215,7 +223,7 @@ def sweep_pairs(
     """Run `sweeps` over every pair into `out_dir` (see the module's docstring): in this process, or — under
     torchrun — this rank's share, every rank calling it alike. Returns the tables on rank 0, None on the others.
     overwrite: start afresh, whatever out_dir holds (rerun without it to resume)."""
-    rank, world = rank_world()
+    rank = rank_world()[0]
     out_dir = Path(out_dir)
     _check_sweep(pairs, sweeps, direction, out_dir, overwrite)
     ranges = plan_parts(len(pairs), most=parts)
@@ -226,12 +234,7 @@ def sweep_pairs(
         (out_dir / SWEEP_FILE).unlink(missing_ok=True)
 
     kept, mine = claim_parts(len(ranges), lambda i: not overwrite and part_file(out_dir, i).is_file())
-    bar = tqdm(
-        total=sum(len(ranges[i]) for i in mine),
-        unit="pair",
-        disable=not progress or rank != 0,
-        desc="sweep" if world == 1 else f"sweep, rank 0 of {world}",
-    )
+    bar = parts_bar(sum(len(ranges[i]) for i in mine), "pair", "sweep", progress)
     for i in mine:
         tensors = _sweep_part(model, [pairs[j] for j in ranges[i]], sweeps, direction, max_batch, width, bar)
         atomic_write(part_file(out_dir, i), lambda path, tensors=tensors: save_file(tensors, str(path)))
