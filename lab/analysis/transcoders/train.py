@@ -171,9 +171,19 @@ class DataOrder:
 
 def output_scale(store: ActivationStore, cfg: TranscoderConfig) -> Tensor:
     """Σ_d Var(y_d) of each layer's output over the first shard: the loss's per-layer denominator, so that the
-    reconstruction term is a fraction of variance unexplained and every layer weighs alike."""
-    _, y = rows(store, 0, cfg)
-    return y.var(dim=0).sum(-1).clamp_min(1e-12)
+    reconstruction term is a fraction of variance unexplained and every layer weighs alike. Computed a layer at a
+    time; across the ranks of a group each rank reads and computes a share of the layers, and the shares are summed
+    (each layer from one rank, zeros elsewhere: the bits of one process)."""
+    rank, world = rank_world()
+    mine = list(share(range(cfg.n_layers), rank, world))
+    scale = torch.zeros(cfg.n_layers)
+    if mine:  # (a rank of more ranks than layers has none)
+        _, y = rows(store, 0, cfg, mine)
+        for i, layer in enumerate(mine):
+            scale[layer] = y[:, i].var(dim=0).sum()
+    if world > 1:
+        dist.all_reduce(scale)
+    return scale.clamp_min(1e-12)
 
 
 def sparsity_weight(step: int, training: TranscoderTraining) -> float:
@@ -439,7 +449,10 @@ def train_transcoders(
         else slice(None)
     )
     order = DataOrder(store, cfg, training.batch_size, training.seed, layers, mine)
-    wrapped = DistributedDataParallel(objective) if data_parallel else objective
+    # init_sync=False: every rank starts from the same weights already (the seeded initialisation, or the
+    # checkpoint every rank loads), so DistributedDataParallel need not broadcast rank 0's.
+    wrapped = DistributedDataParallel(objective, init_sync=False) if data_parallel else objective
+    store.verify_shared()  # each rank hashes a share of the shards, not every shard it reads
     scale = output_scale(store, cfg)
     if state.step < training.steps:
         for step, x, y in order.batches(state.step):
