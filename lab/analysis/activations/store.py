@@ -18,6 +18,7 @@ naming the file that is wrong."""
 import hashlib
 import json
 import math
+import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,7 @@ from lab.analysis.activations.verify import (
     is_row_spec,
     verify_checksum,
 )
+from lab.distributed import all_gather_json, rank_world, share
 from lab.files import atomic_write, atomic_write_text, is_temporary
 from lab.freed_memory import release_freed_memory
 from lab.inputs import InputError, read_json_object, regular_file
@@ -449,6 +451,29 @@ class ActivationStore:
         names = self._names(names)
         for i in range(len(self.index["shards"])):
             yield self.shard(i, names)
+
+    def verify_shared(self) -> None:
+        """Check every shard's checksum now, the ranks of a torch.distributed group on each machine sharing the
+        work (torchrun's LOCAL_RANK of LOCAL_WORLD_SIZE: each rank hashes a share of the shards, and each machine
+        checks its own files), where otherwise every rank would hash every shard it reads. A bad shard found by any
+        rank is the same InputError on every rank. In one process, or without torchrun's variables, nothing is
+        done now: each shard is checked when first read."""
+        rank, world = rank_world()
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        if world == 1 or local_world == 1:
+            return
+        shards = self.index["shards"]
+        problem = None
+        for shard in share(shards, int(os.environ["LOCAL_RANK"]), local_world):
+            try:
+                verify_checksum(self.directory, shard)
+            except InputError as err:
+                problem = str(err)
+                break
+        found = [p for p in all_gather_json(problem) if p is not None]
+        if found:
+            raise InputError(found[0])
+        self._verified.update(s["file"] for s in shards)
 
     def shard(self, i: int, names: str | Sequence[str] | None = None) -> Activations:
         """Shard `i` alone (the named hooks): what a reader in an order of its own (a trainer's shuffle) reads. Its
