@@ -161,15 +161,7 @@ def main() -> None:
         print(json.dumps(phase_stream(args)))
         return
 
-    argv = [
-        f"--sequences={args.sequences}",
-        f"--seq-len={args.seq_len}",
-        f"--batch={args.batch}",
-        f"--layer={args.layer}",
-        f"--positions={args.positions}",
-        f"--dtype={args.dtype}",
-    ]
-    argv += ["--progress"] if args.progress else []
+    argv = _phase_argv(args)
     cache = run_phase("cache", argv)
     stream = run_phase("stream", argv)
     ratio = stream["peak_rss_bytes"] / cache["peak_rss_bytes"]
@@ -201,9 +193,28 @@ def main() -> None:
         "cores may be shared with other work, so the times are indicative",
     }
     path = write("activations", payload)
+    _print_summary(payload)
+    print(f"wrote {path}")
+
+
+def _phase_argv(args: argparse.Namespace) -> list[str]:
+    """The options each phase's fresh interpreter is run with: this run's own."""
+    argv = [
+        f"--sequences={args.sequences}",
+        f"--seq-len={args.seq_len}",
+        f"--batch={args.batch}",
+        f"--layer={args.layer}",
+        f"--positions={args.positions}",
+        f"--dtype={args.dtype}",
+    ]
+    return argv + (["--progress"] if args.progress else [])
+
+
+def _print_summary(payload: dict) -> None:
+    """The run's figures as lines a reader reads, from what it wrote."""
     print(
-        f"model: {payload['model']}; hook {payload['hook']}, {args.sequences} × {args.seq_len} tokens, "
-        f"batch {args.batch}, positions {args.positions}, {args.dtype}"
+        f"model: {payload['model']}; hook {payload['hook']}, {payload['sequences']} × {payload['seq_len']} tokens, "
+        f"batch {payload['batch']}, positions {payload['positions']}, {payload['dtype']}"
     )
     print(
         f"one batch, run_with_cache(names_filter=[hook]): peak +{payload['one_batch_run_with_cache_peak_rss_mb']:.1f} "
@@ -211,16 +222,17 @@ def main() -> None:
         f"(the cache tensor itself: {payload['one_batch_cache_tensor_mb']:.1f} MB)"
     )
     print(
-        f"streamed {stream['rows']:,} rows into {stream['shards']} shards ({payload['gb_written']:.2f} GB) in "
-        f"{stream['seconds']:.1f} s ({stream['sequences_per_s']:.0f} sequences/s): peak "
+        f"streamed {payload['rows_written']:,} rows into {payload['shards']} shards "
+        f"({payload['gb_written']:.2f} GB) in {payload['stream_seconds']:.1f} s "
+        f"({payload['sequences_per_s']:.0f} sequences/s): peak "
         f"+{payload['stream_peak_rss_mb']:.1f} MB"
     )
     print(
-        f"stream / one batch's cache = {ratio:.2f} (target < 1.5: {'PASS' if payload['passed'] else 'FAIL'}); "
+        f"stream / one batch's cache = {payload['stream_vs_one_batch_cache']:.2f} "
+        f"(target < 1.5: {'PASS' if payload['passed'] else 'FAIL'}); "
         f"stream / cache tensor alone = {payload['stream_vs_cache_tensor_alone']:.2f}"
     )
-    print(f"RSS above start over the run (s, MB): {stream['rss_trace_mb']}")
-    print(f"wrote {path}")
+    print(f"RSS above start over the run (s, MB): {payload['rss_trace_mb']}")
 
 
 if __name__ == "__main__":

@@ -75,6 +75,28 @@ def summarise(times: list[float]) -> dict[str, float]:
     return {"median_s": statistics.median(times), "max_s": max(times), "min_s": min(times), "rounds": len(times)}
 
 
+def _time_interactions(page, url: str, rounds: int) -> dict[str, dict]:
+    """The time from an action to the page at rest: a new prompt in the explorer, and a step of the calibration
+    page's temperature slider (where the page has one)."""
+    interactions = {}
+    load_time(page, f"{url}/explorer")
+    prompts = ["Return the number of items.", "This module provides functions.", "If the file exists."]
+    box = page.get_by_label("Prompt", exact=True)
+    interactions["explorer: new prompt"] = summarise(
+        [
+            interaction_time(page, lambda text=text: (box.fill(text), box.press("Enter")))
+            for text in (prompts * rounds)[:rounds]
+        ]
+    )
+    load_time(page, f"{url}/calibration")
+    slider = page.get_by_role("slider").first
+    if slider.count():
+        interactions["calibration: temperature"] = summarise(
+            [interaction_time(page, lambda: (slider.focus(), slider.press("ArrowRight"))) for _ in range(rounds)]
+        )
+    return interactions
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
@@ -110,24 +132,7 @@ def main() -> None:
                 print(
                     f"{name:14s} {results['pages'][name]['median_s']:.2f} s (warm-up {warm_up[name]:.2f} s)", flush=True
                 )
-            load_time(page, f"{url}/explorer")
-            prompts = ["Return the number of items.", "This module provides functions.", "If the file exists."]
-            box = page.get_by_label("Prompt", exact=True)
-            results["interactions"]["explorer: new prompt"] = summarise(
-                [
-                    interaction_time(page, lambda text=text: (box.fill(text), box.press("Enter")))
-                    for text in (prompts * args.rounds)[: args.rounds]
-                ]
-            )
-            load_time(page, f"{url}/calibration")
-            slider = page.get_by_role("slider").first
-            if slider.count():
-                results["interactions"]["calibration: temperature"] = summarise(
-                    [
-                        interaction_time(page, lambda: (slider.focus(), slider.press("ArrowRight")))
-                        for _ in range(args.rounds)
-                    ]
-                )
+            results["interactions"] = _time_interactions(page, url, args.rounds)
             for name, row in results["interactions"].items():
                 print(f"{name:28s} {row['median_s']:.2f} s", flush=True)
             results["page_errors"] = errors

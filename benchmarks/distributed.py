@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -198,13 +199,32 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     from benchmarks.summary import write_summary
-    from benchmarks.timing import machine, result_name, write
+    from benchmarks.timing import result_name, write
 
     ranks = [1, 2]
     skipped = None
     if args.device == "cuda" and torch.cuda.device_count() < 2:
         ranks, skipped = [1], f"2 ranks need 2 GPUs; this machine has {torch.cuda.device_count()}"
     kinds = KINDS if args.device == "cpu" else ("harvest", "sweep")
+    times = timed_rounds(kinds, ranks, args)
+    work = {
+        "harvest": ("tokens", args.sequences * SEQ_LEN),
+        "sweep": ("pairs", args.pairs),
+        "train_data": ("tokens", TRAIN_STEPS * TRAIN_BATCH),
+        "train_modules": ("tokens", TRAIN_STEPS * TRAIN_BATCH),
+    }
+    results = settings(args, skipped, trained="train_data" in kinds)
+    for kind in kinds:
+        results[kind] = scaling_section(times[kind], *work[kind])
+    path = write(result_name("distributed", args.device), results)
+    print(json.dumps({kind: results[kind]["scaling"] for kind in kinds}), f"-> {path}")
+    write_summary(args.device)
+    return results
+
+
+def timed_rounds(kinds: Sequence[str], ranks: list[int], args: argparse.Namespace) -> dict[str, dict[int, list]]:
+    """args.rounds rounds of a launch of each kind on each world size (alternating which goes first):
+    {kind: {ranks: [launch(...) of each round]}}."""
     times: dict[str, dict[int, list[dict]]] = {kind: {k: [] for k in ranks} for kind in kinds}
     with tempfile.TemporaryDirectory(prefix="forma-distributed-") as scratch:
         if "train_data" in kinds:
@@ -219,13 +239,14 @@ def main(argv: list[str] | None = None) -> dict:
                         f"{times[kind][k][-1]['seconds']:.2f} s",
                         flush=True,
                     )
-    work = {
-        "harvest": ("tokens", args.sequences * SEQ_LEN),
-        "sweep": ("pairs", args.pairs),
-        "train_data": ("tokens", TRAIN_STEPS * TRAIN_BATCH),
-        "train_modules": ("tokens", TRAIN_STEPS * TRAIN_BATCH),
-    }
-    results = {
+    return times
+
+
+def settings(args: argparse.Namespace, skipped: str | None, trained: bool) -> dict:
+    """What the file records besides the times: the machine, the shapes and sizes, the target."""
+    from benchmarks.timing import machine
+
+    return {
         "machine": machine() | {"threads_per_rank": 1},
         "device": args.device,
         "rounds": args.rounds,
@@ -243,33 +264,28 @@ def main(argv: list[str] | None = None) -> dict:
         },
         "target_scaling": TARGET,
         "skipped": skipped,
-        "training_skipped": None if "train_data" in kinds else "the transcoder trainer runs on the CPU only",
+        "training_skipped": None if trained else "the transcoder trainer runs on the CPU only",
     }
-    work = {kind: work[kind] for kind in kinds}
-    for kind, (unit, amount) in work.items():
-        section = {unit: amount}
-        for k in ranks:
-            seconds = statistics.median(t["seconds"] for t in times[kind][k])
-            section[f"ranks_{k}"] = {
-                "seconds": seconds,
-                f"{unit}_per_s": amount / seconds,
-                "wall_s": statistics.median(t["wall_s"] for t in times[kind][k]),
-                "seconds_each": [t["seconds"] for t in times[kind][k]],
-            }
-        section["scaling"] = (
-            section["ranks_2"][f"{unit}_per_s"] / section["ranks_1"][f"{unit}_per_s"] if 2 in ranks else None
-        )
-        # Each round's own ratio (its two launches ran back to back): how much a round's load moved it.
-        section["scaling_each_round"] = (
-            [one["seconds"] / two["seconds"] for one, two in zip(times[kind][1], times[kind][2])]
-            if 2 in ranks
-            else None
-        )
-        results[kind] = section
-    path = write(result_name("distributed", args.device), results)
-    print(json.dumps({kind: results[kind]["scaling"] for kind in work}), f"-> {path}")
-    write_summary(args.device)
-    return results
+
+
+def scaling_section(times: dict[int, list[dict]], unit: str, amount: int) -> dict:
+    """One kind's medians per world size, its rate, and the scaling (2-rank rate / 1-rank rate; None without 2)."""
+    section: dict = {unit: amount}
+    for k, launches in times.items():
+        seconds = statistics.median(t["seconds"] for t in launches)
+        section[f"ranks_{k}"] = {
+            "seconds": seconds,
+            f"{unit}_per_s": amount / seconds,
+            "wall_s": statistics.median(t["wall_s"] for t in launches),
+            "seconds_each": [t["seconds"] for t in launches],
+        }
+    paired = 2 in times
+    section["scaling"] = section["ranks_2"][f"{unit}_per_s"] / section["ranks_1"][f"{unit}_per_s"] if paired else None
+    # Each round's own ratio (its two launches ran back to back): how much a round's load moved it.
+    section["scaling_each_round"] = (
+        [one["seconds"] / two["seconds"] for one, two in zip(times[1], times[2])] if paired else None
+    )
+    return section
 
 
 if __name__ == "__main__":

@@ -28,20 +28,12 @@ def op_profile(fn, calls: int = 5, top: int = 8) -> dict[str, float]:
     return table | {"total": sum(e.self_cpu_time_total for e in events) / 1e3 / calls}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--rounds", type=int, default=11)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--d-model", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--tokens", type=int, default=128)
-    args = parser.parse_args()
-
+def _three_models(args: argparse.Namespace, vocab: int) -> tuple:
+    """One random GPT-2 of the run's shape (sdpa attention), read three ways: by Hugging Face itself, by Forma
+    (from_hf), and by TransformerLens's bridge in compatibility mode (on a copy of the same weights)."""
     from transformer_lens.model_bridge import TransformerBridge
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    torch.manual_seed(0)
-    vocab = 4096
     hf_cfg = GPT2Config(
         n_layer=args.layers,
         n_embd=args.d_model,
@@ -60,6 +52,21 @@ def main() -> None:
         tokenizer = to_hf_tokenizer(word_level([f"w{i}" for i in range(vocab - 4)]), tmp)
         bridge = TransformerBridge.boot_transformers("gpt2", hf_model=bridge_hf, tokenizer=tokenizer, device="cpu")
     bridge.enable_compatibility_mode()
+    return hf, ours, bridge
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=11)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=128)
+    args = parser.parse_args()
+
+    torch.manual_seed(0)
+    vocab = 4096
+    hf, ours, bridge = _three_models(args, vocab)
     tokens = torch.randint(0, vocab, (args.batch, args.tokens), generator=torch.Generator().manual_seed(1))
 
     with torch.inference_mode():

@@ -72,14 +72,14 @@ def corpus(n_sequences: int, vocab: int, seed: int) -> torch.Tensor:
     return torch.randint(0, vocab, (n_sequences, SEQ_LEN), generator=torch.Generator().manual_seed(seed))
 
 
-def bench_ratio(args: argparse.Namespace) -> dict:
+def _forma_and_bridge(device: str) -> tuple:
+    """One GPT-2-small Hugging Face model of random weights, read by Forma (from_hf) and by TransformerLens's
+    bridge in compatibility mode (a word-level tokenizer of its vocabulary's size)."""
     from transformer_lens.model_bridge import TransformerBridge
 
-    from lab.analysis.activations import save_activations
     from lab.data.tokenizers import to_hf_tokenizer, word_level
     from lab.hf import from_hf
 
-    device = args.device
     hf = hf_model("gpt2-small", device)
     ours = from_hf(hf).eval().to(device)
     vocab = SIZES["gpt2-small"][3]
@@ -89,7 +89,33 @@ def bench_ratio(args: argparse.Namespace) -> dict:
             "gpt2", hf_model=copy.deepcopy(hf), tokenizer=tokenizer, device=device
         )
     bridge.enable_compatibility_mode()
-    del hf
+    return ours, bridge
+
+
+def _agreement(bridge, batch: torch.Tensor, out: Path, rows: int) -> dict[str, float]:
+    """Per hook, the largest |difference| between the first `rows` rows Forma harvested under `out` and the
+    bridge's run_with_cache of the first batch."""
+    from lab.analysis.activations import ActivationStore
+
+    agreement = {}
+    for where, hook in HOOKS.items():
+        stored = next(ActivationStore(out / hook).shards()).acts[hook][:rows]
+        with torch.inference_mode():
+            _, cache = bridge.run_with_cache(batch, names_filter=[hook])
+        theirs = cache[hook].reshape(-1, cache[hook].shape[-1]).cpu()
+        # Compatibility mode centres the writing weights, so the bridge's residual stream is Forma's minus
+        # each row's mean over d_model: compare the rows centred.
+        centred = lambda t: t - t.mean(dim=-1, keepdim=True)  # noqa: E731
+        agreement[where] = float((centred(stored) - centred(theirs)).abs().max())
+    return agreement
+
+
+def bench_ratio(args: argparse.Namespace) -> dict:
+    from lab.analysis.activations import save_activations
+
+    device = args.device
+    ours, bridge = _forma_and_bridge(device)
+    vocab = SIZES["gpt2-small"][3]
     data = corpus(args.batches * args.batch, vocab, seed=1)  # on the CPU: the harvest moves each batch itself
     batches = [batch.to(device) for batch in data.split(args.batch)]
     tokens = data.numel()
@@ -116,18 +142,7 @@ def bench_ratio(args: argparse.Namespace) -> dict:
         contenders[f"bridge_run_with_cache_{where}"] = timed(bridge_cache(hook), device)
     try:
         timing = interleaved(contenders, rounds=args.rounds, warmup=1)
-        agreement = {}
-        for where, hook in HOOKS.items():
-            from lab.analysis.activations import ActivationStore
-
-            stored = next(ActivationStore(out / hook).shards()).acts[hook][: SEQ_LEN * args.batch]
-            with torch.inference_mode():
-                _, cache = bridge.run_with_cache(batches[0], names_filter=[hook])
-            theirs = cache[hook].reshape(-1, cache[hook].shape[-1]).cpu()
-            # Compatibility mode centres the writing weights, so the bridge's residual stream is Forma's minus
-            # each row's mean over d_model: compare the rows centred.
-            centred = lambda t: t - t.mean(dim=-1, keepdim=True)  # noqa: E731
-            agreement[where] = float((centred(stored) - centred(theirs)).abs().max())
+        agreement = _agreement(bridge, batches[0], out, SEQ_LEN * args.batch)
     finally:
         shutil.rmtree(out, ignore_errors=True)
     result = {
@@ -352,6 +367,12 @@ def main(argv: list[str] | None = None) -> None:
         "measured interleaved in one process, are the figures to read",
     }
     path = None if args.quick else write(result_name("harvest", args.device), payload)
+    _print_summary(ratio, memory, corpus_run, args.device)
+    print(f"wrote {path}" if path else "quick run: nothing written")
+
+
+def _print_summary(ratio: dict, memory: dict, corpus_run: dict, device: str) -> None:
+    """The run's figures, one line per hook's throughput and one per memory phase."""
     for where, hook in HOOKS.items():
         print(
             f"GPT-2 small, {hook}: Forma harvest {ratio[f'forma_tokens_per_s_{where}']:.0f} tokens/s, bridge "
@@ -359,7 +380,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{ratio[f'throughput_vs_bridge_{where}']:.2f}× (target ≥ 2×); max |diff| "
             f"{ratio['max_abs_diff_vs_bridge'][where]:.1e} (rows centred)"
         )
-    where = "gpu" if args.device.startswith("cuda") else "rss"
+    where = "gpu" if device.startswith("cuda") else "rss"
     for name, m in (("GPT-2 small", memory), ("corpus", corpus_run)):
         print(
             f"{name}: {m['tokens']:,} tokens of {m['hook']} at {m['tokens_per_s']:.0f} tokens/s, peak ({where}) "
@@ -368,7 +389,6 @@ def main(argv: list[str] | None = None) -> None:
             "1.5×; "
             f"model {m['model_mb']:.0f} MB); RSS trace {m['rss_trace_mb']}"
         )
-    print(f"wrote {path}" if path else "quick run: nothing written")
 
 
 if __name__ == "__main__":

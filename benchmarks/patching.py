@@ -242,6 +242,20 @@ def zoo_agreement(tokens: int, device: str = "cpu") -> dict:
     return out
 
 
+def _add_zoo_agreement(parser: argparse.ArgumentParser, device: str) -> None:
+    """--zoo-only: measure the zoo agreement into the results file a full run wrote, its other figures kept."""
+    path = RESULTS / f"{result_name('patching', device)}.json"
+    if not path.is_file():
+        parser.error(f"--zoo-only adds to the results of a full run, and there is none at {path}")
+    results = json.loads(path.read_text())
+    results["zoo"] = zoo_agreement(results["shape"]["tokens"], device)
+    results["zoo_measured_utc"] = machine()["utc"]
+    print(
+        f"zoo: {', '.join(results['zoo']) or 'no trained decoder-only zoo model'}; wrote "
+        f"{write(result_name('patching', device), results)}"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", help="where both models run (default cpu; e.g. cuda)")
@@ -258,16 +272,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     if args.zoo_only:
-        path = RESULTS / f"{result_name('patching', args.device)}.json"
-        if not path.is_file():
-            parser.error(f"--zoo-only adds to the results of a full run, and there is none at {path}")
-        results = json.loads(path.read_text())
-        results["zoo"] = zoo_agreement(results["shape"]["tokens"], args.device)
-        results["zoo_measured_utc"] = machine()["utc"]
-        print(
-            f"zoo: {', '.join(results['zoo']) or 'no trained decoder-only zoo model'}; wrote "
-            f"{write(result_name('patching', args.device), results)}"
-        )
+        _add_zoo_agreement(parser, args.device)
         return
     layers = args.layers or (4 if args.quick else 12)
     tokens = args.tokens or (12 if args.quick else 32)

@@ -368,57 +368,73 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
             "",
         ]
     for name, shape in results["shapes"].items():
-        for measure, section, ours, theirs, peer, ratio_key, target_key in ROWS:
-            if section not in shape:
-                continue
-            part = shape[section]
-            if section == "generation":
-                a, b = (f"{part['tokens_per_s'][k]:.1f}" for k in (ours, theirs))
-            else:
-                a, b = (f"{part['timing'][k]['median_s']:.3f} s" for k in (ours, theirs))
-            target = " ".join((TARGETS[target_key][0], f"{TARGETS[target_key][1]}×")) if target_key else "—"
-            memory = part["peak_memory_bytes"]
-            mb = " / ".join("—" if memory[k] is None else f"{memory[k] / 2**20:.0f}" for k in (ours, theirs))
-            lines.append(f"| {name} | {measure} | {a} | {b} ({peer}) | {part[ratio_key]:.3f}× | {target} | {mb} |")
-        if "forward" in shape:
-            f = shape["forward"]
-            measure = "share of the forward in its matrix products"
-            if max(f["utilisation"], f["hf_utilisation"]) > 1:  # the products alone read while the machine was slower
-                lines.append(
-                    f"| {name} | {measure} | not shown: the products alone were measured slower than the "
-                    f"whole forward (a noisy reading) | — | — | — | — |"
-                )
-            else:
-                lines.append(
-                    f"| {name} | {measure} | {f['utilisation']:.2f} of Forma's | {f['hf_utilisation']:.2f} "
-                    f"of HF sdpa's | — | — | — |"
-                )
+        lines += _table_rows(name, shape)
     for name, shape in results["shapes"].items():
-        if "forward" in shape:
-            f, (op, target) = shape["forward"], TARGETS["forward_vs_hf_sdpa"]
-            lines += [
-                "",
-                f"{name}: the forward's {f['products']} matrix products, run alone on operands laid out as "
-                f"the forward's own, take {f['timing']['forma_products']['median_s']:.3f} s "
-                f"({f['products_flops_per_s'] / 1e9:.1f} GFLOP/s): {f['products_vs_hf_sdpa']:.3f}× HF's "
-                f"forward, the lowest ratio a forward made of them can reach"
-                + (
-                    f"; above the forward target ({op} {target}×): no forward made of these products meets "
-                    f"it in these rounds."
-                    if f["products_vs_hf_sdpa"] > target
-                    else "."
-                ),
-            ]
-        floor = shape.get("run_with_cache", {}).get("forward_vs_bridge_cache_all")
-        op, target = TARGETS["cache_all_vs_bridge"]
-        if floor is not None and floor > target:
-            lines += [
-                "",
-                f"{name}: the run_with_cache(all) target ({op} {target}×) cannot be met on this machine: "
-                f"Forma's forward alone, caching nothing, takes {floor:.3f}× the bridge's "
-                f"run_with_cache(all) in the same rounds, and a cache is read from a forward.",
-            ]
+        lines += _floor_notes(name, shape)
     lines += ["", f"Peak memory: {results['peak_memory_method']}."]
+    return lines
+
+
+def _table_rows(name: str, shape: dict[str, Any]) -> list[str]:
+    """One shape's rows of the table: each measure it has (Forma, the peer, ratio, target, peak memory), then the
+    share of its forward spent in the matrix products."""
+    lines = []
+    for measure, section, ours, theirs, peer, ratio_key, target_key in ROWS:
+        if section not in shape:
+            continue
+        part = shape[section]
+        if section == "generation":
+            a, b = (f"{part['tokens_per_s'][k]:.1f}" for k in (ours, theirs))
+        else:
+            a, b = (f"{part['timing'][k]['median_s']:.3f} s" for k in (ours, theirs))
+        target = " ".join((TARGETS[target_key][0], f"{TARGETS[target_key][1]}×")) if target_key else "—"
+        memory = part["peak_memory_bytes"]
+        mb = " / ".join("—" if memory[k] is None else f"{memory[k] / 2**20:.0f}" for k in (ours, theirs))
+        lines.append(f"| {name} | {measure} | {a} | {b} ({peer}) | {part[ratio_key]:.3f}× | {target} | {mb} |")
+    if "forward" in shape:
+        f = shape["forward"]
+        measure = "share of the forward in its matrix products"
+        if max(f["utilisation"], f["hf_utilisation"]) > 1:  # the products alone read while the machine was slower
+            lines.append(
+                f"| {name} | {measure} | not shown: the products alone were measured slower than the "
+                f"whole forward (a noisy reading) | — | — | — | — |"
+            )
+        else:
+            lines.append(
+                f"| {name} | {measure} | {f['utilisation']:.2f} of Forma's | {f['hf_utilisation']:.2f} "
+                f"of HF sdpa's | — | — | — |"
+            )
+    return lines
+
+
+def _floor_notes(name: str, shape: dict[str, Any]) -> list[str]:
+    """What one shape's floors say under the table: the forward's matrix products alone against HF's forward, and
+    a run_with_cache(all) target that Forma's bare forward already misses."""
+    lines = []
+    if "forward" in shape:
+        f, (op, target) = shape["forward"], TARGETS["forward_vs_hf_sdpa"]
+        lines += [
+            "",
+            f"{name}: the forward's {f['products']} matrix products, run alone on operands laid out as "
+            f"the forward's own, take {f['timing']['forma_products']['median_s']:.3f} s "
+            f"({f['products_flops_per_s'] / 1e9:.1f} GFLOP/s): {f['products_vs_hf_sdpa']:.3f}× HF's "
+            f"forward, the lowest ratio a forward made of them can reach"
+            + (
+                f"; above the forward target ({op} {target}×): no forward made of these products meets "
+                f"it in these rounds."
+                if f["products_vs_hf_sdpa"] > target
+                else "."
+            ),
+        ]
+    floor = shape.get("run_with_cache", {}).get("forward_vs_bridge_cache_all")
+    op, target = TARGETS["cache_all_vs_bridge"]
+    if floor is not None and floor > target:
+        lines += [
+            "",
+            f"{name}: the run_with_cache(all) target ({op} {target}×) cannot be met on this machine: "
+            f"Forma's forward alone, caching nothing, takes {floor:.3f}× the bridge's "
+            f"run_with_cache(all) in the same rounds, and a cache is read from a forward.",
+        ]
     return lines
 
 

@@ -319,18 +319,7 @@ def graphs_lines(
         f"{r['machine']['utc']} · {r['model']} with {r['transcoders']} transcoders",
     ]
     if transcoders:
-        lines += [
-            "",
-            "| transcoders | FVU by layer | L0 by layer | dead by layer | loss recovered |",
-            "|---|---|---|---|---|",
-        ]
-        for kind, q in transcoders["kinds"].items():
-            held = q["held_out"]
-            lines.append(
-                f"| {kind} | {' '.join(f'{v:.3f}' for v in held['fvu'])} | "
-                f"{' '.join(f'{v:.1f}' for v in held['l0'])} | "
-                f"{' '.join(f'{v:.0%}' for v in held['dead'])} | {q['loss']['recovered']:.1%} |"
-            )
+        lines += _transcoder_quality(transcoders)
     if r.get("scale"):
         lines += [
             "",
@@ -363,21 +352,44 @@ def graphs_lines(
             f"(chance {m['chance']:.0%}), mean of {len(m['share_per_prompt'])} prompts."
         )
     if peer:
-        lines += [
-            "",
-            f"Beside circuit-tracer {peer['circuit_tracer']} ({peer['model']}; {peer['transcoders']}; "
-            f"{peer['threads']} threads, {peer['machine']['utc']}):",
-            "",
-            "| tokens | Forma s | circuit-tracer s | Forma peak MB | circuit-tracer peak MB | max edge diff |",
-            "|---|---|---|---|---|---|",
-        ]
-        lines += [
-            f"| {row['n_pos']} | {row['forma']['seconds']:.2f} | {row['circuit_tracer']['seconds']:.2f} | "
-            f"{row['forma']['peak_bytes'] / 2**20:.0f} | {row['circuit_tracer']['peak_bytes'] / 2**20:.0f} | "
-            f"{row['agreement']['max_abs_difference']:.1e} |"
-            for row in peer["rows"]
-        ]
+        lines += _beside_circuit_tracer(peer)
     return lines
+
+
+def _transcoder_quality(transcoders: dict[str, Any]) -> list[str]:
+    """transcoders.json's table: each kind's held-out FVU, L0 and dead share by layer, and the loss recovered."""
+    lines = [
+        "",
+        "| transcoders | FVU by layer | L0 by layer | dead by layer | loss recovered |",
+        "|---|---|---|---|---|",
+    ]
+    for kind, q in transcoders["kinds"].items():
+        held = q["held_out"]
+        lines.append(
+            f"| {kind} | {' '.join(f'{v:.3f}' for v in held['fvu'])} | "
+            f"{' '.join(f'{v:.1f}' for v in held['l0'])} | "
+            f"{' '.join(f'{v:.0%}' for v in held['dead'])} | {q['loss']['recovered']:.1%} |"
+        )
+    return lines
+
+
+def _beside_circuit_tracer(peer: dict[str, Any]) -> list[str]:
+    """graphs_circuit_tracer.json's rows: per prompt length, each side's time and peak, and their largest edge
+    difference."""
+    lines = [
+        "",
+        f"Beside circuit-tracer {peer['circuit_tracer']} ({peer['model']}; {peer['transcoders']}; "
+        f"{peer['threads']} threads, {peer['machine']['utc']}):",
+        "",
+        "| tokens | Forma s | circuit-tracer s | Forma peak MB | circuit-tracer peak MB | max edge diff |",
+        "|---|---|---|---|---|---|",
+    ]
+    return lines + [
+        f"| {row['n_pos']} | {row['forma']['seconds']:.2f} | {row['circuit_tracer']['seconds']:.2f} | "
+        f"{row['forma']['peak_bytes'] / 2**20:.0f} | {row['circuit_tracer']['peak_bytes'] / 2**20:.0f} | "
+        f"{row['agreement']['max_abs_difference']:.1e} |"
+        for row in peer["rows"]
+    ]
 
 
 DISTRIBUTED = (

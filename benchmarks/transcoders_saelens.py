@@ -175,6 +175,14 @@ def compare(kind: str, l1: float = L1) -> dict[str, Any]:
                 "forma": at_saelens_l0({}, "default"),
                 "forma_saelens_schedule": at_saelens_l0(SAELENS_SCHEDULE, "same"),
             }
+    result = _result(kind, l1, saelens, sides)
+    print(kind, json.dumps(result), flush=True)
+    return result
+
+
+def _result(kind: str, l1: float, saelens: dict[str, float], sides: dict[str, tuple]) -> dict[str, Any]:
+    """One kind's record: the setting, SAELens' measures, and each Forma side's measures with its gap to
+    SAELens' L0, its FVU over SAELens', and its λ search."""
     result: dict[str, Any] = {
         "kind": kind,
         "hook": HOOK,
@@ -193,7 +201,6 @@ def compare(kind: str, l1: float = L1) -> dict[str, Any]:
             "fvu_ratio_over_saelens": ours["fvu"] / saelens["fvu"],
             "search": search,
         }
-    print(kind, json.dumps(result), flush=True)
     return result
 
 

@@ -78,6 +78,29 @@ def ready_lines(log: Path) -> list[str]:
     return [line for line in log.read_text().splitlines() if line.startswith("[demo] ready in")]
 
 
+def _clean_env() -> dict[str, str]:
+    """The environment every step runs in: this one without Forma's settings or an active venv, offline, pip
+    caching nothing (a clean install is timed as a first install)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FORMA_", "VIRTUAL_ENV"))}
+    return env | {"PIP_NO_CACHE_DIR": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def _experiment_names(clone: Path, env: dict[str, str]) -> list[str]:
+    """The experiments the clone's own installed Forma knows."""
+    return subprocess.run(
+        [
+            str(clone / ".venv" / "bin" / "python"),
+            "-c",
+            "import experiments; print(' '.join(experiments.experiment_names()))",
+        ],
+        cwd=clone,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="*", choices=STEPS, help="steps to time (default: all)")
@@ -99,8 +122,7 @@ def main() -> None:
     subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True).stdout.strip()
     results["commit"] = commit
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FORMA_", "VIRTUAL_ENV"))}
-    env |= {"PIP_NO_CACHE_DIR": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env = _clean_env()
     logs = root / "logs"
     logs.mkdir()
     try:
@@ -113,18 +135,7 @@ def main() -> None:
             print(f"make demo after install: {results['demo_after_install']}", flush=True)
         if "experiments" in steps:
             forma = str(clone / ".venv" / "bin" / "forma")
-            names = subprocess.run(
-                [
-                    str(clone / ".venv" / "bin" / "python"),
-                    "-c",
-                    "import experiments; print(' '.join(experiments.experiment_names()))",
-                ],
-                cwd=clone,
-                env=env,
-                capture_output=True,
-                text=True,
-                check=True,
-            ).stdout.split()
+            names = _experiment_names(clone, env)
             profiles = results.setdefault("experiments", {})
             for name in names:
                 for profile, flags in (("quick", ["--quick"]), ("default", [])):

@@ -10,7 +10,6 @@ The page: choosing and opening the model, its prompt, and the tabs (drawn by das
 
 from pathlib import Path
 
-import plotly.graph_objects as go
 import streamlit as st
 import torch
 
@@ -19,6 +18,7 @@ from dashboards.common import code, load_model, model_version, show_progress
 from dashboards.explorer_tabs import (
     Opened,
     encode,
+    pattern_figure,
     pick,
     show_attention,
     show_attribution,
@@ -191,23 +191,15 @@ def show_cross_attention(name: str) -> None:
         _, cache = model.run_with_cache(src, tgt[:, :-1], names_filter=hook)
     source_labels = [f"{p}:{model.src_tokenizer.id_to_token(i)}" for p, i in enumerate(src[0].tolist())]
     target_labels = [f"{p}:→{t}" for p, t in enumerate(outputs)]
-    fig = go.Figure(
-        go.Heatmap(
-            z=cache[hook][0, head].numpy(),
-            x=source_labels,
-            y=target_labels,
-            colorscale="Blues",
-            zmin=0,
-            zmax=1,
-            hovertemplate="output %{y}<br>source %{x}<br>weight %{z:.3f}<extra></extra>",
-        )
-    )
-    fig.update_layout(
-        title=f"Cross-attention, decoder layer {layer} head {head}",
-        yaxis_autorange="reversed",
+    fig = pattern_figure(
+        cache[hook][0, head].numpy(),
+        source_labels,
+        target_labels,
+        f"Cross-attention, decoder layer {layer} head {head}",
+        key="source",
+        query="output",
         xaxis_title="source token (key)",
         yaxis_title="target token produced (query)",
-        height=600,
     )
     draw(fig, "cross_attention")
 

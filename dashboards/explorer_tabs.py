@@ -101,6 +101,26 @@ def word_of(model):
 OVERVIEW_MOST = 64  # heads the all-heads overview draws at most (beyond: the chosen layer's heads only)
 
 
+def pattern_figure(
+    pattern, keys: list[str], queries: list[str], title: str, *, key: str = "key", query: str = "query", **axes
+) -> go.Figure:
+    """One attention pattern as a query × key heatmap (weights 0 to 1, the first query on top); `key` and `query`
+    name the axes in the hover text, `axes` (xaxis_title, yaxis_title) name them on the figure."""
+    fig = go.Figure(
+        go.Heatmap(
+            z=pattern,
+            x=keys,
+            y=queries,
+            colorscale="Blues",
+            zmin=0,
+            zmax=1,
+            hovertemplate=f"{query} %{{y}}<br>{key} %{{x}}<br>weight %{{z:.3f}}<extra></extra>",
+        )
+    )
+    fig.update_layout(title=title, yaxis_autorange="reversed", height=600, **axes)
+    return fig
+
+
 def show_attention(model, tokens, labels) -> None:
     """One head's pattern (query × key, the tokens named), beside every head's pattern at a glance, the chosen
     one outlined."""
@@ -114,73 +134,65 @@ def show_attention(model, tokens, labels) -> None:
     one, every = st.columns([3, 2])
     with one:
         pattern = cache[f"blocks.{layer}.attn.hook_pattern"][0, head].numpy()
-        fig = go.Figure(
-            go.Heatmap(
-                z=pattern,
-                x=labels,
-                y=labels,
-                colorscale="Blues",
-                zmin=0,
-                zmax=1,
-                hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.3f}<extra></extra>",
-            )
-        )
-        fig.update_layout(
-            title=f"Attention pattern, layer {layer} head {head}",
-            yaxis_autorange="reversed",
-            xaxis_title="key",
-            yaxis_title="query",
-            height=600,
-        )
+        title = f"Attention pattern, layer {layer} head {head}"
+        fig = pattern_figure(pattern, labels, labels, title, xaxis_title="key", yaxis_title="query")
         draw(fig, "attention", title_chars=55)
     with every:
-        fig = make_subplots(
-            rows=len(layers),
-            cols=n_heads,
-            horizontal_spacing=0.02,
-            vertical_spacing=min(0.1, 0.3 / len(layers)),
-            subplot_titles=[f"L{l} H{h}" for l in layers for h in range(n_heads)],
-        )
-        for row, l in enumerate(layers, start=1):
-            patterns = cache[f"blocks.{l}.attn.hook_pattern"][0].numpy()
-            for h in range(n_heads):
-                fig.add_trace(
-                    go.Heatmap(
-                        z=patterns[h],
-                        coloraxis="coloraxis",
-                        name=f"layer {l} head {h}",
-                        hovertemplate=f"layer {l} head {h}<br>query %{{y}}<br>key %{{x}}<br>"
-                        "weight %{z:.3f}<extra></extra>",
-                    ),
-                    row=row,
-                    col=h + 1,
-                )
-                if (l, h) == (layer, head):
-                    fig.add_shape(
-                        type="rect",
-                        xref="x domain",
-                        yref="y domain",
-                        x0=0,
-                        x1=1,
-                        y0=0,
-                        y1=1,
-                        line=dict(color="red", width=2),
-                        row=row,
-                        col=h + 1,
-                    )
-        fig.update_xaxes(showticklabels=False)
-        fig.update_yaxes(showticklabels=False, autorange="reversed")
-        fig.update_annotations(font_size=10)
+        fig = _every_head_figure(cache, layers, n_heads, chosen=(layer, head))
         fig.update_layout(
             title=(
                 "Every head, query × key (the chosen one outlined)"
                 if len(layers) == n_layers
                 else f"Every head of layer {layer} (the chosen one outlined)"
-            ),
-            coloraxis=dict(colorscale="Blues", cmin=0, cmax=1, showscale=False),
-            height=max(300, 120 + 600 // max(1, n_heads) * len(layers)),
+            )
         )
         draw(fig, "attention_heads", title_chars=40)
+
+
+def _every_head_figure(cache, layers: list[int], n_heads: int, chosen: tuple[int, int]) -> go.Figure:
+    """A grid of small patterns, one row per layer in `layers` and one column per head, the chosen head outlined."""
+    fig = make_subplots(
+        rows=len(layers),
+        cols=n_heads,
+        horizontal_spacing=0.02,
+        vertical_spacing=min(0.1, 0.3 / len(layers)),
+        subplot_titles=[f"L{l} H{h}" for l in layers for h in range(n_heads)],
+    )
+    for row, l in enumerate(layers, start=1):
+        patterns = cache[f"blocks.{l}.attn.hook_pattern"][0].numpy()
+        for h in range(n_heads):
+            fig.add_trace(
+                go.Heatmap(
+                    z=patterns[h],
+                    coloraxis="coloraxis",
+                    name=f"layer {l} head {h}",
+                    hovertemplate=f"layer {l} head {h}<br>query %{{y}}<br>key %{{x}}<br>"
+                    "weight %{z:.3f}<extra></extra>",
+                ),
+                row=row,
+                col=h + 1,
+            )
+            if (l, h) == chosen:
+                fig.add_shape(
+                    type="rect",
+                    xref="x domain",
+                    yref="y domain",
+                    x0=0,
+                    x1=1,
+                    y0=0,
+                    y1=1,
+                    line=dict(color="red", width=2),
+                    row=row,
+                    col=h + 1,
+                )
+    fig.update_xaxes(showticklabels=False)
+    fig.update_yaxes(showticklabels=False, autorange="reversed")
+    fig.update_annotations(font_size=10)
+    fig.update_layout(
+        coloraxis=dict(colorscale="Blues", cmin=0, cmax=1, showscale=False),
+        height=max(300, 120 + 600 // max(1, n_heads) * len(layers)),
+    )
+    return fig
 
 
 def show_residual_norms(model, tokens, labels) -> None:
@@ -387,21 +399,7 @@ def show_patching(model, tokens, labels) -> None:
     component, or one head's output, at a time; the share of the clean logit difference each restores."""
     from lab.analysis.patching import patch_heads, patch_positions
 
-    prompt = st.session_state.get("prompt", "")
-    if st.session_state.get("corrupted_for") != prompt:  # a new clean prompt: a new default corruption
-        st.session_state.pop("corrupted", None)
-        st.session_state.pop("corruption_found", None)
-        st.session_state["corrupted_for"] = prompt
-    if "corrupted" not in st.session_state:
-        found = default_corruption(model, tokens)
-        st.session_state["corrupted"] = text_of(model, tokens) if found is None else found
-        st.session_state["corruption_found"] = found is not None
-    if not st.session_state.get("corruption_found", True):
-        st.info(
-            "No one-token change of this prompt (among the 32 tokens the model finds likeliest at each position, "
-            "written as text that reads back as the same tokens) changes the model's prediction; write a "
-            "corrupted prompt that does, or try another prompt."
-        )
+    _offer_corruption(model, tokens)
     corrupted_text = st.text_input(
         "Corrupted prompt (same number of tokens; by default one token of the clean "
         "prompt swapped for one the model finds likely there, so that its prediction "
@@ -427,51 +425,60 @@ def show_patching(model, tokens, labels) -> None:
         )
         return
     word = word_of(model)
+    difference = f"logit({word(answer)}) − logit({word(wrong)})"
     st.markdown(
         f"The clean prompt predicts {word(answer)}, the corrupted one {word(wrong)}: each cell is the share "
-        f"of logit({word(answer)}) − logit({word(wrong)}) that patching its clean value into the corrupted "
+        f"of {difference} that patching its clean value into the corrupted "
         "run restores (1: all of it, 0: none)."
     )
     component = st.selectbox("Component", ["resid_pre", "attn_out", "mlp_out", "resid_post"], key="patch_component")
     result = patch_positions(model, tokens, corrupted, component, answer=answer, wrong=wrong)
-    restored = result.normalized().numpy()
-    layers = [f"layer {l}" for l in range(restored.shape[0])]
-    fig = go.Figure(
-        go.Heatmap(
-            z=restored,
-            x=labels,
-            y=layers,
-            colorscale="RdBu",
-            zmid=0,
-            hovertemplate="%{y} at %{x}<br>restored %{z:.3f}<extra></extra>",
-        )
+    title = (
+        f"Share of {difference} restored by patching {component} "
+        f"(clean {result.clean:.3f}, corrupted {result.corrupted:.3f})"
     )
-    fig.update_layout(
-        title=f"Share of logit({word(answer)}) − logit({word(wrong)}) restored by patching {component} "
-        f"(clean {result.clean:.3f}, corrupted {result.corrupted:.3f})",
-        xaxis_title="position",
-        height=200 + 40 * restored.shape[0],
-    )
-    draw(fig, "patching")
+    draw(_restored_figure(result, labels, "%{y} at %{x}", title, "position"), "patching")
     by_head = patch_heads(model, tokens, corrupted, answer=answer, wrong=wrong)
-    restored = by_head.normalized().numpy()
+    heads = [f"head {h}" for h in by_head.cells]
+    title = f"Share restored by patching one head's output z at every position ({difference})"
+    draw(_restored_figure(by_head, heads, "%{y} %{x}", title, "head"), "patching_heads")
+
+
+def _offer_corruption(model, tokens) -> None:
+    """Put the default corrupted prompt in the patching tab's box, found once per clean prompt (the reader's own
+    edit kept until the clean prompt changes), and say so when no one-token change moves the prediction."""
+    prompt = st.session_state.get("prompt", "")
+    if st.session_state.get("corrupted_for") != prompt:  # a new clean prompt: a new default corruption
+        st.session_state.pop("corrupted", None)
+        st.session_state.pop("corruption_found", None)
+        st.session_state["corrupted_for"] = prompt
+    if "corrupted" not in st.session_state:
+        found = default_corruption(model, tokens)
+        st.session_state["corrupted"] = text_of(model, tokens) if found is None else found
+        st.session_state["corruption_found"] = found is not None
+    if not st.session_state.get("corruption_found", True):
+        st.info(
+            "No one-token change of this prompt (among the 32 tokens the model finds likeliest at each position, "
+            "written as text that reads back as the same tokens) changes the model's prediction; write a "
+            "corrupted prompt that does, or try another prompt."
+        )
+
+
+def _restored_figure(result, cells: list[str], where: str, title: str, xaxis_title: str) -> go.Figure:
+    """A patching result as a layer × cell heatmap of the share restored (red to blue, 0 white)."""
+    restored = result.normalized().numpy()
     fig = go.Figure(
         go.Heatmap(
             z=restored,
-            x=[f"head {h}" for h in by_head.cells],
-            y=layers,
+            x=cells,
+            y=[f"layer {l}" for l in range(restored.shape[0])],
             colorscale="RdBu",
             zmid=0,
-            hovertemplate="%{y} %{x}<br>restored %{z:.3f}<extra></extra>",
+            hovertemplate=where + "<br>restored %{z:.3f}<extra></extra>",
         )
     )
-    fig.update_layout(
-        title=f"Share restored by patching one head's output z at every position "
-        f"(logit({word(answer)}) − logit({word(wrong)}))",
-        xaxis_title="head",
-        height=200 + 40 * restored.shape[0],
-    )
-    draw(fig, "patching_heads")
+    fig.update_layout(title=title, xaxis_title=xaxis_title, height=200 + 40 * restored.shape[0])
+    return fig
 
 
 HEAD_TITLES = {"previous_token": "previous token", "duplicate_token": "duplicate token", "induction": "induction"}
@@ -519,26 +526,36 @@ def show_head_detectors(model) -> None:
     draw(fig, "heads")
 
 
-def show_ground_truth_lens(opened: Opened, tokens, labels) -> None:
-    """lab.analysis.lens.ground_truth_lens on a model trained on a source world (its folder's world.json): each
-    layer's logit lens beside the true next-token law, and KL(p ‖ P^(l)) per layer."""
-    from lab.analysis.lens import ground_truth_lens
+def _known_world(opened: Opened):
+    """The source world the model was trained on (its folder's world.json), or None after a message saying why
+    there is none to read the model against."""
     from lab.zoo import world_source
 
-    model = opened.model
     try:
         source = world_source(opened.folder) if opened.folder is not None else None
     except ValueError as err:
         st.warning(f"{err}")
-        return
+        return None
     if source is None:
         st.info(
             "The ground-truth lens needs a model trained on a world whose next-token law is known (the zoo's "
             "Markov and hidden-Markov worlds: `forma train markov`); this one's folder records none."
         )
-        return
-    if source.vocab_size != model.cfg.d_vocab:
-        st.warning(f"The world's {source.vocab_size} symbols are not this model's {model.cfg.d_vocab} tokens.")
+        return None
+    if source.vocab_size != opened.model.cfg.d_vocab:
+        st.warning(f"The world's {source.vocab_size} symbols are not this model's {opened.model.cfg.d_vocab} tokens.")
+        return None
+    return source
+
+
+def show_ground_truth_lens(opened: Opened, tokens, labels) -> None:
+    """lab.analysis.lens.ground_truth_lens on a model trained on a source world (its folder's world.json): each
+    layer's logit lens beside the true next-token law, and KL(p ‖ P^(l)) per layer."""
+    from lab.analysis.lens import ground_truth_lens
+
+    model = opened.model
+    source = _known_world(opened)
+    if source is None:
         return
     lens = ground_truth_lens(model, tokens, source.conditionals(tokens.cpu().numpy()))
     position = pick("Position (the law of the token after it)", tokens.shape[1], tokens.shape[1] - 1, key="truth_pos")

@@ -52,36 +52,8 @@ def figure(graph: Graph, keep: torch.Tensor, edges: torch.Tensor, labels: list[s
     prompt's tokens, `logits` the output tokens."""
     kept = torch.nonzero(keep).flatten().tolist()
     records = [graph.node(i) for i in kept]
-    cells: dict[tuple[int, int], list[int]] = {}
-    for i, r in zip(kept, records):
-        cells.setdefault((r["pos"], r["layer"]), []).append(i)
-    where = {}
-    for (pos, layer), members in cells.items():
-        for j, i in enumerate(members):
-            where[i] = (pos + (j + 1) / (len(members) + 1) - 0.5, layer)
-    fig = go.Figure()
-    targets, sources = torch.nonzero(edges & keep[:, None] & keep[None, :], as_tuple=True)
-    weights = graph.adjacency[targets, sources]
-    if len(weights):
-        cut = weights.abs().quantile(torch.tensor([0.5, 0.9])).tolist()
-        for sign, color in ((1, "rgba(76,120,168,{a})"), (-1, "rgba(228,87,86,{a})")):
-            for band, (lo, hi, width) in enumerate(((0, cut[0], 0.6), (cut[0], cut[1], 1.5), (cut[1], 1e30, 3))):
-                xs, ys = [], []
-                for t, s, w in zip(targets.tolist(), sources.tolist(), weights.tolist()):
-                    if (w > 0) == (sign > 0) and lo <= abs(w) < hi:
-                        xs += [where[s][0], where[t][0], None]
-                        ys += [where[s][1], where[t][1], None]
-                if xs:
-                    fig.add_trace(
-                        go.Scatter(
-                            x=xs,
-                            y=ys,
-                            mode="lines",
-                            hoverinfo="skip",
-                            showlegend=False,
-                            line={"width": width, "color": color.format(a=0.25 + 0.25 * band)},
-                        )
-                    )
+    where = _placement(kept, records)
+    fig = go.Figure(_edge_traces(graph, keep, edges, where))
     for kind, symbol in (("token", "square"), ("feature", "circle"), ("error", "x"), ("logit", "diamond")):
         mine = [i for i, r in zip(kept, records) if r["kind"] == kind]
         if not mine:
@@ -110,6 +82,48 @@ def figure(graph: Graph, keep: torch.Tensor, edges: torch.Tensor, labels: list[s
         },
     )
     return fig
+
+
+def _placement(kept: list[int], records: list[dict]) -> dict[int, tuple[float, int]]:
+    """Each kept node's (x, y): the nodes that share a (position, layer) cell spread evenly across its width."""
+    cells: dict[tuple[int, int], list[int]] = {}
+    for i, r in zip(kept, records):
+        cells.setdefault((r["pos"], r["layer"]), []).append(i)
+    where = {}
+    for (pos, layer), members in cells.items():
+        for j, i in enumerate(members):
+            where[i] = (pos + (j + 1) / (len(members) + 1) - 0.5, layer)
+    return where
+
+
+def _edge_traces(graph: Graph, keep: torch.Tensor, edges: torch.Tensor, where: dict) -> list[go.Scatter]:
+    """The kept edges between kept nodes as lines, one trace per sign (blue +, red −) and weight band (below the
+    median |weight|, to the 90th percentile, above), wider and darker by band."""
+    targets, sources = torch.nonzero(edges & keep[:, None] & keep[None, :], as_tuple=True)
+    weights = graph.adjacency[targets, sources]
+    if not len(weights):
+        return []
+    traces = []
+    cut = weights.abs().quantile(torch.tensor([0.5, 0.9])).tolist()
+    for sign, color in ((1, "rgba(76,120,168,{a})"), (-1, "rgba(228,87,86,{a})")):
+        for band, (lo, hi, width) in enumerate(((0, cut[0], 0.6), (cut[0], cut[1], 1.5), (cut[1], 1e30, 3))):
+            xs, ys = [], []
+            for t, s, w in zip(targets.tolist(), sources.tolist(), weights.tolist()):
+                if (w > 0) == (sign > 0) and lo <= abs(w) < hi:
+                    xs += [where[s][0], where[t][0], None]
+                    ys += [where[s][1], where[t][1], None]
+            if xs:
+                traces.append(
+                    go.Scatter(
+                        x=xs,
+                        y=ys,
+                        mode="lines",
+                        hoverinfo="skip",
+                        showlegend=False,
+                        line={"width": width, "color": color.format(a=0.25 + 0.25 * band)},
+                    )
+                )
+    return traces
 
 
 def describe(node: dict, labels: list[str], logits: list[str], graph: Graph) -> str:

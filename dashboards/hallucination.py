@@ -66,7 +66,28 @@ def render(folder: Path, results: dict) -> None:
             )
         )
     show_headlines(results)
-    acceptance = results.get("acceptance") or {}
+    _warn_one_fact_worlds(results)
+    _show_cards(results.get("acceptance") or {})
+    rows = _sweep_rows(results.get("sweep") or [])
+    if rows:
+        st.subheader("Sweep over the popularity shape γ, at each checkpoint")
+        bounds = {
+            key: f"bound's right side, δ = {key.removeprefix(BOUND).replace('_', '.')}"
+            for key in rows[0]
+            if key.startswith(BOUND)
+        }
+        show_table(rows, SWEEP_COLUMNS | bounds, download="hallucination_sweep")
+    upweighting = results.get("upweighting") or []
+    if upweighting:
+        st.subheader("Selective upweighting (matched compute; each condition the mean over draws of its blocks)")
+        show_table(upweighting, UPWEIGHTING_COLUMNS, download="hallucination_upweighting")
+    if results.get("singleton"):
+        _show_singleton(results["singleton"])
+    show_figures(folder)
+
+
+def _warn_one_fact_worlds(results: dict) -> None:
+    """Warn where one fact holds so much of p that the bound's premise fails (the sweep's flagged γ)."""
     flagged = [entry for entry in results.get("sweep") or [] if entry.get("max_fact_probability_flagged")]
     if flagged:
         st.warning(
@@ -80,6 +101,10 @@ def render(folder: Path, results: dict) -> None:
             "is "
             "mostly one fact."
         )
+
+
+def _show_cards(acceptance: dict) -> None:
+    """The acceptance cards, two a row: the worst Spearman, the largest right side, and each upweighting's change."""
     cols = [*st.columns(2), *st.columns(2)]  # two cards a row: each label in full
     with cols[0]:
         spearman = acceptance.get("spearman_monofact_vs_hallucination") or {}
@@ -98,7 +123,6 @@ def render(folder: Path, results: dict) -> None:
             f"{acceptance.get('bound_checks_with_positive_right_side')} of them. Where it is negative the bound "
             f"holds whatever the model does",
         )
-    upweighting = results.get("upweighting") or []
     for col, entry in zip(cols[2:], (acceptance.get("upweighting") or [])[:2]):
         with col:
             draws = entry.get("hallucination_reduction_draws") or []
@@ -113,8 +137,12 @@ def render(folder: Path, results: dict) -> None:
                 f"{entry.get('miscalibration_change', float('nan')):+.3f}, recall change "
                 f"{entry.get('recall_change', float('nan')):+.3f}",
             )
+
+
+def _sweep_rows(sweep: list) -> list[dict]:
+    """One row per (γ, checkpoint): the world's MF and missing mass beside that checkpoint's measures."""
     rows = []
-    for entry in results.get("sweep") or []:
+    for entry in sweep:
         for checkpoint in entry.get("checkpoints") or []:
             rows.append(
                 {
@@ -124,36 +152,26 @@ def render(folder: Path, results: dict) -> None:
                     **checkpoint,
                 }
             )
-    if rows:
-        st.subheader("Sweep over the popularity shape γ, at each checkpoint")
-        bounds = {
-            key: f"bound's right side, δ = {key.removeprefix(BOUND).replace('_', '.')}"
-            for key in rows[0]
-            if key.startswith(BOUND)
-        }
-        show_table(rows, SWEEP_COLUMNS | bounds, download="hallucination_sweep")
-    if upweighting:
-        st.subheader("Selective upweighting (matched compute; each condition the mean over draws of its blocks)")
-        show_table(upweighting, UPWEIGHTING_COLUMNS, download="hallucination_upweighting")
-    if results.get("singleton"):
-        st.subheader("Singleton-rate variant (Kalai, Nachum, Vempala & Zhang 2025)")
-        single = results["singleton"]
-        holds = isinstance(single.get("margin"), (int, float)) and single["margin"] >= 0
-        st.markdown(
-            plain(  # every number here is the run's: shown as text
-                f"At γ = {short(single.get('gamma'))}, epoch {short(single.get('epoch'))}: error "
-                f"{short(single.get('error'))} against a singleton rate of {short(single.get('singleton_rate'))} "
-                f"(calibration δ {short(single.get('calibration_delta'))}, {short(single.get('min_wrong_answers'))} "
-                "wrong "
-                f"answers per prompt at least, n = {short(single.get('n_train'))}). The bound's right side is "
-                f"{short(single.get('bound_rhs'))} with the finite-n term ({short(single.get('finite_n_term'))}) and "
-                f"{short(single.get('bound_rhs_without_finite_n'))} without it; the error "
-                f"{'exceeds it' if holds else 'falls below it'} by {short(abs(single.get('margin') or 0.0))}."
-            )
+    return rows
+
+
+def _show_singleton(single: dict) -> None:
+    st.subheader("Singleton-rate variant (Kalai, Nachum, Vempala & Zhang 2025)")
+    holds = isinstance(single.get("margin"), (int, float)) and single["margin"] >= 0
+    st.markdown(
+        plain(  # every number here is the run's: shown as text
+            f"At γ = {short(single.get('gamma'))}, epoch {short(single.get('epoch'))}: error "
+            f"{short(single.get('error'))} against a singleton rate of {short(single.get('singleton_rate'))} "
+            f"(calibration δ {short(single.get('calibration_delta'))}, {short(single.get('min_wrong_answers'))} "
+            "wrong "
+            f"answers per prompt at least, n = {short(single.get('n_train'))}). The bound's right side is "
+            f"{short(single.get('bound_rhs'))} with the finite-n term ({short(single.get('finite_n_term'))}) and "
+            f"{short(single.get('bound_rhs_without_finite_n'))} without it; the error "
+            f"{'exceeds it' if holds else 'falls below it'} by {short(abs(single.get('margin') or 0.0))}."
         )
-        if single.get("note"):
-            st.caption(plain(single["note"]))
-    show_figures(folder)
+    )
+    if single.get("note"):
+        st.caption(plain(single["note"]))
 
 
 show_run(

@@ -11,15 +11,45 @@ def render(folder: Path, results: dict) -> None:
     st.latex(r"\mathbb{E}_{x\sim p}[-\log P_\theta(x)] = H(p) + \mathrm{KL}(p\,\|\,P_\theta)")
     show_headlines(results)
     checkpoints = results.get("checkpoints") or []
-    source = results.get("source") or {}
-    scaling = results.get("scaling") or {}
     regions = results.get("regions") or {}
     last = checkpoints[-1] if checkpoints else {}
     # Like with like: the entropy rate is E[H_t] over complete contexts, so it stands beside CE over those.
-    complete, first = last.get("complete") or {}, last.get("first") or {}
+    _show_complete(results.get("source") or {}, last.get("complete") or {}, regions.get("complete"))
+    first = last.get("first") or {}
+    if first:
+        st.subheader("The first positions, apart")
+        if regions.get("first"):
+            st.caption(plain(regions["first"]))
+        cols = st.columns(3)
+        with cols[0]:
+            number("H over those prefixes (nats)", first.get("entropy_nats"))
+        with cols[1]:
+            number("Cross-entropy (nats)", first.get("cross_entropy_nats"))
+        with cols[2]:
+            number("KL (nats)", first.get("kl_nats"))
+    best = results.get("temperature_min") or {}
+    if isinstance(best.get("T"), (int, float)):
+        st.write(
+            f"KL over complete contexts is smallest at temperature **T = {best['T']:.3f}** "
+            f"({best.get('kl_nats', float('nan')):.4f} nats; {best.get('kl_at_T1_nats', float('nan')):.4f} at T = 1)."
+        )
+    scaling = results.get("scaling") or {}
+    if scaling.get("E_nats") is not None:
+        _show_scaling(scaling)
+    hmm = results.get("hmm_source") or {}
+    if hmm.get("entropy_rate_estimate_note"):
+        st.caption(
+            f"Hidden-Markov source: entropy rate ≈ {hmm.get('entropy_rate_estimate_nats', float('nan')):.3f} "
+            f"nats ({plain(hmm['entropy_rate_estimate_note'])})."
+        )
+    show_figures(folder)
+
+
+def _show_complete(source: dict, complete: dict, region: str | None) -> None:
+    """The final checkpoint over complete contexts, two cards a row: H(p), CE, the exact KL and the sampled KL̂."""
     st.subheader("Final checkpoint, complete contexts")
-    if regions.get("complete"):
-        st.caption(plain(regions["complete"]))
+    if region:
+        st.caption(plain(region))
     cols = [*st.columns(2), *st.columns(2)]  # two cards a row: each label and number in full
     with cols[0]:
         number(
@@ -44,45 +74,24 @@ def render(folder: Path, results: dict) -> None:
             "{:.4f}" + (f" ± {se:.4f}" if isinstance(se, (int, float)) else ""),
             help="mean of −log P_θ + log p at the tokens that came, with its standard error over sequences",
         )
-    if first:
-        st.subheader("The first positions, apart")
-        if regions.get("first"):
-            st.caption(plain(regions["first"]))
-        cols = st.columns(3)
-        with cols[0]:
-            number("H over those prefixes (nats)", first.get("entropy_nats"))
-        with cols[1]:
-            number("Cross-entropy (nats)", first.get("cross_entropy_nats"))
-        with cols[2]:
-            number("KL (nats)", first.get("kl_nats"))
-    best = results.get("temperature_min") or {}
-    if isinstance(best.get("T"), (int, float)):
-        st.write(
-            f"KL over complete contexts is smallest at temperature **T = {best['T']:.3f}** "
-            f"({best.get('kl_nats', float('nan')):.4f} nats; {best.get('kl_at_T1_nats', float('nan')):.4f} at T = 1)."
-        )
-    if scaling.get("E_nats") is not None:
-        ci = scaling.get("E_ci95") or [float("nan"), float("nan")]
-        chain = scaling.get("source") or {}
-        on = (
-            f" on the order-{plain(chain['order'])} chain over {plain(chain['vocab_size'])} symbols"
-            if "order" in chain
-            else ""
-        )
-        opened = f" (open {plain(scaling['E_ci95_open'])})" if scaling.get("E_ci95_open") else ""
-        st.write(
-            f"Scaling fit L(N) = E + A·N^(−α){on}, {plain(scaling.get('constraints', ''))}: "
-            f"**E = {scaling['E_nats']:.4f}** nats, 95% interval [{ci[0]:.4f}, {ci[1]:.4f}]{opened}, against that "
-            f"chain's entropy rate {scaling.get('true_entropy_nats', float('nan')):.4f} and the held-out entropy "
-            f"{scaling.get('heldout_entropy_nats', float('nan')):.4f}; α = {scaling.get('alpha', float('nan')):.3f}."
-        )
-    hmm = results.get("hmm_source") or {}
-    if hmm.get("entropy_rate_estimate_note"):
-        st.caption(
-            f"Hidden-Markov source: entropy rate ≈ {hmm.get('entropy_rate_estimate_nats', float('nan')):.3f} "
-            f"nats ({plain(hmm['entropy_rate_estimate_note'])})."
-        )
-    show_figures(folder)
+
+
+def _show_scaling(scaling: dict) -> None:
+    """The scaling fit L(N) = E + A·N^(−α): its E with the interval, against the chain's entropy rate."""
+    ci = scaling.get("E_ci95") or [float("nan"), float("nan")]
+    chain = scaling.get("source") or {}
+    on = (
+        f" on the order-{plain(chain['order'])} chain over {plain(chain['vocab_size'])} symbols"
+        if "order" in chain
+        else ""
+    )
+    opened = f" (open {plain(scaling['E_ci95_open'])})" if scaling.get("E_ci95_open") else ""
+    st.write(
+        f"Scaling fit L(N) = E + A·N^(−α){on}, {plain(scaling.get('constraints', ''))}: "
+        f"**E = {scaling['E_nats']:.4f}** nats, 95% interval [{ci[0]:.4f}, {ci[1]:.4f}]{opened}, against that "
+        f"chain's entropy rate {scaling.get('true_entropy_nats', float('nan')):.4f} and the held-out entropy "
+        f"{scaling.get('heldout_entropy_nats', float('nan')):.4f}; α = {scaling.get('alpha', float('nan')):.3f}."
+    )
 
 
 show_run(

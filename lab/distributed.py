@@ -193,6 +193,20 @@ def claim_parts(n_parts: int, done: Callable[[int], bool]) -> tuple[list[int], l
     return kept, list(share(todo, rank, world))
 
 
+def parts_bar(total: int, unit: str, what: str, progress: bool) -> Any:
+    """The progress bar of this rank's parts: shown on rank 0 only (when `progress`), labelled `what` and, across
+    ranks, with the world's size."""
+    from tqdm.auto import tqdm
+
+    rank, world = rank_world()
+    return tqdm(
+        total=total,
+        unit=unit,
+        disable=not progress or rank != 0,
+        desc=what if world == 1 else f"{what}, rank 0 of {world}",
+    )
+
+
 def record_plan(directory: str | Path, plan: dict[str, Any], *, overwrite: bool = False, what: str = "job") -> None:
     """Write `plan` (a job's arguments, JSON) to directory/plan.json, or check it against the one a first run wrote
     there: a rerun with other arguments is a ValueError naming the first that differs, unless `overwrite` (then the

@@ -363,11 +363,6 @@ def process_modules() -> set[str]:
     return ast.literal_eval(value)
 
 
-# The one import of a conftest: tests/transformer_lens's table test reads the outcomes that its folder's conftest
-# records while the ported tests run (that module's own state, filled by its pytest hooks).
-CONFTEST_STATE = {("tests/transformer_lens/test_table.py", "tests.transformer_lens.conftest")}
-
-
 def test_files_under_tests_import_only_builders_and_helpers_never_a_test_file_or_conftest():
     """What two test files share lives in tests/builders.py (builders) or a conftest.py (fixtures, which pytest
     hands over by name): no module under tests/ imports from a test file (test_*.py) or from a conftest, at the top
@@ -386,8 +381,7 @@ def test_files_under_tests_import_only_builders_and_helpers_never_a_test_file_or
                     if alias.name.startswith("tests.")
                     and alias.name.rpartition(".")[2].startswith(("test_", "conftest"))
                 }
-    assert found - CONFTEST_STATE == set(), "move what they share to tests/builders.py or a conftest.py"
-    assert CONFTEST_STATE <= found, "gone: take it out of CONFTEST_STATE"
+    assert found == set(), "move what they share to tests/builders.py or a conftest.py"
 
 
 def test_the_testing_page_maps_the_suite_as_it_is():

@@ -68,29 +68,7 @@ def attribution_patch(
     with torch.inference_mode(False), torch.no_grad():
         source_logits, source_cache = model.run_with_cache(source, names_filter=every)
         source_value = float(metric(source_logits))
-    activations: dict[str, Tensor] = {}
-    deltas: dict[str, Tensor] = {}
-
-    def tap(activation: Tensor, hook: Any, name: str) -> Tensor:
-        # a + δ with δ = 0 a leaf: ∂m/∂δ = ∂m/∂a, whether or not the weights require grad, and the graph
-        # upstream of a (which earlier activations' gradients flow through) stays whole.
-        delta = torch.zeros_like(activation, requires_grad=True)
-        activations[name], deltas[name] = activation.detach(), delta
-        return activation + delta
-
-    hooks = [(name, lambda activation, hook, name=name: tap(activation, hook, name)) for name in every]
-    with torch.inference_mode(False), torch.enable_grad():
-        with model.hooks(fwd_hooks=hooks):
-            value = metric(model(target))
-        if not isinstance(value, Tensor) or value.numel() != 1 or not value.requires_grad:
-            raise ValueError(
-                "attribution patching differentiates the metric: it must return a one-element tensor "
-                "computed from the logits (not a float)"
-            )
-        grads = dict(
-            zip(every, torch.autograd.grad(value.reshape(()), [deltas[name] for name in every], allow_unused=True))
-        )
-    target_value = float(value.detach())
+    target_value, activations, grads = _target_gradients(model, target, metric, every)
     with torch.no_grad():
 
         def effect(name: str) -> Tensor:
@@ -114,6 +92,36 @@ def attribution_patch(
             target_value + z, "z", "head_pos", positions, direction, source_value, target_value
         )
     return results
+
+
+def _target_gradients(
+    model: Any, target: Tensor, metric: MetricFn, every: list[str]
+) -> tuple[float, dict[str, Tensor], dict[str, Tensor | None]]:
+    """The metric on the target run, each hooked activation of it, and the metric's gradient with respect to each
+    (None where the metric does not read it), from one backward pass."""
+    activations: dict[str, Tensor] = {}
+    deltas: dict[str, Tensor] = {}
+
+    def tap(activation: Tensor, hook: Any, name: str) -> Tensor:
+        # a + δ with δ = 0 a leaf: ∂m/∂δ = ∂m/∂a, whether or not the weights require grad, and the graph
+        # upstream of a (which earlier activations' gradients flow through) stays whole.
+        delta = torch.zeros_like(activation, requires_grad=True)
+        activations[name], deltas[name] = activation.detach(), delta
+        return activation + delta
+
+    hooks = [(name, lambda activation, hook, name=name: tap(activation, hook, name)) for name in every]
+    with torch.inference_mode(False), torch.enable_grad():
+        with model.hooks(fwd_hooks=hooks):
+            value = metric(model(target))
+        if not isinstance(value, Tensor) or value.numel() != 1 or not value.requires_grad:
+            raise ValueError(
+                "attribution patching differentiates the metric: it must return a one-element tensor "
+                "computed from the logits (not a float)"
+            )
+        grads = dict(
+            zip(every, torch.autograd.grad(value.reshape(()), [deltas[name] for name in every], allow_unused=True))
+        )
+    return float(value.detach()), activations, grads
 
 
 def _result(

@@ -23,7 +23,8 @@ lab.data.mechanisms); a fact world's prompts through `lab.data.facts.FactWorld.c
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -206,56 +207,82 @@ def grade_belief_probes(
     Y = beliefs.reshape(batch * length, -1)
     groups = np.repeat(np.arange(batch), length)
     split = group_split(groups, test_fraction, seed)
-    test_groups = groups[split[1]]
+    targets = _belief_targets(Y, tokens.reshape(-1).cpu().numpy(), split[0], model.cfg.d_vocab, seed)
+    untrained = random_model(model, seed=seed + 1) if untrained is None else untrained
+    ours, theirs = readouts(model, tokens), readouts(untrained, tokens)
+    out = {}
+    for name, X in ours.items():
+        X, X_untrained = X.reshape(batch * length, -1), theirs[name].reshape(batch * length, -1)
+        out[name] = _belief_grades(X, X_untrained, targets, split, groups, n_boot, seed)
+    return out
+
+
+class _BeliefTargets(NamedTuple):
+    """What a belief probe is fitted to, every row: the belief, it shuffled across rows, Hewitt & Liang's control
+    task, and the belief beyond the current token (and that shuffled)."""
+
+    Y: np.ndarray
+    shuffled: np.ndarray
+    control_task: np.ndarray
+    beyond: np.ndarray
+    beyond_shuffled: np.ndarray
+
+
+def _belief_targets(
+    Y: np.ndarray, flat_tokens: np.ndarray, train: np.ndarray, d_vocab: int, seed: int
+) -> _BeliefTargets:
+    """The targets of grade_belief_probes from the beliefs Y [rows, S], each row's token and the training rows."""
     rng = np.random.default_rng(seed + 7)
     shuffled = Y[rng.permutation(len(Y))]
-    flat_tokens = tokens.reshape(-1).cpu().numpy()
-    by_type = Y[rng.integers(0, len(Y), size=model.cfg.d_vocab)]  # one random belief per token type
-    control_task = by_type[flat_tokens]
+    by_type = Y[rng.integers(0, len(Y), size=d_vocab)]  # one random belief per token type
     by_token = np.stack(
         [
-            Y[split[0]][flat_tokens[split[0]] == v].mean(axis=0)
-            if (flat_tokens[split[0]] == v).any()
-            else Y[split[0]].mean(axis=0)
-            for v in range(model.cfg.d_vocab)
+            Y[train][flat_tokens[train] == v].mean(axis=0) if (flat_tokens[train] == v).any() else Y[train].mean(axis=0)
+            for v in range(d_vocab)
         ]
     )
     beyond = Y - by_token[flat_tokens]
-    beyond_shuffled = beyond[rng.permutation(len(beyond))]
-    untrained = random_model(model, seed=seed + 1) if untrained is None else untrained
-    ours, theirs = readouts(model, tokens), readouts(untrained, tokens)
-    boot = {"groups": test_groups, "n_boot": n_boot, "seed": seed}
-    y_test, c_test, b_test = Y[split[1]], control_task[split[1]], beyond[split[1]]
-    out = {}
-    for name, X in ours.items():
-        X = X.reshape(batch * length, -1)
-        predicted = _ridge_predictions(X, Y, split, groups, seed)
-        predicted_shuffled = _ridge_predictions(X, shuffled, split, groups, seed)
-        predicted_control = _ridge_predictions(X, control_task, split, groups, seed)
-        X_untrained = theirs[name].reshape(batch * length, -1)
-        predicted_untrained = _ridge_predictions(X_untrained, Y, split, groups, seed)
-        r2 = bootstrap_ci(_r2, y_test, predicted, **boot)
-        control = bootstrap_ci(_r2, shuffled[split[1]], predicted_shuffled, **boot)
-        beyond_r2 = bootstrap_ci(_r2, b_test, _ridge_predictions(X, beyond, split, groups, seed), **boot)
-        beyond_control = bootstrap_ci(
-            _r2, beyond_shuffled[split[1]], _ridge_predictions(X, beyond_shuffled, split, groups, seed), **boot
-        )
-        n_test = len(np.unique(test_groups))
-        out[name] = {
-            "r2": Grade("r2", r2, control, 0.0, "higher", n_test),
-            "r2_beyond_token": Grade("r2_beyond_token", beyond_r2, beyond_control, 0.0, "higher", n_test),
-            "r2_beyond_token_untrained": bootstrap_ci(
-                _r2, b_test, _ridge_predictions(X_untrained, beyond, split, groups, seed), **boot
-            ),
-            "r2_untrained": bootstrap_ci(_r2, y_test, predicted_untrained, **boot),
-            "r2_control_task": bootstrap_ci(_r2, c_test, predicted_control, **boot),
-            "selectivity": bootstrap_ci(
-                lambda y, p, c, q: _r2(y, p) - _r2(c, q), y_test, predicted, c_test, predicted_control, **boot
-            ),
-            "test_predictions": predicted,
-            "test_rows": split[1],
-        }
-    return out
+    return _BeliefTargets(Y, shuffled, by_type[flat_tokens], beyond, beyond[rng.permutation(len(beyond))])
+
+
+def _belief_grades(
+    X: np.ndarray,
+    X_untrained: np.ndarray,
+    t: _BeliefTargets,
+    split: tuple[np.ndarray, np.ndarray],
+    groups: np.ndarray,
+    n_boot: int,
+    seed: int,
+) -> dict[str, Any]:
+    """One readout's grades (grade_belief_probes' docstring names them), from its features X and the untrained
+    model's."""
+    boot = {"groups": groups[split[1]], "n_boot": n_boot, "seed": seed}
+    y_test, c_test, b_test = t.Y[split[1]], t.control_task[split[1]], t.beyond[split[1]]
+    predicted = _ridge_predictions(X, t.Y, split, groups, seed)
+    predicted_shuffled = _ridge_predictions(X, t.shuffled, split, groups, seed)
+    predicted_control = _ridge_predictions(X, t.control_task, split, groups, seed)
+    predicted_untrained = _ridge_predictions(X_untrained, t.Y, split, groups, seed)
+    r2 = bootstrap_ci(_r2, y_test, predicted, **boot)
+    control = bootstrap_ci(_r2, t.shuffled[split[1]], predicted_shuffled, **boot)
+    beyond_r2 = bootstrap_ci(_r2, b_test, _ridge_predictions(X, t.beyond, split, groups, seed), **boot)
+    beyond_control = bootstrap_ci(
+        _r2, t.beyond_shuffled[split[1]], _ridge_predictions(X, t.beyond_shuffled, split, groups, seed), **boot
+    )
+    n_test = len(np.unique(groups[split[1]]))
+    return {
+        "r2": Grade("r2", r2, control, 0.0, "higher", n_test),
+        "r2_beyond_token": Grade("r2_beyond_token", beyond_r2, beyond_control, 0.0, "higher", n_test),
+        "r2_beyond_token_untrained": bootstrap_ci(
+            _r2, b_test, _ridge_predictions(X_untrained, t.beyond, split, groups, seed), **boot
+        ),
+        "r2_untrained": bootstrap_ci(_r2, y_test, predicted_untrained, **boot),
+        "r2_control_task": bootstrap_ci(_r2, c_test, predicted_control, **boot),
+        "selectivity": bootstrap_ci(
+            lambda y, p, c, q: _r2(y, p) - _r2(c, q), y_test, predicted, c_test, predicted_control, **boot
+        ),
+        "test_predictions": predicted,
+        "test_rows": split[1],
+    }
 
 
 VALUE_PROBE_LAMBDAS = (1e-3, 1e-2, 1e-1)  # a multi-class logistic fit is a Newton solve in (features × classes)²
@@ -295,29 +322,13 @@ def grade_value_probes(
         raise ValueError(f"labels {labels.shape} and groups {groups.shape} need one entry per prompt ({n})")
     split = group_split(groups, test_fraction, seed)
     test_groups = groups[split[1]]
-    rng = np.random.default_rng(seed + 7)
-    shuffled = labels[rng.permutation(len(labels))]
-    group_ids = np.unique(groups, return_inverse=True)[1]
-    control_task = labels[rng.integers(0, len(labels), size=group_ids.max() + 1)][group_ids]
+    shuffled, control_task = _value_targets(labels, groups, seed)
     untrained = random_model(model, seed=seed + 1) if untrained is None else untrained
-
-    def last_positions(m: HookedTransformer) -> dict[str, Tensor]:
-        read = [readouts(m, b) for b in batches]
-        return {name: torch.cat([r[name][:, -1] for r in read]) for name in read[0]}
-
-    ours, theirs = last_positions(model), last_positions(untrained)
+    ours, theirs = _last_positions(model, batches), _last_positions(untrained, batches)
     _, counts = np.unique(labels[split[1]], return_counts=True)
     chance = float(counts.max() / counts.sum())
     boot = {"groups": test_groups, "n_boot": n_boot, "seed": seed}
-
-    def predictions(X: Tensor, y: np.ndarray) -> np.ndarray:
-        result = fit_probe(
-            X, y, "logistic", groups=groups, split=split, seed=seed, n_bootstrap=1, grid=grid, n_folds=n_folds
-        )
-        scores = result.test_scores.numpy()
-        index = (scores > 0.5).astype(int) if scores.ndim == 1 else scores.argmax(axis=1)
-        return result.classes[index]
-
+    predictions = partial(_value_predictions, groups=groups, split=split, seed=seed, grid=grid, n_folds=n_folds)
     y_test, c_test = labels[split[1]], control_task[split[1]]
     out = {}
     for name, X in ours.items():
@@ -334,6 +345,40 @@ def grade_value_probes(
             ),
         }
     return out
+
+
+def _value_targets(labels: np.ndarray, groups: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The labels shuffled across prompts (the control), and Hewitt & Liang's control task: each group's label
+    drawn at random from the labels."""
+    rng = np.random.default_rng(seed + 7)
+    shuffled = labels[rng.permutation(len(labels))]
+    group_ids = np.unique(groups, return_inverse=True)[1]
+    return shuffled, labels[rng.integers(0, len(labels), size=group_ids.max() + 1)][group_ids]
+
+
+def _last_positions(model: HookedTransformer, batches: list[Tensor]) -> dict[str, Tensor]:
+    """Each readout at every prompt's last position, the batches' prompts in order."""
+    read = [readouts(model, b) for b in batches]
+    return {name: torch.cat([r[name][:, -1] for r in read]) for name in read[0]}
+
+
+def _value_predictions(
+    X: Tensor,
+    y: np.ndarray,
+    *,
+    groups: np.ndarray,
+    split: tuple[np.ndarray, np.ndarray],
+    seed: int,
+    grid: Sequence[float],
+    n_folds: int,
+) -> np.ndarray:
+    """The classes a logistic probe from X to y, λ chosen by grouped cross-validation, predicts on the test rows."""
+    result = fit_probe(
+        X, y, "logistic", groups=groups, split=split, seed=seed, n_bootstrap=1, grid=grid, n_folds=n_folds
+    )
+    scores = result.test_scores.numpy()
+    index = (scores > 0.5).astype(int) if scores.ndim == 1 else scores.argmax(axis=1)
+    return result.classes[index]
 
 
 # --- heads and patching -----------------------------------------------------------------------------------
@@ -412,14 +457,9 @@ def grade_head_detectors(
     effects = head_ablation_effects(model, tokens, scored).flatten(1).numpy()  # [batch, head]
     scores = {kind: _detector_scores(model, tokens, kind).flatten(1).numpy() for kind in kinds}
     index = np.arange(tokens.shape[0])
-    boot = {"n_boot": n_boot, "seed": seed}
-
-    def shuffler(permute: bool) -> Callable[[np.ndarray], np.ndarray]:
-        rng = np.random.default_rng(seed + 3)
-        return (lambda values: values[rng.permutation(len(values))]) if permute else (lambda values: values)
 
     def correlation(kind: str, permute: bool) -> Callable[[np.ndarray], float]:
-        order = shuffler(permute)
+        order = _shuffler(permute, seed + 3)
 
         def metric(rows: np.ndarray) -> float:
             return spearman(np.nanmean(scores[kind][rows], axis=0).tolist(), order(effects[rows].mean(axis=0)).tolist())
@@ -427,7 +467,7 @@ def grade_head_detectors(
         return metric
 
     def necessary_auroc(permute: bool) -> Callable[[np.ndarray], float]:
-        order = shuffler(permute)
+        order = _shuffler(permute, seed + 3)
 
         def metric(rows: np.ndarray) -> float:
             mean_effect = order(effects[rows].mean(axis=0))
@@ -436,24 +476,11 @@ def grade_head_detectors(
 
         return metric
 
-    grades = {}
-    for kind in kinds:
-        grades[f"spearman_{kind}"] = Grade(
-            f"spearman_{kind}",
-            bootstrap_ci(correlation(kind, False), index, **boot),
-            bootstrap_ci(correlation(kind, True), index, **boot),
-            0.0,
-            "higher",
-            len(index),
-        )
-    grades["auroc_necessary"] = Grade(
-        "auroc_necessary",
-        bootstrap_ci(necessary_auroc(False), index, **boot),
-        bootstrap_ci(necessary_auroc(True), index, **boot),
-        0.5,
-        "higher",
-        len(index),
-    )
+    grades = {
+        f"spearman_{kind}": _against_null(f"spearman_{kind}", partial(correlation, kind), index, 0.0, n_boot, seed)
+        for kind in kinds
+    }
+    grades["auroc_necessary"] = _against_null("auroc_necessary", necessary_auroc, index, 0.5, n_boot, seed)
     mean_effect = effects.mean(axis=0)
     shape = (model.cfg.n_layers, model.cfg.n_heads)
     return {
@@ -462,6 +489,33 @@ def grade_head_detectors(
         "scores": {kind: np.nanmean(scores[kind], axis=0).reshape(shape) for kind in kinds},
         "necessary": (mean_effect >= 0.5 * mean_effect.max()).reshape(shape),
     }
+
+
+def _shuffler(permute: bool, seed: int) -> Callable[[np.ndarray], np.ndarray]:
+    """Values in a fresh random order at every call (from `seed`) when permute, else as they are."""
+    rng = np.random.default_rng(seed)
+    return (lambda values: values[rng.permutation(len(values))]) if permute else (lambda values: values)
+
+
+def _against_null(
+    name: str,
+    metric: Callable[[bool], Callable[[np.ndarray], float]],
+    index: np.ndarray,
+    chance: float,
+    n_boot: int,
+    seed: int,
+) -> Grade:
+    """A metric of the prompts' rows over bootstrap resamples (`metric(False)`), graded against its permutation
+    null (`metric(True)`: the heads' effects in a fresh random order at every resample)."""
+    boot = {"n_boot": n_boot, "seed": seed}
+    return Grade(
+        name,
+        bootstrap_ci(metric(False), index, **boot),
+        bootstrap_ci(metric(True), index, **boot),
+        chance,
+        "higher",
+        len(index),
+    )
 
 
 def _pearson(x: np.ndarray, y: np.ndarray) -> float:

@@ -185,21 +185,40 @@ def runs_fast(model: Any) -> bool:
     return not hooked and not model._forward_pre_hooks and not model._forward_hooks
 
 
+def _grid(
+    model: Any, axis: str, n_pos: int, positions: Sequence[int] | None
+) -> tuple[list[int], list[tuple[int | None, int | None]]]:
+    """The cells a sweep's `axis` names, and each column's (head, position) to patch (None: all of it)."""
+    if axis == "head":
+        heads = list(range(model.cfg.n_heads))
+        return heads, [(h, None) for h in heads]
+    cells = _positions(n_pos, positions)
+    if axis == "pos":
+        return cells, [(None, p) for p in cells]
+    return cells, [(h, p) for h in range(model.cfg.n_heads) for p in cells]
+
+
 @torch.inference_mode()
 def _patch(
     model: Any,
-    clean: Tensor,
-    corrupted: Tensor,
+    clean: Any,
+    corrupted: Any,
     component: str,
     axis: str,
-    cells: list[int],
-    layers: Sequence[int],
-    columns: list[tuple[int | None, int | None]],
-    metric: MetricFn,
+    positions: Sequence[int] | None,
+    layers: Sequence[int] | None,
+    metric: MetricFn | None,
+    answer: Any,
+    wrong: Any,
     direction: str,
     max_batch: int,
     exhaustive: bool,
 ) -> PatchingResult:
+    """The sweep behind patch_positions, patch_heads and patch_heads_by_position, from their arguments."""
+    clean, corrupted = check_inputs(model, clean, corrupted)
+    cells, columns = _grid(model, axis, clean.shape[1], positions)
+    layers = _layers(model, layers)
+    metric = resolve_metric(metric, answer, wrong)
     if component not in COMPONENTS:
         raise ValueError(f"component must be one of {sorted(COMPONENTS)}, got {component!r}")
     if direction not in ("denoise", "noise"):
@@ -296,13 +315,7 @@ def _sweep_fast(
             if joining:
                 fresh = resid_pre[layer][:, first:].repeat(len(joining), 1, 1)
                 x = fresh if x is None else torch.cat([x, fresh])
-            copies = x.shape[0] // b
-            entry = None
-            if first > 0:  # positions < first are the target run's in every row: its keys and values
-                prefix = kv.entries[layer]
-                entry = KVCacheEntry(
-                    prefix.keys[:, :first].repeat(copies, 1, 1, 1), prefix.values[:, :first].repeat(copies, 1, 1, 1)
-                )
+            entry = _prefix(kv, layer, first, x.shape[0] // b)
             if joining:
                 start = len(rows)
 
@@ -320,21 +333,48 @@ def _sweep_fast(
                     x = model.blocks[layer](x, entry)
             else:
                 x = model.blocks[layer](x, entry)
-        if read is None:
-            logits = model.unembed(model.ln_final(x))  # [rows·batch, T − first, d_vocab]
-            for k, cell in enumerate(rows):
-                patched = torch.cat([target_logits[:, :first], logits[k * b : (k + 1) * b]], dim=1)
-                values[cell.row, cell.column] = float(metric(patched))
-            continue
-        late = [p for p in read if p >= first]  # the positions the metric reads that the patch can change
-        early = [p for p in read if p < first]
-        logits = model.unembed(model.ln_final(x[:, [p - first for p in late]]))
-        for k, cell in enumerate(rows):
-            patched = torch.full_like(target_logits, float("nan"))  # what the metric says it never reads
-            patched[:, early] = target_logits[:, early]
-            patched[:, late] = logits[k * b : (k + 1) * b]
-            values[cell.row, cell.column] = float(metric(patched))
+        _score(model, metric, read, target_logits, x, first, rows, values)
     return target_logits
+
+
+def _prefix(kv: KVCache, layer: int, first: int, copies: int) -> KVCacheEntry | None:
+    """The KV cache a pass from position `first` on reads at `layer`: positions < first are the target run's in
+    every row (`copies` of the batch), its keys and values; None when the pass starts at 0."""
+    if first == 0:
+        return None
+    prefix = kv.entries[layer]
+    return KVCacheEntry(
+        prefix.keys[:, :first].repeat(copies, 1, 1, 1), prefix.values[:, :first].repeat(copies, 1, 1, 1)
+    )
+
+
+def _score(
+    model: Any,
+    metric: MetricFn,
+    read: list[int] | None,
+    target_logits: Tensor,
+    x: Tensor,
+    first: int,
+    rows: list[Cell],
+    values: Tensor,
+) -> None:
+    """Unembed a pass's residual stream `x` (positions `first` … T − 1) at the positions the metric reads, and
+    write each row's cell its metric of the patched logits (the target run's before `first`)."""
+    b = target_logits.shape[0]
+    if read is None:
+        logits = model.unembed(model.ln_final(x))  # [rows·batch, T − first, d_vocab]
+        for k, cell in enumerate(rows):
+            patched = torch.cat([target_logits[:, :first], logits[k * b : (k + 1) * b]], dim=1)
+            values[cell.row, cell.column] = float(metric(patched))
+        return
+    late = [p for p in read if p >= first]  # the positions the metric reads that the patch can change
+    early = [p for p in read if p < first]
+    logits = model.unembed(model.ln_final(x[:, [p - first for p in late]]))
+    for k, cell in enumerate(rows):
+        patched = torch.full_like(target_logits, float("nan"))  # what the metric says it never reads
+        patched[:, early] = target_logits[:, early]
+        patched[:, late] = logits[k * b : (k + 1) * b]
+        values[cell.row, cell.column] = float(metric(patched))
 
 
 def _layers(model: Any, layers: Sequence[int] | None) -> list[int]:
@@ -375,18 +415,17 @@ def patch_positions(
     exhaustive=True runs every patched pass from the embedding (the reference; what any other model gets)."""
     if component == "z":
         raise ValueError("hook_z is patched by head: use patch_heads or patch_heads_by_position")
-    clean, corrupted = check_inputs(model, clean, corrupted)
-    cells = _positions(clean.shape[1], positions)
     return _patch(
         model,
         clean,
         corrupted,
         component,
         "pos",
-        cells,
-        _layers(model, layers),
-        [(None, p) for p in cells],
-        resolve_metric(metric, answer, wrong),
+        positions,
+        layers,
+        metric,
+        answer,
+        wrong,
         direction,
         max_batch,
         exhaustive,
@@ -407,21 +446,8 @@ def patch_heads(
     exhaustive: bool = False,
 ) -> PatchingResult:
     """Patch one head's output z (every position) at a time; values is [layer, head]."""
-    clean, corrupted = check_inputs(model, clean, corrupted)
-    cells = list(range(model.cfg.n_heads))
     return _patch(
-        model,
-        clean,
-        corrupted,
-        "z",
-        "head",
-        cells,
-        _layers(model, layers),
-        [(h, None) for h in cells],
-        resolve_metric(metric, answer, wrong),
-        direction,
-        max_batch,
-        exhaustive,
+        model, clean, corrupted, "z", "head", None, layers, metric, answer, wrong, direction, max_batch, exhaustive
     )
 
 
@@ -441,19 +467,17 @@ def patch_heads_by_position(
 ) -> PatchingResult:
     """Patch one head's z at one position at a time; values is [layer, head, position] (TransformerLens's
     get_act_patch_attn_head_out_by_pos gives the same numbers as [layer, position, head])."""
-    clean, corrupted = check_inputs(model, clean, corrupted)
-    cells = _positions(clean.shape[1], positions)
-    columns = [(h, p) for h in range(model.cfg.n_heads) for p in cells]
     return _patch(
         model,
         clean,
         corrupted,
         "z",
         "head_pos",
-        cells,
-        _layers(model, layers),
-        columns,
-        resolve_metric(metric, answer, wrong),
+        positions,
+        layers,
+        metric,
+        answer,
+        wrong,
         direction,
         max_batch,
         exhaustive,

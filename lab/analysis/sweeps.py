@@ -37,11 +37,19 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from lab.analysis.activations.store import model_summary
 from lab.analysis.patching import PatchingResult, patch_heads, patch_heads_by_position, patch_positions
-from lab.distributed import PARTS, all_gather_json, all_gather_rows, claim_parts, plan_parts, rank_world, record_plan
+from lab.distributed import (
+    PARTS,
+    all_gather_json,
+    all_gather_rows,
+    claim_parts,
+    parts_bar,
+    plan_parts,
+    rank_world,
+    record_plan,
+)
 from lab.files import atomic_write, atomic_write_text, is_temporary
 from lab.inputs import InputError, parse_json, read_json_object, read_text, regular_file
 
@@ -215,71 +223,24 @@ def sweep_pairs(
     """Run `sweeps` over every pair into `out_dir` (see the module's docstring): in this process, or — under
     torchrun — this rank's share, every rank calling it alike. Returns the tables on rank 0, None on the others.
     overwrite: start afresh, whatever out_dir holds (rerun without it to resume)."""
-    rank, world = rank_world()
+    rank = rank_world()[0]
     out_dir = Path(out_dir)
-    unknown = [s for s in sweeps if s not in SWEEPS]
-    if unknown or not sweeps or len(set(sweeps)) != len(sweeps):
-        raise ValueError(f"sweeps must be distinct names of {', '.join(SWEEPS)}; got {list(sweeps)}")
-    if direction not in ("denoise", "noise"):
-        raise ValueError(f"direction must be 'denoise' (clean into corrupted) or 'noise', got {direction!r}")
-    if not pairs:
-        raise ValueError("no prompt pair to sweep")
-    if (out_dir / SWEEP_FILE).is_file() and not overwrite:
-        raise FileExistsError(
-            f"{out_dir} already holds a complete sweep ({SWEEP_FILE}); overwrite it or choose another folder"
-        )
+    _check_sweep(pairs, sweeps, direction, out_dir, overwrite)
     ranges = plan_parts(len(pairs), most=parts)
     width = max(len(p.clean) for p in pairs)
-    digest = hashlib.sha256(
-        json.dumps([[p.clean.tolist(), p.corrupted.tolist(), p.answer, p.wrong] for p in pairs]).encode()
-    ).hexdigest()
-    plan = {
-        "format": SWEEP_FORMAT,
-        "sweeps": list(sweeps),
-        "direction": direction,
-        "max_batch": max_batch,
-        "n_pairs": len(pairs),
-        "pairs_sha256": digest,
-        "parts": len(ranges),
-        "model": model_summary(model),
-    }
+    plan = _plan(model, pairs, sweeps, direction, max_batch, len(ranges))
     record_plan(out_dir, plan, overwrite=overwrite, what="patching sweep")
     if overwrite and rank == 0:
         (out_dir / SWEEP_FILE).unlink(missing_ok=True)
 
     kept, mine = claim_parts(len(ranges), lambda i: not overwrite and part_file(out_dir, i).is_file())
-    bar = tqdm(
-        total=sum(len(ranges[i]) for i in mine),
-        unit="pair",
-        disable=not progress or rank != 0,
-        desc="sweep" if world == 1 else f"sweep, rank 0 of {world}",
-    )
+    bar = parts_bar(sum(len(ranges[i]) for i in mine), "pair", "sweep", progress)
     for i in mine:
-        rows: dict[str, list[Tensor]] = {f"{s}.{t}": [] for s in sweeps for t in TENSORS}
-        for pair in (pairs[j] for j in ranges[i]):
-            for s in sweeps:
-                result = sweep_pair(model, pair, s, direction=direction, max_batch=max_batch)
-                padded = torch.full(row_shape(model, s, width), float("nan"))
-                padded[..., : result.values.shape[-1]] = result.values
-                rows[f"{s}.values"].append(padded)
-                rows[f"{s}.clean"].append(torch.tensor(result.clean))
-                rows[f"{s}.corrupted"].append(torch.tensor(result.corrupted))
-            bar.update(1)
-        tensors = {key: torch.stack(value) for key, value in rows.items()}
+        tensors = _sweep_part(model, [pairs[j] for j in ranges[i]], sweeps, direction, max_batch, width, bar)
         atomic_write(part_file(out_dir, i), lambda path, tensors=tensors: save_file(tensors, str(path)))
     bar.close()
 
-    held = sorted(kept + mine)
-    order = [i for gathered in all_gather_json(held) for i in gathered]
-    if sorted(order) != list(range(len(ranges))):  # claim_parts gives every part to one rank: never seen
-        raise RuntimeError(f"the ranks hold parts {sorted(order)}, not each of 0 … {len(ranges) - 1} once")
-    local = [load_file(str(part_file(out_dir, i))) for i in held]
-    shapes = {f"{s}.values": row_shape(model, s, width) for s in sweeps}
-    gathered = {}
-    for key in (f"{s}.{t}" for s in sweeps for t in TENSORS):
-        mine_rows = torch.cat([part[key] for part in local]) if local else torch.empty((0, *shapes.get(key, ())))
-        chunks = torch.split(all_gather_rows(mine_rows), [len(ranges[i]) for i in order])
-        gathered[key] = torch.cat([chunks[k] for k in sorted(range(len(order)), key=order.__getitem__)])
+    gathered = _gather(model, out_dir, sweeps, width, ranges, sorted(kept + mine))
     if rank != 0:
         return None
     lengths = torch.tensor([len(p.clean) for p in pairs])
@@ -295,8 +256,92 @@ def sweep_pairs(
         )
         for s in sweeps
     }
+    _write_tables(out_dir, tables, plan)
+    return tables
+
+
+def _check_sweep(
+    pairs: Sequence[PromptPair], sweeps: Sequence[str], direction: str, out_dir: Path, overwrite: bool
+) -> None:
+    """ValueError for sweeps, a direction or pairs sweep_pairs does not take; FileExistsError for an out_dir that
+    holds a complete sweep (unless overwriting)."""
+    unknown = [s for s in sweeps if s not in SWEEPS]
+    if unknown or not sweeps or len(set(sweeps)) != len(sweeps):
+        raise ValueError(f"sweeps must be distinct names of {', '.join(SWEEPS)}; got {list(sweeps)}")
+    if direction not in ("denoise", "noise"):
+        raise ValueError(f"direction must be 'denoise' (clean into corrupted) or 'noise', got {direction!r}")
+    if not pairs:
+        raise ValueError("no prompt pair to sweep")
+    if (out_dir / SWEEP_FILE).is_file() and not overwrite:
+        raise FileExistsError(
+            f"{out_dir} already holds a complete sweep ({SWEEP_FILE}); overwrite it or choose another folder"
+        )
+
+
+def _plan(
+    model: Any, pairs: Sequence[PromptPair], sweeps: Sequence[str], direction: str, max_batch: int, n_parts: int
+) -> dict[str, Any]:
+    """What a sweep into a folder is of (record_plan: a resumed run must be the same), its pairs by digest."""
+    digest = hashlib.sha256(
+        json.dumps([[p.clean.tolist(), p.corrupted.tolist(), p.answer, p.wrong] for p in pairs]).encode()
+    ).hexdigest()
+    return {
+        "format": SWEEP_FORMAT,
+        "sweeps": list(sweeps),
+        "direction": direction,
+        "max_batch": max_batch,
+        "n_pairs": len(pairs),
+        "pairs_sha256": digest,
+        "parts": n_parts,
+        "model": model_summary(model),
+    }
+
+
+def _sweep_part(
+    model: Any,
+    pairs: list[PromptPair],
+    sweeps: Sequence[str],
+    direction: str,
+    max_batch: int,
+    width: int,
+    bar: Any,
+) -> dict[str, Tensor]:
+    """One part's rows: each sweep's values (padded with NaN to `width` positions), clean and corrupted metric."""
+    rows: dict[str, list[Tensor]] = {f"{s}.{t}": [] for s in sweeps for t in TENSORS}
+    for pair in pairs:
+        for s in sweeps:
+            result = sweep_pair(model, pair, s, direction=direction, max_batch=max_batch)
+            padded = torch.full(row_shape(model, s, width), float("nan"))
+            padded[..., : result.values.shape[-1]] = result.values
+            rows[f"{s}.values"].append(padded)
+            rows[f"{s}.clean"].append(torch.tensor(result.clean))
+            rows[f"{s}.corrupted"].append(torch.tensor(result.corrupted))
+        bar.update(1)
+    return {key: torch.stack(value) for key, value in rows.items()}
+
+
+def _gather(
+    model: Any, out_dir: Path, sweeps: Sequence[str], width: int, ranges: list[range], held: list[int]
+) -> dict[str, Tensor]:
+    """Every part's rows in pair order, on every rank, from the parts each rank holds (`held`, in out_dir)."""
+    order = [i for gathered in all_gather_json(held) for i in gathered]
+    if sorted(order) != list(range(len(ranges))):  # claim_parts gives every part to one rank: never seen
+        raise RuntimeError(f"the ranks hold parts {sorted(order)}, not each of 0 … {len(ranges) - 1} once")
+    local = [load_file(str(part_file(out_dir, i))) for i in held]
+    shapes = {f"{s}.values": row_shape(model, s, width) for s in sweeps}
+    gathered = {}
+    for key in (f"{s}.{t}" for s in sweeps for t in TENSORS):
+        mine_rows = torch.cat([part[key] for part in local]) if local else torch.empty((0, *shapes.get(key, ())))
+        chunks = torch.split(all_gather_rows(mine_rows), [len(ranges[i]) for i in order])
+        gathered[key] = torch.cat([chunks[k] for k in sorted(range(len(order)), key=order.__getitem__)])
+    return gathered
+
+
+def _write_tables(out_dir: Path, tables: dict[str, SweepTable], plan: dict[str, Any]) -> None:
+    """Each sweep's safetensors file, then sweep.json (what marks the sweep complete), then the removal of what
+    killed writes left half-done."""
     for s, table in tables.items():  # the tensors alone (safetensors writes metadata keys in no fixed order)
-        tensors = {"values": table.values, "clean": table.clean, "corrupted": table.corrupted, "lengths": lengths}
+        tensors = {"values": table.values, "clean": table.clean, "corrupted": table.corrupted, "lengths": table.lengths}
         atomic_write(out_dir / f"{s}.safetensors", lambda path, tensors=tensors: save_file(tensors, str(path)))
     manifest = {
         "format": SWEEP_FORMAT,
@@ -304,15 +349,14 @@ def sweep_pairs(
             s: {"file": f"{s}.safetensors", "component": t.component, "axis": t.axis, "shape": list(t.values.shape)}
             for s, t in tables.items()
         },
-        "direction": direction,
-        "n_pairs": len(pairs),
+        "direction": plan["direction"],
+        "n_pairs": plan["n_pairs"],
         "model": plan["model"],
     }
     atomic_write_text(out_dir / SWEEP_FILE, json.dumps(manifest, indent=2) + "\n")
     for path in [*out_dir.glob(".*"), *out_dir.glob("parts/.*")]:  # what killed writes left half-done
         if path.is_file() and is_temporary(path):
             path.unlink()
-    return tables
 
 
 def load_sweep(out_dir: str | Path) -> dict[str, SweepTable]:

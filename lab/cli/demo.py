@@ -24,37 +24,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     import signal
     import time
 
-    import experiments
-    from lab.runs import latest_run
-
     start = time.perf_counter()
-    known = [*DEMO_MODELS, *experiments.experiment_names()]
-    unknown = [name for name in args.only if name not in known]
-    if unknown:
-        raise ValueError(
-            f"--only {unknown[0]!r} is neither a demo model nor an experiment; give one of {', '.join(known)}"
-        )
-    chosen = set(args.only or known)
+    chosen = _chosen(args.only)
     server = None if args.no_dashboard else CHILDREN.start(dashboard_command(args.port))  # boots while we list
 
     from lab.zoo import is_trained  # loads torch: seconds the dashboard spends starting anyway
 
-    jobs: list[tuple[str, list[str]]] = []
-    for name in (m for m in DEMO_MODELS if m in chosen):
-        if is_trained(name):
-            print(f"[demo] {name}: already trained")
-        else:
-            jobs.append(
-                (
-                    f"forma train {name}{' --quick' if args.quick else ''}",
-                    ["train", name, *(["--quick"] if args.quick else [])],
-                )
-            )
-    for name in (e for e in experiments.experiment_names() if e in chosen):
-        if latest_run(name) is not None:
-            print(f"[demo] {name}: a run exists ({latest_run(name)})")
-        else:
-            jobs.append((f"forma run {name} --quick", ["run", name, "--quick"]))
+    jobs = _missing_jobs(chosen, args.quick)
     if server is not None:
         url = f"http://127.0.0.1:{args.port}"
         try:
@@ -88,6 +64,46 @@ def cmd_demo(args: argparse.Namespace) -> int:
     except Stopped:
         code = 0  # Ctrl-C, SIGTERM or SIGHUP: the server was told too, and has ended
     return code if ok else 1
+
+
+def _chosen(only: list[str]) -> set[str]:
+    """The demo models and experiments --only names (all of them when it names none); ValueError for a name that
+    is neither."""
+    import experiments
+
+    known = [*DEMO_MODELS, *experiments.experiment_names()]
+    unknown = [name for name in only if name not in known]
+    if unknown:
+        raise ValueError(
+            f"--only {unknown[0]!r} is neither a demo model nor an experiment; give one of {', '.join(known)}"
+        )
+    return set(only or known)
+
+
+def _missing_jobs(chosen: set[str], quick: bool) -> list[tuple[str, list[str]]]:
+    """The jobs (label, forma's argv) that make what is chosen and missing: the untrained zoo models' trainings,
+    then the quick runs of the experiments that have no run; what exists already is said on the terminal."""
+    import experiments
+    from lab.runs import latest_run
+    from lab.zoo import is_trained
+
+    jobs: list[tuple[str, list[str]]] = []
+    for name in (m for m in DEMO_MODELS if m in chosen):
+        if is_trained(name):
+            print(f"[demo] {name}: already trained")
+        else:
+            jobs.append(
+                (
+                    f"forma train {name}{' --quick' if quick else ''}",
+                    ["train", name, *(["--quick"] if quick else [])],
+                )
+            )
+    for name in (e for e in experiments.experiment_names() if e in chosen):
+        if latest_run(name) is not None:
+            print(f"[demo] {name}: a run exists ({latest_run(name)})")
+        else:
+            jobs.append((f"forma run {name} --quick", ["run", name, "--quick"]))
+    return jobs
 
 
 DASHBOARD_START_S = 120.0  # how long the demo waits for Streamlit to answer before it gives up

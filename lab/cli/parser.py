@@ -7,6 +7,7 @@ imported here: `--help` and an argument error answer without torch (tests/lab/cl
 import argparse
 import signal
 import sys
+from typing import Any
 
 import lab
 from lab.cli.dashboard import cmd_dashboard
@@ -15,6 +16,8 @@ from lab.cli.demo import cmd_demo
 from lab.cli.models import cmd_hooks, cmd_train, cmd_transcoders, cmd_trust
 from lab.cli.runs import cmd_cards, cmd_run
 from lab.cli.signals import Stopped, interrupting_signals
+
+Commands = Any  # what ArgumentParser.add_subparsers returns: each _add_* builder adds one command to it
 
 
 def port_number(text: str) -> int:
@@ -109,15 +112,16 @@ class Parser(argparse.ArgumentParser):
         return namespace, extras
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="forma", description=lab.__doc__)
-    parser.add_argument("--version", action="version", version=f"forma {lab.__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+def _add_hooks(sub: Commands) -> None:
+    """forma hooks MODEL."""
     hooks = sub.add_parser("hooks", help="list a model's hook points and their shapes", description=cmd_hooks.__doc__)
     hooks.add_argument("model", type=model_name, help="zoo name, Forma model folder, or local Hugging Face folder")
     hooks.add_argument("--tokens", type=int, default=8, help="length of the probe sequence, 1 … n_ctx (default 8)")
     hooks.set_defaults(func=cmd_hooks)
 
+
+def _add_trust(sub: Commands) -> None:
+    """forma trust MODEL."""
     trust = sub.add_parser(
         "trust", help="check a model against HF, its own fast paths and bfloat16", description=cmd_trust.__doc__
     )
@@ -130,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     trust.set_defaults(func=cmd_trust)
 
+
+def _add_train(sub: Commands) -> None:
+    """forma train NAME."""
     from lab.folders import zoo_names
 
     train = sub.add_parser("train", help="train a zoo model into models/NAME/", description=cmd_train.__doc__)
@@ -138,6 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", action="store_true", help="continue from models/NAME/train/checkpoint")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.set_defaults(func=cmd_train)
+
+
+def _add_transcoders(sub: Commands) -> None:
+    """forma transcoders NAME."""
+    from lab.folders import zoo_names
+
     transcoders = sub.add_parser(
         "transcoders",
         help="train transcoders for a zoo model (attribution graphs; one process, or torchrun ranks)",
@@ -175,6 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     transcoders.add_argument("--no-progress", action="store_true", help="no progress bar")
     transcoders.set_defaults(func=cmd_transcoders)
 
+
+def _add_run(sub: Commands) -> None:
+    """forma run NAME."""
     import experiments
 
     run = sub.add_parser(
@@ -213,6 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.set_defaults(func=cmd_run)
 
+
+def _add_cards(sub: Commands) -> None:
+    """forma cards."""
     cards = sub.add_parser(
         "cards",
         help="record cards and runs into docs/measured/, rewrite the documents' numbers",
@@ -238,11 +257,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cards.set_defaults(func=cmd_cards)
 
+
+def _add_dashboard(sub: Commands) -> None:
+    """forma dashboard."""
     dashboard = sub.add_parser("dashboard", help="serve the dashboard on 127.0.0.1", description=cmd_dashboard.__doc__)
     dashboard.add_argument("--port", type=port_number, default=8501, help="port (default 8501)")
     dashboard.set_defaults(func=cmd_dashboard)
 
-    # forma harvest and forma patch: a model over a dataset, in one process or as torchrun's ranks
+
+def _dataset_options() -> argparse.ArgumentParser:
+    """The arguments forma harvest and forma patch share: a model over a dataset, in one process or as torchrun's
+    ranks."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("model", type=model_name, help="zoo name, Forma model folder, or local Hugging Face folder")
     common.add_argument("--out", required=True, help="output folder; run the same command again to resume into it")
@@ -254,7 +279,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     common.add_argument("--overwrite", action="store_true", help="start afresh, whatever --out holds")
     common.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return common
 
+
+def _add_harvest(sub: Commands, common: argparse.ArgumentParser) -> None:
+    """forma harvest MODEL --out DIR --hook NAME --corpus FILE."""
     harvest = sub.add_parser(
         "harvest",
         parents=[common],
@@ -297,6 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
     harvest.add_argument("--shard-mb", type=positive_float, default=32.0, help="MB a shard at most (default 32)")
     harvest.set_defaults(func=cmd_harvest)
 
+
+def _add_patch(sub: Commands, common: argparse.ArgumentParser) -> None:
+    """forma patch MODEL --out DIR --pairs FILE --sweep NAME."""
     patch = sub.add_parser(
         "patch",
         parents=[common],
@@ -324,6 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
     patch.add_argument("--max-batch", type=positive_count, default=64, help="rows a patched forward pass (default 64)")
     patch.set_defaults(func=cmd_patch)
 
+
+def _add_demo(sub: Commands) -> None:
+    """forma demo."""
     demo = sub.add_parser(
         "demo", help="train missing models, run quick experiments, open the dashboard", description=cmd_demo.__doc__
     )
@@ -338,6 +373,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="make only this demo model or experiment (if missing); repeatable",
     )
     demo.set_defaults(func=cmd_demo)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="forma", description=lab.__doc__)
+    parser.add_argument("--version", action="version", version=f"forma {lab.__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add in (_add_hooks, _add_trust, _add_train, _add_transcoders, _add_run, _add_cards, _add_dashboard):
+        add(sub)
+    common = _dataset_options()
+    _add_harvest(sub, common)
+    _add_patch(sub, common)
+    _add_demo(sub)
     return parser
 
 

@@ -105,8 +105,8 @@ def convert_into(model: HookedTransformer, family: Family, hf_model: Any, place:
     c, cfg, read = hf_model.config, model.cfg, _reader(hf_model)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     seen: set[str] = set()
-    parts = [lambda: family.outer(c, cfg, read)] + [
-        (lambda layer=layer: family.layer(c, cfg, read, layer)) for layer in range(cfg.n_layers)
+    parts = [lambda: family.weights.outer(c, cfg, read)] + [
+        (lambda layer=layer: family.weights.layer(c, cfg, read, layer)) for layer in range(cfg.n_layers)
     ]
     for part in parts:
         for name, tensor in part().items():
@@ -176,9 +176,9 @@ def to_hf(model: HookedTransformer) -> Any:
     cfg = model.cfg
     hf_config = family.hf_config(cfg)
     sd = {k: read_weight(model, k).detach().float().cpu() for k in model.state_dict()}  # offloaded ones from store
-    state = family.outer_out(sd, cfg)
+    state = family.weights.outer_out(sd, cfg)
     for layer in range(cfg.n_layers):
-        state |= family.layer_out(sd, cfg, layer)
+        state |= family.weights.layer_out(sd, cfg, layer)
     with quiet_transformers():
         hf = AutoModelForCausalLM.from_config(hf_config, trust_remote_code=False)
     return _load_hf_state(hf, state)

@@ -34,6 +34,17 @@ State = dict[str, Tensor]  # tensors by name: Forma's (`model.state_dict()`) or 
 
 
 @dataclass(frozen=True)
+class Weights:
+    """How a family's weights map each way: in, Forma's embed, positions, final norm and unembed (`outer`) and
+    blocks.{layer} (`layer`) from Hugging Face's tensors; out, the same from Forma's state to Hugging Face's."""
+
+    outer: Callable[[Any, ModelConfig, Reader], State]
+    layer: Callable[[Any, ModelConfig, Reader, int], State]
+    outer_out: Callable[[State, ModelConfig], State]
+    layer_out: Callable[[State, ModelConfig, int], State]
+
+
+@dataclass(frozen=True)
 class Family:
     """How one Hugging Face architecture maps onto Forma's HookedTransformer, each way."""
 
@@ -45,12 +56,7 @@ class Family:
     shape: Callable[[ModelConfig], bool]
     shape_text: str
     hf_config: Callable[[ModelConfig], Any]
-    # Weights in: Forma's embed, positions, final norm and unembed (`outer`), and blocks.{layer} (`layer`).
-    outer: Callable[[Any, ModelConfig, Reader], State]
-    layer: Callable[[Any, ModelConfig, Reader, int], State]
-    # Weights out: the same, from Forma's state to Hugging Face's tensors.
-    outer_out: Callable[[State, ModelConfig], State]
-    layer_out: Callable[[State, ModelConfig, int], State]
+    weights: Weights  # the weights, each way
     modules: dict[str, str]  # Forma module -> the HF module holding its weights; "{l}" stands for the layer
     # The tiny HF config tests build the family from (`tiny(vocab, **options)`), and the variants they run (at least
     # one): test id -> options.

@@ -43,15 +43,9 @@ def fit_power_law(n_params: Any, loss: Any, alphas: Any = None, n_grid: int = 60
     g = int(np.argmin(profile))
     a = int(np.argmin(rss_grid[g]))
     E, A0, best_alpha, rss_min = float(E_grid[g]), float(A_grid[g, a]), a, float(profile[g])
-    # Polish E off the grid: for each α the unconstrained (E, A) is closed-form; keep it where E ≥ 0.
-    xm, lm = x.mean(axis=1), L.mean()
-    slope = ((x - xm[:, None]) * (L - lm)[None, :]).sum(axis=1) / ((x - xm[:, None]) ** 2).sum(axis=1)
-    intercept = lm - slope * xm
-    rss = ((L[None, :] - intercept[:, None] - slope[:, None] * x) ** 2).sum(axis=1)
-    rss = np.where(intercept >= 0, rss, np.inf)
-    if rss.min() < rss_min:
-        best_alpha = int(np.argmin(rss))
-        E, A0, rss_min = float(intercept[best_alpha]), float(slope[best_alpha]), float(rss[best_alpha])
+    polished = _off_grid(x, L)  # E off the grid, where that fits better
+    if polished[3] < rss_min:
+        best_alpha, E, A0, rss_min = polished
     alpha = float(alphas[best_alpha])
     dof = len(N) - 3
     out: dict[str, Any] = {
@@ -75,3 +69,15 @@ def fit_power_law(n_params: Any, loss: Any, alphas: Any = None, n_grid: int = 60
         "E_ci95_open": " and ".join(open_ends) or None,
         "rss_threshold": float(threshold),
     }
+
+
+def _off_grid(x: np.ndarray, L: np.ndarray) -> tuple[int, float, float, float]:
+    """(α's index, E, A, RSS) of the best fit with E off the grid: for each α the unconstrained (E, A) is
+    closed-form, kept where E ≥ 0 (RSS inf when it is nowhere)."""
+    xm, lm = x.mean(axis=1), L.mean()
+    slope = ((x - xm[:, None]) * (L - lm)[None, :]).sum(axis=1) / ((x - xm[:, None]) ** 2).sum(axis=1)
+    intercept = lm - slope * xm
+    rss = ((L[None, :] - intercept[:, None] - slope[:, None] * x) ** 2).sum(axis=1)
+    rss = np.where(intercept >= 0, rss, np.inf)
+    best = int(np.argmin(rss))
+    return best, float(intercept[best]), float(slope[best]), float(rss[best])

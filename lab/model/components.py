@@ -42,6 +42,9 @@ def unchanged(x: Tensor) -> Tensor:
     return x
 
 
+Attend = Callable[[Callable[[Tensor], Tensor]], Tensor]  # a block's attention branch, given its norm
+
+
 class _Block(nn.Module):
     # TransformerLens's logit lens asks: hook_resid_post is the one residual stream the next block (or the
     # unembedding) reads, not a stack of streams.
@@ -64,6 +67,29 @@ class _Block(nn.Module):
         self.hook_resid_mid = CheckedHookPoint()  # [batch, pos, d_model]
         self.hook_mlp_out = CheckedHookPoint()  # [batch, pos, d_model]
         self.hook_resid_post = CheckedHookPoint()  # [batch, pos, d_model]
+
+    def forward(
+        self,
+        x: Float[Tensor, "batch pos d_model"],
+        cache: KVCacheEntry | None = None,
+        padding: Padding | None = None,
+        shortformer_pos_embed: Tensor | None = None,
+    ) -> Float[Tensor, "batch pos d_model"]:
+        """hook_resid_pre, the block's own equation (`update`, whose attention reads this call's cache, padding
+        and shortformer positions), hook_resid_post."""
+        resid_pre = self.hook_resid_pre(x)
+
+        def attend(norm: Callable[[Tensor], Tensor]) -> Float[Tensor, "batch pos d_model"]:
+            return self.attention(resid_pre, norm, cache, padding, shortformer_pos_embed)
+
+        return self.hook_resid_post(self.update(resid_pre, attend))
+
+    def update(
+        self, resid_pre: Float[Tensor, "batch pos d_model"], attend: Attend
+    ) -> Float[Tensor, "batch pos d_model"]:
+        """The residual stream after the block (before hook_resid_post), from resid_pre; `attend(norm)` is the
+        attention branch's output on norm(resid_pre)."""
+        raise NotImplementedError
 
     def attention(
         self,
@@ -104,35 +130,25 @@ class _Block(nn.Module):
 class PreLNBlock(_Block):
     """Pre-LN (GPT-2, LLaMA):  x ← x + attn(LN₁(x));  x ← x + mlp(LN₂(x))."""
 
-    def forward(
-        self,
-        x: Float[Tensor, "batch pos d_model"],
-        cache: KVCacheEntry | None = None,
-        padding: Padding | None = None,
-        shortformer_pos_embed: Tensor | None = None,
+    def update(
+        self, resid_pre: Float[Tensor, "batch pos d_model"], attend: Attend
     ) -> Float[Tensor, "batch pos d_model"]:
-        resid_pre = self.hook_resid_pre(x)
-        attn_out = self.hook_attn_out(self.attention(resid_pre, self.ln1, cache, padding, shortformer_pos_embed))
+        attn_out = self.hook_attn_out(attend(self.ln1))
         resid_mid = self.hook_resid_mid(resid_pre + attn_out)
         mlp_out = self.hook_mlp_out(self.mlp(self.ln2(self.mlp_input(resid_mid))))
-        return self.hook_resid_post(resid_mid + mlp_out)
+        return resid_mid + mlp_out
 
 
 class PostLNBlock(_Block):
     """Post-LN (Vaswani et al. 2017, "Add & Norm"):  x ← LN₁(x + attn(x));  x ← LN₂(x + mlp(x))."""
 
-    def forward(
-        self,
-        x: Float[Tensor, "batch pos d_model"],
-        cache: KVCacheEntry | None = None,
-        padding: Padding | None = None,
-        shortformer_pos_embed: Tensor | None = None,
+    def update(
+        self, resid_pre: Float[Tensor, "batch pos d_model"], attend: Attend
     ) -> Float[Tensor, "batch pos d_model"]:
-        resid_pre = self.hook_resid_pre(x)
-        attn_out = self.hook_attn_out(self.attention(resid_pre, unchanged, cache, padding, shortformer_pos_embed))
+        attn_out = self.hook_attn_out(attend(unchanged))
         resid_mid = self.hook_resid_mid(self.ln1(resid_pre + attn_out))
         mlp_out = self.hook_mlp_out(self.mlp(self.mlp_input(resid_mid)))
-        return self.hook_resid_post(self.ln2(resid_mid + mlp_out))
+        return self.ln2(resid_mid + mlp_out)
 
 
 class AttnOnlyBlock(_Block):
@@ -143,16 +159,10 @@ class AttnOnlyBlock(_Block):
         # a hook point exists only where its activation does
         del self.ln2, self.mlp, self.hook_resid_mid, self.hook_mlp_out
 
-    def forward(
-        self,
-        x: Float[Tensor, "batch pos d_model"],
-        cache: KVCacheEntry | None = None,
-        padding: Padding | None = None,
-        shortformer_pos_embed: Tensor | None = None,
+    def update(
+        self, resid_pre: Float[Tensor, "batch pos d_model"], attend: Attend
     ) -> Float[Tensor, "batch pos d_model"]:
-        resid_pre = self.hook_resid_pre(x)
-        attn_out = self.hook_attn_out(self.attention(resid_pre, self.ln1, cache, padding, shortformer_pos_embed))
-        return self.hook_resid_post(resid_pre + attn_out)
+        return resid_pre + self.hook_attn_out(attend(self.ln1))
 
 
 class ParallelBlock(_Block):
@@ -165,17 +175,12 @@ class ParallelBlock(_Block):
         super().__init__(cfg, causal)
         del self.hook_resid_mid  # a hook point exists only where its activation does
 
-    def forward(
-        self,
-        x: Float[Tensor, "batch pos d_model"],
-        cache: KVCacheEntry | None = None,
-        padding: Padding | None = None,
-        shortformer_pos_embed: Tensor | None = None,
+    def update(
+        self, resid_pre: Float[Tensor, "batch pos d_model"], attend: Attend
     ) -> Float[Tensor, "batch pos d_model"]:
-        resid_pre = self.hook_resid_pre(x)
-        attn_out = self.hook_attn_out(self.attention(resid_pre, self.ln1, cache, padding, shortformer_pos_embed))
+        attn_out = self.hook_attn_out(attend(self.ln1))
         mlp_out = self.hook_mlp_out(self.mlp(self.ln2(self.mlp_input(resid_pre))))
-        return self.hook_resid_post(resid_pre + attn_out + mlp_out)
+        return resid_pre + attn_out + mlp_out
 
 
 BLOCKS: dict[str, type[nn.Module]] = {

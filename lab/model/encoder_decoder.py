@@ -430,31 +430,7 @@ class EncoderDecoder(HookedRootModule):
         with no source or target padding mask. A model that scales its embeddings by √d_model
         (§3.4) can fold the factor into src_embed.weight and tgt_embed.weight before converting.
         """
-        enc_layer = transformer.encoder.layers[0]
-        mha = enc_layer.self_attn
-        activation = {torch.nn.functional.relu: "relu", torch.nn.functional.gelu: "gelu"}.get(enc_layer.activation)
-        if activation is None:
-            raise ValueError(f"from_torch reads ReLU or GELU feed-forward layers, got {enc_layer.activation!r}")
-        if transformer.encoder.norm is None or transformer.decoder.norm is None:
-            raise ValueError("from_torch expects the final encoder.norm and decoder.norm that nn.Transformer adds")
-        if not mha._qkv_same_embed_dim:
-            raise ValueError("from_torch expects packed in_proj_weight (kdim = vdim = d_model)")
-        cfg = EncoderDecoderConfig(
-            d_vocab_src=src_embed.num_embeddings,
-            d_vocab_tgt=out_proj.out_features,
-            d_model=mha.embed_dim,
-            n_heads=mha.num_heads,
-            n_encoder_layers=len(transformer.encoder.layers),
-            n_decoder_layers=len(transformer.decoder.layers),
-            n_ctx=n_ctx,
-            d_mlp=enc_layer.linear1.out_features,
-            positions="sinusoidal",
-            norm="layernorm",
-            norm_eps=enc_layer.norm1.eps,
-            mlp=activation,
-            block="pre_ln" if enc_layer.norm_first else "post_ln",
-            bias=mha.in_proj_bias is not None,
-        )
+        cfg = _torch_config(transformer, src_embed, out_proj, n_ctx)
         if tgt_embed.num_embeddings != cfg.d_vocab_tgt:
             raise ValueError(f"tgt_embed has {tgt_embed.num_embeddings} rows but out_proj {cfg.d_vocab_tgt} outputs")
         model = cls(cfg)
@@ -477,6 +453,37 @@ class EncoderDecoder(HookedRootModule):
         _copy_norm(model.encoder_ln_final, transformer.encoder.norm)
         _copy_norm(model.decoder_ln_final, transformer.decoder.norm)
         return model.eval()
+
+
+def _torch_config(
+    transformer: nn.Transformer, src_embed: nn.Embedding, out_proj: nn.Linear, n_ctx: int
+) -> EncoderDecoderConfig:
+    """The config of EncoderDecoder.from_torch's pieces; ValueError for a transformer it does not read."""
+    enc_layer = transformer.encoder.layers[0]
+    mha = enc_layer.self_attn
+    activation = {torch.nn.functional.relu: "relu", torch.nn.functional.gelu: "gelu"}.get(enc_layer.activation)
+    if activation is None:
+        raise ValueError(f"from_torch reads ReLU or GELU feed-forward layers, got {enc_layer.activation!r}")
+    if transformer.encoder.norm is None or transformer.decoder.norm is None:
+        raise ValueError("from_torch expects the final encoder.norm and decoder.norm that nn.Transformer adds")
+    if not mha._qkv_same_embed_dim:
+        raise ValueError("from_torch expects packed in_proj_weight (kdim = vdim = d_model)")
+    return EncoderDecoderConfig(
+        d_vocab_src=src_embed.num_embeddings,
+        d_vocab_tgt=out_proj.out_features,
+        d_model=mha.embed_dim,
+        n_heads=mha.num_heads,
+        n_encoder_layers=len(transformer.encoder.layers),
+        n_decoder_layers=len(transformer.decoder.layers),
+        n_ctx=n_ctx,
+        d_mlp=enc_layer.linear1.out_features,
+        positions="sinusoidal",
+        norm="layernorm",
+        norm_eps=enc_layer.norm1.eps,
+        mlp=activation,
+        block="pre_ln" if enc_layer.norm_first else "post_ln",
+        bias=mha.in_proj_bias is not None,
+    )
 
 
 def _copy_attention(ours: Attention, theirs: nn.MultiheadAttention) -> None:

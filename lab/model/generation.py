@@ -41,23 +41,19 @@ def generate(
     padding_side: str | None = None,
     return_type: str | None = "input",
     verbose: bool = True,
+    *,
     seed: int | None = None,
 ) -> Any:
     """Extend the input by up to max_new_tokens tokens, as TransformerLens's HookedTransformer.generate does.
 
-    input: a text, a list of texts (padded on the left, so that every row's last token is real), [batch, pos]
-    ids, or [batch, pos, d_model] token embeddings (positions are added to them). Rows that emit an EOS token
-    (eos_token_id, else the tokenizer's; a list stops at any of them) keep emitting it, and decoding stops when
-    every row has, unless stop_at_eos=False. do_sample=False (or temperature 0) takes the argmax. return_type
-    "input" gives what came in (text for text, ids for ids, embeddings for embeddings); "str" decodes (special
-    tokens left out, one string for one row); "tokens" the ids; "embeds" the embeddings of the whole sequence.
-    From embeddings, "str" and "tokens" are of the new tokens only, as in TransformerLens. verbose is accepted
-    for TransformerLens's code; Forma prints no progress bar."""
-    if return_type not in RETURN_TYPES:
-        raise Misuse(f"return_type must be one of {list(RETURN_TYPES)}, got {return_type!r}")
-    text = is_text(input)
-    if not text and not isinstance(input, Tensor):
-        raise Misuse(f"input must be a string, a list of strings or a tensor of token ids, got {type(input).__name__}")
+    input: a text, a list of texts (padded on the left, so that every row's last token is real), [batch, pos] ids, or
+    [batch, pos, d_model] token embeddings (positions are added to them). Rows that emit an EOS token (eos_token_id,
+    else the tokenizer's; a list stops at any of them) keep emitting it, and decoding stops when every row has, unless
+    stop_at_eos=False. do_sample=False (or temperature 0) takes the argmax. return_type "input" gives what came in (text
+    for text, ids for ids, embeddings for embeddings); "str" decodes (special tokens left out, one string for one row);
+    "tokens" the ids; "embeds" the embeddings of the whole sequence. From embeddings, "str" and "tokens" are of the new
+    tokens only, as in TransformerLens. verbose is accepted for TransformerLens's code; Forma prints no progress bar."""
+    text = _check(input, return_type)
     if isinstance(input, Tensor) and input.is_floating_point():
         return _from_embeddings(
             model,
@@ -72,23 +68,15 @@ def generate(
             return_type,
             seed,
         )
-    if text:
-        batched = isinstance(input, list) and len(input) > 1
-        tokens, mask = model.tokenize(input, prepend_bos, "left" if batched else padding_side)
-    else:
-        tokens = model.check_tokens(input)
-        mask = None if model.tokenizer is None else model.inferred_padding(tokens, prepend_bos, padding_side)
-    if mask is not None and bool(mask.all()):
-        mask = None
+    tokens, mask = _tokens(model, input, text, prepend_bos, padding_side)
     check_max_new_tokens(max_new_tokens, tokens.shape[1], model.cfg.n_ctx)
-    stop = _stop_tokens(model, stop_at_eos, eos_token_id)
     with _seeded(seed, tokens.device):
         out = _decode(
             model,
             tokens,
             mask,
             max_new_tokens,
-            stop,
+            _stop_tokens(model, stop_at_eos, eos_token_id),
             do_sample,
             top_k,
             top_p,
@@ -97,6 +85,32 @@ def generate(
             use_past_kv_cache,
         )
     return _returned(model, out, return_type, "str" if text else "tokens")
+
+
+def _check(input: Any, return_type: str | None) -> bool:
+    """Misuse for a return_type or an input generate does not take; whether the input is text."""
+    if return_type not in RETURN_TYPES:
+        raise Misuse(f"return_type must be one of {list(RETURN_TYPES)}, got {return_type!r}")
+    text = is_text(input)
+    if not text and not isinstance(input, Tensor):
+        raise Misuse(f"input must be a string, a list of strings or a tensor of token ids, got {type(input).__name__}")
+    return text
+
+
+def _tokens(
+    model: Any, input: Any, text: bool, prepend_bos: bool | None, padding_side: str | None
+) -> tuple[Tensor, Tensor | None]:
+    """The input's ids, and its padding mask (None where no row is padded): texts tokenized (a batch padded on
+    the left), ids checked with their padding inferred."""
+    if text:
+        batched = isinstance(input, list) and len(input) > 1
+        tokens, mask = model.tokenize(input, prepend_bos, "left" if batched else padding_side)
+    else:
+        tokens = model.check_tokens(input)
+        mask = None if model.tokenizer is None else model.inferred_padding(tokens, prepend_bos, padding_side)
+    if mask is not None and bool(mask.all()):
+        mask = None
+    return tokens, mask
 
 
 @contextmanager

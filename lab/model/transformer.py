@@ -36,7 +36,7 @@ from transformer_lens import ActivationCache, FactoredMatrix, HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from lab.folders import load_pretrained
-from lab.model import tokenization
+from lab.model import generation, tokenization
 from lab.model.activation_cache import Cache, resolve_names_filter
 from lab.model.attention import Attention
 from lab.model.checkpoint import (
@@ -51,7 +51,6 @@ from lab.model.components import BLOCKS
 from lab.model.config import ModelConfig
 from lab.model.embeddings import POSITIONS, Embed, TiedUnembed, Unembed
 from lab.model.errors import HookSwitchedOff, Misuse
-from lab.model.generation import generate
 from lab.model.inputs import InputChecks
 from lab.model.kv_cache import KVCache, TransformerLensCache
 from lab.model.loss import next_token_loss, per_token_loss
@@ -269,44 +268,8 @@ class HookedTransformer(InputChecks, HookedRootModule):
         """Mean next-token cross-entropy in nats: −(1/N) Σ log P_θ(x_{t+1} | x_≤t)."""
         return self(tokens, return_type="loss")
 
-    def generate(
-        self,
-        input: str | list[str] | Tensor = "",
-        max_new_tokens: int = 10,
-        stop_at_eos: bool = True,
-        eos_token_id: int | list[int] | None = None,
-        do_sample: bool = True,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        temperature: float = 1.0,
-        freq_penalty: float = 0.0,
-        use_past_kv_cache: bool = True,
-        prepend_bos: bool | None = None,
-        padding_side: str | None = None,
-        return_type: str | None = "input",
-        verbose: bool = True,
-        *,
-        seed: int | None = None,
-    ) -> Any:
-        """TransformerLens's generate (lab.model.generation): text or ids in, the continuation out."""
-        return generate(
-            self,
-            input,
-            max_new_tokens,
-            stop_at_eos,
-            eos_token_id,
-            do_sample,
-            top_k,
-            top_p,
-            temperature,
-            freq_penalty,
-            use_past_kv_cache,
-            prepend_bos,
-            padding_side,
-            return_type,
-            verbose,
-            seed,
-        )
+    # TransformerLens's generate (lab.model.generation): text or ids in, the continuation out.
+    generate = generation.generate
 
     # --- hooks: TransformerLens's API, with hook names checked first ----------------------------
     def check_hook_names(self, names: Iterable[Any]) -> None:

@@ -34,7 +34,8 @@ def demo_markov(seed: int = 0) -> tuple[HookedTransformer, TokenStream]:
     return HookedTransformer(DEMO_MODEL, seed=seed), data
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """python -m lab.train's arguments: the run's folder and switches, and one flag per TrainConfig field."""
     parser = argparse.ArgumentParser(
         prog="python -m lab.train",
         description="The training loop: one process or many under torchrun (DDP), resumable to the bit.",
@@ -59,6 +60,11 @@ def main(argv: list[str] | None = None) -> int:
             default=getattr(DEMO_TRAIN, f.name),
             help=f"TrainConfig.{f.name}",
         )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     if not args.demo_markov:
         parser.error("choose the data: --demo-markov (zoo models train with `forma train NAME`)")

@@ -10,6 +10,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -204,6 +205,54 @@ def train(
     _check_run(model, cfg, data, world, out_dir, resume, stop_after)
     model.to(device)
     optimizer = make_optimizer(model, cfg)
+    state, history = _start(model, optimizer, cfg, out_dir, resume, rank)
+    ddp = _data_parallel(model, world, device)
+    end = cfg.steps if stop_after is None else stop_after
+    saved_step = state.step if resume else None  # the step of the newest complete checkpoint
+    bar = progress_bar(cfg.steps, "train", initial=state.step, show=progress and rank == 0)
+    started = time.perf_counter() - state.elapsed_s
+    metrics_path = out_dir / METRICS_FILE if rank == 0 and out_dir is not None else None
+    records = _Records(history, metrics_path, logger.info if bar.disable else bar.write, cfg.steps, state.tokens_seen)
+    last_save = time.perf_counter()
+    optimizer.zero_grad(set_to_none=True)  # gradients the caller left behind must not leak into step 1
+    model.train()
+    with _StopSignals() if out_dir is not None else contextlib.nullcontext() as stop:
+        for step in range(state.step, end):
+            lr = get_lr(step, cfg)
+            batch, n_scored = get_batch(data, "train", step, cfg, rank, world, device)
+            train_loss = _update(ddp, optimizer, lr, batch, n_scored, cfg, world)
+            _check_finite(train_loss, step, lr, saved_step, out_dir)
+            done = _advance(state, train_loss, cfg.batch_size * batch.tokens.shape[1], started)
+            records.add(state, lr, _held_out(model, data, cfg, rank, world, device, state))
+            stopping = any_rank(stop is not None and stop.signum is not None, world, device)
+            if out_dir is not None and (done == end or stopping or _checkpoint_due(cfg, done, last_save)):
+                if rank == 0:
+                    save_checkpoint(out_dir / CHECKPOINT_DIR, model, optimizer, cfg, state)
+                saved_step, last_save = done, time.perf_counter()
+            bar.update(1)
+            bar.set_postfix(loss=f"{train_loss:.4f}")
+            if stopping:
+                bar.close()
+                model.eval()
+                raise TrainingInterrupted(stop.signum or signal.SIGTERM, done, cfg.steps, out_dir / CHECKPOINT_DIR)
+    bar.close()
+    model.eval()
+    if world > 1:
+        dist.barrier()  # rank 0's last checkpoint is complete on every rank's return
+    return TrainResult(state.step, state.train_loss_nats, state.best_val_loss_nats, records.history, state.elapsed_s)
+
+
+def _start(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    cfg: TrainConfig,
+    out_dir: Path | None,
+    resume: bool,
+    rank: int,
+) -> tuple[TrainState, list[dict[str, Any]]]:
+    """Where the run starts, and its metrics records so far: the checkpoint's state and the records up to its step
+    (resume; ValueError when they do not match), or a fresh state with torch seeded by cfg.seed. Rank 0 readies
+    out_dir: an earlier checkpoint removed unless resuming, metrics.jsonl rewritten with the kept records."""
     metrics_path = None if out_dir is None else out_dir / METRICS_FILE
     if resume:
         state = load_checkpoint(out_dir / CHECKPOINT_DIR, model, optimizer, cfg)
@@ -220,95 +269,123 @@ def train(
         out_dir.mkdir(parents=True, exist_ok=True)
         remove_checkpoints(out_dir / CHECKPOINT_DIR, keep=resume)
         atomic_write(metrics_path, lambda path: path.write_text("".join(json.dumps(r) + "\n" for r in history)))
-    ddp = (
-        model
-        if world == 1
-        else DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None, forward_sync_buffers=False
-        )
+    return state, history
+
+
+def _advance(state: TrainState, train_loss: float, tokens: int, started: float) -> int:
+    """Count a finished step into `state` (its train loss, its `tokens`, the wall time since `started`); its number."""
+    state.step += 1
+    state.train_loss_nats = train_loss
+    state.tokens_seen += tokens
+    state.elapsed_s = time.perf_counter() - started
+    return state.step
+
+
+def _held_out(
+    model: torch.nn.Module,
+    data: Batches,
+    cfg: TrainConfig,
+    rank: int,
+    world: int,
+    device: torch.device,
+    state: TrainState,
+) -> float | None:
+    """The held-out loss after step state.step when the eval schedule calls for one (kept as the best when it is
+    the lowest yet), else None. On the schedule only: an interruption (stop_after, a signal) must not add a
+    held-out loss, or a resumed run's records and best loss would differ from an uninterrupted one's."""
+    if state.step % cfg.eval_interval and state.step != cfg.steps:
+        return None
+    val_loss = estimate_loss(model, data, cfg, rank, world, device)
+    if state.best_val_loss_nats is None or val_loss < state.best_val_loss_nats:
+        state.best_val_loss_nats = val_loss
+    return val_loss
+
+
+def _data_parallel(model: torch.nn.Module, world: int, device: torch.device) -> torch.nn.Module:
+    """The model as each step runs it: itself on one rank, wrapped in DDP on several."""
+    if world == 1:
+        return model
+    return DistributedDataParallel(
+        model, device_ids=[device.index] if device.type == "cuda" else None, forward_sync_buffers=False
     )  # buffers (masks, rotary tables) are functions of the config
 
-    end = cfg.steps if stop_after is None else stop_after
-    saved_step = state.step if resume else None  # the step of the newest complete checkpoint
-    bar = progress_bar(cfg.steps, "train", initial=state.step, show=progress and rank == 0)
-    log = logger.info if bar.disable else bar.write
-    started = time.perf_counter() - state.elapsed_s
-    interval_start = (time.perf_counter(), state.tokens_seen)
-    last_save = time.perf_counter()
-    optimizer.zero_grad(set_to_none=True)  # gradients the caller left behind must not leak into step 1
-    model.train()
-    with _StopSignals() if out_dir is not None else contextlib.nullcontext() as stop:
-        for step in range(state.step, end):
-            lr = get_lr(step, cfg)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            batch, n_scored = get_batch(data, "train", step, cfg, rank, world, device)
-            loss_sum = summed_loss(ddp(*batch.inputs), batch.targets)
-            # DDP averages gradients over ranks, so scale by world / (global count): the averaged
-            # gradient is then exactly that of the mean loss over the whole global batch.
-            (loss_sum * (world / n_scored)).backward()
-            if cfg.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            train_loss = all_ranks_sum(loss_sum.detach(), world) / n_scored
-            if not math.isfinite(train_loss):
-                kept = (
-                    "no checkpoint was written yet"
-                    if saved_step is None or out_dir is None
-                    else f"the checkpoint of step {saved_step} is kept in {out_dir / CHECKPOINT_DIR}"
-                )
-                raise TrainingDiverged(
-                    f"training diverged at step {step + 1}: train loss is {train_loss} "
-                    f"(lr {lr:.3g}); try a lower lr or a tighter grad_clip; {kept}"
-                )
 
-            state.step = done = step + 1
-            state.train_loss_nats = train_loss
-            state.tokens_seen += cfg.batch_size * batch.tokens.shape[1]
-            state.elapsed_s = time.perf_counter() - started
-            record = {"step": done, "tokens_seen": state.tokens_seen, "lr": lr, "train_loss_nats": train_loss}
-            # Evaluate on the schedule only: an interruption (stop_after, a signal) must not add a
-            # held-out loss, or a resumed run's records and best loss would differ from an uninterrupted one's.
-            if done % cfg.eval_interval == 0 or done == cfg.steps:
-                val_loss = estimate_loss(model, data, cfg, rank, world, device)
-                record["val_loss_nats"] = val_loss
-                if state.best_val_loss_nats is None or val_loss < state.best_val_loss_nats:
-                    state.best_val_loss_nats = val_loss
-                seconds, tokens_before = time.perf_counter() - interval_start[0], interval_start[1]
-                tokens_per_s = (state.tokens_seen - tokens_before) / max(seconds, 1e-9)
-                log(
-                    f"step {done:>6}/{cfg.steps} | lr {lr:.2e} | train {train_loss:.4f} nats | "
-                    f"val {val_loss:.4f} nats | {tokens_per_s:,.0f} tokens/s"
-                )
-                interval_start = (time.perf_counter(), state.tokens_seen)
-            record["elapsed_s"] = round(state.elapsed_s, 3)
-            history.append(record)
-            if rank == 0 and metrics_path is not None:
-                with metrics_path.open("a") as f:
-                    f.write(json.dumps(record) + "\n")
-            stopping = any_rank(stop is not None and stop.signum is not None, world, device)
-            due = (
-                done == end
-                or stopping
-                or (cfg.checkpoint_interval and done % cfg.checkpoint_interval == 0)
-                or (cfg.checkpoint_every_s and time.perf_counter() - last_save >= cfg.checkpoint_every_s)
+def _update(
+    ddp: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    lr: float,
+    batch: Batch,
+    n_scored: int,
+    cfg: TrainConfig,
+    world: int,
+) -> float:
+    """One optimizer step at learning rate `lr` on this rank's rows of the global batch; the global batch's mean
+    train loss."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    loss_sum = summed_loss(ddp(*batch.inputs), batch.targets)
+    # DDP averages gradients over ranks, so scale by world / (global count): the averaged
+    # gradient is then exactly that of the mean loss over the whole global batch.
+    (loss_sum * (world / n_scored)).backward()
+    if cfg.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(ddp.parameters(), cfg.grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return all_ranks_sum(loss_sum.detach(), world) / n_scored
+
+
+def _check_finite(train_loss: float, step: int, lr: float, saved_step: int | None, out_dir: Path | None) -> None:
+    """TrainingDiverged for a NaN or infinite loss, saying which checkpoint is left."""
+    if math.isfinite(train_loss):
+        return
+    kept = (
+        "no checkpoint was written yet"
+        if saved_step is None or out_dir is None
+        else f"the checkpoint of step {saved_step} is kept in {out_dir / CHECKPOINT_DIR}"
+    )
+    raise TrainingDiverged(
+        f"training diverged at step {step + 1}: train loss is {train_loss} "
+        f"(lr {lr:.3g}); try a lower lr or a tighter grad_clip; {kept}"
+    )
+
+
+def _checkpoint_due(cfg: TrainConfig, done: int, last_save: float) -> bool:
+    """Whether the checkpoint schedule calls for one after step `done`: every checkpoint_interval steps, or
+    checkpoint_every_s seconds since the last."""
+    return bool(
+        (cfg.checkpoint_interval and done % cfg.checkpoint_interval == 0)
+        or (cfg.checkpoint_every_s and time.perf_counter() - last_save >= cfg.checkpoint_every_s)
+    )
+
+
+class _Records:
+    """The run's metrics records: kept (`history`), appended to metrics.jsonl (`path`, None on ranks > 0 and without
+    an out_dir), and logged, with the tokens per second since the last line, at each held-out loss."""
+
+    def __init__(
+        self, history: list[dict[str, Any]], path: Path | None, log: Callable[[str], Any], steps: int, tokens_seen: int
+    ) -> None:
+        self.history, self.path, self.log, self.steps = history, path, log, steps
+        self.interval_start = (time.perf_counter(), tokens_seen)
+
+    def add(self, state: TrainState, lr: float, val_loss: float | None) -> None:
+        """The record of the step `state` has just finished (val_loss: its held-out loss, on the eval schedule)."""
+        done, train_loss = state.step, state.train_loss_nats
+        record = {"step": done, "tokens_seen": state.tokens_seen, "lr": lr, "train_loss_nats": train_loss}
+        if val_loss is not None:
+            record["val_loss_nats"] = val_loss
+            seconds, tokens_before = time.perf_counter() - self.interval_start[0], self.interval_start[1]
+            tokens_per_s = (state.tokens_seen - tokens_before) / max(seconds, 1e-9)
+            self.log(
+                f"step {done:>6}/{self.steps} | lr {lr:.2e} | train {train_loss:.4f} nats | "
+                f"val {val_loss:.4f} nats | {tokens_per_s:,.0f} tokens/s"
             )
-            if out_dir is not None and due:
-                if rank == 0:
-                    save_checkpoint(out_dir / CHECKPOINT_DIR, model, optimizer, cfg, state)
-                saved_step, last_save = done, time.perf_counter()
-            bar.update(1)
-            bar.set_postfix(loss=f"{train_loss:.4f}")
-            if stopping:
-                bar.close()
-                model.eval()
-                raise TrainingInterrupted(stop.signum or signal.SIGTERM, done, cfg.steps, out_dir / CHECKPOINT_DIR)
-    bar.close()
-    model.eval()
-    if world > 1:
-        dist.barrier()  # rank 0's last checkpoint is complete on every rank's return
-    return TrainResult(state.step, state.train_loss_nats, state.best_val_loss_nats, history, state.elapsed_s)
+            self.interval_start = (time.perf_counter(), state.tokens_seen)
+        record["elapsed_s"] = round(state.elapsed_s, 3)
+        self.history.append(record)
+        if self.path is not None:
+            with self.path.open("a") as f:
+                f.write(json.dumps(record) + "\n")
 
 
 def _check_run(

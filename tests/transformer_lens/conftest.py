@@ -21,12 +21,9 @@ import pytest
 
 from tests.transformer_lens.expected import BOTH, FORMA_GAPS, PORTED
 from tests.transformer_lens.models import ALIASES, CHECKPOINTS, IMPLEMENTATIONS, checkpoint
+from tests.transformer_lens.run_record import COLLECTED, COMPLETE, HERE, TABLE, complete, outcomes, record, table
 from tests.transformer_lens.under_test import implementation
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
-TABLE = REPO / "docs" / "measured" / "transformer_lens.json"
-COMPLETE = pytest.StashKey[bool]()
 
 
 def pytest_configure(config):
@@ -123,7 +120,7 @@ def pytest_collection_modifyitems(session, config, items):
         if reason is not None:
             item.add_marker(pytest.mark.xfail(strict=True, reason=reason))
     items.sort(key=lambda item: Path(item.nodeid.split("::")[0]).name == "test_table.py")
-    _collected.update(found for item in items if (found := upstream_id(item.nodeid)) is not None)
+    COLLECTED.update(found for item in items if (found := upstream_id(item.nodeid)) is not None)
 
 
 def pytest_deselected(items):
@@ -132,47 +129,10 @@ def pytest_deselected(items):
             item.config.stash[COMPLETE] = False
 
 
-_outcomes: dict[tuple[str, str, str], dict] = {}  # (file, implementation, test) -> how its phases went
-_collected: set[tuple[str, str, str]] = set()
-
-
 def pytest_runtest_logreport(report):
     found = upstream_id(report.nodeid)
-    if found is None:
-        return
-    record = _outcomes.setdefault(found, {"call": False, "ok": True})
-    if report.when == "call":
-        record["call"] = report.passed and not hasattr(report, "wasxfail")
-    elif not report.passed:  # an error in setup or teardown, or a skip
-        record["ok"] = False
-
-
-def outcomes() -> dict[tuple[str, str, str], bool]:
-    """Whether each ported test that ran passed, on each implementation (an expected failure does not)."""
-    return {key: record["call"] and record["ok"] for key, record in _outcomes.items()}
-
-
-def table(outcomes: dict) -> dict:
-    """The table of a run: per ported file (by its name less .py) its upstream file and commit, its tests and how
-    many pass on each implementation."""
-    from tests.transformer_lens.expected import UPSTREAM
-
-    files: dict[str, dict] = {}
-    for (file, impl, test), passed in sorted(outcomes.items()):
-        row = files.setdefault(file.removesuffix(".py"), {  # no dot in a key: docs' markers read dotted paths
-            "upstream": UPSTREAM[file][0], "commit": UPSTREAM[file][1], "tests": set(), "reference": 0, "forma": 0})
-        row["tests"].add(test)
-        row[impl] += int(bool(passed))
-    for row in files.values():
-        row["tests"] = len(row["tests"])
-    totals = {key: sum(row[key] for row in files.values()) for key in ("tests", "reference", "forma")}
-    return {"transformer_lens": "3.9.0", "files": files, "totals": totals, "files_ported": len(files)}
-
-
-def complete(config) -> bool:
-    """Whether this run ran every test of every ported file, on both implementations."""
-    ran = set(_outcomes)
-    return (config.stash.get(COMPLETE, False) and ran == _collected and {file for file, _, _ in ran} == set(PORTED))
+    if found is not None:
+        record(found, report)
 
 
 def pytest_sessionfinish(session, exitstatus):

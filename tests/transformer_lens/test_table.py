@@ -9,7 +9,7 @@
 
 import json
 
-from tests.transformer_lens.conftest import HERE, TABLE, complete, outcomes, table
+from tests.transformer_lens.run_record import HERE, TABLE, complete, outcomes, table
 from tests.transformer_lens.expected import FORMA_GAPS, PORTED, UPSTREAM
 
 

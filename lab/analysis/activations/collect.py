@@ -179,27 +179,16 @@ def stream_activations(
     `save_activations` turns it off and hands memory back once per shard instead.
     """
     names = [hooks] if isinstance(hooks, str) else list(hooks)
-    if not names or len(set(names)) != len(names):
-        raise ValueError(f"hooks must be one or more distinct hook names, got {names!r}")
-    _check_names(model, names)
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-    if not isinstance(start, int) or start < 0:
-        raise ValueError(f"start must be a non-negative integer, got {start!r}")
+    _check_arguments(model, names, batch_size, start)
     batches, total = token_batches(data, batch_size)
     device = _device_of(model)
     description = describe_positions(positions)
+    every = positions == "all"
     bar = tqdm(total=total, unit="seq", desc="activations", disable=not progress)
     seen = 0
     try:
-        for tokens in batches:
-            if not isinstance(tokens, Tensor):
-                raise TypeError(f"each batch must be a tensor of token ids, got {type(tokens).__name__}")
-            tokens = tokens[None, :] if tokens.ndim == 1 else tokens
-            if tokens.ndim != 2 or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
-                raise ValueError(
-                    f"each batch must be a [batch, pos] integer tensor, got {tokens.dtype} {tuple(tokens.shape)}"
-                )
+        for batch in batches:
+            tokens = _batch_tokens(batch)
             if seen < start:  # already done: read past it without a forward pass
                 if seen + tokens.shape[0] > start:
                     raise ValueError(
@@ -211,14 +200,7 @@ def stream_activations(
                 continue
             b_idx, p_idx = select_positions(tokens, positions, pad_id)
             captured = _run_batch(
-                model,
-                tokens.to(device),
-                names,
-                b_idx.to(device),
-                p_idx.to(device),
-                dtype,
-                stop_early,
-                every=positions == "all",
+                model, tokens.to(device), names, b_idx.to(device), p_idx.to(device), dtype, stop_early, every
             )
             if release_memory:
                 release_freed_memory()  # stay near one batch's footprint over a long stream
@@ -231,6 +213,29 @@ def stream_activations(
         bar.close()
     if seen < start:
         raise ValueError(f"start = {start}, but the data hold only {seen} sequences")
+
+
+def _check_arguments(model: Any, names: list[str], batch_size: Any, start: Any) -> None:
+    """ValueError for hooks that are not one or more distinct names of the model's, or a batch size or start that
+    is not a count."""
+    if not names or len(set(names)) != len(names):
+        raise ValueError(f"hooks must be one or more distinct hook names, got {names!r}")
+    _check_names(model, names)
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if not isinstance(start, int) or start < 0:
+        raise ValueError(f"start must be a non-negative integer, got {start!r}")
+
+
+def _batch_tokens(batch: Any) -> Tensor:
+    """One batch of the data as [batch, pos] token ids (a 1-D tensor is one sequence); TypeError or ValueError
+    for anything else."""
+    if not isinstance(batch, Tensor):
+        raise TypeError(f"each batch must be a tensor of token ids, got {type(batch).__name__}")
+    tokens = batch[None, :] if batch.ndim == 1 else batch
+    if tokens.ndim != 2 or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+        raise ValueError(f"each batch must be a [batch, pos] integer tensor, got {tokens.dtype} {tuple(tokens.shape)}")
+    return tokens
 
 
 def _whole(activation: Tensor, dim: int) -> bool:

@@ -29,10 +29,9 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from lab.analysis.activations.store import INDEX_FILE, ActivationStore, merge_stores, model_summary, save_activations
-from lab.distributed import PARTS, all_gather_json, claim_parts, plan_parts, rank_world, record_plan
+from lab.distributed import PARTS, all_gather_json, claim_parts, parts_bar, plan_parts, rank_world, record_plan
 from lab.files import is_temporary
 from lab.inputs import read_text
 
@@ -123,13 +122,10 @@ def harvest(
     in this process, or — under torchrun — this rank's share, every rank calling it alike. Returns the finished
     set on rank 0 and None on the other ranks. positions: "all", "last" or indices (a predicate cannot be
     compared on a rerun). overwrite: start afresh, whatever out_dir holds (rerun without it to resume)."""
-    rank, world = rank_world()
+    rank = rank_world()[0]
     out_dir = Path(out_dir)
     names = [hooks] if isinstance(hooks, str) else list(hooks)
-    if callable(positions):
-        raise TypeError('a harvest takes positions "all", "last" or a list of indices, not a predicate')
-    if corpus.ndim != 2:
-        raise ValueError(f"the corpus must be [n, seq_len] token ids, got shape {tuple(corpus.shape)}")
+    _check_inputs(corpus, positions)
     ranges = plan_parts(int(corpus.shape[0]), unit=batch_size, most=parts)
     if not ranges:
         raise ValueError("the corpus holds no sequence")
@@ -137,40 +133,14 @@ def harvest(
         raise FileExistsError(
             f"{out_dir} already holds a complete harvest ({INDEX_FILE}); overwrite it or choose another folder"
         )
-    plan = {
-        "format": HARVEST_FORMAT,
-        "hooks": names,
-        "positions": positions if isinstance(positions, str) else [int(p) for p in positions],
-        "batch_size": batch_size,
-        "dtype": None if dtype is None else str(dtype).removeprefix("torch."),
-        "shard_mb": shard_mb,
-        "n_sequences": int(corpus.shape[0]),
-        "seq_len": int(corpus.shape[1]),
-        "parts": len(ranges),
-        "model": model_summary(model),
-    }
+    plan = _plan(model, corpus, names, positions, batch_size, dtype, shard_mb, len(ranges))
     record_plan(out_dir, plan, overwrite=overwrite, what="harvest")
     if overwrite and rank == 0:
         (out_dir / INDEX_FILE).unlink(missing_ok=True)
 
     kept, mine = claim_parts(len(ranges), lambda i: not overwrite and (part_folder(out_dir, i) / INDEX_FILE).is_file())
-    for i in kept:  # done by an earlier run: from the same tokens?
-        index = json.loads((part_folder(out_dir, i) / INDEX_FILE).read_text())
-        last = index["shards"][-1]
-        if index["n_sequences"] != len(ranges[i]) or last["tokens_sha256"] != tokens_sha256(
-            part_tokens(corpus, ranges[i])
-        ):
-            raise ValueError(
-                f"{part_folder(out_dir, i)} was harvested from other token ids than the corpus's "
-                f"sequences {ranges[i].start}…{ranges[i].stop - 1}; rerun with the same corpus, or "
-                "start afresh with overwrite"
-            )
-    bar = tqdm(
-        total=sum(len(ranges[i]) for i in mine),
-        unit="seq",
-        disable=not progress or rank != 0,
-        desc="harvest" if world == 1 else f"harvest, rank 0 of {world}",
-    )
+    _check_kept(corpus, out_dir, ranges, kept)
+    bar = parts_bar(sum(len(ranges[i]) for i in mine), "seq", "harvest", progress)
     for i in mine:
         save_activations(
             model,
@@ -192,10 +162,64 @@ def harvest(
     if rank != 0:
         return None
     store = merge_stores(out_dir, [(part_folder(out_dir, i).name, everything[i]) for i in range(len(ranges))])
-    planned = {part_folder(out_dir, i).name for i in range(len(ranges))}
-    for path in out_dir.iterdir():  # an earlier plan's parts (only after overwrite), and killed writes' temporaries
+    _tidy(out_dir, len(ranges))
+    return store
+
+
+def _check_inputs(corpus: Tensor | np.ndarray, positions: Any) -> None:
+    """TypeError for positions given as a predicate (a rerun cannot compare one); ValueError for a corpus that is
+    not [n, seq_len]."""
+    if callable(positions):
+        raise TypeError('a harvest takes positions "all", "last" or a list of indices, not a predicate')
+    if corpus.ndim != 2:
+        raise ValueError(f"the corpus must be [n, seq_len] token ids, got shape {tuple(corpus.shape)}")
+
+
+def _plan(
+    model: Any,
+    corpus: Tensor | np.ndarray,
+    names: list[str],
+    positions: str | Sequence[int],
+    batch_size: int,
+    dtype: torch.dtype | None,
+    shard_mb: float,
+    n_parts: int,
+) -> dict[str, Any]:
+    """What a harvest into a folder is of (record_plan: a resumed run must be the same)."""
+    return {
+        "format": HARVEST_FORMAT,
+        "hooks": names,
+        "positions": positions if isinstance(positions, str) else [int(p) for p in positions],
+        "batch_size": batch_size,
+        "dtype": None if dtype is None else str(dtype).removeprefix("torch."),
+        "shard_mb": shard_mb,
+        "n_sequences": int(corpus.shape[0]),
+        "seq_len": int(corpus.shape[1]),
+        "parts": n_parts,
+        "model": model_summary(model),
+    }
+
+
+def _check_kept(corpus: Tensor | np.ndarray, out_dir: Path, ranges: list[range], kept: list[int]) -> None:
+    """ValueError for a part an earlier run finished from other token ids than the corpus's."""
+    for i in kept:
+        index = json.loads((part_folder(out_dir, i) / INDEX_FILE).read_text())
+        last = index["shards"][-1]
+        if index["n_sequences"] != len(ranges[i]) or last["tokens_sha256"] != tokens_sha256(
+            part_tokens(corpus, ranges[i])
+        ):
+            raise ValueError(
+                f"{part_folder(out_dir, i)} was harvested from other token ids than the corpus's "
+                f"sequences {ranges[i].start}…{ranges[i].stop - 1}; rerun with the same corpus, or "
+                "start afresh with overwrite"
+            )
+
+
+def _tidy(out_dir: Path, n_parts: int) -> None:
+    """Remove an earlier plan's parts (only after overwrite), and killed writes' temporaries."""
+    planned = {part_folder(out_dir, i).name for i in range(n_parts)}
+    for path in out_dir.iterdir():
         if path.is_dir() and path.name.startswith("part-") and path.name not in planned:
             shutil.rmtree(path)
         elif path.is_file() and is_temporary(path):
             path.unlink()
-    return store

@@ -18,6 +18,7 @@ naming the file that is wrong."""
 import hashlib
 import json
 import math
+import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,7 @@ from lab.analysis.activations.verify import (
     is_row_spec,
     verify_checksum,
 )
+from lab.distributed import all_gather_json, rank_world, share
 from lab.files import atomic_write, atomic_write_text, is_temporary
 from lab.freed_memory import release_freed_memory
 from lab.inputs import InputError, read_json_object, regular_file
@@ -86,40 +88,9 @@ def save_activations(
     `seq` count (a part of a corpus harvested across ranks: `lab.analysis.activations.harvest`).
     """
     out_dir = Path(out_dir)
-    if not (isinstance(shard_mb, (int, float)) and shard_mb > 0 and math.isfinite(shard_mb)):
-        raise ValueError(f"shard_mb must be a positive number, got {shard_mb!r}")
     names = [hooks] if isinstance(hooks, str) else list(hooks)
-    arguments = json.loads(
-        json.dumps(
-            {
-                "hooks": names,
-                "positions": describe_positions(positions),
-                "batch_size": batch_size,
-                "pad_id": pad_id,
-                "dtype": None if dtype is None else str(dtype).removeprefix("torch."),
-                "shard_bytes": int(shard_mb * 2**20),
-                "stop_early": stop_early,
-                "model": model_summary(model),
-            }
-            | ({"first_sequence": first_sequence} if first_sequence else {})
-        )
-    )
-    if (out_dir / INDEX_FILE).exists():
-        if not overwrite:
-            raise FileExistsError(
-                f"{out_dir} already holds a complete activation set ({INDEX_FILE}); "
-                "pass overwrite=True or choose another out_dir"
-            )
-        (out_dir / INDEX_FILE).unlink()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    done = [] if overwrite else _resumable_shards(out_dir, arguments)
-    if not done:  # a fresh start: an earlier harvest's record goes with its shards
-        (out_dir / PROGRESS_FILE).unlink(missing_ok=True)
-    kept = {shard["file"] for shard in done}
-    for stale in out_dir.iterdir():  # shards never recorded, and temporaries a killed write left behind
-        if stale.is_file() and (stale.name.startswith("shard-") or is_temporary(stale)) and stale.name not in kept:
-            stale.unlink()
-
+    arguments = _arguments(model, names, positions, batch_size, pad_id, dtype, shard_mb, stop_early, first_sequence)
+    done = _ready_folder(out_dir, arguments, overwrite)
     writer = _ShardWriter(out_dir, arguments, done)
     tap = _TokenDigest(data, batch_size, done[-1] if done else None)
     for part in stream_activations(
@@ -137,6 +108,67 @@ def save_activations(
     ):  # the writer does, once per shard
         part.seq += first_sequence
         writer.add(part, tap.state)
+    _finish(out_dir, writer, positions, model)
+    return ActivationStore(out_dir)
+
+
+def _arguments(
+    model: Any,
+    names: list[str],
+    positions: Positions,
+    batch_size: int,
+    pad_id: int | None,
+    dtype: torch.dtype | None,
+    shard_mb: float,
+    stop_early: bool,
+    first_sequence: int,
+) -> dict[str, Any]:
+    """The harvest's arguments as progress.json records them (a resumed harvest must have the same); ValueError
+    for a shard size that is not a positive number."""
+    if not (isinstance(shard_mb, (int, float)) and shard_mb > 0 and math.isfinite(shard_mb)):
+        raise ValueError(f"shard_mb must be a positive number, got {shard_mb!r}")
+    return json.loads(
+        json.dumps(
+            {
+                "hooks": names,
+                "positions": describe_positions(positions),
+                "batch_size": batch_size,
+                "pad_id": pad_id,
+                "dtype": None if dtype is None else str(dtype).removeprefix("torch."),
+                "shard_bytes": int(shard_mb * 2**20),
+                "stop_early": stop_early,
+                "model": model_summary(model),
+            }
+            | ({"first_sequence": first_sequence} if first_sequence else {})
+        )
+    )
+
+
+def _ready_folder(out_dir: Path, arguments: dict[str, Any], overwrite: bool) -> list[dict[str, Any]]:
+    """The shards a harvest into out_dir keeps (an interrupted one's, with these arguments, unless overwriting),
+    with everything else of an earlier harvest removed: its index (FileExistsError unless overwriting), its record
+    on a fresh start, shards never recorded, and temporaries a killed write left behind."""
+    if (out_dir / INDEX_FILE).exists():
+        if not overwrite:
+            raise FileExistsError(
+                f"{out_dir} already holds a complete activation set ({INDEX_FILE}); "
+                "pass overwrite=True or choose another out_dir"
+            )
+        (out_dir / INDEX_FILE).unlink()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    done = [] if overwrite else _resumable_shards(out_dir, arguments)
+    if not done:  # a fresh start: an earlier harvest's record goes with its shards
+        (out_dir / PROGRESS_FILE).unlink(missing_ok=True)
+    kept = {shard["file"] for shard in done}
+    for stale in out_dir.iterdir():  # shards never recorded, and temporaries a killed write left behind
+        if stale.is_file() and (stale.name.startswith("shard-") or is_temporary(stale)) and stale.name not in kept:
+            stale.unlink()
+    return done
+
+
+def _finish(out_dir: Path, writer: "_ShardWriter", positions: Positions, model: Any) -> None:
+    """The last shard, then index.json (what marks the set complete) in place of progress.json; ValueError when
+    nothing was collected."""
     writer.flush()
     if not writer.shards:
         raise ValueError("no activations were collected: the dataset was empty or no position was selected")
@@ -151,7 +183,6 @@ def save_activations(
     }
     atomic_write_text(out_dir / INDEX_FILE, json.dumps(index, indent=2) + "\n")
     (out_dir / PROGRESS_FILE).unlink(missing_ok=True)
-    return ActivationStore(out_dir)
 
 
 def _resumable_shards(out_dir: Path, arguments: dict[str, Any]) -> list[dict[str, Any]]:
@@ -420,6 +451,29 @@ class ActivationStore:
         names = self._names(names)
         for i in range(len(self.index["shards"])):
             yield self.shard(i, names)
+
+    def verify_shared(self) -> None:
+        """Check every shard's checksum now, the ranks of a torch.distributed group on each machine sharing the
+        work (torchrun's LOCAL_RANK of LOCAL_WORLD_SIZE: each rank hashes a share of the shards, and each machine
+        checks its own files), where otherwise every rank would hash every shard it reads. A bad shard found by any
+        rank is the same InputError on every rank. In one process, or without torchrun's variables, nothing is
+        done now: each shard is checked when first read."""
+        rank, world = rank_world()
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        if world == 1 or local_world == 1:
+            return
+        shards = self.index["shards"]
+        problem = None
+        for shard in share(shards, int(os.environ["LOCAL_RANK"]), local_world):
+            try:
+                verify_checksum(self.directory, shard)
+            except InputError as err:
+                problem = str(err)
+                break
+        found = [p for p in all_gather_json(problem) if p is not None]
+        if found:
+            raise InputError(found[0])
+        self._verified.update(s["file"] for s in shards)
 
     def shard(self, i: int, names: str | Sequence[str] | None = None) -> Activations:
         """Shard `i` alone (the named hooks): what a reader in an order of its own (a trainer's shuffle) reads. Its

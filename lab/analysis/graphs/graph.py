@@ -210,57 +210,10 @@ def to_circuit_tracer(
     """The pruned graph as circuit-tracer's graph JSON (`create_graph_files`'s Model: metadata, qParams, nodes,
     links), supernodes in qParams as [name, *node ids]."""
     strings = token_strings or [str(int(t)) for t in graph.tokens]
-    nodes: dict[int, dict[str, Any]] = {}
-    for index in torch.nonzero(node_mask).flatten().tolist():
-        n = graph.node(index)
-        influence = float(cumulative[index])
-        base = {
-            "node_id": n["id"],
-            "layer": str(n["layer"]),
-            "ctx_idx": n["pos"],
-            "run_idx": 0,
-            "reverse_ctx_idx": 0,
-            "token_prob": 0.0,
-            "is_target_logit": False,
-            "clerp": "",
-            "influence": influence,
-            "activation": None,
-        }
-        if n["kind"] == "feature":
-            layer, feature = n["layer"], n["feature"]
-            base |= {
-                "feature": (layer + feature) * (layer + feature + 1) // 2 + feature,
-                "feature_type": "cross layer transcoder",
-                "jsNodeId": f"{layer}_{feature}-0",
-                "activation": n["activation"],
-            }
-        elif n["kind"] == "error":
-            base |= {
-                "feature": -1,
-                "feature_type": "mlp reconstruction error",
-                "jsNodeId": f"{n['layer']}_{n['pos']}-0",
-            }
-        elif n["kind"] == "token":
-            base |= {
-                "feature": n["pos"],
-                "layer": "E",
-                "feature_type": "embedding",
-                "jsNodeId": f"E_{n['token']}-{n['pos']}",
-            }
-        else:
-            k = index - (graph.n_nodes - graph.n_logits)
-            base |= {
-                "feature": n["token"],
-                "layer": str(graph.n_layers + 1),
-                "feature_type": "logit",
-                "token_prob": n["probability"],
-                "is_target_logit": k == 0,
-                "jsNodeId": f"L_{n['token']}-{n['pos']}",
-                "influence": None,
-                "clerp": f'Output "{graph.meta.get("logit_strings", [""] * graph.n_logits)[k]}" '
-                f"(p={n['probability']:.3f})",
-            }
-        nodes[index] = base
+    nodes = {
+        index: _tracer_node(graph, index, float(cumulative[index]))
+        for index in torch.nonzero(node_mask).flatten().tolist()
+    }
     targets, sources = torch.nonzero(edge_mask, as_tuple=True)
     links = [
         {"source": nodes[s]["node_id"], "target": nodes[t]["node_id"], "weight": float(graph.adjacency[t, s])}
@@ -289,3 +242,55 @@ def to_circuit_tracer(
         "nodes": used,
         "links": links,
     }
+
+
+def _tracer_node(graph: Graph, index: int, influence: float) -> dict[str, Any]:
+    """Node `index` of the graph as circuit-tracer's graph JSON writes a node of its kind (feature, error, token
+    or logit)."""
+    n = graph.node(index)
+    base = {
+        "node_id": n["id"],
+        "layer": str(n["layer"]),
+        "ctx_idx": n["pos"],
+        "run_idx": 0,
+        "reverse_ctx_idx": 0,
+        "token_prob": 0.0,
+        "is_target_logit": False,
+        "clerp": "",
+        "influence": influence,
+        "activation": None,
+    }
+    if n["kind"] == "feature":
+        layer, feature = n["layer"], n["feature"]
+        base |= {
+            "feature": (layer + feature) * (layer + feature + 1) // 2 + feature,
+            "feature_type": "cross layer transcoder",
+            "jsNodeId": f"{layer}_{feature}-0",
+            "activation": n["activation"],
+        }
+    elif n["kind"] == "error":
+        base |= {
+            "feature": -1,
+            "feature_type": "mlp reconstruction error",
+            "jsNodeId": f"{n['layer']}_{n['pos']}-0",
+        }
+    elif n["kind"] == "token":
+        base |= {
+            "feature": n["pos"],
+            "layer": "E",
+            "feature_type": "embedding",
+            "jsNodeId": f"E_{n['token']}-{n['pos']}",
+        }
+    else:
+        k = index - (graph.n_nodes - graph.n_logits)
+        base |= {
+            "feature": n["token"],
+            "layer": str(graph.n_layers + 1),
+            "feature_type": "logit",
+            "token_prob": n["probability"],
+            "is_target_logit": k == 0,
+            "jsNodeId": f"L_{n['token']}-{n['pos']}",
+            "influence": None,
+            "clerp": f'Output "{graph.meta.get("logit_strings", [""] * graph.n_logits)[k]}" (p={n["probability"]:.3f})',
+        }
+    return base

@@ -66,14 +66,7 @@ def qk_attribution(
     q_bias = replacement.values(q_targets, sources=False).double()
     k_bias = replacement.values(k_targets, sources=False).double()
     scale = 1.0 / math.sqrt(attn.d_head)
-    cached = {}
-
-    def keep(value: torch.Tensor, hook: Any) -> None:
-        cached["scores"] = value
-
-    with model.hooks(fwd_hooks=[(f"blocks.{layer}.attn.hook_attn_scores", keep)]):
-        model(graph.tokens.reshape(1, -1))
-    actual = float(cached["scores"][0, head, query_pos, key_pos])
+    actual = _score(model, graph.tokens, layer, head, query_pos, key_pos)
     q_live = torch.nonzero(q_parts.abs().sum(0) > 0).flatten()
     k_live = torch.nonzero(k_parts.abs().sum(0) > 0).flatten()
     pairs = scale * q_parts[:, q_live].T @ k_parts[:, k_live]  # [q sources, k sources]
@@ -100,6 +93,18 @@ def qk_attribution(
         "query_sources": _ranked(query_side, ids, top),
         "key_sources": _ranked(key_side, ids, top),
     }
+
+
+def _score(model: Any, tokens: torch.Tensor, layer: int, head: int, query_pos: int, key_pos: int) -> float:
+    """The model's own attention score of the head from query_pos to key_pos (hook_attn_scores) on `tokens`."""
+    cached = {}
+
+    def keep(value: torch.Tensor, hook: Any) -> None:
+        cached["scores"] = value
+
+    with model.hooks(fwd_hooks=[(f"blocks.{layer}.attn.hook_attn_scores", keep)]):
+        model(tokens.reshape(1, -1))
+    return float(cached["scores"][0, head, query_pos, key_pos])
 
 
 def _ranked(values: torch.Tensor, ids: list[str], top: int) -> list[dict[str, Any]]:

@@ -124,17 +124,7 @@ def _streamed_newton(
                 _logistic_pass(X, part, y, out_dim, [fits[i] for i in missing], [fits[i].T for i in missing], True),
             ):
                 state[i] = (G + pen[:, None] * fits[i].T, H + diagonal)
-        steps = {}
-        for i, fit in enumerate(fits):
-            if fit.done:
-                continue
-            G, H = state.pop(i)
-            step = torch.linalg.solve(H, G.reshape(-1)).reshape(fit.T.shape)
-            decrease = float((G * step).sum())
-            if decrease < 1e-12:  # Newton decrement²: at the optimum to machine precision
-                fit.done = True
-            else:
-                steps[i] = (step, decrease)
+        steps = _newton_steps(fits, state)
         if not steps:
             break
         order = list(steps)
@@ -162,6 +152,25 @@ def _streamed_newton(
                 else:
                     still.append((i, t * 0.5))
             searching = still
+
+
+def _newton_steps(
+    fits: Sequence[_Streamed], state: dict[int, tuple[Tensor, Tensor]]
+) -> dict[int, tuple[Tensor, float]]:
+    """Each unfinished fit's Newton step and decrement² from its gradient and Hessian (taken out of `state`); a fit
+    whose decrement² is below machine precision is done instead."""
+    steps = {}
+    for i, fit in enumerate(fits):
+        if fit.done:
+            continue
+        G, H = state.pop(i)
+        step = torch.linalg.solve(H, G.reshape(-1)).reshape(fit.T.shape)
+        decrease = float((G * step).sum())
+        if decrease < 1e-12:  # Newton decrement²: at the optimum to machine precision
+            fit.done = True
+        else:
+            steps[i] = (step, decrease)
+    return steps
 
 
 def _streamed_lbfgs(X: StoredRows, part: np.ndarray, y: Tensor, out_dim: int, lam: float, fit: _Streamed) -> None:

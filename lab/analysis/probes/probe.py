@@ -96,6 +96,9 @@ class ProbeResult:
         return f"{self.kind} probe (reg {self.regularization:g}): {parts}"
 
 
+_DEFAULT_GRIDS = {"ridge": RIDGE_ALPHAS, "logistic": LOGISTIC_LAMBDAS, "mlp": MLP_DECAYS}  # each kind's candidates
+
+
 def fit_probe(
     X: Any,
     y: Any,
@@ -126,17 +129,9 @@ def fit_probe(
     X, stored, n_features = _rows(X, kind)
     task, classes, y_t = _labels(y, X.shape[0], kind, task)
     n_classes = 0 if classes is None else len(classes)
-    grid = tuple(
-        grid if grid is not None else {"ridge": RIDGE_ALPHAS, "logistic": LOGISTIC_LAMBDAS, "mlp": MLP_DECAYS}[kind]
-    )
-
+    grid = tuple(grid if grid is not None else _DEFAULT_GRIDS[kind])
     group_ids = group_ids_of(groups, X.shape[0])
-    if split is None:
-        train, test = group_split(group_ids, test_fraction, seed)
-    else:
-        train, test = (np.asarray(s) for s in split)
-        if groups is not None and set(group_ids[train]) & set(group_ids[test]):
-            raise ValueError("the given split puts a group on both sides")
+    train, test = _split(group_ids, split, groups is not None, test_fraction, seed)
 
     # Cross-validate the regularisation on the training rows only, folds grouped like the split.
     def grouped_folds() -> list[tuple[np.ndarray, np.ndarray]]:
@@ -163,6 +158,19 @@ def fit_probe(
     return ProbeResult(
         kind, task, float(best), cv_loss, metrics, train, test, scores, classes, fitted, rank, n_features
     )
+
+
+def _split(
+    group_ids: np.ndarray, split: tuple[Any, Any] | None, grouped: bool, test_fraction: float, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(train rows, test rows): the given split (ValueError when it puts a group on both sides), else
+    `group_split`'s."""
+    if split is None:
+        return group_split(group_ids, test_fraction, seed)
+    train, test = (np.asarray(s) for s in split)
+    if grouped and set(group_ids[train]) & set(group_ids[test]):
+        raise ValueError("the given split puts a group on both sides")
+    return train, test
 
 
 def _rows(X: Any, kind: Kind) -> tuple[Any, bool, int]:

@@ -89,17 +89,9 @@ def judge_readouts(
     scored = [r for r in rows if r.get("candidate", True) and not r.get("constant", False)]
     flagged = sum(1 for r in rows if r.get("candidate", True) and r.get("constant", False))
     out["n_candidates"], out["n_constant"] = len(scored), flagged
-    if rows:
-        first = rows[0]
-        n_pos, n_neg = first.get("validation_auroc_n_pos"), first.get("validation_auroc_n_neg")
-        if n_pos is not None and min(n_pos, n_neg) < min_per_class:
-            return verdict(
-                "not enough data",
-                f"not enough data — the validation split holds {n_pos} right and "
-                f"{n_neg} wrong answers; choosing a readout and judging it needs at least {min_per_class} "
-                f"of each in the validation and in the test split",
-                None,
-            )
+    too_few = _too_few(rows, min_per_class)
+    if too_few is not None:
+        return verdict("not enough data", too_few, None)
     if not scored:
         return verdict(
             "nothing to score", f"nothing to score — every candidate readout ({flagged}) has constant features", None
@@ -108,12 +100,47 @@ def judge_readouts(
     test = metric_of(chosen, "auroc")
     shuffled = metric_of(chosen, "control_shuffled_auroc")
     untrained = metric_of(chosen, "control_untrained_auroc")
-    out["chosen"] = {k: chosen[k] for k in ("readout", "position", "layer") if k in chosen} | {
+    out["chosen"] = _chosen_fields(chosen, test, shuffled, untrained)
+    return verdict(*_judgement(chosen, test, shuffled, untrained, out["chosen"]))
+
+
+def _too_few(rows: Sequence[Mapping[str, Any]], min_per_class: int) -> str | None:
+    """The sentence for a validation split with fewer than min_per_class of either class; None when it has enough
+    (or says nothing of its counts)."""
+    if not rows:
+        return None
+    n_pos, n_neg = rows[0].get("validation_auroc_n_pos"), rows[0].get("validation_auroc_n_neg")
+    if n_pos is None or min(n_pos, n_neg) >= min_per_class:
+        return None
+    return (
+        f"not enough data — the validation split holds {n_pos} right and "
+        f"{n_neg} wrong answers; choosing a readout and judging it needs at least {min_per_class} "
+        f"of each in the validation and in the test split"
+    )
+
+
+def _chosen_fields(
+    chosen: Mapping[str, Any], test: Metric, shuffled: Metric | None, untrained: Metric | None
+) -> dict[str, Any]:
+    """The chosen readout as the report gives it: where it reads, its validation AUROC, its test and control
+    AUROCs."""
+    return {k: chosen[k] for k in ("readout", "position", "layer") if k in chosen} | {
         **{k: chosen.get(k) for k in ("validation_auroc", "validation_auroc_n_pos", "validation_auroc_n_neg")},
         **test.fields("auroc"),
         **(shuffled.fields("control_shuffled_auroc") if shuffled else {}),
         **(untrained.fields("control_untrained_auroc") if untrained else {"control_untrained_auroc": None}),
     }
+
+
+def _judgement(
+    chosen: Mapping[str, Any],
+    test: Metric,
+    shuffled: Metric | None,
+    untrained: Metric | None,
+    fields: dict[str, Any],
+) -> tuple[str, str, bool | None]:
+    """(verdict, sentence, carries the signal) of the chosen readout against its controls; the margin over them
+    goes into its `fields` when there is one."""
     said = (
         f"{_name(chosen)} (chosen on the validation split, AUROC {chosen['validation_auroc']:.3f}) scores "
         f"{test} on the test split; shuffled labels {shuffled}; untrained model "
@@ -121,18 +148,18 @@ def judge_readouts(
     )
     refused = [m.why_no_interval for m in (test, shuffled, untrained) if m is not None and m.why_no_interval]
     if refused:
-        return verdict("not enough data", f"not enough data — {refused[0]}; {said}", None)
+        return "not enough data", f"not enough data — {refused[0]}; {said}", None
     if untrained is None:
-        return verdict("no verdict", f"no verdict — there is no untrained-model control; {said}", None)
+        return "no verdict", f"no verdict — there is no untrained-model control; {said}", None
     margin = test.low - max(shuffled.high, untrained.high)
-    out["chosen"]["margin_over_controls"] = margin
+    fields["margin_over_controls"] = margin
     if margin > 0:
-        return verdict(
+        return (
             "carries the signal",
             f"carries the signal — {said}: its interval lies above both controls' by {margin:.3f}",
             True,
         )
-    return verdict(
+    return (
         "no signal beyond its controls",
         f"no signal beyond its controls — {said}: its interval does not clear both controls' intervals",
         False,

@@ -144,10 +144,7 @@ def build_transcoders(
     out = folder / TRANSCODERS_DIR / name
     harvests = {"train": out.with_name(f".{name}.harvest"), "held_out": out.with_name(f".{name}.held-out")}
     if overwrite:
-        if rank == 0:
-            for path in [*harvests.values(), out / CHECKPOINT_DIR]:
-                shutil.rmtree(path, ignore_errors=True)
-        barrier()
+        _start_afresh([*harvests.values(), out / CHECKPOINT_DIR], rank)
     made = []
     if train is None:
         made.append(harvests["train"])
@@ -172,8 +169,33 @@ def build_transcoders(
     )
     if rank != 0:
         return None
-    model = load_model(folder).eval()
-    quality = {
+    quality = _quality(load_model(folder).eval(), transcoders, store, held_out, cfg, training)
+    atomic_write_text(out / QUALITY_FILE, json.dumps(quality, indent=2) + "\n")
+    _write_contexts(out, transcoders, store, windows)
+    for path in made:
+        shutil.rmtree(path, ignore_errors=True)
+    return out
+
+
+def _start_afresh(paths: list[Path], rank: int) -> None:
+    """Remove what an earlier call left (rank 0 does, every rank waits for it)."""
+    if rank == 0:
+        for path in paths:
+            shutil.rmtree(path, ignore_errors=True)
+    barrier()
+
+
+def _quality(
+    model: Any,
+    transcoders: Any,
+    store: ActivationStore,
+    held_out: tuple[ActivationStore, Tensor],
+    cfg: TranscoderConfig,
+    training: TranscoderTraining,
+) -> dict[str, Any]:
+    """What quality.json records: the reconstruction on the held-out harvest, the replacement model's loss on its
+    windows, the harvests' rows and the configs."""
+    return {
         "held_out": reconstruction_measures(transcoders, held_out[0]),
         "loss": replacement_loss(model, transcoders, held_out[1]),
         "train_rows": len(store),
@@ -181,14 +203,14 @@ def build_transcoders(
         "transcoders": cfg.to_dict(),
         "training": training.to_dict(),
     }
-    atomic_write_text(out / QUALITY_FILE, json.dumps(quality, indent=2) + "\n")
+
+
+def _write_contexts(out: Path, transcoders: Any, store: ActivationStore, windows: Tensor) -> None:
+    """contexts.safetensors: each feature's top contexts in the training harvest, beside its windows' tokens."""
     contexts = top_contexts(transcoders, store) | {"windows": windows}
     atomic_write(
         out / CONTEXTS_FILE, lambda path: save_file({k: v.contiguous() for k, v in contexts.items()}, str(path))
     )
-    for path in made:
-        shutil.rmtree(path, ignore_errors=True)
-    return out
 
 
 def transcoder_sets(folder: str | Path) -> list[str]:

@@ -171,9 +171,19 @@ class DataOrder:
 
 def output_scale(store: ActivationStore, cfg: TranscoderConfig) -> Tensor:
     """Σ_d Var(y_d) of each layer's output over the first shard: the loss's per-layer denominator, so that the
-    reconstruction term is a fraction of variance unexplained and every layer weighs alike."""
-    _, y = rows(store, 0, cfg)
-    return y.var(dim=0).sum(-1).clamp_min(1e-12)
+    reconstruction term is a fraction of variance unexplained and every layer weighs alike. Computed a layer at a
+    time; across the ranks of a group each rank reads and computes a share of the layers, and the shares are summed
+    (each layer from one rank, zeros elsewhere: the bits of one process)."""
+    rank, world = rank_world()
+    mine = list(share(range(cfg.n_layers), rank, world))
+    scale = torch.zeros(cfg.n_layers)
+    if mine:  # (a rank of more ranks than layers has none)
+        _, y = rows(store, 0, cfg, mine)
+        for i, layer in enumerate(mine):
+            scale[layer] = y[:, i].var(dim=0).sum()
+    if world > 1:
+        dist.all_reduce(scale)
+    return scale.clamp_min(1e-12)
 
 
 def sparsity_weight(step: int, training: TranscoderTraining) -> float:
@@ -421,62 +431,72 @@ def train_transcoders(
     rank, world, layers = _layout(cfg, training, parallel)
     store = store if isinstance(store, ActivationStore) else ActivationStore(store)
     out_dir = Path(out_dir)
-    checkpoint = out_dir / CHECKPOINT_DIR
-    model = Transcoders(cfg).train()
-    optimizer = make_optimizer(model, training)
-    state = TrainerState(history=[])
-    if resume:
-        if not has_checkpoint(out_dir):
-            raise FileNotFoundError(f"no transcoder checkpoint at {checkpoint} to resume from")
-        state = load_checkpoint(checkpoint, model, optimizer, training, store)
-    elif rank == 0:
-        remove_checkpoints(checkpoint)  # an earlier run's, which a later resume must not find
-    objective = Objective(model, layers)
-    data_parallel = parallel == "data" and world > 1
-    mine = (
-        slice(rank * training.batch_size // world, (rank + 1) * training.batch_size // world)
-        if data_parallel
-        else slice(None)
-    )
-    order = DataOrder(store, cfg, training.batch_size, training.seed, layers, mine)
-    wrapped = DistributedDataParallel(objective) if data_parallel else objective
+    model, optimizer, state = _start(cfg, training, store, out_dir / CHECKPOINT_DIR, resume, rank)
+    order, objective, sharing = _rank_share(model, store, training, layers, parallel == "data" and world > 1)
+    store.verify_shared()  # each rank hashes a share of the shards, not every shard it reads
     scale = output_scale(store, cfg)
-    if state.step < training.steps:
-        for step, x, y in order.batches(state.step):
-            sparsity = sparsity_weight(step, training)
-            stats = train_step(
-                wrapped,
-                optimizer,
-                x,
-                y,
-                scale,
-                sparsity,
-                learning_rate(step, training),
-                training.batch_size,
-                world if data_parallel else 1,
-            )
-            state.step = step + 1
-            if step % log_every == 0 or state.step == training.steps:
-                if world > 1:
-                    dist.all_reduce(stats)  # the slices' sums (data), or each layer from its rank (modules)
-                state.history.append({"step": step, **step_record(stats, scale, sparsity, training.batch_size)})
-            done = state.step == training.steps
-            interval = training.checkpoint_interval
-            if not done and ((interval and state.step % interval == 0) or state.step == stop_after):
-                weights, moments = gathered_state(model, optimizer, layers)
-                if rank == 0:
-                    save_checkpoint(checkpoint, weights, moments, cfg, training, state, store)
-            if done or state.step == stop_after:
-                break
+    batches = order.batches(state.step) if state.step < training.steps else iter(())
+    for step, x, y in batches:
+        sparsity = sparsity_weight(step, training)
+        lr, total = learning_rate(step, training), training.batch_size
+        stats = train_step(objective, optimizer, x, y, scale, sparsity, lr, total, sharing)
+        state.step = step + 1
+        if step % log_every == 0 or state.step == training.steps:
+            if world > 1:
+                dist.all_reduce(stats)  # the slices' sums (data), or each layer from its rank (modules)
+            state.history.append({"step": step, **step_record(stats, scale, sparsity, training.batch_size)})
+        if state.step == training.steps:
+            break
+        if state.step == stop_after or (
+            training.checkpoint_interval and state.step % training.checkpoint_interval == 0
+        ):
+            weights, moments = gathered_state(model, optimizer, layers)
+            if rank == 0:
+                save_checkpoint(out_dir / CHECKPOINT_DIR, weights, moments, cfg, training, state, store)
+        if state.step == stop_after:
+            break
     weights, _ = gathered_state(model, optimizer, layers)
     model.load_state_tensors(weights, "the ranks' layers")
-    if state.step < training.steps:
-        barrier()
-        return model.eval()
-    if rank == 0:
+    if rank == 0 and state.step == training.steps:
         _write_result(model, out_dir, training, state)
     barrier()  # every rank returns once rank 0's files are in place
     return model.eval()
+
+
+def _rank_share(
+    model: Transcoders, store: ActivationStore, training: TranscoderTraining, layers: list[int], data_parallel: bool
+) -> tuple[DataOrder, nn.Module, int]:
+    """This rank's share of the work: the rows it reads (data-parallel: its contiguous slice of each batch; else
+    whole batches of its layers' hooks), the objective it minimises (wrapped in DistributedDataParallel when
+    data-parallel) and the number of ranks a batch is shared among."""
+    rank, world = rank_world() if data_parallel else (0, 1)
+    mine = slice(rank * training.batch_size // world, (rank + 1) * training.batch_size // world)
+    order = DataOrder(store, model.cfg, training.batch_size, training.seed, layers, mine)
+    objective = Objective(model, layers)
+    # init_sync=False: every rank starts from the same weights already (the seeded initialisation, or the
+    # checkpoint every rank loads), so DistributedDataParallel need not broadcast rank 0's.
+    return order, DistributedDataParallel(objective, init_sync=False) if data_parallel else objective, world
+
+
+def _start(
+    cfg: TranscoderConfig,
+    training: TranscoderTraining,
+    store: ActivationStore,
+    checkpoint: Path,
+    resume: bool,
+    rank: int,
+) -> tuple[Transcoders, torch.optim.Adam, TrainerState]:
+    """The set, its optimizer and the trainer's state: fresh (rank 0 removing an earlier run's checkpoint, which a
+    later resume must not find), or as the checkpoint left them."""
+    model = Transcoders(cfg).train()
+    optimizer = make_optimizer(model, training)
+    if resume:
+        if not has_checkpoint(checkpoint.parent):
+            raise FileNotFoundError(f"no transcoder checkpoint at {checkpoint} to resume from")
+        return model, optimizer, load_checkpoint(checkpoint, model, optimizer, training, store)
+    if rank == 0:
+        remove_checkpoints(checkpoint)
+    return model, optimizer, TrainerState(history=[])
 
 
 def _layout(cfg: TranscoderConfig, training: TranscoderTraining, parallel: str) -> tuple[int, int, list[int]]:

@@ -6,7 +6,19 @@ from typing import Any
 
 import einops
 
-from lab.hf.family import Family, Reader, State, heads, read_norms, read_outer, rope, variant, write_norms, write_outer
+from lab.hf.family import (
+    Family,
+    Reader,
+    State,
+    Weights,
+    heads,
+    read_norms,
+    read_outer,
+    rope,
+    variant,
+    write_norms,
+    write_outer,
+)
 from lab.model import ModelConfig
 
 
@@ -169,6 +181,7 @@ def layer_out(sd: State, cfg: ModelConfig, layer: int) -> State:
     return out
 
 
+WEIGHTS = Weights(outer, layer, outer_out, layer_out)  # LLaMA's, Qwen2's and Mistral's
 MODULES = {
     "embed": "model.embed_tokens",
     "blocks.{l}": "model.layers.{l}",
@@ -226,10 +239,7 @@ LLAMA = Family(
     shape=llama_shape,
     shape_text=SHAPE + ", no sliding window",
     hf_config=llama_hf_config,
-    outer=outer,
-    layer=layer,
-    outer_out=outer_out,
-    layer_out=layer_out,
+    weights=WEIGHTS,
     modules=MODULES,
     tiny=tiny_llama,
     variants={"llama-gqa": {}, "llama-tied": {"tie": True}},
@@ -241,10 +251,7 @@ QWEN2 = Family(
     shape=qwen2_shape,
     shape_text="LLaMA's with qkv_bias, with or without a sliding window",
     hf_config=qwen2_hf_config,
-    outer=outer,
-    layer=layer,
-    outer_out=outer_out,
-    layer_out=layer_out,
+    weights=WEIGHTS,
     modules=MODULES,
     tiny=tiny_qwen2,
     variants={"qwen2": {}, "qwen2-tied-window": {"tie": True, "window": 6}},
@@ -257,10 +264,7 @@ MISTRAL = Family(
     shape=mistral_shape,
     shape_text="LLaMA's with a sliding window",
     hf_config=mistral_hf_config,
-    outer=outer,
-    layer=layer,
-    outer_out=outer_out,
-    layer_out=layer_out,
+    weights=WEIGHTS,
     modules=MODULES,
     tiny=tiny_mistral,
     variants={"mistral-window": {"window": 5}, "mistral-no-window": {"window": None, "n_kv_heads": 4}},

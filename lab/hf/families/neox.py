@@ -12,6 +12,7 @@ from lab.hf.family import (
     Reader,
     State,
     UnsupportedArchitecture,
+    Weights,
     activation,
     heads,
     read_norms,
@@ -170,10 +171,7 @@ NEOX = Family(
         "rotary positions, LayerNorm, biases, pre-LN or parallel blocks, d_head · n_heads = d_model, no sliding window"
     ),
     hf_config=hf_config,
-    outer=outer,
-    layer=layer,
-    outer_out=outer_out,
-    layer_out=layer_out,
+    weights=Weights(outer, layer, outer_out, layer_out),
     modules={
         "embed": "gpt_neox.embed_in",
         "blocks.{l}": "gpt_neox.layers.{l}",

@@ -21,6 +21,7 @@ from lab.analysis.transcoders.model import TranscoderConfig
 from lab.analysis.transcoders.train import PARALLEL, TranscoderTraining, train_transcoders
 from lab.cli import main
 from lab.cli.parser import TRANSCODER_PARALLEL
+from lab.inputs import InputError
 from tests.builders import REPO, tiny_model
 
 BASE = TranscoderConfig(d_model=32, n_layers=3, d_features=96)
@@ -56,9 +57,14 @@ def rank_main(rank: int, world: int, port: int, store: str, out: str) -> None:
     from lab.distributed import close_distributed, init_distributed
 
     os.environ |= {"RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    os.environ |= {"LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world)}  # one machine, as torchrun says
     torch.set_num_threads(1)
     init_distributed()
     try:
+        try:  # a store whose last shard (in the last rank's share of the checksums) was changed
+            train_transcoders(Path(store).parent / "changed", BASE, TRAINING, Path(out) / "changed")
+        except InputError as err:
+            (Path(out) / f"changed-rank{rank}.txt").write_text(str(err))
         for name, (cfg, sparsity, parallel) in JOBS.items():
             model = train_transcoders(
                 store,
@@ -92,6 +98,9 @@ def runs(tmp_path_factory, one_thread_per_module):
         progress=False,
     )
     assert len(store.index["shards"]) > 2 and len(store) % TRAINING.batch_size
+    shutil.copytree(root / "harvest", root / "changed")
+    last = root / "changed" / store.index["shards"][-1]["file"]
+    last.write_bytes(last.read_bytes()[:-1] + b"\x01")
     one = {}
     for name, (cfg, sparsity, _) in JOBS.items():
         one[name] = train_transcoders(store, cfg, TRAINING.replace(sparsity=sparsity), root / "one" / name, log_every=5)
@@ -143,6 +152,17 @@ def test_module_parallel_on_two_ranks_is_one_process_bit_for_bit(runs, name):
     for r in (0, 1):  # every rank returns the whole set, each layer from the rank that trained it
         returned = load_file(str(root / "two" / name / f"returned-rank{r}.safetensors"))
         assert all(torch.equal(returned[k], two[k]) for k in two)
+
+
+def test_a_changed_shard_found_by_one_rank_is_the_same_line_on_every_rank(runs):
+    """On 2 ranks the shards' checksums are shared out (each rank hashes half the shards, not every shard it
+    reads): the last shard, changed by a byte, is in rank 1's share, and rank 0, which never hashed it, stops with
+    the same line, naming the file, before any step."""
+    root, _ = runs
+    lines = [(root / "two" / f"changed-rank{r}.txt").read_text() for r in (0, 1)]
+    assert lines[0] == lines[1]
+    assert "changed/shard-" in lines[0] and "SHA-256 differs" in lines[0]
+    assert not (root / "two" / "changed" / "checkpoint").exists()
 
 
 def test_a_wrong_sharing_is_one_clear_line(runs, tmp_path):

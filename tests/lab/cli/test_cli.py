@@ -149,7 +149,9 @@ def test_the_demo_runs_a_job_after_the_one_whose_result_it_reads(tmp_path, monke
     ]
     assert run_side_by_side(jobs)
     order = [what for kind, what in log if kind == "start"]
-    assert order == ["train pydoc", "run equations", "run calibration"]  # not DEMO_ORDER's calibration-first
+    # not DEMO_ORDER's calibration-first: pydoc and equations take the two cores (in either order: each worker
+    # thread logs its own start), calibration the first core pydoc frees
+    assert set(order[:2]) == {"train pydoc", "run equations"} and order[2] == "run calibration"
     assert log.index(("start", "run calibration")) > log.index(("end", "train pydoc"))
     waiting = seen["calibration"]
     assert waiting is not None and not waiting.started and waiting.waits_for == ("forma train pydoc --quick",)
