@@ -116,6 +116,38 @@ def test_the_run_folder_holds_what_the_dashboard_generates_with(quick):
     assert answers == prompts["answer"].tolist()
 
 
+def test_the_readouts_file_is_the_same_bytes_each_time_and_an_older_layout_still_reads(tmp_path):
+    """The same readouts give the same bytes on every save (safetensors writes several metadata keys in an order
+    that differs between saves: the readouts are one key); a file of the older layout (a key per readout) reads
+    the same readouts."""
+    from safetensors.torch import save_file
+
+    from experiments.monitor.config import READOUT_FILE
+    from experiments.monitor.readouts import save_readouts
+    from lab.analysis.monitor import LinearReadout
+
+    probe = LinearReadout("blocks.1.hook_resid_post", torch.arange(4.0), 0.25, -1)
+    p_ik = LinearReadout("blocks.0.hook_resid_post", -torch.arange(4.0), -0.5, -2)
+    signs = {"entropy": 1, "probe": -1, "p_ik": -1, "max_prob": -1}
+    saved = set()
+    for i in range(6):
+        save_readouts(tmp_path / str(i), probe, p_ik, signs)
+        saved.add((tmp_path / str(i) / READOUT_FILE).read_bytes())
+    assert len(saved) == 1
+    older = {"signs": json.dumps(signs)} | {
+        name: json.dumps({"hook": r.hook, "bias": r.bias, "position": r.position})
+        for name, r in (("probe", probe), ("p_ik", p_ik))
+    }
+    (tmp_path / "older").mkdir()
+    save_file({"probe": probe.weight, "p_ik": p_ik.weight}, str(tmp_path / "older" / READOUT_FILE), metadata=older)
+    for folder in (tmp_path / "0", tmp_path / "older"):
+        read_probe, read_p_ik, read_signs = experiment.load_readouts(folder)
+        assert read_signs == signs
+        for read, wrote in ((read_probe, probe), (read_p_ik, p_ik)):
+            assert (read.hook, read.bias, read.position) == (wrote.hook, wrote.bias, wrote.position)
+            assert torch.equal(read.weight, wrote.weight)
+
+
 def test_config_is_checked():
     with pytest.raises(ValueError, match="--model and --qa go together"):
         experiment.Config(qa="questions.csv")
