@@ -18,6 +18,7 @@ at one thread (`divergence`). Writes benchmarks/results/determinism.json.
 """
 
 import argparse
+import json
 import types
 
 import torch
@@ -34,8 +35,6 @@ RECIPES = ("markov", "facts", "pydoc")
 def recipe_model(name: str) -> tuple[ModelConfig, TrainConfig]:
     """The recipe's model, with the vocabulary its default build had (docs/measured/cards/NAME.json), and its
     training config."""
-    import json
-
     from lab.measured import REPO
     from lab.zoo import load_recipe
 

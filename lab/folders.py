@@ -8,6 +8,7 @@ standard library, so that the model package, which must import nothing above it,
 
 import importlib
 import os
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,8 +45,6 @@ class ZooEntry:
 
 def zoo_entry(name: str) -> ZooEntry:
     """The zoo model `name`'s entry; an unreadable model.toml or card.json is a `problem`, never an exception."""
-    import tomllib
-
     from lab.inputs import read_json, read_text
 
     folder = zoo_dir() / name

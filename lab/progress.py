@@ -26,6 +26,7 @@ import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -324,8 +325,6 @@ def model_finished(name: str) -> float | None:
 
 class _Recorder:
     def __init__(self, path: Path, job: str, echo: bool, stream: TextIO):
-        from datetime import datetime, timezone
-
         self.path, self.job, self.echo, self.stream = path, job, echo, stream
         self.terminal = echo and _is_terminal(stream)
         self.started = time.monotonic()

@@ -22,6 +22,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -277,8 +278,6 @@ def run_and_record(
     recognise the folder as its own unfinished run. Every artefact is written atomically (lab.files), so a run
     that fails or is killed leaves whole files and temporaries, never a half-written file under its final name,
     and no results.json."""
-    import time
-
     folder = new_run_dir(experiment, out)
     with _exclusive(folder):
         for leftover in folder.iterdir():  # an earlier attempt's half-written temporaries: ours to remove

@@ -222,14 +222,35 @@ def test_no_module_but_a_package_init_re_exports():
     assert reexports() == set(), "import the name from its home instead"
 
 
+def standard_library_imports_in_functions() -> set[tuple[str, int]]:
+    """(file, line) of every import of a standard-library module inside a function of the four folders: the
+    standard library costs nothing to import, so a module imports it once, at its top, where a reader looks."""
+    found = set()
+    for path in modules().values():
+        for function in ast.walk(syntax_tree(path)):
+            if isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+                for node in ast.walk(function):
+                    if isinstance(node, ast.Import | ast.ImportFrom) and not getattr(node, "level", 0):
+                        names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+                        if any(name.split(".")[0] in sys.stdlib_module_names for name in names):
+                            found.add((str(path.relative_to(REPO)), node.lineno))
+    return found
+
+
+def test_the_standard_library_is_imported_at_the_top_of_a_module():
+    assert standard_library_imports_in_functions() == set(), "import these at the top of the module"
+
+
 def test_the_name_gates_see_what_they_gate(tmp_path, monkeypatch):
     """A private import (relative ones resolved) and a noqa'd re-export are found; a dunder and an __init__ are not."""
     (tmp_path / "lab").mkdir()
     (tmp_path / "lab" / "a.py").write_text("from .b import _hidden, __version__\nfrom lab.c import d  # noqa: F401\n")
     (tmp_path / "lab" / "__init__.py").write_text("from lab.a import e  # noqa: F401\n")
+    (tmp_path / "lab" / "f.py").write_text("import os\n\n\ndef f():\n    import json\n    from . import a\n")
     monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
     assert private_imports() == {("lab/a.py", "lab.b", "_hidden")}
     assert reexports() == {("lab/a.py", "lab.c")}
+    assert standard_library_imports_in_functions() == {("lab/f.py", 5)}
 
 
 def ruff(*args: str) -> subprocess.CompletedProcess:

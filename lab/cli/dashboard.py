@@ -3,7 +3,10 @@ the tests and the benchmarks start and wait for it with (`dashboard_command`, `f
 `wait_until_serving`)."""
 
 import argparse
+import socket
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 from lab.cli.signals import CHILDREN, Stopped
@@ -35,8 +38,6 @@ def dashboard_command(port: int) -> list[str]:
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now."""
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -45,9 +46,6 @@ def free_port() -> int:
 def wait_until_serving(url: str, process, timeout_s: float) -> None:
     """Block until the dashboard at `url` answers its health check; RuntimeError if `process` exits first
     or `timeout_s` passes (the tests, the demo's wall-time benchmark and the response benchmark wait so)."""
-    import time
-    import urllib.request
-
     deadline = time.monotonic() + timeout_s
     while True:
         try:

@@ -6,6 +6,7 @@ machine and on several."""
 
 import argparse
 import contextlib
+import signal
 from collections.abc import Iterator
 
 # lab.analysis.sweeps.SWEEPS's names, here so that `forma patch --help` answers without importing torch
@@ -20,8 +21,6 @@ WAIT_S = 24 * 3600.0
 def process_group(device: str) -> Iterator[tuple[int, int]]:
     """Join torchrun's process group (when there is one) for the body, as (rank, world size), and leave it whatever
     happens."""
-    import signal
-
     from lab.distributed import close_distributed, init_distributed
 
     rank, world = init_distributed(device, timeout_s=WAIT_S)

@@ -4,7 +4,12 @@ after the one whose result it reads), then the pydoc model's generations are sho
 probability."""
 
 import argparse
+import os
+import signal
+import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 from lab.cli.dashboard import dashboard_command, wait_until_serving
@@ -21,9 +26,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     pydoc's training has ended), and the queue is kept in runs/demo/queue.json, so that a page whose job waits
     says so. The terminal shows one line per job, and each job's output goes to runs/demo/<job>.log.
     A job that fails is reported with the end of its log; the dashboard keeps serving the others (exit 1)."""
-    import signal
-    import time
-
     start = time.perf_counter()
     chosen = _chosen(args.only)
     server = None if args.no_dashboard else CHILDREN.start(dashboard_command(args.port))  # boots while we list
@@ -115,8 +117,6 @@ class JobQueue:
     that each page says where its job waits."""
 
     def __init__(self, jobs: list[tuple[str, list[str]]]) -> None:
-        import threading
-
         from lab.jobs import NEEDS, what
 
         self.jobs = jobs
@@ -163,9 +163,6 @@ class JobQueue:
 def run_job(job: tuple[str, list[str]], queue: JobQueue, board: JobBoard, logs: Path, env: dict[str, str]) -> bool:
     """Run one `forma ARGS` job in its own process, its output to its log in `logs`; its line on the board says
     how it ended (a failure with the end of its log). True when it succeeded."""
-    import subprocess
-    import time
-
     label, argv = job
     log = logs / (label.removeprefix("forma ").replace(" --", "-").replace(" ", "-") + ".log")
     board.started(label)
@@ -199,9 +196,6 @@ def run_side_by_side(jobs: list[tuple[str, list[str]]]) -> bool:
 
     Small models train fastest on one thread each (two threads that wait for each other cost more
     than they gain), so n cores run min(n, 4) jobs at a time with n // jobs threads apiece."""
-    import os
-    import threading
-
     from lab.jobs import what
     from lab.runs import runs_dir
 

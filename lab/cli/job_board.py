@@ -1,14 +1,16 @@
 """The demo's board: one line per job on the terminal (waiting, starting, its progress as lab.progress records
 it, done or failed), redrawn in place on a terminal and printed every so often to a log."""
 
+import shutil
 import sys
+import threading
+import time
+from pathlib import Path
 
 
 def job_progress(argv: list[str]):
     """The progress record (lab.progress) of the job `forma ARGV`, or None: a run's from its run folder, a
     training's from its model folder."""
-    from pathlib import Path
-
     from lab.progress import PROGRESS_FILE, model_progress, read_progress, run_progress
 
     command, name = argv[0], argv[1]
@@ -25,8 +27,6 @@ class JobBoard:
     messages; otherwise (a log, a pipe) each running job's line is printed every `every_s` seconds."""
 
     def __init__(self, jobs: list[tuple[str, list[str]]], stream=None, every_s: float | None = None):
-        import threading
-
         self.stream = stream if stream is not None else sys.stdout
         try:
             self.terminal = self.stream.isatty()
@@ -52,8 +52,6 @@ class JobBoard:
             self.draw()
 
     def started(self, label: str) -> None:
-        import time
-
         with self.lock:
             self.began[label] = time.time()
             self.rows[label] = f"{label}: starting"
@@ -74,8 +72,6 @@ class JobBoard:
                 self.draw()
 
     def status(self, label: str) -> str:
-        import time
-
         from lab.progress import clock
 
         began = self.began.get(label)
@@ -90,8 +86,6 @@ class JobBoard:
         with self.lock:
             lines = [f"[demo] {self.status(label)}" for label in self.rows]
             if self.terminal:  # one screen line each, or the redraw would miscount the lines to go up
-                import shutil
-
                 width = shutil.get_terminal_size().columns - 1
                 self._clear()
                 self.stream.write("".join(f"\x1b[2K{line[:width]}\n" for line in lines))

@@ -3,6 +3,7 @@ trust its numbers), `forma train` (a zoo model built from its recipe, resumable)
 transcoders, in one process or as torchrun's ranks, resumable)."""
 
 import argparse
+import signal
 import sys
 
 
@@ -42,8 +43,6 @@ def cmd_trust(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     """Train a zoo model from models/NAME/model.toml into models/NAME/. The previous model stays in place
     until the new one is complete; an interrupted build (Ctrl-C, SIGTERM, a crash) continues with --resume."""
-    import signal
-
     from lab.folders import zoo_dir
     from lab.progress import PROGRESS_FILE, recording
     from lab.zoo import build

@@ -5,6 +5,7 @@ and a signal into one line and exit 128 + the signal. Only the standard library 
 imported here: `--help` and an argument error answer without torch (tests/lab/cli/test_cli.py)."""
 
 import argparse
+import difflib
 import signal
 import sys
 from typing import Any
@@ -97,7 +98,6 @@ class Parser(argparse.ArgumentParser):
     unrecognized arguments: --quik (did you mean --quick?)"."""
 
     def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
-        import difflib
 
         namespace, extras = super().parse_known_args(args, namespace)
         if extras:

@@ -2,15 +2,14 @@
 `forma cards` (reference cards and runs recorded into docs/measured/, every marked number rewritten)."""
 
 import argparse
+import dataclasses
 import sys
+from pathlib import Path
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run an experiment, write config.json, provenance.json, figures and results.json into its run folder, and
     print the run's headlines (what it supports, and what it cannot, in words) and the folder."""
-    import dataclasses
-    from pathlib import Path
-
     import experiments
     from lab.folders import model_folder
     from lab.headlines import lines as headline_lines
@@ -70,8 +69,6 @@ def cmd_cards(args: argparse.Namespace) -> int:
     A number is written <!-- measured FILE FIELD FORMAT -->0.065<!-- /measured --> (lab/measured.py).
     Exit 1 when a document still has a problem: a marker whose file or field is missing, or a bare
     measured-looking number in a "Measured" section or a README/MODEL.md table."""
-    from pathlib import Path
-
     from lab.folders import zoo_dir
     from lab.measured import REPO, check_document, documents, record_card, record_run, rewrite_document
     from lab.runs import latest_run

@@ -2,7 +2,12 @@
 does, through its clean-up), the processes `forma dashboard` and `forma demo` start (`CHILDREN`), which end with
 `forma` whatever ends it, and `Stopped`, raised once a signal that ended `forma` has been passed on to them."""
 
+import ctypes
+import os
+import signal
+import subprocess
 import sys
+import threading
 from contextlib import contextmanager
 
 STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
@@ -13,8 +18,6 @@ class Interrupted(KeyboardInterrupt):
     blocks and `except BaseException` clean-ups run (worker processes end, temporary folders go)."""
 
     def __init__(self, signum: int):
-        import signal
-
         super().__init__(f"interrupted by {signal.Signals(signum).name}")
         self.signum = signum
 
@@ -26,9 +29,6 @@ def interrupting_signals():
     this process was started ignoring (`nohup`, a background job of a script) stays ignored. Code that handles
     signals itself (training's step boundary, `Children.forwarding_signals`) sets its own handlers inside and
     puts these back after."""
-    import signal
-    import threading
-
     if threading.current_thread() is not threading.main_thread():  # handlers can only be set there
         yield
         return
@@ -72,8 +72,6 @@ class Children:
     PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
     def __init__(self, grace_s: float = 10.0):
-        import threading
-
         self.grace_s = grace_s
         self.signum: int | None = None  # the first signal received, once one is
         self._live: list = []
@@ -81,8 +79,6 @@ class Children:
 
     def start(self, argv: list[str], **popen: object):
         """Popen(argv) in a new process group, told to die with this process; `Stopped` once a signal came."""
-        import subprocess
-
         with self._lock:
             if self.signum is not None:
                 raise Stopped(self.signum)
@@ -95,10 +91,6 @@ class Children:
     def _die_with_parent(self):
         """What the child runs between fork and exec. The libc look-up is done here, in the parent: a child
         forked from a threaded process must do as little as possible before exec."""
-        import ctypes
-        import os
-        import signal
-
         if not sys.platform.startswith("linux"):
             return None
         prctl = ctypes.CDLL(None, use_errno=True).prctl
@@ -113,8 +105,6 @@ class Children:
 
     @staticmethod
     def _signal(process, signum: int) -> None:
-        import os
-
         try:
             os.killpg(process.pid, signum)
         except (ProcessLookupError, PermissionError):  # the group has ended already
@@ -128,9 +118,6 @@ class Children:
 
     @contextmanager
     def forwarding_signals(self):
-        import signal
-        import threading
-
         if threading.current_thread() is not threading.main_thread():  # handlers can only be set there
             yield
             return
