@@ -157,7 +157,8 @@ def _one_thread(one_thread):
 @pytest.fixture(autouse=True, scope="session")
 def _the_stand_ins_by_name():
     """`AutoTokenizer` / `AutoModelForCausalLM.from_pretrained` of an upstream model name give its stand-in's tokenizer
-    and Hugging Face model: both are the model under test, and nothing is fetched from a hub."""
+    and Hugging Face model: both are the model under test. Every call, of any name, reads local files only and runs
+    no code of the folder's (local_files_only=True, trust_remote_code=False): nothing is fetched from a hub."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     patch = pytest.MonkeyPatch()
@@ -167,7 +168,7 @@ def _the_stand_ins_by_name():
         def from_pretrained(cls, name, *args, original=original, **kwargs):
             if isinstance(name, str) and (name in CHECKPOINTS or name in ALIASES):
                 name = str(checkpoint(name))
-            return original(cls, name, *args, **kwargs)
+            return original(cls, name, *args, **(kwargs | {"local_files_only": True, "trust_remote_code": False}))
 
         patch.setattr(auto, "from_pretrained", classmethod(from_pretrained))
     yield
