@@ -44,6 +44,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from lab.files import atomic_write_text
+from lab.progress import bar
 
 PARTS = 256  # parts a job is cut into at most: enough to share out evenly over up to a few hundred ranks
 PLAN_FILE = "plan.json"
@@ -194,17 +195,10 @@ def claim_parts(n_parts: int, done: Callable[[int], bool]) -> tuple[list[int], l
 
 
 def parts_bar(total: int, unit: str, what: str, progress: bool) -> Any:
-    """The progress bar of this rank's parts: shown on rank 0 only (when `progress`), labelled `what` and, across
-    ranks, with the world's size."""
-    from tqdm.auto import tqdm
-
+    """The progress bar (`lab.progress.bar`) of this rank's parts: shown on rank 0 only (when `progress`), labelled
+    `what` and, across ranks, with the world's size."""
     rank, world = rank_world()
-    return tqdm(
-        total=total,
-        unit=unit,
-        disable=not progress or rank != 0,
-        desc=what if world == 1 else f"{what}, rank 0 of {world}",
-    )
+    return bar(total, what if world == 1 else f"{what}, rank 0 of {world}", unit=unit, show=progress and rank == 0)
 
 
 def record_plan(directory: str | Path, plan: dict[str, Any], *, overwrite: bool = False, what: str = "job") -> None:

@@ -458,9 +458,9 @@ class ActivationStore:
         checks its own files), where otherwise every rank would hash every shard it reads. A bad shard found by any
         rank is the same InputError on every rank. In one process, or without torchrun's variables, nothing is
         done now: each shard is checked when first read."""
-        rank, world = rank_world()
+        _, world = rank_world()
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        if world == 1 or local_world == 1:
+        if world == 1 or local_world == 1 or "LOCAL_RANK" not in os.environ:
             return
         shards = self.index["shards"]
         problem = None
