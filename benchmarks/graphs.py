@@ -231,7 +231,7 @@ def main() -> None:
     missing = [name for name in needed if not is_trained(name)]
     if missing:
         raise SystemExit(
-            f"benchmarks.graphs needs trained zoo models: run `forma train {missing[0]}` "
+            f"benchmarks.graphs needs trained zoo models: run `forma build {missing[0]}` "
             f"({', '.join(missing)} missing) and `python -m benchmarks.transcoders` first"
         )
     previous = RESULTS_FILE.is_file() and json.loads(RESULTS_FILE.read_text())

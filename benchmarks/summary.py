@@ -221,7 +221,7 @@ def patching_lines(r: dict[str, Any]) -> list[str]:
         )
     if not zoo:
         lines.append(
-            "No trained decoder-only zoo model was there to compare on (`forma train NAME`, then "
+            "No trained decoder-only zoo model was there to compare on (`forma build NAME`, then "
             "`python -m benchmarks.patching --zoo-only`)."
         )
     return lines

@@ -33,7 +33,7 @@ def main() -> None:
     torch.manual_seed(0)
     folder = zoo_dir() / args.model
     if not is_trained(args.model):
-        raise SystemExit(f"benchmarks.transcoders needs a trained {args.model}: run `forma train {args.model}` first")
+        raise SystemExit(f"benchmarks.transcoders needs a trained {args.model}: run `forma build {args.model}` first")
     path = RESULTS / "transcoders.json"
     previous = json.loads(path.read_text()) if path.is_file() else {}
     if previous.get("model") != args.model:

@@ -352,12 +352,12 @@ PROGRESS_REFRESH_S = 2.0  # how often a page looks at its job's progress file wh
 
 def show_progress(kind: str, name: str) -> bool:
     """The progress of the job that is making this page's run (kind "run": `forma run NAME`) or model (kind
-    "model": `forma train NAME`): its step / total, elapsed time and ETA (lab.progress), looked at again every
+    "model": `forma build NAME`): its step / total, elapsed time and ETA (lab.progress), looked at again every
     PROGRESS_REFRESH_S; before it starts, where it waits in `forma demo`'s queue (lab.jobs); once the job has
     finished, the whole page runs again and shows its results. A page with no run yet keeps looking, so that a
     job started after it was opened (`forma demo`) appears too. True when such a job is at work or queued."""
     read, finished = {"run": (run_progress, newest_run), "model": (model_progress, model_finished)}[kind]
-    command = "run" if kind == "run" else "train"
+    command = "run" if kind == "run" else "build"
     shown = finished(name)
     first = read(name)
     working = first is not None and first.active

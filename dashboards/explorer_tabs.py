@@ -539,7 +539,7 @@ def _known_world(opened: Opened):
     if source is None:
         st.info(
             "The ground-truth lens needs a model trained on a world whose next-token law is known (the zoo's "
-            "Markov and hidden-Markov worlds: `forma train markov`); this one's folder records none."
+            "Markov and hidden-Markov worlds: `forma build markov`); this one's folder records none."
         )
         return None
     if source.vocab_size != opened.model.cfg.d_vocab:

@@ -221,7 +221,7 @@ st.title("Attribution graphs")
 available = [(name, kind) for name in zoo_names() for kind in transcoder_sets(zoo_dir() / name)]
 if not available:
     st.info(
-        "No model has transcoders yet. Train a model and its transcoders: `forma train pydoc`, then "
+        "No model has transcoders yet. Train a model and its transcoders: `forma build pydoc`, then "
         "`forma transcoders pydoc` (they land in models/pydoc/transcoders/)."
     )
     st.stop()

@@ -11,7 +11,7 @@ from lab.folders import ZooEntry, zoo_entries
 from lab.jobs import queued
 from lab.progress import model_progress, run_progress
 
-# The card.json numbers the table shows (`forma train NAME` measures them; lab.zoo writes the card). A world
+# The card.json numbers the table shows (`forma build NAME` measures them; lab.zoo writes the card). A world
 # measures what its truth allows: the KL to the true law on a source world, perplexity on English, exact
 # match on translation; a column a model's world does not measure shows "—".
 CARD_COLUMNS = {
@@ -27,13 +27,13 @@ CARD_COLUMNS = {
 
 def zoo_row(entry: ZooEntry) -> dict[str, Any]:
     card = entry.card or {}
-    training, place = model_progress(entry.name), queued("train", entry.name)
+    training, place = model_progress(entry.name), queued("build", entry.name)
     if not entry.trained and training is not None and training.active:
         state = f"training now: {training.line()}"
     elif not entry.trained and place is not None:
         state = f"no: {place.short()}"
     elif not entry.trained:
-        state = f"no: run `forma train {entry.name}`"
+        state = f"no: run `forma build {entry.name}`"
     else:
         state = "yes (quick recipe)" if card.get("quick") else "yes"
     return (
@@ -77,7 +77,7 @@ def state() -> tuple:
     and its job."""
     return (
         tuple(
-            (e.trained, queued("train", e.name), getattr(model_progress(e.name), "state", None)) for e in zoo_entries()
+            (e.trained, queued("build", e.name), getattr(model_progress(e.name), "state", None)) for e in zoo_entries()
         ),
         tuple(
             (latest_run(e.name)[0], queued("run", e.name), getattr(run_progress(e.name), "state", None))

@@ -13,7 +13,7 @@ for model_name in zoo_names():
     show_progress("model", model_name)
 available = [n for n in zoo_names() if (zoo_dir() / n / "train" / METRICS_FILE).is_file()]
 if not available:
-    st.info("No trained zoo model yet. Train one with `forma train pydoc` (or `make demo`).")
+    st.info("No trained zoo model yet. Train one with `forma build pydoc` (or `make demo`).")
     st.stop()
 name = st.selectbox("Model", available, key="curve_model")
 try:
@@ -21,10 +21,10 @@ try:
         r for r in read_metrics(zoo_dir() / name / "train" / METRICS_FILE) if isinstance(r, dict) and "step" in r
     ]
 except (OSError, UnicodeDecodeError, ValueError) as err:
-    st.warning(f"{err}; retrain with `forma train {name}`.")
+    st.warning(f"{err}; retrain with `forma build {name}`.")
     st.stop()
 if not records:
-    st.warning(f"models/{name}/train/{METRICS_FILE} holds no readable records; retrain with `forma train {name}`.")
+    st.warning(f"models/{name}/train/{METRICS_FILE} holds no readable records; retrain with `forma build {name}`.")
     st.stop()
 fig = go.Figure()
 fig.add_scatter(

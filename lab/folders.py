@@ -2,7 +2,7 @@
 by name.
 
 Kept apart from lab.zoo (which builds worlds and trains, and so loads torch) so that the command line
-can list the zoo for `forma train --help` and check a name without loading torch. It imports only the
+can list the zoo for `forma build --help` and check a name without loading torch. It imports only the
 standard library, so that the model package, which must import nothing above it, can read it.
 """
 
@@ -22,9 +22,28 @@ def zoo_dir() -> Path:
     return Path(os.environ.get("FORMA_ZOO_DIR") or DEFAULT_ZOO_DIR)
 
 
-def zoo_names() -> list[str]:
-    """Every model the zoo has a recipe for."""
-    return sorted(p.parent.name for p in zoo_dir().glob(f"*/{RECIPE_FILE}"))
+# A recipe's kind: a model trained here on a world ([world], [model], [train]), or a pretrained one made from a file
+# that a package ships ([source]: `lab.zoo.imports`).
+TRAINED, PRETRAINED = "trained", "pretrained"
+SOURCE_TABLE = "source"
+
+
+def recipe_kind(folder: Path) -> str:
+    """TRAINED or PRETRAINED, by whether the folder's model.toml has a [source] table (a line of TOML read, no
+    more: an unreadable recipe counts as trained, whose loader names the problem)."""
+    from lab.inputs import read_text
+
+    try:
+        text = read_text(folder / RECIPE_FILE, folder, 2**20)
+    except (OSError, ValueError):
+        return TRAINED
+    return PRETRAINED if any(line.strip() == f"[{SOURCE_TABLE}]" for line in text.splitlines()) else TRAINED
+
+
+def zoo_names(kind: str | None = None) -> list[str]:
+    """Every model the zoo has a recipe for; of one kind (TRAINED or PRETRAINED) when `kind` is given."""
+    names = sorted(p.parent.name for p in zoo_dir().glob(f"*/{RECIPE_FILE}"))
+    return names if kind is None else [name for name in names if recipe_kind(zoo_dir() / name) == kind]
 
 
 CARD_FILE = "card.json"
@@ -34,7 +53,7 @@ WEIGHTS_FILE = "model.safetensors"
 @dataclass(frozen=True)
 class ZooEntry:
     """One zoo model as its folder describes it: the recipe's description, whether it is trained, and the card
-    `forma train NAME` measured (None before then)."""
+    `forma build NAME` measured (None before then)."""
 
     name: str
     description: str
@@ -58,10 +77,10 @@ def zoo_entry(name: str) -> ZooEntry:
         try:
             card = read_json(folder / CARD_FILE, folder)
         except (OSError, ValueError) as err:
-            problems.append(f"{folder / CARD_FILE} is unreadable ({err}): run `forma train {name}` again")
+            problems.append(f"{folder / CARD_FILE} is unreadable ({err}): run `forma build {name}` again")
         if card is not None and not isinstance(card, dict):
             card = None
-            problems.append(f"{folder / CARD_FILE} is not a JSON object: run `forma train {name}` again")
+            problems.append(f"{folder / CARD_FILE} is not a JSON object: run `forma build {name}` again")
     return ZooEntry(name, description, (folder / WEIGHTS_FILE).is_file(), card, "; ".join(problems) or None)
 
 
@@ -83,7 +102,7 @@ def zoo_model_dir(name: str) -> Path:
     """The folder of a trained zoo model; a clear error for an unknown or untrained one."""
     directory = check_zoo_name(name)
     if not (directory / "model.safetensors").is_file():
-        raise FileNotFoundError(f"zoo model {name!r} is not trained yet: run `forma train {name}`")
+        raise FileNotFoundError(f"zoo model {name!r} is not trained yet: run `forma build {name}`")
     return directory
 
 

@@ -23,7 +23,7 @@ from lab.runs import runs_dir
 FORMAT = "forma-demo-queue/1"
 JOB_STATES = ("waiting", "running", "done", "failed")
 # What a job reads that another job of the demo makes: it starts after that one has ended.
-NEEDS = {"run calibration": ("train pydoc",)}
+NEEDS = {"run calibration": ("build pydoc",)}
 
 
 def queue_file() -> Path:
@@ -31,7 +31,7 @@ def queue_file() -> Path:
 
 
 def what(argv: list[str]) -> str:
-    """The job's kind and name, as NEEDS and the demo's order write it: "train pydoc", "run kl"."""
+    """The job's kind and name, as NEEDS and the demo's order write it: "build pydoc", "run kl"."""
     return " ".join(argv[:2])
 
 
@@ -65,7 +65,7 @@ class Waiting:
 
     def sentence(self) -> str:
         """The page's sentence: "Queued by `forma demo` (2 ahead): `forma run calibration --quick` starts
-        after `forma train pydoc`, whose result it reads, and when a core is free; …", or that it has started."""
+        after `forma build pydoc`, whose result it reads, and when a core is free; …", or that it has started."""
         if self.started:
             return f"`{self.job}` has started (`forma demo`); its progress shows here in a moment."
         text = f"Queued by `forma demo` ({self.ahead} ahead): `{self.job}` starts "
@@ -79,7 +79,7 @@ class Waiting:
 
 
 def queued(kind: str, name: str) -> Waiting | None:
-    """Where `forma KIND NAME` (kind "run" or "train") stands in a live demo's queue, while it waits or runs; None
+    """Where `forma KIND NAME` (kind "run" or "build") stands in a live demo's queue, while it waits or runs; None
     when no demo runs, the file is unreadable, or that job is not in it or has ended."""
     try:
         record = read_json_object(queue_file(), what="demo queue")

@@ -2,7 +2,7 @@
 
 The reference measurements are tracked files under `docs/measured/`:
 
-    docs/measured/cards/<model>.json                 card.json of `forma train <model>` (default recipe)
+    docs/measured/cards/<model>.json                 card.json of `forma build <model>` (default recipe)
     docs/measured/runs/<experiment>.json             results.json of `forma run <experiment>` (default profile)
     docs/measured/runs/<experiment>.provenance.json  that run's provenance.json (seed, commit, wall time)
 
@@ -234,9 +234,9 @@ def record_card(model_dir: Path, root: Path = REPO) -> Path:
     card = _read(model_dir / "card.json", f"model {model_dir.name}")
     if card.get("quick") is not False:
         raise ValueError(
-            f"{model_dir / 'card.json'} is from `forma train {card.get('name', model_dir.name)} --quick` "
+            f"{model_dir / 'card.json'} is from `forma build {card.get('name', model_dir.name)} --quick` "
             f"(or does not say): the documents cite default-recipe cards only; run "
-            f"`forma train {card.get('name', model_dir.name)}`"
+            f"`forma build {card.get('name', model_dir.name)}`"
         )
     name = card.get("name") or model_dir.name
     target = root / MEASURED_DIR / "cards" / f"{name}.json"

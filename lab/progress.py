@@ -7,7 +7,7 @@ output is not a terminal (a `forma demo` job's log, CI), and a small file that t
                             train: step 120/1000 (12%) · 0:14 elapsed · ETA 1:42 · loss=2.3456
                         A bar shown or not (show=False: an experiment's inner trainings), it is the job's
                         current stage while it counts.
-    recording(path, job) wraps a whole job (`forma run NAME`, `forma train NAME`): every RECORD_EVERY_S it writes
+    recording(path, job) wraps a whole job (`forma run NAME`, `forma build NAME`): every RECORD_EVERY_S it writes
                         the job's progress file — <run folder>/.progress.json, models/NAME/.progress.json —
                         atomically: its state, elapsed time and the innermost bar still counting. With echo,
                         it also says so on stderr (a redrawn line on a terminal, a line every LINE_EVERY_S in a log).
@@ -310,13 +310,13 @@ def run_progress(experiment: str, folder: Path | None = None) -> Progress | None
 
 
 def model_progress(name: str) -> Progress | None:
-    """The progress of `forma train NAME` (models/NAME/.progress.json), or None."""
+    """The progress of `forma build NAME` (models/NAME/.progress.json), or None."""
     return read_progress(zoo_dir() / name / PROGRESS_FILE)
 
 
 def model_finished(name: str) -> float | None:
     """When zoo model NAME's published card was written (its mtime), or None when it has none: what changes
-    when `forma train NAME` finishes."""
+    when `forma build NAME` finishes."""
     try:
         return (zoo_dir() / name / "card.json").stat().st_mtime
     except OSError:

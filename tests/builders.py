@@ -330,7 +330,7 @@ def zoo_with_transcoders(root: Path) -> Path:
     from lab.analysis.transcoders.measures import top_contexts
 
     zoo_copy = root / "models"
-    for name in zoo.zoo_names():
+    for name in zoo.zoo_names(zoo.TRAINED):
         (zoo_copy / name).mkdir(parents=True)
         shutil.copy(zoo.DEFAULT_ZOO_DIR / name / "model.toml", zoo_copy / name / "model.toml")
     tokenizer = word_level(PYDOC_WORDS)
@@ -478,3 +478,37 @@ def chi2_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
         observed, expected = observed[:-1], expected[:-1]
     statistic = float(((observed - expected) ** 2 / expected).sum())
     return chi2_sf(statistic, len(expected) - 1)
+
+
+# --- the real model: SmolLM2-135M-Instruct, built once per checkout ------------------------------------------------
+SMOLLM2 = "smollm2"
+
+
+def smollm2_folder() -> Path:
+    """models/smollm2/, built from the wheel's GGUF the first time a test asks for it (seconds), then kept: the
+    suite reads the checkout's real model as a user does."""
+    from lab.folders import DEFAULT_ZOO_DIR
+    from lab.zoo import build
+
+    folder = DEFAULT_ZOO_DIR / SMOLLM2
+    if not (folder / "model.safetensors").is_file():
+        build(SMOLLM2, out=folder)
+    return folder
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF file the wheel ships (its size and hash checked), for transformers' own reading of it."""
+    from lab.zoo.imports import load_source, source_file
+
+    return source_file(load_source(SMOLLM2))
+
+
+def transformers_from_gguf():
+    """(model, tokenizer) as transformers makes them from the same GGUF (`gguf_file=`): its own dequantization,
+    its own tokenizer conversion."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = smollm2_gguf()
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name).eval()
+    return model, tokenizer

@@ -303,6 +303,7 @@ DIRECT_READS = {
     ("lab.train.checkpoint", "loads"): "the training checkpoint's scalars, which the training loop wrote",
     ("lab.train.checkpoint", "load_file"): "the training checkpoint's tensors, which the training loop wrote",
     ("lab.zoo.builds", "read_text"): "the recipe a build recorded in its own folder",
+    ("lab.hf.gguf", "open"): "a pretrained model's source file for its SHA-256, after its kind and size are checked",
     ("lab.zoo.builds", "loads"): "the recipe a build recorded in its own folder",
     ("lab.parallel", "read_text"): "the progress files its own workers write in its own temporary folder",
     ("lab.parallel", "loads"): "the progress files its own workers write in its own temporary folder",

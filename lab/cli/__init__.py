@@ -10,7 +10,7 @@ its command computes with inside the command, so that `forma --help` and an argu
 from lab.cli.dashboard import cmd_dashboard, dashboard_command, free_port, wait_until_serving
 from lab.cli.demo import DASHBOARD_START_S, DEMO_MODELS, DEMO_ORDER, cmd_demo, run_side_by_side, show_generations
 from lab.cli.job_board import BOARD_EVERY_S, JobBoard, job_progress
-from lab.cli.models import cmd_hooks, cmd_train, cmd_trust
+from lab.cli.models import cmd_build, cmd_hooks, cmd_trust
 from lab.cli.parser import MAX_SEED, build_parser, main, model_name, port_number, seed_number, worker_count
 from lab.cli.runs import cmd_cards, cmd_run
 from lab.cli.signals import CHILDREN, Children, Stopped
@@ -32,7 +32,7 @@ __all__ = [
     "cmd_demo",
     "cmd_hooks",
     "cmd_run",
-    "cmd_train",
+    "cmd_build",
     "cmd_trust",
     "dashboard_command",
     "free_port",

@@ -96,8 +96,8 @@ def _missing_jobs(chosen: set[str], quick: bool) -> list[tuple[str, list[str]]]:
         else:
             jobs.append(
                 (
-                    f"forma train {name}{' --quick' if quick else ''}",
-                    ["train", name, *(["--quick"] if quick else [])],
+                    f"forma build {name}{' --quick' if quick else ''}",
+                    ["build", name, *(["--quick"] if quick else [])],
                 )
             )
     for name in (e for e in experiments.experiment_names() if e in chosen):
@@ -261,11 +261,11 @@ DEMO_MODELS = ("markov", "facts", "pydoc")
 # Longest first, so that two cores finish together (measured times in benchmarks/results/walltime.json); a job
 # that needs another's result (lab.jobs.NEEDS) waits for it, and the next job in this order runs meanwhile.
 DEMO_ORDER = (
-    "train pydoc",
-    "train markov",
+    "build pydoc",
+    "build markov",
     "run kl",
     "run calibration",
-    "train facts",
+    "build facts",
     "run hallucination",
     "run equations",
 )

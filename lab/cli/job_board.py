@@ -14,7 +14,7 @@ def job_progress(argv: list[str]):
     from lab.progress import PROGRESS_FILE, model_progress, read_progress, run_progress
 
     command, name = argv[0], argv[1]
-    if command == "train":
+    if command == "build":
         return model_progress(name)
     if command == "run" and "--out" in argv[:-1]:
         return read_progress(Path(argv[argv.index("--out") + 1]) / PROGRESS_FILE)

@@ -1,5 +1,5 @@
 """The commands about one model: `forma hooks` (its hook points and their shapes), `forma trust` (how far to
-trust its numbers), `forma train` (a zoo model built from its recipe, resumable) and `forma transcoders` (its
+trust its numbers), `forma build` (a zoo model built from its recipe, resumable) and `forma transcoders` (its
 transcoders, in one process or as torchrun's ranks, resumable)."""
 
 import argparse
@@ -40,26 +40,34 @@ def cmd_trust(args: argparse.Namespace) -> int:
     return 0 if report["passed"] else 1
 
 
-def cmd_train(args: argparse.Namespace) -> int:
-    """Train a zoo model from models/NAME/model.toml into models/NAME/. The previous model stays in place
-    until the new one is complete; an interrupted build (Ctrl-C, SIGTERM, a crash) continues with --resume."""
-    from lab.folders import zoo_dir
+def cmd_build(args: argparse.Namespace) -> int:
+    """Build a zoo model into models/NAME/: a model trained here is trained from models/NAME/model.toml (an
+    interrupted build — Ctrl-C, SIGTERM, a crash — continues with --resume); a pretrained one (smollm2) is made
+    from the file its package ships, checked by size and SHA-256 first. The previous model stays in place until
+    the new one is complete."""
+    from lab.folders import PRETRAINED, recipe_kind, zoo_dir
     from lab.progress import PROGRESS_FILE, recording
     from lab.zoo import build
 
-    again = f"forma train {args.name}{' --quick' if args.quick else ''} --resume"
-    job = f"forma train {args.name}{' --quick' if args.quick else ''}"
+    pretrained = recipe_kind(zoo_dir() / args.name) == PRETRAINED
+    if pretrained and (args.quick or args.resume):
+        raise ValueError(f"{args.name} is made from a file, not trained: no --quick profile, nothing to resume")
+    again = f"forma build {args.name}{' --quick' if args.quick else ''} --resume"
+    job = f"forma build {args.name}{' --quick' if args.quick else ''}"
     progress_file = zoo_dir() / args.name / PROGRESS_FILE  # what the dashboard and `forma demo` read
     try:
         with recording(progress_file, job):  # the training bar itself says where it is (unless --no-progress)
-            directory = build(args.name, quick=args.quick, progress=not args.no_progress, resume=args.resume)
+            directory = build(
+                args.name, quick=args.quick, progress=not args.no_progress, resume=args.resume, dtype=args.dtype
+            )
         progress_file.unlink(missing_ok=True)
     except KeyboardInterrupt as interrupted:
         # In the training loop `train` stops at the step boundary with a checkpoint (TrainingInterrupted says
         # where); anywhere else a signal ends the build as Ctrl-C does (lab.cli.signals.interrupting_signals).
-        print(f"forma train: {str(interrupted) or 'interrupted'}; continue with `{again}`", file=sys.stderr)
+        hint = f"build it again with `forma build {args.name}`" if pretrained else f"continue with `{again}`"
+        print(f"forma build: {str(interrupted) or 'interrupted'}; {hint}", file=sys.stderr)
         return 128 + getattr(interrupted, "signum", signal.SIGINT)
-    print(f"trained {args.name} into {directory}")
+    print(f"{'built' if pretrained else 'trained'} {args.name} into {directory}")
     return 0
 
 
@@ -79,7 +87,7 @@ def cmd_transcoders(args: argparse.Namespace) -> int:
 
     folder = zoo_dir() / args.name
     if not is_trained(args.name):
-        raise ValueError(f"{args.name} is not trained yet: run `forma train {args.name}` first")
+        raise ValueError(f"{args.name} is not trained yet: run `forma build {args.name}` first")
     cfg, training = preset(args.kind, folder, args.features, args.steps, args.checkpoint_interval)
     with process_group("cpu") as (rank, world):
         out = build_transcoders(

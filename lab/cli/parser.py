@@ -14,7 +14,7 @@ import lab
 from lab.cli.dashboard import cmd_dashboard
 from lab.cli.datasets import SWEEP_NAMES, cmd_harvest, cmd_patch
 from lab.cli.demo import cmd_demo
-from lab.cli.models import cmd_hooks, cmd_train, cmd_transcoders, cmd_trust
+from lab.cli.models import cmd_build, cmd_hooks, cmd_transcoders, cmd_trust
 from lab.cli.runs import cmd_cards, cmd_run
 from lab.cli.signals import Stopped, interrupting_signals
 
@@ -87,7 +87,7 @@ def model_name(text: str) -> str:
     """argparse type: a zoo name or a folder; an empty one would be read as the current folder."""
     if not text.strip():
         raise argparse.ArgumentTypeError(
-            "the model name is empty: give a zoo name (forma train --help lists them) or a model folder"
+            "the model name is empty: give a zoo name (forma build --help lists them) or a model folder"
         )
     return text
 
@@ -135,16 +135,33 @@ def _add_trust(sub: Commands) -> None:
     trust.set_defaults(func=cmd_trust)
 
 
-def _add_train(sub: Commands) -> None:
-    """forma train NAME."""
-    from lab.folders import zoo_names
+def _add_build(sub: Commands) -> None:
+    """forma build NAME."""
+    from lab.folders import PRETRAINED, TRAINED, zoo_names
 
-    train = sub.add_parser("train", help="train a zoo model into models/NAME/", description=cmd_train.__doc__)
-    train.add_argument("name", choices=zoo_names(), metavar="NAME", help=f"zoo model: {', '.join(zoo_names())}")
-    train.add_argument("--quick", action="store_true", help="the recipe's small profile (tests, smoke runs)")
-    train.add_argument("--resume", action="store_true", help="continue from models/NAME/train/checkpoint")
-    train.add_argument("--no-progress", action="store_true", help="no progress bar")
-    train.set_defaults(func=cmd_train)
+    names = zoo_names()
+    build = sub.add_parser(
+        "build",
+        help="build a zoo model into models/NAME/ (train it, or make a pretrained one from its file)",
+        description=cmd_build.__doc__,
+    )
+    build.add_argument(
+        "name",
+        choices=names,
+        metavar="NAME",
+        help=f"zoo model: trained here: {', '.join(zoo_names(TRAINED))}; "
+        f"pretrained, made from a file a package ships: {', '.join(zoo_names(PRETRAINED)) or 'none'}",
+    )
+    build.add_argument("--quick", action="store_true", help="the recipe's small profile (tests, smoke runs)")
+    build.add_argument("--resume", action="store_true", help="continue from models/NAME/train/checkpoint")
+    build.add_argument("--no-progress", action="store_true", help="no progress bar")
+    build.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="a pretrained model's stored weights (default float32)",
+    )
+    build.set_defaults(func=cmd_build)
 
 
 def _add_transcoders(sub: Commands) -> None:
@@ -379,7 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="forma", description=lab.__doc__)
     parser.add_argument("--version", action="version", version=f"forma {lab.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for add in (_add_hooks, _add_trust, _add_train, _add_transcoders, _add_run, _add_cards, _add_dashboard):
+    for add in (_add_hooks, _add_trust, _add_build, _add_transcoders, _add_run, _add_cards, _add_dashboard):
         add(sub)
     common = _dataset_options()
     _add_harvest(sub, common)

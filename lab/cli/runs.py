@@ -63,7 +63,7 @@ def cmd_cards(args: argparse.Namespace) -> int:
     """Record reference measurements into docs/measured/ and rewrite every marked number of README.md,
     models/*/MODEL.md and docs/*.md from the file it cites.
 
-    --model NAME copies models/NAME/card.json (a default-recipe card: `forma train NAME`) to
+    --model NAME copies models/NAME/card.json (a default-recipe card: `forma build NAME`) to
     docs/measured/cards/NAME.json; --run copies a finished default-profile run's results.json and
     provenance.json to docs/measured/runs/. Quick cards, quick runs and unfinished runs are refused.
     A number is written <!-- measured FILE FIELD FORMAT -->0.065<!-- /measured --> (lab/measured.py).

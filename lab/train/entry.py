@@ -43,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--demo-markov",
         action="store_true",
-        help="train the demo model on an order-1 Markov stream (zoo models: `forma train NAME`)",
+        help="train the demo model on an order-1 Markov stream (zoo models: `forma build NAME`)",
     )
     parser.add_argument("--out", type=Path, required=True, help="run folder: checkpoint/, metrics.jsonl, the model")
     parser.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if not args.demo_markov:
-        parser.error("choose the data: --demo-markov (zoo models train with `forma train NAME`)")
+        parser.error("choose the data: --demo-markov (zoo models train with `forma build NAME`)")
     try:
         cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
     except ValueError as err:

@@ -1,4 +1,4 @@
-"""The model zoo: `models/<name>/model.toml` is a recipe; `forma train NAME` builds its weights there.
+"""The model zoo: `models/<name>/model.toml` is a recipe; `forma build NAME` builds its weights there.
 
 A recipe has four tables:
     [world]   where the data comes from (kind = "markov" | "hmm" | "facts" | "pydoc" | "dates") and its parameters
@@ -16,21 +16,24 @@ and for pydoc the perplexities against n-gram baselines and sample generations),
 tables it was built from) and train/ (metrics, checkpoint). All of these are git-ignored; model.toml
 and MODEL.md are the recipe and its card.
 
-Builds. `forma train NAME` trains into a new folder models/NAME/.builds/<id>/, marked by the link
+Builds. `forma build NAME` trains into a new folder models/NAME/.builds/<id>/, marked by the link
 `.next`, while the previous model stays where it was; every name above is a link `NAME → .current/NAME`,
 and `.current` links to the published build, so that one rename of `.current` publishes the new
 model's files all at once (`lab.zoo.builds.publish_build`). Training checkpoints into the build's train/
-folder, so an interrupted build — killed, Ctrl-C, SIGTERM — is continued by `forma train NAME --resume`
+folder, so an interrupted build — killed, Ctrl-C, SIGTERM — is continued by `forma build NAME --resume`
 to the same bits an uninterrupted build gives.
 
-The modules: `recipes` (load_recipe and the checks of every table), `worlds` (a recipe's world as tokens,
+The modules: `imports` (a pretrained model made from a file a package ships: smollm2),
+`recipes` (load_recipe and the checks of every table), `worlds` (a recipe's world as tokens,
 world_source), `cards` (what card.json measures), `builds` (build folders, resuming, publishing with one
 rename) and `building` (build).
 """
 
 from lab.folders import (
     DEFAULT_ZOO_DIR,
+    PRETRAINED,
     RECIPE_FILE,
+    TRAINED,
     check_zoo_name,
     is_trained,
     zoo_dir,
@@ -55,6 +58,8 @@ from lab.zoo.worlds import WorldData, build_world, make_source, world_source
 
 # Every public name of the former lab/zoo.py module stays importable from lab.zoo.
 __all__ = [
+    "PRETRAINED",
+    "TRAINED",
     "BUILDS_DIR",
     "BUILD_FORMAT",
     "BUILD_RECIPE",

@@ -8,21 +8,32 @@ from pathlib import Path
 from typing import Any
 
 from lab.data.dates import TranslationData
-from lab.folders import RECIPE_FILE, check_zoo_name, zoo_dir
+from lab.folders import PRETRAINED, RECIPE_FILE, check_zoo_name, recipe_kind, zoo_dir
 from lab.model import EncoderDecoder, EncoderDecoderConfig, HookedTransformer, ModelConfig
 from lab.runs import provenance, write_json
 from lab.train import PairBatches, SequenceBatches, TokenStream, TrainConfig, has_checkpoint, train
 from lab.zoo.builds import BUILD_FORMAT, only_build, publish_build, published_build, resume_build, start_build
 from lab.zoo.cards import machine_state, measured_card
+from lab.zoo.imports import import_model
 from lab.zoo.recipes import load_recipe
 from lab.zoo.worlds import WorldData, build_world
 
 
-def build(name: str, quick: bool = False, progress: bool = True, out: Path | None = None, resume: bool = False) -> Path:
-    """Train a zoo model from its recipe and publish it in models/<name>/ (or `out`); see "Builds" in lab.zoo.
+def build(
+    name: str,
+    quick: bool = False,
+    progress: bool = True,
+    out: Path | None = None,
+    resume: bool = False,
+    dtype: str = "float32",
+) -> Path:
+    """Train a zoo model from its recipe and publish it in models/<name>/ (or `out`); see "Builds" in lab.zoo. A
+    pretrained one ([source] recipe) is made from its file instead (`lab.zoo.imports.import_model`, in `dtype`).
 
     A fresh build discards an interrupted one; `resume=True` continues the interrupted build from its
     last checkpoint (a clear error when there is none, or when the recipe changed since it began)."""
+    if recipe_kind(check_zoo_name(name)) == PRETRAINED:  # made from a file, not trained: nothing to resume
+        return import_model(name, dtype=dtype, out=out)
     recipe = load_recipe(name, quick=quick)
     directory = Path(out) if out is not None else zoo_dir() / name
     record = {

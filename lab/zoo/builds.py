@@ -26,7 +26,7 @@ CURRENT_LINK = ".current"  # → .builds/<id>: the published build
 NEXT_LINK = ".next"  # → .builds/<id>: the build in progress, which --resume continues
 BUILD_RECIPE = "recipe.json"  # the recipe a build was started from (after the quick overrides)
 BUILD_FORMAT = "forma-build/1"
-LOCK_FILE = ".lock"  # held by the one `forma train NAME` building here
+LOCK_FILE = ".lock"  # held by the one `forma build NAME` building here
 # What a model folder held as plain files before builds were published through links. The first
 # publish moves them into a build of their own (by hard links) so that they, too, swap in one rename.
 UNLINKED_NAMES = (
@@ -55,7 +55,7 @@ def start_build(directory: Path, record: dict[str, Any]) -> Path:
     _point(directory / NEXT_LINK, staging)
     if abandoned is not None and abandoned != published_build(directory):
         logger.warning(
-            "%s: discarding the interrupted build in %s (`forma train %s --resume` continues one)",
+            "%s: discarding the interrupted build in %s (`forma build %s --resume` continues one)",
             record["name"],
             abandoned,
             record["name"],
@@ -67,7 +67,7 @@ def start_build(directory: Path, record: dict[str, Any]) -> Path:
 def resume_build(directory: Path, record: dict[str, Any]) -> Path:
     """The interrupted build, after checking that it was started from the same recipe."""
     name = record["name"]
-    again = f"`forma train {name}{' --quick' if record['quick'] else ''}`"
+    again = f"`forma build {name}{' --quick' if record['quick'] else ''}`"
     staging = _target(directory / NEXT_LINK)
     if staging is None or not (staging / BUILD_RECIPE).is_file():
         raise FileNotFoundError(
@@ -82,7 +82,7 @@ def resume_build(directory: Path, record: dict[str, Any]) -> Path:
         flag = " --quick" if saved.get("quick") else ""
         raise ValueError(
             f"cannot resume {name}: the interrupted build was started {'with' if flag else 'without'} "
-            f"--quick; resume it with `forma train {name}{flag} --resume`"
+            f"--quick; resume it with `forma build {name}{flag} --resume`"
         )
     changes = _recipe_changes(saved, record)
     if changes:
@@ -227,7 +227,7 @@ def _tidy(directory: Path, keep: set[Path | None]) -> None:
 
 @contextlib.contextmanager
 def only_build(directory: Path, name: str) -> Iterator[None]:
-    """Hold models/NAME/.lock while building: a second `forma train NAME` at the same time would
+    """Hold models/NAME/.lock while building: a second `forma build NAME` at the same time would
     discard the first one's build. The lock goes with the process, however it ends."""
     directory.mkdir(parents=True, exist_ok=True)
     fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
@@ -236,7 +236,7 @@ def only_build(directory: Path, name: str) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise ValueError(
-                f"another `forma train {name}` is building in {directory}; "
+                f"another `forma build {name}` is building in {directory}; "
                 "wait for it to finish (or stop it and --resume)"
             ) from None
         yield

@@ -39,7 +39,7 @@ def private_zoo(root: Path) -> Path:
     from lab.data.stdlib_corpus import train_bpe
 
     zoo_copy = root / "models"
-    for name in zoo.zoo_names():
+    for name in zoo.zoo_names(zoo.TRAINED):
         (zoo_copy / name).mkdir(parents=True)
         shutil.copy(zoo.DEFAULT_ZOO_DIR / name / "model.toml", zoo_copy / name / "model.toml")
     tokenizer = train_bpe("Return the number of items in the list.\n\n\nReturn the list of items.", vocab_size=300)
@@ -315,7 +315,7 @@ def test_home_lists_the_zoo_and_each_experiments_latest_run(server, browser, qui
     for key in ("n_params", "steps", "best_val_loss_nats", "val_perplexity"):
         assert short(card[key]) in row, (key, row)
     assert "yes (quick recipe)" in row
-    assert "forma train markov" in table.locator("tr", has_text="markov").first.inner_text()
+    assert "forma build markov" in table.locator("tr", has_text="markov").first.inner_text()
     assert page.get_by_role("button", name="Download these rows").count() == 1
     content = page.content()
     for name in experiments.experiment_names():
@@ -542,7 +542,7 @@ def test_the_demo_serves_first_then_each_page_shows_its_jobs_progress_and_fills_
     import sys
 
     zoo_copy, runs = tmp_path / "models", tmp_path / "runs"
-    for name in zoo.zoo_names():  # recipes only: --only equations trains nothing
+    for name in zoo.zoo_names(zoo.TRAINED):  # recipes only: --only equations trains nothing
         (zoo_copy / name).mkdir(parents=True)
         shutil.copy(zoo.DEFAULT_ZOO_DIR / name / "model.toml", zoo_copy / name / "model.toml")
     env = os.environ | {"FORMA_ZOO_DIR": str(zoo_copy), "FORMA_RUNS_DIR": str(runs)}

@@ -33,8 +33,8 @@ def test_every_page_renders_on_a_fresh_clone_and_says_what_to_run(empty, name):
     said = texts(at)
     expected = {
         "home": "forma run kl",
-        "explorer": "forma train pydoc",
-        "training": "forma train pydoc",
+        "explorer": "forma build pydoc",
+        "training": "forma build pydoc",
         "graphs": "forma transcoders pydoc",
         "compare": "forma run kl --quick",
     }
@@ -428,7 +428,7 @@ def test_home_shows_each_models_card_numbers(empty):
     assert row["trained"] == "yes" and row["parameters"] == "170,272" and row["steps"] == "3,000"
     assert row["KL to the true law (nats)"] == short(card["val_kl_to_truth_nats"]) == "0.06499"
     assert row["held-out loss (nats)"] == short(card["best_val_loss_nats"]) and row["perplexity"] == "—"
-    assert table.loc["facts", "trained"] == "no: run `forma train facts`"
+    assert table.loc["facts", "trained"] == "no: run `forma build facts`"
 
 
 def running_job(folder: Path, job: str, step: int, total: int) -> None:
@@ -465,7 +465,7 @@ def test_a_page_whose_job_the_demo_has_queued_says_so(empty, name):
     from lab.jobs import write_queue
 
     jobs = [
-        ("forma train pydoc --quick", ["train", "pydoc", "--quick"]),
+        ("forma build pydoc --quick", ["build", "pydoc", "--quick"]),
         *((f"forma run {e} --quick", ["run", e, "--quick"]) for e in EXPERIMENT_PAGES),
     ]
     write_queue(jobs, {label: "running" if i == 0 else "waiting" for i, (label, _) in enumerate(jobs)})
@@ -480,11 +480,11 @@ def test_a_page_whose_job_the_demo_has_queued_says_so(empty, name):
         )
         assert rendered_table(at.table[0].value).loc["pydoc", "trained"] == "no: started by `forma demo`"
     elif name == "explorer":
-        assert "`forma train pydoc --quick` has started (`forma demo`)" in said
+        assert "`forma build pydoc --quick` has started (`forma demo`)" in said
     else:
         ahead = 1 + EXPERIMENT_PAGES.index(name)
         assert f"Queued by `forma demo` ({ahead} ahead): `forma run {name} --quick` starts" in said
-        assert ("after `forma train pydoc --quick`, whose result it reads" in said) == (name == "calibration")
+        assert ("after `forma build pydoc --quick`, whose result it reads" in said) == (name == "calibration")
 
 
 def test_a_page_over_an_older_run_says_a_new_one_is_on_its_way(quick_run, quick_runs_dir, tmp_path, monkeypatch):
@@ -502,11 +502,11 @@ def test_a_page_over_an_older_run_says_a_new_one_is_on_its_way(quick_run, quick_
 
 
 def test_the_training_page_shows_a_model_being_trained(empty):
-    running_job(empty / "models" / "facts", "forma train facts", 300, 1200)
+    running_job(empty / "models" / "facts", "forma build facts", 300, 1200)
     at = page("training").run()
     assert not at.exception, at.exception
     assert [b.proto.text for b in at.get("progress")] == [
-        "`forma train facts: 0:20 elapsed; train step 300/1200 (25%), ETA 0:36`"
+        "`forma build facts: 0:20 elapsed; train step 300/1200 (25%), ETA 0:36`"
     ]
 
 

@@ -371,7 +371,7 @@ def test_an_out_folder_that_cannot_be_written_is_one_line_and_exit_2(tmp_path, f
     [
         (["run", "equations", "--quik"], "--quik", "--quick"),
         (["run", "kl", "--quick", "--wrokers", "2"], "--wrokers 2", "--workers"),
-        (["train", "markov", "--reusme"], "--reusme", "--resume"),
+        (["build", "markov", "--reusme"], "--reusme", "--resume"),
     ],
 )
 def test_a_mistyped_option_is_an_error_of_its_command_naming_the_nearest(capsys, argv, wrong, near):

@@ -1,4 +1,4 @@
-"""Fault trials for `forma train`: every recipe kind built, killed with SIGKILL at seeded random moments
+"""Fault trials for `forma build`: every recipe kind built, killed with SIGKILL at seeded random moments
 (by the clock, during a checkpoint write, during the final publish), and resumed; and stopped by SIGINT
 and SIGTERM. What was lost is counted, and must be nothing: the previous complete model is in place and
 loadable at every kill, no file under a final name is half-written, and every resumed build equals an
@@ -171,7 +171,7 @@ def test_killed_builds_lose_nothing_and_resume_to_the_same_bits(zygote):
     trials = Counter()
     for name, kinds in TRIALS.items():
         folder = zygote.zoo_dir / name
-        train = ["train", name, "--quick", "--no-progress"]
+        train = ["build", name, "--quick", "--no-progress"]
         # A kill of the very first build, with no previous model: nothing may be published until it completes.
         pid, _ = zygote.run(train)
         first_clock = rng.uniform(0.5, 2.0)
@@ -222,7 +222,7 @@ def test_killed_builds_lose_nothing_and_resume_to_the_same_bits(zygote):
 @pytest.mark.slow
 def test_sigint_and_sigterm_stop_at_the_step_with_a_checkpoint_and_resume_to_the_same_bits(zygote, tmp_path):
     name, folder = "markov", zygote.zoo_dir / "markov"
-    train = ["train", name, "--quick", "--no-progress"]
+    train = ["build", name, "--quick", "--no-progress"]
     if published(folder) is None:
         assert zygote.call(train)[0] == 0
     reference = published(folder)
@@ -230,12 +230,12 @@ def test_sigint_and_sigterm_stop_at_the_step_with_a_checkpoint_and_resume_to_the
     # creation): the loop must stop after step 5, the step in flight, with a checkpoint of it.
     at_step_5 = {"match": "metrics.jsonl", "at": 6}
     status, log = zygote.call(train, fault=at_step_5 | {"signal": "SIGINT"})
-    stopped = [line for line in log.splitlines() if line.startswith("forma train:")]
+    stopped = [line for line in log.splitlines() if line.startswith("forma build:")]
     assert status == 128 + signal.SIGINT, log
     assert stopped == [
-        f"forma train: interrupted by SIGINT at step 5/16; checkpoint saved in "
+        f"forma build: interrupted by SIGINT at step 5/16; checkpoint saved in "
         f"{(folder / zoo.NEXT_LINK).resolve() / 'train' / 'checkpoint'}; "
-        f"continue with `forma train markov --quick --resume`"
+        f"continue with `forma build markov --quick --resume`"
     ], log
     assert json.loads((folder / zoo.NEXT_LINK / "train" / "checkpoint" / "train_state.json").read_text())["step"] == 5
     assert published(folder) == reference and not half_written(folder)

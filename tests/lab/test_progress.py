@@ -116,7 +116,7 @@ def test_a_progress_record_is_validated():
 
 
 def test_forma_train_off_a_terminal_logs_readable_progress_lines(tmp_path, monkeypatch, capsys):
-    """What a `forma demo` job's log gets: `forma train NAME` with stderr not a terminal writes step / total,
+    """What a `forma demo` job's log gets: `forma build NAME` with stderr not a terminal writes step / total,
     elapsed and ETA lines (no carriage returns), and leaves no progress file once the model is published."""
     from lab.cli import main
     from tests.builders import TINY_MARKOV, write_recipe

@@ -42,7 +42,7 @@ def test_forma_transcoders_trains_measures_and_keeps_them_with_their_contexts(ma
 def test_an_untrained_model_is_one_clear_line(markov_zoo, capsys):
     (markov_zoo / "model.safetensors").unlink()
     assert main(["transcoders", "markov"]) == 2
-    assert "not trained yet: run `forma train markov` first" in capsys.readouterr().err
+    assert "not trained yet: run `forma build markov` first" in capsys.readouterr().err
 
 
 def test_the_command_lines_kinds_are_the_presets():

@@ -44,7 +44,7 @@ def test_demo_fills_in_missing_runs_and_shows_generations(tmp_path, monkeypatch,
     import lab.zoo as zoo
     from lab.data.tokenizers import word_level
 
-    for name in zoo.zoo_names():
+    for name in zoo.zoo_names(zoo.TRAINED):
         (tmp_path / "models" / name).mkdir(parents=True)
         shutil.copy(zoo.DEFAULT_ZOO_DIR / name / "model.toml", tmp_path / "models" / name / "model.toml")
         tokenizer = word_level(["Return", "the", "This", "module", "provides", "If", "file"])
@@ -123,9 +123,9 @@ class FakeJob:
         from lab.jobs import queued
 
         self.log.append(("start", self.what))
-        if self.what == "train pydoc":
+        if self.what == "build pydoc":
             self.seen["calibration"] = queued("run", "calibration")
-            self.seen["pydoc"] = queued("train", "pydoc")
+            self.seen["pydoc"] = queued("build", "pydoc")
         time.sleep(self.seconds.get(self.what, 0.05))
         self.log.append(("end", self.what))
         return 0
@@ -141,22 +141,22 @@ def test_the_demo_runs_a_job_after_the_one_whose_result_it_reads(tmp_path, monke
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     log: list = []
     seen: dict = {}
-    monkeypatch.setattr(CHILDREN, "start", lambda argv, **popen: FakeJob(argv, log, {"train pydoc": 1.0}, seen))
+    monkeypatch.setattr(CHILDREN, "start", lambda argv, **popen: FakeJob(argv, log, {"build pydoc": 1.0}, seen))
     jobs = [
         ("forma run calibration --quick", ["run", "calibration", "--quick"]),
         ("forma run equations --quick", ["run", "equations", "--quick"]),
-        ("forma train pydoc --quick", ["train", "pydoc", "--quick"]),
+        ("forma build pydoc --quick", ["build", "pydoc", "--quick"]),
     ]
     assert run_side_by_side(jobs)
     order = [what for kind, what in log if kind == "start"]
     # not DEMO_ORDER's calibration-first: pydoc and equations take the two cores (in either order: each worker
     # thread logs its own start), calibration the first core pydoc frees
-    assert set(order[:2]) == {"train pydoc", "run equations"} and order[2] == "run calibration"
-    assert log.index(("start", "run calibration")) > log.index(("end", "train pydoc"))
+    assert set(order[:2]) == {"build pydoc", "run equations"} and order[2] == "run calibration"
+    assert log.index(("start", "run calibration")) > log.index(("end", "build pydoc"))
     waiting = seen["calibration"]
-    assert waiting is not None and not waiting.started and waiting.waits_for == ("forma train pydoc --quick",)
+    assert waiting is not None and not waiting.started and waiting.waits_for == ("forma build pydoc --quick",)
     assert waiting.ahead == 1  # pydoc's training, running; equations comes after calibration in the order
-    assert "Queued by `forma demo` (1 ahead)" in waiting.sentence() and "after `forma train pydoc" in waiting.sentence()
+    assert "Queued by `forma demo` (1 ahead)" in waiting.sentence() and "after `forma build pydoc" in waiting.sentence()
     assert seen["pydoc"] is not None and seen["pydoc"].started
     assert queued("run", "calibration") is None  # every job has ended
 
@@ -179,7 +179,7 @@ def test_the_demo_board_prints_each_running_jobs_progress_line_off_a_terminal(tm
     board = JobBoard(
         [
             ("forma run kl --quick", ["run", "kl", "--quick", "--out", str(run_folder)]),
-            ("forma train facts", ["train", "facts"]),
+            ("forma build facts", ["build", "facts"]),
         ],
         stream=out,
     )
@@ -241,14 +241,14 @@ HEAVY_MODULES = ("torch", "transformer_lens", "transformers", "numpy", "streamli
     [
         ["--help"],
         ["run", "--help"],
-        ["train", "--help"],
+        ["build", "--help"],
         ["cards", "--help"],
         ["transcoders", "--help"],
         ["harvest", "--help"],
         ["patch", "--help"],
         ["patch", "m", "--sweep", "x"],
         ["run", "no-such-experiment"],
-        ["train", "markov", "--seed"],
+        ["build", "markov", "--seed"],
         ["--version"],
         ["hooks", "gpt2"],
         ["hooks", "no/such/folder"],
@@ -303,12 +303,12 @@ def test_the_demo_board_redraws_one_line_per_job_in_place_on_a_terminal():
 
     out = Terminal()
     board = JobBoard(
-        [("forma run kl --quick", ["run", "kl", "--quick"]), ("forma train facts", ["train", "facts"])], stream=out
+        [("forma run kl --quick", ["run", "kl", "--quick"]), ("forma build facts", ["build", "facts"])], stream=out
     )
     board.draw()
     board.draw()
-    board.ended("forma train facts", "forma train facts: done in 3 s", "[demo] forma train facts: done in 3 s")
-    rows = "\x1b[2K[demo] forma run kl --quick: waiting for a free core\n\x1b[2K[demo] forma train facts: "
+    board.ended("forma build facts", "forma build facts: done in 3 s", "[demo] forma build facts: done in 3 s")
+    rows = "\x1b[2K[demo] forma run kl --quick: waiting for a free core\n\x1b[2K[demo] forma build facts: "
     assert out.getvalue() == (
         rows
         + "waiting for a free core\n"
@@ -316,7 +316,7 @@ def test_the_demo_board_redraws_one_line_per_job_in_place_on_a_terminal():
         + rows
         + "waiting for a free core\n"
         + "\x1b[2F\x1b[0J"
-        + "[demo] forma train facts: done in 3 s\n"
+        + "[demo] forma build facts: done in 3 s\n"
         + rows
         + "done in 3 s\n"
     )

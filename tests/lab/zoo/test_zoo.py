@@ -10,7 +10,7 @@ import torch
 
 import lab.zoo as zoo
 from lab import HookedTransformer
-from lab.zoo import build, building, builds, cards, load_recipe, ngram_perplexities, zoo_names
+from lab.zoo import TRAINED, build, building, builds, cards, load_recipe, ngram_perplexities, zoo_names
 from tests.builders import TINY_MARKOV, write_recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # small models (tests/conftest.py::one_thread)
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # small models (tests/confte
 
 def test_the_zoo_has_the_three_recipes():
     assert {"markov", "facts", "pydoc"} <= set(zoo_names())
-    for name in zoo_names():
+    for name in zoo_names(TRAINED):
         recipe = load_recipe(name, quick=True)
         assert recipe["world"]["kind"] and recipe["model"]["n_ctx"] > 0 and recipe["train"]["steps"] > 0
 
@@ -26,7 +26,7 @@ def test_the_zoo_has_the_three_recipes():
 @pytest.fixture
 def zoo_dir(tmp_path, monkeypatch):
     """A private copy of the zoo's recipes, so building never touches models/."""
-    for name in zoo_names():
+    for name in zoo_names(TRAINED):
         (tmp_path / name).mkdir()
         shutil.copy(zoo.DEFAULT_ZOO_DIR / name / "model.toml", tmp_path / name / "model.toml")
     monkeypatch.setenv("FORMA_ZOO_DIR", str(tmp_path))
@@ -70,7 +70,7 @@ def test_quick_recipes_build_load_and_learn(name, zoo_dir, request):
 
 
 def test_untrained_and_unknown_names_are_clear_errors(zoo_dir):
-    with pytest.raises(FileNotFoundError, match="forma train markov"):
+    with pytest.raises(FileNotFoundError, match="forma build markov"):
         HookedTransformer.from_pretrained("markov")
     with pytest.raises(ValueError, match="zoo models: dates, facts, markov, pydoc"):
         HookedTransformer.from_pretrained("gpt5")
@@ -200,7 +200,7 @@ def test_an_interrupted_build_leaves_the_model_in_place_and_resumes_to_the_same_
     with pytest.raises(
         FileNotFoundError,
         match=r"nothing to resume for tiny: .* holds no interrupted build .* "
-        r"run `forma train tiny` to train afresh",
+        r"run `forma build tiny` to train afresh",
     ):
         build("tiny", progress=False, resume=True)
     interrupted_build("tiny")
@@ -216,11 +216,11 @@ def test_an_interrupted_build_leaves_the_model_in_place_and_resumes_to_the_same_
     with pytest.raises(
         ValueError,
         match=r"cannot resume tiny: the interrupted build was started without --quick; "
-        r"resume it with `forma train tiny --resume`",
+        r"resume it with `forma build tiny --resume`",
     ):
         build("tiny", quick=True, progress=False, resume=True)
     write_recipe(zoo_dir, "tiny", TINY_MARKOV.replace("lr = 1e-2", "lr = 2e-2"))
-    with pytest.raises(ValueError, match=r"\[train\] lr \(build 0.01, now 0.02\); run `forma train tiny` to start"):
+    with pytest.raises(ValueError, match=r"\[train\] lr \(build 0.01, now 0.02\); run `forma build tiny` to start"):
         build("tiny", progress=False, resume=True)
     write_recipe(zoo_dir, "tiny", TINY_MARKOV.replace("checkpoint_interval = 2", "checkpoint_interval = 1"))
     build("tiny", progress=False, resume=True)  # how often to checkpoint may change
@@ -310,7 +310,7 @@ def test_a_diverging_build_is_one_line_from_the_cli_and_keeps_its_checkpoint(zoo
     from lab.cli import main
 
     write_recipe(zoo_dir, "tiny", TINY_MARKOV)
-    assert main(["train", "tiny", "--no-progress"]) == 0
+    assert main(["build", "tiny", "--no-progress"]) == 0
     before = published_bytes(zoo_dir / "tiny")
     capsys.readouterr()
     write_recipe(
@@ -318,11 +318,11 @@ def test_a_diverging_build_is_one_line_from_the_cli_and_keeps_its_checkpoint(zoo
         "tiny",
         TINY_MARKOV.replace("lr = 1e-2", "lr = 1e30").replace("checkpoint_interval = 2", "checkpoint_interval = 1"),
     )
-    assert main(["train", "tiny", "--no-progress"]) == 1
+    assert main(["build", "tiny", "--no-progress"]) == 1
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1, lines
     diverged = re.fullmatch(
-        r"forma train: error: training diverged at step (\d+): train loss is (nan|inf) \(lr \S+\); "
+        r"forma build: error: training diverged at step (\d+): train loss is (nan|inf) \(lr \S+\); "
         r"try a lower lr or a tighter grad_clip; the checkpoint of step (\d+) is kept in (\S+)",
         lines[0],
     )
@@ -339,8 +339,8 @@ def test_a_second_build_of_the_same_model_at_once_is_refused(zoo_dir):
     write_recipe(zoo_dir, "tiny", TINY_MARKOV)
     fd = os.open(zoo_dir / "tiny" / zoo.LOCK_FILE, os.O_RDWR | os.O_CREAT)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # as a running `forma train tiny` holds it
-        with pytest.raises(ValueError, match=r"another `forma train tiny` is building in .*tiny; wait for it"):
+        fcntl.flock(fd, fcntl.LOCK_EX)  # as a running `forma build tiny` holds it
+        with pytest.raises(ValueError, match=r"another `forma build tiny` is building in .*tiny; wait for it"):
             build("tiny", progress=False)
     finally:
         os.close(fd)
@@ -409,7 +409,7 @@ HELD_APART = {
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", zoo_names())
+@pytest.mark.parametrize("name", zoo_names(TRAINED))
 def test_every_zoo_world_keeps_its_held_out_data_apart_as_its_card_says(name, zoo_dir, request):
     """Sources, pydoc and dates: held-out data disjoint from training. Facts: independent draws from p, whose
     overlap with training the card reports."""
@@ -467,6 +467,6 @@ def test_zoo_entries_read_each_recipe_and_card_and_name_what_is_unreadable(zoo_d
     assert markov.trained and markov.card == {"n_params": 12, "val_kl_to_truth_nats": 0.25}
     (zoo_dir / "facts" / "card.json").write_text("{cut sho")
     facts = zoo_entry("facts")
-    assert facts.card is None and "card.json is unreadable" in facts.problem and "forma train facts" in facts.problem
+    assert facts.card is None and "card.json is unreadable" in facts.problem and "forma build facts" in facts.problem
     (zoo_dir / "pydoc" / "model.toml").write_text("description = ")
     assert "model.toml is unreadable" in zoo_entry("pydoc").problem
