@@ -15,6 +15,7 @@ from lab.cli.dashboard import cmd_dashboard
 from lab.cli.datasets import SWEEP_NAMES, cmd_harvest, cmd_patch
 from lab.cli.demo import cmd_demo
 from lab.cli.models import cmd_build, cmd_hooks, cmd_transcoders, cmd_trust
+from lab.cli.questions import cmd_questions
 from lab.cli.runs import cmd_cards, cmd_run
 from lab.cli.signals import Stopped, interrupting_signals
 
@@ -374,6 +375,25 @@ def _add_patch(sub: Commands, common: argparse.ArgumentParser) -> None:
     patch.set_defaults(func=cmd_patch)
 
 
+def _add_questions(sub: Commands) -> None:
+    """forma questions [--seed N] [--out FILE] [--check]."""
+    questions = sub.add_parser(
+        "questions",
+        help="build the real question set (countries' facts, three forms) from countryinfo",
+        description=cmd_questions.__doc__,
+    )
+    questions.add_argument(
+        "--seed", type=seed_number, default=0, help="seed of distractors, option order and true/false (default 0)"
+    )
+    questions.add_argument(
+        "--out", metavar="FILE", help="where to write the set (default: the shipped lab/data/questions.json)"
+    )
+    questions.add_argument(
+        "--check", action="store_true", help="write nothing: rebuild and compare with FILE (exit 1 when they differ)"
+    )
+    questions.set_defaults(func=cmd_questions)
+
+
 def _add_demo(sub: Commands) -> None:
     """forma demo."""
     demo = sub.add_parser(
@@ -396,7 +416,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="forma", description=lab.__doc__)
     parser.add_argument("--version", action="version", version=f"forma {lab.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for add in (_add_hooks, _add_trust, _add_build, _add_transcoders, _add_run, _add_cards, _add_dashboard):
+    for add in (
+        _add_hooks,
+        _add_trust,
+        _add_build,
+        _add_transcoders,
+        _add_run,
+        _add_cards,
+        _add_dashboard,
+        _add_questions,
+    ):
         add(sub)
     common = _dataset_options()
     _add_harvest(sub, common)

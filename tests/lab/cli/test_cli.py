@@ -246,6 +246,8 @@ HEAVY_MODULES = ("torch", "transformer_lens", "transformers", "numpy", "streamli
         ["transcoders", "--help"],
         ["harvest", "--help"],
         ["patch", "--help"],
+        ["questions", "--help"],
+        ["questions", "--seed", "-1"],
         ["patch", "m", "--sweep", "x"],
         ["run", "no-such-experiment"],
         ["build", "markov", "--seed"],
