@@ -26,7 +26,6 @@ pair's numbers are computed alike whichever rank computes them, so the tables ar
 A rerun after a kill of any rank sweeps only the parts not yet written.
 """
 
-import csv
 import hashlib
 import json
 from collections.abc import Sequence
@@ -51,7 +50,7 @@ from lab.distributed import (
     record_plan,
 )
 from lab.files import atomic_write, atomic_write_text, is_temporary
-from lab.inputs import InputError, parse_json, read_json_object, read_text, regular_file
+from lab.inputs import InputError, parse_json, read_csv, read_json_object, read_text, regular_file
 
 SWEEP_FORMAT = "forma-sweep/1"
 SWEEP_FILE = "sweep.json"
@@ -84,17 +83,10 @@ def read_pairs(path: str | Path, model: Any) -> list[PromptPair]:
     path = Path(path)
     if path.suffix not in (".csv", ".jsonl"):
         raise ValueError(f"{path}: a dataset of prompt pairs is a .csv or a .jsonl file")
-    text = read_text(path, what="dataset of prompt pairs")
     if path.suffix == ".csv":
-        reader = csv.DictReader(text.splitlines())
-        missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise ValueError(
-                f"{path}: no column {missing[0]!r} (the header must name {', '.join(COLUMNS)}; it "
-                f"names {', '.join(reader.fieldnames or []) or 'nothing'})"
-            )
-        rows = [(reader.line_num, row) for row in reader]
+        rows = _csv_rows(path)
     else:
+        text = read_text(path, what="dataset of prompt pairs")
         rows = []
         for line, raw in enumerate(text.splitlines(), 1):
             if raw.strip():
@@ -114,6 +106,20 @@ def read_pairs(path: str | Path, model: Any) -> list[PromptPair]:
     return pairs
 
 
+def _csv_rows(path: Path) -> list[tuple[int, dict[str, str]]]:
+    """A CSV dataset's rows by the line each starts on, as {column: cell} (`lab.inputs.read_csv`: a cell past the
+    csv module's limit, or a quote left open, is refused naming its line)."""
+    table = read_csv(path, what="dataset of prompt pairs")
+    header = table[0][1] if table else []
+    missing = [c for c in COLUMNS if c not in header]
+    if missing:
+        raise ValueError(
+            f"{path}: no column {missing[0]!r} (the header must name {', '.join(COLUMNS)}; it "
+            f"names {', '.join(header) or 'nothing'})"
+        )
+    return [(line, dict(zip(header, cells))) for line, cells in table[1:] if cells]
+
+
 def _pair(row: Any, model: Any) -> PromptPair:
     if not isinstance(row, dict):
         raise ValueError(f"a pair is an object with the keys {', '.join(COLUMNS)}, got {type(row).__name__}")
@@ -130,11 +136,26 @@ def _pair(row: Any, model: Any) -> PromptPair:
 
 
 def _prompt(value: Any, model: Any, what: str) -> Tensor:
+    """A prompt's token ids, whole: one longer than the model's context is refused, never cut (cut alike, a clean
+    and a corrupted prompt that differ past the cut would become the same prompt)."""
     if isinstance(value, str):
-        return model.to_tokens(value)[0].cpu()
-    if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        return torch.tensor(value, dtype=torch.long)
-    raise ValueError(f"{what} must be text or a non-empty list of token ids, got {value!r}")
+        tokens = model.to_tokens(value, truncate=False)[0].cpu()
+    elif isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        tokens = torch.tensor(value, dtype=torch.long)
+    else:
+        raise ValueError(f"{what} must be text or a non-empty list of token ids, got {_shown(value)}")
+    if len(tokens) > model.cfg.n_ctx:
+        raise ValueError(
+            f"the {what} prompt is {len(tokens):,} tokens, more than the model's context n_ctx = {model.cfg.n_ctx}; "
+            "shorten it (Forma cuts no prompt)"
+        )
+    return tokens
+
+
+def _shown(value: Any, most: int = 60) -> str:
+    """`value`'s repr, at most `most` characters of it (an error line names a bad cell, never quotes a book)."""
+    text = repr(value)
+    return text if len(text) <= most else f"{text[:most]}… ({len(text):,} characters)"
 
 
 def _answer(value: Any, model: Any, what: str) -> int:
@@ -146,7 +167,7 @@ def _answer(value: Any, model: Any, what: str) -> int:
         except ValueError as err:
             raise ValueError(f"{what}: {err}") from err
     else:
-        raise ValueError(f"{what} must be text of one token or a token id, got {value!r}")
+        raise ValueError(f"{what} must be text of one token or a token id, got {_shown(value)}")
     if not 0 <= token < model.cfg.d_vocab:
         raise ValueError(f"{what}: token id {token} is out of range [0, {model.cfg.d_vocab})")
     return token

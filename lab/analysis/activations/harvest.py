@@ -33,39 +33,33 @@ from torch import Tensor
 from lab.analysis.activations.store import INDEX_FILE, ActivationStore, merge_stores, model_summary, save_activations
 from lab.distributed import PARTS, all_gather_json, claim_parts, parts_bar, plan_parts, rank_world, record_plan
 from lab.files import is_temporary
-from lab.inputs import read_text
+from lab.inputs import read_text, regular_file
 
 HARVEST_FORMAT = "forma-harvest/1"
 DEFAULT_SEQ_LEN = 128
 
 
 def read_corpus(path: str | Path, model: Any, *, seq_len: int | None = None, tokens: int | None = None) -> np.ndarray:
-    """A corpus file as [n, seq_len] token ids, cut into sequences of `seq_len` tokens (a remainder is dropped):
+    """A corpus file as [n, seq_len] token ids (`split_corpus`, without the count of what is left over)."""
+    return split_corpus(path, model, seq_len=seq_len, tokens=tokens)[0]
+
+
+def split_corpus(
+    path: str | Path, model: Any, *, seq_len: int | None = None, tokens: int | None = None
+) -> tuple[np.ndarray, int]:
+    """A corpus file as [n, seq_len] token ids, cut into sequences of `seq_len` tokens, and the number of tokens
+    left over (fewer than a sequence: a caller says so, nothing is cut silently):
 
         .npy   token ids of any integer dtype, one stream ([tokens]) or sequences ([n, seq_len]); memory-mapped,
                so that nothing is read until a part's rows are
-        .txt   UTF-8 text, encoded whole as one stream by the model's tokenizer (no special tokens added); for a
-               corpus larger than memory, encode it once into a .npy
+        .txt   UTF-8 text, encoded whole as one stream by the model's tokenizer (no special tokens added, never
+               cut to the model's context); for a corpus larger than memory, encode it once into a .npy
 
     seq_len: by default a 2-D array's width, else min(128, the model's n_ctx). tokens: keep only the sequences that
     the first `tokens` tokens fill (at least one); by default every whole sequence."""
     path = Path(path)
+    ids = _corpus_ids(path, model)
     n_ctx = model.cfg.n_ctx
-    if path.suffix == ".npy":
-        try:
-            ids = np.load(path, mmap_mode="r", allow_pickle=False)
-        except (ValueError, OSError) as err:
-            raise ValueError(f"{path}: not a .npy array of token ids ({err})") from err
-        if not np.issubdtype(ids.dtype, np.integer) or ids.ndim not in (1, 2):
-            raise ValueError(
-                f"{path}: token ids must be a 1-D or 2-D integer array, got {ids.dtype} {tuple(ids.shape)}"
-            )
-    elif path.suffix == ".txt":
-        if getattr(model, "tokenizer", None) is None:
-            raise ValueError(f"{path}: the model has no tokenizer to encode text with; give token ids as a .npy")
-        ids = model.to_tokens(read_text(path, what="corpus"), prepend_bos=False)[0].cpu().numpy()
-    else:
-        raise ValueError(f"{path}: a corpus is a .txt (text) or a .npy (token ids) file")
     if ids.ndim == 2:
         if seq_len is not None and seq_len != ids.shape[1]:
             raise ValueError(f"{path} holds sequences of {ids.shape[1]} tokens, not the {seq_len} asked for")
@@ -85,7 +79,30 @@ def read_corpus(path: str | Path, model: Any, *, seq_len: int | None = None, tok
                 else f"{tokens:,} tokens fill {n:,} sequences" + (": ask for at least one" if n < 1 else "")
             )
         )
-    return ids[:n] if ids.ndim == 2 else ids[: n * seq_len].reshape(n, seq_len)
+    used = ids.size if tokens is None else tokens
+    left_over = used - n * seq_len
+    return (ids[:n] if ids.ndim == 2 else ids[: n * seq_len].reshape(n, seq_len)), int(left_over)
+
+
+def _corpus_ids(path: Path, model: Any) -> np.ndarray:
+    """A corpus file's token ids, 1-D or 2-D, checked to be a regular file of integer ids before a byte is read."""
+    if path.suffix == ".npy":
+        regular_file(path, what="corpus")  # a FIFO would block np.load for ever
+        try:
+            ids = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError) as err:
+            raise ValueError(f"{path}: not a .npy array of token ids ({err})") from err
+        if not np.issubdtype(ids.dtype, np.integer) or ids.ndim not in (1, 2):
+            raise ValueError(
+                f"{path}: token ids must be a 1-D or 2-D integer array, got {ids.dtype} {tuple(ids.shape)}"
+            )
+        return ids
+    if path.suffix == ".txt":
+        if getattr(model, "tokenizer", None) is None:
+            raise ValueError(f"{path}: the model has no tokenizer to encode text with; give token ids as a .npy")
+        text = read_text(path, what="corpus")
+        return model.to_tokens(text, prepend_bos=False, truncate=False)[0].cpu().numpy()
+    raise ValueError(f"{path}: a corpus is a .txt (text) or a .npy (token ids) file")
 
 
 def part_tokens(corpus: Tensor | np.ndarray, rows: range) -> Tensor:
