@@ -10,9 +10,10 @@ import json
 import plotly.graph_objects as go
 import streamlit as st
 import torch
+from safetensors import SafetensorError
 
 from dashboards.charts import readable
-from dashboards.common import load_model, model_version, show_table
+from dashboards.common import load_model, model_version, plain, show_table
 from dashboards.explorer_tabs import token_text
 from lab.analysis.graphs.attribute import attribute, prompt_tokens
 from lab.analysis.graphs.graph import Graph, graph_folder, to_circuit_tracer
@@ -34,17 +35,25 @@ def open_transcoders(path: str, version: tuple = ()) -> Transcoders:
 
 @st.cache_resource(show_spinner="Computing the attribution graph…", max_entries=8)
 def graph_of(name: str, kind: str, prompt: str, version: tuple = ()) -> Graph:
-    """The saved graph of this prompt, or a new one, saved (so its supernodes have a home)."""
+    """The saved graph of this prompt, or a new one, saved (so its supernodes have a home) where there is none. A
+    saved graph that cannot be read is a ValueError, and left as it is: its supernodes are a person's work."""
     model = load_model(name, model_version(name))
     path = zoo_dir() / name / TRANSCODERS_DIR / kind
     tokens = prompt_tokens(model, prompt)
     folder = graph_folder(path, tokens)
     try:
         return Graph.load(folder)
-    except (FileNotFoundError, ValueError):
-        graph = attribute(model, open_transcoders(str(path), model_version(str(path))), tokens)
-        graph.save(folder)
-        return graph
+    except FileNotFoundError:
+        pass
+    except ValueError as err:
+        raise ValueError(f"the saved graph in {folder} cannot be read, and is left as it is: {err}") from err
+    try:
+        transcoders = open_transcoders(str(path), model_version(str(path)))
+    except (OSError, KeyError, SafetensorError) as err:
+        raise ValueError(f"the transcoders in {path} cannot be read: {err}") from err
+    graph = attribute(model, transcoders, tokens)
+    graph.save(folder)
+    return graph
 
 
 def figure(graph: Graph, keep: torch.Tensor, edges: torch.Tensor, labels: list[str], logits: list[str]) -> go.Figure:
@@ -203,7 +212,7 @@ def show_qk(model, transcoders: Transcoders, graph: Graph, labels: list[str]) ->
 def supernodes(graph: Graph, folder, ids: list[str]) -> None:
     st.markdown("**Supernodes** (saved with the graph)")
     for s in graph.supernodes:
-        st.markdown(f"- {s['name']}: {', '.join(s['nodes'])}")
+        st.text(f"- {s['name']}: {', '.join(map(str, s['nodes']))}")  # a name from a shared folder: text, not Markdown
     members = st.multiselect("Nodes", ids, key="supernode_nodes")
     name = st.text_input("Supernode name", key="supernode_name")
     if st.button("Save supernode", key="supernode_save"):
@@ -214,7 +223,7 @@ def supernodes(graph: Graph, folder, ids: list[str]) -> None:
             st.success(f"Saved supernode {name.strip()!r} ({len(members)} nodes).")
         except ValueError as err:
             graph.supernodes.pop()
-            st.warning(str(err))
+            st.warning(plain(str(err)))
 
 
 st.title("Attribution graphs")
@@ -232,15 +241,20 @@ node_threshold = st.sidebar.slider("Node threshold (share of influence kept)", 0
 edge_threshold = st.sidebar.slider("Edge threshold", 0.5, 1.0, 0.98, 0.01)
 model = load_model(name, model_version(name))
 path = zoo_dir() / name / TRANSCODERS_DIR / kind
-quality = load_quality(path)
-if quality:
-    fvu = ", ".join(f"{v:.3f}" for v in quality["held_out"]["fvu"])
-    st.sidebar.caption(f"held-out FVU by layer {fvu}; loss recovered {quality['loss']['recovered']:.1%}")
+try:
+    quality = load_quality(path)
+    fvu = ", ".join(f"{float(v):.3f}" for v in quality["held_out"]["fvu"]) if quality else None
+    recovered = float(quality["loss"]["recovered"]) if quality else None
+except (ValueError, OSError, KeyError, TypeError) as err:
+    st.sidebar.warning(plain(f"The transcoders' quality.json cannot be read ({type(err).__name__}: {err})."))
+    fvu = None
+if fvu is not None:
+    st.sidebar.caption(f"held-out FVU by layer {fvu}; loss recovered {recovered:.1%}")
 prompt = st.text_input("Prompt", DEFAULT_PROMPTS.get(name, "1 2 3 4"), key="graph_prompt")
 try:
     graph = graph_of(name, kind, prompt, model_version(str(path)))
 except ValueError as err:
-    st.warning(f"No graph for this prompt: {err}")
+    st.warning(plain(f"No graph for this prompt: {err}"))
     st.stop()
 labels = [token_text(model, int(t)) for t in graph.tokens]  # byte-level pieces as ⟨0xE2⟩, never '�'
 logit_labels = [token_text(model, int(t)) for t in graph.logit_tokens]

@@ -8,6 +8,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -29,6 +30,19 @@ TESTS = REPO / "tests"
 # The intra-op thread count a user's process gets (torch's default for this machine, or OMP_NUM_THREADS), read
 # before any fixture pins one.
 USER_THREADS = torch.get_num_threads()
+
+
+def signals_as_sent():
+    """A Popen preexec_fn giving the child the default disposition of the signals a test sends it. A child inherits
+    ignored signals (a suite started as `make test &`, or by a runner that ignores SIGINT, passes SIG_IGN on), and
+    Forma is right to keep a signal it was started ignoring; a test that sends SIGINT, SIGTERM or SIGHUP means the
+    default, so it says so here."""
+
+    def preexec() -> None:
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_DFL)
+
+    return preexec
 
 
 def quick_argv(name: str) -> list[str]:

@@ -26,7 +26,7 @@ pair's numbers are computed alike whichever rank computes them, so the tables ar
 A rerun after a kill of any rank sweeps only the parts not yet written.
 """
 
-import csv
+import contextlib
 import hashlib
 import json
 from collections.abc import Sequence
@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
@@ -42,6 +43,7 @@ from lab.analysis.activations.store import model_summary
 from lab.analysis.patching import PatchingResult, patch_heads, patch_heads_by_position, patch_positions
 from lab.distributed import (
     PARTS,
+    PLAN_FILE,
     all_gather_json,
     all_gather_rows,
     claim_parts,
@@ -50,8 +52,18 @@ from lab.distributed import (
     rank_world,
     record_plan,
 )
-from lab.files import atomic_write, atomic_write_text, is_temporary
-from lab.inputs import InputError, parse_json, read_json_object, read_text, regular_file
+from lab.files import (
+    OWNER_FILE,
+    atomic_write,
+    atomic_write_text,
+    claim_folder,
+    folder_lock,
+    is_owned_temporary,
+    is_temporary,
+    owned,
+    tensors_bytes,
+)
+from lab.inputs import InputError, parse_json, read_csv, read_json_object, read_text, regular_file
 
 SWEEP_FORMAT = "forma-sweep/1"
 SWEEP_FILE = "sweep.json"
@@ -84,17 +96,10 @@ def read_pairs(path: str | Path, model: Any) -> list[PromptPair]:
     path = Path(path)
     if path.suffix not in (".csv", ".jsonl"):
         raise ValueError(f"{path}: a dataset of prompt pairs is a .csv or a .jsonl file")
-    text = read_text(path, what="dataset of prompt pairs")
     if path.suffix == ".csv":
-        reader = csv.DictReader(text.splitlines())
-        missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise ValueError(
-                f"{path}: no column {missing[0]!r} (the header must name {', '.join(COLUMNS)}; it "
-                f"names {', '.join(reader.fieldnames or []) or 'nothing'})"
-            )
-        rows = [(reader.line_num, row) for row in reader]
+        rows = _csv_rows(path)
     else:
+        text = read_text(path, what="dataset of prompt pairs")
         rows = []
         for line, raw in enumerate(text.splitlines(), 1):
             if raw.strip():
@@ -114,6 +119,20 @@ def read_pairs(path: str | Path, model: Any) -> list[PromptPair]:
     return pairs
 
 
+def _csv_rows(path: Path) -> list[tuple[int, dict[str, str]]]:
+    """A CSV dataset's rows by the line each starts on, as {column: cell} (`lab.inputs.read_csv`: a cell past the
+    csv module's limit, or a quote left open, is refused naming its line)."""
+    table = read_csv(path, what="dataset of prompt pairs")
+    header = table[0][1] if table else []
+    missing = [c for c in COLUMNS if c not in header]
+    if missing:
+        raise ValueError(
+            f"{path}: no column {missing[0]!r} (the header must name {', '.join(COLUMNS)}; it "
+            f"names {', '.join(header) or 'nothing'})"
+        )
+    return [(line, dict(zip(header, cells))) for line, cells in table[1:] if cells]
+
+
 def _pair(row: Any, model: Any) -> PromptPair:
     if not isinstance(row, dict):
         raise ValueError(f"a pair is an object with the keys {', '.join(COLUMNS)}, got {type(row).__name__}")
@@ -130,11 +149,26 @@ def _pair(row: Any, model: Any) -> PromptPair:
 
 
 def _prompt(value: Any, model: Any, what: str) -> Tensor:
+    """A prompt's token ids, whole: one longer than the model's context is refused, never cut (cut alike, a clean
+    and a corrupted prompt that differ past the cut would become the same prompt)."""
     if isinstance(value, str):
-        return model.to_tokens(value)[0].cpu()
-    if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        return torch.tensor(value, dtype=torch.long)
-    raise ValueError(f"{what} must be text or a non-empty list of token ids, got {value!r}")
+        tokens = model.to_tokens(value, truncate=False)[0].cpu()
+    elif isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        tokens = torch.tensor(value, dtype=torch.long)
+    else:
+        raise ValueError(f"{what} must be text or a non-empty list of token ids, got {_shown(value)}")
+    if len(tokens) > model.cfg.n_ctx:
+        raise ValueError(
+            f"the {what} prompt is {len(tokens):,} tokens, more than the model's context n_ctx = {model.cfg.n_ctx}; "
+            "shorten it (Forma cuts no prompt)"
+        )
+    return tokens
+
+
+def _shown(value: Any, most: int = 60) -> str:
+    """`value`'s repr, at most `most` characters of it (an error line names a bad cell, never quotes a book)."""
+    text = repr(value)
+    return text if len(text) <= most else f"{text[:most]}… ({len(text):,} characters)"
 
 
 def _answer(value: Any, model: Any, what: str) -> int:
@@ -146,7 +180,7 @@ def _answer(value: Any, model: Any, what: str) -> int:
         except ValueError as err:
             raise ValueError(f"{what}: {err}") from err
     else:
-        raise ValueError(f"{what} must be text of one token or a token id, got {value!r}")
+        raise ValueError(f"{what} must be text of one token or a token id, got {_shown(value)}")
     if not 0 <= token < model.cfg.d_vocab:
         raise ValueError(f"{what}: token id {token} is out of range [0, {model.cfg.d_vocab})")
     return token
@@ -225,19 +259,42 @@ def sweep_pairs(
     overwrite: start afresh, whatever out_dir holds (rerun without it to resume)."""
     rank = rank_world()[0]
     out_dir = Path(out_dir)
-    _check_sweep(pairs, sweeps, direction, out_dir, overwrite)
+    _check_sweep(pairs, sweeps, direction)
+    entries = [PLAN_FILE, "parts", SWEEP_FILE, *(f"{s}.safetensors" for s in sweeps)]
+    claim_folder(out_dir, "patching sweep", entries, overwrite=overwrite)
+    if (out_dir / SWEEP_FILE).is_file() and not overwrite:
+        raise FileExistsError(
+            f"{out_dir} already holds a complete sweep ({SWEEP_FILE}); overwrite it or choose another folder"
+        )
+    plan = _plan(model, pairs, sweeps, direction, max_batch, len(plan_parts(len(pairs), most=parts)))
+    with folder_lock(out_dir, "patching sweep") if rank == 0 else contextlib.nullcontext():
+        record_plan(out_dir, plan, overwrite=overwrite, what="patching sweep")
+        if overwrite and rank == 0:
+            (out_dir / SWEEP_FILE).unlink(missing_ok=True)
+        return _sweep_parts(model, pairs, sweeps, out_dir, plan, parts, overwrite, progress)
+
+
+def _sweep_parts(
+    model: Any,
+    pairs: Sequence[PromptPair],
+    sweeps: Sequence[str],
+    out_dir: Path,
+    plan: dict[str, Any],
+    parts: int,
+    overwrite: bool,
+    progress: bool,
+) -> dict[str, SweepTable] | None:
+    """The parts no rank has done, this rank's share of them, then (rank 0) the gathered tables."""
+    rank, direction, max_batch = rank_world()[0], plan["direction"], plan["max_batch"]
     ranges = plan_parts(len(pairs), most=parts)
     width = max(len(p.clean) for p in pairs)
-    plan = _plan(model, pairs, sweeps, direction, max_batch, len(ranges))
-    record_plan(out_dir, plan, overwrite=overwrite, what="patching sweep")
-    if overwrite and rank == 0:
-        (out_dir / SWEEP_FILE).unlink(missing_ok=True)
-
     kept, mine = claim_parts(len(ranges), lambda i: not overwrite and part_file(out_dir, i).is_file())
     bar = parts_bar(sum(len(ranges[i]) for i in mine), "pair", "sweep", progress)
     for i in mine:
         tensors = _sweep_part(model, [pairs[j] for j in ranges[i]], sweeps, direction, max_batch, width, bar)
-        atomic_write(part_file(out_dir, i), lambda path, tensors=tensors: save_file(tensors, str(path)))
+        atomic_write(
+            part_file(out_dir, i), lambda path, tensors=tensors: save_file(tensors, str(path)), tensors_bytes(tensors)
+        )
     bar.close()
 
     gathered = _gather(model, out_dir, sweeps, width, ranges, sorted(kept + mine))
@@ -260,11 +317,8 @@ def sweep_pairs(
     return tables
 
 
-def _check_sweep(
-    pairs: Sequence[PromptPair], sweeps: Sequence[str], direction: str, out_dir: Path, overwrite: bool
-) -> None:
-    """ValueError for sweeps, a direction or pairs sweep_pairs does not take; FileExistsError for an out_dir that
-    holds a complete sweep (unless overwriting)."""
+def _check_sweep(pairs: Sequence[PromptPair], sweeps: Sequence[str], direction: str) -> None:
+    """ValueError for sweeps, a direction or pairs sweep_pairs does not take."""
     unknown = [s for s in sweeps if s not in SWEEPS]
     if unknown or not sweeps or len(set(sweeps)) != len(sweeps):
         raise ValueError(f"sweeps must be distinct names of {', '.join(SWEEPS)}; got {list(sweeps)}")
@@ -272,10 +326,6 @@ def _check_sweep(
         raise ValueError(f"direction must be 'denoise' (clean into corrupted) or 'noise', got {direction!r}")
     if not pairs:
         raise ValueError("no prompt pair to sweep")
-    if (out_dir / SWEEP_FILE).is_file() and not overwrite:
-        raise FileExistsError(
-            f"{out_dir} already holds a complete sweep ({SWEEP_FILE}); overwrite it or choose another folder"
-        )
 
 
 def _plan(
@@ -327,7 +377,7 @@ def _gather(
     order = [i for gathered in all_gather_json(held) for i in gathered]
     if sorted(order) != list(range(len(ranges))):  # claim_parts gives every part to one rank: never seen
         raise RuntimeError(f"the ranks hold parts {sorted(order)}, not each of 0 … {len(ranges) - 1} once")
-    local = [load_file(str(part_file(out_dir, i))) for i in held]
+    local = [_load_part(part_file(out_dir, i), [f"{s}.{t}" for s in sweeps for t in TENSORS]) for i in held]
     shapes = {f"{s}.values": row_shape(model, s, width) for s in sweeps}
     gathered = {}
     for key in (f"{s}.{t}" for s in sweeps for t in TENSORS):
@@ -337,12 +387,34 @@ def _gather(
     return gathered
 
 
+def _load_part(path: Path, keys: list[str]) -> dict[str, Tensor]:
+    """A part's rows, checked: a file that is not one of this sweep's parts is a ValueError naming it."""
+    regular_file(path, path.parent.parent, what="sweep part")
+    try:
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError) as err:
+        tensors, detail = None, str(err).splitlines()[0] if str(err) else type(err).__name__
+    else:
+        missing = [k for k in keys if k not in tensors]
+        detail = f"no tensor {missing[0]!r}" if missing else None
+    if detail is not None:
+        raise ValueError(
+            f"{path} is not a part of this sweep ({detail}); remove it to sweep its pairs again, or start afresh "
+            "with --overwrite"
+        )
+    return tensors
+
+
 def _write_tables(out_dir: Path, tables: dict[str, SweepTable], plan: dict[str, Any]) -> None:
     """Each sweep's safetensors file, then sweep.json (what marks the sweep complete), then the removal of what
     killed writes left half-done."""
     for s, table in tables.items():  # the tensors alone (safetensors writes metadata keys in no fixed order)
         tensors = {"values": table.values, "clean": table.clean, "corrupted": table.corrupted, "lengths": table.lengths}
-        atomic_write(out_dir / f"{s}.safetensors", lambda path, tensors=tensors: save_file(tensors, str(path)))
+        atomic_write(
+            out_dir / f"{s}.safetensors",
+            lambda path, tensors=tensors: save_file(tensors, str(path)),
+            tensors_bytes(tensors),
+        )
     manifest = {
         "format": SWEEP_FORMAT,
         "sweeps": {
@@ -354,8 +426,12 @@ def _write_tables(out_dir: Path, tables: dict[str, SweepTable], plan: dict[str, 
         "model": plan["model"],
     }
     atomic_write_text(out_dir / SWEEP_FILE, json.dumps(manifest, indent=2) + "\n")
-    for path in [*out_dir.glob(".*"), *out_dir.glob("parts/.*")]:  # what killed writes left half-done
-        if path.is_file() and is_temporary(path):
+    wrote = owned(out_dir) | {OWNER_FILE}  # what killed writes left half-done, of the files Forma's manifest lists
+    for path in out_dir.glob(".*"):
+        if path.is_file() and is_owned_temporary(path, wrote):
+            path.unlink()
+    for path in (out_dir / "parts").glob(".*"):  # parts/ is Forma's (listed) and holds only its parts
+        if path.is_file() and is_temporary(path) and not path.is_symlink():
             path.unlink()
 
 

@@ -54,10 +54,10 @@ def cmd_harvest(args: argparse.Namespace) -> int:
     continues where it stopped."""
     import torch
 
-    from lab.analysis.activations.harvest import harvest, read_corpus
+    from lab.analysis.activations.harvest import harvest, split_corpus
 
     def job(model, rank: int, world: int) -> int:
-        corpus = read_corpus(args.corpus, model, seq_len=args.seq_len, tokens=args.tokens)
+        corpus, left_over = split_corpus(args.corpus, model, seq_len=args.seq_len, tokens=args.tokens)
         store = harvest(
             model,
             corpus,
@@ -74,6 +74,7 @@ def cmd_harvest(args: argparse.Namespace) -> int:
             print(
                 f"harvested {len(store):,} rows of {', '.join(store.names)} from {corpus.shape[0]:,} sequences of "
                 f"{corpus.shape[1]} tokens into {args.out} ({world} rank{'s' if world > 1 else ''})"
+                + (f"; {left_over:,} tokens left over, fewer than a sequence, not harvested" if left_over else "")
             )
         return 0
 

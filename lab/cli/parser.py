@@ -295,7 +295,11 @@ def _dataset_options() -> argparse.ArgumentParser:
         choices=("cpu", "cuda"),
         help="cpu (gloo across ranks) or cuda (NCCL; each rank on the GPU of its LOCAL_RANK)",
     )
-    common.add_argument("--overwrite", action="store_true", help="start afresh, whatever --out holds")
+    common.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start afresh; also into an --out that holds files Forma did not write (they are left as they are)",
+    )
     common.add_argument("--no-progress", action="store_true", help="no progress bar")
     return common
 

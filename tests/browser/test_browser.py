@@ -18,7 +18,7 @@ import experiments
 import lab.zoo as zoo
 from lab import HookedTransformer, ModelConfig
 from lab.cli import dashboard_command, free_port, wait_until_serving
-from tests.builders import REPO, zoo_with_transcoders
+from tests.builders import REPO, signals_as_sent, zoo_with_transcoders
 
 CHROMIUM = "/usr/bin/chromium"
 SCREENSHOTS = REPO / "tests" / "screenshots"
@@ -82,7 +82,12 @@ def serve(env: dict[str, str]):
     """`forma dashboard`'s server on a free port, with `env`; its URL while it serves, stopped afterwards."""
     port = free_port()
     process = subprocess.Popen(
-        dashboard_command(port), env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        dashboard_command(port),
+        env=env,
+        start_new_session=True,
+        preexec_fn=signals_as_sent(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -551,6 +556,7 @@ def test_the_demo_serves_first_then_each_page_shows_its_jobs_progress_and_fills_
         [sys.executable, "-m", "lab.cli", "demo", "--only", "equations", "--port", str(port)],
         env=env,
         start_new_session=True,
+        preexec_fn=signals_as_sent(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -598,6 +604,7 @@ def test_compare_sets_two_runs_side_by_side(tmp_path, browser, quick_run):
         dashboard_command(port),
         env=os.environ | {"FORMA_RUNS_DIR": str(tmp_path / "runs")},
         start_new_session=True,
+        preexec_fn=signals_as_sent(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from lab.cli import MAX_SEED, free_port, main, wait_until_serving
-from tests.builders import REPO, hf_model
+from tests.builders import REPO, hf_model, signals_as_sent
 
 
 @pytest.mark.parametrize("seed", [str(2**70), str(2**63), "-1", "seven"])
@@ -113,6 +113,7 @@ def test_the_dashboard_server_ends_with_forma_dashboard(tmp_path, signum):
         [sys.executable, "-m", "lab.cli", "dashboard", "--port", str(port)],
         env=env(),
         cwd=REPO,
+        preexec_fn=signals_as_sent(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -145,6 +146,7 @@ def test_demo_jobs_end_with_forma_demo(tmp_path, signum):
         [sys.executable, "-c", DEMO_JOBS, str(tmp_path / "run")],
         env=env() | {"FORMA_RUNS_DIR": str(tmp_path / "runs")},
         cwd=REPO,
+        preexec_fn=signals_as_sent(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -225,6 +227,7 @@ def test_a_signal_ends_forma_run_and_its_workers_at_once_leaving_nothing(tmp_pat
     parent = subprocess.Popen(
         [sys.executable, "-m", "lab.cli", "run", "kl", "--quick", "--workers", "2", "--out", str(tmp_path / "run")],
         cwd=REPO,
+        preexec_fn=signals_as_sent(),
         text=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -285,6 +288,7 @@ def test_ctrl_c_of_forma_run_with_a_model_is_one_line_and_exit_130(tmp_path):
             str(out),
         ],
         cwd=REPO,
+        preexec_fn=signals_as_sent(),
         text=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -303,6 +307,38 @@ def test_ctrl_c_of_forma_run_with_a_model_is_one_line_and_exit_130(tmp_path):
     finally:
         parent.kill()
         parent.wait()
+
+
+SIGNAL_TESTS = [
+    "test_a_signal_ends_forma_run_and_its_workers_at_once_leaving_nothing[SIGINT]",
+    "test_ctrl_c_of_forma_run_with_a_model_is_one_line_and_exit_130",
+    "test_the_dashboard_server_ends_with_forma_dashboard[SIGINT]",
+]
+
+
+def ignoring_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_signal_tests_pass_in_a_suite_started_with_sigint_ignored(tmp_path):
+    """`make test &` (or any runner that starts the suite ignoring SIGINT) passes SIG_IGN on to every process the
+    suite starts: the tests that send SIGINT give their child the default themselves (signals_as_sent)."""
+    probe = [sys.executable, "-c", "import signal; print(signal.getsignal(signal.SIGINT) == signal.SIG_IGN)"]
+    seen = subprocess.run(probe, preexec_fn=ignoring_sigint, capture_output=True, text=True, check=True).stdout
+    assert seen.strip() == "True"  # the premise: a suite started so ignores SIGINT
+    here = Path(__file__).relative_to(REPO).as_posix()
+    suite = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *(f"{here}::{t}" for t in SIGNAL_TESTS)],
+        cwd=REPO,
+        env={k: v for k, v in env().items() if not k.startswith("PYTEST_")} | {"TMPDIR": str(tmp_path)},
+        preexec_fn=ignoring_sigint,
+        capture_output=True,
+        text=True,
+    )
+    assert suite.returncode == 0, suite.stdout[-4000:]
+    assert f"{len(SIGNAL_TESTS)} passed" in suite.stdout, suite.stdout[-4000:]
 
 
 # An empty folder on a read-only mount, and a folder on a full disk, as `--out`: real mounts in a private mount
@@ -396,6 +432,7 @@ def test_make_demo_stopped_by_sigterm_stops_forma_demo_and_the_dashboard(tmp_pat
     make = subprocess.Popen(
         ["make", "-s", "-o", ".venv/.installed", "demo", f"DEMO_ARGS=--only equations --port {port}"],
         cwd=REPO,
+        preexec_fn=signals_as_sent(),
         env=env() | {"FORMA_RUNS_DIR": str(tmp_path / "runs"), "FORMA_ZOO_DIR": str(tmp_path / "zoo")},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

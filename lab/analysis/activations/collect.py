@@ -119,7 +119,8 @@ def _pos_dim(name: str) -> int:
     return QUERY_POS_DIM.get(name.rsplit(".", 1)[-1], 1)
 
 
-def _check_names(model: Any, names: Sequence[str]) -> None:
+def check_names(model: Any, names: Sequence[str]) -> None:
+    """KeyError for a hook name `model` does not have, naming the closest (checked before anything is written)."""
     if hasattr(model, "check_hook_names"):  # HookedTransformer: KeyError naming the closest hooks
         model.check_hook_names(names)
         return
@@ -220,7 +221,7 @@ def _check_arguments(model: Any, names: list[str], batch_size: Any, start: Any) 
     is not a count."""
     if not names or len(set(names)) != len(names):
         raise ValueError(f"hooks must be one or more distinct hook names, got {names!r}")
-    _check_names(model, names)
+    check_names(model, names)
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     if not isinstance(start, int) or start < 0:

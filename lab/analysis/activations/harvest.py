@@ -10,6 +10,9 @@ shard. Once every part is done, rank 0 writes out_dir/index.json over all their 
 `ActivationStore(out_dir)` reads the whole corpus's rows: bit for bit the rows of one process, since neither the
 parts nor their batches depend on the world size (the shard files are the same bytes too).
 
+    out_dir/.forma-folder.json           what Forma writes there (lab.files.claim_folder): a folder holding
+                                         anything else is refused unless overwrite, and that is never removed
+    out_dir/.forma-lock                  the pid of the process writing it (rank 0), while it does
     out_dir/plan.json                    the arguments, written first; a rerun with other ones is refused
     out_dir/part-00000/shard-*.safetensors, index.json   ...   one activation set per part
     out_dir/index.json                   written last: its presence means the harvest is complete
@@ -19,6 +22,7 @@ ranks it has; a part already complete is checked against the corpus (the SHA-256
 index recorded) before it is kept.
 """
 
+import contextlib
 import hashlib
 import json
 import shutil
@@ -30,42 +34,53 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lab.analysis.activations.store import INDEX_FILE, ActivationStore, merge_stores, model_summary, save_activations
-from lab.distributed import PARTS, all_gather_json, claim_parts, parts_bar, plan_parts, rank_world, record_plan
-from lab.files import is_temporary
-from lab.inputs import read_text
+from lab.analysis.activations.collect import check_names
+from lab.analysis.activations.store import (
+    INDEX_FILE,
+    ActivationStore,
+    check_shard_mb,
+    merge_stores,
+    model_summary,
+    save_activations,
+)
+from lab.distributed import (
+    PARTS,
+    PLAN_FILE,
+    all_gather_json,
+    claim_parts,
+    parts_bar,
+    plan_parts,
+    rank_world,
+    record_plan,
+)
+from lab.files import OWNER_FILE, claim_folder, folder_lock, is_owned_temporary, owned
+from lab.inputs import read_text, regular_file
 
 HARVEST_FORMAT = "forma-harvest/1"
 DEFAULT_SEQ_LEN = 128
 
 
 def read_corpus(path: str | Path, model: Any, *, seq_len: int | None = None, tokens: int | None = None) -> np.ndarray:
-    """A corpus file as [n, seq_len] token ids, cut into sequences of `seq_len` tokens (a remainder is dropped):
+    """A corpus file as [n, seq_len] token ids (`split_corpus`, without the count of what is left over)."""
+    return split_corpus(path, model, seq_len=seq_len, tokens=tokens)[0]
+
+
+def split_corpus(
+    path: str | Path, model: Any, *, seq_len: int | None = None, tokens: int | None = None
+) -> tuple[np.ndarray, int]:
+    """A corpus file as [n, seq_len] token ids, cut into sequences of `seq_len` tokens, and the number of tokens
+    left over (fewer than a sequence: a caller says so, nothing is cut silently):
 
         .npy   token ids of any integer dtype, one stream ([tokens]) or sequences ([n, seq_len]); memory-mapped,
                so that nothing is read until a part's rows are
-        .txt   UTF-8 text, encoded whole as one stream by the model's tokenizer (no special tokens added); for a
-               corpus larger than memory, encode it once into a .npy
+        .txt   UTF-8 text, encoded whole as one stream by the model's tokenizer (no special tokens added, never
+               cut to the model's context); for a corpus larger than memory, encode it once into a .npy
 
     seq_len: by default a 2-D array's width, else min(128, the model's n_ctx). tokens: keep only the sequences that
     the first `tokens` tokens fill (at least one); by default every whole sequence."""
     path = Path(path)
+    ids = _corpus_ids(path, model)
     n_ctx = model.cfg.n_ctx
-    if path.suffix == ".npy":
-        try:
-            ids = np.load(path, mmap_mode="r", allow_pickle=False)
-        except (ValueError, OSError) as err:
-            raise ValueError(f"{path}: not a .npy array of token ids ({err})") from err
-        if not np.issubdtype(ids.dtype, np.integer) or ids.ndim not in (1, 2):
-            raise ValueError(
-                f"{path}: token ids must be a 1-D or 2-D integer array, got {ids.dtype} {tuple(ids.shape)}"
-            )
-    elif path.suffix == ".txt":
-        if getattr(model, "tokenizer", None) is None:
-            raise ValueError(f"{path}: the model has no tokenizer to encode text with; give token ids as a .npy")
-        ids = model.to_tokens(read_text(path, what="corpus"), prepend_bos=False)[0].cpu().numpy()
-    else:
-        raise ValueError(f"{path}: a corpus is a .txt (text) or a .npy (token ids) file")
     if ids.ndim == 2:
         if seq_len is not None and seq_len != ids.shape[1]:
             raise ValueError(f"{path} holds sequences of {ids.shape[1]} tokens, not the {seq_len} asked for")
@@ -85,7 +100,30 @@ def read_corpus(path: str | Path, model: Any, *, seq_len: int | None = None, tok
                 else f"{tokens:,} tokens fill {n:,} sequences" + (": ask for at least one" if n < 1 else "")
             )
         )
-    return ids[:n] if ids.ndim == 2 else ids[: n * seq_len].reshape(n, seq_len)
+    used = ids.size if tokens is None else tokens
+    left_over = used - n * seq_len
+    return (ids[:n] if ids.ndim == 2 else ids[: n * seq_len].reshape(n, seq_len)), int(left_over)
+
+
+def _corpus_ids(path: Path, model: Any) -> np.ndarray:
+    """A corpus file's token ids, 1-D or 2-D, checked to be a regular file of integer ids before a byte is read."""
+    if path.suffix == ".npy":
+        regular_file(path, what="corpus")  # a FIFO would block np.load for ever
+        try:
+            ids = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError) as err:
+            raise ValueError(f"{path}: not a .npy array of token ids ({err})") from err
+        if not np.issubdtype(ids.dtype, np.integer) or ids.ndim not in (1, 2):
+            raise ValueError(
+                f"{path}: token ids must be a 1-D or 2-D integer array, got {ids.dtype} {tuple(ids.shape)}"
+            )
+        return ids
+    if path.suffix == ".txt":
+        if getattr(model, "tokenizer", None) is None:
+            raise ValueError(f"{path}: the model has no tokenizer to encode text with; give token ids as a .npy")
+        text = read_text(path, what="corpus")
+        return model.to_tokens(text, prepend_bos=False, truncate=False)[0].cpu().numpy()
+    raise ValueError(f"{path}: a corpus is a .txt (text) or a .npy (token ids) file")
 
 
 def part_tokens(corpus: Tensor | np.ndarray, rows: range) -> Tensor:
@@ -125,19 +163,40 @@ def harvest(
     rank = rank_world()[0]
     out_dir = Path(out_dir)
     names = [hooks] if isinstance(hooks, str) else list(hooks)
-    _check_inputs(corpus, positions)
+    _check_inputs(model, corpus, names, positions, shard_mb)
     ranges = plan_parts(int(corpus.shape[0]), unit=batch_size, most=parts)
     if not ranges:
         raise ValueError("the corpus holds no sequence")
+    entries = [PLAN_FILE, INDEX_FILE, *(part_folder(out_dir, i).name for i in range(len(ranges)))]
+    wrote_before = claim_folder(out_dir, "harvest", entries, overwrite=overwrite)
     if (out_dir / INDEX_FILE).is_file() and not overwrite:
         raise FileExistsError(
             f"{out_dir} already holds a complete harvest ({INDEX_FILE}); overwrite it or choose another folder"
         )
     plan = _plan(model, corpus, names, positions, batch_size, dtype, shard_mb, len(ranges))
-    record_plan(out_dir, plan, overwrite=overwrite, what="harvest")
-    if overwrite and rank == 0:
-        (out_dir / INDEX_FILE).unlink(missing_ok=True)
+    with folder_lock(out_dir, "harvest") if rank == 0 else contextlib.nullcontext():
+        record_plan(out_dir, plan, overwrite=overwrite, what="harvest")
+        if overwrite and rank == 0:
+            (out_dir / INDEX_FILE).unlink(missing_ok=True)
+        return _harvest_parts(model, corpus, names, out_dir, positions, plan, ranges, overwrite, wrote_before, progress)
 
+
+def _harvest_parts(
+    model: Any,
+    corpus: Tensor | np.ndarray,
+    names: list[str],
+    out_dir: Path,
+    positions: str | Sequence[int],
+    plan: dict[str, Any],
+    ranges: list[range],
+    overwrite: bool,
+    wrote_before: set[str],
+    progress: bool,
+) -> ActivationStore | None:
+    """The parts no rank has done, this rank's share of them, then (rank 0) the merged index."""
+    rank = rank_world()[0]
+    dtype = None if plan["dtype"] is None else getattr(torch, plan["dtype"])
+    batch_size, shard_mb = plan["batch_size"], plan["shard_mb"]
     kept, mine = claim_parts(len(ranges), lambda i: not overwrite and (part_folder(out_dir, i) / INDEX_FILE).is_file())
     _check_kept(corpus, out_dir, ranges, kept)
     bar = parts_bar(sum(len(ranges[i]) for i in mine), "seq", "harvest", progress)
@@ -162,13 +221,16 @@ def harvest(
     if rank != 0:
         return None
     store = merge_stores(out_dir, [(part_folder(out_dir, i).name, everything[i]) for i in range(len(ranges))])
-    _tidy(out_dir, len(ranges))
+    _tidy(out_dir, len(ranges), wrote_before | set(owned(out_dir)))
     return store
 
 
-def _check_inputs(corpus: Tensor | np.ndarray, positions: Any) -> None:
-    """TypeError for positions given as a predicate (a rerun cannot compare one); ValueError for a corpus that is
-    not [n, seq_len]."""
+def _check_inputs(model: Any, corpus: Tensor | np.ndarray, names: list[str], positions: Any, shard_mb: float) -> None:
+    """Before anything is written (a plan recorded from a typo would block the corrected rerun): KeyError for a
+    hook the model does not have; TypeError for positions given as a predicate (a rerun cannot compare one);
+    ValueError for a shard size out of range, or a corpus that is not [n, seq_len]."""
+    check_names(model, names)
+    check_shard_mb(shard_mb)
     if callable(positions):
         raise TypeError('a harvest takes positions "all", "last" or a list of indices, not a predicate')
     if corpus.ndim != 2:
@@ -215,11 +277,12 @@ def _check_kept(corpus: Tensor | np.ndarray, out_dir: Path, ranges: list[range],
             )
 
 
-def _tidy(out_dir: Path, n_parts: int) -> None:
-    """Remove an earlier plan's parts (only after overwrite), and killed writes' temporaries."""
+def _tidy(out_dir: Path, n_parts: int, wrote: set[str]) -> None:
+    """Remove an earlier plan's parts (only after overwrite), and killed writes' temporaries: only what the folder's
+    manifest lists as Forma's (`wrote`), never a file of the user's, whatever its name."""
     planned = {part_folder(out_dir, i).name for i in range(n_parts)}
     for path in out_dir.iterdir():
-        if path.is_dir() and path.name.startswith("part-") and path.name not in planned:
+        if path.is_dir() and not path.is_symlink() and path.name in wrote - planned - {PLAN_FILE, INDEX_FILE}:
             shutil.rmtree(path)
-        elif path.is_file() and is_temporary(path):
+        elif path.is_file() and is_owned_temporary(path, wrote | {OWNER_FILE}):
             path.unlink()

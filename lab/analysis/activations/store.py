@@ -17,7 +17,6 @@ naming the file that is wrong."""
 
 import hashlib
 import json
-import math
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -46,7 +45,7 @@ from lab.analysis.activations.verify import (
     verify_checksum,
 )
 from lab.distributed import all_gather_json, rank_world, share
-from lab.files import atomic_write, atomic_write_text, is_temporary
+from lab.files import atomic_write, atomic_write_text, is_temporary, tensors_bytes
 from lab.freed_memory import release_freed_memory
 from lab.inputs import InputError, read_json_object, regular_file
 
@@ -112,6 +111,18 @@ def save_activations(
     return ActivationStore(out_dir)
 
 
+MAX_SHARD_MB = 4096.0  # a shard's buffer is held in memory while it fills, and a reader maps a shard whole
+
+
+def check_shard_mb(shard_mb: Any) -> None:
+    """ValueError for a shard size that is not a positive number of at most MAX_SHARD_MB megabytes."""
+    if not (isinstance(shard_mb, (int, float)) and 0 < shard_mb <= MAX_SHARD_MB):
+        raise ValueError(
+            f"the shard size must be a number of MB > 0 and at most {MAX_SHARD_MB:,.0f} (a shard is held in memory "
+            f"while it fills), got {shard_mb!r}"
+        )
+
+
 def _arguments(
     model: Any,
     names: list[str],
@@ -125,8 +136,7 @@ def _arguments(
 ) -> dict[str, Any]:
     """The harvest's arguments as progress.json records them (a resumed harvest must have the same); ValueError
     for a shard size that is not a positive number."""
-    if not (isinstance(shard_mb, (int, float)) and shard_mb > 0 and math.isfinite(shard_mb)):
-        raise ValueError(f"shard_mb must be a positive number, got {shard_mb!r}")
+    check_shard_mb(shard_mb)
     return json.loads(
         json.dumps(
             {
@@ -337,7 +347,9 @@ class _ShardWriter:
         file = f"shard-{len(self.shards):05d}.safetensors"
         tensors = {name: t.contiguous() for name, t in tensors.items()}
         atomic_write(
-            self.directory / file, lambda path: save_file(tensors, str(path), metadata={"format": INDEX_FORMAT})
+            self.directory / file,
+            lambda path: save_file(tensors, str(path), metadata={"format": INDEX_FORMAT}),
+            tensors_bytes(tensors),
         )
         self.shards.append(
             {

@@ -11,7 +11,7 @@ import torch
 
 from lab import HookedTransformer
 from lab.analysis.activations import ActivationStore, save_activations
-from lab.analysis.activations.harvest import harvest, read_corpus
+from lab.analysis.activations.harvest import harvest, read_corpus, split_corpus
 from lab.data.tokenizers import word_level
 from tests.builders import VOCAB, tiny_config
 
@@ -64,6 +64,22 @@ def test_a_corpus_file_is_read_as_sequences_of_token_ids(tmp_path, model):
     np.save(tmp_path / "floats.npy", np.zeros(10))
     with pytest.raises(ValueError, match="integer array"):
         read_corpus(tmp_path / "floats.npy", model)
+
+
+def test_a_text_corpus_is_split_whole_and_what_is_left_over_is_counted(tmp_path):
+    """A text longer than the model's context is encoded whole (never cut to n_ctx, as to_tokens cuts a prompt),
+    split into sequences of seq_len, and the tokens that fill no sequence are counted for the caller to report."""
+    tokenizer = word_level(["a", "b", "c"])
+    worded = HookedTransformer(tiny_config(n_ctx=16, d_vocab=tokenizer.get_vocab_size()), tokenizer=tokenizer)
+    (tmp_path / "text.txt").write_text("a b c " * 30)  # 90 tokens, over five contexts
+    ids, left_over = split_corpus(tmp_path / "text.txt", worded)
+    assert ids.shape == (5, 16) and left_over == 10
+    assert ids.reshape(-1).tolist() == ([4, 5, 6] * 30)[:80]
+    assert split_corpus(tmp_path / "text.txt", worded, seq_len=7, tokens=50)[0].shape == (7, 7)
+    assert split_corpus(tmp_path / "text.txt", worded, seq_len=7, tokens=50)[1] == 1
+    assert split_corpus(tmp_path / "text.txt", worded, seq_len=9)[1] == 0
+    with pytest.raises(ValueError, match=re.escape("holds 90 tokens (5 sequences of 16); 200 tokens fill 12")):
+        split_corpus(tmp_path / "text.txt", worded, tokens=200)
 
 
 def test_a_harvest_in_parts_holds_the_rows_of_one_harvest_bit_for_bit(tmp_path, model, corpus):

@@ -82,6 +82,7 @@ def test_pairs_read_alike_from_csv_and_from_jsonl_of_text_or_ids(tmp_path, model
 
 def test_a_bad_dataset_is_refused_with_its_line_named(tmp_path, model):
     good = ioi_rows(2)
+    long_pair = good[0] | {"clean": "When " * 3 + good[0]["clean"], "corrupted": "When " * 3 + good[0]["corrupted"]}
     cases = {
         "no-column.csv": (
             lambda p: write_csv(p, good, fields=("clean", "corrupted", "answer")),
@@ -108,6 +109,18 @@ def test_a_bad_dataset_is_refused_with_its_line_named(tmp_path, model):
             "key.jsonl:1: no 'corrupted' (a pair has the keys clean, corrupted, answer, wrong)",
         ),
         "empty.csv": (lambda p: write_csv(p, []), "holds no prompt pair"),
+        "long.jsonl": (  # 17 tokens in a context of 16: cut, clean and corrupted would be one prompt
+            lambda p: p.write_text(json.dumps(good[0]) + "\n" + json.dumps(long_pair) + "\n"),
+            "long.jsonl:2: the clean prompt is 17 tokens, more than the model's context n_ctx = 16",
+        ),
+        "ids.jsonl": (
+            lambda p: p.write_text(json.dumps(good[0] | {"corrupted": [1] * 40}) + "\n"),
+            "ids.jsonl:1: the corrupted prompt is 40 tokens, more than the model's context n_ctx = 16",
+        ),
+        "cell.csv": (
+            lambda p: write_csv(p, [good[0], good[1] | {"clean": "Mary " * 30_000}]),
+            "cell.csv, line 3: a cell is longer than the 131,072 characters the csv module reads",
+        ),
         "pairs.tsv": (lambda p: p.write_text(""), "a .csv or a .jsonl file"),
     }
     for name, (write, message) in cases.items():
