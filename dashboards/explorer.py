@@ -39,7 +39,9 @@ DEFAULT_PROMPTS = {
     "pydoc": "Return the number of items in the list.",
     "markov": "1 2 3 4 5 6 7 8",
     "dates": "the third of march two thousand and five",
+    "smollm2": "The capital of France is Paris. The capital of Italy is",
 }
+FIRST_CHOICE = ("smollm2", "pydoc")  # the model the page opens on: the real one when it is built
 TEXT_PROMPT = "The quick brown fox jumps over the lazy dog."  # a model with a tokenizer and no prompt of its own
 ID_PROMPT = "1 2 3 4 5 6 7 8"  # a model without a tokenizer reads token ids
 
@@ -47,9 +49,9 @@ ID_PROMPT = "1 2 3 4 5 6 7 8"  # a model without a tokenizer reads token ids
 def choose_model() -> str:
     names = zoo_names()
     options = names + ["local folder…"]
-    choice = st.sidebar.selectbox(
-        "Model", options, index=options.index("pydoc") if "pydoc" in options else 0, key="model_choice"
-    )
+    first = next((name for name in FIRST_CHOICE if name in names and is_trained(name)), None)  # a real model first
+    index = options.index(first) if first else 0
+    choice = st.sidebar.selectbox("Model", options, index=index, key="model_choice")
     if choice == "local folder…":
         return st.sidebar.text_input(
             "Folder (a Forma model, or a Hugging Face save_pretrained folder)",

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import plotly.express as px
 import plotly.graph_objects as go
 import streamlit as st
@@ -123,12 +124,12 @@ def pattern_figure(
 
 def show_attention(model, tokens, labels) -> None:
     """One head's pattern (query × key, the tokens named), beside every head's pattern at a glance, the chosen
-    one outlined."""
+    one outlined: a grid of small patterns up to OVERVIEW_MOST heads, beyond that (a real model's 270) every
+    head's pattern tiled into one picture, layer by row and head by column, each tile named on hover."""
     layer = pick("Layer", model.cfg.n_layers, 0, key="attn_layer")
     head = pick("Head", model.cfg.n_heads, 0, key="attn_head")
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
-    layers = list(range(n_layers)) if n_layers * n_heads <= OVERVIEW_MOST else [layer]
-    hooks = [f"blocks.{l}.attn.hook_pattern" for l in layers]
+    hooks = [f"blocks.{l}.attn.hook_pattern" for l in range(n_layers)]
     with torch.inference_mode():
         _, cache = model.run_with_cache(tokens, names_filter=hooks)
     one, every = st.columns([3, 2])
@@ -138,15 +139,62 @@ def show_attention(model, tokens, labels) -> None:
         fig = pattern_figure(pattern, labels, labels, title, xaxis_title="key", yaxis_title="query")
         draw(fig, "attention", title_chars=55)
     with every:
-        fig = _every_head_figure(cache, layers, n_heads, chosen=(layer, head))
-        fig.update_layout(
-            title=(
-                "Every head, query × key (the chosen one outlined)"
-                if len(layers) == n_layers
-                else f"Every head of layer {layer} (the chosen one outlined)"
-            )
-        )
+        if n_layers * n_heads <= OVERVIEW_MOST:
+            fig = _every_head_figure(cache, list(range(n_layers)), n_heads, chosen=(layer, head))
+            fig.update_layout(title="Every head, query × key (the chosen one outlined)")
+        else:
+            fig = tiled_heads_figure(cache, n_layers, n_heads, chosen=(layer, head))
+            fig.update_layout(title=f"All {n_layers * n_heads} heads: a row per layer, a column per head")
         draw(fig, "attention_heads", title_chars=40)
+
+
+def tiled_heads_figure(cache, n_layers: int, n_heads: int, chosen: tuple[int, int]) -> go.Figure:
+    """Every head's pattern in one heatmap: tile (layer, head) holds that head's query × key pattern, tiles
+    parted by a blank row and column; hovering names the layer, head, query and key. One trace, so hundreds of
+    heads draw at once."""
+    patterns = torch.stack([cache[f"blocks.{l}.attn.hook_pattern"][0] for l in range(n_layers)]).numpy()
+    pos = patterns.shape[-1]
+    step = pos + 1  # a tile and its blank separator
+    z = np.full((n_layers * step, n_heads * step), np.nan, dtype=np.float32)
+    where = np.full(z.shape + (4,), -1, dtype=np.int64)
+    query, key = np.meshgrid(np.arange(pos), np.arange(pos), indexing="ij")
+    for l in range(n_layers):
+        for h in range(n_heads):
+            rows, cols = slice(l * step, l * step + pos), slice(h * step, h * step + pos)
+            z[rows, cols] = patterns[l, h]
+            where[rows, cols] = np.stack([np.full_like(query, l), np.full_like(query, h), query, key], axis=-1)
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            customdata=where,
+            colorscale="Blues",
+            zmin=0,
+            zmax=1,
+            showscale=False,
+            hoverongaps=False,
+            hovertemplate="layer %{customdata[0]} head %{customdata[1]}<br>query %{customdata[2]} · key "
+            "%{customdata[3]}<br>weight %{z:.3f}<extra></extra>",
+        )
+    )
+    l, h = chosen
+    fig.add_shape(
+        type="rect",
+        x0=h * step - 0.5,
+        x1=h * step + pos - 0.5,
+        y0=l * step - 0.5,
+        y1=l * step + pos - 0.5,
+        line=dict(color="red", width=2),
+    )
+    fig.update_xaxes(
+        tickvals=[h * step + (pos - 1) / 2 for h in range(n_heads)], ticktext=[f"H{h}" for h in range(n_heads)]
+    )
+    fig.update_yaxes(
+        autorange="reversed",
+        tickvals=[l * step + (pos - 1) / 2 for l in range(n_layers)],
+        ticktext=[f"L{l}" for l in range(n_layers)],
+    )
+    fig.update_layout(height=max(400, min(2400, 28 * n_layers + 4 * n_layers * pos)))
+    return fig
 
 
 def _every_head_figure(cache, layers: list[int], n_heads: int, chosen: tuple[int, int]) -> go.Figure:

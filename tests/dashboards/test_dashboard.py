@@ -707,3 +707,26 @@ def test_explorer_lens_selector_and_input_attribution_show_the_library_numbers(e
     expected = [v[0] / v[0].abs().max() for v in scores.values()] + [resample_effects(model, tokens)[0]]
     expected[-1] = expected[-1] / expected[-1].abs().max()
     assert np.allclose(rows, torch.stack(expected).numpy(), atol=1e-5)
+
+
+def test_every_head_of_a_many_headed_model_is_one_tiled_picture_each_tile_its_pattern():
+    """Past OVERVIEW_MOST heads (a real model's 270) the overview tiles every head's pattern into one heatmap:
+    tile (layer, head) is that head's query × key pattern, and its hover names the layer, head, query and key."""
+    import numpy as np
+    import torch
+
+    from dashboards.explorer_tabs import OVERVIEW_MOST, tiled_heads_figure
+
+    cfg = ModelConfig(d_vocab=20, d_model=36, n_layers=9, n_heads=9, n_ctx=8)
+    assert cfg.n_layers * cfg.n_heads > OVERVIEW_MOST
+    model = HookedTransformer(cfg, seed=0).eval()
+    tokens = torch.arange(3, 8)[None]
+    _, cache = model.run_with_cache(tokens)
+    fig = tiled_heads_figure(cache, cfg.n_layers, cfg.n_heads, chosen=(4, 7))
+    assert len(fig.data) == 1
+    z, where, pos = np.array(fig.data[0].z, dtype=float), np.array(fig.data[0].customdata), tokens.shape[1]
+    for layer, head in [(0, 0), (4, 7), (8, 8)]:
+        tile = z[layer * (pos + 1) : layer * (pos + 1) + pos, head * (pos + 1) : head * (pos + 1) + pos]
+        assert np.allclose(tile, cache[f"blocks.{layer}.attn.hook_pattern"][0, head].numpy())
+        assert tuple(where[layer * (pos + 1) + 2, head * (pos + 1) + 1]) == (layer, head, 2, 1)
+    assert np.isnan(z[pos, :]).all()  # the blank row between layers 0 and 1
