@@ -34,6 +34,8 @@ def zoo_row(entry: ZooEntry) -> dict[str, Any]:
         state = f"no: {place.short()}"
     elif not entry.trained:
         state = f"no: run `forma build {entry.name}`"
+    elif card.get("kind") == "pretrained":
+        state = "yes (pretrained, made from its file)"
     else:
         state = "yes (quick recipe)" if card.get("quick") else "yes"
     return (

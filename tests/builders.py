@@ -344,7 +344,7 @@ def zoo_with_transcoders(root: Path) -> Path:
     from lab.analysis.transcoders.measures import top_contexts
 
     zoo_copy = root / "models"
-    for name in zoo.zoo_names(zoo.TRAINED):
+    for name in zoo.zoo_names():
         (zoo_copy / name).mkdir(parents=True)
         shutil.copy(zoo.DEFAULT_ZOO_DIR / name / "model.toml", zoo_copy / name / "model.toml")
     tokenizer = word_level(PYDOC_WORDS)

@@ -261,7 +261,7 @@ def empty(tmp_path, monkeypatch):
     """No runs and no trained model: a fresh clone (the dashboard's tests)."""
     (tmp_path / "runs").mkdir()
     zoo_copy = tmp_path / "models"
-    for name in zoo.zoo_names(zoo.TRAINED):
+    for name in zoo.zoo_names():
         (zoo_copy / name).mkdir(parents=True)
         shutil.copy(zoo.DEFAULT_ZOO_DIR / name / "model.toml", zoo_copy / name / "model.toml")
     monkeypatch.setenv("FORMA_RUNS_DIR", str(tmp_path / "runs"))

@@ -106,6 +106,7 @@ def import_model(name: str, dtype: str = "float32", out: Path | None = None) -> 
         card = {
             "name": name,
             "kind": "pretrained",
+            "quick": False,  # a file has one profile: documents may cite this card
             "source": source,
             "dtype": dtype,
             "build_s": build_s,

@@ -39,7 +39,7 @@ def private_zoo(root: Path) -> Path:
     from lab.data.stdlib_corpus import train_bpe
 
     zoo_copy = root / "models"
-    for name in zoo.zoo_names(zoo.TRAINED):
+    for name in zoo.zoo_names():
         (zoo_copy / name).mkdir(parents=True)
         shutil.copy(zoo.DEFAULT_ZOO_DIR / name / "model.toml", zoo_copy / name / "model.toml")
     tokenizer = train_bpe("Return the number of items in the list.\n\n\nReturn the list of items.", vocab_size=300)
@@ -547,7 +547,7 @@ def test_the_demo_serves_first_then_each_page_shows_its_jobs_progress_and_fills_
     import sys
 
     zoo_copy, runs = tmp_path / "models", tmp_path / "runs"
-    for name in zoo.zoo_names(zoo.TRAINED):  # recipes only: --only equations trains nothing
+    for name in zoo.zoo_names():  # recipes only: --only equations trains nothing
         (zoo_copy / name).mkdir(parents=True)
         shutil.copy(zoo.DEFAULT_ZOO_DIR / name / "model.toml", zoo_copy / name / "model.toml")
     env = os.environ | {"FORMA_ZOO_DIR": str(zoo_copy), "FORMA_RUNS_DIR": str(runs)}

@@ -44,7 +44,7 @@ def test_demo_fills_in_missing_runs_and_shows_generations(tmp_path, monkeypatch,
     import lab.zoo as zoo
     from lab.data.tokenizers import word_level
 
-    for name in zoo.zoo_names(zoo.TRAINED):
+    for name in zoo.zoo_names():
         (tmp_path / "models" / name).mkdir(parents=True)
         shutil.copy(zoo.DEFAULT_ZOO_DIR / name / "model.toml", tmp_path / "models" / name / "model.toml")
         tokenizer = word_level(["Return", "the", "This", "module", "provides", "If", "file"])

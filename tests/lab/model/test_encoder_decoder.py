@@ -300,7 +300,7 @@ def test_held_out_days_never_occur_in_training():
 
 @pytest.mark.slow
 def test_quick_dates_recipe_learns_to_translate_unseen_days(tmp_path, monkeypatch, one_thread):
-    for name in zoo.zoo_names(zoo.TRAINED):  # a private zoo: building never touches models/
+    for name in zoo.zoo_names():  # a private zoo: building never touches models/
         (tmp_path / name).mkdir()
         shutil.copy(zoo.DEFAULT_ZOO_DIR / name / "model.toml", tmp_path / name / "model.toml")
     monkeypatch.setenv("FORMA_ZOO_DIR", str(tmp_path))
@@ -377,7 +377,7 @@ def test_the_training_loop_trains_and_resumes_an_encoder_decoder_to_the_bit(tmp_
 def test_explorer_shows_cross_attention_for_an_encoder_decoder(tmp_path, monkeypatch):
     from streamlit.testing.v1 import AppTest
 
-    for name in zoo.zoo_names(zoo.TRAINED):
+    for name in zoo.zoo_names():
         (tmp_path / name).mkdir()
         shutil.copy(zoo.DEFAULT_ZOO_DIR / name / "model.toml", tmp_path / name / "model.toml")
     world = dates_world(20, 5)
