@@ -70,7 +70,7 @@ test: $(STAMP) $(INSEQ_STAMP) lint test-sae test-ct
 # The inner loop (docs/testing.md): the suite without the slow tests, the browser's and those that start
 # processes or wait for the quick runs (tests/conftest.py marks them `processes`), on two pytest-xdist workers.
 test-fast: $(STAMP)
-	$(OFFLINE) $(BIN)/python -m pytest -q -n 2 -m "not slow and not browser and not processes" --durations=10
+	$(OFFLINE) $(BIN)/python -m pytest -q -n 2 -m "not slow and not browser and not processes and not real" --durations=10
 
 # SAELens' trainer on a Forma hook (tests/sae), TransformerLens's own tests on Forma and on transformer-lens 3.9's
 # HookedTransformer (tests/transformer_lens, which writes docs/measured/transformer_lens.json), and the model's own

@@ -22,7 +22,8 @@ from lab.folders import CARD_FILE, RECIPE_FILE, SOURCE_TABLE, check_zoo_name, zo
 from lab.hf.gguf import sha256_of, write_hf_folder
 from lab.inputs import read_text
 from lab.runs import provenance, write_json
-from lab.zoo.builds import BUILD_FORMAT, only_build, publish_build, start_build
+from lab.train import discard_tree
+from lab.zoo.builds import BUILD_FORMAT, NEXT_LINK, only_build, publish_build, start_build
 from lab.zoo.cards import machine_state
 
 SOURCE_KEYS = {
@@ -100,7 +101,12 @@ def import_model(name: str, dtype: str = "float32", out: Path | None = None) -> 
     with only_build(directory, name):
         staging = start_build(directory, record)
         start = time.perf_counter()
-        config = write_hf_folder(path, staging, DTYPES[dtype])
+        try:
+            config = write_hf_folder(path, staging, DTYPES[dtype])
+        except BaseException:  # nothing to resume from a file: what was begun goes
+            (directory / NEXT_LINK).unlink(missing_ok=True)
+            discard_tree(staging)
+            raise
         build_s = time.perf_counter() - start
         files = [p for p in staging.iterdir() if p.is_file()]
         card = {
