@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.builders import DOCS, blocks, run_bash
+from tests.builders import DOCS, blocks, run_bash, smollm2_folder
 
 PAGES = sorted(DOCS.glob("*.md"))
 REQUIRED = [
@@ -81,8 +81,15 @@ def test_a_cited_test_that_does_not_exist_is_caught():
     assert not re.search(r"^def no_such_test\(", (DOCS.parent / "tests/test_docs.py").read_text(), re.M)
 
 
-@pytest.mark.parametrize("page", PAGES, ids=[p.stem for p in PAGES])
+# docs/real-model.md's examples read the zoo's real model, built once per checkout (tests/real/)
+REAL_PAGES = ("real-model",)
+PAGE_RUNS = [pytest.param(p, marks=pytest.mark.real) if p.stem in REAL_PAGES else p for p in PAGES]
+
+
+@pytest.mark.parametrize("page", PAGE_RUNS, ids=[p.stem for p in PAGES])
 def test_page_examples_run(page, tmp_path, monkeypatch, request):
+    if page.stem in REAL_PAGES:
+        smollm2_folder()
     monkeypatch.chdir(tmp_path)
     namespace = {"__name__": f"docs_{page.stem.replace('-', '_')}"}
     for language, code, line in blocks(page):
