@@ -206,17 +206,29 @@ def goal_of(name: str) -> str | None:
 
 
 def ratios_of(out: dict[str, Any]) -> dict[str, float]:
-    forward = {
+    """Every ratio of the sections measured so far (a stopped run has some of them)."""
+    ratios = {
         f"forward_{key}_vs_hf_{attention}": row[f"ratio_vs_hf_{attention}"]
-        for key, row in out["forward"].items()
+        for key, row in out.get("forward", {}).items()
         for attention in ("sdpa", "eager")
     }
-    return forward | {
-        "cache_all_vs_bridge": out["run_with_cache"]["cache_all_vs_bridge"],
-        "generate_vs_hf": out["generate"]["ratio_vs_hf"],
-        "load_vs_hf": out["load"]["ratio_vs_hf"],
-        "load_s": out["load"]["load_s"],
-    }
+    if "run_with_cache" in out:
+        ratios["cache_all_vs_bridge"] = out["run_with_cache"]["cache_all_vs_bridge"]
+    if "generate" in out:
+        ratios["generate_vs_hf"] = out["generate"]["ratio_vs_hf"]
+    if "load" in out:
+        ratios |= {"load_vs_hf": out["load"]["ratio_vs_hf"], "load_s": out["load"]["load_s"]}
+    return ratios
+
+
+def judge(out: dict[str, Any], calls: dict[str, dict[str, Callable[[], object]]]) -> None:
+    """The ratios so far, each goal met or not, and a profile of each goal newly missed (`calls`: its contenders)."""
+    out["ratios"] = ratios_of(out)
+    out["meets_target"] = {name: out["ratios"][name] <= GOALS[goal_of(name)] for name in out["ratios"] if goal_of(name)}
+    missed = [name for name, met in out["meets_target"].items() if not met and name not in out["profile"]]
+    if missed:
+        print(f"  profile of {', '.join(missed)}", flush=True)
+        out["profile"] |= profiles(missed, calls)
 
 
 def profiles(missed: list[str], calls: dict[str, dict[str, Callable[[], object]]]) -> dict[str, Any]:
@@ -238,40 +250,39 @@ def profiles(missed: list[str], calls: dict[str, dict[str, Callable[[], object]]
     return out
 
 
-def measure(folder: Path, sizes: dict[str, Any], rounds: int, warmup: int, out: dict[str, Any], save) -> dict:
-    """Every section into `out`, saving after each (a stopped run keeps what it measured); returns, per goal, the
-    calls its profile would time."""
+def measure(folder: Path, sizes: dict[str, Any], rounds: int, warmup: int, out: dict[str, Any], save) -> None:
+    """Every section into `out`, the longest last, each judged (and profiled where it misses its goal) and saved as
+    soon as it is measured: a stopped run keeps what it measured."""
     from lab.load import load_model
 
+    def done(section: str, calls: dict[str, dict[str, Callable[[], object]]]) -> None:
+        judge(out, calls)
+        save()
+        print(f"  {section} done", flush=True)
+
     out["load"] = bench_load(folder, rounds, warmup)
-    save()
+    done("load", {"load_s": {"forma_load_model": lambda: load_model(folder)}})
     ours, sdpa, eager = load_model(folder), hf_of(folder, "sdpa"), hf_of(folder, "eager")
     ids = torch.Generator().manual_seed(1)
     inputs = {f"{b}x{t}": torch.randint(0, ours.cfg.d_vocab, (b, t), generator=ids) for b, t in sizes["forward_shapes"]}
     out["forward"] = {}
-    for key, x in inputs.items():
-        print(f"  forward {key}", flush=True)
+
+    def forward(key: str, x: torch.Tensor) -> None:
         out["forward"][key] = bench_forward(ours, sdpa, eager, x, rounds, warmup)
-        save()
-    del eager
-    print("  run_with_cache", flush=True)
+        done(f"forward {key}", {f"forward_{key}_vs_hf_sdpa": {"forma": lambda: ours(x), "hf_sdpa": lambda: sdpa(x)}})
+
+    first, *rest = inputs.items()
+    forward(*first)
     bridge = bridge_of(folder)
     x = torch.randint(0, ours.cfg.d_vocab, (1, sizes["cache_tokens"]), generator=ids)
     out["run_with_cache"] = bench_cache(ours, bridge, x, rounds, warmup)
-    save()
-    print("  generate", flush=True)
+    cache_calls = {"forma": lambda: ours.run_with_cache(x), "bridge": lambda: bridge.run_with_cache(x)}
+    done("run_with_cache", {"cache_all_vs_bridge": cache_calls})
     prompt = torch.tensor([hf_tokenizer(folder)(PROMPT, add_special_tokens=False).input_ids])
     out["generate"] = bench_generate(ours, sdpa, prompt, sizes["new_tokens"], rounds, warmup)
-    save()
-    calls = {
-        f"forward_{key}_vs_hf_sdpa": {"forma": lambda x=x: ours(x), "hf_sdpa": lambda x=x: sdpa(x)}
-        for key, x in inputs.items()
-    }
-    return calls | {
-        "cache_all_vs_bridge": {"forma": lambda: ours.run_with_cache(x), "bridge": lambda: bridge.run_with_cache(x)},
-        "generate_vs_hf": generate_calls(ours, sdpa, prompt, sizes["new_tokens"]),
-        "load_s": {"forma_load_model": lambda: load_model(folder)},
-    }
+    done("generate", {"generate_vs_hf": generate_calls(ours, sdpa, prompt, sizes["new_tokens"])})
+    for key, x_large in rest:  # the larger forward shapes last: the longest measurement
+        forward(key, x_large)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -293,6 +304,9 @@ def main(argv: list[str] | None = None) -> None:
         if args.quick
         else {"forward_shapes": FORWARD_SHAPES, "cache_tokens": CACHE_TOKENS, "new_tokens": NEW_TOKENS}
     )
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # its "Loading weights" bar on every from_pretrained, not ours
     start = time.perf_counter()
     torch.manual_seed(0)
     out: dict[str, Any] = {
@@ -305,6 +319,7 @@ def main(argv: list[str] | None = None) -> None:
         "goals": GOALS,
         "peak_memory_method": PEAK_METHODS["cpu"],
         "machine": machine(),
+        "profile": {},
     }
 
     def save() -> Path:
@@ -312,12 +327,7 @@ def main(argv: list[str] | None = None) -> None:
         out["load_average_at_end"] = list(os.getloadavg())
         return write("real_model", out)
 
-    calls = measure(folder, sizes, args.rounds, args.warmup, out, save)
-    out["ratios"] = ratios_of(out)
-    out["meets_target"] = {name: out["ratios"][name] <= GOALS[goal_of(name)] for name in out["ratios"] if goal_of(name)}
-    missed = [name for name, met in out["meets_target"].items() if not met]
-    print(f"  profile of {', '.join(missed) or 'nothing (every goal met)'}", flush=True)
-    out["profile"] = profiles(missed, calls)
+    measure(folder, sizes, args.rounds, args.warmup, out, save)
     out["complete"] = True
     path = save()
     for name, value in out["ratios"].items():
