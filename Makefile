@@ -83,12 +83,15 @@ test-sae: $(SAE_STAMP)
 test-ct: $(CT_STAMP)
 	$(OFFLINE) FORMA_CT_PYTHON=$(CT_VENV)/bin/python $(BIN)/python -m pytest -q tests/ct
 
-# Peers first (minutes; the harvest against SAELens runs in the SAE environment), then what a user waits for
-# (about an hour: a fresh clone's install, `make demo`, every experiment's profiles); then the dashboard's
-# response times over this checkout's models and runs, the monitor's overhead, what training's thread-invariant
-# kernels cost, the command line's start and how soon `forma demo` serves and shows progress.
+# Peers first (minutes; the real model smollm2 among them, built first where this clone has not built it; the
+# harvest against SAELens runs in the SAE environment), then what a user waits for (about an hour: a fresh clone's
+# install, `make demo`, every experiment's profiles); then the dashboard's response times over this checkout's models
+# and runs, the monitor's overhead, what training's thread-invariant kernels cost, the command line's start and how
+# soon `forma demo` serves and shows progress.
 bench: $(STAMP) $(SAE_STAMP) $(CT_STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.forward
+	test -f models/smollm2/model.safetensors || $(OFFLINE) $(BIN)/python -m lab.cli build smollm2
+	$(OFFLINE) $(BIN)/python -m benchmarks.real_model
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.peers
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.real_sizes
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.patching

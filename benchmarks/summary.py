@@ -76,6 +76,112 @@ def forward_lines(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def real_model_lines(r: dict[str, Any]) -> list[str]:
+    """real_model.json's section: Forma on the real model (smollm2) against transformers and the bridge, each row
+    Forma's median, the peer's, their ratio, the goal and the peak resident memory of one call of each; then where
+    the time of each missed goal goes (its profile's top entries)."""
+    m, goals = r["machine"], r["goals"]
+    lines = [
+        f"## The real model, {r['model']} (benchmarks/real_model.py{', --quick' if r.get('quick') else ''})",
+        "",
+        f"{m['utc']} · torch {m['torch']} · {m['threads']} threads · load average "
+        f"{m['load_average_1_5_15'][0]:.2f} at the start, {r['load_average_at_end'][0]:.2f} at the end · medians of "
+        f"{r['rounds']} interleaved rounds after {r['warmup']} warm-up"
+        + ("" if r["complete"] else " · stopped part-way: what it measured"),
+        "",
+        "| measure | Forma s | peer s | ratio | goal | peak MB Forma / peer |",
+        "|---|---|---|---|---|---|",
+    ]
+    rows = [("load", "load", "forma_load_model", "hf_from_pretrained", "from_pretrained", "ratio_vs_hf", "load_s")]
+    rows.append(
+        (
+            "load",
+            "load",
+            "forma_load_model",
+            "hf_from_pretrained_and_tokenizer",
+            "from_pretrained + tokenizer",
+            "ratio_vs_hf_and_tokenizer",
+            None,
+        )
+    )
+    for key in r.get("forward", {}):
+        rows += [
+            (f"forward {key}", ("forward", key), "forma", "hf_sdpa", "sdpa", "ratio_vs_hf_sdpa", "forward_vs_hf_sdpa"),
+            (f"forward {key}", ("forward", key), "forma", "hf_eager", "eager", "ratio_vs_hf_eager", None),
+        ]
+    rows += [
+        (
+            "run_with_cache(all)",
+            "run_with_cache",
+            "forma_cache_all",
+            "bridge_cache_all",
+            "bridge",
+            "cache_all_vs_bridge",
+            "cache_all_vs_bridge",
+        ),
+        (
+            "its floor: Forma's forward, nothing cached",
+            "run_with_cache",
+            "forma_forward",
+            "bridge_cache_all",
+            "bridge cache(all)",
+            "forward_vs_bridge_cache_all",
+            None,
+        ),
+        (
+            "generate (greedy, KV cache)",
+            "generate",
+            "forma_generate",
+            "hf_generate",
+            "HF generate",
+            "ratio_vs_hf",
+            "generate_vs_hf",
+        ),
+    ]
+    for measure, where, ours, theirs, peer, ratio_key, goal in rows:
+        part = r[where[0]][where[1]] if isinstance(where, tuple) else r.get(where)
+        if part is None:
+            continue
+        t, memory = part["timing"], part["peak_memory_bytes"]
+        mb = " / ".join("—" if memory[k] is None else f"{memory[k] / 2**20:.0f}" for k in (ours, theirs))
+        target = "—" if goal is None else f"≤ {goals[goal]} s (Forma)" if goal == "load_s" else f"≤ {goals[goal]}×"
+        lines.append(
+            f"| {measure} | {t[ours]['median_s']:.3f} | {t[theirs]['median_s']:.3f} ({peer}) | "
+            f"{part[ratio_key]:.3f}× | {target} | {mb} |"
+        )
+    return lines + _real_model_notes(r)
+
+
+def _real_model_notes(r: dict[str, Any]) -> list[str]:
+    """Under the table: what the caches held, whether the greedy tokens agree, and each missed goal's profile."""
+    lines = [""]
+    if "run_with_cache" in r:
+        held = r["run_with_cache"]["cache_all"]
+        lines.append(
+            "Caches (every hook, "
+            f"{r['run_with_cache']['batch']} × {r['run_with_cache']['tokens']} tokens): "
+            + ", ".join(f"{who} {h['hooks']} hooks, {h['bytes'] / 2**20:.0f} MB" for who, h in held.items())
+            + "."
+        )
+    if "generate" in r:
+        g = r["generate"]
+        lines.append(
+            f"Generate: {g['new_tokens']} new tokens after a {g['prompt_tokens']}-token prompt; "
+            + ", ".join(f"{k} {v:.1f} tokens/s" for k, v in g["tokens_per_s"].items())
+            + f"; the same tokens as transformers: {g['same_tokens_as_hf']}."
+        )
+    for goal, profile in (r.get("profile") or {}).items():
+        forma = next(v for k, v in profile.items() if k.startswith("forma"))
+        top = forma.get("own_s") or {k: v for k, v in forma.items() if k != "total"}  # cProfile's, or torch's ops
+        unit = "s" if "own_s" in forma else "ms"
+        lines.append(
+            f"Goal missed, {goal}: Forma's time goes to "
+            + ", ".join(f"{name} {value:.3g} {unit}" for name, value in list(top.items())[:4])
+            + " (top entries; the whole profile is in the file)."
+        )
+    return lines
+
+
 def walltime_lines(results: dict[str, Any]) -> list[str]:
     lines = [
         "## Wall time (one run each, fresh clone, idle machine)",
@@ -445,6 +551,7 @@ def write_summary(device: str = "cpu") -> Path:
     sections = (
         [
             ("forward", forward_lines),
+            ("real_model", real_model_lines),
             ("walltime", walltime_lines),
             ("dashboard", dashboard_lines),
             ("demo", demo_lines),

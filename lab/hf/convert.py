@@ -73,7 +73,8 @@ def empty_model(cfg: ModelConfig, tokenizer: Any = None) -> HookedTransformer:
                 kind = type(module)
                 if kind not in owners:
                     raise TypeError(f"{kind.__name__}.{name} is a fixed table that empty_model cannot compute")
-                built.setdefault(kind, owners[kind]())
+                if kind not in built:  # computed once (setdefault would compute it anew for every buffer)
+                    built[kind] = owners[kind]()
                 module.register_buffer(name, getattr(built[kind], name), persistent=False)
     return model
 

@@ -18,6 +18,7 @@ from benchmarks import summary
         ("patching", summary.patching_lines, "## Patching sweeps"),
         ("harvest", summary.harvest_lines, "## Activation harvesting"),
         ("real_sizes", summary.real_sizes_lines, "## Real sizes"),
+        ("real_model", summary.real_model_lines, "## The real model"),
         ("tuned_lens", summary.tuned_lens_lines, "## Tuned lens against tuned-lens"),
     ],
 )

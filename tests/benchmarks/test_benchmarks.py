@@ -285,3 +285,54 @@ def test_patching_zoo_only_needs_a_full_runs_results_first(tmp_path, monkeypatch
     with pytest.raises(SystemExit) as exit_:
         patching.main(["--zoo-only"])
     assert exit_.value.code == 2 and "there is none at" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_real_model_quick_writes_every_figure_the_summary_reads(tmp_path, monkeypatch, capsys):
+    """`python -m benchmarks.real_model --quick` on a tiny LLaMA folder (random weights, a word-level tokenizer)
+    runs every section end to end and writes real_model.json: each contender's median, rounds and peak memory,
+    every ratio with its goal, the load average at the start and the end, and a profile for each goal missed; the
+    summary's section renders from that file alone."""
+    from benchmarks import real_model, summary
+    from tests.builders import hf_model, word_tokenizer
+
+    folder = tmp_path / "tiny-llama"
+    hf_model("llama").save_pretrained(folder)
+    word_tokenizer(folder)
+    monkeypatch.setattr(timing, "RESULTS", tmp_path)
+    monkeypatch.setattr(summary, "RESULTS", tmp_path)
+    real_model.main(["--model", str(folder), "--quick", "--rounds", "1", "--warmup", "0"])
+    r = json.loads((tmp_path / "real_model.json").read_text())
+    assert r["complete"] and r["rounds"] == 1 and r["machine"]["load_average_1_5_15"] and r["load_average_at_end"]
+    assert set(r["forward"]) == {"1x8", "2x16"}
+    for section in (r["load"], *r["forward"].values(), r["run_with_cache"], r["generate"]):
+        assert all(row["rounds"] == 1 and row["median_s"] > 0 for row in section["timing"].values())
+        assert all(v is None or v >= 0 for v in section["peak_memory_bytes"].values())
+    assert set(r["load"]["timing"]) == {"forma_load_model", "hf_from_pretrained", "hf_from_pretrained_and_tokenizer"}
+    assert all(row["max_abs_logit_diff_vs_hf_sdpa"] < 1e-4 for row in r["forward"].values())  # the same weights
+    assert r["generate"]["same_tokens_as_hf"] and r["generate"]["new_tokens"] == 4
+    held = r["run_with_cache"]["cache_all"]
+    assert held["forma"]["hooks"] > 0 and held["bridge"]["hooks"] > 0 and held["forma"]["bytes"] > 0
+    assert set(r["ratios"]) == {
+        "forward_1x8_vs_hf_sdpa",
+        "forward_1x8_vs_hf_eager",
+        "forward_2x16_vs_hf_sdpa",
+        "forward_2x16_vs_hf_eager",
+        "cache_all_vs_bridge",
+        "generate_vs_hf",
+        "load_vs_hf",
+        "load_s",
+    }
+    assert r["ratios"]["cache_all_vs_bridge"] == (
+        r["run_with_cache"]["timing"]["forma_cache_all"]["median_s"]
+        / r["run_with_cache"]["timing"]["bridge_cache_all"]["median_s"]
+    )
+    goals = {name for name in r["ratios"] if real_model.goal_of(name)}
+    assert set(r["meets_target"]) == goals and len(goals) == 5
+    assert set(r["profile"]) == {name for name, met in r["meets_target"].items() if not met}
+    lines = summary.real_model_lines(r)
+    assert lines[0].startswith("## The real model") and "--quick" in lines[0]
+    assert sum(line.startswith("| forward ") for line in lines) == 4
+    assert f"{r['ratios']['generate_vs_hf']:.3f}×" in "\n".join(lines)
+    assert "## The real model" in (tmp_path / "summary.md").read_text()
+    assert "wrote" in capsys.readouterr().out

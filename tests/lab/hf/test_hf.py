@@ -47,6 +47,20 @@ def test_load_hf_reads_a_local_folder(tmp_path, tokens):
         assert (processed(tokens).log_softmax(-1) - model(tokens).log_softmax(-1)).abs().max() <= 1e-5
 
 
+def test_the_rotary_table_is_computed_once_for_every_layer(monkeypatch):
+    """Converting builds the model on the meta device and computes the rotary cos/sin tables on the CPU once, shared
+    by every layer: one Rotary beyond the meta model's own (one per layer), not one per layer and buffer."""
+    from lab.model.attention import Rotary
+
+    built = []
+    init = Rotary.__init__
+    monkeypatch.setattr(Rotary, "__init__", lambda self, cfg: (built.append(cfg), init(self, cfg))[1])
+    model = from_hf(hf_model("llama"))
+    assert len(built) == model.cfg.n_layers + 1
+    tables = {block.attn.rotary.cos.data_ptr() for block in model.blocks}
+    assert len(tables) == 1
+
+
 def test_hf_model_type_names_a_hugging_face_folder_and_nothing_else(tmp_path):
     """The architecture a save_pretrained folder records, read without transformers; None for a Forma model
     folder (its config.json names no model_type), a folder without config.json, and an unreadable one."""
