@@ -156,7 +156,7 @@ def generate_calls(ours: Any, hf: Any, prompt: torch.Tensor, n: int) -> dict[str
 
     common = dict(
         max_new_tokens=n,
-        min_new_tokens=n,
+        eos_token_id=None,  # no stop, and no EOS suppressed (min_new_tokens would change the argmax): n tokens each
         attention_mask=torch.ones_like(prompt),
         do_sample=False,
         use_cache=True,
