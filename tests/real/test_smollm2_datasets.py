@@ -17,7 +17,7 @@ from lab.data.pairs import SHIPPED_DIR, write_pairs
 from lab.data.questions import load_questions
 from lab.hf.loading import load_hf
 from lab.load import load_model
-from tests.builders import smollm2_folder
+from tests.builders import REPO, smollm2_folder
 
 pytestmark = pytest.mark.real
 
@@ -200,3 +200,9 @@ def test_forma_harvest_holds_memory_flat_on_a_corpus_four_times_as_long():
     assert figures["long"]["shards"] > figures["short"]["shards"]
     assert figures["rows_in_memory_would_add_bytes"] > figures["growth_bound_bytes"]
     assert figures["flat"], figures
+
+
+def test_the_distributed_page_counts_the_shipped_pairs_as_they_are():
+    page = (REPO / "docs" / "distributed.md").read_text(encoding="utf-8")
+    assert f"`lab/data/pairs/ioi.jsonl`, {len(rows(FILES['ioi']))} indirect-object pairs" in page
+    assert f"`lab/data/pairs/capitals.jsonl`, {len(rows(FILES['capitals']))} pairs" in page
