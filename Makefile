@@ -98,6 +98,7 @@ bench: $(STAMP) $(SAE_STAMP) $(CT_STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.tuned_lens
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.activations
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.harvest
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.real_harvest_memory
 	$(OFFLINE) $(SAE_VENV)/bin/python -m benchmarks.harvest_saelens
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.transcoders
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.graphs
