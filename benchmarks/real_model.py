@@ -250,6 +250,22 @@ def profiles(missed: list[str], calls: dict[str, dict[str, Callable[[], object]]
     return out
 
 
+def weight_layout(d_in: int, d_out: int, tokens: int, rounds: int = 50) -> dict[str, Any]:
+    """The same product x·W [tokens, d_in] × [d_in, d_out] with W stored as TransformerLens lays it out ([d_in, d_out],
+    Forma's W_in, W_Q, W_U) and as torch.nn.Linear does ([d_out, d_in], transposed in the product: transformers'):
+    median ms of each, in this process. The forward's gap to transformers is this layout's, not extra work."""
+    x, w = torch.randn(tokens, d_in), torch.randn(d_in, d_out)
+    w_linear = w.T.contiguous()
+    calls = {"in_out": lambda: x @ w, "out_in": lambda: torch.nn.functional.linear(x, w_linear)}
+    with torch.inference_mode():
+        t = interleaved(calls, rounds=rounds, warmup=5, memory=None)
+    return {
+        "shape": [tokens, d_in, d_out],
+        "median_ms": {name: row["median_s"] * 1e3 for name, row in t.items()},
+        "in_out_over_out_in": t["in_out"]["median_s"] / t["out_in"]["median_s"],
+    }
+
+
 def measure(folder: Path, sizes: dict[str, Any], rounds: int, warmup: int, out: dict[str, Any], save) -> None:
     """Every section into `out`, the longest last, each judged (and profiled where it misses its goal) and saved as
     soon as it is measured: a stopped run keeps what it measured."""
@@ -273,6 +289,12 @@ def measure(folder: Path, sizes: dict[str, Any], rounds: int, warmup: int, out: 
 
     first, *rest = inputs.items()
     forward(*first)
+    if "forward_1x128_vs_hf_sdpa" in out["profile"]:  # where the forward's time goes: the MLP's and W_U's products
+        cfg, tokens = ours.cfg, first[1].shape[1]
+        out["profile"]["weight_layout"] = {
+            "mlp_in": weight_layout(cfg.d_model, cfg.d_mlp, tokens),
+            "mlp_out": weight_layout(cfg.d_mlp, cfg.d_model, tokens),
+        }
     bridge = bridge_of(folder)
     x = torch.randint(0, ours.cfg.d_vocab, (1, sizes["cache_tokens"]), generator=ids)
     out["run_with_cache"] = bench_cache(ours, bridge, x, rounds, warmup)
