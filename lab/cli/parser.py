@@ -143,6 +143,9 @@ def _add_train(sub: Commands) -> None:
     train.add_argument("name", choices=zoo_names(), metavar="NAME", help=f"zoo model: {', '.join(zoo_names())}")
     train.add_argument("--quick", action="store_true", help="the recipe's small profile (tests, smoke runs)")
     train.add_argument("--resume", action="store_true", help="continue from models/NAME/train/checkpoint")
+    train.add_argument(
+        "--replace", action="store_true", help="with --quick: replace a model of the full recipe (refused without it)"
+    )
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.set_defaults(func=cmd_train)
 
