@@ -86,7 +86,8 @@ def test_a_failing_demo_job_is_reported_and_the_dashboard_keeps_serving(tmp_path
 
 def test_forma_run_prints_the_runs_headlines_then_its_folder(tmp_path, monkeypatch, capsys):
     """What a run shows is its headlines (README): `forma run` prints each supported sentence, then each claim the
-    run cannot support, in words with the reason, then the folder — read back from the results.json it wrote."""
+    run cannot support, in words with the reason, then the folder — read back from the results.json it wrote; a
+    quick run says it is one before its numbers."""
     import experiments.equations
     from lab.headlines import title
     from lab.runs import headline
@@ -105,6 +106,7 @@ def test_forma_run_prints_the_runs_headlines_then_its_folder(tmp_path, monkeypat
     assert main(["run", "equations", "--quick", "--out", str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out == [
+        "A quick run (the small profile, for tests and the demo): `forma run equations` is the full experiment.",
         "Headlines:",
         f"  - {said['sentence']}",
         "Not shown, because this run cannot support it:",
