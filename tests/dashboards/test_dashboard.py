@@ -428,7 +428,7 @@ def test_home_shows_each_models_card_numbers(empty):
     assert row["trained"] == "yes" and row["parameters"] == "170,272" and row["steps"] == "3,000"
     assert row["KL to the true law (nats)"] == short(card["val_kl_to_truth_nats"]) == "0.06499"
     assert row["held-out loss (nats)"] == short(card["best_val_loss_nats"]) and row["perplexity"] == "—"
-    assert table.loc["facts", "trained"] == "no: run `forma train facts`"
+    assert table.loc["facts", "trained"] == "no: forma train facts makes it"
 
 
 def running_job(folder: Path, job: str, step: int, total: int) -> None:
@@ -641,7 +641,7 @@ def test_a_chart_names_the_monitors_signals_as_its_table_does():
     import plotly.graph_objects as go
 
     from dashboards.charts import relabel
-    from dashboards.common import SIGNAL_WORDS
+    from lab.names import SIGNALS
 
     fig = relabel(
         go.Figure(
@@ -649,12 +649,16 @@ def test_a_chart_names_the_monitors_signals_as_its_table_does():
                 go.Bar(x=["max_prob", "p_ik"], y=[0.7, 0.4], name="all false claims"),
                 go.Scatter(x=[0, 1], y=[0.2, 0.3], name="semantic_entropy"),
             ],
-            layout={"title": "Abstention on max_prob: thresholds (not max_probability)"},
+            layout={
+                "title": "Abstention on max_prob: thresholds (not max_probability)",
+                "annotations": [{"text": "markov: p_ik", "showarrow": False}],
+            },
         ),
-        SIGNAL_WORDS,
+        SIGNALS,
     )
-    assert list(fig.data[0].x) == ["top probability", "P(IK)"] and fig.data[1].name == "semantic entropy (nats)"
+    assert list(fig.data[0].x) == ["top probability", "P(IK)"] and fig.data[1].name == "semantic entropy"
     assert fig.layout.title.text == "Abstention on top probability: thresholds (not max_probability)"
+    assert fig.layout.annotations[0].text == "markov: P(IK)"  # a panel's title too
 
 
 def test_a_byte_level_token_reads_as_its_bytes():
@@ -707,3 +711,46 @@ def test_explorer_lens_selector_and_input_attribution_show_the_library_numbers(e
     expected = [v[0] / v[0].abs().max() for v in scores.values()] + [resample_effects(model, tokens)[0]]
     expected[-1] = expected[-1] / expected[-1].abs().max()
     assert np.allclose(rows, torch.stack(expected).numpy(), atol=1e-5)
+
+
+def made_run(runs: Path, name: str, results: dict, config: dict) -> Path:
+    """A run folder of `name` as `forma run` leaves one: results, config and provenance."""
+    folder = runs / name / "2026-01-02T03-04-05Z"
+    folder.mkdir(parents=True)
+    (folder / "results.json").write_text(json.dumps(results))
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "provenance.json").write_text(json.dumps({"seed": 0, "git": {"commit": "0123456789abcdef"}}))
+    return folder
+
+
+@pytest.mark.parametrize("quick", [True, False])
+def test_a_page_says_which_run_it_shows(empty, quick):
+    """The header names the run, when it was made, its profile, its model and its config (folded away, and one
+    click from config.json); a quick run is said to be one, above its numbers; a default-profile run is not."""
+    made_run(empty / "runs", "equations", {"checks": [], "headlines": []}, {"seed": 0, "quick": quick})
+    at = page("equations").run()
+    assert not at.exception, at.exception
+    caption = " ".join(c.value for c in at.caption)
+    profile = "quick profile" if quick else "default profile"
+    assert f"made 2 January 2026, 03:04 UTC · {profile} · its own models, trained by the run" in rendered(caption)
+    assert [e.label for e in at.expander] == ["The run's config (config.json)"]
+    assert any("quick run" in i.value for i in at.info) == quick
+
+
+def test_a_claim_the_run_cannot_support_is_no_big_number(empty):
+    """The hallucination page draws a card only for a claim its run supports: the vacuous bound's largest right
+    side, and the Spearman of a run that cannot support its ordering, are reasons under "Not shown", not cards."""
+    acceptance = {
+        "spearman_monofact_vs_hallucination": {"1": 1.0},
+        "largest_right_side": -0.12,
+        "upweighting": [{"condition": "full + 5% ×10", "hallucination_reduction": 0.15}],
+    }
+    headlines = [
+        {"name": "hallucination_rises_with_monofact_rate_at_every_epoch", "supported": False, "why_not": "too few"},
+        {"name": "bound_holds", "supported": False, "why_not": "vacuous"},
+        {"name": "upweighting full + 5% ×10", "supported": True, "sentence": "It lowers g(H)."},
+    ]
+    made_run(empty / "runs", "hallucination", {"sweep": [], "acceptance": acceptance, "headlines": headlines}, {})
+    at = page("hallucination").run()
+    assert not at.exception, at.exception
+    assert [m.label for m in at.metric] == ["g(H) lowered by, full + 5% ×10"]
