@@ -125,6 +125,12 @@ def test_training_curves_of_a_trained_model(empty):
     assert not at.exception
     spec = json.loads(at.get("plotly_chart")[0].proto.spec)
     assert [trace["name"] for trace in spec["data"]] == ["train", "held-out"]
+    card = {"quick": True, "steps": 10, "provenance": {"started_utc": "2026-01-02T03-04-05Z"}}
+    (empty / "models" / "markov" / "card.json").write_text(json.dumps(card))
+    at = page("training").run()  # the curves say which model they are of: quick, its steps, when it was trained
+    caption = rendered(" ".join(c.value for c in at.caption))
+    assert "markov: the quick recipe, 10 steps, trained 2 January 2026, 03:04 UTC" in caption, caption
+    assert "(a quick model: forma train markov builds the full one)" in caption
 
 
 def _decode_array(z):
