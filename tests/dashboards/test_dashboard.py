@@ -672,7 +672,7 @@ def test_a_byte_level_token_reads_as_its_bytes():
     reads as itself; a byte-fallback piece (<0xE2>) as ⟨0xE2⟩."""
     from dashboards.explorer_tabs import token_text
     from lab.data.stdlib_corpus import train_bpe
-    from lab.data.tokenizers import readable_token
+    from lab.data.tokenizers import readable_text, readable_token
 
     tokenizer = train_bpe("Return the list.\n\n\nReturn the items.", vocab_size=270)
     model = HookedTransformer(
@@ -683,6 +683,12 @@ def test_a_byte_level_token_reads_as_its_bytes():
     assert [token_text(model, i) for i in ids][-2:] == ["⟨0xC3⟩", "⟨0xA9⟩"]
     assert "".join(model.to_string([i]) for i in ids[-2:]) == "\ufffd\ufffd"  # what the page showed before
     assert readable_token("\ufffd", "<0xE2>") == "⟨0xE2⟩" and readable_token("caf", "caf") == "caf"
+    # a window of tokens (the graph page's top contexts) cut through "é": its bytes, not '\ufffd'; a whole one as text
+    ids = tokenizer.encode("café list").ids
+    cut = [i for i in ids if "\ufffd" in tokenizer.decode([i])][:1] + ids[-2:]  # "é"'s first byte, then " list"
+    assert "\ufffd" in tokenizer.decode(cut) and "\ufffd" not in readable_text(tokenizer, cut)
+    assert readable_text(tokenizer, cut).startswith("⟨0xC3⟩")
+    assert readable_text(tokenizer, ids) == tokenizer.decode(ids)
 
 
 def test_explorer_lens_selector_and_input_attribution_show_the_library_numbers(empty):
