@@ -1,7 +1,7 @@
 """How every chart reads on a page (`readable`, applied to each figure a page draws: a run's saved figures and
 the explorer's own): one colour per series across all of a figure's panels, with its legend entry shown once;
 whole-number ticks on an axis that counts (layers, exposures); a log axis labelled at 1, 2 and 5 of each power of
-ten; text values ("2-5", "6+") as categories, every one
+ten, or at the powers alone where it is short; text values ("2-5", "6+") as categories, every one
 shown; powers of ten, never SI prefixes (10f, 1p) on a probability; a second axis at its own round ticks, the
 legend right of them; a title wrapped to the width it is drawn at, each panel's title to its panel's; a figure
 tall enough for every legend entry."""
@@ -22,7 +22,9 @@ LEGEND_ENTRY_PX = 24  # the height of one legend entry, with room to spare
 DEFAULT_HEIGHT = 450  # plotly's own default figure height
 MOST_LAYER_TICKS = 24  # a layer axis ticks at every layer up to this many
 COUNT_TICKS = 8  # an axis that counts ticks about this many times
-LOG_LABELLED_DECADES = 3  # a log axis spanning at most this many powers of ten is labelled at 1, 2 and 5 of each
+PX_PER_TITLE_CHAR = 11  # a full-width chart's width in px is about this many times TITLE_CHARS (1,050 px)
+LOG_LABEL_PX = 200  # a log axis labelled at 1, 2 and 5 of each power of ten needs about this many px a power (the
+# estimate counts the whole panel, its legend and margins too)
 TITLE_PAD = 12  # px above a figure's title
 PANEL_TITLE_PX = 22  # the height of one line of a panel's title (plotly's 16 px font)
 COLOURED = ("scatter", "scattergl", "bar", "box", "violin", "histogram")
@@ -182,8 +184,6 @@ def readable(fig: go.Figure, title_chars: int = TITLE_CHARS) -> go.Figure:
     integer_ticks(fig)
     for name, axis in _axes(fig):
         fig.layout[name].exponentformat = "power"
-        if axis.type == "log" and axis.dtick is None and _decades(_values_on(fig, name)) <= LOG_LABELLED_DECADES:
-            fig.layout[name].dtick = "D2"  # between the powers of ten, 2 and 5 only: plotly's 2 … 9 crowd
         if axis.overlaying:  # a second axis ticks at its own round numbers, not at the first one's grid lines
             fig.layout[name].update(tickmode="auto", showgrid=False)
         if axis.side == "right" and fig.layout.legend.orientation != "h":  # the legend right of its ticks
@@ -210,7 +210,22 @@ def readable(fig: go.Figure, title_chars: int = TITLE_CHARS) -> go.Figure:
     height = fig.layout.height or DEFAULT_HEIGHT
     # legend groups (one per series) keep plotly's 10 px gap between groups out: the entries sit as close as usual
     fig.update_layout(margin=dict(t=top), height=max(height, needed), legend_tracegroupgap=0)
+    log_ticks(fig, title_chars * PX_PER_TITLE_CHAR, max(height, needed) - top - 80)
     return fig
+
+
+def log_ticks(fig: go.Figure, width_px: float, height_px: float) -> None:
+    """Each log axis labelled as often as its length allows (plotly's own choice labels 2 … 9 of every power of ten,
+    and they print over each other on a short axis): 1, 2 and 5 of each power with LOG_LABEL_PX a power or more,
+    the powers alone with less; an axis with ticks of its own keeps them."""
+    for name, axis in _axes(fig):
+        decades = _decades(_values_on(fig, name))
+        if axis.type != "log" or axis.dtick is not None or axis.tickvals or decades == float("inf"):
+            continue
+        low, high = axis.domain or (0, 1)
+        per_decade = (high - low) * (width_px if name.startswith("x") else height_px) / max(decades, 1.0)
+        # within one power of ten the powers alone might label nothing: 1, 2 and 5 there whatever the length
+        fig.layout[name].dtick = "D2" if per_decade >= LOG_LABEL_PX or decades < 1 else 1
 
 
 def relabel(fig: go.Figure, names: dict[str, str]) -> go.Figure:

@@ -617,10 +617,11 @@ def test_an_axis_that_counts_ticks_at_whole_numbers_and_a_legend_clears_a_second
     assert [whole_step(x) for x in (0.4, 1, 1.5, 3, 7, 11)] == [1, 1, 2, 5, 10, 20]
     for kept in (
         go.Figure(go.Scatter(x=[0.1, 0.5, 0.9], y=[1, 2, 3])),
-        go.Figure(go.Scatter(x=[10, 100, 1000], y=[1, 2, 3]), layout={"xaxis_type": "log"}),
         go.Figure(go.Scatter(x=[0, 1], y=[1, 2]), layout={"xaxis": {"tickvals": [0, 1], "ticktext": ["a", "b"]}}),
     ):
         assert readable(kept).layout.xaxis.dtick is None
+    log = readable(go.Figure(go.Scatter(x=[10, 100, 1000], y=[1, 2, 3]), layout={"xaxis_type": "log"}))
+    assert log.layout.xaxis.tickmode is None and log.layout.xaxis.dtick == "D2"  # a log axis: powers of ten, not steps
     two_axes = go.Figure(
         [go.Scatter(x=[1, 2], y=[0.1, 0.2], name="KL"), go.Scatter(x=[1, 2], y=[2.8, 3.4], name="H", yaxis="y2")],
         layout={"yaxis2": {"overlaying": "y", "side": "right"}},
@@ -766,3 +767,20 @@ def test_a_claim_the_run_cannot_support_is_no_big_number(empty):
     at = page("hallucination").run()
     assert not at.exception, at.exception
     assert [m.label for m in at.metric] == ["g(H) lowered by, full + 5% ×10"]
+
+
+def test_a_log_axis_is_labelled_as_often_as_its_length_allows():
+    """Over three powers of ten, a full-width panel labels 1, 2 and 5 of each; one of two panels in half the width
+    labels the powers alone (plotly's own 2 … 9 print over each other there)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from dashboards.charts import TITLE_CHARS, readable
+
+    wide = go.Figure(go.Scatter(x=[1, 10, 100, 1000], y=[1, 2, 3, 4]))
+    wide.update_xaxes(type="log")
+    assert readable(wide).layout.xaxis.dtick == "D2"
+    narrow = make_subplots(rows=1, cols=2)
+    narrow.add_scatter(x=[1, 10, 100, 1000], y=[1, 2, 3, 4], row=1, col=1)
+    narrow.update_xaxes(type="log", row=1, col=1)
+    assert readable(narrow, TITLE_CHARS // 2).layout.xaxis.dtick == 1
