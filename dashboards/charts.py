@@ -1,6 +1,7 @@
 """How every chart reads on a page (`readable`, applied to each figure a page draws: a run's saved figures and
 the explorer's own): one colour per series across all of a figure's panels, with its legend entry shown once;
-whole-number ticks on an axis that counts (layers, exposures); text values ("2-5", "6+") as categories, every one
+whole-number ticks on an axis that counts (layers, exposures); a log axis labelled at 1, 2 and 5 of each power of
+ten, or at the powers alone where it is short; text values ("2-5", "6+") as categories, every one
 shown; powers of ten, never SI prefixes (10f, 1p) on a probability; a second axis at its own round ticks, the
 legend right of them; a title wrapped to the width it is drawn at, each panel's title to its panel's; a figure
 tall enough for every legend entry."""
@@ -14,11 +15,18 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
+from lab.names import in_words
+
 TITLE_CHARS = 95  # a title line at most this long: about what a full-width chart holds at the title's size
 LEGEND_ENTRY_PX = 24  # the height of one legend entry, with room to spare
 DEFAULT_HEIGHT = 450  # plotly's own default figure height
 MOST_LAYER_TICKS = 24  # a layer axis ticks at every layer up to this many
 COUNT_TICKS = 8  # an axis that counts ticks about this many times
+PX_PER_TITLE_CHAR = 11  # a full-width chart's width in px is about this many times TITLE_CHARS (1,050 px)
+LOG_LABEL_PX = 200  # a log axis labelled at 1, 2 and 5 of each power of ten needs about this many px a power (the
+# estimate counts the whole panel, its legend and margins too)
+TITLE_PAD = 12  # px above a figure's title
+PANEL_TITLE_PX = 22  # the height of one line of a panel's title (plotly's 16 px font)
 COLOURED = ("scatter", "scattergl", "bar", "box", "violin", "histogram")
 
 
@@ -119,6 +127,12 @@ def _decoded(values: Any) -> list[Any]:
     return list(values)
 
 
+def _decades(values: list[Any]) -> float:
+    """How many powers of ten the positive numbers among `values` span (inf with none)."""
+    positive = [float(v) for v in values if isinstance(v, numbers.Real) and not isinstance(v, bool) and v > 0]
+    return float(np.log10(max(positive) / min(positive))) if positive else float("inf")
+
+
 def whole_step(least: float) -> int:
     """The smallest of 1, 2, 5, 10, 20, 50, … that is at least `least`: a round whole-number tick step."""
     for power in range(19):
@@ -158,6 +172,11 @@ def categories_kept(fig: go.Figure) -> None:
             fig.layout[name].type = "category"
 
 
+def _is_panel_title(note: Any) -> bool:
+    """A subplot title: the text plotly's make_subplots writes just above a panel (paper coordinates, no arrow)."""
+    return bool(note.text) and not note.showarrow and note.yref == "paper" and note.yanchor == "bottom"
+
+
 def readable(fig: go.Figure, title_chars: int = TITLE_CHARS) -> go.Figure:
     """`fig` as a page draws it (see the module's docstring); changed in place and returned."""
     one_colour_per_series(fig)
@@ -180,14 +199,33 @@ def readable(fig: go.Figure, title_chars: int = TITLE_CHARS) -> go.Figure:
     if title:
         wrapped = wrap(title, title_chars)
         lines = wrapped.count("<br>") + 1
-        fig.update_layout(title=dict(text=wrapped, font=dict(size=16)))
+        # at the top of the figure, so that the panels' own titles below it have the margin's rest to themselves
+        fig.update_layout(
+            title=dict(text=wrapped, font=dict(size=16), y=1, yref="container", yanchor="top", pad=dict(t=TITLE_PAD))
+        )
     entries = sum(1 for t in fig.data if t.type in COLOURED and t.showlegend is not False and (t.name or "") != "")
-    top = 40 + 22 * lines + 16 * extra
+    panel_titles = any(_is_panel_title(note) for note in fig.layout.annotations or ())
+    top = max(40 + 22 * lines + 16 * extra, TITLE_PAD + 22 * lines + (PANEL_TITLE_PX * (extra + 1) + 8) * panel_titles)
     needed = top + 80 + LEGEND_ENTRY_PX * entries  # plotly's bottom margin is 80 px
     height = fig.layout.height or DEFAULT_HEIGHT
     # legend groups (one per series) keep plotly's 10 px gap between groups out: the entries sit as close as usual
     fig.update_layout(margin=dict(t=top), height=max(height, needed), legend_tracegroupgap=0)
+    log_ticks(fig, title_chars * PX_PER_TITLE_CHAR, max(height, needed) - top - 80)
     return fig
+
+
+def log_ticks(fig: go.Figure, width_px: float, height_px: float) -> None:
+    """Each log axis labelled as often as its length allows (plotly's own choice labels 2 … 9 of every power of ten,
+    and they print over each other on a short axis): 1, 2 and 5 of each power with LOG_LABEL_PX a power or more,
+    the powers alone with less; an axis with ticks of its own keeps them."""
+    for name, axis in _axes(fig):
+        decades = _decades(_values_on(fig, name))
+        if axis.type != "log" or axis.dtick is not None or axis.tickvals or decades == float("inf"):
+            continue
+        low, high = axis.domain or (0, 1)
+        per_decade = (high - low) * (width_px if name.startswith("x") else height_px) / max(decades, 1.0)
+        # within one power of ten the powers alone might label nothing: 1, 2 and 5 there whatever the length
+        fig.layout[name].dtick = "D2" if per_decade >= LOG_LABEL_PX or decades < 1 else 1
 
 
 def relabel(fig: go.Figure, names: dict[str, str]) -> go.Figure:
@@ -204,9 +242,14 @@ def relabel(fig: go.Figure, names: dict[str, str]) -> go.Figure:
                 and any(v in names for v in values if isinstance(v, str))
             ):
                 trace[letter] = [names.get(v, v) if isinstance(v, str) else v for v in values]
-    if fig.layout.title and fig.layout.title.text and names:
-        keys = re.compile(r"\b(" + "|".join(map(re.escape, sorted(names, key=len, reverse=True))) + r")\b")
-        fig.layout.title.text = keys.sub(lambda m: names[m.group(1)], fig.layout.title.text)
+    if fig.layout.title and fig.layout.title.text:
+        fig.layout.title.text = in_words(fig.layout.title.text, names)
+    for note in fig.layout.annotations or ():  # subplot titles
+        if note.text:
+            note.text = in_words(note.text, names)
+    for _, axis in _axes(fig):
+        if axis.title and axis.title.text:
+            axis.title.text = in_words(axis.title.text, names)
     return fig
 
 

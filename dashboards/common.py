@@ -8,6 +8,8 @@ text, never read as Markdown or HTML: it goes into a page through `plain` (escap
 that a results.json can show no image, link, heading or markup — a browser fetches nothing a run folder names.
 """
 
+import datetime
+import json
 import math
 import re
 from collections.abc import Callable
@@ -22,6 +24,7 @@ from lab.folders import zoo_dir, zoo_names
 from lab.headlines import reason as headline_reason
 from lab.headlines import split as split_headlines
 from lab.jobs import queued
+from lab.names import NAMES
 from lab.progress import model_finished, model_progress, run_progress
 from lab.runs import latest_run as newest_run
 from lab.runs import read_figures, read_results, run_record
@@ -43,6 +46,25 @@ def code(value: Any) -> str:
     text = " ".join(str(value).splitlines())
     fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
     return f"{fence} {text} {fence}" if text.startswith("`") or text.endswith("`") else f"{fence}{text}{fence}"
+
+
+# An identifier in a run's text (a function, a field, a hook: `n_params()`, ModelConfig.n_params, hook_attn_scores),
+# or a span the text itself fences in backticks; a symbol with a subscript (d_k, W_U, H_t) is mathematics, not one.
+IDENTIFIER = re.compile(r"`([^`]+)`|(?<![\w.])([A-Za-z][\w.]*_[\w.]*\w(?:\(\))?)")
+SYMBOL = re.compile(r"[A-Za-z]{1,2}_([A-Za-z]|[A-Z]+|[0-9]+)")
+
+
+def prose(value: Any) -> str:
+    """A run's text as `plain` shows it, but each identifier in it (IDENTIFIER) as a code span: a reader sees code
+    as code, and the words as words."""
+    text, out, start = " ".join(str(value).splitlines()).strip(), [], 0
+    for match in IDENTIFIER.finditer(text):
+        name = match.group(1) or match.group(2)
+        if match.group(2) and SYMBOL.fullmatch(name):
+            continue
+        out += [MARKDOWN_SYNTAX.sub(r"\\\1", text[start : match.start()]), code(name)]
+        start = match.end()
+    return "".join(out) + MARKDOWN_SYNTAX.sub(r"\\\1", text[start:])
 
 
 def rerun(experiment: str) -> str:
@@ -80,11 +102,11 @@ def figures(folder: Path, unreadable: list[str] | None = None) -> list[tuple[str
 
 def show_figures(folder: Path, only: list[str] | None = None, names: dict[str, str] | None = None) -> None:
     """The run's figures (those in `only`, if given), each drawn as every chart is, the keys they show in the
-    words `names` gives them (dashboards.charts.relabel)."""
+    words `names` gives them (dashboards.charts.relabel; by default Forma's display names, lab.names)."""
     unreadable: list[str] = []
     for name, fig in figures(folder, unreadable):
         if only is None or name in only:
-            draw(relabel(fig, names or {}), f"fig-{folder.name}-{name}")
+            draw(relabel(fig, NAMES if names is None else names), f"fig-{folder.name}-{name}")
     if unreadable:
         st.warning(
             f"Figures in {code(folder)} that are not readable plotly JSON, left out: "
@@ -158,15 +180,57 @@ def show_run_header(experiment: str) -> tuple[Path | None, dict | None]:
     if problem:
         (st.warning if folder else st.info)(problem)  # its parts from the run folder are escaped
         return None, None
-    provenance = run_record(folder)["provenance"]
-    git = provenance.get("git")
-    commit = str((git if isinstance(git, dict) else {}).get("commit") or "unknown")
-    wall = provenance.get("wall_time_s")
-    st.caption(
-        f"Run {code(folder.name)} · seed {plain(provenance.get('seed'))} · commit {plain(commit[:10])}"
-        + (f" · {wall:.0f} s" if isinstance(wall, (int, float)) else "")
-    )
+    record = run_record(folder)
+    st.caption(f"Run {code(folder.name)} · {plain(describe_run(folder, record))}")
+    if record["config"].get("quick"):
+        st.info(
+            f"A quick run: the small profile, for tests and the demo. Its numbers are not the full experiment's; "
+            f"`forma run {experiment}` makes that run (the page shows the newest)."
+        )
+    show_config(folder, record["config"])
     return folder, results
+
+
+def made_at(folder: Path) -> str:
+    """When a run was made, in words, from its folder's UTC stamp ("4 December 2026, 23:22 UTC"); the folder's
+    name for any other name."""
+    try:
+        stamp = datetime.datetime.strptime(folder.name, "%Y-%m-%dT%H-%M-%SZ")
+    except ValueError:
+        return folder.name
+    return f"{stamp.day} {stamp:%B %Y, %H:%M} UTC"
+
+
+def describe_run(folder: Path, record: dict[str, Any]) -> str:
+    """`made 4 December 2026, 23:22 UTC · quick profile · its own models · seed 0 · commit 1a2b3c4d5e · 73 s`: which
+    run a page shows, from its folder, config and provenance."""
+    config, provenance = record["config"], record["provenance"]
+    git = provenance.get("git") if isinstance(provenance.get("git"), dict) else {}
+    wall = provenance.get("wall_time_s")
+    parts = [
+        f"made {made_at(folder)}",
+        "quick profile" if config.get("quick") else "default profile",
+        f"model {config['model']}" if config.get("model") else "its own models, trained by the run",
+        f"seed {provenance.get('seed')}",
+        f"commit {str(git.get('commit') or 'unknown')[:10]}",
+    ]
+    if isinstance(wall, (int, float)):
+        parts.append(f"{wall:.0f} s")
+    return " · ".join(parts)
+
+
+def show_config(folder: Path, config: dict[str, Any]) -> None:
+    """The run's config.json, one row per field in words, folded away; the file itself one click away."""
+    with st.expander("The run's config (config.json)"):
+        show_table([{"field": words(key), "value": value} for key, value in config.items()])
+        st.download_button(
+            "Download config.json",
+            json.dumps(config, indent=2),
+            file_name="config.json",
+            mime="application/json",
+            key=f"config-{folder.name}",
+            on_click="ignore",
+        )
 
 
 def model_version(name_or_path: str) -> tuple:
@@ -243,20 +307,6 @@ KEY_WORDS = {
 UNITS = {"nats": "nats", "s": "s", "pct": "%", "bits": "bits"}
 
 
-# The monitor's risk signals in words, as its table, its charts and its prompt box name them.
-SIGNAL_WORDS = {
-    "max_prob": "top probability",
-    "entropy": "entropy (nats)",
-    "margin": "top-two margin",
-    "lens_kl": "logit-lens KL (nats)",
-    "subject_attention": "attention on the subject",
-    "probe": "probe",
-    "p_ik": "P(IK)",
-    "self_consistency": "self-consistency",
-    "semantic_entropy": "semantic entropy (nats)",
-}
-
-
 def words(key: str) -> str:
     """A results key as a header in words, its unit in parentheses: `heldout_nll_nats` → "heldout NLL (nats)",
     `auroc_ci95` → "AUROC 95% interval", `delta_0_01` → "δ 0.01"."""
@@ -273,11 +323,17 @@ def words(key: str) -> str:
     return " ".join(out) + (f" ({unit})" if unit else "")
 
 
+ROUND_OFF = 1e-12  # a float this close to 0 in a table is 0 that floating point missed (a KL of a law with itself)
+
+
 def cell(value: Any) -> Any:
     """One table cell as a reader reads it: SIGNIFICANT digits, an interval as [a, b], yes / no, "—" for a
-    missing value or one that is not a number."""
+    missing value or one that is not a number, 0 for a float within ROUND_OFF of it (the download keeps every
+    digit)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "—"
+    if isinstance(value, float) and abs(value) < ROUND_OFF:
+        return "0"
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, (list, tuple)) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
@@ -294,13 +350,16 @@ def flat(value: Any) -> bool:
     return True
 
 
-def show_table(rows: Any, labels: dict[str, str] | None = None, download: str | None = None) -> None:
+def show_table(
+    rows: Any, labels: dict[str, str] | None = None, download: str | None = None, as_text: Callable[[Any], str] = plain
+) -> None:
     """Rows (a list of dicts or a DataFrame) as a table a reader reads: the columns `labels` names, each headed in
     its words (with `labels` None: every column, headed by `words(key)`), each cell as `cell` writes it; columns
     of nested values left out (they are in the download). A plain HTML table (st.table: every browser draws it;
     the interactive grid draws on a canvas that a headless browser may leave blank), in a box that scrolls
     sideways when it is wider than the page. With `download` (a file name without its suffix), the rows as they
-    are, every digit, one click away as CSV."""
+    are, every digit, one click away as CSV. Each cell is shown as `as_text` writes it (`plain`; `prose` shows the
+    identifiers in a run's text as code)."""
     import pandas as pd
 
     # object columns: a column of integers with a missing value stays integers (pandas would make it float)
@@ -309,14 +368,15 @@ def show_table(rows: Any, labels: dict[str, str] | None = None, download: str | 
         return
     shown = [c for c in (labels or frame.columns) if c in frame.columns and all(flat(v) for v in frame[c])]
     # st.table reads Markdown in every cell: each cell and header is escaped (`plain`)
-    table = frame[shown].map(lambda v: plain(cell(v)))
+    table = frame[shown].map(lambda v: as_text(cell(v)))
     table = table.rename(columns=lambda c: plain((labels or {}).get(c) or words(c)))
     st.table(table.set_index(table.columns[0]))
     if download:
+        file = download.replace("_", "-")  # a file name a reader reads as words
         st.download_button(
-            f"Download these rows, every digit ({download}.csv)",
+            f"Download these rows, every digit ({file}.csv)",
             frame.to_csv(index=False),
-            file_name=f"{download}.csv",
+            file_name=f"{file}.csv",
             mime="text/csv",
             key=f"download-{download}",
             on_click="ignore",

@@ -1,36 +1,18 @@
 """Two runs of one experiment side by side (two seeds, a quick run and a default one): the headlines each
 supports, the number and interval behind every headline, and the figures each run saved."""
 
-from pathlib import Path
 from typing import Any
 
 import streamlit as st
 
 from dashboards.charts import draw
-from dashboards.common import code, figures, plain, short, show_headlines, show_table
+from dashboards.common import code, describe_run, figures, plain, short, show_headlines, show_table
 from experiments import experiment as registered
 from experiments import experiment_names
 from lab.headlines import title
 from lab.runs import complete_runs, run_record
 
 HALF_WIDTH_TITLE = 45  # a title line in one of two columns
-
-
-def describe(folder: Path, record: dict[str, Any]) -> str:
-    """`quick profile · seed 0 · commit 1a2b3c4d5e · 73 s` from the run's config and provenance."""
-    config, provenance = record["config"], record["provenance"]
-    git = provenance.get("git") if isinstance(provenance.get("git"), dict) else {}
-    wall = provenance.get("wall_time_s")
-    parts = [
-        "quick profile" if config.get("quick") else "default profile",
-        f"seed {provenance.get('seed')}",
-        f"commit {str(git.get('commit') or 'unknown')[:10]}",
-    ]
-    if isinstance(wall, (int, float)):
-        parts.append(f"{wall:.0f} s")
-    if config.get("model"):
-        parts.append(f"model {config['model']}")
-    return " · ".join(parts)
 
 
 def headline_value(entry: Any) -> str:
@@ -92,11 +74,11 @@ names = list(records)
 cols = st.columns(2)
 with cols[0]:
     first = st.selectbox(
-        "Run A", names, index=0, key="compare_a", format_func=lambda n: f"{n} — {describe(*records[n])}"
+        "Run A", names, index=0, key="compare_a", format_func=lambda n: f"{n} — {describe_run(*records[n])}"
     )
 with cols[1]:
     second = st.selectbox(
-        "Run B", names, index=1, key="compare_b", format_func=lambda n: f"{n} — {describe(*records[n])}"
+        "Run B", names, index=1, key="compare_b", format_func=lambda n: f"{n} — {describe_run(*records[n])}"
     )
 if first == second:
     st.warning("Run A and run B are the same run: choose two.")
@@ -120,7 +102,7 @@ columns = st.columns(2)
 for column, name in zip(columns, chosen):
     with column:
         st.subheader(f"Run {code(name)}")
-        st.caption(plain(describe(*records[name])))
+        st.caption(plain(describe_run(*records[name])))
         show_headlines(records[name][1]["results"])
 
 found = {name: dict(figures(records[name][0])) for name in chosen}

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from dashboards.common import plain, show_figures, show_headlines, show_run, show_table, warn_shape
+from dashboards.common import plain, prose, show_figures, show_headlines, show_run, show_table, warn_shape
 from experiments.equations import entries
 from lab.headlines import title
 
@@ -43,9 +43,9 @@ def render(folder: Path, results: dict) -> None:
             }
             for e in entries(check)
         ]
-        show_table(rows)
+        show_table(rows, as_text=prose)
         if check.get("note"):
-            st.caption(plain(check["note"]))
+            st.caption(prose(check["note"]))
     show_figures(folder)
 
 

@@ -13,7 +13,7 @@ import torch
 from safetensors import SafetensorError
 
 from dashboards.charts import readable
-from dashboards.common import load_model, model_version, plain, show_table
+from dashboards.common import code, load_model, model_version, plain, show_table
 from dashboards.explorer_tabs import token_text
 from lab.analysis.graphs.attribute import attribute, prompt_tokens
 from lab.analysis.graphs.graph import Graph, graph_folder, to_circuit_tracer
@@ -22,6 +22,7 @@ from lab.analysis.graphs.qk import qk_attribution
 from lab.analysis.transcoders.build import TRANSCODERS_DIR, load_contexts, load_quality, transcoder_sets
 from lab.analysis.transcoders.measures import feature_logits
 from lab.analysis.transcoders.model import Transcoders
+from lab.data.tokenizers import readable_text
 from lab.folders import zoo_dir, zoo_names
 
 DEFAULT_PROMPTS = {"pydoc": "Return the number of items in the", "markov": "1 2 3 4 5 6 7 8"}
@@ -148,11 +149,10 @@ def describe(node: dict, labels: list[str], logits: list[str], graph: Graph) -> 
 
 def show_feature(model, transcoders: Transcoders, contexts: dict | None, node: dict) -> None:
     st.subheader(f"Feature {node['feature']} of layer {node['layer']}")
-    decode = (
-        (lambda ids: model.tokenizer.decode(ids))
-        if getattr(model, "tokenizer", None)
-        else (lambda ids: " ".join(map(str, ids)))
-    )
+
+    def decode(ids: list[int]) -> str:  # a window as text, never '�' (a cut through a character: its bytes)
+        return readable_text(model.tokenizer, ids) if getattr(model, "tokenizer", None) else " ".join(map(str, ids))
+
     if contexts is None:
         st.info("These transcoders have no top contexts (contexts.safetensors); `forma transcoders` writes them.")
     else:
@@ -182,9 +182,9 @@ def show_feature(model, transcoders: Transcoders, contexts: dict | None, node: d
     promoted, suppressed = feature_logits(model, transcoders, node["layer"], node["feature"])
     st.markdown(
         "**Top logits** (its decoder through the unembedding): promotes "
-        + ", ".join(f"`{decode([t])}` {v:+.2f}" for t, v in promoted[:8])
+        + ", ".join(f"{code(token_text(model, int(t)))} {v:+.2f}" for t, v in promoted[:8])
         + "; suppresses "
-        + ", ".join(f"`{decode([t])}` {v:+.2f}" for t, v in suppressed[:8])
+        + ", ".join(f"{code(token_text(model, int(t)))} {v:+.2f}" for t, v in suppressed[:8])
     )
 
 

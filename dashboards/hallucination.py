@@ -6,6 +6,7 @@ import streamlit as st
 
 from dashboards.common import number, plain, short, show_figures, show_headlines, show_run, show_table, words
 from experiments.hallucination import relative_change
+from lab.headlines import split as split_headlines
 
 # The run's world in words (results.json "world"), and the columns the tables show (every column is in the download).
 WORLD_WORDS = {
@@ -67,7 +68,7 @@ def render(folder: Path, results: dict) -> None:
         )
     show_headlines(results)
     _warn_one_fact_worlds(results)
-    _show_cards(results.get("acceptance") or {})
+    _show_cards(results.get("acceptance") or {}, supported_headlines(results))
     rows = _sweep_rows(results.get("sweep") or [])
     if rows:
         st.subheader("Sweep over the popularity shape γ, at each checkpoint")
@@ -103,40 +104,67 @@ def _warn_one_fact_worlds(results: dict) -> None:
         )
 
 
-def _show_cards(acceptance: dict) -> None:
-    """The acceptance cards, two a row: the worst Spearman, the largest right side, and each upweighting's change."""
-    cols = [*st.columns(2), *st.columns(2)]  # two cards a row: each label in full
-    with cols[0]:
-        spearman = acceptance.get("spearman_monofact_vs_hallucination") or {}
-        number(
-            "Spearman(MF, g(H)), worst epoch",
-            min(spearman.values()) if spearman else None,
-            "{:.3f}",
-            help="rank correlation of the monofact rate with the hallucination rate across γ, at each fixed epoch",
+# Each card and the headline whose claim its number is: a card is drawn only where the run supports that claim
+# (a claim it cannot support is the reason under "Not shown", never a big number).
+CARD_HEADLINES = {
+    "spearman": "hallucination_rises_with_monofact_rate_at_every_epoch",
+    "right side": "bound_holds",
+    "upweighting": "upweighting {condition}",
+}
+
+
+def supported_headlines(results: dict) -> set[str]:
+    """The names of the headlines this run supports."""
+    parts = split_headlines(results)
+    return {h.get("name") for h in parts[0]} if parts else set()
+
+
+def _show_cards(acceptance: dict, supported: set[str]) -> None:
+    """The acceptance cards of the claims the run supports, two a row: the worst Spearman, the largest right side,
+    and each upweighting's change."""
+    cards = []
+    spearman = acceptance.get("spearman_monofact_vs_hallucination") or {}
+    if CARD_HEADLINES["spearman"] in supported:
+        cards.append(
+            (
+                "Spearman(MF, g(H)), worst epoch",
+                min(spearman.values()) if spearman else None,
+                "{:.3f}",
+                "rank correlation of the monofact rate with the hallucination rate across γ, at each fixed epoch",
+            )
         )
-    with cols[1]:
-        number(
-            "Largest right side of the bound",
-            acceptance.get("largest_right_side"),
-            "{:+.3f}",
-            help=f"MF − Mis − slack over {acceptance.get('bound_checks')} checks (both δ); positive in "
-            f"{acceptance.get('bound_checks_with_positive_right_side')} of them. Where it is negative the bound "
-            f"holds whatever the model does",
+    if CARD_HEADLINES["right side"] in supported:
+        cards.append(
+            (
+                "Largest right side of the bound",
+                acceptance.get("largest_right_side"),
+                "{:+.3f}",
+                f"MF − Mis − slack over {acceptance.get('bound_checks')} checks (both δ); positive in "
+                f"{acceptance.get('bound_checks_with_positive_right_side')} of them. Where it is negative the bound "
+                f"holds whatever the model does",
+            )
         )
-    for col, entry in zip(cols[2:], (acceptance.get("upweighting") or [])[:2]):
-        with col:
-            draws = entry.get("hallucination_reduction_draws") or []
-            spread = f" (draws: {', '.join(relative_change(d) for d in draws)})" if draws else ""
-            reduction = entry.get("hallucination_reduction")
-            lower = not isinstance(reduction, (int, float)) or reduction >= 0
-            number(
+    for entry in (acceptance.get("upweighting") or [])[:2]:
+        if CARD_HEADLINES["upweighting"].format(condition=entry.get("condition")) not in supported:
+            continue
+        draws = entry.get("hallucination_reduction_draws") or []
+        spread = f" (draws: {', '.join(relative_change(d) for d in draws)})" if draws else ""
+        reduction = entry.get("hallucination_reduction")
+        lower = not isinstance(reduction, (int, float)) or reduction >= 0
+        cards.append(
+            (
                 f"g(H) {'lowered' if lower else 'raised'} by, {entry.get('condition')}",
                 abs(reduction) if isinstance(reduction, (int, float)) else reduction,
                 "{:.1%}",
-                help=f"against the matched-compute control{spread}; miscalibration change "
+                f"against the matched-compute control{spread}; miscalibration change "
                 f"{entry.get('miscalibration_change', float('nan')):+.3f}, recall change "
                 f"{entry.get('recall_change', float('nan')):+.3f}",
             )
+        )
+    for row in range(0, len(cards), 2):  # two cards a row: each label in full
+        for col, (label, value, fmt, help) in zip(st.columns(2), cards[row : row + 2]):
+            with col:
+                number(label, value, fmt, help=help)
 
 
 def _sweep_rows(sweep: list) -> list[dict]:

@@ -5,11 +5,12 @@ from typing import Any
 
 import streamlit as st
 
-from dashboards.common import PROGRESS_REFRESH_S, code, latest_run, plain, show_table
+from dashboards.common import PROGRESS_REFRESH_S, code, latest_run, made_at, plain, show_table
 from experiments import REGISTRY
 from lab.folders import ZooEntry, zoo_entries
 from lab.jobs import queued
 from lab.progress import model_progress, run_progress
+from lab.runs import run_record
 
 # The card.json numbers the table shows (`forma build NAME` measures them; lab.zoo writes the card). A world
 # measures what its truth allows: the KL to the true law on a source world, perplexity on English, exact
@@ -33,7 +34,7 @@ def zoo_row(entry: ZooEntry) -> dict[str, Any]:
     elif not entry.trained and place is not None:
         state = f"no: {place.short()}"
     elif not entry.trained:
-        state = f"no: run `forma build {entry.name}`"
+        state = f"no: forma build {entry.name} makes it"
     elif card.get("kind") == "pretrained":
         state = "yes (pretrained, made from its file)"
     else:
@@ -61,17 +62,26 @@ for entry in entries:
         st.warning(plain(entry.problem))
 
 st.header("Experiments")
+st.caption(
+    "Each experiment trains and measures models of its own (its page names the run, its profile and its config): "
+    "its numbers are that run's, not those of the zoo's models above, and a quick run's are not the full "
+    "experiment's."
+)
 for entry in REGISTRY:
     folder, results, problem = latest_run(entry.name)
     working, place = run_progress(entry.name), queued("run", entry.name)
     if folder is None and working is not None and working.active:
-        st.markdown(f"**{entry.title}** — running now: `{working.line()}`; its page shows its progress.")
+        st.markdown(f"**{entry.nav}** — running now: {code(working.line())}; its page shows its progress.")
     elif folder is None and place is not None:
-        st.markdown(f"**{entry.title}** — {place.sentence()}")
+        st.markdown(f"**{entry.nav}** — {place.sentence()}")
     elif problem:
-        st.markdown(f"**{entry.title}** — {problem}")
+        st.markdown(f"**{entry.nav}** — {problem}")
     else:
-        st.markdown(f"**{entry.title}** — latest run {code(folder.name)}; open its page in the sidebar.")
+        profile = "a quick run" if run_record(folder)["config"].get("quick") else "a default-profile run"
+        st.markdown(
+            f"**{entry.nav}** — latest run {code(folder.name)}, made {made_at(folder)}, {profile}; open its page in "
+            "the sidebar."
+        )
 
 
 def state() -> tuple:

@@ -8,7 +8,6 @@ import pandas as pd
 import streamlit as st
 
 from dashboards.common import (
-    SIGNAL_WORDS,
     plain,
     read_table,
     show_figures,
@@ -16,8 +15,8 @@ from dashboards.common import (
     show_run,
     show_table,
     warn_shape,
-    words,
 )
+from lab.names import SIGNALS, name
 
 
 @st.cache_resource(show_spinner="Loading the run's model…")
@@ -60,7 +59,7 @@ def live(folder: Path, results: dict) -> None:
     signal = st.selectbox(
         "Risk signal",
         [s for s in monitor.token_signals if s in signs],
-        format_func=lambda name: SIGNAL_WORDS.get(name) or words(name),
+        format_func=name,
     )
     alphas = sorted({a["alpha"] for a in entries if a.get("signal") == signal})
     alpha = st.selectbox("Target error rate α (conformal risk control)", alphas) if alphas else None
@@ -76,7 +75,7 @@ def live(folder: Path, results: dict) -> None:
     words = [model.tokenizer.id_to_token(int(t)) for t in out.new_tokens[0]]
     coloured = [f":{'red' if r > threshold else 'green'}[{plain(w)}]" for w, r in zip(words, risk)]
     st.markdown(f"{plain(text)} " + " ".join(coloured))
-    named = plain(SIGNAL_WORDS.get(signal, signal))
+    named = plain(name(signal))
     st.markdown(
         f"Threshold λ̂ = {threshold:.3f} on risk = {signs[signal]:+d} · {named}: "
         + (
@@ -86,8 +85,8 @@ def live(folder: Path, results: dict) -> None:
         )
     )
     show_table(
-        pd.DataFrame({"token": words, **{name: out.signals[name][0].tolist() for name in out.signals}}),
-        {"token": "new token"} | {name: SIGNAL_WORDS.get(name, "") for name in out.signals},
+        pd.DataFrame({"token": words, **{key: out.signals[key][0].tolist() for key in out.signals}}),
+        {"token": "new token"} | {key: name(key) for key in out.signals},
     )
 
 
@@ -138,12 +137,12 @@ def render(folder: Path, results: dict) -> None:
             {"auroc_familywise_ci": f"{level:.2%} familywise interval"} if isinstance(level, float) else {}
         )
         show_table(
-            [row | {"signal": SIGNAL_WORDS.get(row["signal"]) or words(row["signal"])} for row in rows],
+            [row | {"signal": name(row["signal"])} for row in rows],
             columns,
             download="monitor_signals",
         )
     live(folder, results)
-    show_figures(folder, names=SIGNAL_WORDS)  # the signals named as the table above names them
+    show_figures(folder, names=SIGNALS)  # the signals named as the table above names them
 
 
 show_run(

@@ -5,8 +5,9 @@ from pathlib import Path
 
 import streamlit as st
 
-from dashboards.charts import draw
+from dashboards.charts import draw, relabel
 from dashboards.common import figures, read_table, show_headlines, show_run, show_table
+from lab.names import NAMES, name
 
 COLUMNS = [
     "method",
@@ -35,7 +36,7 @@ LABELS = {
     "control": "control",
     "control_low": "control's interval, low",
     "control_high": "control's interval, high",
-    "control_at_chance": "control at chance",
+    "control_at_chance": "control no better than chance",
     "n": "prompts",
 }
 FIGURES_BY_METHOD = (
@@ -51,7 +52,9 @@ def render(folder: Path, results: dict) -> None:
         "Each grade is a mean over held-out prompts with its bootstrap 95% interval; beside it, a control that "
         "knows nothing (another prompt's reading for a lens, permuted scores for an attribution method, "
         "shuffled targets for a probe, permuted heads or cells for detectors and patching) and the value "
-        "chance gives it. 'Control at chance' is no where the control clears chance."
+        'chance gives it. "Control no better than chance" is yes where the control\'s interval does not clear '
+        "chance on the grade's good side (for a KL, lower is better: a control above chance is no better than it), "
+        "and no where it clears it: such a grade rewards something other than the truth."
     )
     show_headlines(results)
     table = read_table(folder / "scoreboard.parquet", "scoreboard", COLUMNS)
@@ -59,6 +62,8 @@ def render(folder: Path, results: dict) -> None:
         st.info("This run has no scoreboard.parquet: run `forma run scoreboard` again.")
         return
     st.subheader("The scoreboard")
+    for column in ("method", "readout", "grade"):  # each key in its one display name (lab.names)
+        table[column] = table[column].map(name)
     methods = sorted(table["method"].unique())
     worlds = sorted(table["world"].unique())
     left, right = st.columns(2)
@@ -70,11 +75,11 @@ def render(folder: Path, results: dict) -> None:
     show_table(shown.reset_index(drop=True), LABELS, download="scoreboard")
     unreadable: list[str] = []
     drawn = dict(figures(folder, unreadable))
-    for title, names in FIGURES_BY_METHOD:
+    for title, files in FIGURES_BY_METHOD:
         st.subheader(title)
-        for name in names:
-            if name in drawn:
-                draw(drawn[name], key=f"fig-{folder.name}-{name}")
+        for file in files:
+            if file in drawn:
+                draw(relabel(drawn[file], NAMES), key=f"fig-{folder.name}-{file}")
     if unreadable:
         st.warning(
             f"Figures that are not readable plotly JSON, left out: {', '.join(unreadable)}. Run `forma run "

@@ -1,10 +1,12 @@
 """Training curves of the zoo's models, read from models/<name>/train/metrics.jsonl (lab.train's reader)."""
 
+from pathlib import Path
+
 import plotly.graph_objects as go
 import streamlit as st
 
 from dashboards.charts import draw
-from dashboards.common import show_progress, zoo_dir
+from dashboards.common import made_at, plain, show_progress, zoo_dir
 from lab.folders import zoo_entry, zoo_names
 from lab.train.checkpoint import METRICS_FILE, read_metrics
 
@@ -26,13 +28,22 @@ except (OSError, UnicodeDecodeError, ValueError) as err:
 if not records:
     st.warning(f"models/{name}/train/{METRICS_FILE} holds no readable records; retrain with `forma build {name}`.")
     st.stop()
+card = zoo_entry(name).card or {}
+if card:  # which model the curves are of: its recipe's profile, its size, when it was trained
+    provenance = card.get("provenance") if isinstance(card.get("provenance"), dict) else {}
+    made = made_at(Path(str(provenance["started_utc"]))) if provenance.get("started_utc") else "(time not recorded)"
+    st.caption(
+        f"{plain(name)}: the {'quick' if card.get('quick') else 'full'} recipe, {plain(card.get('steps', '?'))} "
+        f"steps, trained {plain(made)}; its recipe models/{plain(name)}/model.toml, its numbers "
+        f"models/{plain(name)}/card.json"
+        + (f" (a quick model: `forma build {name}` builds the full one)." if card.get("quick") else ".")
+    )
 fig = go.Figure()
 fig.add_scatter(
     x=[r["step"] for r in records], y=[r.get("train_loss_nats") for r in records], name="train", mode="lines"
 )
 val = [r for r in records if r.get("val_loss_nats") is not None]
 fig.add_scatter(x=[r["step"] for r in val], y=[r["val_loss_nats"] for r in val], name="held-out", mode="lines+markers")
-card = zoo_entry(name).card or {}
 floors = [
     (key, label, dash)
     for key, label, dash in (

@@ -4,6 +4,8 @@ the run ends and every dashboard page shows them, in the same words. Standard li
 
 from typing import Any
 
+from lab.names import NAMES
+
 # A headline's name is a key ("p_ik_verdict_partial"); its title is that key in words.
 WORDS = {
     "p_ik": "P(IK)",
@@ -28,11 +30,17 @@ WHERE = {"end": "at the end of training", "partial": "at the partial checkpoint"
 
 
 def title(name: str) -> str:
-    """A headline's name in words: `p_ik_verdict_partial` → "P(IK) verdict at the partial checkpoint"."""
+    """A headline's name in words: `p_ik_verdict_partial` → "P(IK) verdict at the partial checkpoint",
+    `max_prob_separates_seen` → "Top probability separates seen"."""
     parts = str(name).split("_")
     words: list[str] = []
     i = 0
     while i < len(parts):
+        key = next((n for n in (4, 3, 2) if "_".join(parts[i : i + n]) in NAMES), 0)
+        if key:  # a method, signal or grade: its one display name (lab.names)
+            words.append(NAMES["_".join(parts[i : i + key])])
+            i += key
+            continue
         pair = "_".join(parts[i : i + 2])
         if pair in WORDS:
             words.append(WORDS[pair])

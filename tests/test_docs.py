@@ -163,3 +163,16 @@ def test_the_ecosystem_table_names_installed_versions_and_real_tests():
         assert named and len(named) == tests.count("::"), tests
         for path, name in named:
             assert re.search(rf"^def {name}\(", (root / path).read_text(), flags=re.M), f"{path}::{name}"
+
+
+def test_the_attribution_graphs_example_runs_twice_in_one_folder(tmp_path, monkeypatch):
+    """docs/attribution-graphs.md's example, run twice in the folder a reader runs it in: the second run works as the
+    first did (its harvest and transcoders go to a folder of their own), and nothing lands in the reader's folder."""
+    monkeypatch.chdir(tmp_path)
+    page = DOCS / "attribution-graphs.md"
+    for _ in range(2):
+        namespace = {"__name__": "docs_attribution_graphs"}
+        for language, code, line in blocks(page):
+            if language == "python":
+                exec(compile("\n" * line + code, str(page), "exec"), namespace)
+    assert list(tmp_path.iterdir()) == []

@@ -269,6 +269,20 @@ def test_make_lint_runs_ruff_and_make_test_runs_lint():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_the_install_says_each_stage_and_prints_no_expected_conflict():
+    """`make venv` prints a line per stage ("[install] 1/3 …"), its pip quiet; the environments that sit beside .venv
+    (.venv-sae, .venv-ct, .venv-inseq) install with --no-warn-conflicts, since pip's check of their whole path finds
+    .venv's own versions and would print that expected outcome as an error in red."""
+    makefile = (REPO / "Makefile").read_text()
+    installs = re.findall(r"^\t@?(\S+) -m pip install (.*)$", makefile, re.M)
+    assert installs and all(args.startswith("-q") for _, args in installs), installs
+    layered = [args for python, args in installs if python != "$(BIN)/python"]
+    assert len(layered) == 3 and all("--no-warn-conflicts" in args for args in layered), layered
+    recipe = re.search(r"^\$\(STAMP\):.*\n((?:\t.*\n)+)", makefile, re.M).group(1)
+    stages = re.findall(r'^\t@echo "\[install\] ([0-9])/3 ', recipe, re.M)
+    assert stages == ["1", "2", "3"], recipe
+
+
 def test_no_file_is_let_off_a_lint_rule():
     """pyproject.toml lets one thing off, everywhere alike: a package's __init__ offers what it imports (F401). No
     single file is excused from a rule (put the file right instead)."""

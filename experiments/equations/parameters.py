@@ -85,8 +85,8 @@ def check_parameter_count_exact(
         expected=0.0,
         tolerance=0.0,
         passed=worst == 0,
-        what=["largest |counted − n_params()|"],
-        note="max |counted − n_params()| over "
+        what=["largest |counted − closed form|"],
+        note="max |counted − ModelConfig.n_params()| over "
         + "; ".join(f"{n}: {c:,}" for n, (c, _) in rows.items())
         + " (meta device)",
     )

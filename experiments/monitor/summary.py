@@ -4,6 +4,7 @@ import math
 from typing import Any
 
 from experiments.monitor.config import ERROR_KINDS
+from lab.names import name as display
 from lab.runs import headline
 
 
@@ -68,7 +69,7 @@ def _crc_headline(entry: dict[str, Any]) -> dict[str, Any]:
     selective = again["crc_selective_risk"]
     kept = band[0] <= alpha
     sentence = (
-        f"Conformal risk control at α = {alpha:g} on {entry['signal']}, over {again['n_resplits']} draws of "
+        f"Conformal risk control at α = {alpha:g} on {display(entry['signal'])}, over {again['n_resplits']} draws of "
         f"the calibration subjects: answered and false {mean:.3f} of the test prompts (mean, 95% "
         f"[{band[0]:.3f}, {band[1]:.3f}]{_range(again.get('crc_joint_risk_range90'))}; "
         f"{'within' if kept else 'above'} α) at coverage {share(again['crc_coverage'])}; "
@@ -150,13 +151,16 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     signals = {row["signal"]: row for row in results["signals"]}
     for name, row in signals.items():
-        out.append(auroc_headline(f"{name}_separates", f"The signal {name}", row, row["sign"]))
+        out.append(auroc_headline(f"{name}_separates", f"The signal {display(name)}", row, row["sign"]))
     own = signals.get("max_prob")
     if own:
         for kind, block in own["by_kind"].items():
             out.append(
                 auroc_headline(
-                    f"max_prob_separates_{kind}", f"max_prob, against the {ERROR_KINDS[kind]}", block, own["sign"]
+                    f"max_prob_separates_{kind}",
+                    f"{display('max_prob')[:1].upper()}{display('max_prob')[1:]}, against the {ERROR_KINDS[kind]},",
+                    block,
+                    own["sign"],
                 )
             )
     for entry in results["abstention"]:

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from experiments.scoreboard.config import FIGURES, LENSES
+from lab.names import name as display
 from lab.runs import save_figure, save_table
 
 COLOURS = {"logit": "#1f77b4", "tuned": "#2ca02c", "jacobian": "#d62728"}
@@ -98,7 +99,7 @@ def attribution_figure(results: dict[str, Any]) -> Any:
         cols=len(worlds),
         shared_xaxes=True,
         vertical_spacing=0.06,
-        subplot_titles=[f"{w}: {g}" for g in grades for w in worlds],
+        subplot_titles=[f"{w}: {display(g)}" for g in grades for w in worlds],
     )
     for col, world in enumerate(worlds, start=1):
         for row_index, grade in enumerate(grades, start=1):
@@ -107,7 +108,7 @@ def attribution_figure(results: dict[str, Any]) -> Any:
                 for r in results["table"]
                 if r["world"] == world and r["grade"] == grade and r["readout"] == "last prediction"
             ]
-            methods = [r["method"] for r in rows]
+            methods = [display(r["method"]) for r in rows]
             figure.add_trace(
                 go.Bar(
                     x=methods,
@@ -266,15 +267,20 @@ def heads_figure(results: dict[str, Any]) -> Any:
         cols=2,
         subplot_titles=("detector score against ablation effect, per head", "ablation effect (nats of copying lost)"),
     )
+    # Only the heads copying needs are named on the chart, once (on the induction detector's points): the others
+    # lie close together near 0 and their names would print over each other; hovering names every head.
+    necessary = np.asarray(heads["necessary"]).ravel()
     for kind, colour in (("induction", "#d62728"), ("previous_token", "#1f77b4")):
+        named = kind == "induction"
         figure.add_trace(
             go.Scatter(
                 x=np.asarray(heads["scores"][kind]).ravel(),
                 y=effects.ravel(),
-                text=labels,
+                text=[label if named and need else "" for label, need in zip(labels, necessary)],
+                hovertext=labels,
                 mode="markers+text",
                 textposition="top center",
-                name=f"{kind} detector",
+                name=f"{display(kind)} detector",
                 marker={"color": colour, "size": 10},
             ),
             row=1,
@@ -302,7 +308,9 @@ def patching_figure(points: dict[str, Any]) -> Any:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    figure = make_subplots(rows=1, cols=2, subplot_titles=("heads [layer, head]", "resid_pre [layer, position]"))
+    figure = make_subplots(
+        rows=1, cols=2, subplot_titles=("heads [layer, head]", "residual stream before each block [layer, position]")
+    )
     for col, sweep in enumerate(("heads", "resid_pre"), start=1):
         estimate, exhaustive = points[sweep]["estimate"], points[sweep]["exhaustive"]
         low, high = min(exhaustive + estimate), max(exhaustive + estimate)

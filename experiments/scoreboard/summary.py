@@ -7,6 +7,7 @@ other — which side is its direction. An interval that straddles is "cannot tel
 import math
 from typing import Any
 
+from lab.names import name as display
 from lab.runs import headline
 
 WORLD_WORDS = {"markov": "the order-2 chain", "induction": "the induction world", "facts": "the fact world"}
@@ -103,9 +104,9 @@ def effects_headline(results: dict[str, Any], world: str) -> dict[str, Any]:
     best = max(rows, key=lambda r: r["value"])
     return headline(
         f"attribution_effects_{world}",
-        f"Against the model's own exhaustive effects on {WORLD_WORDS[world]}, {best['method']} ranks the "
+        f"Against the model's own exhaustive effects on {WORLD_WORDS[world]}, {display(best['method'])} ranks the "
         f"positions best (Spearman ρ = {_said(best)}); "
-        + ", ".join(f"{r['method']} {r['value']:.2f}" for r in rows if r is not best)
+        + ", ".join(f"{display(r['method'])} {r['value']:.2f}" for r in rows if r is not best)
         + ".",
         best["value"],
         _interval(best),
@@ -120,7 +121,7 @@ def lens_headline(results: dict[str, Any], world: str) -> dict[str, Any]:
     jacobian, logit = kl["jacobian"], kl["logit"]
     direction = int(jacobian["value"] < logit["value"]) - int(jacobian["value"] > logit["value"])
     sentence = (
-        f"On {WORLD_WORDS.get(world, 'the ' + world + ' world')}, read at {layer} (after one of two blocks), "
+        f"On {WORLD_WORDS.get(world, 'the ' + world + ' world')}, read {display(layer)} (after one of two blocks), "
         f"KL(p ‖ lens) is {_said(kl['tuned'])} nats for the tuned lens, {_said(jacobian)} for the Jacobian "
         f"lens and {_said(logit)} for the logit lens: the Jacobian lens reads the truth "
         f"{'better' if direction > 0 else 'worse'} than the logit lens here."
@@ -224,8 +225,8 @@ def patching_headline(results: dict[str, Any]) -> dict[str, Any]:
     resid = find(results, "attribution patching", "induction", "resid_pre", "pearson r")
     sentence = (
         f"Attribution patching's first-order estimates follow the exhaustive patching sweep on the induction "
-        f"world: Pearson r {_said(heads)} across heads and {_said(resid)} across resid_pre (layer, position) "
-        f"cells, per prompt ({heads['n']} prompts)."
+        f"world: Pearson r {_said(heads)} across heads and {_said(resid)} across the residual stream's "
+        f"(layer, position) cells, per prompt ({heads['n']} prompts)."
     )
     return headline(
         "attribution_patching",
@@ -241,7 +242,10 @@ def controls_headline(results: dict[str, Any]) -> dict[str, Any]:
     judged = [r for r in results["table"] if r["control_at_chance"] is not None]
     cleared = [r for r in judged if not r["control_at_chance"]]
     limit = binomial_upper(len(judged), CONTROL_SIDE)
-    names = ", ".join(f"{r['method']} × {r['world']} × {r['readout']} × {r['grade']}" for r in cleared[:4])
+    names = ", ".join(
+        " × ".join(display(r[k]) if k != "world" else r[k] for k in ("method", "world", "readout", "grade"))
+        for r in cleared[:4]
+    )
     sentence = (
         f"{len(judged) - len(cleared)} of {len(judged)} controls score at chance; {len(cleared)} clear it at "
         f"the 95% level, where fair controls would by accident about {CONTROL_SIDE * len(judged):.1f} times "

@@ -52,6 +52,8 @@ def cmd_build(args: argparse.Namespace) -> int:
     pretrained = recipe_kind(zoo_dir() / args.name) == PRETRAINED
     if pretrained and (args.quick or args.resume):
         raise ValueError(f"{args.name} is made from a file, not trained: no --quick profile, nothing to resume")
+    if args.quick and not args.resume and not args.replace:
+        refuse_quick_over_full(args.name)
     again = f"forma build {args.name}{' --quick' if args.quick else ''} --resume"
     job = f"forma build {args.name}{' --quick' if args.quick else ''}"
     progress_file = zoo_dir() / args.name / PROGRESS_FILE  # what the dashboard and `forma demo` read
@@ -69,6 +71,20 @@ def cmd_build(args: argparse.Namespace) -> int:
         return 128 + getattr(interrupted, "signum", signal.SIGINT)
     print(f"{'built' if pretrained else 'trained'} {args.name} into {directory}")
     return 0
+
+
+def refuse_quick_over_full(name: str) -> None:
+    """A ValueError (exit 2) when the zoo's `name` is a model of the full recipe: a --quick build would put a smaller
+    model in its place without asking. --replace asks for it; another zoo keeps both."""
+    from lab.folders import zoo_entry
+
+    entry = zoo_entry(name)
+    if entry.trained and isinstance(entry.card, dict) and entry.card.get("quick") is False:
+        raise ValueError(
+            f"{name} is a model of the full recipe; a --quick build would replace it with a smaller one. Add "
+            f"--replace to replace it, or build the quick one in another zoo: FORMA_ZOO_DIR=/tmp/zoo forma build "
+            f"{name} --quick (copy models/{name}/model.toml there first)"
+        )
 
 
 def cmd_transcoders(args: argparse.Namespace) -> int:

@@ -155,6 +155,9 @@ def _add_build(sub: Commands) -> None:
     )
     build.add_argument("--quick", action="store_true", help="the recipe's small profile (tests, smoke runs)")
     build.add_argument("--resume", action="store_true", help="continue from models/NAME/train/checkpoint")
+    build.add_argument(
+        "--replace", action="store_true", help="with --quick: replace a model of the full recipe (refused without it)"
+    )
     build.add_argument("--no-progress", action="store_true", help="no progress bar")
     build.add_argument(
         "--dtype",

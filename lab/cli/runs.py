@@ -54,6 +54,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     folder = run_and_record(args.name, cfg, run_with_progress, out=args.out, seed=getattr(cfg, "seed", None))
     (folder / PROGRESS_FILE).unlink(missing_ok=True)  # results.json is there now: the run's state is in it
+    if args.quick:  # the numbers below are the small profile's, and say so before they appear
+        print(
+            f"A quick run (the small profile, for tests and the demo): `forma run {args.name}` is the full experiment."
+        )
     print("\n".join(headline_lines(read_results(folder))))
     print(f"results in {folder}")
     return 0

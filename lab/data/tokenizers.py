@@ -5,6 +5,7 @@ real text is trained locally with `tokenizers` (see `lab.data.stdlib_corpus.trai
 """
 
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -70,6 +71,16 @@ def readable_bytes(data: bytes) -> str:
             out.append(f"⟨0x{data[i]:02X}⟩")
             i += 1
     return "".join(out)
+
+
+def readable_text(tokenizer: Any, ids: list[int]) -> str:
+    """Tokens `ids` decoded as one text, as a reader can read it: where the decoding would show '�' (a window that
+    cuts a UTF-8 character, a token that is one byte of one), each token by itself as `readable_token` writes it."""
+    text = tokenizer.decode(ids)
+    if "\ufffd" not in text:
+        return text
+    piece = tokenizer.id_to_token if hasattr(tokenizer, "id_to_token") else tokenizer.convert_ids_to_tokens
+    return "".join(readable_token(tokenizer.decode([i]), piece(i)) for i in ids)
 
 
 def readable_token(text: str, piece: str | None) -> str:

@@ -48,7 +48,7 @@ class Metric(NamedTuple):
     why_no_interval: str | None = None
 
     def __str__(self) -> str:
-        counts = f" (n_pos {self.n_pos}, n_neg {self.n_neg})" if self.n_pos is not None else ""
+        counts = f" ({self.n_pos} positives, {self.n_neg} negatives)" if self.n_pos is not None else ""
         if self.why_no_interval:
             return f"{self.value:.3f}{counts}, no interval: {self.why_no_interval}"
         return f"{self.value:.3f} [{self.low:.3f}, {self.high:.3f}]{counts}"

@@ -16,6 +16,7 @@ import pytest
 
 import experiments
 import lab.zoo as zoo
+from dashboards.pages import pages
 from lab import HookedTransformer, ModelConfig
 from lab.cli import dashboard_command, free_port, wait_until_serving
 from tests.builders import REPO, signals_as_sent, zoo_with_transcoders
@@ -249,6 +250,31 @@ READS_RIGHT = """() => {
       if (hidden.length) problems.push("the legend covers axis ticks in " + title + ": "
                                        + hidden.map(t => t.textContent).join(" "));
     }
+    const heading2 = gd.querySelector(".g-gtitle text");
+    for (const note of heading2 ? gd.querySelectorAll(".annotation-text-g") : []) {
+      if (overlap(box(heading2), box(note))) problems.push("the title over a panel's title in " + title + ": "
+                                                            + note.textContent);
+    }
+    const labels = [...gd.querySelectorAll(".textpoint text")].filter(t => t.textContent.trim());
+    for (let i = 0; i < labels.length; i++) {
+      for (let j = i + 1; j < labels.length; j++) {
+        if (overlap(box(labels[i]), box(labels[j]))) {
+          problems.push("overlapping labels in " + title + ": " + labels[i].textContent + " / "
+                        + labels[j].textContent);
+        }
+      }
+    }
+    for (const axis of gd.querySelectorAll(".xaxislayer-above, .yaxislayer-above")) {
+      // a rotated label's box is wider than its text: only level labels are compared
+      const ticks = [...axis.querySelectorAll(".xtick text, .ytick text")]
+        .filter(t => t.textContent.trim() && !/rotate\\((?!0[,)])/.test(t.getAttribute("transform") || ""));
+      for (let i = 0; i + 1 < ticks.length; i++) {
+        if (overlap(box(ticks[i]), box(ticks[i + 1]))) {
+          problems.push("overlapping tick labels in " + title + ": " + ticks[i].textContent + " / "
+                        + ticks[i + 1].textContent);
+        }
+      }
+    }
     const notes = [...gd.querySelectorAll(".annotation-text-g")];
     const points = [...gd.querySelectorAll(".scatterlayer .point")];
     for (let i = 0; i < notes.length; i++) {
@@ -262,6 +288,47 @@ READS_RIGHT = """() => {
   }
   return problems;
 }"""
+
+# Words, not identifiers, in the text a reader reads (the page outside its code spans, and every chart's drawn text;
+# a code span — a command, a file, a function — is code and may be written as one): a problem for each snake_case
+# token (a symbol with a subscript, H_t, d_k, W_U, is mathematics, not one), a backtick, a replacement character, a
+# "nan" or "None" where a number or a word belongs, a number written as ±d.ddde-NN (|exponent| ≥ 10) where 0 is meant.
+IN_WORDS = """() => {
+  const problems = [], seen = new Set();
+  const say = p => { if (!seen.has(p)) { seen.add(p); problems.push(p); } };
+  const main = document.querySelector("[data-testid='stMain']");
+  const texts = [["page", main.innerText]];
+  for (const t of main.querySelectorAll(".js-plotly-plot text")) {
+    if (t.textContent.trim()) texts.push(["chart", t.textContent]);
+  }
+  let prose = main.innerText;
+  // code is code (a code span, a block, an equation's \\texttt); an icon's name (keyboard_arrow_right) is drawn as
+  // its glyph
+  for (const c of main.querySelectorAll("code, pre, .katex-html .texttt, [data-testid='stIconMaterial']")) {
+    prose = prose.split(c.innerText).join(" ");
+  }
+  const snake = /(?<![\\w./-])[A-Za-z][A-Za-z0-9]*_[A-Za-z0-9_]*[A-Za-z0-9](?![\\w/])/g;
+  const symbol = /^[A-Za-z]{1,2}_([A-Za-z]|[A-Z]+|[0-9]+)$/;
+  const identifiers = text => [...text.matchAll(snake)].map(m => m[0]).filter(t => !symbol.test(t));
+  for (const token of identifiers(prose)) say("snake_case: " + token);
+  for (const [where, text] of texts) {
+    if (where === "chart") for (const token of identifiers(text)) say("snake_case in a chart: " + token);
+    const tick = text.indexOf("`");
+    if (tick >= 0) say("a backtick (" + where + "): " + text.slice(Math.max(0, tick - 30), tick + 30));
+    if (text.includes("\\ufffd")) say("a replacement character (" + where + ")");
+    for (const m of text.matchAll(/[-\\u2212+]?[0-9](?:\\.[0-9]+)?[eE][-\\u2212+]?[0-9]+/g)) {
+      if (Number(m[0].split(/[eE]/)[1].replace("\\u2212", "-")) <= -10) say("a number that means 0 (" + where + "): "
+                                                                             + m[0]);
+    }
+  }
+  for (const el of main.querySelectorAll("td, th, [data-testid='stMetricValue']")) {
+    if (/^\\s*(nan|NaN|None|null|undefined)\\s*$/.test(el.innerText)) say("a cell reads " + el.innerText.trim());
+  }
+  const empty = prose.match(/.{0,30}\\b(nan|NaN|None)\\b.{0,30}/);
+  if (empty) say("nan or None in the text: " + empty[0]);
+  return problems;
+}"""
+ROUND_OFF_PAGES = {"equations"}  # its checks measure floating-point error: 5.551e-16 there is a measurement, not 0
 
 # The numbers a page shows where a reader compares them: every metric card (label → value), every chart by title
 # (each trace's name, x and y), the text.
@@ -295,6 +362,12 @@ def reads_right(page) -> None:
     """The page as a person reads it (READS_RIGHT): no problem found, no exception drawn."""
     assert page.evaluate(READS_RIGHT) == []
     no_exceptions(page)
+
+
+def in_words(page, name: str) -> list[str]:
+    """What on the page `name` is an identifier, a glyph or a number where words belong (IN_WORDS)."""
+    problems = page.evaluate(IN_WORDS)
+    return [p for p in problems if not (name in ROUND_OFF_PAGES and p.startswith("a number that means 0"))]
 
 
 def shown(page) -> dict:
@@ -385,21 +458,14 @@ def agreements(name: str, results: dict, seen: dict) -> list[tuple[str, float, f
                         5e-4,
                     )
                 )
-        if not heads["bound_holds"]["supported"]:  # vacuous: its number is the largest right side
-            pairs.append(
-                (
-                    "the bound's largest right side",
-                    heads["bound_holds"]["value"],
-                    float(cards["Largest right side of the bound"]),
-                    5e-4,
-                )
-            )
+        if not heads["bound_holds"]["supported"]:  # vacuous: said as the reason, never as a big number
+            assert "Largest right side of the bound" not in cards
     elif name == "monitor":
-        from dashboards.common import SIGNAL_WORDS
+        from lab.names import SIGNALS
 
-        keys = {shown: key for key, shown in SIGNAL_WORDS.items()}
+        keys = {shown: key for key, shown in SIGNALS.items()}
         bars = next(t for t in chart(seen, "AUROC for a false claim") if t["name"] == "all false claims")
-        assert all(SIGNAL_WORDS.get(x, x) == x for x in bars["x"]), bars["x"]  # named as the table names them
+        assert all(SIGNALS.get(x, x) == x for x in bars["x"]), bars["x"]  # named as the table names them
         for signal, auroc in zip([keys.get(x, x) for x in bars["x"]], bars["y"]):
             if f"{signal}_separates" in heads and heads[f"{signal}_separates"]["value"] is not None:
                 pairs.append((f"AUROC of {signal}", heads[f"{signal}_separates"]["value"], auroc, 1e-9))
@@ -418,7 +484,7 @@ def agreements(name: str, results: dict, seen: dict) -> list[tuple[str, float, f
                 (
                     f"integrated gradients' relevant mass, {world}",
                     heads[f"attribution_{world}"]["value"],
-                    mass["y"][mass["x"].index("integrated_gradients")],
+                    mass["y"][mass["x"].index("integrated gradients")],
                     1e-9,
                 )
             )
@@ -477,6 +543,39 @@ def test_every_experiment_page_reads_right_and_agrees_with_its_headlines(server,
         assert abs(float(ece) - results["mc"]["ece_15_equal_width"]) <= 5e-4
         reads_right(page)
         snapshot(page, "calibration-partial.png")
+    assert errors == []
+
+
+CHARTS_DRAWN = """() => [...document.querySelectorAll("[data-testid='stPlotlyChart']")]
+                         .every(chart => chart.querySelector('.main-svg'))"""
+
+
+# The explorer's model views still print hook and config names (resid_pre, d_model) as words: its page is being
+# reworked for a real language model, and reads in words with that change (strict: this fails once it does).
+NOT_YET_IN_WORDS = {"explorer": "the explorer's views name hooks and config fields (resid_pre, d_model)"}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(name, marks=pytest.mark.xfail(reason=NOT_YET_IN_WORDS[name], strict=True))
+        if name in NOT_YET_IN_WORDS
+        else name
+        for name, _ in pages()
+    ],
+)
+def test_every_page_reads_in_words(server, browser, name):
+    """Every page of the dashboard as drawn in Chromium, its charts included (`IN_WORDS`): no snake_case token
+    outside a code span, no backtick, no '\ufffd', no "nan" or "None" cell, no ±d.ddde-18 where 0 is meant. The
+    methods, signals, grades and readouts a run writes by key are named by lab.names, the one table of their
+    display names."""
+    errors: list[str] = []
+    page = open_page(browser, f"{server}/{'' if name == 'home' else name}", errors, timeout=120_000)
+    page.wait_for_timeout(1_000)  # a page's charts arrive after its first idle moment
+    page.wait_for_function(CHARTS_DRAWN, timeout=60_000)
+    wait_rendered(page)
+    assert in_words(page, name) == []
+    no_exceptions(page)
     assert errors == []
 
 

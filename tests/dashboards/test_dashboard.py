@@ -125,6 +125,12 @@ def test_training_curves_of_a_trained_model(empty):
     assert not at.exception
     spec = json.loads(at.get("plotly_chart")[0].proto.spec)
     assert [trace["name"] for trace in spec["data"]] == ["train", "held-out"]
+    card = {"quick": True, "steps": 10, "provenance": {"started_utc": "2026-01-02T03-04-05Z"}}
+    (empty / "models" / "markov" / "card.json").write_text(json.dumps(card))
+    at = page("training").run()  # the curves say which model they are of: quick, its steps, when it was trained
+    caption = rendered(" ".join(c.value for c in at.caption))
+    assert "markov: the quick recipe, 10 steps, trained 2 January 2026, 03:04 UTC" in caption, caption
+    assert "(a quick model: forma build markov builds the full one)" in caption
 
 
 def _decode_array(z):
@@ -428,7 +434,7 @@ def test_home_shows_each_models_card_numbers(empty):
     assert row["trained"] == "yes" and row["parameters"] == "170,272" and row["steps"] == "3,000"
     assert row["KL to the true law (nats)"] == short(card["val_kl_to_truth_nats"]) == "0.06499"
     assert row["held-out loss (nats)"] == short(card["best_val_loss_nats"]) and row["perplexity"] == "—"
-    assert table.loc["facts", "trained"] == "no: run `forma build facts`"
+    assert table.loc["facts", "trained"] == "no: forma build facts makes it"
 
 
 def running_job(folder: Path, job: str, step: int, total: int) -> None:
@@ -611,10 +617,11 @@ def test_an_axis_that_counts_ticks_at_whole_numbers_and_a_legend_clears_a_second
     assert [whole_step(x) for x in (0.4, 1, 1.5, 3, 7, 11)] == [1, 1, 2, 5, 10, 20]
     for kept in (
         go.Figure(go.Scatter(x=[0.1, 0.5, 0.9], y=[1, 2, 3])),
-        go.Figure(go.Scatter(x=[10, 100, 1000], y=[1, 2, 3]), layout={"xaxis_type": "log"}),
         go.Figure(go.Scatter(x=[0, 1], y=[1, 2]), layout={"xaxis": {"tickvals": [0, 1], "ticktext": ["a", "b"]}}),
     ):
         assert readable(kept).layout.xaxis.dtick is None
+    log = readable(go.Figure(go.Scatter(x=[10, 100, 1000], y=[1, 2, 3]), layout={"xaxis_type": "log"}))
+    assert log.layout.xaxis.tickmode is None and log.layout.xaxis.dtick == "D2"  # a log axis: powers of ten, not steps
     two_axes = go.Figure(
         [go.Scatter(x=[1, 2], y=[0.1, 0.2], name="KL"), go.Scatter(x=[1, 2], y=[2.8, 3.4], name="H", yaxis="y2")],
         layout={"yaxis2": {"overlaying": "y", "side": "right"}},
@@ -641,7 +648,7 @@ def test_a_chart_names_the_monitors_signals_as_its_table_does():
     import plotly.graph_objects as go
 
     from dashboards.charts import relabel
-    from dashboards.common import SIGNAL_WORDS
+    from lab.names import SIGNALS
 
     fig = relabel(
         go.Figure(
@@ -649,12 +656,16 @@ def test_a_chart_names_the_monitors_signals_as_its_table_does():
                 go.Bar(x=["max_prob", "p_ik"], y=[0.7, 0.4], name="all false claims"),
                 go.Scatter(x=[0, 1], y=[0.2, 0.3], name="semantic_entropy"),
             ],
-            layout={"title": "Abstention on max_prob: thresholds (not max_probability)"},
+            layout={
+                "title": "Abstention on max_prob: thresholds (not max_probability)",
+                "annotations": [{"text": "markov: p_ik", "showarrow": False}],
+            },
         ),
-        SIGNAL_WORDS,
+        SIGNALS,
     )
-    assert list(fig.data[0].x) == ["top probability", "P(IK)"] and fig.data[1].name == "semantic entropy (nats)"
+    assert list(fig.data[0].x) == ["top probability", "P(IK)"] and fig.data[1].name == "semantic entropy"
     assert fig.layout.title.text == "Abstention on top probability: thresholds (not max_probability)"
+    assert fig.layout.annotations[0].text == "markov: P(IK)"  # a panel's title too
 
 
 def test_a_byte_level_token_reads_as_its_bytes():
@@ -662,7 +673,7 @@ def test_a_byte_level_token_reads_as_its_bytes():
     reads as itself; a byte-fallback piece (<0xE2>) as ⟨0xE2⟩."""
     from dashboards.explorer_tabs import token_text
     from lab.data.stdlib_corpus import train_bpe
-    from lab.data.tokenizers import readable_token
+    from lab.data.tokenizers import readable_text, readable_token
 
     tokenizer = train_bpe("Return the list.\n\n\nReturn the items.", vocab_size=270)
     model = HookedTransformer(
@@ -673,6 +684,12 @@ def test_a_byte_level_token_reads_as_its_bytes():
     assert [token_text(model, i) for i in ids][-2:] == ["⟨0xC3⟩", "⟨0xA9⟩"]
     assert "".join(model.to_string([i]) for i in ids[-2:]) == "\ufffd\ufffd"  # what the page showed before
     assert readable_token("\ufffd", "<0xE2>") == "⟨0xE2⟩" and readable_token("caf", "caf") == "caf"
+    # a window of tokens (the graph page's top contexts) cut through "é": its bytes, not '\ufffd'; a whole one as text
+    ids = tokenizer.encode("café list").ids
+    cut = [i for i in ids if "\ufffd" in tokenizer.decode([i])][:1] + ids[-2:]  # "é"'s first byte, then " list"
+    assert "\ufffd" in tokenizer.decode(cut) and "\ufffd" not in readable_text(tokenizer, cut)
+    assert readable_text(tokenizer, cut).startswith("⟨0xC3⟩")
+    assert readable_text(tokenizer, ids) == tokenizer.decode(ids)
 
 
 def test_explorer_lens_selector_and_input_attribution_show_the_library_numbers(empty):
@@ -730,3 +747,63 @@ def test_every_head_of_a_many_headed_model_is_one_tiled_picture_each_tile_its_pa
         assert np.allclose(tile, cache[f"blocks.{layer}.attn.hook_pattern"][0, head].numpy())
         assert tuple(where[layer * (pos + 1) + 2, head * (pos + 1) + 1]) == (layer, head, 2, 1)
     assert np.isnan(z[pos, :]).all()  # the blank row between layers 0 and 1
+
+
+def made_run(runs: Path, name: str, results: dict, config: dict) -> Path:
+    """A run folder of `name` as `forma run` leaves one: results, config and provenance."""
+    folder = runs / name / "2026-01-02T03-04-05Z"
+    folder.mkdir(parents=True)
+    (folder / "results.json").write_text(json.dumps(results))
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "provenance.json").write_text(json.dumps({"seed": 0, "git": {"commit": "0123456789abcdef"}}))
+    return folder
+
+
+@pytest.mark.parametrize("quick", [True, False])
+def test_a_page_says_which_run_it_shows(empty, quick):
+    """The header names the run, when it was made, its profile, its model and its config (folded away, and one
+    click from config.json); a quick run is said to be one, above its numbers; a default-profile run is not."""
+    made_run(empty / "runs", "equations", {"checks": [], "headlines": []}, {"seed": 0, "quick": quick})
+    at = page("equations").run()
+    assert not at.exception, at.exception
+    caption = " ".join(c.value for c in at.caption)
+    profile = "quick profile" if quick else "default profile"
+    assert f"made 2 January 2026, 03:04 UTC · {profile} · its own models, trained by the run" in rendered(caption)
+    assert [e.label for e in at.expander] == ["The run's config (config.json)"]
+    assert any("quick run" in i.value for i in at.info) == quick
+
+
+def test_a_claim_the_run_cannot_support_is_no_big_number(empty):
+    """The hallucination page draws a card only for a claim its run supports: the vacuous bound's largest right
+    side, and the Spearman of a run that cannot support its ordering, are reasons under "Not shown", not cards."""
+    acceptance = {
+        "spearman_monofact_vs_hallucination": {"1": 1.0},
+        "largest_right_side": -0.12,
+        "upweighting": [{"condition": "full + 5% ×10", "hallucination_reduction": 0.15}],
+    }
+    headlines = [
+        {"name": "hallucination_rises_with_monofact_rate_at_every_epoch", "supported": False, "why_not": "too few"},
+        {"name": "bound_holds", "supported": False, "why_not": "vacuous"},
+        {"name": "upweighting full + 5% ×10", "supported": True, "sentence": "It lowers g(H)."},
+    ]
+    made_run(empty / "runs", "hallucination", {"sweep": [], "acceptance": acceptance, "headlines": headlines}, {})
+    at = page("hallucination").run()
+    assert not at.exception, at.exception
+    assert [m.label for m in at.metric] == ["g(H) lowered by, full + 5% ×10"]
+
+
+def test_a_log_axis_is_labelled_as_often_as_its_length_allows():
+    """Over three powers of ten, a full-width panel labels 1, 2 and 5 of each; one of two panels in half the width
+    labels the powers alone (plotly's own 2 … 9 print over each other there)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from dashboards.charts import TITLE_CHARS, readable
+
+    wide = go.Figure(go.Scatter(x=[1, 10, 100, 1000], y=[1, 2, 3, 4]))
+    wide.update_xaxes(type="log")
+    assert readable(wide).layout.xaxis.dtick == "D2"
+    narrow = make_subplots(rows=1, cols=2)
+    narrow.add_scatter(x=[1, 10, 100, 1000], y=[1, 2, 3, 4], row=1, col=1)
+    narrow.update_xaxes(type="log", row=1, col=1)
+    assert readable(narrow, TITLE_CHARS // 2).layout.xaxis.dtick == 1

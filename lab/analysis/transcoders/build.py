@@ -13,6 +13,7 @@ model's folder:
 
 import json
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +147,7 @@ def build_transcoders(
     if overwrite:
         _start_afresh([*harvests.values(), out / CHECKPOINT_DIR], rank)
     made = []
+    _stage(progress, rank, f"{name}: the world's windows, then a harvest of every layer's MLP input and output")
     if train is None:
         made.append(harvests["train"])
         train = harvest_windows(
@@ -165,16 +167,24 @@ def build_transcoders(
         )
     store, windows = train
     transcoders = train_transcoders(
-        store, cfg, training, out, resume=not overwrite and has_checkpoint(out), parallel=parallel
+        store, cfg, training, out, resume=not overwrite and has_checkpoint(out), parallel=parallel, progress=progress
     )
     if rank != 0:
         return None
+    _stage(progress, rank, "measuring them on the held-out windows")
     quality = _quality(load_model(folder).eval(), transcoders, store, held_out, cfg, training)
     atomic_write_text(out / QUALITY_FILE, json.dumps(quality, indent=2) + "\n")
+    _stage(progress, rank, "each feature's top contexts")
     _write_contexts(out, transcoders, store, windows)
     for path in made:
         shutil.rmtree(path, ignore_errors=True)
     return out
+
+
+def _stage(progress: bool, rank: int, what: str) -> None:
+    """A line on stderr as a stage no bar counts begins (rank 0, with progress): the command is never silent."""
+    if progress and rank == 0:
+        print(f"transcoders: {what} …", file=sys.stderr, flush=True)
 
 
 def _start_afresh(paths: list[Path], rank: int) -> None:

@@ -40,6 +40,7 @@ from lab.analysis.transcoders.model import CONFIG_FILE, WEIGHTS_FILE, Transcoder
 from lab.configs import Record, check_fields, need
 from lab.distributed import all_gather_rows, barrier, rank_world, share
 from lab.files import atomic_write_text
+from lab.progress import bar
 from lab.train.checkpoint import (
     find_checkpoint,
     load_optimizer_tensors,
@@ -412,6 +413,7 @@ def train_transcoders(
     stop_after: int | None = None,
     log_every: int = 50,
     parallel: str = "data",
+    progress: bool = False,
 ) -> Transcoders:
     """Train transcoders on the store's rows; resume=True continues from out_dir/checkpoint. stop_after: stop (with
     a checkpoint) once that many steps are done, as an interruption would — for tests of resumption.
@@ -427,7 +429,7 @@ def train_transcoders(
 
     Rank 0 writes the checkpoints and the result (each layer's tensors gathered from the rank that trains it); every
     rank returns the whole trained set. A checkpoint is the same at any world size and either way of sharing, so a
-    run may resume on another number of ranks."""
+    run may resume on another number of ranks. progress: rank 0 counts the steps on lab.progress's bar."""
     rank, world, layers = _layout(cfg, training, parallel)
     store = store if isinstance(store, ActivationStore) else ActivationStore(store)
     out_dir = Path(out_dir)
@@ -436,25 +438,28 @@ def train_transcoders(
     store.verify_shared()  # each rank hashes a share of the shards, not every shard it reads
     scale = output_scale(store, cfg)
     batches = order.batches(state.step) if state.step < training.steps else iter(())
-    for step, x, y in batches:
-        sparsity = sparsity_weight(step, training)
-        lr, total = learning_rate(step, training), training.batch_size
-        stats = train_step(objective, optimizer, x, y, scale, sparsity, lr, total, sharing)
-        state.step = step + 1
-        if step % log_every == 0 or state.step == training.steps:
-            if world > 1:
-                dist.all_reduce(stats)  # the slices' sums (data), or each layer from its rank (modules)
-            state.history.append({"step": step, **step_record(stats, scale, sparsity, training.batch_size)})
-        if state.step == training.steps:
-            break
-        if state.step == stop_after or (
-            training.checkpoint_interval and state.step % training.checkpoint_interval == 0
-        ):
-            weights, moments = gathered_state(model, optimizer, layers)
-            if rank == 0:
-                save_checkpoint(out_dir / CHECKPOINT_DIR, weights, moments, cfg, training, state, store)
-        if state.step == stop_after:
-            break
+    counting = bar(training.steps, "transcoders: train", initial=state.step, show=progress and rank == 0)
+    with counting:
+        for step, x, y in batches:
+            sparsity = sparsity_weight(step, training)
+            lr, total = learning_rate(step, training), training.batch_size
+            stats = train_step(objective, optimizer, x, y, scale, sparsity, lr, total, sharing)
+            state.step = step + 1
+            counting.update(1)
+            if step % log_every == 0 or state.step == training.steps:
+                if world > 1:
+                    dist.all_reduce(stats)  # the slices' sums (data), or each layer from its rank (modules)
+                state.history.append({"step": step, **step_record(stats, scale, sparsity, training.batch_size)})
+            if state.step == training.steps:
+                break
+            if state.step == stop_after or (
+                training.checkpoint_interval and state.step % training.checkpoint_interval == 0
+            ):
+                weights, moments = gathered_state(model, optimizer, layers)
+                if rank == 0:
+                    save_checkpoint(out_dir / CHECKPOINT_DIR, weights, moments, cfg, training, state, store)
+            if state.step == stop_after:
+                break
     weights, _ = gathered_state(model, optimizer, layers)
     model.load_state_tensors(weights, "the ranks' layers")
     if rank == 0 and state.step == training.steps:

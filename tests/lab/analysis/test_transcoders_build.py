@@ -52,3 +52,14 @@ def test_the_command_lines_kinds_are_the_presets():
 def test_windows_come_from_the_models_own_world(markov_zoo):
     windows = world_windows(markov_zoo, 5, 64)
     assert windows.shape == (5, 16) and int(windows.max()) < 32
+
+
+def test_forma_transcoders_says_where_it_is_from_first_to_last(markov_zoo, capsys):
+    """With progress (off a terminal: lines), every stage says itself as it begins — the windows and harvest, the
+    training's steps counted, the measuring, the top contexts — so the command is never silent for long."""
+    argv = ["transcoders", "markov", "--kind", "topk", "--steps", "20", "--windows", "32", "--features", "48"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    stages = ["the world's windows", "transcoders: train: step 20/20", "measuring them", "top contexts"]
+    places = [err.find(stage) for stage in stages]
+    assert all(p >= 0 for p in places) and places == sorted(places), err

@@ -1,5 +1,8 @@
 """The `forma` command line: truthful help, clear errors, exit codes."""
 
+import json
+import re
+import shutil
 import subprocess
 import sys
 import time
@@ -83,7 +86,8 @@ def test_a_failing_demo_job_is_reported_and_the_dashboard_keeps_serving(tmp_path
 
 def test_forma_run_prints_the_runs_headlines_then_its_folder(tmp_path, monkeypatch, capsys):
     """What a run shows is its headlines (README): `forma run` prints each supported sentence, then each claim the
-    run cannot support, in words with the reason, then the folder — read back from the results.json it wrote."""
+    run cannot support, in words with the reason, then the folder — read back from the results.json it wrote; a
+    quick run says it is one before its numbers."""
     import experiments.equations
     from lab.headlines import title
     from lab.runs import headline
@@ -102,6 +106,7 @@ def test_forma_run_prints_the_runs_headlines_then_its_folder(tmp_path, monkeypat
     assert main(["run", "equations", "--quick", "--out", str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out == [
+        "A quick run (the small profile, for tests and the demo): `forma run equations` is the full experiment.",
         "Headlines:",
         f"  - {said['sentence']}",
         "Not shown, because this run cannot support it:",
@@ -167,8 +172,9 @@ def test_demo_only_names_a_demo_model_or_an_experiment(capsys):
 
 
 def test_the_demo_board_prints_each_running_jobs_progress_line_off_a_terminal(tmp_path, monkeypatch):
-    """Off a terminal (a log, a pipe), one line per running job, read from its progress file; waiting and
-    finished jobs print nothing until they change."""
+    """Off a terminal (a log, a pipe), a running job's line, read from its progress file, only where it moves on (a
+    new stage, a further quarter of one), without an ETA; each job numbered of the total from the start; waiting and
+    finished jobs print nothing; the same stage again, or back at an earlier step, prints nothing."""
     import io
 
     from lab.cli import JobBoard
@@ -191,10 +197,14 @@ def test_the_demo_board_prints_each_running_jobs_progress_line_off_a_terminal(tm
         while "step 10/40" not in board.status("forma run kl --quick") and time.monotonic() < deadline:
             time.sleep(0.02)
         board.draw()
+        board.draw()  # nothing new
+        b.n = 5  # back at an earlier step (a count that restarts): nothing
+        time.sleep(0.2)
+        board.draw()
     lines = out.getvalue().splitlines()
-    assert lines[0] == "[demo] forma run kl --quick …"
+    assert lines[0] == "[demo] forma run kl --quick … (job 1 of 2)"
     assert len(lines) == 2, lines
-    assert lines[1].startswith("[demo] forma run kl --quick: 0:00 elapsed; train step 10/40 (25%), ETA "), lines
+    assert re.fullmatch(r"\[demo\] forma run kl --quick: 0:0[0-9] elapsed; train step 10/40 \(25%\)", lines[1]), lines
 
 
 @pytest.mark.parametrize("case", ["a file", "a finished run", "under a file"])
@@ -322,3 +332,21 @@ def test_the_demo_board_redraws_one_line_per_job_in_place_on_a_terminal():
         + rows
         + "done in 3 s\n"
     )
+
+
+def test_a_quick_train_never_replaces_a_model_of_the_full_recipe(tmp_path, monkeypatch, capsys):
+    """`forma build markov --quick` over a model of the full recipe (card.json "quick": false) is refused with one
+    line that names --replace and another zoo, exit 2, and the model's files as they were."""
+    import lab.zoo as zoo
+
+    folder = tmp_path / "markov"
+    folder.mkdir()
+    shutil.copy(zoo.DEFAULT_ZOO_DIR / "markov" / "model.toml", folder / "model.toml")
+    (folder / "model.safetensors").write_bytes(b"the full model")
+    (folder / "card.json").write_text(json.dumps({"name": "markov", "quick": False}))
+    monkeypatch.setenv("FORMA_ZOO_DIR", str(tmp_path))
+    before = {path.name: path.read_bytes() for path in folder.iterdir()}
+    assert main(["build", "markov", "--quick", "--no-progress"]) == 2
+    error = capsys.readouterr().err
+    assert "full recipe" in error and "--replace" in error and "FORMA_ZOO_DIR" in error, error
+    assert {path.name: path.read_bytes() for path in folder.iterdir()} == before
