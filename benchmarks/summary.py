@@ -170,7 +170,9 @@ def _real_model_notes(r: dict[str, Any]) -> list[str]:
             + ", ".join(f"{k} {v:.1f} tokens/s" for k, v in g["tokens_per_s"].items())
             + f"; the same tokens as transformers: {g['same_tokens_as_hf']}."
         )
-    for goal, profile in (r.get("profile") or {}).items():
+    profiles = dict(r.get("profile") or {})
+    layout = profiles.pop("weight_layout", None)
+    for goal, profile in profiles.items():
         forma = next(v for k, v in profile.items() if k.startswith("forma"))
         top = forma.get("own_s") or {k: v for k, v in forma.items() if k != "total"}  # cProfile's, or torch's ops
         unit = "s" if "own_s" in forma else "ms"
@@ -178,6 +180,12 @@ def _real_model_notes(r: dict[str, Any]) -> list[str]:
             f"Goal missed, {goal}: Forma's time goes to "
             + ", ".join(f"{name} {value:.3g} {unit}" for name, value in list(top.items())[:4])
             + " (top entries; the whole profile is in the file)."
+        )
+    for product, row in (layout or {}).items():
+        ms = row["median_ms"]
+        lines.append(
+            f"Weight layout, {product} {' × '.join(map(str, row['shape']))}: x·W with W as TransformerLens lays it out "
+            f"{ms['in_out']:.3f} ms, as nn.Linear does {ms['out_in']:.3f} ms ({row['in_out_over_out_in']:.2f}×)."
         )
     return lines
 

@@ -203,3 +203,34 @@ def test_transformer_lens_style_code_reads_it_as_transformer_lens_would(folder):
     resid = cache[get_act_name("resid_post", 29)]
     assert resid.shape == (1, 6, 576) and cache[get_act_name("pattern", 0)].shape == (1, 9, 6, 6)
     assert model.to_string(logits[0, -1].argmax()) == " Rome"
+
+
+def test_a_bfloat16_build_stores_half_the_bytes_and_reads_as_the_float32_model_rounded(tmp_path, folder, model):
+    """`forma build smollm2 --dtype bfloat16`: every weight is the float32 build's rounded to bfloat16, and the model
+    it loads gives the same next token on the prompts."""
+    from lab.zoo.imports import import_model
+
+    out = import_model("smollm2", dtype="bfloat16", out=tmp_path / "smollm2")
+    half, full = load_file(str(out / "model.safetensors")), load_file(str(folder / "model.safetensors"))
+    assert all(half[name].dtype == torch.bfloat16 and torch.equal(half[name], full[name].bfloat16()) for name in full)
+    assert (out / "model.safetensors").stat().st_size < 0.51 * (folder / "model.safetensors").stat().st_size
+    bf16 = load_model(out)
+    with torch.no_grad():
+        for text in PROMPTS:
+            tokens = model.to_tokens(text, prepend_bos=False)
+            assert bf16(tokens)[0, -1].argmax() == model(tokens)[0, -1].argmax(), text
+
+
+def test_forma_hooks_and_forma_trust_on_smollm2(tmp_path, folder, capsys):
+    """The commands a user runs first: every hook point and its shape, and the trust report (Hugging Face logits,
+    fused against explicit attention, the KV cache, every hook firing) passing."""
+    import json
+
+    from lab.cli import main
+
+    assert main(["hooks", "smollm2", "--tokens", "4"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 605 and "blocks.29.hook_resid_post                [1, 4, 576]" in lines
+    assert main(["trust", "smollm2", "--out", str(tmp_path / "trust.json")]) == 0
+    report = json.loads((tmp_path / "trust.json").read_text())
+    assert report["passed"] and report["hugging_face"]["max_abs_logit_diff"] <= 1e-4
