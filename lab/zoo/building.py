@@ -33,7 +33,7 @@ def build(
     A fresh build discards an interrupted one; `resume=True` continues the interrupted build from its
     last checkpoint (a clear error when there is none, or when the recipe changed since it began)."""
     if recipe_kind(check_zoo_name(name)) == PRETRAINED:  # made from a file, not trained: nothing to resume
-        return import_model(name, dtype=dtype, out=out)
+        return import_model(name, dtype=dtype, out=out, progress=progress)
     recipe = load_recipe(name, quick=quick)
     directory = Path(out) if out is not None else zoo_dir() / name
     record = {

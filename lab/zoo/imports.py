@@ -89,13 +89,20 @@ def source_file(source: dict[str, Any]) -> Path:
     return path
 
 
-def import_model(name: str, dtype: str = "float32", out: Path | None = None) -> Path:
+def import_model(name: str, dtype: str = "float32", out: Path | None = None, progress: bool = False) -> Path:
     """Make the pretrained zoo model `name` from its source file into models/NAME/ (or `out`), its weights in
-    `dtype` (float32 or bfloat16); see the module's docstring."""
+    `dtype` (float32 or bfloat16); see the module's docstring. `progress`: a line as each stage begins."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
+
+    def say(line: str) -> None:
+        if progress:
+            print(line, flush=True)
+
     source = load_source(name)
+    say(f"[build] {name}: checking {source['file']} of {source['package']} {source['version']} (size, SHA-256)")
     path = source_file(source)  # checked before a build folder is made
+    say(f"[build] {name}: dequantizing its tensors ({source['quantization']}) into {dtype}, writing the folder")
     directory = Path(out) if out is not None else zoo_dir() / name
     record = {"format": BUILD_FORMAT, "name": name, "quick": False, "source": source, "dtype": dtype}
     with only_build(directory, name):
@@ -123,6 +130,7 @@ def import_model(name: str, dtype: str = "float32", out: Path | None = None) -> 
         }
         write_json(staging / CARD_FILE, card)
         publish_build(directory, staging)
+    say(f"[build] {name}: {card['folder_bytes']:,} bytes in {build_s:.0f} s")
     return directory
 
 
