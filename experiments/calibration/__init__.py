@@ -62,6 +62,12 @@ by `lab.hf.bridge` (TransformerBridge) — with temperature scaling and per-laye
 residual stream at the last prompt token, by the same rules (items split train / validation / test, controls,
 "not enough data" for a small CSV).
 
+The real-model track (`kadavath`): smollm2 — or any zoo model with a tokenizer — on the real question set
+(lab.data.questions, multiple choice), in Kadavath et al.'s format ("Question: …", "(A) …" to "(D) …", "Answer: ("),
+zero-shot and 5-shot (shots drawn from questions not evaluated), plain and in the model's chat template: accuracy,
+ECE and Brier with bootstrap intervals on a seeded subset (`real_track`), written as a run of its own,
+runs/calibration_real/<UTC timestamp>/ (`run_real_track`), not yet through `forma run calibration`.
+
 `headlines(results)` (a pure function of the rest of results.json) states what the run supports, each with a
 direction that the quick profile — a smaller run of the same experiment — must share with the default one;
 what a run cannot support is kept with the reason (`why_not`), and the dashboard lists it as not shown.
@@ -75,8 +81,8 @@ exposure, P(IK) and P(True) AUROC by layer, token-level ECE by layer).
 Where each part lives: `config` (Config, QUICK), `setting` (the world as token ids, the model's readings of it,
 training in stages), `ece` (ECEs and temperature scaling), `readouts` (readouts chosen on validation and
 reported on test, and P(IK)), `p_true`, `english` (token-level calibration), `mmlu` (`--model` with `--mmlu`),
-`figures`, `summary` (acceptance and headlines) and `synthetic` (the synthetic run); every name is imported
-from `experiments.calibration` itself.
+`kadavath` (the real question set), `figures`, `summary` (acceptance and headlines) and `synthetic` (the synthetic
+run); every name is imported from `experiments.calibration` itself.
 """
 
 from experiments import local_or_synthetic
@@ -92,6 +98,23 @@ from experiments.calibration.figures import (
     reliability_figure,
     stages_figure,
     token_level_figure,
+)
+from experiments.calibration.kadavath import (
+    SETTINGS,
+    Readings,
+    RealTrackConfig,
+    answer_letter_ids,
+    chat_prompt,
+    kadavath_prompt,
+    next_letter_log_probs,
+    question_block,
+    read_letters,
+    real_track,
+    run_real_track,
+    setting_summary,
+    shared_prefix,
+    split_questions,
+    token_ids,
 )
 from experiments.calibration.mmlu import (
     CSV_MEMORY_FACTOR,
