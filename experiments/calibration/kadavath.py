@@ -30,7 +30,8 @@ from lab.metrics.discrimination import bootstrap_ci
 from lab.model.kv_cache import KVCache, KVCacheEntry
 
 SETTINGS = (("zero-shot", 0, False), ("zero-shot, chat", 0, True), ("few-shot", 5, False), ("few-shot, chat", 5, True))
-QUICK_QUESTIONS = 300  # the quick profile's seeded subset of the multiple-choice questions
+DEFAULT_QUESTIONS = 300  # the seeded subset of the multiple-choice questions each setting reads
+QUICK_QUESTIONS = 40  # the quick profile's: a few minutes for the four settings on two busy cores
 RUN_NAME = "calibration_real"  # runs/calibration_real/: not the synthetic experiment's folder
 
 
@@ -168,6 +169,12 @@ def split_questions(questions: Sequence[Question], n: int, n_shots: int, seed: i
     return [questions[i] for i in drawn[:n]], [questions[i] for i in drawn[n:]]
 
 
+def letter_shares(indices: np.ndarray) -> dict[str, float]:
+    """The share of `indices` (0-3) that is each letter A-D."""
+    counts = np.bincount(indices, minlength=len(LETTERS))
+    return {letter: float(count / len(indices)) for letter, count in zip(LETTERS, counts)}
+
+
 def setting_summary(readings: Readings, n_boot: int, seed: int) -> dict[str, Any]:
     """Accuracy, ECE (15 equal-width bins, with its noise floor) and Brier, each with its bootstrap interval,
     and the letters' mean label mass; from lab.metrics on the readings' confidence and correctness."""
@@ -184,13 +191,17 @@ def setting_summary(readings: Readings, n_boot: int, seed: int) -> dict[str, Any
         "brier": score.value,
         "brier_ci95": [score.low, score.high],
         "label_mass": float(readings.label_mass.mean()),
+        # the share of questions whose chosen (right) letter is each of A-D: a model answering by position
+        # chooses one letter far more often than the right letters come
+        "chosen_letters": letter_shares(readings.probabilities.argmax(axis=1)),
+        "right_letters": letter_shares(readings.answer_index),
     }
 
 
 def real_track(
     model: Any,
     tokenizer: Any,
-    n_questions: int = QUICK_QUESTIONS,
+    n_questions: int = DEFAULT_QUESTIONS,
     n_boot: int = 500,
     seed: int = 0,
     settings: Sequence[tuple[str, int, bool]] = SETTINGS,
@@ -214,10 +225,12 @@ def real_track(
 
 @dataclass
 class RealTrackConfig:
-    """A run of `run_real_track`: the model (a zoo name or folder), how many questions, the seed, the bootstrap."""
+    """A run of `run_real_track`: the model (a zoo name or folder), how many questions (QUICK_QUESTIONS with
+    `quick`), the seed, the bootstrap."""
 
     model: str = "smollm2"
-    n_questions: int = QUICK_QUESTIONS
+    quick: bool = False
+    n_questions: int = DEFAULT_QUESTIONS
     n_boot: int = 500
     seed: int = 0
     threads: int = 2
@@ -235,7 +248,8 @@ def run_real_track(cfg: RealTrackConfig, out: str | Path | None = None) -> Path:
             began = time.perf_counter()
             model = HookedTransformer.from_pretrained(cfg.model).eval()
             load_s = time.perf_counter() - began
-            results, _ = real_track(model, model.tokenizer, cfg.n_questions, cfg.n_boot, cfg.seed)
+            n_questions = QUICK_QUESTIONS if cfg.quick else cfg.n_questions
+            results, _ = real_track(model, model.tokenizer, n_questions, cfg.n_boot, cfg.seed)
         results["timing"]["load_s"] = load_s
         results["model"] = cfg.model
         return results

@@ -69,6 +69,8 @@ def test_the_summary_is_lab_metrics_on_the_same_arrays(readings):
     assert summary["accuracy"] == correct.mean()
     assert summary["accuracy_ci95"][0] <= summary["accuracy"] <= summary["accuracy_ci95"][1]
     assert summary["chance"] == 0.25
+    chosen = np.bincount(readings.probabilities.argmax(axis=1), minlength=4) / len(correct)
+    assert list(summary["chosen_letters"].values()) == pytest.approx(chosen)
 
 
 def test_smollm2_answers_lettered_questions_by_position(readings):
