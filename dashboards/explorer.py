@@ -50,7 +50,7 @@ def choose_model() -> str:
     names = zoo_names()
     options = names + ["local folder…"]
     first = next((name for name in FIRST_CHOICE if name in names and is_trained(name)), None)  # a real model first
-    index = options.index(first) if first else 0
+    index = options.index(first or ("pydoc" if "pydoc" in options else options[0]))
     choice = st.sidebar.selectbox("Model", options, index=index, key="model_choice")
     if choice == "local folder…":
         return st.sidebar.text_input(

@@ -124,6 +124,8 @@ def _show_cards(acceptance: dict, supported: set[str]) -> None:
     and each upweighting's change."""
     cards = []
     spearman = acceptance.get("spearman_monofact_vs_hallucination") or {}
+    if not isinstance(spearman, dict):  # read whether or not its card is drawn: a malformed file is said as one
+        raise TypeError(f"spearman_monofact_vs_hallucination is a {type(spearman).__name__}, not a table by epoch")
     if CARD_HEADLINES["spearman"] in supported:
         cards.append(
             (
