@@ -59,8 +59,8 @@ from lab.files import (
     claim_folder,
     folder_lock,
     is_owned_temporary,
-    is_temporary,
     owned,
+    remove_temporary,
     tensors_bytes,
 )
 from lab.inputs import InputError, parse_json, read_csv, read_json_object, read_text, regular_file
@@ -428,11 +428,10 @@ def _write_tables(out_dir: Path, tables: dict[str, SweepTable], plan: dict[str, 
     atomic_write_text(out_dir / SWEEP_FILE, json.dumps(manifest, indent=2) + "\n")
     wrote = owned(out_dir) | {OWNER_FILE}  # what killed writes left half-done, of the files Forma's manifest lists
     for path in out_dir.glob(".*"):
-        if path.is_file() and is_owned_temporary(path, wrote):
-            path.unlink()
+        if is_owned_temporary(path, wrote):
+            remove_temporary(path)
     for path in (out_dir / "parts").glob(".*"):  # parts/ is Forma's (listed) and holds only its parts
-        if path.is_file() and is_temporary(path) and not path.is_symlink():
-            path.unlink()
+        remove_temporary(path)
 
 
 def load_sweep(out_dir: str | Path) -> dict[str, SweepTable]:
