@@ -26,7 +26,7 @@ from lab.analysis.activations import ActivationStore
 from lab.analysis.activations.harvest import harvest
 from lab.analysis.activations.store import INDEX_FILE
 from lab.analysis.transcoders.measures import reconstruction_measures, replacement_loss, top_contexts
-from lab.analysis.transcoders.model import CONFIG_FILE, WEIGHTS_FILE, TranscoderConfig
+from lab.analysis.transcoders.model import CONFIG_FILE, SOURCE_FILE, WEIGHTS_FILE, TranscoderConfig, model_fingerprint
 from lab.analysis.transcoders.train import (
     CHECKPOINT_DIR,
     TRAINING_FILE,
@@ -53,7 +53,7 @@ TRANSCODERS_DIR = "transcoders"
 QUALITY_FILE = "quality.json"
 CONTEXTS_FILE = "contexts.safetensors"
 # what a set's folder holds
-SET_FILES = {CONFIG_FILE, WEIGHTS_FILE, TRAINING_FILE, QUALITY_FILE, CONTEXTS_FILE}
+SET_FILES = {CONFIG_FILE, WEIGHTS_FILE, SOURCE_FILE, TRAINING_FILE, QUALITY_FILE, CONTEXTS_FILE}
 
 
 def preset(
@@ -176,13 +176,21 @@ def build_transcoders(
             progress=progress,
         )
     store, windows = train
+    model = load_model(folder).eval()
     transcoders = train_transcoders(
-        store, cfg, training, out, resume=not overwrite and has_checkpoint(out), parallel=parallel, progress=progress
+        store,
+        cfg,
+        training,
+        out,
+        resume=not overwrite and has_checkpoint(out),
+        parallel=parallel,
+        progress=progress,
+        fingerprint=model_fingerprint(model),
     )
     if rank != 0:
         return None
     _stage(progress, rank, "measuring them on the held-out windows")
-    quality = _quality(load_model(folder).eval(), transcoders, store, held_out, cfg, training)
+    quality = _quality(model, transcoders, store, held_out, cfg, training)
     atomic_write_text(out / QUALITY_FILE, json.dumps(quality, indent=2) + "\n")
     _stage(progress, rank, "each feature's top contexts")
     _write_contexts(out, transcoders, store, windows)
