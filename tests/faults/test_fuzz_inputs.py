@@ -1,6 +1,6 @@
 """Generated malformations, thrown at every loader of a file from outside: a run's results.json and figures, an MMLU
-and a question–answer CSV, an activation set, a Forma model folder, a Hugging Face one and an attribution graph's
-description (graph.json: its meta and supernodes).
+and a question–answer CSV, an activation set, a Forma model folder, a Hugging Face one, an attribution graph's
+description (graph.json: its meta and supernodes) and a transcoder set (its config, source and weights).
 
 Each loader gets CASES cases, each drawn by a generator seeded with the loader's name and the case's number (so a
 failure names a case that can be rerun): bytes cut short, flipped, inserted or repeated; a byte-order mark; bytes
@@ -556,3 +556,47 @@ def test_attribution_graph(tmp_path, tally, one_thread):
 
         tally.check("attribution graph", case, folder, lambda folder=folder: Graph.load(folder), expected)
     assert_counted(tally, "attribution graph")
+
+
+# --- a transcoder set: config.json, source.json (what it was built from), transcoders.safetensors ------------------
+def test_transcoder_set(tmp_path, tally, one_thread):
+    """A set loaded against the model it was built from, one of its three files malformed per case: refused in one
+    line naming the folder, or loaded as its files say (the config's fields as json reads them, the weights as
+    safetensors reads them)."""
+    from safetensors.torch import load_file
+
+    from lab.analysis.transcoders.model import (
+        CONFIG_FILE,
+        SOURCE_FILE,
+        WEIGHTS_FILE,
+        Transcoders,
+        built_from,
+        model_fingerprint,
+    )
+    from tests.builders import random_transcoders, tiny_model
+
+    model = tiny_model()
+    random_transcoders(model, d_features=16).save(tmp_path / "original", built_from(model_fingerprint(model), 3))
+    originals = {name: json.loads((tmp_path / "original" / name).read_text()) for name in (CONFIG_FILE, SOURCE_FILE)}
+    for case in range(CASES):
+        rng = random.Random(f"transcoders-{case}")
+        folder = tmp_path / str(case) / "tc"
+        shutil.copytree(tmp_path / "original", folder)
+        target = rng.choice([CONFIG_FILE, SOURCE_FILE, WEIGHTS_FILE])
+        path = folder / target
+        if target == WEIGHTS_FILE:
+            path.write_bytes(mutate_bytes(path.read_bytes(), rng))
+        else:
+            path.write_bytes(mutate_json(originals[target], rng))
+        if rng.random() < 0.1:
+            replace_file(path, folder, rng)
+
+        def expected(loaded, folder=folder):
+            config = json.loads((folder / CONFIG_FILE).read_bytes().removeprefix(BOM).decode("utf-8"))
+            assert all(getattr(loaded.cfg, k) == v for k, v in config.items())
+            weights = load_file(str(folder / WEIGHTS_FILE))
+            for name, t in loaded.state_tensors().items():
+                torch.testing.assert_close(t, weights[name].to(t.dtype), rtol=0, atol=0, equal_nan=True)
+
+        tally.check("transcoder set", case, folder, lambda folder=folder: Transcoders.load(folder, model), expected)
+    assert_counted(tally, "transcoder set")
