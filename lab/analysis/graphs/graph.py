@@ -21,7 +21,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from lab.files import atomic_write, atomic_write_text
+from lab.files import atomic_write, atomic_write_text, is_owned_temporary, remove_temporary
 from lab.inputs import InputError, read_json, regular_file
 
 GRAPH_FORMAT = "forma-attribution-graph/1"
@@ -126,8 +126,12 @@ class Graph:
         return directory
 
     def save_supernodes(self, directory: str | Path) -> None:
-        """graph.json alone (meta and supernodes): what the dashboard rewrites when a person groups nodes."""
+        """graph.json alone (meta and supernodes): what the dashboard rewrites when a person groups nodes. What
+        killed writes of the graph's two files left in `directory` goes first (by its names; nothing else)."""
         check_supernodes(self.supernodes, set(self.node_ids()))
+        for path in Path(directory).glob(".*"):
+            if is_owned_temporary(path, {TENSORS_FILE, META_FILE}):
+                remove_temporary(path)
         meta = {"format": GRAPH_FORMAT, "n_layers": self.n_layers, "meta": self.meta, "supernodes": self.supernodes}
         atomic_write_text(Path(directory) / META_FILE, json.dumps(meta, indent=2) + "\n")
 

@@ -100,3 +100,16 @@ def test_a_graphs_tensors_are_checked_against_its_layer_count(graph, tmp_path, c
     with pytest.raises(ValueError, match=says) as err:
         Graph.load(folder)
     assert "\n" not in str(err.value) and "graph.safetensors" in str(err.value)
+
+
+def test_a_graphs_killed_writes_are_removed_by_its_next_save_and_nothing_else(graph, tmp_path):
+    """What a write of graph.safetensors or graph.json killed half-way leaves (atomic_write's temporary folder,
+    safetensors' `.tmpXXXXXX` inside) goes when the graph is saved again; a file of the user's stays."""
+    graph.supernodes = []
+    folder = graph.save(tmp_path / "g")
+    for name in ("graph.safetensors", "graph.json"):
+        (folder / f".{name}.ab12cd.tmp").mkdir()
+        (folder / f".{name}.ab12cd.tmp" / ".tmpX1y2Z3").write_bytes(b"half")
+    (folder / ".tmpAbC123").write_text("the user's")
+    graph.save_supernodes(folder)
+    assert sorted(p.name for p in folder.iterdir()) == [".tmpAbC123", "graph.json", "graph.safetensors"]
