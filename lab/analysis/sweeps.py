@@ -154,6 +154,11 @@ def _prompt(value: Any, model: Any, what: str) -> Tensor:
     if isinstance(value, str):
         tokens = model.to_tokens(value, truncate=False)[0].cpu()
     elif isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        outside = [v for v in value if not 0 <= v < model.cfg.d_vocab]
+        if outside:
+            raise ValueError(
+                f"the {what} prompt's token id {_shown(outside[0])} is out of range [0, {model.cfg.d_vocab})"
+            )
         tokens = torch.tensor(value, dtype=torch.long)
     else:
         raise ValueError(f"{what} must be text or a non-empty list of token ids, got {_shown(value)}")
