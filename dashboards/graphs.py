@@ -30,8 +30,18 @@ COLORS = {"feature": "#4c78a8", "error": "#e45756", "token": "#54a24b", "logit":
 
 
 @st.cache_resource(show_spinner="Loading transcoders…")
-def open_transcoders(path: str, version: tuple = ()) -> Transcoders:
-    return Transcoders.load(path)
+def open_transcoders(path: str, name: str, version: tuple = ()) -> Transcoders:
+    """The transcoders in `path`, checked against zoo model `name` (what they were built from, their shapes): any
+    file that cannot be read, or was built from another model, is one ValueError naming it."""
+    try:
+        return Transcoders.load(path, load_model(name, model_version(name)))
+    except (OSError, KeyError, TypeError, SafetensorError) as err:
+        raise ValueError(f"the transcoders in {path} cannot be read: {err}") from err
+
+
+def transcoders_version(path: str, name: str) -> tuple:
+    """What open_transcoders is keyed on besides the path: its files' and the model's sizes and times."""
+    return (model_version(path), model_version(name))
 
 
 @st.cache_resource(show_spinner="Computing the attribution graph…", max_entries=8)
@@ -48,10 +58,7 @@ def graph_of(name: str, kind: str, prompt: str, version: tuple = ()) -> Graph:
         pass
     except ValueError as err:
         raise ValueError(f"the saved graph in {folder} cannot be read, and is left as it is: {err}") from err
-    try:
-        transcoders = open_transcoders(str(path), model_version(str(path)))
-    except (OSError, KeyError, SafetensorError) as err:
-        raise ValueError(f"the transcoders in {path} cannot be read: {err}") from err
+    transcoders = open_transcoders(str(path), name, transcoders_version(str(path), name))
     graph = attribute(model, transcoders, tokens)
     graph.save(folder)
     return graph
@@ -242,6 +249,11 @@ edge_threshold = st.sidebar.slider("Edge threshold", 0.5, 1.0, 0.98, 0.01)
 model = load_model(name, model_version(name))
 path = zoo_dir() / name / TRANSCODERS_DIR / kind
 try:
+    transcoders = open_transcoders(str(path), name, transcoders_version(str(path), name))
+except ValueError as err:
+    st.warning(plain(str(err)))
+    st.stop()
+try:
     quality = load_quality(path)
     fvu = ", ".join(f"{float(v):.3f}" for v in quality["held_out"]["fvu"]) if quality else None
     recovered = float(quality["loss"]["recovered"]) if quality else None
@@ -271,14 +283,12 @@ event = st.plotly_chart(drawn, key="graph_chart", on_select="rerun", selection_m
 points = (event.selection.points if event and event.selection else []) or []
 chosen = [p["customdata"] for p in points if "customdata" in p]
 if chosen and graph.node(int(chosen[0]))["kind"] == "feature":
-    show_feature(
-        model, open_transcoders(str(path), model_version(str(path))), load_contexts(path), graph.node(int(chosen[0]))
-    )
+    show_feature(model, transcoders, load_contexts(path), graph.node(int(chosen[0])))
 elif chosen:
     st.info(describe(graph.node(int(chosen[0])), labels, logit_labels, graph))
 else:
     st.caption("Click a feature node for its top contexts and logits.")
-show_qk(model, open_transcoders(str(path), model_version(str(path))), graph, labels)
+show_qk(model, transcoders, graph, labels)
 kept_ids = [graph.node(i)["id"] for i in torch.nonzero(pruned.node_mask).flatten().tolist()]
 supernodes(graph, graph_folder(path, graph.tokens), kept_ids)
 export = to_circuit_tracer(

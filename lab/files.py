@@ -18,11 +18,32 @@ from lab.inputs import parse_json, read_json, read_text, size_text
 TEMPORARY_SUFFIX = ".tmp"
 
 
-def is_temporary(path: str | Path) -> bool:
-    """Whether `path` is one of atomic_write's temporaries (.<name>.<random>.tmp): a file that was never
-    renamed into place — what a write killed half-way leaves — and so never mistaken for a finished one."""
-    name = Path(path).name
+def temporary_name(name: str) -> bool:
+    """Whether `name` is one of atomic_write's temporary folders' (.<name>.<random>.tmp)."""
     return name.startswith(".") and name.endswith(TEMPORARY_SUFFIX)
+
+
+def is_temporary(path: str | Path) -> bool:
+    """Whether `path` is one of atomic_write's temporaries (.<name>.<random>.tmp), or a file in one: a file that was
+    never renamed into place — what a write killed half-way leaves — and so never mistaken for a finished one."""
+    path = Path(path)
+    return temporary_name(path.name) or temporary_name(path.parent.name)
+
+
+def remove_temporary(path: str | Path) -> bool:
+    """Remove `path` if it is one of atomic_write's temporaries (by its name): its folder, with whatever a killed
+    writer left inside (safetensors' own `.tmpXXXXXX`, the file half-written), or a bare file of an earlier Forma.
+    A link is never followed. Returns whether it removed anything."""
+    path = Path(path)
+    if not temporary_name(path.name) or path.is_symlink():
+        return False
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+        return True
+    if path.is_file():
+        path.unlink(missing_ok=True)
+        return True
+    return False
 
 
 def current_umask() -> int:
@@ -32,33 +53,37 @@ def current_umask() -> int:
 
 
 def atomic_write(path: str | Path, write: Callable[[Path], Any], size: int | None = None) -> None:
-    """Call write(tmp) on a temporary file beside `path`, then rename it into place.
+    """Call write(tmp) on a file in a temporary folder beside `path` (.<name>.<random>.tmp/<name>), then rename it
+    into place and remove the folder.
 
-    The file gets the permissions an ordinary `open()` would give it (0666 less the umask);
-    on any error the temporary file is removed and `path` is left as it was. An OSError of creating the temporary
-    file, or one that names no file, is raised again naming `path`; a full disk, however the writer reports it
-    (safetensors raises its own error), is an OSError naming `path`, the bytes it needed (`size`, when the caller
-    knows it, else at least what was written) and the bytes free there.
+    A writer's own temporaries land in that folder too (safetensors writes `.tmpXXXXXX` beside the file it is
+    given, then renames it): a write killed half-way leaves only the folder, whose name says it is Forma's, and the
+    next run removes it (`remove_temporary`). The file gets the permissions an ordinary `open()` would give it
+    (0666 less the umask); on any error the temporary folder is removed and `path` is left as it was. An OSError of
+    creating the temporary folder, or one that names no file, is raised again naming `path`; a full disk, however
+    the writer reports it (safetensors raises its own error), is an OSError naming `path`, the bytes it needed
+    (`size`, when the caller knows it, else at least what was written) and the bytes free there.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX)
+        folder = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX))
     except OSError as err:  # a read-only or full file system: name the file that was to be written
         raise OSError(err.errno, err.strerror, str(path)) from err
-    os.close(fd)
+    tmp = folder / path.name
     try:
-        write(Path(tmp))
+        write(tmp)
         os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
     except BaseException as err:
-        written = _size(Path(tmp))
-        Path(tmp).unlink(missing_ok=True)
+        written = _size(tmp)
+        shutil.rmtree(folder, ignore_errors=True)
         if (isinstance(err, OSError) and err.errno == errno.ENOSPC) or "No space left on device" in str(err):
             raise disk_full(path, size, written) from err
         if isinstance(err, OSError) and err.filename is None and err.errno is not None:
             raise OSError(err.errno, err.strerror, str(path)) from err
         raise
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _size(path: Path) -> int:
@@ -142,7 +167,7 @@ def owned(folder: str | Path) -> set[str]:
 def is_owned_temporary(path: str | Path, names: set[str]) -> bool:
     """Whether `path` is atomic_write's temporary of one of `names` (.<name>.<random>.tmp)."""
     name = Path(path).name
-    return is_temporary(name) and any(name.startswith(f".{n}.") for n in names)
+    return temporary_name(name) and any(name.startswith(f".{n}.") for n in names)
 
 
 def claim_folder(folder: str | Path, command: str, entries: list[str], *, overwrite: bool = False) -> set[str]:

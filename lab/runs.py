@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from lab.files import atomic_write, atomic_write_text, is_temporary
+from lab.files import atomic_write, atomic_write_text, is_temporary, remove_temporary
 from lab.inputs import InputError, read_json, read_text, regular_file
 
 REPO = Path(__file__).resolve().parents[1]
@@ -281,8 +281,7 @@ def run_and_record(
     folder = new_run_dir(experiment, out)
     with _exclusive(folder):
         for leftover in folder.iterdir():  # an earlier attempt's half-written temporaries: ours to remove
-            if is_temporary(leftover) and leftover.is_file():
-                leftover.unlink(missing_ok=True)
+            remove_temporary(leftover)
         record = provenance(seed, experiment=experiment)
         write_json(folder / "provenance.json", record)
         write_json(folder / "config.json", config)

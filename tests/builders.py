@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 
 import lab.zoo as zoo
 from lab import HookedTransformer, ModelConfig
-from lab.analysis.transcoders.model import TranscoderConfig, Transcoders
+from lab.analysis.transcoders.model import TranscoderConfig, Transcoders, built_from, model_fingerprint
 from lab.data.tokenizers import to_hf_tokenizer, word_level
 
 VOCAB = 100
@@ -353,7 +353,7 @@ def zoo_with_transcoders(root: Path) -> Path:
     model.save(zoo_copy / "pydoc")
     transcoders = random_transcoders(model, activation="topk")
     folder = zoo_copy / "pydoc" / "transcoders" / "topk"
-    transcoders.save(folder)
+    transcoders.save(folder, built_from(model_fingerprint(model), 0))
     windows = torch.randint(0, cfg.d_vocab, (16, 12), generator=torch.Generator().manual_seed(0))
     store = save_activations(model, windows, transcoders.cfg.hooks(), root / "harvest", positions="all", progress=False)
     save_file(top_contexts(transcoders, store) | {"windows": windows}, str(folder / "contexts.safetensors"))

@@ -59,8 +59,8 @@ from lab.files import (
     claim_folder,
     folder_lock,
     is_owned_temporary,
-    is_temporary,
     owned,
+    remove_temporary,
     tensors_bytes,
 )
 from lab.inputs import InputError, parse_json, read_csv, read_json_object, read_text, regular_file
@@ -154,6 +154,11 @@ def _prompt(value: Any, model: Any, what: str) -> Tensor:
     if isinstance(value, str):
         tokens = model.to_tokens(value, truncate=False)[0].cpu()
     elif isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        outside = [v for v in value if not 0 <= v < model.cfg.d_vocab]
+        if outside:
+            raise ValueError(
+                f"the {what} prompt's token id {_shown(outside[0])} is out of range [0, {model.cfg.d_vocab})"
+            )
         tokens = torch.tensor(value, dtype=torch.long)
     else:
         raise ValueError(f"{what} must be text or a non-empty list of token ids, got {_shown(value)}")
@@ -428,11 +433,10 @@ def _write_tables(out_dir: Path, tables: dict[str, SweepTable], plan: dict[str, 
     atomic_write_text(out_dir / SWEEP_FILE, json.dumps(manifest, indent=2) + "\n")
     wrote = owned(out_dir) | {OWNER_FILE}  # what killed writes left half-done, of the files Forma's manifest lists
     for path in out_dir.glob(".*"):
-        if path.is_file() and is_owned_temporary(path, wrote):
-            path.unlink()
+        if is_owned_temporary(path, wrote):
+            remove_temporary(path)
     for path in (out_dir / "parts").glob(".*"):  # parts/ is Forma's (listed) and holds only its parts
-        if path.is_file() and is_temporary(path) and not path.is_symlink():
-            path.unlink()
+        remove_temporary(path)
 
 
 def load_sweep(out_dir: str | Path) -> dict[str, SweepTable]:

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from lab.files import current_umask
+from lab.files import current_umask, remove_temporary
 from lab.runs import write_json
 from lab.train import RESUMABLE_CHANGES, discard_tree
 
@@ -121,8 +121,8 @@ def publish_build(directory: Path, staging: Path) -> None:
     resolved it a moment before the switch; older ones are removed."""
     _move_unlinked_into_a_build(directory)
     previous = published_build(directory)
-    for leftover in staging.rglob(".*.tmp"):  # temporary files of writes a crash cut short
-        leftover.unlink()
+    for leftover in list(staging.rglob(".*.tmp")):  # temporaries (folders, now) of writes a crash cut short
+        remove_temporary(leftover)
     entries = sorted(entry for entry in staging.iterdir() if not entry.name.startswith("."))
     for entry in entries:  # before the switch a new name shows nothing, as before
         path = directory / entry.name

@@ -4,6 +4,7 @@ import json
 
 import pytest
 import streamlit as st
+from safetensors.torch import load_file, save_file
 from streamlit.testing.v1 import AppTest
 
 from dashboards.pages import page_file
@@ -79,3 +80,65 @@ def test_a_shared_graphs_strings_are_text_and_a_graph_that_fails_its_checks_is_l
     warned = " ".join(str(w.value) for w in at.warning)
     assert "cannot be read" in warned and "left as it is" in warned, warned
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+
+
+def _graph_json(folder, **changes):
+    meta = json.loads((folder / "graph.json").read_text())
+    (folder / "graph.json").write_text(json.dumps(meta | changes))
+
+
+def _nan_adjacency(folder):
+    tensors = load_file(str(folder / "graph.safetensors"))
+    tensors["adjacency"][0, 0] = float("nan")
+    save_file(tensors, str(folder / "graph.safetensors"))
+
+
+def _truncated_transcoders(folder):
+    weights = folder.parent.parent / "transcoders.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+
+
+def _quality_without_held_out(folder):
+    (folder.parent.parent / "quality.json").write_text(json.dumps({"loss": {"recovered": 0.5}}))
+
+
+def _huge_d_features(folder):
+    config = folder.parent.parent / "config.json"
+    config.write_text(json.dumps(json.loads(config.read_text()) | {"d_features": 10**9}))
+
+
+def _another_models(folder):
+    source = folder.parent.parent / "source.json"
+    record = json.loads(source.read_text())
+    source.write_text(json.dumps(record | {"model": record["model"] | {"weights_sha256": "0" * 64}}))
+
+
+@pytest.mark.parametrize(
+    "spoil, says",
+    [
+        (lambda folder: _graph_json(folder, n_layers=0), "at least one layer"),
+        (_nan_adjacency, "not finite numbers"),
+        (_truncated_transcoders, "malformed or truncated"),
+        (_quality_without_held_out, "quality.json cannot be read"),
+        (_huge_d_features, "too few for the"),
+        (_another_models, "built from another model"),
+    ],
+    ids=["n_layers 0", "NaN adjacency", "truncated transcoders", "quality without held_out", "d_features 1e9", "other"],
+)
+def test_a_broken_file_is_one_clear_message_on_the_page(zoo_dir, spoil, says):
+    """Each file the page reads, spoilt as a crash, a disk or a hand can spoil it: one warning naming what is
+    wrong, no traceback, and the file left as it was."""
+    at = AppTest.from_file(str(page_file("graphs")), default_timeout=120)
+    at.run()
+    assert not at.exception, at.exception
+    (folder,) = list((zoo_dir / "pydoc" / "transcoders" / "topk" / GRAPHS_DIR).iterdir())
+    spoil(folder)
+    before = {str(p): p.read_bytes() for p in (zoo_dir / "pydoc" / "transcoders").rglob("*") if p.is_file()}
+    st.cache_resource.clear()
+    at = AppTest.from_file(str(page_file("graphs")), default_timeout=120)
+    at.run()
+    assert not at.exception, at.exception
+    warned = [str(w.value) for w in at.warning]
+    assert len(warned) == 1 and says in warned[0].replace("\\", ""), warned
+    after = {str(p): p.read_bytes() for p in (zoo_dir / "pydoc" / "transcoders").rglob("*") if p.is_file()}
+    assert after == before

@@ -8,6 +8,7 @@ corrected one."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -228,3 +229,83 @@ def test_a_full_disk_is_one_line_saying_what_was_needed_and_where_and_the_rerun_
     assert ".safetensors" in line and str(out) in line, line
     monkeypatch.undo()
     assert main(argv) == 0
+
+
+# --------------------------------------------------------------------------------------------
+# Clean leftovers: what a write killed inside safetensors leaves is removed by the next run, and nothing else
+# --------------------------------------------------------------------------------------------
+KILLED_WRITE = """
+import resource, signal, sys
+import torch
+from safetensors.torch import save_file
+from lab.files import atomic_write
+signal.signal(signal.SIGXFSZ, signal.SIG_DFL)  # (Python ignores it, and a write past the limit fails instead)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, 1 << 16))  # past 64 KiB a write is killed (SIGXFSZ)
+atomic_write(sys.argv[1], lambda path: save_file({"x": torch.zeros(1 << 18)}, str(path)))
+"""
+
+
+def killed_write(target: Path) -> Path:
+    """Kill a process while safetensors writes `target` through atomic_write (SIGXFSZ at 64 KiB of 1 MiB: no
+    handler runs, as with kill -9) and return what it left: Forma's temporary folder beside `target`, holding
+    safetensors' own `.tmpXXXXXX` half-written."""
+    before = set(target.parent.iterdir()) if target.parent.is_dir() else set()
+    env = os.environ | {"PYTHONDONTWRITEBYTECODE": "1"}
+    done = subprocess.run([sys.executable, "-c", KILLED_WRITE, str(target)], env=env, capture_output=True)
+    assert done.returncode == -signal.SIGXFSZ, done.stderr.decode()[-2000:]
+    (left,) = set(target.parent.iterdir()) - before
+    assert left.name.startswith(f".{target.name}.") and left.name.endswith(".tmp") and left.is_dir(), left
+    (inside,) = left.iterdir()
+    assert inside.name.startswith(".tmp") and inside.stat().st_size <= 1 << 16, inside  # safetensors' own, cut short
+    return left
+
+
+def temporaries(folder: Path) -> list[Path]:
+    return [p for p in folder.rglob(".*") if p.name.endswith(".tmp") or p.name.startswith(".tmp")]
+
+
+@pytest.mark.parametrize("command", ["harvest", "patch"])
+def test_a_write_killed_inside_safetensors_is_cleaned_by_the_rerun_and_a_users_file_kept(
+    tmp_path, model_dir, capsys, command
+):
+    """The run killed while it wrote its last file (the harvest's index, a part's shard; the sweep's table): the
+    same command again finishes and removes the killed writes' temporaries; a user's file named like safetensors'
+    temporary is refused without --overwrite and kept with it."""
+    out = tmp_path / "out"
+    argv = (
+        harvest(model_dir, text_corpus(tmp_path), out)
+        if command == "harvest"
+        else patch(model_dir, write_pairs(tmp_path / "pairs.jsonl", [pair()]), out)
+    )
+    assert main(argv) == 0
+    capsys.readouterr()
+    last = out / ("index.json" if command == "harvest" else "sweep.json")
+    last.unlink()  # killed before its last file: unfinished
+    if command == "harvest":
+        killed_write(out / "index.json")
+        killed_write(out / "part-00000" / "shard-00001.safetensors")
+    else:
+        killed_write(out / "head.safetensors")
+        killed_write(out / "parts" / "part-00000.safetensors")
+    assert main(argv) == 0 and last.is_file()
+    capsys.readouterr()
+    assert temporaries(out) == []
+    (out / ".tmpAbC123").write_text("the user's")  # not Forma's: its name is safetensors', no manifest lists it
+    assert ".tmpAbC123" in refused(argv, capsys)
+    assert main(argv + ["--overwrite"]) == 0
+    assert (out / ".tmpAbC123").read_text() == "the user's"
+
+
+def test_a_transcoder_sets_killed_writes_are_removed_and_nothing_else(tmp_path):
+    """build_transcoders begins by removing the temporaries of its own files' killed writes (by their names) from
+    the set's folder; a file of the user's, even one named like a temporary, stays."""
+    from lab.analysis.transcoders.build import remove_leftovers
+
+    out = tmp_path / "transcoders" / "topk"
+    for name in ("transcoders.safetensors", "contexts.safetensors"):
+        killed_write(out / name)
+    mine = {".tmpAbC123": "safetensors' name", ".notes.md.x.tmp": "a temporary's name", "notes.md": "plain"}
+    for name, text in mine.items():
+        (out / name).write_text(text)
+    remove_leftovers(out)
+    assert {p.name: p.read_text() for p in out.iterdir()} == mine

@@ -1,6 +1,7 @@
 """Generated malformations, thrown at every loader of a file from outside: a run's results.json and figures, an MMLU
-and a question–answer CSV, an activation set, a Forma model folder, a Hugging Face one and an attribution graph's
-description (graph.json: its meta and supernodes).
+and a question–answer CSV, an activation set, a Forma model folder, a Hugging Face one, an attribution graph's
+description (graph.json: its meta and supernodes), a transcoder set (its config, source and weights) and a dataset
+of prompt pairs (forma patch --pairs).
 
 Each loader gets CASES cases, each drawn by a generator seeded with the loader's name and the case's number (so a
 failure names a case that can be rerun): bytes cut short, flipped, inserted or repeated; a byte-order mark; bytes
@@ -556,3 +557,103 @@ def test_attribution_graph(tmp_path, tally, one_thread):
 
         tally.check("attribution graph", case, folder, lambda folder=folder: Graph.load(folder), expected)
     assert_counted(tally, "attribution graph")
+
+
+# --- a transcoder set: config.json, source.json (what it was built from), transcoders.safetensors ------------------
+def test_transcoder_set(tmp_path, tally, one_thread):
+    """A set loaded against the model it was built from, one of its three files malformed per case: refused in one
+    line naming the folder, or loaded as its files say (the config's fields as json reads them, the weights as
+    safetensors reads them)."""
+    from safetensors.torch import load_file
+
+    from lab.analysis.transcoders.model import (
+        CONFIG_FILE,
+        SOURCE_FILE,
+        WEIGHTS_FILE,
+        Transcoders,
+        built_from,
+        model_fingerprint,
+    )
+    from tests.builders import random_transcoders, tiny_model
+
+    model = tiny_model()
+    random_transcoders(model, d_features=16).save(tmp_path / "original", built_from(model_fingerprint(model), 3))
+    originals = {name: json.loads((tmp_path / "original" / name).read_text()) for name in (CONFIG_FILE, SOURCE_FILE)}
+    for case in range(CASES):
+        rng = random.Random(f"transcoders-{case}")
+        folder = tmp_path / str(case) / "tc"
+        shutil.copytree(tmp_path / "original", folder)
+        target = rng.choice([CONFIG_FILE, SOURCE_FILE, WEIGHTS_FILE])
+        path = folder / target
+        if target == WEIGHTS_FILE:
+            path.write_bytes(mutate_bytes(path.read_bytes(), rng))
+        else:
+            path.write_bytes(mutate_json(originals[target], rng))
+        if rng.random() < 0.1:
+            replace_file(path, folder, rng)
+
+        def expected(loaded, folder=folder):
+            config = json.loads((folder / CONFIG_FILE).read_bytes().removeprefix(BOM).decode("utf-8"))
+            assert all(getattr(loaded.cfg, k) == v for k, v in config.items())
+            weights = load_file(str(folder / WEIGHTS_FILE))
+            for name, t in loaded.state_tensors().items():
+                torch.testing.assert_close(t, weights[name].to(t.dtype), rtol=0, atol=0, equal_nan=True)
+
+        tally.check("transcoder set", case, folder, lambda folder=folder: Transcoders.load(folder, model), expected)
+    assert_counted(tally, "transcoder set")
+
+
+# --- a dataset of prompt pairs (forma patch --pairs): JSONL --------------------------------------------------------
+PAIR_WORDS = ["Mary", "John", "went", "to", "the", "store", ",", "gave", "a", "drink"]
+
+
+def test_pairs_file(tmp_path, tally, one_thread):
+    """A JSONL dataset of two pairs (one of text, one of token ids), one row or the file's bytes malformed per case:
+    refused in one line naming the file, or read as json reads it (each row's prompts, as text encoded or as ids,
+    and its answers)."""
+    from lab import HookedTransformer
+    from lab.analysis.sweeps import read_pairs
+    from lab.data.tokenizers import word_level
+
+    tokenizer = word_level(PAIR_WORDS)
+    model = HookedTransformer(tiny_config(d_vocab=tokenizer.get_vocab_size(), n_ctx=16), seed=0, tokenizer=tokenizer)
+    rows = [
+        {"clean": "Mary and John went to the store", "corrupted": "Mary and Mary went to the store", "answer": "John"},
+        {"clean": [3, 4, 5, 6], "corrupted": [3, 4, 7, 6], "answer": 5, "wrong": 7},
+    ]
+    rows[0]["wrong"] = "Mary"
+    for case in range(CASES):
+        rng = random.Random(f"pairs-{case}")
+        folder = tmp_path / str(case)
+        folder.mkdir()
+        path = folder / "pairs.jsonl"
+        lines = [json.dumps(r).encode() for r in rows]
+        if rng.random() < 0.15:  # a token id past the vocabulary, below 0, or past int64
+            bad = copy.deepcopy(rows[1])
+            bad[rng.choice(["clean", "corrupted"])][rng.randrange(4)] = rng.choice([-1, 2**63, model.cfg.d_vocab])
+            lines[1] = json.dumps(bad).encode()
+            path.write_bytes(b"\n".join(lines) + b"\n")
+        elif rng.random() < 0.5:
+            k = rng.randrange(len(lines))
+            lines[k] = mutate_json(rows[k], rng).replace(b"\n", b" ")
+            path.write_bytes(b"\n".join(lines) + b"\n")
+        else:
+            path.write_bytes(mutate_bytes(b"\n".join(lines) + b"\n", rng))
+        if rng.random() < 0.1:
+            replace_file(path, folder, rng)
+
+        def expected(loaded, path=path):
+            text = path.read_bytes().removeprefix(BOM).decode("utf-8")
+            oracle = [json.loads(line) for line in text.splitlines() if line.strip()]
+            assert len(loaded) == len(oracle)
+            for pair, row in zip(loaded, oracle):
+                for key in ("clean", "corrupted"):
+                    ids = row[key] if isinstance(row[key], list) else model.to_tokens(row[key], truncate=False)[0]
+                    assert torch.equal(getattr(pair, key), torch.as_tensor(ids))
+                    assert all(0 <= int(t) < model.cfg.d_vocab for t in getattr(pair, key))
+                for key in ("answer", "wrong"):
+                    want = row[key] if isinstance(row[key], int) else model.to_single_token(row[key])
+                    assert getattr(pair, key) == want
+
+        tally.check("pairs file", case, folder, lambda path=path: read_pairs(path, model), expected)
+    assert_counted(tally, "pairs file")

@@ -343,7 +343,7 @@ def test_the_signal_tests_pass_in_a_suite_started_with_sigint_ignored(tmp_path):
 
 # An empty folder on a read-only mount, and a folder on a full disk, as `--out`: real mounts in a private mount
 # namespace (`unshare --user --map-root-user --mount`: no root needed where user namespaces are allowed);
-# where they are not, the same error injected where the run's first file is created (tempfile.mkstemp).
+# where they are not, the same error injected where the run's first file is created (tempfile.mkstemp, mkdtemp).
 UNWRITABLE = {
     "read-only": ('mount -t tmpfs -o ro,size=1m tmpfs "$1"', ".", "EROFS"),
     "full": (
@@ -355,12 +355,13 @@ UNWRITABLE = {
 INJECTED = """
 import errno, os, runpy, sys, tempfile
 folder, code = sys.argv.pop(1), sys.argv.pop(1)
-real = tempfile.mkstemp
-def mkstemp(*args, dir=None, **kwargs):
-    if dir is not None and str(dir).startswith(folder):
-        raise OSError(getattr(errno, code), os.strerror(getattr(errno, code)), str(dir))
-    return real(*args, dir=dir, **kwargs)
-tempfile.mkstemp = mkstemp
+def failing(real):
+    def make(*args, dir=None, **kwargs):
+        if dir is not None and str(dir).startswith(folder):
+            raise OSError(getattr(errno, code), os.strerror(getattr(errno, code)), str(dir))
+        return real(*args, dir=dir, **kwargs)
+    return make
+tempfile.mkstemp, tempfile.mkdtemp = failing(tempfile.mkstemp), failing(tempfile.mkdtemp)
 runpy.run_module("lab.cli", run_name="__main__")
 """
 

@@ -188,7 +188,7 @@ def test_a_disk_that_fills_while_writing_leaves_no_results_and_nothing_cut_short
     write_text = Path.write_text
 
     def full_disk(self: Path, data: str, *args, **kwargs) -> int:
-        if self.name.startswith(f".{failing}."):  # the temporary that becomes `failing`
+        if self.parent.name.startswith(f".{failing}."):  # the temporary that becomes `failing` (in its folder)
             write_text(self, data[: len(data) // 2], *args, **kwargs)
             raise OSError(errno.ENOSPC, "No space left on device", str(self))
         return write_text(self, data, *args, **kwargs)
@@ -408,7 +408,8 @@ def test_forma_run_killed_at_each_kind_of_moment_loses_nothing(tmp_path, fault_z
         status, log = forks.call(command, fault=fault | ({"trace": str(trace)} if last else {}))
         assert status == -signal.SIGKILL, f"not killed {moment}: exit status {status}\n{log[-3000:]}"
         counts["killed"] += 1
-        (new,) = set(base.glob("*/")) - folders  # (a kill before `latest` is renamed leaves its temporary)
+        (new,) = {p for p in base.glob("*/") if not is_temporary(p)} - folders  # (a kill before `latest` is
+        # renamed leaves its temporary folder)
         if moment in AFTER_RESULTS:
             counts["files missing beside results.json"] += not files <= {p.name for p in new.iterdir()}
         else:
@@ -423,7 +424,7 @@ def test_forma_run_killed_at_each_kind_of_moment_loses_nothing(tmp_path, fault_z
         )
     events = [json.loads(line) for line in trace.read_text().splitlines()]
     assert events[-1]["event"] == "os.remove" and events[-1]["path"] == str(new / PROGRESS_FILE)  # all but the end
-    writes = [e["path"] for e in events if e["event"] in ("open", "tempfile.mkstemp")]
+    writes = [e["path"] for e in events if e["event"] in ("open", "tempfile.mkstemp", "tempfile.mkdtemp")]
     assert [p for p in writes if Path(p).is_relative_to(runs) and not is_temporary(p)] == []
     print(f"\nkill -9 trials of forma run equations --quick: {counts}")
     losses = {k: v for k, v in counts.items() if k not in ("trials", "killed")}

@@ -227,8 +227,9 @@ def test_sigint_and_sigterm_stop_at_the_step_with_a_checkpoint_and_resume_to_the
         assert zygote.call(train)[0] == 0
     reference = published(folder)
     # The signal comes while step 5 appends its metrics line (the 1st operation on metrics.jsonl is its
-    # creation): the loop must stop after step 5, the step in flight, with a checkpoint of it.
-    at_step_5 = {"match": "metrics.jsonl", "at": 6}
+    # creation, renamed in from its temporary folder, whose file is not counted): the loop must stop after step 5,
+    # the step in flight, with a checkpoint of it.
+    at_step_5 = {"match": "/train/metrics.jsonl", "at": 6}
     status, log = zygote.call(train, fault=at_step_5 | {"signal": "SIGINT"})
     stopped = [line for line in log.splitlines() if line.startswith("forma build:")]
     assert status == 128 + signal.SIGINT, log

@@ -53,7 +53,7 @@ from lab.distributed import (
     rank_world,
     record_plan,
 )
-from lab.files import OWNER_FILE, claim_folder, folder_lock, is_owned_temporary, owned
+from lab.files import OWNER_FILE, claim_folder, folder_lock, is_owned_temporary, owned, remove_temporary
 from lab.inputs import read_text, regular_file
 
 HARVEST_FORMAT = "forma-harvest/1"
@@ -284,5 +284,8 @@ def _tidy(out_dir: Path, n_parts: int, wrote: set[str]) -> None:
     for path in out_dir.iterdir():
         if path.is_dir() and not path.is_symlink() and path.name in wrote - planned - {PLAN_FILE, INDEX_FILE}:
             shutil.rmtree(path)
-        elif path.is_file() and is_owned_temporary(path, wrote | {OWNER_FILE}):
-            path.unlink()
+        elif is_owned_temporary(path, wrote | {OWNER_FILE}):
+            remove_temporary(path)
+        elif path.is_dir() and not path.is_symlink() and path.name in planned & wrote:  # a part folder is Forma's
+            for inside in path.glob(".*"):
+                remove_temporary(inside)

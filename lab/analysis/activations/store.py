@@ -45,7 +45,7 @@ from lab.analysis.activations.verify import (
     verify_checksum,
 )
 from lab.distributed import all_gather_json, rank_world, share
-from lab.files import atomic_write, atomic_write_text, is_temporary, tensors_bytes
+from lab.files import atomic_write, atomic_write_text, remove_temporary, tensors_bytes
 from lab.freed_memory import release_freed_memory
 from lab.inputs import InputError, read_json_object, regular_file
 
@@ -171,7 +171,9 @@ def _ready_folder(out_dir: Path, arguments: dict[str, Any], overwrite: bool) -> 
         (out_dir / PROGRESS_FILE).unlink(missing_ok=True)
     kept = {shard["file"] for shard in done}
     for stale in out_dir.iterdir():  # shards never recorded, and temporaries a killed write left behind
-        if stale.is_file() and (stale.name.startswith("shard-") or is_temporary(stale)) and stale.name not in kept:
+        if stale.name in kept or remove_temporary(stale):
+            continue
+        if stale.is_file() and stale.name.startswith("shard-"):
             stale.unlink()
     return done
 

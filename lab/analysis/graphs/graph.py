@@ -21,7 +21,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from lab.files import atomic_write, atomic_write_text
+from lab.files import atomic_write, atomic_write_text, is_owned_temporary, remove_temporary
 from lab.inputs import InputError, read_json, regular_file
 
 GRAPH_FORMAT = "forma-attribution-graph/1"
@@ -126,8 +126,12 @@ class Graph:
         return directory
 
     def save_supernodes(self, directory: str | Path) -> None:
-        """graph.json alone (meta and supernodes): what the dashboard rewrites when a person groups nodes."""
+        """graph.json alone (meta and supernodes): what the dashboard rewrites when a person groups nodes. What
+        killed writes of the graph's two files left in `directory` goes first (by its names; nothing else)."""
         check_supernodes(self.supernodes, set(self.node_ids()))
+        for path in Path(directory).glob(".*"):
+            if is_owned_temporary(path, {TENSORS_FILE, META_FILE}):
+                remove_temporary(path)
         meta = {"format": GRAPH_FORMAT, "n_layers": self.n_layers, "meta": self.meta, "supernodes": self.supernodes}
         atomic_write_text(Path(directory) / META_FILE, json.dumps(meta, indent=2) + "\n")
 
@@ -159,11 +163,57 @@ class Graph:
             meta=meta.get("meta", {}),
             supernodes=meta.get("supernodes", []),
         )
+        problem = check_tensors(graph)
+        if problem:
+            raise InputError(
+                f"{directory / TENSORS_FILE} does not fit graph.json's n_layers {graph.n_layers}: {problem}"
+            )
         try:
             check_supernodes(graph.supernodes, set(graph.node_ids()))
         except ValueError as err:
             raise InputError(f"{path}: {err}") from None
         return graph
+
+
+def check_tensors(graph: Graph) -> str | None:
+    """What is wrong with a graph's tensors, read from a file, against its n_layers and each other (None: nothing):
+    the shapes the node order implies (n_features + n_layers · n_pos + n_pos + n_logits nodes), features' layers and
+    positions within the graph, and finite numbers."""
+    t = {name: getattr(graph, name) for name in TENSOR_NAMES}
+    if graph.n_layers < 1:
+        return "a graph has at least one layer"
+    for name, dims in (("tokens", 1), ("features", 2), ("activations", 1), ("logit_tokens", 1), ("logit_probs", 1)):
+        if t[name].dim() != dims:
+            return f"{name} has {t[name].dim()} dimensions, not {dims}"
+    if any(t[name].is_floating_point() or t[name].is_complex() for name in ("tokens", "features", "logit_tokens")):
+        return "tokens, features and logit_tokens hold whole numbers"
+    n_pos, n_features, n_logits = t["tokens"].numel(), len(t["features"]), t["logit_tokens"].numel()
+    n_nodes = n_features + graph.n_layers * n_pos + n_pos + n_logits
+    shapes = {
+        "features": (n_features, 3),
+        "activations": (n_features,),
+        "logit_probs": (n_logits,),
+        "adjacency": (n_nodes, n_nodes),
+        "inputs": (n_nodes,),
+        "bias": (n_nodes,),
+    }
+    for name, shape in shapes.items():
+        if tuple(t[name].shape) != shape:
+            return f"{name} has shape {tuple(t[name].shape)}, not {shape}"
+    if n_pos < 1 or n_logits < 1:
+        return "a graph has at least one position and one logit"
+    if n_features and not (
+        t["features"][:, 0].ge(0).all()
+        and t["features"][:, 0].lt(graph.n_layers).all()
+        and t["features"][:, 1].ge(0).all()
+        and t["features"][:, 1].lt(n_pos).all()
+        and t["features"][:, 2].ge(0).all()
+    ):
+        return f"a feature lies outside the graph's {graph.n_layers} layers and {n_pos} positions"
+    for name in ("activations", "logit_probs", "adjacency", "inputs", "bias"):
+        if not t[name].is_floating_point() or not torch.isfinite(t[name]).all():
+            return f"{name} holds values that are not finite numbers (NaN or infinite)"
+    return None
 
 
 def graph_folder(transcoders_folder: str | Path, tokens: Tensor) -> Path:

@@ -26,10 +26,16 @@ from lab.analysis.activations import ActivationStore
 from lab.analysis.activations.harvest import harvest
 from lab.analysis.activations.store import INDEX_FILE
 from lab.analysis.transcoders.measures import reconstruction_measures, replacement_loss, top_contexts
-from lab.analysis.transcoders.model import TranscoderConfig
-from lab.analysis.transcoders.train import CHECKPOINT_DIR, TranscoderTraining, has_checkpoint, train_transcoders
+from lab.analysis.transcoders.model import CONFIG_FILE, SOURCE_FILE, WEIGHTS_FILE, TranscoderConfig, model_fingerprint
+from lab.analysis.transcoders.train import (
+    CHECKPOINT_DIR,
+    TRAINING_FILE,
+    TranscoderTraining,
+    has_checkpoint,
+    train_transcoders,
+)
 from lab.distributed import barrier, rank_world
-from lab.files import atomic_write, atomic_write_text
+from lab.files import atomic_write, atomic_write_text, is_owned_temporary, remove_temporary
 from lab.inputs import read_json_object, regular_file
 from lab.load import load_model
 from lab.zoo.recipes import load_recipe
@@ -46,6 +52,8 @@ PRESETS = {
 TRANSCODERS_DIR = "transcoders"
 QUALITY_FILE = "quality.json"
 CONTEXTS_FILE = "contexts.safetensors"
+# what a set's folder holds
+SET_FILES = {CONFIG_FILE, WEIGHTS_FILE, SOURCE_FILE, TRAINING_FILE, QUALITY_FILE, CONTEXTS_FILE}
 
 
 def preset(
@@ -144,6 +152,8 @@ def build_transcoders(
     rank, _ = rank_world()
     out = folder / TRANSCODERS_DIR / name
     harvests = {"train": out.with_name(f".{name}.harvest"), "held_out": out.with_name(f".{name}.held-out")}
+    if rank == 0:
+        remove_leftovers(out)
     if overwrite:
         _start_afresh([*harvests.values(), out / CHECKPOINT_DIR], rank)
     made = []
@@ -166,13 +176,21 @@ def build_transcoders(
             progress=progress,
         )
     store, windows = train
+    model = load_model(folder).eval()
     transcoders = train_transcoders(
-        store, cfg, training, out, resume=not overwrite and has_checkpoint(out), parallel=parallel, progress=progress
+        store,
+        cfg,
+        training,
+        out,
+        resume=not overwrite and has_checkpoint(out),
+        parallel=parallel,
+        progress=progress,
+        fingerprint=model_fingerprint(model),
     )
     if rank != 0:
         return None
     _stage(progress, rank, "measuring them on the held-out windows")
-    quality = _quality(load_model(folder).eval(), transcoders, store, held_out, cfg, training)
+    quality = _quality(model, transcoders, store, held_out, cfg, training)
     atomic_write_text(out / QUALITY_FILE, json.dumps(quality, indent=2) + "\n")
     _stage(progress, rank, "each feature's top contexts")
     _write_contexts(out, transcoders, store, windows)
@@ -185,6 +203,15 @@ def _stage(progress: bool, rank: int, what: str) -> None:
     """A line on stderr as a stage no bar counts begins (rank 0, with progress): the command is never silent."""
     if progress and rank == 0:
         print(f"transcoders: {what} …", file=sys.stderr, flush=True)
+
+
+def remove_leftovers(out: Path) -> None:
+    """Remove what writes killed half-way left in a transcoder set's folder: atomic_write's temporaries of the files
+    the set is made of (by their names, .<file>.<random>.tmp), never anything else."""
+    if out.is_dir():
+        for path in out.glob(".*"):
+            if is_owned_temporary(path, SET_FILES):
+                remove_temporary(path)
 
 
 def _start_afresh(paths: list[Path], rank: int) -> None:

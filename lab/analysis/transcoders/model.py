@@ -10,14 +10,18 @@ transcoder (CLT) decodes them into every later layer's output too. The input is 
 weights, `blocks.{l}.ln2.hook_normalized` by default (the residual stream divided by the norm's scale: linear in the
 residual stream once the scale is frozen, as the attribution graph needs), the output `blocks.{l}.hook_mlp_out`.
 
-Saved as a folder: transcoders.safetensors (W_enc, b_enc, b_dec, log_threshold, W_dec.{l}) and config.json; nothing
-is pickled. `to_circuit_tracer` writes circuit-tracer's per-layer format (layer_{l}.safetensors).
+Saved as a folder: transcoders.safetensors (W_enc, b_enc, b_dec, log_threshold, W_dec.{l}), config.json and
+source.json (what they were built from: the model's fingerprint and the training step, `built_from`), which loading
+them against a model checks; nothing is pickled. `to_circuit_tracer` writes circuit-tracer's per-layer format
+(layer_{l}.safetensors).
 """
 
+import hashlib
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -27,10 +31,13 @@ from torch import Tensor, nn
 
 from lab.configs import Record, check_fields, need
 from lab.files import atomic_write, atomic_write_text
-from lab.inputs import MAX_JSON_BYTES, read_text, regular_file
+from lab.inputs import MAX_JSON_BYTES, read_json, read_text, regular_file
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "transcoders.safetensors"
+SOURCE_FILE = "source.json"
+SOURCE_FORMAT = "forma-transcoder-source/1"
+DIGEST_VALUES = 4096  # values of each weight tensor the fingerprint hashes (evenly strided): cheap at any size
 ACTIVATIONS = ("relu", "topk", "jumprelu")
 
 
@@ -201,29 +208,47 @@ class Transcoders(nn.Module):
             for layer, W in enumerate(self.W_dec):
                 W.copy_(tensors[f"W_dec.{layer}"])
 
-    def save(self, directory: str | Path) -> Path:
-        """config.json and transcoders.safetensors in `directory`, each written atomically."""
+    def save(self, directory: str | Path, source: dict[str, Any] | None = None) -> Path:
+        """config.json and transcoders.safetensors in `directory`, and source.json where `source` (`built_from`)
+        says what they were built from, each written atomically."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         tensors = self.state_tensors()
         atomic_write(directory / WEIGHTS_FILE, lambda path: save_file(tensors, str(path)))
         atomic_write_text(directory / CONFIG_FILE, self.cfg.to_json() + "\n")
+        if source is not None:
+            atomic_write_text(directory / SOURCE_FILE, json.dumps(source, indent=2) + "\n")
         return directory
 
     @classmethod
-    def load(cls, directory: str | Path) -> "Transcoders":
+    def load(cls, directory: str | Path, model: nn.Module | None = None) -> "Transcoders":
+        """The set in `directory`; with `model`, only if they were built from it (`check_source`): a ValueError
+        naming what differs otherwise."""
         directory = Path(directory)
         for name in (CONFIG_FILE, WEIGHTS_FILE):
             if not (directory / name).is_file():
                 raise FileNotFoundError(f"{directory} holds no {name}: not a transcoders folder")
-        cfg = TranscoderConfig.from_json(read_text(directory / CONFIG_FILE, directory, MAX_JSON_BYTES, "config"))
-        model = cls(cfg)
+        path = directory / CONFIG_FILE
         try:
-            tensors = load_file(str(regular_file(directory / WEIGHTS_FILE, directory, what="transcoders' weights")))
+            cfg = TranscoderConfig.from_json(read_text(path, directory, MAX_JSON_BYTES, "config"))
+        except (ValueError, TypeError) as err:  # a config's own complaint names its field, not its file
+            raise (err if str(path) in str(err) else ValueError(f"{path}: {err}")) from None
+        if model is not None:
+            check_source(directory, cfg, model)
+        weights = regular_file(directory / WEIGHTS_FILE, directory, what="transcoders' weights")
+        if weights.stat().st_size < 2 * weight_values(cfg):  # before memory is taken for them
+            raise ValueError(
+                f"{weights} holds {weights.stat().st_size:,} bytes, too few for the {weight_values(cfg):,} weights "
+                f"its {CONFIG_FILE} describes (d_features {cfg.d_features:,}): malformed or truncated, or not that "
+                "config's"
+            )
+        transcoders = cls(cfg)
+        try:
+            tensors = load_file(str(weights))
         except (SafetensorError, OSError) as err:
             raise ValueError(f"malformed or truncated {directory / WEIGHTS_FILE}: {err}") from err
-        model.load_state_tensors(tensors, str(directory / WEIGHTS_FILE))
-        return model.eval()
+        transcoders.load_state_tensors(tensors, str(directory / WEIGHTS_FILE))
+        return transcoders.eval()
 
     def to_circuit_tracer(self, directory: str | Path) -> list[Path]:
         """circuit-tracer's per-layer files (its `load_relu_transcoder` format): layer_{l}.safetensors with W_enc
@@ -251,3 +276,69 @@ class Transcoders(nn.Module):
             save_file(tensors, str(path))
             paths.append(path)
         return paths
+
+
+def weight_values(cfg: TranscoderConfig) -> int:
+    """The number of values a set of config `cfg` holds (W_enc, b_enc, b_dec, log_threshold, each layer's W_dec),
+    counted without making them."""
+    L, d, f = cfg.n_layers, cfg.d_model, cfg.d_features
+    decoders = f * d * (L * (L + 1) // 2 if cfg.cross_layer else L)
+    return L * d * f + L * f + L * d + L * f + decoders
+
+
+# --- what a set was built from ---------------------------------------------------------------------------------
+def model_fingerprint(model: nn.Module) -> dict[str, Any]:
+    """What transcoders record of the model they were built from: its d_model and n_layers, a SHA-256 of its config
+    (the tokenizer's label aside), and a SHA-256 of its weights' names, shapes and DIGEST_VALUES evenly strided
+    values of each — cheap at any size, and different for another model of the same shape."""
+    cfg = model.cfg
+    config = {k: v for k, v in cfg.to_dict().items() if k != "tokenizer"} if hasattr(cfg, "to_dict") else repr(cfg)
+    weights = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        flat = tensor.detach().reshape(-1)
+        sample = flat[:: max(1, flat.numel() // DIGEST_VALUES)][:DIGEST_VALUES]
+        weights.update(f"{name} {tuple(tensor.shape)}\n".encode())
+        weights.update(sample.to(torch.float32).cpu().numpy().tobytes())
+    return {
+        "d_model": int(cfg.d_model),
+        "n_layers": int(cfg.n_layers),
+        "config_sha256": hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest(),
+        "weights_sha256": weights.hexdigest(),
+    }
+
+
+def built_from(fingerprint: dict[str, Any], step: int) -> dict[str, Any]:
+    """source.json's record: the model's fingerprint (`model_fingerprint`) and the training step the set's weights
+    are of."""
+    return {"format": SOURCE_FORMAT, "model": fingerprint, "step": int(step)}
+
+
+def check_source(directory: Path, cfg: TranscoderConfig, model: nn.Module) -> None:
+    """A ValueError unless the set in `directory` (of config `cfg`) was built from `model`: its shapes, then
+    source.json's fingerprint, each mismatch named."""
+    shape = {"d_model": int(model.cfg.d_model), "n_layers": int(model.cfg.n_layers)}
+    for key, value in shape.items():
+        if getattr(cfg, key) != value:
+            raise ValueError(f"{directory}: transcoders of {key} {getattr(cfg, key)}, the model has {key} {value}")
+    path = directory / SOURCE_FILE
+    if not path.is_file():
+        raise ValueError(
+            f"{directory} records no model it was built from ({SOURCE_FILE}); build them again for this model "
+            "(forma transcoders NAME --overwrite)"
+        )
+    source = read_json(path, directory, max_bytes=MAX_JSON_BYTES, what="transcoders' source")
+    if not (
+        isinstance(source, dict) and source.get("format") == SOURCE_FORMAT and isinstance(source.get("model"), dict)
+    ):
+        raise ValueError(f"{path} is not a {SOURCE_FORMAT} record")
+    then, now = source["model"], model_fingerprint(model)
+    changed = [k for k in now if then.get(k) != now[k]]
+    if changed:
+        what = {"config_sha256": "config", "weights_sha256": "weights"}
+        differs = ", ".join(
+            f"its {what.get(k, k)} ({str(then.get(k))[:12]!r} then, {str(now[k])[:12]!r} now)" for k in changed
+        )
+        raise ValueError(
+            f"{directory} was built from another model: {differs}; build them again for this model "
+            "(forma transcoders NAME --overwrite)"
+        )

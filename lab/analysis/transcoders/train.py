@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from lab.analysis.activations import Activations, ActivationStore
-from lab.analysis.transcoders.model import CONFIG_FILE, WEIGHTS_FILE, TranscoderConfig, Transcoders
+from lab.analysis.transcoders.model import CONFIG_FILE, WEIGHTS_FILE, TranscoderConfig, Transcoders, built_from
 from lab.configs import Record, check_fields, need
 from lab.distributed import all_gather_rows, barrier, rank_world, share
 from lab.files import atomic_write_text
@@ -387,11 +387,17 @@ def load_checkpoint(
                 f"resume: the {what} differs from the checkpoint's in {', '.join(changed)}; train "
                 "afresh (resume=False) or with the same settings"
             )
+    step = meta.get("step")
+    if type(step) is not int or not 0 <= step <= training.steps or not isinstance(meta.get("history"), list):
+        raise ValueError(
+            f"{path}: its step {step!r} is not one of the training's 0 … {training.steps} steps (or its history is "
+            "not a list), so no weights can be written from it; train afresh (--overwrite)"
+        )
     model.load_state_tensors(read_safetensors(directory / WEIGHTS_FILE), str(directory))
     load_optimizer_tensors(
         optimizer, read_safetensors(directory / "optimizer.safetensors"), directory / "optimizer.safetensors"
     )
-    return TrainerState(step=int(meta["step"]), history=meta["history"])
+    return TrainerState(step=step, history=meta["history"])
 
 
 def has_checkpoint(out_dir: str | Path) -> bool:
@@ -414,6 +420,7 @@ def train_transcoders(
     log_every: int = 50,
     parallel: str = "data",
     progress: bool = False,
+    fingerprint: dict[str, Any] | None = None,
 ) -> Transcoders:
     """Train transcoders on the store's rows; resume=True continues from out_dir/checkpoint. stop_after: stop (with
     a checkpoint) once that many steps are done, as an interruption would — for tests of resumption.
@@ -429,7 +436,8 @@ def train_transcoders(
 
     Rank 0 writes the checkpoints and the result (each layer's tensors gathered from the rank that trains it); every
     rank returns the whole trained set. A checkpoint is the same at any world size and either way of sharing, so a
-    run may resume on another number of ranks. progress: rank 0 counts the steps on lab.progress's bar."""
+    run may resume on another number of ranks. progress: rank 0 counts the steps on lab.progress's bar.
+    fingerprint: the model's (`model_fingerprint`), kept with the result in source.json with the last step."""
     rank, world, layers = _layout(cfg, training, parallel)
     store = store if isinstance(store, ActivationStore) else ActivationStore(store)
     out_dir = Path(out_dir)
@@ -463,7 +471,7 @@ def train_transcoders(
     weights, _ = gathered_state(model, optimizer, layers)
     model.load_state_tensors(weights, "the ranks' layers")
     if rank == 0 and state.step == training.steps:
-        _write_result(model, out_dir, training, state)
+        _write_result(model, out_dir, training, state, fingerprint)
     barrier()  # every rank returns once rank 0's files are in place
     return model.eval()
 
@@ -530,9 +538,16 @@ def _layout(cfg: TranscoderConfig, training: TranscoderTraining, parallel: str) 
     return rank, world, layers
 
 
-def _write_result(model: Transcoders, out_dir: Path, training: TranscoderTraining, state: TrainerState) -> None:
-    """The trained set and its training record, written by rank 0; the checkpoint, no longer needed, removed."""
-    model.save(out_dir)
+def _write_result(
+    model: Transcoders,
+    out_dir: Path,
+    training: TranscoderTraining,
+    state: TrainerState,
+    fingerprint: dict[str, Any] | None,
+) -> None:
+    """The trained set (with what it was built from, where the model's fingerprint is known) and its training
+    record, written by rank 0; the checkpoint, no longer needed, removed."""
+    model.save(out_dir, None if fingerprint is None else built_from(fingerprint, state.step))
     atomic_write_text(
         out_dir / TRAINING_FILE,
         json.dumps({"training": training.to_dict(), "steps": state.step, "history": state.history}, indent=2) + "\n",

@@ -68,3 +68,48 @@ def test_the_export_holds_circuit_tracers_fields(graph):
     assert data["qParams"]["supernodes"][0][0] == "tokens"
     assert sum(n["is_target_logit"] for n in data["nodes"]) == 1
     assert len(data["links"]) == int(pruned.edge_mask[pruned.node_mask][:, pruned.node_mask].sum())
+
+
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        ({"n_layers": 0}, "at least one layer"),
+        ({"n_layers": 7}, "adjacency has shape"),
+        ({"adjacency": lambda t: t.index_fill(0, torch.tensor([0]), float("nan"))}, "not finite numbers"),
+        ({"bias": lambda t: t[:-1]}, "bias has shape"),
+        ({"features": lambda t: t.index_fill(1, torch.tensor([0]), 9)}, "outside the graph's 3 layers"),
+        ({"features": lambda t: t.float()}, "whole numbers"),
+    ],
+)
+def test_a_graphs_tensors_are_checked_against_its_layer_count(graph, tmp_path, change, says):
+    """graph.json's n_layers fixes how many nodes the tensors hold (features, n_layers · n_pos error nodes, tokens,
+    logits): a file whose tensors do not fit it, or hold NaN, is one clear line, never a graph drawn wrong."""
+    from safetensors.torch import load_file, save_file
+
+    graph.supernodes = []
+    folder = graph.save(tmp_path / "g")
+    if "n_layers" in change:
+        meta = json.loads((folder / "graph.json").read_text())
+        meta["n_layers"] = change["n_layers"]
+        (folder / "graph.json").write_text(json.dumps(meta))
+    else:
+        tensors = load_file(str(folder / "graph.safetensors"))
+        ((name, edit),) = change.items()
+        tensors[name] = edit(tensors[name]).contiguous()
+        save_file(tensors, str(folder / "graph.safetensors"))
+    with pytest.raises(ValueError, match=says) as err:
+        Graph.load(folder)
+    assert "\n" not in str(err.value) and "graph.safetensors" in str(err.value)
+
+
+def test_a_graphs_killed_writes_are_removed_by_its_next_save_and_nothing_else(graph, tmp_path):
+    """What a write of graph.safetensors or graph.json killed half-way leaves (atomic_write's temporary folder,
+    safetensors' `.tmpXXXXXX` inside) goes when the graph is saved again; a file of the user's stays."""
+    graph.supernodes = []
+    folder = graph.save(tmp_path / "g")
+    for name in ("graph.safetensors", "graph.json"):
+        (folder / f".{name}.ab12cd.tmp").mkdir()
+        (folder / f".{name}.ab12cd.tmp" / ".tmpX1y2Z3").write_bytes(b"half")
+    (folder / ".tmpAbC123").write_text("the user's")
+    graph.save_supernodes(folder)
+    assert sorted(p.name for p in folder.iterdir()) == [".tmpAbC123", "graph.json", "graph.safetensors"]

@@ -1,11 +1,14 @@
 """lab.analysis.transcoders.model: the map, its activations and its files."""
 
+import json
+
 import pytest
 import torch
 
+from lab import HookedTransformer
 from lab.analysis.activations import save_activations
 from lab.analysis.transcoders.measures import reconstruction_measures, replacement_loss
-from lab.analysis.transcoders.model import TranscoderConfig, Transcoders
+from lab.analysis.transcoders.model import TranscoderConfig, Transcoders, built_from, model_fingerprint, weight_values
 from tests.builders import exact_transcoders, random_transcoders, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -84,3 +87,38 @@ def test_circuit_tracer_files_hold_its_layout(tmp_path):
     torch.testing.assert_close(layer["activation_function.threshold"], tc.log_threshold[1].exp().detach())
     with pytest.raises(ValueError, match="per-layer"):
         random_transcoders(tiny_model(), cross_layer=True).to_circuit_tracer(tmp_path)
+
+
+def test_transcoders_carry_their_model_and_another_model_of_the_same_shape_is_refused(tmp_path):
+    """source.json holds the model's fingerprint (a hash of its config and of a strided sample of its weights) and
+    the step: loading against that model works, against another of the same shape (other seed) or another config
+    it is refused naming what differs, and a set that records no model is refused saying so."""
+    model = tiny_model()
+    tc = random_transcoders(model)
+    tc.save(tmp_path / "tc", built_from(model_fingerprint(model), 40))
+    assert json.loads((tmp_path / "tc" / "source.json").read_text())["step"] == 40
+    assert torch.equal(Transcoders.load(tmp_path / "tc", model).W_enc, tc.W_enc)
+    other = HookedTransformer(model.cfg, seed=1).eval()
+    assert other.cfg == model.cfg
+    with pytest.raises(ValueError, match=r"built from another model: its weights \(") as err:
+        Transcoders.load(tmp_path / "tc", other)
+    assert "config" not in str(err.value).split(":")[1]
+    with pytest.raises(ValueError, match=r"built from another model: its config \("):
+        Transcoders.load(tmp_path / "tc", tiny_model(mlp="relu"))
+    with pytest.raises(ValueError, match="d_model 32, the model has d_model 16"):
+        Transcoders.load(tmp_path / "tc", tiny_model(d_model=16))
+    (tmp_path / "tc" / "source.json").unlink()
+    with pytest.raises(ValueError, match="records no model it was built from"):
+        Transcoders.load(tmp_path / "tc", model)
+
+
+def test_a_config_asking_for_more_weights_than_the_file_holds_is_refused_before_memory_is_taken(tmp_path):
+    """d_features 10**9 in config.json (4 TB of weights) beside a small file: one line, nothing allocated; the count
+    of weights is the set's own."""
+    tc = random_transcoders(tiny_model(), cross_layer=True)
+    assert weight_values(tc.cfg) == sum(t.numel() for t in tc.state_tensors().values())
+    tc.save(tmp_path / "tc")
+    config = json.loads((tmp_path / "tc" / "config.json").read_text())
+    (tmp_path / "tc" / "config.json").write_text(json.dumps(config | {"d_features": 10**9}))
+    with pytest.raises(ValueError, match="too few for the .* weights its config.json describes"):
+        Transcoders.load(tmp_path / "tc")

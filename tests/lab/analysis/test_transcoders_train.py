@@ -1,5 +1,7 @@
 """lab.analysis.transcoders.train: the data order, the step, bitwise resumption, and training that learns."""
 
+import json
+
 import pytest
 import torch
 
@@ -126,3 +128,22 @@ def test_a_ranks_slice_of_each_batch_reads_only_the_shards_it_lies_in(harvest, m
     for (_, x, y), (_, x2, y2) in zip(DataOrder(store, cfg, batch, 3, layers=[1]).batches(start), expected[:2]):
         assert torch.equal(x, x2[:, 1:2]) and torch.equal(y, y2[:, 1:2])
     assert hooks and all(names == [cfg.hook("input", 1), cfg.hook("output", 1)] for names in hooks)
+
+
+def test_a_checkpoint_at_or_past_the_last_step_finishes_the_write_or_says_why(harvest, tmp_path):
+    """A checkpoint whose step is the training's last: the resumed run writes the set from it (nothing to train).
+    One past it (or not a step at all) cannot be the run's: refused naming its step, and nothing said written."""
+    store, cfg = harvest
+    training = TranscoderTraining(steps=6, batch_size=32)
+    train_transcoders(store, cfg, training, tmp_path / "tc", stop_after=4)
+    state = tmp_path / "tc" / "checkpoint" / "state.json"
+    meta = json.loads(state.read_text())
+    for step in (7, 10**6, -1, "6"):
+        state.write_text(json.dumps(meta | {"step": step}))
+        with pytest.raises(ValueError, match=f"its step {step!r} is not one of the training's 0 … 6 steps"):
+            train_transcoders(store, cfg, training, tmp_path / "tc", resume=True)
+        assert not (tmp_path / "tc" / "transcoders.safetensors").exists()
+    state.write_text(json.dumps(meta | {"step": 6}))
+    done = train_transcoders(store, cfg, training, tmp_path / "tc", resume=True)
+    assert torch.equal(Transcoders.load(tmp_path / "tc").W_enc, done.W_enc)
+    assert json.loads((tmp_path / "tc" / "training.json").read_text())["steps"] == 6

@@ -304,6 +304,20 @@ def test_a_crash_at_any_step_of_publishing_shows_the_old_model_or_the_new_one(zo
     assert crash_at > 10  # the crash was tried at each of the many operations
 
 
+def test_a_killed_writes_temporary_folder_in_a_build_is_removed_when_it_is_published(zoo_dir):
+    """atomic_write's temporary folder (what a write killed inside safetensors leaves, its `.tmpXXXXXX` within)
+    and a bare temporary file of an earlier Forma, in the build being published: removed, never published."""
+    write_recipe(zoo_dir, "tiny", TINY_MARKOV)
+    directory = zoo_dir / "tiny"
+    build("tiny", progress=False)
+    staging = (directory / zoo.CURRENT_LINK).resolve()
+    (staging / ".model.safetensors.ab12cd.tmp").mkdir()
+    (staging / ".model.safetensors.ab12cd.tmp" / ".tmpX1y2Z3").write_bytes(b"half a file")
+    (staging / ".card.json.ef34gh.tmp").write_text("half")
+    builds.publish_build(directory, staging)
+    assert not [p.name for p in staging.iterdir() if p.name.endswith(".tmp")]
+
+
 def test_a_diverging_build_is_one_line_from_the_cli_and_keeps_its_checkpoint(zoo_dir, capsys):
     import re
 
