@@ -1,0 +1,25 @@
+"""The README's hook example, run on the real model: its reads and writes as written, with smollm2 and text in place
+of the random model and token ids it builds."""
+
+import re
+
+import pytest
+
+from tests.builders import DOCS, smollm2_folder
+
+pytestmark = pytest.mark.real
+
+
+def test_the_readme_hook_example_runs_on_smollm2():
+    smollm2_folder()
+    readme = (DOCS.parent / "README.md").read_text()
+    example = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "run_with_cache" in b)
+    built = re.search(r"cfg = ModelConfig\(.*?\ntokens = [^\n]*\n", example, re.S)
+    assert built, "the README's example builds a model and its tokens"
+    real = (
+        'model = HookedTransformer.from_pretrained("smollm2")\n'
+        'tokens = model.to_tokens(["The capital of Italy is", "When Mary and John went to the store, John gave"])\n'
+    )
+    namespace: dict = {}
+    exec(compile(example.replace(built.group(0), real), "README.md", "exec"), namespace)
+    assert namespace["pattern"].shape[1] == 9 and namespace["ablated"].shape == namespace["logits"].shape
