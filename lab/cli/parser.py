@@ -170,14 +170,17 @@ def _add_build(sub: Commands) -> None:
 
 def _add_transcoders(sub: Commands) -> None:
     """forma transcoders NAME."""
-    from lab.folders import zoo_names
+    from lab.folders import TRAINED, zoo_names
 
     transcoders = sub.add_parser(
         "transcoders",
         help="train transcoders for a zoo model (attribution graphs; one process, or torchrun ranks)",
         description=cmd_transcoders.__doc__,
     )
-    transcoders.add_argument("name", choices=zoo_names(), metavar="NAME", help=f"zoo model: {', '.join(zoo_names())}")
+    trained = zoo_names(TRAINED)  # transcoders train on the model's own world: a model trained here
+    transcoders.add_argument(
+        "name", choices=trained, metavar="NAME", help=f"zoo model trained here: {', '.join(trained)}"
+    )
     transcoders.add_argument(
         "--kind",
         default="topk",
