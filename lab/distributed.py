@@ -5,6 +5,7 @@ workload has one code path. The engine is torch.distributed (torchrun: gloo on C
 schedules anything itself.
 
     init_distributed, rank_world, close_distributed   join the group torchrun describes, who am I, leave it
+                                                      (a rank ends when its launcher dies: `end_with_launcher`)
     barrier                                           wait until every rank has come
     all_ranks_sum, any_rank                           a sum and a flag across ranks (the training loop's DDP)
     all_gather_json, all_gather_rows                  small JSON values and tensor rows from every rank, in rank
@@ -33,6 +34,9 @@ workload computes from them: K ranks write what one process writes.
 
 import json
 import os
+import signal
+import threading
+import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from itertools import pairwise
@@ -46,6 +50,8 @@ from torch import Tensor
 from lab.files import atomic_write_text
 from lab.progress import bar
 
+LAUNCHER_POLL_S = 0.5  # how often a rank looks whether its launcher still runs
+TERM_GRACE_S = 10.0  # how long a rank told to end by SIGTERM has before SIGKILL ends it
 PARTS = 256  # parts a job is cut into at most: enough to share out evenly over up to a few hundred ranks
 PLAN_FILE = "plan.json"
 
@@ -74,7 +80,26 @@ def init_distributed(device: str = "cpu", timeout_s: float | None = None) -> tup
             dist.init_process_group(backend="nccl", **options)
         else:
             dist.init_process_group(backend="gloo", **options)
+        end_with_launcher()
     return rank_world()
+
+
+def end_with_launcher() -> None:
+    """End this process when the process that started it (torchrun's launcher) has died: a daemon thread looks every
+    LAUNCHER_POLL_S whether this process's parent has changed (a killed parent's children are handed to another),
+    and then sends this process SIGTERM — and SIGKILL TERM_GRACE_S later, where a handler or a collective holds the
+    first. A launcher killed any way, SIGKILL included, leaves no rank running unsupervised; nothing is lost, since
+    every file is written atomically and the same command resumes."""
+    launcher = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == launcher:
+            time.sleep(LAUNCHER_POLL_S)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(TERM_GRACE_S)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="forma-launcher-watch", daemon=True).start()
 
 
 def rank_world() -> tuple[int, int]:

@@ -10,6 +10,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -135,6 +136,68 @@ def test_two_ranks_killed_and_rerun_sweep_the_bytes_of_one_process(tried):
     if (tried / "acts-2" / "index.json").is_file():  # the harvest's test ran first (it makes acts-2)
         checked = launch(check, tried)
         assert checked.returncode == 0 and "the same files as one process" in checked.stdout, checked.stdout
+
+
+# Imported by every Python the launch starts: each rank writes its pid, then stalls at its first shard's rename (as a
+# rank does that waits on a slow disk or a collective) — until its launcher is killed under it.
+STALL = """\
+import os, sys, time
+if os.environ.get("RANK") is not None:
+    open(os.path.join(os.environ["FORMA_TEST_PIDS"], os.environ["RANK"]), "w").write(str(os.getpid()))
+    def _stall(event, args):
+        if event == "os.rename" and str(args[1]).endswith(".safetensors"):
+            time.sleep(600)
+    sys.addaudithook(_stall)
+"""
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, ended but not yet reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+@pytest.mark.slow
+def test_ranks_end_when_their_launcher_is_killed_and_the_command_then_resumes(tried, tmp_path):
+    """torchrun's launcher killed with SIGKILL (no chance to end its ranks) while both ranks work: each rank sees
+    its launcher gone and ends within seconds (lab.distributed.end_with_launcher), none left running unsupervised;
+    the same command again finishes with the one process's bytes."""
+    line = torchrun_line("harvest").replace("--out acts-2", "--out acts-orphan")
+    site, pids = tmp_path / "site", tmp_path / "pids"
+    site.mkdir()
+    pids.mkdir()
+    (site / "sitecustomize.py").write_text(STALL)
+    env = os.environ | {
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": f"{site}{os.pathsep}{REPO}",
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "FORMA_TEST_PIDS": str(pids),
+    }
+    launcher = subprocess.Popen(
+        shlex.split(line), cwd=tried, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while len(list(pids.iterdir())) < 2 or not list((tried / "acts-orphan").rglob("*.safetensors*")):
+            assert launcher.poll() is None and time.monotonic() < deadline, "the ranks never reached their shards"
+            time.sleep(0.2)
+        ranks = [int(p.read_text()) for p in pids.iterdir()]
+        assert all(_running(pid) for pid in ranks)
+        launcher.kill()  # SIGKILL: torchrun cannot pass anything on to its ranks
+        launcher.wait()
+        deadline = time.monotonic() + 30
+        while any(_running(pid) for pid in ranks) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(_running(pid) for pid in ranks), "a rank outlived its launcher"
+    finally:
+        launcher.kill()
+        launcher.wait()
+    done = launch(line, tried)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert folder_bytes(tried / "acts-orphan") == folder_bytes(tried / "acts")
 
 
 # Kills of one process at seeded moments: which watched file operations a run makes is traced first, then the run
