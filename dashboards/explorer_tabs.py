@@ -44,9 +44,9 @@ def to_ids(model, text: str) -> torch.Tensor:
         except ValueError as err:
             raise ValueError(f"this model reads space-separated token ids ({err})") from err
     elif hasattr(model, "check_tokens"):
-        tokens = model.to_tokens(text)
+        tokens = model.to_tokens(text, truncate=False)  # never cut: one longer than the context is refused below
     else:  # a bridge: the text as its tokenizer encodes it, with no BOS added (as Forma encodes a prompt)
-        tokens = model.to_tokens(text, prepend_bos=False)
+        tokens = model.to_tokens(text, prepend_bos=False, truncate=False)
     if hasattr(model, "check_tokens"):
         return model.check_tokens(tokens)
     if not 0 < tokens.shape[1] <= model.cfg.n_ctx:  # a bridge checks nothing itself

@@ -14,8 +14,8 @@ from safetensors import SafetensorError
 
 from dashboards.charts import readable
 from dashboards.common import code, load_model, model_version, plain, show_table
-from dashboards.explorer_tabs import token_text
-from lab.analysis.graphs.attribute import attribute, prompt_tokens
+from dashboards.explorer_tabs import to_ids, token_text
+from lab.analysis.graphs.attribute import attribute
 from lab.analysis.graphs.graph import Graph, graph_folder, to_circuit_tracer
 from lab.analysis.graphs.influence import graph_scores, prune
 from lab.analysis.graphs.qk import qk_attribution
@@ -26,6 +26,9 @@ from lab.data.tokenizers import readable_text
 from lab.folders import zoo_dir, zoo_names
 
 DEFAULT_PROMPTS = {"pydoc": "Return the number of items in the", "markov": "1 2 3 4 5 6 7 8"}
+# Widgets whose values belong to one model (its prompt: words, or token ids for a model without a tokenizer; its
+# layers, heads, positions and nodes): they start again from the new model's defaults when the model changes.
+MODEL_WIDGETS = ("graph_kind", "graph_prompt", "qk_layer", "qk_head", "qk_query", "qk_key", "supernode_nodes")
 COLORS = {"feature": "#4c78a8", "error": "#e45756", "token": "#54a24b", "logit": "#b279a2"}
 
 
@@ -50,7 +53,7 @@ def graph_of(name: str, kind: str, prompt: str, version: tuple = ()) -> Graph:
     saved graph that cannot be read is a ValueError, and left as it is: its supernodes are a person's work."""
     model = load_model(name, model_version(name))
     path = zoo_dir() / name / TRANSCODERS_DIR / kind
-    tokens = prompt_tokens(model, prompt)
+    tokens = to_ids(model, prompt)[0]  # a model without a tokenizer reads space-separated ids
     folder = graph_folder(path, tokens)
     try:
         return Graph.load(folder)
@@ -243,6 +246,10 @@ if not available:
     st.stop()
 names = sorted({name for name, _ in available})
 name = st.sidebar.selectbox("Model", names, index=names.index("pydoc") if "pydoc" in names else 0, key="graph_model")
+if st.session_state.get("graph_model_shown") != name:  # another model's prompt and positions mean nothing here
+    for key in MODEL_WIDGETS:
+        st.session_state.pop(key, None)
+    st.session_state["graph_model_shown"] = name
 kind = st.sidebar.selectbox("Transcoders", [k for n, k in available if n == name], key="graph_kind")
 node_threshold = st.sidebar.slider("Node threshold (share of influence kept)", 0.1, 1.0, 0.8, 0.05)
 edge_threshold = st.sidebar.slider("Edge threshold", 0.5, 1.0, 0.98, 0.01)

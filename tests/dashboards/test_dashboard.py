@@ -88,6 +88,8 @@ def test_explorer_reports_a_bad_prompt_and_a_missing_folder(empty):
     at = page("explorer").run()
     at.text_input(key="prompt").input("").run()
     assert not at.exception and "empty" in texts(at)
+    at.text_input(key="prompt").input(" ".join(["the"] * 300)).run()  # longer than its context: refused, never cut
+    assert not at.exception and "sequence of 300 tokens" in texts(at), texts(at)
     at.selectbox(key="model_choice").select("local folder…").run()
     at.text_input(key="model_path").input(str(empty / "nowhere")).run()
     assert not at.exception and "nowhere" in texts(at)

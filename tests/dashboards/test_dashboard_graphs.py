@@ -49,6 +49,37 @@ def test_the_page_draws_a_prompts_graph_saves_supernodes_and_exports(zoo_dir):
     assert "over node pairs" in " ".join(str(m.value) for m in at.markdown)
 
 
+def test_a_model_without_a_tokenizer_draws_from_its_default_prompt_of_token_ids(zoo_dir):
+    """markov reads token ids: the page opens on its default prompt of ids and draws its graph (no "no tokenizer")."""
+    from lab.analysis.transcoders.model import built_from, model_fingerprint
+    from lab.model import HookedTransformer, ModelConfig
+    from tests.builders import random_transcoders
+
+    model = HookedTransformer(ModelConfig(d_vocab=32, d_model=16, n_layers=2, n_heads=2, n_ctx=16), seed=0).eval()
+    model.save(zoo_dir / "markov")
+    random_transcoders(model, activation="topk").save(
+        zoo_dir / "markov" / "transcoders" / "topk", built_from(model_fingerprint(model), 0)
+    )
+    at = AppTest.from_file(str(page_file("graphs")), default_timeout=120)
+    at.run()
+    at.sidebar.selectbox(key="graph_model").select("markov").run()
+    assert not at.exception, at.exception
+    assert not at.warning, [w.value for w in at.warning]
+    assert at.text_input(key="graph_prompt").value == "1 2 3 4 5 6 7 8"
+    spec = json.loads(at.get("plotly_chart")[0].proto.spec)
+    assert {"token", "logit"} <= {trace.get("name") for trace in spec["data"]}
+
+
+def test_a_prompt_longer_than_the_context_is_refused_not_cut(zoo_dir):
+    at = AppTest.from_file(str(page_file("graphs")), default_timeout=120)
+    at.run()
+    at.text_input(key="graph_prompt").input(" ".join(["the"] * 40)).run()  # the tiny pydoc reads 32 tokens
+    assert not at.exception, at.exception
+    (warning,) = [w.value for w in at.warning]
+    assert "40 tokens" in warning and "32" in warning, warning
+    assert not at.get("plotly_chart")
+
+
 def test_a_shared_graphs_strings_are_text_and_a_graph_that_fails_its_checks_is_left_as_it_is(zoo_dir):
     """A supernode named with a Markdown image and an HTML tag (a graph folder someone shared) is shown as text: no
     image, no tag reaches the page. A graph.json that fails its checks (a supernode naming a node the graph does

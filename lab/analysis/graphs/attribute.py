@@ -14,11 +14,14 @@ from lab.analysis.transcoders.model import Transcoders
 
 
 def prompt_tokens(model: Any, prompt: str | Tensor | list[int]) -> Tensor:
-    """A 1-D tensor of token ids from text (the model's tokenizer, as `model.to_tokens` reads it) or ids."""
+    """A 1-D tensor of token ids from text (the model's tokenizer, as `model.to_tokens` reads it, never cut to the
+    context: a longer prompt is refused where the model checks it) or ids."""
     if isinstance(prompt, str):
         if not prompt:
             raise ValueError("the prompt is empty")
-        return model.to_tokens(prompt)[0]
+        if getattr(model, "tokenizer", None) is None:
+            raise ValueError("this model has no tokenizer: give the prompt as token ids")
+        return model.to_tokens(prompt, truncate=False)[0]
     tokens = torch.as_tensor(prompt).reshape(-1)
     if tokens.dtype.is_floating_point or tokens.numel() == 0:
         raise ValueError(f"a prompt is text or a non-empty list of token ids, got {tokens.dtype} {tuple(tokens.shape)}")
