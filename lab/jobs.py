@@ -23,7 +23,7 @@ from lab.runs import runs_dir
 FORMAT = "forma-demo-queue/1"
 JOB_STATES = ("waiting", "running", "done", "failed")
 # What a job reads that another job of the demo makes: it starts after that one has ended.
-NEEDS = {"run calibration": ("build pydoc",)}
+NEEDS = {"run calibration": ("build pydoc",), "transcoders markov": ("build markov",)}
 
 
 def queue_file() -> Path:

@@ -84,8 +84,11 @@ def _chosen(only: list[str]) -> set[str]:
 
 def _missing_jobs(chosen: set[str], quick: bool) -> list[tuple[str, list[str]]]:
     """The jobs (label, forma's argv) that make what is chosen and missing: the untrained zoo models' trainings,
-    then the quick runs of the experiments that have no run; what exists already is said on the terminal."""
+    the transcoders the attribution-graphs page draws with, then the quick runs of the experiments that have no
+    run; what exists already is said on the terminal."""
     import experiments
+    from lab.analysis.transcoders.build import transcoder_sets
+    from lab.folders import zoo_dir
     from lab.runs import latest_run
     from lab.zoo import is_trained
 
@@ -96,6 +99,12 @@ def _missing_jobs(chosen: set[str], quick: bool) -> list[tuple[str, list[str]]]:
         else:
             profile = ["--quick"] if quick and name not in PRETRAINED_MODELS else []  # a file has no quick profile
             jobs.append((" ".join(["forma", "build", name, *profile]), ["build", name, *profile]))
+    for name in (m for m in DEMO_TRANSCODERS if m in chosen):
+        if transcoder_sets(zoo_dir() / name):
+            print(f"[demo] {name}'s transcoders: already built")
+        else:
+            argv = ["transcoders", name, *DEMO_TRANSCODERS[name]]
+            jobs.append((" ".join(["forma", *argv]), argv))
     for name in (e for e in experiments.experiment_names() if e in chosen):
         if latest_run(name) is not None:
             print(f"[demo] {name}: a run exists ({latest_run(name)})")
@@ -257,10 +266,14 @@ DEMO_MODELS = ("smollm2", "markov", "facts", "pydoc")
 PRETRAINED_MODELS = ("smollm2",)  # made from a file in seconds (lab.zoo.imports), not trained
 # Longest first, so that two cores finish together (measured times in benchmarks/results/walltime.json); a job
 # that needs another's result (lab.jobs.NEEDS) waits for it, and the next job in this order runs meanwhile.
+# The transcoders the demo trains, and with what, for the attribution-graphs page: markov's, small (a minute or two
+# on 2 cores: benchmarks/results/walltime.json), since pydoc's at `forma transcoders`' defaults take many minutes.
+DEMO_TRANSCODERS = {"markov": ["--features", "256", "--steps", "300", "--windows", "256"]}
 DEMO_ORDER = (
     "build smollm2",  # seconds, and the explorer opens on it
     "build pydoc",
     "build markov",
+    "transcoders markov",
     "run kl",
     "run calibration",
     "build facts",

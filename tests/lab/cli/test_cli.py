@@ -350,3 +350,28 @@ def test_a_quick_train_never_replaces_a_model_of_the_full_recipe(tmp_path, monke
     error = capsys.readouterr().err
     assert "full recipe" in error and "--replace" in error and "FORMA_ZOO_DIR" in error, error
     assert {path.name: path.read_bytes() for path in folder.iterdir()} == before
+
+
+def test_the_demo_trains_markovs_transcoders_after_markov_so_the_graphs_page_is_filled(tmp_path, monkeypatch):
+    """The attribution-graphs page draws a model with transcoders: the demo queues markov's (small) once markov's
+    build has ended, and says so instead when they exist."""
+    import shutil
+
+    import lab.zoo as zoo
+    from lab.cli.demo import DEMO_ORDER, _missing_jobs
+    from lab.jobs import NEEDS
+
+    zoo_copy = tmp_path / "models"
+    (zoo_copy / "markov").mkdir(parents=True)
+    shutil.copy(zoo.DEFAULT_ZOO_DIR / "markov" / "model.toml", zoo_copy / "markov" / "model.toml")
+    monkeypatch.setenv("FORMA_ZOO_DIR", str(zoo_copy))
+    monkeypatch.setenv("FORMA_RUNS_DIR", str(tmp_path / "runs"))
+    jobs = [argv for _, argv in _missing_jobs({"markov"}, quick=True)]
+    assert jobs[0] == ["build", "markov", "--quick"] and jobs[1][:2] == ["transcoders", "markov"]
+    assert NEEDS["transcoders markov"] == ("build markov",) and "transcoders markov" in DEMO_ORDER
+    from lab.cli.parser import build_parser
+
+    build_parser().parse_args(jobs[1])  # an unknown flag would exit 2 here
+    (zoo_copy / "markov" / "transcoders" / "topk").mkdir(parents=True)
+    (zoo_copy / "markov" / "transcoders" / "topk" / "transcoders.safetensors").write_bytes(b"")
+    assert [argv[0] for _, argv in _missing_jobs({"markov"}, quick=True)] == ["build"]
