@@ -68,22 +68,26 @@ def graph_of(name: str, kind: str, prompt: str, version: tuple = ()) -> Graph:
 
 
 def figure(graph: Graph, keep: torch.Tensor, edges: torch.Tensor, labels: list[str], logits: list[str]) -> go.Figure:
-    """Nodes at (position + offset, layer), the kept edges as lines in three widths by weight; `labels` name the
-    prompt's tokens, `logits` the output tokens."""
+    """Nodes in rows by layer, each position a column as wide as its fullest cell needs (`_placement`: the last
+    position, where most features and every logit sit, gets room); the output tokens spread along the top row and
+    named there; the kept edges as lines in three widths by weight; `labels` name the prompt's tokens."""
     kept = torch.nonzero(keep).flatten().tolist()
     records = [graph.node(i) for i in kept]
-    where = _placement(kept, records)
+    where, centres = _placement(kept, records, graph.n_pos)
     fig = go.Figure(_edge_traces(graph, keep, edges, where))
     for kind, symbol in (("token", "square"), ("feature", "circle"), ("error", "x"), ("logit", "diamond")):
         mine = [i for i, r in zip(kept, records) if r["kind"] == kind]
         if not mine:
             continue
         text = [describe(graph.node(i), labels, logits, graph) for i in mine]
+        named = kind == "logit"  # the output tokens are read off the chart, the rest on hover
         fig.add_trace(
             go.Scatter(
                 x=[where[i][0] for i in mine],
                 y=[where[i][1] for i in mine],
-                mode="markers",
+                mode="markers+text" if named else "markers",
+                text=[_short(logits[_logit_index(graph, i)]) for i in mine] if named else None,
+                textposition="top center",
                 name=kind,
                 marker={"symbol": symbol, "size": 11, "color": COLORS[kind]},
                 customdata=mine,
@@ -95,25 +99,51 @@ def figure(graph: Graph, keep: torch.Tensor, edges: torch.Tensor, labels: list[s
         height=560,
         margin={"l": 10, "r": 10, "t": 30, "b": 10},
         clickmode="event+select",
-        xaxis={"tickvals": list(range(graph.n_pos)), "ticktext": labels, "title": "position"},
+        xaxis={"tickvals": centres, "ticktext": [_short(label) for label in labels], "title": "position"},
         yaxis={
             "tickvals": list(range(-1, graph.n_layers + 1)),
             "ticktext": ["tokens", *[f"layer {layer}" for layer in range(graph.n_layers)], "logits"],
+            "range": [-1.5, graph.n_layers + 1.6],  # room above the logits for their names
         },
     )
     return fig
 
 
-def _placement(kept: list[int], records: list[dict]) -> dict[int, tuple[float, int]]:
-    """Each kept node's (x, y): the nodes that share a (position, layer) cell spread evenly across its width."""
+NODES_PER_COLUMN = 4  # nodes that share one column's width before the column widens
+SHORT_LABEL = 10  # characters of a token's name drawn on the chart (all of it on hover)
+
+
+def _short(label: str) -> str:
+    return label if len(label) <= SHORT_LABEL else label[: SHORT_LABEL - 1] + "…"
+
+
+def _logit_index(graph: Graph, i: int) -> int:
+    return i - (graph.n_nodes - graph.n_logits)
+
+
+def _placement(kept: list[int], records: list[dict], n_pos: int) -> tuple[dict[int, tuple[float, int]], list[float]]:
+    """Each kept node's (x, y) and each position's centre. A position's column is one unit wide, or wider where a
+    (position, layer) cell holds more than NODES_PER_COLUMN nodes, which spread evenly across it; the logits, a
+    row of their own, spread across the whole width."""
     cells: dict[tuple[int, int], list[int]] = {}
+    logit_nodes = []
     for i, r in zip(kept, records):
-        cells.setdefault((r["pos"], r["layer"]), []).append(i)
+        if r["kind"] == "logit":
+            logit_nodes.append(i)
+        else:
+            cells.setdefault((r["pos"], r["layer"]), []).append(i)
+    widths = [1.0] * n_pos
+    for (pos, _), members in cells.items():
+        widths[pos] = max(widths[pos], len(members) / NODES_PER_COLUMN)
+    starts = [sum(widths[:pos]) for pos in range(n_pos)]
     where = {}
     for (pos, layer), members in cells.items():
         for j, i in enumerate(members):
-            where[i] = (pos + (j + 1) / (len(members) + 1) - 0.5, layer)
-    return where
+            where[i] = (starts[pos] + widths[pos] * (j + 0.5) / len(members) - 0.5, layer)
+    total = sum(widths)
+    for j, i in enumerate(logit_nodes):
+        where[i] = (total * (j + 0.5) / len(logit_nodes) - 0.5, records[kept.index(i)]["layer"])
+    return where, [start + width / 2 - 0.5 for start, width in zip(starts, widths)]
 
 
 def _edge_traces(graph: Graph, keep: torch.Tensor, edges: torch.Tensor, where: dict) -> list[go.Scatter]:
@@ -153,7 +183,7 @@ def describe(node: dict, labels: list[str], logits: list[str], graph: Graph) -> 
         return f"error node, layer {node['layer']}, {labels[node['pos']]!r}"
     if node["kind"] == "token":
         return f"token {labels[node['pos']]!r} at {node['pos']}"
-    k = graph.node_ids().index(node["id"]) - (graph.n_nodes - graph.n_logits)
+    k = _logit_index(graph, graph.node_ids().index(node["id"]))
     return f"logit {logits[k]!r}: p = {node['probability']:.3f}"
 
 

@@ -802,6 +802,13 @@ def test_the_graphs_page_draws_the_graph_and_shows_a_clicked_feature(browser, tm
         no_exceptions(page)
         points = page.locator("[data-testid='stPlotlyChart'] .scatterlayer .trace:has(path.point) path.point")
         assert points.count() > 10  # nodes drawn
+        labels = label_boxes(page)  # the positions' tokens and the output tokens, as drawn at the default width
+        assert len(labels) > 5
+        overlaps = [(a["text"], b["text"]) for k, a in enumerate(labels) for b in labels[k + 1 :] if overlap(a, b)]
+        assert not overlaps, overlaps
+        nodes = node_boxes(page)  # every node's marker: none drawn over another, the last position's crowd included
+        crowded = [(a["text"], b["text"]) for k, a in enumerate(nodes) for b in nodes[k + 1 :] if overlap(a, b)]
+        assert not crowded, f"{len(crowded)} of {len(nodes)} nodes' markers overlap: {crowded[:5]}"
         feature_trace = page.locator("[data-testid='stPlotlyChart'] .scatterlayer .trace").nth(
             feature_trace_index(page)
         )
@@ -813,6 +820,31 @@ def test_the_graphs_page_draws_the_graph_and_shows_a_clicked_feature(browser, tm
         assert "token (where it fires)" in headers, headers
         page.screenshot(path=str(SCREENSHOTS / "graphs.png"))
         assert errors == []
+
+
+def label_boxes(page) -> list[dict]:
+    """The bounding boxes, in the page's pixels, of the graph's x-axis tick labels and its nodes' text labels."""
+    return page.evaluate(
+        """() => [...document.querySelectorAll(
+            "[data-testid='stPlotlyChart'] .xtick text, [data-testid='stPlotlyChart'] .textpoint text")]
+          .map(e => { const r = e.getBoundingClientRect();
+                      return {text: e.textContent, left: r.left, right: r.right, top: r.top, bottom: r.bottom}; })
+          .filter(b => b.right > b.left)"""
+    )
+
+
+def node_boxes(page) -> list[dict]:
+    """The bounding boxes of the graph's node markers (each named by its trace and index)."""
+    return page.evaluate(
+        """() => [...document.querySelectorAll("[data-testid='stPlotlyChart'] .scatterlayer .trace")]
+          .flatMap((t, k) => [...t.querySelectorAll("path.point")].map((e, j) => {
+              const r = e.getBoundingClientRect();
+              return {text: `${k}:${j}`, left: r.left, right: r.right, top: r.top, bottom: r.bottom}; }))"""
+    )
+
+
+def overlap(a: dict, b: dict) -> bool:
+    return a["left"] < b["right"] and b["left"] < a["right"] and a["top"] < b["bottom"] and b["top"] < a["bottom"]
 
 
 def feature_trace_index(page) -> int:
