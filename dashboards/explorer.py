@@ -170,8 +170,9 @@ def show_cross_attention(name: str) -> None:
         return
     cfg = model.cfg
     st.caption(
-        f"encoder–decoder · {cfg.n_encoder_layers} + {cfg.n_decoder_layers} layers · d_model {cfg.d_model} · "
-        f"{cfg.n_heads} heads · positions {cfg.positions} · {cfg.block} · {cfg.mlp}"
+        f"encoder–decoder · {cfg.n_encoder_layers} + {cfg.n_decoder_layers} layers · a residual stream of "
+        f"{cfg.d_model} · {cfg.n_heads} heads · {cfg.positions} positions · "
+        f"{ARCHITECTURE_WORDS.get(cfg.block, cfg.block)} · {ARCHITECTURE_WORDS.get(cfg.mlp, cfg.mlp)} MLPs"
     )
     if model.src_tokenizer is None or model.tgt_tokenizer is None:
         st.warning(f"`{name}` has no tokenizers (src_tokenizer.json, tgt_tokenizer.json) to read a source with.")
@@ -206,12 +207,32 @@ def show_cross_attention(name: str) -> None:
     draw(fig, "cross_attention")
 
 
+# The config's choices as a reader names them (the describe line above each model's views).
+ARCHITECTURE_WORDS = {
+    "layernorm": "LayerNorm",
+    "rmsnorm": "RMSNorm",
+    "layernorm_pre": "LayerNorm (gains folded in)",
+    "rmsnorm_pre": "RMSNorm (gains folded in)",
+    "relu": "ReLU",
+    "gelu": "GELU",
+    "gelu_tanh": "GELU (tanh)",
+    "silu": "SiLU",
+    "swiglu": "SwiGLU",
+    "pre_ln": "norm before each sublayer",
+    "post_ln": "norm after each sublayer",
+}
+
+
 def describe(opened: Opened) -> str:
     cfg = opened.model.cfg
-    parts = [f"{cfg.n_layers} layers", f"d_model {cfg.d_model}", f"{cfg.n_heads} heads"]
+    parts = [f"{cfg.n_layers} layers", f"a residual stream of {cfg.d_model}", f"{cfg.n_heads} heads"]
     if opened.forma:
-        parts += [f"positions {cfg.positions}", cfg.norm, cfg.mlp]
-    return " · ".join(parts + [f"vocab {cfg.d_vocab}", f"context {cfg.n_ctx}"])
+        parts += [
+            f"{cfg.positions} positions",
+            ARCHITECTURE_WORDS.get(cfg.norm, cfg.norm),
+            f"{ARCHITECTURE_WORDS.get(cfg.mlp, cfg.mlp)} MLPs",
+        ]
+    return " · ".join(parts + [f"{cfg.d_vocab:,} tokens", f"a context of {cfg.n_ctx:,}"])
 
 
 FORMA_ONLY = (

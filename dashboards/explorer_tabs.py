@@ -15,6 +15,7 @@ import torch
 from plotly.subplots import make_subplots
 
 from dashboards.charts import draw
+from lab.names import name
 
 
 @dataclass
@@ -360,7 +361,7 @@ def show_input_attribution(model, tokens, labels) -> None:
     )
 
     target = int(top_tokens(model, tokens)[0])
-    methods = st.multiselect("Methods", METHODS, default=list(METHODS), key="attribution_methods")
+    methods = st.multiselect("Methods", METHODS, default=list(METHODS), format_func=name, key="attribution_methods")
     if not methods:
         st.info("Choose at least one method.")
         return
@@ -379,7 +380,7 @@ def show_input_attribution(model, tokens, labels) -> None:
         go.Heatmap(
             z=z,
             x=labels,
-            y=list(rows),
+            y=[name(row) for row in rows],
             colorscale="RdBu",
             zmid=0,
             zmin=-1,
@@ -479,10 +480,12 @@ def show_patching(model, tokens, labels) -> None:
         f"of {difference} that patching its clean value into the corrupted "
         "run restores (1: all of it, 0: none)."
     )
-    component = st.selectbox("Component", ["resid_pre", "attn_out", "mlp_out", "resid_post"], key="patch_component")
+    component = st.selectbox(
+        "Component", ["resid_pre", "attn_out", "mlp_out", "resid_post"], format_func=name, key="patch_component"
+    )
     result = patch_positions(model, tokens, corrupted, component, answer=answer, wrong=wrong)
     title = (
-        f"Share of {difference} restored by patching {component} "
+        f"Share of {difference} restored by patching {name(component)} "
         f"(clean {result.clean:.3f}, corrupted {result.corrupted:.3f})"
     )
     draw(_restored_figure(result, labels, "%{y} at %{x}", title, "position"), "patching")

@@ -62,6 +62,9 @@ GRADES = {
 # Where a method reads the model (the scoreboard's "readout" column and the patching figure's panels).
 READOUTS = {
     "resid_pre": "residual stream before the block",
+    "attn_out": "attention's output",
+    "mlp_out": "the MLP's output",
+    "resid_post": "residual stream after the block",
     "resid_pre 0": "before block 0",
     "resid_pre 1": "before block 1",
 }

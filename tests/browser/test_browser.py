@@ -550,20 +550,7 @@ CHARTS_DRAWN = """() => [...document.querySelectorAll("[data-testid='stPlotlyCha
                          .every(chart => chart.querySelector('.main-svg'))"""
 
 
-# The explorer's model views still print hook and config names (resid_pre, d_model) as words: its page is being
-# reworked for a real language model, and reads in words with that change (strict: this fails once it does).
-NOT_YET_IN_WORDS = {"explorer": "the explorer's views name hooks and config fields (resid_pre, d_model)"}
-
-
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(name, marks=pytest.mark.xfail(reason=NOT_YET_IN_WORDS[name], strict=True))
-        if name in NOT_YET_IN_WORDS
-        else name
-        for name, _ in pages()
-    ],
-)
+@pytest.mark.parametrize("name", [name for name, _ in pages()])
 def test_every_page_reads_in_words(server, browser, name):
     """Every page of the dashboard as drawn in Chromium, its charts included (`IN_WORDS`): no snake_case token
     outside a code span, no backtick, no '\ufffd', no "nan" or "None" cell, no ±d.ddde-18 where 0 is meant. The
