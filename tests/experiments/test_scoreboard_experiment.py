@@ -227,6 +227,10 @@ def test_the_graph_is_credited_only_where_trained_transcoders_beat_untrained_one
         replacement = find(results, "attribution_graph", world, readout, "replacement_score")
         assert replacement["control_means"] == "untrained transcoders of the same shape"
         assert f"replacement score {replacement['value']:.2f}" in head["sentence"]
+        assert replacement["beats_control"]  # the replacement score tells trained transcoders from untrained ones
+    for world, readout in (("markov", "last prediction"), ("induction", "all sources")):
+        # … while the graph's AUROC does not: over untrained transcoders it grades as well (the attention paths).
+        assert not find(results, "attribution_graph", world, readout, "auroc")["beats_control"], world
     table = [
         {**_row("attribution_graph", "markov", "last prediction", g, 0.9, 0.85, 0.95), "beats_control": False}
         for g in ("auroc", "relevant_mass", "replacement_score")
