@@ -210,7 +210,7 @@ def control_models(
         torch.from_numpy(
             other.sample(profile.control_steps * profile.batch_size, length, seed=sample_seed(seed, world, "control"))
         ),
-        torch.from_numpy(other.sample(64, length, seed=sample_seed(seed, world, "val") + 1)),
+        torch.from_numpy(other.sample(64, length, seed=sample_seed(seed, world, "control") + 1)),  # loss only
     )
     trained, _ = train_model(model.cfg, profile, profile.control_steps, seed, data, length, model.tokenizer)
     trained.save(out / "models" / world / "control")
