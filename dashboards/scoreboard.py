@@ -22,6 +22,8 @@ COLUMNS = [
     "control_low",
     "control_high",
     "control_at_chance",
+    "control_means",
+    "beats_control",
     "n",
 ]
 LABELS = {
@@ -37,6 +39,8 @@ LABELS = {
     "control_low": "control's interval, low",
     "control_high": "control's interval, high",
     "control_at_chance": "control no better than chance",
+    "control_means": "the control",
+    "beats_control": "beats its control",
     "n": "prompts",
 }
 FIGURES_BY_METHOD = (
@@ -49,18 +53,23 @@ FIGURES_BY_METHOD = (
 
 def render(folder: Path, results: dict) -> None:
     st.caption(
-        "Each grade is a mean over held-out prompts with its bootstrap 95% interval; beside it, a control that "
-        "knows nothing (another prompt's reading for a lens, permuted scores for an attribution method, "
-        "shuffled targets for a probe, permuted heads or cells for detectors and patching) and the value "
-        'chance gives it. "Control no better than chance" is yes where the control\'s interval does not clear '
-        "chance on the grade's good side (for a KL, lower is better: a control above chance is no better than it), "
-        "and no where it clears it: such a grade rewards something other than the truth."
+        "Each grade is a mean over held-out prompts with its bootstrap 95% interval, and beside it a control. "
+        "Most controls know nothing (another prompt's reading for a lens, shuffled targets for a probe, permuted "
+        'heads or cells for detectors and patching) and are judged against chance: "control no better than '
+        "chance\" is yes where the control's interval does not clear chance on the grade's good side (for a KL, "
+        "lower is better), no where it clears it: such a grade rewards something other than the truth. An "
+        "attribution method's control is the same method where the mechanism is absent (an untrained model, a "
+        'model trained on another world, untrained transcoders for the graph; "the control" names the hardest '
+        'of them): "beats its control" is yes where the grade\'s interval lies above it. The trivial baselines '
+        "(recency, last token only, uniform, random scores) are rows of their own: a method finds the mechanism "
+        "only where it beats the best of them and its control."
     )
     show_headlines(results)
-    table = read_table(folder / "scoreboard.parquet", "scoreboard", COLUMNS)
+    table = read_table(folder / "scoreboard.parquet", "scoreboard")
     if table is None:
         st.info("This run has no scoreboard.parquet: run `forma run scoreboard` again.")
         return
+    table = table[[c for c in COLUMNS if c in table.columns]]  # a run made before a column was added lacks it
     st.subheader("The scoreboard")
     for column in ("method", "readout", "grade"):  # each key in its one display name (lab.names)
         table[column] = table[column].map(name)

@@ -29,6 +29,11 @@ METHODS = {
     "attention_rollout": "attention rollout",
     "attribution_patching": "attribution patching",
     "attribution_graph": "attribution graph",
+    # the trivial baselines every attribution method is graded beside (lab.metrics.grading.BASELINES)
+    "recency": "recency (score = position)",
+    "last_token": "last token only",
+    "uniform": "uniform",
+    "random": "random scores",
     "logit lens": "logit lens",
     "tuned lens": "tuned lens",
     "jacobian lens": "Jacobian lens",
@@ -44,6 +49,7 @@ GRADES = {
     "kl_true": "KL to the truth (nats)",
     "kl_model": "KL to the model (nats)",
     "relevant_mass": "mass on the relevant positions",
+    "replacement_score": "replacement score",
     "rank_correlation": "Spearman ρ with the model's effects",
     "spearman_induction": "Spearman ρ of the induction score",
     "spearman_previous_token": "Spearman ρ of the previous-token score",
@@ -67,6 +73,8 @@ READOUTS = {
     "resid_post": "residual stream after the block",
     "resid_pre 0": "before block 0",
     "resid_pre 1": "before block 1",
+    "all sources": "all sources",  # the induction world's truth: every lawful copy source
+    "unique source": "unique source",  # its prompts with one copy source
 }
 
 NAMES = SIGNALS | METHODS | GRADES | READOUTS

@@ -3,12 +3,14 @@
 No toolkit can tell its user whether its methods are right by comparing them with each other; a world whose true
 next-token law and mechanism are known can. The run trains one small model on each of four worlds (lab.data) and
 grades every method that applies there, each grade a mean over held-out prompts with a bootstrap 95% interval and
-a control that must score at chance (lab.metrics.grading, lab.analysis.grading):
+a control — one that knows nothing and must score at chance, or the same method where the mechanism is absent,
+which it must beat (lab.metrics.grading, lab.analysis.grading):
 
     world                      its law                               the ground truth of its mechanism
     order-2 Markov chain       p(x_{t+1} | the last two tokens)      the two last positions
     Mess3 (Shai et al. 2024)   η_t T^(a) 1, by forward filtering     the belief state η_t at every position
-    induction (repeated span)  x_{t+1} = x_{t+1−m} inside the repeat the position after the previous occurrence
+    induction (repeated span)  x_{t+1} = x_{t+1−m} inside the repeat every lawful copy source (the position after
+                                                                     each earlier occurrence), or its one-source prompts
     facts (Kalai & Vempala)    the person's value                    the name's two words
 
     1. Lenses, every layer (Markov, Mess3, induction): the logit lens, the tuned lens (Belrose et al. 2023, fitted
@@ -24,8 +26,10 @@ a control that must score at chance (lab.metrics.grading, lab.analysis.grading):
        rollout, attribution patching at the embedding, and the attribution graph (lab.analysis.graphs, over top-k
        transcoders trained on the world's model: each position's share of the tokens' path influence); graded by
        AUROC and the share of the mass on the relevant positions, and by Spearman ρ with the model's own exhaustive
-       causal effects (every position resampled to every token); control: the method's scores permuted within the
-       prompt.
+       causal effects (every position resampled to every token), beside the trivial baselines (recency, the last
+       token, uniform, random); controls: the same method on an untrained model and on a model of the same shape
+       trained on another world (CONTROL_WORLDS), the graph over untrained transcoders (with both replacement
+       scores). A method finds the mechanism only where it beats the best baseline and its control by its interval.
     4. Heads and patching (induction): the induction and previous-token detectors against every head's ablation
        effect on copying (exhaustive), and attribution patching against the exhaustive patching sweep.
 

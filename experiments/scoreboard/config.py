@@ -25,6 +25,14 @@ FACTS_WORLD = {
     "pareto_gamma": 1.5,
     "seed": 0,
 }
+# The attribution controls' other worlds: for each world whose attribution is graded, a world with another mechanism
+# and the same vocabulary, whose model (the same shape, trained here) runs the same methods on this world's prompts.
+# The fact world's vocabulary size is its tokenizer's, filled in by the part that builds it.
+CONTROL_WORLDS = {
+    "markov": {"kind": "induction", "vocab_size": 8, "min_period": 3, "max_period": 7, "seed": 0},
+    "induction": {"kind": "markov", "vocab_size": 16, "order": 2, "concentration": 0.3, "seed": 0},
+    "facts": {"kind": "markov", "order": 2, "concentration": 0.3, "seed": 0},
+}
 FIGURES = ("lenses", "attribution", "belief_simplex", "probes", "heads", "attribution_patching")
 LENSES = ("logit", "tuned", "jacobian")
 
@@ -43,6 +51,7 @@ class Profile:
     n_boot: int
     transcoder_features: int  # per layer: the top-k transcoders behind each world's attribution graphs
     transcoder_steps: int
+    control_steps: int  # training steps of each attribution control's model (trained on another world)
     seq_len: int = 16
     batch_size: int = 32
     n_layers: int = 2
@@ -61,6 +70,7 @@ DEFAULT = Profile(
     n_boot=1000,
     transcoder_features=512,
     transcoder_steps=800,
+    control_steps=1000,
 )
 # Quick is the default at a smaller size: narrower models, a sixth to a quarter of the training, fewer prompts.
 QUICK = Profile(
@@ -73,6 +83,7 @@ QUICK = Profile(
     n_boot=400,
     transcoder_features=128,
     transcoder_steps=200,
+    control_steps=300,
 )
 
 
@@ -84,7 +95,7 @@ class Config(ProfileConfig):
     PROFILES = (DEFAULT, QUICK)
 
 
-PURPOSES = ("train", "val", "eval", "fit", "attribution", "patching", "probe")
+PURPOSES = ("train", "val", "eval", "fit", "attribution", "patching", "probe", "control", "unique source")
 
 
 def sample_seed(seed: int, world: str, purpose: str) -> int:

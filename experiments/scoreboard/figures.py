@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from experiments.scoreboard.config import FIGURES, LENSES
+from lab.metrics.grading import BASELINES
 from lab.names import name as display
 from lab.runs import save_figure, save_table
 
@@ -88,61 +89,81 @@ def lenses_figure(results: dict[str, Any]) -> Any:
     return figure
 
 
-def attribution_figure(results: dict[str, Any]) -> Any:
+ATTRIBUTION_COLUMNS = (
+    ("markov", "last prediction"),
+    ("induction", "all sources"),
+    ("facts", "last prediction"),
+    ("induction", "unique source"),
+)
+
+
+def _attribution_traces(rows: list[dict[str, Any]], first: bool) -> list[Any]:
+    """One panel's traces: the methods' bars, the trivial baselines' bars, and each row's control."""
     import plotly.graph_objects as go
+
+    methods = [r for r in rows if r["method"] not in BASELINES]
+    baselines = [r for r in rows if r["method"] in BASELINES]
+    controls = [r for r in rows if r["control"] is not None]
+    return [
+        go.Bar(
+            x=[display(r["method"]) for r in methods],
+            y=[r["value"] for r in methods],
+            error_y=_errors(methods),
+            name="method",
+            marker_color="#1f77b4",
+            showlegend=first,
+            legendgroup="method",
+        ),
+        go.Bar(
+            x=[display(r["method"]) for r in baselines],
+            y=[r["value"] for r in baselines],
+            error_y=_errors(baselines),
+            name="trivial baseline",
+            marker_color="#ff7f0e",
+            showlegend=first,
+            legendgroup="baseline",
+        ),
+        go.Scatter(
+            x=[display(r["method"]) for r in controls],
+            y=[r["control"] for r in controls],
+            error_y=_errors(
+                [{"value": r["control"], "low": r["control_low"], "high": r["control_high"]} for r in controls]
+            ),
+            mode="markers",
+            marker={"color": "grey", "symbol": "x"},
+            name="control: the same method without the mechanism (untrained model, other world's model, untrained "
+            "transcoders: the hardest)",
+            showlegend=first,
+            legendgroup="control",
+        ),
+    ]
+
+
+def attribution_figure(results: dict[str, Any]) -> Any:
     from plotly.subplots import make_subplots
 
-    worlds = [w for w in ("markov", "induction", "facts") if w in results["worlds"]]
+    columns = [(w, r) for w, r in ATTRIBUTION_COLUMNS if w in results["worlds"]]
     grades = ("auroc", "relevant_mass", "rank_correlation")
     figure = make_subplots(
         rows=len(grades),
-        cols=len(worlds),
+        cols=len(columns),
         shared_xaxes=True,
         vertical_spacing=0.06,
-        subplot_titles=[f"{w}: {display(g)}" for g in grades for w in worlds],
+        subplot_titles=[f"{w}, {r}: {display(g)}" for g in grades for w, r in columns],
     )
-    for col, world in enumerate(worlds, start=1):
+    for col, (world, readout) in enumerate(columns, start=1):
         for row_index, grade in enumerate(grades, start=1):
             rows = [
-                r
-                for r in results["table"]
-                if r["world"] == world and r["grade"] == grade and r["readout"] == "last prediction"
+                r for r in results["table"] if r["world"] == world and r["grade"] == grade and r["readout"] == readout
             ]
-            methods = [display(r["method"]) for r in rows]
-            figure.add_trace(
-                go.Bar(
-                    x=methods,
-                    y=[r["value"] for r in rows],
-                    error_y=_errors(rows),
-                    name="method",
-                    marker_color="#1f77b4",
-                    showlegend=col == 1 and row_index == 1,
-                    legendgroup="method",
-                ),
-                row=row_index,
-                col=col,
-            )
-            controls = [{"value": r["control"], "low": r["control_low"], "high": r["control_high"]} for r in rows]
-            figure.add_trace(
-                go.Scatter(
-                    x=methods,
-                    y=[c["value"] for c in controls],
-                    error_y=_errors(controls),
-                    mode="markers",
-                    marker={"color": "grey", "symbol": "x"},
-                    name="control: scores permuted",
-                    showlegend=col == 1 and row_index == 1,
-                    legendgroup="control",
-                ),
-                row=row_index,
-                col=col,
-            )
+            for trace in _attribution_traces(rows, col == 1 and row_index == 1):
+                figure.add_trace(trace, row=row_index, col=col)
             if rows:
                 figure.add_hline(y=rows[0]["chance"], line_dash="dot", row=row_index, col=col)
     figure.update_layout(
-        title="Input attribution of the prediction after the last token: AUROC and share of the "
-        "mass on the truly relevant positions,<br>and Spearman ρ with the model's exhaustive "
-        "causal effects (95% intervals over prompts; grey: the scores permuted)",
+        title="Input attribution of the prediction after the last token: AUROC and share of the mass on the truly "
+        "relevant positions,<br>and Spearman ρ with the model's exhaustive causal effects, beside the trivial "
+        "baselines (95% intervals over prompts; grey: each one's control)",
         height=920,
         barmode="group",
     )

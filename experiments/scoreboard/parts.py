@@ -10,9 +10,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from experiments.scoreboard.config import FACTS_WORLD, Profile, sample_seed, world_spec
+from experiments.scoreboard.config import CONTROL_WORLDS, FACTS_WORLD, Profile, sample_seed, world_spec
 from lab.analysis.activations import save_activations
 from lab.analysis.grading import (
+    UNTRAINED_MODEL,
     grade_attribution_patching,
     grade_belief_probes,
     grade_head_detectors,
@@ -23,6 +24,7 @@ from lab.analysis.grading import (
 from lab.analysis.input_attribution import METHODS
 from lab.analysis.jacobian_lens import fit_jacobian_lens
 from lab.analysis.lens import logit_lens
+from lab.analysis.probes import random_model
 from lab.analysis.transcoders.model import TranscoderConfig, Transcoders
 from lab.analysis.transcoders.train import TranscoderTraining, train_transcoders
 from lab.analysis.tuned_lens import fit_tuned_lens
@@ -37,6 +39,10 @@ from lab.train import SequenceBatches, TrainConfig, train
 from lab.train.batches import pad_documents
 
 ATTRIBUTION_LENGTH = {"markov": 10, "induction": 12}  # prompt lengths: the prediction after the last token
+# The truths attribution is graded against, the scoreboard's "readout" of its rows: the prediction after the last
+# token; on the induction world, every lawful copy source of the world's own draws, and the draws whose last
+# prediction has one source only (InductionSource.sample_unique_source).
+TRUTHS = {"markov": ("last prediction",), "induction": ("all sources", "unique source"), "facts": ("last prediction",)}
 
 
 def row(method: str, world: str, readout: str, grade: Grade | Metric, name: str | None = None) -> dict[str, Any]:
@@ -57,6 +63,8 @@ def row(method: str, world: str, readout: str, grade: Grade | Metric, name: str 
             "control_low": None,
             "control_high": None,
             "control_at_chance": None,
+            "control_means": None,
+            "beats_control": None,
         }
     if name is not None:
         fields["grade"] = name
@@ -189,17 +197,47 @@ def fit_transcoders(
         return train_transcoders(store, cfg, training, out).eval()
 
 
+def control_models(
+    model: HookedTransformer, world: str, profile: Profile, seed: int, out: Path
+) -> dict[str, HookedTransformer]:
+    """The models the attribution methods are run on beside the world's own, named as the table says them: one of
+    the same shape never trained, and one trained (`profile.control_steps`) on `CONTROL_WORLDS[world]`, a world
+    with another mechanism and the same vocabulary (kept in out/models/WORLD/control)."""
+    spec = CONTROL_WORLDS[world] | ({"vocab_size": model.cfg.d_vocab} if world == "facts" else {})
+    other = source_from_dict(spec)
+    length = model.cfg.n_ctx
+    data = SequenceBatches(
+        torch.from_numpy(
+            other.sample(profile.control_steps * profile.batch_size, length, seed=sample_seed(seed, world, "control"))
+        ),
+        torch.from_numpy(other.sample(64, length, seed=sample_seed(seed, world, "control") + 1)),  # loss only
+    )
+    trained, _ = train_model(model.cfg, profile, profile.control_steps, seed, data, length, model.tokenizer)
+    trained.save(out / "models" / world / "control")
+    write_json(out / "models" / world / "control" / "world.json", {"source": other.to_dict()})
+    return {UNTRAINED_MODEL: random_model(model, seed=seed + 1), control_name(world): trained}
+
+
+def control_name(world: str) -> str:
+    """The other-world control's name in the table: the world its model was trained on."""
+    return f"a model trained on another world ({CONTROL_WORLDS[world]['kind']})"
+
+
 def attribution_part(
     model: HookedTransformer,
     world: str,
+    readout: str,
     prompts: torch.Tensor,
     relevant: torch.Tensor,
     transcoders: Transcoders,
+    controls: dict[str, HookedTransformer],
     profile: Profile,
     seed: int,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Every input-attribution method and the attribution graph on the prediction after each prompt's last token,
-    graded against the relevant positions and the model's exhaustive causal effects."""
+    """Every input-attribution method, the attribution graph and the trivial baselines on the prediction after
+    each prompt's last token, graded against the relevant positions (`readout` names the truth) and the model's
+    exhaustive causal effects, each against the same method on the `controls` models (the graph: on untrained
+    transcoders, with both replacement scores)."""
     graded = grade_input_attribution(
         model,
         prompts,
@@ -209,20 +247,26 @@ def attribution_part(
         seed=seed,
         ig_steps=profile.ig_steps,
         transcoders=transcoders,
+        controls=controls,
     )
-    rows = [
-        row(method, world, "last prediction", grade)
-        for method, grades in graded.grades.items()
-        for grade in grades.values()
-    ]
+    rows = [row(method, world, readout, grade) for method, grades in graded.grades.items() for grade in grades.values()]
+    rows += [row("attribution_graph", world, readout, grade) for grade in graded.replacement.values()]
     summary = {
-        method: {name: grade.row() for name, grade in grades.items()} for method, grades in graded.grades.items()
+        method: {name: grade.row() for name, grade in grades.items()}
+        | {"controls": {what: {k: g.row() for k, g in by.items()} for what, by in graded.controls[method].items()}}
+        for method, grades in graded.grades.items()
     }
+    summary["attribution_graph"] |= {name: grade.row() for name, grade in graded.replacement.items()}
     return rows, {
+        "readout": readout,
         "prompts": int(prompts.shape[0]),
         "length": int(prompts.shape[1]),
         "relevant_per_prompt": float(relevant.float().sum(1).mean()),
+        "several_sources": float((relevant.sum(1) > 1).float().mean()),
+        "baselines": list(graded.baselines),
         "methods": summary,
+        "tokens": prompts.tolist(),  # every prompt and its truth: a method of one's own is graded on the same ones
+        "relevant": relevant.tolist(),
         "example": {
             "tokens": prompts[0].tolist(),
             "relevant": relevant[0].tolist(),
@@ -230,6 +274,36 @@ def attribution_part(
             "scores": {m: s[0].tolist() for m, s in graded.scores.items()},
         },
     }
+
+
+def source_attribution(
+    model: HookedTransformer, world: str, source: Any, fit: torch.Tensor, profile: Profile, seed: int, out: Path
+) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, float]]:
+    """Attribution on the Markov or induction world, against each of its truths (`TRUTHS`): the world's own draws
+    (every lawful source marked) and, on the induction world, its draws with one source. Returns the rows, the
+    results' blocks ("attribution", "attribution_unique_source") and the seconds."""
+    clock = time.perf_counter()
+    length = ATTRIBUTION_LENGTH[world]
+    transcoders = fit_transcoders(model, fit, profile, seed, out / "models" / world / "transcoders")
+    controls = control_models(model, world, profile, seed, out)
+    seconds = {"transcoders_and_controls": time.perf_counter() - clock}
+    clock = time.perf_counter()
+    rows, blocks = [], {}
+    for readout in TRUTHS[world]:
+        if readout == "unique source":
+            draws = source.sample_unique_source(
+                profile.attribution_prompts, length, seed=sample_seed(seed, world, readout)
+            )
+        else:
+            draws = source.sample(profile.attribution_prompts, length, seed=sample_seed(seed, world, "attribution"))
+        relevant = torch.from_numpy(source.relevant_positions(draws)[:, -1])
+        more, block = attribution_part(
+            model, world, readout, torch.from_numpy(draws), relevant, transcoders, controls, profile, seed
+        )
+        rows += more
+        blocks["attribution_unique_source" if readout == "unique source" else "attribution"] = block
+    seconds["attribution"] = time.perf_counter() - clock
+    return rows, blocks, seconds
 
 
 def _model_kl(model: HookedTransformer, tokens: torch.Tensor, p: np.ndarray) -> float:
@@ -266,18 +340,10 @@ def source_part(world: str, profile: Profile, seed: int, out: Path) -> dict[str,
     rows, result["lenses"] = lens_part(model, world, held_out, p, fit, profile, seed)
     seconds["lenses"] = time.perf_counter() - clock
     if world in ATTRIBUTION_LENGTH:
-        clock = time.perf_counter()
-        length = ATTRIBUTION_LENGTH[world]
-        prompts_np = source.sample(profile.attribution_prompts, length, seed=sample_seed(seed, world, "attribution"))
-        relevant = torch.from_numpy(source.relevant_positions(prompts_np)[:, -1])
-        transcoders = fit_transcoders(model, fit, profile, seed, out / "models" / world / "transcoders")
-        seconds["transcoders"] = time.perf_counter() - clock
-        clock = time.perf_counter()
-        more, result["attribution"] = attribution_part(
-            model, world, torch.from_numpy(prompts_np), relevant, transcoders, profile, seed
-        )
+        more, blocks, spent = source_attribution(model, world, source, fit, profile, seed, out)
         rows += more
-        seconds["attribution"] = time.perf_counter() - clock
+        result |= blocks
+        seconds |= spent
     if world == "mess3":
         clock = time.perf_counter()
         more, result["probes"], simplex = belief_part(model, held_out, source.beliefs(held_out_np), profile, seed)
@@ -465,10 +531,11 @@ def facts_part(profile: Profile, seed: int, out: Path) -> dict[str, Any]:
     transcoders = fit_transcoders(
         model, ids[: profile.fit_prompts], profile, seed, out / "models" / "facts" / "transcoders", pad_id=pad
     )
-    seconds["transcoders"] = time.perf_counter() - clock
+    controls = control_models(model, "facts", profile, seed, out)
+    seconds["transcoders_and_controls"] = time.perf_counter() - clock
     clock = time.perf_counter()
     rows, result["attribution"] = attribution_part(
-        model, "facts", tokens[chosen], relevant[chosen], transcoders, profile, seed
+        model, "facts", "last prediction", tokens[chosen], relevant[chosen], transcoders, controls, profile, seed
     )
     seconds["attribution"] = time.perf_counter() - clock
     clock = time.perf_counter()

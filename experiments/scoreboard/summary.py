@@ -1,21 +1,34 @@
 """What a scoreboard run shows, computed from its table: one sentence per claim, with the number behind it, its
 interval, the direction a quick run must share with the default one, and — where the run cannot support it —
-why not, in words. A claim is supported only by a check its own numbers could fail: its controls at chance,
-and its interval clear of chance (or of its controls' intervals, or of another method's) on one side or the
-other — which side is its direction. An interval that straddles is "cannot tell", said in words."""
+why not, in words. A claim is supported only by a check its own numbers could fail: its controls at chance (a
+control that knows nothing), or its value clear of its control (the same method where the mechanism is absent),
+and its interval clear of chance (or of its controls' intervals, or of another method's, or of the best trivial
+baseline's) on one side or the other — which side is its direction. An interval that straddles is "cannot tell",
+said in words.
+
+Input attribution: a method finds the mechanism on a world (against one of its truths, the row's readout) only
+where, on AUROC and on the mass on the relevant positions, its interval lies above the best trivial baseline's
+(lab.metrics.grading.BASELINES: recency, the last token, uniform, random; the best is the one whose interval
+reaches highest) and above its own control's (the same method on an untrained model and on a model trained on
+another world, the hardest of them). The attribution graph is credited only where the graph over trained
+transcoders beats the same graph over untrained ones."""
 
 import math
 from typing import Any
 
+from lab.metrics.grading import BASELINES
 from lab.names import name as display
 from lab.runs import headline
 
 WORLD_WORDS = {"markov": "the order-2 chain", "induction": "the induction world", "facts": "the fact world"}
 RELEVANT_WORDS = {
-    "markov": "the two relevant positions",
-    "induction": "the copied position",
-    "facts": "the name's two words",
+    ("markov", "last prediction"): "the two relevant positions",
+    ("induction", "all sources"): "every lawful copy source",
+    ("induction", "unique source"): "the one copy source (prompts built with one)",
+    ("facts", "last prediction"): "the name's two words",
 }
+ATTRIBUTION_TRUTHS = tuple(RELEVANT_WORDS)  # (world, readout): the truths attribution is graded against
+FINDING_GRADES = ("auroc", "relevant_mass")  # a method finds the mechanism by both
 # Of K fair controls, each clears chance at the 95% level (one side) with probability 2.5%; more than this many
 # clearing it among the run's controls would happen by accident less than once in 1,000 runs at K ≤ 400.
 CONTROL_SIDE = 0.025
@@ -71,47 +84,133 @@ def binomial_upper(k_total: int, p: float, tail: float = 1e-3) -> int:
     return k_total
 
 
-def attribution_headline(results: dict[str, Any], world: str) -> dict[str, Any]:
-    methods = ("integrated_gradients", "occlusion", "attention")
-    rows = {m: find(results, m, world, "last prediction", "relevant_mass") for m in methods}
-    ig = rows["integrated_gradients"]
-    chance = ig["chance"]
-    controls = all(r["control_at_chance"] for r in rows.values())
-    graph = [
-        r
-        for r in results["table"]
-        if (r["method"], r["world"], r["grade"]) == ("attribution_graph", world, "relevant_mass")
+def _attribution_name(world: str, readout: str) -> str:
+    return f"attribution_{world}" + ("_unique_source" if readout == "unique source" else "")
+
+
+def best_baseline(results: dict[str, Any], world: str, readout: str, grade: str) -> dict[str, Any]:
+    """The trivial baseline's row hardest to beat on this grade: the one whose interval reaches highest."""
+    rows = [find(results, b, world, readout, grade) for b in BASELINES]
+    return max((r for r in rows if _interval(r)), key=lambda r: r["high"])
+
+
+def attribution_methods(results: dict[str, Any], world: str, readout: str) -> list[str]:
+    """The methods (not the baselines) graded on this world against this truth, in the table's order."""
+    seen = [
+        r["method"] for r in results["table"] if (r["world"], r["readout"], r["grade"]) == (world, readout, "auroc")
     ]
+    return [m for m in dict.fromkeys(seen) if m not in BASELINES]
+
+
+def finds_mechanism(
+    results: dict[str, Any], method: str, world: str, readout: str, grades: tuple[str, ...] = FINDING_GRADES
+) -> tuple[bool | None, str]:
+    """(True, "") where on every grade the method's interval lies above the best baseline's and its control's;
+    (False, why) where on some grade it lies wholly below either; (None, why) where the run cannot tell."""
+    undecided = ""
+    for grade in grades:
+        row, best = find(results, method, world, readout, grade), best_baseline(results, world, readout, grade)
+        interval = _interval(row)
+        if interval is None:
+            return None, f"{display(method)}'s {display(grade)} has no interval"
+        if interval[1] < best["low"]:
+            return False, f"its {display(grade)} lies below {display(best['method'])}'s"
+        if row["control_low"] is not None and interval[1] < row["control_low"]:
+            return False, f"its {display(grade)} lies below its control's ({row['control_means']})"
+        if not (interval[0] > best["high"] and row["beats_control"]):
+            undecided = undecided or (
+                f"{display(method)}'s {display(grade)} interval overlaps "
+                + (
+                    f"the best trivial baseline's ({display(best['method'])})"
+                    if interval[0] <= best["high"]
+                    else f"its control's ({row['control_means']})"
+                )
+            )
+    return (None, undecided) if undecided else (True, "")
+
+
+def _said_against(row: dict[str, Any]) -> str:
+    return (
+        f"{_said(row)} (control {row['control']:.2f}, {row['control_means']})"
+        if row["control"] is not None
+        else _said(row)
+    )
+
+
+def attribution_headline(results: dict[str, Any], world: str, readout: str = "last prediction") -> dict[str, Any]:
+    """Which methods find the mechanism on this world against this truth (`finds_mechanism`): the claim holds for
+    those listed, and the run can say so only where every method's verdict is decided."""
+    methods = attribution_methods(results, world, readout)
+    verdicts = {m: finds_mechanism(results, m, world, readout) for m in methods}
+    finders = [m for m, (found, _) in verdicts.items() if found]
+    best = {g: best_baseline(results, world, readout, g) for g in FINDING_GRADES}
+    ig = {g: find(results, "integrated_gradients", world, readout, g) for g in FINDING_GRADES}
     sentence = (
-        f"On {WORLD_WORDS[world]}, integrated gradients puts {_said(ig)} of its mass on "
-        f"{RELEVANT_WORDS[world]}, occlusion {_said(rows['occlusion'])}, attention "
-        f"{_said(rows['attention'])}"
-        + (f", the attribution graph {_said(graph[0])}" if graph else "")
-        + f" (chance {chance:.2f}; {ig['n']} prompts)."
+        f"On {WORLD_WORDS[world]}, against {RELEVANT_WORDS[world, readout]}, "
+        + (", ".join(display(m) for m in finders) if finders else "no method")
+        + " beats both the best trivial baseline and its control by its interval, on AUROC and on the mass on "
+        f"the relevant positions (the best baselines: {display(best['auroc']['method'])}, AUROC "
+        f"{_said(best['auroc'])}; {display(best['relevant_mass']['method'])}, mass {_said(best['relevant_mass'])}). "
+        f"Integrated gradients: AUROC {_said_against(ig['auroc'])}, mass {_said_against(ig['relevant_mass'])} "
+        f"(chance {ig['relevant_mass']['chance']:.2f}; {ig['auroc']['n']} prompts)."
+    )
+    undecided = [f"{why}" for found, why in verdicts.values() if found is None]
+    return headline(
+        _attribution_name(world, readout),
+        sentence,
+        ig["relevant_mass"]["value"],
+        _interval(ig["relevant_mass"]),
+        bool(finders),
+        bool(finders) or not undecided,
+        "the run cannot tell whether every method beats the best trivial baseline: " + "; ".join(undecided[:3]),
+    )
+
+
+def graph_headline(results: dict[str, Any], world: str, readout: str = "last prediction") -> dict[str, Any]:
+    """Does the attribution graph owe its grades to the transcoders? Trained against untrained transcoders of the
+    same shape (the graph's control), on AUROC and mass, beside both replacement scores."""
+    rows = {g: find(results, "attribution_graph", world, readout, g) for g in FINDING_GRADES}
+    replacement = find(results, "attribution_graph", world, readout, "replacement_score")
+    beats = all(r["beats_control"] for r in rows.values())
+    beaten = any(_interval(r) and r["control_low"] is not None and r["high"] < r["control_low"] for r in rows.values())
+    sentence = (
+        f"On {WORLD_WORDS[world]}, against {RELEVANT_WORDS[world, readout]}, the attribution graph over trained "
+        f"transcoders has AUROC {_said(rows['auroc'])} and mass {_said(rows['relevant_mass'])}; over untrained "
+        f"transcoders of the same shape {rows['auroc']['control']:.2f} [{rows['auroc']['control_low']:.2f}, "
+        f"{rows['auroc']['control_high']:.2f}] and {rows['relevant_mass']['control']:.2f} "
+        f"[{rows['relevant_mass']['control_low']:.2f}, {rows['relevant_mass']['control_high']:.2f}]; replacement "
+        f"score {_said(replacement)} trained, {replacement['control']:.2f} untrained: the transcoders "
+        + ("add to what the graph finds." if beats else "add nothing the run can tell to what the graph finds.")
     )
     return headline(
-        f"attribution_{world}",
+        f"graph_{world}" + ("_unique_source" if readout == "unique source" else ""),
         sentence,
-        ig["value"],
-        _interval(ig),
-        _clears(ig, chance),
-        *_judged(controls, _apart(ig, chance), "chance"),
+        rows["auroc"]["value"] - rows["auroc"]["control"],
+        None,
+        beats,
+        beats or beaten,
+        "the graph's intervals over trained and untrained transcoders overlap: at this size the run cannot tell "
+        "whether the transcoders add to it",
     )
 
 
-def effects_headline(results: dict[str, Any], world: str) -> dict[str, Any]:
-    rows = [r for r in results["table"] if r["world"] == world and r["grade"] == "rank_correlation"]
+def effects_headline(results: dict[str, Any], world: str, readout: str = "last prediction") -> dict[str, Any]:
+    rows = [find(results, m, world, readout, "rank_correlation") for m in attribution_methods(results, world, readout)]
     best = max(rows, key=lambda r: r["value"])
+    baseline = best_baseline(results, world, readout, "rank_correlation")
+    found, why = finds_mechanism(results, best["method"], world, readout, ("rank_correlation",))
     return headline(
         f"attribution_effects_{world}",
         f"Against the model's own exhaustive effects on {WORLD_WORDS[world]}, {display(best['method'])} ranks the "
-        f"positions best (Spearman ρ = {_said(best)}); "
+        f"positions best (Spearman ρ = {_said_against(best)}; the best trivial baseline, "
+        f"{display(baseline['method'])}, {_said(baseline)}); "
         + ", ".join(f"{display(r['method'])} {r['value']:.2f}" for r in rows if r is not best)
         + ".",
         best["value"],
         _interval(best),
-        _clears(best, 0.0),
-        *_judged(bool(best["control_at_chance"]), _apart(best, 0.0), "0"),
+        bool(found),
+        found is not None,
+        f"the run cannot tell: {why}",
     )
 
 
@@ -266,8 +365,16 @@ def controls_headline(results: dict[str, Any]) -> dict[str, Any]:
 
 def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
     """What the run shows, one headline per claim, computed from results["table"] (see the module's docstring)."""
-    out = [attribution_headline(results, world) for world in ("markov", "induction", "facts")]
-    out += [effects_headline(results, world) for world in ("markov", "induction", "facts")]
+    out = [attribution_headline(results, world, readout) for world, readout in ATTRIBUTION_TRUTHS]
+    out += [graph_headline(results, world, readout) for world, readout in ATTRIBUTION_TRUTHS]
+    out += [
+        effects_headline(results, world, readout)
+        for world, readout in (
+            ("markov", "last prediction"),
+            ("induction", "all sources"),
+            ("facts", "last prediction"),
+        )
+    ]
     out += [lens_headline(results, world) for world in ("markov", "mess3", "induction")]
     out += [
         belief_headline(results),

@@ -7,8 +7,11 @@ nothing, and what chance gives that control.
     grade_lens               a lens's reading at every layer against the true law p and against the model
                              (KL(p ‖ P^(l)), KL(P_θ ‖ P^(l)); `logit_lens`, a `TunedLens`, a `JacobianLens`, …)
     grade_input_attribution  input-attribution scores for the last prediction against the positions the true law
-                             reads (AUROC, share of the mass) and against the model's exhaustive causal effects;
-                             given transcoders, the attribution graph's too (`graph_position_scores`)
+                             reads (AUROC, share of the mass) and against the model's exhaustive causal effects,
+                             beside the trivial baselines (recency, last token, uniform, random), each against the
+                             same method on models without the mechanism (an untrained model of the same shape, a
+                             model trained on another world); given transcoders, the attribution graph's too
+                             (`graph_position_scores`), against untrained transcoders, with both replacement scores
     grade_belief_probes      linear probes from the residual stream to a hidden-Markov belief state (R²), with
                              shuffled targets, an untrained model of the same shape and Hewitt & Liang's control
                              task beside them
@@ -21,7 +24,8 @@ A world supplies its truth through `relevant_positions(tokens)` (the positions e
 lab.data.mechanisms); a fact world's prompts through `lab.data.facts.FactWorld.cloze`.
 """
 
-from collections.abc import Callable, Sequence
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple
@@ -33,7 +37,7 @@ from torch import Tensor
 
 from lab.analysis.attribution import attribution_patch
 from lab.analysis.graphs.attribute import attribute
-from lab.analysis.graphs.influence import position_influence
+from lab.analysis.graphs.influence import graph_scores, position_influence
 from lab.analysis.heads import HEAD_KINDS, pattern_scores
 from lab.analysis.input_attribution import METHODS, input_attributions, resample_effects
 from lab.analysis.lens import logit_lens, residual_stack
@@ -42,8 +46,10 @@ from lab.analysis.probes import accuracy, fit_probe, group_split, random_model
 from lab.analysis.transcoders.model import Transcoders
 from lab.metrics.discrimination import auroc, bootstrap_ci
 from lab.metrics.grading import (
+    BASELINES,
     Grade,
     attribution_grades,
+    baseline_scores,
     lens_grades,
     mean_over_prompts,
 )
@@ -51,6 +57,8 @@ from lab.metrics.statistics import spearman
 from lab.model import HookedTransformer
 
 __all__ = [
+    "UNTRAINED_MODEL",
+    "UNTRAINED_TRANSCODERS",
     "VALUE_PROBE_LAMBDAS",
     "AttributionGrades",
     "grade_attribution_patching",
@@ -60,6 +68,7 @@ __all__ = [
     "grade_lens",
     "grade_value_probes",
     "graph_position_scores",
+    "graph_readings",
     "head_ablation_effects",
     "last_position_truth",
     "readouts",
@@ -95,13 +104,33 @@ def last_position_truth(relevant_positions: Any) -> Bool[Tensor, "batch pos"]:
     return relevant[:, -1]
 
 
+UNTRAINED_MODEL = "an untrained model of the same shape"  # the default control of grade_input_attribution
+UNTRAINED_TRANSCODERS = "untrained transcoders of the same shape"  # the attribution graph's control
+
+
 @dataclass
 class AttributionGrades:
-    """Every method's scores [batch, pos], the model's exhaustive effects, and each method's grades."""
+    """Every method's and baseline's scores [batch, pos], the model's exhaustive effects, each one's grades (its
+    control the hardest of the `controls` to beat), each one's grades on every control model by name, and the
+    attribution graph's replacement scores (trained and untrained transcoders) when it is graded."""
 
     scores: dict[str, Float[Tensor, "batch pos"]]
     effects: Float[Tensor, "batch pos"]
-    grades: dict[str, dict[str, Grade]]  # method → auroc | relevant_mass | rank_correlation
+    grades: dict[str, dict[str, Grade]]  # method or baseline → auroc | relevant_mass | rank_correlation
+    controls: dict[str, dict[str, dict[str, Grade]]]  # method → control → grade (each graded alone)
+    baselines: tuple[str, ...] = ()
+    replacement: dict[str, Grade] = dataclasses.field(default_factory=dict)  # "replacement_score" beside untrained
+
+
+def graph_readings(
+    model: HookedTransformer, transcoders: Transcoders, tokens: Int[Tensor, "batch pos"]
+) -> tuple[Float[Tensor, "batch pos"], Float[Tensor, " batch"]]:
+    """Each prompt's attribution graph read twice: the share of the tokens' path influence at each position
+    (`graph_position_scores`) and the graph's replacement score (`graph_scores`: the tokens' share of the influence
+    that tokens and error nodes carry, 1 when the transcoders replace the MLPs exactly)."""
+    graphs = [attribute(model, transcoders, prompt) for prompt in tokens]
+    positions = torch.stack([position_influence(graph) for graph in graphs])
+    return positions, torch.tensor([graph_scores(graph)["replacement"] for graph in graphs])
 
 
 def graph_position_scores(
@@ -111,6 +140,11 @@ def graph_position_scores(
     position) read as input attribution: the share of the tokens' path influence on the logits at each position
     (`position_influence`; its share at the relevant positions is `position_share`)."""
     return torch.stack([position_influence(attribute(model, transcoders, prompt)) for prompt in tokens])
+
+
+def untrained_transcoders(transcoders: Transcoders) -> Transcoders:
+    """Transcoders of the same shape and kind, randomly initialised (another seed) and never trained."""
+    return Transcoders(dataclasses.replace(transcoders.cfg, seed=transcoders.cfg.seed + 1)).eval()
 
 
 def grade_input_attribution(
@@ -125,22 +159,59 @@ def grade_input_attribution(
     seed: int = 0,
     ig_steps: int = 32,
     transcoders: Transcoders | None = None,
+    controls: Mapping[str, HookedTransformer] | None = None,
+    baselines: Sequence[str] = BASELINES,
 ) -> AttributionGrades:
     """Each method's attribution of the prediction after each prompt's last token, graded against the truly
-    relevant positions `relevant` [batch, pos] and against the model's own exhaustive causal effects
-    (`resample_effects`), over the `valid` positions (default all). With `transcoders` (trained on the model), the
-    attribution graph is one more method, "attribution_graph" (`graph_position_scores`; it explains the top
-    logits, so it takes no `target`)."""
-    scores = input_attributions(model, tokens, target, methods, ig_steps=ig_steps)
-    if transcoders is not None:
-        scores["attribution_graph"] = graph_position_scores(model, transcoders, tokens)
-    effects = resample_effects(model, tokens, target)
+    relevant positions `relevant` [batch, pos] (a set per prompt: lab.metrics.grading says how each grade treats
+    it) and against the model's own exhaustive causal effects (`resample_effects`), over the `valid` positions
+    (default all).
+
+    Controls that can fail: the same method on each model of `controls` ({what: model of the same shape without
+    the world's mechanism}; default an untrained one, `UNTRAINED_MODEL`; {} for none), graded against this world's
+    truth and this model's effects; each grade's control is the hardest of them to beat. The trivial `baselines`
+    (lab.metrics.grading.BASELINES: recency, last token, uniform, random) are graded beside the methods, their
+    controls their own scores (they read no model). With `transcoders` (trained on the model), the attribution
+    graph is one more method, "attribution_graph" (`graph_readings`; it explains the top logits, so it takes no
+    `target`), its control the same graph over `untrained_transcoders`, and its replacement score beside theirs."""
+    if controls is None:
+        controls = {UNTRAINED_MODEL: random_model(model, seed=seed + 1)}
     truth = np.asarray(torch.as_tensor(relevant).cpu(), dtype=bool)
-    grades = {
-        method: attribution_grades(value.cpu().numpy(), truth, effects.numpy(), valid, n_boot=n_boot, seed=seed)
-        for method, value in scores.items()
+    mask = np.ones_like(truth) if valid is None else np.broadcast_to(np.asarray(valid, dtype=bool), truth.shape)
+    scores = input_attributions(model, tokens, target, methods, ig_steps=ig_steps)
+    against = {
+        what: input_attributions(other, tokens, target, methods, ig_steps=ig_steps) for what, other in controls.items()
     }
-    return AttributionGrades(scores, effects, grades)
+    replacement: dict[str, Grade] = {}
+    if transcoders is not None:
+        scores["attribution_graph"], trained = graph_readings(model, transcoders, tokens)
+        untrained_scores, untrained = graph_readings(model, untrained_transcoders(transcoders), tokens)
+        against = {what: dict(s) for what, s in against.items()} | {
+            UNTRAINED_TRANSCODERS: {"attribution_graph": untrained_scores}
+        }
+        boot = {"n_boot": n_boot, "seed": seed}
+        replacement["replacement_score"] = Grade(
+            "replacement_score",
+            mean_over_prompts(trained.numpy(), **boot),
+            mean_over_prompts(untrained.numpy(), **boot),
+            None,
+            "higher",
+            len(trained),
+            control_kind="beaten",
+            control_means=UNTRAINED_TRANSCODERS,
+        )
+    for name in baselines:
+        scores[name] = torch.from_numpy(baseline_scores(name, mask, seed=seed)).float()
+        for by_method in against.values():
+            by_method[name] = scores[name]  # a baseline reads no model: the same scores on every one
+    effects = resample_effects(model, tokens, target)
+    grade = partial(attribution_grades, relevant=truth, effects=effects.numpy(), valid=mask, n_boot=n_boot, seed=seed)
+    grades, graded_controls = {}, {}
+    for method, value in scores.items():
+        theirs = {what: by_method[method].cpu().numpy() for what, by_method in against.items() if method in by_method}
+        grades[method] = grade(value.cpu().numpy(), controls=theirs)
+        graded_controls[method] = {what: grade(c) for what, c in theirs.items()}
+    return AttributionGrades(scores, effects, grades, graded_controls, tuple(baselines), replacement)
 
 
 # --- probes -------------------------------------------------------------------------------------------------

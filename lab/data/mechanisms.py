@@ -162,8 +162,12 @@ class InductionSource:
             unseen tokens), with h_t = P(m = t + 1 | m ≥ t + 1) = [min_period ≤ t + 1] / (max_period −
             max(min_period, t + 1) + 1), the chance that the repeat starts now (at an earlier token, never x_t).
 
-    The mechanism's ground truth (`relevant_positions`): inside the repeat, the one position j + 1 whose token
-    is copied; before it, none (the law reads the set of tokens seen, no single position).
+    The mechanism's ground truth (`relevant_positions`): inside the repeat, every lawful copy source — the
+    successor j + 1 of each earlier occurrence j of x_t (j = t − d, t − 2d, … down to the span's start), each
+    holding the token that comes next, since the rule x_{t+1} = x_{j+1} holds for every one of them; before it,
+    none (the law reads the set of tokens seen, no single position). Once the span has come round more than
+    once, a prediction has several sources, and the truth is the set; `sample_unique_source` draws the world's
+    prompts whose last prediction has exactly one.
     """
 
     kind = "induction"
@@ -261,16 +265,44 @@ class InductionSource:
         return out
 
     def relevant_positions(self, tokens: Any) -> NDArray[np.bool_]:
-        """(batch, length, length): inside the repeat, row t marks j + 1 = t + 1 − d, the position whose token comes
-        next; rows before the repeat mark nothing."""
+        """(batch, length, length): inside the repeat, row t marks every j + 1 with j < t and x_j = x_t — the
+        successor of each earlier occurrence of the current token, every one holding the token that comes next
+        (the most recent is t + 1 − d); rows before the repeat mark nothing. A position that holds the next token
+        without following an occurrence of x_t (the span's first, x_s) is not marked: no induction rule reaches
+        it."""
         tokens = as_tokens(tokens, self.vocab_size)
         batch, length = tokens.shape
-        m, d = self.offsets(tokens)
+        m, _ = self.offsets(tokens)
         out = np.zeros((batch, length, length), dtype=bool)
         for row in np.flatnonzero(m):
-            t = np.arange(m[row], length)
-            out[row, t, t + 1 - d[row]] = True
+            x = tokens[row]
+            for t in range(m[row], length):
+                out[row, t, np.flatnonzero(x[:t] == x[t]) + 1] = True
         return out
+
+    def sample_unique_source(self, n: int, length: int, seed: int | None = None) -> IntArray:
+        """`n` of the world's draws of `length` tokens whose last prediction has exactly one lawful copy source:
+        the repeat has begun (m ≤ length − 1) and not yet come round a second time (length − 1 < m + d), so the
+        current token came once before. The world's own draws, kept by rejection (the law and offsets are the
+        world's, conditioned on that event); a length no draw can give that way is a ValueError."""
+        n, length = check_sample("InductionSource.sample_unique_source", n, length, self.vocab_size)
+        feasible = [
+            (m, d)
+            for m in range(self.min_period, min(self.max_period, length - 1) + 1)
+            for d in range(max(2, length - m), m + 1)
+        ]
+        if not feasible:
+            raise ValueError(
+                f"InductionSource: no draw of this world has one copy source at position {length - 1} (spans of "
+                f"{self.min_period} … {self.max_period} tokens have come round twice by then)"
+            )
+        rng = self._sample_rng if seed is None else np.random.default_rng(seed)
+        kept: list[IntArray] = []
+        while sum(len(k) for k in kept) < n:
+            drawn = self.sample(max(4 * n, 64), length, seed=int(rng.integers(2**63)))
+            m, d = self.offsets(drawn)
+            kept.append(drawn[(m > 0) & (length - 1 < m + d)])
+        return np.concatenate(kept)[:n]
 
     def log_prob(self, tokens: Any) -> FloatArray:
         """log p(x_1..x_L) in nats per sequence, shape (batch,)."""

@@ -29,9 +29,10 @@ lab.data.mechanisms; `source_from_dict` rebuilds any of them.
 
 The ground truth of each world's mechanism is exposed beside its law: `relevant_positions(tokens)`, a
 (batch, length, length) boolean array whose row t marks the positions the true law of x_{t+1} is read
-from (the last k tokens of an order-k chain; in the repeat, the one position the induction world copies;
-none where the law reads no single position), and, for the hidden-Markov sources, `beliefs(tokens)`,
-the posterior over hidden states after each token.
+from (the last k tokens of an order-k chain; in the repeat, every position the induction world may copy
+from, the successors of the current token's earlier occurrences; none where the law reads no single
+position), and, for the hidden-Markov sources, `beliefs(tokens)`, the posterior over hidden states after
+each token.
 
 Shapes: token arrays are int64 `(batch, length)`; `conditionals` returns `(batch, length, V)` whose row
 t is the law of the token *after* position t — the quantity a language model's logits at position t

@@ -1,32 +1,45 @@
 """Grades of interpretability methods against a known truth, with bootstrap intervals over prompts and a control
-that must score at chance (pure numpy: scores and truths in, `Grade`s out).
+(pure numpy: scores and truths in, `Grade`s out).
 
 Every grade is a mean over prompts (independent draws from the world) with its percentile bootstrap 95% interval,
-resampling prompts (`lab.metrics.discrimination.bootstrap_ci`). Beside it, the same grade of a control that knows
-nothing, and the value chance gives that control; the control is "at chance" when its interval does not clear
-chance in the grade's good direction (a control that beats chance would mean the grade rewards something other
-than the truth).
+resampling prompts (`lab.metrics.discrimination.bootstrap_ci`). Beside it, a control of one of two kinds
+(`Grade.control_kind`, what it is in words in `Grade.control_means`):
 
-Input attribution (`attribution_grades`), per prompt over its valid positions, with s_i = |score_i|:
+    "chance"  a control that knows nothing, and the value chance gives it: the control is "at chance" when its
+              interval does not clear chance in the grade's good direction (a control that beats chance would
+              mean the grade rewards something other than the truth);
+    "beaten"  the same method where the mechanism is absent (an untrained model of the same shape, a model trained
+              on a world with another mechanism, untrained transcoders): the method finds the mechanism only where
+              its value beats this control by its interval (`Grade.beats_control`). Such a control can fail: a
+              method that reads nothing of the model (recency, random scores) scores the same on both.
 
-    auroc            P(s of a relevant position > s of an irrelevant one), ties ½      chance ½
-    relevant_mass    Σ_{i relevant} s_i / Σ_i s_i                                     chance |relevant| / |valid|
-    rank_correlation Spearman ρ(s, the model's exhaustive causal effects)             chance 0
+Input attribution (`attribution_grades`), per prompt over its valid positions, with s_i = |score_i| and the truth a
+SET of relevant positions (every position the law may read the answer from: the last k of an order-k chain, every
+lawful copy source of the induction world, the name's two words), each grade treating the set as a whole:
 
-  control: the method's own scores permuted among the prompt's valid positions, each prompt's grade averaged over
-  CONTROL_PERMUTATIONS permutations (seeded): its expectation is chance exactly, and the average leaves little
-  noise beside the prompts' own.
+    auroc            P(s of a relevant position > s of an irrelevant one), ties ½: every relevant position
+                     against every irrelevant one, so a method must rank the whole set above the rest   chance ½
+    relevant_mass    Σ_{i relevant} s_i / Σ_i s_i: the share on the set, however it is split within it
+                                                                                      chance |relevant| / |valid|
+    rank_correlation Spearman ρ(s, the model's exhaustive causal effects) (no set: the model's own effects)  chance 0
+
+  control ("beaten"): the same method's scores on models without the world's mechanism (`controls`), graded against
+  this world's truth (and, for ρ, this model's effects); the grade's control is the one hardest to beat (the
+  highest interval). Beside every method, the trivial baselines (`BASELINES`, `baseline_scores`) are graded the
+  same way: recency (score = position), the last token only, uniform, and seeded random scores; a method finds
+  the mechanism only where it beats the best of them by its interval too.
 
 A lens (`lens_grades`), per layer, per prompt the mean over its valid positions of
 
     kl_true   KL(p ‖ P^(l))        the world's law against the lens's reading
     kl_model  KL(P_θ ‖ P^(l))      the model's own distribution against it
 
-  control: the reading of another prompt at the same position (prompts rolled by one); chance is the KL of the
-  best reading that knows nothing of the prompt, E KL(p ‖ p̄_t) with p̄_t the mean law at position t (no
+  control ("chance"): the reading of another prompt at the same position (prompts rolled by one); chance is the
+  KL of the best reading that knows nothing of the prompt, E KL(p ‖ p̄_t) with p̄_t the mean law at position t (no
   prompt-blind reading does better in expectation), and the control is at chance when its interval reaches it.
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -36,12 +49,14 @@ from numpy.typing import ArrayLike
 
 from lab.metrics.discrimination import Metric, bootstrap_ci
 
-__all__ = ["CONTROL_PERMUTATIONS", "Grade", "attribution_grades", "lens_grades", "mean_over_prompts"]
+__all__ = ["BASELINES", "Grade", "attribution_grades", "baseline_scores", "lens_grades", "mean_over_prompts"]
 
 
 @dataclass(frozen=True)
 class Grade:
-    """One grade: the method's value with its interval, its control's, and what chance is."""
+    """One grade: the method's value with its interval, its control's, what chance is, and what the control is
+    (`control_kind`: "chance", a control that knows nothing and must sit at chance; "beaten", the same method
+    where the mechanism is absent, which the value must beat; see the module's docstring)."""
 
     name: str
     value: Metric
@@ -49,15 +64,29 @@ class Grade:
     chance: float | None
     better: Literal["higher", "lower"]
     n: int  # prompts (or items) behind the value
+    control_kind: Literal["chance", "beaten"] = "chance"
+    control_means: str = ""  # what the control is, in words
 
     @property
     def control_at_chance(self) -> bool | None:
-        """True when the control's interval does not clear chance in the good direction; None with no control."""
-        if self.control is None or self.chance is None or self.control.interval is None:
+        """For a "chance" control: True when its interval does not clear chance in the good direction; None with
+        no control or a "beaten" one."""
+        if self.control_kind != "chance" or self.control is None or self.chance is None:
+            return None
+        if self.control.interval is None:
             return None
         return (
             bool(self.control.low <= self.chance) if self.better == "higher" else bool(self.control.high >= self.chance)
         )
+
+    @property
+    def beats_control(self) -> bool | None:
+        """True when the value's interval lies wholly on the good side of the control's; None without both."""
+        if self.control is None or self.value.interval is None or self.control.interval is None:
+            return None
+        if self.better == "higher":
+            return bool(self.value.low > self.control.high)
+        return bool(self.value.high < self.control.low)
 
     def row(self) -> dict[str, Any]:
         """A flat dict for a table: value, low, high, control, control_low, control_high, chance, …"""
@@ -75,6 +104,8 @@ class Grade:
             "control_low": None if control is None else control.low,
             "control_high": None if control is None else control.high,
             "control_at_chance": self.control_at_chance,
+            "control_means": self.control_means or None,
+            "beats_control": self.beats_control,
         }
 
 
@@ -93,7 +124,29 @@ def mean_over_prompts(values: ArrayLike, *, n_boot: int = 1000, seed: int = 0) -
     return bootstrap_ci(np.mean, kept, n_boot=n_boot, seed=seed)
 
 
-CONTROL_PERMUTATIONS = 32  # permutations per prompt whose grades the control averages: chance, with little noise
+BASELINES = ("recency", "last_token", "uniform", "random")  # the trivial attributions every method must beat
+
+
+def baseline_scores(name: str, valid: ArrayLike, *, seed: int = 0) -> np.ndarray:
+    """A trivial attribution's scores [prompt, pos] over the `valid` positions [prompt, pos] (bool), knowing
+    nothing of the model: "recency" the position's index (later counts more), "last_token" 1 at each prompt's last
+    valid position and 0 elsewhere, "uniform" 1 everywhere, "random" independent uniform draws (seeded)."""
+    valid = np.asarray(valid, dtype=bool)
+    if valid.ndim != 2:
+        raise ValueError(f"valid must be [prompt, position], got shape {valid.shape}")
+    n, length = valid.shape
+    if name == "recency":
+        return np.broadcast_to(np.arange(length, dtype=np.float64), (n, length)).copy()
+    if name == "last_token":
+        scores = np.zeros((n, length))
+        last = length - 1 - np.argmax(valid[:, ::-1], axis=1)
+        scores[np.arange(n), last] = 1.0
+        return scores
+    if name == "uniform":
+        return np.ones((n, length))
+    if name == "random":
+        return np.random.default_rng(seed).random((n, length))
+    raise ValueError(f"unknown baseline {name!r}: one of {', '.join(BASELINES)}")
 
 
 def _average_ranks(x: np.ndarray) -> np.ndarray:
@@ -102,12 +155,12 @@ def _average_ranks(x: np.ndarray) -> np.ndarray:
 
 
 def _per_prompt(
-    variants: np.ndarray, relevant: np.ndarray, effects: np.ndarray | None, valid: np.ndarray
+    scores: np.ndarray, relevant: np.ndarray, effects: np.ndarray | None, valid: np.ndarray
 ) -> dict[str, np.ndarray]:
     """Each prompt's AUROC (Mann–Whitney U from average ranks), relevant mass and Spearman ρ (Pearson's r of
-    average ranks) of |scores|, averaged over the k score variants of `variants` [k, prompt, pos] (one: the
-    method's own; many: its permutations)."""
-    n = variants.shape[1]
+    average ranks) of |scores| [prompt, pos]; NaN where a prompt has no value (all or none of its valid positions
+    relevant; fewer than 3 valid positions or a constant score for ρ)."""
+    n = scores.shape[0]
     out = {
         "auroc": np.full(n, np.nan),
         "relevant_mass": np.full(n, np.nan),
@@ -116,21 +169,31 @@ def _per_prompt(
     }
     for row in range(n):
         keep = valid[row]
-        s, r = np.abs(variants[:, row][:, keep]), relevant[row, keep]
-        ranks = _average_ranks(s)
+        s, r = np.abs(scores[row, keep]), relevant[row, keep]
+        ranks = _average_ranks(s[None])[0]
         n_pos, n_neg = int(r.sum()), int((~r).sum())
         if n_pos and n_neg:
-            out["auroc"][row] = np.mean((ranks[:, r].sum(1) - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+            out["auroc"][row] = (ranks[r].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
             out["chance_mass"][row] = r.mean()
-            total = s.sum(1)
-            out["relevant_mass"][row] = np.mean(s[:, r].sum(1) / total) if (total > 0).all() else np.nan
+            total = s.sum()
+            out["relevant_mass"][row] = s[r].sum() / total if total > 0 else np.nan
         if effects is not None and keep.sum() >= 3:
-            a = ranks - ranks.mean(1, keepdims=True)
+            a = ranks - ranks.mean()
             b = _average_ranks(effects[row, keep][None])[0]
             b = b - b.mean()
-            spread = np.sqrt((a * a).sum(1) * (b * b).sum())
-            out["rank_correlation"][row] = np.mean((a @ b) / spread) if (spread > 0).all() else np.nan
+            spread = np.sqrt((a * a).sum() * (b * b).sum())
+            out["rank_correlation"][row] = (a @ b) / spread if spread > 0 else np.nan
     return out
+
+
+def _hardest(controls: dict[str, Metric], better: str) -> tuple[str, Metric] | tuple[str, None]:
+    """The control whose interval is hardest to beat (the highest top for a higher-is-better grade), or none."""
+    usable = {k: m for k, m in controls.items() if m.interval is not None}
+    if not usable:
+        return "", None
+    pick = max if better == "higher" else min
+    what = pick(usable, key=lambda k: usable[k].high if better == "higher" else usable[k].low)
+    return what, usable[what]
 
 
 def attribution_grades(
@@ -139,13 +202,16 @@ def attribution_grades(
     effects: ArrayLike | None = None,
     valid: ArrayLike | None = None,
     *,
+    controls: Mapping[str, ArrayLike] | None = None,
     n_boot: int = 1000,
     seed: int = 0,
 ) -> dict[str, Grade]:
     """AUROC, relevant mass and (with `effects`) rank correlation of one method's scores [prompt, pos] against the
-    relevant positions [prompt, pos] (bool) and the model's causal effects [prompt, pos], over the `valid`
-    positions (default all), each with its permuted-scores control (see the module's docstring). Prompts whose
-    valid positions are all relevant or all irrelevant have no AUROC or mass and are left out."""
+    relevant positions [prompt, pos] (bool; a set per prompt, see the module's docstring) and the model's causal
+    effects [prompt, pos], over the `valid` positions (default all). `controls`, {what: scores [prompt, pos]}: the
+    same method's scores on models without the world's mechanism, graded against the same truth; each grade's
+    control is the hardest of them to beat (a "beaten" control), none without them. Prompts whose valid
+    positions are all relevant or all irrelevant have no AUROC or mass and are left out."""
     scores = np.asarray(scores, dtype=np.float64)
     relevant = np.asarray(relevant, dtype=bool)
     valid = np.ones_like(relevant) if valid is None else np.asarray(valid, dtype=bool)
@@ -156,28 +222,29 @@ def attribution_grades(
     effects_array = None if effects is None else np.asarray(effects, dtype=np.float64)
     if effects_array is not None and effects_array.shape != scores.shape:
         raise ValueError(f"effects {effects_array.shape} must have the scores' shape {scores.shape}")
-    rng = np.random.default_rng(seed)
-    permuted = np.repeat(scores[None], CONTROL_PERMUTATIONS, axis=0)
-    for row in range(scores.shape[0]):  # each prompt's scores shuffled among its own valid positions
-        where = np.flatnonzero(valid[row])
-        for k in range(CONTROL_PERMUTATIONS):
-            permuted[k, row, where] = scores[row, rng.permutation(where)]
-    real = _per_prompt(scores[None], relevant, effects_array, valid)
-    control = _per_prompt(permuted, relevant, effects_array, valid)
+    against = {what: np.asarray(c, dtype=np.float64) for what, c in (controls or {}).items()}
+    for what, c in against.items():
+        if c.shape != scores.shape:
+            raise ValueError(f"control {what!r} {c.shape} must have the scores' shape {scores.shape}")
     boot = {"n_boot": n_boot, "seed": seed}
+    real = _per_prompt(scores, relevant, effects_array, valid)
+    per_control = {what: _per_prompt(c, relevant, effects_array, valid) for what, c in against.items()}
     chance = {"auroc": 0.5, "relevant_mass": float(np.nanmean(real["chance_mass"])), "rank_correlation": 0.0}
     names = ["auroc", "relevant_mass"] + ([] if effects_array is None else ["rank_correlation"])
-    return {
-        name: Grade(
+    out = {}
+    for name in names:
+        what, control = _hardest({w: mean_over_prompts(v[name], **boot) for w, v in per_control.items()}, "higher")
+        out[name] = Grade(
             name,
             mean_over_prompts(real[name], **boot),
-            mean_over_prompts(control[name], **boot),
+            control,
             chance[name],
             "higher",
             int(np.isfinite(real[name]).sum()),
+            control_kind="beaten",
+            control_means=what,
         )
-        for name in names
-    }
+    return out
 
 
 def _kl_rows(p: np.ndarray, log_q: np.ndarray) -> np.ndarray:

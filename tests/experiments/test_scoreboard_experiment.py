@@ -1,20 +1,29 @@
 """The scoreboard experiment: the quick run end to end through `forma run scoreboard --quick` (its table, figures,
 models and headlines), and its headlines on hand-made tables whose answers are known."""
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 import experiments.scoreboard as experiment
 from experiments.scoreboard.config import FIGURES, LENSES
 from experiments.scoreboard.summary import (
+    ATTRIBUTION_TRUTHS,
     attribution_headline,
     binomial_upper,
     controls_headline,
     find,
+    finds_mechanism,
+    graph_headline,
     lens_headline,
 )
-from lab.analysis.input_attribution import METHODS
+from lab.analysis.input_attribution import METHODS, input_attributions, resample_effects
+from lab.analysis.probes import random_model
+from lab.metrics.grading import BASELINES, attribution_grades
+from lab.model import HookedTransformer
 from lab.runs import read_table
 
 EXPERIMENT = "scoreboard"  # the `quick` fixture (tests/experiments/conftest.py) runs it
@@ -27,7 +36,9 @@ def test_the_table_grades_every_method_on_every_world_it_applies_to(quick):
     cells = {(r["method"], r["world"]) for r in table}
     expected = {(f"{lens} lens", world) for lens in LENSES for world in ("markov", "mess3", "induction")}
     expected |= {
-        (method, world) for method in (*METHODS, "attribution_graph") for world in ("markov", "induction", "facts")
+        (method, world)
+        for method in (*METHODS, "attribution_graph", *BASELINES)
+        for world in ("markov", "induction", "facts")
     }
     expected |= {
         ("linear probe", "mess3"),
@@ -44,9 +55,13 @@ def test_the_table_grades_every_method_on_every_world_it_applies_to(quick):
                 "output"
             ] * 2
     for row in table:
-        if row["grade"] in ("kl_true", "kl_model", "auroc", "relevant_mass", "rank_correlation"):
+        if row["method"] == "uniform" and row["grade"] == "rank_correlation":
+            assert row["why_no_interval"], row  # a constant score ranks nothing
+        elif row["grade"] in ("kl_true", "kl_model", "auroc", "relevant_mass", "rank_correlation"):
             assert row["low"] <= row["value"] <= row["high"], row  # every grade has its interval
             assert row["control"] is not None and row["chance"] is not None, row
+    readouts = {(r["world"], r["readout"]) for r in table if r["grade"] == "relevant_mass"}
+    assert readouts == set(ATTRIBUTION_TRUTHS)  # the induction world against every source and against one
 
 
 def test_each_lens_reads_the_model_exactly_at_the_output_and_the_tuned_lens_best_below(quick):
@@ -93,6 +108,48 @@ def test_headlines_are_what_headlines_computes(quick):
     assert results["headlines"] == experiment.headlines({k: v for k, v in results.items() if k != "headlines"})
 
 
+def _wrong_methods(model: HookedTransformer, tokens: torch.Tensor, seed: int) -> dict[str, np.ndarray]:
+    """Methods that are wrong by construction: scores drawn at random (a fresh draw for every model), and the
+    gradient taken at the wrong position (of the prediction before the last, the last position scored 0)."""
+    before = input_attributions(model, tokens[:, :-1], methods=("gradient",))["gradient"].numpy()
+    return {
+        "wrong: random scores": np.random.default_rng(seed).random(tuple(tokens.shape)),
+        "wrong: gradient at the wrong position": np.pad(before, ((0, 0), (0, 1))),
+    }
+
+
+def test_a_deliberately_wrong_method_is_refused_by_every_attribution_headline(quick):
+    """On each world and truth, at the quick run's size (its prompts, truths, models, controls and bootstrap), a
+    wrong method — random scores, gradients at the wrong position, recency where recency is wrong — does not
+    find the mechanism by any attribution grade (AUROC and mass; Spearman ρ with the model's effects): it does not
+    beat both the best trivial baseline and its control. The same check credits a method that does read the
+    mechanism (integrated gradients on the induction world's one-source prompts)."""
+    results, folder = quick
+    seed, n_boot = json.loads((folder / "config.json").read_text())["seed"], results["profile"]["n_boot"]
+    for world, readout in ATTRIBUTION_TRUTHS:
+        block = results["worlds"][world]["attribution_unique_source" if readout == "unique source" else "attribution"]
+        tokens, relevant = torch.tensor(block["tokens"]), np.array(block["relevant"])
+        model = HookedTransformer.load(folder / "models" / world)
+        controls = {
+            "untrained": random_model(model, seed=seed + 1),
+            "other": HookedTransformer.load(folder / "models" / world / "control"),
+        }
+        wrong = _wrong_methods(model, tokens, seed)
+        theirs = {what: _wrong_methods(other, tokens, seed + 1 + k) for k, (what, other) in enumerate(controls.items())}
+        effects = resample_effects(model, tokens).numpy()
+        table = list(results["table"])
+        for method, scores in wrong.items():
+            controls_of = {w: t[method] for w, t in theirs.items()}
+            graded = attribution_grades(scores, relevant, effects, controls=controls_of, n_boot=n_boot, seed=seed)
+            table += [{"method": method, "world": world, "readout": readout, **g.row()} for g in graded.values()]
+        for method in (*wrong, "recency"):  # recency is a baseline: it cannot beat the best of them
+            for grades in (("auroc", "relevant_mass"), ("rank_correlation",)):
+                found, _ = finds_mechanism({"table": table}, method, world, readout, grades)
+                assert found is not True, (world, readout, method, grades)
+    found, _ = finds_mechanism(results, "integrated_gradients", "induction", "unique source")
+    assert found is True
+
+
 # --- headlines on hand-made tables ------------------------------------------------------------------------------
 def _row(method, world, readout, grade, value, low, high, chance=0.5, control=0.5, at_chance=True, n=40):
     return {
@@ -114,25 +171,74 @@ def _row(method, world, readout, grade, value, low, high, chance=0.5, control=0.
     }
 
 
-def test_an_attribution_headline_needs_its_interval_above_chance_and_its_controls_at_chance():
-    table = [
-        _row(m, "markov", "last prediction", "relevant_mass", v, v - 0.05, v + 0.05, chance=0.2)
-        for m, v in (("integrated_gradients", 0.6), ("occlusion", 0.7), ("attention", 0.25))
-    ]
-    headline = attribution_headline({"table": table}, "markov")
-    assert headline["supported"] and headline["direction"] is True
+def _attribution_table(ig: tuple[float, float, float], beats_control: bool = True) -> list[dict]:
+    """The order-2 chain's attribution rows: the four baselines (recency best, [0.55, 0.65] on both grades),
+    occlusion well below them, and integrated gradients at `ig` (value, low, high) on both grades."""
+    rows = []
+    for grade in ("auroc", "relevant_mass"):
+        for method, v in (("recency", 0.6), ("last_token", 0.4), ("uniform", 0.3), ("random", 0.3)):
+            rows.append(_row(method, "markov", "last prediction", grade, v, v - 0.05, v + 0.05, chance=0.2))
+        rows.append(_row("occlusion", "markov", "last prediction", grade, 0.2, 0.15, 0.25, chance=0.2))
+        rows.append(_row("integrated_gradients", "markov", "last prediction", grade, *ig, chance=0.2))
+    for r in rows:
+        r.update(control=0.3, control_low=0.25, control_high=0.35, control_means="an untrained model")
+        r["beats_control"] = beats_control if r["method"] == "integrated_gradients" else r["low"] > 0.35
+    return rows
+
+
+def test_an_attribution_headline_credits_only_a_method_above_the_best_baseline_and_its_control():
+    above = attribution_headline({"table": _attribution_table((0.8, 0.75, 0.85))}, "markov")
+    assert above["supported"] and above["direction"] is True
+    assert "against the two relevant positions, integrated gradients beats both" in above["sentence"]
+    straddles = attribution_headline({"table": _attribution_table((0.62, 0.57, 0.67))}, "markov")
+    assert not straddles["supported"] and "recency" in straddles["why_not"]
+    below = attribution_headline({"table": _attribution_table((0.4, 0.35, 0.45))}, "markov")
+    assert below["supported"] and below["direction"] is False and "no method beats" in below["sentence"]
+    control = attribution_headline({"table": _attribution_table((0.8, 0.75, 0.85), beats_control=False)}, "markov")
+    assert not control["supported"] and "its control's" in control["why_not"]
     assert (
-        "integrated gradients puts 0.60 [0.55, 0.65] of its mass on the two relevant positions" in headline["sentence"]
+        finds_mechanism({"table": _attribution_table((0.8, 0.75, 0.85))}, "recency", "markov", "last prediction")[0]
+        is not True
     )
-    table[0] = _row("integrated_gradients", "markov", "last prediction", "relevant_mass", 0.22, 0.15, 0.3, chance=0.2)
-    straddles = attribution_headline({"table": table}, "markov")
-    assert not straddles["supported"] and "cannot tell" in straddles["why_not"]
-    table[0] = _row("integrated_gradients", "markov", "last prediction", "relevant_mass", 0.1, 0.05, 0.15, chance=0.2)
-    below = attribution_headline({"table": table}, "markov")
-    assert below["supported"] and below["direction"] is False
-    table[1]["control_at_chance"] = False
-    unsupported = attribution_headline({"table": table}, "markov")
-    assert not unsupported["supported"] and "clears chance" in unsupported["why_not"]
+
+
+def test_recency_and_the_last_token_are_hard_to_beat_and_stay_above_chance_elsewhere(quick):
+    """On the order-2 chain recency ranks the two relevant positions first (AUROC 1) and the last token alone puts
+    all its mass on one of them, so no method finds that mechanism better than the trivial baselines; on the
+    induction world (every source) and the fact world recency's AUROC stays above chance."""
+    results, _ = quick
+    assert find(results, "recency", "markov", "last prediction", "auroc")["value"] == 1.0
+    assert find(results, "last_token", "markov", "last prediction", "relevant_mass")["value"] == pytest.approx(1.0)
+    for method in (*METHODS, "attribution_graph"):
+        assert finds_mechanism(results, method, "markov", "last prediction")[0] is not True, method
+    for world, readout in (("induction", "all sources"), ("facts", "last prediction")):
+        assert find(results, "recency", world, readout, "auroc")["low"] > 0.5, world
+
+
+def test_the_graph_is_credited_only_where_trained_transcoders_beat_untrained_ones(quick):
+    """Each graph headline credits the transcoders exactly where the graph's AUROC and mass over trained ones lie
+    above the same over untrained ones, and states both replacement scores; on a hand-made table where they do
+    not, it credits nothing."""
+    results, _ = quick
+    for world, readout in ATTRIBUTION_TRUTHS:
+        rows = [find(results, "attribution_graph", world, readout, g) for g in ("auroc", "relevant_mass")]
+        head = graph_headline(results, world, readout)
+        assert head["direction"] == all(r["beats_control"] for r in rows), (world, readout)
+        replacement = find(results, "attribution_graph", world, readout, "replacement_score")
+        assert replacement["control_means"] == "untrained transcoders of the same shape"
+        assert f"replacement score {replacement['value']:.2f}" in head["sentence"]
+        assert replacement["beats_control"]  # the replacement score tells trained transcoders from untrained ones
+    for world, readout in (("markov", "last prediction"), ("induction", "all sources")):
+        # … while the graph's AUROC does not: over untrained transcoders it grades as well (the attention paths).
+        assert not find(results, "attribution_graph", world, readout, "auroc")["beats_control"], world
+    table = [
+        {**_row("attribution_graph", "markov", "last prediction", g, 0.9, 0.85, 0.95), "beats_control": False}
+        for g in ("auroc", "relevant_mass", "replacement_score")
+    ]
+    for r in table:
+        r.update(control=0.9, control_low=0.85, control_high=0.95)
+    same = graph_headline({"table": table}, "markov")
+    assert not same["supported"] and not same["direction"] and "add nothing" in same["sentence"]
 
 
 def test_a_lens_headline_is_unsupported_while_the_jacobian_and_logit_intervals_overlap():

@@ -8,6 +8,8 @@ import torch
 
 from lab import HookedTransformer, ModelConfig
 from lab.analysis.grading import (
+    UNTRAINED_MODEL,
+    UNTRAINED_TRANSCODERS,
     grade_attribution_patching,
     grade_belief_probes,
     grade_head_detectors,
@@ -23,7 +25,8 @@ from lab.analysis.graphs.influence import position_share
 from lab.analysis.lens import ground_truth_lens
 from lab.data.mechanisms import InductionSource, Mess3Source
 from lab.data.sources import MarkovSource
-from tests.builders import random_transcoders
+from lab.metrics.grading import BASELINES
+from tests.builders import exact_transcoders, random_transcoders
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -57,8 +60,14 @@ def test_a_model_that_reads_only_the_last_token_is_graded_perfect_by_gradients()
     for method in ("gradient", "occlusion"):
         assert graded.grades[method]["auroc"].value.value == 1.0
         assert graded.grades[method]["relevant_mass"].value.value == pytest.approx(1.0)
-    assert graded.grades["gradient"]["auroc"].control_at_chance
     assert graded.effects[:, :-1].abs().max() == 0
+    # Perfect, and no credit: the last token alone (a trivial baseline) is the truth here too, so no method can beat
+    # it; the baselines are graded beside the methods, and each method's control is the untrained model's.
+    assert set(graded.baselines) == set(BASELINES) <= set(graded.grades)
+    assert graded.grades["last_token"]["auroc"].value.value == 1.0
+    assert graded.grades["last_token"]["relevant_mass"].value.value == pytest.approx(1.0)
+    assert graded.grades["gradient"]["auroc"].control_means == UNTRAINED_MODEL
+    assert set(graded.controls["gradient"]) == {UNTRAINED_MODEL}
 
 
 def test_the_attribution_graph_of_a_model_that_reads_only_the_last_token_puts_all_its_influence_there():
@@ -74,7 +83,30 @@ def test_the_attribution_graph_of_a_model_that_reads_only_the_last_token_puts_al
     graded = grade_input_attribution(m, tokens, relevant, ("gradient",), n_boot=100, transcoders=random_transcoders(m))
     assert graded.grades["attribution_graph"]["auroc"].value.value == 1.0
     assert graded.grades["attribution_graph"]["relevant_mass"].value.value == pytest.approx(1.0)
-    assert graded.grades["attribution_graph"]["auroc"].control_at_chance
+    # Untrained transcoders route it the same way (attention carries nothing): the graph does not beat them.
+    graph = graded.grades["attribution_graph"]["auroc"]
+    assert graph.control_means == UNTRAINED_TRANSCODERS and graph.beats_control is False
+    assert set(graded.replacement) == {"replacement_score"}
+
+
+def test_the_graph_is_graded_against_untrained_transcoders_with_both_replacement_scores():
+    """Transcoders equal to the model's MLPs leave nothing to the error nodes (replacement score 1); untrained ones of
+    the same shape leave much, so the replacement grade beats its control. Controls are named: {} grades a method
+    alone, and every model given is graded and kept by name."""
+    source = MarkovSource(6, order=2, seed=1)
+    tokens = torch.from_numpy(source.sample(8, 8, seed=4))
+    m = model(6, mlp="relu")
+    relevant = last_position_truth(source.relevant_positions(tokens.numpy()))
+    graded = grade_input_attribution(
+        m, tokens, relevant, ("gradient",), n_boot=100, transcoders=exact_transcoders(m), controls={}
+    )
+    replacement = graded.replacement["replacement_score"]
+    assert replacement.value.value == pytest.approx(1.0, abs=1e-4)
+    assert replacement.control.value < 0.9 and replacement.beats_control
+    assert graded.grades["gradient"]["auroc"].control is None
+    others = {"seed 7": HookedTransformer(m.cfg, seed=7).eval(), "seed 9": HookedTransformer(m.cfg, seed=9).eval()}
+    both = grade_input_attribution(m, tokens, relevant, ("gradient",), n_boot=100, controls=others)
+    assert set(both.controls["gradient"]) == set(others) and both.grades["gradient"]["auroc"].control_means in others
 
 
 def test_the_graph_grade_is_each_prompts_position_share_averaged():

@@ -97,14 +97,17 @@ def test_induction_samples_fit_the_law_and_the_mechanism() -> None:
     law = cond[np.flatnonzero(prefix)[0], 2]
     assert law[0] == law[1] == pytest.approx(1 / 8) and law[2] == 0 and law[3] == pytest.approx(3 / 4 / 9)
     assert chi2_pvalue(np.bincount(tokens[prefix, 3], minlength=12), law) > 1e-3
-    # Inside the repeat the one relevant position holds the next token, and the law is a point mass on it.
+    # Inside the repeat every relevant position holds the next token (the most recent, t + 1 − d, among them),
+    # and the law is a point mass on it.
     relevant = source.relevant_positions(tokens)
     copies = source.copy_positions(tokens)
     rows, t = np.nonzero(copies[:, :-1])
     assert len(rows) > 10_000
-    assert (relevant[rows, t].sum(axis=1) == 1).all()
-    source_position = relevant[rows, t].argmax(axis=1)
-    np.testing.assert_array_equal(tokens[rows, source_position], tokens[rows, t + 1])
+    assert (relevant[rows, t].sum(axis=1) >= 1).all() and (relevant[rows, t].sum(axis=1) > 1).any()
+    hits, where = np.nonzero(relevant[rows, t])
+    np.testing.assert_array_equal(tokens[rows[hits], where], tokens[rows[hits], t[hits] + 1])
+    _, d = source.offsets(tokens)
+    assert relevant[rows, t, t + 1 - d[rows]].all()
     assert (cond[rows, t, tokens[rows, t + 1]] == 1.0).all()
     assert not relevant[~copies].any()  # before the repeat the law reads no single position
     m, d = source.offsets(tokens)
@@ -118,3 +121,41 @@ def test_induction_round_trips_and_rejects_bad_arguments() -> None:
         InductionSource(vocab_size=4, min_period=2, max_period=5)
     with pytest.raises(ValueError, match="row 0 is not a draw of this world"):
         source.conditionals(np.array([[1, 2, 3, 3]]))  # repeats the token just before
+
+
+def test_induction_truth_marks_every_lawful_copy_source_by_hand() -> None:
+    """Prompts whose answer is known by hand: span x_0 … x_4 = 0 1 2 3 4 repeated from s = 0 (m = 5, d = 5), then
+    from s = 2 (m = 5, d = 3). Row t marks every j + 1 with j < t and x_j = x_t, the successors of x_t's earlier
+    occurrences, each holding the token that comes next."""
+    source = InductionSource(vocab_size=8, min_period=3, max_period=5)
+    tokens = np.array([[0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1], [0, 1, 2, 3, 4, 2, 3, 4, 2, 3, 4, 2]])
+    relevant = source.relevant_positions(tokens)
+    marked = {(b, t): np.flatnonzero(relevant[b, t]).tolist() for b in range(2) for t in range(12)}
+    assert all(marked[b, t] == [] for b in range(2) for t in range(5))  # before the repeat: no single position
+    # Row 0: x_9 = 4 came once before (at 4), so 5 is marked; position 0 holds the next token too (0) but follows
+    # no occurrence of 4, so no induction rule reaches it and it is not marked.
+    assert marked[0, 5] == [1] and marked[0, 9] == [5] and marked[0, 10] == [1, 6] and marked[0, 11] == [2, 7]
+    assert marked[1, 5] == [3] and marked[1, 7] == [5] and marked[1, 8] == [3, 6] and marked[1, 11] == [3, 6, 9]
+    assert marked[1, 10] == [5, 8]  # x_10 = 4 at 4 and 7: successors 5 and 8, both the token 2
+    for b in range(2):
+        for t in range(11):
+            assert all(tokens[b, j] == tokens[b, t + 1] for j in marked[b, t])
+    # Both last predictions have several lawful sources: the most recent alone would be one truth among several.
+    assert [len(marked[b, 11]) for b in range(2)] == [2, 3]
+
+
+def test_unique_source_prompts_have_exactly_one_lawful_source_at_their_last_position() -> None:
+    source = InductionSource(vocab_size=16, min_period=3, max_period=7, seed=0)
+    tokens = source.sample_unique_source(200, 12, seed=5)
+    assert tokens.shape == (200, 12)
+    last = source.relevant_positions(tokens)[:, -1]
+    assert (last.sum(axis=1) == 1).all()
+    assert (tokens[np.arange(200), last.argmax(axis=1)] == source.conditionals(tokens)[:, -1].argmax(axis=1)).all()
+    m, d = source.offsets(tokens)
+    assert len(set(zip(m.tolist(), d.tolist()))) == 4  # (6, 6), (7, 5), (7, 6), (7, 7): every pair the length allows
+    # The world's own draws mostly hold the token to copy at several positions.
+    several = source.relevant_positions(source.sample(2000, 12, seed=6))[:, -1].sum(axis=1) > 1
+    assert several.mean() > 0.5
+    np.testing.assert_array_equal(tokens, source.sample_unique_source(200, 12, seed=5))  # seeded
+    with pytest.raises(ValueError, match="no draw of this world has one copy source"):
+        source.sample_unique_source(4, 16)

@@ -1,13 +1,15 @@
-"""lab.metrics.grading: the grades on hand-built cases, and controls that are at chance when they should be and
-not when they should not."""
+"""lab.metrics.grading: the grades on hand-built cases, the trivial baselines by hand, and controls that are at
+chance (or beaten) when they should be and not when they should not."""
 
 import numpy as np
 import pytest
 
 from lab.metrics.discrimination import Metric
 from lab.metrics.grading import (
+    BASELINES,
     Grade,
     attribution_grades,
+    baseline_scores,
     lens_grades,
     mean_over_prompts,
 )
@@ -21,7 +23,7 @@ def test_perfect_and_reversed_scores_and_a_hand_computed_prompt():
     assert grades["auroc"].value.value == 1.0 and grades["rank_correlation"].value.value == pytest.approx(1.0)
     assert grades["relevant_mass"].value.value > 0.97
     assert grades["relevant_mass"].chance == pytest.approx(2 / 6)
-    assert all(g.control_at_chance for g in grades.values())  # permuted scores know nothing
+    assert all(g.control is None and g.beats_control is None for g in grades.values())  # no control given
     assert attribution_grades(-perfect + 2, relevant)["auroc"].value.value == 0.0  # |score| ranks the others first
     # One prompt by hand: |scores| 3, 1, 2, 0.5 with positions 0 and 2 relevant: AUROC 4/4, mass 5/6.5.
     one = attribution_grades(np.array([[3.0, -1, 2, 0.5]] * 2), np.array([[True, False, True, False]] * 2))
@@ -92,14 +94,42 @@ def test_per_prompt_grades_are_lab_metrics_auroc_and_spearman():
     )
 
 
-def test_the_permuted_control_sits_on_chance_even_for_scores_on_few_positions():
-    """Scores piled on two positions make one permutation's relevant mass either large or nothing; the control
-    averages its permutations, so its interval holds chance (the permutation's expectation, exactly)."""
+def test_a_control_is_the_same_method_where_the_mechanism_is_absent_and_the_hardest_of_them_is_kept():
+    """A method beats its control only by its interval; scores that do not depend on the model (recency, random
+    draws) score the same on every model and never beat theirs; of two controls, the one hardest to beat is kept."""
     rng = np.random.default_rng(4)
-    scores = np.zeros((48, 10))
-    scores[:, -2:] = rng.random((48, 2)) + 1
     relevant = np.zeros((48, 10), dtype=bool)
+    relevant[np.arange(48), rng.integers(0, 9, 48)] = True
+    reads = relevant + 0.1 * rng.random((48, 10))
+    noise, half = rng.random((48, 10)), relevant * 0.3 + rng.random((48, 10))
+    graded = attribution_grades(reads, relevant, controls={"untrained model": noise, "other world": half}, n_boot=400)
+    auroc = graded["auroc"]
+    assert auroc.control_kind == "beaten" and auroc.control_at_chance is None
+    assert auroc.control_means == "other world" and auroc.beats_control  # half-informed is harder than noise
+    assert auroc.row()["control_means"] == "other world" and auroc.row()["beats_control"] is True
+    recency = baseline_scores("recency", np.ones((48, 10), dtype=bool))
+    same = attribution_grades(recency, relevant, controls={"untrained model": recency}, n_boot=400)
+    assert not any(g.beats_control for g in same.values())
+    fresh = attribution_grades(noise, relevant, controls={"untrained model": rng.random((48, 10))}, n_boot=400)
+    assert not any(g.beats_control for g in fresh.values())
+
+
+def test_the_trivial_baselines_by_hand():
+    """The last two of ten positions relevant (an order-2 chain): recency ranks them first (AUROC 1, mass 17/45); the
+    last token alone puts all its mass on one of them and ties the other with the rest (AUROC (8 + 8·½)/16 = 0.75);
+    uniform scores sit on chance; random ones near it."""
+    valid = np.ones((200, 10), dtype=bool)
+    relevant = np.zeros((200, 10), dtype=bool)
     relevant[:, -2:] = True
-    grade = attribution_grades(scores, relevant, n_boot=400)["relevant_mass"]
-    assert grade.control.low <= 0.2 <= grade.control.high and grade.control_at_chance
-    assert abs(grade.control.value - 0.2) < 0.03
+    grades = {b: attribution_grades(baseline_scores(b, valid, seed=2), relevant, n_boot=200) for b in BASELINES}
+    assert grades["recency"]["auroc"].value.value == 1.0
+    assert grades["recency"]["relevant_mass"].value.value == pytest.approx(17 / 45)
+    assert grades["last_token"]["auroc"].value.value == pytest.approx(0.75)
+    assert grades["last_token"]["relevant_mass"].value.value == pytest.approx(1.0)
+    assert grades["uniform"]["auroc"].value.value == 0.5 and grades["uniform"]["relevant_mass"].value.value == 0.2
+    assert abs(grades["random"]["auroc"].value.value - 0.5) < 0.05
+    np.testing.assert_array_equal(baseline_scores("random", valid, seed=2), baseline_scores("random", valid, seed=2))
+    ragged = np.array([[True, True, False], [True, True, True]])
+    np.testing.assert_array_equal(baseline_scores("last_token", ragged), [[0, 1, 0], [0, 0, 1]])
+    with pytest.raises(ValueError, match="unknown baseline 'oracle'"):
+        baseline_scores("oracle", valid)
