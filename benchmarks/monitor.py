@@ -23,7 +23,7 @@ import torch
 from benchmarks.timing import interleaved, machine, write
 from lab import HookedTransformer, ModelConfig
 from lab.analysis.monitor import LinearReadout, Monitor
-from lab.generate import decode
+from lab.model.decoding import decode
 
 
 def facts_model() -> tuple[HookedTransformer, str]:

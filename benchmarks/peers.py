@@ -38,8 +38,8 @@ from benchmarks.timing import (
     write,
 )
 from lab.data.tokenizers import to_hf_tokenizer, word_level
-from lab.generate import generate
 from lab.hf import from_hf
+from lab.model.decoding import generate
 
 VOCAB = 8192
 SIZES = {"4x256": (4, 256), "8x512": (8, 512)}

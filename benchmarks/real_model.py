@@ -152,7 +152,7 @@ def bench_cache(ours: Any, bridge: Any, x: torch.Tensor, rounds: int, warmup: in
 
 def generate_calls(ours: Any, hf: Any, prompt: torch.Tensor, n: int) -> dict[str, Callable[[], torch.Tensor]]:
     """Greedy decoding of exactly n new tokens with the KV cache, Forma's and transformers'."""
-    from lab.generate import generate
+    from lab.model.decoding import generate
 
     common = dict(
         max_new_tokens=n,

@@ -52,8 +52,8 @@ from benchmarks.timing import (
     write,
 )
 from lab.data.tokenizers import to_hf_tokenizer, word_level
-from lab.generate import generate
 from lab.hf import from_hf
+from lab.model.decoding import generate
 
 TARGETS = {"forward_vs_hf_sdpa": ("≤", 0.9), "cache_all_vs_bridge": ("≤", 0.7), "generation_speed_vs_hf": ("≥", 1.2)}
 

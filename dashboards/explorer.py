@@ -143,7 +143,7 @@ def default_prompt(name: str, model) -> str:
     """The model's own default prompt: one per zoo world; for the facts world the first statement the model
     itself writes after <bos> (a person and an attribute, whose value it predicts next)."""
     if name == "facts" and model.tokenizer is not None and hasattr(model, "check_tokens"):
-        from lab.generate import decode
+        from lab.model.decoding import decode
 
         try:
             start = model.to_tokens("<bos>")

@@ -16,10 +16,10 @@ from typing import Any
 import torch
 
 from lab.folders import trust_report_path
-from lab.generate import decode
 from lab.hf import UnsupportedArchitecture, to_hf
 from lab.load import load_model
 from lab.model import HookedTransformer
+from lab.model.decoding import decode
 from lab.runs import write_json
 
 ATTENTION_TOL = 1e-4

@@ -197,17 +197,29 @@ def private_imports() -> set[tuple[str, str, str]]:
 
 
 def reexports() -> set[tuple[str, str]]:
-    """(file, module) for every `from module import …  # noqa: F401` outside a package's __init__: names imported
-    only to be offered again."""
+    """(file, module) for every `from module import …  # noqa: F401` outside a package's __init__, and for every
+    import of a module made of nothing but imports and `__all__` (a facade: a second path to names whose home is
+    elsewhere): names imported only to be offered again."""
     found = set()
     for path in python_files():
         if path.name == "__init__.py":
             continue
         lines = path.read_text().splitlines()
+        facade = _only_imports(syntax_tree(path))
         for node, module in from_imports(path):
-            if any("noqa: F401" in line for line in lines[node.lineno - 1 : node.end_lineno]):
+            if facade or any("noqa: F401" in line for line in lines[node.lineno - 1 : node.end_lineno]):
                 found.add((str(path.relative_to(REPO)), module))
     return found
+
+
+def _only_imports(tree: ast.Module) -> bool:
+    """Whether a module's body is a docstring, imports and an `__all__`, nothing else, with an import in it."""
+    body = [n for n in tree.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
+    exports = [
+        n for n in body if isinstance(n, ast.Assign) and [getattr(t, "id", None) for t in n.targets] == ["__all__"]
+    ]
+    imports = [n for n in body if isinstance(n, ast.Import | ast.ImportFrom)]
+    return bool(imports) and len(imports) + len(exports) == len(body)
 
 
 def test_no_private_name_is_imported_from_another_module():
@@ -244,12 +256,15 @@ def test_the_standard_library_is_imported_at_the_top_of_a_module():
 def test_the_name_gates_see_what_they_gate(tmp_path, monkeypatch):
     """A private import (relative ones resolved) and a noqa'd re-export are found; a dunder and an __init__ are not."""
     (tmp_path / "lab").mkdir()
-    (tmp_path / "lab" / "a.py").write_text("from .b import _hidden, __version__\nfrom lab.c import d  # noqa: F401\n")
+    (tmp_path / "lab" / "a.py").write_text(
+        "from .b import _hidden, __version__\nfrom lab.c import d  # noqa: F401\n\n\ndef a():\n    return _hidden\n"
+    )
     (tmp_path / "lab" / "__init__.py").write_text("from lab.a import e  # noqa: F401\n")
     (tmp_path / "lab" / "f.py").write_text("import os\n\n\ndef f():\n    import json\n    from . import a\n")
+    (tmp_path / "lab" / "g.py").write_text('"""A facade."""\n\nfrom lab.h import i\n\n__all__ = ["i"]\n')
     monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
     assert private_imports() == {("lab/a.py", "lab.b", "_hidden")}
-    assert reexports() == {("lab/a.py", "lab.c")}
+    assert reexports() == {("lab/a.py", "lab.c"), ("lab/g.py", "lab.h")}
     assert standard_library_imports_in_functions() == {("lab/f.py", 5)}
 
 

@@ -10,9 +10,9 @@ from experiments.calibration.config import Config
 from experiments.calibration.readouts import class_counts, fixed_readout_row, judge, make_parts, public_rows
 from experiments.calibration.setting import Setting, continuation_logprobs, next_token_logprobs, statement_prefix
 from lab.analysis.lens import logit_lens
-from lab.generate import generate
 from lab.metrics.discrimination import MIN_PER_CLASS, auroc_ci
 from lab.model import HookedTransformer
+from lab.model.decoding import generate
 
 
 # --------------------------------------------------------------------------------------------

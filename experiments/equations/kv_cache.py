@@ -11,9 +11,9 @@ from transformer_lens.hook_points import HookPoint
 
 from experiments.equations.check import Check, all_close
 from experiments.equations.seeded import seeded_generator
-from lab.generate import decode
 from lab.model import HookedTransformer, KVCache, KVCacheEntry, ModelConfig
 from lab.model.attention import Attention
+from lab.model.decoding import decode
 
 
 # ============================================================================================

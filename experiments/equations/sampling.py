@@ -7,7 +7,7 @@ from torch import Tensor
 
 from experiments.equations.check import Check, all_close
 from experiments.equations.seeded import F64, seeded_generator
-from lab.generate import filter_logits, sample_next
+from lab.model.decoding import filter_logits, sample_next
 
 
 # ============================================================================================

@@ -9,8 +9,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from experiments.hallucination.setting import Setting
-from lab.generate import decode
 from lab.model import HookedTransformer, KVCache, KVCacheEntry
+from lab.model.decoding import decode
 
 
 # --------------------------------------------------------------------------------------------

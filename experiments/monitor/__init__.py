@@ -46,7 +46,7 @@ continuation up to its first line break, scored by exact match (case and surroun
 The questions are drawn into fit / calibration / test as the subjects are. Signals: the output ones; with a
 HookedTransformer also lens_kl, the probe (the middle layer's residual stream at every answer token, label "this
 answer is false") and P(IK) (the last block's residual stream at the last prompt token, label "this answer is
-right"); and the sampling baselines, k answers per question drawn at T = 1 (seeded, KV-cached `lab.generate.decode`
+right"); and the sampling baselines, k answers per question drawn at T = 1 (seeded, KV-cached `decode`
 for a HookedTransformer), each cut and normalised like the greedy one: self_consistency (the share equal to the
 greedy answer) and semantic_entropy (over the classes of equal normalised answers). subject_attention is
 unavailable: a question marks no subject. The probe and P(IK) are cross-fitted (`lab.analysis.probes.

@@ -39,8 +39,8 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from lab.generate import check_max_new_tokens, check_sampling, decode, sample_next
 from lab.model import HookedTransformer, KVCache
+from lab.model.decoding import check_max_new_tokens, check_sampling, decode, sample_next
 
 TOKEN_SIGNALS = ("max_prob", "entropy", "margin", "lens_kl", "subject_attention", "probe")
 OUTPUT_SIGNALS = ("max_prob", "entropy", "margin")  # read from the logits alone: every model has them

@@ -23,7 +23,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from lab.generate import generate
+from lab.model.decoding import generate
 
 __all__ = ["generate_steered", "steer"]
 
@@ -96,7 +96,7 @@ def generate_steered(
     from_position: int = 0,
     **generate_options: Any,
 ) -> Int[Tensor, "batch pos"]:
-    """`lab.generate.generate` with scale·vector added at `name` (prompt followed by the new tokens).
+    """`lab.model.decoding.generate` with scale·vector added at `name` (prompt followed by the new tokens).
 
     generate_options: temperature, top_k, top_p, seed, use_kv_cache, eos_token_id.
     """

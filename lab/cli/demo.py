@@ -32,7 +32,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     from lab.zoo import is_trained  # loads torch: seconds the dashboard spends starting anyway
 
-    jobs = _missing_jobs(chosen, args.quick)
+    jobs = missing_jobs(chosen, args.quick)
     if server is not None:
         url = f"http://127.0.0.1:{args.port}"
         try:
@@ -82,7 +82,7 @@ def _chosen(only: list[str]) -> set[str]:
     return set(only or known)
 
 
-def _missing_jobs(chosen: set[str], quick: bool) -> list[tuple[str, list[str]]]:
+def missing_jobs(chosen: set[str], quick: bool) -> list[tuple[str, list[str]]]:
     """The jobs (label, forma's argv) that make what is chosen and missing: the untrained zoo models' trainings,
     the transcoders the attribution-graphs page draws with, then the quick runs of the experiments that have no
     run; what exists already is said on the terminal."""
@@ -247,7 +247,7 @@ def show_generations() -> None:
     import torch
 
     from lab import HookedTransformer
-    from lab.generate import generate
+    from lab.model.decoding import generate
 
     model = HookedTransformer.from_pretrained("pydoc")
     print("\n[demo] pydoc generations (temperature 0.8, nucleus 0.95); each token with its probability:")

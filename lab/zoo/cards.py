@@ -15,8 +15,8 @@ import torch
 from lab.data.dates import exact_match
 from lab.data.stdlib_corpus import split_documents, split_text, stdlib_docstrings
 from lab.folders import zoo_dir
-from lab.generate import generate
 from lab.metrics.information import entropy, kl, truncated_context_kl_of
+from lab.model.decoding import generate
 from lab.zoo.worlds import WorldData, make_source
 
 

@@ -10,8 +10,8 @@ from torch import Tensor
 
 from experiments import equations
 from experiments.equations import Config
-from lab.generate import filter_logits, sample_next
 from lab.model.attention import Attention
+from lab.model.decoding import filter_logits, sample_next
 from lab.model.embeddings import sinusoidal_table
 
 REQUIRED = {

@@ -23,7 +23,7 @@ from lab.analysis.probes import (
     steering_vector,
 )
 from lab.analysis.steering import generate_steered, steer
-from lab.generate import generate
+from lab.model.decoding import generate
 from tests.builders import VOCAB, tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -17,7 +17,7 @@ from lab.analysis.monitor import (
     output_signals,
     sample_continuations,
 )
-from lab.generate import decode
+from lab.model.decoding import decode
 from tests.builders import VOCAB, tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")

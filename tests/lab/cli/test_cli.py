@@ -358,7 +358,7 @@ def test_the_demo_trains_markovs_transcoders_after_markov_so_the_graphs_page_is_
     import shutil
 
     import lab.zoo as zoo
-    from lab.cli.demo import DEMO_ORDER, _missing_jobs
+    from lab.cli.demo import DEMO_ORDER, missing_jobs
     from lab.jobs import NEEDS
 
     zoo_copy = tmp_path / "models"
@@ -366,7 +366,7 @@ def test_the_demo_trains_markovs_transcoders_after_markov_so_the_graphs_page_is_
     shutil.copy(zoo.DEFAULT_ZOO_DIR / "markov" / "model.toml", zoo_copy / "markov" / "model.toml")
     monkeypatch.setenv("FORMA_ZOO_DIR", str(zoo_copy))
     monkeypatch.setenv("FORMA_RUNS_DIR", str(tmp_path / "runs"))
-    jobs = [argv for _, argv in _missing_jobs({"markov"}, quick=True)]
+    jobs = [argv for _, argv in missing_jobs({"markov"}, quick=True)]
     assert jobs[0] == ["build", "markov", "--quick"] and jobs[1][:2] == ["transcoders", "markov"]
     assert NEEDS["transcoders markov"] == ("build markov",) and "transcoders markov" in DEMO_ORDER
     from lab.cli.parser import build_parser
@@ -374,4 +374,4 @@ def test_the_demo_trains_markovs_transcoders_after_markov_so_the_graphs_page_is_
     build_parser().parse_args(jobs[1])  # an unknown flag would exit 2 here
     (zoo_copy / "markov" / "transcoders" / "topk").mkdir(parents=True)
     (zoo_copy / "markov" / "transcoders" / "topk" / "transcoders.safetensors").write_bytes(b"")
-    assert [argv[0] for _, argv in _missing_jobs({"markov"}, quick=True)] == ["build"]
+    assert [argv[0] for _, argv in missing_jobs({"markov"}, quick=True)] == ["build"]

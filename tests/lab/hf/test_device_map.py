@@ -12,8 +12,8 @@ from lab.analysis.activations import collect_activations
 from lab.analysis.lens import direct_logit_attribution, logit_lens, residual_norms
 from lab.analysis.patching import patch_heads
 from lab.analysis.steering import generate_steered
-from lab.generate import generate
 from lab.hf import bridge, from_hf, load_hf, to_hf
+from lab.model.decoding import generate
 from lab.model.offload import onloaded
 from tests.builders import VOCAB, hf_model, word_tokenizer
 

@@ -14,9 +14,9 @@ import torch
 
 from lab import HookedTransformer, ModelConfig
 from lab.cli import main
-from lab.generate import generate
 from lab.hf import SUPPORTED, UnsupportedArchitecture, export_family, from_hf, load_hf, to_hf
 from lab.hf.families import FAMILIES
+from lab.model.decoding import generate
 from tests.builders import REPO, VOCAB, hf_model, randomise_gains_and_biases, tiny_config, word_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (tests/conftest.py::one_thread)
@@ -179,7 +179,7 @@ def test_fused_and_explicit_attention_agree_with_a_window(changes, tokens):
 
 @pytest.mark.parametrize("changes", WINDOWED, ids=["gpt2-like", "qwen2-like"])
 def test_kv_cache_equals_recompute_with_a_window(changes):
-    from lab.generate import decode
+    from lab.model.decoding import decode
 
     model = randomise_gains_and_biases(HookedTransformer(tiny_config(**changes), seed=2)).eval()
     prompt = torch.randint(0, VOCAB, (2, 3), generator=torch.Generator().manual_seed(1))

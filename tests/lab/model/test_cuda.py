@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from lab import HookedTransformer
-from lab.generate import decode
 from lab.hf import from_hf
+from lab.model.decoding import decode
 from tests.builders import tiny_config
 
 pytestmark = [

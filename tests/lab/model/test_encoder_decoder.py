@@ -148,7 +148,7 @@ def test_cached_decoding_equals_recompute(src, tgt):
 def _reference_generate(model, src, max_new_tokens, bos, eos, use_kv_cache, temperature, seed):
     """Sequence-to-sequence decoding written out: encode once, then feed the decoder its newest token (or the whole
     prefix), sampling each next token with `sample_next`; rows that emit eos keep emitting it."""
-    from lab.generate import sample_next
+    from lab.model.decoding import sample_next
 
     with torch.no_grad():
         encoder_out = model.encode(src)

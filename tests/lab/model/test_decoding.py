@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from lab import HookedTransformer
-from lab.generate import decode, filter_logits, generate, sample_next
 from lab.hf import from_hf
 from lab.model import KVCache, KVCacheEntry
+from lab.model.decoding import decode, filter_logits, generate, sample_next
 from lab.model.errors import Misuse
 from tests.builders import hf_model, tiny_config, word_tokenizer
 
