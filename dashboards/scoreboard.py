@@ -50,8 +50,9 @@ FIGURES_BY_METHOD = (
 def render(folder: Path, results: dict) -> None:
     st.caption(
         "Each grade is a mean over held-out prompts with its bootstrap 95% interval; beside it, a control that "
-        "knows nothing (another prompt's reading for a lens, permuted scores for an attribution method, "
-        "shuffled targets for a probe, permuted heads or cells for detectors and patching) and the value "
+        "knows nothing (permuted scores for an attribution method, shuffled targets for a probe, permuted heads "
+        "or cells for detectors and patching; a lens instead shows what it gains over another prompt's reading, "
+        "which must lie above 0) and the value "
         'chance gives it. "Control no better than chance" is yes where the control\'s interval does not clear '
         "chance on the grade's good side (for a KL, lower is better: a control above chance is no better than it), "
         "and no where it clears it: such a grade rewards something other than the truth."
