@@ -5,7 +5,8 @@ Each function takes a model, held-out prompts drawn from the world, and the worl
 nothing, and what chance gives that control.
 
     grade_lens               a lens's reading at every layer against the true law p and against the model
-                             (KL(p ‖ P^(l)), KL(P_θ ‖ P^(l)); `logit_lens`, a `TunedLens`, a `JacobianLens`, …)
+                             (KL(p ‖ P^(l)), KL(P_θ ‖ P^(l)), and what it gains over another prompt's reading;
+                             `logit_lens`, a `TunedLens`, a `JacobianLens`, …)
     grade_input_attribution  input-attribution scores for the last prediction against the positions the true law
                              reads (AUROC, share of the mass) and against the model's exhaustive causal effects;
                              given transcoders, the attribution graph's too (`graph_position_scores`)
@@ -80,9 +81,10 @@ def grade_lens(
     n_boot: int = 1000,
     seed: int = 0,
 ) -> list[dict[str, Grade]]:
-    """KL(p ‖ P^(l)) and KL(P_θ ‖ P^(l)) for every layer of `lens` (rows: resid_pre 0 … n − 1, then the output),
-    on held-out `tokens` whose true law is `p` [batch, pos, vocab] (a source's `conditionals(tokens)`), averaged
-    over the `valid` positions of each prompt (default all)."""
+    """KL(p ‖ P^(l)), KL(P_θ ‖ P^(l)) and the gain over another prompt's reading (`lab.metrics.grading.lens_grades`)
+    for every layer of `lens` (rows: resid_pre 0 … n − 1, then the output), on held-out `tokens` whose true law is
+    `p` [batch, pos, vocab] (a source's `conditionals(tokens)`), averaged over the `valid` positions of each prompt
+    (default all)."""
     with torch.inference_mode():
         log_probs = lens(model, tokens).double().cpu().numpy()
     return lens_grades(log_probs, np.asarray(p, dtype=np.float64), valid, n_boot=n_boot, seed=seed)
