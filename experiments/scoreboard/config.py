@@ -39,6 +39,11 @@ LENSES = ("logit", "tuned", "jacobian", "same-position jacobian")
 LOOKUP = "last-tokens lookup"  # the belief probe's finite-memory baseline (lab.metrics.memory), a method of the table
 
 
+def lookup_readout(k: int) -> str:
+    """The table's readout of the lookup of the last k tokens: "last 1 token", "last 3 tokens"."""
+    return f"last {k} token" + ("s" if k > 1 else "")
+
+
 @dataclass(frozen=True)
 class Profile:
     """What the default and quick runs differ in: the models' width and training, and how many held-out prompts

@@ -10,7 +10,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from experiments.scoreboard.config import FACTS_WORLD, LENSES, LOOKUP, Profile, sample_seed, world_spec
+from experiments.scoreboard.config import (
+    FACTS_WORLD,
+    LENSES,
+    LOOKUP,
+    Profile,
+    lookup_readout,
+    sample_seed,
+    world_spec,
+)
 from lab.analysis.activations import save_activations
 from lab.analysis.grading import (
     grade_attribution_patching,
@@ -319,7 +327,7 @@ def belief_part(
         }
     chosen = graded["all layers"]
     for k, lookup in chosen["r2_last_k"].items():  # the finite-memory baselines, the same for every readout
-        rows.append(row(LOOKUP, "mess3", f"last {k} tokens", lookup, "r2 belief state"))
+        rows.append(row(LOOKUP, "mess3", lookup_readout(k), lookup, "r2 belief state"))
     summary["last_k_tokens"] = {
         str(k): dict(zip(("value", "low", "high"), m[:3])) for k, m in chosen["r2_last_k"].items()
     }

@@ -201,26 +201,28 @@ def jacobian_headline(results: dict[str, Any], world: str = "induction", layer: 
 
 
 def belief_headline(results: dict[str, Any]) -> dict[str, Any]:
-    """Belief geometry, or a short memory? The probe's R² beside the best lookup of the last k tokens (k = 1 … 6,
-    the best on the test prompts themselves, which favours the lookup): "belief geometry" only where the probe's
-    interval lies above the lookup's."""
+    """Belief geometry, or a short memory? The probe's R² beside the best lookup of the last k tokens (k = 1 … 6 in
+    the scoreboard, the best on the test prompts themselves, which favours the lookup): "belief geometry" only where
+    the probe's interval lies above the lookup's."""
     readout = "all layers"
     r2 = find(results, "linear probe", "mess3", readout, "r2 belief state")
     untrained = find(results, "linear probe", "mess3", readout, "r2 untrained")
     lookups = [r for r in results["table"] if r["method"] == LOOKUP and r["world"] == "mess3"]
     best = max(lookups, key=lambda r: r["value"])
+    longest = max(int(r["readout"].split()[1]) for r in lookups)
     above = bool(_interval(r2) and _interval(best) and r2["low"] > best["high"])
     below = bool(_interval(r2) and _interval(best) and r2["high"] < best["low"])
     world = results["worlds"]["mess3"]["source"]
     verdict = (
-        "the stream holds the belief geometry, more than any memory of the last 6 tokens gives"
+        f"the stream holds the belief geometry, more than any memory of the last {longest} tokens gives"
         if above
         else "a memory of the last few tokens gives the belief as well: the run cannot credit belief geometry"
     )
     sentence = (
         f"A linear probe on every layer's residual stream reads the Mess3 belief state (x = {world['x']}, "
         f"α = {world['alpha']}) with R² {_said(r2)} on held-out prompts; the best lookup of the last k tokens "
-        f"(k = {best['readout'].split()[1]} of 1 … 6, fitted on the probe's training prompts) reaches {_said(best)} "
+        f"(k = {best['readout'].split()[1]} of 1 … {longest}, fitted on the probe's training prompts) reaches "
+        f"{_said(best)} "
         f"and an untrained model of the same shape {_said(untrained)}: {verdict}."
     )
     return headline(

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 import experiments
+from experiments.scoreboard.config import lookup_readout
 from lab.analysis.probes import judge_readouts
 from tests.builders import REPO
 
@@ -602,7 +603,7 @@ def _since_the_reference(results: Results) -> Results:
         probe = _rows(results, method="linear probe", world="mess3", readout="all layers", grade="r2 belief state")[0]
         for k in range(1, 7):
             at = probe["low"] - 0.1 * (8 - k)
-            table.append(_row_like(probe, method="last-tokens lookup", readout=f"last {k} tokens", value=at))
+            table.append(_row_like(probe, method="last-tokens lookup", readout=lookup_readout(k), value=at))
             table[-1].update(low=at - 0.02, high=at + 0.02)
     before = f"resid_pre {results['profile']['n_layers'] - 1}"
     if ("linear probe", "facts", before, "accuracy logit lens") not in have:

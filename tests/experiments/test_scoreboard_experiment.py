@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import experiments.scoreboard as experiment
-from experiments.scoreboard.config import FIGURES, LENSES, LOOKUP, MESS3_WORLD, QUICK
+from experiments.scoreboard.config import FIGURES, LENSES, LOOKUP, MESS3_WORLD, QUICK, lookup_readout
 from experiments.scoreboard.parts import row as table_row
 from experiments.scoreboard.summary import (
     attribution_headline,
@@ -58,7 +58,7 @@ def test_the_table_grades_every_method_on_every_world_it_applies_to(quick):
             assert row["chance"] is not None, row
         if row["grade"] in ("auroc", "relevant_mass", "rank_correlation"):
             assert row["control"] is not None, row
-    assert [r["readout"] for r in table if r["method"] == LOOKUP] == [f"last {k} tokens" for k in MEMORY]
+    assert [r["readout"] for r in table if r["method"] == LOOKUP] == [lookup_readout(k) for k in MEMORY]
 
 
 def test_each_lens_reads_the_model_exactly_at_the_output_and_the_tuned_lens_best_below(quick):
@@ -266,13 +266,13 @@ def test_the_belief_headline_says_geometry_only_where_the_probe_beats_the_best_l
             _row("linear probe", "mess3", "all layers", "r2 belief state", 0.95, 0.94, 0.96, chance=0.0, control=0.0),
             _row("linear probe", "mess3", "all layers", "r2 untrained", 0.88, 0.86, 0.9, chance=None),
         ]
-        lookups = [_row(LOOKUP, "mess3", "last 1 tokens", "r2 belief state", 0.3, 0.25, 0.35, chance=None)]
+        lookups = [_row(LOOKUP, "mess3", "last 1 token", "r2 belief state", 0.3, 0.25, 0.35, chance=None)]
         lookups.append(_row(LOOKUP, "mess3", "last 5 tokens", "r2 belief state", *lookup, chance=None))
         return {"table": probe + lookups, "worlds": {"mess3": {"source": MESS3_WORLD}}}
 
     above = belief_headline(results((0.78, 0.75, 0.8)))
     assert above["supported"] and above["direction"] is True and "belief geometry" in above["sentence"]
-    assert "(k = 5 of 1 … 6" in above["sentence"]
+    assert "(k = 5 of 1 … 5" in above["sentence"] and "the last 5 tokens gives" in above["sentence"]
     short = belief_headline(results((0.95, 0.93, 0.97)))
     assert not short["supported"] and "the best lookup's interval" in short["why_not"]
     assert "cannot credit belief geometry" in short["sentence"]
