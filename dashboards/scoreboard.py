@@ -54,15 +54,15 @@ FIGURES_BY_METHOD = (
 def render(folder: Path, results: dict) -> None:
     st.caption(
         "Each grade is a mean over held-out prompts with its bootstrap 95% interval, and beside it a control. "
-        "Most controls know nothing (another prompt's reading for a lens, shuffled targets for a probe, permuted "
-        'heads or cells for detectors and patching) and are judged against chance: "control no better than '
-        "chance\" is yes where the control's interval does not clear chance on the grade's good side (for a KL, "
-        "lower is better), no where it clears it: such a grade rewards something other than the truth. An "
-        "attribution method's control is the same method where the mechanism is absent (an untrained model, a "
-        'model trained on another world, untrained transcoders for the graph; "the control" names the hardest '
-        'of them): "beats its control" is yes where the grade\'s interval lies above it. The trivial baselines '
-        "(recency, last token only, uniform, random scores) are rows of their own: a method finds the mechanism "
-        "only where it beats the best of them and its control."
+        "Some controls know nothing (shuffled targets for a probe, permuted heads or cells for detectors and "
+        'patching) and are judged against chance: "control no better than chance" is yes where the control\'s '
+        "interval does not clear chance on the grade's good side, no where it clears it: such a grade rewards "
+        "something other than the truth. A lens shows instead what it gains over another prompt's reading, which "
+        "must lie above 0. An attribution method's control is the same method where the mechanism is absent (an "
+        'untrained model, a model trained on another world, untrained transcoders for the graph; "the control" '
+        'names the hardest of them): "beats its control" is yes where the grade\'s interval lies above it. The '
+        "trivial baselines (recency, last token only, uniform, random scores) are rows of their own: a method "
+        "finds the mechanism only where it beats the best of them and its control."
     )
     show_headlines(results)
     table = read_table(folder / "scoreboard.parquet", "scoreboard")

@@ -37,7 +37,9 @@ METHODS = {
     "logit lens": "logit lens",
     "tuned lens": "tuned lens",
     "jacobian lens": "Jacobian lens",
+    "same-position jacobian lens": "same-position Jacobian lens",
     "linear probe": "linear probe",
+    "last-tokens lookup": "lookup of the last k tokens",
     "head detectors": "head detectors",
     "previous_token": "previous-token",
 }
@@ -48,6 +50,7 @@ GRADES = {
     "auroc_necessary": "AUROC for the heads copying needs",
     "kl_true": "KL to the truth (nats)",
     "kl_model": "KL to the model (nats)",
+    "prompt_gain": "nats gained over another prompt's reading",
     "relevant_mass": "mass on the relevant positions",
     "replacement_score": "replacement score",
     "rank_correlation": "Spearman ρ with the model's effects",
@@ -63,6 +66,8 @@ GRADES = {
     "accuracy fact value": "accuracy on the fact's value",
     "accuracy control task": "accuracy, control task",
     "accuracy untrained": "accuracy, untrained model",
+    "accuracy logit lens": "accuracy of the model's own logit-lens reading",
+    "accuracy beyond lens": "accuracy beyond the model's own reading",
 }
 
 # Where a method reads the model (the scoreboard's "readout" column and the patching figure's panels).

@@ -14,13 +14,16 @@ which it must beat (lab.metrics.grading, lab.analysis.grading):
     facts (Kalai & Vempala)    the person's value                    the name's two words
 
     1. Lenses, every layer (Markov, Mess3, induction): the logit lens, the tuned lens (Belrose et al. 2023, fitted
-       by Forma) and the Jacobian lens (Gurnee et al. 2026), each graded by KL(p ‖ P^(l)) — the ground-truth lens
-       — and KL(P_θ ‖ P^(l)); control: another prompt's reading, which must be no better than the best
-       prompt-blind law.
+       by Forma) and the Jacobian lens (Gurnee et al. 2026; summed over later positions as the reference fits it,
+       and its same-position variant), each graded by KL(p ‖ P^(l)) — the ground-truth lens — and KL(P_θ ‖ P^(l))
+       against the best prompt-blind law; the check a lens can fail: its gain over another prompt's reading, which
+       random logits or a prompt-blind lens do not have.
     2. Probes (Mess3, facts): linear probes from each layer's residual stream and all of them side by side to the
        belief state (R²) and to the fact's value (accuracy), beside shuffled targets, an untrained model of the same
-       shape and Hewitt & Liang's control task (selectivity); the belief simplex of Shai et al.'s Fig. 1, true
-       beside read.
+       shape and Hewitt & Liang's control task (selectivity); the belief probe beside the lookups of the last k
+       tokens (k = 1 … 6, a finite memory), the value probe beside the model's own logit-lens reading at each
+       readout (the model recalls every fact, so its final stream holds the answer); the belief simplex of Shai et
+       al.'s Fig. 1, true beside read.
     3. Input attribution (Markov, induction, facts) of the prediction after a prompt's last token: gradient,
        gradient × input, integrated gradients and occlusion through Captum on Forma's hooks, attention weights and
        rollout, attribution patching at the embedding, and the attribution graph (lab.analysis.graphs, over top-k

@@ -7,12 +7,12 @@ from typing import Any
 
 import numpy as np
 
-from experiments.scoreboard.config import FIGURES, LENSES
+from experiments.scoreboard.config import FIGURES, LENSES, LOOKUP
 from lab.metrics.grading import BASELINES
 from lab.names import name as display
 from lab.runs import save_figure, save_table
 
-COLOURS = {"logit": "#1f77b4", "tuned": "#2ca02c", "jacobian": "#d62728"}
+COLOURS = {"logit": "#1f77b4", "tuned": "#2ca02c", "jacobian": "#d62728", "same-position jacobian": "#ff9896"}
 
 
 def _errors(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -35,15 +35,18 @@ def lenses_figure(results: dict[str, Any]) -> Any:
 
     worlds = [w for w in ("markov", "mess3", "induction") if w in results["worlds"]]
     figure = make_subplots(
-        rows=2,
+        rows=3,
         cols=len(worlds),
         shared_xaxes=True,
-        vertical_spacing=0.08,
-        subplot_titles=[f"{w}: KL(p ‖ lens)" for w in worlds] + [f"{w}: KL(P_θ ‖ lens)" for w in worlds],
+        vertical_spacing=0.07,
+        subplot_titles=[f"{w}: KL(p ‖ lens)" for w in worlds]
+        + [f"{w}: KL(P_θ ‖ lens)" for w in worlds]
+        + [f"{w}: gain over another prompt's reading" for w in worlds],
     )
     for col, world in enumerate(worlds, start=1):
+        figure.add_hline(y=0.0, line_dash="dot", line_color="grey", row=3, col=col)
         for lens in LENSES:
-            for row_index, grade in ((1, "kl_true"), (2, "kl_model")):
+            for row_index, grade in ((1, "kl_true"), (2, "kl_model"), (3, "prompt_gain")):
                 rows = [
                     r
                     for r in results["table"]
@@ -58,7 +61,7 @@ def lenses_figure(results: dict[str, Any]) -> Any:
                         y=[r["value"] for r in rows],
                         error_y=_errors(rows),
                         mode="lines+markers",
-                        name=f"{lens} lens",
+                        name=display(f"{lens} lens"),
                         legendgroup=lens,
                         showlegend=col == 1 and row_index == 1,
                         line={"color": COLOURS[lens]},
@@ -66,7 +69,7 @@ def lenses_figure(results: dict[str, Any]) -> Any:
                     row=row_index,
                     col=col,
                 )
-                if lens == "logit":
+                if lens == "logit" and row_index < 3:
                     figure.add_trace(
                         go.Scatter(
                             x=[r["readout"] for r in rows],
@@ -80,11 +83,13 @@ def lenses_figure(results: dict[str, Any]) -> Any:
                         row=row_index,
                         col=col,
                     )
-    figure.update_yaxes(type="log", title_text="nats/token")
+    for row_index in (1, 2):
+        figure.update_yaxes(type="log", title_text="nats/token", row=row_index)
+    figure.update_yaxes(title_text="nats/token gained", row=3)
     figure.update_layout(
-        title="Lenses against the truth and against the model, every layer (95% intervals over "
-        "held-out prompts;<br>the output row is the model itself, 0 from it by definition)",
-        height=720,
+        title="Lenses against the truth and against the model, every layer, and what each gains by reading its own "
+        "prompt<br>rather than another's (95% intervals over held-out prompts; the output row is the model itself)",
+        height=960,
     )
     return figure
 
@@ -226,7 +231,9 @@ def probes_figure(results: dict[str, Any]) -> Any:
     )
     figure = make_subplots(rows=1, cols=2, subplot_titles=("Mess3: belief state (R²)", "facts: the value (accuracy)"))
     for col, (world, grade, untrained, task, _) in enumerate(panels, start=1):
-        rows = [r for r in results["table"] if r["world"] == world and r["grade"] == grade]
+        rows = [
+            r for r in results["table"] if r["method"] == "linear probe" and r["world"] == world and r["grade"] == grade
+        ]
         readouts = [r["readout"] for r in rows]
         figure.add_trace(
             go.Bar(
@@ -260,9 +267,21 @@ def probes_figure(results: dict[str, Any]) -> Any:
                 row=1,
                 col=col,
             )
+    lookups = [r for r in results["table"] if r["method"] == LOOKUP]
+    figure.add_trace(
+        go.Bar(
+            x=[r["readout"] for r in lookups],
+            y=[r["value"] for r in lookups],
+            error_y=_errors(lookups),
+            name=display(LOOKUP),
+            marker_color="#8c564b",
+        ),
+        row=1,
+        col=1,
+    )
     figure.update_layout(
-        title="Linear probes from the residual stream against their controls (95% intervals over "
-        "held-out prompts or persons)",
+        title="Linear probes from the residual stream against their controls, and the belief probe beside the "
+        "lookups of the last k tokens<br>(95% intervals over held-out prompts or persons)",
         barmode="group",
         height=500,
     )

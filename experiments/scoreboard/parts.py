@@ -10,7 +10,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from experiments.scoreboard.config import CONTROL_WORLDS, FACTS_WORLD, Profile, sample_seed, world_spec
+from experiments.scoreboard.config import (
+    CONTROL_WORLDS,
+    FACTS_WORLD,
+    LENSES,
+    LOOKUP,
+    Profile,
+    lookup_readout,
+    sample_seed,
+    world_spec,
+)
 from lab.analysis.activations import save_activations
 from lab.analysis.grading import (
     UNTRAINED_MODEL,
@@ -135,8 +144,9 @@ def lens_part(
     profile: Profile,
     seed: int,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The logit, tuned and Jacobian lenses, fitted on `fit` and graded on `held_out` (positions 0 … L − 2, those
-    the model was trained to predict from), every layer."""
+    """The logit, tuned and Jacobian lenses (the reference's, summed over later positions, and the same-position
+    variant), fitted on `fit` and graded on `held_out` (positions 0 … L − 2, those the model was trained to predict
+    from), every layer."""
     seconds = {}
     clock = time.perf_counter()
     tuned = fit_tuned_lens(model, fit)
@@ -144,7 +154,10 @@ def lens_part(
     clock = time.perf_counter()
     jacobian = fit_jacobian_lens(model, fit)
     seconds["jacobian_fit"] = time.perf_counter() - clock
-    lenses = {"logit": logit_lens, "tuned": tuned.log_probs, "jacobian": jacobian.log_probs}
+    clock = time.perf_counter()
+    same = fit_jacobian_lens(model, fit, targets="same")
+    seconds["same_position_jacobian_fit"] = time.perf_counter() - clock
+    lenses = dict(zip(LENSES, (logit_lens, tuned.log_probs, jacobian.log_probs, same.log_probs)))
     valid = np.arange(held_out.shape[1]) < held_out.shape[1] - 1
     labels = [f"resid_pre {layer}" for layer in range(model.cfg.n_layers)] + ["output"]
     rows, curves = [], {}
@@ -156,12 +169,7 @@ def lens_part(
                 **{
                     f"{k}_{f}": v
                     for k, g in layer.items()
-                    for f, v in (
-                        ("nats", g.value.value),
-                        ("low", g.value.low),
-                        ("high", g.value.high),
-                        ("control", g.control.value),
-                    )
+                    for f, v in (("value", g.value.value), ("low", g.value.low), ("high", g.value.high))
                 },
             }
             for label, layer in zip(labels, graded)
@@ -363,8 +371,9 @@ def source_part(world: str, profile: Profile, seed: int, out: Path) -> dict[str,
 def belief_part(
     model: HookedTransformer, held_out: torch.Tensor, beliefs: np.ndarray, profile: Profile, seed: int
 ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
-    """Probes from every readout to the Mess3 belief state, and the figure of Shai et al. (their Fig. 1): the true
-    beliefs in the simplex beside the probe's reading of the residual stream (all layers), on test prompts."""
+    """Probes from every readout to the Mess3 belief state beside the lookups of the last k tokens (rows "last k
+    tokens" of the method LOOKUP), and the figure of Shai et al. (their Fig. 1): the true beliefs in the simplex
+    beside the probe's reading of the residual stream (all layers), on test prompts."""
     graded = grade_belief_probes(model, held_out, beliefs, n_boot=profile.n_boot, seed=seed)
     rows, summary = [], {}
     metrics = {
@@ -384,6 +393,11 @@ def belief_part(
             **{name: dict(zip(("value", "low", "high"), grades[name][:3])) for name in metrics},
         }
     chosen = graded["all layers"]
+    for k, lookup in chosen["r2_last_k"].items():  # the finite-memory baselines, the same for every readout
+        rows.append(row(LOOKUP, "mess3", lookup_readout(k), lookup, "r2 belief state"))
+    summary["last_k_tokens"] = {
+        str(k): dict(zip(("value", "low", "high"), m[:3])) for k, m in chosen["r2_last_k"].items()
+    }
     true = beliefs.reshape(-1, beliefs.shape[-1])[chosen["test_rows"]]
     simplex = {"true": true.tolist(), "predicted": chosen["test_predictions"].tolist()}
     return rows, summary, simplex
@@ -463,7 +477,8 @@ def _value_probes(
     rows: list[dict[str, Any]],
 ) -> dict[str, Any]:
     """Probes from the residual stream to the value, on both templates' clozes (grouped by person), graded at each
-    readout: the scoreboard rows appended to `rows`, the summary block returned."""
+    readout beside the model's own logit-lens reading there: the scoreboard rows appended to `rows`, the summary
+    block returned."""
     persons = np.array([fact.person_index for fact in world.facts])
     graded = grade_value_probes(
         model,
@@ -472,18 +487,23 @@ def _value_probes(
         np.concatenate([persons, persons]),
         n_boot=profile.n_boot,
         seed=seed,
+        labels_are_tokens=True,
+    )
+    metrics = (
+        "accuracy_untrained",
+        "accuracy_control_task",
+        "selectivity",
+        "accuracy_logit_lens",
+        "accuracy_beyond_lens",
     )
     summary = {}
     for readout, grades in graded.items():
         rows.append(row("linear probe", "facts", readout, grades["accuracy"], "accuracy fact value"))
-        for name in ("accuracy_untrained", "accuracy_control_task", "selectivity"):
+        for name in metrics:
             rows.append(row("linear probe", "facts", readout, grades[name], name.replace("_", " ")))
         summary[readout] = {
             "accuracy": grades["accuracy"].row(),
-            **{
-                name: dict(zip(("value", "low", "high"), grades[name][:3]))
-                for name in ("accuracy_untrained", "accuracy_control_task", "selectivity")
-            },
+            **{name: dict(zip(("value", "low", "high"), grades[name][:3])) for name in metrics},
         }
     return summary
 

@@ -5,7 +5,8 @@ Each function takes a model, held-out prompts drawn from the world, and the worl
 nothing, and what chance gives that control.
 
     grade_lens               a lens's reading at every layer against the true law p and against the model
-                             (KL(p ‖ P^(l)), KL(P_θ ‖ P^(l)); `logit_lens`, a `TunedLens`, a `JacobianLens`, …)
+                             (KL(p ‖ P^(l)), KL(P_θ ‖ P^(l)), and what it gains over another prompt's reading;
+                             `logit_lens`, a `TunedLens`, a `JacobianLens`, …)
     grade_input_attribution  input-attribution scores for the last prediction against the positions the true law
                              reads (AUROC, share of the mass) and against the model's exhaustive causal effects,
                              beside the trivial baselines (recency, last token, uniform, random), each against the
@@ -13,8 +14,8 @@ nothing, and what chance gives that control.
                              model trained on another world); given transcoders, the attribution graph's too
                              (`graph_position_scores`), against untrained transcoders, with both replacement scores
     grade_belief_probes      linear probes from the residual stream to a hidden-Markov belief state (R²), with
-                             shuffled targets, an untrained model of the same shape and Hewitt & Liang's control
-                             task beside them
+                             shuffled targets, an untrained model of the same shape, Hewitt & Liang's control
+                             task and the lookup of the last k tokens (a finite memory) beside them
     grade_value_probes       linear probes to a categorical value, e.g. a fact's (accuracy), with the same controls
     grade_head_detectors     head-detector scores against each head's exhaustive ablation effect on copying
     grade_attribution_patching  attribution patching's estimates against the exhaustive patching sweep
@@ -53,10 +54,12 @@ from lab.metrics.grading import (
     lens_grades,
     mean_over_prompts,
 )
+from lab.metrics.memory import last_tokens_lookup
 from lab.metrics.statistics import spearman
 from lab.model import HookedTransformer
 
 __all__ = [
+    "MEMORY",
     "UNTRAINED_MODEL",
     "UNTRAINED_TRANSCODERS",
     "VALUE_PROBE_LAMBDAS",
@@ -87,9 +90,10 @@ def grade_lens(
     n_boot: int = 1000,
     seed: int = 0,
 ) -> list[dict[str, Grade]]:
-    """KL(p ‖ P^(l)) and KL(P_θ ‖ P^(l)) for every layer of `lens` (rows: resid_pre 0 … n − 1, then the output),
-    on held-out `tokens` whose true law is `p` [batch, pos, vocab] (a source's `conditionals(tokens)`), averaged
-    over the `valid` positions of each prompt (default all)."""
+    """KL(p ‖ P^(l)), KL(P_θ ‖ P^(l)) and the gain over another prompt's reading (`lab.metrics.grading.lens_grades`)
+    for every layer of `lens` (rows: resid_pre 0 … n − 1, then the output), on held-out `tokens` whose true law is
+    `p` [batch, pos, vocab] (a source's `conditionals(tokens)`), averaged over the `valid` positions of each prompt
+    (default all)."""
     with torch.inference_mode():
         log_probs = lens(model, tokens).double().cpu().numpy()
     return lens_grades(log_probs, np.asarray(p, dtype=np.float64), valid, n_boot=n_boot, seed=seed)
@@ -246,6 +250,9 @@ def _ridge_predictions(
     return np.stack(columns, axis=1)
 
 
+MEMORY = (1, 2, 3, 4, 5, 6)  # the lengths k of the finite-memory lookups a belief probe is set beside
+
+
 def grade_belief_probes(
     model: HookedTransformer,
     tokens: Int[Tensor, "batch pos"],
@@ -255,6 +262,7 @@ def grade_belief_probes(
     test_fraction: float = 0.3,
     n_boot: int = 1000,
     seed: int = 0,
+    memory: Sequence[int] = MEMORY,
 ) -> dict[str, dict[str, Any]]:
     """Ridge probes from each readout (`readouts`) to the belief state [batch, pos, S] at every position, fitted on
     some prompts and scored on the others (prompts are the groups), R² pooled over the S outputs:
@@ -268,8 +276,12 @@ def grade_belief_probes(
                        means by token type from the training rows), beside the same on shuffled targets (control):
                        the part of the belief a readout of the token alone cannot give
         r2_beyond_token_untrained  the same on the untrained model
+        r2_last_k      {k: R²} of the lookup of the last k tokens for each k in `memory`
+                       (`lab.metrics.memory.last_tokens_lookup`, fitted on the probe's training prompts and judged on
+                       its test prompts): the belief a finite memory gives; the same for every readout
 
-    Returns {readout: {name: Grade or Metric}}."""
+    Returns {readout: {name: Grade or Metric}}; beside them "test_predictions" and "test_rows" (the probe's
+    predictions on the test rows, and which rows of batch · pos those are)."""
     tokens = model.check_tokens(tokens)
     beliefs = np.asarray(beliefs, dtype=np.float64)
     batch, length = tokens.shape
@@ -281,10 +293,16 @@ def grade_belief_probes(
     targets = _belief_targets(Y, tokens.reshape(-1).cpu().numpy(), split[0], model.cfg.d_vocab, seed)
     untrained = random_model(model, seed=seed + 1) if untrained is None else untrained
     ours, theirs = readouts(model, tokens), readouts(untrained, tokens)
+    boot = {"groups": groups[split[1]], "n_boot": n_boot, "seed": seed}
+    flat_tokens = tokens.cpu().numpy()
+    lookups = {
+        k: bootstrap_ci(_r2, Y[split[1]], last_tokens_lookup(flat_tokens, Y, split[0], k)[split[1]], **boot)
+        for k in memory
+    }
     out = {}
     for name, X in ours.items():
         X, X_untrained = X.reshape(batch * length, -1), theirs[name].reshape(batch * length, -1)
-        out[name] = _belief_grades(X, X_untrained, targets, split, groups, n_boot, seed)
+        out[name] = _belief_grades(X, X_untrained, targets, split, groups, n_boot, seed) | {"r2_last_k": lookups}
     return out
 
 
@@ -371,6 +389,7 @@ def grade_value_probes(
     seed: int = 0,
     grid: Sequence[float] = VALUE_PROBE_LAMBDAS,
     n_folds: int = 3,
+    labels_are_tokens: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """Logistic probes from each readout at each prompt's last position to a categorical label per prompt (a
     fact's value), split by `groups` (the entity each prompt is about: no entity on both sides), scored by test
@@ -382,6 +401,14 @@ def grade_value_probes(
         accuracy_control_task  Hewitt & Liang's control task: each group gets a label drawn at random, and the
                            probe is fitted to that (unlearnable across held-out groups: what chance looks like)
         selectivity        accuracy − accuracy_control_task (paired bootstrap over groups)
+
+    With `labels_are_tokens` (each label a token id, e.g. the value's word), the model's own reading is the
+    baseline beside each probe, on the same test prompts: the logit lens at that readout, its top token among
+    the labels (the model's output for "final" and "all layers"):
+
+        accuracy_logit_lens    the logit lens's accuracy: how much of the answer the model has written there
+        accuracy_beyond_lens   accuracy − accuracy_logit_lens (paired bootstrap): what the probe reads that the
+                               model has not yet written (a probe of the final stream reads the model's answer)
 
     Each probe's λ is chosen from `grid` by `n_folds`-fold grouped cross-validation on its training rows (a short
     grid: every readout is fitted four times). Returns {readout: {name: Grade or Metric}}."""
@@ -401,6 +428,7 @@ def grade_value_probes(
     boot = {"groups": test_groups, "n_boot": n_boot, "seed": seed}
     predictions = partial(_value_predictions, groups=groups, split=split, seed=seed, grid=grid, n_folds=n_folds)
     y_test, c_test = labels[split[1]], control_task[split[1]]
+    own = _own_readings(model, batches, np.unique(labels)) if labels_are_tokens else None
     out = {}
     for name, X in ours.items():
         predicted = predictions(X, labels)
@@ -415,7 +443,23 @@ def grade_value_probes(
                 lambda y, p, c, q: accuracy(y, p) - accuracy(c, q), y_test, predicted, c_test, predicted_control, **boot
             ),
         }
+        if own is not None:
+            read = own[name][split[1]]
+            out[name]["accuracy_logit_lens"] = bootstrap_ci(accuracy, y_test, read, **boot)
+            out[name]["accuracy_beyond_lens"] = bootstrap_ci(
+                lambda y, p, q: accuracy(y, p) - accuracy(y, q), y_test, predicted, read, **boot
+            )
     return out
+
+
+def _own_readings(model: HookedTransformer, batches: list[Tensor], classes: np.ndarray) -> dict[str, np.ndarray]:
+    """At each readout of `readouts`, the class (a token id among `classes`) the logit lens ranks first at every
+    prompt's last position: the answer as the model has written it so far."""
+    with torch.inference_mode():
+        lens = torch.cat([logit_lens(model, b)[:, :, -1] for b in batches], dim=1)  # [layer, prompt, vocab]
+    top = classes[lens[:, :, torch.as_tensor(classes)].argmax(-1).numpy()]  # [layer, prompt]
+    out = {f"resid_pre {layer}": top[layer] for layer in range(model.cfg.n_layers)}
+    return out | {"final": top[-1], "all layers": top[-1]}
 
 
 def _value_targets(labels: np.ndarray, groups: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:

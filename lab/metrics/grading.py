@@ -31,12 +31,18 @@ lawful copy source of the induction world, the name's two words), each grade tre
 
 A lens (`lens_grades`), per layer, per prompt the mean over its valid positions of
 
-    kl_true   KL(p ‖ P^(l))        the world's law against the lens's reading
-    kl_model  KL(P_θ ‖ P^(l))      the model's own distribution against it
+    kl_true      KL(p ‖ P^(l))        the world's law against the lens's reading
+    kl_model     KL(P_θ ‖ P^(l))      the model's own distribution against it
+    prompt_gain  KL(p ‖ P^(l)_other) − KL(p ‖ P^(l))   what the lens gains by reading this prompt's residual stream
+                 rather than another's (the prompts rolled by one, position by position)              chance 0
 
-  control ("chance"): the reading of another prompt at the same position (prompts rolled by one); chance is the
-  KL of the best reading that knows nothing of the prompt, E KL(p ‖ p̄_t) with p̄_t the mean law at position t (no
-  prompt-blind reading does better in expectation), and the control is at chance when its interval reaches it.
+  chance of the two KLs is the KL of the best reading that knows nothing of the prompt, E KL(p ‖ p̄_t) with p̄_t the
+  mean law at position t (no prompt-blind reading does better in expectation); they carry no control. The check
+  that can fail is prompt_gain's, two-sided: a lens that reads the prompt gains (its interval above 0); a lens that
+  ignores it — random logits, or one reading for every prompt — gains nothing (its interval holds 0, exactly 0
+  for a prompt-blind lens); a lens that reads the wrong thing loses (its interval below 0). Another prompt's
+  reading alone, as a control set against the floor, could not fail: whatever the lens, it knows nothing of the
+  prompt and so never beats the floor.
 """
 
 from collections.abc import Mapping
@@ -257,8 +263,8 @@ def lens_grades(
     lens_log_probs: ArrayLike, p: ArrayLike, valid: ArrayLike | None = None, *, n_boot: int = 1000, seed: int = 0
 ) -> list[dict[str, Grade]]:
     """Per layer (rows of `lens_log_probs` [layer, prompt, pos, vocab], log-probabilities; the last row is the
-    model's own output), KL(p ‖ P^(l)) and KL(P_θ ‖ P^(l)) averaged over each prompt's `valid` positions [pos] or
-    [prompt, pos], with the rolled-prompt control and the prompt-blind chance of the module's docstring."""
+    model's own output), KL(p ‖ P^(l)), KL(P_θ ‖ P^(l)) and the gain over another prompt's reading, averaged over
+    each prompt's `valid` positions [pos] or [prompt, pos], with the prompt-blind chance of the module's docstring."""
     lens = np.asarray(lens_log_probs, dtype=np.float64)
     p = np.asarray(p, dtype=np.float64)
     if lens.ndim != 4 or lens.shape[1:] != p.shape:
@@ -268,7 +274,7 @@ def lens_grades(
         )
     n_prompts, n_pos = p.shape[:2]
     if n_prompts < 2:
-        raise ValueError("a lens is graded over at least two prompts (the control reads another prompt)")
+        raise ValueError("a lens is graded over at least two prompts (its prompt gain reads another prompt)")
     mask = (
         np.ones((n_prompts, n_pos), dtype=bool)
         if valid is None
@@ -287,16 +293,18 @@ def lens_grades(
     boot = {"n_boot": n_boot, "seed": seed}
     out = []
     for layer in range(lens.shape[0]):
-        rolled = np.roll(lens[layer], 1, axis=0)  # prompt b read through prompt b − 1's stream
-        grades = {}
-        for name, truth, chance in (("kl_true", p, chance_true), ("kl_model", model_p, chance_model)):
-            grades[name] = Grade(
-                name,
-                mean_over_prompts(per_prompt(_kl_rows(truth, lens[layer])), **boot),
-                mean_over_prompts(per_prompt(_kl_rows(truth, rolled)), **boot),
-                chance,
-                "lower",
-                n_prompts,
-            )
-        out.append(grades)
+        own = per_prompt(_kl_rows(p, lens[layer]))
+        other = per_prompt(_kl_rows(p, np.roll(lens[layer], 1, axis=0)))  # prompt b read through prompt b − 1's
+        kl_model = per_prompt(_kl_rows(model_p, lens[layer]))
+        out.append(
+            {
+                "kl_true": Grade("kl_true", mean_over_prompts(own, **boot), None, chance_true, "lower", n_prompts),
+                "kl_model": Grade(
+                    "kl_model", mean_over_prompts(kl_model, **boot), None, chance_model, "lower", n_prompts
+                ),
+                "prompt_gain": Grade(
+                    "prompt_gain", mean_over_prompts(other - own, **boot), None, 0.0, "higher", n_prompts
+                ),
+            }
+        )
     return out

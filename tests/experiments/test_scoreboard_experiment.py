@@ -2,6 +2,7 @@
 models and headlines), and its headlines on hand-made tables whose answers are known."""
 
 import json
+from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -9,18 +10,23 @@ import pytest
 import torch
 
 import experiments.scoreboard as experiment
-from experiments.scoreboard.config import FIGURES, LENSES
+from experiments.scoreboard.config import FIGURES, LENSES, LOOKUP, MESS3_WORLD, QUICK, lookup_readout
+from experiments.scoreboard.parts import row as table_row
 from experiments.scoreboard.summary import (
     ATTRIBUTION_TRUTHS,
     attribution_headline,
+    belief_headline,
     binomial_upper,
     controls_headline,
     find,
     finds_mechanism,
     graph_headline,
+    jacobian_headline,
     lens_headline,
 )
+from lab.analysis.grading import MEMORY
 from lab.analysis.input_attribution import METHODS, input_attributions, resample_effects
+from lab.analysis.lens import logit_lens
 from lab.analysis.probes import random_model
 from lab.metrics.grading import BASELINES, attribution_grades
 from lab.model import HookedTransformer
@@ -42,6 +48,7 @@ def test_the_table_grades_every_method_on_every_world_it_applies_to(quick):
     }
     expected |= {
         ("linear probe", "mess3"),
+        (LOOKUP, "mess3"),
         ("linear probe", "facts"),
         ("head detectors", "induction"),
         ("attribution patching", "induction"),
@@ -51,17 +58,20 @@ def test_the_table_grades_every_method_on_every_world_it_applies_to(quick):
     for lens in LENSES:
         for world in ("markov", "mess3", "induction"):
             rows = [r for r in table if r["method"] == f"{lens} lens" and r["world"] == world]
-            assert [r["readout"] for r in rows] == [f"resid_pre {l}" for l in range(n_layers) for _ in "ab"] + [
+            assert [r["readout"] for r in rows] == [f"resid_pre {l}" for l in range(n_layers) for _ in "abc"] + [
                 "output"
-            ] * 2
+            ] * 3
     for row in table:
         if row["method"] == "uniform" and row["grade"] == "rank_correlation":
             assert row["why_no_interval"], row  # a constant score ranks nothing
-        elif row["grade"] in ("kl_true", "kl_model", "auroc", "relevant_mass", "rank_correlation"):
+        elif row["grade"] in ("kl_true", "kl_model", "prompt_gain", "auroc", "relevant_mass", "rank_correlation"):
             assert row["low"] <= row["value"] <= row["high"], row  # every grade has its interval
-            assert row["control"] is not None and row["chance"] is not None, row
+            assert row["chance"] is not None, row
+            if row["grade"] in ("auroc", "relevant_mass", "rank_correlation"):
+                assert row["control"] is not None, row
     readouts = {(r["world"], r["readout"]) for r in table if r["grade"] == "relevant_mass"}
     assert readouts == set(ATTRIBUTION_TRUTHS)  # the induction world against every source and against one
+    assert [r["readout"] for r in table if r["method"] == LOOKUP] == [lookup_readout(k) for k in MEMORY]
 
 
 def test_each_lens_reads_the_model_exactly_at_the_output_and_the_tuned_lens_best_below(quick):
@@ -100,7 +110,86 @@ def test_figures_models_and_the_belief_simplex_are_written(quick):
     assert (points["sweep"] == "heads").sum() == patching["prompts"] * n_layers * n_heads
     from lab.zoo import world_source
 
-    assert world_source(folder / "models" / "mess3").to_dict() == {"kind": "mess3", "x": 0.05, "alpha": 0.85, "seed": 0}
+    assert world_source(folder / "models" / "mess3").to_dict() == MESS3_WORLD
+
+
+def _lens_rows(model, world, held_out, p, valid, labels, lens, method) -> list[dict]:
+    """The scoreboard's table rows of one lens on one world, graded at the quick profile's size."""
+    from lab.analysis.grading import grade_lens
+
+    layers = grade_lens(model, held_out, p, lens, valid=valid, n_boot=QUICK.n_boot)
+    return [table_row(method, world, label, g) for label, layer in zip(labels, layers) for g in layer.values()]
+
+
+def test_a_lens_emitting_random_logits_or_one_reading_for_every_prompt_makes_the_lens_headline_false(quick):
+    """The check a wrong lens must fail, at the quick profile's size (its held-out prompts, its bootstrap): each
+    trained model read through random logits, or through one reading for every prompt (the model's mean output), in
+    the Jacobian lens's place. Neither gains over another prompt's reading (the prompt-blind one exactly 0), so the
+    headline that ranks it against the logit lens is not supported; the logit lens itself reads its prompt."""
+    from lab.model import HookedTransformer
+    from lab.zoo import world_source
+
+    _, folder = quick
+
+    def random_logits(model, tokens):
+        shape = (model.cfg.n_layers + 1, *tokens.shape, model.cfg.d_vocab)
+        return (3 * torch.randn(shape, generator=torch.Generator().manual_seed(0))).log_softmax(-1)
+
+    def one_reading(model, tokens):
+        mean = model(tokens).softmax(-1).mean(0).log()
+        return mean.expand(model.cfg.n_layers + 1, *tokens.shape, model.cfg.d_vocab)
+
+    for world in ("markov", "mess3", "induction"):
+        model = HookedTransformer.load(folder / "models" / world).eval()
+        source = world_source(folder / "models" / world)
+        held_out = source.sample(QUICK.eval_prompts, QUICK.seq_len, seed=7)
+        p, valid = source.conditionals(held_out), np.arange(QUICK.seq_len) < QUICK.seq_len - 1
+        labels = [f"resid_pre {layer}" for layer in range(model.cfg.n_layers)] + ["output"]
+        graded = partial(_lens_rows, model, world, torch.from_numpy(held_out), p, valid, labels)
+        logit = graded(logit_lens, "logit lens")
+        tuned = [{**r, "method": "tuned lens"} for r in logit]
+        assert find({"table": logit}, "logit lens", world, "resid_pre 1", "prompt_gain")["low"] > 0, world
+        for wrong in (random_logits, one_reading):
+            table = logit + tuned + graded(wrong, "jacobian lens")
+            gain = find({"table": table}, "jacobian lens", world, "resid_pre 1", "prompt_gain")
+            assert gain["low"] <= 0 <= gain["high"], (world, wrong.__name__, gain)
+            said = lens_headline({"table": table}, world)
+            assert not said["supported"] and "does not read the prompt" in said["why_not"], (world, wrong.__name__)
+
+
+def _said(results: dict, name: str) -> dict:
+    return next(h for h in results["headlines"] if h["name"] == name)
+
+
+def test_the_quick_runs_belief_probe_beats_every_lookup_of_the_last_k_tokens(quick):
+    """On the chosen Mess3 world (config.MESS3_WORLD) a memory of six tokens does not give the belief: the all-layer
+    probe's R² interval lies above the best lookup's, so the headline credits belief geometry."""
+    results, _ = quick
+    probe = find(results, "linear probe", "mess3", "all layers", "r2 belief state")
+    best = max((r for r in results["table"] if r["method"] == LOOKUP), key=lambda r: r["value"])
+    assert probe["low"] > best["high"]
+    said = _said(results, "belief_probe")
+    assert said["supported"] and said["direction"] is True and "holds the belief geometry" in said["sentence"]
+
+
+def test_the_quick_runs_summed_jacobian_lens_fails_on_induction_where_the_same_position_one_does_not(quick):
+    """Read before block 0 on the induction world, the Jacobian lens summed over later positions is further from the
+    truth than the same-position variant, and reads another prompt's stream better than its own."""
+    results, _ = quick
+    said = _said(results, "jacobian_variants_induction")
+    assert said["supported"] and said["direction"] == 1 and "the summed variant fails" in said["sentence"]
+    assert find(results, "jacobian lens", "induction", "resid_pre 0", "prompt_gain")["high"] < 0
+    assert find(results, "same-position jacobian lens", "induction", "resid_pre 0", "prompt_gain")["low"] > 0
+
+
+def test_the_quick_runs_value_probe_reads_no_more_than_the_model_has_written(quick):
+    """The fact model recalls every value, so its final stream holds the answer; before the last block the model's
+    own logit lens already names most values, and the probe does not read more than it there."""
+    results, _ = quick
+    assert min(results["worlds"]["facts"]["recall_by_template"]) == 1.0
+    assert find(results, "linear probe", "facts", "final", "accuracy fact value")["value"] == 1.0
+    said = _said(results, "value_probe")
+    assert said["direction"] is False and "no more than the model has written" in said["sentence"]
 
 
 def test_headlines_are_what_headlines_computes(quick):
@@ -241,18 +330,56 @@ def test_the_graph_is_credited_only_where_trained_transcoders_beat_untrained_one
     assert not same["supported"] and not same["direction"] and "add nothing" in same["sentence"]
 
 
-def test_a_lens_headline_is_unsupported_while_the_jacobian_and_logit_intervals_overlap():
-    def table(jacobian: tuple[float, float, float]) -> list[dict]:
+def test_a_lens_headline_needs_both_lenses_to_read_their_prompt_and_their_intervals_apart():
+    def table(jacobian: tuple[float, float, float], gain: tuple[float, float, float] = (0.5, 0.4, 0.6)) -> list[dict]:
         rows = [
-            _row("logit lens", "markov", "resid_pre 1", "kl_true", 0.5, 0.45, 0.55, chance=2.0, control=2.2),
-            _row("tuned lens", "markov", "resid_pre 1", "kl_true", 0.3, 0.25, 0.35, chance=2.0, control=2.2),
+            _row("logit lens", "markov", "resid_pre 1", "kl_true", 0.5, 0.45, 0.55, chance=2.0),
+            _row("tuned lens", "markov", "resid_pre 1", "kl_true", 0.3, 0.25, 0.35, chance=2.0),
+            _row("jacobian lens", "markov", "resid_pre 1", "kl_true", *jacobian, chance=2.0),
+            _row("logit lens", "markov", "resid_pre 1", "prompt_gain", 0.9, 0.8, 1.0, chance=0.0),
         ]
-        return rows + [_row("jacobian lens", "markov", "resid_pre 1", "kl_true", *jacobian, chance=2.0, control=2.2)]
+        return rows + [_row("jacobian lens", "markov", "resid_pre 1", "prompt_gain", *gain, chance=0.0)]
 
     apart = lens_headline({"table": table((0.2, 0.15, 0.25))}, "markov")
     assert apart["supported"] and apart["direction"] == 1 and "better than the logit lens" in apart["sentence"]
     overlapping = lens_headline({"table": table((0.52, 0.47, 0.57))}, "markov")
     assert not overlapping["supported"] and "overlap" in overlapping["why_not"]
+    blind = lens_headline({"table": table((3.0, 2.9, 3.1), gain=(0.01, -0.05, 0.07))}, "markov")
+    assert not blind["supported"] and "as well as its own" in blind["why_not"]
+    wrong = lens_headline({"table": table((3.0, 2.9, 3.1), gain=(-0.5, -0.6, -0.4))}, "markov")
+    assert not wrong["supported"] and "better than its own" in wrong["why_not"]
+
+
+def test_the_jacobian_headline_says_which_variant_fails_where_their_intervals_lie_apart():
+    def table(same: tuple[float, float, float]) -> list[dict]:
+        kl = {"jacobian lens": (9.0, 8.8, 9.2), "same-position jacobian lens": same}
+        rows = [_row(m, "induction", "resid_pre 0", "kl_true", *v, chance=1.9) for m, v in kl.items()]
+        gains = {"jacobian lens": (-0.5, -0.6, -0.4), "same-position jacobian lens": (0.3, 0.2, 0.4)}
+        return rows + [_row(m, "induction", "resid_pre 0", "prompt_gain", *v, chance=0.0) for m, v in gains.items()]
+
+    summed_fails = jacobian_headline({"table": table((2.2, 2.1, 2.3))})
+    assert summed_fails["supported"] and summed_fails["direction"] == 1
+    assert "the summed variant fails, not the lens idea: summing adds" in summed_fails["sentence"]
+    overlapping = jacobian_headline({"table": table((9.1, 8.9, 9.3))})
+    assert not overlapping["supported"] and "overlap" in overlapping["why_not"]
+
+
+def test_the_belief_headline_says_geometry_only_where_the_probe_beats_the_best_lookup():
+    def results(lookup: tuple[float, float, float]) -> dict:
+        probe = [
+            _row("linear probe", "mess3", "all layers", "r2 belief state", 0.95, 0.94, 0.96, chance=0.0, control=0.0),
+            _row("linear probe", "mess3", "all layers", "r2 untrained", 0.88, 0.86, 0.9, chance=None),
+        ]
+        lookups = [_row(LOOKUP, "mess3", "last 1 token", "r2 belief state", 0.3, 0.25, 0.35, chance=None)]
+        lookups.append(_row(LOOKUP, "mess3", "last 5 tokens", "r2 belief state", *lookup, chance=None))
+        return {"table": probe + lookups, "worlds": {"mess3": {"source": MESS3_WORLD}}}
+
+    above = belief_headline(results((0.78, 0.75, 0.8)))
+    assert above["supported"] and above["direction"] is True and "belief geometry" in above["sentence"]
+    assert "(k = 5 of 1 … 5" in above["sentence"] and "the last 5 tokens gives" in above["sentence"]
+    short = belief_headline(results((0.95, 0.93, 0.97)))
+    assert not short["supported"] and "the best lookup's interval" in short["why_not"]
+    assert "cannot credit belief geometry" in short["sentence"]
 
 
 def test_the_controls_headline_counts_controls_that_clear_chance_against_what_chance_allows():

@@ -23,9 +23,11 @@ from lab.analysis.grading import (
 from lab.analysis.graphs.attribute import attribute
 from lab.analysis.graphs.influence import position_share
 from lab.analysis.lens import ground_truth_lens
+from lab.analysis.probes import group_split
 from lab.data.mechanisms import InductionSource, Mess3Source
 from lab.data.sources import MarkovSource
 from lab.metrics.grading import BASELINES
+from lab.metrics.memory import last_tokens_lookup
 from tests.builders import exact_transcoders, random_transcoders
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -151,6 +153,25 @@ def test_belief_probes_beat_shuffled_targets_and_report_selectivity_exactly():
         assert r2.value.low > r2.control.high and r2.control_at_chance, readout
         assert grades["selectivity"].value == pytest.approx(r2.value.value - grades["r2_control_task"].value)
         assert grades["r2_beyond_token"].control_at_chance, readout
+        assert grades["r2_last_k"] is graded["all layers"]["r2_last_k"]  # one baseline, beside every readout
+
+
+def test_the_belief_probes_finite_memory_baseline_is_the_lookup_on_the_probes_own_split():
+    """Each k's R² is lab.metrics.memory's lookup fitted on the probe's training prompts, judged on its test rows;
+    on Shai et al.'s Mess3 (x = 0.05, α = 0.85) a memory of four tokens already gives the belief almost exactly."""
+    source = Mess3Source()
+    tokens = source.sample(80, 10, seed=4)
+    beliefs = source.beliefs(tokens)
+    graded = grade_belief_probes(model(3), torch.from_numpy(tokens), beliefs, n_boot=50, memory=(1, 4))
+    chosen = graded["all layers"]
+    test = chosen["test_rows"]
+    train = np.setdiff1d(np.arange(tokens.size), test)
+    flat = beliefs.reshape(-1, 3)
+    for k in (1, 4):
+        predicted = last_tokens_lookup(tokens, beliefs, train, k)[test]
+        expected = 1 - ((flat[test] - predicted) ** 2).sum() / ((flat[test] - flat[test].mean(0)) ** 2).sum()
+        assert chosen["r2_last_k"][k].value == pytest.approx(expected)
+    assert chosen["r2_last_k"][4].low > 0.95 > chosen["r2_last_k"][1].high
 
 
 def test_value_probes_read_a_label_the_stream_carries_and_not_one_it_cannot():
@@ -164,6 +185,25 @@ def test_value_probes_read_a_label_the_stream_carries_and_not_one_it_cannot():
     assert final["accuracy_control_task"].value < 0.6  # one random label per prompt: nothing to learn across prompts
     noise = grade_value_probes(model(12), tokens, rng.integers(0, 3, 150), groups, n_boot=100)["final"]
     assert noise["accuracy"].value.low < noise["accuracy"].chance + 0.1
+
+
+def test_a_value_probe_stands_beside_the_models_own_reading_when_labels_are_tokens():
+    """With labels that are token ids, each readout's baseline is the logit lens's top label at the last position
+    (the model's own output at "final"), and the probe's accuracy beyond it is the paired difference."""
+    rng = np.random.default_rng(0)
+    tokens = torch.from_numpy(rng.integers(0, 12, size=(150, 6)))
+    labels = 4 + tokens[:, -1].numpy() % 3  # token ids 4, 5, 6, carried by the last token's embedding
+    m = model(12)
+    graded = grade_value_probes(m, tokens, labels, np.arange(150), n_boot=100, labels_are_tokens=True)
+    test = group_split(np.arange(150), 0.3, 0)[1]  # the probe's own test prompts
+    with torch.inference_mode():
+        said = 4 + m(tokens)[:, -1, 4:7].argmax(-1).numpy()
+    final = graded["final"]
+    assert final["accuracy_logit_lens"].value == pytest.approx(np.mean(said[test] == labels[test]))
+    assert final["accuracy_beyond_lens"].value == pytest.approx(
+        final["accuracy"].value.value - final["accuracy_logit_lens"].value
+    )
+    assert "accuracy_logit_lens" not in grade_value_probes(m, tokens, labels, np.arange(150), n_boot=20)["final"]
 
 
 def test_attribution_patching_grade_is_the_correlation_of_the_two_sweeps():

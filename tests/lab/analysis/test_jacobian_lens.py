@@ -55,9 +55,23 @@ def test_transformer_lens_fits_the_same_matrices(kind, skip):
         bridge, text, corpus="forma-test", skip_first_positions=skip, dim_batch=16, show_progress=False
     )
     ours = fit_jacobian_lens(m, ids, skip_first_positions=skip, prompts_per_pass=3)
-    assert reference.source_layers == [0, 1]
+    assert reference.source_layers == [0, 1] and ours.targets == "later"
     for layer in reference.source_layers:
         assert torch.allclose(ours.J[layer + 1], reference.jacobians[layer], atol=1e-5), layer
+
+
+def test_the_two_variants_differ_only_where_attention_carries_a_position_to_later_ones():
+    """A model whose attention writes nothing: no position reaches a later one, so summing over later targets adds
+    nothing and the two variants are one matrix."""
+    m = model()
+    ids = prompts(3)
+    assert not torch.allclose(fit_jacobian_lens(m, ids).J, fit_jacobian_lens(m, ids, targets="same").J, atol=1e-4)
+    with torch.no_grad():
+        for block in m.blocks:
+            block.attn.W_O.zero_()
+    assert torch.allclose(fit_jacobian_lens(m, ids).J, fit_jacobian_lens(m, ids, targets="same").J, atol=1e-6)
+    with pytest.raises(ValueError, match="targets must be"):
+        fit_jacobian_lens(m, ids, targets="earlier")
 
 
 def test_the_identity_transport_is_the_logit_lens():
@@ -66,12 +80,14 @@ def test_the_identity_transport_is_the_logit_lens():
     assert torch.allclose(identity.log_probs(m, prompts(2)), logit_lens(m, prompts(2)), atol=1e-5)
 
 
-def test_each_matrix_is_the_mean_jacobian_by_finite_differences():
+@pytest.mark.parametrize("targets", ["later", "same"])
+def test_each_matrix_is_the_mean_jacobian_by_finite_differences(targets):
     """J_l v = mean over source positions t of Σ_{t' ≥ t} d x^(final)_{t'} / dε when x^(l)_t moves by ε v (central
-    differences in float64, one prompt)."""
+    differences in float64, one prompt); the same-position variant keeps t' = t only."""
     m = model().double()
     ids = prompts(1, 6)
-    lens = fit_jacobian_lens(m, ids)
+    lens = fit_jacobian_lens(m, ids, targets=targets, prompts_per_pass=1)
+    assert lens.targets == targets
     v = torch.randn(16, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
     valid = range(5)
     for layer in range(3):
@@ -86,6 +102,7 @@ def test_each_matrix_is_the_mean_jacobian_by_finite_differences():
                 return m.run_with_hooks(ids, fwd_hooks=[(f"blocks.{layer}.hook_resid_pre", move)], stop_at_layer=3)[0]
 
         eps = 1e-5
-        columns = [((final(eps, t) - final(-eps, t)) / (2 * eps))[list(valid)].sum(0) for t in valid]
+        moved = [(final(eps, t) - final(-eps, t)) / (2 * eps) for t in valid]
+        columns = [m_t[t] if targets == "same" else m_t[list(valid)].sum(0) for t, m_t in zip(valid, moved)]
         expected = torch.stack(columns).mean(0)
         assert torch.allclose(lens.J[layer].double() @ v, expected, atol=1e-5), layer

@@ -64,10 +64,34 @@ def test_lens_grades_against_the_truth_the_model_and_the_blind_floor():
     assert grades[1]["kl_true"].value.value == pytest.approx(kl)
     floor = (p * (np.log(p) - np.log(p.mean(axis=0, keepdims=True)))).sum(-1).mean()
     assert grades[0]["kl_true"].chance == pytest.approx(floor)
-    assert grades[0]["kl_true"].control.value > floor and grades[0]["kl_true"].control_at_chance
+    assert grades[0]["kl_true"].control is None and grades[0]["kl_true"].control_at_chance is None
+    gain = (p * (np.log(p) - np.log(np.roll(p, 1, axis=0)))).sum(-1).mean()  # another prompt's reading, less 0
+    assert grades[0]["prompt_gain"].value.value == pytest.approx(gain) and grades[0]["prompt_gain"].value.low > 0
     # A `valid` mask averages each prompt over its valid positions only.
     masked = lens_grades(lens, p, valid=np.array([True, True, False, False]), n_boot=50)
     assert masked[1]["kl_true"].value.value == pytest.approx((p * (np.log(p) - np.log(model))).sum(-1)[:, :2].mean())
+
+
+def test_the_prompt_gain_is_two_sided_and_fails_a_lens_that_ignores_or_misreads_its_prompt():
+    """A lens that reads each prompt's law gains over another prompt's reading; random logits gain nothing (the
+    interval holds 0), one reading for every prompt gains exactly 0, and a lens that ranks each prompt's tokens
+    backwards loses (its interval below 0): the check can fail on either side."""
+    rng = np.random.default_rng(1)
+    p = rng.dirichlet(np.ones(6) * 0.3, size=(200, 5))
+    readings = {
+        "truth": np.log(p),
+        "random logits": np.log(rng.dirichlet(np.ones(6), size=(200, 5))),
+        "one for every prompt": np.broadcast_to(np.log(p.mean(axis=0)), p.shape),
+        "backwards": np.log(1 / p) - np.log((1 / p).sum(-1, keepdims=True)),  # the least likely token first
+    }
+    gains = {
+        name: lens_grades(np.stack([lens, lens]), p, n_boot=400)[0]["prompt_gain"].value
+        for name, lens in readings.items()
+    }
+    assert gains["truth"].low > 0
+    assert gains["random logits"].low < 0 < gains["random logits"].high
+    assert gains["one for every prompt"].value == pytest.approx(0.0, abs=1e-12)
+    assert gains["backwards"].high < 0
 
 
 def test_shapes_are_checked():
