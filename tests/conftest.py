@@ -123,7 +123,6 @@ PROCESS_MODULES = {
     "lab/test_distributed.py",
     "lab/test_parallel.py",
     "test_docs.py",
-    "test_readme.py",
 }
 
 

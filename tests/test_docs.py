@@ -40,11 +40,55 @@ def test_the_guide_has_every_page_and_examples_to_run():
     missing = [
         p.stem
         for p in PAGES
-        if p.stem not in ("dashboard", "design", "reliability")
+        if p.stem not in ("dashboard", "design", "reliability", "index")
         and not any(lang == "python" for lang, _, _ in blocks(p))
     ]
     assert not missing, f"pages without a runnable python example: {missing}"
     assert any(lang == "bash" and "torchrun" in code for lang, code, _ in blocks(DOCS / "torchrun.md"))
+    overview = [code for lang, code, _ in blocks(DOCS / "overview.md") if lang == "python"]
+    assert any("run_with_cache" in code and "run_with_hooks" in code for code in overview)  # the hook API example
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+README = DOCS.parent / "README.md"
+
+
+def links(page: Path) -> list[str]:
+    """The relative links of a Markdown page (no web address, no anchor), in order."""
+    return [t.split("#")[0] for t in LINK.findall(page.read_text()) if not t.startswith(("http", "#", "mailto:"))]
+
+
+def test_every_link_leads_to_a_file_and_every_page_is_linked_from_the_guides_index():
+    """README.md and every page of docs/: a relative link names a file that exists; every page and notebook of
+    docs/ is linked from docs/index.md, which the README links, its first link the quick start."""
+    broken = [
+        f"{page.name}: {target}"
+        for page in [README, *PAGES]
+        for target in links(page)
+        if not (page.parent / target).exists()
+    ]
+    assert not broken, broken
+    index = {(DOCS / target).resolve() for target in links(DOCS / "index.md")}
+    guide = [*PAGES, *sorted((DOCS / "notebooks").glob("*.ipynb"))]
+    unlinked = [str(p.relative_to(DOCS)) for p in guide if p.name != "index.md" and p.resolve() not in index]
+    assert not unlinked, f"pages linked from nowhere: {unlinked}"
+    pages = [target for target in links(README) if target.endswith(".md")]
+    assert pages[0] == "docs/quickstart.md" and "docs/index.md" in pages
+
+
+def test_the_readme_says_what_forma_is_in_three_sentences_and_150_words_before_its_first_command():
+    text = README.read_text()
+    before = text[text.index("\n") : text.index("```bash")]
+    assert len(re.findall(r"\S+", before)) <= 150
+    assert len(re.findall(r"[.!?](?:\s|$)", before.strip())) <= 3
+    commands = re.search(r"```bash\n(.*?)```", text, re.S).group(1)
+    assert [line.split()[0:2] for line in commands.splitlines()] == [["make", "demo"], ["make", "test"]]
+
+
+def test_the_link_reader_keeps_relative_links_and_skips_web_addresses_and_anchors(tmp_path):
+    page = tmp_path / "a.md"
+    page.write_text("[there](b.md) and [away](https://example.org) and [here](#top)")
+    assert links(page) == ["b.md"] and not (tmp_path / "b.md").exists()
 
 
 CITED_TEST = re.compile(r"`(tests/[\w/]+\.py)?::(\w+)`")
