@@ -2,9 +2,9 @@
 user's is refused and left as it was (Forma's manifest, .forma-folder.json, lists what it wrote); a second writer
 is refused while the first holds the folder's lock, a stale lock is taken over; nothing is cut silently (a text
 corpus harvested whole, what is left over reported; a prompt longer than the context refused naming its line);
-every refusal one line and exit 2 (a FIFO corpus, a CSV cell past the csv module's limit, a shard size past what
-memory holds, a part file that is not safetensors, a hook name mistyped) — and a refused command never blocks the
-corrected one."""
+every refusal one line and exit 2 (a FIFO corpus, a .npy corpus of ids outside the vocabulary, a CSV cell past
+the csv module's limit, a shard size past what memory holds, a part file that is not safetensors, a hook name
+mistyped) — and a refused command never blocks the corrected one."""
 
 import json
 import os
@@ -171,6 +171,32 @@ def test_a_fifo_named_as_the_corpus_is_refused_at_once(tmp_path, model_dir, caps
     os.mkfifo(tmp_path / "corpus.npy")
     line = refused(harvest(model_dir, tmp_path / "corpus.npy", tmp_path / "out"), capsys)
     assert "is a FIFO (named pipe), not a regular file" in line, line
+
+
+@pytest.mark.parametrize(
+    "ids, said",
+    [
+        ([[3, 4, 5, 6]] * 2 + [[3, 4, 99, 6]], "token id 99 is out of range: ids must lie in [0, d_vocab) = [0, 18)"),
+        ([3, 4, -1, 6] * 8, "token id -1 is out of range"),
+        ([[3] * 20] * 2, "holds sequences of 20 tokens; the model reads 1 … 16"),
+        (None, "not a .npy array of token ids"),  # an empty file
+    ],
+)
+def test_a_npy_corpus_outside_the_vocabulary_or_the_context_is_refused_naming_it_before_anything_is_written(
+    tmp_path, model_dir, capsys, ids, said
+):
+    """Token ids the model would refuse only mid-harvest (naming no file), sequences wider than the context, an
+    empty file: one line naming the corpus, and nothing written."""
+    import numpy as np
+
+    corpus = tmp_path / "corpus.npy"
+    if ids is None:
+        corpus.write_bytes(b"")
+    else:
+        np.save(corpus, np.array(ids, dtype=np.int64))
+    line = refused(harvest(model_dir, corpus, tmp_path / "out"), capsys)
+    assert str(corpus) in line and said in line, line
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_csv_cell_past_the_csv_modules_limit_is_one_line(tmp_path, model_dir, capsys):

@@ -1,7 +1,8 @@
 """Generated malformations, thrown at every loader of a file from outside: a run's results.json and figures, an MMLU
 and a question–answer CSV, an activation set, a Forma model folder, a Hugging Face one, an attribution graph's
-description (graph.json: its meta and supernodes), a transcoder set (its config, source and weights) and a dataset
-of prompt pairs (forma patch --pairs).
+description (graph.json: its meta and supernodes), a transcoder set (its config, source and weights), a dataset
+of prompt pairs (forma patch --pairs) and a harvest corpus (forma harvest --corpus: a .npy of token ids whose
+header, values or bytes are changed, or a .txt).
 
 Each loader gets CASES cases, each drawn by a generator seeded with the loader's name and the case's number (so a
 failure names a case that can be rerun): bytes cut short, flipped, inserted or repeated; a byte-order mark; bytes
@@ -657,3 +658,90 @@ def test_pairs_file(tmp_path, tally, one_thread):
 
         tally.check("pairs file", case, folder, lambda path=path: read_pairs(path, model), expected)
     assert_counted(tally, "pairs file")
+
+
+# --- a harvest corpus (forma harvest --corpus): .npy token ids, .txt text ------------------------------------------
+def npy_bytes(header: dict, body: bytes) -> bytes:
+    """A .npy file of version 1.0 with this header (written as it is, however odd) and body."""
+    text = repr(header).encode()
+    text += b" " * (63 - (10 + len(text)) % 64) + b"\n"
+    return b"\x93NUMPY\x01\x00" + len(text).to_bytes(2, "little") + text + body
+
+
+def odd_npy(ids, d_vocab: int, rng: random.Random) -> bytes:
+    """A .npy of token ids with one change: its header (a dtype not of integers, an object array, a shape past the
+    file or past memory, no shape, three dimensions, Fortran order), a value (below 0, past the vocabulary, NaN),
+    a width past the context, no row at all, or its bytes."""
+    import numpy as np
+
+    ids = np.array(ids)
+    kind = rng.choice(["header", "header", "value", "value", "shape", "bytes", "bytes"])
+    if kind == "header":
+        header = {"descr": ids.dtype.str, "fortran_order": False, "shape": ids.shape}
+        header[rng.choice(["descr", "shape", "fortran_order", "extra"])] = rng.choice(
+            ["|O", "<f4", "<f8", "|b1", "<U3", ">i8", "<u8", "|i1", "<c8", "V8", "nonsense", 7, None, True]
+            + [(10**12,), (2**62, 8), (2**40, 2**40), (), (2, 2, 16), (-1,), (0,), (3,), "()", [4, 16]]
+        )
+        return npy_bytes(header, ids.tobytes())
+    buffer = io.BytesIO()
+    if kind == "value":
+        value = rng.choice([-1, d_vocab, 2**31 - 1, math.nan, math.inf, 2**63 - 1])
+        ids = ids.astype(np.float64 if isinstance(value, float) else np.int64)
+        ids.reshape(-1)[rng.randrange(ids.size)] = value
+    elif kind == "shape":
+        ids = rng.choice([ids.reshape(-1)[:0], ids.reshape(-1, 2), np.zeros((3, 0), ids.dtype), ids.reshape(-1)[:7]])
+        ids = rng.choice([ids, np.tile(ids.reshape(1, -1)[:, :1], (2, 40)), ids.astype(np.uint8), ids.astype(">i4")])
+    np.save(buffer, ids, allow_pickle=False)
+    return mutate_bytes(buffer.getvalue(), rng) if kind == "bytes" else buffer.getvalue()
+
+
+CORPUS_WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "é", "日本"]
+
+
+def test_harvest_corpus(tmp_path, tally, one_thread):
+    """A corpus file of each kind forma harvest reads (token ids as a 1-D or 2-D .npy, text as a .txt), one
+    change per case, or a file of another kind: refused in one line naming the file, or read as numpy and the
+    tokenizer read it (the ids cut into the sequences the file holds, each within the vocabulary)."""
+    import numpy as np
+
+    from lab import HookedTransformer
+    from lab.analysis.activations.harvest import split_corpus
+    from lab.data.tokenizers import word_level
+
+    tokenizer = word_level(CORPUS_WORDS)
+    model = HookedTransformer(tiny_config(d_vocab=tokenizer.get_vocab_size(), n_ctx=16), seed=0, tokenizer=tokenizer)
+    d_vocab = model.cfg.d_vocab
+    stream = np.random.default_rng(0).integers(0, d_vocab, 64, dtype=np.int32)
+    text = " ".join(CORPUS_WORDS[i % len(CORPUS_WORDS)] for i in range(70)) + "\n"
+    for case in range(CASES):
+        rng = random.Random(f"corpus-{case}")
+        folder = tmp_path / str(case)
+        folder.mkdir()
+        kind = rng.choice(["stream", "sequences", "stream", "sequences", "text", "text", "other"])
+        if kind == "text":
+            path = folder / "corpus.txt"
+            path.write_bytes(mutate_bytes(text.encode(), rng) if rng.random() < 0.8 else text.encode() * 400)
+        elif kind == "other":
+            path = folder / rng.choice(["corpus.jsonl", "corpus.npz", "corpus", "corpus.NPY"])
+            path.write_text(json.dumps({"text": text}) + "\n")
+        else:
+            path = folder / "corpus.npy"
+            path.write_bytes(
+                odd_npy(stream if kind == "stream" else stream.astype(np.int64).reshape(4, 16), d_vocab, rng)
+            )
+        if rng.random() < 0.1:
+            replace_file(path, folder, rng)
+
+        def expected(loaded, path=path):
+            ids, left_over = loaded
+            if path.suffix == ".txt":
+                oracle = np.array(tokenizer.encode(path.read_bytes().removeprefix(BOM).decode("utf-8")).ids)
+            else:
+                oracle = np.load(path, allow_pickle=False)
+            assert ids.ndim == 2 and ids.shape[0] >= 1 and 1 <= ids.shape[1] <= model.cfg.n_ctx
+            assert np.array_equal(np.asarray(ids).reshape(-1), oracle.reshape(-1)[: ids.size])
+            assert left_over == oracle.size - ids.size and (oracle.ndim == 1 or left_over == 0)
+            assert ((ids >= 0) & (ids < d_vocab)).all()
+
+        tally.check("harvest corpus", case, folder, lambda path=path: split_corpus(path, model), expected)
+    assert_counted(tally, "harvest corpus")
