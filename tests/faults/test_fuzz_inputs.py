@@ -1,8 +1,9 @@
 """Generated malformations, thrown at every loader of a file from outside: a run's results.json and figures, an MMLU
 and a question–answer CSV, an activation set, a Forma model folder, a Hugging Face one, an attribution graph's
 description (graph.json: its meta and supernodes), a transcoder set (its config, source and weights), a dataset
-of prompt pairs (forma patch --pairs) and a harvest corpus (forma harvest --corpus: a .npy of token ids whose
-header, values or bytes are changed, or a .txt).
+of prompt pairs (forma patch --pairs), a harvest corpus (forma harvest --corpus: a .npy of token ids whose
+header, values or bytes are changed, or a .txt), and the checkpoints a model's training and a transcoder set's
+resume from (a tensor reshaped, retyped, made NaN, removed or added; the state's JSON changed).
 
 Each loader gets CASES cases, each drawn by a generator seeded with the loader's name and the case's number (so a
 failure names a case that can be rerun): bytes cut short, flipped, inserted or repeated; a byte-order mark; bytes
@@ -745,3 +746,167 @@ def test_harvest_corpus(tmp_path, tally, one_thread):
 
         tally.check("harvest corpus", case, folder, lambda path=path: split_corpus(path, model), expected)
     assert_counted(tally, "harvest corpus")
+
+
+# --- training checkpoints (forma build --resume, forma transcoders resuming) --------------------------------------
+def odd_safetensors(path: Path, rng: random.Random) -> None:
+    """One change to a safetensors file: a tensor given another shape, another dtype, a NaN, removed, or joined by
+    one of another name; or its bytes changed."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(path))
+    kind = rng.choice(["shape", "dtype", "nan", "remove", "add", "bytes", "bytes"])
+    if kind == "bytes":
+        path.write_bytes(mutate_bytes(path.read_bytes(), rng))
+        return
+    name = rng.choice(sorted(tensors))
+    if kind == "shape":
+        tensors[name] = torch.zeros(rng.choice([(0,), (3,), (2, 2), (*tensors[name].shape, 1)]))
+    elif kind == "dtype":
+        tensors[name] = tensors[name].to(rng.choice([torch.float16, torch.int64, torch.uint8, torch.bool]))
+    elif kind == "nan" and tensors[name].is_floating_point() and tensors[name].numel():
+        tensors[name] = tensors[name].clone().reshape(-1).index_fill(0, torch.tensor([0]), math.nan)
+        tensors[name] = tensors[name].reshape(load_file(str(path))[name].shape)
+    elif kind == "remove":
+        del tensors[name]
+    else:
+        tensors[rng.choice(["unknown", "99.exp_avg", "0.", "x.step", "torch_cuda"])] = torch.zeros(3)
+    save_file(tensors, str(path))
+
+
+def checkpoint_case(folder: Path, files: dict[str, Any], rng: random.Random) -> None:
+    """One file of a checkpoint folder changed: a JSON file's value or bytes, a safetensors file's tensor or
+    bytes, a file replaced (a FIFO, a folder, a link, past the size Forma reads, missing); or the folder left
+    aside as a crash between a save's two renames leaves it (`.checkpoint.old`), changed the same way."""
+    if rng.random() < 0.1:
+        aside = folder.with_name(f".{folder.name}.old")
+        folder.rename(aside)
+        folder = aside
+    name = rng.choice(sorted(files))
+    path = folder / name
+    if rng.random() < 0.1:
+        replace_file(path, folder, rng)
+    elif name.endswith(".json"):
+        path.write_bytes(mutate_json(files[name], rng))
+    else:
+        odd_safetensors(path, rng)
+
+
+def test_training_checkpoint(tmp_path, tally, one_thread):
+    """A model's training checkpoint (lab.train.checkpoint), one file changed per case, resumed into a fresh model
+    and optimizer: refused in one line naming the folder, or loaded as its files say (the weights, the optimizer's
+    moments and the RNG state as safetensors reads them; the step and scalars as json reads them, each of its type
+    and range)."""
+    from safetensors.torch import load_file
+
+    from lab import HookedTransformer
+    from lab.train.checkpoint import (
+        CHECKPOINT_FILES,
+        OPTIMIZER_FILE,
+        RNG_FILE,
+        STATE_FILE,
+        TrainState,
+        load_checkpoint,
+        optimizer_tensors,
+        save_checkpoint,
+    )
+    from lab.train.config import TrainConfig
+    from lab.train.loop import make_optimizer
+
+    cfg = TrainConfig(steps=8, warmup_steps=1, batch_size=2, seq_len=8)
+    model = HookedTransformer(tiny_config(), seed=0)
+    optimizer = make_optimizer(model, cfg)
+    model(torch.randint(0, 100, (2, 8)), return_type="loss").backward()
+    optimizer.step()
+    state = TrainState(step=3, train_loss_nats=4.5, best_val_loss_nats=4.75, elapsed_s=1.5, tokens_seen=48)
+    save_checkpoint(tmp_path / "original" / "checkpoint", model, optimizer, cfg, state)
+    original = tmp_path / "original" / "checkpoint"
+    files = {
+        name: json.loads((original / name).read_text()) if name.endswith(".json") else None for name in CHECKPOINT_FILES
+    }
+    rng_before = torch.get_rng_state()
+    for case in range(CASES):
+        rng = random.Random(f"checkpoint-{case}")
+        folder = tmp_path / str(case) / "checkpoint"
+        shutil.copytree(original, folder)
+        checkpoint_case(folder, files, rng)
+        fresh = HookedTransformer(tiny_config(), seed=1)
+        fresh_optimizer = make_optimizer(fresh, cfg)
+
+        def load(folder=folder, fresh=fresh, fresh_optimizer=fresh_optimizer):
+            return load_checkpoint(folder, fresh, fresh_optimizer, cfg)
+
+        def expected(loaded, folder=folder, fresh=fresh, fresh_optimizer=fresh_optimizer):
+            found = folder if folder.is_dir() else folder.with_name(f".{folder.name}.old")
+            meta = json.loads((found / STATE_FILE).read_bytes().removeprefix(BOM).decode("utf-8"))
+            assert type(loaded.step) is int and 0 <= loaded.step <= cfg.steps and loaded.step == meta["step"]
+            assert type(loaded.tokens_seen) is int and loaded.tokens_seen >= 0
+            for key in ("train_loss_nats", "best_val_loss_nats", "elapsed_s"):
+                value = getattr(loaded, key)
+                assert value == meta[key] and (value is None or (type(value) is float and math.isfinite(value)))
+            weights = load_file(str(found / "model.safetensors"))
+            assert all(torch.equal(weights[k], v) for k, v in fresh.state_dict().items())
+            moments = load_file(str(found / OPTIMIZER_FILE))
+            assert optimizer_tensors(fresh_optimizer).keys() == moments.keys()
+            for k, v in optimizer_tensors(fresh_optimizer).items():
+                assert torch.equal(v, moments[k]) and torch.isfinite(v).all(), k
+            assert torch.equal(torch.get_rng_state(), load_file(str(found / RNG_FILE))["torch_cpu"])
+
+        tally.check("training checkpoint", case, folder.parent, load, expected)
+    torch.set_rng_state(rng_before)
+    assert_counted(tally, "training checkpoint")
+
+
+def test_transcoder_checkpoint(tmp_path, tally, one_thread):
+    """A transcoder training's checkpoint (lab.analysis.transcoders.train), one file changed per case, resumed into
+    a fresh set and optimizer: refused in one line naming the folder, or loaded as its files say (the weights and
+    moments as safetensors reads them, the step of the training's range and the history as json reads them)."""
+    from safetensors.torch import load_file
+
+    from lab.analysis.activations import save_activations
+    from lab.analysis.transcoders.model import TranscoderConfig, Transcoders
+    from lab.analysis.transcoders.train import (
+        CHECKPOINT_DIR,
+        TranscoderTraining,
+        load_checkpoint,
+        make_optimizer,
+        train_transcoders,
+    )
+    from lab.train.checkpoint import optimizer_tensors
+    from tests.builders import tiny_model
+
+    model = tiny_model()
+    hooks = [f"blocks.{i}.{h}" for i in range(3) for h in ("ln2.hook_normalized", "hook_mlp_out")]
+    store = save_activations(model, torch.randint(0, 50, (8, 8)), hooks, tmp_path / "store", progress=False)
+    cfg = TranscoderConfig(d_model=32, n_layers=3, d_features=16)
+    training = TranscoderTraining(steps=6, batch_size=16, lr=1e-3)
+    train_transcoders(store, cfg, training, tmp_path / "original", stop_after=3)
+    original = tmp_path / "original" / CHECKPOINT_DIR
+    files = {
+        name: json.loads((original / name).read_text()) if name.endswith(".json") else None
+        for name in ("state.json", "config.json", "transcoders.safetensors", "optimizer.safetensors")
+    }
+    for case in range(CASES):
+        rng = random.Random(f"transcoder-checkpoint-{case}")
+        folder = tmp_path / str(case) / CHECKPOINT_DIR
+        shutil.copytree(original, folder)
+        checkpoint_case(folder, files, rng)
+        fresh = Transcoders(cfg)
+        fresh_optimizer = make_optimizer(fresh, training)
+
+        def load(folder=folder, fresh=fresh, fresh_optimizer=fresh_optimizer):
+            return load_checkpoint(folder, fresh, fresh_optimizer, training, store)
+
+        def expected(loaded, folder=folder, fresh=fresh, fresh_optimizer=fresh_optimizer):
+            found = folder if folder.is_dir() else folder.with_name(f".{folder.name}.old")
+            meta = json.loads((found / "state.json").read_bytes().removeprefix(BOM).decode("utf-8"))
+            assert type(loaded.step) is int and 0 <= loaded.step <= training.steps and loaded.step == meta["step"]
+            assert same_json(loaded.history, meta["history"])
+            weights = load_file(str(found / "transcoders.safetensors"))
+            assert all(torch.equal(weights[k], v) for k, v in fresh.state_tensors().items())
+            moments = load_file(str(found / "optimizer.safetensors"))
+            assert optimizer_tensors(fresh_optimizer).keys() == moments.keys()
+            assert all(torch.equal(v, moments[k]) for k, v in optimizer_tensors(fresh_optimizer).items())
+
+        tally.check("transcoder checkpoint", case, folder.parent, load, expected)
+    assert_counted(tally, "transcoder checkpoint")
