@@ -3,7 +3,8 @@ and a question–answer CSV, an activation set, a Forma model folder, a Hugging 
 description (graph.json: its meta and supernodes), a transcoder set (its config, source and weights), a dataset
 of prompt pairs (forma patch --pairs), a harvest corpus (forma harvest --corpus: a .npy of token ids whose
 header, values or bytes are changed, or a .txt), and the checkpoints a model's training and a transcoder set's
-resume from (a tensor reshaped, retyped, made NaN, removed or added; the state's JSON changed).
+resume from (a tensor reshaped, retyped, made NaN, removed or added; the state's JSON changed), and a graph
+folder as the graphs page finds it: its tensors, and its supernodes (names of markup, unknown nodes, ...).
 
 Each loader gets CASES cases, each drawn by a generator seeded with the loader's name and the case's number (so a
 failure names a case that can be rerun): bytes cut short, flipped, inserted or repeated; a byte-order mark; bytes
@@ -910,3 +911,102 @@ def test_transcoder_checkpoint(tmp_path, tally, one_thread):
 
         tally.check("transcoder checkpoint", case, folder.parent, load, expected)
     assert_counted(tally, "transcoder checkpoint")
+
+
+# --- graph folders (the graphs page, lab.analysis.graphs): graph.safetensors and graph.json together -----------
+@pytest.fixture(scope="module")
+def saved_graph(tmp_path_factory):
+    """A tiny model's attribution graph with two supernodes, saved, and its graph.json as json reads it."""
+    from lab.analysis.graphs.attribute import attribute
+    from lab.analysis.graphs.graph import META_FILE
+    from tests.builders import random_transcoders, tiny_model
+
+    with torch.no_grad():
+        model = tiny_model()
+        graph = attribute(model, random_transcoders(model), torch.arange(3, 13))
+    ids = graph.node_ids()
+    graph.supernodes = [{"name": "early", "nodes": ids[:2]}, {"name": "late", "nodes": ids[-3:]}]
+    folder = graph.save(tmp_path_factory.mktemp("graph") / "original")
+    return folder, json.loads((folder / META_FILE).read_text())
+
+
+def check_graph(loaded, folder: Path) -> None:
+    """A loaded graph is what its files say (the tensors as safetensors reads them, n_layers, meta and supernodes
+    as json reads them), and holds together: the shapes its node order implies, finite numbers, supernodes naming
+    its nodes."""
+    from safetensors.torch import load_file
+
+    from lab.analysis.graphs.graph import META_FILE, TENSORS_FILE, check_supernodes, check_tensors
+
+    oracle = json.loads((folder / META_FILE).read_bytes().removeprefix(BOM).decode("utf-8"))
+    assert loaded.n_layers == oracle["n_layers"] and same_json(loaded.meta, oracle.get("meta", {}))
+    assert same_json(loaded.supernodes, oracle.get("supernodes", []))
+    tensors = load_file(str(folder / TENSORS_FILE))
+    assert all(torch.equal(getattr(loaded, name), t) for name, t in tensors.items() if hasattr(loaded, name))
+    assert check_tensors(loaded) is None
+    check_supernodes(loaded.supernodes, set(loaded.node_ids()))
+
+
+def test_graph_folder(tmp_path, tally, saved_graph):
+    """A graph folder as the graphs page finds it, its tensors or its description changed per case (a tensor
+    reshaped, retyped, made NaN, removed; n_layers changed; either file's bytes; either file replaced or gone):
+    refused in one line naming the folder, or loaded as its files say, whole."""
+    from lab.analysis.graphs.graph import META_FILE, TENSORS_FILE, Graph
+
+    original, meta = saved_graph
+    for case in range(CASES):
+        rng = random.Random(f"graph-folder-{case}")
+        folder = tmp_path / str(case) / "graph"
+        shutil.copytree(original, folder)
+        kind = rng.choice(["tensors", "tensors", "tensors", "n_layers", "replace"])
+        if kind == "tensors":
+            odd_safetensors(folder / TENSORS_FILE, rng)
+        elif kind == "n_layers":
+            changed = dict(meta, n_layers=rng.choice([0, 1, 2, 4, 10**9, -1, 2.0, "3", None, True]))
+            (folder / META_FILE).write_text(json.dumps(changed))
+        else:
+            replace_file(folder / rng.choice([TENSORS_FILE, META_FILE]), folder, rng)
+        tally.check("graph folder", case, folder, lambda f=folder: Graph.load(f), lambda g, f=folder: check_graph(g, f))
+    assert_counted(tally, "graph folder")
+
+
+def odd_supernodes(supernodes: list, ids: list[str], rng: random.Random) -> Any:
+    """Supernodes' JSON text with one change: a name emptied, repeated, made long, of markup or of another type; a
+    node id unknown, repeated, of another type; a record without a field or with another; the list of another
+    type; or the text's bytes."""
+    supernodes = copy.deepcopy(supernodes)
+    kind = rng.choice(["name", "name", "node", "node", "record", "list", "json"])
+    record = rng.choice(supernodes)
+    if kind == "name":
+        record["name"] = rng.choice(
+            ["", " ", supernodes[0]["name"], "n" * 10_000, "![x](http://127.0.0.1:9/leak.png)", "<b>bold</b>", 7, None]
+        )
+    elif kind == "node":
+        where = rng.randrange(len(record["nodes"]) + 1)
+        record["nodes"].insert(where, rng.choice(["0_99999_0", "err_9_0", "", ids[0], 3, None, ["x"], "E_1_99"]))
+    elif kind == "record":
+        if rng.random() < 0.5:
+            del record[rng.choice(["name", "nodes"])]
+        record[rng.choice(["nodes", "extra"])] = rng.choice([[], "0_1_2", {}, None, ids[:1]])
+    elif kind == "list":
+        supernodes = rng.choice([{}, "early", None, [[]], [None], supernodes * 2, supernodes[:0], supernodes[::-1]])
+    else:  # the supernodes' own text changed (their bytes, deep nesting, a long number), as it lands in the file
+        return mutate_json(supernodes, rng)
+    return json.dumps(supernodes).encode()
+
+
+def test_supernodes(tmp_path, tally, saved_graph):
+    """A graph's supernodes (kept in graph.json, what a person groups on the graphs page) changed per case:
+    refused in one line naming the folder, or loaded as json reads them, each naming nodes of the graph."""
+    from lab.analysis.graphs.graph import META_FILE, Graph
+
+    original, meta = saved_graph
+    ids = Graph.load(original).node_ids()
+    for case in range(CASES):
+        rng = random.Random(f"supernodes-{case}")
+        folder = tmp_path / str(case) / "graph"
+        shutil.copytree(original, folder)
+        text = json.dumps(dict(meta, supernodes="SUPERNODES")).encode()
+        (folder / META_FILE).write_bytes(text.replace(b'"SUPERNODES"', odd_supernodes(meta["supernodes"], ids, rng)))
+        tally.check("supernodes", case, folder, lambda f=folder: Graph.load(f), lambda g, f=folder: check_graph(g, f))
+    assert_counted(tally, "supernodes")

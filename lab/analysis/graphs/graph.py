@@ -12,6 +12,7 @@ but an error node is `err_{layer}_{pos}`, since circuit-tracer's `0_{layer}_{pos
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -137,10 +138,16 @@ class Graph:
 
     @classmethod
     def load(cls, directory: str | Path) -> "Graph":
+        """The graph saved in `directory`: FileNotFoundError when it holds neither of the two files (no graph
+        there yet), an InputError naming what is wrong for anything else — one file without the other too, since
+        a graph.json alone still holds a person's supernodes, which a caller must not save a new graph over."""
         directory = Path(directory)
-        for name in (TENSORS_FILE, META_FILE):
-            if not (directory / name).is_file():
-                raise FileNotFoundError(f"{directory} holds no {name}: not an attribution graph folder")
+        present = [name for name in (TENSORS_FILE, META_FILE) if os.path.lexists(directory / name)]
+        if not present:
+            raise FileNotFoundError(f"{directory} holds no {TENSORS_FILE} nor {META_FILE}: not an attribution graph")
+        if len(present) == 1:
+            (other,) = {TENSORS_FILE, META_FILE} - set(present)
+            raise InputError(f"{directory} holds {present[0]} but no {other}: the graph is incomplete")
         path = directory / META_FILE
         meta = read_json(path, directory, what="graph description")
         if not isinstance(meta, dict) or meta.get("format") != GRAPH_FORMAT:
