@@ -1,12 +1,13 @@
 """A corpus's activations into one set on disk, in one process or across the ranks of torchrun, resumable: what
 `forma harvest` runs.
 
-The corpus ([n, seq_len] token ids: a tensor, or an array memory-mapped from a .npy file so that a rank reads only
-its own rows) is cut into parts (`lab.distributed.plan_parts`: at most 256, bounds on whole batches, the same at
-any world size). Part i is a complete activation set (`save_activations`) in out_dir/part-0000i/, whose rows'
-`seq` count from the part's first sequence in the corpus. Each rank harvests its share of the parts no rank has
-done yet (`lab.distributed.claim_parts`); inside a part, a harvest killed mid-way goes on from its last recorded
-shard. Once every part is done, rank 0 writes out_dir/index.json over all their shards (`merge_stores`), and
+The corpus ([n, seq_len] token ids: a tensor, or an array memory-mapped from a .npy file so that a rank harvests
+only its own rows, once `split_corpus` has checked the ids a chunk at a time) is cut into parts
+(`lab.distributed.plan_parts`: at most 256, bounds on whole batches, the same at any world size). Part i is a
+complete activation set (`save_activations`) in out_dir/part-0000i/, whose rows' `seq` count from the part's first
+sequence in the corpus. Each rank harvests its share of the parts no rank has done yet
+(`lab.distributed.claim_parts`); inside a part, a harvest killed mid-way goes on from its last recorded shard. Once
+every part is done, rank 0 writes out_dir/index.json over all their shards (`merge_stores`), and
 `ActivationStore(out_dir)` reads the whole corpus's rows: bit for bit the rows of one process, since neither the
 parts nor their batches depend on the world size (the shard files are the same bytes too).
 

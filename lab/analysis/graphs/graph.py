@@ -138,16 +138,15 @@ class Graph:
 
     @classmethod
     def load(cls, directory: str | Path) -> "Graph":
-        """The graph saved in `directory`: FileNotFoundError when it holds neither of the two files (no graph
-        there yet), an InputError naming what is wrong for anything else — one file without the other too, since
-        a graph.json alone still holds a person's supernodes, which a caller must not save a new graph over."""
+        """The graph saved in `directory`: FileNotFoundError when it holds no graph.json (no graph there yet, or
+        a save killed after the tensors, which are written first: nothing of a person's is lost by making it
+        anew), an InputError naming what is wrong for anything else — graph.json without the tensors too, since it
+        holds a person's supernodes, which a caller must not save a new graph over."""
         directory = Path(directory)
-        present = [name for name in (TENSORS_FILE, META_FILE) if os.path.lexists(directory / name)]
-        if not present:
-            raise FileNotFoundError(f"{directory} holds no {TENSORS_FILE} nor {META_FILE}: not an attribution graph")
-        if len(present) == 1:
-            (other,) = {TENSORS_FILE, META_FILE} - set(present)
-            raise InputError(f"{directory} holds {present[0]} but no {other}: the graph is incomplete")
+        if not os.path.lexists(directory / META_FILE):
+            raise FileNotFoundError(f"{directory} holds no {META_FILE}: not an attribution graph folder")
+        if not os.path.lexists(directory / TENSORS_FILE):
+            raise InputError(f"{directory} holds {META_FILE} but no {TENSORS_FILE}: the graph is incomplete")
         path = directory / META_FILE
         meta = read_json(path, directory, what="graph description")
         if not isinstance(meta, dict) or meta.get("format") != GRAPH_FORMAT:
