@@ -4,7 +4,8 @@ is refused while the first holds the folder's lock, a stale lock is taken over; 
 corpus harvested whole, what is left over reported; a prompt longer than the context refused naming its line);
 every refusal one line and exit 2 (a FIFO corpus, a .npy corpus of ids outside the vocabulary, a CSV cell past
 the csv module's limit, a shard size past what memory holds, a part file that is not safetensors, a hook name
-mistyped) — and a refused command never blocks the corrected one."""
+mistyped) — and a refused command never blocks the corrected one; a run killed after its last file landed is
+tidied by the same command again, which says the folder is complete."""
 
 import json
 import os
@@ -142,6 +143,32 @@ def test_a_second_writer_is_refused_while_the_lock_is_held_and_a_stale_one_is_ta
             with folder_lock(tmp_path / "sweep", "patching sweep"):
                 pass
     assert not (tmp_path / "sweep" / LOCK_FILE).exists()
+
+
+@pytest.mark.parametrize("command", ["harvest", "patch"])
+def test_a_run_killed_after_its_last_file_landed_is_tidied_by_the_rerun_which_says_it_is_complete(
+    tmp_path, model_dir, capsys, command
+):
+    """Killed after index.json or sweep.json landed but before its tidying: a write's temporary folder and the dead
+    writer's lock are left. The same command again takes the stale lock, removes what its manifest lists as
+    killed writes', and says in one line that the folder is complete: the folder is then the uninterrupted run's."""
+    out = tmp_path / "out"
+    argv = (
+        harvest(model_dir, text_corpus(tmp_path), out)
+        if command == "harvest"
+        else patch(model_dir, write_pairs(tmp_path / "pairs.jsonl", [pair(), pair("")]), out)
+    )
+    assert main(argv) == 0
+    capsys.readouterr()
+    whole = tree(out)
+    last = "index.json" if command == "harvest" else "sweep.json"
+    (out / f".{last}.k3j9x2.tmp").mkdir()
+    (out / f".{last}.k3j9x2.tmp" / last).write_text('{"half')
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (out / LOCK_FILE).write_text(json.dumps({"pid": dead.pid, "host": os.uname().nodename}))
+    assert f"already holds a complete {'harvest' if command == 'harvest' else 'sweep'}" in refused(argv, capsys)
+    assert tree(out) == whole and sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == [OWNER_FILE]
 
 
 # --------------------------------------------------------------------------------------------

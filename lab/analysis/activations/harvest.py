@@ -188,12 +188,14 @@ def harvest(
         raise ValueError("the corpus holds no sequence")
     entries = [PLAN_FILE, INDEX_FILE, *(part_folder(out_dir, i).name for i in range(len(ranges)))]
     wrote_before = claim_folder(out_dir, "harvest", entries, overwrite=overwrite)
-    if (out_dir / INDEX_FILE).is_file() and not overwrite:
-        raise FileExistsError(
-            f"{out_dir} already holds a complete harvest ({INDEX_FILE}); overwrite it or choose another folder"
-        )
     plan = _plan(model, corpus, names, positions, batch_size, dtype, shard_mb, len(ranges))
     with folder_lock(out_dir, "harvest") if rank == 0 else contextlib.nullcontext():
+        if (out_dir / INDEX_FILE).is_file() and not overwrite:
+            if rank == 0:  # a run killed after index.json landed left its tidying undone (and its lock: taken over)
+                _tidy(out_dir, len(ranges), wrote_before | set(owned(out_dir)))
+            raise FileExistsError(
+                f"{out_dir} already holds a complete harvest ({INDEX_FILE}); overwrite it or choose another folder"
+            )
         record_plan(out_dir, plan, overwrite=overwrite, what="harvest")
         if overwrite and rank == 0:
             (out_dir / INDEX_FILE).unlink(missing_ok=True)

@@ -253,7 +253,8 @@ def test_forma_patch_killed_before_each_file_operation_leaves_nothing_half_writt
     """The page's one-process `forma patch`, killed (SIGKILL) just before each of its watched file operations in
     turn (traced first: its plan, each part's table rows, each sweep's table, the manifest): at every kill each file
     under its final name reads whole, and the same command run again writes the bytes of the uninterrupted run,
-    every killed write's temporary gone."""
+    every killed write's temporary and the dead writer's lock gone (after a kill once sweep.json landed, it says
+    in one line that the sweep is complete)."""
     line = commands("One process")[1]
     words = [str(tried / word) if (tried / word).exists() else word for word in shlex.split(line)[1:]]
     argv = [words[0], "--no-progress", *words[1:]]
@@ -271,8 +272,12 @@ def test_forma_patch_killed_before_each_file_operation_leaves_nothing_half_writt
         argv[out] = str(tmp_path / f"killed-{moment}")
         status, log = forks.call(argv, {"kill": moment})
         assert status == -9, f"not killed at operation {moment} of {operations}: {log}"
+        complete = (Path(argv[out]) / "sweep.json").is_file()
         if Path(argv[out]).exists():
             assert half_written(Path(argv[out])) == [], f"killed at operation {moment}"
         status, log = forks.call(argv)
-        assert status == 0, f"after a kill at operation {moment}: {log}"
+        if complete:  # killed after sweep.json landed: the rerun tidies, and says the sweep is complete
+            assert status == 2 and "already holds a complete sweep" in log, f"after a kill at {moment}: {log}"
+        else:
+            assert status == 0, f"after a kill at operation {moment}: {log}"
         assert folder_bytes(Path(argv[out])) == folder_bytes(reference), f"killed at operation {moment}"
