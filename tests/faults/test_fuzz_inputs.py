@@ -817,7 +817,7 @@ def test_training_checkpoint(tmp_path, tally, one_thread):
     cfg = TrainConfig(steps=8, warmup_steps=1, batch_size=2, seq_len=8)
     model = HookedTransformer(tiny_config(), seed=0)
     optimizer = make_optimizer(model, cfg)
-    model(torch.randint(0, 100, (2, 8)), return_type="loss").backward()
+    model(torch.randint(0, 100, (2, 8), generator=torch.Generator().manual_seed(0)), return_type="loss").backward()
     optimizer.step()
     state = TrainState(step=3, train_loss_nats=4.5, best_val_loss_nats=4.75, elapsed_s=1.5, tokens_seen=48)
     save_checkpoint(tmp_path / "original" / "checkpoint", model, optimizer, cfg, state)
@@ -878,7 +878,13 @@ def test_transcoder_checkpoint(tmp_path, tally, one_thread):
 
     model = tiny_model()
     hooks = [f"blocks.{i}.{h}" for i in range(3) for h in ("ln2.hook_normalized", "hook_mlp_out")]
-    store = save_activations(model, torch.randint(0, 50, (8, 8)), hooks, tmp_path / "store", progress=False)
+    store = save_activations(
+        model,
+        torch.randint(0, 50, (8, 8), generator=torch.Generator().manual_seed(0)),
+        hooks,
+        tmp_path / "store",
+        progress=False,
+    )
     cfg = TranscoderConfig(d_model=32, n_layers=3, d_features=16)
     training = TranscoderTraining(steps=6, batch_size=16, lr=1e-3)
     train_transcoders(store, cfg, training, tmp_path / "original", stop_after=3)
