@@ -155,7 +155,7 @@ def _show_cards(acceptance: dict, supported: set[str]) -> None:
         lower = not isinstance(reduction, (int, float)) or reduction >= 0
         cards.append(
             (
-                f"g(H) {'lowered' if lower else 'raised'} by, {entry.get('condition')}",
+                f"g(H) {'lowered' if lower else 'raised'} by, {plain(entry.get('condition'))}",  # a label is Markdown
                 abs(reduction) if isinstance(reduction, (int, float)) else reduction,
                 "{:.1%}",
                 f"against the matched-compute control{spread}; miscalibration change "

@@ -526,3 +526,85 @@ def transformers_from_gguf():
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name).eval()
     return model, tokenizer
+
+
+# --- markup in files from outside (tests/faults/test_markup_from_files.py, tests/browser) ----------------------
+def markup_in(source: str) -> list[str]:
+    """The Markdown constructs (images, links, raw HTML, emphasis, headings, code) that `source` would render,
+    as CommonMark with GitHub's tables reads it (the literal text of what Streamlit adds, `:red[…]` and `$…$`, is
+    checked by the caller)."""
+    from markdown_it import MarkdownIt
+
+    found = []
+    for token in MarkdownIt("commonmark").enable("table").parse(str(source)):
+        for child in [token, *(token.children or [])]:
+            if child.type in (
+                "image",
+                "link_open",
+                "html_inline",
+                "html_block",
+                "strong_open",
+                "em_open",
+                "heading_open",
+                "code_inline",
+                "fence",
+            ):
+                found.append(child.type)
+    return found
+
+
+MARKUP = "![x](http://127.0.0.1:9/leak.png) <img src=x onerror=alert(1)> <b>bold</b>"
+MARKUP_WORDS = ("![x](http://127.0.0.1:9/leak.png)", "<img src=x onerror=alert(1)>", "<b>bold</b>")
+MEASURED = REPO / "docs" / "measured"
+MARKUP_FORBIDDEN = {"image", "link_open", "html_inline", "html_block"}  # what a string from a file must never become
+
+
+def poison(value, keep: tuple[str, ...] = ()):
+    """Every string value of parsed JSON (not its keys, nor the values under `keep`) with MARKUP appended."""
+    if isinstance(value, str):
+        return f"{value} {MARKUP}"
+    if isinstance(value, list):
+        return [poison(v, keep) for v in value]
+    if isinstance(value, dict):
+        return {k: v if k in keep else poison(v, keep) for k, v in value.items()}
+    return value
+
+
+def poisoned_folders(root: Path) -> Path:
+    """A private zoo (a tiny pydoc with top-k transcoders, its card, its description, the prompt's graph with a
+    supernode) and one run of every experiment that docs/measured holds, every string of theirs poisoned. The
+    strings a file's loader checks against the code (a transcoder config's activation, a model fingerprint) stay:
+    those are refused, not shown."""
+    zoo_copy = zoo_with_transcoders(root)
+    for results in sorted((MEASURED / "runs").glob("*.json")):
+        if results.name.endswith(".provenance.json"):
+            continue
+        folder = root / "runs" / results.stem / "2026-01-01T00-00-00Z"
+        folder.mkdir(parents=True)
+        (folder / "results.json").write_text(json.dumps(poison(json.loads(results.read_text()))))
+        provenance = json.loads((MEASURED / "runs" / f"{results.stem}.provenance.json").read_text())
+        (folder / "provenance.json").write_text(json.dumps(poison(provenance, keep=("experiment",))))
+        (folder / "config.json").write_text(json.dumps({"seed": 0, "note": MARKUP, "model": f"pydoc {MARKUP}"}))
+    card = json.loads((MEASURED / "cards" / "pydoc.json").read_text())
+    (zoo_copy / "pydoc" / "card.json").write_text(json.dumps(poison(card, keep=("name", "kind"))))
+    recipe = zoo_copy / "pydoc" / "model.toml"
+    text = recipe.read_text()
+    recipe.write_text(text.replace('description = "', f'description = "{MARKUP.replace(chr(34), "")} ', 1))
+    transcoders = zoo_copy / "pydoc" / "transcoders" / "topk"
+    source = json.loads((transcoders / "source.json").read_text())
+    (transcoders / "source.json").write_text(json.dumps(source | {"note": MARKUP}))
+    (transcoders / "quality.json").write_text(
+        json.dumps({"held_out": {"fvu": [0.1, 0.2, 0.3]}, "loss": {"recovered": 0.5}, "note": MARKUP})
+    )
+    return zoo_copy
+
+
+def poison_graph(zoo_copy: Path) -> None:
+    """The graph the graphs page saved for its default prompt: its meta's strings and a supernode named MARKUP."""
+    from lab.analysis.graphs.graph import GRAPHS_DIR, Graph
+
+    (folder,) = list((zoo_copy / "pydoc" / "transcoders" / "topk" / GRAPHS_DIR).iterdir())
+    graph = Graph.load(folder)
+    graph.meta = poison(graph.meta)
+    graph.supernodes = [{"name": f"group {MARKUP}", "nodes": graph.node_ids()[:1]}]
+    graph.save_supernodes(folder)

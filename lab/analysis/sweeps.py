@@ -267,12 +267,14 @@ def sweep_pairs(
     _check_sweep(pairs, sweeps, direction)
     entries = [PLAN_FILE, "parts", SWEEP_FILE, *(f"{s}.safetensors" for s in sweeps)]
     claim_folder(out_dir, "patching sweep", entries, overwrite=overwrite)
-    if (out_dir / SWEEP_FILE).is_file() and not overwrite:
-        raise FileExistsError(
-            f"{out_dir} already holds a complete sweep ({SWEEP_FILE}); overwrite it or choose another folder"
-        )
     plan = _plan(model, pairs, sweeps, direction, max_batch, len(plan_parts(len(pairs), most=parts)))
     with folder_lock(out_dir, "patching sweep") if rank == 0 else contextlib.nullcontext():
+        if (out_dir / SWEEP_FILE).is_file() and not overwrite:
+            if rank == 0:  # a run killed after sweep.json landed left its tidying undone (and its lock: taken over)
+                _tidy(out_dir)
+            raise FileExistsError(
+                f"{out_dir} already holds a complete sweep ({SWEEP_FILE}); overwrite it or choose another folder"
+            )
         record_plan(out_dir, plan, overwrite=overwrite, what="patching sweep")
         if overwrite and rank == 0:
             (out_dir / SWEEP_FILE).unlink(missing_ok=True)
@@ -412,7 +414,7 @@ def _load_part(path: Path, keys: list[str]) -> dict[str, Tensor]:
 
 def _write_tables(out_dir: Path, tables: dict[str, SweepTable], plan: dict[str, Any]) -> None:
     """Each sweep's safetensors file, then sweep.json (what marks the sweep complete), then the removal of what
-    killed writes left half-done."""
+    killed writes left half-done (`_tidy`)."""
     for s, table in tables.items():  # the tensors alone (safetensors writes metadata keys in no fixed order)
         tensors = {"values": table.values, "clean": table.clean, "corrupted": table.corrupted, "lengths": table.lengths}
         atomic_write(
@@ -431,7 +433,12 @@ def _write_tables(out_dir: Path, tables: dict[str, SweepTable], plan: dict[str, 
         "model": plan["model"],
     }
     atomic_write_text(out_dir / SWEEP_FILE, json.dumps(manifest, indent=2) + "\n")
-    wrote = owned(out_dir) | {OWNER_FILE}  # what killed writes left half-done, of the files Forma's manifest lists
+    _tidy(out_dir)
+
+
+def _tidy(out_dir: Path) -> None:
+    """Remove what killed writes left half-done: only temporaries of the files Forma's manifest lists."""
+    wrote = owned(out_dir) | {OWNER_FILE}
     for path in out_dir.glob(".*"):
         if is_owned_temporary(path, wrote):
             remove_temporary(path)

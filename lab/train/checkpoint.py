@@ -11,6 +11,7 @@ so that a crash leaves either the previous checkpoint or the new one, never half
 
 import dataclasses
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -27,7 +28,7 @@ from torch import Tensor
 
 from lab.distributed import rank_world
 from lab.files import current_umask
-from lab.inputs import InputError, parse_json, read_text
+from lab.inputs import InputError, parse_json, read_json, read_text, regular_file
 from lab.model import HookedTransformer
 from lab.model.checkpoint import CONFIG_FILE, WEIGHTS_FILE
 from lab.train.config import TrainConfig
@@ -135,10 +136,10 @@ def load_checkpoint(
 ) -> TrainState:
     """Restore weights, optimizer state and RNG from a checkpoint made with the same configs."""
     directory = find_checkpoint(directory)
-    missing = [name for name in CHECKPOINT_FILES if not (directory / name).is_file()]
+    missing = [name for name in CHECKPOINT_FILES if not os.path.lexists(directory / name)]
     if missing:
         raise FileNotFoundError(f"checkpoint {directory} is incomplete: missing {', '.join(missing)}")
-    meta = _read_state_file(directory / STATE_FILE)
+    meta = _read_state_file(directory / STATE_FILE, cfg.steps)
     differences = []
     for what, saved, now, skip in (
         ("config", meta["train_config"], cfg.to_dict(), RESUMABLE_CHANGES),
@@ -148,11 +149,19 @@ def load_checkpoint(
         if changed:
             differences.append(f"{what} differs in {', '.join(changed)}")
     if differences:
-        raise ValueError("resume: " + "; ".join(differences))
+        raise ValueError(
+            f"resume: the checkpoint in {directory} was made with other settings: " + "; ".join(differences)
+        )
 
-    model.load_weights(read_safetensors(directory / WEIGHTS_FILE), source=str(directory / WEIGHTS_FILE))
-    load_optimizer_tensors(optimizer, read_safetensors(directory / OPTIMIZER_FILE), directory / OPTIMIZER_FILE)
-    _set_rng_tensors(read_safetensors(directory / RNG_FILE), directory / RNG_FILE)
+    # Everything read and checked before anything is set: a refused checkpoint leaves the model as it was.
+    weights = read_safetensors(directory / WEIGHTS_FILE)
+    check_like(weights, model.state_dict(), directory / WEIGHTS_FILE)
+    moments = read_safetensors(directory / OPTIMIZER_FILE)
+    rng = read_safetensors(directory / RNG_FILE)
+    _check_rng_tensors(rng, directory / RNG_FILE)
+    model.load_weights(weights, source=str(directory / WEIGHTS_FILE))
+    load_optimizer_tensors(optimizer, moments, directory / OPTIMIZER_FILE)
+    _set_rng_tensors(rng)
     # Checkpoints from before tokens_seen was kept were all of fixed-length windows.
     tokens_seen = meta.get("tokens_seen", meta["step"] * cfg.batch_size * cfg.seq_len)
     return TrainState(
@@ -186,24 +195,63 @@ def _differences(saved: dict[str, Any], now: dict[str, Any], skip: tuple[str, ..
     ]
 
 
-def _read_state_file(path: Path) -> dict[str, Any]:
-    try:
-        meta = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"malformed checkpoint state {path}: {err}") from err
+def _read_state_file(path: Path, steps: int) -> dict[str, Any]:
+    """train_state.json (through lab.inputs: a regular file inside its folder, bounded, nested at most so deep),
+    each field of its type and range: a step of the run's 0 … `steps`, finite losses (or none), configs as
+    objects. The losses and time come back as floats."""
+    meta = read_json(path, path.parent, what="checkpoint state")
     need = {"format", "step", "train_loss_nats", "best_val_loss_nats", "elapsed_s", "train_config", "model_config"}
     if not isinstance(meta, dict) or need - set(meta):
-        raise ValueError(f"malformed checkpoint state {path}: missing {sorted(need - set(meta or {}))}")
+        missing = sorted(need - set(meta)) if isinstance(meta, dict) else sorted(need)
+        raise InputError(f"malformed checkpoint state {path}: missing {missing}")
     if meta["format"] != STATE_FORMAT:
-        raise ValueError(f"checkpoint state {path} has format {meta['format']!r}; this Forma reads {STATE_FORMAT!r}")
+        raise InputError(f"checkpoint state {path} has format {meta['format']!r}; this Forma reads {STATE_FORMAT!r}")
+
+    def number(value: Any, low: float = -math.inf) -> bool:
+        return type(value) in (int, float) and math.isfinite(value) and value >= low
+
+    problems = [
+        f"step {meta['step']!r} is not one of the run's 0 … {steps} steps"
+        if type(meta["step"]) is not int or not 0 <= meta["step"] <= steps
+        else None,
+        *(
+            f"{key} {meta[key]!r} is not a finite number"
+            for key in ("train_loss_nats", "best_val_loss_nats")
+            if meta[key] is not None and not number(meta[key])
+        ),
+        f"elapsed_s {meta['elapsed_s']!r} is not a number ≥ 0" if not number(meta["elapsed_s"], 0) else None,
+        "tokens_seen is not a whole number ≥ 0"
+        if "tokens_seen" in meta and (type(meta["tokens_seen"]) is not int or meta["tokens_seen"] < 0)
+        else None,
+        *(f"{key} is not an object" for key in ("train_config", "model_config") if not isinstance(meta[key], dict)),
+    ]
+    problems = [p for p in problems if p]
+    if problems:
+        raise InputError(f"malformed checkpoint state {path}: {'; '.join(problems)}")
+    for key in ("train_loss_nats", "best_val_loss_nats", "elapsed_s"):
+        meta[key] = None if meta[key] is None else float(meta[key])
     return meta
 
 
 def read_safetensors(path: Path) -> dict[str, Tensor]:
+    """A checkpoint's safetensors file (a regular file inside its folder), every floating-point tensor finite."""
+    regular_file(path, path.parent, what="checkpoint file")
     try:
-        return load_file(str(path))
+        tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as err:
-        raise ValueError(f"malformed or truncated checkpoint file {path}: {err}") from err
+        raise InputError(f"malformed or truncated checkpoint file {path}: {err}") from err
+    for name, tensor in tensors.items():
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise InputError(f"checkpoint file {path}: {name} holds values that are not finite (NaN or infinite)")
+    return tensors
+
+
+def check_like(tensors: dict[str, Tensor], reference: dict[str, Tensor], path: Path) -> None:
+    """InputError naming `path` for a tensor of `reference`'s names whose dtype differs (its names and shapes
+    are the loader's to check)."""
+    for name, tensor in tensors.items():
+        if name in reference and tensor.dtype != reference[name].dtype:
+            raise InputError(f"{path}: {name} is {tensor.dtype}, the model's is {reference[name].dtype}")
 
 
 def optimizer_tensors(optimizer: torch.optim.Optimizer) -> dict[str, Tensor]:
@@ -218,17 +266,25 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer) -> dict[str, Tensor]:
 
 
 def load_optimizer_tensors(optimizer: torch.optim.Optimizer, tensors: dict[str, Tensor], path: Path) -> None:
+    """Adam(W)'s state from '{param index}.{exp_avg, exp_avg_sq, step}' tensors: moments of their parameter's
+    shape and dtype, a step a scalar ≥ 0, each parameter's three together; an InputError naming `path` else."""
     params = [p for group in optimizer.param_groups for p in group["params"]]
     state: dict[int, dict[str, Tensor]] = {}
     for key, value in tensors.items():
         index, _, name = key.partition(".")
-        if not index.isdigit() or int(index) >= len(params) or not name:
-            raise ValueError(f"{path}: unexpected entry {key!r} for an optimizer over {len(params)} tensors")
-        if name.startswith("exp_avg") and value.shape != params[int(index)].shape:
-            raise ValueError(
-                f"{path}: {key} has shape {tuple(value.shape)}, the parameter has {tuple(params[int(index)].shape)}"
+        if not index.isdigit() or int(index) >= len(params) or name not in ("exp_avg", "exp_avg_sq", "step"):
+            raise InputError(f"{path}: unexpected entry {key!r} for an optimizer over {len(params)} tensors")
+        param = params[int(index)]
+        if name == "step" and (value.shape != () or not value.is_floating_point() or value < 0):
+            raise InputError(f"{path}: {key} is not a step count (a scalar ≥ 0)")
+        if name != "step" and (value.shape != param.shape or value.dtype != param.dtype):
+            raise InputError(
+                f"{path}: {key} is {value.dtype} {tuple(value.shape)}, the parameter {param.dtype} {tuple(param.shape)}"
             )
         state.setdefault(int(index), {})[name] = value
+    incomplete = [i for i, slots in state.items() if len(slots) != 3]
+    if incomplete:
+        raise InputError(f"{path}: parameter {incomplete[0]}'s state lacks a moment or its step")
     # The parameter groups (lr, betas, decay) follow from the TrainConfig, already checked equal.
     optimizer.load_state_dict({"state": state, "param_groups": optimizer.state_dict()["param_groups"]})
 
@@ -240,9 +296,18 @@ def _rng_tensors() -> dict[str, Tensor]:
     return out
 
 
-def _set_rng_tensors(tensors: dict[str, Tensor], path: Path) -> None:
-    if "torch_cpu" not in tensors or tensors["torch_cpu"].dtype != torch.uint8:
-        raise ValueError(f"{path}: no uint8 'torch_cpu' RNG state")
+def _check_rng_tensors(tensors: dict[str, Tensor], path: Path) -> None:
+    """torch's CPU RNG state as torch writes it: uint8, of its length (a CUDA state is used where there is CUDA)."""
+    want = torch.get_rng_state()
+    got = tensors.get("torch_cpu")
+    if got is None or got.dtype != torch.uint8 or got.shape != want.shape:
+        raise InputError(f"{path}: no 'torch_cpu' RNG state of {want.numel()} bytes (uint8)")
+    cuda = tensors.get("torch_cuda")
+    if cuda is not None and (cuda.dtype != torch.uint8 or cuda.dim() != 1):
+        raise InputError(f"{path}: its 'torch_cuda' RNG state is not a row of bytes (uint8)")
+
+
+def _set_rng_tensors(tensors: dict[str, Tensor]) -> None:
     torch.set_rng_state(tensors["torch_cpu"])
     if "torch_cuda" in tensors and torch.cuda.is_available():
         torch.cuda.set_rng_state(tensors["torch_cuda"])

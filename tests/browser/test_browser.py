@@ -840,3 +840,44 @@ def feature_trace_index(page) -> int:
         "() => document.querySelector(\"[data-testid='stPlotlyChart'] .js-plotly-plot\").data.map(t => t.name || '')"
     )
     return names.index("feature")
+
+
+def test_strings_from_every_folder_kind_fetch_nothing_and_make_no_image_on_any_page(browser, tmp_path, monkeypatch):
+    """tests/faults/test_markup_from_files.py's folders (every string of a run's results, config and provenance,
+    a model's card and description, a transcoder set's files, a graph's meta and supernode names, each with a
+    Markdown image of http://127.0.0.1:9/leak.png and an <img onerror> tag) served to Chromium: on every page, no
+    request for the image leaves the page, no <img> element is made from them, and the page draws without an
+    exception."""
+    import streamlit as st
+
+    from tests.builders import poison_graph, poisoned_folders
+
+    zoo_copy = poisoned_folders(tmp_path)
+    monkeypatch.setenv("FORMA_ZOO_DIR", str(zoo_copy))
+    monkeypatch.setenv("FORMA_RUNS_DIR", str(tmp_path / "runs"))
+    from tests.builders import page as app_page
+
+    st.cache_resource.clear()
+    drawn = app_page("graphs")
+    drawn.default_timeout = 120
+    assert not drawn.run().exception  # the default prompt's graph saved, then given a hostile supernode
+    poison_graph(zoo_copy)
+    st.cache_resource.clear()
+    asked: list[str] = []
+    for url in serve(os.environ | {"FORMA_ZOO_DIR": str(zoo_copy), "FORMA_RUNS_DIR": str(tmp_path / "runs")}):
+        for name, _ in pages():
+            errors: list[str] = []
+            page = browser.new_page()
+            page.on("pageerror", lambda err, errors=errors: errors.append(str(err)))
+            page.on("request", lambda request: asked.append(request.url) if ":9/" in request.url else None)
+            page.goto(f"{url}/{'' if name == 'home' else name}")
+            wait_rendered(page, 120_000)
+            page.wait_for_timeout(1_000)  # time for any request an element would make
+            images = page.evaluate("() => [...document.querySelectorAll('img')].map(i => i.getAttribute('src'))")
+            assert not [src for src in images if src in ("x", "http://127.0.0.1:9/leak.png")], (name, images)
+            no_exceptions(page)
+            if name == "graphs":
+                assert "group ![x](http://127.0.0.1:9/leak.png)" in page.locator("[data-testid='stMain']").inner_text()
+            page.close()
+            assert errors == [], (name, errors)
+    assert asked == []

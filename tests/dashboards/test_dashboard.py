@@ -791,7 +791,7 @@ def test_a_claim_the_run_cannot_support_is_no_big_number(empty):
     made_run(empty / "runs", "hallucination", {"sweep": [], "acceptance": acceptance, "headlines": headlines}, {})
     at = page("hallucination").run()
     assert not at.exception, at.exception
-    assert [m.label for m in at.metric] == ["g(H) lowered by, full + 5% ×10"]
+    assert [rendered(m.label) for m in at.metric] == ["g(H) lowered by, full + 5% ×10"]
 
 
 def test_a_log_axis_is_labelled_as_often_as_its_length_allows():

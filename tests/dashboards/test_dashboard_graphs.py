@@ -148,13 +148,22 @@ def _another_models(folder):
     "spoil, says",
     [
         (lambda folder: _graph_json(folder, n_layers=0), "at least one layer"),
+        (lambda folder: (folder / "graph.safetensors").unlink(), "holds graph.json but no graph.safetensors"),
         (_nan_adjacency, "not finite numbers"),
         (_truncated_transcoders, "malformed or truncated"),
         (_quality_without_held_out, "quality.json cannot be read"),
         (_huge_d_features, "too few for the"),
         (_another_models, "built from another model"),
     ],
-    ids=["n_layers 0", "NaN adjacency", "truncated transcoders", "quality without held_out", "d_features 1e9", "other"],
+    ids=[
+        "n_layers 0",
+        "graph.json alone",
+        "NaN adjacency",
+        "truncated transcoders",
+        "quality without held_out",
+        "d_features 1e9",
+        "other",
+    ],
 )
 def test_a_broken_file_is_one_clear_message_on_the_page(zoo_dir, spoil, says):
     """Each file the page reads, spoilt as a crash, a disk or a hand can spoil it: one warning naming what is

@@ -2,9 +2,10 @@
 user's is refused and left as it was (Forma's manifest, .forma-folder.json, lists what it wrote); a second writer
 is refused while the first holds the folder's lock, a stale lock is taken over; nothing is cut silently (a text
 corpus harvested whole, what is left over reported; a prompt longer than the context refused naming its line);
-every refusal one line and exit 2 (a FIFO corpus, a CSV cell past the csv module's limit, a shard size past what
-memory holds, a part file that is not safetensors, a hook name mistyped) — and a refused command never blocks the
-corrected one."""
+every refusal one line and exit 2 (a FIFO corpus, a .npy corpus of ids outside the vocabulary, a CSV cell past
+the csv module's limit, a shard size past what memory holds, a part file that is not safetensors, a hook name
+mistyped) — and a refused command never blocks the corrected one; a run killed after its last file landed is
+tidied by the same command again, which says the folder is complete."""
 
 import json
 import os
@@ -144,6 +145,32 @@ def test_a_second_writer_is_refused_while_the_lock_is_held_and_a_stale_one_is_ta
     assert not (tmp_path / "sweep" / LOCK_FILE).exists()
 
 
+@pytest.mark.parametrize("command", ["harvest", "patch"])
+def test_a_run_killed_after_its_last_file_landed_is_tidied_by_the_rerun_which_says_it_is_complete(
+    tmp_path, model_dir, capsys, command
+):
+    """Killed after index.json or sweep.json landed but before its tidying: a write's temporary folder and the dead
+    writer's lock are left. The same command again takes the stale lock, removes what its manifest lists as
+    killed writes', and says in one line that the folder is complete: the folder is then the uninterrupted run's."""
+    out = tmp_path / "out"
+    argv = (
+        harvest(model_dir, text_corpus(tmp_path), out)
+        if command == "harvest"
+        else patch(model_dir, write_pairs(tmp_path / "pairs.jsonl", [pair(), pair("")]), out)
+    )
+    assert main(argv) == 0
+    capsys.readouterr()
+    whole = tree(out)
+    last = "index.json" if command == "harvest" else "sweep.json"
+    (out / f".{last}.k3j9x2.tmp").mkdir()
+    (out / f".{last}.k3j9x2.tmp" / last).write_text('{"half')
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (out / LOCK_FILE).write_text(json.dumps({"pid": dead.pid, "host": os.uname().nodename}))
+    assert f"already holds a complete {'harvest' if command == 'harvest' else 'sweep'}" in refused(argv, capsys)
+    assert tree(out) == whole and sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == [OWNER_FILE]
+
+
 # --------------------------------------------------------------------------------------------
 # Nothing cut silently
 # --------------------------------------------------------------------------------------------
@@ -171,6 +198,32 @@ def test_a_fifo_named_as_the_corpus_is_refused_at_once(tmp_path, model_dir, caps
     os.mkfifo(tmp_path / "corpus.npy")
     line = refused(harvest(model_dir, tmp_path / "corpus.npy", tmp_path / "out"), capsys)
     assert "is a FIFO (named pipe), not a regular file" in line, line
+
+
+@pytest.mark.parametrize(
+    "ids, said",
+    [
+        ([[3, 4, 5, 6]] * 2 + [[3, 4, 99, 6]], "token id 99 is out of range: ids must lie in [0, d_vocab) = [0, 18)"),
+        ([3, 4, -1, 6] * 8, "token id -1 is out of range"),
+        ([[3] * 20] * 2, "holds sequences of 20 tokens; the model reads 1 … 16"),
+        (None, "not a .npy array of token ids"),  # an empty file
+    ],
+)
+def test_a_npy_corpus_outside_the_vocabulary_or_the_context_is_refused_naming_it_before_anything_is_written(
+    tmp_path, model_dir, capsys, ids, said
+):
+    """Token ids the model would refuse only mid-harvest (naming no file), sequences wider than the context, an
+    empty file: one line naming the corpus, and nothing written."""
+    import numpy as np
+
+    corpus = tmp_path / "corpus.npy"
+    if ids is None:
+        corpus.write_bytes(b"")
+    else:
+        np.save(corpus, np.array(ids, dtype=np.int64))
+    line = refused(harvest(model_dir, corpus, tmp_path / "out"), capsys)
+    assert str(corpus) in line and said in line, line
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_csv_cell_past_the_csv_modules_limit_is_one_line(tmp_path, model_dir, capsys):

@@ -1,7 +1,10 @@
 """Generated malformations, thrown at every loader of a file from outside: a run's results.json and figures, an MMLU
 and a question–answer CSV, an activation set, a Forma model folder, a Hugging Face one, an attribution graph's
-description (graph.json: its meta and supernodes), a transcoder set (its config, source and weights) and a dataset
-of prompt pairs (forma patch --pairs).
+description (graph.json: its meta and supernodes), a transcoder set (its config, source and weights), a dataset
+of prompt pairs (forma patch --pairs), a harvest corpus (forma harvest --corpus: a .npy of token ids whose
+header, values or bytes are changed, or a .txt), and the checkpoints a model's training and a transcoder set's
+resume from (a tensor reshaped, retyped, made NaN, removed or added; the state's JSON changed), and a graph
+folder as the graphs page finds it: its tensors, and its supernodes (names of markup, unknown nodes, ...).
 
 Each loader gets CASES cases, each drawn by a generator seeded with the loader's name and the case's number (so a
 failure names a case that can be rerun): bytes cut short, flipped, inserted or repeated; a byte-order mark; bytes
@@ -657,3 +660,359 @@ def test_pairs_file(tmp_path, tally, one_thread):
 
         tally.check("pairs file", case, folder, lambda path=path: read_pairs(path, model), expected)
     assert_counted(tally, "pairs file")
+
+
+# --- a harvest corpus (forma harvest --corpus): .npy token ids, .txt text ------------------------------------------
+def npy_bytes(header: dict, body: bytes) -> bytes:
+    """A .npy file of version 1.0 with this header (written as it is, however odd) and body."""
+    text = repr(header).encode()
+    text += b" " * (63 - (10 + len(text)) % 64) + b"\n"
+    return b"\x93NUMPY\x01\x00" + len(text).to_bytes(2, "little") + text + body
+
+
+def odd_npy(ids, d_vocab: int, rng: random.Random) -> bytes:
+    """A .npy of token ids with one change: its header (a dtype not of integers, an object array, a shape past the
+    file or past memory, no shape, three dimensions, Fortran order), a value (below 0, past the vocabulary, NaN),
+    a width past the context, no row at all, or its bytes."""
+    import numpy as np
+
+    ids = np.array(ids)
+    kind = rng.choice(["header", "header", "value", "value", "shape", "bytes", "bytes"])
+    if kind == "header":
+        header = {"descr": ids.dtype.str, "fortran_order": False, "shape": ids.shape}
+        header[rng.choice(["descr", "shape", "fortran_order", "extra"])] = rng.choice(
+            ["|O", "<f4", "<f8", "|b1", "<U3", ">i8", "<u8", "|i1", "<c8", "V8", "nonsense", 7, None, True]
+            + [(10**12,), (2**62, 8), (2**40, 2**40), (), (2, 2, 16), (-1,), (0,), (3,), "()", [4, 16]]
+        )
+        return npy_bytes(header, ids.tobytes())
+    buffer = io.BytesIO()
+    if kind == "value":
+        value = rng.choice([-1, d_vocab, 2**31 - 1, math.nan, math.inf, 2**63 - 1])
+        ids = ids.astype(np.float64 if isinstance(value, float) else np.int64)
+        ids.reshape(-1)[rng.randrange(ids.size)] = value
+    elif kind == "shape":
+        ids = rng.choice([ids.reshape(-1)[:0], ids.reshape(-1, 2), np.zeros((3, 0), ids.dtype), ids.reshape(-1)[:7]])
+        ids = rng.choice([ids, np.tile(ids.reshape(1, -1)[:, :1], (2, 40)), ids.astype(np.uint8), ids.astype(">i4")])
+    np.save(buffer, ids, allow_pickle=False)
+    return mutate_bytes(buffer.getvalue(), rng) if kind == "bytes" else buffer.getvalue()
+
+
+CORPUS_WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "é", "日本"]
+
+
+def test_harvest_corpus(tmp_path, tally, one_thread):
+    """A corpus file of each kind forma harvest reads (token ids as a 1-D or 2-D .npy, text as a .txt), one
+    change per case, or a file of another kind: refused in one line naming the file, or read as numpy and the
+    tokenizer read it (the ids cut into the sequences the file holds, each within the vocabulary)."""
+    import numpy as np
+
+    from lab import HookedTransformer
+    from lab.analysis.activations.harvest import split_corpus
+    from lab.data.tokenizers import word_level
+
+    tokenizer = word_level(CORPUS_WORDS)
+    model = HookedTransformer(tiny_config(d_vocab=tokenizer.get_vocab_size(), n_ctx=16), seed=0, tokenizer=tokenizer)
+    d_vocab = model.cfg.d_vocab
+    stream = np.random.default_rng(0).integers(0, d_vocab, 64, dtype=np.int32)
+    text = " ".join(CORPUS_WORDS[i % len(CORPUS_WORDS)] for i in range(70)) + "\n"
+    for case in range(CASES):
+        rng = random.Random(f"corpus-{case}")
+        folder = tmp_path / str(case)
+        folder.mkdir()
+        kind = rng.choice(["stream", "sequences", "stream", "sequences", "text", "text", "other"])
+        if kind == "text":
+            path = folder / "corpus.txt"
+            path.write_bytes(mutate_bytes(text.encode(), rng) if rng.random() < 0.8 else text.encode() * 400)
+        elif kind == "other":
+            path = folder / rng.choice(["corpus.jsonl", "corpus.npz", "corpus", "corpus.NPY"])
+            path.write_text(json.dumps({"text": text}) + "\n")
+        else:
+            path = folder / "corpus.npy"
+            path.write_bytes(
+                odd_npy(stream if kind == "stream" else stream.astype(np.int64).reshape(4, 16), d_vocab, rng)
+            )
+        if rng.random() < 0.1:
+            replace_file(path, folder, rng)
+
+        def expected(loaded, path=path):
+            ids, left_over = loaded
+            if path.suffix == ".txt":
+                oracle = np.array(tokenizer.encode(path.read_bytes().removeprefix(BOM).decode("utf-8")).ids)
+            else:
+                oracle = np.load(path, allow_pickle=False)
+            assert ids.ndim == 2 and ids.shape[0] >= 1 and 1 <= ids.shape[1] <= model.cfg.n_ctx
+            assert np.array_equal(np.asarray(ids).reshape(-1), oracle.reshape(-1)[: ids.size])
+            assert left_over == oracle.size - ids.size and (oracle.ndim == 1 or left_over == 0)
+            assert ((ids >= 0) & (ids < d_vocab)).all()
+
+        tally.check("harvest corpus", case, folder, lambda path=path: split_corpus(path, model), expected)
+    assert_counted(tally, "harvest corpus")
+
+
+# --- training checkpoints (forma build --resume, forma transcoders resuming) --------------------------------------
+def odd_safetensors(path: Path, rng: random.Random) -> None:
+    """One change to a safetensors file: a tensor given another shape, another dtype, a NaN, removed, or joined by
+    one of another name; or its bytes changed."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(path))
+    kind = rng.choice(["shape", "dtype", "nan", "remove", "add", "bytes", "bytes"])
+    if kind == "bytes":
+        path.write_bytes(mutate_bytes(path.read_bytes(), rng))
+        return
+    name = rng.choice(sorted(tensors))
+    if kind == "shape":
+        tensors[name] = torch.zeros(rng.choice([(0,), (3,), (2, 2), (*tensors[name].shape, 1)]))
+    elif kind == "dtype":
+        tensors[name] = tensors[name].to(rng.choice([torch.float16, torch.int64, torch.uint8, torch.bool]))
+    elif kind == "nan" and tensors[name].is_floating_point() and tensors[name].numel():
+        tensors[name] = tensors[name].clone().reshape(-1).index_fill(0, torch.tensor([0]), math.nan)
+        tensors[name] = tensors[name].reshape(load_file(str(path))[name].shape)
+    elif kind == "remove":
+        del tensors[name]
+    else:
+        tensors[rng.choice(["unknown", "99.exp_avg", "0.", "x.step", "torch_cuda"])] = torch.zeros(3)
+    save_file(tensors, str(path))
+
+
+def checkpoint_case(folder: Path, files: dict[str, Any], rng: random.Random) -> None:
+    """One file of a checkpoint folder changed: a JSON file's value or bytes, a safetensors file's tensor or
+    bytes, a file replaced (a FIFO, a folder, a link, past the size Forma reads, missing); or the folder left
+    aside as a crash between a save's two renames leaves it (`.checkpoint.old`), changed the same way."""
+    if rng.random() < 0.1:
+        aside = folder.with_name(f".{folder.name}.old")
+        folder.rename(aside)
+        folder = aside
+    name = rng.choice(sorted(files))
+    path = folder / name
+    if rng.random() < 0.1:
+        replace_file(path, folder, rng)
+    elif name.endswith(".json"):
+        path.write_bytes(mutate_json(files[name], rng))
+    else:
+        odd_safetensors(path, rng)
+
+
+def test_training_checkpoint(tmp_path, tally, one_thread):
+    """A model's training checkpoint (lab.train.checkpoint), one file changed per case, resumed into a fresh model
+    and optimizer: refused in one line naming the folder, or loaded as its files say (the weights, the optimizer's
+    moments and the RNG state as safetensors reads them; the step and scalars as json reads them, each of its type
+    and range)."""
+    from safetensors.torch import load_file
+
+    from lab import HookedTransformer
+    from lab.train.checkpoint import (
+        CHECKPOINT_FILES,
+        OPTIMIZER_FILE,
+        RNG_FILE,
+        STATE_FILE,
+        TrainState,
+        load_checkpoint,
+        optimizer_tensors,
+        save_checkpoint,
+    )
+    from lab.train.config import TrainConfig
+    from lab.train.loop import make_optimizer
+
+    cfg = TrainConfig(steps=8, warmup_steps=1, batch_size=2, seq_len=8)
+    model = HookedTransformer(tiny_config(), seed=0)
+    optimizer = make_optimizer(model, cfg)
+    model(torch.randint(0, 100, (2, 8), generator=torch.Generator().manual_seed(0)), return_type="loss").backward()
+    optimizer.step()
+    state = TrainState(step=3, train_loss_nats=4.5, best_val_loss_nats=4.75, elapsed_s=1.5, tokens_seen=48)
+    save_checkpoint(tmp_path / "original" / "checkpoint", model, optimizer, cfg, state)
+    original = tmp_path / "original" / "checkpoint"
+    files = {
+        name: json.loads((original / name).read_text()) if name.endswith(".json") else None for name in CHECKPOINT_FILES
+    }
+    rng_before = torch.get_rng_state()
+    for case in range(CASES):
+        rng = random.Random(f"checkpoint-{case}")
+        folder = tmp_path / str(case) / "checkpoint"
+        shutil.copytree(original, folder)
+        checkpoint_case(folder, files, rng)
+        fresh = HookedTransformer(tiny_config(), seed=1)
+        fresh_optimizer = make_optimizer(fresh, cfg)
+
+        def load(folder=folder, fresh=fresh, fresh_optimizer=fresh_optimizer):
+            return load_checkpoint(folder, fresh, fresh_optimizer, cfg)
+
+        def expected(loaded, folder=folder, fresh=fresh, fresh_optimizer=fresh_optimizer):
+            found = folder if folder.is_dir() else folder.with_name(f".{folder.name}.old")
+            meta = json.loads((found / STATE_FILE).read_bytes().removeprefix(BOM).decode("utf-8"))
+            assert type(loaded.step) is int and 0 <= loaded.step <= cfg.steps and loaded.step == meta["step"]
+            assert type(loaded.tokens_seen) is int and loaded.tokens_seen >= 0
+            for key in ("train_loss_nats", "best_val_loss_nats", "elapsed_s"):
+                value = getattr(loaded, key)
+                assert value == meta[key] and (value is None or (type(value) is float and math.isfinite(value)))
+            weights = load_file(str(found / "model.safetensors"))
+            assert all(torch.equal(weights[k], v) for k, v in fresh.state_dict().items())
+            moments = load_file(str(found / OPTIMIZER_FILE))
+            assert optimizer_tensors(fresh_optimizer).keys() == moments.keys()
+            for k, v in optimizer_tensors(fresh_optimizer).items():
+                assert torch.equal(v, moments[k]) and torch.isfinite(v).all(), k
+            assert torch.equal(torch.get_rng_state(), load_file(str(found / RNG_FILE))["torch_cpu"])
+
+        tally.check("training checkpoint", case, folder.parent, load, expected)
+    torch.set_rng_state(rng_before)
+    assert_counted(tally, "training checkpoint")
+
+
+def test_transcoder_checkpoint(tmp_path, tally, one_thread):
+    """A transcoder training's checkpoint (lab.analysis.transcoders.train), one file changed per case, resumed into
+    a fresh set and optimizer: refused in one line naming the folder, or loaded as its files say (the weights and
+    moments as safetensors reads them, the step of the training's range and the history as json reads them)."""
+    from safetensors.torch import load_file
+
+    from lab.analysis.activations import save_activations
+    from lab.analysis.transcoders.model import TranscoderConfig, Transcoders
+    from lab.analysis.transcoders.train import (
+        CHECKPOINT_DIR,
+        TranscoderTraining,
+        load_checkpoint,
+        make_optimizer,
+        train_transcoders,
+    )
+    from lab.train.checkpoint import optimizer_tensors
+    from tests.builders import tiny_model
+
+    model = tiny_model()
+    hooks = [f"blocks.{i}.{h}" for i in range(3) for h in ("ln2.hook_normalized", "hook_mlp_out")]
+    store = save_activations(
+        model,
+        torch.randint(0, 50, (8, 8), generator=torch.Generator().manual_seed(0)),
+        hooks,
+        tmp_path / "store",
+        progress=False,
+    )
+    cfg = TranscoderConfig(d_model=32, n_layers=3, d_features=16)
+    training = TranscoderTraining(steps=6, batch_size=16, lr=1e-3)
+    train_transcoders(store, cfg, training, tmp_path / "original", stop_after=3)
+    original = tmp_path / "original" / CHECKPOINT_DIR
+    files = {
+        name: json.loads((original / name).read_text()) if name.endswith(".json") else None
+        for name in ("state.json", "config.json", "transcoders.safetensors", "optimizer.safetensors")
+    }
+    for case in range(CASES):
+        rng = random.Random(f"transcoder-checkpoint-{case}")
+        folder = tmp_path / str(case) / CHECKPOINT_DIR
+        shutil.copytree(original, folder)
+        checkpoint_case(folder, files, rng)
+        fresh = Transcoders(cfg)
+        fresh_optimizer = make_optimizer(fresh, training)
+
+        def load(folder=folder, fresh=fresh, fresh_optimizer=fresh_optimizer):
+            return load_checkpoint(folder, fresh, fresh_optimizer, training, store)
+
+        def expected(loaded, folder=folder, fresh=fresh, fresh_optimizer=fresh_optimizer):
+            found = folder if folder.is_dir() else folder.with_name(f".{folder.name}.old")
+            meta = json.loads((found / "state.json").read_bytes().removeprefix(BOM).decode("utf-8"))
+            assert type(loaded.step) is int and 0 <= loaded.step <= training.steps and loaded.step == meta["step"]
+            assert same_json(loaded.history, meta["history"])
+            weights = load_file(str(found / "transcoders.safetensors"))
+            assert all(torch.equal(weights[k], v) for k, v in fresh.state_tensors().items())
+            moments = load_file(str(found / "optimizer.safetensors"))
+            assert optimizer_tensors(fresh_optimizer).keys() == moments.keys()
+            assert all(torch.equal(v, moments[k]) for k, v in optimizer_tensors(fresh_optimizer).items())
+
+        tally.check("transcoder checkpoint", case, folder.parent, load, expected)
+    assert_counted(tally, "transcoder checkpoint")
+
+
+# --- graph folders (the graphs page, lab.analysis.graphs): graph.safetensors and graph.json together -----------
+@pytest.fixture(scope="module")
+def saved_graph(tmp_path_factory):
+    """A tiny model's attribution graph with two supernodes, saved, and its graph.json as json reads it."""
+    from lab.analysis.graphs.attribute import attribute
+    from lab.analysis.graphs.graph import META_FILE
+    from tests.builders import random_transcoders, tiny_model
+
+    with torch.no_grad():
+        model = tiny_model()
+        graph = attribute(model, random_transcoders(model), torch.arange(3, 13))
+    ids = graph.node_ids()
+    graph.supernodes = [{"name": "early", "nodes": ids[:2]}, {"name": "late", "nodes": ids[-3:]}]
+    folder = graph.save(tmp_path_factory.mktemp("graph") / "original")
+    return folder, json.loads((folder / META_FILE).read_text())
+
+
+def check_graph(loaded, folder: Path) -> None:
+    """A loaded graph is what its files say (the tensors as safetensors reads them, n_layers, meta and supernodes
+    as json reads them), and holds together: the shapes its node order implies, finite numbers, supernodes naming
+    its nodes."""
+    from safetensors.torch import load_file
+
+    from lab.analysis.graphs.graph import META_FILE, TENSORS_FILE, check_supernodes, check_tensors
+
+    oracle = json.loads((folder / META_FILE).read_bytes().removeprefix(BOM).decode("utf-8"))
+    assert loaded.n_layers == oracle["n_layers"] and same_json(loaded.meta, oracle.get("meta", {}))
+    assert same_json(loaded.supernodes, oracle.get("supernodes", []))
+    tensors = load_file(str(folder / TENSORS_FILE))
+    assert all(torch.equal(getattr(loaded, name), t) for name, t in tensors.items() if hasattr(loaded, name))
+    assert check_tensors(loaded) is None
+    check_supernodes(loaded.supernodes, set(loaded.node_ids()))
+
+
+def test_graph_folder(tmp_path, tally, saved_graph):
+    """A graph folder as the graphs page finds it, its tensors or its description changed per case (a tensor
+    reshaped, retyped, made NaN, removed; n_layers changed; either file's bytes; either file replaced or gone):
+    refused in one line naming the folder, or loaded as its files say, whole."""
+    from lab.analysis.graphs.graph import META_FILE, TENSORS_FILE, Graph
+
+    original, meta = saved_graph
+    for case in range(CASES):
+        rng = random.Random(f"graph-folder-{case}")
+        folder = tmp_path / str(case) / "graph"
+        shutil.copytree(original, folder)
+        kind = rng.choice(["tensors", "tensors", "tensors", "n_layers", "replace"])
+        if kind == "tensors":
+            odd_safetensors(folder / TENSORS_FILE, rng)
+        elif kind == "n_layers":
+            changed = dict(meta, n_layers=rng.choice([0, 1, 2, 4, 10**9, -1, 2.0, "3", None, True]))
+            (folder / META_FILE).write_text(json.dumps(changed))
+        else:
+            replace_file(folder / rng.choice([TENSORS_FILE, META_FILE]), folder, rng)
+        tally.check("graph folder", case, folder, lambda f=folder: Graph.load(f), lambda g, f=folder: check_graph(g, f))
+    assert_counted(tally, "graph folder")
+
+
+def odd_supernodes(supernodes: list, ids: list[str], rng: random.Random) -> Any:
+    """Supernodes' JSON text with one change: a name emptied, repeated, made long, of markup or of another type; a
+    node id unknown, repeated, of another type; a record without a field or with another; the list of another
+    type; or the text's bytes."""
+    supernodes = copy.deepcopy(supernodes)
+    kind = rng.choice(["name", "name", "node", "node", "record", "list", "json"])
+    record = rng.choice(supernodes)
+    if kind == "name":
+        record["name"] = rng.choice(
+            ["", " ", supernodes[0]["name"], "n" * 10_000, "![x](http://127.0.0.1:9/leak.png)", "<b>bold</b>", 7, None]
+        )
+    elif kind == "node":
+        where = rng.randrange(len(record["nodes"]) + 1)
+        record["nodes"].insert(where, rng.choice(["0_99999_0", "err_9_0", "", ids[0], 3, None, ["x"], "E_1_99"]))
+    elif kind == "record":
+        if rng.random() < 0.5:
+            del record[rng.choice(["name", "nodes"])]
+        record[rng.choice(["nodes", "extra"])] = rng.choice([[], "0_1_2", {}, None, ids[:1]])
+    elif kind == "list":
+        supernodes = rng.choice([{}, "early", None, [[]], [None], supernodes * 2, supernodes[:0], supernodes[::-1]])
+    else:  # the supernodes' own text changed (their bytes, deep nesting, a long number), as it lands in the file
+        return mutate_json(supernodes, rng)
+    return json.dumps(supernodes).encode()
+
+
+def test_supernodes(tmp_path, tally, saved_graph):
+    """A graph's supernodes (kept in graph.json, what a person groups on the graphs page) changed per case:
+    refused in one line naming the folder, or loaded as json reads them, each naming nodes of the graph."""
+    from lab.analysis.graphs.graph import META_FILE, Graph
+
+    original, meta = saved_graph
+    ids = Graph.load(original).node_ids()
+    for case in range(CASES):
+        rng = random.Random(f"supernodes-{case}")
+        folder = tmp_path / str(case) / "graph"
+        shutil.copytree(original, folder)
+        text = json.dumps(dict(meta, supernodes="SUPERNODES")).encode()
+        (folder / META_FILE).write_bytes(text.replace(b'"SUPERNODES"', odd_supernodes(meta["supernodes"], ids, rng)))
+        tally.check("supernodes", case, folder, lambda f=folder: Graph.load(f), lambda g, f=folder: check_graph(g, f))
+    assert_counted(tally, "supernodes")

@@ -17,7 +17,17 @@ import pytest
 import torch
 
 from lab.cli import main
-from tests.builders import REPO, gpt2_folder, one_error_line, page, rendered, rewrite_weights, texts, tiny_config
+from tests.builders import (
+    REPO,
+    gpt2_folder,
+    markup_in,
+    one_error_line,
+    page,
+    rendered,
+    rewrite_weights,
+    texts,
+    tiny_config,
+)
 
 ENV = os.environ | {"PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
@@ -236,30 +246,6 @@ PAYLOAD = (
     "![beacon](http://127.0.0.1:9/beacon.png) <img src=x onerror=alert(1)> [a link](http://127.0.0.1:9/) "
     "https://127.0.0.1:9/auto **bold** :red[red] $x^2$"
 )
-
-
-def markup_in(source: str) -> list[str]:
-    """The Markdown constructs (images, links, raw HTML, emphasis, headings, code) that `source` would render,
-    as CommonMark with GitHub's tables reads it (the literal text of what Streamlit adds, `:red[…]` and `$…$`, is
-    checked by the caller)."""
-    from markdown_it import MarkdownIt
-
-    found = []
-    for token in MarkdownIt("commonmark").enable("table").parse(str(source)):
-        for child in [token, *(token.children or [])]:
-            if child.type in (
-                "image",
-                "link_open",
-                "html_inline",
-                "html_block",
-                "strong_open",
-                "em_open",
-                "heading_open",
-                "code_inline",
-                "fence",
-            ):
-                found.append(child.type)
-    return found
 
 
 @pytest.mark.parametrize("name", ["kl", "hallucination", "calibration", "monitor", "equations"])

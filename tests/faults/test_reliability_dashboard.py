@@ -1,5 +1,7 @@
 """The dashboard under damaged runs and model switches: a message that names the file and says what to run,
-never a traceback; no widget text carried from one model to another."""
+never a traceback; no widget text carried from one model to another. The graphs page's writes (a prompt's graph,
+a supernode) killed before each of their file operations: the last whole graph.json stays, and the next write
+works."""
 
 import copy
 import json
@@ -167,3 +169,97 @@ def test_switching_models_in_the_explorer_starts_from_the_new_models_prompt(empt
     at.selectbox(key="model_choice").select("pydoc").run()
     assert not at.exception and not at.error
     assert at.text_input(key="prompt").value == DEFAULT_PROMPTS["pydoc"]
+
+
+# --- the graphs page's writes, killed ----------------------------------------------------------------------------
+# A child that opens the graphs page in AppTest and, with "save", groups two nodes into a supernode named NAME and
+# saves it; SIGKILLed just before the N-th watched file operation (tests/fault_zygote.py's) under the graphs folder,
+# or, with N 0, tracing them to TRACE.
+PAGE_CHILD = """
+import json, os, signal, sys
+from tests.fault_zygote import watched_path
+graphs, n, trace, action, name = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+seen = 0
+def hook(event, args):
+    global seen
+    path = watched_path(event, args)
+    if path is None or not os.path.abspath(path).startswith(graphs):
+        return
+    seen += 1
+    with open(trace, "a") as log:  # (outside the graphs folder: not itself watched)
+        log.write(json.dumps({"n": seen, "event": event, "path": path}) + "\\n")
+    if seen == n:
+        os.kill(os.getpid(), signal.SIGKILL)
+from streamlit.testing.v1 import AppTest
+from dashboards.pages import page_file
+at = AppTest.from_file(str(page_file("graphs")), default_timeout=300)
+sys.addaudithook(hook)
+at.run()
+assert not at.exception, at.exception
+if action == "save":
+    ids = [i for i in at.multiselect(key="supernode_nodes").options if not i.startswith(("E_", "err_"))]
+    at.multiselect(key="supernode_nodes").select(ids[0]).select(ids[1])
+    at.text_input(key="supernode_name").input(name)
+    at.button(key="supernode_save").click().run()
+    assert not at.exception and at.success, (at.exception, at.warning)
+"""
+
+
+@pytest.mark.slow
+def test_the_graphs_pages_writes_killed_at_every_file_operation_leave_the_last_whole_file_and_the_next_write_works(
+    tmp_path,
+):
+    """The graphs page writes a prompt's graph the first time it draws it (graph.safetensors, then graph.json) and
+    graph.json again when a person saves a supernode. Each killed (SIGKILL) just before each of its file
+    operations under the graphs folder, in turn: the graph.json in place is whole — the previous one, or the new
+    one — its supernodes all there; and the page run again draws the graph, saves the supernode, and leaves no
+    temporary file behind. (Traced first, unkilled: the operations to kill at.)"""
+    import os
+    import subprocess
+    import sys
+
+    from lab.analysis.graphs.graph import GRAPHS_DIR, META_FILE, Graph
+    from tests.builders import REPO, zoo_with_transcoders
+
+    zoo_copy = zoo_with_transcoders(tmp_path)
+    graphs = zoo_copy / "pydoc" / "transcoders" / "topk" / GRAPHS_DIR
+    env = os.environ | {"FORMA_ZOO_DIR": str(zoo_copy), "FORMA_RUNS_DIR": str(tmp_path / "runs")}
+    env |= {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+
+    def child(n: int, action: str, name: str = "first") -> int:
+        trace = tmp_path / "trace.jsonl"
+        trace.unlink(missing_ok=True)
+        argv = [sys.executable, "-c", PAGE_CHILD, str(graphs), str(n), str(trace), action, name]
+        done = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+        assert done.returncode in (0, -9), done.stderr[-3000:]
+        return len(trace.read_text().splitlines()) if trace.exists() else 0
+
+    def supernodes() -> list[str]:
+        (folder,) = list(graphs.iterdir())
+        return [s["name"] for s in Graph.load(folder).supernodes]
+
+    def clean() -> None:
+        (folder,) = list(graphs.iterdir())
+        assert sorted(p.name for p in folder.iterdir()) == ["graph.json", "graph.safetensors"]
+
+    drawing = child(0, "draw")  # the first draw's operations, traced
+    assert drawing >= 2
+    print(f"graphs page: killed at each of the first draw's {drawing} file operations", end="")
+    for n in range(1, drawing + 1):
+        shutil.rmtree(graphs)
+        assert child(n, "draw") == n  # killed at operation n
+        if graphs.exists() and any((folder / META_FILE).exists() for folder in graphs.iterdir()):
+            assert supernodes() == []  # a graph.json in place is whole
+        assert child(0, "save") > 0  # the page again: draws (anew or from what was whole) and saves
+        assert supernodes() == ["first"], n
+        clean()
+    saving = child(0, "save", "second")  # a supernode's save over a graph that has one, traced
+    assert saving >= 2
+    print(f" and each of a supernode's save's {saving}")
+    for n in range(1, saving + 1):
+        before = supernodes()
+        assert child(n, "save", f"killed-{n}") == n
+        assert supernodes() in (before, [*before, f"killed-{n}"]), n  # the old graph.json, or the new, whole
+        assert child(0, "save", f"then-{n}") > 0
+        assert supernodes()[-1] == f"then-{n}", n
+        clean()

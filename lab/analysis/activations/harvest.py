@@ -1,12 +1,13 @@
 """A corpus's activations into one set on disk, in one process or across the ranks of torchrun, resumable: what
 `forma harvest` runs.
 
-The corpus ([n, seq_len] token ids: a tensor, or an array memory-mapped from a .npy file so that a rank reads only
-its own rows) is cut into parts (`lab.distributed.plan_parts`: at most 256, bounds on whole batches, the same at
-any world size). Part i is a complete activation set (`save_activations`) in out_dir/part-0000i/, whose rows'
-`seq` count from the part's first sequence in the corpus. Each rank harvests its share of the parts no rank has
-done yet (`lab.distributed.claim_parts`); inside a part, a harvest killed mid-way goes on from its last recorded
-shard. Once every part is done, rank 0 writes out_dir/index.json over all their shards (`merge_stores`), and
+The corpus ([n, seq_len] token ids: a tensor, or an array memory-mapped from a .npy file so that a rank harvests
+only its own rows, once `split_corpus` has checked the ids a chunk at a time) is cut into parts
+(`lab.distributed.plan_parts`: at most 256, bounds on whole batches, the same at any world size). Part i is a
+complete activation set (`save_activations`) in out_dir/part-0000i/, whose rows' `seq` count from the part's first
+sequence in the corpus. Each rank harvests its share of the parts no rank has done yet
+(`lab.distributed.claim_parts`); inside a part, a harvest killed mid-way goes on from its last recorded shard. Once
+every part is done, rank 0 writes out_dir/index.json over all their shards (`merge_stores`), and
 `ActivationStore(out_dir)` reads the whole corpus's rows: bit for bit the rows of one process, since neither the
 parts nor their batches depend on the world size (the shard files are the same bytes too).
 
@@ -26,6 +27,7 @@ import contextlib
 import hashlib
 import json
 import shutil
+import tokenize
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -71,8 +73,8 @@ def split_corpus(
     """A corpus file as [n, seq_len] token ids, cut into sequences of `seq_len` tokens, and the number of tokens
     left over (fewer than a sequence: a caller says so, nothing is cut silently):
 
-        .npy   token ids of any integer dtype, one stream ([tokens]) or sequences ([n, seq_len]); memory-mapped,
-               so that nothing is read until a part's rows are
+        .npy   token ids of any integer dtype, one stream ([tokens]) or sequences ([n, seq_len]); memory-mapped:
+               the ids are checked against the vocabulary a chunk at a time, then a part reads only its rows
         .txt   UTF-8 text, encoded whole as one stream by the model's tokenizer (no special tokens added, never
                cut to the model's context); for a corpus larger than memory, encode it once into a .npy
 
@@ -84,6 +86,8 @@ def split_corpus(
     if ids.ndim == 2:
         if seq_len is not None and seq_len != ids.shape[1]:
             raise ValueError(f"{path} holds sequences of {ids.shape[1]} tokens, not the {seq_len} asked for")
+        if not 1 <= ids.shape[1] <= n_ctx:
+            raise ValueError(f"{path} holds sequences of {ids.shape[1]} tokens; the model reads 1 … {n_ctx}")
         seq_len = int(ids.shape[1])
     seq_len = min(DEFAULT_SEQ_LEN, n_ctx) if seq_len is None else seq_len
     if not 1 <= seq_len <= n_ctx:
@@ -111,12 +115,14 @@ def _corpus_ids(path: Path, model: Any) -> np.ndarray:
         regular_file(path, what="corpus")  # a FIFO would block np.load for ever
         try:
             ids = np.load(path, mmap_mode="r", allow_pickle=False)
-        except (ValueError, OSError) as err:
+        except (ValueError, OSError, EOFError, SyntaxError, tokenize.TokenError) as err:
+            # (numpy reads the header with the tokenize and ast modules; an empty file is an EOFError)
             raise ValueError(f"{path}: not a .npy array of token ids ({err})") from err
         if not np.issubdtype(ids.dtype, np.integer) or ids.ndim not in (1, 2):
             raise ValueError(
                 f"{path}: token ids must be a 1-D or 2-D integer array, got {ids.dtype} {tuple(ids.shape)}"
             )
+        check_ids(ids, model.cfg.d_vocab, path)
         return ids
     if path.suffix == ".txt":
         if getattr(model, "tokenizer", None) is None:
@@ -124,6 +130,19 @@ def _corpus_ids(path: Path, model: Any) -> np.ndarray:
         text = read_text(path, what="corpus")
         return model.to_tokens(text, prepend_bos=False, truncate=False)[0].cpu().numpy()
     raise ValueError(f"{path}: a corpus is a .txt (text) or a .npy (token ids) file")
+
+
+def check_ids(ids: np.ndarray, d_vocab: int, path: Path, chunk: int = 2**24) -> None:
+    """ValueError naming `path` for a token id outside [0, d_vocab): read once, `chunk` ids at a time (a memory-
+    mapped corpus is never read whole into memory), before anything is written — the model would refuse it only
+    mid-harvest, naming no file."""
+    flat = np.ravel(ids, order="K")  # a view of either memory order
+    for start in range(0, flat.size, chunk):
+        piece = flat[start : start + chunk]
+        low, high = piece.min(), piece.max()
+        if low < 0 or high >= d_vocab:
+            bad = int(low) if low < 0 else int(high)
+            raise ValueError(f"{path}: token id {bad:,} is out of range: ids must lie in [0, d_vocab) = [0, {d_vocab})")
 
 
 def part_tokens(corpus: Tensor | np.ndarray, rows: range) -> Tensor:
@@ -169,12 +188,14 @@ def harvest(
         raise ValueError("the corpus holds no sequence")
     entries = [PLAN_FILE, INDEX_FILE, *(part_folder(out_dir, i).name for i in range(len(ranges)))]
     wrote_before = claim_folder(out_dir, "harvest", entries, overwrite=overwrite)
-    if (out_dir / INDEX_FILE).is_file() and not overwrite:
-        raise FileExistsError(
-            f"{out_dir} already holds a complete harvest ({INDEX_FILE}); overwrite it or choose another folder"
-        )
     plan = _plan(model, corpus, names, positions, batch_size, dtype, shard_mb, len(ranges))
     with folder_lock(out_dir, "harvest") if rank == 0 else contextlib.nullcontext():
+        if (out_dir / INDEX_FILE).is_file() and not overwrite:
+            if rank == 0:  # a run killed after index.json landed left its tidying undone (and its lock: taken over)
+                _tidy(out_dir, len(ranges), wrote_before | set(owned(out_dir)))
+            raise FileExistsError(
+                f"{out_dir} already holds a complete harvest ({INDEX_FILE}); overwrite it or choose another folder"
+            )
         record_plan(out_dir, plan, overwrite=overwrite, what="harvest")
         if overwrite and rank == 0:
             (out_dir / INDEX_FILE).unlink(missing_ok=True)

@@ -12,6 +12,7 @@ but an error node is `err_{layer}_{pos}`, since circuit-tracer's `0_{layer}_{pos
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -137,10 +138,15 @@ class Graph:
 
     @classmethod
     def load(cls, directory: str | Path) -> "Graph":
+        """The graph saved in `directory`: FileNotFoundError when it holds no graph.json (no graph there yet, or
+        a save killed after the tensors, which are written first: nothing of a person's is lost by making it
+        anew), an InputError naming what is wrong for anything else — graph.json without the tensors too, since it
+        holds a person's supernodes, which a caller must not save a new graph over."""
         directory = Path(directory)
-        for name in (TENSORS_FILE, META_FILE):
-            if not (directory / name).is_file():
-                raise FileNotFoundError(f"{directory} holds no {name}: not an attribution graph folder")
+        if not os.path.lexists(directory / META_FILE):
+            raise FileNotFoundError(f"{directory} holds no {META_FILE}: not an attribution graph folder")
+        if not os.path.lexists(directory / TENSORS_FILE):
+            raise InputError(f"{directory} holds {META_FILE} but no {TENSORS_FILE}: the graph is incomplete")
         path = directory / META_FILE
         meta = read_json(path, directory, what="graph description")
         if not isinstance(meta, dict) or meta.get("format") != GRAPH_FORMAT:

@@ -40,8 +40,10 @@ from lab.analysis.transcoders.model import CONFIG_FILE, WEIGHTS_FILE, Transcoder
 from lab.configs import Record, check_fields, need
 from lab.distributed import all_gather_rows, barrier, rank_world, share
 from lab.files import atomic_write_text
+from lab.inputs import InputError, read_json
 from lab.progress import bar
 from lab.train.checkpoint import (
+    check_like,
     find_checkpoint,
     load_optimizer_tensors,
     optimizer_tensors,
@@ -368,36 +370,42 @@ def load_checkpoint(
 ) -> TrainerState:
     directory = find_checkpoint(directory)
     path = directory / "state.json"
-    try:
-        meta = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"malformed transcoder checkpoint {path}: {err}") from err
-    if meta.get("format") != STATE_FORMAT:
-        raise ValueError(f"{path} is not a {STATE_FORMAT} checkpoint")
-    saved = {k: v for k, v in meta["training"].items() if k != "checkpoint_interval"}
+    meta = read_json(path, directory, what="transcoder checkpoint state")
+    if not isinstance(meta, dict) or meta.get("format") != STATE_FORMAT:
+        raise InputError(f"{path} is not a {STATE_FORMAT} checkpoint")
+    parts = {key: meta.get(key) for key in ("training", "transcoders", "store")}
+    if not all(isinstance(v, dict) for v in parts.values()):
+        raise InputError(f"{path}: its training, transcoders and store must be objects")
+    saved = {k: v for k, v in parts["training"].items() if k != "checkpoint_interval"}
     now = {k: v for k, v in training.to_dict().items() if k != "checkpoint_interval"}
     for what, then, current in (
         ("training", saved, now),
-        ("transcoder config", meta["transcoders"], model.cfg.to_dict()),
-        ("activation store", meta["store"], _fingerprint(store)),
+        ("transcoder config", parts["transcoders"], model.cfg.to_dict()),
+        ("activation store", parts["store"], _fingerprint(store)),
     ):
         if then != current:
             changed = sorted(k for k in set(then) | set(current) if then.get(k) != current.get(k))
             raise ValueError(
-                f"resume: the {what} differs from the checkpoint's in {', '.join(changed)}; train "
+                f"resume: the {what} differs from the checkpoint's in {', '.join(changed)} ({directory}); train "
                 "afresh (resume=False) or with the same settings"
             )
-    step = meta.get("step")
-    if type(step) is not int or not 0 <= step <= training.steps or not isinstance(meta.get("history"), list):
-        raise ValueError(
+    step, history = meta.get("step"), meta.get("history")
+    if (
+        type(step) is not int
+        or not 0 <= step <= training.steps
+        or not isinstance(history, list)
+        or not all(isinstance(r, dict) for r in history)
+    ):
+        raise InputError(
             f"{path}: its step {step!r} is not one of the training's 0 … {training.steps} steps (or its history is "
-            "not a list), so no weights can be written from it; train afresh (--overwrite)"
+            "not a list of records), so no weights can be written from it; train afresh (--overwrite)"
         )
-    model.load_state_tensors(read_safetensors(directory / WEIGHTS_FILE), str(directory))
-    load_optimizer_tensors(
-        optimizer, read_safetensors(directory / "optimizer.safetensors"), directory / "optimizer.safetensors"
-    )
-    return TrainerState(step=step, history=meta["history"])
+    weights = read_safetensors(directory / WEIGHTS_FILE)
+    check_like(weights, model.state_tensors(), directory / WEIGHTS_FILE)
+    moments = read_safetensors(directory / "optimizer.safetensors")
+    model.load_state_tensors(weights, str(directory))
+    load_optimizer_tensors(optimizer, moments, directory / "optimizer.safetensors")
+    return TrainerState(step=step, history=history)
 
 
 def has_checkpoint(out_dir: str | Path) -> bool:

@@ -83,6 +83,22 @@ def test_a_resumed_run_is_bitwise_the_uninterrupted_one_and_the_same_seed_repeat
         train_transcoders(store, cfg, training.replace(lr=1e-3), tmp_path / "other", resume=True)
 
 
+def test_a_checkpoint_whose_state_is_of_the_wrong_types_is_one_line_naming_it(harvest, tmp_path):
+    """A state.json that parses but holds no objects where the configs go, a step that is not a whole number, or
+    a history of something else: a ValueError naming the file (not an AttributeError from inside the loader)."""
+    store, cfg = harvest
+    training = TranscoderTraining(steps=6, batch_size=64, lr=3e-3)
+    train_transcoders(store, cfg, training, tmp_path, stop_after=3)
+    path = tmp_path / "checkpoint" / "state.json"
+    state = json.loads(path.read_text())
+    for change in ({"training": [1]}, {"store": "x"}, {"step": 3.0}, {"history": [1, 2]}, {"step": 7}):
+        path.write_text(json.dumps(state | change))
+        with pytest.raises(ValueError, match=f"^{path}"):
+            train_transcoders(store, cfg, training, tmp_path, resume=True)
+    path.write_text(json.dumps(state))
+    train_transcoders(store, cfg, training, tmp_path, resume=True)  # intact again: resumes
+
+
 def test_a_harvest_without_the_hooks_is_one_clear_line(harvest, tmp_path):
     store, cfg = harvest
     with pytest.raises(ValueError, match="holds no 'blocks.0.hook_resid_pre'"):

@@ -287,3 +287,60 @@ def test_bad_input_gets_one_line_and_exit_2(tried, capsys):
     with pytest.raises(SystemExit) as exit:
         main(["patch", model, "--pairs", "p.csv", "--sweep", "heads", "--out", "y"])
     assert exit.value.code == 2 and "invalid choice: 'heads'" in capsys.readouterr().err
+
+
+def half_written(folder: Path) -> list[str]:
+    """The files under their final names in `folder` (not inside a write's temporary folder, `.<name>.<random>.tmp`)
+    that do not read whole: a .safetensors file safetensors cannot open, a .json file json cannot parse."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    broken = []
+    for path in sorted(folder.rglob("*")):
+        if not path.is_file() or any(part.endswith(".tmp") for part in path.relative_to(folder).parts[:-1]):
+            continue
+        try:
+            if path.suffix == ".safetensors":
+                load_file(str(path))
+            elif path.suffix == ".json":
+                json.loads(path.read_text())
+        except (SafetensorError, ValueError, OSError) as err:
+            broken.append(f"{path.relative_to(folder)}: {err}")
+    return broken
+
+
+@pytest.mark.slow
+def test_forma_patch_killed_before_each_file_operation_leaves_nothing_half_written_and_resumes_to_the_same_bytes(
+    tried, fault_zygote, tmp_path
+):
+    """The page's one-process `forma patch`, killed (SIGKILL) just before each of its watched file operations in
+    turn (traced first: its plan, each part's table rows, each sweep's table, the manifest): at every kill each file
+    under its final name reads whole, and the same command run again writes the bytes of the uninterrupted run,
+    every killed write's temporary and the dead writer's lock gone (after a kill once sweep.json landed, it says
+    in one line that the sweep is complete)."""
+    line = commands("One process")[1]
+    words = [str(tried / word) if (tried / word).exists() else word for word in shlex.split(line)[1:]]
+    argv = [words[0], "--no-progress", *words[1:]]
+    out = argv.index("--out") + 1
+    reference = tried / argv[out]
+    forks = Forks(fault_zygote, tmp_path, {})
+    argv[out] = str(tmp_path / "traced")
+    trace = tmp_path / "trace.jsonl"
+    status, log = forks.call(argv, {"trace": str(trace)})
+    assert status == 0, log
+    operations = len(trace.read_text().splitlines())
+    assert operations >= 10 and folder_bytes(tmp_path / "traced") == folder_bytes(reference)
+    print(f"forma patch: killed before each of its {operations} file operations")
+    for moment in range(1, operations + 1):
+        argv[out] = str(tmp_path / f"killed-{moment}")
+        status, log = forks.call(argv, {"kill": moment})
+        assert status == -9, f"not killed at operation {moment} of {operations}: {log}"
+        complete = (Path(argv[out]) / "sweep.json").is_file()
+        if Path(argv[out]).exists():
+            assert half_written(Path(argv[out])) == [], f"killed at operation {moment}"
+        status, log = forks.call(argv)
+        if complete:  # killed after sweep.json landed: the rerun tidies, and says the sweep is complete
+            assert status == 2 and "already holds a complete sweep" in log, f"after a kill at {moment}: {log}"
+        else:
+            assert status == 0, f"after a kill at operation {moment}: {log}"
+        assert folder_bytes(Path(argv[out])) == folder_bytes(reference), f"killed at operation {moment}"

@@ -353,7 +353,11 @@ def test_resuming_with_another_config_names_each_difference(tmp_path):
     model, data = demo_markov()
     cfg = SHORT.replace(lr=1e-3, min_lr=1e-4)
     train(model, cfg, data, tmp_path, progress=False, stop_after=3)
-    with pytest.raises(ValueError, match=r"resume: config differs in lr \(checkpoint 0\.001, now 0\.002\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"resume: the checkpoint in .* was made with other settings: config differs in lr "
+        r"\(checkpoint 0\.001, now 0\.002\)",
+    ):
         train(model, cfg.replace(lr=2e-3), data, tmp_path, resume=True, progress=False)
     with pytest.raises(ValueError, match=r"seed \(checkpoint 0, now 1\)"):
         train(model, cfg.replace(lr=2e-3, seed=1), data, tmp_path, resume=True, progress=False)
@@ -387,11 +391,48 @@ def test_a_missing_or_damaged_checkpoint_is_a_clear_error(tmp_path):
         damaged("optimizer.safetensors", files["optimizer.safetensors"][:100])()
     with pytest.raises(ValueError, match="malformed or truncated checkpoint file .*model.safetensors"):
         damaged("model.safetensors", files["model.safetensors"][:-64])()
-    with pytest.raises(ValueError, match="malformed checkpoint state .*train_state.json"):
+    with pytest.raises(ValueError, match="malformed JSON in .*train_state.json, line 1 column 11"):
         damaged("train_state.json", b'{"step": 2')()
     with pytest.raises(ValueError, match=r"missing \['best_val_loss_nats'"):
         damaged("train_state.json", b'{"step": 2}')()
     damaged("train_state.json", files["train_state.json"])()  # intact again: resumes
+
+
+def test_a_checkpoint_whose_values_are_wrong_is_refused_naming_its_file_and_nothing_is_loaded(tmp_path):
+    """Files that parse but hold what no save writes: each one line naming the file (not a KeyError, TypeError or
+    RuntimeError from deep inside torch), and the model is left as it was."""
+    from safetensors.torch import save_file
+
+    model, data = demo_markov()
+    train(model, SHORT, data, tmp_path / "run", progress=False, stop_after=2)
+    checkpoint = tmp_path / "run" / "checkpoint"
+    files = {name: (checkpoint / name).read_bytes() for name in lab.train.CHECKPOINT_FILES}
+    state = json.loads(files["train_state.json"])
+    optimizer = load_file(str(checkpoint / "optimizer.safetensors"))
+    nan = dict(optimizer, **{"0.exp_avg": torch.full_like(optimizer["0.exp_avg"], math.nan)})
+    cases = {
+        "train_state.json": [
+            (json.dumps(state | {"step": "2"}), r"step '2' is not one of the run's 0 … 20 steps"),
+            (json.dumps(state | {"step": 21}), r"step 21 is not one of the run's 0 … 20 steps"),
+            (json.dumps(state | {"elapsed_s": None}), r"elapsed_s None is not a number ≥ 0"),
+            (json.dumps(state | {"train_config": []}), r"train_config is not an object"),
+            ("[" * 5000 + "]" * 5000, r"nests deeper than 64 levels"),
+        ],
+        "rng_state.safetensors": [({"torch_cpu": torch.zeros(7, dtype=torch.uint8)}, r"no 'torch_cpu' RNG state")],
+        "optimizer.safetensors": [(nan, r"0.exp_avg holds values that are not finite")],
+    }
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    for name, changes in cases.items():
+        for content, said in changes:
+            for n, data_ in files.items():
+                (checkpoint / n).write_bytes(data_)
+            if isinstance(content, dict):
+                save_file(content, str(checkpoint / name))
+            else:
+                (checkpoint / name).write_text(content)
+            with pytest.raises(ValueError, match=re.escape(str(checkpoint / name)) + ".*" + said):
+                train(model, SHORT, data, tmp_path / "run", resume=True, progress=False)
+            assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()), (name, said)
 
 
 def test_a_crash_while_checkpointing_leaves_the_previous_checkpoint_whole(tmp_path, monkeypatch):

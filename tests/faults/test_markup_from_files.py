@@ -1,0 +1,90 @@
+"""No markup from files: a Markdown image (`![x](http://127.0.0.1:9/leak.png)`) and HTML tags (`<img src=x
+onerror=alert(1)>`, `<b>bold</b>`) put into every string of every folder kind the dashboard reads — a run folder's
+results.json, config.json and provenance.json (the measured runs of docs/measured/runs, every string value
+poisoned), a model's card.json and its recipe's description, a transcoder set's source.json and quality.json, a
+graph folder's meta and supernode names — and every page opened (Streamlit's AppTest): wherever a page shows one of
+those strings, in any element that Streamlit reads as Markdown (markdown, captions, headers, messages, metric
+labels and their help, expander and tab labels, radio options, table cells), it renders as the words themselves,
+never as an image, a link or HTML. tests/browser/test_browser.py opens the same folders in Chromium and checks that
+no image is made from them and no request leaves the page."""
+
+import pytest
+import streamlit as st
+
+from dashboards.pages import pages
+from tests.builders import MARKUP_FORBIDDEN, MARKUP_WORDS, markup_in, page, poison_graph, poisoned_folders, rendered
+
+
+def shown(at) -> tuple[list[str], list[str]]:
+    """(every string a page hands Streamlit to read as Markdown, every string it shows as plain text)."""
+    markdown = [
+        str(e.value)
+        for kind in ("markdown", "caption", "title", "header", "subheader", "warning", "info", "error", "success")
+        for e in at.get(kind)
+    ]
+    for kind in ("metric", "expander", "tab", "selectbox", "multiselect", "radio", "text_input", "slider", "button"):
+        for e in at.get(kind):
+            markdown += [str(getattr(e, field, None) or "") for field in ("label", "help")]
+    for radio in at.get("radio"):
+        markdown += [str(o) for o in radio.options]
+    for table in at.table:
+        markdown += [str(c) for c in [*table.value.index, *table.value.columns, *table.value.to_numpy().ravel()]]
+    return markdown, [str(e.value) for e in at.get("text")]
+
+
+@pytest.fixture(scope="module")
+def poisoned(tmp_path_factory):
+    root = tmp_path_factory.mktemp("markup")
+    mp = pytest.MonkeyPatch()
+    zoo_copy = poisoned_folders(root)
+    mp.setenv("FORMA_ZOO_DIR", str(zoo_copy))
+    mp.setenv("FORMA_RUNS_DIR", str(root / "runs"))
+    st.cache_resource.clear()
+    st.cache_data.clear()
+    at = page("graphs")
+    at.default_timeout = 120
+    at.run()  # draws and saves the default prompt's graph
+    assert not at.exception, at.exception
+    poison_graph(zoo_copy)
+    st.cache_resource.clear()
+    st.cache_data.clear()
+    yield root
+    st.cache_resource.clear()
+    st.cache_data.clear()
+    mp.undo()
+
+
+@pytest.mark.parametrize("name", [name for name, _ in pages()])
+def test_every_string_from_a_folder_is_shown_as_text_on_every_page(poisoned, name):
+    at = page(name)
+    at.default_timeout = 120
+    at.run()
+    assert not at.exception, at.exception
+    markdown, text = shown(at)
+    for source in markdown:
+        words = rendered(source)
+        if "leak" in source or "leak" in words:
+            assert not set(markup_in(source)) & MARKUP_FORBIDDEN, (name, source)
+            assert MARKUP_WORDS[0] in words or "leak.png" not in words, (name, source, words)  # the image as its words
+    for source in text:
+        if "leak.png" in source:
+            assert MARKUP_WORDS[0] in source, (name, source)
+
+
+# The pages on which each folder kind's strings must appear (so that the test above cannot pass by showing none).
+SHOWN_ON = {
+    "a run's results.json": ("kl", "hallucination", "calibration", "monitor", "equations"),
+    "a run's provenance.json": ("kl",),
+    "a model's card and recipe": ("home",),
+    "a graph's supernodes": ("graphs",),
+}
+
+
+@pytest.mark.parametrize("kind", SHOWN_ON)
+def test_each_folder_kinds_strings_reach_a_page(poisoned, kind):
+    for name in SHOWN_ON[kind]:
+        at = page(name)
+        at.default_timeout = 120
+        at.run()
+        markdown, text = shown(at)
+        assert any(MARKUP_WORDS[0] in s for s in [*map(rendered, markdown), *text]), (kind, name)
