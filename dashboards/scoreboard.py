@@ -24,6 +24,7 @@ COLUMNS = [
     "control_at_chance",
     "n",
 ]
+SEED_COLUMNS = ["seeds", "seed_min", "seed_max"]  # a run that trained several seeds per world (older runs: one)
 LABELS = {
     "method": "method",
     "world": "world",
@@ -38,6 +39,9 @@ LABELS = {
     "control_high": "control's interval, high",
     "control_at_chance": "control no better than chance",
     "n": "prompts",
+    "seeds": "training seeds",
+    "seed_min": "lowest seed's value",
+    "seed_max": "highest seed's value",
 }
 FIGURES_BY_METHOD = (
     ("Lenses", ["lenses"]),
@@ -49,7 +53,10 @@ FIGURES_BY_METHOD = (
 
 def render(folder: Path, results: dict) -> None:
     st.caption(
-        "Each grade is a mean over held-out prompts with its bootstrap 95% interval; beside it, a control that "
+        "Each grade is a mean over held-out prompts and over the models of several training seeds; its 95% interval "
+        "spans every seed's bootstrap interval over prompts, so it covers the spread between the trained models as "
+        "well as over prompts, and the lowest and highest seed's values show the seeds' spread alone. Beside it, a "
+        "control that "
         "knows nothing (another prompt's reading for a lens, permuted scores for an attribution method, "
         "shuffled targets for a probe, permuted heads or cells for detectors and patching) and the value "
         'chance gives it. "Control no better than chance" is yes where the control\'s interval does not clear '
@@ -57,10 +64,15 @@ def render(folder: Path, results: dict) -> None:
         "and no where it clears it: such a grade rewards something other than the truth."
     )
     show_headlines(results)
-    table = read_table(folder / "scoreboard.parquet", "scoreboard", COLUMNS)
+    table = read_table(folder / "scoreboard.parquet", "scoreboard")
     if table is None:
         st.info("This run has no scoreboard.parquet: run `forma run scoreboard` again.")
         return
+    missing = [column for column in COLUMNS if column not in table.columns]
+    if missing:
+        st.warning(f"scoreboard.parquet has no column {', '.join(missing)}: run `forma run scoreboard` again.")
+        return
+    table = table[COLUMNS[:7] + [c for c in SEED_COLUMNS if c in table.columns] + COLUMNS[7:]]
     st.subheader("The scoreboard")
     for column in ("method", "readout", "grade"):  # each key in its one display name (lab.names)
         table[column] = table[column].map(name)

@@ -41,6 +41,8 @@ METHODS = {
 GRADES = {
     "auroc": "AUROC",
     "auroc_necessary": "AUROC for the heads copying needs",
+    "margin_induction": "lead of the induction detector's heads (nats)",
+    "margin_previous_token": "lead of the previous-token detector's heads (nats)",
     "kl_true": "KL to the truth (nats)",
     "kl_model": "KL to the model (nats)",
     "relevant_mass": "mass on the relevant positions",
