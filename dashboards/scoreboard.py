@@ -26,6 +26,7 @@ COLUMNS = [
     "beats_control",
     "n",
 ]
+SEED_COLUMNS = ["seeds", "seed_min", "seed_max"]  # a run that trained several seeds per world (older runs: one)
 LABELS = {
     "method": "method",
     "world": "world",
@@ -42,6 +43,9 @@ LABELS = {
     "control_means": "the control",
     "beats_control": "beats its control",
     "n": "prompts",
+    "seeds": "training seeds",
+    "seed_min": "lowest seed's value",
+    "seed_max": "highest seed's value",
 }
 FIGURES_BY_METHOD = (
     ("Lenses", ["lenses"]),
@@ -53,8 +57,10 @@ FIGURES_BY_METHOD = (
 
 def render(folder: Path, results: dict) -> None:
     st.caption(
-        "Each grade is a mean over held-out prompts with its bootstrap 95% interval, and beside it a control. "
-        "Some controls know nothing (shuffled targets for a probe, permuted heads or cells for detectors and "
+        "Each grade is a mean over held-out prompts and over the models of several training seeds; its 95% "
+        "interval spans every seed's bootstrap interval over prompts, so it covers the spread between the trained "
+        "models as well as over prompts, and the lowest and highest seed's values show the seeds' spread alone. "
+        "Beside it a control. Some controls know nothing (shuffled targets for a probe, permuted cells for "
         'patching) and are judged against chance: "control no better than chance" is yes where the control\'s '
         "interval does not clear chance on the grade's good side, no where it clears it: such a grade rewards "
         "something other than the truth. A lens shows instead what it gains over another prompt's reading, which "
@@ -69,7 +75,8 @@ def render(folder: Path, results: dict) -> None:
     if table is None:
         st.info("This run has no scoreboard.parquet: run `forma run scoreboard` again.")
         return
-    table = table[[c for c in COLUMNS if c in table.columns]]  # a run made before a column was added lacks it
+    present = [c for c in COLUMNS if c in table.columns]  # a run made before a column was added lacks it
+    table = table[present[:7] + [c for c in SEED_COLUMNS if c in table.columns] + present[7:]]
     st.subheader("The scoreboard")
     for column in ("method", "readout", "grade"):  # each key in its one display name (lab.names)
         table[column] = table[column].map(name)

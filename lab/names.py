@@ -48,6 +48,8 @@ METHODS = {
 GRADES = {
     "auroc": "AUROC",
     "auroc_necessary": "AUROC for the heads copying needs",
+    "margin_induction": "lead of the induction detector's heads (nats)",
+    "margin_previous_token": "lead of the previous-token detector's heads (nats)",
     "kl_true": "KL to the truth (nats)",
     "kl_model": "KL to the model (nats)",
     "prompt_gain": "nats gained over another prompt's reading",

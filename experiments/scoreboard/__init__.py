@@ -1,10 +1,12 @@
 """Methods against the truth: interpretability methods graded on worlds whose law and mechanism are known exactly.
 
 No toolkit can tell its user whether its methods are right by comparing them with each other; a world whose true
-next-token law and mechanism are known can. The run trains one small model on each of four worlds (lab.data) and
-grades every method that applies there, each grade a mean over held-out prompts with a bootstrap 95% interval and
-a control — one that knows nothing and must score at chance, or the same method where the mechanism is absent,
-which it must beat (lab.metrics.grading, lab.analysis.grading):
+next-token law and mechanism are known can. The run trains small models on each of five worlds (lab.data), one
+per training seed (the profile's `seeds`), and grades every method that applies there, each grade a mean over
+held-out prompts with a bootstrap 95% interval and a control — one that knows nothing and must score at chance, or
+the same method where the mechanism is absent, which it must beat (lab.metrics.grading, lab.analysis.grading); the
+table combines the seeds (experiments.scoreboard.seeds: the mean, and an interval covering every seed's interval,
+so the spread between trained models as well as over prompts):
 
     world                      its law                               the ground truth of its mechanism
     order-2 Markov chain       p(x_{t+1} | the last two tokens)      the two last positions
@@ -12,6 +14,8 @@ which it must beat (lab.metrics.grading, lab.analysis.grading):
     induction (repeated span)  x_{t+1} = x_{t+1−m} inside the repeat every lawful copy source (the position after
                                                                      each earlier occurrence), or its one-source prompts
     facts (Kalai & Vempala)    the person's value                    the name's two words
+    long induction             the induction world's law, 32 tokens  its heads: the copy written by the second
+                                                                     layer's, read through its keys from the first's
 
     1. Lenses, every layer (Markov, Mess3, induction): the logit lens, the tuned lens (Belrose et al. 2023, fitted
        by Forma) and the Jacobian lens (Gurnee et al. 2026; summed over later positions as the reference fits it,
@@ -33,16 +37,19 @@ which it must beat (lab.metrics.grading, lab.analysis.grading):
        token, uniform, random); controls: the same method on an untrained model and on a model of the same shape
        trained on another world (CONTROL_WORLDS), the graph over untrained transcoders (with both replacement
        scores). A method finds the mechanism only where it beats the best baseline and its control by its interval.
-    4. Heads and patching (induction): the induction and previous-token detectors against every head's ablation
-       effect on copying (exhaustive), and attribution patching against the exhaustive patching sweep.
+    4. Heads (long induction): the induction and previous-token detectors against every head's Shapley value over
+       all sets of heads ablated together, along the path each kind works on (what a head writes to the
+       prediction; what the later keys read), with the margin by which the heads a detector flags lead the others;
+       and attribution patching (induction) against the exhaustive patching sweep.
 
 Every row of the table (results.json "table", scoreboard.parquet) is method × world × readout × grade with its
 interval, its control's interval, chance, and whether the control is at chance; the points the belief simplex
 and the attribution-patching figures draw are tables of their own (belief_simplex.parquet,
 attribution_patching_points.parquet). `headlines(results)` says which
 method reads the truth where, and why not where the run cannot say. Figures: lenses, attribution, belief_simplex,
-probes, heads, attribution_patching. The four worlds train and are graded independently, shared out to
-`cfg.workers` processes (lab.parallel); results do not depend on how many.
+probes, heads, attribution_patching. The worlds and seeds train and are graded independently, shared out to
+`cfg.workers` processes (lab.parallel); results do not depend on how many. Each seed's own rows are in
+scoreboard_seeds.parquet (a `seed` column).
 
 Where each part lives: `config` (Config, the profiles, the worlds, the seed streams), `parts` (each world's
 training and grades), `summary` (headlines) and `figures`; `run` is here.
@@ -55,7 +62,8 @@ from typing import Any
 
 from experiments.scoreboard.config import Config
 from experiments.scoreboard.figures import write_figures
-from experiments.scoreboard.parts import facts_part, source_part
+from experiments.scoreboard.parts import facts_part, long_induction_part, source_part
+from experiments.scoreboard.seeds import combine_seeds, per_seed_rows, training_seeds
 from experiments.scoreboard.summary import headlines
 from lab.configs import torch_threads
 from lab.parallel import run_tasks
@@ -64,23 +72,47 @@ from lab.runs import save_table
 __all__ = ["Config", "headlines", "run"]
 
 
+WORLDS = ("markov", "mess3", "induction", "facts", "long_induction")  # the table's order
+
+
+def _tasks(profile: Any, seeds: list[int], folders: dict[int, Path]) -> list[tuple[Any, ...]]:
+    """Every world's part once per training seed (each task's seed second to last), the longest parts first;
+    every tensor is small, so each part runs on one intra-op thread."""
+    tasks: list[tuple[Any, ...]] = []
+    for world in ("induction", "facts", "long_induction", "markov", "mess3"):
+        for seed in seeds:
+            if world == "facts":
+                tasks.append((facts_part, profile, seed, folders[seed]))
+            elif world == "long_induction":
+                tasks.append((long_induction_part, profile, seed, folders[seed]))
+            else:
+                tasks.append((source_part, world, profile, seed, folders[seed]))
+    return tasks
+
+
 def run(cfg: Config, out: Path) -> dict[str, Any]:
-    """Train and grade on every world (in `cfg.workers` processes), then the table, the headlines and the figures."""
+    """Train and grade on every world once per training seed (in `cfg.workers` processes), then the table (each
+    grade combined over the seeds, experiments.scoreboard.seeds), the headlines and the figures. The first seed's
+    models are in out/models, the others' in out/seeds/<seed>/models."""
     out = Path(out)
     clock = time.perf_counter()
     profile = cfg.profile
-    # The longest parts first; every tensor is small, so each part runs on one intra-op thread.
-    tasks = [
-        (source_part, "induction", profile, cfg.seed, out),
-        (facts_part, profile, cfg.seed, out),
-        (source_part, "markov", profile, cfg.seed, out),
-        (source_part, "mess3", profile, cfg.seed, out),
-    ]
+    seeds = training_seeds(cfg.seed, profile.seeds)
+    folders = {seed: out if k == 0 else out / "seeds" / str(seed) for k, seed in enumerate(seeds)}
+    tasks = _tasks(profile, seeds, folders)
     with torch_threads(1):
         parts = run_tasks(tasks, workers=cfg.workers, threads=1)
-    worlds = {part["world"]: part for part in parts}
-    table = [r for name in ("markov", "mess3", "induction", "facts") for r in worlds[name].pop("rows")]
+    by_seed: dict[int, dict[str, Any]] = {seed: {} for seed in seeds}
+    for task, part in zip(tasks, parts):
+        by_seed[task[-2]][part["world"]] = part
+    tables = {seed: [r for name in WORLDS for r in worlds[name].pop("rows")] for seed, worlds in by_seed.items()}
+    table = combine_seeds(tables)
     save_table(table, out, "scoreboard")
+    save_table(per_seed_rows(tables), out, "scoreboard_seeds")
+    worlds = by_seed[seeds[0]]
+    for seed in seeds[1:]:  # what the figures draw comes from the first seed's models
+        by_seed[seed]["mess3"].pop("simplex")
+        by_seed[seed]["induction"]["attribution_patching"].pop("points")
     simplex = worlds["mess3"].pop("simplex")
     points = worlds["induction"]["attribution_patching"].pop("points")
     save_table(
@@ -94,8 +126,10 @@ def run(cfg: Config, out: Path) -> dict[str, Any]:
     )
     results: dict[str, Any] = {
         "profile": dataclasses.asdict(profile),
+        "seeds": seeds,
         "table": table,
         "worlds": worlds,
+        "seed_worlds": {str(seed): by_seed[seed] for seed in seeds[1:]},
         "seconds": {name: part.pop("seconds") for name, part in worlds.items()},
     }
     results["headlines"] = headlines(results)

@@ -295,51 +295,75 @@ def _row(results: dict[str, Any], world: str, readout: str, grade: str) -> dict[
     return {"value": None, "low": None, "high": None}
 
 
+SEED_COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
+HEAD_PANELS = (
+    ("induction", "induction score against the head's Shapley value on the prediction (direct path)"),
+    ("previous_token", "previous-token score against its Shapley value through the later keys"),
+)
+
+
+def _heads_by_seed(results: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(seed, the heads block of the long-span induction world) for every training seed, the first one first."""
+    seeds = [str(s) for s in results.get("seeds", [0])]
+    blocks = [results["worlds"]["long_induction"]["heads"]]
+    blocks += [results["seed_worlds"][s]["long_induction"]["heads"] for s in seeds[1:]]
+    return list(zip(seeds, blocks))
+
+
 def heads_figure(results: dict[str, Any]) -> Any:
+    """Each detector's score against each head's Shapley value on the detector's path, every head of every seed's
+    model; and each seed's margin (the least flagged head's value over the best other's) with its interval."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    heads = results["worlds"]["induction"]["heads"]
-    effects = np.asarray(heads["effects"])
-    labels = [f"L{layer}H{head}" for layer in range(effects.shape[0]) for head in range(effects.shape[1])]
+    by_seed = _heads_by_seed(results)
     figure = make_subplots(
-        rows=1,
-        cols=2,
-        subplot_titles=("detector score against ablation effect, per head", "ablation effect (nats of copying lost)"),
+        rows=1, cols=3, subplot_titles=[title for _, title in HEAD_PANELS] + ["margin of the flagged heads, per seed"]
     )
-    # Only the heads copying needs are named on the chart, once (on the induction detector's points): the others
-    # lie close together near 0 and their names would print over each other; hovering names every head.
-    necessary = np.asarray(heads["necessary"]).ravel()
-    for kind, colour in (("induction", "#d62728"), ("previous_token", "#1f77b4")):
-        named = kind == "induction"
+    for k, (seed, heads) in enumerate(by_seed):
+        colour = SEED_COLOURS[k % len(SEED_COLOURS)]
+        shape = np.asarray(heads["values"]["induction"]).shape
+        labels = [f"L{layer}H{head}" for layer in range(shape[0]) for head in range(shape[1])]
+        for col, (kind, _) in enumerate(HEAD_PANELS, start=1):
+            figure.add_trace(
+                go.Scatter(
+                    x=np.asarray(heads["scores"][kind]).ravel(),
+                    y=np.asarray(heads["values"][kind]).ravel(),
+                    text=labels,
+                    mode="markers+text",
+                    textposition="top center",
+                    name=f"seed {seed}",
+                    legendgroup=seed,
+                    showlegend=col == 1,
+                    marker={"color": colour, "size": 9},
+                ),
+                row=1,
+                col=col,
+            )
+            figure.update_xaxes(title_text="detector score", range=[0, 1.05], row=1, col=col)
+        margins = [heads["grades"][f"margin_{kind}"] for kind, _ in HEAD_PANELS]
         figure.add_trace(
             go.Scatter(
-                x=np.asarray(heads["scores"][kind]).ravel(),
-                y=effects.ravel(),
-                text=[label if named and need else "" for label, need in zip(labels, necessary)],
-                hovertext=labels,
-                mode="markers+text",
-                textposition="top center",
-                name=f"{display(kind)} detector",
+                x=[display(kind) for kind, _ in HEAD_PANELS],
+                y=[m["value"] for m in margins],
+                error_y=_errors(margins),
+                mode="markers",
+                name=f"seed {seed}",
+                legendgroup=seed,
+                showlegend=False,
                 marker={"color": colour, "size": 10},
             ),
             row=1,
-            col=1,
+            col=3,
         )
-    figure.add_trace(
-        go.Heatmap(
-            z=effects,
-            x=[f"head {h}" for h in range(effects.shape[1])],
-            y=[f"layer {l}" for l in range(effects.shape[0])],
-            colorscale="Reds",
-            showscale=False,
-        ),
-        row=1,
-        col=2,
+    figure.add_hline(y=0, line_dash="dot", row=1, col=3)
+    figure.update_yaxes(title_text="Shapley value (nats of copying)", row=1, col=1)
+    figure.update_yaxes(title_text="margin (nats; above 0: the flagged heads do the work)", row=1, col=3)
+    figure.update_layout(
+        title="Head detectors against every set of heads ablated together (exact Shapley values, mean ablation) on "
+        "the long-span induction world,<br>every training seed (95% intervals over prompts)",
+        height=520,
     )
-    figure.update_xaxes(title_text="detector score", row=1, col=1)
-    figure.update_yaxes(title_text="ablation effect (nats)", row=1, col=1)
-    figure.update_layout(title="Head detectors against exhaustive mean ablation on the induction world", height=500)
     return figure
 
 

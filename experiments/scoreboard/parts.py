@@ -2,6 +2,7 @@
 to a worker: train the world's model, then grade every method that applies there. Each returns its table rows
 (`row`), what its figures draw, and its seconds."""
 
+import dataclasses
 import tempfile
 import time
 from pathlib import Path
@@ -14,6 +15,8 @@ from experiments.scoreboard.config import (
     CONTROL_WORLDS,
     FACTS_WORLD,
     LENSES,
+    LONG_INDUCTION_D_MODEL,
+    LONG_INDUCTION_LENGTH,
     LOOKUP,
     Profile,
     lookup_readout,
@@ -30,6 +33,7 @@ from lab.analysis.grading import (
     grade_lens,
     grade_value_probes,
 )
+from lab.analysis.heads import HEAD_KINDS
 from lab.analysis.input_attribution import METHODS
 from lab.analysis.jacobian_lens import fit_jacobian_lens
 from lab.analysis.lens import logit_lens
@@ -128,10 +132,14 @@ def train_model(
     }
 
 
-def source_sequences(source: Any, profile: Profile, steps: int, seed: int, world: str) -> SequenceBatches:
-    """Fresh training sequences, one per batch row of the whole schedule, and a small validation draw."""
-    train_tokens = source.sample(steps * profile.batch_size, profile.seq_len, seed=sample_seed(seed, world, "train"))
-    val_tokens = source.sample(64, profile.seq_len, seed=sample_seed(seed, world, "val"))
+def source_sequences(
+    source: Any, profile: Profile, steps: int, seed: int, world: str, seq_len: int | None = None
+) -> SequenceBatches:
+    """Fresh training sequences (of the profile's length unless `seq_len`), one per batch row of the whole
+    schedule, and a small validation draw."""
+    seq_len = profile.seq_len if seq_len is None else seq_len
+    train_tokens = source.sample(steps * profile.batch_size, seq_len, seed=sample_seed(seed, world, "train"))
+    val_tokens = source.sample(64, seq_len, seed=sample_seed(seed, world, "val"))
     return SequenceBatches(torch.from_numpy(train_tokens), torch.from_numpy(val_tokens))
 
 
@@ -324,7 +332,7 @@ def _model_kl(model: HookedTransformer, tokens: torch.Tensor, p: np.ndarray) -> 
 
 def source_part(world: str, profile: Profile, seed: int, out: Path) -> dict[str, Any]:
     """Markov, Mess3 or induction world: train, then the lenses; attribution where the law reads a few positions
-    (Markov, induction); belief probes on Mess3; head detectors and attribution patching on induction."""
+    (Markov, induction); belief probes on Mess3; attribution patching on induction."""
     clock = time.perf_counter()
     source = source_from_dict(world_spec(world))
     steps = profile.steps[world]
@@ -360,9 +368,9 @@ def source_part(world: str, profile: Profile, seed: int, out: Path) -> dict[str,
         seconds["probes"] = time.perf_counter() - clock
     if world == "induction":
         clock = time.perf_counter()
-        more, result["heads"], result["attribution_patching"] = heads_part(model, source, held_out_np, profile, seed)
+        more, result["attribution_patching"] = patching_part(model, source, profile, seed)
         rows += more
-        seconds["heads"] = time.perf_counter() - clock
+        seconds["patching"] = time.perf_counter() - clock
     result["rows"] = rows
     result["seconds"] = seconds
     return result
@@ -403,14 +411,84 @@ def belief_part(
     return rows, summary, simplex
 
 
+def long_induction_part(profile: Profile, seed: int, out: Path) -> dict[str, Any]:
+    """The heads' world (config.LONG_INDUCTION_WORLD): train a model of width LONG_INDUCTION_D_MODEL (the width at
+    which it forms induction heads), then grade the head detectors (`heads_part`)."""
+    clock = time.perf_counter()
+    world = "long_induction"
+    source = source_from_dict(world_spec(world))
+    steps, length = profile.steps[world], LONG_INDUCTION_LENGTH
+    cfg = model_config(dataclasses.replace(profile, d_model=LONG_INDUCTION_D_MODEL), source.vocab_size, length)
+    model, record = train_model(
+        cfg, profile, steps, seed, source_sequences(source, profile, steps, seed, world, length), length
+    )
+    model.save(out / "models" / world)
+    write_json(out / "models" / world / "world.json", {"source": source.to_dict()})
+    seconds = {"train": time.perf_counter() - clock}
+    held_out = source.sample(profile.eval_prompts, length, seed=sample_seed(seed, world, "eval"))
+    clock = time.perf_counter()
+    rows, heads = heads_part(model, source, held_out, profile, seed)
+    seconds["heads"] = time.perf_counter() - clock
+    return {
+        "world": world,
+        "source": source.to_dict(),
+        "model": record,
+        "heads": heads,
+        "rows": rows,
+        "seconds": seconds,
+    }
+
+
 def heads_part(
     model: HookedTransformer, source: Any, held_out: np.ndarray, profile: Profile, seed: int
-) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
-    """Head detectors against exhaustive head ablation on the copy positions, and attribution patching against the
-    exhaustive patching sweep when the copied token is swapped for one the prompt does not hold."""
-    scored = torch.from_numpy(source.copy_positions(held_out))
-    heads = grade_head_detectors(model, torch.from_numpy(held_out), scored, n_boot=profile.n_boot, seed=seed)
-    rows = [row("head detectors", "induction", "every head", grade) for grade in heads["grades"].values()]
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Head detectors against every head's Shapley value over all sets of heads ablated together
+    (lab.analysis.grading.grade_head_detectors), on the held-out prompts whose offset d is at least 3: there the
+    induction pattern's keys (t − d + 1, t − 2d + 1, …) never hold the previous token, so the two kinds of head
+    cannot be mistaken for each other by where they attend."""
+    _, offset = source.offsets(held_out)
+    kept = held_out[offset >= 3]
+    scored = torch.from_numpy(source.copy_positions(kept))
+    heads = grade_head_detectors(model, torch.from_numpy(kept), scored, n_boot=profile.n_boot, seed=seed)
+    rows = [row("head detectors", "long_induction", "every head", grade) for grade in heads["grades"].values()]
+    summary = {
+        "grades": {k: g.row() for k, g in heads["grades"].items()},
+        "prompts": len(kept),
+        "overlap": {"all prompts": _overlap(held_out), "graded prompts": _overlap(kept)},
+        "values": {k: v.tolist() for k, v in heads["values"].items()},
+        "scores": {k: v.tolist() for k, v in heads["scores"].items()},
+        "leads": {kind: _lead(heads, kind) for kind in heads["values"]},
+    }
+    return rows, summary
+
+
+def _overlap(tokens: np.ndarray) -> float:
+    """The share of the induction pattern's queries whose keys include the previous token (where an induction
+    head and a previous-token head attend alike)."""
+    induction = HEAD_KINDS["induction"](torch.from_numpy(tokens))
+    queries = induction.any(-1)
+    both = (induction & HEAD_KINDS["previous_token"](torch.from_numpy(tokens))).any(-1)
+    return float(both.sum() / queries.sum())
+
+
+def _lead(heads: dict[str, Any], kind: str) -> dict[str, Any]:
+    """The detector's best head and the next by score, and the best head and the next by Shapley value on the
+    detector's path: whether the detector's first head is the path's, and by how much each leads."""
+    scores, values = np.asarray(heads["scores"][kind]).ravel(), np.asarray(heads["values"][kind]).ravel()
+    by_score, by_value = np.argsort(-scores), np.argsort(-values)
+    return {
+        "detector_head": int(by_score[0]),
+        "detector_margin": float(scores[by_score[0]] - scores[by_score[1]]),
+        "value_head": int(by_value[0]),
+        "value_margin": float(values[by_value[0]] - values[by_value[1]]),
+    }
+
+
+def patching_part(
+    model: HookedTransformer, source: Any, profile: Profile, seed: int
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Attribution patching against the exhaustive patching sweep when the copied token is swapped for one the
+    prompt does not hold."""
     length = ATTRIBUTION_LENGTH["induction"]
     clean = source.sample(profile.patching_prompts, length, seed=sample_seed(seed, "induction", "patching"))
     _, offset = source.offsets(clean)
@@ -432,16 +510,10 @@ def heads_part(
         n_boot=profile.n_boot,
         seed=seed,
     )
-    rows += [
+    rows = [
         row("attribution patching", "induction", grade.name.removeprefix("pearson_"), grade, "pearson r")
         for grade in patching["grades"].values()
     ]
-    heads_summary = {
-        "grades": {k: g.row() for k, g in heads["grades"].items()},
-        "effects": heads["effects"].tolist(),
-        "necessary": heads["necessary"].tolist(),
-        "scores": {k: v.tolist() for k, v in heads["scores"].items()},
-    }
     first = patching["pairs"]
     patching_summary = {
         "grades": {k: g.row() for k, g in patching["grades"].items()},
@@ -454,7 +526,7 @@ def heads_part(
             for sweep, pairs in first.items()
         },
     }
-    return rows, heads_summary, patching_summary
+    return rows, patching_summary
 
 
 def _cloze_prompts(world: FactWorld, tokenizer: Any, template: int) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:

@@ -368,25 +368,27 @@ def value_headline(results: dict[str, Any]) -> dict[str, Any]:
 
 
 def heads_headline(results: dict[str, Any]) -> dict[str, Any]:
-    """Do the detectors flag the heads copying needs? The heads whose mean ablation removes at least half the
-    largest loss of copying are the necessary ones; each head's higher detector score ranks them (AUROC)."""
-    auroc = find(results, "head detectors", "induction", "every head", "auroc_necessary")
-    induction = find(results, "head detectors", "induction", "every head", "spearman_induction")
-    previous = find(results, "head detectors", "induction", "every head", "spearman_previous_token")
+    """Are the heads the induction detector flags the heads that write the copy? Each head's necessity is its
+    Shapley value over every set of heads ablated together, along the path its kind works on; the margin is the
+    least value among the flagged heads over the best of the others (lab.analysis.grading.flagged_margin)."""
+    grades = ("margin_induction", "margin_previous_token", "spearman_induction", "spearman_previous_token")
+    rows = {g: find(results, "head detectors", "long_induction", "every head", g) for g in grades}
+    margin, previous = rows["margin_induction"], rows["margin_previous_token"]
     sentence = (
-        f"On the induction world the heads the detectors flag are the heads copying needs: each head's higher "
-        f"score (induction or previous-token) ranks the heads whose mean ablation removes at least half the "
-        f"largest loss of copying above the others with AUROC {_said(auroc)} (chance 0.5); alone, the "
-        f"induction score follows the ablation effects with Spearman ρ {_said(induction)}, the "
-        f"previous-token score with {_said(previous)}."
+        f"On the long-span induction world the heads the induction detector flags write the copy: the least of "
+        f"their Shapley values on the prediction (every set of heads ablated together, the heads' direct path) "
+        f"leads the best other head's by {_said(margin)} nats of copying (above 0: they are the copying heads). "
+        f"The previous-token detector's heads lead the others through the later heads' keys by {_said(previous)}; "
+        f"across heads the induction score follows the copy with Spearman ρ {_said(rows['spearman_induction'])}, "
+        f"the previous-token score the keys with {_said(rows['spearman_previous_token'])}."
     )
     return headline(
         "head_detectors",
         sentence,
-        auroc["value"],
-        _interval(auroc),
-        _clears(auroc, 0.5),
-        *_judged(bool(auroc["control_at_chance"]), _apart(auroc, 0.5), "½"),
+        margin["value"],
+        _interval(margin),
+        _clears(margin, 0.0),
+        *_judged(bool(margin["control_at_chance"]), _apart(margin, 0.0), "0"),
     )
 
 
@@ -455,4 +457,16 @@ def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
         patching_headline(results),
         controls_headline(results),
     ]
-    return out
+    return [with_seeds(h, results) for h in out]
+
+
+def with_seeds(headline: dict[str, Any], results: dict[str, Any]) -> dict[str, Any]:
+    """The headline's sentence with how many training seeds its numbers combine (a run that records them)."""
+    seeds = results.get("seeds")
+    if not seeds:
+        return headline
+    return dict(
+        headline,
+        sentence=headline["sentence"] + f" Over {len(seeds)} training seeds per world; each interval covers the "
+        "spread between them as well as over prompts.",
+    )

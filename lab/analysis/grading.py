@@ -17,7 +17,8 @@ nothing, and what chance gives that control.
                              shuffled targets, an untrained model of the same shape, Hewitt & Liang's control
                              task and the lookup of the last k tokens (a finite memory) beside them
     grade_value_probes       linear probes to a categorical value, e.g. a fact's (accuracy), with the same controls
-    grade_head_detectors     head-detector scores against each head's exhaustive ablation effect on copying
+    grade_head_detectors     head-detector scores against each head's Shapley value over every set of heads
+                             ablated together (`head_shapley`), along the path each kind of head works on
     grade_attribution_patching  attribution patching's estimates against the exhaustive patching sweep
 
 A world supplies its truth through `relevant_positions(tokens)` (the positions each prediction reads),
@@ -26,6 +27,7 @@ lab.data.mechanisms); a fact world's prompts through `lab.data.facts.FactWorld.c
 """
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -45,7 +47,7 @@ from lab.analysis.lens import logit_lens, residual_stack
 from lab.analysis.patching import patch_heads, patch_positions
 from lab.analysis.probes import accuracy, fit_probe, group_split, random_model
 from lab.analysis.transcoders.model import Transcoders
-from lab.metrics.discrimination import auroc, bootstrap_ci
+from lab.metrics.discrimination import bootstrap_ci
 from lab.metrics.grading import (
     BASELINES,
     Grade,
@@ -59,11 +61,14 @@ from lab.metrics.statistics import spearman
 from lab.model import HookedTransformer
 
 __all__ = [
+    "FLAGGED",
+    "HEAD_PATHS",
     "MEMORY",
     "UNTRAINED_MODEL",
     "UNTRAINED_TRANSCODERS",
     "VALUE_PROBE_LAMBDAS",
     "AttributionGrades",
+    "flagged_margin",
     "grade_attribution_patching",
     "grade_belief_probes",
     "grade_head_detectors",
@@ -73,8 +78,10 @@ __all__ = [
     "graph_position_scores",
     "graph_readings",
     "head_ablation_effects",
+    "head_shapley",
     "last_position_truth",
     "readouts",
+    "shapley_values",
 ]
 
 Lens = Callable[[HookedTransformer, Tensor], Tensor]  # (model, tokens) → log-probabilities [layer, batch, pos, vocab]
@@ -533,6 +540,135 @@ def head_ablation_effects(
     return out
 
 
+HEAD_PATHS = {"induction": "direct", "previous_token": "keys"}  # where each kind of head does its work
+MAX_SHAPLEY_HEADS = 12  # exact Shapley values take 2^n ablated runs
+
+
+def shapley_values(values: np.ndarray, n: int) -> np.ndarray:
+    """Exact Shapley values [batch, n] from v(S) for every subset S of n players, values [2^n, batch] indexed by
+    the bitmask of S (v(∅) = 0): φ_i = Σ_{S ∌ i} |S|! (n − |S| − 1)! / n! · (v(S ∪ {i}) − v(S))."""
+    sizes = np.array([bin(mask).count("1") for mask in range(2**n)])
+    weight = np.array([math.factorial(k) * math.factorial(n - k - 1) / math.factorial(n) for k in range(n)])
+    out = np.zeros((values.shape[1], n))
+    for i in range(n):
+        without = np.array([mask for mask in range(2**n) if not mask >> i & 1])
+        out[:, i] = (weight[sizes[without]][:, None] * (values[without | 1 << i] - values[without])).sum(axis=0)
+    return out
+
+
+@torch.inference_mode()
+def head_shapley(
+    model: HookedTransformer,
+    tokens: Int[Tensor, "batch pos"],
+    scored: Bool[Tensor, "batch pos"],
+    path: str = "total",
+) -> Float[Tensor, "batch layer head"]:
+    """Each head's necessity measured in every set of heads it works with: the exact Shapley value, per prompt,
+    of v(S) = the drop in the mean log-probability of the true next token over the `scored` positions when the
+    heads of S are mean-ablated together (their z replaced by its mean over the batch and positions), over every
+    subset S of the heads that can act along `path`:
+
+        total    the heads' outputs removed everywhere (every head)
+        direct   removed only from the residual stream the unembedding reads, every later block seeing them
+                 intact: what a head writes to the prediction itself (every head; a copying head's path)
+        keys     removed only from the residual stream the later blocks' attention keys read (the heads below
+                 the last layer; those of the last have no such path and get 0): what a previous-token head is
+                 for, as path patching to the keys measures it
+
+    The values of the heads sum to v(all of them) on every prompt (Shapley's efficiency)."""
+    if path not in ("total", "direct", "keys"):
+        raise ValueError(f"path must be total, direct or keys, got {path!r}")
+    tokens = model.check_tokens(tokens)
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    players = [(l, h) for l in range(L - 1 if path == "keys" else L) for h in range(H)]
+    if len(players) > MAX_SHAPLEY_HEADS:
+        raise ValueError(
+            f"exact Shapley values over {len(players)} heads take 2^{len(players)} runs: at most "
+            f"{MAX_SHAPLEY_HEADS} heads"
+        )
+    copied = _copy_log_prob(tokens, scored)
+    names = [f"blocks.{layer}.attn.hook_z" for layer in range(L)]
+    final = f"blocks.{L - 1}.hook_resid_post"
+    logits, cache = model.run_with_cache(tokens, names_filter=lambda name: name in names or name == final)
+    means = [cache[name].mean(dim=(0, 1)) for name in names]
+    values = np.zeros((2 ** len(players), tokens.shape[0]))
+    clean = copied(logits)
+    for mask in range(1, 2 ** len(players)):
+        chosen = [players[i] for i in range(len(players)) if mask >> i & 1]
+        if path == "total":
+            ablated = model.run_with_hooks(tokens, fwd_hooks=_mean_ablations(chosen, names, means))
+        else:
+            change = _ablation_change(model, chosen, cache, names, means)  # [batch, pos, d_model] per layer
+            if path == "direct":
+                ablated = model.unembed(model.ln_final(cache[final] + sum(change.values())))
+            else:
+                ablated = _with_keys_changed(model, tokens, change)
+        values[mask] = (clean - copied(ablated)).double().cpu().numpy()
+    shapley = torch.from_numpy(shapley_values(values, len(players))).float()
+    out = torch.zeros(tokens.shape[0], L, H)
+    for i, (layer, head) in enumerate(players):
+        out[:, layer, head] = shapley[:, i]
+    return out
+
+
+def _copy_log_prob(tokens: Tensor, scored: Any) -> Callable[[Tensor], Tensor]:
+    """logits → each prompt's mean log-probability of its true next token over its `scored` positions."""
+    scored = torch.as_tensor(scored, dtype=torch.bool)[:, :-1]
+    targets = tokens[:, 1:]
+
+    def copied(logits: Tensor) -> Tensor:
+        picked = logits[:, :-1].log_softmax(-1).gather(-1, targets[..., None])[..., 0]
+        return (picked * scored).sum(dim=1) / scored.sum(dim=1).clamp_min(1)
+
+    return copied
+
+
+def _mean_ablations(chosen: list[tuple[int, int]], names: list[str], means: list[Tensor]) -> list[tuple[str, Any]]:
+    """Hooks that replace the chosen heads' z by its mean, every layer that has one."""
+    hooks = []
+    for layer, name in enumerate(names):
+        heads = [h for l, h in chosen if l == layer]
+        if heads:
+
+            def ablate(z: Tensor, hook: Any, heads: list[int] = heads, mean: Tensor = means[layer]) -> Tensor:
+                z = z.clone()
+                z[:, :, heads] = mean[heads]
+                return z
+
+            hooks.append((name, ablate))
+    return hooks
+
+
+def _ablation_change(
+    model: HookedTransformer, chosen: list[tuple[int, int]], cache: Any, names: list[str], means: list[Tensor]
+) -> dict[int, Tensor]:
+    """{layer: what mean-ablating its chosen heads adds to the residual stream, (mean z − z) W_O summed over them}."""
+    change = {}
+    for layer, name in enumerate(names):
+        heads = [h for l, h in chosen if l == layer]
+        if heads:
+            z = cache[name][:, :, heads]
+            change[layer] = torch.einsum("bphd,hdm->bpm", means[layer][heads] - z, model.W_O[layer, heads])
+    return change
+
+
+def _with_keys_changed(model: HookedTransformer, tokens: Tensor, change: dict[int, Tensor]) -> Tensor:
+    """The logits when each later block's attention keys read the residual stream plus `change` of the layers
+    below it (queries, values and everything else as in the clean run)."""
+
+    def keys(k_input: Tensor, hook: Any, layer: int = 0) -> Tensor:
+        below = [c for l, c in change.items() if l < layer]
+        return k_input + sum(below)[:, :, None] if below else k_input
+
+    hooks = [(f"blocks.{layer}.hook_k_input", partial(keys, layer=layer)) for layer in range(1, model.cfg.n_layers)]
+    before = model.cfg.use_split_qkv_input
+    model.set_use_split_qkv_input(True)
+    try:
+        return model.run_with_hooks(tokens, fwd_hooks=hooks)
+    finally:
+        model.set_use_split_qkv_input(before)
+
+
 @torch.inference_mode()
 def _detector_scores(model: HookedTransformer, tokens: Tensor, kind: str) -> Tensor:
     """[batch, layer, head]: each prompt's `pattern_scores` (NaN where the prompt has no query to score)."""
@@ -548,61 +684,77 @@ def _detector_scores(model: HookedTransformer, tokens: Tensor, kind: str) -> Ten
     return out
 
 
+FLAGGED = 0.5  # a detector flags a head that puts at least half its attention where its pattern says
+
+
+def flagged_margin(scores: np.ndarray, values: np.ndarray, level: float = FLAGGED) -> float:
+    """How clearly the heads a detector flags are the heads doing the work: the smallest value among the flagged
+    heads (score ≥ `level`; none flagged: the head it scores highest) minus the largest among the others. With one
+    head flagged it is that head's lead over the next; negative when a head the detector passes over does more
+    than one it flags; NaN when it flags every head."""
+    flagged = scores >= level
+    if not flagged.any():
+        flagged = np.arange(len(scores)) == np.nanargmax(scores)
+    if flagged.all():
+        return float("nan")
+    return float(values[flagged].min() - values[~flagged].max())
+
+
 def grade_head_detectors(
     model: HookedTransformer,
     tokens: Int[Tensor, "batch pos"],
     scored: Bool[Tensor, "batch pos"],
     *,
     kinds: Sequence[str] = ("induction", "previous_token"),
+    scores: dict[str, Any] | None = None,
     n_boot: int = 1000,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Head detectors against the heads that matter: each detector's scores (lab.analysis.heads, on the world's own
-    held-out prompts) and every head's ablation effect on the true next token at the `scored` positions
-    (`head_ablation_effects`), both averaged over the prompts of each bootstrap resample:
+    """Head detectors against each head's necessity in the set of heads it works with (`head_shapley`, exact
+    Shapley values over every subset of heads, mean ablation), on the world's own held-out prompts, averaged over
+    the prompts of each bootstrap resample. Each kind is graded along its own path (HEAD_PATHS): an induction
+    head's work is what it writes to the prediction (direct), a previous-token head's what the later keys read:
 
-        spearman_<kind>   Spearman ρ across heads between the detector's score and the ablation effect
-        auroc_necessary   AUROC of each head's highest detector score for the necessary heads, those whose
-                          ablation removes at least half as much as the most necessary head's
+        spearman_<kind>   Spearman ρ across heads between the detector's score and the heads' values on its path
+        margin_<kind>     the smallest value among the heads the detector flags minus the largest among the
+                          others (`flagged_margin`; one head flagged: its lead over the next): above 0 when the
+                          heads the detector flags are the ones doing that work
 
-    Control for each: the heads' effects in a fresh random order at every resample (the permutation null:
-    chance 0, and ½ for the AUROC). Returns {"grades": {name: Grade}, "effects": [layer, head], "scores":
-    {kind: [layer, head]}, "necessary": [layer, head]} (the last three over every prompt)."""
+    Control for each: the heads' values in a fresh random order at every resample (the permutation null: chance
+    0). `scores` {kind: [batch, layer, head]} replaces the detectors' own (to grade another detector, e.g. a
+    random one). Returns {"grades": {name: Grade}, "values": {kind: [layer, head]}, "scores": {kind: [layer,
+    head]}} (the last two over every prompt)."""
     tokens = model.check_tokens(tokens)
-    effects = head_ablation_effects(model, tokens, scored).flatten(1).numpy()  # [batch, head]
-    scores = {kind: _detector_scores(model, tokens, kind).flatten(1).numpy() for kind in kinds}
-    index = np.arange(tokens.shape[0])
-
-    def correlation(kind: str, permute: bool) -> Callable[[np.ndarray], float]:
-        order = _shuffler(permute, seed + 3)
-
-        def metric(rows: np.ndarray) -> float:
-            return spearman(np.nanmean(scores[kind][rows], axis=0).tolist(), order(effects[rows].mean(axis=0)).tolist())
-
-        return metric
-
-    def necessary_auroc(permute: bool) -> Callable[[np.ndarray], float]:
-        order = _shuffler(permute, seed + 3)
-
-        def metric(rows: np.ndarray) -> float:
-            mean_effect = order(effects[rows].mean(axis=0))
-            best = np.max(np.stack([np.nanmean(scores[kind][rows], axis=0) for kind in kinds]), axis=0)
-            return auroc(best, mean_effect >= 0.5 * mean_effect.max())
-
-        return metric
-
-    grades = {
-        f"spearman_{kind}": _against_null(f"spearman_{kind}", partial(correlation, kind), index, 0.0, n_boot, seed)
+    values = {kind: head_shapley(model, tokens, scored, HEAD_PATHS[kind]).flatten(1).numpy() for kind in kinds}
+    given = scores or {}
+    detected = {
+        kind: np.asarray(given[kind], dtype=np.float64).reshape(len(tokens), -1)
+        if kind in given
+        else _detector_scores(model, tokens, kind).flatten(1).numpy()
         for kind in kinds
     }
-    grades["auroc_necessary"] = _against_null("auroc_necessary", necessary_auroc, index, 0.5, n_boot, seed)
-    mean_effect = effects.mean(axis=0)
+    index = np.arange(tokens.shape[0])
+
+    def across_heads(kind: str, measure: Callable[..., float], permute: bool) -> Callable[[np.ndarray], float]:
+        order = _shuffler(permute, seed + 3)
+
+        def metric(rows: np.ndarray) -> float:
+            return measure(np.nanmean(detected[kind][rows], axis=0), order(values[kind][rows].mean(axis=0)))
+
+        return metric
+
+    def rho(a: np.ndarray, b: np.ndarray) -> float:
+        return spearman(a.tolist(), b.tolist())
+
+    grades = {}
+    for kind in kinds:
+        for name, measure in ((f"spearman_{kind}", rho), (f"margin_{kind}", flagged_margin)):
+            grades[name] = _against_null(name, partial(across_heads, kind, measure), index, 0.0, n_boot, seed)
     shape = (model.cfg.n_layers, model.cfg.n_heads)
     return {
         "grades": grades,
-        "effects": mean_effect.reshape(shape),
-        "scores": {kind: np.nanmean(scores[kind], axis=0).reshape(shape) for kind in kinds},
-        "necessary": (mean_effect >= 0.5 * mean_effect.max()).reshape(shape),
+        "values": {kind: values[kind].mean(axis=0).reshape(shape) for kind in kinds},
+        "scores": {kind: np.nanmean(detected[kind], axis=0).reshape(shape) for kind in kinds},
     }
 
 

@@ -747,9 +747,10 @@ SCOREBOARD = [
     ),
     Claim(
         "head_detectors",
-        "bootstrap 95% interval of the detectors' AUROC for the heads whose ablation removes copying clear of ½",
+        "interval (over prompts and training seeds) of the margin by which the heads the induction detector flags "
+        "lead the others' Shapley value on the prediction clear of 0",
         two_way=True,
-        false=_straddling(lambda r, n: _rows(r, method="head detectors", grade="auroc_necessary"), lambda row: 0.5),
+        false=_straddling(lambda r, n: _rows(r, method="head detectors", grade="margin_induction"), lambda row: 0.0),
     ),
     Claim(
         "attribution_patching",

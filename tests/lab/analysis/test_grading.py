@@ -10,6 +10,7 @@ from lab import HookedTransformer, ModelConfig
 from lab.analysis.grading import (
     UNTRAINED_MODEL,
     UNTRAINED_TRANSCODERS,
+    flagged_margin,
     grade_attribution_patching,
     grade_belief_probes,
     grade_head_detectors,
@@ -18,7 +19,9 @@ from lab.analysis.grading import (
     grade_value_probes,
     graph_position_scores,
     head_ablation_effects,
+    head_shapley,
     last_position_truth,
+    shapley_values,
 )
 from lab.analysis.graphs.attribute import attribute
 from lab.analysis.graphs.influence import position_share
@@ -133,12 +136,71 @@ def test_a_head_that_writes_nothing_has_no_ablation_effect():
     m = model(10)
     with torch.no_grad():
         m.blocks[1].attn.W_O[0].zero_()
-    effects = head_ablation_effects(m, tokens, torch.from_numpy(source.copy_positions(tokens.numpy())))
+    scored = torch.from_numpy(source.copy_positions(tokens.numpy()))
+    effects = head_ablation_effects(m, tokens, scored)
     assert effects.shape == (12, 2, 2)
     assert effects[:, 1, 0].abs().max() == 0 and effects[:, 0, 0].abs().max() > 0
-    graded = grade_head_detectors(m, tokens, torch.from_numpy(source.copy_positions(tokens.numpy())), n_boot=100)
-    assert set(graded["grades"]) == {"spearman_induction", "spearman_previous_token", "auroc_necessary"}
-    assert graded["effects"].shape == (2, 2)
+    for path in ("total", "direct", "keys"):
+        assert head_shapley(m, tokens, scored, path)[:, 1, 0].abs().max() < 1e-6, path
+    graded = grade_head_detectors(m, tokens, scored, n_boot=100)
+    assert set(graded["grades"]) == {
+        "spearman_induction",
+        "spearman_previous_token",
+        "margin_induction",
+        "margin_previous_token",
+    }
+    assert graded["values"]["induction"].shape == (2, 2) and graded["scores"]["previous_token"].shape == (2, 2)
+
+
+def test_shapley_values_are_the_fair_shares_of_known_games():
+    n = 3
+    subsets = np.arange(2**n)
+    members = np.array([[mask >> i & 1 for i in range(n)] for mask in subsets], dtype=float)
+    additive = members @ np.array([1.0, 2.0, 4.0])  # each player brings its own
+    assert shapley_values(additive[:, None], n)[0] == pytest.approx([1.0, 2.0, 4.0])
+    both = (members[:, 0] * members[:, 1])[:, None]  # 0 and 1 only together (redundant partners' mirror image)
+    assert shapley_values(both, n)[0] == pytest.approx([0.5, 0.5, 0.0])
+    either = np.maximum(members[:, 0], members[:, 1])[:, None]  # either one suffices: each alone is unnecessary
+    assert shapley_values(either, n)[0] == pytest.approx([0.5, 0.5, 0.0])
+
+
+def test_head_shapley_values_add_up_to_ablating_every_head_and_split_by_path():
+    source = InductionSource(10, 3, 5, seed=0)
+    tokens = torch.from_numpy(source.sample(12, 12, seed=1))
+    scored = torch.from_numpy(source.copy_positions(tokens.numpy()))
+    m = model(10)
+    total = head_shapley(m, tokens, scored, "total")
+    names = [f"blocks.{layer}.attn.hook_z" for layer in range(2)]
+    with torch.inference_mode():
+        _, cache = m.run_with_cache(tokens)
+        hooks = [(n, lambda z, hook, n=n: cache[n].mean(dim=(0, 1)).expand_as(z).clone()) for n in names]
+
+        def copied(logits):
+            picked = logits[:, :-1].log_softmax(-1).gather(-1, tokens[:, 1:, None])[..., 0]
+            return (picked * scored[:, :-1]).sum(1) / scored[:, :-1].sum(1).clamp_min(1)
+
+        all_ablated = copied(m(tokens)) - copied(m.run_with_hooks(tokens, fwd_hooks=hooks))
+    assert total.sum(dim=(1, 2)) == pytest.approx(all_ablated, abs=1e-5)  # Shapley's efficiency, prompt by prompt
+    assert not torch.allclose(total, head_ablation_effects(m, tokens, scored))  # not one head at a time
+    keys = head_shapley(m, tokens, scored, "keys")
+    assert keys[:, 1].abs().max() == 0 and keys[:, 0].abs().max() > 0  # the last layer has no later keys
+    # In an attention-only model a last-layer head's output reaches only the unembedding: direct is total there.
+    attn_only = model(10, block="attn_only")
+    with torch.no_grad():
+        attn_only.blocks[0].attn.W_O.zero_()
+    direct, whole = (head_shapley(attn_only, tokens, scored, path) for path in ("direct", "total"))
+    assert direct == pytest.approx(whole, abs=1e-5) and direct[:, 1].abs().max() > 0
+    with pytest.raises(ValueError, match="path must be"):
+        head_shapley(m, tokens, scored, "values")
+
+
+def test_the_flagged_margin_is_how_far_the_flagged_heads_lead_the_others():
+    values = np.array([0.1, 0.9, 0.3, 0.8])
+    assert flagged_margin(np.array([0.0, 0.2, 0.1, 0.3]), values) == pytest.approx(0.8 - 0.9)  # none: the top one
+    assert flagged_margin(np.array([0.0, 0.9, 0.1, 0.2]), values) == pytest.approx(0.9 - 0.8)  # one: its lead
+    assert flagged_margin(np.array([0.0, 0.9, 0.1, 0.7]), values) == pytest.approx(0.8 - 0.3)  # a redundant pair
+    assert flagged_margin(np.array([0.9, 0.1, 0.8, 0.0]), values) == pytest.approx(0.1 - 0.9)  # the wrong heads
+    assert np.isnan(flagged_margin(np.ones(4), values))
 
 
 def test_belief_probes_beat_shuffled_targets_and_report_selectivity_exactly():
