@@ -1,6 +1,6 @@
 """Streaming one layer's activations over 10,000 sequences of 128 tokens from the pydoc model, in bounded memory.
 
-Target (issue 6): peak memory below 1.5× one batch's cache. Each measurement runs in a fresh
+Target: peak memory below 1.5× one batch's cache. Each measurement runs in a fresh
 subprocess, so every peak is the process's own high-water mark (`ru_maxrss`) above its resident set
 just before the measured call (psutil); torch's allocations are invisible to tracemalloc.
 

@@ -17,7 +17,7 @@ TransformerBridge's `run_with_cache(names_filter=[hook])` on the same weights.
              this takes on a CPU (the sizes are written beside the figures), with its tokens/s, its peak
              and an RSS trace (flat = bounded), against one batch's run_with_cache at that size.
 
-Target (issue 21): harvest ≥ 2× the bridge's throughput; peak ≤ 1.5× one batch's. Writes
+Target: harvest ≥ 2× the bridge's throughput; peak ≤ 1.5× one batch's. Writes
 benchmarks/results/harvest.json (harvest_<device>.json off the CPU). --device cuda runs both models on the
 GPU (Forma's harvest still lands on the CPU and on disk, the bridge's cache stays on the GPU), every timed
 call ends with a device sync, and the memory phases read the GPU's peak (torch.cuda.max_memory_allocated

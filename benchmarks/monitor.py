@@ -1,4 +1,4 @@
-"""Tokens per second of generation with the monitor on against plain generation, in the same process (issue 22).
+"""Tokens per second of generation with the monitor on against plain generation, in the same process.
 
 Target: monitored generation ≥ 0.8× the tokens/s of plain KV-cached generation. Two workloads, each timed
 interleaved (benchmarks.timing: plain and monitored alternate, so drift in the machine's load hits both alike):

@@ -14,7 +14,7 @@ memory of one call of each (`benchmarks.timing.PEAK_METHODS`):
     run_with_cache   every hook, 1 × 128 tokens: Forma vs the bridge; Forma's plain forward in the same rounds
     generate         64 new tokens, greedy, with the KV cache, from a text prompt: Forma's generate vs HF generate
 
-Goals (issue 43): forward ≤ 0.95× transformers sdpa; run_with_cache ≤ 0.8× the bridge; generate ≤ 1.0×
+Goals: forward ≤ 0.95× transformers sdpa; run_with_cache ≤ 0.8× the bridge; generate ≤ 1.0×
 transformers' time; load ≤ 3 s. For each goal missed, "profile" says where the time goes (torch.profiler's top
 ops, or cProfile's top functions for the load). Writes benchmarks/results/real_model.json after each section,
 "complete": true at the end; the load average is recorded at the start and at the end (the machine is shared:

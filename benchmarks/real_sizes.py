@@ -19,7 +19,7 @@ Measured at each shape, every figure a median of interleaved rounds against its 
                      forward (the share of it they take) and against HF's; the forward's FLOP/s
     peak memory      of one call of each of the above, per contender (`benchmarks.timing.PEAK_METHODS`)
 
-Targets (issue 21): forward ≤ 0.9× HF sdpa; run_with_cache(all) ≤ 0.7× the bridge; generation ≥ 1.2× HF.
+Targets: forward ≤ 0.9× HF sdpa; run_with_cache(all) ≤ 0.7× the bridge; generation ≥ 1.2× HF.
 Writes benchmarks/results/real_sizes.json (real_sizes_<device>.json off the CPU) after each measurement,
 "complete": true once every shape is done.
 

@@ -1,6 +1,6 @@
-"""Calibration: does the model know what it knows? (issue 7; Kadavath et al. 2022, arXiv 2207.05221)
+"""Calibration: does the model know what it knows? (Kadavath et al. 2022, arXiv 2207.05221)
 
-Definitions and what tiny models do: shared/SCIENCE.md §3. Every number comes from the pure functions of
+Definitions and what tiny models do: docs/definitions.md §3. Every number comes from the pure functions of
 `lab.metrics.calibration` (ECE with 15 equal-width and 10 equal-mass bins, RMS, MCE, Brier and its
 decomposition, NLL, AUROC, bootstrap intervals, the noise floor of a perfectly calibrated model with the
 same confidences, temperature fitted by NLL); probes come from `lab.analysis.probes` on activations
@@ -47,7 +47,7 @@ training. At each:
   readout with the best validation AUROC is reported on test; baseline, beside it and never chosen: the model's
   own final cloze confidence (= the last layer's lens cloze confidence). Controls: the probe on shuffled labels
   (the lens readouts: scored against shuffled labels), and the same readout of an untrained model of the same
-  shape. Verdicts by `lab.analysis.probes.judge_readouts` (SCIENCE.md §5): constant readouts are flagged, not
+  shape. Verdicts by `lab.analysis.probes.judge_readouts` (docs/definitions.md §5): constant readouts are flagged, not
   scored; "carries the signal" needs the test interval above both controls' intervals; fewer than MIN_PER_CLASS
   right or wrong answers in the validation or test split is "not enough data".
 * token-level calibration of next-token predictions on held-out English for the pydoc zoo model (its

@@ -6,7 +6,7 @@ from experiments import ModelTraining
 from lab.configs import apply_quick, check_fields, need
 
 N_OPTIONS = 4  # Kadavath et al. §3: lettered multiple choice with (A)–(D); chance = 1/4
-EXPOSURE_BINS = ((0, 0, "0"), (1, 1, "1"), (2, 5, "2-5"), (6, None, "6+"))  # issue 7 item 1
+EXPOSURE_BINS = ((0, 0, "0"), (1, 1, "1"), (2, 5, "2-5"), (6, None, "6+"))  # how often a fact was seen in training
 QUICK = dict(
     n_first_names=40,
     n_last_names=60,

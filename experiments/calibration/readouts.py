@@ -243,7 +243,7 @@ def lens_readouts(
 def p_ik(
     model: HookedTransformer, setting: Setting, items: list[dict[str, Any]], frame: pd.DataFrame, cfg: Config
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """P(IK) rows (issue 7 item 6) and their verdicts. Label: the cloze answer is right. Candidates: logistic and
+    """P(IK) rows and their verdicts. Label: the cloze answer is right. Candidates: logistic and
     MLP probes on the residual stream at the last name token and at the value slot, and the logit-lens readouts of
     the layers before the last at the value slot. The last layer's lens readouts are the model's own output —
     its lens cloze confidence *is* the baseline — so they are shown beside it and never chosen."""

@@ -9,7 +9,7 @@ from lab.metrics.discrimination import MIN_PER_CLASS
 
 
 # --------------------------------------------------------------------------------------------
-# Acceptance (issue 7), checked on the results themselves
+# Acceptance, checked on the results themselves
 # --------------------------------------------------------------------------------------------
 def eces_without_interval(results: Any, where: str = "results") -> list[str]:
     """Every ECE in the results that lacks its `_ci95` interval, its `noise_floor_` or its `_debiased` estimate."""

@@ -1,4 +1,4 @@
-"""The seeds' equations, each checked by running it (issue 9; the claims are shared/SCIENCE.md §4).
+"""The seeds' equations, each checked by running it (the claims are docs/definitions.md §4).
 
 Every check is a computation with Forma's own implementation where one exists — `sinusoidal_table`,
 `Rotary`, `Attention` (its mask and its 1/√d_k), `next_token_loss`, `ModelConfig.n_params` against a
@@ -7,7 +7,7 @@ cache — compared with what the equation predicts. A check returns
 
     {name, item, equation (LaTeX), measured, expected, tolerance, passed, note, seconds, timing}
 
-where `item` is the claim's number in issue 9 and `note` states the pass rule when it is not
+where `item` is the claim's number in the list of checks and `note` states the pass rule when it is not
 |measured − expected| ≤ tolerance. `seconds` and `timing` (wall times measured alongside, never gated) are
 the only fields that differ between two runs with one seed (lab.runs.TIMING_FIELDS); every least-squares
 fit uses the SVD driver gelsd, because MKL's default gelsy (QR with column pivoting) gives different

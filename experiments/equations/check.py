@@ -10,7 +10,7 @@ class Check:
     """One claim, computed: the equation, what we measured, what the equation predicts, and the verdict."""
 
     name: str
-    item: int  # the claim's number in issue 9
+    item: int  # the claim's number in the list of checks (docs/experiments.md)
     equation: str  # LaTeX, for st.latex
     measured: float | list[float]
     expected: float | list[float]

@@ -1,9 +1,9 @@
-"""Hallucination on arbitrary facts: the Kalai–Vempala bound, measured exactly, and what moves it (issue 5).
+"""Hallucination on arbitrary facts: the Kalai–Vempala bound, measured exactly, and what moves it.
 
 Kalai & Vempala (arXiv 2311.14648) prove that a calibrated model must hallucinate arbitrary facts at about
 the rate of facts seen once in training; Miao & Kearns (arXiv 2502.08666) moved that rate with the Pareto
 shape γ of fact popularity and lowered hallucination by repeating a few examples. Definitions and traps:
-shared/SCIENCE.md §2; the formulas are the pure functions of `lab.metrics.hallucination`.
+docs/definitions.md §2; the formulas are the pure functions of `lab.metrics.hallucination`.
 
 The world (`lab.data.facts.FactWorld`): persons with two-word names drawn from a first × last name grid,
 one arbitrary value each for one attribute, popularity ∝ max(1, ⌊Pareto(γ)⌋), and n i.i.d. training draws
@@ -32,7 +32,7 @@ Documents drawn at T = 1 from the full softmax and judged by `FactWorld.classify
 What runs:
 * sweep: for each γ, a model trained for max(epochs) epochs in stages (`lab.train.train` with
   stop_after/resume, one stage per epoch), with the held-out NLL after each epoch; at the listed epochs and at
-  the held-out optimum every quantity of issue 5 item 3 is measured. The held-out documents are independent
+  the held-out optimum every quantity of the bound is measured (`measurement`). The held-out documents are independent
   i.i.d. draws from p (the expected loss on new draws is what picks the optimum), not unseen facts: most of them
   repeat facts that training holds too, and each γ's `heldout_draws` counts how many.
 * upweighting: from the held-out optimum at γ = upweight_gamma, the same number of optimizer steps

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from experiments import ModelTraining
 from lab.configs import apply_quick, check_fields, need
 
-DELTAS = (0.1, 0.01)  # the bound's confidence levels (issue 5 item 3)
+DELTAS = (0.1, 0.01)  # the bound's confidence levels
 # Kalai & Vempala's bound is proved for worlds whose largest fact probability is bounded (their abstract: "if
 # the maximum probability of any fact is bounded"); the theorem gives no number. Forma flags a γ whose world
 # puts at least this share of p on one fact: most of its training draws then repeat that fact, and the
@@ -54,7 +54,7 @@ class Config(ModelTraining):
 
     seed: int = 0
     quick: bool = False
-    # world (issue 5 item 1): ≥ 100 × 200 names, |H| ≫ 300·|F|, n = 5,000
+    # world: ≥ 100 × 200 names, |H| ≫ 300·|F|, n = 5,000
     n_first_names: int = 100
     n_last_names: int = 200
     n_persons: int = 4000
@@ -73,7 +73,7 @@ class Config(ModelTraining):
     epochs: tuple[int, ...] = (2, 4, 8, 16, 40)
     # measurement
     n_samples: int = 5000  # documents drawn at T = 1 to check the enumeration
-    # selective upweighting (issue 5 item 4)
+    # selective upweighting
     upweight_gamma: float = 1.5
     upweight_epochs: int = 8  # every condition gets the optimizer steps of this many epochs of the full data
     upweight_factor: int = 10
@@ -135,4 +135,4 @@ class Config(ModelTraining):
             f"upweight_shares must lie in (0, 1), got {self.upweight_shares}",
         )
         need(self, self.upweight_lr > 0, "upweight_lr must be > 0")
-        need(self, self.n_samples >= 5000, "n_samples must be ≥ 5,000 (issue 5 item 2)")
+        need(self, self.n_samples >= 5000, "n_samples must be ≥ 5,000")

@@ -1,4 +1,4 @@
-"""Everything issue 5 item 3 measures at one checkpoint: g(F), g(H) and the malformed mass, miscalibration in
+"""Everything the bound needs at one checkpoint: g(F), g(H) and the malformed mass, miscalibration in
 ε-log and adaptive bins, both sides of the Kalai–Vempala bound, the sampled documents against the enumeration,
 and the singleton-rate variant."""
 
@@ -82,7 +82,7 @@ def _singleton(setting: Setting, conditional: np.ndarray, cfg: Config) -> dict[s
 
 
 def measure(model: HookedTransformer, setting: Setting, cfg: Config, seed: int) -> tuple[dict, list[dict], dict]:
-    """(issue 5 item 3 metrics, per-bin rows, singleton-variant numbers) for the model as it is."""
+    """(the bound's metrics, per-bin rows, singleton-variant numbers) for the model as it is."""
     world = setting.world
     enum = enumerate_g(model, setting)
     g = np.exp(enum.log_g).reshape(-1)

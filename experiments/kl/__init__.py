@@ -1,4 +1,4 @@
-"""The KL decomposition, measured exactly on a world with known truth (issue 4; SCIENCE.md §1).
+"""The KL decomposition, measured exactly on a world with known truth (docs/definitions.md §1).
 
 For data drawn from p, a model's expected loss splits exactly as
 

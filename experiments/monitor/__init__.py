@@ -1,12 +1,12 @@
-"""Catch hallucinations while they are generated (issue 22): per-token risk signals read during KV-cached decoding
+"""Catch hallucinations while they are generated: per-token risk signals read during KV-cached decoding
 (`lab.analysis.monitor`), judged against the known truth of a fact world, and abstention that keeps its promise.
 
 The world (`lab.data.facts.FactWorld`, one arbitrary birthday "Month day" per person, Pareto popularity, i.i.d.
 statements "<bos> First Last birthday Month day . <eos>" drawn with replacement) and three kinds of subject:
-*seen* persons (in at least one training statement), *unseen* real persons (in none: their true value cannot be
-known, SCIENCE.md §2) and *invented* name pairs (a first and a last name of the world that form no person: every
-value is false). The model — trained here, into the run folder — is prompted "<bos> First Last birthday" and
-generates the value greedily (2 tokens) with the monitor on. The claim is false when the generated value is not the
+*seen* persons (in at least one training statement), *unseen* real persons (in none: their true value cannot be known,
+docs/definitions.md §2) and *invented* name pairs (a first and a last name of the world that form no person: every value
+is false). The model — trained here, into the run folder — is prompted "<bos> First Last birthday" and generates the
+value greedily (2 tokens) with the monitor on. The claim is false when the generated value is not the
 subject's true value. Error kinds: a wrong value for a seen person, any false value for an unseen person, any value
 for an invented person.
 

@@ -1,5 +1,5 @@
 """Data with known ground truth: sources with exact conditionals, an arbitrary-fact world, and real
-English from the Python standard library (see SCIENCE.md §1–§2)."""
+English from the Python standard library (see docs/definitions.md §1–§2)."""
 
 from lab.data.draws import EntropyEstimate
 from lab.data.facts import Fact, FactWorld, FactWorldConfig, Person

@@ -1,9 +1,9 @@
-"""An arbitrary-fact world: the setting of Kalai & Vempala's hallucination bound (SCIENCE.md §2).
+"""An arbitrary-fact world: the setting of Kalai & Vempala's hallucination bound (docs/definitions.md §2).
 
 Kalai & Vempala, "Calibrated Language Models Must Hallucinate" (STOC 2024, arXiv 2311.14648).
 
 * Persons have two-part names (first, last) drawn from Faker's en_US pools, so a model that learns the
-  name grammar can invent persons that do not exist (SCIENCE.md §2 traps: names must be multi-token).
+  name grammar can invent persons that do not exist (docs/definitions.md §2 traps: names must be multi-token).
 * Each (person, attribute) pair has one true value drawn uniformly from that attribute's value space,
   independently of everything else: the facts are *arbitrary*, nothing about them can be inferred.
 * Factoids Y = persons × attributes × values; facts F ⊂ Y are the true ones; H = Y \\ F are the

@@ -1,4 +1,4 @@
-"""Token sources whose next-token distribution is known exactly (SCIENCE.md §1).
+"""Token sources whose next-token distribution is known exactly (docs/definitions.md §1).
 
 For data drawn from p the expected loss of a model splits as E_p[−log P_θ(x)] = H(p) + KL(p ‖ P_θ).
 Measuring both terms needs p(x_{t+1} | x_{≤t}) for every prefix, so the sources here are the two

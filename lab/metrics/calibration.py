@@ -217,7 +217,7 @@ def ece_fields(
     n_boot: int = 500,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """An ECE and what goes beside it (SCIENCE.md §3): {key, key_ci95 (bootstrap), noise_floor_key (mean ECE of
+    """An ECE and what goes beside it (docs/definitions.md §3): {key, key_ci95 (bootstrap), noise_floor_key (mean ECE of
     a perfectly calibrated model with these confidences), noise_floor_key_p95, key_debiased (Kumar et al.)}."""
     c, y = _inputs(confidence, correct)
     floor, floor_p95 = noise_floor_ece(c, n_bins, scheme, seed=seed)

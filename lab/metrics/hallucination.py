@@ -1,4 +1,4 @@
-"""The hallucination bound's quantities (SCIENCE.md §2), as pure functions of numpy arrays.
+"""The hallucination bound's quantities (docs/definitions.md §2), as pure functions of numpy arrays.
 
 Kalai & Vempala, "Calibrated Language Models Must Hallucinate" (STOC 2024, arXiv 2311.14648):
 
@@ -15,7 +15,7 @@ Conventions every function here shares:
   kept as one more outcome, ⊥, on which p^Π and p put no mass, so the TV stays a distance between two
   probability distributions: ‖p^Π − g‖_TV = ½ (Σ_Y |p^Π(y) − g(y)| + g(⊥)). This is the quantity the
   bound needs: g(H) ≥ p^Π(H) − sup_S (p^Π(S) − g(S)), and the sup over S ⊆ Y is exactly this TV.
-  g is never renormalised onto Y (SCIENCE.md §2, traps).
+  g is never renormalised onto Y (docs/definitions.md §2, traps).
 * Bins are sets of factoids with similar g, so they are a function of g alone (never of p): ε-log bins
   ((1−ε)^(i+1), (1−ε)^i], or adaptive bins, g's values cut so that each bin holds ≈ 1/b of g's mass.
 * Counts are occurrences in the training sample, one entry per fact (not distinct strings).
@@ -328,7 +328,7 @@ def singleton_bound(
     singleton_rate: prompts seen exactly once in the N training examples, over N; min_wrong_answers:
     min_c |E_c|, the fewest wrong answers any prompt has; calibration_delta: δ = |p̂(A) − p(A)| from
     `singleton_calibration_delta`. The finite-N term is reported apart because it swamps everything
-    below N ≈ 10⁶ (SCIENCE.md §2).
+    below N ≈ 10⁶ (docs/definitions.md §2).
     """
     if min_wrong_answers < 1 or n_train < 1:
         raise ValueError("min_wrong_answers and n_train must be positive")

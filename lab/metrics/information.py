@@ -1,4 +1,4 @@
-"""Information measures of discrete distributions (SCIENCE.md §1), in nats unless `base` says otherwise.
+"""Information measures of discrete distributions (docs/definitions.md §1), in nats unless `base` says otherwise.
 
 For distributions p, q over the same V outcomes (the last axis, or `dim`):
 

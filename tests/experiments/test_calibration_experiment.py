@@ -1,4 +1,4 @@
-"""The calibration experiment (issue 7): the quick run end to end through `forma run calibration`, and the
+"""The calibration experiment: the quick run end to end through `forma run calibration`, and the
 Hugging Face path (`--model PATH --mmlu FILE`) on a tiny random GPT-2 saved to disk with a small generated CSV,
 through the converter and through TransformerBridge (which must agree)."""
 

@@ -1,4 +1,4 @@
-"""The hallucination experiment (issue 5): exact enumeration against brute force, then the quick run end to end."""
+"""The hallucination experiment: exact enumeration against brute force, then the quick run end to end."""
 
 import json
 import math
@@ -97,7 +97,7 @@ def test_quick_run_end_to_end(quick_run):
             assert c["fact_rate"] + c["hallucination_rate"] + c["malformed_rate"] == pytest.approx(1.0, abs=1e-5)
             # Enumeration and T = 1 sampling (≥ 5,000 documents) agree within 3 standard errors.
             assert c["n_samples"] >= 5000
-            # (3 SE for g(H), as issue 5 asks; 3.5 for the other two keeps the chance of a spurious failure
+            # (3 SE for g(H); 3.5 for the other two keeps the chance of a spurious failure
             # over all these comparisons near 1e-3 should the numbers move with a platform.)
             for kind, limit in (("hallucination", 3.0), ("fact", 3.5), ("malformed", 3.5)):
                 assert abs(c[f"sampled_{kind}_z"]) <= limit, (entry["gamma"], c["checkpoint"], kind)

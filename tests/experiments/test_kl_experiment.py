@@ -1,4 +1,4 @@
-"""The kl experiment (issue 4): the quick run end to end through `forma run kl`, and its pure parts on
+"""The kl experiment: the quick run end to end through `forma run kl`, and its pure parts on
 cases with known answers (a model equal to the truth, a tempered truth, a noise-free power law)."""
 
 import json

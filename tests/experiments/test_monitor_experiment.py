@@ -1,4 +1,4 @@
-"""The monitor experiment (issue 22): the quick run end to end through `forma run monitor`, every reported number
+"""The monitor experiment: the quick run end to end through `forma run monitor`, every reported number
 recomputed from the table it wrote, and the `--model PATH --qa FILE` path on a tiny random GPT-2 saved to disk."""
 
 import csv

@@ -6,7 +6,7 @@
     mlp        P(y | x) = softmax(W₂ ReLU(W₁x + b₁) + b₂), AdamW with weight decay λ
                (or a regression output). A linear probe can miss what a small nonlinear one finds: a
                model's confidence may be a max over many value directions, not one direction
-               (shared/SCIENCE.md §3) — compare both, and both with the model's own readout.
+               (docs/definitions.md §3) — compare both, and both with the model's own readout.
 
 Honesty, in order:
 1. Features are standardised with the statistics of the rows a probe is fitted on, never the test rows.

@@ -1,6 +1,6 @@
 """Controls and verdicts: the same probe on shuffled labels, a randomly initialised model of the same shape,
 and the choice of a readout on the validation split judged on the test split against both controls
-(`judge_readouts`, SCIENCE.md §5), with the model's own confidence beside it as the baseline."""
+(`judge_readouts`, docs/definitions.md §5), with the model's own confidence beside it as the baseline."""
 
 from collections.abc import Mapping, Sequence
 from typing import Any

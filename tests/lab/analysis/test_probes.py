@@ -1,5 +1,5 @@
 """Probes that cannot fool their reader: one home for AUROC and its bootstrap, constant features flagged,
-entity-disjoint train / validation / test splits, and the verdict rules (SCIENCE.md §5)."""
+entity-disjoint train / validation / test splits, and the verdict rules (docs/definitions.md §5)."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""lab.metrics.hallucination on hand-computed cases (SCIENCE.md §2)."""
+"""lab.metrics.hallucination on hand-computed cases (docs/definitions.md §2)."""
 
 import math
 

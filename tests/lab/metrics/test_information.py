@@ -79,7 +79,7 @@ def test_matches_torch_distributions():
 
 
 def test_gradient_of_cross_entropy_in_the_logits_is_softmax_minus_p():
-    # ∂H(p, softmax(z))/∂z = softmax(z) − p (SCIENCE.md §4's ∂ℓ/∂z = p − onehot, with soft targets).
+    # ∂H(p, softmax(z))/∂z = softmax(z) − p (docs/definitions.md §4's ∂ℓ/∂z = p − onehot, with soft targets).
     p = torch.tensor([0.1, 0.6, 0.3], dtype=torch.float64)
     z = torch.tensor([0.2, -1.0, 0.5], dtype=torch.float64, requires_grad=True)
     cross_entropy(p, torch.softmax(z, dim=-1)).backward()

@@ -532,7 +532,7 @@ def test_single_token_helpers_refuse_what_is_not_one_token_of_the_vocabulary():
         model.to_single_str_token("cat")
 
 
-# --- the seeds' claims about the model (SCIENCE.md §4) -------------------------------------------
+# --- the transformer's own claims (docs/definitions.md §4) -------------------------------------------
 def test_sinusoidal_encoding_of_pos_plus_k_is_a_fixed_rotation():
     d, k = 64, 5
     pe = sinusoidal_table(200, d).double()
