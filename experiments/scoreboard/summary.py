@@ -48,9 +48,16 @@ def _interval(row: dict[str, Any]) -> list[float] | None:
     return [low, high] if low is not None and math.isfinite(low) and math.isfinite(high) else None
 
 
-def _said(row: dict[str, Any]) -> str:
+def said(row: dict[str, Any]) -> str:
+    """A row's value and interval in two decimals, or in two significant figures where every one of them is
+    below 0.01 (a margin of 0.0018 nats is not "0.00")."""
     interval = _interval(row)
-    return f"{row['value']:.2f}" + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
+    shown = [abs(v) for v in (row["value"], *(interval or ())) if v]
+    biggest = max(shown, default=0.0)
+    decimals = 2 if biggest == 0.0 or biggest >= 0.01 else 1 - math.floor(math.log10(biggest))
+    return f"{row['value']:.{decimals}f}" + (
+        f" [{interval[0]:.{decimals}f}, {interval[1]:.{decimals}f}]" if interval else ""
+    )
 
 
 def _clears(row: dict[str, Any], level: float) -> bool:
@@ -130,11 +137,11 @@ def finds_mechanism(
     return (None, undecided) if undecided else (True, "")
 
 
-def _said_against(row: dict[str, Any]) -> str:
+def said_against(row: dict[str, Any]) -> str:
     return (
-        f"{_said(row)} (control {row['control']:.2f}, {row['control_means']})"
+        f"{said(row)} (control {row['control']:.2f}, {row['control_means']})"
         if row["control"] is not None
-        else _said(row)
+        else said(row)
     )
 
 
@@ -151,8 +158,8 @@ def attribution_headline(results: dict[str, Any], world: str, readout: str = "la
         + (", ".join(display(m) for m in finders) if finders else "no method")
         + " beats both the best trivial baseline and its control by its interval, on AUROC and on the mass on "
         f"the relevant positions (the best baselines: {display(best['auroc']['method'])}, AUROC "
-        f"{_said(best['auroc'])}; {display(best['relevant_mass']['method'])}, mass {_said(best['relevant_mass'])}). "
-        f"Integrated gradients: AUROC {_said_against(ig['auroc'])}, mass {_said_against(ig['relevant_mass'])} "
+        f"{said(best['auroc'])}; {display(best['relevant_mass']['method'])}, mass {said(best['relevant_mass'])}). "
+        f"Integrated gradients: AUROC {said_against(ig['auroc'])}, mass {said_against(ig['relevant_mass'])} "
         f"(chance {ig['relevant_mass']['chance']:.2f}; {ig['auroc']['n']} prompts)."
     )
     undecided = [f"{why}" for found, why in verdicts.values() if found is None]
@@ -176,11 +183,11 @@ def graph_headline(results: dict[str, Any], world: str, readout: str = "last pre
     beaten = any(_interval(r) and r["control_low"] is not None and r["high"] < r["control_low"] for r in rows.values())
     sentence = (
         f"On {WORLD_WORDS[world]}, against {RELEVANT_WORDS[world, readout]}, the attribution graph over trained "
-        f"transcoders has AUROC {_said(rows['auroc'])} and mass {_said(rows['relevant_mass'])}; over untrained "
+        f"transcoders has AUROC {said(rows['auroc'])} and mass {said(rows['relevant_mass'])}; over untrained "
         f"transcoders of the same shape {rows['auroc']['control']:.2f} [{rows['auroc']['control_low']:.2f}, "
         f"{rows['auroc']['control_high']:.2f}] and {rows['relevant_mass']['control']:.2f} "
         f"[{rows['relevant_mass']['control_low']:.2f}, {rows['relevant_mass']['control_high']:.2f}]; replacement "
-        f"score {_said(replacement)} trained, {replacement['control']:.2f} untrained: the transcoders "
+        f"score {said(replacement)} trained, {replacement['control']:.2f} untrained: the transcoders "
         + ("add to what the graph finds." if beats else "add nothing the run can tell to what the graph finds.")
     )
     return headline(
@@ -203,8 +210,8 @@ def effects_headline(results: dict[str, Any], world: str, readout: str = "last p
     return headline(
         f"attribution_effects_{world}",
         f"Against the model's own exhaustive effects on {WORLD_WORDS[world]}, {display(best['method'])} ranks the "
-        f"positions best (Spearman ρ = {_said_against(best)}; the best trivial baseline, "
-        f"{display(baseline['method'])}, {_said(baseline)}); "
+        f"positions best (Spearman ρ = {said_against(best)}; the best trivial baseline, "
+        f"{display(baseline['method'])}, {said(baseline)}); "
         + ", ".join(f"{display(r['method'])} {r['value']:.2f}" for r in rows if r is not best)
         + ".",
         best["value"],
@@ -222,7 +229,7 @@ def _gain_words(lens: str, gain: dict[str, Any]) -> str | None:
         return None
     side = "better than" if _interval(gain) and gain["high"] < 0 else "as well as"
     return (
-        f"the {display(lens)} reads another prompt's stream {side} its own (gain {_said(gain)} nats): it does not "
+        f"the {display(lens)} reads another prompt's stream {side} its own (gain {said(gain)} nats): it does not "
         "read the prompt, so ranking it against another lens says nothing"
     )
 
@@ -238,9 +245,9 @@ def lens_headline(results: dict[str, Any], world: str) -> dict[str, Any]:
     direction = int(jacobian["value"] < logit["value"]) - int(jacobian["value"] > logit["value"])
     sentence = (
         f"On {WORLD_WORDS.get(world, 'the ' + world + ' world')}, read {display(layer)} (after one of two blocks), "
-        f"KL(p ‖ lens) is {_said(kl['tuned'])} nats for the tuned lens, {_said(jacobian)} for the Jacobian "
-        f"lens and {_said(logit)} for the logit lens (knowing nothing of the prompt: {logit['chance']:.2f}); each "
-        f"reads its own prompt better than another's by {_said(gain['jacobian'])} and {_said(gain['logit'])} nats: "
+        f"KL(p ‖ lens) is {said(kl['tuned'])} nats for the tuned lens, {said(jacobian)} for the Jacobian "
+        f"lens and {said(logit)} for the logit lens (knowing nothing of the prompt: {logit['chance']:.2f}); each "
+        f"reads its own prompt better than another's by {said(gain['jacobian'])} and {said(gain['logit'])} nats: "
         f"the Jacobian lens reads the truth {'better' if direction > 0 else 'worse'} than the logit lens here."
     )
     apart = bool(
@@ -275,14 +282,14 @@ def jacobian_headline(results: dict[str, Any], world: str = "induction", layer: 
     why = (
         ": summing adds each position's effect on the later outputs that copy it, a reading of what follows a later "
         f"occurrence of the token rather than of what comes next here (over another prompt's reading the summed lens "
-        f"gains {_said(gain['jacobian'])} nats, the same-position one {_said(gain['same-position jacobian'])})"
+        f"gains {said(gain['jacobian'])} nats, the same-position one {said(gain['same-position jacobian'])})"
         if direction > 0
         else ""
     )
     sentence = (
         f"On {WORLD_WORDS.get(world, 'the ' + world + ' world')}, read {display(layer)}, the Jacobian lens summed "
-        f"over later positions (the reference's estimator) is {_said(summed)} nats from the truth and the "
-        f"same-position Jacobian lens {_said(same)} (knowing nothing of the prompt: {summed['chance']:.2f}): the "
+        f"over later positions (the reference's estimator) is {said(summed)} nats from the truth and the "
+        f"same-position Jacobian lens {said(same)} (knowing nothing of the prompt: {summed['chance']:.2f}): the "
         f"{worse} variant fails, not the lens idea{why}."
     )
     apart = bool(
@@ -319,10 +326,10 @@ def belief_headline(results: dict[str, Any]) -> dict[str, Any]:
     )
     sentence = (
         f"A linear probe on every layer's residual stream reads the Mess3 belief state (x = {world['x']}, "
-        f"α = {world['alpha']}) with R² {_said(r2)} on held-out prompts; the best lookup of the last k tokens "
+        f"α = {world['alpha']}) with R² {said(r2)} on held-out prompts; the best lookup of the last k tokens "
         f"(k = {best['readout'].split()[1]} of 1 … {longest}, fitted on the probe's training prompts) reaches "
-        f"{_said(best)} "
-        f"and an untrained model of the same shape {_said(untrained)}: {verdict}."
+        f"{said(best)} "
+        f"and an untrained model of the same shape {said(untrained)}: {verdict}."
     )
     return headline(
         "belief_probe",
@@ -350,11 +357,11 @@ def value_headline(results: dict[str, Any]) -> dict[str, Any]:
     carries = _clears(beyond, 0.0)
     sentence = (
         f"The fact model recalls at least {min(recall):.0%} of the values in each sentence form, so a probe of its "
-        f"final stream reads its answer (accuracy {_said(final)}). Read before the last block instead "
+        f"final stream reads its answer (accuracy {said(final)}). Read before the last block instead "
         f"({display(readout)}), a linear probe names the value for persons it was not fitted on with accuracy "
-        f"{_said(accuracy)} (chance "
-        f"{accuracy['chance']:.2f}, an untrained model {_said(untrained)}), where the model's own logit lens already "
-        f"names it for {_said(lens)}: the probe reads {_said(beyond)} "
+        f"{said(accuracy)} (chance "
+        f"{accuracy['chance']:.2f}, an untrained model {said(untrained)}), where the model's own logit lens already "
+        f"names it for {said(lens)}: the probe reads {said(beyond)} "
         + ("more than the model has written there." if carries else "beyond it, no more than the model has written.")
     )
     return headline(
@@ -377,10 +384,10 @@ def heads_headline(results: dict[str, Any]) -> dict[str, Any]:
     sentence = (
         f"On the long-span induction world the heads the induction detector flags write the copy: the least of "
         f"their Shapley values on the prediction (every set of heads ablated together, the heads' direct path) "
-        f"leads the best other head's by {_said(margin)} nats of copying (above 0: they are the copying heads). "
-        f"The previous-token detector's heads lead the others through the later heads' keys by {_said(previous)}; "
-        f"across heads the induction score follows the copy with Spearman ρ {_said(rows['spearman_induction'])}, "
-        f"the previous-token score the keys with {_said(rows['spearman_previous_token'])}."
+        f"leads the best other head's by {said(margin)} nats of copying (above 0: they are the copying heads). "
+        f"The previous-token detector's heads lead the others through the later heads' keys by {said(previous)}; "
+        f"across heads the induction score follows the copy with Spearman ρ {said(rows['spearman_induction'])}, "
+        f"the previous-token score the keys with {said(rows['spearman_previous_token'])}."
     )
     return headline(
         "head_detectors",
@@ -397,7 +404,7 @@ def patching_headline(results: dict[str, Any]) -> dict[str, Any]:
     resid = find(results, "attribution patching", "induction", "resid_pre", "pearson r")
     sentence = (
         f"Attribution patching's first-order estimates follow the exhaustive patching sweep on the induction "
-        f"world: Pearson r {_said(heads)} across heads and {_said(resid)} across the residual stream's "
+        f"world: Pearson r {said(heads)} across heads and {said(resid)} across the residual stream's "
         f"(layer, position) cells, per prompt ({heads['n']} prompts)."
     )
     return headline(

@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 
 import experiments
-from experiments.scoreboard.config import lookup_readout
 from lab.analysis.probes import judge_readouts
 from tests.builders import REPO
 
@@ -525,6 +524,17 @@ def _straddling(
     return change
 
 
+def _clear_of(select: Callable[[Results, str], list[dict]], by: float) -> Callable[[Results, str], Results]:
+    """Results where every selected row's interval lies `by` above 0."""
+
+    def change(results: Results, name: str) -> Results:
+        for row in select(results, name):
+            row.update(value=by, low=by / 2, high=1.5 * by)
+        return results
+
+    return change
+
+
 def _world(name: str) -> str:
     return name.rsplit("_", 1)[1]
 
@@ -534,6 +544,19 @@ def _lens_overlap(results: Results, name: str) -> Results:
     logit = _rows(results, method="logit lens", world=_world(name), readout="resid_pre 1", grade="kl_true")[0]
     jacobian = _rows(results, method="jacobian lens", world=_world(name), readout="resid_pre 1", grade="kl_true")[0]
     jacobian.update(value=logit["value"] * 1.01, low=logit["low"], high=logit["high"])
+    return results
+
+
+def _lens_apart(results: Results, name: str) -> Results:
+    """The Jacobian lens's interval above the logit lens's before block 1, and both lenses' gains over another
+    prompt's reading above 0 there."""
+    world = _world(name)
+    logit = _rows(results, method="logit lens", world=world, readout="resid_pre 1", grade="kl_true")[0]
+    jacobian = _rows(results, method="jacobian lens", world=world, readout="resid_pre 1", grade="kl_true")[0]
+    jacobian.update(value=logit["high"] + 0.2, low=logit["high"] + 0.1, high=logit["high"] + 0.3)
+    for lens in ("logit lens", "jacobian lens"):
+        gain = _rows(results, method=lens, world=world, readout="resid_pre 1", grade="prompt_gain")[0]
+        gain.update(value=0.5, low=0.4, high=0.6)
     return results
 
 
@@ -558,63 +581,6 @@ def _lookup_reaches_the_probe(results: Results, name: str) -> Results:
     probe = _rows(results, method="linear probe", world="mess3", readout="all layers", grade="r2 belief state")[0]
     for row in _rows(results, method="last-tokens lookup", world="mess3"):
         row.update(value=probe["value"], low=probe["low"], high=probe["high"])
-    return results
-
-
-def _row_like(row: dict[str, Any], **changes: Any) -> dict[str, Any]:
-    return {**row, "control": None, "control_low": None, "control_high": None, "control_at_chance": None, **changes}
-
-
-def _since_the_reference(results: Results) -> Results:
-    """A scoreboard reference written before the rows its headlines now read (each lens's gain over another
-    prompt's reading, the same-position Jacobian lens, the belief probe's lookups of the last k tokens, the value
-    probe's logit-lens baseline), with those rows made from its own numbers where they are missing — a no-op on a
-    reference that has them (re-run `forma run scoreboard` and `forma cards` to replace the stand-ins):
-
-    - a lens's gain over another prompt's reading is its old control (the KL of that reading) less its KL;
-    - the same-position Jacobian lens reads as the logit lens does;
-    - the lookups of the last 1 … 6 tokens reach R² 0.2 … 0.7 below the probe's; the logit lens names the value
-      0.1 less often than the probe before the last block."""
-    table = results["table"]
-    have = {(r["method"], r["world"], r["readout"], r["grade"]) for r in table}
-    for r in list(table):
-        if r["method"].endswith("lens") and r["grade"] == "kl_true":
-            key = (r["method"], r["world"], r["readout"], "prompt_gain")
-            if key not in have and r.get("control") is not None:
-                gain, half = r["control"] - r["value"], (r["high"] - r["low"]) / 2
-                table.append(
-                    _row_like(
-                        r,
-                        grade="prompt_gain",
-                        value=gain,
-                        low=gain - half,
-                        high=gain + half,
-                        better="higher",
-                        chance=0.0,
-                    )
-                )
-    for r in list(table):
-        if (
-            r["method"] == "logit lens"
-            and ("same-position jacobian lens", r["world"], r["readout"], r["grade"]) not in have
-        ):
-            table.append({**r, "method": "same-position jacobian lens"})
-    if not any(r["method"] == "last-tokens lookup" for r in table):
-        probe = _rows(results, method="linear probe", world="mess3", readout="all layers", grade="r2 belief state")[0]
-        for k in range(1, 7):
-            at = probe["low"] - 0.1 * (8 - k)
-            table.append(_row_like(probe, method="last-tokens lookup", readout=lookup_readout(k), value=at))
-            table[-1].update(low=at - 0.02, high=at + 0.02)
-    before = f"resid_pre {results['profile']['n_layers'] - 1}"
-    if ("linear probe", "facts", before, "accuracy logit lens") not in have:
-        probe = _rows(results, method="linear probe", world="facts", readout=before, grade="accuracy fact value")[0]
-        lens = probe["value"] - 0.1
-        table.append(
-            _row_like(probe, grade="accuracy logit lens", value=lens, low=lens - 0.05, high=lens + 0.05, chance=None)
-        )
-        table.append(
-            _row_like(probe, grade="accuracy beyond lens", value=0.1, low=0.05, high=0.15, chance=None, n=None)
-        )
     return results
 
 
@@ -648,7 +614,8 @@ def _best_high(results: Results, name: str, grade: str) -> float:
     from lab.metrics.grading import BASELINES
 
     world, readout = _truth(name)
-    return max(_rows(results, method=b, world=world, readout=readout, grade=grade)[0]["high"] for b in BASELINES)
+    highs = [_rows(results, method=b, world=world, readout=readout, grade=grade)[0]["high"] for b in BASELINES]
+    return max(h for h in highs if h is not None)  # a constant score (uniform) has no ρ, and so no interval
 
 
 def _methods_against_baselines(above: bool, grades: tuple[str, ...]) -> Callable[[Results, str], Results]:
@@ -660,7 +627,8 @@ def _methods_against_baselines(above: bool, grades: tuple[str, ...]) -> Callable
         for row in _method_rows(results, name, grades):
             top = max(_best_high(results, name, row["grade"]), row["control_high"] or -1.0)
             if above:  # above every row of the grade too, so that it is the best method
-                top = max([top] + [r["high"] for r in _rows(results, world=world, readout=readout, grade=row["grade"])])
+                rows = _rows(results, world=world, readout=readout, grade=row["grade"])
+                top = max([top] + [r["high"] for r in rows if r["high"] is not None])
             if above and row["method"] == "integrated_gradients":
                 row.update(value=top + 0.1, low=top + 0.05, high=top + 0.15, beats_control=True)
             elif not above:
@@ -719,6 +687,7 @@ SCOREBOARD = [
         "every prompt fails it (shown here with the Jacobian lens's gain at 0)",
         two_way=True,
         false=_lens_blind,
+        true=_lens_apart,
     ),
     Claim(
         r"jacobian_variants_induction",
@@ -743,6 +712,12 @@ SCOREBOARD = [
                 r, method="linear probe", world="facts", readout="resid_pre 1", grade="accuracy beyond lens"
             ),
             lambda row: 0.0,
+        ),
+        true=_clear_of(
+            lambda r, n: _rows(
+                r, method="linear probe", world="facts", readout="resid_pre 1", grade="accuracy beyond lens"
+            ),
+            0.1,
         ),
     ),
     Claim(
@@ -781,7 +756,7 @@ CLAIMS = {
 def _reference(name: str) -> Results:
     results = json.loads((REFERENCE / f"{name}.json").read_text())
     results.pop("headlines", None)
-    return _since_the_reference(results) if name == "scoreboard" else results
+    return results
 
 
 def _headline(name: str, results: Results, headline: str) -> dict[str, Any]:

@@ -10,6 +10,17 @@ import experiments
 from tests.builders import REPO
 
 REFERENCE = REPO / "docs" / "measured" / "runs"
+# Headlines the default run withholds where the quick run shows them, and why (each checked below to be withheld
+# for that reason, so that the entry goes when the reason does): a baseline's Spearman ρ with the model's own
+# effects depends on the model, and recency's spreads over the default run's three seeds (on the induction world
+# −0.05 … 0.65) where the quick run's small models give it about 0; the best method's interval meets that envelope
+# at the default size, not at the quick one. On the induction world the Jacobian lens's KL before block 1 varies
+# between the default run's seeds enough that its envelope meets the logit lens's; the quick run's do not.
+MORE_CAUTIOUS_BY_DESIGN = {
+    ("scoreboard", "attribution_effects_induction"): "the best trivial baseline's",
+    ("scoreboard", "attribution_effects_facts"): "the best trivial baseline's",
+    ("scoreboard", "lens_induction"): "intervals overlap",
+}
 FIELDS = {"name", "sentence", "value", "interval", "direction", "supported", "why_not"}
 
 
@@ -57,12 +68,17 @@ def test_quick_headlines_point_the_way_the_default_ones_do(quick_run, name):
     beyond = {
         n: (quick_heads[n]["sentence"], default_heads[n]["why_not"])
         for n in shown
-        if n in default_heads and not default_heads[n]["supported"]
+        if n in default_heads and not default_heads[n]["supported"] and (name, n) not in MORE_CAUTIOUS_BY_DESIGN
     }
     assert not beyond, beyond
+    for (experiment, headline), reason in MORE_CAUTIOUS_BY_DESIGN.items():
+        if experiment == name:
+            assert not default_heads[headline]["supported"] and reason in default_heads[headline]["why_not"]
     disagree = {
         n: (quick_heads[n]["sentence"], default_heads[n]["sentence"])
         for n in shown
-        if n in default_heads and quick_heads[n]["direction"] != default_heads[n]["direction"]
+        if n in default_heads
+        and quick_heads[n]["direction"] != default_heads[n]["direction"]
+        and (name, n) not in MORE_CAUTIOUS_BY_DESIGN  # withheld there, so its direction is not the quick one's
     }
     assert not disagree, disagree

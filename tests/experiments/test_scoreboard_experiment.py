@@ -423,6 +423,9 @@ def test_every_grade_combines_the_training_seeds_and_its_interval_covers_their_s
         ]
         assert len(mine) == r["seeds"] == len(results["seeds"]), r
         values = mine["value"].dropna()
+        if values.empty:  # no seed has a value (a constant score ranks nothing): nor has the combined row
+            assert r["value"] is None and r["seed_min"] is None, r
+            continue
         assert r["value"] == pytest.approx(values.mean()), r
         assert (r["seed_min"], r["seed_max"]) == pytest.approx((values.min(), values.max())), r
         if r["low"] is not None and not np.isnan(r["low"]):
@@ -552,3 +555,11 @@ def test_a_random_or_wrong_kind_detector_fails_the_heads_headline_at_the_runs_si
         kept = [r for r in results["table"] if r["method"] != "head detectors" or r["grade"] not in replaced]
         judged = heads_headline({"table": kept + rows})
         assert not (judged["supported"] and judged["direction"] is True), (name, judged["sentence"])
+
+
+def test_a_value_below_a_hundredth_is_said_in_two_significant_figures_not_as_zero():
+    from experiments.scoreboard.summary import said
+
+    assert said(_row("m", "w", "r", "g", 0.0018, 0.0005, 0.0037)) == "0.0018 [0.0005, 0.0037]"
+    assert said(_row("m", "w", "r", "g", 0.25, 0.1, 0.37)) == "0.25 [0.10, 0.37]"
+    assert said(_row("m", "w", "r", "g", 0.0, 0.0, 0.0)) == "0.00 [0.00, 0.00]"
