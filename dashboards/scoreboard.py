@@ -78,7 +78,7 @@ def render(folder: Path, results: dict) -> None:
     present = [c for c in COLUMNS if c in table.columns]  # a run made before a column was added lacks it
     table = table[present[:7] + [c for c in SEED_COLUMNS if c in table.columns] + present[7:]]
     st.subheader("The scoreboard")
-    for column in ("method", "readout", "grade"):  # each key in its one display name (lab.names)
+    for column in ("method", "world", "readout", "grade"):  # each key in its one display name (lab.names)
         table[column] = table[column].map(name)
     methods = sorted(table["method"].unique())
     worlds = sorted(table["world"].unique())

@@ -84,7 +84,10 @@ READOUTS = {
     "unique source": "unique source",  # its prompts with one copy source
 }
 
-NAMES = SIGNALS | METHODS | GRADES | READOUTS
+# The scoreboard's worlds whose keys are not words.
+WORLDS = {"long_induction": "long-span induction"}
+
+NAMES = SIGNALS | METHODS | GRADES | READOUTS | WORLDS
 
 
 def keys(names: dict[str, str]) -> list[str]:

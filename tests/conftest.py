@@ -302,14 +302,23 @@ def torch_backward_as_torch_has_it():
     torch.Tensor.backward = backward
 
 
+PYTHONS_MAIN = sys.modules["__main__"]  # the process's own, before any page ran as `__main__`
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Streamlit's AppTest runs a page as `__main__` and leaves it there — in a test, or in a module-scoped
+    fixture, which no test's teardown follows; a process started with the spawn method afterwards would run that
+    page first (multiprocessing re-imports `__main__` in the child). Every test, and every fixture set up for it,
+    starts with the process's own `__main__`."""
+    sys.modules["__main__"] = PYTHONS_MAIN
+
+
 @pytest.fixture(autouse=True)
 def main_module_as_python_has_it():
-    """Streamlit's AppTest runs a page as `__main__` and leaves it there; a process started with the spawn
-    method afterwards would run that page first (multiprocessing re-imports `__main__` in the child). Every
-    test gets back the `__main__` it started with."""
-    main = sys.modules["__main__"]
+    """After each test, the process's own `__main__` again (see pytest_runtest_setup)."""
     yield
-    sys.modules["__main__"] = main
+    sys.modules["__main__"] = PYTHONS_MAIN
 
 
 @pytest.fixture

@@ -40,12 +40,15 @@ def test_console_script_runs():
 
 @pytest.mark.slow
 def test_demo_fills_in_missing_runs_and_shows_generations(tmp_path, monkeypatch, capsys):
-    """The demo's flow on a private zoo whose models exist already: missing runs are made, none twice."""
+    """The demo's flow on a private zoo whose models (and markov's transcoders) exist already: missing runs are
+    made, none twice."""
     import shutil
 
     import experiments
     import lab.zoo as zoo
+    from lab.analysis.transcoders.model import built_from, model_fingerprint
     from lab.data.tokenizers import word_level
+    from tests.builders import random_transcoders
 
     for name in zoo.zoo_names():
         (tmp_path / "models" / name).mkdir(parents=True)
@@ -53,12 +56,16 @@ def test_demo_fills_in_missing_runs_and_shows_generations(tmp_path, monkeypatch,
         tokenizer = word_level(["Return", "the", "This", "module", "provides", "If", "file"])
         model = HookedTransformer(tiny_config(d_vocab=tokenizer.get_vocab_size()), tokenizer=tokenizer)
         model.save(tmp_path / "models" / name)
+        if name == "markov":
+            folder = tmp_path / "models" / name / "transcoders" / "topk"
+            random_transcoders(model, activation="topk").save(folder, built_from(model_fingerprint(model), 0))
     monkeypatch.setenv("FORMA_ZOO_DIR", str(tmp_path / "models"))
     monkeypatch.setenv("FORMA_RUNS_DIR", str(tmp_path / "runs"))
     monkeypatch.setattr(experiments, "experiment_names", lambda: ["equations"])
     assert main(["demo", "--no-dashboard"]) == 0
     out = capsys.readouterr().out
     assert "forma run equations --quick" in out and "pydoc generations" in out
+    assert "markov's transcoders: already built" in out
     assert len(list((tmp_path / "runs" / "equations").glob("*/results.json"))) == 1
     assert main(["demo", "--no-dashboard"]) == 0
     assert "equations: a run exists" in capsys.readouterr().out
