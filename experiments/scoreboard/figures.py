@@ -103,7 +103,8 @@ ATTRIBUTION_COLUMNS = (
 
 
 def _attribution_traces(rows: list[dict[str, Any]], first: bool) -> list[Any]:
-    """One panel's traces: the methods' bars, the trivial baselines' bars, and each row's control."""
+    """One panel's traces, as horizontal bars (a method's name reads along its bar): the methods' bars, the
+    trivial baselines' bars, and each row's control."""
     import plotly.graph_objects as go
 
     methods = [r for r in rows if r["method"] not in BASELINES]
@@ -111,27 +112,29 @@ def _attribution_traces(rows: list[dict[str, Any]], first: bool) -> list[Any]:
     controls = [r for r in rows if r["control"] is not None]
     return [
         go.Bar(
-            x=[display(r["method"]) for r in methods],
-            y=[r["value"] for r in methods],
-            error_y=_errors(methods),
+            y=[display(r["method"]) for r in methods],
+            x=[r["value"] for r in methods],
+            error_x=_errors(methods),
+            orientation="h",
             name="method",
             marker_color="#1f77b4",
             showlegend=first,
             legendgroup="method",
         ),
         go.Bar(
-            x=[display(r["method"]) for r in baselines],
-            y=[r["value"] for r in baselines],
-            error_y=_errors(baselines),
+            y=[display(r["method"]) for r in baselines],
+            x=[r["value"] for r in baselines],
+            error_x=_errors(baselines),
+            orientation="h",
             name="trivial baseline",
             marker_color="#ff7f0e",
             showlegend=first,
             legendgroup="baseline",
         ),
         go.Scatter(
-            x=[display(r["method"]) for r in controls],
-            y=[r["control"] for r in controls],
-            error_y=_errors(
+            y=[display(r["method"]) for r in controls],
+            x=[r["control"] for r in controls],
+            error_x=_errors(
                 [{"value": r["control"], "low": r["control_low"], "high": r["control_high"]} for r in controls]
             ),
             mode="markers",
@@ -145,31 +148,30 @@ def _attribution_traces(rows: list[dict[str, Any]], first: bool) -> list[Any]:
 
 
 def attribution_figure(results: dict[str, Any]) -> Any:
+    """One panel per truth and grade, stacked (each as wide as the chart, so that no title or name meets
+    another's), the methods and baselines as horizontal bars with their controls, chance a dotted line."""
     from plotly.subplots import make_subplots
 
     columns = [(w, r) for w, r in ATTRIBUTION_COLUMNS if w in results["worlds"]]
     grades = ("auroc", "relevant_mass", "rank_correlation")
+    panels = [(world, readout, grade) for world, readout in columns for grade in grades]
     figure = make_subplots(
-        rows=len(grades),
-        cols=len(columns),
-        shared_xaxes=True,
-        vertical_spacing=0.06,
-        subplot_titles=[f"{w}, {r}: {display(g)}" for g in grades for w, r in columns],
+        rows=len(panels),
+        cols=1,
+        vertical_spacing=0.25 / len(panels),
+        subplot_titles=[f"{display(w)}, {r}: {display(g)}" for w, r, g in panels],
     )
-    for col, (world, readout) in enumerate(columns, start=1):
-        for row_index, grade in enumerate(grades, start=1):
-            rows = [
-                r for r in results["table"] if r["world"] == world and r["grade"] == grade and r["readout"] == readout
-            ]
-            for trace in _attribution_traces(rows, col == 1 and row_index == 1):
-                figure.add_trace(trace, row=row_index, col=col)
-            if rows:
-                figure.add_hline(y=rows[0]["chance"], line_dash="dot", row=row_index, col=col)
+    for index, (world, readout, grade) in enumerate(panels, start=1):
+        rows = [r for r in results["table"] if r["world"] == world and r["grade"] == grade and r["readout"] == readout]
+        for trace in _attribution_traces(rows, index == 1):
+            figure.add_trace(trace, row=index, col=1)
+        if rows:
+            figure.add_vline(x=rows[0]["chance"], line_dash="dot", row=index, col=1)
     figure.update_layout(
         title="Input attribution of the prediction after the last token: AUROC and share of the mass on the truly "
         "relevant positions,<br>and Spearman ρ with the model's exhaustive causal effects, beside the trivial "
         "baselines (95% intervals over prompts; grey: each one's control)",
-        height=920,
+        height=300 * len(panels),
         barmode="group",
     )
     return figure

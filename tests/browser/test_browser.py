@@ -476,7 +476,7 @@ def agreements(name: str, results: dict, seen: dict) -> list[tuple[str, float, f
             ("checks", len(verdicts), int(passed.group(2)), 0),
             ("passing", sum(verdicts), int(passed.group(1)), 0),
         ]
-    elif name == "scoreboard":  # the bars of each world's relevant mass (the second grade of each world's column)
+    elif name == "scoreboard":  # the bars of each world's relevant mass (the second of each truth's three panels)
         bars = [t for t in chart(seen, "Input attribution") if t["name"] == "method"]
         for index, world in enumerate(w for w in ("markov", "induction", "facts") if w in results["worlds"]):
             mass = bars[3 * index + 1]
@@ -484,7 +484,7 @@ def agreements(name: str, results: dict, seen: dict) -> list[tuple[str, float, f
                 (
                     f"integrated gradients' relevant mass, {world}",
                     heads[f"attribution_{world}"]["value"],
-                    mass["y"][mass["x"].index("integrated gradients")],
+                    mass["x"][mass["y"].index("integrated gradients")],  # horizontal bars
                     1e-9,
                 )
             )
