@@ -331,9 +331,9 @@ def heads_figure(results: dict[str, Any]) -> Any:
                 go.Scatter(
                     x=np.asarray(heads["scores"][kind]).ravel(),
                     y=np.asarray(heads["values"][kind]).ravel(),
-                    text=labels,
-                    mode="markers+text",
-                    textposition="top center",
+                    hovertext=[f"{label}, seed {seed}" for label in labels],  # on hover: 24 names would overlap
+                    hoverinfo="text+x+y",
+                    mode="markers",
                     name=f"seed {seed}",
                     legendgroup=seed,
                     showlegend=col == 1,
