@@ -67,20 +67,25 @@ def tried(tmp_path_factory) -> Path:
     return folder
 
 
-def launch(line: str, folder: Path, fault: dict | None = None) -> subprocess.CompletedProcess:
-    """A command line of the page in `folder`, as a user's shell runs it (torchrun first on PATH, offline, one thread
-    a process), with `fault` planted in one rank."""
-    site = folder / "site"
+def shell_env(site: Path, sitecustomize: str, **extra: str) -> dict[str, str]:
+    """A user's shell for the page's command lines: torchrun first on PATH, offline, one thread a process, with
+    `sitecustomize` imported by every Python it starts (from `site`)."""
     site.mkdir(exist_ok=True)
-    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    env = os.environ | {
+    (site / "sitecustomize.py").write_text(sitecustomize)
+    return os.environ | {
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         "PYTHONPATH": f"{site}{os.pathsep}{REPO}",
         "OMP_NUM_THREADS": "1",
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
-        "FORMA_TEST_FAULT": json.dumps(fault),
+        **extra,
     }
+
+
+def launch(line: str, folder: Path, fault: dict | None = None) -> subprocess.CompletedProcess:
+    """A command line of the page in `folder`, as a user's shell runs it (torchrun first on PATH, offline, one thread
+    a process), with `fault` planted in one rank."""
+    env = shell_env(folder / "site", SITECUSTOMIZE, FORMA_TEST_FAULT=json.dumps(fault))
     return subprocess.run(
         ["bash", "-euo", "pipefail", "-c", line],
         cwd=folder,
@@ -165,17 +170,9 @@ def test_ranks_end_when_their_launcher_is_killed_and_the_command_then_resumes(tr
     its launcher gone and ends within seconds (lab.distributed.end_with_launcher), none left running unsupervised;
     the same command again finishes with the one process's bytes."""
     line = torchrun_line("harvest").replace("--out acts-2", "--out acts-orphan")
-    site, pids = tmp_path / "site", tmp_path / "pids"
-    site.mkdir()
+    pids = tmp_path / "pids"
     pids.mkdir()
-    (site / "sitecustomize.py").write_text(STALL)
-    env = os.environ | {
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-        "PYTHONPATH": f"{site}{os.pathsep}{REPO}",
-        "OMP_NUM_THREADS": "1",
-        "HF_HUB_OFFLINE": "1",
-        "FORMA_TEST_PIDS": str(pids),
-    }
+    env = shell_env(tmp_path / "site", STALL, FORMA_TEST_PIDS=str(pids))
     launcher = subprocess.Popen(
         shlex.split(line), cwd=tried, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
