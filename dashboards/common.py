@@ -19,6 +19,7 @@ from typing import Any
 import streamlit as st
 
 from dashboards.charts import draw, relabel
+from experiments import REAL_TRACK
 from experiments import experiment as registered
 from lab.folders import zoo_dir, zoo_names
 from lab.headlines import reason as headline_reason
@@ -167,6 +168,47 @@ def show_run(
         st.warning(
             f"{code(path)} holds a value this page cannot show ({type(err).__name__}: {plain(err)}), so the "
             f"rest of the page is left out. " + rerun(experiment)
+        )
+
+
+def show_real_track(
+    experiment: str,
+    render: Callable[[Path, dict], None],
+    fields: FieldTypes | None = None,
+    required: tuple[str, ...] = (),
+) -> None:
+    """The experiment's real-model track below its toy-world run: the newest run of runs/<experiment>_real/
+    (`forma run EXPERIMENT --model smollm2`), headed by the model it measured and the run it is, then
+    render(folder, results); or how to make one. A malformed results.json is a warning, as on the page above."""
+    name = f"{experiment}{REAL_TRACK}"
+    st.header("On a real language model")
+    working = show_progress("run", name)
+    folder = newest_run(name)
+    if folder is None:
+        if not working:
+            st.info(
+                f"No real-model run yet. `forma run {experiment} --model smollm2 --quick` makes one in minutes "
+                f"(without --quick, the full profile)."
+            )
+        return
+    try:
+        results = read_results(folder)
+    except (FileNotFoundError, ValueError) as err:
+        st.warning(f"The run in {code(folder)} has an unreadable results.json ({plain(err)}). " + rerun(experiment))
+        return
+    record = run_record(folder)
+    st.caption(f"Run {code(folder.name)} · {plain(describe_run(folder, record))}")
+    if record["config"].get("quick"):
+        st.info("A quick run of the real-model track: the small profile, for tests and the demo.")
+    show_config(folder, record["config"])
+    path = folder / "results.json"
+    results = checked_fields(results, path, name, fields or {}, required)
+    try:
+        render(folder, results)
+    except SHAPE_ERRORS as err:
+        st.warning(
+            f"{code(path)} holds a value this page cannot show ({type(err).__name__}: {plain(err)}), so the "
+            f"rest of the real-model track is left out. " + rerun(experiment)
         )
 
 

@@ -41,7 +41,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     module = experiments.load(args.name)
     fields = {f.name for f in dataclasses.fields(module.Config)}
     cfg = module.Config(**{k: v for k, v in given.items() if k in fields and v is not None})
-    job = f"forma run {args.name}{' --quick' if args.quick else ''}"
+    name = experiments.run_name(args.name, cfg)  # runs/NAME_real/ for a real-model track
+    job = f"forma run {args.name}{' --quick' if args.quick else ''}{f' --model {args.model}' if args.model else ''}"
     # What the run reads from outside (a model, a CSV) is read and checked before its folder is made: a refused
     # input leaves nothing behind, and is said once.
     inputs = module.read_inputs(cfg) if hasattr(module, "read_inputs") else None
@@ -52,7 +53,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         with recording(folder / PROGRESS_FILE, job, echo=True):
             return module.run(config, folder) if inputs is None else module.run(config, folder, inputs)
 
-    folder = run_and_record(args.name, cfg, run_with_progress, out=args.out, seed=getattr(cfg, "seed", None))
+    folder = run_and_record(name, cfg, run_with_progress, out=args.out, seed=getattr(cfg, "seed", None))
     (folder / PROGRESS_FILE).unlink(missing_ok=True)  # results.json is there now: the run's state is in it
     if args.quick:  # the numbers below are the small profile's, and say so before they appear
         print(

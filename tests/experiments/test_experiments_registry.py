@@ -128,3 +128,18 @@ def test_the_dashboard_benchmark_and_the_cli_take_the_registrys_list():
     run = build_parser()._subparsers._group_actions[0].choices["run"]
     name = next(a for a in run._actions if a.dest == "name")
     assert list(name.choices) == experiments.experiment_names()
+
+
+def test_a_real_model_track_runs_into_its_own_folder_beside_the_toy_worlds():
+    """A Config whose real_track is true (`forma run NAME --model smollm2`) names runs/NAME_real/; any other, and a
+    Config without the attribute, runs/NAME/."""
+
+    class Real:
+        real_track = True
+
+    class Toy:
+        real_track = False
+
+    assert experiments.run_name("kl", Real()) == "kl_real"
+    assert experiments.run_name("kl", Toy()) == "kl"
+    assert experiments.run_name("kl", object()) == "kl"
