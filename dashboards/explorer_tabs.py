@@ -394,7 +394,7 @@ def show_input_attribution(model, tokens, labels) -> None:
         height=200 + 35 * len(rows),
         yaxis_autorange="reversed",
     )
-    st.plotly_chart(fig, key="input_attribution")
+    draw(fig, key="input_attribution")
 
 
 def show_attribution(model, tokens, labels) -> None:

@@ -12,7 +12,7 @@ import streamlit as st
 import torch
 from safetensors import SafetensorError
 
-from dashboards.charts import readable
+from dashboards.charts import as_text, readable
 from dashboards.common import code, load_model, model_version, plain, show_table
 from dashboards.explorer_tabs import to_ids, token_text
 from lab.analysis.graphs.attribute import attribute
@@ -315,7 +315,7 @@ st.caption(
     f"{pruned.edge_share:.1%} of the edge influence; replacement score {scores['replacement']:.2f}, "
     f"completeness {scores['completeness']:.2f}."
 )
-drawn = readable(figure(graph, pruned.node_mask, pruned.edge_mask, labels, logit_labels))
+drawn = as_text(readable(figure(graph, pruned.node_mask, pruned.edge_mask, labels, logit_labels)))
 event = st.plotly_chart(drawn, key="graph_chart", on_select="rerun", selection_mode="points")
 points = (event.selection.points if event and event.selection else []) or []
 chosen = [p["customdata"] for p in points if "customdata" in p]

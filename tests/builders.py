@@ -559,6 +559,22 @@ MEASURED = REPO / "docs" / "measured"
 MARKUP_FORBIDDEN = {"image", "link_open", "html_inline", "html_block"}  # what a string from a file must never become
 
 
+# A saved figure whose every string carries MARKUP: plotly renders <a>, <b> and styled spans in each of them.
+POISONED_FIGURE = {
+    "data": [
+        {
+            "type": "bar",
+            "x": [f"method {MARKUP}", "other"],
+            "y": [1, 2],
+            "name": f"series {MARKUP}",
+            "hovertext": [MARKUP, MARKUP],
+            "text": [MARKUP, ""],
+        }
+    ],
+    "layout": {"title": {"text": f"title {MARKUP}"}, "xaxis": {"title": {"text": MARKUP}}},
+}
+
+
 def poison(value, keep: tuple[str, ...] = ()):
     """Every string value of parsed JSON (not its keys, nor the values under `keep`) with MARKUP appended."""
     if isinstance(value, str):
@@ -585,6 +601,7 @@ def poisoned_folders(root: Path) -> Path:
         provenance = json.loads((MEASURED / "runs" / f"{results.stem}.provenance.json").read_text())
         (folder / "provenance.json").write_text(json.dumps(poison(provenance, keep=("experiment",))))
         (folder / "config.json").write_text(json.dumps({"seed": 0, "note": MARKUP, "model": f"pydoc {MARKUP}"}))
+        (folder / "poisoned.json").write_text(json.dumps(POISONED_FIGURE))
     card = json.loads((MEASURED / "cards" / "pydoc.json").read_text())
     (zoo_copy / "pydoc" / "card.json").write_text(json.dumps(poison(card, keep=("name", "kind"))))
     recipe = zoo_copy / "pydoc" / "model.toml"

@@ -8,6 +8,8 @@ labels and their help, expander and tab labels, radio options, table cells), it 
 never as an image, a link or HTML. tests/browser/test_browser.py opens the same folders in Chromium and checks that
 no image is made from them and no request leaves the page."""
 
+import json
+
 import pytest
 import streamlit as st
 
@@ -30,6 +32,25 @@ def shown(at) -> tuple[list[str], list[str]]:
     for table in at.table:
         markdown += [str(c) for c in [*table.value.index, *table.value.columns, *table.value.to_numpy().ravel()]]
     return markdown, [str(e.value) for e in at.get("text")]
+
+
+def chart_strings(at) -> list[str]:
+    """Every string of every plotly chart on the page, as its spec reaches the browser."""
+    found: list[str] = []
+
+    def walk(value) -> None:
+        if isinstance(value, str):
+            found.append(value)
+        elif isinstance(value, dict):
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, list):
+            for v in value:
+                walk(v)
+
+    for chart in at.get("plotly_chart"):
+        walk(json.loads(chart.proto.spec))
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +90,9 @@ def test_every_string_from_a_folder_is_shown_as_text_on_every_page(poisoned, nam
     for source in text:
         if "leak.png" in source:
             assert MARKUP_WORDS[0] in source, (name, source)
+    for source in chart_strings(at):  # plotly draws <a>, <b>, <span style> of any string: a file's are escaped
+        if "leak" in source:
+            assert "<img" not in source and "<b>" not in source, (name, source)
 
 
 # The pages on which each folder kind's strings must appear (so that the test above cannot pass by showing none).
@@ -87,4 +111,15 @@ def test_each_folder_kinds_strings_reach_a_page(poisoned, kind):
         at.default_timeout = 120
         at.run()
         markdown, text = shown(at)
-        assert any(MARKUP_WORDS[0] in s for s in [*map(rendered, markdown), *text]), (kind, name)
+        assert any(MARKUP_WORDS[0] in s for s in [*map(rendered, markdown), *text, *chart_strings(at)]), (kind, name)
+
+
+@pytest.mark.parametrize("name", SHOWN_ON["a run's results.json"])
+def test_a_string_from_a_file_reaches_a_chart_as_text(poisoned, name):
+    """The chart check above cannot pass by drawing no file's string: a run's saved figure, every string of it
+    poisoned (tests.builders.POISONED_FIGURE), is drawn with each tag escaped."""
+    at = page(name)
+    at.default_timeout = 120
+    at.run()
+    leaked = [s for s in chart_strings(at) if "leak" in s]
+    assert leaked and all("&lt;img" in s and "&lt;b>" in s for s in leaked if "onerror" in s), leaked[:3]
