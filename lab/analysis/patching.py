@@ -198,33 +198,36 @@ def _grid(
     return cells, [(h, p) for h in range(model.cfg.n_heads) for p in cells]
 
 
+@dataclass(frozen=True)
+class Sweep:
+    """What one patching sweep patches: `component` at each cell of `axis` ("pos", "head" or "head_pos") over
+    `positions` and `layers` (None: all), in `direction`, `max_batch` patched rows a forward pass, every pass from
+    the embedding when `exhaustive`. patch_positions, patch_heads and patch_heads_by_position each make one."""
+
+    component: str
+    axis: str
+    positions: Sequence[int] | None
+    layers: Sequence[int] | None
+    direction: str
+    max_batch: int
+    exhaustive: bool
+
+    def __post_init__(self) -> None:
+        if self.component not in COMPONENTS:
+            raise ValueError(f"component must be one of {sorted(COMPONENTS)}, got {self.component!r}")
+        if self.direction not in ("denoise", "noise"):
+            raise ValueError(f"direction must be 'denoise' (clean into corrupted) or 'noise', got {self.direction!r}")
+        if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int) or self.max_batch < 1:
+            raise ValueError(f"max_batch must be a positive integer (rows per forward pass), got {self.max_batch!r}")
+
+
 @torch.inference_mode()
-def _patch(
-    model: Any,
-    clean: Any,
-    corrupted: Any,
-    component: str,
-    axis: str,
-    positions: Sequence[int] | None,
-    layers: Sequence[int] | None,
-    metric: MetricFn | None,
-    answer: Any,
-    wrong: Any,
-    direction: str,
-    max_batch: int,
-    exhaustive: bool,
-) -> PatchingResult:
-    """The sweep behind patch_positions, patch_heads and patch_heads_by_position, from their arguments."""
+def _patch(model: Any, clean: Any, corrupted: Any, sweep: Sweep, metric: MetricFn) -> PatchingResult:
+    """The sweep behind patch_positions, patch_heads and patch_heads_by_position."""
     clean, corrupted = check_inputs(model, clean, corrupted)
-    cells, columns = _grid(model, axis, clean.shape[1], positions)
-    layers = _layers(model, layers)
-    metric = resolve_metric(metric, answer, wrong)
-    if component not in COMPONENTS:
-        raise ValueError(f"component must be one of {sorted(COMPONENTS)}, got {component!r}")
-    if direction not in ("denoise", "noise"):
-        raise ValueError(f"direction must be 'denoise' (clean into corrupted) or 'noise', got {direction!r}")
-    if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
-        raise ValueError(f"max_batch must be a positive integer (rows per forward pass), got {max_batch!r}")
+    cells, columns = _grid(model, sweep.axis, clean.shape[1], sweep.positions)
+    layers = _layers(model, sweep.layers)
+    component, direction = sweep.component, sweep.direction
     names = [COMPONENTS[component].format(layer=layer) for layer in layers]
     if hasattr(model, "check_hook_names"):
         model.check_hook_names(names)
@@ -233,15 +236,21 @@ def _patch(
     saved = {layer: cache[name] for layer, name in zip(layers, names)}
     todo = [Cell(i, j, layer, head, pos) for i, layer in enumerate(layers) for j, (head, pos) in enumerate(columns)]
     values = torch.empty(len(layers), len(columns))
-    sweep = _sweep_exhaustive if exhaustive or not runs_fast(model) else _sweep_fast
-    target_logits = sweep(model, target, component, saved, todo, metric, max_batch, values)
+    run = _sweep_exhaustive if sweep.exhaustive or not runs_fast(model) else _sweep_fast
+    target_logits = run(model, target, component, saved, todo, metric, sweep.max_batch, values)
     clean_logits, corrupted_logits = (
         (source_logits, target_logits) if direction == "denoise" else (target_logits, source_logits)
     )
-    if axis == "head_pos":
+    if sweep.axis == "head_pos":
         values = values.view(len(layers), -1, len(cells))
     return PatchingResult(
-        values, float(metric(clean_logits)), float(metric(corrupted_logits)), component, axis, list(cells), direction
+        values,
+        float(metric(clean_logits)),
+        float(metric(corrupted_logits)),
+        component,
+        sweep.axis,
+        list(cells),
+        direction,
     )
 
 
@@ -415,21 +424,8 @@ def patch_positions(
     exhaustive=True runs every patched pass from the embedding (the reference; what any other model gets)."""
     if component == "z":
         raise ValueError("hook_z is patched by head: use patch_heads or patch_heads_by_position")
-    return _patch(
-        model,
-        clean,
-        corrupted,
-        component,
-        "pos",
-        positions,
-        layers,
-        metric,
-        answer,
-        wrong,
-        direction,
-        max_batch,
-        exhaustive,
-    )
+    sweep = Sweep(component, "pos", positions, layers, direction, max_batch, exhaustive)
+    return _patch(model, clean, corrupted, sweep, resolve_metric(metric, answer, wrong))
 
 
 def patch_heads(
@@ -446,9 +442,8 @@ def patch_heads(
     exhaustive: bool = False,
 ) -> PatchingResult:
     """Patch one head's output z (every position) at a time; values is [layer, head]."""
-    return _patch(
-        model, clean, corrupted, "z", "head", None, layers, metric, answer, wrong, direction, max_batch, exhaustive
-    )
+    sweep = Sweep("z", "head", None, layers, direction, max_batch, exhaustive)
+    return _patch(model, clean, corrupted, sweep, resolve_metric(metric, answer, wrong))
 
 
 def patch_heads_by_position(
@@ -467,18 +462,5 @@ def patch_heads_by_position(
 ) -> PatchingResult:
     """Patch one head's z at one position at a time; values is [layer, head, position] (TransformerLens's
     get_act_patch_attn_head_out_by_pos gives the same numbers as [layer, position, head])."""
-    return _patch(
-        model,
-        clean,
-        corrupted,
-        "z",
-        "head_pos",
-        positions,
-        layers,
-        metric,
-        answer,
-        wrong,
-        direction,
-        max_batch,
-        exhaustive,
-    )
+    sweep = Sweep("z", "head_pos", positions, layers, direction, max_batch, exhaustive)
+    return _patch(model, clean, corrupted, sweep, resolve_metric(metric, answer, wrong))
