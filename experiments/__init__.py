@@ -62,6 +62,35 @@ def run_name(name: str, config: Any) -> str:
     return f"{name}{REAL_TRACK}" if getattr(config, "real_track", False) else name
 
 
+def quick_changes(config_class: type) -> list[str]:
+    """What `--quick` changes in an experiment, one line per setting ("steps: 720 → 240"): the Config's fields
+    that differ between Config() and Config(quick=True), and for a profile Config (ProfileConfig) every entry of
+    its two profiles that differs, a dict's keys one by one. Read by `forma run NAME --help`."""
+
+    def flat(value: Any, prefix: str = "") -> dict[str, Any]:
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        if isinstance(value, dict):
+            out: dict[str, Any] = {}
+            for key, item in value.items():
+                out |= flat(item, f"{prefix}{key}.") if isinstance(item, dict) else {f"{prefix}{key}": item}
+            return out
+        return {prefix.rstrip("."): value}
+
+    default, quick = config_class(), config_class(quick=True)
+    if isinstance(default, ProfileConfig):
+        before, after = flat(default.profile), flat(quick.profile)
+    else:
+        before = {k: v for k, v in flat(default).items() if k != "quick"}
+        after = {k: v for k, v in flat(quick).items() if k != "quick"}
+
+    def said(table: dict[str, Any], key: str) -> str:
+        return repr(table[key]) if key in table else "as the recipe has it"
+
+    changed = [key for key in before | after if before.get(key) != after.get(key)]
+    return [f"{key}: {said(before, key)} → {said(after, key)}" for key in changed]
+
+
 def experiment_names() -> list[str]:
     """The registered experiments' names, in the registry's order."""
     return [e.name for e in REGISTRY]

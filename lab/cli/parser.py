@@ -213,13 +213,33 @@ def _add_transcoders(sub: Commands) -> None:
     transcoders.set_defaults(func=cmd_transcoders)
 
 
+class RunHelp(argparse.Action):
+    """`forma run --help`, and after an experiment's name (`forma run kl --help`) what its --quick changes, read
+    from its Config (experiments.quick_changes: this loads the experiment, and torch with it)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: Any = None):
+        parser.print_help()
+        name = getattr(namespace, "name", None)
+        if name:
+            import experiments
+
+            changes = experiments.quick_changes(experiments.load(name).Config)
+            print(f"\n--quick in {name} (default → quick):")
+            print("\n".join(f"  {line}" for line in changes) if changes else "  nothing: it has one size")
+        parser.exit()
+
+
 def _add_run(sub: Commands) -> None:
     """forma run NAME."""
     import experiments
 
     run = sub.add_parser(
-        "run", help="run an experiment into runs/NAME/<timestamp>/ and print its headlines", description=cmd_run.__doc__
+        "run",
+        help="run an experiment into runs/NAME/<timestamp>/ and print its headlines",
+        description=cmd_run.__doc__,
+        add_help=False,
     )
+    run.add_argument("-h", "--help", action=RunHelp, nargs=0, help="show this help (after NAME: what --quick changes)")
     run.add_argument(
         "name",
         choices=experiments.experiment_names(),
@@ -229,7 +249,8 @@ def _add_run(sub: Commands) -> None:
     run.add_argument(
         "--quick",
         action="store_true",
-        help="the small profile: tests and the demo (its wall times: benchmarks/results/walltime.json)",
+        help="the small profile: tests and the demo (`forma run NAME --help` lists what it changes; its wall "
+        "times: benchmarks/results/walltime.json)",
     )
     run.add_argument("--out", help="run folder (default runs/NAME/<UTC timestamp>/)")
     run.add_argument("--seed", type=seed_number, help="random seed, 0 … 2**63 − 1 (default: the experiment's)")

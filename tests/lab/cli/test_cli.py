@@ -382,3 +382,26 @@ def test_the_demo_trains_markovs_transcoders_after_markov_so_the_graphs_page_is_
     (zoo_copy / "markov" / "transcoders" / "topk").mkdir(parents=True)
     (zoo_copy / "markov" / "transcoders" / "topk" / "transcoders.safetensors").write_bytes(b"")
     assert [argv[0] for _, argv in missing_jobs({"markov"}, quick=True)] == ["build"]
+
+
+@pytest.mark.parametrize("name", ["calibration", "kl", "scoreboard", "equations"])
+def test_forma_run_name_help_says_what_quick_changes_from_the_config_itself(name, capsys):
+    """`forma run NAME --help` prints the run's options, then what --quick changes, each line read from the
+    experiment's Config (default against quick), so that the help cannot drift from the profiles."""
+    import experiments
+
+    with pytest.raises(SystemExit) as done:
+        main(["run", name, "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "--quick" in out and f"--quick in {name} (default → quick):" in out
+    changes = experiments.quick_changes(experiments.load(name).Config)
+    assert all(f"  {line}\n" in out for line in changes)
+    config = experiments.load(name).Config
+    if name == "calibration":  # a field the quick profile overrides, said with both values
+        assert f"steps: {config().steps!r} → {config(quick=True).steps!r}" in changes
+    if name == "scoreboard":  # a profile's dict entry, key by key
+        default, quick = config().profile, config(quick=True).profile
+        assert f"steps.facts: {default.steps['facts']!r} → {quick.steps['facts']!r}" in changes
+    if name == "equations":
+        assert changes == [] and "nothing: it has one size" in out
