@@ -259,11 +259,15 @@ def test_the_recorded_corpus_is_at_least_five_million_tokens_of_the_pinned_packa
 
 @pytest.mark.real
 def test_smollm2s_tokenizer_round_trips_the_slice(documents, tmp_path) -> None:
+    """The slice in smollm2's ids: each document decodes back to its text, and its ids are the ones the model's own
+    tokenizer gives (what `forma harvest` encodes a .txt corpus with), no special token added."""
+    from lab.hf.folder import local_tokenizer
     from lab.model.checkpoint import read_tokenizer
     from tests.builders import smollm2_folder
 
     folder = smollm2_folder()
     tokenizer = read_tokenizer(folder / "tokenizer.json", folder)
+    models = local_tokenizer(folder)
     manifest = write_corpus(tmp_path, documents, tokenizer, seed=0, fraction=FRACTION)
     by_id = {doc.id: doc for doc in documents}
     for split in SPLITS:
@@ -273,3 +277,4 @@ def test_smollm2s_tokenizer_round_trips_the_slice(documents, tmp_path) -> None:
             ids = stream[row["offset"] : row["offset"] + row["tokens"]].tolist()
             assert ids[-1] == tokenizer.token_to_id(SEPARATOR) == 0
             assert tokenizer.decode(ids[:-1]) == by_id[row["id"]].text
+            assert models(by_id[row["id"]].text, add_special_tokens=False).input_ids == ids[:-1]
