@@ -26,17 +26,36 @@ def smollm2_tokenizer() -> tuple[object, dict]:
     return tokenizer, {"model": TOKENIZER_MODEL, "sha256": digest, "vocab_size": tokenizer.get_vocab_size()}
 
 
+def digests(out: Path) -> dict[str, str]:
+    """The SHA-256 of each file the corpus writes into `out`."""
+    from lab.inputs import read_bytes
+
+    return {entry: hashlib.sha256(read_bytes(out / entry, out)).hexdigest() for entry in ENTRIES}
+
+
+def measured_path(name: str) -> Path:
+    from lab.measured import MEASURED_DIR, REPO
+
+    return REPO / MEASURED_DIR / "corpus" / f"{name}.json"
+
+
+def check_record(out: Path, name: str) -> list[str]:
+    """The files in `out` whose bytes differ from the recorded corpus's (docs/measured/corpus/NAME.json)."""
+    from lab.inputs import read_json_object
+
+    record = read_json_object(measured_path(name), what="corpus record")
+    return [entry for entry, digest in digests(out).items() if record.get("sha256", {}).get(entry) != digest]
+
+
 def record_measured(out: Path, summary: dict, name: str, seconds: float, cpu_seconds: float) -> Path:
     """docs/measured/corpus/NAME.json: the corpus's summary, its files' SHA-256 (another machine's build can be
     compared byte for byte) and the seconds its build took (wall and CPU: on a shared machine the wall time says
     more of the neighbours than of the build); docs/corpus.md's numbers are rewritten from it."""
     from lab.files import atomic_write_text
-    from lab.inputs import read_bytes
-    from lab.measured import MEASURED_DIR, REPO, rewrite_document
+    from lab.measured import REPO, rewrite_document
 
-    target = REPO / MEASURED_DIR / "corpus" / f"{name}.json"
-    digests = {entry: hashlib.sha256(read_bytes(out / entry, out)).hexdigest() for entry in ENTRIES}
-    summary = {**summary, "sha256": digests}
+    target = measured_path(name)
+    summary = {**summary, "sha256": digests(out)}
     atomic_write_text(
         target,
         json.dumps(
@@ -44,7 +63,7 @@ def record_measured(out: Path, summary: dict, name: str, seconds: float, cpu_sec
         )
         + "\n",
     )
-    rewrite_document(REPO / "docs" / "corpus.md")
+    rewrite_document(REPO / "docs" / "corpus.md", REPO)
     return target
 
 
@@ -55,13 +74,15 @@ def cmd_corpus(args: argparse.Namespace) -> int:
     tokenizer (`forma build smollm2` first). Writes DIR/train.npy and DIR/held_out.npy (uint16 token streams, each
     document followed by <|endoftext|>) and DIR/manifest.json (every document's source, license, split, offset
     and tokens). Documents are held out by a seeded hash of their module, never by position; the same inputs
-    write the same bytes. --record also writes the totals to docs/measured/corpus/NAME.json. docs/corpus.md
-    names the sources and licenses."""
+    write the same bytes. --record also writes the totals and the files' SHA-256 to docs/measured/corpus/NAME.json;
+    --check compares the files with that record instead (exit 1 when any differs). docs/corpus.md names the
+    sources and licenses."""
     from lab.data.real_corpus import collect_documents, summary, write_corpus
     from lab.files import claim_folder, folder_lock
 
-    if args.record and (args.seed, args.held_out) != (0, DEFAULT_HELD_OUT):
-        raise ValueError(f"--record records the default corpus: --seed 0 and --held-out {DEFAULT_HELD_OUT}")
+    if (args.record or args.check) and (args.seed, args.held_out) != (0, DEFAULT_HELD_OUT):
+        flag = "--record" if args.record else "--check"
+        raise ValueError(f"{flag} is for the default corpus: --seed 0 and --held-out {DEFAULT_HELD_OUT}")
     tokenizer, info = smollm2_tokenizer()
     out = Path(args.out)
     claim_folder(out, "corpus", ENTRIES, overwrite=args.overwrite)
@@ -78,4 +99,15 @@ def cmd_corpus(args: argparse.Namespace) -> int:
     )
     if args.record:
         print(f"recorded {record_measured(out, totals, args.name, seconds, cpu_seconds)}")
+    if args.check:
+        differ = check_record(out, args.name)
+        print(
+            f"{out}: "
+            + (
+                f"differs from {measured_path(args.name)} in {', '.join(differ)}"
+                if differ
+                else f"the same bytes as {measured_path(args.name)}"
+            )
+        )
+        return 1 if differ else 0
     return 0

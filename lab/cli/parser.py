@@ -417,7 +417,7 @@ def _add_questions(sub: Commands) -> None:
 
 
 def _add_corpus(sub: Commands) -> None:
-    """forma corpus NAME [--out DIR] [--seed N] [--held-out F] [--overwrite] [--record]."""
+    """forma corpus NAME [--out DIR] [--seed N] [--held-out F] [--overwrite] [--record | --check]."""
     corpus = sub.add_parser(
         "corpus",
         help="build a corpus of real English and code, tokenized for smollm2, held out by document",
@@ -433,7 +433,13 @@ def _add_corpus(sub: Commands) -> None:
         help=f"share of documents held out, 0 … 1 exclusive (default {DEFAULT_HELD_OUT})",
     )
     corpus.add_argument("--overwrite", action="store_true", help="write beside files Forma did not write in DIR")
-    corpus.add_argument("--record", action="store_true", help="also write the totals to docs/measured/corpus/NAME.json")
+    measured = corpus.add_mutually_exclusive_group()
+    measured.add_argument(
+        "--record", action="store_true", help="also write the totals to docs/measured/corpus/NAME.json"
+    )
+    measured.add_argument(
+        "--check", action="store_true", help="compare the files with that record (exit 1 when they differ)"
+    )
     corpus.set_defaults(func=cmd_corpus)
 
 

@@ -229,7 +229,7 @@ def test_the_command_refuses_bad_input_in_one_line(tmp_path, monkeypatch, capsys
             main(["corpus", "real", "--out", str(tmp_path / "c"), "--held-out", bad])
         assert exit.value.code == 2 and "--held-out" in capsys.readouterr().err
     assert main(["corpus", "real", "--out", str(tmp_path / "c"), "--seed", "3", "--record"]) == 2
-    assert "--record records the default corpus" in capsys.readouterr().err
+    assert "--record is for the default corpus" in capsys.readouterr().err
     monkeypatch.setenv("FORMA_ZOO_DIR", str(tmp_path / "empty-zoo"))
     (tmp_path / "empty-zoo" / "smollm2").mkdir(parents=True)
     (tmp_path / "empty-zoo" / "smollm2" / "model.toml").write_text((REPO / "models/smollm2/model.toml").read_text())
@@ -278,3 +278,34 @@ def test_smollm2s_tokenizer_round_trips_the_slice(documents, tmp_path) -> None:
             assert ids[-1] == tokenizer.token_to_id(SEPARATOR) == 0
             assert tokenizer.decode(ids[:-1]) == by_id[row["id"]].text
             assert models(by_id[row["id"]].text, add_special_tokens=False).input_ids == ids[:-1]
+
+
+@pytest.mark.real
+def test_the_command_records_a_build_and_checks_another_against_it(documents, tmp_path, monkeypatch, capsys) -> None:
+    """`forma corpus real --record` (on the slice, into a copy of the repository's docs) writes the totals and the
+    files' SHA-256 and rewrites docs/corpus.md's numbers; `--check` of a second build finds the same bytes, and
+    names a file whose recorded digest differs (exit 1)."""
+    import lab.data.real_corpus
+    import lab.measured
+    from tests.builders import smollm2_folder
+
+    smollm2_folder()
+    monkeypatch.setattr(lab.data.real_corpus, "collect_documents", lambda: documents)
+    monkeypatch.setattr(lab.measured, "REPO", tmp_path)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "corpus.md").write_text((REPO / "docs" / "corpus.md").read_text(encoding="utf-8"))
+    assert main(["corpus", "real", "--out", str(tmp_path / "a"), "--record"]) == 0
+    record = json.loads((tmp_path / "docs" / "measured" / "corpus" / "real.json").read_text(encoding="utf-8"))
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text(encoding="utf-8"))
+    assert record == {**summary(manifest), **{k: record[k] for k in ("sha256", "build_seconds", "build_cpu_seconds")}}
+    assert f"-->{record['tokens']:,}<!--" in (tmp_path / "docs" / "corpus.md").read_text(encoding="utf-8")
+    capsys.readouterr()
+    assert main(["corpus", "real", "--out", str(tmp_path / "b"), "--check"]) == 0
+    assert "the same bytes as" in capsys.readouterr().out
+    record["sha256"]["train.npy"] = "0" * 64
+    (tmp_path / "docs" / "measured" / "corpus" / "real.json").write_text(json.dumps(record), encoding="utf-8")
+    assert main(["corpus", "real", "--out", str(tmp_path / "b"), "--check"]) == 1
+    assert "differs from" in (out := capsys.readouterr().out) and "train.npy" in out and "held_out" not in out
+    with pytest.raises(SystemExit) as exit:
+        main(["corpus", "real", "--out", str(tmp_path / "c"), "--record", "--check"])
+    assert exit.value.code == 2
