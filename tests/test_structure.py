@@ -335,6 +335,7 @@ DIRECT_READS = {
     ("lab.cli.demo", "read_text"): "the log of a job the demo started",
     ("lab.data.stdlib_corpus", "read_text"): "the corpus cache Forma wrote",
     ("lab.data.stdlib_corpus", "read_bytes"): "the standard library's own source files",
+    ("lab.data.real_corpus", "read_bytes"): "the standard library's and the installed packages' own source files",
     ("lab.measured", "read_text"): "the repository's documents and docs/measured/",
     ("lab.measured", "loads"): "the repository's documents and docs/measured/",
     ("lab.analysis.activations.store", "loads"): "its own arguments, round-tripped through JSON in memory",

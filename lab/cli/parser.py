@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 import lab
+from lab.cli.corpus import CORPORA, DEFAULT_HELD_OUT, cmd_corpus
 from lab.cli.dashboard import cmd_dashboard
 from lab.cli.datasets import SWEEP_NAMES, cmd_harvest, cmd_patch
 from lab.cli.demo import cmd_demo
@@ -59,6 +60,17 @@ def positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def open_fraction(text: str) -> float:
+    """argparse type: a number strictly between 0 and 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1 (exclusive), got {text}")
     return value
 
 
@@ -425,6 +437,33 @@ def _add_questions(sub: Commands) -> None:
     questions.set_defaults(func=cmd_questions)
 
 
+def _add_corpus(sub: Commands) -> None:
+    """forma corpus NAME [--out DIR] [--seed N] [--held-out F] [--overwrite] [--record | --check]."""
+    corpus = sub.add_parser(
+        "corpus",
+        help="build a corpus of real English and code, tokenized for smollm2, held out by document",
+        description=cmd_corpus.__doc__,
+    )
+    corpus.add_argument("name", choices=CORPORA, metavar="NAME", help=f"the corpus: {', '.join(CORPORA)}")
+    corpus.add_argument("--out", metavar="DIR", default="corpora/real", help="where to write it (default corpora/real)")
+    corpus.add_argument("--seed", type=seed_number, default=0, help="seed of the held-out hash (default 0)")
+    corpus.add_argument(
+        "--held-out",
+        type=open_fraction,
+        default=DEFAULT_HELD_OUT,
+        help=f"share of documents held out, 0 … 1 exclusive (default {DEFAULT_HELD_OUT})",
+    )
+    corpus.add_argument("--overwrite", action="store_true", help="write beside files Forma did not write in DIR")
+    measured = corpus.add_mutually_exclusive_group()
+    measured.add_argument(
+        "--record", action="store_true", help="also write the totals to docs/measured/corpus/NAME.json"
+    )
+    measured.add_argument(
+        "--check", action="store_true", help="compare the files with that record (exit 1 when they differ)"
+    )
+    corpus.set_defaults(func=cmd_corpus)
+
+
 def _add_demo(sub: Commands) -> None:
     """forma demo."""
     demo = sub.add_parser(
@@ -456,6 +495,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_cards,
         _add_dashboard,
         _add_questions,
+        _add_corpus,
     ):
         add(sub)
     common = _dataset_options()

@@ -33,7 +33,7 @@ _STATEMENT_FIELDS = ("body", "handlers", "orelse", "finalbody", "cases")
 _BLANK_RUNS = re.compile(r"\n[ \t]*(\n[ \t]*)+\n")
 
 
-def _stdlib_sources(root: Path) -> Iterator[Path]:
+def stdlib_sources(root: Path) -> Iterator[Path]:
     """`.py` files under the stdlib root in sorted order, skipping test suites, IDLE, site-packages."""
     for directory, subdirs, files in os.walk(root):
         subdirs[:] = sorted(d for d in subdirs if d not in SKIPPED_DIRS)
@@ -42,7 +42,7 @@ def _stdlib_sources(root: Path) -> Iterator[Path]:
                 yield Path(directory) / name
 
 
-def _docstrings_of(tree: ast.Module) -> Iterator[str]:
+def docstrings_of(tree: ast.Module) -> Iterator[str]:
     """Docstrings of the module and every class/function in it, in source order.
 
     Recurses through statement blocks only (bodies, else/finally blocks, except handlers and match
@@ -61,12 +61,13 @@ def _docstrings_of(tree: ast.Module) -> Iterator[str]:
         stack.extend(reversed(children))
 
 
-def _clean(doc: str) -> str:
+def clean_docstring(doc: str) -> str:
     """inspect.cleandoc, then runs of blank lines collapsed to one so DOC_SEPARATOR stays unique."""
     return _BLANK_RUNS.sub("\n\n", inspect.cleandoc(doc)).strip()
 
 
-def _keep(doc: str) -> bool:
+def keep_docstring(doc: str) -> bool:
+    """Long enough (MIN_DOC_CHARS) and mostly ASCII (MIN_ASCII_SHARE): English prose, not a table of symbols."""
     if len(doc) < MIN_DOC_CHARS:
         return False
     ascii_chars = len(doc.encode("ascii", errors="ignore"))
@@ -82,18 +83,18 @@ def collect_documents(include_reference_topics: bool = True) -> list[str]:
     """The cleaned, exactly de-duplicated documents in deterministic order."""
     root = Path(sysconfig.get_paths()["stdlib"])
     raw: list[str] = []
-    for path in _stdlib_sources(root):
+    for path in stdlib_sources(root):
         try:
             tree = ast.parse(path.read_bytes(), filename=str(path))
         except (SyntaxError, ValueError, UnicodeDecodeError):
             continue  # e.g. lib2to3 test data written in Python 2
-        raw.extend(_docstrings_of(tree))
+        raw.extend(docstrings_of(tree))
     if include_reference_topics:
         raw.extend(_reference_topics())
     documents: dict[str, None] = {}  # ordered set: first occurrence wins
     for doc in raw:
-        cleaned = _clean(doc)
-        if _keep(cleaned):
+        cleaned = clean_docstring(doc)
+        if keep_docstring(cleaned):
             documents.setdefault(cleaned, None)
     return list(documents)
 

@@ -265,6 +265,8 @@ HEAVY_MODULES = ("torch", "transformer_lens", "transformers", "numpy", "streamli
         ["patch", "--help"],
         ["questions", "--help"],
         ["questions", "--seed", "-1"],
+        ["corpus", "--help"],
+        ["corpus", "real", "--held-out", "1.5"],
         ["patch", "m", "--sweep", "x"],
         ["run", "no-such-experiment"],
         ["build", "markov", "--seed"],
