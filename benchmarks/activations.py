@@ -40,7 +40,8 @@ HOOK = "blocks.{layer}.hook_resid_post"
 
 def load_model() -> tuple[torch.nn.Module, str]:
     from lab import HookedTransformer, ModelConfig
-    from lab.zoo import is_trained, load_recipe
+    from lab.folders import is_trained
+    from lab.zoo.recipes import load_recipe
 
     if is_trained("pydoc"):
         return HookedTransformer.from_pretrained("pydoc"), "models/pydoc (trained)"
@@ -76,7 +77,7 @@ def phase_cache(args: argparse.Namespace) -> dict:
 
 
 def phase_stream(args: argparse.Namespace) -> dict:
-    from lab.analysis.activations import save_activations
+    from lab.analysis.activations.store import save_activations
 
     model, source = load_model()
     data = torch.randint(

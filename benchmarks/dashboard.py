@@ -22,7 +22,7 @@ import time
 from benchmarks.summary import write_summary
 from benchmarks.timing import machine, write
 from dashboards.pages import pages
-from lab.cli import dashboard_command, free_port, wait_until_serving
+from lab.cli.dashboard import dashboard_command, free_port, wait_until_serving
 
 CHROMIUM = "/usr/bin/chromium"
 # Every page of the dashboard but Compare runs (its selection, not its loading, is what a reader waits on),

@@ -26,7 +26,7 @@ import urllib.request
 from pathlib import Path
 
 from benchmarks.timing import machine, write
-from lab.cli import free_port, wait_until_serving
+from lab.cli.dashboard import free_port, wait_until_serving
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [

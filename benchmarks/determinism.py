@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from benchmarks.timing import interleaved, machine, write
 from lab import HookedTransformer, ModelConfig
 from lab.model.norms import LayerNorm
-from lab.train import TrainConfig, make_optimizer, summed_loss
+from lab.train.config import TrainConfig
+from lab.train.loop import make_optimizer, summed_loss
 
 RECIPES = ("markov", "facts", "pydoc")
 
@@ -36,7 +37,7 @@ def recipe_model(name: str) -> tuple[ModelConfig, TrainConfig]:
     """The recipe's model, with the vocabulary its default build had (docs/measured/cards/NAME.json), and its
     training config."""
     from lab.measured import REPO
-    from lab.zoo import load_recipe
+    from lab.zoo.recipes import load_recipe
 
     recipe = load_recipe(name)
     vocab = json.loads((REPO / "docs" / "measured" / "cards" / f"{name}.json").read_text())["d_vocab"]
@@ -102,7 +103,8 @@ def divergence(steps: int = 50) -> dict:
     between the two default-count runs, and between one thread and the default."""
     from lab.configs import torch_threads
     from lab.data.sources import MarkovSource
-    from lab.train import SequenceBatches, train
+    from lab.train.batches import SequenceBatches
+    from lab.train.loop import train
 
     cfg, train_cfg = recipe_model("markov")
     train_cfg = train_cfg.replace(steps=steps, warmup_steps=steps // 5, eval_interval=steps, eval_batches=1)

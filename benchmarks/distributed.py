@@ -122,7 +122,7 @@ def transcoder_harvest(directory: Path) -> None:
     import torch
 
     from lab import HookedTransformer, ModelConfig
-    from lab.analysis.activations import save_activations
+    from lab.analysis.activations.store import save_activations
     from lab.analysis.transcoders.model import TranscoderConfig
 
     model = HookedTransformer(ModelConfig(**SHAPE), seed=0).eval()

@@ -13,7 +13,7 @@ import torch
 from benchmarks.summary import write_summary
 from benchmarks.timing import interleaved, machine, write
 from lab.data.tokenizers import to_hf_tokenizer, word_level
-from lab.hf import from_hf
+from lab.hf.convert import from_hf
 
 
 def op_profile(fn, calls: int = 5, top: int = 8) -> dict[str, float]:

@@ -24,7 +24,7 @@ from benchmarks.summary import write_summary
 from benchmarks.timing import machine, peak_memory, write
 from lab.analysis.graphs.attribute import attribute
 from lab.analysis.graphs.graph import Graph
-from lab.hf import from_hf
+from lab.hf.convert import from_hf
 from tests.ct.peer import compare, run_circuit_tracer, tiny_gpt2, transcoders_for
 
 LENGTHS = (8, 16, 32, 64, 128)

@@ -2,7 +2,7 @@
 TransformerBridge's `run_with_cache(names_filter=[hook])` on the same weights.
 
     ratio    GPT-2-small shapes (12 layers, d_model 768, 12 heads, vocab 50,257; random weights from a
-             transformers GPT2Config, converted with lab.hf.from_hf, the same weights in the bridge in
+             transformers GPT2Config, converted with lab.hf.convert.from_hf, the same weights in the bridge in
              compatibility mode): tokens/s of Forma's harvest of an early and a middle hook (every
              position, float32, to safetensors shards on disk) against the bridge's run_with_cache with
              names_filter for the same hook on the same batches (kept in memory: nothing written, so the
@@ -63,7 +63,7 @@ def hf_model(size: str, device: str = "cpu"):
 
 
 def forma_model(size: str, device: str = "cpu"):
-    from lab.hf import from_hf
+    from lab.hf.convert import from_hf
 
     return from_hf(hf_model(size, device)).eval().to(device)
 
@@ -78,7 +78,7 @@ def _forma_and_bridge(device: str) -> tuple:
     from transformer_lens.model_bridge import TransformerBridge
 
     from lab.data.tokenizers import to_hf_tokenizer, word_level
-    from lab.hf import from_hf
+    from lab.hf.convert import from_hf
 
     hf = hf_model("gpt2-small", device)
     ours = from_hf(hf).eval().to(device)
@@ -95,7 +95,7 @@ def _forma_and_bridge(device: str) -> tuple:
 def _agreement(bridge, batch: torch.Tensor, out: Path, rows: int) -> dict[str, float]:
     """Per hook, the largest |difference| between the first `rows` rows Forma harvested under `out` and the
     bridge's run_with_cache of the first batch."""
-    from lab.analysis.activations import ActivationStore
+    from lab.analysis.activations.store import ActivationStore
 
     agreement = {}
     for where, hook in HOOKS.items():
@@ -111,7 +111,7 @@ def _agreement(bridge, batch: torch.Tensor, out: Path, rows: int) -> dict[str, f
 
 
 def bench_ratio(args: argparse.Namespace) -> dict:
-    from lab.analysis.activations import save_activations
+    from lab.analysis.activations.store import save_activations
 
     device = args.device
     ours, bridge = _forma_and_bridge(device)
@@ -221,7 +221,7 @@ def phase_cache(size: str, hook: str, batch: int, device: str = "cpu") -> dict:
 
 
 def phase_harvest(size: str, hook: str, batch: int, n_sequences: int, dtype: str, device: str = "cpu") -> dict:
-    from lab.analysis.activations import save_activations
+    from lab.analysis.activations.store import save_activations
 
     model = forma_model(size, device)
     data = corpus(n_sequences, SIZES[size][3], seed=2)

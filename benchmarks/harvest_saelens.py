@@ -2,7 +2,7 @@
 the same weights, measured in one process of the SAE environment (.venv-sae: sae-lens beside transformer-lens
 3.9, which has HookedTransformer; `make venv-sae`).
 
-    forma_harvest          lab.analysis.activations.save_activations of Forma's model (lab.hf.from_hf of a
+    forma_harvest          lab.analysis.activations.store.save_activations of Forma's model (lab.hf.convert.from_hf of a
                            transformers GPT2Config model with random weights), every position, float32, into
                            safetensors shards on disk
     saelens_store_tl       SAELens' ActivationsStore over a TransformerLens HookedTransformer holding the same
@@ -37,8 +37,8 @@ import torch
 from benchmarks.harvest import HOOKS, SEQ_LEN, SIZES, corpus, hf_model
 from benchmarks.summary import write_summary
 from benchmarks.timing import interleaved, machine, result_name, timed, write
-from lab.analysis.activations import ActivationStore, save_activations
-from lab.hf import from_hf
+from lab.analysis.activations.store import ActivationStore, save_activations
+from lab.hf.convert import from_hf
 
 CONTENDERS = ("forma_harvest", "saelens_store_tl", "saelens_store_forma")
 

@@ -39,7 +39,7 @@ def facts_model() -> tuple[HookedTransformer, str]:
 
 
 def pydoc_model() -> tuple[HookedTransformer, str]:
-    from lab.zoo import load_recipe
+    from lab.zoo.recipes import load_recipe
 
     recipe = load_recipe("pydoc")
     cfg = ModelConfig.from_dict(recipe["model"] | {"d_vocab": recipe["world"]["vocab_size"], "tokenizer": "pydoc"})

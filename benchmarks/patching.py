@@ -16,7 +16,7 @@
                   on one random prompt from its vocabulary corrupted at a quarter of its length.
 
 GPT2Config(n_layer=12, n_embd=768, n_head=12, vocab_size=50257), random weights (seed 0), converted with
-lab.hf.from_hf; one prompt of 32 random tokens, the corrupted prompt differing at position 8; the metric is
+lab.hf.convert.from_hf; one prompt of 32 random tokens, the corrupted prompt differing at position 8; the metric is
 the logit difference, at the last position, between the clean and the corrupted run's top tokens. Every
 figure is a median of interleaved rounds (one by default: a sweep is itself hundreds of forward passes for
 TransformerLens, 1,296 of GPT-2 small in one round; the run's wall time and the load at its start are in
@@ -47,7 +47,7 @@ from lab.analysis.attribution import attribution_patch
 from lab.analysis.patching import logit_diff, patch_heads, patch_heads_by_position, patch_positions
 from lab.data.tokenizers import to_hf_tokenizer, word_level
 from lab.folders import CARD_FILE, zoo_dir
-from lab.hf import from_hf
+from lab.hf.convert import from_hf
 
 VOCAB = 50257
 TOP_K = 10
@@ -214,7 +214,8 @@ def bench_attribution(
 def zoo_agreement(tokens: int, device: str = "cpu") -> dict:
     """Attribution against the exhaustive sweeps on every trained zoo model, one prompt from its vocabulary."""
     from lab import HookedTransformer
-    from lab.zoo import is_trained, load_recipe, zoo_names
+    from lab.folders import is_trained, zoo_names
+    from lab.zoo.recipes import load_recipe
 
     out = {}
     for name in zoo_names():

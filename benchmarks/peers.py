@@ -38,7 +38,7 @@ from benchmarks.timing import (
     write,
 )
 from lab.data.tokenizers import to_hf_tokenizer, word_level
-from lab.hf import from_hf
+from lab.hf.convert import from_hf
 from lab.model.decoding import generate
 
 VOCAB = 8192

@@ -1,5 +1,5 @@
 """`forma harvest smollm2` holds memory flat as the corpus grows: the same command over a text corpus and over one
-4× as long, each in a fresh process, run as a user runs it (lab.cli.main), with the harvest's own peak measured.
+4× as long, each in a fresh process, run as a user runs it (lab.cli.parser.main), with the harvest's own peak measured.
 
 The model's load peaks above anything a harvest does (the folder's weights are read, then converted), so the
 process's high-water mark alone would report the load. Each child therefore wraps the harvest the command calls:
@@ -47,7 +47,7 @@ def child(argv: list[str], result: str) -> None:
     import lab.analysis.activations.harvest as harvest_module
     from benchmarks.activations import rss
     from benchmarks.harvest import peak_rss, reset_peak
-    from lab.cli import main
+    from lab.cli.parser import main
 
     real = harvest_module.harvest
     figures: dict = {}

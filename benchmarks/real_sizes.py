@@ -1,6 +1,6 @@
 """Forma at the sizes people use, against Hugging Face and the TransformerBridge on identical weights.
 
-Two shapes, random weights from a transformers config, converted with `lab.hf.from_hf`:
+Two shapes, random weights from a transformers config, converted with `lab.hf.convert.from_hf`:
 
     gpt2_small   GPT2Config: 12 layers, d_model 768, 12 heads, vocab 50,257, n_ctx 1024; batch 2 × 512
     llama_like   LlamaConfig: d_model 2048, 32 query heads / 8 key-value heads (GQA), SwiGLU (d_mlp 5632),
@@ -52,7 +52,7 @@ from benchmarks.timing import (
     write,
 )
 from lab.data.tokenizers import to_hf_tokenizer, word_level
-from lab.hf import from_hf
+from lab.hf.convert import from_hf
 from lab.model.decoding import generate
 
 TARGETS = {"forward_vs_hf_sdpa": ("≤", 0.9), "cache_all_vs_bridge": ("≤", 0.7), "generation_speed_vs_hf": ("≥", 1.2)}

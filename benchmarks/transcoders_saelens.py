@@ -34,7 +34,7 @@ import torch
 
 from benchmarks.timing import machine, write
 from lab import HookedTransformer, ModelConfig
-from lab.analysis.activations import save_activations
+from lab.analysis.activations.store import save_activations
 from lab.analysis.transcoders.model import TranscoderConfig
 from lab.analysis.transcoders.train import TranscoderTraining, train_transcoders
 from lab.data.sources import MarkovSource

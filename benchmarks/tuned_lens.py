@@ -1,7 +1,7 @@
 """Forma's tuned lens against the tuned-lens package's, on the same model and the same tokens: held-out KL and time.
 
 The model is trained on a world with known truth (the scoreboard's order-2 Markov chain over 8 symbols; 4 layers,
-d_model 64, 1,500 steps; seeded), exported with `lab.hf.to_hf`. Both lenses are fitted on the same draw of
+d_model 64, 1,500 steps; seeded), exported with `lab.hf.convert.to_hf`. Both lenses are fitted on the same draw of
 `--fit` sequences of 16 tokens and judged on an independent draw of `--held-out` sequences:
 
     forma     lab.analysis.tuned_lens.fit_tuned_lens: the residual streams cached once, each layer's translator by
@@ -30,10 +30,13 @@ from lab.analysis.lens import logit_lens
 from lab.analysis.tuned_lens import fit_tuned_lens
 from lab.configs import torch_threads
 from lab.data.sources import MarkovSource
-from lab.hf import to_hf
+from lab.hf.convert import to_hf
 from lab.metrics.grading import lens_grades
-from lab.model import HookedTransformer, ModelConfig
-from lab.train import SequenceBatches, TrainConfig, train
+from lab.model.config import ModelConfig
+from lab.model.transformer import HookedTransformer
+from lab.train.batches import SequenceBatches
+from lab.train.config import TrainConfig
+from lab.train.loop import train
 
 WORLD = {"vocab_size": 8, "order": 2, "concentration": 0.3, "seed": 0}  # experiments/scoreboard's Markov chain
 LENGTH = 16

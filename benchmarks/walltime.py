@@ -24,7 +24,7 @@ from pathlib import Path
 
 from benchmarks.summary import write_summary
 from benchmarks.timing import machine, write
-from lab.cli import free_port, wait_until_serving
+from lab.cli.dashboard import free_port, wait_until_serving
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = ("install", "demo", "experiments")

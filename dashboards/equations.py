@@ -1,15 +1,15 @@
 """The seeds' equations, each checked by running it: every measured entry beside its rule, in words and in
-symbols (experiments.equations.entries), and whether it holds."""
+symbols (experiments.equations.check.entries), and whether it holds."""
 
 from pathlib import Path
 
 import streamlit as st
 
 from dashboards.common import plain, prose, show_figures, show_headlines, show_run, show_table, warn_shape
-from experiments.equations import entries
+from experiments.equations.check import entries
 from lab.headlines import title
 
-CHECK_FIELDS = ("name", "measured", "expected", "tolerance", "passed")  # what experiments.equations.Check writes
+CHECK_FIELDS = ("name", "measured", "expected", "tolerance", "passed")  # what experiments.equations.check.Check writes
 HOLDS = {True: "yes", False: "NO", None: "see the note"}
 
 

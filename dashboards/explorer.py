@@ -1,8 +1,8 @@
 """Explorer: a prompt's tokens, attention patterns, residual norms, the logit, tuned and Jacobian lenses (and the
 logit lens beside the true law on a source world), direct logit attribution, input attribution, activation
 patching and head detectors, for any zoo model or local folder — a Forma model, a Hugging Face model Forma
-converts (lab.hf.from_hf), or any other Hugging Face causal LM through TransformerLens's TransformerBridge
-(lab.hf.bridge) — with its trust report beside it; for an
+converts (lab.hf.convert.from_hf), or any other Hugging Face causal LM through TransformerLens's TransformerBridge
+(lab.hf.loading.bridge) — with its trust report beside it; for an
 encoder–decoder model, its translation and cross-attention patterns.
 
 The page: choosing and opening the model, its prompt, and the tabs (drawn by dashboards/explorer_tabs.py).
@@ -67,7 +67,7 @@ def model_folder(name: str) -> Path:
 
 @st.cache_resource(show_spinner="Wrapping the model in a TransformerBridge…")
 def load_bridge(path: str, version: tuple = ()):
-    from lab.hf import bridge
+    from lab.hf.loading import bridge
 
     return bridge(path).eval()
 
@@ -75,7 +75,9 @@ def load_bridge(path: str, version: tuple = ()):
 def open_model(name: str) -> Opened | None:
     """The model, or None after a message that names what is wrong (never a traceback): a zoo name, a Forma
     folder, a Hugging Face folder Forma converts, or through the bridge one it does not."""
-    from lab.hf import SUPPORTED, UnsupportedArchitecture, hf_model_type
+    from lab.hf.families import SUPPORTED
+    from lab.hf.family import UnsupportedArchitecture
+    from lab.hf.folder import hf_model_type
 
     folder = model_folder(name)
     model_type = hf_model_type(folder) if Path(name).is_dir() else None
@@ -93,7 +95,7 @@ def open_model(name: str) -> Opened | None:
         return Opened(
             wrapped,
             f"a Hugging Face {model_type} folder (Forma converts {', '.join(SUPPORTED)}), "
-            "hooked in place by TransformerLens's TransformerBridge (lab.hf.bridge)",
+            "hooked in place by TransformerLens's TransformerBridge (lab.hf.loading.bridge)",
             False,
             folder,
         )
@@ -104,7 +106,7 @@ def open_model(name: str) -> Opened | None:
         st.error(f"Could not load `{name}`: {err}")
         return None
     if model_type is not None:
-        route = f"a Hugging Face {model_type} folder, converted to a Forma model by lab.hf.from_hf"
+        route = f"a Hugging Face {model_type} folder, converted to a Forma model by lab.hf.convert.from_hf"
     else:
         route = "a Forma model folder" if Path(name).is_dir() else f"the zoo model `{name}`"
     return Opened(model, route, True, folder)
@@ -155,7 +157,7 @@ def default_prompt(name: str, model) -> str:
 
 @st.cache_resource(show_spinner="Loading model…")
 def load_encoder_decoder(name_or_path: str, version: tuple = ()):
-    from lab.model import EncoderDecoder
+    from lab.model.encoder_decoder import EncoderDecoder
 
     return EncoderDecoder.from_pretrained(name_or_path)
 

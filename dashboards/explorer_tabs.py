@@ -272,7 +272,7 @@ def lens_corpus(model, folder: Path | None) -> torch.Tensor:
     """What the explorer fits a tuned or Jacobian lens on: LENS_PROMPTS draws from the model's world when its folder
     records a source (world.json), else LENS_PROMPTS sequences the model writes itself (temperature 1, seeded),
     each as long as its context allows, at most 32 tokens."""
-    from lab.zoo import world_source
+    from lab.zoo.worlds import world_source
 
     length = min(model.cfg.n_ctx, 32)
     source = world_source(folder) if folder is not None else None
@@ -580,7 +580,7 @@ def show_head_detectors(model) -> None:
 def _known_world(opened: Opened):
     """The source world the model was trained on (its folder's world.json), or None after a message saying why
     there is none to read the model against."""
-    from lab.zoo import world_source
+    from lab.zoo.worlds import world_source
 
     try:
         source = world_source(opened.folder) if opened.folder is not None else None

@@ -5,7 +5,7 @@ from pathlib import Path
 import streamlit as st
 
 from dashboards.common import number, plain, short, show_figures, show_headlines, show_run, show_table, words
-from experiments.hallucination import relative_change
+from experiments.hallucination.summary import relative_change
 from lab.headlines import split as split_headlines
 
 # The run's world in words (results.json "world"), and the columns the tables show (every column is in the download).

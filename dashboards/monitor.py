@@ -21,7 +21,7 @@ from lab.names import SIGNALS, name
 
 @st.cache_resource(show_spinner="Loading the run's model…")
 def load_monitor(folder: str, version: float):
-    from experiments.monitor import load_readouts
+    from experiments.monitor.readouts import load_readouts
     from lab import HookedTransformer
 
     model = HookedTransformer.load(Path(folder) / "model")
@@ -32,7 +32,7 @@ def load_monitor(folder: str, version: float):
 def live(folder: Path, results: dict) -> None:
     """A prompt box: generate with every signal read, colour each new token by the chosen signal's risk against
     the CRC threshold for the chosen α, and say where the monitor would stop."""
-    from experiments.monitor import SUBJECT
+    from experiments.monitor.config import SUBJECT
     from lab.analysis.monitor import Monitor, abstain_at
 
     st.subheader("Generate with the monitor on")

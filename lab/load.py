@@ -13,9 +13,10 @@ from typing import Any
 import torch
 
 from lab.folders import model_folder
-from lab.hf import load_hf
-from lab.model import EncoderDecoder, HookedTransformer
+from lab.hf.loading import load_hf
 from lab.model.checkpoint import CONFIG_FILE, read_config_json
+from lab.model.encoder_decoder import EncoderDecoder
+from lab.model.transformer import HookedTransformer
 
 
 def is_hf_folder(folder: Path) -> bool:
@@ -29,7 +30,7 @@ PROCESSING = ("fold_ln", "center_writing_weights", "center_unembed", "fold_value
 
 def from_pretrained(cls: type, name_or_path: str | Path, device: str | torch.device = "cpu", **options: Any) -> Any:
     """`cls` (a HookedTransformer or an EncoderDecoder) from a zoo name or a folder written by its `save`; a
-    HookedTransformer also from a local Hugging Face folder (`lab.hf.load_hf`).
+    HookedTransformer also from a local Hugging Face folder (`lab.hf.loading.load_hf`).
 
     options (HookedTransformer.from_pretrained's): the processing flags, None meaning TransformerLens's default for
     a Hugging Face checkpoint (on) and off for a Forma folder (a checkpoint of the model itself);

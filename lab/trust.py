@@ -1,8 +1,8 @@
 """How far to trust a model's numbers: the checks behind `forma trust MODEL`.
 
 Each check compares two computations that should agree and reports the largest disagreement:
-- Hugging Face: our logits against the same weights run by transformers, for every shape `lab.hf.to_hf` exports
-  (GPT-2, GPT-NeoX / Pythia, LLaMA, Qwen2, Mistral; `lab.hf.export_family` says which);
+- Hugging Face: our logits against the same weights run by transformers, for every shape `lab.hf.convert.to_hf` exports
+  (GPT-2, GPT-NeoX / Pythia, LLaMA, Qwen2, Mistral; `lab.hf.convert.export_family` says which);
 - attention: the fused scaled_dot_product_attention path against the explicit softmax path;
 - KV cache: cached greedy decoding against recomputing the prefix at every step;
 - hooks: hook points that never fire in a forward pass (a name that would silently cache nothing);
@@ -16,10 +16,11 @@ from typing import Any
 import torch
 
 from lab.folders import trust_report_path
-from lab.hf import UnsupportedArchitecture, to_hf
+from lab.hf.convert import to_hf
+from lab.hf.family import UnsupportedArchitecture
 from lab.load import load_model
-from lab.model import HookedTransformer
 from lab.model.decoding import decode
+from lab.model.transformer import HookedTransformer
 from lab.runs import write_json
 
 ATTENTION_TOL = 1e-4

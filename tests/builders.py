@@ -19,10 +19,10 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-import lab.zoo as zoo
-from lab import HookedTransformer, ModelConfig
+from lab import HookedTransformer, ModelConfig, folders
 from lab.analysis.transcoders.model import TranscoderConfig, Transcoders, built_from, model_fingerprint
 from lab.data.tokenizers import to_hf_tokenizer, word_level
+from lab.folders import zoo_names
 
 VOCAB = 100
 REPO = Path(__file__).resolve().parents[1]
@@ -282,7 +282,7 @@ def bridge_of(model: HookedTransformer, processed: bool = False):
     default weight processing (fold_ln, centring; value biases kept in place, as Forma keeps them)."""
     from transformer_lens.model_bridge import TransformerBridge
 
-    from lab.hf import to_hf
+    from lab.hf.convert import to_hf
 
     name = "gpt2" if model.cfg.norm == "layernorm" else "LlamaForCausalLM"
     bridge = TransformerBridge.boot_transformers(name, hf_model=to_hf(model), tokenizer=model.tokenizer, device="cpu")
@@ -340,13 +340,13 @@ def tiny_pydoc(zoo_copy: Path, seed: int = 0) -> HookedTransformer:
 
 def zoo_with_transcoders(root: Path) -> Path:
     """A private zoo: the recipes, a tiny word-level 'pydoc' and top-k transcoders for it with top contexts."""
-    from lab.analysis.activations import save_activations
+    from lab.analysis.activations.store import save_activations
     from lab.analysis.transcoders.measures import top_contexts
 
     zoo_copy = root / "models"
-    for name in zoo.zoo_names():
+    for name in zoo_names():
         (zoo_copy / name).mkdir(parents=True)
-        shutil.copy(zoo.DEFAULT_ZOO_DIR / name / "model.toml", zoo_copy / name / "model.toml")
+        shutil.copy(folders.DEFAULT_ZOO_DIR / name / "model.toml", zoo_copy / name / "model.toml")
     tokenizer = word_level(PYDOC_WORDS)
     cfg = ModelConfig(d_vocab=tokenizer.get_vocab_size(), d_model=32, n_layers=3, n_heads=4, n_ctx=32)
     model = HookedTransformer(cfg, seed=0, tokenizer=tokenizer).eval()
@@ -502,7 +502,7 @@ def smollm2_folder() -> Path:
     """models/smollm2/, built from the wheel's GGUF the first time a test asks for it (seconds), then kept: the
     suite reads the checkout's real model as a user does."""
     from lab.folders import DEFAULT_ZOO_DIR
-    from lab.zoo import build
+    from lab.zoo.building import build
 
     folder = DEFAULT_ZOO_DIR / SMOLLM2
     if not (folder / "model.safetensors").is_file():

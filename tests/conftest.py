@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-import lab.zoo as zoo
 from lab import HookedTransformer
 from lab.configs import torch_threads
+from lab.folders import DEFAULT_ZOO_DIR, zoo_names
 from tests.builders import (
     DOCS,
     REPO,
@@ -177,7 +177,7 @@ def quick_run(request, quick_runs_dir):
     """quick_run(NAME) -> the folder of `forma run NAME --quick`, made once per session in quick_runs_dir
     (runs/NAME/<stamp>/ and runs/NAME/latest): the experiment's tests and the dashboard's read the same run.
     In the background (a subprocess, class Background) when the session has one, else here."""
-    from lab.cli import main
+    from lab.cli.parser import main
     from lab.runs import latest_run
 
     background = request.config.stash.get(BACKGROUND, None)
@@ -260,9 +260,9 @@ def empty(tmp_path, monkeypatch):
     """No runs and no trained model: a fresh clone (the dashboard's tests)."""
     (tmp_path / "runs").mkdir()
     zoo_copy = tmp_path / "models"
-    for name in zoo.zoo_names():
+    for name in zoo_names():
         (zoo_copy / name).mkdir(parents=True)
-        shutil.copy(zoo.DEFAULT_ZOO_DIR / name / "model.toml", zoo_copy / name / "model.toml")
+        shutil.copy(DEFAULT_ZOO_DIR / name / "model.toml", zoo_copy / name / "model.toml")
     monkeypatch.setenv("FORMA_RUNS_DIR", str(tmp_path / "runs"))
     monkeypatch.setenv("FORMA_ZOO_DIR", str(zoo_copy))
     return tmp_path

@@ -1,7 +1,7 @@
 """A process that imports Forma once and forks `forma` commands on request, for the fault trials.
 
 Starting Python, torch and Forma costs seconds, paid once here instead of by each of the dozens of
-runs that the trials kill. Each child is a fork that runs `lab.cli.main(argv)` exactly as
+runs that the trials kill. Each child is a fork that runs `lab.cli.parser.main(argv)` exactly as
 `python -m lab.cli ARGV` does after its imports, with its own environment, its output in a log file,
 and optionally a fault planted by an audit hook (PEP 578), which sees every file operation Python
 makes before the operation happens:
@@ -96,7 +96,7 @@ def child(request: dict) -> None:
     try:
         if request.get("fault"):
             plant(request["fault"])
-        from lab.cli import main
+        from lab.cli.parser import main
 
         code = main(request["argv"])
     except SystemExit as exit_:
@@ -114,11 +114,11 @@ def child(request: dict) -> None:
 def main() -> None:
     import torch
 
-    import lab.cli
-    import lab.train
-    import lab.zoo  # noqa: F401
+    import lab.cli.parser
+    import lab.train.loop
+    import lab.zoo.building  # noqa: F401
 
-    lab.cli.build_parser()  # imports the experiments, as every `forma` command does
+    lab.cli.parser.build_parser()  # imports the experiments, as every `forma` command does
     import plotly.graph_objects  # noqa: F401  (every run's figures)
 
     torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])  # its first use imports torch._dynamo (seconds)

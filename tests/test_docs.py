@@ -220,3 +220,18 @@ def test_the_attribution_graphs_example_runs_twice_in_one_folder(tmp_path, monke
             if language == "python":
                 exec(compile("\n" * line + code, str(page), "exec"), namespace)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_top_level_names_are_listed_once_with_their_homes():
+    """docs/model-and-hooks.md's table of `from lab import …` is lab.__all__, each row naming the module the name
+    is loaded from (lab.HOMES), and each name is that module's own."""
+    import importlib
+
+    import lab
+
+    text = (DOCS / "model-and-hooks.md").read_text()
+    section = text.split("## The top-level names", 1)[1].split("\n## ", 1)[0]
+    rows = dict(re.findall(r"^\| `(\w+)` \| `([\w.]+)`", section, re.M))
+    assert rows == lab.HOMES and sorted(rows) == sorted(lab.__all__)
+    for name, home in rows.items():
+        assert getattr(lab, name) is getattr(importlib.import_module(home), name)

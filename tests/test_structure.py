@@ -196,13 +196,40 @@ def private_imports() -> set[tuple[str, str, str]]:
     }
 
 
+CONTRACT_NAMES = {"Config", "run", "headlines"}  # what an experiment's package offers: `forma run` loads it for them
+
+
+def unused_in_init(path: Path) -> set[str]:
+    """The names a package's __init__ imports from Forma's own packages and does not use itself: offered again, a
+    second path. lab's own __init__ (the short public API, loaded lazily from each name's home) imports none, and an
+    experiment's package offers its contract (Config, run, headlines), which `forma run` loads it for."""
+    tree = syntax_tree(path)
+    used = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            continue
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["__all__"]:
+            continue
+        used |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    relative = path.relative_to(REPO)
+    allowed = CONTRACT_NAMES if len(relative.parts) == 3 and relative.parts[0] == "experiments" else set()
+    imported = {
+        alias.asname or alias.name
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom) and (node.level > 0 or (node.module or "").split(".")[0] in FOLDERS)
+        for alias in node.names
+    }
+    return imported - used - allowed
+
+
 def reexports() -> set[tuple[str, str]]:
-    """(file, module) for every `from module import …  # noqa: F401` outside a package's __init__, and for every
+    """(file, module) for every `from module import …  # noqa: F401` outside a package's __init__, for every
     import of a module made of nothing but imports and `__all__` (a facade: a second path to names whose home is
-    elsewhere): names imported only to be offered again."""
+    elsewhere), and (file, name) for every name a package's __init__ imports only to offer it again."""
     found = set()
     for path in python_files():
         if path.name == "__init__.py":
+            found |= {(str(path.relative_to(REPO)), name) for name in unused_in_init(path)}
             continue
         lines = path.read_text().splitlines()
         facade = _only_imports(syntax_tree(path))
@@ -260,11 +287,18 @@ def test_the_name_gates_see_what_they_gate(tmp_path, monkeypatch):
         "from .b import _hidden, __version__\nfrom lab.c import d  # noqa: F401\n\n\ndef a():\n    return _hidden\n"
     )
     (tmp_path / "lab" / "__init__.py").write_text("from lab.a import e  # noqa: F401\n")
+    (tmp_path / "lab" / "m").mkdir()
+    (tmp_path / "lab" / "m" / "__init__.py").write_text("from lab.m.n import kept, offered\n\nkept()\n")
     (tmp_path / "lab" / "f.py").write_text("import os\n\n\ndef f():\n    import json\n    from . import a\n")
     (tmp_path / "lab" / "g.py").write_text('"""A facade."""\n\nfrom lab.h import i\n\n__all__ = ["i"]\n')
     monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
     assert private_imports() == {("lab/a.py", "lab.b", "_hidden")}
-    assert reexports() == {("lab/a.py", "lab.c"), ("lab/g.py", "lab.h")}
+    assert reexports() == {
+        ("lab/a.py", "lab.c"),
+        ("lab/g.py", "lab.h"),
+        ("lab/__init__.py", "e"),
+        ("lab/m/__init__.py", "offered"),
+    }
     assert standard_library_imports_in_functions() == {("lab/f.py", 5)}
 
 

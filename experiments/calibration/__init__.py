@@ -47,7 +47,7 @@ training. At each:
   readout with the best validation AUROC is reported on test; baseline, beside it and never chosen: the model's
   own final cloze confidence (= the last layer's lens cloze confidence). Controls: the probe on shuffled labels
   (the lens readouts: scored against shuffled labels), and the same readout of an untrained model of the same
-  shape. Verdicts by `lab.analysis.probes.judge_readouts` (docs/definitions.md §5): constant readouts are flagged, not
+  shape. Verdicts by `judge_readouts` (docs/definitions.md §5): constant readouts are flagged, not
   scored; "carries the signal" needs the test interval above both controls' intervals; fewer than MIN_PER_CLASS
   right or wrong answers in the validation or test split is "not enough data".
 * token-level calibration of next-token predictions on held-out English for the pydoc zoo model (its
@@ -56,9 +56,9 @@ training. At each:
 
 `--model PATH --mmlu FILE.csv`: lettered multiple choice on MMLU's CSV layout (question, A, B, C, D,
 answer; with or without a header) for any local Hugging Face causal LM — converted into a
-HookedTransformer by `lab.hf.load_hf` when the architecture is supported (lab.hf.SUPPORTED: GPT-2, LLaMA,
+HookedTransformer by `lab.hf.loading.load_hf` when the architecture is supported (SUPPORTED: GPT-2, LLaMA,
 GPT-NeoX / Pythia, Qwen2, Mistral), else wrapped
-by `lab.hf.bridge` (TransformerBridge) — with temperature scaling and per-layer P(IK) probes on the
+by `lab.hf.loading.bridge` (TransformerBridge) — with temperature scaling and per-layer P(IK) probes on the
 residual stream at the last prompt token, by the same rules (items split train / validation / test, controls,
 "not enough data" for a small CSV).
 
@@ -86,97 +86,13 @@ run); every name is imported from `experiments.calibration` itself.
 """
 
 from experiments import local_or_synthetic
-from experiments.calibration.config import EXPOSURE_BINS, N_OPTIONS, QUICK, Config
+from experiments.calibration.config import Config
 
 # Every name the experiment had as one module, where it lives now: tests, docs and other experiments import
 # them from here.
-from experiments.calibration.ece import BINNINGS, calibration_summary, option_logits, temperature_summary
-from experiments.calibration.english import heldout_english, pydoc_model, token_level
-from experiments.calibration.figures import (
-    exposure_figures,
-    p_ik_figure,
-    reliability_figure,
-    stages_figure,
-    token_level_figure,
-)
-from experiments.calibration.kadavath import (
-    SETTINGS,
-    Readings,
-    RealTrackConfig,
-    answer_letter_ids,
-    chat_prompt,
-    kadavath_prompt,
-    next_letter_log_probs,
-    question_block,
-    read_letters,
-    real_track,
-    run_real_track,
-    setting_summary,
-    shared_prefix,
-    split_questions,
-    token_ids,
-)
-from experiments.calibration.mmlu import (
-    CSV_MEMORY_FACTOR,
-    MIN_MMLU_ITEMS,
-    MMLU_COLUMNS,
-    TOKENIZER_FILES,
-    LocalInputs,
-    check_memory,
-    check_splits,
-    context_length,
-    encode,
-    encode_prompts,
-    hf_lettered,
-    hf_p_ik,
-    letter_ids,
-    load_local_model,
-    mmlu_prompt,
-    mmlu_splits,
-    read_mmlu,
-    read_mmlu_inputs,
-    read_question_csv,
-    run_hf,
-)
-from experiments.calibration.p_true import lens_p_true, p_true_layers, p_true_summary, p_true_table
-from experiments.calibration.readouts import (
-    FAMILIES,
-    Parts,
-    class_counts,
-    fixed_readout_row,
-    judge,
-    judge_families,
-    lens_readouts,
-    make_parts,
-    p_ik,
-    p_ik_summary,
-    probe_rows,
-    public_rows,
-    residual_hooks,
-)
-from experiments.calibration.setting import (
-    Setting,
-    claim_text,
-    cloze_table,
-    continuation_logprobs,
-    exposure_bin,
-    heldout_nll,
-    lettered_table,
-    make_model,
-    make_setting,
-    next_token_logprobs,
-    statement_prefix,
-    train_in_stages,
-)
-from experiments.calibration.summary import (
-    acceptance,
-    aurocs_without_counts,
-    eces_without_interval,
-    headlines,
-    signed_headline,
-    verdict_headline,
-)
-from experiments.calibration.synthetic import Evaluation, evaluate, run_synthetic
+from experiments.calibration.mmlu import read_mmlu_inputs, run_hf
+from experiments.calibration.summary import headlines
+from experiments.calibration.synthetic import run_synthetic
 
 # run: the synthetic experiment, or with cfg.model the local model measured on its file (`run_hf`); read_inputs:
 # that model and file, read before the run folder is made (`read_mmlu_inputs`).

@@ -63,7 +63,7 @@ class Config(ModelTraining):
     token_windows: int = 32  # held-out pydoc windows of n_ctx tokens for token-level calibration
     threads: int = 1  # torch intra-op threads (tiny tensors: more threads cost more than they gain)
     hf_loader: str = (
-        "auto"  # --model: "auto" converts lab.hf.SUPPORTED (lab.hf.load_hf), bridges the rest; "bridge" always
+        "auto"  # --model: "auto" converts the families Forma supports (load_hf), bridges the rest; "bridge" always
     )
 
     def __post_init__(self) -> None:

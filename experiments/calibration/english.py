@@ -10,7 +10,7 @@ from torch import Tensor
 from experiments.calibration.config import Config
 from lab.analysis.lens import logit_lens
 from lab.metrics.calibration import ece_fields, reliability
-from lab.model import HookedTransformer
+from lab.model.transformer import HookedTransformer
 
 
 # --------------------------------------------------------------------------------------------
@@ -18,7 +18,8 @@ from lab.model import HookedTransformer
 # --------------------------------------------------------------------------------------------
 def pydoc_model(out: Path) -> tuple[HookedTransformer, str]:
     """The pydoc zoo model, or — when it is not trained — its quick recipe trained into the run folder."""
-    from lab.zoo import build, is_trained
+    from lab.folders import is_trained
+    from lab.zoo.building import build
 
     if is_trained("pydoc"):
         return HookedTransformer.from_pretrained("pydoc"), "zoo model pydoc"
@@ -31,7 +32,8 @@ def pydoc_model(out: Path) -> tuple[HookedTransformer, str]:
 def heldout_english(model: HookedTransformer, n_windows: int) -> Int[Tensor, "window pos"]:
     """The first n_windows × n_ctx tokens of the pydoc corpus's held-out documents, as windows."""
     from lab.data.stdlib_corpus import split_text, stdlib_docstrings
-    from lab.zoo import load_recipe, zoo_dir
+    from lab.folders import zoo_dir
+    from lab.zoo.recipes import load_recipe
 
     fraction = load_recipe("pydoc")["world"].get("held_out_fraction", 0.05)
     _, held_out = split_text(stdlib_docstrings(cache=zoo_dir() / "pydoc" / "corpus.txt"), fraction)

@@ -240,7 +240,7 @@ def run_real_track(cfg: RealTrackConfig, out: str | Path | None = None) -> Path:
     """The real-model track as a run folder (lab.runs.run_and_record: provenance, config, results.json last and
     atomically), runs/calibration_real/<UTC timestamp>/ unless `out`; the folder is returned."""
     from lab.configs import torch_threads
-    from lab.model import HookedTransformer
+    from lab.model.transformer import HookedTransformer
     from lab.runs import run_and_record
 
     def run(config: dict[str, Any], folder: Path) -> dict[str, Any]:

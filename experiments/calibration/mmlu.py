@@ -26,13 +26,13 @@ from experiments.calibration.readouts import (
     residual_hooks,
 )
 from experiments.calibration.summary import headlines
-from lab.analysis.activations import collect_activations
+from lab.analysis.activations.collect import collect_activations
 from lab.analysis.lens import logit_lens
-from lab.analysis.probes import random_model
+from lab.analysis.probes.readouts import random_model
 from lab.data.facts import OPTION_LETTERS
 from lab.metrics.calibration import softmax
 from lab.metrics.discrimination import MIN_PER_CLASS, auroc_ci
-from lab.model import HookedTransformer
+from lab.model.transformer import HookedTransformer
 from lab.runs import save_table
 
 # --------------------------------------------------------------------------------------------
@@ -139,11 +139,13 @@ def letter_ids(tokenizer: Any) -> list[int]:
 
 
 def load_local_model(name_or_path: str | Path, loader: str = "auto") -> tuple[Any, Any, str]:
-    """(model, tokenizer, how it was loaded). A local HF folder: a HookedTransformer through lab.hf.load_hf when
-    the architecture converts, else (or with loader="bridge") a TransformerBridge through lab.hf.bridge. A zoo
+    """(model, tokenizer, how it was loaded). A local HF folder: a HookedTransformer through lab.hf.loading.load_hf when
+    the architecture converts, else (or with loader="bridge") a TransformerBridge through lab.hf.loading.bridge. A zoo
     name or a Forma model folder: HookedTransformer.from_pretrained, with the tokenizer saved beside it. The
     folder is read through lab.hf, which runs none of its code."""
-    from lab.hf import SUPPORTED, bridge, hf_model_type, load_hf, local_tokenizer
+    from lab.hf.families import SUPPORTED
+    from lab.hf.folder import hf_model_type, local_tokenizer
+    from lab.hf.loading import bridge, load_hf
 
     path = Path(name_or_path)
     model_type = hf_model_type(path) if path.is_dir() else None
@@ -155,9 +157,9 @@ def load_local_model(name_or_path: str | Path, loader: str = "auto") -> tuple[An
     if not any((path / name).is_file() for name in TOKENIZER_FILES):
         raise FileNotFoundError(f"{path} holds no tokenizer: save it beside the model (tokenizer.save_pretrained)")
     if loader == "auto" and model_type in SUPPORTED:
-        model, route = load_hf(path), f"{model_type}: converted into a HookedTransformer by lab.hf.load_hf"
+        model, route = load_hf(path), f"{model_type}: converted into a HookedTransformer by lab.hf.loading.load_hf"
     else:
-        model, route = bridge(path), f"{model_type}: wrapped by lab.hf.bridge (TransformerBridge)"
+        model, route = bridge(path), f"{model_type}: wrapped by lab.hf.loading.bridge (TransformerBridge)"
     # The folder's own tokenizer for both routes: the bridge's copy is set to prepend a BOS token, which
     # would give the two routes different prompts.
     return model.eval(), local_tokenizer(path), route

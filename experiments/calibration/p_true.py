@@ -11,8 +11,8 @@ from experiments.calibration.readouts import class_counts, fixed_readout_row, ju
 from experiments.calibration.setting import Setting, continuation_logprobs, next_token_logprobs, statement_prefix
 from lab.analysis.lens import logit_lens
 from lab.metrics.discrimination import MIN_PER_CLASS, auroc_ci
-from lab.model import HookedTransformer
 from lab.model.decoding import generate
+from lab.model.transformer import HookedTransformer
 
 
 # --------------------------------------------------------------------------------------------

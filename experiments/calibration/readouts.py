@@ -10,12 +10,15 @@ import torch
 
 from experiments.calibration.config import N_OPTIONS, Config
 from experiments.calibration.setting import Setting, continuation_logprobs, right_padded, statement_prefix
-from lab.analysis.activations import collect_activations
+from lab.analysis.activations.collect import collect_activations
 from lab.analysis.lens import logit_lens
-from lab.analysis.probes import feature_rank, fit_probe, group_partition, judge_readouts, random_model, shuffled_control
+from lab.analysis.probes.fitting import feature_rank
+from lab.analysis.probes.probe import fit_probe
+from lab.analysis.probes.readouts import judge_readouts, random_model, shuffled_control
+from lab.analysis.probes.splits import group_partition
 from lab.metrics.calibration import softmax
 from lab.metrics.discrimination import Metric, auroc, auroc_ci, bootstrap_ci
-from lab.model import HookedTransformer
+from lab.model.transformer import HookedTransformer
 
 
 # --------------------------------------------------------------------------------------------

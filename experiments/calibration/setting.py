@@ -21,9 +21,11 @@ from lab.data.facts import OPTION_LETTERS, Fact, FactWorld, FactWorldConfig
 from lab.data.tokenizers import word_level
 from lab.metrics.calibration import softmax
 from lab.metrics.discrimination import auroc
-from lab.model import HookedTransformer, ModelConfig
-from lab.train import SequenceBatches, TrainConfig, train
-from lab.train.batches import pad_documents
+from lab.model.config import ModelConfig
+from lab.model.transformer import HookedTransformer
+from lab.train.batches import SequenceBatches, pad_documents
+from lab.train.config import TrainConfig
+from lab.train.loop import train
 
 logger = logging.getLogger(__name__)
 

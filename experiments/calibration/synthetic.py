@@ -33,10 +33,10 @@ from experiments.calibration.setting import (
     train_in_stages,
 )
 from experiments.calibration.summary import acceptance, headlines
-from lab.analysis.probes import random_model
+from lab.analysis.probes.readouts import random_model
 from lab.data.facts import OPTION_LETTERS
 from lab.metrics.calibration import softmax
-from lab.model import HookedTransformer
+from lab.model.transformer import HookedTransformer
 from lab.runs import save_figure, save_table
 
 

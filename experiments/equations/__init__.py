@@ -35,47 +35,26 @@ import torch
 
 # Every name the experiment had as one module, where it lives now: the tests import them from here.
 from experiments.equations.attention import (
-    VANISHED,
-    ReversedMaskAttention,
     check_attention_scaling,
     check_causal_mask,
     check_dot_product_variance,
     check_reversed_mask,
     check_softmax_saturation,
-    softmax_jacobian_norm,
-    softmax_saturation,
 )
 from experiments.equations.check import Check, entries
 from experiments.equations.figures import write_figures
-from experiments.equations.kv_cache import (
-    attention_flops,
-    check_kv_cache_cost,
-    check_kv_cache_tokens,
-    kv_model,
-    step_flops,
-    step_seconds,
-)
+from experiments.equations.kv_cache import check_kv_cache_cost, check_kv_cache_tokens
 from experiments.equations.networks import (
-    ce_gradient_formula,
     check_affine_collapse,
     check_cross_entropy_gradient,
     check_nonlinearity_breaks_collapse,
     check_universal_approximation,
-    fit_sigmoid_network,
     universal_approximation,
 )
-from experiments.equations.parameters import (
-    PARAMETER_CONFIGS,
-    check_llama_7b,
-    check_parameter_approximation,
-    check_parameter_count_exact,
-    meta_parameter_count,
-    seed_approximation,
-)
+from experiments.equations.parameters import check_llama_7b, check_parameter_approximation, check_parameter_count_exact
 from experiments.equations.perplexity import check_kl_identity, check_perplexity
 from experiments.equations.positions import check_rotary_relative, check_sinusoidal_shift, check_sinusoidal_wavelengths
 from experiments.equations.sampling import check_nucleus, check_temperature
-from experiments.equations.seeded import F64, attention_config
 from lab.configs import check_fields, need
 from lab.headlines import title
 

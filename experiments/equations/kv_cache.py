@@ -11,9 +11,11 @@ from transformer_lens.hook_points import HookPoint
 
 from experiments.equations.check import Check, all_close
 from experiments.equations.seeded import seeded_generator
-from lab.model import HookedTransformer, KVCache, KVCacheEntry, ModelConfig
 from lab.model.attention import Attention
+from lab.model.config import ModelConfig
 from lab.model.decoding import decode
+from lab.model.kv_cache import KVCache, KVCacheEntry
+from lab.model.transformer import HookedTransformer
 
 
 # ============================================================================================

@@ -12,8 +12,8 @@ from torch import Tensor, nn
 
 from experiments.equations.check import Check
 from experiments.equations.seeded import F64, seeded_generator
-from lab.model import next_token_loss
 from lab.model.mlp import ACTIVATIONS
+from lab.model.transformer import next_token_loss
 
 
 # ============================================================================================

@@ -7,7 +7,8 @@ from functools import cache
 import torch
 
 from experiments.equations.check import Check
-from lab.model import HookedTransformer, ModelConfig
+from lab.model.config import ModelConfig
+from lab.model.transformer import HookedTransformer
 
 # ============================================================================================
 # 8. Parameter count

@@ -10,8 +10,8 @@ from torch import Tensor, nn
 
 from experiments.equations.check import Check, all_close
 from experiments.equations.seeded import F64, seeded_generator
-from lab.model import ModelConfig
 from lab.model.attention import Rotary
+from lab.model.config import ModelConfig
 from lab.model.embeddings import sinusoidal_table
 
 

@@ -8,8 +8,8 @@ import torch
 from torch import Tensor
 from transformer_lens.hook_points import HookPoint
 
-from lab.model import ModelConfig
 from lab.model.attention import Attention
+from lab.model.config import ModelConfig
 
 F64 = torch.float64
 

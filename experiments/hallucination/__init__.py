@@ -30,7 +30,7 @@ Documents drawn at T = 1 from the full softmax and judged by `FactWorld.classify
 3 standard errors.
 
 What runs:
-* sweep: for each γ, a model trained for max(epochs) epochs in stages (`lab.train.train` with
+* sweep: for each γ, a model trained for max(epochs) epochs in stages (`lab.train.loop.train` with
   stop_after/resume, one stage per epoch), with the held-out NLL after each epoch; at the listed epochs and at
   the held-out optimum every quantity of the bound is measured (`measurement`). The held-out documents are independent
   i.i.d. draws from p (the expected loss on new draws is what picks the optimum), not unseen facts: most of them
@@ -73,30 +73,11 @@ import time
 from pathlib import Path
 
 # Every name the experiment had as one module, where it lives now: tests, dashboards and docs import them from here.
-from experiments.hallucination.config import (
-    ADAPTIVE_BINS,
-    DELTAS,
-    EPS,
-    FAMILY_Z,
-    MAX_FACT_PROBABILITY_FLAG,
-    QUICK,
-    Config,
-)
-from experiments.hallucination.enumeration import Enumeration, enumerate_g, heldout_nll, sample_documents
+from experiments.hallucination.config import MAX_FACT_PROBABILITY_FLAG, Config
 from experiments.hallucination.figures import write_figures
-from experiments.hallucination.measurement import measure
-from experiments.hallucination.setting import Setting, make_model, make_setting
-from experiments.hallucination.summary import acceptance, headlines, relative_change
-from experiments.hallucination.training import (
-    CONTROL,
-    UPWEIGHT_KEYS,
-    SweepRun,
-    summarise_upweighting,
-    sweep_gamma,
-    upweight_condition,
-    upweighting_conditions,
-    upweighting_tasks,
-)
+from experiments.hallucination.setting import Setting
+from experiments.hallucination.summary import acceptance, headlines
+from experiments.hallucination.training import SweepRun, summarise_upweighting, sweep_gamma, upweighting_tasks
 from lab.configs import torch_threads
 from lab.metrics.hallucination import missing_mass, monofact_rate
 from lab.parallel import run_tasks

@@ -9,8 +9,9 @@ from jaxtyping import Float
 from torch import Tensor
 
 from experiments.hallucination.setting import Setting
-from lab.model import HookedTransformer, KVCache, KVCacheEntry
 from lab.model.decoding import decode
+from lab.model.kv_cache import KVCache, KVCacheEntry
+from lab.model.transformer import HookedTransformer
 
 
 # --------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from lab.metrics.hallucination import (
     singleton_bound,
     singleton_calibration_delta,
 )
-from lab.model import HookedTransformer
+from lab.model.transformer import HookedTransformer
 
 
 # --------------------------------------------------------------------------------------------

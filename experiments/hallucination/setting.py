@@ -12,7 +12,8 @@ from torch import Tensor
 from experiments.hallucination.config import Config
 from lab.data.facts import FactWorld, FactWorldConfig
 from lab.data.tokenizers import word_level
-from lab.model import HookedTransformer, ModelConfig
+from lab.model.config import ModelConfig
+from lab.model.transformer import HookedTransformer
 
 
 # --------------------------------------------------------------------------------------------

@@ -17,8 +17,10 @@ from experiments.hallucination.config import Config
 from experiments.hallucination.enumeration import heldout_nll
 from experiments.hallucination.measurement import measure
 from experiments.hallucination.setting import Setting, make_model, make_setting
-from lab.model import HookedTransformer
-from lab.train import SequenceBatches, TrainConfig, train
+from lab.model.transformer import HookedTransformer
+from lab.train.batches import SequenceBatches
+from lab.train.config import TrainConfig
+from lab.train.loop import train
 
 logger = logging.getLogger(__name__)
 

@@ -76,52 +76,11 @@ from typing import Any
 import torch
 
 # Every name the experiment had as one module, where it lives now: tests and docs import them from here.
-from experiments.kl.config import (
-    DEFAULT,
-    FAMILY_Z,
-    FIGURES,
-    QUICK,
-    RECIPE,
-    SCALING_MODEL,
-    SCALING_TRAIN,
-    SCALING_WORLD,
-    Config,
-    Profile,
-    sample_seed,
-)
-from experiments.kl.figures import decomposition_figure, write_figures
-from experiments.kl.measure import (
-    Decomposition,
-    HeldOut,
-    Source,
-    decompose,
-    entropy_rate_check,
-    ground_truth_lens,
-    kl_by_position,
-    measure,
-    model_logits,
-    paired_mean_se,
-    summarise,
-    summarise_regions,
-    z_score,
-)
-from experiments.kl.scaling import heads_for, scaling_fit, scaling_point, scaling_setting
-from experiments.kl.sources import hmm_part, markov_part, markov_setting, truncated_context_kl
+from experiments.kl.config import Config
+from experiments.kl.figures import write_figures
+from experiments.kl.scaling import scaling_fit, scaling_point
+from experiments.kl.sources import hmm_part, markov_part
 from experiments.kl.summary import acceptance, headlines
-from experiments.kl.training import log_spaced_steps, sequences, train_with_checkpoints
-from lab.metrics.information import (
-    T_BRACKET,
-    T_GRID,
-    cross_entropy,
-    entropy,
-    kl,
-    temperature_kl,  # noqa: F401
-    temperature_scan,
-    to_bits,
-    truncated_context_kl_of,
-)
-from lab.metrics.scaling import ALPHA_RANGE, fit_power_law  # noqa: F401 (experiments.kl.fit_power_law still works)
-from lab.metrics.statistics import sign, t_quantile_975  # noqa: F401
 from lab.parallel import run_tasks
 
 

@@ -13,7 +13,7 @@ from torch import Tensor
 from lab.analysis.lens import ground_truth_lens as lens_against_truth
 from lab.data.sources import HiddenMarkovSource, MarkovSource
 from lab.metrics.information import cross_entropy, entropy, kl
-from lab.model import HookedTransformer
+from lab.model.transformer import HookedTransformer
 
 Source = MarkovSource | HiddenMarkovSource
 

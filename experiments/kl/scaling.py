@@ -17,9 +17,11 @@ from experiments.kl.training import sequences
 from lab.data.sources import MarkovSource
 from lab.metrics.information import entropy
 from lab.metrics.scaling import fit_power_law
-from lab.model import HookedTransformer, ModelConfig
-from lab.train import TrainConfig, train
-from lab.zoo import make_source
+from lab.model.config import ModelConfig
+from lab.model.transformer import HookedTransformer
+from lab.train.config import TrainConfig
+from lab.train.loop import train
+from lab.zoo.worlds import make_source
 
 
 def scaling_setting(profile: Profile, seed: int) -> tuple[MarkovSource, TrainConfig, HeldOut]:

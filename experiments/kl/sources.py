@@ -20,9 +20,11 @@ from experiments.kl.measure import (
 from experiments.kl.training import sequences, train_with_checkpoints
 from lab.data.sources import MarkovSource
 from lab.metrics.information import temperature_scan, to_bits, truncated_context_kl_of
-from lab.model import HookedTransformer, ModelConfig
-from lab.train import TrainConfig
-from lab.zoo import load_recipe, make_source
+from lab.model.config import ModelConfig
+from lab.model.transformer import HookedTransformer
+from lab.train.config import TrainConfig
+from lab.zoo.recipes import load_recipe
+from lab.zoo.worlds import make_source
 
 
 def markov_setting(cfg: Config) -> tuple[MarkovSource, TrainConfig, ModelConfig]:

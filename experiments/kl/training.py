@@ -14,8 +14,10 @@ from experiments.kl.measure import (
     Source,
     measure,
 )
-from lab.model import HookedTransformer
-from lab.train import SequenceBatches, TrainConfig, train
+from lab.model.transformer import HookedTransformer
+from lab.train.batches import SequenceBatches
+from lab.train.config import TrainConfig
+from lab.train.loop import train
 
 
 def log_spaced_steps(steps: int, n: int) -> list[int]:

@@ -79,43 +79,9 @@ from experiments import local_or_synthetic
 
 # Every name the experiment had as one module, where it lives now: tests, dashboards and benchmarks import them
 # from here.
-from experiments.monitor.config import (
-    ABSTENTION_SIGNAL,
-    ATTRIBUTE,
-    ERROR_KINDS,
-    KINDS,
-    QUICK,
-    READOUT_FILE,
-    SPLITS,
-    SUBJECT,
-    TRAINED,
-    Config,
-)
-from experiments.monitor.figures import write_figures
-from experiments.monitor.judging import familywise_level, judge, resplit
-from experiments.monitor.qa import (
-    MIN_QA_ITEMS,
-    abstention_alphas,
-    normalise,
-    qa_prompt,
-    qa_readouts,
-    qa_splits,
-    read_qa,
-    read_qa_inputs,
-    run_qa,
-)
-from experiments.monitor.readouts import load_readouts, save_readouts
-from experiments.monitor.setting import Setting, make_setting, train_model
-from experiments.monitor.signals import (
-    choose_signs,
-    claim_risks,
-    fit_readouts,
-    monitored,
-    residuals,
-    sampling_risks,
-    value_strings,
-)
-from experiments.monitor.summary import auroc_headline, headlines
+from experiments.monitor.config import Config
+from experiments.monitor.qa import read_qa_inputs, run_qa
+from experiments.monitor.summary import headlines
 from experiments.monitor.synthetic import run_synthetic
 
 # run: the synthetic experiment, or with cfg.model the local model measured on its file (`run_qa`); read_inputs:

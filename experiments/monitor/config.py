@@ -63,7 +63,7 @@ class Config(ModelTraining):
     qa_max_new_tokens: int = 16
     qa_folds: int = 5  # --qa: the probe and P(IK) are cross-fitted over this many folds of questions
     threads: int = 1  # torch intra-op threads (tiny tensors: more threads cost more than they gain)
-    hf_loader: str = "auto"  # --model: "auto" converts GPT-2/LLaMA (lab.hf.load_hf), bridges the rest; "bridge" always
+    hf_loader: str = "auto"  # --model: "auto" converts GPT-2/LLaMA (load_hf), bridges the rest; "bridge" always
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -18,9 +18,9 @@ from experiments.monitor.judging import judge
 from experiments.monitor.signals import choose_signs, claim_risks, residuals, sampling_risks
 from experiments.monitor.summary import headlines
 from lab.analysis.monitor import RISK_SIGN, Monitor
-from lab.analysis.probes import cross_fit_probe
+from lab.analysis.probes.cross_fit import cross_fit_probe
 from lab.metrics.selective import crc_min_calibration, ltt_min_answered
-from lab.model import HookedTransformer
+from lab.model.transformer import HookedTransformer
 from lab.runs import save_table
 
 # --------------------------------------------------------------------------------------------
@@ -36,7 +36,7 @@ def read_qa(path: str | Path) -> list[dict[str, Any]]:
     file and line for a row of another width, an empty question or answer, an answer holding a line break (the
     model's answer is its continuation up to its first line break, so it could never match), and for fewer than
     MIN_QA_ITEMS questions."""
-    from experiments.calibration import read_question_csv
+    from experiments.calibration.mmlu import read_question_csv
     from lab.inputs import InputError
 
     path = Path(path)
@@ -74,7 +74,7 @@ def read_qa_inputs(cfg: Config) -> Any:
     """The question–answer file, the model and the prompts, each checked (`read_qa`, `load_local_model`, the prompts
     with room for qa_max_new_tokens answer tokens in the model's context, the memory the run will take): what
     `forma run` reads before it makes the run folder."""
-    from experiments.calibration import (
+    from experiments.calibration.mmlu import (
         LocalInputs,
         check_memory,
         check_splits,

@@ -14,8 +14,11 @@ from torch import Tensor
 from experiments.monitor.config import ATTRIBUTE, SPLITS, Config
 from lab.data.facts import FactWorld, FactWorldConfig
 from lab.data.tokenizers import word_level
-from lab.model import HookedTransformer, ModelConfig
-from lab.train import SequenceBatches, TrainConfig, train
+from lab.model.config import ModelConfig
+from lab.model.transformer import HookedTransformer
+from lab.train.batches import SequenceBatches
+from lab.train.config import TrainConfig
+from lab.train.loop import train
 
 
 # --------------------------------------------------------------------------------------------

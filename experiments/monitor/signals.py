@@ -11,10 +11,10 @@ from torch import Tensor
 from experiments.monitor.config import SUBJECT, TRAINED
 from experiments.monitor.setting import Setting
 from lab.analysis.monitor import RISK_SIGN, LinearReadout, Monitor, claim_risk, sample_continuations
-from lab.analysis.probes import fit_probe
+from lab.analysis.probes.probe import fit_probe
 from lab.metrics.discrimination import MIN_PER_CLASS, auroc
 from lab.metrics.selective import answer_agreement, discrete_semantic_entropy
-from lab.model import HookedTransformer
+from lab.model.transformer import HookedTransformer
 
 
 # --------------------------------------------------------------------------------------------

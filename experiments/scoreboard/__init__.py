@@ -69,9 +69,6 @@ from lab.configs import torch_threads
 from lab.parallel import run_tasks
 from lab.runs import save_table
 
-__all__ = ["Config", "headlines", "run"]
-
-
 WORLDS = ("markov", "mess3", "induction", "facts", "long_induction")  # the table's order
 
 

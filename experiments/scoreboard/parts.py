@@ -23,7 +23,7 @@ from experiments.scoreboard.config import (
     sample_seed,
     world_spec,
 )
-from lab.analysis.activations import save_activations
+from lab.analysis.activations.store import save_activations
 from lab.analysis.grading import (
     UNTRAINED_MODEL,
     grade_attribution_patching,
@@ -37,7 +37,7 @@ from lab.analysis.heads import HEAD_KINDS
 from lab.analysis.input_attribution import METHODS
 from lab.analysis.jacobian_lens import fit_jacobian_lens
 from lab.analysis.lens import logit_lens
-from lab.analysis.probes import random_model
+from lab.analysis.probes.readouts import random_model
 from lab.analysis.transcoders.model import TranscoderConfig, Transcoders
 from lab.analysis.transcoders.train import TranscoderTraining, train_transcoders
 from lab.analysis.tuned_lens import fit_tuned_lens
@@ -46,10 +46,12 @@ from lab.data.sources import source_from_dict
 from lab.data.tokenizers import word_level
 from lab.metrics.discrimination import Metric
 from lab.metrics.grading import Grade
-from lab.model import HookedTransformer, ModelConfig
+from lab.model.config import ModelConfig
+from lab.model.transformer import HookedTransformer
 from lab.runs import write_json
-from lab.train import SequenceBatches, TrainConfig, train
-from lab.train.batches import pad_documents
+from lab.train.batches import SequenceBatches, pad_documents
+from lab.train.config import TrainConfig
+from lab.train.loop import train
 
 ATTRIBUTION_LENGTH = {"markov": 10, "induction": 12}  # prompt lengths: the prediction after the last token
 # The truths attribution is graded against, the scoreboard's "readout" of its rows: the prediction after the last
@@ -108,7 +110,7 @@ def train_model(
     tokenizer: Any = None,
 ) -> tuple[HookedTransformer, dict[str, Any]]:
     """A model trained on the world's sequences. Its unembedding bias is held at zero (every Hugging Face causal-LM
-    head lacks one), so `lab.hf.to_hf` exports it for the peers' checks."""
+    head lacks one), so `lab.hf.convert.to_hf` exports it for the peers' checks."""
     model = HookedTransformer(cfg, seed=seed, tokenizer=tokenizer)
     model.b_U.requires_grad_(False)
     train_cfg = TrainConfig(

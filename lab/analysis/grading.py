@@ -45,7 +45,10 @@ from lab.analysis.heads import HEAD_KINDS, pattern_scores
 from lab.analysis.input_attribution import METHODS, input_attributions, resample_effects
 from lab.analysis.lens import logit_lens, residual_stack
 from lab.analysis.patching import patch_heads, patch_positions
-from lab.analysis.probes import accuracy, fit_probe, group_split, random_model
+from lab.analysis.probes.fitting import accuracy
+from lab.analysis.probes.probe import fit_probe
+from lab.analysis.probes.readouts import random_model
+from lab.analysis.probes.splits import group_split
 from lab.analysis.transcoders.model import Transcoders
 from lab.metrics.discrimination import bootstrap_ci
 from lab.metrics.grading import (
@@ -58,7 +61,7 @@ from lab.metrics.grading import (
 )
 from lab.metrics.memory import last_tokens_lookup
 from lab.metrics.statistics import spearman
-from lab.model import HookedTransformer
+from lab.model.transformer import HookedTransformer
 
 __all__ = [
     "FLAGGED",

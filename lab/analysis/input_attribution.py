@@ -34,7 +34,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from lab.model import HookedTransformer
+from lab.model.transformer import HookedTransformer
 
 __all__ = [
     "METHODS",

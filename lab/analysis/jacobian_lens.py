@@ -35,7 +35,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from lab.analysis.lens import read_out, residual_stack
-from lab.model import HookedTransformer
+from lab.model.transformer import HookedTransformer
 
 __all__ = ["JacobianLens", "fit_jacobian_lens"]
 

@@ -24,8 +24,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from lab.metrics.information import kl
-from lab.model import HookedTransformer
 from lab.model.offload import read_weight
+from lab.model.transformer import HookedTransformer
 
 
 @torch.inference_mode()

@@ -39,8 +39,9 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from lab.model import HookedTransformer, KVCache
 from lab.model.decoding import check_max_new_tokens, check_sampling, decode, sample_next
+from lab.model.kv_cache import KVCache
+from lab.model.transformer import HookedTransformer
 
 TOKEN_SIGNALS = ("max_prob", "entropy", "margin", "lens_kl", "subject_attention", "probe")
 OUTPUT_SIGNALS = ("max_prob", "entropy", "margin")  # read from the logits alone: every model has them
@@ -85,7 +86,7 @@ class LinearReadout:
 
     @classmethod
     def from_probe(cls, result: Any, hook: str, position: int | None = None) -> "LinearReadout":
-        """A logistic probe of `lab.analysis.probes.fit_probe`, read as P(its second class)."""
+        """A logistic probe of `lab.analysis.probes.probe.fit_probe`, read as P(its second class)."""
         return cls(hook, result.weight.float(), float(result.bias), position)
 
     def __call__(self, x: Float[Tensor, "batch d"]) -> Float[Tensor, " batch"]:

@@ -3,7 +3,7 @@
     x_t ← x_t + α·v        at hook `name`, for every position t ≥ from_position
 
 (activation addition, Turner et al. 2023, "Steering Language Models With Activation Engineering";
-a probe direction from `lab.analysis.probes.steering_vector` is one source of v.)
+a probe direction from `lab.analysis.probes.probe.steering_vector` is one source of v.)
 
 With the KV cache, each decoding step runs the model on the newest token only, so the hook sees
 [batch, 1, ...] and cannot tell from the tensor which position that is. `steer` therefore also

@@ -49,7 +49,7 @@ def run_model_job(args: argparse.Namespace, job) -> int:
 
 def cmd_harvest(args: argparse.Namespace) -> int:
     """Harvest hook activations over a corpus into safetensors shards and one index.json (read them with
-    lab.analysis.activations.ActivationStore). Under torchrun each rank harvests a share of the corpus's parts into
+    lab.analysis.activations.store.ActivationStore). Under torchrun each rank takes a share of the corpus's parts into
     their own shards; rank 0 merges the index at the end. Interrupted (any rank, any way), the same command
     continues where it stopped."""
     import torch

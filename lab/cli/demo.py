@@ -30,7 +30,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     chosen = _chosen(args.only)
     server = None if args.no_dashboard else CHILDREN.start(dashboard_command(args.port))  # boots while we list
 
-    from lab.zoo import is_trained  # loads torch: seconds the dashboard spends starting anyway
+    from lab.folders import is_trained  # loads torch: seconds the dashboard spends starting anyway
 
     jobs = missing_jobs(chosen, args.quick)
     if server is not None:
@@ -88,9 +88,8 @@ def missing_jobs(chosen: set[str], quick: bool) -> list[tuple[str, list[str]]]:
     run; what exists already is said on the terminal."""
     import experiments
     from lab.analysis.transcoders.build import transcoder_sets
-    from lab.folders import zoo_dir
+    from lab.folders import is_trained, zoo_dir
     from lab.runs import latest_run
-    from lab.zoo import is_trained
 
     jobs: list[tuple[str, list[str]]] = []
     for name in (m for m in DEMO_MODELS if m in chosen):

@@ -47,7 +47,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     the new one is complete."""
     from lab.folders import PRETRAINED, recipe_kind, zoo_dir
     from lab.progress import PROGRESS_FILE, recording
-    from lab.zoo import build
+    from lab.zoo.building import build
 
     pretrained = recipe_kind(zoo_dir() / args.name) == PRETRAINED
     if pretrained and (args.quick or args.resume):

@@ -18,21 +18,3 @@ The modules: `family` (the Family record, UnsupportedArchitecture, what the fami
 each module of a spread model lives), `folder` (reading and checking a local folder, hf_model_type) and `loading`
 (load_hf, bridge).
 """
-
-from lab.hf.convert import export_family, from_hf, to_hf
-from lab.hf.families import SUPPORTED
-from lab.hf.family import UnsupportedArchitecture
-from lab.hf.folder import hf_model_type, local_tokenizer
-from lab.hf.loading import bridge, load_hf
-
-__all__ = [
-    "SUPPORTED",
-    "UnsupportedArchitecture",
-    "bridge",
-    "export_family",
-    "from_hf",
-    "hf_model_type",
-    "load_hf",
-    "local_tokenizer",
-    "to_hf",
-]

@@ -12,11 +12,12 @@ from torch import Tensor, nn
 from lab.hf.families import FAMILIES
 from lab.hf.family import Family, Reader, State, UnsupportedArchitecture
 from lab.hf.folder import quiet_transformers
-from lab.model import HookedTransformer, ModelConfig
 from lab.model.attention import Rotary
 from lab.model.checkpoint import describe_weight_problems
+from lab.model.config import ModelConfig
 from lab.model.embeddings import SinusoidalPositions
 from lab.model.offload import read_weight
+from lab.model.transformer import HookedTransformer
 
 
 def from_hf(hf_model: Any, tokenizer: Any = None, dtype: torch.dtype = torch.float32) -> HookedTransformer:
@@ -40,8 +41,8 @@ def family_of(model_type: str) -> Family:
         names = ", ".join(family.name for family in FAMILIES.values())
         raise UnsupportedArchitecture(
             f"Forma converts {names} models ({tuple(FAMILIES)}) into its own HookedTransformer; {model_type!r} is "
-            "not one of them. Wrap it instead with lab.hf.bridge(path), which uses TransformerLens's TransformerBridge "
-            "and exposes the same hook names on the Hugging Face module tree."
+            "not one of them. Wrap it instead with lab.hf.loading.bridge(path), which uses TransformerLens's "
+            "TransformerBridge and exposes the same hook names on the Hugging Face module tree."
         )
     return FAMILIES[model_type]
 

@@ -1,4 +1,4 @@
-"""Device maps: where each Forma module that holds weights lives when `lab.hf.load_hf` spreads a model (a
+"""Device maps: where each Forma module that holds weights lives when `lab.hf.loading.load_hf` spreads a model (a
 device, the CPU, or "disk" in an offload folder), read from what Hugging Face's from_pretrained takes
 (`forma_device_map`), and whether Forma can run that placement (`check_placement`)."""
 
@@ -7,7 +7,8 @@ from typing import Any
 import torch
 
 from lab.hf.family import Family
-from lab.model import HookedTransformer, ModelConfig
+from lab.model.config import ModelConfig
+from lab.model.transformer import HookedTransformer
 
 AUTO_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate computes these from free memory
 

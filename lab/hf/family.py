@@ -13,8 +13,9 @@ import einops
 import torch
 from torch import Tensor
 
-from lab.model import HookedTransformer, ModelConfig
+from lab.model.config import ModelConfig
 from lab.model.tokenization import has_bos
+from lab.model.transformer import HookedTransformer
 
 
 class UnsupportedArchitecture(ValueError):
@@ -25,7 +26,7 @@ def variant(what: str) -> UnsupportedArchitecture:
     """A family Forma converts, in a variant it does not."""
     return UnsupportedArchitecture(
         f"{what} is not supported by Forma's conversion; wrap the model with "
-        "lab.hf.bridge(path) (TransformerLens's TransformerBridge) instead"
+        "lab.hf.loading.bridge(path) (TransformerLens's TransformerBridge) instead"
     )
 
 

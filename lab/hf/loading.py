@@ -31,7 +31,7 @@ from lab.hf.convert import (
 from lab.hf.device_map import check_devices, check_placement, forma_device_map, place_of
 from lab.hf.family import Family, UnsupportedArchitecture
 from lab.hf.folder import TOKENIZER_FILES, local_tokenizer, quiet_transformers, read_hf_config, read_hf_folder
-from lab.model import HookedTransformer
+from lab.model.transformer import HookedTransformer
 
 
 def load_hf(

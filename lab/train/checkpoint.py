@@ -29,8 +29,8 @@ from torch import Tensor
 from lab.distributed import rank_world
 from lab.files import current_umask
 from lab.inputs import InputError, parse_json, read_json, read_text, regular_file
-from lab.model import HookedTransformer
 from lab.model.checkpoint import CONFIG_FILE, WEIGHTS_FILE
+from lab.model.transformer import HookedTransformer
 from lab.train.config import TrainConfig
 
 CHECKPOINT_DIR = "checkpoint"

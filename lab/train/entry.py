@@ -11,10 +11,11 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
-from lab.data import MarkovSource
+from lab.data.sources import MarkovSource
 from lab.distributed import init_distributed
 from lab.files import atomic_write
-from lab.model import HookedTransformer, ModelConfig
+from lab.model.config import ModelConfig
+from lab.model.transformer import HookedTransformer
 from lab.train.batches import TokenStream
 from lab.train.config import TrainConfig
 from lab.train.loop import TrainingInterrupted, train

@@ -24,7 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from lab.distributed import all_ranks_sum, any_rank, rank_world
 from lab.files import atomic_write
-from lab.model import HookedTransformer
+from lab.model.transformer import HookedTransformer
 from lab.progress import bar as progress_bar
 from lab.train.batches import IGNORE, Batch, Batches
 from lab.train.checkpoint import (

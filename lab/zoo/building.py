@@ -9,9 +9,14 @@ from typing import Any
 
 from lab.data.dates import TranslationData
 from lab.folders import PRETRAINED, RECIPE_FILE, check_zoo_name, recipe_kind, zoo_dir
-from lab.model import EncoderDecoder, EncoderDecoderConfig, HookedTransformer, ModelConfig
+from lab.model.config import ModelConfig
+from lab.model.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
+from lab.model.transformer import HookedTransformer
 from lab.runs import provenance, write_json
-from lab.train import PairBatches, SequenceBatches, TokenStream, TrainConfig, has_checkpoint, train
+from lab.train.batches import PairBatches, SequenceBatches, TokenStream
+from lab.train.checkpoint import has_checkpoint
+from lab.train.config import TrainConfig
+from lab.train.loop import train
 from lab.zoo.builds import BUILD_FORMAT, only_build, publish_build, published_build, resume_build, start_build
 from lab.zoo.cards import machine_state, measured_card
 from lab.zoo.imports import import_model

@@ -19,7 +19,7 @@ from typing import Any
 
 from lab.files import current_umask, remove_temporary
 from lab.runs import write_json
-from lab.train import RESUMABLE_CHANGES, discard_tree
+from lab.train.checkpoint import RESUMABLE_CHANGES, discard_tree
 
 BUILDS_DIR = ".builds"  # every build, complete or in progress, in a folder of its own
 CURRENT_LINK = ".current"  # → .builds/<id>: the published build

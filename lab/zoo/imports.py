@@ -22,7 +22,7 @@ from lab.folders import CARD_FILE, RECIPE_FILE, SOURCE_TABLE, check_zoo_name, zo
 from lab.hf.gguf import sha256_of, write_hf_folder
 from lab.inputs import read_text
 from lab.runs import provenance, write_json
-from lab.train import discard_tree
+from lab.train.checkpoint import discard_tree
 from lab.zoo.builds import BUILD_FORMAT, NEXT_LINK, only_build, publish_build, start_build
 from lab.zoo.cards import machine_state
 

@@ -15,10 +15,12 @@ from pathlib import Path
 import pytest
 
 import experiments
-import lab.zoo as zoo
 from dashboards.pages import pages
 from lab import HookedTransformer, ModelConfig
-from lab.cli import dashboard_command, free_port, wait_until_serving
+from lab.cli.dashboard import dashboard_command, free_port, wait_until_serving
+from lab.folders import DEFAULT_ZOO_DIR, zoo_names
+from lab.zoo.recipes import load_recipe
+from lab.zoo.worlds import make_source
 from tests.builders import REPO, signals_as_sent, zoo_with_transcoders
 
 CHROMIUM = "/usr/bin/chromium"
@@ -40,9 +42,9 @@ def private_zoo(root: Path) -> Path:
     from lab.data.stdlib_corpus import train_bpe
 
     zoo_copy = root / "models"
-    for name in zoo.zoo_names():
+    for name in zoo_names():
         (zoo_copy / name).mkdir(parents=True)
-        shutil.copy(zoo.DEFAULT_ZOO_DIR / name / "model.toml", zoo_copy / name / "model.toml")
+        shutil.copy(DEFAULT_ZOO_DIR / name / "model.toml", zoo_copy / name / "model.toml")
     tokenizer = train_bpe("Return the number of items in the list.\n\n\nReturn the list of items.", vocab_size=300)
     cfg = ModelConfig(d_vocab=tokenizer.get_vocab_size(), d_model=32, n_layers=2, n_heads=4, n_ctx=32)
     model = HookedTransformer(cfg, seed=0, tokenizer=tokenizer)
@@ -63,7 +65,7 @@ def private_zoo(root: Path) -> Path:
     ]
     (zoo_copy / "markov" / "train").mkdir()
     (zoo_copy / "markov" / "train" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in curve))
-    rate = zoo.make_source(zoo.load_recipe("markov")["world"]).entropy_rate()
+    rate = make_source(load_recipe("markov")["world"]).entropy_rate()
     (zoo_copy / "markov" / "card.json").write_text(
         json.dumps({"name": "markov", "quick": True, "steps": 60, "entropy_rate_nats": rate})
     )
@@ -612,7 +614,7 @@ def test_explorer_reads_a_local_hugging_face_folder(server, browser, hf_folder):
     path.wait_for(timeout=60_000)
     path.fill(str(hf_folder))
     path.press("Enter")
-    page.get_by_text("converted to a Forma model by lab.hf.from_hf").wait_for(timeout=120_000)
+    page.get_by_text("converted to a Forma model by lab.hf.convert.from_hf").wait_for(timeout=120_000)
     wait_rendered(page, timeout=120_000)
     assert page.get_by_text("Trust report").count() >= 1
     open_tab(page, "Patching", "patching")
@@ -633,9 +635,9 @@ def test_the_demo_serves_first_then_each_page_shows_its_jobs_progress_and_fills_
     import sys
 
     zoo_copy, runs = tmp_path / "models", tmp_path / "runs"
-    for name in zoo.zoo_names():  # recipes only: --only equations trains nothing
+    for name in zoo_names():  # recipes only: --only equations trains nothing
         (zoo_copy / name).mkdir(parents=True)
-        shutil.copy(zoo.DEFAULT_ZOO_DIR / name / "model.toml", zoo_copy / name / "model.toml")
+        shutil.copy(DEFAULT_ZOO_DIR / name / "model.toml", zoo_copy / name / "model.toml")
     env = os.environ | {"FORMA_ZOO_DIR": str(zoo_copy), "FORMA_RUNS_DIR": str(runs)}
     port = free_port()
     demo = subprocess.Popen(

@@ -1,6 +1,6 @@
 """Forma's attribution graph against circuit-tracer 0.5's on the same weights and the same transcoders.
 
-A tiny GPT-2 (transformers, from a config: nothing fetched) is converted to Forma (lab.hf.from_hf) and, in
+A tiny GPT-2 (transformers, from a config: nothing fetched) is converted to Forma (lab.hf.convert.from_hf) and, in
 circuit-tracer's own environment (.venv-ct, `make venv-ct`: circuit-tracer needs transformers ≤ 4.57, which Forma
 does not run on), loaded by circuit-tracer as its TransformerLens ReplacementModel (tests/ct/circuit_tracer_side.py,
 a subprocess). Per-layer ReLU and JumpReLU transcoders trained by nothing (random, with a negative encoder bias so
@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 from lab.analysis.graphs.attribute import attribute
-from lab.hf import from_hf
+from lab.hf.convert import from_hf
 from tests.ct.peer import CT_PYTHON, compare, run_circuit_tracer, tiny_gpt2, transcoders_for
 
 if not Path(CT_PYTHON).exists():

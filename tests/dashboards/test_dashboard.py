@@ -260,7 +260,8 @@ def test_the_monitor_page_colours_tokens_and_abstains_where_the_library_says(qui
     abstain_at at the run's CRC threshold for the chosen signal and α."""
     import torch
 
-    from experiments.monitor import SUBJECT, load_readouts
+    from experiments.monitor.config import SUBJECT
+    from experiments.monitor.readouts import load_readouts
     from lab.analysis.monitor import Monitor, abstain_at
 
     folder = quick_run("monitor")
@@ -399,7 +400,7 @@ def test_explorer_reads_any_local_hugging_face_folder(empty, tmp_path):
     at.selectbox(key="model_choice").select("local folder…").run()
     at.text_input(key="model_path").input(str(gpt2)).run()
     assert not at.exception, at.exception
-    assert "converted to a Forma model by lab.hf.from_hf" in texts(at)
+    assert "converted to a Forma model by lab.hf.convert.from_hf" in texts(at)
     assert {"attention", "lens", "patching", "patching_heads", "heads"} <= {c.key for c in at.get("plotly_chart")}
     assert "No trust report yet" in texts(at)
     at.button(key="trust_button").click().run()

@@ -52,7 +52,8 @@ def test_the_page_draws_a_prompts_graph_saves_supernodes_and_exports(zoo_dir):
 def test_a_model_without_a_tokenizer_draws_from_its_default_prompt_of_token_ids(zoo_dir):
     """markov reads token ids: the page opens on its default prompt of ids and draws its graph (no "no tokenizer")."""
     from lab.analysis.transcoders.model import built_from, model_fingerprint
-    from lab.model import HookedTransformer, ModelConfig
+    from lab.model.config import ModelConfig
+    from lab.model.transformer import HookedTransformer
     from tests.builders import random_transcoders
 
     model = HookedTransformer(ModelConfig(d_vocab=32, d_model=16, n_layers=2, n_heads=2, n_ctx=16), seed=0).eval()

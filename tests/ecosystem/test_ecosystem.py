@@ -11,7 +11,7 @@ import torch
 
 from lab import HookedTransformer, ModelConfig
 from lab.analysis.lens import logit_lens
-from lab.hf import to_hf
+from lab.hf.convert import to_hf
 
 ARCHITECTURES = {
     "gpt2": dict(mlp="gelu_tanh"),

@@ -206,7 +206,7 @@ json.dump(out, open(f"{folder}/ids.json", "w"))
 
 @pytest.mark.processes  # Inseq runs in its own environment's Python
 def test_inseq_gives_the_same_attributions_on_the_exported_model():
-    """Inseq 0.7 on `lab.hf.to_hf(model)` against Forma on the same ids, to float round-off: integrated gradients
+    """Inseq 0.7 on `lab.hf.convert.to_hf(model)` against Forma on the same ids, to round-off: integrated gradients
     from the unknown token's embedding of −log P(the generated token) (Forma's of log P, sign flipped); input ×
     gradient and saliency on the input embeddings of P itself, ∇P = P ∇log P (Forma's times P)."""
     if not INSEQ_PYTHON.exists():
@@ -214,7 +214,7 @@ def test_inseq_gives_the_same_attributions_on_the_exported_model():
             raise RuntimeError(f"CI needs inseq's environment at {INSEQ_PYTHON} (docs/ecosystem.md lists its pins)")
         pytest.skip(f"no inseq environment at {INSEQ_PYTHON} (set FORMA_INSEQ_PYTHON); CI runs this")
     from lab.data.tokenizers import to_hf_tokenizer, word_level
-    from lab.hf import to_hf
+    from lab.hf.convert import to_hf
 
     m = model(mlp="gelu_tanh")
     folder = Path(tempfile.mkdtemp())

@@ -2,7 +2,7 @@
 TransformerLens's TransformerBridge over the same weights.
 
 Each Forma model (GPT-2-like: learned positions, LayerNorm, biases; LLaMA-like: rotary, RMSNorm, SwiGLU, 4
-query heads over 2 key/value heads) is exported with `lab.hf.to_hf` and wrapped by a TransformerBridge. The
+query heads over 2 key/value heads) is exported with `lab.hf.convert.to_hf` and wrapped by a TransformerBridge. The
 bridge runs in compatibility mode with no weight processing, so its hooks carry exactly Forma's numbers; where
 TransformerLens requires folded weights (direct logit attribution) a second bridge runs with its default
 processing and the quantity compared is one that processing leaves alone (a logit difference). Where
@@ -20,7 +20,7 @@ import transformer_lens.tools.analysis as analysis
 from transformer_lens import FactoredMatrix, SVDInterpreter, head_detector
 
 from lab import HookedTransformer, ModelConfig
-from lab.model import KVCache
+from lab.model.kv_cache import KVCache
 from tests.builders import BRIDGE_VOCAB, bridge_of, bridge_tokenizer, forma_model
 
 KINDS = ["gpt2", "llama"]

@@ -9,7 +9,7 @@ from benchmarks.tuned_lens import train_package_lens
 from lab import HookedTransformer, ModelConfig
 from lab.analysis.lens import logit_lens
 from lab.analysis.tuned_lens import TunedLens, fit_tuned_lens
-from lab.hf import to_hf
+from lab.hf.convert import to_hf
 from lab.metrics.grading import lens_grades
 
 pytestmark = pytest.mark.usefixtures("one_thread")

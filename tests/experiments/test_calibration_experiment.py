@@ -8,9 +8,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments import calibration as experiment
-from lab.analysis.probes import VERDICTS
-from lab.cli import main
+from experiments.calibration.mmlu import hf_lettered, letter_ids, load_local_model, mmlu_prompt, read_mmlu
+from experiments.calibration.summary import (
+    aurocs_without_counts,
+    eces_without_interval,
+    signed_headline,
+    verdict_headline,
+)
+from lab.analysis.probes.readouts import VERDICTS
+from lab.cli.parser import main
 from lab.metrics.calibration import ece, fit_temperature, nll, softmax
 from lab.metrics.discrimination import MIN_PER_CLASS
 from tests.builders import REPO, VOCAB, hf_model, letter_tokenizer
@@ -113,20 +119,20 @@ def test_results_json_has_the_shape_of_issue_7(quick):
 
 def test_every_ece_has_its_interval_and_noise_floor(quick):
     results, _ = quick
-    assert experiment.eces_without_interval(results) == []
+    assert eces_without_interval(results) == []
     assert results["acceptance"]["every_ece_has_interval_and_floor"]
     for block in (results["mc"], results["lettered"], *results["mc"]["by_exposure"], results["token_level"]):
         low, high = block["ece_ci95"]
         assert low <= high and block["noise_floor_ece"] > 0
     # The checker does catch a missing one.
-    assert experiment.eces_without_interval({"x": [{"ece": 0.1, "ece_ci95": [0, 0.2]}]}) == ["results.x[0].ece"]
+    assert eces_without_interval({"x": [{"ece": 0.1, "ece_ci95": [0, 0.2]}]}) == ["results.x[0].ece"]
 
 
 def test_every_auroc_has_its_class_counts(quick):
     results, _ = quick
-    assert experiment.aurocs_without_counts(results) == []
+    assert aurocs_without_counts(results) == []
     assert results["acceptance"]["every_auroc_has_counts"]
-    assert experiment.aurocs_without_counts({"a": {"auroc": 0.7}}) == ["results.a.auroc"]
+    assert aurocs_without_counts({"a": {"auroc": 0.7}}) == ["results.a.auroc"]
 
 
 def test_p_ik_is_chosen_on_validation_and_never_picks_the_baseline(quick):
@@ -208,7 +214,7 @@ def test_lettered_multiple_choice_of_a_local_hf_model(hf_folder, tmp_path):
     assert BLOCK_KEYS <= set(results["lettered"]) and results["lettered"]["n"] == 40
     assert TEMPERATURE_KEYS <= set(results["temperature"])
     assert all(HEADLINE_KEYS == set(h) for h in results["headlines"])
-    assert experiment.eces_without_interval(results) == []
+    assert eces_without_interval(results) == []
     items = pd.read_parquet(out / "items.parquet")
     assert set(OPTION_COLUMNS + ["answer_index", "label_mass"]) <= set(items.columns) and len(items) == 40
     assert ((items["label_mass"] > 0) & (items["label_mass"] <= 1 + 1e-9)).all()
@@ -244,22 +250,22 @@ def test_ten_mmlu_questions_are_not_enough_data_in_words(hf_folder, tmp_path):
 
 def test_the_bridge_reads_the_same_letter_probabilities_as_the_converter(hf_folder):
     model_dir, csv_path = hf_folder
-    items = experiment.read_mmlu(csv_path)
+    items = read_mmlu(csv_path)
     frames = {}
     for loader in ("auto", "bridge"):
-        model, tokenizer, route = experiment.load_local_model(model_dir, loader)
+        model, tokenizer, route = load_local_model(model_dir, loader)
         assert ("TransformerBridge" in route) == (loader == "bridge")
-        frames[loader], _, _ = experiment.hf_lettered(model, tokenizer, items)
+        frames[loader], _, _ = hf_lettered(model, tokenizer, items)
     np.testing.assert_allclose(frames["auto"][OPTION_COLUMNS], frames["bridge"][OPTION_COLUMNS], atol=1e-4)
 
 
 def test_an_unconverted_architecture_goes_through_the_bridge(hf_folder, tmp_path):
-    """GPT-J has no converter (lab.hf.SUPPORTED does not list it): the run wraps it in a TransformerBridge and
+    """GPT-J has no converter (lab.hf.families.SUPPORTED does not list it): the run wraps it in a TransformerBridge and
     reads the same letter log-probabilities as Hugging Face's own forward pass."""
     import torch
     from transformers import AutoModelForCausalLM, GPTJConfig, GPTJForCausalLM
 
-    from lab.hf import SUPPORTED
+    from lab.hf.families import SUPPORTED
 
     _, csv_path = hf_folder
     assert "gptj" not in SUPPORTED
@@ -278,12 +284,12 @@ def test_an_unconverted_architecture_goes_through_the_bridge(hf_folder, tmp_path
     assert "TransformerBridge" in results["source"]["route"]
     assert results["p_ik"] and all(r["control_untrained_auroc"] is None for r in results["p_ik"] if not r["constant"])
     items = pd.read_parquet(out / "items.parquet")
-    _, tokenizer, _ = experiment.load_local_model(model_dir)
+    _, tokenizer, _ = load_local_model(model_dir)
     hf = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    first = experiment.read_mmlu(csv_path)[0]
+    first = read_mmlu(csv_path)[0]
     with torch.no_grad():
-        ids = torch.tensor([tokenizer(experiment.mmlu_prompt(first))["input_ids"]])
-        theirs = hf(ids).logits[0, -1].double().log_softmax(-1)[experiment.letter_ids(tokenizer)].numpy()
+        ids = torch.tensor([tokenizer(mmlu_prompt(first))["input_ids"]])
+        theirs = hf(ids).logits[0, -1].double().log_softmax(-1)[letter_ids(tokenizer)].numpy()
     np.testing.assert_allclose(items.loc[0, OPTION_COLUMNS].to_numpy(dtype=float), theirs, atol=1e-4)
 
 
@@ -325,20 +331,20 @@ def test_hf_path_refuses_what_it_cannot_read(hf_folder, tmp_path, capsys):
     bad = tmp_path / "bad.csv"
     bad.write_text("What ?,w1,w2,w3,w4,E\n")
     with pytest.raises(ValueError, match="one of A, B, C, D"):
-        experiment.read_mmlu(bad)
+        read_mmlu(bad)
     bare = tmp_path / "no-tokenizer"
     hf_model("gpt2").save_pretrained(bare)
     with pytest.raises(FileNotFoundError, match="tokenizer"):
-        experiment.load_local_model(bare)
+        load_local_model(bare)
 
 
 # --- headlines: a pure function of the results -----------------------------------------------------
 def test_a_headline_has_a_direction_only_where_its_interval_decides_it():
-    up = experiment.signed_headline("x", 0.3, [0.1, 0.5], 0.0, "rises", "falls", "the gap")
+    up = signed_headline("x", 0.3, [0.1, 0.5], 0.0, "rises", "falls", "the gap")
     assert (up["supported"], up["direction"], up["sentence"]) == (True, 1, "rises")
-    down = experiment.signed_headline("x", -0.3, [-0.5, -0.1], 0.0, "rises", "falls", "the gap")
+    down = signed_headline("x", -0.3, [-0.5, -0.1], 0.0, "rises", "falls", "the gap")
     assert (down["direction"], down["sentence"]) == (-1, "falls")
-    straddles = experiment.signed_headline("x", 0.1, [-0.1, 0.3], 0.0, "rises", "falls", "the gap")
+    straddles = signed_headline("x", 0.1, [-0.1, 0.3], 0.0, "rises", "falls", "the gap")
     assert not straddles["supported"] and straddles["direction"] is None
     assert "includes 0" in straddles["why_not"] and "cannot tell the direction" in straddles["why_not"]
 
@@ -357,11 +363,11 @@ def test_a_verdict_of_absence_needs_an_interval_that_reaches_the_controls():
             },
         }
 
-    assert experiment.verdict_headline("v", verdict(True, 0.8, 0.9))["direction"] is True
-    assert experiment.verdict_headline("v", verdict(False, 0.45, 0.65))["direction"] is False
-    wide = experiment.verdict_headline("v", verdict(False, 0.6, 0.8))
+    assert verdict_headline("v", verdict(True, 0.8, 0.9))["direction"] is True
+    assert verdict_headline("v", verdict(False, 0.45, 0.65))["direction"] is False
+    wide = verdict_headline("v", verdict(False, 0.6, 0.8))
     assert not wide["supported"] and "too few items" in wide["why_not"]
-    none = experiment.verdict_headline("v", verdict(None, 0.6, 0.8) | {"sentence": "P(IK): not enough data — …"})
+    none = verdict_headline("v", verdict(None, 0.6, 0.8) | {"sentence": "P(IK): not enough data — …"})
     assert not none["supported"] and none["why_not"].startswith("P(IK): not enough data")
 
 

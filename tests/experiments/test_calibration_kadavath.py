@@ -4,7 +4,7 @@ tests/real/test_calibration_real.py's."""
 
 import pytest
 
-from experiments.calibration import kadavath_prompt, shared_prefix, split_questions
+from experiments.calibration.kadavath import kadavath_prompt, shared_prefix, split_questions
 from lab.data.questions import load_questions
 
 

@@ -10,6 +10,14 @@ from torch import Tensor
 
 from experiments import equations
 from experiments.equations import Config
+from experiments.equations.attention import check_attention_scaling, check_causal_mask, check_softmax_saturation
+from experiments.equations.check import entries
+from experiments.equations.networks import ce_gradient_formula, check_cross_entropy_gradient
+from experiments.equations.parameters import PARAMETER_CONFIGS, check_parameter_count_exact, meta_parameter_count
+from experiments.equations.perplexity import check_kl_identity
+from experiments.equations.positions import check_rotary_relative, check_sinusoidal_shift, check_sinusoidal_wavelengths
+from experiments.equations.sampling import check_nucleus, check_temperature
+from experiments.equations.seeded import attention_config
 from lab.model.attention import Attention
 from lab.model.decoding import filter_logits, sample_next
 from lab.model.embeddings import sinusoidal_table
@@ -75,7 +83,7 @@ def test_results_are_plain_json_with_the_documented_fields(quick_run):
 
 
 def test_the_cli_runs_the_experiment_into_a_run_folder(tmp_path):
-    from lab.cli import main
+    from lab.cli.parser import main
 
     folder = tmp_path / "run"
     assert main(["run", "equations", "--quick", "--out", str(folder)]) == 0
@@ -88,7 +96,7 @@ def test_the_cli_runs_the_experiment_into_a_run_folder(tmp_path):
 
 # --- flip one implementation detail: the check that guards it must fail -------------------------
 def _config(d_model: int, n_heads: int, n_ctx: int):
-    return equations.attention_config(d_model, n_heads, n_ctx)
+    return attention_config(d_model, n_heads, n_ctx)
 
 
 class FutureMaskAttention(Attention):
@@ -112,19 +120,19 @@ class UnscaledAttention(Attention):
 
 
 def test_the_mask_check_fails_when_the_inequality_is_reversed():
-    assert equations.check_causal_mask(Attention(_config(32, 4, 12))).passed
-    flipped = equations.check_causal_mask(FutureMaskAttention(_config(32, 4, 12)))
+    assert check_causal_mask(Attention(_config(32, 4, 12))).passed
+    flipped = check_causal_mask(FutureMaskAttention(_config(32, 4, 12)))
     assert not flipped.passed
     assert flipped.measured[0] > 0.1  # weight on the future
     assert flipped.measured[1] > 1e-3  # a later token moves earlier outputs
 
 
 def test_the_scaling_checks_fail_without_the_square_root():
-    assert equations.check_attention_scaling(Attention(_config(128, 1, 2)), n_samples=4000).passed
-    unscaled = equations.check_attention_scaling(UnscaledAttention(_config(128, 1, 2)), n_samples=4000)
+    assert check_attention_scaling(Attention(_config(128, 1, 2)), n_samples=4000).passed
+    unscaled = check_attention_scaling(UnscaledAttention(_config(128, 1, 2)), n_samples=4000)
     assert not unscaled.passed
     assert unscaled.measured == pytest.approx(128, rel=0.1)  # Var(q·k) = d_k
-    saturated = equations.check_softmax_saturation(UnscaledAttention(_config(128, 1, 64)))
+    saturated = check_softmax_saturation(UnscaledAttention(_config(128, 1, 64)))
     assert not saturated.passed
 
 
@@ -135,28 +143,28 @@ def test_the_nucleus_check_fails_for_a_nucleus_one_token_too_wide():
         next_best = order.gather(-1, kept.sum(-1, keepdim=True).clamp(max=logits.shape[-1] - 1))
         return logits.masked_fill(~kept.scatter(-1, next_best, True), float("-inf"))
 
-    assert equations.check_nucleus(filter_logits).passed
-    assert not equations.check_nucleus(one_too_many).passed
+    assert check_nucleus(filter_logits).passed
+    assert not check_nucleus(one_too_many).passed
 
 
 def test_the_gradient_check_fails_for_a_wrong_formula():
     def flipped_sign(logits: Tensor, targets: Tensor) -> Tensor:
-        return -equations.ce_gradient_formula(logits, targets)
+        return -ce_gradient_formula(logits, targets)
 
     def softmax_only(logits: Tensor, targets: Tensor) -> Tensor:
         return logits.softmax(-1)
 
-    assert equations.check_cross_entropy_gradient().passed
-    assert not equations.check_cross_entropy_gradient(formula=flipped_sign).passed
-    assert not equations.check_cross_entropy_gradient(formula=softmax_only).passed
+    assert check_cross_entropy_gradient().passed
+    assert not check_cross_entropy_gradient(formula=flipped_sign).passed
+    assert not check_cross_entropy_gradient(formula=softmax_only).passed
 
 
 def test_the_position_checks_fail_for_wrong_frequencies_or_no_rotation():
     def half_frequencies(n_ctx: int, d_model: int) -> Tensor:
         return sinusoidal_table(n_ctx, d_model, base=10000.0**2)  # ω_i = 10000^(−4i/d)
 
-    assert not equations.check_sinusoidal_shift(half_frequencies, n_ctx=256).passed
-    assert not equations.check_sinusoidal_wavelengths(half_frequencies).passed
+    assert not check_sinusoidal_shift(half_frequencies, n_ctx=256).passed
+    assert not check_sinusoidal_wavelengths(half_frequencies).passed
 
     class NoRotation(torch.nn.Module):
         def __init__(self, cfg):
@@ -165,21 +173,21 @@ def test_the_position_checks_fail_for_wrong_frequencies_or_no_rotation():
         def forward(self, x: Tensor, offset: int) -> Tensor:
             return x
 
-    assert not equations.check_rotary_relative(NoRotation).passed
+    assert not check_rotary_relative(NoRotation).passed
 
 
 def test_the_temperature_check_fails_when_temperature_multiplies():
     def multiplied(logits: Tensor, temperature: float = 1.0, top_k=None, top_p=None, generator=None) -> Tensor:
         return sample_next(logits * temperature, 1.0, top_k, top_p, generator)  # z·T instead of z/T
 
-    assert equations.check_temperature(sample_next, n_draws=4000).passed
-    assert not equations.check_temperature(multiplied, n_draws=4000).passed
+    assert check_temperature(sample_next, n_draws=4000).passed
+    assert not check_temperature(multiplied, n_draws=4000).passed
 
 
 def test_the_parameter_check_fails_when_a_count_is_off_by_one_bias():
-    small = {name: cfg for name, cfg in equations.PARAMETER_CONFIGS.items() if cfg.d_model < 512}
-    assert equations.check_parameter_count_exact(small).passed
-    off = equations.check_parameter_count_exact(small, lambda cfg: equations.meta_parameter_count(cfg) + cfg.d_model)
+    small = {name: cfg for name, cfg in PARAMETER_CONFIGS.items() if cfg.d_model < 512}
+    assert check_parameter_count_exact(small).passed
+    off = check_parameter_count_exact(small, lambda cfg: meta_parameter_count(cfg) + cfg.d_model)
     assert not off.passed
 
 
@@ -192,9 +200,9 @@ def test_the_kl_identity_check_fails_for_a_wrong_entropy_or_divergence():
     def reversed_kl(p: Tensor, q: Tensor) -> Tensor:
         return kl(q, p)
 
-    assert equations.check_kl_identity(n_samples=20000).passed
-    assert not equations.check_kl_identity(n_samples=20000, entropy_fn=entropy_in_bits).passed
-    assert not equations.check_kl_identity(n_samples=20000, kl_fn=reversed_kl).passed
+    assert check_kl_identity(n_samples=20000).passed
+    assert not check_kl_identity(n_samples=20000, entropy_fn=entropy_in_bits).passed
+    assert not check_kl_identity(n_samples=20000, kl_fn=reversed_kl).passed
 
 
 def test_headlines_are_one_per_check_and_carry_its_verdict(quick_run):
@@ -216,21 +224,21 @@ def test_each_check_states_what_it_measured_and_how_each_entry_passes(quick_run)
 
     results, _ = quick_run
     for check in results["checks"]:
-        stated = equations.entries(check)
+        stated = entries(check)
         n = len(check["measured"]) if isinstance(check["measured"], list) else 1
         assert len(stated) == n and all(not e["what"].startswith("entry ") for e in stated), check["name"]
         assert all(e["holds"] for e in stated if e["holds"] is not None), check["name"]
         assert all(e["in symbols"] for e in stated if e["holds"] is not None), check["name"]
     by_name = {c["name"]: c for c in results["checks"]}
-    breaks, control = equations.entries(by_name["nonlinearity_breaks_collapse"])
+    breaks, control = entries(by_name["nonlinearity_breaks_collapse"])
     assert breaks["passes when"] == "more than 0.05" and breaks["in symbols"].endswith(" > 0.05")
     assert control["passes when"] == "at most 1e-10 from 0" and control["in symbols"].endswith(" ≤ 1e-10")
     sentence = next(h["sentence"] for h in results["headlines"] if h["name"] == "nonlinearity_breaks_collapse")
     assert f"more than 0.05 ({breaks['in symbols']})" in sentence and "within [" not in sentence
-    saturation = equations.entries(by_name["softmax_saturation"])[-1]
+    saturation = entries(by_name["softmax_saturation"])[-1]
     assert saturation["passes when"] == "at least 0.1" and saturation["holds"]
-    flipped = asdict(equations.check_causal_mask(FutureMaskAttention(_config(32, 4, 12))))
-    assert [e["holds"] for e in equations.entries(flipped)][:2] == [False, False]
+    flipped = asdict(check_causal_mask(FutureMaskAttention(_config(32, 4, 12))))
+    assert [e["holds"] for e in entries(flipped)][:2] == [False, False]
 
 
 def test_the_config_refuses_a_negative_seed():

@@ -65,7 +65,7 @@ def test_the_add_an_experiment_guide_makes_an_experiment_forma_runs(tmp_path, mo
     that `experiments.load` loads, `forma run --help` lists, the dashboard gives a page, and `forma run` runs into
     a finished run folder whose headlines are the package's `headlines`. Before the entry it is refused, and so is
     the same code as a plain module."""
-    from lab.cli import build_parser, main
+    from lab.cli.parser import build_parser, main
     from lab.runs import read_results
 
     files, entry = {}, None
@@ -123,7 +123,7 @@ def test_the_dashboard_benchmark_and_the_cli_take_the_registrys_list():
     from benchmarks.dashboard import PAGES
 
     assert set(experiments.experiment_names()) <= set(PAGES)
-    from lab.cli import build_parser
+    from lab.cli.parser import build_parser
 
     run = build_parser()._subparsers._group_actions[0].choices["run"]
     name = next(a for a in run._actions if a.dest == "name")

@@ -9,6 +9,9 @@ import pytest
 import torch
 
 from experiments import hallucination as exp
+from experiments.hallucination.config import MAX_FACT_PROBABILITY_FLAG
+from experiments.hallucination.enumeration import enumerate_g
+from experiments.hallucination.setting import make_model, make_setting
 from lab.metrics.hallucination import monofact_rate
 
 
@@ -31,9 +34,9 @@ def _tiny(attribute: str = "birthday") -> exp.Config:
 @pytest.mark.parametrize("attribute", ["birthday", "code"])
 def test_enumeration_equals_brute_force_and_leaks_close_the_budget(attribute):
     cfg = _tiny(attribute)
-    setting = exp.make_setting(cfg, gamma=1.5)
-    model = exp.make_model(cfg, setting).eval()
-    enum = exp.enumerate_g(model, setting, firsts_per_chunk=3)  # chunks that do not divide the names
+    setting = make_setting(cfg, gamma=1.5)
+    model = make_model(cfg, setting).eval()
+    enum = enumerate_g(model, setting, firsts_per_chunk=3)  # chunks that do not divide the names
     n_first, n_last, n_values = setting.shape
     # Every well-formed document, scored by one plain forward pass each.
     rows = torch.tensor(
@@ -241,7 +244,7 @@ def test_the_held_out_draws_are_independent_and_their_overlap_is_counted(quick_r
 def test_a_dominant_fact_is_flagged(quick_run):
     results = _results(quick_run)
     for entry in results["sweep"]:
-        assert entry["max_fact_probability_flagged"] == (entry["max_fact_probability"] >= exp.MAX_FACT_PROBABILITY_FLAG)
+        assert entry["max_fact_probability_flagged"] == (entry["max_fact_probability"] >= MAX_FACT_PROBABILITY_FLAG)
     dominated = dict(results, sweep=[dict(results["sweep"][0], max_fact_probability=0.684)] + results["sweep"][1:])
     [head] = [h for h in exp.headlines(dominated) if h["name"] == "hallucination_rises_with_monofact_rate"]
     assert "one fact holds 68% of p" in head["sentence"]

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import experiments
-from lab.analysis.probes import judge_readouts
+from lab.analysis.probes.readouts import judge_readouts
 from tests.builders import REPO
 
 REFERENCE = REPO / "docs" / "measured" / "runs"
@@ -393,7 +393,7 @@ def _verdict_path(name: str) -> tuple[Callable[[Results], dict[str, Any]], str]:
 
 def _rejudged(above_controls: bool) -> Callable[[Results, str], Results]:
     """The chosen readout's test interval moved clear above both controls' intervals, or onto the controls'
-    estimates, and the verdict given again by lab.analysis.probes.judge_readouts."""
+    estimates, and the verdict given again by lab.analysis.probes.readouts.judge_readouts."""
 
     def change(results: Results, name: str) -> Results:
         holder, key = _verdict_path(name)

@@ -9,9 +9,12 @@ import pytest
 import torch
 
 from experiments import kl as experiment
+from experiments.kl.config import FIGURES, sample_seed
+from experiments.kl.measure import HeldOut, decompose, entropy_rate_check, summarise
+from experiments.kl.training import log_spaced_steps
 from lab.data.sources import MarkovSource
 from lab.metrics.information import temperature_scan
-from lab.model import HookedTransformer
+from lab.model.transformer import HookedTransformer
 
 REGION_KEYS = {
     "prefixes",
@@ -113,7 +116,7 @@ def test_entropy_is_the_true_entropy_rate(quick):
 
 def test_the_world_is_the_markov_recipe(quick):
     """Steps 1–3 train the zoo's `markov` recipe: its order-2 chain, changed only in steps and width."""
-    from lab.zoo import load_recipe
+    from lab.zoo.recipes import load_recipe
 
     results, _ = quick
     recipe = load_recipe("markov")
@@ -129,8 +132,8 @@ def test_sampled_cross_entropy_is_the_models_own_loss(quick):
     results, folder = quick
     model = HookedTransformer.load(folder / "models" / "markov")
     source = MarkovSource(**{k: results["source"][k] for k in ("vocab_size", "order", "concentration", "seed")})
-    held_out = experiment.HeldOut.draw(
-        source, results["eval"]["sequences"], results["train"]["seq_len"], experiment.sample_seed(0, "markov-eval")
+    held_out = HeldOut.draw(
+        source, results["eval"]["sequences"], results["train"]["seq_len"], sample_seed(0, "markov-eval")
     )
     with torch.inference_mode():
         loss = model.loss(held_out.tokens).item()
@@ -150,20 +153,20 @@ def test_lens_ends_at_the_model_and_temperature_one_is_the_model(quick):
 
 def test_figures_are_written(quick):
     results, folder = quick
-    assert set(results["figures"]) == set(experiment.FIGURES)
-    for name in experiment.FIGURES:
+    assert set(results["figures"]) == set(FIGURES)
+    for name in FIGURES:
         assert (folder / f"{name}.html").stat().st_size > 0
         assert json.loads((folder / f"{name}.json").read_text())["data"]
 
 
 # --- the pure parts -------------------------------------------------------------------------------
-def _held_out(n: int = 64, length: int = 12) -> experiment.HeldOut:
-    return experiment.HeldOut.draw(MarkovSource(8, order=2, seed=3), n, length, seed=4)
+def _held_out(n: int = 64, length: int = 12) -> HeldOut:
+    return HeldOut.draw(MarkovSource(8, order=2, seed=3), n, length, seed=4)
 
 
 def test_a_model_equal_to_the_truth_has_zero_kl_both_ways():
     held_out = _held_out()
-    summary = experiment.summarise(experiment.decompose(held_out.p.log(), held_out))
+    summary = summarise(decompose(held_out.p.log(), held_out))
     assert summary["kl_nats"] == pytest.approx(0.0, abs=1e-12)
     assert summary["sampled_kl_nats"] == pytest.approx(0.0, abs=1e-12)
     assert summary["cross_entropy_nats"] == pytest.approx(summary["entropy_nats"], abs=1e-12)
@@ -174,27 +177,27 @@ def test_the_sampled_ce_check_fails_when_the_conditionals_are_not_the_samplers()
     """The model's own −log P_θ at the sampled tokens against H + KL from the exact laws: with the laws of
     another chain in place of the sampler's (conditionals that do not describe the data), the two paths part
     by many standard errors."""
-    held_out = experiment.HeldOut.draw(MarkovSource(8, order=2, seed=3), 256, 12, seed=4)
+    held_out = HeldOut.draw(MarkovSource(8, order=2, seed=3), 256, 12, seed=4)
     model_logits = held_out.p.log()  # a model equal to the truth of the chain that made the tokens
-    right = experiment.summarise(experiment.decompose(model_logits, held_out))
+    right = summarise(decompose(model_logits, held_out))
     other = MarkovSource(8, order=2, seed=9)
-    wrong = experiment.HeldOut(
+    wrong = HeldOut(
         held_out.tokens, torch.from_numpy(other.conditionals(held_out.tokens.numpy())[:, :-1]), held_out.complete_from
     )
-    wrong_summary = experiment.summarise(experiment.decompose(model_logits, wrong))
+    wrong_summary = summarise(decompose(model_logits, wrong))
     assert abs(right["sampled_ce_minus_exact_in_se"]) <= 3
     assert abs(wrong_summary["sampled_ce_minus_exact_in_se"]) > 10
 
 
 def test_the_entropy_rate_check_fails_for_a_wrong_rate_or_incomplete_contexts():
     source = MarkovSource(8, order=2, seed=3)
-    held_out = experiment.HeldOut.draw(source, 512, 12, seed=4)
-    d = experiment.decompose(held_out.p.log(), held_out)
+    held_out = HeldOut.draw(source, 512, 12, seed=4)
+    d = decompose(held_out.p.log(), held_out)
     rate = source.entropy_rate()
-    assert experiment.entropy_rate_check(d.entropy, rate, held_out.complete_from)["within_3se"]
-    assert not experiment.entropy_rate_check(d.entropy, rate + 0.05, held_out.complete_from)["within_3se"]
+    assert entropy_rate_check(d.entropy, rate, held_out.complete_from)["within_3se"]
+    assert not entropy_rate_check(d.entropy, rate + 0.05, held_out.complete_from)["within_3se"]
     # The first position is conditioned through π's marginal: its H is no estimate of the rate.
-    assert not experiment.entropy_rate_check(d.entropy[:, :1], rate, 0)["within_3se"]
+    assert not entropy_rate_check(d.entropy[:, :1], rate, 0)["within_3se"]
 
 
 def test_best_truncated_context_models_are_exact():
@@ -232,7 +235,7 @@ def test_scaling_headline_is_unsupported_when_its_interval_is_open(quick):
 
 def test_checkpoints_are_log_spaced_and_end_at_the_last_step():
     for steps, n in ((800, 12), (200, 10), (12, 10)):
-        points = experiment.log_spaced_steps(steps, n)
+        points = log_spaced_steps(steps, n)
         assert len(points) == n and points == sorted(set(points)) and points[-1] == steps
 
 

@@ -11,7 +11,13 @@ import pytest
 import torch
 
 from experiments import monitor as experiment
-from lab.cli import main
+from experiments.monitor.config import KINDS, SPLITS, SUBJECT
+from experiments.monitor.judging import familywise_level, judge
+from experiments.monitor.qa import normalise, qa_prompt, read_qa
+from experiments.monitor.readouts import load_readouts
+from experiments.monitor.signals import residuals
+from experiments.monitor.summary import auroc_headline
+from lab.cli.parser import main
 from lab.metrics.discrimination import auroc
 from lab.metrics.selective import aurc, crc_threshold, selective_outcome
 from tests.builders import VOCAB
@@ -28,7 +34,7 @@ EXPERIMENT = "monitor"  # the `quick` fixture (tests/experiments/conftest.py) ru
 def test_the_truth_of_every_claim_follows_the_world(quick):
     results, folder = quick
     prompts = pd.read_parquet(folder / "prompts.parquet")
-    assert set(prompts["kind"]) == set(experiment.KINDS)
+    assert set(prompts["kind"]) == set(KINDS)
     invented = prompts[prompts["kind"] == "invented"]
     assert invented["false"].all() and (invented["person"] == -1).all()  # no such person: every value is false
     real = prompts[prompts["kind"] != "invented"]
@@ -36,8 +42,8 @@ def test_the_truth_of_every_claim_follows_the_world(quick):
     assert ((real["kind"] == "seen") == (real["exposure"] > 0)).all()
     # subjects are on one side only, and every split holds all three kinds
     names = prompts["first"] + " " + prompts["last"]
-    assert names.is_unique and set(prompts["split"]) == set(experiment.SPLITS)
-    for kind in experiment.KINDS:
+    assert names.is_unique and set(prompts["split"]) == set(SPLITS)
+    for kind in KINDS:
         assert results["answers"][kind]["n"] == int((prompts["kind"] == kind).sum())
 
 
@@ -66,7 +72,7 @@ def test_every_signal_is_read_and_judged_on_the_test_split(quick):
         low, high = row["auroc_ci95"]
         assert low <= row["auroc"] <= high
         joint = row["auroc_familywise_ci"]  # every separation claim at once: wider than each one's 95%
-        assert row["auroc_familywise_level"] == experiment.familywise_level(len(names) + len(experiment.KINDS))
+        assert row["auroc_familywise_level"] == familywise_level(len(names) + len(KINDS))
         assert joint[0] <= low and high <= joint[1]
         for kind, block in row["by_kind"].items():
             keep = (test["kind"] == kind) & test["false"] | ~test["false"]
@@ -105,13 +111,13 @@ def test_the_run_folder_holds_what_the_dashboard_generates_with(quick):
 
     results, folder = quick
     model = HookedTransformer.load(folder / "model")
-    probe, p_ik, signs = experiment.load_readouts(folder)
+    probe, p_ik, signs = load_readouts(folder)
     assert signs == {row["signal"]: row["sign"] for row in results["signals"]}
     prompts = pd.read_parquet(folder / "prompts.parquet").head(4)
     ids = [model.tokenizer.encode(f"<bos> {f} {l} birthday").ids for f, l in zip(prompts["first"], prompts["last"])]
     import torch
 
-    out = Monitor(model, probe=probe, p_ik=p_ik).generate(torch.tensor(ids), 2, subject=experiment.SUBJECT)
+    out = Monitor(model, probe=probe, p_ik=p_ik).generate(torch.tensor(ids), 2, subject=SUBJECT)
     answers = [" ".join(model.tokenizer.id_to_token(int(t)) for t in row) for row in out.new_tokens]
     assert answers == prompts["answer"].tolist()
 
@@ -141,7 +147,7 @@ def test_the_readouts_file_is_the_same_bytes_each_time_and_an_older_layout_still
     (tmp_path / "older").mkdir()
     save_file({"probe": probe.weight, "p_ik": p_ik.weight}, str(tmp_path / "older" / READOUT_FILE), metadata=older)
     for folder in (tmp_path / "0", tmp_path / "older"):
-        read_probe, read_p_ik, read_signs = experiment.load_readouts(folder)
+        read_probe, read_p_ik, read_signs = load_readouts(folder)
         assert read_signs == signs
         for read, wrote in ((read_probe, probe), (read_p_ik, p_ik)):
             assert (read.hook, read.bias, read.position) == (wrote.hook, wrote.bias, wrote.position)
@@ -190,8 +196,7 @@ def test_a_local_model_on_a_question_answer_csv(qa_folder, tmp_path):
     )
     prompts = pd.read_parquet(out / "prompts.parquet")
     assert (
-        prompts["false"]
-        == [experiment.normalise(g) != experiment.normalise(a) for g, a in zip(prompts["generated"], prompts["answer"])]
+        prompts["false"] == [normalise(g) != normalise(a) for g, a in zip(prompts["generated"], prompts["answer"])]
     ).all()
     assert results["headlines"] == experiment.headlines({k: v for k, v in results.items() if k != "headlines"})
 
@@ -264,7 +269,7 @@ def test_every_signal_of_a_local_model_is_scored_once_the_answers_allow(labelled
 def test_the_sampling_baselines_are_k_seeded_answers_per_question(labelled, qa_folder):
     """Question i's k answers are drawn by `sample_continuations` with seed + 31 + i, cut and normalised like the
     greedy answer: recomputed here for two questions."""
-    from experiments.calibration import encode, load_local_model
+    from experiments.calibration.mmlu import encode, load_local_model
     from lab.analysis.monitor import sample_continuations
     from lab.metrics.selective import answer_agreement, discrete_semantic_entropy
 
@@ -273,7 +278,7 @@ def test_the_sampling_baselines_are_k_seeded_answers_per_question(labelled, qa_f
     signs = {row["signal"]: row["sign"] for row in results["signals"]}
     model, tokenizer, _ = load_local_model(cfg.model)
     for i in (0, 7):
-        ids = torch.tensor([encode(tokenizer, experiment.qa_prompt(prompts["question"][i]))])
+        ids = torch.tensor([encode(tokenizer, qa_prompt(prompts["question"][i]))])
         rows = sample_continuations(
             model,
             ids,
@@ -282,8 +287,8 @@ def test_the_sampling_baselines_are_k_seeded_answers_per_question(labelled, qa_f
             seed=cfg.seed + 31 + i,
             eos_token_id=tokenizer.eos_token_id,
         )[0]
-        texts = [experiment.normalise(tokenizer.decode(r.tolist()).split("\n")[0]) for r in rows]
-        greedy = experiment.normalise(prompts["generated"][i])
+        texts = [normalise(tokenizer.decode(r.tolist()).split("\n")[0]) for r in rows]
+        greedy = normalise(prompts["generated"][i])
         assert math.isclose(
             signs["self_consistency"] * prompts["risk_self_consistency"][i], answer_agreement(texts, greedy)
         )
@@ -296,8 +301,9 @@ def test_the_sampling_baselines_are_k_seeded_answers_per_question(labelled, qa_f
 def test_p_ik_on_a_local_model_is_cross_fitted_by_question(labelled):
     """The folds deal out every question once; each question's P(IK) is the readout fitted on the other folds
     (recomputed from the residual stream), never the one fitted on every question, which differs."""
-    from experiments.calibration import encode, load_local_model
-    from lab.analysis.probes import cross_fit_probe, fit_probe
+    from experiments.calibration.mmlu import encode, load_local_model
+    from lab.analysis.probes.cross_fit import cross_fit_probe
+    from lab.analysis.probes.probe import fit_probe
 
     cfg, results, folder = labelled
     folds = results["readouts"]["folds"]
@@ -307,7 +313,7 @@ def test_p_ik_on_a_local_model_is_cross_fitted_by_question(labelled):
     hook = results["readouts"]["p_ik"]["hook"]
     X = torch.stack(
         [
-            experiment.residuals(model, torch.tensor([encode(tokenizer, experiment.qa_prompt(q))]), [hook])[hook][0, -1]
+            residuals(model, torch.tensor([encode(tokenizer, qa_prompt(q))]), [hook])[hook][0, -1]
             for q in prompts["question"]
         ]
     )
@@ -364,7 +370,8 @@ def grouped_data(n_groups=50, seed=0):
 
 
 def test_cross_fitted_scores_never_use_their_own_question():
-    from lab.analysis.probes import cross_fit_probe, fit_probe
+    from lab.analysis.probes.cross_fit import cross_fit_probe
+    from lab.analysis.probes.probe import fit_probe
 
     X, y, groups = grouped_data()
     fitted = cross_fit_probe(X, y, groups, 5, seed=3, **FAST)
@@ -387,7 +394,7 @@ def test_cross_fitted_scores_never_use_their_own_question():
 
 
 def test_cross_fitting_with_too_few_questions_of_a_class_says_so():
-    from lab.analysis.probes import cross_fit_probe
+    from lab.analysis.probes.cross_fit import cross_fit_probe
 
     X, y, groups = grouped_data()
     few = y & (groups < 20)  # 10 or so positive questions: some fold is fitted on fewer than 10
@@ -399,31 +406,31 @@ def test_cross_fitting_with_too_few_questions_of_a_class_says_so():
 
 
 def test_question_answer_files_are_checked(tmp_path):
-    assert experiment.normalise("  Paris. ") == experiment.normalise("paris")
+    assert normalise("  Paris. ") == normalise("paris")
     with pytest.raises(FileNotFoundError, match="no question–answer file"):
-        experiment.read_qa(tmp_path / "missing.csv")
+        read_qa(tmp_path / "missing.csv")
     bad = tmp_path / "bad.csv"
     bad.write_text("question,answer\nWhat?,Yes,extra\n")
     with pytest.raises(ValueError, match="line 2: expected 2 non-empty columns"):
-        experiment.read_qa(bad)
+        read_qa(bad)
 
 
 def test_a_separation_headline_needs_its_familywise_interval_to_exclude_a_half():
     """With a dozen separation claims, a 95% interval that just excludes ½ is what chance gives about half the
     time: the headline is shown only when the familywise (Bonferroni) interval excludes ½ too."""
-    assert experiment.familywise_level(12) == 1 - 0.05 / 12
+    assert familywise_level(12) == 1 - 0.05 / 12
     block = {
         "auroc": 0.566,
         "auroc_ci95": [0.501, 0.649],
         "auroc_familywise_ci": [0.47, 0.68],
-        "auroc_familywise_level": experiment.familywise_level(12),
+        "auroc_familywise_level": familywise_level(12),
         "auroc_n_pos": 184,
         "auroc_n_neg": 67,
     }
-    head = experiment.auroc_headline("x_separates", "The signal x", block, sign=1)
+    head = auroc_headline("x_separates", "The signal x", block, sign=1)
     assert not head["supported"] and head["direction"] == 0 and "familywise interval straddles ½" in head["why_not"]
     block["auroc_familywise_ci"] = [0.52, 0.62]
-    head = experiment.auroc_headline("x_separates", "The signal x", block, sign=-1)
+    head = auroc_headline("x_separates", "The signal x", block, sign=-1)
     assert head["supported"] and head["direction"] == -1 and head["interval"] == [0.52, 0.62]
     assert "99.6% familywise [0.520, 0.620]" in head["sentence"]
 
@@ -433,12 +440,12 @@ def test_separation_claims_on_scores_that_carry_no_signal_are_not_shown():
     headline is supported (DeLong's familywise interval straddles ½), while a score that does carry the signal is."""
     rng = np.random.default_rng(4)
     n = 900
-    kinds = rng.choice(np.array(experiment.KINDS), n)
-    split = rng.choice(np.array(experiment.SPLITS), n, p=[0.4, 0.3, 0.3])
+    kinds = rng.choice(np.array(KINDS), n)
+    split = rng.choice(np.array(SPLITS), n, p=[0.4, 0.3, 0.3])
     false = rng.random(n) < 0.6
     scores = {"max_prob": rng.random(n), "entropy": rng.random(n), "margin": false + rng.normal(scale=0.5, size=n)}
     cfg = experiment.Config(quick=True, n_boot=200, n_resplits=20)
-    rows, abstention, _ = experiment.judge(scores, false, kinds, split, {k: 1 for k in scores}, cfg)
+    rows, abstention, _ = judge(scores, false, kinds, split, {k: 1 for k in scores}, cfg)
     heads = {
         h["name"]: h
         for h in experiment.headlines({"signals": rows, "abstention": abstention, "abstention_signal": "max_prob"})

@@ -39,10 +39,10 @@ from experiments.scoreboard.summary import (
 from lab.analysis.grading import MEMORY, grade_head_detectors
 from lab.analysis.input_attribution import METHODS, input_attributions, resample_effects
 from lab.analysis.lens import logit_lens
-from lab.analysis.probes import random_model
+from lab.analysis.probes.readouts import random_model
 from lab.data.sources import source_from_dict
 from lab.metrics.grading import BASELINES, attribution_grades
-from lab.model import HookedTransformer
+from lab.model.transformer import HookedTransformer
 from lab.runs import read_table
 
 EXPERIMENT = "scoreboard"  # the `quick` fixture (tests/experiments/conftest.py) runs it
@@ -123,7 +123,7 @@ def test_figures_models_and_the_belief_simplex_are_written(quick):
     n_layers, n_heads = results["profile"]["n_layers"], results["profile"]["n_heads"]
     patching = results["worlds"]["induction"]["attribution_patching"]
     assert (points["sweep"] == "heads").sum() == patching["prompts"] * n_layers * n_heads
-    from lab.zoo import world_source
+    from lab.zoo.worlds import world_source
 
     assert world_source(folder / "models" / "mess3").to_dict() == MESS3_WORLD
 
@@ -141,8 +141,8 @@ def test_a_lens_emitting_random_logits_or_one_reading_for_every_prompt_makes_the
     trained model read through random logits, or through one reading for every prompt (the model's mean output), in
     the Jacobian lens's place. Neither gains over another prompt's reading (the prompt-blind one exactly 0), so the
     headline that ranks it against the logit lens is not supported; the logit lens itself reads its prompt."""
-    from lab.model import HookedTransformer
-    from lab.zoo import world_source
+    from lab.model.transformer import HookedTransformer
+    from lab.zoo.worlds import world_source
 
     _, folder = quick
 

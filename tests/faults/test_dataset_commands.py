@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from lab import HookedTransformer
-from lab.cli import main
+from lab.cli.parser import main
 from lab.data.tokenizers import word_level
 from lab.files import LOCK_FILE, OWNER_FILE, folder_lock
 from tests.builders import one_error_line, tiny_config

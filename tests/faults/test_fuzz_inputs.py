@@ -327,7 +327,7 @@ def rows_of(path: Path, header: list[str]) -> list[list[str]]:
 
 
 def test_mmlu_csv(tmp_path, tally):
-    from experiments.calibration import read_mmlu
+    from experiments.calibration.mmlu import read_mmlu
 
     rows = [[f"q{i} w{i}", "one", "two", "three", "four", "ABCD"[i % 4]] for i in range(14)]
     for case in range(CASES):
@@ -352,7 +352,7 @@ def test_mmlu_csv(tmp_path, tally):
 
 
 def test_question_answer_csv(tmp_path, tally):
-    from experiments.monitor import read_qa
+    from experiments.monitor.qa import read_qa
 
     rows = [[f"what is w{i}?", f"w{i % 5}"] for i in range(14)]
     for case in range(CASES):
@@ -378,7 +378,7 @@ def test_question_answer_csv(tmp_path, tally):
 # --- an activation set ------------------------------------------------------------------------------------------------
 def test_activation_set(tmp_path, tally):
     from lab import HookedTransformer
-    from lab.analysis.activations import ActivationStore, save_activations
+    from lab.analysis.activations.store import ActivationStore, save_activations
 
     model = HookedTransformer(tiny_config(), seed=0).eval()
     data = torch.randint(0, 100, (12, 6), generator=torch.Generator().manual_seed(0))
@@ -483,7 +483,7 @@ def test_forma_model_folder(tmp_path, tally):
 def test_hugging_face_model_folder(tmp_path, tally):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lab.hf import load_hf
+    from lab.hf.loading import load_hf
 
     saved = tmp_path / "saved"
     hf_model("gpt2").save_pretrained(saved)
@@ -864,7 +864,7 @@ def test_transcoder_checkpoint(tmp_path, tally, one_thread):
     moments as safetensors reads them, the step of the training's range and the history as json reads them)."""
     from safetensors.torch import load_file
 
-    from lab.analysis.activations import save_activations
+    from lab.analysis.activations.store import save_activations
     from lab.analysis.transcoders.model import TranscoderConfig, Transcoders
     from lab.analysis.transcoders.train import (
         CHECKPOINT_DIR,

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lab.cli import main
+from lab.cli.parser import main
 from tests.builders import (
     REPO,
     gpt2_folder,
@@ -309,7 +309,8 @@ def test_a_tied_config_whose_weights_hold_a_distinct_head_is_refused_naming_it(t
     transformers' own model, and loads what transformers loads."""
     from transformers import AutoModelForCausalLM
 
-    from lab.hf import bridge, from_hf, load_hf
+    from lab.hf.convert import from_hf
+    from lab.hf.loading import bridge, load_hf
 
     folder = gpt2_folder(tmp_path / "tied", tie=True, tokenizer=True)
     generator = torch.Generator().manual_seed(0)
@@ -330,7 +331,7 @@ def test_a_tied_config_whose_weights_hold_a_distinct_head_is_refused_naming_it(t
 @pytest.fixture(scope="module")
 def activation_set(tmp_path_factory):
     from lab import HookedTransformer
-    from lab.analysis.activations import save_activations
+    from lab.analysis.activations.store import save_activations
 
     model = HookedTransformer(tiny_config(), seed=0).eval()
     data = torch.randint(0, 100, (24, 8), generator=torch.Generator().manual_seed(0))
@@ -387,7 +388,7 @@ DAMAGES = {
 
 @pytest.mark.parametrize("damage", DAMAGES)
 def test_an_activation_set_that_is_not_what_its_index_says_is_refused_naming_the_file(activation_set, tmp_path, damage):
-    from lab.analysis.activations import ActivationStore
+    from lab.analysis.activations.store import ActivationStore
 
     change, named = DAMAGES[damage]
     (tmp_path / "outside.safetensors").write_bytes((activation_set[0] / "shard-00000.safetensors").read_bytes())
@@ -398,7 +399,7 @@ def test_an_activation_set_that_is_not_what_its_index_says_is_refused_naming_the
 
 
 def test_an_intact_activation_set_loads_as_written(activation_set, tmp_path):
-    from lab.analysis.activations import ActivationStore
+    from lab.analysis.activations.store import ActivationStore
 
     folder = damaged(activation_set, tmp_path, lambda f, i: None)
     loaded = ActivationStore(folder).load()
@@ -416,7 +417,7 @@ def folder_bytes(folder: Path) -> dict[str, bytes]:
 
 
 def test_an_offload_folder_that_holds_files_is_refused_and_left_as_it_was(activation_set, tmp_path):
-    from lab.hf import bridge, load_hf
+    from lab.hf.loading import bridge, load_hf
 
     model = gpt2_folder(tmp_path / "gpt2", tokenizer=True)
     for taken in (activation_set[0], model):
@@ -431,7 +432,7 @@ def test_an_offload_folder_that_holds_files_is_refused_and_left_as_it_was(activa
 def test_an_offload_folder_is_made_fresh_and_cleared_when_loading_fails(tmp_path, monkeypatch):
     import accelerate
 
-    from lab.hf import load_hf
+    from lab.hf.loading import load_hf
 
     model = gpt2_folder(tmp_path / "gpt2", tokenizer=True)
     spread = load_hf(model, **SPREAD, offload_folder=tmp_path / "new")
@@ -450,7 +451,7 @@ def test_an_offload_folder_is_made_fresh_and_cleared_when_loading_fails(tmp_path
 
 # --- 11. one line, not a traceback -------------------------------------------------------------------------------
 def test_a_config_naming_a_dtype_torch_lacks_is_one_line(tmp_path, capsys):
-    from lab.hf import bridge, load_hf
+    from lab.hf.loading import bridge, load_hf
 
     folder = gpt2_folder(tmp_path / "gpt2", tokenizer=True)
     config = json.loads((folder / "config.json").read_text())
@@ -466,7 +467,7 @@ def test_a_config_naming_a_dtype_torch_lacks_is_one_line(tmp_path, capsys):
 
 def test_a_device_the_machine_lacks_is_one_line(tmp_path):
     """cuda:N for N the number of CUDA devices here (cuda:0 without a GPU) names the device and what there is."""
-    from lab.hf import bridge, load_hf
+    from lab.hf.loading import bridge, load_hf
 
     folder = gpt2_folder(tmp_path / "gpt2", tokenizer=True)
     absent = f"cuda:{torch.cuda.device_count()}"

@@ -10,7 +10,9 @@ import pytest
 
 import experiments.calibration as calibration
 import experiments.monitor as monitor
-from lab.cli import main
+from experiments.calibration.mmlu import CSV_MEMORY_FACTOR, MMLU_COLUMNS, hf_lettered, read_mmlu
+from experiments.monitor.qa import qa_splits, read_qa
+from lab.cli.parser import main
 from tests.builders import one_error_line
 
 BOM = "\ufeff"
@@ -32,10 +34,10 @@ def write_csv(path, rows, header=None, prefix: str = "", encoding: str = "utf-8"
 def test_a_byte_order_mark_is_neither_a_question_nor_part_of_one(tmp_path):
     """Excel's "CSV UTF-8" starts with U+FEFF: the header is still recognised, and without one the first question
     does not begin with it."""
-    qa = monitor.read_qa(write_csv(tmp_path / "qa.csv", QA_ROWS, ["question", "answer"], BOM))
+    qa = read_qa(write_csv(tmp_path / "qa.csv", QA_ROWS, ["question", "answer"], BOM))
     assert len(qa) == len(QA_ROWS) and qa[0]["question"] == QA_ROWS[0][0]
-    with_header = calibration.read_mmlu(write_csv(tmp_path / "h.csv", MMLU_ROWS, calibration.MMLU_COLUMNS, BOM))
-    without = calibration.read_mmlu(write_csv(tmp_path / "n.csv", MMLU_ROWS, None, BOM))
+    with_header = read_mmlu(write_csv(tmp_path / "h.csv", MMLU_ROWS, MMLU_COLUMNS, BOM))
+    without = read_mmlu(write_csv(tmp_path / "n.csv", MMLU_ROWS, None, BOM))
     assert len(with_header) == len(without) == len(MMLU_ROWS)
     assert with_header[0]["question"] == without[0]["question"] == MMLU_ROWS[0][0]
 
@@ -76,7 +78,7 @@ def bad_files(tmp_path):
         ),
         (
             "mmlu",
-            write_csv(tmp_path / "few.csv", MMLU_ROWS[:3], calibration.MMLU_COLUMNS),
+            write_csv(tmp_path / "few.csv", MMLU_ROWS[:3], MMLU_COLUMNS),
             r"few\.csv holds 3 questions; temperature scaling needs at least 10",
         ),
         (
@@ -96,7 +98,7 @@ def bad_files(tmp_path):
 def test_every_fault_of_a_question_file_is_one_line_naming_file_and_line(tmp_path):
     for reader, path, said in bad_files(tmp_path):
         with pytest.raises(ValueError, match=said) as err:
-            (calibration.read_mmlu if reader == "mmlu" else monitor.read_qa)(path)
+            (read_mmlu if reader == "mmlu" else read_qa)(path)
         assert "\n" not in str(err.value), said
 
 
@@ -125,7 +127,7 @@ def test_a_seed_whose_draw_leaves_a_needed_split_empty_is_named_before_the_model
     """Ten questions drawn into fit / calibration / test at random: with seed 125 none falls in the test split,
     which the monitor reports on. Said before the model is read (the model named here does not exist)."""
     path = write_csv(tmp_path / "qa.csv", QA_ROWS[:10])
-    assert (monitor.qa_splits(10, monitor.Config(model="nowhere", qa=str(path), seed=125)) != "test").all()
+    assert (qa_splits(10, monitor.Config(model="nowhere", qa=str(path), seed=125)) != "test").all()
     with pytest.raises(
         ValueError,
         match=r"qa\.csv: with seed 125, none of the 10 items falls in the test split: use "
@@ -179,7 +181,7 @@ def test_a_large_file_shows_its_stage_and_count(tmp_path, capsys, hf_folder):  #
     rows = [[f"w{i % 50} w{(i * 7) % 50}", "w1", "w2", "w3", "w4", "ABCD"[i % 4]] for i in range(2000)]
     cfg = calibration.Config(quick=True, model=str(model_dir), mmlu=str(write_csv(tmp_path / "big.csv", rows)))
     inputs = calibration.read_inputs(cfg)
-    calibration.hf_lettered(inputs.model, inputs.tokenizer, inputs.items, encoded=inputs.prompts)
+    hf_lettered(inputs.model, inputs.tokenizer, inputs.items, encoded=inputs.prompts)
     err = capsys.readouterr().err
     assert "tokenise: prompt 2000/2000 (100%)" in err and "lettered: item 2000/2000 (100%)" in err, err
     assert "tokenise: prompt 200/2000 (10%)" in err  # a line at each tenth
@@ -192,9 +194,9 @@ def test_what_cannot_fit_in_memory_is_refused_with_the_numbers(tmp_path, monkeyp
     size = csv_path.stat().st_size
     monkeypatch.setattr(memory_check, "available_memory", lambda device: size * 4)
     with pytest.raises(ValueError, match=r"mmlu\.csv is .*: reading it takes about .* of memory, and .* is available"):
-        calibration.read_mmlu(csv_path)
+        read_mmlu(csv_path)
     # the file fits, what the run holds per item (tokens, and every layer's residual stream twice) does not
-    monkeypatch.setattr(memory_check, "available_memory", lambda device: size * calibration.CSV_MEMORY_FACTOR + 1)
+    monkeypatch.setattr(memory_check, "available_memory", lambda device: size * CSV_MEMORY_FACTOR + 1)
     cfg = calibration.Config(quick=True, model=str(model_dir), mmlu=str(csv_path))
     with pytest.raises(
         ValueError,

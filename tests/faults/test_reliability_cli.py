@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from lab.cli import MAX_SEED, free_port, main, wait_until_serving
+from lab.cli.dashboard import free_port, wait_until_serving
+from lab.cli.parser import MAX_SEED, main
 from tests.builders import REPO, hf_model, signals_as_sent
 
 

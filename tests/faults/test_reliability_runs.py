@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import experiments
-from lab.cli import main
+from lab.cli.parser import main
 from lab.files import is_temporary
 from lab.progress import PROGRESS_FILE
 from lab.runs import (

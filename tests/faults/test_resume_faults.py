@@ -23,8 +23,9 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-import lab.zoo as zoo
-from lab.train import CHECKPOINT_FILES
+from lab.folders import DEFAULT_ZOO_DIR
+from lab.train.checkpoint import CHECKPOINT_FILES
+from lab.zoo.builds import NEXT_LINK
 from tests.builders import REPO
 from tests.fault_zygote import ENV, Forks
 
@@ -79,7 +80,7 @@ def toml_text(tables: dict) -> str:
 def private_zoo(root: Path, corpus: Path) -> Path:
     """The SHORTER recipes, with pydoc's corpus cache (tests/conftest.py::stdlib_corpus) in place."""
     for name, shorter in SHORTER.items():
-        recipe = tomllib.loads((zoo.DEFAULT_ZOO_DIR / name / "model.toml").read_text())
+        recipe = tomllib.loads((DEFAULT_ZOO_DIR / name / "model.toml").read_text())
         for table, overrides in shorter.items():
             recipe.setdefault("quick", {}).setdefault(table, {}).update(overrides)
         (root / name).mkdir(parents=True)
@@ -106,8 +107,8 @@ def published(folder: Path) -> dict | None:
     None when no model is published. Loading it as a model must work whenever it exists."""
     if not (folder / "model.safetensors").is_file():
         return None
-    from lab.model import EncoderDecoder, HookedTransformer
-    from lab.model.encoder_decoder import is_encoder_decoder
+    from lab.model.encoder_decoder import EncoderDecoder, is_encoder_decoder
+    from lab.model.transformer import HookedTransformer
 
     (EncoderDecoder if is_encoder_decoder(folder) else HookedTransformer).load(folder)
     view = {}
@@ -180,7 +181,7 @@ def test_killed_builds_lose_nothing_and_resume_to_the_same_bits(zygote):
         if zygote.wait(pid) != 0:
             lost["published a model before it was complete"] += published(folder) is not None
         lost["half-written files"] += len(half_written(folder))
-        status, log = zygote.call(train + ["--resume"] if (folder / zoo.NEXT_LINK).is_symlink() else train)
+        status, log = zygote.call(train + ["--resume"] if (folder / NEXT_LINK).is_symlink() else train)
         assert status == 0, log
         reference = published(folder)
         # The uninterrupted build to compare with, traced to find the kill points.
@@ -203,7 +204,7 @@ def test_killed_builds_lose_nothing_and_resume_to_the_same_bits(zygote):
             lost["previous model not in place"] += published(folder) != reference
             bad = half_written(folder)
             lost["half-written files"] += len(bad)
-            pending = (folder / zoo.NEXT_LINK).is_symlink()
+            pending = (folder / NEXT_LINK).is_symlink()
             status, log = zygote.call(train + ["--resume"])
             if pending:
                 lost["resume failed"] += status != 0
@@ -235,10 +236,10 @@ def test_sigint_and_sigterm_stop_at_the_step_with_a_checkpoint_and_resume_to_the
     assert status == 128 + signal.SIGINT, log
     assert stopped == [
         f"forma build: interrupted by SIGINT at step 5/16; checkpoint saved in "
-        f"{(folder / zoo.NEXT_LINK).resolve() / 'train' / 'checkpoint'}; "
+        f"{(folder / NEXT_LINK).resolve() / 'train' / 'checkpoint'}; "
         f"continue with `forma build markov --quick --resume`"
     ], log
-    assert json.loads((folder / zoo.NEXT_LINK / "train" / "checkpoint" / "train_state.json").read_text())["step"] == 5
+    assert json.loads((folder / NEXT_LINK / "train" / "checkpoint" / "train_state.json").read_text())["step"] == 5
     assert published(folder) == reference and not half_written(folder)
     assert zygote.call(train + ["--resume"])[0] == 0
     assert published(folder) == reference

@@ -10,8 +10,9 @@ import pytest
 import experiments
 from lab.configs import check_fields
 from lab.data.facts import FactWorldConfig
-from lab.model import EncoderDecoderConfig, ModelConfig
-from lab.train import TrainConfig
+from lab.model.config import ModelConfig
+from lab.model.encoder_decoder import EncoderDecoderConfig
+from lab.train.config import TrainConfig
 
 MODEL = dict(d_vocab=10, d_model=8, n_layers=1, n_heads=2, n_ctx=8)
 ENCODER_DECODER = dict(

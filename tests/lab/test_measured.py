@@ -5,7 +5,7 @@ import json
 import pytest
 
 from lab import measured
-from lab.cli import main
+from lab.cli.parser import main
 
 MARK = "<!-- measured {file} {field} {fmt} -->{text}<!-- /measured -->"
 

@@ -118,7 +118,7 @@ def test_a_progress_record_is_validated():
 def test_forma_train_off_a_terminal_logs_readable_progress_lines(tmp_path, monkeypatch, capsys):
     """What a `forma demo` job's log gets: `forma build NAME` with stderr not a terminal writes step / total,
     elapsed and ETA lines (no carriage returns), and leaves no progress file once the model is published."""
-    from lab.cli import main
+    from lab.cli.parser import main
     from tests.builders import TINY_MARKOV, write_recipe
 
     monkeypatch.setenv("FORMA_ZOO_DIR", str(tmp_path))

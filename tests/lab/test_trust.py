@@ -5,7 +5,7 @@ import json
 import pytest
 
 from lab import HookedTransformer
-from lab.cli import main
+from lab.cli.parser import main
 from lab.trust import trust_report
 from tests.builders import hf_model, tiny_config
 

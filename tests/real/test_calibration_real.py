@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from experiments.calibration import (
+from experiments.calibration.kadavath import (
     answer_letter_ids,
     chat_prompt,
     read_letters,
@@ -20,7 +20,7 @@ from experiments.calibration import (
 from lab.data.questions import load_questions
 from lab.folders import is_trained
 from lab.metrics.calibration import brier, ece
-from lab.model import HookedTransformer
+from lab.model.transformer import HookedTransformer
 from tests.builders import smollm2_folder
 
 pytestmark = pytest.mark.real

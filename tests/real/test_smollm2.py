@@ -226,7 +226,7 @@ def test_forma_hooks_and_forma_trust_on_smollm2(tmp_path, folder, capsys):
     fused against explicit attention, the KV cache, every hook firing) passing."""
     import json
 
-    from lab.cli import main
+    from lab.cli.parser import main
 
     assert main(["hooks", "smollm2", "--tokens", "4"]) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from benchmarks import real_harvest_memory
-from lab.analysis.activations import ActivationStore
+from lab.analysis.activations.store import ActivationStore
 from lab.analysis.sweeps import load_sweep, read_pairs
-from lab.cli import main
+from lab.cli.parser import main
 from lab.data.pairs import SHIPPED_DIR, write_pairs
 from lab.data.questions import load_questions
 from lab.hf.loading import load_hf

@@ -37,31 +37,3 @@ The modules: `collect` (Activations, select_positions, stream_activations, colle
 (save_activations, ActivationStore, StoredRows, merge_stores) and `harvest` (a corpus into one set, in one process
 or across the ranks of torchrun: read_corpus, harvest).
 """
-
-from lab.analysis.activations.collect import (
-    QUERY_POS_DIM,
-    Activations,
-    Positions,  # noqa: F401 (as before)
-    collect_activations,
-    select_positions,
-    stream_activations,
-)
-from lab.analysis.activations.store import (
-    INDEX_FILE,
-    INDEX_FORMAT,
-    PROGRESS_FILE,  # noqa: F401 (as before)
-    ActivationStore,
-    StoredRows,
-    save_activations,
-)
-
-__all__ = [
-    "Activations",
-    "ActivationStore",
-    "Positions",
-    "StoredRows",
-    "collect_activations",
-    "save_activations",
-    "select_positions",
-    "stream_activations",
-]

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lab.analysis.activations import StoredRows
+from lab.analysis.activations.store import StoredRows
 from lab.analysis.probes.fitting import Fitted, loss_of_scores, newton_fits
 from lab.analysis.probes.shards import PartSums, part_sums, shard_rows, streamed_rank, streamed_scores
 

@@ -13,7 +13,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from lab.analysis.activations import ActivationStore, StoredRows
+from lab.analysis.activations.store import ActivationStore, StoredRows
 from lab.analysis.probes.fitting import (
     LOGISTIC_LAMBDAS,
     MLP_DECAYS,

@@ -11,7 +11,7 @@ from torch import Tensor
 from lab.analysis.probes.fitting import Kind
 from lab.analysis.probes.probe import ProbeResult, fit_probe
 from lab.metrics.discrimination import MIN_PER_CLASS, Metric
-from lab.model import HookedTransformer
+from lab.model.transformer import HookedTransformer
 
 
 def shuffled_control(X: Any, y: Any, kind: Kind = "logistic", *, seed: int = 0, **options: Any) -> ProbeResult:

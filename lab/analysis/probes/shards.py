@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lab.analysis.activations import StoredRows
+from lab.analysis.activations.store import StoredRows
 from lab.analysis.probes.fitting import FEATURE_RTOL, Fitted
 
 

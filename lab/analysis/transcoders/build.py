@@ -22,9 +22,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from lab.analysis.activations import ActivationStore
 from lab.analysis.activations.harvest import harvest
-from lab.analysis.activations.store import INDEX_FILE
+from lab.analysis.activations.store import INDEX_FILE, ActivationStore
 from lab.analysis.transcoders.measures import reconstruction_measures, replacement_loss, top_contexts
 from lab.analysis.transcoders.model import CONFIG_FILE, SOURCE_FILE, WEIGHTS_FILE, TranscoderConfig, model_fingerprint
 from lab.analysis.transcoders.train import (

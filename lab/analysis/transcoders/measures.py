@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lab.analysis.activations import ActivationStore
+from lab.analysis.activations.store import ActivationStore
 from lab.analysis.transcoders.model import Transcoders
 from lab.analysis.transcoders.train import rows
 

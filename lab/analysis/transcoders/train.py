@@ -35,7 +35,8 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from lab.analysis.activations import Activations, ActivationStore
+from lab.analysis.activations.collect import Activations
+from lab.analysis.activations.store import ActivationStore
 from lab.analysis.transcoders.model import CONFIG_FILE, WEIGHTS_FILE, TranscoderConfig, Transcoders, built_from
 from lab.configs import Record, check_fields, need
 from lab.distributed import all_gather_rows, barrier, rank_world, share

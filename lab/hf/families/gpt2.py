@@ -20,7 +20,7 @@ from lab.hf.family import (
     write_norms,
     write_outer,
 )
-from lab.model import ModelConfig
+from lab.model.config import ModelConfig
 
 
 def config(c: Any) -> ModelConfig:

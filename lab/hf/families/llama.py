@@ -19,7 +19,7 @@ from lab.hf.family import (
     write_norms,
     write_outer,
 )
-from lab.model import ModelConfig
+from lab.model.config import ModelConfig
 
 
 def llama_like_config(c: Any, family: str, qkv_bias: bool = False, sliding_window: int = 0) -> ModelConfig:

@@ -5,8 +5,8 @@ import shutil
 
 import pytest
 
-import lab.zoo as zoo
 from lab import HookedTransformer, ModelConfig
+from lab.folders import DEFAULT_ZOO_DIR
 
 
 @pytest.fixture
@@ -14,7 +14,7 @@ def markov_zoo(tmp_path, monkeypatch):
     """A private zoo whose markov model is a tiny untrained one with a quick world (its recipe.json)."""
     folder = tmp_path / "models" / "markov"
     folder.mkdir(parents=True)
-    shutil.copy(zoo.DEFAULT_ZOO_DIR / "markov" / "model.toml", folder / "model.toml")
+    shutil.copy(DEFAULT_ZOO_DIR / "markov" / "model.toml", folder / "model.toml")
     world = {
         "kind": "markov",
         "vocab_size": 32,

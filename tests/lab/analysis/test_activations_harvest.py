@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from lab import HookedTransformer
-from lab.analysis.activations import ActivationStore, save_activations
 from lab.analysis.activations.harvest import harvest, read_corpus, split_corpus
+from lab.analysis.activations.store import ActivationStore, save_activations
 from lab.data.tokenizers import word_level
 from tests.builders import VOCAB, tiny_config
 

@@ -8,21 +8,15 @@ import pytest
 import torch
 
 from lab import HookedTransformer
-from lab.analysis.activations import ActivationStore, collect_activations, save_activations, select_positions
+from lab.analysis.activations.collect import collect_activations, select_positions
+from lab.analysis.activations.store import ActivationStore, save_activations
 from lab.analysis.patching import logit_diff, patch_heads, patch_positions
-from lab.analysis.probes import (
-    auroc,
-    bootstrap_ci,
-    fit_probe,
-    fit_probes,
-    group_kfold,
-    group_split,
-    r2_score,
-    random_model,
-    shuffled_control,
-    steering_vector,
-)
+from lab.analysis.probes.fitting import r2_score
+from lab.analysis.probes.probe import fit_probe, fit_probes, steering_vector
+from lab.analysis.probes.readouts import random_model, shuffled_control
+from lab.analysis.probes.splits import group_kfold, group_split
 from lab.analysis.steering import generate_steered, steer
+from lab.metrics.discrimination import auroc, bootstrap_ci
 from lab.model.decoding import generate
 from tests.builders import VOCAB, tiny_config
 
@@ -291,7 +285,8 @@ def test_steering_hooks_are_removed_even_when_the_block_raises(rotary_model):
 
 # --- a TransformerBridge ------------------------------------------------------------------------
 def test_activations_and_patching_work_on_a_transformer_bridge(tmp_path):
-    from lab.hf import bridge, from_hf
+    from lab.hf.convert import from_hf
+    from lab.hf.loading import bridge
     from tests.builders import hf_model, word_tokenizer
 
     hf = hf_model("gpt2")

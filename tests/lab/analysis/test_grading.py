@@ -26,7 +26,7 @@ from lab.analysis.grading import (
 from lab.analysis.graphs.attribute import attribute
 from lab.analysis.graphs.influence import position_share
 from lab.analysis.lens import ground_truth_lens
-from lab.analysis.probes import group_split
+from lab.analysis.probes.splits import group_split
 from lab.data.mechanisms import InductionSource, Mess3Source
 from lab.data.sources import MarkovSource
 from lab.metrics.grading import BASELINES

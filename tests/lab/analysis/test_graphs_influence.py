@@ -57,14 +57,15 @@ def test_on_an_order_2_markov_world_the_influence_runs_through_the_last_two_toke
     trained on its harvest: in every prompt's graph the last two positions carry the most token influence, and
     together most of it (chance: 2 of 12)."""
     from lab import HookedTransformer, ModelConfig
-    from lab.analysis.activations import save_activations
+    from lab.analysis.activations.store import save_activations
     from lab.analysis.graphs.attribute import attribute
     from lab.analysis.graphs.influence import position_influence
     from lab.analysis.transcoders.model import TranscoderConfig
     from lab.analysis.transcoders.train import TranscoderTraining, train_transcoders
-    from lab.data import MarkovSource
-    from lab.train import TrainConfig, train
+    from lab.data.sources import MarkovSource
     from lab.train.batches import TokenStream
+    from lab.train.config import TrainConfig
+    from lab.train.loop import train
 
     source = MarkovSource(vocab_size=8, order=2, concentration=0.3, seed=0)
     data = TokenStream(

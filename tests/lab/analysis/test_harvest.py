@@ -15,9 +15,10 @@ import pytest
 import torch
 
 from lab import HookedTransformer
-from lab.analysis.activations import ActivationStore, collect_activations, save_activations, stream_activations
 from lab.analysis.activations import store as activations_store
-from lab.analysis.probes import fit_probe, fit_probes
+from lab.analysis.activations.collect import collect_activations, stream_activations
+from lab.analysis.activations.store import ActivationStore, save_activations
+from lab.analysis.probes.probe import fit_probe, fit_probes
 from tests.builders import REPO, VOCAB, tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -11,7 +11,7 @@ from lab import HookedTransformer, ModelConfig
 from lab.analysis.jacobian_lens import JacobianLens, fit_jacobian_lens
 from lab.analysis.lens import logit_lens
 from lab.data.tokenizers import to_hf_tokenizer, word_level
-from lab.hf import to_hf
+from lab.hf.convert import to_hf
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 VOCAB = 36

@@ -55,8 +55,8 @@ def test_ground_truth_lens_at_the_output_is_the_kl_experiments_kl(kind):
     """The last row of the ground-truth lens is the model's own KL(p ‖ P_θ) as the KL decomposition measures it
     (experiments.kl: model_logits → decompose), prefix by prefix; each row's mean over the headline region is
     the kl experiment's ground_truth_lens entry for that layer."""
-    from experiments.kl import HeldOut, decompose, model_logits
-    from experiments.kl import ground_truth_lens as experiment_lens
+    from experiments.kl.measure import HeldOut, decompose, model_logits
+    from experiments.kl.measure import ground_truth_lens as experiment_lens
     from lab.analysis.lens import ground_truth_lens
     from lab.data.sources import HiddenMarkovSource, MarkovSource
 
@@ -87,7 +87,7 @@ def test_ground_truth_lens_names_a_p_of_the_wrong_shape(tokens):
 def test_world_source_rebuilds_the_source_a_folder_records(tmp_path):
     from lab.data.sources import MarkovSource
     from lab.runs import write_json
-    from lab.zoo import world_source
+    from lab.zoo.worlds import world_source
 
     source = MarkovSource(8, order=2, seed=3)
     assert world_source(tmp_path) is None  # no world.json: not a source world

@@ -5,22 +5,17 @@ import numpy as np
 import pytest
 import torch
 
-from lab.analysis import probes
-from lab.analysis.probes import (
-    MIN_PER_CLASS,
-    Metric,
-    feature_rank,
-    fit_probe,
-    group_partition,
-    judge_readouts,
-    shuffled_control,
-)
+from lab.analysis.probes.fitting import feature_rank
+from lab.analysis.probes.probe import fit_probe
+from lab.analysis.probes.readouts import judge_readouts, shuffled_control
+from lab.analysis.probes.splits import group_partition
 from lab.metrics import discrimination
+from lab.metrics.discrimination import MIN_PER_CLASS, Metric, auroc, auroc_ci, bootstrap_ci
 
 
 def test_auroc_and_bootstrap_have_one_home():
-    assert probes.auroc is discrimination.auroc and probes.bootstrap_ci is discrimination.bootstrap_ci
-    assert probes.Metric is discrimination.Metric and probes.auroc_ci is discrimination.auroc_ci
+    assert auroc is discrimination.auroc and bootstrap_ci is discrimination.bootstrap_ci
+    assert discrimination.Metric is discrimination.Metric and auroc_ci is discrimination.auroc_ci
 
 
 def test_partition_is_entity_disjoint_and_covers_every_row():

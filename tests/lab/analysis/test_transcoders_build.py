@@ -3,8 +3,7 @@
 import pytest
 
 from lab.analysis.transcoders.build import PRESETS, load_contexts, load_quality, transcoder_sets, world_windows
-from lab.cli import main
-from lab.cli.parser import TRANSCODER_KINDS
+from lab.cli.parser import TRANSCODER_KINDS, main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

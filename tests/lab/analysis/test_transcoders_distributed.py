@@ -16,11 +16,10 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
-from lab.analysis.activations import save_activations
+from lab.analysis.activations.store import save_activations
 from lab.analysis.transcoders.model import TranscoderConfig
 from lab.analysis.transcoders.train import PARALLEL, TranscoderTraining, train_transcoders
-from lab.cli import main
-from lab.cli.parser import TRANSCODER_PARALLEL
+from lab.cli.parser import TRANSCODER_PARALLEL, main
 from lab.inputs import InputError
 from tests.builders import REPO, tiny_model
 

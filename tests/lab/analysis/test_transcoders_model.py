@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lab import HookedTransformer
-from lab.analysis.activations import save_activations
+from lab.analysis.activations.store import save_activations
 from lab.analysis.transcoders.measures import reconstruction_measures, replacement_loss
 from lab.analysis.transcoders.model import TranscoderConfig, Transcoders, built_from, model_fingerprint, weight_values
 from tests.builders import exact_transcoders, random_transcoders, tiny_model

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from lab.analysis.activations import save_activations
+from lab.analysis.activations.store import save_activations
 from lab.analysis.transcoders.measures import reconstruction_measures
 from lab.analysis.transcoders.model import TranscoderConfig, Transcoders
 from lab.analysis.transcoders.train import DataOrder, TranscoderTraining, train_transcoders

@@ -10,7 +10,8 @@ import time
 import pytest
 
 from lab import HookedTransformer
-from lab.cli import main
+from lab.cli.parser import main
+from lab.folders import DEFAULT_ZOO_DIR, zoo_names
 from tests.builders import TESTS, tiny_config
 
 
@@ -45,14 +46,13 @@ def test_demo_fills_in_missing_runs_and_shows_generations(tmp_path, monkeypatch,
     import shutil
 
     import experiments
-    import lab.zoo as zoo
     from lab.analysis.transcoders.model import built_from, model_fingerprint
     from lab.data.tokenizers import word_level
     from tests.builders import random_transcoders
 
-    for name in zoo.zoo_names():
+    for name in zoo_names():
         (tmp_path / "models" / name).mkdir(parents=True)
-        shutil.copy(zoo.DEFAULT_ZOO_DIR / name / "model.toml", tmp_path / "models" / name / "model.toml")
+        shutil.copy(DEFAULT_ZOO_DIR / name / "model.toml", tmp_path / "models" / name / "model.toml")
         tokenizer = word_level(["Return", "the", "This", "module", "provides", "If", "file"])
         model = HookedTransformer(tiny_config(d_vocab=tokenizer.get_vocab_size()), tokenizer=tokenizer)
         model.save(tmp_path / "models" / name)
@@ -77,7 +77,7 @@ def test_a_failing_demo_job_is_reported_and_the_dashboard_keeps_serving(tmp_path
     import experiments
 
     monkeypatch.setenv("FORMA_RUNS_DIR", str(tmp_path / "runs"))
-    monkeypatch.setattr("lab.zoo.is_trained", lambda name: True)
+    monkeypatch.setattr("lab.folders.is_trained", lambda name: True)
     monkeypatch.setattr(experiments, "experiment_names", lambda: ["no-such-experiment"])
     served = []  # a stand-in server: it "serves" until it ends by itself
     monkeypatch.setattr("lab.cli.demo.dashboard_command", lambda port: [sys.executable, "-c", "pass"])
@@ -146,7 +146,8 @@ class FakeJob:
 def test_the_demo_runs_a_job_after_the_one_whose_result_it_reads(tmp_path, monkeypatch):
     """Calibration reads the pydoc model: it waits until pydoc's training has ended, while the next job in order
     takes the free core; the queue file says so meanwhile (lab.jobs.queued, what the pages read)."""
-    from lab.cli import CHILDREN, run_side_by_side
+    from lab.cli.demo import run_side_by_side
+    from lab.cli.signals import CHILDREN
     from lab.jobs import queued
 
     monkeypatch.setenv("FORMA_RUNS_DIR", str(tmp_path / "runs"))
@@ -184,7 +185,7 @@ def test_the_demo_board_prints_each_running_jobs_progress_line_off_a_terminal(tm
     finished jobs print nothing; the same stage again, or back at an earlier step, prints nothing."""
     import io
 
-    from lab.cli import JobBoard
+    from lab.cli.job_board import JobBoard
     from lab.progress import PROGRESS_FILE, bar, recording
 
     out = io.StringIO()
@@ -307,7 +308,8 @@ def test_the_lazy_top_level_names_are_the_models():
     import lab
     import lab.model
 
-    assert lab.HookedTransformer is lab.model.HookedTransformer and lab.KVCache is lab.model.KVCache
+    assert lab.HookedTransformer is lab.model.transformer.HookedTransformer
+    assert lab.KVCache is lab.model.kv_cache.KVCache
     assert sorted(lab.__all__) == sorted(name for name in lab.__all__ if hasattr(lab, name))
     with pytest.raises(AttributeError, match="module 'lab' has no attribute 'NoSuchThing'"):
         _ = lab.NoSuchThing
@@ -316,7 +318,7 @@ def test_the_lazy_top_level_names_are_the_models():
 def test_the_demo_board_redraws_one_line_per_job_in_place_on_a_terminal():
     import io
 
-    from lab.cli import JobBoard
+    from lab.cli.job_board import JobBoard
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:
@@ -346,11 +348,10 @@ def test_the_demo_board_redraws_one_line_per_job_in_place_on_a_terminal():
 def test_a_quick_train_never_replaces_a_model_of_the_full_recipe(tmp_path, monkeypatch, capsys):
     """`forma build markov --quick` over a model of the full recipe (card.json "quick": false) is refused with one
     line that names --replace and another zoo, exit 2, and the model's files as they were."""
-    import lab.zoo as zoo
 
     folder = tmp_path / "markov"
     folder.mkdir()
-    shutil.copy(zoo.DEFAULT_ZOO_DIR / "markov" / "model.toml", folder / "model.toml")
+    shutil.copy(DEFAULT_ZOO_DIR / "markov" / "model.toml", folder / "model.toml")
     (folder / "model.safetensors").write_bytes(b"the full model")
     (folder / "card.json").write_text(json.dumps({"name": "markov", "quick": False}))
     monkeypatch.setenv("FORMA_ZOO_DIR", str(tmp_path))
@@ -366,13 +367,12 @@ def test_the_demo_trains_markovs_transcoders_after_markov_so_the_graphs_page_is_
     build has ended, and says so instead when they exist."""
     import shutil
 
-    import lab.zoo as zoo
     from lab.cli.demo import DEMO_ORDER, missing_jobs
     from lab.jobs import NEEDS
 
     zoo_copy = tmp_path / "models"
     (zoo_copy / "markov").mkdir(parents=True)
-    shutil.copy(zoo.DEFAULT_ZOO_DIR / "markov" / "model.toml", zoo_copy / "markov" / "model.toml")
+    shutil.copy(DEFAULT_ZOO_DIR / "markov" / "model.toml", zoo_copy / "markov" / "model.toml")
     monkeypatch.setenv("FORMA_ZOO_DIR", str(zoo_copy))
     monkeypatch.setenv("FORMA_RUNS_DIR", str(tmp_path / "runs"))
     jobs = [argv for _, argv in missing_jobs({"markov"}, quick=True)]

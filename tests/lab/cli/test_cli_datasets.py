@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.cli import main
+from lab.cli.parser import main
 from tests.builders import REPO
 from tests.fault_zygote import Forks
 

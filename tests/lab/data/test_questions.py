@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from lab.cli import main
+from lab.cli.parser import main
 from lab.data.questions import (
     DEFAULT_SEED,
     FORMS,

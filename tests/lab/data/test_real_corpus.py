@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lab.cli import main
 from lab.cli.corpus import cmd_corpus
+from lab.cli.parser import main
 from lab.data.real_corpus import (
     CODE,
     ENGLISH,

@@ -8,11 +8,12 @@ import os
 import pytest
 import torch
 
-from lab.analysis.activations import collect_activations
+from lab.analysis.activations.collect import collect_activations
 from lab.analysis.lens import direct_logit_attribution, logit_lens, residual_norms
 from lab.analysis.patching import patch_heads
 from lab.analysis.steering import generate_steered
-from lab.hf import bridge, from_hf, load_hf, to_hf
+from lab.hf.convert import from_hf, to_hf
+from lab.hf.loading import bridge, load_hf
 from lab.model.decoding import generate
 from lab.model.offload import onloaded
 from tests.builders import VOCAB, hf_model, word_tokenizer

@@ -4,7 +4,10 @@ import pytest
 import torch
 
 from lab import HookedTransformer
-from lab.hf import UnsupportedArchitecture, from_hf, hf_model_type, load_hf, to_hf
+from lab.hf.convert import from_hf, to_hf
+from lab.hf.family import UnsupportedArchitecture
+from lab.hf.folder import hf_model_type
+from lab.hf.loading import load_hf
 from tests.builders import hf_model, tiny_config, word_tokenizer
 
 

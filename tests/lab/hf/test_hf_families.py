@@ -13,9 +13,11 @@ import pytest
 import torch
 
 from lab import HookedTransformer, ModelConfig
-from lab.cli import main
-from lab.hf import SUPPORTED, UnsupportedArchitecture, export_family, from_hf, load_hf, to_hf
-from lab.hf.families import FAMILIES
+from lab.cli.parser import main
+from lab.hf.convert import export_family, from_hf, to_hf
+from lab.hf.families import FAMILIES, SUPPORTED
+from lab.hf.family import UnsupportedArchitecture
+from lab.hf.loading import load_hf
 from lab.model.decoding import generate
 from tests.builders import REPO, VOCAB, hf_model, randomise_gains_and_biases, tiny_config, word_tokenizer
 

@@ -11,8 +11,9 @@ import torch
 from safetensors.torch import load_file
 
 from lab import HookedTransformer
-from lab.cli import main
-from lab.hf import bridge, from_hf, load_hf
+from lab.cli.parser import main
+from lab.hf.convert import from_hf
+from lab.hf.loading import bridge, load_hf
 from tests.builders import gpt2_folder, hf_model, rewrite_weights, tiny_config
 
 

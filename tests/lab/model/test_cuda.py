@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from lab import HookedTransformer
-from lab.hf import from_hf
+from lab.hf.convert import from_hf
 from lab.model.decoding import decode
 from tests.builders import tiny_config
 
@@ -72,7 +72,9 @@ def test_gpu_kv_cache_equals_recompute():
 
 def test_gpu_training_lowers_the_loss(tmp_path):
     from lab.data.sources import MarkovSource
-    from lab.train import SequenceBatches, TrainConfig, train
+    from lab.train.batches import SequenceBatches
+    from lab.train.config import TrainConfig
+    from lab.train.loop import train
 
     source = MarkovSource(vocab_size=16, order=1, seed=0)
     data = SequenceBatches(

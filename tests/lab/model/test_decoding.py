@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from lab import HookedTransformer
-from lab.hf import from_hf
-from lab.model import KVCache, KVCacheEntry
+from lab.hf.convert import from_hf
 from lab.model.decoding import decode, filter_logits, generate, sample_next
 from lab.model.errors import Misuse
+from lab.model.kv_cache import KVCache, KVCacheEntry
 from tests.builders import hf_model, tiny_config, word_tokenizer
 
 VARIANTS = [
@@ -110,7 +110,7 @@ def test_bad_generation_arguments():
 
 
 def test_decoding_into_a_given_cache_fills_it_and_changes_nothing():
-    from lab.model import KVCache
+    from lab.model.kv_cache import KVCache
 
     model = HookedTransformer(tiny_config(), seed=2).eval()
     prompt = torch.randint(0, 100, (2, 5), generator=torch.Generator().manual_seed(0))
@@ -183,7 +183,7 @@ def test_generate_keeps_no_logits_and_gives_the_tokens_decode_gives(model):
 @pytest.fixture
 def worded(tmp_path):
     """A LLaMA-shaped model from a Hugging Face folder with a word-level tokenizer (w0 … w95, BOS, EOS, pad)."""
-    from lab.hf import load_hf
+    from lab.hf.loading import load_hf
 
     hf_model("llama").save_pretrained(tmp_path)
     word_tokenizer(tmp_path)

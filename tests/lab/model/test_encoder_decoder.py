@@ -11,11 +11,17 @@ import pytest
 import torch
 from torch import nn
 
-import lab.zoo as zoo
 from lab.data.dates import date_words, dates_world, exact_match, ordinal, year_words
-from lab.model import EncoderDecoder, EncoderDecoderConfig, HookedTransformer, KVCache
+from lab.folders import DEFAULT_ZOO_DIR, zoo_names
 from lab.model.embeddings import sinusoidal_table
-from lab.train import PairBatches, TrainConfig, summed_loss, train
+from lab.model.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
+from lab.model.kv_cache import KVCache
+from lab.model.transformer import HookedTransformer
+from lab.train.batches import PairBatches
+from lab.train.config import TrainConfig
+from lab.train.loop import summed_loss, train
+from lab.zoo.building import build
+from lab.zoo.recipes import load_recipe
 from tests.builders import REPO
 
 SRC_VOCAB, TGT_VOCAB, D_MODEL, N_CTX = 30, 20, 32, 32
@@ -300,20 +306,20 @@ def test_held_out_days_never_occur_in_training():
 
 @pytest.mark.slow
 def test_quick_dates_recipe_learns_to_translate_unseen_days(tmp_path, monkeypatch, one_thread):
-    for name in zoo.zoo_names():  # a private zoo: building never touches models/
+    for name in zoo_names():  # a private zoo: building never touches models/
         (tmp_path / name).mkdir()
-        shutil.copy(zoo.DEFAULT_ZOO_DIR / name / "model.toml", tmp_path / name / "model.toml")
+        shutil.copy(DEFAULT_ZOO_DIR / name / "model.toml", tmp_path / name / "model.toml")
     monkeypatch.setenv("FORMA_ZOO_DIR", str(tmp_path))
-    directory = zoo.build("dates", quick=True, progress=False)
+    directory = build("dates", quick=True, progress=False)
     card = json.loads((directory / "card.json").read_text())
     # The quick profile reaches ≈ 99% in 300 steps; the full recipe's number is in models/dates/MODEL.md.
     assert card["held_out_exact_match"] >= 0.5, card
     model = EncoderDecoder.from_pretrained("dates")
     assert all(isinstance(t, str) for t in model.translate("the third of march two thousand and five"))
-    world = dates_world(**{k: v for k, v in zoo.load_recipe("dates")["world"].items() if k != "kind"})
+    world = dates_world(**{k: v for k, v in load_recipe("dates")["world"].items() if k != "kind"})
     assert exact_match(model, world.held_out[:100]) >= 0.5
     with pytest.raises(FileNotFoundError, match="nothing to resume for dates"):
-        zoo.build("dates", quick=True, progress=False, resume=True)
+        build("dates", quick=True, progress=False, resume=True)
     # The source-blind plateau: the chain-rule entropy of a uniform day's "YYYY-MM-DD<eos>", counted over every
     # day of the world, per predicted character; and the first step training's loss fell below half of it.
     days = [datetime.date(1900, 1, 1) + datetime.timedelta(days=d) for d in range(card["source_blind_days"])]
@@ -377,9 +383,9 @@ def test_the_training_loop_trains_and_resumes_an_encoder_decoder_to_the_bit(tmp_
 def test_explorer_shows_cross_attention_for_an_encoder_decoder(tmp_path, monkeypatch):
     from streamlit.testing.v1 import AppTest
 
-    for name in zoo.zoo_names():
+    for name in zoo_names():
         (tmp_path / name).mkdir()
-        shutil.copy(zoo.DEFAULT_ZOO_DIR / name / "model.toml", tmp_path / name / "model.toml")
+        shutil.copy(DEFAULT_ZOO_DIR / name / "model.toml", tmp_path / name / "model.toml")
     world = dates_world(20, 5)
     cfg = EncoderDecoderConfig(
         d_vocab_src=world.src_tokenizer.get_vocab_size(),

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from lab import HookedTransformer, KVCache
-from lab.model import EncoderDecoder, EncoderDecoderConfig
 from lab.model.decoding import decode, sample_next
+from lab.model.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 from tests.builders import tiny_config
 
 PROMPT = torch.randint(0, 100, (2, 5), generator=torch.Generator().manual_seed(0))

@@ -6,7 +6,7 @@ import torch
 
 import lab.model.memory_check as memory
 from lab import HookedTransformer, ModelConfig
-from lab.model import EncoderDecoder, EncoderDecoderConfig
+from lab.model.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 from tests.builders import tiny_config
 
 ABSURD = [dict(n_layers=10**9), dict(d_vocab=10**12), dict(d_model=2**20, n_heads=2**10, n_ctx=2**20)]

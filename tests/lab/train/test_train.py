@@ -17,22 +17,10 @@ import lab.train
 from lab import HookedTransformer, ModelConfig
 from lab.configs import torch_threads
 from lab.data.sources import MarkovSource
-from lab.train import (
-    DEMO_MODEL,
-    DEMO_TRAIN,
-    IGNORE,
-    Batch,
-    SequenceBatches,
-    TokenStream,
-    TrainConfig,
-    TrainingDiverged,
-    TrainingInterrupted,
-    demo_markov,
-    estimate_loss,
-    get_batch,
-    get_lr,
-    train,
-)
+from lab.train.batches import IGNORE, Batch, SequenceBatches, TokenStream
+from lab.train.config import TrainConfig
+from lab.train.entry import DEMO_MODEL, DEMO_TRAIN, demo_markov
+from lab.train.loop import TrainingDiverged, TrainingInterrupted, estimate_loss, get_batch, get_lr, train
 from tests.builders import USER_THREADS
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models (tests/conftest.py::one_thread)
@@ -144,7 +132,7 @@ def test_rank_losses_average_to_the_global_mean_gradient_even_with_uneven_masks(
     def gradient(world: int, rank: int) -> torch.Tensor:
         model.zero_grad()
         batch, n_scored = get_batch(data, "train", 0, cfg, rank, world, torch.device("cpu"))
-        (lab.train.summed_loss(model(batch.tokens), batch.targets) * (world / n_scored)).backward()
+        (lab.train.loop.summed_loss(model(batch.tokens), batch.targets) * (world / n_scored)).backward()
         return torch.cat([p.grad.flatten() for p in model.parameters()])
 
     averaged = (gradient(2, 0) + gradient(2, 1)) / 2
@@ -153,7 +141,7 @@ def test_rank_losses_average_to_the_global_mean_gradient_even_with_uneven_masks(
 
 # --- training -----------------------------------------------------------------------------------
 def test_loss_falls_towards_the_entropy_rate_on_a_markov_stream(tmp_path):
-    from lab.data import MarkovSource
+    from lab.data.sources import MarkovSource
 
     model, data = demo_markov()
     cfg = DEMO_TRAIN.replace(steps=40, eval_interval=20)
@@ -302,9 +290,9 @@ def test_every_op_of_a_training_step_gives_the_same_bits_at_one_two_and_three_th
     forward, loss, backward, gradient clip, AdamW — with every op run at one, two and three threads on the same
     inputs: none differs in a single bit. (Indexing's backward and LayerNorm's fused backward did, which is why
     the embedding is F.embedding and LayerNorm's gain and bias stand outside the fused kernel in training.)"""
-    from lab.model import EncoderDecoder, EncoderDecoderConfig
-    from lab.train import make_optimizer, summed_loss
-    from lab.zoo import load_recipe
+    from lab.model.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
+    from lab.train.loop import make_optimizer, summed_loss
+    from lab.zoo.recipes import load_recipe
 
     tables = load_recipe(recipe)
     table = dict(tables["model"])
@@ -374,7 +362,7 @@ def test_a_missing_or_damaged_checkpoint_is_a_clear_error(tmp_path):
         train(model, SHORT, data, None, resume=True, progress=False)
     train(model, SHORT, data, tmp_path / "run", progress=False, stop_after=2)
     checkpoint = tmp_path / "run" / "checkpoint"
-    files = {name: (checkpoint / name).read_bytes() for name in lab.train.CHECKPOINT_FILES}
+    files = {name: (checkpoint / name).read_bytes() for name in lab.train.checkpoint.CHECKPOINT_FILES}
 
     def damaged(name: str, content: bytes | None):
         for n, data_ in files.items():
@@ -406,7 +394,7 @@ def test_a_checkpoint_whose_values_are_wrong_is_refused_naming_its_file_and_noth
     model, data = demo_markov()
     train(model, SHORT, data, tmp_path / "run", progress=False, stop_after=2)
     checkpoint = tmp_path / "run" / "checkpoint"
-    files = {name: (checkpoint / name).read_bytes() for name in lab.train.CHECKPOINT_FILES}
+    files = {name: (checkpoint / name).read_bytes() for name in lab.train.checkpoint.CHECKPOINT_FILES}
     state = json.loads(files["train_state.json"])
     optimizer = load_file(str(checkpoint / "optimizer.safetensors"))
     nan = dict(optimizer, **{"0.exp_avg": torch.full_like(optimizer["0.exp_avg"], math.nan)})
@@ -517,7 +505,7 @@ def test_a_diverging_run_names_the_step_and_lr_and_keeps_the_checkpoint_from_bef
 def test_checkpoints_come_every_n_steps_and_every_so_many_seconds(tmp_path, monkeypatch):
     model, data = demo_markov()
     saved = []
-    real = lab.train.save_checkpoint
+    real = lab.train.checkpoint.save_checkpoint
     monkeypatch.setattr(lab.train.loop, "save_checkpoint", lambda *args: saved.append(args[-1].step) or real(*args))
     for cfg, steps in [
         (SHORT.replace(checkpoint_interval=6, checkpoint_every_s=0), [6, 12, 18, 20]),

