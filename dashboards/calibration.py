@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from dashboards.charts import draw
-from dashboards.common import number, read_table, short, show_figures, show_headlines, show_run, show_table
+from dashboards.display import number, read_table, short, show_figures, show_headlines, show_run, show_table
 from lab.metrics.calibration import ece, noise_floor_ece, reliability, softmax
 
 

@@ -6,7 +6,7 @@ from typing import Any
 import streamlit as st
 
 from dashboards.charts import draw
-from dashboards.common import code, describe_run, figures, plain, short, show_headlines, show_table
+from dashboards.display import code, describe_run, figures, plain, short, show_headlines, show_table
 from experiments import experiment as registered
 from experiments import experiment_names
 from lab.headlines import title

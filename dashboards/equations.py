@@ -5,7 +5,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from dashboards.common import plain, prose, show_figures, show_headlines, show_run, show_table, warn_shape
+from dashboards.display import plain, prose, show_figures, show_headlines, show_run, show_table, warn_shape
 from experiments.equations.check import entries
 from lab.headlines import title
 

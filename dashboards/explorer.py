@@ -14,7 +14,7 @@ import streamlit as st
 import torch
 
 from dashboards.charts import draw
-from dashboards.common import code, load_model, model_version, show_progress
+from dashboards.display import code, load_model, model_version, show_progress
 from dashboards.explorer_tabs import (
     Opened,
     encode,

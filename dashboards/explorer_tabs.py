@@ -291,7 +291,7 @@ def lens_corpus(model, folder: Path | None) -> torch.Tensor:
 def fitted_lens(name: str, version: tuple, kind: str):
     """A tuned (lab.analysis.tuned_lens) or Jacobian (lab.analysis.jacobian_lens) lens of the explorer's model,
     fitted on `lens_corpus`."""
-    from dashboards.common import load_model
+    from dashboards.display import load_model
     from lab.analysis.jacobian_lens import fit_jacobian_lens
     from lab.analysis.tuned_lens import fit_tuned_lens
 
@@ -308,7 +308,7 @@ def fitted_lens(name: str, version: tuple, kind: str):
 def show_logit_lens(model, tokens, labels, name: str | None = None) -> None:
     """The top next token and its probability at each layer and position, read through the chosen lens: the logit
     lens, or (for a model the explorer opened by name) a tuned or Jacobian lens fitted on its own text."""
-    from dashboards.common import model_version
+    from dashboards.display import model_version
     from lab.analysis.lens import logit_lens
 
     kinds = list(LENSES) if name is not None else ["logit"]

@@ -13,7 +13,7 @@ import torch
 from safetensors import SafetensorError
 
 from dashboards.charts import as_text, readable
-from dashboards.common import code, load_model, model_version, plain, show_table
+from dashboards.display import code, load_model, model_version, plain, show_table
 from dashboards.explorer_tabs import to_ids, token_text
 from lab.analysis.graphs.attribute import attribute
 from lab.analysis.graphs.graph import Graph, graph_folder, to_circuit_tracer

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from dashboards.common import number, plain, short, show_figures, show_headlines, show_run, show_table, words
+from dashboards.display import number, plain, short, show_figures, show_headlines, show_run, show_table, words
 from experiments.hallucination.summary import relative_change
 from lab.headlines import split as split_headlines
 

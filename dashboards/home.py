@@ -5,7 +5,7 @@ from typing import Any
 
 import streamlit as st
 
-from dashboards.common import PROGRESS_REFRESH_S, code, latest_run, made_at, plain, show_table
+from dashboards.display import PROGRESS_REFRESH_S, code, latest_run, made_at, plain, show_table
 from experiments import REGISTRY
 from lab.folders import ZooEntry, zoo_entries
 from lab.jobs import queued

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from dashboards.common import number, plain, show_figures, show_headlines, show_run
+from dashboards.display import number, plain, show_figures, show_headlines, show_run
 
 
 def render(folder: Path, results: dict) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from dashboards.common import (
+from dashboards.display import (
     plain,
     read_table,
     show_figures,

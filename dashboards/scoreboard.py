@@ -6,7 +6,7 @@ from pathlib import Path
 import streamlit as st
 
 from dashboards.charts import draw, relabel
-from dashboards.common import figures, read_table, show_headlines, show_run, show_table
+from dashboards.display import figures, read_table, show_headlines, show_run, show_table
 from lab.names import NAMES, name
 
 COLUMNS = [

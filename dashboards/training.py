@@ -6,7 +6,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from dashboards.charts import draw
-from dashboards.common import made_at, plain, show_progress, zoo_dir
+from dashboards.display import made_at, plain, show_progress, zoo_dir
 from lab.folders import zoo_entry, zoo_names
 from lab.train.checkpoint import METRICS_FILE, read_metrics
 

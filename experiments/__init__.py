@@ -58,7 +58,7 @@ REAL_TRACK = "_real"  # runs/<name>_real/: an experiment's real-model track, bes
 def run_name(name: str, config: Any) -> str:
     """The run folder's experiment name: `<name>_real` when the Config says it measures a pretrained language model
     on the experiment's real-model track (its `real_track` is true: `forma run NAME --model smollm2`), else `name`.
-    The dashboard's page shows the newest run of each, side by side (dashboards.common.show_real_track)."""
+    The dashboard's page shows the newest run of each, side by side (dashboards.display.show_real_track)."""
     return f"{name}{REAL_TRACK}" if getattr(config, "real_track", False) else name
 
 

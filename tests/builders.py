@@ -314,7 +314,7 @@ def texts(at) -> str:
 
 def rendered(source: object) -> str:
     """What a reader sees of an element's Markdown: rendered as CommonMark (with GitHub's tables), tags dropped.
-    A page escapes a run's text (dashboards.common.plain), so the run's own words are found here, not in the source."""
+    A page escapes a run's text (dashboards.display.plain), so the run's own words are found here, not in the source."""
     import html
 
     from markdown_it import MarkdownIt

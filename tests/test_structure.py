@@ -518,3 +518,12 @@ def test_each_architecture_variant_is_named_by_the_config_and_built_by_its_table
     hints = typing.get_type_hints(ModelConfig)
     for field, table in (("positions", POSITIONS), ("norm", NORMS), ("mlp", MLPS), ("block", BLOCKS)):
         assert sorted(typing.get_args(hints[field])) == sorted(table), field
+
+
+CATCH_ALL_NAMES = ("common", "parts", "helpers", "utils", "util", "misc")  # a module named for no idea
+
+
+def test_no_module_is_named_for_no_idea():
+    """A module's name says what is in it: none is called common, parts, helpers, utils or misc."""
+    named = [str(p.relative_to(REPO)) for p in python_files() if p.stem in CATCH_ALL_NAMES]
+    assert named == [], "name the module for the idea it holds"

@@ -62,7 +62,7 @@ from typing import Any
 
 from experiments.scoreboard.config import Config
 from experiments.scoreboard.figures import write_figures
-from experiments.scoreboard.parts import facts_part, long_induction_part, source_part
+from experiments.scoreboard.per_world import facts_part, long_induction_part, source_part
 from experiments.scoreboard.seeds import combine_seeds, per_seed_rows, training_seeds
 from experiments.scoreboard.summary import headlines
 from lab.configs import torch_threads

@@ -382,9 +382,9 @@ def chart(seen: dict, starts: str) -> list[dict]:
 
 def test_home_lists_the_zoo_and_each_experiments_latest_run(server, browser, quick_run, world):
     """Home's zoo is a plain HTML table (drawn by a headless browser too) with the card's numbers as the page
-    writes them (dashboards.common.short), its raw rows one click away; each experiment's latest run by its
+    writes them (dashboards.display.short), its raw rows one click away; each experiment's latest run by its
     folder; and the page reads right."""
-    from dashboards.common import short
+    from dashboards.display import short
 
     card = json.loads((Path(world["FORMA_ZOO_DIR"]) / "pydoc" / "card.json").read_text())
     errors: list[str] = []
@@ -504,7 +504,7 @@ def test_every_experiment_page_reads_right_and_agrees_with_its_headlines(server,
     states equal to the card, chart or table that shows the same quantity (`agreements`); and the page reads
     right (READS_RIGHT). On calibration, the checkpoint selector sits above what it controls, starts at the end of
     training (what the headlines describe), and every section names the checkpoint it shows."""
-    from dashboards.common import figures
+    from dashboards.display import figures
     from tests.builders import long_numbers
 
     folder = quick_run(path)
@@ -702,7 +702,7 @@ def test_compare_sets_two_runs_side_by_side(tmp_path, browser, quick_run):
         errors: list[str] = []
         page = open_page(browser, f"{url}/compare", errors)
         page.get_by_text("Headlines, number by number").wait_for(timeout=60_000)
-        from dashboards.common import figures
+        from dashboards.display import figures
         from lab.headlines import title
 
         charts = len(figures(original))

@@ -193,7 +193,7 @@ LIVE_CHARTS = {"calibration": 1}  # the reliability diagram the temperature slid
 
 @pytest.mark.parametrize("name", EXPERIMENT_PAGES)
 def test_every_experiment_page_draws_its_quick_run(quick_run, quick_runs_dir, monkeypatch, name):
-    from dashboards.common import figures
+    from dashboards.display import figures
 
     folder = quick_run(name)
     monkeypatch.setenv("FORMA_RUNS_DIR", str(quick_runs_dir))
@@ -282,7 +282,7 @@ def test_the_monitor_page_colours_tokens_and_abstains_where_the_library_says(qui
     )
     risk = (signs[signal] * out.signals[signal][0].double()).tolist()
     stop = abstain_at(risk, 2, threshold)
-    from dashboards.common import plain
+    from dashboards.display import plain
 
     shown = " ".join(m.value for m in at.markdown)
     for word, r in zip(words, risk):
@@ -417,7 +417,7 @@ def test_explorer_reads_any_local_hugging_face_folder(empty, tmp_path):
 
 
 def test_home_shows_each_models_card_numbers(empty):
-    from dashboards.common import short
+    from dashboards.display import short
 
     card = {
         "name": "markov",
@@ -535,7 +535,7 @@ def two_runs(quick_run, tmp_path, name: str) -> tuple[Path, Path]:
 
 
 def test_compare_shows_two_runs_headlines_and_figures_side_by_side(quick_run, tmp_path, monkeypatch):
-    from dashboards.common import figures
+    from dashboards.display import figures
     from lab.headlines import title
 
     newer, older = two_runs(quick_run, tmp_path, "equations")

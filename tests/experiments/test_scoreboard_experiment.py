@@ -21,7 +21,7 @@ from experiments.scoreboard.config import (
     lookup_readout,
     sample_seed,
 )
-from experiments.scoreboard.parts import row as table_row
+from experiments.scoreboard.per_world import row as table_row
 from experiments.scoreboard.seeds import combine_seeds, per_seed_rows, training_seeds
 from experiments.scoreboard.summary import (
     ATTRIBUTION_TRUTHS,

@@ -49,7 +49,7 @@ def test_forma_trust_and_hooks_refuse_it_with_exit_2(three_layers_said_two_held,
 
 
 def test_the_dashboards_loader_shows_the_error(three_layers_said_two_held, monkeypatch):
-    import dashboards.common as common
+    import dashboards.display as common
 
     shown = []
     monkeypatch.setattr(common.st, "error", shown.append)
