@@ -43,10 +43,10 @@ from benchmarks.timing import machine, peak_memory, write
 from lab.analysis.graphs.attribute import attribute
 from lab.analysis.graphs.checks import intervention_agreement, node_residuals, replacement_logits
 from lab.analysis.graphs.influence import graph_scores, position_share, prune
-from lab.analysis.transcoders.build import TRANSCODERS_DIR, build_transcoders, preset, transcoder_sets, world_windows
 from lab.analysis.transcoders.model import Transcoders
 from lab.folders import is_trained, zoo_dir
 from lab.load import load_model
+from lab.zoo.transcoders import TRANSCODERS_DIR, build_transcoders, preset, transcoder_sets, world_windows
 
 LENGTHS = (8, 16, 32, 64, 96, 128)
 INTERVENTIONS = (  # (key, what is frozen, factor): 0 ablates, 0.9 steers by a small step

@@ -18,8 +18,8 @@ import torch
 
 from benchmarks.summary import write_summary
 from benchmarks.timing import RESULTS, machine, write
-from lab.analysis.transcoders.build import PRESETS, build_transcoders, harvest_windows, load_quality, preset
 from lab.folders import is_trained, zoo_dir
+from lab.zoo.transcoders import PRESETS, build_transcoders, harvest_windows, load_quality, preset
 
 
 def main() -> None:

@@ -24,9 +24,8 @@ from experiments import experiment as registered
 from lab.folders import zoo_dir, zoo_names
 from lab.headlines import reason as headline_reason
 from lab.headlines import split as split_headlines
-from lab.jobs import queued
+from lab.jobs import model_finished, model_progress, queued, run_progress
 from lab.names import NAMES
-from lab.progress import model_finished, model_progress, run_progress
 from lab.runs import latest_run as newest_run
 from lab.runs import read_figures, read_results, run_record
 from lab.runs import read_table as read_parquet_table

@@ -33,7 +33,7 @@ from dashboards.explorer_tabs import (
     token_labels,
 )
 from lab.folders import is_trained, zoo_dir, zoo_names
-from lab.model.encoder_decoder import is_encoder_decoder
+from lab.load import is_encoder_decoder
 
 DEFAULT_PROMPTS = {
     "pydoc": "Return the number of items in the list.",

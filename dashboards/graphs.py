@@ -19,11 +19,11 @@ from lab.analysis.graphs.attribute import attribute
 from lab.analysis.graphs.graph import Graph, graph_folder, to_circuit_tracer
 from lab.analysis.graphs.influence import graph_scores, prune
 from lab.analysis.graphs.qk import qk_attribution
-from lab.analysis.transcoders.build import TRANSCODERS_DIR, load_contexts, load_quality, transcoder_sets
 from lab.analysis.transcoders.measures import feature_logits
 from lab.analysis.transcoders.model import Transcoders
 from lab.data.tokenizers import readable_text
 from lab.folders import zoo_dir, zoo_names
+from lab.zoo.transcoders import TRANSCODERS_DIR, load_contexts, load_quality, transcoder_sets
 
 DEFAULT_PROMPTS = {"pydoc": "Return the number of items in the", "markov": "1 2 3 4 5 6 7 8"}
 # Widgets whose values belong to one model (its prompt: words, or token ids for a model without a tokenizer; its

@@ -8,8 +8,7 @@ import streamlit as st
 from dashboards.display import PROGRESS_REFRESH_S, code, latest_run, made_at, plain, show_table
 from experiments import REGISTRY
 from lab.folders import ZooEntry, zoo_entries
-from lab.jobs import queued
-from lab.progress import model_progress, run_progress
+from lab.jobs import model_progress, queued, run_progress
 from lab.runs import run_record
 
 # The card.json numbers the table shows (`forma build NAME` measures them; lab.zoo writes the card). A world

@@ -6,7 +6,6 @@ can list the zoo for `forma build --help` and check a name without loading torch
 standard library, so that the model package, which must import nothing above it, can read it.
 """
 
-import importlib
 import os
 import tomllib
 from dataclasses import dataclass
@@ -132,15 +131,3 @@ def trust_report_path(name_or_path: str | Path, out: str | Path | None = None) -
 
 def is_trained(name: str) -> bool:
     return (check_zoo_name(name) / "model.safetensors").is_file()
-
-
-# The module whose `from_pretrained(cls, name_or_path, device, **options)` loads a model by name. It is above the
-# model package, which may not import it; `load_pretrained` looks it up by this name when called.
-LOADER_MODULE = "lab.load"
-
-
-def load_pretrained(cls: type, name_or_path: str | Path, device: Any = "cpu", **options: Any) -> Any:
-    """`cls.from_pretrained(name_or_path, device, **options)`: the model package's door to loading by name, which
-    lives above it (`lab.load.from_pretrained`, imported by name on the call), so that the model package imports
-    nothing above it while its classes keep the method."""
-    return importlib.import_module(LOADER_MODULE).from_pretrained(cls, name_or_path, device, **options)

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lab.files import atomic_write_text
+from lab.folders import zoo_dir
 from lab.inputs import read_json_object
-from lab.progress import alive
+from lab.progress import PROGRESS_FILE, Progress, alive, read_progress
 from lab.runs import runs_dir
 
 FORMAT = "forma-demo-queue/1"
@@ -98,4 +99,36 @@ def queued(kind: str, name: str) -> Waiting | None:
         )
         return Waiting(mine["job"], mine["state"] == "running", ahead, waits)
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError, IndexError):
+        return None
+
+
+def run_progress(experiment: str, folder: Path | None = None) -> Progress | None:
+    """The progress of `experiment`'s newest run that has not finished (no results.json) and has a progress
+    file, in runs/<experiment>/ (or `folder`/<experiment>/); None when the newest such run is not newer than
+    its newest finished one, or there is none."""
+    base = Path(folder or runs_dir()) / experiment
+    if not base.is_dir():
+        return None
+    newest_finished = max((p.parent.name for p in base.glob("*/results.json")), default="")
+    for run in sorted((p.parent for p in base.glob(f"*/{PROGRESS_FILE}")), key=lambda p: p.name, reverse=True):
+        if run.name <= newest_finished:
+            return None
+        if not (run / "results.json").exists():
+            progress = read_progress(run / PROGRESS_FILE)
+            if progress is not None:
+                return progress
+    return None
+
+
+def model_progress(name: str) -> Progress | None:
+    """The progress of `forma build NAME` (models/NAME/.progress.json), or None."""
+    return read_progress(zoo_dir() / name / PROGRESS_FILE)
+
+
+def model_finished(name: str) -> float | None:
+    """When zoo model NAME's published card was written (its mtime), or None when it has none: what changes
+    when `forma build NAME` finishes."""
+    try:
+        return (zoo_dir() / name / "card.json").stat().st_mtime
+    except OSError:
         return None

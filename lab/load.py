@@ -2,9 +2,9 @@
 
 This is above the model package: it reads the zoo (`lab.folders`) and converts Hugging Face folders
 (`lab.hf`), neither of which lab/model may import. `HookedTransformer.from_pretrained` and
-`EncoderDecoder.from_pretrained` are `from_pretrained` here, reached through `lab.folders.load_pretrained`,
-which imports this module by name when called; so the classes keep the method and the model package imports
-nothing above it.
+`EncoderDecoder.from_pretrained` are `from_pretrained` here, the loader pyproject.toml declares under the entry
+point group `forma.pretrained` (lab.model.pretrained finds it): the classes keep the method and the model package
+imports nothing above it.
 """
 
 from pathlib import Path
@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from lab.folders import model_folder
+from lab.folders import model_folder, zoo_dir
 from lab.hf.loading import load_hf
 from lab.model.checkpoint import CONFIG_FILE, read_config_json
 from lab.model.encoder_decoder import EncoderDecoder
@@ -70,3 +70,14 @@ def load_model(name_or_path: str | Path, device: str | torch.device = "cpu") -> 
 def load_encoder_decoder(name_or_path: str | Path, device: str | torch.device = "cpu") -> EncoderDecoder:
     """An encoder–decoder by zoo name or Forma folder."""
     return from_pretrained(EncoderDecoder, name_or_path, device)
+
+
+def is_encoder_decoder(name_or_path: str | Path) -> bool:
+    """True when a model folder (or a trained zoo model's) holds an EncoderDecoder's config.json."""
+    folder = Path(name_or_path)
+    if not folder.is_dir():
+        folder = zoo_dir() / str(name_or_path)
+    try:
+        return "n_encoder_layers" in read_config_json(folder / CONFIG_FILE)
+    except (OSError, ValueError, TypeError):
+        return False

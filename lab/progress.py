@@ -31,9 +31,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from lab.files import atomic_write_text
-from lab.folders import zoo_dir
 from lab.inputs import read_json
-from lab.runs import runs_dir
 
 PROGRESS_FILE = ".progress.json"  # hidden: a job's state, not one of its artefacts
 FORMAT = "forma-progress/1"
@@ -289,38 +287,6 @@ def read_progress(path: str | Path) -> Progress | None:
     if progress.active and (time.time() - progress.updated > STALE_S or not alive(progress.pid)):
         return Progress(**{**progress.__dict__, "state": "stopped"})
     return progress
-
-
-def run_progress(experiment: str, folder: Path | None = None) -> Progress | None:
-    """The progress of `experiment`'s newest run that has not finished (no results.json) and has a progress
-    file, in runs/<experiment>/ (or `folder`/<experiment>/); None when the newest such run is not newer than
-    its newest finished one, or there is none."""
-    base = Path(folder or runs_dir()) / experiment
-    if not base.is_dir():
-        return None
-    newest_finished = max((p.parent.name for p in base.glob("*/results.json")), default="")
-    for run in sorted((p.parent for p in base.glob(f"*/{PROGRESS_FILE}")), key=lambda p: p.name, reverse=True):
-        if run.name <= newest_finished:
-            return None
-        if not (run / "results.json").exists():
-            progress = read_progress(run / PROGRESS_FILE)
-            if progress is not None:
-                return progress
-    return None
-
-
-def model_progress(name: str) -> Progress | None:
-    """The progress of `forma build NAME` (models/NAME/.progress.json), or None."""
-    return read_progress(zoo_dir() / name / PROGRESS_FILE)
-
-
-def model_finished(name: str) -> float | None:
-    """When zoo model NAME's published card was written (its mtime), or None when it has none: what changes
-    when `forma build NAME` finishes."""
-    try:
-        return (zoo_dir() / name / "card.json").stat().st_mtime
-    except OSError:
-        return None
 
 
 class _Recorder:

@@ -27,7 +27,7 @@ FOLDERS = ("lab", "experiments", "dashboards", "benchmarks")
 # What lab/model may import from the rest of lab: the modules beneath it, which import only the standard
 # library and each other (config validation, atomic writes, the zoo's folders and the door to loading by name,
 # the one door every file from outside is read through). Everything else in lab is above the model.
-BENEATH_MODEL = ("lab.configs", "lab.files", "lab.folders", "lab.inputs")
+BENEATH_MODEL = ("lab.configs", "lab.files", "lab.inputs")
 # The model's third-party packages: the equations' (torch, einops, jaxtyping) and TransformerLens's hook machinery;
 # safetensors and tokenizers only for a model folder's files (weights, tokenizer.json), in the one module that reads
 # and writes them.
@@ -147,6 +147,41 @@ def test_the_model_package_imports_nothing_above_it():
         assert edges[name] <= set(BENEATH_MODEL), (
             f"{name} is beneath lab/model and must import only the standard library (and the modules beneath lab/model)"
         )
+
+
+# The seam: the library (the model, Hugging Face, data, training, analysis, metrics and the plumbing they need) and
+# the product above it (the zoo, run folders, headlines, jobs, measured numbers, trust, the CLI, the experiments,
+# the dashboard and the benchmarks). Arrows go one way: the product imports the library, never the reverse.
+LIBRARY_PACKAGES = ("lab.model", "lab.hf", "lab.data", "lab.train", "lab.analysis", "lab.metrics")
+LIBRARY_PLUMBING = (
+    "lab",
+    "lab.configs",
+    "lab.distributed",
+    "lab.files",
+    "lab.freed_memory",
+    "lab.inputs",
+    "lab.names",
+    "lab.parallel",
+    "lab.progress",
+)
+
+
+def in_library(module: str) -> bool:
+    return module in LIBRARY_PLUMBING or any(module == p or module.startswith(p + ".") for p in LIBRARY_PACKAGES)
+
+
+def test_the_library_imports_nothing_of_the_product():
+    """No module of the library imports one of the product's, at its top or inside a function: a user who wants
+    the hooked transformer, its analyses and its metrics gets none of the zoo, run folders or CLI with them."""
+    edges, _ = graph()
+    crossing = sorted(
+        (name, target)
+        for name, targets in edges.items()
+        if name.split(".")[0] == "lab" and in_library(name)
+        for target in targets
+        if target.split(".")[0] in FOLDERS and not in_library(target)
+    )
+    assert crossing == [], "the library reaches into the product"
 
 
 def test_the_model_package_needs_only_torch_einops_jaxtyping_and_transformer_lens():
@@ -353,7 +388,7 @@ DIRECT_READS = {
     ("lab.analysis.activations.harvest", "loads"): "the index of a part the harvest's own ranks wrote",
     ("lab.analysis.graphs.graph", "load_file"): "a graph's tensors, opened by safetensors after regular_file",
     ("lab.analysis.sweeps", "load_file"): "the parts its own ranks wrote, and a sweep's tables after regular_file",
-    ("lab.analysis.transcoders.build", "load_file"): "top contexts, opened by safetensors after regular_file",
+    ("lab.zoo.transcoders", "load_file"): "top contexts, opened by safetensors after regular_file",
     ("lab.analysis.transcoders.model", "load_file"): "transcoders' weights, opened by safetensors after regular_file",
     ("lab.distributed", "read_text"): "the plan a job recorded in its own folder",
     ("lab.distributed", "loads"): "what ranks send each other (JSON in memory, never unpickled) and the plan a job "

@@ -87,9 +87,9 @@ def missing_jobs(chosen: set[str], quick: bool) -> list[tuple[str, list[str]]]:
     the transcoders the attribution-graphs page draws with, then the quick runs of the experiments that have no
     run; what exists already is said on the terminal."""
     import experiments
-    from lab.analysis.transcoders.build import transcoder_sets
     from lab.folders import is_trained, zoo_dir
     from lab.runs import latest_run
+    from lab.zoo.transcoders import transcoder_sets
 
     jobs: list[tuple[str, list[str]]] = []
     for name in (m for m in DEMO_MODELS if m in chosen):

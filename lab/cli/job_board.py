@@ -12,7 +12,8 @@ from pathlib import Path
 def job_progress(argv: list[str]):
     """The progress record (lab.progress) of the job `forma ARGV`, or None: a run's from its run folder, a
     training's from its model folder."""
-    from lab.progress import PROGRESS_FILE, model_progress, read_progress, run_progress
+    from lab.jobs import model_progress, run_progress
+    from lab.progress import PROGRESS_FILE, read_progress
 
     command, name = argv[0], argv[1]
     if command == "build":

@@ -97,9 +97,9 @@ def cmd_transcoders(args: argparse.Namespace) -> int:
     each batch, gradients all-reduced) or module-parallel (--parallel modules: each rank its share of the layers);
     rank 0 measures and writes. Interrupted (any rank, any way), the same command resumes from the last
     checkpoint (every --checkpoint-interval steps); --overwrite starts afresh. docs/distributed.md."""
-    from lab.analysis.transcoders.build import build_transcoders, load_quality, preset
     from lab.cli.datasets import process_group
     from lab.folders import is_trained, zoo_dir
+    from lab.zoo.transcoders import build_transcoders, load_quality, preset
 
     folder = zoo_dir() / args.name
     if not is_trained(args.name):

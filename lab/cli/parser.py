@@ -34,7 +34,7 @@ def port_number(text: str) -> int:
     return port
 
 
-# lab.analysis.transcoders.build.PRESETS' names, written here so that --help loads no torch (a test holds them equal)
+# lab.zoo.transcoders.PRESETS' names, written here so that --help loads no torch (a test holds them equal)
 TRANSCODER_KINDS = ("topk", "relu", "jumprelu", "clt")
 TRANSCODER_PARALLEL = ("data", "modules")  # lab.analysis.transcoders.train.PARALLEL, likewise
 MAX_SEED = 2**63 - 1  # torch.manual_seed takes < 2**64 and experiments add small offsets; numpy takes any size

@@ -34,14 +34,11 @@ from torch import Tensor, nn
 from transformer_lens import ActivationCache, HookedRootModule
 
 from lab.configs import Record, check_fields
-from lab.folders import load_pretrained, zoo_dir
 from lab.model.attention import Attention
 from lab.model.checkpoint import (
-    CONFIG_FILE,
     WEIGHTS_FILE,
     load_weights,
     read_checkpoint,
-    read_config_json,
     read_tokenizers,
     write_checkpoint,
 )
@@ -53,6 +50,7 @@ from lab.model.kv_cache import KVCache, KVCacheEntry
 from lab.model.memory_check import check_fits_in_memory
 from lab.model.mlp import MLPS
 from lab.model.norms import NORMS, LayerNorm
+from lab.model.pretrained import load_pretrained
 from lab.model.primitives import CheckedHookPoint
 from lab.model.transformer import Cache, HookedTransformer, next_token_loss, resolve_names_filter
 
@@ -403,7 +401,7 @@ class EncoderDecoder(HookedRootModule):
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path, device: str | torch.device = "cpu") -> "EncoderDecoder":
         """A zoo model by name, or a folder written by `save` (`lab.load.load_encoder_decoder`, reached through
-        `lab.folders.load_pretrained`: loading by name is above the model package)."""
+        `lab.model.pretrained`: loading by name is above the model package)."""
         return load_pretrained(cls, name_or_path, device)
 
     # --- torch.nn.Transformer on identical weights ---------------------------------------------
@@ -511,14 +509,3 @@ def _copy_mlp(ours: nn.Module, linear1: nn.Linear, linear2: nn.Linear) -> None:
     if linear1.bias is not None:
         ours.b_in.copy_(linear1.bias)
         ours.b_out.copy_(linear2.bias)
-
-
-def is_encoder_decoder(name_or_path: str | Path) -> bool:
-    """True when a model folder (or a trained zoo model's) holds an EncoderDecoder's config.json."""
-    folder = Path(name_or_path)
-    if not folder.is_dir():
-        folder = zoo_dir() / str(name_or_path)
-    try:
-        return "n_encoder_layers" in read_config_json(folder / CONFIG_FILE)
-    except (OSError, ValueError, TypeError):
-        return False

@@ -35,7 +35,6 @@ from torch import Tensor, nn
 from transformer_lens import ActivationCache, FactoredMatrix, HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
-from lab.folders import load_pretrained
 from lab.model import generation, tokenization
 from lab.model.activation_cache import Cache, resolve_names_filter
 from lab.model.attention import Attention
@@ -58,6 +57,7 @@ from lab.model.memory_check import check_fits_in_memory
 from lab.model.norms import NORMS, NoNorm
 from lab.model.offload import read_weight
 from lab.model.padding import padding_mask, padding_of
+from lab.model.pretrained import load_pretrained
 from lab.model.primitives import CheckedHookPoint, set_hook_points
 from lab.model.processing import process_weights
 
@@ -666,7 +666,7 @@ class HookedTransformer(InputChecks, HookedRootModule):
         dtype: Any = None,
     ) -> "HookedTransformer":
         """A local Hugging Face folder, a zoo model by name or a folder written by `save` (`lab.load.from_pretrained`,
-        reached through `lab.folders.load_pretrained`: loading by name is above the model package).
+        reached through `lab.model.pretrained`: loading by name is above the model package).
 
         The processing flags default as TransformerLens's do for what it loads, a Hugging Face checkpoint: all on
         (refactor off). A Forma folder or zoo model is a checkpoint of the model itself, as `load` reads it: its

@@ -352,7 +352,7 @@ def test_a_write_killed_inside_safetensors_is_cleaned_by_the_rerun_and_a_users_f
 def test_a_transcoder_sets_killed_writes_are_removed_and_nothing_else(tmp_path):
     """build_transcoders begins by removing the temporaries of its own files' killed writes (by their names) from
     the set's folder; a file of the user's, even one named like a temporary, stays."""
-    from lab.analysis.transcoders.build import remove_leftovers
+    from lab.zoo.transcoders import remove_leftovers
 
     out = tmp_path / "transcoders" / "topk"
     for name in ("transcoders.safetensors", "contexts.safetensors"):

@@ -107,7 +107,8 @@ def published(folder: Path) -> dict | None:
     None when no model is published. Loading it as a model must work whenever it exists."""
     if not (folder / "model.safetensors").is_file():
         return None
-    from lab.model.encoder_decoder import EncoderDecoder, is_encoder_decoder
+    from lab.load import is_encoder_decoder
+    from lab.model.encoder_decoder import EncoderDecoder
     from lab.model.transformer import HookedTransformer
 
     (EncoderDecoder if is_encoder_decoder(folder) else HookedTransformer).load(folder)

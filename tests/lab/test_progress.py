@@ -10,7 +10,8 @@ import time
 import pytest
 
 import lab.progress as progress
-from lab.progress import PROGRESS_FILE, Progress, Stage, bar, clock, read_progress, recording, run_progress
+from lab.jobs import run_progress
+from lab.progress import PROGRESS_FILE, Progress, Stage, bar, clock, read_progress, recording
 
 LINE = re.compile(r"train: step (\d+)/10 \((\d+)%\) · \d+:\d\d elapsed(?: · ETA \d+:\d\d)?(?: · loss=\S+)?")
 

@@ -1,9 +1,9 @@
-"""lab.analysis.transcoders.build and `forma transcoders`: transcoders for a zoo model, end to end."""
+"""lab.zoo.transcoders and `forma transcoders`: transcoders for a zoo model, end to end."""
 
 import pytest
 
-from lab.analysis.transcoders.build import PRESETS, load_contexts, load_quality, transcoder_sets, world_windows
 from lab.cli.parser import TRANSCODER_KINDS, main
+from lab.zoo.transcoders import PRESETS, load_contexts, load_quality, transcoder_sets, world_windows
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -252,8 +252,8 @@ def test_forma_transcoders_on_two_ranks_killed_and_rerun_is_one_process(markov_z
 def test_a_harvest_an_earlier_command_left_is_named_and_overwrite_starts_afresh(markov_zoo, capsys):
     """A run stopped after its harvest, then the command again with other --windows: one line, exit 2, nothing
     trained; --overwrite harvests afresh and trains."""
-    from lab.analysis.transcoders.build import harvest_windows
     from lab.analysis.transcoders.model import TranscoderConfig as Config
+    from lab.zoo.transcoders import harvest_windows
 
     hooks = Config(d_model=32, n_layers=2, d_features=48).hooks()
     harvest_windows(markov_zoo, hooks, markov_zoo / "transcoders" / ".jumprelu.harvest", n_windows=16, window=64)

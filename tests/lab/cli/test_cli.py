@@ -407,3 +407,14 @@ def test_forma_run_name_help_says_what_quick_changes_from_the_config_itself(name
         assert f"steps.facts: {default.steps['facts']!r} → {quick.steps['facts']!r}" in changes
     if name == "equations":
         assert changes == [] and "nothing: it has one size" in out
+
+
+def test_the_installed_forma_command_answers():
+    """The `forma` a user types is the console script pyproject.toml installs beside this Python (its entry point
+    must name where main lives), not `python -m lab.cli`."""
+    from pathlib import Path
+
+    script = shutil.which("forma", path=str(Path(sys.executable).parent))
+    assert script, f"no forma script beside {sys.executable}: pip install -e ."
+    done = subprocess.run([script, "--version"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("forma "), done.stdout + done.stderr
