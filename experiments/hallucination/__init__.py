@@ -85,8 +85,10 @@ from experiments.hallucination.config import (
 from experiments.hallucination.enumeration import Enumeration, enumerate_g, heldout_nll, sample_documents
 from experiments.hallucination.figures import write_figures
 from experiments.hallucination.measurement import measure
+from experiments.hallucination.real import real_headlines, run_real
 from experiments.hallucination.setting import Setting, make_model, make_setting
-from experiments.hallucination.summary import acceptance, headlines, relative_change
+from experiments.hallucination.summary import acceptance, relative_change
+from experiments.hallucination.summary import headlines as toy_headlines
 from experiments.hallucination.training import (
     CONTROL,
     UPWEIGHT_KEYS,
@@ -215,10 +217,18 @@ def _save_tables(out: Path, cfg: Config, sweep: list[dict], runs: list[SweepRun]
     save_table(counts_rows, out, "train_counts")
 
 
+def headlines(results: dict) -> list[dict]:
+    """The run's headlines: the real-model track's (`real.real_headlines`) for a run of it, else the toy world's."""
+    return real_headlines(results) if results.get("real_track") else toy_headlines(results)
+
+
 def run(cfg: Config, out: Path) -> dict:
-    """The sweep, upweighting and singleton variant; tables and figures into `out`; results.json's dict."""
+    """The real-model track when cfg.real_track (experiments.hallucination.real); else the sweep, upweighting and
+    singleton variant; tables and figures into `out`; results.json's dict."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    if cfg.real_track:
+        return run_real(cfg, out)
     timing: dict[str, float] = {}
     start = time.perf_counter()
     runs, base, upweighting_draws, base_apart = _train(cfg)
