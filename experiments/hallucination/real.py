@@ -28,6 +28,7 @@ rate starts from the pretrained weights and trains with `lab.train.loop.train` i
 rate's measurements are written (measured.json) and its checkpoint then removed (≈ 0.5 GB each).
 """
 
+import os
 import re
 import resource
 import time
@@ -75,8 +76,8 @@ class RealSizes:
     n_chat: int  # invented persons asked in the chat form before fine-tuning
 
 
-QUICK_REAL = RealSizes(32, 4, 16, (0.25, 0.5, 0.75), 8, 8, 5e-3, 4, 200, 4)
-DEFAULT_REAL = RealSizes(160, 4, 64, (0.2, 0.4, 0.6, 0.8), 60, 16, 3e-3, 4, 500, 16)
+QUICK_REAL = RealSizes(32, 4, 16, (0.25, 0.5, 0.75), 8, 4, 1e-3, 4, 200, 4)
+DEFAULT_REAL = RealSizes(160, 4, 64, (0.2, 0.4, 0.6, 0.8), 80, 8, 1e-3, 4, 500, 16)
 
 
 def sizes(cfg: Config) -> RealSizes:
@@ -271,9 +272,12 @@ def sentence_batches(model: Any, corpus: Corpus) -> tuple[Any, int]:
     return SequenceBatches(t, v, tm, vm), length
 
 
-def finetune(model: Any, corpus: Corpus, size: RealSizes, seed: int, folder: Path) -> dict[str, Any]:
+def finetune(
+    model: Any, corpus: Corpus, size: RealSizes, seed: int, folder: Path, stop_after: int | None = None
+) -> dict[str, Any]:
     """Train the unfrozen blocks on the corpus with lab.train.loop.train into `folder`, resuming its checkpoint
-    when one is there; the training's record (steps, losses, seconds)."""
+    when one is there (`stop_after`: end this call after that step, as an interruption would); the training's
+    record (steps, losses, seconds)."""
     from lab.train.checkpoint import CHECKPOINT_DIR, has_checkpoint
     from lab.train.config import TrainConfig
     from lab.train.loop import train
@@ -293,7 +297,7 @@ def finetune(model: Any, corpus: Corpus, size: RealSizes, seed: int, folder: Pat
         seed=seed,
     )
     resume = has_checkpoint(folder / CHECKPOINT_DIR)
-    result = train(model, cfg, data, out_dir=folder, resume=resume)
+    result = train(model, cfg, data, out_dir=folder, resume=resume, stop_after=stop_after)
     return {
         "steps": result.step,
         "train_loss_nats": result.train_loss_nats,
@@ -308,21 +312,20 @@ def finetune(model: Any, corpus: Corpus, size: RealSizes, seed: int, folder: Pat
 # Headlines
 # --------------------------------------------------------------------------------------------
 def bound_headline(rates: list[dict[str, Any]]) -> dict[str, Any]:
-    """g(H) ≥ MF − Mis at every rate, judged by the margin's interval: it holds where every interval lies above 0,
-    fails where one lies below, and is not supported where one straddles 0 — nor where MF − Mis ≤ 0 at every
-    rate (vacuous: it holds whatever the model does)."""
-    lows = [r["margin_interval"][0] for r in rates]
-    highs = [r["margin_interval"][1] for r in rates]
-    worst = min(r["margin"] for r in rates)
-    failed = [r["monofact_rate"] for r, h in zip(rates, highs) if h < 0]
-    unsure = [r["monofact_rate"] for r, lo, h in zip(rates, lows, highs) if lo <= 0 <= h]
+    """g(H) ≥ MF − Mis, judged by the margin's interval at the rates where MF − Mis > 0 (elsewhere it holds whatever
+    the model does, and says nothing): it holds where every such interval lies above 0, fails where one lies below,
+    and is not supported where one straddles 0, nor where MF − Mis ≤ 0 at every rate (vacuous)."""
+    informative = [r for r in rates if r["bound"] > 0]
+    if not informative:
+        why = "bound vacuous: MF − Mis ≤ 0 at every rate, so g(H) ≥ MF − Mis holds whatever the model does"
+        return headline("bound_holds", "The bound's main part MF − Mis constrains g(H).", None, None, 0, False, why)
+    worst = min(r["margin"] for r in informative)
     text = (
-        "The hallucination rate exceeds the bound's main part MF − Mis at every monofact rate "
+        f"Where MF − Mis > 0 ({len(informative)} of {len(rates)} monofact rates), the hallucination rate exceeds it "
         f"(smallest margin {worst:+.3f})."
     )
-    if max(r["bound"] for r in rates) <= 0:
-        why = "bound vacuous: MF − Mis ≤ 0 at every rate, so g(H) ≥ MF − Mis holds whatever the model does"
-        return headline("bound_holds", text, worst, None, 0, False, why)
+    failed = [r["monofact_rate"] for r in informative if r["margin_interval"][1] < 0]
+    unsure = [r["monofact_rate"] for r in informative if r["margin_interval"][0] <= 0 <= r["margin_interval"][1]]
     if failed:
         why = "the bound fails: the margin's interval lies below 0 at MF = " + ", ".join(f"{m:.3f}" for m in failed)
         return headline("bound_holds", text, worst, None, -1, False, why)
@@ -371,7 +374,7 @@ def real_headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
     best = max(r["bound_full_rhs"] for r in rates)
     out.append(
         headline(
-            "full_bound_at_delta_0_1",
+            "full_bound",
             "The full Kalai–Vempala bound at δ = 0.1 constrains the hallucination rate.",
             best,
             None,
@@ -457,6 +460,7 @@ def run_real(cfg: Config, out: Path) -> dict[str, Any]:
     from lab.model import HookedTransformer
 
     size = sizes(cfg)
+    load = os.getloadavg()[0]
     started = time.perf_counter()
     timing: dict[str, float] = {}
     with torch_threads(REAL_THREADS):
@@ -477,6 +481,7 @@ def run_real(cfg: Config, out: Path) -> dict[str, Any]:
             folder = out / "finetune" / f"mf-{corpus.monofact_rate:.4f}"
             rates.append(_rate(model, corpus, size, cfg.seed, folder, start))
     timing["total_s"] = time.perf_counter() - started
+    usage = resource.getrusage(resource.RUSAGE_SELF)
     results = {
         "real_track": True,
         "model": cfg.model,
@@ -495,7 +500,11 @@ def run_real(cfg: Config, out: Path) -> dict[str, Any]:
         "rates": rates,
         "toy": toy_citation(),
         "timing": timing,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": usage.ru_maxrss / 1024,
+        # The wall time depends on what else the cores run: the process's CPU time and the load it started under
+        # say how busy they were.
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "load_average_1min_at_start": load,
     }
     results["headlines"] = real_headlines(results)
     return results

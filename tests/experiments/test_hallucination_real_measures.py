@@ -88,3 +88,10 @@ def test_thebound_headline_says_vacuous_where_its_right_side_is_never_positive()
     rate = {"monofact_rate": 0.5, "bound": -0.1, "margin": 0.3, "margin_interval": [0.2, 0.4]}
     entry = bound_headline([rate])
     assert not entry["supported"] and entry["why_not"].startswith("bound vacuous")
+
+
+def test_the_bound_headline_judges_only_the_rates_where_its_right_side_is_positive():
+    says_nothing = {"monofact_rate": 0.25, "bound": -0.3, "margin": 0.01, "margin_interval": [-0.1, 0.2]}
+    informative = {"monofact_rate": 0.75, "bound": 0.05, "margin": 0.5, "margin_interval": [0.3, 0.7]}
+    entry = bound_headline([says_nothing, informative])
+    assert entry["supported"] and entry["sentence"].startswith("Where MF − Mis > 0 (1 of 2 monofact rates)")
