@@ -60,6 +60,10 @@ Artefacts in `out`: checkpoints.parquet (one row per γ and checkpoint), calibra
 train_counts.parquet (per γ and fact: person, value, p and the training count), heldout.parquet,
 upweighting.parquet, singleton.parquet, and plotly figures.
 
+The real-model track (`forma run hallucination --model smollm2`, Config.real_track, into runs/hallucination_real/):
+SmolLM2-135M-Instruct fine-tuned on a biography corpus of invented persons whose monofact rate is set by design
+(`biographies`), at several rates, with g(H), Mis and MF − Mis measured at each (`real`, whose docstring says how).
+
 Where each part lives: `config` (Config, QUICK and the constants), `setting` (the world as token ids, the model),
 `enumeration` (g by enumeration, sampled documents, the held-out NLL), `measurement` (everything measured at one
 checkpoint), `training` (the sweep over γ and the upweighting conditions: lab.parallel's tasks), `summary`

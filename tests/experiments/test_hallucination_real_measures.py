@@ -95,3 +95,14 @@ def test_the_bound_headline_judges_only_the_rates_where_its_right_side_is_positi
     informative = {"monofact_rate": 0.75, "bound": 0.05, "margin": 0.5, "margin_interval": [0.3, 0.7]}
     entry = bound_headline([says_nothing, informative])
     assert entry["supported"] and entry["sentence"].startswith("Where MF − Mis > 0 (1 of 2 monofact rates)")
+
+
+def test_a_model_sends_the_run_to_the_real_track():
+    import experiments
+    from experiments.hallucination import Config
+
+    assert experiments.run_name("hallucination", Config(model="smollm2", quick=True)) == "hallucination_real"
+    assert experiments.run_name("hallucination", Config(quick=True)) == "hallucination"
+    assert "model" in experiments.experiment("hallucination").options
+    with pytest.raises(ValueError, match="model must name a pretrained model"):
+        Config(model=" ")
