@@ -224,16 +224,24 @@ show_run(
 REAL_COLUMNS = {
     "monofact_rate": "monofact rate MF",
     "hallucination_rate": "hallucination rate g(H)",
-    "hallucination_rate_interval": "its 95% interval",
+    "hallucination_rate_interval": "g(H): 95% interval",
     "miscalibration": "miscalibration Mis (ε bins)",
     "bound": "MF − Mis",
-    "bound_interval": "its 95% interval",
+    "bound_interval": "MF − Mis: 95% interval",
     "margin": "margin g(H) − (MF − Mis)",
     "other_rate": "mass on no city",
     "heldout_wrong_city_mass": "held-out persons: wrong-city mass",
     "heldout_hallucinated": "held-out persons: greedy answer a wrong city",
     "repeated_correct": "repeated persons: greedy answer right",
     "train_s": "fine-tuning (s)",
+}
+
+TOY_COLUMNS = {
+    "gamma": "γ",
+    "monofact_rate": "monofact rate MF",
+    "hallucination_rate": "hallucination rate g(H)",
+    "miscalibration": "miscalibration Mis (ε bins)",
+    "bound": "MF − Mis",
 }
 
 
@@ -282,6 +290,8 @@ def render_real(folder: Path, results: dict) -> None:
             + (f" ({toy['run']})." if toy.get("run") else f": {toy.get('note', 'no toy run yet')}.")
         )
     )
+    if toy.get("sweep"):
+        show_table(toy["sweep"], TOY_COLUMNS)
 
 
 show_real_track(

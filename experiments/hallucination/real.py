@@ -407,7 +407,11 @@ def toy_citation() -> dict[str, Any]:
         best = next((c for c in s["checkpoints"] if c.get("checkpoint") == "optimum"), None)
         if best is not None:
             rows.append({"gamma": s["gamma"], "monofact_rate": s["monofact_rate"], **_toy_row(best)})
-    return {"run": str(folder), "quick": bool(toy.get("config", {}).get("quick", False)), "sweep": rows}
+    try:
+        quick = bool(read_json(folder / "config.json").get("quick", False))
+    except (FileNotFoundError, ValueError, AttributeError):
+        quick = None
+    return {"run": f"runs/hallucination/{folder.name}", "quick": quick, "sweep": rows}
 
 
 def _toy_row(c: dict[str, Any]) -> dict[str, Any]:

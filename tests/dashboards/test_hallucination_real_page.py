@@ -44,7 +44,19 @@ def real_results() -> dict:
             rate,
             {**rate, "monofact_rate": 0.25, "hallucination_rate": 0.5, "hallucination_rate_interval": [0.4, 0.6]},
         ],
-        "toy": {"run": None, "note": "no finished toy run"},
+        "toy": {
+            "run": "runs/hallucination/2026-01-01T00-00-00Z",
+            "quick": True,
+            "sweep": [
+                {
+                    "gamma": 2.0,
+                    "monofact_rate": 0.266,
+                    "hallucination_rate": 0.288,
+                    "miscalibration": 0.33,
+                    "bound": -0.066,
+                }
+            ],
+        },
     }
     results["headlines"] = real_headlines(results)
     return results
@@ -62,11 +74,14 @@ def test_the_page_shows_the_real_model_run_labelled_with_model_and_corpus(empty)
     made_real_run(empty / "runs", real_results())
     at = page("hallucination").run()
     assert not at.exception, at.exception
-    shown = rendered(texts(at) + " ".join(m.value for m in at.markdown))
+    assert not [w.value for w in at.warning]  # every part of the run is shown, none refused
+    shown = rendered(texts(at) + " ".join(m.value for m in [*at.markdown, *at.caption]))
     assert "On a real language model" in [h.value for h in at.header]
     assert LABEL in shown and CORPUS_LABEL in shown
     assert "the model hallucinates" in shown
-    assert "Fusor Stokrai was born in the city of Kouros" in " ".join(str(t.value.to_string()) for t in at.table)
+    tables = rendered(" ".join(str(t.value.to_string()) for t in at.table))
+    assert "Fusor Stokrai was born in the city of Kouros" in tables
+    assert "runs/hallucination/2026-01-01T00-00-00Z" in shown and "0.266" in tables  # the toy run, cited
 
 
 def test_with_no_real_model_run_the_page_says_how_to_make_one(empty):

@@ -106,3 +106,30 @@ def test_a_model_sends_the_run_to_the_real_track():
     assert "model" in experiments.experiment("hallucination").options
     with pytest.raises(ValueError, match="model must name a pretrained model"):
         Config(model=" ")
+
+
+def test_the_toy_run_is_cited_with_its_profile_and_each_gammas_bound(tmp_path, monkeypatch):
+    import json
+
+    from experiments.hallucination.real import toy_citation
+
+    monkeypatch.setenv("FORMA_RUNS_DIR", str(tmp_path))
+    assert toy_citation()["run"] is None
+    folder = tmp_path / "hallucination" / "2026-01-02T03-04-05Z"
+    folder.mkdir(parents=True)
+    optimum = {"checkpoint": "optimum", "hallucination_rate": 0.3, "miscalibration_tv_eps": 0.1}
+    optimum |= {"bound_rhs_delta_0_1": -1.0, "bound_slack_delta_0_1": 1.1}
+    sweep = [{"gamma": 2.0, "monofact_rate": 0.25, "checkpoints": [{"checkpoint": "epoch"}, optimum]}]
+    (folder / "results.json").write_text(json.dumps({"sweep": sweep}))
+    (folder / "config.json").write_text(json.dumps({"quick": True}))
+    cited = toy_citation()
+    assert cited["run"] == "runs/hallucination/2026-01-02T03-04-05Z" and cited["quick"] is True
+    assert cited["sweep"] == [
+        {
+            "gamma": 2.0,
+            "monofact_rate": 0.25,
+            "hallucination_rate": 0.3,
+            "miscalibration": 0.1,
+            "bound": pytest.approx(0.1),
+        }
+    ]
