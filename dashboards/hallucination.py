@@ -4,7 +4,17 @@ from pathlib import Path
 
 import streamlit as st
 
-from dashboards.display import number, plain, short, show_figures, show_headlines, show_run, show_table, words
+from dashboards.display import (
+    number,
+    plain,
+    short,
+    show_figures,
+    show_headlines,
+    show_real_track,
+    show_run,
+    show_table,
+    words,
+)
 from experiments.hallucination.summary import relative_change
 from lab.headlines import split as split_headlines
 
@@ -209,4 +219,84 @@ show_run(
     render,
     fields={"world": dict, "acceptance": dict, "sweep": list, "upweighting": list, "config": dict, "headlines": list},
     required=("sweep",),
+)
+
+REAL_COLUMNS = {
+    "monofact_rate": "monofact rate MF",
+    "hallucination_rate": "hallucination rate g(H)",
+    "hallucination_rate_interval": "g(H): 95% interval",
+    "miscalibration": "miscalibration Mis (ε bins)",
+    "bound": "MF − Mis",
+    "bound_interval": "MF − Mis: 95% interval",
+    "margin": "margin g(H) − (MF − Mis)",
+    "other_rate": "mass on no city",
+    "heldout_wrong_city_mass": "held-out persons: wrong-city mass",
+    "heldout_hallucinated": "held-out persons: greedy answer a wrong city",
+    "repeated_correct": "repeated persons: greedy answer right",
+    "train_s": "fine-tuning (s)",
+}
+
+TOY_COLUMNS = {
+    "gamma": "γ",
+    "monofact_rate": "monofact rate MF",
+    "hallucination_rate": "hallucination rate g(H)",
+    "miscalibration": "miscalibration Mis (ε bins)",
+    "bound": "MF − Mis",
+}
+
+
+def _real_rows(rates: list) -> list[dict]:
+    rows = []
+    for r in sorted(rates, key=lambda r: r["monofact_rate"]):
+        kinds = r.get("by_kind") or {}
+        rows.append(
+            {
+                **{k: r.get(k) for k in REAL_COLUMNS if k in r},
+                "heldout_wrong_city_mass": (kinds.get("heldout") or {}).get("wrong_city_mass"),
+                "heldout_hallucinated": (kinds.get("heldout") or {}).get("hallucinated"),
+                "repeated_correct": (kinds.get("repeated") or {}).get("correct"),
+                "train_s": (r.get("training") or {}).get("seconds"),
+            }
+        )
+    return rows
+
+
+def render_real(folder: Path, results: dict) -> None:
+    """The real-model track: the model and the corpus named, the pretrained model on invented persons, then each
+    monofact rate's hallucination rate and bound, and the toy run it stands beside."""
+    st.markdown(plain(f"{results.get('model_label', results.get('model'))} · {results.get('corpus', '')}"))
+    trained = results.get("trained") or {}
+    if trained:
+        st.caption(plain(f"Fine-tuned: {trained.get('what', '')} ({short(trained.get('n_parameters'))} parameters)."))
+    show_headlines(results)
+    before = results.get("pretrained") or {}
+    if before:
+        st.subheader("Before fine-tuning: the pretrained model on invented persons")
+        st.markdown(
+            plain(
+                f"The model {before.get('verdict')}. On “NAME was born in”, {short(before.get('city_mass'))} of its "
+                f"next-token mass is on the world's cities; its greedy answer is a wrong city for "
+                f"{short(before.get('greedy_hallucinated'))} of the persons and no city for "
+                f"{short(before.get('greedy_no_answer'))}."
+            )
+        )
+        show_table(before.get("chat") or [], {"name": "invented person", "reply": "reply", "class": "read as"})
+    st.subheader("At each monofact rate, after fine-tuning")
+    show_table(_real_rows(results["rates"]), REAL_COLUMNS, download="hallucination_real_rates")
+    toy = results.get("toy") or {}
+    st.caption(
+        plain(
+            "The zoo's facts model beside it: the toy run above is cited, not re-measured here"
+            + (f" ({toy['run']})." if toy.get("run") else f": {toy.get('note', 'no toy run yet')}.")
+        )
+    )
+    if toy.get("sweep"):
+        show_table(toy["sweep"], TOY_COLUMNS)
+
+
+show_real_track(
+    "hallucination",
+    render_real,
+    fields={"pretrained": dict, "rates": list, "headlines": list, "trained": dict, "toy": dict},
+    required=("rates",),
 )

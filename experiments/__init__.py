@@ -38,7 +38,7 @@ class Experiment:
 
 REGISTRY = (
     Experiment("kl", "KL decomposition", "KL decomposition", ("workers",)),
-    Experiment("hallucination", "Hallucination on arbitrary facts", "Hallucination", ("workers",)),
+    Experiment("hallucination", "Hallucination on arbitrary facts", "Hallucination", ("workers", "model")),
     Experiment("calibration", "Calibration", "Calibration", ("model", "mmlu"), (("mmlu", "MMLU file"),)),
     Experiment(
         "monitor",

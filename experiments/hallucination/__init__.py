@@ -60,6 +60,10 @@ Artefacts in `out`: checkpoints.parquet (one row per γ and checkpoint), calibra
 train_counts.parquet (per γ and fact: person, value, p and the training count), heldout.parquet,
 upweighting.parquet, singleton.parquet, and plotly figures.
 
+The real-model track (`forma run hallucination --model smollm2`, Config.real_track, into runs/hallucination_real/):
+SmolLM2-135M-Instruct fine-tuned on a biography corpus of invented persons whose monofact rate is set by design
+(`biographies`), at several rates, with g(H), Mis and MF − Mis measured at each (`real`, whose docstring says how).
+
 Where each part lives: `config` (Config, QUICK and the constants), `setting` (the world as token ids, the model),
 `enumeration` (g by enumeration, sampled documents, the held-out NLL), `measurement` (everything measured at one
 checkpoint), `training` (the sweep over γ and the upweighting conditions: lab.parallel's tasks), `summary`
@@ -75,8 +79,10 @@ from pathlib import Path
 # Every name the experiment had as one module, where it lives now: tests, dashboards and docs import them from here.
 from experiments.hallucination.config import MAX_FACT_PROBABILITY_FLAG, Config
 from experiments.hallucination.figures import write_figures
+from experiments.hallucination.real import real_headlines, run_real
 from experiments.hallucination.setting import Setting
-from experiments.hallucination.summary import acceptance, headlines
+from experiments.hallucination.summary import acceptance
+from experiments.hallucination.summary import headlines as toy_headlines
 from experiments.hallucination.training import SweepRun, summarise_upweighting, sweep_gamma, upweighting_tasks
 from lab.configs import torch_threads
 from lab.metrics.hallucination import missing_mass, monofact_rate
@@ -196,10 +202,18 @@ def _save_tables(out: Path, cfg: Config, sweep: list[dict], runs: list[SweepRun]
     save_table(counts_rows, out, "train_counts")
 
 
+def headlines(results: dict) -> list[dict]:
+    """The run's headlines: the real-model track's (`real.real_headlines`) for a run of it, else the toy world's."""
+    return real_headlines(results) if results.get("real_track") else toy_headlines(results)
+
+
 def run(cfg: Config, out: Path) -> dict:
-    """The sweep, upweighting and singleton variant; tables and figures into `out`; results.json's dict."""
+    """The real-model track when cfg.real_track (experiments.hallucination.real); else the sweep, upweighting and
+    singleton variant; tables and figures into `out`; results.json's dict."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    if cfg.real_track:
+        return run_real(cfg, out)
     timing: dict[str, float] = {}
     start = time.perf_counter()
     runs, base, upweighting_draws, base_apart = _train(cfg)

@@ -54,6 +54,8 @@ class Config(ModelTraining):
 
     seed: int = 0
     quick: bool = False
+    # --model: the real-model track (experiments.hallucination.real) on this pretrained model instead of the toy world
+    model: str | None = None
     # world: ≥ 100 × 200 names, |H| ≫ 300·|F|, n = 5,000
     n_first_names: int = 100
     n_last_names: int = 200
@@ -85,11 +87,17 @@ class Config(ModelTraining):
     threads: int = 1  # torch intra-op threads (tiny tensors: more threads cost more than they gain)
     workers: int = 2  # processes for the independent trainings (lab.parallel); results do not depend on it
 
+    @property
+    def real_track(self) -> bool:
+        """The run measures a pretrained model on the biography corpus (runs/hallucination_real/)."""
+        return self.model is not None
+
     def __post_init__(self) -> None:
         check_fields(self)
         if self.quick:
             apply_quick(self, QUICK)
 
+        need(self, self.model is None or self.model.strip() != "", "model must name a pretrained model")
         need(self, self.seed >= 0, f"seed must be a non-negative integer, got {self.seed!r}")
         self.check_model_training()
         need(
