@@ -81,6 +81,8 @@ from experiments.kl.config import (
     FAMILY_Z,
     FIGURES,
     QUICK,
+    REAL_DEFAULT,
+    REAL_QUICK,
     RECIPE,
     SCALING_MODEL,
     SCALING_TRAIN,
@@ -105,9 +107,11 @@ from experiments.kl.measure import (
     summarise_regions,
     z_score,
 )
+from experiments.kl.real import load_real, real_headlines, run_real
 from experiments.kl.scaling import heads_for, scaling_fit, scaling_point, scaling_setting
 from experiments.kl.sources import hmm_part, markov_part, markov_setting, truncated_context_kl
-from experiments.kl.summary import acceptance, headlines
+from experiments.kl.summary import acceptance
+from experiments.kl.summary import headlines as toy_headlines
 from experiments.kl.training import log_spaced_steps, sequences, train_with_checkpoints
 from lab.metrics.information import (
     T_BRACKET,
@@ -122,14 +126,29 @@ from lab.metrics.information import (
 )
 from lab.metrics.scaling import ALPHA_RANGE, fit_power_law  # noqa: F401 (experiments.kl.fit_power_law still works)
 from lab.metrics.statistics import sign, t_quantile_975  # noqa: F401
+from lab.model import HookedTransformer
 from lab.parallel import run_tasks
 
 
-def run(cfg: Config, out: Path) -> dict[str, Any]:
-    """Run the experiment into `out` and return what becomes results.json. The Markov model (steps 1–3), the
-    hidden-Markov model (5) and each width of the scaling sweep (4) train independently: `cfg.workers`
-    processes share them out (lab.parallel), and the results do not depend on how many."""
+def read_inputs(cfg: Config) -> HookedTransformer | None:
+    """The pretrained model of the real-model track, loaded and its tokenizer checked before `forma run` makes the
+    run folder (a ValueError names what is wrong); None for the toy worlds."""
+    return load_real(cfg.model) if cfg.real_track else None
+
+
+def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """What a run shows: the toy worlds' claims (experiments.kl.summary), or the real-model track's."""
+    return real_headlines(results) if "identity" in results else toy_headlines(results)
+
+
+def run(cfg: Config, out: Path, inputs: HookedTransformer | None = None) -> dict[str, Any]:
+    """Run the experiment into `out` and return what becomes results.json: the real-model track when cfg.model names
+    a pretrained model (`inputs`, that model loaded: experiments.kl.real), else the toy worlds. The Markov model
+    (steps 1–3), the hidden-Markov model (5) and each width of the scaling sweep (4) train independently:
+    `cfg.workers` processes share them out (lab.parallel), and the results do not depend on how many."""
     out = Path(out)
+    if cfg.real_track:
+        return run_real(load_real(cfg.model) if inputs is None else inputs, cfg.model, cfg.real_profile, cfg.seed, out)
     clock = time.perf_counter()
     profile = cfg.profile
     widths = sorted(set(profile.scaling_d_models), reverse=True)  # the widest first: the longest tasks lead
@@ -147,7 +166,7 @@ def run(cfg: Config, out: Path) -> dict[str, Any]:
 
     results: dict[str, Any] = markov | {"scaling": scaling} | hmm
     results["acceptance"] = acceptance(results)
-    results["headlines"] = headlines(results)
+    results["headlines"] = toy_headlines(results)
     began = time.perf_counter()
     results["figures"] = write_figures(out, results)
     seconds["figures"] = time.perf_counter() - began
