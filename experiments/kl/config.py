@@ -86,7 +86,7 @@ class RealProfile:
 
 
 REAL_DEFAULT = RealProfile(
-    words_per_sequence=32, eval_sequences=48, steps=60, batch_size=8, n_checkpoints=6, trained_blocks=2
+    words_per_sequence=32, eval_sequences=32, steps=32, batch_size=8, n_checkpoints=5, trained_blocks=2
 )
 # Quick is sized for 5 minutes on two shared cores: the forward pass through 30 frozen blocks is most of a step's
 # time, so it is cut in tokens — 12 steps of 4 sequences of 24 words, one block and the unembedding trained.

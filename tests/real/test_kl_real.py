@@ -132,3 +132,24 @@ def test_forma_run_kl_with_model_writes_the_real_track_to_runs_kl_real_and_the_p
     shown = texts(at)
     assert "SmolLM2-135M-Instruct, 4-bit GGUF dequantized" in shown and "red, blue, green" in shown
     assert "Largest |CE − H − KL|" in " ".join(str(c.value) for c in at.caption)
+
+
+def test_forma_run_kl_started_again_on_an_interrupted_runs_folder_continues_it(name, tmp_path, monkeypatch):
+    monkeypatch.setenv("FORMA_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setattr(Config, "REAL_PROFILES", (TINY, TINY))
+    out = tmp_path / "run"
+    measured, calls = real.measure_real, []
+
+    def stop_before_the_last(model_, held_):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return measured(model_, held_)
+
+    monkeypatch.setattr(real, "measure_real", stop_before_the_last)
+    assert main(["run", "kl", "--model", name, "--quick", "--out", str(out)]) != 0
+    assert not (out / "results.json").exists() and (out / "finetune" / "curve.json").is_file()
+    monkeypatch.setattr(real, "measure_real", measured)
+    assert main(["run", "kl", "--model", name, "--quick", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert [r["step"] for r in results["checkpoints"]] == [0, 1] and results["identity"]["holds"]
