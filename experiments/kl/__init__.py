@@ -65,7 +65,9 @@ Where each part lives: `config` (Config, the profiles, the scaling sweep's setti
 `measure` (HeldOut, the decomposition and its summaries, the lens, KL by position), `training` (sequences and
 training with log-spaced checkpoints), `sources` (the Markov and hidden-Markov parts that lab.parallel shares out:
 markov_part, hmm_part), `scaling` (the sweep's scaling_point, shared out too, and scaling_fit), `summary`
-(acceptance and headlines) and `figures`; `run` is here, and every name is imported from `experiments.kl` itself.
+(acceptance and headlines) and `figures`; `real` is the real-model track (`forma run kl --model smollm2`: the same
+split on a pretrained model reading text from a Markov chain of words, before and along fine-tuning, into
+runs/kl_real/); `run` is here, and every name is imported from `experiments.kl` itself.
 """
 
 import dataclasses
