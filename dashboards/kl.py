@@ -4,7 +4,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from dashboards.display import number, plain, show_figures, show_headlines, show_run
+from dashboards.display import number, plain, show_figures, show_headlines, show_real_track, show_run
 
 
 def render(folder: Path, results: dict) -> None:
@@ -107,4 +107,47 @@ show_run(
         "headlines": list,
     },
     required=("checkpoints", "source"),
+)
+
+
+def render_real(folder: Path, results: dict) -> None:
+    """The real-model track (experiments.kl.real): the model and the world it measured on, the headlines, the
+    decomposition before and after fine-tuning, and KL's fall against fine-tuning tokens."""
+    world = results.get("world") or {}
+    words = world.get("words") or []
+    st.markdown(
+        f"**{plain(results.get('model_label') or results.get('model') or 'a pretrained model')}** on text from a "
+        f"Markov chain of order {plain(world.get('order', '?'))} over {len(words)} words "
+        f"({plain(', '.join(w.strip() for w in words))}; entropy rate "
+        f"{world.get('entropy_rate_nats', float('nan')):.4f} nats/word), each word one token, after "
+        f"{plain(world.get('start_token', 'the start token'))}."
+    )
+    show_headlines(results)
+    checkpoints = results.get("checkpoints") or []
+    if checkpoints:
+        first, last = checkpoints[0], checkpoints[-1]
+        for label, row in (("Before fine-tuning", first), (f"After {last.get('tokens_seen', 0):,} tokens", last)):
+            cols = st.columns(4)
+            with cols[0]:
+                number(f"{label}: CE (nats)", row.get("cross_entropy_nats"))
+            with cols[1]:
+                number("H(p) (nats)", row.get("entropy_nats"))
+            with cols[2]:
+                number("KL(p ‖ P_θ) (nats)", row.get("kl_nats"))
+            with cols[3]:
+                number("P_θ's mass on the words", row.get("mass_on_words"))
+    identity = results.get("identity") or {}
+    if isinstance(identity.get("max_abs_residual_nats"), (int, float)):
+        st.caption(
+            f"Largest |CE − H − KL| over every held-out position: {identity['max_abs_residual_nats']:.2e} nats "
+            f"(round-off limit {identity.get('tolerance_nats', float('nan')):.0e})."
+        )
+    show_figures(folder)
+
+
+show_real_track(
+    "kl",
+    render_real,
+    fields={"checkpoints": list, "world": dict, "identity": dict, "kl_change": dict, "headlines": list},
+    required=("checkpoints", "world", "identity"),
 )

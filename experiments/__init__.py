@@ -37,7 +37,7 @@ class Experiment:
 
 
 REGISTRY = (
-    Experiment("kl", "KL decomposition", "KL decomposition", ("workers",)),
+    Experiment("kl", "KL decomposition", "KL decomposition", ("workers", "model")),
     Experiment("hallucination", "Hallucination on arbitrary facts", "Hallucination", ("workers", "model")),
     Experiment("calibration", "Calibration", "Calibration", ("model", "mmlu"), (("mmlu", "MMLU file"),)),
     Experiment(

@@ -65,7 +65,9 @@ Where each part lives: `config` (Config, the profiles, the scaling sweep's setti
 `measure` (HeldOut, the decomposition and its summaries, the lens, KL by position), `training` (sequences and
 training with log-spaced checkpoints), `sources` (the Markov and hidden-Markov parts that lab.parallel shares out:
 markov_part, hmm_part), `scaling` (the sweep's scaling_point, shared out too, and scaling_fit), `summary`
-(acceptance and headlines) and `figures`; `run` is here, and every name is imported from `experiments.kl` itself.
+(acceptance and headlines) and `figures`; `real` is the real-model track (`forma run kl --model smollm2`: the same
+split on a pretrained model reading text from a Markov chain of words, before and along fine-tuning, into
+runs/kl_real/); `run` is here, and every name is imported from `experiments.kl` itself.
 """
 
 import dataclasses
@@ -78,17 +80,34 @@ import torch
 # Every name the experiment had as one module, where it lives now: tests and docs import them from here.
 from experiments.kl.config import Config
 from experiments.kl.figures import write_figures
+from experiments.kl.real import load_real, real_headlines, run_real
 from experiments.kl.scaling import scaling_fit, scaling_point
 from experiments.kl.sources import hmm_part, markov_part
-from experiments.kl.summary import acceptance, headlines
+from experiments.kl.summary import acceptance
+from experiments.kl.summary import headlines as toy_headlines
+from lab.model.transformer import HookedTransformer
 from lab.parallel import run_tasks
 
 
-def run(cfg: Config, out: Path) -> dict[str, Any]:
-    """Run the experiment into `out` and return what becomes results.json. The Markov model (steps 1–3), the
-    hidden-Markov model (5) and each width of the scaling sweep (4) train independently: `cfg.workers`
-    processes share them out (lab.parallel), and the results do not depend on how many."""
+def read_inputs(cfg: Config) -> HookedTransformer | None:
+    """The pretrained model of the real-model track, loaded and its tokenizer checked before `forma run` makes the
+    run folder (a ValueError names what is wrong); None for the toy worlds."""
+    return load_real(cfg.model) if cfg.real_track else None
+
+
+def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """What a run shows: the toy worlds' claims (experiments.kl.summary), or the real-model track's."""
+    return real_headlines(results) if "identity" in results else toy_headlines(results)
+
+
+def run(cfg: Config, out: Path, inputs: HookedTransformer | None = None) -> dict[str, Any]:
+    """Run the experiment into `out` and return what becomes results.json: the real-model track when cfg.model names
+    a pretrained model (`inputs`, that model loaded: experiments.kl.real), else the toy worlds. The Markov model
+    (steps 1–3), the hidden-Markov model (5) and each width of the scaling sweep (4) train independently:
+    `cfg.workers` processes share them out (lab.parallel), and the results do not depend on how many."""
     out = Path(out)
+    if cfg.real_track:
+        return run_real(load_real(cfg.model) if inputs is None else inputs, cfg.model, cfg.real_profile, cfg.seed, out)
     clock = time.perf_counter()
     profile = cfg.profile
     widths = sorted(set(profile.scaling_d_models), reverse=True)  # the widest first: the longest tasks lead
@@ -106,7 +125,7 @@ def run(cfg: Config, out: Path) -> dict[str, Any]:
 
     results: dict[str, Any] = markov | {"scaling": scaling} | hmm
     results["acceptance"] = acceptance(results)
-    results["headlines"] = headlines(results)
+    results["headlines"] = toy_headlines(results)
     began = time.perf_counter()
     results["figures"] = write_figures(out, results)
     seconds["figures"] = time.perf_counter() - began

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from experiments import ProfileConfig
+from lab.configs import need
 
 RECIPE = "markov"
 FIGURES = ("kl_decomposition", "lens", "kl_by_position", "temperature", "scaling", "hmm")
@@ -63,12 +64,61 @@ QUICK = Profile(
 )
 
 
+# The real-model track's world (experiments.kl.real): a first-order chain over eight colour words, each one token
+# of smollm2's vocabulary after a space, with Dirichlet(0.5) rows (entropy rate 1.500 nats).
+REAL_WORDS = (" red", " blue", " green", " black", " white", " brown", " pink", " gray")
+REAL_WORLD = {"kind": "markov", "vocab_size": len(REAL_WORDS), "order": 1, "concentration": 0.5, "seed": 0}
+
+
+@dataclass(frozen=True)
+class RealProfile:
+    """What the real-model track's default and quick runs differ in (experiments.kl.real)."""
+
+    words_per_sequence: int  # words after the start token; each sequence predicts all of them
+    eval_sequences: int  # held-out sequences, an independent draw
+    steps: int  # fine-tuning steps of `batch_size` fresh sequences each
+    batch_size: int
+    n_checkpoints: int  # log-spaced measurement points over fine-tuning, after the one before it
+    trained_blocks: int  # the last blocks trained, with the final norm and the unembedding; the rest frozen
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup_steps: int = 4
+
+
+REAL_DEFAULT = RealProfile(
+    words_per_sequence=32, eval_sequences=32, steps=32, batch_size=8, n_checkpoints=5, trained_blocks=2
+)
+# Quick is sized for 5 minutes on two shared cores: the forward pass through 30 frozen blocks is most of a step's
+# time, so it is cut in tokens — 12 steps of 4 sequences of 24 words, one block and the unembedding trained.
+REAL_QUICK = RealProfile(
+    words_per_sequence=24, eval_sequences=12, steps=12, batch_size=4, n_checkpoints=3, trained_blocks=1, warmup_steps=2
+)
+
+
 @dataclass
 class Config(ProfileConfig):
     """The kl experiment: `seed` seeds the models, the batch order and every sample drawn from the worlds
-    (the worlds themselves are the recipe's); `quick` is the small profile for tests and the demo."""
+    (the worlds themselves are the recipe's); `quick` is the small profile for tests and the demo. `model` (a
+    pretrained model: a zoo name such as smollm2, or its folder) runs the real-model track instead
+    (experiments.kl.real, runs/kl_real/)."""
 
     PROFILES = (DEFAULT, QUICK)
+    REAL_PROFILES = (REAL_DEFAULT, REAL_QUICK)
+
+    model: str | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        need(self, self.model is None or self.model.strip() != "", "model must name a model, got an empty string")
+
+    @property
+    def real_track(self) -> bool:
+        """True when the run measures a pretrained model (runs/kl_real/), not the toy worlds' own models."""
+        return self.model is not None
+
+    @property
+    def real_profile(self) -> RealProfile:
+        return self.REAL_PROFILES[self.quick]
 
 
 def sample_seed(seed: int, purpose: str) -> int:
@@ -84,5 +134,8 @@ def sample_seed(seed: int, purpose: str) -> int:
         "scaling-train",
         "scaling-val",
         "scaling-eval",
+        "real-train",
+        "real-val",
+        "real-eval",
     )
     return int(np.random.SeedSequence([seed, purposes.index(purpose)]).generate_state(1)[0])

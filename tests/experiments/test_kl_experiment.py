@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from experiments import kl as experiment
-from experiments.kl.config import FIGURES, sample_seed
+from experiments.kl import real
+from experiments.kl.config import FIGURES, REAL_QUICK, sample_seed
 from experiments.kl.measure import HeldOut, decompose, entropy_rate_check, summarise
 from experiments.kl.training import log_spaced_steps
 from lab.data.sources import MarkovSource
@@ -33,7 +34,7 @@ EXPERIMENT = "kl"  # the `quick` fixture (tests/experiments/conftest.py) runs it
 
 
 # --- the quick run --------------------------------------------------------------------------------
-def test_results_json_has_the_shape_of_issue_4(quick):
+def test_results_json_has_its_documented_shape(quick):
     results, folder = quick
     assert {"source", "checkpoints", "lens", "temperature", "scaling", "hmm"} <= set(results)
     assert {"kind", "entropy_rate_nats"} <= set(results["source"]) and results["source"]["kind"] == "markov"
@@ -52,7 +53,7 @@ def test_results_json_has_the_shape_of_issue_4(quick):
     assert len(scaling["points"]) >= 6 and all({"n_params", "loss_nats"} <= set(p) for p in scaling["points"])
     assert len(scaling["E_ci95"]) == 2 and scaling["constraints"].startswith("E ≥ 0 only")
     assert results["eval"]["prefixes"] >= 1000
-    assert json.loads((folder / "config.json").read_text()) == {"seed": 0, "quick": True, "workers": 2}
+    assert json.loads((folder / "config.json").read_text()) == {"seed": 0, "quick": True, "workers": 2, "model": None}
 
 
 def test_complete_contexts_and_first_positions_are_reported_apart(quick):
@@ -244,3 +245,50 @@ def test_the_config_refuses_a_negative_seed_or_no_worker():
         experiment.Config(seed=-1)
     with pytest.raises(ValueError, match="Config: workers must be a positive integer, got 0"):
         experiment.Config(workers=0)
+
+
+def test_the_config_names_the_real_track_when_a_model_is_given():
+    assert experiment.Config(model="smollm2").real_track and not experiment.Config().real_track
+    assert experiment.Config(model="smollm2", quick=True).real_profile == REAL_QUICK
+    with pytest.raises(ValueError, match="Config: model must name a model, got an empty string"):
+        experiment.Config(model=" ")
+
+
+def test_the_real_tracks_identity_holds_over_the_full_vocabulary_and_counts_the_mass_off_the_words():
+    """On any logits over a vocabulary larger than the world's words: CE − H − KL is round-off, KL is the hand sum
+    over the words against the full softmax, and KL ≥ −log P_θ(words) (log-sum inequality): the mass off them counts."""
+    generator = torch.Generator().manual_seed(0)
+    logits = 4 * torch.randn(3, 5, 50, generator=generator)
+    ids = [7, 11, 13]
+    p_words = torch.distributions.Dirichlet(torch.full((3,), 0.5, dtype=torch.float64)).sample((3, 5))
+    words = torch.multinomial(p_words.view(-1, 3), 1, generator=generator).view(3, 5)
+    terms, residual, mass = real.decompose_chunk(logits, p_words, words, ids)
+    assert float(residual.abs().max()) <= real.IDENTITY_TOLERANCE_NATS
+    q = torch.softmax(logits.double(), dim=-1)[..., ids]
+    by_hand = torch.xlogy(p_words, p_words).sum(-1) - torch.xlogy(p_words, q).sum(-1)
+    assert torch.allclose(terms.kl, by_hand, atol=1e-12, rtol=0)
+    assert torch.allclose(mass, q.sum(-1)) and bool((terms.kl >= -mass.log() - 1e-12).all())
+    assert torch.allclose(terms.nll_model, -q.gather(-1, words[..., None])[..., 0].log(), atol=1e-12, rtol=0)
+
+
+def _real_results(residual: float, before: list[float], after: list[float]) -> dict:
+    row = {"prefixes": 8, "identity_max_abs_residual_nats": residual, "sampled_ce_minus_exact_in_se": 0.5}
+    return {
+        "model_label": "a model",
+        "identity": real.identity_check([row]),
+        "kl_change": real.kl_change(before, after, seed=0),
+        "checkpoints": [row | {"tokens_seen": 0}, row | {"tokens_seen": 96}],
+    }
+
+
+def test_the_real_tracks_headlines_hold_only_what_the_run_supports():
+    falls = {
+        h["name"]: h for h in experiment.headlines(_real_results(1e-14, [2.0, 2.2, 2.5, 1.9], [0.3, 0.2, 0.4, 0.3]))
+    }
+    assert falls["kl_identity"]["supported"] and falls["kl_falls_finetuning"]["supported"]
+    assert falls["kl_falls_finetuning"]["direction"] == -1
+    broken = {
+        h["name"]: h for h in experiment.headlines(_real_results(1e-6, [0.3, 0.5, 0.2, 0.4], [0.4, 0.2, 0.5, 0.3]))
+    }
+    assert not broken["kl_identity"]["supported"] and "above round-off" in broken["kl_identity"]["why_not"]
+    assert not broken["kl_falls_finetuning"]["supported"] and "includes 0" in broken["kl_falls_finetuning"]["why_not"]
