@@ -250,10 +250,15 @@ def p_ik_probe(acts: dict[str, Any], y: np.ndarray, confidence: np.ndarray, n_bo
     """Every layer's probe (`layer_row`); the layer of best validation AUROC reported on the test questions beside
     the same probe on shuffled labels, and the baseline: the model's own confidence on the same test questions."""
     from lab.analysis.probes import fit_probe, group_partition
+    from lab.progress import bar
 
     y = np.asarray(y).astype(int)
     parts = group_partition(np.arange(len(y)), PROBE_FRACTIONS, seed=seed)
-    rows = [layer_row(acts[hook], y, parts, layer, n_boot, seed) for layer, hook in enumerate(acts)]
+    rows = []
+    with bar(len(acts), "P(IK) probes", unit="layer") as counter:
+        for layer, hook in enumerate(acts):
+            rows.append(layer_row(acts[hook], y, parts, layer, n_boot, seed))
+            counter.update()
     test = parts[2]
     baseline = auroc_ci(confidence[test], y[test], n_boot=n_boot, seed=seed)
     block: dict[str, Any] = {
@@ -339,10 +344,14 @@ def draw_facts(n_mc: int, n_short: int, seed: int) -> tuple[list, list, list, li
 
 def mc_part(model: Any, questions: list, shots: list) -> dict[str, Any]:
     """Each multiple-choice setting's readings: the four letters' probabilities and their label mass."""
+    from lab.progress import bar
+
     out: dict[str, Any] = {}
-    for name, n_shots, chat in SETTINGS:
-        readings = read_letters(model, model.tokenizer, questions, shots[:n_shots], chat)
-        out[name] = {"probabilities": readings.probabilities, "label_mass": readings.label_mass}
+    with bar(len(SETTINGS), "multiple choice", unit="setting") as counter:
+        for name, n_shots, chat in SETTINGS:
+            readings = read_letters(model, model.tokenizer, questions, shots[:n_shots], chat)
+            out[name] = {"probabilities": readings.probabilities, "label_mass": readings.label_mass}
+            counter.update()
     return out
 
 
