@@ -1,7 +1,8 @@
 """Calibration (Kadavath et al. 2022): does the model know what it knows? The run's headlines first (what it
 supports, and what it cannot, in words), then ECE with intervals, noise floor and debiased estimate, temperature
 scaling in both binnings, P(IK) and P(True) verdicts, and a temperature slider that recomputes ECE live from the
-run's per-item table."""
+run's per-item table. Below, the real-model track (`forma run calibration --model smollm2`): multiple choice in four
+settings with temperature scaling, P(True) without and with brainstormed samples, and P(IK) at every layer."""
 
 from pathlib import Path
 
@@ -10,7 +11,16 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from dashboards.charts import draw
-from dashboards.display import number, read_table, short, show_figures, show_headlines, show_run, show_table
+from dashboards.display import (
+    number,
+    read_table,
+    short,
+    show_figures,
+    show_headlines,
+    show_real_track,
+    show_run,
+    show_table,
+)
 from lab.metrics.calibration import ece, noise_floor_ece, reliability, softmax
 
 
@@ -220,5 +230,106 @@ show_run(
     "calibration",
     render,
     fields={"mc": dict, "lettered": dict, "temperature": dict, "p_ik": (list, dict), "headlines": list},
+    required=("mc",),
+)
+
+
+def interval(value: object, ci: object) -> str:
+    """A number and its 95% interval in one cell ("—" when missing)."""
+    if not isinstance(value, (int, float)):
+        return "—"
+    if isinstance(ci, list) and len(ci) == 2:
+        return f"{value:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]"
+    return f"{value:.3f} (no interval)"
+
+
+def real_mc_table(mc: dict) -> pd.DataFrame:
+    """One row per multiple-choice setting: accuracy, ECE, Brier with intervals; temperature scaling's T and the
+    test split's ECE before and after it."""
+    rows = []
+    for name, block in mc.items():
+        t = block.get("temperature") or {}
+        rows.append(
+            {
+                "setting": name,
+                "accuracy": interval(block.get("accuracy"), block.get("accuracy_ci95")),
+                "ECE (15 bins)": interval(block.get("ece"), block.get("ece_ci95")),
+                "noise floor": block.get("noise_floor_ece"),
+                "Brier": interval(block.get("brier"), block.get("brier_ci95")),
+                "letters' mass": block.get("label_mass"),
+                "T (calibration split)": t.get("T"),
+                "test ECE before T": interval(
+                    t.get("ece_15_equal_width_before"), t.get("ece_15_equal_width_before_ci95")
+                ),
+                "test ECE after T": interval(t.get("ece_15_equal_width_after"), t.get("ece_15_equal_width_after_ci95")),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def p_ik_layers_figure(p_ik: dict) -> go.Figure:
+    """P(IK)'s test AUROC at every layer, its interval as error bars, beside the model's own confidence."""
+    layers = [r for r in p_ik.get("layers") or [] if isinstance(r.get("auroc"), (int, float))]
+    low = [r["auroc"] - r["auroc_ci95"][0] if r.get("auroc_ci95") else 0 for r in layers]
+    high = [r["auroc_ci95"][1] - r["auroc"] if r.get("auroc_ci95") else 0 for r in layers]
+    fig = go.Figure(
+        go.Scatter(
+            x=[r["layer"] for r in layers],
+            y=[r["auroc"] for r in layers],
+            mode="lines+markers",
+            name="probe (test questions)",
+            error_y=dict(type="data", array=high, arrayminus=low),
+        )
+    )
+    if isinstance(p_ik.get("baseline_auroc"), (int, float)):
+        fig.add_hline(y=p_ik["baseline_auroc"], line_dash="dash", annotation_text="the model's own confidence")
+    fig.add_hline(y=0.5, line_dash="dot", line_color="gray")
+    fig.update_layout(title="P(IK) by layer", xaxis_title="layer (residual stream entering it)", yaxis_title="AUROC")
+    return fig
+
+
+def render_real(folder: Path, results: dict) -> None:
+    """The real-model track: which model on which questions, its headlines, then each part."""
+    st.caption(f"{results.get('model_label', results.get('model'))} · {results.get('question_set')}")
+    st.info(str(results.get("facts_model", "")))
+    show_headlines(results)
+    st.subheader("Multiple choice: zero- and 5-shot, plain and in the chat template")
+    show_table(real_mc_table(results["mc"]), download="real_mc")
+    show_figures(folder, only=["reliability_real"])
+    answers = results.get("short_answers") or {}
+    st.subheader("Short answers, sampled")
+    st.write(
+        f"{answers.get('n_questions')} questions: greedy answers right {answers.get('greedy_accuracy', 0):.3f}, "
+        f"samples at T = 1 right {answers.get('sample_accuracy', 0):.3f}. "
+        f"Right means: {answers.get('correctness_rule')}."
+    )
+    show_table(answers.get("examples") or [], download="real_short_answers")
+    st.subheader("P(True): the model judges its own sampled answers")
+    rows = [
+        {
+            "context": "with brainstormed samples" if name == "brainstorm" else "the answer alone",
+            "AUROC": interval(block.get("auroc"), block.get("auroc_ci95")),
+            "samples": block.get("n"),
+            "mean P(True)": block.get("mean_p_true"),
+            "share right": block.get("share_correct"),
+        }
+        for name, block in (results.get("p_true") or {}).items()
+    ]
+    show_table(rows, download="real_p_true")
+    p_ik = results.get("p_ik") or {}
+    st.subheader("P(IK): a probe on the residual stream at every layer, held out by question")
+    st.write(
+        f"Chosen on validation: layer {p_ik.get('chosen_layer')}, test AUROC "
+        f"{interval(p_ik.get('auroc'), p_ik.get('auroc_ci95'))}; shuffled labels "
+        f"{interval(p_ik.get('control_shuffled_auroc'), p_ik.get('control_shuffled_auroc_ci95'))}; the model's own "
+        f"confidence {interval(p_ik.get('baseline_auroc'), p_ik.get('baseline_auroc_ci95'))}."
+    )
+    draw(p_ik_layers_figure(p_ik), "real_p_ik_layers")
+
+
+show_real_track(
+    "calibration",
+    render_real,
+    fields={"mc": dict, "p_true": dict, "p_ik": dict, "short_answers": dict, "headlines": list},
     required=("mc",),
 )

@@ -62,11 +62,13 @@ by `lab.hf.loading.bridge` (TransformerBridge) — with temperature scaling and 
 residual stream at the last prompt token, by the same rules (items split train / validation / test, controls,
 "not enough data" for a small CSV).
 
-The real-model track (`kadavath`): smollm2 — or any zoo model with a tokenizer — on the real question set
-(lab.data.questions, multiple choice), in Kadavath et al.'s format ("Question: …", "(A) …" to "(D) …", "Answer: ("),
-zero-shot and 5-shot (shots drawn from questions not evaluated), plain and in the model's chat template: accuracy,
-ECE and Brier with bootstrap intervals on a seeded subset (`real_track`), written as a run of its own,
-runs/calibration_real/<UTC timestamp>/ (`run_real_track`), not yet through `forma run calibration`.
+The real-model track, `--model NAME` alone (`forma run calibration --model smollm2 [--quick]`, Config.real_track;
+runs/calibration_real/<UTC timestamp>/): a pretrained zoo model with a tokenizer on the real question set
+(lab.data.questions). `kadavath` reads multiple choice in Kadavath et al.'s format ("Question: …", "(A) …" to "(D) …",
+"Answer: ("), zero-shot and 5-shot (shots drawn from questions not evaluated), plain and in the model's chat
+template; `real` adds temperature scaling fitted on one half of the questions and judged on the other, a reliability
+diagram, the model's sampled short answers judged by a stated rule, P(True) on them without and with brainstormed
+samples, and a P(IK) probe at every layer against the model's own confidence (see `real`'s docstring).
 
 `headlines(results)` (a pure function of the rest of results.json) states what the run supports, each with a
 direction that the quick profile — a smaller run of the same experiment — must share with the default one;
@@ -81,19 +83,42 @@ exposure, P(IK) and P(True) AUROC by layer, token-level ECE by layer).
 Where each part lives: `config` (Config, QUICK), `setting` (the world as token ids, the model's readings of it,
 training in stages), `ece` (ECEs and temperature scaling), `readouts` (readouts chosen on validation and
 reported on test, and P(IK)), `p_true`, `english` (token-level calibration), `mmlu` (`--model` with `--mmlu`),
-`kadavath` (the real question set), `figures`, `summary` (acceptance and headlines) and `synthetic` (the synthetic
-run); every name is imported from `experiments.calibration` itself.
+`kadavath` (multiple choice on the real question set), `real` (the real-model track), `figures`, `summary`
+(acceptance and headlines) and `synthetic` (the synthetic run); every name is imported from `experiments.calibration`
+itself.
 """
+
+from pathlib import Path
+from typing import Any
 
 from experiments import local_or_synthetic
 from experiments.calibration.config import Config
 
 # Every name the experiment had as one module, where it lives now: tests, docs and other experiments import
 # them from here.
-from experiments.calibration.mmlu import read_mmlu_inputs, run_hf
+from experiments.calibration.mmlu import LocalInputs, read_mmlu_inputs, run_hf
+from experiments.calibration.real import REAL_THREADS, run_real
 from experiments.calibration.summary import headlines
 from experiments.calibration.synthetic import run_synthetic
+from lab.configs import torch_threads
 
-# run: the synthetic experiment, or with cfg.model the local model measured on its file (`run_hf`); read_inputs:
-# that model and file, read before the run folder is made (`read_mmlu_inputs`).
-read_inputs, run = local_or_synthetic(run_synthetic, run_hf, read_mmlu_inputs)
+# The synthetic experiment, or with cfg.model and cfg.mmlu the local model measured on its file (`run_hf`); its
+# inputs: that model and file, read before the run folder is made (`read_mmlu_inputs`).
+read_mmlu_or_none, run_mmlu_or_synthetic = local_or_synthetic(run_synthetic, run_hf, read_mmlu_inputs)
+
+
+def read_inputs(cfg: Config) -> LocalInputs | None:
+    """What a run reads before its folder is made: the model and MMLU file of a `--model --mmlu` run, else None (the
+    real-model track loads its zoo model inside the run, whose name `forma run` has checked)."""
+    return None if cfg.real_track else read_mmlu_or_none(cfg)
+
+
+def run(cfg: Config, out: Path, inputs: LocalInputs | None = None) -> dict[str, Any]:
+    """The synthetic experiment; with `--model --mmlu` the local model on its file; with `--model` alone the
+    real-model track (`run_real`, into runs/calibration_real/)."""
+    if not cfg.real_track:
+        return run_mmlu_or_synthetic(cfg, out, inputs)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    with torch_threads(max(cfg.threads, REAL_THREADS)):
+        return run_real(cfg, out)

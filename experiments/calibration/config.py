@@ -4,6 +4,7 @@ from dataclasses import dataclass
 
 from experiments import ModelTraining
 from lab.configs import apply_quick, check_fields, need
+from lab.folders import PRETRAINED, zoo_names
 
 N_OPTIONS = 4  # Kadavath et al. §3: lettered multiple choice with (A)–(D); chance = 1/4
 EXPOSURE_BINS = ((0, 0, "0"), (1, 1, "1"), (2, 5, "2-5"), (6, None, "6+"))  # how often a fact was seen in training
@@ -36,7 +37,7 @@ class Config(ModelTraining):
 
     seed: int = 0
     quick: bool = False
-    model: str | None = None  # a local HF folder (with its tokenizer), a zoo name or a Forma folder; needs `mmlu`
+    model: str | None = None  # a local HF folder (with its tokenizer), a zoo name or a Forma folder
     mmlu: str | None = None  # an MMLU-layout CSV: question, A, B, C, D, answer
     # the world: Pareto(2) popularity and 2,000 draws leave ≈30% of 1,000 persons unseen, ≈34% seen once
     n_first_names: int = 100
@@ -116,7 +117,22 @@ class Config(ModelTraining):
         )
         need(
             self,
-            (self.model is None) == (self.mmlu is None),
-            "--model and --mmlu go together: lettered multiple choice of a local Hugging Face model on an "
-            "MMLU-layout CSV (the synthetic experiment trains its own model)",
+            self.mmlu is None or self.model is not None,
+            "--mmlu needs --model: lettered multiple choice of a local Hugging Face model on an MMLU-layout CSV "
+            "(the synthetic experiment trains its own model)",
         )
+        if self.real_track:
+            pretrained = zoo_names(PRETRAINED)
+            need(
+                self,
+                self.model in pretrained,
+                f"--model alone runs the real-model track on a pretrained zoo model "
+                f"({', '.join(pretrained) or 'none'}), got {self.model!r}; a local Hugging Face folder goes with "
+                "--mmlu FILE.csv",
+            )
+
+    @property
+    def real_track(self) -> bool:
+        """`--model NAME` alone: the real-model track (Kadavath et al. on the real question set, `real`), whose runs
+        go to runs/calibration_real/; with --mmlu, the model is measured on that file instead."""
+        return self.model is not None and self.mmlu is None

@@ -10,15 +10,14 @@ on their keys and values, in batches of prompts of one length (no padding), the 
 `tests/real/test_calibration_real.py` holds that this equals each prompt run alone.
 
 Every number comes from lab.metrics (accuracy, ECE with 15 equal-width bins, Brier, each with its bootstrap
-interval); `real_track` measures the four settings on a seeded subset of the multiple-choice questions and
-`run_real_track` writes them as a run of `calibration_real` (runs/calibration_real/<UTC timestamp>/results.json).
+interval); `real_track` measures the four settings on a seeded subset of the multiple-choice questions. The run of
+the real-model track, through `forma run calibration --model smollm2`, is `experiments.calibration.real`'s.
 """
 
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,8 +30,6 @@ from lab.model.kv_cache import KVCache, KVCacheEntry
 
 SETTINGS = (("zero-shot", 0, False), ("zero-shot, chat", 0, True), ("few-shot", 5, False), ("few-shot, chat", 5, True))
 DEFAULT_QUESTIONS = 300  # the seeded subset of the multiple-choice questions each setting reads
-QUICK_QUESTIONS = 40  # the quick profile's: a few minutes for the four settings on two busy cores
-RUN_NAME = "calibration_real"  # runs/calibration_real/: not the synthetic experiment's folder
 
 
 def question_block(question: Question) -> str:
@@ -67,11 +64,14 @@ def token_ids(tokenizer: Any, text: str, chat: bool) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=not chat))
 
 
-def answer_letter_ids(tokenizer: Any, prompt: list[int], chat: bool, text: str) -> list[int]:
-    """The ids of "A" … "D" as the next token after `prompt` (whose text is `text`): each the one token the
-    prompt followed by that letter adds. A ValueError when a letter merges with the prompt's end or is several."""
+def answer_letter_ids(
+    tokenizer: Any, prompt: list[int], chat: bool, text: str, letters: Sequence[str] = LETTERS
+) -> list[int]:
+    """The ids of "A" … "D" (or of `letters`) as the next token after `prompt` (whose text is `text`): each the one
+    token the prompt followed by that letter adds. A ValueError when a letter merges with the prompt's end or is
+    several."""
     ids = []
-    for letter in LETTERS:
+    for letter in letters:
         extended = token_ids(tokenizer, text + letter, chat)
         if extended[: len(prompt)] != prompt or len(extended) != len(prompt) + 1:
             raise ValueError(f"the letter {letter} after the prompt is not one token of its own: it cannot be read")
@@ -221,37 +221,3 @@ def real_track(
     results["prompt_example"] = kadavath_prompt(evaluated[0], shown[: min(most_shots, 1)])
     results["questions"] = [q.id for q in evaluated]
     return results, readings
-
-
-@dataclass
-class RealTrackConfig:
-    """A run of `run_real_track`: the model (a zoo name or folder), how many questions (QUICK_QUESTIONS with
-    `quick`), the seed, the bootstrap."""
-
-    model: str = "smollm2"
-    quick: bool = False
-    n_questions: int = DEFAULT_QUESTIONS
-    n_boot: int = 500
-    seed: int = 0
-    threads: int = 2
-
-
-def run_real_track(cfg: RealTrackConfig, out: str | Path | None = None) -> Path:
-    """The real-model track as a run folder (lab.runs.run_and_record: provenance, config, results.json last and
-    atomically), runs/calibration_real/<UTC timestamp>/ unless `out`; the folder is returned."""
-    from lab.configs import torch_threads
-    from lab.model.transformer import HookedTransformer
-    from lab.runs import run_and_record
-
-    def run(config: dict[str, Any], folder: Path) -> dict[str, Any]:
-        with torch_threads(cfg.threads):
-            began = time.perf_counter()
-            model = HookedTransformer.from_pretrained(cfg.model).eval()
-            load_s = time.perf_counter() - began
-            n_questions = QUICK_QUESTIONS if cfg.quick else cfg.n_questions
-            results, _ = real_track(model, model.tokenizer, n_questions, cfg.n_boot, cfg.seed)
-        results["timing"]["load_s"] = load_s
-        results["model"] = cfg.model
-        return results
-
-    return run_and_record(RUN_NAME, asdict(cfg), run, out, cfg.seed)

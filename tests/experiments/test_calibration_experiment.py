@@ -327,7 +327,7 @@ def test_a_forma_model_folder_answers_too(hf_folder, tmp_path):
 def test_hf_path_refuses_what_it_cannot_read(hf_folder, tmp_path, capsys):
     model_dir, csv_path = hf_folder
     assert main(["run", "calibration", "--quick", "--mmlu", str(csv_path), "--out", str(tmp_path / "a")]) == 2
-    assert "--model and --mmlu go together" in capsys.readouterr().err
+    assert "--mmlu needs --model" in capsys.readouterr().err
     bad = tmp_path / "bad.csv"
     bad.write_text("What ?,w1,w2,w3,w4,E\n")
     with pytest.raises(ValueError, match="one of A, B, C, D"):

@@ -1,9 +1,12 @@
-"""Kadavath et al.'s multiple-choice calibration of smollm2 on the real question set
-(experiments.calibration.kadavath): the readings of batched prompts on a shared prefix equal each prompt run
-alone; the summary's accuracy, ECE and Brier are lab.metrics' on the same arrays; and what smollm2 does with the
-lettered format: it answers by position — one letter takes most of its choices while the right letters are
-spread — so its accuracy is at chance (0.25), which the test of "above chance" records as an expected failure
-(strict: it turns into a failure of the suite the day a model or prompt reads the questions above chance)."""
+"""Kadavath et al.'s calibration of smollm2 on the real question set (experiments.calibration.kadavath, .real): the
+readings of batched prompts on a shared prefix, and of left-padded prompts, equal each prompt run alone, and so do
+left-padded greedy answers; the summary's accuracy, ECE and Brier are lab.metrics' on the same arrays; what smollm2
+does with the lettered format: it answers by position — one letter takes most of its choices while the right
+letters are spread — so its accuracy is at chance (0.25), which the test of "above chance" records as an expected
+failure (strict: it turns into a failure of the suite the day a model or prompt reads the questions above chance);
+and `forma run calibration --model smollm2 --quick` end to end (at a smaller size) into runs/calibration_real/."""
+
+import json
 
 import numpy as np
 import pytest
@@ -17,9 +20,20 @@ from experiments.calibration.kadavath import (
     split_questions,
     token_ids,
 )
+from experiments.calibration.real import (
+    PROFILES,
+    draw_facts,
+    left_padded,
+    p_true_prompt,
+    padded_decode,
+    padded_next_log_probs,
+    short_prompt,
+)
+from lab.cli.parser import main
 from lab.data.questions import load_questions
 from lab.folders import is_trained
 from lab.metrics.calibration import brier, ece
+from lab.model.decoding import decode
 from lab.model.transformer import HookedTransformer
 from tests.builders import smollm2_folder
 
@@ -84,3 +98,58 @@ def test_smollm2_answers_lettered_questions_by_position(readings):
 def test_smollm2_reads_the_questions_above_chance(readings):
     summary = setting_summary(readings, N_BOOT, seed=0)
     assert summary["accuracy_ci95"][0] > summary["chance"], summary
+
+
+def test_left_padded_readings_and_greedy_answers_equal_each_prompt_alone(model):
+    _, _, short, shots = draw_facts(8, 4, seed=0)
+    tokenizer = model.tokenizer
+    texts = [
+        p_true_prompt(short[0], "Paris"),
+        p_true_prompt(short[1], "Euro", ["Euro", "Dollar"]),
+        short_prompt(short[2], shots),
+    ]
+    prompts = [token_ids(tokenizer, text, False) for text in texts]
+    assert len({len(p) for p in prompts}) == 3  # three lengths: the short ones are padded
+    letters = answer_letter_ids(tokenizer, prompts[0], False, texts[0], ("A", "B"))
+    padded = padded_next_log_probs(model, prompts, letters, batch_size=3)
+    newline = tokenizer.encode("\n", add_special_tokens=False)[-1]
+    tokens, mask = left_padded(prompts, [0, 1, 2])
+    greedy = padded_decode(model, tokens, mask, 0.0, 0, newline).tokens[:, tokens.shape[1] :]
+    for row, ids in enumerate(prompts):
+        with torch.inference_mode():
+            alone = model(torch.tensor([ids]))[0, -1].double().log_softmax(-1)[letters].numpy()
+        np.testing.assert_allclose(padded[row], alone, atol=1e-4)
+        own = decode(model, torch.tensor([ids]), greedy.shape[1], temperature=0).tokens[0, len(ids) :]
+        stop = greedy[row].tolist().index(newline) + 1 if newline in greedy[row].tolist() else greedy.shape[1]
+        assert greedy[row, :stop].tolist() == own[:stop].tolist()
+
+
+TINY = {"n_mc": 8, "n_short": 12, "n_samples": 2, "n_boot": 50}  # the quick profile's parts, at a test's size
+
+
+def test_forma_run_calibration_model_smollm2_writes_the_real_track(monkeypatch, tmp_path):
+    folder = smollm2_folder()
+    monkeypatch.setenv("FORMA_ZOO_DIR", str(folder.parent))
+    monkeypatch.setenv("FORMA_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setitem(PROFILES, "quick", TINY)
+    assert main(["run", "calibration", "--model", "smollm2", "--quick"]) == 0
+    (run,) = (tmp_path / "runs" / "calibration_real").glob("*/results.json")
+    results = json.loads(run.read_text())
+    assert results["model_label"] == "SmolLM2-135M-Instruct, 4-bit GGUF dequantized"
+    assert list(results["mc"]) == ["zero-shot", "zero-shot, chat", "few-shot", "few-shot, chat"]
+    for block in results["mc"].values():
+        assert block["n"] == TINY["n_mc"] and block["ece_ci95"] and block["brier_ci95"]
+        assert block["temperature"]["n_calibration"] + block["temperature"]["n_test"] == TINY["n_mc"]
+    assert (run.parent / "reliability_real.json").is_file()
+    assert results["short_answers"]["n_questions"] == TINY["n_short"]
+    assert {b["n"] for b in results["p_true"].values()} == {TINY["n_short"] * TINY["n_samples"]}
+    assert len(results["p_ik"]["layers"]) == 31  # the residual stream entering each of 30 blocks, and after
+    assert {h["name"] for h in results["headlines"]} >= {"p_true_auroc_brainstorm", "p_ik_versus_confidence"}
+    assert sorted(p.name for p in (run.parent / "parts").iterdir()) == [
+        "mc.json",
+        "p_ik.json",
+        "p_true.json",
+        "short.json",
+    ]
+    assert 0 < results["peak_rss_gb"] < 4
+    assert "synthetic world" in results["facts_model"]
