@@ -75,6 +75,9 @@ run), `qa` (`--model` with `--qa`) and `figures`; Config, run and every name oth
 `experiments.monitor` itself.
 """
 
+from pathlib import Path
+from typing import Any
+
 from experiments import local_or_synthetic
 
 # Every name the experiment had as one module, where it lives now: tests, dashboards and benchmarks import them
@@ -86,13 +89,14 @@ from experiments.monitor.config import (
     KINDS,
     QUICK,
     READOUT_FILE,
+    REAL_MODELS,
     SPLITS,
     SUBJECT,
     TRAINED,
     Config,
 )
 from experiments.monitor.figures import write_figures
-from experiments.monitor.judging import familywise_level, judge, resplit
+from experiments.monitor.judging import crc_check, familywise_level, judge, resplit
 from experiments.monitor.qa import (
     MIN_QA_ITEMS,
     abstention_alphas,
@@ -105,6 +109,16 @@ from experiments.monitor.qa import (
     run_qa,
 )
 from experiments.monitor.readouts import load_readouts, save_readouts
+from experiments.monitor.real import (
+    REAL_THREADS,
+    answer_key,
+    cut_answer,
+    is_right,
+    read_real_inputs,
+    real_prompt,
+    real_questions,
+    run_real,
+)
 from experiments.monitor.setting import Setting, make_setting, train_model
 from experiments.monitor.signals import (
     choose_signs,
@@ -117,7 +131,28 @@ from experiments.monitor.signals import (
 )
 from experiments.monitor.summary import auroc_headline, headlines
 from experiments.monitor.synthetic import run_synthetic
+from lab.configs import torch_threads
 
-# run: the synthetic experiment, or with cfg.model the local model measured on its file (`run_qa`); read_inputs:
-# that model and file, read before the run folder is made (`read_qa_inputs`).
-read_inputs, run = local_or_synthetic(run_synthetic, run_qa, read_qa_inputs)
+# The synthetic experiment, or with cfg.model and cfg.qa the local model measured on its file (`run_qa`;
+# `read_qa_inputs`, the model and file read before the run folder is made).
+_read_local, _run_local = local_or_synthetic(run_synthetic, run_qa, read_qa_inputs)
+
+
+def read_inputs(cfg: Config) -> Any:
+    """What the run reads before its folder is made: the real-model track's model and prompts
+    (`read_real_inputs`), the local model and its file (`read_qa_inputs`), or None."""
+    if cfg.real_track:
+        with torch_threads(max(cfg.threads, REAL_THREADS)):
+            return read_real_inputs(cfg)
+    return _read_local(cfg)
+
+
+def run(cfg: Config, out: Path, inputs: Any = None) -> dict[str, Any]:
+    """The synthetic experiment, the local model on its question–answer file (`--model PATH --qa FILE`), or the
+    real-model track (`--model smollm2`: `run_real`, on REAL_THREADS threads at least)."""
+    if cfg.real_track:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        with torch_threads(max(cfg.threads, REAL_THREADS)):
+            return run_real(cfg, out, inputs)
+    return _run_local(cfg, out, inputs)
