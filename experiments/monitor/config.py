@@ -51,7 +51,7 @@ class Config(ModelTraining):
     # REAL_MODELS: the real-model track on the real question set
     model: str | None = None
     qa: str | None = None  # a question–answer CSV
-    n_questions: int = 400  # the real-model track: short-answer questions drawn from the real question set
+    n_questions: int = 300  # the real-model track: short-answer questions drawn from the real question set
     # the world: Pareto(2) popularity and 2 draws per person leave ≈30% of the persons unseen
     n_first_names: int = 100
     n_last_names: int = 200

@@ -23,6 +23,7 @@ signals are judged as there (`judge_questions`), and conformal risk control is c
 every signal and α (`crc_check`).
 """
 
+import os
 import random
 import re
 import resource
@@ -43,12 +44,12 @@ from torch import Tensor
 from experiments.monitor.config import REAL_MODELS, TRAINED, Config
 from experiments.monitor.figures import write_figures
 from experiments.monitor.judging import crc_check
-from experiments.monitor.qa import abstention_alphas, cross_fit_readouts, judge_questions, qa_prompt, qa_splits
+from experiments.monitor.qa import cross_fit_readouts, judge_questions, qa_prompt, qa_splits
 from experiments.monitor.summary import headlines
 from lab.analysis.monitor import Monitor
 from lab.data.questions import KINDS as QUESTION_KINDS
 from lab.data.questions import Question, load_questions
-from lab.metrics.selective import answer_agreement, discrete_semantic_entropy
+from lab.metrics.selective import answer_agreement, crc_min_calibration, discrete_semantic_entropy
 from lab.model import KVCache
 from lab.model.decoding import sample_tokens, seeded_generator
 from lab.runs import save_table
@@ -129,7 +130,18 @@ def read_real_inputs(cfg: Config) -> RealInputs:
     evaluated, shots = real_questions(cfg.n_questions, cfg.seed)
     encoded = [list(model.tokenizer.encode(real_prompt(q, shots))) for q in evaluated]
     order = sorted(range(len(evaluated)), key=lambda i: (len(encoded[i]), i))
-    return RealInputs(model, model.tokenizer, [evaluated[i] for i in order], shots, [encoded[i] for i in order], load_s)
+    # room for the set's longest answer, its line break and one token more (an answer tokenized otherwise):
+    # no right answer is cut short, and no step is spent on what could only be wrong
+    longest = max(len(model.tokenizer.encode(" " + q.answer)) for q in load_questions(form="short"))
+    return RealInputs(
+        model,
+        model.tokenizer,
+        [evaluated[i] for i in order],
+        shots,
+        [encoded[i] for i in order],
+        load_s,
+        min(cfg.qa_max_new_tokens, longest + 2),
+    )
 
 
 def stop_tokens(tokenizer: Any) -> tuple[int | None, set[int]]:
@@ -223,6 +235,7 @@ def real_sampling(inputs: RealInputs, generated: dict[str, Any], cfg: Config) ->
     every row (`expanded_cache`), each batch's own tokens run on them; each batch is seeded with the seed plus the
     number of questions before it."""
     from experiments.calibration.kadavath import expanded_cache, shared_prefix
+    from lab.progress import bar
 
     model = inputs.model
     newline, stops = stop_tokens(inputs.tokenizer)
@@ -230,26 +243,28 @@ def real_sampling(inputs: RealInputs, generated: dict[str, Any], cfg: Config) ->
     cache = prefix_cache(model, inputs.prompts[0][:shared])
     greedy = [answer_key(row["generated"]) for row in generated["rows"]]
     agreement, entropy = [], []
-    for part in length_batches(inputs.prompts):
-        own = torch.tensor([ids[shared:] for ids in inputs.prompts[part]]).repeat_interleave(cfg.k_samples, dim=0)
-        with torch.inference_mode():
-            out = sample_tokens(
-                model.next_token_logits,
-                own,
-                inputs.max_new_tokens,
-                model.cfg.d_vocab_out,
-                expanded_cache(cache, len(own)),
-                generator=seeded_generator(cfg.seed + 31 + part.start, own.device),
-                eos_token_id=newline,
-                keep_logits=False,
-            ).tokens[:, own.shape[1] :]
-        for row, answer in enumerate(greedy[part]):
-            keys = [
-                answer_key(cut_answer(inputs.tokenizer, s.tolist(), stops)[0])
-                for s in out[row * cfg.k_samples : (row + 1) * cfg.k_samples]
-            ]
-            agreement.append(answer_agreement(keys, answer))
-            entropy.append(discrete_semantic_entropy(keys))
+    with bar(len(inputs.questions), f"{cfg.k_samples} answers sampled per question", unit="question") as counter:
+        for part in length_batches(inputs.prompts):
+            own = torch.tensor([ids[shared:] for ids in inputs.prompts[part]]).repeat_interleave(cfg.k_samples, dim=0)
+            with torch.inference_mode():
+                out = sample_tokens(
+                    model.next_token_logits,
+                    own,
+                    inputs.max_new_tokens,
+                    model.cfg.d_vocab_out,
+                    expanded_cache(cache, len(own)),
+                    generator=seeded_generator(cfg.seed + 31 + part.start, own.device),
+                    eos_token_id=newline,
+                    keep_logits=False,
+                ).tokens[:, own.shape[1] :]
+            for row, answer in enumerate(greedy[part]):
+                keys = [
+                    answer_key(cut_answer(inputs.tokenizer, s.tolist(), stops)[0])
+                    for s in out[row * cfg.k_samples : (row + 1) * cfg.k_samples]
+                ]
+                agreement.append(answer_agreement(keys, answer))
+                entropy.append(discrete_semantic_entropy(keys))
+            counter.update(part.stop - part.start)
     return {"self_consistency": np.array(agreement), "semantic_entropy": np.array(entropy)}
 
 
@@ -294,7 +309,7 @@ def run_real(cfg: Config, out: Path, inputs: RealInputs | None = None) -> dict[s
     began_run = time.perf_counter()
     loaded_before = inputs is not None  # `forma run` reads the model before it makes the run folder
     inputs = inputs or read_real_inputs(cfg)
-    timing: dict[str, float] = {"load_s": inputs.load_s}
+    timing: dict[str, float] = {"load_s": inputs.load_s, "load_average_1min_at_start": os.getloadavg()[0]}
     began = time.perf_counter()
     generated = monitored_real(inputs, cfg)
     timing["monitored_generation_s"] = time.perf_counter() - began
@@ -319,9 +334,9 @@ def run_real(cfg: Config, out: Path, inputs: RealInputs | None = None) -> dict[s
         values["p_ik"] = fitted["p_ik"]
 
     judged, curves = judge_questions(series, values, generated["lengths"], frame, split, cfg)
-    scored, _ = abstention_alphas(
-        cfg.alphas, int((split == "calibration").sum()), int((split == "test").sum()), cfg.ltt_delta
-    )
+    # CRC alone is checked wherever its calibration split can answer anything (n ≥ ⌈1/α⌉ − 1), LTT's need aside
+    n_cal, n_test = int((split == "calibration").sum()), int((split == "test").sum())
+    scored = [a for a in cfg.alphas if n_cal >= crc_min_calibration(a) and n_test > 0]
     results: dict[str, Any] = {
         "source": real_source(cfg, inputs, split),
         "answers": {"qa": {"n": len(frame), "false_rate": float(false.mean())}},
@@ -335,6 +350,8 @@ def run_real(cfg: Config, out: Path, inputs: RealInputs | None = None) -> dict[s
     results["headlines"] = headlines(results)
     timing["total_s"] = time.perf_counter() - began_run + (inputs.load_s if loaded_before else 0.0)
     results["timing"] = timing
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    timing["process_cpu_s"] = usage.ru_utime + usage.ru_stime  # the model's load included: the machine's load aside
     results["peak_rss_mb"] = peak_rss_mb()
     save_table(frame, out, "prompts")
     save_table(curves, out, "curves")
