@@ -61,6 +61,10 @@ LTT are scored at each α whose calibration split can let both answer anything (
 n ≥ ⌈ln δ / ln(1 − α)⌉); the other α are listed in `abstention_unavailable` with the reason. results.json's
 `unavailable` names every signal not scored and why.
 
+`--model smollm2` without `--qa`: the real-model track (`real`), the same signals and judgement on the pretrained
+model's greedy answers to Forma's real short-answer questions (few-shot plain prompts, a stated match), with
+conformal risk control checked on held-out questions (`judging.crc_check`), into runs/monitor_real/.
+
 `headlines(results)` states what the run supports; a direction that the quick profile must share.
 
 Artefacts in `out`: prompts.parquet (one row per subject: kind, split, generated and true value, false or not, every
