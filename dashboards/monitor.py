@@ -12,6 +12,7 @@ from dashboards.display import (
     read_table,
     show_figures,
     show_headlines,
+    show_real_track,
     show_run,
     show_table,
     warn_shape,
@@ -104,8 +105,7 @@ SIGNAL_COLUMNS = {
 }
 
 
-def render(folder: Path, results: dict) -> None:
-    show_headlines(results)
+def show_answers(results: dict) -> None:
     answers = results.get("answers") or {}
     if answers:
         st.write(
@@ -115,6 +115,10 @@ def render(folder: Path, results: dict) -> None:
                 if isinstance(a, dict)
             )
         )
+
+
+def show_signals(folder: Path, results: dict, experiment: str = "monitor") -> None:
+    """The signals' table on the test split, each signal named in words."""
     signals = results.get("signals") or []
     malformed = [
         i
@@ -126,7 +130,7 @@ def render(folder: Path, results: dict) -> None:
     if malformed:
         warn_shape(
             folder,
-            "monitor",
+            experiment,
             f"signals {malformed} are not objects with a signal name and numbers for auroc and aurc; they are left out",
         )
     rows = [{k: v for k, v in row.items() if k != "by_kind"} for i, row in enumerate(signals) if i not in malformed]
@@ -139,15 +143,67 @@ def render(folder: Path, results: dict) -> None:
         show_table(
             [row | {"signal": name(row["signal"])} for row in rows],
             columns,
-            download="monitor_signals",
+            download=f"{experiment}_signals",
         )
+
+
+def render(folder: Path, results: dict) -> None:
+    show_headlines(results)
+    show_answers(results)
+    show_signals(folder, results)
     live(folder, results)
     show_figures(folder, names=SIGNALS)  # the signals named as the table above names them
+
+
+CRC_COLUMNS = {
+    "signal": "signal",
+    "alpha": "α (the bound)",
+    "n_calibration": "calibration questions",
+    "n_held_out": "held-out questions",
+    "n_draws": "draws",
+    "realised_joint_risk": "answered and false, held out (mean over draws)",
+    "realised_joint_risk_ci95": "95% interval of the mean",
+    "one_split_joint_risk": "answered and false, the run's test split",
+    "one_split_coverage": "coverage, the run's test split",
+    "holds": "within the bound",
+}
+
+
+def render_real(folder: Path, results: dict) -> None:
+    """The real-model track: the model and the questions it answered, its accuracy, the signals' table, conformal
+    risk control checked on held-out questions, and the figures."""
+    source = results.get("source") or {}
+    st.markdown(
+        f"**{plain(source.get('model_label', source.get('model', 'a pretrained model')))}** on "
+        f"{plain(source.get('questions', 'the real question set'))}: {plain(source.get('n_items'))} questions, "
+        f"{plain(source.get('prompt_format', ''))}; {plain(source.get('scoring', ''))}."
+    )
+    show_headlines(results)
+    show_answers(results)
+    by_kind = results.get("accuracy_by_kind") or {}
+    if by_kind:
+        st.write("Right answers by kind of question: " + " · ".join(f"{plain(k)} {v:.0%}" for k, v in by_kind.items()))
+    show_signals(folder, results, "monitor_real")
+    checks = [c for c in results.get("crc_check") or [] if isinstance(c, dict) and isinstance(c.get("signal"), str)]
+    if checks:
+        st.subheader("Conformal risk control, checked on held-out questions")
+        st.caption(
+            "Each draw calibrates the threshold on as many questions as the calibration split holds and measures "
+            "the share of the other questions answered and false; the promise is that its mean is at most α."
+        )
+        show_table([c | {"signal": name(c["signal"])} for c in checks], CRC_COLUMNS, download="monitor_real_crc")
+    show_figures(folder, names=SIGNALS)
 
 
 show_run(
     "monitor",
     render,
     fields={"signals": list, "abstention": list, "answers": dict, "headlines": list},
+    required=("signals",),
+)
+show_real_track(
+    "monitor",
+    render_real,
+    fields={"signals": list, "crc_check": list, "answers": dict, "headlines": list, "source": dict},
     required=("signals",),
 )

@@ -61,6 +61,10 @@ LTT are scored at each α whose calibration split can let both answer anything (
 n ≥ ⌈ln δ / ln(1 − α)⌉); the other α are listed in `abstention_unavailable` with the reason. results.json's
 `unavailable` names every signal not scored and why.
 
+`--model smollm2` without `--qa`: the real-model track (`real`), the same signals and judgement on the pretrained
+model's greedy answers to Forma's real short-answer questions (few-shot plain prompts, a stated match), with
+conformal risk control checked on held-out questions (`judging.crc_check`), into runs/monitor_real/.
+
 `headlines(results)` states what the run supports; a direction that the quick profile must share.
 
 Artefacts in `out`: prompts.parquet (one row per subject: kind, split, generated and true value, false or not, every
@@ -75,15 +79,40 @@ run), `qa` (`--model` with `--qa`) and `figures`; Config, run and every name oth
 `experiments.monitor` itself.
 """
 
+from pathlib import Path
+from typing import Any
+
 from experiments import local_or_synthetic
 
 # Every name the experiment had as one module, where it lives now: tests, dashboards and benchmarks import them
 # from here.
 from experiments.monitor.config import Config
 from experiments.monitor.qa import read_qa_inputs, run_qa
+from experiments.monitor.real import REAL_THREADS, read_real_inputs, run_real
 from experiments.monitor.summary import headlines
 from experiments.monitor.synthetic import run_synthetic
+from lab.configs import torch_threads
 
-# run: the synthetic experiment, or with cfg.model the local model measured on its file (`run_qa`); read_inputs:
-# that model and file, read before the run folder is made (`read_qa_inputs`).
-read_inputs, run = local_or_synthetic(run_synthetic, run_qa, read_qa_inputs)
+# The synthetic experiment, or with cfg.model and cfg.qa the local model measured on its file (`run_qa`;
+# `read_qa_inputs`, the model and file read before the run folder is made).
+_read_local, _run_local = local_or_synthetic(run_synthetic, run_qa, read_qa_inputs)
+
+
+def read_inputs(cfg: Config) -> Any:
+    """What the run reads before its folder is made: the real-model track's model and prompts
+    (`read_real_inputs`), the local model and its file (`read_qa_inputs`), or None."""
+    if cfg.real_track:
+        with torch_threads(max(cfg.threads, REAL_THREADS)):
+            return read_real_inputs(cfg)
+    return _read_local(cfg)
+
+
+def run(cfg: Config, out: Path, inputs: Any = None) -> dict[str, Any]:
+    """The synthetic experiment, the local model on its question–answer file (`--model PATH --qa FILE`), or the
+    real-model track (`--model smollm2`: `run_real`, on REAL_THREADS threads at least)."""
+    if cfg.real_track:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        with torch_threads(max(cfg.threads, REAL_THREADS)):
+            return run_real(cfg, out, inputs)
+    return _run_local(cfg, out, inputs)

@@ -17,6 +17,9 @@ ATTRIBUTE = "birthday"
 READOUT_FILE = "readouts.safetensors"
 TRAINED = ("probe", "p_ik")
 ABSTENTION_SIGNAL = "max_prob"  # the model's own confidence: the abstention rules' signal in the headlines
+# `--model NAME` without --qa: the real-model track on Forma's real question set (lab.data.questions), for these
+# pretrained zoo models
+REAL_MODELS = {"smollm2": "SmolLM2-135M-Instruct, 4-bit GGUF dequantized"}
 QUICK = dict(
     n_first_names=40,
     n_last_names=80,
@@ -29,6 +32,7 @@ QUICK = dict(
     n_boot=200,
     k_samples=6,
     n_resplits=100,
+    n_questions=120,
 )
 
 
@@ -38,12 +42,16 @@ QUICK = dict(
 @dataclass
 class Config(ModelTraining):
     """The monitor experiment; `quick` swaps in a smaller world, model and bootstrap (QUICK) for every field left at
-    its default. `model` + `qa`: the signals of a local model on a question–answer CSV instead."""
+    its default. `model` + `qa`: the signals of a local model on a question–answer CSV instead; `model` alone (one of
+    REAL_MODELS): the real-model track, on `n_questions` of Forma's real short-answer questions."""
 
     seed: int = 0
     quick: bool = False
-    model: str | None = None  # a local HF folder (with its tokenizer), a zoo name or a Forma folder; needs `qa`
+    # a local HF folder (with its tokenizer), a zoo name or a Forma folder with `qa`; alone, a pretrained zoo model of
+    # REAL_MODELS: the real-model track on the real question set
+    model: str | None = None
     qa: str | None = None  # a question–answer CSV
+    n_questions: int = 300  # the real-model track: short-answer questions drawn from the real question set
     # the world: Pareto(2) popularity and 2 draws per person leave ≈30% of the persons unseen
     n_first_names: int = 100
     n_last_names: int = 200
@@ -85,6 +93,7 @@ class Config(ModelTraining):
             "threads",
             "n_resplits",
             "qa_folds",
+            "n_questions",
         ):
             need(self, getattr(self, name) > 0, f"{name} must be a positive integer, got {getattr(self, name)!r}")
         need(self, self.qa_folds >= 2, f"qa_folds must be at least 2 (cross-fitting), got {self.qa_folds}")
@@ -120,7 +129,18 @@ class Config(ModelTraining):
         )
         need(
             self,
-            (self.model is None) == (self.qa is None),
-            "--model and --qa go together: the monitor's signals on a local model with a question–answer CSV "
+            self.qa is None or self.model is not None,
+            "--qa needs --model: the monitor's signals on a local model with a question–answer CSV "
             "(the synthetic experiment trains its own model)",
         )
+        need(
+            self,
+            self.model is None or self.qa is not None or self.model in REAL_MODELS,
+            f"--model {self.model} needs --qa (a question–answer CSV); without it, --model is the real-model track "
+            f"on Forma's real question set, for {', '.join(REAL_MODELS)}",
+        )
+
+    @property
+    def real_track(self) -> bool:
+        """The real-model track: a pretrained model of REAL_MODELS on the real question set (no --qa file)."""
+        return self.model is not None and self.qa is None

@@ -136,11 +136,26 @@ def qa_readouts(
         acts = residuals(model, tokens, [middle_hook, last_hook])
         probe_rows.append(acts[middle_hook][0, p - 1 : p - 1 + n])
         pik_rows.append(acts[last_hook][0, p - 1])
-    questions = np.arange(len(sequences))
+    return cross_fit_readouts(probe_rows, torch.stack(pik_rows), (middle_hook, last_hook), lengths, false, cfg)
+
+
+def cross_fit_readouts(
+    probe_rows: list[Tensor],
+    pik_rows: Tensor,
+    hooks: tuple[str, str],
+    lengths: list[int],
+    false: np.ndarray,
+    cfg: Config,
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """`qa_readouts` once the activations are read: each question's middle-layer rows at its answer tokens
+    (`probe_rows`, [length, d_model] each) and its last-layer row at its last prompt token (`pik_rows`, [n,
+    d_model]), `hooks` = (middle, last)."""
+    middle_hook, last_hook = hooks
+    questions = np.arange(len(lengths))
     probe = cross_fit_probe(
         torch.cat(probe_rows), np.repeat(false, lengths), np.repeat(questions, lengths), cfg.qa_folds, seed=cfg.seed
     )
-    p_ik = cross_fit_probe(torch.stack(pik_rows), ~false, questions, cfg.qa_folds, seed=cfg.seed)
+    p_ik = cross_fit_probe(pik_rows, ~false, questions, cfg.qa_folds, seed=cfg.seed)
     out: dict[str, Any] = {
         "info": {
             "scheme": f"cross-fitted: the questions dealt into {cfg.qa_folds} folds "
@@ -261,7 +276,7 @@ def _qa_sampling_risks(
     )
 
 
-def _signed_risks(
+def signed_risks(
     series: dict[str, list[Tensor]], values: dict[str, Any], lengths: list[int], false: np.ndarray, fit: np.ndarray
 ) -> tuple[dict[str, int], dict[str, np.ndarray]]:
     """Each signal's sign, chosen on the fit split, and its claim risk per question: the token signals zero-padded
@@ -293,7 +308,7 @@ def _qa_source(cfg: Config, inputs: Any, hooked: bool, split: np.ndarray) -> dic
     }
 
 
-def _judge_qa(
+def judge_qa(
     risks: dict[str, np.ndarray], false: np.ndarray, split: np.ndarray, signs: dict[str, int], cfg: Config
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """judge's rows, abstention and curves on questions (one kind, no error kinds), at the α's the split's sizes
@@ -305,6 +320,31 @@ def _judge_qa(
     for row in rows:
         row["by_kind"] = {}
     return rows, abstention, curves, skipped
+
+
+def judge_questions(
+    series: dict[str, list[Tensor]],
+    values: dict[str, Any],
+    lengths: list[int],
+    frame: pd.DataFrame,
+    split: np.ndarray,
+    cfg: Config,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Each signal's sign (fit split), its claim risk per question (written into `frame` as risk_<signal>), and the
+    judgement on the test split (`judge_qa`): (the results' signals, abstention and α entries, the curve points)."""
+    false = frame["false"].to_numpy()
+    signs, risks = signed_risks(series, values, lengths, false, split == "fit")
+    for name, value in risks.items():
+        frame[f"risk_{name}"] = value
+    rows_out, abstention, curves, skipped = judge_qa(risks, false, split, signs, cfg)
+    judged = {
+        "signals": rows_out,
+        "abstention": abstention,
+        "abstention_unavailable": skipped,
+        "abstention_signal": ABSTENTION_SIGNAL,
+        "alphas": list(cfg.alphas),
+    }
+    return judged, curves
 
 
 def run_qa(cfg: Config, out: Path, inputs: Any = None) -> dict[str, Any]:
@@ -344,21 +384,14 @@ def run_qa(cfg: Config, out: Path, inputs: Any = None) -> dict[str, Any]:
         if "p_ik" in fitted:
             values["p_ik"] = fitted["p_ik"]
 
-    signs, risks = _signed_risks(series, values, lengths, false, split == "fit")
-    for name, value in risks.items():
-        frame[f"risk_{name}"] = value
-    rows_out, abstention, curves, skipped = _judge_qa(risks, false, split, signs, cfg)
+    judged, curves = judge_questions(series, values, lengths, frame, split, cfg)
     results: dict[str, Any] = {
         "source": _qa_source(cfg, inputs, hooked, split),
         "answers": {"qa": {"n": len(frame), "false_rate": float(false.mean())}},
         "readouts": readout_info,
         "k_samples": cfg.k_samples,
         "unavailable": unavailable,
-        "signals": rows_out,
-        "abstention": abstention,
-        "abstention_unavailable": skipped,
-        "abstention_signal": ABSTENTION_SIGNAL,
-        "alphas": list(cfg.alphas),
+        **judged,
     }
     results["headlines"] = headlines(results)
     results["timing"] = timing

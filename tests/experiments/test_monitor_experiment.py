@@ -155,8 +155,10 @@ def test_the_readouts_file_is_the_same_bytes_each_time_and_an_older_layout_still
 
 
 def test_config_is_checked():
-    with pytest.raises(ValueError, match="--model and --qa go together"):
+    with pytest.raises(ValueError, match="--qa needs --model"):
         experiment.Config(qa="questions.csv")
+    with pytest.raises(ValueError, match="needs --qa"):  # a local model alone is no real-model track
+        experiment.Config(model="some/folder")
     with pytest.raises(ValueError, match="alphas"):
         experiment.Config(alphas=(0.0,))
     with pytest.raises(ValueError, match="split_fractions"):
