@@ -11,7 +11,7 @@ d_model 64, 1,500 steps; seeded), exported with `lab.hf.convert.to_hf`. Both len
               of the model each step; 250 steps of 32 sequences, the package's default step count)
 
 For each layer, KL(P_θ ‖ lens) and KL(p ‖ lens) (p the chain's true law) on the held-out tokens with bootstrap 95%
-intervals over sequences (lab.metrics.grading.lens_grades), and whether Forma's estimate lies at or below the upper
+intervals over sequences (lab.metrics.grades.lens_grades), and whether Forma's estimate lies at or below the upper
 end of the package's interval. Times are medians of `--rounds` interleaved fits (benchmarks/timing.interleaved),
 on one intra-op thread, each fit from scratch. Writes benchmarks/results/tuned_lens.json (--quick writes nothing).
 
@@ -31,7 +31,7 @@ from lab.analysis.tuned_lens import fit_tuned_lens
 from lab.configs import torch_threads
 from lab.data.sources import MarkovSource
 from lab.hf.convert import to_hf
-from lab.metrics.grading import lens_grades
+from lab.metrics.grades import lens_grades
 from lab.model.config import ModelConfig
 from lab.model.transformer import HookedTransformer
 from lab.train.batches import SequenceBatches

@@ -666,7 +666,7 @@ def show_trust(opened: Opened, name: str) -> None:
     path = opened.folder / "trust.json" if opened.folder is not None else None
     report = None
     if path is not None and path.is_file():
-        from lab.inputs import read_json
+        from lab.outside_files import read_json
 
         try:
             report = read_json(path, opened.folder)

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Literal, TypeVar, Union
 
-from lab.inputs import parse_json
+from lab.outside_files import parse_json
 
 T = TypeVar("T")
 

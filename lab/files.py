@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from lab.inputs import parse_json, read_json, read_text, size_text
+from lab.outside_files import parse_json, read_json, read_text, size_text
 
 TEMPORARY_SUFFIX = ".tmp"
 

@@ -30,7 +30,7 @@ SOURCE_TABLE = "source"
 def recipe_kind(folder: Path) -> str:
     """TRAINED or PRETRAINED, by whether the folder's model.toml has a [source] table (a line of TOML read, no
     more: an unreadable recipe counts as trained, whose loader names the problem)."""
-    from lab.inputs import read_text
+    from lab.outside_files import read_text
 
     try:
         text = read_text(folder / RECIPE_FILE, folder, 2**20)
@@ -63,7 +63,7 @@ class ZooEntry:
 
 def zoo_entry(name: str) -> ZooEntry:
     """The zoo model `name`'s entry; an unreadable model.toml or card.json is a `problem`, never an exception."""
-    from lab.inputs import read_json, read_text
+    from lab.outside_files import read_json, read_text
 
     folder = zoo_dir() / name
     problems = []

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from lab.files import atomic_write_text
 from lab.folders import zoo_dir
-from lab.inputs import read_json_object
+from lab.outside_files import read_json_object
 from lab.progress import PROGRESS_FILE, Progress, alive, read_progress
 from lab.runs import runs_dir
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.files import atomic_write_text
-from lab.inputs import read_json_object
+from lab.outside_files import read_json_object
 
 REPO = Path(__file__).resolve().parents[1]
 MEASURED_DIR = Path("docs") / "measured"
@@ -219,7 +219,8 @@ def check_document(path: Path, root: Path = REPO) -> list[Problem]:
 # Recording reference measurements
 # --------------------------------------------------------------------------------------------
 def _read(path: Path, what: str) -> Any:
-    """A card's or a run's JSON, through lab.inputs (a regular file inside its folder, bounded); errors name `what`."""
+    """A card's or a run's JSON, through lab.outside_files (a regular file inside its folder, bounded); errors
+    name `what`."""
     try:
         return read_json_object(path, path.parent)
     except FileNotFoundError:

@@ -29,7 +29,7 @@ METHODS = {
     "attention_rollout": "attention rollout",
     "attribution_patching": "attribution patching",
     "attribution_graph": "attribution graph",
-    # the trivial baselines every attribution method is graded beside (lab.metrics.grading.BASELINES)
+    # the trivial baselines every attribution method is graded beside (lab.metrics.grades.BASELINES)
     "recency": "recency (score = position)",
     "last_token": "last token only",
     "uniform": "uniform",

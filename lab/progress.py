@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from lab.files import atomic_write_text
-from lab.inputs import read_json
+from lab.outside_files import read_json
 
 PROGRESS_FILE = ".progress.json"  # hidden: a job's state, not one of its artefacts
 FORMAT = "forma-progress/1"
@@ -280,7 +280,7 @@ def alive(pid: int) -> bool:
 def read_progress(path: str | Path) -> Progress | None:
     """The progress file at `path`, or None when there is none (or it is not one). A "running" or "done" record
     whose job is gone — its process ended, or the file has not been rewritten for STALE_S — reads "stopped"."""
-    try:  # through lab.inputs: a FIFO or a link out of the folder is no progress file, and never waited on
+    try:  # through lab.outside_files: a FIFO or a link out of the folder is no progress file, and never waited on
         progress = Progress.from_json(read_json(path, Path(path).parent, max_bytes=2**20))
     except (OSError, ValueError):
         return None

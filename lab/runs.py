@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.files import atomic_write, atomic_write_text, is_temporary, remove_temporary
-from lab.inputs import InputError, read_json, read_text, regular_file
+from lab.outside_files import InputError, read_json, read_text, regular_file
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_RUNS_DIR = REPO / "runs"
@@ -360,7 +360,7 @@ def headline(
 
 # Readers: what the dashboard and the benchmarks read from a run folder, with the problem named in a sentence.
 # A crashed or hand-edited run must give a message that names the file and what is wrong, never a traceback. Every
-# file is read through lab.inputs: a regular file that resolves inside the run folder (a link out of it, or a
+# file is read through lab.outside_files: a regular file that resolves inside the run folder (a link out of it, or a
 # FIFO that would hang the page, is refused), of bounded size and nesting.
 
 NOT_FIGURES = {"results", "config", "provenance", "world", "card", ".progress"}  # the JSON files that are no figure

@@ -27,7 +27,7 @@ FOLDERS = ("lab", "experiments", "dashboards", "benchmarks")
 # What lab/model may import from the rest of lab: the modules beneath it, which import only the standard
 # library and each other (config validation, atomic writes, the zoo's folders and the door to loading by name,
 # the one door every file from outside is read through). Everything else in lab is above the model.
-BENEATH_MODEL = ("lab.configs", "lab.files", "lab.inputs")
+BENEATH_MODEL = ("lab.configs", "lab.files", "lab.outside_files")
 # The model's third-party packages: the equations' (torch, einops, jaxtyping) and TransformerLens's hook machinery;
 # safetensors and tokenizers only for a model folder's files (weights, tokenizer.json), in the one module that reads
 # and writes them.
@@ -159,7 +159,7 @@ LIBRARY_PLUMBING = (
     "lab.distributed",
     "lab.files",
     "lab.freed_memory",
-    "lab.inputs",
+    "lab.outside_files",
     "lab.names",
     "lab.parallel",
     "lab.progress",
@@ -374,9 +374,10 @@ def test_no_file_is_let_off_a_lint_rule():
     assert table == {"__init__.py": ["F401"]}
 
 
-# Every file from outside is read through lab.inputs (a regular file inside its folder, of bounded size and nesting,
-# refused in one line that names it). What reads a file any other way is listed here, with why it may: a file of
-# the machine's, one Forma itself wrote and reads back, or one another library opens after lab.inputs checked it.
+# Every file from outside is read through lab.outside_files (a regular file inside its folder, of bounded size and
+# nesting, refused in one line that names it). What reads a file any other way is listed here, with why it may: a
+# file of the machine's, one Forma itself wrote and reads back, or one another library opens after
+# lab.outside_files checked it.
 DIRECT_READS = {
     ("lab.model.memory_check", "read_text"): "/proc/meminfo and the cgroup's limits: the machine's own files",
     ("lab.model.checkpoint", "load_file"): "model.safetensors, opened by safetensors after regular_file",
@@ -413,13 +414,13 @@ DIRECT_READS = {
 
 def direct_reads() -> set[tuple[str, str]]:
     """(module, call) for every call of lab/, experiments/ and dashboards/ that reads a file, or parses JSON, other
-    than through lab.inputs: Path.read_text / read_bytes, json.load(s), open, safe_open, load_file, from_file,
+    than through lab.outside_files: Path.read_text / read_bytes, json.load(s), open, safe_open, load_file, from_file,
     read_parquet."""
     import ast
 
     found = set()
     for name, path in modules().items():
-        if name == "lab.inputs" or not name.startswith(("lab", "experiments", "dashboards")):
+        if name == "lab.outside_files" or not name.startswith(("lab", "experiments", "dashboards")):
             continue
         for node in ast.walk(syntax_tree(path)):
             if not isinstance(node, ast.Call):
@@ -432,7 +433,7 @@ def direct_reads() -> set[tuple[str, str]]:
                 if func.attr in ("read_text", "read_bytes", "from_file", "read_parquet", "load_file", "safe_open") or (
                     owner == "json" and func.attr in ("load", "loads")
                 ):
-                    found.add((name, func.attr))  # (lab.inputs' own readers are called by name, not on a Path)
+                    found.add((name, func.attr))  # (lab.outside_files' own readers are called by name, not on a Path)
     return found
 
 

@@ -49,11 +49,11 @@ MIN_MMLU_ITEMS = 10
 
 
 def read_question_csv(path: str | Path, what: str) -> list[tuple[int, list[str]]]:
-    """[(line, cells)] of a question CSV, read through `lab.inputs.read_csv` (UTF-8, a byte-order mark dropped, a
+    """[(line, cells)] of a question CSV, read through `lab.outside_files.read_csv` (UTF-8, a byte-order mark dropped, a
     byte that is not UTF-8 or a cell over the csv module's limit named by line); refused first, with the numbers,
     when reading it could not fit in the memory available."""
-    from lab.inputs import InputError, read_csv, regular_file, size_text
     from lab.model.memory_check import available_memory
+    from lab.outside_files import InputError, read_csv, regular_file, size_text
 
     path = Path(path)
     size = regular_file(path, what=what).stat().st_size
@@ -71,7 +71,7 @@ def read_mmlu(path: str | Path) -> list[dict[str, Any]]:
     original files have no header, a header row naming those columns is skipped, and so are blank rows. One line
     naming the file and line for a row of another width, an empty question, an answer that is not A–D, and for
     fewer than MIN_MMLU_ITEMS questions."""
-    from lab.inputs import InputError
+    from lab.outside_files import InputError
 
     path = Path(path)
     rows = read_question_csv(path, "MMLU file")
@@ -178,7 +178,7 @@ def encode_prompts(
     """The token ids of each (line, prompt), counted by a progress bar (a CSV of a million rows takes minutes).
     Forma cuts no prompt: one that, with `reserve` tokens left for the answer, does not fit the model's context
     would lose its start — the question — so an InputError names how many do not fit and the first one's line."""
-    from lab.inputs import InputError
+    from lab.outside_files import InputError
     from lab.progress import bar
 
     encoded, too_long = [], []
@@ -207,8 +207,8 @@ def encode_prompts(
 def check_memory(source: str | Path, n_items: int, per_item: int, what: str) -> None:
     """An InputError, with the numbers, when `n_items` items of `per_item` bytes each cannot fit in the memory
     available; checked before the model reads the first one."""
-    from lab.inputs import InputError, size_text
     from lab.model.memory_check import available_memory
+    from lab.outside_files import InputError, size_text
 
     available = available_memory(torch.device("cpu"))
     if available is not None and n_items * per_item > available:
@@ -226,7 +226,7 @@ def mmlu_splits(n_items: int, cfg: Config) -> np.ndarray:
 
 def check_splits(source: str | Path, splits: np.ndarray, needed: tuple[str, ...], seed: int) -> None:
     """An InputError when the seed's draw leaves one of the `needed` splits without an item."""
-    from lab.inputs import InputError
+    from lab.outside_files import InputError
 
     empty = [name for name in needed if not (splits == name).any()]
     if empty:

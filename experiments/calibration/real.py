@@ -317,7 +317,7 @@ def residuals(model: Any, prompts: list[list[int]]) -> dict[str, Any]:
 def part(folder: Path, name: str, compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """A part of the run: read back from <folder>/parts/<name>.json when an earlier attempt finished it, else
     computed, timed and written there atomically (so an interrupted run continued into the folder skips it)."""
-    from lab.inputs import read_json
+    from lab.outside_files import read_json
     from lab.runs import to_jsonable, write_json
 
     path = folder / "parts" / f"{name}.json"

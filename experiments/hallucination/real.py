@@ -41,9 +41,9 @@ import torch
 
 from experiments.hallucination.biographies import CITIES, Corpus, build_corpus, question_words
 from experiments.hallucination.config import EPS, Config
-from lab.inputs import read_json
 from lab.metrics.discrimination import bootstrap_ci
 from lab.metrics.hallucination import bin_table, bound_slack
+from lab.outside_files import read_json
 from lab.runs import headline, write_json
 
 LABEL = "SmolLM2-135M-Instruct, 4-bit GGUF dequantized"

@@ -49,11 +49,11 @@ from experiments.kl.measure import Decomposition, summarise
 from experiments.kl.training import log_spaced_steps
 from lab.data.sources import MarkovSource
 from lab.files import atomic_write_text
-from lab.inputs import read_json_object
 from lab.metrics.discrimination import bootstrap_ci
 from lab.metrics.information import entropy, kl
 from lab.metrics.statistics import sign
 from lab.model.transformer import HookedTransformer
+from lab.outside_files import read_json_object
 from lab.progress import bar
 from lab.runs import headline, save_figure
 from lab.train.batches import SequenceBatches

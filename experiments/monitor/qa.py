@@ -37,7 +37,7 @@ def read_qa(path: str | Path) -> list[dict[str, Any]]:
     model's answer is its continuation up to its first line break, so it could never match), and for fewer than
     MIN_QA_ITEMS questions."""
     from experiments.calibration.mmlu import read_question_csv
-    from lab.inputs import InputError
+    from lab.outside_files import InputError
 
     path = Path(path)
     rows = read_question_csv(path, "question–answer file")

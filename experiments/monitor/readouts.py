@@ -34,7 +34,7 @@ def load_readouts(folder: Path) -> tuple[LinearReadout | None, LinearReadout | N
     """What `save_readouts` wrote: (probe, p_ik, signs)."""
     from safetensors import safe_open
 
-    from lab.inputs import parse_json, regular_file
+    from lab.outside_files import parse_json, regular_file
 
     path = Path(folder) / READOUT_FILE
     if not path.exists():

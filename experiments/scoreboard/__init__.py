@@ -4,7 +4,7 @@ No toolkit can tell its user whether its methods are right by comparing them wit
 next-token law and mechanism are known can. The run trains small models on each of five worlds (lab.data), one
 per training seed (the profile's `seeds`), and grades every method that applies there, each grade a mean over
 held-out prompts with a bootstrap 95% interval and a control — one that knows nothing and must score at chance, or
-the same method where the mechanism is absent, which it must beat (lab.metrics.grading, lab.analysis.grading); the
+the same method where the mechanism is absent, which it must beat (lab.metrics.grades, lab.analysis.grading); the
 table combines the seeds (experiments.scoreboard.seeds: the mean, and an interval covering every seed's interval,
 so the spread between trained models as well as over prompts):
 

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from experiments.scoreboard.config import FIGURES, LENSES, LOOKUP
-from lab.metrics.grading import BASELINES
+from lab.metrics.grades import BASELINES
 from lab.names import name as display
 from lab.runs import save_figure, save_table
 

@@ -45,7 +45,7 @@ from lab.data.facts import FactWorld, FactWorldConfig
 from lab.data.sources import source_from_dict
 from lab.data.tokenizers import word_level
 from lab.metrics.discrimination import Metric
-from lab.metrics.grading import Grade
+from lab.metrics.grades import Grade
 from lab.model.config import ModelConfig
 from lab.model.transformer import HookedTransformer
 from lab.runs import write_json

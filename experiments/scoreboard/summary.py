@@ -8,7 +8,7 @@ said in words.
 
 Input attribution: a method finds the mechanism on a world (against one of its truths, the row's readout) only
 where, on AUROC and on the mass on the relevant positions, its interval lies above the best trivial baseline's
-(lab.metrics.grading.BASELINES: recency, the last token, uniform, random; the best is the one whose interval
+(lab.metrics.grades.BASELINES: recency, the last token, uniform, random; the best is the one whose interval
 reaches highest) and above its own control's (the same method on an untrained model and on a model trained on
 another world, the hardest of them). The attribution graph is credited only where the graph over trained
 transcoders beats the same graph over untrained ones."""
@@ -17,7 +17,7 @@ import math
 from typing import Any
 
 from experiments.scoreboard.config import LOOKUP
-from lab.metrics.grading import BASELINES
+from lab.metrics.grades import BASELINES
 from lab.names import name as display
 from lab.runs import headline
 

@@ -1,7 +1,7 @@
 """Grade an interpretability method on a Forma model against a world whose law and mechanism are known.
 
 Each function takes a model, held-out prompts drawn from the world, and the world's truth, and returns `Grade`s
-(lab.metrics.grading): the method's value with a bootstrap 95% interval over prompts, a control that knows
+(lab.metrics.grades): the method's value with a bootstrap 95% interval over prompts, a control that knows
 nothing, and what chance gives that control.
 
     grade_lens               a lens's reading at every layer against the true law p and against the model
@@ -51,7 +51,7 @@ from lab.analysis.probes.readouts import random_model
 from lab.analysis.probes.splits import group_split
 from lab.analysis.transcoders.model import Transcoders
 from lab.metrics.discrimination import bootstrap_ci
-from lab.metrics.grading import (
+from lab.metrics.grades import (
     BASELINES,
     Grade,
     attribution_grades,
@@ -100,7 +100,7 @@ def grade_lens(
     n_boot: int = 1000,
     seed: int = 0,
 ) -> list[dict[str, Grade]]:
-    """KL(p ‖ P^(l)), KL(P_θ ‖ P^(l)) and the gain over another prompt's reading (`lab.metrics.grading.lens_grades`)
+    """KL(p ‖ P^(l)), KL(P_θ ‖ P^(l)) and the gain over another prompt's reading (`lab.metrics.grades.lens_grades`)
     for every layer of `lens` (rows: resid_pre 0 … n − 1, then the output), on held-out `tokens` whose true law is
     `p` [batch, pos, vocab] (a source's `conditionals(tokens)`), averaged over the `valid` positions of each prompt
     (default all)."""
@@ -177,14 +177,14 @@ def grade_input_attribution(
     baselines: Sequence[str] = BASELINES,
 ) -> AttributionGrades:
     """Each method's attribution of the prediction after each prompt's last token, graded against the truly
-    relevant positions `relevant` [batch, pos] (a set per prompt: lab.metrics.grading says how each grade treats
+    relevant positions `relevant` [batch, pos] (a set per prompt: lab.metrics.grades says how each grade treats
     it) and against the model's own exhaustive causal effects (`resample_effects`), over the `valid` positions
     (default all).
 
     Controls that can fail: the same method on each model of `controls` ({what: model of the same shape without
     the world's mechanism}; default an untrained one, `UNTRAINED_MODEL`; {} for none), graded against this world's
     truth and this model's effects; each grade's control is the hardest of them to beat. The trivial `baselines`
-    (lab.metrics.grading.BASELINES: recency, last token, uniform, random) are graded beside the methods, their
+    (lab.metrics.grades.BASELINES: recency, last token, uniform, random) are graded beside the methods, their
     controls their own scores (they read no model). With `transcoders` (trained on the model), the attribution
     graph is one more method, "attribution_graph" (`graph_readings`; it explains the top logits, so it takes no
     `target`), its control the same graph over `untrained_transcoders`, and its replacement score beside theirs."""

@@ -63,7 +63,7 @@ from lab.files import (
     remove_temporary,
     tensors_bytes,
 )
-from lab.inputs import InputError, parse_json, read_csv, read_json_object, read_text, regular_file
+from lab.outside_files import InputError, parse_json, read_csv, read_json_object, read_text, regular_file
 
 SWEEP_FORMAT = "forma-sweep/1"
 SWEEP_FILE = "sweep.json"
@@ -120,7 +120,7 @@ def read_pairs(path: str | Path, model: Any) -> list[PromptPair]:
 
 
 def _csv_rows(path: Path) -> list[tuple[int, dict[str, str]]]:
-    """A CSV dataset's rows by the line each starts on, as {column: cell} (`lab.inputs.read_csv`: a cell past the
+    """A CSV dataset's rows by the line each starts on, as {column: cell} (`lab.outside_files.read_csv`: a cell past the
     csv module's limit, or a quote left open, is refused naming its line)."""
     table = read_csv(path, what="dataset of prompt pairs")
     header = table[0][1] if table else []

@@ -16,8 +16,8 @@ def smollm2_tokenizer() -> tuple[object, dict]:
     """smollm2's tokenizer (a FileNotFoundError naming `forma build smollm2` when it is not built) and what the
     manifest records of it: the model, the file's SHA-256 and the vocabulary's size."""
     from lab.folders import zoo_model_dir
-    from lab.inputs import read_bytes
     from lab.model.checkpoint import TOKENIZER_FILE, read_tokenizer
+    from lab.outside_files import read_bytes
 
     folder = zoo_model_dir(TOKENIZER_MODEL)
     path = folder / TOKENIZER_FILE
@@ -28,7 +28,7 @@ def smollm2_tokenizer() -> tuple[object, dict]:
 
 def digests(out: Path) -> dict[str, str]:
     """The SHA-256 of each file the corpus writes into `out`."""
-    from lab.inputs import read_bytes
+    from lab.outside_files import read_bytes
 
     return {entry: hashlib.sha256(read_bytes(out / entry, out)).hexdigest() for entry in ENTRIES}
 
@@ -41,7 +41,7 @@ def measured_path(name: str) -> Path:
 
 def check_record(out: Path, name: str) -> list[str]:
     """The files in `out` whose bytes differ from the recorded corpus's (docs/measured/corpus/NAME.json)."""
-    from lab.inputs import read_json_object
+    from lab.outside_files import read_json_object
 
     record = read_json_object(measured_path(name), what="corpus record")
     return [entry for entry, digest in digests(out).items() if record.get("sha256", {}).get(entry) != digest]

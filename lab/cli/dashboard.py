@@ -9,7 +9,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from lab.cli.signals import CHILDREN, Stopped
+from lab.cli.stopping import CHILDREN, Stopped
 
 
 def dashboard_command(port: int) -> list[str]:

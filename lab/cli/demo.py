@@ -14,7 +14,7 @@ from pathlib import Path
 
 from lab.cli.dashboard import dashboard_command, wait_until_serving
 from lab.cli.job_board import JobBoard
-from lab.cli.signals import CHILDREN, Stopped
+from lab.cli.stopping import CHILDREN, Stopped
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

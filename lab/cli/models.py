@@ -65,7 +65,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         progress_file.unlink(missing_ok=True)
     except KeyboardInterrupt as interrupted:
         # In the training loop `train` stops at the step boundary with a checkpoint (TrainingInterrupted says
-        # where); anywhere else a signal ends the build as Ctrl-C does (lab.cli.signals.interrupting_signals).
+        # where); anywhere else a signal ends the build as Ctrl-C does (lab.cli.stopping.interrupting_signals).
         hint = f"build it again with `forma build {args.name}`" if pretrained else f"continue with `{again}`"
         print(f"forma build: {str(interrupted) or 'interrupted'}; {hint}", file=sys.stderr)
         return 128 + getattr(interrupted, "signum", signal.SIGINT)

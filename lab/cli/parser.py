@@ -18,7 +18,7 @@ from lab.cli.demo import cmd_demo
 from lab.cli.models import cmd_build, cmd_hooks, cmd_transcoders, cmd_trust
 from lab.cli.questions import cmd_questions
 from lab.cli.runs import cmd_cards, cmd_run
-from lab.cli.signals import Stopped, interrupting_signals
+from lab.cli.stopping import Stopped, interrupting_signals
 
 Commands = Any  # what ArgumentParser.add_subparsers returns: each _add_* builder adds one command to it
 

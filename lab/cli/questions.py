@@ -13,7 +13,7 @@ def cmd_questions(args: argparse.Namespace) -> int:
     compares with FILE (exit 1 when they differ). docs/questions.md states the rules."""
     from lab.data.questions import SHIPPED, build_questions, questions_text, read_question_set
     from lab.files import atomic_write_text
-    from lab.inputs import InputError, read_bytes
+    from lab.outside_files import InputError, read_bytes
 
     path = Path(args.out) if args.out else SHIPPED
     if path.exists() and not args.check:

@@ -13,7 +13,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     import experiments
     from lab.folders import model_folder
     from lab.headlines import lines as headline_lines
-    from lab.inputs import regular_file
+    from lab.outside_files import regular_file
 
     # What the arguments alone settle is refused before torch loads: an option the experiment does not take, a
     # model that is neither a folder nor a trained zoo model, and a file that is not there (or not a regular file).

@@ -51,7 +51,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from lab.inputs import InputError, read_json_object
+from lab.outside_files import InputError, read_json_object
 
 SHIPPED = Path(__file__).with_name("questions.json")
 DEFAULT_SEED = 0

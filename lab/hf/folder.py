@@ -6,15 +6,15 @@ causal LM loaded only if its weights are exactly what config.json describes (`re
 Nothing in the folder runs as code: every transformers loader is called with trust_remote_code=False, and a
 config.json or tokenizer_config.json whose `auto_map` names Python code in the folder is refused before
 transformers sees it (`refuse_code`). Every file of the folder is a regular file inside it (`check_folder_files`,
-through `lab.inputs`): transformers opens files by names of its own, and a FIFO among them would hang it."""
+through `lab.outside_files`): transformers opens files by names of its own, and a FIFO among them would hang it."""
 
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from lab.inputs import MAX_JSON_BYTES, InputError, inside, read_json, read_json_object, regular_file
 from lab.model.checkpoint import describe_weight_problems
+from lab.outside_files import MAX_JSON_BYTES, InputError, inside, read_json, read_json_object, regular_file
 
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"

@@ -2,7 +2,7 @@
 attached to the model (`tokenizer.json`, or an encoder–decoder's `src_tokenizer.json` and `tgt_tokenizer.json`).
 
 Every file is written atomically (`lab.files.atomic_write`), so a crash leaves the old file or the new one;
-nothing is pickled. Reading goes through `lab.inputs` (regular files inside the folder, of bounded size) and
+nothing is pickled. Reading goes through `lab.outside_files` (regular files inside the folder, of bounded size) and
 names the part that is missing or malformed. Loading by name
 (a zoo name, a Hugging Face folder) is above the model package, in `lab.load`.
 """
@@ -17,8 +17,8 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from lab.files import atomic_write
-from lab.inputs import MAX_JSON_BYTES, InputError, read_json, read_text, regular_file
 from lab.model.offload import read_weight
+from lab.outside_files import MAX_JSON_BYTES, InputError, read_json, read_text, regular_file
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"

@@ -20,8 +20,8 @@ from typing import Any, Literal
 import torch
 
 from lab.configs import Record, check_fields, need
-from lab.inputs import MAX_JSON_BYTES, read_text
 from lab.model.runtime import RuntimeSettings
+from lab.outside_files import MAX_JSON_BYTES, read_text
 
 
 @dataclass(frozen=True)

@@ -28,9 +28,9 @@ from torch import Tensor
 
 from lab.distributed import rank_world
 from lab.files import current_umask
-from lab.inputs import InputError, parse_json, read_json, read_text, regular_file
 from lab.model.checkpoint import CONFIG_FILE, WEIGHTS_FILE
 from lab.model.transformer import HookedTransformer
+from lab.outside_files import InputError, parse_json, read_json, read_text, regular_file
 from lab.train.config import TrainConfig
 
 CHECKPOINT_DIR = "checkpoint"
@@ -196,7 +196,7 @@ def _differences(saved: dict[str, Any], now: dict[str, Any], skip: tuple[str, ..
 
 
 def _read_state_file(path: Path, steps: int) -> dict[str, Any]:
-    """train_state.json (through lab.inputs: a regular file inside its folder, bounded, nested at most so deep),
+    """train_state.json (through lab.outside_files: a regular file inside its folder, bounded, nested at most so deep),
     each field of its type and range: a step of the run's 0 … `steps`, finite losses (or none), configs as
     objects. The losses and time come back as floats."""
     meta = read_json(path, path.parent, what="checkpoint state")
@@ -317,7 +317,7 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     """metrics.jsonl records; a torn last line (a crash mid-append) is dropped, any other bad line is an error."""
     if not path.is_file():
         return []
-    lines = read_text(path, path.parent).splitlines()  # through lab.inputs: a regular file inside its folder
+    lines = read_text(path, path.parent).splitlines()  # through lab.outside_files: a regular file inside its folder
     records = []
     for number, line in enumerate(lines, 1):
         try:

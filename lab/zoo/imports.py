@@ -20,7 +20,7 @@ import torch
 
 from lab.folders import CARD_FILE, RECIPE_FILE, SOURCE_TABLE, check_zoo_name, zoo_dir
 from lab.hf.gguf import sha256_of, write_hf_folder
-from lab.inputs import read_text
+from lab.outside_files import read_text
 from lab.runs import provenance, write_json
 from lab.train.checkpoint import discard_tree
 from lab.zoo.builds import BUILD_FORMAT, NEXT_LINK, only_build, publish_build, start_build

@@ -9,7 +9,7 @@ from typing import Any
 
 from lab.data.facts import FactWorldConfig
 from lab.folders import RECIPE_FILE, check_zoo_name
-from lab.inputs import read_text
+from lab.outside_files import read_text
 
 TABLES = ("world", "model", "train")
 MODEL_KIND_NAMES = ("decoder_only", "encoder_decoder")

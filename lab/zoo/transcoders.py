@@ -35,8 +35,8 @@ from lab.analysis.transcoders.train import (
 )
 from lab.distributed import barrier, rank_world
 from lab.files import atomic_write, atomic_write_text, is_owned_temporary, remove_temporary
-from lab.inputs import read_json_object, regular_file
 from lab.load import load_model
+from lab.outside_files import read_json_object, regular_file
 from lab.zoo.recipes import load_recipe
 from lab.zoo.worlds import build_world
 

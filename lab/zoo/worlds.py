@@ -14,7 +14,7 @@ from lab.data.sources import HiddenMarkovSource, MarkovSource, source_from_dict
 from lab.data.stdlib_corpus import split_text, stdlib_docstrings, train_bpe
 from lab.data.tokenizers import word_level
 from lab.folders import zoo_dir
-from lab.inputs import read_json
+from lab.outside_files import read_json
 from lab.train.batches import pad_documents
 from lab.zoo.recipes import check_world
 

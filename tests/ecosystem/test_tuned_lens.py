@@ -10,7 +10,7 @@ from lab import HookedTransformer, ModelConfig
 from lab.analysis.lens import logit_lens
 from lab.analysis.tuned_lens import TunedLens, fit_tuned_lens
 from lab.hf.convert import to_hf
-from lab.metrics.grading import lens_grades
+from lab.metrics.grades import lens_grades
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

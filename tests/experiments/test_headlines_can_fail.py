@@ -600,7 +600,7 @@ def _truth(name: str) -> tuple[str, str]:
 
 
 def _method_rows(results: Results, name: str, grades: tuple[str, ...]) -> list[dict[str, Any]]:
-    from lab.metrics.grading import BASELINES
+    from lab.metrics.grades import BASELINES
 
     world, readout = _truth(name)
     return [
@@ -611,7 +611,7 @@ def _method_rows(results: Results, name: str, grades: tuple[str, ...]) -> list[d
 
 
 def _best_high(results: Results, name: str, grade: str) -> float:
-    from lab.metrics.grading import BASELINES
+    from lab.metrics.grades import BASELINES
 
     world, readout = _truth(name)
     highs = [_rows(results, method=b, world=world, readout=readout, grade=grade)[0]["high"] for b in BASELINES]

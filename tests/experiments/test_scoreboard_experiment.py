@@ -41,7 +41,7 @@ from lab.analysis.input_attribution import METHODS, input_attributions, resample
 from lab.analysis.lens import logit_lens
 from lab.analysis.probes.readouts import random_model
 from lab.data.sources import source_from_dict
-from lab.metrics.grading import BASELINES, attribution_grades
+from lab.metrics.grades import BASELINES, attribution_grades
 from lab.model.transformer import HookedTransformer
 from lab.runs import read_table
 

@@ -40,8 +40,8 @@ SCRIPT = """
 import sys
 from pathlib import Path
 
-from lab.cli import main
-from lab.hf import bridge
+from lab.cli.parser import main
+from lab.hf.loading import bridge
 
 model, bare, csv_path, out = (Path(p) for p in sys.argv[1:5])
 assert main(["trust", str(model)]) == 0

@@ -67,12 +67,13 @@ def remote_code_folder(directory: Path, marker: Path, in_tokenizer: bool = False
 
 AT_A_TERMINAL = """
 import json, sys
-from lab.cli import main
+from lab.cli.parser import main
 csv_path, *folders = sys.argv[1:]
 for folder in folders:
     codes = [main(["hooks", folder]), main(["trust", folder]),
              main(["run", "calibration", "--quick", "--model", folder, "--mmlu", csv_path, "--out", folder + "-run"])]
-    from lab.hf import bridge, load_hf, local_tokenizer
+    from lab.hf.loading import bridge, load_hf
+    from lab.hf.folder import local_tokenizer
     for load in (load_hf, bridge, local_tokenizer):
         try:
             load(folder)
@@ -480,8 +481,8 @@ def test_a_device_the_machine_lacks_is_one_line(tmp_path):
 
 READ_ONLY = """
 import json, sys
-from lab.cli import main
-from lab.hf import load_hf
+from lab.cli.parser import main
+from lab.hf.loading import load_hf
 model, read_only, out = sys.argv[1:]
 said = {"trust": main(["trust", model]), "trust --out": main(["trust", model, "--out", out])}
 try:

@@ -134,7 +134,7 @@ def test_the_dashboard_server_ends_with_forma_dashboard(tmp_path, signum):
 
 DEMO_JOBS = """
 import sys
-from lab.cli import run_side_by_side
+from lab.cli.demo import run_side_by_side
 run_side_by_side([("forma run equations --quick", ["run", "equations", "--quick", "--out", sys.argv[1]])])
 """
 
@@ -191,7 +191,7 @@ def forma_lines(err: str, command: str) -> list[str]:
 def test_a_signal_is_raised_once_and_one_started_ignored_stays_ignored():
     """interrupting_signals: SIGTERM raises Interrupted where the code is; a second signal while the clean-up runs
     is ignored; SIGHUP ignored on entry (nohup) stays ignored; the handlers before it come back after."""
-    from lab.cli.signals import Interrupted, interrupting_signals
+    from lab.cli.stopping import Interrupted, interrupting_signals
 
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     signal.signal(signal.SIGHUP, signal.SIG_IGN)

@@ -56,7 +56,7 @@ from lab.distributed import (
     record_plan,
 )
 from lab.files import OWNER_FILE, claim_folder, folder_lock, is_owned_temporary, owned, remove_temporary
-from lab.inputs import read_text, regular_file
+from lab.outside_files import read_text, regular_file
 
 HARVEST_FORMAT = "forma-harvest/1"
 DEFAULT_SEQ_LEN = 128

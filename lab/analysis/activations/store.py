@@ -9,7 +9,7 @@ row count, the sequences done where it ends and the SHA-256 of its bytes, taken 
 per-row shape and dtype, and what was collected; `out_dir/progress.json` records each shard of a harvest in
 progress.
 
-A store trusts nothing of its folder it has not checked (through `lab.inputs`): the index is a regular file of
+A store trusts nothing of its folder it has not checked (through `lab.outside_files`): the index is a regular file of
 bounded size and nesting whose fields have their types; every shard it names is a regular file inside the folder
 (no `../`), whose header holds the rows the index says, of the shapes and dtypes it says, in the order of the
 sequences; and a shard's bytes match their checksum before any row of it is read. Each failure is an InputError
@@ -47,7 +47,7 @@ from lab.analysis.activations.verify import (
 from lab.distributed import all_gather_json, rank_world, share
 from lab.files import atomic_write, atomic_write_text, remove_temporary, tensors_bytes
 from lab.freed_memory import release_freed_memory
-from lab.inputs import InputError, read_json_object, regular_file
+from lab.outside_files import InputError, read_json_object, regular_file
 
 INDEX_FILE = "index.json"
 PROGRESS_FILE = "progress.json"

@@ -9,7 +9,7 @@ from typing import Any
 
 from safetensors import SafetensorError, safe_open
 
-from lab.inputs import InputError, regular_file
+from lab.outside_files import InputError, regular_file
 
 DTYPE_NAMES = {
     "F64": "float64",

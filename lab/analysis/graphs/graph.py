@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from lab.files import atomic_write, atomic_write_text, is_owned_temporary, remove_temporary
-from lab.inputs import InputError, read_json, regular_file
+from lab.outside_files import InputError, read_json, regular_file
 
 GRAPH_FORMAT = "forma-attribution-graph/1"
 TENSORS_FILE = "graph.safetensors"

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from lab.configs import Record, check_fields, need
 from lab.files import atomic_write, atomic_write_text
-from lab.inputs import MAX_JSON_BYTES, read_json, read_text, regular_file
+from lab.outside_files import MAX_JSON_BYTES, read_json, read_text, regular_file
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "transcoders.safetensors"

@@ -41,7 +41,7 @@ from lab.analysis.transcoders.model import CONFIG_FILE, WEIGHTS_FILE, Transcoder
 from lab.configs import Record, check_fields, need
 from lab.distributed import all_gather_rows, barrier, rank_world, share
 from lab.files import atomic_write_text
-from lab.inputs import InputError, read_json
+from lab.outside_files import InputError, read_json
 from lab.progress import bar
 from lab.train.checkpoint import (
     check_like,

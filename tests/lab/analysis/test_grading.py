@@ -29,7 +29,7 @@ from lab.analysis.lens import ground_truth_lens
 from lab.analysis.probes.splits import group_split
 from lab.data.mechanisms import InductionSource, Mess3Source
 from lab.data.sources import MarkovSource
-from lab.metrics.grading import BASELINES
+from lab.metrics.grades import BASELINES
 from lab.metrics.memory import last_tokens_lookup
 from tests.builders import exact_transcoders, random_transcoders
 

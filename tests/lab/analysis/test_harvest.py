@@ -231,7 +231,7 @@ def test_an_unrecorded_shard_and_a_half_written_temporary_are_never_listed(deep,
 KILLED = """
 import os, signal, sys, torch
 from lab import HookedTransformer
-from lab.analysis.activations import save_activations
+from lab.analysis.activations.store import save_activations
 from tests.builders import VOCAB, tiny_config
 model = HookedTransformer(tiny_config(n_layers=3), seed=0).eval()
 data = torch.randint(0, VOCAB, (24, 12), generator=torch.Generator().manual_seed(5))

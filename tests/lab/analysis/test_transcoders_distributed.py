@@ -20,7 +20,7 @@ from lab.analysis.activations.store import save_activations
 from lab.analysis.transcoders.model import TranscoderConfig
 from lab.analysis.transcoders.train import PARALLEL, TranscoderTraining, train_transcoders
 from lab.cli.parser import TRANSCODER_PARALLEL, main
-from lab.inputs import InputError
+from lab.outside_files import InputError
 from tests.builders import REPO, tiny_model
 
 BASE = TranscoderConfig(d_model=32, n_layers=3, d_features=96)

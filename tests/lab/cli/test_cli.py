@@ -147,7 +147,7 @@ def test_the_demo_runs_a_job_after_the_one_whose_result_it_reads(tmp_path, monke
     """Calibration reads the pydoc model: it waits until pydoc's training has ended, while the next job in order
     takes the free core; the queue file says so meanwhile (lab.jobs.queued, what the pages read)."""
     from lab.cli.demo import run_side_by_side
-    from lab.cli.signals import CHILDREN
+    from lab.cli.stopping import CHILDREN
     from lab.jobs import queued
 
     monkeypatch.setenv("FORMA_RUNS_DIR", str(tmp_path / "runs"))

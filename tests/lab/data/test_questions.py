@@ -24,7 +24,7 @@ from lab.data.questions import (
     questions_text,
     read_question_set,
 )
-from lab.inputs import InputError
+from lab.outside_files import InputError
 
 
 @pytest.fixture(scope="module")

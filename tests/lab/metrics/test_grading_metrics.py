@@ -1,11 +1,11 @@
-"""lab.metrics.grading: the grades on hand-built cases, the trivial baselines by hand, and controls that are at
+"""lab.metrics.grades: the grades on hand-built cases, the trivial baselines by hand, and controls that are at
 chance (or beaten) when they should be and not when they should not."""
 
 import numpy as np
 import pytest
 
 from lab.metrics.discrimination import Metric
-from lab.metrics.grading import (
+from lab.metrics.grades import (
     BASELINES,
     Grade,
     attribution_grades,
