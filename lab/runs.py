@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from lab.files import atomic_write, atomic_write_text, is_temporary, remove_temporary
+from lab.files import atomic_write, atomic_write_text, remove_temporary
 from lab.outside_files import InputError, read_json, read_text, regular_file
 
 REPO = Path(__file__).resolve().parents[1]
@@ -174,8 +174,10 @@ def _new_timestamped_dir(base: Path) -> Path:
 
 
 def _check_reusable(folder: Path, experiment: str) -> None:
-    """Raise unless `folder` is empty (but for the atomic writer's leftovers) or an unfinished `experiment` run."""
-    contents = sorted(p.name for p in folder.iterdir() if not is_temporary(p))
+    """Raise unless `folder` is empty or an unfinished `experiment` run (its provenance.json, Forma's record of the
+    folder, names the experiment). A file named like the atomic writer's temporaries counts as anything else does:
+    only in Forma's own unfinished run is it Forma's to remove."""
+    contents = sorted(p.name for p in folder.iterdir())
     if not contents:
         return
     try:

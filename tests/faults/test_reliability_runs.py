@@ -65,6 +65,19 @@ def test_an_unfinished_run_of_the_same_experiment_is_taken_and_finished(tmp_path
     assert not [p for p in folder.iterdir() if is_temporary(p)]
 
 
+def test_a_file_named_like_a_temporary_in_a_folder_forma_never_ran_in_is_refused_and_kept(tmp_path, capsys):
+    """Only Forma's own unfinished run (its provenance.json names the experiment) has temporaries Forma may remove: a
+    user's folder holding nothing but a file named like one is refused in one line, the file as it was."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / ".notes.abc123.tmp").write_text("the user's own notes")
+    assert main(["run", "equations", "--quick", "--out", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert "is not empty" in err and ".notes.abc123.tmp" in err and len(err.strip().splitlines()) == 1
+    assert (folder / ".notes.abc123.tmp").read_text() == "the user's own notes"
+    assert sorted(p.name for p in folder.iterdir()) == [".notes.abc123.tmp"]
+
+
 def test_an_unfinished_run_of_another_experiment_is_refused(tmp_path):
     folder = tmp_path / "run"
     folder.mkdir()
