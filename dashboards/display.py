@@ -106,7 +106,7 @@ def show_figures(folder: Path, only: list[str] | None = None, names: dict[str, s
     unreadable: list[str] = []
     for name, fig in figures(folder, unreadable):
         if only is None or name in only:
-            draw(relabel(fig, NAMES if names is None else names), f"fig-{folder.name}-{name}")
+            draw(relabel(fig, NAMES if names is None else names), f"fig-{folder.parent.name}-{folder.name}-{name}")
     if unreadable:
         st.warning(
             f"Figures in {code(folder)} that are not readable plotly JSON, left out: "
@@ -269,7 +269,7 @@ def show_config(folder: Path, config: dict[str, Any]) -> None:
             json.dumps(config, indent=2),
             file_name="config.json",
             mime="application/json",
-            key=f"config-{folder.name}",
+            key=f"config-{folder.parent.name}-{folder.name}",
             on_click="ignore",
         )
 

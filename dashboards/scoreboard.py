@@ -95,7 +95,7 @@ def render(folder: Path, results: dict) -> None:
         st.subheader(title)
         for file in files:
             if file in drawn:
-                draw(relabel(drawn[file], NAMES), key=f"fig-{folder.name}-{file}")
+                draw(relabel(drawn[file], NAMES), key=f"fig-{folder.parent.name}-{folder.name}-{file}")
     if unreadable:
         st.warning(
             f"Figures that are not readable plotly JSON, left out: {', '.join(unreadable)}. Run `forma run "
