@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from lab.files import atomic_write, atomic_write_text, remove_temporary
+from lab.files import atomic_write, atomic_write_text, remove_temporary, temporary_name
 from lab.outside_files import InputError, read_json, read_text, regular_file
 
 REPO = Path(__file__).resolve().parents[1]
@@ -173,11 +173,16 @@ def _new_timestamped_dir(base: Path) -> Path:
     raise AssertionError("unreachable")
 
 
+PROVENANCE_FILE = "provenance.json"  # a run's first file: it names the experiment, and so the folder as the run's
+
+
 def _check_reusable(folder: Path, experiment: str) -> None:
     """Raise unless `folder` is empty or an unfinished `experiment` run (its provenance.json, Forma's record of the
     folder, names the experiment). A file named like the atomic writer's temporaries counts as anything else does:
     only in Forma's own unfinished run is it Forma's to remove."""
-    contents = sorted(p.name for p in folder.iterdir())
+    # a run killed while writing its first file (provenance.json) leaves only that file's temporary: still empty
+    first = f".{PROVENANCE_FILE}."
+    contents = sorted(p.name for p in folder.iterdir() if not (p.name.startswith(first) and temporary_name(p.name)))
     if not contents:
         return
     try:
@@ -285,7 +290,7 @@ def run_and_record(
         for leftover in folder.iterdir():  # an earlier attempt's half-written temporaries: ours to remove
             remove_temporary(leftover)
         record = provenance(seed, experiment=experiment)
-        write_json(folder / "provenance.json", record)
+        write_json(folder / PROVENANCE_FILE, record)
         write_json(folder / "config.json", config)
         start = time.perf_counter()
         results = run(config, folder)

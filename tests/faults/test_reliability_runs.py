@@ -78,6 +78,17 @@ def test_a_file_named_like_a_temporary_in_a_folder_forma_never_ran_in_is_refused
     assert sorted(p.name for p in folder.iterdir()) == [".notes.abc123.tmp"]
 
 
+def test_a_run_killed_while_writing_its_first_file_is_taken_again(tmp_path):
+    """A kill during provenance.json's first write leaves only its temporary: the same --out is taken again (the
+    temporary removed), as an empty folder is."""
+    folder = tmp_path / "run"
+    (folder / ".provenance.json.abc123.tmp").mkdir(parents=True)
+    (folder / ".provenance.json.abc123.tmp" / "provenance.json").write_text('{"exper')
+    run_and_record("toy", {"seed": 0}, toy_run, out=folder, seed=0)
+    assert json.loads((folder / "results.json").read_text())["n"] == 500
+    assert not [p for p in folder.iterdir() if is_temporary(p)]
+
+
 def test_an_unfinished_run_of_another_experiment_is_refused(tmp_path):
     folder = tmp_path / "run"
     folder.mkdir()
