@@ -159,14 +159,28 @@ def show_run(
     folder, results = show_run_header(experiment)
     if results is None:
         return
+    render_checked(folder, results, experiment, render, fields, required, "page")
+
+
+def render_checked(
+    folder: Path,
+    results: dict,
+    experiment: str,
+    render: Callable[[Path, dict], None],
+    fields: FieldTypes | None,
+    required: tuple[str, ...],
+    part: str,
+) -> None:
+    """render(folder, results) once results.json's fields are checked; a value of another shape is a warning that
+    names the file and leaves the rest of the `part` out."""
     path = folder / "results.json"
-    results = checked_fields(results, path, experiment, fields or {}, required)
+    results = checked_fields(results, path, folder.parent.name, fields or {}, required)
     try:
         render(folder, results)
     except SHAPE_ERRORS as err:
         st.warning(
             f"{code(path)} holds a value this page cannot show ({type(err).__name__}: {plain(err)}), so the "
-            f"rest of the page is left out. " + rerun(experiment)
+            f"rest of the {part} is left out. " + rerun(experiment)
         )
 
 
@@ -200,15 +214,7 @@ def show_real_track(
     if record["config"].get("quick"):
         st.info("A quick run of the real-model track: the small profile, for tests and the demo.")
     show_config(folder, record["config"])
-    path = folder / "results.json"
-    results = checked_fields(results, path, name, fields or {}, required)
-    try:
-        render(folder, results)
-    except SHAPE_ERRORS as err:
-        st.warning(
-            f"{code(path)} holds a value this page cannot show ({type(err).__name__}: {plain(err)}), so the "
-            f"rest of the real-model track is left out. " + rerun(experiment)
-        )
+    render_checked(folder, results, experiment, render, fields, required, "real-model track")
 
 
 def show_run_header(experiment: str) -> tuple[Path | None, dict | None]:
