@@ -6,7 +6,9 @@ reused (no .venv, no trained zoo model, no run):
     install      `make venv`: a new .venv from constraints.txt, with pip's cache off (PIP_NO_CACHE_DIR=1)
     demo         `make demo` in that clone, until the dashboard answers on its port: the zoo models are
                  trained and each experiment's quick profile runs, as on a user's first day
-    experiments  `forma run NAME --quick` and `forma run NAME` for every experiment, one at a time
+    experiments  `forma run NAME --quick` and `forma run NAME` for every experiment, one at a time; and the
+                 real-model tracks, `forma run NAME --model smollm2 [--quick]` (profiles real-quick and
+                 real-default; the clone builds smollm2 first, `forma build smollm2`)
 
 Each figure is one run (these take minutes; there is no peer to interleave with), measured with the
 machine otherwise idle. Writes benchmarks/results/walltime.json and refreshes the Markdown summary.
@@ -28,6 +30,14 @@ from lab.cli.dashboard import free_port, wait_until_serving
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = ("install", "demo", "experiments")
+REAL_MODEL = "smollm2"
+# profile: (flags of `forma run NAME`, whether it is a real-model track's)
+PROFILES = {
+    "quick": (["--quick"], False),
+    "default": ([], False),
+    "real-quick": (["--model", REAL_MODEL, "--quick"], True),
+    "real-default": (["--model", REAL_MODEL], True),
+}
 
 
 def timed_run(command: list[str], cwd: Path, env: dict[str, str], log: Path) -> float:
@@ -85,13 +95,16 @@ def _clean_env() -> dict[str, str]:
     return env | {"PIP_NO_CACHE_DIR": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
-def _experiment_names(clone: Path, env: dict[str, str]) -> list[str]:
-    """The experiments the clone's own installed Forma knows."""
+def _experiment_names(clone: Path, env: dict[str, str], real: bool = False) -> list[str]:
+    """The experiments the clone's own installed Forma knows (real: those with a real-model track, `--model`)."""
+    which = (
+        "[e.name for e in experiments.REGISTRY if 'model' in e.options]" if real else "experiments.experiment_names()"
+    )
     return subprocess.run(
         [
             str(clone / ".venv" / "bin" / "python"),
             "-c",
-            "import experiments; print(' '.join(experiments.experiment_names()))",
+            f"import experiments; print(' '.join({which}))",
         ],
         cwd=clone,
         env=env,
@@ -101,15 +114,43 @@ def _experiment_names(clone: Path, env: dict[str, str]) -> list[str]:
     ).stdout.split()
 
 
+def time_experiments(
+    clone: Path, env: dict[str, str], root: Path, logs: Path, profiles: list[str], into: dict, commit: str
+) -> None:
+    """Each experiment's run of each profile, one at a time, into `into[name][profile]` (entries of earlier
+    invocations stay: each names the commit and the load it was measured at)."""
+    forma = str(clone / ".venv" / "bin" / "forma")
+    if any(PROFILES[profile][1] for profile in profiles):
+        timed_run([forma, "build", REAL_MODEL], clone, env, logs / f"build-{REAL_MODEL}.log")
+    for profile in profiles:
+        flags, real = PROFILES[profile]
+        for name in _experiment_names(clone, env, real):
+            out = root / "runs" / f"{name}-{profile}"
+            load = os.getloadavg()[0]
+            seconds = timed_run(
+                [forma, "run", name, *flags, "--out", str(out)], clone, env, logs / f"{name}-{profile}.log"
+            )
+            provenance = json.loads((out / "provenance.json").read_text())
+            peak = json.loads((out / "results.json").read_text()).get("peak_rss_gb")
+            into.setdefault(name, {})[profile] = {
+                "process_s": seconds,
+                "experiment_s": provenance.get("wall_time_s"),
+                "commit": commit,
+                "load_average_1min_at_start": load,
+            } | ({"peak_rss_gb": peak} if peak is not None else {})
+            print(f"forma run {name} {' '.join(flags)}: {seconds:.0f} s", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="*", choices=STEPS, help="steps to time (default: all)")
     parser.add_argument(
         "--profiles",
         nargs="*",
-        choices=("quick", "default"),
+        choices=tuple(PROFILES),
         default=["quick", "default"],
-        help="the experiments step's profiles (default: both)",
+        help="the experiments step's profiles (default: quick and default; real-quick and real-default time "
+        f"`forma run NAME --model {REAL_MODEL} [--quick]`)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the clone (its path is printed)")
     args = parser.parse_args()
@@ -134,27 +175,7 @@ def main() -> None:
             results["demo_after_install"] = time_demo(clone, env, logs / "demo.log")
             print(f"make demo after install: {results['demo_after_install']}", flush=True)
         if "experiments" in steps:
-            forma = str(clone / ".venv" / "bin" / "forma")
-            names = _experiment_names(clone, env)
-            profiles = results.setdefault("experiments", {})
-            for name in names:
-                for profile, flags in (("quick", ["--quick"]), ("default", [])):
-                    if profile not in args.profiles:
-                        continue
-                    out = root / "runs" / f"{name}-{profile}"
-                    load = os.getloadavg()[0]
-                    seconds = timed_run(
-                        [forma, "run", name, *flags, "--out", str(out)], clone, env, logs / f"{name}-{profile}.log"
-                    )
-                    recorded = json.loads((out / "provenance.json").read_text()).get("wall_time_s")
-                    # Entries of earlier invocations stay: each names the commit and load it was measured at.
-                    profiles.setdefault(name, {})[profile] = {
-                        "process_s": seconds,
-                        "experiment_s": recorded,
-                        "commit": commit,
-                        "load_average_1min_at_start": load,
-                    }
-                    print(f"forma run {name} {' '.join(flags)}: {seconds:.0f} s", flush=True)
+            time_experiments(clone, env, root, logs, args.profiles, results.setdefault("experiments", {}), commit)
     finally:
         results["clone"] = str(clone) if args.keep else None
         print(f"wrote {write('walltime', results)}")

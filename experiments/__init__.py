@@ -15,6 +15,8 @@ imports only the standard library): the CLI's `--help` and the dashboard read it
 
 import dataclasses
 import importlib
+import resource
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -60,6 +62,13 @@ def run_name(name: str, config: Any) -> str:
     on the experiment's real-model track (its `real_track` is true: `forma run NAME --model smollm2`), else `name`.
     The dashboard's page shows the newest run of each, side by side (dashboards.display.show_real_track)."""
     return f"{name}{REAL_TRACK}" if getattr(config, "real_track", False) else name
+
+
+def peak_rss_gb() -> float:
+    """This process's peak resident memory so far, in GB: what a real-model track records as `peak_rss_gb` (the
+    issue's bound is 4 GB). ru_maxrss is in kB on Linux, in bytes on macOS."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1e9 if sys.platform == "darwin" else 1e6)
 
 
 def quick_changes(config_class: type) -> list[str]:

@@ -26,8 +26,6 @@ Every part writes its numbers into the run folder as it finishes (atomically), a
 folder (`--out`) reads them back instead of measuring again.
 """
 
-import resource
-import sys
 import time
 import unicodedata
 from collections.abc import Callable, Sequence
@@ -38,6 +36,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from experiments import peak_rss_gb
 from experiments.calibration.ece import temperature_summary
 from experiments.calibration.figures import reliability_figure
 from experiments.calibration.kadavath import (
@@ -431,12 +430,6 @@ def p_ik_part(model: Any, questions: list, shots: list, answers: dict, n_boot: i
 def profile(cfg: Any) -> dict[str, int]:
     """The run's sizes: the quick or the default profile."""
     return dict(PROFILES["quick" if cfg.quick else "default"])
-
-
-def peak_rss_gb() -> float:
-    """This process's peak resident memory so far, in GB (Linux reports kB, macOS bytes)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / (1e9 if sys.platform == "darwin" else 1e6)
 
 
 # --------------------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from experiments import peak_rss_gb
 from experiments.hallucination.biographies import CITIES, Corpus, build_corpus, question_words
 from experiments.hallucination.config import EPS, Config
 from lab.metrics.discrimination import bootstrap_ci
@@ -504,7 +505,7 @@ def run_real(cfg: Config, out: Path) -> dict[str, Any]:
         "rates": rates,
         "toy": toy_citation(),
         "timing": timing,
-        "peak_rss_mb": usage.ru_maxrss / 1024,
+        "peak_rss_gb": peak_rss_gb(),
         # The wall time depends on what else the cores run: the process's CPU time and the load it started under
         # say how busy they were.
         "cpu_s": usage.ru_utime + usage.ru_stime,

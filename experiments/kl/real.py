@@ -33,7 +33,6 @@ same bits. Artefacts: results.json, the figure kl_real (plotly .json + offline .
 import dataclasses
 import json
 import os
-import resource
 import time
 from pathlib import Path
 from typing import Any
@@ -44,6 +43,7 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from experiments import peak_rss_gb
 from experiments.kl.config import FAMILY_Z, REAL_WORDS, REAL_WORLD, RealProfile, sample_seed
 from experiments.kl.measure import Decomposition, summarise
 from experiments.kl.training import log_spaced_steps
@@ -328,7 +328,7 @@ def run_real(model: HookedTransformer, name: str, profile: RealProfile, seed: in
         "checkpoints": rows,
         "identity": identity_check(rows),
         "kl_change": kl_change(rows[0]["kl_per_sequence"], rows[-1]["kl_per_sequence"], seed),
-        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,  # kilobytes on Linux
+        "peak_rss_gb": peak_rss_gb(),
         "profile": dataclasses.asdict(profile),
     }
     results["headlines"] = real_headlines(results)

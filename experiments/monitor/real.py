@@ -27,7 +27,6 @@ import os
 import random
 import re
 import resource
-import sys
 import time
 import unicodedata
 from collections.abc import Iterator
@@ -41,6 +40,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from experiments import peak_rss_gb
 from experiments.monitor.config import REAL_MODELS, TRAINED, Config
 from experiments.monitor.figures import write_figures
 from experiments.monitor.judging import crc_check
@@ -352,14 +352,8 @@ def run_real(cfg: Config, out: Path, inputs: RealInputs | None = None) -> dict[s
     results["timing"] = timing
     usage = resource.getrusage(resource.RUSAGE_SELF)
     timing["process_cpu_s"] = usage.ru_utime + usage.ru_stime  # the model's load included: the machine's load aside
-    results["peak_rss_mb"] = peak_rss_mb()
+    results["peak_rss_gb"] = peak_rss_gb()
     save_table(frame, out, "prompts")
     save_table(curves, out, "curves")
     write_figures(out, results, curves)
     return results
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident memory so far, in MiB (ru_maxrss: KiB on Linux, bytes on macOS)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == "darwin" else peak / 1024

@@ -111,3 +111,17 @@ def test_the_graphs_section_shows_the_transcoders_graphs_and_circuit_tracer_besi
         assert f"| {row['n_pos']} | {row['forma']['seconds']:.2f} | {row['circuit_tracer']['seconds']:.2f} |" in text
     for world, mechanism in results["mechanisms"].items():
         assert f"Known mechanism, {world}: {mechanism['mean']:.0%}" in text
+
+
+def test_the_wall_time_section_names_the_real_model_profiles_their_target_and_memory():
+    """benchmarks/walltime.py --profiles real-quick real-default: each row says the command a user types, the
+    quick profile's 5-minute target and the run's peak memory."""
+    entry = {"process_s": 61.0, "commit": "0123456789abcdef", "load_average_1min_at_start": 0.5, "peak_rss_gb": 2.5}
+    results = {
+        "machine": {"utc": "2026-12-05T10:00:00Z"},
+        "load_average_at_start": [0.5, 0.5, 0.5],
+        "experiments": {"kl": {"real-quick": entry, "real-default": entry | {"process_s": 900.0}}},
+    }
+    text = "\n".join(summary.walltime_lines(results))
+    assert "| `forma run kl --model smollm2 --quick` | 61 | ≤ 300 | commit 0123456789, load 0.5, peak 2.50 GB |" in text
+    assert "| `forma run kl --model smollm2` | 900 | — |" in text
