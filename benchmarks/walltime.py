@@ -5,23 +5,30 @@ reused (no .venv, no trained zoo model, no run):
 
     install      `make venv`: a new .venv from constraints.txt, with pip's cache off (PIP_NO_CACHE_DIR=1)
     demo         `make demo` in that clone, until the dashboard answers on its port: the zoo models are
-                 trained and each experiment's quick profile runs, as on a user's first day
+                 trained and each experiment's quick profile runs, as on a user's first day; with --busy N, the
+                 same again while N processes spin on the cores (a machine under load), into demo_under_load
     experiments  `forma run NAME --quick` and `forma run NAME` for every experiment, one at a time; and the
                  real-model tracks, `forma run NAME --model smollm2 [--quick]` (profiles real-quick and
                  real-default; the clone builds smollm2 first, `forma build smollm2`)
 
-Each figure is one run (these take minutes; there is no peer to interleave with), measured with the
-machine otherwise idle. Writes benchmarks/results/walltime.json and refreshes the Markdown summary.
+Each figure is one run (these take minutes; there is no peer to interleave with), measured with the machine
+otherwise idle, and each entry names the commit it ran and the load around it (the 1-minute load average at its
+start, and for the demo its mean over the run, sampled every 2 s). Writes benchmarks/results/walltime.json and
+refreshes the Markdown summary.
 """
 
 import argparse
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from benchmarks.summary import write_summary
@@ -82,6 +89,54 @@ def time_demo(clone: Path, env: dict[str, str], log: Path, limit_s: float = 3600
         "until_every_job_done_s": filled,
         "demo_reported_ready_s": float(ready_lines(log)[-1].split()[3]),
     }
+
+
+@contextmanager
+def load_around(entry: dict) -> Iterator[None]:
+    """Record in `entry` the 1-minute load average at the start and its mean over the block (sampled every 2 s)."""
+    samples = [os.getloadavg()[0]]
+    entry["load_average_1min_at_start"] = samples[0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(2.0):
+            samples.append(os.getloadavg()[0])
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        yield
+    finally:
+        done.set()
+        sampler.join()
+        entry["load_average_1min_mean"] = sum(samples) / len(samples)
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+@contextmanager
+def busy(n: int) -> Iterator[None]:
+    """n processes spinning on the cores for the block's duration (a machine under load)."""
+    spinners = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(n)]
+    for spinner in spinners:
+        spinner.start()
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.terminate()
+            spinner.join()
+
+
+def measure_demo(clone: Path, env: dict[str, str], log: Path, commit: str, spinning: int = 0) -> dict:
+    """time_demo's figures, with the commit, the load around the run and the processes spinning beside it."""
+    entry: dict = {"commit": commit, "busy_processes": spinning}
+    with busy(spinning), load_around(entry):
+        entry |= time_demo(clone, env, log)
+    return entry
 
 
 def ready_lines(log: Path) -> list[str]:
@@ -152,6 +207,13 @@ def main() -> None:
         help="the experiments step's profiles (default: quick and default; real-quick and real-default time "
         f"`forma run NAME --model {REAL_MODEL} [--quick]`)",
     )
+    parser.add_argument(
+        "--busy",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with the demo step: time `make demo` again while N processes spin on the cores (demo_under_load)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the clone (its path is printed)")
     args = parser.parse_args()
     steps = set(args.only or STEPS)
@@ -170,10 +232,15 @@ def main() -> None:
         seconds = timed_run(["make", "venv"], clone, env, logs / "install.log")  # every step needs it
         if "install" in steps:
             results["clean_install_s"] = seconds
+            results["clean_install_commit"] = commit
             print(f"clean install (make venv): {seconds:.0f} s", flush=True)
         if "demo" in steps:
-            results["demo_after_install"] = time_demo(clone, env, logs / "demo.log")
+            results["demo_after_install"] = measure_demo(clone, env, logs / "demo.log", commit)
             print(f"make demo after install: {results['demo_after_install']}", flush=True)
+            if args.busy:
+                subprocess.run(["git", "clean", "-qfdx", "-e", ".venv"], cwd=clone, check=True)  # as installed
+                results["demo_under_load"] = measure_demo(clone, env, logs / "demo-busy.log", commit, args.busy)
+                print(f"make demo under load: {results['demo_under_load']}", flush=True)
         if "experiments" in steps:
             time_experiments(clone, env, root, logs, args.profiles, results.setdefault("experiments", {}), commit)
     finally:

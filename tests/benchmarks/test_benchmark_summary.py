@@ -125,3 +125,18 @@ def test_the_wall_time_section_names_the_real_model_profiles_their_target_and_me
     text = "\n".join(summary.walltime_lines(results))
     assert "| `forma run kl --model smollm2 --quick` | 61 | ≤ 300 | commit 0123456789, load 0.5, peak 2.50 GB |" in text
     assert "| `forma run kl --model smollm2` | 900 | — |" in text
+
+
+def test_the_wall_time_section_states_the_demo_at_rest_and_under_load_with_the_load():
+    demo = {"until_dashboard_serves_s": 20.0, "demo_reported_ready_s": 291.0, "commit": "0123456789"}
+    loaded = demo | {"demo_reported_ready_s": 700.0, "load_average_1min_mean": 6.25, "busy_processes": 4}
+    results = {
+        "machine": {"utc": "2026-12-05T10:00:00Z"},
+        "load_average_at_start": [0.5, 0.5, 0.5],
+        "demo_after_install": demo,
+        "demo_under_load": loaded,
+    }
+    text = "\n".join(summary.walltime_lines(results))
+    assert "| `make demo` after install at rest, until every page is filled in | 291 |" in text
+    assert "under load (load 6.2 on average, 4 processes spinning), until the dashboard serves | 20 |" in text
+    assert "| `make demo` after install under load, until every page is filled in | 700 |" in text
