@@ -23,16 +23,18 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from lab.data.draws import (
-    EntropyEstimate,
-    FloatArray,
-    IntArray,
+from lab.data.checks import (
     as_tokens,
-    burn_in_rate,
     check_int,
     check_kind,
     check_open_unit,
     check_sample,
+)
+from lab.data.draws import (
+    EntropyEstimate,
+    FloatArray,
+    IntArray,
+    burn_in_rate,
     draw_categorical,
     every_earlier_position,
     stationary_of,

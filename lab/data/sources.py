@@ -44,18 +44,20 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from lab.data.draws import (
+from lab.data.checks import (
     MAX_TABLE_ENTRIES,
-    EntropyEstimate,
-    FloatArray,
-    IntArray,
     as_tokens,
-    burn_in_rate,
     check_concentration,
     check_int,
     check_kind,
     check_sample,
     check_size,
+)
+from lab.data.draws import (
+    EntropyEstimate,
+    FloatArray,
+    IntArray,
+    burn_in_rate,
     draw_categorical,
     entropy_nats,
     monte_carlo_rate,

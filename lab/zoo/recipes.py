@@ -104,7 +104,7 @@ TYPE_NAMES = {int: "an integer", float: "a number", str: "a string"}
 
 def check_world(spec: dict[str, Any]) -> None:
     """A [world] table's kind, keys and types; sizes that would not fit in memory are refused by the
-    world itself, before it allocates (lab.data.draws.MAX_TABLE_ENTRIES, MAX_SAMPLE_TOKENS)."""
+    world itself, before it allocates (lab.data.checks.MAX_TABLE_ENTRIES, MAX_SAMPLE_TOKENS)."""
     kinds = sorted([*WORLD_KEYS, "facts"])
     if not isinstance(spec, dict) or spec.get("kind") not in kinds:
         got = spec.get("kind") if isinstance(spec, dict) else spec
