@@ -396,6 +396,7 @@ DIRECT_READS = {
     "recorded",
     ("lab.runs", "read_parquet"): "a run's table, opened by pandas after regular_file",
     ("experiments.monitor.readouts", "safe_open"): "a run's readouts, opened by safetensors after regular_file",
+    ("experiments.monitor.real", "load_file"): "the parts a run kept in its own folder, after regular_file",
     ("lab.train.checkpoint", "load_file"): "a checkpoint's tensors, opened by safetensors after regular_file",
     ("lab.zoo.builds", "read_text"): "the recipe a build recorded in its own folder",
     ("lab.hf.gguf", "open"): "a pretrained model's source file for its SHA-256, after its kind and size are checked",

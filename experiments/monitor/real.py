@@ -29,7 +29,7 @@ import re
 import resource
 import time
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -269,6 +269,60 @@ def real_sampling(inputs: RealInputs, generated: dict[str, Any], cfg: Config) ->
 
 
 # --------------------------------------------------------------------------------------------
+# The run's two long parts, kept in its folder as each ends: a run continued into the folder (`--out`) reads them
+# back, bit for bit, instead of generating again
+# --------------------------------------------------------------------------------------------
+PARTS = "parts"
+
+
+def kept_arrays(path: Path, compute: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """`compute()`'s arrays, or those an earlier attempt wrote to `path` (safetensors, written atomically)."""
+    from safetensors.numpy import load_file, save_file
+
+    from lab.files import atomic_write
+    from lab.outside_files import regular_file
+
+    if path.is_file():
+        return load_file(str(regular_file(path, path.parent)))
+    arrays = compute()
+    path.parent.mkdir(exist_ok=True)
+    atomic_write(path, lambda tmp: save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(tmp)))
+    return arrays
+
+
+def kept_generation(folder: Path, compute: Callable[[], dict[str, Any]], model: Any) -> dict[str, Any]:
+    """`monitored_real`'s answers, signals and readout rows, or those an earlier attempt kept in `folder`: the
+    tensors in generation.safetensors (each question's rows one after another), then the rows, lengths and hooks in
+    generation.json, written last, so that it is there only when both are whole."""
+    from safetensors.torch import load_file, save_file
+
+    from lab.files import atomic_write
+    from lab.outside_files import read_json, regular_file
+    from lab.runs import write_json
+
+    tensors_path, record_path = folder / "generation.safetensors", folder / "generation.json"
+    if record_path.is_file():
+        record, tensors = read_json(record_path, folder), load_file(str(regular_file(tensors_path, folder)))
+        lengths = record["lengths"]
+        return {
+            "rows": record["rows"],
+            "series": {name: list(torch.split(tensors[f"series.{name}"], lengths)) for name in record["signals"]},
+            "lengths": lengths,
+            "readout_rows": (list(torch.split(tensors["probe"], lengths)), tensors["pik"], tuple(record["hooks"])),
+            "monitor": Monitor(model, attention=False),
+        }
+    generated = compute()
+    probe_rows, pik_rows, hooks = generated["readout_rows"]
+    tensors = {f"series.{name}": torch.cat(rows) for name, rows in generated["series"].items()}
+    tensors |= {"probe": torch.cat(probe_rows), "pik": pik_rows}
+    folder.mkdir(exist_ok=True)
+    atomic_write(tensors_path, lambda tmp: save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp)))
+    order = {"signals": list(generated["series"]), "hooks": list(hooks)}  # safetensors keeps its keys sorted
+    write_json(record_path, {"rows": generated["rows"], "lengths": generated["lengths"]} | order)
+    return generated
+
+
+# --------------------------------------------------------------------------------------------
 # The run
 # --------------------------------------------------------------------------------------------
 def held_out_checks(frame: pd.DataFrame, split: np.ndarray, alphas: list[float], cfg: Config) -> list[dict[str, Any]]:
@@ -311,7 +365,7 @@ def run_real(cfg: Config, out: Path, inputs: RealInputs | None = None) -> dict[s
     inputs = inputs or read_real_inputs(cfg)
     timing: dict[str, float] = {"load_s": inputs.load_s, "load_average_1min_at_start": os.getloadavg()[0]}
     began = time.perf_counter()
-    generated = monitored_real(inputs, cfg)
+    generated = kept_generation(out / PARTS, lambda: monitored_real(inputs, cfg), inputs.model)
     timing["monitored_generation_s"] = time.perf_counter() - began
     frame = pd.DataFrame(generated["rows"])
     false = frame["false"].to_numpy()
@@ -321,7 +375,7 @@ def run_real(cfg: Config, out: Path, inputs: RealInputs | None = None) -> dict[s
     unavailable = dict(monitor.unavailable) | {"subject_attention": "a question has no marked subject"}
 
     began = time.perf_counter()
-    values = real_sampling(inputs, generated, cfg)
+    values = kept_arrays(out / PARTS / "sampling.safetensors", lambda: real_sampling(inputs, generated, cfg))
     timing["sampling_s"] = time.perf_counter() - began
     began = time.perf_counter()
     probe_rows, pik_rows, hooks = generated["readout_rows"]

@@ -103,6 +103,33 @@ def test_a_small_run_end_to_end(real_run):
     assert results["timing"]["total_s"] > 0 and 0 < results["peak_rss_gb"] < 4
 
 
+def test_a_run_continued_into_its_folder_reads_its_parts_back_and_ends_as_one_that_ran_straight_through(
+    real_run, inputs, cfg, tmp_path, monkeypatch
+):
+    """A run keeps its monitored generation and its samples in parts/ as each ends; a run continued into a folder
+    holding them (what a run killed after them leaves) generates and samples nothing again, and its results equal
+    those of the run that was never interrupted, bit for bit."""
+    import shutil
+
+    from experiments.monitor import real
+
+    straight, folder = real_run
+    kept = sorted(p.name for p in (folder / "parts").iterdir())
+    assert kept == ["generation.json", "generation.safetensors", "sampling.safetensors"]
+    shutil.copytree(folder / "parts", tmp_path / "parts")
+
+    def again(*args, **kwargs):
+        raise AssertionError("computed again, not read back")
+
+    monkeypatch.setattr(real, "monitored_real", again)
+    monkeypatch.setattr(real, "real_sampling", again)
+    resumed = experiment.run(cfg, tmp_path, inputs)
+    for results in (resumed, straight):
+        results.pop("timing"), results.pop("peak_rss_gb")
+    assert json.loads(json.dumps(resumed, default=str)) == straight
+    assert pd.read_parquet(tmp_path / "prompts.parquet").equals(pd.read_parquet(folder / "prompts.parquet"))
+
+
 def test_the_monitor_page_shows_the_real_run_below_the_toy_world_in_words(real_run, monkeypatch):
     results, folder = real_run
     monkeypatch.setenv("FORMA_RUNS_DIR", str(folder.parents[1]))
