@@ -182,16 +182,25 @@ def _add_build(sub: Commands) -> None:
 
 def _add_transcoders(sub: Commands) -> None:
     """forma transcoders NAME."""
-    from lab.folders import TRAINED, zoo_names
+    from lab.folders import PRETRAINED, zoo_names
 
     transcoders = sub.add_parser(
         "transcoders",
         help="train transcoders for a zoo model (attribution graphs; one process, or torchrun ranks)",
         description=cmd_transcoders.__doc__,
     )
-    trained = zoo_names(TRAINED)  # transcoders train on the model's own world: a model trained here
+    names = zoo_names()
     transcoders.add_argument(
-        "name", choices=trained, metavar="NAME", help=f"zoo model trained here: {', '.join(trained)}"
+        "name",
+        choices=names,
+        metavar="NAME",
+        help=f"zoo model: {', '.join(names)} (a pretrained one, {', '.join(zoo_names(PRETRAINED))}, needs --corpus)",
+    )
+    transcoders.add_argument(
+        "--corpus",
+        metavar="DIR",
+        help="a pretrained model's windows: the folder `forma corpus real --out DIR` wrote (train.npy to train on, "
+        "held_out.npy's documents to measure on); a model trained here reads its own world",
     )
     transcoders.add_argument(
         "--kind",

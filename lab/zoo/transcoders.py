@@ -1,5 +1,6 @@
-"""Transcoders for a zoo model, end to end: windows of the model's own training world, a harvest of every layer's
-MLP input and output at every position (shards on disk), training out of core, the measures (FVU, L0 and dead
+"""Transcoders for a zoo model, end to end: windows of the model's own training world (a pretrained model's: of
+the corpus `forma corpus real` wrote), a harvest of every layer's MLP input and output at every position (shards on
+disk), training out of core, the measures (FVU, L0 and dead
 features per layer on held-out windows, the replacement's loss), and each feature's top contexts — all in the
 model's folder:
 
@@ -33,6 +34,7 @@ from lab.analysis.transcoders.train import (
     has_checkpoint,
     train_transcoders,
 )
+from lab.data.real_corpus import read_split
 from lab.distributed import barrier, rank_world
 from lab.files import atomic_write, atomic_write_text, is_owned_temporary, remove_temporary
 from lab.load import load_model
@@ -95,6 +97,30 @@ def world_windows(folder: str | Path, n: int, length: int, split: str = "train",
     return tokens[torch.as_tensor(rows)][:, :length]
 
 
+def corpus_windows(corpus: str | Path, n: int, length: int, split: str = "train", seed: int = 0) -> Tensor:
+    """n windows of `length` tokens of a corpus `forma corpus real` wrote (train: train.npy; val: held_out.npy, whose
+    documents the training never sees), at starts drawn without replacement with `seed`; a window may cross a
+    document's end (<|endoftext|>), as in the model's pretraining."""
+    stream = read_split(corpus, "train" if split == "train" else "held_out")
+    starts = len(stream) - length + 1
+    if starts < n:
+        raise ValueError(
+            f"{corpus}'s {split} split holds {len(stream):,} tokens: too few for {n} windows of {length} tokens"
+        )
+    chosen = np.sort(np.random.default_rng(seed).choice(starts, size=n, replace=False))
+    return torch.from_numpy(np.stack([stream[s : s + length] for s in chosen.tolist()]).astype(np.int64))
+
+
+def model_windows(
+    folder: str | Path, n: int, length: int, split: str = "train", seed: int = 0, corpus: str | Path | None = None
+) -> Tensor:
+    """The windows transcoders for the model in `folder` read: of the corpus when one is given (a pretrained
+    model's: `corpus_windows`), else of the zoo model's own world (`world_windows`)."""
+    if corpus is not None:
+        return corpus_windows(corpus, n, length, split, seed)
+    return world_windows(folder, n, length, split, seed)
+
+
 def harvest_windows(
     folder: str | Path,
     hooks: list[str],
@@ -104,12 +130,13 @@ def harvest_windows(
     window: int = 64,
     split: str = "train",
     seed: int = 0,
+    corpus: str | Path | None = None,
     progress: bool = False,
 ) -> tuple[ActivationStore, Tensor]:
-    """A harvest of `hooks` at every position of n windows of the model's world, and the windows: in one process,
-    or each rank of a torch.distributed group its share (`harvest`), every rank calling it alike and getting the
-    whole set. A harvest cut short is resumed; a complete one is kept."""
-    windows = world_windows(folder, n_windows, window, split, seed=seed)
+    """A harvest of `hooks` at every position of n windows (`model_windows`: of the corpus, else of the model's
+    world), and the windows: in one process, or each rank of a torch.distributed group its share (`harvest`), every
+    rank calling it alike and getting the whole set. A harvest cut short is resumed; a complete one is kept."""
+    windows = model_windows(folder, n_windows, window, split, seed=seed, corpus=corpus)
     directory = Path(directory)
     if not (directory / INDEX_FILE).is_file():
         harvest(load_model(folder).eval(), windows, hooks, directory, batch_size=32, progress=progress)
@@ -135,13 +162,16 @@ def build_transcoders(
     n_windows: int = 256,
     window: int = 64,
     eval_windows: int = 64,
+    corpus: str | Path | None = None,
     parallel: str = "data",
     overwrite: bool = False,
     progress: bool = False,
 ) -> Path | None:
-    """Train on a harvest of the world's training windows (`train`, or one made here), measure on held-out windows
-    (`held_out`, or made here), find top contexts; returns folder/transcoders/NAME. Harvests made here are removed
-    once done; harvests passed in are kept, so that several transcoders can share them.
+    """Train on a harvest of training windows (`train`, or one made here), measure on held-out windows (`held_out`,
+    or made here), find top contexts; the windows are the corpus's (a pretrained model's: train.npy and
+    held_out.npy of `forma corpus real`), else the zoo model's own world's; returns folder/transcoders/NAME.
+    Harvests made here are removed once done; harvests passed in are kept, so that several transcoders can share
+    them.
 
     Under torchrun every rank calls it alike: the harvests made here are shared out over the ranks, the training
     is `train_transcoders(..., parallel=parallel)`, and rank 0 alone measures and writes (the other ranks return
@@ -156,11 +186,19 @@ def build_transcoders(
     if overwrite:
         _start_afresh([*harvests.values(), out / CHECKPOINT_DIR], rank)
     made = []
-    _stage(progress, rank, f"{name}: the world's windows, then a harvest of every layer's MLP input and output")
+    source = "the corpus's windows" if corpus is not None else "the world's windows"
+    _stage(progress, rank, f"{name}: {source}, then a harvest of every layer's MLP input and output")
     if train is None:
         made.append(harvests["train"])
         train = harvest_windows(
-            folder, cfg.hooks(), made[-1], n_windows=n_windows, window=window, seed=training.seed, progress=progress
+            folder,
+            cfg.hooks(),
+            made[-1],
+            n_windows=n_windows,
+            window=window,
+            seed=training.seed,
+            corpus=corpus,
+            progress=progress,
         )
     if held_out is None:
         made.append(harvests["held_out"])
@@ -172,6 +210,7 @@ def build_transcoders(
             window=window,
             split="val",
             seed=training.seed + 1,
+            corpus=corpus,
             progress=progress,
         )
     store, windows = train

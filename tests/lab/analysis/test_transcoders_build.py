@@ -1,9 +1,24 @@
 """lab.zoo.transcoders and `forma transcoders`: transcoders for a zoo model, end to end."""
 
+import json
+import shutil
+
+import numpy as np
 import pytest
+import torch
 
 from lab.cli.parser import TRANSCODER_KINDS, main
-from lab.zoo.transcoders import PRESETS, load_contexts, load_quality, transcoder_sets, world_windows
+from lab.data.real_corpus import FORMAT
+from lab.folders import DEFAULT_ZOO_DIR
+from lab.zoo.transcoders import (
+    PRESETS,
+    corpus_windows,
+    load_contexts,
+    load_quality,
+    model_windows,
+    transcoder_sets,
+    world_windows,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -62,3 +77,63 @@ def test_forma_transcoders_says_where_it_is_from_first_to_last(markov_zoo, capsy
     stages = ["the world's windows", "transcoders: train: step 20/20", "measuring them", "top contexts"]
     places = [err.find(stage) for stage in stages]
     assert all(p >= 0 for p in places) and places == sorted(places), err
+
+
+def write_corpus_folder(folder, train, held_out):
+    """A corpus folder as `forma corpus real` writes it, of the given streams (its manifest's format alone)."""
+    folder.mkdir(parents=True)
+    np.save(folder / "train.npy", np.asarray(train, dtype=np.uint16))
+    np.save(folder / "held_out.npy", np.asarray(held_out, dtype=np.uint16))
+    (folder / "manifest.json").write_text(json.dumps({"format": FORMAT}))
+    return folder
+
+
+def test_corpus_windows_are_seeded_draws_of_each_split(tmp_path, markov_zoo):
+    corpus = write_corpus_folder(tmp_path / "corpus", np.arange(1000), 5000 + np.arange(300))
+    train = corpus_windows(corpus, 8, 16, "train", seed=3)
+    assert train.shape == (8, 16) and train.dtype == torch.int64
+    assert all(int(w[0]) < 1000 and (w == w[0] + torch.arange(16)).all() for w in train)  # whole slices of train.npy
+    assert len({int(w[0]) for w in train}) == 8  # no start twice
+    assert (corpus_windows(corpus, 8, 16, "train", seed=3) == train).all()
+    assert not (corpus_windows(corpus, 8, 16, "train", seed=4) == train).all()
+    held_out = corpus_windows(corpus, 8, 16, "val", seed=3)
+    assert int(held_out.min()) >= 5000  # the held-out documents' stream alone
+    with pytest.raises(ValueError, match="too few for 400 windows"):
+        corpus_windows(corpus, 400, 16, "val")
+    # a zoo model trained here keeps its world's windows, whatever corpus exists
+    assert (model_windows(markov_zoo, 5, 64, seed=1) == world_windows(markov_zoo, 5, 64, seed=1)).all()
+    assert (model_windows(markov_zoo, 5, 16, seed=1, corpus=corpus) == corpus_windows(corpus, 5, 16, seed=1)).all()
+
+
+@pytest.fixture
+def pretrained_zoo(tmp_path, monkeypatch):
+    """A private zoo holding smollm2's recipe alone (no weights: the refusals come before any model is read)."""
+    folder = tmp_path / "models" / "smollm2"
+    folder.mkdir(parents=True)
+    shutil.copy(DEFAULT_ZOO_DIR / "smollm2" / "model.toml", folder / "model.toml")
+    monkeypatch.setenv("FORMA_ZOO_DIR", str(tmp_path / "models"))
+    return folder
+
+
+def test_a_pretrained_model_without_a_corpus_is_one_clear_line(pretrained_zoo, tmp_path, capsys):
+    assert main(["transcoders", "smollm2"]) == 2
+    assert "smollm2 is pretrained: give the corpus its transcoders read, --corpus DIR" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "manifest.json").write_text(json.dumps({"format": "something-else"}))
+    write_corpus_folder(tmp_path / "half", [1, 2, 3], [4, 5]).joinpath("held_out.npy").unlink()
+    for folder, says in (
+        ("nowhere", "is not a folder"),
+        ("empty", "holds no manifest.json"),
+        ("other", f"is not a {FORMAT} manifest"),
+        ("half", "holds no held_out.npy"),
+    ):
+        assert main(["transcoders", "smollm2", "--corpus", str(tmp_path / folder)]) == 2
+        err = capsys.readouterr().err
+        assert says in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_model_trained_here_refuses_a_corpus(markov_zoo, tmp_path, capsys):
+    corpus = write_corpus_folder(tmp_path / "corpus", np.arange(100), np.arange(100))
+    assert main(["transcoders", "markov", "--corpus", str(corpus)]) == 2
+    assert "markov was trained here and reads its own world" in capsys.readouterr().err
