@@ -109,7 +109,7 @@ def cmd_transcoders(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.name} is not trained yet: run `forma build {args.name}` first")
     from lab.zoo.transcoders import build_transcoders, load_quality, preset
 
-    cfg, training = preset(args.kind, folder, args.features, args.steps, args.checkpoint_interval)
+    cfg, training = preset(args.kind, folder, args.features, args.steps, args.checkpoint_interval, args.layers)
     with process_group("cpu") as (rank, world):
         out = build_transcoders(
             folder,
@@ -125,9 +125,10 @@ def cmd_transcoders(args: argparse.Namespace) -> int:
     if out is None:  # a rank other than 0: rank 0 writes and reports
         return 0
     quality = load_quality(out)
-    for layer, (fvu, l0, dead) in enumerate(zip(*(quality["held_out"][k] for k in ("fvu", "l0", "dead")))):
+    for layer, fvu, l0, dead in zip(quality["layers"], *(quality["held_out"][k] for k in ("fvu", "l0", "dead"))):
         print(f"layer {layer}: FVU {fvu:.3f}  L0 {l0:.1f}  dead {dead:.1%}")
-    print(f"loss recovered with every MLP replaced: {quality['loss']['recovered']:.1%}")
+    replaced = "every MLP" if cfg.layers is None else f"the MLPs of layers {', '.join(map(str, cfg.layers))}"
+    print(f"loss recovered with {replaced} replaced: {quality['loss']['recovered']:.1%}")
     print(f"wrote {out}" + (f" ({world} ranks, {args.parallel}-parallel)" if world > 1 else ""))
     return 0
 

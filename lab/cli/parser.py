@@ -96,6 +96,19 @@ def positive_count(text: str) -> int:
     return count
 
 
+def layer_list(text: str) -> list[int] | None:
+    """argparse type: `all` (None) or layers separated by commas, each ≥ 0 (`0,1`)."""
+    if text.strip() == "all":
+        return None
+    try:
+        layers = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"`all` or layers separated by commas (0,1), not {text!r}") from None
+    if min(layers) < 0:
+        raise argparse.ArgumentTypeError(f"a layer is ≥ 0, got {min(layers)}")
+    return layers
+
+
 def model_name(text: str) -> str:
     """argparse type: a zoo name or a folder; an empty one would be read as the current folder."""
     if not text.strip():
@@ -211,6 +224,14 @@ def _add_transcoders(sub: Commands) -> None:
     transcoders.add_argument("--steps", type=positive_count, default=1500, help="training steps of 512 rows")
     transcoders.add_argument("--windows", type=positive_count, default=1024, help="windows of 64 tokens harvested")
     transcoders.add_argument("--features", type=positive_count, default=1024, help="features per layer")
+    transcoders.add_argument(
+        "--layers",
+        type=layer_list,
+        default=None,
+        metavar="all|L,L,…",
+        help="the layers to train transcoders for (default all; e.g. 0,1 for a quick profile): the loss recovered "
+        "replaces those layers' MLPs alone; attribution graphs need all",
+    )
     transcoders.add_argument(
         "--parallel",
         choices=TRANSCODER_PARALLEL,

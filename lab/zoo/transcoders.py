@@ -58,21 +58,33 @@ SET_FILES = {CONFIG_FILE, WEIGHTS_FILE, SOURCE_FILE, TRAINING_FILE, QUALITY_FILE
 
 
 def preset(
-    kind: str, folder: str | Path, d_features: int = 1024, steps: int = 1500, checkpoint_interval: int = 100
+    kind: str,
+    folder: str | Path,
+    d_features: int = 1024,
+    steps: int = 1500,
+    checkpoint_interval: int = 100,
+    layers: list[int] | None = None,
 ) -> tuple[TranscoderConfig, TranscoderTraining]:
-    """The config and training of preset `kind` for the model in `folder`."""
+    """The config and training of preset `kind` for the model in `folder`: for every layer, or for `layers` alone
+    (a subset, the quick profile; every layer named is every layer)."""
     if kind not in PRESETS:
         raise ValueError(f"unknown transcoder kind {kind!r}; kinds: {', '.join(PRESETS)}")
     activation, k, cross_layer, sparsity = PRESETS[kind]
     model = read_json_object(Path(folder) / "config.json", folder, what="model config")
+    chosen = None if layers is None else sorted(set(layers))
+    if chosen is not None and not 0 <= chosen[0] <= chosen[-1] < model["n_layers"]:
+        raise ValueError(f"--layers: the model has layers 0 … {model['n_layers'] - 1}, not {chosen[-1]}")
+    if chosen == list(range(model["n_layers"])):
+        chosen = None
     cfg = TranscoderConfig(
         d_model=model["d_model"],
-        n_layers=model["n_layers"],
+        n_layers=model["n_layers"] if chosen is None else len(chosen),
         d_features=d_features,
         activation=activation,
         k=k,
         cross_layer=cross_layer,
         threshold=0.05,
+        layers=None if chosen is None else tuple(chosen),
     )
     return cfg, TranscoderTraining(
         steps=steps, batch_size=512, lr=2e-3, sparsity=sparsity, checkpoint_interval=checkpoint_interval
@@ -268,11 +280,13 @@ def _quality(
     cfg: TranscoderConfig,
     training: TranscoderTraining,
 ) -> dict[str, Any]:
-    """What quality.json records: the reconstruction on the held-out harvest, the replacement model's loss on its
-    windows, the harvests' rows and the configs."""
+    """What quality.json records: the layers, the reconstruction on the held-out harvest, the replacement model's
+    loss on its windows (every trained layer's MLP replaced), the harvests' rows and the configs."""
     return {
+        "layers": cfg.model_layers(),  # the model's layer of each entry of held_out's lists
         "held_out": reconstruction_measures(transcoders, held_out[0]),
-        "loss": replacement_loss(model, transcoders, held_out[1]),
+        # replaced (and zero-ablated, the baseline): the MLPs of `layers`, the others kept
+        "loss": replacement_loss(model, transcoders, held_out[1]) | {"replaced_layers": cfg.model_layers()},
         "train_rows": len(store),
         "held_out_rows": len(held_out[0]),
         "transcoders": cfg.to_dict(),
@@ -288,10 +302,22 @@ def _write_contexts(out: Path, transcoders: Any, store: ActivationStore, windows
     )
 
 
-def transcoder_sets(folder: str | Path) -> list[str]:
-    """The names of the transcoder sets a model folder holds."""
+def transcoder_sets(folder: str | Path, graphs: bool = False) -> list[str]:
+    """The names of the transcoder sets a model folder holds; graphs: only those an attribution graph can use, a
+    transcoder for every layer (not a --layers subset's)."""
     root = Path(folder) / TRANSCODERS_DIR
-    return sorted(p.name for p in root.glob("*") if (p / "transcoders.safetensors").is_file())
+    names = sorted(p.name for p in root.glob("*") if (p / "transcoders.safetensors").is_file())
+    return [name for name in names if not graphs or _every_layer(root / name)]
+
+
+def _every_layer(path: Path) -> bool:
+    """Whether the set at `path` has a transcoder for every layer of its model (its config names no subset; an
+    unreadable config counts as one: loading it names the problem)."""
+    try:
+        config = read_json_object(path / CONFIG_FILE, path, what="transcoder config")
+    except (ValueError, OSError):
+        return True
+    return config.get("layers") is None
 
 
 def load_quality(path: str | Path) -> dict[str, Any] | None:

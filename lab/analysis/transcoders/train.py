@@ -381,7 +381,7 @@ def load_checkpoint(
     now = {k: v for k, v in training.to_dict().items() if k != "checkpoint_interval"}
     for what, then, current in (
         ("training", saved, now),
-        ("transcoder config", parts["transcoders"], model.cfg.to_dict()),
+        ("transcoder config", parts["transcoders"], _as_json(model.cfg.to_dict())),
         ("activation store", parts["store"], _fingerprint(store)),
     ):
         if then != current:
@@ -407,6 +407,11 @@ def load_checkpoint(
     model.load_state_tensors(weights, str(directory))
     load_optimizer_tensors(optimizer, moments, directory / "optimizer.safetensors")
     return TrainerState(step=step, history=history)
+
+
+def _as_json(record: dict[str, Any]) -> dict[str, Any]:
+    """A record's values as JSON reads them back: tuples as lists."""
+    return {key: list(value) if isinstance(value, tuple) else value for key, value in record.items()}
 
 
 def has_checkpoint(out_dir: str | Path) -> bool:

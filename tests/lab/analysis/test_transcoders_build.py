@@ -137,3 +137,30 @@ def test_a_model_trained_here_refuses_a_corpus(markov_zoo, tmp_path, capsys):
     corpus = write_corpus_folder(tmp_path / "corpus", np.arange(100), np.arange(100))
     assert main(["transcoders", "markov", "--corpus", str(corpus)]) == 2
     assert "markov was trained here and reads its own world" in capsys.readouterr().err
+
+
+def test_forma_transcoders_of_some_layers_measures_and_replaces_those_alone(markov_zoo, capsys):
+    """--layers 1 (the quick profile's way): one layer's transcoders, harvested, trained and measured alone; the
+    loss recovered replaces that layer's MLP, and quality.json says which; attribution graphs do not list the set."""
+    argv = ["transcoders", "markov", "--layers", "1", "--steps", "10", "--windows", "16", "--features", "32"]
+    assert main([*argv, "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "layer 1: FVU" in out and "layer 0" not in out and "with the MLPs of layers 1 replaced" in out
+    folder = markov_zoo / "transcoders" / "topk"
+    quality = load_quality(folder)
+    assert quality["layers"] == [1] and quality["loss"]["replaced_layers"] == [1]
+    assert len(quality["held_out"]["fvu"]) == 1 and quality["transcoders"]["layers"] == [1]
+    assert load_contexts(folder)["values"].shape == (1, 32, 8)
+    assert transcoder_sets(markov_zoo) == ["topk"] and transcoder_sets(markov_zoo, graphs=True) == []
+    assert main(["transcoders", "markov", "--layers", "0,1", "--steps", "10", "--windows", "16", "--no-progress"]) == 0
+    assert load_quality(folder)["layers"] == [0, 1] and load_quality(folder)["transcoders"]["layers"] is None
+    assert transcoder_sets(markov_zoo, graphs=True) == ["topk"]
+
+
+def test_layers_the_model_lacks_are_one_clear_line(markov_zoo, capsys):
+    assert main(["transcoders", "markov", "--layers", "2"]) == 2
+    assert "--layers: the model has layers 0 … 1, not 2" in capsys.readouterr().err
+    for bad in ("x", "-1", "0,,1"):
+        with pytest.raises(SystemExit) as exit:
+            main(["transcoders", "markov", "--layers", bad])
+        assert exit.value.code == 2 and "--layers" in capsys.readouterr().err

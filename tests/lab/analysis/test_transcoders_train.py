@@ -83,6 +83,21 @@ def test_a_resumed_run_is_bitwise_the_uninterrupted_one_and_the_same_seed_repeat
         train_transcoders(store, cfg, training.replace(lr=1e-3), tmp_path / "other", resume=True)
 
 
+def test_a_subset_of_layers_resumes_bitwise_from_the_harvest_of_every_layer(harvest, tmp_path):
+    """Transcoders of layers (0, 2) read those layers' hooks of a harvest of every layer, and their checkpoint (whose
+    config names the layers, as JSON lists them) resumes into the uninterrupted run's bits."""
+    store, cfg = harvest
+    cfg = cfg.replace(n_layers=2, layers=(0, 2))
+    training = TranscoderTraining(steps=12, batch_size=64, lr=3e-3, checkpoint_interval=5)
+    whole = train_transcoders(store, cfg, training, tmp_path / "whole").state_tensors()
+    train_transcoders(store, cfg, training, tmp_path / "parts", stop_after=7)
+    resumed = train_transcoders(store, cfg, training, tmp_path / "parts", resume=True).state_tensors()
+    assert all(torch.equal(whole[name], resumed[name]) for name in whole)
+    _, x, _ = next(DataOrder(store, cfg, batch_size=4, seed=0).batches())
+    _, x_all, _ = next(DataOrder(store, cfg.replace(n_layers=3, layers=None), batch_size=4, seed=0).batches())
+    assert torch.equal(x, x_all[:, [0, 2]])
+
+
 def test_a_checkpoint_whose_state_is_of_the_wrong_types_is_one_line_naming_it(harvest, tmp_path):
     """A state.json that parses but holds no objects where the configs go, a step that is not a whole number, or
     a history of something else: a ValueError naming the file (not an AttributeError from inside the loader)."""
