@@ -118,6 +118,7 @@ def cmd_transcoders(args: argparse.Namespace) -> int:
             args.kind,
             n_windows=args.windows,
             corpus=corpus,
+            disk_budget=args.disk_budget * 1e9,
             parallel=args.parallel,
             overwrite=args.overwrite,
             progress=not args.no_progress,
@@ -129,6 +130,8 @@ def cmd_transcoders(args: argparse.Namespace) -> int:
         print(f"layer {layer}: FVU {fvu:.3f}  L0 {l0:.1f}  dead {dead:.1%}")
     replaced = "every MLP" if cfg.layers is None else f"the MLPs of layers {', '.join(map(str, cfg.layers))}"
     print(f"loss recovered with {replaced} replaced: {quality['loss']['recovered']:.1%}")
+    if "route" in quality:
+        print(f"{quality['route']['route']}: {quality['route']['why']}")
     print(f"wrote {out}" + (f" ({world} ranks, {args.parallel}-parallel)" if world > 1 else ""))
     return 0
 

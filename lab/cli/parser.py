@@ -225,6 +225,14 @@ def _add_transcoders(sub: Commands) -> None:
     transcoders.add_argument("--windows", type=positive_count, default=1024, help="windows of 64 tokens harvested")
     transcoders.add_argument("--features", type=positive_count, default=1024, help="features per layer")
     transcoders.add_argument(
+        "--disk-budget",
+        type=positive_float,
+        default=20.0,
+        metavar="GB",
+        help="the disk the harvests may take (default 20 GB): where they would take more, the activations stream "
+        "from the model into training instead (no harvest on disk); the command says which and why",
+    )
+    transcoders.add_argument(
         "--layers",
         type=layer_list,
         default=None,

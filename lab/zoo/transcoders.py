@@ -27,6 +27,7 @@ from lab.analysis.activations.harvest import harvest
 from lab.analysis.activations.store import INDEX_FILE, ActivationStore
 from lab.analysis.transcoders.measures import reconstruction_measures, replacement_loss, top_contexts
 from lab.analysis.transcoders.model import CONFIG_FILE, SOURCE_FILE, WEIGHTS_FILE, TranscoderConfig, model_fingerprint
+from lab.analysis.transcoders.stream import ActivationStream, WindowActivations
 from lab.analysis.transcoders.train import (
     CHECKPOINT_DIR,
     TRAINING_FILE,
@@ -51,6 +52,7 @@ PRESETS = {
     "clt": ("relu", 0, True, 1.2e-2),
 }
 TRANSCODERS_DIR = "transcoders"
+DISK_BUDGET = 20e9  # bytes the harvests may take on disk (`forma transcoders --disk-budget`, in GB); past it, streamed
 QUALITY_FILE = "quality.json"
 CONTEXTS_FILE = "contexts.safetensors"
 # what a set's folder holds
@@ -91,16 +93,22 @@ def preset(
     )
 
 
-def world_windows(folder: str | Path, n: int, length: int, split: str = "train", seed: int = 0) -> Tensor:
-    """n windows of `length` tokens (at most the model's n_ctx) from the zoo model's world as it was trained (its
-    recipe.json, else the recipe's full profile), drawn with `seed`."""
+def world_tokens(folder: str | Path, length: int, split: str = "train") -> tuple[Tensor, int]:
+    """The tokens of the zoo model's world as it was trained (its recipe.json, else the recipe's full profile), of
+    `split`, and the window length it allows (`length`, at most the model's n_ctx)."""
     folder = Path(folder)
     recipe = read_json_object(folder / "recipe.json", folder) if (folder / "recipe.json").is_file() else None
     spec = recipe["world"] if recipe else load_recipe(folder.name)["world"]
     config = read_json_object(folder / "config.json", folder, what="model config")
     length = min(length, config["n_ctx"])  # a world of short documents (facts) has windows as long as the model reads
     data = build_world(spec, config["n_ctx"], length)
-    tokens = data.train if split == "train" else data.val
+    return (data.train if split == "train" else data.val), length
+
+
+def world_windows(folder: str | Path, n: int, length: int, split: str = "train", seed: int = 0) -> Tensor:
+    """n windows of `length` tokens (at most the model's n_ctx) from the zoo model's world as it was trained (its
+    recipe.json, else the recipe's full profile), drawn with `seed`."""
+    tokens, length = world_tokens(folder, length, split)
     rng = np.random.default_rng(seed)
     if tokens.ndim == 1:
         starts = rng.choice(len(tokens) - length, size=n, replace=False)
@@ -131,6 +139,17 @@ def model_windows(
     if corpus is not None:
         return corpus_windows(corpus, n, length, split, seed)
     return world_windows(folder, n, length, split, seed)
+
+
+def window_tokens(
+    folder: str | Path, length: int, split: str = "train", corpus: str | Path | None = None
+) -> tuple[Any, str]:
+    """What windows of `split` are drawn from, and its name: the corpus's split (one stream), else the zoo model's
+    world's tokens (`world_tokens`)."""
+    if corpus is not None:
+        part = "train" if split == "train" else "held_out"
+        return read_split(corpus, part), f"{Path(corpus).name}/{part}.npy"
+    return world_tokens(folder, length, split)[0], f"the world of {Path(folder).name}'s recipe ({split})"
 
 
 def harvest_windows(
@@ -175,6 +194,7 @@ def build_transcoders(
     window: int = 64,
     eval_windows: int = 64,
     corpus: str | Path | None = None,
+    disk_budget: float = DISK_BUDGET,
     parallel: str = "data",
     overwrite: bool = False,
     progress: bool = False,
@@ -183,7 +203,9 @@ def build_transcoders(
     or made here), find top contexts; the windows are the corpus's (a pretrained model's: train.npy and
     held_out.npy of `forma corpus real`), else the zoo model's own world's; returns folder/transcoders/NAME.
     Harvests made here are removed once done; harvests passed in are kept, so that several transcoders can share
-    them.
+    them. Where the harvests to make would not fit `disk_budget` bytes (`plan_route`), none is made: the training
+    rows stream from the model (each batch from windows drawn for it, `ActivationStream`), the measures and top
+    contexts run the model on the held-out windows; progress says which and why, quality.json records it.
 
     Under torchrun every rank calls it alike: the harvests made here are shared out over the ranks, the training
     is `train_transcoders(..., parallel=parallel)`, and rank 0 alone measures and writes (the other ranks return
@@ -197,38 +219,19 @@ def build_transcoders(
         remove_leftovers(out)
     if overwrite:
         _start_afresh([*harvests.values(), out / CHECKPOINT_DIR], rank)
-    made = []
-    source = "the corpus's windows" if corpus is not None else "the world's windows"
-    _stage(progress, rank, f"{name}: {source}, then a harvest of every layer's MLP input and output")
-    if train is None:
-        made.append(harvests["train"])
-        train = harvest_windows(
-            folder,
-            cfg.hooks(),
-            made[-1],
-            n_windows=n_windows,
-            window=window,
-            seed=training.seed,
-            corpus=corpus,
-            progress=progress,
-        )
-    if held_out is None:
-        made.append(harvests["held_out"])
-        held_out = harvest_windows(
-            folder,
-            cfg.hooks(),
-            made[-1],
-            n_windows=eval_windows,
-            window=window,
-            split="val",
-            seed=training.seed + 1,
-            corpus=corpus,
-            progress=progress,
-        )
-    store, windows = train
     model = load_model(folder).eval()
+    length = min(window, int(model.cfg.n_ctx))
+    rows = (n_windows if train is None else 0) + (eval_windows if held_out is None else 0)
+    route = plan_route(cfg, rows * length, _value_bytes(model), disk_budget)
+    if rows:
+        _stage(progress, rank, route["why"])
+    windows = dict(n_windows=n_windows, window=length, eval_windows=eval_windows, corpus=corpus, progress=progress)
+    if route["route"] == "stream":
+        source, held_out, made = _streams(folder, model, cfg, training, **windows)
+    else:
+        source, held_out, made = _harvests(folder, cfg, training, harvests, train, held_out, **windows)
     transcoders = train_transcoders(
-        store,
+        source[0],
         cfg,
         training,
         out,
@@ -240,13 +243,90 @@ def build_transcoders(
     if rank != 0:
         return None
     _stage(progress, rank, "measuring them on the held-out windows")
-    quality = _quality(model, transcoders, store, held_out, cfg, training)
+    contexts = {"contexts_from": "held_out" if route["route"] == "stream" else "train"}
+    quality = _quality(model, transcoders, source[0], held_out, cfg, training) | {"route": route} | contexts
     atomic_write_text(out / QUALITY_FILE, json.dumps(quality, indent=2) + "\n")
     _stage(progress, rank, "each feature's top contexts")
-    _write_contexts(out, transcoders, store, windows)
+    _write_contexts(out, transcoders, *(held_out if route["route"] == "stream" else source))
     for path in made:
         shutil.rmtree(path, ignore_errors=True)
     return out
+
+
+def plan_route(cfg: TranscoderConfig, rows: int, value_bytes: int, disk_budget: float) -> dict[str, Any]:
+    """Whether harvests of `rows` rows of every hook of `cfg` (rows × hooks × d_model × value_bytes) fit
+    `disk_budget` bytes: route "harvest" (to disk, read back while training) or "stream" (from the model into
+    training, nothing on disk), with the sentence saying why."""
+    hooks = len(cfg.hooks())
+    need = rows * hooks * cfg.d_model * value_bytes
+    size = f"{need / 1e9:.3g} GB ({rows:,} rows × {hooks} hooks × d_model {cfg.d_model} × {value_bytes} bytes)"
+    budget = f"the disk budget of {disk_budget / 1e9:.3g} GB"
+    fits = need <= disk_budget
+    why = (
+        f"the harvests take {size}, within {budget}: harvesting to disk, then training from it"
+        if fits
+        else f"the harvests would take {size}, past {budget}: streaming the activations from the model into "
+        "training (no harvest on disk)"
+    )
+    return {
+        "route": "harvest" if fits else "stream",
+        "harvest_bytes": need,
+        "disk_budget_bytes": disk_budget,
+        "why": why,
+    }
+
+
+def _value_bytes(model: Any) -> int:
+    """The bytes of one harvested value: the model's own dtype (a harvest keeps the activations as computed)."""
+    return next(model.parameters()).dtype.itemsize
+
+
+def _harvests(
+    folder: Path,
+    cfg: TranscoderConfig,
+    training: TranscoderTraining,
+    harvests: dict[str, Path],
+    train: tuple[ActivationStore, Tensor] | None,
+    held_out: tuple[ActivationStore, Tensor] | None,
+    **windows: Any,
+) -> tuple[tuple[ActivationStore, Tensor], tuple[ActivationStore, Tensor], list[Path]]:
+    """The harvests to train on and to measure on (those passed in, else made here, resumed where an earlier call
+    was cut short), and the folders of those made here."""
+    rank, _ = rank_world()
+    made = []
+    source = "the corpus's windows" if windows["corpus"] is not None else "the world's windows"
+    _stage(windows["progress"], rank, f"{source}, then a harvest of every layer's MLP input and output")
+    common = {"window": windows["window"], "corpus": windows["corpus"], "progress": windows["progress"]}
+    if train is None:
+        made.append(harvests["train"])
+        train = harvest_windows(
+            folder, cfg.hooks(), made[-1], n_windows=windows["n_windows"], seed=training.seed, **common
+        )
+    if held_out is None:
+        made.append(harvests["held_out"])
+        held_out = harvest_windows(
+            folder,
+            cfg.hooks(),
+            made[-1],
+            n_windows=windows["eval_windows"],
+            split="val",
+            seed=training.seed + 1,
+            **common,
+        )
+    return train, held_out, made
+
+
+def _streams(
+    folder: Path, model: Any, cfg: TranscoderConfig, training: TranscoderTraining, **windows: Any
+) -> tuple[tuple[ActivationStream, None], tuple[WindowActivations, Tensor], list[Path]]:
+    """The training rows streamed from the model over the training split (or world), and the held-out windows run
+    through the model as the measures read them; no folder made."""
+    tokens, describe = window_tokens(folder, windows["window"], "train", windows["corpus"])
+    stream = ActivationStream(model, tokens, windows["window"], describe)
+    held = model_windows(
+        folder, windows["eval_windows"], windows["window"], "val", training.seed + 1, windows["corpus"]
+    )
+    return (stream, None), (WindowActivations(model, held, cfg), held), []
 
 
 def _stage(progress: bool, rank: int, what: str) -> None:
@@ -275,27 +355,29 @@ def _start_afresh(paths: list[Path], rank: int) -> None:
 def _quality(
     model: Any,
     transcoders: Any,
-    store: ActivationStore,
-    held_out: tuple[ActivationStore, Tensor],
+    store: ActivationStore | ActivationStream,
+    held_out: tuple[ActivationStore | WindowActivations, Tensor],
     cfg: TranscoderConfig,
     training: TranscoderTraining,
 ) -> dict[str, Any]:
     """What quality.json records: the layers, the reconstruction on the held-out harvest, the replacement model's
-    loss on its windows (every trained layer's MLP replaced), the harvests' rows and the configs."""
+    loss on its windows (every trained layer's MLP replaced), the rows trained on (a harvest's, else the rows
+    streamed: steps × batch size) and measured on, and the configs."""
     return {
         "layers": cfg.model_layers(),  # the model's layer of each entry of held_out's lists
         "held_out": reconstruction_measures(transcoders, held_out[0]),
         # replaced (and zero-ablated, the baseline): the MLPs of `layers`, the others kept
         "loss": replacement_loss(model, transcoders, held_out[1]) | {"replaced_layers": cfg.model_layers()},
-        "train_rows": len(store),
+        "train_rows": len(store) if isinstance(store, ActivationStore) else training.steps * training.batch_size,
         "held_out_rows": len(held_out[0]),
         "transcoders": cfg.to_dict(),
         "training": training.to_dict(),
     }
 
 
-def _write_contexts(out: Path, transcoders: Any, store: ActivationStore, windows: Tensor) -> None:
-    """contexts.safetensors: each feature's top contexts in the training harvest, beside its windows' tokens."""
+def _write_contexts(out: Path, transcoders: Any, store: ActivationStore | WindowActivations, windows: Tensor) -> None:
+    """contexts.safetensors: each feature's top contexts in the training harvest (streamed: in the held-out windows),
+    beside its windows' tokens."""
     contexts = top_contexts(transcoders, store) | {"windows": windows}
     atomic_write(
         out / CONTEXTS_FILE, lambda path: save_file({k: v.contiguous() for k, v in contexts.items()}, str(path))

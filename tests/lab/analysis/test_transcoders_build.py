@@ -164,3 +164,45 @@ def test_layers_the_model_lacks_are_one_clear_line(markov_zoo, capsys):
         with pytest.raises(SystemExit) as exit:
             main(["transcoders", "markov", "--layers", bad])
         assert exit.value.code == 2 and "--layers" in capsys.readouterr().err
+
+
+QUICK = ["--steps", "10", "--windows", "32", "--features", "32", "--no-progress"]
+
+
+def test_harvests_within_the_disk_budget_are_made_and_past_it_the_activations_stream(markov_zoo, capsys, monkeypatch):
+    """The harvests' bytes are estimated before any is made (rows × hooks × d_model × bytes per value: 32 + 64
+    windows of 16 tokens, 4 hooks, d_model 32, float32); within --disk-budget they are made, past it none is: the
+    training rows stream from the model, the measures run it on the held-out windows. Either way the command says
+    which and why (as it is taken, with progress, and at the end), and quality.json records it beside the measures
+    of every layer."""
+    assert main(["transcoders", "markov", *QUICK[:-1]]) == 0  # with progress: the route is said as it is taken
+    captured = capsys.readouterr()
+    assert "within the disk budget of 20 GB: harvesting to disk" in captured.err
+    assert "harvest: the harvests take" in captured.out  # and again at the end
+    quality = load_quality(markov_zoo / "transcoders" / "topk")
+    assert quality["route"]["route"] == "harvest" and quality["contexts_from"] == "train"
+    assert quality["route"]["harvest_bytes"] == (32 + 64) * 16 * 4 * 32 * 4
+    import lab.zoo.transcoders as zoo_transcoders
+
+    def no_harvest(*args, **kwargs):
+        raise AssertionError("a harvest was made past the disk budget")
+
+    monkeypatch.setattr(zoo_transcoders, "harvest_windows", no_harvest)
+    assert main(["transcoders", "markov", *QUICK, "--disk-budget", "0.0001", "--overwrite"]) == 0
+    captured = capsys.readouterr()
+    assert "stream: the harvests would take" in captured.out
+    assert "past the disk budget of 0.0001 GB: streaming the activations from the model into training" in captured.out
+    assert "layer 1: FVU" in captured.out and "loss recovered" in captured.out
+    quality = load_quality(markov_zoo / "transcoders" / "topk")
+    assert quality["route"]["route"] == "stream" and quality["contexts_from"] == "held_out"
+    assert quality["train_rows"] == 10 * 512 and len(quality["held_out"]["fvu"]) == 2
+    assert 0 <= min(quality["held_out"]["dead"]) and quality["loss"]["ce_model"] > 0
+    assert load_contexts(markov_zoo / "transcoders" / "topk")["windows"].shape == (64, 16)  # the held-out ones
+    assert not list(markov_zoo.glob("transcoders/.*"))
+
+
+def test_a_disk_budget_that_is_no_size_is_one_clear_line(markov_zoo, capsys):
+    for bad in ("0", "-1", "x", "inf"):
+        with pytest.raises(SystemExit) as exit:
+            main(["transcoders", "markov", "--disk-budget", bad])
+        assert exit.value.code == 2 and "--disk-budget" in capsys.readouterr().err
