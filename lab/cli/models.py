@@ -117,6 +117,7 @@ def cmd_transcoders(args: argparse.Namespace) -> int:
             training,
             args.kind,
             n_windows=args.windows,
+            eval_windows=args.held_out_windows,
             corpus=corpus,
             disk_budget=args.disk_budget * 1e9,
             parallel=args.parallel,

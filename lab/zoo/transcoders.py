@@ -38,6 +38,7 @@ from lab.analysis.transcoders.train import (
 from lab.data.real_corpus import read_split
 from lab.distributed import barrier, rank_world
 from lab.files import atomic_write, atomic_write_text, is_owned_temporary, remove_temporary
+from lab.hf.folder import read_hf_config
 from lab.load import load_model
 from lab.outside_files import read_json_object, regular_file
 from lab.zoo.recipes import load_recipe
@@ -72,7 +73,7 @@ def preset(
     if kind not in PRESETS:
         raise ValueError(f"unknown transcoder kind {kind!r}; kinds: {', '.join(PRESETS)}")
     activation, k, cross_layer, sparsity = PRESETS[kind]
-    model = read_json_object(Path(folder) / "config.json", folder, what="model config")
+    model = model_shape(folder)
     chosen = None if layers is None else sorted(set(layers))
     if chosen is not None and not 0 <= chosen[0] <= chosen[-1] < model["n_layers"]:
         raise ValueError(f"--layers: the model has layers 0 … {model['n_layers'] - 1}, not {chosen[-1]}")
@@ -91,6 +92,16 @@ def preset(
     return cfg, TranscoderTraining(
         steps=steps, batch_size=512, lr=2e-3, sparsity=sparsity, checkpoint_interval=checkpoint_interval
     )
+
+
+def model_shape(folder: str | Path) -> dict[str, int]:
+    """d_model and n_layers of the model in `folder`, from its config.json alone: a Forma folder's, or a Hugging Face
+    folder's (a pretrained zoo model's: read by transformers, which names those fields for every architecture)."""
+    config = read_json_object(Path(folder) / "config.json", folder, what="model config")
+    if "d_model" in config and "n_layers" in config:
+        return {"d_model": config["d_model"], "n_layers": config["n_layers"]}
+    hf = read_hf_config(Path(folder))
+    return {"d_model": int(hf.hidden_size), "n_layers": int(hf.num_hidden_layers)}
 
 
 def world_tokens(folder: str | Path, length: int, split: str = "train") -> tuple[Tensor, int]:
@@ -162,15 +173,18 @@ def harvest_windows(
     split: str = "train",
     seed: int = 0,
     corpus: str | Path | None = None,
+    model: Any = None,
     progress: bool = False,
 ) -> tuple[ActivationStore, Tensor]:
     """A harvest of `hooks` at every position of n windows (`model_windows`: of the corpus, else of the model's
     world), and the windows: in one process, or each rank of a torch.distributed group its share (`harvest`), every
-    rank calling it alike and getting the whole set. A harvest cut short is resumed; a complete one is kept."""
+    rank calling it alike and getting the whole set. A harvest cut short is resumed; a complete one is kept. model:
+    the folder's, loaded already (else loaded here)."""
     windows = model_windows(folder, n_windows, window, split, seed=seed, corpus=corpus)
     directory = Path(directory)
     if not (directory / INDEX_FILE).is_file():
-        harvest(load_model(folder).eval(), windows, hooks, directory, batch_size=32, progress=progress)
+        model = load_model(folder) if model is None else model
+        harvest(model.eval(), windows, hooks, directory, batch_size=32, progress=progress)
     barrier()  # rank 0 has written the index
     store = ActivationStore(directory)
     if len(store) != windows.numel():
@@ -229,7 +243,7 @@ def build_transcoders(
     if route["route"] == "stream":
         source, held_out, made = _streams(folder, model, cfg, training, **windows)
     else:
-        source, held_out, made = _harvests(folder, cfg, training, harvests, train, held_out, **windows)
+        source, held_out, made = _harvests(folder, cfg, training, harvests, train, held_out, model=model, **windows)
     transcoders = train_transcoders(
         source[0],
         cfg,
@@ -296,7 +310,7 @@ def _harvests(
     made = []
     source = "the corpus's windows" if windows["corpus"] is not None else "the world's windows"
     _stage(windows["progress"], rank, f"{source}, then a harvest of every layer's MLP input and output")
-    common = {"window": windows["window"], "corpus": windows["corpus"], "progress": windows["progress"]}
+    common = {key: windows[key] for key in ("window", "corpus", "model", "progress")}
     if train is None:
         made.append(harvests["train"])
         train = harvest_windows(
