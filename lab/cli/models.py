@@ -93,7 +93,8 @@ def cmd_transcoders(args: argparse.Namespace) -> int:
     --windows windows of 64 tokens, kept on disk while training), measure them on held-out windows and keep them,
     with each feature's top contexts, in models/NAME/transcoders/KIND/. A model trained here reads its own world; a
     pretrained one (smollm2) reads the corpus `forma corpus real --out DIR` wrote (--corpus DIR: train.npy for
-    training, held_out.npy's documents for the measures).
+    training, held_out.npy's documents for the measures). Where the harvests would take more than --disk-budget GB,
+    none is made: each batch streams from the model; it says which and why. --layers 0,1: those layers alone.
 
     In one process, or as the ranks of torchrun (`torchrun --nproc-per-node K -m lab.cli transcoders NAME ...`):
     the ranks share the harvests, and train data-parallel (--parallel data: every rank every layer on its slice of
