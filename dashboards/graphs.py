@@ -267,7 +267,7 @@ def supernodes(graph: Graph, folder, ids: list[str]) -> None:
 
 
 st.title("Attribution graphs")
-available = [(name, kind) for name in zoo_names() for kind in transcoder_sets(zoo_dir() / name)]
+available = [(name, kind) for name in zoo_names() for kind in transcoder_sets(zoo_dir() / name, graphs=True)]
 if not available:
     st.info(
         "No model has transcoders yet. Train a model and its transcoders: `forma build pydoc`, then "

@@ -5,6 +5,7 @@ transcoders, in one process or as torchrun's ranks, resumable)."""
 import argparse
 import signal
 import sys
+from pathlib import Path
 
 
 def cmd_hooks(args: argparse.Namespace) -> int:
@@ -88,9 +89,12 @@ def refuse_quick_over_full(name: str) -> None:
 
 
 def cmd_transcoders(args: argparse.Namespace) -> int:
-    """Train transcoders for a trained zoo model on its own world (a harvest of every layer's MLP input and output
-    at every position of --windows windows of 64 tokens, kept on disk while training), measure them on held-out
-    windows and keep them, with each feature's top contexts, in models/NAME/transcoders/KIND/.
+    """Train transcoders for a zoo model (a harvest of every layer's MLP input and output at every position of
+    --windows windows of 64 tokens, kept on disk while training), measure them on held-out windows and keep them,
+    with each feature's top contexts, in models/NAME/transcoders/KIND/. A model trained here reads its own world; a
+    pretrained one (smollm2) reads the corpus `forma corpus real --out DIR` wrote (--corpus DIR: train.npy for
+    training, held_out.npy's documents for the measures). Where the harvests would take more than --disk-budget GB,
+    none is made: each batch streams from the model; it says which and why. --layers 0,1: those layers alone.
 
     In one process, or as the ranks of torchrun (`torchrun --nproc-per-node K -m lab.cli transcoders NAME ...`):
     the ranks share the harvests, and train data-parallel (--parallel data: every rank every layer on its slice of
@@ -99,12 +103,14 @@ def cmd_transcoders(args: argparse.Namespace) -> int:
     checkpoint (every --checkpoint-interval steps); --overwrite starts afresh. docs/distributed.md."""
     from lab.cli.datasets import process_group
     from lab.folders import is_trained, zoo_dir
-    from lab.zoo.transcoders import build_transcoders, load_quality, preset
 
     folder = zoo_dir() / args.name
+    corpus = transcoder_corpus(args.name, args.corpus)  # before torch loads: a bad --corpus is refused at once
     if not is_trained(args.name):
         raise ValueError(f"{args.name} is not trained yet: run `forma build {args.name}` first")
-    cfg, training = preset(args.kind, folder, args.features, args.steps, args.checkpoint_interval)
+    from lab.zoo.transcoders import build_transcoders, load_quality, preset
+
+    cfg, training = preset(args.kind, folder, args.features, args.steps, args.checkpoint_interval, args.layers)
     with process_group("cpu") as (rank, world):
         out = build_transcoders(
             folder,
@@ -112,6 +118,9 @@ def cmd_transcoders(args: argparse.Namespace) -> int:
             training,
             args.kind,
             n_windows=args.windows,
+            eval_windows=args.held_out_windows,
+            corpus=corpus,
+            disk_budget=args.disk_budget * 1e9,
             parallel=args.parallel,
             overwrite=args.overwrite,
             progress=not args.no_progress,
@@ -119,8 +128,30 @@ def cmd_transcoders(args: argparse.Namespace) -> int:
     if out is None:  # a rank other than 0: rank 0 writes and reports
         return 0
     quality = load_quality(out)
-    for layer, (fvu, l0, dead) in enumerate(zip(*(quality["held_out"][k] for k in ("fvu", "l0", "dead")))):
+    for layer, fvu, l0, dead in zip(quality["layers"], *(quality["held_out"][k] for k in ("fvu", "l0", "dead"))):
         print(f"layer {layer}: FVU {fvu:.3f}  L0 {l0:.1f}  dead {dead:.1%}")
-    print(f"loss recovered with every MLP replaced: {quality['loss']['recovered']:.1%}")
+    replaced = "every MLP" if cfg.layers is None else f"the MLPs of layers {', '.join(map(str, cfg.layers))}"
+    print(f"loss recovered with {replaced} replaced: {quality['loss']['recovered']:.1%}")
+    if "route" in quality:
+        print(f"{quality['route']['route']}: {quality['route']['why']}")
     print(f"wrote {out}" + (f" ({world} ranks, {args.parallel}-parallel)" if world > 1 else ""))
     return 0
+
+
+def transcoder_corpus(name: str, corpus: str | None) -> Path | None:
+    """The corpus a zoo model's transcoders read: a pretrained model's --corpus, checked (`check_corpus`); none for
+    a model trained here, which reads its own world. A ValueError (exit 2) in one line otherwise."""
+    from lab.data.real_corpus import check_corpus
+    from lab.folders import PRETRAINED, recipe_kind, zoo_dir
+
+    pretrained = recipe_kind(zoo_dir() / name) == PRETRAINED
+    if not pretrained:
+        if corpus is not None:
+            raise ValueError(f"{name} was trained here and reads its own world: --corpus is for a pretrained model")
+        return None
+    if corpus is None:
+        raise ValueError(
+            f"{name} is pretrained: give the corpus its transcoders read, --corpus DIR (written by "
+            "`forma corpus real --out DIR`)"
+        )
+    return check_corpus(corpus)

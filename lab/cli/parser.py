@@ -96,6 +96,19 @@ def positive_count(text: str) -> int:
     return count
 
 
+def layer_list(text: str) -> list[int] | None:
+    """argparse type: `all` (None) or layers separated by commas, each ≥ 0 (`0,1`)."""
+    if text.strip() == "all":
+        return None
+    try:
+        layers = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"`all` or layers separated by commas (0,1), not {text!r}") from None
+    if min(layers) < 0:
+        raise argparse.ArgumentTypeError(f"a layer is ≥ 0, got {min(layers)}")
+    return layers
+
+
 def model_name(text: str) -> str:
     """argparse type: a zoo name or a folder; an empty one would be read as the current folder."""
     if not text.strip():
@@ -182,16 +195,25 @@ def _add_build(sub: Commands) -> None:
 
 def _add_transcoders(sub: Commands) -> None:
     """forma transcoders NAME."""
-    from lab.folders import TRAINED, zoo_names
+    from lab.folders import PRETRAINED, zoo_names
 
     transcoders = sub.add_parser(
         "transcoders",
         help="train transcoders for a zoo model (attribution graphs; one process, or torchrun ranks)",
         description=cmd_transcoders.__doc__,
     )
-    trained = zoo_names(TRAINED)  # transcoders train on the model's own world: a model trained here
+    names = zoo_names()
     transcoders.add_argument(
-        "name", choices=trained, metavar="NAME", help=f"zoo model trained here: {', '.join(trained)}"
+        "name",
+        choices=names,
+        metavar="NAME",
+        help=f"zoo model: {', '.join(names)} (a pretrained one, {', '.join(zoo_names(PRETRAINED))}, needs --corpus)",
+    )
+    transcoders.add_argument(
+        "--corpus",
+        metavar="DIR",
+        help="a pretrained model's windows: the folder `forma corpus real --out DIR` wrote (train.npy to train on, "
+        "held_out.npy's documents to measure on); a model trained here reads its own world",
     )
     transcoders.add_argument(
         "--kind",
@@ -201,7 +223,29 @@ def _add_transcoders(sub: Commands) -> None:
     )
     transcoders.add_argument("--steps", type=positive_count, default=1500, help="training steps of 512 rows")
     transcoders.add_argument("--windows", type=positive_count, default=1024, help="windows of 64 tokens harvested")
+    transcoders.add_argument(
+        "--held-out-windows",
+        type=positive_count,
+        default=64,
+        help="held-out windows of 64 tokens the measures read (default 64)",
+    )
     transcoders.add_argument("--features", type=positive_count, default=1024, help="features per layer")
+    transcoders.add_argument(
+        "--disk-budget",
+        type=positive_float,
+        default=20.0,
+        metavar="GB",
+        help="the disk the harvests may take (default 20 GB): where they would take more, the activations stream "
+        "from the model into training instead (no harvest on disk); the command says which and why",
+    )
+    transcoders.add_argument(
+        "--layers",
+        type=layer_list,
+        default=None,
+        metavar="all|L,L,…",
+        help="the layers to train transcoders for (default all; e.g. 0,1 for a quick profile): the loss recovered "
+        "replaces those layers' MLPs alone; attribution graphs need all",
+    )
     transcoders.add_argument(
         "--parallel",
         choices=TRANSCODER_PARALLEL,

@@ -34,6 +34,7 @@ import numpy as np
 
 from lab.data.stdlib_corpus import clean_docstring, docstrings_of, keep_docstring, stdlib_sources
 from lab.files import atomic_write, atomic_write_text
+from lab.outside_files import read_json_object
 
 FORMAT = "forma-corpus/1"
 STDLIB = "python-stdlib"
@@ -282,6 +283,25 @@ def summary(manifest: dict[str, Any]) -> dict[str, Any]:
         kept[field] = sum(split[field] for split in splits)
     kept["code_share"] = kept[f"{CODE}_tokens"] / kept["tokens"] if kept["tokens"] else 0.0
     return kept
+
+
+def check_corpus(folder: str | Path) -> Path:
+    """`folder` as a corpus `write_corpus` wrote (its manifest.json of FORMAT, and each split's stream readable), or
+    a ValueError in one line saying what it lacks."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"{folder} is not a folder: give the folder `forma corpus real --out DIR` wrote")
+    path = folder / "manifest.json"
+    if not path.is_file():
+        raise ValueError(f"{folder} holds no manifest.json: not a corpus `forma corpus real --out DIR` wrote")
+    manifest = read_json_object(path, folder, what="corpus manifest")
+    if manifest.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a {FORMAT} manifest: not a corpus `forma corpus real --out DIR` wrote")
+    for split in SPLITS:
+        if not (folder / f"{split}.npy").is_file():
+            raise ValueError(f"{folder} holds no {split}.npy: an unfinished corpus; write it again")
+        read_split(folder, split)
+    return folder
 
 
 def read_split(folder: str | Path, split: str) -> np.ndarray:

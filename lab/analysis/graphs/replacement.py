@@ -76,6 +76,11 @@ class LocalReplacement:
                 "blocks); a post-LN block normalises after the MLP"
             )
         tc = transcoders.cfg
+        if tc.layers is not None:
+            raise ValueError(
+                f"transcoders of layers {', '.join(map(str, tc.layers))} alone: an attribution graph needs one for "
+                "every layer (train them with --layers all)"
+            )
         if (tc.n_layers, tc.d_model) != (cfg.n_layers, cfg.d_model):
             raise ValueError(
                 f"transcoders for {tc.n_layers} layers of width {tc.d_model} do not fit a model of "

@@ -17,16 +17,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lab.analysis.activations.collect import Activations
 from lab.analysis.activations.store import ActivationStore
 from lab.analysis.transcoders.model import Transcoders
-from lab.analysis.transcoders.train import rows
+from lab.analysis.transcoders.stream import WindowActivations
+from lab.analysis.transcoders.train import stacked
 
 
 @torch.no_grad()
 def reconstruction_measures(
-    transcoders: Transcoders, store: ActivationStore, max_rows: int | None = None
+    transcoders: Transcoders, store: ActivationStore | WindowActivations, max_rows: int | None = None
 ) -> dict[str, list[float]]:
-    """Per layer FVU, L0 and dead share over the store's rows (the first `max_rows`), one shard at a time."""
+    """Per layer FVU, L0 and dead share over the store's rows (the first `max_rows`), one shard at a time (or one
+    part of windows run through the model at a time)."""
     cfg = transcoders.cfg
     L, d, f = cfg.n_layers, cfg.d_model, cfg.d_features
     n, sum_y, sum_y2 = 0, torch.zeros(L, d, dtype=torch.float64), torch.zeros(L, d, dtype=torch.float64)
@@ -50,10 +53,22 @@ def reconstruction_measures(
     }
 
 
-def _shards(store: ActivationStore, transcoders: Transcoders, max_rows: int | None) -> Iterator[tuple[Tensor, Tensor]]:
+def parts(source: ActivationStore | WindowActivations, hooks: list[str]) -> Iterator[Activations]:
+    """A harvest's shards (of `hooks`), or the parts of windows run through the model on the fly (every hook)."""
+    if isinstance(source, ActivationStore):
+        for shard in range(len(source.index["shards"])):
+            yield source.shard(shard, hooks)
+    else:
+        yield from source.parts()
+
+
+def _shards(
+    store: ActivationStore | WindowActivations, transcoders: Transcoders, max_rows: int | None
+) -> Iterator[tuple[Tensor, Tensor]]:
     seen = 0
-    for shard in range(len(store.index["shards"])):
-        x, y = rows(store, shard, transcoders.cfg)
+    cfg = transcoders.cfg
+    for part in parts(store, cfg.hooks()):
+        x, y = stacked(part, cfg, range(cfg.n_layers))
         if max_rows is not None:
             x, y = x[: max_rows - seen], y[: max_rows - seen]
         seen += len(x)
@@ -114,16 +129,15 @@ def replacement_loss(model: Any, transcoders: Transcoders, tokens: Tensor, batch
 
 
 @torch.no_grad()
-def top_contexts(transcoders: Transcoders, store: ActivationStore, n: int = 8) -> dict[str, Tensor]:
-    """Each feature's n strongest activations in the store: values, seq and pos, each [L, features, n] (value 0 and
-    seq −1 where a feature fired fewer than n times)."""
+def top_contexts(transcoders: Transcoders, store: ActivationStore | WindowActivations, n: int = 8) -> dict[str, Tensor]:
+    """Each feature's n strongest activations in the store (or in windows run through the model): values, seq and
+    pos, each [L, features, n] (value 0 and seq −1 where a feature fired fewer than n times)."""
     cfg = transcoders.cfg
     L, f = cfg.n_layers, cfg.d_features
     best = torch.zeros(L, f, n)
     seq = torch.full((L, f, n), -1, dtype=torch.long)
     pos = torch.full((L, f, n), -1, dtype=torch.long)
-    for shard in range(len(store.index["shards"])):
-        part = store.shard(shard, [cfg.hook("input", layer) for layer in range(L)])
+    for part in parts(store, [cfg.hook("input", layer) for layer in range(L)]):
         x = torch.stack([part[cfg.hook("input", layer)].float() for layer in range(L)], dim=1)
         acts = transcoders.activate(transcoders.encode(x)).permute(1, 2, 0)  # [L, f, rows]
         values = torch.cat([best, acts], dim=-1)

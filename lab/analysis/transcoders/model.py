@@ -56,6 +56,9 @@ class TranscoderConfig(Record):
     input_hook: str = "blocks.{layer}.ln2.hook_normalized"
     output_hook: str = "blocks.{layer}.hook_mlp_out"
     seed: int = 0
+    # The model's layers the transcoders read, in order (transcoder i reads layer layers[i]); None: 0 … n_layers − 1,
+    # every layer of a model of n_layers layers. A subset is a cheaper profile; attribution graphs need every layer.
+    layers: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -70,9 +73,23 @@ class TranscoderConfig(Record):
         need(self, self.threshold > 0 and self.bandwidth > 0, "JumpReLU's threshold and bandwidth must be positive")
         for name in ("input_hook", "output_hook"):
             need(self, "{layer}" in getattr(self, name), "must name the layer as {layer}", name)
+        if self.layers is not None:
+            need(self, len(self.layers) == self.n_layers, f"must name n_layers ({self.n_layers}) layers", "layers")
+            need(
+                self,
+                all(0 <= a < b for a, b in zip(self.layers, self.layers[1:])) and min(self.layers) >= 0,
+                "must be distinct non-negative layers in increasing order",
+                "layers",
+            )
+
+    def model_layers(self) -> list[int]:
+        """The model's layer each transcoder reads, by transcoder: `layers`, else 0 … n_layers − 1."""
+        return list(range(self.n_layers)) if self.layers is None else list(self.layers)
 
     def hook(self, which: Literal["input", "output"], layer: int) -> str:
-        return (self.input_hook if which == "input" else self.output_hook).format(layer=layer)
+        """The hook transcoder `layer` reads (input) or writes (output), at the model's layer model_layers()[layer]."""
+        model_layer = layer if self.layers is None else self.layers[layer]
+        return (self.input_hook if which == "input" else self.output_hook).format(layer=model_layer)
 
     def hooks(self) -> list[str]:
         """Every hook a harvest for these transcoders needs: each layer's input and output (once each: with the same
@@ -318,8 +335,12 @@ def check_source(directory: Path, cfg: TranscoderConfig, model: nn.Module) -> No
     source.json's fingerprint, each mismatch named."""
     shape = {"d_model": int(model.cfg.d_model), "n_layers": int(model.cfg.n_layers)}
     for key, value in shape.items():
-        if getattr(cfg, key) != value:
+        if getattr(cfg, key) != value and (key == "d_model" or cfg.layers is None):
             raise ValueError(f"{directory}: transcoders of {key} {getattr(cfg, key)}, the model has {key} {value}")
+    if cfg.layers is not None and max(cfg.layers) >= shape["n_layers"]:
+        raise ValueError(
+            f"{directory}: transcoders of layer {max(cfg.layers)}, the model has n_layers {shape['n_layers']}"
+        )
     path = directory / SOURCE_FILE
     if not path.is_file():
         raise ValueError(

@@ -18,6 +18,9 @@ one process or on the ranks of a torch.distributed group (torchrun: gloo on CPU)
                      same at any world size. No RNG state is needed: the data order and the initialisation follow
                      from the seeds, so a resumed run is bitwise the one that never stopped.
 
+Where a harvest would not fit on disk, a RowStream (lab.analysis.transcoders.stream) stands in for the store: each
+batch made by the model from windows drawn with (seed, step), equally resumable.
+
 `train_transcoders(store, cfg, training, out_dir, parallel=...)` runs them: out_dir/checkpoint/ while training,
 out_dir/{config.json, transcoders.safetensors, training.json} when done. docs/distributed.md shows it under torchrun.
 """
@@ -26,7 +29,7 @@ import json
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -173,6 +176,21 @@ class DataOrder:
             step += 1
 
 
+class RowStream(Protocol):
+    """What training reads in place of a harvest: rows made on the fly (lab.analysis.transcoders.stream's
+    ActivationStream), each batch a function of (seed, step) alone."""
+
+    def fingerprint(self) -> dict[str, Any]: ...
+
+    def verify_shared(self) -> None: ...
+
+    def order(
+        self, cfg: TranscoderConfig, batch_size: int, seed: int, layers: Sequence[int], part: slice
+    ) -> Any: ...  # an object whose batches(start) yields (step, x, y) as DataOrder's does
+
+    def output_scale(self, cfg: TranscoderConfig, batch_size: int, seed: int) -> Tensor: ...
+
+
 def output_scale(store: ActivationStore, cfg: TranscoderConfig) -> Tensor:
     """Σ_d Var(y_d) of each layer's output over the first shard: the loss's per-layer denominator, so that the
     reconstruction term is a fraction of variance unexplained and every layer weighs alike. Computed a layer at a
@@ -299,7 +317,9 @@ class TrainerState:
     history: list[dict[str, float]] | None = None  # one record per logged step
 
 
-def _fingerprint(store: ActivationStore) -> dict[str, Any]:
+def _fingerprint(store: "ActivationStore | RowStream") -> dict[str, Any]:
+    if not isinstance(store, ActivationStore):
+        return store.fingerprint()
     return {
         "n_rows": len(store),
         "shards": [[s["file"], s["rows"]] for s in store.index["shards"]],
@@ -341,7 +361,7 @@ def save_checkpoint(
     cfg: TranscoderConfig,
     training: TranscoderTraining,
     state: TrainerState,
-    store: ActivationStore,
+    store: "ActivationStore | RowStream",
 ) -> None:
     """Written into a temporary sibling, then swapped in (`lab.train.checkpoint.swap_in`): a crash leaves the old
     checkpoint complete."""
@@ -367,7 +387,7 @@ def load_checkpoint(
     model: Transcoders,
     optimizer: torch.optim.Optimizer,
     training: TranscoderTraining,
-    store: ActivationStore,
+    store: "ActivationStore | RowStream",
 ) -> TrainerState:
     directory = find_checkpoint(directory)
     path = directory / "state.json"
@@ -381,7 +401,7 @@ def load_checkpoint(
     now = {k: v for k, v in training.to_dict().items() if k != "checkpoint_interval"}
     for what, then, current in (
         ("training", saved, now),
-        ("transcoder config", parts["transcoders"], model.cfg.to_dict()),
+        ("transcoder config", parts["transcoders"], _as_json(model.cfg.to_dict())),
         ("activation store", parts["store"], _fingerprint(store)),
     ):
         if then != current:
@@ -409,6 +429,11 @@ def load_checkpoint(
     return TrainerState(step=step, history=history)
 
 
+def _as_json(record: dict[str, Any]) -> dict[str, Any]:
+    """A record's values as JSON reads them back: tuples as lists."""
+    return {key: list(value) if isinstance(value, tuple) else value for key, value in record.items()}
+
+
 def has_checkpoint(out_dir: str | Path) -> bool:
     """Whether out_dir holds a transcoder checkpoint to resume from."""
     try:
@@ -419,7 +444,7 @@ def has_checkpoint(out_dir: str | Path) -> bool:
 
 
 def train_transcoders(
-    store: ActivationStore | str | Path,
+    store: "ActivationStore | RowStream | str | Path",
     cfg: TranscoderConfig,
     training: TranscoderTraining,
     out_dir: str | Path,
@@ -431,7 +456,8 @@ def train_transcoders(
     progress: bool = False,
     fingerprint: dict[str, Any] | None = None,
 ) -> Transcoders:
-    """Train transcoders on the store's rows; resume=True continues from out_dir/checkpoint. stop_after: stop (with
+    """Train transcoders on the store's rows (a harvest, or a RowStream's rows made on the fly where a harvest would
+    not fit on disk); resume=True continues from out_dir/checkpoint. stop_after: stop (with
     a checkpoint) once that many steps are done, as an interruption would — for tests of resumption.
 
     In one process, or on every rank of a torch.distributed group (torchrun), each rank calling it alike:
@@ -448,12 +474,16 @@ def train_transcoders(
     run may resume on another number of ranks. progress: rank 0 counts the steps on lab.progress's bar.
     fingerprint: the model's (`model_fingerprint`), kept with the result in source.json with the last step."""
     rank, world, layers = _layout(cfg, training, parallel)
-    store = store if isinstance(store, ActivationStore) else ActivationStore(store)
+    store = ActivationStore(store) if isinstance(store, (str, Path)) else store
     out_dir = Path(out_dir)
     model, optimizer, state = _start(cfg, training, store, out_dir / CHECKPOINT_DIR, resume, rank)
     order, objective, sharing = _rank_share(model, store, training, layers, parallel == "data" and world > 1)
     store.verify_shared()  # each rank hashes a share of the shards, not every shard it reads
-    scale = output_scale(store, cfg)
+    scale = (
+        output_scale(store, cfg)
+        if isinstance(store, ActivationStore)
+        else store.output_scale(cfg, training.batch_size, training.seed)
+    )
     batches = order.batches(state.step) if state.step < training.steps else iter(())
     counting = bar(training.steps, "transcoders: train", initial=state.step, show=progress and rank == 0)
     with counting:
@@ -486,14 +516,22 @@ def train_transcoders(
 
 
 def _rank_share(
-    model: Transcoders, store: ActivationStore, training: TranscoderTraining, layers: list[int], data_parallel: bool
-) -> tuple[DataOrder, nn.Module, int]:
+    model: Transcoders,
+    store: "ActivationStore | RowStream",
+    training: TranscoderTraining,
+    layers: list[int],
+    data_parallel: bool,
+) -> tuple[Any, nn.Module, int]:
     """This rank's share of the work: the rows it reads (data-parallel: its contiguous slice of each batch; else
     whole batches of its layers' hooks), the objective it minimises (wrapped in DistributedDataParallel when
     data-parallel) and the number of ranks a batch is shared among."""
     rank, world = rank_world() if data_parallel else (0, 1)
     mine = slice(rank * training.batch_size // world, (rank + 1) * training.batch_size // world)
-    order = DataOrder(store, model.cfg, training.batch_size, training.seed, layers, mine)
+    order = (
+        DataOrder(store, model.cfg, training.batch_size, training.seed, layers, mine)
+        if isinstance(store, ActivationStore)
+        else store.order(model.cfg, training.batch_size, training.seed, layers, mine)
+    )
     objective = Objective(model, layers)
     # init_sync=False: every rank starts from the same weights already (the seeded initialisation, or the
     # checkpoint every rank loads), so DistributedDataParallel need not broadcast rank 0's.
@@ -503,7 +541,7 @@ def _rank_share(
 def _start(
     cfg: TranscoderConfig,
     training: TranscoderTraining,
-    store: ActivationStore,
+    store: "ActivationStore | RowStream",
     checkpoint: Path,
     resume: bool,
     rank: int,

@@ -249,6 +249,29 @@ def test_forma_transcoders_on_two_ranks_killed_and_rerun_is_one_process(markov_z
         assert (out / name).read_bytes() == (reference / name).read_bytes(), name
 
 
+@pytest.mark.slow
+def test_forma_transcoders_streamed_on_two_ranks_killed_and_rerun_is_one_process(markov_zoo, tmp_path, capsys):
+    """Past the disk budget (no harvest: each batch streamed from the model, drawn with (seed, step)): one process,
+    then 2 module-parallel ranks with rank 0 killed as it writes the checkpoint of step 10, then the same command
+    again, resuming from step 5's: every file is the one process's bytes."""
+    command = [*COMMAND, "--disk-budget", "0.0001"]
+    assert main(command) == 0
+    assert "stream: the harvests would take" in capsys.readouterr().out
+    reference = tmp_path / "reference"
+    shutil.move(markov_zoo / "transcoders" / "jumprelu", reference)
+    killed = torchrun([*command, "--parallel", "modules"], tmp_path, killed=True)
+    assert killed.returncode != 0 and "Signal 9 (SIGKILL) received" in killed.stderr, killed.stderr[-3000:]
+    out = markov_zoo / "transcoders" / "jumprelu"
+    assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] == 5
+    done = torchrun([*command, "--parallel", "modules"], tmp_path, killed=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "(2 ranks, modules-parallel)" in done.stdout
+    files = sorted(p.name for p in out.iterdir())
+    assert files == sorted(p.name for p in reference.iterdir())
+    for name in files:
+        assert (out / name).read_bytes() == (reference / name).read_bytes(), name
+
+
 def test_a_harvest_an_earlier_command_left_is_named_and_overwrite_starts_afresh(markov_zoo, capsys):
     """A run stopped after its harvest, then the command again with other --windows: one line, exit 2, nothing
     trained; --overwrite harvests afresh and trains."""

@@ -122,3 +122,57 @@ def test_a_config_asking_for_more_weights_than_the_file_holds_is_refused_before_
     (tmp_path / "tc" / "config.json").write_text(json.dumps(config | {"d_features": 10**9}))
     with pytest.raises(ValueError, match="too few for the .* weights its config.json describes"):
         Transcoders.load(tmp_path / "tc")
+
+
+def subset_of(tc: Transcoders, layers: tuple[int, ...]) -> Transcoders:
+    """The transcoders of `layers` alone, each layer's weights `tc`'s."""
+    cfg = tc.cfg.replace(n_layers=len(layers), layers=layers)
+    subset = Transcoders(cfg)
+    with torch.no_grad():
+        for i, layer in enumerate(layers):
+            subset.W_enc[i], subset.b_enc[i], subset.b_dec[i] = tc.W_enc[layer], tc.b_enc[layer], tc.b_dec[layer]
+            subset.W_dec[i].copy_(tc.W_dec[layer])
+    return subset.eval()
+
+
+def test_transcoders_of_some_layers_read_and_replace_those_layers_alone(tmp_path):
+    """A set of layers (2,) reads and writes layer 2's hooks; its measures are that layer's, and the replacement
+    (and its zero-ablated baseline) replaces that layer's MLP alone: exact transcoders recover all of it, and the
+    baseline is the model with only that MLP ablated."""
+    model = tiny_model(mlp="relu")
+    tc = subset_of(exact_transcoders(model), (2,))
+    assert tc.cfg.hooks() == ["blocks.2.ln2.hook_normalized", "blocks.2.hook_mlp_out"]
+    assert tc.cfg.model_layers() == [2]
+    tokens = torch.randint(0, 50, (8, 16), generator=torch.Generator().manual_seed(0))
+    store = save_activations(model, tokens, tc.cfg.hooks(), tmp_path / "h", positions="all", progress=False)
+    assert reconstruction_measures(tc, store)["fvu"][0] < 1e-10
+    loss = replacement_loss(model, tc, tokens)
+    assert loss["recovered"] == pytest.approx(1.0, abs=1e-4)
+    with torch.no_grad(), model.hooks(fwd_hooks=[("blocks.2.hook_mlp_out", lambda out, hook: torch.zeros_like(out))]):
+        logits = model(tokens)
+    ce = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 50), tokens[:, 1:].reshape(-1))
+    assert loss["ce_zero_ablated"] == pytest.approx(float(ce), abs=1e-5)
+    assert loss["ce_zero_ablated"] != pytest.approx(
+        replacement_loss(model, exact_transcoders(model), tokens)["ce_zero_ablated"]
+    )
+
+
+def test_a_subset_is_saved_loaded_and_checked_against_the_model(tmp_path):
+    model = tiny_model()
+    tc = subset_of(random_transcoders(model), (0, 2))
+    tc.save(tmp_path / "tc", built_from(model_fingerprint(model), 1))
+    loaded = Transcoders.load(tmp_path / "tc", model)
+    assert loaded.cfg.layers == (0, 2) and torch.equal(loaded.W_enc, tc.W_enc)
+    with pytest.raises(ValueError, match="transcoders of layer 2, the model has n_layers 2"):
+        Transcoders.load(tmp_path / "tc", tiny_model(n_layers=2))
+    for layers, says in (((2, 0), "increasing order"), ((0, 0), "increasing order"), ((1,), "must name n_layers")):
+        with pytest.raises(ValueError, match=says):
+            tc.cfg.replace(layers=layers)
+
+
+def test_an_attribution_graph_refuses_transcoders_of_some_layers():
+    from lab.analysis.graphs.replacement import LocalReplacement
+
+    model = tiny_model()
+    with pytest.raises(ValueError, match="layers 0, 2 alone: an attribution graph needs one for every layer"):
+        LocalReplacement(model, subset_of(random_transcoders(model), (0, 2)), torch.tensor([1, 2, 3]))

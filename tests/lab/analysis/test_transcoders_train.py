@@ -8,6 +8,7 @@ import torch
 from lab.analysis.activations.store import save_activations
 from lab.analysis.transcoders.measures import reconstruction_measures
 from lab.analysis.transcoders.model import TranscoderConfig, Transcoders
+from lab.analysis.transcoders.stream import ActivationStream
 from lab.analysis.transcoders.train import DataOrder, TranscoderTraining, train_transcoders
 from tests.builders import tiny_model
 
@@ -81,6 +82,21 @@ def test_a_resumed_run_is_bitwise_the_uninterrupted_one_and_the_same_seed_repeat
     with pytest.raises(ValueError, match="differs from the checkpoint's in lr"):
         train_transcoders(store, cfg, training, tmp_path / "other", stop_after=5)
         train_transcoders(store, cfg, training.replace(lr=1e-3), tmp_path / "other", resume=True)
+
+
+def test_a_subset_of_layers_resumes_bitwise_from_the_harvest_of_every_layer(harvest, tmp_path):
+    """Transcoders of layers (0, 2) read those layers' hooks of a harvest of every layer, and their checkpoint (whose
+    config names the layers, as JSON lists them) resumes into the uninterrupted run's bits."""
+    store, cfg = harvest
+    cfg = cfg.replace(n_layers=2, layers=(0, 2))
+    training = TranscoderTraining(steps=12, batch_size=64, lr=3e-3, checkpoint_interval=5)
+    whole = train_transcoders(store, cfg, training, tmp_path / "whole").state_tensors()
+    train_transcoders(store, cfg, training, tmp_path / "parts", stop_after=7)
+    resumed = train_transcoders(store, cfg, training, tmp_path / "parts", resume=True).state_tensors()
+    assert all(torch.equal(whole[name], resumed[name]) for name in whole)
+    _, x, _ = next(DataOrder(store, cfg, batch_size=4, seed=0).batches())
+    _, x_all, _ = next(DataOrder(store, cfg.replace(n_layers=3, layers=None), batch_size=4, seed=0).batches())
+    assert torch.equal(x, x_all[:, [0, 2]])
 
 
 def test_a_checkpoint_whose_state_is_of_the_wrong_types_is_one_line_naming_it(harvest, tmp_path):
@@ -163,3 +179,46 @@ def test_a_checkpoint_at_or_past_the_last_step_finishes_the_write_or_says_why(ha
     done = train_transcoders(store, cfg, training, tmp_path / "tc", resume=True)
     assert torch.equal(Transcoders.load(tmp_path / "tc").W_enc, done.W_enc)
     assert json.loads((tmp_path / "tc" / "training.json").read_text())["steps"] == 6
+
+
+@pytest.fixture(scope="module")
+def stream():
+    """Rows streamed from a tiny model over one token stream, windows of 16 tokens."""
+    tokens = torch.randint(0, 50, (4000,), generator=torch.Generator().manual_seed(1))
+    return ActivationStream(tiny_model(mlp="relu"), tokens, 16, describe="random ids")
+
+
+def test_a_streamed_batch_is_the_models_activations_and_a_function_of_the_step_alone(stream):
+    """Batch `step` is every position of the windows drawn with (seed, step), run through the model; from any
+    start the same bits; a rank's slice runs only its windows and is its part of the batch."""
+    cfg = TranscoderConfig(d_model=32, n_layers=2, d_features=64, layers=(0, 2))
+    order = stream.order(cfg, 40, 3, [0, 1], slice(None))
+    batches = order.batches()
+    for _ in range(5):
+        next(batches)
+    step, x, y = next(batches)
+    again = next(order.batches(start=5))
+    assert step == again[0] == 5 and torch.equal(x, again[1]) and torch.equal(y, again[2])
+    windows = stream.windows(5, 40, 3)
+    assert windows.shape == (3, 16)  # ⌈40 / 16⌉
+    _, cache = stream.model.run_with_cache(windows, names_filter=cfg.hooks())
+    assert x.shape == (40, 2, 32)
+    assert torch.allclose(x[:, 1], cache["blocks.2.ln2.hook_normalized"].reshape(48, 32)[:40], atol=1e-6)
+    assert torch.allclose(y[:, 0], cache["blocks.0.hook_mlp_out"].reshape(48, 32)[:40], atol=1e-6)
+    halves = [stream.batch(5, cfg, 40, 3, [0, 1], part)[0] for part in (slice(0, 20), slice(20, 40))]
+    assert torch.allclose(torch.cat(halves), x, atol=1e-6)
+    assert not torch.equal(next(stream.order(cfg, 40, 4, [0, 1], slice(None)).batches(start=5))[1], x)  # seed
+
+
+def test_a_streamed_run_resumes_bitwise_and_the_same_seed_repeats(stream, tmp_path):
+    cfg = TranscoderConfig(d_model=32, n_layers=3, d_features=48, activation="topk", k=6)
+    training = TranscoderTraining(steps=10, batch_size=48, lr=3e-3, checkpoint_interval=4)
+    whole = train_transcoders(stream, cfg, training, tmp_path / "whole").state_tensors()
+    again = train_transcoders(stream, cfg, training, tmp_path / "again").state_tensors()
+    train_transcoders(stream, cfg, training, tmp_path / "parts", stop_after=6)
+    resumed = train_transcoders(stream, cfg, training, tmp_path / "parts", resume=True).state_tensors()
+    assert all(torch.equal(whole[name], again[name]) and torch.equal(whole[name], resumed[name]) for name in whole)
+    other = ActivationStream(stream.model, stream.tokens[1:], 16, describe="random ids")
+    train_transcoders(stream, cfg, training, tmp_path / "other", stop_after=3)
+    with pytest.raises(ValueError, match="the activation store differs from the checkpoint's in sha256, shape"):
+        train_transcoders(other, cfg, training, tmp_path / "other", resume=True)
