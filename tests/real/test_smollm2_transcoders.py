@@ -2,12 +2,16 @@
 --corpus DIR --layers 0,1 --features 256` on a slice of the corpus (the json package of the standard library and
 einops, tokenized by smollm2's tokenizer, held out by module), harvested and trained, then streamed past a tiny disk
 budget; per layer FVU, L0 and dead share, and the loss recovered with those layers' MLPs replaced, on held-out
-documents. The model's folder is linked into a private zoo, so that the checkout's models/smollm2 gains nothing."""
+documents; and the same on two module-parallel ranks of torchrun, byte for byte. The model's folder is linked into a
+private zoo, so that the checkout's models/smollm2 gains nothing."""
 
 import json
 import math
 import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -84,3 +88,31 @@ def test_forma_transcoders_smollm2_quick_profile(zoo, corpus, route, monkeypatch
     assert again["fvu"] == pytest.approx(measures["fvu"], rel=1e-3)
     untrained = reconstruction_measures(Transcoders(transcoders.cfg), held_out)
     assert all(t < u for t, u in zip(again["fvu"], untrained["fvu"])), (again["fvu"], untrained["fvu"])
+
+
+def test_forma_transcoders_smollm2_on_two_ranks_is_one_process_byte_for_byte(zoo, corpus, tmp_path, monkeypatch):
+    """`torchrun --nproc-per-node 2 -m lab.cli transcoders smollm2 ... --parallel modules`: the ranks share the
+    harvests and each trains one of the two layers; every file rank 0 writes is the one process's bytes."""
+    monkeypatch.setenv("FORMA_ZOO_DIR", str(zoo.parent))
+    command = ["transcoders", "smollm2", "--corpus", str(corpus), *PROFILE, "--no-progress", "--overwrite"]
+    assert main(command) == 0
+    out, reference = zoo / "transcoders" / "topk", tmp_path / "reference"
+    shutil.move(out, reference)
+    repo = Path(__file__).resolve().parents[2]
+    env = os.environ | {"PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1", "FORMA_ZOO_DIR": str(zoo.parent)}
+    torchrun = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc-per-node", "2"]
+    done = subprocess.run(
+        [*torchrun, "-m", "lab.cli", *command, "--parallel", "modules"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "(2 ranks, modules-parallel)" in done.stdout
+    files = sorted(p.name for p in out.iterdir())
+    assert files == sorted(p.name for p in reference.iterdir())
+    for name in files:  # weights, loss curve, measures, top contexts: the bits of one process
+        assert (out / name).read_bytes() == (reference / name).read_bytes(), name

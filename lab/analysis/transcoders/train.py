@@ -255,9 +255,11 @@ class Objective(nn.Module):
         for i, layer in enumerate(self.layers):
             pre = model.encode(x[:, i], layer)
             acts = model.activate(pre, layer)
-            error = (acts @ model.W_dec[layer][:, 0] + model.b_dec[layer] - y[:, i]).pow(2).sum()
+            # Each row's sum, then the rows' (few enough for one thread): the same bits at any thread count,
+            # where one sum over every element is split among the threads
+            error = (acts @ model.W_dec[layer][:, 0] + model.b_dec[layer] - y[:, i]).pow(2).sum(-1).sum()
             if kind == "relu":
-                penalty = (acts * model.W_dec[layer].pow(2).sum(dim=(1, 2)).sqrt()).sum()
+                penalty = (acts * model.W_dec[layer].pow(2).sum(dim=(1, 2)).sqrt()).sum(-1).sum()
             elif kind == "jumprelu":
                 penalty = model.l0(pre, layer).sum()
             else:
