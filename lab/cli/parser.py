@@ -221,15 +221,19 @@ def _add_transcoders(sub: Commands) -> None:
         choices=TRANSCODER_KINDS,
         help="top-k, ReLU or JumpReLU per-layer transcoders, or a cross-layer ReLU one",
     )
-    transcoders.add_argument("--steps", type=positive_count, default=1500, help="training steps of 512 rows")
-    transcoders.add_argument("--windows", type=positive_count, default=1024, help="windows of 64 tokens harvested")
+    transcoders.add_argument(
+        "--steps", type=positive_count, default=1500, help="training steps of 512 rows (default 1500)"
+    )
+    transcoders.add_argument(
+        "--windows", type=positive_count, default=1024, help="windows of 64 tokens to train on (default 1024)"
+    )
     transcoders.add_argument(
         "--held-out-windows",
         type=positive_count,
         default=64,
         help="held-out windows of 64 tokens the measures read (default 64)",
     )
-    transcoders.add_argument("--features", type=positive_count, default=1024, help="features per layer")
+    transcoders.add_argument("--features", type=positive_count, default=1024, help="features per layer (default 1024)")
     transcoders.add_argument(
         "--disk-budget",
         type=positive_float,
