@@ -5,8 +5,9 @@ reused (no .venv, no trained zoo model, no run):
 
     install      `make venv`: a new .venv from constraints.txt, with pip's cache off (PIP_NO_CACHE_DIR=1)
     demo         `make demo` in that clone, until the dashboard answers on its port: the zoo models are
-                 trained and each experiment's quick profile runs, as on a user's first day; with --busy N, the
-                 same again while N processes spin on the cores (a machine under load), into demo_under_load
+                 trained and each experiment's quick profile runs, as on a user's first day (demo_after_install, at
+                 rest); with --busy N, the same while N processes spin on the cores (demo_under_load, a machine
+                 under load), the at-rest figure left as it was
     experiments  `forma run NAME --quick` and `forma run NAME` for every experiment, one at a time; and the
                  real-model tracks, `forma run NAME --model smollm2 [--quick]` (profiles real-quick and
                  real-default; the clone builds smollm2 first, `forma build smollm2`)
@@ -212,7 +213,7 @@ def main() -> None:
         type=int,
         default=0,
         metavar="N",
-        help="with the demo step: time `make demo` again while N processes spin on the cores (demo_under_load)",
+        help="the demo step times `make demo` while N processes spin on the cores (demo_under_load) instead of at rest",
     )
     parser.add_argument("--keep", action="store_true", help="keep the clone (its path is printed)")
     args = parser.parse_args()
@@ -235,12 +236,9 @@ def main() -> None:
             results["clean_install_commit"] = commit
             print(f"clean install (make venv): {seconds:.0f} s", flush=True)
         if "demo" in steps:
-            results["demo_after_install"] = measure_demo(clone, env, logs / "demo.log", commit)
-            print(f"make demo after install: {results['demo_after_install']}", flush=True)
-            if args.busy:
-                subprocess.run(["git", "clean", "-qfdx", "-e", ".venv"], cwd=clone, check=True)  # as installed
-                results["demo_under_load"] = measure_demo(clone, env, logs / "demo-busy.log", commit, args.busy)
-                print(f"make demo under load: {results['demo_under_load']}", flush=True)
+            key = "demo_under_load" if args.busy else "demo_after_install"
+            results[key] = measure_demo(clone, env, logs / "demo.log", commit, args.busy)
+            print(f"make demo after install ({key}): {results[key]}", flush=True)
         if "experiments" in steps:
             time_experiments(clone, env, root, logs, args.profiles, results.setdefault("experiments", {}), commit)
     finally:
