@@ -6,14 +6,14 @@ its top activating contexts from the transcoders' harvest and the tokens it prom
 """
 
 import json
+from urllib.parse import urlencode
 
 import plotly.graph_objects as go
 import streamlit as st
 import torch
-from safetensors import SafetensorError
 
 from dashboards.charts import as_text, readable
-from dashboards.display import code, load_model, model_version, plain, show_table
+from dashboards.display import code, load_model, model_version, open_transcoders, plain, show_table, transcoders_version
 from dashboards.explorer_tabs import to_ids, token_text
 from lab.analysis.graphs.attribute import attribute
 from lab.analysis.graphs.graph import Graph, graph_folder, to_circuit_tracer
@@ -30,21 +30,6 @@ DEFAULT_PROMPTS = {"pydoc": "Return the number of items in the", "markov": "1 2 
 # layers, heads, positions and nodes): they start again from the new model's defaults when the model changes.
 MODEL_WIDGETS = ("graph_kind", "graph_prompt", "qk_layer", "qk_head", "qk_query", "qk_key", "supernode_nodes")
 COLORS = {"feature": "#4c78a8", "error": "#e45756", "token": "#54a24b", "logit": "#b279a2"}
-
-
-@st.cache_resource(show_spinner="Loading transcoders…")
-def open_transcoders(path: str, name: str, version: tuple = ()) -> Transcoders:
-    """The transcoders in `path`, checked against zoo model `name` (what they were built from, their shapes): any
-    file that cannot be read, or was built from another model, is one ValueError naming it."""
-    try:
-        return Transcoders.load(path, load_model(name, model_version(name)))
-    except (OSError, KeyError, TypeError, SafetensorError) as err:
-        raise ValueError(f"the transcoders in {path} cannot be read: {err}") from err
-
-
-def transcoders_version(path: str, name: str) -> tuple:
-    """What open_transcoders is keyed on besides the path: its files' and the model's sizes and times."""
-    return (model_version(path), model_version(name))
 
 
 @st.cache_resource(show_spinner="Computing the attribution graph…", max_entries=8)
@@ -187,8 +172,13 @@ def describe(node: dict, labels: list[str], logits: list[str], graph: Graph) -> 
     return f"logit {logits[k]!r}: p = {node['probability']:.3f}"
 
 
-def show_feature(model, transcoders: Transcoders, contexts: dict | None, node: dict) -> None:
+def show_feature(model, transcoders: Transcoders, contexts: dict | None, node: dict, page: str) -> None:
+    """A clicked feature: its top contexts from the harvest, its top logits, and a link to its own page (`page`:
+    the features page's address with the query parameters that name it)."""
     st.subheader(f"Feature {node['feature']} of layer {node['layer']}")
+    st.markdown(
+        f"[Open this feature's page: its histogram, contexts by quantile, and the features it reads and writes]({page})"
+    )
 
     def decode(ids: list[int]) -> str:  # a window as text, never '�' (a cut through a character: its bytes)
         return readable_text(model.tokenizer, ids) if getattr(model, "tokenizer", None) else " ".join(map(str, ids))
@@ -320,7 +310,9 @@ event = st.plotly_chart(drawn, key="graph_chart", on_select="rerun", selection_m
 points = (event.selection.points if event and event.selection else []) or []
 chosen = [p["customdata"] for p in points if "customdata" in p]
 if chosen and graph.node(int(chosen[0]))["kind"] == "feature":
-    show_feature(model, transcoders, load_contexts(path), graph.node(int(chosen[0])))
+    node = graph.node(int(chosen[0]))
+    query = urlencode({"model": name, "set": kind, "layer": node["layer"], "feature": node["feature"]})
+    show_feature(model, transcoders, load_contexts(path), node, f"/features?{query}")
 elif chosen:
     st.info(describe(graph.node(int(chosen[0])), labels, logit_labels, graph))
 else:
