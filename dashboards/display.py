@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import streamlit as st
 from safetensors import SafetensorError
@@ -313,6 +314,12 @@ def open_transcoders(path: str, name: str, version: tuple = ()) -> Transcoders:
 def transcoders_version(path: str, name: str) -> tuple:
     """What open_transcoders is keyed on besides the path: its files' and the model's sizes and times."""
     return (model_version(path), model_version(name))
+
+
+def feature_page(name: str, kind: str, layer: int, feature: int) -> str:
+    """The address of the Transcoder features page showing feature `feature` of model layer `layer` of zoo model
+    `name`'s transcoder set `kind` (its query parameters, which that page reads)."""
+    return "/features?" + urlencode({"model": name, "set": kind, "layer": layer, "feature": feature})
 
 
 def try_load_model(name_or_path: str):

@@ -6,14 +6,22 @@ its top activating contexts from the transcoders' harvest and the tokens it prom
 """
 
 import json
-from urllib.parse import urlencode
 
 import plotly.graph_objects as go
 import streamlit as st
 import torch
 
 from dashboards.charts import as_text, readable
-from dashboards.display import code, load_model, model_version, open_transcoders, plain, show_table, transcoders_version
+from dashboards.display import (
+    code,
+    feature_page,
+    load_model,
+    model_version,
+    open_transcoders,
+    plain,
+    show_table,
+    transcoders_version,
+)
 from dashboards.explorer_tabs import to_ids, token_text
 from lab.analysis.graphs.attribute import attribute
 from lab.analysis.graphs.graph import Graph, graph_folder, to_circuit_tracer
@@ -311,8 +319,8 @@ points = (event.selection.points if event and event.selection else []) or []
 chosen = [p["customdata"] for p in points if "customdata" in p]
 if chosen and graph.node(int(chosen[0]))["kind"] == "feature":
     node = graph.node(int(chosen[0]))
-    query = urlencode({"model": name, "set": kind, "layer": node["layer"], "feature": node["feature"]})
-    show_feature(model, transcoders, load_contexts(path), node, f"/features?{query}")
+    link = feature_page(name, kind, node["layer"], node["feature"])
+    show_feature(model, transcoders, load_contexts(path), node, link)
 elif chosen:
     st.info(describe(graph.node(int(chosen[0])), labels, logit_labels, graph))
 else:

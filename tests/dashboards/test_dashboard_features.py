@@ -2,11 +2,12 @@
 
 import json
 import re
+from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 import streamlit as st
 
-from dashboards.display import IDENTIFIER, SYMBOL
+from dashboards.display import IDENTIFIER, SYMBOL, feature_page
 from lab.analysis.transcoders.features import feature_card
 from lab.analysis.transcoders.model import Transcoders
 from lab.model.transformer import HookedTransformer
@@ -53,16 +54,16 @@ def words_only(source: str) -> list[str]:
 
 
 def test_the_page_shows_the_libraries_card_of_the_feature_its_query_names(zoo_dir):
-    """Opened with the graph page's query parameters (layer 1, feature 5), it shows that feature: the histogram
-    of every held-out position (its counts the library's, summing to the positions), the top contexts with the
+    """Opened at the address the graph page's feature links to (layer 1, feature 5), it shows that feature: the
+    histogram of every held-out position (its counts the library's, summing to the positions), the top contexts with the
     feature's token in bold and the library's activations, the quantile bins, the logits and the reads/writes
     tables; in words, no identifier outside a code span."""
     at = page("features")
     at.default_timeout = 120
-    at.query_params["model"] = "pydoc"
-    at.query_params["set"] = "topk"
-    at.query_params["layer"] = "1"
-    at.query_params["feature"] = "5"
+    link = urlsplit(feature_page("pydoc", "topk", 1, 5))  # the graph page's feature detail links there
+    assert link.path == "/features"
+    for key, value in parse_qsl(link.query):
+        at.query_params[key] = value
     at.run()
     assert not at.exception, at.exception
     assert not at.warning, [w.value for w in at.warning]
