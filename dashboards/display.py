@@ -301,12 +301,22 @@ def load_model(name_or_path: str, version: tuple = ()):
     return HookedTransformer.from_pretrained(name_or_path).eval()
 
 
+@st.cache_resource(show_spinner="Loading model…")
+def load_trained_model(name: str, version: tuple = ()):
+    """Zoo model `name` with its weights as trained (`lab.load.load_model`, no weight processing), as `forma
+    transcoders` loads it: the model its transcoders were built from, a pretrained one's too (`load_model` folds a
+    Hugging Face folder's norms, which changes the weights the transcoders' fingerprint names)."""
+    from lab.load import load_model as as_trained
+
+    return as_trained(name).eval()
+
+
 @st.cache_resource(show_spinner="Loading transcoders…")
 def open_transcoders(path: str, name: str, version: tuple = ()) -> Transcoders:
     """The transcoders in `path`, checked against zoo model `name` (what they were built from, their shapes): any
     file that cannot be read, or was built from another model, is one ValueError naming it."""
     try:
-        return Transcoders.load(path, load_model(name, model_version(name)))
+        return Transcoders.load(path, load_trained_model(name, model_version(name)))
     except (OSError, KeyError, TypeError, SafetensorError) as err:
         raise ValueError(f"the transcoders in {path} cannot be read: {err}") from err
 

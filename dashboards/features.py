@@ -11,7 +11,14 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from dashboards.charts import draw
-from dashboards.display import load_model, model_version, open_transcoders, plain, show_table, transcoders_version
+from dashboards.display import (
+    load_trained_model,
+    model_version,
+    open_transcoders,
+    plain,
+    show_table,
+    transcoders_version,
+)
 from dashboards.explorer_tabs import token_text
 from lab.analysis.transcoders.features import Context, FeatureCard, feature_card
 from lab.data.tokenizers import readable_text
@@ -28,7 +35,7 @@ def card_of(
 ) -> tuple[FeatureCard, list[list[int]]]:
     """The feature's card over n_windows held-out windows (`model_windows(..., split="val")`, seed 0), and the
     windows' tokens (the contexts' rows point into them)."""
-    model = load_model(name, model_version(name))
+    model = load_trained_model(name, model_version(name))
     path = zoo_dir() / name / TRANSCODERS_DIR / kind
     transcoders = open_transcoders(str(path), name, transcoders_version(str(path), name))
     length = min(WINDOW, int(model.cfg.n_ctx))
@@ -157,7 +164,7 @@ if recipe_kind(zoo_dir() / name) == PRETRAINED:
             f"{plain(corpus)}. Write one with `forma corpus real --out corpus/real`, or name yours in the sidebar."
         )
         st.stop()
-model = load_model(name, model_version(name))
+model = load_trained_model(name, model_version(name))
 try:
     card, windows = card_of(name, kind, layer, int(feature), n_windows, corpus, model_version(str(path)))
 except READ_ERRORS as err:

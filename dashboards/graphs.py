@@ -15,7 +15,7 @@ from dashboards.charts import as_text, readable
 from dashboards.display import (
     code,
     feature_page,
-    load_model,
+    load_trained_model,
     model_version,
     open_transcoders,
     plain,
@@ -44,7 +44,7 @@ COLORS = {"feature": "#4c78a8", "error": "#e45756", "token": "#54a24b", "logit":
 def graph_of(name: str, kind: str, prompt: str, version: tuple = ()) -> Graph:
     """The saved graph of this prompt, or a new one, saved (so its supernodes have a home) where there is none. A
     saved graph that cannot be read is a ValueError, and left as it is: its supernodes are a person's work."""
-    model = load_model(name, model_version(name))
+    model = load_trained_model(name, model_version(name))
     path = zoo_dir() / name / TRANSCODERS_DIR / kind
     tokens = to_ids(model, prompt)[0]  # a model without a tokenizer reads space-separated ids
     folder = graph_folder(path, tokens)
@@ -281,7 +281,7 @@ if st.session_state.get("graph_model_shown") != name:  # another model's prompt 
 kind = st.sidebar.selectbox("Transcoders", [k for n, k in available if n == name], key="graph_kind")
 node_threshold = st.sidebar.slider("Node threshold (share of influence kept)", 0.1, 1.0, 0.8, 0.05)
 edge_threshold = st.sidebar.slider("Edge threshold", 0.5, 1.0, 0.98, 0.01)
-model = load_model(name, model_version(name))
+model = load_trained_model(name, model_version(name))
 path = zoo_dir() / name / TRANSCODERS_DIR / kind
 try:
     transcoders = open_transcoders(str(path), name, transcoders_version(str(path), name))
