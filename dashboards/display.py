@@ -15,12 +15,15 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import streamlit as st
+from safetensors import SafetensorError
 
 from dashboards.charts import draw, relabel
 from experiments import REAL_TRACK
 from experiments import experiment as registered
+from lab.analysis.transcoders.model import Transcoders
 from lab.folders import zoo_dir, zoo_names
 from lab.headlines import reason as headline_reason
 from lab.headlines import split as split_headlines
@@ -296,6 +299,37 @@ def load_model(name_or_path: str, version: tuple = ()):
     from lab import HookedTransformer
 
     return HookedTransformer.from_pretrained(name_or_path).eval()
+
+
+@st.cache_resource(show_spinner="Loading model…")
+def load_trained_model(name: str, version: tuple = ()):
+    """Zoo model `name` with its weights as trained (`lab.load.load_model`, no weight processing), as `forma
+    transcoders` loads it: the model its transcoders were built from, a pretrained one's too (`load_model` folds a
+    Hugging Face folder's norms, which changes the weights the transcoders' fingerprint names)."""
+    from lab.load import load_model as as_trained
+
+    return as_trained(name).eval()
+
+
+@st.cache_resource(show_spinner="Loading transcoders…")
+def open_transcoders(path: str, name: str, version: tuple = ()) -> Transcoders:
+    """The transcoders in `path`, checked against zoo model `name` (what they were built from, their shapes): any
+    file that cannot be read, or was built from another model, is one ValueError naming it."""
+    try:
+        return Transcoders.load(path, load_trained_model(name, model_version(name)))
+    except (OSError, KeyError, TypeError, SafetensorError) as err:
+        raise ValueError(f"the transcoders in {path} cannot be read: {err}") from err
+
+
+def transcoders_version(path: str, name: str) -> tuple:
+    """What open_transcoders is keyed on besides the path: its files' and the model's sizes and times."""
+    return (model_version(path), model_version(name))
+
+
+def feature_page(name: str, kind: str, layer: int, feature: int) -> str:
+    """The address of the Transcoder features page showing feature `feature` of model layer `layer` of zoo model
+    `name`'s transcoder set `kind` (its query parameters, which that page reads)."""
+    return "/features?" + urlencode({"model": name, "set": kind, "layer": layer, "feature": feature})
 
 
 def try_load_model(name_or_path: str):

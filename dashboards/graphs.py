@@ -10,10 +10,18 @@ import json
 import plotly.graph_objects as go
 import streamlit as st
 import torch
-from safetensors import SafetensorError
 
 from dashboards.charts import as_text, readable
-from dashboards.display import code, load_model, model_version, plain, show_table
+from dashboards.display import (
+    code,
+    feature_page,
+    load_trained_model,
+    model_version,
+    open_transcoders,
+    plain,
+    show_table,
+    transcoders_version,
+)
 from dashboards.explorer_tabs import to_ids, token_text
 from lab.analysis.graphs.attribute import attribute
 from lab.analysis.graphs.graph import Graph, graph_folder, to_circuit_tracer
@@ -32,26 +40,11 @@ MODEL_WIDGETS = ("graph_kind", "graph_prompt", "qk_layer", "qk_head", "qk_query"
 COLORS = {"feature": "#4c78a8", "error": "#e45756", "token": "#54a24b", "logit": "#b279a2"}
 
 
-@st.cache_resource(show_spinner="Loading transcoders…")
-def open_transcoders(path: str, name: str, version: tuple = ()) -> Transcoders:
-    """The transcoders in `path`, checked against zoo model `name` (what they were built from, their shapes): any
-    file that cannot be read, or was built from another model, is one ValueError naming it."""
-    try:
-        return Transcoders.load(path, load_model(name, model_version(name)))
-    except (OSError, KeyError, TypeError, SafetensorError) as err:
-        raise ValueError(f"the transcoders in {path} cannot be read: {err}") from err
-
-
-def transcoders_version(path: str, name: str) -> tuple:
-    """What open_transcoders is keyed on besides the path: its files' and the model's sizes and times."""
-    return (model_version(path), model_version(name))
-
-
 @st.cache_resource(show_spinner="Computing the attribution graph…", max_entries=8)
 def graph_of(name: str, kind: str, prompt: str, version: tuple = ()) -> Graph:
     """The saved graph of this prompt, or a new one, saved (so its supernodes have a home) where there is none. A
     saved graph that cannot be read is a ValueError, and left as it is: its supernodes are a person's work."""
-    model = load_model(name, model_version(name))
+    model = load_trained_model(name, model_version(name))
     path = zoo_dir() / name / TRANSCODERS_DIR / kind
     tokens = to_ids(model, prompt)[0]  # a model without a tokenizer reads space-separated ids
     folder = graph_folder(path, tokens)
@@ -187,8 +180,13 @@ def describe(node: dict, labels: list[str], logits: list[str], graph: Graph) -> 
     return f"logit {logits[k]!r}: p = {node['probability']:.3f}"
 
 
-def show_feature(model, transcoders: Transcoders, contexts: dict | None, node: dict) -> None:
+def show_feature(model, transcoders: Transcoders, contexts: dict | None, node: dict, page: str) -> None:
+    """A clicked feature: its top contexts from the harvest, its top logits, and a link to its own page (`page`:
+    the features page's address with the query parameters that name it)."""
     st.subheader(f"Feature {node['feature']} of layer {node['layer']}")
+    st.markdown(
+        f"[Open this feature's page: its histogram, contexts by quantile, and the features it reads and writes]({page})"
+    )
 
     def decode(ids: list[int]) -> str:  # a window as text, never '�' (a cut through a character: its bytes)
         return readable_text(model.tokenizer, ids) if getattr(model, "tokenizer", None) else " ".join(map(str, ids))
@@ -283,7 +281,7 @@ if st.session_state.get("graph_model_shown") != name:  # another model's prompt 
 kind = st.sidebar.selectbox("Transcoders", [k for n, k in available if n == name], key="graph_kind")
 node_threshold = st.sidebar.slider("Node threshold (share of influence kept)", 0.1, 1.0, 0.8, 0.05)
 edge_threshold = st.sidebar.slider("Edge threshold", 0.5, 1.0, 0.98, 0.01)
-model = load_model(name, model_version(name))
+model = load_trained_model(name, model_version(name))
 path = zoo_dir() / name / TRANSCODERS_DIR / kind
 try:
     transcoders = open_transcoders(str(path), name, transcoders_version(str(path), name))
@@ -320,7 +318,9 @@ event = st.plotly_chart(drawn, key="graph_chart", on_select="rerun", selection_m
 points = (event.selection.points if event and event.selection else []) or []
 chosen = [p["customdata"] for p in points if "customdata" in p]
 if chosen and graph.node(int(chosen[0]))["kind"] == "feature":
-    show_feature(model, transcoders, load_contexts(path), graph.node(int(chosen[0])))
+    node = graph.node(int(chosen[0]))
+    link = feature_page(name, kind, node["layer"], node["feature"])
+    show_feature(model, transcoders, load_contexts(path), node, link)
 elif chosen:
     st.info(describe(graph.node(int(chosen[0])), labels, logit_labels, graph))
 else:

@@ -36,6 +36,7 @@ def test_every_page_renders_on_a_fresh_clone_and_says_what_to_run(empty, name):
         "explorer": "forma build pydoc",
         "training": "forma build pydoc",
         "graphs": "forma transcoders pydoc",
+        "features": "forma transcoders pydoc",
         "compare": "forma run kl --quick",
     }
     assert expected.get(name, f"forma run {name}") in said

@@ -19,39 +19,12 @@ from lab.analysis.transcoders.measures import reconstruction_measures
 from lab.analysis.transcoders.model import Transcoders
 from lab.analysis.transcoders.stream import WindowActivations
 from lab.cli.parser import main
-from lab.data.real_corpus import collect_documents, write_corpus
 from lab.load import load_model
-from lab.model.checkpoint import TOKENIZER_FILE, read_tokenizer
 from lab.zoo.transcoders import corpus_windows, load_contexts, load_quality
-from tests.builders import smollm2_folder
 
 pytestmark = pytest.mark.real
 
 PROFILE = ["--layers", "0,1", "--features", "256", "--steps", "20", "--windows", "16", "--held-out-windows", "8"]
-
-
-@pytest.fixture(scope="module")
-def zoo(tmp_path_factory):
-    """A private zoo whose smollm2 is the checkout's, its files hard-linked (copied where links cannot be made)."""
-    source = smollm2_folder()
-    folder = tmp_path_factory.mktemp("zoo") / "models" / "smollm2"
-    folder.mkdir(parents=True)
-    for path in source.iterdir():
-        if path.is_file() and not path.name.startswith("."):  # (a build's files are links into its .current/)
-            try:
-                os.link(path.resolve(), folder / path.name)
-            except OSError:
-                shutil.copy(path.resolve(), folder / path.name)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def corpus(zoo, tmp_path_factory):
-    """A slice of the real corpus, written as `forma corpus real` writes it, in smollm2's token ids."""
-    documents = collect_documents(packages=("einops",), stdlib_prefixes=("json/",), reference=False)
-    out = tmp_path_factory.mktemp("corpus")
-    write_corpus(out, documents, read_tokenizer(zoo / TOKENIZER_FILE, zoo), seed=0, fraction=0.3)
-    return out
 
 
 @pytest.mark.parametrize("route", ["harvest", "stream"])

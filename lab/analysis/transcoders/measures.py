@@ -22,6 +22,7 @@ from lab.analysis.activations.store import ActivationStore
 from lab.analysis.transcoders.model import Transcoders
 from lab.analysis.transcoders.stream import WindowActivations
 from lab.analysis.transcoders.train import stacked
+from lab.model.norms import LayerNorm, LayerNormPre
 
 
 @torch.no_grad()
@@ -152,14 +153,18 @@ def top_contexts(transcoders: Transcoders, store: ActivationStore | WindowActiva
 
 @torch.no_grad()
 def feature_logits(
-    model: Any, transcoders: Transcoders, layer: int, feature: int, k: int = 10
+    model: Any, transcoders: Transcoders, layer: int, feature: int, k: int = 10, final_norm: bool = False
 ) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
     """The tokens a feature's output most promotes and most suppresses directly: its decoder vectors (summed over the
-    layers a cross-layer feature writes) through the unembedding, W_dec · W_U, the final norm's scale left aside —
-    ([(token, value)] top k, [(token, value)] bottom k)."""
+    layers a cross-layer feature writes) through the unembedding, W_dec · W_U, the final norm's scale left aside;
+    with final_norm, through the final norm's gain too, (W_dec − mean W_dec) ⊙ w · W_U for a LayerNorm and
+    W_dec ⊙ w · W_U for an RMSNorm (what a unit of the direction adds to the logits at a position of scale 1) —
+    the logits less their mean over the vocabulary: ([(token, value)] top k, [(token, value)] bottom k)."""
     cfg = transcoders.cfg
     index = torch.tensor([feature])
     vector = sum(transcoders.decoder(layer, index, target)[0] for target in range(layer, cfg.n_layers))
+    if final_norm:
+        vector = through_final_norm(model, vector)
     logits = (vector @ model.W_U).float()
     logits = logits - logits.mean()
     top, bottom = logits.topk(k), (-logits).topk(k)
@@ -167,3 +172,12 @@ def feature_logits(
         [(int(i), float(v)) for v, i in zip(top.values, top.indices)],
         [(int(i), float(-v)) for v, i in zip(bottom.values, bottom.indices)],
     )
+
+
+def through_final_norm(model: Any, vector: Tensor) -> Tensor:
+    """A residual-stream direction as the final norm passes it on at a position of scale 1: centred where the norm
+    centres (LayerNorm, LayerNormPre), times its gain w where it has one."""
+    norm = model.ln_final
+    if isinstance(norm, (LayerNorm, LayerNormPre)):
+        vector = vector - vector.mean()
+    return vector * norm.w if hasattr(norm, "w") else vector
