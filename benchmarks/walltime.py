@@ -171,7 +171,14 @@ def _experiment_names(clone: Path, env: dict[str, str], real: bool = False) -> l
 
 
 def time_experiments(
-    clone: Path, env: dict[str, str], root: Path, logs: Path, profiles: list[str], into: dict, commit: str
+    clone: Path,
+    env: dict[str, str],
+    root: Path,
+    logs: Path,
+    profiles: list[str],
+    into: dict,
+    commit: str,
+    only: list[str] | None = None,
 ) -> None:
     """Each experiment's run of each profile, one at a time, into `into[name][profile]` (entries of earlier
     invocations stay: each names the commit and the load it was measured at)."""
@@ -180,7 +187,7 @@ def time_experiments(
         timed_run([forma, "build", REAL_MODEL], clone, env, logs / f"build-{REAL_MODEL}.log")
     for profile in profiles:
         flags, real = PROFILES[profile]
-        for name in _experiment_names(clone, env, real):
+        for name in [n for n in _experiment_names(clone, env, real) if not only or n in only]:
             out = root / "runs" / f"{name}-{profile}"
             load = os.getloadavg()[0]
             seconds = timed_run(
@@ -215,6 +222,9 @@ def main() -> None:
         metavar="N",
         help="the demo step times `make demo` while N processes spin on the cores (demo_under_load) instead of at rest",
     )
+    parser.add_argument(
+        "--experiments", nargs="*", metavar="NAME", help="the experiments step's experiments (default: all)"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the clone (its path is printed)")
     args = parser.parse_args()
     steps = set(args.only or STEPS)
@@ -240,7 +250,8 @@ def main() -> None:
             results[key] = measure_demo(clone, env, logs / "demo.log", commit, args.busy)
             print(f"make demo after install ({key}): {results[key]}", flush=True)
         if "experiments" in steps:
-            time_experiments(clone, env, root, logs, args.profiles, results.setdefault("experiments", {}), commit)
+            into = results.setdefault("experiments", {})
+            time_experiments(clone, env, root, logs, args.profiles, into, commit, args.experiments)
     finally:
         results["clone"] = str(clone) if args.keep else None
         print(f"wrote {write('walltime', results)}")

@@ -54,6 +54,10 @@ from lab.model.decoding import sample_tokens, seeded_generator
 from lab.model.kv_cache import KVCache
 from lab.runs import save_table
 
+# Prompts per batch: a batch's first pass holds logits over the whole vocabulary (49,152 tokens) at every position
+# of every prompt, several times over (log-softmax, the lens), so memory goes with the batch; the 300 questions'
+# runs of equal length, uncut, took the default run past 9 GB.
+MAX_BATCH = 8
 REAL_THREADS = 2  # a 135M model's matmuls gain from a second thread, where the toy world's tiny ones lose
 QUESTION_SET = "Forma's real question set (lab.data.questions: countryinfo 1.0.1 and CLDR), short-answer form"
 
@@ -150,10 +154,10 @@ def stop_tokens(tokenizer: Any) -> tuple[int | None, set[int]]:
     return (newline[0] if len(newline) == 1 else None), set(getattr(tokenizer, "all_special_ids", []))
 
 
-def length_batches(prompts: list[list[int]]) -> list[slice]:
-    """Runs of equal length in `prompts` (ordered by length): each one batch."""
+def length_batches(prompts: list[list[int]], most: int = MAX_BATCH) -> list[slice]:
+    """Runs of equal length in `prompts` (ordered by length), cut into batches of at most `most` prompts."""
     cuts = [0] + [i for i in range(1, len(prompts)) if len(prompts[i]) != len(prompts[i - 1])] + [len(prompts)]
-    return [slice(a, b) for a, b in zip(cuts[:-1], cuts[1:])]
+    return [slice(s, min(s + most, b)) for a, b in zip(cuts[:-1], cuts[1:]) for s in range(a, b, most)]
 
 
 # --------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from experiments import monitor as experiment
 from experiments import run_name
 from experiments.monitor.config import QUICK
 from experiments.monitor.judging import crc_check
-from experiments.monitor.real import answer_key, cut_answer, is_right, real_prompt, real_questions
+from experiments.monitor.real import answer_key, cut_answer, is_right, length_batches, real_prompt, real_questions
 from lab.data.questions import KINDS
 from lab.metrics.selective import crc_threshold
 
@@ -124,3 +124,13 @@ def test_answering_everything_fails_the_check():
     risk, false, split = independent_case()
     check = crc_check(risk, false, split, 0.1, n_draws=50, seed=0, rule=lambda s, e, a: math.inf)
     assert not check["holds"] and check["realised_joint_risk"] == pytest.approx(false[20:].mean(), abs=0.02)
+
+
+def test_length_batches_are_runs_of_one_length_cut_at_the_most_a_batch_holds():
+    """Every prompt in exactly one batch, in order; a batch's prompts of one length; none above `most` (the
+    memory of a batch's first pass goes with its prompts)."""
+    prompts = [[0] * n for n in (3, 3, 3, 3, 3, 4, 5, 5, 5)]
+    batches = length_batches(prompts, most=2)
+    assert [(b.start, b.stop) for b in batches] == [(0, 2), (2, 4), (4, 5), (5, 6), (6, 8), (8, 9)]
+    assert all(len({len(p) for p in prompts[b]}) == 1 for b in batches)
+    assert length_batches(prompts, most=10) == [slice(0, 5), slice(5, 6), slice(6, 9)]
