@@ -13,6 +13,7 @@ import streamlit as st
 from dashboards.charts import draw
 from dashboards.display import (
     number,
+    plain,
     read_table,
     short,
     show_figures,
@@ -290,8 +291,8 @@ def p_ik_layers_figure(p_ik: dict) -> go.Figure:
 
 def render_real(folder: Path, results: dict) -> None:
     """The real-model track: which model on which questions, its headlines, then each part."""
-    st.caption(f"{results.get('model_label', results.get('model'))} · {results.get('question_set')}")
-    st.info(str(results.get("facts_model", "")))
+    st.caption(f"{plain(results.get('model_label', results.get('model')))} · {plain(results.get('question_set'))}")
+    st.info(plain(results.get("facts_model", "")))
     show_headlines(results)
     st.subheader("Multiple choice: zero- and 5-shot, plain and in the chat template")
     show_table(real_mc_table(results["mc"]), download="real_mc")
@@ -299,9 +300,9 @@ def render_real(folder: Path, results: dict) -> None:
     answers = results.get("short_answers") or {}
     st.subheader("Short answers, sampled")
     st.write(
-        f"{answers.get('n_questions')} questions: greedy answers right {answers.get('greedy_accuracy', 0):.3f}, "
+        f"{plain(answers.get('n_questions'))} questions: greedy answers right {answers.get('greedy_accuracy', 0):.3f}, "
         f"samples at T = 1 right {answers.get('sample_accuracy', 0):.3f}. "
-        f"Right means: {answers.get('correctness_rule')}."
+        f"Right means: {plain(answers.get('correctness_rule'))}."
     )
     show_table(answers.get("examples") or [], download="real_short_answers")
     st.subheader("P(True): the model judges its own sampled answers")
@@ -319,7 +320,7 @@ def render_real(folder: Path, results: dict) -> None:
     p_ik = results.get("p_ik") or {}
     st.subheader("P(IK): a probe on the residual stream at every layer, held out by question")
     st.write(
-        f"Chosen on validation: layer {p_ik.get('chosen_layer')}, test AUROC "
+        f"Chosen on validation: layer {plain(p_ik.get('chosen_layer'))}, test AUROC "
         f"{interval(p_ik.get('auroc'), p_ik.get('auroc_ci95'))}; shuffled labels "
         f"{interval(p_ik.get('control_shuffled_auroc'), p_ik.get('control_shuffled_auroc_ci95'))}; the model's own "
         f"confidence {interval(p_ik.get('baseline_auroc'), p_ik.get('baseline_auroc_ci95'))}."

@@ -151,5 +151,5 @@ def test_forma_run_calibration_model_smollm2_writes_the_real_track(monkeypatch, 
         "p_true.json",
         "short.json",
     ]
-    assert 0 < results["peak_rss_gb"] < 4
+    assert results["peak_rss_gb"] > 0  # this process's peak so far: the suite's too (the benchmark measures a run)
     assert "synthetic world" in results["facts_model"]

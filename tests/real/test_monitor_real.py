@@ -100,7 +100,7 @@ def test_a_small_run_end_to_end(real_run):
     assert judged | set(results["unavailable"]) == set(SIGNALS) and not judged & set(results["unavailable"])
     for check in results["crc_check"]:
         assert check["holds"] == (check["realised_joint_risk_ci95"][0] <= check["bound"])
-    assert results["timing"]["total_s"] > 0 and 0 < results["peak_rss_gb"] < 4
+    assert results["timing"]["total_s"] > 0 and results["peak_rss_gb"] > 0  # the process's peak: the suite's
 
 
 def test_a_run_continued_into_its_folder_reads_its_parts_back_and_ends_as_one_that_ran_straight_through(
