@@ -32,6 +32,7 @@ from lab.names import NAMES
 from lab.runs import latest_run as newest_run
 from lab.runs import read_figures, read_results, run_record
 from lab.runs import read_table as read_parquet_table
+from lab.zoo.transcoders import transcoder_sets
 
 MARKDOWN_SYNTAX = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:&=^\"'])")  # every character Markdown or Streamlit reads
 
@@ -532,3 +533,16 @@ def show_progress(kind: str, name: str) -> bool:
     waiting = working or was_queued or (kind == "run" and shown is None)
     st.fragment(body, run_every=PROGRESS_REFRESH_S if waiting else None)()
     return working or was_queued
+
+
+def transcoder_sets_or_stop(graphs: bool = False) -> list[tuple[str, str]]:
+    """(zoo model, transcoder set) for every set the zoo holds (graphs: those with a transcoder for every layer, which
+    an attribution graph needs); with none, the page says how to make one and stops."""
+    available = [(name, kind) for name in zoo_names() for kind in transcoder_sets(zoo_dir() / name, graphs=graphs)]
+    if not available:
+        st.info(
+            "No model has transcoders yet. Train a model and its transcoders: `forma build pydoc`, then "
+            "`forma transcoders pydoc` (they land in models/pydoc/transcoders/)."
+        )
+        st.stop()
+    return available

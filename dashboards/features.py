@@ -17,13 +17,14 @@ from dashboards.display import (
     open_transcoders,
     plain,
     show_table,
+    transcoder_sets_or_stop,
     transcoders_version,
 )
 from dashboards.explorer_tabs import token_text
 from lab.analysis.transcoders.features import Context, FeatureCard, feature_card
 from lab.data.tokenizers import readable_text
-from lab.folders import PRETRAINED, recipe_kind, zoo_dir, zoo_names
-from lab.zoo.transcoders import TRANSCODERS_DIR, model_windows, transcoder_sets
+from lab.folders import PRETRAINED, recipe_kind, zoo_dir
+from lab.zoo.transcoders import TRANSCODERS_DIR, model_windows
 
 WINDOW = 64  # tokens per held-out window (at most the model's context)
 READ_ERRORS = (ValueError, OSError, KeyError, TypeError, AttributeError, IndexError)
@@ -128,13 +129,7 @@ def number(param: str, default: int) -> int:
 
 
 st.title("Transcoder features")
-available = [(name, kind) for name in zoo_names() for kind in transcoder_sets(zoo_dir() / name)]
-if not available:
-    st.info(
-        "No model has transcoders yet. Train a model and its transcoders: `forma build pydoc`, then "
-        "`forma transcoders pydoc` (they land in models/pydoc/transcoders/)."
-    )
-    st.stop()
+available = transcoder_sets_or_stop()
 names = sorted({name for name, _ in available})
 name = st.sidebar.selectbox("Model", names, index=chosen(names, "feature_model", "model"), key="feature_model")
 kinds = [k for n, k in available if n == name]

@@ -20,6 +20,7 @@ from dashboards.display import (
     open_transcoders,
     plain,
     show_table,
+    transcoder_sets_or_stop,
     transcoders_version,
 )
 from dashboards.explorer_tabs import to_ids, token_text
@@ -30,8 +31,8 @@ from lab.analysis.graphs.qk import qk_attribution
 from lab.analysis.transcoders.measures import feature_logits
 from lab.analysis.transcoders.model import Transcoders
 from lab.data.tokenizers import readable_text
-from lab.folders import zoo_dir, zoo_names
-from lab.zoo.transcoders import TRANSCODERS_DIR, load_contexts, load_quality, transcoder_sets
+from lab.folders import zoo_dir
+from lab.zoo.transcoders import TRANSCODERS_DIR, load_contexts, load_quality
 
 DEFAULT_PROMPTS = {"pydoc": "Return the number of items in the", "markov": "1 2 3 4 5 6 7 8"}
 # Widgets whose values belong to one model (its prompt: words, or token ids for a model without a tokenizer; its
@@ -265,13 +266,7 @@ def supernodes(graph: Graph, folder, ids: list[str]) -> None:
 
 
 st.title("Attribution graphs")
-available = [(name, kind) for name in zoo_names() for kind in transcoder_sets(zoo_dir() / name, graphs=True)]
-if not available:
-    st.info(
-        "No model has transcoders yet. Train a model and its transcoders: `forma build pydoc`, then "
-        "`forma transcoders pydoc` (they land in models/pydoc/transcoders/)."
-    )
-    st.stop()
+available = transcoder_sets_or_stop(graphs=True)
 names = sorted({name for name, _ in available})
 name = st.sidebar.selectbox("Model", names, index=names.index("pydoc") if "pydoc" in names else 0, key="graph_model")
 if st.session_state.get("graph_model_shown") != name:  # another model's prompt and positions mean nothing here
