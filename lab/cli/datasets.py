@@ -20,8 +20,10 @@ WAIT_S = 24 * 3600.0
 @contextlib.contextmanager
 def process_group(device: str) -> Iterator[tuple[int, int]]:
     """Join torchrun's process group (when there is one) for the body, as (rank, world size), and leave it whatever
-    happens."""
-    from lab.distributed import close_distributed, init_distributed
+    happens: together with the other ranks when the body returns (a rank that is done does not tear its connections
+    down while another still works: rank 0 alone measures and writes), at once when it raises (torchrun then ends
+    the others)."""
+    from lab.distributed import barrier, close_distributed, init_distributed
 
     rank, world = init_distributed(device, timeout_s=WAIT_S)
     if world > 1:
@@ -29,9 +31,13 @@ def process_group(device: str) -> Iterator[tuple[int, int]]:
         # waits inside a collective, where no Python handler runs until it returns. Nothing is lost: every file is
         # written atomically, and the same command resumes.
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    done = False
     try:
         yield rank, world
+        done = True
     finally:
+        if done:
+            barrier()
         close_distributed()
 
 

@@ -197,6 +197,47 @@ def test_ranks_end_when_their_launcher_is_killed_and_the_command_then_resumes(tr
     assert folder_bytes(tried / "acts-orphan") == folder_bytes(tried / "acts")
 
 
+# Two ranks in lab.cli.datasets.process_group: rank 0 works LEAVE_WORK_S longer than rank 1 (rank 0 alone measures
+# and writes, as in `forma transcoders`), or raises in the body. Each records when its work ended and when it left.
+LEAVE_WORK_S = 2.0
+LEAVE = """\
+import json, os, sys, time
+from pathlib import Path
+from lab.cli.datasets import process_group
+out, fail, work_s = Path(sys.argv[1]), sys.argv[2] == "fail", float(sys.argv[3])
+with process_group("cpu") as (rank, world):
+    if rank == 0:
+        if fail:
+            raise SystemExit("rank 0 failed")
+        time.sleep(work_s)
+    worked = time.monotonic()
+left = time.monotonic()
+(out / f"rank-{rank}.json").write_text(json.dumps({"worked": worked, "left": left}))
+"""
+
+
+@pytest.mark.slow
+def test_the_ranks_leave_the_group_together_and_a_failed_rank_leaves_at_once(tmp_path):
+    """A rank whose work is done does not tear its connections down while another still works: it leaves the group
+    with the last one (a rank left alone in teardown while its peer still held the group ended in SIGABRT). A rank
+    whose body raises leaves at once, waiting for no one, and torchrun ends the other."""
+    script = tmp_path / "leave.py"
+    script.write_text(LEAVE)
+    env = shell_env(tmp_path / "site", "")
+    command = ["torchrun", "--standalone", "--nproc-per-node", "2", str(script), str(tmp_path)]
+    done = subprocess.run(
+        [*command, "ok", str(LEAVE_WORK_S)], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rank0, rank1 = (json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1))
+    assert rank1["worked"] < rank0["worked"] - LEAVE_WORK_S / 2  # rank 1 was done first ...
+    assert rank1["left"] >= rank0["worked"]  # ... and left with rank 0
+    start = time.monotonic()
+    failed = subprocess.run([*command, "fail", "0"], env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert failed.returncode != 0 and "rank 0 failed" in failed.stderr, failed.stderr[-3000:]
+    assert time.monotonic() - start < 60
+
+
 # Kills of one process at seeded moments: which watched file operations a run makes is traced first, then the run
 # is killed just before a few of them, each time followed by the same command run to the end.
 SEED, KILLS = 37, 4
