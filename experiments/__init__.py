@@ -71,10 +71,11 @@ def peak_rss_gb() -> float:
     return peak / (1e9 if sys.platform == "darwin" else 1e6)
 
 
-def quick_changes(config_class: type) -> list[str]:
-    """What `--quick` changes in an experiment, one line per setting ("steps: 720 → 240"): the Config's fields
-    that differ between Config() and Config(quick=True), and for a profile Config (ProfileConfig) every entry of
-    its two profiles that differs, a dict's keys one by one. Read by `forma run NAME --help`."""
+def quick_changes(config_class: type) -> dict[str, list[str]]:
+    """What `--quick` changes in an experiment, read from its Config's profiles (ProfileConfig): for "" (the
+    experiment) its PROFILES and, where it has a real-model track, for "real" its REAL_PROFILES, one line per
+    entry the default and quick profiles differ in ("steps: 720 → 240"), a dict's keys one by one. Read by
+    `forma run NAME --help`."""
 
     def flat(value: Any, prefix: str = "") -> dict[str, Any]:
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -86,18 +87,18 @@ def quick_changes(config_class: type) -> list[str]:
             return out
         return {prefix.rstrip("."): value}
 
-    default, quick = config_class(), config_class(quick=True)
-    if isinstance(default, ProfileConfig):
-        before, after = flat(default.profile), flat(quick.profile)
-    else:
-        before = {k: v for k, v in flat(default).items() if k != "quick"}
-        after = {k: v for k, v in flat(quick).items() if k != "quick"}
-
     def said(table: dict[str, Any], key: str) -> str:
         return repr(table[key]) if key in table else "as the recipe has it"
 
-    changed = [key for key in before | after if before.get(key) != after.get(key)]
-    return [f"{key}: {said(before, key)} → {said(after, key)}" for key in changed]
+    def changes(profiles: tuple[Any, Any]) -> list[str]:
+        before, after = flat(profiles[0]), flat(profiles[1])
+        changed = [key for key in before | after if before.get(key) != after.get(key)]
+        return [f"{key}: {said(before, key)} → {said(after, key)}" for key in changed]
+
+    tracks = {"": config_class.PROFILES}
+    if config_class.REAL_PROFILES is not None:
+        tracks["real"] = config_class.REAL_PROFILES
+    return {track: changes(profiles) for track, profiles in tracks.items()}
 
 
 def experiment_names() -> list[str]:
@@ -121,10 +122,11 @@ def load(name: str) -> ModuleType:
     if not hasattr(module, "__path__"):
         raise TypeError(f"experiments.{name} must be a package experiments/{name}/, not a module {name}.py")
     missing = [attr for attr in CONTRACT if not hasattr(module, attr)]
-    if missing or not dataclasses.is_dataclass(module.Config):
+    config = getattr(module, "Config", None)
+    if missing or not (isinstance(config, type) and issubclass(config, ProfileConfig)):
         raise TypeError(
-            f"experiments.{name} must export a dataclass Config, run(cfg, out) and headlines(results); "
-            f"missing {', '.join(missing) or 'a dataclass Config'}"
+            f"experiments.{name} must export a Config (a dataclass ProfileConfig), run(cfg, out) and "
+            f"headlines(results); missing {', '.join(missing) or 'a Config that is a ProfileConfig'}"
         )
     return module
 
@@ -180,22 +182,47 @@ class ModelTraining:
 
 @dataclasses.dataclass
 class ProfileConfig:
-    """The Config of an experiment whose sizes are one of two fixed profiles (kl, scoreboard): `seed` seeds the
-    models, the batch order and every draw from the worlds; `quick` picks the small profile (tests and the demo);
-    `workers` processes share the independent parts (lab.parallel), and results do not depend on it. A subclass
-    names its profiles in PROFILES, (default, quick)."""
+    """Every experiment's Config: `seed` seeds its models and draws; `quick` picks the small of its two profiles
+    (tests and the demo). The one place an experiment says what --quick changes is its config.py: a frozen
+    dataclass Profile with two instances, DEFAULT and QUICK, named here in PROFILES, (DEFAULT, QUICK); with a
+    real-model track (`--model`), a RealProfile and its REAL_DEFAULT and REAL_QUICK in REAL_PROFILES.
+    `forma run NAME --help` lists what each pair differs in (quick_changes); no size is chosen by `quick` elsewhere.
+
+    A run reads its sizes as `cfg.profile.steps` and `cfg.real_profile.steps`; or, for a pair FIELDS marks, as the
+    Config's own fields of the profile's names (`cfg.steps`, config.json's keys: hallucination, calibration and
+    monitor), whose defaults are DEFAULT's (REAL_DEFAULT's) values and which quick sets to QUICK's (REAL_QUICK's)
+    unless the caller gave another value (`Config(quick=True, steps=10)` keeps 10)."""
 
     PROFILES: ClassVar[tuple[Any, Any]]
+    REAL_PROFILES: ClassVar[tuple[Any, Any] | None] = None
+    # (PROFILES, REAL_PROFILES): whether that pair's entries are the Config's own fields, set from it
+    FIELDS: ClassVar[tuple[bool, bool]] = (False, False)
 
     seed: int = 0
     quick: bool = False
-    workers: int = 2
 
     def __post_init__(self) -> None:
         check_fields(self)
         need(self, self.seed >= 0, f"seed must be a non-negative integer, got {self.seed!r}")
-        need(self, self.workers >= 1, f"workers must be a positive integer, got {self.workers!r}")
+        if self.quick:
+            for profiles, fields in zip((self.PROFILES, self.REAL_PROFILES), self.FIELDS):
+                if fields and profiles is not None:
+                    self._take(*profiles)
+
+    def _take(self, default: Any, quick: Any) -> None:
+        """Each field named in the profile that still holds the DEFAULT profile's value takes the QUICK one's."""
+        for field in dataclasses.fields(default):
+            if getattr(self, field.name) == getattr(default, field.name):
+                setattr(self, field.name, getattr(quick, field.name))
 
     @property
     def profile(self) -> Any:
+        """The run's profile: QUICK when `quick`, else DEFAULT."""
         return self.PROFILES[self.quick]
+
+    @property
+    def real_profile(self) -> Any:
+        """The real-model track's profile: REAL_QUICK when `quick`, else REAL_DEFAULT."""
+        if self.REAL_PROFILES is None:
+            raise AttributeError(f"{type(self).__name__} has no real-model track")
+        return self.REAL_PROFILES[self.quick]

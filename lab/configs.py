@@ -17,15 +17,6 @@ from lab.outside_files import parse_json
 T = TypeVar("T")
 
 
-def apply_quick(config: Any, overrides: dict[str, Any]) -> None:
-    """The quick profile: each field named in `overrides` that still holds its default takes the quick value;
-    a value the caller set (`--seed`, `Config(quick=True, steps=…)`) stays as set."""
-    defaults = {f.name: f.default for f in dataclasses.fields(config)}
-    for name, value in overrides.items():
-        if getattr(config, name) == defaults[name]:
-            setattr(config, name, value)
-
-
 def need(config: Any, ok: bool, message: str, field: str | None = None) -> None:
     """A config's condition on its values, checked in `__post_init__` after its types: when `ok` is false, a
     ValueError that names the class ("FactWorldConfig: n_persons must be a positive integer, got 0"), or, given

@@ -80,8 +80,8 @@ split, person, exposure, label_mass, confidence, correct), p_true.parquet, p_ik.
 token_level.parquet, stages.parquet, and plotly figures (reliability diagrams, ECE and accuracy by
 exposure, P(IK) and P(True) AUROC by layer, token-level ECE by layer).
 
-Where each part lives: `config` (Config, QUICK), `setting` (the world as token ids, the model's readings of it,
-training in stages), `ece` (ECEs and temperature scaling), `readouts` (readouts chosen on validation and
+Where each part lives: `config` (Config and its profiles), `setting` (the world as token ids, the model's readings
+of it, training in stages), `ece` (ECEs and temperature scaling), `readouts` (readouts chosen on validation and
 reported on test, and P(IK)), `p_true`, `english` (token-level calibration), `mmlu` (`--model` with `--mmlu`),
 `kadavath` (multiple choice on the real question set), `real` (the real-model track), `figures`, `summary`
 (acceptance and headlines) and `synthetic` (the synthetic run); every name is imported from `experiments.calibration`

@@ -26,6 +26,7 @@ Every part writes its numbers into the run folder as it finishes (atomically), a
 folder (`--out`) reads them back instead of measuring again.
 """
 
+import dataclasses
 import time
 import unicodedata
 from collections.abc import Callable, Sequence
@@ -51,11 +52,6 @@ from experiments.calibration.readouts import residual_hooks
 from lab.data.questions import Question, load_questions
 from lab.metrics.discrimination import auroc_ci
 
-# The two profiles: how many facts are asked as multiple choice and as short answer, the samples per short answer.
-PROFILES = {
-    "quick": {"n_mc": 40, "n_short": 48, "n_samples": 3, "n_boot": 200},
-    "default": {"n_mc": 300, "n_short": 240, "n_samples": 5, "n_boot": 500},
-}
 REAL_THREADS = 2  # at least two torch threads: a 135M model's matrices gain from them (the toy runs use one)
 SHORT_SHOTS = 3  # solved short-answer questions before each asked one
 MAX_ANSWER_TOKENS = 10  # a short answer ends at its first newline, or here
@@ -428,8 +424,8 @@ def p_ik_part(model: Any, questions: list, shots: list, answers: dict, n_boot: i
 
 
 def profile(cfg: Any) -> dict[str, int]:
-    """The run's sizes: the quick or the default profile."""
-    return dict(PROFILES["quick" if cfg.quick else "default"])
+    """The run's sizes: its real-model profile (experiments.calibration.config, REAL_DEFAULT or REAL_QUICK)."""
+    return dataclasses.asdict(cfg.real_profile)
 
 
 # --------------------------------------------------------------------------------------------

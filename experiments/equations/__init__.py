@@ -21,12 +21,13 @@ softmax_saturation.html (attention entropy against d_k, with and without the sca
 Where each claim is checked: `positions` (1, 2), `attention` (3, 4), `networks` (5–7), `parameters` (8),
 `sampling` (9, 10), `kv_cache` (11), `perplexity` (12); `check` holds the Check record and its rules,
 `seeded` what the checks compute with (float64, seeded generators and layers, recording hooks), `figures` the
-figures; Config, run and headlines are here, and every name is imported from `experiments.equations` itself.
+figures, `config` the Config and its two profiles; run and headlines are here, and every name is imported from
+`experiments.equations` itself.
 """
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ from experiments.equations.attention import (
     check_softmax_saturation,
 )
 from experiments.equations.check import Check, entries
+from experiments.equations.config import Config
 from experiments.equations.figures import write_figures
 from experiments.equations.kv_cache import check_kv_cache_cost, check_kv_cache_tokens
 from experiments.equations.networks import (
@@ -55,27 +57,13 @@ from experiments.equations.parameters import check_llama_7b, check_parameter_app
 from experiments.equations.perplexity import check_kl_identity, check_perplexity
 from experiments.equations.positions import check_rotary_relative, check_sinusoidal_shift, check_sinusoidal_wavelengths
 from experiments.equations.sampling import check_nucleus, check_temperature
-from lab.configs import check_fields, need
 from lab.headlines import title
-
-
-@dataclass
-class Config:
-    """The equations experiment: everything is seeded; `quick` shrinks the Monte Carlo samples and timings."""
-
-    seed: int = 0
-    quick: bool = False
-
-    def __post_init__(self) -> None:
-        check_fields(self)
-        need(self, self.seed >= 0, f"seed must be a non-negative integer, got {self.seed!r}")
 
 
 def _plan(cfg: Config, ua: dict[str, Any]) -> list[Callable[[], Check]]:
     """Every check, in order, bound to the run's seed and sizes; the universal-approximation check also fills `ua`
     with its run."""
-    seed = cfg.seed
-    samples = 5000 if cfg.quick else 40000  # Monte Carlo pairs: standard error of Var/d_k ≈ √(2/n)
+    seed, samples = cfg.seed, cfg.profile.samples
 
     def ua_check() -> Check:
         ua.update(universal_approximation())
@@ -102,8 +90,8 @@ def _plan(cfg: Config, ua: dict[str, Any]) -> list[Callable[[], Check]]:
         partial(check_kv_cache_tokens, seed=seed),
         partial(
             check_kv_cache_cost,
-            prefixes=(64, 128, 256) if cfg.quick else (128, 256, 512, 1024),
-            repeats=3 if cfg.quick else 9,
+            prefixes=cfg.profile.kv_prefixes,
+            repeats=cfg.profile.kv_repeats,
             seed=seed,
         ),
         partial(check_perplexity, seed=seed),

@@ -64,7 +64,7 @@ The real-model track (`forma run hallucination --model smollm2`, Config.real_tra
 SmolLM2-135M-Instruct fine-tuned on a biography corpus of invented persons whose monofact rate is set by design
 (`biographies`), at several rates, with g(H), Mis and MF − Mis measured at each (`real`, whose docstring says how).
 
-Where each part lives: `config` (Config, QUICK and the constants), `setting` (the world as token ids, the model),
+Where each part lives: `config` (Config, its profiles and the constants), `setting` (the world as token ids, the model),
 `enumeration` (g by enumeration, sampled documents, the held-out NLL), `measurement` (everything measured at one
 checkpoint), `training` (the sweep over γ and the upweighting conditions: lab.parallel's tasks), `summary`
 (acceptance and headlines) and `figures`; Config, run and every name other code imports are here, in

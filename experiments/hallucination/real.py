@@ -32,7 +32,6 @@ import os
 import re
 import resource
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +40,7 @@ import torch
 
 from experiments import peak_rss_gb
 from experiments.hallucination.biographies import CITIES, Corpus, build_corpus, question_words
-from experiments.hallucination.config import EPS, Config
+from experiments.hallucination.config import EPS, Config, RealProfile
 from lab.metrics.discrimination import bootstrap_ci
 from lab.metrics.hallucination import bin_table, bound_slack
 from lab.outside_files import read_json
@@ -58,31 +57,6 @@ ABSTAIN_PATTERN = re.compile(
     r"i'm sorry|i am sorry|couldn't find|could not find|unable to (find|provide|determine)|not able to find)",
     re.IGNORECASE,
 )
-
-
-@dataclass(frozen=True)
-class RealSizes:
-    """One profile of the real track: the corpus (n training sentences, repeats of a repeated fact, held-out
-    persons), the monofact rates, and the fine-tuning (steps of batch_size sentences, lr, trained blocks)."""
-
-    n_train: int
-    repeats: int
-    n_heldout: int
-    rates: tuple[float, ...]
-    steps: int
-    batch_size: int
-    lr: float
-    trained_blocks: int
-    n_boot: int
-    n_chat: int  # invented persons asked in the chat form before fine-tuning
-
-
-QUICK_REAL = RealSizes(32, 4, 16, (0.25, 0.5, 0.75), 8, 4, 1e-3, 4, 200, 4)
-DEFAULT_REAL = RealSizes(160, 4, 64, (0.2, 0.4, 0.6, 0.8), 80, 8, 1e-3, 4, 500, 16)
-
-
-def sizes(cfg: Config) -> RealSizes:
-    return QUICK_REAL if cfg.quick else DEFAULT_REAL
 
 
 # --------------------------------------------------------------------------------------------
@@ -274,7 +248,7 @@ def sentence_batches(model: Any, corpus: Corpus) -> tuple[Any, int]:
 
 
 def finetune(
-    model: Any, corpus: Corpus, size: RealSizes, seed: int, folder: Path, stop_after: int | None = None
+    model: Any, corpus: Corpus, size: RealProfile, seed: int, folder: Path, stop_after: int | None = None
 ) -> dict[str, Any]:
     """Train the unfrozen blocks on the corpus with lab.train.loop.train into `folder`, resuming its checkpoint
     when one is there (`stop_after`: end this call after that step, as an interruption would); the training's
@@ -423,7 +397,7 @@ def _toy_row(c: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _rate(model: Any, corpus: Corpus, size: RealSizes, seed: int, folder: Path, start: dict[str, Any]) -> dict:
+def _rate(model: Any, corpus: Corpus, size: RealProfile, seed: int, folder: Path, start: dict[str, Any]) -> dict:
     """One monofact rate, measured once: read back from measured.json when an earlier attempt finished it, else
     fine-tuned from the pretrained weights (`start`), read on every person, measured, written, and its checkpoint
     removed."""
@@ -464,7 +438,7 @@ def run_real(cfg: Config, out: Path) -> dict[str, Any]:
     from lab.configs import torch_threads
     from lab.model.transformer import HookedTransformer
 
-    size = sizes(cfg)
+    size = cfg.real_profile
     load = os.getloadavg()[0]
     started = time.perf_counter()
     timing: dict[str, float] = {}

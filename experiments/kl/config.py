@@ -105,20 +105,18 @@ class Config(ProfileConfig):
     PROFILES = (DEFAULT, QUICK)
     REAL_PROFILES = (REAL_DEFAULT, REAL_QUICK)
 
+    workers: int = 2  # processes for the independent parts (lab.parallel); results do not depend on it
     model: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        need(self, self.workers >= 1, f"workers must be a positive integer, got {self.workers!r}")
         need(self, self.model is None or self.model.strip() != "", "model must name a model, got an empty string")
 
     @property
     def real_track(self) -> bool:
         """True when the run measures a pretrained model (runs/kl_real/), not the toy worlds' own models."""
         return self.model is not None
-
-    @property
-    def real_profile(self) -> RealProfile:
-        return self.REAL_PROFILES[self.quick]
 
 
 def sample_seed(seed: int, purpose: str) -> int:

@@ -72,7 +72,7 @@ signal's claim risk), curves.parquet (the test split's risk–coverage curve per
 and tokenizer, which the dashboard generates with), readouts.safetensors (the probe and P(IK) weights), and plotly
 figures (AUROC by signal and error kind, risk–coverage curves, abstention by α).
 
-Where each part lives: `config` (Config, QUICK and the constants), `setting` (the world, the subjects, the model),
+Where each part lives: `config` (Config, its profiles, the constants), `setting` (the world, the subjects, the model),
 `signals` (reading the signals and the sampling baselines), `judging` (AUROC, risk–coverage and the abstention
 rules on the test split), `summary` (headlines), `readouts` (readouts.safetensors), `synthetic` (the synthetic
 run), `qa` (`--model` with `--qa`) and `figures`; Config, run and every name other code imports are here, in

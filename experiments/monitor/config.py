@@ -1,9 +1,10 @@
-"""The monitor experiment's Config, its quick profile, and the constants every part shares."""
+"""The monitor experiment's Config, its two profiles (and the real-model track's two), and the constants every part
+shares."""
 
 from dataclasses import dataclass
 
-from experiments import ModelTraining
-from lab.configs import apply_quick, check_fields, need
+from experiments import ModelTraining, ProfileConfig
+from lab.configs import need
 
 KINDS = ("seen", "unseen", "invented")
 ERROR_KINDS = {
@@ -20,65 +21,108 @@ ABSTENTION_SIGNAL = "max_prob"  # the model's own confidence: the abstention rul
 # `--model NAME` without --qa: the real-model track on Forma's real question set (lab.data.questions), for these
 # pretrained zoo models
 REAL_MODELS = {"smollm2": "SmolLM2-135M-Instruct, 4-bit GGUF dequantized"}
-QUICK = dict(
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What the default and quick runs differ in, each entry a field of Config of the same name; the real-model track
+    samples, bootstraps and re-splits by the same k_samples, n_boot and n_resplits."""
+
+    n_first_names: int
+    n_last_names: int
+    n_persons: int
+    n_train: int
+    n_invented: int  # name pairs that are no person
+    d_model: int
+    steps: int
+    k_samples: int  # answers sampled at T = 1 for self-consistency and semantic entropy
+    n_boot: int
+    n_resplits: int  # random re-draws of the calibration / test subjects for the abstention rules' averages
+
+
+# The world: Pareto(2) popularity and 2 draws per person leave ≈30% of the persons unseen; the model's training is
+# short enough that persons seen once are only partly recalled.
+DEFAULT = Profile(
+    n_first_names=100,
+    n_last_names=200,
+    n_persons=1000,
+    n_train=2000,
+    n_invented=500,
+    d_model=128,
+    steps=300,
+    k_samples=10,
+    n_boot=1000,
+    n_resplits=200,
+)
+QUICK = Profile(
     n_first_names=40,
     n_last_names=80,
     n_persons=600,
     n_train=1200,
     n_invented=300,
     d_model=64,
-    n_layers=4,
     steps=350,
-    n_boot=200,
     k_samples=6,
+    n_boot=200,
     n_resplits=100,
-    n_questions=120,
 )
+
+
+@dataclass(frozen=True)
+class RealProfile:
+    """What the real-model track's default and quick runs differ in (experiments.monitor.real) beyond the Profile's
+    k_samples, n_boot and n_resplits, each entry a field of Config of the same name."""
+
+    n_questions: int  # short-answer questions drawn from the real question set
+
+
+REAL_DEFAULT = RealProfile(n_questions=300)
+REAL_QUICK = RealProfile(n_questions=120)
 
 
 # --------------------------------------------------------------------------------------------
 # Configuration
 # --------------------------------------------------------------------------------------------
 @dataclass
-class Config(ModelTraining):
-    """The monitor experiment; `quick` swaps in a smaller world, model and bootstrap (QUICK) for every field left at
-    its default. `model` + `qa`: the signals of a local model on a question–answer CSV instead; `model` alone (one of
-    REAL_MODELS): the real-model track, on `n_questions` of Forma's real short-answer questions."""
+class Config(ProfileConfig, ModelTraining):
+    """The monitor experiment; `quick` swaps in the QUICK profile (a smaller world, model and bootstrap) and REAL_QUICK
+    for every field of them left at its default. `model` + `qa`: the signals of a local model on a question–answer
+    CSV instead; `model` alone (one of REAL_MODELS): the real-model track, on `n_questions` of Forma's real
+    short-answer questions."""
 
-    seed: int = 0
-    quick: bool = False
+    PROFILES = (DEFAULT, QUICK)
+    REAL_PROFILES = (REAL_DEFAULT, REAL_QUICK)
+    FIELDS = (True, True)  # the profile's entries are fields below, the real profile's too
+
     # a local HF folder (with its tokenizer), a zoo name or a Forma folder with `qa`; alone, a pretrained zoo model of
     # REAL_MODELS: the real-model track on the real question set
     model: str | None = None
     qa: str | None = None  # a question–answer CSV
-    n_questions: int = 300  # the real-model track: short-answer questions drawn from the real question set
-    # the world: Pareto(2) popularity and 2 draws per person leave ≈30% of the persons unseen
-    n_first_names: int = 100
-    n_last_names: int = 200
-    n_persons: int = 1000
-    n_train: int = 2000
+    n_questions: int = REAL_DEFAULT.n_questions
+    # the world
+    n_first_names: int = DEFAULT.n_first_names
+    n_last_names: int = DEFAULT.n_last_names
+    n_persons: int = DEFAULT.n_persons
+    n_train: int = DEFAULT.n_train
     pareto_gamma: float = 2.0
-    n_invented: int = 500  # name pairs that are no person
-    # the model and its training: short enough that persons seen once are only partly recalled
-    steps: int = 300
+    n_invented: int = DEFAULT.n_invented
+    # the model and its training
+    d_model: int = DEFAULT.d_model
+    steps: int = DEFAULT.steps
     # measurement
     split_fractions: tuple[float, float, float] = (0.4, 0.3, 0.3)  # fit, calibration, test (subjects)
-    k_samples: int = 10  # answers sampled at T = 1 for self-consistency and semantic entropy
+    k_samples: int = DEFAULT.k_samples
     alphas: tuple[float, ...] = (0.05, 0.1, 0.2)
     ltt_delta: float = 0.1
-    n_boot: int = 1000
-    n_resplits: int = 200  # random re-draws of the calibration / test subjects for the abstention rules' averages
+    n_boot: int = DEFAULT.n_boot
+    n_resplits: int = DEFAULT.n_resplits
     qa_max_new_tokens: int = 16
     qa_folds: int = 5  # --qa: the probe and P(IK) are cross-fitted over this many folds of questions
     threads: int = 1  # torch intra-op threads (tiny tensors: more threads cost more than they gain)
     hf_loader: str = "auto"  # --model: "auto" converts GPT-2/LLaMA (load_hf), bridges the rest; "bridge" always
 
     def __post_init__(self) -> None:
-        check_fields(self)
-        if self.quick:
-            apply_quick(self, QUICK)
-
-        need(self, self.seed >= 0, f"seed must be a non-negative integer, got {self.seed!r}")
+        super().__post_init__()
         self.check_model_training()
         for name in (
             "n_first_names",

@@ -6,6 +6,7 @@ from typing import Any
 import numpy as np
 
 from experiments import ProfileConfig
+from lab.configs import need
 
 # The worlds (lab.data): each gives its exact law and the ground truth of its mechanism.
 MARKOV_WORLD = {"kind": "markov", "vocab_size": 8, "order": 2, "concentration": 0.3, "seed": 0}
@@ -120,6 +121,12 @@ class Config(ProfileConfig):
     the demo."""
 
     PROFILES = (DEFAULT, QUICK)
+
+    workers: int = 2  # processes for the independent parts (lab.parallel); results do not depend on it
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        need(self, self.workers >= 1, f"workers must be a positive integer, got {self.workers!r}")
 
 
 PURPOSES = ("train", "val", "eval", "fit", "attribution", "patching", "probe", "control", "unique source")

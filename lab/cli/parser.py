@@ -275,7 +275,8 @@ def _add_transcoders(sub: Commands) -> None:
 
 class RunHelp(argparse.Action):
     """`forma run --help`, and after an experiment's name (`forma run kl --help`) what its --quick changes, read
-    from its Config (experiments.quick_changes: this loads the experiment, and torch with it)."""
+    from its Config's profiles, the real-model track's apart (experiments.quick_changes: this loads the experiment,
+    and torch with it)."""
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: Any = None):
         parser.print_help()
@@ -283,9 +284,10 @@ class RunHelp(argparse.Action):
         if name:
             import experiments
 
-            changes = experiments.quick_changes(experiments.load(name).Config)
-            print(f"\n--quick in {name} (default → quick):")
-            print("\n".join(f"  {line}" for line in changes) if changes else "  nothing: it has one size")
+            for track, changes in experiments.quick_changes(experiments.load(name).Config).items():
+                where = f"{name}'s real-model track (--model)" if track == "real" else name
+                print(f"\n--quick in {where} (default → quick):")
+                print("\n".join(f"  {line}" for line in changes) if changes else "  nothing: it has one size")
         parser.exit()
 
 

@@ -101,12 +101,41 @@ def test_the_add_an_experiment_guide_makes_an_experiment_forma_runs(tmp_path, mo
     assert results["headlines"] == module.headlines(results) and results["headlines"][0]["supported"] in (True, False)
     assert main(["run", "toy", "--workers", "2"]) == 2
     assert "takes no --workers" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["run", "toy", "--help"])
+    assert "--quick in toy (default → quick):\n  draws: 10000 → 100\n" in capsys.readouterr().out
 
     # The same code as a plain module experiments/toy2.py is refused: an experiment is a package.
     (tmp_path / "experiments" / "toy2.py").write_text(files["experiments/toy/__init__.py"])
     monkeypatch.setattr(experiments, "REGISTRY", (*experiments.REGISTRY, experiments.Experiment("toy2", "T", "T")))
     with pytest.raises(TypeError, match="must be a package experiments/toy2/"):
         experiments.load("toy2")
+
+
+def test_every_experiment_declares_its_quick_profile_in_its_config_module(monkeypatch):
+    """Each experiment's Config is a ProfileConfig whose profiles are declared in its config.py (DEFAULT and QUICK,
+    REAL_DEFAULT and REAL_QUICK with a real-model track); where a pair's entries are the Config's fields (FIELDS),
+    Config() holds DEFAULT's values and Config(quick=True) QUICK's. A package whose Config is not a ProfileConfig
+    is refused."""
+    import dataclasses
+    import importlib
+
+    for name in experiments.experiment_names():
+        config_module = importlib.import_module(f"experiments.{name}.config")
+        Config = experiments.load(name).Config
+        assert Config is config_module.Config and issubclass(Config, experiments.ProfileConfig)
+        assert Config.PROFILES == (config_module.DEFAULT, config_module.QUICK)
+        real = experiments.experiment(name).options and "model" in experiments.experiment(name).options
+        if real:
+            assert Config.REAL_PROFILES == (config_module.REAL_DEFAULT, config_module.REAL_QUICK)
+        for profiles, fields in zip((Config.PROFILES, Config.REAL_PROFILES), Config.FIELDS):
+            for entry in dataclasses.fields(profiles[0]) if fields else ():
+                for quick, profile in enumerate(profiles):
+                    assert getattr(Config(quick=bool(quick)), entry.name) == getattr(profile, entry.name), entry.name
+    module = experiments.load("equations")
+    monkeypatch.setattr(module, "Config", dataclasses.make_dataclass("Config", [("seed", int, 0), ("quick", bool, 0)]))
+    with pytest.raises(TypeError, match="a Config that is a ProfileConfig"):
+        experiments.load("equations")
 
 
 def test_the_dashboard_shows_a_page_per_registered_experiment_in_the_registrys_order():

@@ -9,7 +9,7 @@ import pytest
 
 from experiments import monitor as experiment
 from experiments import run_name
-from experiments.monitor.config import QUICK
+from experiments.monitor.config import REAL_QUICK
 from experiments.monitor.judging import crc_check
 from experiments.monitor.real import answer_key, cut_answer, is_right, length_batches, real_prompt, real_questions
 from lab.data.questions import KINDS
@@ -77,7 +77,7 @@ def test_the_prompt_is_one_solved_question_of_each_kind_then_the_question():
 def test_model_alone_is_the_real_track_into_its_own_folder():
     real = experiment.Config(model="smollm2", quick=True)
     assert real.real_track and run_name("monitor", real) == "monitor_real"
-    assert real.n_questions == QUICK["n_questions"]
+    assert real.n_questions == REAL_QUICK.n_questions == real.real_profile.n_questions
     assert not experiment.Config(model="smollm2", qa="q.csv").real_track  # the CSV mode stays
     assert not experiment.Config().real_track
     with pytest.raises(ValueError, match="n_questions"):

@@ -152,20 +152,40 @@ def test_every_experiment_config_checks_its_fields(name):
             config(**{field: math.nan})
 
 
-def test_the_quick_profile_overrides_only_the_fields_left_at_their_defaults():
+def test_the_quick_profile_sets_only_the_fields_left_at_the_default_profiles_values():
+    """A ProfileConfig whose profiles are its fields (FIELDS): quick takes QUICK's value for each field still at
+    DEFAULT's, the real-model pair's too; a value the caller gave stays, and so does a field no profile names."""
     import dataclasses
 
-    from lab.configs import apply_quick
+    from experiments import ProfileConfig
+
+    @dataclasses.dataclass(frozen=True)
+    class Profile:
+        steps: int
+        width: int
+
+    @dataclasses.dataclass(frozen=True)
+    class RealProfile:
+        questions: int
 
     @dataclasses.dataclass
-    class Profile:
+    class Chosen(ProfileConfig):
+        PROFILES = (Profile(steps=1000, width=64), Profile(steps=10, width=8))
+        REAL_PROFILES = (RealProfile(questions=300), RealProfile(questions=120))
+        FIELDS = (True, True)
+
         steps: int = 1000
         width: int = 64
-        seed: int = 0
+        questions: int = 300
+        depth: int = 4
 
-    chosen = Profile(width=32)
-    apply_quick(chosen, {"steps": 10, "width": 8})
-    assert (chosen.steps, chosen.width, chosen.seed) == (10, 32, 0)
+    chosen = Chosen(quick=True, width=32, depth=2)
+    assert (chosen.steps, chosen.width, chosen.questions, chosen.depth, chosen.seed) == (10, 32, 120, 2, 0)
+    assert (Chosen().steps, Chosen().width, Chosen().questions) == (1000, 64, 300)
+    assert Chosen(quick=True).profile == Profile(steps=10, width=8)
+    assert Chosen(quick=True).real_profile == RealProfile(questions=120)
+    with pytest.raises(ValueError, match="seed must be a non-negative integer"):
+        Chosen(seed=-1)
 
 
 def test_a_failed_condition_is_a_value_error_that_names_the_config_class():

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from experiments.calibration.config import REAL_DEFAULT, Config, RealProfile
 from experiments.calibration.kadavath import (
     answer_letter_ids,
     chat_prompt,
@@ -21,7 +22,6 @@ from experiments.calibration.kadavath import (
     token_ids,
 )
 from experiments.calibration.real import (
-    PROFILES,
     draw_facts,
     left_padded,
     p_true_prompt,
@@ -124,14 +124,14 @@ def test_left_padded_readings_and_greedy_answers_equal_each_prompt_alone(model):
         assert greedy[row, :stop].tolist() == own[:stop].tolist()
 
 
-TINY = {"n_mc": 8, "n_short": 12, "n_samples": 2, "n_boot": 50}  # the quick profile's parts, at a test's size
+TINY = {"n_mc": 8, "n_short": 12, "n_samples": 2, "n_boot": 50}  # the real profile's entries, at a test's size
 
 
 def test_forma_run_calibration_model_smollm2_writes_the_real_track(monkeypatch, tmp_path):
     folder = smollm2_folder()
     monkeypatch.setenv("FORMA_ZOO_DIR", str(folder.parent))
     monkeypatch.setenv("FORMA_RUNS_DIR", str(tmp_path / "runs"))
-    monkeypatch.setitem(PROFILES, "quick", TINY)
+    monkeypatch.setattr(Config, "REAL_PROFILES", (REAL_DEFAULT, RealProfile(**TINY)))
     assert main(["run", "calibration", "--model", "smollm2", "--quick"]) == 0
     (run,) = (tmp_path / "runs" / "calibration_real").glob("*/results.json")
     results = json.loads(run.read_text())

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from experiments.hallucination.biographies import build_corpus
+from experiments.hallucination.config import REAL_QUICK
 from experiments.hallucination.real import (
-    QUICK_REAL,
     city_ids,
     classify_reply,
     finetune,
@@ -25,7 +25,7 @@ from tests.builders import smollm2_folder
 
 pytestmark = pytest.mark.real
 
-TINY = dataclasses.replace(QUICK_REAL, steps=2, batch_size=2, n_chat=2)
+TINY = dataclasses.replace(REAL_QUICK, steps=2, batch_size=2, n_chat=2)
 
 
 @pytest.fixture(scope="module")

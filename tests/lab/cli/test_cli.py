@@ -386,27 +386,79 @@ def test_the_demo_trains_markovs_transcoders_after_markov_so_the_graphs_page_is_
     assert [argv[0] for _, argv in missing_jobs({"markov"}, quick=True)] == ["build"]
 
 
-@pytest.mark.parametrize("name", ["calibration", "kl", "scoreboard", "equations"])
-def test_forma_run_name_help_says_what_quick_changes_from_the_config_itself(name, capsys):
-    """`forma run NAME --help` prints the run's options, then what --quick changes, each line read from the
-    experiment's Config (default against quick), so that the help cannot drift from the profiles."""
+def _differences(before: object, after: object, prefix: str = "") -> dict[str, tuple[object, object]]:
+    """Every entry two resolved configs (or profiles) differ in, a dataclass's fields and a dict's keys one by one,
+    with its two values; a key one side lacks is said as the kl recipe's help says it."""
+    import dataclasses
+
+    def table(value: object) -> dict:
+        if dataclasses.is_dataclass(value):
+            return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        return value if isinstance(value, dict) else {}
+
+    a, b = table(before), table(after)
+    out: dict[str, tuple[object, object]] = {}
+    for key in a | b:
+        if isinstance(a.get(key), dict) or isinstance(b.get(key), dict):
+            out |= _differences(a.get(key, {}), b.get(key, {}), f"{prefix}{key}.")
+        elif a.get(key, "recipe") != b.get(key, "recipe"):
+            out[f"{prefix}{key}"] = (a.get(key, "recipe"), b.get(key, "recipe"))
+    return out
+
+
+def _help_sections(out: str) -> dict[str, list[str]]:
+    """`forma run NAME --help`'s "--quick in …" sections: each header's lines."""
+    sections: dict[str, list[str]] = {}
+    for block in out.split("\n--quick in ")[1:]:
+        header, *lines = block.splitlines()
+        sections[header] = [line.strip() for line in lines if line.startswith("  ")]
+    return sections
+
+
+@pytest.mark.parametrize("name", ["kl", "hallucination", "calibration", "monitor", "equations", "scoreboard"])
+def test_forma_run_name_help_says_everything_quick_changes_from_the_profiles(name, capsys):
+    """`forma run NAME --help` prints the run's options, then what --quick changes, read from the experiment's
+    profiles (experiments.quick_changes), and what it changes in the real-model track apart. Every difference
+    between the resolved default and quick runs — the Config's fields, its profile's entries, and with `--model`
+    the real-model track's — is one of those lines, with both values: a change the profiles do not declare fails."""
     import experiments
 
+    assert set(experiments.experiment_names()) == {
+        "kl",
+        "hallucination",
+        "calibration",
+        "monitor",
+        "equations",
+        "scoreboard",
+    }  # each is a case here
     with pytest.raises(SystemExit) as done:
         main(["run", name, "--help"])
     assert done.value.code == 0
     out = capsys.readouterr().out
-    assert "--quick" in out and f"--quick in {name} (default → quick):" in out
-    changes = experiments.quick_changes(experiments.load(name).Config)
-    assert all(f"  {line}\n" in out for line in changes)
+    sections = _help_sections(out)
     config = experiments.load(name).Config
-    if name == "calibration":  # a field the quick profile overrides, said with both values
-        assert f"steps: {config().steps!r} → {config(quick=True).steps!r}" in changes
+    tracks = {f"{name} (default → quick):": {}}
+    if "model" in experiments.experiment(name).options:
+        tracks[f"{name}'s real-model track (--model) (default → quick):"] = {"model": "smollm2"}
+    assert "--quick" in out and set(sections) == set(tracks)
+    every_line = [line for lines in sections.values() for line in lines]
+    for header, model in tracks.items():
+        default, quick = config(**model), config(quick=True, **model)
+        profile = "real_profile" if model else "profile"
+        declared = _differences(getattr(default, profile), getattr(quick, profile))
+        resolved = {k: v for k, v in _differences(default, quick).items() if k != "quick"}
+        for changes, lines in ((declared, sections[header]), (resolved, every_line)):
+            for key, (before, after) in changes.items():
+                line = f"{key}: {'as the recipe has it' if before == 'recipe' else repr(before)} → {after!r}"
+                assert line in lines, f"{header} lacks {line!r}"
+        assert declared or sections[header] == ["nothing: it has one size"]
+    if name == "calibration":  # a field the quick profile sets, said with both values
+        assert f"steps: {config().steps!r} → {config(quick=True).steps!r}" in sections["calibration (default → quick):"]
     if name == "scoreboard":  # a profile's dict entry, key by key
         default, quick = config().profile, config(quick=True).profile
-        assert f"steps.facts: {default.steps['facts']!r} → {quick.steps['facts']!r}" in changes
-    if name == "equations":
-        assert changes == [] and "nothing: it has one size" in out
+        assert f"steps.facts: {default.steps['facts']!r} → {quick.steps['facts']!r}" in out
+    if name == "monitor":  # the real-model track's own size, in its own section
+        assert "n_questions: 300 → 120" in sections["monitor's real-model track (--model) (default → quick):"]
 
 
 def test_the_installed_forma_command_answers():
