@@ -29,6 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from lab.figure_text import as_text
 from lab.files import atomic_write, atomic_write_text, remove_temporary, temporary_name
 from lab.outside_files import InputError, read_json, read_text, regular_file
 
@@ -323,13 +324,15 @@ def write_plotly_bundle(folder: Path) -> Path:
 
 
 def save_figure(fig: Any, out: Path, name: str) -> None:
-    """A plotly figure as <name>.json (what the dashboard reads) and <name>.html (offline: plotly.min.js is
-    written once beside it, never fetched from a CDN). Every file is written atomically by Forma, the bundle
-    first: plotly's own write_html would write plotly.min.js in place, where a failure leaves it cut short."""
+    """A plotly figure as <name>.json (what the dashboard reads, its strings as they are) and <name>.html (offline:
+    plotly.min.js is written once beside it, never fetched from a CDN; every string drawn as text,
+    lab.figure_text.as_text, so a model label or question from a file is never a link or markup there). Every file
+    is written atomically by Forma, the bundle first: plotly's own write_html would write plotly.min.js in place,
+    where a failure leaves it cut short."""
     out = Path(out)
     write_plotly_bundle(out)
     atomic_write_text(out / f"{name}.json", fig.to_json())
-    atomic_write_text(out / f"{name}.html", fig.to_html(include_plotlyjs="directory", full_html=True))
+    atomic_write_text(out / f"{name}.html", as_text(fig).to_html(include_plotlyjs="directory", full_html=True))
 
 
 def save_table(rows: Any, out: Path, name: str) -> Path:
