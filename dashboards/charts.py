@@ -15,9 +15,9 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
+from lab.figure_text import as_text
 from lab.names import in_words
 
-PLOTLY_TAG = re.compile(r"<(?!(?:br\s*/?|/?extra)>)", re.IGNORECASE)  # every tag but a line break and hover's <extra>
 TITLE_CHARS = 95  # a title line at most this long: about what a full-width chart holds at the title's size
 LEGEND_ENTRY_PX = 24  # the height of one legend entry, with room to spare
 DEFAULT_HEIGHT = 450  # plotly's own default figure height
@@ -254,26 +254,6 @@ def relabel(fig: go.Figure, names: dict[str, str]) -> go.Figure:
     return fig
 
 
-def _as_text(value: Any) -> Any:
-    if isinstance(value, str):
-        return PLOTLY_TAG.sub("&lt;", value)
-    if isinstance(value, dict):
-        return {k: _as_text(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_as_text(v) for v in value)
-    if isinstance(value, np.ndarray) and value.dtype.kind in "OUS":
-        return np.array([_as_text(v) for v in value.ravel().tolist()], dtype=object).reshape(value.shape)
-    return value
-
-
-def as_text(fig: go.Figure) -> go.Figure:
-    """`fig` with every string in it — titles, names, tick and hover text, the data's own labels — read as text:
-    plotly renders a subset of HTML in each (links, styled spans), so each `<` but a line break's and hover's
-    `<extra>` becomes `&lt;`, which plotly shows as the character itself. A string from a file (a supernode's name,
-    a run's method) is then drawn as its words, never as a link or markup."""
-    return go.Figure(_as_text(fig.to_plotly_json()))
-
-
 def draw(fig: go.Figure, key: str, title_chars: int = TITLE_CHARS) -> None:
-    """A chart on the page, `readable`, its strings shown `as_text`."""
+    """A chart on the page, `readable`, its strings shown as text (lab.figure_text.as_text)."""
     st.plotly_chart(as_text(readable(fig, title_chars)), key=key)

@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 import streamlit as st
 import torch
 
-from dashboards.charts import as_text, readable
+from dashboards.charts import readable
 from dashboards.display import (
     code,
     feature_page,
@@ -31,6 +31,7 @@ from lab.analysis.graphs.qk import qk_attribution
 from lab.analysis.transcoders.measures import feature_logits
 from lab.analysis.transcoders.model import Transcoders
 from lab.data.tokenizers import readable_text
+from lab.figure_text import as_text
 from lab.folders import zoo_dir
 from lab.zoo.transcoders import TRANSCODERS_DIR, load_contexts, load_quality
 

@@ -65,6 +65,7 @@ def atomic_write(path: str | Path, write: Callable[[Path], Any], size: int | Non
     (`size`, when the caller knows it, else at least what was written) and the bytes free there.
     """
     path = Path(path)
+    record_written(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         folder = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX))
@@ -200,6 +201,45 @@ def claim_folder(folder: str | Path, command: str, entries: list[str], *, overwr
     if manifest != record:
         atomic_write_text(folder / OWNER_FILE, json.dumps(record, indent=2) + "\n")
     return before
+
+
+RECORDING_ENV = "FORMA_RECORDING"  # the folder being recorded: its manifest lists each name as it is first written
+
+
+@contextmanager
+def recording(folder: str | Path) -> Iterator[None]:
+    """While the body runs, every top-level name Forma writes into `folder` (a claimed folder: `claim_folder`) is
+    listed in its manifest before the first byte of it is written (`record_written`): a file, a subfolder a model
+    or checkpoint is saved into, and so each killed write's temporary (.<name>.<random>.tmp). A command whose names
+    are not known before it runs (`forma run`: its figures and tables) records them so. Worker processes inherit
+    it (an environment variable)."""
+    before = os.environ.get(RECORDING_ENV)
+    os.environ[RECORDING_ENV] = os.path.abspath(folder)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(RECORDING_ENV, None)
+        else:
+            os.environ[RECORDING_ENV] = before
+
+
+def record_written(path: str | Path) -> None:
+    """List `path`'s top-level name in the manifest of the folder being recorded (`recording`), if it lies inside
+    it and is not listed yet; atomically. Called by every writer of Forma's (atomic_write, a checkpoint's swap)
+    before it writes. Two processes adding two new names at the same instant may lose one: the next run then
+    refuses that name as not Forma's, in one line, and loses nothing."""
+    root = os.environ.get(RECORDING_ENV)
+    if not root:
+        return
+    try:
+        name = Path(os.path.abspath(path)).relative_to(root).parts[0]
+    except (ValueError, IndexError):  # outside the folder, or the folder itself
+        return
+    manifest = _manifest(Path(root)) if name not in (OWNER_FILE, LOCK_FILE) else None
+    if manifest is not None and name not in manifest["entries"]:
+        manifest["entries"] = sorted([*manifest["entries"], name])
+        atomic_write_text(Path(root) / OWNER_FILE, json.dumps(manifest, indent=2) + "\n")
 
 
 def _lock_holder(path: Path) -> dict[str, Any] | None:

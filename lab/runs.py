@@ -1,6 +1,7 @@
 """Run folders: where every experiment writes, with its provenance, atomically.
 
-    runs/<experiment>/<UTC timestamp>/config.json      the experiment's Config, as run
+    runs/<experiment>/<UTC timestamp>/.forma-folder.json  the manifest: `run <experiment>`, every name written
+                                      config.json      the experiment's Config, as run
                                       provenance.json  seed, git commit, package versions, wall time
                                       results.json     written last, atomically: present ⇒ complete
                                       *.parquet, *.html tables and plotly figures
@@ -20,6 +21,7 @@ import itertools
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -29,7 +31,18 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from lab.files import atomic_write, atomic_write_text, remove_temporary, temporary_name
+from lab.figure_text import as_text
+from lab.files import (
+    LOCK_FILE,
+    OWNER_FILE,
+    atomic_write,
+    atomic_write_text,
+    claim_folder,
+    is_owned_temporary,
+    owned,
+    recording,
+    remove_temporary,
+)
 from lab.outside_files import InputError, read_json, read_text, regular_file
 
 REPO = Path(__file__).resolve().parents[1]
@@ -130,26 +143,39 @@ def runs_dir() -> Path:
     return Path(os.environ.get("FORMA_RUNS_DIR") or DEFAULT_RUNS_DIR)
 
 
-def new_run_dir(experiment: str, out: str | Path | None = None) -> Path:
-    """The folder a run writes into: `out` if given, else a new runs/<experiment>/<UTC timestamp>/.
+RUN_FILES = ["provenance.json", "config.json", "results.json"]  # what every run writes; the rest it records as written
+
+
+def run_command(experiment: str) -> str:
+    """The command a run folder's manifest (lab.files.OWNER_FILE) names: `run <experiment>`."""
+    return f"run {experiment}"
+
+
+def new_run_dir(experiment: str, out: str | Path | None = None, *, overwrite: bool = False) -> Path:
+    """The folder a run writes into, claimed (lab.files.claim_folder: its manifest, .forma-folder.json, lists every
+    top-level name the run writes, as it writes it): `out` if given, else a new runs/<experiment>/<UTC timestamp>/.
 
     The timestamped folder is made with an exclusive mkdir, so two runs started in the same second get two
-    folders (the second `<stamp>-1`, and so on). An `out` is taken only when it is new, empty, or an unfinished
-    run of the same experiment (its provenance.json names `experiment`, and it has no results.json): a run
-    never writes over a file some other program wrote. Anything else — a file, a finished run, a folder with
-    other contents, one that cannot be created — is a ValueError naming it, raised before anything is written.
-    """
+    folders (the second `<stamp>-1`, and so on). An `out` is taken when it is new, empty, or an unfinished run of
+    the same experiment (its manifest names `run <experiment>` and lists all it holds): a run never writes over a
+    file some other program wrote. A name the manifest does not list (a file of the user's, whatever its name) is
+    refused unless `overwrite`, and then left where it is (one named like a file the run writes is replaced);
+    a finished run (results.json) is refused unless `overwrite`. A file, another experiment's run, a folder that
+    cannot be created: a ValueError naming it, raised before anything is written."""
     if out is None:
-        return _new_timestamped_dir(runs_dir() / experiment)
+        folder = _new_timestamped_dir(runs_dir() / experiment)
+        claim_folder(folder, run_command(experiment), RUN_FILES)
+        return folder
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"run folder {out} is a file, not a folder; choose another --out")
-    if (out / "results.json").exists():
-        raise ValueError(f"run folder {out} already holds a finished run (results.json); choose another --out")
-    if out.is_dir():
-        _check_reusable(out, experiment)
+    if (out / "results.json").exists() and not overwrite:
+        raise ValueError(
+            f"run folder {out} already holds a finished run (results.json); choose another --out, or give "
+            "--overwrite to run again in it"
+        )
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        claim_folder(out, run_command(experiment), RUN_FILES, overwrite=overwrite)
     except OSError as err:
         raise ValueError(f"cannot create the run folder {out}: {err.strerror or err}") from err
     return out
@@ -173,34 +199,7 @@ def _new_timestamped_dir(base: Path) -> Path:
     raise AssertionError("unreachable")
 
 
-PROVENANCE_FILE = "provenance.json"  # a run's first file: it names the experiment, and so the folder as the run's
-
-
-def _check_reusable(folder: Path, experiment: str) -> None:
-    """Raise unless `folder` is empty or an unfinished `experiment` run (its provenance.json, Forma's record of the
-    folder, names the experiment). A file named like the atomic writer's temporaries counts as anything else does:
-    only in Forma's own unfinished run is it Forma's to remove."""
-    # a run killed while writing its first file (provenance.json) leaves only that file's temporary: still empty
-    first = f".{PROVENANCE_FILE}."
-    contents = sorted(p.name for p in folder.iterdir() if not (p.name.startswith(first) and temporary_name(p.name)))
-    if not contents:
-        return
-    try:
-        record = read_json(folder / "provenance.json", folder)
-    except (OSError, ValueError):
-        record = None
-    if isinstance(record, dict) and record.get("experiment") == experiment:
-        return
-    shown = ", ".join(contents[:5]) + (f" and {len(contents) - 5} more" if len(contents) > 5 else "")
-    what = (
-        f"an unfinished run of {record['experiment']!r}"
-        if isinstance(record, dict) and record.get("experiment")
-        else f"files no run of {experiment!r} wrote ({shown})"
-    )
-    raise ValueError(
-        f"run folder {folder} is not empty: it holds {what}; a run writes only into a new or empty "
-        f"folder, or finishes an unfinished run of the same experiment — choose another --out"
-    )
+PROVENANCE_FILE = "provenance.json"  # a run's first file: its seed, commit and packages, then its wall time
 
 
 @contextmanager
@@ -278,17 +277,21 @@ def run_and_record(
     run: Callable[[Any, Path], dict],
     out: str | Path | None = None,
     seed: int | None = None,
+    *,
+    overwrite: bool = False,
 ) -> Path:
-    """Create the run folder, record provenance and config, run, then write results.json last.
+    """Claim the run folder (`new_run_dir`), record provenance and config, run, then write results.json last.
 
-    provenance.json comes first: it names the experiment, which is what lets a later run with the same `--out`
-    recognise the folder as its own unfinished run. Every artefact is written atomically (lab.files), so a run
-    that fails or is killed leaves whole files and temporaries, never a half-written file under its final name,
-    and no results.json."""
-    folder = new_run_dir(experiment, out)
-    with _exclusive(folder):
-        for leftover in folder.iterdir():  # an earlier attempt's half-written temporaries: ours to remove
-            remove_temporary(leftover)
+    Every name the run writes is listed in the folder's manifest before it is written (lab.files.recording), so a
+    rerun with the same `--out` finishes its own unfinished run: it removes the temporaries of writes killed
+    half-way (.<name>.<random>.tmp) of the names listed, and nothing else — never a file of the user's, whatever
+    its name. With `overwrite`, what an earlier run listed is removed first (the run starts afresh), and the
+    user's files are left where they are. Every artefact is written atomically (lab.files), so a run that fails
+    or is killed leaves whole files and temporaries, never a half-written file under its final name, and no
+    results.json."""
+    folder = new_run_dir(experiment, out, overwrite=overwrite)
+    with _exclusive(folder), recording(folder):
+        _tidy(folder, overwrite)
         record = provenance(seed, experiment=experiment)
         write_json(folder / PROVENANCE_FILE, record)
         write_json(folder / "config.json", config)
@@ -301,6 +304,20 @@ def run_and_record(
     if folder.parent == runs_dir() / experiment:
         atomic_write_text(folder.parent / "latest", folder.name + "\n")
     return folder
+
+
+def _tidy(folder: Path, overwrite: bool) -> None:
+    """Remove the killed writes' temporaries of what the folder's manifest lists, and (overwrite) what it lists."""
+    wrote = owned(folder)
+    for path in folder.iterdir():
+        if path.is_symlink() or path.name in (OWNER_FILE, LOCK_FILE):
+            continue
+        if is_owned_temporary(path, wrote | {OWNER_FILE}):
+            remove_temporary(path)
+        elif overwrite and path.name in wrote and path.is_dir():
+            shutil.rmtree(path)
+        elif overwrite and path.name in wrote:
+            path.unlink()
 
 
 PLOTLY_BUNDLE = "plotly.min.js"
@@ -323,13 +340,15 @@ def write_plotly_bundle(folder: Path) -> Path:
 
 
 def save_figure(fig: Any, out: Path, name: str) -> None:
-    """A plotly figure as <name>.json (what the dashboard reads) and <name>.html (offline: plotly.min.js is
-    written once beside it, never fetched from a CDN). Every file is written atomically by Forma, the bundle
-    first: plotly's own write_html would write plotly.min.js in place, where a failure leaves it cut short."""
+    """A plotly figure as <name>.json (what the dashboard reads, its strings as they are) and <name>.html (offline:
+    plotly.min.js is written once beside it, never fetched from a CDN; every string drawn as text,
+    lab.figure_text.as_text, so a model label or question from a file is never a link or markup there). Every file
+    is written atomically by Forma, the bundle first: plotly's own write_html would write plotly.min.js in place,
+    where a failure leaves it cut short."""
     out = Path(out)
     write_plotly_bundle(out)
     atomic_write_text(out / f"{name}.json", fig.to_json())
-    atomic_write_text(out / f"{name}.html", fig.to_html(include_plotlyjs="directory", full_html=True))
+    atomic_write_text(out / f"{name}.html", as_text(fig).to_html(include_plotlyjs="directory", full_html=True))
 
 
 def save_table(rows: Any, out: Path, name: str) -> Path:
@@ -370,7 +389,8 @@ def headline(
 # file is read through lab.outside_files: a regular file that resolves inside the run folder (a link out of it, or a
 # FIFO that would hang the page, is refused), of bounded size and nesting.
 
-NOT_FIGURES = {"results", "config", "provenance", "world", "card", ".progress"}  # the JSON files that are no figure
+# the JSON files that are no figure (.forma-folder: the folder's manifest, lab.files.OWNER_FILE)
+NOT_FIGURES = {"results", "config", "provenance", "world", "card", ".progress", ".forma-folder"}
 
 
 def read_results(folder: Path) -> dict[str, Any]:

@@ -553,8 +553,17 @@ def markup_in(source: str) -> list[str]:
     return found
 
 
-MARKUP = "![x](http://127.0.0.1:9/leak.png) <img src=x onerror=alert(1)> <b>bold</b>"
-MARKUP_WORDS = ("![x](http://127.0.0.1:9/leak.png)", "<img src=x onerror=alert(1)>", "<b>bold</b>")
+MARKUP = (
+    "![x](http://127.0.0.1:9/leak.png) <img src=x onerror=alert(1)> <b>bold</b> "
+    '<a href="http://host/x">x</a><b>y</b> <i>i</i> <span style="color:red">s</span> &lt;b&gt;'
+)
+MARKUP_WORDS = (
+    "![x](http://127.0.0.1:9/leak.png)",
+    "<img src=x onerror=alert(1)>",
+    "<b>bold</b>",
+    '<a href="http://host/x">x</a><b>y</b>',
+    '<i>i</i> <span style="color:red">s</span> &lt;b&gt;',
+)
 MEASURED = REPO / "docs" / "measured"
 MARKUP_FORBIDDEN = {"image", "link_open", "html_inline", "html_block"}  # what a string from a file must never become
 
@@ -571,7 +580,13 @@ POISONED_FIGURE = {
             "text": [MARKUP, ""],
         }
     ],
-    "layout": {"title": {"text": f"title {MARKUP}"}, "xaxis": {"title": {"text": MARKUP}}},
+    "layout": {
+        "title": {"text": f"title {MARKUP}"},
+        "xaxis": {"title": {"text": MARKUP}},
+        "yaxis": {"title": {"text": MARKUP}, "tickvals": [1, 2], "ticktext": [MARKUP, "two"]},
+        "legend": {"title": {"text": MARKUP}},
+        "annotations": [{"text": f"note {MARKUP}", "x": 0, "y": 1, "showarrow": False}],
+    },
 }
 
 

@@ -314,7 +314,17 @@ def _add_run(sub: Commands) -> None:
         help="the small profile: tests and the demo (`forma run NAME --help` lists what it changes; its wall "
         "times: benchmarks/results/walltime.json)",
     )
-    run.add_argument("--out", help="run folder (default runs/NAME/<UTC timestamp>/)")
+    run.add_argument(
+        "--out",
+        help="run folder (default runs/NAME/<UTC timestamp>/): new, empty, or an unfinished run of NAME, which the "
+        "run finishes; its .forma-folder.json lists every file the run writes",
+    )
+    run.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="run in an --out that holds files Forma did not write (left where they are; one named like a file "
+        "the run writes is replaced) or a finished run (what it wrote is removed first)",
+    )
     run.add_argument("--seed", type=seed_number, help="random seed, 0 … 2**63 − 1 (default: the experiment's)")
     run.add_argument(
         "--workers",

@@ -53,7 +53,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         with recording(folder / PROGRESS_FILE, job, echo=True):
             return module.run(config, folder) if inputs is None else module.run(config, folder, inputs)
 
-    folder = run_and_record(name, cfg, run_with_progress, out=args.out, seed=getattr(cfg, "seed", None))
+    folder = run_and_record(
+        name, cfg, run_with_progress, out=args.out, seed=getattr(cfg, "seed", None), overwrite=args.overwrite
+    )
     (folder / PROGRESS_FILE).unlink(missing_ok=True)  # results.json is there now: the run's state is in it
     if args.quick:  # the numbers below are the small profile's, and say so before they appear
         print(

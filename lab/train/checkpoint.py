@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from lab.distributed import rank_world
-from lab.files import current_umask
+from lab.files import current_umask, record_written
 from lab.model.checkpoint import CONFIG_FILE, WEIGHTS_FILE
 from lab.model.transformer import HookedTransformer
 from lab.outside_files import InputError, parse_json, read_json, read_text, regular_file
@@ -86,12 +86,15 @@ def swap_in(directory: Path, write: Callable[[Path], None]) -> Path:
     into place. A directory cannot be renamed over a non-empty one, so the old one is moved aside first: a crash
     leaves the old checkpoint complete, at its name or (between the two renames) at `.{name}.old`, which
     `find_checkpoint` falls back to."""
+    record_written(directory)  # in a run folder, listed as Forma's before its temporary is made
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.tmp-"))
     try:
+        record_written(tmp)
         tmp.chmod(0o777 & ~current_umask())  # mkdtemp makes it private; the checkpoint should not be
         write(tmp)
         old = _old_path(directory)
+        record_written(old)
         if directory.exists():
             discard_tree(old)
             os.replace(directory, old)

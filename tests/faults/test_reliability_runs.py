@@ -17,7 +17,7 @@ import pytest
 
 import experiments
 from lab.cli.parser import main
-from lab.files import is_temporary
+from lab.files import OWNER_FILE, is_temporary
 from lab.progress import PROGRESS_FILE
 from lab.runs import (
     PLOTLY_BUNDLE,
@@ -26,7 +26,6 @@ from lab.runs import (
     run_and_record,
     save_figure,
     without_timings,
-    write_json,
 )
 from tests.builders import REPO, figure, toy_run
 from tests.fault_zygote import Forks
@@ -48,42 +47,96 @@ def test_a_model_folder_given_as_out_is_refused_and_left_byte_identical(tmp_path
     before = snapshot(model_folder)
     assert main(["run", "equations", "--quick", "--out", str(model_folder)]) == 2
     err = capsys.readouterr().err
-    assert "is not empty" in err and str(model_folder) in err and "config.json" in err and "Traceback" not in err
+    assert "Forma did not write" in err and str(model_folder) in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
     assert snapshot(model_folder) == before
     assert sorted(p.name for p in model_folder.iterdir()) == sorted(before)
 
 
+def killed_run(folder: Path, experiment: str = "toy") -> None:
+    """What a run of `experiment` killed half-way leaves in `folder`: its manifest listing what it began to write,
+    provenance.json, and the temporary of a figure its writer never renamed (listed before it was begun)."""
+
+    def killed(cfg, out):
+        save_figure(figure(), out, "curve")
+        (out / ".curve.html.abc123.tmp").mkdir()
+        (out / ".curve.html.abc123.tmp" / "curve.html").write_text("<html><bo")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_and_record(experiment, {"seed": 0}, killed, out=folder, seed=0)
+
+
 def test_an_unfinished_run_of_the_same_experiment_is_taken_and_finished(tmp_path):
     folder = tmp_path / "run"
-    folder.mkdir()
-    write_json(folder / "provenance.json", {"experiment": "toy", "seed": 0})  # what a killed run leaves
-    (folder / ".curve.html.abc123.tmp").write_text("<html><bo")  # and a temporary its writer never renamed
+    killed_run(folder)
+    assert json.loads((folder / OWNER_FILE).read_text())["command"] == "run toy"
     assert new_run_dir("toy", folder) == folder
     run_and_record("toy", {"seed": 0}, toy_run, out=folder, seed=0)
     assert json.loads((folder / "results.json").read_text())["n"] == 500
     assert not [p for p in folder.iterdir() if is_temporary(p)]
 
 
-def test_a_file_named_like_a_temporary_in_a_folder_forma_never_ran_in_is_refused_and_kept(tmp_path, capsys):
-    """Only Forma's own unfinished run (its provenance.json names the experiment) has temporaries Forma may remove: a
-    user's folder holding nothing but a file named like one is refused in one line, the file as it was."""
-    folder = tmp_path / "mine"
+def test_the_manifest_lists_every_file_a_run_wrote(tmp_path):
+    folder = tmp_path / "run"
+    run_and_record("toy", {"seed": 0}, toy_run, out=folder, seed=0)
+    listed = set(json.loads((folder / OWNER_FILE).read_text())["entries"])
+    assert {p.name for p in folder.iterdir()} - {OWNER_FILE} <= listed
+    assert {"provenance.json", "config.json", "results.json", "curve.json", "curve.html", PLOTLY_BUNDLE} <= listed
+
+
+def test_a_users_file_in_out_is_one_line_and_exit_2_and_left_as_it_was(tmp_path, capsys):
+    """A user's file beside a run (any name: notes.txt, a `.foo.tmp` named like Forma's temporaries, a
+    provenance.json of their own) is refused in one line naming it, before anything is written."""
+    for name in ("notes.txt", ".foo.tmp", ".notes.abc123.tmp", "provenance.json"):
+        folder = tmp_path / name.strip(".")
+        folder.mkdir()
+        (folder / name).write_text("the user's own")
+        assert main(["run", "equations", "--quick", "--out", str(folder)]) == 2
+        err = capsys.readouterr().err
+        assert name in err and "--overwrite" in err and "Traceback" not in err, err
+        assert len(err.strip().splitlines()) == 1
+        assert snapshot(folder) == {name: b"the user's own"}
+
+
+def test_with_overwrite_a_run_writes_beside_the_users_files_and_leaves_them(tmp_path):
+    """--overwrite: the run goes on; the user's files stay where they are, byte for byte (one named like a file the
+    run writes would be replaced: docs/experiments.md)."""
+    folder = tmp_path / "run"
     folder.mkdir()
-    (folder / ".notes.abc123.tmp").write_text("the user's own notes")
-    assert main(["run", "equations", "--quick", "--out", str(folder)]) == 2
-    err = capsys.readouterr().err
-    assert "is not empty" in err and ".notes.abc123.tmp" in err and len(err.strip().splitlines()) == 1
-    assert (folder / ".notes.abc123.tmp").read_text() == "the user's own notes"
-    assert sorted(p.name for p in folder.iterdir()) == [".notes.abc123.tmp"]
+    (folder / "notes.txt").write_text("mine")
+    (folder / ".foo.tmp").write_text("mine too")
+    run_and_record("toy", {"seed": 0}, toy_run, out=folder, seed=0, overwrite=True)
+    assert json.loads((folder / "results.json").read_text())["n"] == 500
+    assert (folder / "notes.txt").read_text() == "mine" and (folder / ".foo.tmp").read_text() == "mine too"
+    assert "notes.txt" not in json.loads((folder / OWNER_FILE).read_text())["entries"]
+    run_and_record("toy", {"seed": 1}, toy_run, out=folder, seed=1, overwrite=True)  # a finished run: again
+    assert (folder / "notes.txt").read_text() == "mine" and (folder / ".foo.tmp").read_text() == "mine too"
+    assert json.loads((folder / "config.json").read_text())["seed"] == 1
 
 
-def test_a_run_killed_while_writing_its_first_file_is_taken_again(tmp_path):
-    """A kill during provenance.json's first write leaves only its temporary: the same --out is taken again (the
+def test_a_killed_runs_temporaries_go_on_the_rerun_and_a_users_tmp_file_stays(tmp_path):
+    """A rerun removes only the temporaries of names its manifest lists; a user's `.foo.tmp` or
+    `.notes.abc123.tmp`, written beside the killed run (and let in with --overwrite), is never removed."""
+    folder = tmp_path / "run"
+    killed_run(folder)
+    (folder / ".foo.tmp").write_text("the user's")
+    (folder / ".notes.abc123.tmp").write_text("the user's too")
+    with pytest.raises(ValueError, match="Forma did not write"):
+        run_and_record("toy", {"seed": 0}, toy_run, out=folder, seed=0)
+    assert (folder / ".curve.html.abc123.tmp").is_dir()  # refused before anything is removed
+    run_and_record("toy", {"seed": 0}, toy_run, out=folder, seed=0, overwrite=True)
+    assert not (folder / ".curve.html.abc123.tmp").exists()
+    assert (folder / ".foo.tmp").read_text() == "the user's"
+    assert (folder / ".notes.abc123.tmp").read_text() == "the user's too"
+
+
+def test_a_run_killed_while_writing_its_manifest_is_taken_again(tmp_path):
+    """A kill during the manifest's first write leaves only its temporary: the same --out is taken again (the
     temporary removed), as an empty folder is."""
     folder = tmp_path / "run"
-    (folder / ".provenance.json.abc123.tmp").mkdir(parents=True)
-    (folder / ".provenance.json.abc123.tmp" / "provenance.json").write_text('{"exper')
+    (folder / f".{OWNER_FILE}.abc123.tmp").mkdir(parents=True)
+    (folder / f".{OWNER_FILE}.abc123.tmp" / OWNER_FILE).write_text('{"form')
     run_and_record("toy", {"seed": 0}, toy_run, out=folder, seed=0)
     assert json.loads((folder / "results.json").read_text())["n"] == 500
     assert not [p for p in folder.iterdir() if is_temporary(p)]
@@ -91,10 +144,9 @@ def test_a_run_killed_while_writing_its_first_file_is_taken_again(tmp_path):
 
 def test_an_unfinished_run_of_another_experiment_is_refused(tmp_path):
     folder = tmp_path / "run"
-    folder.mkdir()
-    write_json(folder / "provenance.json", {"experiment": "kl", "seed": 0})
+    killed_run(folder, "kl")
     before = snapshot(folder)
-    with pytest.raises(ValueError, match="unfinished run of 'kl'"):
+    with pytest.raises(ValueError, match="holds a run kl"):
         run_and_record("toy", {"seed": 0}, toy_run, out=folder, seed=0)
     assert snapshot(folder) == before
 
@@ -105,7 +157,7 @@ def test_a_folder_with_other_files_is_refused(tmp_path, contents):
     folder.mkdir()
     for name, text in contents.items():
         (folder / name).write_text(text)
-    with pytest.raises(ValueError, match="is not empty"):
+    with pytest.raises(ValueError, match="Forma did not write"):
         new_run_dir("toy", folder)
     assert snapshot(folder) == {name: text.encode() for name, text in contents.items()}
 
@@ -152,7 +204,7 @@ def test_runs_started_at_once_get_distinct_folders(tmp_path, monkeypatch):
             go.touch()
             folders = [f for batch in pending.get(60) for f in batch] + [f for t in in_threads for f in t.result()]
     assert len(folders) == 50 and len(set(folders)) == 50
-    assert all(Path(f).is_dir() and not any(Path(f).iterdir()) for f in folders)
+    assert all(Path(f).is_dir() and [p.name for p in Path(f).iterdir()] == [OWNER_FILE] for f in folders)
     assert sorted(p.name for p in (tmp_path / "runs" / "toy").iterdir())[:2] == [
         "2026-01-01T00-00-00Z",
         "2026-01-01T00-00-00Z-1",
@@ -227,6 +279,8 @@ def test_a_disk_that_fills_while_writing_leaves_no_results_and_nothing_cut_short
     for name, data in left.items():  # every file there is whole: as a complete run writes it
         if name == "provenance.json":
             assert json.loads(data)["experiment"] == "toy"
+        elif name == OWNER_FILE:  # the manifest: what the run had begun to write, every file left among it
+            assert set(left) - {OWNER_FILE} <= set(json.loads(data)["entries"]), name
         elif name.endswith(".html"):
             assert len(data) == len(complete[name]) and data.rstrip().endswith(b"</html>")
         else:
@@ -237,8 +291,7 @@ def test_a_truncated_plotly_bundle_beside_a_run_is_replaced(tmp_path):
     from plotly.offline import get_plotlyjs
 
     folder = tmp_path / "run"
-    folder.mkdir()
-    write_json(folder / "provenance.json", {"experiment": "toy", "seed": 0})  # the run a full disk stopped
+    killed_run(folder)  # the run a full disk stopped: its bundle cut short (an earlier Forma's, not atomic)
     (folder / PLOTLY_BUNDLE).write_text(get_plotlyjs()[:100_000])
     run_and_record("toy", {"seed": 0}, toy_run, out=folder, seed=0)
     assert (folder / PLOTLY_BUNDLE).read_text(encoding="utf-8") == get_plotlyjs()
@@ -300,6 +353,8 @@ def test_a_real_write_failure_in_any_writer_leaves_nothing_cut_short(tmp_path, l
     for name, data in left.items():  # whole: provenance.json as first written, the rest as a complete run's
         if name == "provenance.json":
             assert json.loads(data)["experiment"] == "toy"
+        elif name == OWNER_FILE:  # the manifest: what the run had begun to write, every file left among it
+            assert set(left) - {OWNER_FILE} <= set(json.loads(data)["entries"]), name
         else:
             assert len(data) == len(complete[name]), name
 
