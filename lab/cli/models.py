@@ -3,6 +3,7 @@ trust its numbers), `forma build` (a zoo model built from its recipe, resumable)
 transcoders, in one process or as torchrun's ranks, resumable)."""
 
 import argparse
+import math
 import signal
 import sys
 from pathlib import Path
@@ -131,11 +132,22 @@ def cmd_transcoders(args: argparse.Namespace) -> int:
     for layer, fvu, l0, dead in zip(quality["layers"], *(quality["held_out"][k] for k in ("fvu", "l0", "dead"))):
         print(f"layer {layer}: FVU {fvu:.3f}  L0 {l0:.1f}  dead {dead:.1%}")
     replaced = "every MLP" if cfg.layers is None else f"the MLPs of layers {', '.join(map(str, cfg.layers))}"
-    print(f"loss recovered with {replaced} replaced: {quality['loss']['recovered']:.1%}")
+    print(f"loss recovered with {replaced} replaced: {recovered_words(quality['loss'])}")
     if "route" in quality:
         print(f"{quality['route']['route']}: {quality['route']['why']}")
     print(f"wrote {out}" + (f" ({world} ranks, {args.parallel}-parallel)" if world > 1 else ""))
     return 0
+
+
+def recovered_words(loss: dict[str, float]) -> str:
+    """The loss recovered as a share, or in words why there is none: where zero-ablating the MLPs does not raise the
+    loss (an untrained model), the share has no denominator."""
+    if math.isfinite(loss["recovered"]):
+        return f"{loss['recovered']:.1%}"
+    return (
+        f"undefined: zero-ablating them does not raise the loss (cross-entropy {loss['ce_model']:.3f} nats, "
+        f"{loss['ce_zero_ablated']:.3f} zero-ablated, {loss['ce_replaced']:.3f} replaced)"
+    )
 
 
 def transcoder_corpus(name: str, corpus: str | None) -> Path | None:
