@@ -92,6 +92,23 @@ def real_model_lines(r: dict[str, Any]) -> list[str]:
         "| measure | Forma s | peer s | ratio | goal | peak MB Forma / peer |",
         "|---|---|---|---|---|---|",
     ]
+    for measure, where, ours, theirs, peer, ratio_key, goal in _real_model_rows(r):
+        part = r[where[0]][where[1]] if isinstance(where, tuple) else r.get(where)
+        if part is None:
+            continue
+        t, memory = part["timing"], part["peak_memory_bytes"]
+        mb = " / ".join("—" if memory[k] is None else f"{memory[k] / 2**20:.0f}" for k in (ours, theirs))
+        target = "—" if goal is None else f"≤ {goals[goal]} s (Forma)" if goal == "load_s" else f"≤ {goals[goal]}×"
+        lines.append(
+            f"| {measure} | {t[ours]['median_s']:.3f} | {t[theirs]['median_s']:.3f} ({peer}) | "
+            f"{part[ratio_key]:.3f}× | {target} | {mb} |"
+        )
+    return lines + _real_model_notes(r)
+
+
+def _real_model_rows(r: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """The table's rows, one per measure and peer: (measure, where in real_model.json — a key, or (section, key) —,
+    Forma's timing key, the peer's, the peer's name, the ratio's key, the goal's key or None)."""
     rows = [("load", "load", "forma_load_model", "hf_from_pretrained", "from_pretrained", "ratio_vs_hf", "load_s")]
     rows.append(
         (
@@ -138,18 +155,7 @@ def real_model_lines(r: dict[str, Any]) -> list[str]:
             "generate_vs_hf",
         ),
     ]
-    for measure, where, ours, theirs, peer, ratio_key, goal in rows:
-        part = r[where[0]][where[1]] if isinstance(where, tuple) else r.get(where)
-        if part is None:
-            continue
-        t, memory = part["timing"], part["peak_memory_bytes"]
-        mb = " / ".join("—" if memory[k] is None else f"{memory[k] / 2**20:.0f}" for k in (ours, theirs))
-        target = "—" if goal is None else f"≤ {goals[goal]} s (Forma)" if goal == "load_s" else f"≤ {goals[goal]}×"
-        lines.append(
-            f"| {measure} | {t[ours]['median_s']:.3f} | {t[theirs]['median_s']:.3f} ({peer}) | "
-            f"{part[ratio_key]:.3f}× | {target} | {mb} |"
-        )
-    return lines + _real_model_notes(r)
+    return rows
 
 
 def _real_model_notes(r: dict[str, Any]) -> list[str]:

@@ -198,22 +198,12 @@ def grade_input_attribution(
     }
     replacement: dict[str, Grade] = {}
     if transcoders is not None:
-        scores["attribution_graph"], trained = graph_readings(model, transcoders, tokens)
-        untrained_scores, untrained = graph_readings(model, untrained_transcoders(transcoders), tokens)
+        scores["attribution_graph"], untrained_scores, replacement["replacement_score"] = _graph_method(
+            model, transcoders, tokens, n_boot, seed
+        )
         against = {what: dict(s) for what, s in against.items()} | {
             UNTRAINED_TRANSCODERS: {"attribution_graph": untrained_scores}
         }
-        boot = {"n_boot": n_boot, "seed": seed}
-        replacement["replacement_score"] = Grade(
-            "replacement_score",
-            mean_over_prompts(trained.numpy(), **boot),
-            mean_over_prompts(untrained.numpy(), **boot),
-            None,
-            "higher",
-            len(trained),
-            control_kind="beaten",
-            control_means=UNTRAINED_TRANSCODERS,
-        )
     for name in baselines:
         scores[name] = torch.from_numpy(baseline_scores(name, mask, seed=seed)).float()
         for by_method in against.values():
@@ -226,6 +216,27 @@ def grade_input_attribution(
         grades[method] = grade(value.cpu().numpy(), controls=theirs)
         graded_controls[method] = {what: grade(c) for what, c in theirs.items()}
     return AttributionGrades(scores, effects, grades, graded_controls, tuple(baselines), replacement)
+
+
+def _graph_method(
+    model: HookedTransformer, transcoders: Transcoders, tokens: Int[Tensor, "batch pos"], n_boot: int, seed: int
+) -> tuple[Tensor, Tensor, Grade]:
+    """The attribution graph as a method of input attribution: its scores over the trained `transcoders`, its
+    control's over `untrained_transcoders`, and the replacement score of the trained set beside the untrained's."""
+    scores, trained = graph_readings(model, transcoders, tokens)
+    untrained_scores, untrained = graph_readings(model, untrained_transcoders(transcoders), tokens)
+    boot = {"n_boot": n_boot, "seed": seed}
+    replacement = Grade(
+        "replacement_score",
+        mean_over_prompts(trained.numpy(), **boot),
+        mean_over_prompts(untrained.numpy(), **boot),
+        None,
+        "higher",
+        len(trained),
+        control_kind="beaten",
+        control_means=UNTRAINED_TRANSCODERS,
+    )
+    return scores, untrained_scores, replacement
 
 
 # --- probes -------------------------------------------------------------------------------------------------

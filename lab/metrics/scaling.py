@@ -57,14 +57,20 @@ def fit_power_law(n_params: Any, loss: Any, alphas: Any = None, n_grid: int = 60
         "alpha_at_grid_edge": best_alpha in (0, len(alphas) - 1),
         "constraints": f"E ≥ 0 only (A either sign, α on a log grid over [{ALPHA_RANGE[0]:g}, {ALPHA_RANGE[1]:g}])",
     }
+    return out | _profile_interval(E_grid, profile, E, rss_min, dof)
+
+
+def _profile_interval(E_grid: np.ndarray, profile: np.ndarray, E: float, rss_min: float, dof: int) -> dict[str, Any]:
+    """The 95% profile interval for E (see `fit_power_law`): the E of the grid whose RSS(E) = `profile` is within
+    RSS_min·(1 + t²_{0.975, dof}/dof), with the ends of the grid it reaches named as open."""
     if dof < 1:
-        return out | {"E_ci95": [math.nan, math.nan], "E_ci95_open": "no interval: fewer than 4 points"}
+        return {"E_ci95": [math.nan, math.nan], "E_ci95_open": "no interval: fewer than 4 points"}
     threshold = rss_min * (1 + t_quantile_975(dof) ** 2 / dof)
     inside = np.nonzero(profile <= max(threshold, float(profile.min())))[0]  # a perfect fit: its grid point
     lo, hi = int(inside.min()), int(inside.max())
-    open_ends = [side for side, at_edge in (("below", lo == 0), ("above", hi == n_grid - 1)) if at_edge]
+    open_ends = [side for side, at_edge in (("below", lo == 0), ("above", hi == len(E_grid) - 1)) if at_edge]
     # Ê belongs to the confidence set by definition; the grid's resolution could leave it just outside.
-    return out | {
+    return {
         "E_ci95": [min(float(E_grid[lo]), E), max(float(E_grid[hi]), E)],
         "E_ci95_open": " and ".join(open_ends) or None,
         "rss_threshold": float(threshold),

@@ -9,6 +9,7 @@ use, with its own sampler; both read `next_token_logits` and a KV cache.
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,6 +23,31 @@ from lab.model.kv_cache import KVCache
 from lab.model.tokenization import is_text
 
 RETURN_TYPES = ("input", "str", "tokens", "embeds")
+
+
+@dataclass(frozen=True)
+class _Sampler:
+    """How generate draws each token: TransformerLens's sampler (`sample_logits`) with these settings, or the argmax
+    when do_sample is False or the temperature 0."""
+
+    do_sample: bool
+    top_k: int | None
+    top_p: float | None
+    temperature: float
+    freq_penalty: float = 0.0
+
+    def draw(self, logits: Tensor, tokens: Tensor | None = None) -> Tensor:
+        """One token per row from [batch, d_vocab] logits; `tokens`, the sequence so far, for the frequency penalty."""
+        if not self.do_sample or self.temperature == 0:
+            return logits.argmax(dim=-1)
+        return sample_logits(
+            logits,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            temperature=self.temperature,
+            freq_penalty=self.freq_penalty,
+            tokens=tokens,
+        )
 
 
 @torch.inference_mode()
@@ -60,10 +86,7 @@ def generate(
             input,
             max_new_tokens,
             _stop_tokens(model, stop_at_eos, eos_token_id),
-            do_sample,
-            top_k,
-            top_p,
-            temperature,
+            _Sampler(do_sample, top_k, top_p, temperature),  # TransformerLens applies no frequency penalty here
             use_past_kv_cache,
             return_type,
             seed,
@@ -77,11 +100,7 @@ def generate(
             mask,
             max_new_tokens,
             _stop_tokens(model, stop_at_eos, eos_token_id),
-            do_sample,
-            top_k,
-            top_p,
-            temperature,
-            freq_penalty,
+            _Sampler(do_sample, top_k, top_p, temperature, freq_penalty),
             use_past_kv_cache,
         )
     return _returned(model, out, return_type, "str" if text else "tokens")
@@ -138,10 +157,7 @@ def _from_embeddings(
     embeds: Tensor,
     max_new_tokens: int,
     stop: list[int],
-    do_sample: bool,
-    top_k: int | None,
-    top_p: float | None,
-    temperature: float,
+    sampler: _Sampler,
     use_past_kv_cache: bool,
     return_type: str | None,
     seed: int | None,
@@ -166,11 +182,7 @@ def _from_embeddings(
             logits = model._run(
                 None, x, cache, 0, model.cfg.n_layers, slice(-1, None), None, positions if into_attention else None
             )[:, -1]
-            sampled = (
-                sample_logits(logits, top_k=top_k, top_p=top_p, temperature=temperature)
-                if do_sample and temperature != 0
-                else logits.argmax(dim=-1)
-            )
+            sampled = sampler.draw(logits)
             if stop:
                 sampled = sampled.masked_fill(finished, stop[0])
                 finished |= torch.isin(sampled, torch.tensor(stop, device=sampled.device))
@@ -211,11 +223,7 @@ def _decode(
     mask: Tensor | None,
     max_new_tokens: int,
     stop: list[int],
-    do_sample: bool,
-    top_k: int | None,
-    top_p: float | None,
-    temperature: float,
-    freq_penalty: float,
+    sampler: _Sampler,
     use_past_kv_cache: bool,
 ) -> Int[Tensor, "batch pos"]:
     """TransformerLens's decoding loop over `model.next_token_logits`, with Forma's KV cache (room for the whole
@@ -229,12 +237,7 @@ def _decode(
     for _ in range(max_new_tokens):
         step_mask = mask if cache is None or cache.length == 0 else None
         logits = model.next_token_logits(new, cache, attention_mask=step_mask)
-        if do_sample and temperature != 0:
-            sampled = sample_logits(
-                logits, top_k=top_k, top_p=top_p, temperature=temperature, freq_penalty=freq_penalty, tokens=sequence
-            )
-        else:
-            sampled = logits.argmax(dim=-1)
+        sampled = sampler.draw(logits, sequence)
         if stop:
             sampled = sampled.masked_fill(finished, stop[0])
             finished |= torch.isin(sampled, stops)

@@ -15,6 +15,7 @@ model's folder:
 import json
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -239,11 +240,11 @@ def build_transcoders(
     route = plan_route(cfg, rows * length, _value_bytes(model), disk_budget)
     if rows:
         _stage(progress, rank, route["why"])
-    windows = dict(n_windows=n_windows, window=length, eval_windows=eval_windows, corpus=corpus, progress=progress)
+    windows = _Windows(n_windows, length, eval_windows, corpus)
     if route["route"] == "stream":
-        source, held_out, made = _streams(folder, model, cfg, training, **windows)
+        source, held_out, made = _streams(folder, model, cfg, training, windows)
     else:
-        source, held_out, made = _harvests(folder, cfg, training, harvests, train, held_out, model=model, **windows)
+        source, held_out, made = _harvests(folder, model, cfg, training, windows, harvests, train, held_out, progress)
     transcoders = train_transcoders(
         source[0],
         cfg,
@@ -295,26 +296,40 @@ def _value_bytes(model: Any) -> int:
     return next(model.parameters()).dtype.itemsize
 
 
+@dataclass(frozen=True)
+class _Windows:
+    """The windows a set is built from: n_windows of `window` tokens to train on (the training split's, seeded by the
+    training's seed) and eval_windows to measure on (the held-out split's, seed + 1); the corpus's, else (corpus
+    None) the zoo model's own world's."""
+
+    n_windows: int
+    window: int
+    eval_windows: int
+    corpus: str | Path | None
+
+
 def _harvests(
     folder: Path,
+    model: Any,
     cfg: TranscoderConfig,
     training: TranscoderTraining,
+    windows: _Windows,
     harvests: dict[str, Path],
     train: tuple[ActivationStore, Tensor] | None,
     held_out: tuple[ActivationStore, Tensor] | None,
-    **windows: Any,
+    progress: bool,
 ) -> tuple[tuple[ActivationStore, Tensor], tuple[ActivationStore, Tensor], list[Path]]:
     """The harvests to train on and to measure on (those passed in, else made here, resumed where an earlier call
     was cut short), and the folders of those made here."""
     rank, _ = rank_world()
     made = []
-    source = "the corpus's windows" if windows["corpus"] is not None else "the world's windows"
-    _stage(windows["progress"], rank, f"{source}, then a harvest of every layer's MLP input and output")
-    common = {key: windows[key] for key in ("window", "corpus", "model", "progress")}
+    source = "the corpus's windows" if windows.corpus is not None else "the world's windows"
+    _stage(progress, rank, f"{source}, then a harvest of every layer's MLP input and output")
+    common = {"window": windows.window, "corpus": windows.corpus, "model": model, "progress": progress}
     if train is None:
         made.append(harvests["train"])
         train = harvest_windows(
-            folder, cfg.hooks(), made[-1], n_windows=windows["n_windows"], seed=training.seed, **common
+            folder, cfg.hooks(), made[-1], n_windows=windows.n_windows, seed=training.seed, **common
         )
     if held_out is None:
         made.append(harvests["held_out"])
@@ -322,7 +337,7 @@ def _harvests(
             folder,
             cfg.hooks(),
             made[-1],
-            n_windows=windows["eval_windows"],
+            n_windows=windows.eval_windows,
             split="val",
             seed=training.seed + 1,
             **common,
@@ -331,15 +346,13 @@ def _harvests(
 
 
 def _streams(
-    folder: Path, model: Any, cfg: TranscoderConfig, training: TranscoderTraining, **windows: Any
+    folder: Path, model: Any, cfg: TranscoderConfig, training: TranscoderTraining, windows: _Windows
 ) -> tuple[tuple[ActivationStream, None], tuple[WindowActivations, Tensor], list[Path]]:
     """The training rows streamed from the model over the training split (or world), and the held-out windows run
     through the model as the measures read them; no folder made."""
-    tokens, describe = window_tokens(folder, windows["window"], "train", windows["corpus"])
-    stream = ActivationStream(model, tokens, windows["window"], describe)
-    held = model_windows(
-        folder, windows["eval_windows"], windows["window"], "val", training.seed + 1, windows["corpus"]
-    )
+    tokens, describe = window_tokens(folder, windows.window, "train", windows.corpus)
+    stream = ActivationStream(model, tokens, windows.window, describe)
+    held = model_windows(folder, windows.eval_windows, windows.window, "val", training.seed + 1, windows.corpus)
     return (stream, None), (WindowActivations(model, held, cfg), held), []
 
 

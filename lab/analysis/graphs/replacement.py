@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lab.analysis.transcoders.model import Transcoders
+from lab.analysis.transcoders.model import TranscoderConfig, Transcoders
 
 FEATURE_BLOCK = 256  # source features contracted at once: memory rows × FEATURE_BLOCK × d_model
 
@@ -58,6 +58,32 @@ def keep_largest(acts: Tensor, decoder_norms: Tensor, budget: int | None) -> Ten
     return out
 
 
+def _check_replacement(cfg: Any, tc: TranscoderConfig, tokens: Tensor, max_features: int | None) -> Tensor:
+    """The prompt as one row of token ids, once the model (its config `cfg`), the transcoders (`tc`), the prompt and
+    the feature budget are found fit for a local replacement; else a ValueError saying what does not fit."""
+    if getattr(cfg, "block", "pre_ln") == "post_ln":
+        raise ValueError(
+            "attribution graphs need the MLP's input normalised on its own branch (pre-LN or parallel "
+            "blocks); a post-LN block normalises after the MLP"
+        )
+    if tc.layers is not None:
+        raise ValueError(
+            f"transcoders of layers {', '.join(map(str, tc.layers))} alone: an attribution graph needs one for "
+            "every layer (train them with --layers all)"
+        )
+    if (tc.n_layers, tc.d_model) != (cfg.n_layers, cfg.d_model):
+        raise ValueError(
+            f"transcoders for {tc.n_layers} layers of width {tc.d_model} do not fit a model of "
+            f"{cfg.n_layers} layers of width {cfg.d_model}"
+        )
+    if max_features is not None and (type(max_features) is not int or max_features < 0):
+        raise ValueError(f"max_features is a whole number of feature nodes ≥ 0, got {max_features!r}")
+    tokens = torch.as_tensor(tokens).reshape(-1)
+    if tokens.numel() < 1:
+        raise ValueError("attribution needs a prompt of at least one token")
+    return tokens
+
+
 class LocalReplacement:
     """The prompt's clean run, its transcoder features and error vectors, and the edges into any target."""
 
@@ -69,28 +95,8 @@ class LocalReplacement:
         batch_size: int = 128,
         max_features: int | None = None,
     ):
-        cfg = model.cfg
-        if getattr(cfg, "block", "pre_ln") == "post_ln":
-            raise ValueError(
-                "attribution graphs need the MLP's input normalised on its own branch (pre-LN or parallel "
-                "blocks); a post-LN block normalises after the MLP"
-            )
-        tc = transcoders.cfg
-        if tc.layers is not None:
-            raise ValueError(
-                f"transcoders of layers {', '.join(map(str, tc.layers))} alone: an attribution graph needs one for "
-                "every layer (train them with --layers all)"
-            )
-        if (tc.n_layers, tc.d_model) != (cfg.n_layers, cfg.d_model):
-            raise ValueError(
-                f"transcoders for {tc.n_layers} layers of width {tc.d_model} do not fit a model of "
-                f"{cfg.n_layers} layers of width {cfg.d_model}"
-            )
-        if max_features is not None and (type(max_features) is not int or max_features < 0):
-            raise ValueError(f"max_features is a whole number of feature nodes ≥ 0, got {max_features!r}")
-        tokens = torch.as_tensor(tokens).reshape(-1)
-        if tokens.numel() < 1:
-            raise ValueError("attribution needs a prompt of at least one token")
+        cfg, tc = model.cfg, transcoders.cfg
+        tokens = _check_replacement(cfg, tc, tokens, max_features)
         self.model, self.transcoders, self.tokens, self.batch_size = model, transcoders, tokens, batch_size
         self.n_layers, self.n_pos = cfg.n_layers, tokens.numel()
         L = self.n_layers

@@ -5,6 +5,7 @@ cross-validation that chooses among them by held-out loss."""
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -132,8 +133,18 @@ def _fit_logistic(X: Tensor, y: Tensor, n_classes: int, lambdas: Sequence[float]
     return [fitted[lam] for lam in lambdas]
 
 
+@dataclass(frozen=True)
+class MLPTraining:
+    """How an MLP probe is trained: one hidden ReLU layer of `hidden` units, `steps` full-batch steps, its
+    initialisation drawn from `seed`."""
+
+    hidden: int
+    steps: int
+    seed: int
+
+
 def _train_mlps(
-    Z: Tensor, y: Tensor, rows: Tensor, decays: Tensor, task: str, out_dim: int, hidden: int, steps: int, seed: int
+    Z: Tensor, y: Tensor, rows: Tensor, decays: Tensor, task: str, out_dim: int, mlp: MLPTraining
 ) -> dict[str, Tensor]:
     """Train N one-hidden-layer ReLU networks at once, network k on the rows where rows[k] is True with
     decoupled weight decay decays[k] (AdamW, Loshchilov & Hutter 2019), full batch, lr 1e-2.
@@ -141,8 +152,8 @@ def _train_mlps(
     Batching every (fold, decay) pair into one set of batched matmuls costs about as much wall time as
     one network: on a CPU the per-step overhead, not the arithmetic, dominates at probe sizes.
     """
-    N, d = len(decays), Z.shape[1]
-    generator = torch.Generator().manual_seed(seed)
+    N, d, hidden = len(decays), Z.shape[1], mlp.hidden
+    generator = torch.Generator().manual_seed(mlp.seed)
 
     def uniform(shape: tuple[int, ...], fan_in: int) -> Tensor:  # nn.Linear's default init, shared by all N
         bound = 1.0 / math.sqrt(fan_in)
@@ -163,7 +174,7 @@ def _train_mlps(
     moments = {name: (torch.zeros_like(p), torch.zeros_like(p)) for name, p in params.items()}
     target = y.float()
     with torch.enable_grad(), threads_for(N * Z.shape[0] * max(d, hidden)):
-        for step in range(1, steps + 1):
+        for step in range(1, mlp.steps + 1):
             out = torch.relu(Z @ params["W1"] + params["b1"]) @ params["W2"] + params["b2"]  # [N, n, out]
             if task == "regression":
                 row_loss = (out[..., 0] - target) ** 2
@@ -191,9 +202,7 @@ def _cross_validate_mlp(
     n_classes: int,
     folds: list[tuple[np.ndarray, np.ndarray]],
     decays: Sequence[float],
-    hidden: int,
-    steps: int,
-    seed: int,
+    mlp: MLPTraining,
 ) -> tuple[dict[float, float], float, Fitted]:
     """Every (fold, decay) network and every final (all training rows, decay) network in one batched run.
     The standardisation uses all training rows' feature statistics (no labels; the test rows are never seen)."""
@@ -204,7 +213,7 @@ def _cross_validate_mlp(
     rows = torch.as_tensor(np.repeat(np.stack(masks), G, axis=0))  # network k: mask k // G, decay k % G
     decay_of = torch.tensor(list(decays) * len(masks), dtype=torch.float32)
     out_dim = 1 if task == "regression" or n_classes == 2 else n_classes
-    params = _train_mlps(Z, y, rows, decay_of, task, out_dim, hidden, steps, seed)
+    params = _train_mlps(Z, y, rows, decay_of, task, out_dim, mlp)
 
     def network(k: int) -> Fitted:
         return Fitted(
@@ -227,13 +236,12 @@ def cross_validate(
     n_classes: int,
     folds: list[tuple[np.ndarray, np.ndarray]],
     grid: Sequence[float],
-    mlp_hidden: int,
-    mlp_steps: int,
-    seed: int,
+    mlp: MLPTraining,
 ) -> tuple[dict[float, float], float, Fitted]:
-    """(mean held-out loss per candidate, the best candidate, the probe refitted on all rows with it)."""
+    """(mean held-out loss per candidate, the best candidate, the probe refitted on all rows with it); `mlp` is
+    read by kind "mlp" alone."""
     if kind == "mlp":
-        return _cross_validate_mlp(X, y, task, n_classes, folds, grid, mlp_hidden, mlp_steps, seed)
+        return _cross_validate_mlp(X, y, task, n_classes, folds, grid, mlp)
 
     def fit(rows: np.ndarray, candidates: Sequence[float]) -> list[Fitted]:
         if kind == "ridge":

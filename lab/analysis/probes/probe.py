@@ -25,7 +25,7 @@ from lab.analysis.probes.fitting import (
     feature_rank,
     r2_score,
 )
-from lab.analysis.probes.in_memory import cross_validate
+from lab.analysis.probes.in_memory import MLPTraining, cross_validate
 from lab.analysis.probes.out_of_core import cross_validate_streamed
 from lab.analysis.probes.shards import streamed_scores
 from lab.analysis.probes.splits import group_ids_of, group_kfold, group_split
@@ -149,7 +149,7 @@ def fit_probe(
         scores = streamed_scores(X, test, [fitted])[0]
     else:
         cv_loss, best, fitted = cross_validate(
-            kind, task, X[train], y_t[train], n_classes, grouped_folds(), grid, mlp_hidden, mlp_steps, seed
+            kind, task, X[train], y_t[train], n_classes, grouped_folds(), grid, MLPTraining(mlp_hidden, mlp_steps, seed)
         )
         scores = fitted.scores(X[test])
     test_groups = group_ids[test] if groups is not None else None
