@@ -114,7 +114,7 @@ def left_padded(prompts: list[list[int]], chunk: list[int]) -> tuple[torch.Tenso
 def padded_decode(model: Any, tokens: torch.Tensor, mask: torch.Tensor, temperature: float, seed: int, stop: int):
     """`lab.model.decoding.sample_tokens` on left-padded prompts: the mask goes with the first step and the KV
     cache keeps it for the rest; up to MAX_ANSWER_TOKENS tokens, a row ending at `stop`."""
-    from lab.model.decoding import sample_tokens, seeded_generator
+    from lab.model.decoding import Sampling, sample_tokens, seeded_generator
     from lab.model.kv_cache import KVCache
 
     first = [mask]
@@ -124,10 +124,8 @@ def padded_decode(model: Any, tokens: torch.Tensor, mask: torch.Tensor, temperat
         return model.next_token_logits(new, kv_cache=cache, attention_mask=padding)
 
     cache = KVCache.empty(model.cfg.n_layers, tokens.shape[1] + MAX_ANSWER_TOKENS)
-    generator = seeded_generator(seed, tokens.device)
-    return sample_tokens(
-        step, tokens, MAX_ANSWER_TOKENS, model.cfg.d_vocab_out, cache, temperature, None, None, generator, stop
-    )
+    sampling = Sampling(temperature, generator=seeded_generator(seed, tokens.device))
+    return sample_tokens(step, tokens, MAX_ANSWER_TOKENS, model.cfg.d_vocab_out, cache, sampling, stop)
 
 
 def reply(tokenizer: Any, new_tokens: list[int], newline: int) -> tuple[str, int]:

@@ -50,7 +50,7 @@ from lab.analysis.monitor import Monitor
 from lab.data.questions import KINDS as QUESTION_KINDS
 from lab.data.questions import Question, load_questions
 from lab.metrics.selective import answer_agreement, crc_min_calibration, discrete_semantic_entropy
-from lab.model.decoding import sample_tokens, seeded_generator
+from lab.model.decoding import Sampling, sample_tokens, seeded_generator
 from lab.model.kv_cache import KVCache
 from lab.runs import save_table
 
@@ -257,7 +257,7 @@ def real_sampling(inputs: RealInputs, generated: dict[str, Any], cfg: Config) ->
                     inputs.max_new_tokens,
                     model.cfg.d_vocab_out,
                     expanded_cache(cache, len(own)),
-                    generator=seeded_generator(cfg.seed + 31 + part.start, own.device),
+                    Sampling(generator=seeded_generator(cfg.seed + 31 + part.start, own.device)),
                     eos_token_id=newline,
                     keep_logits=False,
                 ).tokens[:, own.shape[1] :]

@@ -112,20 +112,38 @@ def sample_next(
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """How each new token is drawn from its logits: softmax(z / T) over the top-k and the nucleus of mass top_p,
+    the argmax at T = 0. Forma's sampler (`draw`: `sample_next`, from `generator`, None for torch's global one) is
+    the one `sample_tokens` runs; `HookedTransformer.generate` draws with the same settings by TransformerLens's
+    (from the global generator, less freq_penalty × each token's count so far). Checked by the callers
+    (`check_sampling`), as TransformerLens's generate checks nothing."""
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    generator: torch.Generator | None = None
+    freq_penalty: float = 0.0
+
+    def draw(self, logits: Float[Tensor, "batch d_vocab"]) -> Int[Tensor, " batch"]:
+        """One token per row by Forma's sampler (`sample_next`)."""
+        if self.freq_penalty != 0:
+            raise ValueError("Forma's sampler applies no frequency penalty (TransformerLens's generate does)")
+        return sample_next(logits, self.temperature, self.top_k, self.top_p, self.generator)
+
+
 def sample_tokens(
     step: StepFn,
     tokens: Int[Tensor, "batch pos"],
     max_new_tokens: int,
     d_vocab: int,
     cache: KVCache | None,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    generator: torch.Generator | None = None,
+    sampling: Sampling,
     eos_token_id: int | None = None,
     keep_logits: bool = True,
 ) -> Generation:
-    """The decoding loop: extend `tokens` by up to `max_new_tokens`, each drawn by `sample_next` from the logits
+    """The decoding loop: extend `tokens` by up to `max_new_tokens`, each drawn by `sampling` from the logits
     `step` gives, reading only the newest token when there is a cache and the whole sequence when not.
     keep_logits=False keeps no step's logits (Generation.logits is None), for a caller that wants only tokens.
 
@@ -139,7 +157,7 @@ def sample_tokens(
         logits = step(new, cache)
         if keep_logits:
             step_logits.append(logits)
-        next_token = sample_next(logits, temperature, top_k, top_p, generator)
+        next_token = sampling.draw(logits)
         if eos_token_id is not None:
             next_token = torch.where(done, eos_token_id, next_token)
             done |= next_token == eos_token_id
@@ -194,10 +212,7 @@ def decode(
         max_new_tokens,
         model.cfg.d_vocab_out,
         cache,
-        temperature,
-        top_k,
-        top_p,
-        seeded_generator(seed, tokens.device),
+        Sampling(temperature, top_k, top_p, seeded_generator(seed, tokens.device)),
         eos_token_id,
         keep_logits,
     )

@@ -44,7 +44,14 @@ from lab.model.checkpoint import (
 )
 from lab.model.components import BLOCKS
 from lab.model.config import ModelConfig
-from lab.model.decoding import check_max_new_tokens, check_sampling, check_token_id, sample_tokens, seeded_generator
+from lab.model.decoding import (
+    Sampling,
+    check_max_new_tokens,
+    check_sampling,
+    check_token_id,
+    sample_tokens,
+    seeded_generator,
+)
 from lab.model.embeddings import POSITIONS, Embed, Unembed
 from lab.model.kv_cache import KVCache, KVCacheEntry
 from lab.model.memory_check import check_fits_in_memory
@@ -344,8 +351,7 @@ class EncoderDecoder(HookedRootModule):
             max_new_tokens,
             self.cfg.d_vocab_tgt,
             cache,
-            temperature,
-            generator=seeded_generator(seed, tokens.device),
+            Sampling(temperature, generator=seeded_generator(seed, tokens.device)),
             eos_token_id=eos_token_id,
         ).tokens
 

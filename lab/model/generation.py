@@ -4,12 +4,11 @@ top-k, top-p, frequency penalty), stopping at EOS, batches of texts padded on th
 
 The same torch seed gives TransformerLens's tokens; `seed=` draws from a seed of its own (the global generator
 untouched). Forma's own decoding loop (`lab.model.decoding`: `decode`, `generate`) is the one its experiments
-use, with its own sampler; both read `next_token_logits` and a KV cache.
+use, with its own sampler; both take their settings as one `Sampling` and read `next_token_logits` and a KV cache.
 """
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -17,37 +16,12 @@ from jaxtyping import Int
 from torch import Tensor
 from transformer_lens.utilities import sample_logits
 
-from lab.model.decoding import check_max_new_tokens
+from lab.model.decoding import Sampling, check_max_new_tokens
 from lab.model.errors import Misuse
 from lab.model.kv_cache import KVCache
 from lab.model.tokenization import is_text
 
 RETURN_TYPES = ("input", "str", "tokens", "embeds")
-
-
-@dataclass(frozen=True)
-class _Sampler:
-    """How generate draws each token: TransformerLens's sampler (`sample_logits`) with these settings, or the argmax
-    when do_sample is False or the temperature 0."""
-
-    do_sample: bool
-    top_k: int | None
-    top_p: float | None
-    temperature: float
-    freq_penalty: float = 0.0
-
-    def draw(self, logits: Tensor, tokens: Tensor | None = None) -> Tensor:
-        """One token per row from [batch, d_vocab] logits; `tokens`, the sequence so far, for the frequency penalty."""
-        if not self.do_sample or self.temperature == 0:
-            return logits.argmax(dim=-1)
-        return sample_logits(
-            logits,
-            top_k=self.top_k,
-            top_p=self.top_p,
-            temperature=self.temperature,
-            freq_penalty=self.freq_penalty,
-            tokens=tokens,
-        )
 
 
 @torch.inference_mode()
@@ -86,7 +60,8 @@ def generate(
             input,
             max_new_tokens,
             _stop_tokens(model, stop_at_eos, eos_token_id),
-            _Sampler(do_sample, top_k, top_p, temperature),  # TransformerLens applies no frequency penalty here
+            # TransformerLens applies no frequency penalty from embeddings
+            Sampling(temperature if do_sample else 0.0, top_k, top_p),
             use_past_kv_cache,
             return_type,
             seed,
@@ -100,7 +75,7 @@ def generate(
             mask,
             max_new_tokens,
             _stop_tokens(model, stop_at_eos, eos_token_id),
-            _Sampler(do_sample, top_k, top_p, temperature, freq_penalty),
+            Sampling(temperature if do_sample else 0.0, top_k, top_p, freq_penalty=freq_penalty),
             use_past_kv_cache,
         )
     return _returned(model, out, return_type, "str" if text else "tokens")
@@ -157,7 +132,7 @@ def _from_embeddings(
     embeds: Tensor,
     max_new_tokens: int,
     stop: list[int],
-    sampler: _Sampler,
+    sampling: Sampling,
     use_past_kv_cache: bool,
     return_type: str | None,
     seed: int | None,
@@ -182,7 +157,7 @@ def _from_embeddings(
             logits = model._run(
                 None, x, cache, 0, model.cfg.n_layers, slice(-1, None), None, positions if into_attention else None
             )[:, -1]
-            sampled = sampler.draw(logits)
+            sampled = _draw(sampling, logits)
             if stop:
                 sampled = sampled.masked_fill(finished, stop[0])
                 finished |= torch.isin(sampled, torch.tensor(stop, device=sampled.device))
@@ -195,6 +170,21 @@ def _from_embeddings(
     if return_type in ("input", "embeds"):
         return embeds
     return _returned(model, torch.stack(sampled_tokens, dim=1), return_type, "tokens")
+
+
+def _draw(sampling: Sampling, logits: Tensor, tokens: Tensor | None = None) -> Tensor:
+    """One token per row from [batch, d_vocab] logits by TransformerLens's sampler (`sample_logits`), the argmax at
+    temperature 0 (do_sample=False comes as 0); `tokens`, the sequence so far, for the frequency penalty."""
+    if sampling.temperature == 0:
+        return logits.argmax(dim=-1)
+    return sample_logits(
+        logits,
+        top_k=sampling.top_k,
+        top_p=sampling.top_p,
+        temperature=sampling.temperature,
+        freq_penalty=sampling.freq_penalty,
+        tokens=tokens,
+    )
 
 
 def _stop_tokens(model: Any, stop_at_eos: bool, eos_token_id: int | list[int] | None) -> list[int]:
@@ -223,7 +213,7 @@ def _decode(
     mask: Tensor | None,
     max_new_tokens: int,
     stop: list[int],
-    sampler: _Sampler,
+    sampling: Sampling,
     use_past_kv_cache: bool,
 ) -> Int[Tensor, "batch pos"]:
     """TransformerLens's decoding loop over `model.next_token_logits`, with Forma's KV cache (room for the whole
@@ -237,7 +227,7 @@ def _decode(
     for _ in range(max_new_tokens):
         step_mask = mask if cache is None or cache.length == 0 else None
         logits = model.next_token_logits(new, cache, attention_mask=step_mask)
-        sampled = sampler.draw(logits, sequence)
+        sampled = _draw(sampling, logits, sequence)
         if stop:
             sampled = sampled.masked_fill(finished, stop[0])
             finished |= torch.isin(sampled, stops)

@@ -5,7 +5,7 @@ import torch
 
 from lab import HookedTransformer
 from lab.hf.convert import from_hf
-from lab.model.decoding import decode, filter_logits, generate, sample_next
+from lab.model.decoding import Sampling, decode, filter_logits, generate, sample_next
 from lab.model.errors import Misuse
 from lab.model.kv_cache import KVCache, KVCacheEntry
 from tests.builders import hf_model, tiny_config, word_tokenizer
@@ -87,6 +87,14 @@ def test_top_k_and_samples_follow_the_filtered_distribution():
     assert set(draws.tolist()) == {2, 3}
     expected = torch.tensor([2.0, 3.0]).softmax(-1)[0].item()  # P(token 2) within the top 2
     assert abs((draws == 2).float().mean().item() - expected) < 0.03
+
+
+def test_a_sampling_draws_as_sample_next_and_forma_s_sampler_refuses_a_frequency_penalty():
+    logits = torch.tensor([[0.0, 1.0, 2.0, 3.0]]).repeat(50, 1)
+    drawn = Sampling(0.8, top_k=3, top_p=0.9, generator=torch.Generator().manual_seed(0)).draw(logits)
+    assert torch.equal(drawn, sample_next(logits, 0.8, 3, 0.9, torch.Generator().manual_seed(0)))
+    with pytest.raises(ValueError, match="frequency penalty"):
+        Sampling(freq_penalty=1.0).draw(logits)  # TransformerLens's sampler has one (model.generate); Forma's none
 
 
 def test_seeded_sampling_is_reproducible_and_eos_stops():
