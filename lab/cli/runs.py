@@ -11,30 +11,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Run an experiment, write config.json, provenance.json, figures and results.json into its run folder, and
     print the run's headlines (what it supports, and what it cannot, in words) and the folder."""
     import experiments
-    from lab.folders import model_folder
     from lab.headlines import lines as headline_lines
-    from lab.outside_files import regular_file
 
-    # What the arguments alone settle is refused before torch loads: an option the experiment does not take, a
-    # model that is neither a folder nor a trained zoo model, and a file that is not there (or not a regular file).
-    given = {
-        "seed": args.seed,
-        "quick": args.quick,
-        "model": args.model,
-        "mmlu": args.mmlu,
-        "qa": args.qa,
-        "workers": args.workers,
-    }
-    entry = experiments.experiment(args.name)
-    takes = {"seed", "quick", *entry.options}
-    unsupported = [k for k, v in given.items() if v not in (None, False) and k not in takes]
-    if unsupported:
-        raise ValueError(f"experiment {args.name!r} takes no --{unsupported[0]}")
-    if args.model is not None:
-        model_folder(args.model)
-    for option, what in entry.files:
-        if given[option] is not None:
-            regular_file(given[option], what=what)
+    given = _given_options(args)
     from lab.progress import PROGRESS_FILE, recording
     from lab.runs import read_results, run_and_record
 
@@ -64,6 +43,35 @@ def cmd_run(args: argparse.Namespace) -> int:
     print("\n".join(headline_lines(read_results(folder))))
     print(f"results in {folder}")
     return 0
+
+
+def _given_options(args: argparse.Namespace) -> dict:
+    """The experiment's options as given (None or False where not), refused where the arguments alone settle it,
+    before torch loads: an option the experiment does not take, a model that is neither a folder nor a trained zoo
+    model, and a file that is not there (or not a regular file)."""
+    import experiments
+    from lab.folders import model_folder
+    from lab.outside_files import regular_file
+
+    given = {
+        "seed": args.seed,
+        "quick": args.quick,
+        "model": args.model,
+        "mmlu": args.mmlu,
+        "qa": args.qa,
+        "workers": args.workers,
+    }
+    entry = experiments.experiment(args.name)
+    takes = {"seed", "quick", *entry.options}
+    unsupported = [k for k, v in given.items() if v not in (None, False) and k not in takes]
+    if unsupported:
+        raise ValueError(f"experiment {args.name!r} takes no --{unsupported[0]}")
+    if args.model is not None:
+        model_folder(args.model)
+    for option, what in entry.files:
+        if given[option] is not None:
+            regular_file(given[option], what=what)
+    return given
 
 
 def cmd_cards(args: argparse.Namespace) -> int:
