@@ -171,6 +171,11 @@ class Config(ProfileConfig, ModelTraining):
             "probe_test_fraction + probe_validation_fraction must leave a training split (sum < 1)",
         )
         need(self, self.pareto_gamma > 0, "pareto_gamma must be > 0")
+        self._check_model_options()
+
+    def _check_model_options(self) -> None:
+        """--model and what goes with it: the loader, --mmlu only with a model, a model alone a pretrained zoo
+        model (the real-model track)."""
         need(
             self, self.hf_loader in ("auto", "bridge"), f"hf_loader must be 'auto' or 'bridge', got {self.hf_loader!r}"
         )

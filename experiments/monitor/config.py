@@ -168,6 +168,11 @@ class Config(ProfileConfig, ModelTraining):
             f"alphas must lie in (0, 1), got {self.alphas}",
         )
         need(self, 0 < self.ltt_delta < 1, f"ltt_delta must lie in (0, 1), got {self.ltt_delta!r}")
+        self._check_model_options()
+
+    def _check_model_options(self) -> None:
+        """--model and what goes with it: the loader, --qa only with a model, a model without --qa one of
+        REAL_MODELS."""
         need(
             self, self.hf_loader in ("auto", "bridge"), f"hf_loader must be 'auto' or 'bridge', got {self.hf_loader!r}"
         )
