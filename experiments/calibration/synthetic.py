@@ -230,22 +230,52 @@ def run_synthetic(cfg: Config, out: Path) -> dict[str, Any]:
     return results
 
 
+def _reliability_curves(kind: str, evaluations: dict[str, Evaluation], results: dict[str, Any]) -> dict[str, Any]:
+    """Name → (confidence, correct) of one kind's items at each checkpoint; for cloze also the partial checkpoint's
+    test split after temperature scaling (T fitted on the calibration split)."""
+    curves = {name: (e.frames[kind]["confidence"], e.frames[kind]["correct"]) for name, e in evaluations.items()}
+    if kind == "cloze":
+        test = evaluations["partial"].frames["cloze"]
+        test = test[test["split"] == "test"]
+        T = results["temperature"]["T"]
+        probs = softmax(option_logits(test), T)
+        curves[f"partial, test split, T = {T:.2f}"] = (
+            probs.max(axis=1),
+            probs.argmax(axis=1) == test["answer_index"],
+        )
+    return curves
+
+
+def _token_reliability_figure(model: str, token_curve: list[dict[str, Any]]) -> Any:
+    """The next token's reliability diagram (accuracy against confidence) beside perfect calibration."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure(
+        [
+            go.Scatter(
+                x=[r["confidence"] for r in token_curve],
+                y=[r["accuracy"] for r in token_curve],
+                mode="lines+markers",
+                name="next token",
+            ),
+            go.Scatter(
+                x=[0, 1], y=[0, 1], mode="lines", name="perfect calibration", line=dict(dash="dash", color="gray")
+            ),
+        ]
+    )
+    fig.update_layout(
+        title=f"Token-level reliability diagram ({model})",
+        xaxis=dict(title="confidence", range=[0, 1]),
+        yaxis=dict(title="accuracy", range=[0, 1]),
+    )
+    return fig
+
+
 def _figures(
     out: Path, evaluations: dict[str, Evaluation], results: dict[str, Any], token_curve: list[dict[str, Any]]
 ) -> None:
-    import plotly.graph_objects as go
-
     for kind, title in (("cloze", "Cloze multiple choice"), ("lettered", "Lettered multiple choice")):
-        curves = {name: (e.frames[kind]["confidence"], e.frames[kind]["correct"]) for name, e in evaluations.items()}
-        if kind == "cloze":
-            test = evaluations["partial"].frames["cloze"]
-            test = test[test["split"] == "test"]
-            T = results["temperature"]["T"]
-            probs = softmax(option_logits(test), T)
-            curves[f"partial, test split, T = {T:.2f}"] = (
-                probs.max(axis=1),
-                probs.argmax(axis=1) == test["answer_index"],
-            )
+        curves = _reliability_curves(kind, evaluations, results)
         reliability_figure(out, f"reliability_{kind}", f"{title}: reliability diagram (evaluation persons)", curves)
     exposure_figures(
         out,
@@ -268,23 +298,6 @@ def _figures(
         title="P(True) by layer",
     )
     token_level_figure(out, results["token_level"])
-    fig = go.Figure(
-        [
-            go.Scatter(
-                x=[r["confidence"] for r in token_curve],
-                y=[r["accuracy"] for r in token_curve],
-                mode="lines+markers",
-                name="next token",
-            ),
-            go.Scatter(
-                x=[0, 1], y=[0, 1], mode="lines", name="perfect calibration", line=dict(dash="dash", color="gray")
-            ),
-        ]
-    )
-    fig.update_layout(
-        title=f"Token-level reliability diagram ({results['token_level']['model']})",
-        xaxis=dict(title="confidence", range=[0, 1]),
-        yaxis=dict(title="accuracy", range=[0, 1]),
-    )
+    fig = _token_reliability_figure(results["token_level"]["model"], token_curve)
     save_figure(fig, out, "reliability_token_level")
     stages_figure(out, results["training"]["stages"], results["training"]["partial_step"])

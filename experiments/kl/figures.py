@@ -10,6 +10,41 @@ from experiments.kl.config import FIGURES
 from lab.runs import save_figure
 
 
+def _cross_entropy_traces(tokens: list[int], rows: list[dict[str, Any]]) -> list[Any]:
+    """The left panel: CE and H exact over training, and CE sampled."""
+    import plotly.graph_objects as go
+
+    traces = [
+        go.Scatter(x=tokens, y=[r[key] for r in rows], name=name, mode="lines+markers", line={"dash": dash})
+        for key, name, dash in (("cross_entropy_nats", "CE exact", None), ("entropy_nats", "H exact", "dot"))
+    ]
+    sampled = go.Scatter(
+        x=tokens,
+        y=[r["sampled_cross_entropy_nats"] for r in rows],
+        name="CE sampled",
+        mode="markers",
+        marker={"symbol": "x"},
+    )
+    return [*traces, sampled]
+
+
+def _kl_traces(tokens: list[int], rows: list[dict[str, Any]]) -> list[Any]:
+    """The right panel: KL exact over training, and KL sampled with its 95% interval."""
+    import plotly.graph_objects as go
+
+    return [
+        go.Scatter(x=tokens, y=[r["kl_nats"] for r in rows], name="KL exact", mode="lines+markers"),
+        go.Scatter(
+            x=tokens,
+            y=[r["sampled_kl_nats"] for r in rows],
+            name="KL sampled ± 1.96 SE",
+            mode="markers",
+            marker={"symbol": "x"},
+            error_y={"type": "data", "array": [1.96 * r["sampled_kl_se"] for r in rows]},
+        ),
+    ]
+
+
 def decomposition_figure(checkpoints: list[dict[str, Any]], region: str, title: str, rate: float | None = None) -> Any:
     """CE, H and KL over training, exact and sampled, averaged over one region's prefixes; the entropy rate
     as a line where it is E[H_t] of that region (complete contexts)."""
@@ -19,38 +54,10 @@ def decomposition_figure(checkpoints: list[dict[str, Any]], region: str, title: 
     rows = [r[region] for r in checkpoints]
     tokens = [r["tokens_seen"] for r in checkpoints]
     figure = make_subplots(rows=1, cols=2, subplot_titles=("CE = H + KL (nats/token)", "KL(p ‖ P_θ) (nats/token)"))
-    for key, name, dash in (("cross_entropy_nats", "CE exact", None), ("entropy_nats", "H exact", "dot")):
-        figure.add_trace(
-            go.Scatter(x=tokens, y=[r[key] for r in rows], name=name, mode="lines+markers", line={"dash": dash}),
-            row=1,
-            col=1,
-        )
-    figure.add_trace(
-        go.Scatter(
-            x=tokens,
-            y=[r["sampled_cross_entropy_nats"] for r in rows],
-            name="CE sampled",
-            mode="markers",
-            marker={"symbol": "x"},
-        ),
-        row=1,
-        col=1,
-    )
-    figure.add_trace(
-        go.Scatter(x=tokens, y=[r["kl_nats"] for r in rows], name="KL exact", mode="lines+markers"), row=1, col=2
-    )
-    figure.add_trace(
-        go.Scatter(
-            x=tokens,
-            y=[r["sampled_kl_nats"] for r in rows],
-            name="KL sampled ± 1.96 SE",
-            mode="markers",
-            marker={"symbol": "x"},
-            error_y={"type": "data", "array": [1.96 * r["sampled_kl_se"] for r in rows]},
-        ),
-        row=1,
-        col=2,
-    )
+    for trace in _cross_entropy_traces(tokens, rows):
+        figure.add_trace(trace, row=1, col=1)
+    for trace in _kl_traces(tokens, rows):
+        figure.add_trace(trace, row=1, col=2)
     if rate is not None:  # a line named in the legend: a label on the plot would sit on the H curve it meets
         figure.add_trace(
             go.Scatter(

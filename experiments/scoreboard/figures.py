@@ -29,8 +29,49 @@ def _errors(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def lenses_figure(results: dict[str, Any]) -> Any:
+def _lens_traces(table: list[dict[str, Any]], world: str, lens: str, grade: str, first: bool) -> list[Any]:
+    """One lens's line in one panel (a world's grade over the readouts, with its intervals), and beside the logit
+    lens's KLs the chance line (the best prompt-blind law); the output readout has no KL to the model."""
     import plotly.graph_objects as go
+
+    rows = [
+        r
+        for r in table
+        if r["method"] == f"{lens} lens"
+        and r["world"] == world
+        and r["grade"] == grade
+        and not (grade == "kl_model" and r["readout"] == "output")
+    ]
+    traces = [
+        go.Scatter(
+            x=[r["readout"] for r in rows],
+            y=[r["value"] for r in rows],
+            error_y=_errors(rows),
+            mode="lines+markers",
+            name=display(f"{lens} lens"),
+            legendgroup=lens,
+            showlegend=first,
+            line={"color": COLOURS[lens]},
+        )
+    ]
+    if lens == "logit" and grade != "prompt_gain":
+        traces.append(
+            go.Scatter(
+                x=[r["readout"] for r in rows],
+                y=[r["chance"] for r in rows],
+                mode="lines",
+                line={"dash": "dot", "color": "grey"},
+                name="chance (best prompt-blind law)",
+                legendgroup="chance",
+                showlegend=first,
+            )
+        )
+    return traces
+
+
+def lenses_figure(results: dict[str, Any]) -> Any:
+    """Each lens against the truth (KL to p), against the model (KL to P_θ) and its gain over another prompt's
+    reading, every readout of every world, one column per world."""
     from plotly.subplots import make_subplots
 
     worlds = [w for w in ("markov", "mess3", "induction") if w in results["worlds"]]
@@ -47,42 +88,9 @@ def lenses_figure(results: dict[str, Any]) -> Any:
         figure.add_hline(y=0.0, line_dash="dot", line_color="grey", row=3, col=col)
         for lens in LENSES:
             for row_index, grade in ((1, "kl_true"), (2, "kl_model"), (3, "prompt_gain")):
-                rows = [
-                    r
-                    for r in results["table"]
-                    if r["method"] == f"{lens} lens"
-                    and r["world"] == world
-                    and r["grade"] == grade
-                    and not (grade == "kl_model" and r["readout"] == "output")
-                ]
-                figure.add_trace(
-                    go.Scatter(
-                        x=[r["readout"] for r in rows],
-                        y=[r["value"] for r in rows],
-                        error_y=_errors(rows),
-                        mode="lines+markers",
-                        name=display(f"{lens} lens"),
-                        legendgroup=lens,
-                        showlegend=col == 1 and row_index == 1,
-                        line={"color": COLOURS[lens]},
-                    ),
-                    row=row_index,
-                    col=col,
-                )
-                if lens == "logit" and row_index < 3:
-                    figure.add_trace(
-                        go.Scatter(
-                            x=[r["readout"] for r in rows],
-                            y=[r["chance"] for r in rows],
-                            mode="lines",
-                            line={"dash": "dot", "color": "grey"},
-                            name="chance (best prompt-blind law)",
-                            legendgroup="chance",
-                            showlegend=col == 1 and row_index == 1,
-                        ),
-                        row=row_index,
-                        col=col,
-                    )
+                first = col == 1 and row_index == 1
+                for trace in _lens_traces(results["table"], world, lens, grade, first):
+                    figure.add_trace(trace, row=row_index, col=col)
     for row_index in (1, 2):
         figure.update_yaxes(type="log", title_text="nats/token", row=row_index)
     figure.update_yaxes(title_text="nats/token gained", row=3)
@@ -223,7 +231,49 @@ def simplex_figure(simplex: dict[str, Any]) -> Any:
     return figure
 
 
+def _probe_traces(results: dict[str, Any], world: str, grade: str, untrained: str, task: str, first: bool) -> list[Any]:
+    """One world's panel: the linear probe's bars over the readouts, beside its three controls (shuffled targets,
+    the untrained model, the control task)."""
+    import plotly.graph_objects as go
+
+    rows = [
+        r for r in results["table"] if r["method"] == "linear probe" and r["world"] == world and r["grade"] == grade
+    ]
+    readouts = [r["readout"] for r in rows]
+    traces = [
+        go.Bar(
+            x=readouts,
+            y=[r["value"] for r in rows],
+            error_y=_errors(rows),
+            name="probe",
+            marker_color="#1f77b4",
+            showlegend=first,
+            legendgroup="probe",
+        )
+    ]
+    shuffled = [{"value": r["control"], "low": r["control_low"], "high": r["control_high"]} for r in rows]
+    for name, values, colour in (
+        ("shuffled targets", shuffled, "grey"),
+        ("untrained model", [_row(results, world, x, untrained) for x in readouts], "#ff7f0e"),
+        ("control task", [_row(results, world, x, task) for x in readouts], "#9467bd"),
+    ):
+        traces.append(
+            go.Bar(
+                x=readouts,
+                y=[v["value"] for v in values],
+                error_y=_errors(values),
+                name=name,
+                marker_color=colour,
+                showlegend=first,
+                legendgroup=name,
+            )
+        )
+    return traces
+
+
 def probes_figure(results: dict[str, Any]) -> Any:
+    """The linear probes of each world against their controls, every readout; the lookups of the last k tokens
+    beside the belief probe."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -233,42 +283,8 @@ def probes_figure(results: dict[str, Any]) -> Any:
     )
     figure = make_subplots(rows=1, cols=2, subplot_titles=("Mess3: belief state (R²)", "facts: the value (accuracy)"))
     for col, (world, grade, untrained, task, _) in enumerate(panels, start=1):
-        rows = [
-            r for r in results["table"] if r["method"] == "linear probe" and r["world"] == world and r["grade"] == grade
-        ]
-        readouts = [r["readout"] for r in rows]
-        figure.add_trace(
-            go.Bar(
-                x=readouts,
-                y=[r["value"] for r in rows],
-                error_y=_errors(rows),
-                name="probe",
-                marker_color="#1f77b4",
-                showlegend=col == 1,
-                legendgroup="probe",
-            ),
-            row=1,
-            col=col,
-        )
-        shuffled = [{"value": r["control"], "low": r["control_low"], "high": r["control_high"]} for r in rows]
-        for name, values, colour in (
-            ("shuffled targets", shuffled, "grey"),
-            ("untrained model", [_row(results, world, x, untrained) for x in readouts], "#ff7f0e"),
-            ("control task", [_row(results, world, x, task) for x in readouts], "#9467bd"),
-        ):
-            figure.add_trace(
-                go.Bar(
-                    x=readouts,
-                    y=[v["value"] for v in values],
-                    error_y=_errors(values),
-                    name=name,
-                    marker_color=colour,
-                    showlegend=col == 1,
-                    legendgroup=name,
-                ),
-                row=1,
-                col=col,
-            )
+        for trace in _probe_traces(results, world, grade, untrained, task, col == 1):
+            figure.add_trace(trace, row=1, col=col)
     lookups = [r for r in results["table"] if r["method"] == LOOKUP]
     figure.add_trace(
         go.Bar(
@@ -312,52 +328,57 @@ def _heads_by_seed(results: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     return list(zip(seeds, blocks))
 
 
-def heads_figure(results: dict[str, Any]) -> Any:
-    """Each detector's score against each head's Shapley value on the detector's path, every head of every seed's
-    model; and each seed's margin (the least flagged head's value over the best other's) with its interval."""
+def _seed_traces(seed: str, heads: dict[str, Any], colour: str) -> list[tuple[int, Any]]:
+    """(column, trace) of one seed's model: each detector's score against each head's Shapley value (columns 1
+    and 2), and its margins with their intervals (column 3)."""
     import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
 
-    by_seed = _heads_by_seed(results)
-    figure = make_subplots(
-        rows=1, cols=3, subplot_titles=[title for _, title in HEAD_PANELS] + ["margin of the flagged heads, per seed"]
-    )
-    for k, (seed, heads) in enumerate(by_seed):
-        colour = SEED_COLOURS[k % len(SEED_COLOURS)]
-        shape = np.asarray(heads["values"]["induction"]).shape
-        labels = [f"L{layer}H{head}" for layer in range(shape[0]) for head in range(shape[1])]
-        for col, (kind, _) in enumerate(HEAD_PANELS, start=1):
-            figure.add_trace(
-                go.Scatter(
-                    x=np.asarray(heads["scores"][kind]).ravel(),
-                    y=np.asarray(heads["values"][kind]).ravel(),
-                    hovertext=[f"{label}, seed {seed}" for label in labels],  # on hover: 24 names would overlap
-                    hoverinfo="text+x+y",
-                    mode="markers",
-                    name=f"seed {seed}",
-                    legendgroup=seed,
-                    showlegend=col == 1,
-                    marker={"color": colour, "size": 9},
-                ),
-                row=1,
-                col=col,
-            )
-            figure.update_xaxes(title_text="detector score", range=[0, 1.05], row=1, col=col)
-        margins = [heads["grades"][f"margin_{kind}"] for kind, _ in HEAD_PANELS]
-        figure.add_trace(
+    shape = np.asarray(heads["values"]["induction"]).shape
+    labels = [f"L{layer}H{head}" for layer in range(shape[0]) for head in range(shape[1])]
+    traces = [
+        (
+            col,
             go.Scatter(
-                x=[display(kind) for kind, _ in HEAD_PANELS],
-                y=[m["value"] for m in margins],
-                error_y=_errors(margins),
+                x=np.asarray(heads["scores"][kind]).ravel(),
+                y=np.asarray(heads["values"][kind]).ravel(),
+                hovertext=[f"{label}, seed {seed}" for label in labels],  # on hover: 24 names would overlap
+                hoverinfo="text+x+y",
                 mode="markers",
                 name=f"seed {seed}",
                 legendgroup=seed,
-                showlegend=False,
-                marker={"color": colour, "size": 10},
+                showlegend=col == 1,
+                marker={"color": colour, "size": 9},
             ),
-            row=1,
-            col=3,
         )
+        for col, (kind, _) in enumerate(HEAD_PANELS, start=1)
+    ]
+    margins = [heads["grades"][f"margin_{kind}"] for kind, _ in HEAD_PANELS]
+    margin = go.Scatter(
+        x=[display(kind) for kind, _ in HEAD_PANELS],
+        y=[m["value"] for m in margins],
+        error_y=_errors(margins),
+        mode="markers",
+        name=f"seed {seed}",
+        legendgroup=seed,
+        showlegend=False,
+        marker={"color": colour, "size": 10},
+    )
+    return [*traces, (3, margin)]
+
+
+def heads_figure(results: dict[str, Any]) -> Any:
+    """Each detector's score against each head's Shapley value on the detector's path, every head of every seed's
+    model; and each seed's margin (the least flagged head's value over the best other's) with its interval."""
+    from plotly.subplots import make_subplots
+
+    figure = make_subplots(
+        rows=1, cols=3, subplot_titles=[title for _, title in HEAD_PANELS] + ["margin of the flagged heads, per seed"]
+    )
+    for k, (seed, heads) in enumerate(_heads_by_seed(results)):
+        for col, trace in _seed_traces(seed, heads, SEED_COLOURS[k % len(SEED_COLOURS)]):
+            figure.add_trace(trace, row=1, col=col)
+    for col in range(1, len(HEAD_PANELS) + 1):
+        figure.update_xaxes(title_text="detector score", range=[0, 1.05], row=1, col=col)
     figure.add_hline(y=0, line_dash="dot", row=1, col=3)
     figure.update_yaxes(title_text="Shapley value (nats of copying)", row=1, col=1)
     figure.update_yaxes(title_text="margin (nats; above 0: the flagged heads do the work)", row=1, col=3)
