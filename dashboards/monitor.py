@@ -3,6 +3,7 @@ the point where conformal risk control would abstain, and the experiment's curve
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import streamlit as st
@@ -30,6 +31,23 @@ def load_monitor(folder: str, version: float):
     return model, probe, p_ik, signs
 
 
+def _prompt(folder: Path, model: Any) -> tuple[str, list[int]] | None:
+    """The prompt box (the run's first prompt to start with): its text and ids, or None after a warning where it is
+    not 1 … n_ctx − 1 of the world's words."""
+    prompts = read_table(folder / "prompts.parquet", "monitor", columns=["first", "last"])
+    example = "<bos> " + " ".join(prompts.iloc[0]) + " birthday" if prompts is not None and len(prompts) else "<bos>"
+    text = st.text_input("Prompt (the world's words; the name's two tokens follow <bos>)", example)
+    ids = model.tokenizer.encode(text).ids
+    unknown = [w for w, i in zip(text.split(), ids) if model.tokenizer.id_to_token(i) == "<unk>"]
+    if not ids or unknown or len(ids) >= model.cfg.n_ctx:
+        st.warning(
+            f"The prompt must be 1 … {model.cfg.n_ctx - 1} of the world's words"
+            + (f"; not in its vocabulary: {', '.join(unknown)}" if unknown else "")
+        )
+        return None
+    return text, ids
+
+
 def live(folder: Path, results: dict) -> None:
     """A prompt box: generate with every signal read, colour each new token by the chosen signal's risk against
     the CRC threshold for the chosen α, and say where the monitor would stop."""
@@ -44,17 +62,10 @@ def live(folder: Path, results: dict) -> None:
         )
         return
     model, probe, p_ik, signs = load_monitor(str(folder), (folder / "model").stat().st_mtime)
-    prompts = read_table(folder / "prompts.parquet", "monitor", columns=["first", "last"])
-    example = "<bos> " + " ".join(prompts.iloc[0]) + " birthday" if prompts is not None and len(prompts) else "<bos>"
-    text = st.text_input("Prompt (the world's words; the name's two tokens follow <bos>)", example)
-    ids = model.tokenizer.encode(text).ids
-    unknown = [w for w, i in zip(text.split(), ids) if model.tokenizer.id_to_token(i) == "<unk>"]
-    if not ids or unknown or len(ids) >= model.cfg.n_ctx:
-        st.warning(
-            f"The prompt must be 1 … {model.cfg.n_ctx - 1} of the world's words"
-            + (f"; not in its vocabulary: {', '.join(unknown)}" if unknown else "")
-        )
+    prompt = _prompt(folder, model)
+    if prompt is None:
         return
+    text, ids = prompt
     entries = [a for a in results.get("abstention") or [] if isinstance(a, dict)]
     monitor = Monitor(model, probe=probe, p_ik=p_ik, attention=len(ids) > SUBJECT[-1])
     signal = st.selectbox(
