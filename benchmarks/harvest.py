@@ -145,8 +145,14 @@ def bench_ratio(args: argparse.Namespace) -> dict:
         agreement = _agreement(bridge, batches[0], out, SEQ_LEN * args.batch)
     finally:
         shutil.rmtree(out, ignore_errors=True)
+    return _ratio_record(args, tokens, timing, agreement)
+
+
+def _ratio_record(args: argparse.Namespace, tokens: int, timing: dict, agreement: dict[str, float]) -> dict:
+    """What the ratio run records: its setting, each contender's timing, the agreement with the bridge, and per hook
+    each side's tokens per second and Forma's throughput against the bridge's."""
     result = {
-        "device": device,
+        "device": args.device,
         "size": "gpt2-small",
         "shape": dict(zip(("n_layers", "d_model", "n_heads", "d_vocab"), SIZES["gpt2-small"])),
         "hooks": HOOKS,
