@@ -17,8 +17,8 @@ from experiments.calibration.ece import calibration_summary, option_logits, temp
 from experiments.calibration.figures import p_ik_figure, reliability_figure
 from experiments.calibration.readouts import (
     class_counts,
-    fixed_readout_row,
     judge_families,
+    lens_rows,
     make_parts,
     p_ik_summary,
     probe_rows,
@@ -351,20 +351,11 @@ def hf_p_ik(
             name: torch.cat([logit_lens(m, b)[:, :, -1][..., letters] for b in batches], dim=1).double()
             for name, m in models.items()
         }  # [layer, row, 4]
-        for layer, hook in enumerate(hooks):
-            scores = {name: softmax(v[layer].numpy()).max(axis=1) for name, v in lens.items()}
-            rows.append(
-                {
-                    "layer": layer,
-                    "hook": hook,
-                    "readout": "lens lettered confidence",
-                    "position": "last prompt token",
-                    "candidate": layer < len(hooks) - 1,
-                    "regularization": None,
-                    **fixed_readout_row(scores["trained"], scores["untrained"], y, parts, cfg.n_boot, cfg.seed),
-                    "test_scores": scores["trained"][parts.test],
-                }
-            )
+        scores = {
+            name: [softmax(v[layer].numpy()).max(axis=1) for layer in range(len(hooks))] for name, v in lens.items()
+        }
+        readout = "lens lettered confidence"
+        rows += lens_rows(readout, "last prompt token", scores["trained"], scores["untrained"], hooks, y, parts, cfg)
     baseline = auroc_ci(confidence[parts.test], y[parts.test], groups[parts.test], n_boot=cfg.n_boot, seed=cfg.seed)
     verdicts = judge_families(rows, "P(IK)", baseline, y, parts, confidence, cfg)
     return public_rows(rows), {

@@ -243,6 +243,34 @@ def lens_readouts(
     }
 
 
+def lens_rows(
+    readout: str,
+    position: str,
+    trained: np.ndarray | list[np.ndarray],
+    untrained: np.ndarray | list[np.ndarray],
+    hooks: list[str],
+    y: np.ndarray,
+    parts: Parts,
+    cfg: Config,
+) -> list[dict[str, Any]]:
+    """One lens readout's rows, a layer each, from its scores ([layer, n]) on the trained model and on the untrained
+    control: a candidate at every layer before the last, whose lens is the model's own output (shown, never
+    chosen)."""
+    return [
+        {
+            "layer": layer,
+            "hook": hook,
+            "readout": readout,
+            "position": position,
+            "candidate": layer < len(hooks) - 1,
+            "regularization": None,
+            **fixed_readout_row(trained[layer], untrained[layer], y, parts, cfg.n_boot, cfg.seed),
+            "test_scores": trained[layer][parts.test],
+        }
+        for layer, hook in enumerate(hooks)
+    ]
+
+
 def p_ik(
     model: HookedTransformer, setting: Setting, items: list[dict[str, Any]], frame: pd.DataFrame, cfg: Config
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -276,21 +304,7 @@ def p_ik(
         name: lens_readouts(m, setting, items, slot) for name, m in (("trained", model), ("untrained", untrained))
     }
     for readout, scores in readouts["trained"].items():
-        for layer, hook in enumerate(hooks):
-            rows.append(
-                {
-                    "layer": layer,
-                    "hook": hook,
-                    "readout": readout,
-                    "position": "value slot",
-                    "candidate": layer < len(hooks) - 1,
-                    "regularization": None,
-                    **fixed_readout_row(
-                        scores[layer], readouts["untrained"][readout][layer], y, parts, cfg.n_boot, cfg.seed
-                    ),
-                    "test_scores": scores[layer][parts.test],
-                }
-            )
+        rows += lens_rows(readout, "value slot", scores, readouts["untrained"][readout], hooks, y, parts, cfg)
     confidence = frame["confidence"].to_numpy()
     baseline = auroc_ci(confidence[parts.test], y[parts.test], persons[parts.test], n_boot=cfg.n_boot, seed=cfg.seed)
     verdicts = judge_families(rows, "P(IK)", baseline, y, parts, confidence, cfg)
