@@ -69,6 +69,31 @@ def _p_true(name: str, model: HookedTransformer, setting: Setting, cfg: Config) 
     return p_true_frame, block
 
 
+def _p_ik(
+    name: str, model: HookedTransformer, setting: Setting, items: list[dict[str, Any]], cloze: pd.DataFrame, cfg: Config
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """P(IK) on the cloze items: its rows (each marked with the checkpoint) and its blocks (the baseline, the
+    setting, the verdicts and their sentences)."""
+    rows, info = p_ik(model, setting, items, cloze, cfg)
+    for row in rows:
+        row["checkpoint"] = name
+    verdicts = info.pop("verdicts")
+    return rows, {
+        "p_ik": rows,
+        **{k: v for k, v in info.items() if k.startswith("p_ik_baseline_auroc")},
+        "p_ik_info": info
+        | {
+            "checkpoint": name,
+            "label": "the cloze answer is right",
+            "split": "entity-disjoint (persons): train fits the probes, validation chooses "
+            "the readout, test reports it",
+        },
+        "p_ik_verdict": verdicts["all readouts"],
+        "p_ik_verdicts": verdicts,
+        "p_ik_summary": p_ik_summary(verdicts),
+    }
+
+
 def evaluate(
     name: str, step: int, model: HookedTransformer, setting: Setting, items: list[dict[str, Any]], cfg: Config
 ) -> Evaluation:
@@ -104,24 +129,8 @@ def evaluate(
     timing["p_true_s"] = time.perf_counter() - began
 
     began = time.perf_counter()
-    rows, info = p_ik(model, setting, items, frames["cloze"], cfg)
-    for row in rows:
-        row["checkpoint"] = name
-    verdicts = info.pop("verdicts")
-    blocks |= {
-        "p_ik": rows,
-        **{k: v for k, v in info.items() if k.startswith("p_ik_baseline_auroc")},
-        "p_ik_info": info
-        | {
-            "checkpoint": name,
-            "label": "the cloze answer is right",
-            "split": "entity-disjoint (persons): train fits the probes, validation chooses "
-            "the readout, test reports it",
-        },
-        "p_ik_verdict": verdicts["all readouts"],
-        "p_ik_verdicts": verdicts,
-        "p_ik_summary": p_ik_summary(verdicts),
-    }
+    rows, p_ik_blocks = _p_ik(name, model, setting, items, frames["cloze"], cfg)
+    blocks |= p_ik_blocks
     timing["p_ik_s"] = time.perf_counter() - began
     return Evaluation(frames, p_true_frame, rows, blocks, timing)
 
