@@ -35,7 +35,11 @@ from lab.figure_text import as_text
 from lab.folders import zoo_dir
 from lab.zoo.transcoders import TRANSCODERS_DIR, load_contexts, load_quality
 
-DEFAULT_PROMPTS = {"pydoc": "Return the number of items in the", "markov": "1 2 3 4 5 6 7 8"}
+DEFAULT_PROMPTS = {
+    "pydoc": "Return the number of items in the",
+    "markov": "1 2 3 4 5 6 7 8",
+    "smollm2": "The capital of Italy is",
+}
 # Widgets whose values belong to one model (its prompt: words, or token ids for a model without a tokenizer; its
 # layers, heads, positions and nodes): they start again from the new model's defaults when the model changes.
 MODEL_WIDGETS = ("graph_kind", "graph_prompt", "qk_layer", "qk_head", "qk_query", "qk_key", "supernode_nodes")

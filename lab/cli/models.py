@@ -3,6 +3,7 @@ trust its numbers), `forma build` (a zoo model built from its recipe, resumable)
 transcoders, in one process or as torchrun's ranks, resumable)."""
 
 import argparse
+import json
 import math
 import signal
 import sys
@@ -136,6 +137,36 @@ def cmd_transcoders(args: argparse.Namespace) -> int:
     if "route" in quality:
         print(f"{quality['route']['route']}: {quality['route']['why']}")
     print(f"wrote {out}" + (f" ({world} ranks, {args.parallel}-parallel)" if world > 1 else ""))
+    return 0
+
+
+def cmd_graphs(args: argparse.Namespace) -> int:
+    """Attribution graphs of a zoo model's prompts whose answer is known (lab/zoo/graphs.py; for smollm2: "The
+    capital of Italy is" → " Rome", indirect-object identification, induction on repeated random tokens, a two-hop
+    fact), each within a feature budget, over the model's transcoder set for every layer (`forma transcoders NAME`).
+    For each: the model's rank of the answer, the graph's exactness (node inputs less edges and bias, the local
+    replacement's logits less the model's, a feature removed in the frozen replacement less minus its edges), the
+    replacement and completeness scores, and the top features ablated in the full model against the graph's
+    prediction with attention and norms live and frozen; then Italy's features swapped for France's at the
+    subject in the full model, " Rome" against " Paris". Writes the report as JSON (--out) and prints a table."""
+    from lab.files import atomic_write_text
+    from lab.folders import zoo_dir
+    from lab.zoo.graphs import graphs_report, report_lines
+    from lab.zoo.transcoders import GRAPHS_REPORT, TRANSCODERS_DIR, open_set
+
+    folder = zoo_dir() / args.name / TRANSCODERS_DIR / args.kind
+    model, transcoders = open_set(zoo_dir() / args.name, args.kind, every_layer=True)
+    out = Path(args.out) if args.out else folder / GRAPHS_REPORT
+    _, report = graphs_report(
+        model,
+        transcoders,
+        max_feature_nodes=args.max_feature_nodes,
+        top=args.top,
+        progress=lambda what: print(f"graphs: {what} …", file=sys.stderr, flush=True),
+    )
+    atomic_write_text(out, json.dumps(report, indent=2) + "\n")
+    print("\n".join(report_lines(report)))
+    print(f"wrote {out}")
     return 0
 
 

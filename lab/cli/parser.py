@@ -15,7 +15,7 @@ from lab.cli.corpus import CORPORA, DEFAULT_HELD_OUT, cmd_corpus
 from lab.cli.dashboard import cmd_dashboard
 from lab.cli.datasets import SWEEP_NAMES, cmd_harvest, cmd_patch
 from lab.cli.demo import cmd_demo
-from lab.cli.models import cmd_build, cmd_hooks, cmd_transcoders, cmd_trust
+from lab.cli.models import cmd_build, cmd_graphs, cmd_hooks, cmd_transcoders, cmd_trust
 from lab.cli.questions import cmd_questions
 from lab.cli.runs import cmd_cards, cmd_run
 from lab.cli.stopping import Stopped, interrupting_signals
@@ -36,6 +36,7 @@ def port_number(text: str) -> int:
 
 # lab.zoo.transcoders.PRESETS' names, written here so that --help loads no torch (a test holds them equal)
 TRANSCODER_KINDS = ("topk", "relu", "jumprelu", "clt")
+GRAPH_MODELS = ("smollm2",)  # lab.zoo.graphs.KNOWN_MODELS, likewise
 TRANSCODER_PARALLEL = ("data", "modules")  # lab.analysis.transcoders.train.PARALLEL, likewise
 MAX_SEED = 2**63 - 1  # torch.manual_seed takes < 2**64 and experiments add small offsets; numpy takes any size
 
@@ -271,6 +272,44 @@ def _add_transcoders(sub: Commands) -> None:
     )
     transcoders.add_argument("--no-progress", action="store_true", help="no progress bar")
     transcoders.set_defaults(func=cmd_transcoders)
+
+
+def _add_graphs(sub: Commands) -> None:
+    """forma graphs NAME."""
+    graphs = sub.add_parser(
+        "graphs",
+        help="attribution graphs of a zoo model's prompts whose answer is known, checked against the model",
+        description=cmd_graphs.__doc__,
+    )
+    graphs.add_argument(
+        "name",
+        choices=GRAPH_MODELS,
+        metavar="NAME",
+        help=f"zoo model whose prompts are known: {', '.join(GRAPH_MODELS)}",
+    )
+    graphs.add_argument(
+        "--kind",
+        default="topk",
+        choices=TRANSCODER_KINDS,
+        help="the transcoder set (`forma transcoders NAME --kind KIND`; default topk), one for every layer",
+    )
+    graphs.add_argument(
+        "--max-feature-nodes",
+        type=positive_count,
+        default=256,
+        help="the feature budget of each graph: the features of largest activation × decoder norm, the rest "
+        "folded into the error nodes (default 256)",
+    )
+    graphs.add_argument(
+        "--top",
+        type=positive_count,
+        default=5,
+        help="features ablated in the full model, those with the largest edges into the logits (default 5)",
+    )
+    graphs.add_argument(
+        "--out", metavar="FILE", help="the report (default: known_graphs.json in the transcoder set's folder)"
+    )
+    graphs.set_defaults(func=cmd_graphs)
 
 
 class RunHelp(argparse.Action):
@@ -551,6 +590,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_trust,
         _add_build,
         _add_transcoders,
+        _add_graphs,
         _add_run,
         _add_cards,
         _add_dashboard,

@@ -27,7 +27,14 @@ from torch import Tensor
 from lab.analysis.activations.harvest import harvest
 from lab.analysis.activations.store import INDEX_FILE, ActivationStore
 from lab.analysis.transcoders.measures import reconstruction_measures, replacement_loss, top_contexts
-from lab.analysis.transcoders.model import CONFIG_FILE, SOURCE_FILE, WEIGHTS_FILE, TranscoderConfig, model_fingerprint
+from lab.analysis.transcoders.model import (
+    CONFIG_FILE,
+    SOURCE_FILE,
+    WEIGHTS_FILE,
+    TranscoderConfig,
+    Transcoders,
+    model_fingerprint,
+)
 from lab.analysis.transcoders.stream import ActivationStream, WindowActivations
 from lab.analysis.transcoders.train import (
     CHECKPOINT_DIR,
@@ -57,8 +64,9 @@ TRANSCODERS_DIR = "transcoders"
 DISK_BUDGET = 20e9  # bytes the harvests may take on disk (`forma transcoders --disk-budget`, in GB); past it, streamed
 QUALITY_FILE = "quality.json"
 CONTEXTS_FILE = "contexts.safetensors"
+GRAPHS_REPORT = "known_graphs.json"  # `forma graphs NAME`'s report (lab.zoo.graphs)
 # what a set's folder holds
-SET_FILES = {CONFIG_FILE, WEIGHTS_FILE, SOURCE_FILE, TRAINING_FILE, QUALITY_FILE, CONTEXTS_FILE}
+SET_FILES = {CONFIG_FILE, WEIGHTS_FILE, SOURCE_FILE, TRAINING_FILE, QUALITY_FILE, CONTEXTS_FILE, GRAPHS_REPORT}
 
 
 def preset(
@@ -417,6 +425,27 @@ def transcoder_sets(folder: str | Path, graphs: bool = False) -> list[str]:
     root = Path(folder) / TRANSCODERS_DIR
     names = sorted(p.name for p in root.glob("*") if (p / "transcoders.safetensors").is_file())
     return [name for name in names if not graphs or _every_layer(root / name)]
+
+
+def open_set(folder: str | Path, kind: str, every_layer: bool = False) -> tuple[Any, Any]:
+    """(model, transcoders): the zoo model in `folder` and its transcoder set `kind`, checked to be built from this
+    model (Transcoders.load); every_layer: refused, in one line, unless it has a transcoder for every layer (what an
+    attribution graph needs)."""
+    folder = Path(folder)
+    path = folder / TRANSCODERS_DIR / kind
+    if kind not in transcoder_sets(folder):
+        have = ", ".join(transcoder_sets(folder)) or "none"
+        raise ValueError(
+            f"{folder.name} has no transcoder set {kind!r} (it has: {have}): run `forma transcoders {folder.name} "
+            f"--kind {kind}` first"
+        )
+    if every_layer and not _every_layer(path):
+        raise ValueError(
+            f"{path} holds transcoders for some layers only (--layers): attribution graphs need every layer; "
+            f"run `forma transcoders {folder.name} --kind {kind}` without --layers"
+        )
+    model = load_model(folder).eval()
+    return model, Transcoders.load(path, model).eval()
 
 
 def _every_layer(path: Path) -> bool:

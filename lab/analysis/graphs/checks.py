@@ -60,17 +60,19 @@ def replacement_logits(model: Any, transcoders: Transcoders, tokens: Tensor) -> 
         return model(tokens.reshape(1, -1))[0]
 
 
-def _source_edit(transcoders: Transcoders, graph: Graph, index: int, factor: float) -> list[tuple[str, Any]]:
+def source_edit(transcoders: Transcoders, graph: Graph, index: int, factor: float) -> list[tuple[str, Any]]:
     """Hooks adding (factor − 1)·a·W_dec[l → l'] of feature node `index` to every output layer l' it writes."""
     layer, pos, feature = (int(v) for v in graph.features[index])
+    return feature_edit(transcoders, layer, pos, feature, (factor - 1.0) * float(graph.activations[index]))
+
+
+def feature_edit(transcoders: Transcoders, layer: int, pos: int, feature: int, amount: float) -> list[tuple[str, Any]]:
+    """Hooks adding amount·W_dec[l → l'] of `feature` of layer l at position `pos` to every output layer l' it
+    writes (l alone for per-layer transcoders)."""
     tc = transcoders.cfg
     hooks = []
     for target in range(layer, tc.n_layers) if tc.cross_layer else (layer,):
-        delta = (
-            (factor - 1.0)
-            * float(graph.activations[index])
-            * transcoders.decoder(layer, torch.tensor([feature]), target)[0].detach()
-        )
+        delta = amount * transcoders.decoder(layer, torch.tensor([feature]), target)[0].detach()
 
         def add(out: Tensor, hook: Any, delta: Tensor = delta) -> Tensor:
             out = out.clone()
@@ -88,7 +90,7 @@ def frozen_ablation(model: Any, transcoders: Transcoders, graph: Graph, index: i
     replacement = LocalReplacement(model, transcoders, graph.tokens, max_features=graph.meta.get("max_feature_nodes"))
     targets = feature_targets(replacement) + logit_target_vectors(replacement, graph.logit_tokens)
     before = replacement.values(targets)
-    after = replacement.values(targets, edits=_source_edit(transcoders, graph, index, 0.0))
+    after = replacement.values(targets, edits=source_edit(transcoders, graph, index, 0.0))
     out = torch.zeros(graph.n_nodes)
     rows = torch.cat([torch.arange(graph.n_features), torch.arange(graph.n_nodes - graph.n_logits, graph.n_nodes)])
     out[rows] = after - before
@@ -154,7 +156,7 @@ def intervention_agreement(
     actual = torch.stack(
         [
             demeaned_logits(
-                model, graph.tokens, frozen + _source_edit(transcoders, graph, int(i), factor), graph.logit_tokens
+                model, graph.tokens, frozen + source_edit(transcoders, graph, int(i), factor), graph.logit_tokens
             )
             - base
             for i in chosen

@@ -262,6 +262,8 @@ HEAVY_MODULES = ("torch", "transformer_lens", "transformers", "numpy", "streamli
         ["build", "--help"],
         ["cards", "--help"],
         ["transcoders", "--help"],
+        ["graphs", "--help"],
+        ["graphs", "markov"],
         ["harvest", "--help"],
         ["patch", "--help"],
         ["questions", "--help"],

@@ -1,0 +1,130 @@
+"""Attribution graphs of real prompts on smollm2 (`forma graphs smollm2`, lab/zoo/graphs.py), over a quick
+transcoder set for all 30 layers trained on a slice of the real corpus: the four prompts whose answer is known
+(a fact, indirect-object identification, induction on repeated random tokens, a two-hop fact) are answered by the
+model as stated; each graph is exact against the model whatever the transcoders (node inputs equal edges plus
+bias, the local replacement's logits equal the model's, a feature removed in the frozen replacement moves every
+target by minus its edge); the scores and the interventions' agreement, live and frozen, are reported; the swap
+of Italy's features for France's in the full model is measured; and the report is what the command prints."""
+
+import json
+import math
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from dashboards.pages import page_file
+from lab.analysis.graphs.attribute import attribute
+from lab.analysis.graphs.checks import node_residuals
+from lab.analysis.graphs.graph import GRAPHS_DIR, Graph, to_circuit_tracer
+from lab.analysis.graphs.influence import prune
+from lab.cli.parser import GRAPH_MODELS, main
+from lab.zoo.graphs import INDUCTION_LENGTH, KNOWN_MODELS, induction_ids, known_prompts
+from lab.zoo.transcoders import GRAPHS_REPORT, open_set
+
+pytestmark = pytest.mark.real
+
+# every layer (no --layers), few features and steps: the graph's exactness does not depend on how well they fit
+QUICK_SET = ["--features", "128", "--steps", "10", "--windows", "8", "--held-out-windows", "4"]
+BUDGET = ["--max-feature-nodes", "48", "--top", "3"]
+
+
+@pytest.fixture(scope="module")
+def report(zoo, corpus, tmp_path_factory):
+    """`forma transcoders smollm2` (all layers, quick) then `forma graphs smollm2`, as a user runs them."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FORMA_ZOO_DIR", str(zoo.parent))
+        argv = ["transcoders", "smollm2", "--corpus", str(corpus), *QUICK_SET, "--no-progress", "--overwrite"]
+        assert main(argv) == 0
+        assert main(["graphs", "smollm2", *BUDGET]) == 0
+    path = zoo / "transcoders" / "topk" / GRAPHS_REPORT
+    return json.loads(path.read_text())
+
+
+def test_the_known_prompts_are_answered_by_the_model_as_stated(report):
+    """The model's own next token is each prompt's answer (the two-hop fact may name the country first: its answer
+    is among the graph's logit nodes)."""
+    by_name = {r["name"]: r for r in report["prompts"]}
+    assert list(by_name) == ["capital", "ioi", "induction", "two_hop"]
+    for name in ("capital", "ioi", "induction"):
+        assert by_name[name]["answer_rank"] == 0, by_name[name]
+    assert by_name["capital"]["answer"] == " Rome" and by_name["ioi"]["answer"] == " Mary"
+    assert by_name["two_hop"]["answer_rank"] <= 2 and by_name["two_hop"]["answer_in_graph"], by_name["two_hop"]
+    assert by_name["induction"]["tokens"] == 2 * INDUCTION_LENGTH - 1
+
+
+def test_every_graph_is_exact_against_the_model(report):
+    """Node inputs equal their edges plus bias, the local replacement reproduces the model's logits, and a feature
+    removed in the frozen replacement moves every target by minus its edge — to float round-off, on every prompt,
+    within the feature budget (the rest folded into the error nodes)."""
+    for r in report["prompts"]:
+        assert r["feature_nodes"] == min(48, r["active_features"]), r
+        assert r["node_residual_relative"] < 1e-5, r
+        assert r["replacement_logits_max_error"] < 1e-3, r
+        assert r["frozen_ablation_max_error"] < 1e-3, r
+        assert 0 <= r["replacement_score"] <= 1 and 0 <= r["completeness_score"] <= 1, r
+
+
+def test_the_interventions_are_reported_live_and_frozen(report):
+    for r in report["prompts"]:
+        for mode in ("live", "frozen"):
+            agreement = r["agreement"][mode]
+            assert len(agreement["features"]) == 3 and agreement["pairs"] > 0, (r["name"], mode)
+            assert -1 <= agreement["correlation"] <= 1 and 0 <= agreement["sign_agreement"] <= 1
+    swap = report["swap"]
+    assert (swap["subject"], swap["other_subject"]) == (" Italy", " France")
+    assert swap["features_removed"] > 0 and swap["features_added"] > 0
+    # on the prompts themselves: smollm2 prefers " Rome" to " Paris" for Italy and the reverse for France
+    assert swap["difference_before"] > 0 > swap["difference_other"]
+    assert math.isfinite(swap["moved_share"]) and swap["difference_after"] != swap["difference_before"]
+
+
+def test_the_command_prints_the_report_and_refuses_a_partial_set(zoo, report, monkeypatch, capsys):
+    monkeypatch.setenv("FORMA_ZOO_DIR", str(zoo.parent))
+    with pytest.raises(SystemExit):
+        main(["graphs", "markov"])  # no prompts are known for it
+    assert "invalid choice: 'markov'" in capsys.readouterr().err
+    assert main(["graphs", "smollm2", "--kind", "relu"]) == 2
+    assert "has no transcoder set 'relu' (it has: topk)" in capsys.readouterr().err
+    assert GRAPH_MODELS == KNOWN_MODELS
+
+
+def test_the_residual_check_fails_a_graph_whose_edges_are_perturbed(zoo, report):
+    """The exactness check is not vacuous: one edge moved by a hundredth of the largest input fails it."""
+    model, transcoders = open_set(zoo, "topk", every_layer=True)
+    copy = induction_ids()
+    assert copy[-1] == copy[INDUCTION_LENGTH - 2] and len(known_prompts(model)) == 4
+    graph = attribute(model, transcoders, "The capital of Italy is", max_feature_nodes=16)
+    assert float(node_residuals(graph).abs().max()) < 1e-4 * float(graph.inputs.abs().max())
+    graph.adjacency[-1, 0] += 0.01 * float(graph.inputs.abs().max())
+    assert float(node_residuals(graph).abs().max()) > 1e-3 * float(graph.inputs.abs().max())
+
+
+def test_the_graphs_page_draws_smollm2s_graph_keeps_a_supernode_and_exports(zoo, report, tmp_path, monkeypatch):
+    """The dashboard's Attribution graphs page on smollm2 opens on "The capital of Italy is", draws its graph
+    (every active feature a node, pruned by influence), keeps a supernode of two kept nodes with the graph, offers
+    circuit-tracer's JSON, and the export carries the supernode."""
+    monkeypatch.setenv("FORMA_ZOO_DIR", str(zoo.parent))
+    monkeypatch.setenv("FORMA_RUNS_DIR", str(tmp_path / "runs"))
+    at = AppTest.from_file(str(page_file("graphs")), default_timeout=600)
+    at.run()
+    assert not at.exception, at.exception
+    assert at.text_input(key="graph_prompt").value == "The capital of Italy is"
+    spec = json.loads(at.get("plotly_chart")[0].proto.spec)
+    # the quick set explains little (FVU near 1): the pruned graph may keep error nodes rather than its features
+    assert {"token", "logit"} <= {trace.get("name") for trace in spec["data"]}
+    (saved,) = (zoo / "transcoders" / "topk" / GRAPHS_DIR).iterdir()
+    features = [i for i in at.multiselect(key="supernode_nodes").options if not i.startswith("E_")]
+    at.multiselect(key="supernode_nodes").select(features[0]).select(features[1])
+    at.text_input(key="supernode_name").input("Italy")
+    at.button(key="supernode_save").click().run()
+    assert not at.exception, at.exception
+    graph = Graph.load(saved)
+    assert graph.supernodes == [{"name": "Italy", "nodes": features[:2]}]
+    assert at.get("download_button")  # the circuit-tracer export
+    pruned = prune(graph)
+    data = to_circuit_tracer(
+        graph, pruned.node_mask, pruned.edge_mask, pruned.cumulative, slug="smollm2-topk", scan="forma-smollm2-topk"
+    )
+    assert data["qParams"]["supernodes"] == [["Italy", *features[:2]]]
+    assert data["metadata"]["prompt"].endswith("The capital of Italy is")
+    assert data["links"] and {n["feature_type"] for n in data["nodes"]} >= {"embedding", "logit"}
