@@ -143,7 +143,7 @@ def graph_record(
 
 
 def _agreement(result: dict[str, Any]) -> dict[str, Any]:
-    keys = ("correlation", "sign_agreement", "pairs", "direct_correlation", "direct_sign_agreement")
+    keys = ("correlation", "sign_agreement", "pairs", "non_finite", "direct_correlation", "direct_sign_agreement")
     return {"features": result["features"], **{k: result[k] for k in keys}}
 
 
@@ -213,15 +213,17 @@ def report_lines(report: dict[str, Any]) -> list[str]:
     """The report as a table a terminal shows: a row per prompt, then the swap in a sentence."""
     lines = [
         f"{'prompt':<10} {'answer':<10} {'rank':>4} {'features':>13} {'|residual|':>10} {'|Δlogits|':>9} "
-        f"{'repl.':>5} {'compl.':>6} {'live r':>6} {'frozen r':>8} {'s':>5}"
+        f"{'repl.':>5} {'compl.':>6} {'live r':>6} {'frozen r':>8} {'overflow':>8} {'s':>5}"
     ]
     for r in report["prompts"]:
         live, frozen = r["agreement"]["live"]["correlation"], r["agreement"]["frozen"]["correlation"]
+        # features whose ablation drove the model non-finite, live / frozen (left out of the correlations)
+        overflow = f"{r['agreement']['live']['non_finite']}/{r['agreement']['frozen']['non_finite']}"
         lines.append(
             f"{r['name']:<10} {r['answer']!r:<10} {r['answer_rank']:>4} "
             f"{r['feature_nodes']:>5}/{r['active_features']:<7} {r['node_residual_max']:>10.1e} "
             f"{r['replacement_logits_max_error']:>9.1e} {r['replacement_score']:>5.2f} "
-            f"{r['completeness_score']:>6.2f} {live:>6.2f} {frozen:>8.2f} {r['seconds']:>5.0f}"
+            f"{r['completeness_score']:>6.2f} {live:>6.2f} {frozen:>8.2f} {overflow:>8} {r['seconds']:>5.0f}"
         )
     s = report["swap"]
     lines.append(

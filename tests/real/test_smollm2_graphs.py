@@ -68,8 +68,10 @@ def test_the_interventions_are_reported_live_and_frozen(report):
     for r in report["prompts"]:
         for mode in ("live", "frozen"):
             agreement = r["agreement"][mode]
-            assert len(agreement["features"]) == 3 and agreement["pairs"] > 0, (r["name"], mode)
-            assert -1 <= agreement["correlation"] <= 1 and 0 <= agreement["sign_agreement"] <= 1
+            assert len(agreement["features"]) == 3 and 0 <= agreement["non_finite"] <= 3, (r["name"], mode)
+            if agreement["non_finite"] < 3:  # a feature whose ablation overflows the model is counted apart
+                assert agreement["pairs"] > 0, (r["name"], mode)
+                assert -1 <= agreement["correlation"] <= 1 and 0 <= agreement["sign_agreement"] <= 1
     swap = report["swap"]
     assert (swap["subject"], swap["other_subject"]) == (" Italy", " France")
     assert swap["features_removed"] > 0 and swap["features_added"] > 0

@@ -135,7 +135,9 @@ def intervention_agreement(
     norm's scale), "final_norm" (the final norm's alone); attention and norms together are the graph's own
     assumptions (circuit-tracer's default for its interventions); nothing frozen is the full model. Returns the
     features, both matrices [top, n_logits], and their Pearson correlation and sign agreement (over the pairs the
-    graph predicts a change for), and the same for the direct edges alone."""
+    graph predicts a change for), and the same for the direct edges alone. A feature whose intervention drives the
+    logits non-finite (a model held far from its prompt's values overflows: frozen norm scales with a massive
+    activation removed) is left out of both and counted as `non_finite`."""
     logits = slice(graph.n_nodes - graph.n_logits, graph.n_nodes)
     strength = graph.adjacency[logits, : graph.n_features].abs().sum(0)
     chosen = strength.argsort(descending=True)[: min(top, graph.n_features)]
@@ -173,14 +175,21 @@ def intervention_agreement(
 
 
 def _agreement(predicted: Tensor, actual: Tensor) -> dict[str, float]:
-    p, a = predicted.flatten().double(), actual.flatten().double()
+    """Pearson correlation and sign agreement over the pairs the graph predicts a change for, leaving out the
+    features whose intervention drove the model's logits non-finite (counted apart: `non_finite`)."""
+    finite = actual.isfinite().all(dim=1)
+    p, a = predicted[finite].flatten().double(), actual[finite].flatten().double()
+    out = {"non_finite": int((~finite).sum())}
+    if len(p) == 0:
+        return {"correlation": float("nan"), "sign_agreement": float("nan"), "pairs": 0, **out}
     keep = p.abs() > 1e-6 * p.abs().max().clamp_min(1e-30)
     p, a = p[keep], a[keep]
     if len(p) < 2:
-        return {"correlation": float("nan"), "sign_agreement": float("nan"), "pairs": int(len(p))}
+        return {"correlation": float("nan"), "sign_agreement": float("nan"), "pairs": int(len(p)), **out}
     correlation = float(torch.corrcoef(torch.stack([p, a]))[0, 1])
     return {
         "correlation": correlation,
         "sign_agreement": float((p.sign() == a.sign()).double().mean()),
         "pairs": int(len(p)),
+        **out,
     }

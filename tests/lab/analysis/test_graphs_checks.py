@@ -1,5 +1,7 @@
 """lab.analysis.graphs.checks and .qk: the graph against the full model, and the attention score's split."""
 
+import math
+
 import pytest
 import torch
 
@@ -36,8 +38,22 @@ def test_ablation_agreement_is_reported_per_prompt_with_the_direct_edges_beside(
     assert result["predicted"].shape == result["actual"].shape == (5, graph.n_logits)
     assert -1 <= result["correlation"] <= 1 and 0 <= result["sign_agreement"] <= 1
     assert {"direct_correlation", "direct_sign_agreement"} <= set(result)
+    assert result["non_finite"] == 0
     with pytest.raises(ValueError, match="freeze names"):
         intervention_agreement(model, tc, graph, top=5, freeze=("patterns",))
+
+
+def test_a_feature_whose_intervention_drives_the_logits_non_finite_is_counted_and_left_out():
+    """A model pushed far from its prompt's values can overflow (on smollm2: a massive activation removed under
+    frozen norm scales). Such a feature's row is left out of the agreement and counted, never a NaN correlation."""
+    model = tiny_model("llama")
+    tc = random_transcoders(model)
+    graph = attribute(model, tc, TOKENS)
+    blown = intervention_agreement(model, tc, graph, top=5, factor=1e38, freeze=("attention", "norms"))
+    finite = blown["actual"].isfinite().all(dim=1)
+    assert 0 < int(finite.sum()) < 5  # some features' steps overflow the model, some do not
+    assert blown["non_finite"] == 5 - int(finite.sum())
+    assert blown["pairs"] > 0 and math.isfinite(blown["correlation"]) and math.isfinite(blown["sign_agreement"])
 
 
 @pytest.mark.parametrize("architecture", ["gpt2", "llama"])
