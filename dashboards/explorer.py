@@ -5,7 +5,8 @@ converts (lab.hf.convert.from_hf), or any other Hugging Face causal LM through T
 (lab.hf.loading.bridge) — with its trust report beside it; for an
 encoder–decoder model, its translation and cross-attention patterns.
 
-The page: choosing and opening the model, its prompt, and the tabs (drawn by dashboards/explorer_tabs.py).
+The page: choosing and opening the model, its prompt, and the tabs (drawn by dashboards/explorer_tabs.py). Only the
+open tab is computed; choosing another reruns the page for it.
 """
 
 from pathlib import Path
@@ -277,37 +278,23 @@ if tokens is None:
     st.stop()
 labels = token_labels(model, tokens)
 st.write("Tokens: " + " ".join(code(label) for label in labels))
-tabs = st.tabs(
-    [
-        "Attention",
-        "Residual stream",
-        "Lenses",
-        "Ground-truth lens",
-        "Attribution",
-        "Input attribution",
-        "Patching",
-        "Head detectors",
-    ]
-)
-with tabs[0]:
-    show_attention(model, tokens, labels)
-for tab, view in ((tabs[1], show_residual_norms), (tabs[4], show_attribution), (tabs[5], show_input_attribution)):
+# The tab open is the one computed (each view of a 30-layer model takes seconds): switching tabs reruns the page.
+VIEWS = {
+    "Attention": lambda: show_attention(model, tokens, labels),
+    "Residual stream": lambda: show_residual_norms(model, tokens, labels),
+    "Lenses": lambda: show_logit_lens(model, tokens, labels, name),
+    "Ground-truth lens": lambda: show_ground_truth_lens(opened, tokens, labels),
+    "Attribution": lambda: show_attribution(model, tokens, labels),
+    "Input attribution": lambda: show_input_attribution(model, tokens, labels),
+    "Patching": lambda: show_patching(model, tokens, labels),
+    "Head detectors": lambda: show_head_detectors(model),
+}
+EVERY_MODEL = ("Attention", "Patching", "Head detectors")  # the views a bridged (not converted) model has too
+for (title, view), tab in zip(VIEWS.items(), st.tabs(list(VIEWS), key="explorer_tab", on_change="rerun"), strict=True):
     with tab:
-        if opened.forma:
-            view(model, tokens, labels)
+        if not tab.open:
+            continue
+        if opened.forma or title in EVERY_MODEL:
+            view()
         else:
             st.info(FORMA_ONLY)
-with tabs[2]:
-    if opened.forma:
-        show_logit_lens(model, tokens, labels, name)
-    else:
-        st.info(FORMA_ONLY)
-with tabs[3]:
-    if opened.forma:
-        show_ground_truth_lens(opened, tokens, labels)
-    else:
-        st.info(FORMA_ONLY)
-with tabs[6]:
-    show_patching(model, tokens, labels)
-with tabs[7]:
-    show_head_detectors(model)

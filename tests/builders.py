@@ -307,6 +307,24 @@ def page(name: str):
     return AppTest.from_file(str(page_file(name)), default_timeout=60)
 
 
+def open_explorer_tab(at, title: str):
+    """The explorer rerun with `title`'s tab open (only the open tab is computed, as a click on it does)."""
+    at.session_state["explorer_tab"] = title
+    return at.run()
+
+
+def explorer_charts(at) -> dict:
+    """Every explorer tab opened in turn, then the first again: {chart key: chart} in the tabs' order."""
+    charts = {}
+    titles = [tab.label for tab in at.tabs]
+    for title in titles:
+        open_explorer_tab(at, title)
+        assert not at.exception, (title, at.exception)
+        charts.update({chart.key: chart for chart in at.get("plotly_chart")})
+    open_explorer_tab(at, titles[0])
+    return charts
+
+
 def texts(at) -> str:
     """An AppTest's messages and text, as one string."""
     return " ".join(str(e.value) for e in [*at.info, *at.warning, *at.error, *at.markdown, *at.text])

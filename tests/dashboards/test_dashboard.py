@@ -9,7 +9,7 @@ from streamlit.testing.v1 import AppTest
 import experiments
 from dashboards.pages import pages
 from lab import HookedTransformer, ModelConfig
-from tests.builders import long_numbers, page, rendered, texts, tiny_pydoc
+from tests.builders import explorer_charts, long_numbers, open_explorer_tab, page, rendered, texts, tiny_pydoc
 
 EXPERIMENT_PAGES = experiments.experiment_names()
 
@@ -58,7 +58,10 @@ def test_explorer_shows_every_view_of_a_model(empty):
     model = tiny_pydoc(empty / "models")
     at = page("explorer").run()
     assert not at.exception, at.exception
-    charts = at.get("plotly_chart")
+    assert [c.key for c in at.get("plotly_chart")] == ["attention", "attention_heads"]  # the open tab's alone
+    patching = open_explorer_tab(at, "Patching")
+    assert "No one-token change of this prompt" in texts(patching)
+    charts = list(explorer_charts(at).values())
     # attention (one head, and every head beside it), residual norms, logit lens, attribution, input attribution,
     # head detectors; this random model predicts the same token whatever one token of the default prompt is swapped
     # for, and patching says so
@@ -72,8 +75,9 @@ def test_explorer_shows_every_view_of_a_model(empty):
         "heads",
     ]
     assert list(corruptions(model, model.to_tokens(at.text_input(key="prompt").value))) == []
-    assert "No one-token change of this prompt" in texts(at)
-    assert "Ground-truth lens needs" not in texts(at) and "known (the zoo's Markov" in texts(at)
+    truth = texts(open_explorer_tab(at, "Ground-truth lens"))
+    assert "Ground-truth lens needs" not in truth and "known (the zoo's Markov" in truth
+    open_explorer_tab(at, "Attention")
     attention = json.loads(charts[0].proto.spec)
     assert attention["data"][0]["type"] == "heatmap"
     assert heatmap_rows(charts[0]) == 8  # "Return the number of items in the list." → 8 words
@@ -170,11 +174,12 @@ def test_explorer_views_show_the_library_numbers(empty):
         )
     at = page("explorer").run()
     at.text_input(key="prompt").input(prompt).run()
+    open_explorer_tab(at, "Patching")
     at.text_input(key="corrupted").input(corrupted_text).run()
     assert not at.exception, at.exception
     specs = {
         json.loads(c.proto.spec)["layout"]["title"]["text"].split(",")[0].split(":")[0]: json.loads(c.proto.spec)
-        for c in at.get("plotly_chart")
+        for c in explorer_charts(at).values()
     }
     _, cache = model.run_with_cache(tokens)
     shown = _decode_array(specs["Attention pattern"]["data"][0]["z"])
@@ -317,7 +322,7 @@ def test_the_long_number_check_catches_a_raw_float():
 
 
 def _chart(at: AppTest, key: str) -> dict:
-    return json.loads(next(c for c in at.get("plotly_chart") if c.key == key).proto.spec)
+    return json.loads(explorer_charts(at)[key].proto.spec)
 
 
 def test_explorer_patching_starts_from_a_pair_whose_predictions_differ(empty):
@@ -330,7 +335,7 @@ def test_explorer_patching_starts_from_a_pair_whose_predictions_differ(empty):
     from lab.analysis.patching import patch_heads, patch_positions
 
     model = tiny_pydoc(empty / "models", seed=1)
-    at = page("explorer").run()
+    at = open_explorer_tab(page("explorer").run(), "Patching")
     assert not at.exception, at.exception
     clean = model.to_tokens(at.text_input(key="prompt").value)
     corrupted = model.to_tokens(at.text_input(key="corrupted").value)
@@ -373,9 +378,10 @@ def test_explorer_ground_truth_lens_of_a_source_world_model(empty):
     assert np.allclose(_decode_array(mean["y"]), lens.kl_nats[:, 0].mean(-1).numpy(), atol=1e-9)
     shown = _decode_array(_chart(at, "truth_lens")["data"][0]["z"])
     assert np.allclose(shown[0], source.conditionals([ids])[0, -1]) and shown.shape == (model.cfg.n_layers + 2, 10)
-    at.slider(key="truth_pos").set_value(3).run()
+    open_explorer_tab(at, "Ground-truth lens").slider(key="truth_pos").set_value(3).run()
     assert not at.exception
-    assert np.allclose(_decode_array(_chart(at, "truth_kl")["data"][0]["y"]), lens.kl_nats[:, 0, 3].numpy())
+    truth_kl = next(c for c in at.get("plotly_chart") if c.key == "truth_kl")
+    assert np.allclose(_decode_array(json.loads(truth_kl.proto.spec)["data"][0]["y"]), lens.kl_nats[:, 0, 3].numpy())
 
 
 def test_explorer_reads_any_local_hugging_face_folder(empty, tmp_path):
@@ -402,15 +408,16 @@ def test_explorer_reads_any_local_hugging_face_folder(empty, tmp_path):
     at.text_input(key="model_path").input(str(gpt2)).run()
     assert not at.exception, at.exception
     assert "converted to a Forma model by lab.hf.convert.from_hf" in texts(at)
-    assert {"attention", "lens", "patching", "patching_heads", "heads"} <= {c.key for c in at.get("plotly_chart")}
+    assert {"attention", "lens", "patching", "patching_heads", "heads"} <= set(explorer_charts(at))
     assert "No trust report yet" in texts(at)
     at.button(key="trust_button").click().run()
     assert not at.exception, at.exception
     assert "Hugging Face logits" in at.code[0].value and "fused vs explicit attention" in at.code[0].value
     at.text_input(key="model_path").input(str(gptj)).run()
     assert not at.exception, at.exception
-    assert "TransformerBridge" in texts(at) and "a bridged model shows attention" in texts(at)
-    assert {"attention", "patching", "patching_heads", "heads"} <= {c.key for c in at.get("plotly_chart")}
+    assert "TransformerBridge" in texts(at)
+    assert "a bridged model shows attention" in texts(open_explorer_tab(at, "Residual stream"))
+    assert {"attention", "patching", "patching_heads", "heads"} <= set(explorer_charts(at))
     for folder, words in ((broken, "config.json"), (bare, "bare")):
         at.text_input(key="model_path").input(str(folder)).run()
         assert not at.exception, (folder, at.exception)
@@ -713,6 +720,7 @@ def test_explorer_lens_selector_and_input_attribution_show_the_library_numbers(e
     tokens = model.to_tokens(prompt)
     at = page("explorer").run()
     at.text_input(key="prompt").input(prompt).run()
+    open_explorer_tab(at, "Lenses")
     corpus = lens_corpus(model, empty / "models" / "pydoc")
     assert corpus.shape == (32, 32) and (corpus[:, 0] == model.tokenizer.token_to_id("<bos>")).all()
     for kind, fit in (("tuned", fit_tuned_lens), ("jacobian", fit_jacobian_lens)):
@@ -722,7 +730,9 @@ def test_explorer_lens_selector_and_input_attribution_show_the_library_numbers(e
         shown = _decode_array(json.loads(chart.proto.spec)["data"][0]["z"])
         expected = fit(model, corpus).log_probs(model, tokens)[:, 0].exp().max(-1).values.numpy()
         assert np.allclose(shown, expected, atol=1e-5), kind
-    chart = next(c for c in at.get("plotly_chart") if c.key == "input_attribution")
+    chart = next(
+        c for c in open_explorer_tab(at, "Input attribution").get("plotly_chart") if c.key == "input_attribution"
+    )
     rows = _decode_array(json.loads(chart.proto.spec)["data"][0]["z"])
     scores = input_attributions(model, tokens)
     expected = [v[0] / v[0].abs().max() for v in scores.values()] + [resample_effects(model, tokens)[0]]

@@ -3,7 +3,7 @@ one of its 270 heads in one picture, and every tab draws."""
 
 import pytest
 
-from tests.builders import page, smollm2_folder, texts
+from tests.builders import explorer_charts, page, smollm2_folder, texts
 
 pytestmark = pytest.mark.real
 
@@ -18,7 +18,8 @@ def test_the_explorer_opens_on_the_real_model_with_a_real_prompt_and_every_head(
     assert not at.exception, at.exception
     assert at.sidebar.selectbox(key="model_choice").value == "smollm2"
     assert at.text_input(key="prompt").value == "The capital of France is Paris. The capital of Italy is"
-    charts = {c.key: c for c in at.get("plotly_chart")}
-    assert {"attention", "attention_heads", "norms", "lens", "dla"} <= set(charts), sorted(charts)
+    assert [c.key for c in at.get("plotly_chart")] == ["attention", "attention_heads"]  # the open tab's alone
+    charts = explorer_charts(at)
+    assert {"attention", "attention_heads", "norms", "lens", "dla", "patching", "heads"} <= set(charts), sorted(charts)
     assert "All 270 heads" in charts["attention_heads"].proto.spec
     assert "Traceback" not in texts(at)
