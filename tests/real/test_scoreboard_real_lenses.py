@@ -2,7 +2,8 @@
 over the corpus slice of tests/real/conftest.py: every lens reads the model itself at the output, the logit lens
 gains over another window's reading before the last block where a lens emitting random logits gains nothing, and
 the induction detector's top heads, ablated one at a time, raise the loss on the second copy more than heads drawn
-at random."""
+at random; and Forma's tuned lens fitted on the training windows reads smollm2 at least as well as the tuned-lens
+package's own training on the same windows and layers."""
 
 import dataclasses
 
@@ -74,3 +75,33 @@ def test_the_induction_detectors_top_heads_outweigh_random_heads_when_ablated(mo
     effects = ablation_effects(model, tokens, scored, heads).mean(0).ravel()
     assert scores[top].min() > 0.5  # smollm2 has induction heads
     assert effects[top].mean() > effects[drawn].mean() + 0.05, (effects[top], effects[drawn])
+
+
+def test_formas_tuned_lens_reads_smollm2_as_well_as_the_packages_training(model, corpus, monkeypatch):
+    """The tuned-lens package on smollm2's export (lab.hf.convert.to_hf; its TransformerLens probe off), trained by
+    its recipe (benchmarks.tuned_lens.train_package_lens) on the same training windows and layers as Forma's fit:
+    on held-out windows Forma's KL(P_θ ‖ lens) is at or below the top of the package's interval at each layer."""
+    from tuned_lens import model_surgery
+
+    from benchmarks.tuned_lens import train_package_lens
+    from lab.analysis.tuned_lens import fit_tuned_lens
+    from lab.hf.convert import to_hf
+
+    monkeypatch.setattr(model_surgery, "_transformer_lens_available", False)
+    layers = [20, 28]
+    fit, held_out = corpus_windows(corpus, 4, 16, "train"), corpus_windows(corpus, 4, 16, "val")
+    hf = to_hf(model)
+    theirs = train_package_lens(hf, fit, steps=24, batch=2, layers=layers)
+    ours = fit_tuned_lens(model, fit, max_iter=15, layers=layers)
+    moves = {
+        "forma": ours.translate,
+        "package": lambda stack: torch.stack(
+            [stack[l] + theirs.layer_translators[l](stack[l]) for l in range(len(stack) - 1)] + [stack[-1]]
+        ),
+    }
+    log_unigram = unigram_log_probs(corpus, model.cfg.d_vocab)
+    with torch.no_grad():
+        graded = lens_grades_real(lens_readings(model, held_out, moves, layers, log_unigram), n_boot=300, seed=0)
+    for layer in layers:
+        forma, package = graded["forma"][layer]["kl_model"].value, graded["package"][layer]["kl_model"].value
+        assert forma.value <= package.high, (layer, forma, package)
