@@ -42,12 +42,13 @@ WORLD = {"vocab_size": 8, "order": 2, "concentration": 0.3, "seed": 0}  # experi
 LENGTH = 16
 
 
-def train_package_lens(hf: Any, fit: torch.Tensor, steps: int, batch: int) -> Any:
+def train_package_lens(hf: Any, fit: torch.Tensor, steps: int, batch: int, layers: Any = None) -> Any:
     """tuned-lens's TunedLens trained as its train loop (tuned_lens/scripts/train_loop.py with ingredients.Optimizer's
     defaults) trains it: SGD with Nesterov momentum β = 0.9, lr 1.0 × (1 − β), weight decay 1e-3, linear decay to 0
     with no warm-up, gradients clipped at norm 1, the loss KL(final ‖ lens) of each layer, a fresh forward pass of
     the model each step. (ingredients.py itself does not import beside torchdata 0.11, which has no dataloader2, so
-    the recipe is written out here; on the CPU, without its bfloat16 autocast.)"""
+    the recipe is written out here; on the CPU, without its bfloat16 autocast.) `layers` trains only those layers'
+    translators (the others stay at the package's zero initialisation), as `fit_tuned_lens(layers=)` fits them."""
     from transformers import get_linear_schedule_with_warmup
     from tuned_lens import model_surgery
     from tuned_lens.nn import TunedLens
@@ -62,6 +63,8 @@ def train_package_lens(hf: Any, fit: torch.Tensor, steps: int, batch: int) -> An
             out = hf(fit[rows], output_hidden_states=True)
             target = out.logits.log_softmax(-1)
         for layer, h in enumerate(out.hidden_states[:-1]):
+            if layers is not None and layer not in layers:
+                continue
             loss = (target.exp() * (target - lens(h, layer).log_softmax(-1))).sum(-1).mean()
             loss.backward()
         torch.nn.utils.clip_grad_norm_(lens.parameters(), 1.0)

@@ -22,6 +22,7 @@ package trains the same translator by SGD with Nesterov momentum over fresh forw
 benchmarks/tuned_lens.py holds the two side by side (held-out KL and wall time, on the same model and tokens).
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -40,7 +41,7 @@ class TunedLens:
 
     A: Float[Tensor, "layer d_model d_model"]
     b: Float[Tensor, "layer d_model"]
-    train_kl_nats: list[float]  # L_l on the fitting tokens at the optimum, per layer
+    train_kl_nats: list[float]  # L_l on the fitting tokens at the optimum, per layer (NaN for a layer not fitted)
     evaluations: int  # L-BFGS function evaluations (each reads every layer)
 
     def translate(self, residual: Float[Tensor, "layer ... d_model"]) -> Float[Tensor, "layer ... d_model"]:
@@ -78,22 +79,28 @@ def fit_tuned_lens(
     weight_decay: float = 1e-4,
     max_iter: int = 100,
     tolerance: float = 1e-7,
+    layers: Sequence[int] | None = None,
 ) -> TunedLens:
     """Train a tuned lens on `tokens` (say, a few hundred sequences of the model's world) as the module's
     docstring describes: the translators minimise Σ_l KL(P_θ ‖ P^(l)_tuned) + ½·weight_decay·‖A_l‖², every
     position of every sequence, by full-batch L-BFGS (at most `max_iter` iterations) from the logit lens (A = 0,
     b = 0). The layers share no parameter, so the sum is minimised where each term is; one pass reads every
-    layer at once."""
+    layer at once. `layers` fits only those layers' translators (the others stay zero: the logit lens there, and
+    NaN in train_kl_nats): on a model with a large vocabulary each layer's term costs a full unembedding of every
+    position."""
     if weight_decay < 0 or max_iter < 1:
         raise ValueError(f"weight_decay must be ≥ 0 and max_iter ≥ 1, got {weight_decay} and {max_iter}")
     tokens = model.check_tokens(tokens)
     n_layers, d_model = model.cfg.n_layers, model.cfg.d_model
+    chosen = list(range(n_layers)) if layers is None else sorted(set(layers))
+    if not chosen or not all(0 <= layer < n_layers for layer in chosen):
+        raise ValueError(f"layers must be a non-empty set of layers in [0, {n_layers}), got {layers!r}")
     with torch.inference_mode():
         stack = residual_stack(model, tokens).flatten(1, 2)  # [layer + 1, rows, d_model]
         target = read_out(model, stack[-1]).log_softmax(dim=-1)
-    x, target = stack[:n_layers].clone(), target.clone()  # out of inference mode, for autograd
-    A = torch.zeros(n_layers, d_model, d_model, requires_grad=True)
-    b = torch.zeros(n_layers, 1, d_model, requires_grad=True)
+    x, target = stack[chosen].clone(), target.clone()  # out of inference mode, for autograd
+    A = torch.zeros(len(chosen), d_model, d_model, requires_grad=True)
+    b = torch.zeros(len(chosen), 1, d_model, requires_grad=True)
     optimizer = torch.optim.LBFGS(
         [A, b],
         lr=1.0,
@@ -122,4 +129,9 @@ def fit_tuned_lens(
         for p, flag in frozen:
             p.requires_grad_(flag)
     evaluations = int(optimizer.state_dict()["state"][0]["func_evals"])
-    return TunedLens(A.detach().clone(), b.detach()[:, 0].clone(), kls, evaluations)
+    full_A, full_b = torch.zeros(n_layers, d_model, d_model), torch.zeros(n_layers, d_model)
+    full_A[chosen], full_b[chosen] = A.detach(), b.detach()[:, 0]
+    train_kl = [float("nan")] * n_layers
+    for layer, value in zip(chosen, kls):
+        train_kl[layer] = value
+    return TunedLens(full_A, full_b, train_kl, evaluations)

@@ -106,3 +106,18 @@ def test_formas_fit_reaches_the_packages_kl_within_its_interval(tuned_lens_packa
     for layer in range(3):
         assert ours_kl[layer]["kl_true"].value.value <= theirs_kl[layer]["kl_true"].value.high, layer
     assert np.isfinite([g["kl_true"].value.high for g in theirs_kl]).all()
+
+
+def test_a_fit_of_some_layers_leaves_the_others_at_the_logit_lens():
+    m = model()
+    lens = fit_tuned_lens(m, tokens(64, 1), layers=[1])
+    held_out = tokens(16, 2)
+    assert torch.count_nonzero(lens.A[[0, 2]]) == 0 and torch.count_nonzero(lens.b[[0, 2]]) == 0
+    assert torch.count_nonzero(lens.A[1]) > 0
+    assert np.isnan(lens.train_kl_nats[0]) and np.isfinite(lens.train_kl_nats[1]) and np.isnan(lens.train_kl_nats[2])
+    read, logit = lens.log_probs(m, held_out), logit_lens(m, held_out)
+    assert torch.allclose(read[[0, 2, 3]], logit[[0, 2, 3]], atol=1e-5)
+    final = logit[-1].exp()
+    assert (final * (logit[-1] - read[1])).sum(-1).mean() < 0.7 * (final * (logit[-1] - logit[1])).sum(-1).mean()
+    with pytest.raises(ValueError, match="layers"):
+        fit_tuned_lens(m, tokens(4, 1), layers=[3])

@@ -1,0 +1,107 @@
+"""The scoreboard's real lenses and head detectors on smollm2 (experiments.scoreboard.real_lenses), at a test's size
+over the corpus slice of tests/real/conftest.py: every lens reads the model itself at the output, the logit lens
+gains over another window's reading before the last block where a lens emitting random logits gains nothing, and
+the induction detector's top heads, ablated one at a time, raise the loss on the second copy more than heads drawn
+at random; and Forma's tuned lens fitted on the training windows reads smollm2 at least as well as the tuned-lens
+package's own training on the same windows and layers."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from experiments.scoreboard.real_lenses import (
+    QUICK_SIZES,
+    WORLD,
+    ablation_effects,
+    detector_scores,
+    lens_grades_real,
+    lens_part,
+    lens_readings,
+    repeated_sequences,
+    unigram_log_probs,
+)
+from lab.load import load_model
+from lab.zoo.transcoders import corpus_windows
+
+pytestmark = pytest.mark.real
+
+SIZES = dataclasses.replace(
+    QUICK_SIZES, layers=(25, 29), eval_windows=4, fit_windows=2, length=16, tuned_iterations=2, n_boot=300
+)
+
+
+@pytest.fixture(scope="module")
+def model(zoo):
+    return load_model(zoo)
+
+
+def test_lens_rows_read_the_model_at_the_output_and_gain_over_another_window(model, corpus):
+    rows, record = lens_part(model, corpus, SIZES)
+    by = {(r["method"], r["readout"], r["grade"]): r for r in rows}
+    assert {r["world"] for r in rows} == {WORLD}
+    assert {m for m, _, _ in by} == {"logit lens", "tuned lens"}  # the quick sizes fit no Jacobian lens
+    for method in ("logit lens", "tuned lens"):
+        assert by[(method, "output", "kl_model")]["value"] == pytest.approx(0.0, abs=1e-4)
+        assert by[(method, "resid_pre 25", "kl_model")]["value"] > 0.1
+        assert by[(method, "resid_pre 29", "kl_model")]["control"] > 0  # the unigram law's KL beside it
+    assert by[("logit lens", "resid_pre 29", "prompt_gain")]["low"] > 0
+    assert record["tuned"]["evaluations"] >= 1
+
+
+def test_a_lens_emitting_random_logits_gains_nothing_over_another_window(model, corpus):
+    windows = corpus_windows(corpus, 4, 16, "val")
+    g = torch.Generator().manual_seed(0)
+
+    def random_stack(stack: torch.Tensor) -> torch.Tensor:
+        return torch.randn(stack.shape, generator=g) * stack.norm(dim=-1, keepdim=True).mean()
+
+    log_unigram = unigram_log_probs(corpus, model.cfg.d_vocab)
+    readings = lens_readings(model, windows, {"random": random_stack}, [29], log_unigram, windows_per_pass=4)
+    gain = lens_grades_real(readings, n_boot=300, seed=0)["random"][29]["prompt_gain"].value
+    assert gain.low < 0 < gain.high
+
+
+def test_the_induction_detectors_top_heads_outweigh_random_heads_when_ablated(model):
+    sizes = dataclasses.replace(QUICK_SIZES, head_sequences=2, head_span=8)
+    tokens, scored = repeated_sequences(model, sizes)
+    scores = detector_scores(model, tokens, ["induction"])["induction"].mean(0).ravel()
+    top = np.argsort(-scores)[:4]
+    others = np.setdiff1d(np.arange(len(scores)), top)
+    drawn = np.random.default_rng(0).choice(others, size=8, replace=False)
+    n_heads = model.cfg.n_heads
+    heads = [(int(i) // n_heads, int(i) % n_heads) for i in np.concatenate([top, drawn])]
+    effects = ablation_effects(model, tokens, scored, heads).mean(0).ravel()
+    assert scores[top].min() > 0.5  # smollm2 has induction heads
+    assert effects[top].mean() > effects[drawn].mean() + 0.05, (effects[top], effects[drawn])
+
+
+def test_formas_tuned_lens_reads_smollm2_as_well_as_the_packages_training(model, corpus, monkeypatch):
+    """The tuned-lens package on smollm2's export (lab.hf.convert.to_hf; its TransformerLens probe off), trained by
+    its recipe (benchmarks.tuned_lens.train_package_lens) on the same training windows and layers as Forma's fit:
+    on held-out windows Forma's KL(P_θ ‖ lens) is at or below the top of the package's interval at each layer."""
+    from tuned_lens import model_surgery
+
+    from benchmarks.tuned_lens import train_package_lens
+    from lab.analysis.tuned_lens import fit_tuned_lens
+    from lab.hf.convert import to_hf
+
+    monkeypatch.setattr(model_surgery, "_transformer_lens_available", False)
+    layers = [20, 28]
+    fit, held_out = corpus_windows(corpus, 4, 16, "train"), corpus_windows(corpus, 4, 16, "val")
+    hf = to_hf(model)
+    theirs = train_package_lens(hf, fit, steps=24, batch=2, layers=layers)
+    ours = fit_tuned_lens(model, fit, max_iter=15, layers=layers)
+    moves = {
+        "forma": ours.translate,
+        "package": lambda stack: torch.stack(
+            [stack[l] + theirs.layer_translators[l](stack[l]) for l in range(len(stack) - 1)] + [stack[-1]]
+        ),
+    }
+    log_unigram = unigram_log_probs(corpus, model.cfg.d_vocab)
+    with torch.no_grad():
+        graded = lens_grades_real(lens_readings(model, held_out, moves, layers, log_unigram), n_boot=300, seed=0)
+    for layer in layers:
+        forma, package = graded["forma"][layer]["kl_model"].value, graded["package"][layer]["kl_model"].value
+        assert forma.value <= package.high, (layer, forma, package)
