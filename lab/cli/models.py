@@ -148,7 +148,8 @@ def cmd_graphs(args: argparse.Namespace) -> int:
     replacement's logits less the model's, a feature removed in the frozen replacement less minus its edges), the
     replacement and completeness scores, and the top features ablated in the full model against the graph's
     prediction with attention and norms live and frozen; then Italy's features swapped for France's at the
-    subject in the full model, " Rome" against " Paris". Writes the report as JSON (--out) and prints a table."""
+    subject in the full model, " Rome" against " Paris". Writes the report as JSON (--out), with the set's held-out
+    quality and training, and prints a table."""
     from lab.files import atomic_write_text
     from lab.folders import zoo_dir
     from lab.zoo.graphs import graphs_report, report_lines
@@ -164,10 +165,21 @@ def cmd_graphs(args: argparse.Namespace) -> int:
         top=args.top,
         progress=lambda what: print(f"graphs: {what} …", file=sys.stderr, flush=True),
     )
+    report["set"] = set_record(folder)
     atomic_write_text(out, json.dumps(report, indent=2) + "\n")
     print("\n".join(report_lines(report)))
     print(f"wrote {out}")
     return 0
+
+
+def set_record(folder: Path) -> dict:
+    """What the graphs were made with: the transcoder set's held-out quality, its training and the model it read."""
+    from lab.outside_files import read_json_object
+
+    def read(name: str) -> dict:
+        return read_json_object(folder / f"{name}.json", what=f"the transcoder set's {name}.json")
+
+    return {"quality": read("quality"), "training": read("training")["training"], "source": read("source")}
 
 
 def recovered_words(loss: dict[str, float]) -> str:

@@ -7,6 +7,8 @@ two-hop fact. For each prompt, the graph (lab.analysis.graphs) within a feature 
     scores          the replacement and completeness scores (lab.analysis.graphs.influence.graph_scores)
     interventions   the top features ablated in the full model against the graph's prediction, with attention and
                     norms live and frozen (lab.analysis.graphs.checks.intervention_agreement)
+    top features    the features of largest influence on the logits: where each is, its edge into the answer, the
+                    tokens it promotes (the graph read in words)
 
 and one swap in the full model: the features of the fact's subject replaced by those of another subject's prompt
 (Italy's by France's), which should move the answer toward the other's (" Rome" toward " Paris").
@@ -28,8 +30,9 @@ from lab.analysis.graphs.checks import (
     replacement_logits,
 )
 from lab.analysis.graphs.graph import Graph
-from lab.analysis.graphs.influence import graph_scores
+from lab.analysis.graphs.influence import graph_scores, node_influence
 from lab.analysis.graphs.replacement import LocalReplacement
+from lab.analysis.transcoders.measures import feature_logits
 from lab.analysis.transcoders.model import Transcoders
 
 KNOWN_MODELS = ("smollm2",)  # the zoo models whose prompts are known here (`known_prompts`)
@@ -133,6 +136,7 @@ def graph_record(
         "replacement_logits_max_error": float((replacement_logits(model, transcoders, tokens) - logits).abs().max()),
         "frozen_ablation_max_error": float((moved + edges).abs().max()),
         **{f"{k}_score": v for k, v in graph_scores(graph).items()},
+        "top_features": top_features(model, transcoders, graph, answer, top),
         "agreement": {
             "live": _agreement(intervention_agreement(model, transcoders, graph, top=top)),
             "frozen": _agreement(
@@ -140,6 +144,41 @@ def graph_record(
             ),
         },
     }
+
+
+def top_features(model: Any, transcoders: Transcoders, graph: Graph, answer: int, n: int) -> list[dict[str, Any]]:
+    """The graph read in words: its `n` features of largest influence on the logits (over every path), each with
+    where it is (layer, position, the token there), its activation there and at every position of the prompt, its
+    direct edge into the answer's logit (None
+    when the answer is not a logit node) and the tokens its decoder promotes most (through the final norm)."""
+    influence = node_influence(graph)[: graph.n_features]
+    strings = token_strings(model, graph.tokens)
+    logits = graph.logit_tokens.tolist()
+    chosen = influence.topk(min(n, graph.n_features)).indices.tolist()
+    hooks = {int(graph.features[i, 0]): transcoders.cfg.hook("input", int(graph.features[i, 0])) for i in chosen}
+    with torch.no_grad():
+        _, cache = model.run_with_cache(graph.tokens[None], names_filter=list(hooks.values()))
+    rows = []
+    for i in chosen:
+        layer, pos, feature = (int(v) for v in graph.features[i])
+        every = transcoders.activate(transcoders.encode(cache[hooks[layer]][0].float(), layer), layer)[:, feature]
+        promoted, _ = feature_logits(model, transcoders, layer, feature, k=5, final_norm=True)
+        edge = graph.adjacency[graph.logit_index(logits.index(answer)), i] if answer in logits else None
+        rows.append(
+            {
+                "node": graph.node(i)["id"],
+                "layer": layer,
+                "position": pos,
+                "token": strings[pos],
+                "feature": feature,
+                "activation": float(graph.activations[i]),
+                "activation_by_position": every.tolist(),
+                "influence": float(influence[i]),
+                "edge_to_answer": None if edge is None else float(edge),
+                "promotes": token_strings(model, torch.tensor([t for t, _ in promoted])),
+            }
+        )
+    return rows
 
 
 def _agreement(result: dict[str, Any]) -> dict[str, Any]:
