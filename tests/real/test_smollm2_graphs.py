@@ -10,16 +10,22 @@ import json
 import math
 
 import pytest
+import torch
 from streamlit.testing.v1 import AppTest
 
 from dashboards.pages import page_file
-from lab.analysis.graphs.attribute import attribute
+from lab.analysis.graphs.attribute import attribute, token_strings
 from lab.analysis.graphs.checks import node_residuals
 from lab.analysis.graphs.graph import GRAPHS_DIR, Graph, to_circuit_tracer
-from lab.analysis.graphs.influence import prune
+from lab.analysis.graphs.influence import node_influence, prune
+from lab.analysis.transcoders.measures import feature_logits
+from lab.analysis.transcoders.model import model_fingerprint
 from lab.cli.parser import GRAPH_MODELS, main
-from lab.zoo.graphs import INDUCTION_LENGTH, KNOWN_MODELS, induction_ids, known_prompts
-from lab.zoo.transcoders import GRAPHS_REPORT, open_set
+from lab.load import load_model
+from lab.measured import REPO
+from lab.zoo.graphs import INDUCTION_LENGTH, KNOWN_MODELS, induction_ids, known_prompts, single_token
+from lab.zoo.transcoders import GRAPHS_REPORT, open_set, preset
+from tests.builders import smollm2_folder
 
 pytestmark = pytest.mark.real
 
@@ -99,6 +105,80 @@ def test_the_residual_check_fails_a_graph_whose_edges_are_perturbed(zoo, report)
     assert float(node_residuals(graph).abs().max()) < 1e-4 * float(graph.inputs.abs().max())
     graph.adjacency[-1, 0] += 0.01 * float(graph.inputs.abs().max())
     assert float(node_residuals(graph).abs().max()) > 1e-3 * float(graph.inputs.abs().max())
+
+
+def test_the_top_features_are_the_graphs_most_influential_with_their_edge_into_the_answer(zoo, report):
+    """The graph read in words: the record's top features are the graph's features of largest influence, in order,
+    each at its layer and position with the token there, its edge into " Rome"'s logit and the tokens it promotes."""
+    model, transcoders = open_set(zoo, "topk", every_layer=True)
+    (record,) = [r for r in report["prompts"] if r["name"] == "capital"]
+    graph = attribute(model, transcoders, "The capital of Italy is", max_feature_nodes=48)
+    influence = node_influence(graph)[: graph.n_features]
+    order = influence.topk(3).indices.tolist()
+    assert [f["node"] for f in record["top_features"]] == [graph.node(i)["id"] for i in order]
+    rome = graph.logit_tokens.tolist().index(single_token(model, " Rome"))
+    for f, i in zip(record["top_features"], order, strict=True):
+        assert f["influence"] == pytest.approx(float(influence[i]))
+        assert f["edge_to_answer"] == pytest.approx(float(graph.adjacency[graph.logit_index(rome), i]), abs=1e-6)
+        assert f["token"] == token_strings(model, graph.tokens)[f["position"]]
+        promoted, _ = feature_logits(model, transcoders, f["layer"], f["feature"], k=5, final_norm=True)
+        assert f["promotes"] == token_strings(model, torch.tensor([t for t, _ in promoted]))
+        hook = transcoders.cfg.hook("input", f["layer"])
+        _, cache = model.run_with_cache(graph.tokens[None], names_filter=[hook])
+        every = transcoders.activate(transcoders.encode(cache[hook][0].float(), f["layer"]), f["layer"])
+        assert f["activation_by_position"] == pytest.approx(every[:, f["feature"]].tolist(), rel=1e-4, abs=1e-4)
+        assert f["activation_by_position"][f["position"]] == pytest.approx(f["activation"], rel=1e-4, abs=1e-4)
+    assert report["set"]["quality"]["layers"] == list(range(30)) and report["set"]["training"]["steps"] == 10
+
+
+def test_the_recorded_graphs_are_of_the_default_set_on_smollm2s_weights():
+    """docs/measured/graphs/smollm2.json (docs/attribution-graphs.md's walkthrough reads it) is `forma graphs smollm2`
+    over the set `forma transcoders smollm2` trains by default, on these weights, at the command's defaults; and
+    docs/measured/transcoders/smollm2.json (that set's quality and time) is of the same set."""
+    record = json.loads((REPO / "docs" / "measured" / "graphs" / "smollm2.json").read_text(encoding="utf-8"))
+    folder = smollm2_folder()
+    cfg, training = preset("topk", folder)
+    assert record["transcoders"] == json.loads(json.dumps(cfg.to_dict()))
+    assert record["set"]["training"] == json.loads(json.dumps(training.to_dict()))
+    assert record["set"]["source"]["model"] == model_fingerprint(load_model(folder))
+    assert (record["max_feature_nodes"], record["top"]) == (256, 5)
+    assert [r["name"] for r in record["prompts"]] == ["capital", "ioi", "induction", "two_hop"]
+    trained = json.loads((REPO / "docs" / "measured" / "transcoders" / "smollm2.json").read_text(encoding="utf-8"))
+    assert trained["quality"] == record["set"]["quality"]  # the set the graphs were made with, and its time
+    assert trained["command"] == "forma transcoders smollm2 --corpus corpora/real"
+
+
+def test_the_first_words_features_fire_at_every_position_most_at_the_first():
+    """What the walkthrough reads in the recorded graphs: the layer-11 features that lead the fact's graph fire at
+    every position of the prompt but <|im_start|>, most strongly at its first word (each top feature's activations
+    by position are the transcoders' own:
+    `test_the_top_features_are_the_graphs_most_influential_with_their_edge_into_the_answer`)."""
+    record = json.loads((REPO / "docs" / "measured" / "graphs" / "smollm2.json").read_text(encoding="utf-8"))
+    (capital,) = [r for r in record["prompts"] if r["name"] == "capital"]
+    leads = [f for f in capital["top_features"] if f["layer"] == 11 and f["position"] == 1]
+    assert len(leads) == 3
+    for f in leads:
+        acts = f["activation_by_position"]
+        assert acts[0] == 0 and min(acts[1:]) > 0 and max(acts) == acts[1], f
+        assert acts[1] == pytest.approx(f["activation"], rel=1e-4), f
+
+
+def test_the_recorded_graphs_lead_with_the_first_words_features():
+    """The recorded graphs of the fact, IOI and the two-hop fact share their four features of most influence, all at
+    the prompt's first word: three of layer 11 (the first of them in each) and one of layer 2; the fact's three of
+    layer 11 have edges into the answer of both signs."""
+    record = json.loads((REPO / "docs" / "measured" / "graphs" / "smollm2.json").read_text(encoding="utf-8"))
+    by_name = {r["name"]: r for r in record["prompts"]}
+    leads = {
+        name: {(f["layer"], f["feature"], f["position"]) for f in by_name[name]["top_features"][:4]}
+        for name in ("capital", "ioi", "two_hop")
+    }
+    assert leads["capital"] == leads["ioi"] == leads["two_hop"], leads
+    assert sorted(layer for layer, _, _ in leads["capital"]) == [2, 11, 11, 11]
+    assert {pos for _, _, pos in leads["capital"]} == {1}
+    assert all(by_name[name]["top_features"][0]["layer"] == 11 for name in leads)
+    edges = [f["edge_to_answer"] for f in by_name["capital"]["top_features"] if f["layer"] == 11 and f["position"] == 1]
+    assert min(edges) < 0 < max(edges)
 
 
 def test_the_graphs_page_draws_smollm2s_graph_keeps_a_supernode_and_exports(zoo, report, tmp_path, monkeypatch):
