@@ -562,14 +562,21 @@ def smollm2_peers_lines(
                 f"{a['shared_features']} of {a['forma_features']} / {a['ct_features']} | "
                 f"{a['max_abs_difference']:.1e} |"
             )
-        every = graphs["every_feature"]
-        lines += [
-            "",
-            f"Every active feature ({every['forma']['n_features']:,}) at {every['n_pos']} tokens, no budget: the "
-            f"shared edges differ by at most {every['agreement']['max_abs_difference']:.1e} (largest "
-            f"{every['agreement']['scale']:.2f}); Forma {every['forma']['seconds']:.1f} s, circuit-tracer "
-            f"{every['circuit_tracer']['seconds']:.1f} s.",
-        ]
+        for row in graphs.get("circuit_tracer_unfinished", []):
+            failed = row["circuit_tracer_failed"]
+            lines.append(
+                f"| {row['n_pos']} | {row['forma']['seconds']:.1f} | not finished (return code "
+                f"{failed['returncode']}) | — | {row['forma']['peak_bytes'] / 2**20:.0f} | — | — | — | — |"
+            )
+        every = graphs.get("every_feature")
+        if every:
+            lines += [
+                "",
+                f"Every active feature ({every['forma']['n_features']:,}) at {every['n_pos']} tokens, no budget: the "
+                f"shared edges differ by at most {every['agreement']['max_abs_difference']:.1e} (largest "
+                f"{every['agreement']['scale']:.2f}); Forma {every['forma']['seconds']:.1f} s, circuit-tracer "
+                f"{every['circuit_tracer']['seconds']:.1f} s.",
+            ]
     lines += ["", "| what (tokens/s) | Forma | SAELens | ratio |", "|---|---|---|---|"][0 if graphs else 1 :]
     if harvest:
         rate = harvest["tokens_per_s"]
