@@ -256,6 +256,10 @@ def attribute_prompts(folder: Path) -> None:
             },
             str(folder / f"ct-{i}.safetensors"),
         )
+        write_timings(folder, timings)  # after each prompt: a side killed later (out of memory) leaves these
+
+
+def write_timings(folder: Path, timings: list[dict]) -> None:
     import circuit_tracer
 
     (folder / "ct.json").write_text(
