@@ -20,7 +20,14 @@ each store against Forma's shards (rows matched by sequence and position), max |
 processing on either side). Interleaved rounds, medians. Writes benchmarks/results/harvest_saelens.json
 (harvest_saelens_<device>.json off the CPU); benchmarks/summary.py shows it in the harvesting section.
 
-    .venv-sae/bin/python -m benchmarks.harvest_saelens [--rounds 3] [--batch 4] [--batches 2] [--quick] [--device cpu]
+--size smollm2: the same at real size on the zoo's smollm2 (SmolLM2-135M-Instruct, a Llama of 30 layers) and its
+middle layer's residual stream: TransformerLens 3.9's HookedTransformer from the config TransformerLens derives for
+LlamaForCausalLM (RMSNorm, rotary with the model's base, grouped key/value heads, a gated SiLU MLP) and
+convert_llama_weights of the folder transformers reads (nothing fetched); uniform random tokens of its vocabulary.
+Writes benchmarks/results/harvest_saelens_smollm2.json.
+
+    .venv-sae/bin/python -m benchmarks.harvest_saelens [--size smollm2] [--rounds 3] [--batch 4] [--batches 2] [--quick]
+        [--device cpu]
 """
 
 import argparse
@@ -38,9 +45,13 @@ from benchmarks.harvest import HOOKS, SEQ_LEN, SIZES, corpus, hf_model
 from benchmarks.summary import write_summary
 from benchmarks.timing import interleaved, machine, result_name, timed, write
 from lab.analysis.activations.store import ActivationStore, save_activations
+from lab.folders import zoo_model_dir
 from lab.hf.convert import from_hf
+from lab.load import load_model
 
 CONTENDERS = ("forma_harvest", "saelens_store_tl", "saelens_store_forma")
+SMOLLM2 = "smollm2"
+SMOLLM2_HOOK = "blocks.15.hook_resid_post"  # the middle of its 30 layers
 
 
 def tl_model(hf: Any, device: str) -> Any:
@@ -75,8 +86,56 @@ def tl_model(hf: Any, device: str) -> Any:
     return model.eval()
 
 
+def tl_llama(hf: Any, device: str, n_ctx: int = SEQ_LEN) -> Any:
+    """A TransformerLens HookedTransformer with a Llama Hugging Face model's weights as they are (the config
+    TransformerLens derives for LlamaForCausalLM but a context of n_ctx, none of from_pretrained's weight
+    processing)."""
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+    from transformer_lens.pretrained.weight_conversions import convert_llama_weights
+
+    c = hf.config
+    rope = getattr(c, "rope_parameters", None) or {"rope_theta": c.rope_theta}
+    cfg = HookedTransformerConfig(
+        d_model=c.hidden_size,
+        d_head=c.head_dim,
+        n_heads=c.num_attention_heads,
+        d_mlp=c.intermediate_size,
+        n_layers=c.num_hidden_layers,
+        n_ctx=n_ctx,
+        eps=c.rms_norm_eps,
+        d_vocab=c.vocab_size,
+        act_fn=c.hidden_act,
+        normalization_type="RMS",
+        final_rms=True,
+        gated_mlp=True,
+        positional_embedding_type="rotary",
+        rotary_dim=c.head_dim,
+        rotary_base=rope["rope_theta"],
+        rotary_adjacent_pairs=False,
+        n_key_value_heads=c.num_key_value_heads if c.num_key_value_heads != c.num_attention_heads else None,
+        original_architecture="LlamaForCausalLM",
+        device=device,
+    )
+    model = HookedTransformer(cfg)
+    model.load_and_process_state_dict(
+        convert_llama_weights(hf, cfg),
+        fold_ln=False,
+        center_writing_weights=False,
+        center_unembed=False,
+        fold_value_biases=False,
+    )
+    return model.eval()
+
+
 def models(size: str, device: str) -> tuple[Any, Any]:
-    """Forma's model and TransformerLens' on one set of random GPT-2-shaped weights, on `device`."""
+    """Forma's model and TransformerLens' on one set of weights, on `device`: random GPT-2-shaped ones, or
+    smollm2's (its zoo folder, which transformers reads as a Llama)."""
+    if size == SMOLLM2:
+        from transformers import AutoModelForCausalLM
+
+        folder = zoo_model_dir(SMOLLM2)
+        hf = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=torch.float32).eval()
+        return load_model(folder).eval().to(device), tl_llama(hf, device)
     hf = hf_model(size)
     return from_hf(hf).eval().to(device), tl_model(hf, device)
 
@@ -129,7 +188,7 @@ def compare(size: str, hook: str, batch: int, batches: int, rounds: int, device:
     from Forma's harvest over every row."""
     ours, theirs = models(size, device)
     d_in = ours.cfg.d_model
-    tokens = corpus(batch * batches, SIZES[size][3], seed=1)
+    tokens = corpus(batch * batches, ours.cfg.d_vocab, seed=1)
     dataset = token_dataset(tokens)
     out = Path(tempfile.mkdtemp(prefix="forma-bench-harvest-saelens-"))
     rows: dict[str, list[torch.Tensor]] = {}
@@ -162,7 +221,7 @@ def compare(size: str, hook: str, batch: int, batches: int, rounds: int, device:
     return {
         "device": device,
         "size": size,
-        "shape": dict(zip(("n_layers", "d_model", "n_heads", "d_vocab"), SIZES[size])),
+        "shape": {key: getattr(ours.cfg, key) for key in ("n_layers", "d_model", "n_heads", "d_vocab")},
         "hook": hook,
         "batch": batch,
         "batches": batches,
@@ -182,8 +241,8 @@ def compare(size: str, hook: str, batch: int, batches: int, rounds: int, device:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu", help="where the models run (default cpu; e.g. cuda)")
-    parser.add_argument("--size", default="gpt2-small", choices=list(SIZES))
-    parser.add_argument("--hook", default=HOOKS["middle"])
+    parser.add_argument("--size", default="gpt2-small", choices=[*SIZES, SMOLLM2], help="smollm2: the real model")
+    parser.add_argument("--hook", default=None, help=f"default {HOOKS['middle']} ({SMOLLM2_HOOK} on smollm2)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch", type=int, default=4, help="sequences per batch (SAELens' store_batch_size_prompts)")
     parser.add_argument("--batches", type=int, default=2, help="batches per timed round")
@@ -195,6 +254,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     if args.quick:
         args.rounds, args.batch, args.batches = 1, 1, 1
+    args.hook = args.hook or (SMOLLM2_HOOK if args.size == SMOLLM2 else HOOKS["middle"])
     torch.manual_seed(0)
     start = time.perf_counter()
     result = compare(args.size, args.hook, args.batch, args.batches, args.rounds, args.device)
@@ -206,12 +266,13 @@ def main(argv: list[str] | None = None) -> None:
         **result,
         "target_throughput_vs_saelens": 2.0,
         "wall_s": time.perf_counter() - start,
-        "note": "random weights and uniform random tokens (speed does not depend on them); SAELens' rows stay "
-        "in memory while Forma's are written to disk; the machine's cores may be shared with other "
+        "note": "random weights (smollm2: its own) and uniform random tokens (speed does not depend on them); "
+        "SAELens' rows stay in memory while Forma's are written to disk; the machine's cores may be shared with other "
         "work, so times are indicative and ratios, measured interleaved in one process, are the "
         "figures to read",
     }
-    path = None if args.quick else write(result_name("harvest_saelens", args.device), payload)
+    name = "harvest_saelens" + ("_smollm2" if args.size == SMOLLM2 else "")
+    path = None if args.quick else write(result_name(name, args.device), payload)
     rate = result["tokens_per_s"]
     print(
         f"{args.size}, {args.hook}: Forma harvest {rate['forma_harvest']:.0f} tokens/s; SAELens' ActivationsStore "

@@ -3,7 +3,8 @@ benchmarks (peers.json), the forward benchmark (forward.json), the wall times (w
 times (dashboard.json),
 the command line's start (cli.json), a training step's thread-invariant kernels (determinism.json), the real sizes,
 patching sweeps and harvesting (real_sizes.json, patching.json, harvest.json with harvest_saelens.json,
-distributed.json); off the CPU, the last four's <name>_<device>.json.
+distributed.json); off the CPU, the last four's <name>_<device>.json; and the peers at real size, on smollm2
+(SMOLLM2_PEERS: graphs_circuit_tracer_smollm2.json, harvest_saelens_smollm2.json, transcoders_saelens_smollm2.json).
 Every benchmark script calls `write_summary()` when it finishes, so the summary always shows the latest
 measurement of each."""
 
@@ -532,6 +533,67 @@ def _beside_circuit_tracer(peer: dict[str, Any]) -> list[str]:
     ]
 
 
+SMOLLM2_PEERS = ("graphs_circuit_tracer_smollm2", "harvest_saelens_smollm2", "transcoders_saelens_smollm2")
+
+
+def smollm2_peers_lines(
+    graphs: dict[str, Any] | None, harvest: dict[str, Any] | None, training: dict[str, Any] | None
+) -> list[str]:
+    """The real-size section: Forma over circuit-tracer (time, peak memory) per prompt length, and tokens/s against
+    SAELens' activation store and trainer, from whichever of the three files exist."""
+    lines = ["## Peers at real size: smollm2", ""]
+    if graphs:
+        lines += [
+            f"Attribution graphs beside circuit-tracer {graphs['circuit_tracer']} ({graphs['transcoders']}; "
+            f"at most {graphs['max_feature_nodes']} feature nodes, {graphs['batch_size']} targets a backward pass; "
+            f"{graphs['threads']} threads, load {graphs['machine']['load_average_1_5_15'][0]:.1f}, "
+            f"{graphs['machine']['utc']}; benchmarks/graphs_circuit_tracer.py --model smollm2):",
+            "",
+            "| tokens | Forma s | circuit-tracer s | time ratio | Forma peak MB | circuit-tracer peak MB | "
+            "memory ratio | features both kept | max shared edge diff |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for row in graphs["rows"]:
+            a = row["agreement"]
+            lines.append(
+                f"| {row['n_pos']} | {row['forma']['seconds']:.1f} | {row['circuit_tracer']['seconds']:.1f} | "
+                f"{row['time_ratio_forma_over_ct']:.2f}× | {row['forma']['peak_bytes'] / 2**20:.0f} | "
+                f"{row['circuit_tracer']['peak_bytes'] / 2**20:.0f} | {row['memory_ratio_forma_over_ct']:.2f}× | "
+                f"{a['shared_features']} of {a['forma_features']} / {a['ct_features']} | "
+                f"{a['max_abs_difference']:.1e} |"
+            )
+        for row in graphs.get("circuit_tracer_unfinished", []):
+            failed = row["circuit_tracer_failed"]
+            lines.append(
+                f"| {row['n_pos']} | {row['forma']['seconds']:.1f} | not finished (return code "
+                f"{failed['returncode']}) | — | {row['forma']['peak_bytes'] / 2**20:.0f} | — | — | — | — |"
+            )
+        every = graphs.get("every_feature")
+        if every:
+            lines += [
+                "",
+                f"Every active feature ({every['forma']['n_features']:,}) at {every['n_pos']} tokens, no budget: the "
+                f"shared edges differ by at most {every['agreement']['max_abs_difference']:.1e} (largest "
+                f"{every['agreement']['scale']:.2f}); Forma {every['forma']['seconds']:.1f} s, circuit-tracer "
+                f"{every['circuit_tracer']['seconds']:.1f} s.",
+            ]
+    lines += ["", "| what (tokens/s) | Forma | SAELens | ratio |", "|---|---|---|---|"][0 if graphs else 1 :]
+    if harvest:
+        rate = harvest["tokens_per_s"]
+        lines.append(
+            f"| harvest {harvest['hook']} to shards vs SAELens' ActivationsStore on TransformerLens "
+            f"(benchmarks/harvest_saelens.py --size smollm2) | {rate['forma_harvest']:.0f} | "
+            f"{rate['saelens_store_tl']:.0f} | {harvest['throughput_vs_saelens_tl']:.2f}× |"
+        )
+    if training:
+        lines.append(
+            f"| top-k autoencoder of {training['setting']['hook']}, harvest and training, vs SAELens' trainer "
+            f"(benchmarks/transcoders_saelens.py --model smollm2) | {training['forma']['tokens_per_s']:.0f} | "
+            f"{training['saelens']['tokens_per_s']:.0f} | {training['throughput_ratio_forma_over_saelens']:.2f}× |"
+        )
+    return lines
+
+
 DISTRIBUTED = (
     ("harvest", "tokens", "harvest"),
     ("sweep", "pairs", "sweep"),
@@ -608,6 +670,9 @@ def write_summary(device: str = "cpu") -> Path:
         results = _read(name + suffix)
         if results:
             lines += ["", *render(results)]
+    real_size = [_read(name) for name in SMOLLM2_PEERS]
+    if device == "cpu" and any(real_size):
+        lines += ["", *smollm2_peers_lines(*real_size)]
     path = RESULTS / f"summary{suffix}.md"
     path.write_text("\n".join(lines) + "\n")
     return path

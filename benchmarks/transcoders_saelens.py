@@ -18,7 +18,15 @@ Runs in the SAE environment (.venv-sae: sae-lens beside transformer-lens 3.9); w
 benchmarks/results/transcoders_saelens.json, which docs/attribution-graphs.md reads.
 tests/sae/test_transcoders_saelens.py runs the same comparison.
 
-    .venv-sae/bin/python -m benchmarks.transcoders_saelens [--l1 1]
+--model smollm2: training throughput at real size. A top-k autoencoder (1,024 features, k = 16) of smollm2's
+blocks.15.hook_mlp_out (d_model 576), trained on the same tokens (SMOLLM2.tokens) of held-out windows of the real corpus
+(`forma corpus real`) in batches of SMOLLM2.batch rows, once by each side: SAELens' LanguageModelSAETrainingRunner
+over TransformerLens 3.9's HookedTransformer of smollm2 (benchmarks/harvest_saelens.py's tl_llama; it runs the model
+as it trains), and Forma's harvest (save_activations, to disk) then train_transcoders (out of core). Tokens per
+second of each whole run (Forma's: harvest and training; its training alone beside), and each one's FVU and L0 on
+held-out windows. Writes benchmarks/results/transcoders_saelens_smollm2.json.
+
+    .venv-sae/bin/python -m benchmarks.transcoders_saelens [--l1 1] [--model smollm2 [--corpus corpora/real] [--quick]]
 """
 
 import argparse
@@ -26,21 +34,60 @@ import json
 import math
 import os
 import tempfile
+import time
+from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from benchmarks.harvest_saelens import tl_llama
+from benchmarks.summary import write_summary
 from benchmarks.timing import machine, write
 from lab import HookedTransformer, ModelConfig
 from lab.analysis.activations.store import save_activations
 from lab.analysis.transcoders.model import TranscoderConfig
 from lab.analysis.transcoders.train import TranscoderTraining, train_transcoders
 from lab.data.sources import MarkovSource
+from lab.folders import zoo_model_dir
+from lab.load import load_model
+from lab.zoo.transcoders import corpus_windows
 
 HOOK = "blocks.0.hook_mlp_out"
 D_MODEL, D_SAE, K, SEQ_LEN, TOKENS, BATCH, LR = 32, 64, 4, 16, 65_536, 512, 3e-3
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What both trainers are given: the hook, the autoencoder's shape, the tokens and SAELens' store."""
+
+    hook: str = HOOK
+    d_in: int = D_MODEL
+    d_sae: int = D_SAE
+    k: int = K
+    seq_len: int = SEQ_LEN
+    tokens: int = TOKENS
+    batch: int = BATCH
+    lr: float = LR
+    store_prompts: int = 64  # SAELens' store_batch_size_prompts
+    buffer_batches: int = 64  # SAELens' n_batches_in_buffer
+
+
+TINY = Setting()
+SMOLLM2 = Setting(
+    hook="blocks.15.hook_mlp_out",
+    d_in=576,
+    d_sae=1024,
+    k=16,
+    seq_len=128,
+    tokens=8_192,
+    batch=512,
+    lr=1e-3,
+    store_prompts=8,
+    buffer_batches=4,
+)
 TOLERANCE = 0.05  # the L0s at which FVUs are compared differ by at most this share of SAELens' L0
 L1 = 1.0  # SAELens' L1 coefficient for the ReLU comparison
 MAX_BISECTIONS = 12
@@ -76,7 +123,9 @@ def measures(x: torch.Tensor, reconstruction: torch.Tensor, acts: torch.Tensor) 
     }
 
 
-def train_saelens(model: HookedTransformer, data: torch.Tensor, kind: str, l1: float, folder: Path) -> Any:
+def train_saelens(
+    model: HookedTransformer, data: torch.Tensor, kind: str, l1: float, folder: Path, setting: Setting = TINY
+) -> Any:
     from datasets import Dataset
     from sae_lens import (
         LanguageModelSAERunnerConfig,
@@ -87,24 +136,24 @@ def train_saelens(model: HookedTransformer, data: torch.Tensor, kind: str, l1: f
     from sae_lens.config import LoggingConfig
 
     sae = (
-        TopKTrainingSAEConfig(d_in=D_MODEL, d_sae=D_SAE, k=K)
+        TopKTrainingSAEConfig(d_in=setting.d_in, d_sae=setting.d_sae, k=setting.k)
         if kind == "topk"
-        else StandardTrainingSAEConfig(d_in=D_MODEL, d_sae=D_SAE, l1_coefficient=l1)
+        else StandardTrainingSAEConfig(d_in=setting.d_in, d_sae=setting.d_sae, l1_coefficient=l1)
     )
     config = LanguageModelSAERunnerConfig(
         sae=sae,
         model_name="forma",
-        hook_name=HOOK,
+        hook_name=setting.hook,
         dataset_path="",
         is_dataset_tokenized=True,
         streaming=False,
-        context_size=SEQ_LEN,
+        context_size=setting.seq_len,
         prepend_bos=False,
-        training_tokens=TOKENS,
-        train_batch_size_tokens=BATCH,
-        store_batch_size_prompts=64,
-        n_batches_in_buffer=64,
-        lr=LR,
+        training_tokens=setting.tokens,
+        train_batch_size_tokens=setting.batch,
+        store_batch_size_prompts=setting.store_prompts,
+        n_batches_in_buffer=setting.buffer_batches,
+        lr=setting.lr,
         seed=0,
         device="cpu",
         exclude_special_tokens=False,
@@ -204,10 +253,83 @@ def _result(kind: str, l1: float, saelens: dict[str, float], sides: dict[str, tu
     return result
 
 
+def throughput(corpus: Path, setting: Setting = SMOLLM2) -> dict[str, Any]:
+    """The --model smollm2 comparison (the module's docstring): each side's tokens/s, FVU and L0."""
+    from transformers import AutoModelForCausalLM
+
+    folder = zoo_model_dir("smollm2")
+    hf = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=torch.float32).eval()
+    tl, ours = tl_llama(hf, "cpu", setting.seq_len), load_model(folder).eval()
+    windows = corpus_windows(corpus, setting.tokens // setting.seq_len + 8, setting.seq_len, split="val")
+    data, held_out_tokens = windows[:-8], windows[-8:]
+    layer = int(setting.hook.split(".")[1])
+    cfg = TranscoderConfig(
+        d_model=setting.d_in,
+        n_layers=1,
+        d_features=setting.d_sae,
+        activation="topk",
+        k=setting.k,
+        input_hook="blocks.{layer}.hook_mlp_out",
+        output_hook="blocks.{layer}.hook_mlp_out",
+        layers=(layer,),
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        held_out = save_activations(ours, held_out_tokens, cfg.hooks(), tmp / "held_out", progress=False)
+        x = held_out.load().acts[setting.hook]
+        (tmp / "saelens").mkdir()
+        start = time.perf_counter()
+        sae = train_saelens(tl, data, "topk", 0.0, tmp / "saelens", setting)
+        saelens_s = time.perf_counter() - start
+        start = time.perf_counter()
+        store = save_activations(ours, data, cfg.hooks(), tmp / "train", positions="all", progress=False)
+        harvest_s = time.perf_counter() - start
+        training = TranscoderTraining(steps=setting.tokens // setting.batch, batch_size=setting.batch, lr=setting.lr)
+        trained = train_transcoders(store, cfg, training, tmp / "forma")
+        forma_s = time.perf_counter() - start
+        with torch.no_grad():
+            features = sae.encode(x)
+            saelens = measures(x, sae.decode(features), features)
+            acts = trained.activate(trained.encode(x[:, None]))
+            forma = measures(x, trained.decode(acts)[:, 0], acts[:, 0])
+    n = data.numel()
+    return {
+        "setting": vars(setting) | {"training_tokens": n},
+        "saelens": saelens | {"seconds": saelens_s, "tokens_per_s": n / saelens_s},
+        "forma": forma
+        | {
+            "seconds": forma_s,
+            "harvest_seconds": harvest_s,
+            "tokens_per_s": n / forma_s,
+            "training_tokens_per_s": n / (forma_s - harvest_s),
+        },
+        "throughput_ratio_forma_over_saelens": saelens_s / forma_s,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--l1", type=float, default=L1, help="SAELens' L1 coefficient (relu)")
+    parser.add_argument("--model", choices=("tiny", "smollm2"), default="tiny", help="smollm2: training throughput")
+    parser.add_argument("--corpus", type=Path, default=REPO / "corpora" / "real", help="smollm2's real corpus")
+    parser.add_argument("--quick", action="store_true", help="smollm2: a smoke run of 1,024 tokens, nothing written")
     args = parser.parse_args()
+    if args.model == "smollm2":
+        torch.manual_seed(0)
+        quick = Setting(**vars(SMOLLM2) | {"tokens": 1024, "batch": 256, "store_prompts": 2})
+        result = throughput(args.corpus, quick if args.quick else SMOLLM2)
+        print(json.dumps(result), flush=True)
+        if args.quick:
+            return
+        payload = {
+            "machine": machine(),
+            "sae_lens": version("sae-lens"),
+            "model": "smollm2",
+            "corpus": args.corpus.name,
+        }
+        write("transcoders_saelens_smollm2", payload | result)
+        write_summary()
+        return
     results = {"machine": machine(), "sae_lens": version("sae-lens")}
     results["kinds"] = {kind: compare(kind, args.l1) for kind in ("topk", "relu")}
     write("transcoders_saelens", results)

@@ -140,3 +140,27 @@ def test_the_wall_time_section_states_the_demo_at_rest_and_under_load_with_the_l
     assert "| `make demo` after install at rest, until every page is filled in | 291 |" in text
     assert "under load (load 6.2 on average, 4 processes spinning), until the dashboard serves | 20 |" in text
     assert "| `make demo` after install under load, until every page is filled in | 700 |" in text
+
+
+def test_the_real_size_section_shows_each_ratio_against_circuit_tracer_and_saelens():
+    """The smollm2 files (summary.SMOLLM2_PEERS): per prompt length Forma's time and memory over circuit-tracer's and
+    the features both kept (or that circuit-tracer did not finish), and the tokens/s ratios against SAELens' store
+    and trainer; a file not there leaves its rows out."""
+    paths = [summary.RESULTS / f"{name}.json" for name in summary.SMOLLM2_PEERS]
+    graphs, harvest, training = (json.loads(path.read_text()) if path.is_file() else None for path in paths)
+    assert harvest and training
+    text = "\n".join(summary.smollm2_peers_lines(graphs, harvest, training))
+    assert f"| {harvest['throughput_vs_saelens_tl']:.2f}× |" in text
+    assert f"| {training['throughput_ratio_forma_over_saelens']:.2f}× |" in text
+    alone = "\n".join(summary.smollm2_peers_lines(None, harvest, None))
+    assert "circuit-tracer" not in alone and f"| {harvest['throughput_vs_saelens_tl']:.2f}× |" in alone
+    if graphs is None:
+        return
+    unfinished = graphs["circuit_tracer_unfinished"]
+    assert [row["n_pos"] for row in graphs["rows"] + unfinished] == [16, 64, 256]
+    for row in graphs["rows"]:
+        assert f"| {row['time_ratio_forma_over_ct']:.2f}× |" in text
+        assert f"| {row['memory_ratio_forma_over_ct']:.2f}× |" in text
+        assert f"| {row['agreement']['shared_features']} of " in text
+    for row in unfinished:
+        assert f"| {row['n_pos']} | {row['forma']['seconds']:.1f} | not finished (return code " in text

@@ -5,6 +5,7 @@ graphs node by node."""
 import json
 import os
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -52,12 +53,34 @@ def transcoders_for(model, activation: str, d_features: int = 128) -> Transcoder
     return tc.eval()
 
 
-def run_circuit_tracer(cases: dict[Path, list[list[int]]], batch_size: int = 64, threads: int = 1) -> dict[Path, dict]:
+def circuit_tracer_files(transcoders: Transcoders, directory: Path) -> int | None:
+    """`transcoders` in circuit-tracer's per-layer files, and the k its side must apply (None: the files say it all).
+    A top-k set (which to_circuit_tracer refuses: circuit-tracer's loader reads no top-k) is written as the ReLU set
+    of the same weights, and circuit_tracer_side.py sets its activation to TopK(k) then ReLU."""
+    if transcoders.cfg.activation != "topk":
+        transcoders.to_circuit_tracer(directory)
+        return None
+    relu = Transcoders(replace(transcoders.cfg, activation="relu", k=0))
+    relu.load_state_dict(transcoders.state_dict())
+    relu.to_circuit_tracer(directory)
+    return transcoders.cfg.k
+
+
+def run_circuit_tracer(
+    cases: dict[Path, list[list[int]]],
+    batch_size: int = 64,
+    threads: int = 1,
+    timeout: int = 900,
+    tolerate_failure: bool = False,
+    **options,
+) -> dict[Path, dict]:
     """circuit-tracer's graphs of each folder's prompts (tests/ct/circuit_tracer_side.py in .venv-ct, one process for
-    every folder): each folder's ct.json."""
+    every folder): each folder's ct.json. options: the side's other settings (hf, n_ctx, k, max_feature_nodes,
+    warmup, logits; its docstring). tolerate_failure: a side that fails (killed for memory, say) is no error; the
+    prompts it finished are returned, with "failed": its return code and the end of its stderr."""
     for folder, prompts in cases.items():
         (folder / "prompts.json").write_text(
-            json.dumps({"prompts": prompts, "batch_size": batch_size, "threads": threads})
+            json.dumps({"prompts": prompts, "batch_size": batch_size, "threads": threads} | options)
         )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {
         "HF_HUB_OFFLINE": "1",
@@ -70,10 +93,20 @@ def run_circuit_tracer(cases: dict[Path, list[list[int]]], batch_size: int = 64,
         env=env,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=timeout,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return {folder: json.loads((folder / "ct.json").read_text()) for folder in cases}
+    if done.returncode != 0 and not tolerate_failure:
+        raise AssertionError(done.stderr[-3000:])
+    if options.get("logits"):
+        return {}
+    out = {}
+    for folder in cases:
+        out[folder] = (
+            json.loads((folder / "ct.json").read_text()) if (folder / "ct.json").is_file() else {"prompts": []}
+        )
+        if done.returncode != 0:  # the prompts it finished are in ct.json; how it ended is kept beside them
+            out[folder]["failed"] = {"returncode": done.returncode, "stderr_tail": done.stderr[-1500:]}
+    return out
 
 
 def compare(graph, ct: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -100,5 +133,32 @@ def compare(graph, ct: dict[str, torch.Tensor]) -> dict[str, float]:
     return {
         "max_abs_difference": float((ct_sub - forma_sub).abs().max()),
         "scale": scale,
+        "edges": int((forma_sub != 0).sum()),
+    }
+
+
+def compare_shared(graph, ct: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Two graphs within a feature budget: circuit-tracer keeps the features of most influence on the logits and
+    drops the rest, Forma those of largest activation × decoder norm and folds the rest into its error nodes, so
+    the error nodes differ. Edges among the nodes both hold but the errors (the features both kept, the token
+    embeddings, the logits both target) are the same quantity on both sides, matched by id."""
+    n_layers = graph.n_layers
+    active = ct["active_features"][ct["selected_features"]]
+    ct_ids = [f"{layer}_{f}_{p}" for layer, p, f in active.tolist()]
+    ct_ids += [None] * (n_layers * graph.n_pos)  # error nodes
+    ct_ids += [f"E_{int(t)}_{p}" for p, t in enumerate(graph.tokens.tolist())]
+    ct_ids += [f"{n_layers + 1}_{int(t)}_{graph.n_pos - 1}" for t in ct["logit_tokens"].tolist()]
+    ours = {node: i for i, node in enumerate(graph.node_ids())}
+    shared = [i for i, node in enumerate(ct_ids) if node is not None and node in ours]
+    rows = torch.tensor([ours[ct_ids[i]] for i in shared])
+    ct_sub = ct["adjacency"][shared][:, shared]
+    forma_sub = graph.adjacency[rows][:, rows]
+    return {
+        "forma_features": graph.n_features,
+        "ct_features": len(active),
+        "shared_features": sum(1 for node in ct_ids[: len(active)] if node in ours),
+        "same_logit_tokens": bool(torch.equal(ct["logit_tokens"], graph.logit_tokens)),
+        "max_abs_difference": float((ct_sub - forma_sub).abs().max()),
+        "scale": float(forma_sub.abs().max()),
         "edges": int((forma_sub != 0).sum()),
     }
