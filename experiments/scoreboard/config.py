@@ -143,7 +143,7 @@ class RealProfile:
 
 REAL_DEFAULT = RealProfile(
     prompts=12,
-    induction_span=8,
+    induction_span=10,
     ig_steps=16,
     effect_tokens=4,
     graph_prompts=3,
@@ -151,11 +151,12 @@ REAL_DEFAULT = RealProfile(
     capital_candidates=64,
     n_boot=1000,
 )
-# Quick is sized for a few minutes on two shared cores: a forward pass of smollm2 over 15 tokens takes about 0.2 s
-# there (measured under load), and each method runs on the model and on its untrained copy.
+# Quick is sized for a few minutes on two idle cores: a forward pass of smollm2 over 15 tokens takes about 0.2 s on
+# two shared ones (measured at a load average of 5–7), and each method runs on the model and on its untrained copy.
+# smollm2 copies a span of 5 random word pieces in 2 prompts of 6 (measured): the spans are 8 and 10.
 REAL_QUICK = RealProfile(
     prompts=6,
-    induction_span=5,
+    induction_span=8,
     ig_steps=4,
     effect_tokens=2,
     graph_prompts=2,

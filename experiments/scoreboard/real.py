@@ -165,12 +165,13 @@ def answered(model: HookedTransformer, tokens: Tensor, answers: Tensor, rows: in
 
 
 def build_task(model: HookedTransformer, name: str, profile: RealProfile, seed: int) -> Task:
-    """The task's prompts, of which the first `profile.prompts` the model answers are kept."""
+    """The task's prompts (three times `profile.prompts` tried; the capitals: `profile.capital_candidates`), of which
+    the first `profile.prompts` the model answers are kept."""
     task_seed = int(np.random.SeedSequence([seed, list(REAL_TASKS).index(name)]).generate_state(1)[0])
     if name == "induction":
-        tokens, relevant, answers = induction_prompts(model, 2 * profile.prompts, profile.induction_span, task_seed)
+        tokens, relevant, answers = induction_prompts(model, 3 * profile.prompts, profile.induction_span, task_seed)
     elif name == "ioi":
-        tokens, relevant, answers = ioi_prompts(model, 2 * profile.prompts, task_seed)
+        tokens, relevant, answers = ioi_prompts(model, 3 * profile.prompts, task_seed)
     else:
         tokens, relevant, answers = capital_prompts(model, profile.capital_candidates, task_seed)
     right = answered(model, tokens, answers)
