@@ -44,6 +44,7 @@ from lab.data.questions import load_questions
 from lab.folders import model_folder
 from lab.load import load_model
 from lab.model.transformer import HookedTransformer
+from lab.progress import bar
 from lab.runs import save_table
 from lab.zoo.graphs import INDUCTION_IDS, single_token
 from lab.zoo.transcoders import open_set, transcoder_sets
@@ -260,12 +261,14 @@ def run_real(inputs: tuple[HookedTransformer, Any, str], name: str, profile: Rea
     untrained = random_model(model, seed=seed + 1)
     rows: list[dict[str, Any]] = []
     tasks, seconds = {}, {}
-    for task_name in profile.tasks:
-        began = time.perf_counter()
-        task = build_task(model, task_name, profile, seed)
-        more, tasks[task_name] = grade_task(model, untrained, transcoders, task_name, task, profile, seed)
-        rows += more
-        seconds[task_name] = time.perf_counter() - began
+    with bar(len(profile.tasks), "tasks graded", unit="task") as counter:
+        for task_name in profile.tasks:
+            began = time.perf_counter()
+            task = build_task(model, task_name, profile, seed)
+            more, tasks[task_name] = grade_task(model, untrained, transcoders, task_name, task, profile, seed)
+            rows += more
+            seconds[task_name] = time.perf_counter() - began
+            counter.update()
     # The one place the track's parts join the table: each part a list of the table's rows (the lenses' and head
     # detectors' rows of experiments.scoreboard.real_lenses are one more `+ ...` here).
     table = rows
