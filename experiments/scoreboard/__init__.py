@@ -51,8 +51,18 @@ probes, heads, attribution_patching. The worlds and seeds train and are graded i
 `cfg.workers` processes (lab.parallel); results do not depend on how many. Each seed's own rows are in
 scoreboard_seeds.parquet (a `seed` column).
 
-Where each part lives: `config` (Config, the profiles, the worlds, the seed streams), `parts` (each world's
-training and grades), `summary` (headlines) and `figures`; `run` is here.
+The real-model track (`forma run scoreboard --model smollm2`, runs/scoreboard_real/; experiments.scoreboard.real)
+grades the input-attribution methods of 3. the same way on a pretrained model, on three tasks whose relevant
+positions are known by construction — induction on repeated random word pieces (the copy source), indirect-object
+identification (the indirect object's name), the capital facts of lab/data/questions.json (the subject's tokens) —
+each on the prompts the model answers; controls the same method on an untrained model of its shape and the graph over
+untrained transcoders; the causal effects resample each position to a few random word pieces, not to every token.
+Its rows are the table's (the world the task, the readout its truth). Sizes: REAL_QUICK (6 prompts a task, the graph
+on 2) and REAL_DEFAULT (12, the graph on 3) in config; each method runs on the model and its untrained copy, so on
+two shared cores quick takes minutes and the default several times that (results.json "seconds" per task).
+
+Where each part lives: `config` (Config, the profiles, the worlds, the seed streams), `per_world` (each world's
+training and grades), `real` (the real-model track), `summary` (headlines) and `figures`; `run` is here.
 """
 
 import dataclasses
@@ -63,8 +73,9 @@ from typing import Any
 from experiments.scoreboard.config import Config
 from experiments.scoreboard.figures import write_figures
 from experiments.scoreboard.per_world import facts_part, long_induction_part, source_part
+from experiments.scoreboard.real import load_real, real_headlines, run_real
 from experiments.scoreboard.seeds import combine_seeds, per_seed_rows, training_seeds
-from experiments.scoreboard.summary import headlines
+from experiments.scoreboard.summary import headlines as toy_headlines
 from lab.configs import torch_threads
 from lab.parallel import run_tasks
 from lab.runs import save_table
@@ -87,11 +98,27 @@ def _tasks(profile: Any, seeds: list[int], folders: dict[int, Path]) -> list[tup
     return tasks
 
 
-def run(cfg: Config, out: Path) -> dict[str, Any]:
+def read_inputs(cfg: Config) -> tuple[Any, Any, str] | None:
+    """The real-model track's pretrained model and its transcoder set, loaded before `forma run` makes the run
+    folder; None for the toy worlds."""
+    return load_real(cfg.model) if cfg.real_track else None
+
+
+def headlines(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """What a run shows: the toy worlds' claims (experiments.scoreboard.summary), or the real-model track's."""
+    return real_headlines(results) if "graph" in results else toy_headlines(results)
+
+
+def run(cfg: Config, out: Path, inputs: tuple[Any, Any, str] | None = None) -> dict[str, Any]:
     """Train and grade on every world once per training seed (in `cfg.workers` processes), then the table (each
     grade combined over the seeds, experiments.scoreboard.seeds), the headlines and the figures. The first seed's
-    models are in out/models, the others' in out/seeds/<seed>/models."""
+    models are in out/models, the others' in out/seeds/<seed>/models. With cfg.model, the real-model track instead
+    (experiments.scoreboard.real: `inputs`, that model and its transcoders loaded)."""
     out = Path(out)
+    if cfg.real_track:
+        inputs = load_real(cfg.model) if inputs is None else inputs
+        out.mkdir(parents=True, exist_ok=True)
+        return run_real(inputs, cfg.model, cfg.real_profile, cfg.seed, out)
     clock = time.perf_counter()
     profile = cfg.profile
     seeds = training_seeds(cfg.seed, profile.seeds)
@@ -129,7 +156,7 @@ def run(cfg: Config, out: Path) -> dict[str, Any]:
         "seed_worlds": {str(seed): by_seed[seed] for seed in seeds[1:]},
         "seconds": {name: part.pop("seconds") for name, part in worlds.items()},
     }
-    results["headlines"] = headlines(results)
+    results["headlines"] = toy_headlines(results)
     began = time.perf_counter()
     results["figures"] = write_figures(out, results, simplex, points)
     results["seconds"]["figures"] = time.perf_counter() - began

@@ -114,19 +114,80 @@ QUICK = Profile(
 )
 
 
+# The real-model track's tasks (experiments.scoreboard.real), each a world of the table and the truth it grades
+# against (the rows' readout): induction on repeated random tokens, indirect-object identification, capitals.
+REAL_TASKS = {
+    "induction": ("repeated_tokens", "copy source"),
+    "ioi": ("ioi", "indirect object"),
+    "capitals": ("capitals", "subject"),
+}
+
+
+@dataclass(frozen=True)
+class RealProfile:
+    """What the real-model track's default and quick runs differ in: how many prompts each task's grades average over
+    (of those the model answers), the integrated gradients' steps, the random replacement tokens each position's
+    causal effect averages over, and how many of each task's prompts get an attribution graph, within a feature
+    budget (a graph of smollm2 takes half a minute on two cores, and its control as long again)."""
+
+    prompts: int  # per task, of those the model answers (its top token is the answer)
+    induction_span: int  # random tokens before the repeat
+    ig_steps: int
+    effect_tokens: int  # replacement tokens of the causal effects (the same draw for every position)
+    graph_prompts: int  # the first of each task's prompts that get a graph (0: no graph)
+    graph_features: int  # feature nodes per graph, the rest folded into the error nodes
+    capital_candidates: int  # capital questions tried (of the commonest prompt length), for `prompts` answered
+    n_boot: int
+    tasks: tuple[str, ...] = tuple(REAL_TASKS)
+
+
+REAL_DEFAULT = RealProfile(
+    prompts=12,
+    induction_span=10,
+    ig_steps=16,
+    effect_tokens=4,
+    graph_prompts=3,
+    graph_features=64,
+    capital_candidates=64,
+    n_boot=1000,
+)
+# Quick is sized for a few minutes on two idle cores: a forward pass of smollm2 over 15 tokens takes about 0.2 s on
+# two shared ones (measured at a load average of 5–7), and each method runs on the model and on its untrained copy.
+# smollm2 copies a span of 5 random word pieces in 2 prompts of 6 (measured): the spans are 8 and 10.
+REAL_QUICK = RealProfile(
+    prompts=6,
+    induction_span=8,
+    ig_steps=4,
+    effect_tokens=2,
+    graph_prompts=2,
+    graph_features=32,
+    capital_candidates=24,
+    n_boot=400,
+)
+
+
 @dataclass
 class Config(ProfileConfig):
     """The scoreboard: `seed` seeds the first of the profile's training seeds (the models, the batch order and
     every draw from the worlds; the worlds themselves are fixed above); `quick` is the small profile for tests and
-    the demo."""
+    the demo. `model` (a pretrained model: a zoo name such as smollm2, or its folder) runs the real-model track
+    instead (experiments.scoreboard.real, runs/scoreboard_real/)."""
 
     PROFILES = (DEFAULT, QUICK)
+    REAL_PROFILES = (REAL_DEFAULT, REAL_QUICK)
 
     workers: int = 2  # processes for the independent parts (lab.parallel); results do not depend on it
+    model: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         need(self, self.workers >= 1, f"workers must be a positive integer, got {self.workers!r}")
+        need(self, self.model is None or self.model.strip() != "", "model must name a model, got an empty string")
+
+    @property
+    def real_track(self) -> bool:
+        """True when the run grades a pretrained model (runs/scoreboard_real/), not the toy worlds' own models."""
+        return self.model is not None
 
 
 PURPOSES = ("train", "val", "eval", "fit", "attribution", "patching", "probe", "control", "unique source")

@@ -107,6 +107,9 @@ ATTRIBUTION_COLUMNS = (
     ("induction", "all sources"),
     ("facts", "last prediction"),
     ("induction", "unique source"),
+    ("repeated_tokens", "copy source"),  # the real-model track's tasks (experiments.scoreboard.real)
+    ("ioi", "indirect object"),
+    ("capitals", "subject"),
 )
 
 
@@ -441,3 +444,9 @@ def write_figures(out: Path, results: dict[str, Any], simplex: dict[str, Any], p
     for name in FIGURES:
         save_figure(figures[name], out, name)
     return list(FIGURES)
+
+
+def write_real_figures(out: Path, results: dict[str, Any]) -> list[str]:
+    """The real-model track's figure: the attribution panels of its tasks."""
+    save_figure(attribution_figure(results), out, "attribution")
+    return ["attribution"]

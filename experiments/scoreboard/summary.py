@@ -28,6 +28,12 @@ RELEVANT_WORDS = {
     ("induction", "unique source"): "the one copy source (prompts built with one)",
     ("facts", "last prediction"): "the name's two words",
 }
+# The real-model track's tasks (experiments.scoreboard.real), said the same way.
+REAL_WORDS = {
+    ("repeated_tokens", "copy source"): ("the repeated random tokens", "the copy source"),
+    ("ioi", "indirect object"): ("the indirect-object prompts", "the indirect object's name"),
+    ("capitals", "subject"): ("the capital prompts", "the subject's tokens"),
+}
 ATTRIBUTION_TRUTHS = tuple(RELEVANT_WORDS)  # (world, readout): the truths attribution is graded against
 FINDING_GRADES = ("auroc", "relevant_mass")  # a method finds the mechanism by both
 # Of K fair controls, each clears chance at the 95% level (one side) with probability 2.5%; more than this many
@@ -92,6 +98,13 @@ def binomial_upper(k_total: int, p: float, tail: float = 1e-3) -> int:
     return k_total
 
 
+def _truth_words(world: str, readout: str) -> tuple[str, str]:
+    """(the world, its truth) in words, on the toy worlds or the real-model track's tasks."""
+    if (world, readout) in REAL_WORDS:
+        return REAL_WORDS[world, readout]
+    return WORLD_WORDS[world], RELEVANT_WORDS[world, readout]
+
+
 def _attribution_name(world: str, readout: str) -> str:
     return f"attribution_{world}" + ("_unique_source" if readout == "unique source" else "")
 
@@ -154,7 +167,7 @@ def attribution_headline(results: dict[str, Any], world: str, readout: str = "la
     best = {g: best_baseline(results, world, readout, g) for g in FINDING_GRADES}
     ig = {g: find(results, "integrated_gradients", world, readout, g) for g in FINDING_GRADES}
     sentence = (
-        f"On {WORLD_WORDS[world]}, against {RELEVANT_WORDS[world, readout]}, "
+        "On {}, against {}, ".format(*_truth_words(world, readout))
         + (", ".join(display(m) for m in finders) if finders else "no method")
         + " beats both the best trivial baseline and its control by its interval, on AUROC and on the mass on "
         f"the relevant positions (the best baselines: {display(best['auroc']['method'])}, AUROC "
@@ -182,7 +195,7 @@ def graph_headline(results: dict[str, Any], world: str, readout: str = "last pre
     beats = all(r["beats_control"] for r in rows.values())
     beaten = any(_interval(r) and r["control_low"] is not None and r["high"] < r["control_low"] for r in rows.values())
     sentence = (
-        f"On {WORLD_WORDS[world]}, against {RELEVANT_WORDS[world, readout]}, the attribution graph over trained "
+        "On {}, against {}, ".format(*_truth_words(world, readout)) + "the attribution graph over trained "
         f"transcoders has AUROC {said(rows['auroc'])} and mass {said(rows['relevant_mass'])}; over untrained "
         f"transcoders of the same shape {rows['auroc']['control']:.2f} [{rows['auroc']['control_low']:.2f}, "
         f"{rows['auroc']['control_high']:.2f}] and {rows['relevant_mass']['control']:.2f} "

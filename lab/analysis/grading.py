@@ -137,12 +137,16 @@ class AttributionGrades:
 
 
 def graph_readings(
-    model: HookedTransformer, transcoders: Transcoders, tokens: Int[Tensor, "batch pos"]
+    model: HookedTransformer,
+    transcoders: Transcoders,
+    tokens: Int[Tensor, "batch pos"],
+    max_feature_nodes: int | None = None,
 ) -> tuple[Float[Tensor, "batch pos"], Float[Tensor, " batch"]]:
-    """Each prompt's attribution graph read twice: the share of the tokens' path influence at each position
+    """Each prompt's attribution graph (at most `max_feature_nodes` features, the rest folded into the error nodes;
+    None keeps every active one) read twice: the share of the tokens' path influence at each position
     (`graph_position_scores`) and the graph's replacement score (`graph_scores`: the tokens' share of the influence
     that tokens and error nodes carry, 1 when the transcoders replace the MLPs exactly)."""
-    graphs = [attribute(model, transcoders, prompt) for prompt in tokens]
+    graphs = [attribute(model, transcoders, prompt, max_feature_nodes=max_feature_nodes) for prompt in tokens]
     positions = torch.stack([position_influence(graph) for graph in graphs])
     return positions, torch.tensor([graph_scores(graph)["replacement"] for graph in graphs])
 
@@ -175,6 +179,8 @@ def grade_input_attribution(
     transcoders: Transcoders | None = None,
     controls: Mapping[str, HookedTransformer] | None = None,
     baselines: Sequence[str] = BASELINES,
+    effect_values: Any = None,
+    graph_features: int | None = None,
 ) -> AttributionGrades:
     """Each method's attribution of the prediction after each prompt's last token, graded against the truly
     relevant positions `relevant` [batch, pos] (a set per prompt: lab.metrics.grades says how each grade treats
@@ -187,7 +193,10 @@ def grade_input_attribution(
     (lab.metrics.grades.BASELINES: recency, last token, uniform, random) are graded beside the methods, their
     controls their own scores (they read no model). With `transcoders` (trained on the model), the attribution
     graph is one more method, "attribution_graph" (`graph_readings`; it explains the top logits, so it takes no
-    `target`), its control the same graph over `untrained_transcoders`, and its replacement score beside theirs."""
+    `target`), its control the same graph over `untrained_transcoders`, and its replacement score beside theirs;
+    `graph_features` caps each graph's feature nodes (attribute's max_feature_nodes; None: every active feature).
+    `effect_values` (token ids) are the replacements the causal effects average over (resample_effects' `values`;
+    default every token: exhaustive, |V| forward passes per position, too many on a real vocabulary)."""
     if controls is None:
         controls = {UNTRAINED_MODEL: random_model(model, seed=seed + 1)}
     truth = np.asarray(torch.as_tensor(relevant).cpu(), dtype=bool)
@@ -199,7 +208,7 @@ def grade_input_attribution(
     replacement: dict[str, Grade] = {}
     if transcoders is not None:
         scores["attribution_graph"], untrained_scores, replacement["replacement_score"] = _graph_method(
-            model, transcoders, tokens, n_boot, seed
+            model, transcoders, tokens, n_boot, seed, graph_features
         )
         against = {what: dict(s) for what, s in against.items()} | {
             UNTRAINED_TRANSCODERS: {"attribution_graph": untrained_scores}
@@ -208,7 +217,7 @@ def grade_input_attribution(
         scores[name] = torch.from_numpy(baseline_scores(name, mask, seed=seed)).float()
         for by_method in against.values():
             by_method[name] = scores[name]  # a baseline reads no model: the same scores on every one
-    effects = resample_effects(model, tokens, target)
+    effects = resample_effects(model, tokens, target, values=effect_values)
     grade = partial(attribution_grades, relevant=truth, effects=effects.numpy(), valid=mask, n_boot=n_boot, seed=seed)
     grades, graded_controls = {}, {}
     for method, value in scores.items():
@@ -219,12 +228,17 @@ def grade_input_attribution(
 
 
 def _graph_method(
-    model: HookedTransformer, transcoders: Transcoders, tokens: Int[Tensor, "batch pos"], n_boot: int, seed: int
+    model: HookedTransformer,
+    transcoders: Transcoders,
+    tokens: Int[Tensor, "batch pos"],
+    n_boot: int,
+    seed: int,
+    max_feature_nodes: int | None = None,
 ) -> tuple[Tensor, Tensor, Grade]:
     """The attribution graph as a method of input attribution: its scores over the trained `transcoders`, its
     control's over `untrained_transcoders`, and the replacement score of the trained set beside the untrained's."""
-    scores, trained = graph_readings(model, transcoders, tokens)
-    untrained_scores, untrained = graph_readings(model, untrained_transcoders(transcoders), tokens)
+    scores, trained = graph_readings(model, transcoders, tokens, max_feature_nodes)
+    untrained_scores, untrained = graph_readings(model, untrained_transcoders(transcoders), tokens, max_feature_nodes)
     boot = {"n_boot": n_boot, "seed": seed}
     replacement = Grade(
         "replacement_score",

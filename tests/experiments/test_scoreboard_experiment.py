@@ -563,3 +563,18 @@ def test_a_value_below_a_hundredth_is_said_in_two_significant_figures_not_as_zer
     assert said(_row("m", "w", "r", "g", 0.0018, 0.0005, 0.0037)) == "0.0018 [0.0005, 0.0037]"
     assert said(_row("m", "w", "r", "g", 0.25, 0.1, 0.37)) == "0.25 [0.10, 0.37]"
     assert said(_row("m", "w", "r", "g", 0.0, 0.0, 0.0)) == "0.00 [0.00, 0.00]"
+
+
+def test_a_model_sends_the_scoreboard_to_its_real_track_and_its_own_folder():
+    """`forma run scoreboard --model smollm2` is the real-model track (experiments.scoreboard.real), into
+    runs/scoreboard_real/; an empty name is refused."""
+    import experiments
+
+    assert experiment.Config(model="smollm2").real_track and not experiment.Config().real_track
+    assert experiments.run_name("scoreboard", experiment.Config(model="smollm2")) == "scoreboard_real"
+    assert "model" in experiments.experiment("scoreboard").options
+    assert (
+        experiment.Config(quick=True, model="smollm2").real_profile.prompts < experiment.Config().real_profile.prompts
+    )
+    with pytest.raises(ValueError, match="model must name a model"):
+        experiment.Config(model=" ")

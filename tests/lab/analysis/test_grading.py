@@ -277,3 +277,25 @@ def test_attribution_patching_grade_is_the_correlation_of_the_two_sweeps():
     for sweep, pairs in graded["pairs"].items():
         expected = np.mean([np.corrcoef(a, e)[0, 1] for a, e in pairs])
         assert graded["grades"][f"pearson_{sweep}"].value.value == pytest.approx(expected, abs=1e-6)
+
+
+def test_the_effects_can_be_resampled_over_a_few_tokens_and_the_graph_kept_within_a_feature_budget():
+    """On a real vocabulary every token per position is too many forward passes: `effect_values` names the few
+    replacement tokens the effects average over (resample_effects' `values`), and `graph_features` caps each graph's
+    feature nodes (the rest folded into the error nodes), as attribute's max_feature_nodes does."""
+    from lab.analysis.input_attribution import resample_effects
+
+    source = MarkovSource(6, order=2, seed=1)
+    tokens = torch.from_numpy(source.sample(4, 8, seed=4))
+    m, transcoders = model(6), random_transcoders(model(6))
+    relevant = last_position_truth(source.relevant_positions(tokens.numpy()))
+    few = torch.tensor([0, 3])
+    graded = grade_input_attribution(
+        m, tokens, relevant, ("gradient",), n_boot=50, effect_values=few, transcoders=transcoders, graph_features=2
+    )
+    assert torch.allclose(graded.effects, resample_effects(m, tokens, values=few))
+    assert not torch.allclose(graded.effects, resample_effects(m, tokens))
+    budget = [position_share(attribute(m, transcoders, p, max_feature_nodes=2), [-2, -1]) for p in tokens]
+    every = [position_share(attribute(m, transcoders, p), [-2, -1]) for p in tokens]
+    value = graded.grades["attribution_graph"]["relevant_mass"].value.value
+    assert value == pytest.approx(np.mean(budget), rel=1e-6) and value != pytest.approx(np.mean(every), rel=1e-6)
