@@ -50,7 +50,7 @@ REGISTRY = (
         (("qa", "question–answer file"),),
     ),
     Experiment("equations", "The seeds' equations", "Equations"),
-    Experiment("scoreboard", "Methods against the truth", "Methods against the truth", ("workers", "model")),
+    Experiment("scoreboard", "Methods against the truth", "Methods against the truth", ("workers", "model", "corpus")),
 )
 
 

@@ -118,7 +118,7 @@ def run(cfg: Config, out: Path, inputs: tuple[Any, Any, str] | None = None) -> d
     if cfg.real_track:
         inputs = load_real(cfg.model) if inputs is None else inputs
         out.mkdir(parents=True, exist_ok=True)
-        return run_real(inputs, cfg.model, cfg.real_profile, cfg.seed, out)
+        return run_real(inputs, cfg.model, cfg.real_profile, cfg.seed, out, cfg.corpus)
     clock = time.perf_counter()
     profile = cfg.profile
     seeds = training_seeds(cfg.seed, profile.seeds)

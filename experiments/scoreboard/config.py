@@ -124,6 +124,59 @@ REAL_TASKS = {
 
 
 @dataclass(frozen=True)
+class RealSizes:
+    """What the quick and default profiles of the real track's lenses and head detectors differ in
+    (experiments.scoreboard.real_lenses)."""
+
+    layers: tuple[int, ...]  # the layers read (blocks.l.hook_resid_pre); the output row is always read
+    eval_windows: int  # held-out windows the lenses are graded on
+    fit_windows: int  # training windows the tuned lens is fitted on
+    length: int  # tokens per window
+    tuned_iterations: int  # L-BFGS iterations of the tuned lens's fit
+    jacobian_windows: int  # training windows of jacobian_length the Jacobian lens is fitted on (0: not fitted)
+    jacobian_length: int
+    head_sequences: int  # repeated random sequences the heads are scored and ablated on
+    head_span: int  # random tokens per copy
+    n_boot: int
+    windows_per_pass: int = 4  # windows read at once (each reading holds [windows, length, 49,152] floats)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.layers or self.eval_windows < 2 or self.windows_per_pass < 2:
+            raise ValueError("the real lenses need layers, ≥ 2 held-out windows and ≥ 2 windows per pass")
+
+
+REAL_LENSES_QUICK = RealSizes(
+    layers=(0, 10, 20, 25, 29),
+    eval_windows=8,
+    fit_windows=2,
+    length=32,
+    tuned_iterations=10,
+    jacobian_windows=0,
+    jacobian_length=8,
+    head_sequences=2,
+    head_span=8,
+    n_boot=400,
+)
+# The default sizes are the quick ones scaled where the quick run is weakest: a tuned lens fitted on 2 windows reads
+# held-out windows worse than the logit lens at the last layers (it fits its 332k parameters per layer to 64
+# positions), and 2 sequences give the heads' bootstrap nothing to resample; the Jacobian lens's one window of 8 tokens
+# costs 576 × 8 token-passes forward and back.
+REAL_LENSES_DEFAULT = RealSizes(
+    layers=(0, 5, 10, 15, 20, 25, 28, 29),
+    eval_windows=32,
+    fit_windows=4,
+    length=64,
+    tuned_iterations=20,
+    jacobian_windows=1,
+    jacobian_length=8,
+    head_sequences=4,
+    head_span=12,
+    n_boot=1000,
+)
+
+
+@dataclass(frozen=True)
 class RealProfile:
     """What the real-model track's default and quick runs differ in: how many prompts each task's grades average over
     (of those the model answers), the integrated gradients' steps, the random replacement tokens each position's
@@ -139,6 +192,7 @@ class RealProfile:
     capital_candidates: int  # capital questions tried (of the commonest prompt length), for `prompts` answered
     n_boot: int
     tasks: tuple[str, ...] = tuple(REAL_TASKS)
+    lenses: RealSizes | None = None  # the lenses and head detectors (None: not graded)
 
 
 REAL_DEFAULT = RealProfile(
@@ -150,6 +204,7 @@ REAL_DEFAULT = RealProfile(
     graph_features=64,
     capital_candidates=64,
     n_boot=1000,
+    lenses=REAL_LENSES_DEFAULT,
 )
 # Quick is sized for a few minutes on two idle cores: a forward pass of smollm2 over 15 tokens takes about 0.2 s on
 # two shared ones (measured at a load average of 5–7), and each method runs on the model and on its untrained copy.
@@ -163,6 +218,7 @@ REAL_QUICK = RealProfile(
     graph_features=32,
     capital_candidates=24,
     n_boot=400,
+    lenses=REAL_LENSES_QUICK,
 )
 
 
@@ -171,18 +227,21 @@ class Config(ProfileConfig):
     """The scoreboard: `seed` seeds the first of the profile's training seeds (the models, the batch order and
     every draw from the worlds; the worlds themselves are fixed above); `quick` is the small profile for tests and
     the demo. `model` (a pretrained model: a zoo name such as smollm2, or its folder) runs the real-model track
-    instead (experiments.scoreboard.real, runs/scoreboard_real/)."""
+    instead (experiments.scoreboard.real, runs/scoreboard_real/); `corpus` (the folder `forma corpus real` wrote)
+    is the text its lenses are fitted and graded on (without it they are left out, and the results say so)."""
 
     PROFILES = (DEFAULT, QUICK)
     REAL_PROFILES = (REAL_DEFAULT, REAL_QUICK)
 
     workers: int = 2  # processes for the independent parts (lab.parallel); results do not depend on it
     model: str | None = None
+    corpus: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         need(self, self.workers >= 1, f"workers must be a positive integer, got {self.workers!r}")
         need(self, self.model is None or self.model.strip() != "", "model must name a model, got an empty string")
+        need(self, self.corpus is None or self.model is not None, "corpus is for the real-model track: give a model")
 
     @property
     def real_track(self) -> bool:

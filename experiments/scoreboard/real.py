@@ -36,6 +36,7 @@ from experiments import peak_rss_gb
 from experiments.scoreboard.config import REAL_TASKS, RealProfile
 from experiments.scoreboard.figures import write_real_figures
 from experiments.scoreboard.per_world import row
+from experiments.scoreboard.real_lenses import head_rows, lens_rows
 from experiments.scoreboard.summary import attribution_headline, graph_headline
 from lab.analysis.grading import UNTRAINED_MODEL, grade_input_attribution
 from lab.analysis.input_attribution import METHODS
@@ -253,9 +254,16 @@ def load_real(name: str) -> tuple[HookedTransformer, Any, str]:
     return model, None, f"left out: {folder.name} has no transcoder set {GRAPH_SET!r} (`forma transcoders`)"
 
 
-def run_real(inputs: tuple[HookedTransformer, Any, str], name: str, profile: RealProfile, seed: int, out: Path) -> dict:
-    """The real-model track into `out`: each task's prompts, every method graded on them, the table
-    (scoreboard.parquet) and the headlines (results.json's dict)."""
+def run_real(
+    inputs: tuple[HookedTransformer, Any, str],
+    name: str,
+    profile: RealProfile,
+    seed: int,
+    out: Path,
+    corpus: str | Path | None = None,
+) -> dict:
+    """The real-model track into `out`: each task's prompts, every method graded on them, the head detectors and
+    (over `corpus`) the lenses, the table (scoreboard.parquet) and the headlines (results.json's dict)."""
     clock, load = time.perf_counter(), os.getloadavg()[0]
     model, transcoders, graph = inputs
     untrained = random_model(model, seed=seed + 1)
@@ -269,14 +277,14 @@ def run_real(inputs: tuple[HookedTransformer, Any, str], name: str, profile: Rea
             rows += more
             seconds[task_name] = time.perf_counter() - began
             counter.update()
-    # The one place the track's parts join the table: each part a list of the table's rows (the lenses' and head
-    # detectors' rows of experiments.scoreboard.real_lenses are one more `+ ...` here).
-    table = rows
+    parts, more = lens_and_head_rows(model, profile, corpus, seconds)
+    table = rows + more  # the one place the track's parts join the table
     save_table(table, out, "scoreboard")
     results: dict[str, Any] = {
         "model": name,
         "profile": dataclasses.asdict(profile),
         "graph": graph,
+        "lenses": parts,
         "table": table,
         "worlds": {REAL_TASKS[t][0]: tasks[t] for t in profile.tasks},
         "seconds": seconds | {"total": time.perf_counter() - clock},
@@ -286,6 +294,25 @@ def run_real(inputs: tuple[HookedTransformer, Any, str], name: str, profile: Rea
     results["headlines"] = real_headlines(results)
     results["figures"] = write_real_figures(out, results)
     return results
+
+
+def lens_and_head_rows(
+    model: HookedTransformer, profile: RealProfile, corpus: str | Path | None, seconds: dict[str, float]
+) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    """The head detectors' rows and, over `corpus`, the lenses' (experiments.scoreboard.real_lenses), with what was
+    graded or why not; each part's time in `seconds`."""
+    if profile.lenses is None:
+        return {"heads": "not graded (the profile has no lens sizes)", "lenses": "not graded"}, []
+    began = time.perf_counter()
+    rows = head_rows(model, profile.lenses)
+    seconds["heads"] = time.perf_counter() - began
+    if corpus is None:
+        why = "left out: no corpus given (`forma corpus real --out DIR`, then --corpus DIR)"
+        return {"heads": "graded", "lenses": why}, rows
+    began = time.perf_counter()
+    rows += lens_rows(model, corpus, profile.lenses)
+    seconds["lenses"] = time.perf_counter() - began
+    return {"heads": "graded", "lenses": f"graded on the corpus in {corpus}"}, rows
 
 
 def real_headlines(results: dict[str, Any]) -> list[dict[str, Any]]:

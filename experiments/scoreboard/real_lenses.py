@@ -33,12 +33,12 @@ later layer (its total effect). Grades per kind:
                      head); control: as many heads flagged at random, chance ½
 
 `lens_rows` and `head_rows` return rows of the scoreboard's table (experiments.scoreboard.per_world.row) with the
-world `WORLD`; `RealSizes` holds the sizes, QUICK_SIZES and DEFAULT_SIZES the two profiles'.
+world `WORLD`; their sizes are experiments.scoreboard.config's RealSizes (REAL_LENSES_QUICK and
+REAL_LENSES_DEFAULT, the real track's two profiles').
 """
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from experiments.scoreboard.config import RealSizes
 from experiments.scoreboard.per_world import row
 from lab.analysis.grading import FLAGGED
 from lab.analysis.heads import HEAD_KINDS, pattern_scores, repeated_tokens
@@ -65,58 +66,6 @@ RANDOM_SCORES = "random head scores (seeded)"
 RANDOM_FLAGS = "as many heads flagged at random"
 SEPARATOR = 0  # <|endoftext|>, smollm2's document separator, before each repeated random sequence
 FIRST_ORDINARY = 100  # random tokens are drawn from ids ≥ this (below it: special tokens and single bytes)
-
-
-@dataclass(frozen=True)
-class RealSizes:
-    """What the quick and default profiles of the real lenses and heads differ in."""
-
-    layers: tuple[int, ...]  # the layers read (blocks.l.hook_resid_pre); the output row is always read
-    eval_windows: int  # held-out windows the lenses are graded on
-    fit_windows: int  # training windows the tuned lens is fitted on
-    length: int  # tokens per window
-    tuned_iterations: int  # L-BFGS iterations of the tuned lens's fit
-    jacobian_windows: int  # training windows of jacobian_length the Jacobian lens is fitted on (0: not fitted)
-    jacobian_length: int
-    head_sequences: int  # repeated random sequences the heads are scored and ablated on
-    head_span: int  # random tokens per copy
-    n_boot: int
-    windows_per_pass: int = 4  # windows read at once (each reading holds [windows, length, 49,152] floats)
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if not self.layers or self.eval_windows < 2 or self.windows_per_pass < 2:
-            raise ValueError("the real lenses need layers, ≥ 2 held-out windows and ≥ 2 windows per pass")
-
-
-QUICK_SIZES = RealSizes(
-    layers=(0, 10, 20, 25, 29),
-    eval_windows=8,
-    fit_windows=2,
-    length=32,
-    tuned_iterations=10,
-    jacobian_windows=0,
-    jacobian_length=8,
-    head_sequences=2,
-    head_span=8,
-    n_boot=400,
-)
-# The default sizes are the quick ones scaled where the quick run is weakest: a tuned lens fitted on 2 windows reads
-# held-out windows worse than the logit lens at the last layers (it fits its 332k parameters per layer to 64
-# positions), and 2 sequences give the heads' bootstrap nothing to resample; the Jacobian lens's one window of 8 tokens
-# costs 576 × 8 token-passes forward and back.
-DEFAULT_SIZES = RealSizes(
-    layers=(0, 5, 10, 15, 20, 25, 28, 29),
-    eval_windows=32,
-    fit_windows=4,
-    length=64,
-    tuned_iterations=20,
-    jacobian_windows=1,
-    jacobian_length=8,
-    head_sequences=4,
-    head_span=12,
-    n_boot=1000,
-)
 
 
 def layer_label(layer: int, n_layers: int) -> str:

@@ -383,6 +383,12 @@ def _add_run(sub: Commands) -> None:
         metavar="FILE",
         help="a question–answer CSV (question, answer), for experiments that take one (monitor, with --model)",
     )
+    run.add_argument(
+        "--corpus",
+        metavar="DIR",
+        help="the real corpus (`forma corpus real --out DIR`), for experiments that take one (scoreboard, with "
+        "--model: its lenses are fitted and graded on it; without it they are left out)",
+    )
     run.set_defaults(func=cmd_run)
 
 

@@ -59,6 +59,7 @@ def _given_options(args: argparse.Namespace) -> dict:
         "model": args.model,
         "mmlu": args.mmlu,
         "qa": args.qa,
+        "corpus": args.corpus,
         "workers": args.workers,
     }
     entry = experiments.experiment(args.name)
@@ -68,6 +69,8 @@ def _given_options(args: argparse.Namespace) -> dict:
         raise ValueError(f"experiment {args.name!r} takes no --{unsupported[0]}")
     if args.model is not None:
         model_folder(args.model)
+    if args.corpus is not None and not Path(args.corpus).is_dir():
+        raise ValueError(f"--corpus {args.corpus}: no such folder (`forma corpus real --out DIR` writes one)")
     for option, what in entry.files:
         if given[option] is not None:
             regular_file(given[option], what=what)

@@ -578,3 +578,17 @@ def test_a_model_sends_the_scoreboard_to_its_real_track_and_its_own_folder():
     )
     with pytest.raises(ValueError, match="model must name a model"):
         experiment.Config(model=" ")
+    assert "corpus" in experiments.experiment("scoreboard").options
+    assert experiment.Config(quick=True, model="smollm2").real_profile.lenses.eval_windows >= 2
+    with pytest.raises(ValueError, match="corpus is for the real-model track"):
+        experiment.Config(corpus="corpora/real")
+
+
+def test_forma_run_refuses_a_corpus_that_is_no_folder_or_an_experiment_without_one(capsys, tmp_path):
+    from lab.cli.parser import main
+
+    assert main(["run", "scoreboard", "--model", "smollm2", "--corpus", str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err
+    assert f"--corpus {tmp_path / 'none'}: no such folder" in err and len(err.strip().splitlines()) == 1, err
+    assert main(["run", "kl", "--corpus", str(tmp_path)]) == 2
+    assert "experiment 'kl' takes no --corpus" in capsys.readouterr().err

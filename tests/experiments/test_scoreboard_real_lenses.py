@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from experiments.scoreboard.config import REAL_LENSES_QUICK
 from experiments.scoreboard.per_world import row
 from experiments.scoreboard.real_lenses import (
-    QUICK_SIZES,
     ablation_effects,
     head_grades,
     lens_grades_real,
@@ -31,7 +31,7 @@ def tiny() -> HookedTransformer:
 
 def test_layer_by_layer_ablation_equals_the_full_forward_one():
     m = tiny()
-    tokens, scored = repeated_sequences(m, dataclasses.replace(QUICK_SIZES, head_sequences=3, head_span=6))
+    tokens, scored = repeated_sequences(m, dataclasses.replace(REAL_LENSES_QUICK, head_sequences=3, head_span=6))
     assert tokens.shape == (3, 13) and (tokens[:, 0] == 0).all() and torch.equal(tokens[:, 1:7], tokens[:, 7:])
     assert scored[0].nonzero().flatten().tolist() == [7, 8, 9, 10, 11]  # predicting the second copy's x_1 … x_5
     ours = ablation_effects(m, tokens, scored)

@@ -9,8 +9,9 @@ import dataclasses
 import pytest
 import torch
 
-from experiments.scoreboard.config import REAL_QUICK, REAL_TASKS
+from experiments.scoreboard.config import REAL_LENSES_QUICK, REAL_QUICK, REAL_TASKS
 from experiments.scoreboard.real import capital_prompt, induction_prompts, ioi_prompts, run_real
+from experiments.scoreboard.real_lenses import WORLD
 from lab.load import load_model
 
 pytestmark = pytest.mark.real
@@ -58,13 +59,24 @@ def test_the_capital_prompts_mark_the_subjects_tokens(model):
 TABLE_COLUMNS = {"method", "world", "readout", "grade", "value", "low", "high", "chance", "control", "control_low"}
 
 
-def test_a_small_run_on_induction_has_a_method_beating_random_and_its_control(zoo, tmp_path):
-    """Induction alone (the other tasks run the same code), no graph: 4 prompts the model answers."""
+def test_a_small_run_on_induction_has_a_method_beating_random_and_its_control(zoo, corpus, tmp_path):
+    """Induction alone (the other tasks run the same code), no graph: 4 prompts the model answers; the head
+    detectors and the lenses over the corpus at a test's size (their grades: tests/real/test_scoreboard_real_lenses.py)
+    join the same table."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("FORMA_ZOO_DIR", str(zoo.parent))
         model = load_model("smollm2").eval()
-    profile = dataclasses.replace(REAL_QUICK, prompts=4, tasks=("induction",), graph_prompts=0, n_boot=200)
-    results = run_real((model, None, "left out"), "smollm2", profile, 0, tmp_path)
+    lenses = dataclasses.replace(
+        REAL_LENSES_QUICK, layers=(29,), eval_windows=2, fit_windows=1, length=8, tuned_iterations=1, head_sequences=2
+    )
+    profile = dataclasses.replace(
+        REAL_QUICK, prompts=4, tasks=("induction",), graph_prompts=0, n_boot=200, lenses=lenses
+    )
+    results = run_real((model, None, "left out"), "smollm2", profile, 0, tmp_path, corpus)
+    parts = [r for r in results["table"] if r["world"] == WORLD]
+    assert {r["method"] for r in parts} == {"logit lens", "tuned lens", "head detectors"}, {r["method"] for r in parts}
+    assert results["lenses"]["lenses"].startswith("graded") and {"heads", "lenses"} <= set(results["seconds"])
+    results["table"] = [r for r in results["table"] if r["world"] != WORLD]
     world, readout = REAL_TASKS["induction"]
     task = results["worlds"][world]
     assert task["prompts"] == profile.prompts and task["answered"] <= task["tried"]

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+from experiments.scoreboard.config import REAL_LENSES_QUICK
 from experiments.scoreboard.real_lenses import (
-    QUICK_SIZES,
     WORLD,
     ablation_effects,
     detector_scores,
@@ -28,7 +28,7 @@ from lab.zoo.transcoders import corpus_windows
 pytestmark = pytest.mark.real
 
 SIZES = dataclasses.replace(
-    QUICK_SIZES, layers=(25, 29), eval_windows=4, fit_windows=2, length=16, tuned_iterations=2, n_boot=300
+    REAL_LENSES_QUICK, layers=(25, 29), eval_windows=4, fit_windows=2, length=16, tuned_iterations=2, n_boot=300
 )
 
 
@@ -64,7 +64,7 @@ def test_a_lens_emitting_random_logits_gains_nothing_over_another_window(model, 
 
 
 def test_the_induction_detectors_top_heads_outweigh_random_heads_when_ablated(model):
-    sizes = dataclasses.replace(QUICK_SIZES, head_sequences=2, head_span=8)
+    sizes = dataclasses.replace(REAL_LENSES_QUICK, head_sequences=2, head_span=8)
     tokens, scored = repeated_sequences(model, sizes)
     scores = detector_scores(model, tokens, ["induction"])["induction"].mean(0).ravel()
     top = np.argsort(-scores)[:4]
