@@ -28,7 +28,7 @@ def test_the_registrys_options_are_each_experiments_config_fields():
 
     for entry in experiments.REGISTRY:
         fields = {f.name for f in dataclasses.fields(experiments.load(entry.name).Config)}
-        assert set(entry.options) == fields & {"model", "mmlu", "qa", "workers"}, entry.name
+        assert set(entry.options) == fields & {"model", "mmlu", "qa", "corpus", "workers"}, entry.name
         assert {"seed", "quick"} <= fields, entry.name
 
 
