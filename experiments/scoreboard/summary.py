@@ -201,7 +201,13 @@ def graph_headline(results: dict[str, Any], world: str, readout: str = "last pre
         f"{rows['auroc']['control_high']:.2f}] and {rows['relevant_mass']['control']:.2f} "
         f"[{rows['relevant_mass']['control_low']:.2f}, {rows['relevant_mass']['control_high']:.2f}]; replacement "
         f"score {said(replacement)} trained, {replacement['control']:.2f} untrained: the transcoders "
-        + ("add to what the graph finds." if beats else "add nothing the run can tell to what the graph finds.")
+        + (
+            "add to what the graph finds."
+            if beats
+            else "leave the graph worse than over untrained transcoders."
+            if beaten
+            else "add nothing the run can tell to what the graph finds."
+        )
     )
     return headline(
         f"graph_{world}" + ("_unique_source" if readout == "unique source" else ""),

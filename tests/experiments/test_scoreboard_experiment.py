@@ -343,6 +343,12 @@ def test_the_graph_is_credited_only_where_trained_transcoders_beat_untrained_one
         r.update(control=0.9, control_low=0.85, control_high=0.95)
     same = graph_headline({"table": table}, "markov")
     assert not same["supported"] and not same["direction"] and "add nothing" in same["sentence"]
+    for r in table:  # the untrained transcoders' graph above the trained one's by its interval: a finding, said so
+        r.update(control=0.99, control_low=0.97, control_high=1.0)
+    worse = graph_headline({"table": table}, "markov")
+    assert worse["supported"] and not worse["direction"]
+    assert "leave the graph worse than over untrained transcoders" in worse["sentence"]
+    assert "add nothing" not in worse["sentence"]
 
 
 def test_a_lens_headline_needs_both_lenses_to_read_their_prompt_and_their_intervals_apart():
