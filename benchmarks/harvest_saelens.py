@@ -54,10 +54,22 @@ SMOLLM2 = "smollm2"
 SMOLLM2_HOOK = "blocks.15.hook_resid_post"  # the middle of its 30 layers
 
 
+def unprocessed(cfg: Any, state_dict: dict) -> Any:
+    """A TransformerLens HookedTransformer of `cfg` holding `state_dict` as it is: none of from_pretrained's weight
+    processing (no folded norms, no centred weights or unembedding, no folded value biases)."""
+    from transformer_lens import HookedTransformer
+
+    model = HookedTransformer(cfg)
+    model.load_and_process_state_dict(
+        state_dict, fold_ln=False, center_writing_weights=False, center_unembed=False, fold_value_biases=False
+    )
+    return model.eval()
+
+
 def tl_model(hf: Any, device: str) -> Any:
     """A TransformerLens HookedTransformer with a GPT-2 Hugging Face model's weights as they are (the config
     TransformerLens derives for GPT2LMHeadModel, none of from_pretrained's weight processing)."""
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
+    from transformer_lens import HookedTransformerConfig
     from transformer_lens.pretrained.weight_conversions import convert_gpt2_weights
 
     c = hf.config
@@ -75,22 +87,14 @@ def tl_model(hf: Any, device: str) -> Any:
         original_architecture="GPT2LMHeadModel",
         device=device,
     )
-    model = HookedTransformer(cfg)
-    model.load_and_process_state_dict(
-        convert_gpt2_weights(hf, cfg),
-        fold_ln=False,
-        center_writing_weights=False,
-        center_unembed=False,
-        fold_value_biases=False,
-    )
-    return model.eval()
+    return unprocessed(cfg, convert_gpt2_weights(hf, cfg))
 
 
 def tl_llama(hf: Any, device: str, n_ctx: int = SEQ_LEN) -> Any:
     """A TransformerLens HookedTransformer with a Llama Hugging Face model's weights as they are (the config
     TransformerLens derives for LlamaForCausalLM but a context of n_ctx, none of from_pretrained's weight
     processing)."""
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
+    from transformer_lens import HookedTransformerConfig
     from transformer_lens.pretrained.weight_conversions import convert_llama_weights
 
     c = hf.config
@@ -116,15 +120,7 @@ def tl_llama(hf: Any, device: str, n_ctx: int = SEQ_LEN) -> Any:
         original_architecture="LlamaForCausalLM",
         device=device,
     )
-    model = HookedTransformer(cfg)
-    model.load_and_process_state_dict(
-        convert_llama_weights(hf, cfg),
-        fold_ln=False,
-        center_writing_weights=False,
-        center_unembed=False,
-        fold_value_biases=False,
-    )
-    return model.eval()
+    return unprocessed(cfg, convert_llama_weights(hf, cfg))
 
 
 def models(size: str, device: str) -> tuple[Any, Any]:
