@@ -12,9 +12,10 @@ the attention, the norms, the decoders, learned positions).
 `LocalReplacement(model, transcoders, tokens)` runs the prompt once and keeps what the freezing needs; `rows(targets)`
 computes edges for any vectors read at any hook (feature encoders at the MLP input, demeaned unembeddings at the
 logits, a query or key direction at an attention head), in chunks of positions: targets are sorted by position and
-a chunk of up to `batch_size` targets whose last position is P runs the prompt's first P + 1 tokens only (causal
-attention: nothing later can reach them), one forward pass and a backward pass per target batched over the chunk
-(`is_grads_batched`). Memory is one prefix's forward plus the chunk's batch × prefix of gradients.
+a chunk of up to `batch_size` targets whose last position is P needs the prompt's first P + 1 tokens only (causal
+attention: nothing later can reach them); a forward pass over a prefix serves every chunk whose own prefix is at
+least half of it, and each chunk takes one backward pass per target, batched (`is_grads_batched`). Memory is one
+prefix's forward plus the chunk's batch × prefix of gradients.
 
 A node budget (`max_features`, circuit-tracer's `max_feature_nodes`) keeps the active features with the largest
 activation × decoder norm (the size of what each writes); the others' outputs a·W_dec are folded into the error
@@ -176,33 +177,47 @@ class LocalReplacement:
     # --- edges --------------------------------------------------------------------------------------------------
     def rows(self, targets: Sequence[Target]) -> Tensor:
         """[len(targets), n_sources] edges: columns are the active features (in `features` order), the error nodes
-        (layer-major: layer · n_pos + pos) and the token embeddings (by position)."""
+        (layer-major: layer · n_pos + pos) and the token embeddings (by position).
+
+        Targets sorted by position are cut into chunks of `batch_size`; chunks whose prefix reaches at least half
+        the longest pending one's share its forward pass, kept for their backward passes: at most ⌈log₂ n⌉ + 1
+        forward passes for a prompt of n tokens, and no backward pass over more than twice its chunk's prefix."""
         out = torch.zeros(len(targets), self.n_sources)
         order = sorted(range(len(targets)), key=lambda i: targets[i].pos)
-        for start in range(0, len(order), self.batch_size):
-            chunk = order[start : start + self.batch_size]
-            out[chunk] = self._chunk([targets[i] for i in chunk])
+        chunks = [[targets[i] for i in order[s : s + self.batch_size]] for s in range(0, len(order), self.batch_size)]
+        ends = [chunk[-1].pos + 1 for chunk in chunks]  # each chunk's prefix: its last target's position + 1
+        end = len(chunks)
+        while end:
+            length, start = ends[end - 1], end - 1
+            while start and 2 * ends[start - 1] >= length:
+                start -= 1
+            leaves: dict[str, Tensor] = {}
+            with torch.enable_grad():
+                seen = self.run(length, [t.hook for chunk in chunks[start:end] for t in chunk], leaves)
+                for c in range(start, end):
+                    out[order[c * self.batch_size : c * self.batch_size + len(chunks[c])]] = self._chunk(
+                        chunks[c], seen, leaves, length
+                    )
+            end = start
         return out
 
-    def _chunk(self, targets: Sequence[Target]) -> Tensor:
-        """One forward pass over the chunk's prefix, then one backward pass per target, batched (vmap over the
-        injected gradients: the forward's activations are kept once, not once per target)."""
-        length = max(t.pos for t in targets) + 1
+    def _chunk(self, targets: Sequence[Target], seen: dict[str, Tensor], leaves: dict[str, Tensor], length: int):
+        """One backward pass per target of the chunk, batched (vmap over the injected gradients), through the
+        forward pass `seen` over the first `length` tokens (kept for the next chunk that shares it)."""
         rows = len(targets)
-        leaves: dict[str, Tensor] = {}
-        with torch.enable_grad():
-            seen = self.run(length, [t.hook for t in targets], leaves)
-            grads_out = {name: torch.zeros(rows, *value.shape, dtype=value.dtype) for name, value in seen.items()}
-            for row, t in enumerate(targets):
-                grads_out[t.hook][row, 0, t.pos] += t.vector.to(grads_out[t.hook].dtype)
-            names, inputs = list(grads_out), list(leaves)
-            grads = torch.autograd.grad(
-                [seen[n] for n in names],
-                [leaves[n] for n in inputs],
-                [grads_out[n] for n in names],
-                allow_unused=True,
-                is_grads_batched=True,
-            )
+        names = list(dict.fromkeys(t.hook for t in targets))
+        grads_out = {name: torch.zeros(rows, *seen[name].shape, dtype=seen[name].dtype) for name in names}
+        for row, t in enumerate(targets):
+            grads_out[t.hook][row, 0, t.pos] += t.vector.to(grads_out[t.hook].dtype)
+        inputs = list(leaves)
+        grads = torch.autograd.grad(
+            [seen[n] for n in names],
+            [leaves[n] for n in inputs],
+            [grads_out[n] for n in names],
+            allow_unused=True,
+            retain_graph=True,
+            is_grads_batched=True,
+        )
         grad = {
             name: (torch.zeros(rows, *leaves[name].shape) if g is None else g)[:, 0].float()
             for name, g in zip(inputs, grads)
