@@ -10,6 +10,7 @@ from dashboards.display import (
     figures,
     plain,
     read_table,
+    rerun,
     short,
     show_figures,
     show_headlines,
@@ -65,14 +66,14 @@ FIGURES_BY_METHOD = (
 )
 
 
-def show_scoreboard(folder: Path, key: str, worlds: str, command: str) -> bool:
+def show_scoreboard(folder: Path, key: str, worlds: str) -> bool:
     """The run's table (scoreboard.parquet), as both tracks show it: each key in its one display name (lab.names),
     the methods and the `worlds` (what the track calls them: the toy worlds, the real track's tasks) to choose,
-    widgets keyed by `key`, and the rows chosen, every digit a download away; False, after saying what to run
-    (`command`), for a run without the table."""
-    table = read_table(folder / "scoreboard.parquet", "scoreboard")
+    widgets keyed by `key`, and the rows chosen, every digit a download away; False, after saying what to run, for a
+    run without the table."""
+    table = read_table(folder / "scoreboard.parquet", folder.parent.name)
     if table is None:
-        st.info(f"This run has no scoreboard.parquet: run `{command}` again.")
+        st.info("This run has no scoreboard.parquet. " + rerun(folder.parent.name))
         return False
     present = [c for c in COLUMNS if c in table.columns]  # a run made before a column was added lacks it
     table = table[present[:7] + [c for c in SEED_COLUMNS if c in table.columns] + present[7:]]
@@ -107,7 +108,7 @@ def render(folder: Path, results: dict) -> None:
         "finds the mechanism only where it beats the best of them and its control."
     )
     show_headlines(results)
-    if not show_scoreboard(folder, "scoreboard", "Worlds", "forma run scoreboard"):
+    if not show_scoreboard(folder, "scoreboard", "Worlds"):
         return
     unreadable: list[str] = []
     drawn = dict(figures(folder, unreadable))
@@ -187,7 +188,7 @@ def render_real(folder: Path, results: dict) -> None:
     show_headlines(results)
     show_parts(results)
     show_cost(results)
-    if show_scoreboard(folder, "scoreboard_real", "Tasks", "forma run scoreboard --model smollm2"):
+    if show_scoreboard(folder, "scoreboard_real", "Tasks"):
         show_figures(folder)
 
 

@@ -123,6 +123,17 @@ def test_a_real_track_run_made_before_the_lenses_says_they_are_not_recorded(real
     assert len(real_table(at)[0]) == len(results["table"])
 
 
+def test_a_real_track_results_json_of_another_shape_says_the_command_that_makes_it_again(real_run):
+    path = real_run / "results.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | {"seconds": "soon"}))
+    (real_run / "scoreboard.parquet").write_text("not a table")
+    at = page("scoreboard").run()
+    assert not at.exception, at.exception
+    said = rendered(" ".join(w.value for w in at.warning))
+    assert str(path) in said and "scoreboard.parquet" in said, said
+    assert said.count("forma run scoreboard --model smollm2") == 2 and "scoreboard_real --quick" not in said, said
+
+
 def test_the_real_tracks_methods_and_tasks_filter_its_table(real_run):
     at = page("scoreboard").run()
     at.multiselect(key="scoreboard_real_methods").set_value(["head detectors"]).run()
