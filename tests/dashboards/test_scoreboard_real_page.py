@@ -10,6 +10,7 @@ them). smollm2 answers the induction prompts it is graded on; a random model ans
 prompt it tries as answered (experiments.scoreboard.real.answered)."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -22,7 +23,7 @@ from lab import HookedTransformer, ModelConfig
 from lab.cli.parser import main
 from lab.data.real_corpus import collect_documents, write_corpus
 from lab.data.stdlib_corpus import train_bpe
-from lab.runs import latest_run
+from lab.runs import latest_run, run_and_record, save_table
 from lab.zoo.graphs import INDUCTION_IDS
 from tests.builders import page, rendered, texts
 
@@ -107,6 +108,8 @@ def test_the_page_shows_the_real_tracks_run_its_rows_and_what_it_left_out(real_r
     assert len(table) == len(results["table"])
     assert {"gradient × input", "logit lens", "tuned lens", "Jacobian lens", "head detectors"} <= set(methods)
     assert {"repeated tokens", WORLD} == set(table["world"])
+    keys = {v for v in [*methods, *table.columns, *table.to_numpy().ravel()] if re.search(r"[a-z]_[a-z]", str(v))}
+    assert not keys, keys  # every method, task, readout and grade in words (lab.names), as on the toy table
     assert f"fig-scoreboard_real-{real_run.name}-attribution" in {chart.key for chart in at.get("plotly_chart")}
 
 
@@ -144,6 +147,25 @@ def test_the_real_tracks_methods_and_tasks_filter_its_table(real_run):
     at.multiselect(key="scoreboard_real_worlds").set_value(["repeated tokens"]).run()
     table, methods = real_table(at)
     assert set(methods) == {"gradient"} and set(table["world"]) == {"repeated tokens"}
+
+
+def test_beside_a_toy_run_each_track_keeps_its_own_table_and_filters(real_run):
+    """A toy run (here: a stand-in with five of the real run's rows, as run_and_record writes it) above the real
+    track's: two tables, each filtered by its own widgets, no key shared."""
+    rows = json.loads((real_run / "results.json").read_text())["table"][:5]
+
+    def toy(config, folder):
+        save_table(rows, folder, "scoreboard")
+        return {"table": rows, "headlines": [], "worlds": {}}
+
+    run_and_record("scoreboard", {"seed": 0, "quick": True}, toy)
+    at = page("scoreboard").run()
+    assert not at.exception, at.exception
+    at.multiselect(key="scoreboard_real_methods").set_value(["head detectors"]).run()
+    assert not at.exception, at.exception
+    scoreboards = [t.value for t in at.table if "world" in t.value.columns]
+    assert [len(t) for t in scoreboards] == [5, 4]  # the toy table whole, the real one filtered
+    assert len(at.multiselect(key="scoreboard_methods").value) == len({r["method"] for r in rows})
 
 
 def test_with_no_real_track_run_the_page_says_how_to_make_one(empty):
