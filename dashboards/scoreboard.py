@@ -1,5 +1,7 @@
 """Methods against the truth: every interpretability method graded on worlds whose law and mechanism are known —
-the table first (method × world × readout × grade, with intervals and controls), then each method's figures."""
+the table first (method × world × readout × grade, with intervals and controls), then each method's figures. Below,
+the real-model track (`forma run scoreboard --model smollm2`, runs/scoreboard_real/): what it graded and left out,
+what it took, and its table — the same table and filters (show_scoreboard), its tasks for the worlds."""
 
 from pathlib import Path
 
