@@ -21,8 +21,8 @@ import streamlit as st
 from safetensors import SafetensorError
 
 from dashboards.charts import draw, relabel
-from experiments import REAL_TRACK
 from experiments import experiment as registered
+from experiments import real_run_name, run_command
 from lab.analysis.transcoders.model import Transcoders
 from lab.folders import zoo_dir, zoo_names
 from lab.headlines import reason as headline_reason
@@ -71,8 +71,9 @@ def prose(value: Any) -> str:
     return "".join(out) + MARKDOWN_SYNTAX.sub(r"\\\1", text[start:])
 
 
-def rerun(experiment: str) -> str:
-    return f"Run `forma run {experiment} --quick` (or without --quick) to write it again."
+def rerun(run: str) -> str:
+    """What to run to write a run of runs/<run>/ again (an experiment's, or its real-model track's: run_command)."""
+    return f"Run `{run_command(run)} --quick` (or without --quick) to write it again."
 
 
 def latest_run(experiment: str) -> tuple[Path | None, dict | None, str | None]:
@@ -197,28 +198,28 @@ def show_real_track(
     """The experiment's real-model track below its toy-world run: the newest run of runs/<experiment>_real/
     (`forma run EXPERIMENT --model smollm2`), headed by the model it measured and the run it is, then
     render(folder, results); or how to make one. A malformed results.json is a warning, as on the page above."""
-    name = f"{experiment}{REAL_TRACK}"
+    name = real_run_name(experiment)
     st.header("On a real language model")
     working = show_progress("run", name)
     folder = newest_run(name)
     if folder is None:
         if not working:
             st.info(
-                f"No real-model run yet. `forma run {experiment} --model smollm2 --quick` makes one in minutes "
-                f"(without --quick, the full profile)."
+                f"No real-model run yet. `{run_command(name)} --quick` makes one in minutes (without --quick, the "
+                "full profile)."
             )
         return
     try:
         results = read_results(folder)
     except (FileNotFoundError, ValueError) as err:
-        st.warning(f"The run in {code(folder)} has an unreadable results.json ({plain(err)}). " + rerun(experiment))
+        st.warning(f"The run in {code(folder)} has an unreadable results.json ({plain(err)}). " + rerun(name))
         return
     record = run_record(folder)
     st.caption(f"Run {code(folder.name)} · {plain(describe_run(folder, record))}")
     if record["config"].get("quick"):
         st.info("A quick run of the real-model track: the small profile, for tests and the demo.")
     show_config(folder, record["config"])
-    render_checked(folder, results, experiment, render, fields, required, "real-model track")
+    render_checked(folder, results, name, render, fields, required, "real-model track")
 
 
 def show_run_header(experiment: str) -> tuple[Path | None, dict | None]:

@@ -57,11 +57,28 @@ REGISTRY = (
 REAL_TRACK = "_real"  # runs/<name>_real/: an experiment's real-model track, beside runs/<name>/ (the toy worlds)
 
 
+REAL_MODEL = "smollm2"  # the pretrained model a real-model track is run on in the docs and in what a page says to run
+
+
+def real_run_name(name: str) -> str:
+    """The run folder's experiment name of experiment `name`'s real-model track: `<name>_real` (runs/<name>_real/)."""
+    return f"{name}{REAL_TRACK}"
+
+
 def run_name(name: str, config: Any) -> str:
-    """The run folder's experiment name: `<name>_real` when the Config says it measures a pretrained language model
-    on the experiment's real-model track (its `real_track` is true: `forma run NAME --model smollm2`), else `name`.
-    The dashboard's page shows the newest run of each, side by side (dashboards.display.show_real_track)."""
-    return f"{name}{REAL_TRACK}" if getattr(config, "real_track", False) else name
+    """The run folder's experiment name: `real_run_name(name)` when the Config says it measures a pretrained language
+    model on the experiment's real-model track (its `real_track` is true: `forma run NAME --model smollm2`), else
+    `name`. The dashboard's page shows the newest run of each, side by side (dashboards.display.show_real_track)."""
+    return real_run_name(name) if getattr(config, "real_track", False) else name
+
+
+def run_command(run: str) -> str:
+    """The `forma run` command that makes a run of runs/<run>/: `forma run NAME` for an experiment's own runs,
+    `forma run NAME --model smollm2` for its real-model track's (`run` is `real_run_name(NAME)`)."""
+    name = run.removesuffix(REAL_TRACK)
+    if name != run and name in experiment_names():
+        return f"forma run {name} --model {REAL_MODEL}"
+    return f"forma run {run}"
 
 
 def peak_rss_gb() -> float:

@@ -172,3 +172,12 @@ def test_a_real_model_track_runs_into_its_own_folder_beside_the_toy_worlds():
     assert experiments.run_name("kl", Real()) == "kl_real"
     assert experiments.run_name("kl", Toy()) == "kl"
     assert experiments.run_name("kl", object()) == "kl"
+
+
+def test_a_run_folders_name_says_the_command_that_makes_it():
+    """runs/NAME/ is made by `forma run NAME`, runs/NAME_real/ by `forma run NAME --model smollm2` (what a page says
+    to run again); the names a run's folder can have are the ones run_name gives."""
+    for name in experiments.experiment_names():
+        assert experiments.run_command(name) == f"forma run {name}"
+        assert experiments.run_command(experiments.real_run_name(name)) == f"forma run {name} --model smollm2"
+    assert experiments.run_name("kl", type("Real", (), {"real_track": True})()) == experiments.real_run_name("kl")
