@@ -1,10 +1,13 @@
 """lab.analysis.graphs.attribute and .replacement: the graph is exact in the local replacement model."""
 
+import math
+
 import pytest
 import torch
 
 from lab.analysis.graphs.attribute import attribute, logit_targets
 from lab.analysis.graphs.checks import frozen_ablation, node_residuals, replacement_logits
+from lab.analysis.graphs.replacement import LocalReplacement
 from tests.builders import ARCHITECTURES, exact_transcoders, random_transcoders, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -38,10 +41,19 @@ def test_an_edge_is_what_removing_its_source_does_with_every_other_source_held()
         torch.testing.assert_close(moved, -graph.adjacency[:, index], atol=2e-6, rtol=1e-4)
 
 
-def test_chunks_of_positions_give_the_same_graph_as_one_batch():
+def test_chunks_of_positions_give_the_same_graph_as_one_batch(monkeypatch):
+    """… and share forward passes: a chunk reuses the pass over any prefix at most twice its own, so n tokens take at
+    most ⌈log₂ n⌉ + 1 forward passes however many chunks there are."""
     model = tiny_model()
     tc = random_transcoders(model)
+    lengths = []
+    run = LocalReplacement.run
+    monkeypatch.setattr(
+        LocalReplacement, "run", lambda self, length, *a, **k: lengths.append(length) or run(self, length, *a, **k)
+    )
     small = attribute(model, tc, TOKENS, batch_size=7)
+    passes = lengths[:-2]  # the last two: each node's input and bias over the whole prompt (LocalReplacement.values)
+    assert small.n_nodes > 8 * 7 and len(passes) <= math.ceil(math.log2(len(TOKENS))) + 1, passes
     whole = attribute(model, tc, TOKENS, batch_size=4096)
     torch.testing.assert_close(small.adjacency, whole.adjacency, atol=1e-6, rtol=1e-5)
     # causal: no edge from a later position into an earlier one
