@@ -412,6 +412,70 @@ def write_recipe(zoo_dir, name: str, text: str) -> None:
     (zoo_dir / name / "model.toml").write_text(text)
 
 
+def tiny_real_track(root: Path) -> tuple[Path, Path]:
+    """What the scoreboard's real-model track runs on at a test's size: a tiny random model saved as a folder
+    (root/tiny), its vocabulary holding the word pieces the induction prompts are drawn from (INDUCTION_IDS), and a
+    slice of the real corpus (root/corpus: the json package's docstrings in a 300-piece BPE's ids, as `forma corpus
+    real` writes them). Returns (folder, corpus)."""
+    from lab.data.real_corpus import collect_documents, write_corpus
+    from lab.data.stdlib_corpus import train_bpe
+    from lab.zoo.graphs import INDUCTION_IDS
+
+    cfg = ModelConfig(d_vocab=INDUCTION_IDS[1], d_model=16, n_layers=2, n_heads=2, n_ctx=32)
+    HookedTransformer(cfg, seed=0).save(root / "tiny")
+    documents = collect_documents(packages=(), stdlib_prefixes=("json/",), reference=False)
+    tokenizer = train_bpe("\n\n\n".join(doc.text for doc in documents), vocab_size=300)
+    write_corpus(root / "corpus", documents, tokenizer, seed=0, fraction=0.3)
+    return root / "tiny", root / "corpus"
+
+
+def tiny_real_profile(**changes):
+    """The real-model track's profile at a test's size (experiments.scoreboard.config.RealProfile): induction alone,
+    3 prompts, no graph unless `changes` asks for one, the lenses and head detectors on one layer."""
+    from experiments.scoreboard.config import RealProfile, RealSizes
+
+    sizes = RealSizes(
+        layers=(1,),
+        eval_windows=4,
+        fit_windows=2,
+        length=8,
+        tuned_iterations=1,
+        jacobian_windows=1,
+        jacobian_length=4,
+        head_sequences=3,
+        head_span=4,
+        n_boot=50,
+    )
+    base = dict(
+        prompts=3,
+        induction_span=5,
+        ig_steps=2,
+        effect_tokens=2,
+        graph_prompts=0,
+        graph_features=8,
+        capital_candidates=4,
+        n_boot=50,
+        tasks=("induction",),
+        lenses=sizes,
+    )
+    return RealProfile(**(base | changes))
+
+
+def real_track_run(folder: Path, corpus: Path, profile, monkeypatch) -> Path:
+    """`forma run scoreboard --model FOLDER --corpus CORPUS --quick` into FORMA_RUNS_DIR, with `profile` as both real
+    profiles (as `forma run` reads them) and every prompt tried taken as answered (a random model answers none:
+    experiments.scoreboard.real.answered). Returns the run folder it wrote (runs/scoreboard_real/<stamp>/)."""
+    import experiments.scoreboard.real as real_track
+    from experiments.scoreboard.config import Config
+    from lab.cli.parser import main
+    from lab.runs import latest_run
+
+    monkeypatch.setattr(Config, "REAL_PROFILES", (profile, profile))
+    monkeypatch.setattr(real_track, "answered", lambda model, tokens, answers: torch.ones(len(tokens), dtype=bool))
+    assert main(["run", "scoreboard", "--quick", "--model", str(folder), "--corpus", str(corpus)]) == 0
+    return latest_run("scoreboard_real")
+
+
 def figure():
     import plotly.graph_objects as go
 

@@ -13,63 +13,20 @@ import json
 import re
 
 import pytest
-import torch
 
-import experiments.scoreboard.real as real_track
 from dashboards.display import short
-from experiments.scoreboard.config import Config, RealProfile, RealSizes
 from experiments.scoreboard.real_lenses import WORLD
-from lab import HookedTransformer, ModelConfig
-from lab.cli.parser import main
-from lab.data.real_corpus import collect_documents, write_corpus
-from lab.data.stdlib_corpus import train_bpe
-from lab.runs import latest_run, run_and_record, save_table
-from lab.zoo.graphs import INDUCTION_IDS
-from tests.builders import page, rendered, texts
+from lab.runs import run_and_record, save_table
+from tests.builders import page, real_track_run, rendered, texts, tiny_real_profile, tiny_real_track
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-SIZES = RealSizes(
-    layers=(1,),
-    eval_windows=4,
-    fit_windows=2,
-    length=8,
-    tuned_iterations=1,
-    jacobian_windows=1,
-    jacobian_length=4,
-    head_sequences=3,
-    head_span=4,
-    n_boot=50,
-)
-TINY = RealProfile(
-    prompts=3,
-    induction_span=5,
-    ig_steps=2,
-    effect_tokens=2,
-    graph_prompts=0,
-    graph_features=8,
-    capital_candidates=4,
-    n_boot=50,
-    tasks=("induction",),
-    lenses=SIZES,
-)
 
 
 @pytest.fixture
 def real_run(empty, monkeypatch):
     """`forma run scoreboard --model <a tiny model's folder> --corpus <a corpus slice> --quick` into the empty clone's
-    runs/: the run folder it wrote (runs/scoreboard_real/<stamp>/)."""
-    # a vocabulary that holds the word pieces the induction prompts are drawn from (INDUCTION_IDS)
-    cfg = ModelConfig(d_vocab=INDUCTION_IDS[1], d_model=16, n_layers=2, n_heads=2, n_ctx=32)
-    HookedTransformer(cfg, seed=0).save(empty / "tiny")
-    documents = collect_documents(packages=(), stdlib_prefixes=("json/",), reference=False)
-    tokenizer = train_bpe("\n\n\n".join(doc.text for doc in documents), vocab_size=300)
-    write_corpus(empty / "corpus", documents, tokenizer, seed=0, fraction=0.3)
-    monkeypatch.setattr(Config, "REAL_PROFILES", (TINY, TINY))
-    monkeypatch.setattr(real_track, "answered", lambda model, tokens, answers: torch.ones(len(tokens), dtype=bool))
-    argv = ["run", "scoreboard", "--quick", "--model", str(empty / "tiny"), "--corpus", str(empty / "corpus")]
-    assert main(argv) == 0
-    return latest_run("scoreboard_real")
+    runs/ (no transcoder set: the graph is left out): the run folder it wrote (runs/scoreboard_real/<stamp>/)."""
+    return real_track_run(*tiny_real_track(empty), tiny_real_profile(), monkeypatch)
 
 
 def real_table(at):
