@@ -94,7 +94,7 @@ test-ct: $(CT_STAMP)
 	$(OFFLINE) FORMA_CT_PYTHON=$(CT_VENV)/bin/python $(BIN)/python -m pytest -q tests/ct
 
 # Peers first (minutes; the real model smollm2 among them, built first where this clone has not built it; the
-# harvest against SAELens runs in the SAE environment; circuit-tracer's graphs, SAELens' store and trainer on
+# harvest against SAELens runs in the SAE environment; circuit-tracer's graphs, SAELens' store and trainer, tuned-lens on
 # smollm2 too, after its real corpus and its top-k transcoders where this clone has neither), then what a user waits for (about an hour: a fresh clone's
 # install, `make demo`, every experiment's profiles); then the dashboard's response times over this checkout's models
 # and runs, the monitor's overhead, what training's thread-invariant kernels cost, the command line's start and how
@@ -115,6 +115,7 @@ bench: $(STAMP) $(SAE_STAMP) $(CT_STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.graphs
 	$(OFFLINE) FORMA_CT_PYTHON=$(CT_VENV)/bin/python $(BIN)/python -m benchmarks.graphs_circuit_tracer
 	test -f corpora/real/manifest.json || $(OFFLINE) $(BIN)/python -m lab.cli corpus real --out corpora/real
+	$(OFFLINE) $(BIN)/python -m benchmarks.tuned_lens --model smollm2
 	test -f models/smollm2/transcoders/topk/transcoders.safetensors || \
 	  $(OFFLINE) $(BIN)/python -m lab.cli transcoders smollm2 --corpus corpora/real --no-progress
 	$(OFFLINE) FORMA_CT_PYTHON=$(CT_VENV)/bin/python $(BIN)/python -m benchmarks.graphs_circuit_tracer --model smollm2

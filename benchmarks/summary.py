@@ -4,7 +4,8 @@ times (dashboard.json),
 the command line's start (cli.json), a training step's thread-invariant kernels (determinism.json), the real sizes,
 patching sweeps and harvesting (real_sizes.json, patching.json, harvest.json with harvest_saelens.json,
 distributed.json); off the CPU, the last four's <name>_<device>.json; and the peers at real size, on smollm2
-(SMOLLM2_PEERS: graphs_circuit_tracer_smollm2.json, harvest_saelens_smollm2.json, transcoders_saelens_smollm2.json).
+(SMOLLM2_PEERS: graphs_circuit_tracer_smollm2.json, harvest_saelens_smollm2.json, transcoders_saelens_smollm2.json)
+and the tuned lens beside tuned-lens's on smollm2 (tuned_lens_smollm2.json).
 Every benchmark script calls `write_summary()` when it finishes, so the summary always shows the latest
 measurement of each."""
 
@@ -449,6 +450,38 @@ def tuned_lens_lines(r: dict[str, Any]) -> list[str]:
     return [*lines, "", timing]
 
 
+def tuned_lens_smollm2_lines(r: dict[str, Any]) -> list[str]:
+    """Forma's tuned lens against the tuned-lens package's recipe on smollm2 over the real corpus, per layer
+    (benchmarks/tuned_lens.py --model smollm2)."""
+    sizes, fit = r["sizes"], r["fit_seconds"]
+    setting = (
+        f"{r['machine']['utc']} · both fitted on {sizes['fit_windows']} training windows of {sizes['length']} tokens "
+        f"(Forma {sizes['forma_iterations']} L-BFGS iterations a layer, the package {sizes['package_steps']} steps of "
+        f"{sizes['package_batch']} windows), judged on {sizes['held_out_windows']} held-out windows · "
+        f"{r['layers_chosen']} · {r['threads']} thread, load {r['machine_at_start']['load_average_1_5_15'][0]:.1f}"
+    )
+    lines = [
+        "## Tuned lens against tuned-lens on smollm2 (benchmarks/tuned_lens.py --model smollm2)",
+        "",
+        setting,
+        "",
+        "| layer | KL(P_θ ‖ lens), Forma | KL(P_θ ‖ lens), tuned-lens | logit lens | Forma ≤ tuned-lens's high |",
+        "|---|---|---|---|---|",
+    ]
+    for row in r["layers"]:
+        cells = [row["kl_model_nats"][name] for name in ("forma", "package", "logit_lens")]
+        lines.append(
+            f"| {row['readout']} | "
+            + " | ".join(f"{v:.3f} [{lo:.3f}, {hi:.3f}]" for v, lo, hi in cells)
+            + f" | {'yes' if row['forma_at_or_below_package_high'] else 'no'} |"
+        )
+    timing = (
+        f"Fit time: Forma {fit['forma']:.0f} s, tuned-lens {fit['package']:.0f} s; Forma at or below the top of the "
+        f"package's interval at every layer: {r['forma_at_or_below_package_high_at_every_layer']}."
+    )
+    return [*lines, "", timing]
+
+
 def graphs_lines(
     r: dict[str, Any], transcoders: dict[str, Any] | None = None, peer: dict[str, Any] | None = None
 ) -> list[str]:
@@ -654,6 +687,7 @@ def write_summary(device: str = "cpu") -> Path:
             ("cli", cli_lines),
             ("determinism", determinism_lines),
             ("tuned_lens", tuned_lens_lines),
+            ("tuned_lens_smollm2", tuned_lens_smollm2_lines),
         ]
         if device == "cpu"
         else []

@@ -20,6 +20,7 @@ from benchmarks import summary
         ("real_sizes", summary.real_sizes_lines, "## Real sizes"),
         ("real_model", summary.real_model_lines, "## The real model"),
         ("tuned_lens", summary.tuned_lens_lines, "## Tuned lens against tuned-lens"),
+        ("tuned_lens_smollm2", summary.tuned_lens_smollm2_lines, "## Tuned lens against tuned-lens on smollm2"),
     ],
 )
 def test_each_results_file_renders_its_section(name, render, title):

@@ -79,29 +79,20 @@ def test_the_induction_detectors_top_heads_outweigh_random_heads_when_ablated(mo
 
 def test_formas_tuned_lens_reads_smollm2_as_well_as_the_packages_training(model, corpus, monkeypatch):
     """The tuned-lens package on smollm2's export (lab.hf.convert.to_hf; its TransformerLens probe off), trained by
-    its recipe (benchmarks.tuned_lens.train_package_lens) on the same training windows and layers as Forma's fit:
-    on held-out windows Forma's KL(P_θ ‖ lens) is at or below the top of the package's interval at each layer."""
+    its recipe (benchmarks.tuned_lens.train_package_lens) on the same training windows and layers as Forma's fit, at
+    the quick sizes of the benchmark that records it on the real corpus (benchmarks.tuned_lens.compare_on_real,
+    SMOLLM2_QUICK): on held-out windows Forma's KL(P_θ ‖ lens) is at or below the top of the package's interval at
+    each layer, and every lens reads the model itself at the output."""
     from tuned_lens import model_surgery
 
-    from benchmarks.tuned_lens import train_package_lens
-    from lab.analysis.tuned_lens import fit_tuned_lens
-    from lab.hf.convert import to_hf
+    from benchmarks.tuned_lens import SMOLLM2_QUICK, compare_on_real
 
     monkeypatch.setattr(model_surgery, "_transformer_lens_available", False)
-    layers = [20, 28]
-    fit, held_out = corpus_windows(corpus, 4, 16, "train"), corpus_windows(corpus, 4, 16, "val")
-    hf = to_hf(model)
-    theirs = train_package_lens(hf, fit, steps=24, batch=2, layers=layers)
-    ours = fit_tuned_lens(model, fit, max_iter=15, layers=layers)
-    moves = {
-        "forma": ours.translate,
-        "package": lambda stack: torch.stack(
-            [stack[l] + theirs.layer_translators[l](stack[l]) for l in range(len(stack) - 1)] + [stack[-1]]
-        ),
-    }
-    log_unigram = unigram_log_probs(corpus, model.cfg.d_vocab)
-    with torch.no_grad():
-        graded = lens_grades_real(lens_readings(model, held_out, moves, layers, log_unigram), n_boot=300, seed=0)
-    for layer in layers:
+    graded, fits = compare_on_real(model, corpus, SMOLLM2_QUICK)
+    for layer in SMOLLM2_QUICK.layers:
         forma, package = graded["forma"][layer]["kl_model"].value, graded["package"][layer]["kl_model"].value
         assert forma.value <= package.high, (layer, forma, package)
+        assert forma.value < graded["logit"][layer]["kl_model"].value.low, layer
+    for lens in ("forma", "package", "logit"):
+        assert graded[lens][model.cfg.n_layers]["kl_model"].value.value == pytest.approx(0.0, abs=1e-4)
+    assert set(fits["forma_evaluations"]) == set(SMOLLM2_QUICK.layers)
