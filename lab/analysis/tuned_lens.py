@@ -43,6 +43,10 @@ class TunedLens:
     b: Float[Tensor, "layer d_model"]
     train_kl_nats: list[float]  # L_l on the fitting tokens at the optimum, per layer (NaN for a layer not fitted)
     evaluations: int  # L-BFGS function evaluations (each reads every layer)
+    # Fitted with validation tokens (early stopping): L_l on them at the iterate kept, and that iterate (0: the logit
+    # lens), per layer (NaN and -1 for a layer not fitted); None without.
+    validation_kl_nats: list[float] | None = None
+    stopped_at: list[int] | None = None
 
     def translate(self, residual: Float[Tensor, "layer ... d_model"]) -> Float[Tensor, "layer ... d_model"]:
         """Rows l < n_layers moved by their translator; a last (output) row, if present, left as it is."""
@@ -80,6 +84,7 @@ def fit_tuned_lens(
     max_iter: int = 100,
     tolerance: float = 1e-7,
     layers: Sequence[int] | None = None,
+    validation: Int[Tensor, "batch pos"] | None = None,
 ) -> TunedLens:
     """Train a tuned lens on `tokens` (say, a few hundred sequences of the model's world) as the module's
     docstring describes: the translators minimise Σ_l KL(P_θ ‖ P^(l)_tuned) + ½·weight_decay·‖A_l‖², every
@@ -87,7 +92,9 @@ def fit_tuned_lens(
     b = 0). The layers share no parameter, so the sum is minimised where each term is; one pass reads every
     layer at once. `layers` fits only those layers' translators (the others stay zero: the logit lens there, and
     NaN in train_kl_nats): on a model with a large vocabulary each layer's term costs a full unembedding of every
-    position."""
+    position. `validation` (tokens the fit does not read) stops early: L-BFGS runs one iteration at a time, and each
+    layer keeps the iterate of lowest L_l on them, the logit lens (iteration 0) included, so that a fit on few
+    tokens does not overfit its layers (validation_kl_nats and stopped_at say where each stopped)."""
     if weight_decay < 0 or max_iter < 1:
         raise ValueError(f"weight_decay must be ≥ 0 and max_iter ≥ 1, got {weight_decay} and {max_iter}")
     tokens = model.check_tokens(tokens)
@@ -104,7 +111,7 @@ def fit_tuned_lens(
     optimizer = torch.optim.LBFGS(
         [A, b],
         lr=1.0,
-        max_iter=max_iter,
+        max_iter=max_iter if validation is None else 1,
         tolerance_grad=tolerance,
         tolerance_change=1e-12,
         history_size=20,
@@ -122,16 +129,65 @@ def fit_tuned_lens(
         for p, _ in frozen:
             p.requires_grad_(False)
         with torch.enable_grad():
-            optimizer.step(objective)
+            if validation is None:
+                optimizer.step(objective)
+                kept = (A.detach(), b.detach(), None, None)
+            else:
+                kept = _early_stopped(model, optimizer, objective, (A, b), validation, chosen, max_iter)
+        A_kept, b_kept, validation_kl, stopped = kept
         with torch.no_grad():
-            kls = _kl_from(target, read_out(model, x + x @ A + b)).tolist()
+            kls = _kl_from(target, read_out(model, x + x @ A_kept + b_kept)).tolist()
     finally:
         for p, flag in frozen:
             p.requires_grad_(flag)
     evaluations = int(optimizer.state_dict()["state"][0]["func_evals"])
     full_A, full_b = torch.zeros(n_layers, d_model, d_model), torch.zeros(n_layers, d_model)
-    full_A[chosen], full_b[chosen] = A.detach(), b.detach()[:, 0]
-    train_kl = [float("nan")] * n_layers
-    for layer, value in zip(chosen, kls):
-        train_kl[layer] = value
-    return TunedLens(full_A, full_b, train_kl, evaluations)
+    full_A[chosen], full_b[chosen] = A_kept, b_kept[:, 0]
+    return TunedLens(
+        full_A,
+        full_b,
+        _per_layer(kls, chosen, n_layers, float("nan")),
+        evaluations,
+        None if validation_kl is None else _per_layer(validation_kl, chosen, n_layers, float("nan")),
+        None if stopped is None else _per_layer(stopped, chosen, n_layers, -1),
+    )
+
+
+def _per_layer(values: Sequence, chosen: Sequence[int], n_layers: int, missing: float | int) -> list:
+    out = [missing] * n_layers
+    for layer, value in zip(chosen, values):
+        out[layer] = value
+    return out
+
+
+def _early_stopped(
+    model: HookedTransformer,
+    optimizer: torch.optim.LBFGS,
+    objective,
+    parameters: tuple[Tensor, Tensor],
+    validation: Tensor,
+    chosen: Sequence[int],
+    max_iter: int,
+) -> tuple[Tensor, Tensor, list[float], list[int]]:
+    """`max_iter` L-BFGS iterations of `objective`, one at a time; each layer's translator kept at the iterate of
+    lowest KL on the validation tokens (iteration 0, A = b = 0, the logit lens, among them). Returns the kept A and
+    b, each layer's validation KL there and the iteration."""
+    A, b = parameters
+    with torch.inference_mode():
+        stack = residual_stack(model, model.check_tokens(validation)).flatten(1, 2)
+        target = read_out(model, stack[-1]).log_softmax(dim=-1)
+    vx, target = stack[chosen].clone(), target.clone()
+
+    def validation_kl() -> Tensor:
+        with torch.no_grad():
+            return _kl_from(target, read_out(model, vx + vx @ A + b))
+
+    best, best_A, best_b = validation_kl(), A.detach().clone(), b.detach().clone()
+    stopped = torch.zeros(len(chosen), dtype=torch.long)
+    for iteration in range(1, max_iter + 1):
+        optimizer.step(objective)
+        kl = validation_kl()
+        better = kl < best
+        best, stopped = torch.where(better, kl, best), torch.where(better, iteration, stopped)
+        best_A[better], best_b[better] = A.detach()[better], b.detach()[better]
+    return best_A, best_b, best.tolist(), stopped.tolist()

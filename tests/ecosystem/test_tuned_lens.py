@@ -121,3 +121,29 @@ def test_a_fit_of_some_layers_leaves_the_others_at_the_logit_lens():
     assert (final * (logit[-1] - read[1])).sum(-1).mean() < 0.7 * (final * (logit[-1] - logit[1])).sum(-1).mean()
     with pytest.raises(ValueError, match="layers"):
         fit_tuned_lens(m, tokens(4, 1), layers=[3])
+
+
+def _kl_to_model(m: HookedTransformer, lens: TunedLens, text: torch.Tensor) -> torch.Tensor:
+    """Each layer's KL(P_θ ‖ lens) on `text`, averaged over positions, recomputed from the lens's own readings."""
+    read = lens.log_probs(m, text)
+    return (read[-1].exp() * (read[-1] - read[:-1])).sum(-1).flatten(1).mean(-1)
+
+
+def test_validation_tokens_stop_each_layer_at_its_best_iterate():
+    """Fitted on 4 tokens, each layer keeps the iterate of lowest KL on the validation sequences: its recorded KL is
+    the kept translator's (recomputed), no worse than the logit lens's (iteration 0), and a fit stopped at that
+    iteration keeps the same translator; at least one layer stops before the last iteration."""
+    m = model()
+    fit, validation = tokens(1, 1)[:, :4], tokens(16, 2)
+    full = fit_tuned_lens(m, fit, max_iter=60, weight_decay=0.0)
+    stopped = fit_tuned_lens(m, fit, max_iter=60, weight_decay=0.0, validation=validation)
+    assert full.validation_kl_nats is None and full.stopped_at is None
+    recomputed = _kl_to_model(m, stopped, validation)
+    torch.testing.assert_close(recomputed, torch.tensor(stopped.validation_kl_nats), atol=1e-5, rtol=1e-4)
+    zero = TunedLens(torch.zeros(3, 32, 32), torch.zeros(3, 32), [], 0)
+    assert (recomputed <= _kl_to_model(m, zero, validation) + 1e-7).all()  # the logit lens is a candidate
+    layer = min(range(3), key=lambda l: stopped.stopped_at[l])
+    assert 0 < stopped.stopped_at[layer] < 60, stopped.stopped_at
+    shorter = fit_tuned_lens(m, fit, max_iter=stopped.stopped_at[layer], weight_decay=0.0, validation=validation)
+    assert torch.equal(shorter.A[layer], stopped.A[layer]) and torch.equal(shorter.b[layer], stopped.b[layer])
+    assert not torch.equal(stopped.A[layer], full.A[layer])
