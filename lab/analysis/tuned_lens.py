@@ -112,6 +112,8 @@ def fit_tuned_lens(
         [A, b],
         lr=1.0,
         max_iter=max_iter if validation is None else 1,
+        # one iteration a call: a line search of its own budget (the default, 5/4 of max_iter, would leave it none)
+        max_eval=None if validation is None else 25,
         tolerance_grad=tolerance,
         tolerance_change=1e-12,
         history_size=20,

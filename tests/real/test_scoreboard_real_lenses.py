@@ -96,3 +96,18 @@ def test_formas_tuned_lens_reads_smollm2_as_well_as_the_packages_training(model,
     for lens in ("forma", "package", "logit"):
         assert graded[lens][model.cfg.n_layers]["kl_model"].value.value == pytest.approx(0.0, abs=1e-4)
     assert set(fits["forma_evaluations"]) == set(SMOLLM2_QUICK.layers)
+
+
+def test_an_early_stopped_fit_judged_on_its_own_windows_fits_as_far_as_one_call(model, corpus):
+    """fit_tuned_lens(validation=) runs L-BFGS one iteration a call; judged on the fitting windows themselves every
+    iterate is kept, and the fit gets at least as far as one call of every iteration, on smollm2, where the unit
+    step overshoots and each call needs a line search of its own (one call's shares 5/4 of an evaluation an
+    iteration)."""
+    from lab.analysis.tuned_lens import fit_tuned_lens
+
+    fit = corpus_windows(corpus, 2, 16, "train")
+    whole = fit_tuned_lens(model, fit, max_iter=4, layers=[15])
+    stepwise = fit_tuned_lens(model, fit, max_iter=4, layers=[15], validation=fit)
+    assert stepwise.stopped_at[15] == 4
+    assert stepwise.train_kl_nats[15] <= whole.train_kl_nats[15]
+    assert whole.train_kl_nats[15] < 0.8 * fit_tuned_lens(model, fit, max_iter=1, layers=[15]).train_kl_nats[15]
