@@ -210,3 +210,20 @@ def test_the_graphs_page_draws_smollm2s_graph_keeps_a_supernode_and_exports(zoo,
     assert data["qParams"]["supernodes"] == [["Italy", *features[:2]]]
     assert data["metadata"]["prompt"].endswith("The capital of Italy is")
     assert data["links"] and {n["feature_type"] for n in data["nodes"]} >= {"embedding", "logit"}
+
+
+def test_the_cross_layer_record_is_of_the_clt_preset_on_smollm2s_weights():
+    """docs/measured/transcoders/smollm2_clt.json (docs/attribution-graphs.md cites it) is the quality.json of the
+    `--kind clt` preset at the sizes its command names, a cross-layer set of every layer measured on held-out
+    documents, harvested within the disk budget."""
+    record = json.loads((REPO / "docs" / "measured" / "transcoders" / "smollm2_clt.json").read_text(encoding="utf-8"))
+    assert record["command"] == (
+        "forma transcoders smollm2 --corpus corpora/real --kind clt --features 256 --steps 300 --windows 512"
+    )
+    cfg, training = preset("clt", smollm2_folder(), d_features=256, steps=300)
+    quality = record["quality"]
+    assert quality["transcoders"] == json.loads(json.dumps(cfg.to_dict())) and cfg.cross_layer
+    assert quality["training"] == json.loads(json.dumps(training.to_dict()))
+    assert quality["layers"] == list(range(30)) and quality["loss"]["replaced_layers"] == list(range(30))
+    assert quality["route"]["route"] == "harvest" and quality["train_rows"] == 512 * 64
+    assert 0 < quality["loss"]["recovered"] < 1
