@@ -227,3 +227,26 @@ def test_the_cross_layer_record_is_of_the_clt_preset_on_smollm2s_weights():
     assert quality["layers"] == list(range(30)) and quality["loss"]["replaced_layers"] == list(range(30))
     assert quality["route"]["route"] == "harvest" and quality["train_rows"] == 512 * 64
     assert 0 < quality["loss"]["recovered"] < 1
+
+
+def test_the_cross_layer_graphs_are_exact_and_replace_more_than_the_per_layer_ones():
+    """docs/measured/graphs/smollm2_clt.json is `forma graphs smollm2 --kind clt` over the recorded cross-layer set,
+    and what docs/attribution-graphs.md says of it beside the per-layer set's graphs holds at every prompt: exact,
+    fewer active features, a higher replacement score and live agreement, no frozen ablation overflowing."""
+    record = json.loads((REPO / "docs" / "measured" / "graphs" / "smollm2_clt.json").read_text(encoding="utf-8"))
+    trained = json.loads((REPO / "docs" / "measured" / "transcoders" / "smollm2_clt.json").read_text(encoding="utf-8"))
+    per_layer = json.loads((REPO / "docs" / "measured" / "graphs" / "smollm2.json").read_text(encoding="utf-8"))
+    assert record["set"]["quality"] == trained["quality"] and record["transcoders"]["cross_layer"]
+    assert record["set"]["source"]["model"] == model_fingerprint(load_model(smollm2_folder()))
+    assert (
+        (record["max_feature_nodes"], record["top"]) == (per_layer["max_feature_nodes"], per_layer["top"]) == (256, 5)
+    )
+    theirs = {r["name"]: r for r in per_layer["prompts"]}
+    for ours in record["prompts"]:
+        other = theirs[ours["name"]]
+        assert ours["node_residual_relative"] < 1e-5 and ours["replacement_logits_max_error"] < 1e-3, ours["name"]
+        assert ours["active_features"] < other["active_features"]
+        assert ours["replacement_score"] > other["replacement_score"]
+        assert ours["agreement"]["live"]["correlation"] > other["agreement"]["live"]["correlation"]
+        assert ours["agreement"]["frozen"]["non_finite"] == 0 < other["agreement"]["frozen"]["non_finite"]
+        assert other["agreement"]["frozen"]["non_finite"] >= record["top"] - 1
