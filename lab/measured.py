@@ -7,6 +7,7 @@ The reference measurements are tracked files under `docs/measured/`:
     docs/measured/runs/<experiment>.provenance.json  that run's provenance.json (seed, commit, wall time)
     docs/measured/graphs/<model>.json                `forma graphs <model> --out` over its default transcoder set
     docs/measured/transcoders/<model>.json           that set's quality.json, with its run's time and memory
+    docs/measured/{graphs,transcoders}/<model>_clt.json   the same for its cross-layer set (`--kind clt`)
 
 `forma cards` copies them in (`record_card`, `record_run`: a quick card, a quick run or an unfinished run
 is refused) and rewrites every marked number in README.md, models/*/MODEL.md and docs/*.md from its file
