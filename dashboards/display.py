@@ -490,15 +490,17 @@ def show_headlines(results: dict) -> None:
         st.text("\n".join(f"• {headline_reason(entry)}" for entry in unsupported))
 
 
-PROGRESS_REFRESH_S = 2.0  # how often a page looks at its job's progress file while the job works
+PROGRESS_REFRESH_S = 2.0  # how often a page looks at its job's progress file while the job works or waits
+FIRST_RUN_LOOK_S = 10.0  # how often a page without a run, and with no job at work or queued for it, looks for one
 
 
 def show_progress(kind: str, name: str) -> bool:
     """The progress of the job that is making this page's run (kind "run": `forma run NAME`) or model (kind
     "model": `forma build NAME`): its step / total, elapsed time and ETA (lab.progress), looked at again every
     PROGRESS_REFRESH_S; before it starts, where it waits in `forma demo`'s queue (lab.jobs); once the job has
-    finished, the whole page runs again and shows its results. A page with no run yet keeps looking, so that a
-    job started after it was opened (`forma demo`) appears too. True when such a job is at work or queued."""
+    finished, the whole page runs again and shows its results. A page with no run yet keeps looking, every
+    FIRST_RUN_LOOK_S, so that a job started after it was opened (`forma demo`) appears too. True when such a job is
+    at work or queued."""
     read, finished = {"run": (run_progress, newest_run), "model": (model_progress, model_finished)}[kind]
     command = "run" if kind == "run" else "build"
     shown = finished(name)
@@ -531,8 +533,13 @@ def show_progress(kind: str, name: str) -> bool:
                 f"(`forma demo` keeps it in runs/demo/)."
             )
 
-    waiting = working or was_queued or (kind == "run" and shown is None)
-    st.fragment(body, run_every=PROGRESS_REFRESH_S if waiting else None)()
+    if working or was_queued:
+        every = PROGRESS_REFRESH_S
+    elif kind == "run" and shown is None:
+        every = FIRST_RUN_LOOK_S  # a page open on nothing yet: a job started later (`forma demo`) still appears
+    else:
+        every = None
+    st.fragment(body, run_every=every)()
     return working or was_queued
 
 

@@ -475,6 +475,40 @@ def test_an_experiment_page_shows_its_running_jobs_progress(empty, name):
     assert f"No run of `{name}` yet" not in texts(at)
 
 
+def test_a_page_follows_a_job_every_two_seconds_and_looks_for_a_first_run_less_often(empty, quick_run, monkeypatch):
+    """How often a page looks again (st.fragment's run_every): while a job works on its run, every
+    PROGRESS_REFRESH_S; with no run and no job, every FIRST_RUN_LOOK_S (a job started later still appears); with a
+    run and no job, never. The kl page has two sections: its toy run's, and its real-model track's (with no run here)."""
+    import shutil as sh
+
+    import streamlit as st
+
+    from dashboards.display import FIRST_RUN_LOOK_S, PROGRESS_REFRESH_S
+
+    looks: list[float | None] = []
+    fragment = st.fragment
+
+    def recorded(body, run_every=None):
+        looks.append(run_every)
+        return fragment(body, run_every=run_every)
+
+    monkeypatch.setattr(st, "fragment", recorded)
+    for folder, expected in [
+        (None, [FIRST_RUN_LOOK_S, FIRST_RUN_LOOK_S]),
+        ("2026-01-01T00-00-00Z", [PROGRESS_REFRESH_S, FIRST_RUN_LOOK_S]),
+        (quick_run("kl").name, [None, FIRST_RUN_LOOK_S]),
+    ]:
+        if folder == "2026-01-01T00-00-00Z":
+            running_job(empty / "runs" / "kl" / folder, "forma run kl --quick", 30, 120)
+        elif folder is not None:
+            sh.rmtree(empty / "runs" / "kl")
+            sh.copytree(quick_run("kl"), empty / "runs" / "kl" / folder)
+        looks.clear()
+        assert not page("kl").run().exception
+        assert looks == expected, folder
+    assert FIRST_RUN_LOOK_S > PROGRESS_REFRESH_S
+
+
 @pytest.mark.parametrize("name", ["home", "explorer", *EXPERIMENT_PAGES])
 def test_a_page_whose_job_the_demo_has_queued_says_so(empty, name):
     """While `forma demo` works, a page whose run (or model) it has queued says where the job waits — not "no
