@@ -478,7 +478,7 @@ def test_an_experiment_page_shows_its_running_jobs_progress(empty, name):
 def test_a_page_follows_a_job_every_two_seconds_and_looks_for_a_first_run_less_often(empty, quick_run, monkeypatch):
     """How often a page looks again (st.fragment's run_every): while a job works on its run, every
     PROGRESS_REFRESH_S; with no run and no job, every FIRST_RUN_LOOK_S (a job started later still appears); with a
-    run and no job, never. The kl page has two sections: its toy run's, and its real-model track's (with no run here)."""
+    run and no job, never. The kl page has two sections: its toy run's, and its real-model track's (no run here)."""
     import shutil as sh
 
     import streamlit as st
