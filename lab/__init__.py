@@ -3,8 +3,10 @@
 import importlib
 
 from lab.freed_memory import keep_freed_memory
+from lab.thread_invariant import ask_for_strict_mode
 
 keep_freed_memory()  # repeated run_with_cache calls reuse freed memory (see lab.freed_memory)
+ask_for_strict_mode()  # matrix products give the same bits at any thread count (see lab.thread_invariant)
 
 # The short public API, each name loaded from its home (docs/model-and-hooks.md, "The top-level names")
 HOMES = {

@@ -163,6 +163,7 @@ LIBRARY_PLUMBING = (
     "lab.names",
     "lab.parallel",
     "lab.progress",
+    "lab.thread_invariant",
 )
 
 

@@ -26,6 +26,7 @@ from lab.distributed import all_ranks_sum, any_rank, rank_world
 from lab.files import atomic_write
 from lab.model.transformer import HookedTransformer
 from lab.progress import bar as progress_bar
+from lab.thread_invariant import warn_unless_thread_invariant
 from lab.train.batches import IGNORE, Batch, Batches
 from lab.train.checkpoint import (
     CHECKPOINT_DIR,
@@ -203,6 +204,8 @@ def train(
     device = _device(cfg.device)
     out_dir = None if out_dir is None else Path(out_dir)
     _check_run(model, cfg, data, world, out_dir, resume, stop_after)
+    if device.type == "cpu":
+        warn_unless_thread_invariant()
     model.to(device)
     optimizer = make_optimizer(model, cfg)
     state, history = _start(model, optimizer, cfg, out_dir, resume, rank)
